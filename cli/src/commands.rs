@@ -1,0 +1,164 @@
+//! The commands behind `pl`: each returns its exit code; errors become exit 1 in `main`.
+
+use crate::render::{self, Paint, PlanHeader, Side};
+use crate::{DiagFormat, PlanFormat, ShowFormat};
+use anyhow::{Context, bail};
+use reconciler::load::{load, load_pair};
+use reconciler::source::{Rev, StateRepo};
+use state_schema::state::Loaded;
+use std::io::Write;
+use std::path::Path;
+
+fn out(text: &str) -> anyhow::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+        // A closed pipe (`pl show | head`) is not an error worth reporting.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other.context("writing to stdout"),
+    }
+}
+
+fn rev_of(repo: &StateRepo, spec: Option<&str>) -> anyhow::Result<Rev> {
+    Ok(match spec {
+        Some(s) => Rev::Commit(repo.resolve(s)?),
+        None => Rev::WorkTree,
+    })
+}
+
+pub fn validate(dir: &Path, rev: Option<&str>, format: DiagFormat, paint: Paint) -> anyhow::Result<u8> {
+    let repo = StateRepo::open(dir)?;
+    let loaded = load(&repo, &rev_of(&repo, rev)?)?;
+    let text = match format {
+        DiagFormat::Text => render::diagnostics::text(&loaded.diagnostics, loaded.state.len(), loaded.files, paint),
+        DiagFormat::Json => render::diagnostics::json(&loaded.diagnostics, loaded.state.len(), loaded.files),
+    };
+    out(&text)?;
+    Ok(if loaded.is_valid() { 0 } else { 1 })
+}
+
+/// Reports an invalid head in the plan's format and returns exit code 1.
+fn invalid_head(loaded: &Loaded, format: PlanFormat, paint: Paint) -> anyhow::Result<u8> {
+    match format {
+        PlanFormat::Json => out(&render::diagnostics::json(&loaded.diagnostics, loaded.state.len(), loaded.files))?,
+        _ => eprint!("{}", render::diagnostics::text(&loaded.diagnostics, loaded.state.len(), loaded.files, paint)),
+    }
+    Ok(1)
+}
+
+pub fn plan(
+    dir: &Path,
+    base_spec: &str,
+    head_spec: Option<&str>,
+    format: PlanFormat,
+    detailed: bool,
+    output_dir: Option<&Path>,
+    paint: Paint,
+) -> anyhow::Result<u8> {
+    if output_dir.is_some() && format != PlanFormat::Markdown {
+        bail!("--output-dir goes with --format markdown");
+    }
+    let repo = StateRepo::open(dir)?;
+    let mut base = repo.resolve(base_spec)?;
+    let head = rev_of(&repo, head_spec)?;
+    // A pull request is reviewed against where it branched off, not against a target branch
+    // that moved on since: plan from the merge base when the two diverged.
+    let head_commit = match &head {
+        Rev::Commit(c) => Some(c.id),
+        Rev::WorkTree => repo.resolve("HEAD").ok().map(|c| c.id),
+    };
+    let mut merge_base = None;
+    if let Some(h) = head_commit {
+        if let Some(mb) = repo.merge_base(base.id, h)? {
+            if mb != base.id {
+                merge_base = Some(mb.to_string());
+                base.id = mb;
+            }
+        }
+    }
+    let header = PlanHeader {
+        base: Side { rev: Some(base.spec.clone()), commit: Some(base.id.to_string()) },
+        head: match &head {
+            Rev::Commit(c) => Side { rev: Some(c.spec.clone()), commit: Some(c.id.to_string()) },
+            Rev::WorkTree => Side { rev: None, commit: None },
+        },
+        merge_base,
+    };
+    let (base_state, head_state) = load_pair(&repo, &Rev::Commit(base), &head)?;
+    if !head_state.is_valid() {
+        return invalid_head(&head_state, format, paint);
+    }
+    if !base_state.is_valid() {
+        eprintln!(
+            "{} the base has {} problems; objects that do not decode there are planned as new",
+            paint.yellow("warning:"),
+            base_state.diagnostics.len()
+        );
+    }
+    let plan = state_schema::plan::plan(&base_state.state, &head_state.state);
+    match format {
+        PlanFormat::Text => out(&render::plan_text::render(&plan, &header, paint))?,
+        PlanFormat::Json => out(&render::plan_json::render(&plan, &header))?,
+        PlanFormat::Markdown => {
+            let parts = render::markdown::render(&plan, &header);
+            match output_dir {
+                None => out(&parts.join("\n"))?,
+                Some(d) => {
+                    std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+                    for (i, p) in parts.iter().enumerate() {
+                        let path = d.join(format!("plan-{}.md", i + 1));
+                        std::fs::write(&path, p).with_context(|| format!("writing {}", path.display()))?;
+                        eprintln!("wrote {}", path.display());
+                    }
+                }
+            }
+        }
+    }
+    Ok(if detailed && !plan.is_empty() { 2 } else { 0 })
+}
+
+pub fn show(dir: &Path, rev: Option<&str>, format: ShowFormat, paint: Paint) -> anyhow::Result<u8> {
+    let repo = StateRepo::open(dir)?;
+    let loaded = load(&repo, &rev_of(&repo, rev)?)?;
+    if !loaded.is_valid() {
+        eprint!("{}", render::diagnostics::text(&loaded.diagnostics, loaded.state.len(), loaded.files, paint));
+        return Ok(1);
+    }
+    let docs = state_schema::show::documents(&loaded.state);
+    match format {
+        ShowFormat::Yaml => out(&state_schema::show::to_yaml_stream(&docs))?,
+        ShowFormat::Json => out(&format!("{}\n", serde_json::to_string_pretty(&docs)?))?,
+    }
+    Ok(0)
+}
+
+pub fn schema() -> anyhow::Result<u8> {
+    out(&format!("{}\n", serde_json::to_string_pretty(&state_schema::schema::json_schema())?))?;
+    Ok(0)
+}
+
+/// The quickstart example, embedded so `pl init` needs nothing else.
+const QUICKSTART: &[(&str, &str)] = &[
+    ("pushleft.yaml", include_str!("../../examples/quickstart/pushleft.yaml")),
+    ("projects/hello.yaml", include_str!("../../examples/quickstart/projects/hello.yaml")),
+    ("environments/hello-production.yaml", include_str!("../../examples/quickstart/environments/hello-production.yaml")),
+    ("pools/default.yaml", include_str!("../../examples/quickstart/pools/default.yaml")),
+];
+
+pub fn init(dir: &Path) -> anyhow::Result<u8> {
+    // Refuse before writing anything: no file of the example may exist yet.
+    for (rel, _) in QUICKSTART {
+        let p = dir.join(rel);
+        if p.exists() || p.symlink_metadata().is_ok() {
+            bail!("{} already exists; `pl init` writes into an empty state tree only", p.display());
+        }
+    }
+    for (rel, text) in QUICKSTART {
+        let p = dir.join(rel);
+        if let Some(parent) = p.parent() {
+            std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+        }
+        std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
+    }
+    eprintln!("created a state tree in {}: run `pl validate {}` next", dir.display(), dir.display());
+    Ok(0)
+}

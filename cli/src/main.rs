@@ -1,0 +1,136 @@
+//! `pl`: validate, plan, show and scaffold Pushleft state repositories.
+
+mod commands;
+mod render;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser, Debug)]
+#[command(name = "pl", version, about = "Pushleft: GitOps for Docker hosts", propagate_version = true)]
+pub struct Cli {
+    /// When to colour output; `NO_COLOR` set to anything turns `auto` off.
+    #[arg(long, global = true, value_enum, default_value_t = ColorChoice::Auto)]
+    color: ColorChoice,
+    /// Same as `--color never`.
+    #[arg(long, global = true)]
+    no_color: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum ColorChoice {
+    Auto,
+    Always,
+    Never,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DiagFormat {
+    Text,
+    Json,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PlanFormat {
+    Text,
+    Markdown,
+    Json,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ShowFormat {
+    Yaml,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Check a state tree and report every problem. Exit 0 valid, 1 otherwise.
+    Validate {
+        /// The state tree (default: the current directory).
+        dir: Option<PathBuf>,
+        /// Validate a revision instead of the working tree.
+        #[arg(long)]
+        rev: Option<String>,
+        #[arg(long, value_enum, default_value_t = DiagFormat::Text)]
+        format: DiagFormat,
+    },
+    /// Show what would change between two revisions.
+    Plan {
+        dir: Option<PathBuf>,
+        /// The revision to compare against (`main`, `origin/main`, `HEAD~1`, a sha). When head
+        /// has diverged from it, the plan starts from their merge base.
+        #[arg(long)]
+        base: String,
+        /// The revision to plan; default: the working tree, uncommitted files included.
+        #[arg(long)]
+        head: Option<String>,
+        #[arg(long, value_enum, default_value_t = PlanFormat::Text)]
+        format: PlanFormat,
+        /// Exit 0 when there are no changes, 2 when there are, 1 on error.
+        #[arg(long)]
+        detailed_exitcode: bool,
+        /// With `--format markdown`: write each part to DIR/plan-N.md instead of stdout.
+        #[arg(long, value_name = "DIR")]
+        output_dir: Option<PathBuf>,
+    },
+    /// Print the canonical, fully derived state.
+    Show {
+        dir: Option<PathBuf>,
+        #[arg(long)]
+        rev: Option<String>,
+        #[arg(long, value_enum, default_value_t = ShowFormat::Yaml)]
+        format: ShowFormat,
+    },
+    /// Print the JSON Schema of every kind (for yaml-language-server and CI).
+    Schema,
+    /// Create a new state repository with a working example.
+    Init { dir: Option<PathBuf> },
+    /// Print shell completions.
+    Completions { shell: clap_complete::Shell },
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 1 } else { 0 };
+            let _ = e.print();
+            // Usage errors exit 1 like every other error, so that 2 keeps meaning
+            // "changes present" under --detailed-exitcode.
+            return ExitCode::from(code);
+        }
+    };
+    let colour = match (cli.no_color, cli.color) {
+        (true, _) | (_, ColorChoice::Never) => false,
+        (_, ColorChoice::Always) => true,
+        (_, ColorChoice::Auto) => std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()) && std::io::stdout().is_terminal(),
+    };
+    let paint = render::Paint::new(colour);
+    let dir = |d: Option<PathBuf>| d.unwrap_or_else(|| PathBuf::from("."));
+    let result = match cli.command {
+        Command::Validate { dir: d, rev, format } => commands::validate(&dir(d), rev.as_deref(), format, paint),
+        Command::Plan { dir: d, base, head, format, detailed_exitcode, output_dir } => {
+            commands::plan(&dir(d), &base, head.as_deref(), format, detailed_exitcode, output_dir.as_deref(), paint)
+        }
+        Command::Show { dir: d, rev, format } => commands::show(&dir(d), rev.as_deref(), format, paint),
+        Command::Schema => commands::schema(),
+        Command::Init { dir: d } => commands::init(&dir(d)),
+        Command::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "pl", &mut std::io::stdout());
+            Ok(0)
+        }
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("{} {e:#}", paint.red("error:"));
+            ExitCode::from(1)
+        }
+    }
+}

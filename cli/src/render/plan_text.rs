@@ -1,0 +1,71 @@
+//! `pl plan --format text`: a coloured unified diff of canonical YAML per object, the
+//! consequences, and Terraform's familiar closing line.
+
+use super::{Paint, PlanHeader};
+use state_schema::plan::{Action, Consequences, LineTag, Plan};
+
+pub fn render(plan: &Plan, header: &PlanHeader, paint: Paint) -> String {
+    let mut out = String::new();
+    out.push_str(&format!("{} base {} → head {}\n", paint.bold("Pushleft plan:"), header.base.describe(), header.head.describe()));
+    if let Some(mb) = &header.merge_base {
+        out.push_str(&paint.dim(&format!("  base and head diverged; planning from their merge base {}\n", super::short(mb))));
+    }
+    out.push('\n');
+    if plan.is_empty() {
+        out.push_str("No changes. The desired state matches the base.\n\n");
+    }
+    for change in &plan.changes {
+        let (sign, verb) = match change.action {
+            Action::Create => (paint.green("+"), paint.green("create")),
+            Action::Update => (paint.yellow("~"), paint.yellow("update")),
+            Action::Delete => (paint.red("-"), paint.red("delete")),
+        };
+        out.push_str(&format!("{sign} {verb} {}/{} {}\n", change.kind, paint.bold(change.name.as_str()), paint.dim(&format!("({})", change.file))));
+        for line in &change.diff {
+            let text = match line.tag {
+                LineTag::Hunk => paint.cyan(&line.text),
+                LineTag::Context => format!(" {}", line.text),
+                LineTag::Insert => paint.green(&format!("+{}", line.text)),
+                LineTag::Delete => paint.red(&format!("-{}", line.text)),
+            };
+            out.push_str("    ");
+            out.push_str(&text);
+            out.push('\n');
+        }
+        out.push('\n');
+    }
+    if !plan.consequences.is_empty() {
+        out.push_str(&paint.bold("Consequences:"));
+        out.push('\n');
+        for (sign, line) in consequence_lines(&plan.consequences) {
+            let sign = match sign {
+                '+' => paint.green("+"),
+                '-' => paint.red("-"),
+                '!' => paint.yellow("!"),
+                other => paint.yellow(&other.to_string()),
+            };
+            out.push_str(&format!("  {sign} {line}\n"));
+        }
+        out.push('\n');
+    }
+    let s = plan.summary;
+    out.push_str(&paint.bold(&format!("Plan: {} to add, {} to change, {} to destroy.", s.add, s.change, s.destroy)));
+    out.push('\n');
+    out
+}
+
+/// The consequences as signed lines, shared with the Markdown renderer.
+pub fn consequence_lines(c: &Consequences) -> Vec<(char, String)> {
+    let mut out = Vec::new();
+    out.extend(c.hostnames_added.iter().map(|h| ('+', format!("hostname {h}"))));
+    out.extend(c.hostnames_removed.iter().map(|h| ('-', format!("hostname {h}"))));
+    out.extend(c.replicas_changed.iter().map(|r| ('~', format!("replicas {}/{}: {} → {}", r.environment, r.role, r.before, r.after))));
+    out.extend(c.roles_added.iter().map(|r| ('+', format!("role {}/{}", r.project, r.role))));
+    out.extend(c.roles_removed.iter().map(|r| ('-', format!("role {}/{}", r.project, r.role))));
+    out.extend(c.nodes_drained.iter().map(|n| {
+        let what = n.state.map_or("removed from the pool", |s| s.as_str());
+        ('!', format!("node {}/{} {what}: its work moves elsewhere", n.pool, n.node))
+    }));
+    out.extend(c.rollouts.iter().map(|e| ('~', format!("rollout of environment {e} (new generation)"))));
+    out
+}

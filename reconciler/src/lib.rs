@@ -1,0 +1,8 @@
+//! The control host's library: reading state trees from Git (gix) or disk. The daemon, the
+//! ledger and placement come later.
+//!
+//! Architecture invariant: this crate owns Git access; `state-schema` never sees a repository,
+//! only bytes.
+
+pub mod load;
+pub mod source;

@@ -1,0 +1,300 @@
+//! Reading a state tree: from a Git revision with gix, or from the working tree on disk.
+//!
+//! Both sides list the same files (`*.yaml`/`*.yml` outside hidden folders), enforce the same
+//! limits before reading a byte, and refuse symlinks and non-regular files, so a tree that
+//! validates on disk validates the same once committed.
+
+use gix::ObjectId;
+use gix::objs::tree::EntryKind;
+use state_schema::diag::{Code, Diagnostic};
+use std::path::{Path, PathBuf};
+
+/// Most YAML files in one state tree.
+pub const MAX_FILES: usize = 100_000;
+/// Most bytes of YAML in one state tree.
+pub const MAX_TREE_BYTES: u64 = 256 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("{path}: no such directory")]
+    NoDirectory { path: PathBuf },
+    #[error("{path} is not inside a Git repository, so revisions cannot be read")]
+    NotARepository { path: PathBuf },
+    #[error("revision `{spec}` not found")]
+    RevisionNotFound {
+        spec: String,
+        #[source]
+        source: gix::Error,
+    },
+    #[error("`{spec}` is not a commit")]
+    NotACommit { spec: String },
+    #[error("reading {what} from Git")]
+    Git {
+        what: String,
+        #[source]
+        source: gix::Error,
+    },
+    #[error("reading {path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn git(what: impl Into<String>) -> impl FnOnce(gix::Error) -> SourceError {
+    let what = what.into();
+    move |source| SourceError::Git { what, source }
+}
+
+/// A revision resolved to a commit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Commit {
+    /// What the user wrote (`main`, `HEAD~1`, a sha).
+    pub spec: String,
+    pub id: ObjectId,
+}
+
+/// Which side of the tree to read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Rev {
+    /// The files on disk, committed or not.
+    WorkTree,
+    Commit(Commit),
+}
+
+/// One YAML file of a state tree, not yet read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileEntry {
+    /// Relative to the state tree's root, `/`-separated.
+    pub path: String,
+    /// The blob, for files listed from a commit.
+    pub blob: Option<ObjectId>,
+    pub size: u64,
+}
+
+/// The files of a tree and the problems found while listing it.
+#[derive(Clone, Debug, Default)]
+pub struct Listing {
+    pub files: Vec<FileEntry>,
+    pub problems: Vec<Diagnostic>,
+}
+
+/// A state tree: a directory, and the Git repository around it when there is one.
+pub struct StateRepo {
+    root: PathBuf,
+    repo: Option<gix::ThreadSafeRepository>,
+    /// Path of `root` inside the repository's work tree (`""` at the top, else ending in `/`).
+    prefix: String,
+}
+
+pub fn is_state_file(name: &str) -> bool {
+    name.ends_with(".yaml") || name.ends_with(".yml")
+}
+
+impl StateRepo {
+    /// Opens the state tree at `dir`. A directory outside Git can still be read from disk.
+    pub fn open(dir: &Path) -> Result<Self, SourceError> {
+        if !dir.is_dir() {
+            return Err(SourceError::NoDirectory { path: dir.to_owned() });
+        }
+        let root = dir.canonicalize().map_err(|source| SourceError::Io { path: dir.to_owned(), source })?;
+        let Ok(repo) = gix::discover(&root) else {
+            return Ok(StateRepo { root, repo: None, prefix: String::new() });
+        };
+        let prefix = repo
+            .workdir()
+            .and_then(|w| w.canonicalize().ok())
+            .and_then(|w| root.strip_prefix(w).ok().map(Path::to_owned))
+            .map(|rel| {
+                let s = rel.to_string_lossy().replace('\\', "/");
+                if s.is_empty() { s } else { format!("{s}/") }
+            })
+            .unwrap_or_default();
+        Ok(StateRepo { root, repo: Some(repo.into_sync()), prefix })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn repo(&self) -> Result<gix::Repository, SourceError> {
+        match &self.repo {
+            Some(r) => Ok(r.to_thread_local()),
+            None => Err(SourceError::NotARepository { path: self.root.clone() }),
+        }
+    }
+
+    /// Resolves any revision gix understands (`main`, `origin/main`, `HEAD~1`, a sha) to a commit.
+    pub fn resolve(&self, spec: &str) -> Result<Commit, SourceError> {
+        let repo = self.repo()?;
+        let id = repo
+            .rev_parse_single(spec)
+            .map_err(|source| SourceError::RevisionNotFound { spec: spec.to_owned(), source })?;
+        let object = id.object().map_err(git(format!("object of `{spec}`")))?;
+        let commit = object.peel_to_commit().map_err(|_| SourceError::NotACommit { spec: spec.to_owned() })?;
+        Ok(Commit { spec: spec.to_owned(), id: commit.id })
+    }
+
+    /// The best common ancestor of two commits, if they have one.
+    pub fn merge_base(&self, a: ObjectId, b: ObjectId) -> Result<Option<ObjectId>, SourceError> {
+        let repo = self.repo()?;
+        let base = repo.merge_base(a, b).map_err(git("the merge base"))?;
+        Ok(base.map(|id| id.detach()))
+    }
+
+    /// Lists the YAML files of one side.
+    pub fn list(&self, rev: &Rev) -> Result<Listing, SourceError> {
+        let mut listing = Listing::default();
+        match rev {
+            Rev::WorkTree => walk_dir(&self.root, "", &mut listing)?,
+            Rev::Commit(c) => self.walk_commit(c, &mut listing)?,
+        }
+        listing.files.sort_by(|a, b| a.path.cmp(&b.path));
+        check_totals(&mut listing);
+        Ok(listing)
+    }
+
+    fn walk_commit(&self, c: &Commit, listing: &mut Listing) -> Result<(), SourceError> {
+        let repo = self.repo()?;
+        let commit = repo.find_commit(c.id).map_err(git(format!("commit {}", c.id)))?;
+        let mut tree = commit.tree().map_err(git(format!("tree of {}", c.id)))?;
+        if !self.prefix.is_empty() {
+            let entry = tree.lookup_entry_by_path(self.prefix.trim_end_matches('/')).map_err(git("the state tree's folder"))?;
+            match entry {
+                Some(e) if e.mode().is_tree() => tree = repo.find_tree(e.object_id()).map_err(git("the state tree's folder"))?,
+                // The folder does not exist at this revision: an empty state.
+                _ => return Ok(()),
+            }
+        }
+        walk_tree(&repo, &tree, "", listing)
+    }
+
+    /// Reads one file, refusing it when it grew past the limit since it was listed.
+    pub fn read(&self, repo: Option<&gix::Repository>, entry: &FileEntry) -> Result<Vec<u8>, SourceError> {
+        match (entry.blob, repo) {
+            (Some(id), Some(repo)) => {
+                let blob = repo.find_blob(id).map_err(git(entry.path.clone()))?;
+                Ok(blob.data.clone())
+            }
+            (Some(_), None) => Err(SourceError::NotARepository { path: self.root.clone() }),
+            (None, _) => {
+                let path = self.root.join(&entry.path);
+                std::fs::read(&path).map_err(|source| SourceError::Io { path, source })
+            }
+        }
+    }
+
+    /// A repository handle for the current thread (readers keep one per thread).
+    pub fn thread_repo(&self) -> Option<gix::Repository> {
+        self.repo.as_ref().map(|r| {
+            let mut repo = r.to_thread_local();
+            repo.object_cache_size(4 << 20);
+            repo
+        })
+    }
+}
+
+fn too_large(path: &str, size: u64) -> Diagnostic {
+    Diagnostic::error(
+        Code::FileTooLarge,
+        path,
+        None,
+        format!("file is {size} bytes; the limit is {} bytes (1 MiB)", state_schema::yaml::MAX_FILE_BYTES),
+    )
+    .with_hint("split it into several files")
+}
+
+fn push_file(listing: &mut Listing, path: String, blob: Option<ObjectId>, size: u64) {
+    if size > state_schema::yaml::MAX_FILE_BYTES as u64 {
+        listing.problems.push(too_large(&path, size));
+    } else {
+        listing.files.push(FileEntry { path, blob, size });
+    }
+}
+
+fn walk_tree(repo: &gix::Repository, tree: &gix::Tree<'_>, dir: &str, listing: &mut Listing) -> Result<(), SourceError> {
+    for entry in tree.iter() {
+        let entry = entry.map_err(git(format!("tree entries of `{dir}`")))?;
+        let name = String::from_utf8_lossy(entry.filename()).into_owned();
+        if name.starts_with('.') {
+            continue;
+        }
+        let path = format!("{dir}{name}");
+        match entry.kind() {
+            EntryKind::Tree => {
+                let sub = repo.find_tree(entry.object_id()).map_err(git(path.clone()))?;
+                walk_tree(repo, &sub, &format!("{path}/"), listing)?;
+            }
+            EntryKind::Link => listing.problems.push(
+                Diagnostic::error(Code::SymlinkInTree, &path, None, "symbolic links are not allowed in a state tree")
+                    .with_hint("commit the file itself; a link could point outside the reviewed tree"),
+            ),
+            EntryKind::Commit => listing.problems.push(Diagnostic::error(Code::NotARegularFile, &path, None, "a submodule inside the state tree")),
+            EntryKind::Blob | EntryKind::BlobExecutable => {
+                if !is_state_file(&name) {
+                    continue;
+                }
+                if std::str::from_utf8(entry.filename()).is_err() {
+                    listing.problems.push(Diagnostic::error(Code::InvalidUtf8, &path, None, "file name is not valid UTF-8"));
+                    continue;
+                }
+                // The header gives the size without inflating the blob.
+                let header = repo.find_header(entry.object_id()).map_err(git(path.clone()))?;
+                push_file(listing, path, Some(entry.object_id()), header.size());
+            }
+        }
+    }
+    Ok(())
+}
+
+fn walk_dir(root: &Path, dir: &str, listing: &mut Listing) -> Result<(), SourceError> {
+    let full = root.join(dir);
+    let read = std::fs::read_dir(&full).map_err(|source| SourceError::Io { path: full.clone(), source })?;
+    let mut entries: Vec<std::fs::DirEntry> = read.collect::<Result<_, _>>().map_err(|source| SourceError::Io { path: full.clone(), source })?;
+    entries.sort_by_key(std::fs::DirEntry::file_name);
+    for entry in entries {
+        let name_os = entry.file_name();
+        let Some(name) = name_os.to_str() else {
+            listing.problems.push(Diagnostic::error(Code::InvalidUtf8, &format!("{dir}{}", name_os.to_string_lossy()), None, "file name is not valid UTF-8"));
+            continue;
+        };
+        if name.starts_with('.') {
+            continue;
+        }
+        let path = format!("{dir}{name}");
+        let meta = std::fs::symlink_metadata(entry.path()).map_err(|source| SourceError::Io { path: entry.path(), source })?;
+        let ft = meta.file_type();
+        if ft.is_symlink() {
+            listing.problems.push(
+                Diagnostic::error(Code::SymlinkInTree, &path, None, "symbolic links are not allowed in a state tree")
+                    .with_hint("commit the file itself; a link could point outside the reviewed tree"),
+            );
+        } else if ft.is_dir() {
+            walk_dir(root, &format!("{path}/"), listing)?;
+        } else if !ft.is_file() {
+            listing.problems.push(Diagnostic::error(Code::NotARegularFile, &path, None, "not a regular file (a device, socket or FIFO)"));
+        } else if is_state_file(name) {
+            push_file(listing, path, None, meta.len());
+        }
+    }
+    Ok(())
+}
+
+fn check_totals(listing: &mut Listing) {
+    if listing.files.len() > MAX_FILES {
+        listing.problems.push(Diagnostic::error(
+            Code::TooManyFiles,
+            ".",
+            None,
+            format!("{} YAML files; the limit is {MAX_FILES}", listing.files.len()),
+        ));
+        listing.files.clear();
+        return;
+    }
+    let total: u64 = listing.files.iter().map(|f| f.size).sum();
+    if total > MAX_TREE_BYTES {
+        listing.problems.push(Diagnostic::error(Code::TreeTooLarge, ".", None, format!("{total} bytes of YAML; the limit is {MAX_TREE_BYTES}")));
+        listing.files.clear();
+    }
+}

@@ -1,0 +1,189 @@
+//! Diagnostics: every problem found in a state tree, with where it is and a stable code.
+//!
+//! Codes are part of Pushleft's interface: tests assert them and `docs/diagnostics.md` lists
+//! them, so a code is never renamed, only added.
+
+use serde::Serialize;
+use std::fmt;
+
+/// A position in a source file: 1-based line and column (columns count characters).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize)]
+pub struct Pos {
+    pub line: u32,
+    pub column: u32,
+}
+
+macro_rules! codes {
+    ($($variant:ident => $text:literal, $doc:literal;)*) => {
+        /// A stable, kebab-case problem code.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum Code { $(#[doc = $doc] $variant,)* }
+
+        impl Code {
+            /// Every code, in declaration order (used by docs and tests).
+            pub const ALL: &'static [Code] = &[$(Code::$variant,)*];
+
+            /// The code as printed and serialised.
+            pub fn as_str(self) -> &'static str {
+                match self { $(Code::$variant => $text,)* }
+            }
+
+            /// One line saying what the code means.
+            pub fn describe(self) -> &'static str {
+                match self { $(Code::$variant => $doc,)* }
+            }
+        }
+    };
+}
+
+codes! {
+    FileTooLarge => "file-too-large", "A state file is larger than 1 MiB.";
+    TooManyDocuments => "too-many-documents", "A file holds more than 10,000 YAML documents.";
+    TooManyFiles => "too-many-files", "The state tree holds more than 100,000 YAML files.";
+    TreeTooLarge => "tree-too-large", "The YAML files of the state tree add up to more than 256 MiB.";
+    AliasLimit => "alias-limit", "YAML aliases expand to more than 10,000 nodes in one file.";
+    NestingTooDeep => "nesting-too-deep", "YAML nesting is deeper than 64 levels.";
+    InvalidUtf8 => "invalid-utf8", "A state file is not valid UTF-8.";
+    YamlSyntax => "yaml-syntax", "The file is not well-formed YAML.";
+    UnsupportedTag => "unsupported-tag", "A YAML tag other than the core schema's (`!!str`, `!!int`, ...).";
+    SymlinkInTree => "symlink-in-tree", "A symbolic link inside the state tree.";
+    NotARegularFile => "not-a-regular-file", "A submodule, device, socket or other non-regular file inside the state tree.";
+    DuplicateKey => "duplicate-key", "The same key twice in one YAML mapping.";
+    UnknownApiVersion => "unknown-api-version", "`apiVersion` is not `pushleft.dev/v1alpha1`.";
+    UnknownKind => "unknown-kind", "`kind` is not one of Pushleft's kinds.";
+    UnknownField => "unknown-field", "A field that the kind does not have.";
+    MissingField => "missing-field", "A required field is absent.";
+    WrongType => "wrong-type", "A value of the wrong YAML type (a string where a number belongs, ...).";
+    InvalidValue => "invalid-value", "A value outside the allowed set (an enum, a pattern).";
+    OutOfRange => "out-of-range", "A number outside its allowed range.";
+    FieldNotAllowed => "field-not-allowed", "A field that does not apply in this context (a schedule on a web role, ...).";
+    InvalidName => "invalid-name", "A name that is not a lowercase RFC 1123 label.";
+    DuplicateName => "duplicate-name", "Two objects of one kind (or two nodes) with the same name.";
+    DanglingReference => "dangling-reference", "A reference to a project, environment, pool, role or secret that does not exist.";
+    ImageNotPinned => "image-not-pinned", "An image that is not pinned by digest (`name@sha256:<64 hex>`).";
+    InvalidPort => "invalid-port", "A port outside 1-65535.";
+    InvalidQuantity => "invalid-quantity", "A CPU or memory quantity in the wrong unit or form.";
+    InvalidCron => "invalid-cron", "A cron schedule that is not five valid fields.";
+    InvalidHostname => "invalid-hostname", "A hostname that is not RFC 1123.";
+    HostnameConflict => "hostname-conflict", "Two environments or domains resolve to the same hostname.";
+    DomainUnderManagedZone => "domain-under-managed-zone", "A Domain under `baseDomain` or `previewDomain`, which Pushleft derives itself.";
+    MissingRepository => "missing-repository", "No `Repository` document in `pushleft.yaml`.";
+    DuplicateRepository => "duplicate-repository", "More than one `Repository` document.";
+    MisplacedRepository => "misplaced-repository", "A `Repository` document outside the root `pushleft.yaml`.";
+    InvalidGlob => "invalid-glob", "A glob pattern that does not parse.";
+    InvalidSecret => "invalid-secret", "A secret value that is not ASCII-armoured age ciphertext, or a recipient that is not a key.";
+}
+
+impl fmt::Display for Code {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for Code {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    Error,
+    Warning,
+}
+
+/// One problem. Messages never contain secret values: validation only ever sees ciphertext,
+/// and messages quote names and keys, not values of secrets.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Diagnostic {
+    pub code: Code,
+    pub severity: Severity,
+    /// Path relative to the state tree's root, with `/` separators.
+    pub file: String,
+    /// `None` for problems of a whole file (size, symlink, ...).
+    pub line: Option<u32>,
+    pub column: Option<u32>,
+    pub message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hint: Option<String>,
+}
+
+impl Diagnostic {
+    pub fn error(code: Code, file: &str, pos: Option<Pos>, message: impl Into<String>) -> Self {
+        Diagnostic {
+            code,
+            severity: Severity::Error,
+            file: file.to_owned(),
+            line: pos.map(|p| p.line),
+            column: pos.map(|p| p.column),
+            message: message.into(),
+            hint: None,
+        }
+    }
+
+    pub fn with_hint(mut self, hint: impl Into<String>) -> Self {
+        self.hint = Some(hint.into());
+        self
+    }
+
+    /// The order diagnostics are reported in: by file, then position, then code.
+    pub fn sort_key(&self) -> (&str, u32, u32, Code, &str) {
+        (
+            &self.file,
+            self.line.unwrap_or(0),
+            self.column.unwrap_or(0),
+            self.code,
+            &self.message,
+        )
+    }
+}
+
+/// Sorts diagnostics into their reporting order and drops exact repeats.
+pub fn sort_diagnostics(diags: &mut Vec<Diagnostic>) {
+    diags.sort_by(|a, b| a.sort_key().cmp(&b.sort_key()));
+    diags.dedup();
+}
+
+impl fmt::Display for Diagnostic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.line, self.column) {
+            (Some(l), Some(c)) => write!(f, "{}:{}:{}: ", self.file, l, c)?,
+            _ => write!(f, "{}: ", self.file)?,
+        }
+        let sev = match self.severity {
+            Severity::Error => "error",
+            Severity::Warning => "warning",
+        };
+        write!(f, "{sev}[{}]: {}", self.code, self.message)?;
+        if let Some(h) = &self.hint {
+            write!(f, "\n  hint: {h}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_unique_kebab_case() {
+        let mut seen = std::collections::BTreeSet::new();
+        for c in Code::ALL {
+            let s = c.as_str();
+            assert!(seen.insert(s), "duplicate code {s}");
+            assert!(s.chars().all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit() || ch == '-'), "{s}");
+        }
+    }
+
+    #[test]
+    fn display_includes_position_and_hint() {
+        let d = Diagnostic::error(Code::UnknownField, "a.yaml", Some(Pos { line: 3, column: 5 }), "unknown field `replica`")
+            .with_hint("did you mean `replicas`?");
+        assert_eq!(
+            d.to_string(),
+            "a.yaml:3:5: error[unknown-field]: unknown field `replica`\n  hint: did you mean `replicas`?"
+        );
+    }
+}

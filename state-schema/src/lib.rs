@@ -1,0 +1,17 @@
+//! Pushleft's desired state: the types of every kind, parsing from bytes with spans,
+//! validation, derivations, canonical form and hashes, and the planner.
+//!
+//! Architecture invariant: this crate is pure. It reads no files, runs no git, starts no
+//! runtime; callers hand it bytes and get values back, which is what makes golden tests cheap.
+
+pub mod diag;
+pub mod yaml;
+pub mod values;
+pub mod model;
+pub mod parse;
+mod decode;
+pub mod state;
+pub mod canonical;
+pub mod plan;
+pub mod show;
+pub mod schema;

@@ -1,0 +1,316 @@
+//! The kinds of the state format (`pushleft.dev/v1alpha1`) as typed values with defaults
+//! filled in. Fields hold validated types, so a decoded object is valid on its own; rules that
+//! span objects (references, hostnames) are checked in `state`.
+
+use crate::values::{Cpu, CronSchedule, Hostname, ImageRef, Memory, Name};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+pub const API_VERSION: &str = "pushleft.dev/v1alpha1";
+
+/// The kinds, in the order objects are listed and planned (dependencies first).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum Kind {
+    Repository,
+    NodePool,
+    Secret,
+    Project,
+    Environment,
+    Domain,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 6] = [Kind::Repository, Kind::NodePool, Kind::Secret, Kind::Project, Kind::Environment, Kind::Domain];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Repository => "Repository",
+            Kind::NodePool => "NodePool",
+            Kind::Secret => "Secret",
+            Kind::Project => "Project",
+            Kind::Environment => "Environment",
+            Kind::Domain => "Domain",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Metadata {
+    pub name: Name,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Repository {
+    pub base_domain: Hostname,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub preview_domain: Option<Hostname>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub previews: Option<Previews>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub include: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub control_recipient: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Previews {
+    pub branches: Vec<String>,
+    pub pool: Name,
+    pub ttl_hours: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Project {
+    pub image: ImageRef,
+    pub roles: BTreeMap<Name, Role>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<Name>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Role {
+    #[serde(flatten)]
+    pub workload: Workload,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    pub resources: Resources,
+}
+
+/// What a role runs as; the fields that only make sense for some kinds live in their variant,
+/// so a cron role without a schedule cannot be represented.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Workload {
+    Web { port: u16, health: Health, replicas: u32 },
+    Worker { replicas: u32 },
+    Cron { schedule: CronSchedule },
+    Job {},
+    Release {},
+}
+
+impl Workload {
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Workload::Web { .. } => "web",
+            Workload::Worker { .. } => "worker",
+            Workload::Cron { .. } => "cron",
+            Workload::Job {} => "job",
+            Workload::Release {} => "release",
+        }
+    }
+
+    /// Replicas for long-running roles; `None` for cron, job and release roles.
+    pub fn replicas(&self) -> Option<u32> {
+        match self {
+            Workload::Web { replicas, .. } | Workload::Worker { replicas } => Some(*replicas),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Health {
+    pub path: String,
+    pub timeout_seconds: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Resources {
+    pub cpu: Cpu,
+    pub memory: Memory,
+    pub pids: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stage {
+    Production,
+    Preview,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Environment {
+    pub project: Name,
+    pub stage: Stage,
+    pub pool: Name,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub replicas: BTreeMap<Name, u32>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<ImageRef>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<Hostname>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verification {
+    Txt,
+    Cname,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Domain {
+    pub hostname: Hostname,
+    pub environment: Name,
+    pub verification: Verification,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Placement {
+    Spread,
+    Pack,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeState {
+    Active,
+    Draining,
+    Retired,
+}
+
+impl NodeState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeState::Active => "active",
+            NodeState::Draining => "draining",
+            NodeState::Retired => "retired",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct NodePool {
+    pub region: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<String>,
+    pub placement: Placement,
+    pub nodes: Vec<PoolNode>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PoolNode {
+    pub name: Name,
+    pub state: NodeState,
+    pub capacity: Capacity,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Capacity {
+    pub cpu: Cpu,
+    pub memory: Memory,
+}
+
+/// Age ciphertext, ASCII-armoured. Never plaintext: Pushleft only decrypts on the control host
+/// and on the node a value is sealed to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ciphertext(String);
+
+impl Ciphertext {
+    pub const BEGIN: &'static str = "-----BEGIN AGE ENCRYPTED FILE-----";
+    pub const END: &'static str = "-----END AGE ENCRYPTED FILE-----";
+
+    /// Checks the armour's shape (header, base64 body, footer); decryption is the trust layer's.
+    pub fn new(s: &str) -> Result<Self, crate::values::Invalid> {
+        let t = s.trim();
+        let body = t.strip_prefix(Self::BEGIN).and_then(|r| r.strip_suffix(Self::END));
+        let ok = body.is_some_and(|b| {
+            let b = b.trim();
+            !b.is_empty() && b.bytes().all(|c| c.is_ascii_alphanumeric() || b"+/=\r\n".contains(&c))
+        });
+        if ok {
+            Ok(Ciphertext(format!("{t}\n")))
+        } else {
+            Err(crate::values::Invalid {
+                message: "value is not ASCII-armoured age ciphertext".into(),
+                hint: Some("set values with `pl secret set NAME KEY` or `age --armor`".into()),
+            })
+        }
+    }
+
+    pub fn armored(&self) -> &str {
+        &self.0
+    }
+
+    /// `sha256:` and the first 12 hex digits of the ciphertext's SHA-256: enough to tell that a
+    /// value changed, nothing about the value.
+    pub fn fingerprint(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let d = Sha256::digest(self.0.as_bytes());
+        let hex: String = d.iter().take(6).map(|b| format!("{b:02x}")).collect();
+        format!("sha256:{hex}")
+    }
+}
+
+impl Serialize for Ciphertext {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Secret {
+    pub recipients: Vec<String>,
+    pub data: BTreeMap<String, Ciphertext>,
+}
+
+/// One object of any kind.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Spec {
+    Repository(Repository),
+    NodePool(NodePool),
+    Secret(Secret),
+    Project(Project),
+    Environment(Environment),
+    Domain(Domain),
+}
+
+impl Spec {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Spec::Repository(_) => Kind::Repository,
+            Spec::NodePool(_) => Kind::NodePool,
+            Spec::Secret(_) => Kind::Secret,
+            Spec::Project(_) => Kind::Project,
+            Spec::Environment(_) => Kind::Environment,
+            Spec::Domain(_) => Kind::Domain,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Object {
+    pub metadata: Metadata,
+    pub spec: Spec,
+}
+
+impl Object {
+    pub fn kind(&self) -> Kind {
+        self.spec.kind()
+    }
+    pub fn name(&self) -> &Name {
+        &self.metadata.name
+    }
+}

@@ -1,0 +1,250 @@
+//! The JSON Schema (draft-07, what yaml-language-server reads best) of every kind, for editors
+//! and CI. A test holds its property lists equal to the decoder's field lists.
+
+use crate::model::API_VERSION;
+use crate::parse::*;
+use serde_json::{Value, json};
+
+const NAME: &str = "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$";
+const HOSTNAME: &str = "^(?=.{1,253}$)[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$";
+const IMAGE: &str = "^[a-z0-9._/:-]+@sha256:[a-f0-9]{64}$";
+const CPU: &str = "^([0-9]+m|[0-9]+(\\.[0-9]+)?|\\.[0-9]+)$";
+const MEMORY: &str = "^[0-9]+(\\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$";
+const ENV_NAME: &str = "^[A-Za-z_][A-Za-z0-9_]*$";
+
+fn name(desc: &str) -> Value {
+    json!({"type": "string", "pattern": NAME, "description": desc})
+}
+
+fn hostname(desc: &str) -> Value {
+    json!({"type": "string", "pattern": HOSTNAME, "description": desc})
+}
+
+fn object(props: Value, required: &[&str], desc: &str) -> Value {
+    json!({"type": "object", "description": desc, "additionalProperties": false, "properties": props, "required": required})
+}
+
+fn quantity(pattern: &str, desc: &str) -> Value {
+    json!({"description": desc, "anyOf": [{"type": "string", "pattern": pattern}, {"type": "number", "exclusiveMinimum": 0}]})
+}
+
+fn env_map(desc: &str) -> Value {
+    json!({"type": "object", "description": desc, "propertyNames": {"pattern": ENV_NAME}, "additionalProperties": {"type": "string"}})
+}
+
+fn replicas() -> Value {
+    json!({"type": "integer", "minimum": 0, "maximum": MAX_REPLICAS, "description": "Running copies (web and worker roles); default 1."})
+}
+
+/// The spec schema of each kind, by kind name.
+pub fn spec_schemas() -> Vec<(&'static str, Value)> {
+    let resources = object(
+        json!({
+            "cpu": quantity(CPU, "CPU: millicores (`500m`) or cores (`0.5`, `2`); default 250m."),
+            "memory": quantity(MEMORY, "Memory with a unit (`512Mi`, `1Gi`); default 256Mi."),
+            "pids": {"type": "integer", "minimum": 8, "maximum": 65536, "description": "Most processes; default 256."},
+        }),
+        &[],
+        "Limits for each replica.",
+    );
+    let health = object(
+        json!({
+            "path": {"type": "string", "pattern": "^/\\S*$", "description": "HTTP path; default /healthz."},
+            "timeoutSeconds": {"type": "integer", "minimum": 1, "maximum": 300, "description": "Default 5."},
+        }),
+        &[],
+        "HTTP health check of a web role.",
+    );
+    let role = object(
+        json!({
+            "kind": {"enum": ["web", "worker", "cron", "job", "release"], "description": "What the role runs as."},
+            "command": {"type": "array", "items": {"type": "string"}, "description": "argv; default: the image's entrypoint."},
+            "port": {"type": "integer", "minimum": 1, "maximum": 65535, "description": "Web roles only; default 8080."},
+            "health": health,
+            "replicas": replicas(),
+            "resources": resources,
+            "schedule": {"type": "string", "description": "Cron roles only: five fields, e.g. `*/15 * * * *`."},
+        }),
+        &["kind"],
+        "One role of a project.",
+    );
+    let previews = object(
+        json!({
+            "branches": {"type": "array", "items": {"type": "string"}, "description": "Globs of branches that get preview environments."},
+            "pool": name("Node pool that runs previews."),
+            "ttlHours": {"type": "integer", "minimum": 1, "maximum": 8760, "description": "Hours a preview lives after its last push; default 72."},
+        }),
+        &["branches", "pool"],
+        "Preview environments made from branches.",
+    );
+    let node = object(
+        json!({
+            "name": name("Node name, unique across all pools; the node enrols with it."),
+            "state": {"enum": ["active", "draining", "retired"], "description": "Default active."},
+            "capacity": object(json!({
+                "cpu": quantity(CPU, "CPU the node offers."),
+                "memory": quantity(MEMORY, "Memory the node offers."),
+            }), &["cpu", "memory"], "What the node offers to placement."),
+        }),
+        &["name", "capacity"],
+        "A node, declared before it may enrol.",
+    );
+    vec![
+        (
+            "Repository",
+            object(
+                json!({
+                    "baseDomain": hostname("Production hostnames are `<project>.<baseDomain>`."),
+                    "previewDomain": hostname("Preview hostnames are `<environment>.<previewDomain>`."),
+                    "previews": previews,
+                    "include": {"type": "array", "items": {"type": "string"}, "description": "Globs of files to read (default: every YAML file outside hidden folders)."},
+                    "controlRecipient": {"type": "string", "description": "The control host's age recipient; every Secret lists it."},
+                }),
+                &["baseDomain"],
+                "The one Repository document, in the root pushleft.yaml.",
+            ),
+        ),
+        (
+            "NodePool",
+            object(
+                json!({
+                    "region": name("Region label."),
+                    "capabilities": {"type": "array", "items": {"type": "string"}, "description": "Free-form capability tags."},
+                    "placement": {"enum": ["spread", "pack"], "description": "Default spread."},
+                    "nodes": {"type": "array", "items": node},
+                }),
+                &["region", "nodes"],
+                "Nodes that run environments.",
+            ),
+        ),
+        (
+            "Secret",
+            object(
+                json!({
+                    "recipients": {"type": "array", "minItems": 1, "items": {"type": "string"}, "description": "age X25519 (`age1…`) or ssh-ed25519/ssh-rsa public keys."},
+                    "data": {"type": "object", "propertyNames": {"pattern": ENV_NAME}, "additionalProperties": {"type": "string", "pattern": "^\\s*-----BEGIN AGE ENCRYPTED FILE-----"}, "description": "Key to ASCII-armoured age ciphertext."},
+                }),
+                &["recipients"],
+                "Encrypted values, delivered as files under /run/secrets.",
+            ),
+        ),
+        (
+            "Project",
+            object(
+                json!({
+                    "image": {"type": "string", "pattern": IMAGE, "description": "Image pinned by digest."},
+                    "roles": {"type": "object", "minProperties": 1, "propertyNames": {"pattern": NAME}, "additionalProperties": role},
+                    "env": env_map("Plain environment variables."),
+                    "secrets": {"type": "array", "items": name("A Secret's name.")},
+                }),
+                &["image", "roles"],
+                "An application: an image and its roles.",
+            ),
+        ),
+        (
+            "Environment",
+            object(
+                json!({
+                    "project": name("The Project it deploys."),
+                    "stage": {"enum": ["production", "preview"]},
+                    "pool": name("The NodePool it runs on."),
+                    "replicas": {"type": "object", "propertyNames": {"pattern": NAME}, "additionalProperties": replicas(), "description": "Per-role replica overrides."},
+                    "env": env_map("Variables that override the project's."),
+                    "image": {"type": "string", "pattern": IMAGE, "description": "Overrides the project's image."},
+                    "hostname": hostname("Overrides the derived hostname."),
+                }),
+                &["project", "stage", "pool"],
+                "One deployment of a project.",
+            ),
+        ),
+        (
+            "Domain",
+            object(
+                json!({
+                    "hostname": hostname("A name you own, outside baseDomain and previewDomain."),
+                    "environment": name("The Environment it serves."),
+                    "verification": {"enum": ["txt", "cname"], "description": "Default txt."},
+                }),
+                &["hostname", "environment"],
+                "A custom domain.",
+            ),
+        ),
+    ]
+}
+
+/// The whole schema: one document of any kind.
+pub fn json_schema() -> Value {
+    let metadata = object(
+        json!({
+            "name": name("Unique per kind."),
+            "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+            "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+        }),
+        &["name"],
+        "Name and labels.",
+    );
+    let kinds: Vec<Value> = spec_schemas()
+        .into_iter()
+        .map(|(kind, spec)| {
+            json!({
+                "if": {"properties": {"kind": {"const": kind}}, "required": ["kind"]},
+                "then": {"properties": {"spec": spec}},
+            })
+        })
+        .collect();
+    let kind_names: Vec<&str> = spec_schemas().iter().map(|(k, _)| *k).collect();
+    json!({
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "$id": "https://pushleft.dev/schema/v1alpha1.json",
+        "title": "Pushleft state document",
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": API_VERSION},
+            "kind": {"enum": kind_names},
+            "metadata": metadata,
+            "spec": {"type": "object"},
+        },
+        "allOf": kinds,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(v: &Value) -> Vec<String> {
+        let mut k: Vec<String> = v["properties"].as_object().map(|m| m.keys().cloned().collect()).unwrap_or_default();
+        k.sort();
+        k
+    }
+
+    fn sorted(f: &[&str]) -> Vec<String> {
+        let mut v: Vec<String> = f.iter().map(|s| (*s).to_owned()).collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn schema_matches_decoder_fields() {
+        let specs: std::collections::BTreeMap<&str, Value> = spec_schemas().into_iter().collect();
+        assert_eq!(keys(&specs["Repository"]), sorted(REPOSITORY_FIELDS));
+        assert_eq!(keys(&specs["Repository"]["properties"]["previews"]), sorted(PREVIEWS_FIELDS));
+        assert_eq!(keys(&specs["Project"]), sorted(PROJECT_FIELDS));
+        let role = &specs["Project"]["properties"]["roles"]["additionalProperties"];
+        assert_eq!(keys(role), sorted(ROLE_FIELDS));
+        assert_eq!(keys(&role["properties"]["health"]), sorted(HEALTH_FIELDS));
+        assert_eq!(keys(&role["properties"]["resources"]), sorted(RESOURCES_FIELDS));
+        assert_eq!(keys(&specs["Environment"]), sorted(ENVIRONMENT_FIELDS));
+        assert_eq!(keys(&specs["Domain"]), sorted(DOMAIN_FIELDS));
+        assert_eq!(keys(&specs["NodePool"]), sorted(NODEPOOL_FIELDS));
+        let node = &specs["NodePool"]["properties"]["nodes"]["items"];
+        assert_eq!(keys(node), sorted(NODE_FIELDS));
+        assert_eq!(keys(&node["properties"]["capacity"]), sorted(CAPACITY_FIELDS));
+        assert_eq!(keys(&specs["Secret"]), sorted(SECRET_FIELDS));
+        let whole = json_schema();
+        assert_eq!(keys(&whole), sorted(DOCUMENT_FIELDS));
+        assert_eq!(keys(&whole["properties"]["metadata"]), sorted(METADATA_FIELDS));
+    }
+}

@@ -1,0 +1,372 @@
+//! A whole desired state: parsed files assembled, checked across objects, and derived.
+
+use crate::diag::{Code, Diagnostic, sort_diagnostics};
+use crate::model::*;
+use crate::parse::{Located, ParsedFile};
+use crate::values::{Hostname, ImageRef, Invalid, Name, derive_label, flatten_label};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The file at the root of a state tree that holds the `Repository` document.
+pub const ROOT_FILE: &str = "pushleft.yaml";
+
+/// Every object of a state tree by kind and name. Built only by [`assemble`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct State {
+    objects: BTreeMap<(Kind, Name), Located>,
+}
+
+impl State {
+    /// Objects in plan order: by kind, then name.
+    pub fn iter(&self) -> impl Iterator<Item = &Located> {
+        self.objects.values()
+    }
+
+    pub fn len(&self) -> usize {
+        self.objects.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.objects.is_empty()
+    }
+
+    pub fn get(&self, kind: Kind, name: &str) -> Option<&Located> {
+        // Names are validated labels; a string that is not one names nothing.
+        let n = Name::new(name).ok()?;
+        self.objects.get(&(kind, n))
+    }
+
+    pub fn of_kind(&self, kind: Kind) -> impl Iterator<Item = &Located> {
+        self.objects.iter().filter(move |((k, _), _)| *k == kind).map(|(_, v)| v)
+    }
+
+    pub fn repository(&self) -> Option<&Repository> {
+        self.of_kind(Kind::Repository).find_map(|l| match &l.object.spec {
+            Spec::Repository(r) => Some(r),
+            _ => None,
+        })
+    }
+
+    pub fn project(&self, name: &str) -> Option<&Project> {
+        match &self.get(Kind::Project, name)?.object.spec {
+            Spec::Project(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    pub fn environments(&self) -> impl Iterator<Item = (&Name, &Environment)> {
+        self.of_kind(Kind::Environment).filter_map(|l| match &l.object.spec {
+            Spec::Environment(e) => Some((l.object.name(), e)),
+            _ => None,
+        })
+    }
+
+    pub fn domains(&self) -> impl Iterator<Item = (&Name, &Domain)> {
+        self.of_kind(Kind::Domain).filter_map(|l| match &l.object.spec {
+            Spec::Domain(d) => Some((l.object.name(), d)),
+            _ => None,
+        })
+    }
+
+    pub fn pools(&self) -> impl Iterator<Item = (&Name, &NodePool)> {
+        self.of_kind(Kind::NodePool).filter_map(|l| match &l.object.spec {
+            Spec::NodePool(p) => Some((l.object.name(), p)),
+            _ => None,
+        })
+    }
+}
+
+/// A state with every problem found while building it.
+#[derive(Clone, Debug, Default)]
+pub struct Loaded {
+    pub state: State,
+    pub diagnostics: Vec<Diagnostic>,
+    pub files: usize,
+}
+
+impl Loaded {
+    pub fn is_valid(&self) -> bool {
+        self.diagnostics.is_empty()
+    }
+}
+
+/// Assembles parsed files (in any order) into a state and checks everything that spans
+/// objects. `extra` carries problems found while reading the tree (symlinks, sizes).
+pub fn assemble(mut files: Vec<ParsedFile>, extra: Vec<Diagnostic>) -> Loaded {
+    // Order by path so "the first definition" and every message are the same whatever order
+    // the caller read the files in.
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    let mut diags = extra;
+    let file_count = files.len();
+    let root_had_errors = files.iter().any(|f| f.path == ROOT_FILE && !f.diagnostics.is_empty());
+    let root_exists = files.iter().any(|f| f.path == ROOT_FILE);
+    let mut objects: BTreeMap<(Kind, Name), Located> = BTreeMap::new();
+    let mut repos = 0usize;
+    for file in files {
+        diags.extend(file.diagnostics);
+        for loc in file.objects {
+            let kind = loc.object.kind();
+            if kind == Kind::Repository {
+                if loc.file != ROOT_FILE {
+                    diags.push(
+                        Diagnostic::error(Code::MisplacedRepository, &loc.file, Some(loc.pos), "a Repository document must be in the root `pushleft.yaml`")
+                            .with_hint("move it to `pushleft.yaml`"),
+                    );
+                    continue;
+                }
+                repos += 1;
+                if repos > 1 {
+                    diags.push(Diagnostic::error(Code::DuplicateRepository, &loc.file, Some(loc.pos), "a second Repository document; a state tree has exactly one"));
+                    continue;
+                }
+            }
+            let key = (kind, loc.object.name().clone());
+            if let Some(first) = objects.get(&key) {
+                diags.push(
+                    Diagnostic::error(
+                        Code::DuplicateName,
+                        &loc.file,
+                        Some(loc.pos_of("metadata.name")),
+                        format!("{kind} `{}` is already defined at {}:{}:{}", key.1, first.file, first.pos.line, first.pos.column),
+                    )
+                    .with_hint("names are unique per kind across all files"),
+                );
+                continue;
+            }
+            objects.insert(key, loc);
+        }
+    }
+    if repos == 0 && !root_had_errors {
+        let msg = if root_exists { "`pushleft.yaml` has no Repository document" } else { "the state tree has no `pushleft.yaml`" };
+        diags.push(Diagnostic::error(Code::MissingRepository, ROOT_FILE, None, msg).with_hint("run `pl init` or add a `kind: Repository` document to `pushleft.yaml`"));
+    }
+    let state = State { objects };
+    check_references(&state, &mut diags);
+    check_nodes(&state, &mut diags);
+    check_hostnames(&state, &mut diags);
+    sort_diagnostics(&mut diags);
+    Loaded { state, diagnostics: diags, files: file_count }
+}
+
+fn dangling(loc: &Located, path: &str, what: &str, name: &str, known: Vec<&str>) -> Diagnostic {
+    let d = Diagnostic::error(Code::DanglingReference, &loc.file, Some(loc.pos_of(path)), format!("{what} `{name}` does not exist"));
+    match crate::decode::did_you_mean(name, &known) {
+        Some(m) => d.with_hint(format!("did you mean `{m}`?")),
+        None if known.is_empty() => d,
+        None if known.len() <= 8 => d.with_hint(format!("defined: {}", known.join(", "))),
+        None => d,
+    }
+}
+
+fn names(state: &State, kind: Kind) -> Vec<&str> {
+    state.of_kind(kind).map(|l| l.object.name().as_str()).collect()
+}
+
+fn check_references(state: &State, diags: &mut Vec<Diagnostic>) {
+    let repo = state.repository();
+    for loc in state.iter() {
+        match &loc.object.spec {
+            Spec::Environment(env) => {
+                match state.project(env.project.as_str()) {
+                    None => diags.push(dangling(loc, "spec.project", "project", env.project.as_str(), names(state, Kind::Project))),
+                    Some(project) => {
+                        for role in env.replicas.keys() {
+                            let path = format!("spec.replicas.{role}");
+                            match project.roles.get(role) {
+                                None => {
+                                    let known = project.roles.keys().map(Name::as_str).collect();
+                                    diags.push(dangling(loc, &path, &format!("role of project `{}`", env.project), role.as_str(), known));
+                                }
+                                Some(r) if r.workload.replicas().is_none() => diags.push(
+                                    Diagnostic::error(Code::FieldNotAllowed, &loc.file, Some(loc.pos_of(&path)), format!("role `{role}` is a {} role and has no replicas", r.workload.kind_name()))
+                                        .with_hint("only web and worker roles run replicas"),
+                                ),
+                                Some(_) => {}
+                            }
+                        }
+                    }
+                }
+                if state.get(Kind::NodePool, env.pool.as_str()).is_none() {
+                    diags.push(dangling(loc, "spec.pool", "node pool", env.pool.as_str(), names(state, Kind::NodePool)));
+                }
+                if env.stage == Stage::Preview && env.hostname.is_none() && repo.is_some_and(|r| r.preview_domain.is_none()) {
+                    diags.push(
+                        Diagnostic::error(Code::MissingField, &loc.file, Some(loc.pos), "a preview environment needs `previewDomain` in the Repository spec, or its own `hostname`")
+                            .with_hint("set `previewDomain` in pushleft.yaml"),
+                    );
+                }
+            }
+            Spec::Project(p) => {
+                for s in &p.secrets {
+                    if state.get(Kind::Secret, s.as_str()).is_none() {
+                        diags.push(dangling(loc, &format!("spec.secrets.{s}"), "secret", s.as_str(), names(state, Kind::Secret)));
+                    }
+                }
+            }
+            Spec::Domain(d) => {
+                if state.get(Kind::Environment, d.environment.as_str()).is_none() {
+                    diags.push(dangling(loc, "spec.environment", "environment", d.environment.as_str(), names(state, Kind::Environment)));
+                }
+            }
+            Spec::Repository(r) => {
+                if let Some(p) = &r.previews {
+                    if state.get(Kind::NodePool, p.pool.as_str()).is_none() {
+                        diags.push(dangling(loc, "spec.previews.pool", "node pool", p.pool.as_str(), names(state, Kind::NodePool)));
+                    }
+                }
+            }
+            Spec::NodePool(_) | Spec::Secret(_) => {}
+        }
+    }
+}
+
+/// Node names are unique across all pools: a node enrols by name.
+fn check_nodes(state: &State, diags: &mut Vec<Diagnostic>) {
+    let mut seen: BTreeMap<&str, (&str, &Located)> = BTreeMap::new();
+    for loc in state.of_kind(Kind::NodePool) {
+        let Spec::NodePool(pool) = &loc.object.spec else { continue };
+        for node in &pool.nodes {
+            let path = format!("spec.nodes.{}", node.name);
+            if let Some((other_pool, other)) = seen.get(node.name.as_str()) {
+                diags.push(
+                    Diagnostic::error(
+                        Code::DuplicateName,
+                        &loc.file,
+                        Some(loc.pos_of(&path)),
+                        format!("node `{}` is already declared in pool `{other_pool}` ({}:{}:{})", node.name, other.file, other.pos_of(&path).line, other.pos_of(&path).column),
+                    )
+                    .with_hint("node names are unique across all pools"),
+                );
+            } else {
+                seen.insert(node.name.as_str(), (loc.object.name().as_str(), loc));
+            }
+        }
+    }
+}
+
+/// The hostname an environment serves, by the derivation rules (an explicit `hostname` wins).
+pub fn environment_hostname(repo: &Repository, env_name: &Name, env: &Environment) -> Result<Hostname, Invalid> {
+    if let Some(h) = &env.hostname {
+        return Ok(h.clone());
+    }
+    match env.stage {
+        Stage::Production => Hostname::new(&format!("{}.{}", env.project, repo.base_domain)),
+        Stage::Preview => match &repo.preview_domain {
+            Some(pd) => Hostname::new(&format!("{env_name}.{pd}")),
+            None => Err(Invalid { message: "no `previewDomain` to derive a preview hostname from".into(), hint: None }),
+        },
+    }
+}
+
+/// The environment name and hostname of a preview made from a branch:
+/// `<branch>--<project>.<previewDomain>`, the first label flattened and, past 63 characters,
+/// cut with a stable hash suffix.
+pub fn branch_preview_label(branch: &str, project: &Name) -> String {
+    let flat = flatten_label(branch);
+    let flat = if flat.is_empty() { "branch".to_owned() } else { flat };
+    let label = format!("{flat}--{project}");
+    if label.len() <= 63 {
+        return label;
+    }
+    let suffix = format!("--{project}");
+    let hashed = derive_label(&format!("{branch}\u{0}{project}"));
+    let hash = hashed.rsplit('-').next().unwrap_or("0");
+    let room = 63usize.saturating_sub(suffix.len() + hash.len() + 1);
+    if room < 1 {
+        return derive_label(&label);
+    }
+    let mut head: String = flat.chars().take(room).collect();
+    while head.ends_with('-') {
+        head.pop();
+    }
+    format!("{head}-{hash}{suffix}")
+}
+
+pub fn branch_preview_hostname(branch: &str, project: &Name, preview_domain: &Hostname) -> Result<Hostname, Invalid> {
+    Hostname::new(&format!("{}.{preview_domain}", branch_preview_label(branch, project)))
+}
+
+type Owners<'s> = BTreeMap<Hostname, (String, &'s Located)>;
+
+/// Records who serves a hostname; a second claimant gets `hostname-conflict`.
+fn claim<'s>(owners: &mut Owners<'s>, host: Hostname, who: String, loc: &'s Located, diags: &mut Vec<Diagnostic>) {
+    if let Some((other, oloc)) = owners.get(&host) {
+        let p = oloc.pos_of("spec.hostname");
+        diags.push(
+            Diagnostic::error(
+                Code::HostnameConflict,
+                &loc.file,
+                Some(loc.pos_of("spec.hostname")),
+                format!("{who} resolves to `{host}`, which {other} already serves ({}:{}:{})", oloc.file, p.line, p.column),
+            )
+            .with_hint("set `hostname` on one of the environments, or change the domain"),
+        );
+    } else {
+        owners.insert(host, (who, loc));
+    }
+}
+
+fn check_hostnames(state: &State, diags: &mut Vec<Diagnostic>) {
+    let Some(repo) = state.repository() else { return };
+    let mut owners: Owners<'_> = BTreeMap::new();
+    for loc in state.of_kind(Kind::Environment) {
+        let Spec::Environment(env) = &loc.object.spec else { continue };
+        match environment_hostname(repo, loc.object.name(), env) {
+            Ok(h) => claim(&mut owners, h, format!("environment `{}`", loc.object.name()), loc, diags),
+            Err(inv) if repo.preview_domain.is_some() || env.stage == Stage::Production => {
+                let d = Diagnostic::error(Code::InvalidHostname, &loc.file, Some(loc.pos_of("metadata.name")), format!("derived hostname is invalid: {}", inv.message))
+                    .with_hint("shorten the names or set `hostname`");
+                diags.push(d);
+            }
+            Err(_) => {} // reported as a missing previewDomain
+        }
+    }
+    let zones: Vec<(&str, &Hostname)> =
+        std::iter::once(("baseDomain", &repo.base_domain)).chain(repo.preview_domain.as_ref().map(|p| ("previewDomain", p))).collect();
+    for loc in state.of_kind(Kind::Domain) {
+        let Spec::Domain(d) = &loc.object.spec else { continue };
+        if let Some((field, zone)) = zones.iter().find(|(_, z)| d.hostname.is_within(z)) {
+            diags.push(
+                Diagnostic::error(Code::DomainUnderManagedZone, &loc.file, Some(loc.pos_of("spec.hostname")), format!("`{}` lies under {field} `{zone}`, whose names Pushleft derives", d.hostname))
+                    .with_hint("use `hostname` on the Environment for names under the managed zones; Domain is for names you own elsewhere"),
+            );
+            continue;
+        }
+        claim(&mut owners, d.hostname.clone(), format!("domain `{}`", loc.object.name()), loc, diags);
+    }
+}
+
+/// An environment with everything it inherits resolved: what `pl show` prints under
+/// `derived` and what a deployment's generation hashes.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct DerivedEnvironment {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<Hostname>,
+    pub image: ImageRef,
+    pub replicas: BTreeMap<Name, u32>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub domains: Vec<Hostname>,
+}
+
+/// Derives an environment; `None` when its project is missing (already a diagnostic).
+pub fn derive_environment(state: &State, name: &Name, env: &Environment) -> Option<DerivedEnvironment> {
+    let project = state.project(env.project.as_str())?;
+    let hostname = state.repository().and_then(|r| environment_hostname(r, name, env).ok());
+    let replicas = project
+        .roles
+        .iter()
+        .filter_map(|(role, r)| r.workload.replicas().map(|n| (role.clone(), env.replicas.get(role).copied().unwrap_or(n))))
+        .collect();
+    let mut vars = project.env.clone();
+    vars.extend(env.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    let domains: BTreeSet<Hostname> = state.domains().filter(|(_, d)| d.environment == *name).map(|(_, d)| d.hostname.clone()).collect();
+    Some(DerivedEnvironment {
+        hostname,
+        image: env.image.clone().unwrap_or_else(|| project.image.clone()),
+        replicas,
+        env: vars,
+        domains: domains.into_iter().collect(),
+    })
+}
+

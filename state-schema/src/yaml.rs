@@ -1,0 +1,374 @@
+//! A YAML loader that keeps the line and column of every node and enforces Pushleft's input
+//! limits (documents per file, nesting depth, alias expansion) while it reads, so a hostile file
+//! fails fast with bounded memory instead of being expanded first and measured after.
+//!
+//! Events come from `saphyr-parser`; the tree is built here so the limits sit in one place.
+//! Plain scalars resolve by the YAML 1.2 core schema (`no` is a string, `0o17` an integer).
+
+use crate::diag::{Code, Pos};
+use saphyr_parser::{Event, Parser, ScalarStyle, Span};
+use std::collections::HashMap;
+
+/// Largest state file accepted, in bytes.
+pub const MAX_FILE_BYTES: usize = 1 << 20;
+/// Most YAML documents in one file.
+pub const MAX_DOCUMENTS: usize = 10_000;
+/// Deepest nesting of sequences and mappings.
+pub const MAX_DEPTH: usize = 64;
+/// Most nodes that aliases may add to one file by expansion ("billion laughs" stop here).
+pub const MAX_ALIAS_NODES: usize = 10_000;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    pub pos: Pos,
+    pub value: Value,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Value {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+    Seq(Vec<Node>),
+    Map(Vec<(Node, Node)>),
+}
+
+impl Value {
+    /// The YAML type's name, for messages.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Value::Null => "null",
+            Value::Bool(_) => "a boolean",
+            Value::Int(_) => "an integer",
+            Value::Float(_) => "a float",
+            Value::Str(_) => "a string",
+            Value::Seq(_) => "a sequence",
+            Value::Map(_) => "a mapping",
+        }
+    }
+}
+
+/// Why a file could not be loaded. Loading stops at the first of these.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct LoadError {
+    pub code: Code,
+    pub pos: Option<Pos>,
+    pub message: String,
+}
+
+fn pos_of(span: &Span) -> Pos {
+    Pos {
+        line: u32::try_from(span.start.line()).unwrap_or(u32::MAX),
+        column: u32::try_from(span.start.col() + 1).unwrap_or(u32::MAX),
+    }
+}
+
+/// Checks size and encoding, then loads every document of a file.
+pub fn load_bytes(bytes: &[u8]) -> Result<Vec<Node>, LoadError> {
+    if bytes.len() > MAX_FILE_BYTES {
+        return Err(LoadError {
+            code: Code::FileTooLarge,
+            pos: None,
+            message: format!("file is {} bytes; the limit is {} bytes (1 MiB)", bytes.len(), MAX_FILE_BYTES),
+        });
+    }
+    let text = std::str::from_utf8(bytes).map_err(|e| {
+        let good = &bytes[..e.valid_up_to()];
+        // The valid prefix is UTF-8 by construction, so this never falls back.
+        let prefix = std::str::from_utf8(good).unwrap_or("");
+        let line = prefix.matches('\n').count() + 1;
+        let column = prefix.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+        LoadError {
+            code: Code::InvalidUtf8,
+            pos: Some(Pos { line: line as u32, column: column as u32 }),
+            message: format!("invalid UTF-8 at byte {}", e.valid_up_to()),
+        }
+    })?;
+    load_str(text)
+}
+
+enum Frame {
+    Seq { pos: Pos, anchor: usize, items: Vec<Node> },
+    Map { pos: Pos, anchor: usize, entries: Vec<(Node, Node)>, key: Option<Node> },
+}
+
+struct Builder {
+    stack: Vec<Frame>,
+    anchors: HashMap<usize, (Node, usize)>,
+    alias_nodes: usize,
+    docs: Vec<Node>,
+}
+
+fn count_nodes(n: &Node) -> usize {
+    1 + match &n.value {
+        Value::Seq(items) => items.iter().map(count_nodes).sum(),
+        Value::Map(entries) => entries.iter().map(|(k, v)| count_nodes(k) + count_nodes(v)).sum(),
+        _ => 0,
+    }
+}
+
+impl Builder {
+    fn finish_node(&mut self, node: Node, anchor: usize) {
+        if anchor != 0 {
+            let size = count_nodes(&node);
+            self.anchors.insert(anchor, (node.clone(), size));
+        }
+        match self.stack.last_mut() {
+            Some(Frame::Seq { items, .. }) => items.push(node),
+            Some(Frame::Map { entries, key, .. }) => match key.take() {
+                Some(k) => entries.push((k, node)),
+                None => *key = Some(node),
+            },
+            None => self.docs.push(node),
+        }
+    }
+}
+
+fn unsupported_tag(pos: Pos, tag: &str) -> LoadError {
+    LoadError {
+        code: Code::UnsupportedTag,
+        pos: Some(pos),
+        message: format!("unsupported tag `{tag}`; only the YAML core schema's tags are allowed"),
+    }
+}
+
+/// Checks a sequence's or mapping's tag and the nesting depth before it opens.
+fn open_collection(b: &Builder, pos: Pos, tag: Option<&saphyr_parser::Tag>) -> Result<(), LoadError> {
+    if let Some(t) = tag {
+        if !(t.is_yaml_core_schema() && matches!(t.suffix.as_str(), "seq" | "map")) {
+            return Err(unsupported_tag(pos, &format!("{}{}", t.handle, t.suffix)));
+        }
+    }
+    if b.stack.len() >= MAX_DEPTH {
+        return Err(LoadError {
+            code: Code::NestingTooDeep,
+            pos: Some(pos),
+            message: format!("nesting deeper than {MAX_DEPTH} levels"),
+        });
+    }
+    Ok(())
+}
+
+/// Resolves a plain scalar by the YAML 1.2 core schema.
+pub fn resolve_plain(s: &str) -> Value {
+    match s {
+        "" | "~" | "null" | "Null" | "NULL" => return Value::Null,
+        "true" | "True" | "TRUE" => return Value::Bool(true),
+        "false" | "False" | "FALSE" => return Value::Bool(false),
+        ".inf" | ".Inf" | ".INF" | "+.inf" | "+.Inf" | "+.INF" => return Value::Float(f64::INFINITY),
+        "-.inf" | "-.Inf" | "-.INF" => return Value::Float(f64::NEG_INFINITY),
+        ".nan" | ".NaN" | ".NAN" => return Value::Float(f64::NAN),
+        _ => {}
+    }
+    if let Some(oct) = s.strip_prefix("0o") {
+        if !oct.is_empty() && oct.bytes().all(|c| (b'0'..=b'7').contains(&c)) {
+            if let Ok(v) = i64::from_str_radix(oct, 8) {
+                return Value::Int(v);
+            }
+        }
+    }
+    if let Some(hex) = s.strip_prefix("0x") {
+        if !hex.is_empty() && hex.bytes().all(|c| c.is_ascii_hexdigit()) {
+            if let Ok(v) = i64::from_str_radix(hex, 16) {
+                return Value::Int(v);
+            }
+        }
+    }
+    let digits = s.strip_prefix(['-', '+']).unwrap_or(s);
+    if !digits.is_empty() && digits.bytes().all(|c| c.is_ascii_digit()) {
+        if let Ok(v) = s.parse::<i64>() {
+            return Value::Int(v);
+        }
+    }
+    if is_core_float(digits) {
+        if let Ok(v) = s.parse::<f64>() {
+            return Value::Float(v);
+        }
+    }
+    Value::Str(s.to_owned())
+}
+
+/// `(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?` without the sign.
+fn is_core_float(s: &str) -> bool {
+    let (mantissa, exp) = match s.find(['e', 'E']) {
+        Some(i) => (&s[..i], Some(&s[i + 1..])),
+        None => (s, None),
+    };
+    let mantissa_ok = match mantissa.split_once('.') {
+        Some((a, b)) => {
+            (!a.is_empty() || !b.is_empty())
+                && a.bytes().all(|c| c.is_ascii_digit())
+                && b.bytes().all(|c| c.is_ascii_digit())
+        }
+        None => !mantissa.is_empty() && mantissa.bytes().all(|c| c.is_ascii_digit()),
+    };
+    let exp_ok = exp.is_none_or(|e| {
+        let e = e.strip_prefix(['-', '+']).unwrap_or(e);
+        !e.is_empty() && e.bytes().all(|c| c.is_ascii_digit())
+    });
+    mantissa_ok && exp_ok && (mantissa.contains('.') || exp.is_some())
+}
+
+/// Loads every document of a YAML stream. Empty documents are dropped.
+pub fn load_str(text: &str) -> Result<Vec<Node>, LoadError> {
+    let mut b = Builder { stack: Vec::new(), anchors: HashMap::new(), alias_nodes: 0, docs: Vec::new() };
+    let mut documents = 0usize;
+    for item in Parser::new_from_str(text) {
+        let (event, span) = item.map_err(|e| LoadError {
+            code: Code::YamlSyntax,
+            pos: Some(Pos { line: e.marker().line() as u32, column: e.marker().col() as u32 + 1 }),
+            message: e.info().to_owned(),
+        })?;
+        let pos = pos_of(&span);
+        match event {
+            Event::DocumentStart(_) => {
+                documents += 1;
+                if documents > MAX_DOCUMENTS {
+                    return Err(LoadError {
+                        code: Code::TooManyDocuments,
+                        pos: Some(pos),
+                        message: format!("more than {MAX_DOCUMENTS} documents in one file"),
+                    });
+                }
+            }
+            Event::Scalar(text, style, anchor, tag) => {
+                let value = match (&tag, style) {
+                    (Some(t), _) if t.is_yaml_core_schema() => match t.suffix.as_str() {
+                        "str" => Value::Str(text.into_owned()),
+                        "null" | "bool" | "int" | "float" => resolve_plain(&text),
+                        other => return Err(unsupported_tag(pos, &format!("!!{other}"))),
+                    },
+                    (Some(t), _) => return Err(unsupported_tag(pos, &format!("{}{}", t.handle, t.suffix))),
+                    (None, ScalarStyle::Plain) => resolve_plain(&text),
+                    (None, _) => Value::Str(text.into_owned()),
+                };
+                b.finish_node(Node { pos, value }, anchor);
+            }
+            Event::SequenceStart(anchor, tag) => {
+                open_collection(&b, pos, tag.as_deref())?;
+                b.stack.push(Frame::Seq { pos, anchor, items: Vec::new() });
+            }
+            Event::MappingStart(anchor, tag) => {
+                open_collection(&b, pos, tag.as_deref())?;
+                b.stack.push(Frame::Map { pos, anchor, entries: Vec::new(), key: None });
+            }
+            Event::SequenceEnd | Event::MappingEnd => {
+                let node_and_anchor = match b.stack.pop() {
+                    Some(Frame::Seq { pos, anchor, items }) => (Node { pos, value: Value::Seq(items) }, anchor),
+                    Some(Frame::Map { pos, anchor, entries, .. }) => (Node { pos, value: Value::Map(entries) }, anchor),
+                    None => continue,
+                };
+                b.finish_node(node_and_anchor.0, node_and_anchor.1);
+            }
+            Event::Alias(id) => {
+                let Some((node, size)) = b.anchors.get(&id) else {
+                    return Err(LoadError { code: Code::YamlSyntax, pos: Some(pos), message: "alias to an unknown anchor".into() });
+                };
+                b.alias_nodes = b.alias_nodes.saturating_add(*size);
+                if b.alias_nodes > MAX_ALIAS_NODES {
+                    return Err(LoadError {
+                        code: Code::AliasLimit,
+                        pos: Some(pos),
+                        message: format!("aliases expand to more than {MAX_ALIAS_NODES} nodes"),
+                    });
+                }
+                let mut node = node.clone();
+                node.pos = pos;
+                b.finish_node(node, 0);
+            }
+            Event::StreamStart | Event::StreamEnd | Event::DocumentEnd | Event::Nothing => {}
+        }
+    }
+    b.docs.retain(|d| d.value != Value::Null);
+    Ok(b.docs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one(text: &str) -> Node {
+        let mut docs = load_str(text).expect("valid yaml");
+        assert_eq!(docs.len(), 1);
+        docs.remove(0)
+    }
+
+    #[test]
+    fn keeps_positions() {
+        let n = one("a: 1\nb:\n  - x\n");
+        let Value::Map(entries) = n.value else { panic!("map") };
+        assert_eq!(entries[1].0.pos, Pos { line: 2, column: 1 });
+        let Value::Seq(items) = &entries[1].1.value else { panic!("seq") };
+        assert_eq!(items[0].pos, Pos { line: 3, column: 5 });
+    }
+
+    #[test]
+    fn core_schema_resolution() {
+        assert_eq!(resolve_plain("no"), Value::Str("no".into()));
+        assert_eq!(resolve_plain("0o17"), Value::Int(15));
+        assert_eq!(resolve_plain("0x1F"), Value::Int(31));
+        assert_eq!(resolve_plain("-12"), Value::Int(-12));
+        assert_eq!(resolve_plain("1.5"), Value::Float(1.5));
+        assert_eq!(resolve_plain("1e3"), Value::Float(1000.0));
+        assert_eq!(resolve_plain("500m"), Value::Str("500m".into()));
+        assert_eq!(resolve_plain("~"), Value::Null);
+        assert_eq!(resolve_plain("1.2.3"), Value::Str("1.2.3".into()));
+        assert_eq!(one("a: '1'").value, Value::Map(vec![(
+            Node { pos: Pos { line: 1, column: 1 }, value: Value::Str("a".into()) },
+            Node { pos: Pos { line: 1, column: 4 }, value: Value::Str("1".into()) },
+        )]));
+    }
+
+    #[test]
+    fn billion_laughs_fails_fast() {
+        let mut text = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+        for i in 1..10 {
+            let prev = i - 1;
+            text.push_str(&format!("a{i}: &a{i} [*a{prev}, *a{prev}, *a{prev}, *a{prev}, *a{prev}, *a{prev}, *a{prev}, *a{prev}, *a{prev}, *a{prev}]\n"));
+        }
+        let err = load_str(&text).expect_err("must refuse");
+        assert_eq!(err.code, Code::AliasLimit);
+    }
+
+    #[test]
+    fn small_aliases_expand() {
+        let n = one("base: &b {cpu: 1}\nother: *b\n");
+        let Value::Map(entries) = n.value else { panic!("map") };
+        assert_eq!(entries[0].1.value, entries[1].1.value);
+    }
+
+    #[test]
+    fn depth_limit() {
+        let text = format!("{}{}", "[".repeat(MAX_DEPTH + 1), "]".repeat(MAX_DEPTH + 1));
+        assert_eq!(load_str(&text).expect_err("deep").code, Code::NestingTooDeep);
+        let ok = format!("{}{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
+        assert!(load_str(&ok).is_ok());
+    }
+
+    #[test]
+    fn document_limit() {
+        let text = "---\na: 1\n".repeat(MAX_DOCUMENTS + 1);
+        assert_eq!(load_str(&text).expect_err("too many").code, Code::TooManyDocuments);
+        let text = "---\na: 1\n".repeat(MAX_DOCUMENTS);
+        assert_eq!(load_str(&text).expect("at limit").len(), MAX_DOCUMENTS);
+    }
+
+    #[test]
+    fn size_utf8_tags_syntax() {
+        let big = vec![b' '; MAX_FILE_BYTES + 1];
+        assert_eq!(load_bytes(&big).expect_err("big").code, Code::FileTooLarge);
+        let err = load_bytes(b"a: 1\nb: \xff\n").expect_err("utf8");
+        assert_eq!((err.code, err.pos), (Code::InvalidUtf8, Some(Pos { line: 2, column: 4 })));
+        assert_eq!(load_str("a: !custom x").expect_err("tag").code, Code::UnsupportedTag);
+        assert_eq!(load_str("a: !!str 1").expect("str tag")[0].value, Value::Map(vec![(
+            Node { pos: Pos { line: 1, column: 1 }, value: Value::Str("a".into()) },
+            Node { pos: Pos { line: 1, column: 4 }, value: Value::Str("1".into()) },
+        )]));
+        let err = load_str("a: [1, 2\nb: 3").expect_err("syntax");
+        assert_eq!(err.code, Code::YamlSyntax);
+        assert!(err.pos.is_some());
+    }
+}
