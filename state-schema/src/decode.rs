@@ -73,6 +73,11 @@ pub(crate) fn did_you_mean<'k>(given: &str, known: &[&'k str]) -> Option<&'k str
     if let Some(k) = known.iter().find(|k| fold(k) == g) {
         return Some(k);
     }
+    if g.len() >= 3 {
+        if let Some(k) = known.iter().find(|k| fold(k).starts_with(&g)) {
+            return Some(k);
+        }
+    }
     known
         .iter()
         .map(|k| (levenshtein(&g, &fold(k)), *k))

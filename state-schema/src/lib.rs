@@ -15,3 +15,4 @@ pub mod canonical;
 pub mod plan;
 pub mod show;
 pub mod schema;
+pub mod synthetic;

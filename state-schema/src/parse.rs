@@ -105,6 +105,9 @@ fn record_positions(doc: &Node) -> Vec<(String, Pos)> {
 pub struct ParsedFile {
     pub path: String,
     pub objects: Vec<Located>,
+    /// Kinds and names of documents whose metadata decoded but whose spec did not: they are
+    /// reported already, and must not make references to them look dangling.
+    pub declared: Vec<(Kind, Name)>,
     pub diagnostics: Vec<Diagnostic>,
 }
 
@@ -121,14 +124,14 @@ pub fn parse_file(path: &str, bytes: &[u8]) -> ParsedFile {
     };
     let mut ctx = Ctx { file: path, diags: &mut out.diagnostics };
     for doc in &docs {
-        if let Some(object) = decode_document(&mut ctx, doc) {
+        if let Some(object) = decode_document(&mut ctx, doc, &mut out.declared) {
             out.objects.push(Located { file: path.to_owned(), pos: doc.pos, object, positions: record_positions(doc) });
         }
     }
     out
 }
 
-fn decode_document(ctx: &mut Ctx<'_>, doc: &Node) -> Option<Object> {
+fn decode_document(ctx: &mut Ctx<'_>, doc: &Node, declared: &mut Vec<(Kind, Name)>) -> Option<Object> {
     let f = Fields::new(ctx, doc, "a document", DOCUMENT_FIELDS)?;
     let api = f.require(ctx, "apiVersion", "a document").and_then(|n| string(ctx, n, "`apiVersion`").map(|s| (n, s)));
     if let Some((n, s)) = api {
@@ -160,7 +163,11 @@ fn decode_document(ctx: &mut Ctx<'_>, doc: &Node) -> Option<Object> {
         }
     });
     api?;
-    Some(Object { metadata: metadata?, spec: spec? })
+    let metadata = metadata?;
+    if spec.is_none() {
+        declared.push((kind, metadata.name.clone()));
+    }
+    Some(Object { metadata, spec: spec? })
 }
 
 /// An optional field: absent is `Some(None)`, present but invalid is `None` (already reported).

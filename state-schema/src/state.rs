@@ -13,6 +13,8 @@ pub const ROOT_FILE: &str = "pushleft.yaml";
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct State {
     objects: BTreeMap<(Kind, Name), Located>,
+    /// Objects that exist in the files but did not decode (see `ParsedFile::declared`).
+    broken: BTreeSet<(Kind, Name)>,
 }
 
 impl State {
@@ -33,6 +35,11 @@ impl State {
         // Names are validated labels; a string that is not one names nothing.
         let n = Name::new(name).ok()?;
         self.objects.get(&(kind, n))
+    }
+
+    /// True when an object of this kind and name is defined, even if it did not decode.
+    pub fn declares(&self, kind: Kind, name: &Name) -> bool {
+        self.objects.contains_key(&(kind, name.clone())) || self.broken.contains(&(kind, name.clone()))
     }
 
     pub fn of_kind(&self, kind: Kind) -> impl Iterator<Item = &Located> {
@@ -101,8 +108,10 @@ pub fn assemble(mut files: Vec<ParsedFile>, extra: Vec<Diagnostic>) -> Loaded {
     let root_exists = files.iter().any(|f| f.path == ROOT_FILE);
     let mut objects: BTreeMap<(Kind, Name), Located> = BTreeMap::new();
     let mut repos = 0usize;
+    let mut broken = BTreeSet::new();
     for file in files {
         diags.extend(file.diagnostics);
+        broken.extend(file.declared);
         for loc in file.objects {
             let kind = loc.object.kind();
             if kind == Kind::Repository {
@@ -139,7 +148,7 @@ pub fn assemble(mut files: Vec<ParsedFile>, extra: Vec<Diagnostic>) -> Loaded {
         let msg = if root_exists { "`pushleft.yaml` has no Repository document" } else { "the state tree has no `pushleft.yaml`" };
         diags.push(Diagnostic::error(Code::MissingRepository, ROOT_FILE, None, msg).with_hint("run `pl init` or add a `kind: Repository` document to `pushleft.yaml`"));
     }
-    let state = State { objects };
+    let state = State { objects, broken };
     check_references(&state, &mut diags);
     check_nodes(&state, &mut diags);
     check_hostnames(&state, &mut diags);
@@ -148,7 +157,11 @@ pub fn assemble(mut files: Vec<ParsedFile>, extra: Vec<Diagnostic>) -> Loaded {
 }
 
 fn dangling(loc: &Located, path: &str, what: &str, name: &str, known: Vec<&str>) -> Diagnostic {
-    let d = Diagnostic::error(Code::DanglingReference, &loc.file, Some(loc.pos_of(path)), format!("{what} `{name}` does not exist"));
+    dangling_msg(loc, path, format!("{what} `{name}` does not exist"), name, known)
+}
+
+fn dangling_msg(loc: &Located, path: &str, message: String, name: &str, known: Vec<&str>) -> Diagnostic {
+    let d = Diagnostic::error(Code::DanglingReference, &loc.file, Some(loc.pos_of(path)), message);
     match crate::decode::did_you_mean(name, &known) {
         Some(m) => d.with_hint(format!("did you mean `{m}`?")),
         None if known.is_empty() => d,
@@ -167,6 +180,7 @@ fn check_references(state: &State, diags: &mut Vec<Diagnostic>) {
         match &loc.object.spec {
             Spec::Environment(env) => {
                 match state.project(env.project.as_str()) {
+                    None if state.declares(Kind::Project, &env.project) => {}
                     None => diags.push(dangling(loc, "spec.project", "project", env.project.as_str(), names(state, Kind::Project))),
                     Some(project) => {
                         for role in env.replicas.keys() {
@@ -174,7 +188,7 @@ fn check_references(state: &State, diags: &mut Vec<Diagnostic>) {
                             match project.roles.get(role) {
                                 None => {
                                     let known = project.roles.keys().map(Name::as_str).collect();
-                                    diags.push(dangling(loc, &path, &format!("role of project `{}`", env.project), role.as_str(), known));
+                                    diags.push(dangling_msg(loc, &path, format!("project `{}` has no role `{role}`", env.project), role.as_str(), known));
                                 }
                                 Some(r) if r.workload.replicas().is_none() => diags.push(
                                     Diagnostic::error(Code::FieldNotAllowed, &loc.file, Some(loc.pos_of(&path)), format!("role `{role}` is a {} role and has no replicas", r.workload.kind_name()))
@@ -185,7 +199,7 @@ fn check_references(state: &State, diags: &mut Vec<Diagnostic>) {
                         }
                     }
                 }
-                if state.get(Kind::NodePool, env.pool.as_str()).is_none() {
+                if !state.declares(Kind::NodePool, &env.pool) {
                     diags.push(dangling(loc, "spec.pool", "node pool", env.pool.as_str(), names(state, Kind::NodePool)));
                 }
                 if env.stage == Stage::Preview && env.hostname.is_none() && repo.is_some_and(|r| r.preview_domain.is_none()) {
@@ -197,19 +211,19 @@ fn check_references(state: &State, diags: &mut Vec<Diagnostic>) {
             }
             Spec::Project(p) => {
                 for s in &p.secrets {
-                    if state.get(Kind::Secret, s.as_str()).is_none() {
+                    if !state.declares(Kind::Secret, s) {
                         diags.push(dangling(loc, &format!("spec.secrets.{s}"), "secret", s.as_str(), names(state, Kind::Secret)));
                     }
                 }
             }
             Spec::Domain(d) => {
-                if state.get(Kind::Environment, d.environment.as_str()).is_none() {
+                if !state.declares(Kind::Environment, &d.environment) {
                     diags.push(dangling(loc, "spec.environment", "environment", d.environment.as_str(), names(state, Kind::Environment)));
                 }
             }
             Spec::Repository(r) => {
                 if let Some(p) = &r.previews {
-                    if state.get(Kind::NodePool, p.pool.as_str()).is_none() {
+                    if !state.declares(Kind::NodePool, &p.pool) {
                         diags.push(dangling(loc, "spec.previews.pool", "node pool", p.pool.as_str(), names(state, Kind::NodePool)));
                     }
                 }
@@ -285,17 +299,22 @@ pub fn branch_preview_hostname(branch: &str, project: &Name, preview_domain: &Ho
     Hostname::new(&format!("{}.{preview_domain}", branch_preview_label(branch, project)))
 }
 
+/// Where an object's hostname comes from: its `hostname` field, else its name (derived).
+fn hostname_pos(loc: &Located) -> crate::diag::Pos {
+    if loc.positions.iter().any(|(p, _)| p == "spec.hostname") { loc.pos_of("spec.hostname") } else { loc.pos_of("metadata.name") }
+}
+
 type Owners<'s> = BTreeMap<Hostname, (String, &'s Located)>;
 
 /// Records who serves a hostname; a second claimant gets `hostname-conflict`.
 fn claim<'s>(owners: &mut Owners<'s>, host: Hostname, who: String, loc: &'s Located, diags: &mut Vec<Diagnostic>) {
     if let Some((other, oloc)) = owners.get(&host) {
-        let p = oloc.pos_of("spec.hostname");
+        let p = hostname_pos(oloc);
         diags.push(
             Diagnostic::error(
                 Code::HostnameConflict,
                 &loc.file,
-                Some(loc.pos_of("spec.hostname")),
+                Some(hostname_pos(loc)),
                 format!("{who} resolves to `{host}`, which {other} already serves ({}:{}:{})", oloc.file, p.line, p.column),
             )
             .with_hint("set `hostname` on one of the environments, or change the domain"),
@@ -320,8 +339,9 @@ fn check_hostnames(state: &State, diags: &mut Vec<Diagnostic>) {
             Err(_) => {} // reported as a missing previewDomain
         }
     }
+    // The preview zone first: it is usually inside the base zone and the more specific answer.
     let zones: Vec<(&str, &Hostname)> =
-        std::iter::once(("baseDomain", &repo.base_domain)).chain(repo.preview_domain.as_ref().map(|p| ("previewDomain", p))).collect();
+        repo.preview_domain.as_ref().map(|p| ("previewDomain", p)).into_iter().chain(std::iter::once(("baseDomain", &repo.base_domain))).collect();
     for loc in state.of_kind(Kind::Domain) {
         let Spec::Domain(d) = &loc.object.spec else { continue };
         if let Some((field, zone)) = zones.iter().find(|(_, z)| d.hostname.is_within(z)) {

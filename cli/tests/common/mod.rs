@@ -1,0 +1,115 @@
+//! Helpers shared by the CLI's integration tests: the built `pl`, and real Git repositories
+//! made with the `git` CLI under a fixed identity and clock so commit ids are reproducible.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("cli/ has a parent").to_owned()
+}
+
+/// `pl` with a clean environment for output: no colour, no pager surprises.
+pub fn pl() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_pl"));
+    c.env_remove("NO_COLOR").env("PL_TEST", "1");
+    c
+}
+
+pub fn run(cmd: &mut Command) -> Output {
+    cmd.output().expect("command runs")
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8(o.stdout.clone()).expect("utf-8 stdout")
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8(o.stderr.clone()).expect("utf-8 stderr")
+}
+
+/// Runs git in `dir` with no user or system config and a fixed author, committer and date.
+pub fn git(dir: &Path, args: &[&str]) -> String {
+    let o = Command::new("git")
+        .current_dir(dir)
+        .args(args)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_AUTHOR_NAME", "Golden")
+        .env("GIT_AUTHOR_EMAIL", "golden@pushleft.invalid")
+        .env("GIT_COMMITTER_NAME", "Golden")
+        .env("GIT_COMMITTER_EMAIL", "golden@pushleft.invalid")
+        .env("GIT_AUTHOR_DATE", "2026-01-01T00:00:00Z")
+        .env("GIT_COMMITTER_DATE", "2026-01-01T00:00:00Z")
+        .output()
+        .expect("git runs");
+    assert!(o.status.success(), "git {args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).trim().to_owned()
+}
+
+pub fn init_repo(dir: &Path) {
+    std::fs::create_dir_all(dir).expect("mkdir");
+    git(dir, &["init", "-q", "-b", "main"]);
+}
+
+/// Copies a directory tree (regular files and folders only).
+pub fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for e in std::fs::read_dir(from).expect("read_dir") {
+        let e = e.expect("entry");
+        let target = to.join(e.file_name());
+        if e.file_type().expect("type").is_dir() {
+            copy_tree(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), &target).expect("copy");
+        }
+    }
+}
+
+/// Replaces the work tree (all but `.git`) with `from`.
+pub fn replace_tree(repo: &Path, from: &Path) {
+    for e in std::fs::read_dir(repo).expect("read_dir") {
+        let e = e.expect("entry");
+        if e.file_name() == ".git" {
+            continue;
+        }
+        if e.file_type().expect("type").is_dir() {
+            std::fs::remove_dir_all(e.path()).expect("rm -r");
+        } else {
+            std::fs::remove_file(e.path()).expect("rm");
+        }
+    }
+    copy_tree(from, repo);
+}
+
+pub fn commit_all(repo: &Path, message: &str) -> String {
+    git(repo, &["add", "-A"]);
+    git(repo, &["commit", "-q", "--allow-empty", "-m", message]);
+    git(repo, &["rev-parse", "HEAD"])
+}
+
+/// Compares `actual` with the golden file, or rewrites it under `PL_UPDATE_GOLDEN=1`.
+pub fn check_golden(path: &Path, actual: &str) {
+    if std::env::var_os("PL_UPDATE_GOLDEN").is_some() {
+        std::fs::write(path, actual).expect("write golden");
+        return;
+    }
+    let expected = std::fs::read_to_string(path)
+        .unwrap_or_else(|_| panic!("{} is missing: run `PL_UPDATE_GOLDEN=1 cargo test -p pushleft-cli --test golden`", path.display()));
+    if expected != actual {
+        let diff = similar_lines(&expected, actual);
+        panic!("{} differs from the output (rerun with PL_UPDATE_GOLDEN=1 and review the diff):\n{diff}", path.display());
+    }
+}
+
+fn similar_lines(a: &str, b: &str) -> String {
+    let mut out = String::new();
+    for (i, (x, y)) in a.lines().zip(b.lines()).enumerate() {
+        if x != y {
+            out.push_str(&format!("line {}:\n- {x}\n+ {y}\n", i + 1));
+            break;
+        }
+    }
+    out.push_str(&format!("({} vs {} lines)", a.lines().count(), b.lines().count()));
+    out
+}
