@@ -3,7 +3,7 @@
 use crate::render::{self, Paint, PlanHeader, Side};
 use crate::{DiagFormat, PlanFormat, ShowFormat};
 use anyhow::{Context, bail};
-use reconciler::load::{load, load_pair};
+use reconciler::load::{PlanInput, load, load_for_plan};
 use reconciler::source::{Rev, StateRepo};
 use state_schema::state::Loaded;
 use std::io::Write;
@@ -11,7 +11,10 @@ use std::path::Path;
 
 fn out(text: &str) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout().lock();
-    match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
         // A closed pipe (`pl show | head`) is not an error worth reporting.
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         other => other.context("writing to stdout"),
@@ -25,12 +28,21 @@ fn rev_of(repo: &StateRepo, spec: Option<&str>) -> anyhow::Result<Rev> {
     })
 }
 
-pub fn validate(dir: &Path, rev: Option<&str>, format: DiagFormat, paint: Paint) -> anyhow::Result<u8> {
+pub fn validate(
+    dir: &Path,
+    rev: Option<&str>,
+    format: DiagFormat,
+    paint: Paint,
+) -> anyhow::Result<u8> {
     let repo = StateRepo::open(dir)?;
     let loaded = load(&repo, &rev_of(&repo, rev)?)?;
     let text = match format {
-        DiagFormat::Text => render::diagnostics::text(&loaded.diagnostics, loaded.state.len(), loaded.files, paint),
-        DiagFormat::Json => render::diagnostics::json(&loaded.diagnostics, loaded.state.len(), loaded.files),
+        DiagFormat::Text => {
+            render::diagnostics::text(&loaded.diagnostics, loaded.state.len(), loaded.files, paint)
+        }
+        DiagFormat::Json => {
+            render::diagnostics::json(&loaded.diagnostics, loaded.state.len(), loaded.files)
+        }
     };
     out(&text)?;
     Ok(if loaded.is_valid() { 0 } else { 1 })
@@ -39,8 +51,15 @@ pub fn validate(dir: &Path, rev: Option<&str>, format: DiagFormat, paint: Paint)
 /// Reports an invalid head in the plan's format and returns exit code 1.
 fn invalid_head(loaded: &Loaded, format: PlanFormat, paint: Paint) -> anyhow::Result<u8> {
     match format {
-        PlanFormat::Json => out(&render::diagnostics::json(&loaded.diagnostics, loaded.state.len(), loaded.files))?,
-        _ => eprint!("{}", render::diagnostics::text(&loaded.diagnostics, loaded.state.len(), loaded.files, paint)),
+        PlanFormat::Json => out(&render::diagnostics::json(
+            &loaded.diagnostics,
+            loaded.state.len(),
+            loaded.files,
+        ))?,
+        _ => eprint!(
+            "{}",
+            render::diagnostics::text(&loaded.diagnostics, loaded.state.len(), loaded.files, paint)
+        ),
     }
     Ok(1)
 }
@@ -67,23 +86,35 @@ pub fn plan(
         Rev::WorkTree => repo.resolve("HEAD").ok().map(|c| c.id),
     };
     let mut merge_base = None;
-    if let Some(h) = head_commit {
-        if let Some(mb) = repo.merge_base(base.id, h)? {
-            if mb != base.id {
-                merge_base = Some(mb.to_string());
-                base.id = mb;
-            }
-        }
+    if let Some(h) = head_commit
+        && let Some(mb) = repo.merge_base(base.id, h)?
+        && mb != base.id
+    {
+        merge_base = Some(mb.to_string());
+        base.id = mb;
     }
     let header = PlanHeader {
-        base: Side { rev: Some(base.spec.clone()), commit: Some(base.id.to_string()) },
+        base: Side {
+            rev: Some(base.spec.clone()),
+            commit: Some(base.id.to_string()),
+        },
         head: match &head {
-            Rev::Commit(c) => Side { rev: Some(c.spec.clone()), commit: Some(c.id.to_string()) },
-            Rev::WorkTree => Side { rev: None, commit: None },
+            Rev::Commit(c) => Side {
+                rev: Some(c.spec.clone()),
+                commit: Some(c.id.to_string()),
+            },
+            Rev::WorkTree => Side {
+                rev: None,
+                commit: None,
+            },
         },
         merge_base,
     };
-    let (base_state, head_state) = load_pair(&repo, &Rev::Commit(base), &head)?;
+    let PlanInput {
+        base: base_state,
+        head: head_state,
+        scope,
+    } = load_for_plan(&repo, &base, &head)?;
     if !head_state.is_valid() {
         return invalid_head(&head_state, format, paint);
     }
@@ -94,33 +125,51 @@ pub fn plan(
             base_state.diagnostics.len()
         );
     }
-    let plan = state_schema::plan::plan(&base_state.state, &head_state.state);
+    let plan = state_schema::plan::plan_scoped(&base_state.state, &head_state.state, scope);
     match format {
         PlanFormat::Text => out(&render::plan_text::render(&plan, &header, paint))?,
-        PlanFormat::Json => out(&render::plan_json::render(&plan, &header))?,
+        PlanFormat::Json => {
+            let mut w = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
+            match render::plan_json::write(&plan, &header, &mut w).and_then(|()| w.flush()) {
+                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+                    return Err(e).context("writing to stdout");
+                }
+                _ => {}
+            }
+        }
         PlanFormat::Markdown => {
             let parts = render::markdown::render(&plan, &header);
             match output_dir {
                 None => out(&parts.join("\n"))?,
                 Some(d) => {
-                    std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+                    std::fs::create_dir_all(d)
+                        .with_context(|| format!("creating {}", d.display()))?;
                     for (i, p) in parts.iter().enumerate() {
                         let path = d.join(format!("plan-{}.md", i + 1));
-                        std::fs::write(&path, p).with_context(|| format!("writing {}", path.display()))?;
+                        std::fs::write(&path, p)
+                            .with_context(|| format!("writing {}", path.display()))?;
                         eprintln!("wrote {}", path.display());
                     }
                 }
             }
         }
     }
-    Ok(if detailed && !plan.is_empty() { 2 } else { 0 })
+    let code = if detailed && !plan.is_empty() { 2 } else { 0 };
+    // The process ends right after printing: freeing tens of thousands of objects one by one
+    // would only delay the exit.
+    std::mem::forget(plan);
+    std::mem::forget((base_state, head_state));
+    Ok(code)
 }
 
 pub fn show(dir: &Path, rev: Option<&str>, format: ShowFormat, paint: Paint) -> anyhow::Result<u8> {
     let repo = StateRepo::open(dir)?;
     let loaded = load(&repo, &rev_of(&repo, rev)?)?;
     if !loaded.is_valid() {
-        eprint!("{}", render::diagnostics::text(&loaded.diagnostics, loaded.state.len(), loaded.files, paint));
+        eprint!(
+            "{}",
+            render::diagnostics::text(&loaded.diagnostics, loaded.state.len(), loaded.files, paint)
+        );
         return Ok(1);
     }
     let docs = state_schema::show::documents(&loaded.state);
@@ -132,16 +181,31 @@ pub fn show(dir: &Path, rev: Option<&str>, format: ShowFormat, paint: Paint) -> 
 }
 
 pub fn schema() -> anyhow::Result<u8> {
-    out(&format!("{}\n", serde_json::to_string_pretty(&state_schema::schema::json_schema())?))?;
+    out(&format!(
+        "{}\n",
+        serde_json::to_string_pretty(&state_schema::schema::json_schema())?
+    ))?;
     Ok(0)
 }
 
 /// The quickstart example, embedded so `pl init` needs nothing else.
 const QUICKSTART: &[(&str, &str)] = &[
-    ("pushleft.yaml", include_str!("../../examples/quickstart/pushleft.yaml")),
-    ("projects/hello.yaml", include_str!("../../examples/quickstart/projects/hello.yaml")),
-    ("environments/hello-production.yaml", include_str!("../../examples/quickstart/environments/hello-production.yaml")),
-    ("pools/default.yaml", include_str!("../../examples/quickstart/pools/default.yaml")),
+    (
+        "pushleft.yaml",
+        include_str!("../../examples/quickstart/pushleft.yaml"),
+    ),
+    (
+        "projects/hello.yaml",
+        include_str!("../../examples/quickstart/projects/hello.yaml"),
+    ),
+    (
+        "environments/hello-production.yaml",
+        include_str!("../../examples/quickstart/environments/hello-production.yaml"),
+    ),
+    (
+        "pools/default.yaml",
+        include_str!("../../examples/quickstart/pools/default.yaml"),
+    ),
 ];
 
 pub fn init(dir: &Path) -> anyhow::Result<u8> {
@@ -149,16 +213,24 @@ pub fn init(dir: &Path) -> anyhow::Result<u8> {
     for (rel, _) in QUICKSTART {
         let p = dir.join(rel);
         if p.exists() || p.symlink_metadata().is_ok() {
-            bail!("{} already exists; `pl init` writes into an empty state tree only", p.display());
+            bail!(
+                "{} already exists; `pl init` writes into an empty state tree only",
+                p.display()
+            );
         }
     }
     for (rel, text) in QUICKSTART {
         let p = dir.join(rel);
         if let Some(parent) = p.parent() {
-            std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating {}", parent.display()))?;
         }
         std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
     }
-    eprintln!("created a state tree in {}: run `pl validate {}` next", dir.display(), dir.display());
+    eprintln!(
+        "created a state tree in {}: run `pl validate {}` next",
+        dir.display(),
+        dir.display()
+    );
     Ok(0)
 }

@@ -1,6 +1,11 @@
 //! `pl`: validate, plan, show and scaffold Pushleft state repositories.
 
 mod commands;
+
+// Parsing ten thousand small files is allocation-bound; mimalloc is markedly faster there than
+// glibc's allocator.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod render;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -9,7 +14,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser, Debug)]
-#[command(name = "pl", version, about = "Pushleft: GitOps for Docker hosts", propagate_version = true)]
+#[command(
+    name = "pl",
+    version,
+    about = "Pushleft: GitOps for Docker hosts",
+    propagate_version = true
+)]
 pub struct Cli {
     /// When to colour output; `NO_COLOR` set to anything turns `auto` off.
     #[arg(long, global = true, value_enum, default_value_t = ColorChoice::Auto)]
@@ -108,16 +118,40 @@ fn main() -> ExitCode {
     let colour = match (cli.no_color, cli.color) {
         (true, _) | (_, ColorChoice::Never) => false,
         (_, ColorChoice::Always) => true,
-        (_, ColorChoice::Auto) => std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()) && std::io::stdout().is_terminal(),
+        (_, ColorChoice::Auto) => {
+            std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+                && std::io::stdout().is_terminal()
+        }
     };
     let paint = render::Paint::new(colour);
     let dir = |d: Option<PathBuf>| d.unwrap_or_else(|| PathBuf::from("."));
     let result = match cli.command {
-        Command::Validate { dir: d, rev, format } => commands::validate(&dir(d), rev.as_deref(), format, paint),
-        Command::Plan { dir: d, base, head, format, detailed_exitcode, output_dir } => {
-            commands::plan(&dir(d), &base, head.as_deref(), format, detailed_exitcode, output_dir.as_deref(), paint)
-        }
-        Command::Show { dir: d, rev, format } => commands::show(&dir(d), rev.as_deref(), format, paint),
+        Command::Validate {
+            dir: d,
+            rev,
+            format,
+        } => commands::validate(&dir(d), rev.as_deref(), format, paint),
+        Command::Plan {
+            dir: d,
+            base,
+            head,
+            format,
+            detailed_exitcode,
+            output_dir,
+        } => commands::plan(
+            &dir(d),
+            &base,
+            head.as_deref(),
+            format,
+            detailed_exitcode,
+            output_dir.as_deref(),
+            paint,
+        ),
+        Command::Show {
+            dir: d,
+            rev,
+            format,
+        } => commands::show(&dir(d), rev.as_deref(), format, paint),
         Command::Schema => commands::schema(),
         Command::Init { dir: d } => commands::init(&dir(d)),
         Command::Completions { shell } => {

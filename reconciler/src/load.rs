@@ -4,13 +4,14 @@
 //! read and parsed once; a one-file change therefore parses the changed file twice and every
 //! other file once.
 
-use crate::source::{FileEntry, Listing, Rev, SourceError, StateRepo};
+use crate::source::{Commit, FileEntry, Listing, Rev, SourceError, StateRepo};
 use gix::ObjectId;
 use rayon::prelude::*;
 use state_schema::diag::{Code, Diagnostic};
 use state_schema::model::Spec;
 use state_schema::parse::{ParsedFile, parse_file};
-use state_schema::state::{Loaded, ROOT_FILE, assemble};
+use state_schema::plan::Scope;
+use state_schema::state::{Loaded, ROOT_FILE, assemble, assemble_partial};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -22,11 +23,16 @@ struct Parsed {
 
 fn blob_id(bytes: &[u8]) -> ObjectId {
     // Hashing a byte slice as a blob cannot fail for SHA-1.
-    gix::objs::compute_hash(gix::hash::Kind::Sha1, gix::objs::Kind::Blob, bytes).expect("hashing a blob in memory")
+    gix::objs::compute_hash(gix::hash::Kind::Sha1, gix::objs::Kind::Blob, bytes)
+        .expect("hashing a blob in memory")
 }
 
 /// Reads and parses `entries` in parallel, skipping those already parsed in `known`.
-fn parse_entries(repo: &StateRepo, entries: &[FileEntry], known: &HashMap<(String, ObjectId), Arc<ParsedFile>>) -> Result<Vec<Parsed>, SourceError> {
+fn parse_entries(
+    repo: &StateRepo,
+    entries: &[FileEntry],
+    known: &HashMap<(String, ObjectId), Arc<ParsedFile>>,
+) -> Result<Vec<Parsed>, SourceError> {
     entries
         .par_iter()
         .map_init(
@@ -35,16 +41,25 @@ fn parse_entries(repo: &StateRepo, entries: &[FileEntry], known: &HashMap<(Strin
                 if let Some(id) = entry.blob {
                     let key = (entry.path.clone(), id);
                     if let Some(file) = known.get(&key) {
-                        return Ok(Parsed { key, file: Arc::clone(file) });
+                        return Ok(Parsed {
+                            key,
+                            file: Arc::clone(file),
+                        });
                     }
                 }
                 let bytes = repo.read(thread_repo.as_ref(), entry)?;
                 let id = entry.blob.unwrap_or_else(|| blob_id(&bytes));
                 let key = (entry.path.clone(), id);
                 if let Some(file) = known.get(&key) {
-                    return Ok(Parsed { key, file: Arc::clone(file) });
+                    return Ok(Parsed {
+                        key,
+                        file: Arc::clone(file),
+                    });
                 }
-                Ok(Parsed { file: Arc::new(parse_file(&entry.path, &bytes)), key })
+                Ok(Parsed {
+                    file: Arc::new(parse_file(&entry.path, &bytes)),
+                    key,
+                })
             },
         )
         .collect()
@@ -62,7 +77,15 @@ fn select(listing: &Listing, root: Option<&ParsedFile>) -> (Vec<FileEntry>, Vec<
         .unwrap_or_default();
     let mut problems = listing.problems.clone();
     if globs.is_empty() {
-        return (listing.files.iter().filter(|f| f.path != ROOT_FILE).cloned().collect(), problems);
+        return (
+            listing
+                .files
+                .iter()
+                .filter(|f| f.path != ROOT_FILE)
+                .cloned()
+                .collect(),
+            problems,
+        );
     }
     let mut builder = globset::GlobSetBuilder::new();
     for g in &globs {
@@ -74,11 +97,21 @@ fn select(listing: &Listing, root: Option<&ParsedFile>) -> (Vec<FileEntry>, Vec<
     let set = match builder.build() {
         Ok(s) => s,
         Err(e) => {
-            problems.push(Diagnostic::error(Code::InvalidGlob, ROOT_FILE, None, format!("`include` globs do not build: {e}")));
+            problems.push(Diagnostic::error(
+                Code::InvalidGlob,
+                ROOT_FILE,
+                None,
+                format!("`include` globs do not build: {e}"),
+            ));
             return (Vec::new(), problems);
         }
     };
-    let files = listing.files.iter().filter(|f| f.path != ROOT_FILE && set.is_match(&f.path)).cloned().collect();
+    let files = listing
+        .files
+        .iter()
+        .filter(|f| f.path != ROOT_FILE && set.is_match(&f.path))
+        .cloned()
+        .collect();
     (files, problems)
 }
 
@@ -87,9 +120,18 @@ struct SideFiles {
     problems: Vec<Diagnostic>,
 }
 
-fn load_side(repo: &StateRepo, rev: &Rev, known: &HashMap<(String, ObjectId), Arc<ParsedFile>>) -> Result<SideFiles, SourceError> {
+fn load_side(
+    repo: &StateRepo,
+    rev: &Rev,
+    known: &HashMap<(String, ObjectId), Arc<ParsedFile>>,
+) -> Result<SideFiles, SourceError> {
     let listing = repo.list(rev)?;
-    let root_entry: Vec<FileEntry> = listing.files.iter().filter(|f| f.path == ROOT_FILE).cloned().collect();
+    let root_entry: Vec<FileEntry> = listing
+        .files
+        .iter()
+        .filter(|f| f.path == ROOT_FILE)
+        .cloned()
+        .collect();
     let mut parsed = parse_entries(repo, &root_entry, known)?;
     let (rest, problems) = select(&listing, parsed.first().map(|p| p.file.as_ref()));
     parsed.extend(parse_entries(repo, &rest, known)?);
@@ -97,7 +139,11 @@ fn load_side(repo: &StateRepo, rev: &Rev, known: &HashMap<(String, ObjectId), Ar
 }
 
 fn finish(side: SideFiles) -> Loaded {
-    let files = side.parsed.into_iter().map(|p| Arc::unwrap_or_clone(p.file)).collect();
+    let files = side
+        .parsed
+        .into_iter()
+        .map(|p| Arc::unwrap_or_clone(p.file))
+        .collect();
     assemble(files, side.problems)
 }
 
@@ -107,10 +153,96 @@ pub fn load(repo: &StateRepo, rev: &Rev) -> Result<Loaded, SourceError> {
 }
 
 /// Loads the two sides of a plan, parsing each distinct file once.
-pub fn load_pair(repo: &StateRepo, base: &Rev, head: &Rev) -> Result<(Loaded, Loaded), SourceError> {
+pub fn load_pair(
+    repo: &StateRepo,
+    base: &Rev,
+    head: &Rev,
+) -> Result<(Loaded, Loaded), SourceError> {
     let head_side = load_side(repo, head, &HashMap::new())?;
-    let known: HashMap<(String, ObjectId), Arc<ParsedFile>> = head_side.parsed.iter().map(|p| (p.key.clone(), Arc::clone(&p.file))).collect();
+    let known: HashMap<(String, ObjectId), Arc<ParsedFile>> = head_side
+        .parsed
+        .iter()
+        .map(|p| (p.key.clone(), Arc::clone(&p.file)))
+        .collect();
     let base_side = load_side(repo, base, &known)?;
     drop(known);
-    Ok((finish(base_side), finish(head_side)))
+    // Files shared by both sides are cloned for one of them; assembling in parallel hides it.
+    Ok(rayon::join(|| finish(base_side), || finish(head_side)))
+}
+
+/// The two sides of a plan and what they hold.
+pub struct PlanInput {
+    pub base: Loaded,
+    pub head: Loaded,
+    pub scope: Scope,
+}
+
+/// Loads what a plan needs. Between two commits, the trees are diffed first; when the change
+/// is local (see `state_schema::incremental`) only the changed blobs and `pushleft.yaml` are
+/// read and parsed. Otherwise, and for a working-tree head, both trees are read whole.
+pub fn load_for_plan(
+    repo: &StateRepo,
+    base: &Commit,
+    head: &Rev,
+) -> Result<PlanInput, SourceError> {
+    if let Rev::Commit(h) = head
+        && let Some(input) = load_local(repo, base, h)?
+    {
+        return Ok(input);
+    }
+    let (base, head) = load_pair(repo, &Rev::Commit(base.clone()), head)?;
+    Ok(PlanInput {
+        base,
+        head,
+        scope: Scope::Full,
+    })
+}
+
+fn load_local(
+    repo: &StateRepo,
+    base: &Commit,
+    head: &Commit,
+) -> Result<Option<PlanInput>, SourceError> {
+    let diff = repo.diff_commits(base, head)?;
+    if !diff.problems.is_empty() || diff.changed.iter().any(|c| c.path == ROOT_FILE) {
+        return Ok(None);
+    }
+    let Some(root) = repo.entry_at(head, ROOT_FILE)? else {
+        return Ok(None);
+    };
+    let mut parsed = parse_entries(repo, std::slice::from_ref(&root), &HashMap::new())?;
+    let Some(root_file) = parsed.pop().map(|p| p.file) else {
+        return Ok(None);
+    };
+    // `include` applies to changed files as to any other.
+    let mut listing = Listing::default();
+    for c in &diff.changed {
+        listing.files.extend(c.base.iter().cloned());
+    }
+    let (base_files, _) = select(&listing, Some(&root_file));
+    let mut listing = Listing::default();
+    for c in &diff.changed {
+        listing.files.extend(c.head.iter().cloned());
+    }
+    let (head_files, _) = select(&listing, Some(&root_file));
+    let mut all = base_files.clone();
+    all.extend(head_files.iter().cloned());
+    let parsed = parse_entries(repo, &all, &HashMap::new())?;
+    let (b, h) = parsed.split_at(base_files.len());
+    let side = |files: &[Parsed]| {
+        let mut v: Vec<ParsedFile> = files.iter().map(|p| (*p.file).clone()).collect();
+        v.push((*root_file).clone());
+        assemble_partial(v, Vec::new())
+    };
+    let (base_state, head_state) = (side(b), side(h));
+    if !head_state.is_valid()
+        || !state_schema::incremental::is_local(&base_state.state, &head_state.state)
+    {
+        return Ok(None);
+    }
+    Ok(Some(PlanInput {
+        base: base_state,
+        head: head_state,
+        scope: Scope::Local,
+    }))
 }

@@ -96,11 +96,20 @@ impl StateRepo {
     /// Opens the state tree at `dir`. A directory outside Git can still be read from disk.
     pub fn open(dir: &Path) -> Result<Self, SourceError> {
         if !dir.is_dir() {
-            return Err(SourceError::NoDirectory { path: dir.to_owned() });
+            return Err(SourceError::NoDirectory {
+                path: dir.to_owned(),
+            });
         }
-        let root = dir.canonicalize().map_err(|source| SourceError::Io { path: dir.to_owned(), source })?;
+        let root = dir.canonicalize().map_err(|source| SourceError::Io {
+            path: dir.to_owned(),
+            source,
+        })?;
         let Ok(repo) = gix::discover(&root) else {
-            return Ok(StateRepo { root, repo: None, prefix: String::new() });
+            return Ok(StateRepo {
+                root,
+                repo: None,
+                prefix: String::new(),
+            });
         };
         let prefix = repo
             .workdir()
@@ -111,7 +120,11 @@ impl StateRepo {
                 if s.is_empty() { s } else { format!("{s}/") }
             })
             .unwrap_or_default();
-        Ok(StateRepo { root, repo: Some(repo.into_sync()), prefix })
+        Ok(StateRepo {
+            root,
+            repo: Some(repo.into_sync()),
+            prefix,
+        })
     }
 
     pub fn root(&self) -> &Path {
@@ -121,7 +134,9 @@ impl StateRepo {
     fn repo(&self) -> Result<gix::Repository, SourceError> {
         match &self.repo {
             Some(r) => Ok(r.to_thread_local()),
-            None => Err(SourceError::NotARepository { path: self.root.clone() }),
+            None => Err(SourceError::NotARepository {
+                path: self.root.clone(),
+            }),
         }
     }
 
@@ -130,10 +145,20 @@ impl StateRepo {
         let repo = self.repo()?;
         let id = repo
             .rev_parse_single(spec)
-            .map_err(|source| SourceError::RevisionNotFound { spec: spec.to_owned(), source })?;
+            .map_err(|source| SourceError::RevisionNotFound {
+                spec: spec.to_owned(),
+                source,
+            })?;
         let object = id.object().map_err(git(format!("object of `{spec}`")))?;
-        let commit = object.peel_to_commit().map_err(|_| SourceError::NotACommit { spec: spec.to_owned() })?;
-        Ok(Commit { spec: spec.to_owned(), id: commit.id })
+        let commit = object
+            .peel_to_commit()
+            .map_err(|_| SourceError::NotACommit {
+                spec: spec.to_owned(),
+            })?;
+        Ok(Commit {
+            spec: spec.to_owned(),
+            id: commit.id,
+        })
     }
 
     /// The best common ancestor of two commits, if they have one.
@@ -157,12 +182,20 @@ impl StateRepo {
 
     fn walk_commit(&self, c: &Commit, listing: &mut Listing) -> Result<(), SourceError> {
         let repo = self.repo()?;
-        let commit = repo.find_commit(c.id).map_err(git(format!("commit {}", c.id)))?;
+        let commit = repo
+            .find_commit(c.id)
+            .map_err(git(format!("commit {}", c.id)))?;
         let mut tree = commit.tree().map_err(git(format!("tree of {}", c.id)))?;
         if !self.prefix.is_empty() {
-            let entry = tree.lookup_entry_by_path(self.prefix.trim_end_matches('/')).map_err(git("the state tree's folder"))?;
+            let entry = tree
+                .lookup_entry_by_path(self.prefix.trim_end_matches('/'))
+                .map_err(git("the state tree's folder"))?;
             match entry {
-                Some(e) if e.mode().is_tree() => tree = repo.find_tree(e.object_id()).map_err(git("the state tree's folder"))?,
+                Some(e) if e.mode().is_tree() => {
+                    tree = repo
+                        .find_tree(e.object_id())
+                        .map_err(git("the state tree's folder"))?
+                }
                 // The folder does not exist at this revision: an empty state.
                 _ => return Ok(()),
             }
@@ -171,13 +204,19 @@ impl StateRepo {
     }
 
     /// Reads one file, refusing it when it grew past the limit since it was listed.
-    pub fn read(&self, repo: Option<&gix::Repository>, entry: &FileEntry) -> Result<Vec<u8>, SourceError> {
+    pub fn read(
+        &self,
+        repo: Option<&gix::Repository>,
+        entry: &FileEntry,
+    ) -> Result<Vec<u8>, SourceError> {
         match (entry.blob, repo) {
             (Some(id), Some(repo)) => {
-                let blob = repo.find_blob(id).map_err(git(entry.path.clone()))?;
-                Ok(blob.data.clone())
+                let mut blob = repo.find_blob(id).map_err(git(entry.path.clone()))?;
+                Ok(blob.take_data())
             }
-            (Some(_), None) => Err(SourceError::NotARepository { path: self.root.clone() }),
+            (Some(_), None) => Err(SourceError::NotARepository {
+                path: self.root.clone(),
+            }),
             (None, _) => {
                 let path = self.root.join(&entry.path);
                 std::fs::read(&path).map_err(|source| SourceError::Io { path, source })
@@ -187,11 +226,11 @@ impl StateRepo {
 
     /// A repository handle for the current thread (readers keep one per thread).
     pub fn thread_repo(&self) -> Option<gix::Repository> {
-        self.repo.as_ref().map(|r| {
-            let mut repo = r.to_thread_local();
-            repo.object_cache_size(4 << 20);
-            repo
-        })
+        // No object cache: every blob is read once, and copying each into a cache costs more
+        // than it saves; gix's pack delta cache still serves delta bases.
+        self.repo
+            .as_ref()
+            .map(gix::ThreadSafeRepository::to_thread_local)
     }
 }
 
@@ -200,7 +239,10 @@ fn too_large(path: &str, size: u64) -> Diagnostic {
         Code::FileTooLarge,
         path,
         None,
-        format!("file is {size} bytes; the limit is {} bytes (1 MiB)", state_schema::yaml::MAX_FILE_BYTES),
+        format!(
+            "file is {size} bytes; the limit is {} bytes (1 MiB)",
+            state_schema::yaml::MAX_FILE_BYTES
+        ),
     )
     .with_hint("split it into several files")
 }
@@ -213,7 +255,12 @@ fn push_file(listing: &mut Listing, path: String, blob: Option<ObjectId>, size: 
     }
 }
 
-fn walk_tree(repo: &gix::Repository, tree: &gix::Tree<'_>, dir: &str, listing: &mut Listing) -> Result<(), SourceError> {
+fn walk_tree(
+    repo: &gix::Repository,
+    tree: &gix::Tree<'_>,
+    dir: &str,
+    listing: &mut Listing,
+) -> Result<(), SourceError> {
     for entry in tree.iter() {
         let entry = entry.map_err(git(format!("tree entries of `{dir}`")))?;
         let name = String::from_utf8_lossy(entry.filename()).into_owned();
@@ -223,24 +270,43 @@ fn walk_tree(repo: &gix::Repository, tree: &gix::Tree<'_>, dir: &str, listing: &
         let path = format!("{dir}{name}");
         match entry.kind() {
             EntryKind::Tree => {
-                let sub = repo.find_tree(entry.object_id()).map_err(git(path.clone()))?;
+                let sub = repo
+                    .find_tree(entry.object_id())
+                    .map_err(git(path.clone()))?;
                 walk_tree(repo, &sub, &format!("{path}/"), listing)?;
             }
             EntryKind::Link => listing.problems.push(
-                Diagnostic::error(Code::SymlinkInTree, &path, None, "symbolic links are not allowed in a state tree")
-                    .with_hint("commit the file itself; a link could point outside the reviewed tree"),
+                Diagnostic::error(
+                    Code::SymlinkInTree,
+                    &path,
+                    None,
+                    "symbolic links are not allowed in a state tree",
+                )
+                .with_hint("commit the file itself; a link could point outside the reviewed tree"),
             ),
-            EntryKind::Commit => listing.problems.push(Diagnostic::error(Code::NotARegularFile, &path, None, "a submodule inside the state tree")),
+            EntryKind::Commit => listing.problems.push(Diagnostic::error(
+                Code::NotARegularFile,
+                &path,
+                None,
+                "a submodule inside the state tree",
+            )),
             EntryKind::Blob | EntryKind::BlobExecutable => {
                 if !is_state_file(&name) {
                     continue;
                 }
                 if std::str::from_utf8(entry.filename()).is_err() {
-                    listing.problems.push(Diagnostic::error(Code::InvalidUtf8, &path, None, "file name is not valid UTF-8"));
+                    listing.problems.push(Diagnostic::error(
+                        Code::InvalidUtf8,
+                        &path,
+                        None,
+                        "file name is not valid UTF-8",
+                    ));
                     continue;
                 }
                 // The header gives the size without inflating the blob.
-                let header = repo.find_header(entry.object_id()).map_err(git(path.clone()))?;
+                let header = repo
+                    .find_header(entry.object_id())
+                    .map_err(git(path.clone()))?;
                 push_file(listing, path, Some(entry.object_id()), header.size());
             }
         }
@@ -250,30 +316,56 @@ fn walk_tree(repo: &gix::Repository, tree: &gix::Tree<'_>, dir: &str, listing: &
 
 fn walk_dir(root: &Path, dir: &str, listing: &mut Listing) -> Result<(), SourceError> {
     let full = root.join(dir);
-    let read = std::fs::read_dir(&full).map_err(|source| SourceError::Io { path: full.clone(), source })?;
-    let mut entries: Vec<std::fs::DirEntry> = read.collect::<Result<_, _>>().map_err(|source| SourceError::Io { path: full.clone(), source })?;
+    let read = std::fs::read_dir(&full).map_err(|source| SourceError::Io {
+        path: full.clone(),
+        source,
+    })?;
+    let mut entries: Vec<std::fs::DirEntry> =
+        read.collect::<Result<_, _>>()
+            .map_err(|source| SourceError::Io {
+                path: full.clone(),
+                source,
+            })?;
     entries.sort_by_key(std::fs::DirEntry::file_name);
     for entry in entries {
         let name_os = entry.file_name();
         let Some(name) = name_os.to_str() else {
-            listing.problems.push(Diagnostic::error(Code::InvalidUtf8, &format!("{dir}{}", name_os.to_string_lossy()), None, "file name is not valid UTF-8"));
+            listing.problems.push(Diagnostic::error(
+                Code::InvalidUtf8,
+                &format!("{dir}{}", name_os.to_string_lossy()),
+                None,
+                "file name is not valid UTF-8",
+            ));
             continue;
         };
         if name.starts_with('.') {
             continue;
         }
         let path = format!("{dir}{name}");
-        let meta = std::fs::symlink_metadata(entry.path()).map_err(|source| SourceError::Io { path: entry.path(), source })?;
+        let meta = std::fs::symlink_metadata(entry.path()).map_err(|source| SourceError::Io {
+            path: entry.path(),
+            source,
+        })?;
         let ft = meta.file_type();
         if ft.is_symlink() {
             listing.problems.push(
-                Diagnostic::error(Code::SymlinkInTree, &path, None, "symbolic links are not allowed in a state tree")
-                    .with_hint("commit the file itself; a link could point outside the reviewed tree"),
+                Diagnostic::error(
+                    Code::SymlinkInTree,
+                    &path,
+                    None,
+                    "symbolic links are not allowed in a state tree",
+                )
+                .with_hint("commit the file itself; a link could point outside the reviewed tree"),
             );
         } else if ft.is_dir() {
             walk_dir(root, &format!("{path}/"), listing)?;
         } else if !ft.is_file() {
-            listing.problems.push(Diagnostic::error(Code::NotARegularFile, &path, None, "not a regular file (a device, socket or FIFO)"));
+            listing.problems.push(Diagnostic::error(
+                Code::NotARegularFile,
+                &path,
+                None,
+                "not a regular file (a device, socket or FIFO)",
+            ));
         } else if is_state_file(name) {
             push_file(listing, path, None, meta.len());
         }
@@ -287,14 +379,192 @@ fn check_totals(listing: &mut Listing) {
             Code::TooManyFiles,
             ".",
             None,
-            format!("{} YAML files; the limit is {MAX_FILES}", listing.files.len()),
+            format!(
+                "{} YAML files; the limit is {MAX_FILES}",
+                listing.files.len()
+            ),
         ));
         listing.files.clear();
         return;
     }
     let total: u64 = listing.files.iter().map(|f| f.size).sum();
     if total > MAX_TREE_BYTES {
-        listing.problems.push(Diagnostic::error(Code::TreeTooLarge, ".", None, format!("{total} bytes of YAML; the limit is {MAX_TREE_BYTES}")));
+        listing.problems.push(Diagnostic::error(
+            Code::TreeTooLarge,
+            ".",
+            None,
+            format!("{total} bytes of YAML; the limit is {MAX_TREE_BYTES}"),
+        ));
         listing.files.clear();
     }
+}
+
+/// A state file that differs between two commits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChangedFile {
+    pub path: String,
+    pub base: Option<FileEntry>,
+    pub head: Option<FileEntry>,
+}
+
+/// What differs between two commits' state trees. Identical subtrees are never entered, so
+/// the cost follows the size of the change, not of the tree.
+#[derive(Clone, Debug, Default)]
+pub struct TreeDiff {
+    pub changed: Vec<ChangedFile>,
+    /// Symlinks, submodules and oversized files in the head's changed parts.
+    pub problems: Vec<Diagnostic>,
+}
+
+impl StateRepo {
+    fn state_tree<'r>(
+        &self,
+        repo: &'r gix::Repository,
+        c: &Commit,
+    ) -> Result<Option<gix::Tree<'r>>, SourceError> {
+        let commit = repo
+            .find_commit(c.id)
+            .map_err(git(format!("commit {}", c.id)))?;
+        let tree = commit.tree().map_err(git(format!("tree of {}", c.id)))?;
+        if self.prefix.is_empty() {
+            return Ok(Some(tree));
+        }
+        let entry = tree
+            .lookup_entry_by_path(self.prefix.trim_end_matches('/'))
+            .map_err(git("the state tree's folder"))?;
+        match entry {
+            Some(e) if e.mode().is_tree() => Ok(Some(
+                repo.find_tree(e.object_id())
+                    .map_err(git("the state tree's folder"))?,
+            )),
+            _ => Ok(None),
+        }
+    }
+
+    /// One file of a commit's state tree, if it exists there.
+    pub fn entry_at(&self, c: &Commit, path: &str) -> Result<Option<FileEntry>, SourceError> {
+        let repo = self.repo()?;
+        let Some(tree) = self.state_tree(&repo, c)? else {
+            return Ok(None);
+        };
+        let entry = tree
+            .lookup_entry_by_path(path)
+            .map_err(git(path.to_owned()))?;
+        match entry {
+            Some(e) if matches!(e.mode().kind(), EntryKind::Blob | EntryKind::BlobExecutable) => {
+                Ok(Some(file_entry(&repo, path, e.object_id())?))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// The state files that differ between two commits.
+    pub fn diff_commits(&self, base: &Commit, head: &Commit) -> Result<TreeDiff, SourceError> {
+        let repo = self.repo()?;
+        let (a, b) = (self.state_tree(&repo, base)?, self.state_tree(&repo, head)?);
+        let mut out = TreeDiff::default();
+        diff_trees(&repo, a.as_ref(), b.as_ref(), "", &mut out)?;
+        out.changed.sort_by(|x, y| x.path.cmp(&y.path));
+        Ok(out)
+    }
+}
+
+type EntryMap = std::collections::BTreeMap<String, (EntryKind, ObjectId)>;
+
+fn entries(tree: Option<&gix::Tree<'_>>, dir: &str) -> Result<EntryMap, SourceError> {
+    let mut map = EntryMap::new();
+    if let Some(t) = tree {
+        for e in t.iter() {
+            let e = e.map_err(git(format!("tree entries of `{dir}`")))?;
+            let name = String::from_utf8_lossy(e.filename()).into_owned();
+            if !name.starts_with('.') {
+                map.insert(name, (e.kind(), e.object_id()));
+            }
+        }
+    }
+    Ok(map)
+}
+
+fn file_entry(repo: &gix::Repository, path: &str, id: ObjectId) -> Result<FileEntry, SourceError> {
+    let header = repo.find_header(id).map_err(git(path.to_owned()))?;
+    Ok(FileEntry {
+        path: path.to_owned(),
+        blob: Some(id),
+        size: header.size(),
+    })
+}
+
+fn diff_trees(
+    repo: &gix::Repository,
+    a: Option<&gix::Tree<'_>>,
+    b: Option<&gix::Tree<'_>>,
+    dir: &str,
+    out: &mut TreeDiff,
+) -> Result<(), SourceError> {
+    let (ea, eb) = (entries(a, dir)?, entries(b, dir)?);
+    let names: std::collections::BTreeSet<&String> = ea.keys().chain(eb.keys()).collect();
+    for name in names {
+        let (x, y) = (ea.get(name), eb.get(name));
+        if x == y {
+            continue;
+        }
+        let path = format!("{dir}{name}");
+        let sub =
+            |e: Option<&(EntryKind, ObjectId)>| -> Result<Option<gix::Tree<'_>>, SourceError> {
+                match e {
+                    Some((EntryKind::Tree, id)) => {
+                        Ok(Some(repo.find_tree(*id).map_err(git(path.clone()))?))
+                    }
+                    _ => Ok(None),
+                }
+            };
+        let (ta, tb) = (sub(x)?, sub(y)?);
+        if ta.is_some() || tb.is_some() {
+            diff_trees(repo, ta.as_ref(), tb.as_ref(), &format!("{path}/"), out)?;
+        }
+        let is_blob = |e: Option<&(EntryKind, ObjectId)>| {
+            matches!(e, Some((EntryKind::Blob | EntryKind::BlobExecutable, _)))
+        };
+        match y {
+            Some((EntryKind::Link, _)) => out.problems.push(
+                Diagnostic::error(
+                    Code::SymlinkInTree,
+                    &path,
+                    None,
+                    "symbolic links are not allowed in a state tree",
+                )
+                .with_hint("commit the file itself; a link could point outside the reviewed tree"),
+            ),
+            Some((EntryKind::Commit, _)) => out.problems.push(Diagnostic::error(
+                Code::NotARegularFile,
+                &path,
+                None,
+                "a submodule inside the state tree",
+            )),
+            _ => {}
+        }
+        if !is_state_file(name) || !(is_blob(x) || is_blob(y)) {
+            continue;
+        }
+        let base = match x {
+            Some((EntryKind::Blob | EntryKind::BlobExecutable, id)) => {
+                Some(file_entry(repo, &path, *id)?)
+            }
+            _ => None,
+        };
+        let head = match y {
+            Some((EntryKind::Blob | EntryKind::BlobExecutable, id)) => {
+                let e = file_entry(repo, &path, *id)?;
+                if e.size > state_schema::yaml::MAX_FILE_BYTES as u64 {
+                    out.problems.push(too_large(&path, e.size));
+                    None
+                } else {
+                    Some(e)
+                }
+            }
+            _ => None,
+        };
+        out.changed.push(ChangedFile { path, base, head });
+    }
+    Ok(())
 }

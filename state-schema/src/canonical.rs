@@ -31,8 +31,16 @@ pub fn document(obj: &Object, secrets: Secrets) -> Value {
         Spec::Secret(s) => {
             let mut v = to_value(s);
             if secrets == Secrets::Fingerprint {
-                let data: Map<String, Value> =
-                    s.data.iter().map(|(k, c)| (k.clone(), Value::String(format!("(encrypted {})", c.fingerprint())))).collect();
+                let data: Map<String, Value> = s
+                    .data
+                    .iter()
+                    .map(|(k, c)| {
+                        (
+                            k.clone(),
+                            Value::String(format!("(encrypted {})", c.fingerprint())),
+                        )
+                    })
+                    .collect();
                 v["data"] = Value::Object(data);
             }
             v
@@ -46,10 +54,24 @@ pub fn document(obj: &Object, secrets: Secrets) -> Value {
     })
 }
 
+/// Feeds serialised bytes straight into the hash, so hashing builds no buffer.
+struct HashWriter(Sha256);
+
+impl std::io::Write for HashWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// `sha256:<hex>` of a value's JSON bytes.
-pub fn hash(v: &Value) -> String {
-    let bytes = serde_json::to_vec(v).expect("serde_json::Value always serialises");
-    let d = Sha256::digest(&bytes);
+pub fn hash<T: serde::Serialize + ?Sized>(v: &T) -> String {
+    let mut w = HashWriter(Sha256::new());
+    serde_json::to_writer(&mut w, v).expect("model values always serialise to JSON");
+    let d = w.0.finalize();
     let mut s = String::with_capacity(71);
     s.push_str("sha256:");
     for b in d {
@@ -169,11 +191,19 @@ fn string_text(s: &str, ind: usize) -> String {
 }
 
 fn plain_safe(s: &str) -> bool {
-    let Some(first) = s.chars().next() else { return false };
-    if "-?:,[]{}#&*!|>'\"%@`~ \t".contains(first) && !(first == '-' && s.len() > 1 && !s[1..].starts_with(' ')) {
+    let Some(first) = s.chars().next() else {
+        return false;
+    };
+    if "-?:,[]{}#&*!|>'\"%@`~ \t".contains(first)
+        && !(first == '-' && s.len() > 1 && !s[1..].starts_with(' '))
+    {
         return false;
     }
-    if s.ends_with([' ', ':', '\t']) || s.contains(": ") || s.contains(" #") || s.contains(['\n', '\r', '\t']) {
+    if s.ends_with([' ', ':', '\t'])
+        || s.contains(": ")
+        || s.contains(" #")
+        || s.contains(['\n', '\r', '\t'])
+    {
         return false;
     }
     if s.chars().any(|c| c.is_control() || c == '\u{feff}') {
@@ -183,14 +213,17 @@ fn plain_safe(s: &str) -> bool {
         return false;
     }
     // Flow indicators are harmless in block context but confuse readers; quote them.
-    !s.contains([',', '[', ']', '{', '}']) && matches!(crate::yaml::resolve_plain(s), crate::yaml::Value::Str(_))
+    !s.contains([',', '[', ']', '{', '}'])
+        && matches!(crate::yaml::resolve_plain(s), crate::yaml::Value::Str(_))
 }
 
 fn literal_safe(s: &str) -> bool {
     s.contains('\n')
         && !s.starts_with([' ', '\n'])
         && !s.ends_with("\n\n")
-        && !s.chars().any(|c| (c.is_control() && c != '\n') || c == '\u{feff}')
+        && !s
+            .chars()
+            .any(|c| (c.is_control() && c != '\n') || c == '\u{feff}')
         && !s.split('\n').any(|l| l.ends_with(' '))
 }
 
@@ -199,27 +232,70 @@ mod tests {
     use super::*;
     use crate::yaml;
 
-    fn roundtrip(s: &str) -> yaml::Value {
+    /// The string YAML reads back from the emitted document, or a description of what else.
+    fn roundtrip(s: &str) -> Result<String, String> {
         let doc = to_yaml(&json!({ "k": s }));
         let nodes = yaml::load_str(&doc).unwrap_or_else(|e| panic!("{doc}: {e}"));
-        let yaml::Value::Map(m) = &nodes[0].value else { panic!("map") };
-        m[0].1.value.clone()
+        let yaml::Value::Map(m) = &nodes[0].value else {
+            panic!("map")
+        };
+        match &m[0].1.value {
+            yaml::Value::Str(v) => Ok(v.to_string()),
+            other => Err(format!("{other:?}")),
+        }
     }
 
     #[test]
     fn strings_read_back_as_written() {
         for s in [
-            "plain", "true", "no", "1", "1.5", "", " lead", "trail ", "a: b", "a #b", "#x", "-", "- x", "-x", "null", "~",
-            "line1\nline2\n", "line1\nline2", "x\n\n", "quote\"s", "tab\there", "é", "[x]", "{x}", "*a", "&a", "!t", "%p",
-            "@a", "`b", "a,b", "---", "...", "0o17", "/healthz", "*/15 * * * *", "ghcr.io/a/b@sha256:00",
+            "plain",
+            "true",
+            "no",
+            "1",
+            "1.5",
+            "",
+            " lead",
+            "trail ",
+            "a: b",
+            "a #b",
+            "#x",
+            "-",
+            "- x",
+            "-x",
+            "null",
+            "~",
+            "line1\nline2\n",
+            "line1\nline2",
+            "x\n\n",
+            "quote\"s",
+            "tab\there",
+            "é",
+            "[x]",
+            "{x}",
+            "*a",
+            "&a",
+            "!t",
+            "%p",
+            "@a",
+            "`b",
+            "a,b",
+            "---",
+            "...",
+            "0o17",
+            "/healthz",
+            "*/15 * * * *",
+            "ghcr.io/a/b@sha256:00",
         ] {
-            assert_eq!(roundtrip(s), yaml::Value::Str(s.to_owned()), "{s:?}");
+            assert_eq!(roundtrip(s), Ok(s.to_owned()), "{s:?}");
         }
     }
 
     #[test]
     fn nested_layout() {
         let v = json!({"a": {"b": [1, {"c": "d", "e": []}], "f": {}}, "g": null});
-        assert_eq!(to_yaml(&v), "a:\n  b:\n    - 1\n    - c: d\n      e: []\n  f: {}\ng: null\n");
+        assert_eq!(
+            to_yaml(&v),
+            "a:\n  b:\n    - 1\n    - c: d\n      e: []\n  f: {}\ng: null\n"
+        );
     }
 }

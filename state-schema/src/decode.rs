@@ -16,11 +16,19 @@ pub(crate) struct Ctx<'a> {
 
 impl Ctx<'_> {
     pub fn error(&mut self, code: Code, pos: Pos, message: impl Into<String>) {
-        self.diags.push(Diagnostic::error(code, self.file, Some(pos), message));
+        self.diags
+            .push(Diagnostic::error(code, self.file, Some(pos), message));
     }
 
-    pub fn error_hint(&mut self, code: Code, pos: Pos, message: impl Into<String>, hint: impl Into<String>) {
-        self.diags.push(Diagnostic::error(code, self.file, Some(pos), message).with_hint(hint));
+    pub fn error_hint(
+        &mut self,
+        code: Code,
+        pos: Pos,
+        message: impl Into<String>,
+        hint: impl Into<String>,
+    ) {
+        self.diags
+            .push(Diagnostic::error(code, self.file, Some(pos), message).with_hint(hint));
     }
 
     pub fn invalid(&mut self, code: Code, pos: Pos, inv: Invalid) {
@@ -31,16 +39,25 @@ impl Ctx<'_> {
         });
     }
 
-    pub fn wrong_type(&mut self, node: &Node, what: &str, expected: &str) {
+    pub fn wrong_type(&mut self, node: &Node<'_>, what: &str, expected: &str) {
         let hint = match (&node.value, expected) {
-            (Value::Str(s), "an integer") if s.trim().parse::<i64>().is_ok() => Some("remove the quotes".to_owned()),
-            (Value::Str(s), "a boolean") if matches!(s.as_str(), "yes" | "no" | "on" | "off" | "y" | "n") => {
+            (Value::Str(s), "an integer") if s.trim().parse::<i64>().is_ok() => {
+                Some("remove the quotes".to_owned())
+            }
+            (Value::Str(s), "a boolean")
+                if matches!(s.as_ref(), "yes" | "no" | "on" | "off" | "y" | "n") =>
+            {
                 Some("write `true` or `false`".to_owned())
             }
-            (Value::Int(_) | Value::Float(_) | Value::Bool(_), "a string") => Some("quote the value".to_owned()),
+            (Value::Int(_) | Value::Float(_) | Value::Bool(_), "a string") => {
+                Some("quote the value".to_owned())
+            }
             _ => None,
         };
-        let msg = format!("{what} must be {expected}, found {}", node.value.type_name());
+        let msg = format!(
+            "{what} must be {expected}, found {}",
+            node.value.type_name()
+        );
         match hint {
             Some(h) => self.error_hint(Code::WrongType, node.pos, msg, h),
             None => self.error(Code::WrongType, node.pos, msg),
@@ -50,7 +67,10 @@ impl Ctx<'_> {
 
 /// Normalises a field name for "did you mean": case, `_` and `-` do not matter.
 fn fold(s: &str) -> String {
-    s.chars().filter(|c| *c != '_' && *c != '-').flat_map(char::to_lowercase).collect()
+    s.chars()
+        .filter(|c| *c != '_' && *c != '-')
+        .flat_map(char::to_lowercase)
+        .collect()
 }
 
 fn levenshtein(a: &str, b: &str) -> usize {
@@ -73,10 +93,10 @@ pub(crate) fn did_you_mean<'k>(given: &str, known: &[&'k str]) -> Option<&'k str
     if let Some(k) = known.iter().find(|k| fold(k) == g) {
         return Some(k);
     }
-    if g.len() >= 3 {
-        if let Some(k) = known.iter().find(|k| fold(k).starts_with(&g)) {
-            return Some(k);
-        }
+    if g.len() >= 3
+        && let Some(k) = known.iter().find(|k| fold(k).starts_with(&g))
+    {
+        return Some(k);
     }
     known
         .iter()
@@ -88,62 +108,87 @@ pub(crate) fn did_you_mean<'k>(given: &str, known: &[&'k str]) -> Option<&'k str
 
 /// The fields of one mapping, checked against the names a kind allows.
 pub(crate) struct Fields<'n> {
-    entries: Vec<(&'n str, &'n Node)>,
+    entries: Vec<(&'n str, &'n Node<'n>)>,
     pub pos: Pos,
 }
 
 impl<'n> Fields<'n> {
     /// Reports a non-mapping, non-string keys, duplicate keys and unknown fields, then gives
     /// access to the known ones.
-    pub fn new(ctx: &mut Ctx<'_>, node: &'n Node, what: &str, known: &[&str]) -> Option<Self> {
+    pub fn new(ctx: &mut Ctx<'_>, node: &'n Node<'n>, what: &str, known: &[&str]) -> Option<Self> {
         let Value::Map(map) = &node.value else {
             ctx.wrong_type(node, what, "a mapping");
             return None;
         };
-        let mut entries: Vec<(&'n str, &'n Node)> = Vec::with_capacity(map.len());
+        let mut entries: Vec<(&'n str, &'n Node<'n>)> = Vec::with_capacity(map.len());
         for (k, v) in map {
             let Value::Str(key) = &k.value else {
                 ctx.wrong_type(k, &format!("a key of {what}"), "a string");
                 continue;
             };
-            if entries.iter().any(|(e, _)| *e == key.as_str()) {
-                ctx.error(Code::DuplicateKey, k.pos, format!("`{key}` appears twice in {what}"));
+            if entries.iter().any(|(e, _)| *e == key.as_ref()) {
+                ctx.error(
+                    Code::DuplicateKey,
+                    k.pos,
+                    format!("`{key}` appears twice in {what}"),
+                );
                 continue;
             }
-            if !known.contains(&key.as_str()) {
+            if !known.contains(&key.as_ref()) {
                 let msg = format!("unknown field `{key}` in {what}");
-                if key == "<<" {
+                if key.as_ref() == "<<" {
                     ctx.error_hint(Code::UnknownField, k.pos, msg, "YAML merge keys are not supported; repeat the fields or use an alias for the whole value");
-                } else if let Some(s) = did_you_mean(key, known) {
-                    ctx.error_hint(Code::UnknownField, k.pos, msg, format!("did you mean `{s}`?"));
+                } else if let Some(s) = did_you_mean(key.as_ref(), known) {
+                    ctx.error_hint(
+                        Code::UnknownField,
+                        k.pos,
+                        msg,
+                        format!("did you mean `{s}`?"),
+                    );
                 } else {
-                    ctx.error_hint(Code::UnknownField, k.pos, msg, format!("known fields: {}", known.join(", ")));
+                    ctx.error_hint(
+                        Code::UnknownField,
+                        k.pos,
+                        msg,
+                        format!("known fields: {}", known.join(", ")),
+                    );
                 }
                 continue;
             }
-            entries.push((key.as_str(), v));
+            entries.push((key.as_ref(), v));
         }
-        Some(Fields { entries, pos: node.pos })
+        Some(Fields {
+            entries,
+            pos: node.pos,
+        })
     }
 
     /// The value of a field, `None` when absent. A null value counts as absent.
-    pub fn get(&self, name: &str) -> Option<&'n Node> {
-        self.entries.iter().find(|(k, _)| *k == name).map(|(_, v)| *v).filter(|v| v.value != Value::Null)
+    pub fn get(&self, name: &str) -> Option<&'n Node<'n>> {
+        self.entries
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| *v)
+            .filter(|v| v.value != Value::Null)
     }
 
     /// The value of a required field; reports `missing-field` when absent.
-    pub fn require(&self, ctx: &mut Ctx<'_>, name: &str, what: &str) -> Option<&'n Node> {
+    pub fn require(&self, ctx: &mut Ctx<'_>, name: &str, what: &str) -> Option<&'n Node<'n>> {
         let v = self.get(name);
         if v.is_none() {
-            ctx.error(Code::MissingField, self.pos, format!("{what} needs `{name}`"));
+            ctx.error(
+                Code::MissingField,
+                self.pos,
+                format!("{what} needs `{name}`"),
+            );
         }
         v
     }
 }
 
-pub(crate) fn string<'n>(ctx: &mut Ctx<'_>, node: &'n Node, what: &str) -> Option<&'n str> {
+pub(crate) fn string<'n>(ctx: &mut Ctx<'_>, node: &'n Node<'_>, what: &str) -> Option<&'n str> {
     match &node.value {
-        Value::Str(s) => Some(s),
+        Value::Str(s) => Some(s.as_ref()),
         _ => {
             ctx.wrong_type(node, what, "a string");
             None
@@ -152,11 +197,21 @@ pub(crate) fn string<'n>(ctx: &mut Ctx<'_>, node: &'n Node, what: &str) -> Optio
 }
 
 /// An integer within `lo..=hi`.
-pub(crate) fn int_in(ctx: &mut Ctx<'_>, node: &Node, what: &str, lo: i64, hi: i64) -> Option<i64> {
+pub(crate) fn int_in(
+    ctx: &mut Ctx<'_>,
+    node: &Node<'_>,
+    what: &str,
+    lo: i64,
+    hi: i64,
+) -> Option<i64> {
     match &node.value {
         Value::Int(v) if (lo..=hi).contains(v) => Some(*v),
         Value::Int(v) => {
-            ctx.error(Code::OutOfRange, node.pos, format!("{what} is {v}; it must be {lo}-{hi}"));
+            ctx.error(
+                Code::OutOfRange,
+                node.pos,
+                format!("{what} is {v}; it must be {lo}-{hi}"),
+            );
             None
         }
         _ => {
@@ -166,12 +221,23 @@ pub(crate) fn int_in(ctx: &mut Ctx<'_>, node: &Node, what: &str, lo: i64, hi: i6
     }
 }
 
-pub(crate) fn u32_in(ctx: &mut Ctx<'_>, node: &Node, what: &str, lo: u32, hi: u32) -> Option<u32> {
+pub(crate) fn u32_in(
+    ctx: &mut Ctx<'_>,
+    node: &Node<'_>,
+    what: &str,
+    lo: u32,
+    hi: u32,
+) -> Option<u32> {
     int_in(ctx, node, what, i64::from(lo), i64::from(hi)).and_then(|v| u32::try_from(v).ok())
 }
 
 /// One of a fixed set of strings.
-pub(crate) fn one_of<T: Copy>(ctx: &mut Ctx<'_>, node: &Node, what: &str, options: &[(&str, T)]) -> Option<T> {
+pub(crate) fn one_of<T: Copy>(
+    ctx: &mut Ctx<'_>,
+    node: &Node<'_>,
+    what: &str,
+    options: &[(&str, T)],
+) -> Option<T> {
     let s = string(ctx, node, what)?;
     if let Some((_, v)) = options.iter().find(|(k, _)| *k == s) {
         return Some(*v);
@@ -179,13 +245,22 @@ pub(crate) fn one_of<T: Copy>(ctx: &mut Ctx<'_>, node: &Node, what: &str, option
     let names: Vec<&str> = options.iter().map(|(k, _)| *k).collect();
     let msg = format!("{what} is `{s}`; it must be one of {}", names.join(", "));
     match did_you_mean(s, &names) {
-        Some(m) => ctx.error_hint(Code::InvalidValue, node.pos, msg, format!("did you mean `{m}`?")),
+        Some(m) => ctx.error_hint(
+            Code::InvalidValue,
+            node.pos,
+            msg,
+            format!("did you mean `{m}`?"),
+        ),
         None => ctx.error(Code::InvalidValue, node.pos, msg),
     }
     None
 }
 
-pub(crate) fn seq<'n>(ctx: &mut Ctx<'_>, node: &'n Node, what: &str) -> Option<&'n [Node]> {
+pub(crate) fn seq<'n, 'a>(
+    ctx: &mut Ctx<'_>,
+    node: &'n Node<'a>,
+    what: &str,
+) -> Option<&'n [Node<'a>]> {
     match &node.value {
         Value::Seq(items) => Some(items),
         _ => {
@@ -196,11 +271,14 @@ pub(crate) fn seq<'n>(ctx: &mut Ctx<'_>, node: &'n Node, what: &str) -> Option<&
 }
 
 /// A sequence of strings; all items are checked.
-pub(crate) fn strings(ctx: &mut Ctx<'_>, node: &Node, what: &str) -> Option<Vec<String>> {
+pub(crate) fn strings(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<Vec<String>> {
     let items = seq(ctx, node, what)?;
     let mut out = Some(Vec::with_capacity(items.len()));
     for item in items {
-        match (string(ctx, item, &format!("an item of {what}")), out.as_mut()) {
+        match (
+            string(ctx, item, &format!("an item of {what}")),
+            out.as_mut(),
+        ) {
             (Some(s), Some(v)) => v.push(s.to_owned()),
             _ => out = None,
         }
@@ -211,9 +289,9 @@ pub(crate) fn strings(ctx: &mut Ctx<'_>, node: &Node, what: &str) -> Option<Vec<
 /// A mapping of string keys to values decoded by `each`; every entry is checked.
 pub(crate) fn map_of<T>(
     ctx: &mut Ctx<'_>,
-    node: &Node,
+    node: &Node<'_>,
     what: &str,
-    mut each: impl FnMut(&mut Ctx<'_>, &Node, &str) -> Option<T>,
+    mut each: impl FnMut(&mut Ctx<'_>, &Node<'_>, &str) -> Option<T>,
 ) -> Option<BTreeMap<String, T>> {
     let Value::Map(map) = &node.value else {
         ctx.wrong_type(node, what, "a mapping");
@@ -226,14 +304,18 @@ pub(crate) fn map_of<T>(
             out = None;
             continue;
         };
-        if out.as_ref().is_some_and(|o| o.contains_key(key)) {
-            ctx.error(Code::DuplicateKey, k.pos, format!("`{key}` appears twice in {what}"));
+        if out.as_ref().is_some_and(|o| o.contains_key(key.as_ref())) {
+            ctx.error(
+                Code::DuplicateKey,
+                k.pos,
+                format!("`{key}` appears twice in {what}"),
+            );
             out = None;
             continue;
         }
         match (each(ctx, v, key), out.as_mut()) {
             (Some(val), Some(o)) => {
-                o.insert(key.clone(), val);
+                o.insert(key.to_string(), val);
             }
             _ => out = None,
         }
@@ -244,7 +326,7 @@ pub(crate) fn map_of<T>(
 /// Runs a validating constructor, reporting its refusal with `code`.
 pub(crate) fn checked<T>(
     ctx: &mut Ctx<'_>,
-    node: &Node,
+    node: &Node<'_>,
     what: &str,
     code: Code,
     make: impl FnOnce(&str) -> Result<T, Invalid>,
@@ -260,9 +342,9 @@ pub(crate) fn checked<T>(
 }
 
 /// A CPU quantity may be written as a bare number of cores (`cpu: 2`) as well as a string.
-pub(crate) fn quantity_text(node: &Node) -> Option<String> {
+pub(crate) fn quantity_text(node: &Node<'_>) -> Option<String> {
     match &node.value {
-        Value::Str(s) => Some(s.clone()),
+        Value::Str(s) => Some(s.to_string()),
         Value::Int(i) => Some(i.to_string()),
         Value::Float(f) => Some(f.to_string()),
         _ => None,

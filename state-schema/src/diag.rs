@@ -173,14 +173,23 @@ mod tests {
         for c in Code::ALL {
             let s = c.as_str();
             assert!(seen.insert(s), "duplicate code {s}");
-            assert!(s.chars().all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit() || ch == '-'), "{s}");
+            assert!(
+                s.chars()
+                    .all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit() || ch == '-'),
+                "{s}"
+            );
         }
     }
 
     #[test]
     fn display_includes_position_and_hint() {
-        let d = Diagnostic::error(Code::UnknownField, "a.yaml", Some(Pos { line: 3, column: 5 }), "unknown field `replica`")
-            .with_hint("did you mean `replicas`?");
+        let d = Diagnostic::error(
+            Code::UnknownField,
+            "a.yaml",
+            Some(Pos { line: 3, column: 5 }),
+            "unknown field `replica`",
+        )
+        .with_hint("did you mean `replicas`?");
         assert_eq!(
             d.to_string(),
             "a.yaml:3:5: error[unknown-field]: unknown field `replica`\n  hint: did you mean `replicas`?"

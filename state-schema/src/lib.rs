@@ -4,15 +4,16 @@
 //! Architecture invariant: this crate is pure. It reads no files, runs no git, starts no
 //! runtime; callers hand it bytes and get values back, which is what makes golden tests cheap.
 
+pub mod canonical;
+mod decode;
 pub mod diag;
-pub mod yaml;
-pub mod values;
+pub mod incremental;
 pub mod model;
 pub mod parse;
-mod decode;
-pub mod state;
-pub mod canonical;
 pub mod plan;
-pub mod show;
 pub mod schema;
+pub mod show;
+pub mod state;
 pub mod synthetic;
+pub mod values;
+pub mod yaml;

@@ -20,7 +20,14 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub const ALL: [Kind; 6] = [Kind::Repository, Kind::NodePool, Kind::Secret, Kind::Project, Kind::Environment, Kind::Domain];
+    pub const ALL: [Kind; 6] = [
+        Kind::Repository,
+        Kind::NodePool,
+        Kind::Secret,
+        Kind::Project,
+        Kind::Environment,
+        Kind::Domain,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -99,9 +106,17 @@ pub struct Role {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum Workload {
-    Web { port: u16, health: Health, replicas: u32 },
-    Worker { replicas: u32 },
-    Cron { schedule: CronSchedule },
+    Web {
+        port: u16,
+        health: Health,
+        replicas: u32,
+    },
+    Worker {
+        replicas: u32,
+    },
+    Cron {
+        schedule: CronSchedule,
+    },
     Job {},
     Release {},
 }
@@ -235,10 +250,14 @@ impl Ciphertext {
     /// Checks the armour's shape (header, base64 body, footer); decryption is the trust layer's.
     pub fn new(s: &str) -> Result<Self, crate::values::Invalid> {
         let t = s.trim();
-        let body = t.strip_prefix(Self::BEGIN).and_then(|r| r.strip_suffix(Self::END));
+        let body = t
+            .strip_prefix(Self::BEGIN)
+            .and_then(|r| r.strip_suffix(Self::END));
         let ok = body.is_some_and(|b| {
             let b = b.trim();
-            !b.is_empty() && b.bytes().all(|c| c.is_ascii_alphanumeric() || b"+/=\r\n".contains(&c))
+            !b.is_empty()
+                && b.bytes()
+                    .all(|c| c.is_ascii_alphanumeric() || b"+/=\r\n".contains(&c))
         });
         if ok {
             Ok(Ciphertext(format!("{t}\n")))

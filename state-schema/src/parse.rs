@@ -1,6 +1,8 @@
 //! Decoding documents into objects: the per-kind field lists, defaults and single-object rules.
 
-use crate::decode::{self, Ctx, Fields, checked, int_in, map_of, one_of, quantity_text, string, strings, u32_in};
+use crate::decode::{
+    self, Ctx, Fields, checked, int_in, map_of, one_of, quantity_text, string, strings, u32_in,
+};
 use crate::diag::{Code, Diagnostic, Pos};
 use crate::model::*;
 use crate::values::{Cpu, CronSchedule, Hostname, ImageRef, Memory, Name};
@@ -9,13 +11,29 @@ use std::collections::BTreeMap;
 
 pub const DOCUMENT_FIELDS: &[&str] = &["apiVersion", "kind", "metadata", "spec"];
 pub const METADATA_FIELDS: &[&str] = &["name", "labels", "annotations"];
-pub const REPOSITORY_FIELDS: &[&str] = &["baseDomain", "previewDomain", "previews", "include", "controlRecipient"];
+pub const REPOSITORY_FIELDS: &[&str] = &[
+    "baseDomain",
+    "previewDomain",
+    "previews",
+    "include",
+    "controlRecipient",
+];
 pub const PREVIEWS_FIELDS: &[&str] = &["branches", "pool", "ttlHours"];
 pub const PROJECT_FIELDS: &[&str] = &["image", "roles", "env", "secrets"];
-pub const ROLE_FIELDS: &[&str] = &["kind", "command", "port", "health", "replicas", "resources", "schedule"];
+pub const ROLE_FIELDS: &[&str] = &[
+    "kind",
+    "command",
+    "port",
+    "health",
+    "replicas",
+    "resources",
+    "schedule",
+];
 pub const HEALTH_FIELDS: &[&str] = &["path", "timeoutSeconds"];
 pub const RESOURCES_FIELDS: &[&str] = &["cpu", "memory", "pids"];
-pub const ENVIRONMENT_FIELDS: &[&str] = &["project", "stage", "pool", "replicas", "env", "image", "hostname"];
+pub const ENVIRONMENT_FIELDS: &[&str] = &[
+    "project", "stage", "pool", "replicas", "env", "image", "hostname",
+];
 pub const DOMAIN_FIELDS: &[&str] = &["hostname", "environment", "verification"];
 pub const NODEPOOL_FIELDS: &[&str] = &["region", "capabilities", "placement", "nodes"];
 pub const NODE_FIELDS: &[&str] = &["name", "state", "capacity"];
@@ -50,25 +68,40 @@ pub struct Located {
 impl Located {
     /// The position of a recorded field, or of the document when it was not recorded.
     pub fn pos_of(&self, path: &str) -> Pos {
-        self.positions.iter().find(|(p, _)| p == path).map_or(self.pos, |(_, pos)| *pos)
+        self.positions
+            .iter()
+            .find(|(p, _)| p == path)
+            .map_or(self.pos, |(_, pos)| *pos)
     }
 }
 
-fn entry<'n>(node: &'n Node, key: &str) -> Option<&'n Node> {
+fn entry<'n, 'a>(node: &'n Node<'a>, key: &str) -> Option<&'n Node<'a>> {
     match &node.value {
-        yaml::Value::Map(m) => m.iter().find(|(k, _)| matches!(&k.value, yaml::Value::Str(s) if s == key)).map(|(_, v)| v),
+        yaml::Value::Map(m) => m
+            .iter()
+            .find(|(k, _)| matches!(&k.value, yaml::Value::Str(s) if s == key))
+            .map(|(_, v)| v),
         _ => None,
     }
 }
 
 /// Records the positions of the fields that cross-object checks refer to.
-fn record_positions(doc: &Node) -> Vec<(String, Pos)> {
+fn record_positions(doc: &Node<'_>) -> Vec<(String, Pos)> {
     let mut out = Vec::new();
     if let Some(n) = entry(doc, "metadata").and_then(|m| entry(m, "name")) {
         out.push(("metadata.name".to_owned(), n.pos));
     }
-    let Some(spec) = entry(doc, "spec") else { return out };
-    for key in ["project", "pool", "environment", "hostname", "baseDomain", "previewDomain"] {
+    let Some(spec) = entry(doc, "spec") else {
+        return out;
+    };
+    for key in [
+        "project",
+        "pool",
+        "environment",
+        "hostname",
+        "baseDomain",
+        "previewDomain",
+    ] {
         if let Some(n) = entry(spec, key) {
             out.push((format!("spec.{key}"), n.pos));
         }
@@ -92,7 +125,13 @@ fn record_positions(doc: &Node) -> Vec<(String, Pos)> {
     }
     if let Some(yaml::Value::Seq(items)) = entry(spec, "nodes").map(|n| &n.value) {
         for item in items {
-            if let Some(n @ Node { value: yaml::Value::Str(name), .. }) = entry(item, "name") {
+            if let Some(
+                n @ &Node {
+                    value: yaml::Value::Str(ref name),
+                    ..
+                },
+            ) = entry(item, "name")
+            {
                 out.push((format!("spec.nodes.{name}"), n.pos));
             }
         }
@@ -114,43 +153,75 @@ pub struct ParsedFile {
 /// Reads one state file. Pure and independent of every other file, so callers may run it in
 /// parallel and reuse the result for an unchanged blob.
 pub fn parse_file(path: &str, bytes: &[u8]) -> ParsedFile {
-    let mut out = ParsedFile { path: path.to_owned(), ..ParsedFile::default() };
+    let mut out = ParsedFile {
+        path: path.to_owned(),
+        ..ParsedFile::default()
+    };
     let docs = match yaml::load_bytes(bytes) {
         Ok(d) => d,
         Err(e) => {
-            out.diagnostics.push(Diagnostic::error(e.code, path, e.pos, e.message));
+            out.diagnostics
+                .push(Diagnostic::error(e.code, path, e.pos, e.message));
             return out;
         }
     };
-    let mut ctx = Ctx { file: path, diags: &mut out.diagnostics };
+    let mut ctx = Ctx {
+        file: path,
+        diags: &mut out.diagnostics,
+    };
     for doc in &docs {
         if let Some(object) = decode_document(&mut ctx, doc, &mut out.declared) {
-            out.objects.push(Located { file: path.to_owned(), pos: doc.pos, object, positions: record_positions(doc) });
+            out.objects.push(Located {
+                file: path.to_owned(),
+                pos: doc.pos,
+                object,
+                positions: record_positions(doc),
+            });
         }
     }
     out
 }
 
-fn decode_document(ctx: &mut Ctx<'_>, doc: &Node, declared: &mut Vec<(Kind, Name)>) -> Option<Object> {
+fn decode_document(
+    ctx: &mut Ctx<'_>,
+    doc: &Node,
+    declared: &mut Vec<(Kind, Name)>,
+) -> Option<Object> {
     let f = Fields::new(ctx, doc, "a document", DOCUMENT_FIELDS)?;
-    let api = f.require(ctx, "apiVersion", "a document").and_then(|n| string(ctx, n, "`apiVersion`").map(|s| (n, s)));
-    if let Some((n, s)) = api {
-        if s != API_VERSION {
-            ctx.error_hint(Code::UnknownApiVersion, n.pos, format!("apiVersion `{s}` is not supported"), format!("use `{API_VERSION}`"));
-            return None;
-        }
+    let api = f
+        .require(ctx, "apiVersion", "a document")
+        .and_then(|n| string(ctx, n, "`apiVersion`").map(|s| (n, s)));
+    if let Some((n, s)) = api
+        && s != API_VERSION
+    {
+        ctx.error_hint(
+            Code::UnknownApiVersion,
+            n.pos,
+            format!("apiVersion `{s}` is not supported"),
+            format!("use `{API_VERSION}`"),
+        );
+        return None;
     }
     let kind_node = f.require(ctx, "kind", "a document")?;
     let kind_str = string(ctx, kind_node, "`kind`")?;
     let Some(kind) = Kind::parse(kind_str) else {
         let names: Vec<&str> = Kind::ALL.iter().map(|k| k.as_str()).collect();
-        let hint = decode::did_you_mean(kind_str, &names)
-            .map_or_else(|| format!("kinds: {}", names.join(", ")), |m| format!("did you mean `{m}`?"));
-        ctx.error_hint(Code::UnknownKind, kind_node.pos, format!("unknown kind `{kind_str}`"), hint);
+        let hint = decode::did_you_mean(kind_str, &names).map_or_else(
+            || format!("kinds: {}", names.join(", ")),
+            |m| format!("did you mean `{m}`?"),
+        );
+        ctx.error_hint(
+            Code::UnknownKind,
+            kind_node.pos,
+            format!("unknown kind `{kind_str}`"),
+            hint,
+        );
         return None;
     };
     let what = kind.as_str();
-    let metadata = f.require(ctx, "metadata", "a document").and_then(|m| decode_metadata(ctx, m, what));
+    let metadata = f
+        .require(ctx, "metadata", "a document")
+        .and_then(|m| decode_metadata(ctx, m, what));
     let spec = f.require(ctx, "spec", "a document").and_then(|s| {
         let spec_what = format!("{what} spec");
         match kind {
@@ -167,7 +238,10 @@ fn decode_document(ctx: &mut Ctx<'_>, doc: &Node, declared: &mut Vec<(Kind, Name
     if spec.is_none() {
         declared.push((kind, metadata.name.clone()));
     }
-    Some(Object { metadata, spec: spec? })
+    Some(Object {
+        metadata,
+        spec: spec?,
+    })
 }
 
 /// An optional field: absent is `Some(None)`, present but invalid is `None` (already reported).
@@ -178,51 +252,65 @@ fn present<T>(field: Option<Option<T>>) -> Option<Option<T>> {
     }
 }
 
-fn name(ctx: &mut Ctx<'_>, node: &Node, what: &str) -> Option<Name> {
+fn name(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<Name> {
     checked(ctx, node, what, Code::InvalidName, Name::new)
 }
 
-fn hostname(ctx: &mut Ctx<'_>, node: &Node, what: &str) -> Option<Hostname> {
+fn hostname(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<Hostname> {
     checked(ctx, node, what, Code::InvalidHostname, Hostname::new)
 }
 
-fn image(ctx: &mut Ctx<'_>, node: &Node) -> Option<ImageRef> {
+fn image(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<ImageRef> {
     checked(ctx, node, "`image`", Code::ImageNotPinned, ImageRef::new)
 }
 
-fn string_map(ctx: &mut Ctx<'_>, node: &Node, what: &str) -> Option<BTreeMap<String, String>> {
-    map_of(ctx, node, what, |ctx, v, _| string(ctx, v, &format!("a value of {what}")).map(str::to_owned))
+fn string_map(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<BTreeMap<String, String>> {
+    map_of(ctx, node, what, |ctx, v, _| {
+        string(ctx, v, &format!("a value of {what}")).map(str::to_owned)
+    })
 }
 
 fn is_env_name(k: &str) -> bool {
     let mut chars = k.chars();
-    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_') && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// Environment variables: keys are POSIX names, values strings.
-fn env_map(ctx: &mut Ctx<'_>, node: &Node, what: &str) -> Option<BTreeMap<String, String>> {
+fn env_map(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<BTreeMap<String, String>> {
     let map = string_map(ctx, node, what)?;
     let mut ok = true;
     if let yaml::Value::Map(entries) = &node.value {
         for (k, _) in entries {
-            if let yaml::Value::Str(key) = &k.value {
-                if !is_env_name(key) {
-                    ctx.error_hint(Code::InvalidName, k.pos, format!("`{key}` is not a valid variable name"), "use letters, digits and `_`, not starting with a digit");
-                    ok = false;
-                }
+            if let yaml::Value::Str(key) = &k.value
+                && !is_env_name(key)
+            {
+                ctx.error_hint(
+                    Code::InvalidName,
+                    k.pos,
+                    format!("`{key}` is not a valid variable name"),
+                    "use letters, digits and `_`, not starting with a digit",
+                );
+                ok = false;
             }
         }
     }
     ok.then_some(map)
 }
 
-fn globs(ctx: &mut Ctx<'_>, node: &Node, what: &str) -> Option<Vec<String>> {
+fn globs(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<Vec<String>> {
     let list = strings(ctx, node, what)?;
     let mut ok = true;
     if let yaml::Value::Seq(items) = &node.value {
         for (g, item) in list.iter().zip(items) {
             if let Err(e) = globset::Glob::new(g) {
-                ctx.error(Code::InvalidGlob, item.pos, format!("`{g}` in {what} is not a glob: {}", e.kind()));
+                ctx.error(
+                    Code::InvalidGlob,
+                    item.pos,
+                    format!("`{g}` in {what} is not a glob: {}", e.kind()),
+                );
                 ok = false;
             }
         }
@@ -230,26 +318,47 @@ fn globs(ctx: &mut Ctx<'_>, node: &Node, what: &str) -> Option<Vec<String>> {
     ok.then_some(list)
 }
 
-fn decode_metadata(ctx: &mut Ctx<'_>, node: &Node, kind: &str) -> Option<Metadata> {
+fn decode_metadata(ctx: &mut Ctx<'_>, node: &Node<'_>, kind: &str) -> Option<Metadata> {
     let what = format!("{kind} metadata");
     let f = Fields::new(ctx, node, &what, METADATA_FIELDS)?;
-    let n = f.require(ctx, "name", &what).and_then(|n| name(ctx, n, "`metadata.name`"));
-    let labels = f.get("labels").map_or(Some(BTreeMap::new()), |l| string_map(ctx, l, "`metadata.labels`"));
-    let annotations = f.get("annotations").map_or(Some(BTreeMap::new()), |a| string_map(ctx, a, "`metadata.annotations`"));
-    Some(Metadata { name: n?, labels: labels?, annotations: annotations? })
+    let n = f
+        .require(ctx, "name", &what)
+        .and_then(|n| name(ctx, n, "`metadata.name`"));
+    let labels = f.get("labels").map_or(Some(BTreeMap::new()), |l| {
+        string_map(ctx, l, "`metadata.labels`")
+    });
+    let annotations = f.get("annotations").map_or(Some(BTreeMap::new()), |a| {
+        string_map(ctx, a, "`metadata.annotations`")
+    });
+    Some(Metadata {
+        name: n?,
+        labels: labels?,
+        annotations: annotations?,
+    })
 }
 
-fn decode_repository(ctx: &mut Ctx<'_>, node: &Node, what: &str) -> Option<Repository> {
+fn decode_repository(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<Repository> {
     let f = Fields::new(ctx, node, what, REPOSITORY_FIELDS)?;
-    let base = f.require(ctx, "baseDomain", what).and_then(|n| hostname(ctx, n, "`baseDomain`"));
-    let preview = f.get("previewDomain").map(|n| hostname(ctx, n, "`previewDomain`"));
+    let base = f
+        .require(ctx, "baseDomain", what)
+        .and_then(|n| hostname(ctx, n, "`baseDomain`"));
+    let preview = f
+        .get("previewDomain")
+        .map(|n| hostname(ctx, n, "`previewDomain`"));
     let previews = f.get("previews").map(|n| decode_previews(ctx, n));
-    let include = f.get("include").map_or(Some(Vec::new()), |n| globs(ctx, n, "`include`"));
-    let control = f.get("controlRecipient").map(|n| {
-        string(ctx, n, "`controlRecipient`").and_then(|s| check_recipient(ctx, n, s))
-    });
+    let include = f
+        .get("include")
+        .map_or(Some(Vec::new()), |n| globs(ctx, n, "`include`"));
+    let control = f
+        .get("controlRecipient")
+        .map(|n| string(ctx, n, "`controlRecipient`").and_then(|s| check_recipient(ctx, n, s)));
     if let (Some(p), None) = (f.get("previews"), f.get("previewDomain")) {
-        ctx.error_hint(Code::MissingField, p.pos, "`previews` needs `previewDomain` in the Repository spec", "set `previewDomain`, e.g. `preview.example.com`");
+        ctx.error_hint(
+            Code::MissingField,
+            p.pos,
+            "`previews` needs `previewDomain` in the Repository spec",
+            "set `previewDomain`, e.g. `preview.example.com`",
+        );
     }
     Some(Repository {
         base_domain: base?,
@@ -260,39 +369,70 @@ fn decode_repository(ctx: &mut Ctx<'_>, node: &Node, what: &str) -> Option<Repos
     })
 }
 
-fn decode_previews(ctx: &mut Ctx<'_>, node: &Node) -> Option<Previews> {
+fn decode_previews(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<Previews> {
     let what = "`previews`";
     let f = Fields::new(ctx, node, what, PREVIEWS_FIELDS)?;
-    let branches = f.require(ctx, "branches", what).and_then(|n| globs(ctx, n, "`previews.branches`"));
-    let pool = f.require(ctx, "pool", what).and_then(|n| name(ctx, n, "`previews.pool`"));
-    let ttl = f.get("ttlHours").map_or(Some(defaults::PREVIEW_TTL_HOURS), |n| u32_in(ctx, n, "`previews.ttlHours`", 1, 8760));
-    Some(Previews { branches: branches?, pool: pool?, ttl_hours: ttl? })
+    let branches = f
+        .require(ctx, "branches", what)
+        .and_then(|n| globs(ctx, n, "`previews.branches`"));
+    let pool = f
+        .require(ctx, "pool", what)
+        .and_then(|n| name(ctx, n, "`previews.pool`"));
+    let ttl = f
+        .get("ttlHours")
+        .map_or(Some(defaults::PREVIEW_TTL_HOURS), |n| {
+            u32_in(ctx, n, "`previews.ttlHours`", 1, 8760)
+        });
+    Some(Previews {
+        branches: branches?,
+        pool: pool?,
+        ttl_hours: ttl?,
+    })
 }
 
-fn decode_project(ctx: &mut Ctx<'_>, node: &Node, what: &str) -> Option<Project> {
+fn decode_project(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<Project> {
     let f = Fields::new(ctx, node, what, PROJECT_FIELDS)?;
     let img = f.require(ctx, "image", what).and_then(|n| image(ctx, n));
-    let roles = f.require(ctx, "roles", what).and_then(|n| decode_roles(ctx, n));
-    let env = f.get("env").map_or(Some(BTreeMap::new()), |n| env_map(ctx, n, "`env`"));
+    let roles = f
+        .require(ctx, "roles", what)
+        .and_then(|n| decode_roles(ctx, n));
+    let env = f
+        .get("env")
+        .map_or(Some(BTreeMap::new()), |n| env_map(ctx, n, "`env`"));
     let secrets = f.get("secrets").map_or(Some(Vec::new()), |n| {
         let items = decode::seq(ctx, n, "`secrets`")?;
-        let names: Vec<Option<Name>> = items.iter().map(|i| name(ctx, i, "an item of `secrets`")).collect();
+        let names: Vec<Option<Name>> = items
+            .iter()
+            .map(|i| name(ctx, i, "an item of `secrets`"))
+            .collect();
         names.into_iter().collect()
     });
-    Some(Project { image: img?, roles: roles?, env: env?, secrets: secrets? })
+    Some(Project {
+        image: img?,
+        roles: roles?,
+        env: env?,
+        secrets: secrets?,
+    })
 }
 
-fn decode_roles(ctx: &mut Ctx<'_>, node: &Node) -> Option<BTreeMap<Name, Role>> {
+fn decode_roles(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<BTreeMap<Name, Role>> {
     let yaml::Value::Map(entries) = &node.value else {
         ctx.wrong_type(node, "`roles`", "a mapping");
         return None;
     };
     if entries.is_empty() {
-        ctx.error(Code::MissingField, node.pos, "`roles` is empty; a project needs at least one role");
+        ctx.error(
+            Code::MissingField,
+            node.pos,
+            "`roles` is empty; a project needs at least one role",
+        );
         return None;
     }
     let raw = map_of(ctx, node, "`roles`", |ctx, v, key| {
-        let key_pos = entries.iter().find(|(k, _)| k.value == yaml::Value::Str(key.to_owned())).map_or(v.pos, |(k, _)| k.pos);
+        let key_pos = entries
+            .iter()
+            .find(|(k, _)| matches!(&k.value, yaml::Value::Str(s) if s == key))
+            .map_or(v.pos, |(k, _)| k.pos);
         let role_name = match Name::new(key) {
             Ok(n) => Some(n),
             Err(inv) => {
@@ -306,36 +446,67 @@ fn decode_roles(ctx: &mut Ctx<'_>, node: &Node) -> Option<BTreeMap<Name, Role>> 
     Some(raw.into_values().collect())
 }
 
-fn decode_role(ctx: &mut Ctx<'_>, node: &Node, role: &str) -> Option<Role> {
+fn decode_role(ctx: &mut Ctx<'_>, node: &Node<'_>, role: &str) -> Option<Role> {
     let what = format!("role `{role}`");
     let f = Fields::new(ctx, node, &what, ROLE_FIELDS)?;
     let kind = f.require(ctx, "kind", &what).and_then(|n| {
-        one_of(ctx, n, "`kind`", &[("web", "web"), ("worker", "worker"), ("cron", "cron"), ("job", "job"), ("release", "release")])
+        one_of(
+            ctx,
+            n,
+            "`kind`",
+            &[
+                ("web", "web"),
+                ("worker", "worker"),
+                ("cron", "cron"),
+                ("job", "job"),
+                ("release", "release"),
+            ],
+        )
     });
     let command = f.get("command").map_or(Some(Vec::new()), |n| {
         if matches!(n.value, yaml::Value::Str(_)) {
-            ctx.error_hint(Code::WrongType, n.pos, "`command` must be a sequence (argv), found a string", "write it as a list: `[\"bin/server\", \"--port\", \"8080\"]`");
+            ctx.error_hint(
+                Code::WrongType,
+                n.pos,
+                "`command` must be a sequence (argv), found a string",
+                "write it as a list: `[\"bin/server\", \"--port\", \"8080\"]`",
+            );
             return None;
         }
         strings(ctx, n, "`command`")
     });
-    let resources = f.get("resources").map_or(Some(default_resources()), |n| decode_resources(ctx, n));
+    let resources = f
+        .get("resources")
+        .map_or(Some(default_resources()), |n| decode_resources(ctx, n));
     let port = f.get("port").map(|n| match &n.value {
         yaml::Value::Int(p) if !(1..=65535).contains(p) => {
-            ctx.error(Code::InvalidPort, n.pos, format!("port {p} is outside 1-65535"));
+            ctx.error(
+                Code::InvalidPort,
+                n.pos,
+                format!("port {p} is outside 1-65535"),
+            );
             None
         }
         _ => int_in(ctx, n, "`port`", 1, 65535).and_then(|p| u16::try_from(p).ok()),
     });
     let health = f.get("health").map(|n| decode_health(ctx, n));
-    let replicas = f.get("replicas").map(|n| u32_in(ctx, n, "`replicas`", 0, MAX_REPLICAS));
-    let schedule = f.get("schedule").map(|n| checked(ctx, n, "`schedule`", Code::InvalidCron, CronSchedule::parse));
+    let replicas = f
+        .get("replicas")
+        .map(|n| u32_in(ctx, n, "`replicas`", 0, MAX_REPLICAS));
+    let schedule = f
+        .get("schedule")
+        .map(|n| checked(ctx, n, "`schedule`", Code::InvalidCron, CronSchedule::parse));
 
     let kind = kind?;
     let mut not_for = |field: &str, present: bool| {
         if present {
             let pos = f.get(field).map_or(f.pos, |n| n.pos);
-            ctx.error_hint(Code::FieldNotAllowed, pos, format!("`{field}` does not apply to a {kind} role"), field_hint(field));
+            ctx.error_hint(
+                Code::FieldNotAllowed,
+                pos,
+                format!("`{field}` does not apply to a {kind} role"),
+                field_hint(field),
+            );
         }
     };
     let long_running = matches!(kind, "web" | "worker");
@@ -352,11 +523,18 @@ fn decode_role(ctx: &mut Ctx<'_>, node: &Node, role: &str) -> Option<Role> {
             health: health.unwrap_or_else(|| Some(default_health()))?,
             replicas: replicas.unwrap_or(Some(defaults::REPLICAS))?,
         },
-        "worker" => Workload::Worker { replicas: replicas.unwrap_or(Some(defaults::REPLICAS))? },
+        "worker" => Workload::Worker {
+            replicas: replicas.unwrap_or(Some(defaults::REPLICAS))?,
+        },
         "cron" => match schedule {
             Some(s) => Workload::Cron { schedule: s? },
             None => {
-                ctx.error_hint(Code::MissingField, f.pos, format!("{what} is a cron role and needs `schedule`"), "five fields, e.g. `schedule: \"*/15 * * * *\"`");
+                ctx.error_hint(
+                    Code::MissingField,
+                    f.pos,
+                    format!("{what} is a cron role and needs `schedule`"),
+                    "five fields, e.g. `schedule: \"*/15 * * * *\"`",
+                );
                 return None;
             }
         },
@@ -366,7 +544,11 @@ fn decode_role(ctx: &mut Ctx<'_>, node: &Node, role: &str) -> Option<Role> {
     if misplaced {
         return None;
     }
-    Some(Role { workload, command: command?, resources: resources? })
+    Some(Role {
+        workload,
+        command: command?,
+        resources: resources?,
+    })
 }
 
 fn field_hint(field: &str) -> &'static str {
@@ -378,65 +560,122 @@ fn field_hint(field: &str) -> &'static str {
 }
 
 fn default_health() -> Health {
-    Health { path: defaults::HEALTH_PATH.to_owned(), timeout_seconds: defaults::HEALTH_TIMEOUT_SECONDS }
+    Health {
+        path: defaults::HEALTH_PATH.to_owned(),
+        timeout_seconds: defaults::HEALTH_TIMEOUT_SECONDS,
+    }
 }
 
 fn default_resources() -> Resources {
-    Resources { cpu: Cpu::from_millis(defaults::CPU_MILLIS), memory: Memory::from_bytes(defaults::MEMORY_BYTES), pids: defaults::PIDS }
+    Resources {
+        cpu: Cpu::from_millis(defaults::CPU_MILLIS),
+        memory: Memory::from_bytes(defaults::MEMORY_BYTES),
+        pids: defaults::PIDS,
+    }
 }
 
-fn decode_health(ctx: &mut Ctx<'_>, node: &Node) -> Option<Health> {
+fn decode_health(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<Health> {
     let f = Fields::new(ctx, node, "`health`", HEALTH_FIELDS)?;
-    let path = f.get("path").map_or(Some(defaults::HEALTH_PATH.to_owned()), |n| {
-        let p = string(ctx, n, "`health.path`")?;
-        if !p.starts_with('/') || p.chars().any(char::is_whitespace) {
-            ctx.error_hint(Code::InvalidValue, n.pos, format!("health path `{p}` is not an absolute URL path"), "start it with `/`, e.g. `/healthz`");
-            return None;
-        }
-        Some(p.to_owned())
-    });
-    let timeout = f.get("timeoutSeconds").map_or(Some(defaults::HEALTH_TIMEOUT_SECONDS), |n| u32_in(ctx, n, "`health.timeoutSeconds`", 1, 300));
-    Some(Health { path: path?, timeout_seconds: timeout? })
+    let path = f
+        .get("path")
+        .map_or(Some(defaults::HEALTH_PATH.to_owned()), |n| {
+            let p = string(ctx, n, "`health.path`")?;
+            if !p.starts_with('/') || p.chars().any(char::is_whitespace) {
+                ctx.error_hint(
+                    Code::InvalidValue,
+                    n.pos,
+                    format!("health path `{p}` is not an absolute URL path"),
+                    "start it with `/`, e.g. `/healthz`",
+                );
+                return None;
+            }
+            Some(p.to_owned())
+        });
+    let timeout = f
+        .get("timeoutSeconds")
+        .map_or(Some(defaults::HEALTH_TIMEOUT_SECONDS), |n| {
+            u32_in(ctx, n, "`health.timeoutSeconds`", 1, 300)
+        });
+    Some(Health {
+        path: path?,
+        timeout_seconds: timeout?,
+    })
 }
 
-fn cpu(ctx: &mut Ctx<'_>, node: &Node, what: &str) -> Option<Cpu> {
+fn cpu(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<Cpu> {
     let Some(text) = quantity_text(node) else {
         ctx.wrong_type(node, what, "a quantity");
         return None;
     };
-    Cpu::parse(&text).map_err(|inv| ctx.invalid(Code::InvalidQuantity, node.pos, inv)).ok()
+    Cpu::parse(&text)
+        .map_err(|inv| ctx.invalid(Code::InvalidQuantity, node.pos, inv))
+        .ok()
 }
 
-fn memory(ctx: &mut Ctx<'_>, node: &Node, what: &str) -> Option<Memory> {
+fn memory(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<Memory> {
     let Some(text) = quantity_text(node) else {
         ctx.wrong_type(node, what, "a quantity");
         return None;
     };
-    Memory::parse(&text).map_err(|inv| ctx.invalid(Code::InvalidQuantity, node.pos, inv)).ok()
+    Memory::parse(&text)
+        .map_err(|inv| ctx.invalid(Code::InvalidQuantity, node.pos, inv))
+        .ok()
 }
 
-fn decode_resources(ctx: &mut Ctx<'_>, node: &Node) -> Option<Resources> {
+fn decode_resources(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<Resources> {
     let f = Fields::new(ctx, node, "`resources`", RESOURCES_FIELDS)?;
-    let c = f.get("cpu").map_or(Some(Cpu::from_millis(defaults::CPU_MILLIS)), |n| cpu(ctx, n, "`resources.cpu`"));
-    let m = f.get("memory").map_or(Some(Memory::from_bytes(defaults::MEMORY_BYTES)), |n| memory(ctx, n, "`resources.memory`"));
-    let p = f.get("pids").map_or(Some(defaults::PIDS), |n| u32_in(ctx, n, "`resources.pids`", 8, 65536));
-    Some(Resources { cpu: c?, memory: m?, pids: p? })
+    let c = f
+        .get("cpu")
+        .map_or(Some(Cpu::from_millis(defaults::CPU_MILLIS)), |n| {
+            cpu(ctx, n, "`resources.cpu`")
+        });
+    let m = f
+        .get("memory")
+        .map_or(Some(Memory::from_bytes(defaults::MEMORY_BYTES)), |n| {
+            memory(ctx, n, "`resources.memory`")
+        });
+    let p = f.get("pids").map_or(Some(defaults::PIDS), |n| {
+        u32_in(ctx, n, "`resources.pids`", 8, 65536)
+    });
+    Some(Resources {
+        cpu: c?,
+        memory: m?,
+        pids: p?,
+    })
 }
 
-fn decode_environment(ctx: &mut Ctx<'_>, node: &Node, what: &str) -> Option<Environment> {
+fn decode_environment(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<Environment> {
     let f = Fields::new(ctx, node, what, ENVIRONMENT_FIELDS)?;
-    let project = f.require(ctx, "project", what).and_then(|n| name(ctx, n, "`project`"));
-    let stage = f.require(ctx, "stage", what).and_then(|n| one_of(ctx, n, "`stage`", &[("production", Stage::Production), ("preview", Stage::Preview)]));
-    let pool = f.require(ctx, "pool", what).and_then(|n| name(ctx, n, "`pool`"));
+    let project = f
+        .require(ctx, "project", what)
+        .and_then(|n| name(ctx, n, "`project`"));
+    let stage = f.require(ctx, "stage", what).and_then(|n| {
+        one_of(
+            ctx,
+            n,
+            "`stage`",
+            &[
+                ("production", Stage::Production),
+                ("preview", Stage::Preview),
+            ],
+        )
+    });
+    let pool = f
+        .require(ctx, "pool", what)
+        .and_then(|n| name(ctx, n, "`pool`"));
     let replicas = f.get("replicas").map_or(Some(BTreeMap::new()), |n| {
         let m = map_of(ctx, n, "`replicas`", |ctx, v, key| {
             let r = u32_in(ctx, v, &format!("`replicas.{key}`"), 0, MAX_REPLICAS);
-            let k = Name::new(key).map_err(|inv| ctx.invalid(Code::InvalidName, v.pos, inv)).ok();
+            let k = Name::new(key)
+                .map_err(|inv| ctx.invalid(Code::InvalidName, v.pos, inv))
+                .ok();
             Some((k?, r?))
         })?;
         Some(m.into_values().collect())
     });
-    let env = f.get("env").map_or(Some(BTreeMap::new()), |n| env_map(ctx, n, "`env`"));
+    let env = f
+        .get("env")
+        .map_or(Some(BTreeMap::new()), |n| env_map(ctx, n, "`env`"));
     let img = f.get("image").map(|n| image(ctx, n));
     let host = f.get("hostname").map(|n| hostname(ctx, n, "`hostname`"));
     Some(Environment {
@@ -450,77 +689,144 @@ fn decode_environment(ctx: &mut Ctx<'_>, node: &Node, what: &str) -> Option<Envi
     })
 }
 
-fn decode_domain(ctx: &mut Ctx<'_>, node: &Node, what: &str) -> Option<Domain> {
+fn decode_domain(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<Domain> {
     let f = Fields::new(ctx, node, what, DOMAIN_FIELDS)?;
-    let host = f.require(ctx, "hostname", what).and_then(|n| hostname(ctx, n, "`hostname`"));
-    let env = f.require(ctx, "environment", what).and_then(|n| name(ctx, n, "`environment`"));
+    let host = f
+        .require(ctx, "hostname", what)
+        .and_then(|n| hostname(ctx, n, "`hostname`"));
+    let env = f
+        .require(ctx, "environment", what)
+        .and_then(|n| name(ctx, n, "`environment`"));
     let verification = f.get("verification").map_or(Some(Verification::Txt), |n| {
-        one_of(ctx, n, "`verification`", &[("txt", Verification::Txt), ("cname", Verification::Cname)])
+        one_of(
+            ctx,
+            n,
+            "`verification`",
+            &[("txt", Verification::Txt), ("cname", Verification::Cname)],
+        )
     });
-    Some(Domain { hostname: host?, environment: env?, verification: verification? })
+    Some(Domain {
+        hostname: host?,
+        environment: env?,
+        verification: verification?,
+    })
 }
 
-fn decode_pool(ctx: &mut Ctx<'_>, node: &Node, what: &str) -> Option<NodePool> {
+fn decode_pool(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<NodePool> {
     let f = Fields::new(ctx, node, what, NODEPOOL_FIELDS)?;
-    let region = f.require(ctx, "region", what).and_then(|n| name(ctx, n, "`region`")).map(|n| n.to_string());
-    let mut capabilities = f.get("capabilities").map_or(Some(Vec::new()), |n| strings(ctx, n, "`capabilities`"));
+    let region = f
+        .require(ctx, "region", what)
+        .and_then(|n| name(ctx, n, "`region`"))
+        .map(|n| n.to_string());
+    let mut capabilities = f
+        .get("capabilities")
+        .map_or(Some(Vec::new()), |n| strings(ctx, n, "`capabilities`"));
     if let Some(c) = capabilities.as_mut() {
         c.sort();
         c.dedup();
     }
     let placement = f.get("placement").map_or(Some(Placement::Spread), |n| {
-        one_of(ctx, n, "`placement`", &[("spread", Placement::Spread), ("pack", Placement::Pack)])
+        one_of(
+            ctx,
+            n,
+            "`placement`",
+            &[("spread", Placement::Spread), ("pack", Placement::Pack)],
+        )
     });
     let nodes = f.require(ctx, "nodes", what).and_then(|n| {
         let items = decode::seq(ctx, n, "`nodes`")?;
         let decoded: Vec<Option<PoolNode>> = items.iter().map(|i| decode_node(ctx, i)).collect();
         decoded.into_iter().collect::<Option<Vec<_>>>()
     });
-    Some(NodePool { region: region?, capabilities: capabilities?, placement: placement?, nodes: nodes? })
+    Some(NodePool {
+        region: region?,
+        capabilities: capabilities?,
+        placement: placement?,
+        nodes: nodes?,
+    })
 }
 
-fn decode_node(ctx: &mut Ctx<'_>, node: &Node) -> Option<PoolNode> {
+fn decode_node(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<PoolNode> {
     let f = Fields::new(ctx, node, "a node", NODE_FIELDS)?;
-    let n = f.require(ctx, "name", "a node").and_then(|n| name(ctx, n, "node `name`"));
+    let n = f
+        .require(ctx, "name", "a node")
+        .and_then(|n| name(ctx, n, "node `name`"));
     let state = f.get("state").map_or(Some(NodeState::Active), |s| {
-        one_of(ctx, s, "node `state`", &[("active", NodeState::Active), ("draining", NodeState::Draining), ("retired", NodeState::Retired)])
+        one_of(
+            ctx,
+            s,
+            "node `state`",
+            &[
+                ("active", NodeState::Active),
+                ("draining", NodeState::Draining),
+                ("retired", NodeState::Retired),
+            ],
+        )
     });
     let capacity = f.require(ctx, "capacity", "a node").and_then(|c| {
         let cf = Fields::new(ctx, c, "node `capacity`", CAPACITY_FIELDS)?;
-        let cpu_v = cf.require(ctx, "cpu", "node `capacity`").and_then(|v| cpu(ctx, v, "`capacity.cpu`"));
-        let mem_v = cf.require(ctx, "memory", "node `capacity`").and_then(|v| memory(ctx, v, "`capacity.memory`"));
-        Some(Capacity { cpu: cpu_v?, memory: mem_v? })
+        let cpu_v = cf
+            .require(ctx, "cpu", "node `capacity`")
+            .and_then(|v| cpu(ctx, v, "`capacity.cpu`"));
+        let mem_v = cf
+            .require(ctx, "memory", "node `capacity`")
+            .and_then(|v| memory(ctx, v, "`capacity.memory`"));
+        Some(Capacity {
+            cpu: cpu_v?,
+            memory: mem_v?,
+        })
     });
-    Some(PoolNode { name: n?, state: state?, capacity: capacity? })
+    Some(PoolNode {
+        name: n?,
+        state: state?,
+        capacity: capacity?,
+    })
 }
 
 /// Shape check of a recipient: an X25519 `age1…` key or an `ssh-ed25519`/`ssh-rsa` public key.
 pub fn recipient_shape_ok(s: &str) -> bool {
     if let Some(rest) = s.strip_prefix("age1") {
-        return rest.len() == 58 && rest.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+        return rest.len() == 58
+            && rest
+                .bytes()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
     }
     let mut parts = s.split_whitespace();
     match (parts.next(), parts.next()) {
-        (Some("ssh-ed25519" | "ssh-rsa"), Some(b64)) => b64.starts_with("AAAA") && b64.bytes().all(|c| c.is_ascii_alphanumeric() || b"+/=".contains(&c)),
+        (Some("ssh-ed25519" | "ssh-rsa"), Some(b64)) => {
+            b64.starts_with("AAAA")
+                && b64
+                    .bytes()
+                    .all(|c| c.is_ascii_alphanumeric() || b"+/=".contains(&c))
+        }
         _ => false,
     }
 }
 
-fn check_recipient(ctx: &mut Ctx<'_>, node: &Node, s: &str) -> Option<String> {
+fn check_recipient(ctx: &mut Ctx<'_>, node: &Node<'_>, s: &str) -> Option<String> {
     if recipient_shape_ok(s) {
         Some(s.to_owned())
     } else {
-        ctx.error_hint(Code::InvalidSecret, node.pos, "recipient is not an age X25519 key (`age1…`) or an `ssh-ed25519`/`ssh-rsa` public key", "print one with `age-keygen -y KEYFILE` or `cat ~/.ssh/id_ed25519.pub`");
+        ctx.error_hint(
+            Code::InvalidSecret,
+            node.pos,
+            "recipient is not an age X25519 key (`age1…`) or an `ssh-ed25519`/`ssh-rsa` public key",
+            "print one with `age-keygen -y KEYFILE` or `cat ~/.ssh/id_ed25519.pub`",
+        );
         None
     }
 }
 
-fn decode_secret(ctx: &mut Ctx<'_>, node: &Node, what: &str) -> Option<Secret> {
+fn decode_secret(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<Secret> {
     let f = Fields::new(ctx, node, what, SECRET_FIELDS)?;
     let recipients = f.require(ctx, "recipients", what).and_then(|n| {
         let items = decode::seq(ctx, n, "`recipients`")?;
         if items.is_empty() {
-            ctx.error(Code::MissingField, n.pos, "`recipients` is empty; a secret needs at least one recipient");
+            ctx.error(
+                Code::MissingField,
+                n.pos,
+                "`recipients` is empty; a secret needs at least one recipient",
+            );
             return None;
         }
         let checked: Vec<Option<String>> = items
@@ -535,17 +841,27 @@ fn decode_secret(ctx: &mut Ctx<'_>, node: &Node, what: &str) -> Option<Secret> {
             _ => &[],
         };
         for (k, _) in entries {
-            if let yaml::Value::Str(key) = &k.value {
-                if !is_env_name(key) {
-                    ctx.error_hint(Code::InvalidName, k.pos, format!("secret key `{key}` is not a valid name"), "use letters, digits and `_`; the key becomes /run/secrets/<KEY>");
-                }
+            if let yaml::Value::Str(key) = &k.value
+                && !is_env_name(key)
+            {
+                ctx.error_hint(
+                    Code::InvalidName,
+                    k.pos,
+                    format!("secret key `{key}` is not a valid name"),
+                    "use letters, digits and `_`; the key becomes /run/secrets/<KEY>",
+                );
             }
         }
         map_of(ctx, n, "`data`", |ctx, v, key| {
             let s = string(ctx, v, &format!("`data.{key}`"))?;
-            Ciphertext::new(s).map_err(|inv| ctx.invalid(Code::InvalidSecret, v.pos, inv)).ok()
+            Ciphertext::new(s)
+                .map_err(|inv| ctx.invalid(Code::InvalidSecret, v.pos, inv))
+                .ok()
         })
         .filter(|m| m.keys().all(|k| is_env_name(k)))
     });
-    Some(Secret { recipients: recipients?, data: data? })
+    Some(Secret {
+        recipients: recipients?,
+        data: data?,
+    })
 }

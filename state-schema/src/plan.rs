@@ -4,8 +4,10 @@
 
 use crate::canonical::{self, Secrets};
 use crate::model::{Kind, NodeState, Spec};
-use crate::state::{State, derive_environment};
+use crate::parse::Located;
+use crate::state::State;
 use crate::values::{Hostname, Name};
+use rayon::prelude::*;
 use serde::Serialize;
 use serde_json::Value;
 use similar::{ChangeTag, TextDiff};
@@ -58,7 +60,7 @@ pub struct DiffLine {
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Change {
+pub struct Change<'a> {
     pub kind: Kind,
     pub name: Name,
     pub action: Action,
@@ -69,8 +71,22 @@ pub struct Change {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub after_hash: Option<String>,
     pub fields: Vec<FieldChange>,
+    /// The objects on each side, for [`Change::diff`].
     #[serde(skip)]
-    pub diff: Vec<DiffLine>,
+    pub before: Option<&'a Located>,
+    #[serde(skip)]
+    pub after: Option<&'a Located>,
+}
+
+impl Change<'_> {
+    /// The unified diff of the canonical YAML (secret values fingerprinted), computed on
+    /// demand: machine output does not need it, and at ten thousand changes it would be most
+    /// of a plan's time and memory.
+    pub fn diff(&self) -> Vec<DiffLine> {
+        let shown =
+            |l: Option<&Located>| l.map(|l| canonical::document(&l.object, Secrets::Fingerprint));
+        diff_lines(shown(self.before).as_ref(), shown(self.after).as_ref())
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -130,22 +146,38 @@ pub struct Summary {
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct Plan {
+pub struct Plan<'a> {
     pub summary: Summary,
-    pub changes: Vec<Change>,
+    pub changes: Vec<Change<'a>>,
     pub consequences: Consequences,
 }
 
-impl Plan {
+impl Plan<'_> {
     pub fn is_empty(&self) -> bool {
         self.changes.is_empty()
     }
 }
 
-/// Computes the plan from `base` to `head`.
-pub fn plan(base: &State, head: &State) -> Plan {
-    let mut changes = Vec::new();
-    let mut summary = Summary::default();
+/// What the two states given to the planner hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Whole trees.
+    Full,
+    /// Only the files a change touched, and the change is local (see
+    /// [`crate::incremental::is_local`]): consequences come from the changed objects alone.
+    Local,
+}
+
+/// Computes the plan from `base` to `head`, two whole states.
+pub fn plan<'a>(base: &'a State, head: &'a State) -> Plan<'a> {
+    plan_scoped(base, head, Scope::Full)
+}
+
+/// Computes the plan from `base` to `head` as `scope` says they are.
+pub fn plan_scoped<'a>(base: &'a State, head: &'a State, scope: Scope) -> Plan<'a> {
+    // First pair the objects (a merge of two sorted lists), then describe each pair; the
+    // descriptions are independent, so they run in parallel and are collected in order.
+    let mut pairs: Vec<(Option<&'a Located>, Option<&'a Located>)> = Vec::new();
     let mut b = base.iter().peekable();
     let mut h = head.iter().peekable();
     loop {
@@ -153,89 +185,191 @@ pub fn plan(base: &State, head: &State) -> Plan {
             (None, None) => break,
             (Some(_), None) => std::cmp::Ordering::Less,
             (None, Some(_)) => std::cmp::Ordering::Greater,
-            (Some(x), Some(y)) => (x.object.kind(), x.object.name()).cmp(&(y.object.kind(), y.object.name())),
+            (Some(x), Some(y)) => {
+                (x.object.kind(), x.object.name()).cmp(&(y.object.kind(), y.object.name()))
+            }
         };
-        let (before, after) = match order {
-            std::cmp::Ordering::Less => (b.next(), None),
-            std::cmp::Ordering::Greater => (None, h.next()),
+        match order {
+            std::cmp::Ordering::Less => pairs.push((b.next(), None)),
+            std::cmp::Ordering::Greater => pairs.push((None, h.next())),
             std::cmp::Ordering::Equal => {
                 let (x, y) = (b.next(), h.next());
                 // Unchanged objects (the common case) cost one comparison of typed values.
-                if x.map(|l| &l.object) == y.map(|l| &l.object) {
-                    continue;
+                if x.map(|l| &l.object) != y.map(|l| &l.object) {
+                    pairs.push((x, y));
                 }
-                (x, y)
             }
-        };
-        let Some(any) = after.or(before) else { break };
-        let action = match (before, after) {
-            (None, _) => Action::Create,
-            (_, None) => Action::Delete,
-            _ => Action::Update,
-        };
-        match action {
+        }
+    }
+    let changes: Vec<Change<'a>> = pairs
+        .par_iter()
+        .filter_map(|(before, after)| describe(*before, *after))
+        .collect();
+    let mut summary = Summary::default();
+    for c in &changes {
+        match c.action {
             Action::Create => summary.add += 1,
             Action::Update => summary.change += 1,
             Action::Delete => summary.destroy += 1,
         }
-        let shown = |l: Option<&crate::parse::Located>| l.map(|l| canonical::document(&l.object, Secrets::Fingerprint));
-        let hashed = |l: Option<&crate::parse::Located>| l.map(|l| canonical::hash(&canonical::document(&l.object, Secrets::Ciphertext)));
-        let (old, new) = (shown(before), shown(after));
-        changes.push(Change {
-            kind: any.object.kind(),
-            name: any.object.name().clone(),
-            action,
-            file: any.file.clone(),
-            before_hash: hashed(before),
-            after_hash: hashed(after),
-            fields: field_changes(old.as_ref(), new.as_ref()),
-            diff: diff_lines(old.as_ref(), new.as_ref()),
-        });
     }
-    let consequences = consequences(base, head, &changes);
-    Plan { summary, changes, consequences }
+    let consequences = consequences(base, head, &changes, scope);
+    Plan {
+        summary,
+        changes,
+        consequences,
+    }
 }
 
-fn flatten(v: &Value, path: &str, out: &mut BTreeMap<String, Value>) {
+/// One changed object: its action, hashes and field-level changes.
+fn describe<'a>(before: Option<&'a Located>, after: Option<&'a Located>) -> Option<Change<'a>> {
+    let any = after.or(before)?;
+    let action = match (before, after) {
+        (None, _) => Action::Create,
+        (_, None) => Action::Delete,
+        _ => Action::Update,
+    };
+    let (old, before_hash) = shown_and_hash(before);
+    let (new, after_hash) = shown_and_hash(after);
+    Some(Change {
+        kind: any.object.kind(),
+        name: any.object.name().clone(),
+        action,
+        file: any.file.clone(),
+        before_hash,
+        after_hash,
+        fields: field_changes(old.as_ref(), new.as_ref()),
+        before,
+        after,
+    })
+}
+
+/// The displayed document and the hash of the stored one (they differ only for secrets).
+fn shown_and_hash(loc: Option<&Located>) -> (Option<Value>, Option<String>) {
+    let Some(loc) = loc else { return (None, None) };
+    let shown = canonical::document(&loc.object, Secrets::Fingerprint);
+    let hash = if loc.object.kind() == Kind::Secret {
+        canonical::hash(&canonical::document(&loc.object, Secrets::Ciphertext))
+    } else {
+        canonical::hash(&shown)
+    };
+    (Some(shown), Some(hash))
+}
+
+/// True when a list is addressed item by item through its items' `name`s.
+fn named_items(items: &[Value]) -> bool {
+    !items.is_empty()
+        && items
+            .iter()
+            .all(|i| i.get("name").is_some_and(Value::is_string))
+}
+
+fn item_name(v: &Value) -> &str {
+    v.get("name").and_then(Value::as_str).unwrap_or_default()
+}
+
+fn join(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+/// Every leaf under `v`, for the side of a field diff where the other side is absent.
+fn leaves(v: &Value, path: String, before: bool, out: &mut Vec<FieldChange>) {
     match v {
-        Value::Object(m) if !m.is_empty() => {
-            for (k, child) in m {
-                let p = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
-                flatten(child, &p, out);
-            }
-        }
-        Value::Array(items) if !items.is_empty() && items.iter().all(|i| i.get("name").is_some_and(Value::is_string)) => {
-            for item in items {
-                let name = item.get("name").and_then(Value::as_str).unwrap_or_default();
-                flatten(item, &format!("{path}[{name}]"), out);
-            }
-        }
+        Value::Object(m) if !m.is_empty() => m
+            .iter()
+            .for_each(|(k, c)| leaves(c, join(&path, k), before, out)),
+        Value::Array(items) if named_items(items) => items
+            .iter()
+            .for_each(|i| leaves(i, format!("{path}[{}]", item_name(i)), before, out)),
         leaf => {
-            out.insert(path.to_owned(), leaf.clone());
+            let (b, a) = if before {
+                (Some(leaf.clone()), None)
+            } else {
+                (None, Some(leaf.clone()))
+            };
+            out.push(FieldChange {
+                path,
+                before: b,
+                after: a,
+            });
         }
+    }
+}
+
+/// Walks two values together and records the leaves that differ; equal subtrees are skipped
+/// without building paths for them.
+fn diff_values(a: &Value, b: &Value, path: String, out: &mut Vec<FieldChange>) {
+    if a == b {
+        return;
+    }
+    match (a, b) {
+        (Value::Object(ma), Value::Object(mb)) if !ma.is_empty() && !mb.is_empty() => {
+            let keys: BTreeSet<&String> = ma.keys().chain(mb.keys()).collect();
+            for k in keys {
+                match (ma.get(k), mb.get(k)) {
+                    (Some(x), Some(y)) => diff_values(x, y, join(&path, k), out),
+                    (Some(x), None) => leaves(x, join(&path, k), true, out),
+                    (None, Some(y)) => leaves(y, join(&path, k), false, out),
+                    (None, None) => {}
+                }
+            }
+        }
+        (Value::Array(ia), Value::Array(ib)) if named_items(ia) && named_items(ib) => {
+            let by_name = |items: &'_ [Value]| -> BTreeMap<String, usize> {
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| (item_name(v).to_owned(), i))
+                    .collect()
+            };
+            let (na, nb) = (by_name(ia), by_name(ib));
+            let names: BTreeSet<&String> = na.keys().chain(nb.keys()).collect();
+            for n in names {
+                let p = format!("{path}[{n}]");
+                match (na.get(n).map(|i| &ia[*i]), nb.get(n).map(|i| &ib[*i])) {
+                    (Some(x), Some(y)) => diff_values(x, y, p, out),
+                    (Some(x), None) => leaves(x, p, true, out),
+                    (None, Some(y)) => leaves(y, p, false, out),
+                    (None, None) => {}
+                }
+            }
+        }
+        _ => out.push(FieldChange {
+            path,
+            before: Some(a.clone()),
+            after: Some(b.clone()),
+        }),
     }
 }
 
 fn field_changes(old: Option<&Value>, new: Option<&Value>) -> Vec<FieldChange> {
-    let (mut a, mut b) = (BTreeMap::new(), BTreeMap::new());
-    if let Some(o) = old {
-        flatten(o, "", &mut a);
+    let mut out = Vec::new();
+    match (old, new) {
+        (Some(a), Some(b)) => diff_values(a, b, String::new(), &mut out),
+        (Some(a), None) => leaves(a, String::new(), true, &mut out),
+        (None, Some(b)) => leaves(b, String::new(), false, &mut out),
+        (None, None) => {}
     }
-    if let Some(n) = new {
-        flatten(n, "", &mut b);
-    }
-    let paths: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
-    paths
-        .into_iter()
-        .filter(|p| a.get(*p) != b.get(*p))
-        .map(|p| FieldChange { path: p.clone(), before: a.get(p).cloned(), after: b.get(p).cloned() })
-        .collect()
+    // Paths sort the same whichever branch produced them.
+    out.sort_by(|x, y| x.path.cmp(&y.path));
+    out
 }
 
 fn diff_lines(old: Option<&Value>, new: Option<&Value>) -> Vec<DiffLine> {
     let old_text = old.map(canonical::to_yaml).unwrap_or_default();
     let new_text = new.map(canonical::to_yaml).unwrap_or_default();
-    let whole = |text: &str, tag| text.lines().map(|l| DiffLine { tag, text: l.to_owned() }).collect();
+    let whole = |text: &str, tag| {
+        text.lines()
+            .map(|l| DiffLine {
+                tag,
+                text: l.to_owned(),
+            })
+            .collect()
+    };
     if old.is_none() {
         return whole(&new_text, LineTag::Insert);
     }
@@ -245,14 +379,20 @@ fn diff_lines(old: Option<&Value>, new: Option<&Value>) -> Vec<DiffLine> {
     let diff = TextDiff::from_lines(&old_text, &new_text);
     let mut out = Vec::new();
     for hunk in diff.unified_diff().context_radius(3).iter_hunks() {
-        out.push(DiffLine { tag: LineTag::Hunk, text: hunk.header().to_string() });
+        out.push(DiffLine {
+            tag: LineTag::Hunk,
+            text: hunk.header().to_string(),
+        });
         for change in hunk.iter_changes() {
             let tag = match change.tag() {
                 ChangeTag::Equal => LineTag::Context,
                 ChangeTag::Insert => LineTag::Insert,
                 ChangeTag::Delete => LineTag::Delete,
             };
-            out.push(DiffLine { tag, text: change.value().trim_end_matches('\n').to_owned() });
+            out.push(DiffLine {
+                tag,
+                text: change.value().trim_end_matches('\n').to_owned(),
+            });
         }
     }
     out
@@ -272,32 +412,102 @@ fn hostnames(state: &State) -> BTreeSet<Hostname> {
     out
 }
 
-/// The inputs of an environment's release: a change here means a new generation.
-fn release_hash(state: &State, name: &Name) -> Option<String> {
-    let Spec::Environment(env) = &state.get(Kind::Environment, name.as_str())?.object.spec else { return None };
-    let derived = derive_environment(state, name, env)?;
-    let project = state.project(env.project.as_str())?;
-    let roles: BTreeMap<&Name, Value> = project
-        .roles
-        .iter()
-        .map(|(n, r)| {
-            let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
-            if let Value::Object(m) = &mut v {
-                m.remove("replicas");
-            }
-            (n, v)
-        })
-        .collect();
-    let secrets: BTreeMap<&Name, Option<String>> = project
-        .secrets
-        .iter()
-        .map(|s| (s, state.get(Kind::Secret, s.as_str()).map(|l| canonical::hash(&canonical::document(&l.object, Secrets::Ciphertext)))))
-        .collect();
-    let v = serde_json::json!({ "image": derived.image, "env": derived.env, "roles": roles, "secrets": secrets });
-    Some(canonical::hash(&v))
+/// What an environment's release depends on, compared without hashing per environment: the
+/// project's part (roles without replicas, and its secrets) is hashed once per project.
+struct Releases<'s> {
+    state: &'s State,
+    projects: std::collections::HashMap<&'s Name, Option<String>>,
 }
 
-fn consequences(base: &State, head: &State, changes: &[Change]) -> Consequences {
+/// The release inputs of one environment; equal inputs mean no new generation.
+#[derive(PartialEq)]
+struct ReleaseInputs<'s> {
+    image: &'s crate::values::ImageRef,
+    env: BTreeMap<&'s str, &'s str>,
+    project: Option<String>,
+}
+
+impl<'s> Releases<'s> {
+    fn new(state: &'s State) -> Self {
+        Releases {
+            state,
+            projects: std::collections::HashMap::new(),
+        }
+    }
+
+    fn project_hash(&mut self, name: &'s Name) -> Option<String> {
+        let state = self.state;
+        self.projects
+            .entry(name)
+            .or_insert_with(|| {
+                let project = state.project(name.as_str())?;
+                let roles: BTreeMap<&Name, Value> = project
+                    .roles
+                    .iter()
+                    .map(|(n, r)| {
+                        let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
+                        if let Value::Object(m) = &mut v {
+                            m.remove("replicas");
+                        }
+                        (n, v)
+                    })
+                    .collect();
+                let secrets: BTreeMap<&Name, Option<String>> = project
+                    .secrets
+                    .iter()
+                    .map(|s| {
+                        (
+                            s,
+                            state.get(Kind::Secret, s.as_str()).map(|l| {
+                                canonical::hash(&canonical::document(
+                                    &l.object,
+                                    Secrets::Ciphertext,
+                                ))
+                            }),
+                        )
+                    })
+                    .collect();
+                Some(canonical::hash(&(roles, secrets)))
+            })
+            .clone()
+    }
+
+    fn inputs(&mut self, env: &'s crate::model::Environment) -> Option<ReleaseInputs<'s>> {
+        let project = self.state.project(env.project.as_str())?;
+        let mut vars: BTreeMap<&str, &str> = project
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        vars.extend(env.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        Some(ReleaseInputs {
+            image: env.image.as_ref().unwrap_or(&project.image),
+            env: vars,
+            project: self.project_hash(&env.project),
+        })
+    }
+}
+
+/// Effective replicas of an environment's long-running roles.
+fn effective_replicas<'s>(
+    state: &'s State,
+    env: &'s crate::model::Environment,
+) -> Option<BTreeMap<&'s Name, u32>> {
+    let project = state.project(env.project.as_str())?;
+    Some(
+        project
+            .roles
+            .iter()
+            .filter_map(|(role, r)| {
+                r.workload
+                    .replicas()
+                    .map(|n| (role, env.replicas.get(role).copied().unwrap_or(n)))
+            })
+            .collect(),
+    )
+}
+
+fn consequences(base: &State, head: &State, changes: &[Change<'_>], scope: Scope) -> Consequences {
     let mut c = Consequences::default();
     if changes.is_empty() {
         return c;
@@ -308,45 +518,108 @@ fn consequences(base: &State, head: &State, changes: &[Change]) -> Consequences 
 
     // Only environments whose own object or project (or a secret) changed can roll out or
     // rescale; looking only at those keeps a one-object change cheap in a large state.
-    let changed_projects: BTreeSet<&Name> = changes.iter().filter(|ch| ch.kind == Kind::Project).map(|ch| &ch.name).collect();
+    let changed_projects: BTreeSet<&Name> = changes
+        .iter()
+        .filter(|ch| ch.kind == Kind::Project)
+        .map(|ch| &ch.name)
+        .collect();
     let secrets_changed = changes.iter().any(|ch| ch.kind == Kind::Secret);
-    let changed_envs: BTreeSet<&Name> = changes.iter().filter(|ch| ch.kind == Kind::Environment).map(|ch| &ch.name).collect();
+    let changed_envs: BTreeSet<&Name> = changes
+        .iter()
+        .filter(|ch| ch.kind == Kind::Environment)
+        .map(|ch| &ch.name)
+        .collect();
+    let (mut releases_base, mut releases_head) = (Releases::new(base), Releases::new(head));
     for (name, env) in head.environments() {
-        let touched = changed_envs.contains(name) || changed_projects.contains(&env.project) || secrets_changed;
+        let touched = changed_envs.contains(name)
+            || changed_projects.contains(&env.project)
+            || secrets_changed;
         if !touched {
             continue;
         }
-        let Some(Spec::Environment(old_env)) = base.get(Kind::Environment, name.as_str()).map(|l| &l.object.spec) else { continue };
-        if let (Some(old), Some(new)) = (derive_environment(base, name, old_env), derive_environment(head, name, env)) {
-            for (role, after) in &new.replicas {
-                if let Some(before) = old.replicas.get(role) {
-                    if before != after {
-                        c.replicas_changed.push(ReplicaChange { environment: name.clone(), role: role.clone(), before: *before, after: *after });
-                    }
+        let Some(Spec::Environment(old_env)) = base
+            .get(Kind::Environment, name.as_str())
+            .map(|l| &l.object.spec)
+        else {
+            continue;
+        };
+        if scope == Scope::Local {
+            // A local change keeps the project, the overridden roles and the variables, so
+            // the overrides are the effective values and only an image override can release.
+            for (role, after) in &env.replicas {
+                if let Some(before) = old_env.replicas.get(role).filter(|b| *b != after) {
+                    c.replicas_changed.push(ReplicaChange {
+                        environment: name.clone(),
+                        role: role.clone(),
+                        before: *before,
+                        after: *after,
+                    });
+                }
+            }
+            if old_env.image != env.image {
+                c.rollouts.push(name.clone());
+            }
+            continue;
+        }
+        if let (Some(old), Some(new)) = (
+            effective_replicas(base, old_env),
+            effective_replicas(head, env),
+        ) {
+            for (role, after) in &new {
+                if let Some(before) = old.get(role)
+                    && before != after
+                {
+                    c.replicas_changed.push(ReplicaChange {
+                        environment: name.clone(),
+                        role: (*role).clone(),
+                        before: *before,
+                        after: *after,
+                    });
                 }
             }
         }
-        if release_hash(base, name) != release_hash(head, name) {
+        if releases_base.inputs(old_env) != releases_head.inputs(env) {
             c.rollouts.push(name.clone());
         }
     }
     for name in &changed_projects {
-        let roles = |s: &State| s.project(name.as_str()).map(|p| p.roles.keys().cloned().collect::<BTreeSet<_>>()).unwrap_or_default();
+        let roles = |s: &State| {
+            s.project(name.as_str())
+                .map(|p| p.roles.keys().cloned().collect::<BTreeSet<_>>())
+                .unwrap_or_default()
+        };
         let (rb, rh) = (roles(base), roles(head));
         let project = (*name).clone();
-        c.roles_added.extend(rh.difference(&rb).map(|r| RoleRef { project: project.clone(), role: r.clone() }));
-        c.roles_removed.extend(rb.difference(&rh).map(|r| RoleRef { project: project.clone(), role: r.clone() }));
+        c.roles_added.extend(rh.difference(&rb).map(|r| RoleRef {
+            project: project.clone(),
+            role: r.clone(),
+        }));
+        c.roles_removed.extend(rb.difference(&rh).map(|r| RoleRef {
+            project: project.clone(),
+            role: r.clone(),
+        }));
     }
     for ch in changes.iter().filter(|ch| ch.kind == Kind::NodePool) {
         let nodes = |s: &State| -> BTreeMap<Name, NodeState> {
-            s.pools().filter(|(n, _)| **n == ch.name).flat_map(|(_, p)| p.nodes.iter().map(|n| (n.name.clone(), n.state))).collect()
+            s.pools()
+                .filter(|(n, _)| **n == ch.name)
+                .flat_map(|(_, p)| p.nodes.iter().map(|n| (n.name.clone(), n.state)))
+                .collect()
         };
         let (nb, nh) = (nodes(base), nodes(head));
         for (node, before) in &nb {
             match nh.get(node) {
-                None => c.nodes_drained.push(NodeChange { pool: ch.name.clone(), node: node.clone(), state: None }),
+                None => c.nodes_drained.push(NodeChange {
+                    pool: ch.name.clone(),
+                    node: node.clone(),
+                    state: None,
+                }),
                 Some(after) if after != before && *after != NodeState::Active => {
-                    c.nodes_drained.push(NodeChange { pool: ch.name.clone(), node: node.clone(), state: Some(*after) })
+                    c.nodes_drained.push(NodeChange {
+                        pool: ch.name.clone(),
+                        node: node.clone(),
+                        state: Some(*after),
+                    })
                 }
                 _ => {}
             }

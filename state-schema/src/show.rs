@@ -12,10 +12,10 @@ pub fn documents(state: &State) -> Vec<Value> {
         .iter()
         .map(|loc| {
             let mut doc = canonical::document(&loc.object, Secrets::Fingerprint);
-            if let Spec::Environment(env) = &loc.object.spec {
-                if let Some(d) = derive_environment(state, loc.object.name(), env) {
-                    doc["derived"] = serde_json::to_value(d).unwrap_or(Value::Null);
-                }
+            if let Spec::Environment(env) = &loc.object.spec
+                && let Some(d) = derive_environment(state, loc.object.name(), env)
+            {
+                doc["derived"] = serde_json::to_value(d).unwrap_or(Value::Null);
             }
             doc
         })

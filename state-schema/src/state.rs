@@ -15,6 +15,8 @@ pub struct State {
     objects: BTreeMap<(Kind, Name), Located>,
     /// Objects that exist in the files but did not decode (see `ParsedFile::declared`).
     broken: BTreeSet<(Kind, Name)>,
+    /// Domain hostnames by environment, derived once in `assemble`.
+    domains_by_env: BTreeMap<Name, BTreeSet<Hostname>>,
 }
 
 impl State {
@@ -37,20 +39,30 @@ impl State {
         self.objects.get(&(kind, n))
     }
 
+    /// True when some document of the files did not decode (its problems are reported).
+    pub fn has_broken(&self) -> bool {
+        !self.broken.is_empty()
+    }
+
     /// True when an object of this kind and name is defined, even if it did not decode.
     pub fn declares(&self, kind: Kind, name: &Name) -> bool {
-        self.objects.contains_key(&(kind, name.clone())) || self.broken.contains(&(kind, name.clone()))
+        self.objects.contains_key(&(kind, name.clone()))
+            || self.broken.contains(&(kind, name.clone()))
     }
 
     pub fn of_kind(&self, kind: Kind) -> impl Iterator<Item = &Located> {
-        self.objects.iter().filter(move |((k, _), _)| *k == kind).map(|(_, v)| v)
+        self.objects
+            .range((kind, Name::MIN)..)
+            .take_while(move |((k, _), _)| *k == kind)
+            .map(|(_, v)| v)
     }
 
     pub fn repository(&self) -> Option<&Repository> {
-        self.of_kind(Kind::Repository).find_map(|l| match &l.object.spec {
-            Spec::Repository(r) => Some(r),
-            _ => None,
-        })
+        self.of_kind(Kind::Repository)
+            .find_map(|l| match &l.object.spec {
+                Spec::Repository(r) => Some(r),
+                _ => None,
+            })
     }
 
     pub fn project(&self, name: &str) -> Option<&Project> {
@@ -61,24 +73,27 @@ impl State {
     }
 
     pub fn environments(&self) -> impl Iterator<Item = (&Name, &Environment)> {
-        self.of_kind(Kind::Environment).filter_map(|l| match &l.object.spec {
-            Spec::Environment(e) => Some((l.object.name(), e)),
-            _ => None,
-        })
+        self.of_kind(Kind::Environment)
+            .filter_map(|l| match &l.object.spec {
+                Spec::Environment(e) => Some((l.object.name(), e)),
+                _ => None,
+            })
     }
 
     pub fn domains(&self) -> impl Iterator<Item = (&Name, &Domain)> {
-        self.of_kind(Kind::Domain).filter_map(|l| match &l.object.spec {
-            Spec::Domain(d) => Some((l.object.name(), d)),
-            _ => None,
-        })
+        self.of_kind(Kind::Domain)
+            .filter_map(|l| match &l.object.spec {
+                Spec::Domain(d) => Some((l.object.name(), d)),
+                _ => None,
+            })
     }
 
     pub fn pools(&self) -> impl Iterator<Item = (&Name, &NodePool)> {
-        self.of_kind(Kind::NodePool).filter_map(|l| match &l.object.spec {
-            Spec::NodePool(p) => Some((l.object.name(), p)),
-            _ => None,
-        })
+        self.of_kind(Kind::NodePool)
+            .filter_map(|l| match &l.object.spec {
+                Spec::NodePool(p) => Some((l.object.name(), p)),
+                _ => None,
+            })
     }
 }
 
@@ -98,13 +113,26 @@ impl Loaded {
 
 /// Assembles parsed files (in any order) into a state and checks everything that spans
 /// objects. `extra` carries problems found while reading the tree (symlinks, sizes).
-pub fn assemble(mut files: Vec<ParsedFile>, extra: Vec<Diagnostic>) -> Loaded {
+pub fn assemble(files: Vec<ParsedFile>, extra: Vec<Diagnostic>) -> Loaded {
+    assemble_with(files, extra, true)
+}
+
+/// Assembles some files of a tree (those a change touched) without the checks that need the
+/// whole tree (references, hostnames, node names, the Repository's presence). See
+/// [`crate::incremental`] for when such a state may be planned.
+pub fn assemble_partial(files: Vec<ParsedFile>, extra: Vec<Diagnostic>) -> Loaded {
+    assemble_with(files, extra, false)
+}
+
+fn assemble_with(mut files: Vec<ParsedFile>, extra: Vec<Diagnostic>, whole: bool) -> Loaded {
     // Order by path so "the first definition" and every message are the same whatever order
     // the caller read the files in.
     files.sort_by(|a, b| a.path.cmp(&b.path));
     let mut diags = extra;
     let file_count = files.len();
-    let root_had_errors = files.iter().any(|f| f.path == ROOT_FILE && !f.diagnostics.is_empty());
+    let root_had_errors = files
+        .iter()
+        .any(|f| f.path == ROOT_FILE && !f.diagnostics.is_empty());
     let root_exists = files.iter().any(|f| f.path == ROOT_FILE);
     let mut objects: BTreeMap<(Kind, Name), Located> = BTreeMap::new();
     let mut repos = 0usize;
@@ -117,14 +145,24 @@ pub fn assemble(mut files: Vec<ParsedFile>, extra: Vec<Diagnostic>) -> Loaded {
             if kind == Kind::Repository {
                 if loc.file != ROOT_FILE {
                     diags.push(
-                        Diagnostic::error(Code::MisplacedRepository, &loc.file, Some(loc.pos), "a Repository document must be in the root `pushleft.yaml`")
-                            .with_hint("move it to `pushleft.yaml`"),
+                        Diagnostic::error(
+                            Code::MisplacedRepository,
+                            &loc.file,
+                            Some(loc.pos),
+                            "a Repository document must be in the root `pushleft.yaml`",
+                        )
+                        .with_hint("move it to `pushleft.yaml`"),
                     );
                     continue;
                 }
                 repos += 1;
                 if repos > 1 {
-                    diags.push(Diagnostic::error(Code::DuplicateRepository, &loc.file, Some(loc.pos), "a second Repository document; a state tree has exactly one"));
+                    diags.push(Diagnostic::error(
+                        Code::DuplicateRepository,
+                        &loc.file,
+                        Some(loc.pos),
+                        "a second Repository document; a state tree has exactly one",
+                    ));
                     continue;
                 }
             }
@@ -135,7 +173,10 @@ pub fn assemble(mut files: Vec<ParsedFile>, extra: Vec<Diagnostic>) -> Loaded {
                         Code::DuplicateName,
                         &loc.file,
                         Some(loc.pos_of("metadata.name")),
-                        format!("{kind} `{}` is already defined at {}:{}:{}", key.1, first.file, first.pos.line, first.pos.column),
+                        format!(
+                            "{kind} `{}` is already defined at {}:{}:{}",
+                            key.1, first.file, first.pos.line, first.pos.column
+                        ),
                     )
                     .with_hint("names are unique per kind across all files"),
                 );
@@ -144,24 +185,67 @@ pub fn assemble(mut files: Vec<ParsedFile>, extra: Vec<Diagnostic>) -> Loaded {
             objects.insert(key, loc);
         }
     }
-    if repos == 0 && !root_had_errors {
-        let msg = if root_exists { "`pushleft.yaml` has no Repository document" } else { "the state tree has no `pushleft.yaml`" };
-        diags.push(Diagnostic::error(Code::MissingRepository, ROOT_FILE, None, msg).with_hint("run `pl init` or add a `kind: Repository` document to `pushleft.yaml`"));
+    if whole && repos == 0 && !root_had_errors {
+        let msg = if root_exists {
+            "`pushleft.yaml` has no Repository document"
+        } else {
+            "the state tree has no `pushleft.yaml`"
+        };
+        diags.push(
+            Diagnostic::error(Code::MissingRepository, ROOT_FILE, None, msg)
+                .with_hint("run `pl init` or add a `kind: Repository` document to `pushleft.yaml`"),
+        );
     }
-    let state = State { objects, broken };
-    check_references(&state, &mut diags);
-    check_nodes(&state, &mut diags);
-    check_hostnames(&state, &mut diags);
+    let mut domains_by_env: BTreeMap<Name, BTreeSet<Hostname>> = BTreeMap::new();
+    for loc in objects.values() {
+        if let Spec::Domain(d) = &loc.object.spec {
+            domains_by_env
+                .entry(d.environment.clone())
+                .or_default()
+                .insert(d.hostname.clone());
+        }
+    }
+    let state = State {
+        objects,
+        broken,
+        domains_by_env,
+    };
+    if whole {
+        check_references(&state, &mut diags);
+        check_nodes(&state, &mut diags);
+        check_hostnames(&state, &mut diags);
+    }
     sort_diagnostics(&mut diags);
-    Loaded { state, diagnostics: diags, files: file_count }
+    Loaded {
+        state,
+        diagnostics: diags,
+        files: file_count,
+    }
 }
 
 fn dangling(loc: &Located, path: &str, what: &str, name: &str, known: Vec<&str>) -> Diagnostic {
-    dangling_msg(loc, path, format!("{what} `{name}` does not exist"), name, known)
+    dangling_msg(
+        loc,
+        path,
+        format!("{what} `{name}` does not exist"),
+        name,
+        known,
+    )
 }
 
-fn dangling_msg(loc: &Located, path: &str, message: String, name: &str, known: Vec<&str>) -> Diagnostic {
-    let d = Diagnostic::error(Code::DanglingReference, &loc.file, Some(loc.pos_of(path)), message);
+fn dangling_msg(
+    loc: &Located,
+    path: &str,
+    message: String,
+    name: &str,
+    known: Vec<&str>,
+) -> Diagnostic {
+    let d = Diagnostic::error(
+        Code::DanglingReference,
+        &loc.file,
+        Some(loc.pos_of(path)),
+        message,
+    );
     match crate::decode::did_you_mean(name, &known) {
         Some(m) => d.with_hint(format!("did you mean `{m}`?")),
         None if known.is_empty() => d,
@@ -171,7 +255,10 @@ fn dangling_msg(loc: &Located, path: &str, message: String, name: &str, known: V
 }
 
 fn names(state: &State, kind: Kind) -> Vec<&str> {
-    state.of_kind(kind).map(|l| l.object.name().as_str()).collect()
+    state
+        .of_kind(kind)
+        .map(|l| l.object.name().as_str())
+        .collect()
 }
 
 fn check_references(state: &State, diags: &mut Vec<Diagnostic>) {
@@ -181,18 +268,38 @@ fn check_references(state: &State, diags: &mut Vec<Diagnostic>) {
             Spec::Environment(env) => {
                 match state.project(env.project.as_str()) {
                     None if state.declares(Kind::Project, &env.project) => {}
-                    None => diags.push(dangling(loc, "spec.project", "project", env.project.as_str(), names(state, Kind::Project))),
+                    None => diags.push(dangling(
+                        loc,
+                        "spec.project",
+                        "project",
+                        env.project.as_str(),
+                        names(state, Kind::Project),
+                    )),
                     Some(project) => {
                         for role in env.replicas.keys() {
                             let path = format!("spec.replicas.{role}");
                             match project.roles.get(role) {
                                 None => {
                                     let known = project.roles.keys().map(Name::as_str).collect();
-                                    diags.push(dangling_msg(loc, &path, format!("project `{}` has no role `{role}`", env.project), role.as_str(), known));
+                                    diags.push(dangling_msg(
+                                        loc,
+                                        &path,
+                                        format!("project `{}` has no role `{role}`", env.project),
+                                        role.as_str(),
+                                        known,
+                                    ));
                                 }
                                 Some(r) if r.workload.replicas().is_none() => diags.push(
-                                    Diagnostic::error(Code::FieldNotAllowed, &loc.file, Some(loc.pos_of(&path)), format!("role `{role}` is a {} role and has no replicas", r.workload.kind_name()))
-                                        .with_hint("only web and worker roles run replicas"),
+                                    Diagnostic::error(
+                                        Code::FieldNotAllowed,
+                                        &loc.file,
+                                        Some(loc.pos_of(&path)),
+                                        format!(
+                                            "role `{role}` is a {} role and has no replicas",
+                                            r.workload.kind_name()
+                                        ),
+                                    )
+                                    .with_hint("only web and worker roles run replicas"),
                                 ),
                                 Some(_) => {}
                             }
@@ -200,9 +307,18 @@ fn check_references(state: &State, diags: &mut Vec<Diagnostic>) {
                     }
                 }
                 if !state.declares(Kind::NodePool, &env.pool) {
-                    diags.push(dangling(loc, "spec.pool", "node pool", env.pool.as_str(), names(state, Kind::NodePool)));
+                    diags.push(dangling(
+                        loc,
+                        "spec.pool",
+                        "node pool",
+                        env.pool.as_str(),
+                        names(state, Kind::NodePool),
+                    ));
                 }
-                if env.stage == Stage::Preview && env.hostname.is_none() && repo.is_some_and(|r| r.preview_domain.is_none()) {
+                if env.stage == Stage::Preview
+                    && env.hostname.is_none()
+                    && repo.is_some_and(|r| r.preview_domain.is_none())
+                {
                     diags.push(
                         Diagnostic::error(Code::MissingField, &loc.file, Some(loc.pos), "a preview environment needs `previewDomain` in the Repository spec, or its own `hostname`")
                             .with_hint("set `previewDomain` in pushleft.yaml"),
@@ -212,20 +328,38 @@ fn check_references(state: &State, diags: &mut Vec<Diagnostic>) {
             Spec::Project(p) => {
                 for s in &p.secrets {
                     if !state.declares(Kind::Secret, s) {
-                        diags.push(dangling(loc, &format!("spec.secrets.{s}"), "secret", s.as_str(), names(state, Kind::Secret)));
+                        diags.push(dangling(
+                            loc,
+                            &format!("spec.secrets.{s}"),
+                            "secret",
+                            s.as_str(),
+                            names(state, Kind::Secret),
+                        ));
                     }
                 }
             }
             Spec::Domain(d) => {
                 if !state.declares(Kind::Environment, &d.environment) {
-                    diags.push(dangling(loc, "spec.environment", "environment", d.environment.as_str(), names(state, Kind::Environment)));
+                    diags.push(dangling(
+                        loc,
+                        "spec.environment",
+                        "environment",
+                        d.environment.as_str(),
+                        names(state, Kind::Environment),
+                    ));
                 }
             }
             Spec::Repository(r) => {
-                if let Some(p) = &r.previews {
-                    if !state.declares(Kind::NodePool, &p.pool) {
-                        diags.push(dangling(loc, "spec.previews.pool", "node pool", p.pool.as_str(), names(state, Kind::NodePool)));
-                    }
+                if let Some(p) = &r.previews
+                    && !state.declares(Kind::NodePool, &p.pool)
+                {
+                    diags.push(dangling(
+                        loc,
+                        "spec.previews.pool",
+                        "node pool",
+                        p.pool.as_str(),
+                        names(state, Kind::NodePool),
+                    ));
                 }
             }
             Spec::NodePool(_) | Spec::Secret(_) => {}
@@ -237,7 +371,9 @@ fn check_references(state: &State, diags: &mut Vec<Diagnostic>) {
 fn check_nodes(state: &State, diags: &mut Vec<Diagnostic>) {
     let mut seen: BTreeMap<&str, (&str, &Located)> = BTreeMap::new();
     for loc in state.of_kind(Kind::NodePool) {
-        let Spec::NodePool(pool) = &loc.object.spec else { continue };
+        let Spec::NodePool(pool) = &loc.object.spec else {
+            continue;
+        };
         for node in &pool.nodes {
             let path = format!("spec.nodes.{}", node.name);
             if let Some((other_pool, other)) = seen.get(node.name.as_str()) {
@@ -246,7 +382,13 @@ fn check_nodes(state: &State, diags: &mut Vec<Diagnostic>) {
                         Code::DuplicateName,
                         &loc.file,
                         Some(loc.pos_of(&path)),
-                        format!("node `{}` is already declared in pool `{other_pool}` ({}:{}:{})", node.name, other.file, other.pos_of(&path).line, other.pos_of(&path).column),
+                        format!(
+                            "node `{}` is already declared in pool `{other_pool}` ({}:{}:{})",
+                            node.name,
+                            other.file,
+                            other.pos_of(&path).line,
+                            other.pos_of(&path).column
+                        ),
                     )
                     .with_hint("node names are unique across all pools"),
                 );
@@ -258,7 +400,11 @@ fn check_nodes(state: &State, diags: &mut Vec<Diagnostic>) {
 }
 
 /// The hostname an environment serves, by the derivation rules (an explicit `hostname` wins).
-pub fn environment_hostname(repo: &Repository, env_name: &Name, env: &Environment) -> Result<Hostname, Invalid> {
+pub fn environment_hostname(
+    repo: &Repository,
+    env_name: &Name,
+    env: &Environment,
+) -> Result<Hostname, Invalid> {
     if let Some(h) = &env.hostname {
         return Ok(h.clone());
     }
@@ -266,7 +412,10 @@ pub fn environment_hostname(repo: &Repository, env_name: &Name, env: &Environmen
         Stage::Production => Hostname::new(&format!("{}.{}", env.project, repo.base_domain)),
         Stage::Preview => match &repo.preview_domain {
             Some(pd) => Hostname::new(&format!("{env_name}.{pd}")),
-            None => Err(Invalid { message: "no `previewDomain` to derive a preview hostname from".into(), hint: None }),
+            None => Err(Invalid {
+                message: "no `previewDomain` to derive a preview hostname from".into(),
+                hint: None,
+            }),
         },
     }
 }
@@ -276,7 +425,11 @@ pub fn environment_hostname(repo: &Repository, env_name: &Name, env: &Environmen
 /// cut with a stable hash suffix.
 pub fn branch_preview_label(branch: &str, project: &Name) -> String {
     let flat = flatten_label(branch);
-    let flat = if flat.is_empty() { "branch".to_owned() } else { flat };
+    let flat = if flat.is_empty() {
+        "branch".to_owned()
+    } else {
+        flat
+    };
     let label = format!("{flat}--{project}");
     if label.len() <= 63 {
         return label;
@@ -295,19 +448,36 @@ pub fn branch_preview_label(branch: &str, project: &Name) -> String {
     format!("{head}-{hash}{suffix}")
 }
 
-pub fn branch_preview_hostname(branch: &str, project: &Name, preview_domain: &Hostname) -> Result<Hostname, Invalid> {
-    Hostname::new(&format!("{}.{preview_domain}", branch_preview_label(branch, project)))
+pub fn branch_preview_hostname(
+    branch: &str,
+    project: &Name,
+    preview_domain: &Hostname,
+) -> Result<Hostname, Invalid> {
+    Hostname::new(&format!(
+        "{}.{preview_domain}",
+        branch_preview_label(branch, project)
+    ))
 }
 
 /// Where an object's hostname comes from: its `hostname` field, else its name (derived).
 fn hostname_pos(loc: &Located) -> crate::diag::Pos {
-    if loc.positions.iter().any(|(p, _)| p == "spec.hostname") { loc.pos_of("spec.hostname") } else { loc.pos_of("metadata.name") }
+    if loc.positions.iter().any(|(p, _)| p == "spec.hostname") {
+        loc.pos_of("spec.hostname")
+    } else {
+        loc.pos_of("metadata.name")
+    }
 }
 
 type Owners<'s> = BTreeMap<Hostname, (String, &'s Located)>;
 
 /// Records who serves a hostname; a second claimant gets `hostname-conflict`.
-fn claim<'s>(owners: &mut Owners<'s>, host: Hostname, who: String, loc: &'s Located, diags: &mut Vec<Diagnostic>) {
+fn claim<'s>(
+    owners: &mut Owners<'s>,
+    host: Hostname,
+    who: String,
+    loc: &'s Located,
+    diags: &mut Vec<Diagnostic>,
+) {
     if let Some((other, oloc)) = owners.get(&host) {
         let p = hostname_pos(oloc);
         diags.push(
@@ -315,7 +485,10 @@ fn claim<'s>(owners: &mut Owners<'s>, host: Hostname, who: String, loc: &'s Loca
                 Code::HostnameConflict,
                 &loc.file,
                 Some(hostname_pos(loc)),
-                format!("{who} resolves to `{host}`, which {other} already serves ({}:{}:{})", oloc.file, p.line, p.column),
+                format!(
+                    "{who} resolves to `{host}`, which {other} already serves ({}:{}:{})",
+                    oloc.file, p.line, p.column
+                ),
             )
             .with_hint("set `hostname` on one of the environments, or change the domain"),
         );
@@ -325,25 +498,47 @@ fn claim<'s>(owners: &mut Owners<'s>, host: Hostname, who: String, loc: &'s Loca
 }
 
 fn check_hostnames(state: &State, diags: &mut Vec<Diagnostic>) {
-    let Some(repo) = state.repository() else { return };
+    let Some(repo) = state.repository() else {
+        return;
+    };
     let mut owners: Owners<'_> = BTreeMap::new();
     for loc in state.of_kind(Kind::Environment) {
-        let Spec::Environment(env) = &loc.object.spec else { continue };
+        let Spec::Environment(env) = &loc.object.spec else {
+            continue;
+        };
         match environment_hostname(repo, loc.object.name(), env) {
-            Ok(h) => claim(&mut owners, h, format!("environment `{}`", loc.object.name()), loc, diags),
+            Ok(h) => claim(
+                &mut owners,
+                h,
+                format!("environment `{}`", loc.object.name()),
+                loc,
+                diags,
+            ),
             Err(inv) if repo.preview_domain.is_some() || env.stage == Stage::Production => {
-                let d = Diagnostic::error(Code::InvalidHostname, &loc.file, Some(loc.pos_of("metadata.name")), format!("derived hostname is invalid: {}", inv.message))
-                    .with_hint("shorten the names or set `hostname`");
+                let d = Diagnostic::error(
+                    Code::InvalidHostname,
+                    &loc.file,
+                    Some(loc.pos_of("metadata.name")),
+                    format!("derived hostname is invalid: {}", inv.message),
+                )
+                .with_hint("shorten the names or set `hostname`");
                 diags.push(d);
             }
             Err(_) => {} // reported as a missing previewDomain
         }
     }
     // The preview zone first: it is usually inside the base zone and the more specific answer.
-    let zones: Vec<(&str, &Hostname)> =
-        repo.preview_domain.as_ref().map(|p| ("previewDomain", p)).into_iter().chain(std::iter::once(("baseDomain", &repo.base_domain))).collect();
+    let zones: Vec<(&str, &Hostname)> = repo
+        .preview_domain
+        .as_ref()
+        .map(|p| ("previewDomain", p))
+        .into_iter()
+        .chain(std::iter::once(("baseDomain", &repo.base_domain)))
+        .collect();
     for loc in state.of_kind(Kind::Domain) {
-        let Spec::Domain(d) = &loc.object.spec else { continue };
+        let Spec::Domain(d) = &loc.object.spec else {
+            continue;
+        };
         if let Some((field, zone)) = zones.iter().find(|(_, z)| d.hostname.is_within(z)) {
             diags.push(
                 Diagnostic::error(Code::DomainUnderManagedZone, &loc.file, Some(loc.pos_of("spec.hostname")), format!("`{}` lies under {field} `{zone}`, whose names Pushleft derives", d.hostname))
@@ -351,7 +546,13 @@ fn check_hostnames(state: &State, diags: &mut Vec<Diagnostic>) {
             );
             continue;
         }
-        claim(&mut owners, d.hostname.clone(), format!("domain `{}`", loc.object.name()), loc, diags);
+        claim(
+            &mut owners,
+            d.hostname.clone(),
+            format!("domain `{}`", loc.object.name()),
+            loc,
+            diags,
+        );
     }
 }
 
@@ -370,17 +571,27 @@ pub struct DerivedEnvironment {
 }
 
 /// Derives an environment; `None` when its project is missing (already a diagnostic).
-pub fn derive_environment(state: &State, name: &Name, env: &Environment) -> Option<DerivedEnvironment> {
+pub fn derive_environment(
+    state: &State,
+    name: &Name,
+    env: &Environment,
+) -> Option<DerivedEnvironment> {
     let project = state.project(env.project.as_str())?;
-    let hostname = state.repository().and_then(|r| environment_hostname(r, name, env).ok());
+    let hostname = state
+        .repository()
+        .and_then(|r| environment_hostname(r, name, env).ok());
     let replicas = project
         .roles
         .iter()
-        .filter_map(|(role, r)| r.workload.replicas().map(|n| (role.clone(), env.replicas.get(role).copied().unwrap_or(n))))
+        .filter_map(|(role, r)| {
+            r.workload
+                .replicas()
+                .map(|n| (role.clone(), env.replicas.get(role).copied().unwrap_or(n)))
+        })
         .collect();
     let mut vars = project.env.clone();
     vars.extend(env.env.iter().map(|(k, v)| (k.clone(), v.clone())));
-    let domains: BTreeSet<Hostname> = state.domains().filter(|(_, d)| d.environment == *name).map(|(_, d)| d.hostname.clone()).collect();
+    let domains = state.domains_by_env.get(name).cloned().unwrap_or_default();
     Some(DerivedEnvironment {
         hostname,
         image: env.image.clone().unwrap_or_else(|| project.image.clone()),
@@ -389,4 +600,3 @@ pub fn derive_environment(state: &State, name: &Name, env: &Environment) -> Opti
         domains: domains.into_iter().collect(),
     })
 }
-

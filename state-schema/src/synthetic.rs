@@ -16,18 +16,27 @@ pub struct Params {
     /// Added to every environment's web replicas: a different value changes every
     /// environment file (a "full change").
     pub replicas_bump: u32,
-    /// When set, only this environment gets `replicas_bump` (a "one-file change").
+    /// When set, this environment gets one replica more on top of `replicas_bump`: against
+    /// the same parameters without it, a one-file change.
     pub only: Option<usize>,
 }
 
 impl Params {
     pub fn new(environments: usize) -> Self {
-        Params { environments, per_project: 10, replicas_bump: 0, only: None }
+        Params {
+            environments,
+            per_project: 10,
+            replicas_bump: 0,
+            only: None,
+        }
     }
 }
 
 fn digest(i: usize) -> String {
-    format!("{:064x}", (i as u128).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c834) | 1)
+    format!(
+        "{:064x}",
+        (i as u128).wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c834) | 1
+    )
 }
 
 /// Generates the files of a synthetic state tree, sorted by path.
@@ -40,9 +49,14 @@ pub fn generate(p: &Params) -> Vec<(String, String)> {
         "apiVersion: pushleft.dev/v1alpha1\nkind: Repository\nmetadata:\n  name: synthetic\nspec:\n  baseDomain: apps.example.com\n  previewDomain: preview.example.com\n".to_owned(),
     ));
     for (pool, region) in [("pool-a", "region-a"), ("pool-b", "region-b")] {
-        let mut t = format!("apiVersion: pushleft.dev/v1alpha1\nkind: NodePool\nmetadata:\n  name: {pool}\nspec:\n  region: {region}\n  nodes:\n");
+        let mut t = format!(
+            "apiVersion: pushleft.dev/v1alpha1\nkind: NodePool\nmetadata:\n  name: {pool}\nspec:\n  region: {region}\n  nodes:\n"
+        );
         for n in 0..8 {
-            let _ = writeln!(t, "    - name: {pool}-node-{n}\n      capacity: {{cpu: \"16\", memory: 64Gi}}");
+            let _ = writeln!(
+                t,
+                "    - name: {pool}-node-{n}\n      capacity: {{cpu: \"16\", memory: 64Gi}}"
+            );
         }
         files.push((format!("pools/{pool}.yaml"), t));
     }
@@ -55,9 +69,17 @@ pub fn generate(p: &Params) -> Vec<(String, String)> {
     }
     for i in 0..p.environments {
         let j = i / per;
-        let stage = if i % per == 0 { "production" } else { "preview" };
-        let pool = if j % 2 == 0 { "pool-a" } else { "pool-b" };
-        let bump = if p.only.is_none_or(|o| o == i) { p.replicas_bump } else { 0 };
+        let stage = if i % per == 0 {
+            "production"
+        } else {
+            "preview"
+        };
+        let pool = if j.is_multiple_of(2) {
+            "pool-a"
+        } else {
+            "pool-b"
+        };
+        let bump = p.replicas_bump + u32::from(p.only == Some(i));
         let t = format!(
             "apiVersion: pushleft.dev/v1alpha1\nkind: Environment\nmetadata:\n  name: env-{i:06}\n  labels: {{tier: synthetic}}\nspec:\n  project: proj-{j:05}\n  stage: {stage}\n  pool: {pool}\n  replicas:\n    web: {}\n  env:\n    ENVIRONMENT_INDEX: \"{i}\"\n",
             1 + i % 3 + bump as usize
@@ -83,7 +105,10 @@ mod tests {
     #[test]
     fn synthetic_trees_are_valid() {
         let files = generate(&Params::new(120));
-        let parsed = files.iter().map(|(p, t)| parse_file(p, t.as_bytes())).collect();
+        let parsed = files
+            .iter()
+            .map(|(p, t)| parse_file(p, t.as_bytes()))
+            .collect();
         let loaded = assemble(parsed, Vec::new());
         assert_eq!(loaded.diagnostics, Vec::new());
         assert_eq!(loaded.state.environments().count(), 120);
@@ -92,10 +117,16 @@ mod tests {
     #[test]
     fn one_file_change_changes_one_file() {
         let a = generate(&Params::new(40));
-        let b = generate(&Params { replicas_bump: 1, only: Some(7), ..Params::new(40) });
+        let b = generate(&Params {
+            only: Some(7),
+            ..Params::new(40)
+        });
         let differing = a.iter().zip(&b).filter(|(x, y)| x != y).count();
         assert_eq!(differing, 1);
-        let c = generate(&Params { replicas_bump: 1, ..Params::new(40) });
+        let c = generate(&Params {
+            replicas_bump: 1,
+            ..Params::new(40)
+        });
         assert_eq!(a.iter().zip(&c).filter(|(x, y)| x != y).count(), 40);
     }
 }

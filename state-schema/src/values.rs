@@ -15,7 +15,10 @@ pub struct Invalid {
 
 impl Invalid {
     fn new(message: impl Into<String>) -> Self {
-        Invalid { message: message.into(), hint: None }
+        Invalid {
+            message: message.into(),
+            hint: None,
+        }
     }
     fn hint(mut self, hint: impl Into<String>) -> Self {
         self.hint = Some(hint.into());
@@ -51,7 +54,8 @@ macro_rules! string_newtype {
 fn is_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
-        && s.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+        && s.bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
         && !s.starts_with('-')
         && !s.ends_with('-')
 }
@@ -63,13 +67,22 @@ pub struct Name(String);
 string_newtype!(Name);
 
 impl Name {
+    /// The least name, for range bounds only; not a valid name.
+    pub(crate) const MIN: Name = Name(String::new());
+
     pub fn new(s: &str) -> Result<Self, Invalid> {
         if is_label(s) {
             return Ok(Name(s.to_owned()));
         }
         let suggestion = flatten_label(s);
-        let inv = Invalid::new(format!("`{s}` is not a valid name: use 1-63 lowercase letters, digits and `-`, not starting or ending with `-`"));
-        Err(if suggestion.is_empty() || suggestion == s { inv } else { inv.hint(format!("try `{suggestion}`")) })
+        let inv = Invalid::new(format!(
+            "`{s}` is not a valid name: use 1-63 lowercase letters, digits and `-`, not starting or ending with `-`"
+        ));
+        Err(if suggestion.is_empty() || suggestion == s {
+            inv
+        } else {
+            inv.hint(format!("try `{suggestion}`"))
+        })
     }
 }
 
@@ -86,7 +99,10 @@ impl Hostname {
         }
         let inv = Invalid::new(format!("`{s}` is not an RFC 1123 hostname"));
         Err(if s.chars().any(|c| c.is_ascii_uppercase()) {
-            inv.hint(format!("hostnames are lowercase: `{}`", s.to_ascii_lowercase()))
+            inv.hint(format!(
+                "hostnames are lowercase: `{}`",
+                s.to_ascii_lowercase()
+            ))
         } else if s.ends_with('.') {
             inv.hint("drop the trailing dot")
         } else {
@@ -130,7 +146,11 @@ pub fn derive_label(s: &str) -> String {
     while head.ends_with('-') {
         head.pop();
     }
-    if head.is_empty() { format!("x-{suffix}") } else { format!("{head}-{suffix}") }
+    if head.is_empty() {
+        format!("x-{suffix}")
+    } else {
+        format!("{head}-{suffix}")
+    }
 }
 
 /// A container image pinned by digest: `name@sha256:<64 lowercase hex>`.
@@ -145,15 +165,25 @@ impl ImageRef {
                 .hint("pin it: `name@sha256:<64 hex>`, for example from `docker buildx imagetools inspect`"));
         };
         let hex = digest.strip_prefix("sha256:");
-        let hex_ok = hex.is_some_and(|h| h.len() == 64 && h.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)));
+        let hex_ok = hex.is_some_and(|h| {
+            h.len() == 64
+                && h.bytes()
+                    .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
+        });
         let name_ok = !name.is_empty()
-            && name.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"._-/:".contains(&c));
+            && name
+                .bytes()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"._-/:".contains(&c));
         if !name_ok {
-            return Err(Invalid::new(format!("image name `{name}` is not a valid reference")));
+            return Err(Invalid::new(format!(
+                "image name `{name}` is not a valid reference"
+            )));
         }
         if !hex_ok {
-            return Err(Invalid::new(format!("image digest `{digest}` is not `sha256:` and 64 lowercase hex digits"))
-                .hint("pin it: `name@sha256:<64 hex>`"));
+            return Err(Invalid::new(format!(
+                "image digest `{digest}` is not `sha256:` and 64 lowercase hex digits"
+            ))
+            .hint("pin it: `name@sha256:<64 hex>`"));
         }
         Ok(ImageRef(s.to_owned()))
     }
@@ -182,7 +212,9 @@ impl Cpu {
             parse_decimal_scaled(s, 1000).ok_or_else(wrong)?
         };
         if m == 0 {
-            return Err(Invalid::new(format!("CPU `{s}` is zero or below a millicore")));
+            return Err(Invalid::new(format!(
+                "CPU `{s}` is zero or below a millicore"
+            )));
         }
         Ok(Cpu(m))
     }
@@ -190,7 +222,11 @@ impl Cpu {
 
 impl fmt::Display for Cpu {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0 % 1000 == 0 { write!(f, "{}", self.0 / 1000) } else { write!(f, "{}m", self.0) }
+        if self.0.is_multiple_of(1000) {
+            write!(f, "{}", self.0 / 1000)
+        } else {
+            write!(f, "{}m", self.0)
+        }
     }
 }
 
@@ -231,7 +267,9 @@ impl Memory {
             .unwrap_or((s, 1));
         let bytes = parse_decimal_scaled(digits, scale).ok_or_else(|| wrong(""))?;
         if bytes < (1 << 20) {
-            return Err(Invalid::new(format!("memory `{s}` is below 1Mi")).hint("did you mean `Mi`?"));
+            return Err(
+                Invalid::new(format!("memory `{s}` is below 1Mi")).hint("did you mean `Mi`?")
+            );
         }
         Ok(Memory(bytes))
     }
@@ -239,8 +277,13 @@ impl Memory {
 
 impl fmt::Display for Memory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (unit, scale) in [("Ti", 1u64 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)] {
-            if self.0 % scale == 0 {
+        for (unit, scale) in [
+            ("Ti", 1u64 << 40),
+            ("Gi", 1 << 30),
+            ("Mi", 1 << 20),
+            ("Ki", 1 << 10),
+        ] {
+            if self.0.is_multiple_of(scale) {
                 return write!(f, "{}{unit}", self.0 / scale);
             }
         }
@@ -266,7 +309,10 @@ fn parse_decimal_scaled(s: &str, scale: u64) -> Option<u64> {
     if int.is_empty() && frac.is_empty() {
         return None;
     }
-    if !int.bytes().all(|c| c.is_ascii_digit()) || !frac.bytes().all(|c| c.is_ascii_digit()) || frac.len() > 9 {
+    if !int.bytes().all(|c| c.is_ascii_digit())
+        || !frac.bytes().all(|c| c.is_ascii_digit())
+        || frac.len() > 9
+    {
         return None;
     }
     let int_v: u64 = if int.is_empty() { 0 } else { int.parse().ok()? };
@@ -295,8 +341,21 @@ impl CronSchedule {
             ("minute", 0, 59, &[]),
             ("hour", 0, 23, &[]),
             ("day of month", 1, 31, &[]),
-            ("month", 1, 12, &["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]),
-            ("day of week", 0, 7, &["sun", "mon", "tue", "wed", "thu", "fri", "sat"]),
+            (
+                "month",
+                1,
+                12,
+                &[
+                    "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov",
+                    "dec",
+                ],
+            ),
+            (
+                "day of week",
+                0,
+                7,
+                &["sun", "mon", "tue", "wed", "thu", "fri", "sat"],
+            ),
         ];
         let parts: Vec<&str> = s.split_whitespace().collect();
         if parts.len() != 5 {
@@ -305,7 +364,11 @@ impl CronSchedule {
             } else {
                 "five fields: minute hour day-of-month month day-of-week, e.g. `*/15 * * * *`"
             };
-            return Err(Invalid::new(format!("cron schedule `{s}` has {} fields, not 5", parts.len())).hint(hint));
+            return Err(Invalid::new(format!(
+                "cron schedule `{s}` has {} fields, not 5",
+                parts.len()
+            ))
+            .hint(hint));
         }
         for (part, (what, lo, hi, names)) in parts.iter().zip(FIELDS) {
             for item in part.split(',') {
@@ -331,7 +394,7 @@ fn check_cron_item(item: &str, lo: u32, hi: u32, names: &[&str]) -> Result<(), S
     }
     let value = |v: &str| -> Result<u32, String> {
         if let Some(i) = names.iter().position(|n| n.eq_ignore_ascii_case(v)) {
-            return Ok(lo + i as u32 - if lo == 0 { 0 } else { 0 });
+            return Ok(lo + i as u32);
         }
         match v.parse::<u32>() {
             Ok(n) if (lo..=hi).contains(&n) => Ok(n),
@@ -363,7 +426,10 @@ mod tests {
     fn names_and_hostnames() {
         assert!(Name::new("web-1").is_ok());
         assert!(Name::new("Web").is_err());
-        assert_eq!(Name::new("my_app").expect_err("bad").hint.as_deref(), Some("try `my-app`"));
+        assert_eq!(
+            Name::new("my_app").expect_err("bad").hint.as_deref(),
+            Some("try `my-app`")
+        );
         assert!(Name::new(&"a".repeat(64)).is_err());
         assert!(Hostname::new("api.example.com").is_ok());
         assert!(Hostname::new("-a.example.com").is_err());
@@ -371,7 +437,11 @@ mod tests {
         assert!(Hostname::new("API.example.com").is_err());
         let z = Hostname::new("example.com").expect("valid");
         assert!(Hostname::new("a.example.com").expect("valid").is_within(&z));
-        assert!(!Hostname::new("notexample.com").expect("valid").is_within(&z));
+        assert!(
+            !Hostname::new("notexample.com")
+                .expect("valid")
+                .is_within(&z)
+        );
     }
 
     #[test]
@@ -402,8 +472,14 @@ mod tests {
         assert_eq!(Cpu::parse("2").map(|c| c.to_string()), Ok("2".into()));
         assert!(Cpu::parse("500Mi").is_err());
         assert!(Cpu::parse("0.0001").is_err());
-        assert_eq!(Memory::parse("512Mi").map(|m| m.to_string()), Ok("512Mi".into()));
-        assert_eq!(Memory::parse("1024Mi").map(|m| m.to_string()), Ok("1Gi".into()));
+        assert_eq!(
+            Memory::parse("512Mi").map(|m| m.to_string()),
+            Ok("512Mi".into())
+        );
+        assert_eq!(
+            Memory::parse("1024Mi").map(|m| m.to_string()),
+            Ok("1Gi".into())
+        );
         assert_eq!(Memory::parse("256M").map(Memory::bytes), Ok(256_000_000));
         assert!(Memory::parse("512m").is_err());
         assert!(Memory::parse("512").is_err());
@@ -415,7 +491,10 @@ mod tests {
         assert!(CronSchedule::parse("*/15 * * * *").is_ok());
         assert!(CronSchedule::parse("0 3 * * mon-fri").is_ok());
         assert!(CronSchedule::parse("0 0 1,15 * *").is_ok());
-        assert_eq!(CronSchedule::parse("0  3 * *  *").map(|c| c.to_string()), Ok("0 3 * * *".into()));
+        assert_eq!(
+            CronSchedule::parse("0  3 * *  *").map(|c| c.to_string()),
+            Ok("0 3 * * *".into())
+        );
         assert!(CronSchedule::parse("60 * * * *").is_err());
         assert!(CronSchedule::parse("* * * *").is_err());
         assert!(CronSchedule::parse("@daily").is_err());

@@ -7,6 +7,7 @@
 
 use crate::diag::{Code, Pos};
 use saphyr_parser::{Event, Parser, ScalarStyle, Span};
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 /// Largest state file accepted, in bytes.
@@ -18,24 +19,26 @@ pub const MAX_DEPTH: usize = 64;
 /// Most nodes that aliases may add to one file by expansion ("billion laughs" stop here).
 pub const MAX_ALIAS_NODES: usize = 10_000;
 
+/// A node of a loaded document. Scalars borrow from the input where YAML needs no unescaping,
+/// which is most of them.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Node {
+pub struct Node<'a> {
     pub pos: Pos,
-    pub value: Value,
+    pub value: Value<'a>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
-pub enum Value {
+pub enum Value<'a> {
     Null,
     Bool(bool),
     Int(i64),
     Float(f64),
-    Str(String),
-    Seq(Vec<Node>),
-    Map(Vec<(Node, Node)>),
+    Str(Cow<'a, str>),
+    Seq(Vec<Node<'a>>),
+    Map(Vec<(Node<'a>, Node<'a>)>),
 }
 
-impl Value {
+impl Value<'_> {
     /// The YAML type's name, for messages.
     pub fn type_name(&self) -> &'static str {
         match self {
@@ -67,12 +70,16 @@ fn pos_of(span: &Span) -> Pos {
 }
 
 /// Checks size and encoding, then loads every document of a file.
-pub fn load_bytes(bytes: &[u8]) -> Result<Vec<Node>, LoadError> {
+pub fn load_bytes(bytes: &[u8]) -> Result<Vec<Node<'_>>, LoadError> {
     if bytes.len() > MAX_FILE_BYTES {
         return Err(LoadError {
             code: Code::FileTooLarge,
             pos: None,
-            message: format!("file is {} bytes; the limit is {} bytes (1 MiB)", bytes.len(), MAX_FILE_BYTES),
+            message: format!(
+                "file is {} bytes; the limit is {} bytes (1 MiB)",
+                bytes.len(),
+                MAX_FILE_BYTES
+            ),
         });
     }
     let text = std::str::from_utf8(bytes).map_err(|e| {
@@ -83,35 +90,50 @@ pub fn load_bytes(bytes: &[u8]) -> Result<Vec<Node>, LoadError> {
         let column = prefix.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
         LoadError {
             code: Code::InvalidUtf8,
-            pos: Some(Pos { line: line as u32, column: column as u32 }),
+            pos: Some(Pos {
+                line: line as u32,
+                column: column as u32,
+            }),
             message: format!("invalid UTF-8 at byte {}", e.valid_up_to()),
         }
     })?;
     load_str(text)
 }
 
-enum Frame {
-    Seq { pos: Pos, anchor: usize, items: Vec<Node> },
-    Map { pos: Pos, anchor: usize, entries: Vec<(Node, Node)>, key: Option<Node> },
+enum Frame<'a> {
+    Seq {
+        pos: Pos,
+        anchor: usize,
+        items: Vec<Node<'a>>,
+    },
+    Map {
+        pos: Pos,
+        anchor: usize,
+        entries: Vec<(Node<'a>, Node<'a>)>,
+        key: Option<Node<'a>>,
+    },
 }
 
-struct Builder {
-    stack: Vec<Frame>,
-    anchors: HashMap<usize, (Node, usize)>,
+struct Builder<'a> {
+    stack: Vec<Frame<'a>>,
+    anchors: HashMap<usize, (Node<'a>, usize)>,
     alias_nodes: usize,
-    docs: Vec<Node>,
+    docs: Vec<Node<'a>>,
 }
 
-fn count_nodes(n: &Node) -> usize {
+fn count_nodes(n: &Node<'_>) -> usize {
     1 + match &n.value {
         Value::Seq(items) => items.iter().map(count_nodes).sum(),
-        Value::Map(entries) => entries.iter().map(|(k, v)| count_nodes(k) + count_nodes(v)).sum(),
+        Value::Map(entries) => entries
+            .iter()
+            .map(|(k, v)| count_nodes(k) + count_nodes(v))
+            .sum(),
         _ => 0,
     }
 }
 
-impl Builder {
-    fn finish_node(&mut self, node: Node, anchor: usize) {
+impl<'a> Builder<'a> {
+    fn finish_node(&mut self, node: Node<'a>, anchor: usize) {
         if anchor != 0 {
             let size = count_nodes(&node);
             self.anchors.insert(anchor, (node.clone(), size));
@@ -136,11 +158,15 @@ fn unsupported_tag(pos: Pos, tag: &str) -> LoadError {
 }
 
 /// Checks a sequence's or mapping's tag and the nesting depth before it opens.
-fn open_collection(b: &Builder, pos: Pos, tag: Option<&saphyr_parser::Tag>) -> Result<(), LoadError> {
-    if let Some(t) = tag {
-        if !(t.is_yaml_core_schema() && matches!(t.suffix.as_str(), "seq" | "map")) {
-            return Err(unsupported_tag(pos, &format!("{}{}", t.handle, t.suffix)));
-        }
+fn open_collection(
+    b: &Builder<'_>,
+    pos: Pos,
+    tag: Option<&saphyr_parser::Tag>,
+) -> Result<(), LoadError> {
+    if let Some(t) = tag
+        && !(t.is_yaml_core_schema() && matches!(t.suffix.as_str(), "seq" | "map"))
+    {
+        return Err(unsupported_tag(pos, &format!("{}{}", t.handle, t.suffix)));
     }
     if b.stack.len() >= MAX_DEPTH {
         return Err(LoadError {
@@ -152,43 +178,56 @@ fn open_collection(b: &Builder, pos: Pos, tag: Option<&saphyr_parser::Tag>) -> R
     Ok(())
 }
 
-/// Resolves a plain scalar by the YAML 1.2 core schema.
-pub fn resolve_plain(s: &str) -> Value {
+/// Resolves a plain scalar by the YAML 1.2 core schema; `None` when it is a string.
+fn resolve_non_string(s: &str) -> Option<Value<'static>> {
     match s {
-        "" | "~" | "null" | "Null" | "NULL" => return Value::Null,
-        "true" | "True" | "TRUE" => return Value::Bool(true),
-        "false" | "False" | "FALSE" => return Value::Bool(false),
-        ".inf" | ".Inf" | ".INF" | "+.inf" | "+.Inf" | "+.INF" => return Value::Float(f64::INFINITY),
-        "-.inf" | "-.Inf" | "-.INF" => return Value::Float(f64::NEG_INFINITY),
-        ".nan" | ".NaN" | ".NAN" => return Value::Float(f64::NAN),
+        "" | "~" | "null" | "Null" | "NULL" => return Some(Value::Null),
+        "true" | "True" | "TRUE" => return Some(Value::Bool(true)),
+        "false" | "False" | "FALSE" => return Some(Value::Bool(false)),
+        ".inf" | ".Inf" | ".INF" | "+.inf" | "+.Inf" | "+.INF" => {
+            return Some(Value::Float(f64::INFINITY));
+        }
+        "-.inf" | "-.Inf" | "-.INF" => return Some(Value::Float(f64::NEG_INFINITY)),
+        ".nan" | ".NaN" | ".NAN" => return Some(Value::Float(f64::NAN)),
         _ => {}
     }
-    if let Some(oct) = s.strip_prefix("0o") {
-        if !oct.is_empty() && oct.bytes().all(|c| (b'0'..=b'7').contains(&c)) {
-            if let Ok(v) = i64::from_str_radix(oct, 8) {
-                return Value::Int(v);
-            }
-        }
+    if let Some(oct) = s.strip_prefix("0o")
+        && !oct.is_empty()
+        && oct.bytes().all(|c| (b'0'..=b'7').contains(&c))
+        && let Ok(v) = i64::from_str_radix(oct, 8)
+    {
+        return Some(Value::Int(v));
     }
-    if let Some(hex) = s.strip_prefix("0x") {
-        if !hex.is_empty() && hex.bytes().all(|c| c.is_ascii_hexdigit()) {
-            if let Ok(v) = i64::from_str_radix(hex, 16) {
-                return Value::Int(v);
-            }
-        }
+    if let Some(hex) = s.strip_prefix("0x")
+        && !hex.is_empty()
+        && hex.bytes().all(|c| c.is_ascii_hexdigit())
+        && let Ok(v) = i64::from_str_radix(hex, 16)
+    {
+        return Some(Value::Int(v));
     }
     let digits = s.strip_prefix(['-', '+']).unwrap_or(s);
-    if !digits.is_empty() && digits.bytes().all(|c| c.is_ascii_digit()) {
-        if let Ok(v) = s.parse::<i64>() {
-            return Value::Int(v);
-        }
+    if !digits.is_empty()
+        && digits.bytes().all(|c| c.is_ascii_digit())
+        && let Ok(v) = s.parse::<i64>()
+    {
+        return Some(Value::Int(v));
     }
-    if is_core_float(digits) {
-        if let Ok(v) = s.parse::<f64>() {
-            return Value::Float(v);
-        }
+    if is_core_float(digits)
+        && let Ok(v) = s.parse::<f64>()
+    {
+        return Some(Value::Float(v));
     }
-    Value::Str(s.to_owned())
+    None
+}
+
+/// Resolves a plain scalar by the YAML 1.2 core schema.
+pub fn resolve_plain(s: &str) -> Value<'static> {
+    resolve_non_string(s).unwrap_or_else(|| Value::Str(Cow::Owned(s.to_owned())))
+}
+
+/// [`resolve_plain`] that keeps a borrowed string borrowed.
+fn resolve_plain_cow(s: Cow<'_, str>) -> Value<'_> {
+    resolve_non_string(&s).unwrap_or(Value::Str(s))
 }
 
 /// `(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?` without the sign.
@@ -213,13 +252,21 @@ fn is_core_float(s: &str) -> bool {
 }
 
 /// Loads every document of a YAML stream. Empty documents are dropped.
-pub fn load_str(text: &str) -> Result<Vec<Node>, LoadError> {
-    let mut b = Builder { stack: Vec::new(), anchors: HashMap::new(), alias_nodes: 0, docs: Vec::new() };
+pub fn load_str(text: &str) -> Result<Vec<Node<'_>>, LoadError> {
+    let mut b = Builder {
+        stack: Vec::new(),
+        anchors: HashMap::new(),
+        alias_nodes: 0,
+        docs: Vec::new(),
+    };
     let mut documents = 0usize;
     for item in Parser::new_from_str(text) {
         let (event, span) = item.map_err(|e| LoadError {
             code: Code::YamlSyntax,
-            pos: Some(Pos { line: e.marker().line() as u32, column: e.marker().col() as u32 + 1 }),
+            pos: Some(Pos {
+                line: e.marker().line() as u32,
+                column: e.marker().col() as u32 + 1,
+            }),
             message: e.info().to_owned(),
         })?;
         let pos = pos_of(&span);
@@ -237,35 +284,67 @@ pub fn load_str(text: &str) -> Result<Vec<Node>, LoadError> {
             Event::Scalar(text, style, anchor, tag) => {
                 let value = match (&tag, style) {
                     (Some(t), _) if t.is_yaml_core_schema() => match t.suffix.as_str() {
-                        "str" => Value::Str(text.into_owned()),
+                        "str" => Value::Str(text),
                         "null" | "bool" | "int" | "float" => resolve_plain(&text),
                         other => return Err(unsupported_tag(pos, &format!("!!{other}"))),
                     },
-                    (Some(t), _) => return Err(unsupported_tag(pos, &format!("{}{}", t.handle, t.suffix))),
-                    (None, ScalarStyle::Plain) => resolve_plain(&text),
-                    (None, _) => Value::Str(text.into_owned()),
+                    (Some(t), _) => {
+                        return Err(unsupported_tag(pos, &format!("{}{}", t.handle, t.suffix)));
+                    }
+                    (None, ScalarStyle::Plain) => resolve_plain_cow(text),
+                    (None, _) => Value::Str(text),
                 };
                 b.finish_node(Node { pos, value }, anchor);
             }
             Event::SequenceStart(anchor, tag) => {
                 open_collection(&b, pos, tag.as_deref())?;
-                b.stack.push(Frame::Seq { pos, anchor, items: Vec::new() });
+                b.stack.push(Frame::Seq {
+                    pos,
+                    anchor,
+                    items: Vec::new(),
+                });
             }
             Event::MappingStart(anchor, tag) => {
                 open_collection(&b, pos, tag.as_deref())?;
-                b.stack.push(Frame::Map { pos, anchor, entries: Vec::new(), key: None });
+                b.stack.push(Frame::Map {
+                    pos,
+                    anchor,
+                    entries: Vec::new(),
+                    key: None,
+                });
             }
             Event::SequenceEnd | Event::MappingEnd => {
                 let node_and_anchor = match b.stack.pop() {
-                    Some(Frame::Seq { pos, anchor, items }) => (Node { pos, value: Value::Seq(items) }, anchor),
-                    Some(Frame::Map { pos, anchor, entries, .. }) => (Node { pos, value: Value::Map(entries) }, anchor),
+                    Some(Frame::Seq { pos, anchor, items }) => (
+                        Node {
+                            pos,
+                            value: Value::Seq(items),
+                        },
+                        anchor,
+                    ),
+                    Some(Frame::Map {
+                        pos,
+                        anchor,
+                        entries,
+                        ..
+                    }) => (
+                        Node {
+                            pos,
+                            value: Value::Map(entries),
+                        },
+                        anchor,
+                    ),
                     None => continue,
                 };
                 b.finish_node(node_and_anchor.0, node_and_anchor.1);
             }
             Event::Alias(id) => {
                 let Some((node, size)) = b.anchors.get(&id) else {
-                    return Err(LoadError { code: Code::YamlSyntax, pos: Some(pos), message: "alias to an unknown anchor".into() });
+                    return Err(LoadError {
+                        code: Code::YamlSyntax,
+                        pos: Some(pos),
+                        message: "alias to an unknown anchor".into(),
+                    });
                 };
                 b.alias_nodes = b.alias_nodes.saturating_add(*size);
                 if b.alias_nodes > MAX_ALIAS_NODES {
@@ -290,7 +369,7 @@ pub fn load_str(text: &str) -> Result<Vec<Node>, LoadError> {
 mod tests {
     use super::*;
 
-    fn one(text: &str) -> Node {
+    fn one(text: &str) -> Node<'_> {
         let mut docs = load_str(text).expect("valid yaml");
         assert_eq!(docs.len(), 1);
         docs.remove(0)
@@ -299,9 +378,13 @@ mod tests {
     #[test]
     fn keeps_positions() {
         let n = one("a: 1\nb:\n  - x\n");
-        let Value::Map(entries) = n.value else { panic!("map") };
+        let Value::Map(entries) = n.value else {
+            panic!("map")
+        };
         assert_eq!(entries[1].0.pos, Pos { line: 2, column: 1 });
-        let Value::Seq(items) = &entries[1].1.value else { panic!("seq") };
+        let Value::Seq(items) = &entries[1].1.value else {
+            panic!("seq")
+        };
         assert_eq!(items[0].pos, Pos { line: 3, column: 5 });
     }
 
@@ -316,10 +399,19 @@ mod tests {
         assert_eq!(resolve_plain("500m"), Value::Str("500m".into()));
         assert_eq!(resolve_plain("~"), Value::Null);
         assert_eq!(resolve_plain("1.2.3"), Value::Str("1.2.3".into()));
-        assert_eq!(one("a: '1'").value, Value::Map(vec![(
-            Node { pos: Pos { line: 1, column: 1 }, value: Value::Str("a".into()) },
-            Node { pos: Pos { line: 1, column: 4 }, value: Value::Str("1".into()) },
-        )]));
+        assert_eq!(
+            one("a: '1'").value,
+            Value::Map(vec![(
+                Node {
+                    pos: Pos { line: 1, column: 1 },
+                    value: Value::Str("a".into())
+                },
+                Node {
+                    pos: Pos { line: 1, column: 4 },
+                    value: Value::Str("1".into())
+                },
+            )])
+        );
     }
 
     #[test]
@@ -336,14 +428,19 @@ mod tests {
     #[test]
     fn small_aliases_expand() {
         let n = one("base: &b {cpu: 1}\nother: *b\n");
-        let Value::Map(entries) = n.value else { panic!("map") };
+        let Value::Map(entries) = n.value else {
+            panic!("map")
+        };
         assert_eq!(entries[0].1.value, entries[1].1.value);
     }
 
     #[test]
     fn depth_limit() {
         let text = format!("{}{}", "[".repeat(MAX_DEPTH + 1), "]".repeat(MAX_DEPTH + 1));
-        assert_eq!(load_str(&text).expect_err("deep").code, Code::NestingTooDeep);
+        assert_eq!(
+            load_str(&text).expect_err("deep").code,
+            Code::NestingTooDeep
+        );
         let ok = format!("{}{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
         assert!(load_str(&ok).is_ok());
     }
@@ -351,7 +448,10 @@ mod tests {
     #[test]
     fn document_limit() {
         let text = "---\na: 1\n".repeat(MAX_DOCUMENTS + 1);
-        assert_eq!(load_str(&text).expect_err("too many").code, Code::TooManyDocuments);
+        assert_eq!(
+            load_str(&text).expect_err("too many").code,
+            Code::TooManyDocuments
+        );
         let text = "---\na: 1\n".repeat(MAX_DOCUMENTS);
         assert_eq!(load_str(&text).expect("at limit").len(), MAX_DOCUMENTS);
     }
@@ -361,12 +461,27 @@ mod tests {
         let big = vec![b' '; MAX_FILE_BYTES + 1];
         assert_eq!(load_bytes(&big).expect_err("big").code, Code::FileTooLarge);
         let err = load_bytes(b"a: 1\nb: \xff\n").expect_err("utf8");
-        assert_eq!((err.code, err.pos), (Code::InvalidUtf8, Some(Pos { line: 2, column: 4 })));
-        assert_eq!(load_str("a: !custom x").expect_err("tag").code, Code::UnsupportedTag);
-        assert_eq!(load_str("a: !!str 1").expect("str tag")[0].value, Value::Map(vec![(
-            Node { pos: Pos { line: 1, column: 1 }, value: Value::Str("a".into()) },
-            Node { pos: Pos { line: 1, column: 4 }, value: Value::Str("1".into()) },
-        )]));
+        assert_eq!(
+            (err.code, err.pos),
+            (Code::InvalidUtf8, Some(Pos { line: 2, column: 4 }))
+        );
+        assert_eq!(
+            load_str("a: !custom x").expect_err("tag").code,
+            Code::UnsupportedTag
+        );
+        assert_eq!(
+            load_str("a: !!str 1").expect("str tag")[0].value,
+            Value::Map(vec![(
+                Node {
+                    pos: Pos { line: 1, column: 1 },
+                    value: Value::Str("a".into())
+                },
+                Node {
+                    pos: Pos { line: 1, column: 4 },
+                    value: Value::Str("1".into())
+                },
+            )])
+        );
         let err = load_str("a: [1, 2\nb: 3").expect_err("syntax");
         assert_eq!(err.code, Code::YamlSyntax);
         assert!(err.pos.is_some());

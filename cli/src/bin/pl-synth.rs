@@ -20,7 +20,9 @@ fn main() -> anyhow::Result<()> {
             "--only" => params.only = Some(val()?.parse()?),
             "--out" => out = Some(PathBuf::from(val()?)),
             "-h" | "--help" => {
-                println!("usage: pl-synth --environments N --out DIR [--per-project N] [--bump N] [--only I]");
+                println!(
+                    "usage: pl-synth --environments N --out DIR [--per-project N] [--bump N] [--only I]"
+                );
                 return Ok(());
             }
             other => bail!("unknown argument {other}"),
@@ -30,7 +32,8 @@ fn main() -> anyhow::Result<()> {
     for (path, text) in generate(&params) {
         let p = out.join(&path);
         if let Some(parent) = p.parent() {
-            std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating {}", parent.display()))?;
         }
         std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
     }

@@ -19,14 +19,27 @@ pub fn text(diags: &[Diagnostic], objects: usize, files: usize, paint: Paint) ->
             out.push_str(&format!("  {} {h}\n", paint.cyan("hint:")));
         }
     }
-    let errors = diags.iter().filter(|d| d.severity == Severity::Error).count();
+    let errors = diags
+        .iter()
+        .filter(|d| d.severity == Severity::Error)
+        .count();
     if errors == 0 {
-        out.push_str(&format!("{} {objects} objects in {files} files\n", paint.green("valid:")));
+        out.push_str(&format!(
+            "{} {objects} objects in {files} files\n",
+            paint.green("valid:")
+        ));
     } else {
-        let in_files = diags.iter().map(|d| d.file.as_str()).collect::<std::collections::BTreeSet<_>>().len();
+        let in_files = diags
+            .iter()
+            .map(|d| d.file.as_str())
+            .collect::<std::collections::BTreeSet<_>>()
+            .len();
         let noun = if errors == 1 { "error" } else { "errors" };
         let fnoun = if in_files == 1 { "file" } else { "files" };
-        out.push_str(&format!("{} {errors} {noun} in {in_files} {fnoun}\n", paint.red("invalid:")));
+        out.push_str(&format!(
+            "{} {errors} {noun} in {in_files} {fnoun}\n",
+            paint.red("invalid:")
+        ));
     }
     out
 }

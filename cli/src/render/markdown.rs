@@ -28,7 +28,9 @@ fn icon(a: Action) -> &'static str {
 
 /// Escapes text for a table cell or inline position.
 fn cell(s: &str) -> String {
-    s.replace('|', "\\|").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('|', "\\|")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 /// Groups lines into blocks of at most [`CHUNK`] characters, each starting with `head`.
@@ -61,7 +63,7 @@ fn details(change: &state_schema::plan::Change, budget: usize) -> String {
     let note = "… (diff truncated; run `pl plan` locally for the whole object)\n";
     let mut body = String::new();
     let mut size = chars(&summary) + chars(tail);
-    for line in &change.diff {
+    for line in &change.diff() {
         let text = match line.tag {
             LineTag::Hunk => format!("{}\n", line.text),
             LineTag::Context => format!(" {}\n", line.text),
@@ -69,7 +71,11 @@ fn details(change: &state_schema::plan::Change, budget: usize) -> String {
             LineTag::Delete => format!("-{}\n", line.text),
         };
         // Code fences end at a line of backticks; an indented one cannot.
-        let text = if text.trim_start_matches([' ', '+', '-']).starts_with("```") { text.replace("```", "`\u{200b}``") } else { text };
+        let text = if text.trim_start_matches([' ', '+', '-']).starts_with("```") {
+            text.replace("```", "`\u{200b}``")
+        } else {
+            text
+        };
         if size + chars(&text) + chars(note) > budget {
             body.push_str(note);
             break;
@@ -84,11 +90,21 @@ fn details(change: &state_schema::plan::Change, budget: usize) -> String {
 pub fn render(plan: &Plan, header: &PlanHeader) -> Vec<String> {
     let mut blocks: Vec<String> = Vec::new();
     let s = plan.summary;
-    let mut intro = format!("**base** {} → **head** {}\n", cell(&header.base.describe()), cell(&header.head.describe()));
+    let mut intro = format!(
+        "**base** {} → **head** {}\n",
+        cell(&header.base.describe()),
+        cell(&header.head.describe())
+    );
     if let Some(mb) = &header.merge_base {
-        intro.push_str(&format!("\nBase and head diverged; planned from their merge base `{}`.\n", super::short(mb)));
+        intro.push_str(&format!(
+            "\nBase and head diverged; planned from their merge base `{}`.\n",
+            super::short(mb)
+        ));
     }
-    intro.push_str(&format!("\n**Plan: {} to add, {} to change, {} to destroy.**\n\n", s.add, s.change, s.destroy));
+    intro.push_str(&format!(
+        "\n**Plan: {} to add, {} to change, {} to destroy.**\n\n",
+        s.add, s.change, s.destroy
+    ));
     if plan.is_empty() {
         intro.push_str("No changes. The desired state matches the base.\n\n");
     }
@@ -97,14 +113,29 @@ pub fn render(plan: &Plan, header: &PlanHeader) -> Vec<String> {
         let rows: Vec<String> = plan
             .changes
             .iter()
-            .map(|c| format!("| {} {} | {} | {} | `{}` |", icon(c.action), c.action.as_str(), c.kind, cell(c.name.as_str()), cell(&c.file)))
+            .map(|c| {
+                format!(
+                    "| {} {} | {} | {} | `{}` |",
+                    icon(c.action),
+                    c.action.as_str(),
+                    c.kind,
+                    cell(c.name.as_str()),
+                    cell(&c.file)
+                )
+            })
             .collect();
-        for mut b in chunked("| Action | Kind | Name | File |\n|---|---|---|---|\n", &rows) {
+        for mut b in chunked(
+            "| Action | Kind | Name | File |\n|---|---|---|---|\n",
+            &rows,
+        ) {
             b.push('\n');
             blocks.push(b);
         }
     }
-    let cons: Vec<String> = consequence_lines(&plan.consequences).into_iter().map(|(sign, l)| format!("- `{sign}` {}", cell(&l))).collect();
+    let cons: Vec<String> = consequence_lines(&plan.consequences)
+        .into_iter()
+        .map(|(sign, l)| format!("- `{sign}` {}", cell(&l)))
+        .collect();
     for mut b in chunked("#### Consequences\n\n", &cons) {
         b.push('\n');
         blocks.push(b);
@@ -126,8 +157,16 @@ pub fn render(plan: &Plan, header: &PlanHeader) -> Vec<String> {
         .into_iter()
         .enumerate()
         .map(|(i, body)| {
-            let title = if n == 1 { "### Pushleft plan".to_owned() } else { format!("### Pushleft plan (part {} of {n})", i + 1) };
-            format!("<!-- pushleft-plan part {}/{n} -->\n{title}\n\n{}", i + 1, body.trim_end_matches('\n')) + "\n"
+            let title = if n == 1 {
+                "### Pushleft plan".to_owned()
+            } else {
+                format!("### Pushleft plan (part {} of {n})", i + 1)
+            };
+            format!(
+                "<!-- pushleft-plan part {}/{n} -->\n{title}\n\n{}",
+                i + 1,
+                body.trim_end_matches('\n')
+            ) + "\n"
         })
         .collect()
 }

@@ -19,7 +19,11 @@ impl Paint {
     }
 
     fn style(&self, style: Style, text: &str) -> String {
-        if self.on { format!("{}{text}{}", style.render(), style.render_reset()) } else { text.to_owned() }
+        if self.on {
+            format!("{}{text}{}", style.render(), style.render_reset())
+        } else {
+            text.to_owned()
+        }
     }
 
     pub fn green(&self, t: &str) -> String {

@@ -6,15 +6,33 @@ use state_schema::plan::Plan;
 
 pub const FORMAT_VERSION: u32 = 1;
 
-pub fn render(plan: &Plan, header: &PlanHeader) -> String {
-    let v = serde_json::json!({
-        "formatVersion": FORMAT_VERSION,
-        "base": header.base,
-        "head": header.head,
-        "mergeBase": header.merge_base,
-        "summary": plan.summary,
-        "changes": plan.changes,
-        "consequences": plan.consequences,
-    });
-    format!("{}\n", serde_json::to_string_pretty(&v).unwrap_or_default())
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PlanJson<'p, 'a> {
+    format_version: u32,
+    base: &'p super::Side,
+    head: &'p super::Side,
+    merge_base: &'p Option<String>,
+    summary: state_schema::plan::Summary,
+    changes: &'p [state_schema::plan::Change<'a>],
+    consequences: &'p state_schema::plan::Consequences,
+}
+
+/// Writes the plan as pretty JSON straight to `w`, without building a copy in memory.
+pub fn write(
+    plan: &Plan<'_>,
+    header: &PlanHeader,
+    w: &mut impl std::io::Write,
+) -> std::io::Result<()> {
+    let doc = PlanJson {
+        format_version: FORMAT_VERSION,
+        base: &header.base,
+        head: &header.head,
+        merge_base: &header.merge_base,
+        summary: plan.summary,
+        changes: &plan.changes,
+        consequences: &plan.consequences,
+    };
+    serde_json::to_writer_pretty(&mut *w, &doc)?;
+    w.write_all(b"\n")
 }

@@ -6,9 +6,17 @@ use state_schema::plan::{Action, Consequences, LineTag, Plan};
 
 pub fn render(plan: &Plan, header: &PlanHeader, paint: Paint) -> String {
     let mut out = String::new();
-    out.push_str(&format!("{} base {} → head {}\n", paint.bold("Pushleft plan:"), header.base.describe(), header.head.describe()));
+    out.push_str(&format!(
+        "{} base {} → head {}\n",
+        paint.bold("Pushleft plan:"),
+        header.base.describe(),
+        header.head.describe()
+    ));
     if let Some(mb) = &header.merge_base {
-        out.push_str(&paint.dim(&format!("  base and head diverged; planning from their merge base {}\n", super::short(mb))));
+        out.push_str(&paint.dim(&format!(
+            "  base and head diverged; planning from their merge base {}\n",
+            super::short(mb)
+        )));
     }
     out.push('\n');
     if plan.is_empty() {
@@ -20,8 +28,13 @@ pub fn render(plan: &Plan, header: &PlanHeader, paint: Paint) -> String {
             Action::Update => (paint.yellow("~"), paint.yellow("update")),
             Action::Delete => (paint.red("-"), paint.red("delete")),
         };
-        out.push_str(&format!("{sign} {verb} {}/{} {}\n", change.kind, paint.bold(change.name.as_str()), paint.dim(&format!("({})", change.file))));
-        for line in &change.diff {
+        out.push_str(&format!(
+            "{sign} {verb} {}/{} {}\n",
+            change.kind,
+            paint.bold(change.name.as_str()),
+            paint.dim(&format!("({})", change.file))
+        ));
+        for line in &change.diff() {
             let text = match line.tag {
                 LineTag::Hunk => paint.cyan(&line.text),
                 LineTag::Context => format!(" {}", line.text),
@@ -49,7 +62,10 @@ pub fn render(plan: &Plan, header: &PlanHeader, paint: Paint) -> String {
         out.push('\n');
     }
     let s = plan.summary;
-    out.push_str(&paint.bold(&format!("Plan: {} to add, {} to change, {} to destroy.", s.add, s.change, s.destroy)));
+    out.push_str(&paint.bold(&format!(
+        "Plan: {} to add, {} to change, {} to destroy.",
+        s.add, s.change, s.destroy
+    )));
     out.push('\n');
     out
 }
@@ -57,15 +73,49 @@ pub fn render(plan: &Plan, header: &PlanHeader, paint: Paint) -> String {
 /// The consequences as signed lines, shared with the Markdown renderer.
 pub fn consequence_lines(c: &Consequences) -> Vec<(char, String)> {
     let mut out = Vec::new();
-    out.extend(c.hostnames_added.iter().map(|h| ('+', format!("hostname {h}"))));
-    out.extend(c.hostnames_removed.iter().map(|h| ('-', format!("hostname {h}"))));
-    out.extend(c.replicas_changed.iter().map(|r| ('~', format!("replicas {}/{}: {} → {}", r.environment, r.role, r.before, r.after))));
-    out.extend(c.roles_added.iter().map(|r| ('+', format!("role {}/{}", r.project, r.role))));
-    out.extend(c.roles_removed.iter().map(|r| ('-', format!("role {}/{}", r.project, r.role))));
+    out.extend(
+        c.hostnames_added
+            .iter()
+            .map(|h| ('+', format!("hostname {h}"))),
+    );
+    out.extend(
+        c.hostnames_removed
+            .iter()
+            .map(|h| ('-', format!("hostname {h}"))),
+    );
+    out.extend(c.replicas_changed.iter().map(|r| {
+        (
+            '~',
+            format!(
+                "replicas {}/{}: {} → {}",
+                r.environment, r.role, r.before, r.after
+            ),
+        )
+    }));
+    out.extend(
+        c.roles_added
+            .iter()
+            .map(|r| ('+', format!("role {}/{}", r.project, r.role))),
+    );
+    out.extend(
+        c.roles_removed
+            .iter()
+            .map(|r| ('-', format!("role {}/{}", r.project, r.role))),
+    );
     out.extend(c.nodes_drained.iter().map(|n| {
         let what = n.state.map_or("removed from the pool", |s| s.as_str());
-        ('!', format!("node {}/{} {what}: its work moves elsewhere", n.pool, n.node))
+        (
+            '!',
+            format!(
+                "node {}/{} {what}: its work moves elsewhere",
+                n.pool, n.node
+            ),
+        )
     }));
-    out.extend(c.rollouts.iter().map(|e| ('~', format!("rollout of environment {e} (new generation)"))));
+    out.extend(
+        c.rollouts
+            .iter()
+            .map(|e| ('~', format!("rollout of environment {e} (new generation)"))),
+    );
     out
 }

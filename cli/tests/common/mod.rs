@@ -6,7 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 pub fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("cli/ has a parent").to_owned()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("cli/ has a parent")
+        .to_owned()
 }
 
 /// `pl` with a clean environment for output: no colour, no pager surprises.
@@ -43,7 +46,11 @@ pub fn git(dir: &Path, args: &[&str]) -> String {
         .env("GIT_COMMITTER_DATE", "2026-01-01T00:00:00Z")
         .output()
         .expect("git runs");
-    assert!(o.status.success(), "git {args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "git {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     String::from_utf8_lossy(&o.stdout).trim().to_owned()
 }
 
@@ -94,11 +101,18 @@ pub fn check_golden(path: &Path, actual: &str) {
         std::fs::write(path, actual).expect("write golden");
         return;
     }
-    let expected = std::fs::read_to_string(path)
-        .unwrap_or_else(|_| panic!("{} is missing: run `PL_UPDATE_GOLDEN=1 cargo test -p pushleft-cli --test golden`", path.display()));
+    let expected = std::fs::read_to_string(path).unwrap_or_else(|_| {
+        panic!(
+            "{} is missing: run `PL_UPDATE_GOLDEN=1 cargo test -p pushleft-cli --test golden`",
+            path.display()
+        )
+    });
     if expected != actual {
         let diff = similar_lines(&expected, actual);
-        panic!("{} differs from the output (rerun with PL_UPDATE_GOLDEN=1 and review the diff):\n{diff}", path.display());
+        panic!(
+            "{} differs from the output (rerun with PL_UPDATE_GOLDEN=1 and review the diff):\n{diff}",
+            path.display()
+        );
     }
 }
 
@@ -110,6 +124,10 @@ fn similar_lines(a: &str, b: &str) -> String {
             break;
         }
     }
-    out.push_str(&format!("({} vs {} lines)", a.lines().count(), b.lines().count()));
+    out.push_str(&format!(
+        "({} vs {} lines)",
+        a.lines().count(),
+        b.lines().count()
+    ));
     out
 }

@@ -1,0 +1,189 @@
+//! Benchmark of `pl plan --base` on synthetic repositories (cold process, committed in git),
+//! beside `terraform plan -refresh=false` of as many `terraform_data` resources and the floor
+//! of `git ls-tree -r` + `git cat-file --batch` reading every blob.
+//!
+//! Run: `cargo bench -p pushleft-cli --bench plan` (sizes and runs: `-- --sizes 100,1000
+//! --runs 5 --no-terraform`). Needs `git`, `terraform` and `/usr/bin/time` (Debian `time`).
+//! Repositories are packed with `git gc` first, as a clone would be.
+
+use state_schema::synthetic::{Params, generate};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn pl_binary() -> PathBuf {
+    // Benches build in the release-like `bench` profile; `pl` lives next to the bench's deps.
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let pl = dir.join("pl");
+    assert!(
+        pl.exists(),
+        "build pl first: cargo build --profile bench --bin pl ({})",
+        pl.display()
+    );
+    pl
+}
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let o = Command::new("git")
+        .current_dir(dir)
+        .args(args)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_AUTHOR_NAME", "bench")
+        .env("GIT_AUTHOR_EMAIL", "bench@pushleft.invalid")
+        .env("GIT_COMMITTER_NAME", "bench")
+        .env("GIT_COMMITTER_EMAIL", "bench@pushleft.invalid")
+        .output()
+        .expect("git runs");
+    assert!(
+        o.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).trim().to_owned()
+}
+
+fn write_tree(dir: &Path, params: &Params) {
+    for (path, text) in generate(params) {
+        let p = dir.join(path);
+        std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
+        std::fs::write(p, text).expect("write");
+    }
+}
+
+/// Median wall time and the largest peak RSS (KiB) of `runs` runs of a shell command.
+fn measure(cmd: &str, dir: &Path, runs: usize) -> (Duration, u64) {
+    let mut times = Vec::new();
+    let mut peak = 0u64;
+    for _ in 0..runs {
+        let start = Instant::now();
+        let o = Command::new("/usr/bin/time")
+            .args(["-f", "%M", "sh", "-c", cmd])
+            .current_dir(dir)
+            .env("CHECKPOINT_DISABLE", "1")
+            .env("TF_CLI_CONFIG_FILE", "/dev/null")
+            .stdout(Stdio::null())
+            .output()
+            .expect("runs");
+        times.push(start.elapsed());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            o.status.success() || o.status.code() == Some(2),
+            "{cmd} failed: {err}"
+        );
+        peak = peak.max(
+            err.lines()
+                .last()
+                .and_then(|l| l.trim().parse().ok())
+                .unwrap_or(0),
+        );
+    }
+    times.sort();
+    (times[times.len() / 2], peak)
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+}
+
+fn main() {
+    let mut sizes = vec![100usize, 1_000, 10_000];
+    let mut runs = 5usize;
+    let mut terraform = true;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--sizes" => {
+                sizes = args
+                    .next()
+                    .expect("sizes")
+                    .split(',')
+                    .map(|s| s.parse().expect("number"))
+                    .collect()
+            }
+            "--runs" => runs = args.next().expect("runs").parse().expect("number"),
+            "--no-terraform" => terraform = false,
+            _ => {} // cargo bench passes --bench
+        }
+    }
+    let pl = pl_binary();
+    println!(
+        "| environments | pl plan full change | pl plan one-file change | peak RSS (full) | git floor | terraform plan | terraform / pl |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for n in sizes {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let repo = tmp.path().join("state");
+        std::fs::create_dir_all(&repo).expect("mkdir");
+        git(&repo, &["init", "-q", "-b", "main"]);
+        write_tree(&repo, &Params::new(n));
+        git(&repo, &["add", "-A"]);
+        git(&repo, &["commit", "-qm", "base"]);
+        // A full change: every environment's replicas change.
+        write_tree(
+            &repo,
+            &Params {
+                replicas_bump: 1,
+                ..Params::new(n)
+            },
+        );
+        git(&repo, &["commit", "-qam", "full"]);
+        // A one-file change on top of it.
+        write_tree(
+            &repo,
+            &Params {
+                replicas_bump: 2,
+                only: Some(n / 2),
+                ..Params::new(n)
+            },
+        );
+        git(&repo, &["commit", "-qam", "one"]);
+        git(&repo, &["gc", "-q"]);
+        let pl_cmd = |base: &str, head: &str| {
+            format!(
+                "{} plan . --base {base} --head {head} --format json",
+                pl.display()
+            )
+        };
+        let (full, rss) = measure(&pl_cmd("HEAD~2", "HEAD~1"), &repo, runs);
+        let (one, _) = measure(&pl_cmd("HEAD~1", "HEAD"), &repo, runs);
+        let (floor, _) = measure(
+            "git ls-tree -r --object-only HEAD~1 | git cat-file --batch",
+            &repo,
+            runs,
+        );
+        let tf = terraform.then(|| {
+            let tfdir = tmp.path().join("tf");
+            std::fs::create_dir_all(&tfdir).expect("mkdir");
+            let mut main = String::new();
+            for i in 0..n {
+                main.push_str(&format!("resource \"terraform_data\" \"env_{i}\" {{\n  input = {{ project = \"proj-{}\", replicas = {} }}\n}}\n", i / 10, 1 + i % 3));
+            }
+            std::fs::write(tfdir.join("main.tf"), main).expect("write tf");
+            let init = Command::new("terraform")
+                .args(["init", "-input=false"])
+                .current_dir(&tfdir)
+                .env("CHECKPOINT_DISABLE", "1")
+                .env("TF_CLI_CONFIG_FILE", "/dev/null")
+                .output()
+                .expect("terraform init");
+            assert!(init.status.success(), "terraform init: {}", String::from_utf8_lossy(&init.stderr));
+            measure("terraform plan -refresh=false -input=false -lock=false", &tfdir, runs.min(3)).0
+        });
+        let (tf_s, ratio) = match tf {
+            Some(t) => (
+                ms(t),
+                format!("{:.0}×", t.as_secs_f64() / full.as_secs_f64()),
+            ),
+            None => ("-".into(), "-".into()),
+        };
+        println!(
+            "| {n} | {} | {} | {:.1} MB | {} | {tf_s} | {ratio} |",
+            ms(full),
+            ms(one),
+            rss as f64 / 1024.0,
+            ms(floor)
+        );
+    }
+}
