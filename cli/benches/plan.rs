@@ -120,25 +120,30 @@ fn main() {
         write_tree(&repo, &Params::new(n));
         git(&repo, &["add", "-A"]);
         git(&repo, &["commit", "-qm", "base"]);
-        // A full change: every environment's replicas change.
-        write_tree(
-            &repo,
-            &Params {
-                replicas_bump: 1,
-                ..Params::new(n)
-            },
-        );
-        git(&repo, &["commit", "-qam", "full"]);
+        // A full change that is local: every environment's replicas change.
+        let full = Params {
+            replicas_bump: 1,
+            ..Params::new(n)
+        };
+        write_tree(&repo, &full);
+        git(&repo, &["commit", "-qam", "full, local"]);
+        // A full change that is not local: every environment's variables change, so the
+        // plan reads both trees whole.
+        let whole = Params {
+            vars_bump: 1,
+            ..full
+        };
+        write_tree(&repo, &whole);
+        git(&repo, &["commit", "-qam", "full, whole trees"]);
         // A one-file change on top of it.
         write_tree(
             &repo,
             &Params {
-                replicas_bump: 2,
                 only: Some(n / 2),
-                ..Params::new(n)
+                ..whole
             },
         );
-        git(&repo, &["commit", "-qam", "one"]);
+        git(&repo, &["commit", "-qam", "one file"]);
         git(&repo, &["gc", "-q"]);
         let pl_cmd = |base: &str, head: &str| {
             format!(

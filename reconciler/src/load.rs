@@ -152,21 +152,37 @@ pub fn load(repo: &StateRepo, rev: &Rev) -> Result<Loaded, SourceError> {
     Ok(finish(load_side(repo, rev, &HashMap::new())?))
 }
 
+/// Files already parsed, by path and blob.
+type Known = HashMap<(String, ObjectId), Arc<ParsedFile>>;
+
 /// Loads the two sides of a plan, parsing each distinct file once.
 pub fn load_pair(
     repo: &StateRepo,
     base: &Rev,
     head: &Rev,
 ) -> Result<(Loaded, Loaded), SourceError> {
-    let head_side = load_side(repo, head, &HashMap::new())?;
-    let known: HashMap<(String, ObjectId), Arc<ParsedFile>> = head_side
-        .parsed
-        .iter()
-        .map(|p| (p.key.clone(), Arc::clone(&p.file)))
-        .collect();
+    load_pair_with(repo, base, head, Known::new())
+}
+
+/// [`load_pair`], reusing files parsed already.
+fn load_pair_with(
+    repo: &StateRepo,
+    base: &Rev,
+    head: &Rev,
+    mut known: Known,
+) -> Result<(Loaded, Loaded), SourceError> {
+    let head_side = load_side(repo, head, &known)?;
+    known.extend(
+        head_side
+            .parsed
+            .iter()
+            .map(|p| (p.key.clone(), Arc::clone(&p.file))),
+    );
     let base_side = load_side(repo, base, &known)?;
+    // Dropping the cache leaves one reference to files only one side has: they move into
+    // their state without a copy. Files both sides share are copied once; assembling the two
+    // sides in parallel hides that.
     drop(known);
-    // Files shared by both sides are cloned for one of them; assembling in parallel hides it.
     Ok(rayon::join(|| finish(base_side), || finish(head_side)))
 }
 
@@ -179,18 +195,21 @@ pub struct PlanInput {
 
 /// Loads what a plan needs. Between two commits, the trees are diffed first; when the change
 /// is local (see `state_schema::incremental`) only the changed blobs and `pushleft.yaml` are
-/// read and parsed. Otherwise, and for a working-tree head, both trees are read whole.
+/// read and parsed. Otherwise, and for a working-tree head, both trees are read whole (reusing
+/// what was parsed to find out).
 pub fn load_for_plan(
     repo: &StateRepo,
     base: &Commit,
     head: &Rev,
 ) -> Result<PlanInput, SourceError> {
-    if let Rev::Commit(h) = head
-        && let Some(input) = load_local(repo, base, h)?
-    {
-        return Ok(input);
+    let mut known = Known::new();
+    if let Rev::Commit(h) = head {
+        match load_local(repo, base, h)? {
+            Local::Plan(input) => return Ok(input),
+            Local::Parsed(files) => known = files,
+        }
     }
-    let (base, head) = load_pair(repo, &Rev::Commit(base.clone()), head)?;
+    let (base, head) = load_pair_with(repo, &Rev::Commit(base.clone()), head, known)?;
     Ok(PlanInput {
         base,
         head,
@@ -198,49 +217,63 @@ pub fn load_for_plan(
     })
 }
 
-fn load_local(
-    repo: &StateRepo,
-    base: &Commit,
-    head: &Commit,
-) -> Result<Option<PlanInput>, SourceError> {
+/// A local plan, or what was parsed while finding out that the change is not local.
+enum Local {
+    Plan(PlanInput),
+    Parsed(Known),
+}
+
+fn load_local(repo: &StateRepo, base: &Commit, head: &Commit) -> Result<Local, SourceError> {
+    let not_local = || Ok(Local::Parsed(Known::new()));
     let diff = repo.diff_commits(base, head)?;
     if !diff.problems.is_empty() || diff.changed.iter().any(|c| c.path == ROOT_FILE) {
-        return Ok(None);
+        return not_local();
     }
     let Some(root) = repo.entry_at(head, ROOT_FILE)? else {
-        return Ok(None);
+        return not_local();
     };
-    let mut parsed = parse_entries(repo, std::slice::from_ref(&root), &HashMap::new())?;
-    let Some(root_file) = parsed.pop().map(|p| p.file) else {
-        return Ok(None);
+    let Some(root_parsed) = parse_entries(repo, std::slice::from_ref(&root), &Known::new())?.pop()
+    else {
+        return not_local();
     };
     // `include` applies to changed files as to any other.
-    let mut listing = Listing::default();
-    for c in &diff.changed {
-        listing.files.extend(c.base.iter().cloned());
+    let side_files = |pick: fn(&crate::source::ChangedFile) -> Option<&FileEntry>| {
+        let listing = Listing {
+            files: diff.changed.iter().filter_map(pick).cloned().collect(),
+            problems: Vec::new(),
+        };
+        select(&listing, Some(&root_parsed.file)).0
+    };
+    let base_files = side_files(|c| c.base.as_ref());
+    let head_files = side_files(|c| c.head.as_ref());
+    let mut all = base_files;
+    let base_len = all.len();
+    all.extend(head_files);
+    let mut parsed = parse_entries(repo, &all, &Known::new())?;
+    fn refs(files: &[Parsed]) -> Vec<&ParsedFile> {
+        files.iter().map(|p| p.file.as_ref()).collect()
     }
-    let (base_files, _) = select(&listing, Some(&root_file));
-    let mut listing = Listing::default();
-    for c in &diff.changed {
-        listing.files.extend(c.head.iter().cloned());
+    let (b, h) = parsed.split_at(base_len);
+    let head_clean = h.iter().all(|p| p.file.diagnostics.is_empty());
+    if !head_clean || !state_schema::incremental::is_local_files(&refs(b), &refs(h)) {
+        // Keep the parses: the whole-tree load reuses them.
+        let mut known: Known = parsed.into_iter().map(|p| (p.key, p.file)).collect();
+        known.insert(root_parsed.key, root_parsed.file);
+        return Ok(Local::Parsed(known));
     }
-    let (head_files, _) = select(&listing, Some(&root_file));
-    let mut all = base_files.clone();
-    all.extend(head_files.iter().cloned());
-    let parsed = parse_entries(repo, &all, &HashMap::new())?;
-    let (b, h) = parsed.split_at(base_files.len());
-    let side = |files: &[Parsed]| {
-        let mut v: Vec<ParsedFile> = files.iter().map(|p| (*p.file).clone()).collect();
+    let h = parsed.split_off(base_len);
+    // Ours are the only references, so the files move into their states without a copy.
+    let root_file = root_parsed.file;
+    let side = |files: Vec<Parsed>| {
+        let mut v: Vec<ParsedFile> = files
+            .into_iter()
+            .map(|p| Arc::unwrap_or_clone(p.file))
+            .collect();
         v.push((*root_file).clone());
         assemble_partial(v, Vec::new())
     };
-    let (base_state, head_state) = (side(b), side(h));
-    if !head_state.is_valid()
-        || !state_schema::incremental::is_local(&base_state.state, &head_state.state)
-    {
-        return Ok(None);
-    }
-    Ok(Some(PlanInput {
+    let (base_state, head_state) = rayon::join(|| side(parsed), || side(h));
+    Ok(Local::Plan(PlanInput {
         base: base_state,
         head: head_state,
         scope: Scope::Local,

@@ -9,29 +9,64 @@
 //! The base is taken to be valid, as a merged commit is when CI runs `pl validate` on it; a
 //! property test holds local plans equal to whole ones.
 
-use crate::model::Spec;
+use crate::model::{Kind, Object, Spec};
+use crate::parse::ParsedFile;
 use crate::state::State;
+use crate::values::Name;
+use std::collections::BTreeMap;
+
+type Objects<'a> = BTreeMap<(Kind, &'a Name), &'a Object>;
 
 /// True when the plan of two partial states (the changed files of base and head) equals the
 /// plan of the whole trees.
 pub fn is_local(base: &State, head: &State) -> bool {
-    if base.has_broken() {
+    if base.has_broken() || head.has_broken() {
         return false;
     }
-    let keys = |s: &State| {
+    fn objects(s: &State) -> Objects<'_> {
         s.iter()
-            .map(|l| (l.object.kind(), l.object.name().clone()))
-            .collect::<Vec<_>>()
-    };
-    if keys(base) != keys(head) {
+            .map(|l| ((l.object.kind(), l.object.name()), &l.object))
+            .collect()
+    }
+    same_facts(&objects(base), &objects(head))
+}
+
+/// [`is_local`] on the changed files themselves, before any state is built from them.
+pub fn is_local_files(base: &[&ParsedFile], head: &[&ParsedFile]) -> bool {
+    fn objects<'a>(files: &[&'a ParsedFile]) -> Option<Objects<'a>> {
+        let mut map = BTreeMap::new();
+        for f in files {
+            if !f.declared.is_empty() {
+                return None;
+            }
+            for l in &f.objects {
+                // The same name twice is a duplicate: leave it to the whole-tree checks.
+                if map
+                    .insert((l.object.kind(), l.object.name()), &l.object)
+                    .is_some()
+                {
+                    return None;
+                }
+            }
+        }
+        Some(map)
+    }
+    match (objects(base), objects(head)) {
+        (Some(b), Some(h)) => same_facts(&b, &h),
+        _ => false,
+    }
+}
+
+fn same_facts(base: &Objects<'_>, head: &Objects<'_>) -> bool {
+    if !base.keys().eq(head.keys()) {
         // Something was created, deleted or renamed: names and references may change.
         return false;
     }
-    base.iter().zip(head.iter()).all(|(b, h)| {
-        if b.object == h.object {
+    base.values().zip(head.values()).all(|(b, h)| {
+        if b == h {
             return true;
         }
-        match (&b.object.spec, &h.object.spec) {
+        match (&b.spec, &h.spec) {
             (Spec::Environment(x), Spec::Environment(y)) => {
                 x.project == y.project
                     && x.stage == y.stage

@@ -7,6 +7,7 @@ use crate::diag::{Code, Diagnostic, Pos};
 use crate::model::*;
 use crate::values::{Cpu, CronSchedule, Hostname, ImageRef, Memory, Name};
 use crate::yaml::{self, Node};
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 pub const DOCUMENT_FIELDS: &[&str] = &["apiVersion", "kind", "metadata", "spec"];
@@ -62,7 +63,7 @@ pub struct Located {
     pub object: Object,
     /// Where the fields that other checks point at are (`spec.project`, `spec.replicas.web`),
     /// so cross-object problems get a precise line and column.
-    pub positions: Vec<(String, Pos)>,
+    pub positions: Vec<(Cow<'static, str>, Pos)>,
 }
 
 impl Located {
@@ -86,40 +87,40 @@ fn entry<'n, 'a>(node: &'n Node<'a>, key: &str) -> Option<&'n Node<'a>> {
 }
 
 /// Records the positions of the fields that cross-object checks refer to.
-fn record_positions(doc: &Node<'_>) -> Vec<(String, Pos)> {
+fn record_positions(doc: &Node<'_>) -> Vec<(Cow<'static, str>, Pos)> {
     let mut out = Vec::new();
     if let Some(n) = entry(doc, "metadata").and_then(|m| entry(m, "name")) {
-        out.push(("metadata.name".to_owned(), n.pos));
+        out.push((Cow::Borrowed("metadata.name"), n.pos));
     }
     let Some(spec) = entry(doc, "spec") else {
         return out;
     };
-    for key in [
-        "project",
-        "pool",
-        "environment",
-        "hostname",
-        "baseDomain",
-        "previewDomain",
+    for (key, path) in [
+        ("project", "spec.project"),
+        ("pool", "spec.pool"),
+        ("environment", "spec.environment"),
+        ("hostname", "spec.hostname"),
+        ("baseDomain", "spec.baseDomain"),
+        ("previewDomain", "spec.previewDomain"),
     ] {
         if let Some(n) = entry(spec, key) {
-            out.push((format!("spec.{key}"), n.pos));
+            out.push((Cow::Borrowed(path), n.pos));
         }
     }
     if let Some(n) = entry(spec, "previews").and_then(|p| entry(p, "pool")) {
-        out.push(("spec.previews.pool".to_owned(), n.pos));
+        out.push((Cow::Borrowed("spec.previews.pool"), n.pos));
     }
     if let Some(yaml::Value::Map(m)) = entry(spec, "replicas").map(|n| &n.value) {
         for (k, _) in m {
             if let yaml::Value::Str(role) = &k.value {
-                out.push((format!("spec.replicas.{role}"), k.pos));
+                out.push((Cow::Owned(format!("spec.replicas.{role}")), k.pos));
             }
         }
     }
     if let Some(yaml::Value::Seq(items)) = entry(spec, "secrets").map(|n| &n.value) {
         for item in items {
             if let yaml::Value::Str(name) = &item.value {
-                out.push((format!("spec.secrets.{name}"), item.pos));
+                out.push((Cow::Owned(format!("spec.secrets.{name}")), item.pos));
             }
         }
     }
@@ -132,7 +133,7 @@ fn record_positions(doc: &Node<'_>) -> Vec<(String, Pos)> {
                 },
             ) = entry(item, "name")
             {
-                out.push((format!("spec.nodes.{name}"), n.pos));
+                out.push((Cow::Owned(format!("spec.nodes.{name}")), n.pos));
             }
         }
     }

@@ -400,16 +400,67 @@ fn diff_lines(old: Option<&Value>, new: Option<&Value>) -> Vec<DiffLine> {
 
 /// Every hostname a state serves: derived environment names and domains.
 fn hostnames(state: &State) -> BTreeSet<Hostname> {
+    hostnames_where(state, |_, _| true)
+}
+
+/// The hostnames served by the environments and domains `pick` accepts.
+fn hostnames_where(state: &State, pick: impl Fn(Kind, &Name) -> bool) -> BTreeSet<Hostname> {
     let mut out = BTreeSet::new();
     if let Some(repo) = state.repository() {
-        for (name, env) in state.environments() {
+        for (name, env) in state
+            .environments()
+            .filter(|(n, _)| pick(Kind::Environment, n))
+        {
             if let Ok(h) = crate::state::environment_hostname(repo, name, env) {
                 out.insert(h);
             }
         }
     }
-    out.extend(state.domains().map(|(_, d)| d.hostname.clone()));
+    out.extend(
+        state
+            .domains()
+            .filter(|(n, _)| pick(Kind::Domain, n))
+            .map(|(_, d)| d.hostname.clone()),
+    );
     out
+}
+
+/// Hostnames added and removed. Unchanged objects serve the same names on both sides, so a
+/// name can only appear or vanish through a changed environment or domain: candidates come
+/// from those, and the whole sets are built only to confirm a candidate (a name may also be
+/// served by an unchanged object when the base was invalid).
+fn hostname_changes(
+    base: &State,
+    head: &State,
+    changes: &[Change<'_>],
+) -> (Vec<Hostname>, Vec<Hostname>) {
+    if changes.iter().any(|c| c.kind == Kind::Repository) {
+        let (hb, hh) = (hostnames(base), hostnames(head));
+        return (
+            hh.difference(&hb).cloned().collect(),
+            hb.difference(&hh).cloned().collect(),
+        );
+    }
+    let changed: BTreeSet<(Kind, &Name)> = changes
+        .iter()
+        .filter(|c| matches!(c.kind, Kind::Environment | Kind::Domain))
+        .map(|c| (c.kind, &c.name))
+        .collect();
+    let pick = |k: Kind, n: &Name| changed.contains(&(k, n));
+    let (hb, hh) = (hostnames_where(base, pick), hostnames_where(head, pick));
+    let (mut added, mut removed): (Vec<Hostname>, Vec<Hostname>) = (
+        hh.difference(&hb).cloned().collect(),
+        hb.difference(&hh).cloned().collect(),
+    );
+    if !added.is_empty() {
+        let all_base = hostnames(base);
+        added.retain(|h| !all_base.contains(h));
+    }
+    if !removed.is_empty() {
+        let all_head = hostnames(head);
+        removed.retain(|h| !all_head.contains(h));
+    }
+    (added, removed)
 }
 
 /// What an environment's release depends on, compared without hashing per environment: the
@@ -512,9 +563,7 @@ fn consequences(base: &State, head: &State, changes: &[Change<'_>], scope: Scope
     if changes.is_empty() {
         return c;
     }
-    let (hb, hh) = (hostnames(base), hostnames(head));
-    c.hostnames_added = hh.difference(&hb).cloned().collect();
-    c.hostnames_removed = hb.difference(&hh).cloned().collect();
+    (c.hostnames_added, c.hostnames_removed) = hostname_changes(base, head, changes);
 
     // Only environments whose own object or project (or a secret) changed can roll out or
     // rescale; looking only at those keeps a one-object change cheap in a large state.

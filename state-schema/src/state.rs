@@ -600,3 +600,46 @@ pub fn derive_environment(
         domains: domains.into_iter().collect(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(s: &str) -> Name {
+        Name::new(s).expect("valid name")
+    }
+
+    #[test]
+    fn branch_previews_get_one_stable_label() {
+        assert_eq!(
+            branch_preview_label("feature/Login_Page", &name("api")),
+            "feature-login-page--api"
+        );
+        assert_eq!(
+            branch_preview_label("fix--double", &name("api")),
+            "fix-double--api",
+            "runs of separators fold to one"
+        );
+        assert_eq!(branch_preview_label("///", &name("api")), "branch--api");
+        let long = format!("feature/{}", "very-long-branch-name-".repeat(4));
+        let a = branch_preview_label(&long, &name("storefront"));
+        assert!(a.len() <= 63, "{a} is {} long", a.len());
+        assert!(a.ends_with("--storefront"), "{a}");
+        assert_eq!(
+            a,
+            branch_preview_label(&long, &name("storefront")),
+            "stable"
+        );
+        assert_ne!(
+            a,
+            branch_preview_label(&format!("{long}x"), &name("storefront")),
+            "distinct for distinct branches"
+        );
+        let pd = Hostname::new("preview.example.com").expect("valid");
+        let h = branch_preview_hostname(&long, &name("storefront"), &pd).expect("valid hostname");
+        assert!(h.as_str().ends_with("--storefront.preview.example.com"));
+        // A project name too long to leave room for the branch still yields a valid label.
+        let p = name(&"p".repeat(60));
+        assert!(Name::new(&branch_preview_label("feature/x", &p)).is_ok());
+    }
+}

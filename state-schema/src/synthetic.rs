@@ -16,6 +16,9 @@ pub struct Params {
     /// Added to every environment's web replicas: a different value changes every
     /// environment file (a "full change").
     pub replicas_bump: u32,
+    /// Changes a variable of every environment: a full change that is not local, so a plan
+    /// reads both trees whole.
+    pub vars_bump: u32,
     /// When set, this environment gets one replica more on top of `replicas_bump`: against
     /// the same parameters without it, a one-file change.
     pub only: Option<usize>,
@@ -27,6 +30,7 @@ impl Params {
             environments,
             per_project: 10,
             replicas_bump: 0,
+            vars_bump: 0,
             only: None,
         }
     }
@@ -81,8 +85,9 @@ pub fn generate(p: &Params) -> Vec<(String, String)> {
         };
         let bump = p.replicas_bump + u32::from(p.only == Some(i));
         let t = format!(
-            "apiVersion: pushleft.dev/v1alpha1\nkind: Environment\nmetadata:\n  name: env-{i:06}\n  labels: {{tier: synthetic}}\nspec:\n  project: proj-{j:05}\n  stage: {stage}\n  pool: {pool}\n  replicas:\n    web: {}\n  env:\n    ENVIRONMENT_INDEX: \"{i}\"\n",
-            1 + i % 3 + bump as usize
+            "apiVersion: pushleft.dev/v1alpha1\nkind: Environment\nmetadata:\n  name: env-{i:06}\n  labels: {{tier: synthetic}}\nspec:\n  project: proj-{j:05}\n  stage: {stage}\n  pool: {pool}\n  replicas:\n    web: {}\n  env:\n    ENVIRONMENT_INDEX: \"{i}\"\n    CONFIG_REVISION: \"{}\"\n",
+            1 + i % 3 + bump as usize,
+            p.vars_bump
         );
         files.push((format!("environments/proj-{j:05}/env-{i:06}.yaml"), t));
         if i % 50 == 0 {

@@ -1,6 +1,6 @@
 //! `pl-synth`: writes a synthetic state tree (see `state_schema::synthetic`) for benchmarks.
 //!
-//! `pl-synth --environments 10000 --out DIR [--bump N] [--only I]`; existing files under DIR
+//! `pl-synth --environments 10000 --out DIR [--bump N] [--vars N] [--only I]`; existing files under DIR
 //! are overwritten, others left alone.
 
 use anyhow::{Context, bail};
@@ -17,11 +17,12 @@ fn main() -> anyhow::Result<()> {
             "--environments" => params.environments = val()?.parse()?,
             "--per-project" => params.per_project = val()?.parse()?,
             "--bump" => params.replicas_bump = val()?.parse()?,
+            "--vars" => params.vars_bump = val()?.parse()?,
             "--only" => params.only = Some(val()?.parse()?),
             "--out" => out = Some(PathBuf::from(val()?)),
             "-h" | "--help" => {
                 println!(
-                    "usage: pl-synth --environments N --out DIR [--per-project N] [--bump N] [--only I]"
+                    "usage: pl-synth --environments N --out DIR [--per-project N] [--bump N] [--vars N] [--only I]"
                 );
                 return Ok(());
             }
