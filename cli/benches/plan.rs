@@ -68,16 +68,8 @@ fn measure(cmd: &str, dir: &Path, runs: usize) -> (Duration, u64) {
             .expect("runs");
         times.push(start.elapsed());
         let err = String::from_utf8_lossy(&o.stderr);
-        assert!(
-            o.status.success() || o.status.code() == Some(2),
-            "{cmd} failed: {err}"
-        );
-        peak = peak.max(
-            err.lines()
-                .last()
-                .and_then(|l| l.trim().parse().ok())
-                .unwrap_or(0),
-        );
+        assert!(o.status.success() || o.status.code() == Some(2), "{cmd} failed: {err}");
+        peak = peak.max(err.lines().last().and_then(|l| l.trim().parse().ok()).unwrap_or(0));
     }
     times.sort();
     (times[times.len() / 2], peak)
@@ -108,10 +100,15 @@ fn main() {
         }
     }
     let pl = pl_binary();
+    println!("Median of {runs} cold runs of `pl plan . --base A --head B --format json` in a packed repository;");
     println!(
-        "| environments | pl plan full change | pl plan one-file change | peak RSS (full) | git floor | terraform plan | terraform / pl |"
+        "peak RSS is the largest of those runs; the floor is `git ls-tree -r | git cat-file --batch` of the head."
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!();
+    println!(
+        "| environments | full change, local | full change, whole trees | one-file change | peak RSS (local / whole / one) | git floor | terraform plan | terraform / pl (local / whole) |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     for n in sizes {
         let tmp = tempfile::tempdir().expect("tempdir");
         let repo = tmp.path().join("state");
@@ -129,10 +126,7 @@ fn main() {
         git(&repo, &["commit", "-qam", "full, local"]);
         // A full change that is not local: every environment's variables change, so the
         // plan reads both trees whole.
-        let whole = Params {
-            vars_bump: 1,
-            ..full
-        };
+        let whole = Params { vars_bump: 1, ..full };
         write_tree(&repo, &whole);
         git(&repo, &["commit", "-qam", "full, whole trees"]);
         // A one-file change on top of it.
@@ -145,19 +139,12 @@ fn main() {
         );
         git(&repo, &["commit", "-qam", "one file"]);
         git(&repo, &["gc", "-q"]);
-        let pl_cmd = |base: &str, head: &str| {
-            format!(
-                "{} plan . --base {base} --head {head} --format json",
-                pl.display()
-            )
-        };
-        let (full, rss) = measure(&pl_cmd("HEAD~2", "HEAD~1"), &repo, runs);
-        let (one, _) = measure(&pl_cmd("HEAD~1", "HEAD"), &repo, runs);
-        let (floor, _) = measure(
-            "git ls-tree -r --object-only HEAD~1 | git cat-file --batch",
-            &repo,
-            runs,
-        );
+        let pl_cmd =
+            |base: &str, head: &str| format!("{} plan . --base {base} --head {head} --format json", pl.display());
+        let (full, rss) = measure(&pl_cmd("HEAD~3", "HEAD~2"), &repo, runs);
+        let (whole_t, whole_rss) = measure(&pl_cmd("HEAD~2", "HEAD~1"), &repo, runs);
+        let (one, one_rss) = measure(&pl_cmd("HEAD~1", "HEAD"), &repo, runs);
+        let (floor, _) = measure("git ls-tree -r --object-only HEAD | git cat-file --batch", &repo, runs);
         let tf = terraform.then(|| {
             let tfdir = tmp.path().join("tf");
             std::fs::create_dir_all(&tfdir).expect("mkdir");
@@ -179,15 +166,23 @@ fn main() {
         let (tf_s, ratio) = match tf {
             Some(t) => (
                 ms(t),
-                format!("{:.0}×", t.as_secs_f64() / full.as_secs_f64()),
+                format!(
+                    "{:.0}× / {:.0}×",
+                    t.as_secs_f64() / full.as_secs_f64(),
+                    t.as_secs_f64() / whole_t.as_secs_f64()
+                ),
             ),
             None => ("-".into(), "-".into()),
         };
+        let mb = |kib: u64| kib as f64 / 1024.0;
         println!(
-            "| {n} | {} | {} | {:.1} MB | {} | {tf_s} | {ratio} |",
+            "| {n} | {} | {} | {} | {:.0} / {:.0} / {:.0} MB | {} | {tf_s} | {ratio} |",
             ms(full),
+            ms(whole_t),
             ms(one),
-            rss as f64 / 1024.0,
+            mb(rss),
+            mb(whole_rss),
+            mb(one_rss),
             ms(floor)
         );
     }

@@ -11,10 +11,7 @@ use std::path::Path;
 
 fn out(text: &str) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout().lock();
-    match stdout
-        .write_all(text.as_bytes())
-        .and_then(|()| stdout.flush())
-    {
+    match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
         // A closed pipe (`pl show | head`) is not an error worth reporting.
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         other => other.context("writing to stdout"),
@@ -28,21 +25,12 @@ fn rev_of(repo: &StateRepo, spec: Option<&str>) -> anyhow::Result<Rev> {
     })
 }
 
-pub fn validate(
-    dir: &Path,
-    rev: Option<&str>,
-    format: DiagFormat,
-    paint: Paint,
-) -> anyhow::Result<u8> {
+pub fn validate(dir: &Path, rev: Option<&str>, format: DiagFormat, paint: Paint) -> anyhow::Result<u8> {
     let repo = StateRepo::open(dir)?;
     let loaded = load(&repo, &rev_of(&repo, rev)?)?;
     let text = match format {
-        DiagFormat::Text => {
-            render::diagnostics::text(&loaded.diagnostics, loaded.state.len(), loaded.files, paint)
-        }
-        DiagFormat::Json => {
-            render::diagnostics::json(&loaded.diagnostics, loaded.state.len(), loaded.files)
-        }
+        DiagFormat::Text => render::diagnostics::text(&loaded.diagnostics, loaded.state.len(), loaded.files, paint),
+        DiagFormat::Json => render::diagnostics::json(&loaded.diagnostics, loaded.state.len(), loaded.files),
     };
     out(&text)?;
     Ok(if loaded.is_valid() { 0 } else { 1 })
@@ -142,12 +130,10 @@ pub fn plan(
             match output_dir {
                 None => out(&parts.join("\n"))?,
                 Some(d) => {
-                    std::fs::create_dir_all(d)
-                        .with_context(|| format!("creating {}", d.display()))?;
+                    std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
                     for (i, p) in parts.iter().enumerate() {
                         let path = d.join(format!("plan-{}.md", i + 1));
-                        std::fs::write(&path, p)
-                            .with_context(|| format!("writing {}", path.display()))?;
+                        std::fs::write(&path, p).with_context(|| format!("writing {}", path.display()))?;
                         eprintln!("wrote {}", path.display());
                     }
                 }
@@ -190,10 +176,7 @@ pub fn schema() -> anyhow::Result<u8> {
 
 /// The quickstart example, embedded so `pl init` needs nothing else.
 const QUICKSTART: &[(&str, &str)] = &[
-    (
-        "pushleft.yaml",
-        include_str!("../../examples/quickstart/pushleft.yaml"),
-    ),
+    ("pushleft.yaml", include_str!("../../examples/quickstart/pushleft.yaml")),
     (
         "projects/hello.yaml",
         include_str!("../../examples/quickstart/projects/hello.yaml"),
@@ -222,8 +205,7 @@ pub fn init(dir: &Path) -> anyhow::Result<u8> {
     for (rel, text) in QUICKSTART {
         let p = dir.join(rel);
         if let Some(parent) = p.parent() {
-            std::fs::create_dir_all(parent)
-                .with_context(|| format!("creating {}", parent.display()))?;
+            std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
         }
         std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
     }

@@ -119,18 +119,13 @@ fn main() -> ExitCode {
         (true, _) | (_, ColorChoice::Never) => false,
         (_, ColorChoice::Always) => true,
         (_, ColorChoice::Auto) => {
-            std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
-                && std::io::stdout().is_terminal()
+            std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()) && std::io::stdout().is_terminal()
         }
     };
     let paint = render::Paint::new(colour);
     let dir = |d: Option<PathBuf>| d.unwrap_or_else(|| PathBuf::from("."));
     let result = match cli.command {
-        Command::Validate {
-            dir: d,
-            rev,
-            format,
-        } => commands::validate(&dir(d), rev.as_deref(), format, paint),
+        Command::Validate { dir: d, rev, format } => commands::validate(&dir(d), rev.as_deref(), format, paint),
         Command::Plan {
             dir: d,
             base,
@@ -147,11 +142,7 @@ fn main() -> ExitCode {
             output_dir.as_deref(),
             paint,
         ),
-        Command::Show {
-            dir: d,
-            rev,
-            format,
-        } => commands::show(&dir(d), rev.as_deref(), format, paint),
+        Command::Show { dir: d, rev, format } => commands::show(&dir(d), rev.as_deref(), format, paint),
         Command::Schema => commands::schema(),
         Command::Init { dir: d } => commands::init(&dir(d)),
         Command::Completions { shell } => {

@@ -23,9 +23,7 @@ fn quickstart_repo(dir: &Path) {
 #[test]
 fn examples_validate() {
     for ex in ["quickstart", "acme"] {
-        let o = run(pl()
-            .arg("validate")
-            .arg(workspace().join("examples").join(ex)));
+        let o = run(pl().arg("validate").arg(workspace().join("examples").join(ex)));
         assert_eq!(o.status.code(), Some(0), "{ex}: {}", stdout(&o));
     }
 }
@@ -35,11 +33,7 @@ fn limits_are_refused_on_disk_and_in_git() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let repo = tmp.path();
     quickstart_repo(repo);
-    std::fs::write(
-        repo.join("big.yaml"),
-        format!("# {}\n", "x".repeat(1 << 20)),
-    )
-    .expect("write");
+    std::fs::write(repo.join("big.yaml"), format!("# {}\n", "x".repeat(1 << 20))).expect("write");
     std::fs::write(repo.join("many.yaml"), "---\na: 1\n".repeat(10_001)).expect("write");
     std::os::unix::fs::symlink("/etc/passwd", repo.join("link.yaml")).expect("symlink");
     std::os::unix::fs::symlink("pools", repo.join("linked-dir")).expect("symlink");
@@ -78,9 +72,7 @@ fn limits_are_refused_on_disk_and_in_git() {
         ],
     );
     git(repo, &["commit", "-q", "-m", "limits"]);
-    let o = run(pl()
-        .args(["validate", "--format", "json", "--rev", "HEAD"])
-        .arg(repo));
+    let o = run(pl().args(["validate", "--format", "json", "--rev", "HEAD"]).arg(repo));
     assert_eq!(o.status.code(), Some(1));
     let mut got = codes(&stdout(&o));
     got.sort();
@@ -95,9 +87,7 @@ fn limits_are_refused_on_disk_and_in_git() {
         ]
     );
     // A refused tree cannot be planned.
-    let o = run(pl()
-        .args(["plan", "--base", "HEAD~1", "--head", "HEAD"])
-        .arg(repo));
+    let o = run(pl().args(["plan", "--base", "HEAD~1", "--head", "HEAD"]).arg(repo));
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("file-too-large"), "{}", stderr(&o));
 }
@@ -119,10 +109,7 @@ fn init_writes_a_valid_tree_and_refuses_to_overwrite() {
         std::fs::read_to_string(dir.join("projects/hello.yaml")).expect("read"),
         "edited"
     );
-    assert!(
-        !dir.join("pools/default.yaml").exists(),
-        "nothing was written"
-    );
+    assert!(!dir.join("pools/default.yaml").exists(), "nothing was written");
 }
 
 #[test]
@@ -141,20 +128,14 @@ fn plan_uses_the_merge_base_of_diverged_branches() {
     std::fs::write(repo.join("pools/default.yaml"), pool).expect("write");
     let main_tip = commit_all(repo, "main moves on");
     git(repo, &["checkout", "-q", "feature"]);
-    let o = run(pl()
-        .args(["plan", "--base", "main", "--format", "json"])
-        .arg(repo));
+    let o = run(pl().args(["plan", "--base", "main", "--format", "json"]).arg(repo));
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
     let mb = v["mergeBase"].as_str().expect("merge base reported");
     assert_ne!(mb, main_tip);
     assert_eq!(v["base"]["commit"].as_str(), Some(mb));
     let changes = v["changes"].as_array().expect("changes");
-    assert_eq!(
-        changes.len(),
-        1,
-        "only the feature's own change: {changes:?}"
-    );
+    assert_eq!(changes.len(), 1, "only the feature's own change: {changes:?}");
     assert_eq!(changes[0]["name"], "hello-preview");
     assert_eq!(
         v["consequences"]["hostnamesAdded"][0],
@@ -167,9 +148,7 @@ fn exit_codes_colour_and_determinism() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let repo = tmp.path();
     quickstart_repo(repo);
-    let same = run(pl()
-        .args(["plan", "--detailed-exitcode", "--base", "HEAD"])
-        .arg(repo));
+    let same = run(pl().args(["plan", "--detailed-exitcode", "--base", "HEAD"]).arg(repo));
     assert_eq!(same.status.code(), Some(0));
     assert!(stdout(&same).contains("Plan: 0 to add, 0 to change, 0 to destroy."));
     let p = repo.join("projects/hello.yaml");
@@ -180,27 +159,17 @@ fn exit_codes_colour_and_determinism() {
             .replace("replicas: 2", "replicas: 3"),
     )
     .expect("write");
-    let changed = run(pl()
-        .args(["plan", "--detailed-exitcode", "--base", "HEAD"])
-        .arg(repo));
+    let changed = run(pl().args(["plan", "--detailed-exitcode", "--base", "HEAD"]).arg(repo));
     assert_eq!(changed.status.code(), Some(2));
-    assert!(
-        !stdout(&changed).contains('\u{1b}'),
-        "no colour when not a terminal"
-    );
+    assert!(!stdout(&changed).contains('\u{1b}'), "no colour when not a terminal");
     let plain = run(pl().args(["plan", "--base", "HEAD"]).arg(repo));
     assert_eq!(
         plain.status.code(),
         Some(0),
         "without --detailed-exitcode changes exit 0"
     );
-    let coloured = run(pl()
-        .args(["plan", "--color", "always", "--base", "HEAD"])
-        .arg(repo));
-    assert!(
-        stdout(&coloured).contains("\u{1b}[32m+"),
-        "green insertions"
-    );
+    let coloured = run(pl().args(["plan", "--color", "always", "--base", "HEAD"]).arg(repo));
+    assert!(stdout(&coloured).contains("\u{1b}[32m+"), "green insertions");
     let off = run(pl()
         .args(["plan", "--color", "always", "--no-color", "--base", "HEAD"])
         .arg(repo));
@@ -211,18 +180,10 @@ fn exit_codes_colour_and_determinism() {
     assert_eq!(bad_rev.status.code(), Some(1));
     assert!(stderr(&bad_rev).contains("no-such-branch"));
     let usage = run(pl().args(["plan", "--detailed-exitcode"]).arg(repo));
-    assert_eq!(
-        usage.status.code(),
-        Some(1),
-        "usage errors are not 'changes'"
-    );
+    assert_eq!(usage.status.code(), Some(1), "usage errors are not 'changes'");
     // Separate processes (separate hash seeds) give byte-identical output.
-    let a = run(pl()
-        .args(["plan", "--format", "json", "--base", "HEAD"])
-        .arg(repo));
-    let b = run(pl()
-        .args(["plan", "--format", "json", "--base", "HEAD"])
-        .arg(repo));
+    let a = run(pl().args(["plan", "--format", "json", "--base", "HEAD"]).arg(repo));
+    let b = run(pl().args(["plan", "--format", "json", "--base", "HEAD"]).arg(repo));
     assert_eq!(a.stdout, b.stdout);
     assert!(stdout(&a).contains("\"spec.roles.web.replicas\""));
 }
@@ -233,9 +194,7 @@ fn invalid_head_is_reported_in_the_plan_format() {
     let repo = tmp.path();
     quickstart_repo(repo);
     std::fs::write(repo.join("environments/broken.yaml"), "apiVersion: pushleft.dev/v1alpha1\nkind: Environment\nmetadata: {name: broken}\nspec: {project: nope, stage: production, pool: default}\n").expect("write");
-    let o = run(pl()
-        .args(["plan", "--format", "json", "--base", "HEAD"])
-        .arg(repo));
+    let o = run(pl().args(["plan", "--format", "json", "--base", "HEAD"]).arg(repo));
     assert_eq!(o.status.code(), Some(1));
     assert_eq!(codes(&stdout(&o)), ["dangling-reference"]);
 }
@@ -259,14 +218,7 @@ fn markdown_splits_long_plans_into_parts() {
     synthesize("1");
     let outdir = tmp.path().join("md");
     let o = run(pl()
-        .args([
-            "plan",
-            "--format",
-            "markdown",
-            "--base",
-            "HEAD",
-            "--output-dir",
-        ])
+        .args(["plan", "--format", "markdown", "--base", "HEAD", "--output-dir"])
         .arg(&outdir)
         .arg(&repo));
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
@@ -275,10 +227,7 @@ fn markdown_splits_long_plans_into_parts() {
         .map(|e| std::fs::read_to_string(e.expect("entry").path()).expect("read"))
         .collect();
     parts.sort_by_key(|p| p.lines().next().map(str::to_owned));
-    assert!(
-        parts.len() > 1,
-        "600 changed environments do not fit one comment"
-    );
+    assert!(parts.len() > 1, "600 changed environments do not fit one comment");
     let n = parts.len();
     for (i, p) in parts.iter().enumerate() {
         assert!(
@@ -295,20 +244,10 @@ fn markdown_splits_long_plans_into_parts() {
     }
     let all = parts.concat();
     for i in 0..600 {
-        assert!(
-            all.contains(&format!("Environment/env-{i:06} ")),
-            "env-{i:06} missing"
-        );
+        assert!(all.contains(&format!("Environment/env-{i:06} ")), "env-{i:06} missing");
     }
-    let stdout_md = run(pl()
-        .args(["plan", "--format", "markdown", "--base", "HEAD"])
-        .arg(&repo));
-    assert_eq!(
-        stdout(&stdout_md)
-            .matches("<!-- pushleft-plan part ")
-            .count(),
-        n
-    );
+    let stdout_md = run(pl().args(["plan", "--format", "markdown", "--base", "HEAD"]).arg(&repo));
+    assert_eq!(stdout(&stdout_md).matches("<!-- pushleft-plan part ").count(), n);
 }
 
 #[test]
@@ -317,10 +256,7 @@ fn a_state_tree_inside_a_monorepo_folder() {
     let repo = tmp.path();
     init_repo(repo);
     std::fs::write(repo.join("README.yaml"), "not: state\n").expect("write");
-    copy_tree(
-        &workspace().join("examples/quickstart"),
-        &repo.join("infra"),
-    );
+    copy_tree(&workspace().join("examples/quickstart"), &repo.join("infra"));
     commit_all(repo, "monorepo");
     let infra = repo.join("infra");
     let p = infra.join("environments/hello-production.yaml");
@@ -331,16 +267,11 @@ fn a_state_tree_inside_a_monorepo_folder() {
     .expect("write");
     commit_all(repo, "scale");
     let o = run(pl()
-        .args([
-            "plan", "--format", "json", "--base", "HEAD~1", "--head", "HEAD",
-        ])
+        .args(["plan", "--format", "json", "--base", "HEAD~1", "--head", "HEAD"])
         .arg(&infra));
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
-    assert_eq!(
-        v["changes"][0]["file"],
-        "environments/hello-production.yaml"
-    );
+    assert_eq!(v["changes"][0]["file"], "environments/hello-production.yaml");
     assert_eq!(v["consequences"]["replicasChanged"][0]["after"], 5);
     assert_eq!(
         run(pl().args(["validate", "--rev", "HEAD~1"]).arg(&infra))
@@ -354,17 +285,13 @@ fn a_state_tree_inside_a_monorepo_folder() {
 fn schema_completions_and_docs() {
     let o = run(pl().arg("schema"));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("schema is JSON");
-    assert_eq!(
-        v["properties"]["kind"]["enum"].as_array().map(Vec::len),
-        Some(6)
-    );
+    assert_eq!(v["properties"]["kind"]["enum"].as_array().map(Vec::len), Some(6));
     let o = run(pl().args(["completions", "bash"]));
     assert!(
         stdout(&o).contains("pl__plan") || stdout(&o).contains("plan"),
         "bash completion mentions subcommands"
     );
-    let docs = std::fs::read_to_string(workspace().join("docs/diagnostics.md"))
-        .expect("docs/diagnostics.md");
+    let docs = std::fs::read_to_string(workspace().join("docs/diagnostics.md")).expect("docs/diagnostics.md");
     for code in state_schema::diag::Code::ALL {
         assert!(
             docs.contains(&format!("`{}`", code.as_str())),
@@ -395,14 +322,10 @@ fn incremental_and_whole_plans_agree() {
     commit_all(&repo, "one environment scaled");
     // Committed head: the trees are diffed and only the changed blob is parsed.
     let local = run(pl()
-        .args([
-            "plan", "--format", "json", "--base", "HEAD~1", "--head", "HEAD",
-        ])
+        .args(["plan", "--format", "json", "--base", "HEAD~1", "--head", "HEAD"])
         .arg(&repo));
     // Working-tree head: both trees are read whole.
-    let whole = run(pl()
-        .args(["plan", "--format", "json", "--base", "HEAD~1"])
-        .arg(&repo));
+    let whole = run(pl().args(["plan", "--format", "json", "--base", "HEAD~1"]).arg(&repo));
     assert_eq!(local.status.code(), Some(0), "{}", stderr(&local));
     assert_eq!(whole.status.code(), Some(0), "{}", stderr(&whole));
     let strip = |o: &std::process::Output| {
@@ -415,4 +338,35 @@ fn incremental_and_whole_plans_agree() {
         strip(&local)["consequences"]["replicasChanged"][0]["environment"],
         "env-000042"
     );
+}
+
+/// On a terminal `auto` colours, and `NO_COLOR` turns that off (run under `script`, which gives
+/// the command a pseudo-terminal).
+#[test]
+fn no_color_is_honoured_on_a_terminal() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let repo = tmp.path();
+    quickstart_repo(repo);
+    let p = repo.join("projects/hello.yaml");
+    std::fs::write(
+        &p,
+        std::fs::read_to_string(&p)
+            .expect("read")
+            .replace("replicas: 2", "replicas: 3"),
+    )
+    .expect("write");
+    let cmd = format!("{} plan --base HEAD {}", env!("CARGO_BIN_EXE_pl"), repo.display());
+    let on_tty = |no_color: Option<&str>| {
+        let mut c = std::process::Command::new("script");
+        c.args(["-qec", &cmd, "/dev/null"]).env_remove("NO_COLOR");
+        if let Some(v) = no_color {
+            c.env("NO_COLOR", v);
+        }
+        let o = c.output().expect("script runs");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    assert!(on_tty(None).contains("\u{1b}["), "colour on a terminal");
+    assert!(!on_tty(Some("1")).contains("\u{1b}["), "NO_COLOR=1 turns it off");
+    assert!(on_tty(Some("")).contains("\u{1b}["), "an empty NO_COLOR does not count");
 }

@@ -27,16 +27,8 @@ fn validate_golden() {
             let o = run(pl()
                 .args(["validate", "--color", "never", "--format", format])
                 .arg(&tree));
-            assert_eq!(
-                o.status.code(),
-                Some(1),
-                "{case}: invalid trees exit 1\n{}",
-                stderr(&o)
-            );
-            check_golden(
-                &root.join(&case).join(format!("expected.{ext}")),
-                &stdout(&o),
-            );
+            assert_eq!(o.status.code(), Some(1), "{case}: invalid trees exit 1\n{}", stderr(&o));
+            check_golden(&root.join(&case).join(format!("expected.{ext}")), &stdout(&o));
         }
     }
 }
@@ -52,24 +44,18 @@ fn plan_golden() {
         commit_all(&repo, "base");
         replace_tree(&repo, &root.join(&case).join("head"));
         // The working tree first (uncommitted head), then the committed head.
-        let o = run(pl()
-            .args(["plan", "--color", "never", "--base", "main"])
-            .arg(&repo));
+        let o = run(pl().args(["plan", "--color", "never", "--base", "main"]).arg(&repo));
         assert_eq!(o.status.code(), Some(0), "{case}: {}", stderr(&o));
         check_golden(&root.join(&case).join("expected-worktree.txt"), &stdout(&o));
         commit_all(&repo, "head");
         for (format, ext) in [("text", "txt"), ("markdown", "md"), ("json", "json")] {
             let o = run(pl()
                 .args([
-                    "plan", "--color", "never", "--base", "HEAD~1", "--head", "HEAD", "--format",
-                    format,
+                    "plan", "--color", "never", "--base", "HEAD~1", "--head", "HEAD", "--format", format,
                 ])
                 .arg(&repo));
             assert_eq!(o.status.code(), Some(0), "{case} {format}: {}", stderr(&o));
-            check_golden(
-                &root.join(&case).join(format!("expected.{ext}")),
-                &stdout(&o),
-            );
+            check_golden(&root.join(&case).join(format!("expected.{ext}")), &stdout(&o));
         }
     }
 }

@@ -23,8 +23,7 @@ struct Parsed {
 
 fn blob_id(bytes: &[u8]) -> ObjectId {
     // Hashing a byte slice as a blob cannot fail for SHA-1.
-    gix::objs::compute_hash(gix::hash::Kind::Sha1, gix::objs::Kind::Blob, bytes)
-        .expect("hashing a blob in memory")
+    gix::objs::compute_hash(gix::hash::Kind::Sha1, gix::objs::Kind::Blob, bytes).expect("hashing a blob in memory")
 }
 
 /// Reads and parses `entries` in parallel, skipping those already parsed in `known`.
@@ -78,12 +77,7 @@ fn select(listing: &Listing, root: Option<&ParsedFile>) -> (Vec<FileEntry>, Vec<
     let mut problems = listing.problems.clone();
     if globs.is_empty() {
         return (
-            listing
-                .files
-                .iter()
-                .filter(|f| f.path != ROOT_FILE)
-                .cloned()
-                .collect(),
+            listing.files.iter().filter(|f| f.path != ROOT_FILE).cloned().collect(),
             problems,
         );
     }
@@ -126,12 +120,7 @@ fn load_side(
     known: &HashMap<(String, ObjectId), Arc<ParsedFile>>,
 ) -> Result<SideFiles, SourceError> {
     let listing = repo.list(rev)?;
-    let root_entry: Vec<FileEntry> = listing
-        .files
-        .iter()
-        .filter(|f| f.path == ROOT_FILE)
-        .cloned()
-        .collect();
+    let root_entry: Vec<FileEntry> = listing.files.iter().filter(|f| f.path == ROOT_FILE).cloned().collect();
     let mut parsed = parse_entries(repo, &root_entry, known)?;
     let (rest, problems) = select(&listing, parsed.first().map(|p| p.file.as_ref()));
     parsed.extend(parse_entries(repo, &rest, known)?);
@@ -139,11 +128,7 @@ fn load_side(
 }
 
 fn finish(side: SideFiles) -> Loaded {
-    let files = side
-        .parsed
-        .into_iter()
-        .map(|p| Arc::unwrap_or_clone(p.file))
-        .collect();
+    let files = side.parsed.into_iter().map(|p| Arc::unwrap_or_clone(p.file)).collect();
     assemble(files, side.problems)
 }
 
@@ -156,28 +141,14 @@ pub fn load(repo: &StateRepo, rev: &Rev) -> Result<Loaded, SourceError> {
 type Known = HashMap<(String, ObjectId), Arc<ParsedFile>>;
 
 /// Loads the two sides of a plan, parsing each distinct file once.
-pub fn load_pair(
-    repo: &StateRepo,
-    base: &Rev,
-    head: &Rev,
-) -> Result<(Loaded, Loaded), SourceError> {
+pub fn load_pair(repo: &StateRepo, base: &Rev, head: &Rev) -> Result<(Loaded, Loaded), SourceError> {
     load_pair_with(repo, base, head, Known::new())
 }
 
 /// [`load_pair`], reusing files parsed already.
-fn load_pair_with(
-    repo: &StateRepo,
-    base: &Rev,
-    head: &Rev,
-    mut known: Known,
-) -> Result<(Loaded, Loaded), SourceError> {
+fn load_pair_with(repo: &StateRepo, base: &Rev, head: &Rev, mut known: Known) -> Result<(Loaded, Loaded), SourceError> {
     let head_side = load_side(repo, head, &known)?;
-    known.extend(
-        head_side
-            .parsed
-            .iter()
-            .map(|p| (p.key.clone(), Arc::clone(&p.file))),
-    );
+    known.extend(head_side.parsed.iter().map(|p| (p.key.clone(), Arc::clone(&p.file))));
     let base_side = load_side(repo, base, &known)?;
     // Dropping the cache leaves one reference to files only one side has: they move into
     // their state without a copy. Files both sides share are copied once; assembling the two
@@ -197,11 +168,7 @@ pub struct PlanInput {
 /// is local (see `state_schema::incremental`) only the changed blobs and `pushleft.yaml` are
 /// read and parsed. Otherwise, and for a working-tree head, both trees are read whole (reusing
 /// what was parsed to find out).
-pub fn load_for_plan(
-    repo: &StateRepo,
-    base: &Commit,
-    head: &Rev,
-) -> Result<PlanInput, SourceError> {
+pub fn load_for_plan(repo: &StateRepo, base: &Commit, head: &Rev) -> Result<PlanInput, SourceError> {
     let mut known = Known::new();
     if let Rev::Commit(h) = head {
         match load_local(repo, base, h)? {
@@ -232,8 +199,7 @@ fn load_local(repo: &StateRepo, base: &Commit, head: &Commit) -> Result<Local, S
     let Some(root) = repo.entry_at(head, ROOT_FILE)? else {
         return not_local();
     };
-    let Some(root_parsed) = parse_entries(repo, std::slice::from_ref(&root), &Known::new())?.pop()
-    else {
+    let Some(root_parsed) = parse_entries(repo, std::slice::from_ref(&root), &Known::new())?.pop() else {
         return not_local();
     };
     // `include` applies to changed files as to any other.
@@ -265,10 +231,7 @@ fn load_local(repo: &StateRepo, base: &Commit, head: &Commit) -> Result<Local, S
     // Ours are the only references, so the files move into their states without a copy.
     let root_file = root_parsed.file;
     let side = |files: Vec<Parsed>| {
-        let mut v: Vec<ParsedFile> = files
-            .into_iter()
-            .map(|p| Arc::unwrap_or_clone(p.file))
-            .collect();
+        let mut v: Vec<ParsedFile> = files.into_iter().map(|p| Arc::unwrap_or_clone(p.file)).collect();
         v.push((*root_file).clone());
         assemble_partial(v, Vec::new())
     };

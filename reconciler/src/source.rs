@@ -96,9 +96,7 @@ impl StateRepo {
     /// Opens the state tree at `dir`. A directory outside Git can still be read from disk.
     pub fn open(dir: &Path) -> Result<Self, SourceError> {
         if !dir.is_dir() {
-            return Err(SourceError::NoDirectory {
-                path: dir.to_owned(),
-            });
+            return Err(SourceError::NoDirectory { path: dir.to_owned() });
         }
         let root = dir.canonicalize().map_err(|source| SourceError::Io {
             path: dir.to_owned(),
@@ -152,9 +150,7 @@ impl StateRepo {
         let object = id.object().map_err(git(format!("object of `{spec}`")))?;
         let commit = object
             .peel_to_commit()
-            .map_err(|_| SourceError::NotACommit {
-                spec: spec.to_owned(),
-            })?;
+            .map_err(|_| SourceError::NotACommit { spec: spec.to_owned() })?;
         Ok(Commit {
             spec: spec.to_owned(),
             id: commit.id,
@@ -182,9 +178,7 @@ impl StateRepo {
 
     fn walk_commit(&self, c: &Commit, listing: &mut Listing) -> Result<(), SourceError> {
         let repo = self.repo()?;
-        let commit = repo
-            .find_commit(c.id)
-            .map_err(git(format!("commit {}", c.id)))?;
+        let commit = repo.find_commit(c.id).map_err(git(format!("commit {}", c.id)))?;
         let mut tree = commit.tree().map_err(git(format!("tree of {}", c.id)))?;
         if !self.prefix.is_empty() {
             let entry = tree
@@ -192,9 +186,7 @@ impl StateRepo {
                 .map_err(git("the state tree's folder"))?;
             match entry {
                 Some(e) if e.mode().is_tree() => {
-                    tree = repo
-                        .find_tree(e.object_id())
-                        .map_err(git("the state tree's folder"))?
+                    tree = repo.find_tree(e.object_id()).map_err(git("the state tree's folder"))?
                 }
                 // The folder does not exist at this revision: an empty state.
                 _ => return Ok(()),
@@ -204,11 +196,7 @@ impl StateRepo {
     }
 
     /// Reads one file, refusing it when it grew past the limit since it was listed.
-    pub fn read(
-        &self,
-        repo: Option<&gix::Repository>,
-        entry: &FileEntry,
-    ) -> Result<Vec<u8>, SourceError> {
+    pub fn read(&self, repo: Option<&gix::Repository>, entry: &FileEntry) -> Result<Vec<u8>, SourceError> {
         match (entry.blob, repo) {
             (Some(id), Some(repo)) => {
                 let mut blob = repo.find_blob(id).map_err(git(entry.path.clone()))?;
@@ -228,9 +216,7 @@ impl StateRepo {
     pub fn thread_repo(&self) -> Option<gix::Repository> {
         // No object cache: every blob is read once, and copying each into a cache costs more
         // than it saves; gix's pack delta cache still serves delta bases.
-        self.repo
-            .as_ref()
-            .map(gix::ThreadSafeRepository::to_thread_local)
+        self.repo.as_ref().map(gix::ThreadSafeRepository::to_thread_local)
     }
 }
 
@@ -270,9 +256,7 @@ fn walk_tree(
         let path = format!("{dir}{name}");
         match entry.kind() {
             EntryKind::Tree => {
-                let sub = repo
-                    .find_tree(entry.object_id())
-                    .map_err(git(path.clone()))?;
+                let sub = repo.find_tree(entry.object_id()).map_err(git(path.clone()))?;
                 walk_tree(repo, &sub, &format!("{path}/"), listing)?;
             }
             EntryKind::Link => listing.problems.push(
@@ -304,9 +288,7 @@ fn walk_tree(
                     continue;
                 }
                 // The header gives the size without inflating the blob.
-                let header = repo
-                    .find_header(entry.object_id())
-                    .map_err(git(path.clone()))?;
+                let header = repo.find_header(entry.object_id()).map_err(git(path.clone()))?;
                 push_file(listing, path, Some(entry.object_id()), header.size());
             }
         }
@@ -320,12 +302,10 @@ fn walk_dir(root: &Path, dir: &str, listing: &mut Listing) -> Result<(), SourceE
         path: full.clone(),
         source,
     })?;
-    let mut entries: Vec<std::fs::DirEntry> =
-        read.collect::<Result<_, _>>()
-            .map_err(|source| SourceError::Io {
-                path: full.clone(),
-                source,
-            })?;
+    let mut entries: Vec<std::fs::DirEntry> = read.collect::<Result<_, _>>().map_err(|source| SourceError::Io {
+        path: full.clone(),
+        source,
+    })?;
     entries.sort_by_key(std::fs::DirEntry::file_name);
     for entry in entries {
         let name_os = entry.file_name();
@@ -379,10 +359,7 @@ fn check_totals(listing: &mut Listing) {
             Code::TooManyFiles,
             ".",
             None,
-            format!(
-                "{} YAML files; the limit is {MAX_FILES}",
-                listing.files.len()
-            ),
+            format!("{} YAML files; the limit is {MAX_FILES}", listing.files.len()),
         ));
         listing.files.clear();
         return;
@@ -417,14 +394,8 @@ pub struct TreeDiff {
 }
 
 impl StateRepo {
-    fn state_tree<'r>(
-        &self,
-        repo: &'r gix::Repository,
-        c: &Commit,
-    ) -> Result<Option<gix::Tree<'r>>, SourceError> {
-        let commit = repo
-            .find_commit(c.id)
-            .map_err(git(format!("commit {}", c.id)))?;
+    fn state_tree<'r>(&self, repo: &'r gix::Repository, c: &Commit) -> Result<Option<gix::Tree<'r>>, SourceError> {
+        let commit = repo.find_commit(c.id).map_err(git(format!("commit {}", c.id)))?;
         let tree = commit.tree().map_err(git(format!("tree of {}", c.id)))?;
         if self.prefix.is_empty() {
             return Ok(Some(tree));
@@ -434,8 +405,7 @@ impl StateRepo {
             .map_err(git("the state tree's folder"))?;
         match entry {
             Some(e) if e.mode().is_tree() => Ok(Some(
-                repo.find_tree(e.object_id())
-                    .map_err(git("the state tree's folder"))?,
+                repo.find_tree(e.object_id()).map_err(git("the state tree's folder"))?,
             )),
             _ => Ok(None),
         }
@@ -447,9 +417,7 @@ impl StateRepo {
         let Some(tree) = self.state_tree(&repo, c)? else {
             return Ok(None);
         };
-        let entry = tree
-            .lookup_entry_by_path(path)
-            .map_err(git(path.to_owned()))?;
+        let entry = tree.lookup_entry_by_path(path).map_err(git(path.to_owned()))?;
         match entry {
             Some(e) if matches!(e.mode().kind(), EntryKind::Blob | EntryKind::BlobExecutable) => {
                 Ok(Some(file_entry(&repo, path, e.object_id())?))
@@ -509,22 +477,18 @@ fn diff_trees(
             continue;
         }
         let path = format!("{dir}{name}");
-        let sub =
-            |e: Option<&(EntryKind, ObjectId)>| -> Result<Option<gix::Tree<'_>>, SourceError> {
-                match e {
-                    Some((EntryKind::Tree, id)) => {
-                        Ok(Some(repo.find_tree(*id).map_err(git(path.clone()))?))
-                    }
-                    _ => Ok(None),
-                }
-            };
+        let sub = |e: Option<&(EntryKind, ObjectId)>| -> Result<Option<gix::Tree<'_>>, SourceError> {
+            match e {
+                Some((EntryKind::Tree, id)) => Ok(Some(repo.find_tree(*id).map_err(git(path.clone()))?)),
+                _ => Ok(None),
+            }
+        };
         let (ta, tb) = (sub(x)?, sub(y)?);
         if ta.is_some() || tb.is_some() {
             diff_trees(repo, ta.as_ref(), tb.as_ref(), &format!("{path}/"), out)?;
         }
-        let is_blob = |e: Option<&(EntryKind, ObjectId)>| {
-            matches!(e, Some((EntryKind::Blob | EntryKind::BlobExecutable, _)))
-        };
+        let is_blob =
+            |e: Option<&(EntryKind, ObjectId)>| matches!(e, Some((EntryKind::Blob | EntryKind::BlobExecutable, _)));
         match y {
             Some((EntryKind::Link, _)) => out.problems.push(
                 Diagnostic::error(
@@ -547,9 +511,7 @@ fn diff_trees(
             continue;
         }
         let base = match x {
-            Some((EntryKind::Blob | EntryKind::BlobExecutable, id)) => {
-                Some(file_entry(repo, &path, *id)?)
-            }
+            Some((EntryKind::Blob | EntryKind::BlobExecutable, id)) => Some(file_entry(repo, &path, *id)?),
             _ => None,
         };
         let head = match y {

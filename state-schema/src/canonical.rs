@@ -34,12 +34,7 @@ pub fn document(obj: &Object, secrets: Secrets) -> Value {
                 let data: Map<String, Value> = s
                     .data
                     .iter()
-                    .map(|(k, c)| {
-                        (
-                            k.clone(),
-                            Value::String(format!("(encrypted {})", c.fingerprint())),
-                        )
-                    })
+                    .map(|(k, c)| (k.clone(), Value::String(format!("(encrypted {})", c.fingerprint()))))
                     .collect();
                 v["data"] = Value::Object(data);
             }
@@ -194,16 +189,10 @@ fn plain_safe(s: &str) -> bool {
     let Some(first) = s.chars().next() else {
         return false;
     };
-    if "-?:,[]{}#&*!|>'\"%@`~ \t".contains(first)
-        && !(first == '-' && s.len() > 1 && !s[1..].starts_with(' '))
-    {
+    if "-?:,[]{}#&*!|>'\"%@`~ \t".contains(first) && !(first == '-' && s.len() > 1 && !s[1..].starts_with(' ')) {
         return false;
     }
-    if s.ends_with([' ', ':', '\t'])
-        || s.contains(": ")
-        || s.contains(" #")
-        || s.contains(['\n', '\r', '\t'])
-    {
+    if s.ends_with([' ', ':', '\t']) || s.contains(": ") || s.contains(" #") || s.contains(['\n', '\r', '\t']) {
         return false;
     }
     if s.chars().any(|c| c.is_control() || c == '\u{feff}') {
@@ -213,17 +202,14 @@ fn plain_safe(s: &str) -> bool {
         return false;
     }
     // Flow indicators are harmless in block context but confuse readers; quote them.
-    !s.contains([',', '[', ']', '{', '}'])
-        && matches!(crate::yaml::resolve_plain(s), crate::yaml::Value::Str(_))
+    !s.contains([',', '[', ']', '{', '}']) && matches!(crate::yaml::resolve_plain(s), crate::yaml::Value::Str(_))
 }
 
 fn literal_safe(s: &str) -> bool {
     s.contains('\n')
         && !s.starts_with([' ', '\n'])
         && !s.ends_with("\n\n")
-        && !s
-            .chars()
-            .any(|c| (c.is_control() && c != '\n') || c == '\u{feff}')
+        && !s.chars().any(|c| (c.is_control() && c != '\n') || c == '\u{feff}')
         && !s.split('\n').any(|l| l.ends_with(' '))
 }
 

@@ -16,17 +16,10 @@ pub(crate) struct Ctx<'a> {
 
 impl Ctx<'_> {
     pub fn error(&mut self, code: Code, pos: Pos, message: impl Into<String>) {
-        self.diags
-            .push(Diagnostic::error(code, self.file, Some(pos), message));
+        self.diags.push(Diagnostic::error(code, self.file, Some(pos), message));
     }
 
-    pub fn error_hint(
-        &mut self,
-        code: Code,
-        pos: Pos,
-        message: impl Into<String>,
-        hint: impl Into<String>,
-    ) {
+    pub fn error_hint(&mut self, code: Code, pos: Pos, message: impl Into<String>, hint: impl Into<String>) {
         self.diags
             .push(Diagnostic::error(code, self.file, Some(pos), message).with_hint(hint));
     }
@@ -41,23 +34,14 @@ impl Ctx<'_> {
 
     pub fn wrong_type(&mut self, node: &Node<'_>, what: &str, expected: &str) {
         let hint = match (&node.value, expected) {
-            (Value::Str(s), "an integer") if s.trim().parse::<i64>().is_ok() => {
-                Some("remove the quotes".to_owned())
-            }
-            (Value::Str(s), "a boolean")
-                if matches!(s.as_ref(), "yes" | "no" | "on" | "off" | "y" | "n") =>
-            {
+            (Value::Str(s), "an integer") if s.trim().parse::<i64>().is_ok() => Some("remove the quotes".to_owned()),
+            (Value::Str(s), "a boolean") if matches!(s.as_ref(), "yes" | "no" | "on" | "off" | "y" | "n") => {
                 Some("write `true` or `false`".to_owned())
             }
-            (Value::Int(_) | Value::Float(_) | Value::Bool(_), "a string") => {
-                Some("quote the value".to_owned())
-            }
+            (Value::Int(_) | Value::Float(_) | Value::Bool(_), "a string") => Some("quote the value".to_owned()),
             _ => None,
         };
-        let msg = format!(
-            "{what} must be {expected}, found {}",
-            node.value.type_name()
-        );
+        let msg = format!("{what} must be {expected}, found {}", node.value.type_name());
         match hint {
             Some(h) => self.error_hint(Code::WrongType, node.pos, msg, h),
             None => self.error(Code::WrongType, node.pos, msg),
@@ -127,24 +111,20 @@ impl<'n> Fields<'n> {
                 continue;
             };
             if entries.iter().any(|(e, _)| *e == key.as_ref()) {
-                ctx.error(
-                    Code::DuplicateKey,
-                    k.pos,
-                    format!("`{key}` appears twice in {what}"),
-                );
+                ctx.error(Code::DuplicateKey, k.pos, format!("`{key}` appears twice in {what}"));
                 continue;
             }
             if !known.contains(&key.as_ref()) {
                 let msg = format!("unknown field `{key}` in {what}");
                 if key.as_ref() == "<<" {
-                    ctx.error_hint(Code::UnknownField, k.pos, msg, "YAML merge keys are not supported; repeat the fields or use an alias for the whole value");
-                } else if let Some(s) = did_you_mean(key.as_ref(), known) {
                     ctx.error_hint(
                         Code::UnknownField,
                         k.pos,
                         msg,
-                        format!("did you mean `{s}`?"),
+                        "YAML merge keys are not supported; repeat the fields or use an alias for the whole value",
                     );
+                } else if let Some(s) = did_you_mean(key.as_ref(), known) {
+                    ctx.error_hint(Code::UnknownField, k.pos, msg, format!("did you mean `{s}`?"));
                 } else {
                     ctx.error_hint(
                         Code::UnknownField,
@@ -157,10 +137,7 @@ impl<'n> Fields<'n> {
             }
             entries.push((key.as_ref(), v));
         }
-        Some(Fields {
-            entries,
-            pos: node.pos,
-        })
+        Some(Fields { entries, pos: node.pos })
     }
 
     /// The value of a field, `None` when absent. A null value counts as absent.
@@ -176,11 +153,7 @@ impl<'n> Fields<'n> {
     pub fn require(&self, ctx: &mut Ctx<'_>, name: &str, what: &str) -> Option<&'n Node<'n>> {
         let v = self.get(name);
         if v.is_none() {
-            ctx.error(
-                Code::MissingField,
-                self.pos,
-                format!("{what} needs `{name}`"),
-            );
+            ctx.error(Code::MissingField, self.pos, format!("{what} needs `{name}`"));
         }
         v
     }
@@ -197,13 +170,7 @@ pub(crate) fn string<'n>(ctx: &mut Ctx<'_>, node: &'n Node<'_>, what: &str) -> O
 }
 
 /// An integer within `lo..=hi`.
-pub(crate) fn int_in(
-    ctx: &mut Ctx<'_>,
-    node: &Node<'_>,
-    what: &str,
-    lo: i64,
-    hi: i64,
-) -> Option<i64> {
+pub(crate) fn int_in(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str, lo: i64, hi: i64) -> Option<i64> {
     match &node.value {
         Value::Int(v) if (lo..=hi).contains(v) => Some(*v),
         Value::Int(v) => {
@@ -221,23 +188,12 @@ pub(crate) fn int_in(
     }
 }
 
-pub(crate) fn u32_in(
-    ctx: &mut Ctx<'_>,
-    node: &Node<'_>,
-    what: &str,
-    lo: u32,
-    hi: u32,
-) -> Option<u32> {
+pub(crate) fn u32_in(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str, lo: u32, hi: u32) -> Option<u32> {
     int_in(ctx, node, what, i64::from(lo), i64::from(hi)).and_then(|v| u32::try_from(v).ok())
 }
 
 /// One of a fixed set of strings.
-pub(crate) fn one_of<T: Copy>(
-    ctx: &mut Ctx<'_>,
-    node: &Node<'_>,
-    what: &str,
-    options: &[(&str, T)],
-) -> Option<T> {
+pub(crate) fn one_of<T: Copy>(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str, options: &[(&str, T)]) -> Option<T> {
     let s = string(ctx, node, what)?;
     if let Some((_, v)) = options.iter().find(|(k, _)| *k == s) {
         return Some(*v);
@@ -245,22 +201,13 @@ pub(crate) fn one_of<T: Copy>(
     let names: Vec<&str> = options.iter().map(|(k, _)| *k).collect();
     let msg = format!("{what} is `{s}`; it must be one of {}", names.join(", "));
     match did_you_mean(s, &names) {
-        Some(m) => ctx.error_hint(
-            Code::InvalidValue,
-            node.pos,
-            msg,
-            format!("did you mean `{m}`?"),
-        ),
+        Some(m) => ctx.error_hint(Code::InvalidValue, node.pos, msg, format!("did you mean `{m}`?")),
         None => ctx.error(Code::InvalidValue, node.pos, msg),
     }
     None
 }
 
-pub(crate) fn seq<'n, 'a>(
-    ctx: &mut Ctx<'_>,
-    node: &'n Node<'a>,
-    what: &str,
-) -> Option<&'n [Node<'a>]> {
+pub(crate) fn seq<'n, 'a>(ctx: &mut Ctx<'_>, node: &'n Node<'a>, what: &str) -> Option<&'n [Node<'a>]> {
     match &node.value {
         Value::Seq(items) => Some(items),
         _ => {
@@ -275,10 +222,7 @@ pub(crate) fn strings(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<
     let items = seq(ctx, node, what)?;
     let mut out = Some(Vec::with_capacity(items.len()));
     for item in items {
-        match (
-            string(ctx, item, &format!("an item of {what}")),
-            out.as_mut(),
-        ) {
+        match (string(ctx, item, &format!("an item of {what}")), out.as_mut()) {
             (Some(s), Some(v)) => v.push(s.to_owned()),
             _ => out = None,
         }
@@ -305,11 +249,7 @@ pub(crate) fn map_of<T>(
             continue;
         };
         if out.as_ref().is_some_and(|o| o.contains_key(key.as_ref())) {
-            ctx.error(
-                Code::DuplicateKey,
-                k.pos,
-                format!("`{key}` appears twice in {what}"),
-            );
+            ctx.error(Code::DuplicateKey, k.pos, format!("`{key}` appears twice in {what}"));
             out = None;
             continue;
         }

@@ -41,10 +41,7 @@ pub fn is_local_files(base: &[&ParsedFile], head: &[&ParsedFile]) -> bool {
             }
             for l in &f.objects {
                 // The same name twice is a duplicate: leave it to the whole-tree checks.
-                if map
-                    .insert((l.object.kind(), l.object.name()), &l.object)
-                    .is_some()
-                {
+                if map.insert((l.object.kind(), l.object.name()), &l.object).is_some() {
                     return None;
                 }
             }
@@ -76,9 +73,7 @@ fn same_facts(base: &Objects<'_>, head: &Objects<'_>) -> bool {
                     && x.replicas.keys().eq(y.replicas.keys())
                     && (x.image == y.image || (x.image.is_some() && y.image.is_some()))
             }
-            (Spec::Domain(x), Spec::Domain(y)) => {
-                x.hostname == y.hostname && x.environment == y.environment
-            }
+            (Spec::Domain(x), Spec::Domain(y)) => x.hostname == y.hostname && x.environment == y.environment,
             _ => false,
         }
     })

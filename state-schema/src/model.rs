@@ -106,17 +106,9 @@ pub struct Role {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum Workload {
-    Web {
-        port: u16,
-        health: Health,
-        replicas: u32,
-    },
-    Worker {
-        replicas: u32,
-    },
-    Cron {
-        schedule: CronSchedule,
-    },
+    Web { port: u16, health: Health, replicas: u32 },
+    Worker { replicas: u32 },
+    Cron { schedule: CronSchedule },
     Job {},
     Release {},
 }
@@ -250,14 +242,10 @@ impl Ciphertext {
     /// Checks the armour's shape (header, base64 body, footer); decryption is the trust layer's.
     pub fn new(s: &str) -> Result<Self, crate::values::Invalid> {
         let t = s.trim();
-        let body = t
-            .strip_prefix(Self::BEGIN)
-            .and_then(|r| r.strip_suffix(Self::END));
+        let body = t.strip_prefix(Self::BEGIN).and_then(|r| r.strip_suffix(Self::END));
         let ok = body.is_some_and(|b| {
             let b = b.trim();
-            !b.is_empty()
-                && b.bytes()
-                    .all(|c| c.is_ascii_alphanumeric() || b"+/=\r\n".contains(&c))
+            !b.is_empty() && b.bytes().all(|c| c.is_ascii_alphanumeric() || b"+/=\r\n".contains(&c))
         });
         if ok {
             Ok(Ciphertext(format!("{t}\n")))

@@ -1,8 +1,6 @@
 //! Decoding documents into objects: the per-kind field lists, defaults and single-object rules.
 
-use crate::decode::{
-    self, Ctx, Fields, checked, int_in, map_of, one_of, quantity_text, string, strings, u32_in,
-};
+use crate::decode::{self, Ctx, Fields, checked, int_in, map_of, one_of, quantity_text, string, strings, u32_in};
 use crate::diag::{Code, Diagnostic, Pos};
 use crate::model::*;
 use crate::values::{Cpu, CronSchedule, Hostname, ImageRef, Memory, Name};
@@ -12,29 +10,13 @@ use std::collections::BTreeMap;
 
 pub const DOCUMENT_FIELDS: &[&str] = &["apiVersion", "kind", "metadata", "spec"];
 pub const METADATA_FIELDS: &[&str] = &["name", "labels", "annotations"];
-pub const REPOSITORY_FIELDS: &[&str] = &[
-    "baseDomain",
-    "previewDomain",
-    "previews",
-    "include",
-    "controlRecipient",
-];
+pub const REPOSITORY_FIELDS: &[&str] = &["baseDomain", "previewDomain", "previews", "include", "controlRecipient"];
 pub const PREVIEWS_FIELDS: &[&str] = &["branches", "pool", "ttlHours"];
 pub const PROJECT_FIELDS: &[&str] = &["image", "roles", "env", "secrets"];
-pub const ROLE_FIELDS: &[&str] = &[
-    "kind",
-    "command",
-    "port",
-    "health",
-    "replicas",
-    "resources",
-    "schedule",
-];
+pub const ROLE_FIELDS: &[&str] = &["kind", "command", "port", "health", "replicas", "resources", "schedule"];
 pub const HEALTH_FIELDS: &[&str] = &["path", "timeoutSeconds"];
 pub const RESOURCES_FIELDS: &[&str] = &["cpu", "memory", "pids"];
-pub const ENVIRONMENT_FIELDS: &[&str] = &[
-    "project", "stage", "pool", "replicas", "env", "image", "hostname",
-];
+pub const ENVIRONMENT_FIELDS: &[&str] = &["project", "stage", "pool", "replicas", "env", "image", "hostname"];
 pub const DOMAIN_FIELDS: &[&str] = &["hostname", "environment", "verification"];
 pub const NODEPOOL_FIELDS: &[&str] = &["region", "capabilities", "placement", "nodes"];
 pub const NODE_FIELDS: &[&str] = &["name", "state", "capacity"];
@@ -161,8 +143,7 @@ pub fn parse_file(path: &str, bytes: &[u8]) -> ParsedFile {
     let docs = match yaml::load_bytes(bytes) {
         Ok(d) => d,
         Err(e) => {
-            out.diagnostics
-                .push(Diagnostic::error(e.code, path, e.pos, e.message));
+            out.diagnostics.push(Diagnostic::error(e.code, path, e.pos, e.message));
             return out;
         }
     };
@@ -183,11 +164,7 @@ pub fn parse_file(path: &str, bytes: &[u8]) -> ParsedFile {
     out
 }
 
-fn decode_document(
-    ctx: &mut Ctx<'_>,
-    doc: &Node,
-    declared: &mut Vec<(Kind, Name)>,
-) -> Option<Object> {
+fn decode_document(ctx: &mut Ctx<'_>, doc: &Node, declared: &mut Vec<(Kind, Name)>) -> Option<Object> {
     let f = Fields::new(ctx, doc, "a document", DOCUMENT_FIELDS)?;
     let api = f
         .require(ctx, "apiVersion", "a document")
@@ -239,10 +216,7 @@ fn decode_document(
     if spec.is_none() {
         declared.push((kind, metadata.name.clone()));
     }
-    Some(Object {
-        metadata,
-        spec: spec?,
-    })
+    Some(Object { metadata, spec: spec? })
 }
 
 /// An optional field: absent is `Some(None)`, present but invalid is `None` (already reported).
@@ -273,9 +247,7 @@ fn string_map(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<BTreeMap
 
 fn is_env_name(k: &str) -> bool {
     let mut chars = k.chars();
-    chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
@@ -325,12 +297,12 @@ fn decode_metadata(ctx: &mut Ctx<'_>, node: &Node<'_>, kind: &str) -> Option<Met
     let n = f
         .require(ctx, "name", &what)
         .and_then(|n| name(ctx, n, "`metadata.name`"));
-    let labels = f.get("labels").map_or(Some(BTreeMap::new()), |l| {
-        string_map(ctx, l, "`metadata.labels`")
-    });
-    let annotations = f.get("annotations").map_or(Some(BTreeMap::new()), |a| {
-        string_map(ctx, a, "`metadata.annotations`")
-    });
+    let labels = f
+        .get("labels")
+        .map_or(Some(BTreeMap::new()), |l| string_map(ctx, l, "`metadata.labels`"));
+    let annotations = f
+        .get("annotations")
+        .map_or(Some(BTreeMap::new()), |a| string_map(ctx, a, "`metadata.annotations`"));
     Some(Metadata {
         name: n?,
         labels: labels?,
@@ -343,9 +315,7 @@ fn decode_repository(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<R
     let base = f
         .require(ctx, "baseDomain", what)
         .and_then(|n| hostname(ctx, n, "`baseDomain`"));
-    let preview = f
-        .get("previewDomain")
-        .map(|n| hostname(ctx, n, "`previewDomain`"));
+    let preview = f.get("previewDomain").map(|n| hostname(ctx, n, "`previewDomain`"));
     let previews = f.get("previews").map(|n| decode_previews(ctx, n));
     let include = f
         .get("include")
@@ -379,11 +349,9 @@ fn decode_previews(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<Previews> {
     let pool = f
         .require(ctx, "pool", what)
         .and_then(|n| name(ctx, n, "`previews.pool`"));
-    let ttl = f
-        .get("ttlHours")
-        .map_or(Some(defaults::PREVIEW_TTL_HOURS), |n| {
-            u32_in(ctx, n, "`previews.ttlHours`", 1, 8760)
-        });
+    let ttl = f.get("ttlHours").map_or(Some(defaults::PREVIEW_TTL_HOURS), |n| {
+        u32_in(ctx, n, "`previews.ttlHours`", 1, 8760)
+    });
     Some(Previews {
         branches: branches?,
         pool: pool?,
@@ -394,18 +362,11 @@ fn decode_previews(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<Previews> {
 fn decode_project(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<Project> {
     let f = Fields::new(ctx, node, what, PROJECT_FIELDS)?;
     let img = f.require(ctx, "image", what).and_then(|n| image(ctx, n));
-    let roles = f
-        .require(ctx, "roles", what)
-        .and_then(|n| decode_roles(ctx, n));
-    let env = f
-        .get("env")
-        .map_or(Some(BTreeMap::new()), |n| env_map(ctx, n, "`env`"));
+    let roles = f.require(ctx, "roles", what).and_then(|n| decode_roles(ctx, n));
+    let env = f.get("env").map_or(Some(BTreeMap::new()), |n| env_map(ctx, n, "`env`"));
     let secrets = f.get("secrets").map_or(Some(Vec::new()), |n| {
         let items = decode::seq(ctx, n, "`secrets`")?;
-        let names: Vec<Option<Name>> = items
-            .iter()
-            .map(|i| name(ctx, i, "an item of `secrets`"))
-            .collect();
+        let names: Vec<Option<Name>> = items.iter().map(|i| name(ctx, i, "an item of `secrets`")).collect();
         names.into_iter().collect()
     });
     Some(Project {
@@ -481,19 +442,13 @@ fn decode_role(ctx: &mut Ctx<'_>, node: &Node<'_>, role: &str) -> Option<Role> {
         .map_or(Some(default_resources()), |n| decode_resources(ctx, n));
     let port = f.get("port").map(|n| match &n.value {
         yaml::Value::Int(p) if !(1..=65535).contains(p) => {
-            ctx.error(
-                Code::InvalidPort,
-                n.pos,
-                format!("port {p} is outside 1-65535"),
-            );
+            ctx.error(Code::InvalidPort, n.pos, format!("port {p} is outside 1-65535"));
             None
         }
         _ => int_in(ctx, n, "`port`", 1, 65535).and_then(|p| u16::try_from(p).ok()),
     });
     let health = f.get("health").map(|n| decode_health(ctx, n));
-    let replicas = f
-        .get("replicas")
-        .map(|n| u32_in(ctx, n, "`replicas`", 0, MAX_REPLICAS));
+    let replicas = f.get("replicas").map(|n| u32_in(ctx, n, "`replicas`", 0, MAX_REPLICAS));
     let schedule = f
         .get("schedule")
         .map(|n| checked(ctx, n, "`schedule`", Code::InvalidCron, CronSchedule::parse));
@@ -577,21 +532,19 @@ fn default_resources() -> Resources {
 
 fn decode_health(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<Health> {
     let f = Fields::new(ctx, node, "`health`", HEALTH_FIELDS)?;
-    let path = f
-        .get("path")
-        .map_or(Some(defaults::HEALTH_PATH.to_owned()), |n| {
-            let p = string(ctx, n, "`health.path`")?;
-            if !p.starts_with('/') || p.chars().any(char::is_whitespace) {
-                ctx.error_hint(
-                    Code::InvalidValue,
-                    n.pos,
-                    format!("health path `{p}` is not an absolute URL path"),
-                    "start it with `/`, e.g. `/healthz`",
-                );
-                return None;
-            }
-            Some(p.to_owned())
-        });
+    let path = f.get("path").map_or(Some(defaults::HEALTH_PATH.to_owned()), |n| {
+        let p = string(ctx, n, "`health.path`")?;
+        if !p.starts_with('/') || p.chars().any(char::is_whitespace) {
+            ctx.error_hint(
+                Code::InvalidValue,
+                n.pos,
+                format!("health path `{p}` is not an absolute URL path"),
+                "start it with `/`, e.g. `/healthz`",
+            );
+            return None;
+        }
+        Some(p.to_owned())
+    });
     let timeout = f
         .get("timeoutSeconds")
         .map_or(Some(defaults::HEALTH_TIMEOUT_SECONDS), |n| {
@@ -625,19 +578,17 @@ fn memory(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<Memory> {
 
 fn decode_resources(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<Resources> {
     let f = Fields::new(ctx, node, "`resources`", RESOURCES_FIELDS)?;
-    let c = f
-        .get("cpu")
-        .map_or(Some(Cpu::from_millis(defaults::CPU_MILLIS)), |n| {
-            cpu(ctx, n, "`resources.cpu`")
-        });
+    let c = f.get("cpu").map_or(Some(Cpu::from_millis(defaults::CPU_MILLIS)), |n| {
+        cpu(ctx, n, "`resources.cpu`")
+    });
     let m = f
         .get("memory")
         .map_or(Some(Memory::from_bytes(defaults::MEMORY_BYTES)), |n| {
             memory(ctx, n, "`resources.memory`")
         });
-    let p = f.get("pids").map_or(Some(defaults::PIDS), |n| {
-        u32_in(ctx, n, "`resources.pids`", 8, 65536)
-    });
+    let p = f
+        .get("pids")
+        .map_or(Some(defaults::PIDS), |n| u32_in(ctx, n, "`resources.pids`", 8, 65536));
     Some(Resources {
         cpu: c?,
         memory: m?,
@@ -647,23 +598,16 @@ fn decode_resources(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<Resources> {
 
 fn decode_environment(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<Environment> {
     let f = Fields::new(ctx, node, what, ENVIRONMENT_FIELDS)?;
-    let project = f
-        .require(ctx, "project", what)
-        .and_then(|n| name(ctx, n, "`project`"));
+    let project = f.require(ctx, "project", what).and_then(|n| name(ctx, n, "`project`"));
     let stage = f.require(ctx, "stage", what).and_then(|n| {
         one_of(
             ctx,
             n,
             "`stage`",
-            &[
-                ("production", Stage::Production),
-                ("preview", Stage::Preview),
-            ],
+            &[("production", Stage::Production), ("preview", Stage::Preview)],
         )
     });
-    let pool = f
-        .require(ctx, "pool", what)
-        .and_then(|n| name(ctx, n, "`pool`"));
+    let pool = f.require(ctx, "pool", what).and_then(|n| name(ctx, n, "`pool`"));
     let replicas = f.get("replicas").map_or(Some(BTreeMap::new()), |n| {
         let m = map_of(ctx, n, "`replicas`", |ctx, v, key| {
             let r = u32_in(ctx, v, &format!("`replicas.{key}`"), 0, MAX_REPLICAS);
@@ -674,9 +618,7 @@ fn decode_environment(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<
         })?;
         Some(m.into_values().collect())
     });
-    let env = f
-        .get("env")
-        .map_or(Some(BTreeMap::new()), |n| env_map(ctx, n, "`env`"));
+    let env = f.get("env").map_or(Some(BTreeMap::new()), |n| env_map(ctx, n, "`env`"));
     let img = f.get("image").map(|n| image(ctx, n));
     let host = f.get("hostname").map(|n| hostname(ctx, n, "`hostname`"));
     Some(Environment {
@@ -787,18 +729,12 @@ fn decode_node(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<PoolNode> {
 /// Shape check of a recipient: an X25519 `age1…` key or an `ssh-ed25519`/`ssh-rsa` public key.
 pub fn recipient_shape_ok(s: &str) -> bool {
     if let Some(rest) = s.strip_prefix("age1") {
-        return rest.len() == 58
-            && rest
-                .bytes()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+        return rest.len() == 58 && rest.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
     }
     let mut parts = s.split_whitespace();
     match (parts.next(), parts.next()) {
         (Some("ssh-ed25519" | "ssh-rsa"), Some(b64)) => {
-            b64.starts_with("AAAA")
-                && b64
-                    .bytes()
-                    .all(|c| c.is_ascii_alphanumeric() || b"+/=".contains(&c))
+            b64.starts_with("AAAA") && b64.bytes().all(|c| c.is_ascii_alphanumeric() || b"+/=".contains(&c))
         }
         _ => false,
     }

@@ -83,8 +83,7 @@ impl Change<'_> {
     /// demand: machine output does not need it, and at ten thousand changes it would be most
     /// of a plan's time and memory.
     pub fn diff(&self) -> Vec<DiffLine> {
-        let shown =
-            |l: Option<&Located>| l.map(|l| canonical::document(&l.object, Secrets::Fingerprint));
+        let shown = |l: Option<&Located>| l.map(|l| canonical::document(&l.object, Secrets::Fingerprint));
         diff_lines(shown(self.before).as_ref(), shown(self.after).as_ref())
     }
 }
@@ -185,9 +184,7 @@ pub fn plan_scoped<'a>(base: &'a State, head: &'a State, scope: Scope) -> Plan<'
             (None, None) => break,
             (Some(_), None) => std::cmp::Ordering::Less,
             (None, Some(_)) => std::cmp::Ordering::Greater,
-            (Some(x), Some(y)) => {
-                (x.object.kind(), x.object.name()).cmp(&(y.object.kind(), y.object.name()))
-            }
+            (Some(x), Some(y)) => (x.object.kind(), x.object.name()).cmp(&(y.object.kind(), y.object.name())),
         };
         match order {
             std::cmp::Ordering::Less => pairs.push((b.next(), None)),
@@ -258,10 +255,7 @@ fn shown_and_hash(loc: Option<&Located>) -> (Option<Value>, Option<String>) {
 
 /// True when a list is addressed item by item through its items' `name`s.
 fn named_items(items: &[Value]) -> bool {
-    !items.is_empty()
-        && items
-            .iter()
-            .all(|i| i.get("name").is_some_and(Value::is_string))
+    !items.is_empty() && items.iter().all(|i| i.get("name").is_some_and(Value::is_string))
 }
 
 fn item_name(v: &Value) -> &str {
@@ -279,9 +273,7 @@ fn join(path: &str, key: &str) -> String {
 /// Every leaf under `v`, for the side of a field diff where the other side is absent.
 fn leaves(v: &Value, path: String, before: bool, out: &mut Vec<FieldChange>) {
     match v {
-        Value::Object(m) if !m.is_empty() => m
-            .iter()
-            .for_each(|(k, c)| leaves(c, join(&path, k), before, out)),
+        Value::Object(m) if !m.is_empty() => m.iter().for_each(|(k, c)| leaves(c, join(&path, k), before, out)),
         Value::Array(items) if named_items(items) => items
             .iter()
             .for_each(|i| leaves(i, format!("{path}[{}]", item_name(i)), before, out)),
@@ -407,10 +399,7 @@ fn hostnames(state: &State) -> BTreeSet<Hostname> {
 fn hostnames_where(state: &State, pick: impl Fn(Kind, &Name) -> bool) -> BTreeSet<Hostname> {
     let mut out = BTreeSet::new();
     if let Some(repo) = state.repository() {
-        for (name, env) in state
-            .environments()
-            .filter(|(n, _)| pick(Kind::Environment, n))
-        {
+        for (name, env) in state.environments().filter(|(n, _)| pick(Kind::Environment, n)) {
             if let Ok(h) = crate::state::environment_hostname(repo, name, env) {
                 out.insert(h);
             }
@@ -429,11 +418,7 @@ fn hostnames_where(state: &State, pick: impl Fn(Kind, &Name) -> bool) -> BTreeSe
 /// name can only appear or vanish through a changed environment or domain: candidates come
 /// from those, and the whole sets are built only to confirm a candidate (a name may also be
 /// served by an unchanged object when the base was invalid).
-fn hostname_changes(
-    base: &State,
-    head: &State,
-    changes: &[Change<'_>],
-) -> (Vec<Hostname>, Vec<Hostname>) {
+fn hostname_changes(base: &State, head: &State, changes: &[Change<'_>]) -> (Vec<Hostname>, Vec<Hostname>) {
     if changes.iter().any(|c| c.kind == Kind::Repository) {
         let (hb, hh) = (hostnames(base), hostnames(head));
         return (
@@ -509,12 +494,9 @@ impl<'s> Releases<'s> {
                     .map(|s| {
                         (
                             s,
-                            state.get(Kind::Secret, s.as_str()).map(|l| {
-                                canonical::hash(&canonical::document(
-                                    &l.object,
-                                    Secrets::Ciphertext,
-                                ))
-                            }),
+                            state
+                                .get(Kind::Secret, s.as_str())
+                                .map(|l| canonical::hash(&canonical::document(&l.object, Secrets::Ciphertext))),
                         )
                     })
                     .collect();
@@ -525,11 +507,7 @@ impl<'s> Releases<'s> {
 
     fn inputs(&mut self, env: &'s crate::model::Environment) -> Option<ReleaseInputs<'s>> {
         let project = self.state.project(env.project.as_str())?;
-        let mut vars: BTreeMap<&str, &str> = project
-            .env
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
+        let mut vars: BTreeMap<&str, &str> = project.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         vars.extend(env.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         Some(ReleaseInputs {
             image: env.image.as_ref().unwrap_or(&project.image),
@@ -540,10 +518,7 @@ impl<'s> Releases<'s> {
 }
 
 /// Effective replicas of an environment's long-running roles.
-fn effective_replicas<'s>(
-    state: &'s State,
-    env: &'s crate::model::Environment,
-) -> Option<BTreeMap<&'s Name, u32>> {
+fn effective_replicas<'s>(state: &'s State, env: &'s crate::model::Environment) -> Option<BTreeMap<&'s Name, u32>> {
     let project = state.project(env.project.as_str())?;
     Some(
         project
@@ -580,15 +555,11 @@ fn consequences(base: &State, head: &State, changes: &[Change<'_>], scope: Scope
         .collect();
     let (mut releases_base, mut releases_head) = (Releases::new(base), Releases::new(head));
     for (name, env) in head.environments() {
-        let touched = changed_envs.contains(name)
-            || changed_projects.contains(&env.project)
-            || secrets_changed;
+        let touched = changed_envs.contains(name) || changed_projects.contains(&env.project) || secrets_changed;
         if !touched {
             continue;
         }
-        let Some(Spec::Environment(old_env)) = base
-            .get(Kind::Environment, name.as_str())
-            .map(|l| &l.object.spec)
+        let Some(Spec::Environment(old_env)) = base.get(Kind::Environment, name.as_str()).map(|l| &l.object.spec)
         else {
             continue;
         };
@@ -610,10 +581,7 @@ fn consequences(base: &State, head: &State, changes: &[Change<'_>], scope: Scope
             }
             continue;
         }
-        if let (Some(old), Some(new)) = (
-            effective_replicas(base, old_env),
-            effective_replicas(head, env),
-        ) {
+        if let (Some(old), Some(new)) = (effective_replicas(base, old_env), effective_replicas(head, env)) {
             for (role, after) in &new {
                 if let Some(before) = old.get(role)
                     && before != after
@@ -663,13 +631,11 @@ fn consequences(base: &State, head: &State, changes: &[Change<'_>], scope: Scope
                     node: node.clone(),
                     state: None,
                 }),
-                Some(after) if after != before && *after != NodeState::Active => {
-                    c.nodes_drained.push(NodeChange {
-                        pool: ch.name.clone(),
-                        node: node.clone(),
-                        state: Some(*after),
-                    })
-                }
+                Some(after) if after != before && *after != NodeState::Active => c.nodes_drained.push(NodeChange {
+                    pool: ch.name.clone(),
+                    node: node.clone(),
+                    state: Some(*after),
+                }),
                 _ => {}
             }
         }

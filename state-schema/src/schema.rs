@@ -6,8 +6,7 @@ use crate::parse::*;
 use serde_json::{Value, json};
 
 const NAME: &str = "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$";
-const HOSTNAME: &str =
-    "^(?=.{1,253}$)[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$";
+const HOSTNAME: &str = "^(?=.{1,253}$)[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$";
 const IMAGE: &str = "^[a-z0-9._/:-]+@sha256:[a-f0-9]{64}$";
 const CPU: &str = "^([0-9]+m|[0-9]+(\\.[0-9]+)?|\\.[0-9]+)$";
 const MEMORY: &str = "^[0-9]+(\\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$";
@@ -242,25 +241,16 @@ mod tests {
         let role = &specs["Project"]["properties"]["roles"]["additionalProperties"];
         assert_eq!(keys(role), sorted(ROLE_FIELDS));
         assert_eq!(keys(&role["properties"]["health"]), sorted(HEALTH_FIELDS));
-        assert_eq!(
-            keys(&role["properties"]["resources"]),
-            sorted(RESOURCES_FIELDS)
-        );
+        assert_eq!(keys(&role["properties"]["resources"]), sorted(RESOURCES_FIELDS));
         assert_eq!(keys(&specs["Environment"]), sorted(ENVIRONMENT_FIELDS));
         assert_eq!(keys(&specs["Domain"]), sorted(DOMAIN_FIELDS));
         assert_eq!(keys(&specs["NodePool"]), sorted(NODEPOOL_FIELDS));
         let node = &specs["NodePool"]["properties"]["nodes"]["items"];
         assert_eq!(keys(node), sorted(NODE_FIELDS));
-        assert_eq!(
-            keys(&node["properties"]["capacity"]),
-            sorted(CAPACITY_FIELDS)
-        );
+        assert_eq!(keys(&node["properties"]["capacity"]), sorted(CAPACITY_FIELDS));
         assert_eq!(keys(&specs["Secret"]), sorted(SECRET_FIELDS));
         let whole = json_schema();
         assert_eq!(keys(&whole), sorted(DOCUMENT_FIELDS));
-        assert_eq!(
-            keys(&whole["properties"]["metadata"]),
-            sorted(METADATA_FIELDS)
-        );
+        assert_eq!(keys(&whole["properties"]["metadata"]), sorted(METADATA_FIELDS));
     }
 }

@@ -46,8 +46,7 @@ impl State {
 
     /// True when an object of this kind and name is defined, even if it did not decode.
     pub fn declares(&self, kind: Kind, name: &Name) -> bool {
-        self.objects.contains_key(&(kind, name.clone()))
-            || self.broken.contains(&(kind, name.clone()))
+        self.objects.contains_key(&(kind, name.clone())) || self.broken.contains(&(kind, name.clone()))
     }
 
     pub fn of_kind(&self, kind: Kind) -> impl Iterator<Item = &Located> {
@@ -58,11 +57,10 @@ impl State {
     }
 
     pub fn repository(&self) -> Option<&Repository> {
-        self.of_kind(Kind::Repository)
-            .find_map(|l| match &l.object.spec {
-                Spec::Repository(r) => Some(r),
-                _ => None,
-            })
+        self.of_kind(Kind::Repository).find_map(|l| match &l.object.spec {
+            Spec::Repository(r) => Some(r),
+            _ => None,
+        })
     }
 
     pub fn project(&self, name: &str) -> Option<&Project> {
@@ -73,27 +71,24 @@ impl State {
     }
 
     pub fn environments(&self) -> impl Iterator<Item = (&Name, &Environment)> {
-        self.of_kind(Kind::Environment)
-            .filter_map(|l| match &l.object.spec {
-                Spec::Environment(e) => Some((l.object.name(), e)),
-                _ => None,
-            })
+        self.of_kind(Kind::Environment).filter_map(|l| match &l.object.spec {
+            Spec::Environment(e) => Some((l.object.name(), e)),
+            _ => None,
+        })
     }
 
     pub fn domains(&self) -> impl Iterator<Item = (&Name, &Domain)> {
-        self.of_kind(Kind::Domain)
-            .filter_map(|l| match &l.object.spec {
-                Spec::Domain(d) => Some((l.object.name(), d)),
-                _ => None,
-            })
+        self.of_kind(Kind::Domain).filter_map(|l| match &l.object.spec {
+            Spec::Domain(d) => Some((l.object.name(), d)),
+            _ => None,
+        })
     }
 
     pub fn pools(&self) -> impl Iterator<Item = (&Name, &NodePool)> {
-        self.of_kind(Kind::NodePool)
-            .filter_map(|l| match &l.object.spec {
-                Spec::NodePool(p) => Some((l.object.name(), p)),
-                _ => None,
-            })
+        self.of_kind(Kind::NodePool).filter_map(|l| match &l.object.spec {
+            Spec::NodePool(p) => Some((l.object.name(), p)),
+            _ => None,
+        })
     }
 }
 
@@ -130,9 +125,7 @@ fn assemble_with(mut files: Vec<ParsedFile>, extra: Vec<Diagnostic>, whole: bool
     files.sort_by(|a, b| a.path.cmp(&b.path));
     let mut diags = extra;
     let file_count = files.len();
-    let root_had_errors = files
-        .iter()
-        .any(|f| f.path == ROOT_FILE && !f.diagnostics.is_empty());
+    let root_had_errors = files.iter().any(|f| f.path == ROOT_FILE && !f.diagnostics.is_empty());
     let root_exists = files.iter().any(|f| f.path == ROOT_FILE);
     let mut objects: BTreeMap<(Kind, Name), Located> = BTreeMap::new();
     let mut repos = 0usize;
@@ -224,28 +217,11 @@ fn assemble_with(mut files: Vec<ParsedFile>, extra: Vec<Diagnostic>, whole: bool
 }
 
 fn dangling(loc: &Located, path: &str, what: &str, name: &str, known: Vec<&str>) -> Diagnostic {
-    dangling_msg(
-        loc,
-        path,
-        format!("{what} `{name}` does not exist"),
-        name,
-        known,
-    )
+    dangling_msg(loc, path, format!("{what} `{name}` does not exist"), name, known)
 }
 
-fn dangling_msg(
-    loc: &Located,
-    path: &str,
-    message: String,
-    name: &str,
-    known: Vec<&str>,
-) -> Diagnostic {
-    let d = Diagnostic::error(
-        Code::DanglingReference,
-        &loc.file,
-        Some(loc.pos_of(path)),
-        message,
-    );
+fn dangling_msg(loc: &Located, path: &str, message: String, name: &str, known: Vec<&str>) -> Diagnostic {
+    let d = Diagnostic::error(Code::DanglingReference, &loc.file, Some(loc.pos_of(path)), message);
     match crate::decode::did_you_mean(name, &known) {
         Some(m) => d.with_hint(format!("did you mean `{m}`?")),
         None if known.is_empty() => d,
@@ -255,10 +231,7 @@ fn dangling_msg(
 }
 
 fn names(state: &State, kind: Kind) -> Vec<&str> {
-    state
-        .of_kind(kind)
-        .map(|l| l.object.name().as_str())
-        .collect()
+    state.of_kind(kind).map(|l| l.object.name().as_str()).collect()
 }
 
 fn check_references(state: &State, diags: &mut Vec<Diagnostic>) {
@@ -320,8 +293,13 @@ fn check_references(state: &State, diags: &mut Vec<Diagnostic>) {
                     && repo.is_some_and(|r| r.preview_domain.is_none())
                 {
                     diags.push(
-                        Diagnostic::error(Code::MissingField, &loc.file, Some(loc.pos), "a preview environment needs `previewDomain` in the Repository spec, or its own `hostname`")
-                            .with_hint("set `previewDomain` in pushleft.yaml"),
+                        Diagnostic::error(
+                            Code::MissingField,
+                            &loc.file,
+                            Some(loc.pos),
+                            "a preview environment needs `previewDomain` in the Repository spec, or its own `hostname`",
+                        )
+                        .with_hint("set `previewDomain` in pushleft.yaml"),
                     );
                 }
             }
@@ -400,11 +378,7 @@ fn check_nodes(state: &State, diags: &mut Vec<Diagnostic>) {
 }
 
 /// The hostname an environment serves, by the derivation rules (an explicit `hostname` wins).
-pub fn environment_hostname(
-    repo: &Repository,
-    env_name: &Name,
-    env: &Environment,
-) -> Result<Hostname, Invalid> {
+pub fn environment_hostname(repo: &Repository, env_name: &Name, env: &Environment) -> Result<Hostname, Invalid> {
     if let Some(h) = &env.hostname {
         return Ok(h.clone());
     }
@@ -425,11 +399,7 @@ pub fn environment_hostname(
 /// cut with a stable hash suffix.
 pub fn branch_preview_label(branch: &str, project: &Name) -> String {
     let flat = flatten_label(branch);
-    let flat = if flat.is_empty() {
-        "branch".to_owned()
-    } else {
-        flat
-    };
+    let flat = if flat.is_empty() { "branch".to_owned() } else { flat };
     let label = format!("{flat}--{project}");
     if label.len() <= 63 {
         return label;
@@ -448,15 +418,8 @@ pub fn branch_preview_label(branch: &str, project: &Name) -> String {
     format!("{head}-{hash}{suffix}")
 }
 
-pub fn branch_preview_hostname(
-    branch: &str,
-    project: &Name,
-    preview_domain: &Hostname,
-) -> Result<Hostname, Invalid> {
-    Hostname::new(&format!(
-        "{}.{preview_domain}",
-        branch_preview_label(branch, project)
-    ))
+pub fn branch_preview_hostname(branch: &str, project: &Name, preview_domain: &Hostname) -> Result<Hostname, Invalid> {
+    Hostname::new(&format!("{}.{preview_domain}", branch_preview_label(branch, project)))
 }
 
 /// Where an object's hostname comes from: its `hostname` field, else its name (derived).
@@ -471,13 +434,7 @@ fn hostname_pos(loc: &Located) -> crate::diag::Pos {
 type Owners<'s> = BTreeMap<Hostname, (String, &'s Located)>;
 
 /// Records who serves a hostname; a second claimant gets `hostname-conflict`.
-fn claim<'s>(
-    owners: &mut Owners<'s>,
-    host: Hostname,
-    who: String,
-    loc: &'s Located,
-    diags: &mut Vec<Diagnostic>,
-) {
+fn claim<'s>(owners: &mut Owners<'s>, host: Hostname, who: String, loc: &'s Located, diags: &mut Vec<Diagnostic>) {
     if let Some((other, oloc)) = owners.get(&host) {
         let p = hostname_pos(oloc);
         diags.push(
@@ -571,15 +528,9 @@ pub struct DerivedEnvironment {
 }
 
 /// Derives an environment; `None` when its project is missing (already a diagnostic).
-pub fn derive_environment(
-    state: &State,
-    name: &Name,
-    env: &Environment,
-) -> Option<DerivedEnvironment> {
+pub fn derive_environment(state: &State, name: &Name, env: &Environment) -> Option<DerivedEnvironment> {
     let project = state.project(env.project.as_str())?;
-    let hostname = state
-        .repository()
-        .and_then(|r| environment_hostname(r, name, env).ok());
+    let hostname = state.repository().and_then(|r| environment_hostname(r, name, env).ok());
     let replicas = project
         .roles
         .iter()
@@ -625,11 +576,7 @@ mod tests {
         let a = branch_preview_label(&long, &name("storefront"));
         assert!(a.len() <= 63, "{a} is {} long", a.len());
         assert!(a.ends_with("--storefront"), "{a}");
-        assert_eq!(
-            a,
-            branch_preview_label(&long, &name("storefront")),
-            "stable"
-        );
+        assert_eq!(a, branch_preview_label(&long, &name("storefront")), "stable");
         assert_ne!(
             a,
             branch_preview_label(&format!("{long}x"), &name("storefront")),

@@ -73,16 +73,8 @@ pub fn generate(p: &Params) -> Vec<(String, String)> {
     }
     for i in 0..p.environments {
         let j = i / per;
-        let stage = if i % per == 0 {
-            "production"
-        } else {
-            "preview"
-        };
-        let pool = if j.is_multiple_of(2) {
-            "pool-a"
-        } else {
-            "pool-b"
-        };
+        let stage = if i % per == 0 { "production" } else { "preview" };
+        let pool = if j.is_multiple_of(2) { "pool-a" } else { "pool-b" };
         let bump = p.replicas_bump + u32::from(p.only == Some(i));
         let t = format!(
             "apiVersion: pushleft.dev/v1alpha1\nkind: Environment\nmetadata:\n  name: env-{i:06}\n  labels: {{tier: synthetic}}\nspec:\n  project: proj-{j:05}\n  stage: {stage}\n  pool: {pool}\n  replicas:\n    web: {}\n  env:\n    ENVIRONMENT_INDEX: \"{i}\"\n    CONFIG_REVISION: \"{}\"\n",
@@ -110,10 +102,7 @@ mod tests {
     #[test]
     fn synthetic_trees_are_valid() {
         let files = generate(&Params::new(120));
-        let parsed = files
-            .iter()
-            .map(|(p, t)| parse_file(p, t.as_bytes()))
-            .collect();
+        let parsed = files.iter().map(|(p, t)| parse_file(p, t.as_bytes())).collect();
         let loaded = assemble(parsed, Vec::new());
         assert_eq!(loaded.diagnostics, Vec::new());
         assert_eq!(loaded.state.environments().count(), 120);

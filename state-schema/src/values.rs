@@ -99,10 +99,7 @@ impl Hostname {
         }
         let inv = Invalid::new(format!("`{s}` is not an RFC 1123 hostname"));
         Err(if s.chars().any(|c| c.is_ascii_uppercase()) {
-            inv.hint(format!(
-                "hostnames are lowercase: `{}`",
-                s.to_ascii_lowercase()
-            ))
+            inv.hint(format!("hostnames are lowercase: `{}`", s.to_ascii_lowercase()))
         } else if s.ends_with('.') {
             inv.hint("drop the trailing dot")
         } else {
@@ -165,19 +162,14 @@ impl ImageRef {
                 .hint("pin it: `name@sha256:<64 hex>`, for example from `docker buildx imagetools inspect`"));
         };
         let hex = digest.strip_prefix("sha256:");
-        let hex_ok = hex.is_some_and(|h| {
-            h.len() == 64
-                && h.bytes()
-                    .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
-        });
+        let hex_ok =
+            hex.is_some_and(|h| h.len() == 64 && h.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)));
         let name_ok = !name.is_empty()
             && name
                 .bytes()
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"._-/:".contains(&c));
         if !name_ok {
-            return Err(Invalid::new(format!(
-                "image name `{name}` is not a valid reference"
-            )));
+            return Err(Invalid::new(format!("image name `{name}` is not a valid reference")));
         }
         if !hex_ok {
             return Err(Invalid::new(format!(
@@ -203,8 +195,7 @@ impl Cpu {
 
     pub fn parse(s: &str) -> Result<Self, Invalid> {
         let wrong = || {
-            Invalid::new(format!("`{s}` is not a CPU quantity"))
-                .hint("write millicores (`500m`) or cores (`2`, `0.5`)")
+            Invalid::new(format!("`{s}` is not a CPU quantity")).hint("write millicores (`500m`) or cores (`2`, `0.5`)")
         };
         let m = if let Some(milli) = s.strip_suffix('m') {
             parse_decimal_scaled(milli, 1).ok_or_else(wrong)?
@@ -212,9 +203,7 @@ impl Cpu {
             parse_decimal_scaled(s, 1000).ok_or_else(wrong)?
         };
         if m == 0 {
-            return Err(Invalid::new(format!(
-                "CPU `{s}` is zero or below a millicore"
-            )));
+            return Err(Invalid::new(format!("CPU `{s}` is zero or below a millicore")));
         }
         Ok(Cpu(m))
     }
@@ -267,9 +256,7 @@ impl Memory {
             .unwrap_or((s, 1));
         let bytes = parse_decimal_scaled(digits, scale).ok_or_else(|| wrong(""))?;
         if bytes < (1 << 20) {
-            return Err(
-                Invalid::new(format!("memory `{s}` is below 1Mi")).hint("did you mean `Mi`?")
-            );
+            return Err(Invalid::new(format!("memory `{s}` is below 1Mi")).hint("did you mean `Mi`?"));
         }
         Ok(Memory(bytes))
     }
@@ -277,12 +264,7 @@ impl Memory {
 
 impl fmt::Display for Memory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (unit, scale) in [
-            ("Ti", 1u64 << 40),
-            ("Gi", 1 << 30),
-            ("Mi", 1 << 20),
-            ("Ki", 1 << 10),
-        ] {
+        for (unit, scale) in [("Ti", 1u64 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)] {
             if self.0.is_multiple_of(scale) {
                 return write!(f, "{}{unit}", self.0 / scale);
             }
@@ -309,10 +291,7 @@ fn parse_decimal_scaled(s: &str, scale: u64) -> Option<u64> {
     if int.is_empty() && frac.is_empty() {
         return None;
     }
-    if !int.bytes().all(|c| c.is_ascii_digit())
-        || !frac.bytes().all(|c| c.is_ascii_digit())
-        || frac.len() > 9
-    {
+    if !int.bytes().all(|c| c.is_ascii_digit()) || !frac.bytes().all(|c| c.is_ascii_digit()) || frac.len() > 9 {
         return None;
     }
     let int_v: u64 = if int.is_empty() { 0 } else { int.parse().ok()? };
@@ -346,16 +325,10 @@ impl CronSchedule {
                 1,
                 12,
                 &[
-                    "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov",
-                    "dec",
+                    "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
                 ],
             ),
-            (
-                "day of week",
-                0,
-                7,
-                &["sun", "mon", "tue", "wed", "thu", "fri", "sat"],
-            ),
+            ("day of week", 0, 7, &["sun", "mon", "tue", "wed", "thu", "fri", "sat"]),
         ];
         let parts: Vec<&str> = s.split_whitespace().collect();
         if parts.len() != 5 {
@@ -364,11 +337,7 @@ impl CronSchedule {
             } else {
                 "five fields: minute hour day-of-month month day-of-week, e.g. `*/15 * * * *`"
             };
-            return Err(Invalid::new(format!(
-                "cron schedule `{s}` has {} fields, not 5",
-                parts.len()
-            ))
-            .hint(hint));
+            return Err(Invalid::new(format!("cron schedule `{s}` has {} fields, not 5", parts.len())).hint(hint));
         }
         for (part, (what, lo, hi, names)) in parts.iter().zip(FIELDS) {
             for item in part.split(',') {
@@ -437,11 +406,7 @@ mod tests {
         assert!(Hostname::new("API.example.com").is_err());
         let z = Hostname::new("example.com").expect("valid");
         assert!(Hostname::new("a.example.com").expect("valid").is_within(&z));
-        assert!(
-            !Hostname::new("notexample.com")
-                .expect("valid")
-                .is_within(&z)
-        );
+        assert!(!Hostname::new("notexample.com").expect("valid").is_within(&z));
     }
 
     #[test]
@@ -472,14 +437,8 @@ mod tests {
         assert_eq!(Cpu::parse("2").map(|c| c.to_string()), Ok("2".into()));
         assert!(Cpu::parse("500Mi").is_err());
         assert!(Cpu::parse("0.0001").is_err());
-        assert_eq!(
-            Memory::parse("512Mi").map(|m| m.to_string()),
-            Ok("512Mi".into())
-        );
-        assert_eq!(
-            Memory::parse("1024Mi").map(|m| m.to_string()),
-            Ok("1Gi".into())
-        );
+        assert_eq!(Memory::parse("512Mi").map(|m| m.to_string()), Ok("512Mi".into()));
+        assert_eq!(Memory::parse("1024Mi").map(|m| m.to_string()), Ok("1Gi".into()));
         assert_eq!(Memory::parse("256M").map(Memory::bytes), Ok(256_000_000));
         assert!(Memory::parse("512m").is_err());
         assert!(Memory::parse("512").is_err());

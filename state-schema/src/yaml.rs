@@ -124,10 +124,7 @@ struct Builder<'a> {
 fn count_nodes(n: &Node<'_>) -> usize {
     1 + match &n.value {
         Value::Seq(items) => items.iter().map(count_nodes).sum(),
-        Value::Map(entries) => entries
-            .iter()
-            .map(|(k, v)| count_nodes(k) + count_nodes(v))
-            .sum(),
+        Value::Map(entries) => entries.iter().map(|(k, v)| count_nodes(k) + count_nodes(v)).sum(),
         _ => 0,
     }
 }
@@ -158,11 +155,7 @@ fn unsupported_tag(pos: Pos, tag: &str) -> LoadError {
 }
 
 /// Checks a sequence's or mapping's tag and the nesting depth before it opens.
-fn open_collection(
-    b: &Builder<'_>,
-    pos: Pos,
-    tag: Option<&saphyr_parser::Tag>,
-) -> Result<(), LoadError> {
+fn open_collection(b: &Builder<'_>, pos: Pos, tag: Option<&saphyr_parser::Tag>) -> Result<(), LoadError> {
     if let Some(t) = tag
         && !(t.is_yaml_core_schema() && matches!(t.suffix.as_str(), "seq" | "map"))
     {
@@ -323,10 +316,7 @@ pub fn load_str(text: &str) -> Result<Vec<Node<'_>>, LoadError> {
                         anchor,
                     ),
                     Some(Frame::Map {
-                        pos,
-                        anchor,
-                        entries,
-                        ..
+                        pos, anchor, entries, ..
                     }) => (
                         Node {
                             pos,
@@ -378,9 +368,7 @@ mod tests {
     #[test]
     fn keeps_positions() {
         let n = one("a: 1\nb:\n  - x\n");
-        let Value::Map(entries) = n.value else {
-            panic!("map")
-        };
+        let Value::Map(entries) = n.value else { panic!("map") };
         assert_eq!(entries[1].0.pos, Pos { line: 2, column: 1 });
         let Value::Seq(items) = &entries[1].1.value else {
             panic!("seq")
@@ -428,19 +416,14 @@ mod tests {
     #[test]
     fn small_aliases_expand() {
         let n = one("base: &b {cpu: 1}\nother: *b\n");
-        let Value::Map(entries) = n.value else {
-            panic!("map")
-        };
+        let Value::Map(entries) = n.value else { panic!("map") };
         assert_eq!(entries[0].1.value, entries[1].1.value);
     }
 
     #[test]
     fn depth_limit() {
         let text = format!("{}{}", "[".repeat(MAX_DEPTH + 1), "]".repeat(MAX_DEPTH + 1));
-        assert_eq!(
-            load_str(&text).expect_err("deep").code,
-            Code::NestingTooDeep
-        );
+        assert_eq!(load_str(&text).expect_err("deep").code, Code::NestingTooDeep);
         let ok = format!("{}{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
         assert!(load_str(&ok).is_ok());
     }
@@ -448,10 +431,7 @@ mod tests {
     #[test]
     fn document_limit() {
         let text = "---\na: 1\n".repeat(MAX_DOCUMENTS + 1);
-        assert_eq!(
-            load_str(&text).expect_err("too many").code,
-            Code::TooManyDocuments
-        );
+        assert_eq!(load_str(&text).expect_err("too many").code, Code::TooManyDocuments);
         let text = "---\na: 1\n".repeat(MAX_DOCUMENTS);
         assert_eq!(load_str(&text).expect("at limit").len(), MAX_DOCUMENTS);
     }
@@ -465,10 +445,7 @@ mod tests {
             (err.code, err.pos),
             (Code::InvalidUtf8, Some(Pos { line: 2, column: 4 }))
         );
-        assert_eq!(
-            load_str("a: !custom x").expect_err("tag").code,
-            Code::UnsupportedTag
-        );
+        assert_eq!(load_str("a: !custom x").expect_err("tag").code, Code::UnsupportedTag);
         assert_eq!(
             load_str("a: !!str 1").expect("str tag")[0].value,
             Value::Map(vec![(

@@ -10,10 +10,7 @@ use state_schema::synthetic::{Params, generate};
 
 fn load(files: &[(String, String)]) -> Loaded {
     assemble(
-        files
-            .iter()
-            .map(|(p, t)| parse_file(p, t.as_bytes()))
-            .collect(),
+        files.iter().map(|(p, t)| parse_file(p, t.as_bytes())).collect(),
         Vec::new(),
     )
 }
@@ -110,10 +107,7 @@ fn duplicates_are_reported_the_same_whatever_the_order() {
     let b = load(&files);
     assert_eq!(a.diagnostics, b.diagnostics);
     assert_eq!(a.diagnostics.len(), 1);
-    assert_eq!(
-        a.diagnostics[0].file, "zz/copy.yaml",
-        "the later path is the duplicate"
-    );
+    assert_eq!(a.diagnostics[0].file, "zz/copy.yaml", "the later path is the duplicate");
 }
 
 /// A random local change to one environment of a synthetic tree: replica values, labels, an
@@ -208,36 +202,11 @@ fn changes_that_reach_other_objects_are_not_local() {
             .collect()
     };
     for (path, from, to, why) in [
-        (
-            &env_path,
-            "web:",
-            "worker: 1\n    web:",
-            "an overridden role is added",
-        ),
-        (
-            &env_path,
-            "ENVIRONMENT_INDEX",
-            "OTHER_VARIABLE",
-            "variables change",
-        ),
-        (
-            &env_path,
-            "stage: preview",
-            "stage: production",
-            "the hostname changes",
-        ),
-        (
-            &env_path,
-            "pool: pool-a",
-            "pool: pool-b",
-            "a reference changes",
-        ),
-        (
-            &env_path,
-            "name: env-000003",
-            "name: env-renamed",
-            "a name changes",
-        ),
+        (&env_path, "web:", "worker: 1\n    web:", "an overridden role is added"),
+        (&env_path, "ENVIRONMENT_INDEX", "OTHER_VARIABLE", "variables change"),
+        (&env_path, "stage: preview", "stage: production", "the hostname changes"),
+        (&env_path, "pool: pool-a", "pool: pool-b", "a reference changes"),
+        (&env_path, "name: env-000003", "name: env-renamed", "a name changes"),
         (
             &project_path,
             "LOG_LEVEL: info",
@@ -248,10 +217,7 @@ fn changes_that_reach_other_objects_are_not_local() {
         let changed = edit(path, from, to);
         assert_ne!(changed, files, "{why}: the edit applies");
         assert!(
-            !state_schema::incremental::is_local(
-                &only(&files, path).state,
-                &only(&changed, path).state
-            ),
+            !state_schema::incremental::is_local(&only(&files, path).state, &only(&changed, path).state),
             "{why}"
         );
     }

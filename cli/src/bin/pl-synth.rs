@@ -33,8 +33,7 @@ fn main() -> anyhow::Result<()> {
     for (path, text) in generate(&params) {
         let p = out.join(&path);
         if let Some(parent) = p.parent() {
-            std::fs::create_dir_all(parent)
-                .with_context(|| format!("creating {}", parent.display()))?;
+            std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
         }
         std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
     }

@@ -19,10 +19,7 @@ pub fn text(diags: &[Diagnostic], objects: usize, files: usize, paint: Paint) ->
             out.push_str(&format!("  {} {h}\n", paint.cyan("hint:")));
         }
     }
-    let errors = diags
-        .iter()
-        .filter(|d| d.severity == Severity::Error)
-        .count();
+    let errors = diags.iter().filter(|d| d.severity == Severity::Error).count();
     if errors == 0 {
         out.push_str(&format!(
             "{} {objects} objects in {files} files\n",

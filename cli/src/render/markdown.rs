@@ -28,9 +28,7 @@ fn icon(a: Action) -> &'static str {
 
 /// Escapes text for a table cell or inline position.
 fn cell(s: &str) -> String {
-    s.replace('|', "\\|")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
+    s.replace('|', "\\|").replace('<', "&lt;").replace('>', "&gt;")
 }
 
 /// Groups lines into blocks of at most [`CHUNK`] characters, each starting with `head`.
@@ -124,10 +122,7 @@ pub fn render(plan: &Plan, header: &PlanHeader) -> Vec<String> {
                 )
             })
             .collect();
-        for mut b in chunked(
-            "| Action | Kind | Name | File |\n|---|---|---|---|\n",
-            &rows,
-        ) {
+        for mut b in chunked("| Action | Kind | Name | File |\n|---|---|---|---|\n", &rows) {
             b.push('\n');
             blocks.push(b);
         }

@@ -19,11 +19,7 @@ struct PlanJson<'p, 'a> {
 }
 
 /// Writes the plan as pretty JSON straight to `w`, without building a copy in memory.
-pub fn write(
-    plan: &Plan<'_>,
-    header: &PlanHeader,
-    w: &mut impl std::io::Write,
-) -> std::io::Result<()> {
+pub fn write(plan: &Plan<'_>, header: &PlanHeader, w: &mut impl std::io::Write) -> std::io::Result<()> {
     let doc = PlanJson {
         format_version: FORMAT_VERSION,
         base: &header.base,

@@ -73,23 +73,12 @@ pub fn render(plan: &Plan, header: &PlanHeader, paint: Paint) -> String {
 /// The consequences as signed lines, shared with the Markdown renderer.
 pub fn consequence_lines(c: &Consequences) -> Vec<(char, String)> {
     let mut out = Vec::new();
-    out.extend(
-        c.hostnames_added
-            .iter()
-            .map(|h| ('+', format!("hostname {h}"))),
-    );
-    out.extend(
-        c.hostnames_removed
-            .iter()
-            .map(|h| ('-', format!("hostname {h}"))),
-    );
+    out.extend(c.hostnames_added.iter().map(|h| ('+', format!("hostname {h}"))));
+    out.extend(c.hostnames_removed.iter().map(|h| ('-', format!("hostname {h}"))));
     out.extend(c.replicas_changed.iter().map(|r| {
         (
             '~',
-            format!(
-                "replicas {}/{}: {} → {}",
-                r.environment, r.role, r.before, r.after
-            ),
+            format!("replicas {}/{}: {} → {}", r.environment, r.role, r.before, r.after),
         )
     }));
     out.extend(
@@ -106,10 +95,7 @@ pub fn consequence_lines(c: &Consequences) -> Vec<(char, String)> {
         let what = n.state.map_or("removed from the pool", |s| s.as_str());
         (
             '!',
-            format!(
-                "node {}/{} {what}: its work moves elsewhere",
-                n.pool, n.node
-            ),
+            format!("node {}/{} {what}: its work moves elsewhere", n.pool, n.node),
         )
     }));
     out.extend(

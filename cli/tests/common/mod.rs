@@ -124,10 +124,6 @@ fn similar_lines(a: &str, b: &str) -> String {
             break;
         }
     }
-    out.push_str(&format!(
-        "({} vs {} lines)",
-        a.lines().count(),
-        b.lines().count()
-    ));
+    out.push_str(&format!("({} vs {} lines)", a.lines().count(), b.lines().count()));
     out
 }
