@@ -9,7 +9,7 @@ use state_schema::state::Loaded;
 use std::io::Write;
 use std::path::Path;
 
-fn out(text: &str) -> anyhow::Result<()> {
+pub fn out(text: &str) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout().lock();
     match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
         // A closed pipe (`pl show | head`) is not an error worth reporting.

@@ -1,6 +1,7 @@
 //! `pl`: validate, plan, show and scaffold Pushleft state repositories.
 
 mod commands;
+mod verify;
 
 // Parsing ten thousand small files is allocation-bound; mimalloc is markedly faster there than
 // glibc's allocator.
@@ -96,6 +97,24 @@ enum Command {
         #[arg(long, value_enum, default_value_t = ShowFormat::Yaml)]
         format: ShowFormat,
     },
+    /// Verify the SSH signatures of commits against an allowed-signers file (and a signing
+    /// policy). Exit 0 only when every commit passes.
+    Verify {
+        /// A commit (`HEAD`, a sha) or a range `A..B` (B's first-parent commits since A).
+        #[arg(default_value = "HEAD")]
+        range: String,
+        /// The state tree (default: the current directory).
+        #[arg(long, short = 'C')]
+        dir: Option<PathBuf>,
+        /// Trusted keys, in git's allowed-signers format; kept outside the state repository.
+        #[arg(long, value_name = "FILE")]
+        allowed_signers: PathBuf,
+        /// The signing policy: `mode: head|strict` and path rules.
+        #[arg(long, value_name = "FILE")]
+        policy: Option<PathBuf>,
+        #[arg(long, value_enum, default_value_t = DiagFormat::Text)]
+        format: DiagFormat,
+    },
     /// Print the JSON Schema of every kind (for yaml-language-server and CI).
     Schema,
     /// Create a new state repository with a working example.
@@ -143,6 +162,13 @@ fn main() -> ExitCode {
             paint,
         ),
         Command::Show { dir: d, rev, format } => commands::show(&dir(d), rev.as_deref(), format, paint),
+        Command::Verify {
+            range,
+            dir: d,
+            allowed_signers,
+            policy,
+            format,
+        } => verify::verify(&dir(d), &range, &allowed_signers, policy.as_deref(), format, paint),
         Command::Schema => commands::schema(),
         Command::Init { dir: d } => commands::init(&dir(d)),
         Command::Completions { shell } => {

@@ -1,8 +1,9 @@
-//! The control host's library: reading state trees from Git (gix) or disk. The daemon, the
-//! ledger and placement come later.
+//! The control host's library: reading state trees from Git (gix) or disk, and deciding
+//! which commits to trust. The daemon, the ledger and placement come later.
 //!
 //! Architecture invariant: this crate owns Git access; `state-schema` never sees a repository,
 //! only bytes.
 
 pub mod load;
 pub mod source;
+pub mod trust;

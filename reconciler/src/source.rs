@@ -34,6 +34,8 @@ pub enum SourceError {
         #[source]
         source: gix::Error,
     },
+    #[error("{message}")]
+    Range { message: String },
     #[error("reading {path}")]
     Io {
         path: PathBuf,
@@ -395,8 +397,17 @@ pub struct TreeDiff {
 
 impl StateRepo {
     fn state_tree<'r>(&self, repo: &'r gix::Repository, c: &Commit) -> Result<Option<gix::Tree<'r>>, SourceError> {
-        let commit = repo.find_commit(c.id).map_err(git(format!("commit {}", c.id)))?;
-        let tree = commit.tree().map_err(git(format!("tree of {}", c.id)))?;
+        self.state_tree_of(repo, c.id)
+    }
+
+    /// The state tree (the folder `pl` was pointed at) in a commit, if it exists there.
+    pub(crate) fn state_tree_of<'r>(
+        &self,
+        repo: &'r gix::Repository,
+        id: ObjectId,
+    ) -> Result<Option<gix::Tree<'r>>, SourceError> {
+        let commit = repo.find_commit(id).map_err(git(format!("commit {id}")))?;
+        let tree = commit.tree().map_err(git(format!("tree of {id}")))?;
         if self.prefix.is_empty() {
             return Ok(Some(tree));
         }

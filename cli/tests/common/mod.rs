@@ -31,11 +31,10 @@ pub fn stderr(o: &Output) -> String {
     String::from_utf8(o.stderr.clone()).expect("utf-8 stderr")
 }
 
-/// Runs git in `dir` with no user or system config and a fixed author, committer and date.
-pub fn git(dir: &Path, args: &[&str]) -> String {
-    let o = Command::new("git")
-        .current_dir(dir)
-        .args(args)
+/// `git` with no user or system config and a fixed author, committer and date.
+pub fn git_command(dir: &Path) -> Command {
+    let mut c = Command::new("git");
+    c.current_dir(dir)
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
         .env("GIT_CONFIG_NOSYSTEM", "1")
         .env("GIT_AUTHOR_NAME", "Golden")
@@ -43,15 +42,43 @@ pub fn git(dir: &Path, args: &[&str]) -> String {
         .env("GIT_COMMITTER_NAME", "Golden")
         .env("GIT_COMMITTER_EMAIL", "golden@pushleft.invalid")
         .env("GIT_AUTHOR_DATE", "2026-01-01T00:00:00Z")
-        .env("GIT_COMMITTER_DATE", "2026-01-01T00:00:00Z")
-        .output()
-        .expect("git runs");
+        .env("GIT_COMMITTER_DATE", "2026-01-01T00:00:00Z");
+    c
+}
+
+/// Runs git in `dir` (see [`git_command`]) and returns its trimmed output.
+pub fn git(dir: &Path, args: &[&str]) -> String {
+    let o = git_command(dir).args(args).output().expect("git runs");
     assert!(
         o.status.success(),
         "git {args:?} failed: {}",
         String::from_utf8_lossy(&o.stderr)
     );
     String::from_utf8_lossy(&o.stdout).trim().to_owned()
+}
+
+/// Runs git with `input` on stdin and returns its exact output.
+pub fn git_raw(dir: &Path, args: &[&str], input: Option<&[u8]>) -> Vec<u8> {
+    use std::io::Write;
+    let mut child = git_command(dir)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("git runs");
+    let mut stdin = child.stdin.take().expect("stdin");
+    if let Some(i) = input {
+        stdin.write_all(i).expect("write stdin");
+    }
+    drop(stdin);
+    let o = child.wait_with_output().expect("git finishes");
+    assert!(
+        o.status.success(),
+        "git {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    o.stdout
 }
 
 pub fn init_repo(dir: &Path) {

@@ -1,0 +1,187 @@
+//! Trust: which commits may be applied. SSH commit signatures verified in process (never by
+//! shelling out to `git` or `ssh-keygen`) against an allowed-signers file, and a signing policy
+//! with path rules. Both files come from outside the state repository.
+
+pub mod allowed_signers;
+pub mod policy;
+pub mod verify;
+
+use crate::source::{SourceError, StateRepo};
+use allowed_signers::AllowedSigner;
+use gix::ObjectId;
+use gix::objs::tree::EntryKind;
+use policy::{Mode, Policy};
+use verify::{Refusal, Signer, check_paths, verify_signature};
+
+/// The verdict on one commit.
+#[derive(Clone, Debug)]
+pub struct CommitVerdict {
+    pub commit: ObjectId,
+    pub result: Result<Signer, Refusal>,
+}
+
+/// Most commits one range may list.
+pub const MAX_RANGE: usize = 100_000;
+
+fn git(what: impl Into<String>) -> impl FnOnce(gix::Error) -> SourceError {
+    let what = what.into();
+    move |source| SourceError::Git { what, source }
+}
+
+impl StateRepo {
+    /// The first-parent chain from `to` back to `from` (excluded), oldest first. `None` for
+    /// `from` lists `to` alone.
+    pub fn first_parent_range(&self, from: Option<ObjectId>, to: ObjectId) -> Result<Vec<ObjectId>, SourceError> {
+        let repo = self.thread_repo().ok_or_else(|| SourceError::NotARepository {
+            path: self.root().to_owned(),
+        })?;
+        let Some(from) = from else { return Ok(vec![to]) };
+        let mut out = Vec::new();
+        let mut cur = to;
+        while cur != from {
+            if out.len() >= MAX_RANGE {
+                return Err(SourceError::Range {
+                    message: format!("more than {MAX_RANGE} commits"),
+                });
+            }
+            out.push(cur);
+            let commit = repo.find_commit(cur).map_err(git(format!("commit {cur}")))?;
+            match commit.parent_ids().next() {
+                Some(p) => cur = p.detach(),
+                None => {
+                    return Err(SourceError::Range {
+                        message: format!("{from} is not a first-parent ancestor of {to}"),
+                    });
+                }
+            }
+        }
+        out.reverse();
+        Ok(out)
+    }
+
+    /// Paths under the state tree that differ between two commits (`None`: the empty tree).
+    pub fn changed_paths(&self, from: Option<ObjectId>, to: ObjectId) -> Result<Vec<String>, SourceError> {
+        let repo = self.thread_repo().ok_or_else(|| SourceError::NotARepository {
+            path: self.root().to_owned(),
+        })?;
+        let tree_of = |id: ObjectId| self.state_tree_of(&repo, id);
+        let a = match from {
+            Some(f) => tree_of(f)?,
+            None => None,
+        };
+        let b = tree_of(to)?;
+        let mut out = Vec::new();
+        walk_changes(&repo, a.as_ref(), b.as_ref(), "", &mut out)?;
+        Ok(out)
+    }
+
+    /// Verifies one commit's signature; path rules apply to what changed since `since`
+    /// (default: the first parent).
+    pub fn verify_commit(
+        &self,
+        id: ObjectId,
+        signers: &[AllowedSigner],
+        rules: &[policy::PathRule],
+        since: Option<ObjectId>,
+    ) -> Result<CommitVerdict, SourceError> {
+        let repo = self.thread_repo().ok_or_else(|| SourceError::NotARepository {
+            path: self.root().to_owned(),
+        })?;
+        let commit = repo.find_commit(id).map_err(git(format!("commit {id}")))?;
+        let signature = commit.signature().map_err(git(format!("signature of {id}")))?;
+        let Some((sig, signed)) = signature else {
+            return Ok(CommitVerdict {
+                commit: id,
+                result: Err(Refusal::Unsigned),
+            });
+        };
+        let time = commit.committer().map_err(git(format!("committer of {id}")))?.seconds();
+        let mut result = verify_signature(sig.as_ref(), signed.to_bstring().as_ref(), time, signers);
+        if let (Ok(signer), false) = (&result, rules.is_empty()) {
+            let base = match since {
+                Some(s) => Some(s),
+                None => commit.parent_ids().next().map(|p| p.detach()),
+            };
+            let changed = self.changed_paths(base, id)?;
+            if let Err(r) = check_paths(signer, changed.iter().map(String::as_str), rules) {
+                result = Err(r);
+            }
+        }
+        Ok(CommitVerdict { commit: id, result })
+    }
+
+    /// Verifies a range as a policy says: `head` mode verifies the last commit (path rules
+    /// over everything since `from`), `strict` mode every first-parent commit. Without a
+    /// policy, every commit is verified without path rules.
+    pub fn verify_range(
+        &self,
+        from: Option<ObjectId>,
+        to: ObjectId,
+        signers: &[AllowedSigner],
+        policy: Option<&Policy>,
+    ) -> Result<Vec<CommitVerdict>, SourceError> {
+        let commits = self.first_parent_range(from, to)?;
+        match policy {
+            None => commits
+                .into_iter()
+                .map(|c| self.verify_commit(c, signers, &[], None))
+                .collect(),
+            Some(p) if p.mode == Mode::Strict => commits
+                .into_iter()
+                .map(|c| self.verify_commit(c, signers, &p.rules, None))
+                .collect(),
+            Some(p) => Ok(vec![self.verify_commit(to, signers, &p.rules, from)?]),
+        }
+    }
+}
+
+fn entries(
+    tree: Option<&gix::Tree<'_>>,
+) -> Result<std::collections::BTreeMap<String, (EntryKind, ObjectId)>, SourceError> {
+    let mut map = std::collections::BTreeMap::new();
+    if let Some(t) = tree {
+        for e in t.iter() {
+            let e = e.map_err(git("tree entries"))?;
+            map.insert(
+                String::from_utf8_lossy(e.filename()).into_owned(),
+                (e.kind(), e.object_id()),
+            );
+        }
+    }
+    Ok(map)
+}
+
+/// Every path (files, links, submodules; hidden ones too: a policy guards the whole tree) that
+/// differs between two trees.
+fn walk_changes(
+    repo: &gix::Repository,
+    a: Option<&gix::Tree<'_>>,
+    b: Option<&gix::Tree<'_>>,
+    dir: &str,
+    out: &mut Vec<String>,
+) -> Result<(), SourceError> {
+    let (ea, eb) = (entries(a)?, entries(b)?);
+    let names: std::collections::BTreeSet<&String> = ea.keys().chain(eb.keys()).collect();
+    for name in names {
+        let (x, y) = (ea.get(name), eb.get(name));
+        if x == y {
+            continue;
+        }
+        let path = format!("{dir}{name}");
+        let sub = |e: Option<&(EntryKind, ObjectId)>| -> Result<Option<gix::Tree<'_>>, SourceError> {
+            match e {
+                Some((EntryKind::Tree, id)) => Ok(Some(repo.find_tree(*id).map_err(git(path.clone()))?)),
+                _ => Ok(None),
+            }
+        };
+        let (ta, tb) = (sub(x)?, sub(y)?);
+        if ta.is_some() || tb.is_some() {
+            walk_changes(repo, ta.as_ref(), tb.as_ref(), &format!("{path}/"), out)?;
+        }
+        let is_leaf = |e: Option<&(EntryKind, ObjectId)>| matches!(e, Some((k, _)) if *k != EntryKind::Tree);
+        if is_leaf(x) || is_leaf(y) {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
