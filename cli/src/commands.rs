@@ -1,7 +1,7 @@
 //! The commands behind `pl`: each returns its exit code; errors become exit 1 in `main`.
 
 use crate::render::{self, Paint, PlanHeader, Side};
-use crate::{DiagFormat, PlanFormat, ShowFormat};
+use crate::{DiagFormat, PlanArgs, PlanFormat, ShowFormat};
 use anyhow::{Context, bail};
 use reconciler::load::{PlanInput, load, load_for_plan};
 use reconciler::source::{Rev, StateRepo};
@@ -52,19 +52,21 @@ fn invalid_head(loaded: &Loaded, format: PlanFormat, paint: Paint) -> anyhow::Re
     Ok(1)
 }
 
-pub fn plan(
-    dir: &Path,
-    base_spec: &str,
-    head_spec: Option<&str>,
-    format: PlanFormat,
-    detailed: bool,
-    output_dir: Option<&Path>,
-    paint: Paint,
-) -> anyhow::Result<u8> {
+pub fn plan(args: &PlanArgs, paint: Paint) -> anyhow::Result<u8> {
+    let (format, output_dir) = (args.format, args.output_dir.as_deref());
+    let dir = args.dir.clone().unwrap_or_else(|| std::path::PathBuf::from("."));
+    let (base_spec, head_spec, detailed) = (args.base.as_str(), args.head.as_deref(), args.detailed_exitcode);
     if output_dir.is_some() && format != PlanFormat::Markdown {
         bail!("--output-dir goes with --format markdown");
     }
-    let repo = StateRepo::open(dir)?;
+    // Trust files are read first: a bad one is refused before any work.
+    let signers = args
+        .allowed_signers
+        .as_deref()
+        .map(crate::verify::load_signers)
+        .transpose()?;
+    let policy = crate::verify::load_policy(args.policy.as_deref())?;
+    let repo = StateRepo::open(&dir)?;
     let mut base = repo.resolve(base_spec)?;
     let head = rev_of(&repo, head_spec)?;
     // A pull request is reviewed against where it branched off, not against a target branch
@@ -97,7 +99,19 @@ pub fn plan(
             },
         },
         merge_base,
+        signature: None,
     };
+    let mut header = header;
+    if let Some(signers) = &signers {
+        header.signature = Some(match &head {
+            Rev::Commit(c) => {
+                let rules = policy.as_ref().map(|p| p.rules.as_slice()).unwrap_or_default();
+                let verdict = repo.verify_commit(c.id, signers, rules, Some(base.id))?;
+                crate::verify::VerdictJson::from(&verdict)
+            }
+            Rev::WorkTree => crate::verify::VerdictJson::working_tree(),
+        });
+    }
     let PlanInput {
         base: base_state,
         head: head_state,

@@ -58,6 +58,34 @@ pub enum ShowFormat {
     Json,
 }
 
+#[derive(clap::Args, Debug)]
+pub struct PlanArgs {
+    /// The state tree (default: the current directory).
+    pub dir: Option<PathBuf>,
+    /// The revision to compare against (`main`, `origin/main`, `HEAD~1`, a sha). When head
+    /// has diverged from it, the plan starts from their merge base.
+    #[arg(long)]
+    pub base: String,
+    /// The revision to plan; default: the working tree, uncommitted files included.
+    #[arg(long)]
+    pub head: Option<String>,
+    #[arg(long, value_enum, default_value_t = PlanFormat::Text)]
+    pub format: PlanFormat,
+    /// Exit 0 when there are no changes, 2 when there are, 1 on error.
+    #[arg(long)]
+    pub detailed_exitcode: bool,
+    /// With `--format markdown`: write each part to DIR/plan-N.md instead of stdout.
+    #[arg(long, value_name = "DIR")]
+    pub output_dir: Option<PathBuf>,
+    /// Trusted keys (git's allowed-signers format): the plan's header then gives the head
+    /// commit's signature verdict.
+    #[arg(long, value_name = "FILE")]
+    pub allowed_signers: Option<PathBuf>,
+    /// The signing policy whose path rules the head's signer must satisfy for the planned change.
+    #[arg(long, value_name = "FILE", requires = "allowed_signers")]
+    pub policy: Option<PathBuf>,
+}
+
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Check a state tree and report every problem. Exit 0 valid, 1 otherwise.
@@ -71,24 +99,7 @@ enum Command {
         format: DiagFormat,
     },
     /// Show what would change between two revisions.
-    Plan {
-        dir: Option<PathBuf>,
-        /// The revision to compare against (`main`, `origin/main`, `HEAD~1`, a sha). When head
-        /// has diverged from it, the plan starts from their merge base.
-        #[arg(long)]
-        base: String,
-        /// The revision to plan; default: the working tree, uncommitted files included.
-        #[arg(long)]
-        head: Option<String>,
-        #[arg(long, value_enum, default_value_t = PlanFormat::Text)]
-        format: PlanFormat,
-        /// Exit 0 when there are no changes, 2 when there are, 1 on error.
-        #[arg(long)]
-        detailed_exitcode: bool,
-        /// With `--format markdown`: write each part to DIR/plan-N.md instead of stdout.
-        #[arg(long, value_name = "DIR")]
-        output_dir: Option<PathBuf>,
-    },
+    Plan(PlanArgs),
     /// Print the canonical, fully derived state.
     Show {
         dir: Option<PathBuf>,
@@ -145,22 +156,7 @@ fn main() -> ExitCode {
     let dir = |d: Option<PathBuf>| d.unwrap_or_else(|| PathBuf::from("."));
     let result = match cli.command {
         Command::Validate { dir: d, rev, format } => commands::validate(&dir(d), rev.as_deref(), format, paint),
-        Command::Plan {
-            dir: d,
-            base,
-            head,
-            format,
-            detailed_exitcode,
-            output_dir,
-        } => commands::plan(
-            &dir(d),
-            &base,
-            head.as_deref(),
-            format,
-            detailed_exitcode,
-            output_dir.as_deref(),
-            paint,
-        ),
+        Command::Plan(args) => commands::plan(&args, paint),
         Command::Show { dir: d, rev, format } => commands::show(&dir(d), rev.as_deref(), format, paint),
         Command::Verify {
             range,

@@ -49,6 +49,28 @@ pub struct VerdictJson {
     pub signer: Option<Signer>,
 }
 
+impl VerdictJson {
+    /// A working tree is not a commit and carries no signature.
+    pub fn working_tree() -> Self {
+        VerdictJson {
+            commit: String::new(),
+            verdict: "working-tree",
+            code: None,
+            message: Some("the working tree is not signed; plan a commit to see its verdict".into()),
+            signer: None,
+        }
+    }
+
+    /// One line for a plan's header.
+    pub fn describe(&self) -> String {
+        match (self.verdict, &self.signer, self.code) {
+            ("valid", Some(s), _) => format!("valid, signed by {} ({})", s.principal(), s.fingerprint),
+            ("refused", _, Some(code)) => format!("refused [{code}]: {}", self.message.clone().unwrap_or_default()),
+            _ => self.message.clone().unwrap_or_default(),
+        }
+    }
+}
+
 impl From<&CommitVerdict> for VerdictJson {
     fn from(v: &CommitVerdict) -> Self {
         match &v.result {

@@ -349,4 +349,83 @@ fn path_rules_and_modes() {
     assert_eq!(bad.status.code(), Some(1));
     assert!(stderr(&bad).contains("not a first-parent ancestor"), "{}", stderr(&bad));
     let _ = unsigned;
+
+    plan_header_gives_the_head_verdict(tmp.path(), &signers, &ops, &dev);
+}
+
+fn plan_header_gives_the_head_verdict(tmp: &Path, signers: &Path, ops: &Key, dev: &Key) {
+    let repo = tmp.join("plan-state");
+    init_repo(&repo);
+    copy_tree(&workspace().join("examples/quickstart"), &repo);
+    let policy = tmp.join("env-policy.yaml");
+    std::fs::write(
+        &policy,
+        "rules:\n  - paths: [\"environments/**\"]\n    principals: [\"ops-*\"]\n",
+    )
+    .expect("write");
+    let env = "environments/hello-production.yaml";
+    let text = std::fs::read_to_string(repo.join(env)).expect("read");
+    let base = commit(
+        &repo,
+        "pools/default.yaml",
+        &std::fs::read_to_string(repo.join("pools/default.yaml")).expect("read"),
+        "base",
+        Some(ops),
+    );
+    let by_ops = commit(
+        &repo,
+        env,
+        &format!("{text}  replicas: {{web: 3}}\n"),
+        "ops scales",
+        Some(ops),
+    );
+    let by_dev = commit(
+        &repo,
+        env,
+        &format!("{text}  replicas: {{web: 4}}\n"),
+        "dev scales",
+        Some(dev),
+    );
+    let unsigned = commit(&repo, env, &format!("{text}  replicas: {{web: 5}}\n"), "unsigned", None);
+    let plan = |head: Option<&str>, policy: Option<&Path>, format: &str| {
+        let mut c = pl();
+        c.arg("plan")
+            .arg(&repo)
+            .args(["--base", &base, "--format", format, "--allowed-signers"])
+            .arg(signers);
+        if let Some(h) = head {
+            c.args(["--head", h]);
+        }
+        if let Some(p) = policy {
+            c.arg("--policy").arg(p);
+        }
+        let o = run(&mut c);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        stdout(&o)
+    };
+    let json = |s: String| -> serde_json::Value { serde_json::from_str(&s).expect("plan json") };
+    let v = json(plan(Some(&by_ops), Some(&policy), "json"));
+    assert_eq!(
+        (
+            v["headSignature"]["verdict"].as_str(),
+            v["headSignature"]["signer"]["principals"][0].as_str()
+        ),
+        (Some("valid"), Some("ops-alice"))
+    );
+    let v = json(plan(Some(&by_dev), Some(&policy), "json"));
+    assert_eq!(v["headSignature"]["code"], "principal-not-allowed-for-path");
+    let v = json(plan(Some(&by_dev), None, "json"));
+    assert_eq!(
+        v["headSignature"]["verdict"], "valid",
+        "without a policy only the signature counts"
+    );
+    let v = json(plan(None, None, "json"));
+    assert_eq!(v["headSignature"]["verdict"], "working-tree");
+    let text = plan(Some(&by_ops), None, "text");
+    assert!(
+        text.contains("signature: valid, signed by ops-alice (SHA256:"),
+        "{text}"
+    );
+    let md = plan(Some(&unsigned), None, "markdown");
+    assert!(md.contains("**signature**: refused [unsigned]"), "{md}");
 }

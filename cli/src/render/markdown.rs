@@ -99,6 +99,14 @@ pub fn render(plan: &Plan, header: &PlanHeader) -> Vec<String> {
             super::short(mb)
         ));
     }
+    if let Some(sig) = &header.signature {
+        let mark = match sig.verdict {
+            "valid" => "✅",
+            "refused" => "⛔",
+            _ => "⚠️",
+        };
+        intro.push_str(&format!("\n{mark} **signature**: {}\n", cell(&sig.describe())));
+    }
     intro.push_str(&format!(
         "\n**Plan: {} to add, {} to change, {} to destroy.**\n\n",
         s.add, s.change, s.destroy

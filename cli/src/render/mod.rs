@@ -74,4 +74,6 @@ pub struct PlanHeader {
     pub head: Side,
     /// Set when base and head diverged and the plan starts from their merge base.
     pub merge_base: Option<String>,
+    /// The head commit's signature verdict, when an allowed-signers file was given.
+    pub signature: Option<crate::verify::VerdictJson>,
 }

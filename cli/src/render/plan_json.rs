@@ -13,6 +13,8 @@ struct PlanJson<'p, 'a> {
     base: &'p super::Side,
     head: &'p super::Side,
     merge_base: &'p Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    head_signature: &'p Option<crate::verify::VerdictJson>,
     summary: state_schema::plan::Summary,
     changes: &'p [state_schema::plan::Change<'a>],
     consequences: &'p state_schema::plan::Consequences,
@@ -25,6 +27,7 @@ pub fn write(plan: &Plan<'_>, header: &PlanHeader, w: &mut impl std::io::Write) 
         base: &header.base,
         head: &header.head,
         merge_base: &header.merge_base,
+        head_signature: &header.signature,
         summary: plan.summary,
         changes: &plan.changes,
         consequences: &plan.consequences,

@@ -18,6 +18,15 @@ pub fn render(plan: &Plan, header: &PlanHeader, paint: Paint) -> String {
             super::short(mb)
         )));
     }
+    if let Some(sig) = &header.signature {
+        let text = format!("  signature: {}", sig.describe());
+        out.push_str(&match sig.verdict {
+            "valid" => paint.green(&text),
+            "refused" => paint.red(&text),
+            _ => paint.yellow(&text),
+        });
+        out.push('\n');
+    }
     out.push('\n');
     if plan.is_empty() {
         out.push_str("No changes. The desired state matches the base.\n\n");
