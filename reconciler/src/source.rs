@@ -222,6 +222,20 @@ impl StateRepo {
     }
 }
 
+fn symlink_problem(path: &str) -> Diagnostic {
+    Diagnostic::error(
+        Code::SymlinkInTree,
+        path,
+        None,
+        "symbolic links are not allowed in a state tree",
+    )
+    .with_hint("commit the file itself; a link could point outside the reviewed tree")
+}
+
+fn submodule_problem(path: &str) -> Diagnostic {
+    Diagnostic::error(Code::NotARegularFile, path, None, "a submodule inside the state tree")
+}
+
 fn too_large(path: &str, size: u64) -> Diagnostic {
     Diagnostic::error(
         Code::FileTooLarge,
@@ -261,21 +275,8 @@ fn walk_tree(
                 let sub = repo.find_tree(entry.object_id()).map_err(git(path.clone()))?;
                 walk_tree(repo, &sub, &format!("{path}/"), listing)?;
             }
-            EntryKind::Link => listing.problems.push(
-                Diagnostic::error(
-                    Code::SymlinkInTree,
-                    &path,
-                    None,
-                    "symbolic links are not allowed in a state tree",
-                )
-                .with_hint("commit the file itself; a link could point outside the reviewed tree"),
-            ),
-            EntryKind::Commit => listing.problems.push(Diagnostic::error(
-                Code::NotARegularFile,
-                &path,
-                None,
-                "a submodule inside the state tree",
-            )),
+            EntryKind::Link => listing.problems.push(symlink_problem(&path)),
+            EntryKind::Commit => listing.problems.push(submodule_problem(&path)),
             EntryKind::Blob | EntryKind::BlobExecutable => {
                 if !is_state_file(&name) {
                     continue;
@@ -330,15 +331,7 @@ fn walk_dir(root: &Path, dir: &str, listing: &mut Listing) -> Result<(), SourceE
         })?;
         let ft = meta.file_type();
         if ft.is_symlink() {
-            listing.problems.push(
-                Diagnostic::error(
-                    Code::SymlinkInTree,
-                    &path,
-                    None,
-                    "symbolic links are not allowed in a state tree",
-                )
-                .with_hint("commit the file itself; a link could point outside the reviewed tree"),
-            );
+            listing.problems.push(symlink_problem(&path));
         } else if ft.is_dir() {
             walk_dir(root, &format!("{path}/"), listing)?;
         } else if !ft.is_file() {
@@ -442,26 +435,63 @@ impl StateRepo {
         let repo = self.repo()?;
         let (a, b) = (self.state_tree(&repo, base)?, self.state_tree(&repo, head)?);
         let mut out = TreeDiff::default();
-        diff_trees(&repo, a.as_ref(), b.as_ref(), "", &mut out)?;
+        diff_trees(&repo, a.as_ref(), b.as_ref(), &mut out)?;
         out.changed.sort_by(|x, y| x.path.cmp(&y.path));
         Ok(out)
     }
 }
 
-type EntryMap = std::collections::BTreeMap<String, (EntryKind, ObjectId)>;
+/// A tree entry: its kind and object.
+pub(crate) type TreeEntry = (EntryKind, ObjectId);
 
-fn entries(tree: Option<&gix::Tree<'_>>, dir: &str) -> Result<EntryMap, SourceError> {
+type EntryMap = std::collections::BTreeMap<String, TreeEntry>;
+
+fn entries(tree: Option<&gix::Tree<'_>>, dir: &str, hidden: bool) -> Result<EntryMap, SourceError> {
     let mut map = EntryMap::new();
     if let Some(t) = tree {
         for e in t.iter() {
             let e = e.map_err(git(format!("tree entries of `{dir}`")))?;
             let name = String::from_utf8_lossy(e.filename()).into_owned();
-            if !name.starts_with('.') {
+            if hidden || !name.starts_with('.') {
                 map.insert(name, (e.kind(), e.object_id()));
             }
         }
     }
     Ok(map)
+}
+
+/// Walks two trees together without entering identical subtrees. For every name whose entry
+/// differs, `visit(path, name, before, after)` runs (either side may be absent or a tree);
+/// subtrees that differ are walked into. `hidden` includes names starting with `.`.
+pub(crate) fn walk_tree_diff(
+    repo: &gix::Repository,
+    a: Option<&gix::Tree<'_>>,
+    b: Option<&gix::Tree<'_>>,
+    dir: &str,
+    hidden: bool,
+    visit: &mut dyn FnMut(&str, &str, Option<&TreeEntry>, Option<&TreeEntry>) -> Result<(), SourceError>,
+) -> Result<(), SourceError> {
+    let (ea, eb) = (entries(a, dir, hidden)?, entries(b, dir, hidden)?);
+    let names: std::collections::BTreeSet<&String> = ea.keys().chain(eb.keys()).collect();
+    for name in names {
+        let (x, y) = (ea.get(name), eb.get(name));
+        if x == y {
+            continue;
+        }
+        let path = format!("{dir}{name}");
+        let sub = |e: Option<&TreeEntry>| -> Result<Option<gix::Tree<'_>>, SourceError> {
+            match e {
+                Some((EntryKind::Tree, id)) => Ok(Some(repo.find_tree(*id).map_err(git(path.clone()))?)),
+                _ => Ok(None),
+            }
+        };
+        let (ta, tb) = (sub(x)?, sub(y)?);
+        if ta.is_some() || tb.is_some() {
+            walk_tree_diff(repo, ta.as_ref(), tb.as_ref(), &format!("{path}/"), hidden, visit)?;
+        }
+        visit(&path, name, x, y)?;
+    }
+    Ok(())
 }
 
 fn file_entry(repo: &gix::Repository, path: &str, id: ObjectId) -> Result<FileEntry, SourceError> {
@@ -477,59 +507,27 @@ fn diff_trees(
     repo: &gix::Repository,
     a: Option<&gix::Tree<'_>>,
     b: Option<&gix::Tree<'_>>,
-    dir: &str,
     out: &mut TreeDiff,
 ) -> Result<(), SourceError> {
-    let (ea, eb) = (entries(a, dir)?, entries(b, dir)?);
-    let names: std::collections::BTreeSet<&String> = ea.keys().chain(eb.keys()).collect();
-    for name in names {
-        let (x, y) = (ea.get(name), eb.get(name));
-        if x == y {
-            continue;
-        }
-        let path = format!("{dir}{name}");
-        let sub = |e: Option<&(EntryKind, ObjectId)>| -> Result<Option<gix::Tree<'_>>, SourceError> {
-            match e {
-                Some((EntryKind::Tree, id)) => Ok(Some(repo.find_tree(*id).map_err(git(path.clone()))?)),
-                _ => Ok(None),
-            }
-        };
-        let (ta, tb) = (sub(x)?, sub(y)?);
-        if ta.is_some() || tb.is_some() {
-            diff_trees(repo, ta.as_ref(), tb.as_ref(), &format!("{path}/"), out)?;
-        }
-        let is_blob =
-            |e: Option<&(EntryKind, ObjectId)>| matches!(e, Some((EntryKind::Blob | EntryKind::BlobExecutable, _)));
+    walk_tree_diff(repo, a, b, "", false, &mut |path, name, x, y| {
+        let is_blob = |e: Option<&TreeEntry>| matches!(e, Some((EntryKind::Blob | EntryKind::BlobExecutable, _)));
         match y {
-            Some((EntryKind::Link, _)) => out.problems.push(
-                Diagnostic::error(
-                    Code::SymlinkInTree,
-                    &path,
-                    None,
-                    "symbolic links are not allowed in a state tree",
-                )
-                .with_hint("commit the file itself; a link could point outside the reviewed tree"),
-            ),
-            Some((EntryKind::Commit, _)) => out.problems.push(Diagnostic::error(
-                Code::NotARegularFile,
-                &path,
-                None,
-                "a submodule inside the state tree",
-            )),
+            Some((EntryKind::Link, _)) => out.problems.push(symlink_problem(path)),
+            Some((EntryKind::Commit, _)) => out.problems.push(submodule_problem(path)),
             _ => {}
         }
         if !is_state_file(name) || !(is_blob(x) || is_blob(y)) {
-            continue;
+            return Ok(());
         }
         let base = match x {
-            Some((EntryKind::Blob | EntryKind::BlobExecutable, id)) => Some(file_entry(repo, &path, *id)?),
+            Some((EntryKind::Blob | EntryKind::BlobExecutable, id)) => Some(file_entry(repo, path, *id)?),
             _ => None,
         };
         let head = match y {
             Some((EntryKind::Blob | EntryKind::BlobExecutable, id)) => {
-                let e = file_entry(repo, &path, *id)?;
+                let e = file_entry(repo, path, *id)?;
                 if e.size > state_schema::yaml::MAX_FILE_BYTES as u64 {
-                    out.problems.push(too_large(&path, e.size));
+                    out.problems.push(too_large(path, e.size));
                     None
                 } else {
                     Some(e)
@@ -537,7 +535,11 @@ fn diff_trees(
             }
             _ => None,
         };
-        out.changed.push(ChangedFile { path, base, head });
-    }
-    Ok(())
+        out.changed.push(ChangedFile {
+            path: path.to_owned(),
+            base,
+            head,
+        });
+        Ok(())
+    })
 }

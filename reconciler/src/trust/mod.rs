@@ -6,7 +6,7 @@ pub mod allowed_signers;
 pub mod policy;
 pub mod verify;
 
-use crate::source::{SourceError, StateRepo};
+use crate::source::{SourceError, StateRepo, TreeEntry, walk_tree_diff};
 use allowed_signers::AllowedSigner;
 use gix::ObjectId;
 use gix::objs::tree::EntryKind;
@@ -71,7 +71,7 @@ impl StateRepo {
         };
         let b = tree_of(to)?;
         let mut out = Vec::new();
-        walk_changes(&repo, a.as_ref(), b.as_ref(), "", &mut out)?;
+        walk_changes(&repo, a.as_ref(), b.as_ref(), &mut out)?;
         Ok(out)
     }
 
@@ -135,53 +135,19 @@ impl StateRepo {
     }
 }
 
-fn entries(
-    tree: Option<&gix::Tree<'_>>,
-) -> Result<std::collections::BTreeMap<String, (EntryKind, ObjectId)>, SourceError> {
-    let mut map = std::collections::BTreeMap::new();
-    if let Some(t) = tree {
-        for e in t.iter() {
-            let e = e.map_err(git("tree entries"))?;
-            map.insert(
-                String::from_utf8_lossy(e.filename()).into_owned(),
-                (e.kind(), e.object_id()),
-            );
-        }
-    }
-    Ok(map)
-}
-
 /// Every path (files, links, submodules; hidden ones too: a policy guards the whole tree) that
 /// differs between two trees.
 fn walk_changes(
     repo: &gix::Repository,
     a: Option<&gix::Tree<'_>>,
     b: Option<&gix::Tree<'_>>,
-    dir: &str,
     out: &mut Vec<String>,
 ) -> Result<(), SourceError> {
-    let (ea, eb) = (entries(a)?, entries(b)?);
-    let names: std::collections::BTreeSet<&String> = ea.keys().chain(eb.keys()).collect();
-    for name in names {
-        let (x, y) = (ea.get(name), eb.get(name));
-        if x == y {
-            continue;
-        }
-        let path = format!("{dir}{name}");
-        let sub = |e: Option<&(EntryKind, ObjectId)>| -> Result<Option<gix::Tree<'_>>, SourceError> {
-            match e {
-                Some((EntryKind::Tree, id)) => Ok(Some(repo.find_tree(*id).map_err(git(path.clone()))?)),
-                _ => Ok(None),
-            }
-        };
-        let (ta, tb) = (sub(x)?, sub(y)?);
-        if ta.is_some() || tb.is_some() {
-            walk_changes(repo, ta.as_ref(), tb.as_ref(), &format!("{path}/"), out)?;
-        }
-        let is_leaf = |e: Option<&(EntryKind, ObjectId)>| matches!(e, Some((k, _)) if *k != EntryKind::Tree);
+    walk_tree_diff(repo, a, b, "", true, &mut |path, _, x, y| {
+        let is_leaf = |e: Option<&TreeEntry>| matches!(e, Some((k, _)) if *k != EntryKind::Tree);
         if is_leaf(x) || is_leaf(y) {
-            out.push(path);
+            out.push(path.to_owned());
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }
