@@ -446,6 +446,10 @@ pub(crate) type TreeEntry = (EntryKind, ObjectId);
 
 type EntryMap = std::collections::BTreeMap<String, TreeEntry>;
 
+/// What [`walk_tree_diff`] calls for each differing name: `(path, name, before, after)`.
+pub(crate) type TreeDiffVisitor<'v> =
+    dyn FnMut(&str, &str, Option<&TreeEntry>, Option<&TreeEntry>) -> Result<(), SourceError> + 'v;
+
 fn entries(tree: Option<&gix::Tree<'_>>, dir: &str, hidden: bool) -> Result<EntryMap, SourceError> {
     let mut map = EntryMap::new();
     if let Some(t) = tree {
@@ -469,7 +473,7 @@ pub(crate) fn walk_tree_diff(
     b: Option<&gix::Tree<'_>>,
     dir: &str,
     hidden: bool,
-    visit: &mut dyn FnMut(&str, &str, Option<&TreeEntry>, Option<&TreeEntry>) -> Result<(), SourceError>,
+    visit: &mut TreeDiffVisitor<'_>,
 ) -> Result<(), SourceError> {
     let (ea, eb) = (entries(a, dir, hidden)?, entries(b, dir, hidden)?);
     let names: std::collections::BTreeSet<&String> = ea.keys().chain(eb.keys()).collect();
