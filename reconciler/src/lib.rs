@@ -5,5 +5,6 @@
 //! only bytes.
 
 pub mod load;
+pub mod secrets;
 pub mod source;
 pub mod trust;

@@ -7,6 +7,7 @@
 pub mod canonical;
 mod decode;
 pub mod diag;
+pub mod edit;
 pub mod incremental;
 pub mod model;
 pub mod parse;

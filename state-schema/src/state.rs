@@ -340,7 +340,36 @@ fn check_references(state: &State, diags: &mut Vec<Diagnostic>) {
                     ));
                 }
             }
-            Spec::NodePool(_) | Spec::Secret(_) => {}
+            Spec::Secret(secret) => {
+                if let Some(repo) = repo {
+                    let listed = repo
+                        .control_recipient
+                        .as_ref()
+                        .is_some_and(|c| secret.recipients.iter().any(|r| r.trim() == c.trim()));
+                    if !listed {
+                        let (msg, hint) = match &repo.control_recipient {
+                            None => (
+                                "the Repository has no `controlRecipient`, so no Secret can be delivered",
+                                "set `spec.controlRecipient` in pushleft.yaml to the control host's age recipient",
+                            ),
+                            Some(_) => (
+                                "the Secret does not list the Repository's `controlRecipient`",
+                                "run `pl secret recipients NAME --add <controlRecipient>`",
+                            ),
+                        };
+                        diags.push(
+                            Diagnostic::error(
+                                Code::SecretControlKeyMissing,
+                                &loc.file,
+                                Some(loc.pos_of("metadata.name")),
+                                msg,
+                            )
+                            .with_hint(hint),
+                        );
+                    }
+                }
+            }
+            Spec::NodePool(_) => {}
         }
     }
 }
