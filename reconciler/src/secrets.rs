@@ -246,7 +246,7 @@ mod tests {
         let (id, r) = keypair();
         let ids = vec![id];
         assert_eq!(
-            encrypt(&vec![0u8; MAX_VALUE_BYTES + 1], &[r.clone()])
+            encrypt(&vec![0u8; MAX_VALUE_BYTES + 1], std::slice::from_ref(&r))
                 .expect_err("big")
                 .code(),
             "value-too-large"
