@@ -1,6 +1,7 @@
 //! `pl`: validate, plan, show and scaffold Pushleft state repositories.
 
 mod commands;
+mod secret;
 mod verify;
 
 // Parsing ten thousand small files is allocation-bound; mimalloc is markedly faster there than
@@ -87,6 +88,47 @@ pub struct PlanArgs {
 }
 
 #[derive(Subcommand, Debug)]
+enum SecretCommand {
+    /// Encrypt the value read from stdin (byte for byte; use `printf %s`) into KEY of Secret NAME.
+    Set {
+        name: String,
+        key: String,
+        #[arg(long, short = 'C')]
+        dir: Option<PathBuf>,
+    },
+    /// Decrypt one value (raw bytes) or all of them (`KEY=value` lines) to stdout.
+    Show {
+        name: String,
+        key: Option<String>,
+        #[arg(long, short = 'C')]
+        dir: Option<PathBuf>,
+        /// An age identity file or unencrypted OpenSSH private key (default: $PL_AGE_IDENTITY).
+        #[arg(long, value_name = "FILE")]
+        identity: Option<PathBuf>,
+    },
+    /// Edit the decrypted values in $EDITOR; they are re-encrypted on save.
+    Edit {
+        name: String,
+        #[arg(long, short = 'C')]
+        dir: Option<PathBuf>,
+        #[arg(long, value_name = "FILE")]
+        identity: Option<PathBuf>,
+    },
+    /// Add or remove recipients; every value is re-encrypted to the new set.
+    Recipients {
+        name: String,
+        #[arg(long, value_name = "RECIPIENT")]
+        add: Vec<String>,
+        #[arg(long, value_name = "RECIPIENT")]
+        remove: Vec<String>,
+        #[arg(long, short = 'C')]
+        dir: Option<PathBuf>,
+        #[arg(long, value_name = "FILE")]
+        identity: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
 enum Command {
     /// Check a state tree and report every problem. Exit 0 valid, 1 otherwise.
     Validate {
@@ -126,6 +168,9 @@ enum Command {
         #[arg(long, value_enum, default_value_t = DiagFormat::Text)]
         format: DiagFormat,
     },
+    /// Set, show, edit and re-key the encrypted values of Secret documents.
+    #[command(subcommand)]
+    Secret(SecretCommand),
     /// Print the JSON Schema of every kind (for yaml-language-server and CI).
     Schema,
     /// Create a new state repository with a working example.
@@ -165,6 +210,23 @@ fn main() -> ExitCode {
             policy,
             format,
         } => verify::verify(&dir(d), &range, &allowed_signers, policy.as_deref(), format, paint),
+        Command::Secret(cmd) => match cmd {
+            SecretCommand::Set { name, key, dir: d } => secret::set(&dir(d), &name, &key),
+            SecretCommand::Show {
+                name,
+                key,
+                dir: d,
+                identity,
+            } => secret::show(&dir(d), &name, key.as_deref(), identity.as_deref()),
+            SecretCommand::Edit { name, dir: d, identity } => secret::edit(&dir(d), &name, identity.as_deref()),
+            SecretCommand::Recipients {
+                name,
+                add,
+                remove,
+                dir: d,
+                identity,
+            } => secret::recipients(&dir(d), &name, &add, &remove, identity.as_deref()),
+        },
         Command::Schema => commands::schema(),
         Command::Init { dir: d } => commands::init(&dir(d)),
         Command::Completions { shell } => {

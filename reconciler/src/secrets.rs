@@ -126,10 +126,8 @@ pub fn decrypt(
     if !text.ends_with("-----END AGE ENCRYPTED FILE-----") {
         return Err(SecretError::Truncated);
     }
-    let decryptor = Decryptor::new(ArmoredReader::new(text.as_bytes())).map_err(|e| match e {
-        age::DecryptError::Io(_) => SecretError::Truncated,
-        _ => SecretError::MalformedArmor,
-    })?;
+    // A header that does not read is not age; a payload that does not is cut or corrupt.
+    let decryptor = Decryptor::new(ArmoredReader::new(text.as_bytes())).map_err(|_| SecretError::MalformedArmor)?;
     let mut reader = decryptor
         .decrypt(identities.iter().map(|i| i.as_ref() as &dyn Identity))
         .map_err(|e| match e {

@@ -9,8 +9,8 @@ fn is_separator(line: &str) -> bool {
 }
 
 /// Replaces the document whose first node is on `line` (1-based) with `replacement` (one YAML
-/// document without a `---` line). The separators and the other documents are kept; comments
-/// inside the replaced document are not.
+/// document without a `---` line). The separators, the other documents and the comments above
+/// the document's first line are kept; comments inside the replaced document are not.
 pub fn replace_document(text: &str, line: u32, replacement: &str) -> Option<String> {
     let lines: Vec<&str> = text.split_inclusive('\n').collect();
     let target = usize::try_from(line).ok()?.checked_sub(1)?;
@@ -18,7 +18,11 @@ pub fn replace_document(text: &str, line: u32, replacement: &str) -> Option<Stri
         return None;
     }
     // The document runs from after the separator before `line` to the next separator.
-    let start = (0..target).rev().find(|i| is_separator(lines[*i])).map_or(0, |i| i + 1);
+    let mut start = (0..target).rev().find(|i| is_separator(lines[*i])).map_or(0, |i| i + 1);
+    // Comments and blank lines at the top of the document (a file header, say) stay.
+    while start < target && (lines[start].trim().is_empty() || lines[start].trim_start().starts_with('#')) {
+        start += 1;
+    }
     let end = (target + 1..lines.len())
         .find(|i| is_separator(lines[*i]))
         .unwrap_or(lines.len());
@@ -45,7 +49,7 @@ mod tests {
         );
         assert_eq!(
             replace_document(text, 2, "a: 0").as_deref(),
-            Some("a: 0\n---\nb: 2\n# inside\nc: |\n  ---\n  x\n--- # third\nd: 4\n")
+            Some("# head\na: 0\n---\nb: 2\n# inside\nc: |\n  ---\n  x\n--- # third\nd: 4\n")
         );
         assert_eq!(
             replace_document(text, 10, "d: 5\n").as_deref(),
