@@ -229,6 +229,43 @@ fn recipients_are_rekeyed() {
     );
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("[no-matching-identity]"), "{}", stderr(&o));
+    // An ssh-ed25519 recipient: age's CLI and pl both decrypt with the SSH private key.
+    let ssh_key = tmp.path().join("keys/id_ed25519");
+    let o = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(&ssh_key)
+        .output()
+        .expect("ssh-keygen");
+    assert!(o.status.success());
+    let ssh_pub = std::fs::read_to_string(ssh_key.with_extension("pub"))
+        .expect("pub")
+        .trim()
+        .to_owned();
+    let o = secret_cmd(
+        &repo,
+        &["recipients", "app", "--add", &ssh_pub, "--identity", &id],
+        None,
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let ssh_id = AgeKey {
+        file: ssh_key.clone(),
+        recipient: ssh_pub,
+    };
+    assert_eq!(
+        age_decrypt(&ciphertext_of(&repo, SECRET_FILE, "TOKEN"), &ssh_id).as_deref(),
+        Some(b"initial".as_slice())
+    );
+    let o = secret_cmd(
+        &repo,
+        &["show", "app", "TOKEN", "--identity", ssh_key.to_str().expect("utf-8")],
+        None,
+    );
+    assert_eq!(
+        (o.status.code(), o.stdout.as_slice()),
+        (Some(0), b"initial".as_slice()),
+        "{}",
+        stderr(&o)
+    );
     // Removing the control host's key is refused, and nothing changes.
     let before = std::fs::read(repo.join(SECRET_FILE)).expect("read");
     let o = secret_cmd(
