@@ -84,7 +84,10 @@ impl Change<'_> {
     /// of a plan's time and memory.
     pub fn diff(&self) -> Vec<DiffLine> {
         let shown = |l: Option<&Located>| l.map(|l| canonical::document(&l.object, Secrets::Fingerprint));
-        diff_lines(shown(self.before).as_ref(), shown(self.after).as_ref())
+        // A secret's change is shown whole, so its recipients are always on screen next to
+        // the fingerprints of what changed; secrets are small.
+        let context = if self.kind == Kind::Secret { usize::MAX / 2 } else { 3 };
+        diff_lines(shown(self.before).as_ref(), shown(self.after).as_ref(), context)
     }
 }
 
@@ -351,7 +354,7 @@ fn field_changes(old: Option<&Value>, new: Option<&Value>) -> Vec<FieldChange> {
     out
 }
 
-fn diff_lines(old: Option<&Value>, new: Option<&Value>) -> Vec<DiffLine> {
+fn diff_lines(old: Option<&Value>, new: Option<&Value>, context: usize) -> Vec<DiffLine> {
     let old_text = old.map(canonical::to_yaml).unwrap_or_default();
     let new_text = new.map(canonical::to_yaml).unwrap_or_default();
     let whole = |text: &str, tag| {
@@ -370,7 +373,7 @@ fn diff_lines(old: Option<&Value>, new: Option<&Value>) -> Vec<DiffLine> {
     }
     let diff = TextDiff::from_lines(&old_text, &new_text);
     let mut out = Vec::new();
-    for hunk in diff.unified_diff().context_radius(3).iter_hunks() {
+    for hunk in diff.unified_diff().context_radius(context).iter_hunks() {
         out.push(DiffLine {
             tag: LineTag::Hunk,
             text: hunk.header().to_string(),
