@@ -4,6 +4,7 @@
 //! Architecture invariant: this crate owns Git access; `state-schema` never sees a repository,
 //! only bytes.
 
+pub mod ledger;
 pub mod load;
 pub mod secrets;
 pub mod source;

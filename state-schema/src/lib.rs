@@ -16,5 +16,6 @@ pub mod schema;
 pub mod show;
 pub mod state;
 pub mod synthetic;
+pub mod task;
 pub mod values;
 pub mod yaml;

@@ -28,6 +28,12 @@ impl Invalid {
 
 macro_rules! string_newtype {
     ($name:ident) => {
+        impl<'de> serde::Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                $name::from_text(&s).map_err(|e| serde::de::Error::custom(e.message))
+            }
+        }
         impl $name {
             pub fn as_str(&self) -> &str {
                 &self.0
@@ -67,6 +73,10 @@ pub struct Name(String);
 string_newtype!(Name);
 
 impl Name {
+    fn from_text(s: &str) -> Result<Self, Invalid> {
+        Name::new(s)
+    }
+
     /// The least name, for range bounds only; not a valid name.
     pub(crate) const MIN: Name = Name(String::new());
 
@@ -92,6 +102,10 @@ pub struct Hostname(String);
 string_newtype!(Hostname);
 
 impl Hostname {
+    fn from_text(s: &str) -> Result<Self, Invalid> {
+        Hostname::new(s)
+    }
+
     pub fn new(s: &str) -> Result<Self, Invalid> {
         let ok = !s.is_empty() && s.len() <= 253 && s.split('.').all(is_label);
         if ok {
@@ -156,6 +170,10 @@ pub struct ImageRef(String);
 string_newtype!(ImageRef);
 
 impl ImageRef {
+    fn from_text(s: &str) -> Result<Self, Invalid> {
+        ImageRef::new(s)
+    }
+
     pub fn new(s: &str) -> Result<Self, Invalid> {
         let Some((name, digest)) = s.split_once('@') else {
             return Err(Invalid::new(format!("image `{s}` is not pinned by digest"))
@@ -315,6 +333,10 @@ pub struct CronSchedule(String);
 string_newtype!(CronSchedule);
 
 impl CronSchedule {
+    fn from_text(s: &str) -> Result<Self, Invalid> {
+        CronSchedule::parse(s)
+    }
+
     pub fn parse(s: &str) -> Result<Self, Invalid> {
         const FIELDS: [(&str, u32, u32, &[&str]); 5] = [
             ("minute", 0, 59, &[]),

@@ -1,0 +1,498 @@
+//! The durable job ledger, on SQLite (one file, WAL; the embedded default) or PostgreSQL (HA
+//! and scale), with one code path through sqlx's `Any` driver and the same tests for both.
+//!
+//! A lease stamps jobs with a lease token and a fencing token drawn from one counter that only
+//! grows. Renewals and completions must present both; a stale pair is refused and records
+//! nothing. Results and events are append-only, enforced by triggers in the schema.
+
+use sqlx::any::AnyPoolOptions;
+use sqlx::{AnyPool, Row};
+use state_schema::task::Task;
+use std::borrow::Cow;
+use std::hash::{BuildHasher, Hasher};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error("ledger URL must start with sqlite: or postgres:")]
+    Url,
+    #[error("ledger database")]
+    Db(#[from] sqlx::Error),
+    #[error("ledger migrations")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("a stored task does not decode")]
+    Task(#[from] serde_json::Error),
+}
+
+/// A job to add. Its idempotency key comes from the task.
+#[derive(Clone, Debug)]
+pub struct NewJob {
+    pub task: Task,
+    pub target_node: String,
+    pub max_attempts: u32,
+    pub not_before_ms: i64,
+}
+
+/// A leased job, as handed to an agent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    pub job_id: i64,
+    pub key: String,
+    pub task: Task,
+    pub attempt: i64,
+    pub token: LeaseToken,
+    pub expires_at_ms: i64,
+}
+
+/// What a renewal or completion must present.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseToken {
+    pub job_id: i64,
+    pub lease_token: String,
+    pub fencing_token: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Succeeded,
+    /// Worth trying again (a pull failed, Docker hiccuped): back to the queue with backoff.
+    Retryable(String),
+    /// Will fail the same way until the desired state changes.
+    Permanent(String),
+}
+
+#[derive(Clone, Debug)]
+pub struct Completion {
+    pub token: LeaseToken,
+    pub outcome: Outcome,
+}
+
+/// A refused renewal or completion. Nothing was recorded for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    StaleFencingToken,
+}
+
+impl Refused {
+    pub fn code(self) -> &'static str {
+        "stale-fencing-token"
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    pub id: i64,
+    pub at_ms: i64,
+    pub kind: String,
+    pub subject: String,
+    pub detail: String,
+}
+
+/// Backoff before attempt `attempts + 1`: doubling from 1 s to at most 5 min, plus up to 1 s
+/// of jitter derived from the job, so retries of many jobs do not arrive together.
+pub fn backoff_ms(job_id: i64, attempts: i64) -> i64 {
+    let base = 1000i64.saturating_mul(1i64 << attempts.clamp(0, 20)).min(300_000);
+    let jitter = (job_id
+        .wrapping_mul(0x9E37_79B9)
+        .wrapping_add(attempts.wrapping_mul(7919)))
+    .rem_euclid(1000);
+    base + jitter
+}
+
+fn new_lease_token() -> String {
+    // Two hashers with fresh random keys give 128 unpredictable bits without another crate.
+    let mut out = String::with_capacity(32);
+    for _ in 0..2 {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(std::process::id().into());
+        out.push_str(&format!("{:016x}", h.finish()));
+    }
+    out
+}
+
+pub struct Ledger {
+    pool: AnyPool,
+    backend: Backend,
+}
+
+impl Ledger {
+    /// Connects: `sqlite:///path/ledger.db` (created if missing) or `postgres://…`.
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Self, LedgerError> {
+        sqlx::any::install_default_drivers();
+        let backend = if url.starts_with("sqlite:") {
+            Backend::Sqlite
+        } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+            Backend::Postgres
+        } else {
+            return Err(LedgerError::Url);
+        };
+        let url: Cow<'_, str> = match backend {
+            Backend::Sqlite if !url.contains("mode=") => {
+                Cow::Owned(format!("{url}{}mode=rwc", if url.contains('?') { '&' } else { '?' }))
+            }
+            _ => Cow::Borrowed(url),
+        };
+        let options = AnyPoolOptions::new()
+            .max_connections(max_connections)
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    if backend == Backend::Sqlite {
+                        // WAL for concurrent readers; full fsync on commit (durable); wait on
+                        // locks instead of failing; enforce foreign keys.
+                        sqlx::query("PRAGMA journal_mode = WAL").execute(&mut *conn).await?;
+                        sqlx::query("PRAGMA synchronous = FULL").execute(&mut *conn).await?;
+                        sqlx::query("PRAGMA busy_timeout = 10000").execute(&mut *conn).await?;
+                        sqlx::query("PRAGMA foreign_keys = ON").execute(&mut *conn).await?;
+                    }
+                    Ok(())
+                })
+            });
+        let pool = options.connect(&url).await?;
+        Ok(Ledger { pool, backend })
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Applies the migrations of the backend (`migrations/sqlite`, `migrations/postgres`).
+    pub async fn migrate(&self) -> Result<(), LedgerError> {
+        match self.backend {
+            Backend::Sqlite => sqlx::migrate!("../migrations/sqlite").run(&self.pool).await?,
+            Backend::Postgres => sqlx::migrate!("../migrations/postgres").run(&self.pool).await?,
+        }
+        Ok(())
+    }
+
+    /// A transaction that writes. SQLite's takes the write lock at once (`BEGIN IMMEDIATE`):
+    /// a deferred one that reads first cannot wait for the lock when it later writes, and
+    /// fails with "database is locked" under concurrency.
+    async fn write_tx(&self) -> Result<sqlx::Transaction<'static, sqlx::Any>, sqlx::Error> {
+        match self.backend {
+            Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await,
+            Backend::Postgres => self.pool.begin().await,
+        }
+    }
+
+    /// The statement for this backend: `?` placeholders become `$1, $2, …` for PostgreSQL.
+    /// Statements are this file's constants; values always go through bind parameters.
+    fn sql(&self, q: &str) -> sqlx::SqlStr {
+        sqlx::SqlSafeStr::into_sql_str(sqlx::AssertSqlSafe(self.placeholders(q).into_owned()))
+    }
+
+    fn placeholders<'q>(&self, q: &'q str) -> Cow<'q, str> {
+        if self.backend == Backend::Sqlite {
+            return Cow::Borrowed(q);
+        }
+        let mut out = String::with_capacity(q.len() + 8);
+        let mut n = 0;
+        for c in q.chars() {
+            if c == '?' {
+                n += 1;
+                out.push_str(&format!("${n}"));
+            } else {
+                out.push(c);
+            }
+        }
+        Cow::Owned(out)
+    }
+
+    /// Adds jobs; a job whose key exists already is left as it is. Returns how many were new.
+    pub async fn enqueue(&self, jobs: &[NewJob], now_ms: i64) -> Result<usize, LedgerError> {
+        let mut tx = self.write_tx().await?;
+        let mut added = 0;
+        let insert = self.sql("INSERT INTO jobs (key, task, target_node, state, attempts, max_attempts, not_before, created_at, updated_at) VALUES (?, ?, ?, 'queued', 0, ?, ?, ?, ?) ON CONFLICT (key) DO NOTHING");
+        let event = self.sql("INSERT INTO events (at, kind, subject, detail) VALUES (?, ?, ?, ?)");
+        for j in jobs {
+            let key = j.task.idempotency_key();
+            let task = serde_json::to_string(&j.task)?;
+            let r = sqlx::query(insert.clone())
+                .bind(&key)
+                .bind(task)
+                .bind(&j.target_node)
+                .bind(i64::from(j.max_attempts.max(1)))
+                .bind(j.not_before_ms)
+                .bind(now_ms)
+                .bind(now_ms)
+                .execute(&mut *tx)
+                .await?;
+            if r.rows_affected() == 1 {
+                added += 1;
+                sqlx::query(event.clone())
+                    .bind(now_ms)
+                    .bind("job-queued")
+                    .bind(&key)
+                    .bind(&j.target_node)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(added)
+    }
+
+    /// Puts leases that expired back in the queue (or marks them dead when their attempts are
+    /// used up). Level-triggered: any lease or sweep call may run it.
+    pub async fn expire(&self, now_ms: i64) -> Result<usize, LedgerError> {
+        let mut tx = self.write_tx().await?;
+        let rows = sqlx::query(self.sql(
+            "UPDATE jobs SET state = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'queued' END, lease_token = NULL, lease_expires_at = NULL, updated_at = ? WHERE state = 'leased' AND lease_expires_at < ? RETURNING key, state",
+        ))
+        .bind(now_ms)
+        .bind(now_ms)
+        .fetch_all(&mut *tx)
+        .await?;
+        let event = self.sql("INSERT INTO events (at, kind, subject, detail) VALUES (?, ?, ?, ?)");
+        for r in &rows {
+            let key: String = r.try_get(0)?;
+            let state: String = r.try_get(1)?;
+            sqlx::query(event.clone())
+                .bind(now_ms)
+                .bind("lease-expired")
+                .bind(key)
+                .bind(state)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(rows.len())
+    }
+
+    /// Leases up to `max` jobs of `node` that are due. All of them share one lease: one lease
+    /// token and one fencing token, newer than any handed out before.
+    pub async fn lease(&self, node: &str, max: u32, ttl_ms: i64, now_ms: i64) -> Result<Vec<Lease>, LedgerError> {
+        self.expire(now_ms).await?;
+        let mut tx = self.write_tx().await?;
+        // The counter update comes first: it takes the write lock (SQLite) or the row lock
+        // (PostgreSQL) before anything is read, so two leases never interleave.
+        let fencing: i64 =
+            sqlx::query(self.sql("UPDATE counters SET value = value + 1 WHERE name = 'fencing' RETURNING value"))
+                .fetch_one(&mut *tx)
+                .await?
+                .try_get(0)?;
+        let token = new_lease_token();
+        let lock = if self.backend == Backend::Postgres {
+            " FOR UPDATE SKIP LOCKED"
+        } else {
+            ""
+        };
+        let q = format!(
+            "UPDATE jobs SET state = 'leased', lease_token = ?, fencing_token = ?, lease_expires_at = ?, attempts = attempts + 1, updated_at = ? \
+             WHERE id IN (SELECT id FROM jobs WHERE target_node = ? AND state = 'queued' AND not_before <= ? ORDER BY id LIMIT ?{lock}) \
+             RETURNING id, key, task, attempts"
+        );
+        let expires = now_ms + ttl_ms;
+        let rows = sqlx::query(self.sql(&q))
+            .bind(&token)
+            .bind(fencing)
+            .bind(expires)
+            .bind(now_ms)
+            .bind(node)
+            .bind(now_ms)
+            .bind(i64::from(max))
+            .fetch_all(&mut *tx)
+            .await?;
+        let mut leases = Vec::with_capacity(rows.len());
+        for r in rows {
+            let task: String = r.try_get(2)?;
+            leases.push(Lease {
+                job_id: r.try_get(0)?,
+                key: r.try_get(1)?,
+                task: serde_json::from_str(&task)?,
+                attempt: r.try_get(3)?,
+                token: LeaseToken {
+                    job_id: r.try_get(0)?,
+                    lease_token: token.clone(),
+                    fencing_token: fencing,
+                },
+                expires_at_ms: expires,
+            });
+        }
+        if !leases.is_empty() {
+            sqlx::query(self.sql("INSERT INTO events (at, kind, subject, detail) VALUES (?, ?, ?, ?)"))
+                .bind(now_ms)
+                .bind("jobs-leased")
+                .bind(node)
+                .bind(format!("{} jobs, fencing token {fencing}", leases.len()))
+                .execute(&mut *tx)
+                .await?;
+        }
+        leases.sort_by_key(|l| l.job_id);
+        tx.commit().await?;
+        Ok(leases)
+    }
+
+    /// Extends leases. A stale token (expired, superseded or completed) is refused.
+    pub async fn renew(
+        &self,
+        tokens: &[LeaseToken],
+        ttl_ms: i64,
+        now_ms: i64,
+    ) -> Result<Vec<Result<i64, Refused>>, LedgerError> {
+        let mut tx = self.write_tx().await?;
+        let q = self.sql("UPDATE jobs SET lease_expires_at = ?, updated_at = ? WHERE id = ? AND state = 'leased' AND lease_token = ? AND fencing_token = ? AND lease_expires_at >= ?");
+        let mut out = Vec::with_capacity(tokens.len());
+        for t in tokens {
+            let r = sqlx::query(q.clone())
+                .bind(now_ms + ttl_ms)
+                .bind(now_ms)
+                .bind(t.job_id)
+                .bind(&t.lease_token)
+                .bind(t.fencing_token)
+                .bind(now_ms)
+                .execute(&mut *tx)
+                .await?;
+            out.push(if r.rows_affected() == 1 {
+                Ok(now_ms + ttl_ms)
+            } else {
+                Err(Refused::StaleFencingToken)
+            });
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    /// Records outcomes. A stale token is refused and records nothing: no result, no event,
+    /// no state change.
+    pub async fn complete(
+        &self,
+        completions: &[Completion],
+        now_ms: i64,
+    ) -> Result<Vec<Result<(), Refused>>, LedgerError> {
+        let mut tx = self.write_tx().await?;
+        let mut out = Vec::with_capacity(completions.len());
+        let event = self.sql("INSERT INTO events (at, kind, subject, detail) VALUES (?, ?, ?, ?)");
+        let result =
+            self.sql("INSERT INTO job_results (job_id, fencing_token, outcome, detail, at) VALUES (?, ?, ?, ?, ?)");
+        for c in completions {
+            let t = &c.token;
+            // Only a live lease with this exact pair may finish the job.
+            let row = sqlx::query(self.sql("SELECT attempts, max_attempts, key FROM jobs WHERE id = ? AND state = 'leased' AND lease_token = ? AND fencing_token = ? AND lease_expires_at >= ?"))
+                .bind(t.job_id)
+                .bind(&t.lease_token)
+                .bind(t.fencing_token)
+                .bind(now_ms)
+                .fetch_optional(&mut *tx)
+                .await?;
+            let Some(row) = row else {
+                out.push(Err(Refused::StaleFencingToken));
+                continue;
+            };
+            let (attempts, max_attempts, key): (i64, i64, String) = (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+            let (state, outcome, detail, not_before) = match &c.outcome {
+                Outcome::Succeeded => ("succeeded", "succeeded", String::new(), now_ms),
+                Outcome::Retryable(d) if attempts >= max_attempts => ("dead", "retryable", d.clone(), now_ms),
+                Outcome::Retryable(d) => (
+                    "queued",
+                    "retryable",
+                    d.clone(),
+                    now_ms + backoff_ms(t.job_id, attempts),
+                ),
+                Outcome::Permanent(d) => ("failed", "permanent", d.clone(), now_ms),
+            };
+            let updated = sqlx::query(self.sql("UPDATE jobs SET state = ?, lease_token = NULL, lease_expires_at = NULL, not_before = ?, updated_at = ? WHERE id = ? AND lease_token = ? AND fencing_token = ?"))
+                .bind(state)
+                .bind(not_before)
+                .bind(now_ms)
+                .bind(t.job_id)
+                .bind(&t.lease_token)
+                .bind(t.fencing_token)
+                .execute(&mut *tx)
+                .await?;
+            if updated.rows_affected() != 1 {
+                out.push(Err(Refused::StaleFencingToken));
+                continue;
+            }
+            sqlx::query(result.clone())
+                .bind(t.job_id)
+                .bind(t.fencing_token)
+                .bind(outcome)
+                .bind(&detail)
+                .bind(now_ms)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(event.clone())
+                .bind(now_ms)
+                .bind(format!("job-{state}"))
+                .bind(&key)
+                .bind(detail)
+                .execute(&mut *tx)
+                .await?;
+            out.push(Ok(()));
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    /// Cancels queued or leased jobs that a newer generation replaces.
+    pub async fn cancel(&self, keys: &[String], now_ms: i64) -> Result<usize, LedgerError> {
+        let mut tx = self.write_tx().await?;
+        let mut n = 0;
+        for k in keys {
+            let r = sqlx::query(self.sql("UPDATE jobs SET state = 'cancelled', lease_token = NULL, lease_expires_at = NULL, updated_at = ? WHERE key = ? AND state IN ('queued', 'leased')"))
+                .bind(now_ms)
+                .bind(k)
+                .execute(&mut *tx)
+                .await?;
+            if r.rows_affected() == 1 {
+                n += 1;
+                sqlx::query(self.sql("INSERT INTO events (at, kind, subject, detail) VALUES (?, ?, ?, ?)"))
+                    .bind(now_ms)
+                    .bind("job-cancelled")
+                    .bind(k)
+                    .bind("")
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(n)
+    }
+
+    /// Events after a cursor, oldest first.
+    pub async fn events_after(&self, cursor: i64, limit: u32) -> Result<Vec<Event>, LedgerError> {
+        let rows =
+            sqlx::query(self.sql("SELECT id, at, kind, subject, detail FROM events WHERE id > ? ORDER BY id LIMIT ?"))
+                .bind(cursor)
+                .bind(i64::from(limit))
+                .fetch_all(&self.pool)
+                .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Event {
+                    id: r.try_get(0)?,
+                    at_ms: r.try_get(1)?,
+                    kind: r.try_get(2)?,
+                    subject: r.try_get(3)?,
+                    detail: r.try_get(4)?,
+                })
+            })
+            .collect()
+    }
+
+    /// A job's state and attempts, by key.
+    pub async fn job(&self, key: &str) -> Result<Option<(String, i64)>, LedgerError> {
+        let row = sqlx::query(self.sql("SELECT state, attempts FROM jobs WHERE key = ?"))
+            .bind(key)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).transpose()
+    }
+
+    /// Runs raw SQL (tests use it to show that history cannot be rewritten).
+    pub async fn execute_raw(&self, sql: &str) -> Result<u64, LedgerError> {
+        Ok(sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
+    }
+
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}

@@ -1,0 +1,395 @@
+//! The ledger's behaviour, run unchanged against SQLite and against a real PostgreSQL that
+//! the test starts itself (initdb and pg_ctl into a temporary directory, on a free port).
+
+use reconciler::ledger::{Backend, Completion, Ledger, NewJob, Outcome, Refused};
+use state_schema::task::Task;
+use state_schema::values::Name;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A PostgreSQL cluster for one test, stopped and removed on drop.
+struct Postgres {
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    port: u16,
+    as_postgres: bool,
+}
+
+fn pg_bin() -> PathBuf {
+    let on_path = Command::new("sh")
+        .args(["-c", "command -v initdb"])
+        .output()
+        .expect("sh");
+    if on_path.status.success() {
+        let p = PathBuf::from(String::from_utf8_lossy(&on_path.stdout).trim());
+        return p.parent().expect("bin dir").to_owned();
+    }
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .expect("PostgreSQL is installed (scripts/test installs it)")
+        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+        .collect();
+    versions.sort();
+    versions.pop().expect("a PostgreSQL version")
+}
+
+impl Postgres {
+    fn start() -> Self {
+        let bin = pg_bin();
+        let dir = tempfile::Builder::new().prefix("pl-pg-").tempdir().expect("tempdir");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .expect("bind")
+            .local_addr()
+            .expect("addr")
+            .port();
+        // initdb refuses to run as root: run the server as `postgres` then.
+        let root = String::from_utf8_lossy(&Command::new("id").arg("-u").output().expect("id").stdout).trim() == "0";
+        if root {
+            let s = Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(dir.path())
+                .status()
+                .expect("chown");
+            assert!(s.success());
+        }
+        let pg = Postgres {
+            dir,
+            bin,
+            port,
+            as_postgres: root,
+        };
+        let data = pg.dir.path().join("data");
+        pg.run(
+            "initdb",
+            &[
+                "-D",
+                data.to_str().expect("utf-8"),
+                "-A",
+                "trust",
+                "-U",
+                "pushleft",
+                "--no-sync",
+            ],
+        );
+        let opts = format!(
+            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=on",
+            pg.dir.path().display()
+        );
+        pg.run(
+            "pg_ctl",
+            &[
+                "-D",
+                data.to_str().expect("utf-8"),
+                "-o",
+                &opts,
+                "-l",
+                pg.dir.path().join("log").to_str().expect("utf-8"),
+                "-w",
+                "start",
+            ],
+        );
+        pg
+    }
+
+    fn run(&self, tool: &str, args: &[&str]) {
+        let exe = self.bin.join(tool);
+        let o = if self.as_postgres {
+            Command::new("runuser")
+                .args(["-u", "postgres", "--"])
+                .arg(&exe)
+                .args(args)
+                .output()
+        } else {
+            Command::new(&exe).args(args).output()
+        }
+        .expect("PostgreSQL tool runs");
+        assert!(
+            o.status.success(),
+            "{tool}: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://pushleft@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        let data = self.dir.path().join("data");
+        let exe = self.bin.join("pg_ctl");
+        let args = ["-D", data.to_str().unwrap_or_default(), "-m", "immediate", "stop"];
+        let _ = if self.as_postgres {
+            Command::new("runuser")
+                .args(["-u", "postgres", "--"])
+                .arg(&exe)
+                .args(args)
+                .output()
+        } else {
+            Command::new(&exe).args(args).output()
+        };
+    }
+}
+
+fn name(s: &str) -> Name {
+    Name::new(s).expect("valid name")
+}
+
+fn job(env: &str, instance: u32, node: &str, max_attempts: u32) -> NewJob {
+    NewJob {
+        task: Task::EnsureApplication {
+            environment: name(env),
+            role: name("web"),
+            instance,
+            generation: 1,
+            spec_hash: "sha256:00".into(),
+        },
+        target_node: node.into(),
+        max_attempts,
+        not_before_ms: 0,
+    }
+}
+
+async fn sqlite(dir: &Path) -> Ledger {
+    let l = Ledger::connect(&format!("sqlite://{}", dir.join("ledger.db").display()), 8)
+        .await
+        .expect("connect sqlite");
+    l.migrate().await.expect("migrate");
+    l
+}
+
+async fn postgres(pg: &Postgres) -> Ledger {
+    let l = Ledger::connect(&pg.url(), 8).await.expect("connect postgres");
+    l.migrate().await.expect("migrate");
+    l
+}
+
+/// The behaviour both backends must share.
+async fn suite(l: &Ledger) {
+    // Enqueue is idempotent by key.
+    let jobs: Vec<NewJob> = (0..5)
+        .map(|i| job("api", i, "n1", 3))
+        .chain([job("api", 9, "n2", 3)])
+        .collect();
+    assert_eq!(l.enqueue(&jobs, 1_000).await.expect("enqueue"), 6);
+    assert_eq!(
+        l.enqueue(&jobs, 1_001).await.expect("enqueue again"),
+        0,
+        "a replay adds no job"
+    );
+
+    // A node leases only its own jobs; fencing tokens only grow.
+    let a = l.lease("n1", 2, 10_000, 2_000).await.expect("lease");
+    assert_eq!(a.len(), 2);
+    let b = l.lease("n1", 10, 10_000, 2_000).await.expect("lease");
+    assert_eq!(b.len(), 3, "the rest of n1's jobs");
+    assert!(b[0].token.fencing_token > a[0].token.fencing_token);
+    assert!(b.iter().chain(&a).all(|x| x.key.starts_with("app:api/web/")));
+    assert!(
+        l.lease("n1", 10, 10_000, 2_000).await.expect("lease").is_empty(),
+        "nothing is leased twice"
+    );
+    assert_eq!(l.lease("n2", 10, 10_000, 2_000).await.expect("lease").len(), 1);
+
+    // Renew and complete need the live pair; a stale one records nothing.
+    let events_before = l.events_after(0, 10_000).await.expect("events").len();
+    let mut stale = a[0].token.clone();
+    stale.fencing_token -= 1;
+    assert_eq!(
+        l.renew(&[stale.clone()], 10_000, 3_000).await.expect("renew"),
+        vec![Err(Refused::StaleFencingToken)]
+    );
+    assert_eq!(
+        l.complete(
+            &[Completion {
+                token: stale,
+                outcome: Outcome::Succeeded
+            }],
+            3_000
+        )
+        .await
+        .expect("complete"),
+        vec![Err(Refused::StaleFencingToken)]
+    );
+    assert_eq!(
+        l.events_after(0, 10_000).await.expect("events").len(),
+        events_before,
+        "a refusal records nothing"
+    );
+    assert!(l.renew(&[a[0].token.clone()], 10_000, 3_000).await.expect("renew")[0].is_ok());
+
+    // Completions in a batch: success, retryable (backoff), permanent.
+    let done = l
+        .complete(
+            &[
+                Completion {
+                    token: a[0].token.clone(),
+                    outcome: Outcome::Succeeded,
+                },
+                Completion {
+                    token: a[1].token.clone(),
+                    outcome: Outcome::Retryable("pull failed".into()),
+                },
+                Completion {
+                    token: b[0].token.clone(),
+                    outcome: Outcome::Permanent("exits at once".into()),
+                },
+            ],
+            4_000,
+        )
+        .await
+        .expect("complete");
+    assert_eq!(done, vec![Ok(()), Ok(()), Ok(())]);
+    assert_eq!(l.job(&a[0].key).await.expect("job"), Some(("succeeded".into(), 1)));
+    assert_eq!(l.job(&a[1].key).await.expect("job"), Some(("queued".into(), 1)));
+    assert_eq!(l.job(&b[0].key).await.expect("job"), Some(("failed".into(), 1)));
+    assert_eq!(
+        l.complete(
+            &[Completion {
+                token: a[0].token.clone(),
+                outcome: Outcome::Succeeded
+            }],
+            4_100
+        )
+        .await
+        .expect("again"),
+        vec![Err(Refused::StaleFencingToken)],
+        "a completed lease is stale"
+    );
+    // The retry waits for its backoff.
+    assert!(
+        l.lease("n1", 10, 10_000, 4_100).await.expect("lease").is_empty(),
+        "not before the backoff"
+    );
+    let retry = l.lease("n1", 10, 10_000, 4_000 + 2_000 + 1_000).await.expect("lease");
+    assert_eq!((retry.len(), retry[0].attempt), (1, 2));
+
+    // An expired lease goes back to the queue; its old token is refused; attempts run out.
+    let later = 4_000 + 3_000 + 10_000 + 1;
+    let again = l.lease("n1", 10, 10_000, later).await.expect("lease after expiry");
+    assert!(again.iter().any(|x| x.key == retry[0].key && x.attempt == 3));
+    assert_eq!(
+        l.complete(
+            &[Completion {
+                token: retry[0].token.clone(),
+                outcome: Outcome::Succeeded
+            }],
+            later
+        )
+        .await
+        .expect("stale"),
+        vec![Err(Refused::StaleFencingToken)],
+        "the expired lease's token is stale"
+    );
+    let third = again.iter().find(|x| x.key == retry[0].key).expect("leased again");
+    assert_eq!(
+        l.complete(
+            &[Completion {
+                token: third.token.clone(),
+                outcome: Outcome::Retryable("again".into())
+            }],
+            later + 1
+        )
+        .await
+        .expect("complete"),
+        vec![Ok(())]
+    );
+    assert_eq!(
+        l.job(&retry[0].key).await.expect("job"),
+        Some(("dead".into(), 3)),
+        "attempts exhausted"
+    );
+
+    // Cancelling what a newer generation replaces.
+    assert_eq!(
+        l.cancel(&[b[1].key.clone(), a[0].key.clone()], later + 2)
+            .await
+            .expect("cancel"),
+        1,
+        "only unfinished jobs cancel"
+    );
+
+    // History is append-only, enforced by the schema.
+    for sql in [
+        "UPDATE events SET kind = 'x'",
+        "DELETE FROM events",
+        "UPDATE job_results SET detail = 'x'",
+        "DELETE FROM job_results",
+    ] {
+        assert!(l.execute_raw(sql).await.is_err(), "{sql} must be refused");
+    }
+    // Events resume from a cursor.
+    let all = l.events_after(0, 10_000).await.expect("events");
+    assert!(all.windows(2).all(|w| w[0].id < w[1].id));
+    let tail = l.events_after(all[all.len() - 3].id, 10).await.expect("events");
+    assert_eq!(tail, all[all.len() - 2..].to_vec());
+    assert!(
+        all.iter().any(|e| e.kind == "job-dead")
+            && all.iter().any(|e| e.kind == "lease-expired")
+            && all.iter().any(|e| e.kind == "job-cancelled")
+    );
+}
+
+/// Many workers lease and complete at once: every job succeeds exactly once, and no job is
+/// ever held under two live fencing tokens.
+async fn concurrent(l: std::sync::Arc<Ledger>) {
+    let jobs: Vec<NewJob> = (0..400).map(|i| job("load", i, "n9", 5)).collect();
+    l.enqueue(&jobs, 1).await.expect("enqueue");
+    let mut handles = Vec::new();
+    for _ in 0..16 {
+        let l = l.clone();
+        handles.push(tokio::spawn(async move {
+            let mut done = Vec::new();
+            loop {
+                let leases = l.lease("n9", 8, 60_000, 10).await.expect("lease");
+                if leases.is_empty() {
+                    break;
+                }
+                let completions: Vec<Completion> = leases
+                    .iter()
+                    .map(|x| Completion {
+                        token: x.token.clone(),
+                        outcome: Outcome::Succeeded,
+                    })
+                    .collect();
+                let r = l.complete(&completions, 11).await.expect("complete");
+                assert!(r.iter().all(Result::is_ok), "a live lease completes");
+                done.extend(leases.into_iter().map(|x| x.key));
+            }
+            done
+        }));
+    }
+    let mut all = Vec::new();
+    for h in handles {
+        all.extend(h.await.expect("worker"));
+    }
+    all.sort();
+    let n = all.len();
+    all.dedup();
+    assert_eq!((n, all.len()), (400, 400), "each job leased and completed exactly once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_ledger() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let l = sqlite(dir.path()).await;
+    assert_eq!(l.backend(), Backend::Sqlite);
+    suite(&l).await;
+    concurrent(std::sync::Arc::new(l)).await;
+    // Migrations are idempotent and the data survives a reconnect.
+    let l = sqlite(dir.path()).await;
+    assert!(l.events_after(0, 1).await.expect("events").len() == 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_ledger() {
+    let pg = Postgres::start();
+    let l = postgres(&pg).await;
+    assert_eq!(l.backend(), Backend::Postgres);
+    suite(&l).await;
+    concurrent(std::sync::Arc::new(l)).await;
+    let l = postgres(&pg).await;
+    assert!(l.events_after(0, 1).await.expect("events").len() == 1);
+    l.close().await;
+}

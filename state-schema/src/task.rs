@@ -1,0 +1,153 @@
+//! The closed set of typed tasks an agent executes. Each is safe to run twice (leases expire,
+//! agents restart), and each has an idempotency key derived from what it is (never from when
+//! it was made), so a replayed reconcile produces the same key and no second job.
+
+use crate::values::{Hostname, Name};
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "task", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Task {
+    /// The environment's Docker network on the node.
+    EnsureNetwork { environment: Name },
+    /// The environment's nftables table on the node.
+    ApplyFirewall { environment: Name },
+    /// The environment's routes on the node.
+    EnsureRoutes { environment: Name },
+    /// One replica of a role at a generation, healthy.
+    EnsureApplication {
+        environment: Name,
+        role: Name,
+        instance: u32,
+        generation: u64,
+        spec_hash: String,
+    },
+    /// A job or release role, once per generation.
+    RunOnce {
+        environment: Name,
+        role: Name,
+        generation: u64,
+    },
+    /// Stop a replica of an older generation (after the new one is healthy).
+    StopApplication {
+        environment: Name,
+        role: Name,
+        instance: u32,
+        generation: u64,
+    },
+    /// Remove a replica's container and state.
+    TeardownApplication {
+        environment: Name,
+        role: Name,
+        instance: u32,
+    },
+    /// Route a hostname to a generation in the ingress.
+    PublishIngress {
+        environment: Name,
+        hostname: Hostname,
+        generation: u64,
+    },
+    /// Take a hostname's route out of the ingress (first step of any teardown).
+    RemoveIngress {
+        environment: Name,
+        hostname: Hostname,
+        generation: u64,
+    },
+}
+
+impl Task {
+    /// What the job is, as a stable key: `app:<env>/<role>/<instance>:g<generation>:ensure`.
+    pub fn idempotency_key(&self) -> String {
+        match self {
+            Task::EnsureNetwork { environment } => format!("net:{environment}:ensure"),
+            Task::ApplyFirewall { environment } => format!("fw:{environment}:apply"),
+            Task::EnsureRoutes { environment } => format!("routes:{environment}:ensure"),
+            Task::EnsureApplication {
+                environment,
+                role,
+                instance,
+                generation,
+                ..
+            } => format!("app:{environment}/{role}/{instance}:g{generation}:ensure"),
+            Task::RunOnce {
+                environment,
+                role,
+                generation,
+            } => format!("once:{environment}/{role}:g{generation}:run"),
+            Task::StopApplication {
+                environment,
+                role,
+                instance,
+                generation,
+            } => format!("app:{environment}/{role}/{instance}:g{generation}:stop"),
+            Task::TeardownApplication {
+                environment,
+                role,
+                instance,
+            } => format!("app:{environment}/{role}/{instance}:teardown"),
+            Task::PublishIngress {
+                environment,
+                hostname,
+                generation,
+            } => format!("ingress:{environment}/{hostname}:g{generation}:publish"),
+            Task::RemoveIngress {
+                environment,
+                hostname,
+                generation,
+            } => format!("ingress:{environment}/{hostname}:g{generation}:remove"),
+        }
+    }
+
+    /// The environment a task belongs to.
+    pub fn environment(&self) -> &Name {
+        match self {
+            Task::EnsureNetwork { environment }
+            | Task::ApplyFirewall { environment }
+            | Task::EnsureRoutes { environment }
+            | Task::EnsureApplication { environment, .. }
+            | Task::RunOnce { environment, .. }
+            | Task::StopApplication { environment, .. }
+            | Task::TeardownApplication { environment, .. }
+            | Task::PublishIngress { environment, .. }
+            | Task::RemoveIngress { environment, .. } => environment,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn n(s: &str) -> Name {
+        Name::new(s).expect("valid")
+    }
+
+    #[test]
+    fn keys_are_what_the_job_is() {
+        let t = Task::EnsureApplication {
+            environment: n("api-production"),
+            role: n("web"),
+            instance: 0,
+            generation: 3,
+            spec_hash: "sha256:ab".into(),
+        };
+        assert_eq!(t.idempotency_key(), "app:api-production/web/0:g3:ensure");
+        let same = t.clone();
+        assert_eq!(
+            t.idempotency_key(),
+            same.idempotency_key(),
+            "a replay gives the same key"
+        );
+        let json = serde_json::to_string(&t).expect("json");
+        assert!(json.starts_with("{\"task\":\"ensure-application\""), "{json}");
+        assert_eq!(serde_json::from_str::<Task>(&json).expect("round trip"), t);
+        assert!(
+            serde_json::from_str::<Task>("{\"task\":\"ensure-network\",\"environment\":\"Bad Name\"}").is_err(),
+            "names are validated on the way in"
+        );
+        assert!(
+            serde_json::from_str::<Task>("{\"task\":\"format-disk\"}").is_err(),
+            "the set is closed"
+        );
+    }
+}
