@@ -1,0 +1,132 @@
+//! A throwaway PostgreSQL cluster for tests and benchmarks: initdb and pg_ctl from Debian's
+//! postgresql into a temporary directory, on a free loopback port. As root the server runs
+//! as `postgres` (initdb refuses root).
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// A PostgreSQL cluster for one test, stopped and removed on drop.
+pub struct Postgres {
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    pub port: u16,
+    as_postgres: bool,
+}
+
+fn pg_bin() -> PathBuf {
+    let on_path = Command::new("sh")
+        .args(["-c", "command -v initdb"])
+        .output()
+        .expect("sh");
+    if on_path.status.success() {
+        let p = PathBuf::from(String::from_utf8_lossy(&on_path.stdout).trim());
+        return p.parent().expect("bin dir").to_owned();
+    }
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .expect("PostgreSQL is installed (scripts/test installs it)")
+        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+        .collect();
+    versions.sort();
+    versions.pop().expect("a PostgreSQL version")
+}
+
+impl Postgres {
+    pub fn start() -> Self {
+        let bin = pg_bin();
+        let dir = tempfile::Builder::new().prefix("pl-pg-").tempdir().expect("tempdir");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .expect("bind")
+            .local_addr()
+            .expect("addr")
+            .port();
+        // initdb refuses to run as root: run the server as `postgres` then.
+        let root = String::from_utf8_lossy(&Command::new("id").arg("-u").output().expect("id").stdout).trim() == "0";
+        if root {
+            let s = Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(dir.path())
+                .status()
+                .expect("chown");
+            assert!(s.success());
+        }
+        let pg = Postgres {
+            dir,
+            bin,
+            port,
+            as_postgres: root,
+        };
+        let data = pg.dir.path().join("data");
+        pg.run(
+            "initdb",
+            &[
+                "-D",
+                data.to_str().expect("utf-8"),
+                "-A",
+                "trust",
+                "-U",
+                "pushleft",
+                "--no-sync",
+            ],
+        );
+        let opts = format!(
+            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=on",
+            pg.dir.path().display()
+        );
+        pg.run(
+            "pg_ctl",
+            &[
+                "-D",
+                data.to_str().expect("utf-8"),
+                "-o",
+                &opts,
+                "-l",
+                pg.dir.path().join("log").to_str().expect("utf-8"),
+                "-w",
+                "start",
+            ],
+        );
+        pg
+    }
+
+    pub fn run(&self, tool: &str, args: &[&str]) {
+        let exe = self.bin.join(tool);
+        let o = if self.as_postgres {
+            Command::new("runuser")
+                .args(["-u", "postgres", "--"])
+                .arg(&exe)
+                .args(args)
+                .output()
+        } else {
+            Command::new(&exe).args(args).output()
+        }
+        .expect("PostgreSQL tool runs");
+        assert!(
+            o.status.success(),
+            "{tool}: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+
+    pub fn url(&self) -> String {
+        format!("postgres://pushleft@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        let data = self.dir.path().join("data");
+        let exe = self.bin.join("pg_ctl");
+        let args = ["-D", data.to_str().unwrap_or_default(), "-m", "immediate", "stop"];
+        let _ = if self.as_postgres {
+            Command::new("runuser")
+                .args(["-u", "postgres", "--"])
+                .arg(&exe)
+                .args(args)
+                .output()
+        } else {
+            Command::new(&exe).args(args).output()
+        };
+    }
+}
