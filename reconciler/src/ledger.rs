@@ -115,6 +115,27 @@ fn new_lease_token() -> String {
     out
 }
 
+/// A leased job as `complete` finds it, locked for the rest of the transaction.
+struct LiveLease {
+    attempts: i64,
+    max_attempts: i64,
+    key: String,
+    lease_token: Option<String>,
+    fencing_token: Option<i64>,
+}
+
+/// What one batch of completions writes.
+#[derive(Default)]
+struct Recorded<'c> {
+    /// Job ids by their new state (all but retries, which each get their own `not_before`).
+    by_state: std::collections::BTreeMap<&'static str, Vec<i64>>,
+    retries: Vec<(i64, i64)>,
+    /// (job, fencing token, outcome, detail)
+    results: Vec<(i64, i64, &'c str, String)>,
+    /// (kind, subject, detail)
+    events: Vec<(String, String, String)>,
+}
+
 pub struct Ledger {
     pool: AnyPool,
     backend: Backend,
@@ -237,15 +258,25 @@ impl Ledger {
     }
 
     /// Puts leases that expired back in the queue (or marks them dead when their attempts are
-    /// used up). Level-triggered: any lease or sweep call may run it.
+    /// used up). Level-triggered: every lease runs it first, in the same transaction.
     pub async fn expire(&self, now_ms: i64) -> Result<usize, LedgerError> {
         let mut tx = self.write_tx().await?;
+        let n = self.expire_in(&mut tx, now_ms).await?;
+        tx.commit().await?;
+        Ok(n)
+    }
+
+    async fn expire_in(
+        &self,
+        tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+        now_ms: i64,
+    ) -> Result<usize, LedgerError> {
         let rows = sqlx::query(self.sql(
             "UPDATE jobs SET state = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'queued' END, lease_token = NULL, lease_expires_at = NULL, updated_at = ? WHERE state = 'leased' AND lease_expires_at < ? RETURNING key, state",
         ))
         .bind(now_ms)
         .bind(now_ms)
-        .fetch_all(&mut *tx)
+        .fetch_all(&mut **tx)
         .await?;
         let event = self.sql("INSERT INTO events (at, kind, subject, detail) VALUES (?, ?, ?, ?)");
         for r in &rows {
@@ -256,18 +287,17 @@ impl Ledger {
                 .bind("lease-expired")
                 .bind(key)
                 .bind(state)
-                .execute(&mut *tx)
+                .execute(&mut **tx)
                 .await?;
         }
-        tx.commit().await?;
         Ok(rows.len())
     }
 
     /// Leases up to `max` jobs of `node` that are due. All of them share one lease: one lease
     /// token and one fencing token, newer than any handed out before.
     pub async fn lease(&self, node: &str, max: u32, ttl_ms: i64, now_ms: i64) -> Result<Vec<Lease>, LedgerError> {
-        self.expire(now_ms).await?;
         let mut tx = self.write_tx().await?;
+        self.expire_in(&mut tx, now_ms).await?;
         // The counter update comes first: it takes the write lock (SQLite) or the row lock
         // (PostgreSQL) before anything is read, so two leases never interleave.
         let fencing: i64 =
@@ -358,72 +388,121 @@ impl Ledger {
     }
 
     /// Records outcomes. A stale token is refused and records nothing: no result, no event,
-    /// no state change.
+    /// no state change. Set-based: a batch costs a few statements, not a few per job.
     pub async fn complete(
         &self,
         completions: &[Completion],
         now_ms: i64,
     ) -> Result<Vec<Result<(), Refused>>, LedgerError> {
+        let mut out = vec![Err(Refused::StaleFencingToken); completions.len()];
+        if completions.is_empty() {
+            return Ok(out);
+        }
         let mut tx = self.write_tx().await?;
-        let mut out = Vec::with_capacity(completions.len());
-        let event = self.sql("INSERT INTO events (at, kind, subject, detail) VALUES (?, ?, ?, ?)");
-        let result =
-            self.sql("INSERT INTO job_results (job_id, fencing_token, outcome, detail, at) VALUES (?, ?, ?, ?, ?)");
-        for c in completions {
-            let t = &c.token;
-            // Only a live lease with this exact pair may finish the job.
-            let row = sqlx::query(self.sql("SELECT attempts, max_attempts, key FROM jobs WHERE id = ? AND state = 'leased' AND lease_token = ? AND fencing_token = ? AND lease_expires_at >= ?"))
-                .bind(t.job_id)
-                .bind(&t.lease_token)
-                .bind(t.fencing_token)
-                .bind(now_ms)
-                .fetch_optional(&mut *tx)
-                .await?;
-            let Some(row) = row else {
-                out.push(Err(Refused::StaleFencingToken));
-                continue;
+        for chunk_start in (0..completions.len()).step_by(500) {
+            let chunk = &completions[chunk_start..(chunk_start + 500).min(completions.len())];
+            // The live leases among the batch, locked until commit.
+            let marks = vec!["?"; chunk.len()].join(", ");
+            let lock = if self.backend == Backend::Postgres {
+                " FOR UPDATE"
+            } else {
+                ""
             };
-            let (attempts, max_attempts, key): (i64, i64, String) = (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
-            let (state, outcome, detail, not_before) = match &c.outcome {
-                Outcome::Succeeded => ("succeeded", "succeeded", String::new(), now_ms),
-                Outcome::Retryable(d) if attempts >= max_attempts => ("dead", "retryable", d.clone(), now_ms),
-                Outcome::Retryable(d) => (
-                    "queued",
-                    "retryable",
-                    d.clone(),
-                    now_ms + backoff_ms(t.job_id, attempts),
-                ),
-                Outcome::Permanent(d) => ("failed", "permanent", d.clone(), now_ms),
-            };
-            let updated = sqlx::query(self.sql("UPDATE jobs SET state = ?, lease_token = NULL, lease_expires_at = NULL, not_before = ?, updated_at = ? WHERE id = ? AND lease_token = ? AND fencing_token = ?"))
-                .bind(state)
-                .bind(not_before)
-                .bind(now_ms)
-                .bind(t.job_id)
-                .bind(&t.lease_token)
-                .bind(t.fencing_token)
-                .execute(&mut *tx)
-                .await?;
-            if updated.rows_affected() != 1 {
-                out.push(Err(Refused::StaleFencingToken));
-                continue;
+            let q = format!(
+                "SELECT id, attempts, max_attempts, key, lease_token, fencing_token FROM jobs WHERE state = 'leased' AND lease_expires_at >= ? AND id IN ({marks}){lock}"
+            );
+            let mut query = sqlx::query(self.sql(&q)).bind(now_ms);
+            for c in chunk {
+                query = query.bind(c.token.job_id);
             }
-            sqlx::query(result.clone())
-                .bind(t.job_id)
-                .bind(t.fencing_token)
-                .bind(outcome)
-                .bind(&detail)
-                .bind(now_ms)
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query(event.clone())
-                .bind(now_ms)
-                .bind(format!("job-{state}"))
-                .bind(&key)
-                .bind(detail)
-                .execute(&mut *tx)
-                .await?;
-            out.push(Ok(()));
+            let mut live: std::collections::HashMap<i64, LiveLease> = std::collections::HashMap::new();
+            for r in query.fetch_all(&mut *tx).await? {
+                let lease = LiveLease {
+                    attempts: r.try_get(1)?,
+                    max_attempts: r.try_get(2)?,
+                    key: r.try_get(3)?,
+                    lease_token: r.try_get(4)?,
+                    fencing_token: r.try_get(5)?,
+                };
+                live.insert(r.try_get(0)?, lease);
+            }
+            let mut rec = Recorded::default();
+            for (i, c) in chunk.iter().enumerate() {
+                let t = &c.token;
+                let Some(LiveLease {
+                    attempts,
+                    max_attempts,
+                    key,
+                    lease_token: token,
+                    fencing_token: fencing,
+                }) = live.remove(&t.job_id)
+                else {
+                    continue;
+                };
+                if token.as_deref() != Some(t.lease_token.as_str()) || fencing != Some(t.fencing_token) {
+                    continue;
+                }
+                let (state, outcome, detail) = match &c.outcome {
+                    Outcome::Succeeded => ("succeeded", "succeeded", String::new()),
+                    Outcome::Retryable(d) if attempts >= max_attempts => ("dead", "retryable", d.clone()),
+                    Outcome::Retryable(d) => {
+                        rec.retries.push((t.job_id, now_ms + backoff_ms(t.job_id, attempts)));
+                        ("queued", "retryable", d.clone())
+                    }
+                    Outcome::Permanent(d) => ("failed", "permanent", d.clone()),
+                };
+                if state != "queued" {
+                    rec.by_state.entry(state).or_default().push(t.job_id);
+                }
+                rec.results.push((t.job_id, t.fencing_token, outcome, detail.clone()));
+                rec.events.push((format!("job-{state}"), key, detail));
+                out[chunk_start + i] = Ok(());
+            }
+            for (state, ids) in &rec.by_state {
+                let marks = vec!["?"; ids.len()].join(", ");
+                let q = format!(
+                    "UPDATE jobs SET state = ?, lease_token = NULL, lease_expires_at = NULL, updated_at = ? WHERE id IN ({marks})"
+                );
+                let mut query = sqlx::query(self.sql(&q)).bind(*state).bind(now_ms);
+                for id in ids {
+                    query = query.bind(*id);
+                }
+                query.execute(&mut *tx).await?;
+            }
+            for (id, not_before) in &rec.retries {
+                sqlx::query(self.sql("UPDATE jobs SET state = 'queued', lease_token = NULL, lease_expires_at = NULL, not_before = ?, updated_at = ? WHERE id = ?"))
+                    .bind(*not_before)
+                    .bind(now_ms)
+                    .bind(*id)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            if !rec.results.is_empty() {
+                let rows = vec!["(?, ?, ?, ?, ?)"; rec.results.len()].join(", ");
+                let mut query = sqlx::query(self.sql(&format!(
+                    "INSERT INTO job_results (job_id, fencing_token, outcome, detail, at) VALUES {rows}"
+                )));
+                for (id, fencing, outcome, detail) in &rec.results {
+                    query = query
+                        .bind(*id)
+                        .bind(*fencing)
+                        .bind(*outcome)
+                        .bind(detail.clone())
+                        .bind(now_ms);
+                }
+                query.execute(&mut *tx).await?;
+                let rows = vec!["(?, ?, ?, ?)"; rec.events.len()].join(", ");
+                let mut query =
+                    sqlx::query(self.sql(&format!("INSERT INTO events (at, kind, subject, detail) VALUES {rows}")));
+                for (kind, key, detail) in &rec.events {
+                    query = query
+                        .bind(now_ms)
+                        .bind(kind.clone())
+                        .bind(key.clone())
+                        .bind(detail.clone());
+                }
+                query.execute(&mut *tx).await?;
+            }
         }
         tx.commit().await?;
         Ok(out)
