@@ -6,43 +6,14 @@
 //! --runs 5 --no-terraform`). Needs `git`, `terraform` and `/usr/bin/time` (Debian `time`).
 //! Repositories are packed with `git gc` first, as a clone would be.
 
+#[path = "support/mod.rs"]
+mod support;
+use support::{git, pl_binary};
+
 use state_schema::synthetic::{Params, generate};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn pl_binary() -> PathBuf {
-    // Benches build in the release-like `bench` profile; `pl` lives next to the bench's deps.
-    let exe = std::env::current_exe().expect("current exe");
-    let dir = exe.parent().and_then(Path::parent).expect("target dir");
-    let pl = dir.join("pl");
-    assert!(
-        pl.exists(),
-        "build pl first: cargo build --profile bench --bin pl ({})",
-        pl.display()
-    );
-    pl
-}
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let o = Command::new("git")
-        .current_dir(dir)
-        .args(args)
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_AUTHOR_NAME", "bench")
-        .env("GIT_AUTHOR_EMAIL", "bench@pushleft.invalid")
-        .env("GIT_COMMITTER_NAME", "bench")
-        .env("GIT_COMMITTER_EMAIL", "bench@pushleft.invalid")
-        .output()
-        .expect("git runs");
-    assert!(
-        o.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).trim().to_owned()
-}
 
 fn write_tree(dir: &Path, params: &Params) {
     for (path, text) in generate(params) {

@@ -7,37 +7,13 @@
 //! Run: `cargo bench -p pushleft-cli --bench trust` (`-- --commits 1000 --values 1000`). Needs
 //! `git`, `ssh-keygen`, `age` and `age-keygen`. Setting up 1,000 signed commits takes a while.
 
+#[path = "support/mod.rs"]
+mod support;
+use support::{git, pl_binary};
+
 use std::io::Write;
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn pl_binary() -> std::path::PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    let pl = exe.parent().and_then(Path::parent).expect("target dir").join("pl");
-    assert!(pl.exists(), "build pl first: cargo build --profile bench --bin pl");
-    pl
-}
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let o = Command::new("git")
-        .current_dir(dir)
-        .args(args)
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_AUTHOR_NAME", "bench")
-        .env("GIT_AUTHOR_EMAIL", "bench@pushleft.invalid")
-        .env("GIT_COMMITTER_NAME", "bench")
-        .env("GIT_COMMITTER_EMAIL", "bench@pushleft.invalid")
-        .output()
-        .expect("git runs");
-    assert!(
-        o.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).trim().to_owned()
-}
 
 fn per_item(total: Duration, n: usize) -> String {
     format!("{:.3} ms", total.as_secs_f64() * 1000.0 / n as f64)

@@ -89,18 +89,20 @@ impl Postgres {
         pg
     }
 
-    pub fn run(&self, tool: &str, args: &[&str]) {
+    /// A PostgreSQL tool, run as `postgres` when we are root.
+    fn command(&self, tool: &str) -> Command {
         let exe = self.bin.join(tool);
-        let o = if self.as_postgres {
-            Command::new("runuser")
-                .args(["-u", "postgres", "--"])
-                .arg(&exe)
-                .args(args)
-                .output()
+        if self.as_postgres {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(exe);
+            c
         } else {
-            Command::new(&exe).args(args).output()
+            Command::new(exe)
         }
-        .expect("PostgreSQL tool runs");
+    }
+
+    pub fn run(&self, tool: &str, args: &[&str]) {
+        let o = self.command(tool).args(args).output().expect("PostgreSQL tool runs");
         assert!(
             o.status.success(),
             "{tool}: {}{}",
@@ -117,16 +119,9 @@ impl Postgres {
 impl Drop for Postgres {
     fn drop(&mut self) {
         let data = self.dir.path().join("data");
-        let exe = self.bin.join("pg_ctl");
-        let args = ["-D", data.to_str().unwrap_or_default(), "-m", "immediate", "stop"];
-        let _ = if self.as_postgres {
-            Command::new("runuser")
-                .args(["-u", "postgres", "--"])
-                .arg(&exe)
-                .args(args)
-                .output()
-        } else {
-            Command::new(&exe).args(args).output()
-        };
+        let _ = self
+            .command("pg_ctl")
+            .args(["-D", data.to_str().unwrap_or_default(), "-m", "immediate", "stop"])
+            .output();
     }
 }
