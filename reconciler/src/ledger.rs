@@ -563,6 +563,77 @@ impl Ledger {
         row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).transpose()
     }
 
+    /// Records the judgement of a commit of `branch`, with an event, in one transaction.
+    /// Returns `false` (and writes nothing) when that commit was judged before.
+    pub async fn record_revision(
+        &self,
+        branch: &str,
+        j: &crate::revision::Judgement,
+        now_ms: i64,
+    ) -> Result<bool, LedgerError> {
+        let mut tx = self.write_tx().await?;
+        let verdict = if j.accepted() { "accepted" } else { "rejected" };
+        let reasons = serde_json::to_string(&j.reasons)?;
+        let r = sqlx::query(self.sql(
+            "INSERT INTO revisions (sha, branch, verdict, principals, fingerprint, reasons, seen_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (sha, branch) DO NOTHING",
+        ))
+        .bind(&j.sha)
+        .bind(branch)
+        .bind(verdict)
+        .bind(j.principals.clone())
+        .bind(j.fingerprint.clone())
+        .bind(&reasons)
+        .bind(now_ms)
+        .execute(&mut *tx)
+        .await?;
+        if r.rows_affected() == 0 {
+            return Ok(false);
+        }
+        let detail = if j.accepted() {
+            j.principals.clone().unwrap_or_default()
+        } else {
+            j.reasons.iter().map(|x| x.code.as_str()).collect::<Vec<_>>().join(",")
+        };
+        sqlx::query(self.sql("INSERT INTO events (at, kind, subject, detail) VALUES (?, ?, ?, ?)"))
+            .bind(now_ms)
+            .bind(format!("revision-{verdict}"))
+            .bind(format!("{branch}@{}", j.sha))
+            .bind(detail)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// The newest accepted commit of a branch: the one in force.
+    pub async fn last_accepted(&self, branch: &str) -> Result<Option<String>, LedgerError> {
+        let row = sqlx::query(
+            self.sql("SELECT sha FROM revisions WHERE branch = ? AND verdict = 'accepted' ORDER BY id DESC LIMIT 1"),
+        )
+        .bind(branch)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| r.try_get(0)).transpose().map_err(LedgerError::from)
+    }
+
+    /// A judged commit's verdict and reason codes.
+    pub async fn revision(&self, branch: &str, sha: &str) -> Result<Option<(String, Vec<String>)>, LedgerError> {
+        let row = sqlx::query(self.sql("SELECT verdict, reasons FROM revisions WHERE branch = ? AND sha = ?"))
+            .bind(branch)
+            .bind(sha)
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(r) = row else { return Ok(None) };
+        let reasons: Vec<serde_json::Value> = serde_json::from_str(&r.try_get::<String, _>(1)?)?;
+        Ok(Some((
+            r.try_get(0)?,
+            reasons
+                .iter()
+                .filter_map(|v| v["code"].as_str().map(str::to_owned))
+                .collect(),
+        )))
+    }
+
     /// Runs raw SQL (tests use it to show that history cannot be rewritten).
     pub async fn execute_raw(&self, sql: &str) -> Result<u64, LedgerError> {
         Ok(sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))

@@ -6,6 +6,7 @@
 
 pub mod ledger;
 pub mod load;
+pub mod revision;
 pub mod secrets;
 pub mod source;
 pub mod trust;
