@@ -180,24 +180,15 @@ impl StateRepo {
 
     fn walk_commit(&self, c: &Commit, listing: &mut Listing) -> Result<(), SourceError> {
         let repo = self.repo()?;
-        let commit = repo.find_commit(c.id).map_err(git(format!("commit {}", c.id)))?;
-        let mut tree = commit.tree().map_err(git(format!("tree of {}", c.id)))?;
-        if !self.prefix.is_empty() {
-            let entry = tree
-                .lookup_entry_by_path(self.prefix.trim_end_matches('/'))
-                .map_err(git("the state tree's folder"))?;
-            match entry {
-                Some(e) if e.mode().is_tree() => {
-                    tree = repo.find_tree(e.object_id()).map_err(git("the state tree's folder"))?
-                }
-                // The folder does not exist at this revision: an empty state.
-                _ => return Ok(()),
-            }
+        match self.state_tree_of(&repo, c.id)? {
+            Some(tree) => walk_tree(&repo, &tree, "", listing),
+            // The folder does not exist at this revision: an empty state.
+            None => Ok(()),
         }
-        walk_tree(&repo, &tree, "", listing)
     }
 
-    /// Reads one file, refusing it when it grew past the limit since it was listed.
+    /// Reads one file. A working-tree file that grew past the limit since it was listed is read
+    /// only up to one byte past the limit, so parsing refuses it without loading it whole.
     pub fn read(&self, repo: Option<&gix::Repository>, entry: &FileEntry) -> Result<Vec<u8>, SourceError> {
         match (entry.blob, repo) {
             (Some(id), Some(repo)) => {
@@ -208,8 +199,16 @@ impl StateRepo {
                 path: self.root.clone(),
             }),
             (None, _) => {
+                use std::io::Read;
                 let path = self.root.join(&entry.path);
-                std::fs::read(&path).map_err(|source| SourceError::Io { path, source })
+                let mut bytes = Vec::new();
+                std::fs::File::open(&path)
+                    .and_then(|f| {
+                        f.take(state_schema::yaml::MAX_FILE_BYTES as u64 + 1)
+                            .read_to_end(&mut bytes)
+                    })
+                    .map_err(|source| SourceError::Io { path, source })?;
+                Ok(bytes)
             }
         }
     }
@@ -389,10 +388,6 @@ pub struct TreeDiff {
 }
 
 impl StateRepo {
-    fn state_tree<'r>(&self, repo: &'r gix::Repository, c: &Commit) -> Result<Option<gix::Tree<'r>>, SourceError> {
-        self.state_tree_of(repo, c.id)
-    }
-
     /// The state tree (the folder `pl` was pointed at) in a commit, if it exists there.
     pub(crate) fn state_tree_of<'r>(
         &self,
@@ -418,7 +413,7 @@ impl StateRepo {
     /// One file of a commit's state tree, if it exists there.
     pub fn entry_at(&self, c: &Commit, path: &str) -> Result<Option<FileEntry>, SourceError> {
         let repo = self.repo()?;
-        let Some(tree) = self.state_tree(&repo, c)? else {
+        let Some(tree) = self.state_tree_of(&repo, c.id)? else {
             return Ok(None);
         };
         let entry = tree.lookup_entry_by_path(path).map_err(git(path.to_owned()))?;
@@ -433,7 +428,7 @@ impl StateRepo {
     /// The state files that differ between two commits.
     pub fn diff_commits(&self, base: &Commit, head: &Commit) -> Result<TreeDiff, SourceError> {
         let repo = self.repo()?;
-        let (a, b) = (self.state_tree(&repo, base)?, self.state_tree(&repo, head)?);
+        let (a, b) = (self.state_tree_of(&repo, base.id)?, self.state_tree_of(&repo, head.id)?);
         let mut out = TreeDiff::default();
         diff_trees(&repo, a.as_ref(), b.as_ref(), &mut out)?;
         out.changed.sort_by(|x, y| x.path.cmp(&y.path));
