@@ -14,6 +14,24 @@ fn codes(json: &str) -> Vec<String> {
         .collect()
 }
 
+/// `pl <args> <repo>` refuses the tree with exactly the limit codes the test planted.
+fn assert_limits_refused(repo: &Path, args: &[&str]) {
+    let o = run(pl().args(args).arg(repo));
+    assert_eq!(o.status.code(), Some(1));
+    let mut got = codes(&stdout(&o));
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            "file-too-large",
+            "not-a-regular-file",
+            "symlink-in-tree",
+            "symlink-in-tree",
+            "too-many-documents"
+        ]
+    );
+}
+
 fn quickstart_repo(dir: &Path) {
     init_repo(dir);
     copy_tree(&workspace().join("examples/quickstart"), dir);
@@ -42,20 +60,7 @@ fn limits_are_refused_on_disk_and_in_git() {
         .status()
         .expect("mkfifo");
     assert!(fifo.success());
-    let o = run(pl().args(["validate", "--format", "json"]).arg(repo));
-    assert_eq!(o.status.code(), Some(1));
-    let mut got = codes(&stdout(&o));
-    got.sort();
-    assert_eq!(
-        got,
-        [
-            "file-too-large",
-            "not-a-regular-file",
-            "symlink-in-tree",
-            "symlink-in-tree",
-            "too-many-documents"
-        ]
-    );
+    assert_limits_refused(repo, &["validate", "--format", "json"]);
 
     // The same tree committed (git cannot hold the FIFO), plus a submodule entry.
     std::fs::remove_file(repo.join("pipe.yaml")).expect("rm fifo");
@@ -72,20 +77,7 @@ fn limits_are_refused_on_disk_and_in_git() {
         ],
     );
     git(repo, &["commit", "-q", "-m", "limits"]);
-    let o = run(pl().args(["validate", "--format", "json", "--rev", "HEAD"]).arg(repo));
-    assert_eq!(o.status.code(), Some(1));
-    let mut got = codes(&stdout(&o));
-    got.sort();
-    assert_eq!(
-        got,
-        [
-            "file-too-large",
-            "not-a-regular-file",
-            "symlink-in-tree",
-            "symlink-in-tree",
-            "too-many-documents"
-        ]
-    );
+    assert_limits_refused(repo, &["validate", "--format", "json", "--rev", "HEAD"]);
     // A refused tree cannot be planned.
     let o = run(pl().args(["plan", "--base", "HEAD~1", "--head", "HEAD"]).arg(repo));
     assert_eq!(o.status.code(), Some(1));
@@ -287,10 +279,14 @@ fn schema_completions_and_docs() {
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("schema is JSON");
     assert_eq!(v["properties"]["kind"]["enum"].as_array().map(Vec::len), Some(6));
     let o = run(pl().args(["completions", "bash"]));
+    let script = stdout(&o);
     assert!(
-        stdout(&o).contains("pl__plan") || stdout(&o).contains("plan"),
-        "bash completion mentions subcommands"
+        script.contains("_pl()") && script.contains("complete -F _pl"),
+        "a bash completion function for pl"
     );
+    for sub in ["validate", "plan", "verify", "secret"] {
+        assert!(script.contains(sub), "completes `{sub}`");
+    }
     let docs = std::fs::read_to_string(workspace().join("docs/diagnostics.md")).expect("docs/diagnostics.md");
     for code in state_schema::diag::Code::ALL {
         assert!(
