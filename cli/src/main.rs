@@ -1,6 +1,7 @@
 //! `pl`: validate, plan, show and scaffold Pushleft state repositories.
 
 mod commands;
+mod operator;
 mod secret;
 mod verify;
 
@@ -177,6 +178,48 @@ enum Command {
     Init { dir: Option<PathBuf> },
     /// Print shell completions.
     Completions { shell: clap_complete::Shell },
+    /// Show the reconciler's state: leader, revision in force, counts of deployments and jobs.
+    Status {
+        #[command(flatten)]
+        server: operator::ServerArgs,
+    },
+    /// Print the reconciler's events after a cursor; `--follow` streams new ones.
+    Events {
+        #[arg(long, default_value_t = 0)]
+        after: i64,
+        #[arg(long, short)]
+        follow: bool,
+        #[command(flatten)]
+        server: operator::ServerArgs,
+    },
+    /// List jobs, newest first.
+    Jobs {
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long)]
+        environment: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        #[command(flatten)]
+        server: operator::ServerArgs,
+    },
+    /// List judged commits, newest first, with their verdicts and reasons.
+    Revisions {
+        #[arg(long)]
+        branch: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        #[command(flatten)]
+        server: operator::ServerArgs,
+    },
+    /// Ask the reconciler for a pass now (operator role).
+    Reconcile {
+        /// Run a pass now instead of at the next interval (the only mode).
+        #[arg(long, required = true)]
+        now: bool,
+        #[command(flatten)]
+        server: operator::ServerArgs,
+    },
 }
 
 fn main() -> ExitCode {
@@ -229,6 +272,16 @@ fn main() -> ExitCode {
         },
         Command::Schema => commands::schema(),
         Command::Init { dir: d } => commands::init(&dir(d)),
+        Command::Status { server } => operator::status(&server),
+        Command::Events { after, follow, server } => operator::events(&server, after, follow),
+        Command::Jobs {
+            state,
+            environment,
+            limit,
+            server,
+        } => operator::jobs(&server, state, environment, limit),
+        Command::Revisions { branch, limit, server } => operator::revisions(&server, branch, limit),
+        Command::Reconcile { now: _, server } => operator::reconcile(&server),
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             clap_complete::generate(shell, &mut cmd, "pl", &mut std::io::stdout());

@@ -38,6 +38,21 @@ pub struct NewJob {
     pub not_before_ms: i64,
 }
 
+/// A job's ledger key: its task's idempotency key on its node. A task is what the job is; the
+/// same task on two nodes (an environment's network, say) is two jobs.
+pub fn job_key(task: &Task, node: &str) -> String {
+    format!("{}@{node}", task.idempotency_key())
+}
+
+/// A job as `enqueue_in` writes it.
+pub(crate) struct JobRow<'a> {
+    pub task: &'a Task,
+    pub node: &'a str,
+    pub max_attempts: u32,
+    pub not_before_ms: i64,
+    pub step: Option<i64>,
+}
+
 /// A leased job, as handed to an agent.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lease {
@@ -136,8 +151,27 @@ struct Recorded<'c> {
     events: Vec<(String, String, String)>,
 }
 
+/// The advisory-lock key of the leader: "pushleft" in ASCII.
+const LEADER_LOCK_KEY: i64 = 0x7075_7368_6c65_6674;
+
+/// Held while this daemon leads.
+pub struct LeaderLock {
+    conn: Option<sqlx::AnyConnection>,
+}
+
+impl LeaderLock {
+    /// Whether the lock is still held: its connection still answers. A restarted PostgreSQL
+    /// ends the session and with it the lock, so the daemon must take it again.
+    pub async fn still_held(&mut self) -> bool {
+        match &mut self.conn {
+            None => true,
+            Some(c) => sqlx::query("SELECT 1").fetch_one(&mut *c).await.is_ok(),
+        }
+    }
+}
+
 pub struct Ledger {
-    pool: AnyPool,
+    pub(crate) pool: AnyPool,
     backend: Backend,
 }
 
@@ -193,7 +227,7 @@ impl Ledger {
     /// A transaction that writes. SQLite's takes the write lock at once (`BEGIN IMMEDIATE`):
     /// a deferred one that reads first cannot wait for the lock when it later writes, and
     /// fails with "database is locked" under concurrency.
-    async fn write_tx(&self) -> Result<sqlx::Transaction<'static, sqlx::Any>, sqlx::Error> {
+    pub(crate) async fn write_tx(&self) -> Result<sqlx::Transaction<'static, sqlx::Any>, sqlx::Error> {
         match self.backend {
             Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await,
             Backend::Postgres => self.pool.begin().await,
@@ -202,7 +236,7 @@ impl Ledger {
 
     /// The statement for this backend: `?` placeholders become `$1, $2, …` for PostgreSQL.
     /// Statements are this file's constants; values always go through bind parameters.
-    fn sql(&self, q: &str) -> sqlx::SqlStr {
+    pub(crate) fn sql(&self, q: &str) -> sqlx::SqlStr {
         sqlx::SqlSafeStr::into_sql_str(sqlx::AssertSqlSafe(self.placeholders(q).into_owned()))
     }
 
@@ -226,34 +260,64 @@ impl Ledger {
     /// Adds jobs; a job whose key exists already is left as it is. Returns how many were new.
     pub async fn enqueue(&self, jobs: &[NewJob], now_ms: i64) -> Result<usize, LedgerError> {
         let mut tx = self.write_tx().await?;
-        let mut added = 0;
-        let insert = self.sql("INSERT INTO jobs (key, task, target_node, state, attempts, max_attempts, not_before, created_at, updated_at) VALUES (?, ?, ?, 'queued', 0, ?, ?, ?, ?) ON CONFLICT (key) DO NOTHING");
+        let rows: Vec<JobRow<'_>> = jobs
+            .iter()
+            .map(|j| JobRow {
+                task: &j.task,
+                node: &j.target_node,
+                max_attempts: j.max_attempts,
+                not_before_ms: j.not_before_ms,
+                step: None,
+            })
+            .collect();
+        let added = self.enqueue_in(&mut tx, &rows, now_ms).await?;
         let event = self.sql("INSERT INTO events (at, kind, subject, detail) VALUES (?, ?, ?, ?)");
-        for j in jobs {
-            let key = j.task.idempotency_key();
-            let task = serde_json::to_string(&j.task)?;
-            let r = sqlx::query(insert.clone())
-                .bind(&key)
-                .bind(task)
-                .bind(&j.target_node)
-                .bind(i64::from(j.max_attempts.max(1)))
-                .bind(j.not_before_ms)
+        for key in &added {
+            sqlx::query(event.clone())
                 .bind(now_ms)
-                .bind(now_ms)
+                .bind("job-queued")
+                .bind(key)
+                .bind("")
                 .execute(&mut *tx)
                 .await?;
-            if r.rows_affected() == 1 {
-                added += 1;
-                sqlx::query(event.clone())
-                    .bind(now_ms)
-                    .bind("job-queued")
-                    .bind(&key)
-                    .bind(&j.target_node)
-                    .execute(&mut *tx)
-                    .await?;
-            }
         }
         tx.commit().await?;
+        Ok(added.len())
+    }
+
+    /// Inserts jobs in the caller's transaction, many rows a statement; a key that exists is
+    /// left as it is. Returns the keys that were new.
+    pub(crate) async fn enqueue_in(
+        &self,
+        tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+        jobs: &[JobRow<'_>],
+        now_ms: i64,
+    ) -> Result<Vec<String>, LedgerError> {
+        let mut added = Vec::new();
+        for chunk in jobs.chunks(200) {
+            let rows = vec!["(?, ?, ?, 'queued', 0, ?, ?, ?, ?, ?, ?, ?)"; chunk.len()].join(", ");
+            let q = format!(
+                "INSERT INTO jobs (key, task, target_node, state, attempts, max_attempts, not_before, created_at, updated_at, environment, generation, step) VALUES {rows} ON CONFLICT (key) DO NOTHING RETURNING key"
+            );
+            let mut query = sqlx::query(self.sql(&q));
+            for j in chunk {
+                let generation = i64::try_from(j.task.generation()).unwrap_or(i64::MAX);
+                query = query
+                    .bind(job_key(j.task, j.node))
+                    .bind(serde_json::to_string(j.task)?)
+                    .bind(j.node.to_owned())
+                    .bind(i64::from(j.max_attempts.max(1)))
+                    .bind(j.not_before_ms)
+                    .bind(now_ms)
+                    .bind(now_ms)
+                    .bind(j.task.environment().as_str().to_owned())
+                    .bind(generation)
+                    .bind(j.step);
+            }
+            for r in query.fetch_all(&mut **tx).await? {
+                added.push(r.try_get(0)?);
+            }
+        }
         Ok(added)
     }
 
@@ -572,10 +636,23 @@ impl Ledger {
         now_ms: i64,
     ) -> Result<bool, LedgerError> {
         let mut tx = self.write_tx().await?;
+        let id = self.record_revision_in(&mut tx, branch, j, now_ms).await?;
+        tx.commit().await?;
+        Ok(id.is_some())
+    }
+
+    /// Records a judgement in the caller's transaction; `None` when it was judged before.
+    pub(crate) async fn record_revision_in(
+        &self,
+        tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+        branch: &str,
+        j: &crate::revision::Judgement,
+        now_ms: i64,
+    ) -> Result<Option<i64>, LedgerError> {
         let verdict = if j.accepted() { "accepted" } else { "rejected" };
         let reasons = serde_json::to_string(&j.reasons)?;
-        let r = sqlx::query(self.sql(
-            "INSERT INTO revisions (sha, branch, verdict, principals, fingerprint, reasons, seen_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (sha, branch) DO NOTHING",
+        let row = sqlx::query(self.sql(
+            "INSERT INTO revisions (sha, branch, verdict, principals, fingerprint, reasons, seen_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (sha, branch) DO NOTHING RETURNING id",
         ))
         .bind(&j.sha)
         .bind(branch)
@@ -584,11 +661,9 @@ impl Ledger {
         .bind(j.fingerprint.clone())
         .bind(&reasons)
         .bind(now_ms)
-        .execute(&mut *tx)
+        .fetch_optional(&mut **tx)
         .await?;
-        if r.rows_affected() == 0 {
-            return Ok(false);
-        }
+        let Some(row) = row else { return Ok(None) };
         let detail = if j.accepted() {
             j.principals.clone().unwrap_or_default()
         } else {
@@ -599,10 +674,9 @@ impl Ledger {
             .bind(format!("revision-{verdict}"))
             .bind(format!("{branch}@{}", j.sha))
             .bind(detail)
-            .execute(&mut *tx)
+            .execute(&mut **tx)
             .await?;
-        tx.commit().await?;
-        Ok(true)
+        Ok(Some(row.try_get(0)?))
     }
 
     /// The newest accepted commit of a branch: the one in force.
@@ -632,6 +706,46 @@ impl Ledger {
                 .filter_map(|v| v["code"].as_str().map(str::to_owned))
                 .collect(),
         )))
+    }
+
+    /// The newest commit of a branch judged at all, accepted or not.
+    pub async fn last_judged(&self, branch: &str) -> Result<Option<String>, LedgerError> {
+        let row = sqlx::query(self.sql("SELECT sha FROM revisions WHERE branch = ? ORDER BY id DESC LIMIT 1"))
+            .bind(branch)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| r.try_get(0)).transpose().map_err(LedgerError::from)
+    }
+
+    /// Branches with deployments that are not torn down.
+    pub async fn deployed_branches(&self) -> Result<Vec<String>, LedgerError> {
+        let rows =
+            sqlx::query(self.sql("SELECT DISTINCT branch FROM deployments WHERE action = 'rollout' ORDER BY branch"))
+                .fetch_all(&self.pool)
+                .await?;
+        rows.iter().map(|r| r.try_get(0).map_err(LedgerError::from)).collect()
+    }
+
+    /// Checks that the ledger answers.
+    pub async fn ping(&self) -> Result<(), LedgerError> {
+        sqlx::query(self.sql("SELECT 1")).fetch_one(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Tries to become the one daemon that reconciles. PostgreSQL: a session advisory lock on
+    /// a connection of its own, held until that connection ends (a killed daemon's ends with
+    /// it). SQLite: one file, one daemon, always the leader.
+    pub async fn try_lead(&self) -> Result<Option<LeaderLock>, LedgerError> {
+        if self.backend == Backend::Sqlite {
+            return Ok(Some(LeaderLock { conn: None }));
+        }
+        let mut conn = self.pool.acquire().await?.detach();
+        let got: bool = sqlx::query(self.sql("SELECT pg_try_advisory_lock(?)"))
+            .bind(LEADER_LOCK_KEY)
+            .fetch_one(&mut conn)
+            .await?
+            .try_get(0)?;
+        Ok(got.then_some(LeaderLock { conn: Some(conn) }))
     }
 
     /// Runs raw SQL (tests use it to show that history cannot be rewritten).

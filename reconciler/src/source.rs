@@ -159,6 +159,28 @@ impl StateRepo {
         })
     }
 
+    /// The local branches (`refs/heads/*`) and the commits they point at, by short name.
+    pub fn branches(&self) -> Result<Vec<(String, ObjectId)>, SourceError> {
+        let repo = self.repo()?;
+        let platform = repo.references().map_err(git("the references"))?;
+        let mut out = Vec::new();
+        for r in platform.local_branches().map_err(git("the branches"))? {
+            let mut r = r.map_err(git("a branch"))?;
+            let name = r.name().shorten().to_string();
+            let Ok(commit) = r.peel_to_commit() else {
+                continue; // a branch that points at no commit is nothing to apply
+            };
+            out.push((name, commit.id));
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// The Git directory (where refs live), for watching.
+    pub fn git_dir(&self) -> Option<PathBuf> {
+        self.repo.as_ref().map(|r| r.to_thread_local().git_dir().to_owned())
+    }
+
     /// The best common ancestor of two commits, if they have one.
     pub fn merge_base(&self, a: ObjectId, b: ObjectId) -> Result<Option<ObjectId>, SourceError> {
         let repo = self.repo()?;

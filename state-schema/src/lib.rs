@@ -6,6 +6,7 @@
 
 pub mod canonical;
 mod decode;
+pub mod desired;
 pub mod diag;
 pub mod edit;
 pub mod incremental;

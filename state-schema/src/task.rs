@@ -8,12 +8,12 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "task", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum Task {
-    /// The environment's Docker network on the node.
-    EnsureNetwork { environment: Name },
-    /// The environment's nftables table on the node.
-    ApplyFirewall { environment: Name },
-    /// The environment's routes on the node.
-    EnsureRoutes { environment: Name },
+    /// The environment's Docker network on the node, as a generation needs it.
+    EnsureNetwork { environment: Name, generation: u64 },
+    /// The environment's nftables table on the node, as a generation needs it.
+    ApplyFirewall { environment: Name, generation: u64 },
+    /// The environment's routes on the node, as a generation needs it.
+    EnsureRoutes { environment: Name, generation: u64 },
     /// One replica of a role at a generation, healthy.
     EnsureApplication {
         environment: Name,
@@ -35,11 +35,13 @@ pub enum Task {
         instance: u32,
         generation: u64,
     },
-    /// Remove a replica's container and state.
+    /// Remove a replica's containers and state (every generation of it), as part of the
+    /// teardown generation `generation`.
     TeardownApplication {
         environment: Name,
         role: Name,
         instance: u32,
+        generation: u64,
     },
     /// Route a hostname to a generation in the ingress.
     PublishIngress {
@@ -53,15 +55,31 @@ pub enum Task {
         hostname: Hostname,
         generation: u64,
     },
+    /// Remove the environment's routes, nftables table and network from the node (the last
+    /// step of a teardown, after its containers are gone).
+    RemoveNetwork { environment: Name, generation: u64 },
 }
 
 impl Task {
     /// What the job is, as a stable key: `app:<env>/<role>/<instance>:g<generation>:ensure`.
     pub fn idempotency_key(&self) -> String {
         match self {
-            Task::EnsureNetwork { environment } => format!("net:{environment}:ensure"),
-            Task::ApplyFirewall { environment } => format!("fw:{environment}:apply"),
-            Task::EnsureRoutes { environment } => format!("routes:{environment}:ensure"),
+            Task::EnsureNetwork {
+                environment,
+                generation,
+            } => format!("net:{environment}:g{generation}:ensure"),
+            Task::ApplyFirewall {
+                environment,
+                generation,
+            } => format!("fw:{environment}:g{generation}:apply"),
+            Task::EnsureRoutes {
+                environment,
+                generation,
+            } => format!("routes:{environment}:g{generation}:ensure"),
+            Task::RemoveNetwork {
+                environment,
+                generation,
+            } => format!("net:{environment}:g{generation}:remove"),
             Task::EnsureApplication {
                 environment,
                 role,
@@ -84,7 +102,8 @@ impl Task {
                 environment,
                 role,
                 instance,
-            } => format!("app:{environment}/{role}/{instance}:teardown"),
+                generation,
+            } => format!("app:{environment}/{role}/{instance}:g{generation}:teardown"),
             Task::PublishIngress {
                 environment,
                 hostname,
@@ -98,12 +117,29 @@ impl Task {
         }
     }
 
+    /// The generation of its environment's deployment a task serves.
+    pub fn generation(&self) -> u64 {
+        match self {
+            Task::EnsureNetwork { generation, .. }
+            | Task::ApplyFirewall { generation, .. }
+            | Task::EnsureRoutes { generation, .. }
+            | Task::RemoveNetwork { generation, .. }
+            | Task::EnsureApplication { generation, .. }
+            | Task::RunOnce { generation, .. }
+            | Task::StopApplication { generation, .. }
+            | Task::TeardownApplication { generation, .. }
+            | Task::PublishIngress { generation, .. }
+            | Task::RemoveIngress { generation, .. } => *generation,
+        }
+    }
+
     /// The environment a task belongs to.
     pub fn environment(&self) -> &Name {
         match self {
-            Task::EnsureNetwork { environment }
-            | Task::ApplyFirewall { environment }
-            | Task::EnsureRoutes { environment }
+            Task::EnsureNetwork { environment, .. }
+            | Task::ApplyFirewall { environment, .. }
+            | Task::EnsureRoutes { environment, .. }
+            | Task::RemoveNetwork { environment, .. }
             | Task::EnsureApplication { environment, .. }
             | Task::RunOnce { environment, .. }
             | Task::StopApplication { environment, .. }

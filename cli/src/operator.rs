@@ -1,0 +1,310 @@
+//! `pl status`, `pl events [--follow]`, `pl jobs`, `pl revisions`, `pl reconcile --now`: the
+//! operator API of a running `pl-reconciler`, over TLS with a bearer token.
+//!
+//! The token comes from `PL_TOKEN` or a file (`--token-file`, `PL_TOKEN_FILE`), never from an
+//! argument, so it is not in the process list or shell history.
+
+use anyhow::{Context, Result, anyhow, bail};
+use serde_json::Value;
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use zeroize::Zeroizing;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct ServerArgs {
+    /// The reconciler's API.
+    #[arg(long, env = "PL_SERVER", default_value = "https://127.0.0.1:7443", global = true)]
+    pub server: String,
+    /// The CA that signed the API's certificate (PEM); the system's roots when absent.
+    #[arg(long, env = "PL_CA_CERT", value_name = "FILE", global = true)]
+    pub ca_cert: Option<PathBuf>,
+    /// A file holding the API token (or set `PL_TOKEN`).
+    #[arg(long, env = "PL_TOKEN_FILE", value_name = "FILE", global = true)]
+    pub token_file: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = OutFormat::Text, global = true)]
+    pub format: OutFormat,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutFormat {
+    Text,
+    Json,
+}
+
+struct Client {
+    agent: ureq::Agent,
+    base: String,
+    token: Zeroizing<String>,
+}
+
+impl Client {
+    fn new(args: &ServerArgs) -> Result<Client> {
+        let token = match std::env::var("PL_TOKEN") {
+            Ok(t) if !t.trim().is_empty() => Zeroizing::new(t.trim().to_owned()),
+            _ => {
+                let path = args
+                    .token_file
+                    .as_ref()
+                    .ok_or_else(|| anyhow!("no API token: set PL_TOKEN or pass --token-file"))?;
+                let t = Zeroizing::new(
+                    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
+                );
+                Zeroizing::new(t.trim().to_owned())
+            }
+        };
+        let mut tls = ureq::tls::TlsConfig::builder();
+        if let Some(ca) = &args.ca_cert {
+            let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
+            let cert = ureq::tls::Certificate::from_pem(&pem)
+                .map_err(|e| anyhow!("{}: {e}", ca.display()))?
+                .to_owned();
+            tls = tls.root_certs(ureq::tls::RootCerts::Specific(Arc::new(vec![cert])));
+        }
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .tls_config(tls.build())
+            .http_status_as_error(false)
+            .build()
+            .into();
+        if !args.server.starts_with("https://") {
+            bail!("--server must be an https:// URL: the API only speaks TLS");
+        }
+        Ok(Client {
+            agent,
+            base: args.server.trim_end_matches('/').to_owned(),
+            token,
+        })
+    }
+
+    fn call(&self, method: &str, path: &str) -> Result<ureq::http::Response<ureq::Body>> {
+        let url = format!("{}{path}", self.base);
+        let auth = Zeroizing::new(format!("Bearer {}", self.token.as_str()));
+        let resp = match method {
+            "POST" => self
+                .agent
+                .post(&url)
+                .header("authorization", auth.as_str())
+                .send_empty(),
+            _ => self.agent.get(&url).header("authorization", auth.as_str()).call(),
+        }
+        .map_err(|e| anyhow!("{}: {e}", self.base))?;
+        let status = resp.status().as_u16();
+        if status >= 400 {
+            let mut resp = resp;
+            let body: Value = resp.body_mut().read_json().unwrap_or(Value::Null);
+            let code = body["code"].as_str().unwrap_or("http-error");
+            let message = body["message"].as_str().unwrap_or("");
+            bail!("{path}: {status} {message} [{code}]");
+        }
+        Ok(resp)
+    }
+
+    fn json(&self, method: &str, path: &str) -> Result<Value> {
+        let mut resp = self.call(method, path)?;
+        resp.body_mut()
+            .with_config()
+            .limit(64 * 1024 * 1024)
+            .read_json()
+            .map_err(|e| anyhow!("{path}: {e}"))
+    }
+}
+
+fn print_json(v: &Value) -> Result<u8> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(0)
+}
+
+fn query(pairs: &[(&str, Option<String>)]) -> String {
+    let parts: Vec<String> = pairs
+        .iter()
+        .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}", encode(v))))
+        .collect();
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!("?{}", parts.join("&"))
+    }
+}
+
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+pub fn status(args: &ServerArgs) -> Result<u8> {
+    let v = Client::new(args)?.json("GET", "/v1/status")?;
+    if args.format == OutFormat::Json {
+        return print_json(&v);
+    }
+    let role = if v["leader"].as_bool() == Some(true) {
+        "leader"
+    } else {
+        "standby"
+    };
+    println!("daemon      {role}, last pass {} ms ago", v["lastPassMsAgo"]);
+    println!(
+        "branch      {} in force at {}",
+        v["branch"].as_str().unwrap_or("?"),
+        v["inForce"].as_str().unwrap_or("(nothing accepted yet)")
+    );
+    if v["lastJudged"] != v["inForce"] {
+        println!("last judged {}", v["lastJudged"].as_str().unwrap_or("-"));
+    }
+    let counts = &v["counts"];
+    for (title, key) in [
+        ("revisions", "revisions"),
+        ("deployments", "deployments"),
+        ("jobs", "jobs"),
+    ] {
+        let parts: Vec<String> = counts[key]
+            .as_object()
+            .map(|m| m.iter().map(|(k, n)| format!("{k} {n}")).collect())
+            .unwrap_or_default();
+        println!(
+            "{title:<11} {}",
+            if parts.is_empty() { "-".into() } else { parts.join(", ") }
+        );
+    }
+    println!("queue age   {} ms", counts["queueAgeMs"]);
+    Ok(0)
+}
+
+pub fn revisions(args: &ServerArgs, branch: Option<String>, limit: u32) -> Result<u8> {
+    let path = format!(
+        "/v1/revisions{}",
+        query(&[("branch", branch), ("limit", Some(limit.to_string()))])
+    );
+    let v = Client::new(args)?.json("GET", &path)?;
+    if args.format == OutFormat::Json {
+        return print_json(&v);
+    }
+    for r in v["revisions"].as_array().into_iter().flatten() {
+        let reasons: Vec<&str> = r["reasons"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|x| x["code"].as_str())
+            .collect();
+        println!(
+            "{:<8} {:<16} {} {}{}",
+            r["verdict"].as_str().unwrap_or("?"),
+            r["branch"].as_str().unwrap_or("?"),
+            r["sha"].as_str().unwrap_or("?").get(..12).unwrap_or(""),
+            r["principals"].as_str().unwrap_or("-"),
+            if reasons.is_empty() {
+                String::new()
+            } else {
+                format!("  [{}]", reasons.join(", "))
+            }
+        );
+    }
+    Ok(0)
+}
+
+pub fn jobs(args: &ServerArgs, state: Option<String>, environment: Option<String>, limit: u32) -> Result<u8> {
+    let path = format!(
+        "/v1/jobs{}",
+        query(&[
+            ("state", state),
+            ("environment", environment),
+            ("limit", Some(limit.to_string()))
+        ])
+    );
+    let v = Client::new(args)?.json("GET", &path)?;
+    if args.format == OutFormat::Json {
+        return print_json(&v);
+    }
+    for j in v["jobs"].as_array().into_iter().flatten() {
+        println!(
+            "{:<10} {}/{} {}",
+            j["state"].as_str().unwrap_or("?"),
+            j["attempts"],
+            j["maxAttempts"],
+            j["key"].as_str().unwrap_or("?"),
+        );
+    }
+    Ok(0)
+}
+
+pub fn reconcile(args: &ServerArgs) -> Result<u8> {
+    let v = Client::new(args)?.json("POST", "/v1/reconcile")?;
+    if args.format == OutFormat::Json {
+        return print_json(&v);
+    }
+    if v["leader"].as_bool() == Some(true) {
+        println!("reconcile requested");
+    } else {
+        println!("reconcile requested (this daemon stands by; the leader reconciles on its own schedule)");
+    }
+    Ok(0)
+}
+
+fn print_event(e: &Value, format: OutFormat) {
+    if format == OutFormat::Json {
+        println!("{e}");
+    } else {
+        println!(
+            "{:>6} {:<24} {} {}",
+            e["id"],
+            e["kind"].as_str().unwrap_or("?"),
+            e["subject"].as_str().unwrap_or(""),
+            e["detail"].as_str().unwrap_or("")
+        );
+    }
+}
+
+/// Prints events after a cursor; with `follow`, keeps streaming (Server-Sent Events) and
+/// resumes from the last cursor seen if the connection drops.
+pub fn events(args: &ServerArgs, after: i64, follow: bool) -> Result<u8> {
+    let client = Client::new(args)?;
+    let mut cursor = after;
+    if !follow {
+        loop {
+            let v = client.json("GET", &format!("/v1/events?after={cursor}&limit=1000"))?;
+            let rows = v["events"].as_array().cloned().unwrap_or_default();
+            for e in &rows {
+                print_event(e, args.format);
+            }
+            match v["next"].as_i64() {
+                Some(n) if n > cursor && !rows.is_empty() => cursor = n,
+                _ => return Ok(0),
+            }
+        }
+    }
+    let mut stdout = std::io::stdout();
+    loop {
+        let resp = client.call("GET", &format!("/v1/events/stream?after={cursor}"));
+        let mut resp = match resp {
+            Ok(r) => r,
+            Err(e) if e.to_string().contains("[bad-token]") || e.to_string().contains("[insufficient-role]") => {
+                return Err(e);
+            }
+            Err(e) => {
+                eprintln!("pl: {e:#}; reconnecting");
+                std::thread::sleep(std::time::Duration::from_secs(1));
+                continue;
+            }
+        };
+        let reader = std::io::BufReader::new(resp.body_mut().with_config().limit(u64::MAX).reader());
+        for line in reader.lines() {
+            let Ok(line) = line else { break };
+            if let Some(data) = line.strip_prefix("data:") {
+                let e: Value = serde_json::from_str(data.trim()).unwrap_or(Value::Null);
+                if let Some(id) = e["id"].as_i64() {
+                    cursor = id;
+                }
+                print_event(&e, args.format);
+                if stdout.flush().is_err() {
+                    return Ok(0); // the reader went away
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,313 @@
+//! The daemon's one configuration file (TOML), documented in `docs/reconciler.md`. Paths are
+//! read and checked at start, so a bad file is refused before anything runs.
+
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// The largest configuration file read.
+pub const MAX_CONFIG_BYTES: u64 = 256 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path}: larger than {MAX_CONFIG_BYTES} bytes")]
+    TooLarge { path: PathBuf },
+    #[error("{path}:{line}:{column}: {message}")]
+    Parse {
+        path: PathBuf,
+        line: usize,
+        column: usize,
+        message: String,
+    },
+    #[error("{path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+impl ConfigError {
+    /// A stable code for the refusal.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ConfigError::Read { .. } => "config-unreadable",
+            ConfigError::TooLarge { .. } => "config-too-large",
+            ConfigError::Parse { .. } => "config-malformed",
+            ConfigError::Invalid { .. } => "config-invalid",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub source: SourceConfig,
+    pub trust: TrustConfig,
+    pub ledger: LedgerConfig,
+    pub api: ApiConfig,
+    #[serde(default)]
+    pub webhooks: WebhookConfig,
+    #[serde(default)]
+    pub control: ControlConfig,
+    #[serde(default)]
+    pub reconcile: ReconcileConfig,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceConfig {
+    /// A local repository, watched for new commits.
+    pub path: Option<PathBuf>,
+    /// A remote repository, fetched into `cache_dir` on an interval and on webhooks.
+    pub url: Option<String>,
+    pub cache_dir: Option<PathBuf>,
+    #[serde(default = "default_fetch_interval")]
+    pub fetch_interval_seconds: u64,
+    #[serde(default = "default_branch")]
+    pub branch: String,
+    #[serde(default)]
+    pub preview_branches: Vec<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrustConfig {
+    pub allowed_signers: PathBuf,
+    pub policy: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LedgerConfig {
+    /// `sqlite:///var/lib/pushleft/ledger.db` or `postgres://…` (a password belongs in
+    /// `PGPASSWORD` or `~/.pgpass`, not here).
+    pub url: String,
+    #[serde(default = "default_connections")]
+    pub max_connections: u32,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiConfig {
+    pub listen: SocketAddr,
+    pub tls_cert: PathBuf,
+    pub tls_key: PathBuf,
+    /// Bearer tokens, stored as SHA-256 hashes (`pl-reconciler token` makes them).
+    #[serde(default)]
+    pub tokens: Vec<TokenConfig>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenConfig {
+    pub name: String,
+    pub role: Role,
+    /// Hex SHA-256 of the token.
+    pub sha256: String,
+}
+
+/// What a token may do; each role can do everything the ones before it can.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Viewer,
+    Operator,
+    Admin,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookConfig {
+    /// File holding GitHub's webhook secret (checks `X-Hub-Signature-256`).
+    pub github_secret_file: Option<PathBuf>,
+    /// File holding Gitea's webhook secret (checks `X-Gitea-Signature`).
+    pub gitea_secret_file: Option<PathBuf>,
+    /// File holding GitLab's webhook token (checks `X-Gitlab-Token`).
+    pub gitlab_token_file: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControlConfig {
+    /// The control CA that signs node certificates (used from the node-agent issue on).
+    pub ca_cert: Option<PathBuf>,
+    pub ca_key: Option<PathBuf>,
+    /// The control host's age identity, which reseals secrets to nodes.
+    pub age_identity: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReconcileConfig {
+    /// The loop runs at least this often, hint or not.
+    #[serde(default = "default_interval")]
+    pub interval_seconds: u64,
+}
+
+impl Default for ReconcileConfig {
+    fn default() -> Self {
+        ReconcileConfig {
+            interval_seconds: default_interval(),
+        }
+    }
+}
+
+fn default_fetch_interval() -> u64 {
+    60
+}
+fn default_branch() -> String {
+    "main".into()
+}
+fn default_connections() -> u32 {
+    16
+}
+fn default_interval() -> u64 {
+    10
+}
+
+impl Config {
+    /// Reads and checks a configuration file. Relative paths in it are taken from its folder.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let read = |source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        };
+        let meta = std::fs::metadata(path).map_err(read)?;
+        if meta.len() > MAX_CONFIG_BYTES {
+            return Err(ConfigError::TooLarge { path: path.to_owned() });
+        }
+        let text = std::fs::read_to_string(path).map_err(read)?;
+        let mut cfg = Config::parse(path, &text)?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        cfg.resolve(base);
+        cfg.check(path)?;
+        Ok(cfg)
+    }
+
+    pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|e: toml::de::Error| {
+            let (line, column) = e
+                .span()
+                .map(|s| {
+                    let before = &text[..s.start.min(text.len())];
+                    let line = before.matches('\n').count() + 1;
+                    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+                    (line, column)
+                })
+                .unwrap_or((1, 1));
+            ConfigError::Parse {
+                path: path.to_owned(),
+                line,
+                column,
+                message: e.message().to_owned(),
+            }
+        })
+    }
+
+    fn resolve(&mut self, base: &Path) {
+        let fix = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        let fix_opt = |p: &mut Option<PathBuf>| {
+            if let Some(p) = p
+                && p.is_relative()
+            {
+                *p = base.join(&*p);
+            }
+        };
+        fix_opt(&mut self.source.path);
+        fix_opt(&mut self.source.cache_dir);
+        fix(&mut self.trust.allowed_signers);
+        fix_opt(&mut self.trust.policy);
+        fix(&mut self.api.tls_cert);
+        fix(&mut self.api.tls_key);
+        fix_opt(&mut self.webhooks.github_secret_file);
+        fix_opt(&mut self.webhooks.gitea_secret_file);
+        fix_opt(&mut self.webhooks.gitlab_token_file);
+        fix_opt(&mut self.control.ca_cert);
+        fix_opt(&mut self.control.ca_key);
+        fix_opt(&mut self.control.age_identity);
+    }
+
+    fn check(&self, path: &Path) -> Result<(), ConfigError> {
+        let invalid = |message: String| ConfigError::Invalid {
+            path: path.to_owned(),
+            message,
+        };
+        match (&self.source.path, &self.source.url) {
+            (Some(_), Some(_)) => return Err(invalid("source: set `path` or `url`, not both".into())),
+            (None, None) => return Err(invalid("source: set `path` (a local repository) or `url`".into())),
+            (None, Some(_)) if self.source.cache_dir.is_none() => {
+                return Err(invalid(
+                    "source: a remote `url` needs a `cache_dir` to fetch into".into(),
+                ));
+            }
+            _ => {}
+        }
+        if let Some(url) = &self.source.url
+            && let Some((_, rest)) = url.split_once("://")
+            && let Some((userinfo, _)) = rest.split('/').next().unwrap_or("").rsplit_once('@')
+            && userinfo.contains(':')
+        {
+            return Err(invalid(
+                "source: put no password in `url`; use a credential helper or an SSH key".into(),
+            ));
+        }
+        for pattern in &self.source.preview_branches {
+            globset::Glob::new(pattern).map_err(|e| invalid(format!("source.preview_branches: `{pattern}`: {e}")))?;
+        }
+        if self.source.fetch_interval_seconds == 0 || self.reconcile.interval_seconds == 0 {
+            return Err(invalid("intervals must be at least 1 second".into()));
+        }
+        for t in &self.api.tokens {
+            if t.sha256.len() != 64 || !t.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(invalid(format!(
+                    "api.tokens: `{}`: sha256 must be 64 hex digits",
+                    t.name
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "[source]\npath = \"state\"\npreview_branches = [\"feature/*\"]\n\n[trust]\nallowed_signers = \"allowed_signers\"\n\n[ledger]\nurl = \"sqlite:///tmp/l.db\"\n\n[api]\nlisten = \"127.0.0.1:7443\"\ntls_cert = \"api.crt\"\ntls_key = \"api.key\"\n";
+
+    #[test]
+    fn parses_with_defaults() {
+        let c = Config::parse(Path::new("c.toml"), GOOD).expect("parses");
+        assert_eq!(c.source.branch, "main");
+        assert_eq!(c.reconcile.interval_seconds, 10);
+        assert!(c.check(Path::new("c.toml")).is_ok());
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_with_a_position() {
+        let text = GOOD.replace("[ledger]\n", "[ledger]\nurll = \"x\"\n");
+        let e = Config::parse(Path::new("c.toml"), &text).expect_err("refused");
+        assert_eq!(e.code(), "config-malformed");
+        let shown = e.to_string();
+        assert!(shown.starts_with("c.toml:9:1: unknown field `urll`"), "{shown}");
+    }
+
+    #[test]
+    fn a_source_needs_exactly_one_origin() {
+        let text = GOOD.replace("path = \"state\"\n", "");
+        let c = Config::parse(Path::new("c.toml"), &text).expect("parses");
+        let e = c.check(Path::new("c.toml")).expect_err("refused");
+        assert_eq!(e.code(), "config-invalid");
+        let text = GOOD.replace("path = \"state\"\n", "url = \"https://git.example.com/s.git\"\n");
+        let c = Config::parse(Path::new("c.toml"), &text).expect("parses");
+        assert!(
+            c.check(Path::new("c.toml"))
+                .expect_err("needs cache_dir")
+                .to_string()
+                .contains("cache_dir")
+        );
+    }
+}

@@ -1,0 +1,442 @@
+//! The reconcile loop: level-triggered and idempotent. Each pass reads the tracked branches,
+//! judges every commit not yet judged (oldest first, each in its own transaction), tears down
+//! the deployments of preview branches that are gone, and moves rollouts on. Hints (a watch
+//! event, a webhook, `pl reconcile --now`) only make the next pass come sooner.
+
+use crate::auth::Tokens;
+use crate::config::Config;
+use crate::ledger::{Ledger, LedgerError};
+use crate::revision::judge;
+use crate::source::{Commit, SourceError, StateRepo};
+use crate::trust::allowed_signers::{self, AllowedSigner};
+use crate::trust::policy::{self, Policy};
+use gix::ObjectId;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    #[error("{path}: {message}")]
+    Trust { path: PathBuf, message: String },
+    #[error("a blocking task failed: {0}")]
+    Join(String),
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// The bounds of the reconcile-duration histogram, in seconds.
+pub const DURATION_BUCKETS: [f64; 8] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0];
+
+/// Counters the `/metrics` endpoint shows next to what it reads from the ledger.
+#[derive(Default)]
+pub struct Metrics {
+    pub ticks: AtomicU64,
+    pub tick_errors: AtomicU64,
+    /// Cumulative counts per bucket of `DURATION_BUCKETS`, then the sum in microseconds.
+    pub buckets: [AtomicU64; 8],
+    pub duration_sum_us: AtomicU64,
+}
+
+impl Metrics {
+    fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        for (i, b) in DURATION_BUCKETS.iter().enumerate() {
+            if secs <= *b {
+                self.buckets[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.duration_sum_us
+            .fetch_add(u64::try_from(d.as_micros()).unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.ticks.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Where branches come from.
+pub enum Source {
+    /// A local repository, read directly.
+    Local(PathBuf),
+    /// A bare clone of a remote; the branches are what its last fetch saw (`None` before the
+    /// first fetch succeeds, when nothing may be torn down).
+    Remote {
+        url: String,
+        dir: PathBuf,
+        branches: Mutex<Option<Vec<(String, ObjectId)>>>,
+    },
+}
+
+/// What every part of the daemon shares.
+pub struct Shared {
+    pub config: Config,
+    pub ledger: Ledger,
+    pub tokens: Tokens,
+    pub source: Source,
+    pub signers: Vec<AllowedSigner>,
+    pub policy: Option<Policy>,
+    previews: globset::GlobSet,
+    /// Wakes the loop early.
+    pub hint: tokio::sync::Notify,
+    /// Wakes the remote fetcher early (webhooks).
+    pub fetch_hint: tokio::sync::Notify,
+    /// Wakes event streams after this daemon wrote.
+    pub wrote: tokio::sync::Notify,
+    pub metrics: Metrics,
+    pub leader: AtomicBool,
+    /// When the loop (leader) or the standby check (follower) last completed.
+    pub last_tick_ms: AtomicI64,
+    /// Completed passes, for `reconcile --now` to wait on.
+    pub passes: AtomicU64,
+}
+
+/// What one pass did.
+#[derive(Clone, Debug, Default)]
+pub struct PassReport {
+    pub judged: usize,
+    pub accepted: usize,
+    pub rejected: usize,
+    pub jobs_queued: usize,
+    pub teardowns: usize,
+    pub advanced: usize,
+}
+
+impl Shared {
+    /// Reads the trust files and builds the shared state. The ledger is connected already.
+    pub fn new(config: Config, ledger: Ledger) -> Result<Shared, DaemonError> {
+        let trust = |path: &PathBuf, message: String| DaemonError::Trust {
+            path: path.clone(),
+            message,
+        };
+        let text = read_small(&config.trust.allowed_signers).map_err(|e| trust(&config.trust.allowed_signers, e))?;
+        let signers = allowed_signers::parse(&text).map_err(|e| trust(&config.trust.allowed_signers, e.to_string()))?;
+        let policy = match &config.trust.policy {
+            Some(p) => {
+                let text = read_small(p).map_err(|e| trust(p, e))?;
+                Some(policy::parse(&text).map_err(|e| trust(p, e.to_string()))?)
+            }
+            None => None,
+        };
+        let mut globs = globset::GlobSetBuilder::new();
+        for p in &config.source.preview_branches {
+            globs.add(globset::Glob::new(p).map_err(|e| trust(&PathBuf::from("preview_branches"), e.to_string()))?);
+        }
+        let previews = globs
+            .build()
+            .map_err(|e| trust(&PathBuf::from("preview_branches"), e.to_string()))?;
+        let source = match (&config.source.path, &config.source.url, &config.source.cache_dir) {
+            (Some(p), _, _) => Source::Local(p.clone()),
+            (None, Some(url), Some(dir)) => Source::Remote {
+                url: url.clone(),
+                dir: dir.clone(),
+                branches: Mutex::new(None),
+            },
+            _ => {
+                return Err(trust(
+                    &PathBuf::from("source"),
+                    "set `path` or `url` with `cache_dir`".into(),
+                ));
+            }
+        };
+        Ok(Shared {
+            tokens: Tokens::new(&config.api.tokens),
+            config,
+            ledger,
+            source,
+            signers,
+            policy,
+            previews,
+            hint: tokio::sync::Notify::new(),
+            fetch_hint: tokio::sync::Notify::new(),
+            wrote: tokio::sync::Notify::new(),
+            metrics: Metrics::default(),
+            leader: AtomicBool::new(false),
+            last_tick_ms: AtomicI64::new(0),
+            passes: AtomicU64::new(0),
+        })
+    }
+
+    fn is_tracked(&self, branch: &str) -> bool {
+        branch == self.config.source.branch || self.is_preview(branch)
+    }
+
+    fn is_preview(&self, branch: &str) -> bool {
+        branch != self.config.source.branch && self.previews.is_match(branch)
+    }
+
+    /// The tracked branches now, or `None` when they cannot be known yet (a remote before its
+    /// first fetch).
+    fn branches(&self, repo: &StateRepo) -> Result<Option<Vec<(String, ObjectId)>>, DaemonError> {
+        let all = match &self.source {
+            Source::Local(_) => repo.branches()?,
+            Source::Remote { branches, .. } => match branches.lock().map(|b| b.clone()) {
+                Ok(Some(b)) => b,
+                _ => return Ok(None),
+            },
+        };
+        Ok(Some(all.into_iter().filter(|(b, _)| self.is_tracked(b)).collect()))
+    }
+
+    fn repo_dir(&self) -> &std::path::Path {
+        match &self.source {
+            Source::Local(p) => p,
+            Source::Remote { dir, .. } => dir,
+        }
+    }
+
+    /// One level-triggered pass. Safe to run at any time, any number of times: everything it
+    /// writes is keyed by what it is, so a replay writes nothing.
+    pub async fn pass(self: &Arc<Self>) -> Result<PassReport, DaemonError> {
+        let started = Instant::now();
+        let mut report = PassReport::default();
+        let me = Arc::clone(self);
+        let branches = tokio::task::spawn_blocking(move || {
+            let repo = StateRepo::open(me.repo_dir())?;
+            me.branches(&repo)
+        })
+        .await
+        .map_err(|e| DaemonError::Join(e.to_string()))??;
+        if let Some(branches) = &branches {
+            for (branch, head) in branches {
+                self.catch_up(branch, *head, &mut report).await?;
+            }
+            // Preview branches with live deployments that no longer exist: tear them down.
+            for branch in self.ledger.deployed_branches().await? {
+                if self.is_preview(&branch) && !branches.iter().any(|(b, _)| *b == branch)
+                    || branch != self.config.source.branch && !self.is_tracked(&branch)
+                {
+                    let applied = self.ledger.teardown_branch(&branch, now_ms()).await?;
+                    report.teardowns += applied.teardowns.len();
+                    if !applied.teardowns.is_empty() {
+                        tracing::info!(branch = %branch, teardowns = applied.teardowns.len(), "branch gone: tearing down its environments");
+                    }
+                }
+            }
+        }
+        self.ledger.expire(now_ms()).await?;
+        report.advanced = self.ledger.advance(now_ms()).await?;
+        self.metrics.observe(started.elapsed());
+        self.last_tick_ms.store(now_ms(), Ordering::Relaxed);
+        self.passes.fetch_add(1, Ordering::Relaxed);
+        if report.judged + report.teardowns + report.advanced > 0 {
+            self.wrote.notify_waiters();
+        }
+        Ok(report)
+    }
+
+    /// Judges and applies, oldest first, every commit of `branch` after the last one judged.
+    /// A branch seen for the first time starts at its head; a rewritten history (the last
+    /// judged commit is no first-parent ancestor any more) does too.
+    async fn catch_up(
+        self: &Arc<Self>,
+        branch: &str,
+        head: ObjectId,
+        report: &mut PassReport,
+    ) -> Result<(), DaemonError> {
+        let last = self.ledger.last_judged(branch).await?;
+        if last.as_deref() == Some(head.to_string().as_str()) {
+            return Ok(());
+        }
+        let me = Arc::clone(self);
+        let from = last.and_then(|s| ObjectId::from_hex(s.as_bytes()).ok());
+        let range = tokio::task::spawn_blocking(move || {
+            let repo = StateRepo::open(me.repo_dir())?;
+            Ok::<_, DaemonError>(repo.first_parent_range(from, head).unwrap_or_else(|_| vec![head]))
+        })
+        .await
+        .map_err(|e| DaemonError::Join(e.to_string()))??;
+        for id in range {
+            let accepted = self
+                .ledger
+                .last_accepted(branch)
+                .await?
+                .and_then(|s| ObjectId::from_hex(s.as_bytes()).ok());
+            let me = Arc::clone(self);
+            let judgement = tokio::task::spawn_blocking(move || {
+                let repo = StateRepo::open(me.repo_dir())?;
+                let commit = Commit {
+                    spec: id.to_string(),
+                    id,
+                };
+                judge(&repo, &commit, &me.signers, me.policy.as_ref(), accepted).map_err(DaemonError::from)
+            })
+            .await
+            .map_err(|e| DaemonError::Join(e.to_string()))??;
+            let applied = self
+                .ledger
+                .apply_revision(branch, self.is_preview(branch), &judgement, now_ms())
+                .await?;
+            if applied.recorded {
+                report.judged += 1;
+                if judgement.accepted() {
+                    report.accepted += 1;
+                    tracing::info!(branch, sha = %judgement.sha, rollouts = applied.rollouts.len(), teardowns = applied.teardowns.len(), jobs = applied.jobs_queued, "revision accepted");
+                } else {
+                    report.rejected += 1;
+                    let codes: Vec<&str> = judgement.reasons.iter().map(|r| r.code.as_str()).collect();
+                    tracing::warn!(branch, sha = %judgement.sha, reasons = ?codes, "revision rejected; the last accepted one stays in force");
+                }
+                report.jobs_queued += applied.jobs_queued;
+                report.teardowns += applied.teardowns.len();
+            }
+        }
+        Ok(())
+    }
+
+    /// Fetches the remote (no-op for a local source) and records its branches.
+    pub async fn fetch(self: &Arc<Self>) -> Result<bool, crate::remote::FetchError> {
+        let Source::Remote { url, dir, .. } = &self.source else {
+            return Ok(false);
+        };
+        let (url, dir) = (url.clone(), dir.clone());
+        let fetched = tokio::task::spawn_blocking(move || crate::remote::fetch(&url, &dir))
+            .await
+            .map_err(|e| crate::remote::FetchError {
+                url: String::new(),
+                message: e.to_string(),
+            })??;
+        if let Source::Remote { branches, .. } = &self.source
+            && let Ok(mut b) = branches.lock()
+        {
+            let changed = b.as_ref() != Some(&fetched);
+            *b = Some(fetched);
+            return Ok(changed);
+        }
+        Ok(false)
+    }
+}
+
+fn read_small(path: &std::path::Path) -> Result<String, String> {
+    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    if meta.len() > 1024 * 1024 {
+        return Err("larger than 1 MiB".into());
+    }
+    std::fs::read_to_string(path).map_err(|e| e.to_string())
+}
+
+/// Runs the loop while this daemon leads: a pass at least every `interval`, sooner on a hint.
+/// Transient errors back off (1 s doubling to 1 min) and the loop goes on.
+pub async fn run_loop(shared: Arc<Shared>, shutdown: tokio::sync::watch::Receiver<bool>) {
+    let interval = Duration::from_secs(shared.config.reconcile.interval_seconds);
+    let mut backoff = Duration::from_secs(1);
+    let mut lock: Option<crate::ledger::LeaderLock> = None;
+    loop {
+        if *shutdown.borrow() {
+            break;
+        }
+        // Leadership first: only the holder of the lock reconciles.
+        let leading = match &mut lock {
+            Some(l) => l.still_held().await,
+            None => false,
+        };
+        if !leading {
+            lock = None;
+            match shared.ledger.try_lead().await {
+                Ok(Some(l)) => {
+                    tracing::info!("leading: this daemon reconciles");
+                    lock = Some(l);
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!(error = %e, "cannot reach the ledger to take the lead"),
+            }
+        }
+        let is_leader = lock.is_some();
+        if shared.leader.swap(is_leader, Ordering::Relaxed) && !is_leader {
+            tracing::warn!("lost the lead: another daemon reconciles");
+        }
+        let wait = if is_leader {
+            match shared.pass().await {
+                Ok(r) => {
+                    backoff = Duration::from_secs(1);
+                    if r.judged + r.teardowns + r.advanced > 0 {
+                        tracing::debug!(judged = r.judged, advanced = r.advanced, "pass");
+                    }
+                    interval
+                }
+                Err(e) => {
+                    shared.metrics.tick_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "pass failed; retrying");
+                    let w = backoff;
+                    backoff = (backoff * 2).min(Duration::from_secs(60));
+                    w
+                }
+            }
+        } else {
+            // A follower serves reads and leases; it checks the ledger and retries the lock.
+            if shared.ledger.ping().await.is_ok() {
+                shared.last_tick_ms.store(now_ms(), Ordering::Relaxed);
+            }
+            Duration::from_millis(1000)
+        };
+        let mut sd = shutdown.clone();
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = shared.hint.notified() => {}
+            _ = sd.changed() => {}
+        }
+    }
+}
+
+/// Watches a local repository's refs: any change is a hint. The watcher lives as long as the
+/// returned value.
+pub fn watch_local(shared: &Arc<Shared>) -> Result<Option<notify::RecommendedWatcher>, notify::Error> {
+    use notify::Watcher;
+    let Source::Local(path) = &shared.source else {
+        return Ok(None);
+    };
+    let Ok(repo) = StateRepo::open(path) else {
+        return Ok(None);
+    };
+    let Some(git_dir) = repo.git_dir() else {
+        return Ok(None);
+    };
+    let me = Arc::clone(shared);
+    let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
+        if let Ok(ev) = ev
+            && ev.paths.iter().any(|p| p.extension().is_none_or(|e| e != "lock"))
+        {
+            me.hint.notify_one();
+        }
+    })?;
+    // Loose refs live under refs/ (recursive); packed-refs and HEAD at the top.
+    watcher.watch(&git_dir.join("refs"), notify::RecursiveMode::Recursive)?;
+    watcher.watch(&git_dir, notify::RecursiveMode::NonRecursive)?;
+    Ok(Some(watcher))
+}
+
+/// Fetches a remote source on its interval and at once on a webhook.
+pub async fn run_fetcher(shared: Arc<Shared>, shutdown: tokio::sync::watch::Receiver<bool>) {
+    if !matches!(shared.source, Source::Remote { .. }) {
+        return;
+    }
+    let interval = Duration::from_secs(shared.config.source.fetch_interval_seconds);
+    loop {
+        if *shutdown.borrow() {
+            break;
+        }
+        let wait = match shared.fetch().await {
+            Ok(_) => {
+                shared.hint.notify_one();
+                interval
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "fetch failed; retrying");
+                interval.min(Duration::from_secs(10))
+            }
+        };
+        let mut sd = shutdown.clone();
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = shared.fetch_hint.notified() => {}
+            _ = sd.changed() => {}
+        }
+    }
+}

@@ -1,0 +1,234 @@
+//! `pl-reconciler`: the control host's daemon (`run`), its ledger migrations (`migrate`), and
+//! the helpers that set it up (`check-config`, `token`, `tls-init`).
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use reconciler::config::{Config, Role};
+use reconciler::daemon::{Shared, run_fetcher, run_loop, watch_local};
+use reconciler::ledger::Ledger;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Parser)]
+#[command(name = "pl-reconciler", version, about = "Pushleft's reconciler daemon")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the daemon: migrate the ledger, watch or fetch the repository, reconcile, serve the API.
+    Run {
+        #[arg(
+            long,
+            short,
+            env = "PL_RECONCILER_CONFIG",
+            default_value = "/etc/pushleft/reconciler.toml"
+        )]
+        config: PathBuf,
+    },
+    /// Apply the ledger migrations and exit.
+    Migrate {
+        #[arg(
+            long,
+            short,
+            env = "PL_RECONCILER_CONFIG",
+            default_value = "/etc/pushleft/reconciler.toml"
+        )]
+        config: PathBuf,
+    },
+    /// Check the configuration file and the files it names, and exit.
+    CheckConfig {
+        #[arg(
+            long,
+            short,
+            env = "PL_RECONCILER_CONFIG",
+            default_value = "/etc/pushleft/reconciler.toml"
+        )]
+        config: PathBuf,
+    },
+    /// Make an API token: the token goes to a new file (mode 0600), the line for the
+    /// configuration to standard output.
+    Token {
+        #[arg(long)]
+        name: String,
+        #[arg(long, value_enum)]
+        role: RoleArg,
+        /// Where to write the token; it must not exist.
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Make a control CA and an API server certificate signed by it (PEM files in `--dir`).
+    TlsInit {
+        #[arg(long)]
+        dir: PathBuf,
+        /// Names the API certificate is valid for.
+        #[arg(long = "hostname", default_values_t = vec!["localhost".to_owned(), "127.0.0.1".to_owned()])]
+        hostnames: Vec<String>,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum RoleArg {
+    Viewer,
+    Operator,
+    Admin,
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pl-reconciler: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Run { config } => daemon(&config),
+        Command::Migrate { config } => {
+            let cfg = Config::load(&config).map_err(|e| anyhow::anyhow!("{e} [{}]", e.code()))?;
+            runtime()?.block_on(async {
+                let ledger = Ledger::connect(&cfg.ledger.url, 2)
+                    .await
+                    .context("connecting to the ledger")?;
+                ledger.migrate().await.context("migrating the ledger")?;
+                println!("ledger migrated ({:?})", ledger.backend());
+                Ok(())
+            })
+        }
+        Command::CheckConfig { config } => {
+            let cfg = Config::load(&config).map_err(|e| anyhow::anyhow!("{e} [{}]", e.code()))?;
+            for p in [&cfg.api.tls_cert, &cfg.api.tls_key, &cfg.trust.allowed_signers] {
+                std::fs::metadata(p).with_context(|| format!("{}", p.display()))?;
+            }
+            reconciler::api::tls_config(&cfg.api.tls_cert, &cfg.api.tls_key).map_err(anyhow::Error::msg)?;
+            println!("{}: ok", config.display());
+            Ok(())
+        }
+        Command::Token { name, role, out } => token(&name, role, &out),
+        Command::TlsInit { dir, hostnames } => tls_init(&dir, &hostnames),
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+fn daemon(config: &Path) -> Result<()> {
+    // JSON logs with structured fields; `PL_LOG` filters (`info` by default).
+    let filter = tracing_subscriber::EnvFilter::try_from_env("PL_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .json()
+        .with_env_filter(filter)
+        .with_current_span(false)
+        .with_writer(std::io::stderr)
+        .init();
+    let cfg = Config::load(config).map_err(|e| anyhow::anyhow!("{e} [{}]", e.code()))?;
+    let tls = reconciler::api::tls_config(&cfg.api.tls_cert, &cfg.api.tls_key).map_err(anyhow::Error::msg)?;
+    for p in [&cfg.control.ca_cert, &cfg.control.age_identity].into_iter().flatten() {
+        std::fs::metadata(p).with_context(|| format!("{}", p.display()))?;
+    }
+    runtime()?.block_on(async move {
+        let ledger = Ledger::connect(&cfg.ledger.url, cfg.ledger.max_connections)
+            .await
+            .context("connecting to the ledger")?;
+        // Every daemon migrates at start; sqlx serialises concurrent runs with a lock.
+        ledger.migrate().await.context("migrating the ledger")?;
+        let listen = cfg.api.listen;
+        let shared = Arc::new(Shared::new(cfg, ledger)?);
+        let _watcher = watch_local(&shared).context("watching the repository")?;
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("listening on {listen}"))?;
+        tracing::info!(listen = %listener.local_addr().unwrap_or(listen), "serving the API over TLS");
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let api = tokio::spawn(reconciler::api::serve(
+            listener,
+            tls,
+            reconciler::api::router(Arc::clone(&shared)),
+            stopped.clone(),
+        ));
+        let fetcher = tokio::spawn(run_fetcher(Arc::clone(&shared), stopped.clone()));
+        let looper = tokio::spawn(run_loop(Arc::clone(&shared), stopped));
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        tracing::info!("stopping");
+        let _ = stop.send(true);
+        let _ = looper.await;
+        let _ = fetcher.await;
+        api.abort();
+        shared.ledger.close().await;
+        Ok(())
+    })
+}
+
+fn token(name: &str, role: RoleArg, out: &Path) -> Result<()> {
+    let role = match role {
+        RoleArg::Viewer => Role::Viewer,
+        RoleArg::Operator => Role::Operator,
+        RoleArg::Admin => Role::Admin,
+    };
+    let (token, hash) = reconciler::auth::new_token().map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
+    write_private(out, format!("{}\n", token.as_str()).as_bytes())?;
+    let role = serde_json::to_value(role)?;
+    let role = role.as_str().unwrap_or("viewer");
+    println!("[[api.tokens]]\nname = {name:?}\nrole = {role:?}\nsha256 = \"{hash}\"");
+    Ok(())
+}
+
+/// Creates a file only its owner can read; refuses to overwrite one.
+fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    Ok(())
+}
+
+fn tls_init(dir: &Path, hostnames: &[String]) -> Result<()> {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+    std::fs::create_dir_all(dir)?;
+    for f in ["ca.crt", "ca.key", "api.crt", "api.key"] {
+        if dir.join(f).exists() {
+            bail!("{} exists; tls-init never overwrites keys", dir.join(f).display());
+        }
+    }
+    let ca_key = KeyPair::generate()?;
+    let mut ca = CertificateParams::new(Vec::<String>::new())?;
+    ca.distinguished_name.push(DnType::CommonName, "Pushleft control CA");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let ca_cert = ca.self_signed(&ca_key)?;
+    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let api_key = KeyPair::generate()?;
+    let mut api = CertificateParams::new(hostnames.to_vec())?;
+    api.distinguished_name.push(DnType::CommonName, "pl-reconciler");
+    let api_cert = api.signed_by(&api_key, &issuer)?;
+    write_private(&dir.join("ca.key"), issuer.key().serialize_pem().as_bytes())?;
+    std::fs::write(dir.join("ca.crt"), ca_cert.pem())?;
+    write_private(&dir.join("api.key"), api_key.serialize_pem().as_bytes())?;
+    std::fs::write(dir.join("api.crt"), api_cert.pem())?;
+    println!("wrote ca.crt, ca.key, api.crt, api.key to {}", dir.display());
+    Ok(())
+}

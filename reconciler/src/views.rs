@@ -1,0 +1,174 @@
+//! Read-only views of the ledger for the operator API: the wire rows `pl status`, `pl jobs`,
+//! `pl revisions` and the metrics show. Kept apart from the domain types on purpose.
+
+use crate::ledger::{Ledger, LedgerError};
+use serde::Serialize;
+use sqlx::Row;
+use std::collections::BTreeMap;
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RevisionRow {
+    pub id: i64,
+    pub branch: String,
+    pub sha: String,
+    pub verdict: String,
+    pub principals: Option<String>,
+    pub reasons: serde_json::Value,
+    pub seen_at_ms: i64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobRow {
+    pub id: i64,
+    pub key: String,
+    pub target_node: String,
+    pub state: String,
+    pub attempts: i64,
+    pub max_attempts: i64,
+    pub environment: Option<String>,
+    pub generation: Option<i64>,
+    pub updated_at_ms: i64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeploymentRow {
+    pub environment: String,
+    pub branch: String,
+    pub generation: i64,
+    pub action: String,
+    pub status: String,
+    pub step: i64,
+    pub updated_at_ms: i64,
+}
+
+/// Counts for `pl status` and `/metrics`.
+#[derive(Clone, Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Counts {
+    pub jobs: BTreeMap<String, i64>,
+    pub deployments: BTreeMap<String, i64>,
+    pub revisions: BTreeMap<String, i64>,
+    /// Age of the oldest job that is due and waiting, in milliseconds.
+    pub queue_age_ms: i64,
+    pub last_event: i64,
+}
+
+impl Ledger {
+    pub async fn revisions(&self, branch: Option<&str>, limit: u32) -> Result<Vec<RevisionRow>, LedgerError> {
+        let q = self.sql(
+            "SELECT id, branch, sha, verdict, principals, reasons, seen_at FROM revisions WHERE (? = '' OR branch = ?) ORDER BY id DESC LIMIT ?",
+        );
+        let b = branch.unwrap_or("");
+        let rows = sqlx::query(q)
+            .bind(b)
+            .bind(b)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                let reasons: String = r.try_get(5)?;
+                Ok(RevisionRow {
+                    id: r.try_get(0)?,
+                    branch: r.try_get(1)?,
+                    sha: r.try_get(2)?,
+                    verdict: r.try_get(3)?,
+                    principals: r.try_get(4)?,
+                    reasons: serde_json::from_str(&reasons)?,
+                    seen_at_ms: r.try_get(6)?,
+                })
+            })
+            .collect()
+    }
+
+    pub async fn jobs(
+        &self,
+        state: Option<&str>,
+        environment: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<JobRow>, LedgerError> {
+        let q = self.sql(
+            "SELECT id, key, target_node, state, attempts, max_attempts, environment, generation, updated_at FROM jobs \
+             WHERE (? = '' OR state = ?) AND (? = '' OR environment = ?) ORDER BY id DESC LIMIT ?",
+        );
+        let (s, e) = (state.unwrap_or(""), environment.unwrap_or(""));
+        let rows = sqlx::query(q)
+            .bind(s)
+            .bind(s)
+            .bind(e)
+            .bind(e)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(JobRow {
+                    id: r.try_get(0)?,
+                    key: r.try_get(1)?,
+                    target_node: r.try_get(2)?,
+                    state: r.try_get(3)?,
+                    attempts: r.try_get(4)?,
+                    max_attempts: r.try_get(5)?,
+                    environment: r.try_get(6)?,
+                    generation: r.try_get(7)?,
+                    updated_at_ms: r.try_get(8)?,
+                })
+            })
+            .collect()
+    }
+
+    pub async fn deployments(&self) -> Result<Vec<DeploymentRow>, LedgerError> {
+        let rows = sqlx::query(self.sql(
+            "SELECT environment, branch, generation, action, status, step, updated_at FROM deployments ORDER BY environment",
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(DeploymentRow {
+                    environment: r.try_get(0)?,
+                    branch: r.try_get(1)?,
+                    generation: r.try_get(2)?,
+                    action: r.try_get(3)?,
+                    status: r.try_get(4)?,
+                    step: r.try_get(5)?,
+                    updated_at_ms: r.try_get(6)?,
+                })
+            })
+            .collect()
+    }
+
+    pub async fn counts(&self, now_ms: i64) -> Result<Counts, LedgerError> {
+        let mut c = Counts::default();
+        for (sql, into) in [
+            ("SELECT state, COUNT(*) FROM jobs GROUP BY state", &mut c.jobs),
+            (
+                "SELECT action || '-' || status, COUNT(*) FROM deployments GROUP BY action, status",
+                &mut c.deployments,
+            ),
+            (
+                "SELECT verdict, COUNT(*) FROM revisions GROUP BY verdict",
+                &mut c.revisions,
+            ),
+        ] {
+            for r in sqlx::query(self.sql(sql)).fetch_all(&self.pool).await? {
+                into.insert(r.try_get(0)?, r.try_get(1)?);
+            }
+        }
+        let oldest: Option<i64> =
+            sqlx::query(self.sql("SELECT MIN(not_before) FROM jobs WHERE state = 'queued' AND not_before <= ?"))
+                .bind(now_ms)
+                .fetch_one(&self.pool)
+                .await?
+                .try_get(0)?;
+        c.queue_age_ms = oldest.map_or(0, |o| (now_ms - o).max(0));
+        c.last_event = sqlx::query(self.sql("SELECT COALESCE(MAX(id), 0) FROM events"))
+            .fetch_one(&self.pool)
+            .await?
+            .try_get(0)?;
+        Ok(c)
+    }
+}

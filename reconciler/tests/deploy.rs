@@ -1,0 +1,268 @@
+//! The reconcile pass on both backends, against a real repository made with the `git` CLI:
+//! accepted commits become deployments with generations and ordered jobs, a replay writes
+//! nothing, a rejected commit leaves the last accepted one in force, rollouts advance step by
+//! step as jobs succeed, and a deleted preview branch is torn down in order.
+
+#[path = "support/postgres.rs"]
+mod postgres_support;
+#[path = "support/repo.rs"]
+mod repo_support;
+
+use reconciler::config::Config;
+use reconciler::daemon::{Shared, now_ms};
+use reconciler::ledger::{Completion, Ledger, Outcome};
+use repo_support::{Repo, environment, project};
+use sqlx::Row;
+use std::path::Path;
+use std::sync::Arc;
+
+pub fn config(dir: &Path, repo: &Path, ledger_url: &str) -> Config {
+    let text = format!(
+        "[source]\npath = {repo:?}\npreview_branches = [\"feature/*\"]\n\n[trust]\nallowed_signers = \"allowed_signers\"\n\n[ledger]\nurl = {ledger_url:?}\n\n[api]\nlisten = \"127.0.0.1:0\"\ntls_cert = \"api.crt\"\ntls_key = \"api.key\"\n"
+    );
+    let path = dir.join("reconciler.toml");
+    std::fs::write(&path, text).expect("write config");
+    Config::load(&path).expect("config loads")
+}
+
+/// Rows of a table, as text, without ids and times, in a stable order.
+async fn rows(url: &str, sql: &str) -> Vec<String> {
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(url).await.expect("connect");
+    let rows = sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
+        .fetch_all(&pool)
+        .await
+        .expect("query");
+    let out = rows
+        .iter()
+        .map(|r| {
+            (0..r.len())
+                .map(|i| {
+                    r.try_get::<String, _>(i)
+                        .or_else(|_| r.try_get::<i64, _>(i).map(|n| n.to_string()))
+                        .unwrap_or_else(|_| "NULL".into())
+                })
+                .collect::<Vec<_>>()
+                .join("|")
+        })
+        .collect();
+    pool.close().await;
+    out
+}
+
+async fn count(url: &str, table: &str) -> usize {
+    rows(url, &format!("SELECT 1 FROM {table}")).await.len()
+}
+
+/// Leases every due job of both nodes and completes them all as succeeded.
+async fn complete_all(ledger: &Ledger) -> usize {
+    let mut n = 0;
+    for node in ["n1", "n2"] {
+        let leases = ledger.lease(node, 100, 30_000, now_ms()).await.expect("lease");
+        let done: Vec<Completion> = leases
+            .iter()
+            .map(|l| Completion {
+                token: l.token.clone(),
+                outcome: Outcome::Succeeded,
+            })
+            .collect();
+        n += done.len();
+        assert!(
+            ledger
+                .complete(&done, now_ms())
+                .await
+                .expect("complete")
+                .iter()
+                .all(|r| r.is_ok())
+        );
+    }
+    n
+}
+
+async fn scenario(url: String, dir: &Path) {
+    let repo = Repo::new(dir);
+    std::fs::write(dir.join("allowed_signers"), &repo.signers).expect("signers");
+    repo.write("projects/api.yaml", &project("api", 3));
+    repo.write("envs/api-production.yaml", &environment("api-production", "api"));
+    let c1 = repo.commit("first", true);
+    let ledger = Ledger::connect(&url, 4).await.expect("connect");
+    ledger.migrate().await.expect("migrate");
+    let shared = Arc::new(Shared::new(config(dir, &repo.dir, &url), ledger).expect("shared"));
+
+    let r = shared.pass().await.expect("pass");
+    assert_eq!((r.judged, r.accepted), (1, 1));
+    assert_eq!(r.jobs_queued, 6, "network, firewall and routes on both nodes");
+    let deps = rows(
+        &url,
+        "SELECT environment, generation, action, status, step FROM deployments",
+    )
+    .await;
+    assert_eq!(deps, ["api-production|1|rollout|in-progress|0"]);
+    assert_eq!(count(&url, "desired_objects").await, 4);
+
+    // A replay writes nothing at all.
+    let before: Vec<usize> = futures(&url).await;
+    let r = shared.pass().await.expect("pass");
+    assert_eq!((r.judged, r.jobs_queued, r.advanced), (0, 0, 0));
+    assert_eq!(
+        futures(&url).await,
+        before,
+        "reprocessing the same commit writes nothing"
+    );
+
+    // Each step starts when the one before has succeeded: infra, apps, ingress, done.
+    assert_eq!(complete_all(&shared.ledger).await, 6);
+    shared.pass().await.expect("pass");
+    let apps = rows(&url, "SELECT key FROM jobs WHERE state = 'queued' ORDER BY key").await;
+    assert_eq!(
+        apps,
+        [
+            "app:api-production/web/0:g1:ensure@n1",
+            "app:api-production/web/1:g1:ensure@n2",
+            "app:api-production/web/2:g1:ensure@n1"
+        ]
+    );
+    assert_eq!(complete_all(&shared.ledger).await, 3);
+    shared.pass().await.expect("pass");
+    assert_eq!(
+        complete_all(&shared.ledger).await,
+        2,
+        "ingress on both nodes with a web replica"
+    );
+    shared.pass().await.expect("pass");
+    let deps = rows(&url, "SELECT environment, generation, status FROM deployments").await;
+    assert_eq!(deps, ["api-production|1|done"]);
+
+    // An unsigned commit is recorded with its reason; the last accepted one stays in force.
+    repo.write("projects/api.yaml", &project("api", 1));
+    let c2 = repo.commit("unsigned", false);
+    let r = shared.pass().await.expect("pass");
+    assert_eq!((r.judged, r.rejected, r.jobs_queued), (1, 1, 0));
+    assert_eq!(
+        shared.ledger.last_accepted("main").await.expect("last"),
+        Some(c1.clone())
+    );
+    assert_eq!(
+        shared.ledger.revision("main", &c2).await.expect("revision"),
+        Some(("rejected".into(), vec!["unsigned".into()]))
+    );
+
+    // A signed commit after it: a new generation whose cleanup retires the old replicas.
+    let c3 = repo.commit("signed", true);
+    let r = shared.pass().await.expect("pass");
+    assert_eq!((r.judged, r.accepted), (1, 1));
+    assert_eq!(shared.ledger.last_accepted("main").await.expect("last"), Some(c3));
+    for _ in 0..4 {
+        complete_all(&shared.ledger).await;
+        shared.pass().await.expect("pass");
+    }
+    let cleanup = rows(
+        &url,
+        "SELECT key, state FROM jobs WHERE generation = 2 AND step = 4 ORDER BY key",
+    )
+    .await;
+    assert_eq!(
+        cleanup,
+        [
+            "app:api-production/web/0:g2:stop@n1|succeeded",
+            "app:api-production/web/1:g2:teardown@n2|succeeded",
+            "app:api-production/web/2:g2:teardown@n1|succeeded",
+            "ingress:api-production/api.example.com:g2:remove@n2|succeeded",
+            "net:api-production:g2:remove@n2|succeeded",
+        ]
+    );
+    assert_eq!(
+        rows(&url, "SELECT generation, status FROM deployments").await,
+        ["2|done"]
+    );
+
+    // A preview branch gets its own environment; deleting the branch tears it down in order,
+    // cancelling what its rollout had not done yet. History stays.
+    repo.git(&["checkout", "-q", "-b", "feature/login"]);
+    repo.commit("preview", true);
+    repo.git(&["checkout", "-q", "main"]);
+    let r = shared.pass().await.expect("pass");
+    assert_eq!(r.accepted, 1);
+    assert_eq!(
+        rows(
+            &url,
+            "SELECT environment, branch, generation, action FROM deployments WHERE branch <> 'main'"
+        )
+        .await,
+        ["feature-login--api|feature/login|1|rollout"]
+    );
+    repo.git(&["branch", "-q", "-D", "feature/login"]);
+    let r = shared.pass().await.expect("pass");
+    assert_eq!(r.teardowns, 1);
+    assert_eq!(
+        rows(
+            &url,
+            "SELECT environment, generation, action, status, step FROM deployments WHERE branch <> 'main'"
+        )
+        .await,
+        ["feature-login--api|2|teardown|in-progress|0"]
+    );
+    let cancelled = rows(
+        &url,
+        "SELECT COUNT(*) FROM jobs WHERE environment = 'feature-login--api' AND state = 'cancelled'",
+    )
+    .await;
+    assert_eq!(cancelled, ["3"], "the preview's queued infra jobs on n1");
+    let order = [
+        "ingress:feature-login--api/feature-login--api.preview.example.com:g2:remove@n1",
+        "app:feature-login--api/web/0:g2:teardown@n1",
+        "net:feature-login--api:g2:remove@n1",
+    ];
+    for want in order {
+        let queued = rows(
+            &url,
+            "SELECT key FROM jobs WHERE environment = 'feature-login--api' AND state = 'queued'",
+        )
+        .await;
+        assert_eq!(queued, [want], "routes, then containers, then the network");
+        complete_all(&shared.ledger).await;
+        shared.pass().await.expect("pass");
+    }
+    assert_eq!(
+        rows(&url, "SELECT status FROM deployments WHERE branch <> 'main'").await,
+        ["done"]
+    );
+    assert_eq!(
+        count(&url, "deployment_generations").await,
+        4,
+        "every generation is kept"
+    );
+    let refused = shared.ledger.execute_raw("DELETE FROM deployment_generations").await;
+    assert!(refused.is_err(), "generation history is append-only");
+    shared.ledger.close().await;
+}
+
+/// Row counts of every table a pass writes.
+async fn futures(url: &str) -> Vec<usize> {
+    let mut out = Vec::new();
+    for t in [
+        "revisions",
+        "jobs",
+        "events",
+        "deployments",
+        "deployment_generations",
+        "desired_objects",
+    ] {
+        out.push(count(url, t).await);
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    scenario(url, dir.path()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres() {
+    let pg = postgres_support::Postgres::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    scenario(pg.url(), dir.path()).await;
+}

@@ -1,0 +1,469 @@
+//! What a valid state asks the fleet to run: one deployment per environment (a branch preview
+//! makes its own), placed on nodes, with a spec hash that decides generations, and the ordered
+//! steps of jobs that roll a generation out or tear one down. Pure: the reconciler compares these
+//! values with what its ledger holds and writes the difference.
+
+use crate::canonical::{self, Secrets};
+use crate::model::{Environment, Kind, NodeState, Placement, Stage, Workload};
+use crate::state::{State, branch_preview_hostname, branch_preview_label, derive_environment};
+use crate::task::Task;
+use crate::values::{Hostname, Name};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// One replica of a long-running role, placed on a node.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Instance {
+    pub role: Name,
+    pub index: u32,
+    pub node: Name,
+}
+
+/// What one generation of an environment runs: stored with the deployment, so cleanup and
+/// teardown know what an older generation placed where.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeploymentSpec {
+    pub environment: Name,
+    pub project: Name,
+    pub instances: Vec<Instance>,
+    /// Release roles, run once per generation before the new replicas start, on this node.
+    pub release: Vec<(Name, Name)>,
+    pub hostnames: Vec<Hostname>,
+    /// Every node with a part of the environment, sorted.
+    pub nodes: Vec<Name>,
+    /// Nodes with a web replica: where the ingress routes live.
+    pub ingress_nodes: Vec<Name>,
+}
+
+/// A desired deployment: its spec and the hash that decides whether it needs a new generation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Desired {
+    pub spec: DeploymentSpec,
+    pub spec_hash: String,
+}
+
+/// Why an environment cannot be deployed. It keeps whatever runs now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unplaceable {
+    pub environment: Name,
+    pub reason: String,
+}
+
+/// The deployments of a valid state. For the branch being applied (`preview: None`) that is one
+/// per environment; for a preview branch, one per project, named
+/// `<branch>--<project>` and placed in the repository's preview pool.
+pub fn deployments(state: &State, preview: Option<&str>) -> (Vec<Desired>, Vec<Unplaceable>) {
+    let mut out = Vec::new();
+    let mut unplaceable = Vec::new();
+    let envs: Vec<(Name, Environment)> = match preview {
+        None => state.environments().map(|(n, e)| (n.clone(), e.clone())).collect(),
+        Some(branch) => preview_environments(state, branch),
+    };
+    for (name, env) in &envs {
+        match desired(state, name, env) {
+            Ok(d) => out.push(d),
+            Err(reason) => unplaceable.push(Unplaceable {
+                environment: name.clone(),
+                reason,
+            }),
+        }
+    }
+    (out, unplaceable)
+}
+
+/// The environments a preview branch gets: one per project, when the repository declares
+/// previews and a preview domain.
+fn preview_environments(state: &State, branch: &str) -> Vec<(Name, Environment)> {
+    let Some(repo) = state.repository() else {
+        return Vec::new();
+    };
+    let (Some(previews), Some(domain)) = (&repo.previews, &repo.preview_domain) else {
+        return Vec::new();
+    };
+    state
+        .of_kind(Kind::Project)
+        .filter_map(|loc| {
+            let project = loc.object.metadata.name.clone();
+            let name = Name::new(&branch_preview_label(branch, &project)).ok()?;
+            let hostname = branch_preview_hostname(branch, &project, domain).ok()?;
+            Some((
+                name,
+                Environment {
+                    project,
+                    stage: Stage::Preview,
+                    pool: previews.pool.clone(),
+                    replicas: BTreeMap::new(),
+                    env: BTreeMap::new(),
+                    image: None,
+                    hostname: Some(hostname),
+                },
+            ))
+        })
+        .collect()
+}
+
+fn desired(state: &State, name: &Name, env: &Environment) -> Result<Desired, String> {
+    let project = state
+        .project(env.project.as_str())
+        .ok_or_else(|| format!("project {} is not declared", env.project))?;
+    let derived =
+        derive_environment(state, name, env).ok_or_else(|| format!("project {} is not declared", env.project))?;
+    let pool = state
+        .pools()
+        .find(|(n, _)| *n == &env.pool)
+        .map(|(_, p)| p)
+        .ok_or_else(|| format!("node pool {} is not declared", env.pool))?;
+    let mut active: Vec<&Name> = pool
+        .nodes
+        .iter()
+        .filter(|n| n.state == NodeState::Active)
+        .map(|n| &n.name)
+        .collect();
+    active.sort();
+    if active.is_empty() {
+        return Err(format!("node pool {} has no active node", env.pool));
+    }
+    // Placement before the next issue's capacity-aware one: spread deals replicas round-robin
+    // over the pool's active nodes in name order, pack puts them all on the first.
+    let mut instances = Vec::new();
+    let mut next = 0usize;
+    let mut ingress_nodes = Vec::new();
+    for (role, count) in &derived.replicas {
+        let web = matches!(project.roles.get(role).map(|r| &r.workload), Some(Workload::Web { .. }));
+        for index in 0..*count {
+            let node = match pool.placement {
+                Placement::Spread => active[next % active.len()],
+                Placement::Pack => active[0],
+            };
+            next += 1;
+            if web {
+                ingress_nodes.push(node.clone());
+            }
+            instances.push(Instance {
+                role: role.clone(),
+                index,
+                node: node.clone(),
+            });
+        }
+    }
+    let release: Vec<(Name, Name)> = project
+        .roles
+        .iter()
+        .filter(|(_, r)| matches!(r.workload, Workload::Release {}))
+        .map(|(role, _)| (role.clone(), active[0].clone()))
+        .collect();
+    let mut nodes: Vec<Name> = instances.iter().map(|i| i.node.clone()).collect();
+    nodes.extend(release.iter().map(|(_, n)| n.clone()));
+    nodes.sort();
+    nodes.dedup();
+    ingress_nodes.sort();
+    ingress_nodes.dedup();
+    let mut hostnames: Vec<Hostname> = derived.hostname.iter().cloned().collect();
+    hostnames.extend(derived.domains.iter().cloned());
+    hostnames.sort();
+    hostnames.dedup();
+    let secrets: BTreeMap<&Name, Option<String>> = project
+        .secrets
+        .iter()
+        .map(|s| {
+            let doc = state
+                .get(Kind::Secret, s.as_str())
+                .map(|l| canonical::hash(&canonical::document(&l.object, Secrets::Ciphertext)));
+            (s, doc)
+        })
+        .collect();
+    let spec = DeploymentSpec {
+        environment: name.clone(),
+        project: env.project.clone(),
+        instances,
+        release,
+        hostnames,
+        nodes,
+        ingress_nodes,
+    };
+    // Everything a release depends on: the roles, the derived environment, the secrets'
+    // ciphertext and the placement. Equal hashes mean no new generation.
+    let spec_hash = canonical::hash(&(&project.roles, &derived, &secrets, &spec));
+    Ok(Desired { spec, spec_hash })
+}
+
+/// One job of a step: a task for a node.
+pub type Step = Vec<(Task, Name)>;
+
+/// The ordered steps that roll generation `generation` of `spec` out. `retired` are the specs
+/// of older generations still running somewhere: the last step stops their replicas and
+/// removes the routes and networks the new generation no longer uses. Each step starts only
+/// when every job of the one before succeeded.
+pub fn rollout_steps(spec: &DeploymentSpec, generation: u64, retired: &[DeploymentSpec]) -> Vec<Step> {
+    let env = &spec.environment;
+    let mut steps: Vec<Step> = Vec::new();
+    let mut infra = Vec::new();
+    for node in &spec.nodes {
+        for task in [
+            Task::EnsureNetwork {
+                environment: env.clone(),
+                generation,
+            },
+            Task::ApplyFirewall {
+                environment: env.clone(),
+                generation,
+            },
+            Task::EnsureRoutes {
+                environment: env.clone(),
+                generation,
+            },
+        ] {
+            infra.push((task, node.clone()));
+        }
+    }
+    steps.push(infra);
+    steps.push(
+        spec.release
+            .iter()
+            .map(|(role, node)| {
+                let task = Task::RunOnce {
+                    environment: env.clone(),
+                    role: role.clone(),
+                    generation,
+                };
+                (task, node.clone())
+            })
+            .collect(),
+    );
+    steps.push(
+        spec.instances
+            .iter()
+            .map(|i| {
+                let task = Task::EnsureApplication {
+                    environment: env.clone(),
+                    role: i.role.clone(),
+                    instance: i.index,
+                    generation,
+                    spec_hash: String::new(),
+                };
+                (task, i.node.clone())
+            })
+            .collect(),
+    );
+    let mut publish = Vec::new();
+    for node in &spec.ingress_nodes {
+        for host in &spec.hostnames {
+            let task = Task::PublishIngress {
+                environment: env.clone(),
+                hostname: host.clone(),
+                generation,
+            };
+            publish.push((task, node.clone()));
+        }
+    }
+    steps.push(publish);
+    let mut cleanup: Step = Vec::new();
+    for old in retired {
+        for i in &old.instances {
+            let still_placed = spec.instances.iter().any(|n| n.role == i.role && n.index == i.index);
+            let task = if still_placed {
+                Task::StopApplication {
+                    environment: env.clone(),
+                    role: i.role.clone(),
+                    instance: i.index,
+                    generation,
+                }
+            } else {
+                Task::TeardownApplication {
+                    environment: env.clone(),
+                    role: i.role.clone(),
+                    instance: i.index,
+                    generation,
+                }
+            };
+            cleanup.push((task, i.node.clone()));
+        }
+        for node in &old.ingress_nodes {
+            for host in &old.hostnames {
+                if !(spec.ingress_nodes.contains(node) && spec.hostnames.contains(host)) {
+                    let task = Task::RemoveIngress {
+                        environment: env.clone(),
+                        hostname: host.clone(),
+                        generation,
+                    };
+                    cleanup.push((task, node.clone()));
+                }
+            }
+        }
+        for node in &old.nodes {
+            if !spec.nodes.contains(node) {
+                let task = Task::RemoveNetwork {
+                    environment: env.clone(),
+                    generation,
+                };
+                cleanup.push((task, node.clone()));
+            }
+        }
+    }
+    cleanup.sort_by(|a, b| (a.0.idempotency_key(), &a.1).cmp(&(b.0.idempotency_key(), &b.1)));
+    cleanup.dedup();
+    steps.push(cleanup);
+    fill_spec_hash(&mut steps, spec);
+    steps
+}
+
+/// `EnsureApplication` carries the replica's own spec hash, so an agent can tell a container
+/// that already matches from one that needs replacing.
+fn fill_spec_hash(steps: &mut [Step], spec: &DeploymentSpec) {
+    for step in steps {
+        for (task, _) in step.iter_mut() {
+            if let Task::EnsureApplication {
+                role,
+                instance,
+                spec_hash,
+                ..
+            } = task
+            {
+                *spec_hash = canonical::hash(&(&spec.environment, &*role, *instance, spec));
+            }
+        }
+    }
+}
+
+/// The ordered steps that tear generation `generation` down: routes first (traffic leaves),
+/// then containers, then the network with its firewall table and routes. `running` are the
+/// specs of every generation that may still have something on a node.
+pub fn teardown_steps(environment: &Name, generation: u64, running: &[DeploymentSpec]) -> Vec<Step> {
+    let mut ingress = Vec::new();
+    let mut apps = Vec::new();
+    let mut nets = Vec::new();
+    for spec in running {
+        for node in &spec.ingress_nodes {
+            for host in &spec.hostnames {
+                let task = Task::RemoveIngress {
+                    environment: environment.clone(),
+                    hostname: host.clone(),
+                    generation,
+                };
+                ingress.push((task, node.clone()));
+            }
+        }
+        for i in &spec.instances {
+            let task = Task::TeardownApplication {
+                environment: environment.clone(),
+                role: i.role.clone(),
+                instance: i.index,
+                generation,
+            };
+            apps.push((task, i.node.clone()));
+        }
+        for node in &spec.nodes {
+            let task = Task::RemoveNetwork {
+                environment: environment.clone(),
+                generation,
+            };
+            nets.push((task, node.clone()));
+        }
+    }
+    let mut steps = vec![ingress, apps, nets];
+    for s in &mut steps {
+        s.sort_by(|a, b| (a.0.idempotency_key(), &a.1).cmp(&(b.0.idempotency_key(), &b.1)));
+        s.dedup();
+    }
+    steps
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse::parse_file;
+    use crate::state::assemble;
+
+    const TREE: &str = "apiVersion: pushleft.dev/v1alpha1\nkind: Repository\nmetadata: {name: t}\nspec: {baseDomain: example.com, previewDomain: preview.example.com, previews: {branches: ['feature/*'], pool: main, ttlHours: 24}}\n---\napiVersion: pushleft.dev/v1alpha1\nkind: NodePool\nmetadata: {name: main}\nspec:\n  region: eu\n  nodes:\n    - {name: n1, capacity: {cpu: \"2\", memory: 4Gi}}\n    - {name: n2, capacity: {cpu: \"2\", memory: 4Gi}}\n---\napiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {name: api}\nspec:\n  image: registry.example.com/api@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\n  roles:\n    web: {kind: web, port: 8080, health: {path: /healthz}, replicas: 3}\n    migrate: {kind: release}\n---\napiVersion: pushleft.dev/v1alpha1\nkind: Environment\nmetadata: {name: api-production}\nspec: {project: api, stage: production, pool: main}\n";
+
+    fn state(text: &str) -> State {
+        let (root, rest) = text.split_once("---\n").expect("two parts");
+        let files = vec![
+            parse_file("pushleft.yaml", root.as_bytes()),
+            parse_file("state.yaml", rest.as_bytes()),
+        ];
+        let loaded = assemble(files, Vec::new());
+        assert!(loaded.is_valid(), "{:?}", loaded.diagnostics);
+        loaded.state
+    }
+
+    #[test]
+    fn places_spreads_and_hashes_deterministically() {
+        let s = state(TREE);
+        let (d, bad) = deployments(&s, None);
+        assert!(bad.is_empty());
+        assert_eq!(d.len(), 1);
+        let spec = &d[0].spec;
+        let nodes: Vec<&str> = spec.instances.iter().map(|i| i.node.as_str()).collect();
+        assert_eq!(nodes, ["n1", "n2", "n1"], "round-robin in name order");
+        assert_eq!(spec.release.len(), 1);
+        assert_eq!(
+            spec.hostnames[0].as_str(),
+            "api.example.com",
+            "production takes the project name"
+        );
+        assert_eq!(deployments(&s, None).0, d, "same state, same deployments");
+        let scaled = state(&TREE.replace("replicas: 3", "replicas: 2"));
+        assert_ne!(deployments(&scaled, None).0[0].spec_hash, d[0].spec_hash);
+    }
+
+    #[test]
+    fn a_preview_branch_gets_one_environment_per_project() {
+        let s = state(TREE);
+        let (d, _) = deployments(&s, Some("feature/login"));
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].spec.environment.as_str(), "feature-login--api");
+        assert_eq!(
+            d[0].spec.hostnames[0].as_str(),
+            "feature-login--api.preview.example.com"
+        );
+    }
+
+    #[test]
+    fn an_environment_without_active_nodes_is_unplaceable() {
+        let s = state(&TREE.replace(
+            "    - {name: n1, capacity: {cpu: \"2\", memory: 4Gi}}\n    - {name: n2, capacity: {cpu: \"2\", memory: 4Gi}}\n",
+            "    - {name: n1, state: draining, capacity: {cpu: \"2\", memory: 4Gi}}\n",
+        ));
+        let (d, bad) = deployments(&s, None);
+        assert!(d.is_empty());
+        assert_eq!(bad[0].reason, "node pool main has no active node");
+    }
+
+    #[test]
+    fn rollout_then_cleanup_and_teardown_run_in_order() {
+        let s = state(TREE);
+        let old = deployments(&s, None).0.remove(0).spec;
+        let new = deployments(&state(&TREE.replace("replicas: 3", "replicas: 1")), None)
+            .0
+            .remove(0)
+            .spec;
+        let steps = rollout_steps(&new, 2, std::slice::from_ref(&old));
+        assert_eq!(steps.len(), 5);
+        assert_eq!(steps[0].len(), 3, "network, firewall, routes on n1");
+        assert!(matches!(steps[1][0].0, Task::RunOnce { generation: 2, .. }));
+        assert_eq!(steps[2].len(), 1);
+        let keys: Vec<String> = steps[4]
+            .iter()
+            .map(|(t, n)| format!("{}@{n}", t.idempotency_key()))
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "app:api-production/web/0:g2:stop@n1",
+                "app:api-production/web/1:g2:teardown@n2",
+                "app:api-production/web/2:g2:teardown@n1",
+                "ingress:api-production/api.example.com:g2:remove@n2",
+                "net:api-production:g2:remove@n2",
+            ]
+        );
+        let down = teardown_steps(&old.environment, 3, std::slice::from_ref(&old));
+        assert!(matches!(down[0][0].0, Task::RemoveIngress { .. }), "routes first");
+        assert!(
+            matches!(down[1][0].0, Task::TeardownApplication { .. }),
+            "then containers"
+        );
+        assert!(matches!(down[2][0].0, Task::RemoveNetwork { .. }), "then networks");
+        assert_eq!(down[2].len(), 2, "on both nodes");
+    }
+}
