@@ -1,0 +1,117 @@
+//! `pl status`, `pl revisions`, `pl jobs`, `pl events [--follow]` and `pl reconcile --now`
+//! against a real `pl-reconciler` over TLS: output, JSON, refusals by role, and a token that
+//! comes only from the environment or a file.
+
+mod common;
+#[path = "../../reconciler/tests/support/daemon.rs"]
+mod daemon_support;
+#[path = "../../reconciler/tests/support/repo.rs"]
+mod repo_support;
+
+use common::{pl, run, stderr, stdout};
+use daemon_support::{Daemon, config, free_port, setup};
+use repo_support::{Repo, environment, project};
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::time::Duration;
+
+#[test]
+fn operator_commands_against_a_running_daemon() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = Repo::new(dir.path());
+    std::fs::write(dir.path().join("allowed_signers"), &repo.signers).expect("signers");
+    repo.write("projects/api.yaml", &project("api", 1));
+    repo.write("envs/api-production.yaml", &environment("api-production", "api"));
+    let good = repo.commit("good", true);
+    let s = setup(dir.path());
+    let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    let port = free_port();
+    let cfg = config(&s, "d", &repo.dir, &url, port, "");
+    let mut d = Daemon::start(&s, &cfg, port);
+    d.wait_ready(Duration::from_secs(20));
+    let server = format!("https://localhost:{port}");
+    let ca = dir.path().join("tls/ca.crt");
+    let viewer_file = dir.path().join("viewer.token");
+    let operator_file = dir.path().join("operator.token");
+    let with = |cmd: &mut std::process::Command, token: &std::path::Path| {
+        cmd.env("PL_SERVER", &server)
+            .env("PL_CA_CERT", &ca)
+            .env("PL_TOKEN_FILE", token)
+            .env_remove("PL_TOKEN");
+    };
+
+    let mut c = pl();
+    c.arg("status");
+    with(&mut c, &viewer_file);
+    let o = run(&mut c);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains(&format!("main in force at {good}")), "{out}");
+    assert!(out.contains("leader"), "{out}");
+
+    let mut c = pl();
+    c.args(["revisions", "--format", "json"]);
+    with(&mut c, &viewer_file);
+    let o = run(&mut c);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
+    assert_eq!(v["revisions"][0]["sha"], good.as_str());
+    assert_eq!(v["revisions"][0]["verdict"], "accepted");
+
+    let mut c = pl();
+    c.args(["jobs", "--state", "queued"]);
+    with(&mut c, &viewer_file);
+    let out = stdout(&run(&mut c));
+    assert!(out.contains("net:api-production:g1:ensure@n1"), "{out}");
+
+    let mut c = pl();
+    c.args(["events", "--after", "0"]);
+    with(&mut c, &viewer_file);
+    let out = stdout(&run(&mut c));
+    assert!(out.contains("revision-accepted"), "{out}");
+    assert!(out.contains("deployment-rollout"), "{out}");
+
+    // A viewer may not ask for a pass; an operator may. The token may also come from PL_TOKEN.
+    let mut c = pl();
+    c.args(["reconcile", "--now"]);
+    with(&mut c, &viewer_file);
+    let o = run(&mut c);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("[insufficient-role]"), "{}", stderr(&o));
+    let mut c = pl();
+    c.args(["reconcile", "--now"]);
+    with(&mut c, &operator_file);
+    c.env_remove("PL_TOKEN_FILE").env("PL_TOKEN", &s.operator);
+    let o = run(&mut c);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("reconcile requested"));
+
+    let mut c = pl();
+    c.arg("status");
+    with(&mut c, &viewer_file);
+    c.env_remove("PL_TOKEN_FILE");
+    let o = run(&mut c);
+    assert!(stderr(&o).contains("no API token"), "{}", stderr(&o));
+
+    // --follow streams: a new commit's events arrive on the open stream.
+    let mut c = pl();
+    c.args(["events", "--follow", "--format", "json", "--after", "0"]);
+    with(&mut c, &viewer_file);
+    let mut child = c.stdout(Stdio::piped()).spawn().expect("pl events --follow");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    repo.write("projects/api.yaml", &project("api", 2));
+    let next = repo.commit("scale", true);
+    let want = format!("main@{next}");
+    let mut seen = false;
+    for line in lines.by_ref().take(200) {
+        let line = line.expect("line");
+        let e: serde_json::Value = serde_json::from_str(&line).expect("json event");
+        if e["kind"] == "revision-accepted" && e["subject"] == want.as_str() {
+            seen = true;
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(seen, "the new revision's event arrived on the stream");
+    d.kill9();
+}

@@ -1,0 +1,201 @@
+//! `pl-reconciler run` as a real process over a real repository and a SQLite ledger: a new
+//! commit is seen through the ref watch and its first job becomes leasable; the API refuses bad
+//! tokens and low roles before doing anything; events page and stream from a cursor; webhooks
+//! check signatures; the probes and metrics answer; SIGTERM stops it cleanly.
+
+#[path = "support/daemon.rs"]
+mod daemon_support;
+#[path = "support/repo.rs"]
+mod repo_support;
+
+use daemon_support::{Daemon, config, free_port, setup};
+use reconciler::daemon::now_ms;
+use reconciler::ledger::Ledger;
+use repo_support::{Repo, environment, project};
+use std::io::{BufRead, BufReader};
+use std::time::{Duration, Instant};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn end_to_end() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = Repo::new(dir.path());
+    std::fs::write(dir.path().join("allowed_signers"), &repo.signers).expect("signers");
+    repo.write("projects/api.yaml", &project("api", 2));
+    repo.commit("pool and project", true);
+    let s = setup(dir.path());
+    std::fs::write(dir.path().join("github.secret"), "gh-s3cret\n").expect("secret");
+    std::fs::write(dir.path().join("gitlab.token"), "gl-t0ken\n").expect("secret");
+    let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    let port = free_port();
+    let webhooks = "[webhooks]\ngithub_secret_file = \"github.secret\"\ngitlab_token_file = \"gitlab.token\"\n";
+    let cfg = config(&s, "d", &repo.dir, &url, port, webhooks);
+    let mut d = Daemon::start(&s, &cfg, port);
+    d.wait_ready(Duration::from_secs(20));
+    assert_eq!(d.get("/healthz", None), (200, "ok\n".into()));
+
+    // A new commit: the ref watch sees it, well before the 2 s interval would.
+    let ledger = Ledger::connect(&url, 2).await.expect("ledger");
+    repo.write("envs/api-production.yaml", &environment("api-production", "api"));
+    let started = Instant::now();
+    repo.commit("environment", true);
+    let leased = loop {
+        let l = ledger.lease("n1", 1, 30_000, now_ms()).await.expect("lease");
+        if !l.is_empty() || started.elapsed() > Duration::from_secs(10) {
+            break l;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let seen_in = started.elapsed();
+    assert_eq!(leased.len(), 1, "a job of the new commit is leasable");
+    assert!(leased[0].key.starts_with("fw:api-production:g1:apply@n1") || leased[0].key.contains(":g1:"));
+    assert!(
+        seen_in < Duration::from_millis(1500),
+        "seen through the watch, not the 2 s interval: {seen_in:?}"
+    );
+
+    // Refusals come first, with stable codes.
+    let (code, body) = d.get("/v1/status", None);
+    assert_eq!(code, 401);
+    assert!(body.contains("\"bad-token\""), "{body}");
+    let (code, body) = d.get("/v1/jobs", Some("plt_not-a-real-token"));
+    assert_eq!((code, body.contains("\"bad-token\"")), (401, true));
+    let viewer = format!("Bearer {}", s.viewer);
+    let (code, body) = d.post("/v1/reconcile", &[("authorization", viewer.as_str())], b"");
+    assert_eq!((code, body.contains("\"insufficient-role\"")), (403, true), "{body}");
+    let operator = format!("Bearer {}", s.operator);
+    let (code, _) = d.post("/v1/reconcile", &[("authorization", operator.as_str())], b"");
+    assert_eq!(code, 202);
+
+    // Reads.
+    let (code, body) = d.get("/v1/status", Some(&s.viewer));
+    assert_eq!(code, 200, "{body}");
+    let status: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(status["leader"], true, "SQLite: the one daemon leads");
+    assert_eq!(status["counts"]["revisions"]["accepted"], 2);
+    let (_, body) = d.get("/v1/revisions?branch=main", Some(&s.viewer));
+    let revs: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(revs["revisions"].as_array().map(Vec::len), Some(2));
+    let (_, body) = d.get("/v1/jobs?state=leased", Some(&s.viewer));
+    assert!(body.contains(&leased[0].key), "{body}");
+    let (_, body) = d.get("/v1/deployments", Some(&s.viewer));
+    assert!(body.contains("\"api-production\""), "{body}");
+
+    // Events page by cursor; the stream resumes from one.
+    let (_, body) = d.get("/v1/events?after=0&limit=3", Some(&s.viewer));
+    let page: serde_json::Value = serde_json::from_str(&body).expect("json");
+    let events = page["events"].as_array().expect("events");
+    assert_eq!(events.len(), 3);
+    let cursor = page["next"].as_i64().expect("next");
+    assert_eq!(Some(cursor), events[2]["id"].as_i64());
+    let (_, body) = d.get(&format!("/v1/events?after={cursor}&limit=1"), Some(&s.viewer));
+    let next: serde_json::Value = serde_json::from_str(&body).expect("json");
+    let fourth = next["events"][0]["id"].as_i64().expect("id");
+    assert!(fourth > cursor);
+    let sse = std::thread::spawn({
+        let url = d.url(&format!("/v1/events/stream?after={cursor}"));
+        let token = s.viewer.clone();
+        let pem = std::fs::read(dir.path().join("tls/ca.crt")).expect("ca");
+        move || {
+            let ca = ureq::tls::Certificate::from_pem(&pem).expect("pem").to_owned();
+            let tls = ureq::tls::TlsConfig::builder()
+                .root_certs(ureq::tls::RootCerts::Specific(std::sync::Arc::new(vec![ca])))
+                .build();
+            let agent: ureq::Agent = ureq::Agent::config_builder().tls_config(tls).build().into();
+            let mut resp = agent
+                .get(&url)
+                .header("authorization", &format!("Bearer {token}"))
+                .call()
+                .expect("stream");
+            let reader = BufReader::new(resp.body_mut().as_reader());
+            let mut ids = Vec::new();
+            for line in reader.lines() {
+                let line = line.expect("line");
+                if let Some(id) = line.strip_prefix("id:") {
+                    ids.push(id.trim().parse::<i64>().expect("numeric id"));
+                    if ids.len() == 2 {
+                        break;
+                    }
+                }
+            }
+            ids
+        }
+    });
+    let ids = sse.join().expect("stream thread");
+    assert_eq!(ids[0], fourth, "the stream starts right after the cursor");
+    assert!(ids[1] > ids[0]);
+
+    // Webhooks: GitHub's HMAC and GitLab's token; a bad one is refused.
+    let body = br#"{"ref":"refs/heads/main"}"#;
+    let sig = reconciler::auth::github_signature(b"gh-s3cret", body);
+    assert_eq!(
+        d.post("/v1/webhooks/github", &[("x-hub-signature-256", sig.as_str())], body)
+            .0,
+        202
+    );
+    let bad = reconciler::auth::github_signature(b"wrong", body);
+    let (code, resp) = d.post("/v1/webhooks/github", &[("x-hub-signature-256", bad.as_str())], body);
+    assert_eq!((code, resp.contains("bad-webhook-signature")), (401, true));
+    assert_eq!(
+        d.post("/v1/webhooks/gitlab", &[("x-gitlab-token", "gl-t0ken")], body).0,
+        202
+    );
+    assert_eq!(
+        d.post("/v1/webhooks/gitlab", &[("x-gitlab-token", "nope")], body).0,
+        401
+    );
+    let (code, resp) = d.post("/v1/webhooks/gitea", &[("x-gitea-signature", "00")], body);
+    assert_eq!((code, resp.contains("webhook-not-configured")), (404, true));
+    let big = vec![b'x'; reconciler::api::MAX_BODY_BYTES + 1];
+    assert_eq!(
+        d.post("/v1/webhooks/github", &[("x-hub-signature-256", sig.as_str())], &big)
+            .0,
+        413,
+        "bodies are bounded"
+    );
+
+    // Probes and metrics.
+    let (code, body) = d.get("/readyz", None);
+    assert_eq!(code, 200, "{body}");
+    let (code, metrics) = d.get("/metrics", None);
+    assert_eq!(code, 200);
+    for want in [
+        "pushleft_revisions_total{verdict=\"accepted\"} 2",
+        "pushleft_jobs{state=\"leased\"} 1",
+        "pushleft_reconcile_duration_seconds_count",
+        "pushleft_queue_age_seconds",
+        "pushleft_leader 1",
+    ] {
+        assert!(metrics.contains(want), "{want} missing from:\n{metrics}");
+    }
+
+    // No token or secret ever reaches the log.
+    let log = std::fs::read_to_string(&d.log).expect("log");
+    for secret in [s.viewer.as_str(), s.operator.as_str(), "gh-s3cret", "gl-t0ken"] {
+        assert!(!log.contains(secret), "a secret leaked into the log");
+    }
+    assert!(
+        log.lines()
+            .all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()),
+        "JSON logs"
+    );
+    assert!(d.term().success(), "SIGTERM stops the daemon cleanly");
+    ledger.close().await;
+}
+
+#[test]
+fn a_bad_config_is_refused_with_its_position() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("bad.toml");
+    std::fs::write(&cfg, "[source]\npath = \"x\"\nbranchh = \"main\"\n").expect("write");
+    for cmd in ["run", "migrate", "check-config"] {
+        let o = std::process::Command::new(daemon_support::bin())
+            .args([cmd, "--config"])
+            .arg(&cfg)
+            .output()
+            .expect("runs");
+        assert!(!o.status.success());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("bad.toml:3:1: unknown field `branchh`"), "{cmd}: {err}");
+        assert!(err.contains("[config-malformed]"), "{err}");
+    }
+}

@@ -1,0 +1,204 @@
+//! Runs `pl-reconciler` as a real process for the end-to-end and fault tests, and talks to
+//! its API over TLS with the CA `tls-init` made.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The `pl-reconciler` binary: cargo's own path for the reconciler's tests; for other
+/// packages' tests, the one beside them in the target folder (built on demand).
+pub fn bin() -> PathBuf {
+    if let Some(p) = option_env!("CARGO_BIN_EXE_pl-reconciler") {
+        return p.into();
+    }
+    let exe = std::env::current_exe().expect("test binary path");
+    let target = exe.parent().and_then(Path::parent).expect("target folder");
+    let bin = target.join("pl-reconciler");
+    if !bin.exists() {
+        let s = Command::new(env!("CARGO"))
+            .args(["build", "-q", "-p", "reconciler", "--bin", "pl-reconciler"])
+            .status()
+            .expect("cargo builds pl-reconciler");
+        assert!(s.success());
+    }
+    bin
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// Makes the CA and API certificate once per folder, and tokens for each role.
+pub struct Setup {
+    pub dir: PathBuf,
+    pub viewer: String,
+    pub operator: String,
+    pub token_lines: String,
+}
+
+pub fn setup(dir: &Path) -> Setup {
+    let tls = dir.join("tls");
+    if !tls.join("ca.crt").exists() {
+        let o = Command::new(bin())
+            .args(["tls-init", "--dir"])
+            .arg(&tls)
+            .output()
+            .expect("tls-init");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let mut lines = String::new();
+    let mut tokens = Vec::new();
+    for role in ["viewer", "operator"] {
+        let out = dir.join(format!("{role}.token"));
+        let _ = std::fs::remove_file(&out);
+        let o = Command::new(bin())
+            .args(["token", "--name", role, "--role", role, "--out"])
+            .arg(&out)
+            .output()
+            .expect("token");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        lines.push_str(&String::from_utf8_lossy(&o.stdout));
+        lines.push('\n');
+        tokens.push(std::fs::read_to_string(&out).expect("token file").trim().to_owned());
+    }
+    Setup {
+        dir: dir.to_owned(),
+        viewer: tokens[0].clone(),
+        operator: tokens[1].clone(),
+        token_lines: lines,
+    }
+}
+
+/// A configuration file for a daemon on `port`.
+pub fn config(s: &Setup, name: &str, repo: &Path, ledger_url: &str, port: u16, extra: &str) -> PathBuf {
+    let text = format!(
+        "[source]\npath = {repo:?}\npreview_branches = [\"feature/*\"]\n\n[trust]\nallowed_signers = \"allowed_signers\"\n\n[ledger]\nurl = {ledger_url:?}\nmax_connections = 4\n\n[reconcile]\ninterval_seconds = 2\n\n{extra}\n[api]\nlisten = \"127.0.0.1:{port}\"\ntls_cert = \"tls/api.crt\"\ntls_key = \"tls/api.key\"\n\n{}",
+        s.token_lines
+    );
+    let path = s.dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).expect("config");
+    path
+}
+
+pub struct Daemon {
+    pub child: Child,
+    pub port: u16,
+    agent: ureq::Agent,
+    pub log: PathBuf,
+}
+
+impl Daemon {
+    pub fn start(s: &Setup, config: &Path, port: u16) -> Daemon {
+        let log = config.with_extension(format!("{}.log", std::process::id()));
+        let err = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("log");
+        let child = Command::new(bin())
+            .args(["run", "--config"])
+            .arg(config)
+            .env("PL_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(err)
+            .spawn()
+            .expect("pl-reconciler starts");
+        let pem = std::fs::read(s.dir.join("tls/ca.crt")).expect("ca");
+        let ca = ureq::tls::Certificate::from_pem(&pem).expect("pem").to_owned();
+        let tls = ureq::tls::TlsConfig::builder()
+            .root_certs(ureq::tls::RootCerts::Specific(Arc::new(vec![ca])))
+            .build();
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .tls_config(tls)
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(10)))
+            .build()
+            .into();
+        Daemon {
+            child,
+            port,
+            agent,
+            log,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("https://localhost:{}{path}", self.port)
+    }
+
+    /// GET with an optional token: (status, body).
+    pub fn get(&self, path: &str, token: Option<&str>) -> (u16, String) {
+        let mut req = self.agent.get(&self.url(path));
+        if let Some(t) = token {
+            req = req.header("authorization", &format!("Bearer {t}"));
+        }
+        match req.call() {
+            Ok(mut r) => (r.status().as_u16(), r.body_mut().read_to_string().unwrap_or_default()),
+            Err(_) => (0, String::new()),
+        }
+    }
+
+    pub fn post(&self, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, String) {
+        let mut req = self.agent.post(&self.url(path));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        match req.send(body) {
+            Ok(mut r) => (r.status().as_u16(), r.body_mut().read_to_string().unwrap_or_default()),
+            Err(_) => (0, String::new()),
+        }
+    }
+
+    /// Waits until `/readyz` answers 200.
+    pub fn wait_ready(&mut self, within: Duration) {
+        let start = Instant::now();
+        while start.elapsed() < within {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                panic!(
+                    "the daemon exited ({st}): {}",
+                    std::fs::read_to_string(&self.log).unwrap_or_default()
+                );
+            }
+            if self.get("/readyz", None).0 == 200 {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!(
+            "not ready in {within:?}: {}",
+            std::fs::read_to_string(&self.log).unwrap_or_default()
+        );
+    }
+
+    pub fn is_leader(&self, token: &str) -> bool {
+        let (code, body) = self.get("/v1/status", Some(token));
+        code == 200 && body.contains("\"leader\":true")
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM and wait: the exit status.
+    pub fn term(&mut self) -> std::process::ExitStatus {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        self.child.wait().expect("wait")
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
