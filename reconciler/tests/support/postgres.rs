@@ -69,23 +69,7 @@ impl Postgres {
                 "--no-sync",
             ],
         );
-        let opts = format!(
-            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=on",
-            pg.dir.path().display()
-        );
-        pg.run(
-            "pg_ctl",
-            &[
-                "-D",
-                data.to_str().expect("utf-8"),
-                "-o",
-                &opts,
-                "-l",
-                pg.dir.path().join("log").to_str().expect("utf-8"),
-                "-w",
-                "start",
-            ],
-        );
+        pg.start_server();
         pg
     }
 
@@ -111,13 +95,38 @@ impl Postgres {
         );
     }
 
+    /// Starts the server; its output goes to the log file (a pipe left open by the server
+    /// would keep `output()` waiting for ever).
+    fn start_server(&self) {
+        let data = self.dir.path().join("data");
+        let opts = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=on",
+            self.port,
+            self.dir.path().display()
+        );
+        self.run(
+            "pg_ctl",
+            &[
+                "-D",
+                data.to_str().expect("utf-8"),
+                "-o",
+                &opts,
+                "-l",
+                self.dir.path().join("log").to_str().expect("utf-8"),
+                "-w",
+                "start",
+            ],
+        );
+    }
+
     /// Stops the server (fast: open sessions are cut) and starts it again on the same port.
     pub fn restart(&self) {
         let data = self.dir.path().join("data");
         self.run(
             "pg_ctl",
-            &["-D", data.to_str().expect("utf-8"), "-m", "fast", "-w", "restart"],
+            &["-D", data.to_str().expect("utf-8"), "-m", "fast", "-w", "stop"],
         );
+        self.start_server();
     }
 
     pub fn url(&self) -> String {

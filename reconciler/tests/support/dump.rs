@@ -1,0 +1,72 @@
+//! Reads a ledger back as text rows, without ids and times, so two ledgers can be compared.
+#![allow(dead_code)]
+
+use sqlx::Row;
+
+/// Rows of a query, each as `a|b|c`.
+pub async fn rows(url: &str, sql: &str) -> Vec<String> {
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(url).await.expect("connect");
+    let rows = sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
+        .fetch_all(&pool)
+        .await
+        .expect("query");
+    let out = rows
+        .iter()
+        .map(|r| {
+            (0..r.len())
+                .map(|i| {
+                    r.try_get::<String, _>(i)
+                        .or_else(|_| r.try_get::<i64, _>(i).map(|n| n.to_string()))
+                        .unwrap_or_else(|_| "NULL".into())
+                })
+                .collect::<Vec<_>>()
+                .join("|")
+        })
+        .collect();
+    pool.close().await;
+    out
+}
+
+/// Everything the reconciler writes, in a stable order, without ids and times.
+pub async fn snapshot(url: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for (name, sql) in [
+        (
+            "revisions",
+            "SELECT branch, sha, verdict, principals, fingerprint, reasons FROM revisions ORDER BY id",
+        ),
+        (
+            "objects",
+            "SELECT branch, kind, name, hash, document FROM desired_objects ORDER BY branch, kind, name",
+        ),
+        (
+            "deployments",
+            "SELECT environment, branch, generation, action, status, step, spec_hash, spec, retired FROM deployments ORDER BY environment",
+        ),
+        (
+            "generations",
+            "SELECT environment, generation, branch, action, spec_hash FROM deployment_generations ORDER BY environment, generation",
+        ),
+        (
+            "jobs",
+            "SELECT key, task, target_node, state, attempts, max_attempts, environment, generation, step FROM jobs ORDER BY key",
+        ),
+        ("events", "SELECT kind, subject, detail FROM events ORDER BY id"),
+    ] {
+        for r in rows(url, sql).await {
+            out.push(format!("{name}: {r}"));
+        }
+    }
+    out
+}
+
+/// The first difference between two snapshots, for a readable failure.
+pub fn first_difference(a: &[String], b: &[String]) -> String {
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        if x != y {
+            return format!("row {i}:\n  left:  {x}\n  right: {y}");
+        }
+    }
+    format!("lengths {} and {}", a.len(), b.len())
+}
