@@ -4,7 +4,7 @@
 ALTER TABLE jobs ADD COLUMN environment TEXT;
 ALTER TABLE jobs ADD COLUMN generation  INTEGER;
 ALTER TABLE jobs ADD COLUMN step        INTEGER;
-CREATE INDEX jobs_by_step ON jobs (environment, generation, step);
+CREATE INDEX jobs_by_step ON jobs (environment, generation, step, state);
 
 -- The desired objects of each tracked branch as its newest accepted revision declares them
 -- (canonical documents; secrets as ciphertext only). Their history is the revisions table.
