@@ -25,13 +25,15 @@ pub fn fetch(url: &str, dir: &Path) -> Result<Vec<(String, ObjectId)>, FetchErro
         gix::open(dir).map_err(|e| fail(&e))?
     } else {
         std::fs::create_dir_all(dir).map_err(|e| fail(&e))?;
-        let mut prepare = gix::prepare_clone_bare(url, dir).map_err(|e| fail(&e))?;
-        prepare
-            .fetch_only(gix::progress::Discard, &interrupt)
-            .map_err(|e| fail(&e))?
-            .0
+        gix::init_bare(dir).map_err(|e| fail(&e))?
     };
-    let remote = repo.find_remote("origin").map_err(|e| fail(&e))?;
+    // The remote is given here, not read from the cache's configuration, so the cache holds
+    // nothing but objects and refs.
+    let remote = repo
+        .remote_at(url)
+        .map_err(|e| fail(&e))?
+        .with_refspecs(["+refs/heads/*:refs/remotes/origin/*"], gix::remote::Direction::Fetch)
+        .map_err(|e| fail(&e))?;
     let outcome = remote
         .connect(gix::remote::Direction::Fetch)
         .map_err(|e| fail(&e))?

@@ -199,3 +199,107 @@ fn a_bad_config_is_refused_with_its_position() {
         assert!(err.contains("[config-malformed]"), "{err}");
     }
 }
+
+/// A remote source: a bare repository reached by URL, cloned and fetched with gix. With an
+/// hour-long fetch interval, only the webhook can make a pushed commit appear within seconds;
+/// a preview branch deleted on the remote is torn down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_source_fetches_on_webhook() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = Repo::new(dir.path());
+    std::fs::write(dir.path().join("allowed_signers"), &repo.signers).expect("signers");
+    repo.write("projects/api.yaml", &project("api", 1));
+    repo.write("envs/api-production.yaml", &environment("api-production", "api"));
+    let first = repo.commit("first", true);
+    let bare = dir.path().join("remote.git");
+    repo_support::git(
+        dir.path(),
+        &[
+            "clone",
+            "-q",
+            "--bare",
+            repo.dir.to_str().expect("utf-8"),
+            bare.to_str().expect("utf-8"),
+        ],
+    );
+    repo.git(&["remote", "add", "origin", bare.to_str().expect("utf-8")]);
+    let s = setup(dir.path());
+    std::fs::write(dir.path().join("gitea.secret"), "gt-s3cret").expect("secret");
+    let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    let port = free_port();
+    let remote = format!("file://{}", bare.display());
+    let cfg_path = config(
+        &s,
+        "r",
+        &repo.dir,
+        &url,
+        port,
+        "[webhooks]\ngitea_secret_file = \"gitea.secret\"\n",
+    );
+    let text = std::fs::read_to_string(&cfg_path).expect("config").replace(
+        &format!("path = {:?}\n", repo.dir),
+        &format!("url = {remote:?}\ncache_dir = \"cache\"\nfetch_interval_seconds = 3600\n"),
+    );
+    std::fs::write(&cfg_path, text).expect("config");
+    let mut d = Daemon::start(&s, &cfg_path, port);
+    d.wait_ready(Duration::from_secs(20));
+    let ledger = Ledger::connect(&url, 2).await.expect("ledger");
+    let log = d.log.clone();
+    let wait_for = |branch: &'static str, sha: String| {
+        let (ledger, log) = (&ledger, &log);
+        async move {
+            let start = Instant::now();
+            while ledger.last_judged(branch).await.expect("judged").as_deref() != Some(sha.as_str()) {
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "{branch} never reached {sha}: {}",
+                    std::fs::read_to_string(log).unwrap_or_default()
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    wait_for("main", first).await;
+
+    // Push a commit and a preview branch; only the webhook announces them.
+    repo.write("projects/api.yaml", &project("api", 2));
+    let second = repo.commit("second", true);
+    repo.git(&["branch", "feature/remote"]);
+    repo.git(&["push", "-q", "origin", "main", "feature/remote"]);
+    let body = br#"{"ref":"refs/heads/main"}"#;
+    let sig = reconciler::auth::github_signature(b"gt-s3cret", body);
+    let gitea = sig.trim_start_matches("sha256=");
+    assert_eq!(
+        d.post("/v1/webhooks/gitea", &[("x-gitea-signature", gitea)], body).0,
+        202
+    );
+    wait_for("main", second.clone()).await;
+    wait_for("feature/remote", second).await;
+    let deployments = ledger.deployments().await.expect("deployments");
+    assert!(
+        deployments
+            .iter()
+            .any(|d| d.environment == "feature-remote--api" && d.action == "rollout")
+    );
+
+    // Deleting the branch on the remote tears its environment down.
+    repo.git(&["push", "-q", "origin", "--delete", "feature/remote"]);
+    assert_eq!(
+        d.post("/v1/webhooks/gitea", &[("x-gitea-signature", gitea)], body).0,
+        202
+    );
+    let start = Instant::now();
+    loop {
+        let deployments = ledger.deployments().await.expect("deployments");
+        if deployments
+            .iter()
+            .any(|d| d.environment == "feature-remote--api" && d.action == "teardown")
+        {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "no teardown");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(d.term().success());
+    ledger.close().await;
+}
