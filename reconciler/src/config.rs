@@ -296,6 +296,16 @@ mod tests {
     }
 
     #[test]
+    fn the_documented_example_parses_and_checks() {
+        let text = include_str!("../../examples/reconciler/reconciler.toml");
+        let c = Config::parse(Path::new("reconciler.toml"), text).expect("the example parses");
+        assert!(c.check(Path::new("reconciler.toml")).is_ok());
+        assert_eq!(c.api.tokens.len(), 2);
+        assert_eq!(c.api.tokens[1].role, Role::Operator);
+        assert_eq!(c.source.preview_branches, ["feature/*", "fix/*"]);
+    }
+
+    #[test]
     fn a_source_needs_exactly_one_origin() {
         let text = GOOD.replace("path = \"state\"\n", "");
         let c = Config::parse(Path::new("c.toml"), &text).expect("parses");

@@ -25,6 +25,8 @@ pub enum DaemonError {
     Source(#[from] SourceError),
     #[error("{path}: {message}")]
     Trust { path: PathBuf, message: String },
+    #[error("{0}")]
+    Config(String),
     #[error("a blocking task failed: {0}")]
     Join(String),
 }
@@ -127,11 +129,11 @@ impl Shared {
         };
         let mut globs = globset::GlobSetBuilder::new();
         for p in &config.source.preview_branches {
-            globs.add(globset::Glob::new(p).map_err(|e| trust(&PathBuf::from("preview_branches"), e.to_string()))?);
+            globs.add(globset::Glob::new(p).map_err(|e| DaemonError::Config(format!("preview_branches: `{p}`: {e}")))?);
         }
         let previews = globs
             .build()
-            .map_err(|e| trust(&PathBuf::from("preview_branches"), e.to_string()))?;
+            .map_err(|e| DaemonError::Config(format!("preview_branches: {e}")))?;
         let source = match (&config.source.path, &config.source.url, &config.source.cache_dir) {
             (Some(p), _, _) => Source::Local(p.clone()),
             (None, Some(url), Some(dir)) => Source::Remote {
@@ -140,9 +142,8 @@ impl Shared {
                 branches: Mutex::new(None),
             },
             _ => {
-                return Err(trust(
-                    &PathBuf::from("source"),
-                    "set `path` or `url` with `cache_dir`".into(),
+                return Err(DaemonError::Config(
+                    "source: set `path`, or `url` with `cache_dir`".into(),
                 ));
             }
         };

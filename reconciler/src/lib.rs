@@ -1,5 +1,6 @@
-//! The control host's library: reading state trees from Git (gix) or disk, and deciding
-//! which commits to trust. The daemon, the ledger and placement come later.
+//! The control host: reading state trees from Git (gix) or disk, deciding which commits to
+//! trust, the durable ledger, the level-triggered reconcile loop and the operator API behind
+//! `pl-reconciler`. Capacity-aware placement and the agents' mTLS API come next.
 //!
 //! Architecture invariant: this crate owns Git access; `state-schema` never sees a repository,
 //! only bytes.
