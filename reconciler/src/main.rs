@@ -23,35 +23,11 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the daemon: migrate the ledger, watch or fetch the repository, reconcile, serve the API.
-    Run {
-        #[arg(
-            long,
-            short,
-            env = "PL_RECONCILER_CONFIG",
-            default_value = "/etc/pushleft/reconciler.toml"
-        )]
-        config: PathBuf,
-    },
+    Run(ConfigArg),
     /// Apply the ledger migrations and exit.
-    Migrate {
-        #[arg(
-            long,
-            short,
-            env = "PL_RECONCILER_CONFIG",
-            default_value = "/etc/pushleft/reconciler.toml"
-        )]
-        config: PathBuf,
-    },
+    Migrate(ConfigArg),
     /// Check the configuration file and the files it names, and exit.
-    CheckConfig {
-        #[arg(
-            long,
-            short,
-            env = "PL_RECONCILER_CONFIG",
-            default_value = "/etc/pushleft/reconciler.toml"
-        )]
-        config: PathBuf,
-    },
+    CheckConfig(ConfigArg),
     /// Make an API token: the token goes to a new file (mode 0600), the line for the
     /// configuration to standard output.
     Token {
@@ -71,6 +47,18 @@ enum Command {
         #[arg(long = "hostname", default_values_t = vec!["localhost".to_owned(), "127.0.0.1".to_owned()])]
         hostnames: Vec<String>,
     },
+}
+
+#[derive(clap::Args)]
+struct ConfigArg {
+    /// The configuration file (docs/reconciler.md).
+    #[arg(
+        long,
+        short,
+        env = "PL_RECONCILER_CONFIG",
+        default_value = "/etc/pushleft/reconciler.toml"
+    )]
+    config: PathBuf,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -93,8 +81,8 @@ fn main() -> std::process::ExitCode {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Run { config } => daemon(&config),
-        Command::Migrate { config } => {
+        Command::Run(ConfigArg { config }) => daemon(&config),
+        Command::Migrate(ConfigArg { config }) => {
             let cfg = Config::load(&config).map_err(|e| anyhow::anyhow!("{e} [{}]", e.code()))?;
             runtime()?.block_on(async {
                 let ledger = Ledger::connect(&cfg.ledger.url, 2)
@@ -105,7 +93,7 @@ fn run(cli: Cli) -> Result<()> {
                 Ok(())
             })
         }
-        Command::CheckConfig { config } => {
+        Command::CheckConfig(ConfigArg { config }) => {
             let cfg = Config::load(&config).map_err(|e| anyhow::anyhow!("{e} [{}]", e.code()))?;
             for p in [&cfg.api.tls_cert, &cfg.api.tls_key, &cfg.trust.allowed_signers] {
                 std::fs::metadata(p).with_context(|| format!("{}", p.display()))?;

@@ -3,16 +3,18 @@
 //! nothing, a rejected commit leaves the last accepted one in force, rollouts advance step by
 //! step as jobs succeed, and a deleted preview branch is torn down in order.
 
+#[path = "support/dump.rs"]
+mod dump;
 #[path = "support/postgres.rs"]
 mod postgres_support;
 #[path = "support/repo.rs"]
 mod repo_support;
 
+use dump::rows;
 use reconciler::config::Config;
 use reconciler::daemon::{Shared, now_ms};
 use reconciler::ledger::{Completion, Ledger, Outcome};
 use repo_support::{Repo, environment, project};
-use sqlx::Row;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -23,31 +25,6 @@ pub fn config(dir: &Path, repo: &Path, ledger_url: &str) -> Config {
     let path = dir.join("reconciler.toml");
     std::fs::write(&path, text).expect("write config");
     Config::load(&path).expect("config loads")
-}
-
-/// Rows of a table, as text, without ids and times, in a stable order.
-async fn rows(url: &str, sql: &str) -> Vec<String> {
-    sqlx::any::install_default_drivers();
-    let pool = sqlx::AnyPool::connect(url).await.expect("connect");
-    let rows = sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
-        .fetch_all(&pool)
-        .await
-        .expect("query");
-    let out = rows
-        .iter()
-        .map(|r| {
-            (0..r.len())
-                .map(|i| {
-                    r.try_get::<String, _>(i)
-                        .or_else(|_| r.try_get::<i64, _>(i).map(|n| n.to_string()))
-                        .unwrap_or_else(|_| "NULL".into())
-                })
-                .collect::<Vec<_>>()
-                .join("|")
-        })
-        .collect();
-    pool.close().await;
-    out
 }
 
 async fn count(url: &str, table: &str) -> usize {

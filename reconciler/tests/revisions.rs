@@ -5,33 +5,16 @@
 
 #[path = "support/postgres.rs"]
 mod postgres_support;
+#[path = "support/repo.rs"]
+mod repo_support;
 
 use reconciler::ledger::Ledger;
 use reconciler::revision::judge;
 use reconciler::source::StateRepo;
 use reconciler::trust::allowed_signers;
+use repo_support::git;
 use std::path::Path;
 use std::process::Command;
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let o = Command::new("git")
-        .current_dir(dir)
-        .args(args)
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_AUTHOR_NAME", "t")
-        .env("GIT_AUTHOR_EMAIL", "t@pushleft.invalid")
-        .env("GIT_COMMITTER_NAME", "t")
-        .env("GIT_COMMITTER_EMAIL", "t@pushleft.invalid")
-        .output()
-        .expect("git runs");
-    assert!(
-        o.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).trim().to_owned()
-}
 
 fn write(repo: &Path, file: &str, text: &str) {
     let p = repo.join(file);
