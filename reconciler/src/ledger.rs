@@ -27,6 +27,8 @@ pub enum LedgerError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("a stored task does not decode")]
     Task(#[from] serde_json::Error),
+    #[error("the leader lock file beside the SQLite ledger")]
+    LeaderFile(#[source] std::io::Error),
 }
 
 /// A job to add. Its idempotency key comes from the task.
@@ -157,6 +159,8 @@ const LEADER_LOCK_KEY: i64 = 0x7075_7368_6c65_6674;
 /// Held while this daemon leads.
 pub struct LeaderLock {
     conn: Option<sqlx::AnyConnection>,
+    /// SQLite: an exclusive lock on `<ledger file>.leader`, released when the process ends.
+    _file: Option<std::fs::File>,
 }
 
 impl LeaderLock {
@@ -164,7 +168,7 @@ impl LeaderLock {
     /// ends the session and with it the lock, so the daemon must take it again.
     pub async fn still_held(&mut self) -> bool {
         match &mut self.conn {
-            None => true,
+            None => true, // a file lock lasts as long as the process
             Some(c) => sqlx::query("SELECT 1").fetch_one(&mut *c).await.is_ok(),
         }
     }
@@ -173,6 +177,8 @@ impl LeaderLock {
 pub struct Ledger {
     pub(crate) pool: AnyPool,
     backend: Backend,
+    /// The database file, for SQLite.
+    sqlite_path: Option<std::path::PathBuf>,
 }
 
 impl Ledger {
@@ -186,6 +192,13 @@ impl Ledger {
         } else {
             return Err(LedgerError::Url);
         };
+        let sqlite_path = (backend == Backend::Sqlite)
+            .then(|| {
+                let rest = url.trim_start_matches("sqlite:").trim_start_matches("//");
+                let path = rest.split('?').next().unwrap_or("");
+                (!path.is_empty() && path != ":memory:").then(|| std::path::PathBuf::from(path))
+            })
+            .flatten();
         let url: Cow<'_, str> = match backend {
             Backend::Sqlite if !url.contains("mode=") => {
                 Cow::Owned(format!("{url}{}mode=rwc", if url.contains('?') { '&' } else { '?' }))
@@ -208,7 +221,11 @@ impl Ledger {
                 })
             });
         let pool = options.connect(&url).await?;
-        Ok(Ledger { pool, backend })
+        Ok(Ledger {
+            pool,
+            backend,
+            sqlite_path,
+        })
     }
 
     pub fn backend(&self) -> Backend {
@@ -734,10 +751,32 @@ impl Ledger {
 
     /// Tries to become the one daemon that reconciles. PostgreSQL: a session advisory lock on
     /// a connection of its own, held until that connection ends (a killed daemon's ends with
-    /// it). SQLite: one file, one daemon, always the leader.
+    /// it). SQLite: an exclusive lock on the file `<ledger>.leader` beside the database, held
+    /// until the process ends, so a second daemon on the same file stands by.
     pub async fn try_lead(&self) -> Result<Option<LeaderLock>, LedgerError> {
         if self.backend == Backend::Sqlite {
-            return Ok(Some(LeaderLock { conn: None }));
+            let Some(db) = &self.sqlite_path else {
+                return Ok(Some(LeaderLock {
+                    conn: None,
+                    _file: None,
+                }));
+            };
+            let mut name = db.clone().into_os_string();
+            name.push(".leader");
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&name)
+                .map_err(LedgerError::LeaderFile)?;
+            return match file.try_lock() {
+                Ok(()) => Ok(Some(LeaderLock {
+                    conn: None,
+                    _file: Some(file),
+                })),
+                Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+                Err(std::fs::TryLockError::Error(e)) => Err(LedgerError::LeaderFile(e)),
+            };
         }
         let mut conn = self.pool.acquire().await?.detach();
         let got: bool = sqlx::query(self.sql("SELECT pg_try_advisory_lock(?)"))
@@ -745,7 +784,10 @@ impl Ledger {
             .fetch_one(&mut conn)
             .await?
             .try_get(0)?;
-        Ok(got.then_some(LeaderLock { conn: Some(conn) }))
+        Ok(got.then_some(LeaderLock {
+            conn: Some(conn),
+            _file: None,
+        }))
     }
 
     /// Runs raw SQL (tests use it to show that history cannot be rewritten).

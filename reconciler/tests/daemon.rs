@@ -303,3 +303,34 @@ async fn remote_source_fetches_on_webhook() {
     assert!(d.term().success());
     ledger.close().await;
 }
+
+/// Two daemons on one SQLite file: the second stands by (a lock on `<ledger>.leader`) and takes
+/// over when the first is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_daemon_on_one_sqlite_file_stands_by() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = Repo::new(dir.path());
+    std::fs::write(dir.path().join("allowed_signers"), &repo.signers).expect("signers");
+    repo.commit("first", true);
+    let s = setup(dir.path());
+    let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    let (pa, pb) = (free_port(), free_port());
+    let mut a = Daemon::start(&s, &config(&s, "a", &repo.dir, &url, pa, ""), pa);
+    a.wait_ready(Duration::from_secs(20));
+    let start = Instant::now();
+    while !a.is_leader(&s.viewer) {
+        assert!(start.elapsed() < Duration::from_secs(10), "a never led");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut b = Daemon::start(&s, &config(&s, "b", &repo.dir, &url, pb, ""), pb);
+    b.wait_ready(Duration::from_secs(20));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!b.is_leader(&s.viewer), "one leader per ledger file");
+    a.kill9();
+    let killed = Instant::now();
+    while !b.is_leader(&s.viewer) {
+        assert!(killed.elapsed() < Duration::from_secs(5), "no takeover within 5 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(b.term().success());
+}

@@ -80,6 +80,16 @@ fn preview_environments(state: &State, branch: &str) -> Vec<(Name, Environment)>
     let (Some(previews), Some(domain)) = (&repo.previews, &repo.preview_domain) else {
         return Vec::new();
     };
+    // The repository says which branches may have previews, as well as the daemon's
+    // configuration: both must match. (Validation has checked every glob.)
+    let matches = previews
+        .branches
+        .iter()
+        .filter_map(|g| globset::Glob::new(g).ok())
+        .any(|g| g.compile_matcher().is_match(branch));
+    if !matches {
+        return Vec::new();
+    }
     state
         .of_kind(Kind::Project)
         .filter_map(|loc| {
