@@ -222,6 +222,10 @@ impl Shared {
                 }
             }
         }
+        for branch in self.ledger.expire_previews(now_ms()).await? {
+            tracing::info!(branch = %branch, "preview expired: tearing down its environments");
+            report.teardowns += 1;
+        }
         self.ledger.expire(now_ms()).await?;
         report.advanced = self.ledger.advance(now_ms()).await?;
         self.metrics.observe(started.elapsed());

@@ -91,7 +91,23 @@ impl Ledger {
         };
         if j.accepted() {
             self.write_objects(&mut tx, branch, j, revision).await?;
-            let (wanted, unplaceable) = desired::deployments(&j.state.state, preview.then_some(branch));
+            let (mut wanted, unplaceable) = desired::deployments(&j.state.state, preview.then_some(branch));
+            // A preview lives `previews.ttlHours` after its branch's last commit. One whose
+            // commit is older than that is not rolled out at all (and what runs is torn down).
+            let expires = preview.then(|| preview_expiry(j)).flatten();
+            if let Some(at) = expires
+                && at <= now_ms
+            {
+                wanted.clear();
+                self.event(
+                    &mut tx,
+                    now_ms,
+                    "preview-expired",
+                    branch,
+                    "the last commit is older than previews.ttlHours",
+                )
+                .await?;
+            }
             for u in &unplaceable {
                 self.event(
                     &mut tx,
@@ -105,40 +121,70 @@ impl Ledger {
             let kept: BTreeSet<Name> = unplaceable.into_iter().map(|u| u.environment).collect();
             self.plan_branch(&mut tx, branch, wanted, &kept, revision, now_ms, &mut applied)
                 .await?;
+            if let Some(at) = expires {
+                sqlx::query(self.sql("UPDATE deployments SET expires_at = ? WHERE branch = ? AND action = 'rollout'"))
+                    .bind(at)
+                    .bind(branch)
+                    .execute(&mut *tx)
+                    .await?;
+            }
         }
         tx.commit().await?;
         Ok(applied)
+    }
+
+    /// Tears down the previews whose lifetime has run out (`expires_at <= now_ms`). A new
+    /// commit to the branch brings them back. Returns the branches torn down.
+    pub async fn expire_previews(&self, now_ms: i64) -> Result<Vec<String>, LedgerError> {
+        let branches: Vec<String> = sqlx::query(self.sql(
+            "SELECT DISTINCT branch FROM deployments WHERE action = 'rollout' AND expires_at IS NOT NULL AND expires_at <= ? ORDER BY branch",
+        ))
+        .bind(now_ms)
+        .fetch_all(&self.pool)
+        .await?
+        .iter()
+        .map(|r| r.try_get(0))
+        .collect::<Result<_, _>>()?;
+        for b in &branches {
+            let mut tx = self.write_tx().await?;
+            let applied = self.teardown_in(&mut tx, b, now_ms).await?;
+            if !applied.teardowns.is_empty() {
+                self.event(&mut tx, now_ms, "preview-expired", b, "no commit for previews.ttlHours")
+                    .await?;
+            }
+            tx.commit().await?;
+        }
+        Ok(branches)
     }
 
     /// Tears down every deployment of a branch that is gone (a deleted preview branch). The
     /// history stays. Returns the teardowns started.
     pub async fn teardown_branch(&self, branch: &str, now_ms: i64) -> Result<Applied, LedgerError> {
         let mut tx = self.write_tx().await?;
+        let applied = self.teardown_in(&mut tx, branch, now_ms).await?;
+        if !applied.teardowns.is_empty() {
+            self.event(&mut tx, now_ms, "branch-deleted", branch, "").await?;
+        }
+        tx.commit().await?;
+        Ok(applied)
+    }
+
+    /// Starts a teardown generation for every live deployment of a branch, attributed to the
+    /// branch's last accepted revision.
+    async fn teardown_in(&self, tx: &mut Tx, branch: &str, now_ms: i64) -> Result<Applied, LedgerError> {
         let revision: Option<i64> = sqlx::query(
             self.sql("SELECT id FROM revisions WHERE branch = ? AND verdict = 'accepted' ORDER BY id DESC LIMIT 1"),
         )
         .bind(branch)
-        .fetch_optional(&mut *tx)
+        .fetch_optional(&mut **tx)
         .await?
         .map(|r| r.try_get(0))
         .transpose()?;
         let mut applied = Applied::default();
         if let Some(revision) = revision {
-            self.plan_branch(
-                &mut tx,
-                branch,
-                Vec::new(),
-                &BTreeSet::new(),
-                revision,
-                now_ms,
-                &mut applied,
-            )
-            .await?;
-            if !applied.teardowns.is_empty() {
-                self.event(&mut tx, now_ms, "branch-deleted", branch, "").await?;
-            }
+            self.plan_branch(tx, branch, Vec::new(), &BTreeSet::new(), revision, now_ms, &mut applied)
+                .await?;
         }
-        tx.commit().await?;
         Ok(applied)
     }
 
@@ -605,6 +651,13 @@ impl Ledger {
         }
         Ok(true)
     }
+}
+
+/// When a preview judged by `j` expires: its commit's time plus the repository's
+/// `previews.ttlHours`; `None` when the repository declares no previews.
+fn preview_expiry(j: &Judgement) -> Option<i64> {
+    let hours = i64::from(j.state.state.repository()?.previews.as_ref()?.ttl_hours);
+    Some(j.committed_at_ms.saturating_add(hours.saturating_mul(3_600_000)))
 }
 
 /// The first step at or after `from` that has jobs.

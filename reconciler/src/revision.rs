@@ -25,6 +25,8 @@ pub struct Judgement {
     pub reasons: Vec<Reason>,
     /// The desired state, when it loaded (valid or not).
     pub state: Loaded,
+    /// The committer's time: when the branch was last pushed to, for a preview's lifetime.
+    pub committed_at_ms: i64,
 }
 
 impl Judgement {
@@ -71,6 +73,7 @@ pub fn judge(
         message: d.to_string(),
     }));
     Ok(Judgement {
+        committed_at_ms: repo.commit_time(commit.id)?.saturating_mul(1000),
         sha: commit.id.to_string(),
         principals,
         fingerprint,

@@ -211,6 +211,50 @@ async fn scenario(url: String, dir: &Path) {
     );
     let refused = shared.ledger.execute_raw("DELETE FROM deployment_generations").await;
     assert!(refused.is_err(), "generation history is append-only");
+
+    // Previews live `previews.ttlHours` (24 here) after their last commit: a live one is torn
+    // down once that has passed, and a branch whose last commit is older is never rolled out.
+    repo.git(&["checkout", "-q", "-b", "feature/ttl"]);
+    repo.commit("fresh preview", true);
+    repo.git(&["checkout", "-q", "-b", "feature/old", "main"]);
+    repo.commit_dated("old preview", "2020-01-01T00:00:00Z");
+    repo.git(&["checkout", "-q", "main"]);
+    shared.pass().await.expect("pass");
+    assert_eq!(
+        rows(
+            &url,
+            "SELECT environment, action FROM deployments WHERE branch IN ('feature/ttl', 'feature/old')"
+        )
+        .await,
+        ["feature-ttl--api|rollout"],
+        "the old branch's preview is not rolled out"
+    );
+    assert_eq!(
+        rows(&url, "SELECT subject FROM events WHERE kind = 'preview-expired'").await,
+        ["feature/old"]
+    );
+    assert!(
+        shared
+            .ledger
+            .expire_previews(now_ms() + 23 * 3_600_000)
+            .await
+            .expect("expire")
+            .is_empty()
+    );
+    let expired = shared
+        .ledger
+        .expire_previews(now_ms() + 25 * 3_600_000)
+        .await
+        .expect("expire");
+    assert_eq!(expired, ["feature/ttl"]);
+    assert_eq!(
+        rows(
+            &url,
+            "SELECT action, generation FROM deployments WHERE branch = 'feature/ttl'"
+        )
+        .await,
+        ["teardown|2"]
+    );
     shared.ledger.close().await;
 }
 

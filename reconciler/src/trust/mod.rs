@@ -29,6 +29,15 @@ fn git(what: impl Into<String>) -> impl FnOnce(gix::Error) -> SourceError {
 }
 
 impl StateRepo {
+    /// A commit's committer time, in seconds since the epoch.
+    pub fn commit_time(&self, id: ObjectId) -> Result<i64, SourceError> {
+        let repo = self.thread_repo().ok_or_else(|| SourceError::NotARepository {
+            path: self.root().to_owned(),
+        })?;
+        let commit = repo.find_commit(id).map_err(git(format!("commit {id}")))?;
+        Ok(commit.committer().map_err(git(format!("committer of {id}")))?.seconds())
+    }
+
     /// The first-parent chain from `to` back to `from` (excluded), oldest first. `None` for
     /// `from` lists `to` alone.
     pub fn first_parent_range(&self, from: Option<ObjectId>, to: ObjectId) -> Result<Vec<ObjectId>, SourceError> {

@@ -29,6 +29,11 @@ pub struct Repo {
 }
 
 pub fn git(dir: &Path, args: &[&str]) -> String {
+    git_with(dir, args, &[])
+}
+
+/// `git` with extra environment variables (a committer date, say).
+pub fn git_with(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> String {
     let o = Command::new("git")
         .current_dir(dir)
         .args(args)
@@ -38,6 +43,7 @@ pub fn git(dir: &Path, args: &[&str]) -> String {
         .env("GIT_AUTHOR_EMAIL", "t@pushleft.invalid")
         .env("GIT_COMMITTER_NAME", "t")
         .env("GIT_COMMITTER_EMAIL", "t@pushleft.invalid")
+        .envs(env.iter().copied())
         .output()
         .expect("git runs");
     assert!(
@@ -105,6 +111,29 @@ impl Repo {
         } else {
             git(&self.dir, &["commit", "-q", "--allow-empty", "-m", message]);
         }
+        git(&self.dir, &["rev-parse", "HEAD"])
+    }
+
+    /// A signed commit of everything, dated `date` (author and committer).
+    pub fn commit_dated(&self, message: &str, date: &str) -> String {
+        git(&self.dir, &["add", "-A"]);
+        let signing = format!("user.signingKey={}", self.key.display());
+        git_with(
+            &self.dir,
+            &[
+                "-c",
+                "gpg.format=ssh",
+                "-c",
+                &signing,
+                "commit",
+                "-q",
+                "--allow-empty",
+                "-S",
+                "-m",
+                message,
+            ],
+            &[("GIT_COMMITTER_DATE", date), ("GIT_AUTHOR_DATE", date)],
+        );
         git(&self.dir, &["rev-parse", "HEAD"])
     }
 
