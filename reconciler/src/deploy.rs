@@ -46,14 +46,12 @@ impl Start {
     }
 }
 
-/// A deployment row as the planner needs it.
-struct Row0 {
-    branch: String,
+/// A deployment row as the planner compares it; the specs are read only for the deployments
+/// that get a new generation.
+struct Current {
     generation: i64,
     action: String,
     spec_hash: String,
-    spec: DeploymentSpec,
-    retired: Vec<DeploymentSpec>,
 }
 
 fn steps_of(action: &str, env: &Name, generation: u64, spec: &DeploymentSpec, retired: &[DeploymentSpec]) -> Vec<Step> {
@@ -91,7 +89,7 @@ impl Ledger {
         };
         if j.accepted() {
             self.write_objects(&mut tx, branch, j, revision).await?;
-            let (mut wanted, unplaceable) = desired::deployments(&j.state.state, preview.then_some(branch));
+            let (mut wanted, mut unplaceable) = desired::deployments(&j.state.state, preview.then_some(branch));
             // A preview lives `previews.ttlHours` after its branch's last commit. One whose
             // commit is older than that is not rolled out at all (and what runs is torn down).
             let expires = preview.then(|| preview_expiry(j)).flatten();
@@ -99,6 +97,7 @@ impl Ledger {
                 && at <= now_ms
             {
                 wanted.clear();
+                unplaceable.clear();
                 self.event(
                     &mut tx,
                     now_ms,
@@ -247,28 +246,69 @@ impl Ledger {
         Ok(())
     }
 
-    async fn rows_of(&self, tx: &mut Tx, branch: &str) -> Result<BTreeMap<String, Row0>, LedgerError> {
+    async fn current_of(&self, tx: &mut Tx, branch: &str) -> Result<BTreeMap<String, Current>, LedgerError> {
         let mut out = BTreeMap::new();
-        for r in sqlx::query(self.sql(
-            "SELECT environment, branch, generation, action, spec_hash, spec, retired FROM deployments WHERE branch = ?",
-        ))
-        .bind(branch)
-        .fetch_all(&mut **tx)
-        .await?
+        for r in
+            sqlx::query(self.sql("SELECT environment, generation, action, spec_hash FROM deployments WHERE branch = ?"))
+                .bind(branch)
+                .fetch_all(&mut **tx)
+                .await?
         {
-            let spec: String = r.try_get(5)?;
-            let retired: String = r.try_get(6)?;
-            out.insert(
-                r.try_get(0)?,
-                Row0 {
-                    branch: r.try_get(1)?,
-                    generation: r.try_get(2)?,
-                    action: r.try_get(3)?,
-                    spec_hash: r.try_get(4)?,
-                    spec: serde_json::from_str(&spec)?,
-                    retired: serde_json::from_str(&retired)?,
-                },
-            );
+            let current = Current {
+                generation: r.try_get(1)?,
+                action: r.try_get(2)?,
+                spec_hash: r.try_get(3)?,
+            };
+            out.insert(r.try_get(0)?, current);
+        }
+        Ok(out)
+    }
+
+    /// The stored spec and retired specs of some deployments.
+    async fn specs_of(
+        &self,
+        tx: &mut Tx,
+        envs: &[&str],
+    ) -> Result<BTreeMap<String, (DeploymentSpec, Vec<DeploymentSpec>)>, LedgerError> {
+        let mut out = BTreeMap::new();
+        for chunk in envs.chunks(200) {
+            let marks = vec!["?"; chunk.len()].join(", ");
+            let q = format!("SELECT environment, spec, retired FROM deployments WHERE environment IN ({marks})");
+            let mut query = sqlx::query(self.sql(&q));
+            for env in chunk {
+                query = query.bind(env.to_string());
+            }
+            for r in query.fetch_all(&mut **tx).await? {
+                let spec: String = r.try_get(1)?;
+                let retired: String = r.try_get(2)?;
+                out.insert(
+                    r.try_get(0)?,
+                    (serde_json::from_str(&spec)?, serde_json::from_str(&retired)?),
+                );
+            }
+        }
+        Ok(out)
+    }
+
+    /// Which of `envs` another branch than `branch` deploys already, and that branch.
+    async fn owners_of(
+        &self,
+        tx: &mut Tx,
+        branch: &str,
+        envs: &[&str],
+    ) -> Result<BTreeMap<String, String>, LedgerError> {
+        let mut out = BTreeMap::new();
+        for chunk in envs.chunks(200) {
+            let marks = vec!["?"; chunk.len()].join(", ");
+            let q =
+                format!("SELECT environment, branch FROM deployments WHERE branch <> ? AND environment IN ({marks})");
+            let mut query = sqlx::query(self.sql(&q)).bind(branch.to_owned());
+            for env in chunk {
+                query = query.bind(env.to_string());
+            }
+            for r in query.fetch_all(&mut **tx).await? {
+                out.insert(r.try_get(0)?, r.try_get(1)?);
+            }
         }
         Ok(out)
     }
@@ -288,46 +328,57 @@ impl Ledger {
         now_ms: i64,
         applied: &mut Applied,
     ) -> Result<(), LedgerError> {
-        let mut rows = self.rows_of(tx, branch).await?;
-        // Names other branches deploy: the first owner of a name keeps it.
-        let mut others: BTreeMap<String, String> = BTreeMap::new();
-        for r in sqlx::query(self.sql("SELECT environment, branch FROM deployments WHERE branch <> ?"))
-            .bind(branch)
-            .fetch_all(&mut **tx)
-            .await?
-        {
-            others.insert(r.try_get(0)?, r.try_get(1)?);
+        let mut current = self.current_of(tx, branch).await?;
+        // What changed, first from hashes alone; then specs are read for those only.
+        let mut changed: Vec<(Desired, Option<Current>)> = Vec::new();
+        for d in wanted {
+            let now = current.remove(d.spec.environment.as_str());
+            if let Some(c) = &now
+                && c.action == "rollout"
+                && c.spec_hash == d.spec_hash
+            {
+                continue;
+            }
+            changed.push((d, now));
         }
+        let gone: Vec<(String, Current)> = current
+            .into_iter()
+            .filter(|(env, c)| c.action != "teardown" && !kept.contains(env.as_str()))
+            .collect();
+        let new: Vec<&str> = changed
+            .iter()
+            .filter(|(_, c)| c.is_none())
+            .map(|(d, _)| d.spec.environment.as_str())
+            .collect();
+        // The first branch to deploy a name keeps it.
+        let owners = self.owners_of(tx, branch, &new).await?;
+        let existing: Vec<&str> = changed
+            .iter()
+            .filter(|(_, c)| c.is_some())
+            .map(|(d, _)| d.spec.environment.as_str())
+            .chain(gone.iter().map(|(env, _)| env.as_str()))
+            .collect();
+        let mut specs = self.specs_of(tx, &existing).await?;
         let mut starts: Vec<Start> = Vec::new();
         let mut events: Vec<(String, String, String)> = Vec::new();
-        for d in wanted {
-            let env = d.spec.environment.as_str().to_owned();
-            let env = env.as_str();
-            let row = rows.remove(env);
-            if let Some(r) = &row
-                && r.action == "rollout"
-                && r.spec_hash == d.spec_hash
-            {
-                continue;
-            }
-            if row.is_none()
-                && let Some(owner) = others.get(env)
-            {
+        for (d, now) in changed {
+            let env = d.spec.environment.to_string();
+            if let Some(owner) = owners.get(&env) {
                 let detail = format!("branch {branch} declares an environment that branch {owner} deploys");
-                events.push(("deployment-conflict".into(), env.to_owned(), detail));
+                events.push(("deployment-conflict".into(), env, detail));
                 continue;
             }
-            let (generation, retired, existed) = match row {
-                Some(r) => {
-                    let mut retired = r.retired;
-                    if !retired.contains(&r.spec) {
-                        retired.push(r.spec);
+            let (generation, retired, existed) = match (now, specs.remove(&env)) {
+                (Some(c), Some((spec, mut retired))) => {
+                    if !retired.contains(&spec) {
+                        retired.push(spec);
                     }
-                    (gen_u64(r.generation) + 1, retired, true)
+                    (gen_u64(c.generation) + 1, retired, true)
                 }
-                None => (1, Vec::new(), false),
+                (Some(c), None) => (gen_u64(c.generation) + 1, Vec::new(), true),
+                (None, _) => (1, Vec::new(), false),
             };
-            applied.rollouts.push((env.to_owned(), generation));
+            applied.rollouts.push((env, generation));
             starts.push(Start {
                 action: "rollout",
                 spec: d.spec,
@@ -337,18 +388,17 @@ impl Ledger {
                 existed,
             });
         }
-        for (env, r) in rows {
-            if r.action == "teardown" || kept.contains(env.as_str()) {
+        for (env, c) in gone {
+            let Some((spec, retired)) = specs.remove(&env) else {
                 continue;
-            }
-            debug_assert_eq!(r.branch, branch);
-            let generation = gen_u64(r.generation) + 1;
+            };
+            let generation = gen_u64(c.generation) + 1;
             applied.teardowns.push((env, generation));
             starts.push(Start {
                 action: "teardown",
-                spec: r.spec,
+                spec,
                 spec_hash: String::new(),
-                retired: r.retired,
+                retired,
                 generation,
                 existed: true,
             });
@@ -445,56 +495,24 @@ impl Ledger {
                     .bind(now_ms);
             }
             query.execute(&mut **tx).await?;
-            let rows: Vec<JobRow<'_>> = firsts
-                .iter()
-                .flat_map(|(step, index)| {
-                    step.iter().map(move |(task, node)| JobRow {
-                        task,
-                        node: node.as_str(),
-                        max_attempts: MAX_ATTEMPTS,
-                        not_before_ms: now_ms,
-                        step: Some(*index as i64),
-                    })
-                })
-                .collect();
+            let mut rows: Vec<JobRow<'_>> = Vec::new();
+            let mut spans = Vec::with_capacity(firsts.len());
+            for (step, index) in &firsts {
+                let start = rows.len();
+                rows.extend(job_rows(step, *index, now_ms));
+                spans.push((*index, start..rows.len()));
+            }
             let added = self.enqueue_in(tx, &rows, now_ms).await?;
             applied.jobs_queued += added.len();
-            let added: BTreeSet<&str> = added.iter().map(String::as_str).collect();
-            for (step, index) in &firsts {
-                let n = step
-                    .iter()
-                    .filter(|(t, node)| added.contains(crate::ledger::job_key(t, node.as_str()).as_str()))
-                    .count();
-                if let (true, Some((task, _))) = (n > 0, step.first()) {
-                    let env = task.environment().as_str().to_owned();
+            for (index, range) in spans {
+                // `added` is sorted: the new jobs of this step are one run of it.
+                let n = added.partition_point(|&i| i < range.end) - added.partition_point(|&i| i < range.start);
+                if n > 0 {
+                    let env = rows[range.start].task.environment().as_str().to_owned();
                     events.push(("jobs-queued".into(), env, format!("step {index}: {n} jobs")));
                 }
             }
             self.events_in(tx, now_ms, &events).await?;
-        }
-        Ok(())
-    }
-
-    /// Appends events in the caller's transaction, many rows a statement.
-    pub(crate) async fn events_in(
-        &self,
-        tx: &mut Tx,
-        now_ms: i64,
-        events: &[(String, String, String)],
-    ) -> Result<(), LedgerError> {
-        for chunk in events.chunks(200) {
-            let marks = vec!["(?, ?, ?, ?)"; chunk.len()].join(", ");
-            let mut query = sqlx::query(self.sql(&format!(
-                "INSERT INTO events (at, kind, subject, detail) VALUES {marks}"
-            )));
-            for (kind, subject, detail) in chunk {
-                query = query
-                    .bind(now_ms)
-                    .bind(kind.clone())
-                    .bind(subject.clone())
-                    .bind(detail.clone());
-            }
-            query.execute(&mut **tx).await?;
         }
         Ok(())
     }
@@ -507,40 +525,13 @@ impl Ledger {
         index: usize,
         now_ms: i64,
     ) -> Result<usize, LedgerError> {
-        let rows: Vec<JobRow<'_>> = step
-            .iter()
-            .map(|(task, node)| JobRow {
-                task,
-                node: node.as_str(),
-                max_attempts: MAX_ATTEMPTS,
-                not_before_ms: now_ms,
-                step: Some(index as i64),
-            })
-            .collect();
+        let rows: Vec<JobRow<'_>> = job_rows(step, index, now_ms).collect();
         let added = self.enqueue_in(tx, &rows, now_ms).await?;
         if !added.is_empty() {
             let detail = format!("step {index}: {} jobs", added.len());
             self.event(tx, now_ms, "jobs-queued", env, &detail).await?;
         }
         Ok(added.len())
-    }
-
-    pub(crate) async fn event(
-        &self,
-        tx: &mut Tx,
-        now_ms: i64,
-        kind: &str,
-        subject: &str,
-        detail: &str,
-    ) -> Result<(), LedgerError> {
-        sqlx::query(self.sql("INSERT INTO events (at, kind, subject, detail) VALUES (?, ?, ?, ?)"))
-            .bind(now_ms)
-            .bind(kind)
-            .bind(subject)
-            .bind(detail)
-            .execute(&mut **tx)
-            .await?;
-        Ok(())
     }
 
     /// Moves every unfinished deployment on: when every job of its current step succeeded, the
@@ -621,8 +612,7 @@ impl Ledger {
             self.event(tx, now_ms, "deployment-failed", env, &detail).await?;
             return Ok(true);
         }
-        let environment = spec.environment.clone();
-        let steps = steps_of(&action, &environment, gen_u64(generation), &spec, &retired);
+        let steps = steps_of(&action, &spec.environment, gen_u64(generation), &spec, &retired);
         let next = first_step_from(&steps, usize::try_from(step).unwrap_or(0) + 1);
         match next {
             Some(s) => {
@@ -658,6 +648,12 @@ impl Ledger {
 fn preview_expiry(j: &Judgement) -> Option<i64> {
     let hours = i64::from(j.state.state.repository()?.previews.as_ref()?.ttl_hours);
     Some(j.committed_at_ms.saturating_add(hours.saturating_mul(3_600_000)))
+}
+
+/// The jobs of step `index`, due now.
+fn job_rows(step: &Step, index: usize, now_ms: i64) -> impl Iterator<Item = JobRow<'_>> {
+    step.iter()
+        .map(move |(task, node)| JobRow::new(task, node.as_str(), MAX_ATTEMPTS, now_ms, Some(index as i64)))
 }
 
 /// The first step at or after `from` that has jobs.

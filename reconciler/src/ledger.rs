@@ -50,9 +50,24 @@ pub fn job_key(task: &Task, node: &str) -> String {
 pub(crate) struct JobRow<'a> {
     pub task: &'a Task,
     pub node: &'a str,
+    /// `job_key(task, node)`, made once.
+    pub key: String,
     pub max_attempts: u32,
     pub not_before_ms: i64,
     pub step: Option<i64>,
+}
+
+impl<'a> JobRow<'a> {
+    pub fn new(task: &'a Task, node: &'a str, max_attempts: u32, not_before_ms: i64, step: Option<i64>) -> Self {
+        JobRow {
+            key: job_key(task, node),
+            task,
+            node,
+            max_attempts,
+            not_before_ms,
+            step,
+        }
+    }
 }
 
 /// A leased job, as handed to an agent.
@@ -279,39 +294,28 @@ impl Ledger {
         let mut tx = self.write_tx().await?;
         let rows: Vec<JobRow<'_>> = jobs
             .iter()
-            .map(|j| JobRow {
-                task: &j.task,
-                node: &j.target_node,
-                max_attempts: j.max_attempts,
-                not_before_ms: j.not_before_ms,
-                step: None,
-            })
+            .map(|j| JobRow::new(&j.task, &j.target_node, j.max_attempts, j.not_before_ms, None))
             .collect();
         let added = self.enqueue_in(&mut tx, &rows, now_ms).await?;
-        let event = self.sql("INSERT INTO events (at, kind, subject, detail) VALUES (?, ?, ?, ?)");
-        for key in &added {
-            sqlx::query(event.clone())
-                .bind(now_ms)
-                .bind("job-queued")
-                .bind(key)
-                .bind("")
-                .execute(&mut *tx)
-                .await?;
-        }
+        let events: Vec<_> = added
+            .iter()
+            .map(|&i| ("job-queued".to_owned(), rows[i].key.clone(), String::new()))
+            .collect();
+        self.events_in(&mut tx, now_ms, &events).await?;
         tx.commit().await?;
         Ok(added.len())
     }
 
     /// Inserts jobs in the caller's transaction, many rows a statement; a key that exists is
-    /// left as it is. Returns the keys that were new.
+    /// left as it is. Returns the indices (into `jobs`) of the ones that were new.
     pub(crate) async fn enqueue_in(
         &self,
         tx: &mut sqlx::Transaction<'static, sqlx::Any>,
         jobs: &[JobRow<'_>],
         now_ms: i64,
-    ) -> Result<Vec<String>, LedgerError> {
+    ) -> Result<Vec<usize>, LedgerError> {
         let mut added = Vec::new();
-        for chunk in jobs.chunks(200) {
+        for (c, chunk) in jobs.chunks(200).enumerate() {
             let rows = vec!["(?, ?, ?, 'queued', 0, ?, ?, ?, ?, ?, ?, ?)"; chunk.len()].join(", ");
             let q = format!(
                 "INSERT INTO jobs (key, task, target_node, state, attempts, max_attempts, not_before, created_at, updated_at, environment, generation, step) VALUES {rows} ON CONFLICT (key) DO NOTHING RETURNING key"
@@ -320,7 +324,7 @@ impl Ledger {
             for j in chunk {
                 let generation = i64::try_from(j.task.generation()).unwrap_or(i64::MAX);
                 query = query
-                    .bind(job_key(j.task, j.node))
+                    .bind(j.key.clone())
                     .bind(serde_json::to_string(j.task)?)
                     .bind(j.node.to_owned())
                     .bind(i64::from(j.max_attempts.max(1)))
@@ -331,10 +335,17 @@ impl Ledger {
                     .bind(generation)
                     .bind(j.step);
             }
+            let index: std::collections::HashMap<&str, usize> = chunk
+                .iter()
+                .enumerate()
+                .map(|(i, j)| (j.key.as_str(), c * 200 + i))
+                .collect();
             for r in query.fetch_all(&mut **tx).await? {
-                added.push(r.try_get(0)?);
+                let key: String = r.try_get(0)?;
+                added.extend(index.get(key.as_str()));
             }
         }
+        added.sort_unstable();
         Ok(added)
     }
 
@@ -359,18 +370,11 @@ impl Ledger {
         .bind(now_ms)
         .fetch_all(&mut **tx)
         .await?;
-        let event = self.sql("INSERT INTO events (at, kind, subject, detail) VALUES (?, ?, ?, ?)");
-        for r in &rows {
-            let key: String = r.try_get(0)?;
-            let state: String = r.try_get(1)?;
-            sqlx::query(event.clone())
-                .bind(now_ms)
-                .bind("lease-expired")
-                .bind(key)
-                .bind(state)
-                .execute(&mut **tx)
-                .await?;
-        }
+        let events = rows
+            .iter()
+            .map(|r| Ok(("lease-expired".to_owned(), r.try_get(0)?, r.try_get(1)?)))
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        self.events_in(tx, now_ms, &events).await?;
         Ok(rows.len())
     }
 
@@ -425,13 +429,8 @@ impl Ledger {
             });
         }
         if !leases.is_empty() {
-            sqlx::query(self.sql("INSERT INTO events (at, kind, subject, detail) VALUES (?, ?, ?, ?)"))
-                .bind(now_ms)
-                .bind("jobs-leased")
-                .bind(node)
-                .bind(format!("{} jobs, fencing token {fencing}", leases.len()))
-                .execute(&mut *tx)
-                .await?;
+            let detail = format!("{} jobs, fencing token {fencing}", leases.len());
+            self.event(&mut tx, now_ms, "jobs-leased", node, &detail).await?;
         }
         leases.sort_by_key(|l| l.job_id);
         tx.commit().await?;
@@ -572,46 +571,48 @@ impl Ledger {
                         .bind(now_ms);
                 }
                 query.execute(&mut *tx).await?;
-                let rows = vec!["(?, ?, ?, ?)"; rec.events.len()].join(", ");
-                let mut query =
-                    sqlx::query(self.sql(&format!("INSERT INTO events (at, kind, subject, detail) VALUES {rows}")));
-                for (kind, key, detail) in &rec.events {
-                    query = query
-                        .bind(now_ms)
-                        .bind(kind.clone())
-                        .bind(key.clone())
-                        .bind(detail.clone());
-                }
-                query.execute(&mut *tx).await?;
+                self.events_in(&mut tx, now_ms, &rec.events).await?;
             }
         }
         tx.commit().await?;
         Ok(out)
     }
 
-    /// Cancels queued or leased jobs that a newer generation replaces.
-    pub async fn cancel(&self, keys: &[String], now_ms: i64) -> Result<usize, LedgerError> {
-        let mut tx = self.write_tx().await?;
-        let mut n = 0;
-        for k in keys {
-            let r = sqlx::query(self.sql("UPDATE jobs SET state = 'cancelled', lease_token = NULL, lease_expires_at = NULL, updated_at = ? WHERE key = ? AND state IN ('queued', 'leased')"))
-                .bind(now_ms)
-                .bind(k)
-                .execute(&mut *tx)
-                .await?;
-            if r.rows_affected() == 1 {
-                n += 1;
-                sqlx::query(self.sql("INSERT INTO events (at, kind, subject, detail) VALUES (?, ?, ?, ?)"))
+    /// Appends one event in the caller's transaction.
+    pub(crate) async fn event(
+        &self,
+        tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+        now_ms: i64,
+        kind: &str,
+        subject: &str,
+        detail: &str,
+    ) -> Result<(), LedgerError> {
+        self.events_in(tx, now_ms, &[(kind.to_owned(), subject.to_owned(), detail.to_owned())])
+            .await
+    }
+
+    /// Appends events, (kind, subject, detail), in the caller's transaction, many rows a
+    /// statement. The one way events are written.
+    pub(crate) async fn events_in(
+        &self,
+        tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+        now_ms: i64,
+        events: &[(String, String, String)],
+    ) -> Result<(), LedgerError> {
+        for chunk in events.chunks(200) {
+            let marks = vec!["(?, ?, ?, ?)"; chunk.len()].join(", ");
+            let q = format!("INSERT INTO events (at, kind, subject, detail) VALUES {marks}");
+            let mut query = sqlx::query(self.sql(&q));
+            for (kind, subject, detail) in chunk {
+                query = query
                     .bind(now_ms)
-                    .bind("job-cancelled")
-                    .bind(k)
-                    .bind("")
-                    .execute(&mut *tx)
-                    .await?;
+                    .bind(kind.clone())
+                    .bind(subject.clone())
+                    .bind(detail.clone());
             }
+            query.execute(&mut **tx).await?;
         }
-        tx.commit().await?;
-        Ok(n)
+        Ok(())
     }
 
     /// Events after a cursor, oldest first.
@@ -686,12 +687,8 @@ impl Ledger {
         } else {
             j.reasons.iter().map(|x| x.code.as_str()).collect::<Vec<_>>().join(",")
         };
-        sqlx::query(self.sql("INSERT INTO events (at, kind, subject, detail) VALUES (?, ?, ?, ?)"))
-            .bind(now_ms)
-            .bind(format!("revision-{verdict}"))
-            .bind(format!("{branch}@{}", j.sha))
-            .bind(detail)
-            .execute(&mut **tx)
+        let subject = format!("{branch}@{}", j.sha);
+        self.event(tx, now_ms, &format!("revision-{verdict}"), &subject, &detail)
             .await?;
         Ok(Some(row.try_get(0)?))
     }

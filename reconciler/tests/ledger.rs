@@ -179,15 +179,6 @@ async fn suite(l: &Ledger) {
         "attempts exhausted"
     );
 
-    // Cancelling what a newer generation replaces.
-    assert_eq!(
-        l.cancel(&[b[1].key.clone(), a[0].key.clone()], later + 2)
-            .await
-            .expect("cancel"),
-        1,
-        "only unfinished jobs cancel"
-    );
-
     // History is append-only, enforced by the schema.
     for sql in [
         "UPDATE events SET kind = 'x'",
@@ -202,11 +193,7 @@ async fn suite(l: &Ledger) {
     assert!(all.windows(2).all(|w| w[0].id < w[1].id));
     let tail = l.events_after(all[all.len() - 3].id, 10).await.expect("events");
     assert_eq!(tail, all[all.len() - 2..].to_vec());
-    assert!(
-        all.iter().any(|e| e.kind == "job-dead")
-            && all.iter().any(|e| e.kind == "lease-expired")
-            && all.iter().any(|e| e.kind == "job-cancelled")
-    );
+    assert!(all.iter().any(|e| e.kind == "job-dead") && all.iter().any(|e| e.kind == "lease-expired"));
 }
 
 /// Many workers lease and complete at once: every job succeeds exactly once, and no job is
