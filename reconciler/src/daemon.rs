@@ -83,6 +83,8 @@ pub struct Shared {
     pub ledger: Ledger,
     pub tokens: Tokens,
     pub source: Source,
+    /// The repository, opened once (for a remote, after its first fetch made the cache).
+    repo: Mutex<Option<Arc<StateRepo>>>,
     pub signers: Vec<AllowedSigner>,
     pub policy: Option<Policy>,
     previews: globset::GlobSet,
@@ -162,6 +164,7 @@ impl Shared {
             leader: AtomicBool::new(false),
             last_tick_ms: AtomicI64::new(0),
             passes: AtomicU64::new(0),
+            repo: Mutex::new(None),
         })
     }
 
@@ -175,9 +178,9 @@ impl Shared {
 
     /// The tracked branches now, or `None` when they cannot be known yet (a remote before its
     /// first fetch).
-    fn branches(&self, repo: &StateRepo) -> Result<Option<Vec<(String, ObjectId)>>, DaemonError> {
+    fn branches(&self) -> Result<Option<Vec<(String, ObjectId)>>, DaemonError> {
         let all = match &self.source {
-            Source::Local(_) => repo.branches()?,
+            Source::Local(_) => self.repo()?.branches()?,
             Source::Remote { branches, .. } => match branches.lock().map(|b| b.clone()) {
                 Ok(Some(b)) => b,
                 _ => return Ok(None),
@@ -193,27 +196,43 @@ impl Shared {
         }
     }
 
+    /// The repository, opened on first use and kept: gix reads refs afresh each time and finds
+    /// packs a fetch adds, so one handle serves every pass.
+    fn repo(&self) -> Result<Arc<StateRepo>, DaemonError> {
+        let mut slot = self
+            .repo
+            .lock()
+            .map_err(|_| DaemonError::Join("the repository lock was poisoned".into()))?;
+        if let Some(r) = &*slot {
+            return Ok(Arc::clone(r));
+        }
+        let r = Arc::new(StateRepo::open(self.repo_dir())?);
+        // A folder that is not (yet) a repository is not kept: a remote's cache becomes one
+        // with its first fetch.
+        if r.git_dir().is_some() {
+            *slot = Some(Arc::clone(&r));
+        }
+        Ok(r)
+    }
+
     /// One level-triggered pass. Safe to run at any time, any number of times: everything it
     /// writes is keyed by what it is, so a replay writes nothing.
     pub async fn pass(self: &Arc<Self>) -> Result<PassReport, DaemonError> {
         let started = Instant::now();
         let mut report = PassReport::default();
         let me = Arc::clone(self);
-        let branches = tokio::task::spawn_blocking(move || {
-            let repo = StateRepo::open(me.repo_dir())?;
-            me.branches(&repo)
-        })
-        .await
-        .map_err(|e| DaemonError::Join(e.to_string()))??;
+        let branches = tokio::task::spawn_blocking(move || me.branches())
+            .await
+            .map_err(|e| DaemonError::Join(e.to_string()))??;
         if let Some(branches) = &branches {
             for (branch, head) in branches {
                 self.catch_up(branch, *head, &mut report).await?;
             }
             // Preview branches with live deployments that no longer exist: tear them down.
+            // (`branches` holds only tracked ones, so this also covers a branch no longer
+            // matching `preview_branches`.) The applied branch is never torn down this way.
             for branch in self.ledger.deployed_branches().await? {
-                if self.is_preview(&branch) && !branches.iter().any(|(b, _)| *b == branch)
-                    || branch != self.config.source.branch && !self.is_tracked(&branch)
-                {
+                if branch != self.config.source.branch && !branches.iter().any(|(b, _)| *b == branch) {
                     let applied = self.ledger.teardown_branch(&branch, now_ms()).await?;
                     report.teardowns += applied.teardowns.len();
                     if !applied.teardowns.is_empty() {
@@ -253,8 +272,7 @@ impl Shared {
         let me = Arc::clone(self);
         let from = last.and_then(|s| ObjectId::from_hex(s.as_bytes()).ok());
         let range = tokio::task::spawn_blocking(move || {
-            let repo = StateRepo::open(me.repo_dir())?;
-            Ok::<_, DaemonError>(repo.first_parent_range(from, head).unwrap_or_else(|_| vec![head]))
+            Ok::<_, DaemonError>(me.repo()?.first_parent_range(from, head).unwrap_or_else(|_| vec![head]))
         })
         .await
         .map_err(|e| DaemonError::Join(e.to_string()))??;
@@ -266,7 +284,7 @@ impl Shared {
                 .and_then(|s| ObjectId::from_hex(s.as_bytes()).ok());
             let me = Arc::clone(self);
             let judgement = tokio::task::spawn_blocking(move || {
-                let repo = StateRepo::open(me.repo_dir())?;
+                let repo = me.repo()?;
                 let commit = Commit {
                     spec: id.to_string(),
                     id,
@@ -428,8 +446,10 @@ pub async fn run_fetcher(shared: Arc<Shared>, shutdown: tokio::sync::watch::Rece
             break;
         }
         let wait = match shared.fetch().await {
-            Ok(_) => {
-                shared.hint.notify_one();
+            Ok(changed) => {
+                if changed {
+                    shared.hint.notify_one();
+                }
                 interval
             }
             Err(e) => {
