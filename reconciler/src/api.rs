@@ -301,26 +301,18 @@ async fn reconcile(State(s): App, headers: HeaderMap) -> Response {
 }
 
 async fn webhook(State(s): App, Path(forge): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
-    let (forge, file, header) = match forge.as_str() {
-        "github" => (
-            Forge::GitHub,
-            &s.config.webhooks.github_secret_file,
-            "x-hub-signature-256",
-        ),
-        "gitea" => (Forge::Gitea, &s.config.webhooks.gitea_secret_file, "x-gitea-signature"),
-        "gitlab" => (Forge::GitLab, &s.config.webhooks.gitlab_token_file, "x-gitlab-token"),
+    let w = &s.webhook_secrets;
+    let (forge, secret, header) = match forge.as_str() {
+        "github" => (Forge::GitHub, &w.github, "x-hub-signature-256"),
+        "gitea" => (Forge::Gitea, &w.gitea, "x-gitea-signature"),
+        "gitlab" => (Forge::GitLab, &w.gitlab, "x-gitlab-token"),
         _ => return refuse(Denied::WebhookNotConfigured),
     };
-    let Some(file) = file else {
+    let Some(secret) = secret else {
         return refuse(Denied::WebhookNotConfigured);
     };
-    let secret = match std::fs::read(file) {
-        Ok(b) => zeroize::Zeroizing::new(b),
-        Err(e) => return internal(format!("reading the webhook secret file: {}", e.kind())),
-    };
-    let secret_trimmed = secret.trim_ascii_end();
     let value = headers.get(header).and_then(|v| v.to_str().ok());
-    if let Err(d) = verify_webhook(forge, secret_trimmed, value, &body) {
+    if let Err(d) = verify_webhook(forge, secret, value, &body) {
         tracing::warn!(forge = ?forge, code = d.code(), "webhook refused");
         return refuse(d);
     }

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use zeroize::Zeroizing;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -77,6 +78,36 @@ pub enum Source {
     },
 }
 
+/// The shared secrets of the configured webhooks; `None` for a forge not configured.
+#[derive(Default)]
+pub struct WebhookSecrets {
+    pub github: Option<Zeroizing<Vec<u8>>>,
+    pub gitea: Option<Zeroizing<Vec<u8>>>,
+    pub gitlab: Option<Zeroizing<Vec<u8>>>,
+}
+
+impl WebhookSecrets {
+    fn load(c: &crate::config::WebhookConfig) -> Result<WebhookSecrets, DaemonError> {
+        let read = |p: &Option<PathBuf>| -> Result<Option<Zeroizing<Vec<u8>>>, DaemonError> {
+            let Some(p) = p else { return Ok(None) };
+            let text = Zeroizing::new(read_small(p).map_err(|e| DaemonError::Config(format!("{}: {e}", p.display())))?);
+            let secret = text.trim_end().as_bytes().to_vec();
+            if secret.is_empty() {
+                return Err(DaemonError::Config(format!(
+                    "{}: the webhook secret is empty",
+                    p.display()
+                )));
+            }
+            Ok(Some(Zeroizing::new(secret)))
+        };
+        Ok(WebhookSecrets {
+            github: read(&c.github_secret_file)?,
+            gitea: read(&c.gitea_secret_file)?,
+            gitlab: read(&c.gitlab_token_file)?,
+        })
+    }
+}
+
 /// What every part of the daemon shares.
 pub struct Shared {
     pub config: Config,
@@ -86,6 +117,8 @@ pub struct Shared {
     /// The repository, opened once (for a remote, after its first fetch made the cache).
     repo: Mutex<Option<Arc<StateRepo>>>,
     pub signers: Vec<AllowedSigner>,
+    /// Webhook secrets by forge, read once at start (a missing file stops the start).
+    pub webhook_secrets: WebhookSecrets,
     pub policy: Option<Policy>,
     previews: globset::GlobSet,
     /// Wakes the loop early.
@@ -150,6 +183,7 @@ impl Shared {
             }
         };
         Ok(Shared {
+            webhook_secrets: WebhookSecrets::load(&config.webhooks)?,
             tokens: Tokens::new(&config.api.tokens),
             config,
             ledger,

@@ -334,3 +334,29 @@ async fn a_second_daemon_on_one_sqlite_file_stands_by() {
     }
     assert!(b.term().success());
 }
+
+/// A webhook secret file that cannot be read stops the start, before anything is served.
+#[test]
+fn a_missing_webhook_secret_stops_the_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = Repo::new(dir.path());
+    std::fs::write(dir.path().join("allowed_signers"), &repo.signers).expect("signers");
+    let s = setup(dir.path());
+    let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    let cfg = config(
+        &s,
+        "w",
+        &repo.dir,
+        &url,
+        free_port(),
+        "[webhooks]\ngithub_secret_file = \"nope.secret\"\n",
+    );
+    let o = std::process::Command::new(daemon_support::bin())
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .output()
+        .expect("runs");
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("nope.secret"), "{err}");
+}
