@@ -12,72 +12,25 @@ use reconciler::ledger::Ledger;
 use reconciler::revision::judge;
 use reconciler::source::StateRepo;
 use reconciler::trust::allowed_signers;
-use repo_support::git;
+use repo_support::{POOL, Repo};
 use std::path::Path;
-use std::process::Command;
-
-fn write(repo: &Path, file: &str, text: &str) {
-    let p = repo.join(file);
-    std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
-    std::fs::write(p, text).expect("write");
-}
-
-const ROOT: &str =
-    "apiVersion: pushleft.dev/v1alpha1\nkind: Repository\nmetadata: {name: t}\nspec: {baseDomain: example.com}\n";
-const POOL: &str = "apiVersion: pushleft.dev/v1alpha1\nkind: NodePool\nmetadata: {name: main}\nspec:\n  region: eu\n  nodes:\n    - {name: n1, capacity: {cpu: \"2\", memory: 4Gi}}\n";
 
 /// Builds the repository: good (signed), unsigned, invalid (signed), good again (signed).
 fn repository(dir: &Path) -> (std::path::PathBuf, String, [String; 4]) {
-    let key = dir.join("key");
-    let o = Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-C", "ops", "-f"])
-        .arg(&key)
-        .output()
-        .expect("ssh-keygen");
-    assert!(o.status.success());
-    let public = std::fs::read_to_string(key.with_extension("pub")).expect("pub");
-    let repo = dir.join("state");
-    std::fs::create_dir_all(&repo).expect("mkdir");
-    git(&repo, &["init", "-q", "-b", "main"]);
-    let signing = format!("user.signingKey={}", key.display());
-    let commit = |message: &str, signed: bool| {
-        git(&repo, &["add", "-A"]);
-        if signed {
-            git(
-                &repo,
-                &[
-                    "-c",
-                    "gpg.format=ssh",
-                    "-c",
-                    &signing,
-                    "commit",
-                    "-q",
-                    "-S",
-                    "-m",
-                    message,
-                ],
-            );
-        } else {
-            git(&repo, &["commit", "-q", "-m", message]);
-        }
-        git(&repo, &["rev-parse", "HEAD"])
-    };
-    write(&repo, "pushleft.yaml", ROOT);
-    write(&repo, "pools/main.yaml", POOL);
-    let good = commit("good", true);
-    write(&repo, "pools/main.yaml", &POOL.replace("region: eu", "region: us"));
-    let unsigned = commit("unsigned", false);
-    write(
-        &repo,
+    let repo = Repo::new(dir);
+    let good = repo.commit("good", true);
+    repo.write("pools/main.yaml", &POOL.replace("region: eu", "region: us"));
+    let unsigned = repo.commit("unsigned", false);
+    repo.write(
         "envs/broken.yaml",
         "apiVersion: pushleft.dev/v1alpha1\nkind: Environment\nmetadata: {name: broken}\nspec: {project: nope, stage: production, pool: main}\n",
     );
-    let invalid = commit("invalid", true);
-    std::fs::remove_file(repo.join("envs/broken.yaml")).expect("rm");
-    let good_again = commit("good again", true);
+    let invalid = repo.commit("invalid", true);
+    repo.remove("envs/broken.yaml");
+    let good_again = repo.commit("good again", true);
     (
-        repo,
-        format!("ops-alice {public}"),
+        repo.dir.clone(),
+        repo.signers.clone(),
         [good, unsigned, invalid, good_again],
     )
 }

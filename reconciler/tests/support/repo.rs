@@ -90,50 +90,36 @@ impl Repo {
 
     /// Commits everything; returns the new commit's sha.
     pub fn commit(&self, message: &str, signed: bool) -> String {
-        git(&self.dir, &["add", "-A"]);
-        let signing = format!("user.signingKey={}", self.key.display());
-        if signed {
-            git(
-                &self.dir,
-                &[
-                    "-c",
-                    "gpg.format=ssh",
-                    "-c",
-                    &signing,
-                    "commit",
-                    "-q",
-                    "--allow-empty",
-                    "-S",
-                    "-m",
-                    message,
-                ],
-            );
-        } else {
-            git(&self.dir, &["commit", "-q", "--allow-empty", "-m", message]);
-        }
-        git(&self.dir, &["rev-parse", "HEAD"])
+        self.commit_with(message, signed, &[])
     }
 
     /// A signed commit of everything, dated `date` (author and committer).
     pub fn commit_dated(&self, message: &str, date: &str) -> String {
+        self.commit_with(
+            message,
+            true,
+            &[("GIT_COMMITTER_DATE", date), ("GIT_AUTHOR_DATE", date)],
+        )
+    }
+
+    fn commit_with(&self, message: &str, signed: bool, env: &[(&str, &str)]) -> String {
         git(&self.dir, &["add", "-A"]);
         let signing = format!("user.signingKey={}", self.key.display());
-        git_with(
-            &self.dir,
-            &[
-                "-c",
-                "gpg.format=ssh",
-                "-c",
-                &signing,
-                "commit",
-                "-q",
-                "--allow-empty",
-                "-S",
-                "-m",
-                message,
-            ],
-            &[("GIT_COMMITTER_DATE", date), ("GIT_AUTHOR_DATE", date)],
-        );
+        let mut args = vec![
+            "-c",
+            "gpg.format=ssh",
+            "-c",
+            &signing,
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-m",
+            message,
+        ];
+        if signed {
+            args.push("-S");
+        }
+        git_with(&self.dir, &args, env);
         git(&self.dir, &["rev-parse", "HEAD"])
     }
 
