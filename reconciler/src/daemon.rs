@@ -317,7 +317,7 @@ impl Shared {
                 .await?
                 .and_then(|s| ObjectId::from_hex(s.as_bytes()).ok());
             let me = Arc::clone(self);
-            let judgement = tokio::task::spawn_blocking(move || {
+            let mut judgement = tokio::task::spawn_blocking(move || {
                 let repo = me.repo()?;
                 let commit = Commit {
                     spec: id.to_string(),
@@ -329,7 +329,7 @@ impl Shared {
             .map_err(|e| DaemonError::Join(e.to_string()))??;
             let applied = self
                 .ledger
-                .apply_revision(branch, self.is_preview(branch), &judgement, now_ms())
+                .apply_revision(branch, self.is_preview(branch), &mut judgement, now_ms())
                 .await?;
             if applied.recorded {
                 report.judged += 1;

@@ -72,11 +72,15 @@ impl Ledger {
     /// Records `j` for `branch` and, when accepted, plans its deployments against the ledger
     /// and writes them with their first jobs, all in one transaction. `preview` names the
     /// branch when it is a preview branch (its environments are derived per project).
+    ///
+    /// The judged state is taken out of `j` once the objects and deployments are derived from
+    /// it: at 10,000 environments it is the largest thing in memory, and the writes that follow
+    /// need only the deployments.
     pub async fn apply_revision(
         &self,
         branch: &str,
         preview: bool,
-        j: &Judgement,
+        j: &mut Judgement,
         now_ms: i64,
     ) -> Result<Applied, LedgerError> {
         let mut tx = self.write_tx().await?;
@@ -93,6 +97,7 @@ impl Ledger {
             // A preview lives `previews.ttlHours` after its branch's last commit. One whose
             // commit is older than that is not rolled out at all (and what runs is torn down).
             let expires = preview.then(|| preview_expiry(j)).flatten();
+            drop(std::mem::take(&mut j.state));
             if let Some(at) = expires
                 && at <= now_ms
             {
