@@ -106,7 +106,7 @@ pub fn plan(args: &PlanArgs, paint: Paint) -> anyhow::Result<u8> {
         header.signature = Some(match &head {
             Rev::Commit(c) => {
                 let rules = policy.as_ref().map(|p| p.rules.as_slice()).unwrap_or_default();
-                let verdict = repo.verify_commit(c.id, signers, rules, Some(base.id))?;
+                let verdict = repo.verify_commit(c.id, signers, rules, Some(base.id), None)?;
                 crate::verify::VerdictJson::from(&verdict)
             }
             Rev::WorkTree => crate::verify::VerdictJson::working_tree(),

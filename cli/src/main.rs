@@ -166,6 +166,11 @@ enum Command {
         /// The signing policy: `mode: head|strict` and path rules.
         #[arg(long, value_name = "FILE")]
         policy: Option<PathBuf>,
+        /// Also require each key to be valid at this time (`now`, or `YYYYMMDD[HHMM[SS]][Z]`),
+        /// as the reconciler does with the time it first sees a commit. Without it, keys are
+        /// checked at the committer date alone, as `git verify-commit` does.
+        #[arg(long, value_name = "TIME")]
+        at: Option<String>,
         #[arg(long, value_enum, default_value_t = DiagFormat::Text)]
         format: DiagFormat,
     },
@@ -251,8 +256,17 @@ fn main() -> ExitCode {
             dir: d,
             allowed_signers,
             policy,
+            at,
             format,
-        } => verify::verify(&dir(d), &range, &allowed_signers, policy.as_deref(), format, paint),
+        } => verify::verify(
+            &dir(d),
+            &range,
+            &allowed_signers,
+            policy.as_deref(),
+            at.as_deref(),
+            format,
+            paint,
+        ),
         Command::Secret(cmd) => match cmd {
             SecretCommand::Set { name, key, dir: d } => secret::set(&dir(d), &name, &key),
             SecretCommand::Show {

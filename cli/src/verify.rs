@@ -113,14 +113,25 @@ pub fn verdict_line(v: &CommitVerdict, paint: Paint) -> String {
     }
 }
 
+/// `--at`: `now`, or a time in the allowed-signers format.
+fn parse_at(at: &str) -> anyhow::Result<i64> {
+    if at == "now" {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+        return Ok(i64::try_from(now.as_secs())?);
+    }
+    allowed_signers::parse_time(at).with_context(|| format!("--at `{at}` is `now` or YYYYMMDD[HHMM[SS]][Z]"))
+}
+
 pub fn verify(
     dir: &Path,
     range: &str,
     signers_path: &Path,
     policy_path: Option<&Path>,
+    at: Option<&str>,
     format: DiagFormat,
     paint: Paint,
 ) -> anyhow::Result<u8> {
+    let seen_at = at.map(parse_at).transpose()?;
     let signers = load_signers(signers_path)?;
     let policy = load_policy(policy_path)?;
     let repo = StateRepo::open(dir)?;
@@ -131,7 +142,7 @@ pub fn verify(
         ),
         None => (None, repo.resolve(range)?.id),
     };
-    let verdicts = repo.verify_range(from, to, &signers, policy.as_ref())?;
+    let verdicts = repo.verify_range(from, to, &signers, policy.as_ref(), seen_at)?;
     let ok = verdicts.iter().all(|v| v.result.is_ok());
     match format {
         DiagFormat::Text => {

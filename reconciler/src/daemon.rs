@@ -6,7 +6,8 @@
 use crate::auth::Tokens;
 use crate::config::Config;
 use crate::ledger::{Ledger, LedgerError};
-use crate::revision::judge;
+use crate::revision::{Preview, Trust, judge};
+use crate::rewrites::RewriteStatus;
 use crate::source::{Commit, SourceError, StateRepo};
 use crate::trust::allowed_signers::{self, AllowedSigner};
 use crate::trust::policy::{self, Policy};
@@ -135,6 +136,25 @@ pub struct Shared {
     pub passes: AtomicU64,
 }
 
+/// What the ledger says of a branch, for [`Shared::decide`].
+struct BranchState {
+    head: ObjectId,
+    preview: bool,
+    last_judged: Option<ObjectId>,
+    accepted: Option<ObjectId>,
+    /// For a preview: the applied branch's accepted commit.
+    applied_accepted: Option<ObjectId>,
+    rewrite_approved: bool,
+}
+
+/// What to do on a branch this pass.
+enum Catchup {
+    /// Judge these commits, oldest first, against `base`.
+    Judge { commits: Vec<ObjectId>, base: Option<ObjectId> },
+    /// The applied branch's head does not descend from its last accepted commit.
+    Rewritten { accepted: ObjectId },
+}
+
 /// What one pass did.
 #[derive(Clone, Debug, Default)]
 pub struct PassReport {
@@ -250,7 +270,10 @@ impl Shared {
     }
 
     /// One level-triggered pass. Safe to run at any time, any number of times: everything it
-    /// writes is keyed by what it is, so a replay writes nothing.
+    /// writes is keyed by what it is, so a replay writes nothing. A branch whose judging fails
+    /// (a Git error on that branch alone) is logged and skipped; the pass goes on with the
+    /// other branches, preview expiry, lease expiry and advance. Only a ledger error fails
+    /// the pass, since nothing after it could be written either.
     pub async fn pass(self: &Arc<Self>) -> Result<PassReport, DaemonError> {
         let started = Instant::now();
         let mut report = PassReport::default();
@@ -259,8 +282,18 @@ impl Shared {
             .await
             .map_err(|e| DaemonError::Join(e.to_string()))??;
         if let Some(branches) = &branches {
-            for (branch, head) in branches {
-                self.catch_up(branch, *head, &mut report).await?;
+            // The applied branch first: previews are judged against its accepted state.
+            let mut order: Vec<&(String, ObjectId)> = branches.iter().collect();
+            order.sort_by_key(|(b, _)| *b != self.config.source.branch);
+            for (branch, head) in order {
+                match self.catch_up(branch, *head, &mut report).await {
+                    Ok(()) => {}
+                    Err(DaemonError::Ledger(e)) => return Err(DaemonError::Ledger(e)),
+                    Err(e) => {
+                        self.metrics.tick_errors.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(branch = %branch, head = %head, error = %e, "cannot judge this branch now; the other branches go on");
+                    }
+                }
             }
             // Preview branches with live deployments that no longer exist: tear them down.
             // (`branches` holds only tracked ones, so this also covers a branch no longer
@@ -290,46 +323,155 @@ impl Shared {
         Ok(report)
     }
 
+    /// Which commits of a branch to judge, and against what (blocking: it walks Git).
+    ///
+    /// The applied branch only moves forward: a head that does not descend from the last
+    /// accepted commit is a rewrite, refused unless an admin approved that head. A preview
+    /// branch is rebased as a matter of course: when its head no longer descends from its own
+    /// last accepted commit, it is judged afresh against its merge base with the applied
+    /// branch's accepted commit.
+    fn decide(&self, b: &BranchState) -> Result<Catchup, DaemonError> {
+        let repo = self.repo()?;
+        let head = b.head;
+        let descends = |a: ObjectId| repo.is_ancestor(a, head);
+        // Judging resumes after the last judged commit while the head still descends from it.
+        let resume = match b.last_judged {
+            Some(l) if descends(l)? => Some(l),
+            _ => None,
+        };
+        if !b.preview {
+            if let Some(a) = b.accepted
+                && !descends(a)?
+            {
+                if !b.rewrite_approved {
+                    return Ok(Catchup::Rewritten { accepted: a });
+                }
+                return Ok(Catchup::Judge {
+                    commits: vec![head],
+                    base: repo.merge_base(a, head)?,
+                });
+            }
+            let commits = match resume.or(b.accepted) {
+                Some(from) => repo.first_parent_range(Some(from), head)?,
+                None => vec![head],
+            };
+            return Ok(Catchup::Judge {
+                commits,
+                base: b.accepted,
+            });
+        }
+        let base = match b.accepted {
+            Some(a) if descends(a)? => Some(a),
+            _ => match b.applied_accepted {
+                Some(m) => repo.merge_base(m, head)?,
+                None => None,
+            },
+        };
+        let commits = match resume {
+            Some(from) => repo.first_parent_range(Some(from), head)?,
+            None => vec![head],
+        };
+        Ok(Catchup::Judge { commits, base })
+    }
+
     /// Judges and applies, oldest first, every commit of `branch` after the last one judged.
-    /// A branch seen for the first time starts at its head; a rewritten history (the last
-    /// judged commit is no first-parent ancestor any more) does too.
+    /// A branch seen for the first time starts at its head.
     async fn catch_up(
         self: &Arc<Self>,
         branch: &str,
         head: ObjectId,
         report: &mut PassReport,
     ) -> Result<(), DaemonError> {
-        let last = self.ledger.last_judged(branch).await?;
-        if last.as_deref() == Some(head.to_string().as_str()) {
+        let oid = |s: Option<String>| s.and_then(|s| ObjectId::from_hex(s.as_bytes()).ok());
+        let head_hex = head.to_string();
+        let last_judged = self.ledger.last_judged(branch).await?;
+        if last_judged.as_deref() == Some(head_hex.as_str()) {
             return Ok(());
         }
+        let preview = self.is_preview(branch);
+        let rewrite = match preview {
+            true => None,
+            false => self.ledger.rewrite_status(branch, &head_hex).await?,
+        };
+        if rewrite == Some(RewriteStatus::Pending) {
+            return Ok(()); // refused already; waits for an admin or a new push
+        }
+        let applied_accepted = match preview {
+            true => oid(self.ledger.last_accepted(&self.config.source.branch).await?),
+            false => None,
+        };
+        let state = BranchState {
+            head,
+            preview,
+            last_judged: oid(last_judged),
+            accepted: oid(self.ledger.last_accepted(branch).await?),
+            applied_accepted,
+            rewrite_approved: rewrite == Some(RewriteStatus::Approved),
+        };
         let me = Arc::clone(self);
-        let from = last.and_then(|s| ObjectId::from_hex(s.as_bytes()).ok());
-        let range = tokio::task::spawn_blocking(move || {
-            Ok::<_, DaemonError>(me.repo()?.first_parent_range(from, head).unwrap_or_else(|_| vec![head]))
+        let (plan, repository) = tokio::task::spawn_blocking(move || {
+            let plan = me.decide(&state)?;
+            // A preview is derived under the applied branch's accepted Repository document.
+            let repository = match state.applied_accepted {
+                Some(id) => crate::load::repository_at(
+                    &*me.repo()?,
+                    &Commit {
+                        spec: id.to_string(),
+                        id,
+                    },
+                )?,
+                None => None,
+            };
+            Ok::<_, DaemonError>((plan, repository))
         })
         .await
         .map_err(|e| DaemonError::Join(e.to_string()))??;
-        for id in range {
-            let accepted = self
-                .ledger
-                .last_accepted(branch)
-                .await?
-                .and_then(|s| ObjectId::from_hex(s.as_bytes()).ok());
+        let (commits, mut base) = match plan {
+            Catchup::Rewritten { accepted } => {
+                if self
+                    .ledger
+                    .record_rewrite(branch, &head_hex, &accepted.to_string(), now_ms())
+                    .await?
+                {
+                    report.judged += 1;
+                    report.rejected += 1;
+                    tracing::warn!(branch, sha = %head, accepted = %accepted, code = crate::rewrites::HISTORY_REWRITTEN, "the head does not descend from the last accepted commit; it stays in force until an admin approves the rewrite");
+                }
+                return Ok(());
+            }
+            Catchup::Judge { commits, base } => (commits, base),
+        };
+        let repository = Arc::new(repository);
+        for (i, id) in commits.into_iter().enumerate() {
+            if i > 0 {
+                // A commit accepted earlier in this range is the next one's base.
+                base = oid(self.ledger.last_accepted(branch).await?).or(base);
+            }
             let me = Arc::clone(self);
+            let repository = Arc::clone(&repository);
+            let owned_branch = branch.to_owned();
             let mut judgement = tokio::task::spawn_blocking(move || {
                 let repo = me.repo()?;
                 let commit = Commit {
                     spec: id.to_string(),
                     id,
                 };
-                judge(&repo, &commit, &me.signers, me.policy.as_ref(), accepted).map_err(DaemonError::from)
+                let trust = Trust {
+                    signers: &me.signers,
+                    policy: me.policy.as_ref(),
+                    seen_at: Some(now_ms() / 1000),
+                    preview: preview.then(|| Preview {
+                        branch: &owned_branch,
+                        repository: repository.as_ref().as_ref(),
+                    }),
+                };
+                judge(&repo, &commit, base, &trust).map_err(DaemonError::from)
             })
             .await
             .map_err(|e| DaemonError::Join(e.to_string()))??;
             let applied = self
                 .ledger
-                .apply_revision(branch, self.is_preview(branch), &mut judgement, now_ms())
+                .apply_revision(branch, preview, &mut judgement, now_ms())
                 .await?;
             if applied.recorded {
                 report.judged += 1;

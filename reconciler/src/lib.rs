@@ -14,6 +14,7 @@ pub mod ledger;
 pub mod load;
 pub mod remote;
 pub mod revision;
+pub mod rewrites;
 pub mod secrets;
 pub mod source;
 pub mod trust;

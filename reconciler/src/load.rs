@@ -137,6 +137,21 @@ pub fn load(repo: &StateRepo, rev: &Rev) -> Result<Loaded, SourceError> {
     Ok(finish(load_side(repo, rev, &HashMap::new())?))
 }
 
+/// The `Repository` document of a commit's root file, if it decodes.
+pub fn repository_at(repo: &StateRepo, commit: &Commit) -> Result<Option<state_schema::parse::Located>, SourceError> {
+    let Some(entry) = repo.entry_at(commit, ROOT_FILE)? else {
+        return Ok(None);
+    };
+    if entry.size > state_schema::yaml::MAX_FILE_BYTES as u64 {
+        return Ok(None);
+    }
+    let bytes = repo.read(repo.thread_repo().as_ref(), &entry)?;
+    Ok(parse_file(ROOT_FILE, &bytes)
+        .objects
+        .into_iter()
+        .find(|l| matches!(l.object.spec, Spec::Repository(_))))
+}
+
 /// Files already parsed, by path and blob.
 type Known = HashMap<(String, ObjectId), Arc<ParsedFile>>;
 

@@ -13,6 +13,9 @@ use std::path::{Path, PathBuf};
 pub const MAX_FILES: usize = 100_000;
 /// Most bytes of YAML in one state tree.
 pub const MAX_TREE_BYTES: u64 = 256 << 20;
+/// Deepest nesting of folders in a state tree. Walks stop here, so a hostile tree of a
+/// million nested folders is refused instead of overflowing a thread's stack.
+pub const MAX_TREE_DEPTH: usize = 32;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
@@ -36,6 +39,8 @@ pub enum SourceError {
     },
     #[error("{message}")]
     Range { message: String },
+    #[error("`{path}` nests folders deeper than {MAX_TREE_DEPTH} levels")]
+    TooDeep { path: String },
     #[error("reading {path}")]
     Io {
         path: PathBuf,
@@ -270,6 +275,21 @@ fn too_large(path: &str, size: u64) -> Diagnostic {
     .with_hint("split it into several files")
 }
 
+fn too_deep(path: &str) -> Diagnostic {
+    Diagnostic::error(
+        Code::TreeTooDeep,
+        path,
+        None,
+        format!("folders nest deeper than {MAX_TREE_DEPTH} levels here; nothing below is read"),
+    )
+    .with_hint("flatten the folder structure")
+}
+
+/// The number of folders a `/`-terminated directory prefix names.
+fn depth_of(dir: &str) -> usize {
+    dir.matches('/').count()
+}
+
 fn push_file(listing: &mut Listing, path: String, blob: Option<ObjectId>, size: u64) {
     if size > state_schema::yaml::MAX_FILE_BYTES as u64 {
         listing.problems.push(too_large(&path, size));
@@ -292,6 +312,7 @@ fn walk_tree(
         }
         let path = format!("{dir}{name}");
         match entry.kind() {
+            EntryKind::Tree if depth_of(dir) + 1 > MAX_TREE_DEPTH => listing.problems.push(too_deep(&path)),
             EntryKind::Tree => {
                 let sub = repo.find_tree(entry.object_id()).map_err(git(path.clone()))?;
                 walk_tree(repo, &sub, &format!("{path}/"), listing)?;
@@ -353,6 +374,8 @@ fn walk_dir(root: &Path, dir: &str, listing: &mut Listing) -> Result<(), SourceE
         let ft = meta.file_type();
         if ft.is_symlink() {
             listing.problems.push(symlink_problem(&path));
+        } else if ft.is_dir() && depth_of(dir) + 1 > MAX_TREE_DEPTH {
+            listing.problems.push(too_deep(&path));
         } else if ft.is_dir() {
             walk_dir(root, &format!("{path}/"), listing)?;
         } else if !ft.is_file() {
@@ -507,6 +530,9 @@ pub(crate) fn walk_tree_diff(
             }
         };
         let (ta, tb) = (sub(x)?, sub(y)?);
+        if (ta.is_some() || tb.is_some()) && depth_of(dir) + 1 > MAX_TREE_DEPTH {
+            return Err(SourceError::TooDeep { path });
+        }
         if ta.is_some() || tb.is_some() {
             walk_tree_diff(repo, ta.as_ref(), tb.as_ref(), &format!("{path}/"), hidden, visit)?;
         }

@@ -9,7 +9,7 @@ mod postgres_support;
 mod repo_support;
 
 use reconciler::ledger::Ledger;
-use reconciler::revision::judge;
+use reconciler::revision::{Trust, judge};
 use reconciler::source::StateRepo;
 use reconciler::trust::allowed_signers;
 use repo_support::{POOL, Repo};
@@ -35,6 +35,15 @@ fn repository(dir: &Path) -> (std::path::PathBuf, String, [String; 4]) {
     )
 }
 
+fn trust(signers: &[allowed_signers::AllowedSigner]) -> Trust<'_> {
+    Trust {
+        signers,
+        policy: None,
+        seen_at: None,
+        preview: None,
+    }
+}
+
 async fn scenario(ledger: Ledger, dir: &Path) {
     let (repo_dir, signers_text, [good, unsigned, invalid, good_again]) = repository(dir);
     let signers = allowed_signers::parse(&signers_text).expect("allowed signers");
@@ -47,7 +56,7 @@ async fn scenario(ledger: Ledger, dir: &Path) {
         (&good_again, None),
     ] {
         let commit = repo.resolve(sha).expect("resolve");
-        let j = judge(&repo, &commit, &signers, None, last).expect("judge");
+        let j = judge(&repo, &commit, last, &trust(&signers)).expect("judge");
         assert!(
             ledger.record_revision("main", &j, 1).await.expect("record"),
             "first time: recorded"
@@ -61,6 +70,9 @@ async fn scenario(ledger: Ledger, dir: &Path) {
             Some(codes) => {
                 let got: Vec<&str> = j.reasons.iter().map(|r| r.code.as_str()).collect();
                 assert_eq!(got, codes);
+                // Trust is checked first: a commit it refuses is never read or parsed.
+                let loaded = codes != ["unsigned"];
+                assert_eq!(j.state.files > 0, loaded, "{codes:?}: state loaded = {}", j.state.files);
                 assert_eq!(
                     ledger.revision("main", sha).await.expect("revision"),
                     Some(("rejected".into(), codes.iter().map(|c| (*c).to_owned()).collect()))
@@ -78,7 +90,7 @@ async fn scenario(ledger: Ledger, dir: &Path) {
     let events = ledger.events_after(0, 1000).await.expect("events");
     for sha in [&good, &unsigned, &invalid, &good_again] {
         let commit = repo.resolve(sha).expect("resolve");
-        let j = judge(&repo, &commit, &signers, None, None).expect("judge");
+        let j = judge(&repo, &commit, None, &trust(&signers)).expect("judge");
         assert!(
             !ledger.record_revision("main", &j, 2).await.expect("record again"),
             "judged before: nothing written"

@@ -55,11 +55,7 @@ pub struct Unplaceable {
 pub fn deployments(state: &State, preview: Option<&str>) -> (Vec<Desired>, Vec<Unplaceable>) {
     let mut out = Vec::new();
     let mut unplaceable = Vec::new();
-    let envs: Vec<(Name, Environment)> = match preview {
-        None => state.environments().map(|(n, e)| (n.clone(), e.clone())).collect(),
-        Some(branch) => preview_environments(state, branch),
-    };
-    for (name, env) in &envs {
+    for (name, env) in &environments_of(state, preview) {
         match desired(state, name, env) {
             Ok(d) => out.push(d),
             Err(reason) => unplaceable.push(Unplaceable {
@@ -69,6 +65,96 @@ pub fn deployments(state: &State, preview: Option<&str>) -> (Vec<Desired>, Vec<U
         }
     }
     (out, unplaceable)
+}
+
+/// The environments a state deploys: its own, or a preview branch's one per project.
+fn environments_of(state: &State, preview: Option<&str>) -> Vec<(Name, Environment)> {
+    match preview {
+        None => state.environments().map(|(n, e)| (n.clone(), e.clone())).collect(),
+        Some(branch) => preview_environments(state, branch),
+    }
+}
+
+/// What a change does to one environment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Effect {
+    /// It appears: its first generation rolls out.
+    Rollout,
+    /// It disappears: it is torn down.
+    Teardown,
+    /// It stays, and what it runs changes (a new generation).
+    Change,
+}
+
+/// An environment a change affects, with what a signing policy selects it by.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct Affected {
+    pub environment: Name,
+    pub stage: Stage,
+    pub pool: Name,
+    pub effect: Effect,
+}
+
+/// What decides whether an environment changes: the spec hash of its deployment, or, when it
+/// cannot be placed, everything it derives (so a change to an unplaceable environment still
+/// counts: it would roll out as soon as a node appears).
+fn fingerprint(state: &State, name: &Name, env: &Environment) -> String {
+    match desired(state, name, env) {
+        Ok(d) => d.spec_hash,
+        Err(reason) => {
+            let project = state.project(env.project.as_str()).map(|p| &p.roles);
+            canonical::hash(&(project, derive_environment(state, name, env), reason))
+        }
+    }
+}
+
+/// The environments whose deployment differs between `before` and `after`: the same
+/// comparison the reconciler makes to decide generations, so a signing policy that guards an
+/// environment sees every change that would reach it, whichever file caused it. An
+/// environment is matched by its stage and pool on either side.
+pub fn affected_environments(before: &State, after: &State, preview: Option<&str>) -> Vec<Affected> {
+    let old: BTreeMap<Name, Environment> = environments_of(before, preview).into_iter().collect();
+    let new: BTreeMap<Name, Environment> = environments_of(after, preview).into_iter().collect();
+    let mut out = Vec::new();
+    for (name, env) in &new {
+        let effect = match old.get(name) {
+            None => Some(Effect::Rollout),
+            Some(o) if fingerprint(before, name, o) != fingerprint(after, name, env) => Some(Effect::Change),
+            Some(_) => None,
+        };
+        if let Some(effect) = effect {
+            out.push(Affected {
+                environment: name.clone(),
+                stage: env.stage,
+                pool: env.pool.clone(),
+                effect,
+            });
+            // A change of stage or pool is matched by the old values too.
+            if let Some(o) = old.get(name)
+                && (o.stage != env.stage || o.pool != env.pool)
+            {
+                out.push(Affected {
+                    environment: name.clone(),
+                    stage: o.stage,
+                    pool: o.pool.clone(),
+                    effect,
+                });
+            }
+        }
+    }
+    for (name, env) in &old {
+        if !new.contains_key(name) {
+            out.push(Affected {
+                environment: name.clone(),
+                stage: env.stage,
+                pool: env.pool.clone(),
+                effect: Effect::Teardown,
+            });
+        }
+    }
+    out.sort();
+    out
 }
 
 /// The environments a preview branch gets: one per project, when the repository declares

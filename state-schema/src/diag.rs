@@ -41,8 +41,9 @@ codes! {
     TooManyDocuments => "too-many-documents", "A file holds more than 10,000 YAML documents.";
     TooManyFiles => "too-many-files", "The state tree holds more than 100,000 YAML files.";
     TreeTooLarge => "tree-too-large", "The YAML files of the state tree add up to more than 256 MiB.";
-    AliasLimit => "alias-limit", "YAML aliases expand to more than 10,000 nodes in one file.";
+    AliasLimit => "alias-limit", "YAML aliases expand to more than 10,000 nodes in one file, or anchors copy more than 100,000.";
     NestingTooDeep => "nesting-too-deep", "YAML nesting is deeper than 64 levels.";
+    TreeTooDeep => "tree-too-deep", "Folders of the state tree nest deeper than 32 levels.";
     InvalidUtf8 => "invalid-utf8", "A state file is not valid UTF-8.";
     YamlSyntax => "yaml-syntax", "The file is not well-formed YAML.";
     UnsupportedTag => "unsupported-tag", "A YAML tag other than the core schema's (`!!str`, `!!int`, ...).";

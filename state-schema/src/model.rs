@@ -147,11 +147,20 @@ pub struct Resources {
     pub pids: u32,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Stage {
     Production,
     Preview,
+}
+
+impl Stage {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::Production => "production",
+            Stage::Preview => "preview",
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]

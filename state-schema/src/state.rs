@@ -56,6 +56,17 @@ impl State {
             .map(|(_, v)| v)
     }
 
+    /// This state with its `Repository` document replaced by `repository` (or removed). A
+    /// preview branch is deployed under the applied branch's accepted `Repository`, so that a
+    /// branch cannot widen its own preview pool, lifetime or domains.
+    pub fn with_repository(mut self, repository: Option<Located>) -> State {
+        self.objects.retain(|(k, _), _| *k != Kind::Repository);
+        if let Some(l) = repository {
+            self.objects.insert((Kind::Repository, l.object.metadata.name.clone()), l);
+        }
+        self
+    }
+
     pub fn repository(&self) -> Option<&Repository> {
         self.of_kind(Kind::Repository).find_map(|l| match &l.object.spec {
             Spec::Repository(r) => Some(r),

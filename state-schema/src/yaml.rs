@@ -18,6 +18,12 @@ pub const MAX_DOCUMENTS: usize = 10_000;
 pub const MAX_DEPTH: usize = 64;
 /// Most nodes that aliases may add to one file by expansion ("billion laughs" stop here).
 pub const MAX_ALIAS_NODES: usize = 10_000;
+/// Most nodes that anchors may hold copies of in one file. An anchor keeps a copy of its node
+/// for later aliases, so nested anchors around one large node copy it once per level (60
+/// levels around 440,000 scalars once took 1.4 GB); the copies count against this budget.
+/// An anchored node larger than [`MAX_ALIAS_NODES`] is not copied at all: no alias could use
+/// it within that limit.
+pub const MAX_ANCHOR_NODES: usize = 100_000;
 
 /// A node of a loaded document. Scalars borrow from the input where YAML needs no unescaping,
 /// which is most of them.
@@ -100,49 +106,76 @@ pub fn load_bytes(bytes: &[u8]) -> Result<Vec<Node<'_>>, LoadError> {
     load_str(text)
 }
 
+/// A collection being built, with the number of nodes inside it so far (itself included), so
+/// an anchor knows its node's size without walking it.
 enum Frame<'a> {
     Seq {
         pos: Pos,
         anchor: usize,
+        size: usize,
         items: Vec<Node<'a>>,
     },
     Map {
         pos: Pos,
         anchor: usize,
+        size: usize,
         entries: Vec<(Node<'a>, Node<'a>)>,
         key: Option<Node<'a>>,
     },
 }
 
+/// What an anchor names: a copy of its node and the node's size, or only the size when the
+/// node is too large for any alias to expand.
+enum Anchored<'a> {
+    Copy(Node<'a>, usize),
+    TooLarge(usize),
+}
+
 struct Builder<'a> {
     stack: Vec<Frame<'a>>,
-    anchors: HashMap<usize, (Node<'a>, usize)>,
+    anchors: HashMap<usize, Anchored<'a>>,
     alias_nodes: usize,
+    anchor_nodes: usize,
     docs: Vec<Node<'a>>,
 }
 
-fn count_nodes(n: &Node<'_>) -> usize {
-    1 + match &n.value {
-        Value::Seq(items) => items.iter().map(count_nodes).sum(),
-        Value::Map(entries) => entries.iter().map(|(k, v)| count_nodes(k) + count_nodes(v)).sum(),
-        _ => 0,
-    }
-}
-
 impl<'a> Builder<'a> {
-    fn finish_node(&mut self, node: Node<'a>, anchor: usize) {
+    /// Adds a finished node of `size` nodes to its parent (or as a document), keeping a copy
+    /// for `anchor` within the anchor budget.
+    fn finish_node(&mut self, node: Node<'a>, anchor: usize, size: usize) -> Result<(), LoadError> {
         if anchor != 0 {
-            let size = count_nodes(&node);
-            self.anchors.insert(anchor, (node.clone(), size));
+            let entry = if size > MAX_ALIAS_NODES {
+                Anchored::TooLarge(size)
+            } else {
+                self.anchor_nodes = self.anchor_nodes.saturating_add(size);
+                if self.anchor_nodes > MAX_ANCHOR_NODES {
+                    return Err(LoadError {
+                        code: Code::AliasLimit,
+                        pos: Some(node.pos),
+                        message: format!("anchors copy more than {MAX_ANCHOR_NODES} nodes"),
+                    });
+                }
+                Anchored::Copy(node.clone(), size)
+            };
+            self.anchors.insert(anchor, entry);
         }
         match self.stack.last_mut() {
-            Some(Frame::Seq { items, .. }) => items.push(node),
-            Some(Frame::Map { entries, key, .. }) => match key.take() {
-                Some(k) => entries.push((k, node)),
-                None => *key = Some(node),
-            },
+            Some(Frame::Seq { items, size: s, .. }) => {
+                *s = s.saturating_add(size);
+                items.push(node);
+            }
+            Some(Frame::Map {
+                entries, key, size: s, ..
+            }) => {
+                *s = s.saturating_add(size);
+                match key.take() {
+                    Some(k) => entries.push((k, node)),
+                    None => *key = Some(node),
+                }
+            }
             None => self.docs.push(node),
         }
+        Ok(())
     }
 }
 
@@ -250,6 +283,7 @@ pub fn load_str(text: &str) -> Result<Vec<Node<'_>>, LoadError> {
         stack: Vec::new(),
         anchors: HashMap::new(),
         alias_nodes: 0,
+        anchor_nodes: 0,
         docs: Vec::new(),
     };
     let mut documents = 0usize;
@@ -287,13 +321,14 @@ pub fn load_str(text: &str) -> Result<Vec<Node<'_>>, LoadError> {
                     (None, ScalarStyle::Plain) => resolve_plain_cow(text),
                     (None, _) => Value::Str(text),
                 };
-                b.finish_node(Node { pos, value }, anchor);
+                b.finish_node(Node { pos, value }, anchor, 1)?;
             }
             Event::SequenceStart(anchor, tag) => {
                 open_collection(&b, pos, tag.as_deref())?;
                 b.stack.push(Frame::Seq {
                     pos,
                     anchor,
+                    size: 1,
                     items: Vec::new(),
                 });
             }
@@ -302,51 +337,67 @@ pub fn load_str(text: &str) -> Result<Vec<Node<'_>>, LoadError> {
                 b.stack.push(Frame::Map {
                     pos,
                     anchor,
+                    size: 1,
                     entries: Vec::new(),
                     key: None,
                 });
             }
             Event::SequenceEnd | Event::MappingEnd => {
-                let node_and_anchor = match b.stack.pop() {
-                    Some(Frame::Seq { pos, anchor, items }) => (
+                let (node, anchor, size) = match b.stack.pop() {
+                    Some(Frame::Seq {
+                        pos,
+                        anchor,
+                        size,
+                        items,
+                    }) => (
                         Node {
                             pos,
                             value: Value::Seq(items),
                         },
                         anchor,
+                        size,
                     ),
                     Some(Frame::Map {
-                        pos, anchor, entries, ..
+                        pos,
+                        anchor,
+                        size,
+                        entries,
+                        ..
                     }) => (
                         Node {
                             pos,
                             value: Value::Map(entries),
                         },
                         anchor,
+                        size,
                     ),
                     None => continue,
                 };
-                b.finish_node(node_and_anchor.0, node_and_anchor.1);
+                b.finish_node(node, anchor, size)?;
             }
             Event::Alias(id) => {
-                let Some((node, size)) = b.anchors.get(&id) else {
-                    return Err(LoadError {
-                        code: Code::YamlSyntax,
-                        pos: Some(pos),
-                        message: "alias to an unknown anchor".into(),
-                    });
+                let (node, size) = match b.anchors.get(&id) {
+                    Some(Anchored::Copy(node, size)) => (Some(node), *size),
+                    Some(Anchored::TooLarge(size)) => (None, *size),
+                    None => {
+                        return Err(LoadError {
+                            code: Code::YamlSyntax,
+                            pos: Some(pos),
+                            message: "alias to an unknown anchor".into(),
+                        });
+                    }
                 };
-                b.alias_nodes = b.alias_nodes.saturating_add(*size);
-                if b.alias_nodes > MAX_ALIAS_NODES {
+                b.alias_nodes = b.alias_nodes.saturating_add(size);
+                let (Some(node), false) = (node, b.alias_nodes > MAX_ALIAS_NODES) else {
                     return Err(LoadError {
                         code: Code::AliasLimit,
                         pos: Some(pos),
                         message: format!("aliases expand to more than {MAX_ALIAS_NODES} nodes"),
                     });
-                }
+                };
                 let mut node = node.clone();
                 node.pos = pos;
-                b.finish_node(node, 0);
+                b.finish_node(node, 0, size)?;
             }
             Event::StreamStart | Event::StreamEnd | Event::DocumentEnd | Event::Nothing => {}
         }
@@ -411,6 +462,49 @@ mod tests {
         }
         let err = load_str(&text).expect_err("must refuse");
         assert_eq!(err.code, Code::AliasLimit);
+    }
+
+    /// `levels` anchored sequences nested around one sequence of `scalars` scalars, then the
+    /// same sequence again through an alias when `alias` is set.
+    fn nested_anchors(levels: usize, scalars: usize, alias: bool) -> String {
+        let mut text = String::from("a: ");
+        for i in 0..levels {
+            text.push_str(&format!("&l{i} ["));
+        }
+        text.push_str(&vec!["x"; scalars].join(","));
+        text.push_str(&"]".repeat(levels));
+        if alias {
+            text.push_str(&format!("\nb: *l{}\n", levels - 1));
+        }
+        text
+    }
+
+    #[test]
+    fn nested_anchors_around_a_large_node_are_not_copied() {
+        // The shape that once took 1.4 GB: every level is larger than an alias may expand, so
+        // no level is copied and the file loads at the cost of its own nodes.
+        let text = nested_anchors(60, 50_000, false);
+        let docs = load_str(&text).expect("anchors alone are fine");
+        assert_eq!(docs.len(), 1);
+        // An alias to any of them would exceed the alias budget, and says so.
+        let text = nested_anchors(60, 50_000, true);
+        assert_eq!(load_str(&text).expect_err("alias to a large node").code, Code::AliasLimit);
+    }
+
+    #[test]
+    fn anchor_copies_count_against_a_budget() {
+        // 60 levels around 9,000 scalars: each level is small enough to alias, so each is
+        // copied; 60 copies of 9,000 nodes are past the budget and the file is refused.
+        let text = nested_anchors(60, 9_000, false);
+        let err = load_str(&text).expect_err("too many copies");
+        assert_eq!(err.code, Code::AliasLimit);
+        assert!(err.message.contains("anchors copy more than"), "{}", err.message);
+        // Ten levels around 900 scalars: about 9,000 copied nodes fit, and an alias still works.
+        let text = nested_anchors(10, 900, true);
+        let docs = load_str(&text).expect("within budget");
+        let Value::Map(entries) = &docs[0].value else { panic!("map") };
+        let Value::Seq(items) = &entries[1].1.value else { panic!("seq") };
+        assert_eq!(items.len(), 900);
     }
 
     #[test]

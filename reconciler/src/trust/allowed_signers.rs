@@ -67,22 +67,45 @@ pub fn wildcard_match(pattern: &str, text: &str) -> bool {
 }
 
 /// Splits the next whitespace-separated field, honouring double quotes (as OpenSSH does for
-/// principals and options).
-fn next_field(s: &str) -> Option<(String, &str)> {
+/// principals and options). The quotes stay in the field: options split on the commas
+/// outside them.
+fn next_field(s: &str) -> Option<(&str, &str)> {
     let s = s.trim_start();
     if s.is_empty() {
         return None;
     }
-    let mut out = String::new();
     let mut quoted = false;
     for (i, c) in s.char_indices() {
         match c {
             '"' => quoted = !quoted,
-            c if c.is_whitespace() && !quoted => return Some((out, &s[i..])),
-            c => out.push(c),
+            c if c.is_whitespace() && !quoted => return Some((&s[..i], &s[i..])),
+            _ => {}
         }
     }
-    Some((out, ""))
+    Some((s, ""))
+}
+
+/// Splits on commas outside double quotes, as OpenSSH's option parser does
+/// (`namespaces="git,file",valid-after=20240101`).
+fn split_unquoted_commas(s: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut quoted, mut start) = (false, 0);
+    for (i, c) in s.char_indices() {
+        match c {
+            '"' => quoted = !quoted,
+            ',' if !quoted => {
+                out.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&s[start..]);
+    out
+}
+
+fn unquote(s: &str) -> String {
+    s.replace('"', "")
 }
 
 /// `YYYYMMDD[HHMM[SS]][Z]` as seconds since the epoch (UTC).
@@ -137,8 +160,10 @@ pub fn parse(text: &str) -> Result<Vec<AllowedSigner>, ParseError> {
             if field.starts_with("ssh-") || field.starts_with("ecdsa-") || field.starts_with("sk-") {
                 break rest.trim_start().to_owned();
             }
-            for opt in field.split(',') {
+            for opt in split_unquoted_commas(field) {
                 let (name, value) = opt.split_once('=').unwrap_or((opt, ""));
+                let value = unquote(value);
+                let value = value.as_str();
                 match name.to_ascii_lowercase().as_str() {
                     "namespaces" => namespaces.extend(value.split(',').map(str::to_owned)),
                     "valid-after" => {
@@ -163,7 +188,7 @@ pub fn parse(text: &str) -> Result<Vec<AllowedSigner>, ParseError> {
         };
         let key = PublicKey::from_openssh(&key_text).map_err(|e| err(format!("key does not parse: {e}")))?;
         out.push(AllowedSigner {
-            principals: principals
+            principals: unquote(principals)
                 .split(',')
                 .map(str::to_owned)
                 .filter(|p| !p.is_empty())
@@ -189,6 +214,23 @@ mod tests {
         assert!(wildcard_match("a?c", "abc"));
         assert!(!wildcard_match("ops-*", "dev-bob"));
         assert!(wildcard_match("*", ""));
+    }
+
+    const KEY: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPNxRWh2RdKDYTXN/0QFtuDCWrwIF/CGATHI62lddb6l";
+
+    #[test]
+    fn quoted_option_lists_parse_as_git_parses_them() {
+        let text = format!(
+            "ops-alice namespaces=\"git,file\",valid-after=\"20240101\" {KEY}\n\"a@x,b@y\" namespaces=\"git\" {KEY} c\n"
+        );
+        let signers = parse(&text).expect("git accepts these lines");
+        assert_eq!(signers[0].namespaces, ["git", "file"]);
+        assert_eq!(signers[0].valid_after, parse_time("20240101"));
+        assert_eq!(signers[0].principals, ["ops-alice"]);
+        assert_eq!(signers[1].principals, ["a@x", "b@y"]);
+        assert_eq!(signers[1].namespaces, ["git"]);
+        let bad = parse(&format!("ops namespaces=\"git\",nonsense {KEY}\n")).expect_err("unknown option");
+        assert!(bad.to_string().contains("unknown option `nonsense`"), "{bad}");
     }
 
     #[test]

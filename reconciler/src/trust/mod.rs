@@ -38,34 +38,41 @@ impl StateRepo {
         Ok(commit.committer().map_err(git(format!("committer of {id}")))?.seconds())
     }
 
-    /// The first-parent chain from `to` back to `from` (excluded), oldest first. `None` for
-    /// `from` lists `to` alone.
+    /// The first-parent chain from `to` back to the first commit reachable from `from`
+    /// (excluded), oldest first: the commits `to` adds. `None` for `from` lists `to` alone.
+    /// `from` need not be on the chain (a merge brought it in, or the branch was rebased).
     pub fn first_parent_range(&self, from: Option<ObjectId>, to: ObjectId) -> Result<Vec<ObjectId>, SourceError> {
         let repo = self.thread_repo().ok_or_else(|| SourceError::NotARepository {
             path: self.root().to_owned(),
         })?;
         let Some(from) = from else { return Ok(vec![to]) };
+        let walk = repo
+            .rev_walk([to])
+            .first_parent_only()
+            .with_hidden([from])
+            .all()
+            .map_err(|e| SourceError::Range {
+                message: format!("walking {from}..{to}: {e}"),
+            })?;
         let mut out = Vec::new();
-        let mut cur = to;
-        while cur != from {
+        for info in walk {
+            let info = info.map_err(|e| SourceError::Range {
+                message: format!("walking {from}..{to}: {e}"),
+            })?;
             if out.len() >= MAX_RANGE {
                 return Err(SourceError::Range {
                     message: format!("more than {MAX_RANGE} commits"),
                 });
             }
-            out.push(cur);
-            let commit = repo.find_commit(cur).map_err(git(format!("commit {cur}")))?;
-            match commit.parent_ids().next() {
-                Some(p) => cur = p.detach(),
-                None => {
-                    return Err(SourceError::Range {
-                        message: format!("{from} is not a first-parent ancestor of {to}"),
-                    });
-                }
-            }
+            out.push(info.id);
         }
         out.reverse();
         Ok(out)
+    }
+
+    /// True when `ancestor` is `descendant` or one of its ancestors.
+    pub fn is_ancestor(&self, ancestor: ObjectId, descendant: ObjectId) -> Result<bool, SourceError> {
+        Ok(ancestor == descendant || self.merge_base(ancestor, descendant)? == Some(ancestor))
     }
 
     /// Paths under the state tree that differ between two commits (`None`: the empty tree).
@@ -85,13 +92,14 @@ impl StateRepo {
     }
 
     /// Verifies one commit's signature; path rules apply to what changed since `since`
-    /// (default: the first parent).
+    /// (default: the first parent). With `seen_at`, the key must also have been valid then.
     pub fn verify_commit(
         &self,
         id: ObjectId,
         signers: &[AllowedSigner],
-        rules: &[policy::PathRule],
+        rules: &[policy::Rule],
         since: Option<ObjectId>,
+        seen_at: Option<i64>,
     ) -> Result<CommitVerdict, SourceError> {
         let repo = self.thread_repo().ok_or_else(|| SourceError::NotARepository {
             path: self.root().to_owned(),
@@ -105,7 +113,7 @@ impl StateRepo {
             });
         };
         let time = commit.committer().map_err(git(format!("committer of {id}")))?.seconds();
-        let mut result = verify_signature(sig.as_ref(), signed.to_bstring().as_ref(), time, signers);
+        let mut result = verify_signature(sig.as_ref(), signed.to_bstring().as_ref(), time, seen_at, signers);
         if let (Ok(signer), false) = (&result, rules.is_empty()) {
             let base = match since {
                 Some(s) => Some(s),
@@ -128,18 +136,17 @@ impl StateRepo {
         to: ObjectId,
         signers: &[AllowedSigner],
         policy: Option<&Policy>,
+        seen_at: Option<i64>,
     ) -> Result<Vec<CommitVerdict>, SourceError> {
-        let commits = self.first_parent_range(from, to)?;
         match policy {
-            None => commits
-                .into_iter()
-                .map(|c| self.verify_commit(c, signers, &[], None))
-                .collect(),
-            Some(p) if p.mode == Mode::Strict => commits
-                .into_iter()
-                .map(|c| self.verify_commit(c, signers, &p.rules, None))
-                .collect(),
-            Some(p) => Ok(vec![self.verify_commit(to, signers, &p.rules, from)?]),
+            Some(p) if p.mode == Mode::Head => Ok(vec![self.verify_commit(to, signers, &p.rules, from, seen_at)?]),
+            _ => {
+                let rules = policy.map(|p| p.rules.as_slice()).unwrap_or_default();
+                self.first_parent_range(from, to)?
+                    .into_iter()
+                    .map(|c| self.verify_commit(c, signers, rules, None, seen_at))
+                    .collect()
+            }
         }
     }
 }

@@ -1,11 +1,13 @@
-//! The signing policy: which commits must be signed, and which principals may change which
-//! paths. Lives in the daemon's configuration (or `--policy` for the CLI), never in the state
-//! repository: a repository cannot vouch for itself.
+//! The signing policy: which commits must be signed, and which principals may make which
+//! changes, by path or by consequence. Lives in the daemon's configuration (or `--policy` for
+//! the CLI), never in the state repository: a repository cannot vouch for itself.
 //!
 //! ```yaml
 //! mode: strict            # or `head` (default)
 //! rules:
 //!   - paths: ["environments/production/**"]
+//!     principals: ["ops-*"]
+//!   - environments: {stage: production}     # any change that reaches a production environment
 //!     principals: ["ops-*"]
 //! ```
 
@@ -23,26 +25,70 @@ pub enum Mode {
     Strict,
 }
 
-/// Paths (globs relative to the state tree's root) that only some principals may change.
+/// Which environments a rule guards. Every field given must match (an empty one matches
+/// anything); `names` are globs.
+#[derive(Clone, Debug, Default)]
+pub struct EnvironmentSelector {
+    pub stages: Vec<String>,
+    pub names: Vec<String>,
+    pub pools: Vec<String>,
+    name_matcher: Option<globset::GlobSet>,
+}
+
+impl EnvironmentSelector {
+    pub fn matches(&self, name: &str, stage: &str, pool: &str) -> bool {
+        (self.stages.is_empty() || self.stages.iter().any(|s| s == stage))
+            && self.name_matcher.as_ref().is_none_or(|m| m.is_match(name))
+            && (self.pools.is_empty() || self.pools.iter().any(|p| p == pool))
+    }
+
+    fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        for (what, list) in [("stage", &self.stages), ("names", &self.names), ("pools", &self.pools)] {
+            if !list.is_empty() {
+                parts.push(format!("{what} {}", list.join("|")));
+            }
+        }
+        parts.join(", ")
+    }
+}
+
+/// A rule: the principals that alone may change what it guards: paths (globs relative to the
+/// state tree's root), environments (by what a change does to them, whichever file caused
+/// it), or both.
 #[derive(Clone, Debug)]
-pub struct PathRule {
+pub struct Rule {
     /// 1-based, for messages.
     pub index: usize,
     pub paths: Vec<String>,
+    pub environments: Option<EnvironmentSelector>,
     pub principals: Vec<String>,
     matcher: globset::GlobSet,
 }
 
-impl PathRule {
+impl Rule {
+    /// True when the rule guards `path`.
     pub fn matches(&self, path: &str) -> bool {
         self.matcher.is_match(path)
     }
 
+    /// True when the rule guards the environment.
+    pub fn matches_environment(&self, name: &str, stage: &str, pool: &str) -> bool {
+        self.environments.as_ref().is_some_and(|e| e.matches(name, stage, pool))
+    }
+
     pub fn describe(&self) -> String {
+        let mut what = Vec::new();
+        if !self.paths.is_empty() {
+            what.push(format!("paths {}", self.paths.join(", ")));
+        }
+        if let Some(e) = &self.environments {
+            what.push(format!("environments {}", e.describe()));
+        }
         format!(
-            "rule {} (paths {}; principals {})",
+            "rule {} ({}; principals {})",
             self.index,
-            self.paths.join(", "),
+            what.join("; "),
             self.principals.join(", ")
         )
     }
@@ -51,7 +97,14 @@ impl PathRule {
 #[derive(Clone, Debug, Default)]
 pub struct Policy {
     pub mode: Mode,
-    pub rules: Vec<PathRule>,
+    pub rules: Vec<Rule>,
+}
+
+impl Policy {
+    /// True when some rule guards environments, so judging a commit must work out what it does.
+    pub fn has_environment_rules(&self) -> bool {
+        self.rules.iter().any(|r| r.environments.is_some())
+    }
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -81,6 +134,50 @@ fn strings(n: &Node<'_>, what: &str) -> Result<Vec<String>, PolicyError> {
             _ => Err(err(i, format!("`{what}` must be a list of strings"))),
         })
         .collect()
+}
+
+/// A string, or a list of strings.
+fn one_or_more(n: &Node<'_>, what: &str) -> Result<Vec<String>, PolicyError> {
+    match &n.value {
+        Value::Str(s) => Ok(vec![s.to_string()]),
+        _ => strings(n, what),
+    }
+}
+
+fn globs(r: &Node<'_>, patterns: &[String]) -> Result<globset::GlobSet, PolicyError> {
+    let mut b = globset::GlobSetBuilder::new();
+    for p in patterns {
+        b.add(
+            globset::GlobBuilder::new(p)
+                .literal_separator(true)
+                .build()
+                .map_err(|e| err(r, format!("`{p}` is not a glob: {}", e.kind())))?,
+        );
+    }
+    b.build().map_err(|e| err(r, e.to_string()))
+}
+
+fn selector(n: &Node<'_>) -> Result<EnvironmentSelector, PolicyError> {
+    let mut sel = EnvironmentSelector::default();
+    for (k, v) in fields(n, "`environments`", &["stage", "names", "pools"])? {
+        match k {
+            "stage" => {
+                sel.stages = one_or_more(v, "stage")?;
+                if let Some(bad) = sel.stages.iter().find(|s| !matches!(s.as_str(), "production" | "preview")) {
+                    return Err(err(v, format!("stage `{bad}` is `production` or `preview`")));
+                }
+            }
+            "names" => {
+                sel.names = one_or_more(v, "names")?;
+                sel.name_matcher = Some(globs(v, &sel.names)?);
+            }
+            _ => sel.pools = one_or_more(v, "pools")?,
+        }
+    }
+    if sel.stages.is_empty() && sel.names.is_empty() && sel.pools.is_empty() {
+        return Err(err(n, "`environments` needs `stage`, `names` or `pools`"));
+    }
+    Ok(sel)
 }
 
 fn fields<'n>(n: &'n Node<'n>, what: &str, known: &[&str]) -> Result<Vec<(&'n str, &'n Node<'n>)>, PolicyError> {
@@ -133,32 +230,26 @@ pub fn parse(text: &str) -> Result<Policy, PolicyError> {
                     return Err(err(v, "`rules` must be a list"));
                 };
                 for (i, r) in rules.iter().enumerate() {
-                    let mut paths = None;
-                    let mut principals = None;
-                    for (k, rv) in fields(r, "a rule", &["paths", "principals"])? {
+                    let (mut paths, mut environments, mut principals) = (Vec::new(), None, None);
+                    for (k, rv) in fields(r, "a rule", &["paths", "environments", "principals"])? {
                         match k {
-                            "paths" => paths = Some(strings(rv, "paths")?),
+                            "paths" => paths = strings(rv, "paths")?,
+                            "environments" => environments = Some(selector(rv)?),
                             _ => principals = Some(strings(rv, "principals")?),
                         }
                     }
-                    let (Some(paths), Some(principals)) = (paths, principals) else {
-                        return Err(err(r, "a rule needs `paths` and `principals`"));
+                    let Some(principals) = principals else {
+                        return Err(err(r, "a rule needs `principals`"));
                     };
-                    let mut b = globset::GlobSetBuilder::new();
-                    for p in &paths {
-                        b.add(
-                            globset::GlobBuilder::new(p)
-                                .literal_separator(true)
-                                .build()
-                                .map_err(|e| err(r, format!("`{p}` is not a glob: {}", e.kind())))?,
-                        );
+                    if paths.is_empty() && environments.is_none() {
+                        return Err(err(r, "a rule needs `paths` or `environments`"));
                     }
-                    let matcher = b.build().map_err(|e| err(r, e.to_string()))?;
-                    policy.rules.push(PathRule {
+                    policy.rules.push(Rule {
                         index: i + 1,
+                        matcher: globs(r, &paths)?,
                         paths,
+                        environments,
                         principals,
-                        matcher,
                     });
                 }
             }
@@ -187,5 +278,25 @@ mod tests {
                 .contains("unknown field `principal`")
         );
         assert!(parse("rules:\n  - paths: [a]\n").is_err());
+    }
+
+    #[test]
+    fn environment_rules() {
+        let p = parse(
+            "rules:\n  - environments: {stage: production}\n    principals: [ops-*]\n  - environments: {names: [\"shop-*\"], pools: [eu, us]}\n    principals: [shop]\n",
+        )
+        .expect("valid");
+        assert!(p.has_environment_rules());
+        assert!(p.rules[0].matches_environment("api-prod", "production", "eu"));
+        assert!(!p.rules[0].matches_environment("api-dev", "preview", "eu"));
+        assert!(!p.rules[0].matches("environments/production/api.yaml"), "no paths, no path match");
+        assert!(p.rules[1].matches_environment("shop-prod", "production", "us"));
+        assert!(!p.rules[1].matches_environment("shop-prod", "production", "ap"), "every field must match");
+        assert!(!p.rules[1].matches_environment("api", "production", "us"));
+        assert!(p.rules[1].describe().contains("environments names shop-*, pools eu|us"));
+        let e = parse("rules:\n  - environments: {stage: prod}\n    principals: [a]\n").expect_err("bad stage");
+        assert!(e.message.contains("`production` or `preview`"), "{}", e.message);
+        assert!(parse("rules:\n  - environments: {}\n    principals: [a]\n").is_err());
+        assert!(parse("rules:\n  - principals: [a]\n").is_err());
     }
 }

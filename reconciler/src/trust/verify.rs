@@ -3,7 +3,7 @@
 //! signing policy's path rules.
 
 use super::allowed_signers::AllowedSigner;
-use super::policy::PathRule;
+use super::policy::Rule;
 use serde::Serialize;
 use ssh_key::{Algorithm, HashAlg, PublicKey, SshSig};
 
@@ -26,6 +26,11 @@ pub enum Refusal {
     KeyExpired {
         line: usize,
     },
+    /// The key's window held the committer date (which the signer chooses) but not the time
+    /// the daemon first saw the commit: a retired key cannot sign with a backdated commit.
+    KeyNotValidWhenSeen {
+        line: usize,
+    },
     PrincipalNotAllowedForPath {
         path: String,
         rule: String,
@@ -33,6 +38,12 @@ pub enum Refusal {
     },
     UnsupportedKeyType {
         what: String,
+    },
+    PrincipalNotAllowedForEnvironment {
+        environment: String,
+        effect: &'static str,
+        rule: String,
+        principal: String,
     },
 }
 
@@ -45,8 +56,10 @@ impl Refusal {
             Refusal::WrongNamespace { .. } => "wrong-namespace",
             Refusal::KeyNotYetValid { .. } => "key-not-yet-valid",
             Refusal::KeyExpired { .. } => "key-expired",
+            Refusal::KeyNotValidWhenSeen { .. } => "key-not-valid-when-seen",
             Refusal::PrincipalNotAllowedForPath { .. } => "principal-not-allowed-for-path",
             Refusal::UnsupportedKeyType { .. } => "unsupported-key-type",
+            Refusal::PrincipalNotAllowedForEnvironment { .. } => "principal-not-allowed-for-environment",
         }
     }
 
@@ -62,9 +75,18 @@ impl Refusal {
             Refusal::KeyExpired { line } => {
                 format!("the commit postdates the key's valid-before (allowed-signers line {line})")
             }
+            Refusal::KeyNotValidWhenSeen { line } => format!(
+                "the key's window (allowed-signers line {line}) did not hold when the commit was first seen; a committer date cannot bring a retired key back"
+            ),
             Refusal::PrincipalNotAllowedForPath { path, rule, principal } => {
                 format!("`{principal}` may not change `{path}` under {rule}")
             }
+            Refusal::PrincipalNotAllowedForEnvironment {
+                environment,
+                effect,
+                rule,
+                principal,
+            } => format!("`{principal}` may not {effect} environment `{environment}` under {rule}"),
             Refusal::UnsupportedKeyType { what } => {
                 format!("{what} is not supported (ed25519, ecdsa-sha2-nistp256, rsa-sha2-256/512 are)")
             }
@@ -98,11 +120,14 @@ fn supported(alg: &Algorithm) -> bool {
 }
 
 /// Verifies one signature over `payload` made at `time` (the committer's timestamp, seconds
-/// since the epoch, as git passes to `ssh-keygen -Y verify -Overify-time`).
+/// since the epoch, as git passes to `ssh-keygen -Y verify -Overify-time`). With `seen_at`,
+/// the key's window must also hold at that time (the daemon's clock when it first saw the
+/// commit): git's check alone trusts a date the signer wrote.
 pub fn verify_signature(
     signature: &[u8],
     payload: &[u8],
     time: i64,
+    seen_at: Option<i64>,
     signers: &[AllowedSigner],
 ) -> Result<Signer, Refusal> {
     let text = std::str::from_utf8(signature).map_err(|_| Refusal::BadSignature {
@@ -149,15 +174,21 @@ pub fn verify_signature(
         .map_err(|e| Refusal::BadSignature { detail: e.to_string() })?;
     // A key may be listed more than once (say, before and after a rotation); one entry whose
     // window holds the commit time is enough.
-    let valid = in_namespace
-        .iter()
-        .find(|s| s.valid_after.is_none_or(|t| time >= t) && s.valid_before.is_none_or(|t| time < t));
+    let holds = |s: &AllowedSigner, at: i64| s.valid_after.is_none_or(|t| at >= t) && s.valid_before.is_none_or(|t| at < t);
+    let valid = in_namespace.iter().find(|s| holds(s, time));
     let Some(entry) = valid else {
         return Err(if first.valid_after.is_some_and(|t| time < t) {
             Refusal::KeyNotYetValid { line: first.line }
         } else {
             Refusal::KeyExpired { line: first.line }
         });
+    };
+    let entry = match seen_at {
+        Some(now) => in_namespace
+            .iter()
+            .find(|s| holds(s, time) && holds(s, now))
+            .ok_or(Refusal::KeyNotValidWhenSeen { line: entry.line })?,
+        None => entry,
     };
     Ok(Signer {
         principals: entry.principals.clone(),
@@ -166,20 +197,51 @@ pub fn verify_signature(
     })
 }
 
+/// True when one of the signer's principals matches one of the rule's patterns.
+fn allowed(signer: &Signer, rule: &Rule) -> bool {
+    signer.principals.iter().any(|p| {
+        rule.principals
+            .iter()
+            .any(|pat| super::allowed_signers::wildcard_match(pat, p))
+    })
+}
+
+/// Checks the environment rules for what a signer's change does.
+pub fn check_environments(
+    signer: &Signer,
+    affected: &[state_schema::desired::Affected],
+    rules: &[Rule],
+) -> Result<(), Refusal> {
+    use state_schema::desired::Effect;
+    for a in affected {
+        let (name, stage, pool) = (a.environment.as_str(), a.stage.as_str(), a.pool.as_str());
+        for rule in rules.iter().filter(|r| r.matches_environment(name, stage, pool)) {
+            if !allowed(signer, rule) {
+                return Err(Refusal::PrincipalNotAllowedForEnvironment {
+                    environment: name.to_owned(),
+                    effect: match a.effect {
+                        Effect::Rollout => "roll out",
+                        Effect::Teardown => "tear down",
+                        Effect::Change => "change",
+                    },
+                    rule: rule.describe(),
+                    principal: signer.principal(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Checks the path rules for the paths a signer changed.
 pub fn check_paths<'p>(
     signer: &Signer,
     changed: impl IntoIterator<Item = &'p str>,
-    rules: &[PathRule],
+    rules: &[Rule],
 ) -> Result<(), Refusal> {
     for path in changed {
         for rule in rules.iter().filter(|r| r.matches(path)) {
-            let allowed = signer.principals.iter().any(|p| {
-                rule.principals
-                    .iter()
-                    .any(|pat| super::allowed_signers::wildcard_match(pat, p))
-            });
-            if !allowed {
+            if !allowed(signer, rule) {
                 return Err(Refusal::PrincipalNotAllowedForPath {
                     path: path.to_owned(),
                     rule: rule.describe(),

@@ -1,0 +1,129 @@
+//! Rewritten history of the applied branch. A head that does not descend from the branch's
+//! last accepted commit (a force-push to an old commit, or to a signed commit from elsewhere)
+//! is refused with `history-rewritten` and recorded here once; the last accepted revision stays
+//! in force. An admin may approve exactly one such head (`pl revisions approve-rewrite`), which
+//! is then judged like any other commit.
+
+use crate::ledger::{Ledger, LedgerError};
+use serde::Serialize;
+use sqlx::Row;
+
+/// The stable code of the refusal.
+pub const HISTORY_REWRITTEN: &str = "history-rewritten";
+
+/// Where a rewritten head stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RewriteStatus {
+    /// Refused; waits for an admin.
+    Pending,
+    /// An admin approved it: judge it.
+    Approved,
+}
+
+/// What approving did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Approval {
+    Approved,
+    AlreadyApproved,
+    /// The daemon has not refused that head as a rewrite.
+    NotPending,
+}
+
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RewriteRow {
+    pub branch: String,
+    pub sha: String,
+    pub accepted_sha: String,
+    pub seen_at_ms: i64,
+    pub approved_by: Option<String>,
+    pub approved_at_ms: Option<i64>,
+}
+
+impl Ledger {
+    /// Whether `sha` was refused as a rewrite of `branch`, and whether it was approved since.
+    pub async fn rewrite_status(&self, branch: &str, sha: &str) -> Result<Option<RewriteStatus>, LedgerError> {
+        let row = sqlx::query(self.sql("SELECT approved_at FROM history_rewrites WHERE branch = ? AND sha = ?"))
+            .bind(branch)
+            .bind(sha)
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        let approved: Option<i64> = row.try_get(0)?;
+        Ok(Some(if approved.is_some() {
+            RewriteStatus::Approved
+        } else {
+            RewriteStatus::Pending
+        }))
+    }
+
+    /// Records the refusal of a rewritten head, with a `revision-rejected` event, once.
+    /// Returns `false` when it was recorded before.
+    pub async fn record_rewrite(&self, branch: &str, sha: &str, accepted: &str, now_ms: i64) -> Result<bool, LedgerError> {
+        let mut tx = self.write_tx().await?;
+        let row = sqlx::query(self.sql(
+            "INSERT INTO history_rewrites (branch, sha, accepted_sha, seen_at) VALUES (?, ?, ?, ?) ON CONFLICT (branch, sha) DO NOTHING RETURNING id",
+        ))
+        .bind(branch)
+        .bind(sha)
+        .bind(accepted)
+        .bind(now_ms)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if row.is_none() {
+            return Ok(false);
+        }
+        self.event(&mut tx, now_ms, "revision-rejected", &format!("{branch}@{sha}"), HISTORY_REWRITTEN)
+            .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// Approves one refused rewrite, naming the admin token, with a `rewrite-approved` event.
+    pub async fn approve_rewrite(&self, branch: &str, sha: &str, by: &str, now_ms: i64) -> Result<Approval, LedgerError> {
+        let mut tx = self.write_tx().await?;
+        let done = sqlx::query(self.sql(
+            "UPDATE history_rewrites SET approved_by = ?, approved_at = ? WHERE branch = ? AND sha = ? AND approved_at IS NULL",
+        ))
+        .bind(by)
+        .bind(now_ms)
+        .bind(branch)
+        .bind(sha)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if done == 0 {
+            drop(tx);
+            return Ok(match self.rewrite_status(branch, sha).await? {
+                Some(_) => Approval::AlreadyApproved,
+                None => Approval::NotPending,
+            });
+        }
+        self.event(&mut tx, now_ms, "rewrite-approved", &format!("{branch}@{sha}"), by)
+            .await?;
+        tx.commit().await?;
+        Ok(Approval::Approved)
+    }
+
+    /// Refused rewrites, newest first.
+    pub async fn rewrites(&self, limit: u32) -> Result<Vec<RewriteRow>, LedgerError> {
+        let rows = sqlx::query(self.sql(
+            "SELECT branch, sha, accepted_sha, seen_at, approved_by, approved_at FROM history_rewrites ORDER BY id DESC LIMIT ?",
+        ))
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(RewriteRow {
+                    branch: r.try_get(0)?,
+                    sha: r.try_get(1)?,
+                    accepted_sha: r.try_get(2)?,
+                    seen_at_ms: r.try_get(3)?,
+                    approved_by: r.try_get(4)?,
+                    approved_at_ms: r.try_get(5)?,
+                })
+            })
+            .collect()
+    }
+}
