@@ -54,6 +54,17 @@ pub fn git_with(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> String {
     String::from_utf8_lossy(&o.stdout).trim().to_owned()
 }
 
+/// A new SSH key made by `ssh-keygen` at `path`; returns its public key line.
+pub fn new_key(path: &Path) -> String {
+    let o = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", "t", "-f"])
+        .arg(path)
+        .output()
+        .expect("ssh-keygen");
+    assert!(o.status.success());
+    std::fs::read_to_string(path.with_extension("pub")).expect("pub")
+}
+
 impl Repo {
     /// A new repository on `main` with a root document and a pool, not yet committed.
     pub fn new(parent: &Path) -> Repo {
@@ -102,9 +113,19 @@ impl Repo {
         )
     }
 
+    /// A commit of everything signed with another key (see [`new_key`]).
+    pub fn commit_signed_by(&self, message: &str, key: &Path) -> String {
+        self.commit_by(message, Some(key), &[])
+    }
+
     fn commit_with(&self, message: &str, signed: bool, env: &[(&str, &str)]) -> String {
+        self.commit_by(message, signed.then_some(self.key.as_path()), env)
+    }
+
+    fn commit_by(&self, message: &str, key: Option<&Path>, env: &[(&str, &str)]) -> String {
         git(&self.dir, &["add", "-A"]);
-        let signing = format!("user.signingKey={}", self.key.display());
+        let signing = format!("user.signingKey={}", key.unwrap_or(&self.key).display());
+        let signed = key.is_some();
         let mut args = vec![
             "-c",
             "gpg.format=ssh",
