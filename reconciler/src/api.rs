@@ -22,10 +22,17 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-/// The largest request body accepted (webhooks are the only bodies).
+/// The largest request body accepted (webhooks are the only large bodies).
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
 /// The most rows one page returns.
 pub const MAX_PAGE: u32 = 1000;
+/// How long a client may take to finish its TLS handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client may take to send a request's headers (and to start the next request on
+/// a kept-alive connection).
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client may take to send a request's body.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
 type App = State<Arc<Shared>>;
 
@@ -49,8 +56,38 @@ fn internal(e: impl std::fmt::Display) -> Response {
 
 /// The refusal to send, if the request's token may not do what `needs` asks.
 fn authorize(s: &Shared, headers: &HeaderMap, needs: Role) -> Option<Response> {
+    authorized(s, headers, needs).err()
+}
+
+/// The name of the request's token, when it may do what `needs` asks.
+fn authorized<'s>(s: &'s Shared, headers: &HeaderMap, needs: Role) -> Result<&'s str, Response> {
     let header = headers.get("authorization").and_then(|v| v.to_str().ok());
-    s.tokens.authorize(header, needs).err().map(refuse)
+    s.tokens.authorize(header, needs).map_err(refuse)
+}
+
+fn too_many(code: &str, message: &str) -> Response {
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        axum::Json(json!({"code": code, "message": message})),
+    )
+        .into_response()
+}
+
+/// Reads a request body up to `limit` bytes within [`BODY_TIMEOUT`].
+async fn read_body(body: axum::body::Body, limit: usize) -> Result<Bytes, Response> {
+    match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(b)) => Ok(b),
+        Ok(Err(_)) => Err((
+            StatusCode::PAYLOAD_TOO_LARGE,
+            axum::Json(json!({"code": "body-too-large", "message": format!("the body is larger than {limit} bytes")})),
+        )
+            .into_response()),
+        Err(_) => Err((
+            StatusCode::REQUEST_TIMEOUT,
+            axum::Json(json!({"code": "body-timeout", "message": "the body did not arrive in time"})),
+        )
+            .into_response()),
+    }
 }
 
 pub fn router(shared: Arc<Shared>) -> Router {
@@ -65,6 +102,8 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/events", get(events))
         .route("/v1/events/stream", get(stream))
         .route("/v1/reconcile", post(reconcile))
+        .route("/v1/rewrites", get(rewrites))
+        .route("/v1/rewrites/approve", post(approve_rewrite))
         .route("/v1/webhooks/{forge}", post(webhook))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(shared)
@@ -83,10 +122,21 @@ async fn readyz(State(s): App) -> Response {
     (code, axum::Json(body)).into_response()
 }
 
+/// The counts of the last pass (see [`Shared::refresh_counts`]); read once at start when no
+/// pass has run yet.
+async fn cached_counts(s: &Shared) -> Option<crate::views::Counts> {
+    if let Some(c) = s.counts.lock().ok().and_then(|c| c.clone()) {
+        return Some(c);
+    }
+    s.refresh_counts(false).await;
+    s.counts.lock().ok().and_then(|c| c.clone())
+}
+
+/// Unauthenticated, so it serves the values of the last pass: a scrape (or a flood of them)
+/// costs no query.
 async fn metrics(State(s): App) -> Response {
-    let counts = match s.ledger.counts(now_ms()).await {
-        Ok(c) => c,
-        Err(e) => return internal(e),
+    let Some(counts) = cached_counts(&s).await else {
+        return internal("no counts yet");
     };
     let m = &s.metrics;
     let mut out = String::new();
@@ -152,6 +202,7 @@ async fn status(State(s): App, headers: HeaderMap) -> Response {
     if let Some(r) = authorize(&s, &headers, Role::Viewer) {
         return r;
     }
+    // An authenticated status is read live: an operator waiting on a rollout wants now.
     let counts = match s.ledger.counts(now_ms()).await {
         Ok(c) => c,
         Err(e) => return internal(e),
@@ -172,34 +223,46 @@ async fn status(State(s): App, headers: HeaderMap) -> Response {
     .into_response()
 }
 
+/// Every list is a page: `limit` rows at most (1,000), and `next` is the cursor of the next
+/// page (`before` for lists newest first, `after` for deployments by name), or null at the end.
 #[derive(Deserialize)]
 struct ListQuery {
     branch: Option<String>,
     state: Option<String>,
     environment: Option<String>,
+    before: Option<i64>,
+    after: Option<String>,
     limit: Option<u32>,
+}
+
+fn limit(q: &ListQuery, default: u32) -> u32 {
+    q.limit.unwrap_or(default).clamp(1, MAX_PAGE)
+}
+
+/// A page of rows under `key`, with the cursor of the next page when this one is full.
+fn page<T: serde::Serialize, C: serde::Serialize>(key: &str, rows: &[T], limit: u32, next: impl Fn(&T) -> C) -> Response {
+    let next = (rows.len() == limit as usize).then(|| rows.last().map(&next)).flatten();
+    axum::Json(json!({ key: rows, "next": next })).into_response()
 }
 
 async fn revisions(State(s): App, headers: HeaderMap, Query(q): Query<ListQuery>) -> Response {
     if let Some(r) = authorize(&s, &headers, Role::Viewer) {
         return r;
     }
-    match s
-        .ledger
-        .revisions(q.branch.as_deref(), q.limit.unwrap_or(50).min(MAX_PAGE))
-        .await
-    {
-        Ok(rows) => axum::Json(json!({ "revisions": rows })).into_response(),
+    let n = limit(&q, 50);
+    match s.ledger.revisions(q.branch.as_deref(), q.before, n).await {
+        Ok(rows) => page("revisions", &rows, n, |r| r.id),
         Err(e) => internal(e),
     }
 }
 
-async fn deployments(State(s): App, headers: HeaderMap) -> Response {
+async fn deployments(State(s): App, headers: HeaderMap, Query(q): Query<ListQuery>) -> Response {
     if let Some(r) = authorize(&s, &headers, Role::Viewer) {
         return r;
     }
-    match s.ledger.deployments().await {
-        Ok(rows) => axum::Json(json!({ "deployments": rows })).into_response(),
+    let n = limit(&q, 100);
+    match s.ledger.deployments(q.after.as_deref(), n).await {
+        Ok(rows) => page("deployments", &rows, n, |d| d.environment.clone()),
         Err(e) => internal(e),
     }
 }
@@ -208,16 +271,66 @@ async fn jobs(State(s): App, headers: HeaderMap, Query(q): Query<ListQuery>) -> 
     if let Some(r) = authorize(&s, &headers, Role::Viewer) {
         return r;
     }
+    let n = limit(&q, 100);
     match s
         .ledger
-        .jobs(
-            q.state.as_deref(),
-            q.environment.as_deref(),
-            q.limit.unwrap_or(100).min(MAX_PAGE),
-        )
+        .jobs(q.state.as_deref(), q.environment.as_deref(), q.before, n)
         .await
     {
-        Ok(rows) => axum::Json(json!({ "jobs": rows })).into_response(),
+        Ok(rows) => page("jobs", &rows, n, |j| j.id),
+        Err(e) => internal(e),
+    }
+}
+
+/// Heads of the applied branch refused as rewrites, newest first.
+async fn rewrites(State(s): App, headers: HeaderMap, Query(q): Query<ListQuery>) -> Response {
+    if let Some(r) = authorize(&s, &headers, Role::Viewer) {
+        return r;
+    }
+    match s.ledger.rewrites(limit(&q, 50)).await {
+        Ok(rows) => axum::Json(json!({ "rewrites": rows })).into_response(),
+        Err(e) => internal(e),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApproveRewrite {
+    branch: String,
+    sha: String,
+}
+
+/// Approves one refused rewrite (admin): recorded as an event naming the token.
+async fn approve_rewrite(State(s): App, headers: HeaderMap, body: axum::body::Body) -> Response {
+    let name = match authorized(&s, &headers, Role::Admin) {
+        Ok(n) => n.to_owned(),
+        Err(r) => return r,
+    };
+    let body = match read_body(body, 4096).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let Ok(req) = serde_json::from_slice::<ApproveRewrite>(&body) else {
+        return (
+            StatusCode::BAD_REQUEST,
+            axum::Json(json!({"code": "malformed-request", "message": "expected {\"branch\": …, \"sha\": …}"})),
+        )
+            .into_response();
+    };
+    match s.ledger.approve_rewrite(&req.branch, &req.sha, &name, now_ms()).await {
+        Ok(crate::rewrites::Approval::Approved) => {
+            tracing::warn!(branch = %req.branch, sha = %req.sha, token = %name, "history rewrite approved");
+            s.hint.notify_one();
+            (StatusCode::OK, axum::Json(json!({"approved": true}))).into_response()
+        }
+        Ok(crate::rewrites::Approval::AlreadyApproved) => {
+            (StatusCode::OK, axum::Json(json!({"approved": true, "already": true}))).into_response()
+        }
+        Ok(crate::rewrites::Approval::NotPending) => (
+            StatusCode::NOT_FOUND,
+            axum::Json(json!({"code": "rewrite-not-pending", "message": "that head of that branch was not refused as a rewrite"})),
+        )
+            .into_response(),
         Err(e) => internal(e),
     }
 }
@@ -249,17 +362,27 @@ fn event_json(e: &crate::ledger::Event) -> serde_json::Value {
 
 /// Server-Sent Events from a cursor (`?after=N`, or the `Last-Event-ID` a reconnecting client
 /// sends). Each event's `id` is its cursor, so a client resumes exactly where it stopped.
+/// A stream reads the ledger only when the event watcher says there is something past its
+/// cursor; streams are limited per token and in total (`429 too-many-streams`).
 async fn stream(State(s): App, headers: HeaderMap, Query(q): Query<EventsQuery>) -> Response {
-    if let Some(r) = authorize(&s, &headers, Role::Viewer) {
-        return r;
-    }
+    let token = match authorized(&s, &headers, Role::Viewer) {
+        Ok(name) => name.to_owned(),
+        Err(r) => return r,
+    };
+    let Some(slot) = s.streams.acquire(&token) else {
+        return too_many(
+            "too-many-streams",
+            "this token (or the daemon) has as many event streams open as it may; close one",
+        );
+    };
     let resume = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<i64>().ok());
     let cursor = resume.or(q.after).unwrap_or(0);
-    let state = (s, cursor, std::collections::VecDeque::<crate::ledger::Event>::new());
-    let events = futures_util::stream::unfold(state, |(s, mut cursor, mut buf)| async move {
+    let tip = s.events_tip.subscribe();
+    let state = (s, cursor, std::collections::VecDeque::<crate::ledger::Event>::new(), tip, slot);
+    let events = futures_util::stream::unfold(state, |(s, mut cursor, mut buf, mut tip, slot)| async move {
         loop {
             if let Some(e) = buf.pop_front() {
                 cursor = e.id;
@@ -267,17 +390,18 @@ async fn stream(State(s): App, headers: HeaderMap, Query(q): Query<EventsQuery>)
                     .id(e.id.to_string())
                     .event(e.kind.clone())
                     .data(event_json(&e).to_string());
-                return Some((Ok::<_, std::convert::Infallible>(ev), (s, cursor, buf)));
+                return Some((Ok::<_, std::convert::Infallible>(ev), (s, cursor, buf, tip, slot)));
             }
-            match s.ledger.events_after(cursor, 500).await {
-                Ok(rows) if !rows.is_empty() => buf.extend(rows),
-                _ => {
-                    // Another daemon (the leader) may write too: poll as well as wait.
-                    tokio::select! {
-                        _ = s.wrote.notified() => {}
-                        _ = tokio::time::sleep(Duration::from_millis(250)) => {}
-                    }
-                }
+            if *tip.borrow_and_update() > cursor
+                && let Ok(rows) = s.ledger.events_after(cursor, 500).await
+                && !rows.is_empty()
+            {
+                buf.extend(rows);
+                continue;
+            }
+            // Nothing past the cursor: wait for the watcher (a closed channel ends the stream).
+            if tip.changed().await.is_err() {
+                return None;
             }
         }
     });
@@ -300,7 +424,14 @@ async fn reconcile(State(s): App, headers: HeaderMap) -> Response {
         .into_response()
 }
 
-async fn webhook(State(s): App, Path(forge): Path<String>, headers: HeaderMap, body: Bytes) -> Response {
+/// A push webhook. An unknown or unconfigured forge, or a request without its signature
+/// header, is answered before a byte of the body is read.
+async fn webhook(
+    State(s): App,
+    Path(forge): Path<String>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Response {
     let w = &s.webhook_secrets;
     let (forge, secret, header) = match forge.as_str() {
         "github" => (Forge::GitHub, &w.github, "x-hub-signature-256"),
@@ -312,6 +443,13 @@ async fn webhook(State(s): App, Path(forge): Path<String>, headers: HeaderMap, b
         return refuse(Denied::WebhookNotConfigured);
     };
     let value = headers.get(header).and_then(|v| v.to_str().ok());
+    if value.is_none() {
+        return refuse(Denied::BadSignature);
+    }
+    let body = match read_body(body, MAX_BODY_BYTES).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
     if let Err(d) = verify_webhook(forge, secret, value, &body) {
         tracing::warn!(forge = ?forge, code = d.code(), "webhook refused");
         return refuse(d);
@@ -340,19 +478,27 @@ pub fn tls_config(cert: &std::path::Path, key: &std::path::Path) -> Result<rustl
         .map_err(|e| e.to_string())
 }
 
-/// Serves the API over TLS on `listener` until `shutdown` turns true.
+/// Serves the API over TLS on `listener` until `shutdown` turns true, at most
+/// `max_connections` at once: past that a new connection is closed as soon as it is
+/// accepted, so held-open sockets cannot exhaust the daemon's file descriptors. Each
+/// connection gets [`HANDSHAKE_TIMEOUT`] for TLS and [`HEADER_TIMEOUT`] for each request's
+/// headers.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     tls: rustls::ServerConfig,
     app: Router,
+    max_connections: usize,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
     loop {
         let (tcp, peer) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(x) => x,
                 Err(e) => {
+                    // EMFILE and friends: back off a little; connections in progress finish
+                    // or time out and free descriptors.
                     tracing::warn!(error = %e, "accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
@@ -360,20 +506,27 @@ pub async fn serve(
             },
             _ = shutdown.changed() => break,
         };
+        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+            tracing::debug!(%peer, "connection limit reached; closing");
+            drop(tcp);
+            continue;
+        };
         let acceptor = acceptor.clone();
         let app = app.clone();
         tokio::spawn(async move {
-            let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+            let _permit = permit;
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(t)) => t,
                 _ => {
-                    tracing::debug!(%peer, "TLS handshake failed");
+                    tracing::debug!(%peer, "TLS handshake failed or timed out");
                     return;
                 }
             };
             let service = hyper_util::service::TowerToHyperService::new(app);
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(10))
+                .header_read_timeout(HEADER_TIMEOUT)
+                .max_buf_size(64 * 1024)
                 .serve_connection(hyper_util::rt::TokioIo::new(tls), service);
             if let Err(e) = conn.await {
                 tracing::debug!(%peer, error = %e, "connection ended");

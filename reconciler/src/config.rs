@@ -94,6 +94,16 @@ pub struct ApiConfig {
     /// Bearer tokens, stored as SHA-256 hashes (`pl-reconciler token` makes them).
     #[serde(default)]
     pub tokens: Vec<TokenConfig>,
+    /// Connections served at once; past it a new connection is closed at once, so a flood
+    /// cannot use the daemon's file descriptors (systemd's default limit is 1,024).
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Event streams open at once, in all.
+    #[serde(default = "default_max_streams")]
+    pub max_streams: usize,
+    /// Event streams one token may hold open.
+    #[serde(default = "default_max_streams_per_token")]
+    pub max_streams_per_token: usize,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -162,6 +172,15 @@ fn default_connections() -> u32 {
 }
 fn default_interval() -> u64 {
     10
+}
+fn default_max_connections() -> usize {
+    512
+}
+fn default_max_streams() -> usize {
+    128
+}
+fn default_max_streams_per_token() -> usize {
+    16
 }
 
 impl Config {
@@ -256,6 +275,9 @@ impl Config {
         }
         for pattern in &self.source.preview_branches {
             globset::Glob::new(pattern).map_err(|e| invalid(format!("source.preview_branches: `{pattern}`: {e}")))?;
+        }
+        if self.api.max_connections == 0 || self.api.max_streams == 0 || self.api.max_streams_per_token == 0 {
+            return Err(invalid("api: connection and stream limits must be at least 1".into()));
         }
         if self.source.fetch_interval_seconds == 0 || self.reconcile.interval_seconds == 0 {
             return Err(invalid("intervals must be at least 1 second".into()));

@@ -126,8 +126,15 @@ pub struct Shared {
     pub hint: tokio::sync::Notify,
     /// Wakes the remote fetcher early (webhooks).
     pub fetch_hint: tokio::sync::Notify,
-    /// Wakes event streams after this daemon wrote.
+    /// Wakes the event watcher after this daemon wrote.
     pub wrote: tokio::sync::Notify,
+    /// The newest event id, published by [`crate::streams::watch_events`] to every stream.
+    pub events_tip: tokio::sync::watch::Sender<i64>,
+    /// Open event streams, by token and in total.
+    pub streams: Arc<crate::streams::StreamSlots>,
+    /// The ledger's counts as of the last pass (or standby check): `/metrics` and
+    /// `/v1/status` serve these instead of querying per request.
+    pub counts: Mutex<Option<crate::views::Counts>>,
     pub metrics: Metrics,
     pub leader: AtomicBool,
     /// When the loop (leader) or the standby check (follower) last completed.
@@ -205,6 +212,7 @@ impl Shared {
         Ok(Shared {
             webhook_secrets: WebhookSecrets::load(&config.webhooks)?,
             tokens: Tokens::new(&config.api.tokens),
+            streams: crate::streams::StreamSlots::new(config.api.max_streams, config.api.max_streams_per_token),
             config,
             ledger,
             source,
@@ -214,6 +222,8 @@ impl Shared {
             hint: tokio::sync::Notify::new(),
             fetch_hint: tokio::sync::Notify::new(),
             wrote: tokio::sync::Notify::new(),
+            events_tip: tokio::sync::watch::Sender::new(0),
+            counts: Mutex::new(None),
             metrics: Metrics::default(),
             leader: AtomicBool::new(false),
             last_tick_ms: AtomicI64::new(0),
@@ -314,13 +324,38 @@ impl Shared {
         }
         self.ledger.expire(now_ms()).await?;
         report.advanced = self.ledger.advance(now_ms()).await?;
+        let wrote = report.judged + report.teardowns + report.advanced > 0;
+        self.refresh_counts(wrote).await;
         self.metrics.observe(started.elapsed());
         self.last_tick_ms.store(now_ms(), Ordering::Relaxed);
         self.passes.fetch_add(1, Ordering::Relaxed);
-        if report.judged + report.teardowns + report.advanced > 0 {
+        if wrote {
             self.wrote.notify_waiters();
         }
         Ok(report)
+    }
+
+    /// Reads the ledger's counts for `/metrics` and `/v1/status`: after a pass that wrote,
+    /// and otherwise at most once a second.
+    pub async fn refresh_counts(&self, wrote: bool) {
+        let fresh = !wrote
+            && self
+            .counts
+            .lock()
+            .ok()
+            .and_then(|c| c.as_ref().map(|c| now_ms() - c.at_ms < 1000))
+            .unwrap_or(false);
+        if fresh {
+            return;
+        }
+        match self.ledger.counts(now_ms()).await {
+            Ok(c) => {
+                if let Ok(mut slot) = self.counts.lock() {
+                    *slot = Some(c);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot read the ledger's counts"),
+        }
     }
 
     /// Which commits of a branch to judge, and against what (blocking: it walks Git).
@@ -572,6 +607,7 @@ pub async fn run_loop(shared: Arc<Shared>, shutdown: tokio::sync::watch::Receive
             // A follower serves reads and leases; it checks the ledger and retries the lock.
             if shared.ledger.ping().await.is_ok() {
                 shared.last_tick_ms.store(now_ms(), Ordering::Relaxed);
+                shared.refresh_counts(false).await;
             }
             Duration::from_millis(1000)
         };

@@ -17,5 +17,6 @@ pub mod revision;
 pub mod rewrites;
 pub mod secrets;
 pub mod source;
+pub mod streams;
 pub mod trust;
 pub mod views;

@@ -136,6 +136,7 @@ fn daemon(config: &Path) -> Result<()> {
         // Every daemon migrates at start; sqlx serialises concurrent runs with a lock.
         ledger.migrate().await.context("migrating the ledger")?;
         let listen = cfg.api.listen;
+        let max_connections = cfg.api.max_connections;
         let shared = Arc::new(Shared::new(cfg, ledger)?);
         let _watcher = watch_local(&shared).context("watching the repository")?;
         let listener = tokio::net::TcpListener::bind(listen)
@@ -147,8 +148,10 @@ fn daemon(config: &Path) -> Result<()> {
             listener,
             tls,
             reconciler::api::router(Arc::clone(&shared)),
+            max_connections,
             stopped.clone(),
         ));
+        let events = tokio::spawn(reconciler::streams::watch_events(Arc::clone(&shared), stopped.clone()));
         let fetcher = tokio::spawn(run_fetcher(Arc::clone(&shared), stopped.clone()));
         let looper = tokio::spawn(run_loop(Arc::clone(&shared), stopped));
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -160,6 +163,7 @@ fn daemon(config: &Path) -> Result<()> {
         let _ = stop.send(true);
         let _ = looper.await;
         let _ = fetcher.await;
+        let _ = events.await;
         api.abort();
         shared.ledger.close().await;
         Ok(())

@@ -54,17 +54,26 @@ pub struct Counts {
     /// Age of the oldest job that is due and waiting, in milliseconds.
     pub queue_age_ms: i64,
     pub last_event: i64,
+    /// When these were read.
+    pub at_ms: i64,
 }
 
 impl Ledger {
-    pub async fn revisions(&self, branch: Option<&str>, limit: u32) -> Result<Vec<RevisionRow>, LedgerError> {
+    /// Revisions newest first, before the id `before` (a page's `next`).
+    pub async fn revisions(
+        &self,
+        branch: Option<&str>,
+        before: Option<i64>,
+        limit: u32,
+    ) -> Result<Vec<RevisionRow>, LedgerError> {
         let q = self.sql(
-            "SELECT id, branch, sha, verdict, principals, reasons, seen_at FROM revisions WHERE (? = '' OR branch = ?) ORDER BY id DESC LIMIT ?",
+            "SELECT id, branch, sha, verdict, principals, reasons, seen_at FROM revisions WHERE (? = '' OR branch = ?) AND id < ? ORDER BY id DESC LIMIT ?",
         );
         let b = branch.unwrap_or("");
         let rows = sqlx::query(q)
             .bind(b)
             .bind(b)
+            .bind(before.unwrap_or(i64::MAX))
             .bind(i64::from(limit))
             .fetch_all(&self.pool)
             .await?;
@@ -84,15 +93,17 @@ impl Ledger {
             .collect()
     }
 
+    /// Jobs newest first, before the id `before` (a page's `next`).
     pub async fn jobs(
         &self,
         state: Option<&str>,
         environment: Option<&str>,
+        before: Option<i64>,
         limit: u32,
     ) -> Result<Vec<JobRow>, LedgerError> {
         let q = self.sql(
             "SELECT id, key, target_node, state, attempts, max_attempts, environment, generation, updated_at FROM jobs \
-             WHERE (? = '' OR state = ?) AND (? = '' OR environment = ?) ORDER BY id DESC LIMIT ?",
+             WHERE (? = '' OR state = ?) AND (? = '' OR environment = ?) AND id < ? ORDER BY id DESC LIMIT ?",
         );
         let (s, e) = (state.unwrap_or(""), environment.unwrap_or(""));
         let rows = sqlx::query(q)
@@ -100,6 +111,7 @@ impl Ledger {
             .bind(s)
             .bind(e)
             .bind(e)
+            .bind(before.unwrap_or(i64::MAX))
             .bind(i64::from(limit))
             .fetch_all(&self.pool)
             .await?;
@@ -120,10 +132,13 @@ impl Ledger {
             .collect()
     }
 
-    pub async fn deployments(&self) -> Result<Vec<DeploymentRow>, LedgerError> {
+    /// Deployments by environment name, after the name `after` (a page's `next`).
+    pub async fn deployments(&self, after: Option<&str>, limit: u32) -> Result<Vec<DeploymentRow>, LedgerError> {
         let rows = sqlx::query(self.sql(
-            "SELECT environment, branch, generation, action, status, step, updated_at FROM deployments ORDER BY environment",
+            "SELECT environment, branch, generation, action, status, step, updated_at FROM deployments WHERE environment > ? ORDER BY environment LIMIT ?",
         ))
+        .bind(after.unwrap_or(""))
+        .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await?;
         rows.iter()
@@ -141,8 +156,19 @@ impl Ledger {
             .collect()
     }
 
+    /// The newest event's id (0 when there is none): the cursor a stream waits to pass.
+    pub async fn last_event_id(&self) -> Result<i64, LedgerError> {
+        Ok(sqlx::query(self.sql("SELECT COALESCE(MAX(id), 0) FROM events"))
+            .fetch_one(&self.pool)
+            .await?
+            .try_get(0)?)
+    }
+
     pub async fn counts(&self, now_ms: i64) -> Result<Counts, LedgerError> {
-        let mut c = Counts::default();
+        let mut c = Counts {
+            at_ms: now_ms,
+            ..Counts::default()
+        };
         for (sql, into) in [
             ("SELECT state, COUNT(*) FROM jobs GROUP BY state", &mut c.jobs),
             (

@@ -71,7 +71,7 @@ async fn end_to_end() {
     assert_eq!(code, 200, "{body}");
     let status: serde_json::Value = serde_json::from_str(&body).expect("json");
     assert_eq!(status["leader"], true, "SQLite: the one daemon leads");
-    assert_eq!(status["counts"]["revisions"]["accepted"], 2);
+    assert_eq!(status["counts"]["revisions"]["accepted"], 2, "{body}");
     let (_, body) = d.get("/v1/revisions?branch=main", Some(&s.viewer));
     let revs: serde_json::Value = serde_json::from_str(&body).expect("json");
     assert_eq!(revs["revisions"].as_array().map(Vec::len), Some(2));
@@ -156,8 +156,17 @@ async fn end_to_end() {
     // Probes and metrics.
     let (code, body) = d.get("/readyz", None);
     assert_eq!(code, 200, "{body}");
-    let (code, metrics) = d.get("/metrics", None);
-    assert_eq!(code, 200);
+    // Metrics are the values of the last pass (a scrape costs no query): the job leased
+    // above shows once a pass has run since (the interval is 2 s).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let metrics = loop {
+        let (code, metrics) = d.get("/metrics", None);
+        assert_eq!(code, 200);
+        if metrics.contains("pushleft_jobs{state=\"leased\"} 1") || Instant::now() > deadline {
+            break metrics;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
     for want in [
         "pushleft_revisions_total{verdict=\"accepted\"} 2",
         "pushleft_jobs{state=\"leased\"} 1",
@@ -275,7 +284,7 @@ async fn remote_source_fetches_on_webhook() {
     );
     wait_for("main", second.clone()).await;
     wait_for("feature/remote", second).await;
-    let deployments = ledger.deployments().await.expect("deployments");
+    let deployments = ledger.deployments(None, 1000).await.expect("deployments");
     assert!(
         deployments
             .iter()
@@ -290,7 +299,7 @@ async fn remote_source_fetches_on_webhook() {
     );
     let start = Instant::now();
     loop {
-        let deployments = ledger.deployments().await.expect("deployments");
+        let deployments = ledger.deployments(None, 1000).await.expect("deployments");
         if deployments
             .iter()
             .any(|d| d.environment == "feature-remote--api" && d.action == "teardown")
