@@ -12,7 +12,7 @@ use daemon_support::{Daemon, config, free_port, setup};
 use reconciler::daemon::now_ms;
 use reconciler::ledger::Ledger;
 use repo_support::{Repo, environment, project};
-use std::io::{BufRead, BufReader};
+use std::io::BufRead;
 use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -77,8 +77,13 @@ async fn end_to_end() {
     assert_eq!(revs["revisions"].as_array().map(Vec::len), Some(2));
     let (_, body) = d.get("/v1/jobs?state=leased", Some(&s.viewer));
     assert!(body.contains(&leased[0].key), "{body}");
-    let (_, body) = d.get("/v1/deployments", Some(&s.viewer));
-    assert!(body.contains("\"api-production\""), "{body}");
+    let (_, body) = d.get("/v1/deployments?limit=1", Some(&s.viewer));
+    let page: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(page["deployments"][0]["environment"], "api-production", "{body}");
+    assert_eq!(page["next"], "api-production", "a full page names the next cursor");
+    let (_, body) = d.get("/v1/deployments?after=api-production", Some(&s.viewer));
+    let page: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!((page["deployments"].as_array().map(Vec::len), &page["next"]), (Some(0), &serde_json::Value::Null));
 
     // Events page by cursor; the stream resumes from one.
     let (_, body) = d.get("/v1/events?after=0&limit=3", Some(&s.viewer));
@@ -91,34 +96,20 @@ async fn end_to_end() {
     let next: serde_json::Value = serde_json::from_str(&body).expect("json");
     let fourth = next["events"][0]["id"].as_i64().expect("id");
     assert!(fourth > cursor);
-    let sse = std::thread::spawn({
-        let url = d.url(&format!("/v1/events/stream?after={cursor}"));
-        let token = s.viewer.clone();
-        let pem = std::fs::read(dir.path().join("tls/ca.crt")).expect("ca");
-        move || {
-            let ca = ureq::tls::Certificate::from_pem(&pem).expect("pem").to_owned();
-            let tls = ureq::tls::TlsConfig::builder()
-                .root_certs(ureq::tls::RootCerts::Specific(std::sync::Arc::new(vec![ca])))
-                .build();
-            let agent: ureq::Agent = ureq::Agent::config_builder().tls_config(tls).build().into();
-            let mut resp = agent
-                .get(&url)
-                .header("authorization", &format!("Bearer {token}"))
-                .call()
-                .expect("stream");
-            let reader = BufReader::new(resp.body_mut().as_reader());
-            let mut ids = Vec::new();
-            for line in reader.lines() {
-                let line = line.expect("line");
-                if let Some(id) = line.strip_prefix("id:") {
-                    ids.push(id.trim().parse::<i64>().expect("numeric id"));
-                    if ids.len() == 2 {
-                        break;
-                    }
+    let (code, reader) = d.stream(&format!("/v1/events/stream?after={cursor}"), &s.viewer);
+    assert_eq!(code, 200);
+    let sse = std::thread::spawn(move || {
+        let mut ids = Vec::new();
+        for line in reader.expect("a stream").lines() {
+            let line = line.expect("a line within the stream's time bound");
+            if let Some(id) = line.strip_prefix("id:") {
+                ids.push(id.trim().parse::<i64>().expect("numeric id"));
+                if ids.len() == 2 {
+                    break;
                 }
             }
-            ids
         }
+        ids
     });
     let ids = sse.join().expect("stream thread");
     assert_eq!(ids[0], fourth, "the stream starts right after the cursor");

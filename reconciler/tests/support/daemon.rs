@@ -90,18 +90,33 @@ pub struct Daemon {
     pub child: Child,
     pub port: u16,
     agent: ureq::Agent,
+    tls: ureq::tls::TlsConfig,
     pub log: PathBuf,
 }
 
 impl Daemon {
     pub fn start(s: &Setup, config: &Path, port: u16) -> Daemon {
+        Daemon::start_with(s, config, port, None)
+    }
+
+    /// Starts the daemon, with its open-file limit set to `nofile` when given (through
+    /// util-linux's `prlimit`), as systemd's default of 1,024 would.
+    pub fn start_with(s: &Setup, config: &Path, port: u16, nofile: Option<u64>) -> Daemon {
         let log = config.with_extension(format!("{}.log", std::process::id()));
         let err = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&log)
             .expect("log");
-        let child = Command::new(bin())
+        let mut command = match nofile {
+            Some(n) => {
+                let mut c = Command::new("prlimit");
+                c.arg(format!("--nofile={n}:{n}")).arg("--").arg(bin());
+                c
+            }
+            None => Command::new(bin()),
+        };
+        let child = command
             .args(["run", "--config"])
             .arg(config)
             .env("PL_LOG", "info")
@@ -115,7 +130,7 @@ impl Daemon {
             .root_certs(ureq::tls::RootCerts::Specific(Arc::new(vec![ca])))
             .build();
         let agent: ureq::Agent = ureq::Agent::config_builder()
-            .tls_config(tls)
+            .tls_config(tls.clone())
             .http_status_as_error(false)
             .timeout_global(Some(Duration::from_secs(10)))
             .build()
@@ -124,8 +139,14 @@ impl Daemon {
             child,
             port,
             agent,
+            tls,
             log,
         }
+    }
+
+    /// The agent this daemon's requests go through (TLS to its CA, 10 s per request).
+    pub fn agent(&self) -> &ureq::Agent {
+        &self.agent
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -152,6 +173,26 @@ impl Daemon {
         match req.send(body) {
             Ok(mut r) => (r.status().as_u16(), r.body_mut().read_to_string().unwrap_or_default()),
             Err(_) => (0, String::new()),
+        }
+    }
+
+    /// Opens an event stream (`/v1/events/stream…`): the status and, on 200, a line reader.
+    /// Every read is bounded (30 s in all), so a stream that stops sending fails the test
+    /// instead of hanging it.
+    pub fn stream(&self, path: &str, token: &str) -> (u16, Option<Box<dyn std::io::BufRead + Send>>) {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .tls_config(self.tls.clone())
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(30)))
+            .build()
+            .into();
+        match agent.get(&self.url(path)).header("authorization", &format!("Bearer {token}")).call() {
+            Ok(r) if r.status() == 200 => {
+                let reader = r.into_body().into_reader();
+                (200, Some(Box::new(std::io::BufReader::new(reader))))
+            }
+            Ok(r) => (r.status().as_u16(), None),
+            Err(_) => (0, None),
         }
     }
 
