@@ -23,6 +23,8 @@ pub enum ConfigError {
     },
     #[error("{path}: {message}")]
     Invalid { path: PathBuf, message: String },
+    #[error("{message}")]
+    Exposed { path: PathBuf, message: String },
 }
 
 impl ConfigError {
@@ -33,6 +35,7 @@ impl ConfigError {
             ConfigError::TooLarge { .. } => "config-too-large",
             ConfigError::Parse { .. } => "config-malformed",
             ConfigError::Invalid { .. } => "config-invalid",
+            ConfigError::Exposed { .. } => "private-file-exposed",
         }
     }
 }
@@ -183,7 +186,63 @@ fn default_max_streams_per_token() -> usize {
     16
 }
 
+/// Why `url` carries a credential, if it does: user information in an HTTP(S) URL (a token as
+/// the user name is how forges take them), a query string, or a password in any URL.
+fn credential_in_url(url: &str) -> Option<&'static str> {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let userinfo = authority.rsplit_once('@').map(|(u, _)| u);
+    let http = scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https");
+    if http && userinfo.is_some() {
+        return Some("it holds user information (`user@` or `token@`)");
+    }
+    if userinfo.is_some_and(|u| u.contains(':')) {
+        return Some("it holds a password");
+    }
+    if http && url.contains('?') {
+        return Some("it holds a query string");
+    }
+    None
+}
+
+/// A private file that group or others can read.
+fn exposed(path: &Path, message: String) -> ConfigError {
+    ConfigError::Exposed {
+        path: path.to_owned(),
+        message,
+    }
+}
+
 impl Config {
+    /// Checks the files the configuration names: each exists, and the private ones (the API
+    /// key, the CA key, the age identity, webhook secrets) are readable by their owner alone.
+    /// Run at every start, before anything else.
+    pub fn check_files(&self) -> Result<(), ConfigError> {
+        let mut public = vec![&self.api.tls_cert, &self.trust.allowed_signers];
+        public.extend(self.trust.policy.iter());
+        public.extend(self.control.ca_cert.iter());
+        for p in public {
+            std::fs::metadata(p).map_err(|source| ConfigError::Read {
+                path: p.clone(),
+                source,
+            })?;
+        }
+        let mut private = vec![&self.api.tls_key];
+        for p in [
+            &self.control.ca_key,
+            &self.control.age_identity,
+            &self.webhooks.github_secret_file,
+            &self.webhooks.gitea_secret_file,
+            &self.webhooks.gitlab_token_file,
+        ] {
+            private.extend(p.iter());
+        }
+        for p in private {
+            crate::secrets::check_private_file(p).map_err(|m| exposed(p, m))?;
+        }
+        Ok(())
+    }
+
     /// Reads and checks a configuration file. Relative paths in it are taken from its folder.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let read = |source| ConfigError::Read {
@@ -265,13 +324,11 @@ impl Config {
             _ => {}
         }
         if let Some(url) = &self.source.url
-            && let Some((_, rest)) = url.split_once("://")
-            && let Some((userinfo, _)) = rest.split('/').next().unwrap_or("").rsplit_once('@')
-            && userinfo.contains(':')
+            && let Some(why) = credential_in_url(url)
         {
-            return Err(invalid(
-                "source: put no password in `url`; use a credential helper or an SSH key".into(),
-            ));
+            return Err(invalid(format!(
+                "source.url: {why}; a credential in the URL would be logged and kept in the configuration. Use an SSH key (`ssh://git@host/repo.git` with the daemon user's key) or a credential file read by git's credential helper"
+            )));
         }
         for pattern in &self.source.preview_branches {
             globset::Glob::new(pattern).map_err(|e| invalid(format!("source.preview_branches: `{pattern}`: {e}")))?;
@@ -287,6 +344,12 @@ impl Config {
                 return Err(invalid(format!(
                     "api.tokens: `{}`: sha256 must be 64 hex digits",
                     t.name
+                )));
+            }
+            if t.sha256.bytes().all(|b| b == b'0') {
+                return Err(invalid(format!(
+                    "api.tokens: `{}`: sha256 is the example's placeholder; `pl-reconciler token --name {} --role … --out FILE` makes a token and prints its line",
+                    t.name, t.name
                 )));
             }
         }
@@ -318,13 +381,79 @@ mod tests {
     }
 
     #[test]
-    fn the_documented_example_parses_and_checks() {
+    fn the_documented_example_parses_and_refuses_its_placeholders() {
         let text = include_str!("../../examples/reconciler/reconciler.toml");
         let c = Config::parse(Path::new("reconciler.toml"), text).expect("the example parses");
+        let e = c.check(Path::new("reconciler.toml")).expect_err("placeholders are refused");
+        assert!(e.to_string().contains("placeholder; `pl-reconciler token"), "{e}");
+        // With real token lines, it checks.
+        let real = text.replace(
+            "0000000000000000000000000000000000000000000000000000000000000000",
+            &crate::auth::new_token().expect("random").1,
+        );
+        let c = Config::parse(Path::new("reconciler.toml"), &real).expect("parses");
         assert!(c.check(Path::new("reconciler.toml")).is_ok());
         assert_eq!(c.api.tokens.len(), 2);
         assert_eq!(c.api.tokens[1].role, Role::Operator);
         assert_eq!(c.source.preview_branches, ["feature/*", "fix/*"]);
+    }
+
+    /// No example or document may carry the hash of a token someone could guess: whoever
+    /// copies it would grant that role to anyone.
+    #[test]
+    fn examples_and_docs_hold_no_hash_of_a_guessable_token() {
+        use sha2::{Digest, Sha256};
+        let guessable = ["", "test", "test2", "token", "secret", "password", "admin", "changeme", "viewer", "operator", "ci"];
+        let hashes: Vec<String> = guessable
+            .iter()
+            .map(|w| Sha256::digest(w.as_bytes()).iter().map(|b| format!("{b:02x}")).collect())
+            .collect();
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut files = Vec::new();
+        for dir in ["examples", "docs"] {
+            let mut stack = vec![root.join(dir)];
+            while let Some(d) = stack.pop() {
+                for e in std::fs::read_dir(&d).expect("read dir").flatten() {
+                    let p = e.path();
+                    if p.is_dir() {
+                        stack.push(p);
+                    } else {
+                        files.push(p);
+                    }
+                }
+            }
+        }
+        files.push(root.join("README.md"));
+        assert!(files.len() > 5);
+        for f in files {
+            let text = std::fs::read_to_string(&f).unwrap_or_default();
+            for (w, h) in guessable.iter().zip(&hashes) {
+                assert!(!text.contains(h.as_str()), "{} holds sha256({w:?})", f.display());
+            }
+        }
+    }
+
+    #[test]
+    fn credentials_in_source_urls_are_refused() {
+        for (url, refused) in [
+            ("https://ghp_abc@github.com/acme/state.git", true),
+            ("https://user:pass@git.example.com/s.git", true),
+            ("https://git.example.com/s.git?private_token=abc", true),
+            ("ssh://git:pw@git.example.com/s.git", true),
+            ("https://git.example.com/acme/state.git", false),
+            ("ssh://git@git.example.com/acme/state.git", false),
+            ("git@git.example.com:acme/state.git", false),
+        ] {
+            let text = GOOD.replace("path = \"state\"\n", &format!("url = {url:?}\ncache_dir = \"c\"\n"));
+            let c = Config::parse(Path::new("c.toml"), &text).expect("parses");
+            let r = c.check(Path::new("c.toml"));
+            assert_eq!(r.is_err(), refused, "{url}: {r:?}");
+            if let Err(e) = r {
+                let shown = e.to_string();
+                assert!(shown.contains("SSH key") && shown.contains("credential"), "{shown}");
+                assert!(!shown.contains("ghp_abc") && !shown.contains("user:pass") && !shown.contains("private_token=abc"), "{shown}");
+            }
+        }
     }
 
     #[test]

@@ -9,7 +9,6 @@ use sqlx::any::AnyPoolOptions;
 use sqlx::{AnyPool, Row};
 use state_schema::task::Task;
 use std::borrow::Cow;
-use std::hash::{BuildHasher, Hasher};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -29,6 +28,8 @@ pub enum LedgerError {
     Task(#[from] serde_json::Error),
     #[error("the leader lock file beside the SQLite ledger")]
     LeaderFile(#[source] std::io::Error),
+    #[error("the operating system's random source failed: {0}")]
+    Random(String),
 }
 
 /// A job to add. Its idempotency key comes from the task.
@@ -136,15 +137,12 @@ pub fn backoff_ms(job_id: i64, attempts: i64) -> i64 {
     base + jitter
 }
 
-fn new_lease_token() -> String {
-    // Two hashers with fresh random keys give 128 unpredictable bits without another crate.
-    let mut out = String::with_capacity(32);
-    for _ in 0..2 {
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u64(std::process::id().into());
-        out.push_str(&format!("{:016x}", h.finish()));
-    }
-    out
+/// 128 bits from the operating system's random source, as hex. A lease token is a
+/// capability (with the fencing token it completes a job), so it must not be guessable.
+fn new_lease_token() -> Result<String, LedgerError> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).map_err(|e| LedgerError::Random(e.to_string()))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// A leased job as `complete` finds it, locked for the rest of the transaction.
@@ -390,7 +388,7 @@ impl Ledger {
                 .fetch_one(&mut *tx)
                 .await?
                 .try_get(0)?;
-        let token = new_lease_token();
+        let token = new_lease_token()?;
         let lock = if self.backend == Backend::Postgres {
             " FOR UPDATE SKIP LOCKED"
         } else {

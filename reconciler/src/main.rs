@@ -39,7 +39,8 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
-    /// Make a control CA and an API server certificate signed by it (PEM files in `--dir`).
+    /// Make a control CA (10 years, `pathlen:0`) and an API server certificate signed by it
+    /// (398 days) as PEM files in `--dir`.
     TlsInit {
         #[arg(long)]
         dir: PathBuf,
@@ -47,7 +48,21 @@ enum Command {
         #[arg(long = "hostname", default_values_t = vec!["localhost".to_owned(), "127.0.0.1".to_owned()])]
         hostnames: Vec<String>,
     },
+    /// Replace the API certificate and key in `--dir` with new ones (398 days) from the same
+    /// CA; restart the daemon to serve them.
+    TlsRenew {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long = "hostname", default_values_t = vec!["localhost".to_owned(), "127.0.0.1".to_owned()])]
+        hostnames: Vec<String>,
+    },
 }
+
+/// How long the control CA is valid.
+const CA_DAYS: i64 = 3650;
+/// How long an API certificate is valid: the CA/Browser Forum's ceiling, so clients that
+/// enforce it accept the certificate too.
+const API_DAYS: i64 = 398;
 
 #[derive(clap::Args)]
 struct ConfigArg {
@@ -69,6 +84,12 @@ enum RoleArg {
 }
 
 fn main() -> std::process::ExitCode {
+    // The daemon holds the API key, the CA key and the age identity: no core dumps, no
+    // ptrace by other processes of the same user.
+    if let Err(e) = reconciler::secrets::harden_process() {
+        eprintln!("pl-reconciler: cannot disable core dumps: {e}");
+        return std::process::ExitCode::FAILURE;
+    }
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -95,15 +116,14 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::CheckConfig(ConfigArg { config }) => {
             let cfg = Config::load(&config).map_err(|e| anyhow::anyhow!("{e} [{}]", e.code()))?;
-            for p in [&cfg.api.tls_cert, &cfg.api.tls_key, &cfg.trust.allowed_signers] {
-                std::fs::metadata(p).with_context(|| format!("{}", p.display()))?;
-            }
+            cfg.check_files().map_err(|e| anyhow::anyhow!("{e} [{}]", e.code()))?;
             reconciler::api::tls_config(&cfg.api.tls_cert, &cfg.api.tls_key).map_err(anyhow::Error::msg)?;
             println!("{}: ok", config.display());
             Ok(())
         }
         Command::Token { name, role, out } => token(&name, role, &out),
         Command::TlsInit { dir, hostnames } => tls_init(&dir, &hostnames),
+        Command::TlsRenew { dir, hostnames } => tls_renew(&dir, &hostnames),
     }
 }
 
@@ -125,10 +145,8 @@ fn daemon(config: &Path) -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cfg = Config::load(config).map_err(|e| anyhow::anyhow!("{e} [{}]", e.code()))?;
+    cfg.check_files().map_err(|e| anyhow::anyhow!("{e} [{}]", e.code()))?;
     let tls = reconciler::api::tls_config(&cfg.api.tls_cert, &cfg.api.tls_key).map_err(anyhow::Error::msg)?;
-    for p in [&cfg.control.ca_cert, &cfg.control.age_identity].into_iter().flatten() {
-        std::fs::metadata(p).with_context(|| format!("{}", p.display()))?;
-    }
     runtime()?.block_on(async move {
         let ledger = Ledger::connect(&cfg.ledger.url, cfg.ledger.max_connections)
             .await
@@ -198,6 +216,29 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// A validity window starting an hour ago (clocks differ) and lasting `days`.
+fn validity(params: &mut rcgen::CertificateParams, days: i64) {
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - time::Duration::hours(1);
+    params.not_after = now - time::Duration::hours(1) + time::Duration::days(days);
+}
+
+/// A new API key and certificate for `hostnames`, signed by `issuer`.
+fn api_certificate(
+    hostnames: &[String],
+    issuer: &rcgen::Issuer<'_, rcgen::KeyPair>,
+) -> Result<(rcgen::KeyPair, rcgen::Certificate)> {
+    use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyPair, KeyUsagePurpose};
+    let key = KeyPair::generate()?;
+    let mut api = CertificateParams::new(hostnames.to_vec())?;
+    api.distinguished_name.push(DnType::CommonName, "pl-reconciler");
+    api.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    api.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    validity(&mut api, API_DAYS);
+    let cert = api.signed_by(&key, issuer)?;
+    Ok((key, cert))
+}
+
 fn tls_init(dir: &Path, hostnames: &[String]) -> Result<()> {
     use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
     std::fs::create_dir_all(dir)?;
@@ -209,18 +250,43 @@ fn tls_init(dir: &Path, hostnames: &[String]) -> Result<()> {
     let ca_key = KeyPair::generate()?;
     let mut ca = CertificateParams::new(Vec::<String>::new())?;
     ca.distinguished_name.push(DnType::CommonName, "Pushleft control CA");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    // The CA signs leaf certificates only (the API's, and nodes' from the fleet on): a
+    // certificate it signs can never act as a CA itself.
+    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    validity(&mut ca, CA_DAYS);
     let ca_cert = ca.self_signed(&ca_key)?;
     let issuer = rcgen::Issuer::new(ca, ca_key);
-    let api_key = KeyPair::generate()?;
-    let mut api = CertificateParams::new(hostnames.to_vec())?;
-    api.distinguished_name.push(DnType::CommonName, "pl-reconciler");
-    let api_cert = api.signed_by(&api_key, &issuer)?;
+    let (api_key, api_cert) = api_certificate(hostnames, &issuer)?;
     write_private(&dir.join("ca.key"), issuer.key().serialize_pem().as_bytes())?;
     std::fs::write(dir.join("ca.crt"), ca_cert.pem())?;
     write_private(&dir.join("api.key"), api_key.serialize_pem().as_bytes())?;
     std::fs::write(dir.join("api.crt"), api_cert.pem())?;
     println!("wrote ca.crt, ca.key, api.crt, api.key to {}", dir.display());
+    Ok(())
+}
+
+/// Replaces `api.crt` and `api.key` in `dir` with new ones from the CA there. The new files
+/// are written beside the old and renamed over them, so a crash leaves one pair or the other.
+fn tls_renew(dir: &Path, hostnames: &[String]) -> Result<()> {
+    let ca_key_path = dir.join("ca.key");
+    reconciler::secrets::check_private_file(&ca_key_path).map_err(anyhow::Error::msg)?;
+    let ca_key_pem = zeroize::Zeroizing::new(
+        std::fs::read_to_string(&ca_key_path).with_context(|| format!("reading {}", ca_key_path.display()))?,
+    );
+    let ca_key = rcgen::KeyPair::from_pem(&ca_key_pem).context("the CA key does not parse")?;
+    let ca_pem = std::fs::read_to_string(dir.join("ca.crt")).context("reading ca.crt")?;
+    let issuer = rcgen::Issuer::from_ca_cert_pem(&ca_pem, ca_key).context("ca.crt does not parse")?;
+    let (api_key, api_cert) = api_certificate(hostnames, &issuer)?;
+    let (key_new, crt_new) = (dir.join("api.key.new"), dir.join("api.crt.new"));
+    let _ = std::fs::remove_file(&key_new);
+    write_private(&key_new, api_key.serialize_pem().as_bytes())?;
+    std::fs::write(&crt_new, api_cert.pem())?;
+    std::fs::rename(&key_new, dir.join("api.key"))?;
+    std::fs::rename(&crt_new, dir.join("api.crt"))?;
+    println!(
+        "renewed api.crt and api.key in {} (valid {API_DAYS} days); restart pl-reconciler to serve them",
+        dir.display()
+    );
     Ok(())
 }

@@ -278,3 +278,68 @@ mod tests {
         assert_eq!(decrypt(&ct, &ids).expect_err("not ours").code(), "no-matching-identity");
     }
 }
+
+/// Makes this process hold keys and plaintext safely: no core dump (a crash would write
+/// decrypted values and keys to disk) and not dumpable (no ptrace attach or /proc/PID/mem
+/// read by other processes of the same user). Every process that decrypts or holds a private
+/// key calls this first.
+pub fn harden_process() -> std::io::Result<()> {
+    use rustix::process::{DumpableBehavior, Resource, Rlimit, set_dumpable_behavior, setrlimit};
+    setrlimit(
+        Resource::Core,
+        Rlimit {
+            current: Some(0),
+            maximum: Some(0),
+        },
+    )?;
+    set_dumpable_behavior(DumpableBehavior::NotDumpable)?;
+    Ok(())
+}
+
+/// Refuses a private file (a key, an identity, a webhook secret) that its group or others
+/// can read or write, naming it, as ssh does for its keys.
+pub fn check_private_file(path: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "{} is a private file but its mode is {mode:04o}: group or others can read it; `chmod 600 {}`",
+            path.display(),
+            path.display()
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod hardening_tests {
+    use super::*;
+
+    #[test]
+    fn a_hardened_process_dumps_no_core() {
+        harden_process().expect("harden");
+        let core = rustix::process::getrlimit(rustix::process::Resource::Core);
+        assert_eq!((core.current, core.maximum), (Some(0), Some(0)));
+        assert_eq!(
+            rustix::process::dumpable_behavior().expect("prctl"),
+            rustix::process::DumpableBehavior::NotDumpable
+        );
+    }
+
+    #[test]
+    fn private_files_must_be_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let key = dir.path().join("api.key");
+        std::fs::write(&key, "k").expect("write");
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let e = check_private_file(&key).expect_err("world-readable");
+        assert!(e.contains("api.key") && e.contains("0644") && e.contains("chmod 600"), "{e}");
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o640)).expect("chmod");
+        assert!(check_private_file(&key).is_err(), "group-readable");
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        assert!(check_private_file(&key).is_ok());
+        assert!(check_private_file(&dir.path().join("missing")).is_err());
+    }
+}
