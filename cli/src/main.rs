@@ -1,5 +1,7 @@
 //! `pl`: validate, plan, show and scaffold Pushleft state repositories.
 
+#[macro_use]
+mod out;
 mod commands;
 mod operator;
 mod secret;
@@ -208,8 +210,11 @@ enum Command {
         #[command(flatten)]
         server: operator::ServerArgs,
     },
-    /// List judged commits, newest first, with their verdicts and reasons.
+    /// List judged commits, newest first, with their verdicts and reasons, and heads refused
+    /// as history rewrites.
     Revisions {
+        #[command(subcommand)]
+        action: Option<RevisionsAction>,
         #[arg(long)]
         branch: Option<String>,
         #[arg(long, default_value_t = 50)]
@@ -224,6 +229,17 @@ enum Command {
         now: bool,
         #[command(flatten)]
         server: operator::ServerArgs,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum RevisionsAction {
+    /// Accept one refused rewrite of the applied branch (admin role): the reconciler then
+    /// judges that head like any commit. Recorded as an event naming the token.
+    ApproveRewrite {
+        branch: String,
+        /// The refused head, in full (40 hex digits).
+        sha: String,
     },
 }
 
@@ -294,16 +310,31 @@ fn main() -> ExitCode {
             limit,
             server,
         } => operator::jobs(&server, state, environment, limit),
-        Command::Revisions { branch, limit, server } => operator::revisions(&server, branch, limit),
+        Command::Revisions {
+            action: None,
+            branch,
+            limit,
+            server,
+        } => operator::revisions(&server, branch, limit),
+        Command::Revisions {
+            action: Some(RevisionsAction::ApproveRewrite { branch, sha }),
+            server,
+            ..
+        } => operator::approve_rewrite(&server, &branch, &sha),
         Command::Reconcile { now: _, server } => operator::reconcile(&server),
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
-            clap_complete::generate(shell, &mut cmd, "pl", &mut std::io::stdout());
-            Ok(0)
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "pl", &mut script);
+            std::io::Write::write_all(&mut std::io::stdout().lock(), &script)
+                .map(|()| 0)
+                .map_err(anyhow::Error::from)
         }
     };
     match result {
         Ok(code) => ExitCode::from(code),
+        // The reader went away (`pl events | head`): what it wanted, it has.
+        Err(e) if out::is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("{} {e:#}", paint.red("error:"));
             ExitCode::from(1)

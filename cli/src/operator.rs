@@ -6,7 +6,7 @@
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde_json::Value;
-use std::io::{BufRead, Write};
+use std::io::BufRead;
 use std::path::PathBuf;
 use std::sync::Arc;
 use zeroize::Zeroizing;
@@ -77,10 +77,19 @@ impl Client {
     }
 
     fn call(&self, method: &str, path: &str) -> Result<ureq::http::Response<ureq::Body>> {
+        self.call_with(method, path, None)
+    }
+
+    fn call_with(&self, method: &str, path: &str, body: Option<&Value>) -> Result<ureq::http::Response<ureq::Body>> {
         let url = format!("{}{path}", self.base);
         let auth = Zeroizing::new(format!("Bearer {}", self.token.as_str()));
-        let resp = match method {
-            "POST" => self
+        let resp = match (method, body) {
+            ("POST", Some(b)) => self
+                .agent
+                .post(&url)
+                .header("authorization", auth.as_str())
+                .send_json(b),
+            ("POST", None) => self
                 .agent
                 .post(&url)
                 .header("authorization", auth.as_str())
@@ -110,7 +119,7 @@ impl Client {
 }
 
 fn print_json(v: &Value) -> Result<u8> {
-    println!("{}", serde_json::to_string_pretty(v)?);
+    outln!("{}", serde_json::to_string_pretty(v)?);
     Ok(0)
 }
 
@@ -148,14 +157,14 @@ pub fn status(args: &ServerArgs) -> Result<u8> {
     } else {
         "standby"
     };
-    println!("daemon      {role}, last pass {} ms ago", v["lastPassMsAgo"]);
-    println!(
+    outln!("daemon      {role}, last pass {} ms ago", v["lastPassMsAgo"]);
+    outln!(
         "branch      {} in force at {}",
         v["branch"].as_str().unwrap_or("?"),
         v["inForce"].as_str().unwrap_or("(nothing accepted yet)")
     );
     if v["lastJudged"] != v["inForce"] {
-        println!("last judged {}", v["lastJudged"].as_str().unwrap_or("-"));
+        outln!("last judged {}", v["lastJudged"].as_str().unwrap_or("-"));
     }
     let counts = &v["counts"];
     for (title, key) in [
@@ -167,12 +176,12 @@ pub fn status(args: &ServerArgs) -> Result<u8> {
             .as_object()
             .map(|m| m.iter().map(|(k, n)| format!("{k} {n}")).collect())
             .unwrap_or_default();
-        println!(
+        outln!(
             "{title:<11} {}",
             if parts.is_empty() { "-".into() } else { parts.join(", ") }
         );
     }
-    println!("queue age   {} ms", counts["queueAgeMs"]);
+    outln!("queue age   {} ms", counts["queueAgeMs"]);
     Ok(0)
 }
 
@@ -185,6 +194,22 @@ pub fn revisions(args: &ServerArgs, branch: Option<String>, limit: u32) -> Resul
     if args.format == OutFormat::Json {
         return print_json(&v);
     }
+    let rewrites = Client::new(args)?.json("GET", "/v1/rewrites?limit=20")?;
+    for r in rewrites["rewrites"].as_array().into_iter().flatten() {
+        let approved = r["approvedBy"].as_str();
+        outln!(
+            "{:<8} {:<16} {} does not descend from {}  [history-rewritten]{}",
+            if approved.is_some() { "approved" } else { "refused" },
+            r["branch"].as_str().unwrap_or("?"),
+            r["sha"].as_str().unwrap_or("?").get(..12).unwrap_or(""),
+            r["acceptedSha"].as_str().unwrap_or("?").get(..12).unwrap_or(""),
+            approved.map(|a| format!(" by {a}")).unwrap_or_else(|| format!(
+                "; `pl revisions approve-rewrite {} {}` accepts it",
+                r["branch"].as_str().unwrap_or("?"),
+                r["sha"].as_str().unwrap_or("?")
+            )),
+        );
+    }
     for r in v["revisions"].as_array().into_iter().flatten() {
         let reasons: Vec<&str> = r["reasons"]
             .as_array()
@@ -192,7 +217,7 @@ pub fn revisions(args: &ServerArgs, branch: Option<String>, limit: u32) -> Resul
             .flatten()
             .filter_map(|x| x["code"].as_str())
             .collect();
-        println!(
+        outln!(
             "{:<8} {:<16} {} {}{}",
             r["verdict"].as_str().unwrap_or("?"),
             r["branch"].as_str().unwrap_or("?"),
@@ -222,7 +247,7 @@ pub fn jobs(args: &ServerArgs, state: Option<String>, environment: Option<String
         return print_json(&v);
     }
     for j in v["jobs"].as_array().into_iter().flatten() {
-        println!(
+        outln!(
             "{:<10} {}/{} {}",
             j["state"].as_str().unwrap_or("?"),
             j["attempts"],
@@ -233,24 +258,43 @@ pub fn jobs(args: &ServerArgs, state: Option<String>, environment: Option<String
     Ok(0)
 }
 
+pub fn approve_rewrite(args: &ServerArgs, branch: &str, sha: &str) -> Result<u8> {
+    if sha.len() != 40 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
+        bail!("`{sha}` is not a full commit sha (40 hex digits): an approval names exactly one head");
+    }
+    let client = Client::new(args)?;
+    let body = serde_json::json!({"branch": branch, "sha": sha.to_ascii_lowercase()});
+    let mut resp = client.call_with("POST", "/v1/rewrites/approve", Some(&body))?;
+    let v: Value = resp.body_mut().read_json().map_err(|e| anyhow!("{e}"))?;
+    if args.format == OutFormat::Json {
+        return print_json(&v);
+    }
+    if v["already"].as_bool() == Some(true) {
+        outln!("{branch} at {sha} was approved already");
+    } else {
+        outln!("approved: {branch} at {sha} will be judged at the next pass");
+    }
+    Ok(0)
+}
+
 pub fn reconcile(args: &ServerArgs) -> Result<u8> {
     let v = Client::new(args)?.json("POST", "/v1/reconcile")?;
     if args.format == OutFormat::Json {
         return print_json(&v);
     }
     if v["leader"].as_bool() == Some(true) {
-        println!("reconcile requested");
+        outln!("reconcile requested");
     } else {
-        println!("reconcile requested (this daemon stands by; the leader reconciles on its own schedule)");
+        outln!("reconcile requested (this daemon stands by; the leader reconciles on its own schedule)");
     }
     Ok(0)
 }
 
-fn print_event(e: &Value, format: OutFormat) {
+fn print_event(e: &Value, format: OutFormat) -> Result<()> {
     if format == OutFormat::Json {
-        println!("{e}");
+        outln!("{e}");
     } else {
-        println!(
+        outln!(
             "{:>6} {:<24} {} {}",
             e["id"],
             e["kind"].as_str().unwrap_or("?"),
@@ -258,6 +302,7 @@ fn print_event(e: &Value, format: OutFormat) {
             e["detail"].as_str().unwrap_or("")
         );
     }
+    Ok(())
 }
 
 /// Prints events after a cursor; with `follow`, keeps streaming (Server-Sent Events) and
@@ -270,7 +315,7 @@ pub fn events(args: &ServerArgs, after: i64, follow: bool) -> Result<u8> {
             let v = client.json("GET", &format!("/v1/events?after={cursor}&limit=1000"))?;
             let rows = v["events"].as_array().cloned().unwrap_or_default();
             for e in &rows {
-                print_event(e, args.format);
+                print_event(e, args.format)?;
             }
             match v["next"].as_i64() {
                 Some(n) if n > cursor && !rows.is_empty() => cursor = n,
@@ -278,7 +323,6 @@ pub fn events(args: &ServerArgs, after: i64, follow: bool) -> Result<u8> {
             }
         }
     }
-    let mut stdout = std::io::stdout();
     loop {
         let resp = client.call("GET", &format!("/v1/events/stream?after={cursor}"));
         let mut resp = match resp {
@@ -300,10 +344,7 @@ pub fn events(args: &ServerArgs, after: i64, follow: bool) -> Result<u8> {
                 if let Some(id) = e["id"].as_i64() {
                     cursor = id;
                 }
-                print_event(&e, args.format);
-                if stdout.flush().is_err() {
-                    return Ok(0); // the reader went away
-                }
+                print_event(&e, args.format)?;
             }
         }
     }

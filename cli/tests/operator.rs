@@ -92,11 +92,13 @@ fn operator_commands_against_a_running_daemon() {
     let o = run(&mut c);
     assert!(stderr(&o).contains("no API token"), "{}", stderr(&o));
 
-    // --follow streams: a new commit's events arrive on the open stream.
+    // --follow streams: a new commit's events arrive on the open stream. A watchdog ends the
+    // process if the stream stalls, so a regression fails instead of hanging.
     let mut c = pl();
     c.args(["events", "--follow", "--format", "json", "--after", "0"]);
     with(&mut c, &viewer_file);
     let mut child = c.stdout(Stdio::piped()).spawn().expect("pl events --follow");
+    let watchdog = kill_after(child.id(), Duration::from_secs(30));
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
     repo.write("projects/api.yaml", &project("api", 2));
     let next = repo.commit("scale", true);
@@ -112,6 +114,79 @@ fn operator_commands_against_a_running_daemon() {
     }
     let _ = child.kill();
     let _ = child.wait();
+    drop(watchdog);
     assert!(seen, "the new revision's event arrived on the stream");
+
+    // A reader that goes away (`pl events --follow | head -1`): the next event's write meets
+    // a closed pipe, and pl ends quietly instead of panicking.
+    let mut c = pl();
+    c.args(["events", "--follow", "--after", "0"]);
+    with(&mut c, &viewer_file);
+    let mut child = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("pl events --follow");
+    let _watchdog = kill_after(child.id(), Duration::from_secs(30));
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut first)
+        .expect("one line");
+    assert!(!first.is_empty());
+    // The reader is dropped: the pipe is closed. New events must now be written.
+    repo.write("projects/api.yaml", &project("api", 3));
+    repo.commit("scale again", true);
+    let o = child.wait_with_output().expect("pl exits");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(o.status.code(), Some(0), "{err}");
+
+    // A force-push of main to its first commit is refused as a rewrite; only an admin may
+    // approve it, and pl revisions says how.
+    repo.git(&["reset", "-q", "--hard", &good]);
+    let refused = (0..100).find_map(|_| {
+        let mut c = pl();
+        c.arg("revisions");
+        with(&mut c, &viewer_file);
+        let out = stdout(&run(&mut c));
+        if out.contains("[history-rewritten]") {
+            return Some(out);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        None
+    });
+    let refused = refused.expect("the rewrite is listed within 10 s");
+    assert!(refused.contains(&format!("pl revisions approve-rewrite main {good}")), "{refused}");
+    for (token, want) in [(&viewer_file, "[insufficient-role]"), (&operator_file, "[insufficient-role]")] {
+        let mut c = pl();
+        c.args(["revisions", "approve-rewrite", "main", &good]);
+        with(&mut c, token);
+        let o = run(&mut c);
+        assert_eq!(o.status.code(), Some(1));
+        assert!(stderr(&o).contains(want), "{}", stderr(&o));
+    }
+    let mut c = pl();
+    c.args(["revisions", "approve-rewrite", "main", &good]);
+    with(&mut c, &operator_file);
+    c.env_remove("PL_TOKEN_FILE").env("PL_TOKEN", &s.admin);
+    let o = run(&mut c);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("approved"), "{}", stdout(&o));
+    let mut c = pl();
+    c.args(["events", "--after", "0"]);
+    with(&mut c, &viewer_file);
+    let out = stdout(&run(&mut c));
+    assert!(out.contains(&format!("rewrite-approved         main@{good} admin")), "{out}");
     d.kill9();
+}
+
+/// Kills `pid` after `after` unless the returned guard is dropped first.
+fn kill_after(pid: u32, after: Duration) -> std::sync::mpsc::Sender<()> {
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(after) {
+            let _ = std::process::Command::new("kill").arg("-KILL").arg(pid.to_string()).status();
+        }
+    });
+    tx
 }

@@ -23,8 +23,8 @@ async fn end_to_end() {
     repo.write("projects/api.yaml", &project("api", 2));
     repo.commit("pool and project", true);
     let s = setup(dir.path());
-    std::fs::write(dir.path().join("github.secret"), "gh-s3cret\n").expect("secret");
-    std::fs::write(dir.path().join("gitlab.token"), "gl-t0ken\n").expect("secret");
+    daemon_support::write_private(&dir.path().join("github.secret"), "gh-s3cret\n");
+    daemon_support::write_private(&dir.path().join("gitlab.token"), "gl-t0ken\n");
     let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
     let port = free_port();
     let webhooks = "[webhooks]\ngithub_secret_file = \"github.secret\"\ngitlab_token_file = \"gitlab.token\"\n";
@@ -224,7 +224,7 @@ async fn remote_source_fetches_on_webhook() {
     );
     repo.git(&["remote", "add", "origin", bare.to_str().expect("utf-8")]);
     let s = setup(dir.path());
-    std::fs::write(dir.path().join("gitea.secret"), "gt-s3cret").expect("secret");
+    daemon_support::write_private(&dir.path().join("gitea.secret"), "gt-s3cret");
     let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
     let port = free_port();
     let remote = format!("file://{}", bare.display());

@@ -39,6 +39,7 @@ pub struct Setup {
     pub dir: PathBuf,
     pub viewer: String,
     pub operator: String,
+    pub admin: String,
     pub token_lines: String,
 }
 
@@ -54,7 +55,7 @@ pub fn setup(dir: &Path) -> Setup {
     }
     let mut lines = String::new();
     let mut tokens = Vec::new();
-    for role in ["viewer", "operator"] {
+    for role in ["viewer", "operator", "admin"] {
         let out = dir.join(format!("{role}.token"));
         let _ = std::fs::remove_file(&out);
         let o = Command::new(bin())
@@ -71,6 +72,7 @@ pub fn setup(dir: &Path) -> Setup {
         dir: dir.to_owned(),
         viewer: tokens[0].clone(),
         operator: tokens[1].clone(),
+        admin: tokens[2].clone(),
         token_lines: lines,
     }
 }
@@ -242,4 +244,11 @@ impl Drop for Daemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Writes a file only its owner can read (a webhook secret, a key), as the daemon requires.
+pub fn write_private(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).expect("write");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
 }
