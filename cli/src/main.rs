@@ -263,6 +263,13 @@ fn main() -> ExitCode {
     };
     let paint = render::Paint::new(colour);
     let dir = |d: Option<PathBuf>| d.unwrap_or_else(|| PathBuf::from("."));
+    // Secret commands hold plaintext and identities: no core dumps, no ptrace.
+    if matches!(cli.command, Command::Secret(_))
+        && let Err(e) = reconciler::secrets::harden_process()
+    {
+        eprintln!("{} cannot disable core dumps before handling secrets: {e}", paint.red("error:"));
+        return ExitCode::from(1);
+    }
     let result = match cli.command {
         Command::Validate { dir: d, rev, format } => commands::validate(&dir(d), rev.as_deref(), format, paint),
         Command::Plan(args) => commands::plan(&args, paint),

@@ -268,16 +268,48 @@ pub fn edit(dir: &Path, name: &str, identity: Option<&Path>) -> anyhow::Result<u
         .mode(0o600)
         .open(&file)?
         .write_all(body.as_bytes())?;
-    // While the editor runs, Ctrl-C goes to it and to us; we must live to remove the file.
+    // While the editor runs, we must live to remove the file, whatever ends the session:
+    // Ctrl-C goes to the editor and to us (the editor decides), and a closed terminal
+    // (SIGHUP), a `kill` (SIGTERM) or Ctrl-\ (SIGQUIT) ends the editor and then us, after the
+    // private folder is removed.
     let interrupted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let hook = signal_hook::flag::register(signal_hook::consts::SIGINT, interrupted.clone())
-        .context("guarding against Ctrl-C")?;
+    let terminated = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut hooks = vec![
+        signal_hook::flag::register(signal_hook::consts::SIGINT, interrupted.clone())
+            .context("guarding against Ctrl-C")?,
+    ];
+    for sig in [
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+        signal_hook::consts::SIGQUIT,
+    ] {
+        hooks.push(signal_hook::flag::register(sig, terminated.clone()).context("guarding against signals")?);
+    }
     let mut parts = editor.split_whitespace();
-    let status = std::process::Command::new(parts.next().context("$EDITOR is empty")?)
+    let child = std::process::Command::new(parts.next().context("$EDITOR is empty")?)
         .args(parts)
         .arg(&file)
-        .status();
-    signal_hook::low_level::unregister(hook);
+        .spawn();
+    let status = child.and_then(|mut c| {
+        loop {
+            if terminated.load(std::sync::atomic::Ordering::SeqCst) {
+                let _ = c.kill();
+                let _ = c.wait();
+                return Err(std::io::Error::other("ended by a signal"));
+            }
+            if let Some(status) = c.try_wait()? {
+                return Ok(status);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    });
+    for hook in hooks {
+        signal_hook::low_level::unregister(hook);
+    }
+    if terminated.load(std::sync::atomic::Ordering::SeqCst) {
+        drop(private);
+        bail!("ended by a signal; the decrypted file was removed and nothing was changed");
+    }
     let status = status.context("starting $EDITOR")?;
     if !status.success() || interrupted.load(std::sync::atomic::Ordering::SeqCst) {
         bail!("the editor did not finish cleanly; nothing was changed");

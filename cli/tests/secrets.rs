@@ -415,4 +415,55 @@ fn edit_uses_a_private_file_and_removes_it() {
     assert_eq!(std::fs::read(repo.join(SECRET_FILE)).expect("read"), before);
     let path = std::fs::read_to_string(&record).expect("recorded");
     assert!(!Path::new(path.trim()).exists());
+
+    // A closed terminal, a kill or Ctrl-\ while the editor is open: the plaintext is removed
+    // all the same, and nothing changes. The editor here records its file and waits.
+    std::fs::write(
+        &editor,
+        format!("#!/bin/sh
+echo \"$1\" > {r}.tmp
+mv {r}.tmp {r}
+sleep 30
+", r = record.display()),
+    )
+    .expect("write");
+    for signal in ["-HUP", "-TERM", "-QUIT"] {
+        let _ = std::fs::remove_file(&record);
+        let mut child = pl()
+            .args(["secret", "edit", "app", "--identity"])
+            .arg(&control.file)
+            .arg("-C")
+            .arg(&repo)
+            .env("EDITOR", &editor)
+            .env_remove("VISUAL")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("runs");
+        let path = (0..200)
+            .find_map(|_| {
+                std::thread::sleep(std::time::Duration::from_millis(25));
+                std::fs::read_to_string(&record).ok()
+            })
+            .expect("the editor started within 5 s");
+        let path = Path::new(path.trim()).to_owned();
+        assert!(path.exists(), "{signal}: the plaintext exists while the editor is open");
+        let sent = std::process::Command::new("kill")
+            .arg(signal)
+            .arg(child.id().to_string())
+            .status()
+            .expect("kill");
+        assert!(sent.success());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let status = loop {
+            if let Some(s) = child.try_wait().expect("wait") {
+                break s;
+            }
+            assert!(std::time::Instant::now() < deadline, "{signal}: pl did not end");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        assert_eq!(status.code(), Some(1), "{signal}");
+        assert!(!path.exists(), "{signal}: the plaintext was removed");
+        assert!(!path.parent().expect("folder").exists(), "{signal}: and its folder");
+        assert_eq!(std::fs::read(repo.join(SECRET_FILE)).expect("read"), before);
+    }
 }
