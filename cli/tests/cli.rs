@@ -316,7 +316,8 @@ fn incremental_and_whole_plans_agree() {
     commit_all(&repo, "base");
     synthesize(&["--only", "42"]);
     commit_all(&repo, "one environment scaled");
-    // Committed head: the trees are diffed and only the changed blob is parsed.
+    // Committed head: the trees are diffed and only the changed blob is parsed (that this
+    // path runs is asserted in reconciler/tests/plans.rs, where the load is visible).
     let local = run(pl()
         .args(["plan", "--format", "json", "--base", "HEAD~1", "--head", "HEAD"])
         .arg(&repo));

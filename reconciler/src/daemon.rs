@@ -292,7 +292,9 @@ impl Shared {
             .await
             .map_err(|e| DaemonError::Join(e.to_string()))??;
         if let Some(branches) = &branches {
-            // The applied branch first: previews are judged against its accepted state.
+            // The applied branch first, then previews in name order: a preview is derived
+            // under the applied branch's accepted state, so it must see that state as of this
+            // pass; and a replay judges in the same order, so the ledger's rows come out alike.
             let mut order: Vec<&(String, ObjectId)> = branches.iter().collect();
             order.sort_by_key(|(b, _)| *b != self.config.source.branch);
             for (branch, head) in order {

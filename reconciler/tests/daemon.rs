@@ -47,7 +47,13 @@ async fn end_to_end() {
     };
     let seen_in = started.elapsed();
     assert_eq!(leased.len(), 1, "a job of the new commit is leasable");
-    assert!(leased[0].key.starts_with("fw:api-production:g1:apply@n1") || leased[0].key.contains(":g1:"));
+    // The first step of generation 1: infrastructure on n1 (network, firewall or routes).
+    let key = &leased[0].key;
+    assert!(
+        ["net:api-production:g1:ensure@n1", "fw:api-production:g1:apply@n1", "routes:api-production:g1:ensure@n1"]
+            .contains(&key.as_str()),
+        "{key}"
+    );
     assert!(
         seen_in < Duration::from_millis(1500),
         "seen through the watch, not the 2 s interval: {seen_in:?}"

@@ -108,8 +108,10 @@ fn fresh_copy(to: &Path) -> (PathBuf, Setup) {
 /// Moves the refs to the burst: the preview branch first, then `main`.
 fn push_burst(repo: &Path) {
     let h = history();
-    git(repo, &["update-ref", "refs/heads/feature/x", &h.preview]);
+    // main first: a pass that starts between the two updates judges main before the preview,
+    // as a pass that sees both does (the applied branch comes first).
     git(repo, &["update-ref", "refs/heads/main", &h.last]);
+    git(repo, &["update-ref", "refs/heads/feature/x", &h.preview]);
 }
 
 async fn judged(url: &str, branch: &str) -> Option<String> {

@@ -168,19 +168,32 @@ mod tests {
             spec_hash: "sha256:ab".into(),
         };
         assert_eq!(t.idempotency_key(), "app:api-production/web/0:g3:ensure");
-        let same = t.clone();
-        assert_eq!(
-            t.idempotency_key(),
-            same.idempotency_key(),
-            "a replay gives the same key"
-        );
+        // A replay builds the task afresh from what it is (not a clone): the same key. A spec
+        // hash is not part of what the job is; the generation is.
+        let replayed = Task::EnsureApplication {
+            environment: n("api-production"),
+            role: n("web"),
+            instance: 0,
+            generation: 3,
+            spec_hash: "sha256:cd".into(),
+        };
+        assert_eq!(t.idempotency_key(), replayed.idempotency_key(), "a replay gives the same key");
+        let next = Task::EnsureApplication {
+            environment: n("api-production"),
+            role: n("web"),
+            instance: 0,
+            generation: 4,
+            spec_hash: "sha256:ab".into(),
+        };
+        assert_ne!(t.idempotency_key(), next.idempotency_key(), "another generation is another job");
         let json = serde_json::to_string(&t).expect("json");
         assert!(json.starts_with("{\"task\":\"ensure-application\""), "{json}");
         assert_eq!(serde_json::from_str::<Task>(&json).expect("round trip"), t);
-        assert!(
-            serde_json::from_str::<Task>("{\"task\":\"ensure-network\",\"environment\":\"Bad Name\"}").is_err(),
-            "names are validated on the way in"
-        );
+        // The same document with a valid name decodes, so the refusal below is the name's.
+        let good = "{\"task\":\"ensure-network\",\"environment\":\"api\",\"generation\":1}";
+        assert!(serde_json::from_str::<Task>(good).is_ok(), "{good}");
+        let bad = good.replace("\"api\"", "\"Bad Name\"");
+        assert!(serde_json::from_str::<Task>(&bad).is_err(), "names are validated on the way in");
         assert!(
             serde_json::from_str::<Task>("{\"task\":\"format-disk\"}").is_err(),
             "the set is closed"
