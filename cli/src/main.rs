@@ -267,7 +267,10 @@ fn main() -> ExitCode {
     if matches!(cli.command, Command::Secret(_))
         && let Err(e) = reconciler::secrets::harden_process()
     {
-        eprintln!("{} cannot disable core dumps before handling secrets: {e}", paint.red("error:"));
+        eprintln!(
+            "{} cannot disable core dumps before handling secrets: {e}",
+            paint.red("error:")
+        );
         return ExitCode::from(1);
     }
     let result = match cli.command {

@@ -143,6 +143,10 @@ pub fn verify(
         None => (None, repo.resolve(range)?.id),
     };
     let verdicts = repo.verify_range(from, to, &signers, policy.as_ref(), seen_at)?;
+    if verdicts.is_empty() {
+        // `A..B` with nothing in B that A lacks: passing it would vouch for nothing.
+        bail!("`{range}` names no commit: its end adds nothing to its start");
+    }
     let ok = verdicts.iter().all(|v| v.result.is_ok());
     match format {
         DiagFormat::Text => {

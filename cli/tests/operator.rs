@@ -156,8 +156,14 @@ fn operator_commands_against_a_running_daemon() {
         None
     });
     let refused = refused.expect("the rewrite is listed within 10 s");
-    assert!(refused.contains(&format!("pl revisions approve-rewrite main {good}")), "{refused}");
-    for (token, want) in [(&viewer_file, "[insufficient-role]"), (&operator_file, "[insufficient-role]")] {
+    assert!(
+        refused.contains(&format!("pl revisions approve-rewrite main {good}")),
+        "{refused}"
+    );
+    for (token, want) in [
+        (&viewer_file, "[insufficient-role]"),
+        (&operator_file, "[insufficient-role]"),
+    ] {
         let mut c = pl();
         c.args(["revisions", "approve-rewrite", "main", &good]);
         with(&mut c, token);
@@ -176,7 +182,10 @@ fn operator_commands_against_a_running_daemon() {
     c.args(["events", "--after", "0"]);
     with(&mut c, &viewer_file);
     let out = stdout(&run(&mut c));
-    assert!(out.contains(&format!("rewrite-approved         main@{good} admin")), "{out}");
+    assert!(
+        out.contains(&format!("rewrite-approved         main@{good} admin")),
+        "{out}"
+    );
     d.kill9();
 }
 
@@ -185,7 +194,10 @@ fn kill_after(pid: u32, after: Duration) -> std::sync::mpsc::Sender<()> {
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     std::thread::spawn(move || {
         if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(after) {
-            let _ = std::process::Command::new("kill").arg("-KILL").arg(pid.to_string()).status();
+            let _ = std::process::Command::new("kill")
+                .arg("-KILL")
+                .arg(pid.to_string())
+                .status();
         }
     });
     tx

@@ -420,11 +420,14 @@ fn edit_uses_a_private_file_and_removes_it() {
     // all the same, and nothing changes. The editor here records its file and waits.
     std::fs::write(
         &editor,
-        format!("#!/bin/sh
+        format!(
+            "#!/bin/sh
 echo \"$1\" > {r}.tmp
 mv {r}.tmp {r}
 sleep 30
-", r = record.display()),
+",
+            r = record.display()
+        ),
     )
     .expect("write");
     for signal in ["-HUP", "-TERM", "-QUIT"] {

@@ -240,7 +240,12 @@ fn limit(q: &ListQuery, default: u32) -> u32 {
 }
 
 /// A page of rows under `key`, with the cursor of the next page when this one is full.
-fn page<T: serde::Serialize, C: serde::Serialize>(key: &str, rows: &[T], limit: u32, next: impl Fn(&T) -> C) -> Response {
+fn page<T: serde::Serialize, C: serde::Serialize>(
+    key: &str,
+    rows: &[T],
+    limit: u32,
+    next: impl Fn(&T) -> C,
+) -> Response {
     let next = (rows.len() == limit as usize).then(|| rows.last().map(&next)).flatten();
     axum::Json(json!({ key: rows, "next": next })).into_response()
 }
@@ -381,7 +386,13 @@ async fn stream(State(s): App, headers: HeaderMap, Query(q): Query<EventsQuery>)
         .and_then(|v| v.parse::<i64>().ok());
     let cursor = resume.or(q.after).unwrap_or(0);
     let tip = s.events_tip.subscribe();
-    let state = (s, cursor, std::collections::VecDeque::<crate::ledger::Event>::new(), tip, slot);
+    let state = (
+        s,
+        cursor,
+        std::collections::VecDeque::<crate::ledger::Event>::new(),
+        tip,
+        slot,
+    );
     let events = futures_util::stream::unfold(state, |(s, mut cursor, mut buf, mut tip, slot)| async move {
         loop {
             if let Some(e) = buf.pop_front() {
@@ -426,12 +437,7 @@ async fn reconcile(State(s): App, headers: HeaderMap) -> Response {
 
 /// A push webhook. An unknown or unconfigured forge, or a request without its signature
 /// header, is answered before a byte of the body is read.
-async fn webhook(
-    State(s): App,
-    Path(forge): Path<String>,
-    headers: HeaderMap,
-    body: axum::body::Body,
-) -> Response {
+async fn webhook(State(s): App, Path(forge): Path<String>, headers: HeaderMap, body: axum::body::Body) -> Response {
     let w = &s.webhook_secrets;
     let (forge, secret, header) = match forge.as_str() {
         "github" => (Forge::GitHub, &w.github, "x-hub-signature-256"),

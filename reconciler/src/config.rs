@@ -384,7 +384,9 @@ mod tests {
     fn the_documented_example_parses_and_refuses_its_placeholders() {
         let text = include_str!("../../examples/reconciler/reconciler.toml");
         let c = Config::parse(Path::new("reconciler.toml"), text).expect("the example parses");
-        let e = c.check(Path::new("reconciler.toml")).expect_err("placeholders are refused");
+        let e = c
+            .check(Path::new("reconciler.toml"))
+            .expect_err("placeholders are refused");
         assert!(e.to_string().contains("placeholder; `pl-reconciler token"), "{e}");
         // With real token lines, it checks.
         let real = text.replace(
@@ -403,10 +405,17 @@ mod tests {
     #[test]
     fn examples_and_docs_hold_no_hash_of_a_guessable_token() {
         use sha2::{Digest, Sha256};
-        let guessable = ["", "test", "test2", "token", "secret", "password", "admin", "changeme", "viewer", "operator", "ci"];
+        let guessable = [
+            "", "test", "test2", "token", "secret", "password", "admin", "changeme", "viewer", "operator", "ci",
+        ];
         let hashes: Vec<String> = guessable
             .iter()
-            .map(|w| Sha256::digest(w.as_bytes()).iter().map(|b| format!("{b:02x}")).collect())
+            .map(|w| {
+                Sha256::digest(w.as_bytes())
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect()
+            })
             .collect();
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let mut files = Vec::new();
@@ -451,7 +460,10 @@ mod tests {
             if let Err(e) = r {
                 let shown = e.to_string();
                 assert!(shown.contains("SSH key") && shown.contains("credential"), "{shown}");
-                assert!(!shown.contains("ghp_abc") && !shown.contains("user:pass") && !shown.contains("private_token=abc"), "{shown}");
+                assert!(
+                    !shown.contains("ghp_abc") && !shown.contains("user:pass") && !shown.contains("private_token=abc"),
+                    "{shown}"
+                );
             }
         }
     }

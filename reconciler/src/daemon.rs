@@ -157,7 +157,10 @@ struct BranchState {
 /// What to do on a branch this pass.
 enum Catchup {
     /// Judge these commits, oldest first, against `base`.
-    Judge { commits: Vec<ObjectId>, base: Option<ObjectId> },
+    Judge {
+        commits: Vec<ObjectId>,
+        base: Option<ObjectId>,
+    },
     /// The applied branch's head does not descend from its last accepted commit.
     Rewritten { accepted: ObjectId },
 }
@@ -342,11 +345,11 @@ impl Shared {
     pub async fn refresh_counts(&self, wrote: bool) {
         let fresh = !wrote
             && self
-            .counts
-            .lock()
-            .ok()
-            .and_then(|c| c.as_ref().map(|c| now_ms() - c.at_ms < 1000))
-            .unwrap_or(false);
+                .counts
+                .lock()
+                .ok()
+                .and_then(|c| c.as_ref().map(|c| now_ms() - c.at_ms < 1000))
+                .unwrap_or(false);
         if fresh {
             return;
         }

@@ -141,7 +141,15 @@ fn environment_rules(
 ) -> Result<Vec<Reason>, SourceError> {
     let side = |id: Option<gix::ObjectId>| -> Result<State, SourceError> {
         match id {
-            Some(id) => Ok(load_for_judging(repo, &Rev::Commit(Commit { spec: id.to_string(), id }), trust)?.state),
+            Some(id) => Ok(load_for_judging(
+                repo,
+                &Rev::Commit(Commit {
+                    spec: id.to_string(),
+                    id,
+                }),
+                trust,
+            )?
+            .state),
             None => Ok(State::default()),
         }
     };

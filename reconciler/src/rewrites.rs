@@ -59,7 +59,13 @@ impl Ledger {
 
     /// Records the refusal of a rewritten head, with a `revision-rejected` event, once.
     /// Returns `false` when it was recorded before.
-    pub async fn record_rewrite(&self, branch: &str, sha: &str, accepted: &str, now_ms: i64) -> Result<bool, LedgerError> {
+    pub async fn record_rewrite(
+        &self,
+        branch: &str,
+        sha: &str,
+        accepted: &str,
+        now_ms: i64,
+    ) -> Result<bool, LedgerError> {
         let mut tx = self.write_tx().await?;
         let row = sqlx::query(self.sql(
             "INSERT INTO history_rewrites (branch, sha, accepted_sha, seen_at) VALUES (?, ?, ?, ?) ON CONFLICT (branch, sha) DO NOTHING RETURNING id",
@@ -73,14 +79,26 @@ impl Ledger {
         if row.is_none() {
             return Ok(false);
         }
-        self.event(&mut tx, now_ms, "revision-rejected", &format!("{branch}@{sha}"), HISTORY_REWRITTEN)
-            .await?;
+        self.event(
+            &mut tx,
+            now_ms,
+            "revision-rejected",
+            &format!("{branch}@{sha}"),
+            HISTORY_REWRITTEN,
+        )
+        .await?;
         tx.commit().await?;
         Ok(true)
     }
 
     /// Approves one refused rewrite, naming the admin token, with a `rewrite-approved` event.
-    pub async fn approve_rewrite(&self, branch: &str, sha: &str, by: &str, now_ms: i64) -> Result<Approval, LedgerError> {
+    pub async fn approve_rewrite(
+        &self,
+        branch: &str,
+        sha: &str,
+        by: &str,
+        now_ms: i64,
+    ) -> Result<Approval, LedgerError> {
         let mut tx = self.write_tx().await?;
         let done = sqlx::query(self.sql(
             "UPDATE history_rewrites SET approved_by = ?, approved_at = ? WHERE branch = ? AND sha = ? AND approved_at IS NULL",

@@ -335,7 +335,10 @@ mod hardening_tests {
         std::fs::write(&key, "k").expect("write");
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).expect("chmod");
         let e = check_private_file(&key).expect_err("world-readable");
-        assert!(e.contains("api.key") && e.contains("0644") && e.contains("chmod 600"), "{e}");
+        assert!(
+            e.contains("api.key") && e.contains("0644") && e.contains("chmod 600"),
+            "{e}"
+        );
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o640)).expect("chmod");
         assert!(check_private_file(&key).is_err(), "group-readable");
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");

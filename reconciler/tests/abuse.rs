@@ -88,10 +88,14 @@ async fn a_flood_of_idle_connections_does_not_stop_the_daemon() {
     }
     let ready = ready.expect("/readyz answers within 20 s of the flood");
     // ...and a new commit is still applied.
-    w.repo.write("envs/api-production.yaml", &environment("api-production", "api"));
+    w.repo
+        .write("envs/api-production.yaml", &environment("api-production", "api"));
     w.repo.commit("environment", true);
     let applied = leasable_within(&w.ledger, Duration::from_secs(20)).await;
-    eprintln!("flood: {} idle connections; /readyz again after {ready:?}; commit leasable after {applied:?}", held.len());
+    eprintln!(
+        "flood: {} idle connections; /readyz again after {ready:?}; commit leasable after {applied:?}",
+        held.len()
+    );
     assert!(applied.is_some(), "a commit is applied during the flood");
     drop(held);
 }
@@ -122,7 +126,8 @@ async fn sixty_streams_of_one_viewer_do_not_delay_a_commit() {
     assert_eq!(status, 429);
     assert!(body.contains("\"too-many-streams\""), "{body}");
 
-    w.repo.write("envs/api-production.yaml", &environment("api-production", "api"));
+    w.repo
+        .write("envs/api-production.yaml", &environment("api-production", "api"));
     w.repo.commit("environment", true);
     let applied = leasable_within(&w.ledger, Duration::from_secs(10))
         .await
@@ -147,7 +152,11 @@ async fn sixty_streams_of_one_viewer_do_not_delay_a_commit() {
             })
         })
         .collect();
-    let got = readers.into_iter().map(|h| h.join().unwrap_or(false)).filter(|ok| *ok).count();
+    let got = readers
+        .into_iter()
+        .map(|h| h.join().unwrap_or(false))
+        .filter(|ok| *ok)
+        .count();
     // Streams start at cursor 0, so each sees the first commit's event at least.
     assert_eq!(got, 60);
     // Closing them frees their places.

@@ -50,8 +50,12 @@ async fn end_to_end() {
     // The first step of generation 1: infrastructure on n1 (network, firewall or routes).
     let key = &leased[0].key;
     assert!(
-        ["net:api-production:g1:ensure@n1", "fw:api-production:g1:apply@n1", "routes:api-production:g1:ensure@n1"]
-            .contains(&key.as_str()),
+        [
+            "net:api-production:g1:ensure@n1",
+            "fw:api-production:g1:apply@n1",
+            "routes:api-production:g1:ensure@n1"
+        ]
+        .contains(&key.as_str()),
         "{key}"
     );
     assert!(
@@ -89,7 +93,10 @@ async fn end_to_end() {
     assert_eq!(page["next"], "api-production", "a full page names the next cursor");
     let (_, body) = d.get("/v1/deployments?after=api-production", Some(&s.viewer));
     let page: serde_json::Value = serde_json::from_str(&body).expect("json");
-    assert_eq!((page["deployments"].as_array().map(Vec::len), &page["next"]), (Some(0), &serde_json::Value::Null));
+    assert_eq!(
+        (page["deployments"].as_array().map(Vec::len), &page["next"]),
+        (Some(0), &serde_json::Value::Null)
+    );
 
     // Events page by cursor; the stream resumes from one.
     let (_, body) = d.get("/v1/events?after=0&limit=3", Some(&s.viewer));

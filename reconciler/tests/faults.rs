@@ -320,8 +320,16 @@ async fn postgres_restart_under_leasing_load_loses_and_doubles_nothing() {
                     }
                 };
                 if got.is_empty() {
-                    let left = ledger.jobs(Some("queued"), None, None, 1).await.map(|j| j.len()).unwrap_or(1)
-                        + ledger.jobs(Some("leased"), None, None, 1).await.map(|j| j.len()).unwrap_or(1);
+                    let left = ledger
+                        .jobs(Some("queued"), None, None, 1)
+                        .await
+                        .map(|j| j.len())
+                        .unwrap_or(1)
+                        + ledger
+                            .jobs(Some("leased"), None, None, 1)
+                            .await
+                            .map(|j| j.len())
+                            .unwrap_or(1);
                     if left == 0 {
                         break;
                     }

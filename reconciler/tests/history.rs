@@ -73,7 +73,11 @@ async fn the_applied_branch_only_moves_forward() {
     let r = s.pass().await.expect("pass");
     assert_eq!((r.judged, r.rejected, r.jobs_queued), (1, 1, 0));
     assert_eq!(accepted(&s, "main").await, Some(c2.clone()));
-    let events = rows(&url, "SELECT kind, subject, detail FROM events WHERE detail = 'history-rewritten'").await;
+    let events = rows(
+        &url,
+        "SELECT kind, subject, detail FROM events WHERE detail = 'history-rewritten'",
+    )
+    .await;
     assert_eq!(events, [format!("revision-rejected|main@{c1}|history-rewritten")]);
     // Recorded once: the next pass writes nothing.
     let r = s.pass().await.expect("pass");
@@ -84,33 +88,53 @@ async fn the_applied_branch_only_moves_forward() {
     s.pass().await.expect("pass");
     assert_eq!(accepted(&s, "main").await, Some(c2.clone()));
     assert_eq!(
-        rows(&url, "SELECT sha, accepted_sha, approved_by FROM history_rewrites ORDER BY id").await,
+        rows(
+            &url,
+            "SELECT sha, accepted_sha, approved_by FROM history_rewrites ORDER BY id"
+        )
+        .await,
         [format!("{c1}|{c2}|NULL"), format!("{side}|{c2}|NULL")]
     );
 
     // An admin approves exactly that head; it is judged and rolled out like any commit.
     assert_eq!(
-        s.ledger.approve_rewrite("main", &c1, "root-admin", 5).await.expect("approve"),
+        s.ledger
+            .approve_rewrite("main", &c1, "root-admin", 5)
+            .await
+            .expect("approve"),
         Approval::Approved,
         "the old head's refusal can be approved too"
     );
     assert_eq!(
-        s.ledger.approve_rewrite("main", "0000", "root-admin", 5).await.expect("approve"),
+        s.ledger
+            .approve_rewrite("main", "0000", "root-admin", 5)
+            .await
+            .expect("approve"),
         Approval::NotPending
     );
     assert_eq!(
-        s.ledger.approve_rewrite("main", &side, "root-admin", 5).await.expect("approve"),
+        s.ledger
+            .approve_rewrite("main", &side, "root-admin", 5)
+            .await
+            .expect("approve"),
         Approval::Approved
     );
     assert_eq!(
-        s.ledger.approve_rewrite("main", &side, "root-admin", 6).await.expect("approve"),
+        s.ledger
+            .approve_rewrite("main", &side, "root-admin", 6)
+            .await
+            .expect("approve"),
         Approval::AlreadyApproved
     );
     let r = s.pass().await.expect("pass");
     assert_eq!((r.judged, r.accepted), (1, 1));
     assert_eq!(accepted(&s, "main").await, Some(side.clone()));
     assert_eq!(
-        rows(&url, "SELECT kind, detail FROM events WHERE kind = 'rewrite-approved' ORDER BY id").await,
+        rows(
+            &url,
+            "SELECT kind, detail FROM events WHERE kind = 'rewrite-approved' ORDER BY id"
+        )
+        .await,
         ["rewrite-approved|root-admin", "rewrite-approved|root-admin"]
     );
     // The approval was for that head alone: going back to c2 is a new rewrite.
@@ -198,7 +222,13 @@ async fn a_retired_key_cannot_sign_with_a_backdated_commit() {
     let parsed = reconciler::trust::allowed_signers::parse(&signers).expect("signers");
     let state = reconciler::source::StateRepo::open(&repo.dir).expect("open");
     let id = state.resolve(&old).expect("resolve").id;
-    assert!(state.verify_commit(id, &parsed, &[], None, None).expect("verify").result.is_ok());
+    assert!(
+        state
+            .verify_commit(id, &parsed, &[], None, None)
+            .expect("verify")
+            .result
+            .is_ok()
+    );
     let now = reconciler::daemon::now_ms() / 1000;
     let at_now = state.verify_commit(id, &parsed, &[], None, Some(now)).expect("verify");
     assert_eq!(at_now.result.expect_err("retired").code(), "key-not-valid-when-seen");
@@ -230,7 +260,12 @@ async fn environment_rules_follow_what_a_change_does() {
     repo.write("projects/api.yaml", &project("api", 2));
     let by_dev = repo.commit_signed_by("scale api", &dev_key);
     s.pass().await.expect("pass");
-    let (verdict, codes) = s.ledger.revision("main", &by_dev).await.expect("revision").expect("judged");
+    let (verdict, codes) = s
+        .ledger
+        .revision("main", &by_dev)
+        .await
+        .expect("revision")
+        .expect("judged");
     assert_eq!(
         (verdict.as_str(), codes),
         ("rejected", vec!["principal-not-allowed-for-environment".to_owned()])
@@ -274,8 +309,16 @@ async fn a_preview_branch_cannot_widen_its_own_preview_settings() {
         s.ledger.revision("feature/long", &p).await.expect("revision"),
         Some(("accepted".into(), vec![]))
     );
-    let committed_ms: i64 = repo.git(&["show", "-s", "--format=%ct", &p]).parse::<i64>().expect("time") * 1000;
-    let expiry = rows(&url, "SELECT DISTINCT expires_at FROM deployments WHERE branch = 'feature/long'").await;
+    let committed_ms: i64 = repo
+        .git(&["show", "-s", "--format=%ct", &p])
+        .parse::<i64>()
+        .expect("time")
+        * 1000;
+    let expiry = rows(
+        &url,
+        "SELECT DISTINCT expires_at FROM deployments WHERE branch = 'feature/long'",
+    )
+    .await;
     assert_eq!(
         expiry,
         [(committed_ms + 24 * 3_600_000).to_string()],

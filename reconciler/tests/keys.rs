@@ -34,7 +34,11 @@ fn lifetime_days(c: &X509Certificate<'_>) -> f64 {
 fn tls_init_and_renew_make_short_lived_constrained_certificates() {
     let dir = tempfile::tempdir().expect("tempdir");
     let tls = dir.path().join("tls");
-    let o = Command::new(bin()).args(["tls-init", "--dir"]).arg(&tls).output().expect("runs");
+    let o = Command::new(bin())
+        .args(["tls-init", "--dir"])
+        .arg(&tls)
+        .output()
+        .expect("runs");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let ca_der = der(&tls.join("ca.crt"));
     let (_, ca) = X509Certificate::from_der(&ca_der).expect("ca parses");
@@ -54,7 +58,11 @@ fn tls_init_and_renew_make_short_lived_constrained_certificates() {
     }
 
     // Renewal: a new pair from the same CA, the CA untouched.
-    let o = Command::new(bin()).args(["tls-renew", "--dir"]).arg(&tls).output().expect("runs");
+    let o = Command::new(bin())
+        .args(["tls-renew", "--dir"])
+        .arg(&tls)
+        .output()
+        .expect("runs");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let renewed_der = der(&tls.join("api.crt"));
     assert_ne!(renewed_der, api_der, "a new certificate");
@@ -62,13 +70,21 @@ fn tls_init_and_renew_make_short_lived_constrained_certificates() {
     assert_ne!(renewed.raw_serial(), api.raw_serial());
     renewed.verify_signature(Some(ca.public_key())).expect("the same CA");
     assert_eq!(der(&tls.join("ca.crt")), ca_der);
-    let mode = std::fs::metadata(tls.join("api.key")).expect("key").permissions().mode() & 0o777;
+    let mode = std::fs::metadata(tls.join("api.key"))
+        .expect("key")
+        .permissions()
+        .mode()
+        & 0o777;
     assert_eq!(mode, 0o600);
     assert!(!tls.join("api.key.new").exists() && !tls.join("api.crt.new").exists());
 
     // A CA key others can read is refused, naming it.
     std::fs::set_permissions(tls.join("ca.key"), std::fs::Permissions::from_mode(0o644)).expect("chmod");
-    let o = Command::new(bin()).args(["tls-renew", "--dir"]).arg(&tls).output().expect("runs");
+    let o = Command::new(bin())
+        .args(["tls-renew", "--dir"])
+        .arg(&tls)
+        .output()
+        .expect("runs");
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("ca.key") && err.contains("chmod 600"), "{err}");
@@ -102,8 +118,15 @@ fn the_daemon_refuses_exposed_or_missing_private_files() {
     let key = dir.path().join("tls/api.key");
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).expect("chmod");
     let log = start_fails(&s, &cfg, port);
-    assert!(log.contains("api.key") && log.contains("[private-file-exposed]"), "{log}");
-    let o = Command::new(bin()).args(["check-config", "--config"]).arg(&cfg).output().expect("runs");
+    assert!(
+        log.contains("api.key") && log.contains("[private-file-exposed]"),
+        "{log}"
+    );
+    let o = Command::new(bin())
+        .args(["check-config", "--config"])
+        .arg(&cfg)
+        .output()
+        .expect("runs");
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("[private-file-exposed]"));
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
@@ -111,7 +134,14 @@ fn the_daemon_refuses_exposed_or_missing_private_files() {
     // A webhook secret others can read.
     std::fs::write(dir.path().join("gh.secret"), "s3cret-value\n").expect("secret");
     std::fs::set_permissions(dir.path().join("gh.secret"), std::fs::Permissions::from_mode(0o640)).expect("chmod");
-    let cfg = config(&s, "d", &repo.dir, &url, port, "[webhooks]\ngithub_secret_file = \"gh.secret\"\n");
+    let cfg = config(
+        &s,
+        "d",
+        &repo.dir,
+        &url,
+        port,
+        "[webhooks]\ngithub_secret_file = \"gh.secret\"\n",
+    );
     let log = start_fails(&s, &cfg, port);
     assert!(log.contains("gh.secret") && log.contains("0640"), "{log}");
     assert!(!log.contains("s3cret-value"));
@@ -141,6 +171,13 @@ fn the_daemon_refuses_exposed_or_missing_private_files() {
     let mut d = Daemon::start(&s, &cfg, port);
     d.wait_ready(Duration::from_secs(20));
     let limits = std::fs::read_to_string(format!("/proc/{}/limits", d.child.id())).expect("limits");
-    let core = limits.lines().find(|l| l.starts_with("Max core file size")).expect("core line");
-    assert_eq!(core.split_whitespace().skip(4).take(2).collect::<Vec<_>>(), ["0", "0"], "{core}");
+    let core = limits
+        .lines()
+        .find(|l| l.starts_with("Max core file size"))
+        .expect("core line");
+    assert_eq!(
+        core.split_whitespace().skip(4).take(2).collect::<Vec<_>>(),
+        ["0", "0"],
+        "{core}"
+    );
 }

@@ -32,7 +32,10 @@ fn a_local_change_parses_only_the_changed_file() {
     write_tree(&dir, &Params { only: Some(42), ..base });
     git(&dir, &["commit", "-q", "-am", "one environment scaled"]);
     let repo = StateRepo::open(&dir).expect("open");
-    let (b, h) = (repo.resolve("HEAD~1").expect("base"), repo.resolve("HEAD").expect("head"));
+    let (b, h) = (
+        repo.resolve("HEAD~1").expect("base"),
+        repo.resolve("HEAD").expect("head"),
+    );
     let input = load_for_plan(&repo, &b, &Rev::Commit(h.clone())).expect("load");
     assert_eq!(input.scope, Scope::Local, "a one-file change is local");
     assert_eq!(

@@ -62,7 +62,8 @@ impl State {
     pub fn with_repository(mut self, repository: Option<Located>) -> State {
         self.objects.retain(|(k, _), _| *k != Kind::Repository);
         if let Some(l) = repository {
-            self.objects.insert((Kind::Repository, l.object.metadata.name.clone()), l);
+            self.objects
+                .insert((Kind::Repository, l.object.metadata.name.clone()), l);
         }
         self
     }

@@ -177,7 +177,11 @@ mod tests {
             generation: 3,
             spec_hash: "sha256:cd".into(),
         };
-        assert_eq!(t.idempotency_key(), replayed.idempotency_key(), "a replay gives the same key");
+        assert_eq!(
+            t.idempotency_key(),
+            replayed.idempotency_key(),
+            "a replay gives the same key"
+        );
         let next = Task::EnsureApplication {
             environment: n("api-production"),
             role: n("web"),
@@ -185,7 +189,11 @@ mod tests {
             generation: 4,
             spec_hash: "sha256:ab".into(),
         };
-        assert_ne!(t.idempotency_key(), next.idempotency_key(), "another generation is another job");
+        assert_ne!(
+            t.idempotency_key(),
+            next.idempotency_key(),
+            "another generation is another job"
+        );
         let json = serde_json::to_string(&t).expect("json");
         assert!(json.starts_with("{\"task\":\"ensure-application\""), "{json}");
         assert_eq!(serde_json::from_str::<Task>(&json).expect("round trip"), t);
@@ -193,7 +201,10 @@ mod tests {
         let good = "{\"task\":\"ensure-network\",\"environment\":\"api\",\"generation\":1}";
         assert!(serde_json::from_str::<Task>(good).is_ok(), "{good}");
         let bad = good.replace("\"api\"", "\"Bad Name\"");
-        assert!(serde_json::from_str::<Task>(&bad).is_err(), "names are validated on the way in");
+        assert!(
+            serde_json::from_str::<Task>(&bad).is_err(),
+            "names are validated on the way in"
+        );
         assert!(
             serde_json::from_str::<Task>("{\"task\":\"format-disk\"}").is_err(),
             "the set is closed"

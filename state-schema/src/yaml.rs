@@ -488,7 +488,10 @@ mod tests {
         assert_eq!(docs.len(), 1);
         // An alias to any of them would exceed the alias budget, and says so.
         let text = nested_anchors(60, 50_000, true);
-        assert_eq!(load_str(&text).expect_err("alias to a large node").code, Code::AliasLimit);
+        assert_eq!(
+            load_str(&text).expect_err("alias to a large node").code,
+            Code::AliasLimit
+        );
     }
 
     #[test]
@@ -502,8 +505,12 @@ mod tests {
         // Ten levels around 900 scalars: about 9,000 copied nodes fit, and an alias still works.
         let text = nested_anchors(10, 900, true);
         let docs = load_str(&text).expect("within budget");
-        let Value::Map(entries) = &docs[0].value else { panic!("map") };
-        let Value::Seq(items) = &entries[1].1.value else { panic!("seq") };
+        let Value::Map(entries) = &docs[0].value else {
+            panic!("map")
+        };
+        let Value::Seq(items) = &entries[1].1.value else {
+            panic!("seq")
+        };
         assert_eq!(items.len(), 900);
     }
 

@@ -163,7 +163,11 @@ fn selector(n: &Node<'_>) -> Result<EnvironmentSelector, PolicyError> {
         match k {
             "stage" => {
                 sel.stages = one_or_more(v, "stage")?;
-                if let Some(bad) = sel.stages.iter().find(|s| !matches!(s.as_str(), "production" | "preview")) {
+                if let Some(bad) = sel
+                    .stages
+                    .iter()
+                    .find(|s| !matches!(s.as_str(), "production" | "preview"))
+                {
                     return Err(err(v, format!("stage `{bad}` is `production` or `preview`")));
                 }
             }
@@ -289,9 +293,15 @@ mod tests {
         assert!(p.has_environment_rules());
         assert!(p.rules[0].matches_environment("api-prod", "production", "eu"));
         assert!(!p.rules[0].matches_environment("api-dev", "preview", "eu"));
-        assert!(!p.rules[0].matches("environments/production/api.yaml"), "no paths, no path match");
+        assert!(
+            !p.rules[0].matches("environments/production/api.yaml"),
+            "no paths, no path match"
+        );
         assert!(p.rules[1].matches_environment("shop-prod", "production", "us"));
-        assert!(!p.rules[1].matches_environment("shop-prod", "production", "ap"), "every field must match");
+        assert!(
+            !p.rules[1].matches_environment("shop-prod", "production", "ap"),
+            "every field must match"
+        );
         assert!(!p.rules[1].matches_environment("api", "production", "us"));
         assert!(p.rules[1].describe().contains("environments names shop-*, pools eu|us"));
         let e = parse("rules:\n  - environments: {stage: prod}\n    principals: [a]\n").expect_err("bad stage");

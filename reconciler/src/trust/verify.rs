@@ -174,7 +174,8 @@ pub fn verify_signature(
         .map_err(|e| Refusal::BadSignature { detail: e.to_string() })?;
     // A key may be listed more than once (say, before and after a rotation); one entry whose
     // window holds the commit time is enough.
-    let holds = |s: &AllowedSigner, at: i64| s.valid_after.is_none_or(|t| at >= t) && s.valid_before.is_none_or(|t| at < t);
+    let holds =
+        |s: &AllowedSigner, at: i64| s.valid_after.is_none_or(|t| at >= t) && s.valid_before.is_none_or(|t| at < t);
     let valid = in_namespace.iter().find(|s| holds(s, time));
     let Some(entry) = valid else {
         return Err(if first.valid_after.is_some_and(|t| time < t) {

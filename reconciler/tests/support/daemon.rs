@@ -188,7 +188,11 @@ impl Daemon {
             .timeout_global(Some(Duration::from_secs(30)))
             .build()
             .into();
-        match agent.get(&self.url(path)).header("authorization", &format!("Bearer {token}")).call() {
+        match agent
+            .get(&self.url(path))
+            .header("authorization", &format!("Bearer {token}"))
+            .call()
+        {
             Ok(r) if r.status() == 200 => {
                 let reader = r.into_body().into_reader();
                 (200, Some(Box::new(std::io::BufReader::new(reader))))
