@@ -56,13 +56,13 @@ fn internal(e: impl std::fmt::Display) -> Response {
 
 /// The refusal to send, if the request's token may not do what `needs` asks.
 fn authorize(s: &Shared, headers: &HeaderMap, needs: Role) -> Option<Response> {
-    authorized(s, headers, needs).err()
+    authorized(s, headers, needs).err().map(refuse)
 }
 
 /// The name of the request's token, when it may do what `needs` asks.
-fn authorized<'s>(s: &'s Shared, headers: &HeaderMap, needs: Role) -> Result<&'s str, Response> {
+fn authorized<'s>(s: &'s Shared, headers: &HeaderMap, needs: Role) -> Result<&'s str, Denied> {
     let header = headers.get("authorization").and_then(|v| v.to_str().ok());
-    s.tokens.authorize(header, needs).map_err(refuse)
+    s.tokens.authorize(header, needs)
 }
 
 fn too_many(code: &str, message: &str) -> Response {
@@ -73,20 +73,37 @@ fn too_many(code: &str, message: &str) -> Response {
         .into_response()
 }
 
+/// Why a request body was not read.
+enum BodyError {
+    TooLarge(usize),
+    Timeout,
+}
+
+impl IntoResponse for BodyError {
+    fn into_response(self) -> Response {
+        match self {
+            BodyError::TooLarge(limit) => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                axum::Json(
+                    json!({"code": "body-too-large", "message": format!("the body is larger than {limit} bytes")}),
+                ),
+            )
+                .into_response(),
+            BodyError::Timeout => (
+                StatusCode::REQUEST_TIMEOUT,
+                axum::Json(json!({"code": "body-timeout", "message": "the body did not arrive in time"})),
+            )
+                .into_response(),
+        }
+    }
+}
+
 /// Reads a request body up to `limit` bytes within [`BODY_TIMEOUT`].
-async fn read_body(body: axum::body::Body, limit: usize) -> Result<Bytes, Response> {
+async fn read_body(body: axum::body::Body, limit: usize) -> Result<Bytes, BodyError> {
     match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, limit)).await {
         Ok(Ok(b)) => Ok(b),
-        Ok(Err(_)) => Err((
-            StatusCode::PAYLOAD_TOO_LARGE,
-            axum::Json(json!({"code": "body-too-large", "message": format!("the body is larger than {limit} bytes")})),
-        )
-            .into_response()),
-        Err(_) => Err((
-            StatusCode::REQUEST_TIMEOUT,
-            axum::Json(json!({"code": "body-timeout", "message": "the body did not arrive in time"})),
-        )
-            .into_response()),
+        Ok(Err(_)) => Err(BodyError::TooLarge(limit)),
+        Err(_) => Err(BodyError::Timeout),
     }
 }
 
@@ -309,11 +326,11 @@ struct ApproveRewrite {
 async fn approve_rewrite(State(s): App, headers: HeaderMap, body: axum::body::Body) -> Response {
     let name = match authorized(&s, &headers, Role::Admin) {
         Ok(n) => n.to_owned(),
-        Err(r) => return r,
+        Err(d) => return refuse(d),
     };
     let body = match read_body(body, 4096).await {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(e) => return e.into_response(),
     };
     let Ok(req) = serde_json::from_slice::<ApproveRewrite>(&body) else {
         return (
@@ -372,7 +389,7 @@ fn event_json(e: &crate::ledger::Event) -> serde_json::Value {
 async fn stream(State(s): App, headers: HeaderMap, Query(q): Query<EventsQuery>) -> Response {
     let token = match authorized(&s, &headers, Role::Viewer) {
         Ok(name) => name.to_owned(),
-        Err(r) => return r,
+        Err(d) => return refuse(d),
     };
     let Some(slot) = s.streams.acquire(&token) else {
         return too_many(
@@ -454,7 +471,7 @@ async fn webhook(State(s): App, Path(forge): Path<String>, headers: HeaderMap, b
     }
     let body = match read_body(body, MAX_BODY_BYTES).await {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(e) => return e.into_response(),
     };
     if let Err(d) = verify_webhook(forge, secret, value, &body) {
         tracing::warn!(forge = ?forge, code = d.code(), "webhook refused");
