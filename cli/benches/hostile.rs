@@ -1,8 +1,9 @@
 //! Benchmark of `pl validate` on hostile YAML: the file the review found (880 KB, 60 nested
 //! anchored sequences around 440,000 scalars, which once took 1.4 GB and 2.3 s) alone and
-//! twice in one tree, beside a plain file of the same 440,000 scalars without anchors (the
-//! floor: what the nodes themselves cost). Budget: under 200 MB and 2 s per tree, and any one
-//! such file at most 64 MB to load.
+//! twice in one tree; nested anchors small enough to be copied; and the largest files the node
+//! budget lets through (a flow list and a block list just under 250,000 nodes), which are what
+//! a file legitimately costs. Budget: under 200 MB and 2 s per tree, and any one file under
+//! 1 MiB at most 64 MB to load.
 //!
 //! Run: `cargo bench -p pushleft-cli --bench hostile` (`-- --runs N`, default 5). Needs
 //! `/usr/bin/time` (Debian `time`).
@@ -74,15 +75,24 @@ fn main() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let hostile = nested_anchors(60, 440_000);
     println!("hostile file: {} bytes", hostile.len());
-    let cases: [(&str, Vec<String>); 3] = [
-        ("440,000 scalars, no anchors (floor)", vec![nested_anchors(0, 440_000)]),
-        ("60 nested anchors around them", vec![hostile.clone()]),
+    let flow = format!("a: [{}]\n", vec!["x"; 249_000].join(","));
+    let block = format!("a:\n{}", "- x\n".repeat(249_000));
+    let cases: [(&str, Vec<String>); 6] = [
+        ("flow list of 249,000 scalars (largest allowed)", vec![flow]),
+        ("block list of 249,000 scalars (largest allowed)", vec![block]),
+        ("60 nested anchors around 440,000 scalars", vec![hostile.clone()]),
         ("two such files", vec![hostile.clone(), hostile]),
+        (
+            "60 nested anchors around 9,000 scalars",
+            vec![nested_anchors(60, 9_000)],
+        ),
+        ("ten of those", vec![nested_anchors(60, 9_000); 10]),
     ];
     println!("| tree | pl validate, median | peak RSS | codes | budget |");
     println!("|---|---:|---:|---|---|");
     for (name, files) in cases {
         let dir = tmp.path().join(name.replace([' ', ',', '(', ')'], "-"));
+        let bytes: usize = files.iter().map(String::len).sum();
         std::fs::create_dir_all(&dir).expect("mkdir");
         std::fs::write(dir.join("pushleft.yaml"), ROOT).expect("root");
         for (i, f) in files.iter().enumerate() {
@@ -90,7 +100,8 @@ fn main() {
         }
         let (t, kib, codes) = measure(&pl, &dir, runs);
         println!(
-            "| {name} | {:.0} ms | {:.0} MB | {} | < 2 s, < 200 MB |",
+            "| {name} ({} KB) | {:.0} ms | {:.0} MB | {} | < 2 s, < 200 MB |",
+            bytes / 1000,
             t.as_secs_f64() * 1000.0,
             kib as f64 / 1024.0,
             if codes.is_empty() { "-" } else { &codes }

@@ -43,6 +43,8 @@ codes! {
     TreeTooLarge => "tree-too-large", "The YAML files of the state tree add up to more than 256 MiB.";
     AliasLimit => "alias-limit", "YAML aliases expand to more than 10,000 nodes in one file, or anchors copy more than 100,000.";
     NestingTooDeep => "nesting-too-deep", "YAML nesting is deeper than 64 levels.";
+    TooManyNodes => "too-many-nodes", "A file holds more than 250,000 YAML nodes (alias expansions included).";
+    LookaheadLimit => "lookahead-limit", "Parsing would read more than 128 KiB past the last node: one value, a run of comments, or a flow collection where a key could start, is that long.";
     TreeTooDeep => "tree-too-deep", "Folders of the state tree nest deeper than 32 levels.";
     InvalidUtf8 => "invalid-utf8", "A state file is not valid UTF-8.";
     YamlSyntax => "yaml-syntax", "The file is not well-formed YAML.";

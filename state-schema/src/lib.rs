@@ -20,3 +20,4 @@ pub mod synthetic;
 pub mod task;
 pub mod values;
 pub mod yaml;
+mod yaml_input;

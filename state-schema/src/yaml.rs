@@ -10,6 +10,9 @@ use saphyr_parser::{Event, Parser, ScalarStyle, Span};
 use std::borrow::Cow;
 use std::collections::HashMap;
 
+pub use crate::yaml_input::MAX_LOOKAHEAD;
+use crate::yaml_input::{Window, WindowedInput};
+
 /// Largest state file accepted, in bytes.
 pub const MAX_FILE_BYTES: usize = 1 << 20;
 /// Most YAML documents in one file.
@@ -24,6 +27,9 @@ pub const MAX_ALIAS_NODES: usize = 10_000;
 /// An anchored node larger than [`MAX_ALIAS_NODES`] is not copied at all: no alias could use
 /// it within that limit.
 pub const MAX_ANCHOR_NODES: usize = 100_000;
+/// Most nodes in one file, alias expansions included: bounds what one file costs in memory.
+/// 10,000 documents of 25 nodes each fit.
+pub const MAX_NODES: usize = 250_000;
 
 /// A node of a loaded document. Scalars borrow from the input where YAML needs no unescaping,
 /// which is most of them.
@@ -132,6 +138,7 @@ enum Anchored<'a> {
 }
 
 struct Builder<'a> {
+    nodes: usize,
     stack: Vec<Frame<'a>>,
     anchors: HashMap<usize, Anchored<'a>>,
     alias_nodes: usize,
@@ -280,6 +287,7 @@ fn is_core_float(s: &str) -> bool {
 /// Loads every document of a YAML stream. Empty documents are dropped.
 pub fn load_str(text: &str) -> Result<Vec<Node<'_>>, LoadError> {
     let mut b = Builder {
+        nodes: 0,
         stack: Vec::new(),
         anchors: HashMap::new(),
         alias_nodes: 0,
@@ -287,16 +295,52 @@ pub fn load_str(text: &str) -> Result<Vec<Node<'_>>, LoadError> {
         docs: Vec::new(),
     };
     let mut documents = 0usize;
-    for item in Parser::new_from_str(text) {
-        let (event, span) = item.map_err(|e| LoadError {
-            code: Code::YamlSyntax,
-            pos: Some(Pos {
-                line: e.marker().line() as u32,
-                column: e.marker().col() as u32 + 1,
-            }),
-            message: e.info().to_owned(),
-        })?;
+    let window = Window::new();
+    let lookahead_error = |at: Option<Pos>| LoadError {
+        code: Code::LookaheadLimit,
+        pos: at,
+        message: format!(
+            "the parser would have to read more than {MAX_LOOKAHEAD} characters past the last node here: a single value that long, a run of comments that long, or a flow collection ([…] or {{…}}) that long where a key could start; write long lists as block lists (`- item`)"
+        ),
+    };
+    let mut last = None;
+    // A file shorter than the window cannot make the scanner read past it: it takes
+    // saphyr-parser's own (faster) input.
+    let events: Box<dyn Iterator<Item = Result<(Event<'_>, Span), saphyr_parser::ScanError>>> =
+        if text.len() <= MAX_LOOKAHEAD {
+            Box::new(Parser::new_from_str(text))
+        } else {
+            Box::new(Parser::new(WindowedInput::new(text, std::rc::Rc::clone(&window))))
+        };
+    for item in events {
+        let (event, span) = match item {
+            Ok(x) => x,
+            Err(_) if window.was_cut() => return Err(lookahead_error(last)),
+            Err(e) => {
+                return Err(LoadError {
+                    code: Code::YamlSyntax,
+                    pos: Some(Pos {
+                        line: e.marker().line() as u32,
+                        column: e.marker().col() as u32 + 1,
+                    }),
+                    message: e.info().to_owned(),
+                });
+            }
+        };
+        window.advance(span.end.index());
         let pos = pos_of(&span);
+        last = Some(pos);
+        b.nodes += match &event {
+            Event::Scalar(..) | Event::SequenceStart(..) | Event::MappingStart(..) => 1,
+            _ => 0,
+        };
+        if b.nodes > MAX_NODES {
+            return Err(LoadError {
+                code: Code::TooManyNodes,
+                pos: Some(pos),
+                message: format!("more than {MAX_NODES} YAML nodes in one file"),
+            });
+        }
         match event {
             Event::DocumentStart(_) => {
                 documents += 1;
@@ -388,6 +432,7 @@ pub fn load_str(text: &str) -> Result<Vec<Node<'_>>, LoadError> {
                     }
                 };
                 b.alias_nodes = b.alias_nodes.saturating_add(size);
+                b.nodes = b.nodes.saturating_add(size);
                 let (Some(node), false) = (node, b.alias_nodes > MAX_ALIAS_NODES) else {
                     return Err(LoadError {
                         code: Code::AliasLimit,
@@ -401,6 +446,11 @@ pub fn load_str(text: &str) -> Result<Vec<Node<'_>>, LoadError> {
             }
             Event::StreamStart | Event::StreamEnd | Event::DocumentEnd | Event::Nothing => {}
         }
+    }
+    // A scanner stopped at the window may end the stream quietly (a block scalar ends at the
+    // end of input): what it read is not the file, so it is refused all the same.
+    if window.was_cut() {
+        return Err(lookahead_error(last));
     }
     b.docs.retain(|d| d.value != Value::Null);
     Ok(b.docs)
@@ -512,6 +562,36 @@ mod tests {
             panic!("seq")
         };
         assert_eq!(items.len(), 900);
+    }
+
+    #[test]
+    fn the_scanner_reads_only_so_far_ahead() {
+        // A flow collection where a key could start makes the scanner keep every token until it
+        // ends; past the window, the file is refused instead of buffered.
+        let nested = nested_anchors(2, 100_000, false);
+        assert!(nested.len() > MAX_LOOKAHEAD);
+        let err = load_str(&nested).expect_err("too far ahead");
+        assert_eq!(err.code, Code::LookaheadLimit, "{}", err.message);
+        // A long value is fine up to the window, whatever the file's size; a longer one is not.
+        let long = |n: usize| format!("a: |\n  {}\nb: 1\n", "v".repeat(n));
+        let padding: String = (0..20_000).map(|i| format!("p{i}: 1\n")).collect();
+        let ok = format!("{padding}{}", long(100_000));
+        assert!(ok.len() > MAX_LOOKAHEAD);
+        assert!(load_str(&ok).is_ok());
+        let err = load_str(&format!("{padding}{}", long(200_000))).expect_err("too long a value");
+        assert_eq!(err.code, Code::LookaheadLimit);
+        // A long flow list as a plain value (no key can start there) streams: it is fine.
+        let flat = format!("a: [{}]\n", vec!["x"; 100_000].join(","));
+        assert!(flat.len() > MAX_LOOKAHEAD);
+        assert!(load_str(&flat).is_ok());
+    }
+
+    #[test]
+    fn node_budget() {
+        let text = format!("a:\n{}", "- x\n".repeat(MAX_NODES));
+        assert_eq!(load_str(&text).expect_err("too many").code, Code::TooManyNodes);
+        let text = format!("a:\n{}", "- x\n".repeat(MAX_NODES - 3));
+        assert!(load_str(&text).is_ok());
     }
 
     #[test]
