@@ -3,8 +3,8 @@
 use crate::render::{self, Paint, PlanHeader, Side};
 use crate::{DiagFormat, PlanArgs, PlanFormat, ShowFormat};
 use anyhow::{Context, bail};
-use reconciler::load::{PlanInput, load, load_for_plan};
-use reconciler::source::{Rev, StateRepo};
+use state_repo::load::{PlanInput, load, load_for_plan};
+use state_repo::source::{Rev, StateRepo};
 use state_schema::state::Loaded;
 use std::io::Write;
 use std::path::Path;

@@ -3,9 +3,9 @@
 //! happens before anything is written.
 
 use anyhow::{Context, bail};
-use reconciler::load::load;
-use reconciler::secrets::{self, SecretError};
-use reconciler::source::{Rev, StateRepo};
+use state_repo::load::load;
+use state_repo::secrets::{self, SecretError};
+use state_repo::source::{Rev, StateRepo};
 use state_schema::canonical::{self, Secrets};
 use state_schema::model::{Ciphertext, Kind, Object, Spec};
 use std::io::{Read, Write};

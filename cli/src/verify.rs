@@ -4,10 +4,10 @@
 use crate::DiagFormat;
 use crate::render::{Paint, short};
 use anyhow::{Context, bail};
-use reconciler::source::StateRepo;
-use reconciler::trust::allowed_signers::{self, AllowedSigner};
-use reconciler::trust::policy::{self, Policy};
-use reconciler::trust::{CommitVerdict, verify::Signer};
+use state_repo::source::StateRepo;
+use state_repo::trust::allowed_signers::{self, AllowedSigner};
+use state_repo::trust::policy::{self, Policy};
+use state_repo::trust::{CommitVerdict, verify::Signer};
 use std::path::Path;
 
 fn read_limited(path: &Path, limit: usize, what: &str) -> anyhow::Result<String> {

@@ -238,7 +238,7 @@ impl Config {
             private.extend(p.iter());
         }
         for p in private {
-            crate::secrets::check_private_file(p).map_err(|m| exposed(p, m))?;
+            state_repo::secrets::check_private_file(p).map_err(|m| exposed(p, m))?;
         }
         Ok(())
     }

@@ -6,12 +6,12 @@
 use crate::auth::Tokens;
 use crate::config::Config;
 use crate::ledger::{Ledger, LedgerError};
-use crate::revision::{Preview, Trust, judge};
 use crate::rewrites::RewriteStatus;
-use crate::source::{Commit, SourceError, StateRepo};
-use crate::trust::allowed_signers::{self, AllowedSigner};
-use crate::trust::policy::{self, Policy};
 use gix::ObjectId;
+use state_repo::revision::{Preview, Trust, judge};
+use state_repo::source::{Commit, SourceError, StateRepo};
+use state_repo::trust::allowed_signers::{self, AllowedSigner};
+use state_repo::trust::policy::{self, Policy};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -453,7 +453,7 @@ impl Shared {
             let plan = me.decide(&state)?;
             // A preview is derived under the applied branch's accepted Repository document.
             let repository = match state.applied_accepted {
-                Some(id) => crate::load::repository_at(
+                Some(id) => state_repo::load::repository_at(
                     &*me.repo()?,
                     &Commit {
                         spec: id.to_string(),
@@ -531,14 +531,14 @@ impl Shared {
     }
 
     /// Fetches the remote (no-op for a local source) and records its branches.
-    pub async fn fetch(self: &Arc<Self>) -> Result<bool, crate::remote::FetchError> {
+    pub async fn fetch(self: &Arc<Self>) -> Result<bool, state_repo::remote::FetchError> {
         let Source::Remote { url, dir, .. } = &self.source else {
             return Ok(false);
         };
         let (url, dir) = (url.clone(), dir.clone());
-        let fetched = tokio::task::spawn_blocking(move || crate::remote::fetch(&url, &dir))
+        let fetched = tokio::task::spawn_blocking(move || state_repo::remote::fetch(&url, &dir))
             .await
-            .map_err(|e| crate::remote::FetchError {
+            .map_err(|e| state_repo::remote::FetchError {
                 url: String::new(),
                 message: e.to_string(),
             })??;

@@ -7,8 +7,8 @@
 //! queues the next step once the current one has succeeded.
 
 use crate::ledger::{JobRow, Ledger, LedgerError};
-use crate::revision::Judgement;
 use sqlx::Row;
+use state_repo::revision::Judgement;
 use state_schema::canonical::{self, Secrets};
 use state_schema::desired::{self, DeploymentSpec, Desired, Step};
 use state_schema::values::Name;

@@ -648,7 +648,7 @@ impl Ledger {
     pub async fn record_revision(
         &self,
         branch: &str,
-        j: &crate::revision::Judgement,
+        j: &state_repo::revision::Judgement,
         now_ms: i64,
     ) -> Result<bool, LedgerError> {
         let mut tx = self.write_tx().await?;
@@ -662,7 +662,7 @@ impl Ledger {
         &self,
         tx: &mut sqlx::Transaction<'static, sqlx::Any>,
         branch: &str,
-        j: &crate::revision::Judgement,
+        j: &state_repo::revision::Judgement,
         now_ms: i64,
     ) -> Result<Option<i64>, LedgerError> {
         let verdict = if j.accepted() { "accepted" } else { "rejected" };

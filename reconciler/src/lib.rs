@@ -1,9 +1,8 @@
-//! The control host: reading state trees from Git (gix) or disk, deciding which commits to
-//! trust, the durable ledger, the level-triggered reconcile loop and the operator API behind
-//! `pl-reconciler`. Capacity-aware placement and the agents' mTLS API come next.
+//! The control host: the durable ledger, the level-triggered reconcile loop, and the operator
+//! API behind `pl-reconciler`. What it reads from Git, and how it trusts it, comes from
+//! `state-repo`. Capacity-aware placement and the agents' mTLS API come next.
 //!
-//! Architecture invariant: this crate owns Git access; `state-schema` never sees a repository,
-//! only bytes.
+//! Architecture invariant: SQL and the async runtime live here and nowhere `pl` links.
 
 pub mod api;
 pub mod auth;
@@ -11,12 +10,6 @@ pub mod config;
 pub mod daemon;
 pub mod deploy;
 pub mod ledger;
-pub mod load;
-pub mod remote;
-pub mod revision;
 pub mod rewrites;
-pub mod secrets;
-pub mod source;
 pub mod streams;
-pub mod trust;
 pub mod views;

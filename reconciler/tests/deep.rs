@@ -5,8 +5,8 @@
 #[path = "support/repo.rs"]
 mod repo_support;
 
-use reconciler::source::{Rev, SourceError, StateRepo};
 use repo_support::{ROOT, git};
+use state_repo::source::{Rev, SourceError, StateRepo};
 use std::path::Path;
 
 /// Runs `f` on a thread with a small stack, as a worker of a pool might have.
@@ -67,7 +67,7 @@ fn a_deep_git_tree_is_refused_without_deep_recursion() {
         let codes: Vec<String> = listing.problems.iter().map(|p| p.code.as_str().to_owned()).collect();
         let base = repo.resolve(&shallow).expect("resolve");
         let diff = repo.diff_commits(&base, &c).map(|_| ());
-        let loaded = reconciler::load::load(&repo, &Rev::Commit(c)).expect("load");
+        let loaded = state_repo::load::load(&repo, &Rev::Commit(c)).expect("load");
         assert!(loaded.diagnostics.iter().any(|d| d.code.as_str() == "tree-too-deep"));
         (codes, diff)
     });

@@ -219,8 +219,8 @@ async fn a_retired_key_cannot_sign_with_a_backdated_commit() {
     );
     // git's rule alone (the committer date) would have passed it; `pl verify --at` is the
     // daemon's rule.
-    let parsed = reconciler::trust::allowed_signers::parse(&signers).expect("signers");
-    let state = reconciler::source::StateRepo::open(&repo.dir).expect("open");
+    let parsed = state_repo::trust::allowed_signers::parse(&signers).expect("signers");
+    let state = state_repo::source::StateRepo::open(&repo.dir).expect("open");
     let id = state.resolve(&old).expect("resolve").id;
     assert!(
         state

@@ -5,9 +5,9 @@
 #[path = "support/repo.rs"]
 mod repo_support;
 
-use reconciler::load::load_for_plan;
-use reconciler::source::{Rev, StateRepo};
 use repo_support::git;
+use state_repo::load::load_for_plan;
+use state_repo::source::{Rev, StateRepo};
 use state_schema::plan::Scope;
 use state_schema::synthetic::{Params, generate};
 

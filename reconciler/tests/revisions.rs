@@ -9,10 +9,10 @@ mod postgres_support;
 mod repo_support;
 
 use reconciler::ledger::Ledger;
-use reconciler::revision::{Trust, judge};
-use reconciler::source::StateRepo;
-use reconciler::trust::allowed_signers;
 use repo_support::{POOL, Repo};
+use state_repo::revision::{Trust, judge};
+use state_repo::source::StateRepo;
+use state_repo::trust::allowed_signers;
 use std::path::Path;
 
 /// Builds the repository: good (signed), unsigned, invalid (signed), good again (signed).
