@@ -614,13 +614,20 @@ impl Ledger {
     }
 
     /// Events after a cursor, oldest first.
+    /// Events after a cursor, oldest first, up to the [`Self::event_horizon`]: a cursor never
+    /// passes an event whose transaction may still commit.
     pub async fn events_after(&self, cursor: i64, limit: u32) -> Result<Vec<Event>, LedgerError> {
-        let rows =
-            sqlx::query(self.sql("SELECT id, at, kind, subject, detail FROM events WHERE id > ? ORDER BY id LIMIT ?"))
-                .bind(cursor)
-                .bind(i64::from(limit))
-                .fetch_all(&self.pool)
-                .await?;
+        let Some(horizon) = self.event_horizon().await? else {
+            return Ok(Vec::new());
+        };
+        let rows = sqlx::query(
+            self.sql("SELECT id, at, kind, subject, detail FROM events WHERE id > ? AND id <= ? ORDER BY id LIMIT ?"),
+        )
+        .bind(cursor)
+        .bind(horizon)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
         rows.iter()
             .map(|r| {
                 Ok(Event {
@@ -632,6 +639,44 @@ impl Ledger {
                 })
             })
             .collect()
+    }
+
+    /// The largest event id below which no event can still appear, or `None` when writers that
+    /// may hold lower ids are still running after a short wait.
+    ///
+    /// SQLite has one writer at a time: ids commit in order, and the largest is the horizon.
+    /// On PostgreSQL, ids are taken at insert and commit in any order. The horizon is the
+    /// largest id visible in a snapshot, once every transaction running at that snapshot has
+    /// ended: any lower id belongs to one of them (a writer takes its transaction id before
+    /// its event ids; `migrations/postgres/0006_event_cursor.sql`).
+    pub async fn event_horizon(&self) -> Result<Option<i64>, LedgerError> {
+        if self.backend == Backend::Sqlite {
+            return Ok(Some(
+                sqlx::query(self.sql("SELECT COALESCE(MAX(id), 0) FROM events"))
+                    .fetch_one(&self.pool)
+                    .await?
+                    .try_get(0)?,
+            ));
+        }
+        let row = sqlx::query(self.sql("SELECT pg_current_snapshot()::text, COALESCE(MAX(id), 0) FROM events"))
+            .fetch_one(&self.pool)
+            .await?;
+        let (snapshot, max): (String, i64) = (row.try_get(0)?, row.try_get(1)?);
+        // Most snapshots list no running writer; a listed one usually ends within milliseconds.
+        for wait_ms in [0u64, 1, 2, 5, 10, 20, 50, 100, 200, 500] {
+            tokio::time::sleep(std::time::Duration::from_millis(wait_ms)).await;
+            let running: i64 = sqlx::query(self.sql(
+                "SELECT COUNT(*) FROM pg_snapshot_xip(?::pg_snapshot) AS x WHERE pg_xact_status(x) = 'in progress'",
+            ))
+            .bind(&snapshot)
+            .fetch_one(&self.pool)
+            .await?
+            .try_get(0)?;
+            if running == 0 {
+                return Ok(Some(max));
+            }
+        }
+        Ok(None)
     }
 
     /// A job's state and attempts, by key.

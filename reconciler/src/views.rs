@@ -156,12 +156,10 @@ impl Ledger {
             .collect()
     }
 
-    /// The newest event's id (0 when there is none): the cursor a stream waits to pass.
+    /// The newest event a cursor may pass (see [`Ledger::event_horizon`]); 0 when there is
+    /// none yet.
     pub async fn last_event_id(&self) -> Result<i64, LedgerError> {
-        Ok(sqlx::query(self.sql("SELECT COALESCE(MAX(id), 0) FROM events"))
-            .fetch_one(&self.pool)
-            .await?
-            .try_get(0)?)
+        Ok(self.event_horizon().await?.unwrap_or(0))
     }
 
     pub async fn counts(&self, now_ms: i64) -> Result<Counts, LedgerError> {
