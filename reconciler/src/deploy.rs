@@ -64,6 +64,14 @@ fn steps_of(action: &str, env: &Name, generation: u64, spec: &DeploymentSpec, re
     }
 }
 
+/// The hash of every object's canonical document (secrets as ciphertext), in the state's order.
+fn object_hashes(state: &state_schema::state::State) -> Vec<String> {
+    state
+        .iter()
+        .map(|loc| canonical::hash(&canonical::document(&loc.object, Secrets::Ciphertext)))
+        .collect()
+}
+
 fn gen_u64(g: i64) -> u64 {
     u64::try_from(g).unwrap_or(0)
 }
@@ -83,6 +91,16 @@ impl Ledger {
         j: &mut Judgement,
         now_ms: i64,
     ) -> Result<Applied, LedgerError> {
+        // The pure work first, before the write transaction opens (on SQLite it holds the one
+        // write lock that agents' leases wait on): placement and spec hashes of every
+        // deployment, and the hash of every object.
+        let derived = j.accepted().then(|| {
+            let (wanted, unplaceable) = desired::deployments(&j.state.state, preview.then_some(branch));
+            // A preview lives `previews.ttlHours` after its branch's last commit. One whose
+            // commit is older than that is not rolled out at all (and what runs is torn down).
+            let expires = preview.then(|| preview_expiry(j)).flatten();
+            (wanted, unplaceable, expires, object_hashes(&j.state.state))
+        });
         let mut tx = self.write_tx().await?;
         let Some(revision) = self.record_revision_in(&mut tx, branch, j, now_ms).await? else {
             return Ok(Applied::default());
@@ -91,12 +109,8 @@ impl Ledger {
             recorded: true,
             ..Applied::default()
         };
-        if j.accepted() {
-            self.write_objects(&mut tx, branch, j, revision).await?;
-            let (mut wanted, mut unplaceable) = desired::deployments(&j.state.state, preview.then_some(branch));
-            // A preview lives `previews.ttlHours` after its branch's last commit. One whose
-            // commit is older than that is not rolled out at all (and what runs is torn down).
-            let expires = preview.then(|| preview_expiry(j)).flatten();
+        if let Some((mut wanted, mut unplaceable, expires, hashes)) = derived {
+            self.write_objects(&mut tx, branch, j, &hashes, revision).await?;
             drop(std::mem::take(&mut j.state));
             if let Some(at) = expires
                 && at <= now_ms
@@ -192,7 +206,16 @@ impl Ledger {
         Ok(applied)
     }
 
-    async fn write_objects(&self, tx: &mut Tx, branch: &str, j: &Judgement, revision: i64) -> Result<(), LedgerError> {
+    /// Writes the objects whose hash differs from the ledger's (`hashes` in the state's order,
+    /// computed before the transaction) and deletes those gone.
+    async fn write_objects(
+        &self,
+        tx: &mut Tx,
+        branch: &str,
+        j: &Judgement,
+        hashes: &[String],
+        revision: i64,
+    ) -> Result<(), LedgerError> {
         let mut have: BTreeMap<(String, String), String> = BTreeMap::new();
         for r in sqlx::query(self.sql("SELECT kind, name, hash FROM desired_objects WHERE branch = ?"))
             .bind(branch)
@@ -204,16 +227,15 @@ impl Ledger {
         // Written in chunks as they are rendered, so no more than one chunk of documents is
         // held at a time.
         let mut changed: Vec<(String, String, String, String)> = Vec::with_capacity(100);
-        let mut objects = j.state.state.iter().peekable();
-        while let Some(loc) = objects.next() {
-            let doc = canonical::document(&loc.object, Secrets::Ciphertext);
-            let hash = canonical::hash(&doc);
+        let mut objects = j.state.state.iter().zip(hashes).peekable();
+        while let Some((loc, hash)) = objects.next() {
             let key = (
                 loc.object.kind().as_str().to_owned(),
                 loc.object.metadata.name.as_str().to_owned(),
             );
             if have.remove(&key).as_deref() != Some(hash.as_str()) {
-                changed.push((key.0, key.1, hash, canonical::to_yaml(&doc)));
+                let doc = canonical::document(&loc.object, Secrets::Ciphertext);
+                changed.push((key.0, key.1, hash.clone(), canonical::to_yaml(&doc)));
             }
             if changed.len() < 100 && objects.peek().is_some() {
                 continue;

@@ -146,6 +146,7 @@ async fn reference() -> Vec<String> {
         wait_judged(&url, "main", &history().first, Duration::from_secs(20)).await;
         push_burst(&repo);
         wait_judged(&url, "main", &history().last, Duration::from_secs(120)).await;
+        wait_judged(&url, "feature/x", &history().preview, Duration::from_secs(20)).await;
         assert!(d.term().success());
         dump::snapshot(&url).await
     })
