@@ -35,9 +35,14 @@ struct World {
     daemon: Daemon,
     ledger: Ledger,
     viewer: String,
+    operator: String,
 }
 
 async fn world(extra: &str, nofile: Option<u64>) -> World {
+    world_with(extra, nofile, 2).await
+}
+
+async fn world_with(extra: &str, nofile: Option<u64>, interval_seconds: u64) -> World {
     let dir = tempfile::tempdir().expect("tempdir");
     let repo = Repo::new(dir.path());
     std::fs::write(dir.path().join("allowed_signers"), &repo.signers).expect("signers");
@@ -49,7 +54,11 @@ async fn world(extra: &str, nofile: Option<u64>) -> World {
     let cfg = config(&s, "d", &repo.dir, &url, port, "");
     // Limits go in the [api] table, which `config` writes last.
     let text = std::fs::read_to_string(&cfg).expect("config");
-    std::fs::write(&cfg, text.replace("[api]\n", &format!("[api]\n{extra}"))).expect("config");
+    let text = text.replace("[api]\n", &format!("[api]\n{extra}")).replace(
+        "interval_seconds = 2\n",
+        &format!("interval_seconds = {interval_seconds}\n"),
+    );
+    std::fs::write(&cfg, text).expect("config");
     let mut daemon = Daemon::start_with(&s, &cfg, port, nofile);
     daemon.wait_ready(Duration::from_secs(20));
     let ledger = Ledger::connect(&url, 2).await.expect("ledger");
@@ -59,6 +68,52 @@ async fn world(extra: &str, nofile: Option<u64>) -> World {
         daemon,
         ledger,
         viewer: s.viewer,
+        operator: s.operator,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_the_last_pass_values_and_cost_no_query() {
+    // Passes only on a hint: the interval is an hour.
+    let w = world_with("", None, 3600).await;
+    w.repo
+        .write("envs/api-production.yaml", &environment("api-production", "api"));
+    w.repo.commit("environment", true);
+    // The watch applies the commit; the passes its hints cause are over within a second or two.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !w
+        .daemon
+        .get("/metrics", None)
+        .1
+        .contains("pushleft_revisions_total{verdict=\"accepted\"} 2")
+    {
+        assert!(Instant::now() < deadline, "the watch applied the commit");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let leased = leasable_within(&w.ledger, Duration::from_secs(1)).await;
+    assert!(leased.is_some());
+    // The lease happened after the last pass: a scrape still shows the pass's values, however
+    // often it is asked (an unauthenticated flood of scrapes runs no query).
+    for _ in 0..50 {
+        let (code, m) = w.daemon.get("/metrics", None);
+        assert_eq!(code, 200);
+        assert!(m.contains("pushleft_jobs{state=\"leased\"} 0"), "{m}");
+    }
+    // A pass (asked for by an operator) refreshes them.
+    let op = format!("Bearer {}", w.operator);
+    assert_eq!(
+        w.daemon.post("/v1/reconcile", &[("authorization", op.as_str())], b"").0,
+        202
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, m) = w.daemon.get("/metrics", None);
+        if m.contains("pushleft_jobs{state=\"leased\"} 1") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the next pass refreshes the metrics: {m}");
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
