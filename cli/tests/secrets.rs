@@ -363,6 +363,18 @@ fn bad_input_is_refused_with_codes_and_changes_nothing() {
     );
 }
 
+/// `pl secret edit app` in `repo` with `editor` as `$EDITOR`.
+fn edit_command(repo: &Path, identity: &Path, editor: &Path) -> std::process::Command {
+    let mut c = pl();
+    c.args(["secret", "edit", "app", "--identity"])
+        .arg(identity)
+        .arg("-C")
+        .arg(repo)
+        .env("EDITOR", editor)
+        .env_remove("VISUAL");
+    c
+}
+
 #[test]
 fn edit_uses_a_private_file_and_removes_it() {
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -371,15 +383,7 @@ fn edit_uses_a_private_file_and_removes_it() {
     let editor = tmp.path().join("editor.sh");
     std::fs::write(&editor, format!("#!/bin/sh\nstat -c '%a %n' \"$1\" > {r}\nstat -c '%a' \"$(dirname \"$1\")\" >> {r}\nsed -i 's/^TOKEN: .*/TOKEN: changed/' \"$1\"\necho 'NEW_KEY: \"42\"' >> \"$1\"\n", r = record.display())).expect("write");
     std::fs::set_permissions(&editor, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
-    let o = pl()
-        .args(["secret", "edit", "app", "--identity"])
-        .arg(&control.file)
-        .arg("-C")
-        .arg(&repo)
-        .env("EDITOR", &editor)
-        .env_remove("VISUAL")
-        .output()
-        .expect("runs");
+    let o = edit_command(&repo, &control.file, &editor).output().expect("runs");
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let saw = std::fs::read_to_string(&record).expect("the editor ran");
     let mut lines = saw.lines();
@@ -402,15 +406,7 @@ fn edit_uses_a_private_file_and_removes_it() {
         format!("#!/bin/sh\necho \"$1\" > {r}\nexit 3\n", r = record.display()),
     )
     .expect("write");
-    let o = pl()
-        .args(["secret", "edit", "app", "--identity"])
-        .arg(&control.file)
-        .arg("-C")
-        .arg(&repo)
-        .env("EDITOR", &editor)
-        .env_remove("VISUAL")
-        .output()
-        .expect("runs");
+    let o = edit_command(&repo, &control.file, &editor).output().expect("runs");
     assert_eq!(o.status.code(), Some(1));
     assert_eq!(std::fs::read(repo.join(SECRET_FILE)).expect("read"), before);
     let path = std::fs::read_to_string(&record).expect("recorded");
@@ -432,13 +428,7 @@ sleep 30
     .expect("write");
     for signal in ["-HUP", "-TERM", "-QUIT"] {
         let _ = std::fs::remove_file(&record);
-        let mut child = pl()
-            .args(["secret", "edit", "app", "--identity"])
-            .arg(&control.file)
-            .arg("-C")
-            .arg(&repo)
-            .env("EDITOR", &editor)
-            .env_remove("VISUAL")
+        let mut child = edit_command(&repo, &control.file, &editor)
             .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("runs");

@@ -30,15 +30,20 @@ fn lifetime_days(c: &X509Certificate<'_>) -> f64 {
     (v.not_after.timestamp() - v.not_before.timestamp()) as f64 / DAY as f64
 }
 
+/// `pl-reconciler tls-init|tls-renew --dir DIR`.
+fn tls_command(command: &str, dir: &Path) -> std::process::Output {
+    Command::new(bin())
+        .args([command, "--dir"])
+        .arg(dir)
+        .output()
+        .expect("runs")
+}
+
 #[test]
 fn tls_init_and_renew_make_short_lived_constrained_certificates() {
     let dir = tempfile::tempdir().expect("tempdir");
     let tls = dir.path().join("tls");
-    let o = Command::new(bin())
-        .args(["tls-init", "--dir"])
-        .arg(&tls)
-        .output()
-        .expect("runs");
+    let o = tls_command("tls-init", &tls);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let ca_der = der(&tls.join("ca.crt"));
     let (_, ca) = X509Certificate::from_der(&ca_der).expect("ca parses");
@@ -58,11 +63,7 @@ fn tls_init_and_renew_make_short_lived_constrained_certificates() {
     }
 
     // Renewal: a new pair from the same CA, the CA untouched.
-    let o = Command::new(bin())
-        .args(["tls-renew", "--dir"])
-        .arg(&tls)
-        .output()
-        .expect("runs");
+    let o = tls_command("tls-renew", &tls);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let renewed_der = der(&tls.join("api.crt"));
     assert_ne!(renewed_der, api_der, "a new certificate");
@@ -80,11 +81,7 @@ fn tls_init_and_renew_make_short_lived_constrained_certificates() {
 
     // A CA key others can read is refused, naming it.
     std::fs::set_permissions(tls.join("ca.key"), std::fs::Permissions::from_mode(0o644)).expect("chmod");
-    let o = Command::new(bin())
-        .args(["tls-renew", "--dir"])
-        .arg(&tls)
-        .output()
-        .expect("runs");
+    let o = tls_command("tls-renew", &tls);
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("ca.key") && err.contains("chmod 600"), "{err}");
@@ -113,8 +110,10 @@ fn the_daemon_refuses_exposed_or_missing_private_files() {
     let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
     let port = free_port();
 
+    let with = |extra: &str| config(&s, "d", &repo.dir, &url, port, extra);
+
     // An API key that others can read.
-    let cfg = config(&s, "d", &repo.dir, &url, port, "");
+    let cfg = with("");
     let key = dir.path().join("tls/api.key");
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).expect("chmod");
     let log = start_fails(&s, &cfg, port);
@@ -134,40 +133,19 @@ fn the_daemon_refuses_exposed_or_missing_private_files() {
     // A webhook secret others can read.
     std::fs::write(dir.path().join("gh.secret"), "s3cret-value\n").expect("secret");
     std::fs::set_permissions(dir.path().join("gh.secret"), std::fs::Permissions::from_mode(0o640)).expect("chmod");
-    let cfg = config(
-        &s,
-        "d",
-        &repo.dir,
-        &url,
-        port,
-        "[webhooks]\ngithub_secret_file = \"gh.secret\"\n",
-    );
+    let cfg = with("[webhooks]\ngithub_secret_file = \"gh.secret\"\n");
     let log = start_fails(&s, &cfg, port);
     assert!(log.contains("gh.secret") && log.contains("0640"), "{log}");
     assert!(!log.contains("s3cret-value"));
 
     // A CA key that the configuration names but that is not there (checked at start, as the
     // reference says).
-    let cfg = config(
-        &s,
-        "d",
-        &repo.dir,
-        &url,
-        port,
-        "[control]\nca_cert = \"tls/ca.crt\"\nca_key = \"tls/missing-ca.key\"\n",
-    );
+    let cfg = with("[control]\nca_cert = \"tls/ca.crt\"\nca_key = \"tls/missing-ca.key\"\n");
     let log = start_fails(&s, &cfg, port);
     assert!(log.contains("missing-ca.key"), "{log}");
 
     // With the files in order, it runs, and with core dumps off.
-    let cfg = config(
-        &s,
-        "d",
-        &repo.dir,
-        &url,
-        port,
-        "[control]\nca_cert = \"tls/ca.crt\"\nca_key = \"tls/ca.key\"\n",
-    );
+    let cfg = with("[control]\nca_cert = \"tls/ca.crt\"\nca_key = \"tls/ca.key\"\n");
     let mut d = Daemon::start(&s, &cfg, port);
     d.wait_ready(Duration::from_secs(20));
     let limits = std::fs::read_to_string(format!("/proc/{}/limits", d.child.id())).expect("limits");
