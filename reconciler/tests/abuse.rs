@@ -266,3 +266,38 @@ async fn an_unconfigured_webhook_answers_before_the_body() {
         assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_sends_no_request_is_closed() {
+    let w = world("", None).await;
+    let dir = w.repo.dir.parent().expect("dir").to_owned();
+    // TLS completes, then nothing: the header timeout (10 s) closes the connection, so held
+    // connections cannot keep the daemon's places.
+    let mut tls = tls_connect(&dir, w.daemon.port);
+    tls.sock
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    let started = Instant::now();
+    tls.conn.complete_io(&mut tls.sock).expect("handshake");
+    let mut buf = [0u8; 64];
+    let n = tls.read(&mut buf).unwrap_or(0);
+    assert_eq!(n, 0, "the server closes an idle connection instead of answering");
+    let waited = started.elapsed();
+    assert!(waited < Duration::from_secs(15), "closed after {waited:?}");
+    // After one request on a kept-alive connection, the same holds for the next one.
+    let mut tls = tls_connect(&dir, w.daemon.port);
+    tls.sock
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    write!(tls, "GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n").expect("request");
+    let n = tls.read(&mut buf).expect("an answer");
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    let started = Instant::now();
+    let mut rest = Vec::new();
+    let _ = tls.read_to_end(&mut rest);
+    let waited = started.elapsed();
+    assert!(
+        waited < Duration::from_secs(15),
+        "an idle kept-alive connection closed after {waited:?}"
+    );
+}
