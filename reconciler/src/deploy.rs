@@ -11,6 +11,7 @@ use sqlx::Row;
 use state_repo::revision::Judgement;
 use state_schema::canonical::{self, Secrets};
 use state_schema::desired::{self, DeploymentSpec, Desired, Step};
+use state_schema::release::{self, Change};
 use state_schema::values::Name;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -26,6 +27,8 @@ pub struct Applied {
     pub recorded: bool,
     pub rollouts: Vec<(String, u64)>,
     pub teardowns: Vec<(String, u64)>,
+    /// Deployments scaled at their current generation.
+    pub scales: Vec<(String, u64)>,
     pub jobs_queued: usize,
 }
 
@@ -51,7 +54,16 @@ impl Start {
 struct Current {
     generation: i64,
     action: String,
+    status: String,
     spec_hash: String,
+}
+
+/// A deployment that scales at its current generation (`release::change` said so).
+struct Scale {
+    spec: DeploymentSpec,
+    spec_hash: String,
+    generation: u64,
+    change: Change,
 }
 
 fn steps_of(action: &str, env: &Name, generation: u64, spec: &DeploymentSpec, retired: &[DeploymentSpec]) -> Vec<Step> {
@@ -275,16 +287,18 @@ impl Ledger {
 
     async fn current_of(&self, tx: &mut Tx, branch: &str) -> Result<BTreeMap<String, Current>, LedgerError> {
         let mut out = BTreeMap::new();
-        for r in
-            sqlx::query(self.sql("SELECT environment, generation, action, spec_hash FROM deployments WHERE branch = ?"))
-                .bind(branch)
-                .fetch_all(&mut **tx)
-                .await?
+        for r in sqlx::query(
+            self.sql("SELECT environment, generation, action, status, spec_hash FROM deployments WHERE branch = ?"),
+        )
+        .bind(branch)
+        .fetch_all(&mut **tx)
+        .await?
         {
             let current = Current {
                 generation: r.try_get(1)?,
                 action: r.try_get(2)?,
-                spec_hash: r.try_get(3)?,
+                status: r.try_get(3)?,
+                spec_hash: r.try_get(4)?,
             };
             out.insert(r.try_get(0)?, current);
         }
@@ -387,6 +401,7 @@ impl Ledger {
             .collect();
         let mut specs = self.specs_of(tx, &existing).await?;
         let mut starts: Vec<Start> = Vec::new();
+        let mut scales: Vec<Scale> = Vec::new();
         let mut events: Vec<(String, String, String)> = Vec::new();
         for (d, now) in changed {
             let env = d.spec.environment.to_string();
@@ -394,6 +409,24 @@ impl Ledger {
                 let detail = format!("branch {branch} declares an environment that branch {owner} deploys");
                 events.push(("deployment-conflict".into(), env, detail));
                 continue;
+            }
+            // A finished rollout whose release stays the same scales at its generation; the
+            // decision is `release::change`, the one `pl plan` prints rollouts from.
+            if let (Some(c), Some((stored, _))) = (&now, specs.get(&env))
+                && c.action == "rollout"
+                && c.status == "done"
+            {
+                let change = release::change(stored, &d.spec);
+                if change != Change::Generation {
+                    specs.remove(&env);
+                    scales.push(Scale {
+                        spec: d.spec,
+                        spec_hash: d.spec_hash,
+                        generation: gen_u64(c.generation),
+                        change,
+                    });
+                    continue;
+                }
             }
             let (generation, retired, existed) = match (now, specs.remove(&env)) {
                 (Some(c), Some((spec, mut retired))) => {
@@ -431,7 +464,60 @@ impl Ledger {
             });
         }
         self.events_in(tx, now_ms, &events).await?;
+        self.write_scales(tx, &scales, revision, now_ms, applied).await?;
         self.write_starts(tx, branch, &starts, revision, now_ms, applied).await
+    }
+
+    /// Scales deployments at their current generation: the stored spec becomes the new one,
+    /// and the instance delta is queued at once, in the order it must run: infrastructure on
+    /// new nodes, new replicas, their ingress; then ingress leaves nodes, replicas go, and
+    /// networks of nodes left behind. Nothing else of the generation runs again.
+    async fn write_scales(
+        &self,
+        tx: &mut Tx,
+        scales: &[Scale],
+        revision: i64,
+        now_ms: i64,
+        applied: &mut Applied,
+    ) -> Result<(), LedgerError> {
+        let mut events: Vec<(String, String, String)> = Vec::new();
+        for s in scales {
+            let env = s.spec.environment.as_str();
+            sqlx::query(self.sql(
+                "UPDATE deployments SET spec = ?, spec_hash = ?, revision_id = ?, updated_at = ? WHERE environment = ?",
+            ))
+            .bind(serde_json::to_string(&s.spec)?)
+            .bind(s.spec_hash.clone())
+            .bind(revision)
+            .bind(now_ms)
+            .bind(env.to_owned())
+            .execute(&mut **tx)
+            .await?;
+            let tasks = desired::scale_tasks(&s.spec, s.generation, &s.change);
+            if tasks.is_empty() {
+                continue;
+            }
+            let rows: Vec<JobRow<'_>> = tasks
+                .iter()
+                .map(|(task, node)| JobRow::scaled(task, node.as_str(), revision, now_ms))
+                .collect();
+            let added = self.enqueue_in(tx, &rows, now_ms).await?;
+            applied.jobs_queued += added.len();
+            applied.scales.push((env.to_owned(), s.generation));
+            if let Change::Scale { added, removed, .. } = &s.change {
+                events.push((
+                    "deployment-scaled".into(),
+                    env.to_owned(),
+                    format!(
+                        "generation {}: {} replicas added, {} removed",
+                        s.generation,
+                        added.len(),
+                        removed.len()
+                    ),
+                ));
+            }
+        }
+        self.events_in(tx, now_ms, &events).await
     }
 
     /// Starts new generations: cancels what older generations still have queued or leased,

@@ -59,6 +59,19 @@ pub(crate) struct JobRow<'a> {
 }
 
 impl<'a> JobRow<'a> {
+    /// A job of a scale at revision `revision`: the same instance may be added, removed and
+    /// added again at one generation, so the scale's revision is part of what the job is.
+    pub fn scaled(task: &'a Task, node: &'a str, revision: i64, now_ms: i64) -> Self {
+        JobRow {
+            key: format!("{}#r{revision}", job_key(task, node)),
+            task,
+            node,
+            max_attempts: crate::deploy::MAX_ATTEMPTS,
+            not_before_ms: now_ms,
+            step: None,
+        }
+    }
+
     pub fn new(task: &'a Task, node: &'a str, max_attempts: u32, not_before_ms: i64, step: Option<i64>) -> Self {
         JobRow {
             key: job_key(task, node),

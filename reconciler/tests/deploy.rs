@@ -124,11 +124,64 @@ async fn scenario(url: String, dir: &Path) {
         Some(("rejected".into(), vec!["unsigned".into()]))
     );
 
-    // A signed commit after it: a new generation whose cleanup retires the old replicas.
+    // A signed commit after it scales 3 -> 1: not a release, so no new generation. The delta is
+    // queued at generation 1 in order: ingress leaves n2, the two replicas go, n2's network.
     let c3 = repo.commit("signed", true);
     let r = shared.pass().await.expect("pass");
-    assert_eq!((r.judged, r.accepted), (1, 1));
+    assert_eq!((r.judged, r.accepted, r.teardowns), (1, 1, 0));
     assert_eq!(shared.ledger.last_accepted("main").await.expect("last"), Some(c3));
+    let queued = || async {
+        rows(&url, "SELECT key FROM jobs WHERE state = 'queued' ORDER BY id")
+            .await
+            .into_iter()
+            .map(|k| k.split('#').next().unwrap_or("").to_owned())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        queued().await,
+        [
+            "ingress:api-production/api.example.com:g1:remove@n2",
+            "app:api-production/web/1:g1:teardown@n2",
+            "app:api-production/web/2:g1:teardown@n1",
+            "net:api-production:g1:remove@n2",
+        ]
+    );
+    assert_eq!(
+        rows(&url, "SELECT generation, status FROM deployments").await,
+        ["1|done"]
+    );
+    assert_eq!(
+        rows(&url, "SELECT detail FROM events WHERE kind = 'deployment-scaled'").await,
+        ["generation 1: 0 replicas added, 2 removed"]
+    );
+    complete_all(&shared.ledger).await;
+    // And back to 3: n2 gets its infrastructure first, then the replicas, then ingress on n2;
+    // replica 0 is not touched, nor re-released.
+    repo.write("projects/api.yaml", &project("api", 3));
+    repo.commit("scale up", true);
+    shared.pass().await.expect("pass");
+    assert_eq!(
+        queued().await,
+        [
+            "net:api-production:g1:ensure@n2",
+            "fw:api-production:g1:apply@n2",
+            "routes:api-production:g1:ensure@n2",
+            "app:api-production/web/1:g1:ensure@n2",
+            "app:api-production/web/2:g1:ensure@n1",
+            "ingress:api-production/api.example.com:g1:publish@n2",
+        ],
+        "replicas removed and added again at one generation are queued again"
+    );
+    complete_all(&shared.ledger).await;
+
+    // A new image is a release: generation 2, whose cleanup stops the old replicas.
+    repo.write(
+        "projects/api.yaml",
+        &project("api", 3).replace("0123456789abcdef0123", "fedcba9876543210fedc"),
+    );
+    repo.commit("new image", true);
+    let r = shared.pass().await.expect("pass");
+    assert_eq!(r.accepted, 1);
     for _ in 0..4 {
         complete_all(&shared.ledger).await;
         shared.pass().await.expect("pass");
@@ -142,16 +195,27 @@ async fn scenario(url: String, dir: &Path) {
         cleanup,
         [
             "app:api-production/web/0:g2:stop@n1|succeeded",
-            "app:api-production/web/1:g2:teardown@n2|succeeded",
-            "app:api-production/web/2:g2:teardown@n1|succeeded",
-            "ingress:api-production/api.example.com:g2:remove@n2|succeeded",
-            "net:api-production:g2:remove@n2|succeeded",
+            "app:api-production/web/1:g2:stop@n2|succeeded",
+            "app:api-production/web/2:g2:stop@n1|succeeded",
         ]
     );
     assert_eq!(
         rows(&url, "SELECT generation, status FROM deployments").await,
         ["2|done"]
     );
+    // Back to one replica (a scale at generation 2), for the preview below.
+    repo.write(
+        "projects/api.yaml",
+        &project("api", 1).replace("0123456789abcdef0123", "fedcba9876543210fedc"),
+    );
+    repo.commit("one replica", true);
+    shared.pass().await.expect("pass");
+    assert_eq!(
+        complete_all(&shared.ledger).await,
+        4,
+        "ingress, two replicas, a network"
+    );
+    assert_eq!(rows(&url, "SELECT generation FROM deployments").await, ["2"]);
 
     // A preview branch gets its own environment; deleting the branch tears it down in order,
     // cancelling what its rollout had not done yet. History stays.

@@ -5,6 +5,7 @@
 
 use crate::canonical::{self, Secrets};
 use crate::model::{Environment, Kind, NodeState, Placement, Stage, Workload};
+use crate::release::Releases;
 use crate::state::{State, branch_preview_hostname, branch_preview_label, derive_environment};
 use crate::task::Task;
 use crate::values::{Hostname, Name};
@@ -33,6 +34,10 @@ pub struct DeploymentSpec {
     pub nodes: Vec<Name>,
     /// Nodes with a web replica: where the ingress routes live.
     pub ingress_nodes: Vec<Name>,
+    /// What the release depends on ([`crate::release::Releases`]): equal hashes, the same
+    /// release. Empty in specs stored before it existed, which any change then rolls anew.
+    #[serde(default)]
+    pub release_hash: String,
 }
 
 /// A desired deployment: its spec and the hash that decides whether it needs a new generation.
@@ -55,8 +60,9 @@ pub struct Unplaceable {
 pub fn deployments(state: &State, preview: Option<&str>) -> (Vec<Desired>, Vec<Unplaceable>) {
     let mut out = Vec::new();
     let mut unplaceable = Vec::new();
+    let mut releases = Releases::new(state);
     for (name, env) in &environments_of(state, preview) {
-        match desired(state, name, env) {
+        match desired(state, name, env, &mut releases) {
             Ok(d) => out.push(d),
             Err(reason) => unplaceable.push(Unplaceable {
                 environment: name.clone(),
@@ -100,7 +106,7 @@ pub struct Affected {
 /// cannot be placed, everything it derives (so a change to an unplaceable environment still
 /// counts: it would roll out as soon as a node appears).
 fn fingerprint(state: &State, name: &Name, env: &Environment) -> String {
-    match desired(state, name, env) {
+    match desired(state, name, env, &mut Releases::new(state)) {
         Ok(d) => d.spec_hash,
         Err(reason) => {
             let project = state.project(env.project.as_str()).map(|p| &p.roles);
@@ -198,7 +204,18 @@ fn preview_environments(state: &State, branch: &str) -> Vec<(Name, Environment)>
         .collect()
 }
 
-fn desired(state: &State, name: &Name, env: &Environment) -> Result<Desired, String> {
+/// One environment's deployment spec (placement, hostnames, release hash), or why it cannot
+/// be placed. `releases` memoises project hashes across environments.
+pub fn spec_of(
+    state: &State,
+    name: &Name,
+    env: &Environment,
+    releases: &mut Releases<'_>,
+) -> Result<DeploymentSpec, String> {
+    desired(state, name, env, releases).map(|d| d.spec)
+}
+
+fn desired(state: &State, name: &Name, env: &Environment, releases: &mut Releases<'_>) -> Result<Desired, String> {
     let project = state
         .project(env.project.as_str())
         .ok_or_else(|| format!("project {} is not declared", env.project))?;
@@ -222,16 +239,16 @@ fn desired(state: &State, name: &Name, env: &Environment) -> Result<Desired, Str
     // Placement before the next issue's capacity-aware one: spread deals replicas round-robin
     // over the pool's active nodes in name order, pack puts them all on the first.
     let mut instances = Vec::new();
-    let mut next = 0usize;
+    // Each role deals its replicas from its own starting node (its position among the roles),
+    // so scaling one role never moves another role's replicas: a scale stays a scale.
     let mut ingress_nodes = Vec::new();
-    for (role, count) in &derived.replicas {
+    for (position, (role, count)) in derived.replicas.iter().enumerate() {
         let web = matches!(project.roles.get(role).map(|r| &r.workload), Some(Workload::Web { .. }));
         for index in 0..*count {
             let node = match pool.placement {
-                Placement::Spread => active[next % active.len()],
+                Placement::Spread => active[(position + index as usize) % active.len()],
                 Placement::Pack => active[0],
             };
-            next += 1;
             if web {
                 ingress_nodes.push(node.clone());
             }
@@ -276,6 +293,7 @@ fn desired(state: &State, name: &Name, env: &Environment) -> Result<Desired, Str
         hostnames,
         nodes,
         ingress_nodes,
+        release_hash: releases.release_hash(env).unwrap_or_default(),
     };
     // Everything a release depends on: the roles, the derived environment, the secrets'
     // ciphertext and the placement. Equal hashes mean no new generation.
@@ -403,11 +421,104 @@ pub fn rollout_steps(spec: &DeploymentSpec, generation: u64, retired: &[Deployme
     steps
 }
 
+/// The jobs of a scale at `generation` to `spec` (see [`crate::release::change`]), in the
+/// order they run: infrastructure on nodes the environment gains, new replicas, their ingress;
+/// then ingress on nodes it leaves, the replicas removed, and the networks of nodes left.
+pub fn scale_tasks(spec: &DeploymentSpec, generation: u64, change: &crate::release::Change) -> Step {
+    let crate::release::Change::Scale {
+        added,
+        removed,
+        nodes_added,
+        nodes_removed,
+        ingress_added,
+        ingress_removed,
+    } = change
+    else {
+        return Vec::new();
+    };
+    let env = &spec.environment;
+    let mut out: Step = Vec::new();
+    for node in nodes_added {
+        for task in [
+            Task::EnsureNetwork {
+                environment: env.clone(),
+                generation,
+            },
+            Task::ApplyFirewall {
+                environment: env.clone(),
+                generation,
+            },
+            Task::EnsureRoutes {
+                environment: env.clone(),
+                generation,
+            },
+        ] {
+            out.push((task, node.clone()));
+        }
+    }
+    for i in added {
+        let task = Task::EnsureApplication {
+            environment: env.clone(),
+            role: i.role.clone(),
+            instance: i.index,
+            generation,
+            spec_hash: instance_hash(spec, &i.role, i.index, &i.node),
+        };
+        out.push((task, i.node.clone()));
+    }
+    let ingress = |nodes: &[Name], out: &mut Step, remove: bool| {
+        for node in nodes {
+            for host in &spec.hostnames {
+                let (environment, hostname) = (env.clone(), host.clone());
+                let task = if remove {
+                    Task::RemoveIngress {
+                        environment,
+                        hostname,
+                        generation,
+                    }
+                } else {
+                    Task::PublishIngress {
+                        environment,
+                        hostname,
+                        generation,
+                    }
+                };
+                out.push((task, node.clone()));
+            }
+        }
+    };
+    ingress(ingress_added, &mut out, false);
+    ingress(ingress_removed, &mut out, true);
+    for i in removed {
+        let task = Task::TeardownApplication {
+            environment: env.clone(),
+            role: i.role.clone(),
+            instance: i.index,
+            generation,
+        };
+        out.push((task, i.node.clone()));
+    }
+    for node in nodes_removed {
+        let task = Task::RemoveNetwork {
+            environment: env.clone(),
+            generation,
+        };
+        out.push((task, node.clone()));
+    }
+    out
+}
+
+/// The spec hash of one replica: its release and where it runs, not how many others there
+/// are, so a scale leaves the running replicas' hashes (and containers) alone.
+pub fn instance_hash(spec: &DeploymentSpec, role: &Name, instance: u32, node: &Name) -> String {
+    canonical::hash(&(&spec.environment, role, instance, node, &spec.release_hash))
+}
+
 /// `EnsureApplication` carries the replica's own spec hash, so an agent can tell a container
 /// that already matches from one that needs replacing.
 fn fill_spec_hash(steps: &mut [Step], spec: &DeploymentSpec) {
     for step in steps {
-        for (task, _) in step.iter_mut() {
+        for (task, node) in step.iter_mut() {
             if let Task::EnsureApplication {
                 role,
                 instance,
@@ -415,7 +526,7 @@ fn fill_spec_hash(steps: &mut [Step], spec: &DeploymentSpec) {
                 ..
             } = task
             {
-                *spec_hash = canonical::hash(&(&spec.environment, &*role, *instance, spec));
+                *spec_hash = instance_hash(spec, role, *instance, node);
             }
         }
     }

@@ -13,6 +13,7 @@ pub mod incremental;
 pub mod model;
 pub mod parse;
 pub mod plan;
+pub mod release;
 pub mod schema;
 pub mod show;
 pub mod state;

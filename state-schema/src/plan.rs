@@ -5,6 +5,7 @@
 use crate::canonical::{self, Secrets};
 use crate::model::{Kind, NodeState, Spec};
 use crate::parse::Located;
+use crate::release::{Change as DeploymentChange, Releases, change};
 use crate::state::State;
 use crate::values::{Hostname, Name};
 use rayon::prelude::*;
@@ -451,75 +452,6 @@ fn hostname_changes(base: &State, head: &State, changes: &[Change<'_>]) -> (Vec<
     (added, removed)
 }
 
-/// What an environment's release depends on, compared without hashing per environment: the
-/// project's part (roles without replicas, and its secrets) is hashed once per project.
-struct Releases<'s> {
-    state: &'s State,
-    projects: std::collections::HashMap<&'s Name, Option<String>>,
-}
-
-/// The release inputs of one environment; equal inputs mean no new generation.
-#[derive(PartialEq)]
-struct ReleaseInputs<'s> {
-    image: &'s crate::values::ImageRef,
-    env: BTreeMap<&'s str, &'s str>,
-    project: Option<String>,
-}
-
-impl<'s> Releases<'s> {
-    fn new(state: &'s State) -> Self {
-        Releases {
-            state,
-            projects: std::collections::HashMap::new(),
-        }
-    }
-
-    fn project_hash(&mut self, name: &'s Name) -> Option<String> {
-        let state = self.state;
-        self.projects
-            .entry(name)
-            .or_insert_with(|| {
-                let project = state.project(name.as_str())?;
-                let roles: BTreeMap<&Name, Value> = project
-                    .roles
-                    .iter()
-                    .map(|(n, r)| {
-                        let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
-                        if let Value::Object(m) = &mut v {
-                            m.remove("replicas");
-                        }
-                        (n, v)
-                    })
-                    .collect();
-                let secrets: BTreeMap<&Name, Option<String>> = project
-                    .secrets
-                    .iter()
-                    .map(|s| {
-                        (
-                            s,
-                            state
-                                .get(Kind::Secret, s.as_str())
-                                .map(|l| canonical::hash(&canonical::document(&l.object, Secrets::Ciphertext))),
-                        )
-                    })
-                    .collect();
-                Some(canonical::hash(&(roles, secrets)))
-            })
-            .clone()
-    }
-
-    fn inputs(&mut self, env: &'s crate::model::Environment) -> Option<ReleaseInputs<'s>> {
-        let project = self.state.project(env.project.as_str())?;
-        let mut vars: BTreeMap<&str, &str> = project.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        vars.extend(env.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-        Some(ReleaseInputs {
-            image: env.image.as_ref().unwrap_or(&project.image),
-            env: vars,
-            project: self.project_hash(&env.project),
-        })
-    }
-}
-
 /// Effective replicas of an environment's long-running roles.
 fn effective_replicas<'s>(state: &'s State, env: &'s crate::model::Environment) -> Option<BTreeMap<&'s Name, u32>> {
     let project = state.project(env.project.as_str())?;
@@ -551,6 +483,16 @@ fn consequences(base: &State, head: &State, changes: &[Change<'_>], scope: Scope
         .map(|ch| &ch.name)
         .collect();
     let secrets_changed = changes.iter().any(|ch| ch.kind == Kind::Secret);
+    // Placement comes from pools, hostnames from the Repository and Domains: a change to any of
+    // them can move an environment to a new generation too.
+    let changed_pools: BTreeSet<&Name> = changes
+        .iter()
+        .filter(|ch| ch.kind == Kind::NodePool)
+        .map(|ch| &ch.name)
+        .collect();
+    let everything = changes
+        .iter()
+        .any(|ch| matches!(ch.kind, Kind::Repository | Kind::Domain));
     let changed_envs: BTreeSet<&Name> = changes
         .iter()
         .filter(|ch| ch.kind == Kind::Environment)
@@ -558,7 +500,11 @@ fn consequences(base: &State, head: &State, changes: &[Change<'_>], scope: Scope
         .collect();
     let (mut releases_base, mut releases_head) = (Releases::new(base), Releases::new(head));
     for (name, env) in head.environments() {
-        let touched = changed_envs.contains(name) || changed_projects.contains(&env.project) || secrets_changed;
+        let touched = changed_envs.contains(name)
+            || changed_projects.contains(&env.project)
+            || changed_pools.contains(&env.pool)
+            || secrets_changed
+            || everything;
         if !touched {
             continue;
         }
@@ -598,7 +544,16 @@ fn consequences(base: &State, head: &State, changes: &[Change<'_>], scope: Scope
                 }
             }
         }
-        if releases_base.inputs(old_env) != releases_head.inputs(env) {
+        // The reconciler's own decision (`release::change`) on the two deployments; an
+        // environment that cannot be placed on one side rolls out when its release changes.
+        let rollout = match (
+            crate::desired::spec_of(base, name, old_env, &mut releases_base),
+            crate::desired::spec_of(head, name, env, &mut releases_head),
+        ) {
+            (Ok(a), Ok(b)) => change(&a, &b) == DeploymentChange::Generation,
+            _ => releases_base.release_hash(old_env) != releases_head.release_hash(env),
+        };
+        if rollout {
             c.rollouts.push(name.clone());
         }
     }

@@ -1,0 +1,129 @@
+//! Scaling is not a release, and `pl plan` never promises what the reconciler does otherwise:
+//! over generated changes (scales of every environment or of one, new variables, new nodes'
+//! worth of replicas), the environments `pl plan` lists as rollouts are exactly those the
+//! reconciler gives a new generation, on a real SQLite ledger; every other changed environment
+//! keeps its generation.
+
+#[path = "support/dump.rs"]
+mod dump;
+
+use proptest::prelude::*;
+use reconciler::daemon::now_ms;
+use reconciler::ledger::{Completion, Ledger, Outcome};
+use state_repo::revision::Judgement;
+use state_schema::parse::parse_file;
+use state_schema::plan::{Scope, plan_scoped};
+use state_schema::state::{Loaded, assemble};
+use state_schema::synthetic::{Params, generate};
+use std::collections::{BTreeMap, BTreeSet};
+
+fn state_of(p: &Params) -> Loaded {
+    let files = generate(p)
+        .into_iter()
+        .map(|(path, text)| parse_file(&path, text.as_bytes()))
+        .collect();
+    let loaded = assemble(files, Vec::new());
+    assert!(loaded.is_valid(), "{:?}", loaded.diagnostics.first());
+    loaded
+}
+
+fn judgement(sha: &str, state: Loaded) -> Judgement {
+    Judgement {
+        sha: sha.to_owned(),
+        principals: Some("ops".into()),
+        fingerprint: None,
+        reasons: Vec::new(),
+        state,
+        committed_at_ms: 0,
+    }
+}
+
+/// Runs every queued job to success and advances, until nothing is left.
+async fn settle(ledger: &Ledger, url: &str) {
+    for _ in 0..20 {
+        let nodes = dump::rows(url, "SELECT DISTINCT target_node FROM jobs WHERE state = 'queued'").await;
+        if nodes.is_empty() {
+            return;
+        }
+        for node in nodes {
+            let leases = ledger.lease(&node, 1000, 60_000, now_ms()).await.expect("lease");
+            let done: Vec<Completion> = leases
+                .into_iter()
+                .map(|l| Completion {
+                    token: l.token,
+                    outcome: Outcome::Succeeded,
+                })
+                .collect();
+            ledger.complete(&done, now_ms()).await.expect("complete");
+        }
+        ledger.advance(now_ms()).await.expect("advance");
+    }
+    panic!("jobs did not settle");
+}
+
+async fn generations(url: &str) -> BTreeMap<String, String> {
+    dump::rows(url, "SELECT environment, generation FROM deployments")
+        .await
+        .into_iter()
+        .filter_map(|r| r.split_once('|').map(|(e, g)| (e.to_owned(), g.to_owned())))
+        .collect()
+}
+
+fn case(base: Params, head: Params) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("sqlite://{}", dir.path().join("l.db").display());
+        let ledger = Ledger::connect(&url, 2).await.expect("connect");
+        ledger.migrate().await.expect("migrate");
+        let (b, h) = (state_of(&base), state_of(&head));
+        let plan = plan_scoped(&b.state, &h.state, Scope::Full);
+        let promised: BTreeSet<String> = plan.consequences.rollouts.iter().map(|n| n.to_string()).collect();
+        let scaled: BTreeSet<String> = plan
+            .consequences
+            .replicas_changed
+            .iter()
+            .map(|r| r.environment.to_string())
+            .collect();
+        ledger
+            .apply_revision("main", false, &mut judgement("a", b), now_ms())
+            .await
+            .expect("base");
+        settle(&ledger, &url).await;
+        let before = generations(&url).await;
+        ledger
+            .apply_revision("main", false, &mut judgement("b", h), now_ms())
+            .await
+            .expect("head");
+        let after = generations(&url).await;
+        let rolled: BTreeSet<String> = after
+            .iter()
+            .filter(|(env, g)| before.get(*env) != Some(*g))
+            .map(|(env, _)| env.clone())
+            .collect();
+        assert_eq!(rolled, promised, "new generations = the plan's rollouts");
+        // Environments that only scaled kept their generation.
+        for env in scaled.difference(&promised) {
+            assert_eq!(before.get(env), after.get(env), "{env} scaled without a release");
+        }
+        ledger.close().await;
+    });
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn plan_rollouts_are_the_reconcilers_generations(
+        replicas in 0u32..3,
+        vars in 0u32..2,
+        only in proptest::option::of(0usize..20),
+    ) {
+        let base = Params { per_project: 5, ..Params::new(20) };
+        let head = Params { replicas_bump: replicas, vars_bump: vars, only, ..base };
+        case(base, head);
+    }
+}

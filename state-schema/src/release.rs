@@ -1,0 +1,145 @@
+//! What makes a release, and what a change to a deployment is: the one decision behind both
+//! `pl plan`'s rollouts and the generations the reconciler writes.
+//!
+//! A new generation (and with it the release roles, and a replacement of every replica) comes
+//! only from what changes the release: the image, variables, roles (command, resources,
+//! health, ports; not their replica counts) and secrets' ciphertext, or from a change of
+//! placement, hostnames or nodes that a scale cannot express. Adding or removing replicas on
+//! nodes the environment already has, or on new nodes of its pool, is a scale: the current
+//! generation gains or loses instances.
+
+use crate::canonical::{self, Secrets};
+use crate::desired::{DeploymentSpec, Instance};
+use crate::model::{Environment, Kind};
+use crate::state::State;
+use crate::values::Name;
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
+
+/// Release hashes of a state's environments. The project's part (roles without replicas, and
+/// its secrets' ciphertext) is hashed once per project, so a large state costs one hash per
+/// project and one small one per environment.
+pub struct Releases<'s> {
+    state: &'s State,
+    projects: HashMap<Name, Option<String>>,
+}
+
+impl<'s> Releases<'s> {
+    pub fn new(state: &'s State) -> Self {
+        Releases {
+            state,
+            projects: HashMap::new(),
+        }
+    }
+
+    fn project_hash(&mut self, name: &Name) -> Option<String> {
+        let state = self.state;
+        self.projects
+            .entry(name.clone())
+            .or_insert_with(|| {
+                let project = state.project(name.as_str())?;
+                let roles: BTreeMap<&Name, Value> = project
+                    .roles
+                    .iter()
+                    .map(|(n, r)| {
+                        let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
+                        if let Value::Object(m) = &mut v {
+                            m.remove("replicas");
+                        }
+                        (n, v)
+                    })
+                    .collect();
+                let secrets: BTreeMap<&Name, Option<String>> = project
+                    .secrets
+                    .iter()
+                    .map(|s| {
+                        (
+                            s,
+                            state
+                                .get(Kind::Secret, s.as_str())
+                                .map(|l| canonical::hash(&canonical::document(&l.object, Secrets::Ciphertext))),
+                        )
+                    })
+                    .collect();
+                Some(canonical::hash(&(roles, secrets)))
+            })
+            .clone()
+    }
+
+    /// The hash of everything an environment's release depends on; `None` when its project is
+    /// missing. Equal hashes: the same release.
+    pub fn release_hash(&mut self, env: &Environment) -> Option<String> {
+        let project = self.state.project(env.project.as_str())?;
+        let mut vars: BTreeMap<&str, &str> = project.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        vars.extend(env.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        let image = env.image.as_ref().unwrap_or(&project.image);
+        let project = self.project_hash(&env.project)?;
+        Some(canonical::hash(&(image, vars, project)))
+    }
+}
+
+/// What moving a deployment from `old` to `new` takes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Nothing runs differently.
+    None,
+    /// The same release on the same hostnames: instances are added and removed at the current
+    /// generation, with the nodes they bring or leave.
+    Scale {
+        added: Vec<Instance>,
+        removed: Vec<Instance>,
+        nodes_added: Vec<Name>,
+        nodes_removed: Vec<Name>,
+        ingress_added: Vec<Name>,
+        ingress_removed: Vec<Name>,
+    },
+    /// A new generation: a new release, or a change a scale cannot express (an instance that
+    /// moves to another node, other hostnames, release roles elsewhere).
+    Generation,
+}
+
+fn minus<T: Clone + PartialEq>(a: &[T], b: &[T]) -> Vec<T> {
+    a.iter().filter(|x| !b.contains(x)).cloned().collect()
+}
+
+/// The one decision: what it takes to go from `old` to `new`. `pl plan` prints a rollout for
+/// [`Change::Generation`]; the reconciler writes a new generation for it, and instance jobs
+/// at the current generation for [`Change::Scale`].
+pub fn change(old: &DeploymentSpec, new: &DeploymentSpec) -> Change {
+    if old == new {
+        return Change::None;
+    }
+    let same_slot = |a: &Instance, b: &Instance| a.role == b.role && a.index == b.index;
+    let moved = new
+        .instances
+        .iter()
+        .any(|n| old.instances.iter().any(|o| same_slot(o, n) && o.node != n.node));
+    if old.release_hash != new.release_hash
+        || old.release_hash.is_empty()
+        || old.release != new.release
+        || old.hostnames != new.hostnames
+        || moved
+    {
+        return Change::Generation;
+    }
+    let added: Vec<Instance> = new
+        .instances
+        .iter()
+        .filter(|n| !old.instances.iter().any(|o| same_slot(o, n)))
+        .cloned()
+        .collect();
+    let removed: Vec<Instance> = old
+        .instances
+        .iter()
+        .filter(|o| !new.instances.iter().any(|n| same_slot(o, n)))
+        .cloned()
+        .collect();
+    Change::Scale {
+        added,
+        removed,
+        nodes_added: minus(&new.nodes, &old.nodes),
+        nodes_removed: minus(&old.nodes, &new.nodes),
+        ingress_added: minus(&new.ingress_nodes, &old.ingress_nodes),
+        ingress_removed: minus(&old.ingress_nodes, &new.ingress_nodes),
+    }
+}
