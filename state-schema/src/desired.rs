@@ -3,7 +3,7 @@
 //! steps of jobs that roll a generation out or tear one down. Pure: the reconciler compares these
 //! values with what its ledger holds and writes the difference.
 
-use crate::canonical::{self, Secrets};
+use crate::canonical;
 use crate::model::{Environment, Kind, NodeState, Placement, Stage, Workload};
 use crate::release::Releases;
 use crate::state::{State, branch_preview_hostname, branch_preview_label, derive_environment};
@@ -204,6 +204,14 @@ fn preview_environments(state: &State, branch: &str) -> Vec<(Name, Environment)>
         .collect()
 }
 
+fn desired(state: &State, name: &Name, env: &Environment, releases: &mut Releases<'_>) -> Result<Desired, String> {
+    let spec = spec_of(state, name, env, releases)?;
+    // The spec holds everything the deployment depends on: the release (its hash covers the
+    // roles, variables, image and secrets' ciphertext), placement and hostnames.
+    let spec_hash = canonical::hash(&spec);
+    Ok(Desired { spec, spec_hash })
+}
+
 /// One environment's deployment spec (placement, hostnames, release hash), or why it cannot
 /// be placed. `releases` memoises project hashes across environments.
 pub fn spec_of(
@@ -212,10 +220,6 @@ pub fn spec_of(
     env: &Environment,
     releases: &mut Releases<'_>,
 ) -> Result<DeploymentSpec, String> {
-    desired(state, name, env, releases).map(|d| d.spec)
-}
-
-fn desired(state: &State, name: &Name, env: &Environment, releases: &mut Releases<'_>) -> Result<Desired, String> {
     let project = state
         .project(env.project.as_str())
         .ok_or_else(|| format!("project {} is not declared", env.project))?;
@@ -275,17 +279,7 @@ fn desired(state: &State, name: &Name, env: &Environment, releases: &mut Release
     hostnames.extend(derived.domains.iter().cloned());
     hostnames.sort();
     hostnames.dedup();
-    let secrets: BTreeMap<&Name, Option<String>> = project
-        .secrets
-        .iter()
-        .map(|s| {
-            let doc = state
-                .get(Kind::Secret, s.as_str())
-                .map(|l| canonical::hash(&canonical::document(&l.object, Secrets::Ciphertext)));
-            (s, doc)
-        })
-        .collect();
-    let spec = DeploymentSpec {
+    Ok(DeploymentSpec {
         environment: name.clone(),
         project: env.project.clone(),
         instances,
@@ -294,11 +288,7 @@ fn desired(state: &State, name: &Name, env: &Environment, releases: &mut Release
         nodes,
         ingress_nodes,
         release_hash: releases.release_hash(env).unwrap_or_default(),
-    };
-    // Everything a release depends on: the roles, the derived environment, the secrets'
-    // ciphertext and the placement. Equal hashes mean no new generation.
-    let spec_hash = canonical::hash(&(&project.roles, &derived, &secrets, &spec));
-    Ok(Desired { spec, spec_hash })
+    })
 }
 
 /// One job of a step: a task for a node.
