@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod auth;
+mod catchup;
 pub mod config;
 pub mod daemon;
 pub mod deploy;
