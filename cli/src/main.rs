@@ -222,11 +222,26 @@ enum Command {
         #[command(flatten)]
         server: operator::ServerArgs,
     },
+    /// Nodes of the fleet.
+    #[command(subcommand)]
+    Node(NodeCommand),
     /// Ask the reconciler for a pass now (operator role).
     Reconcile {
         /// Run a pass now instead of at the next interval (the only mode).
         #[arg(long, required = true)]
         now: bool,
+        #[command(flatten)]
+        server: operator::ServerArgs,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum NodeCommand {
+    /// Make a one-time enrolment token for a node declared in Git (operator role): valid 15
+    /// minutes, for that node only. The token goes to standard output, for
+    /// `pl-agent enroll` to read from its standard input.
+    Token {
+        node: String,
         #[command(flatten)]
         server: operator::ServerArgs,
     },
@@ -332,6 +347,7 @@ fn main() -> ExitCode {
             ..
         } => operator::approve_rewrite(&server, &branch, &sha),
         Command::Reconcile { now: _, server } => operator::reconcile(&server),
+        Command::Node(NodeCommand::Token { node, server }) => operator::node_token(&server, &node),
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             let mut script = Vec::new();

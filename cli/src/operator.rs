@@ -277,6 +277,18 @@ pub fn approve_rewrite(args: &ServerArgs, branch: &str, sha: &str) -> Result<u8>
     Ok(0)
 }
 
+pub fn node_token(args: &ServerArgs, node: &str) -> Result<u8> {
+    let client = Client::new(args)?;
+    let v = client.json("POST", &format!("/v1/nodes/{}/token", encode(node)))?;
+    if args.format == OutFormat::Json {
+        return print_json(&v);
+    }
+    let t: agent_proto::TokenResponse = serde_json::from_value(v).map_err(|e| anyhow!("the token answer: {e}"))?;
+    outln!("{}", t.token);
+    eprintln!("one-time enrolment token for {}, valid 15 minutes", t.node);
+    Ok(0)
+}
+
 pub fn reconcile(args: &ServerArgs) -> Result<u8> {
     let v = Client::new(args)?.json("POST", "/v1/reconcile")?;
     if args.format == OutFormat::Json {

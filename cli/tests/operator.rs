@@ -186,6 +186,22 @@ fn operator_commands_against_a_running_daemon() {
         out.contains(&format!("rewrite-approved         main@{good} admin")),
         "{out}"
     );
+
+    // An enrolment token for a declared node: on stdout alone, for `pl-agent enroll`.
+    let mut c = pl();
+    c.args(["node", "token", "n1"]);
+    with(&mut c, &operator_file);
+    let o = run(&mut c);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let token = stdout(&o);
+    assert!(token.trim().starts_with("ple_") && token.lines().count() == 1, "{token}");
+    assert!(stderr(&o).contains("valid 15 minutes"));
+    let mut c = pl();
+    c.args(["node", "token", "n1"]);
+    with(&mut c, &viewer_file);
+    let o = run(&mut c);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("[insufficient-role]"), "{}", stderr(&o));
     d.kill9();
 }
 

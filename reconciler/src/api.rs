@@ -36,7 +36,7 @@ pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
 type App = State<Arc<Shared>>;
 
-fn refuse(d: Denied) -> Response {
+pub(crate) fn refuse(d: Denied) -> Response {
     let status = match d {
         Denied::BadToken | Denied::BadSignature => StatusCode::UNAUTHORIZED,
         Denied::InsufficientRole => StatusCode::FORBIDDEN,
@@ -60,7 +60,7 @@ fn authorize(s: &Shared, headers: &HeaderMap, needs: Role) -> Option<Response> {
 }
 
 /// The name of the request's token, when it may do what `needs` asks.
-fn authorized<'s>(s: &'s Shared, headers: &HeaderMap, needs: Role) -> Result<&'s str, Denied> {
+pub(crate) fn authorized<'s>(s: &'s Shared, headers: &HeaderMap, needs: Role) -> Result<&'s str, Denied> {
     let header = headers.get("authorization").and_then(|v| v.to_str().ok());
     s.tokens.authorize(header, needs)
 }
@@ -74,7 +74,7 @@ fn too_many(code: &str, message: &str) -> Response {
 }
 
 /// Why a request body was not read.
-enum BodyError {
+pub(crate) enum BodyError {
     TooLarge(usize),
     Timeout,
 }
@@ -99,7 +99,7 @@ impl IntoResponse for BodyError {
 }
 
 /// Reads a request body up to `limit` bytes within [`BODY_TIMEOUT`].
-async fn read_body(body: axum::body::Body, limit: usize) -> Result<Bytes, BodyError> {
+pub(crate) async fn read_body(body: axum::body::Body, limit: usize) -> Result<Bytes, BodyError> {
     match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, limit)).await {
         Ok(Ok(b)) => Ok(b),
         Ok(Err(_)) => Err(BodyError::TooLarge(limit)),
@@ -121,6 +121,9 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/reconcile", post(reconcile))
         .route("/v1/rewrites", get(rewrites))
         .route("/v1/rewrites/approve", post(approve_rewrite))
+        .route("/v1/nodes/{node}/token", post(crate::enrolment::token))
+        .route("/v1/enroll", post(crate::enrolment::enroll))
+        .route("/v1/ca", get(crate::enrolment::ca))
         .route("/v1/webhooks/{forge}", post(webhook))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(shared)

@@ -138,7 +138,7 @@ pub struct WebhookConfig {
     pub gitlab_token_file: Option<PathBuf>,
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ControlConfig {
     /// The control CA that signs node certificates (used from the node-agent issue on).
@@ -146,6 +146,9 @@ pub struct ControlConfig {
     pub ca_key: Option<PathBuf>,
     /// The control host's age identity, which reseals secrets to nodes.
     pub age_identity: Option<PathBuf>,
+    /// How long a node's client certificate is valid, in hours.
+    #[serde(default = "default_node_cert_hours")]
+    pub node_cert_hours: i64,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -175,6 +178,20 @@ fn default_connections() -> u32 {
 }
 fn default_interval() -> u64 {
     10
+}
+impl Default for ControlConfig {
+    fn default() -> Self {
+        ControlConfig {
+            ca_cert: None,
+            ca_key: None,
+            age_identity: None,
+            node_cert_hours: default_node_cert_hours(),
+        }
+    }
+}
+
+fn default_node_cert_hours() -> i64 {
+    24
 }
 fn default_max_connections() -> usize {
     512
@@ -332,6 +349,9 @@ impl Config {
         }
         for pattern in &self.source.preview_branches {
             globset::Glob::new(pattern).map_err(|e| invalid(format!("source.preview_branches: `{pattern}`: {e}")))?;
+        }
+        if !(1..=24 * 30).contains(&self.control.node_cert_hours) {
+            return Err(invalid("control.node_cert_hours must be 1 to 720".into()));
         }
         if self.api.max_connections == 0 || self.api.max_streams == 0 || self.api.max_streams_per_token == 0 {
             return Err(invalid("api: connection and stream limits must be at least 1".into()));

@@ -1,0 +1,28 @@
+-- Node enrolment. A node is declared in Git (a NodePool's `nodes`); these tables hold what the
+-- control plane knows of it beyond that: its age recipient, its certificates, and the one-time
+-- tokens that let it enrol. Tokens are stored as SHA-256 hashes only.
+CREATE TABLE nodes (
+    name          TEXT    PRIMARY KEY,
+    age_recipient TEXT    NOT NULL,
+    enrolled_at   INTEGER NOT NULL,
+    last_seen     INTEGER
+);
+
+CREATE TABLE enrolment_tokens (
+    token_hash TEXT    PRIMARY KEY,
+    node       TEXT    NOT NULL,
+    created_by TEXT    NOT NULL,
+    created_at INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    used_at    INTEGER
+);
+
+-- Every certificate ever issued to a node; `revoked_at` set when it may no longer be used.
+CREATE TABLE node_certificates (
+    fingerprint TEXT    PRIMARY KEY,  -- SHA-256 of the DER, hex
+    node        TEXT    NOT NULL,
+    issued_at   INTEGER NOT NULL,
+    not_after   INTEGER NOT NULL,
+    revoked_at  INTEGER
+);
+CREATE INDEX node_certificates_by_node ON node_certificates (node);

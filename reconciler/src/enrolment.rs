@@ -1,0 +1,156 @@
+//! The enrolment routes of the API: an operator asks for a one-time token for a node declared in
+//! Git (`POST /v1/nodes/{node}/token`), the node's agent trades it for a client certificate
+//! (`POST /v1/enroll`), and anyone may read the control CA (`GET /v1/ca`) to check it against the
+//! fingerprint they were given. Every check comes before any write, the cheap ones first.
+
+use crate::api::{authorized, read_body, refuse};
+use crate::config::Role;
+use crate::daemon::{Shared, now_ms};
+use crate::fleet::{Declared, Enrolment};
+use crate::pki::{PkiError, sign_node_csr};
+use agent_proto::{EnrollRequest, EnrollResponse, MAX_ENROLL_BYTES, Refusal, RefusalBody, TokenResponse};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
+
+fn refused(r: Refusal, message: &str) -> Response {
+    let status = match r {
+        Refusal::TokenUnknown | Refusal::TokenUsed | Refusal::TokenExpired | Refusal::TokenWrongNode => {
+            StatusCode::UNAUTHORIZED
+        }
+        Refusal::NodeNotDeclared => StatusCode::NOT_FOUND,
+        Refusal::NodeRetired => StatusCode::FORBIDDEN,
+        Refusal::CsrInvalid | Refusal::CsrNameMismatch | Refusal::RecipientInvalid | Refusal::MalformedRequest => {
+            StatusCode::BAD_REQUEST
+        }
+        Refusal::NoControlCa => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    let body = RefusalBody {
+        code: r,
+        message: message.to_owned(),
+    };
+    (status, axum::Json(body)).into_response()
+}
+
+fn internal(e: impl std::fmt::Display) -> Response {
+    tracing::warn!(error = %e, "enrolment failed");
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        axum::Json(serde_json::json!({"code": "ledger-unavailable", "message": "try again"})),
+    )
+        .into_response()
+}
+
+async fn declared(s: &Shared, node: &str) -> Result<(), Response> {
+    match s.ledger.declared_node(&s.config.source.branch, node).await {
+        Ok(Declared::Yes { .. }) => Ok(()),
+        Ok(Declared::Retired) => Err(refused(Refusal::NodeRetired, "the node is retired in Git")),
+        Ok(Declared::No) => Err(refused(
+            Refusal::NodeNotDeclared,
+            "no node of that name is declared in the accepted state",
+        )),
+        Err(e) => Err(internal(e)),
+    }
+}
+
+/// `POST /v1/nodes/{node}/token` (operator): a one-time token, valid 15 minutes.
+pub async fn token(State(s): State<Arc<Shared>>, Path(node): Path<String>, headers: HeaderMap) -> Response {
+    let by = match authorized(&s, &headers, Role::Operator) {
+        Ok(n) => n.to_owned(),
+        Err(d) => return refuse(d),
+    };
+    if let Err(r) = declared(&s, &node).await {
+        return r;
+    }
+    let mut bytes = zeroize::Zeroizing::new([0u8; 32]);
+    if getrandom::fill(&mut *bytes).is_err() {
+        return internal("the operating system's random source failed");
+    }
+    let token = zeroize::Zeroizing::new(format!(
+        "ple_{}",
+        bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    ));
+    match s.ledger.add_enrolment_token(&node, &token, &by, now_ms()).await {
+        Ok(expires_at_ms) => {
+            tracing::info!(node = %node, by = %by, "enrolment token made");
+            axum::Json(TokenResponse {
+                node,
+                token: token.to_string(),
+                expires_at_ms,
+            })
+            .into_response()
+        }
+        Err(e) => internal(e),
+    }
+}
+
+/// `POST /v1/enroll`: a token, a signing request and an age recipient in; a certificate out.
+pub async fn enroll(State(s): State<Arc<Shared>>, body: axum::body::Body) -> Response {
+    let body = match read_body(body, MAX_ENROLL_BYTES).await {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    let Ok(req) = serde_json::from_slice::<EnrollRequest>(&body) else {
+        return refused(Refusal::MalformedRequest, "expected {node, token, csr, ageRecipient}");
+    };
+    let now = now_ms();
+    // The token first: it costs one indexed read, and nothing else is looked at without it.
+    match s.ledger.check_enrolment_token(&req.node, &req.token, now).await {
+        Ok(None) => {}
+        Ok(Some(r)) => {
+            tracing::warn!(node = %req.node, code = r.code(), "enrolment refused");
+            return refused(r, "the enrolment token does not admit this node");
+        }
+        Err(e) => return internal(e),
+    }
+    if let Err(r) = declared(&s, &req.node).await {
+        return r;
+    }
+    if !req.age_recipient.starts_with("age1") || state_repo::secrets::parse_recipient(&req.age_recipient).is_err() {
+        return refused(
+            Refusal::RecipientInvalid,
+            "the age recipient is not an age1… X25519 recipient",
+        );
+    }
+    let (Some(ca_cert), Some(ca_key)) = (&s.config.control.ca_cert, &s.config.control.ca_key) else {
+        return refused(Refusal::NoControlCa, "the control plane has no CA configured");
+    };
+    let issued = match sign_node_csr(&req.csr, &req.node, s.config.control.node_cert_hours, ca_cert, ca_key) {
+        Ok(i) => i,
+        Err(PkiError::Refused(message, r)) => return refused(r, message),
+        Err(e) => return internal(e),
+    };
+    let e = Enrolment {
+        node: &req.node,
+        token: &req.token,
+        age_recipient: &req.age_recipient,
+        fingerprint: &issued.fingerprint,
+        not_after_ms: issued.not_after_ms,
+    };
+    match s.ledger.enroll(&e, now).await {
+        Ok(None) => {
+            tracing::info!(node = %req.node, fingerprint = %issued.fingerprint, "node enrolled");
+            axum::Json(EnrollResponse {
+                certificate: issued.pem,
+                ca: issued.ca_pem,
+                not_after_ms: issued.not_after_ms,
+            })
+            .into_response()
+        }
+        Ok(Some(r)) => refused(r, "the enrolment token was used meanwhile"),
+        Err(e) => internal(e),
+    }
+}
+
+/// `GET /v1/ca`: the control CA certificate, public, for an agent to check against the
+/// fingerprint it was given before it trusts anything else.
+pub async fn ca(State(s): State<Arc<Shared>>) -> Response {
+    let Some(path) = &s.config.control.ca_cert else {
+        return refused(Refusal::NoControlCa, "the control plane has no CA configured");
+    };
+    match std::fs::read_to_string(path) {
+        Ok(pem) => ([("content-type", "application/x-pem-file")], pem).into_response(),
+        Err(e) => internal(e),
+    }
+}

@@ -1,0 +1,158 @@
+//! Nodes joining the fleet: one-time enrolment tokens (stored as hashes, 15 minutes, one node
+//! declared in the applied branch's accepted state), and enrolment itself, which records the
+//! node's age recipient and its first certificate in one transaction. Every refusal is checked
+//! before anything is written, and records nothing.
+
+use crate::ledger::{Ledger, LedgerError};
+use agent_proto::Refusal;
+use sha2::{Digest, Sha256};
+use sqlx::Row;
+use state_schema::model::{NodeState, Spec};
+
+/// How long an enrolment token lives.
+pub const TOKEN_TTL_MS: i64 = 15 * 60 * 1000;
+
+/// A node as the applied branch's accepted state declares it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Declared {
+    No,
+    Retired,
+    Yes { pool: String },
+}
+
+/// What enrolment wants to write once every check passed.
+pub struct Enrolment<'a> {
+    pub node: &'a str,
+    pub token: &'a str,
+    pub age_recipient: &'a str,
+    pub fingerprint: &'a str,
+    pub not_after_ms: i64,
+}
+
+fn hash(token: &str) -> String {
+    Sha256::digest(token.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+impl Ledger {
+    /// Whether `node` is declared in the accepted state of `branch` (the applied branch), and
+    /// in which pool. Read from the canonical NodePool documents the ledger keeps.
+    pub async fn declared_node(&self, branch: &str, node: &str) -> Result<Declared, LedgerError> {
+        let rows = sqlx::query(self.sql("SELECT document FROM desired_objects WHERE branch = ? AND kind = 'NodePool'"))
+            .bind(branch)
+            .fetch_all(&self.pool)
+            .await?;
+        for r in rows {
+            let doc: String = r.try_get(0)?;
+            let parsed = state_schema::parse::parse_file("pool.yaml", doc.as_bytes());
+            for l in &parsed.objects {
+                let Spec::NodePool(pool) = &l.object.spec else { continue };
+                if let Some(n) = pool.nodes.iter().find(|n| n.name.as_str() == node) {
+                    return Ok(match n.state {
+                        NodeState::Retired => Declared::Retired,
+                        _ => Declared::Yes {
+                            pool: l.object.metadata.name.to_string(),
+                        },
+                    });
+                }
+            }
+        }
+        Ok(Declared::No)
+    }
+
+    /// Stores a new token's hash for `node`; the caller checked that the node is declared.
+    pub async fn add_enrolment_token(
+        &self,
+        node: &str,
+        token: &str,
+        by: &str,
+        now_ms: i64,
+    ) -> Result<i64, LedgerError> {
+        let expires = now_ms + TOKEN_TTL_MS;
+        let mut tx = self.write_tx().await?;
+        sqlx::query(self.sql(
+            "INSERT INTO enrolment_tokens (token_hash, node, created_by, created_at, expires_at) VALUES (?, ?, ?, ?, ?)",
+        ))
+        .bind(hash(token))
+        .bind(node)
+        .bind(by)
+        .bind(now_ms)
+        .bind(expires)
+        .execute(&mut *tx)
+        .await?;
+        self.event(&mut tx, now_ms, "enrolment-token", node, by).await?;
+        tx.commit().await?;
+        Ok(expires)
+    }
+
+    /// Checks a token for `node` without writing: unknown, used, expired, or another node's.
+    pub async fn check_enrolment_token(
+        &self,
+        node: &str,
+        token: &str,
+        now_ms: i64,
+    ) -> Result<Option<Refusal>, LedgerError> {
+        let row = sqlx::query(self.sql("SELECT node, expires_at, used_at FROM enrolment_tokens WHERE token_hash = ?"))
+            .bind(hash(token))
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(r) = row else {
+            return Ok(Some(Refusal::TokenUnknown));
+        };
+        let (owner, expires, used): (String, i64, Option<i64>) = (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?);
+        Ok(if used.is_some() {
+            Some(Refusal::TokenUsed)
+        } else if expires <= now_ms {
+            Some(Refusal::TokenExpired)
+        } else if owner != node {
+            Some(Refusal::TokenWrongNode)
+        } else {
+            None
+        })
+    }
+
+    /// Records an enrolment in one transaction: the token is used (only if it still is
+    /// unused and live: a concurrent enrolment with the same token loses and writes nothing),
+    /// the node's recipient, its certificate, an event. `Some(refusal)` when the token was
+    /// taken meanwhile.
+    pub async fn enroll(&self, e: &Enrolment<'_>, now_ms: i64) -> Result<Option<Refusal>, LedgerError> {
+        let mut tx = self.write_tx().await?;
+        let used = sqlx::query(self.sql(
+            "UPDATE enrolment_tokens SET used_at = ? WHERE token_hash = ? AND node = ? AND used_at IS NULL AND expires_at > ?",
+        ))
+        .bind(now_ms)
+        .bind(hash(e.token))
+        .bind(e.node)
+        .bind(now_ms)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if used == 0 {
+            return Ok(Some(Refusal::TokenUsed));
+        }
+        sqlx::query(self.sql(
+            "INSERT INTO nodes (name, age_recipient, enrolled_at) VALUES (?, ?, ?) \
+             ON CONFLICT (name) DO UPDATE SET age_recipient = excluded.age_recipient, enrolled_at = excluded.enrolled_at",
+        ))
+        .bind(e.node)
+        .bind(e.age_recipient)
+        .bind(now_ms)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            self.sql("INSERT INTO node_certificates (fingerprint, node, issued_at, not_after) VALUES (?, ?, ?, ?)"),
+        )
+        .bind(e.fingerprint)
+        .bind(e.node)
+        .bind(now_ms)
+        .bind(e.not_after_ms)
+        .execute(&mut *tx)
+        .await?;
+        self.event(&mut tx, now_ms, "node-enrolled", e.node, e.fingerprint)
+            .await?;
+        tx.commit().await?;
+        Ok(None)
+    }
+}
