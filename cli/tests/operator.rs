@@ -194,7 +194,10 @@ fn operator_commands_against_a_running_daemon() {
     let o = run(&mut c);
     assert!(o.status.success(), "{}", stderr(&o));
     let token = stdout(&o);
-    assert!(token.trim().starts_with("ple_") && token.lines().count() == 1, "{token}");
+    assert!(
+        token.trim().starts_with("ple_") && token.lines().count() == 1,
+        "{token}"
+    );
     assert!(stderr(&o).contains("valid 15 minutes"));
     let mut c = pl();
     c.args(["node", "token", "n1"]);

@@ -263,6 +263,8 @@ fn tls_init(dir: &Path, hostnames: &[String]) -> Result<()> {
     write_private(&dir.join("api.key"), api_key.serialize_pem().as_bytes())?;
     std::fs::write(dir.join("api.crt"), api_cert.pem())?;
     println!("wrote ca.crt, ca.key, api.crt, api.key to {}", dir.display());
+    let fingerprint = reconciler::pki::fingerprint_of_pem(&ca_cert.pem()).unwrap_or_default();
+    println!("CA fingerprint SHA256:{fingerprint} (give it to `pl-agent enroll --ca-fingerprint`)");
     Ok(())
 }
 

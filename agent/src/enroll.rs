@@ -1,0 +1,173 @@
+//! `pl-agent enroll`: the node makes its own TLS key and age identity (files 0600 in a 0700
+//! folder; neither ever leaves the node), asks the control plane for a client certificate with
+//! the one-time token an operator gave it (read from standard input, never an argument), and
+//! trusts the control plane only through the CA fingerprint it was given.
+
+use agent_proto::{EnrollRequest, EnrollResponse, RefusalBody};
+use anyhow::{Context, Result, anyhow, bail};
+use sha2::{Digest, Sha256};
+use std::io::Write as _;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+use std::sync::Arc;
+use zeroize::Zeroizing;
+
+/// The files enrolment writes in the node's folder.
+pub const KEY: &str = "node.key";
+pub const CERT: &str = "node.crt";
+pub const CA: &str = "ca.crt";
+pub const AGE: &str = "age.key";
+
+/// `SHA256:<64 hex>` (colons allowed, any case) as 32 bytes of hex, lowercase.
+pub fn parse_fingerprint(s: &str) -> Result<String> {
+    let hex: String = s
+        .trim()
+        .strip_prefix("SHA256:")
+        .or_else(|| s.trim().strip_prefix("sha256:"))
+        .ok_or_else(|| anyhow!("--ca-fingerprint is SHA256:<64 hex digits>"))?
+        .chars()
+        .filter(|c| *c != ':')
+        .collect::<String>()
+        .to_ascii_lowercase();
+    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        bail!("--ca-fingerprint is SHA256:<64 hex digits>");
+    }
+    Ok(hex)
+}
+
+fn der_of(pem: &str) -> Result<Vec<u8>> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    Ok(CertificateDer::from_pem_slice(pem.as_bytes())
+        .map_err(|e| anyhow!("the CA is not a PEM certificate: {e}"))?
+        .to_vec())
+}
+
+fn agent(tls: ureq::tls::TlsConfig) -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .tls_config(tls)
+        .http_status_as_error(false)
+        .timeout_global(Some(std::time::Duration::from_secs(30)))
+        .build()
+        .into()
+}
+
+/// The control CA, fetched without trusting the connection and accepted only when its
+/// fingerprint is the pinned one.
+fn pinned_ca(control: &str, fingerprint: &str) -> Result<String> {
+    let blind = agent(ureq::tls::TlsConfig::builder().disable_verification(true).build());
+    let mut resp = blind
+        .get(&format!("{control}/v1/ca"))
+        .call()
+        .map_err(|e| anyhow!("reaching {control}: {e}"))?;
+    if resp.status() != 200 {
+        bail!("{control}/v1/ca answered {}", resp.status());
+    }
+    let pem = resp
+        .body_mut()
+        .with_config()
+        .limit(64 * 1024)
+        .read_to_string()
+        .map_err(|e| anyhow!("reading the CA: {e}"))?;
+    let got: String = Sha256::digest(der_of(&pem)?)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    if got != fingerprint {
+        bail!("the control plane's CA is SHA256:{got}, not the one given: refusing to enrol [ca-fingerprint-mismatch]");
+    }
+    Ok(pem)
+}
+
+fn private_dir(dir: &Path) -> Result<()> {
+    if dir.exists() {
+        let mode = std::fs::metadata(dir)?.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            bail!(
+                "{} is readable by others (mode {mode:04o}); use a 0700 folder",
+                dir.display()
+            );
+        }
+        for f in [KEY, CERT, AGE] {
+            if dir.join(f).exists() {
+                bail!(
+                    "{} exists: this node is enrolled already; enrolment never overwrites keys",
+                    dir.join(f).display()
+                );
+            }
+        }
+        return Ok(());
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("creating {}", dir.display()))
+}
+
+fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    Ok(())
+}
+
+/// Enrols `node` with `control`. Returns the answer (certificate, CA, expiry).
+pub fn enroll(control: &str, fingerprint: &str, node: &str, dir: &Path, token: &str) -> Result<EnrollResponse> {
+    let control = control.trim_end_matches('/');
+    if !control.starts_with("https://") {
+        bail!("--control must be an https:// URL");
+    }
+    let fingerprint = parse_fingerprint(fingerprint)?;
+    let ca_pem = pinned_ca(control, &fingerprint)?;
+    private_dir(dir)?;
+    let key = rcgen::KeyPair::generate().context("making the node's key")?;
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+    params.distinguished_name.push(rcgen::DnType::CommonName, node);
+    let csr = params.serialize_request(&key)?.pem()?;
+    let identity = age::x25519::Identity::generate();
+    let recipient = identity.to_public().to_string();
+    let request = EnrollRequest {
+        node: node.to_owned(),
+        token: token.to_owned(),
+        csr,
+        age_recipient: recipient,
+    };
+    let ca = ureq::tls::Certificate::from_pem(ca_pem.as_bytes())
+        .map_err(|e| anyhow!("the CA: {e}"))?
+        .to_owned();
+    let trusted = agent(
+        ureq::tls::TlsConfig::builder()
+            .root_certs(ureq::tls::RootCerts::Specific(Arc::new(vec![ca])))
+            .build(),
+    );
+    let mut resp = trusted
+        .post(&format!("{control}/v1/enroll"))
+        .send_json(&request)
+        .map_err(|e| anyhow!("enrolling: {e}"))?;
+    let status = resp.status().as_u16();
+    let body = resp
+        .body_mut()
+        .with_config()
+        .limit(256 * 1024)
+        .read_to_string()
+        .map_err(|e| anyhow!("reading the answer: {e}"))?;
+    if status != 200 {
+        let refusal: RefusalBody =
+            serde_json::from_str(&body).map_err(|_| anyhow!("enrolment refused with HTTP {status}"))?;
+        bail!("{} [{}]", refusal.message, refusal.code.code());
+    }
+    let answer: EnrollResponse = serde_json::from_str(&body).context("the enrolment answer")?;
+    // Only now, with a certificate in hand, are the keys written: a refusal leaves nothing.
+    write_private(&dir.join(KEY), key.serialize_pem().as_bytes())?;
+    let secret = Zeroizing::new(age::secrecy::ExposeSecret::expose_secret(&identity.to_string()).to_owned());
+    write_private(&dir.join(AGE), format!("{}\n", secret.as_str()).as_bytes())?;
+    write_private(&dir.join(CERT), answer.certificate.as_bytes())?;
+    write_private(&dir.join(CA), ca_pem.as_bytes())?;
+    Ok(answer)
+}

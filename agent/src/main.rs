@@ -1,0 +1,70 @@
+//! `pl-agent`: the node agent. `enroll` joins the fleet; `run` (leasing and executing typed
+//! tasks) is the node-agent issue's.
+
+mod enroll;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use std::io::Read as _;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "pl-agent", version, about = "Pushleft's node agent")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Join the fleet: make this node's TLS key and age identity in DIR and trade the one-time
+    /// token (read from standard input) for a client certificate.
+    Enroll {
+        /// The control plane's API, `https://…`.
+        #[arg(long)]
+        control: String,
+        /// The control CA's fingerprint, `SHA256:<64 hex>`, as `pl-reconciler tls-init` printed it.
+        #[arg(long)]
+        ca_fingerprint: String,
+        /// This node's name, as its NodePool declares it.
+        #[arg(long)]
+        node: String,
+        /// Where the node's key, identity and certificates go (created 0700).
+        #[arg(long)]
+        dir: PathBuf,
+    },
+}
+
+fn main() -> std::process::ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("pl-agent: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Enroll {
+            control,
+            ca_fingerprint,
+            node,
+            dir,
+        } => {
+            let mut token = zeroize::Zeroizing::new(String::new());
+            std::io::stdin()
+                .take(4096)
+                .read_to_string(&mut token)
+                .context("reading the enrolment token from standard input")?;
+            let answer = enroll::enroll(&control, &ca_fingerprint, &node, &dir, token.trim())?;
+            println!(
+                "enrolled {node}: certificate in {} until {} ms since the epoch",
+                dir.join(enroll::CERT).display(),
+                answer.not_after_ms
+            );
+            Ok(())
+        }
+    }
+}
