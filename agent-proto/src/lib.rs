@@ -45,6 +45,87 @@ pub struct TokenResponse {
     pub expires_at_ms: i64,
 }
 
+/// Most jobs one lease call may take.
+pub const MAX_LEASE_BATCH: u32 = 8;
+/// Longest a lease call may wait for work, in milliseconds.
+pub const MAX_LEASE_WAIT_MS: u64 = 30_000;
+/// Largest agent request accepted (heartbeats, completions), in bytes.
+pub const MAX_AGENT_BODY_BYTES: usize = 64 * 1024;
+/// Largest `detail` a completion may carry (a log tail), in bytes.
+pub const MAX_DETAIL_BYTES: usize = 16 * 1024;
+
+/// `POST /v1/agent/lease`: up to `max` jobs targeted at the calling node, waiting up to
+/// `wait_ms` for one to be queued.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LeaseRequest {
+    pub max: u32,
+    #[serde(default)]
+    pub wait_ms: u64,
+}
+
+/// What proves a lease: present it to renew or complete.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LeaseProof {
+    pub job_id: i64,
+    pub lease_token: String,
+    pub fencing_token: i64,
+}
+
+/// One leased job.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LeasedJob {
+    pub key: String,
+    /// The typed task, as the ledger holds it. (The full execution spec, with sealed secrets,
+    /// comes with the fleet issue's placement part.)
+    pub task: serde_json::Value,
+    pub attempt: i64,
+    pub proof: LeaseProof,
+    pub expires_at_ms: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LeaseResponse {
+    pub jobs: Vec<LeasedJob>,
+}
+
+/// `POST /v1/agent/renew`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RenewRequest {
+    pub proof: LeaseProof,
+}
+
+/// How a job ended, as the agent reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Outcome {
+    Succeeded,
+    Retryable,
+    Permanent,
+}
+
+/// `POST /v1/agent/complete`: one job's end, with its proof.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CompleteRequest {
+    pub proof: LeaseProof,
+    pub outcome: Outcome,
+    /// A bounded log tail or reason; never a secret.
+    #[serde(default)]
+    pub detail: String,
+}
+
+/// `POST /v1/agent/heartbeat`: the node is alive; what it runs comes with the agent issue.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Heartbeat {
+    pub agent_version: String,
+}
+
 /// Why the control plane refused an agent's request. Each refusal records nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -71,6 +152,18 @@ pub enum Refusal {
     NoControlCa,
     /// The request body is not the expected JSON.
     MalformedRequest,
+    /// The client certificate is not one the control plane issued, or was revoked.
+    CertificateRevoked,
+    /// The client certificate's validity has ended.
+    CertificateExpired,
+    /// The node is draining in Git: it gets no new work.
+    NodeDraining,
+    /// The job is another node's.
+    NotYourJob,
+    /// The lease was taken over (expired and leased again) or ended: its fencing token is stale.
+    StaleFencingToken,
+    /// A completion's detail looks like a secret (age ciphertext or an identity).
+    SecretInResult,
 }
 
 impl Refusal {
@@ -88,6 +181,12 @@ impl Refusal {
             Refusal::RecipientInvalid => "recipient-invalid",
             Refusal::NoControlCa => "no-control-ca",
             Refusal::MalformedRequest => "malformed-request",
+            Refusal::CertificateRevoked => "certificate-revoked",
+            Refusal::CertificateExpired => "certificate-expired",
+            Refusal::NodeDraining => "node-draining",
+            Refusal::NotYourJob => "not-your-job",
+            Refusal::StaleFencingToken => "stale-fencing-token",
+            Refusal::SecretInResult => "secret-in-result",
         }
     }
 }
@@ -118,6 +217,12 @@ mod tests {
             Refusal::RecipientInvalid,
             Refusal::NoControlCa,
             Refusal::MalformedRequest,
+            Refusal::CertificateRevoked,
+            Refusal::CertificateExpired,
+            Refusal::NodeDraining,
+            Refusal::NotYourJob,
+            Refusal::StaleFencingToken,
+            Refusal::SecretInResult,
         ] {
             let json = serde_json::to_string(&r).expect("json");
             assert_eq!(json, format!("\"{}\"", r.code()));

@@ -1,7 +1,7 @@
 //! `pl-agent`: the node agent. `enroll` joins the fleet; `run` (leasing and executing typed
 //! tasks) is the node-agent issue's.
 
-mod enroll;
+use pushleft_agent::enroll;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};

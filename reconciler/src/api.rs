@@ -17,6 +17,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::json;
+use sha2::Digest as _;
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -486,8 +487,22 @@ async fn webhook(State(s): App, Path(forge): Path<String>, headers: HeaderMap, b
     (StatusCode::ACCEPTED, axum::Json(json!({"accepted": true}))).into_response()
 }
 
+/// The fingerprint (SHA-256 of the DER, hex) of the client certificate a connection presented.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerCert(pub String);
+
 /// Loads the API's TLS certificate chain and key (PEM).
 pub fn tls_config(cert: &std::path::Path, key: &std::path::Path) -> Result<rustls::ServerConfig, String> {
+    tls_config_with(cert, key, None)
+}
+
+/// The agent API's TLS: a client certificate signed by the control CA (`client_ca`) is
+/// required to finish the handshake.
+pub fn tls_config_with(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+    client_ca: Option<&std::path::Path>,
+) -> Result<rustls::ServerConfig, String> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
@@ -496,12 +511,25 @@ pub fn tls_config(cert: &std::path::Path, key: &std::path::Path) -> Result<rustl
         .map_err(|e| format!("{}: {e}", cert.display()))?;
     let key = PrivateKeyDer::from_pem_file(key).map_err(|e| format!("{}: {e}", key.display()))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    rustls::ServerConfig::builder_with_provider(provider)
+    let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())?;
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in CertificateDer::pem_file_iter(ca).map_err(|e| format!("{}: {e}", ca.display()))? {
+                roots
+                    .add(c.map_err(|e| format!("{}: {e}", ca.display()))?)
+                    .map_err(|e| format!("{}: {e}", ca.display()))?;
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| e.to_string())?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    builder.with_single_cert(certs, key).map_err(|e| e.to_string())
 }
 
 /// Serves the API over TLS on `listener` until `shutdown` turns true, at most
@@ -548,6 +576,17 @@ pub async fn serve(
                     return;
                 }
             };
+            // The client certificate (the agent API requires one): its SHA-256, for handlers to
+            // look the node up by.
+            let peer_cert = tls.get_ref().1.peer_certificates().and_then(|c| c.first()).map(|c| {
+                PeerCert(
+                    sha2::Sha256::digest(c.as_ref())
+                        .iter()
+                        .map(|b| format!("{b:02x}"))
+                        .collect(),
+                )
+            });
+            let app = app.layer(axum::Extension(peer_cert));
             let service = hyper_util::service::TowerToHyperService::new(app);
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())

@@ -53,6 +53,19 @@ pub struct Config {
     pub control: ControlConfig,
     #[serde(default)]
     pub reconcile: ReconcileConfig,
+    /// The agents' API (mutual TLS); off when absent.
+    #[serde(default)]
+    pub agent_api: Option<AgentApiConfig>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentApiConfig {
+    /// Where agents connect; a client certificate from the control CA is required.
+    pub listen: SocketAddr,
+    /// Connections served at once.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -349,6 +362,11 @@ impl Config {
         }
         for pattern in &self.source.preview_branches {
             globset::Glob::new(pattern).map_err(|e| invalid(format!("source.preview_branches: `{pattern}`: {e}")))?;
+        }
+        if self.agent_api.is_some() && (self.control.ca_cert.is_none() || self.control.ca_key.is_none()) {
+            return Err(invalid(
+                "agent_api needs control.ca_cert and control.ca_key: agents present certificates from that CA".into(),
+            ));
         }
         if !(1..=24 * 30).contains(&self.control.node_cert_hours) {
             return Err(invalid("control.node_cert_hours must be 1 to 720".into()));

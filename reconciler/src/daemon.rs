@@ -126,6 +126,8 @@ pub struct Shared {
     pub fetch_hint: tokio::sync::Notify,
     /// Wakes the event watcher after this daemon wrote.
     pub wrote: tokio::sync::Notify,
+    /// Wakes agents' long-polling leases after this daemon queued jobs.
+    pub jobs: tokio::sync::Notify,
     /// The newest event id, published by [`crate::streams::watch_events`] to every stream.
     pub events_tip: tokio::sync::watch::Sender<i64>,
     /// Open event streams, by token and in total.
@@ -201,6 +203,7 @@ impl Shared {
             hint: tokio::sync::Notify::new(),
             fetch_hint: tokio::sync::Notify::new(),
             wrote: tokio::sync::Notify::new(),
+            jobs: tokio::sync::Notify::new(),
             events_tip: tokio::sync::watch::Sender::new(0),
             counts: Mutex::new(None),
             metrics: Metrics::default(),
@@ -312,6 +315,7 @@ impl Shared {
         self.passes.fetch_add(1, Ordering::Relaxed);
         if wrote {
             self.wrote.notify_waiters();
+            self.jobs.notify_waiters();
         }
         Ok(report)
     }

@@ -14,16 +14,23 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
 
-fn refused(r: Refusal, message: &str) -> Response {
+/// A refusal as the agent protocol answers it.
+pub(crate) fn refused(r: Refusal, message: &str) -> Response {
     let status = match r {
-        Refusal::TokenUnknown | Refusal::TokenUsed | Refusal::TokenExpired | Refusal::TokenWrongNode => {
-            StatusCode::UNAUTHORIZED
-        }
+        Refusal::TokenUnknown
+        | Refusal::TokenUsed
+        | Refusal::TokenExpired
+        | Refusal::TokenWrongNode
+        | Refusal::CertificateRevoked
+        | Refusal::CertificateExpired => StatusCode::UNAUTHORIZED,
         Refusal::NodeNotDeclared => StatusCode::NOT_FOUND,
-        Refusal::NodeRetired => StatusCode::FORBIDDEN,
-        Refusal::CsrInvalid | Refusal::CsrNameMismatch | Refusal::RecipientInvalid | Refusal::MalformedRequest => {
-            StatusCode::BAD_REQUEST
-        }
+        Refusal::NodeRetired | Refusal::NodeDraining | Refusal::NotYourJob => StatusCode::FORBIDDEN,
+        Refusal::CsrInvalid
+        | Refusal::CsrNameMismatch
+        | Refusal::RecipientInvalid
+        | Refusal::MalformedRequest
+        | Refusal::SecretInResult => StatusCode::BAD_REQUEST,
+        Refusal::StaleFencingToken => StatusCode::CONFLICT,
         Refusal::NoControlCa => StatusCode::SERVICE_UNAVAILABLE,
     };
     let body = RefusalBody {
@@ -33,7 +40,7 @@ fn refused(r: Refusal, message: &str) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
-fn internal(e: impl std::fmt::Display) -> Response {
+pub(crate) fn internal(e: impl std::fmt::Display) -> Response {
     tracing::warn!(error = %e, "enrolment failed");
     (
         StatusCode::SERVICE_UNAVAILABLE,
@@ -44,7 +51,7 @@ fn internal(e: impl std::fmt::Display) -> Response {
 
 async fn declared(s: &Shared, node: &str) -> Result<(), Response> {
     match s.ledger.declared_node(&s.config.source.branch, node).await {
-        Ok(Declared::Yes { .. }) => Ok(()),
+        Ok(Declared::Yes { .. } | Declared::Draining { .. }) => Ok(()),
         Ok(Declared::Retired) => Err(refused(Refusal::NodeRetired, "the node is retired in Git")),
         Ok(Declared::No) => Err(refused(
             Refusal::NodeNotDeclared,

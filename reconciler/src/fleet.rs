@@ -17,7 +17,13 @@ pub const TOKEN_TTL_MS: i64 = 15 * 60 * 1000;
 pub enum Declared {
     No,
     Retired,
-    Yes { pool: String },
+    /// Declared and draining: it keeps what it runs and gets no new work.
+    Draining {
+        pool: String,
+    },
+    Yes {
+        pool: String,
+    },
 }
 
 /// What enrolment wants to write once every check passed.
@@ -36,7 +42,67 @@ fn hash(token: &str) -> String {
         .collect()
 }
 
+/// Why a client certificate does not admit a node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CertRefusal {
+    Unknown,
+    Revoked,
+    Expired,
+}
+
 impl Ledger {
+    /// The node a client certificate (by fingerprint) belongs to, if the control plane issued
+    /// it, has not revoked it, and it has not expired.
+    pub async fn node_of_certificate(
+        &self,
+        fingerprint: &str,
+        now_ms: i64,
+    ) -> Result<Result<String, CertRefusal>, LedgerError> {
+        let row =
+            sqlx::query(self.sql("SELECT node, not_after, revoked_at FROM node_certificates WHERE fingerprint = ?"))
+                .bind(fingerprint)
+                .fetch_optional(&self.pool)
+                .await?;
+        let Some(r) = row else {
+            return Ok(Err(CertRefusal::Unknown));
+        };
+        let (node, not_after, revoked): (String, i64, Option<i64>) = (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?);
+        Ok(if revoked.is_some() {
+            Err(CertRefusal::Revoked)
+        } else if not_after <= now_ms {
+            Err(CertRefusal::Expired)
+        } else {
+            Ok(node)
+        })
+    }
+
+    /// Records a heartbeat: the node was seen now.
+    pub async fn heartbeat(&self, node: &str, now_ms: i64) -> Result<(), LedgerError> {
+        sqlx::query(self.sql("UPDATE nodes SET last_seen = ? WHERE name = ?"))
+            .bind(now_ms)
+            .bind(node)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// The node each of `job_ids` is targeted at (jobs that do not exist are left out).
+    pub async fn job_nodes(&self, job_ids: &[i64]) -> Result<Vec<(i64, String)>, LedgerError> {
+        let mut out = Vec::new();
+        for chunk in job_ids.chunks(200) {
+            let marks = vec!["?"; chunk.len()].join(", ");
+            let q = format!("SELECT id, target_node FROM jobs WHERE id IN ({marks})");
+            let mut query = sqlx::query(self.sql(&q));
+            for id in chunk {
+                query = query.bind(*id);
+            }
+            for r in query.fetch_all(&self.pool).await? {
+                out.push((r.try_get(0)?, r.try_get(1)?));
+            }
+        }
+        Ok(out)
+    }
+
     /// Whether `node` is declared in the accepted state of `branch` (the applied branch), and
     /// in which pool. Read from the canonical NodePool documents the ledger keeps.
     pub async fn declared_node(&self, branch: &str, node: &str) -> Result<Declared, LedgerError> {
@@ -50,11 +116,11 @@ impl Ledger {
             for l in &parsed.objects {
                 let Spec::NodePool(pool) = &l.object.spec else { continue };
                 if let Some(n) = pool.nodes.iter().find(|n| n.name.as_str() == node) {
+                    let pool = l.object.metadata.name.to_string();
                     return Ok(match n.state {
                         NodeState::Retired => Declared::Retired,
-                        _ => Declared::Yes {
-                            pool: l.object.metadata.name.to_string(),
-                        },
+                        NodeState::Draining => Declared::Draining { pool },
+                        NodeState::Active => Declared::Yes { pool },
                     });
                 }
             }

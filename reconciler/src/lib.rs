@@ -4,13 +4,14 @@
 //!
 //! Architecture invariant: SQL and the async runtime live here and nowhere `pl` links.
 
+pub mod agent_api;
 pub mod api;
 pub mod auth;
 mod catchup;
 pub mod config;
 pub mod daemon;
 pub mod deploy;
-mod enrolment;
+pub(crate) mod enrolment;
 pub mod fleet;
 pub mod ledger;
 pub mod pki;

@@ -170,6 +170,26 @@ fn daemon(config: &Path) -> Result<()> {
             stopped.clone(),
         ));
         let events = tokio::spawn(reconciler::streams::watch_events(Arc::clone(&shared), stopped.clone()));
+        // The agents' API: the same server certificate, and a client certificate from the
+        // control CA required to finish the handshake.
+        let agents = match (&shared.config.agent_api, &shared.config.control.ca_cert) {
+            (Some(a), Some(ca)) => {
+                let tls = reconciler::api::tls_config_with(&shared.config.api.tls_cert, &shared.config.api.tls_key, Some(ca))
+                    .map_err(anyhow::Error::msg)?;
+                let listener = tokio::net::TcpListener::bind(a.listen)
+                    .await
+                    .with_context(|| format!("listening on {}", a.listen))?;
+                tracing::info!(listen = %listener.local_addr().unwrap_or(a.listen), "serving the agent API over mutual TLS");
+                Some(tokio::spawn(reconciler::api::serve(
+                    listener,
+                    tls,
+                    reconciler::agent_api::router(Arc::clone(&shared)),
+                    a.max_connections,
+                    stopped.clone(),
+                )))
+            }
+            _ => None,
+        };
         let fetcher = tokio::spawn(run_fetcher(Arc::clone(&shared), stopped.clone()));
         let looper = tokio::spawn(run_loop(Arc::clone(&shared), stopped));
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -183,6 +203,9 @@ fn daemon(config: &Path) -> Result<()> {
         let _ = fetcher.await;
         let _ = events.await;
         api.abort();
+        if let Some(a) = agents {
+            a.abort();
+        }
         shared.ledger.close().await;
         Ok(())
     })

@@ -1,0 +1,136 @@
+//! The agent's client of the control plane's agent API: blocking, over mutual TLS with the
+//! node's own certificate, speaking `agent-proto`. The node agent uses it, and so does the
+//! benchmark of simulated agents.
+
+use agent_proto::{
+    CompleteRequest, Heartbeat, LeaseProof, LeaseRequest, LeaseResponse, Outcome, Refusal, RefusalBody, RenewRequest,
+};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What a call can end in.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The control plane refused, with its code.
+    #[error("{message} [{}]", code.code())]
+    Refused { code: Refusal, message: String },
+    /// The call did not get an answer (network, TLS, or an answer that is not the protocol's).
+    #[error("{0}")]
+    Transport(String),
+}
+
+/// A node's connection settings: its certificate and key, and the control CA.
+pub struct AgentClient {
+    agent: ureq::Agent,
+    base: String,
+}
+
+fn transport(e: impl std::fmt::Display) -> ClientError {
+    ClientError::Transport(e.to_string())
+}
+
+impl AgentClient {
+    /// A client for `base` (`https://…`) with the node's files from enrolment in `dir`
+    /// (`node.crt`, `node.key`, `ca.crt`).
+    pub fn from_dir(base: &str, dir: &Path) -> Result<AgentClient, ClientError> {
+        let read =
+            |f: &str| std::fs::read(dir.join(f)).map_err(|e| transport(format!("{}: {e}", dir.join(f).display())));
+        AgentClient::new(
+            base,
+            &read(crate::enroll::CERT)?,
+            &read(crate::enroll::KEY)?,
+            &read(crate::enroll::CA)?,
+        )
+    }
+
+    /// A client from PEM bytes.
+    pub fn new(base: &str, cert_pem: &[u8], key_pem: &[u8], ca_pem: &[u8]) -> Result<AgentClient, ClientError> {
+        let cert = ureq::tls::Certificate::from_pem(cert_pem)
+            .map_err(transport)?
+            .to_owned();
+        let key = ureq::tls::PrivateKey::from_pem(key_pem).map_err(transport)?.to_owned();
+        let ca = ureq::tls::Certificate::from_pem(ca_pem).map_err(transport)?.to_owned();
+        let tls = ureq::tls::TlsConfig::builder()
+            .client_cert(Some(ureq::tls::ClientCert::new_with_certs(&[cert], key)))
+            .root_certs(ureq::tls::RootCerts::Specific(Arc::new(vec![ca])))
+            .build();
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .tls_config(tls)
+            .http_status_as_error(false)
+            // A long-polling lease waits up to 30 s; the bound leaves room for it.
+            .timeout_global(Some(Duration::from_secs(45)))
+            .build()
+            .into();
+        Ok(AgentClient {
+            agent,
+            base: base.trim_end_matches('/').to_owned(),
+        })
+    }
+
+    fn post<B: serde::Serialize, T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T, ClientError> {
+        let mut resp = self
+            .agent
+            .post(&format!("{}{path}", self.base))
+            .send_json(body)
+            .map_err(transport)?;
+        let status = resp.status().as_u16();
+        let text = resp
+            .body_mut()
+            .with_config()
+            .limit(4 * 1024 * 1024)
+            .read_to_string()
+            .map_err(transport)?;
+        if status != 200 {
+            let r: RefusalBody =
+                serde_json::from_str(&text).map_err(|_| transport(format!("{path}: HTTP {status}")))?;
+            return Err(ClientError::Refused {
+                code: r.code,
+                message: r.message,
+            });
+        }
+        serde_json::from_str(&text).map_err(transport)
+    }
+
+    pub fn heartbeat(&self, agent_version: &str) -> Result<(), ClientError> {
+        let _: serde_json::Value = self.post(
+            "/v1/agent/heartbeat",
+            &Heartbeat {
+                agent_version: agent_version.to_owned(),
+            },
+        )?;
+        Ok(())
+    }
+
+    /// Up to `max` of this node's jobs, waiting up to `wait` for one.
+    pub fn lease(&self, max: u32, wait: Duration) -> Result<LeaseResponse, ClientError> {
+        self.post(
+            "/v1/agent/lease",
+            &LeaseRequest {
+                max,
+                wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+            },
+        )
+    }
+
+    pub fn renew(&self, proof: &LeaseProof) -> Result<(), ClientError> {
+        let _: serde_json::Value = self.post("/v1/agent/renew", &RenewRequest { proof: proof.clone() })?;
+        Ok(())
+    }
+
+    pub fn complete(&self, proof: &LeaseProof, outcome: Outcome, detail: &str) -> Result<(), ClientError> {
+        let _: serde_json::Value = self.post(
+            "/v1/agent/complete",
+            &CompleteRequest {
+                proof: proof.clone(),
+                outcome,
+                detail: detail.to_owned(),
+            },
+        )?;
+        Ok(())
+    }
+}

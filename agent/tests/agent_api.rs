@@ -1,0 +1,240 @@
+//! The agent API over mutual TLS, against `pl-reconciler run` as a real process and the agent's
+//! own client library: enrolled nodes heartbeat, lease only their own jobs (long polling),
+//! renew and complete them with their fencing proof; no certificate, another CA's, a revoked or
+//! expired one, another node's job, a stale proof and a draining node are each refused with
+//! their code, and a refusal changes nothing.
+
+#[path = "../../reconciler/tests/support/daemon.rs"]
+mod daemon_support;
+#[path = "../../reconciler/tests/support/repo.rs"]
+mod repo_support;
+
+use agent_proto::{Outcome, Refusal};
+use daemon_support::{Daemon, config, free_port, setup};
+use pushleft_agent::client::{AgentClient, ClientError};
+use repo_support::{POOL, Repo, environment, project};
+use std::time::{Duration, Instant};
+
+fn refusal(r: Result<impl std::fmt::Debug, ClientError>) -> Refusal {
+    match r {
+        Err(ClientError::Refused { code, .. }) => code,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+fn sql(url: &str, q: &str) -> Vec<String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("rt");
+    rt.block_on(async {
+        sqlx::any::install_default_drivers();
+        let pool = sqlx::AnyPool::connect(url).await.expect("ledger");
+        if q.starts_with("UPDATE") {
+            sqlx::query(sqlx::AssertSqlSafe(q.to_owned()))
+                .execute(&pool)
+                .await
+                .expect("update");
+            return Vec::new();
+        }
+        let rows: Vec<(String,)> = sqlx::query_as(sqlx::AssertSqlSafe(q.to_owned()))
+            .fetch_all(&pool)
+            .await
+            .expect("rows");
+        rows.into_iter().map(|r| r.0).collect()
+    })
+}
+
+#[test]
+fn nodes_lease_only_their_own_work_over_mutual_tls() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = Repo::new(dir.path());
+    std::fs::write(dir.path().join("allowed_signers"), &repo.signers).expect("signers");
+    repo.write("projects/api.yaml", &project("api", 1));
+    repo.write("envs/api-production.yaml", &environment("api-production", "api"));
+    repo.commit("one environment on n1", true);
+    let s = setup(dir.path());
+    let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    let (port, agent_port) = (free_port(), free_port());
+    let cfg = config(
+        &s,
+        "d",
+        &repo.dir,
+        &url,
+        port,
+        &format!(
+            "[control]\nca_cert = \"tls/ca.crt\"\nca_key = \"tls/ca.key\"\n\n[agent_api]\nlisten = \"127.0.0.1:{agent_port}\"\n"
+        ),
+    );
+    let mut d = Daemon::start(&s, &cfg, port);
+    d.wait_ready(Duration::from_secs(20));
+    let control = format!("https://localhost:{port}");
+    let agents = format!("https://localhost:{agent_port}");
+    let ca_pem = std::fs::read_to_string(dir.path().join("tls/ca.crt")).expect("ca");
+    let fingerprint = format!("SHA256:{}", reconciler_fingerprint(&ca_pem));
+    let operator = format!("Bearer {}", s.operator);
+    let enrol = |node: &str| -> std::path::PathBuf {
+        let node_dir = dir.path().join(node);
+        for _ in 0..100 {
+            let (status, body) = d.post(
+                &format!("/v1/nodes/{node}/token"),
+                &[("authorization", operator.as_str())],
+                b"",
+            );
+            if status == 200 {
+                let t: agent_proto::TokenResponse = serde_json::from_str(&body).expect("token");
+                pushleft_agent::enroll::enroll(&control, &fingerprint, node, &node_dir, &t.token).expect("enrol");
+                return node_dir;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("no token for {node}");
+    };
+    let (n1_dir, n2_dir) = (enrol("n1"), enrol("n2"));
+    let n1 = AgentClient::from_dir(&agents, &n1_dir).expect("n1 client");
+    let n2 = AgentClient::from_dir(&agents, &n2_dir).expect("n2 client");
+
+    n1.heartbeat("test").expect("heartbeat");
+    assert_eq!(sql(&url, "SELECT name FROM nodes WHERE last_seen IS NOT NULL"), ["n1"]);
+    // n1's infrastructure jobs, and none of them for n2.
+    let leased = n1.lease(8, Duration::from_secs(2)).expect("lease");
+    let keys: Vec<&str> = leased.jobs.iter().map(|j| j.key.as_str()).collect();
+    assert_eq!(keys.len(), 3, "{keys:?}");
+    assert!(keys.iter().all(|k| k.ends_with("@n1")), "{keys:?}");
+    assert!(n2.lease(8, Duration::ZERO).expect("lease").jobs.is_empty());
+    let job = &leased.jobs[0];
+    n1.renew(&job.proof).expect("renew");
+    // Another node may not complete (or renew) n1's job; nothing changes.
+    assert_eq!(
+        refusal(n2.complete(&job.proof, Outcome::Succeeded, "")),
+        Refusal::NotYourJob
+    );
+    assert_eq!(refusal(n2.renew(&job.proof)), Refusal::NotYourJob);
+    let state = |key: &str| sql(&url, &format!("SELECT state FROM jobs WHERE key = '{key}'"));
+    assert_eq!(state(&job.key), ["leased"]);
+    // A secret-shaped detail is refused.
+    assert_eq!(
+        refusal(n1.complete(&job.proof, Outcome::Permanent, "AGE-SECRET-KEY-1QQQ")),
+        Refusal::SecretInResult
+    );
+    n1.complete(&job.proof, Outcome::Succeeded, "ok").expect("complete");
+    assert_eq!(state(&job.key), ["succeeded"]);
+    // The same proof again is stale: 409, and nothing recorded.
+    let results = sql(&url, "SELECT CAST(COUNT(*) AS TEXT) FROM job_results");
+    assert_eq!(
+        refusal(n1.complete(&job.proof, Outcome::Succeeded, "")),
+        Refusal::StaleFencingToken
+    );
+    assert_eq!(sql(&url, "SELECT CAST(COUNT(*) AS TEXT) FROM job_results"), results);
+
+    // Long polling: n2 waits, and a commit that places work on n2 reaches it while it waits.
+    let waiting = std::thread::spawn(move || {
+        let started = Instant::now();
+        let got = n2.lease(8, Duration::from_secs(20)).expect("lease");
+        (got, started.elapsed(), n2)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    repo.write("projects/api.yaml", &project("api", 2));
+    repo.commit("work for n2", true);
+    let (got, waited, n2) = waiting.join().expect("waiter");
+    assert!(
+        !got.jobs.is_empty(),
+        "a job for n2 arrived while it waited: {:?} {:?}",
+        sql(&url, "SELECT verdict || ' ' || reasons FROM revisions"),
+        sql(&url, "SELECT key || ' ' || state FROM jobs")
+    );
+    assert!(got.jobs.iter().all(|j| j.key.ends_with("@n2")));
+    assert!(waited < Duration::from_secs(10), "{waited:?}");
+
+    // Certificates: revoked, expired (as the ledger holds them), another CA's, none at all.
+    let fp_n2 = sql(&url, "SELECT fingerprint FROM node_certificates WHERE node = 'n2'");
+    sql(
+        &url,
+        &format!(
+            "UPDATE node_certificates SET revoked_at = 1 WHERE fingerprint = '{}'",
+            fp_n2[0]
+        ),
+    );
+    assert_eq!(refusal(n2.heartbeat("test")), Refusal::CertificateRevoked);
+    sql(
+        &url,
+        &format!(
+            "UPDATE node_certificates SET revoked_at = NULL, not_after = 1 WHERE fingerprint = '{}'",
+            fp_n2[0]
+        ),
+    );
+    assert_eq!(refusal(n2.lease(1, Duration::ZERO)), Refusal::CertificateExpired);
+    let (other_cert, other_key) = other_ca_certificate("n1");
+    let stranger =
+        AgentClient::new(&agents, other_cert.as_bytes(), other_key.as_bytes(), ca_pem.as_bytes()).expect("client");
+    assert!(
+        matches!(stranger.heartbeat("x"), Err(ClientError::Transport(_))),
+        "another CA's certificate fails the handshake"
+    );
+    let anonymous: ureq::Agent = ureq::Agent::config_builder()
+        .tls_config(
+            ureq::tls::TlsConfig::builder()
+                .root_certs(ureq::tls::RootCerts::Specific(std::sync::Arc::new(vec![
+                    ureq::tls::Certificate::from_pem(ca_pem.as_bytes())
+                        .expect("ca")
+                        .to_owned(),
+                ])))
+                .build(),
+        )
+        .timeout_global(Some(Duration::from_secs(10)))
+        .build()
+        .into();
+    assert!(
+        anonymous
+            .post(&format!("{agents}/v1/agent/heartbeat"))
+            .send_json(serde_json::json!({"agentVersion": "x"}))
+            .is_err(),
+        "no certificate, no connection"
+    );
+
+    // A node draining in Git gets no new work.
+    repo.write(
+        "pools/main.yaml",
+        &POOL.replace("{name: n1,", "{name: n1, state: draining,"),
+    );
+    repo.commit("drain n1", true);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match n1.lease(1, Duration::ZERO) {
+            Err(ClientError::Refused {
+                code: Refusal::NodeDraining,
+                ..
+            }) => break,
+            other => {
+                assert!(Instant::now() < deadline, "still leasing: {other:?}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+    d.kill9();
+}
+
+/// The SHA-256 fingerprint (hex) of a PEM certificate.
+fn reconciler_fingerprint(pem: &str) -> String {
+    use sha2::Digest;
+    let (_, p) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).expect("pem");
+    sha2::Sha256::digest(&p.contents)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A client certificate for `cn` from a CA the control plane never saw.
+fn other_ca_certificate(cn: &str) -> (String, String) {
+    let ca_key = rcgen::KeyPair::generate().expect("key");
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Constrained(0));
+    ca.self_signed(&ca_key).expect("ca");
+    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let key = rcgen::KeyPair::generate().expect("key");
+    let mut p = rcgen::CertificateParams::new(vec![cn.to_owned()]).expect("params");
+    p.distinguished_name.push(rcgen::DnType::CommonName, cn);
+    p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = p.signed_by(&key, &issuer).expect("cert");
+    (cert.pem(), key.serialize_pem())
+}

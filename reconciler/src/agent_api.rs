@@ -1,0 +1,209 @@
+//! The agent API, over mutual TLS: a connection must present a client certificate signed by
+//! the control CA, and every request is admitted only if the control plane issued that
+//! certificate, has not revoked it and it has not expired. A node then heartbeats, leases only
+//! the jobs targeted at itself (long polling), renews and completes them with their fencing
+//! proof. Every refusal is a code from `agent_proto::Refusal` and records nothing.
+
+use crate::api::{PeerCert, read_body};
+use crate::daemon::{Shared, now_ms};
+use crate::enrolment::{internal, refused};
+use crate::fleet::{CertRefusal, Declared};
+use crate::ledger::{Completion, LeaseToken};
+use agent_proto::{
+    CompleteRequest, Heartbeat, LeaseProof, LeaseRequest, LeaseResponse, LeasedJob, MAX_AGENT_BODY_BYTES,
+    MAX_DETAIL_BYTES, MAX_LEASE_BATCH, MAX_LEASE_WAIT_MS, Outcome, Refusal, RenewRequest,
+};
+use axum::Router;
+use axum::extract::{Extension, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a lease lasts before it must be renewed.
+pub const LEASE_TTL_MS: i64 = 30_000;
+
+type App = State<Arc<Shared>>;
+type Peer = Extension<Option<PeerCert>>;
+
+pub fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/v1/agent/heartbeat", post(heartbeat))
+        .route("/v1/agent/lease", post(lease))
+        .route("/v1/agent/renew", post(renew))
+        .route("/v1/agent/complete", post(complete))
+        .with_state(shared)
+}
+
+/// The calling node, from its client certificate.
+async fn caller(s: &Shared, peer: Option<PeerCert>) -> Result<String, Response> {
+    let Some(PeerCert(fingerprint)) = peer else {
+        return Err(refused(Refusal::CertificateRevoked, "no client certificate"));
+    };
+    match s.ledger.node_of_certificate(&fingerprint, now_ms()).await {
+        Ok(Ok(node)) => Ok(node),
+        Ok(Err(CertRefusal::Expired)) => Err(refused(Refusal::CertificateExpired, "the certificate has expired")),
+        Ok(Err(_)) => Err(refused(
+            Refusal::CertificateRevoked,
+            "the certificate is not one the control plane holds valid",
+        )),
+        Err(e) => Err(internal(e)),
+    }
+}
+
+/// A bounded JSON body.
+async fn json<T: serde::de::DeserializeOwned>(body: axum::body::Body) -> Result<T, Response> {
+    let bytes = read_body(body, MAX_AGENT_BODY_BYTES)
+        .await
+        .map_err(IntoResponse::into_response)?;
+    serde_json::from_slice(&bytes).map_err(|_| refused(Refusal::MalformedRequest, "the body is not the expected JSON"))
+}
+
+fn token_of(p: &LeaseProof) -> LeaseToken {
+    LeaseToken {
+        job_id: p.job_id,
+        lease_token: p.lease_token.clone(),
+        fencing_token: p.fencing_token,
+    }
+}
+
+/// Refuses a proof for another node's job before anything is written.
+async fn own_job(s: &Shared, node: &str, job_id: i64) -> Result<(), Response> {
+    match s.ledger.job_nodes(&[job_id]).await {
+        Ok(found) if found.iter().any(|(_, n)| n == node) => Ok(()),
+        Ok(found) if found.is_empty() => Err(refused(Refusal::StaleFencingToken, "no such lease")),
+        Ok(_) => Err(refused(Refusal::NotYourJob, "that job is another node's")),
+        Err(e) => Err(internal(e)),
+    }
+}
+
+async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body) -> Response {
+    let node = match caller(&s, peer).await {
+        Ok(n) => n,
+        Err(r) => return r,
+    };
+    let _hb: Heartbeat = match json(body).await {
+        Ok(h) => h,
+        Err(r) => return r,
+    };
+    match s.ledger.heartbeat(&node, now_ms()).await {
+        Ok(()) => axum::Json(serde_json::json!({"node": node})).into_response(),
+        Err(e) => internal(e),
+    }
+}
+
+/// Leases up to `max` (at most 8) of the caller's own jobs, waiting up to `waitMs` for one:
+/// woken at once by this daemon's writes, and every 50 ms for another leader's.
+async fn lease(State(s): App, Extension(peer): Peer, body: axum::body::Body) -> Response {
+    let node = match caller(&s, peer).await {
+        Ok(n) => n,
+        Err(r) => return r,
+    };
+    let req: LeaseRequest = match json(body).await {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
+    match s.ledger.declared_node(&s.config.source.branch, &node).await {
+        Ok(Declared::Yes { .. }) => {}
+        Ok(Declared::Draining { .. }) => return refused(Refusal::NodeDraining, "the node is draining: no new work"),
+        Ok(Declared::Retired) => return refused(Refusal::NodeRetired, "the node is retired in Git"),
+        Ok(Declared::No) => return refused(Refusal::NodeNotDeclared, "the node is not declared"),
+        Err(e) => return internal(e),
+    }
+    let max = req.max.clamp(1, MAX_LEASE_BATCH);
+    let wait = Duration::from_millis(req.wait_ms.min(MAX_LEASE_WAIT_MS));
+    let started = Instant::now();
+    loop {
+        let woken = s.jobs.notified();
+        let leases = match s.ledger.lease(&node, max, LEASE_TTL_MS, now_ms()).await {
+            Ok(l) => l,
+            Err(e) => return internal(e),
+        };
+        if !leases.is_empty() || started.elapsed() >= wait {
+            let jobs = leases
+                .into_iter()
+                .map(|l| LeasedJob {
+                    key: l.key,
+                    task: serde_json::to_value(&l.task).unwrap_or(serde_json::Value::Null),
+                    attempt: l.attempt,
+                    proof: LeaseProof {
+                        job_id: l.token.job_id,
+                        lease_token: l.token.lease_token,
+                        fencing_token: l.token.fencing_token,
+                    },
+                    expires_at_ms: l.expires_at_ms,
+                })
+                .collect();
+            return axum::Json(LeaseResponse { jobs }).into_response();
+        }
+        let left = wait.saturating_sub(started.elapsed());
+        tokio::select! {
+            _ = woken => {}
+            _ = tokio::time::sleep(left.min(Duration::from_millis(50))) => {}
+        }
+    }
+}
+
+async fn renew(State(s): App, Extension(peer): Peer, body: axum::body::Body) -> Response {
+    let node = match caller(&s, peer).await {
+        Ok(n) => n,
+        Err(r) => return r,
+    };
+    let req: RenewRequest = match json(body).await {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
+    if let Err(r) = own_job(&s, &node, req.proof.job_id).await {
+        return r;
+    }
+    match s.ledger.renew(&[token_of(&req.proof)], LEASE_TTL_MS, now_ms()).await {
+        Ok(r) => match r.first() {
+            Some(Ok(expires)) => axum::Json(serde_json::json!({"expiresAtMs": expires})).into_response(),
+            _ => refused(Refusal::StaleFencingToken, "the lease is no longer yours"),
+        },
+        Err(e) => internal(e),
+    }
+}
+
+/// True when a detail carries what looks like a secret: age ciphertext or an age identity.
+fn secret_shaped(detail: &str) -> bool {
+    detail.contains("-----BEGIN AGE ENCRYPTED FILE-----") || detail.contains("AGE-SECRET-KEY-")
+}
+
+async fn complete(State(s): App, Extension(peer): Peer, body: axum::body::Body) -> Response {
+    let node = match caller(&s, peer).await {
+        Ok(n) => n,
+        Err(r) => return r,
+    };
+    let req: CompleteRequest = match json(body).await {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
+    if req.detail.len() > MAX_DETAIL_BYTES {
+        return refused(Refusal::MalformedRequest, "the detail is larger than 16 KiB");
+    }
+    if secret_shaped(&req.detail) {
+        return refused(Refusal::SecretInResult, "a result may not carry secret-shaped values");
+    }
+    if let Err(r) = own_job(&s, &node, req.proof.job_id).await {
+        return r;
+    }
+    let outcome = match req.outcome {
+        Outcome::Succeeded => crate::ledger::Outcome::Succeeded,
+        Outcome::Retryable => crate::ledger::Outcome::Retryable(req.detail.clone()),
+        Outcome::Permanent => crate::ledger::Outcome::Permanent(req.detail.clone()),
+    };
+    let done = Completion {
+        token: token_of(&req.proof),
+        outcome,
+    };
+    match s.ledger.complete(&[done], now_ms()).await {
+        Ok(r) if matches!(r.first(), Some(Ok(()))) => {
+            // The next step may be due: the loop advances it now rather than at its interval.
+            s.hint.notify_one();
+            axum::Json(serde_json::json!({"completed": true})).into_response()
+        }
+        Ok(_) => refused(Refusal::StaleFencingToken, "the lease is no longer yours"),
+        Err(e) => internal(e),
+    }
+}
