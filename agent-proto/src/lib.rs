@@ -119,6 +119,15 @@ pub struct CompleteRequest {
     pub detail: String,
 }
 
+/// `POST /v1/agent/certificate`: a node renews its certificate before it expires, with a new
+/// key; the answer is an [`EnrollResponse`]. The old certificate is revoked when the new one
+/// is first used.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RenewCertificateRequest {
+    pub csr: String,
+}
+
 /// `POST /v1/agent/heartbeat`: the node is alive; what it runs comes with the agent issue.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

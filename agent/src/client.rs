@@ -96,6 +96,15 @@ impl AgentClient {
         serde_json::from_str(&text).map_err(transport)
     }
 
+    /// A new certificate for a new key's signing request (see `enroll::signing_request`); the
+    /// current one stays valid until the new one is first used.
+    pub fn renew_certificate(&self, csr: &str) -> Result<agent_proto::EnrollResponse, ClientError> {
+        self.post(
+            "/v1/agent/certificate",
+            &agent_proto::RenewCertificateRequest { csr: csr.to_owned() },
+        )
+    }
+
     pub fn heartbeat(&self, agent_version: &str) -> Result<(), ClientError> {
         let _: serde_json::Value = self.post(
             "/v1/agent/heartbeat",

@@ -117,6 +117,15 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// A new key and a signing request naming `node`, for enrolment and renewal.
+pub fn signing_request(node: &str) -> Result<(rcgen::KeyPair, String)> {
+    let key = rcgen::KeyPair::generate().context("making the node's key")?;
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+    params.distinguished_name.push(rcgen::DnType::CommonName, node);
+    let csr = params.serialize_request(&key)?.pem()?;
+    Ok((key, csr))
+}
+
 /// Enrols `node` with `control`. Returns the answer (certificate, CA, expiry).
 pub fn enroll(control: &str, fingerprint: &str, node: &str, dir: &Path, token: &str) -> Result<EnrollResponse> {
     let control = control.trim_end_matches('/');
@@ -126,10 +135,7 @@ pub fn enroll(control: &str, fingerprint: &str, node: &str, dir: &Path, token: &
     let fingerprint = parse_fingerprint(fingerprint)?;
     let ca_pem = pinned_ca(control, &fingerprint)?;
     private_dir(dir)?;
-    let key = rcgen::KeyPair::generate().context("making the node's key")?;
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
-    params.distinguished_name.push(rcgen::DnType::CommonName, node);
-    let csr = params.serialize_request(&key)?.pem()?;
+    let (key, csr) = signing_request(node)?;
     let identity = age::x25519::Identity::generate();
     let recipient = identity.to_public().to_string();
     let request = EnrollRequest {

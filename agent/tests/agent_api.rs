@@ -146,6 +146,31 @@ fn nodes_lease_only_their_own_work_over_mutual_tls() {
     assert!(got.jobs.iter().all(|j| j.key.ends_with("@n2")));
     assert!(waited < Duration::from_secs(10), "{waited:?}");
 
+    // Renewal: a new key and certificate; the old one works until the new one is first used.
+    let (key, csr) = pushleft_agent::enroll::signing_request("n1").expect("csr");
+    let renewed = n1.renew_certificate(&csr).expect("renew");
+    assert_eq!(
+        refusal(n1.renew_certificate(&pushleft_agent::enroll::signing_request("n2").expect("csr").1)),
+        Refusal::CsrNameMismatch,
+        "a node renews only its own name"
+    );
+    n1.heartbeat("still the old one")
+        .expect("the old certificate until the new one is used");
+    let n1_new = AgentClient::new(
+        &agents,
+        renewed.certificate.as_bytes(),
+        key.serialize_pem().as_bytes(),
+        renewed.ca.as_bytes(),
+    )
+    .expect("client");
+    n1_new.heartbeat("the new one").expect("the new certificate works");
+    assert_eq!(
+        refusal(n1.heartbeat("old")),
+        Refusal::CertificateRevoked,
+        "first use revoked the old one"
+    );
+    let n1 = n1_new;
+
     // Certificates: revoked, expired (as the ledger holds them), another CA's, none at all.
     let fp_n2 = sql(&url, "SELECT fingerprint FROM node_certificates WHERE node = 'n2'");
     sql(
@@ -191,6 +216,24 @@ fn nodes_lease_only_their_own_work_over_mutual_tls() {
             .is_err(),
         "no certificate, no connection"
     );
+
+    // A node retired in Git loses every certificate at once.
+    repo.write(
+        "pools/main.yaml",
+        &POOL.replace("{name: n2,", "{name: n2, state: retired,"),
+    );
+    repo.commit("retire n2", true);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sql(
+        &url,
+        "SELECT node FROM node_certificates WHERE node = 'n2' AND revoked_at IS NULL",
+    )
+    .len()
+        > 0
+    {
+        assert!(Instant::now() < deadline, "n2's certificates were not revoked");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 
     // A node draining in Git gets no new work.
     repo.write(

@@ -23,6 +23,7 @@ CREATE TABLE node_certificates (
     node        TEXT    NOT NULL,
     issued_at   BIGINT NOT NULL,
     not_after   BIGINT NOT NULL,
-    revoked_at  BIGINT
+    revoked_at  BIGINT,
+    replaces    TEXT  -- the certificate this one renewed: revoked when this one is first used
 );
 CREATE INDEX node_certificates_by_node ON node_certificates (node);

@@ -23,6 +23,7 @@ CREATE TABLE node_certificates (
     node        TEXT    NOT NULL,
     issued_at   INTEGER NOT NULL,
     not_after   INTEGER NOT NULL,
-    revoked_at  INTEGER
+    revoked_at  INTEGER,
+    replaces    TEXT  -- the certificate this one renewed: revoked when this one is first used
 );
 CREATE INDEX node_certificates_by_node ON node_certificates (node);

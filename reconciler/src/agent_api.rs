@@ -32,16 +32,22 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/agent/lease", post(lease))
         .route("/v1/agent/renew", post(renew))
         .route("/v1/agent/complete", post(complete))
+        .route("/v1/agent/certificate", post(certificate))
         .with_state(shared)
 }
 
 /// The calling node, from its client certificate.
 async fn caller(s: &Shared, peer: Option<PeerCert>) -> Result<String, Response> {
+    caller_and_certificate(s, peer).await.map(|(node, _)| node)
+}
+
+/// The calling node and its certificate's fingerprint.
+async fn caller_and_certificate(s: &Shared, peer: Option<PeerCert>) -> Result<(String, String), Response> {
     let Some(PeerCert(fingerprint)) = peer else {
         return Err(refused(Refusal::CertificateRevoked, "no client certificate"));
     };
     match s.ledger.node_of_certificate(&fingerprint, now_ms()).await {
-        Ok(Ok(node)) => Ok(node),
+        Ok(Ok(node)) => Ok((node, fingerprint)),
         Ok(Err(CertRefusal::Expired)) => Err(refused(Refusal::CertificateExpired, "the certificate has expired")),
         Ok(Err(_)) => Err(refused(
             Refusal::CertificateRevoked,
@@ -204,6 +210,42 @@ async fn complete(State(s): App, Extension(peer): Peer, body: axum::body::Body) 
             axum::Json(serde_json::json!({"completed": true})).into_response()
         }
         Ok(_) => refused(Refusal::StaleFencingToken, "the lease is no longer yours"),
+        Err(e) => internal(e),
+    }
+}
+
+/// Renews the caller's certificate from a new key's signing request.
+async fn certificate(State(s): App, Extension(peer): Peer, body: axum::body::Body) -> Response {
+    let (node, old) = match caller_and_certificate(&s, peer).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let req: agent_proto::RenewCertificateRequest = match json(body).await {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
+    let (Some(ca_cert), Some(ca_key)) = (&s.config.control.ca_cert, &s.config.control.ca_key) else {
+        return refused(Refusal::NoControlCa, "the control plane has no CA configured");
+    };
+    let issued = match crate::pki::sign_node_csr(&req.csr, &node, s.config.control.node_cert_hours, ca_cert, ca_key) {
+        Ok(i) => i,
+        Err(crate::pki::PkiError::Refused(message, r)) => return refused(r, message),
+        Err(e) => return internal(e),
+    };
+    match s
+        .ledger
+        .add_renewed_certificate(&node, &old, &issued.fingerprint, issued.not_after_ms, now_ms())
+        .await
+    {
+        Ok(()) => {
+            tracing::info!(node = %node, fingerprint = %issued.fingerprint, "certificate renewed");
+            axum::Json(agent_proto::EnrollResponse {
+                certificate: issued.pem,
+                ca: issued.ca_pem,
+                not_after_ms: issued.not_after_ms,
+            })
+            .into_response()
+        }
         Err(e) => internal(e),
     }
 }

@@ -306,6 +306,11 @@ impl Shared {
             tracing::info!(branch = %branch, "preview expired: tearing down its environments");
             report.teardowns += 1;
         }
+        // A node retired in Git loses every certificate at once.
+        let revoked = self.ledger.revoke_retired(&self.config.source.branch, now_ms()).await?;
+        if revoked > 0 {
+            tracing::info!(certificates = revoked, "revoked the certificates of retired nodes");
+        }
         self.ledger.expire(now_ms()).await?;
         report.advanced = self.ledger.advance(now_ms()).await?;
         let wrote = report.judged + report.teardowns + report.advanced > 0;

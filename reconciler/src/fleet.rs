@@ -52,28 +52,131 @@ pub enum CertRefusal {
 
 impl Ledger {
     /// The node a client certificate (by fingerprint) belongs to, if the control plane issued
-    /// it, has not revoked it, and it has not expired.
+    /// it, has not revoked it and it has not expired. The first use of a renewed certificate
+    /// revokes the one it replaced.
     pub async fn node_of_certificate(
         &self,
         fingerprint: &str,
         now_ms: i64,
     ) -> Result<Result<String, CertRefusal>, LedgerError> {
-        let row =
-            sqlx::query(self.sql("SELECT node, not_after, revoked_at FROM node_certificates WHERE fingerprint = ?"))
-                .bind(fingerprint)
-                .fetch_optional(&self.pool)
-                .await?;
+        let row = sqlx::query(self.sql(
+            "SELECT c.node, c.not_after, c.revoked_at, c.replaces, p.revoked_at FROM node_certificates c \
+             LEFT JOIN node_certificates p ON p.fingerprint = c.replaces WHERE c.fingerprint = ?",
+        ))
+        .bind(fingerprint)
+        .fetch_optional(&self.pool)
+        .await?;
         let Some(r) = row else {
             return Ok(Err(CertRefusal::Unknown));
         };
         let (node, not_after, revoked): (String, i64, Option<i64>) = (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?);
-        Ok(if revoked.is_some() {
-            Err(CertRefusal::Revoked)
-        } else if not_after <= now_ms {
-            Err(CertRefusal::Expired)
-        } else {
-            Ok(node)
-        })
+        let (replaces, replaced_revoked): (Option<String>, Option<i64>) = (r.try_get(3)?, r.try_get(4)?);
+        if revoked.is_some() {
+            return Ok(Err(CertRefusal::Revoked));
+        }
+        if not_after <= now_ms {
+            return Ok(Err(CertRefusal::Expired));
+        }
+        if let (Some(old), None) = (replaces, replaced_revoked) {
+            let mut tx = self.write_tx().await?;
+            sqlx::query(
+                self.sql("UPDATE node_certificates SET revoked_at = ? WHERE fingerprint = ? AND revoked_at IS NULL"),
+            )
+            .bind(now_ms)
+            .bind(&old)
+            .execute(&mut *tx)
+            .await?;
+            self.event(
+                &mut tx,
+                now_ms,
+                "certificate-revoked",
+                &node,
+                &format!("{old}: renewed"),
+            )
+            .await?;
+            tx.commit().await?;
+        }
+        Ok(Ok(node))
+    }
+
+    /// Records a renewed certificate for `node`, replacing `old` (revoked on the new one's
+    /// first use).
+    pub async fn add_renewed_certificate(
+        &self,
+        node: &str,
+        old: &str,
+        fingerprint: &str,
+        not_after_ms: i64,
+        now_ms: i64,
+    ) -> Result<(), LedgerError> {
+        let mut tx = self.write_tx().await?;
+        sqlx::query(self.sql(
+            "INSERT INTO node_certificates (fingerprint, node, issued_at, not_after, replaces) VALUES (?, ?, ?, ?, ?)",
+        ))
+        .bind(fingerprint)
+        .bind(node)
+        .bind(now_ms)
+        .bind(not_after_ms)
+        .bind(old)
+        .execute(&mut *tx)
+        .await?;
+        self.event(&mut tx, now_ms, "certificate-renewed", node, fingerprint)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Revokes every certificate of the nodes retired in `branch`'s accepted state. Level
+    /// triggered: run on every pass, it writes only when a retired node still has a live one.
+    pub async fn revoke_retired(&self, branch: &str, now_ms: i64) -> Result<usize, LedgerError> {
+        let rows = sqlx::query(self.sql("SELECT document FROM desired_objects WHERE branch = ? AND kind = 'NodePool'"))
+            .bind(branch)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut retired = Vec::new();
+        for r in rows {
+            let doc: String = r.try_get(0)?;
+            for l in state_schema::parse::parse_file("pool.yaml", doc.as_bytes()).objects {
+                if let Spec::NodePool(pool) = &l.object.spec {
+                    retired.extend(
+                        pool.nodes
+                            .iter()
+                            .filter(|n| n.state == NodeState::Retired)
+                            .map(|n| n.name.to_string()),
+                    );
+                }
+            }
+        }
+        if retired.is_empty() {
+            return Ok(0);
+        }
+        let mut tx = self.write_tx().await?;
+        let marks = vec!["?"; retired.len()].join(", ");
+        let q = format!(
+            "UPDATE node_certificates SET revoked_at = ? WHERE revoked_at IS NULL AND node IN ({marks}) RETURNING node"
+        );
+        let mut query = sqlx::query(self.sql(&q)).bind(now_ms);
+        for n in &retired {
+            query = query.bind(n.clone());
+        }
+        let revoked: Vec<String> = query
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(|r| r.try_get(0))
+            .collect::<Result<_, _>>()?;
+        for node in &revoked {
+            self.event(
+                &mut tx,
+                now_ms,
+                "certificate-revoked",
+                node,
+                "the node is retired in Git",
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(revoked.len())
     }
 
     /// Records a heartbeat: the node was seen now.

@@ -8,7 +8,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The `pl-reconciler` binary: cargo's own path for the reconciler's tests; for other
-/// packages' tests, the one beside them in the target folder (built on demand).
+/// packages' tests, the one beside them in the target folder (built on demand when missing;
+/// `cargo test --workspace`, as CI runs it, builds it fresh with everything else, while a
+/// `cargo test -p` of another package after changing the daemon wants a
+/// `cargo build -p reconciler` first).
 pub fn bin() -> PathBuf {
     if let Some(p) = option_env!("CARGO_BIN_EXE_pl-reconciler") {
         return p.into();
