@@ -224,12 +224,11 @@ fn nodes_lease_only_their_own_work_over_mutual_tls() {
     );
     repo.commit("retire n2", true);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while sql(
+    while !sql(
         &url,
         "SELECT node FROM node_certificates WHERE node = 'n2' AND revoked_at IS NULL",
     )
-    .len()
-        > 0
+    .is_empty()
     {
         assert!(Instant::now() < deadline, "n2's certificates were not revoked");
         std::thread::sleep(Duration::from_millis(50));
