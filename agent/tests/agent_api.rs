@@ -96,6 +96,24 @@ fn nodes_lease_only_their_own_work_over_mutual_tls() {
 
     n1.heartbeat("test").expect("heartbeat");
     assert_eq!(sql(&url, "SELECT name FROM nodes WHERE last_seen IS NOT NULL"), ["n1"]);
+    // `pl nodes`' source: n1 heartbeats, n2 is enrolled but silent.
+    let (status, body) = d.get("/v1/nodes", Some(&s.viewer));
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+    let node = |name: &str| {
+        v["nodes"]
+            .as_array()
+            .and_then(|a| a.iter().find(|n| n["name"] == name))
+            .cloned()
+    };
+    let n1_row = node("n1").expect("n1");
+    assert_eq!(
+        (n1_row["state"].as_str(), n1_row["agentVersion"].as_str()),
+        (Some("active"), Some("test"))
+    );
+    assert_eq!(n1_row["pool"], "main");
+    assert_eq!(n1_row["cpuMillis"], 4000);
+    assert_eq!(node("n2").expect("n2")["state"], "unhealthy");
     // n1's infrastructure jobs, and none of them for n2.
     let leased = n1.lease(8, Duration::from_secs(2)).expect("lease");
     let keys: Vec<&str> = leased.jobs.iter().map(|j| j.key.as_str()).collect();

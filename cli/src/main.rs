@@ -225,6 +225,12 @@ enum Command {
     /// Nodes of the fleet.
     #[command(subcommand)]
     Node(NodeCommand),
+    /// List the nodes Git declares: pool, state (active, unhealthy, lost, draining, retired,
+    /// not-enrolled), capacity, last heartbeat, agent version, replicas placed (viewer).
+    Nodes {
+        #[command(flatten)]
+        server: operator::ServerArgs,
+    },
     /// Ask the reconciler for a pass now (operator role).
     Reconcile {
         /// Run a pass now instead of at the next interval (the only mode).
@@ -348,6 +354,7 @@ fn main() -> ExitCode {
         } => operator::approve_rewrite(&server, &branch, &sha),
         Command::Reconcile { now: _, server } => operator::reconcile(&server),
         Command::Node(NodeCommand::Token { node, server }) => operator::node_token(&server, &node),
+        Command::Nodes { server } => operator::nodes(&server),
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             let mut script = Vec::new();

@@ -277,6 +277,43 @@ pub fn approve_rewrite(args: &ServerArgs, branch: &str, sha: &str) -> Result<u8>
     Ok(0)
 }
 
+pub fn nodes(args: &ServerArgs) -> Result<u8> {
+    let v = Client::new(args)?.json("GET", "/v1/nodes")?;
+    if args.format == OutFormat::Json {
+        return print_json(&v);
+    }
+    outln!(
+        "{:<16} {:<12} {:<13} {:>7} {:>9} {:>9} {:>14}  agent",
+        "node",
+        "pool",
+        "state",
+        "cpu",
+        "memory",
+        "replicas",
+        "last seen"
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    for n in v["nodes"].as_array().into_iter().flatten() {
+        let seen = n["lastSeenMs"]
+            .as_i64()
+            .map_or("never".to_owned(), |t| format!("{} s ago", (now - t).max(0) / 1000));
+        outln!(
+            "{:<16} {:<12} {:<13} {:>6}m {:>7}Mi {:>9} {:>14}  {}",
+            n["name"].as_str().unwrap_or("?"),
+            n["pool"].as_str().unwrap_or("?"),
+            n["state"].as_str().unwrap_or("?"),
+            n["cpuMillis"].as_u64().unwrap_or(0),
+            n["memoryBytes"].as_u64().unwrap_or(0) >> 20,
+            n["instances"].as_u64().unwrap_or(0),
+            seen,
+            n["agentVersion"].as_str().unwrap_or("-"),
+        );
+    }
+    Ok(0)
+}
+
 pub fn node_token(args: &ServerArgs, node: &str) -> Result<u8> {
     let client = Client::new(args)?;
     let v = client.json("POST", &format!("/v1/nodes/{}/token", encode(node)))?;

@@ -187,6 +187,19 @@ fn operator_commands_against_a_running_daemon() {
         "{out}"
     );
 
+    // The declared nodes, none enrolled yet.
+    let mut c = pl();
+    c.arg("nodes");
+    with(&mut c, &viewer_file);
+    let o = run(&mut c);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("n1 ") && l.contains("not-enrolled") && l.contains("never")),
+        "{out}"
+    );
+
     // An enrolment token for a declared node: on stdout alone, for `pl-agent enroll`.
     let mut c = pl();
     c.args(["node", "token", "n1"]);

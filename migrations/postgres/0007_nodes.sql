@@ -5,7 +5,8 @@ CREATE TABLE nodes (
     name          TEXT    PRIMARY KEY,
     age_recipient TEXT    NOT NULL,
     enrolled_at   BIGINT NOT NULL,
-    last_seen     BIGINT
+    last_seen     BIGINT,
+    agent_version TEXT
 );
 
 CREATE TABLE enrolment_tokens (

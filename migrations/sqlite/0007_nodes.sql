@@ -5,7 +5,8 @@ CREATE TABLE nodes (
     name          TEXT    PRIMARY KEY,
     age_recipient TEXT    NOT NULL,
     enrolled_at   INTEGER NOT NULL,
-    last_seen     INTEGER
+    last_seen     INTEGER,
+    agent_version TEXT
 );
 
 CREATE TABLE enrolment_tokens (

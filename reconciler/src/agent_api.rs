@@ -88,11 +88,12 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
         Ok(n) => n,
         Err(r) => return r,
     };
-    let _hb: Heartbeat = match json(body).await {
+    let hb: Heartbeat = match json(body).await {
         Ok(h) => h,
         Err(r) => return r,
     };
-    match s.ledger.heartbeat(&node, now_ms()).await {
+    let version: String = hb.agent_version.chars().take(64).collect();
+    match s.ledger.heartbeat(&node, &version, now_ms()).await {
         Ok(()) => axum::Json(serde_json::json!({"node": node})).into_response(),
         Err(e) => internal(e),
     }

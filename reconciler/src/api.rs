@@ -121,6 +121,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/events/stream", get(stream))
         .route("/v1/reconcile", post(reconcile))
         .route("/v1/rewrites", get(rewrites))
+        .route("/v1/nodes", get(nodes))
         .route("/v1/rewrites/approve", post(approve_rewrite))
         .route("/v1/nodes/{node}/token", post(crate::enrolment::token))
         .route("/v1/enroll", post(crate::enrolment::enroll))
@@ -304,6 +305,18 @@ async fn jobs(State(s): App, headers: HeaderMap, Query(q): Query<ListQuery>) -> 
         .await
     {
         Ok(rows) => page("jobs", &rows, n, |j| j.id),
+        Err(e) => internal(e),
+    }
+}
+
+/// Every declared node: pool, lifecycle state, capacity, last heartbeat, agent version,
+/// replicas placed.
+async fn nodes(State(s): App, headers: HeaderMap) -> Response {
+    if let Some(r) = authorize(&s, &headers, Role::Viewer) {
+        return r;
+    }
+    match s.ledger.nodes(&s.config.source.branch, now_ms()).await {
+        Ok(rows) => axum::Json(json!({ "nodes": rows })).into_response(),
         Err(e) => internal(e),
     }
 }

@@ -42,6 +42,43 @@ fn hash(token: &str) -> String {
         .collect()
 }
 
+/// A node has not heartbeated for this long: unhealthy (it keeps its work, gets no new).
+pub const UNHEALTHY_AFTER_MS: i64 = 90_000;
+/// A node has not heartbeated for this long: lost.
+pub const LOST_AFTER_MS: i64 = 300_000;
+
+/// One node as `pl nodes` shows it: what Git declares and what the control plane has seen.
+#[derive(Clone, Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeRow {
+    pub name: String,
+    pub pool: String,
+    /// `not-enrolled`, `active`, `unhealthy`, `lost`, `draining` or `retired`.
+    pub state: String,
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+    pub last_seen_ms: Option<i64>,
+    pub agent_version: Option<String>,
+    /// Replicas placed on the node by the current deployments.
+    pub instances: usize,
+}
+
+/// The lifecycle state from what Git says and when the node was last seen.
+pub fn lifecycle(git: NodeState, enrolled: bool, last_seen_ms: Option<i64>, now_ms: i64) -> &'static str {
+    match git {
+        NodeState::Retired => return "retired",
+        NodeState::Draining => return "draining",
+        NodeState::Active => {}
+    }
+    match (enrolled, last_seen_ms) {
+        (false, _) => "not-enrolled",
+        (true, None) => "unhealthy",
+        (true, Some(t)) if now_ms - t > LOST_AFTER_MS => "lost",
+        (true, Some(t)) if now_ms - t > UNHEALTHY_AFTER_MS => "unhealthy",
+        (true, Some(_)) => "active",
+    }
+}
+
 /// Why a client certificate does not admit a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CertRefusal {
@@ -179,10 +216,11 @@ impl Ledger {
         Ok(revoked.len())
     }
 
-    /// Records a heartbeat: the node was seen now.
-    pub async fn heartbeat(&self, node: &str, now_ms: i64) -> Result<(), LedgerError> {
-        sqlx::query(self.sql("UPDATE nodes SET last_seen = ? WHERE name = ?"))
+    /// Records a heartbeat: the node was seen now, running this agent version.
+    pub async fn heartbeat(&self, node: &str, agent_version: &str, now_ms: i64) -> Result<(), LedgerError> {
+        sqlx::query(self.sql("UPDATE nodes SET last_seen = ?, agent_version = ? WHERE name = ?"))
             .bind(now_ms)
+            .bind(agent_version)
             .bind(node)
             .execute(&self.pool)
             .await?;
@@ -203,6 +241,55 @@ impl Ledger {
                 out.push((r.try_get(0)?, r.try_get(1)?));
             }
         }
+        Ok(out)
+    }
+
+    /// Every node the accepted state of `branch` declares, with what the control plane saw of
+    /// it, by name.
+    pub async fn nodes(&self, branch: &str, now_ms: i64) -> Result<Vec<NodeRow>, LedgerError> {
+        let mut seen: std::collections::BTreeMap<String, (Option<i64>, Option<String>)> = Default::default();
+        for r in sqlx::query(self.sql("SELECT name, last_seen, agent_version FROM nodes"))
+            .fetch_all(&self.pool)
+            .await?
+        {
+            seen.insert(r.try_get(0)?, (r.try_get(1)?, r.try_get(2)?));
+        }
+        let mut placed: std::collections::BTreeMap<String, usize> = Default::default();
+        for r in sqlx::query(self.sql("SELECT spec FROM deployments WHERE action = 'rollout'"))
+            .fetch_all(&self.pool)
+            .await?
+        {
+            let spec: state_schema::desired::DeploymentSpec = serde_json::from_str(&r.try_get::<String, _>(0)?)?;
+            for i in spec.instances {
+                *placed.entry(i.node.to_string()).or_default() += 1;
+            }
+        }
+        let mut out = Vec::new();
+        for r in sqlx::query(self.sql("SELECT document FROM desired_objects WHERE branch = ? AND kind = 'NodePool'"))
+            .bind(branch)
+            .fetch_all(&self.pool)
+            .await?
+        {
+            let doc: String = r.try_get(0)?;
+            for l in state_schema::parse::parse_file("pool.yaml", doc.as_bytes()).objects {
+                let Spec::NodePool(pool) = &l.object.spec else { continue };
+                for n in &pool.nodes {
+                    let name = n.name.to_string();
+                    let (last_seen, version) = seen.get(&name).cloned().unwrap_or_default();
+                    out.push(NodeRow {
+                        state: lifecycle(n.state, seen.contains_key(&name), last_seen, now_ms).to_owned(),
+                        pool: l.object.metadata.name.to_string(),
+                        cpu_millis: n.capacity.cpu.millis(),
+                        memory_bytes: n.capacity.memory.bytes(),
+                        last_seen_ms: last_seen,
+                        agent_version: version,
+                        instances: placed.get(&name).copied().unwrap_or(0),
+                        name,
+                    });
+                }
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(out)
     }
 
@@ -323,5 +410,22 @@ impl Ledger {
             .await?;
         tx.commit().await?;
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lifecycle_from_git_and_heartbeats() {
+        let now = 1_000_000;
+        assert_eq!(lifecycle(NodeState::Active, false, None, now), "not-enrolled");
+        assert_eq!(lifecycle(NodeState::Active, true, None, now), "unhealthy");
+        assert_eq!(lifecycle(NodeState::Active, true, Some(now - 1_000), now), "active");
+        assert_eq!(lifecycle(NodeState::Active, true, Some(now - 91_000), now), "unhealthy");
+        assert_eq!(lifecycle(NodeState::Active, true, Some(now - 301_000), now), "lost");
+        assert_eq!(lifecycle(NodeState::Draining, true, Some(now), now), "draining");
+        assert_eq!(lifecycle(NodeState::Retired, true, Some(now), now), "retired");
     }
 }
