@@ -6,8 +6,7 @@
 use agent_proto::{EnrollRequest, EnrollResponse, RefusalBody};
 use anyhow::{Context, Result, anyhow, bail};
 use sha2::{Digest, Sha256};
-use std::io::Write as _;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::Path;
 use std::sync::Arc;
 use zeroize::Zeroizing;
@@ -106,15 +105,7 @@ fn private_dir(dir: &Path) -> Result<()> {
 }
 
 fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("creating {}", path.display()))?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    Ok(())
+    state_repo::secrets::write_private(path, bytes).with_context(|| format!("creating {}", path.display()))
 }
 
 /// A new key and a signing request naming `node`, for enrolment and renewal.

@@ -8,41 +8,20 @@
 mod daemon_support;
 #[path = "../../reconciler/tests/support/repo.rs"]
 mod repo_support;
+mod support;
 
 use agent_proto::{Outcome, Refusal};
 use daemon_support::{Daemon, config, free_port, setup};
 use pushleft_agent::client::{AgentClient, ClientError};
 use repo_support::{POOL, Repo, environment, project};
 use std::time::{Duration, Instant};
+use support::sql;
 
 fn refusal(r: Result<impl std::fmt::Debug, ClientError>) -> Refusal {
     match r {
         Err(ClientError::Refused { code, .. }) => code,
         other => panic!("expected a refusal, got {other:?}"),
     }
-}
-
-fn sql(url: &str, q: &str) -> Vec<String> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("rt");
-    rt.block_on(async {
-        sqlx::any::install_default_drivers();
-        let pool = sqlx::AnyPool::connect(url).await.expect("ledger");
-        if q.starts_with("UPDATE") {
-            sqlx::query(sqlx::AssertSqlSafe(q.to_owned()))
-                .execute(&pool)
-                .await
-                .expect("update");
-            return Vec::new();
-        }
-        let rows: Vec<(String,)> = sqlx::query_as(sqlx::AssertSqlSafe(q.to_owned()))
-            .fetch_all(&pool)
-            .await
-            .expect("rows");
-        rows.into_iter().map(|r| r.0).collect()
-    })
 }
 
 #[test]

@@ -7,6 +7,7 @@
 mod daemon_support;
 #[path = "../../reconciler/tests/support/repo.rs"]
 mod repo_support;
+mod support;
 
 use daemon_support::{Daemon, config, free_port, setup};
 use repo_support::Repo;
@@ -123,20 +124,7 @@ fn enrol_with_a_pinned_ca_and_a_token_from_stdin() {
     assert!(!std::fs::read_to_string(&d.log).expect("log").contains(&t));
 }
 
-/// The ledger's `nodes` rows, `name|age_recipient` (the API lists nodes from the fleet issue's
-/// `pl nodes` on; until then the test reads the ledger file).
+/// The ledger's `nodes` rows, `name|age_recipient` (the API lists nodes without recipients).
 fn ledger_nodes(url: &str) -> Vec<String> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("rt");
-    rt.block_on(async {
-        sqlx::any::install_default_drivers();
-        let pool = sqlx::AnyPool::connect(url).await.expect("ledger");
-        let rows: Vec<(String, String)> = sqlx::query_as("SELECT name, age_recipient FROM nodes")
-            .fetch_all(&pool)
-            .await
-            .expect("rows");
-        rows.into_iter().map(|(n, r)| format!("{n}|{r}")).collect()
-    })
+    support::sql(url, "SELECT name || '|' || age_recipient FROM nodes")
 }

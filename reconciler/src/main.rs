@@ -6,7 +6,6 @@ use clap::{Parser, Subcommand};
 use reconciler::config::{Config, Role};
 use reconciler::daemon::{Shared, run_fetcher, run_loop, watch_local};
 use reconciler::ledger::Ledger;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -227,16 +226,7 @@ fn token(name: &str, role: RoleArg, out: &Path) -> Result<()> {
 
 /// Creates a file only its owner can read; refuses to overwrite one.
 fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("creating {}", path.display()))?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    Ok(())
+    state_repo::secrets::write_private(path, bytes).with_context(|| format!("creating {}", path.display()))
 }
 
 /// A validity window starting an hour ago (clocks differ) and lasting `days`.

@@ -296,6 +296,20 @@ pub fn harden_process() -> std::io::Result<()> {
     Ok(())
 }
 
+/// Creates a file only its owner can read (mode 0600), with `bytes`, synced; refuses to
+/// overwrite one. For keys, identities and tokens.
+pub fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()
+}
+
 /// Refuses a private file (a key, an identity, a webhook secret) that its group or others
 /// can read or write, naming it, as ssh does for its keys.
 pub fn check_private_file(path: &std::path::Path) -> Result<(), String> {

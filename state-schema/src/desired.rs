@@ -301,26 +301,12 @@ pub type Step = Vec<(Task, Name)>;
 pub fn rollout_steps(spec: &DeploymentSpec, generation: u64, retired: &[DeploymentSpec]) -> Vec<Step> {
     let env = &spec.environment;
     let mut steps: Vec<Step> = Vec::new();
-    let mut infra = Vec::new();
-    for node in &spec.nodes {
-        for task in [
-            Task::EnsureNetwork {
-                environment: env.clone(),
-                generation,
-            },
-            Task::ApplyFirewall {
-                environment: env.clone(),
-                generation,
-            },
-            Task::EnsureRoutes {
-                environment: env.clone(),
-                generation,
-            },
-        ] {
-            infra.push((task, node.clone()));
-        }
-    }
-    steps.push(infra);
+    steps.push(
+        spec.nodes
+            .iter()
+            .flat_map(|node| infra_tasks(env, generation, node))
+            .collect(),
+    );
     steps.push(
         spec.release
             .iter()
@@ -411,6 +397,26 @@ pub fn rollout_steps(spec: &DeploymentSpec, generation: u64, retired: &[Deployme
     steps
 }
 
+/// An environment's infrastructure on one node: its network, firewall table and routes.
+fn infra_tasks(env: &Name, generation: u64, node: &Name) -> [(Task, Name); 3] {
+    let environment = env.clone();
+    [
+        Task::EnsureNetwork {
+            environment: environment.clone(),
+            generation,
+        },
+        Task::ApplyFirewall {
+            environment: environment.clone(),
+            generation,
+        },
+        Task::EnsureRoutes {
+            environment,
+            generation,
+        },
+    ]
+    .map(|task| (task, node.clone()))
+}
+
 /// The jobs of a scale at `generation` to `spec` (see [`crate::release::change`]), in the
 /// order they run: infrastructure on nodes the environment gains, new replicas, their ingress;
 /// then ingress on nodes it leaves, the replicas removed, and the networks of nodes left.
@@ -429,22 +435,7 @@ pub fn scale_tasks(spec: &DeploymentSpec, generation: u64, change: &crate::relea
     let env = &spec.environment;
     let mut out: Step = Vec::new();
     for node in nodes_added {
-        for task in [
-            Task::EnsureNetwork {
-                environment: env.clone(),
-                generation,
-            },
-            Task::ApplyFirewall {
-                environment: env.clone(),
-                generation,
-            },
-            Task::EnsureRoutes {
-                environment: env.clone(),
-                generation,
-            },
-        ] {
-            out.push((task, node.clone()));
-        }
+        out.extend(infra_tasks(env, generation, node));
     }
     for i in added {
         let task = Task::EnsureApplication {
