@@ -122,7 +122,7 @@ async fn lease(State(s): App, Extension(peer): Peer, body: axum::body::Body) -> 
     let started = Instant::now();
     loop {
         let woken = s.jobs.notified();
-        let leases = match s.ledger.lease(&node, max, LEASE_TTL_MS, now_ms()).await {
+        let leases = match s.group.lease(&node, max, LEASE_TTL_MS).await {
             Ok(l) => l,
             Err(e) => return internal(e),
         };
@@ -204,13 +204,9 @@ async fn complete(State(s): App, Extension(peer): Peer, body: axum::body::Body) 
         token: token_of(&req.proof),
         outcome,
     };
-    match s.ledger.complete(&[done], now_ms()).await {
-        Ok(r) if matches!(r.first(), Some(Ok(()))) => {
-            // The next step may be due: the loop advances it now rather than at its interval.
-            s.hint.notify_one();
-            axum::Json(serde_json::json!({"completed": true})).into_response()
-        }
-        Ok(_) => refused(Refusal::StaleFencingToken, "the lease is no longer yours"),
+    match s.group.complete(done).await {
+        Ok(Ok(())) => axum::Json(serde_json::json!({"completed": true})).into_response(),
+        Ok(Err(_)) => refused(Refusal::StaleFencingToken, "the lease is no longer yours"),
         Err(e) => internal(e),
     }
 }

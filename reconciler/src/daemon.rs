@@ -128,6 +128,8 @@ pub struct Shared {
     pub wrote: tokio::sync::Notify,
     /// Wakes agents' long-polling leases after this daemon queued jobs.
     pub jobs: tokio::sync::Notify,
+    /// The agent API's group commit (see `group.rs`).
+    pub group: crate::group::Group,
     /// The newest event id, published by [`crate::streams::watch_events`] to every stream.
     pub events_tip: tokio::sync::watch::Sender<i64>,
     /// Open event streams, by token and in total.
@@ -204,6 +206,7 @@ impl Shared {
             fetch_hint: tokio::sync::Notify::new(),
             wrote: tokio::sync::Notify::new(),
             jobs: tokio::sync::Notify::new(),
+            group: crate::group::Group::default(),
             events_tip: tokio::sync::watch::Sender::new(0),
             counts: Mutex::new(None),
             metrics: Metrics::default(),

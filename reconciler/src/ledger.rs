@@ -392,6 +392,23 @@ impl Ledger {
     /// Leases up to `max` jobs of `node` that are due. All of them share one lease: one lease
     /// token and one fencing token, newer than any handed out before.
     pub async fn lease(&self, node: &str, max: u32, ttl_ms: i64, now_ms: i64) -> Result<Vec<Lease>, LedgerError> {
+        Ok(self
+            .lease_many(&[(node, max)], ttl_ms, now_ms)
+            .await?
+            .pop()
+            .unwrap_or_default())
+    }
+
+    /// Leases for several callers in one transaction (one durable commit for all of them: the
+    /// group commit that lets many agents' small leases share the disk's fsyncs). Each
+    /// `(node, max)` gets its own lease token; all share one fencing token, newer than any
+    /// handed out before. The answer is in the order of `requests`.
+    pub async fn lease_many(
+        &self,
+        requests: &[(&str, u32)],
+        ttl_ms: i64,
+        now_ms: i64,
+    ) -> Result<Vec<Vec<Lease>>, LedgerError> {
         let mut tx = self.write_tx().await?;
         self.expire_in(&mut tx, now_ms).await?;
         // The counter update comes first: it takes the write lock (SQLite) or the row lock
@@ -401,7 +418,6 @@ impl Ledger {
                 .fetch_one(&mut *tx)
                 .await?
                 .try_get(0)?;
-        let token = new_lease_token()?;
         let lock = if self.backend == Backend::Postgres {
             " FOR UPDATE SKIP LOCKED"
         } else {
@@ -413,39 +429,46 @@ impl Ledger {
              RETURNING id, key, task, attempts"
         );
         let expires = now_ms + ttl_ms;
-        let rows = sqlx::query(self.sql(&q))
-            .bind(&token)
-            .bind(fencing)
-            .bind(expires)
-            .bind(now_ms)
-            .bind(node)
-            .bind(now_ms)
-            .bind(i64::from(max))
-            .fetch_all(&mut *tx)
-            .await?;
-        let mut leases = Vec::with_capacity(rows.len());
-        for r in rows {
-            let task: String = r.try_get(2)?;
-            leases.push(Lease {
-                job_id: r.try_get(0)?,
-                key: r.try_get(1)?,
-                task: serde_json::from_str(&task)?,
-                attempt: r.try_get(3)?,
-                token: LeaseToken {
+        let mut out = Vec::with_capacity(requests.len());
+        let mut events = Vec::new();
+        for (node, max) in requests {
+            let token = new_lease_token()?;
+            let rows = sqlx::query(self.sql(&q))
+                .bind(&token)
+                .bind(fencing)
+                .bind(expires)
+                .bind(now_ms)
+                .bind(*node)
+                .bind(now_ms)
+                .bind(i64::from(*max))
+                .fetch_all(&mut *tx)
+                .await?;
+            let mut leases = Vec::with_capacity(rows.len());
+            for r in rows {
+                let task: String = r.try_get(2)?;
+                leases.push(Lease {
                     job_id: r.try_get(0)?,
-                    lease_token: token.clone(),
-                    fencing_token: fencing,
-                },
-                expires_at_ms: expires,
-            });
+                    key: r.try_get(1)?,
+                    task: serde_json::from_str(&task)?,
+                    attempt: r.try_get(3)?,
+                    token: LeaseToken {
+                        job_id: r.try_get(0)?,
+                        lease_token: token.clone(),
+                        fencing_token: fencing,
+                    },
+                    expires_at_ms: expires,
+                });
+            }
+            if !leases.is_empty() {
+                let detail = format!("{} jobs, fencing token {fencing}", leases.len());
+                events.push(("jobs-leased".to_owned(), (*node).to_owned(), detail));
+            }
+            leases.sort_by_key(|l| l.job_id);
+            out.push(leases);
         }
-        if !leases.is_empty() {
-            let detail = format!("{} jobs, fencing token {fencing}", leases.len());
-            self.event(&mut tx, now_ms, "jobs-leased", node, &detail).await?;
-        }
-        leases.sort_by_key(|l| l.job_id);
+        self.events_in(&mut tx, now_ms, &events).await?;
         tx.commit().await?;
-        Ok(leases)
+        Ok(out)
     }
 
     /// Extends leases. A stale token (expired, superseded or completed) is refused.

@@ -1,6 +1,7 @@
 //! The control host: the durable ledger, the level-triggered reconcile loop, and the operator
 //! API behind `pl-reconciler`. What it reads from Git, and how it trusts it, comes from
-//! `state-repo`. Capacity-aware placement and the agents' mTLS API come next.
+//! `state-repo`. Enrolment and the agents' API over mutual TLS are here; capacity-aware
+//! placement comes next.
 //!
 //! Architecture invariant: SQL and the async runtime live here and nowhere `pl` links.
 
@@ -13,6 +14,7 @@ pub mod daemon;
 pub mod deploy;
 pub(crate) mod enrolment;
 pub mod fleet;
+pub mod group;
 pub mod ledger;
 pub mod pki;
 pub mod rewrites;

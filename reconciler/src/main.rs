@@ -179,6 +179,7 @@ fn daemon(config: &Path) -> Result<()> {
                     .await
                     .with_context(|| format!("listening on {}", a.listen))?;
                 tracing::info!(listen = %listener.local_addr().unwrap_or(a.listen), "serving the agent API over mutual TLS");
+                tokio::spawn(reconciler::group::run(Arc::clone(&shared), stopped.clone()));
                 Some(tokio::spawn(reconciler::api::serve(
                     listener,
                     tls,
