@@ -11,7 +11,7 @@ mod repo_support;
 mod support;
 
 use agent_proto::{Outcome, Refusal};
-use daemon_support::{Daemon, config, free_port, setup};
+use daemon_support::{CONTROL_CA, Daemon, config, free_port, setup};
 use pushleft_agent::client::{AgentClient, ClientError};
 use repo_support::{POOL, Repo, environment, project};
 use std::time::{Duration, Instant};
@@ -41,9 +41,7 @@ fn nodes_lease_only_their_own_work_over_mutual_tls() {
         &repo.dir,
         &url,
         port,
-        &format!(
-            "[control]\nca_cert = \"tls/ca.crt\"\nca_key = \"tls/ca.key\"\n\n[agent_api]\nlisten = \"127.0.0.1:{agent_port}\"\n"
-        ),
+        &format!("{CONTROL_CA}\n[agent_api]\nlisten = \"127.0.0.1:{agent_port}\"\n"),
     );
     let mut d = Daemon::start(&s, &cfg, port);
     d.wait_ready(Duration::from_secs(20));
@@ -51,23 +49,11 @@ fn nodes_lease_only_their_own_work_over_mutual_tls() {
     let agents = format!("https://localhost:{agent_port}");
     let ca_pem = std::fs::read_to_string(dir.path().join("tls/ca.crt")).expect("ca");
     let fingerprint = format!("SHA256:{}", reconciler_fingerprint(&ca_pem));
-    let operator = format!("Bearer {}", s.operator);
     let enrol = |node: &str| -> std::path::PathBuf {
         let node_dir = dir.path().join(node);
-        for _ in 0..100 {
-            let (status, body) = d.post(
-                &format!("/v1/nodes/{node}/token"),
-                &[("authorization", operator.as_str())],
-                b"",
-            );
-            if status == 200 {
-                let t: agent_proto::TokenResponse = serde_json::from_str(&body).expect("token");
-                pushleft_agent::enroll::enroll(&control, &fingerprint, node, &node_dir, &t.token).expect("enrol");
-                return node_dir;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("no token for {node}");
+        let token = d.enrolment_token(node, &s.operator);
+        pushleft_agent::enroll::enroll(&control, &fingerprint, node, &node_dir, &token).expect("enrol");
+        node_dir
     };
     let (n1_dir, n2_dir) = (enrol("n1"), enrol("n2"));
     let n1 = AgentClient::from_dir(&agents, &n1_dir).expect("n1 client");

@@ -9,7 +9,7 @@ mod daemon_support;
 mod repo_support;
 mod support;
 
-use daemon_support::{Daemon, config, free_port, setup};
+use daemon_support::{CONTROL_CA, Daemon, config, free_port, setup};
 use repo_support::Repo;
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
@@ -52,14 +52,7 @@ fn enrol_with_a_pinned_ca_and_a_token_from_stdin() {
     let s = setup(dir.path());
     let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
     let port = free_port();
-    let cfg = config(
-        &s,
-        "d",
-        &repo.dir,
-        &url,
-        port,
-        "[control]\nca_cert = \"tls/ca.crt\"\nca_key = \"tls/ca.key\"\n",
-    );
+    let cfg = config(&s, "d", &repo.dir, &url, port, CONTROL_CA);
     let mut d = Daemon::start(&s, &cfg, port);
     d.wait_ready(Duration::from_secs(20));
     let control = format!("https://localhost:{port}");
@@ -73,18 +66,7 @@ fn enrol_with_a_pinned_ca_and_a_token_from_stdin() {
             .collect()
     };
     let pinned = format!("SHA256:{fingerprint}");
-    let operator = format!("Bearer {}", s.operator);
-    let token = || -> String {
-        for _ in 0..100 {
-            let (status, body) = d.post("/v1/nodes/n1/token", &[("authorization", operator.as_str())], b"");
-            if status == 200 {
-                let v: serde_json::Value = serde_json::from_str(&body).expect("json");
-                return v["token"].as_str().expect("token").to_owned();
-            }
-            std::thread::sleep(Duration::from_millis(50)); // until the pool's commit is accepted
-        }
-        panic!("no token");
-    };
+    let token = || d.enrolment_token("n1", &s.operator);
     let t = token();
 
     // Another CA's fingerprint: refused before anything is sent or written.

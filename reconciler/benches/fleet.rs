@@ -13,7 +13,7 @@ mod postgres_support;
 #[path = "../tests/support/repo.rs"]
 mod repo_support;
 
-use daemon_support::{Daemon, config, free_port, setup};
+use daemon_support::{CONTROL_CA, Daemon, config, free_port, setup};
 use pushleft_agent::client::AgentClient;
 use reconciler::ledger::{Ledger, NewJob};
 use repo_support::Repo;
@@ -51,9 +51,7 @@ fn run(url: &str, jobs: usize) -> Figures {
         &repo.dir,
         url,
         port,
-        &format!(
-            "[control]\nca_cert = \"tls/ca.crt\"\nca_key = \"tls/ca.key\"\n\n[agent_api]\nlisten = \"127.0.0.1:{agent_port}\"\n"
-        ),
+        &format!("{CONTROL_CA}\n[agent_api]\nlisten = \"127.0.0.1:{agent_port}\"\n"),
     );
     // The daemon's pool: enough connections for a hundred agents' requests at once.
     let text = std::fs::read_to_string(&cfg)
@@ -69,26 +67,11 @@ fn run(url: &str, jobs: usize) -> Figures {
         "SHA256:{}",
         reconciler::pki::fingerprint_of_pem(&ca).expect("fingerprint")
     );
-    let operator = format!("Bearer {}", s.operator);
     let mut clients = Vec::new();
     for i in 0..NODES {
         let node = format!("n{i:03}");
         let node_dir = dir.path().join(&node);
-        let token = (0..200)
-            .find_map(|_| {
-                let (status, body) = d.post(
-                    &format!("/v1/nodes/{node}/token"),
-                    &[("authorization", operator.as_str())],
-                    b"",
-                );
-                if status == 200 {
-                    let t: agent_proto::TokenResponse = serde_json::from_str(&body).ok()?;
-                    return Some(t.token);
-                }
-                std::thread::sleep(Duration::from_millis(50));
-                None
-            })
-            .expect("a token");
+        let token = d.enrolment_token(&node, &s.operator);
         pushleft_agent::enroll::enroll(&control, &fingerprint, &node, &node_dir, &token).expect("enrol");
         clients.push(AgentClient::from_dir(&agents, &node_dir).expect("client"));
     }

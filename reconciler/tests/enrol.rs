@@ -10,7 +10,7 @@ mod dump;
 #[path = "support/repo.rs"]
 mod repo_support;
 
-use daemon_support::{Daemon, config, free_port, setup};
+use daemon_support::{CONTROL_CA, Daemon, config, free_port, setup};
 use repo_support::{POOL, Repo};
 use std::time::Duration;
 use x509_parser::prelude::{FromDer, X509Certificate};
@@ -55,14 +55,7 @@ async fn nodes_enrol_once_with_a_token_and_every_refusal_writes_nothing() {
     let s = setup(dir.path());
     let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
     let port = free_port();
-    let cfg = config(
-        &s,
-        "d",
-        &repo.dir,
-        &url,
-        port,
-        "[control]\nca_cert = \"tls/ca.crt\"\nca_key = \"tls/ca.key\"\n",
-    );
+    let cfg = config(&s, "d", &repo.dir, &url, port, CONTROL_CA);
     let mut d = Daemon::start(&s, &cfg, port);
     d.wait_ready(Duration::from_secs(20));
     // The pool's commit is accepted before tokens are asked for.

@@ -91,6 +91,9 @@ pub fn config(s: &Setup, name: &str, repo: &Path, ledger_url: &str, port: u16, e
     path
 }
 
+/// The `[control]` table naming the CA `setup` made: what enrolment and the agent API need.
+pub const CONTROL_CA: &str = "[control]\nca_cert = \"tls/ca.crt\"\nca_key = \"tls/ca.key\"\n";
+
 pub struct Daemon {
     pub child: Child,
     pub port: u16,
@@ -203,6 +206,25 @@ impl Daemon {
             Ok(r) => (r.status().as_u16(), None),
             Err(_) => (0, None),
         }
+    }
+
+    /// A one-time enrolment token for `node`, asked for with `operator`'s token, retried (for
+    /// at most 10 s) until the commit declaring the node is accepted.
+    pub fn enrolment_token(&self, node: &str, operator: &str) -> String {
+        let auth = format!("Bearer {operator}");
+        for _ in 0..200 {
+            let (status, body) = self.post(
+                &format!("/v1/nodes/{node}/token"),
+                &[("authorization", auth.as_str())],
+                b"",
+            );
+            if status == 200 {
+                let v: serde_json::Value = serde_json::from_str(&body).expect("token JSON");
+                return v["token"].as_str().expect("token").to_owned();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("no enrolment token for {node}");
     }
 
     /// Waits until `/readyz` answers 200.
