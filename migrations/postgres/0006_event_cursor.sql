@@ -1,9 +1,9 @@
 -- Event cursors under concurrent writers. A sequence value is taken when a row is inserted, not
 -- when its transaction commits, so a reader paging by `id` could pass an id whose transaction
 -- was still open and never see that event. Readers therefore serve only up to a horizon: the
--- largest id visible in a snapshot, once every transaction running at that snapshot has ended
--- (Ledger::event_horizon). For that to hold, a transaction must have its transaction id before
--- it takes an event id: this trigger takes both, in that order.
+-- largest visible id, once every transaction that held a transaction id at that moment has
+-- ended (Ledger::event_horizon). For that to hold, a transaction must have its transaction id
+-- before it takes an event id: this trigger takes both, in that order.
 -- (SQLite has one writer at a time, so its ids commit in order and it needs none of this.)
 ALTER TABLE events ALTER COLUMN id DROP DEFAULT;
 CREATE FUNCTION events_take_id() RETURNS trigger LANGUAGE plpgsql AS $$

@@ -682,9 +682,9 @@ impl Ledger {
     ///
     /// SQLite has one writer at a time: ids commit in order, and the largest is the horizon.
     /// On PostgreSQL, ids are taken at insert and commit in any order. The horizon is the
-    /// largest id visible in a snapshot, once every transaction running at that snapshot has
-    /// ended: any lower id belongs to one of them (a writer takes its transaction id before
-    /// its event ids; `migrations/postgres/0006_event_cursor.sql`).
+    /// largest visible id, once every transaction that held a transaction id at that moment has
+    /// ended: any lower id not yet visible belongs to one of them (a writer takes its
+    /// transaction id before its event ids; `migrations/postgres/0006_event_cursor.sql`).
     pub async fn event_horizon(&self) -> Result<Option<i64>, LedgerError> {
         if self.backend == Backend::Sqlite {
             return Ok(Some(
@@ -694,17 +694,31 @@ impl Ledger {
                     .try_get(0)?,
             ));
         }
-        let row = sqlx::query(self.sql("SELECT pg_current_snapshot()::text, COALESCE(MAX(id), 0) FROM events"))
-            .fetch_one(&self.pool)
-            .await?;
-        let (snapshot, max): (String, i64) = (row.try_get(0)?, row.try_get(1)?);
-        // Most snapshots list no running writer; a listed one usually ends within milliseconds.
+        // The largest visible id, and every transaction that holds an id now. A transaction
+        // takes its id (and with it the lock on that id that `pg_locks` lists at once, unlike a
+        // snapshot, which leaves out ids newer than the last one completed) before its first
+        // event id; so any event below `max` that is not visible yet belongs to one of these.
+        let row = sqlx::query(self.sql(
+            "SELECT COALESCE((SELECT MAX(id) FROM events), 0), \
+             (SELECT COALESCE(string_agg(transactionid::text, ','), '') FROM pg_locks \
+              WHERE locktype = 'transactionid' AND mode = 'ExclusiveLock' AND granted)",
+        ))
+        .fetch_one(&self.pool)
+        .await?;
+        let (max, writers): (i64, String) = (row.try_get(0)?, row.try_get(1)?);
+        if writers.is_empty() {
+            return Ok(Some(max));
+        }
+        // Most writers end within milliseconds. A transaction's lock goes only after new
+        // snapshots see it committed, so once these locks are gone every id up to `max` is
+        // visible (or never will be).
         for wait_ms in [0u64, 1, 2, 5, 10, 20, 50, 100, 200, 500] {
             tokio::time::sleep(std::time::Duration::from_millis(wait_ms)).await;
             let running: i64 = sqlx::query(self.sql(
-                "SELECT COUNT(*) FROM pg_snapshot_xip(?::pg_snapshot) AS x WHERE pg_xact_status(x) = 'in progress'",
+                "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'transactionid' AND mode = 'ExclusiveLock' \
+                 AND transactionid::text = ANY(string_to_array(?, ','))",
             ))
-            .bind(&snapshot)
+            .bind(&writers)
             .fetch_one(&self.pool)
             .await?
             .try_get(0)?;
