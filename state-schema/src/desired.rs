@@ -4,8 +4,10 @@
 //! values with what its ledger holds and writes the difference.
 
 use crate::canonical;
-use crate::model::{Environment, Kind, NodeState, Placement, Stage, Workload};
+use crate::model::{Environment, Kind, Placement, Stage};
+use crate::placement::{Fleet, Waiting};
 use crate::release::Releases;
+use crate::runspec::{RoleSpec, role_specs};
 use crate::state::{State, branch_preview_hostname, branch_preview_label, derive_environment};
 use crate::task::Task;
 use crate::values::{Hostname, Name};
@@ -38,13 +40,31 @@ pub struct DeploymentSpec {
     /// release. Empty in specs stored before it existed, which any change then rolls anew.
     #[serde(default)]
     pub release_hash: String,
+    /// The pool the environment runs in; `None` in specs stored before placement knew it
+    /// (those are never re-placed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<Name>,
+    #[serde(default = "spread")]
+    pub placement: Placement,
+    /// Replicas wanted per long-running role (some may wait for room).
+    #[serde(default)]
+    pub replicas: BTreeMap<Name, u32>,
+    /// What each role runs, as a lease hands it to an agent.
+    #[serde(default)]
+    pub roles: BTreeMap<Name, RoleSpec>,
 }
 
-/// A desired deployment: its spec and the hash that decides whether it needs a new generation.
+fn spread() -> Placement {
+    Placement::Spread
+}
+
+/// A desired deployment: its spec and the hash that decides whether it needs a new generation,
+/// with the replicas that wait for a node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Desired {
     pub spec: DeploymentSpec,
     pub spec_hash: String,
+    pub waiting: Vec<Waiting>,
 }
 
 /// Why an environment cannot be deployed. It keeps whatever runs now.
@@ -54,15 +74,15 @@ pub struct Unplaceable {
     pub reason: String,
 }
 
-/// The deployments of a valid state. For the branch being applied (`preview: None`) that is one
-/// per environment; for a preview branch, one per project, named
-/// `<branch>--<project>` and placed in the repository's preview pool.
-pub fn deployments(state: &State, preview: Option<&str>) -> (Vec<Desired>, Vec<Unplaceable>) {
+/// The deployments of a valid state, placed on `fleet` (which then holds them). For the branch
+/// being applied (`preview: None`) that is one per environment; for a preview branch, one per
+/// project, named `<branch>--<project>` and placed in the repository's preview pool.
+pub fn deployments(state: &State, preview: Option<&str>, fleet: &mut Fleet) -> (Vec<Desired>, Vec<Unplaceable>) {
     let mut out = Vec::new();
     let mut unplaceable = Vec::new();
     let mut releases = Releases::new(state);
     for (name, env) in &environments_of(state, preview) {
-        match desired(state, name, env, &mut releases) {
+        match desired(state, name, env, &mut releases, fleet) {
             Ok(d) => out.push(d),
             Err(reason) => unplaceable.push(Unplaceable {
                 environment: name.clone(),
@@ -105,14 +125,35 @@ pub struct Affected {
 /// What decides whether an environment changes: the spec hash of its deployment, or, when it
 /// cannot be placed, everything it derives (so a change to an unplaceable environment still
 /// counts: it would roll out as soon as a node appears).
-fn fingerprint(state: &State, name: &Name, env: &Environment) -> String {
-    match desired(state, name, env, &mut Releases::new(state)) {
-        Ok(d) => d.spec_hash,
-        Err(reason) => {
+fn fingerprint(state: &State, name: &Name, env: &Environment, placed: &BTreeMap<Name, String>) -> String {
+    match placed.get(name) {
+        Some(hash) => hash.clone(),
+        None => {
+            let reason = spec_of(state, name, env, &mut Releases::new(state)).err();
             let project = state.project(env.project.as_str()).map(|p| &p.roles);
             canonical::hash(&(project, derive_environment(state, name, env), reason))
         }
     }
+}
+
+/// Both sides of a change placed as the reconciler would: `before` on the fleet Git declares,
+/// `after` with `before`'s replicas running (placement is sticky). Returns each side's
+/// deployments by environment.
+pub fn placed_pair(
+    before: &State,
+    after: &State,
+    preview: Option<&str>,
+) -> (BTreeMap<Name, Desired>, BTreeMap<Name, Desired>) {
+    let mut fleet = Fleet::declared(before);
+    let (old, _) = deployments(before, preview, &mut fleet);
+    let running: Vec<DeploymentSpec> = old.iter().map(|d| d.spec.clone()).collect();
+    let mut fleet = Fleet::declared(after);
+    for spec in &running {
+        fleet.hold(spec);
+    }
+    let (new, _) = deployments(after, preview, &mut fleet);
+    let by_env = |v: Vec<Desired>| v.into_iter().map(|d| (d.spec.environment.clone(), d)).collect();
+    (by_env(old), by_env(new))
 }
 
 /// The environments whose deployment differs between `before` and `after`: the same
@@ -122,11 +163,18 @@ fn fingerprint(state: &State, name: &Name, env: &Environment) -> String {
 pub fn affected_environments(before: &State, after: &State, preview: Option<&str>) -> Vec<Affected> {
     let old: BTreeMap<Name, Environment> = environments_of(before, preview).into_iter().collect();
     let new: BTreeMap<Name, Environment> = environments_of(after, preview).into_iter().collect();
+    let (placed_old, placed_new) = placed_pair(before, after, preview);
+    let hashes = |m: BTreeMap<Name, Desired>| -> BTreeMap<Name, String> {
+        m.into_iter().map(|(n, d)| (n, d.spec_hash)).collect()
+    };
+    let (placed_old, placed_new) = (hashes(placed_old), hashes(placed_new));
     let mut out = Vec::new();
     for (name, env) in &new {
         let effect = match old.get(name) {
             None => Some(Effect::Rollout),
-            Some(o) if fingerprint(before, name, o) != fingerprint(after, name, env) => Some(Effect::Change),
+            Some(o) if fingerprint(before, name, o, &placed_old) != fingerprint(after, name, env, &placed_new) => {
+                Some(Effect::Change)
+            }
             Some(_) => None,
         };
         if let Some(effect) = effect {
@@ -204,23 +252,41 @@ fn preview_environments(state: &State, branch: &str) -> Vec<(Name, Environment)>
         .collect()
 }
 
-fn desired(state: &State, name: &Name, env: &Environment, releases: &mut Releases<'_>) -> Result<Desired, String> {
-    let spec = spec_of(state, name, env, releases)?;
+fn desired(
+    state: &State,
+    name: &Name,
+    env: &Environment,
+    releases: &mut Releases<'_>,
+    fleet: &mut Fleet,
+) -> Result<Desired, String> {
+    let mut spec = spec_of(state, name, env, releases)?;
+    // A running environment whose pool has no node left to run on keeps what it runs (moving
+    // everything nowhere would stop it). A new one is deployed with every replica waiting, and
+    // placed as nodes come.
+    if fleet.is_running(name) && !fleet.has_usable(&env.pool) {
+        return Err(format!("node pool {} has no active node", env.pool));
+    }
+    let waiting = fleet.place(&mut spec);
     // The spec holds everything the deployment depends on: the release (its hash covers the
     // roles, variables, image and secrets' ciphertext), placement and hostnames.
     let spec_hash = canonical::hash(&spec);
-    Ok(Desired { spec, spec_hash })
+    Ok(Desired {
+        spec,
+        spec_hash,
+        waiting,
+    })
 }
 
-/// One environment's deployment spec (placement, hostnames, release hash), or why it cannot
-/// be placed. `releases` memoises project hashes across environments.
+/// One environment's deployment spec before placement (what runs, how many, where it may
+/// run, hostnames, release hash), or why it cannot be derived. `releases` memoises project
+/// hashes across environments. [`Fleet::place`] fills in the nodes.
 pub fn spec_of(
     state: &State,
     name: &Name,
     env: &Environment,
     releases: &mut Releases<'_>,
 ) -> Result<DeploymentSpec, String> {
-    let project = state
+    state
         .project(env.project.as_str())
         .ok_or_else(|| format!("project {} is not declared", env.project))?;
     let derived =
@@ -230,51 +296,7 @@ pub fn spec_of(
         .find(|(n, _)| *n == &env.pool)
         .map(|(_, p)| p)
         .ok_or_else(|| format!("node pool {} is not declared", env.pool))?;
-    let mut active: Vec<&Name> = pool
-        .nodes
-        .iter()
-        .filter(|n| n.state == NodeState::Active)
-        .map(|n| &n.name)
-        .collect();
-    active.sort();
-    if active.is_empty() {
-        return Err(format!("node pool {} has no active node", env.pool));
-    }
-    // Placement before the next issue's capacity-aware one: spread deals replicas round-robin
-    // over the pool's active nodes in name order, pack puts them all on the first.
-    let mut instances = Vec::new();
-    // Each role deals its replicas from its own starting node (its position among the roles),
-    // so scaling one role never moves another role's replicas: a scale stays a scale.
-    let mut ingress_nodes = Vec::new();
-    for (position, (role, count)) in derived.replicas.iter().enumerate() {
-        let web = matches!(project.roles.get(role).map(|r| &r.workload), Some(Workload::Web { .. }));
-        for index in 0..*count {
-            let node = match pool.placement {
-                Placement::Spread => active[(position + index as usize) % active.len()],
-                Placement::Pack => active[0],
-            };
-            if web {
-                ingress_nodes.push(node.clone());
-            }
-            instances.push(Instance {
-                role: role.clone(),
-                index,
-                node: node.clone(),
-            });
-        }
-    }
-    let release: Vec<(Name, Name)> = project
-        .roles
-        .iter()
-        .filter(|(_, r)| matches!(r.workload, Workload::Release {}))
-        .map(|(role, _)| (role.clone(), active[0].clone()))
-        .collect();
-    let mut nodes: Vec<Name> = instances.iter().map(|i| i.node.clone()).collect();
-    nodes.extend(release.iter().map(|(_, n)| n.clone()));
-    nodes.sort();
-    nodes.dedup();
-    ingress_nodes.sort();
-    ingress_nodes.dedup();
+    let image = derived.image.as_str().to_owned();
     let mut hostnames: Vec<Hostname> = derived.hostname.iter().cloned().collect();
     hostnames.extend(derived.domains.iter().cloned());
     hostnames.sort();
@@ -282,12 +304,16 @@ pub fn spec_of(
     Ok(DeploymentSpec {
         environment: name.clone(),
         project: env.project.clone(),
-        instances,
-        release,
+        instances: Vec::new(),
+        release: Vec::new(),
         hostnames,
-        nodes,
-        ingress_nodes,
+        nodes: Vec::new(),
+        ingress_nodes: Vec::new(),
         release_hash: releases.release_hash(env).unwrap_or_default(),
+        pool: Some(env.pool.clone()),
+        placement: pool.placement,
+        roles: role_specs(state, &env.project, &env.env, &image),
+        replicas: derived.replicas.clone(),
     })
 }
 
@@ -575,10 +601,14 @@ mod tests {
         loaded.state
     }
 
+    fn placed(s: &State) -> (Vec<Desired>, Vec<Unplaceable>) {
+        deployments(s, None, &mut Fleet::declared(s))
+    }
+
     #[test]
     fn places_spreads_and_hashes_deterministically() {
         let s = state(TREE);
-        let (d, bad) = deployments(&s, None);
+        let (d, bad) = deployments(&s, None, &mut Fleet::declared(&s));
         assert!(bad.is_empty());
         assert_eq!(d.len(), 1);
         let spec = &d[0].spec;
@@ -590,15 +620,22 @@ mod tests {
             "api.example.com",
             "production takes the project name"
         );
-        assert_eq!(deployments(&s, None).0, d, "same state, same deployments");
+        assert_eq!(
+            deployments(&s, None, &mut Fleet::declared(&s)).0,
+            d,
+            "same state, same deployments"
+        );
         let scaled = state(&TREE.replace("replicas: 3", "replicas: 2"));
-        assert_ne!(deployments(&scaled, None).0[0].spec_hash, d[0].spec_hash);
+        assert_ne!(
+            deployments(&scaled, None, &mut Fleet::declared(&scaled)).0[0].spec_hash,
+            d[0].spec_hash
+        );
     }
 
     #[test]
     fn a_preview_branch_gets_one_environment_per_project() {
         let s = state(TREE);
-        let (d, _) = deployments(&s, Some("feature/login"));
+        let (d, _) = deployments(&s, Some("feature/login"), &mut Fleet::declared(&s));
         assert_eq!(d.len(), 1);
         assert_eq!(d[0].spec.environment.as_str(), "feature-login--api");
         assert_eq!(
@@ -608,12 +645,20 @@ mod tests {
     }
 
     #[test]
-    fn an_environment_without_active_nodes_is_unplaceable() {
-        let s = state(&TREE.replace(
+    fn a_pool_without_active_nodes_keeps_what_runs_and_new_environments_wait() {
+        let (running, _) = placed(&state(TREE));
+        let drained = state(&TREE.replace(
             "    - {name: n1, capacity: {cpu: \"2\", memory: 4Gi}}\n    - {name: n2, capacity: {cpu: \"2\", memory: 4Gi}}\n",
             "    - {name: n1, state: draining, capacity: {cpu: \"2\", memory: 4Gi}}\n",
         ));
-        let (d, bad) = deployments(&s, None);
+        let (d, bad) = placed(&drained);
+        assert!(bad.is_empty());
+        assert!(d[0].spec.instances.is_empty());
+        assert_eq!(d[0].waiting.len(), 4, "three replicas and the release role");
+        assert!(d[0].waiting.iter().all(|w| w.reason == "no-eligible-node"));
+        let mut fleet = Fleet::declared(&drained);
+        fleet.hold(&running[0].spec);
+        let (d, bad) = deployments(&drained, None, &mut fleet);
         assert!(d.is_empty());
         assert_eq!(bad[0].reason, "node pool main has no active node");
     }
@@ -621,8 +666,8 @@ mod tests {
     #[test]
     fn rollout_then_cleanup_and_teardown_run_in_order() {
         let s = state(TREE);
-        let old = deployments(&s, None).0.remove(0).spec;
-        let new = deployments(&state(&TREE.replace("replicas: 3", "replicas: 1")), None)
+        let old = deployments(&s, None, &mut Fleet::declared(&s)).0.remove(0).spec;
+        let new = placed(&state(&TREE.replace("replicas: 3", "replicas: 1")))
             .0
             .remove(0)
             .spec;

@@ -3,6 +3,7 @@
 //! the same plan, in the same order, on every run and machine.
 
 use crate::canonical::{self, Secrets};
+use crate::desired::Desired;
 use crate::model::{Kind, NodeState, Spec};
 use crate::parse::Located;
 use crate::release::{Change as DeploymentChange, Releases, change};
@@ -499,6 +500,9 @@ fn consequences(base: &State, head: &State, changes: &[Change<'_>], scope: Scope
         .map(|ch| &ch.name)
         .collect();
     let (mut releases_base, mut releases_head) = (Releases::new(base), Releases::new(head));
+    // Placement is shared by every environment of a pool, so both sides are placed whole
+    // (once, and only when some environment is touched), as the reconciler places them.
+    let mut placed: Option<(BTreeMap<Name, Desired>, BTreeMap<Name, Desired>)> = None;
     for (name, env) in head.environments() {
         let touched = changed_envs.contains(name)
             || changed_projects.contains(&env.project)
@@ -546,11 +550,9 @@ fn consequences(base: &State, head: &State, changes: &[Change<'_>], scope: Scope
         }
         // The reconciler's own decision (`release::change`) on the two deployments; an
         // environment that cannot be placed on one side rolls out when its release changes.
-        let rollout = match (
-            crate::desired::spec_of(base, name, old_env, &mut releases_base),
-            crate::desired::spec_of(head, name, env, &mut releases_head),
-        ) {
-            (Ok(a), Ok(b)) => change(&a, &b) == DeploymentChange::Generation,
+        let (old_placed, new_placed) = placed.get_or_insert_with(|| crate::desired::placed_pair(base, head, None));
+        let rollout = match (old_placed.get(name), new_placed.get(name)) {
+            (Some(a), Some(b)) => change(&a.spec, &b.spec) == DeploymentChange::Generation,
             _ => releases_base.release_hash(old_env) != releases_head.release_hash(env),
         };
         if rollout {

@@ -114,8 +114,11 @@ pub fn change(old: &DeploymentSpec, new: &DeploymentSpec) -> Change {
         .instances
         .iter()
         .any(|n| old.instances.iter().any(|o| same_slot(o, n) && o.node != n.node));
+    // A deployment that never ran anywhere (every replica waited) starts with a generation,
+    // so its release roles run before its first replicas.
     if old.release_hash != new.release_hash
         || old.release_hash.is_empty()
+        || old.nodes.is_empty()
         || old.release != new.release
         || old.hostnames != new.hostnames
         || moved

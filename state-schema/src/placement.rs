@@ -1,0 +1,509 @@
+//! Capacity-aware placement: which node runs each replica. Pure: the caller says what the
+//! fleet looks like (what Git declares, what the control plane has seen of each node, where
+//! replicas run now) and gets placements back; `pl plan` and the reconciler call the same
+//! function, so a plan never promises a placement the daemon makes otherwise.
+//!
+//! The rules (issue: the fleet):
+//! - A replica stays where it runs while that node is in the environment's pool, active in Git,
+//!   not lost, and still has room for it: placement is sticky, so a scale or another
+//!   environment's change never moves it.
+//! - A new replica (or one that must move) goes only to an *eligible* node: active in Git, seen
+//!   within 60 s, in the pool, reporting the capabilities the role needs (`docker`; `ingress`
+//!   for a web role), with room for the role's CPU and memory.
+//! - `spread` puts replicas of one role on different nodes before doubling up; `pack` fills
+//!   nodes in name order.
+//! - Reserved CPU and memory are those of every placed replica; a node never holds more than its
+//!   declared capacity. A replica that fits nowhere waits, with the reason.
+
+use crate::desired::{DeploymentSpec, Instance};
+use crate::model::{NodeState, Placement};
+use crate::state::State;
+use crate::values::Name;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// Silence after which a node takes no new replicas.
+pub const ELIGIBLE_WITHIN_MS: i64 = 60_000;
+/// Silence after which a node is unhealthy: it keeps its replicas, gets nothing new.
+pub const UNHEALTHY_AFTER_MS: i64 = 90_000;
+/// Silence after which a node is lost by default: its replicas are placed elsewhere.
+pub const LOST_AFTER_MS: i64 = 300_000;
+
+/// What the control plane has seen of a node, by silence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Liveness {
+    /// Seen within 60 s: takes new replicas.
+    Ready,
+    /// Silent 60 to 90 s: keeps what it runs, takes nothing new yet.
+    Quiet,
+    /// Silent more than 90 s: keeps what it runs, takes nothing new.
+    Unhealthy,
+    /// Silent past the lost threshold: what it ran is placed elsewhere.
+    Lost,
+    /// Never enrolled or never heard from.
+    Unseen,
+}
+
+impl Liveness {
+    /// From the last heartbeat's time (`None`: never), with the lost threshold.
+    pub fn of(last_seen_ms: Option<i64>, now_ms: i64, lost_after_ms: i64) -> Liveness {
+        match last_seen_ms {
+            None => Liveness::Unseen,
+            Some(t) if now_ms - t > lost_after_ms => Liveness::Lost,
+            Some(t) if now_ms - t > UNHEALTHY_AFTER_MS => Liveness::Unhealthy,
+            Some(t) if now_ms - t > ELIGIBLE_WITHIN_MS => Liveness::Quiet,
+            Some(_) => Liveness::Ready,
+        }
+    }
+}
+
+/// One node as placement sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FleetNode {
+    pub pool: Name,
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+    pub git: NodeState,
+    pub liveness: Liveness,
+    /// What the agent reported it can run; `None`: anything (the plan's view of a fleet).
+    pub capabilities: Option<BTreeSet<String>>,
+}
+
+impl FleetNode {
+    fn takes_new(&self, needs: &[&str]) -> bool {
+        self.git == NodeState::Active
+            && self.liveness == Liveness::Ready
+            && self
+                .capabilities
+                .as_ref()
+                .is_none_or(|c| needs.iter().all(|n| c.contains(*n)))
+    }
+
+    fn keeps(&self) -> bool {
+        self.git == NodeState::Active
+            && matches!(self.liveness, Liveness::Ready | Liveness::Quiet | Liveness::Unhealthy)
+    }
+}
+
+/// A replica that could not be placed, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Waiting {
+    pub role: Name,
+    pub index: u32,
+    /// `no-eligible-node` or `no-capacity`.
+    pub reason: String,
+}
+
+/// The fleet as one placement run sees it: nodes, what is reserved on each, and where each
+/// environment's replicas run now. Placing environments one after another in one `Fleet`
+/// keeps every node within its capacity across all of them.
+#[derive(Clone, Debug, Default)]
+pub struct Fleet {
+    nodes: BTreeMap<Name, FleetNode>,
+    used: HashMap<Name, (u64, u64)>,
+    current: HashMap<Name, Vec<(Instance, u64, u64)>>,
+}
+
+impl Fleet {
+    /// From nodes and the deployments that run now (their replicas hold reservations).
+    pub fn new(nodes: BTreeMap<Name, FleetNode>, running: &[DeploymentSpec]) -> Fleet {
+        let mut fleet = Fleet {
+            nodes,
+            ..Fleet::default()
+        };
+        for spec in running {
+            fleet.hold(spec);
+        }
+        fleet
+    }
+
+    /// The fleet as Git alone declares it: every active node ready, empty, able to run
+    /// anything. What `pl plan` places against.
+    pub fn declared(state: &State) -> Fleet {
+        let mut nodes = BTreeMap::new();
+        for (pool, p) in state.pools() {
+            for n in &p.nodes {
+                nodes.insert(
+                    n.name.clone(),
+                    FleetNode {
+                        pool: pool.clone(),
+                        cpu_millis: n.capacity.cpu.millis(),
+                        memory_bytes: n.capacity.memory.bytes(),
+                        git: n.state,
+                        liveness: Liveness::Ready,
+                        capabilities: None,
+                    },
+                );
+            }
+        }
+        Fleet::new(nodes, &[])
+    }
+
+    /// Records `spec`'s replicas as running and reserved (replacing what the environment held).
+    pub fn hold(&mut self, spec: &DeploymentSpec) {
+        self.release(&spec.environment);
+        let held: Vec<(Instance, u64, u64)> = spec
+            .instances
+            .iter()
+            .map(|i| {
+                let (cpu, mem) = spec
+                    .roles
+                    .get(&i.role)
+                    .map_or((0, 0), |r| (r.cpu_millis, r.memory_bytes));
+                (i.clone(), cpu, mem)
+            })
+            .collect();
+        for (i, cpu, mem) in &held {
+            let u = self.used.entry(i.node.clone()).or_default();
+            u.0 += cpu;
+            u.1 += mem;
+        }
+        self.current.insert(spec.environment.clone(), held);
+    }
+
+    /// Drops an environment's reservations (a teardown).
+    pub fn release(&mut self, environment: &Name) {
+        if let Some(held) = self.current.remove(environment) {
+            for (i, cpu, mem) in held {
+                if let Some(u) = self.used.get_mut(&i.node) {
+                    u.0 = u.0.saturating_sub(cpu);
+                    u.1 = u.1.saturating_sub(mem);
+                }
+            }
+        }
+    }
+
+    /// CPU (millis) and memory (bytes) reserved on `node`.
+    pub fn reserved(&self, node: &Name) -> (u64, u64) {
+        self.used.get(node).copied().unwrap_or_default()
+    }
+
+    fn fits(&self, node: &Name, n: &FleetNode, cpu: u64, mem: u64) -> bool {
+        let (c, m) = self.reserved(node);
+        c + cpu <= n.cpu_millis && m + mem <= n.memory_bytes
+    }
+
+    /// Nodes of `pool` that could take a replica needing `needs` if it had room: what a
+    /// replica that fits nowhere is told.
+    fn any_eligible(&self, pool: &Name, needs: &[&str]) -> bool {
+        self.nodes.values().any(|n| &n.pool == pool && n.takes_new(needs))
+    }
+
+    /// Whether `environment` has replicas running (held) in this fleet.
+    pub fn is_running(&self, environment: &Name) -> bool {
+        self.current.get(environment).is_some_and(|h| !h.is_empty())
+    }
+
+    /// Whether some node of `pool` is active in Git and not lost: an environment with none
+    /// cannot be placed at all, and keeps what it runs.
+    pub fn has_usable(&self, pool: &Name) -> bool {
+        self.nodes.values().any(|n| &n.pool == pool && n.keeps())
+    }
+
+    /// Places `spec`'s replicas (its `replicas` per role, in `pool`, by `placement`), filling
+    /// `instances`, `nodes`, `ingress_nodes` and the release roles' node, and reserves them.
+    /// Returns the replicas that wait.
+    pub fn place(&mut self, spec: &mut DeploymentSpec) -> Vec<Waiting> {
+        let env = spec.environment.clone();
+        let before: Vec<Instance> = self
+            .current
+            .get(&env)
+            .map(|h| h.iter().map(|(i, _, _)| i.clone()).collect())
+            .unwrap_or_default();
+        self.release(&env);
+        let Some(pool) = spec.pool.clone() else {
+            // A spec from before placement knew pools: it stays as it is.
+            self.hold(spec);
+            return Vec::new();
+        };
+        let mut placed: Vec<Instance> = Vec::new();
+        let mut waiting = Vec::new();
+        let need = |role: &Name| -> (u64, u64, Vec<&'static str>) {
+            spec.roles.get(role).map_or((0, 0, vec!["docker"]), |r| {
+                let needs = if r.is_web() {
+                    vec!["docker", "ingress"]
+                } else {
+                    vec!["docker"]
+                };
+                (r.cpu_millis, r.memory_bytes, needs)
+            })
+        };
+        let reserve = |fleet: &mut Fleet, node: &Name, cpu: u64, mem: u64| {
+            let u = fleet.used.entry(node.clone()).or_default();
+            u.0 += cpu;
+            u.1 += mem;
+        };
+        // Sticky first: every replica that may stay where it runs, stays.
+        let mut open: Vec<(Name, u32)> = Vec::new();
+        for (role, count) in &spec.replicas {
+            let (cpu, mem, _) = need(role);
+            for index in 0..*count {
+                let stay = before
+                    .iter()
+                    .find(|i| &i.role == role && i.index == index)
+                    .and_then(|i| {
+                        let n = self.nodes.get(&i.node)?;
+                        (n.pool == pool && n.keeps() && self.fits(&i.node, n, cpu, mem)).then(|| i.node.clone())
+                    });
+                match stay {
+                    Some(node) => {
+                        reserve(self, &node, cpu, mem);
+                        placed.push(Instance {
+                            role: role.clone(),
+                            index,
+                            node,
+                        });
+                    }
+                    None => open.push((role.clone(), index)),
+                }
+            }
+        }
+        // Then the rest, one at a time, each on the best eligible node with room.
+        for (role, index) in open {
+            let (cpu, mem, needs) = need(&role);
+            let candidates = self
+                .nodes
+                .iter()
+                .filter(|(name, n)| n.pool == pool && n.takes_new(&needs) && self.fits(name, n, cpu, mem));
+            let chosen = match spec.placement {
+                Placement::Pack => candidates.map(|(name, _)| name.clone()).next(),
+                Placement::Spread => candidates
+                    .min_by_key(|(name, _)| {
+                        let same_role = placed.iter().filter(|i| i.role == role && &i.node == *name).count();
+                        let same_env = placed.iter().filter(|i| &i.node == *name).count();
+                        (same_role, same_env, (*name).clone())
+                    })
+                    .map(|(name, _)| name.clone()),
+            };
+            match chosen {
+                Some(node) => {
+                    reserve(self, &node, cpu, mem);
+                    placed.push(Instance { role, index, node });
+                }
+                None => {
+                    let reason = if self.any_eligible(&pool, &needs) {
+                        "no-capacity"
+                    } else {
+                        "no-eligible-node"
+                    };
+                    waiting.push(Waiting {
+                        role,
+                        index,
+                        reason: reason.into(),
+                    });
+                }
+            }
+        }
+        placed.sort();
+        let held: Vec<(Instance, u64, u64)> = placed
+            .iter()
+            .map(|i| {
+                let (cpu, mem, _) = need(&i.role);
+                (i.clone(), cpu, mem)
+            })
+            .collect();
+        // Release roles run once per generation, on a node with a replica (or else the first
+        // eligible one); their resources are not held, since they end.
+        let release_node = placed.first().map(|i| i.node.clone()).or_else(|| {
+            self.nodes
+                .iter()
+                .find(|(_, n)| n.pool == pool && n.takes_new(&["docker"]))
+                .map(|(name, _)| name.clone())
+        });
+        let release_roles: Vec<Name> = spec
+            .roles
+            .iter()
+            .filter(|(_, r)| r.kind == "release")
+            .map(|(n, _)| n.clone())
+            .collect();
+        spec.release = match &release_node {
+            Some(node) => release_roles.into_iter().map(|r| (r, node.clone())).collect(),
+            None => {
+                waiting.extend(release_roles.into_iter().map(|role| Waiting {
+                    role,
+                    index: 0,
+                    reason: "no-eligible-node".into(),
+                }));
+                Vec::new()
+            }
+        };
+        let mut ingress: Vec<Name> = placed
+            .iter()
+            .filter(|i| spec.roles.get(&i.role).is_some_and(|r| r.is_web()))
+            .map(|i| i.node.clone())
+            .collect();
+        ingress.sort();
+        ingress.dedup();
+        let mut nodes: Vec<Name> = placed.iter().map(|i| i.node.clone()).collect();
+        nodes.extend(spec.release.iter().map(|(_, n)| n.clone()));
+        nodes.sort();
+        nodes.dedup();
+        spec.instances = placed;
+        spec.nodes = nodes;
+        spec.ingress_nodes = ingress;
+        // What was placed is what the environment holds (reserved above).
+        self.current.insert(env, held);
+        waiting
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runspec::RoleSpec;
+
+    fn name(s: &str) -> Name {
+        Name::new(s).expect("name")
+    }
+
+    fn node(pool: &str, cpu: u64, liveness: Liveness, git: NodeState) -> FleetNode {
+        FleetNode {
+            pool: name(pool),
+            cpu_millis: cpu,
+            memory_bytes: 8 << 30,
+            git,
+            liveness,
+            capabilities: Some(["docker", "ingress"].iter().map(|s| s.to_string()).collect()),
+        }
+    }
+
+    fn fleet(nodes: &[(&str, FleetNode)]) -> Fleet {
+        Fleet::new(nodes.iter().map(|(n, f)| (name(n), f.clone())).collect(), &[])
+    }
+
+    fn role(kind: &str, cpu: u64) -> RoleSpec {
+        RoleSpec {
+            kind: kind.into(),
+            image: "img@sha256:00".into(),
+            command: Vec::new(),
+            env: BTreeMap::new(),
+            cpu_millis: cpu,
+            memory_bytes: 1 << 20,
+            pids: 64,
+            port: None,
+            health: None,
+            schedule: None,
+            secrets: BTreeMap::new(),
+        }
+    }
+
+    fn spec(env: &str, placement: Placement, roles: &[(&str, &str, u64, u32)]) -> DeploymentSpec {
+        DeploymentSpec {
+            environment: name(env),
+            project: name("p"),
+            instances: Vec::new(),
+            release: Vec::new(),
+            hostnames: Vec::new(),
+            nodes: Vec::new(),
+            ingress_nodes: Vec::new(),
+            release_hash: "h".into(),
+            pool: Some(name("main")),
+            placement,
+            replicas: roles.iter().map(|(r, _, _, n)| (name(r), *n)).collect(),
+            roles: roles.iter().map(|(r, k, cpu, _)| (name(r), role(k, *cpu))).collect(),
+        }
+    }
+
+    fn nodes_of(s: &DeploymentSpec) -> Vec<String> {
+        s.instances
+            .iter()
+            .map(|i| format!("{}/{}@{}", i.role, i.index, i.node))
+            .collect()
+    }
+
+    const UP: Liveness = Liveness::Ready;
+    const ACTIVE: NodeState = NodeState::Active;
+
+    #[test]
+    fn spread_uses_every_node_before_doubling_up_and_pack_fills_in_name_order() {
+        let nodes = [
+            ("a", node("main", 4000, UP, ACTIVE)),
+            ("b", node("main", 4000, UP, ACTIVE)),
+            ("c", node("main", 4000, UP, ACTIVE)),
+        ];
+        let mut s = spec("e", Placement::Spread, &[("web", "web", 1000, 4)]);
+        assert!(fleet(&nodes).place(&mut s).is_empty());
+        assert_eq!(nodes_of(&s), ["web/0@a", "web/1@b", "web/2@c", "web/3@a"]);
+        assert_eq!(s.ingress_nodes, [name("a"), name("b"), name("c")]);
+        let mut p = spec("e", Placement::Pack, &[("web", "web", 1000, 5)]);
+        assert!(fleet(&nodes).place(&mut p).is_empty());
+        assert_eq!(
+            nodes_of(&p),
+            ["web/0@a", "web/1@a", "web/2@a", "web/3@a", "web/4@b"],
+            "a is full at four"
+        );
+    }
+
+    #[test]
+    fn no_node_goes_over_capacity_and_what_does_not_fit_waits_with_its_reason() {
+        let mut f = fleet(&[
+            ("a", node("main", 2000, UP, ACTIVE)),
+            ("b", node("main", 1000, UP, ACTIVE)),
+        ]);
+        let mut first = spec("e1", Placement::Spread, &[("w", "worker", 1000, 2)]);
+        assert!(f.place(&mut first).is_empty());
+        let mut second = spec("e2", Placement::Spread, &[("w", "worker", 1000, 2)]);
+        let waiting = f.place(&mut second);
+        assert_eq!(nodes_of(&second), ["w/0@a"]);
+        assert_eq!(waiting.len(), 1);
+        assert_eq!((waiting[0].index, waiting[0].reason.as_str()), (1, "no-capacity"));
+        assert_eq!(f.reserved(&name("a")), (2000, 2 << 20));
+        assert_eq!(f.reserved(&name("b")).0, 1000);
+        // Tearing the first down frees its room: the waiting replica now fits.
+        f.release(&name("e1"));
+        assert!(f.place(&mut second).is_empty());
+        assert_eq!(
+            nodes_of(&second),
+            ["w/0@a", "w/1@b"],
+            "w/0 stays where it runs, w/1 spreads"
+        );
+        // No node that could ever take it: a different reason.
+        let mut f = fleet(&[("a", node("main", 2000, Liveness::Unhealthy, ACTIVE))]);
+        let mut s = spec("e", Placement::Spread, &[("w", "worker", 100, 1)]);
+        assert_eq!(f.place(&mut s)[0].reason, "no-eligible-node");
+    }
+
+    #[test]
+    fn replicas_stay_put_unless_their_node_is_lost_draining_or_retired() {
+        let up = [
+            ("a", node("main", 4000, UP, ACTIVE)),
+            ("b", node("main", 4000, UP, ACTIVE)),
+            ("c", node("main", 4000, UP, ACTIVE)),
+        ];
+        let mut s = spec("e", Placement::Spread, &[("w", "worker", 500, 2)]);
+        fleet(&up).place(&mut s);
+        assert_eq!(nodes_of(&s), ["w/0@a", "w/1@b"]);
+        let again = |a: FleetNode| {
+            let mut f = fleet(&[("a", a), up[1].clone(), up[2].clone()]);
+            f.hold(&s);
+            let mut next = s.clone();
+            f.place(&mut next);
+            nodes_of(&next)
+        };
+        assert_eq!(again(node("main", 4000, Liveness::Quiet, ACTIVE)), ["w/0@a", "w/1@b"]);
+        assert_eq!(
+            again(node("main", 4000, Liveness::Unhealthy, ACTIVE)),
+            ["w/0@a", "w/1@b"],
+            "an unhealthy node keeps its replicas"
+        );
+        assert_eq!(again(node("main", 4000, Liveness::Lost, ACTIVE)), ["w/0@c", "w/1@b"]);
+        assert_eq!(again(node("main", 4000, UP, NodeState::Draining)), ["w/0@c", "w/1@b"]);
+        assert_eq!(again(node("main", 4000, UP, NodeState::Retired)), ["w/0@c", "w/1@b"]);
+        assert_eq!(
+            again(node("other", 4000, UP, ACTIVE)),
+            ["w/0@c", "w/1@b"],
+            "left the pool"
+        );
+    }
+
+    #[test]
+    fn a_web_role_needs_a_node_with_ingress() {
+        let mut plain = node("main", 4000, UP, ACTIVE);
+        plain.capabilities = Some(["docker".to_string()].into_iter().collect());
+        let mut f = fleet(&[("a", plain), ("b", node("main", 4000, UP, ACTIVE))]);
+        let mut s = spec("e", Placement::Pack, &[("web", "web", 100, 1), ("w", "worker", 100, 1)]);
+        f.place(&mut s);
+        assert_eq!(nodes_of(&s), ["w/0@a", "web/0@b"]);
+    }
+}

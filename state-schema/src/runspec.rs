@@ -1,0 +1,98 @@
+//! What one role of an environment runs, flattened from the project, the environment's
+//! overrides and the secrets it names: the part of a deployment's spec that a lease turns into
+//! an agent's execution spec, stored with each generation so a job always runs the release it
+//! was made for (never a newer commit's). Secrets stay age ciphertext here; the control plane
+//! reseals them to a node's own key when it hands the job out.
+
+use crate::model::{Kind, Spec, Workload};
+use crate::state::State;
+use crate::values::Name;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// A role as it runs: everything an agent needs, and nothing it must look up.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RoleSpec {
+    /// `web`, `worker`, `cron`, `job` or `release`.
+    pub kind: String,
+    /// The image, pinned by digest (validation requires it).
+    pub image: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+    pub pids: u32,
+    /// The port a web role listens on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// A web role's health path and its deadline in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<(String, u32)>,
+    /// A cron role's schedule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<String>,
+    /// Secret files by key (`/run/secrets/<KEY>`): ASCII-armoured age ciphertext, as in Git.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub secrets: BTreeMap<String, String>,
+}
+
+impl RoleSpec {
+    /// Whether the role serves HTTP through the ingress.
+    pub fn is_web(&self) -> bool {
+        self.kind == "web"
+    }
+}
+
+/// Every role of an environment's project, as it runs there; empty when the project is
+/// missing (validation reports that).
+pub fn role_specs(
+    state: &State,
+    project: &Name,
+    env_vars: &BTreeMap<String, String>,
+    image: &str,
+) -> BTreeMap<Name, RoleSpec> {
+    let Some(p) = state.project(project.as_str()) else {
+        return BTreeMap::new();
+    };
+    let mut vars = p.env.clone();
+    vars.extend(env_vars.iter().map(|(k, v)| (k.clone(), v.clone())));
+    // Secret keys of every secret the project names; a later secret's key wins, in the
+    // project's order (validation keeps names unique).
+    let mut secrets = BTreeMap::new();
+    for s in &p.secrets {
+        if let Some(Spec::Secret(secret)) = state.get(Kind::Secret, s.as_str()).map(|l| &l.object.spec) {
+            for (k, v) in &secret.data {
+                secrets.insert(k.clone(), v.armored().to_owned());
+            }
+        }
+    }
+    p.roles
+        .iter()
+        .map(|(name, r)| {
+            let (port, health, schedule) = match &r.workload {
+                Workload::Web { port, health, .. } => {
+                    (Some(*port), Some((health.path.clone(), health.timeout_seconds)), None)
+                }
+                Workload::Cron { schedule } => (None, None, Some(schedule.as_str().to_owned())),
+                _ => (None, None, None),
+            };
+            let spec = RoleSpec {
+                kind: r.workload.kind_name().to_owned(),
+                image: image.to_owned(),
+                command: r.command.clone(),
+                env: vars.clone(),
+                cpu_millis: r.resources.cpu.millis(),
+                memory_bytes: r.resources.memory.bytes(),
+                pids: r.resources.pids,
+                port,
+                health,
+                schedule,
+                secrets: secrets.clone(),
+            };
+            (name.clone(), spec)
+        })
+        .collect()
+}
