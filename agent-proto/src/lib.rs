@@ -78,12 +78,104 @@ pub struct LeaseProof {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LeasedJob {
     pub key: String,
-    /// The typed task, as the ledger holds it. (The full execution spec, with sealed secrets,
-    /// comes with the fleet issue's placement part.)
+    /// The typed task, as the ledger holds it (what to do).
     pub task: serde_json::Value,
+    /// Everything the task needs to run (what with): the agent reads nothing else.
+    pub execution: Execution,
     pub attempt: i64,
     pub proof: LeaseProof,
     pub expires_at_ms: i64,
+}
+
+/// What a leased task runs with, by kind of task.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum Execution {
+    /// Ensure network, apply firewall, ensure routes, remove network.
+    Network(NetworkSpec),
+    /// Ensure application, run once.
+    Application(Box<ApplicationSpec>),
+    /// Publish ingress.
+    Ingress(IngressSpec),
+    /// Stop or tear down a replica, remove ingress: the task names everything.
+    Removal,
+}
+
+/// An environment's network on the node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NetworkSpec {
+    pub environment: String,
+    /// The Docker network: `pl_<environment>`.
+    pub network: String,
+    /// The environment's subnet on this node (a /24 the control plane chose, unique here).
+    pub subnet: String,
+}
+
+/// A container to run: one replica, or one run of a job or release role.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ApplicationSpec {
+    pub environment: String,
+    pub deployment: String,
+    pub role: String,
+    /// `web`, `worker`, `cron`, `job` or `release`.
+    pub role_kind: String,
+    /// The replica's index; `None` for a run.
+    pub instance: Option<u32>,
+    pub generation: u64,
+    pub spec_hash: String,
+    /// `pl-<environment>-<role>-<instance>-g<generation>` (`run` for a run).
+    pub container: String,
+    /// Pinned by digest.
+    pub image: String,
+    pub command: Vec<String>,
+    pub env: std::collections::BTreeMap<String, String>,
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+    pub pids: u32,
+    pub port: Option<u16>,
+    pub health: Option<HealthSpec>,
+    pub network: NetworkSpec,
+    /// Secret files (`/run/secrets/<key>`), each sealed to this node's age recipient alone.
+    pub secrets: Vec<SealedSecret>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HealthSpec {
+    pub path: String,
+    pub timeout_seconds: u32,
+}
+
+/// One secret value, age-encrypted to the node's own recipient.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SealedSecret {
+    pub key: String,
+    pub sealed: String,
+}
+
+/// A hostname's route to this generation's web replicas on the node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct IngressSpec {
+    pub environment: String,
+    pub hostname: String,
+    pub generation: u64,
+    /// The route's `@id` in the proxy: `pl-<hostname>-g<generation>`.
+    pub route_id: String,
+    pub upstreams: Vec<Upstream>,
+    pub network: NetworkSpec,
+}
+
+/// A web replica an ingress route sends to: the container (its address on the environment
+/// network is the agent's to resolve) and its port.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Upstream {
+    pub container: String,
+    pub port: u16,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -128,11 +220,44 @@ pub struct RenewCertificateRequest {
     pub csr: String,
 }
 
-/// `POST /v1/agent/heartbeat`: the node is alive; what it runs comes with the agent issue.
+/// Most replicas one heartbeat may report.
+pub const MAX_HEARTBEAT_INSTANCES: usize = 512;
+
+/// `POST /v1/agent/heartbeat`: the node is alive, can run `capabilities` (`docker`,
+/// `ingress`, `nftables`, `routes`), and runs `running`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Heartbeat {
     pub agent_version: String,
+    #[serde(default)]
+    pub capabilities: Vec<String>,
+    #[serde(default)]
+    pub running: Vec<RunningInstance>,
+}
+
+impl Heartbeat {
+    /// A heartbeat that reports capabilities and nothing running.
+    pub fn new(agent_version: &str, capabilities: &[&str]) -> Heartbeat {
+        Heartbeat {
+            agent_version: agent_version.to_owned(),
+            capabilities: capabilities.iter().map(|c| (*c).to_owned()).collect(),
+            running: Vec::new(),
+        }
+    }
+}
+
+/// What a node running every executor reports it can run.
+pub const FULL_CAPABILITIES: [&str; 4] = ["docker", "ingress", "nftables", "routes"];
+
+/// One replica the node observes running.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunningInstance {
+    pub environment: String,
+    pub role: String,
+    pub instance: u32,
+    pub generation: u64,
+    pub healthy: bool,
 }
 
 /// Why the control plane refused an agent's request. Each refusal records nothing.

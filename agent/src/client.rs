@@ -105,13 +105,9 @@ impl AgentClient {
         )
     }
 
-    pub fn heartbeat(&self, agent_version: &str) -> Result<(), ClientError> {
-        let _: serde_json::Value = self.post(
-            "/v1/agent/heartbeat",
-            &Heartbeat {
-                agent_version: agent_version.to_owned(),
-            },
-        )?;
+    /// Says the node is alive, what it can run and what it runs.
+    pub fn heartbeat(&self, heartbeat: &Heartbeat) -> Result<(), ClientError> {
+        let _: serde_json::Value = self.post("/v1/agent/heartbeat", heartbeat)?;
         Ok(())
     }
 

@@ -59,7 +59,8 @@ fn nodes_lease_only_their_own_work_over_mutual_tls() {
     let n1 = AgentClient::from_dir(&agents, &n1_dir).expect("n1 client");
     let n2 = AgentClient::from_dir(&agents, &n2_dir).expect("n2 client");
 
-    n1.heartbeat("test").expect("heartbeat");
+    n1.heartbeat(&agent_proto::Heartbeat::new("test", &agent_proto::FULL_CAPABILITIES))
+        .expect("heartbeat");
     assert_eq!(sql(&url, "SELECT name FROM nodes WHERE last_seen IS NOT NULL"), ["n1"]);
     // `pl nodes`' source: n1 heartbeats, n2 is enrolled but silent.
     let (status, body) = d.get("/v1/nodes", Some(&s.viewer));
@@ -110,7 +111,10 @@ fn nodes_lease_only_their_own_work_over_mutual_tls() {
     );
     assert_eq!(sql(&url, "SELECT CAST(COUNT(*) AS TEXT) FROM job_results"), results);
 
-    // Long polling: n2 waits, and a commit that places work on n2 reaches it while it waits.
+    // Long polling: n2 (now heartbeating, so placement may use it) waits, and a commit that
+    // places work on n2 reaches it while it waits.
+    n2.heartbeat(&agent_proto::Heartbeat::new("test", &agent_proto::FULL_CAPABILITIES))
+        .expect("heartbeat");
     let waiting = std::thread::spawn(move || {
         let started = Instant::now();
         let got = n2.lease(8, Duration::from_secs(20)).expect("lease");
@@ -137,8 +141,11 @@ fn nodes_lease_only_their_own_work_over_mutual_tls() {
         Refusal::CsrNameMismatch,
         "a node renews only its own name"
     );
-    n1.heartbeat("still the old one")
-        .expect("the old certificate until the new one is used");
+    n1.heartbeat(&agent_proto::Heartbeat::new(
+        "still the old one",
+        &agent_proto::FULL_CAPABILITIES,
+    ))
+    .expect("the old certificate until the new one is used");
     let n1_new = AgentClient::new(
         &agents,
         renewed.certificate.as_bytes(),
@@ -146,9 +153,14 @@ fn nodes_lease_only_their_own_work_over_mutual_tls() {
         renewed.ca.as_bytes(),
     )
     .expect("client");
-    n1_new.heartbeat("the new one").expect("the new certificate works");
+    n1_new
+        .heartbeat(&agent_proto::Heartbeat::new(
+            "the new one",
+            &agent_proto::FULL_CAPABILITIES,
+        ))
+        .expect("the new certificate works");
     assert_eq!(
-        refusal(n1.heartbeat("old")),
+        refusal(n1.heartbeat(&agent_proto::Heartbeat::new("old", &agent_proto::FULL_CAPABILITIES))),
         Refusal::CertificateRevoked,
         "first use revoked the old one"
     );
@@ -163,7 +175,10 @@ fn nodes_lease_only_their_own_work_over_mutual_tls() {
             fp_n2[0]
         ),
     );
-    assert_eq!(refusal(n2.heartbeat("test")), Refusal::CertificateRevoked);
+    assert_eq!(
+        refusal(n2.heartbeat(&agent_proto::Heartbeat::new("test", &agent_proto::FULL_CAPABILITIES))),
+        Refusal::CertificateRevoked
+    );
     sql(
         &url,
         &format!(
@@ -176,7 +191,10 @@ fn nodes_lease_only_their_own_work_over_mutual_tls() {
     let stranger =
         AgentClient::new(&agents, other_cert.as_bytes(), other_key.as_bytes(), ca_pem.as_bytes()).expect("client");
     assert!(
-        matches!(stranger.heartbeat("x"), Err(ClientError::Transport(_))),
+        matches!(
+            stranger.heartbeat(&agent_proto::Heartbeat::new("x", &agent_proto::FULL_CAPABILITIES)),
+            Err(ClientError::Transport(_))
+        ),
         "another CA's certificate fails the handshake"
     );
     let anonymous: ureq::Agent = ureq::Agent::config_builder()
@@ -217,7 +235,8 @@ fn nodes_lease_only_their_own_work_over_mutual_tls() {
         std::thread::sleep(Duration::from_millis(50));
     }
 
-    // A node draining in Git gets no new work.
+    // A node draining in Git gets no new work: with nothing of its own to take away, a lease
+    // is refused.
     repo.write(
         "pools/main.yaml",
         &POOL.replace("{name: n1,", "{name: n1, state: draining,"),

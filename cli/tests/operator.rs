@@ -187,7 +187,7 @@ fn operator_commands_against_a_running_daemon() {
         "{out}"
     );
 
-    // The declared nodes, none enrolled yet.
+    // The declared nodes: n1 heartbeats (the test support marks it up), n2 is not enrolled.
     let mut c = pl();
     c.arg("nodes");
     with(&mut c, &viewer_file);
@@ -196,7 +196,11 @@ fn operator_commands_against_a_running_daemon() {
     let out = stdout(&o);
     assert!(
         out.lines()
-            .any(|l| l.starts_with("n1 ") && l.contains("not-enrolled") && l.contains("never")),
+            .any(|l| l.starts_with("n2 ") && l.contains("not-enrolled") && l.contains("never")),
+        "{out}"
+    );
+    assert!(
+        out.lines().any(|l| l.starts_with("n1 ") && l.contains("active")),
         "{out}"
     );
 

@@ -1,7 +1,10 @@
 //! Simulated agents against `pl-reconciler run`, over real mutual TLS on loopback, on both ledger
 //! backends: 100 enrolled nodes, each an agent with the client library that leases only its
 //! own node's jobs (at most 8 per call, as a real node would) and completes each with its
-//! proof. Measures lease+complete throughput and the lease round trip (p50, p99).
+//! proof. Measures lease+complete throughput and the lease round trip (p50, p99); then a
+//! commit of 1,000 single-replica deployments onto the 100 heartbeating nodes, timed from the
+//! ref update until every deployment is placed and its first job leased, and checks afterwards
+//! that no node holds more than its declared capacity.
 //!
 //! Run: `cargo bench -p reconciler --bench fleet` (`-- --jobs 20000`). It starts its own
 //! PostgreSQL, as the tests do.
@@ -27,7 +30,12 @@ struct Figures {
     jobs_per_second: f64,
     p50: Duration,
     p99: Duration,
+    /// From the commit of 1,000 deployments to each one's first job leased.
+    placed_all: Duration,
+    over_capacity: usize,
 }
+
+const DEPLOYMENTS: usize = 1000;
 
 fn run(url: &str, jobs: usize) -> Figures {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -83,12 +91,13 @@ fn run(url: &str, jobs: usize) -> Figures {
         let ledger = Ledger::connect(url, 2).await.expect("ledger");
         let all: Vec<NewJob> = (0..jobs)
             .map(|i| NewJob {
-                task: Task::EnsureApplication {
+                // A removal: its execution spec needs no deployment, so the bench measures the
+                // lease and completion path, not spec building.
+                task: Task::StopApplication {
                     environment: Name::new("bench").expect("name"),
                     role: Name::new("web").expect("name"),
                     instance: i as u32,
                     generation: 1,
-                    spec_hash: String::new(),
                 },
                 target_node: format!("n{:03}", i % NODES),
                 max_attempts: 3,
@@ -134,12 +143,90 @@ fn run(url: &str, jobs: usize) -> Figures {
     let elapsed = started.elapsed();
     assert_eq!(done, jobs, "every job once");
     rtts.sort();
+    let (placed_all, over_capacity) = thousand_deployments(&repo, &agents, dir.path(), url);
     d.kill9();
     Figures {
         jobs_per_second: jobs as f64 / elapsed.as_secs_f64(),
         p50: rtts[rtts.len() / 2],
         p99: rtts[rtts.len() * 99 / 100],
+        placed_all,
+        over_capacity,
     }
+}
+
+/// Commits 1,000 single-replica deployments (one project each, so each has its own hostname)
+/// while every node heartbeats, and times until each deployment's first job is leased. Then
+/// counts the nodes whose reservations exceed their capacity (there must be none).
+fn thousand_deployments(repo: &Repo, agents: &str, dir: &std::path::Path, url: &str) -> (Duration, usize) {
+    let clients: Vec<AgentClient> = (0..NODES)
+        .map(|i| AgentClient::from_dir(agents, &dir.join(format!("n{i:03}"))).expect("client"))
+        .collect();
+    for c in &clients {
+        c.heartbeat(&agent_proto::Heartbeat::new("bench", &agent_proto::FULL_CAPABILITIES))
+            .expect("heartbeat");
+    }
+    for i in 0..DEPLOYMENTS {
+        repo.write(
+            &format!("projects/p{i:04}.yaml"),
+            &repo_support::project(&format!("p{i:04}"), 1),
+        );
+        repo.write(
+            &format!("envs/p{i:04}.yaml"),
+            &repo_support::environment(&format!("p{i:04}-production"), &format!("p{i:04}")),
+        );
+    }
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::<String>::new()));
+    let started = Instant::now();
+    repo.commit("a thousand deployments", true);
+    let deadline = started + Duration::from_secs(120);
+    let workers: Vec<_> = clients
+        .into_iter()
+        .map(|c| {
+            let seen = std::sync::Arc::clone(&seen);
+            std::thread::spawn(move || {
+                while Instant::now() < deadline {
+                    if seen.lock().map(|s| s.len()).unwrap_or(0) >= DEPLOYMENTS {
+                        break;
+                    }
+                    let leased = c.lease(8, Duration::from_millis(200)).expect("lease");
+                    for j in &leased.jobs {
+                        if let Some(env) = j.task.get("environment").and_then(|e| e.as_str())
+                            && let Ok(mut s) = seen.lock()
+                        {
+                            s.insert(env.to_owned());
+                        }
+                        c.complete(&j.proof, agent_proto::Outcome::Succeeded, "")
+                            .expect("complete");
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().expect("agent");
+    }
+    let placed_all = started.elapsed();
+    let n = seen.lock().map(|s| s.len()).unwrap_or(0);
+    assert_eq!(
+        n, DEPLOYMENTS,
+        "every deployment's first job leased within the deadline"
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("rt");
+    let over = rt.block_on(async {
+        let ledger = Ledger::connect(url, 2).await.expect("ledger");
+        let nodes = ledger.nodes("main", reconciler::daemon::now_ms()).await.expect("nodes");
+        ledger.close().await;
+        let placed: usize = nodes.iter().map(|n| n.instances).sum();
+        assert_eq!(placed, DEPLOYMENTS, "every replica placed");
+        nodes
+            .iter()
+            .filter(|n| n.reserved_cpu_millis > n.cpu_millis || n.reserved_memory_bytes > n.memory_bytes)
+            .count()
+    });
+    (placed_all, over)
 }
 
 fn main() {
@@ -155,14 +242,18 @@ fn main() {
     let pg = postgres_support::Postgres::start();
     let postgres = run(&pg.url(), jobs);
     println!("{jobs} jobs, {NODES} simulated agents over mutual TLS, leases of at most 8, one completion per request:");
-    println!("| ledger | lease+complete jobs/s | lease p50 | lease p99 |");
-    println!("|---|---:|---:|---:|");
+    println!(
+        "| ledger | lease+complete jobs/s | lease p50 | lease p99 | {DEPLOYMENTS} deployments placed and leased | nodes over capacity |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
     for (name, f) in [("SQLite", sqlite), ("PostgreSQL", postgres)] {
         println!(
-            "| {name} | {:.0} | {:.1} ms | {:.1} ms |",
+            "| {name} | {:.0} | {:.1} ms | {:.1} ms | {:.2} s | {} |",
             f.jobs_per_second,
             f.p50.as_secs_f64() * 1000.0,
-            f.p99.as_secs_f64() * 1000.0
+            f.p99.as_secs_f64() * 1000.0,
+            f.placed_all.as_secs_f64(),
+            f.over_capacity
         );
     }
 }

@@ -10,6 +10,8 @@
 
 #[path = "../tests/support/daemon.rs"]
 mod daemon_support;
+#[path = "../tests/support/dump.rs"]
+mod dump;
 #[path = "../tests/support/postgres.rs"]
 mod postgres_support;
 #[path = "../tests/support/repo.rs"]
@@ -76,6 +78,7 @@ async fn plan_and_write(
         let url = url_for(i);
         let ledger = Ledger::connect(&url, 4).await.expect("connect");
         ledger.migrate().await.expect("migrate");
+        dump::nodes_up(&url, &dump::SYNTHETIC_NODES).await;
         let shared = Arc::new(Shared::new(shared_config(dir, &repo.dir, &url), ledger).expect("shared"));
         let base = repo.git(&["rev-parse", "HEAD"]);
         repo.git(&["update-ref", "refs/heads/main", &base]);

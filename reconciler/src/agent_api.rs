@@ -93,8 +93,29 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
         Err(r) => return r,
     };
     let version: String = hb.agent_version.chars().take(64).collect();
-    match s.ledger.heartbeat(&node, &version, now_ms()).await {
-        Ok(()) => axum::Json(serde_json::json!({"node": node})).into_response(),
+    if hb.running.len() > agent_proto::MAX_HEARTBEAT_INSTANCES || hb.capabilities.len() > 16 {
+        return refused(Refusal::MalformedRequest, "the heartbeat reports more than its limits");
+    }
+    let capabilities: Vec<String> = hb
+        .capabilities
+        .iter()
+        .filter(|c| !c.is_empty() && c.len() <= 32 && c.bytes().all(|b| b.is_ascii_lowercase() || b == b'-'))
+        .cloned()
+        .collect();
+    let observed = serde_json::to_string(&hb.running).unwrap_or_else(|_| "[]".into());
+    match s
+        .ledger
+        .heartbeat(&node, &version, &capabilities, &observed, now_ms())
+        .await
+    {
+        Ok(changed) => {
+            if changed {
+                // The node is ready (again) or can run other things: re-place now, not at the
+                // next interval.
+                s.hint.notify_one();
+            }
+            axum::Json(serde_json::json!({"node": node})).into_response()
+        }
         Err(e) => internal(e),
     }
 }
@@ -110,28 +131,55 @@ async fn lease(State(s): App, Extension(peer): Peer, body: axum::body::Body) -> 
         Ok(r) => r,
         Err(r) => return r,
     };
-    match s.ledger.declared_node(&s.config.source.branch, &node).await {
-        Ok(Declared::Yes { .. }) => {}
-        Ok(Declared::Draining { .. }) => return refused(Refusal::NodeDraining, "the node is draining: no new work"),
+    // A draining node gets no new work: only what takes its old work away (each removal
+    // queued after its replacement elsewhere is healthy).
+    let removals_only = match s.ledger.declared_node(&s.config.source.branch, &node).await {
+        Ok(Declared::Yes { .. }) => false,
+        Ok(Declared::Draining { .. }) => true,
         Ok(Declared::Retired) => return refused(Refusal::NodeRetired, "the node is retired in Git"),
         Ok(Declared::No) => return refused(Refusal::NodeNotDeclared, "the node is not declared"),
         Err(e) => return internal(e),
-    }
+    };
     let max = req.max.clamp(1, MAX_LEASE_BATCH);
     let wait = Duration::from_millis(req.wait_ms.min(MAX_LEASE_WAIT_MS));
     let started = Instant::now();
     loop {
         let woken = s.jobs.notified();
-        let leases = match s.group.lease(&node, max, LEASE_TTL_MS).await {
+        let leases = match s.group.lease(&node, max, removals_only, LEASE_TTL_MS).await {
             Ok(l) => l,
             Err(e) => return internal(e),
         };
         if !leases.is_empty() || started.elapsed() >= wait {
-            let jobs = leases
-                .into_iter()
-                .map(|l| LeasedJob {
+            let executions = match s
+                .ledger
+                .executions(&node, &leases, &s.control_identities, now_ms())
+                .await
+            {
+                Ok(e) => e,
+                Err(e) => return internal(e),
+            };
+            let mut jobs = Vec::with_capacity(leases.len());
+            for (l, execution) in leases.into_iter().zip(executions) {
+                let execution = match execution {
+                    Ok(x) => x,
+                    Err(why) => {
+                        // It would fail the same way on every node and every try: recorded
+                        // as a permanent failure, with its code, and never handed out.
+                        tracing::warn!(node = %node, job = %l.key, code = why.code, "job cannot be delivered");
+                        let done = Completion {
+                            token: l.token,
+                            outcome: crate::ledger::Outcome::Permanent(format!("{}: {}", why.code, why.message)),
+                        };
+                        if let Err(e) = s.group.complete(done).await {
+                            return internal(e);
+                        }
+                        continue;
+                    }
+                };
+                jobs.push(LeasedJob {
                     key: l.key,
                     task: serde_json::to_value(&l.task).unwrap_or(serde_json::Value::Null),
+                    execution,
                     attempt: l.attempt,
                     proof: LeaseProof {
                         job_id: l.token.job_id,
@@ -139,8 +187,15 @@ async fn lease(State(s): App, Extension(peer): Peer, body: axum::body::Body) -> 
                         fencing_token: l.token.fencing_token,
                     },
                     expires_at_ms: l.expires_at_ms,
-                })
-                .collect();
+                });
+            }
+            if jobs.is_empty() && started.elapsed() < wait {
+                continue;
+            }
+            if jobs.is_empty() && removals_only {
+                // Nothing to take away, and new work is not for a draining node.
+                return refused(Refusal::NodeDraining, "the node is draining: no new work");
+            }
             return axum::Json(LeaseResponse { jobs }).into_response();
         }
         let left = wait.saturating_sub(started.elapsed());

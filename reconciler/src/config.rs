@@ -162,6 +162,13 @@ pub struct ControlConfig {
     /// How long a node's client certificate is valid, in hours.
     #[serde(default = "default_node_cert_hours")]
     pub node_cert_hours: i64,
+    /// How long a node may be silent before it is lost and its replicas are placed elsewhere.
+    #[serde(default = "default_lost_after")]
+    pub lost_after_seconds: i64,
+}
+
+fn default_lost_after() -> i64 {
+    300
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -198,6 +205,7 @@ impl Default for ControlConfig {
             ca_cert: None,
             ca_key: None,
             age_identity: None,
+            lost_after_seconds: default_lost_after(),
             node_cert_hours: default_node_cert_hours(),
         }
     }

@@ -143,6 +143,11 @@ pub struct Shared {
     pub last_tick_ms: AtomicI64,
     /// Completed passes, for `reconcile --now` to wait on.
     pub passes: AtomicU64,
+    /// The control host's age identities (`control.age_identity`): they reseal secrets to
+    /// nodes at lease time. Empty when none is configured.
+    pub control_identities: Vec<Box<dyn age::Identity + Send + Sync>>,
+    /// The fleet as of the last re-placement (`Ledger::fleet_signature`).
+    fleet_signature: Mutex<Option<String>>,
 }
 
 /// What one pass did.
@@ -172,6 +177,12 @@ impl Shared {
             }
             None => None,
         };
+        let control_identities = match &config.control.age_identity {
+            Some(p) => state_repo::secrets::load_identities(p)
+                .map_err(|e| DaemonError::Config(format!("control.age_identity {}: {}", p.display(), e.code())))?,
+            None => Vec::new(),
+        };
+        ledger.set_lost_after_ms(config.control.lost_after_seconds.saturating_mul(1000));
         let mut globs = globset::GlobSetBuilder::new();
         for p in &config.source.preview_branches {
             globs.add(globset::Glob::new(p).map_err(|e| DaemonError::Config(format!("preview_branches: `{p}`: {e}")))?);
@@ -213,6 +224,8 @@ impl Shared {
             leader: AtomicBool::new(false),
             last_tick_ms: AtomicI64::new(0),
             passes: AtomicU64::new(0),
+            control_identities,
+            fleet_signature: Mutex::new(None),
             repo: Mutex::new(None),
         })
     }
@@ -316,6 +329,33 @@ impl Shared {
         }
         self.ledger.expire(now_ms()).await?;
         report.advanced = self.ledger.advance(now_ms()).await?;
+        // The fleet changes without commits (nodes fall silent, come back, free room): what
+        // runs is re-placed against it, level-triggered like everything else.
+        let branch = &self.config.source.branch;
+        let signature = self.ledger.fleet_signature(branch, now_ms()).await?;
+        let unchanged = self
+            .fleet_signature
+            .lock()
+            .is_ok_and(|s| s.as_deref() == Some(signature.as_str()));
+        let moved = if unchanged {
+            crate::deploy::Applied::default()
+        } else {
+            let moved = self.ledger.replace(branch, now_ms()).await?;
+            // What the re-placement wrote changes the signature; take it afresh.
+            let after = self.ledger.fleet_signature(branch, now_ms()).await?;
+            if let Ok(mut s) = self.fleet_signature.lock() {
+                *s = Some(after);
+            }
+            moved
+        };
+        report.advanced += moved.rollouts.len() + moved.scales.len();
+        if !moved.rollouts.is_empty() || !moved.scales.is_empty() {
+            tracing::info!(
+                moved = moved.rollouts.len(),
+                scaled = moved.scales.len(),
+                "re-placed against the fleet"
+            );
+        }
         let wrote = report.judged + report.teardowns + report.advanced > 0;
         self.refresh_counts(wrote).await;
         self.metrics.observe(started.elapsed());

@@ -11,6 +11,7 @@ use sqlx::Row;
 use state_repo::revision::Judgement;
 use state_schema::canonical::{self, Secrets};
 use state_schema::desired::{self, DeploymentSpec, Desired, Step};
+use state_schema::placement::Waiting;
 use state_schema::release::{self, Change};
 use state_schema::values::Name;
 use std::collections::{BTreeMap, BTreeSet};
@@ -103,11 +104,17 @@ impl Ledger {
         j: &mut Judgement,
         now_ms: i64,
     ) -> Result<Applied, LedgerError> {
-        // The pure work first, before the write transaction opens (on SQLite it holds the one
-        // write lock that agents' leases wait on): placement and spec hashes of every
-        // deployment, and the hash of every object.
-        let derived = j.accepted().then(|| {
-            let (wanted, unplaceable) = desired::deployments(&j.state.state, preview.then_some(branch));
+        // The fleet as it is now (reads), then the pure work, before the write transaction
+        // opens (on SQLite it holds the one write lock that agents' leases wait on): placement
+        // and spec hashes of every deployment, and the hash of every object.
+        let mut fleet = if j.accepted() {
+            let pools: Vec<_> = j.state.state.pools().map(|(n, p)| (n.clone(), p.clone())).collect();
+            Some(self.fleet_view(&pools, now_ms).await?)
+        } else {
+            None
+        };
+        let derived = fleet.as_mut().map(|fleet| {
+            let (wanted, unplaceable) = desired::deployments(&j.state.state, preview.then_some(branch), fleet);
             // A preview lives `previews.ttlHours` after its branch's last commit. One whose
             // commit is older than that is not rolled out at all (and what runs is torn down).
             let expires = preview.then(|| preview_expiry(j)).flatten();
@@ -370,6 +377,11 @@ impl Ledger {
         applied: &mut Applied,
     ) -> Result<(), LedgerError> {
         let mut current = self.current_of(tx, branch).await?;
+        // Deployments are written first, then what waits is remembered on them.
+        let waits: Vec<(String, Vec<Waiting>)> = wanted
+            .iter()
+            .map(|d| (d.spec.environment.to_string(), d.waiting.clone()))
+            .collect();
         // What changed, first from hashes alone; then specs are read for those only.
         let mut changed: Vec<(Desired, Option<Current>)> = Vec::new();
         for d in wanted {
@@ -464,8 +476,40 @@ impl Ledger {
             });
         }
         self.events_in(tx, now_ms, &events).await?;
+        // Every node a new or scaled generation runs on gets the environment's subnet first.
+        let pairs: Vec<(String, String)> = starts
+            .iter()
+            .filter(|s| s.action == "rollout")
+            .map(|s| &s.spec)
+            .chain(scales.iter().map(|s| &s.spec))
+            .flat_map(|spec| spec.nodes.iter().map(|n| (spec.environment.to_string(), n.to_string())))
+            .collect();
+        self.ensure_subnets(tx, &pairs).await?;
         self.write_scales(tx, &scales, revision, now_ms, applied).await?;
-        self.write_starts(tx, branch, &starts, revision, now_ms, applied).await
+        self.write_starts(tx, branch, &starts, revision, now_ms, applied)
+            .await?;
+        self.record_waiting(tx, &waits, now_ms).await
+    }
+
+    /// Plans only `wanted` (re-placed deployments of `branch`), leaving every other deployment
+    /// of the branch alone.
+    pub(crate) async fn plan_some(
+        &self,
+        tx: &mut Tx,
+        branch: &str,
+        wanted: Vec<Desired>,
+        revision: i64,
+        now_ms: i64,
+        applied: &mut Applied,
+    ) -> Result<(), LedgerError> {
+        let kept: BTreeSet<Name> = self
+            .current_of(tx, branch)
+            .await?
+            .into_keys()
+            .filter_map(|e| Name::new(&e).ok())
+            .collect();
+        self.plan_branch(tx, branch, wanted, &kept, revision, now_ms, applied)
+            .await
     }
 
     /// Scales deployments at their current generation: the stored spec becomes the new one,
@@ -747,6 +791,13 @@ impl Ledger {
                 .bind(env)
                 .execute(&mut **tx)
                 .await?;
+                if action == "teardown" {
+                    // Its networks are gone from every node: their subnets are free again.
+                    sqlx::query(self.sql("DELETE FROM subnets WHERE environment = ?"))
+                        .bind(env)
+                        .execute(&mut **tx)
+                        .await?;
+                }
                 let detail = format!("generation {generation}");
                 self.event(tx, now_ms, &format!("deployment-{action}-done"), env, &detail)
                     .await?;

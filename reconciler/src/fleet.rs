@@ -8,6 +8,7 @@ use agent_proto::Refusal;
 use sha2::{Digest, Sha256};
 use sqlx::Row;
 use state_schema::model::{NodeState, Spec};
+use state_schema::placement::Liveness;
 
 /// How long an enrolment token lives.
 pub const TOKEN_TTL_MS: i64 = 15 * 60 * 1000;
@@ -42,11 +43,6 @@ fn hash(token: &str) -> String {
         .collect()
 }
 
-/// A node has not heartbeated for this long: unhealthy (it keeps its work, gets no new).
-pub const UNHEALTHY_AFTER_MS: i64 = 90_000;
-/// A node has not heartbeated for this long: lost.
-pub const LOST_AFTER_MS: i64 = 300_000;
-
 /// One node as `pl nodes` shows it: what Git declares and what the control plane has seen.
 #[derive(Clone, Debug, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -61,21 +57,34 @@ pub struct NodeRow {
     pub agent_version: Option<String>,
     /// Replicas placed on the node by the current deployments.
     pub instances: usize,
+    /// CPU (millis) and memory (bytes) those replicas reserve.
+    pub reserved_cpu_millis: u64,
+    pub reserved_memory_bytes: u64,
+    /// What the agent says it can run (`docker`, `ingress`, …).
+    pub capabilities: Vec<String>,
 }
 
-/// The lifecycle state from what Git says and when the node was last seen.
-pub fn lifecycle(git: NodeState, enrolled: bool, last_seen_ms: Option<i64>, now_ms: i64) -> &'static str {
+/// The lifecycle state from what Git says and when the node was last seen (the same
+/// thresholds placement uses: `state_schema::placement::Liveness`).
+pub fn lifecycle(
+    git: NodeState,
+    enrolled: bool,
+    last_seen_ms: Option<i64>,
+    now_ms: i64,
+    lost_after_ms: i64,
+) -> &'static str {
     match git {
         NodeState::Retired => return "retired",
         NodeState::Draining => return "draining",
         NodeState::Active => {}
     }
-    match (enrolled, last_seen_ms) {
-        (false, _) => "not-enrolled",
-        (true, None) => "unhealthy",
-        (true, Some(t)) if now_ms - t > LOST_AFTER_MS => "lost",
-        (true, Some(t)) if now_ms - t > UNHEALTHY_AFTER_MS => "unhealthy",
-        (true, Some(_)) => "active",
+    if !enrolled {
+        return "not-enrolled";
+    }
+    match Liveness::of(last_seen_ms, now_ms, lost_after_ms) {
+        Liveness::Ready | Liveness::Quiet => "active",
+        Liveness::Unhealthy | Liveness::Unseen => "unhealthy",
+        Liveness::Lost => "lost",
     }
 }
 
@@ -216,15 +225,43 @@ impl Ledger {
         Ok(revoked.len())
     }
 
-    /// Records a heartbeat: the node was seen now, running this agent version.
-    pub async fn heartbeat(&self, node: &str, agent_version: &str, now_ms: i64) -> Result<(), LedgerError> {
-        sqlx::query(self.sql("UPDATE nodes SET last_seen = ?, agent_version = ? WHERE name = ?"))
-            .bind(now_ms)
-            .bind(agent_version)
+    /// Records a heartbeat: the node was seen now, running this agent version, able to run
+    /// `capabilities`, and running what `observed` (JSON, bounded by the request limit) says.
+    /// Returns whether placement sees the node differently now (it was not ready before, or
+    /// its capabilities changed): the caller wakes the loop to re-place.
+    pub async fn heartbeat(
+        &self,
+        node: &str,
+        agent_version: &str,
+        capabilities: &[String],
+        observed: &str,
+        now_ms: i64,
+    ) -> Result<bool, LedgerError> {
+        let before = sqlx::query(self.sql("SELECT last_seen, capabilities FROM nodes WHERE name = ?"))
             .bind(node)
-            .execute(&self.pool)
+            .fetch_optional(&self.pool)
             .await?;
-        Ok(())
+        let changed = match before {
+            None => false,
+            Some(r) => {
+                let last: Option<i64> = r.try_get(0)?;
+                let caps: String = r.try_get(1)?;
+                Liveness::of(last, now_ms, self.lost_after_ms()) != Liveness::Ready || caps != capabilities.join(",")
+            }
+        };
+        sqlx::query(
+            self.sql(
+                "UPDATE nodes SET last_seen = ?, agent_version = ?, capabilities = ?, observed = ? WHERE name = ?",
+            ),
+        )
+        .bind(now_ms)
+        .bind(agent_version)
+        .bind(capabilities.join(","))
+        .bind(observed)
+        .bind(node)
+        .execute(&self.pool)
+        .await?;
+        Ok(changed)
     }
 
     /// The node each of `job_ids` is targeted at (jobs that do not exist are left out).
@@ -245,48 +282,43 @@ impl Ledger {
     }
 
     /// Every node the accepted state of `branch` declares, with what the control plane saw of
-    /// it, by name.
+    /// it and what its replicas reserve, by name.
     pub async fn nodes(&self, branch: &str, now_ms: i64) -> Result<Vec<NodeRow>, LedgerError> {
-        let mut seen: std::collections::BTreeMap<String, (Option<i64>, Option<String>)> = Default::default();
-        for r in sqlx::query(self.sql("SELECT name, last_seen, agent_version FROM nodes"))
-            .fetch_all(&self.pool)
-            .await?
-        {
-            seen.insert(r.try_get(0)?, (r.try_get(1)?, r.try_get(2)?));
-        }
+        let seen = self.seen_nodes().await?;
+        let pools = self.applied_pools(branch).await?;
+        let fleet = self.fleet_view(&pools, now_ms).await?;
         let mut placed: std::collections::BTreeMap<String, usize> = Default::default();
-        for r in sqlx::query(self.sql("SELECT spec FROM deployments WHERE action = 'rollout'"))
-            .fetch_all(&self.pool)
-            .await?
-        {
-            let spec: state_schema::desired::DeploymentSpec = serde_json::from_str(&r.try_get::<String, _>(0)?)?;
+        for spec in self.running_specs().await? {
             for i in spec.instances {
                 *placed.entry(i.node.to_string()).or_default() += 1;
             }
         }
         let mut out = Vec::new();
-        for r in sqlx::query(self.sql("SELECT document FROM desired_objects WHERE branch = ? AND kind = 'NodePool'"))
-            .bind(branch)
-            .fetch_all(&self.pool)
-            .await?
-        {
-            let doc: String = r.try_get(0)?;
-            for l in state_schema::parse::parse_file("pool.yaml", doc.as_bytes()).objects {
-                let Spec::NodePool(pool) = &l.object.spec else { continue };
-                for n in &pool.nodes {
-                    let name = n.name.to_string();
-                    let (last_seen, version) = seen.get(&name).cloned().unwrap_or_default();
-                    out.push(NodeRow {
-                        state: lifecycle(n.state, seen.contains_key(&name), last_seen, now_ms).to_owned(),
-                        pool: l.object.metadata.name.to_string(),
-                        cpu_millis: n.capacity.cpu.millis(),
-                        memory_bytes: n.capacity.memory.bytes(),
-                        last_seen_ms: last_seen,
-                        agent_version: version,
-                        instances: placed.get(&name).copied().unwrap_or(0),
-                        name,
-                    });
-                }
+        for (pool, p) in &pools {
+            for n in &p.nodes {
+                let name = n.name.to_string();
+                let s = seen.get(&name);
+                let (cpu, mem) = fleet.reserved(&n.name);
+                out.push(NodeRow {
+                    state: lifecycle(
+                        n.state,
+                        s.is_some(),
+                        s.and_then(|s| s.last_seen),
+                        now_ms,
+                        self.lost_after_ms(),
+                    )
+                    .to_owned(),
+                    pool: pool.to_string(),
+                    cpu_millis: n.capacity.cpu.millis(),
+                    memory_bytes: n.capacity.memory.bytes(),
+                    last_seen_ms: s.and_then(|s| s.last_seen),
+                    agent_version: s.and_then(|s| s.agent_version.clone()),
+                    instances: placed.get(&name).copied().unwrap_or(0),
+                    reserved_cpu_millis: cpu,
+                    reserved_memory_bytes: mem,
+                    capabilities: s.map(|s| s.capabilities.iter().cloned().collect()).unwrap_or_default(),
+                    name,
+                });
             }
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -420,12 +452,24 @@ mod tests {
     #[test]
     fn lifecycle_from_git_and_heartbeats() {
         let now = 1_000_000;
-        assert_eq!(lifecycle(NodeState::Active, false, None, now), "not-enrolled");
-        assert_eq!(lifecycle(NodeState::Active, true, None, now), "unhealthy");
-        assert_eq!(lifecycle(NodeState::Active, true, Some(now - 1_000), now), "active");
-        assert_eq!(lifecycle(NodeState::Active, true, Some(now - 91_000), now), "unhealthy");
-        assert_eq!(lifecycle(NodeState::Active, true, Some(now - 301_000), now), "lost");
-        assert_eq!(lifecycle(NodeState::Draining, true, Some(now), now), "draining");
-        assert_eq!(lifecycle(NodeState::Retired, true, Some(now), now), "retired");
+        assert_eq!(lifecycle(NodeState::Active, false, None, now, 300_000), "not-enrolled");
+        assert_eq!(lifecycle(NodeState::Active, true, None, now, 300_000), "unhealthy");
+        assert_eq!(
+            lifecycle(NodeState::Active, true, Some(now - 1_000), now, 300_000),
+            "active"
+        );
+        assert_eq!(
+            lifecycle(NodeState::Active, true, Some(now - 91_000), now, 300_000),
+            "unhealthy"
+        );
+        assert_eq!(
+            lifecycle(NodeState::Active, true, Some(now - 301_000), now, 300_000),
+            "lost"
+        );
+        assert_eq!(
+            lifecycle(NodeState::Draining, true, Some(now), now, 300_000),
+            "draining"
+        );
+        assert_eq!(lifecycle(NodeState::Retired, true, Some(now), now, 300_000), "retired");
     }
 }

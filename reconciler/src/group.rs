@@ -15,6 +15,7 @@ pub const MAX_GROUP: usize = 256;
 struct LeaseCall {
     node: String,
     max: u32,
+    removals_only: bool,
     ttl_ms: i64,
     reply: oneshot::Sender<Result<Vec<Lease>, String>>,
 }
@@ -46,13 +47,15 @@ impl Default for Group {
 }
 
 impl Group {
-    /// Leases up to `max` of `node`'s jobs, in the next group transaction.
-    pub async fn lease(&self, node: &str, max: u32, ttl_ms: i64) -> Result<Vec<Lease>, String> {
+    /// Leases up to `max` of `node`'s jobs (only removals, for a draining node), in the next
+    /// group transaction.
+    pub async fn lease(&self, node: &str, max: u32, removals_only: bool, ttl_ms: i64) -> Result<Vec<Lease>, String> {
         let (reply, answer) = oneshot::channel();
         self.leases
             .send(LeaseCall {
                 node: node.to_owned(),
                 max,
+                removals_only,
                 ttl_ms,
                 reply,
             })
@@ -96,7 +99,10 @@ pub async fn run(shared: Arc<Shared>, mut shutdown: tokio::sync::watch::Receiver
                 let batch = drain(first, &mut lease_rx);
                 // One lease time for the group: the longest asked for.
                 let ttl = batch.iter().map(|c| c.ttl_ms).max().unwrap_or(30_000);
-                let requests: Vec<(&str, u32)> = batch.iter().map(|c| (c.node.as_str(), c.max)).collect();
+                let requests: Vec<(&str, u32, bool)> = batch
+                    .iter()
+                    .map(|c| (c.node.as_str(), c.max, c.removals_only))
+                    .collect();
                 match shared.ledger.lease_many(&requests, ttl, now_ms()).await {
                     Ok(all) => {
                         for (call, leases) in batch.into_iter().zip(all) {

@@ -205,6 +205,8 @@ pub struct Ledger {
     backend: Backend,
     /// The database file, for SQLite.
     sqlite_path: Option<std::path::PathBuf>,
+    /// Silence after which a node is lost and its replicas are placed elsewhere.
+    lost_after_ms: std::sync::atomic::AtomicI64,
 }
 
 impl Ledger {
@@ -251,7 +253,21 @@ impl Ledger {
             pool,
             backend,
             sqlite_path,
+            lost_after_ms: std::sync::atomic::AtomicI64::new(state_schema::placement::LOST_AFTER_MS),
         })
+    }
+
+    /// How long a node may be silent before its replicas are placed elsewhere (the daemon's
+    /// `control.lost_after_seconds`; 300 s by default).
+    pub fn set_lost_after_ms(&self, ms: i64) {
+        self.lost_after_ms.store(
+            ms.max(state_schema::placement::UNHEALTHY_AFTER_MS),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    pub fn lost_after_ms(&self) -> i64 {
+        self.lost_after_ms.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn backend(&self) -> Backend {
@@ -393,7 +409,7 @@ impl Ledger {
     /// token and one fencing token, newer than any handed out before.
     pub async fn lease(&self, node: &str, max: u32, ttl_ms: i64, now_ms: i64) -> Result<Vec<Lease>, LedgerError> {
         Ok(self
-            .lease_many(&[(node, max)], ttl_ms, now_ms)
+            .lease_many(&[(node, max, false)], ttl_ms, now_ms)
             .await?
             .pop()
             .unwrap_or_default())
@@ -402,10 +418,12 @@ impl Ledger {
     /// Leases for several callers in one transaction (one durable commit for all of them: the
     /// group commit that lets many agents' small leases share the disk's fsyncs). Each
     /// `(node, max)` gets its own lease token; all share one fencing token, newer than any
-    /// handed out before. The answer is in the order of `requests`.
+    /// handed out before. The answer is in the order of `requests`. A request with
+    /// `removals_only` (a draining node) gets only jobs that take something away (stop,
+    /// teardown, remove): never new work.
     pub async fn lease_many(
         &self,
-        requests: &[(&str, u32)],
+        requests: &[(&str, u32, bool)],
         ttl_ms: i64,
         now_ms: i64,
     ) -> Result<Vec<Vec<Lease>>, LedgerError> {
@@ -423,17 +441,23 @@ impl Ledger {
         } else {
             ""
         };
-        let q = format!(
-            "UPDATE jobs SET state = 'leased', lease_token = ?, fencing_token = ?, lease_expires_at = ?, attempts = attempts + 1, updated_at = ? \
-             WHERE id IN (SELECT id FROM jobs WHERE target_node = ? AND state = 'queued' AND not_before <= ? ORDER BY id LIMIT ?{lock}) \
-             RETURNING id, key, task, attempts"
+        let q = |only: &str| {
+            format!(
+                "UPDATE jobs SET state = 'leased', lease_token = ?, fencing_token = ?, lease_expires_at = ?, attempts = attempts + 1, updated_at = ? \
+                 WHERE id IN (SELECT id FROM jobs WHERE target_node = ? AND state = 'queued' AND not_before <= ?{only} ORDER BY id LIMIT ?{lock}) \
+                 RETURNING id, key, task, attempts"
+            )
+        };
+        let (q_all, q_removals) = (
+            q(""),
+            q(" AND (key LIKE '%:stop@%' OR key LIKE '%:teardown@%' OR key LIKE '%:remove@%')"),
         );
         let expires = now_ms + ttl_ms;
         let mut out = Vec::with_capacity(requests.len());
         let mut events = Vec::new();
-        for (node, max) in requests {
+        for (node, max, removals_only) in requests {
             let token = new_lease_token()?;
-            let rows = sqlx::query(self.sql(&q))
+            let rows = sqlx::query(self.sql(if *removals_only { &q_removals } else { &q_all }))
                 .bind(&token)
                 .bind(fencing)
                 .bind(expires)

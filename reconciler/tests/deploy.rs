@@ -64,6 +64,7 @@ async fn scenario(url: String, dir: &Path) {
     let c1 = repo.commit("first", true);
     let ledger = Ledger::connect(&url, 4).await.expect("connect");
     ledger.migrate().await.expect("migrate");
+    dump::nodes_up(&url, &["n1", "n2"]).await;
     let shared = Arc::new(Shared::new(config(dir, &repo.dir, &url), ledger).expect("shared"));
 
     let r = shared.pass().await.expect("pass");

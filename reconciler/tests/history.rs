@@ -38,6 +38,7 @@ async fn shared(dir: &Path, repo: &Repo, signers: &str, policy: Option<&str>) ->
     std::fs::write(&path, text).expect("config");
     let ledger = Ledger::connect(&url, 4).await.expect("connect");
     ledger.migrate().await.expect("migrate");
+    dump::nodes_up(&url, &["n1", "n2"]).await;
     let shared = Shared::new(Config::load(&path).expect("config loads"), ledger).expect("shared");
     (Arc::new(shared), url)
 }

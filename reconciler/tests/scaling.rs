@@ -79,6 +79,7 @@ fn case(base: Params, head: Params) {
         let url = format!("sqlite://{}", dir.path().join("l.db").display());
         let ledger = Ledger::connect(&url, 2).await.expect("connect");
         ledger.migrate().await.expect("migrate");
+        dump::nodes_up(&url, &dump::SYNTHETIC_NODES).await;
         let (b, h) = (state_of(&base), state_of(&head));
         let plan = plan_scoped(&b.state, &h.state, Scope::Full);
         let promised: BTreeSet<String> = plan.consequences.rollouts.iter().map(|n| n.to_string()).collect();

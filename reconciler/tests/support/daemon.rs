@@ -80,8 +80,13 @@ pub fn setup(dir: &Path) -> Setup {
     }
 }
 
-/// A configuration file for a daemon on `port`.
+/// A configuration file for a daemon on `port`. A daemon without a control CA (`extra` names
+/// none) has no agents to hear from: its ledger is migrated now and the pool's node `n1`
+/// marked as a heartbeating agent, so placement has a node to use (`n2` stays unseen).
 pub fn config(s: &Setup, name: &str, repo: &Path, ledger_url: &str, port: u16, extra: &str) -> PathBuf {
+    if !extra.contains("ca_cert") {
+        nodes_up(ledger_url, &["n1"]);
+    }
     let text = format!(
         "[source]\npath = {repo:?}\npreview_branches = [\"feature/*\"]\n\n[trust]\nallowed_signers = \"allowed_signers\"\n\n[ledger]\nurl = {ledger_url:?}\nmax_connections = 4\n\n[reconcile]\ninterval_seconds = 2\n\n{extra}\n[api]\nlisten = \"127.0.0.1:{port}\"\ntls_cert = \"tls/api.crt\"\ntls_key = \"tls/api.key\"\n\n{}",
         s.token_lines
@@ -281,3 +286,48 @@ pub fn write_private(path: &Path, text: &str) {
     std::fs::write(path, text).expect("write");
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
 }
+
+/// Migrates the ledger at `url` (the same migrations the daemon runs) and marks `nodes` as
+/// enrolled agents that heartbeat: seen in the year 2100 (never silent while a test runs) and
+/// able to run every task. Runs on a thread of its own, so it can be called from inside a
+/// runtime; uses sqlx directly, so crates that must not link the reconciler can use it.
+pub fn nodes_up(url: &str, nodes: &[&str]) {
+    let url = url.to_owned();
+    let nodes: Vec<String> = nodes.iter().map(|n| n.to_string()).collect();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            sqlx::any::install_default_drivers();
+            let sqlite = url.starts_with("sqlite:");
+            let connect = if sqlite && !url.contains("mode=") { format!("{url}?mode=rwc") } else { url.clone() };
+            let pool = sqlx::AnyPool::connect(&connect).await.expect("connect");
+            let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../migrations")
+                .join(if sqlite { "sqlite" } else { "postgres" });
+            sqlx::migrate::Migrator::new(dir)
+                .await
+                .expect("migrations")
+                .run(&pool)
+                .await
+                .expect("migrate");
+            for node in &nodes {
+                // Any valid X25519 recipient: nothing is ever sealed to it in these tests.
+                let sql = format!(
+                    "INSERT INTO nodes (name, age_recipient, enrolled_at, last_seen, capabilities) \
+                     VALUES ('{node}', '{TEST_RECIPIENT}', 0, 4102444800000, 'docker,ingress,nftables,routes') \
+                     ON CONFLICT (name) DO UPDATE SET last_seen = excluded.last_seen, capabilities = excluded.capabilities"
+                );
+                sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&pool).await.expect("node up");
+            }
+            pool.close().await;
+        });
+    })
+    .join()
+    .expect("nodes up");
+}
+
+/// A valid age recipient for nodes the tests mark up.
+pub const TEST_RECIPIENT: &str = "age1yps55uerg0zakklqmyf0lmwnc25htzz0zpz9j9paepqrty8d9a3q6xx2ul";

@@ -70,3 +70,43 @@ pub fn first_difference(a: &[String], b: &[String]) -> String {
     }
     format!("lengths {} and {}", a.len(), b.len())
 }
+
+/// Marks `nodes` as enrolled agents that heartbeat (see `daemon.rs`'s `nodes_up`), on a
+/// migrated ledger.
+pub async fn nodes_up(url: &str, nodes: &[&str]) {
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(url).await.expect("connect");
+    for node in nodes {
+        let recipient = age::x25519::Identity::generate().to_public().to_string();
+        let sql = format!(
+            "INSERT INTO nodes (name, age_recipient, enrolled_at, last_seen, capabilities) \
+             VALUES ('{node}', '{recipient}', 0, 4102444800000, 'docker,ingress,nftables,routes') \
+             ON CONFLICT (name) DO UPDATE SET last_seen = excluded.last_seen, capabilities = excluded.capabilities"
+        );
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&pool)
+            .await
+            .expect("node up");
+    }
+    pool.close().await;
+}
+
+/// The nodes of `state_schema::synthetic` trees.
+pub const SYNTHETIC_NODES: [&str; 16] = [
+    "pool-a-node-0",
+    "pool-a-node-1",
+    "pool-a-node-2",
+    "pool-a-node-3",
+    "pool-a-node-4",
+    "pool-a-node-5",
+    "pool-a-node-6",
+    "pool-a-node-7",
+    "pool-b-node-0",
+    "pool-b-node-1",
+    "pool-b-node-2",
+    "pool-b-node-3",
+    "pool-b-node-4",
+    "pool-b-node-5",
+    "pool-b-node-6",
+    "pool-b-node-7",
+];

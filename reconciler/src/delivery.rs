@@ -1,0 +1,301 @@
+//! What a lease hands an agent besides the task: the execution spec, built from the stored
+//! spec of the job's own generation (never a newer commit's), the environment's subnet on that
+//! node, and its secrets sealed to the node's own age recipient. Sealed copies are kept (by
+//! node and ciphertext hash) so a value is decrypted once per node, not once per lease; the
+//! plaintext exists only inside `state_repo::secrets::reseal`.
+
+use crate::ledger::{Lease, Ledger, LedgerError};
+use crate::placing::subnet;
+use age::Identity;
+use agent_proto::{ApplicationSpec, Execution, HealthSpec, IngressSpec, NetworkSpec, SealedSecret, Upstream};
+use sha2::{Digest, Sha256};
+use sqlx::Row;
+use state_schema::desired::DeploymentSpec;
+use state_schema::task::Task;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Why a leased job cannot be handed out. The job fails for good with this code (it would
+/// fail the same way until the state or the control host's configuration changes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Undeliverable {
+    pub code: &'static str,
+    pub message: String,
+}
+
+fn undeliverable(code: &'static str, message: impl Into<String>) -> Undeliverable {
+    Undeliverable {
+        code,
+        message: message.into(),
+    }
+}
+
+/// The container of one replica at one generation, or of a generation's run of a role.
+pub fn container_name(environment: &str, role: &str, instance: Option<u32>, generation: u64) -> String {
+    match instance {
+        Some(i) => format!("pl-{environment}-{role}-{i}-g{generation}"),
+        None => format!("pl-{environment}-{role}-run-g{generation}"),
+    }
+}
+
+fn sha256_hex(s: &str) -> String {
+    Sha256::digest(s.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Each environment's current generation and its spec. Jobs of older generations that would
+/// run something are cancelled when a newer one starts, so a lease only ever needs these.
+type Specs = BTreeMap<String, (u64, DeploymentSpec)>;
+
+impl Ledger {
+    async fn specs_for(&self, envs: &BTreeSet<String>) -> Result<Specs, LedgerError> {
+        let mut out = Specs::new();
+        for env in envs {
+            if let Some(r) = sqlx::query(self.sql("SELECT generation, spec FROM deployments WHERE environment = ?"))
+                .bind(env)
+                .fetch_optional(&self.pool)
+                .await?
+            {
+                let generation: i64 = r.try_get(0)?;
+                let spec: DeploymentSpec = serde_json::from_str(&r.try_get::<String, _>(1)?)?;
+                out.insert(env.clone(), (u64::try_from(generation).unwrap_or(0), spec));
+            }
+        }
+        Ok(out)
+    }
+
+    async fn subnets_of(&self, node: &str, envs: &BTreeSet<String>) -> Result<BTreeMap<String, String>, LedgerError> {
+        let mut out = BTreeMap::new();
+        for env in envs {
+            if let Some(r) = sqlx::query(self.sql("SELECT idx FROM subnets WHERE node = ? AND environment = ?"))
+                .bind(node)
+                .bind(env)
+                .fetch_optional(&self.pool)
+                .await?
+            {
+                out.insert(env.clone(), subnet(r.try_get(0)?));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The node's copy of a secret value, sealed now if it has none yet.
+    async fn sealed_for(
+        &self,
+        node: &str,
+        recipient: &str,
+        ciphertext: &str,
+        control: &[Box<dyn Identity + Send + Sync>],
+        now_ms: i64,
+    ) -> Result<Result<String, Undeliverable>, LedgerError> {
+        let hash = sha256_hex(ciphertext);
+        if let Some(r) = sqlx::query(self.sql("SELECT sealed FROM sealed_secrets WHERE node = ? AND ciphertext = ?"))
+            .bind(node)
+            .bind(&hash)
+            .fetch_optional(&self.pool)
+            .await?
+        {
+            return Ok(Ok(r.try_get(0)?));
+        }
+        if control.is_empty() {
+            return Ok(Err(undeliverable(
+                "no-control-identity",
+                "the control host has no age identity (control.age_identity) to reseal secrets with",
+            )));
+        }
+        let sealed = match state_repo::secrets::reseal(ciphertext, control, recipient) {
+            Ok(s) => s,
+            Err(e) => {
+                return Ok(Err(undeliverable(
+                    "secret-undeliverable",
+                    format!("cannot reseal: {}", e.code()),
+                )));
+            }
+        };
+        sqlx::query(self.sql(
+            "INSERT INTO sealed_secrets (node, ciphertext, sealed, created_at) VALUES (?, ?, ?, ?) ON CONFLICT (node, ciphertext) DO NOTHING",
+        ))
+        .bind(node)
+        .bind(&hash)
+        .bind(&sealed)
+        .bind(now_ms)
+        .execute(&self.pool)
+        .await?;
+        Ok(Ok(sealed))
+    }
+
+    /// The execution spec of each of `leases` (all `node`'s), in order.
+    pub async fn executions(
+        &self,
+        node: &str,
+        leases: &[Lease],
+        control: &[Box<dyn Identity + Send + Sync>],
+        now_ms: i64,
+    ) -> Result<Vec<Result<Execution, Undeliverable>>, LedgerError> {
+        let envs: BTreeSet<String> = leases.iter().map(|l| l.task.environment().to_string()).collect();
+        let specs = self.specs_for(&envs).await?;
+        let subnets = self.subnets_of(node, &envs).await?;
+        let recipient: Option<String> = sqlx::query(self.sql("SELECT age_recipient FROM nodes WHERE name = ?"))
+            .bind(node)
+            .fetch_optional(&self.pool)
+            .await?
+            .map(|r| r.try_get(0))
+            .transpose()?;
+        let mut out = Vec::with_capacity(leases.len());
+        for l in leases {
+            let env = l.task.environment().to_string();
+            let network = || -> Result<NetworkSpec, Undeliverable> {
+                let subnet = subnets
+                    .get(&env)
+                    .cloned()
+                    .ok_or_else(|| undeliverable("no-subnet", format!("no subnet for {env} on {node}")))?;
+                Ok(NetworkSpec {
+                    environment: env.clone(),
+                    network: format!("pl_{env}"),
+                    subnet,
+                })
+            };
+            let spec_of = |generation: u64| -> Result<&DeploymentSpec, Undeliverable> {
+                match specs.get(&env) {
+                    Some((g, spec)) if *g == generation => Ok(spec),
+                    Some(_) => Err(undeliverable(
+                        "stale-generation",
+                        format!("{env} has moved past generation {generation}"),
+                    )),
+                    None => Err(undeliverable("no-deployment", format!("no deployment holds {env}"))),
+                }
+            };
+            let built: Result<Execution, Undeliverable> = match &l.task {
+                Task::EnsureNetwork { .. } | Task::ApplyFirewall { .. } | Task::EnsureRoutes { .. } => {
+                    network().map(Execution::Network)
+                }
+                Task::RemoveNetwork { .. } => Ok(network().map_or(Execution::Removal, Execution::Network)),
+                Task::StopApplication { .. } | Task::TeardownApplication { .. } | Task::RemoveIngress { .. } => {
+                    Ok(Execution::Removal)
+                }
+                Task::PublishIngress {
+                    hostname, generation, ..
+                } => match (spec_of(*generation), network()) {
+                    (Ok(spec), Ok(network)) => {
+                        let upstreams = spec
+                            .instances
+                            .iter()
+                            .filter(|i| i.node.as_str() == node)
+                            .filter_map(|i| {
+                                let port = spec.roles.get(&i.role).filter(|r| r.is_web())?.port?;
+                                Some(Upstream {
+                                    container: container_name(&env, i.role.as_str(), Some(i.index), *generation),
+                                    port,
+                                })
+                            })
+                            .collect();
+                        Ok(Execution::Ingress(IngressSpec {
+                            environment: env.clone(),
+                            hostname: hostname.to_string(),
+                            generation: *generation,
+                            route_id: format!("pl-{hostname}-g{generation}"),
+                            upstreams,
+                            network,
+                        }))
+                    }
+                    (Err(e), _) | (_, Err(e)) => Err(e),
+                },
+                Task::EnsureApplication {
+                    role,
+                    instance,
+                    generation,
+                    spec_hash,
+                    ..
+                } => {
+                    self.application(
+                        node,
+                        recipient.as_deref(),
+                        spec_of(*generation),
+                        network(),
+                        (role.as_str(), Some(*instance), *generation, spec_hash.as_str()),
+                        control,
+                        now_ms,
+                    )
+                    .await?
+                }
+                Task::RunOnce { role, generation, .. } => {
+                    self.application(
+                        node,
+                        recipient.as_deref(),
+                        spec_of(*generation),
+                        network(),
+                        (role.as_str(), None, *generation, ""),
+                        control,
+                        now_ms,
+                    )
+                    .await?
+                }
+            };
+            out.push(built);
+        }
+        Ok(out)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn application(
+        &self,
+        node: &str,
+        recipient: Option<&str>,
+        spec: Result<&DeploymentSpec, Undeliverable>,
+        network: Result<NetworkSpec, Undeliverable>,
+        (role, instance, generation, spec_hash): (&str, Option<u32>, u64, &str),
+        control: &[Box<dyn Identity + Send + Sync>],
+        now_ms: i64,
+    ) -> Result<Result<Execution, Undeliverable>, LedgerError> {
+        let (spec, network) = match (spec, network) {
+            (Ok(s), Ok(n)) => (s, n),
+            (Err(e), _) | (_, Err(e)) => return Ok(Err(e)),
+        };
+        let Some(r) = spec.roles.iter().find(|(n, _)| n.as_str() == role).map(|(_, r)| r) else {
+            return Ok(Err(undeliverable(
+                "no-role-spec",
+                format!("the stored spec of {} has no role {role}", spec.environment),
+            )));
+        };
+        let mut secrets = Vec::with_capacity(r.secrets.len());
+        if !r.secrets.is_empty() {
+            let Some(recipient) = recipient else {
+                return Ok(Err(undeliverable("node-not-enrolled", "the node has no age recipient")));
+            };
+            for (key, ciphertext) in &r.secrets {
+                match self.sealed_for(node, recipient, ciphertext, control, now_ms).await? {
+                    Ok(sealed) => secrets.push(SealedSecret {
+                        key: key.clone(),
+                        sealed,
+                    }),
+                    Err(e) => return Ok(Err(e)),
+                }
+            }
+        }
+        let environment = spec.environment.to_string();
+        Ok(Ok(Execution::Application(Box::new(ApplicationSpec {
+            container: container_name(&environment, role, instance, generation),
+            deployment: spec.project.to_string(),
+            environment,
+            role: role.to_owned(),
+            role_kind: r.kind.clone(),
+            instance,
+            generation,
+            spec_hash: spec_hash.to_owned(),
+            image: r.image.clone(),
+            command: r.command.clone(),
+            env: r.env.clone(),
+            cpu_millis: r.cpu_millis,
+            memory_bytes: r.memory_bytes,
+            pids: r.pids,
+            port: r.port,
+            health: r.health.as_ref().map(|(path, timeout_seconds)| HealthSpec {
+                path: path.clone(),
+                timeout_seconds: *timeout_seconds,
+            }),
+            network,
+            secrets,
+        }))))
+    }
+}

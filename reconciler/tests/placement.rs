@@ -1,0 +1,283 @@
+//! Capacity-aware placement against a live fleet, on both backends, with a real repository:
+//! replicas spread over nodes that heartbeat and never past a node's capacity; what does not
+//! fit waits with a `placement-waiting` event (once) and is placed as a scale when room
+//! appears; an unhealthy node keeps its replicas; a lost node's replicas move at a new
+//! generation; a draining node's replicas move, each new one started (a step) before the old
+//! one stops.
+
+#[path = "support/dump.rs"]
+mod dump;
+#[path = "support/postgres.rs"]
+mod postgres_support;
+#[path = "support/repo.rs"]
+mod repo_support;
+
+use dump::rows;
+use reconciler::config::Config;
+use reconciler::daemon::{Shared, now_ms};
+use reconciler::ledger::{Completion, Outcome};
+use repo_support::{Repo, environment};
+use std::path::Path;
+use std::sync::Arc;
+
+const POOL: &str = "apiVersion: pushleft.dev/v1alpha1\nkind: NodePool\nmetadata: {name: main}\nspec:\n  region: eu\n  nodes:\n    - {name: n1, capacity: {cpu: \"1\", memory: 2Gi}}\n    - {name: n2, capacity: {cpu: \"1\", memory: 2Gi}}\n    - {name: n3, capacity: {cpu: \"1\", memory: 2Gi}}\n";
+
+fn project(replicas: u32) -> String {
+    format!(
+        "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: registry.example.com/api@{}\n  roles:\n    web: {{kind: web, port: 8080, health: {{path: /healthz}}, replicas: {replicas}, resources: {{cpu: 500m, memory: 256Mi}}}}\n",
+        repo_support::DIGEST
+    )
+}
+
+fn config(dir: &Path, repo: &Path, url: &str) -> Config {
+    let text = format!(
+        "[source]\npath = {repo:?}\n\n[trust]\nallowed_signers = \"allowed_signers\"\n\n[ledger]\nurl = {url:?}\n\n[api]\nlisten = \"127.0.0.1:0\"\ntls_cert = \"api.crt\"\ntls_key = \"api.key\"\n"
+    );
+    let path = dir.join("reconciler.toml");
+    std::fs::write(&path, text).expect("config");
+    Config::load(&path).expect("config loads")
+}
+
+/// Where each replica is, as `role/index@node`, and the generation.
+async fn placed(url: &str) -> (String, Vec<String>) {
+    let r = rows(url, "SELECT generation, spec FROM deployments").await;
+    let (g, spec) = r[0].split_once('|').expect("row");
+    let spec: serde_json::Value = serde_json::from_str(spec).expect("spec");
+    let mut out: Vec<String> = spec["instances"]
+        .as_array()
+        .expect("instances")
+        .iter()
+        .map(|i| {
+            format!(
+                "{}/{}@{}",
+                i["role"].as_str().unwrap_or(""),
+                i["index"],
+                i["node"].as_str().unwrap_or("")
+            )
+        })
+        .collect();
+    out.sort();
+    (g.to_owned(), out)
+}
+
+/// Runs every due job of every node that can lease to success, passing between rounds,
+/// until nothing is left that those nodes could take.
+async fn settle(shared: &Arc<Shared>, nodes: &[&str]) {
+    for _ in 0..12 {
+        let mut any = false;
+        for node in nodes {
+            let leases = shared.ledger.lease(node, 100, 30_000, now_ms()).await.expect("lease");
+            any |= !leases.is_empty();
+            let done: Vec<Completion> = leases
+                .into_iter()
+                .map(|l| Completion {
+                    token: l.token,
+                    outcome: Outcome::Succeeded,
+                })
+                .collect();
+            shared.ledger.complete(&done, now_ms()).await.expect("complete");
+        }
+        shared.pass().await.expect("pass");
+        if !any {
+            return;
+        }
+    }
+}
+
+async fn set_last_seen(url: &str, node: &str, ago_ms: i64) {
+    let ledger = reconciler::ledger::Ledger::connect(url, 1).await.expect("connect");
+    ledger
+        .execute_raw(&format!(
+            "UPDATE nodes SET last_seen = {} WHERE name = '{node}'",
+            now_ms() - ago_ms
+        ))
+        .await
+        .expect("update");
+    ledger.close().await;
+}
+
+async fn no_node_over_capacity(shared: &Shared) {
+    for n in shared.ledger.nodes("main", now_ms()).await.expect("nodes") {
+        assert!(
+            n.reserved_cpu_millis <= n.cpu_millis && n.reserved_memory_bytes <= n.memory_bytes,
+            "{} holds {} of {} millicores",
+            n.name,
+            n.reserved_cpu_millis,
+            n.cpu_millis
+        );
+    }
+}
+
+async fn scenario(url: String, dir: &Path) {
+    let repo = Repo::new(dir);
+    std::fs::write(dir.join("allowed_signers"), &repo.signers).expect("signers");
+    repo.write("pools/main.yaml", POOL);
+    repo.write("projects/api.yaml", &project(3));
+    repo.write("envs/api-production.yaml", &environment("api-production", "api"));
+    repo.commit("three replicas", true);
+    let ledger = reconciler::ledger::Ledger::connect(&url, 4).await.expect("connect");
+    ledger.migrate().await.expect("migrate");
+    dump::nodes_up(&url, &["n1", "n2"]).await;
+    let shared = Arc::new(Shared::new(config(dir, &repo.dir, &url), ledger).expect("shared"));
+
+    // Spread over the two nodes that heartbeat; n3 has never been heard from.
+    shared.pass().await.expect("pass");
+    assert_eq!(
+        placed(&url).await,
+        (
+            "1".into(),
+            vec!["web/0@n1".into(), "web/1@n2".into(), "web/2@n1".into()]
+        )
+    );
+    settle(&shared, &["n1", "n2"]).await;
+    no_node_over_capacity(&shared).await;
+
+    // Five replicas: n1 is full, n2 takes one more, the fifth waits, announced once.
+    repo.write("projects/api.yaml", &project(5));
+    repo.commit("five replicas", true);
+    shared.pass().await.expect("pass");
+    let (g, at) = placed(&url).await;
+    assert_eq!(g, "1", "a scale, not a release");
+    assert_eq!(at, ["web/0@n1", "web/1@n2", "web/2@n1", "web/3@n2"]);
+    let waiting = || async {
+        rows(
+            &url,
+            "SELECT detail FROM events WHERE kind = 'placement-waiting' ORDER BY id",
+        )
+        .await
+    };
+    assert_eq!(waiting().await, ["web/4: no-capacity"]);
+    settle(&shared, &["n1", "n2"]).await;
+    shared.pass().await.expect("pass");
+    assert_eq!(waiting().await.len(), 1, "a wait is announced once");
+    no_node_over_capacity(&shared).await;
+
+    // n3 comes up: the waiting replica is placed there, at the same generation.
+    dump::nodes_up(&url, &["n3"]).await;
+    shared.pass().await.expect("pass");
+    assert_eq!(
+        placed(&url).await,
+        (
+            "1".into(),
+            vec![
+                "web/0@n1".into(),
+                "web/1@n2".into(),
+                "web/2@n1".into(),
+                "web/3@n2".into(),
+                "web/4@n3".into()
+            ]
+        )
+    );
+    assert_eq!(rows(&url, "SELECT waiting FROM deployments").await, ["[]"]);
+    settle(&shared, &["n1", "n2", "n3"]).await;
+
+    // n1 falls silent for two minutes: unhealthy, it keeps its replicas.
+    set_last_seen(&url, "n1", 120_000).await;
+    shared.pass().await.expect("pass");
+    assert_eq!(placed(&url).await.0, "1");
+    assert_eq!(
+        shared.ledger.nodes("main", now_ms()).await.expect("nodes")[0].state,
+        "unhealthy"
+    );
+    set_last_seen(&url, "n1", 0).await;
+
+    // n2 is lost (silent past 300 s): its replicas move at a new generation; one fits on
+    // n3, the other waits. The old ones are stopped on n2 when it returns (the last step).
+    set_last_seen(&url, "n2", 400_000).await;
+    shared.pass().await.expect("pass");
+    assert_eq!(
+        placed(&url).await,
+        (
+            "2".into(),
+            vec![
+                "web/0@n1".into(),
+                "web/1@n3".into(),
+                "web/2@n1".into(),
+                "web/4@n3".into()
+            ]
+        )
+    );
+    assert_eq!(waiting().await.last().map(String::as_str), Some("web/3: no-capacity"));
+    no_node_over_capacity(&shared).await;
+    dump::nodes_up(&url, &["n2"]).await;
+    settle(&shared, &["n1", "n2", "n3"]).await;
+    assert_eq!(
+        rows(
+            &url,
+            "SELECT key FROM jobs WHERE generation = 2 AND key LIKE 'app:%@n2' AND state = 'succeeded' ORDER BY key"
+        )
+        .await,
+        [
+            "app:api-production/web/1:g2:stop@n2",
+            "app:api-production/web/3:g2:teardown@n2"
+        ],
+        "the stale replicas on n2 are stopped once it is back"
+    );
+    // n2 is back and the rollout is done: the waiting replica is placed there.
+    shared.pass().await.expect("pass");
+    assert_eq!(
+        placed(&url).await,
+        (
+            "2".into(),
+            vec![
+                "web/0@n1".into(),
+                "web/1@n3".into(),
+                "web/2@n1".into(),
+                "web/3@n2".into(),
+                "web/4@n3".into()
+            ]
+        )
+    );
+    settle(&shared, &["n1", "n2", "n3"]).await;
+
+    // n1 drains (a reviewed commit): its replicas move; one fits on n2, the other waits. The
+    // new replica's ensure comes in an earlier step than the old one's stop.
+    repo.write(
+        "pools/main.yaml",
+        &POOL.replace("{name: n1,", "{name: n1, state: draining,"),
+    );
+    repo.commit("drain n1", true);
+    shared.pass().await.expect("pass");
+    let (g, at) = placed(&url).await;
+    assert_eq!(g, "3");
+    assert!(at.iter().all(|i| !i.ends_with("@n1")), "{at:?}");
+    assert_eq!(at.iter().filter(|i| i.ends_with("@n2")).count(), 2, "{at:?}");
+    no_node_over_capacity(&shared).await;
+    settle(&shared, &["n1", "n2", "n3"]).await;
+    let step = |pattern: &str| {
+        let url = url.clone();
+        let pattern = pattern.to_owned();
+        async move {
+            rows(
+                &url,
+                &format!("SELECT step FROM jobs WHERE generation = 3 AND key LIKE '{pattern}'"),
+            )
+            .await
+            .into_iter()
+            .filter_map(|s| s.parse::<i64>().ok())
+            .collect::<Vec<i64>>()
+        }
+    };
+    let ensures = step("app:%:ensure@n2").await;
+    let stops = step("app:%:stop@n1").await;
+    assert!(!ensures.is_empty() && !stops.is_empty(), "{ensures:?} {stops:?}");
+    assert!(
+        ensures.iter().max() < stops.iter().min(),
+        "new replicas before old ones stop"
+    );
+    shared.ledger.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    scenario(url, dir.path()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres() {
+    let pg = postgres_support::Postgres::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    scenario(pg.url(), dir.path()).await;
+}
