@@ -1,0 +1,305 @@
+//! What a lease hands a node, against `pl-reconciler run` and the agent's client library: the
+//! network's subnet, the container to run (image by digest, command, variables, limits,
+//! health, port) and the ingress upstreams, all from the job's own generation; and the
+//! project's secrets sealed to the node's own age key (made at enrolment), readable with that
+//! key by the real `age` CLI and by nothing else. The plaintext is nowhere in the ledger. A
+//! secret the control host cannot open fails its job for good, with its code.
+
+#[path = "../../reconciler/tests/support/daemon.rs"]
+mod daemon_support;
+#[path = "../../reconciler/tests/support/repo.rs"]
+mod repo_support;
+mod support;
+
+use agent_proto::{Execution, FULL_CAPABILITIES, Heartbeat, LeasedJob, Outcome};
+use daemon_support::{CONTROL_CA, Daemon, config, free_port, setup, write_private};
+use pushleft_agent::client::AgentClient;
+use repo_support::{DIGEST, Repo, environment};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use support::sql;
+
+const PLAINTEXT: &str = "postgres://app:hunter2-very-secret@db/app";
+
+/// A new age identity from `age-keygen`: (file, recipient).
+fn keygen(path: &Path) -> String {
+    let o = Command::new("age-keygen")
+        .arg("-o")
+        .arg(path)
+        .output()
+        .expect("age-keygen");
+    assert!(o.status.success());
+    let text = std::fs::read_to_string(path).expect("key");
+    let recipient = text
+        .lines()
+        .find_map(|l| l.strip_prefix("# public key: "))
+        .expect("public key")
+        .to_owned();
+    write_private(path, &text);
+    recipient
+}
+
+/// `age --armor -r RECIPIENT` of `plaintext`, through stdin.
+fn encrypt(plaintext: &str, recipient: &str) -> String {
+    let mut child = Command::new("age")
+        .args(["--armor", "-r", recipient])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("age");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(plaintext.as_bytes())
+        .expect("write");
+    let o = child.wait_with_output().expect("age");
+    assert!(o.status.success());
+    String::from_utf8(o.stdout).expect("armor")
+}
+
+/// `age -d -i IDENTITY` of `armored`, or `None` when that identity cannot open it.
+fn decrypt(armored: &str, identity: &Path) -> Option<String> {
+    let mut child = Command::new("age")
+        .arg("-d")
+        .arg("-i")
+        .arg(identity)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("age");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(armored.as_bytes())
+        .expect("write");
+    let o = child.wait_with_output().expect("age");
+    o.status
+        .success()
+        .then(|| String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+/// A Secret declaring `recipient`, its value encrypted to `sealed_to`.
+fn secret(name: &str, recipient: &str, sealed_to: &str, value: &str) -> String {
+    let ct = encrypt(value, sealed_to);
+    let indented: String = ct.lines().map(|l| format!("      {l}\n")).collect();
+    format!(
+        "apiVersion: pushleft.dev/v1alpha1\nkind: Secret\nmetadata: {{name: {name}}}\nspec:\n  recipients: [{recipient}]\n  data:\n    DATABASE_URL: |\n{indented}"
+    )
+}
+
+fn project(name: &str, secret: &str) -> String {
+    format!(
+        "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: {name}}}\nspec:\n  image: registry.example.com/{name}@{DIGEST}\n  env: {{LOG_LEVEL: info}}\n  secrets: [{secret}]\n  roles:\n    web: {{kind: web, port: 8080, health: {{path: /healthz, timeoutSeconds: 20}}, replicas: 1, command: [/bin/server, --port, \"8080\"], resources: {{cpu: 250m, memory: 128Mi, pids: 64}}}}\n"
+    )
+}
+
+/// Leases until `n` jobs came (or 20 s passed).
+fn lease_n(c: &AgentClient, n: usize) -> Vec<LeasedJob> {
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while out.len() < n && Instant::now() < deadline {
+        out.extend(c.lease(8, Duration::from_secs(2)).expect("lease").jobs);
+    }
+    out
+}
+
+#[test]
+fn a_lease_carries_everything_the_job_needs_with_secrets_sealed_to_the_node() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let control_key = dir.path().join("control.age");
+    let control = keygen(&control_key);
+    let stranger = keygen(&dir.path().join("stranger.age"));
+    let repo = Repo::new(dir.path());
+    std::fs::write(dir.path().join("allowed_signers"), &repo.signers).expect("signers");
+    repo.write(
+        "pushleft.yaml",
+        &repo_support::ROOT.replace(
+            "previewDomain:",
+            &format!("controlRecipient: {control}, previewDomain:"),
+        ),
+    );
+    repo.write("secrets/db.yaml", &secret("db", &control, &control, PLAINTEXT));
+    repo.write("projects/api.yaml", &project("api", "db"));
+    repo.write("envs/api-production.yaml", &environment("api-production", "api"));
+    // A secret that names the control host but was sealed to someone else: it passes
+    // validation (which cannot open it), and the control host cannot deliver it.
+    repo.write("secrets/lost.yaml", &secret("lost", &control, &stranger, "unreachable"));
+    repo.write("projects/other.yaml", &project("other", "lost"));
+    repo.write("envs/other-production.yaml", &environment("other-production", "other"));
+    repo.commit("two environments with secrets", true);
+    let s = setup(dir.path());
+    let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    let (port, agent_port) = (free_port(), free_port());
+    write_private(
+        &s.dir.join("control-identity.age"),
+        &std::fs::read_to_string(&control_key).expect("key"),
+    );
+    let cfg = config(
+        &s,
+        "d",
+        &repo.dir,
+        &url,
+        port,
+        &format!(
+            "{CONTROL_CA}age_identity = \"control-identity.age\"\n\n[agent_api]\nlisten = \"127.0.0.1:{agent_port}\"\n"
+        ),
+    );
+    let mut d = Daemon::start(&s, &cfg, port);
+    d.wait_ready(Duration::from_secs(20));
+    let ca_pem = std::fs::read_to_string(dir.path().join("tls/ca.crt")).expect("ca");
+    let fingerprint = format!("SHA256:{}", reconciler_fingerprint(&ca_pem));
+    let node_dir = dir.path().join("n1");
+    let token = d.enrolment_token("n1", &s.operator);
+    pushleft_agent::enroll::enroll(
+        &format!("https://localhost:{port}"),
+        &fingerprint,
+        "n1",
+        &node_dir,
+        &token,
+    )
+    .expect("enrol");
+    let n1 = AgentClient::from_dir(&format!("https://localhost:{agent_port}"), &node_dir).expect("client");
+    n1.heartbeat(&Heartbeat::new("test", &FULL_CAPABILITIES))
+        .expect("heartbeat");
+
+    // Infrastructure: each environment's network with a subnet of its own on this node.
+    let infra = lease_n(&n1, 6);
+    assert_eq!(infra.len(), 6, "network, firewall and routes of both environments");
+    let mut subnets = std::collections::BTreeMap::new();
+    for j in &infra {
+        let Execution::Network(net) = &j.execution else {
+            panic!("{:?}", j.execution)
+        };
+        assert_eq!(net.network, format!("pl_{}", net.environment));
+        subnets.insert(net.environment.clone(), net.subnet.clone());
+        n1.complete(&j.proof, Outcome::Succeeded, "").expect("complete");
+    }
+    assert_eq!(subnets.len(), 2);
+    let mut distinct: Vec<&String> = subnets.values().collect();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 2, "one subnet per environment on a node: {subnets:?}");
+    assert!(
+        subnets
+            .values()
+            .all(|s| s.starts_with("10.208.") && s.ends_with(".0/24"))
+    );
+
+    // The replica: everything to run it, and the secret sealed to n1's own key. (Generation 1
+    // waited for a node; n1's first heartbeat placed it as generation 2.)
+    let apps = lease_n(&n1, 1);
+    let app = apps
+        .iter()
+        .find(|j| j.key.starts_with("app:api-production/"))
+        .expect("api's replica");
+    let Execution::Application(spec) = &app.execution else {
+        panic!("{:?}", app.execution)
+    };
+    assert_eq!(spec.container, "pl-api-production-web-0-g2");
+    assert_eq!(spec.image, format!("registry.example.com/api@{DIGEST}"));
+    assert_eq!(spec.command, ["/bin/server", "--port", "8080"]);
+    assert_eq!(spec.env.get("LOG_LEVEL").map(String::as_str), Some("info"));
+    assert_eq!((spec.cpu_millis, spec.memory_bytes, spec.pids), (250, 128 << 20, 64));
+    assert_eq!(spec.port, Some(8080));
+    assert_eq!(
+        spec.health.as_ref().map(|h| (h.path.as_str(), h.timeout_seconds)),
+        Some(("/healthz", 20))
+    );
+    assert_eq!(spec.network.subnet, subnets["api-production"]);
+    assert_eq!(spec.secrets.len(), 1);
+    let sealed = &spec.secrets[0];
+    assert_eq!(sealed.key, "DATABASE_URL");
+    assert!(!sealed.sealed.contains(PLAINTEXT));
+    assert_eq!(
+        decrypt(&sealed.sealed, &node_dir.join("age.key")).as_deref(),
+        Some(PLAINTEXT),
+        "n1's own identity opens it"
+    );
+    assert_eq!(decrypt(&sealed.sealed, &control_key), None, "sealed to the node alone");
+    n1.complete(&app.proof, Outcome::Succeeded, "healthy")
+        .expect("complete");
+
+    // The other environment's secret cannot be opened by the control host: that job failed
+    // for good with its code, and was never handed out.
+    assert!(
+        apps.iter().all(|j| !j.key.starts_with("app:other-production/")),
+        "{apps:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut later = Vec::new();
+    while sql(&url, "SELECT state FROM jobs WHERE key LIKE 'app:other-production/%'") != ["failed"] {
+        assert!(Instant::now() < deadline, "other's replica did not fail");
+        later.extend(n1.lease(8, Duration::from_millis(200)).expect("lease").jobs);
+    }
+    let detail = sql(
+        &url,
+        "SELECT r.detail FROM job_results r JOIN jobs j ON j.id = r.job_id WHERE j.key LIKE 'app:other-production/%'",
+    );
+    assert!(detail[0].starts_with("secret-undeliverable:"), "{detail:?}");
+
+    // Ingress: the hostname's route to this generation's replica on this node.
+    let routes = if later.is_empty() { lease_n(&n1, 1) } else { later };
+    let Execution::Ingress(ingress) = &routes[0].execution else {
+        panic!("{:?}", routes[0].execution)
+    };
+    assert_eq!(ingress.hostname, "api.example.com");
+    assert_eq!(ingress.route_id, "pl-api.example.com-g2");
+    assert_eq!(ingress.upstreams.len(), 1);
+    assert_eq!(
+        (ingress.upstreams[0].container.as_str(), ingress.upstreams[0].port),
+        ("pl-api-production-web-0-g2", 8080)
+    );
+
+    // The plaintext is nowhere in the ledger: not in a job, a result, an event or a sealed copy.
+    for table in [
+        "jobs",
+        "job_results",
+        "events",
+        "deployments",
+        "desired_objects",
+        "sealed_secrets",
+    ] {
+        let text = sql(
+            &url,
+            &format!(
+                "SELECT CAST(COUNT(*) AS TEXT) FROM {table} WHERE CAST({} AS TEXT) LIKE '%hunter2%'",
+                column(table)
+            ),
+        );
+        assert_eq!(text, ["0"], "{table}");
+    }
+    assert_eq!(
+        sql(&url, "SELECT CAST(COUNT(*) AS TEXT) FROM sealed_secrets"),
+        ["1"],
+        "one sealed copy"
+    );
+    let log = std::fs::read_to_string(&d.log).unwrap_or_default();
+    assert!(!log.contains("hunter2"), "the daemon's log");
+    d.kill9();
+}
+
+/// The widest text column of each table.
+fn column(table: &str) -> &'static str {
+    match table {
+        "jobs" => "task",
+        "job_results" => "detail",
+        "events" => "detail",
+        "deployments" => "spec",
+        "desired_objects" => "document",
+        _ => "sealed",
+    }
+}
+
+fn reconciler_fingerprint(pem: &str) -> String {
+    use sha2::Digest;
+    let (_, p) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).expect("pem");
+    sha2::Sha256::digest(&p.contents)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
