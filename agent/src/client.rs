@@ -44,16 +44,16 @@ impl AgentClient {
         )
     }
 
-    /// A client from PEM bytes.
+    /// A client from PEM bytes; `ca_pem` may be a bundle of several CAs.
     pub fn new(base: &str, cert_pem: &[u8], key_pem: &[u8], ca_pem: &[u8]) -> Result<AgentClient, ClientError> {
         let cert = ureq::tls::Certificate::from_pem(cert_pem)
             .map_err(transport)?
             .to_owned();
         let key = ureq::tls::PrivateKey::from_pem(key_pem).map_err(transport)?.to_owned();
-        let ca = ureq::tls::Certificate::from_pem(ca_pem).map_err(transport)?.to_owned();
+        let cas = ca_bundle(ca_pem)?;
         let tls = ureq::tls::TlsConfig::builder()
             .client_cert(Some(ureq::tls::ClientCert::new_with_certs(&[cert], key)))
-            .root_certs(ureq::tls::RootCerts::Specific(Arc::new(vec![ca])))
+            .root_certs(ureq::tls::RootCerts::Specific(Arc::new(cas)))
             .build();
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .tls_config(tls)
@@ -138,4 +138,18 @@ impl AgentClient {
         )?;
         Ok(())
     }
+}
+
+/// Every CA certificate of a PEM bundle: during a CA rotation it holds the new CA and the old.
+pub fn ca_bundle(pem: &[u8]) -> Result<Vec<ureq::tls::Certificate<'static>>, ClientError> {
+    let mut cas = Vec::new();
+    for item in ureq::tls::parse_pem(pem) {
+        if let ureq::tls::PemItem::Certificate(c) = item.map_err(transport)? {
+            cas.push(c.to_owned());
+        }
+    }
+    if cas.is_empty() {
+        return Err(ClientError::Transport("the CA bundle holds no certificate".into()));
+    }
+    Ok(cas)
 }

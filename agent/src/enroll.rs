@@ -34,12 +34,18 @@ pub fn parse_fingerprint(s: &str) -> Result<String> {
     Ok(hex)
 }
 
-fn der_of(pem: &str) -> Result<Vec<u8>> {
+/// The DER of every certificate in a PEM bundle.
+fn ders_of(pem: &str) -> Result<Vec<Vec<u8>>> {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
-    Ok(CertificateDer::from_pem_slice(pem.as_bytes())
-        .map_err(|e| anyhow!("the CA is not a PEM certificate: {e}"))?
-        .to_vec())
+    let ders: Vec<Vec<u8>> = CertificateDer::pem_slice_iter(pem.as_bytes())
+        .map(|c| c.map(|c| c.to_vec()))
+        .collect::<Result<_, _>>()
+        .map_err(|e| anyhow!("the CA is not a PEM certificate: {e}"))?;
+    if ders.is_empty() {
+        bail!("the control plane sent no CA certificate");
+    }
+    Ok(ders)
 }
 
 fn agent(tls: ureq::tls::TlsConfig) -> ureq::Agent {
@@ -68,12 +74,17 @@ fn pinned_ca(control: &str, fingerprint: &str) -> Result<String> {
         .limit(64 * 1024)
         .read_to_string()
         .map_err(|e| anyhow!("reading the CA: {e}"))?;
-    let got: String = Sha256::digest(der_of(&pem)?)
+    // During a CA rotation the bundle holds the new CA and the old one: the pin may name
+    // either, and the whole bundle is trusted once one of them matches.
+    let got: Vec<String> = ders_of(&pem)?
         .iter()
-        .map(|b| format!("{b:02x}"))
+        .map(|der| Sha256::digest(der).iter().map(|b| format!("{b:02x}")).collect())
         .collect();
-    if got != fingerprint {
-        bail!("the control plane's CA is SHA256:{got}, not the one given: refusing to enrol [ca-fingerprint-mismatch]");
+    if !got.iter().any(|g| g == fingerprint) {
+        bail!(
+            "the control plane's CA is SHA256:{}, not the one given: refusing to enrol [ca-fingerprint-mismatch]",
+            got.join(", SHA256:")
+        );
     }
     Ok(pem)
 }
@@ -135,12 +146,10 @@ pub fn enroll(control: &str, fingerprint: &str, node: &str, dir: &Path, token: &
         csr,
         age_recipient: recipient,
     };
-    let ca = ureq::tls::Certificate::from_pem(ca_pem.as_bytes())
-        .map_err(|e| anyhow!("the CA: {e}"))?
-        .to_owned();
+    let cas = crate::client::ca_bundle(ca_pem.as_bytes()).map_err(|e| anyhow!("the CA: {e}"))?;
     let trusted = agent(
         ureq::tls::TlsConfig::builder()
-            .root_certs(ureq::tls::RootCerts::Specific(Arc::new(vec![ca])))
+            .root_certs(ureq::tls::RootCerts::Specific(Arc::new(cas)))
             .build(),
     );
     let mut resp = trusted

@@ -282,8 +282,9 @@ pub fn nodes(args: &ServerArgs) -> Result<u8> {
     if args.format == OutFormat::Json {
         return print_json(&v);
     }
+    // CPU and memory as reserved/declared: what placement has left on each node.
     outln!(
-        "{:<16} {:<12} {:<13} {:>7} {:>9} {:>9} {:>14}  agent",
+        "{:<16} {:<12} {:<13} {:>13} {:>15} {:>9} {:>14}  agent",
         "node",
         "pool",
         "state",
@@ -299,13 +300,23 @@ pub fn nodes(args: &ServerArgs) -> Result<u8> {
         let seen = n["lastSeenMs"]
             .as_i64()
             .map_or("never".to_owned(), |t| format!("{} s ago", (now - t).max(0) / 1000));
+        let cpu = format!(
+            "{}/{}m",
+            n["reservedCpuMillis"].as_u64().unwrap_or(0),
+            n["cpuMillis"].as_u64().unwrap_or(0)
+        );
+        let memory = format!(
+            "{}/{}Mi",
+            n["reservedMemoryBytes"].as_u64().unwrap_or(0) >> 20,
+            n["memoryBytes"].as_u64().unwrap_or(0) >> 20
+        );
         outln!(
-            "{:<16} {:<12} {:<13} {:>6}m {:>7}Mi {:>9} {:>14}  {}",
+            "{:<16} {:<12} {:<13} {:>13} {:>15} {:>9} {:>14}  {}",
             n["name"].as_str().unwrap_or("?"),
             n["pool"].as_str().unwrap_or("?"),
             n["state"].as_str().unwrap_or("?"),
-            n["cpuMillis"].as_u64().unwrap_or(0),
-            n["memoryBytes"].as_u64().unwrap_or(0) >> 20,
+            cpu,
+            memory,
             n["instances"].as_u64().unwrap_or(0),
             seen,
             n["agentVersion"].as_str().unwrap_or("-"),

@@ -5,6 +5,9 @@
 ALTER TABLE nodes ADD COLUMN capabilities TEXT NOT NULL DEFAULT '';
 ALTER TABLE nodes ADD COLUMN observed TEXT;
 ALTER TABLE deployments ADD COLUMN waiting TEXT NOT NULL DEFAULT '[]';
+-- The CA that signed each certificate (SHA-256 of its DER, hex): during a CA rotation,
+-- `pl nodes` shows which nodes still hold a certificate from the old one.
+ALTER TABLE node_certificates ADD COLUMN ca TEXT;
 
 CREATE TABLE subnets (
     node        TEXT    NOT NULL,

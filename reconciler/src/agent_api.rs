@@ -284,16 +284,16 @@ async fn certificate(State(s): App, Extension(peer): Peer, body: axum::body::Bod
         Err(crate::pki::PkiError::Refused(message, r)) => return refused(r, message),
         Err(e) => return internal(e),
     };
-    match s
-        .ledger
-        .add_renewed_certificate(&node, &old, &issued.fingerprint, issued.not_after_ms, now_ms())
-        .await
-    {
+    let bundle = match s.config.control.ca_bundle() {
+        Ok(b) => b,
+        Err(e) => return internal(e),
+    };
+    match s.ledger.add_renewed_certificate(&node, &old, &issued, now_ms()).await {
         Ok(()) => {
             tracing::info!(node = %node, fingerprint = %issued.fingerprint, "certificate renewed");
             axum::Json(agent_proto::EnrollResponse {
                 certificate: issued.pem,
-                ca: issued.ca_pem,
+                ca: bundle,
                 not_after_ms: issued.not_after_ms,
             })
             .into_response()

@@ -506,7 +506,7 @@ pub struct PeerCert(pub String);
 
 /// Loads the API's TLS certificate chain and key (PEM).
 pub fn tls_config(cert: &std::path::Path, key: &std::path::Path) -> Result<rustls::ServerConfig, String> {
-    tls_config_with(cert, key, None)
+    tls_config_with(cert, key, &[])
 }
 
 /// The agent API's TLS: a client certificate signed by the control CA (`client_ca`) is
@@ -514,7 +514,7 @@ pub fn tls_config(cert: &std::path::Path, key: &std::path::Path) -> Result<rustl
 pub fn tls_config_with(
     cert: &std::path::Path,
     key: &std::path::Path,
-    client_ca: Option<&std::path::Path>,
+    client_cas: &[&std::path::Path],
 ) -> Result<rustls::ServerConfig, String> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -527,14 +527,17 @@ pub fn tls_config_with(
     let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?;
-    let builder = match client_ca {
-        None => builder.with_no_client_auth(),
-        Some(ca) => {
+    let builder = if client_cas.is_empty() {
+        builder.with_no_client_auth()
+    } else {
+        {
             let mut roots = rustls::RootCertStore::empty();
-            for c in CertificateDer::pem_file_iter(ca).map_err(|e| format!("{}: {e}", ca.display()))? {
-                roots
-                    .add(c.map_err(|e| format!("{}: {e}", ca.display()))?)
-                    .map_err(|e| format!("{}: {e}", ca.display()))?;
+            for ca in client_cas {
+                for c in CertificateDer::pem_file_iter(ca).map_err(|e| format!("{}: {e}", ca.display()))? {
+                    roots
+                        .add(c.map_err(|e| format!("{}: {e}", ca.display()))?)
+                        .map_err(|e| format!("{}: {e}", ca.display()))?;
+                }
             }
             let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
                 .build()

@@ -162,6 +162,11 @@ pub struct ControlConfig {
     /// How long a node's client certificate is valid, in hours.
     #[serde(default = "default_node_cert_hours")]
     pub node_cert_hours: i64,
+    /// Earlier control CAs whose node certificates are still accepted: the first phase of a
+    /// CA rotation (new certificates come from `ca_cert`; nodes move over as they renew).
+    /// Emptied in the second phase, after which only `ca_cert`'s certificates are accepted.
+    #[serde(default)]
+    pub trusted_cas: Vec<PathBuf>,
     /// How long a node may be silent before it is lost and its replicas are placed elsewhere.
     #[serde(default = "default_lost_after")]
     pub lost_after_seconds: i64,
@@ -177,6 +182,30 @@ pub struct ReconcileConfig {
     /// The loop runs at least this often, hint or not.
     #[serde(default = "default_interval")]
     pub interval_seconds: u64,
+}
+
+impl ControlConfig {
+    /// Every CA a node certificate may come from: the signing one first, then those still
+    /// trusted during a rotation.
+    pub fn client_cas(&self) -> Vec<&std::path::Path> {
+        self.ca_cert
+            .iter()
+            .chain(self.trusted_cas.iter())
+            .map(PathBuf::as_path)
+            .collect()
+    }
+
+    /// The CA bundle (PEM) agents trust and enrolment pins against: [`Self::client_cas`]' files
+    /// concatenated.
+    pub fn ca_bundle(&self) -> std::io::Result<String> {
+        let mut out = String::new();
+        for p in self.client_cas() {
+            let text = std::fs::read_to_string(p)?;
+            out.push_str(text.trim_end());
+            out.push('\n');
+        }
+        Ok(out)
+    }
 }
 
 impl Default for ReconcileConfig {
@@ -206,6 +235,7 @@ impl Default for ControlConfig {
             ca_key: None,
             age_identity: None,
             lost_after_seconds: default_lost_after(),
+            trusted_cas: Vec::new(),
             node_cert_hours: default_node_cert_hours(),
         }
     }
@@ -343,6 +373,11 @@ impl Config {
         fix_opt(&mut self.webhooks.gitlab_token_file);
         fix_opt(&mut self.control.ca_cert);
         fix_opt(&mut self.control.ca_key);
+        for p in &mut self.control.trusted_cas {
+            let mut o = Some(std::mem::take(p));
+            fix_opt(&mut o);
+            *p = o.unwrap_or_default();
+        }
         fix_opt(&mut self.control.age_identity);
     }
 

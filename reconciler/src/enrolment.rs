@@ -133,14 +133,21 @@ pub async fn enroll(State(s): State<Arc<Shared>>, body: axum::body::Body) -> Res
         token: &req.token,
         age_recipient: &req.age_recipient,
         fingerprint: &issued.fingerprint,
+        ca: &issued.ca_fingerprint,
         not_after_ms: issued.not_after_ms,
+    };
+    // The CA bundle the node trusts from now on: during a rotation, the new CA and the ones
+    // still trusted, so it verifies the control plane whichever of them its certificate has.
+    let bundle = match s.config.control.ca_bundle() {
+        Ok(b) => b,
+        Err(e) => return internal(e),
     };
     match s.ledger.enroll(&e, now).await {
         Ok(None) => {
             tracing::info!(node = %req.node, fingerprint = %issued.fingerprint, "node enrolled");
             axum::Json(EnrollResponse {
                 certificate: issued.pem,
-                ca: issued.ca_pem,
+                ca: bundle,
                 not_after_ms: issued.not_after_ms,
             })
             .into_response()
@@ -153,10 +160,10 @@ pub async fn enroll(State(s): State<Arc<Shared>>, body: axum::body::Body) -> Res
 /// `GET /v1/ca`: the control CA certificate, public, for an agent to check against the
 /// fingerprint it was given before it trusts anything else.
 pub async fn ca(State(s): State<Arc<Shared>>) -> Response {
-    let Some(path) = &s.config.control.ca_cert else {
+    if s.config.control.ca_cert.is_none() {
         return refused(Refusal::NoControlCa, "the control plane has no CA configured");
-    };
-    match std::fs::read_to_string(path) {
+    }
+    match s.config.control.ca_bundle() {
         Ok(pem) => ([("content-type", "application/x-pem-file")], pem).into_response(),
         Err(e) => internal(e),
     }

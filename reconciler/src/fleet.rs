@@ -33,6 +33,8 @@ pub struct Enrolment<'a> {
     pub token: &'a str,
     pub age_recipient: &'a str,
     pub fingerprint: &'a str,
+    /// The signing CA's fingerprint.
+    pub ca: &'a str,
     pub not_after_ms: i64,
 }
 
@@ -62,6 +64,9 @@ pub struct NodeRow {
     pub reserved_memory_bytes: u64,
     /// What the agent says it can run (`docker`, `ingress`, …).
     pub capabilities: Vec<String>,
+    /// The CA (SHA-256 fingerprint, hex) of the node's newest valid certificate: during a CA
+    /// rotation, the second phase may start once every node shows the new one.
+    pub certificate_ca: Option<String>,
 }
 
 /// The lifecycle state from what Git says and when the node was last seen (the same
@@ -151,22 +156,22 @@ impl Ledger {
         &self,
         node: &str,
         old: &str,
-        fingerprint: &str,
-        not_after_ms: i64,
+        issued: &crate::pki::Issued,
         now_ms: i64,
     ) -> Result<(), LedgerError> {
         let mut tx = self.write_tx().await?;
         sqlx::query(self.sql(
-            "INSERT INTO node_certificates (fingerprint, node, issued_at, not_after, replaces) VALUES (?, ?, ?, ?, ?)",
+            "INSERT INTO node_certificates (fingerprint, node, issued_at, not_after, replaces, ca) VALUES (?, ?, ?, ?, ?, ?)",
         ))
-        .bind(fingerprint)
+        .bind(&issued.fingerprint)
         .bind(node)
         .bind(now_ms)
-        .bind(not_after_ms)
+        .bind(issued.not_after_ms)
         .bind(old)
+        .bind(&issued.ca_fingerprint)
         .execute(&mut *tx)
         .await?;
-        self.event(&mut tx, now_ms, "certificate-renewed", node, fingerprint)
+        self.event(&mut tx, now_ms, "certificate-renewed", node, &issued.fingerprint)
             .await?;
         tx.commit().await?;
         Ok(())
@@ -293,6 +298,15 @@ impl Ledger {
                 *placed.entry(i.node.to_string()).or_default() += 1;
             }
         }
+        let mut cas: std::collections::BTreeMap<String, String> = Default::default();
+        for r in sqlx::query(self.sql(
+            "SELECT node, ca FROM node_certificates WHERE revoked_at IS NULL AND ca IS NOT NULL ORDER BY issued_at, fingerprint",
+        ))
+        .fetch_all(&self.pool)
+        .await?
+        {
+            cas.insert(r.try_get(0)?, r.try_get(1)?);
+        }
         let mut out = Vec::new();
         for (pool, p) in &pools {
             for n in &p.nodes {
@@ -317,6 +331,7 @@ impl Ledger {
                     reserved_cpu_millis: cpu,
                     reserved_memory_bytes: mem,
                     capabilities: s.map(|s| s.capabilities.iter().cloned().collect()).unwrap_or_default(),
+                    certificate_ca: cas.get(&name).cloned(),
                     name,
                 });
             }
@@ -430,12 +445,15 @@ impl Ledger {
         .execute(&mut *tx)
         .await?;
         sqlx::query(
-            self.sql("INSERT INTO node_certificates (fingerprint, node, issued_at, not_after) VALUES (?, ?, ?, ?)"),
+            self.sql(
+                "INSERT INTO node_certificates (fingerprint, node, issued_at, not_after, ca) VALUES (?, ?, ?, ?, ?)",
+            ),
         )
         .bind(e.fingerprint)
         .bind(e.node)
         .bind(now_ms)
         .bind(e.not_after_ms)
+        .bind(e.ca)
         .execute(&mut *tx)
         .await?;
         self.event(&mut tx, now_ms, "node-enrolled", e.node, e.fingerprint)

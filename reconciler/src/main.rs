@@ -171,9 +171,11 @@ fn daemon(config: &Path) -> Result<()> {
         let events = tokio::spawn(reconciler::streams::watch_events(Arc::clone(&shared), stopped.clone()));
         // The agents' API: the same server certificate, and a client certificate from the
         // control CA required to finish the handshake.
+        // During a CA rotation, certificates of the CAs in `control.trusted_cas` are accepted too.
         let agents = match (&shared.config.agent_api, &shared.config.control.ca_cert) {
-            (Some(a), Some(ca)) => {
-                let tls = reconciler::api::tls_config_with(&shared.config.api.tls_cert, &shared.config.api.tls_key, Some(ca))
+            (Some(a), Some(_)) => {
+                let cas = shared.config.control.client_cas();
+                let tls = reconciler::api::tls_config_with(&shared.config.api.tls_cert, &shared.config.api.tls_key, &cas)
                     .map_err(anyhow::Error::msg)?;
                 let listener = tokio::net::TcpListener::bind(a.listen)
                     .await
@@ -263,7 +265,18 @@ fn tls_init(dir: &Path, hostnames: &[String]) -> Result<()> {
     }
     let ca_key = KeyPair::generate()?;
     let mut ca = CertificateParams::new(Vec::<String>::new())?;
-    ca.distinguished_name.push(DnType::CommonName, "Pushleft control CA");
+    // A name of its own per CA (from its key): during a rotation both CAs are trusted at once,
+    // and a verifier picks the issuer by name.
+    let tag: String = {
+        use sha2::Digest;
+        sha2::Sha256::digest(ca_key.public_key_raw())
+            .iter()
+            .take(4)
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    };
+    ca.distinguished_name
+        .push(DnType::CommonName, format!("Pushleft control CA {tag}"));
     // The CA signs leaf certificates only (the API's, and nodes' from the fleet on): a
     // certificate it signs can never act as a CA itself.
     ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));

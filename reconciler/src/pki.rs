@@ -11,6 +11,8 @@ use std::path::Path;
 pub struct Issued {
     pub pem: String,
     pub ca_pem: String,
+    /// SHA-256 of the signing CA's DER, hex.
+    pub ca_fingerprint: String,
     /// SHA-256 of the certificate's DER, hex: how the agent API will know it.
     pub fingerprint: String,
     pub not_after_ms: i64,
@@ -86,6 +88,7 @@ pub fn sign_node_csr(csr_pem: &str, node: &str, hours: i64, ca_cert: &Path, ca_k
     Ok(Issued {
         fingerprint: fingerprint_of_pem(&pem).unwrap_or_default(),
         pem,
+        ca_fingerprint: fingerprint_of_pem(&ca_pem).unwrap_or_default(),
         ca_pem,
         not_after_ms,
     })
