@@ -36,6 +36,72 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .with_state(shared)
 }
 
+/// How long an admitted certificate is admitted without asking the ledger again. Revocations
+/// this daemon makes (a retired node, a renewed certificate's first use) clear it at once; one
+/// another daemon makes takes effect here within this bound.
+pub const CERTIFICATE_CACHE_MS: u64 = 5_000;
+/// How long what Git declares of the nodes is reused by leases.
+pub const DECLARED_CACHE_MS: u64 = 1_000;
+
+/// Short-lived caches that keep per-request ledger reads off the agent API's hot path.
+#[derive(Default)]
+pub struct Caches {
+    /// Admitted certificates: fingerprint → (node, not after, when admitted).
+    certificates: std::sync::Mutex<std::collections::HashMap<String, (String, i64, Instant)>>,
+    declared: std::sync::Mutex<Option<(Instant, std::collections::HashMap<String, Declared>)>>,
+}
+
+impl Caches {
+    pub fn forget_certificates(&self) {
+        if let Ok(mut c) = self.certificates.lock() {
+            c.clear();
+        }
+    }
+
+    fn certificate(&self, fingerprint: &str, now_ms: i64) -> Option<String> {
+        let c = self.certificates.lock().ok()?;
+        let (node, not_after, at) = c.get(fingerprint)?;
+        (*not_after > now_ms && at.elapsed() < Duration::from_millis(CERTIFICATE_CACHE_MS)).then(|| node.clone())
+    }
+
+    fn admit(&self, fingerprint: &str, node: &str, not_after: i64) {
+        if let Ok(mut c) = self.certificates.lock() {
+            // A node's new certificate, on its first use, revokes the one it renewed.
+            c.retain(|f, (n, _, _)| n != node || f == fingerprint);
+            if c.len() > 100_000 {
+                c.clear();
+            }
+            c.insert(fingerprint.to_owned(), (node.to_owned(), not_after, Instant::now()));
+        }
+    }
+}
+
+/// What the applied branch declares of `node`, from a map rebuilt at most once a second.
+async fn declared(s: &Shared, node: &str) -> Result<Declared, crate::ledger::LedgerError> {
+    if let Ok(c) = s.agent_caches.declared.lock()
+        && let Some((at, map)) = c.as_ref()
+        && at.elapsed() < Duration::from_millis(DECLARED_CACHE_MS)
+    {
+        return Ok(map.get(node).cloned().unwrap_or(Declared::No));
+    }
+    let mut map = std::collections::HashMap::new();
+    for (pool, p) in s.ledger.applied_pools(&s.config.source.branch).await? {
+        for n in p.nodes {
+            let d = match n.state {
+                state_schema::model::NodeState::Retired => Declared::Retired,
+                state_schema::model::NodeState::Draining => Declared::Draining { pool: pool.to_string() },
+                state_schema::model::NodeState::Active => Declared::Yes { pool: pool.to_string() },
+            };
+            map.insert(n.name.to_string(), d);
+        }
+    }
+    let answer = map.get(node).cloned().unwrap_or(Declared::No);
+    if let Ok(mut c) = s.agent_caches.declared.lock() {
+        *c = Some((Instant::now(), map));
+    }
+    Ok(answer)
+}
+
 /// The calling node, from its client certificate.
 async fn caller(s: &Shared, peer: Option<PeerCert>) -> Result<String, Response> {
     caller_and_certificate(s, peer).await.map(|(node, _)| node)
@@ -46,8 +112,15 @@ async fn caller_and_certificate(s: &Shared, peer: Option<PeerCert>) -> Result<(S
     let Some(PeerCert(fingerprint)) = peer else {
         return Err(refused(Refusal::CertificateRevoked, "no client certificate"));
     };
-    match s.ledger.node_of_certificate(&fingerprint, now_ms()).await {
-        Ok(Ok(node)) => Ok((node, fingerprint)),
+    let now = now_ms();
+    if let Some(node) = s.agent_caches.certificate(&fingerprint, now) {
+        return Ok((node, fingerprint));
+    }
+    match s.ledger.node_of_certificate(&fingerprint, now).await {
+        Ok(Ok((node, not_after))) => {
+            s.agent_caches.admit(&fingerprint, &node, not_after);
+            Ok((node, fingerprint))
+        }
         Ok(Err(CertRefusal::Expired)) => Err(refused(Refusal::CertificateExpired, "the certificate has expired")),
         Ok(Err(_)) => Err(refused(
             Refusal::CertificateRevoked,
@@ -133,7 +206,7 @@ async fn lease(State(s): App, Extension(peer): Peer, body: axum::body::Body) -> 
     };
     // A draining node gets no new work: only what takes its old work away (each removal
     // queued after its replacement elsewhere is healthy).
-    let removals_only = match s.ledger.declared_node(&s.config.source.branch, &node).await {
+    let removals_only = match declared(&s, &node).await {
         Ok(Declared::Yes { .. }) => false,
         Ok(Declared::Draining { .. }) => true,
         Ok(Declared::Retired) => return refused(Refusal::NodeRetired, "the node is retired in Git"),
@@ -170,7 +243,7 @@ async fn lease(State(s): App, Extension(peer): Peer, body: axum::body::Body) -> 
                             token: l.token,
                             outcome: crate::ledger::Outcome::Permanent(format!("{}: {}", why.code, why.message)),
                         };
-                        if let Err(e) = s.group.complete(done).await {
+                        if let Err(e) = s.group.complete(done, &node).await {
                             return internal(e);
                         }
                         continue;
@@ -247,9 +320,6 @@ async fn complete(State(s): App, Extension(peer): Peer, body: axum::body::Body) 
     if secret_shaped(&req.detail) {
         return refused(Refusal::SecretInResult, "a result may not carry secret-shaped values");
     }
-    if let Err(r) = own_job(&s, &node, req.proof.job_id).await {
-        return r;
-    }
     let outcome = match req.outcome {
         Outcome::Succeeded => crate::ledger::Outcome::Succeeded,
         Outcome::Retryable => crate::ledger::Outcome::Retryable(req.detail.clone()),
@@ -259,8 +329,10 @@ async fn complete(State(s): App, Extension(peer): Peer, body: axum::body::Body) 
         token: token_of(&req.proof),
         outcome,
     };
-    match s.group.complete(done).await {
+    // Ownership is checked in the completion's own transaction (one query for a whole group).
+    match s.group.complete(done, &node).await {
         Ok(Ok(())) => axum::Json(serde_json::json!({"completed": true})).into_response(),
+        Ok(Err(crate::ledger::Refused::NotYourJob)) => refused(Refusal::NotYourJob, "that job is another node's"),
         Ok(Err(_)) => refused(Refusal::StaleFencingToken, "the lease is no longer yours"),
         Err(e) => internal(e),
     }

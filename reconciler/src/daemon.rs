@@ -128,6 +128,8 @@ pub struct Shared {
     pub wrote: tokio::sync::Notify,
     /// Wakes agents' long-polling leases after this daemon queued jobs.
     pub jobs: tokio::sync::Notify,
+    /// Wakes the loop for the ledger-only part of a pass (`settle`): agents completed jobs.
+    pub settle_hint: tokio::sync::Notify,
     /// The agent API's group commit (see `group.rs`).
     pub group: crate::group::Group,
     /// The newest event id, published by [`crate::streams::watch_events`] to every stream.
@@ -148,6 +150,9 @@ pub struct Shared {
     pub control_identities: Vec<Box<dyn age::Identity + Send + Sync>>,
     /// The fleet as of the last re-placement (`Ledger::fleet_signature`).
     fleet_signature: Mutex<Option<String>>,
+    /// The agent API's short-lived caches (`agent_api.rs`): admitted certificates and what
+    /// Git declares of each node.
+    pub agent_caches: crate::agent_api::Caches,
 }
 
 /// What one pass did.
@@ -217,6 +222,7 @@ impl Shared {
             fetch_hint: tokio::sync::Notify::new(),
             wrote: tokio::sync::Notify::new(),
             jobs: tokio::sync::Notify::new(),
+            settle_hint: tokio::sync::Notify::new(),
             group: crate::group::Group::default(),
             events_tip: tokio::sync::watch::Sender::new(0),
             counts: Mutex::new(None),
@@ -226,6 +232,7 @@ impl Shared {
             passes: AtomicU64::new(0),
             control_identities,
             fleet_signature: Mutex::new(None),
+            agent_caches: crate::agent_api::Caches::default(),
             repo: Mutex::new(None),
         })
     }
@@ -325,10 +332,28 @@ impl Shared {
         // A node retired in Git loses every certificate at once.
         let revoked = self.ledger.revoke_retired(&self.config.source.branch, now_ms()).await?;
         if revoked > 0 {
+            self.agent_caches.forget_certificates();
             tracing::info!(certificates = revoked, "revoked the certificates of retired nodes");
         }
+        report.advanced = self.settle().await?;
+        let wrote = report.judged + report.teardowns + report.advanced > 0;
+        self.refresh_counts(wrote).await;
+        self.metrics.observe(started.elapsed());
+        self.last_tick_ms.store(now_ms(), Ordering::Relaxed);
+        self.passes.fetch_add(1, Ordering::Relaxed);
+        if wrote {
+            self.wrote.notify_waiters();
+            self.jobs.notify_waiters();
+        }
+        Ok(report)
+    }
+
+    /// The ledger-only part of a pass: expired leases back to the queue, rollouts advanced,
+    /// and re-placement when the fleet changed. What agents' completions wake (often, under
+    /// load), without reading Git. Returns how many deployments moved on or were re-placed.
+    pub async fn settle(&self) -> Result<usize, DaemonError> {
         self.ledger.expire(now_ms()).await?;
-        report.advanced = self.ledger.advance(now_ms()).await?;
+        let mut advanced = self.ledger.advance(now_ms()).await?;
         // The fleet changes without commits (nodes fall silent, come back, free room): what
         // runs is re-placed against it, level-triggered like everything else.
         let branch = &self.config.source.branch;
@@ -348,7 +373,7 @@ impl Shared {
             }
             moved
         };
-        report.advanced += moved.rollouts.len() + moved.scales.len();
+        advanced += moved.rollouts.len() + moved.scales.len();
         if !moved.rollouts.is_empty() || !moved.scales.is_empty() {
             tracing::info!(
                 moved = moved.rollouts.len(),
@@ -356,16 +381,7 @@ impl Shared {
                 "re-placed against the fleet"
             );
         }
-        let wrote = report.judged + report.teardowns + report.advanced > 0;
-        self.refresh_counts(wrote).await;
-        self.metrics.observe(started.elapsed());
-        self.last_tick_ms.store(now_ms(), Ordering::Relaxed);
-        self.passes.fetch_add(1, Ordering::Relaxed);
-        if wrote {
-            self.wrote.notify_waiters();
-            self.jobs.notify_waiters();
-        }
-        Ok(report)
+        Ok(advanced)
     }
 
     /// Reads the ledger's counts for `/metrics`: after a pass that wrote, and otherwise at
@@ -477,14 +493,33 @@ pub async fn run_loop(shared: Arc<Shared>, shutdown: tokio::sync::watch::Receive
             }
             Duration::from_millis(1000)
         };
+        // Completions wake only `settle` (no Git), a few milliseconds later so that one settle
+        // takes many agents' completions; anything else wakes a whole pass.
         let mut sd = shutdown.clone();
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = shared.hint.notified() => {}
-            _ = sd.changed() => {}
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => break,
+                _ = shared.hint.notified() => break,
+                _ = sd.changed() => break,
+                _ = shared.settle_hint.notified(), if is_leader => {
+                    tokio::time::sleep(SETTLE_DELAY).await;
+                    match shared.settle().await {
+                        Ok(n) if n > 0 => {
+                            shared.wrote.notify_waiters();
+                            shared.jobs.notify_waiters();
+                        }
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(error = %e, "settling after completions failed; the next pass retries"),
+                    }
+                }
+            }
         }
     }
 }
+
+/// How long completions gather before a settle runs for them.
+pub const SETTLE_DELAY: Duration = Duration::from_millis(10);
 
 /// Watches a local repository's refs: any change is a hint. The watcher lives as long as the
 /// returned value.

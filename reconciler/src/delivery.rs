@@ -133,15 +133,37 @@ impl Ledger {
         control: &[Box<dyn Identity + Send + Sync>],
         now_ms: i64,
     ) -> Result<Vec<Result<Execution, Undeliverable>>, LedgerError> {
-        let envs: BTreeSet<String> = leases.iter().map(|l| l.task.environment().to_string()).collect();
-        let specs = self.specs_for(&envs).await?;
-        let subnets = self.subnets_of(node, &envs).await?;
-        let recipient: Option<String> = sqlx::query(self.sql("SELECT age_recipient FROM nodes WHERE name = ?"))
-            .bind(node)
-            .fetch_optional(&self.pool)
-            .await?
-            .map(|r| r.try_get(0))
-            .transpose()?;
+        // Only what the leased tasks need is read: a removal needs nothing, a network its
+        // subnet, a container or route its generation's spec too.
+        let (mut need_spec, mut need_subnet) = (BTreeSet::new(), BTreeSet::new());
+        for l in leases {
+            let env = l.task.environment().to_string();
+            match &l.task {
+                Task::StopApplication { .. } | Task::TeardownApplication { .. } | Task::RemoveIngress { .. } => {}
+                Task::EnsureNetwork { .. }
+                | Task::ApplyFirewall { .. }
+                | Task::EnsureRoutes { .. }
+                | Task::RemoveNetwork { .. } => {
+                    need_subnet.insert(env);
+                }
+                _ => {
+                    need_subnet.insert(env.clone());
+                    need_spec.insert(env);
+                }
+            }
+        }
+        let specs = self.specs_for(&need_spec).await?;
+        let subnets = self.subnets_of(node, &need_subnet).await?;
+        let recipient: Option<String> = if need_spec.is_empty() {
+            None
+        } else {
+            sqlx::query(self.sql("SELECT age_recipient FROM nodes WHERE name = ?"))
+                .bind(node)
+                .fetch_optional(&self.pool)
+                .await?
+                .map(|r| r.try_get(0))
+                .transpose()?
+        };
         let mut out = Vec::with_capacity(leases.len());
         for l in leases {
             let env = l.task.environment().to_string();

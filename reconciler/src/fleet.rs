@@ -109,7 +109,7 @@ impl Ledger {
         &self,
         fingerprint: &str,
         now_ms: i64,
-    ) -> Result<Result<String, CertRefusal>, LedgerError> {
+    ) -> Result<Result<(String, i64), CertRefusal>, LedgerError> {
         let row = sqlx::query(self.sql(
             "SELECT c.node, c.not_after, c.revoked_at, c.replaces, p.revoked_at FROM node_certificates c \
              LEFT JOIN node_certificates p ON p.fingerprint = c.replaces WHERE c.fingerprint = ?",
@@ -147,7 +147,7 @@ impl Ledger {
             .await?;
             tx.commit().await?;
         }
-        Ok(Ok(node))
+        Ok(Ok((node, not_after)))
     }
 
     /// Records a renewed certificate for `node`, replacing `old` (revoked on the new one's

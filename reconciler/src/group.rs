@@ -22,6 +22,8 @@ struct LeaseCall {
 
 struct CompleteCall {
     completion: Completion,
+    /// The node that asks: a job of another node's is refused in the same transaction.
+    caller: String,
     reply: oneshot::Sender<Result<Result<(), Refused>, String>>,
 }
 
@@ -65,10 +67,14 @@ impl Group {
     }
 
     /// Completes one job, in the next group transaction.
-    pub async fn complete(&self, completion: Completion) -> Result<Result<(), Refused>, String> {
+    pub async fn complete(&self, completion: Completion, caller: &str) -> Result<Result<(), Refused>, String> {
         let (reply, answer) = oneshot::channel();
         self.completes
-            .send(CompleteCall { completion, reply })
+            .send(CompleteCall {
+                completion,
+                caller: caller.to_owned(),
+                reply,
+            })
             .await
             .map_err(|_| "the group committer has stopped".to_owned())?;
         answer.await.map_err(|_| "the group committer has stopped".to_owned())?
@@ -125,13 +131,14 @@ pub async fn run(shared: Arc<Shared>, mut shutdown: tokio::sync::watch::Receiver
             while let Some(first) = complete_rx.recv().await {
                 let batch = drain(first, &mut complete_rx);
                 let completions: Vec<Completion> = batch.iter().map(|c| c.completion.clone()).collect();
-                match shared.ledger.complete(&completions, now_ms()).await {
+                let callers: Vec<String> = batch.iter().map(|c| c.caller.clone()).collect();
+                match shared.ledger.complete_as(&completions, &callers, now_ms()).await {
                     Ok(results) => {
                         for (call, r) in batch.into_iter().zip(results) {
                             let _ = call.reply.send(Ok(r));
                         }
                         // The next step may be due: the loop advances it now.
-                        shared.hint.notify_one();
+                        shared.settle_hint.notify_one();
                     }
                     Err(e) => {
                         let message = e.to_string();

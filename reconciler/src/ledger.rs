@@ -122,11 +122,16 @@ pub struct Completion {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refused {
     StaleFencingToken,
+    /// The job is targeted at another node than the caller.
+    NotYourJob,
 }
 
 impl Refused {
     pub fn code(self) -> &'static str {
-        "stale-fencing-token"
+        match self {
+            Refused::StaleFencingToken => "stale-fencing-token",
+            Refused::NotYourJob => "not-your-job",
+        }
     }
 }
 
@@ -532,6 +537,18 @@ impl Ledger {
         completions: &[Completion],
         now_ms: i64,
     ) -> Result<Vec<Result<(), Refused>>, LedgerError> {
+        self.complete_as(completions, &[], now_ms).await
+    }
+
+    /// [`Ledger::complete`], each completion made by the node in `callers` at its index (none
+    /// given: no check): a job targeted at another node is refused with `NotYourJob`, in the
+    /// same transaction that records the others, and records nothing.
+    pub async fn complete_as(
+        &self,
+        completions: &[Completion],
+        callers: &[String],
+        now_ms: i64,
+    ) -> Result<Vec<Result<(), Refused>>, LedgerError> {
         let mut out = vec![Err(Refused::StaleFencingToken); completions.len()];
         if completions.is_empty() {
             return Ok(out);
@@ -547,14 +564,24 @@ impl Ledger {
                 ""
             };
             let q = format!(
-                "SELECT id, attempts, max_attempts, key, lease_token, fencing_token FROM jobs WHERE state = 'leased' AND lease_expires_at >= ? AND id IN ({marks}){lock}"
+                "SELECT id, attempts, max_attempts, key, lease_token, fencing_token, target_node, state = 'leased' AND lease_expires_at >= ? FROM jobs WHERE id IN ({marks}){lock}"
             );
             let mut query = sqlx::query(self.sql(&q)).bind(now_ms);
             for c in chunk {
                 query = query.bind(c.token.job_id);
             }
             let mut live: std::collections::HashMap<i64, LiveLease> = std::collections::HashMap::new();
+            let mut owners: std::collections::HashMap<i64, String> = std::collections::HashMap::new();
             for r in query.fetch_all(&mut *tx).await? {
+                let id: i64 = r.try_get(0)?;
+                owners.insert(id, r.try_get(6)?);
+                // A boolean comes back as an integer from SQLite and a bool from PostgreSQL.
+                let is_live = r
+                    .try_get::<bool, _>(7)
+                    .or_else(|_| r.try_get::<i64, _>(7).map(|n| n != 0))?;
+                if !is_live {
+                    continue;
+                }
                 let lease = LiveLease {
                     attempts: r.try_get(1)?,
                     max_attempts: r.try_get(2)?,
@@ -562,11 +589,17 @@ impl Ledger {
                     lease_token: r.try_get(4)?,
                     fencing_token: r.try_get(5)?,
                 };
-                live.insert(r.try_get(0)?, lease);
+                live.insert(id, lease);
             }
             let mut rec = Recorded::default();
             for (i, c) in chunk.iter().enumerate() {
                 let t = &c.token;
+                if let (Some(caller), Some(owner)) = (callers.get(chunk_start + i), owners.get(&t.job_id))
+                    && caller != owner
+                {
+                    out[chunk_start + i] = Err(Refused::NotYourJob);
+                    continue;
+                }
                 let Some(LiveLease {
                     attempts,
                     max_attempts,

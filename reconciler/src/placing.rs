@@ -118,8 +118,9 @@ impl Ledger {
     }
 
     /// A cheap summary of what placement depends on: each node's liveness class and
-    /// capabilities, the applied branch's pools, and the deployments' last change. Equal
-    /// signatures: re-placing would change nothing, so the pass skips it.
+    /// capabilities, the applied branch's pools, each running deployment's spec hash (what it
+    /// reserves where), and which finished ones have replicas waiting. A step advancing
+    /// changes none of it. Equal signatures: re-placing would change nothing, so it is skipped.
     pub async fn fleet_signature(&self, applied_branch: &str, now_ms: i64) -> Result<String, LedgerError> {
         let seen = self.seen_nodes().await?;
         let lost_after = self.lost_after_ms();
@@ -142,10 +143,16 @@ impl Ledger {
         .iter()
         .map(|r| r.try_get(0))
         .collect::<Result<_, _>>()?;
-        let r = sqlx::query(self.sql("SELECT COUNT(*), COALESCE(MAX(updated_at), 0) FROM deployments"))
-            .fetch_one(&self.pool)
-            .await?;
-        let deployments: (i64, i64) = (r.try_get(0)?, r.try_get(1)?);
+        let mut deployments: Vec<(String, String, String)> = Vec::new();
+        for r in sqlx::query(self.sql(
+            "SELECT environment, spec_hash, CASE WHEN status <> 'in-progress' AND waiting <> '[]' THEN 'waits' ELSE '' END \
+             FROM deployments WHERE action = 'rollout' ORDER BY environment",
+        ))
+        .fetch_all(&self.pool)
+        .await?
+        {
+            deployments.push((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?));
+        }
         Ok(state_schema::canonical::hash(&(nodes, pools, deployments)))
     }
 
