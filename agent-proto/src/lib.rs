@@ -211,6 +211,22 @@ pub struct CompleteRequest {
     pub detail: String,
 }
 
+/// `POST /v1/agent/complete-batch`: several jobs' ends in one request (at most
+/// [`MAX_LEASE_BATCH`]), each judged on its own: what one lease handed out can come back at once.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CompleteBatch {
+    pub completions: Vec<CompleteRequest>,
+}
+
+/// The answer to a [`CompleteBatch`]: per completion, in order, `None` when it was recorded or
+/// the refusal that recorded nothing for it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CompleteBatchResponse {
+    pub results: Vec<Option<RefusalBody>>,
+}
+
 /// `POST /v1/agent/certificate`: a node renews its certificate before it expires, with a new
 /// key; the answer is an [`EnrollResponse`]. The old certificate is revoked when the new one
 /// is first used.

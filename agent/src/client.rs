@@ -138,6 +138,26 @@ impl AgentClient {
         )?;
         Ok(())
     }
+
+    /// Several jobs' ends in one request (at most 8), each judged alone: per completion, in
+    /// order, `None` when recorded or its refusal.
+    pub fn complete_many(
+        &self,
+        completions: &[(&LeaseProof, Outcome, &str)],
+    ) -> Result<Vec<Option<agent_proto::RefusalBody>>, ClientError> {
+        let batch = agent_proto::CompleteBatch {
+            completions: completions
+                .iter()
+                .map(|(proof, outcome, detail)| CompleteRequest {
+                    proof: (*proof).clone(),
+                    outcome: *outcome,
+                    detail: (*detail).to_owned(),
+                })
+                .collect(),
+        };
+        let answer: agent_proto::CompleteBatchResponse = self.post("/v1/agent/complete-batch", &batch)?;
+        Ok(answer.results)
+    }
 }
 
 /// Every CA certificate of a PEM bundle: during a CA rotation it holds the new CA and the old.

@@ -110,6 +110,34 @@ fn nodes_lease_only_their_own_work_over_mutual_tls() {
         Refusal::StaleFencingToken
     );
     assert_eq!(sql(&url, "SELECT CAST(COUNT(*) AS TEXT) FROM job_results"), results);
+    // Several completions in one request, each judged alone: another node's are refused and
+    // record nothing; of n1's own, the live one is recorded and the finished one is stale.
+    let (second, third) = (&leased.jobs[1], &leased.jobs[2]);
+    let codes = |r: Vec<Option<agent_proto::RefusalBody>>| -> Vec<Option<Refusal>> {
+        r.into_iter().map(|b| b.map(|b| b.code)).collect()
+    };
+    assert_eq!(
+        codes(
+            n2.complete_many(&[
+                (&second.proof, Outcome::Succeeded, ""),
+                (&third.proof, Outcome::Succeeded, "")
+            ])
+            .expect("batch")
+        ),
+        [Some(Refusal::NotYourJob), Some(Refusal::NotYourJob)]
+    );
+    assert_eq!(sql(&url, "SELECT CAST(COUNT(*) AS TEXT) FROM job_results"), results);
+    assert_eq!(
+        codes(
+            n1.complete_many(&[
+                (&second.proof, Outcome::Succeeded, "ok"),
+                (&job.proof, Outcome::Succeeded, "")
+            ])
+            .expect("batch")
+        ),
+        [None, Some(Refusal::StaleFencingToken)]
+    );
+    assert_eq!(state(&second.key), ["succeeded"]);
 
     // Long polling: n2 (now heartbeating, so placement may use it) waits, and a commit that
     // places work on n2 reaches it while it waits.

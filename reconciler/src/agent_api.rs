@@ -32,6 +32,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/agent/lease", post(lease))
         .route("/v1/agent/renew", post(renew))
         .route("/v1/agent/complete", post(complete))
+        .route("/v1/agent/complete-batch", post(complete_batch))
         .route("/v1/agent/certificate", post(certificate))
         .with_state(shared)
 }
@@ -305,6 +306,38 @@ fn secret_shaped(detail: &str) -> bool {
     detail.contains("-----BEGIN AGE ENCRYPTED FILE-----") || detail.contains("AGE-SECRET-KEY-")
 }
 
+/// One completion, judged alone: its refusal (recording nothing), or recorded.
+async fn complete_one(
+    s: &Shared,
+    node: &str,
+    req: CompleteRequest,
+) -> Result<Result<(), (Refusal, &'static str)>, String> {
+    if req.detail.len() > MAX_DETAIL_BYTES {
+        return Ok(Err((Refusal::MalformedRequest, "the detail is larger than 16 KiB")));
+    }
+    if secret_shaped(&req.detail) {
+        return Ok(Err((
+            Refusal::SecretInResult,
+            "a result may not carry secret-shaped values",
+        )));
+    }
+    let outcome = match req.outcome {
+        Outcome::Succeeded => crate::ledger::Outcome::Succeeded,
+        Outcome::Retryable => crate::ledger::Outcome::Retryable(req.detail),
+        Outcome::Permanent => crate::ledger::Outcome::Permanent(req.detail),
+    };
+    let done = Completion {
+        token: token_of(&req.proof),
+        outcome,
+    };
+    // Ownership is checked in the completion's own transaction (one query for a whole group).
+    Ok(match s.group.complete(done, node).await? {
+        Ok(()) => Ok(()),
+        Err(crate::ledger::Refused::NotYourJob) => Err((Refusal::NotYourJob, "that job is another node's")),
+        Err(_) => Err((Refusal::StaleFencingToken, "the lease is no longer yours")),
+    })
+}
+
 async fn complete(State(s): App, Extension(peer): Peer, body: axum::body::Body) -> Response {
     let node = match caller(&s, peer).await {
         Ok(n) => n,
@@ -314,28 +347,40 @@ async fn complete(State(s): App, Extension(peer): Peer, body: axum::body::Body) 
         Ok(r) => r,
         Err(r) => return r,
     };
-    if req.detail.len() > MAX_DETAIL_BYTES {
-        return refused(Refusal::MalformedRequest, "the detail is larger than 16 KiB");
-    }
-    if secret_shaped(&req.detail) {
-        return refused(Refusal::SecretInResult, "a result may not carry secret-shaped values");
-    }
-    let outcome = match req.outcome {
-        Outcome::Succeeded => crate::ledger::Outcome::Succeeded,
-        Outcome::Retryable => crate::ledger::Outcome::Retryable(req.detail.clone()),
-        Outcome::Permanent => crate::ledger::Outcome::Permanent(req.detail.clone()),
-    };
-    let done = Completion {
-        token: token_of(&req.proof),
-        outcome,
-    };
-    // Ownership is checked in the completion's own transaction (one query for a whole group).
-    match s.group.complete(done, &node).await {
+    match complete_one(&s, &node, req).await {
         Ok(Ok(())) => axum::Json(serde_json::json!({"completed": true})).into_response(),
-        Ok(Err(crate::ledger::Refused::NotYourJob)) => refused(Refusal::NotYourJob, "that job is another node's"),
-        Ok(Err(_)) => refused(Refusal::StaleFencingToken, "the lease is no longer yours"),
+        Ok(Err((code, message))) => refused(code, message),
         Err(e) => internal(e),
     }
+}
+
+/// Several completions in one request, each judged alone; they share the group's
+/// transaction.
+async fn complete_batch(State(s): App, Extension(peer): Peer, body: axum::body::Body) -> Response {
+    let node = match caller(&s, peer).await {
+        Ok(n) => n,
+        Err(r) => return r,
+    };
+    let req: agent_proto::CompleteBatch = match json(body).await {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
+    if req.completions.len() > MAX_LEASE_BATCH as usize {
+        return refused(Refusal::MalformedRequest, "at most 8 completions a request");
+    }
+    let all = req.completions.into_iter().map(|c| complete_one(&s, &node, c));
+    let mut results = Vec::new();
+    for r in futures_util::future::join_all(all).await {
+        match r {
+            Ok(Ok(())) => results.push(None),
+            Ok(Err((code, message))) => results.push(Some(agent_proto::RefusalBody {
+                code,
+                message: message.to_owned(),
+            })),
+            Err(e) => return internal(e),
+        }
+    }
+    axum::Json(agent_proto::CompleteBatchResponse { results }).into_response()
 }
 
 /// Renews the caller's certificate from a new key's signing request.

@@ -384,6 +384,14 @@ impl Ledger {
     /// Puts leases that expired back in the queue (or marks them dead when their attempts are
     /// used up). Level-triggered: every lease runs it first, in the same transaction.
     pub async fn expire(&self, now_ms: i64) -> Result<usize, LedgerError> {
+        // Usually nothing has run out: one read, and no write transaction.
+        let any = sqlx::query(self.sql("SELECT 1 FROM jobs WHERE state = 'leased' AND lease_expires_at < ? LIMIT 1"))
+            .bind(now_ms)
+            .fetch_optional(&self.pool)
+            .await?;
+        if any.is_none() {
+            return Ok(0);
+        }
         let mut tx = self.write_tx().await?;
         let n = self.expire_in(&mut tx, now_ms).await?;
         tx.commit().await?;
@@ -410,6 +418,21 @@ impl Ledger {
         Ok(rows.len())
     }
 
+    /// Whether a lease for `requests` could hand anything out: a due job of one of their
+    /// nodes, or a lease that has run out (its job may be theirs once expired).
+    async fn anything_to_lease(&self, requests: &[(&str, u32, bool)], now_ms: i64) -> Result<bool, LedgerError> {
+        let marks = vec!["?"; requests.len()].join(", ");
+        let q = format!(
+            "SELECT 1 WHERE EXISTS (SELECT 1 FROM jobs WHERE state = 'leased' AND lease_expires_at < ?) \
+             OR EXISTS (SELECT 1 FROM jobs WHERE target_node IN ({marks}) AND state = 'queued' AND not_before <= ?)"
+        );
+        let mut query = sqlx::query(self.sql(&q)).bind(now_ms);
+        for (node, _, _) in requests {
+            query = query.bind(*node);
+        }
+        Ok(query.bind(now_ms).fetch_optional(&self.pool).await?.is_some())
+    }
+
     /// Leases up to `max` jobs of `node` that are due. All of them share one lease: one lease
     /// token and one fencing token, newer than any handed out before.
     pub async fn lease(&self, node: &str, max: u32, ttl_ms: i64, now_ms: i64) -> Result<Vec<Lease>, LedgerError> {
@@ -432,6 +455,11 @@ impl Ledger {
         ttl_ms: i64,
         now_ms: i64,
     ) -> Result<Vec<Vec<Lease>>, LedgerError> {
+        // Idle agents poll: when none of the callers has a due job and no lease has run out,
+        // answer from one read instead of a write transaction (and its fsync).
+        if !self.anything_to_lease(requests, now_ms).await? {
+            return Ok(vec![Vec::new(); requests.len()]);
+        }
         let mut tx = self.write_tx().await?;
         self.expire_in(&mut tx, now_ms).await?;
         // The counter update comes first: it takes the write lock (SQLite) or the row lock
