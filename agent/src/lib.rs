@@ -1,5 +1,11 @@
-//! The node agent's library: enrolment and the client of the agent API. The `pl-agent` binary
-//! is a thin shell around it.
+//! The node agent's library: enrolment, the client of the agent API, the run loop and the
+//! executors. The `pl-agent` binary is a thin shell around it.
+//!
+//! Architecture invariant: the agent sees no SQL and no domain types of the control plane: it
+//! speaks `agent-proto`, and Docker only through bollard (`docker.rs`).
 
 pub mod client;
+pub mod docker;
 pub mod enroll;
+pub mod outcome;
+pub mod run;

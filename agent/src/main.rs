@@ -1,5 +1,5 @@
-//! `pl-agent`: the node agent. `enroll` joins the fleet; `run` (leasing and executing typed
-//! tasks) is the node-agent issue's.
+//! `pl-agent`: the node agent. `enroll` joins the fleet; `run` leases this node's jobs and
+//! executes them (JSON logs on stderr, `PL_LOG` filters them).
 
 use pushleft_agent::enroll;
 
@@ -33,6 +33,12 @@ enum Command {
         #[arg(long)]
         dir: PathBuf,
     },
+    /// Heartbeat, lease this node's jobs and execute them, until stopped.
+    Run {
+        /// The agent's configuration (TOML; docs/agent.md).
+        #[arg(long)]
+        config: PathBuf,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -65,6 +71,24 @@ fn run(cli: Cli) -> Result<()> {
                 answer.not_after_ms
             );
             Ok(())
+        }
+        Command::Run { config } => {
+            let config = pushleft_agent::run::Config::load(&config)?;
+            state_repo::secrets::harden_process().context("disabling core dumps")?;
+            tracing_subscriber::fmt()
+                .json()
+                .with_writer(std::io::stderr)
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_env("PL_LOG")
+                        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                )
+                .init();
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .context("starting the runtime")?;
+            rt.block_on(pushleft_agent::run::run(config))
         }
     }
 }

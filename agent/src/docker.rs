@@ -1,0 +1,621 @@
+//! The Docker executors (bollard): an environment's bridge network, a replica's hardened
+//! container with its health, a run of a job or release role, and their removal. Each is safe
+//! to run twice: it adopts what matches (same name, our labels, same spec hash), repairs what
+//! drifted (a stopped container of ours is started), and refuses what is not ours (a container
+//! or network with our name and without our labels) with a stable code.
+//!
+//! Architecture invariant: the agent touches only objects labelled `dev.pushleft.owned=true`;
+//! a secret value is never in a container's environment, labels, command or `docker inspect`:
+//! it is a file under a read-only bind of `/run/secrets`.
+
+use crate::outcome::{Failure, permanent, retryable};
+use agent_proto::{ApplicationSpec, NetworkSpec};
+use bollard::Docker;
+use bollard::errors::Error as DockerError;
+use bollard::models::{ContainerCreateBody, HostConfig, Ipam, IpamConfig, NetworkCreateRequest};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, CreateImageOptionsBuilder, ListContainersOptionsBuilder, LogsOptionsBuilder,
+    RemoveContainerOptionsBuilder, StopContainerOptionsBuilder,
+};
+use futures_util::StreamExt;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The label every object the agent made carries.
+pub const OWNED: &str = "dev.pushleft.owned";
+pub const ENVIRONMENT: &str = "dev.pushleft.environment";
+pub const DEPLOYMENT: &str = "dev.pushleft.deployment";
+pub const ROLE: &str = "dev.pushleft.role";
+pub const INSTANCE: &str = "dev.pushleft.instance";
+pub const GENERATION: &str = "dev.pushleft.generation";
+pub const SPEC_HASH: &str = "dev.pushleft.spec-hash";
+
+/// Largest log tail a result carries.
+pub const LOG_TAIL_BYTES: usize = 16 * 1024;
+/// How long a run (job or release role) may take.
+pub const RUN_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+/// How long a worker must stay up to count as started.
+pub const WORKER_SETTLE: Duration = Duration::from_secs(2);
+
+/// The Docker side of the agent: the engine and where secret files live.
+pub struct Engine {
+    pub docker: Docker,
+    /// A folder on a tmpfs (`/run/...`) holding each container's secret files.
+    pub secrets_dir: PathBuf,
+    /// The node's age identity file (from enrolment), which opens sealed secrets.
+    pub identity: PathBuf,
+}
+
+fn not_found(e: &DockerError) -> bool {
+    matches!(e, DockerError::DockerResponseServerError { status_code: 404, .. })
+}
+
+/// A Docker error as a failure: unreachable or a server error is worth retrying.
+fn docker(code: &'static str, e: DockerError) -> Failure {
+    retryable(code, format!("docker: {e}"))
+}
+
+fn owned(labels: Option<&HashMap<String, String>>) -> bool {
+    labels.and_then(|l| l.get(OWNED)).is_some_and(|v| v == "true")
+}
+
+impl Engine {
+    /// Connects to the engine at `socket`, negotiating the API version it speaks.
+    pub async fn connect(socket: &Path, secrets_dir: PathBuf, identity: PathBuf) -> Result<Engine, DockerError> {
+        let docker = Docker::connect_with_unix(&socket.to_string_lossy(), 120, bollard::API_DEFAULT_VERSION)?
+            .negotiate_version()
+            .await?;
+        Ok(Engine {
+            docker,
+            secrets_dir,
+            identity,
+        })
+    }
+
+    /// The environment's bridge network with the subnet from the lease, labelled as ours.
+    /// One that exists with our labels and that subnet is adopted; another subnet is
+    /// `network-subnet-mismatch`; a network with that name that is not ours, `foreign-network`.
+    pub async fn ensure_network(&self, net: &NetworkSpec) -> Result<String, Failure> {
+        match self.docker.inspect_network(&net.network, None).await {
+            Ok(n) => {
+                if !owned(n.labels.as_ref()) {
+                    return Err(permanent(
+                        "foreign-network",
+                        format!(
+                            "a network named {} exists and is not Pushleft's: left untouched",
+                            net.network
+                        ),
+                    ));
+                }
+                let subnets: Vec<String> = n
+                    .ipam
+                    .and_then(|i| i.config)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter_map(|c| c.subnet)
+                    .collect();
+                if subnets != [net.subnet.clone()] {
+                    return Err(permanent(
+                        "network-subnet-mismatch",
+                        format!("{} has subnet {subnets:?}, the lease says {}", net.network, net.subnet),
+                    ));
+                }
+                Ok(format!("{} adopted", net.network))
+            }
+            Err(e) if not_found(&e) => {
+                let labels = HashMap::from([
+                    (OWNED.to_owned(), "true".to_owned()),
+                    (ENVIRONMENT.to_owned(), net.environment.clone()),
+                ]);
+                let request = NetworkCreateRequest {
+                    name: net.network.clone(),
+                    driver: Some("bridge".into()),
+                    ipam: Some(Ipam {
+                        driver: Some("default".into()),
+                        config: Some(vec![IpamConfig {
+                            subnet: Some(net.subnet.clone()),
+                            ..IpamConfig::default()
+                        }]),
+                        options: None,
+                    }),
+                    labels: Some(labels),
+                    ..NetworkCreateRequest::default()
+                };
+                self.docker
+                    .create_network(request)
+                    .await
+                    .map_err(|e| docker("network-create-failed", e))?;
+                Ok(format!("{} created with {}", net.network, net.subnet))
+            }
+            Err(e) => Err(docker("docker-unavailable", e)),
+        }
+    }
+
+    /// Removes the environment's network if it is ours; gone already is done.
+    pub async fn remove_network(&self, network: &str) -> Result<String, Failure> {
+        match self.docker.inspect_network(network, None).await {
+            Ok(n) if !owned(n.labels.as_ref()) => Err(permanent(
+                "foreign-network",
+                format!("a network named {network} is not Pushleft's: left untouched"),
+            )),
+            Ok(_) => match self.docker.remove_network(network).await {
+                Ok(()) => Ok(format!("{network} removed")),
+                Err(e) if not_found(&e) => Ok(format!("{network} already gone")),
+                Err(e) => Err(docker("network-remove-failed", e)),
+            },
+            Err(e) if not_found(&e) => Ok(format!("{network} already gone")),
+            Err(e) => Err(docker("docker-unavailable", e)),
+        }
+    }
+
+    /// Containers of ours with every label in `filter`, with their labels and state.
+    async fn ours(&self, filter: &[(&str, &str)]) -> Result<Vec<(String, HashMap<String, String>, bool)>, Failure> {
+        let mut labels = vec![format!("{OWNED}=true")];
+        labels.extend(filter.iter().map(|(k, v)| format!("{k}={v}")));
+        let filters = HashMap::from([("label".to_owned(), labels)]);
+        let list = self
+            .docker
+            .list_containers(Some(
+                ListContainersOptionsBuilder::default()
+                    .all(true)
+                    .filters(&filters)
+                    .build(),
+            ))
+            .await
+            .map_err(|e| docker("docker-unavailable", e))?;
+        Ok(list
+            .into_iter()
+            .map(|c| {
+                let name = c
+                    .names
+                    .and_then(|n| n.into_iter().next())
+                    .unwrap_or_default()
+                    .trim_start_matches('/')
+                    .to_owned();
+                let running = matches!(c.state, Some(bollard::models::ContainerSummaryStateEnum::RUNNING));
+                (name, c.labels.unwrap_or_default(), running)
+            })
+            .collect())
+    }
+
+    /// Pulls `image` (by digest) when the engine does not have it.
+    async fn ensure_image(&self, image: &str) -> Result<(), Failure> {
+        match self.docker.inspect_image(image).await {
+            Ok(_) => return Ok(()),
+            Err(e) if not_found(&e) => {}
+            Err(e) => return Err(docker("docker-unavailable", e)),
+        }
+        let mut pull = self.docker.create_image(
+            Some(CreateImageOptionsBuilder::default().from_image(image).build()),
+            None,
+            None,
+        );
+        while let Some(step) = pull.next().await {
+            if let Err(e) = step {
+                return Err(match &e {
+                    DockerError::DockerResponseServerError { status_code: 404, .. } => {
+                        permanent("image-not-found", format!("{image}: {e}"))
+                    }
+                    DockerError::DockerStreamError { error }
+                        if error.contains("not found") || error.contains("manifest unknown") =>
+                    {
+                        permanent("image-not-found", format!("{image}: {error}"))
+                    }
+                    _ => retryable("image-pull-failed", format!("{image}: {e}")),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the secrets, opened with the node's identity, as files of their own folder
+    /// (0700, files 0400) for a read-only bind at `/run/secrets`. Returns the folder.
+    fn write_secrets(&self, app: &ApplicationSpec) -> Result<Option<PathBuf>, Failure> {
+        if app.secrets.is_empty() {
+            return Ok(None);
+        }
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        let identities = state_repo::secrets::load_identities(&self.identity)
+            .map_err(|e| permanent("node-identity-unreadable", e.code().to_owned()))?;
+        let dir = self.secrets_dir.join(&app.container);
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| retryable("secrets-dir-failed", e.to_string()))?;
+        for s in &app.secrets {
+            if s.key.is_empty() || s.key.contains('/') || s.key.starts_with('.') {
+                return Err(permanent("secret-key-invalid", "a secret key is not a plain file name"));
+            }
+            let plaintext = state_repo::secrets::decrypt(&s.sealed, &identities)
+                .map_err(|e| permanent("secret-unopenable", e.code().to_owned()))?;
+            let path = dir.join(&s.key);
+            let _ = std::fs::remove_file(&path);
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o444)
+                .open(&path)
+                .map_err(|e| retryable("secrets-write-failed", e.to_string()))?;
+            use std::io::Write;
+            f.write_all(&plaintext)
+                .map_err(|e| retryable("secrets-write-failed", e.to_string()))?;
+        }
+        Ok(Some(dir))
+    }
+
+    fn labels(app: &ApplicationSpec) -> HashMap<String, String> {
+        let mut l = HashMap::from([
+            (OWNED.to_owned(), "true".to_owned()),
+            (ENVIRONMENT.to_owned(), app.environment.clone()),
+            (DEPLOYMENT.to_owned(), app.deployment.clone()),
+            (ROLE.to_owned(), app.role.clone()),
+            (GENERATION.to_owned(), app.generation.to_string()),
+            (SPEC_HASH.to_owned(), app.spec_hash.clone()),
+        ]);
+        if let Some(i) = app.instance {
+            l.insert(INSTANCE.to_owned(), i.to_string());
+        }
+        l
+    }
+
+    /// Creates the hardened container: read-only root, a small `/tmp` tmpfs, every capability
+    /// dropped, no new privileges, the role's CPU, memory (and swap) and pids limits, no
+    /// published port, only the environment's network, an init as PID 1.
+    async fn create(&self, app: &ApplicationSpec, secrets: Option<&Path>) -> Result<(), Failure> {
+        let host = HostConfig {
+            readonly_rootfs: Some(true),
+            tmpfs: Some(HashMap::from([(
+                "/tmp".to_owned(),
+                "rw,noexec,nosuid,nodev,size=64m".to_owned(),
+            )])),
+            cap_drop: Some(vec!["ALL".into()]),
+            security_opt: Some(vec!["no-new-privileges".into()]),
+            nano_cpus: Some(i64::try_from(app.cpu_millis.saturating_mul(1_000_000)).unwrap_or(i64::MAX)),
+            memory: Some(i64::try_from(app.memory_bytes).unwrap_or(i64::MAX)),
+            memory_swap: Some(i64::try_from(app.memory_bytes).unwrap_or(i64::MAX)),
+            pids_limit: Some(i64::from(app.pids)),
+            network_mode: Some(app.network.network.clone()),
+            init: Some(true),
+            binds: secrets.map(|d| vec![format!("{}:/run/secrets:ro", d.display())]),
+            ..HostConfig::default()
+        };
+        let body = ContainerCreateBody {
+            image: Some(app.image.clone()),
+            cmd: (!app.command.is_empty()).then(|| app.command.clone()),
+            env: Some(app.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+            labels: Some(Engine::labels(app)),
+            host_config: Some(host),
+            stop_timeout: Some(10),
+            ..ContainerCreateBody::default()
+        };
+        self.docker
+            .create_container(
+                Some(CreateContainerOptionsBuilder::default().name(&app.container).build()),
+                body,
+            )
+            .await
+            .map_err(|e| docker("container-create-failed", e))?;
+        Ok(())
+    }
+
+    /// The last [`LOG_TAIL_BYTES`] of a container's output.
+    pub async fn log_tail(&self, container: &str) -> String {
+        let mut out = Vec::new();
+        let mut logs = self.docker.logs(
+            container,
+            Some(
+                LogsOptionsBuilder::default()
+                    .stdout(true)
+                    .stderr(true)
+                    .tail("200")
+                    .build(),
+            ),
+        );
+        while let Some(Ok(chunk)) = logs.next().await {
+            out.extend_from_slice(&chunk.into_bytes());
+        }
+        let start = out.len().saturating_sub(LOG_TAIL_BYTES);
+        String::from_utf8_lossy(&out[start..]).into_owned()
+    }
+
+    /// The container's address on the environment network.
+    async fn address(&self, container: &str, network: &str) -> Option<String> {
+        let c = self.docker.inspect_container(container, None).await.ok()?;
+        c.network_settings?
+            .networks?
+            .get(network)?
+            .ip_address
+            .clone()
+            .filter(|a| !a.is_empty())
+    }
+
+    /// One replica at its generation, healthy. See the module's rules for adopting, repairing
+    /// and refusing.
+    pub async fn ensure_application(&self, app: &ApplicationSpec) -> Result<String, Failure> {
+        let instance = app.instance.map(|i| i.to_string()).unwrap_or_default();
+        // A newer generation of this replica already runs: this task is stale.
+        for (name, labels, _) in self
+            .ours(&[
+                (ENVIRONMENT, &app.environment),
+                (ROLE, &app.role),
+                (INSTANCE, &instance),
+            ])
+            .await?
+        {
+            let g: u64 = labels.get(GENERATION).and_then(|g| g.parse().ok()).unwrap_or(0);
+            if g > app.generation {
+                return Err(permanent(
+                    "stale-generation",
+                    format!("{name} runs generation {g}, newer than {}", app.generation),
+                ));
+            }
+        }
+        let existing = match self.docker.inspect_container(&app.container, None).await {
+            Ok(c) => Some(c),
+            Err(e) if not_found(&e) => None,
+            Err(e) => return Err(docker("docker-unavailable", e)),
+        };
+        let mut note = "created";
+        if let Some(c) = existing {
+            let labels = c.config.as_ref().and_then(|c| c.labels.clone());
+            if !owned(labels.as_ref()) {
+                return Err(permanent(
+                    "foreign-container",
+                    format!(
+                        "a container named {} exists and is not Pushleft's: left untouched",
+                        app.container
+                    ),
+                ));
+            }
+            let hash = labels
+                .as_ref()
+                .and_then(|l| l.get(SPEC_HASH))
+                .cloned()
+                .unwrap_or_default();
+            if hash == app.spec_hash {
+                let running = c.state.and_then(|s| s.running).unwrap_or(false);
+                note = if running { "adopted" } else { "restarted" };
+            } else {
+                self.remove(&app.container).await?;
+            }
+        }
+        if note == "created" {
+            self.ensure_image(&app.image).await?;
+            let secrets = self.write_secrets(app)?;
+            self.create(app, secrets.as_deref()).await?;
+        }
+        if note != "adopted" {
+            self.docker
+                .start_container(&app.container, None)
+                .await
+                .map_err(|e| docker("container-start-failed", e))?;
+        }
+        self.healthy(app).await?;
+        Ok(format!("{} {note}, healthy", app.container))
+    }
+
+    /// Web roles: an HTTP probe of the health path until it answers 2xx, within the role's
+    /// deadline. Others: still running after [`WORKER_SETTLE`]. A missed deadline is permanent,
+    /// with the last probe outcomes and the log tail.
+    async fn healthy(&self, app: &ApplicationSpec) -> Result<(), Failure> {
+        let exited = |detail: String| permanent("exited", detail);
+        let Some(health) = &app.health else {
+            tokio::time::sleep(WORKER_SETTLE).await;
+            return match self.running(&app.container).await? {
+                (true, _) => Ok(()),
+                (false, code) => Err(exited(format!(
+                    "exit code {code}\n{}",
+                    self.log_tail(&app.container).await
+                ))),
+            };
+        };
+        let deadline = Instant::now() + Duration::from_secs(u64::from(health.timeout_seconds.max(1)));
+        let mut probes: Vec<String> = Vec::new();
+        loop {
+            match self.running(&app.container).await? {
+                (true, _) => {}
+                (false, code) => {
+                    return Err(exited(format!(
+                        "exit code {code} before it was healthy\n{}",
+                        self.log_tail(&app.container).await
+                    )));
+                }
+            }
+            let outcome = match self.address(&app.container, &app.network.network).await {
+                None => "no address yet".to_owned(),
+                Some(ip) => probe(&ip, app.port.unwrap_or(80), &health.path).await,
+            };
+            if outcome.starts_with('2') {
+                return Ok(());
+            }
+            probes.push(outcome);
+            if probes.len() > 5 {
+                probes.remove(0);
+            }
+            if Instant::now() >= deadline {
+                return Err(permanent(
+                    "health-deadline",
+                    format!(
+                        "not healthy within {} s; last probes: {}\n{}",
+                        health.timeout_seconds,
+                        probes.join("; "),
+                        self.log_tail(&app.container).await
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Whether the container runs, and its exit code when it does not.
+    async fn running(&self, container: &str) -> Result<(bool, i64), Failure> {
+        let c = self
+            .docker
+            .inspect_container(container, None)
+            .await
+            .map_err(|e| docker("docker-unavailable", e))?;
+        let s = c.state.unwrap_or_default();
+        Ok((s.running.unwrap_or(false), s.exit_code.unwrap_or(0)))
+    }
+
+    /// Removes a container of ours (and its secret files); gone already is fine.
+    async fn remove(&self, container: &str) -> Result<(), Failure> {
+        match self
+            .docker
+            .remove_container(
+                container,
+                Some(RemoveContainerOptionsBuilder::default().force(true).build()),
+            )
+            .await
+        {
+            Ok(()) => {}
+            Err(e) if not_found(&e) => {}
+            Err(e) => return Err(docker("container-remove-failed", e)),
+        }
+        let dir = self.secrets_dir.join(container);
+        if dir.starts_with(&self.secrets_dir) && dir != self.secrets_dir {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        Ok(())
+    }
+
+    /// Stops the replica's containers of generations older than `generation` (the new one is
+    /// healthy by now); those two or more generations back are removed.
+    pub async fn stop_older(
+        &self,
+        environment: &str,
+        role: &str,
+        instance: u32,
+        generation: u64,
+    ) -> Result<String, Failure> {
+        let instance = instance.to_string();
+        let mut done = Vec::new();
+        for (name, labels, running) in self
+            .ours(&[(ENVIRONMENT, environment), (ROLE, role), (INSTANCE, &instance)])
+            .await?
+        {
+            let g: u64 = labels.get(GENERATION).and_then(|g| g.parse().ok()).unwrap_or(0);
+            if g >= generation {
+                continue;
+            }
+            if g + 1 < generation {
+                self.remove(&name).await?;
+                done.push(format!("{name} removed"));
+            } else if running {
+                match self
+                    .docker
+                    .stop_container(&name, Some(StopContainerOptionsBuilder::default().t(10).build()))
+                    .await
+                {
+                    Ok(()) => done.push(format!("{name} stopped")),
+                    Err(e) if not_found(&e) => {}
+                    Err(DockerError::DockerResponseServerError { status_code: 304, .. }) => {}
+                    Err(e) => return Err(docker("container-stop-failed", e)),
+                }
+            }
+        }
+        Ok(if done.is_empty() {
+            "nothing older runs".into()
+        } else {
+            done.join(", ")
+        })
+    }
+
+    /// Removes every container of the replica, of any generation up to `generation`.
+    pub async fn teardown(
+        &self,
+        environment: &str,
+        role: &str,
+        instance: u32,
+        generation: u64,
+    ) -> Result<String, Failure> {
+        let instance = instance.to_string();
+        let mut n = 0;
+        for (name, labels, _) in self
+            .ours(&[(ENVIRONMENT, environment), (ROLE, role), (INSTANCE, &instance)])
+            .await?
+        {
+            let g: u64 = labels.get(GENERATION).and_then(|g| g.parse().ok()).unwrap_or(0);
+            if g <= generation {
+                self.remove(&name).await?;
+                n += 1;
+            }
+        }
+        Ok(format!("{n} containers removed"))
+    }
+
+    /// A run of a job or release role: the same hardened container, bounded in time, removed
+    /// on every way out. Exit 0 succeeds; another exit code is permanent, with the log tail. A
+    /// run found finished (a replay after a crash) is judged by its exit code.
+    pub async fn run_once(&self, app: &ApplicationSpec, timeout: Duration) -> Result<String, Failure> {
+        let existing = match self.docker.inspect_container(&app.container, None).await {
+            Ok(c) => Some(c),
+            Err(e) if not_found(&e) => None,
+            Err(e) => return Err(docker("docker-unavailable", e)),
+        };
+        match existing {
+            Some(c) if !owned(c.config.as_ref().and_then(|c| c.labels.as_ref())) => {
+                return Err(permanent(
+                    "foreign-container",
+                    format!(
+                        "a container named {} exists and is not Pushleft's: left untouched",
+                        app.container
+                    ),
+                ));
+            }
+            Some(_) => {}
+            None => {
+                self.ensure_image(&app.image).await?;
+                let secrets = self.write_secrets(app)?;
+                self.create(app, secrets.as_deref()).await?;
+                if let Err(e) = self.docker.start_container(&app.container, None).await {
+                    self.remove(&app.container).await?;
+                    return Err(docker("container-start-failed", e));
+                }
+            }
+        }
+        let started = Instant::now();
+        let code = loop {
+            match self.running(&app.container).await {
+                Ok((false, code)) => break code,
+                Ok((true, _)) if started.elapsed() < timeout => tokio::time::sleep(Duration::from_millis(200)).await,
+                Ok((true, _)) => {
+                    let tail = self.log_tail(&app.container).await;
+                    self.remove(&app.container).await?;
+                    return Err(permanent(
+                        "run-timeout",
+                        format!("still running after {} s\n{tail}", timeout.as_secs()),
+                    ));
+                }
+                Err(f) => return Err(f),
+            }
+        };
+        let tail = self.log_tail(&app.container).await;
+        self.remove(&app.container).await?;
+        if code == 0 {
+            Ok(format!("exit code 0\n{tail}"))
+        } else {
+            Err(permanent("exit-code", format!("exit code {code}\n{tail}")))
+        }
+    }
+}
+
+/// One HTTP GET of `path` on `ip:port` within a second (ureq): the status code, or why not.
+async fn probe(ip: &str, port: u16, path: &str) -> String {
+    let url = format!("http://{ip}:{port}{path}");
+    tokio::task::spawn_blocking(move || {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(1)))
+            .build()
+            .into();
+        match agent.get(&url).call() {
+            Ok(r) => r.status().as_u16().to_string(),
+            Err(e) => e.to_string(),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| e.to_string())
+}

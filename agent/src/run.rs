@@ -1,0 +1,257 @@
+//! `pl-agent run`: heartbeats with what the node can run and what runs, leases its own jobs
+//! (long polling), runs the tasks of one environment in order and different environments in
+//! parallel up to a bound, renews each lease while its task works, and completes it with the
+//! fencing proof. The executors live in `docker.rs`; a task without an executor on this node
+//! (nftables, routes, ingress: the node-agent issue's next part) fails for good with
+//! `executor-missing`, never pretends.
+
+use crate::client::{AgentClient, ClientError};
+use crate::docker::{ENVIRONMENT, Engine, GENERATION, INSTANCE, OWNED, ROLE, RUN_TIMEOUT};
+use crate::outcome::{Failure, permanent, report};
+use agent_proto::{Execution, Heartbeat, LeasedJob, Outcome, RunningInstance};
+use anyhow::{Context, Result};
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// `pl-agent run --config FILE` (TOML).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The control plane's agent API, `https://host:port`.
+    pub control: String,
+    /// The enrolment folder (`pl-agent enroll --dir`): the node's key, certificate, CA and age
+    /// identity.
+    pub dir: PathBuf,
+    #[serde(default = "default_socket")]
+    pub docker_socket: PathBuf,
+    /// Where containers' secret files live: a tmpfs, so they never reach a disk.
+    #[serde(default = "default_secrets")]
+    pub secrets_dir: PathBuf,
+    /// Environments whose tasks run at once.
+    #[serde(default = "default_parallel")]
+    pub parallel_environments: usize,
+    #[serde(default = "default_heartbeat")]
+    pub heartbeat_seconds: u64,
+}
+
+fn default_socket() -> PathBuf {
+    "/var/run/docker.sock".into()
+}
+fn default_secrets() -> PathBuf {
+    "/run/pushleft-agent/secrets".into()
+}
+fn default_parallel() -> usize {
+    4
+}
+fn default_heartbeat() -> u64 {
+    10
+}
+
+impl Config {
+    /// Reads and checks the configuration (at most 64 KiB; paths relative to its folder).
+    pub fn load(path: &Path) -> Result<Config> {
+        let meta = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
+        anyhow::ensure!(meta.len() <= 64 * 1024, "{} is larger than 64 KiB", path.display());
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let mut c: Config = toml::from_str(&text).with_context(|| format!("{}", path.display()))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        for p in [&mut c.dir, &mut c.docker_socket, &mut c.secrets_dir] {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        }
+        anyhow::ensure!(
+            (1..=64).contains(&c.parallel_environments),
+            "parallel_environments must be 1 to 64"
+        );
+        anyhow::ensure!(c.control.starts_with("https://"), "control must be an https:// URL");
+        Ok(c)
+    }
+}
+
+/// Runs a blocking client call off the async threads.
+async fn blocking<T: Send + 'static>(
+    client: &Arc<AgentClient>,
+    f: impl FnOnce(&AgentClient) -> Result<T, ClientError> + Send + 'static,
+) -> Result<T, ClientError> {
+    let c = Arc::clone(client);
+    tokio::task::spawn_blocking(move || f(&c))
+        .await
+        .unwrap_or_else(|e| Err(ClientError::Transport(e.to_string())))
+}
+
+/// What the node runs now: its containers of replicas, as the heartbeat reports them.
+async fn observed(engine: &Engine) -> Vec<RunningInstance> {
+    use bollard::query_parameters::ListContainersOptionsBuilder;
+    let filters = HashMap::from([("label".to_owned(), vec![format!("{OWNED}=true")])]);
+    let Ok(list) = engine
+        .docker
+        .list_containers(Some(
+            ListContainersOptionsBuilder::default()
+                .all(true)
+                .filters(&filters)
+                .build(),
+        ))
+        .await
+    else {
+        return Vec::new();
+    };
+    list.into_iter()
+        .filter_map(|c| {
+            let l = c.labels?;
+            Some(RunningInstance {
+                environment: l.get(ENVIRONMENT)?.clone(),
+                role: l.get(ROLE)?.clone(),
+                instance: l.get(INSTANCE)?.parse().ok()?,
+                generation: l.get(GENERATION)?.parse().ok()?,
+                healthy: matches!(c.state, Some(bollard::models::ContainerSummaryStateEnum::RUNNING)),
+            })
+        })
+        .take(agent_proto::MAX_HEARTBEAT_INSTANCES)
+        .collect()
+}
+
+/// Runs one task with what its lease carries.
+pub async fn execute(engine: &Engine, job: &LeasedJob) -> Result<String, Failure> {
+    let kind = job.task.get("task").and_then(|t| t.as_str()).unwrap_or("");
+    let text = |k: &str| job.task.get(k).and_then(|v| v.as_str()).unwrap_or("").to_owned();
+    let number = |k: &str| job.task.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+    let instance = u32::try_from(number("instance")).unwrap_or(u32::MAX);
+    match (kind, &job.execution) {
+        ("ensure-network", Execution::Network(net)) => engine.ensure_network(net).await,
+        ("remove-network", _) => engine.remove_network(&format!("pl_{}", text("environment"))).await,
+        ("ensure-application", Execution::Application(app)) => engine.ensure_application(app).await,
+        ("run-once", Execution::Application(app)) => engine.run_once(app, RUN_TIMEOUT).await,
+        ("stop-application", _) => {
+            engine
+                .stop_older(&text("environment"), &text("role"), instance, number("generation"))
+                .await
+        }
+        ("teardown-application", _) => {
+            engine
+                .teardown(&text("environment"), &text("role"), instance, number("generation"))
+                .await
+        }
+        ("apply-firewall" | "ensure-routes" | "publish-ingress" | "remove-ingress", _) => Err(permanent(
+            "executor-missing",
+            format!("this agent has no executor for {kind} yet"),
+        )),
+        _ => Err(permanent(
+            "task-malformed",
+            format!("a {kind} task came without the execution it needs"),
+        )),
+    }
+}
+
+/// Runs one leased job: renewing its lease every 10 s while it works, then completing it.
+async fn work(client: Arc<AgentClient>, engine: Arc<Engine>, job: LeasedJob) {
+    let proof = job.proof.clone();
+    let renewing = {
+        let client = Arc::clone(&client);
+        let proof = proof.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                let p = proof.clone();
+                if let Err(e) = blocking(&client, move |c| c.renew(&p)).await {
+                    tracing::warn!(job = %proof.job_id, error = %e, "lease renewal failed");
+                    return;
+                }
+            }
+        })
+    };
+    let result = execute(&engine, &job).await;
+    renewing.abort();
+    let (outcome, detail) = match &result {
+        Ok(note) => (Outcome::Succeeded, report("ok", note)),
+        Err(f) => (f.outcome, report(f.code, &f.detail)),
+    };
+    match &result {
+        Ok(_) => tracing::info!(job = %job.key, "task succeeded"),
+        Err(f) => tracing::warn!(job = %job.key, code = f.code, "task failed"),
+    }
+    if let Err(e) = blocking(&client, move |c| c.complete(&proof, outcome, &detail)).await {
+        tracing::warn!(job = %job.key, error = %e, "completion refused or lost; the lease will expire");
+    }
+}
+
+/// The agent's main loop, until the process is stopped.
+pub async fn run(config: Config) -> Result<()> {
+    let client = Arc::new(AgentClient::from_dir(&config.control, &config.dir).context("the enrolment folder")?);
+    std::fs::create_dir_all(&config.secrets_dir)
+        .with_context(|| format!("creating {}", config.secrets_dir.display()))?;
+    let engine = Arc::new(
+        Engine::connect(
+            &config.docker_socket,
+            config.secrets_dir.clone(),
+            config.dir.join(crate::enroll::AGE),
+        )
+        .await
+        .with_context(|| format!("Docker at {}", config.docker_socket.display()))?,
+    );
+    // Heartbeats: alive, able to run containers while Docker answers, and what runs.
+    {
+        let (client, engine) = (Arc::clone(&client), Arc::clone(&engine));
+        let every = Duration::from_secs(config.heartbeat_seconds.max(1));
+        tokio::spawn(async move {
+            loop {
+                let docker_up = engine.docker.ping().await.is_ok();
+                let hb = Heartbeat {
+                    agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+                    capabilities: if docker_up { vec!["docker".into()] } else { Vec::new() },
+                    running: observed(&engine).await,
+                };
+                if let Err(e) = blocking(&client, move |c| c.heartbeat(&hb)).await {
+                    tracing::warn!(error = %e, "heartbeat failed");
+                }
+                tokio::time::sleep(every).await;
+            }
+        });
+    }
+    // One queue per environment (its tasks in order), at most `parallel_environments` at work.
+    let slots = Arc::new(tokio::sync::Semaphore::new(config.parallel_environments));
+    let mut queues: HashMap<String, tokio::sync::mpsc::UnboundedSender<LeasedJob>> = HashMap::new();
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        let leased = match blocking(&client, |c| {
+            c.lease(agent_proto::MAX_LEASE_BATCH, Duration::from_secs(20))
+        })
+        .await
+        {
+            Ok(l) => {
+                backoff = Duration::from_millis(500);
+                l.jobs
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "lease failed");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+                continue;
+            }
+        };
+        queues.retain(|_, q| !q.is_closed());
+        for job in leased {
+            let env = job
+                .task
+                .get("environment")
+                .and_then(|e| e.as_str())
+                .unwrap_or("")
+                .to_owned();
+            let queue = queues.entry(env).or_insert_with(|| {
+                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<LeasedJob>();
+                let (client, engine, slots) = (Arc::clone(&client), Arc::clone(&engine), Arc::clone(&slots));
+                tokio::spawn(async move {
+                    while let Some(job) = rx.recv().await {
+                        let Ok(_slot) = slots.acquire().await else { return };
+                        work(Arc::clone(&client), Arc::clone(&engine), job).await;
+                    }
+                });
+                tx
+            });
+            let _ = queue.send(job);
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! What the Docker tests share: the real dockerd the test command starts, a registry of our own
+//! on a free loopback port (Debian's `docker-registry`), and images made here from the static
+//! busybox (`docker import`), pushed there so the agent pulls them by digest. Nothing reaches
+//! beyond the machine: no image comes from Docker Hub and the containers only serve.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// `docker ARGS`, its stdout; panics with stderr when it fails.
+pub fn docker(args: &[&str]) -> String {
+    let o = Command::new("docker").args(args).output().expect("the docker CLI");
+    assert!(
+        o.status.success(),
+        "docker {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).trim().to_owned()
+}
+
+/// `docker ARGS`, whether it succeeded.
+pub fn docker_ok(args: &[&str]) -> bool {
+    Command::new("docker")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Fails at once, naming the fix, when no dockerd answers (`scripts/test` starts one).
+pub fn require_dockerd() {
+    assert!(
+        docker_ok(&["info"]),
+        "no Docker engine answers on /var/run/docker.sock: run the tests through scripts/test, which starts dockerd"
+    );
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// A registry on 127.0.0.1 (plain HTTP, which dockerd allows for loopback), storing under a
+/// temporary folder; stopped when dropped.
+pub struct Registry {
+    child: Child,
+    pub port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Registry {
+    pub fn start() -> Registry {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = free_port();
+        let config = dir.path().join("config.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n",
+                dir.path().join("data").display()
+            ),
+        )
+        .expect("config");
+        let child = Command::new("docker-registry")
+            .arg("serve")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("docker-registry (Debian package docker-registry)");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "the registry did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Registry { child, port, _dir: dir }
+    }
+
+    /// An image of the static busybox with `files` added, pushed as `name`: its reference by
+    /// digest. The local copy is removed, so the agent's pull is real.
+    pub fn image(&self, name: &str, files: &[(&str, &str)]) -> String {
+        let root = tempfile::tempdir().expect("tempdir");
+        let bin = root.path().join("bin");
+        std::fs::create_dir_all(&bin).expect("bin");
+        std::fs::copy(busybox(), bin.join("busybox")).expect("busybox");
+        for applet in ["sh", "httpd", "sleep", "cat", "echo"] {
+            std::os::unix::fs::symlink("busybox", bin.join(applet)).expect("applet");
+        }
+        for (path, text) in files {
+            let p = root.path().join(path.trim_start_matches('/'));
+            std::fs::create_dir_all(p.parent().expect("parent")).expect("dir");
+            std::fs::write(&p, text).expect("file");
+        }
+        let tar = root.path().with_extension("tar");
+        let o = Command::new("tar")
+            .arg("-C")
+            .arg(root.path())
+            .arg("-cf")
+            .arg(&tar)
+            .arg(".")
+            .output()
+            .expect("tar");
+        assert!(o.status.success());
+        let tag = format!("127.0.0.1:{}/pl-test/{name}:latest", self.port);
+        docker(&["import", &tar.to_string_lossy(), &tag]);
+        let _ = std::fs::remove_file(&tar);
+        docker(&["push", "-q", &tag]);
+        let digest = docker(&["inspect", "--format", "{{index .RepoDigests 0}}", &tag]);
+        docker(&["rmi", "-f", &tag]);
+        let _ = docker_ok(&["rmi", "-f", &digest]);
+        digest
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The static busybox (Debian's busybox-static).
+fn busybox() -> PathBuf {
+    for p in ["/bin/busybox", "/usr/bin/busybox"] {
+        if Path::new(p).exists() {
+            return p.into();
+        }
+    }
+    panic!("no static busybox: install busybox-static (scripts/test does)");
+}
+
+/// Removes every container and network a test made (by a label value unique to it).
+pub fn clean(environment: &str) {
+    for filter in [
+        format!("label=dev.pushleft.environment={environment}"),
+        format!("network=pl_{environment}"),
+    ] {
+        let ids = docker(&["ps", "-aq", "--filter", &filter]);
+        for id in ids.lines().filter(|l| !l.is_empty()) {
+            let _ = docker_ok(&["rm", "-f", id]);
+        }
+    }
+    let _ = docker_ok(&["network", "rm", &format!("pl_{environment}")]);
+}
