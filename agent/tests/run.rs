@@ -1,0 +1,149 @@
+//! `pl-agent run` as a process against `pl-reconciler run` and a real dockerd: once enrolled,
+//! the agent heartbeats (Docker answers, so it can run containers), the reconciler places the
+//! environment's worker on it (a web replica would wait for a node with `ingress`), and the
+//! agent leases the first step and executes it: the environment's
+//! Docker network appears with the subnet the ledger chose for this node. A task it has no
+//! executor for yet (the nftables table) fails for good with `executor-missing`, and the
+//! rollout stops there instead of pretending.
+
+#[path = "../../reconciler/tests/support/daemon.rs"]
+mod daemon_support;
+#[path = "support/docker.rs"]
+mod docker_support;
+#[path = "../../reconciler/tests/support/repo.rs"]
+mod repo_support;
+mod support;
+
+use daemon_support::{CONTROL_CA, Daemon, config, free_port, setup};
+use docker_support::{clean, docker, docker_ok, require_dockerd};
+use repo_support::{Repo, environment, project};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use support::sql;
+
+fn reconciler_fingerprint(pem: &str) -> String {
+    use sha2::Digest;
+    let (_, p) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).expect("pem");
+    sha2::Sha256::digest(&p.contents)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[test]
+fn the_agent_heartbeats_leases_and_executes_its_jobs() {
+    require_dockerd();
+    let env = "pltest-run";
+    clean(env);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = Repo::new(dir.path());
+    std::fs::write(dir.path().join("allowed_signers"), &repo.signers).expect("signers");
+    // A worker: a web replica needs a node with ingress, which this agent does not offer yet.
+    repo.write(
+        "projects/api.yaml",
+        &project("api", 1).replace(
+            "web: {kind: web, port: 8080, health: {path: /healthz}, replicas: 1}",
+            "worker: {kind: worker, replicas: 1}",
+        ),
+    );
+    repo.write("envs/run.yaml", &environment(env, "api"));
+    repo.commit("one environment", true);
+    let s = setup(dir.path());
+    let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    let (port, agent_port) = (free_port(), free_port());
+    let cfg = config(
+        &s,
+        "d",
+        &repo.dir,
+        &url,
+        port,
+        &format!("{CONTROL_CA}\n[agent_api]\nlisten = \"127.0.0.1:{agent_port}\"\n"),
+    );
+    let mut d = Daemon::start(&s, &cfg, port);
+    d.wait_ready(Duration::from_secs(20));
+    let ca = std::fs::read_to_string(dir.path().join("tls/ca.crt")).expect("ca");
+    let node_dir = dir.path().join("n1");
+    let token = d.enrolment_token("n1", &s.operator);
+    pushleft_agent::enroll::enroll(
+        &format!("https://localhost:{port}"),
+        &format!("SHA256:{}", reconciler_fingerprint(&ca)),
+        "n1",
+        &node_dir,
+        &token,
+    )
+    .expect("enrol");
+    let agent_cfg = dir.path().join("agent.toml");
+    std::fs::write(
+        &agent_cfg,
+        format!(
+            "control = \"https://localhost:{agent_port}\"\ndir = \"n1\"\nsecrets_dir = \"secrets\"\nheartbeat_seconds = 1\n"
+        ),
+    )
+    .expect("agent config");
+    let log = std::fs::File::create(dir.path().join("agent.log")).expect("log");
+    let mut agent = Command::new(env!("CARGO_BIN_EXE_pl-agent"))
+        .args(["run", "--config"])
+        .arg(&agent_cfg)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("pl-agent run");
+
+    // The network appears, with the subnet the ledger chose for this environment on n1.
+    let network = format!("pl_{env}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !docker_ok(&["network", "inspect", &network]) {
+        assert!(
+            Instant::now() < deadline,
+            "no network; agent log: {}; jobs: {:?}; nodes: {:?}; events: {:?}",
+            std::fs::read_to_string(dir.path().join("agent.log")).unwrap_or_default(),
+            sql(&url, "SELECT key || ' ' || state FROM jobs"),
+            d.get("/v1/nodes", Some(&s.viewer)),
+            sql(&url, "SELECT kind || ' ' || subject || ' ' || detail FROM events")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(
+        docker(&[
+            "network",
+            "inspect",
+            "--format",
+            "{{range .IPAM.Config}}{{.Subnet}}{{end}}",
+            &network
+        ]),
+        "10.208.0.0/24"
+    );
+    assert_eq!(
+        docker(&[
+            "network",
+            "inspect",
+            "--format",
+            "{{index .Labels \"dev.pushleft.owned\"}}",
+            &network
+        ]),
+        "true"
+    );
+    let state = |pattern: &str| sql(&url, &format!("SELECT state FROM jobs WHERE key LIKE '{pattern}'"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while state("net:%:ensure@n1") != ["succeeded"] || state("fw:%:apply@n1") != ["failed"] {
+        assert!(
+            Instant::now() < deadline,
+            "{:?}",
+            sql(&url, "SELECT key || ' ' || state FROM jobs")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let detail = sql(
+        &url,
+        "SELECT r.detail FROM job_results r JOIN jobs j ON j.id = r.job_id WHERE j.key LIKE 'fw:%'",
+    );
+    assert!(detail[0].starts_with("executor-missing:"), "{detail:?}");
+    // The heartbeat said what the node can run.
+    let (status, body) = d.get("/v1/nodes", Some(&s.viewer));
+    assert_eq!(status, 200);
+    assert!(body.contains("\"capabilities\":[\"docker\"]"), "{body}");
+    let _ = agent.kill();
+    let _ = agent.wait();
+    d.kill9();
+    clean(env);
+}
