@@ -7,5 +7,6 @@
 pub mod client;
 pub mod docker;
 pub mod enroll;
+pub mod firewall;
 pub mod outcome;
 pub mod run;

@@ -1,12 +1,13 @@
 //! `pl-agent run`: heartbeats with what the node can run and what runs, leases its own jobs
 //! (long polling), runs the tasks of one environment in order and different environments in
 //! parallel up to a bound, renews each lease while its task works, and completes it with the
-//! fencing proof. The executors live in `docker.rs`; a task without an executor on this node
-//! (nftables, routes, ingress: the node-agent issue's next part) fails for good with
-//! `executor-missing`, never pretends.
+//! fencing proof. The executors live in `docker.rs` and `firewall.rs`; a task without an
+//! executor on this node (routes, ingress: the node-agent issue's next part) fails for good
+//! with `executor-missing`, never pretends.
 
 use crate::client::{AgentClient, ClientError};
 use crate::docker::{ENVIRONMENT, Engine, GENERATION, INSTANCE, OWNED, ROLE, RUN_TIMEOUT};
+use crate::firewall::Firewall;
 use crate::outcome::{Failure, permanent, report};
 use agent_proto::{Execution, Heartbeat, LeasedJob, Outcome, RunningInstance};
 use anyhow::{Context, Result};
@@ -35,6 +36,16 @@ pub struct Config {
     pub parallel_environments: usize,
     #[serde(default = "default_heartbeat")]
     pub heartbeat_seconds: u64,
+    /// The `nft` program (a path, or a wrapper; `nft` on `PATH` by default).
+    #[serde(default = "crate::firewall::default_nft")]
+    pub nft: PathBuf,
+    /// Where the agent keeps its fences (the firewall's applied generations).
+    #[serde(default = "default_state")]
+    pub state_dir: PathBuf,
+}
+
+fn default_state() -> PathBuf {
+    "/var/lib/pushleft-agent/state".into()
 }
 
 fn default_socket() -> PathBuf {
@@ -58,7 +69,7 @@ impl Config {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let mut c: Config = toml::from_str(&text).with_context(|| format!("{}", path.display()))?;
         let base = path.parent().unwrap_or(Path::new("."));
-        for p in [&mut c.dir, &mut c.docker_socket, &mut c.secrets_dir] {
+        for p in [&mut c.dir, &mut c.docker_socket, &mut c.secrets_dir, &mut c.state_dir] {
             if p.is_relative() {
                 *p = base.join(&*p);
             }
@@ -114,15 +125,43 @@ async fn observed(engine: &Engine) -> Vec<RunningInstance> {
         .collect()
 }
 
+/// The executors of this node.
+pub struct Executors {
+    pub engine: Engine,
+    pub firewall: Arc<Firewall>,
+}
+
+/// Runs the firewall's blocking `nft` calls off the async threads.
+async fn firewall<T: Send + 'static>(
+    fw: &Arc<Firewall>,
+    f: impl FnOnce(&Firewall) -> Result<T, Failure> + Send + 'static,
+) -> Result<T, Failure> {
+    let fw = Arc::clone(fw);
+    tokio::task::spawn_blocking(move || f(&fw))
+        .await
+        .unwrap_or_else(|e| Err(crate::outcome::retryable("agent-task-failed", e.to_string())))
+}
+
 /// Runs one task with what its lease carries.
-pub async fn execute(engine: &Engine, job: &LeasedJob) -> Result<String, Failure> {
+pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> {
+    let engine = &x.engine;
     let kind = job.task.get("task").and_then(|t| t.as_str()).unwrap_or("");
     let text = |k: &str| job.task.get(k).and_then(|v| v.as_str()).unwrap_or("").to_owned();
     let number = |k: &str| job.task.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
     let instance = u32::try_from(number("instance")).unwrap_or(u32::MAX);
     match (kind, &job.execution) {
         ("ensure-network", Execution::Network(net)) => engine.ensure_network(net).await,
-        ("remove-network", _) => engine.remove_network(&format!("pl_{}", text("environment"))).await,
+        ("apply-firewall", Execution::Network(net)) => {
+            let (env, subnet, generation) = (net.environment.clone(), net.subnet.clone(), number("generation"));
+            firewall(&x.firewall, move |fw| fw.apply(&env, &subnet, generation)).await
+        }
+        ("remove-network", _) => {
+            // Teardown's last step: the firewall table first, then the network.
+            let (env, generation) = (text("environment"), number("generation"));
+            let table = firewall(&x.firewall, move |fw| fw.remove(&env, generation)).await?;
+            let network = engine.remove_network(&format!("pl_{}", text("environment"))).await?;
+            Ok(format!("{table}; {network}"))
+        }
         ("ensure-application", Execution::Application(app)) => engine.ensure_application(app).await,
         ("run-once", Execution::Application(app)) => engine.run_once(app, RUN_TIMEOUT).await,
         ("stop-application", _) => {
@@ -135,7 +174,7 @@ pub async fn execute(engine: &Engine, job: &LeasedJob) -> Result<String, Failure
                 .teardown(&text("environment"), &text("role"), instance, number("generation"))
                 .await
         }
-        ("apply-firewall" | "ensure-routes" | "publish-ingress" | "remove-ingress", _) => Err(permanent(
+        ("ensure-routes" | "publish-ingress" | "remove-ingress", _) => Err(permanent(
             "executor-missing",
             format!("this agent has no executor for {kind} yet"),
         )),
@@ -147,7 +186,7 @@ pub async fn execute(engine: &Engine, job: &LeasedJob) -> Result<String, Failure
 }
 
 /// Runs one leased job: renewing its lease every 10 s while it works, then completing it.
-async fn work(client: Arc<AgentClient>, engine: Arc<Engine>, job: LeasedJob) {
+async fn work(client: Arc<AgentClient>, engine: Arc<Executors>, job: LeasedJob) {
     let proof = job.proof.clone();
     let renewing = {
         let client = Arc::clone(&client);
@@ -183,26 +222,43 @@ pub async fn run(config: Config) -> Result<()> {
     let client = Arc::new(AgentClient::from_dir(&config.control, &config.dir).context("the enrolment folder")?);
     std::fs::create_dir_all(&config.secrets_dir)
         .with_context(|| format!("creating {}", config.secrets_dir.display()))?;
-    let engine = Arc::new(
-        Engine::connect(
+    let engine = Arc::new(Executors {
+        engine: Engine::connect(
             &config.docker_socket,
             config.secrets_dir.clone(),
             config.dir.join(crate::enroll::AGE),
         )
         .await
         .with_context(|| format!("Docker at {}", config.docker_socket.display()))?,
-    );
+        firewall: Arc::new(Firewall {
+            nft: config.nft.clone(),
+            state_dir: config.state_dir.clone(),
+        }),
+    });
+    let nft_works = std::process::Command::new(&config.nft)
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
     // Heartbeats: alive, able to run containers while Docker answers, and what runs.
     {
         let (client, engine) = (Arc::clone(&client), Arc::clone(&engine));
         let every = Duration::from_secs(config.heartbeat_seconds.max(1));
         tokio::spawn(async move {
             loop {
-                let docker_up = engine.docker.ping().await.is_ok();
+                let docker_up = engine.engine.docker.ping().await.is_ok();
+                let mut capabilities = Vec::new();
+                if docker_up {
+                    capabilities.push("docker".to_owned());
+                }
+                if nft_works {
+                    capabilities.push("nftables".to_owned());
+                }
                 let hb = Heartbeat {
                     agent_version: env!("CARGO_PKG_VERSION").to_owned(),
-                    capabilities: if docker_up { vec!["docker".into()] } else { Vec::new() },
-                    running: observed(&engine).await,
+                    capabilities,
+                    running: observed(&engine.engine).await,
                 };
                 if let Err(e) = blocking(&client, move |c| c.heartbeat(&hb)).await {
                     tracing::warn!(error = %e, "heartbeat failed");

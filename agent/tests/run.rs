@@ -2,9 +2,11 @@
 //! the agent heartbeats (Docker answers, so it can run containers), the reconciler places the
 //! environment's worker on it (a web replica would wait for a node with `ingress`), and the
 //! agent leases the first step and executes it: the environment's
-//! Docker network appears with the subnet the ledger chose for this node. A task it has no
-//! executor for yet (the nftables table) fails for good with `executor-missing`, and the
-//! rollout stops there instead of pretending.
+//! Docker network appears with the subnet the ledger chose for this node, and the
+//! environment's nftables table is applied (through an `nft` wrapper that enters a network
+//! namespace this test made: the machine's own tables are never touched). A task it has no
+//! executor for yet (routes) fails for good with `executor-missing`, and the rollout stops
+//! there instead of pretending.
 
 #[path = "../../reconciler/tests/support/daemon.rs"]
 mod daemon_support;
@@ -72,11 +74,46 @@ fn the_agent_heartbeats_leases_and_executes_its_jobs() {
         &token,
     )
     .expect("enrol");
+    // The node's nftables: a namespace of the test's own, through a wrapper.
+    let netns = "plrun-node";
+    let _ = Command::new("ip")
+        .args(["netns", "del", netns])
+        .stderr(Stdio::null())
+        .status();
+    assert!(
+        Command::new("ip")
+            .args(["netns", "add", netns])
+            .status()
+            .expect("ip")
+            .success()
+    );
+    let nft = dir.path().join("nft");
+    std::fs::write(&nft, format!("#!/bin/sh\nexec ip netns exec {netns} nft \"$@\"\n")).expect("wrapper");
+    assert!(
+        Command::new("chmod")
+            .arg("0755")
+            .arg(&nft)
+            .status()
+            .expect("chmod")
+            .success()
+    );
+    let host_rules = || {
+        String::from_utf8_lossy(
+            &Command::new("nft")
+                .args(["list", "ruleset"])
+                .output()
+                .expect("nft")
+                .stdout,
+        )
+        .into_owned()
+    };
+    let before = host_rules();
     let agent_cfg = dir.path().join("agent.toml");
     std::fs::write(
         &agent_cfg,
         format!(
-            "control = \"https://localhost:{agent_port}\"\ndir = \"n1\"\nsecrets_dir = \"secrets\"\nheartbeat_seconds = 1\n"
+            "control = \"https://localhost:{agent_port}\"\ndir = \"n1\"\nsecrets_dir = \"secrets\"\nstate_dir = \"state\"\nnft = {:?}\nheartbeat_seconds = 1\n",
+            nft.display().to_string()
         ),
     )
     .expect("agent config");
@@ -125,7 +162,10 @@ fn the_agent_heartbeats_leases_and_executes_its_jobs() {
     );
     let state = |pattern: &str| sql(&url, &format!("SELECT state FROM jobs WHERE key LIKE '{pattern}'"));
     let deadline = Instant::now() + Duration::from_secs(20);
-    while state("net:%:ensure@n1") != ["succeeded"] || state("fw:%:apply@n1") != ["failed"] {
+    while state("net:%:ensure@n1") != ["succeeded"]
+        || state("fw:%:apply@n1") != ["succeeded"]
+        || state("routes:%:ensure@n1") != ["failed"]
+    {
         assert!(
             Instant::now() < deadline,
             "{:?}",
@@ -135,13 +175,27 @@ fn the_agent_heartbeats_leases_and_executes_its_jobs() {
     }
     let detail = sql(
         &url,
-        "SELECT r.detail FROM job_results r JOIN jobs j ON j.id = r.job_id WHERE j.key LIKE 'fw:%'",
+        "SELECT r.detail FROM job_results r JOIN jobs j ON j.id = r.job_id WHERE j.key LIKE 'routes:%'",
     );
     assert!(detail[0].starts_with("executor-missing:"), "{detail:?}");
+    // The table is in the node's namespace; the machine's own ruleset has no table of ours
+    // (Docker adds its own rules there for the network, as it always does).
+    let o = Command::new(&nft)
+        .args(["list", "table", "inet", &format!("pl_{env}")])
+        .output()
+        .expect("nft");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("10.208.0.0/24"));
+    assert!(
+        !host_rules().contains("table inet pl_"),
+        "no table of ours on the machine"
+    );
+    assert!(!before.contains("table inet pl_"));
+    let _ = Command::new("ip").args(["netns", "del", netns]).status();
     // The heartbeat said what the node can run.
     let (status, body) = d.get("/v1/nodes", Some(&s.viewer));
     assert_eq!(status, 200);
-    assert!(body.contains("\"capabilities\":[\"docker\"]"), "{body}");
+    assert!(body.contains("\"capabilities\":[\"docker\",\"nftables\"]"), "{body}");
     let _ = agent.kill();
     let _ = agent.wait();
     d.kill9();

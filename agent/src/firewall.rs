@@ -1,0 +1,352 @@
+//! The firewall executor (the `nftables` crate, through the `nft` program): one `inet` table
+//! per environment, `pl_<environment>`, replaced whole in one atomic batch, read back and
+//! compared in normalised form, with a generation fence on disk so a stale retry never puts
+//! older rules back.
+//!
+//! What the table says, for the environment's subnet S (its Docker network on this node):
+//! - inside S: allowed (a bridge forwards it; nothing here sees it);
+//! - from S to the host: denied (replies to what the host opened excepted);
+//! - from S to another environment, to link-local (169.254.0.0/16, the metadata address) and
+//!   to private ranges (10/8, 172.16/12, 192.168/16, 100.64/10, 127/8): denied;
+//! - from S anywhere else (public egress): allowed;
+//! - into S from anywhere but the host itself (the ingress proxy runs there): denied.
+//!
+//! Its base chains run at priority -10, before Docker's own filter rules: a drop here is final,
+//! an accept leaves the packet to Docker's rules as before.
+
+use crate::outcome::{Failure, permanent, retryable};
+use nftables::batch::Batch;
+use nftables::expr::{CT, Expression, NamedExpression, Payload, PayloadField, Prefix};
+use nftables::schema::{Chain, NfListObject, NfObject, Nftables, Rule, Table};
+use nftables::stmt::{Match, Operator, Statement};
+use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+
+/// The chain whose presence marks a table as Pushleft's.
+pub const MARKER: &str = "owned-by-pushleft";
+/// Ranges an environment may not reach: link-local first (the metadata address), then private.
+pub const DENIED: [(&str, u32); 6] = [
+    ("169.254.0.0", 16),
+    ("10.0.0.0", 8),
+    ("172.16.0.0", 12),
+    ("192.168.0.0", 16),
+    ("100.64.0.0", 10),
+    ("127.0.0.0", 8),
+];
+
+/// Runs `nft` (a path, or a wrapper that enters a network namespace) with a fence folder.
+pub struct Firewall {
+    pub nft: PathBuf,
+    /// Where each environment's generation fence lives.
+    pub state_dir: PathBuf,
+}
+
+pub fn table_name(environment: &str) -> String {
+    format!("pl_{environment}")
+}
+
+fn ip(field: &'static str) -> Expression<'static> {
+    Expression::Named(NamedExpression::Payload(Payload::PayloadField(PayloadField {
+        protocol: Cow::Borrowed("ip"),
+        field: Cow::Borrowed(field),
+    })))
+}
+
+fn prefix(addr: &str, len: u32) -> Expression<'static> {
+    Expression::Named(NamedExpression::Prefix(Prefix {
+        addr: Box::new(Expression::String(Cow::Owned(addr.to_owned()))),
+        len,
+    }))
+}
+
+fn is(left: Expression<'static>, right: Expression<'static>) -> Statement<'static> {
+    Statement::Match(Match {
+        left,
+        right,
+        op: Operator::EQ,
+    })
+}
+
+fn established() -> Statement<'static> {
+    Statement::Match(Match {
+        left: Expression::Named(NamedExpression::CT(CT {
+            key: Cow::Borrowed("state"),
+            family: None,
+            dir: None,
+        })),
+        right: Expression::List(vec![
+            Expression::String(Cow::Borrowed("established")),
+            Expression::String(Cow::Borrowed("related")),
+        ]),
+        op: Operator::IN,
+    })
+}
+
+/// The subnet as (address, length).
+fn parse_subnet(subnet: &str) -> Result<(String, u32), Failure> {
+    let (addr, len) = subnet
+        .split_once('/')
+        .ok_or_else(|| permanent("subnet-invalid", format!("{subnet} is not a CIDR")))?;
+    let len: u32 = len
+        .parse()
+        .ok()
+        .filter(|l| *l <= 32)
+        .ok_or_else(|| permanent("subnet-invalid", format!("{subnet} is not a CIDR")))?;
+    addr.parse::<std::net::Ipv4Addr>()
+        .map_err(|_| permanent("subnet-invalid", format!("{subnet} is not an IPv4 CIDR")))?;
+    Ok((addr.to_owned(), len))
+}
+
+/// The rules of an environment's table, by chain, in order.
+pub fn rules(subnet: &str) -> Result<Vec<(&'static str, Vec<Statement<'static>>)>, Failure> {
+    let (addr, len) = parse_subnet(subnet)?;
+    let s = || prefix(&addr, len);
+    let mut out = vec![
+        (
+            "forward",
+            vec![is(ip("daddr"), s()), established(), Statement::Accept(None)],
+        ),
+        (
+            "forward",
+            vec![is(ip("saddr"), s()), is(ip("daddr"), s()), Statement::Accept(None)],
+        ),
+    ];
+    for (a, l) in DENIED {
+        out.push((
+            "forward",
+            vec![
+                is(ip("saddr"), s()),
+                is(ip("daddr"), prefix(a, l)),
+                Statement::Drop(None),
+            ],
+        ));
+    }
+    out.push(("forward", vec![is(ip("saddr"), s()), Statement::Accept(None)]));
+    out.push(("forward", vec![is(ip("daddr"), s()), Statement::Drop(None)]));
+    out.push((
+        "input",
+        vec![is(ip("saddr"), s()), established(), Statement::Accept(None)],
+    ));
+    out.push(("input", vec![is(ip("saddr"), s()), Statement::Drop(None)]));
+    Ok(out)
+}
+
+fn nft_error(code: &'static str, e: nftables::helper::NftablesError) -> Failure {
+    match &e {
+        nftables::helper::NftablesError::NftFailed { stderr, .. } => retryable(code, stderr.trim().to_owned()),
+        _ => retryable(code, e.to_string()),
+    }
+}
+
+impl Firewall {
+    fn fence(&self, environment: &str) -> PathBuf {
+        self.state_dir
+            .join("firewall")
+            .join(format!("{environment}.generation"))
+    }
+
+    fn fenced_at(&self, environment: &str) -> u64 {
+        std::fs::read_to_string(self.fence(environment))
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Records `generation` as the newest applied, atomically (a new file renamed over).
+    fn set_fence(&self, environment: &str, generation: u64) -> Result<(), Failure> {
+        let path = self.fence(environment);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| retryable("fence-write-failed", e.to_string()))?;
+        }
+        let tmp = path.with_extension("new");
+        std::fs::write(&tmp, generation.to_string()).map_err(|e| retryable("fence-write-failed", e.to_string()))?;
+        std::fs::rename(&tmp, &path).map_err(|e| retryable("fence-write-failed", e.to_string()))
+    }
+
+    /// The table as the kernel holds it, or `None` when there is none.
+    fn read(&self, table: &str) -> Result<Option<Nftables<'static>>, Failure> {
+        match nftables::helper::get_current_ruleset_with_args(Some(&self.nft), ["list", "table", "inet", table]) {
+            Ok(r) => Ok(Some(r)),
+            Err(nftables::helper::NftablesError::NftFailed { stderr, .. })
+                if stderr.contains("No such file or directory") || stderr.contains("does not exist") =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(nft_error("nft-unavailable", e)),
+        }
+    }
+
+    fn chains_and_rules(current: &Nftables<'static>) -> (Vec<String>, Vec<(String, serde_json::Value)>) {
+        let mut chains = Vec::new();
+        let mut rules = Vec::new();
+        for o in current.objects.iter() {
+            match o {
+                NfObject::ListObject(NfListObject::Chain(c)) => chains.push(c.name.to_string()),
+                NfObject::ListObject(NfListObject::Rule(r)) => {
+                    rules.push((r.chain.to_string(), serde_json::to_value(&r.expr).unwrap_or_default()));
+                }
+                _ => {}
+            }
+        }
+        (chains, rules)
+    }
+
+    /// Applies the environment's table for `generation` (see the module's rules).
+    pub fn apply(&self, environment: &str, subnet: &str, generation: u64) -> Result<String, Failure> {
+        let fenced = self.fenced_at(environment);
+        if fenced > generation {
+            return Err(permanent(
+                "stale-generation",
+                format!("generation {fenced} of the firewall is applied already; {generation} is older"),
+            ));
+        }
+        let table = table_name(environment);
+        if let Some(current) = self.read(&table)? {
+            let (chains, _) = Firewall::chains_and_rules(&current);
+            if !chains.iter().any(|c| c == MARKER) {
+                return Err(permanent(
+                    "foreign-table",
+                    format!("an nftables table inet {table} exists and is not Pushleft's: left untouched"),
+                ));
+            }
+        }
+        let wanted = rules(subnet)?;
+        let mut batch = Batch::new();
+        let t = Table {
+            family: NfFamily::INet,
+            name: Cow::Owned(table.clone()),
+            ..Table::default()
+        };
+        // Add, delete and add again in one transaction: the table is replaced whole,
+        // whether it existed or not, and no packet ever sees half of it.
+        batch.add(NfListObject::Table(t.clone()));
+        batch.delete(NfListObject::Table(t.clone()));
+        batch.add(NfListObject::Table(t));
+        batch.add(NfListObject::Chain(Chain {
+            family: NfFamily::INet,
+            table: Cow::Owned(table.clone()),
+            name: Cow::Borrowed(MARKER),
+            ..Chain::default()
+        }));
+        for (name, hook) in [("forward", NfHook::Forward), ("input", NfHook::Input)] {
+            batch.add(NfListObject::Chain(Chain {
+                family: NfFamily::INet,
+                table: Cow::Owned(table.clone()),
+                name: Cow::Borrowed(name),
+                _type: Some(NfChainType::Filter),
+                hook: Some(hook),
+                prio: Some(-10),
+                policy: Some(NfChainPolicy::Accept),
+                ..Chain::default()
+            }));
+        }
+        for (chain, expr) in &wanted {
+            batch.add(NfListObject::Rule(Rule {
+                family: NfFamily::INet,
+                table: Cow::Owned(table.clone()),
+                chain: Cow::Borrowed(chain),
+                expr: Cow::Owned(expr.clone()),
+                ..Rule::default()
+            }));
+        }
+        let ruleset = batch.to_nftables();
+        nftables::helper::apply_ruleset_with_args(&ruleset, Some(&self.nft), nftables::helper::DEFAULT_ARGS)
+            .map_err(|e| nft_error("nft-apply-failed", e))?;
+        self.verify(&table, &wanted)?;
+        self.set_fence(environment, generation)?;
+        Ok(format!(
+            "{table} applied for generation {generation}, {} rules read back",
+            wanted.len()
+        ))
+    }
+
+    /// Reads the table back and compares it, in normalised form (chains, then each rule's
+    /// statements as JSON, handles left out), with what was meant.
+    pub fn verify(&self, table: &str, wanted: &[(&'static str, Vec<Statement<'static>>)]) -> Result<(), Failure> {
+        let current = self.read(table)?.ok_or_else(|| {
+            permanent(
+                "firewall-readback-mismatch",
+                format!("{table} is not there after applying it"),
+            )
+        })?;
+        let (mut chains, got) = Firewall::chains_and_rules(&current);
+        chains.sort();
+        let mut expected_chains = vec!["forward".to_owned(), "input".to_owned(), MARKER.to_owned()];
+        expected_chains.sort();
+        let expected: Vec<(String, serde_json::Value)> = wanted
+            .iter()
+            .map(|(c, e)| ((*c).to_owned(), serde_json::to_value(e).unwrap_or_default()))
+            .collect();
+        if chains != expected_chains || got != expected {
+            return Err(permanent(
+                "firewall-readback-mismatch",
+                format!("{table} reads back otherwise: chains {chains:?}, {} rules", got.len()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether the environment's table is what `subnet` says (drift: a rule deleted by hand).
+    pub fn matches(&self, environment: &str, subnet: &str) -> Result<bool, Failure> {
+        let wanted = rules(subnet)?;
+        Ok(self.verify(&table_name(environment), &wanted).is_ok())
+    }
+
+    /// Removes the environment's table if it is ours (gone already is done), and fences
+    /// `generation` so no older apply can bring it back.
+    pub fn remove(&self, environment: &str, generation: u64) -> Result<String, Failure> {
+        let table = table_name(environment);
+        let note = match self.read(&table)? {
+            None => format!("{table} already gone"),
+            Some(current) => {
+                let (chains, _) = Firewall::chains_and_rules(&current);
+                if !chains.iter().any(|c| c == MARKER) {
+                    return Err(permanent(
+                        "foreign-table",
+                        format!("an nftables table inet {table} exists and is not Pushleft's: left untouched"),
+                    ));
+                }
+                let mut batch = Batch::new();
+                batch.delete(NfListObject::Table(Table {
+                    family: NfFamily::INet,
+                    name: Cow::Owned(table.clone()),
+                    ..Table::default()
+                }));
+                nftables::helper::apply_ruleset_with_args(
+                    &batch.to_nftables(),
+                    Some(&self.nft),
+                    nftables::helper::DEFAULT_ARGS,
+                )
+                .map_err(|e| nft_error("nft-apply-failed", e))?;
+                format!("{table} removed")
+            }
+        };
+        if generation > self.fenced_at(environment) {
+            self.set_fence(environment, generation)?;
+        }
+        Ok(note)
+    }
+}
+
+/// The `nft` of this host, or of the network namespace a wrapper enters.
+pub fn default_nft() -> PathBuf {
+    Path::new("nft").to_path_buf()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rules_deny_metadata_and_private_ranges_before_public_egress() {
+        let r = rules("10.208.3.0/24").expect("rules");
+        let json = serde_json::to_string(&r.iter().map(|(c, e)| (c, e)).collect::<Vec<_>>()).expect("json");
+        let metadata = json.find("169.254.0.0").expect("metadata");
+        let egress = json.rfind("\"accept\"").expect("accept");
+        assert!(metadata < egress);
+        assert_eq!(r.iter().filter(|(c, _)| *c == "input").count(), 2);
+        assert_eq!(rules("10.208.3.0").expect_err("no length").code, "subnet-invalid");
+        assert_eq!(rules("fe80::/64").expect_err("v6").code, "subnet-invalid");
+    }
+}
