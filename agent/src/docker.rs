@@ -120,6 +120,11 @@ impl Engine {
                         options: None,
                     }),
                     labels: Some(labels),
+                    // The bridge gets a name of ours, so the routes executor can name it.
+                    options: Some(HashMap::from([(
+                        "com.docker.network.bridge.name".to_owned(),
+                        crate::routes::bridge_name(&net.environment),
+                    )])),
                     ..NetworkCreateRequest::default()
                 };
                 self.docker

@@ -9,4 +9,5 @@ pub mod docker;
 pub mod enroll;
 pub mod firewall;
 pub mod outcome;
+pub mod routes;
 pub mod run;

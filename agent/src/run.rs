@@ -1,9 +1,9 @@
 //! `pl-agent run`: heartbeats with what the node can run and what runs, leases its own jobs
 //! (long polling), runs the tasks of one environment in order and different environments in
 //! parallel up to a bound, renews each lease while its task works, and completes it with the
-//! fencing proof. The executors live in `docker.rs` and `firewall.rs`; a task without an
-//! executor on this node (routes, ingress: the node-agent issue's next part) fails for good
-//! with `executor-missing`, never pretends.
+//! fencing proof. The executors live in `docker.rs`, `firewall.rs` and `routes.rs`; a task
+//! without an executor on this node (ingress: the node-agent issue's next part, or one the
+//! configuration turns off) fails for good with `executor-missing`, never pretends.
 
 use crate::client::{AgentClient, ClientError};
 use crate::docker::{ENVIRONMENT, Engine, GENERATION, INSTANCE, OWNED, ROLE, RUN_TIMEOUT};
@@ -42,6 +42,14 @@ pub struct Config {
     /// Where the agent keeps its fences (the firewall's applied generations).
     #[serde(default = "default_state")]
     pub state_dir: PathBuf,
+    /// The executors this node runs: `docker`, `nftables`, `routes` (all by default). A task
+    /// for one that is off fails with `executor-missing`, and the heartbeat does not offer it.
+    #[serde(default = "default_executors")]
+    pub executors: Vec<String>,
+}
+
+fn default_executors() -> Vec<String> {
+    ["docker", "nftables", "routes"].map(String::from).to_vec()
 }
 
 fn default_state() -> PathBuf {
@@ -79,6 +87,12 @@ impl Config {
             "parallel_environments must be 1 to 64"
         );
         anyhow::ensure!(c.control.starts_with("https://"), "control must be an https:// URL");
+        for e in &c.executors {
+            anyhow::ensure!(
+                ["docker", "nftables", "routes"].contains(&e.as_str()),
+                "unknown executor {e:?}: docker, nftables or routes"
+            );
+        }
         Ok(c)
     }
 }
@@ -129,6 +143,18 @@ async fn observed(engine: &Engine) -> Vec<RunningInstance> {
 pub struct Executors {
     pub engine: Engine,
     pub firewall: Arc<Firewall>,
+    /// Which executors are on (`Config::executors`).
+    pub enabled: Vec<String>,
+}
+
+/// The executor a task kind needs.
+fn executor_of(kind: &str) -> &'static str {
+    match kind {
+        "apply-firewall" => "nftables",
+        "ensure-routes" => "routes",
+        "publish-ingress" | "remove-ingress" => "ingress",
+        _ => "docker",
+    }
 }
 
 /// Runs the firewall's blocking `nft` calls off the async threads.
@@ -146,6 +172,13 @@ async fn firewall<T: Send + 'static>(
 pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> {
     let engine = &x.engine;
     let kind = job.task.get("task").and_then(|t| t.as_str()).unwrap_or("");
+    let needs = executor_of(kind);
+    if !x.enabled.iter().any(|e| e == needs) {
+        return Err(permanent(
+            "executor-missing",
+            format!("this agent has no {needs} executor on for {kind}"),
+        ));
+    }
     let text = |k: &str| job.task.get(k).and_then(|v| v.as_str()).unwrap_or("").to_owned();
     let number = |k: &str| job.task.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
     let instance = u32::try_from(number("instance")).unwrap_or(u32::MAX);
@@ -155,12 +188,23 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> 
             let (env, subnet, generation) = (net.environment.clone(), net.subnet.clone(), number("generation"));
             firewall(&x.firewall, move |fw| fw.apply(&env, &subnet, generation)).await
         }
-        ("remove-network", _) => {
-            // Teardown's last step: the firewall table first, then the network.
+        ("ensure-routes", Execution::Network(net)) => {
+            crate::routes::Routes::connect()?
+                .ensure(&net.environment, &net.subnet)
+                .await
+        }
+        ("remove-network", execution) => {
+            // Teardown's last step: the firewall table and the routes first, then the network.
             let (env, generation) = (text("environment"), number("generation"));
-            let table = firewall(&x.firewall, move |fw| fw.remove(&env, generation)).await?;
-            let network = engine.remove_network(&format!("pl_{}", text("environment"))).await?;
-            Ok(format!("{table}; {network}"))
+            let mut notes = Vec::new();
+            if x.enabled.iter().any(|e| e == "nftables") {
+                notes.push(firewall(&x.firewall, move |fw| fw.remove(&env, generation)).await?);
+            }
+            if let (true, Execution::Network(net)) = (x.enabled.iter().any(|e| e == "routes"), execution) {
+                notes.push(crate::routes::Routes::connect()?.remove(&net.subnet).await?);
+            }
+            notes.push(engine.remove_network(&format!("pl_{}", text("environment"))).await?);
+            Ok(notes.join("; "))
         }
         ("ensure-application", Execution::Application(app)) => engine.ensure_application(app).await,
         ("run-once", Execution::Application(app)) => engine.run_once(app, RUN_TIMEOUT).await,
@@ -174,7 +218,7 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> 
                 .teardown(&text("environment"), &text("role"), instance, number("generation"))
                 .await
         }
-        ("ensure-routes" | "publish-ingress" | "remove-ingress", _) => Err(permanent(
+        ("publish-ingress" | "remove-ingress", _) => Err(permanent(
             "executor-missing",
             format!("this agent has no executor for {kind} yet"),
         )),
@@ -234,6 +278,7 @@ pub async fn run(config: Config) -> Result<()> {
             nft: config.nft.clone(),
             state_dir: config.state_dir.clone(),
         }),
+        enabled: config.executors.clone(),
     });
     let nft_works = std::process::Command::new(&config.nft)
         .arg("--version")
@@ -248,12 +293,16 @@ pub async fn run(config: Config) -> Result<()> {
         tokio::spawn(async move {
             loop {
                 let docker_up = engine.engine.docker.ping().await.is_ok();
+                let on = |e: &str| engine.enabled.iter().any(|x| x == e);
                 let mut capabilities = Vec::new();
-                if docker_up {
+                if docker_up && on("docker") {
                     capabilities.push("docker".to_owned());
                 }
-                if nft_works {
+                if nft_works && on("nftables") {
                     capabilities.push("nftables".to_owned());
+                }
+                if on("routes") {
+                    capabilities.push("routes".to_owned());
                 }
                 let hb = Heartbeat {
                     agent_version: env!("CARGO_PKG_VERSION").to_owned(),

@@ -4,9 +4,10 @@
 //! agent leases the first step and executes it: the environment's
 //! Docker network appears with the subnet the ledger chose for this node, and the
 //! environment's nftables table is applied (through an `nft` wrapper that enters a network
-//! namespace this test made: the machine's own tables are never touched). A task it has no
-//! executor for yet (routes) fails for good with `executor-missing`, and the rollout stops
-//! there instead of pretending.
+//! namespace this test made: the machine's own tables are never touched). The routes
+//! executor is turned off here (it would write the machine's own rules; `tests/routes.rs`
+//! proves it in a namespace), so that task fails for good with `executor-missing`, and the
+//! rollout stops there instead of pretending.
 
 #[path = "../../reconciler/tests/support/daemon.rs"]
 mod daemon_support;
@@ -112,7 +113,7 @@ fn the_agent_heartbeats_leases_and_executes_its_jobs() {
     std::fs::write(
         &agent_cfg,
         format!(
-            "control = \"https://localhost:{agent_port}\"\ndir = \"n1\"\nsecrets_dir = \"secrets\"\nstate_dir = \"state\"\nnft = {:?}\nheartbeat_seconds = 1\n",
+            "control = \"https://localhost:{agent_port}\"\ndir = \"n1\"\nsecrets_dir = \"secrets\"\nstate_dir = \"state\"\nnft = {:?}\nheartbeat_seconds = 1\nexecutors = [\"docker\", \"nftables\"]\n",
             nft.display().to_string()
         ),
     )
