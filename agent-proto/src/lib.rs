@@ -249,6 +249,22 @@ pub struct Heartbeat {
     pub capabilities: Vec<String>,
     #[serde(default)]
     pub running: Vec<RunningInstance>,
+    /// What the agent found drifted and repaired since its last heartbeat (at most
+    /// [`MAX_HEARTBEAT_REPAIRS`]): recorded as `drift-repaired` events.
+    #[serde(default)]
+    pub repaired: Vec<Repair>,
+}
+
+/// Most repairs one heartbeat may report.
+pub const MAX_HEARTBEAT_REPAIRS: usize = 64;
+
+/// One drift the agent repaired.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Repair {
+    pub environment: String,
+    /// What was repaired, e.g. `container pl-…-g3 started`, `firewall table re-applied`.
+    pub what: String,
 }
 
 impl Heartbeat {
@@ -258,6 +274,7 @@ impl Heartbeat {
             agent_version: agent_version.to_owned(),
             capabilities: capabilities.iter().map(|c| (*c).to_owned()).collect(),
             running: Vec::new(),
+            repaired: Vec::new(),
         }
     }
 }

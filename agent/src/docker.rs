@@ -397,8 +397,45 @@ impl Engine {
                 .await
                 .map_err(|e| docker("container-start-failed", e))?;
         }
-        self.healthy(app).await?;
+        if let Err(f) = self.healthy(app).await {
+            // A replica that never became healthy goes (its log tail is in the result), so it
+            // is neither left half-started nor restarted as drift; the generation before it
+            // keeps serving.
+            if f.outcome == agent_proto::Outcome::Permanent {
+                self.remove(&app.container).await?;
+            }
+            return Err(f);
+        }
         Ok(format!("{} {note}, healthy", app.container))
+    }
+
+    /// Drift: the newest generation of each replica of ours should run. One found stopped
+    /// (by hand, or its process died) is started again; returns (environment, what) for each.
+    pub async fn repair_containers(&self) -> Result<Vec<(String, String)>, Failure> {
+        let mut newest: HashMap<(String, String, String), (u64, String, bool)> = HashMap::new();
+        for (name, labels, running) in self.ours(&[]).await? {
+            let (Some(env), Some(role), Some(instance)) =
+                (labels.get(ENVIRONMENT), labels.get(ROLE), labels.get(INSTANCE))
+            else {
+                continue; // runs have no instance: they are not kept running
+            };
+            let g: u64 = labels.get(GENERATION).and_then(|g| g.parse().ok()).unwrap_or(0);
+            let key = (env.clone(), role.clone(), instance.clone());
+            if newest.get(&key).is_none_or(|(n, _, _)| g > *n) {
+                newest.insert(key, (g, name, running));
+            }
+        }
+        let mut out = Vec::new();
+        for ((env, _, _), (_, name, running)) in newest {
+            if running {
+                continue;
+            }
+            match self.docker.start_container(&name, None).await {
+                Ok(()) => out.push((env, format!("container {name} was stopped: started again"))),
+                Err(e) => tracing::warn!(container = %name, error = %e, "cannot start a drifted container"),
+            }
+        }
+        Ok(out)
     }
 
     /// Web roles: an HTTP probe of the health path until it answers 2xx, within the role's

@@ -146,22 +146,59 @@ impl Firewall {
             .join(format!("{environment}.generation"))
     }
 
-    fn fenced_at(&self, environment: &str) -> u64 {
-        std::fs::read_to_string(self.fence(environment))
-            .ok()
-            .and_then(|t| t.trim().parse().ok())
-            .unwrap_or(0)
+    /// The fence: the newest generation applied or removed, and the subnet while the table
+    /// should exist (`<generation> <subnet>`; a removed one holds the generation alone).
+    fn fenced(&self, environment: &str) -> (u64, Option<String>) {
+        let text = std::fs::read_to_string(self.fence(environment)).unwrap_or_default();
+        let mut parts = text.split_whitespace();
+        let g = parts.next().and_then(|g| g.parse().ok()).unwrap_or(0);
+        (g, parts.next().map(str::to_owned))
     }
 
-    /// Records `generation` as the newest applied, atomically (a new file renamed over).
-    fn set_fence(&self, environment: &str, generation: u64) -> Result<(), Failure> {
+    fn fenced_at(&self, environment: &str) -> u64 {
+        self.fenced(environment).0
+    }
+
+    /// Records `generation` as the newest applied (with its subnet) or removed, atomically (a
+    /// new file renamed over).
+    fn set_fence(&self, environment: &str, generation: u64, subnet: Option<&str>) -> Result<(), Failure> {
         let path = self.fence(environment);
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| retryable("fence-write-failed", e.to_string()))?;
         }
         let tmp = path.with_extension("new");
-        std::fs::write(&tmp, generation.to_string()).map_err(|e| retryable("fence-write-failed", e.to_string()))?;
+        let text = match subnet {
+            Some(s) => format!("{generation} {s}"),
+            None => generation.to_string(),
+        };
+        std::fs::write(&tmp, text).map_err(|e| retryable("fence-write-failed", e.to_string()))?;
         std::fs::rename(&tmp, &path).map_err(|e| retryable("fence-write-failed", e.to_string()))
+    }
+
+    /// Drift: every table the fences say should exist is read back; one that differs (a rule
+    /// deleted by hand) is applied again at its generation. Returns (environment, what).
+    pub fn repair(&self) -> Vec<(String, String)> {
+        let Ok(dir) = std::fs::read_dir(self.state_dir.join("firewall")) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for entry in dir.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(env) = name.strip_suffix(".generation") else {
+                continue;
+            };
+            let (generation, Some(subnet)) = self.fenced(env) else {
+                continue;
+            };
+            if self.matches(env, &subnet).unwrap_or(true) {
+                continue;
+            }
+            match self.apply(env, &subnet, generation) {
+                Ok(_) => out.push((env.to_owned(), format!("firewall table {} re-applied", table_name(env)))),
+                Err(f) => tracing::warn!(environment = %env, code = f.code, "cannot repair the firewall table"),
+            }
+        }
+        out
     }
 
     /// The table as the kernel holds it, or `None` when there is none.
@@ -254,7 +291,7 @@ impl Firewall {
         nftables::helper::apply_ruleset_with_args(&ruleset, Some(&self.nft), nftables::helper::DEFAULT_ARGS)
             .map_err(|e| nft_error("nft-apply-failed", e))?;
         self.verify(&table, &wanted)?;
-        self.set_fence(environment, generation)?;
+        self.set_fence(environment, generation, Some(subnet))?;
         Ok(format!(
             "{table} applied for generation {generation}, {} rules read back",
             wanted.len()
@@ -322,9 +359,7 @@ impl Firewall {
                 format!("{table} removed")
             }
         };
-        if generation > self.fenced_at(environment) {
-            self.set_fence(environment, generation)?;
-        }
+        self.set_fence(environment, generation.max(self.fenced_at(environment)), None)?;
         Ok(note)
     }
 }

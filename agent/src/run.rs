@@ -46,6 +46,13 @@ pub struct Config {
     /// for one that is off fails with `executor-missing`, and the heartbeat does not offer it.
     #[serde(default = "default_executors")]
     pub executors: Vec<String>,
+    /// How often what the agent made is checked for drift and repaired (1 to 30 s).
+    #[serde(default = "default_drift")]
+    pub drift_seconds: u64,
+}
+
+fn default_drift() -> u64 {
+    10
 }
 
 fn default_executors() -> Vec<String> {
@@ -87,6 +94,7 @@ impl Config {
             "parallel_environments must be 1 to 64"
         );
         anyhow::ensure!(c.control.starts_with("https://"), "control must be an https:// URL");
+        anyhow::ensure!((1..=30).contains(&c.drift_seconds), "drift_seconds must be 1 to 30");
         for e in &c.executors {
             anyhow::ensure!(
                 ["docker", "nftables", "routes"].contains(&e.as_str()),
@@ -145,6 +153,52 @@ pub struct Executors {
     pub firewall: Arc<Firewall>,
     /// Which executors are on (`Config::executors`).
     pub enabled: Vec<String>,
+    /// Where the routes each environment should have are remembered (for drift repair).
+    pub routes_dir: PathBuf,
+}
+
+impl Executors {
+    fn on(&self, executor: &str) -> bool {
+        self.enabled.iter().any(|e| e == executor)
+    }
+
+    /// One round of drift repair: containers, firewall tables, routes. Returns (environment,
+    /// what was repaired).
+    pub async fn repair(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        if self.on("docker") {
+            match self.engine.repair_containers().await {
+                Ok(r) => out.extend(r),
+                Err(f) => tracing::warn!(code = f.code, "cannot check containers for drift"),
+            }
+        }
+        if self.on("nftables") {
+            let fw = Arc::clone(&self.firewall);
+            out.extend(
+                tokio::task::spawn_blocking(move || fw.repair())
+                    .await
+                    .unwrap_or_default(),
+            );
+        }
+        if self.on("routes")
+            && let Ok(dir) = std::fs::read_dir(&self.routes_dir)
+            && let Ok(routes) = crate::routes::Routes::connect()
+        {
+            for entry in dir.flatten() {
+                let env = entry.file_name().to_string_lossy().into_owned();
+                let subnet = std::fs::read_to_string(entry.path()).unwrap_or_default();
+                let subnet = subnet.trim();
+                if routes.verify(&env, subnet).await.is_ok() {
+                    continue;
+                }
+                match routes.ensure(&env, subnet).await {
+                    Ok(_) => out.push((env.clone(), "routes re-applied".to_owned())),
+                    Err(f) => tracing::warn!(environment = %env, code = f.code, "cannot repair routes"),
+                }
+            }
+        }
+        out
+    }
 }
 
 /// The executor a task kind needs.
@@ -189,9 +243,14 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> 
             firewall(&x.firewall, move |fw| fw.apply(&env, &subnet, generation)).await
         }
         ("ensure-routes", Execution::Network(net)) => {
-            crate::routes::Routes::connect()?
+            let note = crate::routes::Routes::connect()?
                 .ensure(&net.environment, &net.subnet)
-                .await
+                .await?;
+            // Remembered for drift repair (the environment's name is a plain label).
+            let _ = std::fs::create_dir_all(&x.routes_dir);
+            std::fs::write(x.routes_dir.join(&net.environment), &net.subnet)
+                .map_err(|e| crate::outcome::retryable("state-write-failed", e.to_string()))?;
+            Ok(note)
         }
         ("remove-network", execution) => {
             // Teardown's last step: the firewall table and the routes first, then the network.
@@ -202,6 +261,7 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> 
             }
             if let (true, Execution::Network(net)) = (x.enabled.iter().any(|e| e == "routes"), execution) {
                 notes.push(crate::routes::Routes::connect()?.remove(&net.subnet).await?);
+                let _ = std::fs::remove_file(x.routes_dir.join(&net.environment));
             }
             notes.push(engine.remove_network(&format!("pl_{}", text("environment"))).await?);
             Ok(notes.join("; "))
@@ -279,7 +339,28 @@ pub async fn run(config: Config) -> Result<()> {
             state_dir: config.state_dir.clone(),
         }),
         enabled: config.executors.clone(),
+        routes_dir: config.state_dir.join("routes"),
     });
+    // Drift: checked every `drift_seconds`; what was repaired goes with the next heartbeat.
+    let repairs: Arc<std::sync::Mutex<Vec<agent_proto::Repair>>> = Arc::default();
+    {
+        let (engine, repairs) = (Arc::clone(&engine), Arc::clone(&repairs));
+        let every = Duration::from_secs(config.drift_seconds);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let found = engine.repair().await;
+                for (environment, what) in found {
+                    tracing::info!(environment = %environment, what = %what, "drift repaired");
+                    if let Ok(mut r) = repairs.lock()
+                        && r.len() < agent_proto::MAX_HEARTBEAT_REPAIRS
+                    {
+                        r.push(agent_proto::Repair { environment, what });
+                    }
+                }
+            }
+        });
+    }
     let nft_works = std::process::Command::new(&config.nft)
         .arg("--version")
         .stdout(std::process::Stdio::null())
@@ -288,7 +369,7 @@ pub async fn run(config: Config) -> Result<()> {
         .is_ok_and(|s| s.success());
     // Heartbeats: alive, able to run containers while Docker answers, and what runs.
     {
-        let (client, engine) = (Arc::clone(&client), Arc::clone(&engine));
+        let (client, engine, repairs) = (Arc::clone(&client), Arc::clone(&engine), Arc::clone(&repairs));
         let every = Duration::from_secs(config.heartbeat_seconds.max(1));
         tokio::spawn(async move {
             loop {
@@ -304,10 +385,12 @@ pub async fn run(config: Config) -> Result<()> {
                 if on("routes") {
                     capabilities.push("routes".to_owned());
                 }
+                let repaired = repairs.lock().map(|mut r| std::mem::take(&mut *r)).unwrap_or_default();
                 let hb = Heartbeat {
                     agent_version: env!("CARGO_PKG_VERSION").to_owned(),
                     capabilities,
                     running: observed(&engine.engine).await,
+                    repaired,
                 };
                 if let Err(e) = blocking(&client, move |c| c.heartbeat(&hb)).await {
                     tracing::warn!(error = %e, "heartbeat failed");

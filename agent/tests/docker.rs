@@ -233,6 +233,18 @@ fn docker_executors_adopt_repair_and_refuse() {
         );
         assert_eq!(inspect(&g1.container, "{{.State.Running}}"), "false");
         assert_eq!(inspect(&g2.container, "{{.State.Running}}"), "true");
+        // Drift: the newest generation stopped by hand is started again; the older one, stopped
+        // on purpose, stays stopped.
+        docker(&["stop", "-t", "1", &g2.container]);
+        let repaired = engine.repair_containers().await.expect("repair");
+        assert_eq!(repaired.len(), 1, "{repaired:?}");
+        assert!(repaired[0].1.contains(&g2.container), "{repaired:?}");
+        assert_eq!(inspect(&g2.container, "{{.State.Running}}"), "true");
+        assert_eq!(inspect(&g1.container, "{{.State.Running}}"), "false");
+        assert!(
+            engine.repair_containers().await.expect("again").is_empty(),
+            "nothing left to repair"
+        );
 
         // A container with generation 3's name that is not ours: refused, left alone.
         let g3 = app(&env, &image, 3, &net);
@@ -263,6 +275,15 @@ fn docker_executors_adopt_repair_and_refuse() {
         let f = engine.ensure_application(&sick).await.expect_err("unhealthy");
         assert_eq!(f.code, "health-deadline");
         assert!(f.detail.contains("404"), "{}", f.detail);
+        assert!(
+            !docker_ok(&["inspect", &sick.container]),
+            "a replica that never became healthy goes"
+        );
+        assert_eq!(
+            inspect(&g2.container, "{{.State.Running}}"),
+            "true",
+            "the generation before keeps serving"
+        );
         // A worker whose process exits at once.
         let mut dead = app(&env, &image, 4, &net);
         dead.role_kind = "worker".into();

@@ -171,9 +171,14 @@ fn an_environments_table_allows_and_denies_what_it_says() {
         reaches("plfw-a", "169.254.169.254"),
         "the deleted rule no longer denies"
     );
-    fw.apply("env-a", "10.208.1.0/24", 3).expect("repair");
+    let repaired = fw.repair();
+    assert_eq!(repaired.len(), 1, "{repaired:?}");
+    assert_eq!(repaired[0].0, "env-a");
     assert!(fw.matches("env-a", "10.208.1.0/24").expect("read"));
     assert!(!reaches("plfw-a", "169.254.169.254"));
+    assert!(fw.repair().is_empty(), "nothing left to repair");
+    fw.apply("env-a", "10.208.1.0/24", 3)
+        .expect("applying again is idempotent");
 
     // A table with our name that is not ours is refused and left alone.
     sh(&format!("{} add table inet pl_env-x", nft.display()));

@@ -113,7 +113,7 @@ fn the_agent_heartbeats_leases_and_executes_its_jobs() {
     std::fs::write(
         &agent_cfg,
         format!(
-            "control = \"https://localhost:{agent_port}\"\ndir = \"n1\"\nsecrets_dir = \"secrets\"\nstate_dir = \"state\"\nnft = {:?}\nheartbeat_seconds = 1\nexecutors = [\"docker\", \"nftables\"]\n",
+            "control = \"https://localhost:{agent_port}\"\ndir = \"n1\"\nsecrets_dir = \"secrets\"\nstate_dir = \"state\"\nnft = {:?}\nheartbeat_seconds = 1\ndrift_seconds = 1\nexecutors = [\"docker\", \"nftables\"]\n",
             nft.display().to_string()
         ),
     )
@@ -192,6 +192,49 @@ fn the_agent_heartbeats_leases_and_executes_its_jobs() {
         "no table of ours on the machine"
     );
     assert!(!before.contains("table inet pl_"));
+    // Drift: a rule deleted by hand is back within seconds, and the ledger has the event.
+    let table = format!("pl_{env}");
+    let o = Command::new(&nft)
+        .args(["-a", "list", "chain", "inet", &table, "forward"])
+        .output()
+        .expect("nft");
+    let listing = String::from_utf8_lossy(&o.stdout).into_owned();
+    let handle = listing
+        .lines()
+        .find(|l| l.contains("169.254.0.0/16"))
+        .and_then(|l| l.rsplit("handle ").next())
+        .expect("the metadata rule")
+        .trim()
+        .to_owned();
+    let deleted = Command::new(&nft)
+        .args(["delete", "rule", "inet", &table, "forward", "handle", &handle])
+        .status()
+        .expect("nft");
+    assert!(deleted.success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let events = sql(
+            &url,
+            "SELECT subject || ' ' || detail FROM events WHERE kind = 'drift-repaired'",
+        );
+        let listing = String::from_utf8_lossy(
+            &Command::new(&nft)
+                .args(["list", "chain", "inet", &table, "forward"])
+                .output()
+                .expect("nft")
+                .stdout,
+        )
+        .into_owned();
+        if !events.is_empty() && listing.contains("169.254.0.0/16") {
+            assert!(
+                events[0].starts_with(&format!("{env} n1: firewall table")),
+                "{events:?}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "not repaired: {events:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let _ = Command::new("ip").args(["netns", "del", netns]).status();
     // The heartbeat said what the node can run.
     let (status, body) = d.get("/v1/nodes", Some(&s.viewer));

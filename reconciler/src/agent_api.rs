@@ -167,7 +167,10 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
         Err(r) => return r,
     };
     let version: String = hb.agent_version.chars().take(64).collect();
-    if hb.running.len() > agent_proto::MAX_HEARTBEAT_INSTANCES || hb.capabilities.len() > 16 {
+    if hb.running.len() > agent_proto::MAX_HEARTBEAT_INSTANCES
+        || hb.capabilities.len() > 16
+        || hb.repaired.len() > agent_proto::MAX_HEARTBEAT_REPAIRS
+    {
         return refused(Refusal::MalformedRequest, "the heartbeat reports more than its limits");
     }
     let capabilities: Vec<String> = hb
@@ -177,9 +180,15 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
         .cloned()
         .collect();
     let observed = serde_json::to_string(&hb.running).unwrap_or_else(|_| "[]".into());
+    let bounded = |t: &str, n: usize| -> String { t.chars().filter(|c| !c.is_control()).take(n).collect() };
+    let repaired: Vec<(String, String)> = hb
+        .repaired
+        .iter()
+        .map(|r| (bounded(&r.environment, 63), bounded(&r.what, 256)))
+        .collect();
     match s
         .ledger
-        .heartbeat(&node, &version, &capabilities, &observed, now_ms())
+        .heartbeat(&node, &version, &capabilities, &observed, &repaired, now_ms())
         .await
     {
         Ok(changed) => {

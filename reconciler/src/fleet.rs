@@ -240,8 +240,19 @@ impl Ledger {
         agent_version: &str,
         capabilities: &[String],
         observed: &str,
+        repaired: &[(String, String)],
         now_ms: i64,
     ) -> Result<bool, LedgerError> {
+        if !repaired.is_empty() {
+            // Each repair the agent reports becomes a `drift-repaired` event of its environment.
+            let mut tx = self.write_tx().await?;
+            let events: Vec<(String, String, String)> = repaired
+                .iter()
+                .map(|(env, what)| ("drift-repaired".to_owned(), env.clone(), format!("{node}: {what}")))
+                .collect();
+            self.events_in(&mut tx, now_ms, &events).await?;
+            tx.commit().await?;
+        }
         let before = sqlx::query(self.sql("SELECT last_seen, capabilities FROM nodes WHERE name = ?"))
             .bind(node)
             .fetch_optional(&self.pool)
