@@ -45,6 +45,8 @@ pub struct Engine {
     pub secrets_dir: PathBuf,
     /// The node's age identity file (from enrolment), which opens sealed secrets.
     pub identity: PathBuf,
+    /// The images this agent pulled, one reference a line: the only images it ever removes.
+    pub pulled: PathBuf,
 }
 
 fn not_found(e: &DockerError) -> bool {
@@ -62,7 +64,12 @@ fn owned(labels: Option<&HashMap<String, String>>) -> bool {
 
 impl Engine {
     /// Connects to the engine at `socket`, negotiating the API version it speaks.
-    pub async fn connect(socket: &Path, secrets_dir: PathBuf, identity: PathBuf) -> Result<Engine, DockerError> {
+    pub async fn connect(
+        socket: &Path,
+        secrets_dir: PathBuf,
+        identity: PathBuf,
+        pulled: PathBuf,
+    ) -> Result<Engine, DockerError> {
         let docker = Docker::connect_with_unix(&socket.to_string_lossy(), 120, bollard::API_DEFAULT_VERSION)?
             .negotiate_version()
             .await?;
@@ -70,7 +77,66 @@ impl Engine {
             docker,
             secrets_dir,
             identity,
+            pulled,
         })
+    }
+
+    fn pulled_images(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.pulled)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn set_pulled(&self, images: &[String]) -> Result<(), Failure> {
+        if let Some(dir) = self.pulled.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| retryable("state-write-failed", e.to_string()))?;
+        }
+        let tmp = self.pulled.with_extension("new");
+        let mut text = images.join("\n");
+        text.push('\n');
+        std::fs::write(&tmp, text).map_err(|e| retryable("state-write-failed", e.to_string()))?;
+        std::fs::rename(&tmp, &self.pulled).map_err(|e| retryable("state-write-failed", e.to_string()))
+    }
+
+    /// Disk: removes the images this agent pulled that no container (of anyone) uses any
+    /// more. An image it did not pull is never touched. Returns the images removed.
+    pub async fn collect_images(&self) -> Result<Vec<String>, Failure> {
+        let pulled = self.pulled_images();
+        if pulled.is_empty() {
+            return Ok(Vec::new());
+        }
+        let containers = self
+            .docker
+            .list_containers(Some(ListContainersOptionsBuilder::default().all(true).build()))
+            .await
+            .map_err(|e| docker("docker-unavailable", e))?;
+        let in_use: std::collections::HashSet<String> = containers.into_iter().filter_map(|c| c.image_id).collect();
+        let (mut kept, mut removed) = (Vec::new(), Vec::new());
+        for image in pulled {
+            let id = match self.docker.inspect_image(&image).await {
+                Ok(i) => i.id.unwrap_or_default(),
+                Err(e) if not_found(&e) => continue, // gone already: forget it
+                Err(e) => return Err(docker("docker-unavailable", e)),
+            };
+            if in_use.contains(&id) {
+                kept.push(image);
+                continue;
+            }
+            match self
+                .docker
+                .remove_image(&image, None::<bollard::query_parameters::RemoveImageOptions>, None)
+                .await
+            {
+                Ok(_) => removed.push(image),
+                Err(e) if not_found(&e) => {}
+                Err(_) => kept.push(image), // in use after all (a race): next round
+            }
+        }
+        self.set_pulled(&kept)?;
+        Ok(removed)
     }
 
     /// The environment's bridge network with the subnet from the lease, labelled as ours.
@@ -196,6 +262,12 @@ impl Engine {
             None,
             None,
         );
+        // Remembered before the pull: an image this agent pulled is the only kind it removes.
+        let mut pulled = self.pulled_images();
+        if !pulled.iter().any(|p| p == image) {
+            pulled.push(image.to_owned());
+            self.set_pulled(&pulled)?;
+        }
         while let Some(step) = pull.next().await {
             if let Err(e) = step {
                 return Err(match &e {

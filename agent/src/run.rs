@@ -171,6 +171,12 @@ impl Executors {
                 Ok(r) => out.extend(r),
                 Err(f) => tracing::warn!(code = f.code, "cannot check containers for drift"),
             }
+            // Disk: images this agent pulled that nothing uses any more.
+            match self.engine.collect_images().await {
+                Ok(removed) if !removed.is_empty() => tracing::info!(images = removed.len(), "removed unused images"),
+                Ok(_) => {}
+                Err(f) => tracing::warn!(code = f.code, "cannot collect unused images"),
+            }
         }
         if self.on("nftables") {
             let fw = Arc::clone(&self.firewall);
@@ -331,6 +337,7 @@ pub async fn run(config: Config) -> Result<()> {
             &config.docker_socket,
             config.secrets_dir.clone(),
             config.dir.join(crate::enroll::AGE),
+            config.state_dir.join("images-pulled"),
         )
         .await
         .with_context(|| format!("Docker at {}", config.docker_socket.display()))?,

@@ -107,6 +107,7 @@ fn docker_executors_adopt_repair_and_refuse() {
             Path::new("/var/run/docker.sock"),
             dir.path().join("secrets"),
             identity.clone(),
+            dir.path().join("state/images-pulled"),
         )
         .await
         .expect("docker");
@@ -341,6 +342,32 @@ fn docker_executors_adopt_repair_and_refuse() {
             engine.ensure_application(&missing).await.expect_err("no image").code,
             "image-not-found"
         );
+
+        // Disk: an image the agent pulled goes once nothing uses it; one it did not pull (or
+        // one still in use) is never touched.
+        let foreign_tar = dir.path().join("empty.tar");
+        assert!(
+            Command::new("tar")
+                .args(["-cf"])
+                .arg(&foreign_tar)
+                .args(["-T", "/dev/null"])
+                .status()
+                .expect("tar")
+                .success()
+        );
+        docker(&["import", &foreign_tar.to_string_lossy(), "pl-test/not-ours:1"]);
+        let holder = format!("{env}-holder");
+        docker(&["create", "--name", &holder, &image, "/bin/busybox", "true"]);
+        assert!(engine.collect_images().await.expect("collect").is_empty(), "in use");
+        assert!(docker_ok(&["image", "inspect", &image]));
+        docker(&["rm", "-f", &holder]);
+        assert_eq!(engine.collect_images().await.expect("collect"), [image.clone()]);
+        assert!(!docker_ok(&["image", "inspect", &image]), "removed");
+        assert!(
+            docker_ok(&["image", "inspect", "pl-test/not-ours:1"]),
+            "not ours: untouched"
+        );
+        docker(&["rmi", "pl-test/not-ours:1"]);
 
         assert!(
             engine
