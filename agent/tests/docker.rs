@@ -361,7 +361,10 @@ fn docker_executors_adopt_repair_and_refuse() {
         assert!(engine.collect_images().await.expect("collect").is_empty(), "in use");
         assert!(docker_ok(&["image", "inspect", &image]));
         docker(&["rm", "-f", &holder]);
-        assert_eq!(engine.collect_images().await.expect("collect"), [image.clone()]);
+        assert_eq!(
+            engine.collect_images().await.expect("collect"),
+            std::slice::from_ref(&image)
+        );
         assert!(!docker_ok(&["image", "inspect", &image]), "removed");
         assert!(
             docker_ok(&["image", "inspect", "pl-test/not-ours:1"]),
