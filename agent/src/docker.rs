@@ -398,7 +398,7 @@ impl Engine {
     }
 
     /// The container's address on the environment network.
-    async fn address(&self, container: &str, network: &str) -> Option<String> {
+    pub async fn address(&self, container: &str, network: &str) -> Option<String> {
         let c = self.docker.inspect_container(container, None).await.ok()?;
         c.network_settings?
             .networks?

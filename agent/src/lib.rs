@@ -8,6 +8,7 @@ pub mod client;
 pub mod docker;
 pub mod enroll;
 pub mod firewall;
+pub mod ingress;
 pub mod outcome;
 pub mod routes;
 pub mod run;

@@ -1,9 +1,9 @@
 //! `pl-agent run`: heartbeats with what the node can run and what runs, leases its own jobs
 //! (long polling), runs the tasks of one environment in order and different environments in
 //! parallel up to a bound, renews each lease while its task works, and completes it with the
-//! fencing proof. The executors live in `docker.rs`, `firewall.rs` and `routes.rs`; a task
-//! without an executor on this node (ingress: the node-agent issue's next part, or one the
-//! configuration turns off) fails for good with `executor-missing`, never pretends.
+//! fencing proof. The executors live in `docker.rs`, `firewall.rs`, `routes.rs` and
+//! `ingress.rs`; a task for an executor the configuration turns off fails for good with
+//! `executor-missing`, never pretends.
 
 use crate::client::{AgentClient, ClientError};
 use crate::docker::{ENVIRONMENT, Engine, GENERATION, INSTANCE, OWNED, ROLE, RUN_TIMEOUT};
@@ -49,6 +49,19 @@ pub struct Config {
     /// How often what the agent made is checked for drift and repaired (1 to 30 s).
     #[serde(default = "default_drift")]
     pub drift_seconds: u64,
+    /// Caddy's admin API, for ingress.
+    #[serde(default = "default_caddy")]
+    pub caddy_admin: String,
+    /// Where the ingress server of ours listens in Caddy.
+    #[serde(default = "default_ingress_listen")]
+    pub ingress_listen: Vec<String>,
+}
+
+fn default_caddy() -> String {
+    "http://127.0.0.1:2019".into()
+}
+fn default_ingress_listen() -> Vec<String> {
+    vec![":80".into()]
 }
 
 fn default_drift() -> u64 {
@@ -56,7 +69,7 @@ fn default_drift() -> u64 {
 }
 
 fn default_executors() -> Vec<String> {
-    ["docker", "nftables", "routes"].map(String::from).to_vec()
+    ["docker", "nftables", "routes", "ingress"].map(String::from).to_vec()
 }
 
 fn default_state() -> PathBuf {
@@ -97,8 +110,8 @@ impl Config {
         anyhow::ensure!((1..=30).contains(&c.drift_seconds), "drift_seconds must be 1 to 30");
         for e in &c.executors {
             anyhow::ensure!(
-                ["docker", "nftables", "routes"].contains(&e.as_str()),
-                "unknown executor {e:?}: docker, nftables or routes"
+                ["docker", "nftables", "routes", "ingress"].contains(&e.as_str()),
+                "unknown executor {e:?}: docker, nftables, routes or ingress"
             );
         }
         Ok(c)
@@ -155,6 +168,7 @@ pub struct Executors {
     pub enabled: Vec<String>,
     /// Where the routes each environment should have are remembered (for drift repair).
     pub routes_dir: PathBuf,
+    pub ingress: Arc<crate::ingress::Ingress>,
 }
 
 impl Executors {
@@ -284,10 +298,26 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> 
                 .teardown(&text("environment"), &text("role"), instance, number("generation"))
                 .await
         }
-        ("publish-ingress" | "remove-ingress", _) => Err(permanent(
-            "executor-missing",
-            format!("this agent has no executor for {kind} yet"),
-        )),
+        ("publish-ingress", Execution::Ingress(spec)) => {
+            // This generation's replicas on this node, by their address on the environment's
+            // network.
+            let mut dials = Vec::new();
+            for u in &spec.upstreams {
+                if let Some(ip) = engine.address(&u.container, &spec.network.network).await {
+                    dials.push(format!("{ip}:{}", u.port));
+                }
+            }
+            let (ingress, host, generation) = (Arc::clone(&x.ingress), spec.hostname.clone(), spec.generation);
+            tokio::task::spawn_blocking(move || ingress.publish(&host, generation, &dials))
+                .await
+                .unwrap_or_else(|e| Err(crate::outcome::retryable("agent-task-failed", e.to_string())))
+        }
+        ("remove-ingress", _) => {
+            let (ingress, host, generation) = (Arc::clone(&x.ingress), text("hostname"), number("generation"));
+            tokio::task::spawn_blocking(move || ingress.remove(&host, generation))
+                .await
+                .unwrap_or_else(|e| Err(crate::outcome::retryable("agent-task-failed", e.to_string())))
+        }
         _ => Err(permanent(
             "task-malformed",
             format!("a {kind} task came without the execution it needs"),
@@ -347,6 +377,10 @@ pub async fn run(config: Config) -> Result<()> {
         }),
         enabled: config.executors.clone(),
         routes_dir: config.state_dir.join("routes"),
+        ingress: Arc::new(crate::ingress::Ingress {
+            admin: config.caddy_admin.clone(),
+            listen: config.ingress_listen.clone(),
+        }),
     });
     // Drift: checked every `drift_seconds`; what was repaired goes with the next heartbeat.
     let repairs: Arc<std::sync::Mutex<Vec<agent_proto::Repair>>> = Arc::default();
@@ -391,6 +425,9 @@ pub async fn run(config: Config) -> Result<()> {
                 }
                 if on("routes") {
                     capabilities.push("routes".to_owned());
+                }
+                if on("ingress") && engine.ingress.answers().await {
+                    capabilities.push("ingress".to_owned());
                 }
                 let repaired = repairs.lock().map(|mut r| std::mem::take(&mut *r)).unwrap_or_default();
                 let hb = Heartbeat {
