@@ -48,7 +48,7 @@ fn nodes_lease_only_their_own_work_over_mutual_tls() {
     let control = format!("https://localhost:{port}");
     let agents = format!("https://localhost:{agent_port}");
     let ca_pem = std::fs::read_to_string(dir.path().join("tls/ca.crt")).expect("ca");
-    let fingerprint = format!("SHA256:{}", reconciler_fingerprint(&ca_pem));
+    let fingerprint = support::ca_pin(&ca_pem);
     let enrol = |node: &str| -> std::path::PathBuf {
         let node_dir = dir.path().join(node);
         let token = d.enrolment_token(node, &s.operator);
@@ -295,16 +295,6 @@ fn nodes_lease_only_their_own_work_over_mutual_tls() {
         }
     }
     d.kill9();
-}
-
-/// The SHA-256 fingerprint (hex) of a PEM certificate.
-fn reconciler_fingerprint(pem: &str) -> String {
-    use sha2::Digest;
-    let (_, p) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).expect("pem");
-    sha2::Sha256::digest(&p.contents)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 /// A client certificate for `cn` from a CA the control plane never saw.

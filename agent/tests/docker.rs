@@ -8,47 +8,16 @@
 
 #[path = "support/docker.rs"]
 mod docker_support;
+mod support;
 
 use agent_proto::{ApplicationSpec, HealthSpec, NetworkSpec, SealedSecret};
 use docker_support::{Registry, clean, docker, docker_ok, require_dockerd};
 use pushleft_agent::docker::Engine;
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 const PLAINTEXT: &str = "postgres://app:s3cret-in-a-file@db/app";
-
-fn keygen(path: &Path) -> String {
-    let o = Command::new("age-keygen")
-        .arg("-o")
-        .arg(path)
-        .output()
-        .expect("age-keygen");
-    assert!(o.status.success());
-    let text = std::fs::read_to_string(path).expect("key");
-    text.lines()
-        .find_map(|l| l.strip_prefix("# public key: "))
-        .expect("public key")
-        .to_owned()
-}
-
-fn seal(plaintext: &str, recipient: &str) -> String {
-    let mut child = Command::new("age")
-        .args(["--armor", "-r", recipient])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("age");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(plaintext.as_bytes())
-        .expect("write");
-    let o = child.wait_with_output().expect("age");
-    String::from_utf8(o.stdout).expect("armor")
-}
 
 fn app(env: &str, image: &str, generation: u64, net: &NetworkSpec) -> ApplicationSpec {
     ApplicationSpec {
@@ -96,7 +65,7 @@ fn docker_executors_adopt_repair_and_refuse() {
     clean(&format!("{env}x"));
     let dir = tempfile::tempdir().expect("tempdir");
     let identity = dir.path().join("age.key");
-    let recipient = keygen(&identity);
+    let recipient = support::age_keygen(&identity);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -155,7 +124,7 @@ fn docker_executors_adopt_repair_and_refuse() {
         let mut g1 = app(&env, &image, 1, &net);
         g1.secrets = vec![SealedSecret {
             key: "DATABASE_URL".into(),
-            sealed: seal(PLAINTEXT, &recipient),
+            sealed: support::age_encrypt(PLAINTEXT, &recipient),
         }];
         let note = engine.ensure_application(&g1).await.expect("g1");
         assert!(note.contains("created, healthy"), "{note}");

@@ -15,78 +15,14 @@ use agent_proto::{Execution, FULL_CAPABILITIES, Heartbeat, LeasedJob, Outcome};
 use daemon_support::{CONTROL_CA, Daemon, config, free_port, setup, write_private};
 use pushleft_agent::client::AgentClient;
 use repo_support::{DIGEST, Repo, environment};
-use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use support::sql;
 
 const PLAINTEXT: &str = "postgres://app:hunter2-very-secret@db/app";
 
-/// A new age identity from `age-keygen`: (file, recipient).
-fn keygen(path: &Path) -> String {
-    let o = Command::new("age-keygen")
-        .arg("-o")
-        .arg(path)
-        .output()
-        .expect("age-keygen");
-    assert!(o.status.success());
-    let text = std::fs::read_to_string(path).expect("key");
-    let recipient = text
-        .lines()
-        .find_map(|l| l.strip_prefix("# public key: "))
-        .expect("public key")
-        .to_owned();
-    write_private(path, &text);
-    recipient
-}
-
-/// `age --armor -r RECIPIENT` of `plaintext`, through stdin.
-fn encrypt(plaintext: &str, recipient: &str) -> String {
-    let mut child = Command::new("age")
-        .args(["--armor", "-r", recipient])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("age");
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(plaintext.as_bytes())
-        .expect("write");
-    let o = child.wait_with_output().expect("age");
-    assert!(o.status.success());
-    String::from_utf8(o.stdout).expect("armor")
-}
-
-/// `age -d -i IDENTITY` of `armored`, or `None` when that identity cannot open it.
-fn decrypt(armored: &str, identity: &Path) -> Option<String> {
-    let mut child = Command::new("age")
-        .arg("-d")
-        .arg("-i")
-        .arg(identity)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("age");
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(armored.as_bytes())
-        .expect("write");
-    let o = child.wait_with_output().expect("age");
-    o.status
-        .success()
-        .then(|| String::from_utf8_lossy(&o.stdout).into_owned())
-}
-
 /// A Secret declaring `recipient`, its value encrypted to `sealed_to`.
 fn secret(name: &str, recipient: &str, sealed_to: &str, value: &str) -> String {
-    let ct = encrypt(value, sealed_to);
+    let ct = support::age_encrypt(value, sealed_to);
     let indented: String = ct.lines().map(|l| format!("      {l}\n")).collect();
     format!(
         "apiVersion: pushleft.dev/v1alpha1\nkind: Secret\nmetadata: {{name: {name}}}\nspec:\n  recipients: [{recipient}]\n  data:\n    DATABASE_URL: |\n{indented}"
@@ -113,8 +49,8 @@ fn lease_n(c: &AgentClient, n: usize) -> Vec<LeasedJob> {
 fn a_lease_carries_everything_the_job_needs_with_secrets_sealed_to_the_node() {
     let dir = tempfile::tempdir().expect("tempdir");
     let control_key = dir.path().join("control.age");
-    let control = keygen(&control_key);
-    let stranger = keygen(&dir.path().join("stranger.age"));
+    let control = support::age_keygen(&control_key);
+    let stranger = support::age_keygen(&dir.path().join("stranger.age"));
     let repo = Repo::new(dir.path());
     std::fs::write(dir.path().join("allowed_signers"), &repo.signers).expect("signers");
     repo.write(
@@ -153,7 +89,7 @@ fn a_lease_carries_everything_the_job_needs_with_secrets_sealed_to_the_node() {
     let mut d = Daemon::start(&s, &cfg, port);
     d.wait_ready(Duration::from_secs(20));
     let ca_pem = std::fs::read_to_string(dir.path().join("tls/ca.crt")).expect("ca");
-    let fingerprint = format!("SHA256:{}", reconciler_fingerprint(&ca_pem));
+    let fingerprint = support::ca_pin(&ca_pem);
     let node_dir = dir.path().join("n1");
     let token = d.enrolment_token("n1", &s.operator);
     pushleft_agent::enroll::enroll(
@@ -216,11 +152,15 @@ fn a_lease_carries_everything_the_job_needs_with_secrets_sealed_to_the_node() {
     assert_eq!(sealed.key, "DATABASE_URL");
     assert!(!sealed.sealed.contains(PLAINTEXT));
     assert_eq!(
-        decrypt(&sealed.sealed, &node_dir.join("age.key")).as_deref(),
+        support::age_decrypt(&sealed.sealed, &node_dir.join("age.key")).as_deref(),
         Some(PLAINTEXT),
         "n1's own identity opens it"
     );
-    assert_eq!(decrypt(&sealed.sealed, &control_key), None, "sealed to the node alone");
+    assert_eq!(
+        support::age_decrypt(&sealed.sealed, &control_key),
+        None,
+        "sealed to the node alone"
+    );
     n1.complete(&app.proof, Outcome::Succeeded, "healthy")
         .expect("complete");
 
@@ -293,13 +233,4 @@ fn column(table: &str) -> &'static str {
         "desired_objects" => "document",
         _ => "sealed",
     }
-}
-
-fn reconciler_fingerprint(pem: &str) -> String {
-    use sha2::Digest;
-    let (_, p) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).expect("pem");
-    sha2::Sha256::digest(&p.contents)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }

@@ -10,6 +10,7 @@
 mod daemon_support;
 #[path = "../../reconciler/tests/support/repo.rs"]
 mod repo_support;
+mod support;
 
 use agent_proto::{FULL_CAPABILITIES, Heartbeat};
 use daemon_support::{CONTROL_CA, Daemon, bin, config, free_port, setup};
@@ -20,16 +21,7 @@ use std::time::Duration;
 
 fn fingerprint(pem_file: &Path) -> String {
     let pem = std::fs::read_to_string(pem_file).expect("ca");
-    reconciler_fingerprint(&pem)
-}
-
-fn reconciler_fingerprint(pem: &str) -> String {
-    use sha2::Digest;
-    let (_, p) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).expect("pem");
-    sha2::Sha256::digest(&p.contents)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    support::ca_pin(&pem).trim_start_matches("SHA256:").to_owned()
 }
 
 fn beat(c: &AgentClient) -> Result<(), ClientError> {

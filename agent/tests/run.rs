@@ -24,15 +24,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use support::sql;
 
-fn reconciler_fingerprint(pem: &str) -> String {
-    use sha2::Digest;
-    let (_, p) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).expect("pem");
-    sha2::Sha256::digest(&p.contents)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 #[test]
 fn the_agent_heartbeats_leases_and_executes_its_jobs() {
     require_dockerd();
@@ -69,7 +60,7 @@ fn the_agent_heartbeats_leases_and_executes_its_jobs() {
     let token = d.enrolment_token("n1", &s.operator);
     pushleft_agent::enroll::enroll(
         &format!("https://localhost:{port}"),
-        &format!("SHA256:{}", reconciler_fingerprint(&ca)),
+        &support::ca_pin(&ca),
         "n1",
         &node_dir,
         &token,

@@ -25,3 +25,65 @@ pub fn sql(url: &str, q: &str) -> Vec<String> {
         rows.into_iter().map(|r| r.0).collect()
     })
 }
+
+/// A new age identity made by `age-keygen` at `path` (mode 0600): its recipient.
+pub fn age_keygen(path: &std::path::Path) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let o = std::process::Command::new("age-keygen")
+        .arg("-o")
+        .arg(path)
+        .output()
+        .expect("age-keygen");
+    assert!(o.status.success());
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    std::fs::read_to_string(path)
+        .expect("key")
+        .lines()
+        .find_map(|l| l.strip_prefix("# public key: "))
+        .expect("public key")
+        .to_owned()
+}
+
+/// Runs `age ARGS` with `input` on stdin: its stdout when it succeeds.
+fn age(args: &[&std::ffi::OsStr], input: &str) -> Option<String> {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("age")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("age");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(input.as_bytes())
+        .expect("write");
+    let o = child.wait_with_output().expect("age");
+    o.status
+        .success()
+        .then(|| String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+/// `age --armor -r RECIPIENT` of `plaintext` (the real CLI, through stdin).
+pub fn age_encrypt(plaintext: &str, recipient: &str) -> String {
+    age(&["--armor".as_ref(), "-r".as_ref(), recipient.as_ref()], plaintext).expect("age encrypts")
+}
+
+/// `age -d -i IDENTITY` of `armored`, or `None` when that identity cannot open it.
+pub fn age_decrypt(armored: &str, identity: &std::path::Path) -> Option<String> {
+    age(&["-d".as_ref(), "-i".as_ref(), identity.as_os_str()], armored)
+}
+
+/// The `--ca-fingerprint` of a PEM CA, as `pl-agent enroll` takes it: `SHA256:<hex>`.
+pub fn ca_pin(pem: &str) -> String {
+    use sha2::Digest;
+    let (_, p) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).expect("pem");
+    let hex: String = sha2::Sha256::digest(&p.contents)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("SHA256:{hex}")
+}
