@@ -85,17 +85,7 @@ async fn declared(s: &Shared, node: &str) -> Result<Declared, crate::ledger::Led
     {
         return Ok(map.get(node).cloned().unwrap_or(Declared::No));
     }
-    let mut map = std::collections::HashMap::new();
-    for (pool, p) in s.ledger.applied_pools(&s.config.source.branch).await? {
-        for n in p.nodes {
-            let d = match n.state {
-                state_schema::model::NodeState::Retired => Declared::Retired,
-                state_schema::model::NodeState::Draining => Declared::Draining { pool: pool.to_string() },
-                state_schema::model::NodeState::Active => Declared::Yes { pool: pool.to_string() },
-            };
-            map.insert(n.name.to_string(), d);
-        }
-    }
+    let map = s.ledger.declared_nodes(&s.config.source.branch).await?;
     let answer = map.get(node).cloned().unwrap_or(Declared::No);
     if let Ok(mut c) = s.agent_caches.declared.lock() {
         *c = Some((Instant::now(), map));

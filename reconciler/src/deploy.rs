@@ -33,6 +33,23 @@ pub struct Applied {
     pub jobs_queued: usize,
 }
 
+/// Which of a branch's deployments that the wanted ones leave out are kept rather than torn
+/// down: those named (unplaceable ones, whose commit keeps what runs), or all of them (a
+/// re-placement plans only the deployments it moves).
+pub(crate) enum Kept<'a> {
+    These(&'a BTreeSet<Name>),
+    All,
+}
+
+impl Kept<'_> {
+    fn contains(&self, environment: &str) -> bool {
+        match self {
+            Kept::These(names) => names.contains(environment),
+            Kept::All => true,
+        }
+    }
+}
+
 /// A generation about to start.
 struct Start {
     action: &'static str,
@@ -156,8 +173,16 @@ impl Ledger {
                 .await?;
             }
             let kept: BTreeSet<Name> = unplaceable.into_iter().map(|u| u.environment).collect();
-            self.plan_branch(&mut tx, branch, wanted, &kept, revision, now_ms, &mut applied)
-                .await?;
+            self.plan_branch(
+                &mut tx,
+                branch,
+                wanted,
+                Kept::These(&kept),
+                revision,
+                now_ms,
+                &mut applied,
+            )
+            .await?;
             if let Some(at) = expires {
                 sqlx::query(self.sql("UPDATE deployments SET expires_at = ? WHERE branch = ? AND action = 'rollout'"))
                     .bind(at)
@@ -219,8 +244,16 @@ impl Ledger {
         .transpose()?;
         let mut applied = Applied::default();
         if let Some(revision) = revision {
-            self.plan_branch(tx, branch, Vec::new(), &BTreeSet::new(), revision, now_ms, &mut applied)
-                .await?;
+            self.plan_branch(
+                tx,
+                branch,
+                Vec::new(),
+                Kept::These(&BTreeSet::new()),
+                revision,
+                now_ms,
+                &mut applied,
+            )
+            .await?;
         }
         Ok(applied)
     }
@@ -371,7 +404,7 @@ impl Ledger {
         tx: &mut Tx,
         branch: &str,
         wanted: Vec<Desired>,
-        kept: &BTreeSet<Name>,
+        kept: Kept<'_>,
         revision: i64,
         now_ms: i64,
         applied: &mut Applied,
@@ -484,7 +517,7 @@ impl Ledger {
             .chain(scales.iter().map(|s| &s.spec))
             .flat_map(|spec| spec.nodes.iter().map(|n| (spec.environment.to_string(), n.to_string())))
             .collect();
-        self.ensure_subnets(tx, &pairs).await?;
+        self.ensure_subnets(tx, &pairs, now_ms).await?;
         self.write_scales(tx, &scales, revision, now_ms, applied).await?;
         self.write_starts(tx, branch, &starts, revision, now_ms, applied)
             .await?;
@@ -502,13 +535,7 @@ impl Ledger {
         now_ms: i64,
         applied: &mut Applied,
     ) -> Result<(), LedgerError> {
-        let kept: BTreeSet<Name> = self
-            .current_of(tx, branch)
-            .await?
-            .into_keys()
-            .filter_map(|e| Name::new(&e).ok())
-            .collect();
-        self.plan_branch(tx, branch, wanted, &kept, revision, now_ms, applied)
+        self.plan_branch(tx, branch, wanted, Kept::All, revision, now_ms, applied)
             .await
     }
 

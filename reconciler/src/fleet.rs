@@ -302,12 +302,11 @@ impl Ledger {
     pub async fn nodes(&self, branch: &str, now_ms: i64) -> Result<Vec<NodeRow>, LedgerError> {
         let seen = self.seen_nodes().await?;
         let pools = self.applied_pools(branch).await?;
-        let fleet = self.fleet_view(&pools, now_ms).await?;
+        let running = self.running_specs().await?;
+        let fleet = self.fleet_of(&pools, &seen, &running, now_ms);
         let mut placed: std::collections::BTreeMap<String, usize> = Default::default();
-        for spec in self.running_specs().await? {
-            for i in spec.instances {
-                *placed.entry(i.node.to_string()).or_default() += 1;
-            }
+        for i in running.iter().flat_map(|s| &s.instances) {
+            *placed.entry(i.node.to_string()).or_default() += 1;
         }
         let mut cas: std::collections::BTreeMap<String, String> = Default::default();
         for r in sqlx::query(self.sql(
@@ -351,29 +350,30 @@ impl Ledger {
         Ok(out)
     }
 
-    /// Whether `node` is declared in the accepted state of `branch` (the applied branch), and
-    /// in which pool. Read from the canonical NodePool documents the ledger keeps.
-    pub async fn declared_node(&self, branch: &str, node: &str) -> Result<Declared, LedgerError> {
-        let rows = sqlx::query(self.sql("SELECT document FROM desired_objects WHERE branch = ? AND kind = 'NodePool'"))
-            .bind(branch)
-            .fetch_all(&self.pool)
-            .await?;
-        for r in rows {
-            let doc: String = r.try_get(0)?;
-            let parsed = state_schema::parse::parse_file("pool.yaml", doc.as_bytes());
-            for l in &parsed.objects {
-                let Spec::NodePool(pool) = &l.object.spec else { continue };
-                if let Some(n) = pool.nodes.iter().find(|n| n.name.as_str() == node) {
-                    let pool = l.object.metadata.name.to_string();
-                    return Ok(match n.state {
-                        NodeState::Retired => Declared::Retired,
-                        NodeState::Draining => Declared::Draining { pool },
-                        NodeState::Active => Declared::Yes { pool },
-                    });
-                }
+    /// What the accepted state of `branch` (the applied branch) declares of each node, and in
+    /// which pool. Read from the canonical NodePool documents the ledger keeps.
+    pub async fn declared_nodes(
+        &self,
+        branch: &str,
+    ) -> Result<std::collections::HashMap<String, Declared>, LedgerError> {
+        let mut out = std::collections::HashMap::new();
+        for (pool, p) in self.applied_pools(branch).await? {
+            for n in p.nodes {
+                let pool = pool.to_string();
+                let d = match n.state {
+                    NodeState::Retired => Declared::Retired,
+                    NodeState::Draining => Declared::Draining { pool },
+                    NodeState::Active => Declared::Yes { pool },
+                };
+                out.insert(n.name.to_string(), d);
             }
         }
-        Ok(Declared::No)
+        Ok(out)
+    }
+
+    /// Whether `node` is declared in the accepted state of `branch`, and in which pool.
+    pub async fn declared_node(&self, branch: &str, node: &str) -> Result<Declared, LedgerError> {
+        Ok(self.declared_nodes(branch).await?.remove(node).unwrap_or(Declared::No))
     }
 
     /// Stores a new token's hash for `node`; the caller checked that the node is declared.

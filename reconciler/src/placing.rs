@@ -96,6 +96,18 @@ impl Ledger {
     /// capabilities, and every running deployment's reservations.
     pub async fn fleet_view(&self, pools: &[(Name, NodePool)], now_ms: i64) -> Result<Fleet, LedgerError> {
         let seen = self.seen_nodes().await?;
+        Ok(self.fleet_of(pools, &seen, &self.running_specs().await?, now_ms))
+    }
+
+    /// The fleet from what was read already: `pools`' nodes with what heartbeats said of
+    /// them, holding what `running` deployments reserve.
+    pub fn fleet_of(
+        &self,
+        pools: &[(Name, NodePool)],
+        seen: &BTreeMap<String, Seen>,
+        running: &[DeploymentSpec],
+        now_ms: i64,
+    ) -> Fleet {
         let lost_after = self.lost_after_ms();
         let mut nodes = BTreeMap::new();
         for (pool, p) in pools {
@@ -114,7 +126,7 @@ impl Ledger {
                 );
             }
         }
-        Ok(Fleet::new(nodes, &self.running_specs().await?))
+        Fleet::new(nodes, running)
     }
 
     /// A cheap summary of what placement depends on: each node's liveness class and
@@ -163,7 +175,6 @@ impl Ledger {
     /// `applied_branch`. Returns what was started.
     pub async fn replace(&self, applied_branch: &str, now_ms: i64) -> Result<Applied, LedgerError> {
         let pools = self.applied_pools(applied_branch).await?;
-        let mut fleet = self.fleet_view(&pools, now_ms).await?;
         let mut rows: Vec<(String, String, String, DeploymentSpec)> = Vec::new();
         for r in sqlx::query(self.sql(
             "SELECT environment, branch, status, spec FROM deployments WHERE action = 'rollout' ORDER BY environment",
@@ -179,6 +190,10 @@ impl Ledger {
                 serde_json::from_str(&spec)?,
             ));
         }
+        // The running specs are read once: they are both what reserves room and what is placed.
+        let running: Vec<DeploymentSpec> = rows.iter().map(|r| r.3.clone()).collect();
+        let mut fleet = self.fleet_of(&pools, &self.seen_nodes().await?, &running, now_ms);
+        drop(running);
         let mut by_branch: BTreeMap<String, Vec<Desired>> = BTreeMap::new();
         for (_, branch, status, stored) in rows {
             let usable = stored.pool.as_ref().is_some_and(|p| fleet.has_usable(p));
@@ -265,7 +280,12 @@ impl Ledger {
 
     /// Gives each (environment, node) pair a subnet of its own on that node, if it has none:
     /// the lowest free /24 of the pool. Kept until the environment is torn down.
-    pub(crate) async fn ensure_subnets(&self, tx: &mut Tx, pairs: &[(String, String)]) -> Result<(), LedgerError> {
+    pub(crate) async fn ensure_subnets(
+        &self,
+        tx: &mut Tx,
+        pairs: &[(String, String)],
+        now_ms: i64,
+    ) -> Result<(), LedgerError> {
         let nodes: BTreeSet<&str> = pairs.iter().map(|(_, n)| n.as_str()).collect();
         let mut taken: BTreeMap<String, BTreeSet<i64>> = BTreeMap::new();
         let mut have: BTreeSet<(String, String)> = BTreeSet::new();
@@ -292,7 +312,7 @@ impl Ledger {
             let Some(idx) = (0..SUBNET_POOL_SIZE).find(|i| !used.contains(i)) else {
                 self.event(
                     tx,
-                    0,
+                    now_ms,
                     "subnet-pool-exhausted",
                     node,
                     "no /24 left in 10.208.0.0/12 on this node",
