@@ -106,33 +106,42 @@ fn run(url: &str, jobs: usize) -> Figures {
     }
 }
 
-/// One agent, nobody else asking: 300 rounds of leasing one job and completing it. The lease
-/// round trip a node sees on a quiet control plane (TLS, certificate check, one group
-/// transaction with its durable commit).
-fn unloaded(url: &str, client: &AgentClient, offset: usize) -> Throughput {
-    const ROUNDS: usize = 300;
+/// Queues a removal for each of `instances`, on the node `node_of` names. A removal's
+/// execution spec needs no deployment, so the bench measures the lease and completion path,
+/// not spec building.
+fn enqueue_removals(url: &str, instances: std::ops::Range<usize>, node_of: impl Fn(usize) -> String) {
+    let all: Vec<NewJob> = instances
+        .map(|i| NewJob {
+            task: Task::StopApplication {
+                environment: Name::new("bench").expect("name"),
+                role: Name::new("web").expect("name"),
+                instance: i as u32,
+                generation: 1,
+            },
+            target_node: node_of(i),
+            max_attempts: 3,
+            not_before_ms: 0,
+        })
+        .collect();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("rt");
     rt.block_on(async {
         let ledger = Ledger::connect(url, 2).await.expect("ledger");
-        let all: Vec<NewJob> = (offset..offset + ROUNDS)
-            .map(|i| NewJob {
-                task: Task::StopApplication {
-                    environment: Name::new("bench").expect("name"),
-                    role: Name::new("web").expect("name"),
-                    instance: i as u32,
-                    generation: 1,
-                },
-                target_node: "n000".into(),
-                max_attempts: 3,
-                not_before_ms: 0,
-            })
-            .collect();
-        ledger.enqueue(&all, 1).await.expect("enqueue");
+        for chunk in all.chunks(2000) {
+            ledger.enqueue(chunk, 1).await.expect("enqueue");
+        }
         ledger.close().await;
     });
+}
+
+/// One agent, nobody else asking: 300 rounds of leasing one job and completing it. The lease
+/// round trip a node sees on a quiet control plane (TLS, certificate check, one group
+/// transaction with its durable commit).
+fn unloaded(url: &str, client: &AgentClient, offset: usize) -> Throughput {
+    const ROUNDS: usize = 300;
+    enqueue_removals(url, offset..offset + ROUNDS, |_| "n000".into());
     let started = Instant::now();
     let mut rtts = Vec::with_capacity(ROUNDS);
     for _ in 0..ROUNDS {
@@ -157,32 +166,7 @@ fn unloaded(url: &str, client: &AgentClient, offset: usize) -> Throughput {
 /// new) and has every agent lease at most 8 and complete them, one request per completion or
 /// one per lease (`batched`), until none is left.
 fn throughput(url: &str, clients: &[AgentClient], jobs: usize, offset: usize, batched: bool) -> Throughput {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("rt");
-    rt.block_on(async {
-        let ledger = Ledger::connect(url, 2).await.expect("ledger");
-        let all: Vec<NewJob> = (offset..offset + jobs)
-            .map(|i| NewJob {
-                // A removal: its execution spec needs no deployment, so the bench measures the
-                // lease and completion path, not spec building.
-                task: Task::StopApplication {
-                    environment: Name::new("bench").expect("name"),
-                    role: Name::new("web").expect("name"),
-                    instance: i as u32,
-                    generation: 1,
-                },
-                target_node: format!("n{:03}", i % NODES),
-                max_attempts: 3,
-                not_before_ms: 0,
-            })
-            .collect();
-        for chunk in all.chunks(2000) {
-            ledger.enqueue(chunk, 1).await.expect("enqueue");
-        }
-        ledger.close().await;
-    });
+    enqueue_removals(url, offset..offset + jobs, |i| format!("n{:03}", i % NODES));
     let started = Instant::now();
     let (done, mut rtts) = std::thread::scope(|scope| {
         let workers: Vec<_> = clients
