@@ -231,13 +231,14 @@ fn executor_of(kind: &str) -> &'static str {
     }
 }
 
-/// Runs the firewall's blocking `nft` calls off the async threads.
-async fn firewall<T: Send + 'static>(
-    fw: &Arc<Firewall>,
-    f: impl FnOnce(&Firewall) -> Result<T, Failure> + Send + 'static,
+/// Runs an executor's blocking work (`nft`, Caddy's admin API) off the async threads, with
+/// the executor it needs.
+async fn off_thread<X: Send + Sync + 'static, T: Send + 'static>(
+    executor: &Arc<X>,
+    f: impl FnOnce(&X) -> Result<T, Failure> + Send + 'static,
 ) -> Result<T, Failure> {
-    let fw = Arc::clone(fw);
-    tokio::task::spawn_blocking(move || f(&fw))
+    let executor = Arc::clone(executor);
+    tokio::task::spawn_blocking(move || f(&executor))
         .await
         .unwrap_or_else(|e| Err(crate::outcome::retryable("agent-task-failed", e.to_string())))
 }
@@ -260,7 +261,7 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> 
         ("ensure-network", Execution::Network(net)) => engine.ensure_network(net).await,
         ("apply-firewall", Execution::Network(net)) => {
             let (env, subnet, generation) = (net.environment.clone(), net.subnet.clone(), number("generation"));
-            firewall(&x.firewall, move |fw| fw.apply(&env, &subnet, generation)).await
+            off_thread(&x.firewall, move |fw| fw.apply(&env, &subnet, generation)).await
         }
         ("ensure-routes", Execution::Network(net)) => {
             let note = crate::routes::Routes::connect()?
@@ -277,7 +278,7 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> 
             let (env, generation) = (text("environment"), number("generation"));
             let mut notes = Vec::new();
             if x.enabled.iter().any(|e| e == "nftables") {
-                notes.push(firewall(&x.firewall, move |fw| fw.remove(&env, generation)).await?);
+                notes.push(off_thread(&x.firewall, move |fw| fw.remove(&env, generation)).await?);
             }
             if let (true, Execution::Network(net)) = (x.enabled.iter().any(|e| e == "routes"), execution) {
                 notes.push(crate::routes::Routes::connect()?.remove(&net.subnet).await?);
@@ -307,16 +308,12 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> 
                     dials.push(format!("{ip}:{}", u.port));
                 }
             }
-            let (ingress, host, generation) = (Arc::clone(&x.ingress), spec.hostname.clone(), spec.generation);
-            tokio::task::spawn_blocking(move || ingress.publish(&host, generation, &dials))
-                .await
-                .unwrap_or_else(|e| Err(crate::outcome::retryable("agent-task-failed", e.to_string())))
+            let (host, generation) = (spec.hostname.clone(), spec.generation);
+            off_thread(&x.ingress, move |ingress| ingress.publish(&host, generation, &dials)).await
         }
         ("remove-ingress", _) => {
-            let (ingress, host, generation) = (Arc::clone(&x.ingress), text("hostname"), number("generation"));
-            tokio::task::spawn_blocking(move || ingress.remove(&host, generation))
-                .await
-                .unwrap_or_else(|e| Err(crate::outcome::retryable("agent-task-failed", e.to_string())))
+            let (host, generation) = (text("hostname"), number("generation"));
+            off_thread(&x.ingress, move |ingress| ingress.remove(&host, generation)).await
         }
         _ => Err(permanent(
             "task-malformed",
