@@ -163,8 +163,6 @@ pub struct IngressSpec {
     pub environment: String,
     pub hostname: String,
     pub generation: u64,
-    /// The route's `@id` in the proxy: `pl-<hostname>-g<generation>`.
-    pub route_id: String,
     pub upstreams: Vec<Upstream>,
     pub network: NetworkSpec,
 }

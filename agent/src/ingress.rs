@@ -1,33 +1,46 @@
-//! The ingress executor: routes in Caddy through its admin API. One server of ours
-//! (`pushleft`) holds one route per hostname and generation, with the `@id`
-//! `pl-<hostname>-g<generation>`, in front of older ones (index 0), and a last route of ours
-//! that answers 404 for any hostname nobody publishes. A route is read back after it is
-//! written; the routes of older generations are removed once the new one serves (the cleanup
-//! step, `remove ingress`). Only routes whose `@id` starts with `pl-` are ever touched.
+//! The ingress executor: routes in Caddy (≥ 2.8) through its admin API, with the upstreams of
+//! each route in files Caddy reads on every request.
 //!
-//! Not yet here (the node-agent issue): keeping other environments' open streams across a
-//! route change. Caddy applies every change as a new configuration, and Debian's 2.6.2 closes
-//! streaming connections on each; the intended mechanism is Caddy ≥ 2.7's
-//! `stream_close_delay`.
+//! Why files: Caddy applies every admin-API change as a whole new configuration, and each such
+//! reload resets a few connections that arrive at that instant (measured with Debian's 2.6.2
+//! and 2.11.7: one to three failed requests per change under load) and closes every hijacked
+//! stream (WebSockets) of every site. So a generation switch must not reload Caddy. One route
+//! per hostname (`@id` `pl-<hostname>`) names its upstreams with Caddy's `{file.*}`
+//! placeholder, `{file.<dir>/<hostname>/<slot>}`, one slot per web replica; the switch is an
+//! atomic rename of each slot file, which Caddy sees on the next request. Requests in flight
+//! finish on the generation they started with. Caddy's configuration changes only when a
+//! hostname first appears on this node, leaves it, or gains replicas beyond its slots (fewer
+//! replicas fill the spare slots with the live ones); for those reloads every route of ours
+//! sets `stream_close_delay`, so the streams of other environments stay open.
+//!
+//! A fence (`<dir>/<hostname>/generation`, the newest generation published or removed) keeps a
+//! stale retry from restoring older upstreams. Only routes whose `@id` starts with `pl-` are
+//! ever touched; the last route of ours answers 404 for a hostname nobody publishes.
 
 use crate::outcome::{Failure, permanent, retryable};
 use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The server of ours in Caddy's HTTP app.
 pub const SERVER: &str = "pushleft";
 /// The catch-all route's `@id`.
 pub const FALLBACK: &str = "pl-fallback-404";
+/// How long a hijacked stream (a WebSocket) of ours stays open after a reload of Caddy's
+/// configuration. Reloads come from other hostnames' changes; the stream's own generation
+/// switch reloads nothing, and its old container ends its streams when it is stopped.
+pub const STREAM_CLOSE_DELAY: &str = "24h";
 
-/// Caddy's admin API (`http://127.0.0.1:2019` by default) and where our server listens.
+/// Caddy's admin API (`http://127.0.0.1:2019` by default), where our server listens, and the
+/// folder of upstream files (readable by Caddy).
 pub struct Ingress {
-    pub admin: String,
-    /// Addresses our server listens on, e.g. `[":80"]`.
-    pub listen: Vec<String>,
+    admin: String,
+    listen: Vec<String>,
+    upstreams: PathBuf,
 }
 
-pub fn route_id(hostname: &str, generation: u64) -> String {
-    format!("pl-{hostname}-g{generation}")
+pub fn route_id(hostname: &str) -> String {
+    format!("pl-{hostname}")
 }
 
 fn agent() -> ureq::Agent {
@@ -42,20 +55,101 @@ fn caddy(code: &'static str, e: impl std::fmt::Display) -> Failure {
     retryable(code, format!("caddy admin: {e}"))
 }
 
-/// The route a hostname gets for one generation.
-pub fn route(hostname: &str, generation: u64, dials: &[String]) -> Value {
-    json!({
-        "@id": route_id(hostname, generation),
-        "match": [{"host": [hostname]}],
-        "handle": [{
-            "handler": "reverse_proxy",
-            "upstreams": dials.iter().map(|d| json!({"dial": d})).collect::<Vec<_>>(),
-        }],
-        "terminal": true,
-    })
+fn disk(e: impl std::fmt::Display) -> Failure {
+    retryable("ingress-write-failed", e.to_string())
+}
+
+/// A hostname as it may appear in a path and a Caddy placeholder: DNS letters, digits, `-`,
+/// `.` and a leading `*.` wildcard (state validation allows no more; this guards the path).
+fn checked(hostname: &str) -> Result<&str, Failure> {
+    let body = hostname.strip_prefix("*.").unwrap_or(hostname);
+    let fine = !body.is_empty()
+        && hostname.len() <= 253
+        && !body.starts_with('.')
+        && !body.contains("..")
+        && body
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
+    if fine {
+        Ok(hostname)
+    } else {
+        Err(permanent("hostname-invalid", format!("{hostname:?} is not a hostname")))
+    }
+}
+
+/// Writes `text` to `path` by a rename, so a reader sees the old content or the new.
+/// Readable by Caddy's user: the files hold addresses on the environments' networks, no secret.
+fn replace(path: &Path, text: &str) -> Result<(), Failure> {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).map_err(disk)?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644)).map_err(disk)?;
+    std::fs::rename(&tmp, path).map_err(disk)
+}
+
+/// `dir` and the folders above it up to `root`, made and opened to Caddy's user.
+fn open_folder(root: &Path, dir: &Path) -> Result<(), Failure> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir).map_err(disk)?;
+    for d in [root, dir] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).map_err(disk)?;
+    }
+    Ok(())
 }
 
 impl Ingress {
+    /// `upstreams` must be an absolute path without braces (it goes into a Caddy placeholder).
+    pub fn new(admin: String, listen: Vec<String>, upstreams: PathBuf) -> Result<Self, String> {
+        let text = upstreams.to_string_lossy();
+        if !upstreams.is_absolute() || text.contains(['{', '}', ' ']) {
+            return Err(format!(
+                "the ingress upstream folder {text:?} must be an absolute path without braces or spaces"
+            ));
+        }
+        Ok(Ingress {
+            admin,
+            listen,
+            upstreams,
+        })
+    }
+
+    /// The route a hostname gets with `slots` upstream slots.
+    pub fn route(&self, hostname: &str, slots: usize) -> Value {
+        let dials: Vec<Value> = (0..slots)
+            .map(|k| json!({"dial": format!("{{file.{}}}", self.slot(hostname, k).display())}))
+            .collect();
+        json!({
+            "@id": route_id(hostname),
+            "match": [{"host": [hostname]}],
+            "handle": [{
+                "handler": "reverse_proxy",
+                "upstreams": dials,
+                "stream_close_delay": STREAM_CLOSE_DELAY,
+            }],
+            "terminal": true,
+        })
+    }
+
+    fn folder(&self, hostname: &str) -> PathBuf {
+        self.upstreams.join(hostname)
+    }
+
+    fn slot(&self, hostname: &str, k: usize) -> PathBuf {
+        self.folder(hostname).join(k.to_string())
+    }
+
+    fn fence(&self, hostname: &str) -> PathBuf {
+        self.folder(hostname).join("generation")
+    }
+
+    /// The newest generation published or removed for `hostname` here (0: none).
+    fn fenced(&self, hostname: &str) -> u64 {
+        std::fs::read_to_string(self.fence(hostname))
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
     /// Whether Caddy's admin API answers (the heartbeat offers `ingress` only then).
     pub async fn answers(&self) -> bool {
         let url = self.url("/config/");
@@ -137,21 +231,60 @@ impl Ingress {
         }
     }
 
-    /// Publishes `hostname` for `generation` to `dials` (`ip:port` of this generation's web
-    /// replicas), in front of older generations' routes; adopted when the same route is there,
-    /// replaced when it differs. Read back.
+    /// The number of upstream slots the hostname's route has now (0: no route of ours).
+    fn slots(&self, route: Option<&Value>) -> usize {
+        route
+            .and_then(|r| r.pointer("/handle/0/upstreams"))
+            .and_then(Value::as_array)
+            .map_or(0, Vec::len)
+    }
+
+    /// Points `hostname` at `dials` (`ip:port` of generation `generation`'s web replicas on
+    /// this node): the slot files first (the switch, with no reload when the route has slots
+    /// enough), then the fence, then the route when it is missing or short of slots. Adopted
+    /// when all of it is in place already; read back; refused for a generation older than the
+    /// fence.
     pub fn publish(&self, hostname: &str, generation: u64, dials: &[String]) -> Result<String, Failure> {
+        let hostname = checked(hostname)?;
         if dials.is_empty() {
             return Err(permanent(
                 "no-upstream",
                 format!("no web replica of {hostname} runs on this node"),
             ));
         }
+        let fenced = self.fenced(hostname);
+        if fenced > generation {
+            return Err(permanent(
+                "stale-generation",
+                format!("generation {fenced} of {hostname} is published or removed already; {generation} is older"),
+            ));
+        }
         self.ensure_server()?;
-        let id = route_id(hostname, generation);
-        let wanted = route(hostname, generation, dials);
-        let note = match self.get(&format!("/id/{id}"))? {
-            Some(r) if r == wanted => "adopted",
+        let id = route_id(hostname);
+        let current = self.get(&format!("/id/{id}"))?;
+        let slots = self.slots(current.as_ref()).max(dials.len());
+        let wanted_files: Vec<&String> = (0..slots).map(|k| &dials[k % dials.len()]).collect();
+        open_folder(&self.upstreams, &self.folder(hostname))?;
+        let mut changed = false;
+        for (k, dial) in wanted_files.iter().enumerate() {
+            let path = self.slot(hostname, k);
+            if std::fs::read_to_string(&path).ok().as_deref() != Some(dial.as_str()) {
+                replace(&path, dial)?;
+                changed = true;
+            }
+        }
+        if fenced != generation {
+            replace(&self.fence(hostname), &generation.to_string())?;
+        }
+        let wanted = self.route(hostname, slots);
+        let note = match current {
+            Some(r) if r == wanted => {
+                if changed {
+                    "switched"
+                } else {
+                    "adopted"
+                }
+            }
             Some(_) => {
                 self.send("PATCH", &format!("/id/{id}"), Some(&wanted))?;
                 "replaced"
@@ -165,51 +298,56 @@ impl Ingress {
                 "published"
             }
         };
+        let files_back = wanted_files
+            .iter()
+            .enumerate()
+            .all(|(k, d)| std::fs::read_to_string(self.slot(hostname, k)).ok().as_deref() == Some(d.as_str()));
         match self.get(&format!("/id/{id}"))? {
-            Some(r) if r == wanted => Ok(format!("{id} {note}")),
+            Some(r) if r == wanted && files_back => Ok(format!(
+                "{id} {note}: generation {generation} on {} slot(s) to {}",
+                slots,
+                dials.join(", ")
+            )),
             _ => Err(permanent(
                 "ingress-readback-mismatch",
-                format!("{id} reads back otherwise"),
+                format!("{id} or its upstream files read back otherwise"),
             )),
         }
     }
 
-    /// The `@id`s of our routes for `hostname`, with their generations.
-    fn ours(&self, hostname: &str) -> Result<Vec<(String, u64)>, Failure> {
-        let routes = self
-            .get(&format!("/config/apps/http/servers/{SERVER}/routes"))?
-            .unwrap_or(Value::Array(Vec::new()));
-        let prefix = format!("pl-{hostname}-g");
-        Ok(routes
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|r| r.get("@id").and_then(Value::as_str))
-            .filter_map(|id| {
-                id.strip_prefix(&prefix)
-                    .and_then(|g| g.parse().ok())
-                    .map(|g| (id.to_owned(), g))
-            })
-            .collect())
-    }
-
-    /// Removes `hostname`'s routes of generations older than `generation` (all of them, for a
-    /// teardown's generation); gone already is done.
+    /// Takes `hostname` off this node for generation `generation` (it no longer serves the
+    /// hostname here, or the environment is torn down): the route, then its upstream files;
+    /// the fence stays so a stale publish cannot bring it back. Kept when a newer generation
+    /// published it; gone already is done.
     pub fn remove(&self, hostname: &str, generation: u64) -> Result<String, Failure> {
-        let mut removed = Vec::new();
-        for (id, g) in self.ours(hostname)? {
-            if g < generation {
-                match self.send("DELETE", &format!("/id/{id}"), None) {
-                    Ok(()) => removed.push(id),
-                    Err(_) if self.get(&format!("/id/{id}"))?.is_none() => {}
-                    Err(f) => return Err(f),
-                }
+        let hostname = checked(hostname)?;
+        let fenced = self.fenced(hostname);
+        if fenced > generation {
+            return Ok(format!(
+                "{hostname} kept: generation {fenced} published it after {generation}"
+            ));
+        }
+        let id = route_id(hostname);
+        let mut removed = false;
+        if self.get(&format!("/id/{id}"))?.is_some() {
+            match self.send("DELETE", &format!("/id/{id}"), None) {
+                Ok(()) => removed = true,
+                Err(_) if self.get(&format!("/id/{id}"))?.is_none() => {}
+                Err(f) => return Err(f),
             }
         }
-        Ok(if removed.is_empty() {
-            format!("no older route of {hostname}")
+        open_folder(&self.upstreams, &self.folder(hostname))?;
+        replace(&self.fence(hostname), &generation.to_string())?;
+        for entry in std::fs::read_dir(self.folder(hostname)).map_err(disk)? {
+            let path = entry.map_err(disk)?.path();
+            if path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.parse::<usize>().is_ok()) {
+                std::fs::remove_file(&path).map_err(disk)?;
+            }
+        }
+        Ok(if removed {
+            format!("{id} removed")
         } else {
-            format!("removed {}", removed.join(", "))
+            format!("no route of {hostname}")
         })
     }
 }

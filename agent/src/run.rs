@@ -55,6 +55,14 @@ pub struct Config {
     /// Where the ingress server of ours listens in Caddy.
     #[serde(default = "default_ingress_listen")]
     pub ingress_listen: Vec<String>,
+    /// The folder of ingress upstream files, which Caddy reads on each request (so it must be
+    /// able to read them; they hold container addresses, no secret).
+    #[serde(default = "default_ingress_upstreams")]
+    pub ingress_upstreams: PathBuf,
+}
+
+fn default_ingress_upstreams() -> PathBuf {
+    "/var/lib/pushleft-agent/ingress".into()
 }
 
 fn default_caddy() -> String {
@@ -97,7 +105,13 @@ impl Config {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let mut c: Config = toml::from_str(&text).with_context(|| format!("{}", path.display()))?;
         let base = path.parent().unwrap_or(Path::new("."));
-        for p in [&mut c.dir, &mut c.docker_socket, &mut c.secrets_dir, &mut c.state_dir] {
+        for p in [
+            &mut c.dir,
+            &mut c.docker_socket,
+            &mut c.secrets_dir,
+            &mut c.state_dir,
+            &mut c.ingress_upstreams,
+        ] {
             if p.is_relative() {
                 *p = base.join(&*p);
             }
@@ -374,10 +388,14 @@ pub async fn run(config: Config) -> Result<()> {
         }),
         enabled: config.executors.clone(),
         routes_dir: config.state_dir.join("routes"),
-        ingress: Arc::new(crate::ingress::Ingress {
-            admin: config.caddy_admin.clone(),
-            listen: config.ingress_listen.clone(),
-        }),
+        ingress: Arc::new(
+            crate::ingress::Ingress::new(
+                config.caddy_admin.clone(),
+                config.ingress_listen.clone(),
+                config.ingress_upstreams.clone(),
+            )
+            .map_err(anyhow::Error::msg)?,
+        ),
     });
     // Drift: checked every `drift_seconds`; what was repaired goes with the next heartbeat.
     let repairs: Arc<std::sync::Mutex<Vec<agent_proto::Repair>>> = Arc::default();

@@ -188,7 +188,7 @@ fn a_lease_carries_everything_the_job_needs_with_secrets_sealed_to_the_node() {
         panic!("{:?}", routes[0].execution)
     };
     assert_eq!(ingress.hostname, "api.example.com");
-    assert_eq!(ingress.route_id, "pl-api.example.com-g2");
+    assert_eq!(ingress.generation, 2);
     assert_eq!(ingress.upstreams.len(), 1);
     assert_eq!(
         (ingress.upstreams[0].container.as_str(), ingress.upstreams[0].port),

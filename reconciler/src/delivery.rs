@@ -216,7 +216,6 @@ impl Ledger {
                             environment: env.clone(),
                             hostname: hostname.to_string(),
                             generation: *generation,
-                            route_id: format!("pl-{hostname}-g{generation}"),
                             upstreams,
                             network,
                         }))
