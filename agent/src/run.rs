@@ -62,7 +62,7 @@ pub struct Config {
 }
 
 fn default_ingress_upstreams() -> PathBuf {
-    "/var/lib/pushleft-agent/ingress".into()
+    "/var/lib/pushleft-ingress".into()
 }
 
 fn default_caddy() -> String {
