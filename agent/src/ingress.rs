@@ -340,7 +340,11 @@ impl Ingress {
         replace(&self.fence(hostname), &generation.to_string())?;
         for entry in std::fs::read_dir(self.folder(hostname)).map_err(disk)? {
             let path = entry.map_err(disk)?.path();
-            if path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.parse::<usize>().is_ok()) {
+            if path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.parse::<usize>().is_ok())
+            {
                 std::fs::remove_file(&path).map_err(disk)?;
             }
         }

@@ -302,7 +302,7 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> 
             Ok(notes.join("; "))
         }
         ("ensure-application", Execution::Application(app)) => engine.ensure_application(app).await,
-        ("run-once", Execution::Application(app)) => engine.run_once(app, RUN_TIMEOUT).await,
+        ("run-once" | "run-cron", Execution::Application(app)) => engine.run_once(app, RUN_TIMEOUT).await,
         ("stop-application", _) => {
             engine
                 .stop_older(&text("environment"), &text("role"), instance, number("generation"))

@@ -132,14 +132,20 @@ fn open_stream(port: u16, host: &str) -> (Arc<AtomicUsize>, std::thread::JoinHan
 }
 
 fn caddy(dir: &std::path::Path, admin: u16) -> Child {
-    let version = Command::new("caddy").arg("version").output().expect("caddy on PATH (scripts/test installs it)");
+    let version = Command::new("caddy")
+        .arg("version")
+        .output()
+        .expect("caddy on PATH (scripts/test installs it)");
     let text = String::from_utf8_lossy(&version.stdout).to_string();
     let minor: u32 = text
         .strip_prefix("v2.")
         .and_then(|t| t.split('.').next())
         .and_then(|m| m.parse().ok())
         .unwrap_or(0);
-    assert!(minor >= 8, "Caddy {text} is older than 2.8; scripts/test puts 2.11 first on PATH");
+    assert!(
+        minor >= 8,
+        "Caddy {text} is older than 2.8; scripts/test puts 2.11 first on PATH"
+    );
     let config = dir.join("caddy.json");
     std::fs::write(&config, format!("{{\"admin\": {{\"listen\": \"127.0.0.1:{admin}\"}}}}")).expect("config");
     Command::new("caddy")
@@ -235,7 +241,10 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
     assert!(note.contains("switched"), "a switch reloads nothing: {note}");
     std::thread::sleep(Duration::from_millis(300));
     let note = ingress.remove("app.localhost", 1).expect("older remove");
-    assert!(note.contains("kept"), "a remove of an older generation keeps the route: {note}");
+    assert!(
+        note.contains("kept"),
+        "a remove of an older generation keeps the route: {note}"
+    );
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);
     for l in loops {
@@ -255,8 +264,9 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
 
     // Replicas: two slots, then back to one (the spare slot repeats the live replica).
     ingress.publish("app.localhost", 2, &dials[0..2]).expect("two replicas");
-    let bodies: std::collections::BTreeSet<String> =
-        (0..40).filter_map(|_| get(http, "app.localhost").ok().map(|r| r.1)).collect();
+    let bodies: std::collections::BTreeSet<String> = (0..40)
+        .filter_map(|_| get(http, "app.localhost").ok().map(|r| r.1))
+        .collect();
     assert_eq!(bodies.len(), 2, "both replicas answer: {bodies:?}");
     let note = ingress.publish("app.localhost", 2, &dials[1..2]).expect("one replica");
     assert!(note.contains("switched") && note.contains("2 slot"), "{note}");
@@ -267,13 +277,20 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
     // Streams: environment A's stream stays open while environment B's routes change ten
     // times (each a new configuration in Caddy) and while A switches generation.
     let stream = streaming_upstream(60);
-    ingress.publish("a.localhost", 1, std::slice::from_ref(&stream)).expect("a");
+    ingress
+        .publish("a.localhost", 1, std::slice::from_ref(&stream))
+        .expect("a");
     let (ticks, reader) = open_stream(http, "a.localhost");
     std::thread::sleep(Duration::from_millis(300));
     for i in 0..10 {
         let host = format!("b{}.localhost", i / 2);
         if i % 2 == 0 {
-            assert!(ingress.publish(&host, 1, &dials[2..3]).expect("b").contains("published"));
+            assert!(
+                ingress
+                    .publish(&host, 1, &dials[2..3])
+                    .expect("b")
+                    .contains("published")
+            );
             assert_eq!(get(http, &host), Ok((200, "another app".into())));
         } else {
             assert!(ingress.remove(&host, 2).expect("b goes").contains("removed"));
@@ -290,14 +307,23 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
     );
 
     // A teardown removes the route and its upstream files; the other hostname stays.
-    assert!(ingress.remove("app.localhost", 3).expect("teardown").contains("removed"));
+    assert!(
+        ingress
+            .remove("app.localhost", 3)
+            .expect("teardown")
+            .contains("removed")
+    );
     assert_eq!(get(http, "app.localhost").map(|r| r.0), Ok(404));
     assert!(ingress.remove("app.localhost", 3).expect("again").contains("no route"));
     let left: Vec<_> = std::fs::read_dir(dir.path().join("upstreams/app.localhost"))
         .expect("folder")
         .map(|e| e.expect("entry").file_name())
         .collect();
-    assert_eq!(left, vec![std::ffi::OsString::from("generation")], "only the fence stays");
+    assert_eq!(
+        left,
+        vec![std::ffi::OsString::from("generation")],
+        "only the fence stays"
+    );
     assert_eq!(get(http, "other.localhost"), Ok((200, "another app".into())));
     assert_eq!(
         ingress.publish("bad host", 4, &dials[0..1]).expect_err("bad").code,

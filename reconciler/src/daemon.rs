@@ -336,6 +336,16 @@ impl Shared {
             tracing::info!(certificates = revoked, "revoked the certificates of retired nodes");
         }
         report.advanced = self.settle().await?;
+        // Cron roles whose time has come (at most one run per role and time).
+        let cron = self.ledger.cron_tick(now_ms()).await?;
+        if !cron.queued.is_empty() || !cron.skipped.is_empty() {
+            tracing::info!(
+                queued = cron.queued.len(),
+                skipped = cron.skipped.len(),
+                "cron roles due"
+            );
+            report.advanced += cron.queued.len() + cron.skipped.len();
+        }
         let wrote = report.judged + report.teardowns + report.advanced > 0;
         self.refresh_counts(wrote).await;
         self.metrics.observe(started.elapsed());

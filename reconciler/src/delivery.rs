@@ -240,7 +240,7 @@ impl Ledger {
                     )
                     .await?
                 }
-                Task::RunOnce { role, generation, .. } => {
+                Task::RunOnce { role, generation, .. } | Task::RunCron { role, generation, .. } => {
                     self.application(
                         node,
                         recipient.as_deref(),

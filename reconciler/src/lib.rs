@@ -10,6 +10,7 @@ pub mod api;
 pub mod auth;
 mod catchup;
 pub mod config;
+pub mod cron;
 pub mod daemon;
 pub mod delivery;
 pub mod deploy;

@@ -31,6 +31,9 @@ pub struct DeploymentSpec {
     pub instances: Vec<Instance>,
     /// Release roles, run once per generation before the new replicas start, on this node.
     pub release: Vec<(Name, Name)>,
+    /// Cron roles and the node their runs go to (the release node's rule).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cron: Vec<(Name, Name)>,
     pub hostnames: Vec<Hostname>,
     /// Every node with a part of the environment, sorted.
     pub nodes: Vec<Name>,
@@ -306,6 +309,7 @@ pub fn spec_of(
         project: env.project.clone(),
         instances: Vec::new(),
         release: Vec::new(),
+        cron: Vec::new(),
         hostnames,
         nodes: Vec::new(),
         ingress_nodes: Vec::new(),

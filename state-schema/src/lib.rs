@@ -5,6 +5,7 @@
 //! runtime; callers hand it bytes and get values back, which is what makes golden tests cheap.
 
 pub mod canonical;
+pub mod cron;
 mod decode;
 pub mod desired;
 pub mod diag;

@@ -311,23 +311,27 @@ impl Fleet {
                 .find(|(_, n)| n.pool == pool && n.takes_new(&["docker"]))
                 .map(|(name, _)| name.clone())
         });
-        let release_roles: Vec<Name> = spec
-            .roles
-            .iter()
-            .filter(|(_, r)| r.kind == "release")
-            .map(|(n, _)| n.clone())
-            .collect();
-        spec.release = match &release_node {
-            Some(node) => release_roles.into_iter().map(|r| (r, node.clone())).collect(),
-            None => {
-                waiting.extend(release_roles.into_iter().map(|role| Waiting {
-                    role,
-                    index: 0,
-                    reason: "no-eligible-node".into(),
-                }));
-                Vec::new()
+        // Cron roles' runs go to the same node.
+        let mut once = |kind: &str| -> Vec<(Name, Name)> {
+            let roles = spec
+                .roles
+                .iter()
+                .filter(|(_, r)| r.kind == kind)
+                .map(|(n, _)| n.clone());
+            match &release_node {
+                Some(node) => roles.map(|r| (r, node.clone())).collect(),
+                None => {
+                    waiting.extend(roles.map(|role| Waiting {
+                        role,
+                        index: 0,
+                        reason: "no-eligible-node".into(),
+                    }));
+                    Vec::new()
+                }
             }
         };
+        spec.release = once("release");
+        spec.cron = once("cron");
         let mut ingress: Vec<Name> = placed
             .iter()
             .filter(|i| spec.roles.get(&i.role).is_some_and(|r| r.is_web()))
@@ -336,7 +340,7 @@ impl Fleet {
         ingress.sort();
         ingress.dedup();
         let mut nodes: Vec<Name> = placed.iter().map(|i| i.node.clone()).collect();
-        nodes.extend(spec.release.iter().map(|(_, n)| n.clone()));
+        nodes.extend(spec.release.iter().chain(&spec.cron).map(|(_, n)| n.clone()));
         nodes.sort();
         nodes.dedup();
         spec.instances = placed;
@@ -394,6 +398,7 @@ mod tests {
             project: name("p"),
             instances: Vec::new(),
             release: Vec::new(),
+            cron: Vec::new(),
             hostnames: Vec::new(),
             nodes: Vec::new(),
             ingress_nodes: Vec::new(),

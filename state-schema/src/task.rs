@@ -28,6 +28,14 @@ pub enum Task {
         role: Name,
         generation: u64,
     },
+    /// A cron role's run for one scheduled time (Unix seconds, a whole minute), queued by the
+    /// reconciler when that time comes; the key names the time, so a time runs at most once.
+    RunCron {
+        environment: Name,
+        role: Name,
+        generation: u64,
+        scheduled: i64,
+    },
     /// Stop a replica of an older generation (after the new one is healthy).
     StopApplication {
         environment: Name,
@@ -92,6 +100,12 @@ impl Task {
                 role,
                 generation,
             } => format!("once:{environment}/{role}:g{generation}:run"),
+            Task::RunCron {
+                environment,
+                role,
+                scheduled,
+                ..
+            } => format!("{}t{scheduled}:run", cron_key_prefix(environment, role)),
             Task::StopApplication {
                 environment,
                 role,
@@ -126,6 +140,7 @@ impl Task {
             | Task::RemoveNetwork { generation, .. }
             | Task::EnsureApplication { generation, .. }
             | Task::RunOnce { generation, .. }
+            | Task::RunCron { generation, .. }
             | Task::StopApplication { generation, .. }
             | Task::TeardownApplication { generation, .. }
             | Task::PublishIngress { generation, .. }
@@ -142,12 +157,19 @@ impl Task {
             | Task::RemoveNetwork { environment, .. }
             | Task::EnsureApplication { environment, .. }
             | Task::RunOnce { environment, .. }
+            | Task::RunCron { environment, .. }
             | Task::StopApplication { environment, .. }
             | Task::TeardownApplication { environment, .. }
             | Task::PublishIngress { environment, .. }
             | Task::RemoveIngress { environment, .. } => environment,
         }
     }
+}
+
+/// What every cron run's key of a role starts with (whatever the generation: a rollout at the
+/// scheduled minute does not run the time twice).
+pub fn cron_key_prefix(environment: &Name, role: &Name) -> String {
+    format!("cron:{environment}/{role}:")
 }
 
 #[cfg(test)]

@@ -338,20 +338,6 @@ impl CronSchedule {
     }
 
     pub fn parse(s: &str) -> Result<Self, Invalid> {
-        const FIELDS: [(&str, u32, u32, &[&str]); 5] = [
-            ("minute", 0, 59, &[]),
-            ("hour", 0, 23, &[]),
-            ("day of month", 1, 31, &[]),
-            (
-                "month",
-                1,
-                12,
-                &[
-                    "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
-                ],
-            ),
-            ("day of week", 0, 7, &["sun", "mon", "tue", "wed", "thu", "fri", "sat"]),
-        ];
         let parts: Vec<&str> = s.split_whitespace().collect();
         if parts.len() != 5 {
             let hint = if s.trim_start().starts_with('@') {
@@ -361,18 +347,47 @@ impl CronSchedule {
             };
             return Err(Invalid::new(format!("cron schedule `{s}` has {} fields, not 5", parts.len())).hint(hint));
         }
-        for (part, (what, lo, hi, names)) in parts.iter().zip(FIELDS) {
-            for item in part.split(',') {
-                if let Err(m) = check_cron_item(item, lo, hi, names) {
-                    return Err(Invalid::new(format!("cron {what} field `{part}`: {m}")));
-                }
+        for (part, field) in parts.iter().zip(CRON_FIELDS) {
+            if let Err(m) = cron_field_mask(part, field) {
+                return Err(Invalid::new(format!("cron {} field `{part}`: {m}", field.0)));
             }
         }
         Ok(CronSchedule(parts.join(" ")))
     }
 }
 
-fn check_cron_item(item: &str, lo: u32, hi: u32, names: &[&str]) -> Result<(), String> {
+/// A cron field: its name, its lowest and highest value, and the names that stand for values
+/// from the lowest on.
+pub(crate) type CronField = (&'static str, u32, u32, &'static [&'static str]);
+
+/// The five fields in order.
+pub(crate) const CRON_FIELDS: [CronField; 5] = [
+    ("minute", 0, 59, &[]),
+    ("hour", 0, 23, &[]),
+    ("day of month", 1, 31, &[]),
+    (
+        "month",
+        1,
+        12,
+        &[
+            "jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec",
+        ],
+    ),
+    ("day of week", 0, 7, &["sun", "mon", "tue", "wed", "thu", "fri", "sat"]),
+];
+
+/// The values a field (`1,5-9,*/15`) selects, as bits; what validation and evaluation share.
+pub(crate) fn cron_field_mask(part: &str, (_, lo, hi, names): CronField) -> Result<u64, String> {
+    let mut mask = 0u64;
+    for item in part.split(',') {
+        mask |= cron_item_mask(item, lo, hi, names)?;
+    }
+    Ok(mask)
+}
+
+/// One item of a field: `*`, `n`, `a-b`, each with an optional `/step` (`n/step` runs from n
+/// to the highest value, as in Vixie cron).
+fn cron_item_mask(item: &str, lo: u32, hi: u32, names: &[&str]) -> Result<u64, String> {
     let (range, step) = match item.split_once('/') {
         Some((r, st)) => (r, Some(st)),
         None => (item, None),
@@ -392,21 +407,25 @@ fn check_cron_item(item: &str, lo: u32, hi: u32, names: &[&str]) -> Result<(), S
             _ => Err(format!("`{v}` is not {lo}-{hi}")),
         }
     };
-    if range == "*" {
-        return Ok(());
-    }
-    match range.split_once('-') {
-        Some((a, b)) => {
-            let (a, b) = (value(a)?, value(b)?);
-            if a > b {
-                return Err(format!("range `{range}` runs backwards"));
+    let (from, to) = if range == "*" {
+        (lo, hi)
+    } else {
+        match range.split_once('-') {
+            Some((a, b)) => {
+                let (a, b) = (value(a)?, value(b)?);
+                if a > b {
+                    return Err(format!("range `{range}` runs backwards"));
+                }
+                (a, b)
+            }
+            None => {
+                let a = value(range)?;
+                (a, if step.is_some() { hi } else { a })
             }
         }
-        None => {
-            value(range)?;
-        }
-    }
-    Ok(())
+    };
+    let every = step.and_then(|s| s.parse::<u32>().ok()).unwrap_or(1);
+    Ok((from..=to).step_by(every as usize).fold(0, |m, v| m | (1u64 << v)))
 }
 
 #[cfg(test)]

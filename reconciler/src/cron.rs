@@ -1,0 +1,169 @@
+//! Cron roles: the ledger's side of `state_schema::cron`. Each pass, every live deployment's
+//! cron roles are checked against the clock: when a scheduled time has come, one run is queued
+//! on the role's node (`run-cron`, keyed by the time, so a time runs at most once); times
+//! missed while the control plane was down collapse to one run; a time that comes while the
+//! role's previous run is still queued or running is skipped, with an event (`cron-skipped`).
+//!
+//! Level-triggered: the only memory is the newest time handled per role
+//! (`cron_schedules`), written in the same transaction as the job or the event.
+
+use crate::ledger::{JobRow, Ledger, LedgerError};
+use sqlx::Row;
+use state_schema::desired::DeploymentSpec;
+use state_schema::task::{Task, cron_key_prefix};
+use state_schema::values::CronSchedule;
+
+/// Attempts of a cron run: a retryable failure (Docker away) retries within its time; a
+/// permanent one (the command failed) waits for the next time.
+pub const CRON_ATTEMPTS: u32 = 3;
+
+/// What one tick did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct CronTick {
+    /// Runs queued: `(job key, scheduled time)`.
+    pub queued: Vec<(String, i64)>,
+    /// Times skipped because a run was still going: `(environment/role, scheduled time)`.
+    pub skipped: Vec<(String, i64)>,
+}
+
+impl Ledger {
+    /// Queues the cron runs that are due at `now_ms`.
+    pub async fn cron_tick(&self, now_ms: i64) -> Result<CronTick, LedgerError> {
+        let now = now_ms.div_euclid(1000);
+        // Only deployments whose spec places a cron role (the `cron` field is written only
+        // when it has one), live and done rolling out.
+        let rows = sqlx::query(self.sql(
+            "SELECT environment, generation, spec FROM deployments WHERE action = 'rollout' AND status = 'done' AND spec LIKE '%\"cron\":[[%' ORDER BY environment",
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        let mut tick = CronTick::default();
+        for r in rows {
+            let generation: i64 = r.try_get(1)?;
+            let spec: DeploymentSpec = serde_json::from_str(&r.try_get::<String, _>(2)?)?;
+            for (role, node) in &spec.cron {
+                let Some(schedule) = spec
+                    .roles
+                    .get(role)
+                    .and_then(|r| r.schedule.as_deref())
+                    .and_then(|s| CronSchedule::parse(s).ok())
+                else {
+                    continue;
+                };
+                self.cron_role(
+                    &spec,
+                    role,
+                    node,
+                    u64::try_from(generation).unwrap_or(0),
+                    &schedule,
+                    now,
+                    &mut tick,
+                )
+                .await?;
+            }
+        }
+        Ok(tick)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn cron_role(
+        &self,
+        spec: &DeploymentSpec,
+        role: &state_schema::values::Name,
+        node: &state_schema::values::Name,
+        generation: u64,
+        schedule: &CronSchedule,
+        now: i64,
+        tick: &mut CronTick,
+    ) -> Result<(), LedgerError> {
+        let env = spec.environment.as_str();
+        let last: Option<i64> =
+            sqlx::query(self.sql("SELECT last_scheduled FROM cron_schedules WHERE environment = ? AND role = ?"))
+                .bind(env.to_owned())
+                .bind(role.as_str().to_owned())
+                .fetch_optional(&self.pool)
+                .await?
+                .map(|r| r.try_get(0))
+                .transpose()?;
+        let Some(last) = last else {
+            // First sight: the schedule counts from now, not from the epoch.
+            let mut tx = self.write_tx().await?;
+            sqlx::query(self.sql(
+                "INSERT INTO cron_schedules (environment, role, last_scheduled) VALUES (?, ?, ?) ON CONFLICT (environment, role) DO NOTHING",
+            ))
+            .bind(env.to_owned())
+            .bind(role.as_str().to_owned())
+            .bind(now - now.rem_euclid(60))
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            return Ok(());
+        };
+        let Some(due) = schedule.latest_in(last, now) else {
+            return Ok(());
+        };
+        let prefix = cron_key_prefix(&spec.environment, role);
+        let mut tx = self.write_tx().await?;
+        // Taken again inside the write transaction: another daemon may have handled it.
+        let handled: i64 =
+            sqlx::query(self.sql("SELECT last_scheduled FROM cron_schedules WHERE environment = ? AND role = ?"))
+                .bind(env.to_owned())
+                .bind(role.as_str().to_owned())
+                .fetch_one(&mut *tx)
+                .await?
+                .try_get(0)?;
+        if handled >= due {
+            return Ok(());
+        }
+        let going: Option<String> = sqlx::query(self.sql(
+            "SELECT key FROM jobs WHERE environment = ? AND key LIKE ? AND state IN ('queued', 'leased') ORDER BY id LIMIT 1",
+        ))
+        .bind(env.to_owned())
+        .bind(format!("{prefix}%"))
+        .fetch_optional(&mut *tx)
+        .await?
+        .map(|r| r.try_get(0))
+        .transpose()?;
+        let subject = format!("{env}/{role}");
+        let at = state_schema::cron::utc_minute(due);
+        match going {
+            Some(key) => {
+                let detail = format!("{at} skipped: the run {key} still goes");
+                self.events_in(
+                    &mut tx,
+                    now * 1000,
+                    &[("cron-skipped".to_owned(), subject.clone(), detail)],
+                )
+                .await?;
+                tick.skipped.push((subject, due));
+            }
+            None => {
+                let task = Task::RunCron {
+                    environment: spec.environment.clone(),
+                    role: role.clone(),
+                    generation,
+                    scheduled: due,
+                };
+                let row = JobRow::new(&task, node.as_str(), CRON_ATTEMPTS, now * 1000, None);
+                let key = row.key.clone();
+                let added = self.enqueue_in(&mut tx, std::slice::from_ref(&row), now * 1000).await?;
+                if !added.is_empty() {
+                    let events = [
+                        ("job-queued".to_owned(), key.clone(), String::new()),
+                        ("cron-queued".to_owned(), subject, format!("{at} on {node}")),
+                    ];
+                    self.events_in(&mut tx, now * 1000, &events).await?;
+                    tick.queued.push((key, due));
+                }
+            }
+        }
+        sqlx::query(self.sql("UPDATE cron_schedules SET last_scheduled = ? WHERE environment = ? AND role = ?"))
+            .bind(due)
+            .bind(env.to_owned())
+            .bind(role.as_str().to_owned())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
