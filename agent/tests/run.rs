@@ -7,7 +7,9 @@
 //! namespace this test made: the machine's own tables are never touched). The routes
 //! executor is turned off here (it would write the machine's own rules; `tests/routes.rs`
 //! proves it in a namespace), so that task fails for good with `executor-missing`, and the
-//! rollout stops there instead of pretending. With 20 replicas of ours on the node, the idle
+//! rollout stops there instead of pretending. The agent is SIGKILLed in the middle of its
+//! firewall task (after `nft`'s batch, before the report); restarted, it replays the task and
+//! the table converges, one of it. With 20 replicas of ours on the node, the idle
 //! agent's resident memory stays under 30 MB.
 
 #[path = "../../reconciler/tests/support/daemon.rs"]
@@ -81,7 +83,18 @@ fn the_agent_heartbeats_leases_and_executes_its_jobs() {
             .success()
     );
     let nft = dir.path().join("nft");
-    std::fs::write(&nft, format!("#!/bin/sh\nexec ip netns exec {netns} nft \"$@\"\n")).expect("wrapper");
+    // The first apply (`-f`) runs its batch, then says so and hangs: the agent is killed there,
+    // between the table written and the task reported.
+    let crash = dir.path().join("crash");
+    std::fs::write(
+        &nft,
+        format!(
+            "#!/bin/sh\nip netns exec {netns} nft \"$@\"\nrc=$?\ncase \" $* \" in *\" -f \"*) if mkdir {0}/once 2>/dev/null; then touch {0}/applied; sleep 60; fi;; esac\nexit $rc\n",
+            crash.display()
+        ),
+    )
+    .expect("wrapper");
+    std::fs::create_dir_all(&crash).expect("crash dir");
     assert!(
         Command::new("chmod")
             .arg("0755")
@@ -111,13 +124,49 @@ fn the_agent_heartbeats_leases_and_executes_its_jobs() {
     )
     .expect("agent config");
     let log = std::fs::File::create(dir.path().join("agent.log")).expect("log");
-    let mut agent = Command::new(env!("CARGO_BIN_EXE_pl-agent"))
-        .args(["run", "--config"])
-        .arg(&agent_cfg)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("pl-agent run");
+    let start_agent = |log: std::fs::File| {
+        use std::os::unix::process::CommandExt;
+        Command::new(env!("CARGO_BIN_EXE_pl-agent"))
+            .args(["run", "--config"])
+            .arg(&agent_cfg)
+            .stdout(Stdio::null())
+            .stderr(log)
+            // A process group of its own: SIGKILL takes the agent and its `nft` at once, as
+            // systemd's KillMode=control-group does.
+            .process_group(0)
+            .spawn()
+            .expect("pl-agent run")
+    };
+    let first = start_agent(log);
+
+    // Crash: SIGKILL the agent in the middle of the firewall task (the table written, the task
+    // not reported); the lease runs out (made to, here) and the restarted agent replays it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !crash.join("applied").exists() {
+        assert!(Instant::now() < deadline, "the firewall task never ran");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        Command::new("kill")
+            .args(["-9", "--", &format!("-{}", first.id())])
+            .status()
+            .expect("kill")
+            .success()
+    );
+    let mut first = first;
+    let _ = first.wait();
+    assert_eq!(
+        sql(&url, "SELECT state || ' ' || attempts FROM jobs WHERE key LIKE 'fw:%'"),
+        ["leased 1"],
+        "the task was under way when the agent died"
+    );
+    // The dead agent's leases (this task's, and the step's others it had taken) run out.
+    sql(&url, "UPDATE jobs SET lease_expires_at = 0 WHERE state = 'leased'");
+    let log = std::fs::OpenOptions::new()
+        .append(true)
+        .open(dir.path().join("agent.log"))
+        .expect("log");
+    let mut agent = start_agent(log);
 
     // The network appears, with the subnet the ledger chose for this environment on n1.
     let network = format!("pl_{env}");
@@ -166,6 +215,17 @@ fn the_agent_heartbeats_leases_and_executes_its_jobs() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    assert_eq!(
+        sql(&url, "SELECT CAST(attempts AS TEXT) FROM jobs WHERE key LIKE 'fw:%'"),
+        ["2"],
+        "replayed once after the crash"
+    );
+    let tables = Command::new(&nft).args(["list", "tables"]).output().expect("nft");
+    assert_eq!(
+        String::from_utf8_lossy(&tables.stdout).trim(),
+        format!("table inet pl_{env}"),
+        "one table, converged"
+    );
     let detail = sql(
         &url,
         "SELECT r.detail FROM job_results r JOIN jobs j ON j.id = r.job_id WHERE j.key LIKE 'routes:%'",
