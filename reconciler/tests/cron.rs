@@ -27,12 +27,10 @@ fn config(dir: &Path, repo: &Path, ledger_url: &str) -> reconciler::config::Conf
     reconciler::config::Config::load(&path).expect("config loads")
 }
 
-/// Leases every due job of both nodes and completes them as succeeded; returns their keys.
-async fn complete_all(ledger: &Ledger, now: i64) -> Vec<String> {
-    let mut keys = Vec::new();
+/// Leases every due job of both nodes and completes them as succeeded.
+async fn complete_all(ledger: &Ledger, now: i64) {
     for node in ["n1", "n2"] {
         let leases = ledger.lease(node, 100, 30_000, now).await.expect("lease");
-        keys.extend(leases.iter().map(|l| format!("{}@{node}", l.task.idempotency_key())));
         let done: Vec<Completion> = leases
             .iter()
             .map(|l| Completion {
@@ -49,7 +47,6 @@ async fn complete_all(ledger: &Ledger, now: i64) -> Vec<String> {
                 .all(|r| r.is_ok())
         );
     }
-    keys
 }
 
 async fn scenario(url: String, dir: &Path) {
@@ -132,9 +129,35 @@ async fn scenario(url: String, dir: &Path) {
     );
     assert_eq!(rows(&url, "SELECT 1 FROM jobs WHERE key LIKE 'cron:%'").await.len(), 1);
 
-    // The run ends (the agent leases and completes it); the time after runs again.
-    let done = complete_all(ledger, next).await;
-    assert_eq!(done, vec![format!("cron:api-production/sweep:t{newest}:run@n1")]);
+    // The agent leases it with what it runs: the role's hardened container, as a run once.
+    let leases = ledger.lease("n1", 10, 30_000, next).await.expect("lease");
+    assert_eq!(leases.len(), 1);
+    let execution = ledger.executions("n1", &leases, &[], next).await.expect("executions");
+    let Ok(agent_proto::Execution::Application(app)) = &execution[0] else {
+        panic!("a cron run is delivered as an application: {execution:?}");
+    };
+    assert_eq!(
+        (app.role.as_str(), app.command.as_slice()),
+        ("sweep", ["/app/sweep".to_owned()].as_slice())
+    );
+    assert_eq!(app.instance, None, "a run, not a replica");
+    assert!(app.image.ends_with(DIGEST));
+    // The run ends; the time after runs again.
+    let done: Vec<Completion> = leases
+        .iter()
+        .map(|l| Completion {
+            token: l.token.clone(),
+            outcome: Outcome::Succeeded,
+        })
+        .collect();
+    assert!(
+        ledger
+            .complete(&done, next)
+            .await
+            .expect("complete")
+            .iter()
+            .all(|r| r.is_ok())
+    );
     let tick = ledger.cron_tick((newest + 600) * 1000 + 1_000).await.expect("tick");
     assert_eq!(tick.queued.len(), 1);
     assert!(tick.queued[0].0.contains(&format!(":t{}:", newest + 600)));
