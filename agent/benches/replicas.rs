@@ -11,6 +11,8 @@
 
 #[path = "../tests/support/docker.rs"]
 mod docker_support;
+#[path = "../tests/support/mod.rs"]
+mod support;
 
 use agent_proto::{ApplicationSpec, HealthSpec, NetworkSpec};
 use docker_support::{Registry, clean, docker, require_dockerd};
@@ -217,22 +219,12 @@ fn switch(
         .map(|_| {
             let (stop, served, failed) = (Arc::clone(&stop), Arc::clone(&served), Arc::clone(&failed));
             std::thread::spawn(move || {
-                let agent: ureq::Agent = ureq::Agent::config_builder()
-                    .http_status_as_error(false)
-                    .max_idle_connections(0)
-                    .timeout_global(Some(Duration::from_secs(2)))
-                    .build()
-                    .into();
                 let until = Instant::now() + Duration::from_secs(60);
                 for _ in 0..20_000 {
                     if stop.load(Ordering::Relaxed) || Instant::now() > until {
                         break;
                     }
-                    let ok = agent
-                        .get(&format!("http://127.0.0.1:{http}/"))
-                        .header("Host", "bench.localhost")
-                        .call()
-                        .is_ok_and(|r| r.status().as_u16() == 200);
+                    let ok = support::get_host(http, "bench.localhost").is_ok_and(|r| r.0 == 200);
                     if ok { &served } else { &failed }.fetch_add(1, Ordering::Relaxed);
                 }
             })

@@ -11,6 +11,8 @@
 //! - a stale publish is refused, a remove of an older generation keeps the route, replicas
 //!   scale within the slots, and a teardown removes the route.
 
+mod support;
+
 use pushleft_agent::ingress::Ingress;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -45,25 +47,9 @@ fn wait_port(port: u16) {
     }
 }
 
-/// One request through Caddy for `host`, on a connection of its own (as `curl` in a loop):
-/// (status, body), or why not.
+/// One request through Caddy for `host`, on a connection of its own.
 fn get(port: u16, host: &str) -> Result<(u16, String), String> {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .max_idle_connections(0)
-        .timeout_global(Some(Duration::from_secs(2)))
-        .build()
-        .into();
-    let mut r = agent
-        .get(&format!("http://127.0.0.1:{port}/"))
-        .header("Host", host)
-        .call()
-        .map_err(|e| e.to_string())?;
-    let status = r.status().as_u16();
-    Ok((
-        status,
-        r.body_mut().read_to_string().unwrap_or_default().trim().to_owned(),
-    ))
+    support::get_host(port, host)
 }
 
 /// A streaming upstream on loopback: each connection gets `101 Switching Protocols` and then

@@ -123,21 +123,9 @@ fn the_agent_heartbeats_leases_and_executes_its_jobs() {
         ),
     )
     .expect("agent config");
-    let log = std::fs::File::create(dir.path().join("agent.log")).expect("log");
-    let start_agent = |log: std::fs::File| {
-        use std::os::unix::process::CommandExt;
-        Command::new(env!("CARGO_BIN_EXE_pl-agent"))
-            .args(["run", "--config"])
-            .arg(&agent_cfg)
-            .stdout(Stdio::null())
-            .stderr(log)
-            // A process group of its own: SIGKILL takes the agent and its `nft` at once, as
-            // systemd's KillMode=control-group does.
-            .process_group(0)
-            .spawn()
-            .expect("pl-agent run")
-    };
-    let first = start_agent(log);
+    let log = dir.path().join("agent.log");
+    let start_agent = || support::spawn_agent(env!("CARGO_BIN_EXE_pl-agent"), &agent_cfg, &log);
+    let first = start_agent();
 
     // Crash: SIGKILL the agent in the middle of the firewall task (the table written, the task
     // not reported); the lease runs out (made to, here) and the restarted agent replays it.
@@ -162,11 +150,7 @@ fn the_agent_heartbeats_leases_and_executes_its_jobs() {
     );
     // The dead agent's leases (this task's, and the step's others it had taken) run out.
     sql(&url, "UPDATE jobs SET lease_expires_at = 0 WHERE state = 'leased'");
-    let log = std::fs::OpenOptions::new()
-        .append(true)
-        .open(dir.path().join("agent.log"))
-        .expect("log");
-    let mut agent = start_agent(log);
+    let mut agent = start_agent();
 
     // The network appears, with the subnet the ledger chose for this environment on n1.
     let network = format!("pl_{env}");

@@ -87,3 +87,45 @@ pub fn ca_pin(pem: &str) -> String {
         .collect();
     format!("SHA256:{hex}")
 }
+
+/// One request for `host` to a server on loopback `port`, on a connection of its own (as
+/// `curl` in a loop): (status, trimmed body), or why not. Bounded at 2 s.
+pub fn get_host(port: u16, host: &str) -> Result<(u16, String), String> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .max_idle_connections(0)
+        .timeout_global(Some(std::time::Duration::from_secs(2)))
+        .build()
+        .into();
+    let mut r = agent
+        .get(&format!("http://127.0.0.1:{port}/"))
+        .header("Host", host)
+        .call()
+        .map_err(|e| e.to_string())?;
+    let status = r.status().as_u16();
+    Ok((
+        status,
+        r.body_mut().read_to_string().unwrap_or_default().trim().to_owned(),
+    ))
+}
+
+/// `pl-agent run --config CONFIG` (the binary `bin`), its log appended to `log`, in a process
+/// group of its own: SIGKILL to the group takes the agent and its `nft` at once, as systemd's
+/// `KillMode=control-group` does.
+pub fn spawn_agent(bin: &str, config: &std::path::Path, log: &std::path::Path) -> std::process::Child {
+    use std::os::unix::process::CommandExt;
+    let err = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("log");
+    std::process::Command::new(bin)
+        .args(["run", "--config"])
+        .arg(config)
+        .env("PL_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(err)
+        .process_group(0)
+        .spawn()
+        .expect("pl-agent run")
+}

@@ -1,0 +1,251 @@
+//! The whole loop on a simulated host (`support/host.rs`: a network namespace with a dockerd
+//! of its own, a registry and Caddy inside it): `pl-reconciler run` and `pl-agent run` with
+//! every executor on roll a signed commit's web project out (network, firewall table, routes,
+//! the replica pulled by digest and healthy, the Caddy route), and the hostname answers through
+//! Caddy. Then a second release, with the agent SIGKILLed (its whole process group) right after
+//! it started the new container: restarted, the agent adopts that very container (same id and
+//! start time), the new release answers, and the old generation is stopped. The machine's own
+//! nftables ruleset, rules and routes are the same before and after.
+
+#[path = "../../reconciler/tests/support/daemon.rs"]
+mod daemon_support;
+#[path = "support/host.rs"]
+mod host_support;
+#[path = "../../reconciler/tests/support/repo.rs"]
+mod repo_support;
+mod support;
+
+use daemon_support::{CONTROL_CA, Daemon, config, free_port, setup};
+use host_support::Host;
+use repo_support::{Repo, environment};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use support::sql;
+
+const ENV: &str = "api-production";
+const HOSTNAME: &str = "api.example.com";
+
+fn machine_state() -> String {
+    let mut out = String::new();
+    for args in [
+        vec!["nft", "list", "ruleset"],
+        vec!["ip", "rule"],
+        vec!["ip", "route", "show", "table", "all"],
+    ] {
+        let o = Command::new(args[0]).args(&args[1..]).output().expect("state");
+        out.push_str(&String::from_utf8_lossy(&o.stdout));
+    }
+    out
+}
+
+fn project(image: &str) -> String {
+    // The server starts after a second, so a kill lands while the agent waits for health.
+    format!(
+        "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: {image}\n  roles:\n    web:\n      kind: web\n      port: 8080\n      health: {{path: /healthz}}\n      replicas: 1\n      command: [/bin/busybox, sh, -c, 'sleep 1; exec /bin/busybox httpd -f -p 8080 -h /www']\n"
+    )
+}
+
+fn inner_docker(socket: &Path, args: &[&str]) -> String {
+    let o = Command::new("docker")
+        .arg("-H")
+        .arg(format!("unix://{}", socket.display()))
+        .args(args)
+        .output()
+        .expect("docker");
+    String::from_utf8_lossy(&o.stdout).trim().to_owned()
+}
+
+/// One request through Caddy on the host's loopback: (status, body).
+fn get(port: u16) -> Option<(u16, String)> {
+    support::get_host(port, HOSTNAME).ok()
+}
+
+/// Waits until the environment's deployment is done at a generation above `after`, its
+/// hostname published; its generation. Fails with the jobs and their results when a job fails.
+fn wait_done(url: &str, after: i64, log: &Path) -> i64 {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let row = sql(url, "SELECT status || ' ' || CAST(generation AS TEXT) FROM deployments");
+        if let Some((status, generation)) = row.first().and_then(|r| r.split_once(' ')) {
+            let generation: i64 = generation.parse().expect("generation");
+            // Done with its replica placed: the node may join after the first commit, whose
+            // generation then places nothing and a later one places the replica.
+            let published = sql(
+                url,
+                &format!("SELECT state FROM jobs WHERE key LIKE 'ingress:{ENV}/{HOSTNAME}:g{generation}:publish%'"),
+            );
+            if status == "done" && generation > after && published == ["succeeded"] {
+                return generation;
+            }
+            assert!(
+                status != "failed",
+                "the rollout failed: {:?}",
+                sql(
+                    url,
+                    "SELECT j.key || ' ' || r.detail FROM job_results r JOIN jobs j ON j.id = r.job_id"
+                )
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not done: {:?}\n{:?}\nagent log: {}",
+            sql(url, "SELECT key || ' ' || state FROM jobs ORDER BY id"),
+            sql(
+                url,
+                "SELECT j.key || ' ' || r.detail FROM job_results r JOIN jobs j ON j.id = r.job_id"
+            ),
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+struct Procs(Vec<Child>);
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = Command::new("kill")
+                .args(["-9", "--", &format!("-{}", c.id())])
+                .status();
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+#[test]
+fn the_whole_loop_rolls_out_serves_and_survives_a_killed_agent() {
+    let before = machine_state();
+    let base = PathBuf::from(format!("/tmp/plhost-{}", std::process::id()));
+    let host = Host::start("plhost-loop", &base);
+    let (registry, port) = host.registry();
+    let _registry = Procs(vec![registry]);
+    let one = host.image(
+        port,
+        "one",
+        &[("/www/index.html", "release one\n"), ("/www/healthz", "ok\n")],
+    );
+    let two = host.image(
+        port,
+        "two",
+        &[("/www/index.html", "release two\n"), ("/www/healthz", "ok\n")],
+    );
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = Repo::new(dir.path());
+    std::fs::write(dir.path().join("allowed_signers"), &repo.signers).expect("signers");
+    repo.write("projects/api.yaml", &project(&one));
+    repo.write("envs/api-production.yaml", &environment(ENV, "api"));
+    repo.commit("release one", true);
+    let s = setup(dir.path());
+    let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    let (api, agent_api, admin, http) = (free_port(), free_port(), free_port(), free_port());
+    let cfg = config(
+        &s,
+        "d",
+        &repo.dir,
+        &url,
+        api,
+        &format!("{CONTROL_CA}\n[agent_api]\nlisten = \"127.0.0.1:{agent_api}\"\n"),
+    );
+    let socket = host.socket.clone();
+    let root = dir.path().to_owned();
+    let operator = s.operator.clone();
+
+    // Everything below runs inside the host's namespace.
+    host.run(move || {
+        let mut d = Daemon::start(&s, &cfg, api);
+        d.wait_ready(Duration::from_secs(20));
+        let caddy_config = root.join("caddy.json");
+        std::fs::write(&caddy_config, format!("{{\"admin\": {{\"listen\": \"127.0.0.1:{admin}\"}}}}")).expect("caddy");
+        let caddy = Command::new("caddy")
+            .args(["run", "--config"])
+            .arg(&caddy_config)
+            .env("HOME", &root)
+            .env("XDG_DATA_HOME", root.join("caddy-data"))
+            .env("XDG_CONFIG_HOME", root.join("caddy-config"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("caddy (scripts/test installs it)");
+        let mut procs = Procs(vec![caddy]);
+        let ca = std::fs::read_to_string(root.join("tls/ca.crt")).expect("ca");
+        let token = d.enrolment_token("n1", &operator);
+        pushleft_agent::enroll::enroll(
+            &format!("https://localhost:{api}"),
+            &support::ca_pin(&ca),
+            "n1",
+            &root.join("n1"),
+            &token,
+        )
+        .expect("enrol");
+        let agent_cfg = root.join("agent.toml");
+        std::fs::write(
+            &agent_cfg,
+            format!(
+                "control = \"https://localhost:{agent_api}\"\ndir = \"n1\"\ndocker_socket = {:?}\nsecrets_dir = \"secrets\"\nstate_dir = \"state\"\nheartbeat_seconds = 1\ndrift_seconds = 1\ncaddy_admin = \"http://127.0.0.1:{admin}\"\ningress_listen = [\"127.0.0.1:{http}\"]\ningress_upstreams = \"ingress\"\n",
+                socket.display().to_string()
+            ),
+        )
+        .expect("agent config");
+        let log = root.join("agent.log");
+        let start_agent = || support::spawn_agent(env!("CARGO_BIN_EXE_pl-agent"), &agent_cfg, &log);
+        let agent = start_agent();
+        let agent_pid = agent.id();
+        procs.0.push(agent);
+
+        // Release one: every step, every executor, and the hostname answers through Caddy.
+        let g1 = wait_done(&url, 0, &log);
+        assert_eq!(get(http), Some((200, "release one".into())));
+        let container = |g: i64| format!("pl-{ENV}-web-0-g{g}");
+        let table = Command::new("nft").args(["list", "table", "inet", &format!("pl_{ENV}")]).output().expect("nft");
+        assert!(table.status.success(), "the environment's table is in the host's namespace");
+        let rules = String::from_utf8_lossy(&Command::new("ip").arg("rule").output().expect("ip").stdout).into_owned();
+        assert!(rules.contains("from 10.208."), "the environment's rule: {rules}");
+
+        // Release two; the agent dies right after it started the new container.
+        repo.write("projects/api.yaml", &project(&two));
+        repo.commit("release two", true);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let started = loop {
+            let state = inner_docker(
+                &socket,
+                &["ps", "--filter", &format!("label=dev.pushleft.generation={}", g1 + 1), "--format", "{{.Names}}"],
+            );
+            if !state.is_empty() {
+                break inner_docker(&socket, &["inspect", "--format", "{{.Id}} {{.State.StartedAt}}", &state]);
+            }
+            assert!(Instant::now() < deadline, "the new container never started");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let _ = Command::new("kill").args(["-9", "--", &format!("-{agent_pid}")]).status();
+        // The old release keeps serving while the agent is down.
+        assert_eq!(get(http), Some((200, "release one".into())));
+        sql(&url, "UPDATE jobs SET lease_expires_at = 0 WHERE state = 'leased'");
+        procs.0.push(start_agent());
+        let g2 = wait_done(&url, g1, &log);
+        assert_eq!(g2, g1 + 1);
+        let after = inner_docker(&socket, &["inspect", "--format", "{{.Id}} {{.State.StartedAt}}", &container(g2)]);
+        assert_eq!(after, started, "the restarted agent adopted the very container");
+        assert_eq!(
+            sql(&url, &format!("SELECT CAST(attempts AS TEXT) FROM jobs WHERE key LIKE 'app:{ENV}/web/0:g{g2}:ensure%'")),
+            ["2"],
+            "the ensure task ran twice: killed, then replayed"
+        );
+        assert_eq!(get(http), Some((200, "release two".into())));
+        assert_eq!(
+            inner_docker(&socket, &["inspect", "--format", "{{.State.Running}}", &container(g1)]),
+            "false",
+            "the old generation is stopped"
+        );
+        d.kill9();
+        drop(procs);
+    });
+    drop(host);
+    assert_eq!(
+        machine_state(),
+        before,
+        "the machine's own ruleset, rules and routes are unchanged"
+    );
+}
