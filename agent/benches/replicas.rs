@@ -212,7 +212,9 @@ fn switch(
         engine.ensure_network(net).await.expect("network");
         engine.ensure_application(&g1).await.expect("g1")
     });
-    ingress.publish("bench.localhost", 1, &[dial(&g1)]).expect("publish g1");
+    ingress
+        .publish("web", "bench.localhost", 1, &[dial(&g1)])
+        .expect("publish g1");
     let stop = Arc::new(AtomicBool::new(false));
     let (served, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let loops: Vec<_> = (0..4)
@@ -233,7 +235,9 @@ fn switch(
     std::thread::sleep(Duration::from_millis(300));
     let started = Instant::now();
     rt.block_on(engine.ensure_application(&g2)).expect("g2 healthy");
-    ingress.publish("bench.localhost", 2, &[dial(&g2)]).expect("publish g2");
+    ingress
+        .publish("web", "bench.localhost", 2, &[dial(&g2)])
+        .expect("publish g2");
     rt.block_on(engine.stop_older(ENV, "web", 0, 2)).expect("g1 stopped");
     let took = started.elapsed();
     std::thread::sleep(Duration::from_millis(300));

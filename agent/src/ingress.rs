@@ -147,12 +147,64 @@ impl Ingress {
         self.folder(hostname).join("generation")
     }
 
-    /// The newest generation published or removed for `hostname` here (0: none).
-    fn fenced(&self, hostname: &str) -> u64 {
-        std::fs::read_to_string(self.fence(hostname))
-            .ok()
-            .and_then(|t| t.trim().parse().ok())
+    /// The newest generation published or removed for `hostname` here (0: none), and the
+    /// environment that did (`<generation> <environment>`).
+    fn fenced(&self, hostname: &str) -> (u64, String) {
+        let text = std::fs::read_to_string(self.fence(hostname)).unwrap_or_default();
+        let mut words = text.split_whitespace();
+        let generation = words.next().and_then(|g| g.parse().ok()).unwrap_or(0);
+        (generation, words.next().unwrap_or_default().to_owned())
+    }
+
+    /// The slot files of `hostname` (`0`, `1`, …): how many there are.
+    fn slot_count(&self, hostname: &str) -> usize {
+        std::fs::read_dir(self.folder(hostname))
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.file_name().to_str().is_some_and(|n| n.parse::<usize>().is_ok()))
+                    .count()
+            })
             .unwrap_or(0)
+    }
+
+    /// Drift: every hostname with upstream files (published here, not removed) must have its
+    /// route in Caddy as written (a Caddy restarted without its saved configuration, a route
+    /// deleted by hand). A missing or changed route is put back; returns `(environment, what)`
+    /// for each repair. Caddy unreachable: nothing to do now.
+    pub fn repair(&self) -> Vec<(String, String)> {
+        let Ok(dir) = std::fs::read_dir(&self.upstreams) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for entry in dir.flatten() {
+            let Some(hostname) = entry.file_name().to_str().map(str::to_owned) else {
+                continue;
+            };
+            let slots = self.slot_count(&hostname);
+            if slots == 0 || checked(&hostname).is_err() {
+                continue;
+            }
+            let (_, environment) = self.fenced(&hostname);
+            let id = route_id(&hostname);
+            let wanted = self.route(&hostname, slots);
+            let fixed = match self.get(&format!("/id/{id}")) {
+                Ok(Some(r)) if r == wanted => continue,
+                Ok(Some(_)) => self.send("PATCH", &format!("/id/{id}"), Some(&wanted)),
+                Ok(None) => self.ensure_server().and_then(|()| {
+                    self.send(
+                        "PUT",
+                        &format!("/config/apps/http/servers/{SERVER}/routes/0"),
+                        Some(&wanted),
+                    )
+                }),
+                Err(_) => return out,
+            };
+            match fixed {
+                Ok(()) => out.push((environment, format!("ingress route {id} put back"))),
+                Err(f) => tracing::warn!(hostname = %hostname, code = f.code, "cannot repair the ingress route"),
+            }
+        }
+        out
     }
 
     /// Whether Caddy's admin API answers (the heartbeat offers `ingress` only then).
@@ -249,7 +301,13 @@ impl Ingress {
     /// enough), then the fence, then the route when it is missing or short of slots. Adopted
     /// when all of it is in place already; read back; refused for a generation older than the
     /// fence.
-    pub fn publish(&self, hostname: &str, generation: u64, dials: &[String]) -> Result<String, Failure> {
+    pub fn publish(
+        &self,
+        environment: &str,
+        hostname: &str,
+        generation: u64,
+        dials: &[String],
+    ) -> Result<String, Failure> {
         let hostname = checked(hostname)?;
         if dials.is_empty() {
             return Err(permanent(
@@ -257,7 +315,7 @@ impl Ingress {
                 format!("no web replica of {hostname} runs on this node"),
             ));
         }
-        let fenced = self.fenced(hostname);
+        let (fenced, _) = self.fenced(hostname);
         if fenced > generation {
             return Err(permanent(
                 "stale-generation",
@@ -279,7 +337,7 @@ impl Ingress {
             }
         }
         if fenced != generation {
-            replace(&self.fence(hostname), &generation.to_string())?;
+            replace(&self.fence(hostname), &format!("{generation} {environment}"))?;
         }
         let wanted = self.route(hostname, slots);
         let note = match current {
@@ -327,9 +385,9 @@ impl Ingress {
     /// hostname here, or the environment is torn down): the route, then its upstream files;
     /// the fence stays so a stale publish cannot bring it back. Kept when a newer generation
     /// published it; gone already is done.
-    pub fn remove(&self, hostname: &str, generation: u64) -> Result<String, Failure> {
+    pub fn remove(&self, environment: &str, hostname: &str, generation: u64) -> Result<String, Failure> {
         let hostname = checked(hostname)?;
-        let fenced = self.fenced(hostname);
+        let (fenced, _) = self.fenced(hostname);
         if fenced > generation {
             return Ok(format!(
                 "{hostname} kept: generation {fenced} published it after {generation}"
@@ -345,7 +403,7 @@ impl Ingress {
             }
         }
         open_folder(&self.upstreams, &self.folder(hostname))?;
-        replace(&self.fence(hostname), &generation.to_string())?;
+        replace(&self.fence(hostname), &format!("{generation} {environment}"))?;
         for entry in std::fs::read_dir(self.folder(hostname)).map_err(disk)? {
             let path = entry.map_err(disk)?.path();
             if path

@@ -214,6 +214,14 @@ impl Executors {
                     .unwrap_or_default(),
             );
         }
+        if self.on("ingress") {
+            let ingress = Arc::clone(&self.ingress);
+            out.extend(
+                tokio::task::spawn_blocking(move || ingress.repair())
+                    .await
+                    .unwrap_or_default(),
+            );
+        }
         if self.on("routes")
             && let Ok(dir) = std::fs::read_dir(&self.routes_dir)
             && let Ok(routes) = crate::routes::Routes::connect()
@@ -322,12 +330,15 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> 
                     dials.push(format!("{ip}:{}", u.port));
                 }
             }
-            let (host, generation) = (spec.hostname.clone(), spec.generation);
-            off_thread(&x.ingress, move |ingress| ingress.publish(&host, generation, &dials)).await
+            let (env, host, generation) = (spec.environment.clone(), spec.hostname.clone(), spec.generation);
+            off_thread(&x.ingress, move |ingress| {
+                ingress.publish(&env, &host, generation, &dials)
+            })
+            .await
         }
         ("remove-ingress", _) => {
-            let (host, generation) = (text("hostname"), number("generation"));
-            off_thread(&x.ingress, move |ingress| ingress.remove(&host, generation)).await
+            let (env, host, generation) = (text("environment"), text("hostname"), number("generation"));
+            off_thread(&x.ingress, move |ingress| ingress.remove(&env, &host, generation)).await
         }
         _ => Err(permanent(
             "task-malformed",

@@ -9,7 +9,8 @@
 //! - an open stream to environment A survives ten route changes of environment B (each a
 //!   reload of Caddy's configuration) and A's own generation switch;
 //! - a stale publish is refused, a remove of an older generation keeps the route, replicas
-//!   scale within the slots, and a teardown removes the route.
+//!   scale within the slots, a route deleted by hand is put back by the drift repair, and a
+//!   teardown removes the route.
 
 mod support;
 
@@ -186,14 +187,16 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
     );
 
     // Another hostname first; ours answers 404 until it is published.
-    ingress.publish("other.localhost", 1, &dials[2..3]).expect("other");
+    ingress
+        .publish("web", "other.localhost", 1, &dials[2..3])
+        .expect("other");
     wait_port(http);
     assert_eq!(get(http, "other.localhost"), Ok((200, "another app".into())));
     assert_eq!(get(http, "app.localhost").map(|r| r.0), Ok(404));
-    let note = ingress.publish("app.localhost", 1, &dials[0..1]).expect("g1");
+    let note = ingress.publish("web", "app.localhost", 1, &dials[0..1]).expect("g1");
     assert!(note.contains("published"), "{note}");
     assert_eq!(get(http, "app.localhost"), Ok((200, "generation one".into())));
-    let note = ingress.publish("app.localhost", 1, &dials[0..1]).expect("again");
+    let note = ingress.publish("web", "app.localhost", 1, &dials[0..1]).expect("again");
     assert!(note.contains("adopted"), "{note}");
 
     // The switch, under load: one sequential loop and 8 concurrent ones, bounded in count and
@@ -223,10 +226,10 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
         })
         .collect();
     std::thread::sleep(Duration::from_millis(300));
-    let note = ingress.publish("app.localhost", 2, &dials[1..2]).expect("g2");
+    let note = ingress.publish("web", "app.localhost", 2, &dials[1..2]).expect("g2");
     assert!(note.contains("switched"), "a switch reloads nothing: {note}");
     std::thread::sleep(Duration::from_millis(300));
-    let note = ingress.remove("app.localhost", 1).expect("older remove");
+    let note = ingress.remove("web", "app.localhost", 1).expect("older remove");
     assert!(
         note.contains("kept"),
         "a remove of an older generation keeps the route: {note}"
@@ -244,17 +247,23 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
     assert_eq!(get(http, "other.localhost"), Ok((200, "another app".into())));
 
     // A stale publish (a retry of generation 1) cannot bring the old upstream back.
-    let stale = ingress.publish("app.localhost", 1, &dials[0..1]).expect_err("stale");
+    let stale = ingress
+        .publish("web", "app.localhost", 1, &dials[0..1])
+        .expect_err("stale");
     assert_eq!(stale.code, "stale-generation");
     assert_eq!(get(http, "app.localhost"), Ok((200, "generation two".into())));
 
     // Replicas: two slots, then back to one (the spare slot repeats the live replica).
-    ingress.publish("app.localhost", 2, &dials[0..2]).expect("two replicas");
+    ingress
+        .publish("web", "app.localhost", 2, &dials[0..2])
+        .expect("two replicas");
     let bodies: std::collections::BTreeSet<String> = (0..40)
         .filter_map(|_| get(http, "app.localhost").ok().map(|r| r.1))
         .collect();
     assert_eq!(bodies.len(), 2, "both replicas answer: {bodies:?}");
-    let note = ingress.publish("app.localhost", 2, &dials[1..2]).expect("one replica");
+    let note = ingress
+        .publish("web", "app.localhost", 2, &dials[1..2])
+        .expect("one replica");
     assert!(note.contains("switched") && note.contains("2 slot"), "{note}");
     for _ in 0..20 {
         assert_eq!(get(http, "app.localhost"), Ok((200, "generation two".into())));
@@ -264,7 +273,7 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
     // times (each a new configuration in Caddy) and while A switches generation.
     let stream = streaming_upstream(60);
     ingress
-        .publish("a.localhost", 1, std::slice::from_ref(&stream))
+        .publish("a", "a.localhost", 1, std::slice::from_ref(&stream))
         .expect("a");
     let (ticks, reader) = open_stream(http, "a.localhost");
     std::thread::sleep(Duration::from_millis(300));
@@ -273,17 +282,19 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
         if i % 2 == 0 {
             assert!(
                 ingress
-                    .publish(&host, 1, &dials[2..3])
+                    .publish("b", &host, 1, &dials[2..3])
                     .expect("b")
                     .contains("published")
             );
             assert_eq!(get(http, &host), Ok((200, "another app".into())));
         } else {
-            assert!(ingress.remove(&host, 2).expect("b goes").contains("removed"));
+            assert!(ingress.remove("web", &host, 2).expect("b goes").contains("removed"));
             assert_eq!(get(http, &host).map(|r| r.0), Ok(404));
         }
     }
-    ingress.publish("a.localhost", 2, &dials[0..1]).expect("a switches");
+    ingress
+        .publish("web", "a.localhost", 2, &dials[0..1])
+        .expect("a switches");
     assert_eq!(get(http, "a.localhost"), Ok((200, "generation one".into())));
     reader.join().expect("reader");
     assert_eq!(
@@ -292,15 +303,35 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
         "the stream to A ran to its end across B's ten changes and A's switch"
     );
 
+    // Drift: the route deleted by hand (or lost with a Caddy restarted without its saved
+    // configuration) is put back by the repair round, from the upstream files.
+    assert!(ingress.repair().is_empty(), "nothing drifted yet");
+    let deleted = ureq::delete(&format!("http://127.0.0.1:{admin}/id/pl-app.localhost"))
+        .call()
+        .expect("delete by hand");
+    assert_eq!(deleted.status().as_u16(), 200);
+    assert_eq!(get(http, "app.localhost").map(|r| r.0), Ok(404));
+    assert_eq!(
+        ingress.repair(),
+        vec![("web".to_owned(), "ingress route pl-app.localhost put back".to_owned())]
+    );
+    assert_eq!(get(http, "app.localhost"), Ok((200, "generation two".into())));
+    assert!(ingress.repair().is_empty());
+
     // A teardown removes the route and its upstream files; the other hostname stays.
     assert!(
         ingress
-            .remove("app.localhost", 3)
+            .remove("web", "app.localhost", 3)
             .expect("teardown")
             .contains("removed")
     );
     assert_eq!(get(http, "app.localhost").map(|r| r.0), Ok(404));
-    assert!(ingress.remove("app.localhost", 3).expect("again").contains("no route"));
+    assert!(
+        ingress
+            .remove("web", "app.localhost", 3)
+            .expect("again")
+            .contains("no route")
+    );
     let left: Vec<_> = std::fs::read_dir(dir.path().join("upstreams/app.localhost"))
         .expect("folder")
         .map(|e| e.expect("entry").file_name())
@@ -312,7 +343,10 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
     );
     assert_eq!(get(http, "other.localhost"), Ok((200, "another app".into())));
     assert_eq!(
-        ingress.publish("bad host", 4, &dials[0..1]).expect_err("bad").code,
+        ingress
+            .publish("web", "bad host", 4, &dials[0..1])
+            .expect_err("bad")
+            .code,
         "hostname-invalid"
     );
 }
