@@ -42,6 +42,8 @@ pub struct Ingress {
     admin: String,
     listen: Vec<String>,
     upstreams: PathBuf,
+    /// Also match `<hostname><suffix>` (`pl up`'s `.localhost`, which resolves to loopback).
+    host_suffix: Option<String>,
 }
 
 pub fn route_id(hostname: &str) -> String {
@@ -115,7 +117,18 @@ impl Ingress {
             admin,
             listen,
             upstreams,
+            host_suffix: None,
         })
+    }
+
+    /// Routes also match each hostname with `suffix` appended (`.localhost` for `pl up`).
+    pub fn with_host_suffix(mut self, suffix: &str) -> Result<Self, String> {
+        let fine = suffix.starts_with('.') && suffix.len() <= 63 && checked(&format!("a{suffix}")).is_ok();
+        if !fine {
+            return Err(format!("the ingress host suffix {suffix:?} must be `.` and DNS labels"));
+        }
+        self.host_suffix = Some(suffix.to_owned());
+        Ok(self)
     }
 
     /// The route a hostname gets with `slots` upstream slots.
@@ -123,9 +136,11 @@ impl Ingress {
         let dials: Vec<Value> = (0..slots)
             .map(|k| json!({"dial": format!("{{file.{}}}", self.slot(hostname, k).display())}))
             .collect();
+        let mut hosts = vec![hostname.to_owned()];
+        hosts.extend(self.host_suffix.iter().map(|s| format!("{hostname}{s}")));
         json!({
             "@id": route_id(hostname),
-            "match": [{"host": [hostname]}],
+            "match": [{"host": hosts}],
             "handle": [{
                 "handler": "reverse_proxy",
                 "upstreams": dials,

@@ -59,6 +59,9 @@ pub struct Config {
     /// able to read them; they hold container addresses, no secret).
     #[serde(default = "default_ingress_upstreams")]
     pub ingress_upstreams: PathBuf,
+    /// Routes also match each hostname with this appended (`pl up` sets `.localhost`).
+    #[serde(default)]
+    pub ingress_host_suffix: Option<String>,
 }
 
 fn default_ingress_upstreams() -> PathBuf {
@@ -436,14 +439,18 @@ pub async fn run(config: Config) -> Result<()> {
         }),
         enabled: config.executors.clone(),
         routes_dir: config.state_dir.join("routes"),
-        ingress: Arc::new(
-            crate::ingress::Ingress::new(
+        ingress: Arc::new({
+            let ingress = crate::ingress::Ingress::new(
                 config.caddy_admin.clone(),
                 config.ingress_listen.clone(),
                 config.ingress_upstreams.clone(),
             )
-            .map_err(anyhow::Error::msg)?,
-        ),
+            .map_err(anyhow::Error::msg)?;
+            match &config.ingress_host_suffix {
+                Some(suffix) => ingress.with_host_suffix(suffix).map_err(anyhow::Error::msg)?,
+                None => ingress,
+            }
+        }),
     });
     // Drift: checked every `drift_seconds`; what was repaired goes with the next heartbeat.
     let repairs: Arc<std::sync::Mutex<Vec<agent_proto::Repair>>> = Arc::default();

@@ -5,6 +5,7 @@ mod out;
 mod commands;
 mod operator;
 mod secret;
+mod up;
 mod verify;
 
 // Parsing ten thousand small files is allocation-bound; mimalloc is markedly faster there than
@@ -185,6 +186,13 @@ enum Command {
     Init { dir: Option<PathBuf> },
     /// Print shell completions.
     Completions { shell: clap_complete::Shell },
+    /// Apply the state repository on this machine: starts (or reuses) a local control plane
+    /// (reconciler, SQLite ledger, one enrolled agent, Caddy for web roles), applies the
+    /// working tree as a local revision, follows the rollout and prints each URL.
+    Up(up::UpArgs),
+    /// Tear the local environments down in order, keep the history, and stop the local control
+    /// plane.
+    Down(up::DownArgs),
     /// Show the reconciler's state: leader, revision in force, counts of deployments and jobs.
     Status {
         #[command(flatten)]
@@ -333,6 +341,8 @@ fn main() -> ExitCode {
         },
         Command::Schema => commands::schema(),
         Command::Init { dir: d } => commands::init(&dir(d)),
+        Command::Up(args) => up::up(&args),
+        Command::Down(args) => up::down(&args),
         Command::Status { server } => operator::status(&server),
         Command::Events { after, follow, server } => operator::events(&server, after, follow),
         Command::Jobs {

