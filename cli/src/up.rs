@@ -563,6 +563,16 @@ fn converge(
             eprintln!("pl up: revision {} was rejected: {}", &head[..12], r["reasons"]);
             return Ok(1);
         }
+        // The verdict and the deployments it makes are written in one transaction: until the
+        // verdict shows, the deployments are an older revision's.
+        if verdict.is_none() {
+            if Instant::now() > deadline {
+                eprintln!("pl up: the reconciler did not judge revision {} in time", &head[..12]);
+                return Ok(1);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            continue;
+        }
         let deployments = client.json("GET", "/v1/deployments")?;
         let rows: Vec<&Value> = deployments["deployments"].as_array().into_iter().flatten().collect();
         let mut done = 0;

@@ -2,9 +2,15 @@
 //! namespace with a dockerd of its own and a registry): `pl up` of a web project starts the
 //! local control plane (reconciler, SQLite ledger, an enrolled agent, Caddy), applies the
 //! working tree as a local revision and exits 0 with the URL, which answers with the image's
-//! response through Caddy while another hostname answers 404; `pl up` again changes nothing;
-//! `pl down` tears the environment down (its containers gone) and stops every process.
+//! response through Caddy while another hostname answers 404; `pl up` again changes nothing.
+//! Restart replay: with the agent and the reconciler SIGKILLed the URL keeps serving, and `pl up`
+//! brings them back with the same container and no new job. An invalid working tree and a
+//! release whose health check fails each end `pl up` with exit 1 and the reason (the failed
+//! health's code), while the live release keeps serving. `pl down` tears the environment down
+//! (its containers gone), keeps the ledger and stops every process.
 
+#[path = "../../agent/tests/support/mod.rs"]
+mod agent_support;
 #[path = "../../agent/tests/support/host.rs"]
 mod host_support;
 #[path = "../../reconciler/tests/support/repo.rs"]
@@ -79,14 +85,15 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
     );
     let dir = tempfile::tempdir().expect("tempdir");
     let repo = Repo::new(dir.path());
-    repo.write(
-        "projects/api.yaml",
-        &format!(
-            "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: {image}\n  roles:\n    web: {{kind: web, port: 8080, health: {{path: /healthz}}, replicas: 1, command: [/bin/busybox, httpd, -f, -p, '8080', -h, /www]}}\n"
-        ),
-    );
+    let project = |health: &str| {
+        format!(
+            "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: {image}\n  roles:\n    web: {{kind: web, port: 8080, health: {{path: {health}, timeoutSeconds: 3}}, replicas: 1, command: [/bin/busybox, httpd, -f, -p, '8080', -h, /www]}}\n"
+        )
+    };
+    repo.write("projects/api.yaml", &project("/healthz"));
     repo.write("envs/api-production.yaml", &environment("api-production", "api"));
     let (repo_dir, state, socket) = (repo.dir.clone(), dir.path().join("pl-state"), host.socket.clone());
+    let (project_healthy, project_missing_health) = (project("/healthz"), project("/missing"));
 
     host.run(move || {
         let http = 18_080;
@@ -124,6 +131,71 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
             get(http, "api.example.com.localhost"),
             Some((200, "hello from pl up".into()))
         );
+
+        // Restart replay: the agent and the reconciler die; the URL keeps serving; `pl up`
+        // brings them back, and the same container serves with no job added.
+        let ledger = format!("sqlite://{}", state.join("ledger.db").display());
+        let count_jobs = || agent_support::sql(&ledger, "SELECT CAST(COUNT(*) AS TEXT) FROM jobs");
+        let jobs = count_jobs();
+        let container = || {
+            let docker = |args: &[&str]| {
+                let o = Command::new("docker")
+                    .arg("-H")
+                    .arg(format!("unix://{}", socket.display()))
+                    .args(args)
+                    .output()
+                    .expect("docker");
+                String::from_utf8_lossy(&o.stdout).trim().to_owned()
+            };
+            let id = docker(&["ps", "-q", "--filter", "label=dev.pushleft.environment=api-production"]);
+            docker(&["inspect", "--format", "{{.Id}} {{.State.StartedAt}}", &id])
+        };
+        let serving = container();
+        for pid in ["agent.pid", "reconciler.pid"] {
+            let pid = std::fs::read_to_string(state.join(pid)).expect("pid");
+            assert!(
+                Command::new("kill")
+                    .args(["-9", pid.trim()])
+                    .status()
+                    .expect("kill")
+                    .success()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(
+            get(http, "api.example.com.localhost"),
+            Some((200, "hello from pl up".into())),
+            "serving while they are down"
+        );
+        let (code, out, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
+        assert_eq!(code, 0, "{out}\n{err}");
+        assert_eq!(container(), serving, "the same container");
+        assert_eq!(count_jobs(), jobs, "no job added");
+
+        // An invalid working tree: every problem, exit 1, nothing applied.
+        std::fs::write(
+            repo_dir.join("envs/broken.yaml"),
+            "apiVersion: pushleft.dev/v1alpha1\nkind: Environment\nmetadata: {name: Broken}\n",
+        )
+        .expect("write");
+        let (code, _, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
+        assert_eq!(code, 1);
+        assert!(err.contains("envs/broken.yaml:") && err.contains("error["), "{err}");
+        std::fs::remove_file(repo_dir.join("envs/broken.yaml")).expect("rm");
+        assert_eq!(count_jobs(), jobs, "nothing applied");
+
+        // A release whose health check fails: exit 1 with the code; the live release serves on.
+        std::fs::write(repo_dir.join("projects/api.yaml"), &project_missing_health).expect("write");
+        let (code, out, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
+        assert_eq!(code, 1, "{out}\n{err}");
+        assert!(err.contains("health-deadline"), "the failed health's code: {err}");
+        assert_eq!(
+            get(http, "api.example.com.localhost"),
+            Some((200, "hello from pl up".into()))
+        );
+        std::fs::write(repo_dir.join("projects/api.yaml"), &project_healthy).expect("write");
+        let (code, out, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
+        assert_eq!(code, 0, "healthy again: {out}\n{err}");
 
         let (code, out, err) = pl(&["down"], &repo_dir, &state, &socket);
         assert_eq!(code, 0, "pl down: {out}\n{err}");
