@@ -38,6 +38,56 @@ pub struct UpArgs {
     /// How long to wait for the environments to converge.
     #[arg(long, default_value_t = 300)]
     pub timeout_seconds: u64,
+    /// Apply this commit instead of the working tree (its tree, as a local revision; with
+    /// `--allowed-signers`, the commit itself; default there: `HEAD`).
+    #[arg(long)]
+    pub rev: Option<String>,
+    /// Judge commits exactly as the daemon does: only commits signed by these keys (git's
+    /// allowed-signers format) are applied, as they are, and uncommitted files are not. A local
+    /// control plane judges either local revisions or signed commits: `pl down` to switch.
+    #[arg(long, value_name = "FILE")]
+    pub allowed_signers: Option<PathBuf>,
+    /// The signing policy (`mode: head|strict` and path rules), with `--allowed-signers`.
+    #[arg(long, value_name = "FILE", requires = "allowed_signers")]
+    pub policy: Option<PathBuf>,
+}
+
+/// How a local control plane trusts what it applies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Trust {
+    /// Local revisions signed by the state folder's own key.
+    Local,
+    /// The user's signed commits, judged against their allowed signers (and policy).
+    Signed {
+        allowed_signers: PathBuf,
+        policy: Option<PathBuf>,
+    },
+}
+
+impl Trust {
+    fn name(&self) -> &'static str {
+        match self {
+            Trust::Local => "local",
+            Trust::Signed { .. } => "signed",
+        }
+    }
+
+    /// The `[trust]` table of the reconciler's configuration.
+    fn table(&self) -> String {
+        match self {
+            Trust::Local => "[trust]\nallowed_signers = \"allowed_signers\"\n".to_owned(),
+            Trust::Signed {
+                allowed_signers,
+                policy,
+            } => {
+                let mut t = format!("[trust]\nallowed_signers = {allowed_signers:?}\n");
+                if let Some(p) = policy {
+                    t.push_str(&format!("policy = {p:?}\n"));
+                }
+                t
+            }
+        }
+    }
 }
 
 /// The local control plane of one repository.
@@ -226,15 +276,26 @@ impl Local {
 
     /// Commits `tree_from` (the working tree) into the mirror's `main`, signed by the local
     /// key; nothing when the tree is the same as `main`'s. The new head, and whether it moved.
-    fn commit_worktree(&self, leave_out: &[String]) -> Result<(String, bool)> {
+    fn commit_worktree(&self, leave_out: &[String], rev: Option<&str>) -> Result<(String, bool)> {
         let mirror = self.path("mirror.git");
         let index = self.path("index");
         let _ = std::fs::remove_file(&index);
-        run(git(&mirror)
-            .arg("--work-tree")
-            .arg(&self.repo)
-            .args(["add", "-A", "."])
-            .env("GIT_INDEX_FILE", &index))?;
+        match rev {
+            // A commit's tree: fetched into the mirror, then read into the index.
+            Some(rev) => {
+                let sha = self.fetch(rev)?;
+                run(git(&mirror)
+                    .args(["read-tree", &format!("{sha}^{{tree}}")])
+                    .env("GIT_INDEX_FILE", &index))?;
+            }
+            None => {
+                run(git(&mirror)
+                    .arg("--work-tree")
+                    .arg(&self.repo)
+                    .args(["add", "-A", "."])
+                    .env("GIT_INDEX_FILE", &index))?;
+            }
+        }
         for file in leave_out {
             run(git(&mirror)
                 .args(["rm", "-q", "--cached", "--", file])
@@ -261,6 +322,62 @@ impl Local {
         Ok((sha, true))
     }
 
+    /// Fetches `rev` of the user's repository into the mirror (no ref of ours moves); its sha.
+    fn fetch(&self, rev: &str) -> Result<String> {
+        let sha = run(Command::new("git").arg("-C").arg(&self.repo).args([
+            "rev-parse",
+            "--verify",
+            "-q",
+            &format!("{rev}^{{commit}}"),
+        ]))
+        .map_err(|_| anyhow!("{rev} is not a commit of {}", self.repo.display()))?;
+        run(git(&self.path("mirror.git"))
+            .args(["fetch", "-q", "--no-tags"])
+            .arg(&self.repo)
+            .arg(&sha))?;
+        Ok(sha)
+    }
+
+    /// Points the mirror's `main` at the user's commit `rev`, as it is (the reconciler judges
+    /// its signature, and refuses a history rewrite as the daemon does).
+    fn apply_commit(&self, rev: &str) -> Result<(String, bool)> {
+        let sha = self.fetch(rev)?;
+        let mirror = self.path("mirror.git");
+        let before = run(git(&mirror).args(["rev-parse", "-q", "--verify", "refs/heads/main"])).ok();
+        if before.as_deref() == Some(sha.as_str()) {
+            return Ok((sha, false));
+        }
+        // The reconciler refuses a rewritten history, as it would on a fleet; say why before.
+        if let Some(b) = &before
+            && !git(&mirror)
+                .args(["merge-base", "--is-ancestor", b, &sha])
+                .status()
+                .is_ok_and(|s| s.success())
+        {
+            bail!(
+                "{rev} does not descend from what this local control plane applied last ({}, a `pl down` teardown or an older branch); start afresh by removing {} (its history goes with it)",
+                &b[..12],
+                self.state.display()
+            );
+        }
+        run(git(&mirror).args(["update-ref", "refs/heads/main", &sha]))?;
+        Ok((sha, true))
+    }
+
+    /// The trust this control plane was set up with (`mode`): a different one is refused.
+    fn settle_trust(&self, trust: &Trust) -> Result<()> {
+        let path = self.path("mode");
+        match std::fs::read_to_string(&path) {
+            Ok(mode) if mode.trim() != trust.name() => bail!(
+                "this repository's local control plane applies {} revisions; `pl down` first to apply {} ones",
+                mode.trim(),
+                trust.name()
+            ),
+            Ok(_) => Ok(()),
+            Err(_) => Ok(std::fs::write(path, trust.name())?),
+        }
+    }
+
     fn server(&self, ports: Ports) -> ServerArgs {
         ServerArgs {
             server: format!("https://localhost:{}", ports.api),
@@ -271,17 +388,22 @@ impl Local {
     }
 
     /// The reconciler, started when it does not run; waits until it answers.
-    fn reconciler(&self, ports: Ports) -> Result<Client> {
+    fn reconciler(&self, ports: Ports, trust: &Trust) -> Result<Client> {
         let config = format!(
-            "[source]\npath = {:?}\nbranch = \"main\"\n\n[trust]\nallowed_signers = \"allowed_signers\"\n\n[ledger]\nurl = \"sqlite://{}\"\n\n[reconcile]\ninterval_seconds = 2\n\n[control]\nca_cert = \"tls/ca.crt\"\nca_key = \"tls/ca.key\"\n\n[agent_api]\nlisten = \"127.0.0.1:{}\"\n\n[api]\nlisten = \"127.0.0.1:{}\"\ntls_cert = \"tls/api.crt\"\ntls_key = \"tls/api.key\"\n\n{}\n",
+            "[source]\npath = {:?}\nbranch = \"main\"\n\n{}\n[ledger]\nurl = \"sqlite://{}\"\n\n[reconcile]\ninterval_seconds = 2\n\n[control]\nca_cert = \"tls/ca.crt\"\nca_key = \"tls/ca.key\"\n\n[agent_api]\nlisten = \"127.0.0.1:{}\"\n\n[api]\nlisten = \"127.0.0.1:{}\"\ntls_cert = \"tls/api.crt\"\ntls_key = \"tls/api.key\"\n\n{}\n",
             self.path("mirror.git"),
+            trust.table(),
             self.path("ledger.db").display(),
             ports.agent,
             ports.api,
             std::fs::read_to_string(self.path("tokens.toml"))?
         );
-        std::fs::write(self.path("reconciler.toml"), config)?;
         let pid = self.path("reconciler.pid");
+        // A running reconciler with another configuration (the trust changed) starts anew.
+        if std::fs::read_to_string(self.path("reconciler.toml")).ok().as_deref() != Some(config.as_str()) {
+            stop(&pid, "pl-reconciler");
+        }
+        std::fs::write(self.path("reconciler.toml"), config)?;
         let mut started = None;
         if alive(&pid, "pl-reconciler").is_none() {
             started = Some(spawn_detached(
@@ -444,9 +566,27 @@ fn docker_answers(socket: &Path) -> bool {
 
 pub fn up(args: &UpArgs) -> Result<u8> {
     let local = Local::new(args.dir.as_deref())?;
-    // The working tree first: an invalid state ends here, before anything starts.
+    let trust = match &args.allowed_signers {
+        None => Trust::Local,
+        Some(f) => Trust::Signed {
+            allowed_signers: std::fs::canonicalize(f).with_context(|| format!("{}", f.display()))?,
+            policy: args
+                .policy
+                .as_ref()
+                .map(|p| std::fs::canonicalize(p).with_context(|| format!("{}", p.display())))
+                .transpose()?,
+        },
+    };
+    let rev = match (&trust, &args.rev) {
+        (Trust::Signed { .. }, None) => Some("HEAD".to_owned()),
+        (_, r) => r.clone(),
+    };
+    // What is applied is checked first: an invalid state ends here, before anything starts.
     let repo = StateRepo::open(&local.repo)?;
-    let loaded = load(&repo, &Rev::WorkTree)?;
+    let loaded = match &rev {
+        Some(r) => load(&repo, &Rev::Commit(repo.resolve(r)?))?,
+        None => load(&repo, &Rev::WorkTree)?,
+    };
     if !loaded.is_valid() {
         eprint!(
             "{}",
@@ -457,7 +597,10 @@ pub fn up(args: &UpArgs) -> Result<u8> {
                 crate::render::Paint::new(false)
             )
         );
-        eprintln!("pl up: the working tree is invalid; nothing was applied");
+        eprintln!(
+            "pl up: {} is invalid; nothing was applied",
+            rev.as_deref().unwrap_or("the working tree")
+        );
         return Ok(1);
     }
     let nodes: Vec<String> = loaded
@@ -497,13 +640,30 @@ pub fn up(args: &UpArgs) -> Result<u8> {
             ports.http
         );
     }
-    let (head, moved) = local.commit_worktree(&[])?;
-    println!(
-        "pl up: applying the working tree of {} as local revision {} (signed by this machine's local key, which only pl up trusts)",
-        local.repo.display(),
-        &head[..12]
-    );
-    let client = local.reconciler(ports)?;
+    local.settle_trust(&trust)?;
+    let (head, moved) = match &trust {
+        Trust::Local => {
+            let applied = local.commit_worktree(&[], rev.as_deref())?;
+            println!(
+                "pl up: applying {} of {} as local revision {} (signed by this machine's local key, which only pl up trusts)",
+                rev.as_deref().unwrap_or("the working tree"),
+                local.repo.display(),
+                &applied.0[..12]
+            );
+            applied
+        }
+        Trust::Signed { .. } => {
+            let r = rev.as_deref().unwrap_or("HEAD");
+            let applied = local.apply_commit(r)?;
+            println!(
+                "pl up: applying commit {} ({r}) of {}, judged against the allowed signers",
+                &applied.0[..12],
+                local.repo.display()
+            );
+            applied
+        }
+    };
+    let client = local.reconciler(ports, &trust)?;
     if web {
         local.caddy(ports)?;
     }
@@ -675,8 +835,11 @@ pub fn down(args: &DownArgs) -> Result<u8> {
                 files.push(l.file.clone());
             }
         }
-        let (head, moved) = local.commit_worktree(&files)?;
-        let client = Client::new(&local.server(ports))?;
+        // The teardown is a local revision whatever the trust was: the reconciler runs with the
+        // local key's trust for it (a signed-commit control plane is switched; the mirror's
+        // history only moves forward).
+        let client = local.reconciler(ports, &Trust::Local)?;
+        let (head, moved) = local.commit_worktree(&files, None)?;
         if moved {
             let _ = client.json("POST", "/v1/reconcile");
         }
@@ -709,6 +872,8 @@ pub fn down(args: &DownArgs) -> Result<u8> {
     ] {
         stop(&local.path(pid), program);
     }
+    // The next `pl up` chooses its trust again.
+    let _ = std::fs::remove_file(local.path("mode"));
     println!(
         "pl down: {}; the ledger's history stays in {}",
         if running {

@@ -93,6 +93,9 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
     repo.write("projects/api.yaml", &project("/healthz"));
     repo.write("envs/api-production.yaml", &environment("api-production", "api"));
     let (repo_dir, state, socket) = (repo.dir.clone(), dir.path().join("pl-state"), host.socket.clone());
+    let signers = dir.path().join("allowed_signers");
+    std::fs::write(&signers, &repo.signers).expect("signers");
+    let signed_state = dir.path().join("pl-state-signed");
     let (project_healthy, project_missing_health) = (project("/healthz"), project("/missing"));
 
     host.run(move || {
@@ -213,6 +216,50 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
             assert!(!state.join(pid).exists(), "{pid} stopped");
         }
         assert!(state.join("ledger.db").exists(), "the history stays");
+
+        // Signed commits, judged as the daemon judges them (a control plane of its own).
+        repo.commit("signed release", true);
+        let signers_arg = signers.to_string_lossy().into_owned();
+        let signed = [
+            "up",
+            "--node",
+            "n1",
+            "--port",
+            "18081",
+            "--allowed-signers",
+            signers_arg.as_str(),
+        ];
+        let (code, out, err) = pl(&signed, &repo_dir, &signed_state, &socket);
+        assert_eq!(code, 0, "signed: {out}\n{err}");
+        assert!(out.contains("judged against the allowed signers"), "{out}");
+        assert_eq!(
+            get(18_081, "api.example.com.localhost"),
+            Some((200, "hello from pl up".into()))
+        );
+        // An unsigned commit is refused with its reason; the release in force serves on.
+        std::fs::write(repo_dir.join("projects/api.yaml"), &project_missing_health).expect("write");
+        repo.commit("unsigned", false);
+        let (code, out, err) = pl(&signed, &repo_dir, &signed_state, &socket);
+        assert_eq!(code, 1, "{out}\n{err}");
+        assert!(
+            err.contains("rejected") && err.contains("unsigned"),
+            "the reason: {err}"
+        );
+        assert_eq!(
+            get(18_081, "api.example.com.localhost"),
+            Some((200, "hello from pl up".into()))
+        );
+        // One trust per control plane: local revisions are refused here until `pl down`.
+        let (code, _, err) = pl(
+            &["up", "--node", "n1", "--port", "18081"],
+            &repo_dir,
+            &signed_state,
+            &socket,
+        );
+        assert_eq!(code, 1);
+        assert!(err.contains("pl down"), "{err}");
+        let (code, out, err) = pl(&["down"], &repo_dir, &signed_state, &socket);
+        assert_eq!(code, 0, "pl down: {out}\n{err}");
     });
 }
 
