@@ -516,7 +516,7 @@ impl Local {
             }
         }
         let config = format!(
-            "control = \"https://localhost:{}\"\ndir = \"node\"\ndocker_socket = {:?}\nsecrets_dir = \"secrets\"\nstate_dir = \"agent-state\"\nheartbeat_seconds = 2\ncaddy_admin = \"http://127.0.0.1:{}\"\ningress_listen = [\"127.0.0.1:{}\"]\ningress_upstreams = \"ingress\"\ningress_host_suffix = \".localhost\"\n",
+            "control = \"https://localhost:{}\"\ndir = \"node\"\ndocker_socket = {:?}\nsecrets_dir = \"secrets\"\nstate_dir = \"agent-state\"\nheartbeat_seconds = 1\nparallel_environments = 16\ncaddy_admin = \"http://127.0.0.1:{}\"\ningress_listen = [\"127.0.0.1:{}\"]\ningress_upstreams = \"ingress\"\ningress_host_suffix = \".localhost\"\n",
             ports.agent,
             docker.display().to_string(),
             ports.caddy,
