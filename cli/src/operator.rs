@@ -24,6 +24,10 @@ pub struct ServerArgs {
     pub token_file: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = OutFormat::Text, global = true)]
     pub format: OutFormat,
+    /// Talk to the local control plane `pl up` started for this repository (default: the
+    /// current directory) instead of `--server`.
+    #[arg(long, value_name = "DIR", num_args = 0..=1, default_missing_value = ".", global = true)]
+    pub local: Option<PathBuf>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,6 +44,11 @@ pub(crate) struct Client {
 
 impl Client {
     pub(crate) fn new(args: &ServerArgs) -> Result<Client> {
+        if let Some(dir) = &args.local {
+            let mut local = crate::up::local_server(dir)?;
+            local.format = args.format;
+            return Client::new(&local);
+        }
         let token = match std::env::var("PL_TOKEN") {
             Ok(t) if !t.trim().is_empty() => Zeroizing::new(t.trim().to_owned()),
             _ => {

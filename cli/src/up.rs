@@ -384,6 +384,7 @@ impl Local {
             ca_cert: Some(self.path("tls/ca.crt")),
             token_file: Some(self.path("admin.token")),
             format: crate::operator::OutFormat::Text,
+            local: None,
         }
     }
 
@@ -536,6 +537,18 @@ impl Local {
         }
         Ok(())
     }
+}
+
+/// The API of the local control plane `pl up` started for the repository at `dir`.
+pub(crate) fn local_server(dir: &Path) -> Result<ServerArgs> {
+    let local = Local::new(Some(dir))?;
+    let ports: Ports = serde_json::from_slice(&std::fs::read(local.path("ports.json")).map_err(|_| {
+        anyhow!(
+            "no local control plane for {}: run `pl up` there first",
+            local.repo.display()
+        )
+    })?)?;
+    Ok(local.server(ports))
 }
 
 /// Names of the enrolment folder's files (the agent's own, repeated: `pl` links no agent).

@@ -2,7 +2,8 @@
 //! namespace with a dockerd of its own and a registry): `pl up` of a web project starts the
 //! local control plane (reconciler, SQLite ledger, an enrolled agent, Caddy), applies the
 //! working tree as a local revision and exits 0 with the URL, which answers with the image's
-//! response through Caddy while another hostname answers 404; `pl up` again changes nothing.
+//! response through Caddy while another hostname answers 404; `pl status` and `pl jobs` reach
+//! it with `--local`; `pl up` again changes nothing.
 //! Restart replay: with the agent and the reconciler SIGKILLed the URL keeps serving, and `pl up`
 //! brings them back with the same container and no new job. An invalid working tree and a
 //! release whose health check fails each end `pl up` with exit 1 and the reason (the failed
@@ -120,6 +121,14 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
             Some(404),
             "another hostname"
         );
+
+        // The operator commands reach the local control plane too.
+        let (code, out, err) = pl(&["status", "--local"], &repo_dir, &state, &socket);
+        assert_eq!(code, 0, "{out}\n{err}");
+        assert!(out.contains("main in force at"), "{out}");
+        let (code, out, _) = pl(&["jobs", "--format", "json", "--local"], &repo_dir, &state, &socket);
+        assert_eq!(code, 0);
+        assert!(out.contains("ingress:api-production/api.example.com"), "{out}");
 
         // Nothing changed: quick, and the same container serves.
         let started = Instant::now();
