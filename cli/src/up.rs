@@ -50,6 +50,9 @@ pub struct UpArgs {
     /// The signing policy (`mode: head|strict` and path rules), with `--allowed-signers`.
     #[arg(long, value_name = "FILE", requires = "allowed_signers")]
     pub policy: Option<PathBuf>,
+    /// After applying, keep applying the working tree as its files change.
+    #[arg(long, conflicts_with_all = ["rev", "allowed_signers"])]
+    pub watch: bool,
 }
 
 /// How a local control plane trusts what it applies.
@@ -684,26 +687,79 @@ pub fn up(args: &UpArgs) -> Result<u8> {
     if moved {
         let _ = client.json("POST", "/v1/reconcile");
     }
-    let environments: Vec<(String, String, bool)> = loaded
-        .state
+    let timeout = Duration::from_secs(args.timeout_seconds);
+    let code = converge(&client, &head, &environments_of(&loaded.state), ports, timeout)?;
+    if !args.watch {
+        return Ok(code);
+    }
+    watch(&local, &client, ports, timeout)
+}
+
+/// Each environment: its name, hostname, and whether it has a web role.
+fn environments_of(state: &state_schema::state::State) -> Vec<(String, String, bool)> {
+    state
         .environments()
         .filter_map(|(name, env)| {
-            let repo = loaded.state.repository()?;
+            let repo = state.repository()?;
             let host = state_schema::state::environment_hostname(repo, name, env).ok()?;
-            let web = loaded
-                .state
+            let web = state
                 .project(env.project.as_str())
                 .is_some_and(|p| p.roles.values().any(|r| r.workload.kind_name() == "web"));
             Some((name.to_string(), host.to_string(), web))
         })
-        .collect();
-    converge(
-        &client,
-        &head,
-        &environments,
-        ports,
-        Duration::from_secs(args.timeout_seconds),
-    )
+        .collect()
+}
+
+/// `--watch`: every change of the working tree (outside `.git`), 300 ms after the last one,
+/// is validated and applied like the first; until the process is stopped.
+fn watch(local: &Local, client: &Client, ports: Ports, timeout: Duration) -> Result<u8> {
+    use notify::Watcher;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let git_dir = local.repo.join(".git");
+    let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
+        if let Ok(ev) = ev
+            && ev.paths.iter().any(|p| !p.starts_with(&git_dir))
+        {
+            let _ = tx.send(());
+        }
+    })?;
+    watcher.watch(&local.repo, notify::RecursiveMode::Recursive)?;
+    println!(
+        "pl up: watching {} for changes (Ctrl-C stops watching; the environments keep running)",
+        local.repo.display()
+    );
+    let repo = StateRepo::open(&local.repo)?;
+    loop {
+        if rx.recv().is_err() {
+            return Ok(0);
+        }
+        while rx.recv_timeout(Duration::from_millis(300)).is_ok() {}
+        let loaded = load(&repo, &Rev::WorkTree)?;
+        if !loaded.is_valid() {
+            eprint!(
+                "{}",
+                crate::render::diagnostics::text(
+                    &loaded.diagnostics,
+                    loaded.state.len(),
+                    loaded.files,
+                    crate::render::Paint::new(false)
+                )
+            );
+            eprintln!("pl up: the working tree is invalid; nothing was applied, still watching");
+            continue;
+        }
+        let (head, moved) = local.commit_worktree(&[], None)?;
+        if !moved {
+            continue;
+        }
+        println!("pl up: applying the working tree as local revision {}", &head[..12]);
+        let _ = client.json("POST", "/v1/reconcile");
+        let code = converge(client, &head, &environments_of(&loaded.state), ports, timeout)?;
+        println!(
+            "pl up: {} ; still watching",
+            if code == 0 { "converged" } else { "failed" }
+        );
+    }
 }
 
 /// Follows the revision's verdict and each environment's rollout until all are done (exit 0,

@@ -3,7 +3,8 @@
 //! local control plane (reconciler, SQLite ledger, an enrolled agent, Caddy), applies the
 //! working tree as a local revision and exits 0 with the URL, which answers with the image's
 //! response through Caddy while another hostname answers 404; `pl status` and `pl jobs` reach
-//! it with `--local`; `pl up` again changes nothing.
+//! it with `--local`; `pl up --watch` applies a new Environment file as it is written; `pl up`
+//! again changes nothing.
 //! Restart replay: with the agent and the reconciler SIGKILLed the URL keeps serving, and `pl up`
 //! brings them back with the same container and no new job. An invalid working tree and a
 //! release whose health check fails each end `pl up` with exit 1 and the reason (the failed
@@ -129,6 +130,30 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         let (code, out, _) = pl(&["jobs", "--format", "json", "--local"], &repo_dir, &state, &socket);
         assert_eq!(code, 0);
         assert!(out.contains("ingress:api-production/api.example.com"), "{out}");
+
+        // `--watch`: a new Environment file is applied as soon as it is written.
+        let mut watching = Command::new(env!("CARGO_BIN_EXE_pl"))
+            .args(["up", "--watch", "--node", "n1", "--port", &port_arg])
+            .arg(&repo_dir)
+            .env("PL_STATE_DIR", &state)
+            .env("PL_DOCKER_SOCKET", &socket)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("pl up --watch");
+        std::thread::sleep(Duration::from_secs(1));
+        std::fs::write(
+            repo_dir.join("envs/api-staging.yaml"),
+            "apiVersion: pushleft.dev/v1alpha1\nkind: Environment\nmetadata: {name: api-staging}\nspec: {project: api, stage: production, pool: main, hostname: staging.example.com}\n",
+        )
+        .expect("write");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while get(http, "staging.example.com.localhost") != Some((200, "hello from pl up".into())) {
+            assert!(Instant::now() < deadline, "the watched change was never applied");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let _ = watching.kill();
+        let _ = watching.wait();
 
         // Nothing changed: quick, and the same container serves.
         let started = Instant::now();
