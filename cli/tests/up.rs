@@ -9,7 +9,8 @@
 //! brings them back with the same container and no new job. An invalid working tree and a
 //! release whose health check fails each end `pl up` with exit 1 and the reason (the failed
 //! health's code), while the live release keeps serving. `pl down` tears the environment down
-//! (its containers gone), keeps the ledger and stops every process.
+//! (its containers, networks, firewall tables and rules gone), keeps the ledger and stops
+//! every process; `pl up` again works from the same ledger.
 
 #[path = "../../agent/tests/support/mod.rs"]
 mod agent_support;
@@ -250,6 +251,31 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
             assert!(!state.join(pid).exists(), "{pid} stopped");
         }
         assert!(state.join("ledger.db").exists(), "the history stays");
+        // The networks, firewall tables and routes are gone too (this thread is on the host).
+        let networks = Command::new("docker")
+            .arg("-H")
+            .arg(format!("unix://{}", socket.display()))
+            .args(["network", "ls", "--format", "{{.Name}}"])
+            .output()
+            .expect("docker");
+        assert!(!String::from_utf8_lossy(&networks.stdout).contains("pl_"), "networks gone");
+        let tables = Command::new("nft").args(["list", "tables"]).output().expect("nft");
+        assert!(!String::from_utf8_lossy(&tables.stdout).contains("pl_"), "tables gone");
+        let rules = Command::new("ip").arg("rule").output().expect("ip");
+        assert!(!String::from_utf8_lossy(&rules.stdout).contains("10.208."), "rules gone");
+        let count_revisions = || -> u64 {
+            agent_support::sql(&ledger, "SELECT CAST(COUNT(*) AS TEXT) FROM revisions")[0]
+                .parse()
+                .expect("count")
+        };
+        let revisions = count_revisions();
+        // `pl up` again works, from the same ledger.
+        let (code, out, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
+        assert_eq!(code, 0, "up again: {out}\n{err}");
+        assert_eq!(get(http, "api.example.com.localhost"), Some((200, "hello from pl up".into())));
+        assert!(count_revisions() > revisions, "history kept and grown");
+        let (code, out, err) = pl(&["down"], &repo_dir, &state, &socket);
+        assert_eq!(code, 0, "pl down: {out}\n{err}");
 
         // Signed commits, judged as the daemon judges them (a control plane of its own).
         repo.commit("signed release", true);
