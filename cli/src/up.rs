@@ -280,6 +280,11 @@ impl Local {
     /// Commits `tree_from` (the working tree) into the mirror's `main`, signed by the local
     /// key; nothing when the tree is the same as `main`'s. The new head, and whether it moved.
     fn commit_worktree(&self, leave_out: &[String], rev: Option<&str>) -> Result<(String, bool)> {
+        self.commit_to("refs/heads/main", leave_out, rev)
+    }
+
+    /// The same, into the mirror's branch `reference`.
+    fn commit_to(&self, reference: &str, leave_out: &[String], rev: Option<&str>) -> Result<(String, bool)> {
         let mirror = self.path("mirror.git");
         let index = self.path("index");
         let _ = std::fs::remove_file(&index);
@@ -305,7 +310,7 @@ impl Local {
                 .env("GIT_INDEX_FILE", &index))?;
         }
         let tree = run(git(&mirror).arg("write-tree").env("GIT_INDEX_FILE", &index))?;
-        let parent = run(git(&mirror).args(["rev-parse", "-q", "--verify", "refs/heads/main"])).ok();
+        let parent = run(git(&mirror).args(["rev-parse", "-q", "--verify", reference])).ok();
         if let Some(p) = &parent
             && run(git(&mirror).args(["rev-parse", &format!("{p}^{{tree}}")]))? == tree
         {
@@ -316,13 +321,64 @@ impl Local {
             .args(["-c", "gpg.format=ssh", "-c"])
             .arg(format!("user.signingkey={}", self.path("local.key").display()))
             .args(["commit-tree", &tree, "-S", "-m"])
-            .arg(format!("pl up: the working tree of {}", self.repo.display()));
+            .arg(format!(
+                "pl up: {} of {}",
+                rev.unwrap_or("the working tree"),
+                self.repo.display()
+            ));
         if let Some(p) = &parent {
             commit.args(["-p", p]);
         }
         let sha = run(&mut commit)?;
-        run(git(&mirror).args(["update-ref", "refs/heads/main", &sha]))?;
+        run(git(&mirror).args(["update-ref", reference, &sha]))?;
         Ok((sha, true))
+    }
+
+    /// Preview branches: every branch of the user's repository that a pattern of the
+    /// Repository's `previews.branches` matches goes to the mirror (a local revision of its
+    /// tip, or the signed tip itself), and a mirrored one that is gone (or no longer matches;
+    /// `pl down` passes no pattern) is deleted, so the
+    /// reconciler deploys and tears down previews as on a fleet. Whether anything moved.
+    fn sync_previews(&self, patterns: &[String], trust: &Trust) -> Result<bool> {
+        let mut globs = globset::GlobSetBuilder::new();
+        for p in patterns {
+            globs.add(globset::Glob::new(p).map_err(|e| anyhow!("previews.branches: `{p}`: {e}"))?);
+        }
+        let globs = globs.build()?;
+        let list = |cmd: &mut Command| -> Result<Vec<String>> {
+            Ok(
+                run(cmd.args(["for-each-ref", "--format=%(refname:short)", "refs/heads"]))?
+                    .lines()
+                    .filter(|b| *b != "main")
+                    .map(str::to_owned)
+                    .collect(),
+            )
+        };
+        let mirror = self.path("mirror.git");
+        let theirs: Vec<String> = list(Command::new("git").arg("-C").arg(&self.repo))?
+            .into_iter()
+            .filter(|b| globs.is_match(b))
+            .collect();
+        // Every mirrored branch but `main`: one no longer matching (or gone) is deleted.
+        let ours = list(&mut git(&mirror))?;
+        let mut moved = false;
+        for branch in &theirs {
+            let reference = format!("refs/heads/{branch}");
+            moved |= match trust {
+                Trust::Local => self.commit_to(&reference, &[], Some(branch))?.1,
+                Trust::Signed { .. } => {
+                    let sha = self.fetch(branch)?;
+                    let before = run(git(&mirror).args(["rev-parse", "-q", "--verify", &reference])).ok();
+                    run(git(&mirror).args(["update-ref", &reference, &sha]))?;
+                    before.as_deref() != Some(sha.as_str())
+                }
+            };
+        }
+        for branch in ours.iter().filter(|b| !theirs.contains(b)) {
+            run(git(&mirror).args(["update-ref", "-d", &format!("refs/heads/{branch}")]))?;
+            moved = true;
+        }
+        Ok(moved)
     }
 
     /// Fetches `rev` of the user's repository into the mirror (no ref of ours moves); its sha.
@@ -392,10 +448,11 @@ impl Local {
     }
 
     /// The reconciler, started when it does not run; waits until it answers.
-    fn reconciler(&self, ports: Ports, trust: &Trust) -> Result<Client> {
+    fn reconciler(&self, ports: Ports, trust: &Trust, previews: &[String]) -> Result<Client> {
         let config = format!(
-            "[source]\npath = {:?}\nbranch = \"main\"\n\n{}\n[ledger]\nurl = \"sqlite://{}\"\n\n[reconcile]\ninterval_seconds = 2\n\n[control]\nca_cert = \"tls/ca.crt\"\nca_key = \"tls/ca.key\"\n\n[agent_api]\nlisten = \"127.0.0.1:{}\"\n\n[api]\nlisten = \"127.0.0.1:{}\"\ntls_cert = \"tls/api.crt\"\ntls_key = \"tls/api.key\"\n\n{}\n",
+            "[source]\npath = {:?}\nbranch = \"main\"\npreview_branches = {:?}\n\n{}\n[ledger]\nurl = \"sqlite://{}\"\n\n[reconcile]\ninterval_seconds = 2\n\n[control]\nca_cert = \"tls/ca.crt\"\nca_key = \"tls/ca.key\"\n\n[agent_api]\nlisten = \"127.0.0.1:{}\"\n\n[api]\nlisten = \"127.0.0.1:{}\"\ntls_cert = \"tls/api.crt\"\ntls_key = \"tls/api.key\"\n\n{}\n",
             self.path("mirror.git"),
+            previews,
             trust.table(),
             self.path("ledger.db").display(),
             ports.agent,
@@ -679,12 +736,14 @@ pub fn up(args: &UpArgs) -> Result<u8> {
             applied
         }
     };
-    let client = local.reconciler(ports, &trust)?;
+    let previews = previews_of(&loaded.state);
+    let previews_moved = local.sync_previews(&previews, &trust)?;
+    let client = local.reconciler(ports, &trust, &previews)?;
     if web {
         local.caddy(ports)?;
     }
     local.agent(&client, ports, &node, &args.docker_socket)?;
-    if moved {
+    if moved || previews_moved {
         let _ = client.json("POST", "/v1/reconcile");
     }
     let timeout = Duration::from_secs(args.timeout_seconds);
@@ -693,6 +752,15 @@ pub fn up(args: &UpArgs) -> Result<u8> {
         return Ok(code);
     }
     watch(&local, &client, ports, timeout)
+}
+
+/// The Repository's preview branch patterns.
+fn previews_of(state: &state_schema::state::State) -> Vec<String> {
+    state
+        .repository()
+        .and_then(|r| r.previews.as_ref())
+        .map(|p| p.branches.clone())
+        .unwrap_or_default()
 }
 
 /// Each environment: its name, hostname, and whether it has a web role.
@@ -907,8 +975,10 @@ pub fn down(args: &DownArgs) -> Result<u8> {
         // The teardown is a local revision whatever the trust was: the reconciler runs with the
         // local key's trust for it (a signed-commit control plane is switched; the mirror's
         // history only moves forward).
-        let client = local.reconciler(ports, &Trust::Local)?;
-        let (head, moved) = local.commit_worktree(&files, None)?;
+        let client = local.reconciler(ports, &Trust::Local, &previews_of(&loaded.state))?;
+        let (head, mut moved) = local.commit_worktree(&files, None)?;
+        // Preview branches go too: their environments are torn down as for a deleted branch.
+        moved |= local.sync_previews(&[], &Trust::Local)?;
         if moved {
             let _ = client.json("POST", "/v1/reconcile");
         }

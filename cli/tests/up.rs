@@ -4,7 +4,8 @@
 //! working tree as a local revision and exits 0 with the URL, which answers with the image's
 //! response through Caddy while another hostname answers 404; `pl status` and `pl jobs` reach
 //! it with `--local`; `pl up --watch` applies a new Environment file as it is written; `pl up`
-//! again changes nothing.
+//! again changes nothing. A preview branch serves its preview hostname, and is torn down when
+//! the branch is deleted, production untouched.
 //! Restart replay: with the agent and the reconciler SIGKILLed the URL keeps serving, and `pl up`
 //! brings them back with the same container and no new job. An invalid working tree and a
 //! release whose health check fails each end `pl up` with exit 1 and the reason (the failed
@@ -155,6 +156,40 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         }
         let _ = watching.kill();
         let _ = watching.wait();
+
+        // A preview branch: its preview hostname serves; deleted, its environment goes and
+        // production is untouched.
+        repo.commit("base", true);
+        repo_support::git(&repo_dir, &["branch", "feature/x"]);
+        let preview = format!(
+            "{}.localhost",
+            state_schema::state::branch_preview_hostname(
+                "feature/x",
+                &state_schema::values::Name::new("api").expect("name"),
+                &state_schema::values::Hostname::new("preview.example.com").expect("hostname"),
+            )
+            .expect("preview hostname")
+        );
+        let (code, out, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
+        assert_eq!(code, 0, "{out}\n{err}");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while get(http, &preview) != Some((200, "hello from pl up".into())) {
+            assert!(Instant::now() < deadline, "the preview {preview} never served");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        repo_support::git(&repo_dir, &["branch", "-D", "feature/x"]);
+        let (code, out, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
+        assert_eq!(code, 0, "{out}\n{err}");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while get(http, &preview).map(|r| r.0) != Some(404) {
+            assert!(Instant::now() < deadline, "the preview {preview} was never torn down");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        assert_eq!(
+            get(http, "api.example.com.localhost"),
+            Some((200, "hello from pl up".into())),
+            "production untouched"
+        );
 
         // Nothing changed: quick, and the same container serves.
         let started = Instant::now();
