@@ -6,11 +6,11 @@
 //! and 2.11.7: one to three failed requests per change under load) and closes every hijacked
 //! stream (WebSockets) of every site. So a generation switch must not reload Caddy. One route
 //! per hostname (`@id` `pl-<hostname>`) names its upstreams with Caddy's `{file.*}`
-//! placeholder, `{file.<dir>/<hostname>/<slot>}`, one slot per web replica; the switch is an
+//! placeholder, `{file.<dir>/<hostname>/<slot>}`, 12 slots shared by the web replicas; the switch is an
 //! atomic rename of each slot file, which Caddy sees on the next request. Requests in flight
 //! finish on the generation they started with. Caddy's configuration changes only when a
-//! hostname first appears on this node, leaves it, or gains replicas beyond its slots (fewer
-//! replicas fill the spare slots with the live ones); for those reloads every route of ours
+//! hostname first appears on this node, leaves it, or gains more than 12 replicas there (fewer
+//! replicas share the slots); for those reloads every route of ours
 //! sets `stream_close_delay`, so the streams of other environments stay open.
 //!
 //! A fence (`<dir>/<hostname>/generation`, the newest generation published or removed) keeps a
@@ -30,6 +30,11 @@ pub const FALLBACK: &str = "pl-fallback-404";
 /// configuration. Reloads come from other hostnames' changes; the stream's own generation
 /// switch reloads nothing, and its old container ends its streams when it is stopped.
 pub const STREAM_CLOSE_DELAY: &str = "24h";
+
+/// Upstream slots a hostname's route starts with: up to this many replicas on one node come
+/// and go without a reload of Caddy's configuration (12 shares evenly among 1, 2, 3, 4, 6 and
+/// 12 replicas; other counts get at most one slot more per replica).
+pub const SLOTS: usize = 12;
 
 /// After a switch, how long `publish` waits before it reports: requests already sent to the old
 /// generation finish before the cleanup step (which starts only after the publish succeeded)
@@ -340,7 +345,7 @@ impl Ingress {
         self.ensure_server()?;
         let id = route_id(hostname);
         let current = self.get(&format!("/id/{id}"))?;
-        let slots = self.slots(current.as_ref()).max(dials.len());
+        let slots = self.slots(current.as_ref()).max(dials.len()).max(SLOTS);
         let wanted_files: Vec<&String> = (0..slots).map(|k| &dials[k % dials.len()]).collect();
         open_folder(&self.upstreams, &self.folder(hostname))?;
         let mut changed = false;

@@ -5,7 +5,8 @@
 //! response through Caddy while another hostname answers 404; `pl status` and `pl jobs` reach
 //! it with `--local`; `pl up --watch` applies a new Environment file as it is written; `pl up`
 //! again changes nothing. A preview branch serves its preview hostname, and is torn down when
-//! the branch is deleted, production untouched.
+//! the branch is deleted, production untouched. A role scales from 1 to 3 replicas and back at
+//! the same generation, with no failed request meanwhile.
 //! Restart replay: with the agent and the reconciler SIGKILLed the URL keeps serving, and `pl up`
 //! brings them back with the same container and no new job. An invalid working tree and a
 //! release whose health check fails each end `pl up` with exit 1 and the reason (the failed
@@ -190,6 +191,59 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
             Some((200, "hello from pl up".into())),
             "production untouched"
         );
+
+        let ledger_url = format!("sqlite://{}", state.join("ledger.db").display());
+        // Scale 1 to 3 and back, at the same generation, under a request loop: no request fails.
+        let generation = || agent_support::sql(&ledger_url, "SELECT CAST(generation AS TEXT) FROM deployments WHERE environment = 'api-production'");
+        let replicas = || {
+            let o = Command::new("docker")
+                .arg("-H")
+                .arg(format!("unix://{}", socket.display()))
+                .args(["ps", "-q", "--filter", "label=dev.pushleft.environment=api-production"])
+                .output()
+                .expect("docker");
+            String::from_utf8_lossy(&o.stdout).lines().count()
+        };
+        let before = generation();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (failed, served) = (
+            std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+        );
+        let path = format!("/run/netns/{}", "plhost-up");
+        let requests = {
+            let (stop, failed, served) = (stop.clone(), failed.clone(), served.clone());
+            std::thread::spawn(move || {
+                let ns = std::fs::File::open(path).expect("netns");
+                nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+                let until = Instant::now() + Duration::from_secs(120);
+                for _ in 0..100_000 {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) || Instant::now() > until {
+                        break;
+                    }
+                    match get(http, "api.example.com.localhost") {
+                        Some((200, _)) => served.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                        _ => failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                    };
+                }
+            })
+        };
+        for (count, want) in [("replicas: 3", 3), ("replicas: 1", 1)] {
+            std::fs::write(repo_dir.join("projects/api.yaml"), project_healthy.replace("replicas: 1", count)).expect("write");
+            let (code, out, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
+            assert_eq!(code, 0, "{out}\n{err}");
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while replicas() != want {
+                assert!(Instant::now() < deadline, "never {want} replicas");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            std::thread::sleep(Duration::from_secs(2));
+            assert_eq!(generation(), before, "a scale, not a new generation");
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        requests.join().expect("requests");
+        assert_eq!(failed.load(std::sync::atomic::Ordering::Relaxed), 0, "requests failed during the scale");
+        assert!(served.load(std::sync::atomic::Ordering::Relaxed) > 10);
 
         // Nothing changed: quick, and the same container serves.
         let started = Instant::now();

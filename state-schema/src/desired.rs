@@ -448,8 +448,9 @@ fn infra_tasks(env: &Name, generation: u64, node: &Name) -> [(Task, Name); 3] {
 }
 
 /// The jobs of a scale at `generation` to `spec` (see [`crate::release::change`]), in the
-/// order they run: infrastructure on nodes the environment gains, new replicas, their ingress;
-/// then ingress on nodes it leaves, the replicas removed, and the networks of nodes left.
+/// order they run: infrastructure on nodes the environment gains, new replicas, ingress on every
+/// node whose web replicas changed (or that gains them); then ingress on nodes it leaves, the
+/// replicas removed, and the networks of nodes left.
 pub fn scale_tasks(spec: &DeploymentSpec, generation: u64, change: &crate::release::Change) -> Step {
     let crate::release::Change::Scale {
         added,
@@ -498,7 +499,20 @@ pub fn scale_tasks(spec: &DeploymentSpec, generation: u64, change: &crate::relea
             }
         }
     };
-    ingress(ingress_added, &mut out, false);
+    // Nodes that keep serving but whose web replicas change are published again (a scale's
+    // publish is a job of its own): after the new replicas, so they get traffic, and before the
+    // removed ones go, so no request reaches a replica that is gone.
+    let is_web = |role: &Name| spec.roles.get(role).is_some_and(|r| r.is_web());
+    let mut publish_on: Vec<Name> = added
+        .iter()
+        .chain(removed)
+        .filter(|i| is_web(&i.role) && spec.ingress_nodes.contains(&i.node))
+        .map(|i| i.node.clone())
+        .chain(ingress_added.iter().cloned())
+        .collect();
+    publish_on.sort();
+    publish_on.dedup();
+    ingress(&publish_on, &mut out, false);
     ingress(ingress_removed, &mut out, true);
     for i in removed {
         let task = Task::TeardownApplication {
@@ -665,6 +679,36 @@ mod tests {
         let (d, bad) = deployments(&drained, None, &mut fleet);
         assert!(d.is_empty());
         assert_eq!(bad[0].reason, "node pool main has no active node");
+    }
+
+    #[test]
+    fn a_scale_publishes_again_where_web_replicas_change_before_any_goes() {
+        let keys = |from: &str, to: &str| -> Vec<String> {
+            let old = placed(&state(&TREE.replace("replicas: 3", from))).0.remove(0).spec;
+            let new = placed(&state(&TREE.replace("replicas: 3", to))).0.remove(0).spec;
+            let change = crate::release::change(&old, &new);
+            assert!(matches!(change, crate::release::Change::Scale { .. }), "{from} to {to}");
+            scale_tasks(&new, 1, &change)
+                .iter()
+                .map(|(t, n)| format!("{}@{n}", t.idempotency_key()))
+                .collect()
+        };
+        // Three to two: n1 keeps serving with one replica fewer: its upstreams first.
+        assert_eq!(
+            keys("replicas: 3", "replicas: 2"),
+            [
+                "ingress:api-production/api.example.com:g1:publish@n1",
+                "app:api-production/web/2:g1:teardown@n1",
+            ]
+        );
+        // Two to three: the new replica on n1, then n1's upstreams.
+        assert_eq!(
+            keys("replicas: 2", "replicas: 3"),
+            [
+                "app:api-production/web/2:g1:ensure@n1",
+                "ingress:api-production/api.example.com:g1:publish@n1",
+            ]
+        );
     }
 
     #[test]
