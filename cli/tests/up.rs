@@ -9,8 +9,8 @@
 //! the same generation, with no failed request meanwhile.
 //! Restart replay: with the agent and the reconciler SIGKILLed the URL keeps serving, and `pl up`
 //! brings them back with the same container and no new job. An invalid working tree and a
-//! release whose health check fails each end `pl up` with exit 1 and the reason (the failed
-//! health's code), while the live release keeps serving. `pl down` tears the environment down
+//! release whose health check fails and one whose process exits at once each end `pl up` with
+//! exit 1 and the reason (the failing task's code), while the live release keeps serving. `pl down` tears the environment down
 //! (its containers, networks, firewall tables and rules gone), keeps the ledger and stops
 //! every process; `pl up` again works from the same ledger.
 
@@ -316,6 +316,17 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         let (code, out, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
         assert_eq!(code, 1, "{out}\n{err}");
         assert!(err.contains("health-deadline"), "the failed health's code: {err}");
+        assert_eq!(
+            get(http, "api.example.com.localhost"),
+            Some((200, "hello from pl up".into()))
+        );
+        // A release whose process exits at once: exit 1 with the code; the live release serves on.
+        let exits = project_healthy.replace("command: [/bin/busybox, httpd, -f, -p, '8080', -h, /www]", "command: [/bin/busybox, 'false']");
+        assert_ne!(exits, project_healthy);
+        std::fs::write(repo_dir.join("projects/api.yaml"), &exits).expect("write");
+        let (code, out, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
+        assert_eq!(code, 1, "{out}\n{err}");
+        assert!(err.contains("exited"), "the failed start's code: {err}");
         assert_eq!(
             get(http, "api.example.com.localhost"),
             Some((200, "hello from pl up".into()))
