@@ -118,7 +118,7 @@ impl Drop for Procs {
 fn the_whole_loop_rolls_out_serves_and_survives_a_killed_agent() {
     let before = machine_state();
     let base = PathBuf::from(format!("/tmp/plhost-{}", std::process::id()));
-    let host = Host::start("plhost-loop", &base);
+    let host = Host::start(&format!("plhost-loop-{}", std::process::id()), &base);
     let (registry, port) = host.registry();
     let _registry = Procs(vec![registry]);
     let one = host.image(

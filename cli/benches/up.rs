@@ -83,7 +83,7 @@ fn main() {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/debug/pl")
     };
     let base = PathBuf::from(format!("/tmp/plbench-up-{}", std::process::id()));
-    let host = Host::start("plbench-up", &base);
+    let host = Host::start(&format!("plbench-up-{}", std::process::id()), &base);
     let (registry, port) = host.registry();
     let image = host.image(port, "web", &[("/www/index.html", "bench\n"), ("/www/healthz", "ok\n")]);
     host.docker(&["pull", "-q", &image]);

@@ -10,7 +10,9 @@
 //! Restart replay: with the agent and the reconciler SIGKILLed the URL keeps serving, and `pl up`
 //! brings them back with the same container and no new job. An invalid working tree and a
 //! release whose health check fails and one whose process exits at once each end `pl up` with
-//! exit 1 and the reason (the failing task's code), while the live release keeps serving. `pl down` tears the environment down
+//! exit 1 and the reason (the failing task's code), while the live release keeps serving. A
+//! second release with the agent SIGKILLed right after it started the new container: the
+//! restarted agent adopts that container, the new release serves, the old one is stopped. `pl down` tears the environment down
 //! (its containers, networks, firewall tables and rules gone), keeps the ledger and stops
 //! every process; `pl up` again works from the same ledger.
 
@@ -80,7 +82,7 @@ fn get(port: u16, host: &str) -> Option<(u16, String)> {
 fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
     siblings();
     let base = PathBuf::from(format!("/tmp/plup-{}", std::process::id()));
-    let host = Host::start("plhost-up", &base);
+    let host = Host::start(&format!("plhost-up-{}", std::process::id()), &base);
     let (registry, port) = host.registry();
     let _registry = Kill(registry);
     let image = host.image(
@@ -98,10 +100,17 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
     repo.write("projects/api.yaml", &project("/healthz"));
     repo.write("envs/api-production.yaml", &environment("api-production", "api"));
     let (repo_dir, state, socket) = (repo.dir.clone(), dir.path().join("pl-state"), host.socket.clone());
+    let netns = host.netns.clone();
     let signers = dir.path().join("allowed_signers");
     std::fs::write(&signers, &repo.signers).expect("signers");
     let signed_state = dir.path().join("pl-state-signed");
     let (project_healthy, project_missing_health) = (project("/healthz"), project("/missing"));
+    let image_two = host.image(
+        port,
+        "web2",
+        &[("/www/index.html", "release two\n"), ("/www/healthz", "ok\n")],
+    );
+    let project_two = project_healthy.replace(&image, &image_two);
 
     host.run(move || {
         let http = 18_080;
@@ -210,7 +219,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
             std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         );
-        let path = format!("/run/netns/{}", "plhost-up");
+        let path = format!("/run/netns/{netns}");
         let requests = {
             let (stop, failed, served) = (stop.clone(), failed.clone(), served.clone());
             std::thread::spawn(move || {
@@ -335,6 +344,59 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         let (code, out, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
         assert_eq!(code, 0, "healthy again: {out}\n{err}");
 
+        // A second release (a new image digest), the agent SIGKILLed right after it started
+        // the new container: restarted, it adopts that container, the new release serves, and
+        // the old generation is stopped.
+        let generation_now: i64 = generation()[0].parse().expect("generation");
+        std::fs::write(repo_dir.join("projects/api.yaml"), &project_two).expect("write");
+        let mut first = Command::new(env!("CARGO_BIN_EXE_pl"))
+            .args(["up", "--node", "n1", "--port", &port_arg])
+            .arg(&repo_dir)
+            .env("PL_STATE_DIR", &state)
+            .env("PL_DOCKER_SOCKET", &socket)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("pl up");
+        let inner = |args: &[&str]| {
+            let o = Command::new("docker")
+                .arg("-H")
+                .arg(format!("unix://{}", socket.display()))
+                .args(args)
+                .output()
+                .expect("docker");
+            String::from_utf8_lossy(&o.stdout).trim().to_owned()
+        };
+        let new_container = format!("pl-api-production-web-0-g{}", generation_now + 1);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let started = loop {
+            let seen = inner(&["inspect", "--format", "{{.Id}} {{.State.Running}} {{.State.StartedAt}}", &new_container]);
+            if seen.contains(" true ") {
+                break seen;
+            }
+            assert!(Instant::now() < deadline, "the new container never started");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let pid = std::fs::read_to_string(state.join("agent.pid")).expect("pid");
+        assert!(Command::new("kill").args(["-9", pid.trim()]).status().expect("kill").success());
+        // The lease runs out (made to, here) and `pl up` brings the agent back.
+        agent_support::sql(&ledger_url, "UPDATE jobs SET lease_expires_at = 0 WHERE state = 'leased'");
+        let (code, out, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
+        assert_eq!(code, 0, "after the crash: {out}\n{err}");
+        assert_eq!(first.wait().expect("first pl up").code(), Some(0), "the first pl up converged too");
+        assert_eq!(
+            inner(&["inspect", "--format", "{{.Id}} {{.State.Running}} {{.State.StartedAt}}", &new_container]),
+            started,
+            "the very container, adopted"
+        );
+        assert_eq!(
+            agent_support::sql(&ledger_url, &format!("SELECT CAST(attempts AS TEXT) FROM jobs WHERE key LIKE 'app:api-production/web/0:g{}:ensure%'", generation_now + 1)),
+            ["2"]
+        );
+        assert_eq!(get(http, "api.example.com.localhost"), Some((200, "release two".into())));
+        let old = format!("pl-api-production-web-0-g{generation_now}");
+        assert_ne!(inner(&["inspect", "--format", "{{.State.Running}}", &old]), "true", "the old generation stopped");
+
         let (code, out, err) = pl(&["down"], &repo_dir, &state, &socket);
         assert_eq!(code, 0, "pl down: {out}\n{err}");
         let left = Command::new("docker")
@@ -372,7 +434,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         // `pl up` again works, from the same ledger.
         let (code, out, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
         assert_eq!(code, 0, "up again: {out}\n{err}");
-        assert_eq!(get(http, "api.example.com.localhost"), Some((200, "hello from pl up".into())));
+        assert_eq!(get(http, "api.example.com.localhost"), Some((200, "release two".into())));
         assert!(count_revisions() > revisions, "history kept and grown");
         let (code, out, err) = pl(&["down"], &repo_dir, &state, &socket);
         assert_eq!(code, 0, "pl down: {out}\n{err}");
@@ -394,7 +456,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         assert!(out.contains("judged against the allowed signers"), "{out}");
         assert_eq!(
             get(18_081, "api.example.com.localhost"),
-            Some((200, "hello from pl up".into()))
+            Some((200, "release two".into()))
         );
         // An unsigned commit is refused with its reason; the release in force serves on.
         std::fs::write(repo_dir.join("projects/api.yaml"), &project_missing_health).expect("write");
@@ -407,7 +469,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         );
         assert_eq!(
             get(18_081, "api.example.com.localhost"),
-            Some((200, "hello from pl up".into()))
+            Some((200, "release two".into()))
         );
         // One trust per control plane: local revisions are refused here until `pl down`.
         let (code, _, err) = pl(
