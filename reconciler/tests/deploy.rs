@@ -126,7 +126,8 @@ async fn scenario(url: String, dir: &Path) {
     );
 
     // A signed commit after it scales 3 -> 1: not a release, so no new generation. The delta is
-    // queued at generation 1 in order: ingress leaves n2, the two replicas go, n2's network.
+    // queued at generation 1 in order: n1 (which loses a replica) publishes its upstreams
+    // again, ingress leaves n2, the two replicas go, n2's network.
     let c3 = repo.commit("signed", true);
     let r = shared.pass().await.expect("pass");
     assert_eq!((r.judged, r.accepted, r.teardowns), (1, 1, 0));
@@ -141,6 +142,7 @@ async fn scenario(url: String, dir: &Path) {
     assert_eq!(
         queued().await,
         [
+            "ingress:api-production/api.example.com:g1:publish@n1",
             "ingress:api-production/api.example.com:g1:remove@n2",
             "app:api-production/web/1:g1:teardown@n2",
             "app:api-production/web/2:g1:teardown@n1",
@@ -156,8 +158,8 @@ async fn scenario(url: String, dir: &Path) {
         ["generation 1: 0 replicas added, 2 removed"]
     );
     complete_all(&shared.ledger).await;
-    // And back to 3: n2 gets its infrastructure first, then the replicas, then ingress on n2;
-    // replica 0 is not touched, nor re-released.
+    // And back to 3: n2 gets its infrastructure first, then the replicas, then ingress on n1
+    // (a replica more) and on n2; replica 0 is not touched, nor re-released.
     repo.write("projects/api.yaml", &project("api", 3));
     repo.commit("scale up", true);
     shared.pass().await.expect("pass");
@@ -169,6 +171,7 @@ async fn scenario(url: String, dir: &Path) {
             "routes:api-production:g1:ensure@n2",
             "app:api-production/web/1:g1:ensure@n2",
             "app:api-production/web/2:g1:ensure@n1",
+            "ingress:api-production/api.example.com:g1:publish@n1",
             "ingress:api-production/api.example.com:g1:publish@n2",
         ],
         "replicas removed and added again at one generation are queued again"
@@ -213,8 +216,8 @@ async fn scenario(url: String, dir: &Path) {
     shared.pass().await.expect("pass");
     assert_eq!(
         complete_all(&shared.ledger).await,
-        4,
-        "ingress, two replicas, a network"
+        5,
+        "ingress again on n1 and away from n2, two replicas, a network"
     );
     assert_eq!(rows(&url, "SELECT generation FROM deployments").await, ["2"]);
 
