@@ -104,6 +104,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
     let signers = dir.path().join("allowed_signers");
     std::fs::write(&signers, &repo.signers).expect("signers");
     let signed_state = dir.path().join("pl-state-signed");
+    let _detached = Detached(vec![state.clone(), signed_state.clone()]);
     let (project_healthy, project_missing_health) = (project("/healthz"), project("/missing"));
     let image_two = host.image(
         port,
@@ -490,5 +491,20 @@ impl Drop for Kill {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+/// The processes `pl up` detached, killed by their pid files when the test ends (a failing
+/// assertion included; `pl down` has stopped them already when it passes).
+struct Detached(Vec<PathBuf>);
+impl Drop for Detached {
+    fn drop(&mut self) {
+        for state in &self.0 {
+            for pid in ["agent.pid", "caddy.pid", "reconciler.pid"] {
+                if let Ok(pid) = std::fs::read_to_string(state.join(pid)) {
+                    let _ = Command::new("kill").args(["-9", pid.trim()]).status();
+                }
+            }
+        }
     }
 }
