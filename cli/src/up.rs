@@ -661,15 +661,7 @@ pub fn up(args: &UpArgs) -> Result<u8> {
         None => load(&repo, &Rev::WorkTree)?,
     };
     if !loaded.is_valid() {
-        eprint!(
-            "{}",
-            crate::render::diagnostics::text(
-                &loaded.diagnostics,
-                loaded.state.len(),
-                loaded.files,
-                crate::render::Paint::new(false)
-            )
-        );
+        report_invalid(&loaded);
         eprintln!(
             "pl up: {} is invalid; nothing was applied",
             rev.as_deref().unwrap_or("the working tree")
@@ -694,10 +686,9 @@ pub fn up(args: &UpArgs) -> Result<u8> {
             many.join(", ")
         ),
     };
-    let web = loaded.state.iter().any(|l| match &l.object.spec {
-        state_schema::model::Spec::Project(p) => p.roles.values().any(|r| r.workload.kind_name() == "web"),
-        _ => false,
-    });
+    // Caddy only when an environment serves a web role.
+    let environments = environments_of(&loaded.state);
+    let web = environments.iter().any(|e| e.2);
     if !docker_answers(&args.docker_socket) {
         bail!(
             "Docker does not answer at {}: install it (Debian: apt-get install docker.io) and start it (systemctl start docker)",
@@ -747,11 +738,24 @@ pub fn up(args: &UpArgs) -> Result<u8> {
         let _ = client.json("POST", "/v1/reconcile");
     }
     let timeout = Duration::from_secs(args.timeout_seconds);
-    let code = converge(&client, &head, &environments_of(&loaded.state), ports, timeout)?;
+    let code = converge(&client, &head, &environments, ports, timeout)?;
     if !args.watch {
         return Ok(code);
     }
     watch(&local, &client, ports, timeout)
+}
+
+/// Every problem of an invalid state, as `pl validate` prints them, to standard error.
+fn report_invalid(loaded: &state_schema::state::Loaded) {
+    eprint!(
+        "{}",
+        crate::render::diagnostics::text(
+            &loaded.diagnostics,
+            loaded.state.len(),
+            loaded.files,
+            crate::render::Paint::new(false)
+        )
+    );
 }
 
 /// The Repository's preview branch patterns.
@@ -804,15 +808,7 @@ fn watch(local: &Local, client: &Client, ports: Ports, timeout: Duration) -> Res
         while rx.recv_timeout(Duration::from_millis(300)).is_ok() {}
         let loaded = load(&repo, &Rev::WorkTree)?;
         if !loaded.is_valid() {
-            eprint!(
-                "{}",
-                crate::render::diagnostics::text(
-                    &loaded.diagnostics,
-                    loaded.state.len(),
-                    loaded.files,
-                    crate::render::Paint::new(false)
-                )
-            );
+            report_invalid(&loaded);
             eprintln!("pl up: the working tree is invalid; nothing was applied, still watching");
             continue;
         }

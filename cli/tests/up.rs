@@ -60,6 +60,17 @@ fn pl(args: &[&str], repo: &Path, state: &Path, socket: &Path) -> (i32, String, 
     )
 }
 
+/// The simulated host's engine CLI (`docker -H unix://SOCKET ARGS`): its trimmed output.
+fn docker(socket: &Path, args: &[&str]) -> String {
+    let o = Command::new("docker")
+        .arg("-H")
+        .arg(format!("unix://{}", socket.display()))
+        .args(args)
+        .output()
+        .expect("docker");
+    String::from_utf8_lossy(&o.stdout).trim().to_owned()
+}
+
 fn get(port: u16, host: &str) -> Option<(u16, String)> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
@@ -206,13 +217,9 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         // Scale 1 to 3 and back, at the same generation, under a request loop: no request fails.
         let generation = || agent_support::sql(&ledger_url, "SELECT CAST(generation AS TEXT) FROM deployments WHERE environment = 'api-production'");
         let replicas = || {
-            let o = Command::new("docker")
-                .arg("-H")
-                .arg(format!("unix://{}", socket.display()))
-                .args(["ps", "-q", "--filter", "label=dev.pushleft.environment=api-production"])
-                .output()
-                .expect("docker");
-            String::from_utf8_lossy(&o.stdout).lines().count()
+            docker(&socket, &["ps", "-q", "--filter", "label=dev.pushleft.environment=api-production"])
+                .lines()
+                .count()
         };
         let before = generation();
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -275,17 +282,8 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         let count_jobs = || agent_support::sql(&ledger, "SELECT CAST(COUNT(*) AS TEXT) FROM jobs");
         let jobs = count_jobs();
         let container = || {
-            let docker = |args: &[&str]| {
-                let o = Command::new("docker")
-                    .arg("-H")
-                    .arg(format!("unix://{}", socket.display()))
-                    .args(args)
-                    .output()
-                    .expect("docker");
-                String::from_utf8_lossy(&o.stdout).trim().to_owned()
-            };
-            let id = docker(&["ps", "-q", "--filter", "label=dev.pushleft.environment=api-production"]);
-            docker(&["inspect", "--format", "{{.Id}} {{.State.StartedAt}}", &id])
+            let id = docker(&socket, &["ps", "-q", "--filter", "label=dev.pushleft.environment=api-production"]);
+            docker(&socket, &["inspect", "--format", "{{.Id}} {{.State.StartedAt}}", &id])
         };
         let serving = container();
         for pid in ["agent.pid", "reconciler.pid"] {
@@ -359,15 +357,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("pl up");
-        let inner = |args: &[&str]| {
-            let o = Command::new("docker")
-                .arg("-H")
-                .arg(format!("unix://{}", socket.display()))
-                .args(args)
-                .output()
-                .expect("docker");
-            String::from_utf8_lossy(&o.stdout).trim().to_owned()
-        };
+        let inner = |args: &[&str]| docker(&socket, args);
         let new_container = format!("pl-api-production-web-0-g{}", generation_now + 1);
         let deadline = Instant::now() + Duration::from_secs(60);
         let started = loop {
@@ -400,28 +390,15 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
 
         let (code, out, err) = pl(&["down"], &repo_dir, &state, &socket);
         assert_eq!(code, 0, "pl down: {out}\n{err}");
-        let left = Command::new("docker")
-            .arg("-H")
-            .arg(format!("unix://{}", socket.display()))
-            .args(["ps", "-aq", "--filter", "label=dev.pushleft.environment=api-production"])
-            .output()
-            .expect("docker");
-        assert!(
-            String::from_utf8_lossy(&left.stdout).trim().is_empty(),
-            "containers gone"
-        );
+        let left = docker(&socket, &["ps", "-aq", "--filter", "label=dev.pushleft.environment=api-production"]);
+        assert!(left.is_empty(), "containers gone");
         for pid in ["reconciler.pid", "agent.pid", "caddy.pid"] {
             assert!(!state.join(pid).exists(), "{pid} stopped");
         }
         assert!(state.join("ledger.db").exists(), "the history stays");
         // The networks, firewall tables and routes are gone too (this thread is on the host).
-        let networks = Command::new("docker")
-            .arg("-H")
-            .arg(format!("unix://{}", socket.display()))
-            .args(["network", "ls", "--format", "{{.Name}}"])
-            .output()
-            .expect("docker");
-        assert!(!String::from_utf8_lossy(&networks.stdout).contains("pl_"), "networks gone");
+        let networks = docker(&socket, &["network", "ls", "--format", "{{.Name}}"]);
+        assert!(!networks.contains("pl_"), "networks gone");
         let tables = Command::new("nft").args(["list", "tables"]).output().expect("nft");
         assert!(!String::from_utf8_lossy(&tables.stdout).contains("pl_"), "tables gone");
         let rules = Command::new("ip").arg("rule").output().expect("ip");
