@@ -171,6 +171,16 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
     }
     let _kill = Kill(children);
     wait_port(admin);
+    // The port opens before Caddy has loaded its first configuration (it restarts its admin
+    // endpoint then): wait until the admin API answers.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ureq::get(&format!("http://127.0.0.1:{admin}/config/"))
+        .call()
+        .is_ok_and(|r| r.status().as_u16() == 200)
+    {
+        assert!(Instant::now() < deadline, "Caddy's admin API never answered");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     for (port, _) in &upstreams {
         wait_port(*port);
     }
