@@ -63,6 +63,18 @@ fn agent() -> ureq::Agent {
         .into()
 }
 
+/// An admin call, made again once after 100 ms when the connection failed: Caddy restarts its
+/// admin endpoint while it loads a configuration, and a call at that instant is cut.
+fn once_more<T>(call: impl Fn() -> Result<T, ureq::Error>) -> Result<T, ureq::Error> {
+    match call() {
+        Err(ureq::Error::Io(_) | ureq::Error::ConnectionFailed) => {
+            std::thread::sleep(Duration::from_millis(100));
+            call()
+        }
+        other => other,
+    }
+}
+
 fn caddy(code: &'static str, e: impl std::fmt::Display) -> Failure {
     retryable(code, format!("caddy admin: {e}"))
 }
@@ -240,10 +252,8 @@ impl Ingress {
     }
 
     fn get(&self, path: &str) -> Result<Option<Value>, Failure> {
-        let mut r = agent()
-            .get(&self.url(path))
-            .call()
-            .map_err(|e| caddy("caddy-unavailable", e))?;
+        let url = self.url(path);
+        let mut r = once_more(|| agent().get(&url).call()).map_err(|e| caddy("caddy-unavailable", e))?;
         match r.status().as_u16() {
             200 => Ok(Some(
                 r.body_mut().read_json().map_err(|e| caddy("caddy-unavailable", e))?,
@@ -258,13 +268,13 @@ impl Ingress {
     fn send(&self, method: &str, path: &str, body: Option<&Value>) -> Result<(), Failure> {
         let a = agent();
         let url = self.url(path);
-        let r = match (method, body) {
+        let r = once_more(|| match (method, body) {
             ("DELETE", _) => a.delete(&url).call(),
             ("PUT", Some(b)) => a.put(&url).send_json(b),
             ("PATCH", Some(b)) => a.patch(&url).send_json(b),
             ("POST", Some(b)) => a.post(&url).send_json(b),
-            _ => return Err(permanent("ingress-internal", "unknown admin call")),
-        }
+            _ => Err(ureq::Error::BadUri("unknown admin call".into())),
+        })
         .map_err(|e| caddy("caddy-unavailable", e))?;
         let status = r.status().as_u16();
         if (200..300).contains(&status) {
