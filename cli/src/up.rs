@@ -53,6 +53,10 @@ pub struct UpArgs {
     /// After applying, keep applying the working tree as its files change.
     #[arg(long, conflicts_with_all = ["rev", "allowed_signers"])]
     pub watch: bool,
+    /// An age identity that opens the Secrets the environments use (as for `pl secret show`):
+    /// the local control plane reseals them to its node with it, as a control host does.
+    #[arg(long, value_name = "FILE", env = "PL_AGE_IDENTITY")]
+    pub identity: Option<PathBuf>,
 }
 
 /// How a local control plane trusts what it applies.
@@ -423,6 +427,68 @@ impl Local {
         Ok((sha, true))
     }
 
+    /// The age identity the local reconciler reseals Secrets with: `identity` (kept, 0600, in
+    /// the state folder, so the background reconciler needs nothing of the caller's), or the
+    /// one kept by an earlier `pl up`. Refused before anything starts when the environments use
+    /// Secrets and no identity opens every one of them.
+    fn settle_identity(&self, state: &state_schema::state::State, identity: Option<&Path>) -> Result<()> {
+        use state_repo::secrets;
+        use std::os::unix::fs::OpenOptionsExt;
+        let kept = self.path("age-identity");
+        let path = match identity {
+            Some(p) => p.to_owned(),
+            None => kept.clone(),
+        };
+        let used: std::collections::BTreeSet<&str> = state
+            .environments()
+            .filter_map(|(_, e)| state.project(e.project.as_str()))
+            .flat_map(|p| p.secrets.iter().map(|n| n.as_str()))
+            .collect();
+        if used.is_empty() && identity.is_none() {
+            return Ok(());
+        }
+        if identity.is_none() && !kept.exists() {
+            bail!(
+                "[secret-no-identity] the environments use Secrets ({}): give pl up an age identity that opens them (--identity FILE, or PL_AGE_IDENTITY), as for `pl secret show`",
+                used.iter().copied().collect::<Vec<_>>().join(", ")
+            );
+        }
+        let ids = secrets::load_identities(&path).map_err(|e| anyhow!("[{}] {e}", e.code()))?;
+        for name in &used {
+            let Some(located) = state.get(state_schema::model::Kind::Secret, name) else {
+                continue;
+            };
+            let state_schema::model::Spec::Secret(secret) = &located.object.spec else {
+                continue;
+            };
+            if let Some((key, value)) = secret.data.iter().next()
+                && secrets::decrypt(value.armored(), &ids).is_err()
+            {
+                bail!(
+                    "[secret-not-decryptable] {} does not open {key} of Secret {name}: add its recipient to the Secret (`pl secret recipients {name} --add RECIPIENT`) or give the identity that does",
+                    path.display()
+                );
+            }
+        }
+        if identity.is_some() {
+            let bytes = zeroize::Zeroizing::new(std::fs::read(&path)?);
+            let same = std::fs::read(&kept).is_ok_and(|k| zeroize::Zeroizing::new(k) == bytes);
+            if !same {
+                let tmp = self.path("age-identity.new");
+                let _ = std::fs::remove_file(&tmp);
+                let mut f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(&tmp)?;
+                std::io::Write::write_all(&mut f, &bytes)?;
+                f.sync_all()?;
+                std::fs::rename(&tmp, &kept)?;
+            }
+        }
+        Ok(())
+    }
+
     /// The trust this control plane was set up with (`mode`): a different one is refused.
     fn settle_trust(&self, trust: &Trust) -> Result<()> {
         let path = self.path("mode");
@@ -450,11 +516,16 @@ impl Local {
     /// The reconciler, started when it does not run; waits until it answers.
     fn reconciler(&self, ports: Ports, trust: &Trust, previews: &[String]) -> Result<Client> {
         let config = format!(
-            "[source]\npath = {:?}\nbranch = \"main\"\npreview_branches = {:?}\n\n{}\n[ledger]\nurl = \"sqlite://{}\"\n\n[reconcile]\ninterval_seconds = 2\n\n[control]\nca_cert = \"tls/ca.crt\"\nca_key = \"tls/ca.key\"\n\n[agent_api]\nlisten = \"127.0.0.1:{}\"\n\n[api]\nlisten = \"127.0.0.1:{}\"\ntls_cert = \"tls/api.crt\"\ntls_key = \"tls/api.key\"\n\n{}\n",
+            "[source]\npath = {:?}\nbranch = \"main\"\npreview_branches = {:?}\n\n{}\n[ledger]\nurl = \"sqlite://{}\"\n\n[reconcile]\ninterval_seconds = 2\n\n[control]\nca_cert = \"tls/ca.crt\"\nca_key = \"tls/ca.key\"\n{}\n[agent_api]\nlisten = \"127.0.0.1:{}\"\n\n[api]\nlisten = \"127.0.0.1:{}\"\ntls_cert = \"tls/api.crt\"\ntls_key = \"tls/api.key\"\n\n{}\n",
             self.path("mirror.git"),
             previews,
             trust.table(),
             self.path("ledger.db").display(),
+            if self.path("age-identity").exists() {
+                "age_identity = \"age-identity\"\n"
+            } else {
+                ""
+            },
             ports.agent,
             ports.api,
             std::fs::read_to_string(self.path("tokens.toml"))?
@@ -705,6 +776,7 @@ pub fn up(args: &UpArgs) -> Result<u8> {
         );
     }
     local.settle_trust(&trust)?;
+    local.settle_identity(&loaded.state, args.identity.as_deref())?;
     let (head, moved) = match &trust {
         Trust::Local => {
             let applied = local.commit_worktree(&[], rev.as_deref())?;

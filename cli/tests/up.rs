@@ -12,7 +12,9 @@
 //! release whose health check fails and one whose process exits at once each end `pl up` with
 //! exit 1 and the reason (the failing task's code), while the live release keeps serving. A
 //! second release with the agent SIGKILLed right after it started the new container: the
-//! restarted agent adopts that container, the new release serves, the old one is stopped. `pl down` tears the environment down
+//! restarted agent adopts that container, the new release serves, the old one is stopped. A
+//! secret set with `pl secret set` reaches the application as `/run/secrets/KEY`, and is in no
+//! container configuration, ledger or log; without an identity that opens it `pl up` refuses. `pl down` tears the environment down
 //! (its containers, networks, firewall tables and rules gone), keeps the ledger and stops
 //! every process; `pl up` again works from the same ledger.
 
@@ -166,6 +168,11 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
             .spawn()
             .expect("pl up --watch");
         std::thread::sleep(Duration::from_secs(1));
+        assert_eq!(
+            get(http, "staging.example.com.localhost").map(|r| r.0),
+            Some(404),
+            "the hostname answers 404 before its environment exists"
+        );
         std::fs::write(
             repo_dir.join("envs/api-staging.yaml"),
             "apiVersion: pushleft.dev/v1alpha1\nkind: Environment\nmetadata: {name: api-staging}\nspec: {project: api, stage: production, pool: main, hostname: staging.example.com}\n",
@@ -178,6 +185,11 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         }
         let _ = watching.kill();
         let _ = watching.wait();
+        assert_eq!(
+            get(http, "other.example.com.localhost").map(|r| r.0),
+            Some(404),
+            "another hostname still answers 404"
+        );
 
         // A preview branch: its preview hostname serves; deleted, its environment goes and
         // production is untouched.
@@ -307,6 +319,28 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         assert_eq!(container(), serving, "the same container");
         assert_eq!(count_jobs(), jobs, "no job added");
 
+        // Caddy's routes, which no refused or failed release below may change.
+        let caddy_admin = {
+            let ports: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(state.join("ports.json")).expect("ports")).expect("json");
+            ports["caddy"].as_u64().expect("caddy port") as u16
+        };
+        let routes = move || {
+            let agent: ureq::Agent = ureq::Agent::config_builder()
+                .timeout_global(Some(Duration::from_secs(2)))
+                .build()
+                .into();
+            agent
+                .get(&format!("http://127.0.0.1:{caddy_admin}/config/apps/http/servers"))
+                .call()
+                .expect("caddy admin")
+                .body_mut()
+                .read_to_string()
+                .expect("routes")
+        };
+        let routes_before = routes();
+        assert!(routes_before.contains("pl-api.example.com"), "{routes_before}");
+
         // An invalid working tree: every problem, exit 1, nothing applied.
         std::fs::write(
             repo_dir.join("envs/broken.yaml"),
@@ -339,6 +373,67 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
             get(http, "api.example.com.localhost"),
             Some((200, "hello from pl up".into()))
         );
+        assert_eq!(routes(), routes_before, "Caddy's routes unchanged by the failed releases");
+
+        // A secret set with `pl secret set` reaches the application as /run/secrets/TOKEN and
+        // nowhere else: not in the container's configuration, the ledger or any log.
+        let dev = dir.path().join("dev.key");
+        let o = Command::new("age-keygen").arg("-o").arg(&dev).output().expect("age-keygen");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        std::fs::set_permissions(&dev, std::os::unix::fs::PermissionsExt::from_mode(0o600)).expect("chmod");
+        let recipient = Command::new("age-keygen").arg("-y").arg(&dev).output().expect("age-keygen -y");
+        let recipient = String::from_utf8_lossy(&recipient.stdout).trim().to_owned();
+        // Locally, the developer's identity is the control plane's: the Repository names its
+        // recipient as the control recipient, which every Secret lists.
+        let root = std::fs::read_to_string(repo_dir.join("pushleft.yaml")).expect("root");
+        std::fs::write(
+            repo_dir.join("pushleft.yaml"),
+            root.replace("spec: {", &format!("spec: {{controlRecipient: {recipient}, ")),
+        )
+        .expect("write");
+        std::fs::create_dir_all(repo_dir.join("secrets")).expect("mkdir");
+        std::fs::write(
+            repo_dir.join("secrets/api.yaml"),
+            format!("apiVersion: pushleft.dev/v1alpha1\nkind: Secret\nmetadata: {{name: api-secrets}}\nspec:\n  recipients: [{recipient}]\n"),
+        )
+        .expect("write");
+        let value = "s3cr3t-value-for-the-up-test";
+        let mut set = Command::new(env!("CARGO_BIN_EXE_pl"))
+            .args(["secret", "set", "api-secrets", "TOKEN", "-C"])
+            .arg(&repo_dir)
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("pl secret set");
+        std::io::Write::write_all(&mut set.stdin.take().expect("stdin"), value.as_bytes()).expect("value");
+        assert!(set.wait().expect("pl secret set").success());
+        std::fs::write(
+            repo_dir.join("projects/api.yaml"),
+            format!("{project_healthy}  secrets: [api-secrets]\n"),
+        )
+        .expect("write");
+        // Without an identity that opens it, refused before anything is applied.
+        let (code, _, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
+        assert_eq!(code, 1);
+        assert!(err.contains("secret-no-identity"), "{err}");
+        let dev_arg = dev.to_string_lossy().into_owned();
+        let (code, out, err) = pl(
+            &["up", "--node", "n1", "--port", &port_arg, "--identity", &dev_arg],
+            &repo_dir,
+            &state,
+            &socket,
+        );
+        assert_eq!(code, 0, "with the identity: {out}\n{err}");
+        let id = docker(&socket, &["ps", "-q", "--filter", "label=dev.pushleft.environment=api-production"]);
+        assert_eq!(docker(&socket, &["exec", &id, "/bin/busybox", "cat", "/run/secrets/TOKEN"]), value);
+        let inspected = docker(&socket, &["inspect", &id]);
+        assert!(!inspected.contains(value), "not in the container's configuration");
+        for file in ["ledger.db", "reconciler.log", "agent.log", "caddy.log"] {
+            let bytes = std::fs::read(state.join(file)).unwrap_or_default();
+            assert!(
+                !bytes.windows(value.len()).any(|w| w == value.as_bytes()),
+                "the secret is in {file}"
+            );
+        }
         std::fs::write(repo_dir.join("projects/api.yaml"), &project_healthy).expect("write");
         let (code, out, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
         assert_eq!(code, 0, "healthy again: {out}\n{err}");
@@ -449,6 +544,22 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
             get(18_081, "api.example.com.localhost"),
             Some((200, "release two".into()))
         );
+        // An invalid signed commit: every problem, exit 1, the release in force serves on.
+        std::fs::write(repo_dir.join("projects/api.yaml"), &project_two).expect("write");
+        std::fs::write(
+            repo_dir.join("envs/broken.yaml"),
+            "apiVersion: pushleft.dev/v1alpha1\nkind: Environment\nmetadata: {name: Broken}\n",
+        )
+        .expect("write");
+        repo.commit("invalid", true);
+        let (code, _, err) = pl(&signed, &repo_dir, &signed_state, &socket);
+        assert_eq!(code, 1);
+        assert!(err.contains("envs/broken.yaml:") && err.contains("error["), "{err}");
+        assert_eq!(
+            get(18_081, "api.example.com.localhost"),
+            Some((200, "release two".into()))
+        );
+        std::fs::remove_file(repo_dir.join("envs/broken.yaml")).expect("rm");
         // One trust per control plane: local revisions are refused here until `pl down`.
         let (code, _, err) = pl(
             &["up", "--node", "n1", "--port", "18081"],
