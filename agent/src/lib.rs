@@ -4,6 +4,7 @@
 //! Architecture invariant: the agent sees no SQL and no domain types of the control plane: it
 //! speaks `agent-proto`, and Docker only through bollard (`docker.rs`).
 
+pub mod build;
 pub mod client;
 pub mod docker;
 pub mod enroll;

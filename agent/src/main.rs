@@ -1,5 +1,5 @@
 //! `pl-agent`: the node agent. `enroll` joins the fleet; `run` leases this node's jobs and
-//! executes them (JSON logs on stderr, `PL_LOG` filters them).
+//! executes them (JSON logs on stderr, `PL_LOG` filters them); `build` serves `pl up --build`.
 
 use pushleft_agent::enroll;
 
@@ -32,6 +32,19 @@ enum Command {
         /// Where the node's key, identity and certificates go (created 0700).
         #[arg(long)]
         dir: PathBuf,
+    },
+    /// Build DIR's Dockerfile on the engine and push it to a registry on loopback; prints its
+    /// reference by digest (the build's output goes to standard error).
+    Build {
+        /// The Docker engine's socket.
+        #[arg(long, default_value = "/var/run/docker.sock")]
+        docker_socket: PathBuf,
+        /// The folder holding the Dockerfile (the build context).
+        #[arg(long)]
+        context: PathBuf,
+        /// The repository to push to, on a loopback registry (`127.0.0.1:PORT/NAME`).
+        #[arg(long)]
+        repository: String,
     },
     /// Heartbeat, lease this node's jobs and execute them, until stopped.
     Run {
@@ -70,6 +83,29 @@ fn run(cli: Cli) -> Result<()> {
                 dir.join(enroll::CERT).display(),
                 answer.not_after_ms
             );
+            Ok(())
+        }
+        Command::Build {
+            docker_socket,
+            context,
+            repository,
+        } => {
+            // A registry elsewhere would send the image off the machine: loopback only.
+            let host = repository.split('/').next().unwrap_or_default();
+            if !(host.starts_with("127.") || host.starts_with("localhost:") || host.starts_with("[::1]:")) {
+                anyhow::bail!("--repository {repository} is not on a loopback registry");
+            }
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the runtime")?;
+            let reference = rt.block_on(pushleft_agent::build::build_and_push(
+                &docker_socket,
+                &context,
+                &repository,
+                |line| eprintln!("{line}"),
+            ))?;
+            println!("{reference}");
             Ok(())
         }
         Command::Run { config } => {

@@ -2,6 +2,7 @@
 
 #[macro_use]
 mod out;
+mod build;
 mod commands;
 mod operator;
 mod secret;

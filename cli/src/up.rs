@@ -57,6 +57,10 @@ pub struct UpArgs {
     /// the local control plane reseals them to its node with it, as a control host does.
     #[arg(long, value_name = "FILE", env = "PL_AGE_IDENTITY")]
     pub identity: Option<PathBuf>,
+    /// Build DIR's Dockerfile and run that image as PROJECT's for this local run only (pinned
+    /// by digest in the local revision; your files are not changed). Repeatable.
+    #[arg(long = "build", value_name = "PROJECT=DIR", conflicts_with = "allowed_signers")]
+    pub builds: Vec<crate::build::Build>,
 }
 
 /// How a local control plane trusts what it applies.
@@ -110,6 +114,9 @@ struct Ports {
     agent: u16,
     caddy: u16,
     http: u16,
+    /// The local registry `--build` pushes to (0: none chosen yet).
+    #[serde(default)]
+    registry: u16,
 }
 
 fn free_port() -> Result<u16> {
@@ -117,7 +124,7 @@ fn free_port() -> Result<u16> {
 }
 
 /// A program of ours: beside `pl` first, then on `PATH`.
-fn tool(name: &str) -> Result<PathBuf> {
+pub(crate) fn tool(name: &str) -> Result<PathBuf> {
     if let Some(dir) = std::env::current_exe()
         .ok()
         .and_then(|p| p.parent().map(Path::to_path_buf))
@@ -130,8 +137,29 @@ fn tool(name: &str) -> Result<PathBuf> {
     on_path(name).ok_or_else(|| anyhow!("{name} is neither beside pl nor on PATH: install it with pl (cargo install --path reconciler / agent, or the release archive)"))
 }
 
-fn on_path(name: &str) -> Option<PathBuf> {
+pub(crate) fn on_path(name: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(name)).find(|p| p.is_file()))
+}
+
+/// Runs a helper program with `input` on its standard input; its standard output.
+fn run_with_input(cmd: &mut Command, input: &[u8]) -> Result<String> {
+    use std::io::Write;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running {:?}", cmd.get_program()))?;
+    child.stdin.take().context("stdin")?.write_all(input)?;
+    let o = child.wait_with_output()?;
+    if !o.status.success() {
+        bail!(
+            "{:?} failed: {}",
+            cmd.get_program(),
+            String::from_utf8_lossy(&o.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&o.stdout).trim().to_owned())
 }
 
 /// Runs a helper program to its end; its standard output, or its error output as the error.
@@ -151,7 +179,7 @@ fn run(cmd: &mut Command) -> Result<String> {
 }
 
 /// Whether the process in `pid_file` still runs `program`.
-fn alive(pid_file: &Path, program: &str) -> Option<u32> {
+pub(crate) fn alive(pid_file: &Path, program: &str) -> Option<u32> {
     let pid: u32 = std::fs::read_to_string(pid_file).ok()?.trim().parse().ok()?;
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
     String::from_utf8_lossy(&cmdline).contains(program).then_some(pid)
@@ -159,7 +187,7 @@ fn alive(pid_file: &Path, program: &str) -> Option<u32> {
 
 /// Starts `cmd` in the background, in a session of its own (it outlives `pl`), its output to
 /// `log`, its pid to `pid_file`.
-fn spawn_detached(cmd: &mut Command, log: &Path, pid_file: &Path) -> Result<std::process::Child> {
+pub(crate) fn spawn_detached(cmd: &mut Command, log: &Path, pid_file: &Path) -> Result<std::process::Child> {
     use std::os::unix::process::CommandExt;
     let out = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
     let child = cmd
@@ -273,6 +301,7 @@ impl Local {
                         Some(p) => p,
                         None => free_port()?,
                     },
+                    registry: 0,
                 };
                 std::fs::write(self.path("ports.json"), serde_json::to_vec(&p)?)?;
                 p
@@ -283,12 +312,24 @@ impl Local {
 
     /// Commits `tree_from` (the working tree) into the mirror's `main`, signed by the local
     /// key; nothing when the tree is the same as `main`'s. The new head, and whether it moved.
-    fn commit_worktree(&self, leave_out: &[String], rev: Option<&str>) -> Result<(String, bool)> {
-        self.commit_to("refs/heads/main", leave_out, rev)
+    fn commit_worktree(
+        &self,
+        leave_out: &[String],
+        rev: Option<&str>,
+        replace: &[(String, String)],
+    ) -> Result<(String, bool)> {
+        self.commit_to("refs/heads/main", leave_out, rev, replace)
     }
 
-    /// The same, into the mirror's branch `reference`.
-    fn commit_to(&self, reference: &str, leave_out: &[String], rev: Option<&str>) -> Result<(String, bool)> {
+    /// The same, into the mirror's branch `reference`, with the files of `replace` (`--build`'s
+    /// image pins) in place of the user's.
+    fn commit_to(
+        &self,
+        reference: &str,
+        leave_out: &[String],
+        rev: Option<&str>,
+        replace: &[(String, String)],
+    ) -> Result<(String, bool)> {
         let mirror = self.path("mirror.git");
         let index = self.path("index");
         let _ = std::fs::remove_file(&index);
@@ -313,6 +354,13 @@ impl Local {
                 .args(["rm", "-q", "--cached", "--", file])
                 .env("GIT_INDEX_FILE", &index))?;
         }
+        for (file, text) in replace {
+            let blob = run_with_input(git(&mirror).args(["hash-object", "-w", "--stdin"]), text.as_bytes())?;
+            run(git(&mirror)
+                .args(["update-index", "--add", "--cacheinfo"])
+                .arg(format!("100644,{blob},{file}"))
+                .env("GIT_INDEX_FILE", &index))?;
+        }
         let tree = run(git(&mirror).arg("write-tree").env("GIT_INDEX_FILE", &index))?;
         let parent = run(git(&mirror).args(["rev-parse", "-q", "--verify", reference])).ok();
         if let Some(p) = &parent
@@ -326,9 +374,17 @@ impl Local {
             .arg(format!("user.signingkey={}", self.path("local.key").display()))
             .args(["commit-tree", &tree, "-S", "-m"])
             .arg(format!(
-                "pl up: {} of {}",
+                "pl up: {} of {}{}",
                 rev.unwrap_or("the working tree"),
-                self.repo.display()
+                self.repo.display(),
+                if replace.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        ", with the images pl up --build made in {}",
+                        replace.iter().map(|r| r.0.as_str()).collect::<Vec<_>>().join(", ")
+                    )
+                }
             ));
         if let Some(p) = &parent {
             commit.args(["-p", p]);
@@ -369,7 +425,7 @@ impl Local {
         for branch in &theirs {
             let reference = format!("refs/heads/{branch}");
             moved |= match trust {
-                Trust::Local => self.commit_to(&reference, &[], Some(branch))?.1,
+                Trust::Local => self.commit_to(&reference, &[], Some(branch), &[])?.1,
                 Trust::Signed { .. } => {
                     let sha = self.fetch(branch)?;
                     let before = run(git(&mirror).args(["rev-parse", "-q", "--verify", &reference])).ok();
@@ -487,6 +543,35 @@ impl Local {
             }
         }
         Ok(())
+    }
+
+    /// `--build`: the local registry (its port chosen once), each image built and pushed, and
+    /// the files that pin them in the local revision (none without `--build`).
+    fn build(
+        &self,
+        builds: &[crate::build::Build],
+        state: &state_schema::state::State,
+        rev: Option<&str>,
+        socket: &Path,
+    ) -> Result<Vec<(String, String)>> {
+        if builds.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut ports: Ports = serde_json::from_slice(&std::fs::read(self.path("ports.json"))?)?;
+        if ports.registry == 0 {
+            ports.registry = free_port()?;
+            std::fs::write(self.path("ports.json"), serde_json::to_vec(&ports)?)?;
+        }
+        crate::build::registry(&self.state, ports.registry)?;
+        let built = crate::build::build_all(builds, ports.registry, socket)?;
+        crate::build::overrides(state, &built, |file| match rev {
+            None => Ok(std::fs::read_to_string(self.repo.join(file))?),
+            Some(r) => Ok(run(Command::new("git")
+                .arg("-C")
+                .arg(&self.repo)
+                .args(["show", &format!("{r}:{file}")]))?
+                + "\n"),
+        })
     }
 
     /// The trust this control plane was set up with (`mode`): a different one is refused.
@@ -739,6 +824,7 @@ pub fn up(args: &UpArgs) -> Result<u8> {
         );
         return Ok(1);
     }
+    crate::build::check(&args.builds, &loaded.state)?;
     let nodes: Vec<String> = loaded
         .state
         .pools()
@@ -777,9 +863,10 @@ pub fn up(args: &UpArgs) -> Result<u8> {
     }
     local.settle_trust(&trust)?;
     local.settle_identity(&loaded.state, args.identity.as_deref())?;
+    let replace = local.build(&args.builds, &loaded.state, rev.as_deref(), &args.docker_socket)?;
     let (head, moved) = match &trust {
         Trust::Local => {
-            let applied = local.commit_worktree(&[], rev.as_deref())?;
+            let applied = local.commit_worktree(&[], rev.as_deref(), &replace)?;
             println!(
                 "pl up: applying {} of {} as local revision {} (signed by this machine's local key, which only pl up trusts)",
                 rev.as_deref().unwrap_or("the working tree"),
@@ -814,7 +901,7 @@ pub fn up(args: &UpArgs) -> Result<u8> {
     if !args.watch {
         return Ok(code);
     }
-    watch(&local, &client, ports, timeout)
+    watch(&local, &client, ports, timeout, &args.builds, &args.docker_socket)
 }
 
 /// Every problem of an invalid state, as `pl validate` prints them, to standard error.
@@ -856,7 +943,14 @@ fn environments_of(state: &state_schema::state::State) -> Vec<(String, String, b
 
 /// `--watch`: every change of the working tree (outside `.git`), 300 ms after the last one,
 /// is validated and applied like the first; until the process is stopped.
-fn watch(local: &Local, client: &Client, ports: Ports, timeout: Duration) -> Result<u8> {
+fn watch(
+    local: &Local,
+    client: &Client,
+    ports: Ports,
+    timeout: Duration,
+    builds: &[crate::build::Build],
+    socket: &Path,
+) -> Result<u8> {
     use notify::Watcher;
     let (tx, rx) = std::sync::mpsc::channel();
     let git_dir = local.repo.join(".git");
@@ -868,6 +962,14 @@ fn watch(local: &Local, client: &Client, ports: Ports, timeout: Duration) -> Res
         }
     })?;
     watcher.watch(&local.repo, notify::RecursiveMode::Recursive)?;
+    // A build's folder outside the repository is watched too: a change there is rebuilt.
+    for b in builds {
+        if let Ok(dir) = std::fs::canonicalize(&b.dir)
+            && !dir.starts_with(&local.repo)
+        {
+            watcher.watch(&dir, notify::RecursiveMode::Recursive)?;
+        }
+    }
     println!(
         "pl up: watching {} for changes (Ctrl-C stops watching; the environments keep running)",
         local.repo.display()
@@ -884,7 +986,14 @@ fn watch(local: &Local, client: &Client, ports: Ports, timeout: Duration) -> Res
             eprintln!("pl up: the working tree is invalid; nothing was applied, still watching");
             continue;
         }
-        let (head, moved) = local.commit_worktree(&[], None)?;
+        let replace = match local.build(builds, &loaded.state, None, socket) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("pl up: {e:#}; nothing was applied, still watching");
+                continue;
+            }
+        };
+        let (head, moved) = local.commit_worktree(&[], None, &replace)?;
         if !moved {
             continue;
         }
@@ -1044,7 +1153,7 @@ pub fn down(args: &DownArgs) -> Result<u8> {
         // local key's trust for it (a signed-commit control plane is switched; the mirror's
         // history only moves forward).
         let client = local.reconciler(ports, &Trust::Local, &previews_of(&loaded.state))?;
-        let (head, mut moved) = local.commit_worktree(&files, None)?;
+        let (head, mut moved) = local.commit_worktree(&files, None, &[])?;
         // Preview branches go too: their environments are torn down as for a deleted branch.
         moved |= local.sync_previews(&[], &Trust::Local)?;
         if moved {
@@ -1075,6 +1184,7 @@ pub fn down(args: &DownArgs) -> Result<u8> {
     for (pid, program) in [
         ("agent.pid", "pl-agent"),
         ("caddy.pid", "caddy"),
+        ("registry.pid", "docker-registry"),
         ("reconciler.pid", "pl-reconciler"),
     ] {
         stop(&local.path(pid), program);

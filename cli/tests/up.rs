@@ -1,22 +1,30 @@
 //! `pl up` and `pl down` on a simulated host (`agent/tests/support/host.rs`: a network
-//! namespace with a dockerd of its own and a registry): `pl up` of a web project starts the
-//! local control plane (reconciler, SQLite ledger, an enrolled agent, Caddy), applies the
-//! working tree as a local revision and exits 0 with the URL, which answers with the image's
-//! response through Caddy while another hostname answers 404; `pl status` and `pl jobs` reach
-//! it with `--local`; `pl up --watch` applies a new Environment file as it is written; `pl up`
-//! again changes nothing. A preview branch serves its preview hostname, and is torn down when
-//! the branch is deleted, production untouched. A role scales from 1 to 3 replicas and back at
-//! the same generation, with no failed request meanwhile.
-//! Restart replay: with the agent and the reconciler SIGKILLed the URL keeps serving, and `pl up`
-//! brings them back with the same container and no new job. An invalid working tree and a
-//! release whose health check fails and one whose process exits at once each end `pl up` with
-//! exit 1 and the reason (the failing task's code), while the live release keeps serving. A
-//! second release with the agent SIGKILLed right after it started the new container: the
-//! restarted agent adopts that container, the new release serves, the old one is stopped. A
-//! secret set with `pl secret set` reaches the application as `/run/secrets/KEY`, and is in no
-//! container configuration, ledger or log; without an identity that opens it `pl up` refuses. `pl down` tears the environment down
-//! (its containers, networks, firewall tables and rules gone), keeps the ledger and stops
-//! every process; `pl up` again works from the same ledger.
+//! namespace with a dockerd of its own and a registry), the issue's end-to-end scenario:
+//! - `pl up` of a web project starts the local control plane (reconciler, SQLite ledger, an
+//!   enrolled agent, Caddy), applies the working tree as a local revision and exits 0 with the
+//!   URL, which answers with the image's response through Caddy; `pl status` and `pl jobs`
+//!   reach it with `--local`. `pl up --watch` applies a new Environment file as it is written:
+//!   its hostname answered 404 before, and another hostname still does.
+//! - A preview branch serves its preview hostname, and is torn down when the branch is
+//!   deleted, production untouched. A role scales from 1 to 3 replicas and back at the same
+//!   generation, with no failed request meanwhile. `pl up` again changes nothing.
+//! - Restart replay: with the agent and the reconciler SIGKILLed the URL keeps serving, and
+//!   `pl up` brings them back with the same container and no new job.
+//! - An invalid working tree, a release whose health check fails and one whose process exits
+//!   at once each end `pl up` with exit 1 and the reason (the failing task's code), while the
+//!   live release keeps serving and Caddy's routes stay as they were.
+//! - A secret set with `pl secret set` reaches the application as `/run/secrets/KEY`, and is
+//!   in no container configuration, ledger or log; without an identity that opens it `pl up`
+//!   refuses.
+//! - A second release with the agent SIGKILLed right after it started the new container: the
+//!   restarted agent adopts that container, the new release serves, the old one is stopped.
+//! - `--build`: a local Dockerfile's image serves, pinned by digest, the Git files untouched;
+//!   a failed build ends with its step's output and changes nothing.
+//! - `pl down` tears the environment down (its containers, networks, firewall tables and rules
+//!   gone), keeps the ledger and stops every process; `pl up` again works from the same
+//!   ledger.
+//! - Signed commits with `--allowed-signers`: a signed one serves; an unsigned one and an
+//!   invalid one are refused with their reasons while the release in force serves on.
 
 #[path = "../../agent/tests/support/mod.rs"]
 mod agent_support;
@@ -124,8 +132,19 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         "web2",
         &[("/www/index.html", "release two\n"), ("/www/healthz", "ok\n")],
     );
-    let project_two = project_healthy.replace(&image, &image_two);
+    // Release two's server starts 2 s after its container: the agent is killed in that window.
+    let project_two = project_healthy
+        .replace(&image, &image_two)
+        .replace(
+            "command: [/bin/busybox, httpd, -f, -p, '8080', -h, /www]",
+            "command: [/bin/busybox, sh, -c, 'sleep 2 && exec /bin/busybox httpd -f -p 8080 -h /www']",
+        )
+        .replace("timeoutSeconds: 3", "timeoutSeconds: 15");
+    assert_ne!(project_two, project_healthy.replace(&image, &image_two));
 
+    // Paths only: the temporary folder itself stays out here, so that it outlives the
+    // processes `Detached` kills when an assertion fails.
+    let scratch = dir.path().to_owned();
     host.run(move || {
         let http = 18_080;
         let port_arg = http.to_string();
@@ -377,7 +396,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
 
         // A secret set with `pl secret set` reaches the application as /run/secrets/TOKEN and
         // nowhere else: not in the container's configuration, the ledger or any log.
-        let dev = dir.path().join("dev.key");
+        let dev = scratch.join("dev.key");
         let o = Command::new("age-keygen").arg("-o").arg(&dev).output().expect("age-keygen");
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         std::fs::set_permissions(&dev, std::os::unix::fs::PermissionsExt::from_mode(0o600)).expect("chmod");
@@ -483,8 +502,46 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         let old = format!("pl-api-production-web-0-g{generation_now}");
         assert_ne!(inner(&["inspect", "--format", "{{.State.Running}}", &old]), "true", "the old generation stopped");
 
+        // `--build api=DIR`: DIR's Dockerfile is built on the engine and runs as api's image,
+        // pinned by digest in the local revision; the Git files stay as they were.
+        let app = scratch.join("app");
+        std::fs::create_dir_all(app.join("www")).expect("mkdir");
+        std::fs::copy("/bin/busybox", app.join("busybox")).expect("busybox-static");
+        std::fs::write(app.join("www/index.html"), "built locally\n").expect("write");
+        std::fs::write(app.join("www/healthz"), "ok\n").expect("write");
+        std::fs::write(app.join("scratch.tmp"), "left out\n").expect("write");
+        std::fs::write(app.join(".dockerignore"), "*.tmp\n").expect("write");
+        std::fs::write(app.join("Dockerfile"), "FROM scratch\nCOPY busybox /bin/busybox\nCOPY www /www\n").expect("write");
+        let project_file = std::fs::read(repo_dir.join("projects/api.yaml")).expect("read");
+        let build_arg = format!("api={}", app.display());
+        let (code, out, err) = pl(
+            &["up", "--node", "n1", "--port", &port_arg, "--build", &build_arg],
+            &repo_dir,
+            &state,
+            &socket,
+        );
+        assert_eq!(code, 0, "pl up --build: {out}\n{err}");
+        assert!(out.contains("api | Step 1/3 : FROM scratch"), "the build's output: {out}");
+        assert_eq!(get(http, "api.example.com.localhost"), Some((200, "built locally".into())));
+        assert_eq!(std::fs::read(repo_dir.join("projects/api.yaml")).expect("read"), project_file, "the Git file untouched");
+        let id = docker(&socket, &["ps", "-q", "--filter", "label=dev.pushleft.environment=api-production"]);
+        let running = docker(&socket, &["inspect", "--format", "{{.Config.Image}}", &id]);
+        assert!(running.contains("/pl-build/api@sha256:"), "pinned by digest: {running}");
+        // A failed build: exit 1 with the failing step's output; the live release serves on.
+        std::fs::write(app.join("Dockerfile"), "FROM scratch\nCOPY busybox /bin/busybox\nCOPY scratch.tmp /x\n").expect("write");
+        let (code, out, err) = pl(
+            &["up", "--node", "n1", "--port", &port_arg, "--build", &build_arg],
+            &repo_dir,
+            &state,
+            &socket,
+        );
+        assert_eq!(code, 1, "{out}\n{err}");
+        assert!(err.contains("building api") && err.contains("build-failed") && err.contains("scratch.tmp"), "{err}");
+        assert_eq!(get(http, "api.example.com.localhost"), Some((200, "built locally".into())));
+
         let (code, out, err) = pl(&["down"], &repo_dir, &state, &socket);
         assert_eq!(code, 0, "pl down: {out}\n{err}");
+        assert!(!state.join("registry.pid").exists(), "the registry stopped");
         let left = docker(&socket, &["ps", "-aq", "--filter", "label=dev.pushleft.environment=api-production"]);
         assert!(left.is_empty(), "containers gone");
         for pid in ["reconciler.pid", "agent.pid", "caddy.pid"] {
@@ -588,11 +645,63 @@ struct Detached(Vec<PathBuf>);
 impl Drop for Detached {
     fn drop(&mut self) {
         for state in &self.0 {
-            for pid in ["agent.pid", "caddy.pid", "reconciler.pid"] {
+            for pid in ["agent.pid", "caddy.pid", "registry.pid", "reconciler.pid"] {
                 if let Ok(pid) = std::fs::read_to_string(state.join(pid)) {
                     let _ = Command::new("kill").args(["-9", pid.trim()]).status();
                 }
             }
         }
     }
+}
+
+/// The README's quickstart, as `scripts/quickstart` runs it: `pl up --build` of
+/// examples/quickstart with its app built from nothing (the static busybox beside its
+/// Dockerfile) serves the example's page at the URL it prints; `pl down` ends it.
+#[test]
+fn the_quickstart_builds_its_image_and_serves_its_page() {
+    siblings();
+    let base = PathBuf::from(format!("/tmp/plqs-{}", std::process::id()));
+    let host = Host::start(&format!("plhost-qs-{}", std::process::id()), &base);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace");
+    let (repo, context, state) = (
+        dir.path().join("quickstart"),
+        dir.path().join("app"),
+        dir.path().join("pl-state"),
+    );
+    for (from, to) in [
+        (workspace.join("examples/quickstart"), &repo),
+        (workspace.join("examples/quickstart/app"), &context),
+    ] {
+        assert!(
+            Command::new("cp")
+                .arg("-r")
+                .arg(&from)
+                .arg(to)
+                .status()
+                .expect("cp")
+                .success()
+        );
+    }
+    std::fs::copy("/bin/busybox", context.join("busybox")).expect("busybox-static");
+    repo_support::git(&repo, &["init", "-q", "-b", "main"]);
+    let _detached = Detached(vec![state.clone()]);
+    let socket = host.socket.clone();
+    host.run(move || {
+        let build = format!("hello={}", context.display());
+        let (code, out, err) = pl(&["up", "--port", "18090", "--build", &build], &repo, &state, &socket);
+        assert_eq!(code, 0, "pl up: {out}\n{err}");
+        let url = out
+            .split_whitespace()
+            .find(|w| w.starts_with("http://") && w.ends_with(".localhost:18090/"))
+            .unwrap_or_else(|| panic!("no URL in {out}"))
+            .to_owned();
+        let host_name = url.trim_start_matches("http://").trim_end_matches(":18090/");
+        let (status, body) = get(18_090, host_name).expect("the URL answers");
+        assert_eq!(status, 200);
+        assert!(body.contains("hello from Pushleft"), "{body}");
+        let (code, out, err) = pl(&["down"], &repo, &state, &socket);
+        assert_eq!(code, 0, "pl down: {out}\n{err}");
+        assert_eq!(get(18_090, host_name), None, "nothing serves after pl down");
+    });
 }

@@ -1,0 +1,190 @@
+//! `pl up --build PROJECT=DIR`: DIR's Dockerfile is built through the Docker engine API (by
+//! `pl-agent build`: the agent owns the engine, `pl` links no Docker client), pushed to a
+//! registry on loopback that the local control plane runs, and the local revision runs that
+//! image pinned by its digest. Only the mirror's copy of the state says so: the user's Git
+//! files are never written.
+
+use crate::up::{alive, on_path, spawn_detached, tool};
+use anyhow::{Context, Result, anyhow, bail};
+use state_schema::model::{Kind, Spec};
+use state_schema::state::State;
+use state_schema::values::ImageRef;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// One `--build PROJECT=DIR`.
+#[derive(Clone, Debug)]
+pub struct Build {
+    pub project: String,
+    pub dir: PathBuf,
+}
+
+impl std::str::FromStr for Build {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Build, String> {
+        let (project, dir) = s.split_once('=').ok_or_else(|| format!("`{s}` is not PROJECT=DIR"))?;
+        if project.is_empty() || dir.is_empty() {
+            return Err(format!("`{s}` is not PROJECT=DIR"));
+        }
+        Ok(Build {
+            project: project.to_owned(),
+            dir: PathBuf::from(dir),
+        })
+    }
+}
+
+/// Refuses, before anything starts, a build of a project the state does not declare or a
+/// folder with no Dockerfile.
+pub fn check(builds: &[Build], state: &State) -> Result<()> {
+    for b in builds {
+        if state.project(&b.project).is_none() {
+            bail!(
+                "--build {}: the state declares no Project `{}`",
+                b.dir.display(),
+                b.project
+            );
+        }
+        if !b.dir.join("Dockerfile").is_file() {
+            bail!(
+                "--build {}={}: no Dockerfile in {}",
+                b.project,
+                b.dir.display(),
+                b.dir.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The local registry (Distribution's `docker-registry`, on 127.0.0.1:`port`, its storage in
+/// the state folder), started when it does not run; waits until it answers.
+pub fn registry(state: &Path, port: u16) -> Result<()> {
+    let pid = state.join("registry.pid");
+    if alive(&pid, "docker-registry").is_some() {
+        return Ok(());
+    }
+    let program = on_path("docker-registry").ok_or_else(|| {
+        anyhow!("--build pushes to a registry on loopback, and docker-registry is not on PATH: install it (Debian: apt-get install docker-registry)")
+    })?;
+    std::fs::write(
+        state.join("registry.yml"),
+        format!(
+            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {:?}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n",
+            state.join("registry")
+        ),
+    )?;
+    let mut child = spawn_detached(
+        Command::new(program).arg("serve").arg(state.join("registry.yml")),
+        &state.join("registry.log"),
+        &pid,
+    )?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if child.try_wait().ok().flatten().is_some() || Instant::now() > deadline {
+            bail!(
+                "the local registry did not start on 127.0.0.1:{port}; see {}",
+                state.join("registry.log").display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// Builds and pushes each project's image; `(project, reference by digest)`. The build's
+/// output is shown as it comes (`PROJECT | line`); a failed build ends with its failing step's
+/// output.
+pub fn build_all(builds: &[Build], registry_port: u16, socket: &Path) -> Result<Vec<(String, ImageRef)>> {
+    let mut built = Vec::new();
+    for b in builds {
+        println!("pl up: building {} from {}", b.project, b.dir.display());
+        let mut child = Command::new(tool("pl-agent")?)
+            .arg("build")
+            .arg("--docker-socket")
+            .arg(socket)
+            .arg("--context")
+            .arg(&b.dir)
+            .args([
+                "--repository",
+                &format!("127.0.0.1:{registry_port}/pl-build/{}", b.project),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting pl-agent build")?;
+        let stderr = child.stderr.take().context("the build's output")?;
+        let mut said = Vec::new();
+        for line in std::io::BufReader::new(stderr).lines() {
+            let line = line.unwrap_or_default();
+            println!("{} | {line}", b.project);
+            said.push(line);
+        }
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            let last = said.iter().rev().find(|l| l.starts_with("pl-agent: ")).cloned();
+            bail!(
+                "building {} from {} failed: {}",
+                b.project,
+                b.dir.display(),
+                last.as_deref()
+                    .map(|l| l.trim_start_matches("pl-agent: "))
+                    .unwrap_or("see the output above")
+            );
+        }
+        let reference = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        let image = ImageRef::new(&reference).map_err(|e| anyhow!("pl-agent build printed `{reference}`: {e:?}"))?;
+        println!("pl up: built {} as {reference}", b.project);
+        built.push((b.project.clone(), image));
+    }
+    Ok(built)
+}
+
+/// The files to commit in place of the user's so that each built project (and any of its
+/// Environments that names an image of its own) runs the built image: `(file, new text)`.
+/// `text_of` reads a file of the state being applied.
+pub fn overrides(
+    state: &State,
+    built: &[(String, ImageRef)],
+    text_of: impl Fn(&str) -> Result<String>,
+) -> Result<Vec<(String, String)>> {
+    use state_schema::canonical::{self, Secrets};
+    // Every document to rewrite, by file, last line first (an earlier one's lines stay put).
+    let mut edits: std::collections::BTreeMap<String, Vec<(u32, state_schema::model::Object)>> = Default::default();
+    for (project, image) in built {
+        for located in state.of_kind(Kind::Project).chain(state.of_kind(Kind::Environment)) {
+            let mut object = located.object.clone();
+            let hit = match &mut object.spec {
+                Spec::Project(p) if located.object.metadata.name.as_str() == project => {
+                    p.image = image.clone();
+                    true
+                }
+                Spec::Environment(e) if e.project.as_str() == project && e.image.is_some() => {
+                    e.image = Some(image.clone());
+                    true
+                }
+                _ => false,
+            };
+            if hit {
+                edits
+                    .entry(located.file.clone())
+                    .or_default()
+                    .push((located.pos.line, object));
+            }
+        }
+    }
+    let mut files = Vec::new();
+    for (file, mut docs) in edits {
+        docs.sort_by_key(|d| std::cmp::Reverse(d.0));
+        let mut text = text_of(&file)?;
+        for (line, object) in docs {
+            let doc = canonical::to_yaml(&canonical::document(&object, Secrets::Ciphertext));
+            text = state_schema::edit::replace_document(&text, line, &doc)
+                .ok_or_else(|| anyhow!("{file}:{line}: the document to point at the built image moved"))?;
+        }
+        files.push((file, text));
+    }
+    Ok(files)
+}

