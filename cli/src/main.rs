@@ -4,6 +4,7 @@
 mod out;
 mod build;
 mod commands;
+mod follow;
 mod operator;
 mod secret;
 mod up;

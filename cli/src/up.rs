@@ -845,7 +845,7 @@ pub fn up(args: &UpArgs) -> Result<u8> {
     };
     // Caddy only when an environment serves a web role.
     let environments = environments_of(&loaded.state);
-    let web = environments.iter().any(|e| e.2);
+    let web = environments.iter().any(|e| e.web);
     if !docker_answers(&args.docker_socket) {
         bail!(
             "Docker does not answer at {}: install it (Debian: apt-get install docker.io) and start it (systemctl start docker)",
@@ -897,7 +897,7 @@ pub fn up(args: &UpArgs) -> Result<u8> {
         let _ = client.json("POST", "/v1/reconcile");
     }
     let timeout = Duration::from_secs(args.timeout_seconds);
-    let code = converge(&client, &head, &environments, ports, timeout)?;
+    let code = crate::follow::converge(&client, &head, &environments, ports.http, timeout)?;
     if !args.watch {
         return Ok(code);
     }
@@ -926,8 +926,8 @@ fn previews_of(state: &state_schema::state::State) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Each environment: its name, hostname, and whether it has a web role.
-fn environments_of(state: &state_schema::state::State) -> Vec<(String, String, bool)> {
+/// Each environment, its hostname, and whether it has a web role.
+fn environments_of(state: &state_schema::state::State) -> Vec<crate::follow::Followed> {
     state
         .environments()
         .filter_map(|(name, env)| {
@@ -936,7 +936,11 @@ fn environments_of(state: &state_schema::state::State) -> Vec<(String, String, b
             let web = state
                 .project(env.project.as_str())
                 .is_some_and(|p| p.roles.values().any(|r| r.workload.kind_name() == "web"));
-            Some((name.to_string(), host.to_string(), web))
+            Some(crate::follow::Followed {
+                name: name.to_string(),
+                host: host.to_string(),
+                web,
+            })
         })
         .collect()
 }
@@ -999,119 +1003,11 @@ fn watch(
         }
         println!("pl up: applying the working tree as local revision {}", &head[..12]);
         let _ = client.json("POST", "/v1/reconcile");
-        let code = converge(client, &head, &environments_of(&loaded.state), ports, timeout)?;
+        let code = crate::follow::converge(client, &head, &environments_of(&loaded.state), ports.http, timeout)?;
         println!(
             "pl up: {} ; still watching",
             if code == 0 { "converged" } else { "failed" }
         );
-    }
-}
-
-/// Follows the revision's verdict and each environment's rollout until all are done (exit 0,
-/// with the URLs) or one fails (exit 1, with the failing job and its result).
-fn converge(
-    client: &Client,
-    head: &str,
-    environments: &[(String, String, bool)],
-    ports: Ports,
-    timeout: Duration,
-) -> Result<u8> {
-    let deadline = Instant::now() + timeout;
-    let mut said = std::collections::BTreeSet::new();
-    let mut say = |line: String| {
-        if said.insert(line.clone()) {
-            println!("{line}");
-        }
-    };
-    loop {
-        let revisions = client.json("GET", "/v1/revisions?branch=main&limit=5")?;
-        let verdict = revisions["revisions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|r| r["sha"].as_str() == Some(head))
-            .cloned();
-        if let Some(r) = &verdict
-            && r["verdict"].as_str() == Some("rejected")
-        {
-            eprintln!("pl up: revision {} was rejected: {}", &head[..12], r["reasons"]);
-            return Ok(1);
-        }
-        // The verdict and the deployments it makes are written in one transaction: until the
-        // verdict shows, the deployments are an older revision's.
-        if verdict.is_none() {
-            if Instant::now() > deadline {
-                eprintln!("pl up: the reconciler did not judge revision {} in time", &head[..12]);
-                return Ok(1);
-            }
-            std::thread::sleep(Duration::from_millis(200));
-            continue;
-        }
-        let deployments = client.json("GET", "/v1/deployments")?;
-        let rows: Vec<&Value> = deployments["deployments"].as_array().into_iter().flatten().collect();
-        let mut done = 0;
-        for (env, host, web) in environments {
-            let Some(d) = rows.iter().find(|d| d["environment"].as_str() == Some(env)) else {
-                say(format!("{env}: waiting for the revision"));
-                continue;
-            };
-            let (status, generation) = (
-                d["status"].as_str().unwrap_or(""),
-                d["generation"].as_i64().unwrap_or(0),
-            );
-            let jobs = client.json("GET", &format!("/v1/jobs?environment={env}&limit=200"))?;
-            // Done means placed and serving: a generation made before this node's agent was
-            // heard from places nothing, and the next one places the replicas.
-            let mut served = false;
-            for j in jobs["jobs"].as_array().into_iter().flatten() {
-                if j["generation"].as_i64() == Some(generation) {
-                    let (key, state) = (j["key"].as_str().unwrap_or("?"), j["state"].as_str().unwrap_or("?"));
-                    say(format!("{env}: {key} {state}"));
-                    let serving = if *web {
-                        key.starts_with("ingress:") && key.contains(":publish@")
-                    } else {
-                        key.starts_with("app:")
-                    };
-                    served |= serving && state == "succeeded";
-                }
-            }
-            match status {
-                "done" if verdict.is_some() && served => {
-                    say(format!(
-                        "{env}: generation {generation} done: http://{host}.localhost:{}/",
-                        ports.http
-                    ));
-                    done += 1;
-                }
-                "failed" => {
-                    eprintln!("pl up: {env} generation {generation} failed");
-                    let events = client.json("GET", "/v1/events?after=0&limit=1000")?;
-                    let failed = events["events"].as_array().into_iter().flatten().rfind(|e| {
-                        matches!(e["kind"].as_str(), Some("job-failed" | "job-dead"))
-                            && e["subject"]
-                                .as_str()
-                                .is_some_and(|s| s.contains(&format!(":{env}")) || s.contains(&format!(":{env}/")))
-                    });
-                    if let Some(e) = failed {
-                        eprintln!(
-                            "{}: {}",
-                            e["subject"].as_str().unwrap_or("?"),
-                            e["detail"].as_str().unwrap_or("")
-                        );
-                    }
-                    return Ok(1);
-                }
-                _ => {}
-            }
-        }
-        if done == environments.len() && verdict.is_some() {
-            return Ok(0);
-        }
-        if Instant::now() > deadline {
-            eprintln!("pl up: not converged within the timeout");
-            return Ok(1);
-        }
-        std::thread::sleep(Duration::from_millis(300));
     }
 }
 

@@ -700,6 +700,27 @@ fn the_quickstart_builds_its_image_and_serves_its_page() {
         let (status, body) = get(18_090, host_name).expect("the URL answers");
         assert_eq!(status, 200);
         assert!(body.contains("hello from Pushleft"), "{body}");
+        // On a terminal the progress is live, and each environment's line ends with its URL.
+        let project = repo.join("projects/hello.yaml");
+        let text = std::fs::read_to_string(&project).expect("read");
+        std::fs::write(&project, text.replace("replicas: 2", "replicas: 3")).expect("write");
+        let command = format!(
+            "{} up --port 18090 --build {build} {}",
+            env!("CARGO_BIN_EXE_pl"),
+            repo.display()
+        );
+        let o = Command::new("script")
+            .args(["-qec", &command, "/dev/null"])
+            .env("PL_STATE_DIR", &state)
+            .env("PL_DOCKER_SOCKET", &socket)
+            .output()
+            .expect("script");
+        let shown = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{shown}");
+        assert!(
+            shown.contains(&format!("✔ hello-production: generation")) && shown.contains(&url),
+            "{shown}"
+        );
         let (code, out, err) = pl(&["down"], &repo, &state, &socket);
         assert_eq!(code, 0, "pl down: {out}\n{err}");
         assert_eq!(get(18_090, host_name), None, "nothing serves after pl down");

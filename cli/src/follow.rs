@@ -1,0 +1,259 @@
+//! Following a `pl up` rollout through the reconciler's API until every environment is done
+//! and serving, or one fails; shown live on a terminal (a spinner line per environment, with
+//! its jobs' counts and what runs now) and as plain lines otherwise, one per job state.
+
+use crate::operator::Client;
+use anyhow::Result;
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+/// One environment `pl up` waits for: its name, hostname, and whether a web role serves it.
+pub struct Followed {
+    pub name: String,
+    pub host: String,
+    pub web: bool,
+}
+
+/// How progress is shown.
+enum Display {
+    /// Plain lines, each said once (logs, pipes, CI).
+    Plain(BTreeSet<String>),
+    /// A live line per environment on a terminal.
+    Live {
+        bars: indicatif::MultiProgress,
+        lines: BTreeMap<String, indicatif::ProgressBar>,
+    },
+}
+
+impl Display {
+    fn new(environments: &[Followed]) -> Display {
+        use std::io::IsTerminal;
+        if !std::io::stdout().is_terminal() {
+            return Display::Plain(BTreeSet::new());
+        }
+        let bars = indicatif::MultiProgress::new();
+        let style = indicatif::ProgressStyle::with_template("{spinner} {prefix:.bold} {wide_msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner());
+        let lines = environments
+            .iter()
+            .map(|e| {
+                let bar = bars.add(indicatif::ProgressBar::new_spinner());
+                bar.set_style(style.clone());
+                bar.set_prefix(e.name.clone());
+                bar.set_message("waiting for the revision");
+                bar.enable_steady_tick(Duration::from_millis(120));
+                (e.name.clone(), bar)
+            })
+            .collect();
+        Display::Live { bars, lines }
+    }
+
+    /// An environment's jobs of the generation followed: `(key, state)`.
+    fn jobs(&mut self, env: &str, generation: i64, jobs: &[(String, String)]) {
+        match self {
+            Display::Plain(said) => {
+                for (key, state) in jobs {
+                    let line = format!("{env}: {key} {state}");
+                    if said.insert(line.clone()) {
+                        println!("{line}");
+                    }
+                }
+            }
+            Display::Live { lines, .. } => {
+                let Some(bar) = lines.get(env) else { return };
+                let done = jobs.iter().filter(|j| j.1 == "succeeded").count();
+                let now: Vec<String> = jobs
+                    .iter()
+                    .filter(|j| matches!(j.1.as_str(), "leased" | "running"))
+                    .map(|j| j.0.split('@').next().unwrap_or(&j.0).to_owned())
+                    .collect();
+                let queued = jobs.iter().filter(|j| j.1 == "queued").count();
+                bar.set_message(format!(
+                    "generation {generation}: {done}/{} jobs done{}{}",
+                    jobs.len(),
+                    if queued > 0 {
+                        format!(", {queued} queued")
+                    } else {
+                        String::new()
+                    },
+                    if now.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; running {}", now.join(", "))
+                    }
+                ));
+            }
+        }
+    }
+
+    fn waiting(&mut self, env: &str) {
+        if let Display::Plain(said) = self {
+            let line = format!("{env}: waiting for the revision");
+            if said.insert(line.clone()) {
+                println!("{line}");
+            }
+        }
+    }
+
+    /// An environment done: its line stays, with its URL.
+    fn done(&mut self, env: &str, line: String) {
+        match self {
+            Display::Plain(said) => {
+                if said.insert(line.clone()) {
+                    println!("{line}");
+                }
+            }
+            Display::Live { bars, lines } => {
+                // Printed above the live lines, whole (a bar's line is cut to the terminal).
+                if let Some(bar) = lines.get(env)
+                    && !bar.is_finished()
+                {
+                    bar.finish_and_clear();
+                    let _ = bars.println(format!("✔ {line}"));
+                }
+            }
+        }
+    }
+
+    /// Stops the live lines where they are (an error is printed below them).
+    fn stop(&mut self) {
+        if let Display::Live { lines, .. } = self {
+            for bar in lines.values().filter(|b| !b.is_finished()) {
+                bar.abandon();
+            }
+        }
+    }
+}
+
+/// Follows the revision's verdict and each environment's rollout until all are done (exit 0,
+/// with the URLs) or one fails (exit 1, with the failing job and its result).
+pub fn converge(
+    client: &Client,
+    head: &str,
+    environments: &[Followed],
+    http_port: u16,
+    timeout: Duration,
+) -> Result<u8> {
+    let mut display = Display::new(environments);
+    let code = follow(client, head, environments, http_port, timeout, &mut display);
+    display.stop();
+    code
+}
+
+fn follow(
+    client: &Client,
+    head: &str,
+    environments: &[Followed],
+    http_port: u16,
+    timeout: Duration,
+    display: &mut Display,
+) -> Result<u8> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let revisions = client.json("GET", "/v1/revisions?branch=main&limit=5")?;
+        let verdict = revisions["revisions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["sha"].as_str() == Some(head))
+            .cloned();
+        if let Some(r) = &verdict
+            && r["verdict"].as_str() == Some("rejected")
+        {
+            display.stop();
+            eprintln!("pl up: revision {} was rejected: {}", &head[..12], r["reasons"]);
+            return Ok(1);
+        }
+        // The verdict and the deployments it makes are written in one transaction: until the
+        // verdict shows, the deployments are an older revision's.
+        if verdict.is_none() {
+            if Instant::now() > deadline {
+                display.stop();
+                eprintln!("pl up: the reconciler did not judge revision {} in time", &head[..12]);
+                return Ok(1);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            continue;
+        }
+        let deployments = client.json("GET", "/v1/deployments")?;
+        let rows: Vec<&Value> = deployments["deployments"].as_array().into_iter().flatten().collect();
+        let mut done = 0;
+        for env in environments {
+            let name = env.name.as_str();
+            let Some(d) = rows.iter().find(|d| d["environment"].as_str() == Some(name)) else {
+                display.waiting(name);
+                continue;
+            };
+            let (status, generation) = (
+                d["status"].as_str().unwrap_or(""),
+                d["generation"].as_i64().unwrap_or(0),
+            );
+            let listed = client.json("GET", &format!("/v1/jobs?environment={name}&limit=200"))?;
+            let jobs: Vec<(String, String)> = listed["jobs"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|j| j["generation"].as_i64() == Some(generation))
+                .map(|j| {
+                    (
+                        j["key"].as_str().unwrap_or("?").to_owned(),
+                        j["state"].as_str().unwrap_or("?").to_owned(),
+                    )
+                })
+                .collect();
+            display.jobs(name, generation, &jobs);
+            // Done means placed and serving: a generation made before this node's agent was
+            // heard from places nothing, and the next one places the replicas.
+            let served = jobs.iter().any(|(key, state)| {
+                let serving = if env.web {
+                    key.starts_with("ingress:") && key.contains(":publish@")
+                } else {
+                    key.starts_with("app:")
+                };
+                serving && state == "succeeded"
+            });
+            match status {
+                "done" if served => {
+                    display.done(
+                        name,
+                        format!(
+                            "{name}: generation {generation} done: http://{}.localhost:{http_port}/",
+                            env.host
+                        ),
+                    );
+                    done += 1;
+                }
+                "failed" => {
+                    display.stop();
+                    eprintln!("pl up: {name} generation {generation} failed");
+                    let events = client.json("GET", "/v1/events?after=0&limit=1000")?;
+                    let failed = events["events"].as_array().into_iter().flatten().rfind(|e| {
+                        matches!(e["kind"].as_str(), Some("job-failed" | "job-dead"))
+                            && e["subject"]
+                                .as_str()
+                                .is_some_and(|s| s.contains(&format!(":{name}")) || s.contains(&format!(":{name}/")))
+                    });
+                    if let Some(e) = failed {
+                        eprintln!(
+                            "{}: {}",
+                            e["subject"].as_str().unwrap_or("?"),
+                            e["detail"].as_str().unwrap_or("")
+                        );
+                    }
+                    return Ok(1);
+                }
+                _ => {}
+            }
+        }
+        if done == environments.len() {
+            return Ok(0);
+        }
+        if Instant::now() > deadline {
+            display.stop();
+            eprintln!("pl up: not converged within the timeout");
+            return Ok(1);
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
