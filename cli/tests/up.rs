@@ -718,7 +718,7 @@ fn the_quickstart_builds_its_image_and_serves_its_page() {
         let shown = String::from_utf8_lossy(&o.stdout);
         assert!(o.status.success(), "{shown}");
         assert!(
-            shown.contains(&format!("✔ hello-production: generation")) && shown.contains(&url),
+            shown.contains("✔ hello-production: generation") && shown.contains(&url),
             "{shown}"
         );
         let (code, out, err) = pl(&["down"], &repo, &state, &socket);
