@@ -160,6 +160,52 @@ impl AgentClient {
     }
 }
 
+impl AgentClient {
+    /// This node's `pl logs` requests, waiting up to `wait` for one.
+    pub fn log_wait(&self, wait: Duration) -> Result<Vec<agent_proto::LogRequest>, ClientError> {
+        let answer: agent_proto::LogRequests = self.post(
+            "/v1/agent/logs/wait",
+            &agent_proto::LogWait {
+                wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+            },
+        )?;
+        Ok(answer.requests)
+    }
+
+    /// A piece of the log stream `id` (at most `MAX_LOG_CHUNK_BYTES`; empty to learn whether
+    /// its reader is still there); `done` ends it. `log-stream-gone`: stop.
+    pub fn log_chunk(&self, id: &str, lines: &[u8], done: bool) -> Result<(), ClientError> {
+        if !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(transport("a log stream id is hex"));
+        }
+        let mut resp = self
+            .agent
+            .post(&format!(
+                "{}/v1/agent/logs/{id}{}",
+                self.base,
+                if done { "?done=true" } else { "" }
+            ))
+            .header("content-type", "application/octet-stream")
+            .send(lines)
+            .map_err(transport)?;
+        let status = resp.status().as_u16();
+        if status == 200 {
+            return Ok(());
+        }
+        let text = resp
+            .body_mut()
+            .with_config()
+            .limit(64 * 1024)
+            .read_to_string()
+            .map_err(transport)?;
+        let r: RefusalBody = serde_json::from_str(&text).map_err(|_| transport(format!("logs: HTTP {status}")))?;
+        Err(ClientError::Refused {
+            code: r.code,
+            message: r.message,
+        })
+    }
+}
+
 /// Every CA certificate of a PEM bundle: during a CA rotation it holds the new CA and the old.
 pub fn ca_bundle(pem: &[u8]) -> Result<Vec<ureq::tls::Certificate<'static>>, ClientError> {
     let mut cas = Vec::new();

@@ -10,6 +10,7 @@ pub mod docker;
 pub mod enroll;
 pub mod firewall;
 pub mod ingress;
+pub mod logs;
 pub mod outcome;
 pub mod routes;
 pub mod run;

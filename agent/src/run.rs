@@ -452,6 +452,8 @@ pub async fn run(config: Config) -> Result<()> {
             }
         }),
     });
+    // `pl logs`: this node's requests, served as they come.
+    tokio::spawn(crate::logs::serve(Arc::clone(&client), engine.engine.docker.clone()));
     // Drift: checked every `drift_seconds`; what was repaired goes with the next heartbeat.
     let repairs: Arc<std::sync::Mutex<Vec<agent_proto::Repair>>> = Arc::default();
     {

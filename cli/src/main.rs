@@ -209,6 +209,19 @@ enum Command {
         #[command(flatten)]
         server: operator::ServerArgs,
     },
+    /// Print an environment role's container logs, from every node that runs it.
+    Logs {
+        environment: String,
+        role: String,
+        /// Lines from the end of each container's log (at most 10000).
+        #[arg(long, default_value_t = 100)]
+        tail: u32,
+        /// Keep printing new lines until interrupted.
+        #[arg(long, short)]
+        follow: bool,
+        #[command(flatten)]
+        server: operator::ServerArgs,
+    },
     /// List jobs, newest first.
     Jobs {
         #[arg(long)]
@@ -347,6 +360,13 @@ fn main() -> ExitCode {
         Command::Down(args) => up::down(&args),
         Command::Status { server } => operator::status(&server),
         Command::Events { after, follow, server } => operator::events(&server, after, follow),
+        Command::Logs {
+            environment,
+            role,
+            tail,
+            follow,
+            server,
+        } => operator::logs(&server, &environment, &role, tail, follow),
         Command::Jobs {
             state,
             environment,

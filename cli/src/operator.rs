@@ -418,3 +418,32 @@ pub fn events(args: &ServerArgs, after: i64, follow: bool) -> Result<u8> {
         }
     }
 }
+
+/// `pl logs ENV ROLE`: the role's container logs from every node that runs it, relayed by the
+/// control plane (each line prefixed by its replica and generation); `--follow` keeps
+/// printing new lines until interrupted.
+pub fn logs(args: &ServerArgs, environment: &str, role: &str, tail: u32, follow: bool) -> Result<u8> {
+    use std::io::{Read, Write};
+    let client = Client::new(args)?;
+    let path = format!(
+        "/v1/logs{}",
+        query(&[
+            ("environment", Some(environment.to_owned())),
+            ("role", Some(role.to_owned())),
+            ("tail", Some(tail.to_string())),
+            ("follow", Some(follow.to_string())),
+        ])
+    );
+    let mut resp = client.call("GET", &path)?;
+    let mut reader = resp.body_mut().with_config().limit(u64::MAX).reader();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut out = std::io::stdout();
+    loop {
+        let n = reader.read(&mut buf).map_err(|e| anyhow!("{path}: {e}"))?;
+        if n == 0 {
+            return Ok(0);
+        }
+        out.write_all(&buf[..n])?;
+        out.flush()?;
+    }
+}

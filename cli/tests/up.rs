@@ -700,6 +700,74 @@ fn the_quickstart_builds_its_image_and_serves_its_page() {
         let (status, body) = get(18_090, host_name).expect("the URL answers");
         assert_eq!(status, 200);
         assert!(body.contains("hello from Pushleft"), "{body}");
+        // `pl logs`: the role's lines (httpd -v logs each response), relayed from the node.
+        let repo_arg = repo.to_string_lossy().into_owned();
+        let logs = |args: &[&str]| {
+            let o = Command::new(env!("CARGO_BIN_EXE_pl"))
+                .args(args)
+                .env("PL_STATE_DIR", &state)
+                .output()
+                .expect("pl logs");
+            (
+                o.status.code(),
+                String::from_utf8_lossy(&o.stdout).into_owned(),
+                String::from_utf8_lossy(&o.stderr).into_owned(),
+            )
+        };
+        let (code, out, err) = logs(&["logs", "hello-production", "web", "--tail", "5", "--local", &repo_arg]);
+        assert_eq!(code, Some(0), "{out}\n{err}");
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with("web/0 g") && l.contains(" | ") && l.contains("response:200")),
+            "{out}"
+        );
+        assert!(out.lines().any(|l| l.starts_with("web/1 g")), "both replicas: {out}");
+        assert!(
+            out.lines().filter(|l| l.starts_with("web/0 ")).count() <= 5,
+            "--tail 5: {out}"
+        );
+        let (code, _, err) = logs(&["logs", "hello-production", "nope", "--local", &repo_arg]);
+        assert_eq!(code, Some(1));
+        assert!(err.contains("role-not-placed"), "{err}");
+        // `--follow`: a new request's line arrives while it runs.
+        let mut follow = Command::new(env!("CARGO_BIN_EXE_pl"))
+            .args([
+                "logs",
+                "hello-production",
+                "web",
+                "--tail",
+                "0",
+                "--follow",
+                "--local",
+                &repo_arg,
+            ])
+            .env("PL_STATE_DIR", &state)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("pl logs --follow");
+        let lines = std::io::BufRead::lines(std::io::BufReader::new(follow.stdout.take().expect("stdout")));
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let seen = loop {
+            assert_eq!(get(18_090, host_name).map(|r| r.0), Some(200));
+            if let Ok(line) = rx.recv_timeout(Duration::from_millis(500))
+                && line.contains("response:200")
+            {
+                break line;
+            }
+            assert!(Instant::now() < deadline, "no followed line arrived");
+        };
+        assert!(seen.starts_with("web/"), "{seen}");
+        let _ = follow.kill();
+        let _ = follow.wait();
+
         // On a terminal the progress is live, and each environment's line ends with its URL.
         let project = repo.join("projects/hello.yaml");
         let text = std::fs::read_to_string(&project).expect("read");

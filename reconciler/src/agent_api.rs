@@ -34,6 +34,8 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/agent/complete", post(complete))
         .route("/v1/agent/complete-batch", post(complete_batch))
         .route("/v1/agent/certificate", post(certificate))
+        .route("/v1/agent/logs/wait", post(crate::logs::wait))
+        .route("/v1/agent/logs/{id}", post(crate::logs::chunk))
         .with_state(shared)
 }
 
@@ -94,7 +96,7 @@ async fn declared(s: &Shared, node: &str) -> Result<Declared, crate::ledger::Led
 }
 
 /// The calling node, from its client certificate.
-async fn caller(s: &Shared, peer: Option<PeerCert>) -> Result<String, Response> {
+pub(crate) async fn caller(s: &Shared, peer: Option<PeerCert>) -> Result<String, Response> {
     caller_and_certificate(s, peer).await.map(|(node, _)| node)
 }
 
@@ -122,7 +124,7 @@ async fn caller_and_certificate(s: &Shared, peer: Option<PeerCert>) -> Result<(S
 }
 
 /// A bounded JSON body.
-async fn json<T: serde::de::DeserializeOwned>(body: axum::body::Body) -> Result<T, Response> {
+pub(crate) async fn json<T: serde::de::DeserializeOwned>(body: axum::body::Body) -> Result<T, Response> {
     let bytes = read_body(body, MAX_AGENT_BODY_BYTES)
         .await
         .map_err(IntoResponse::into_response)?;

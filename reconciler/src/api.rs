@@ -66,7 +66,7 @@ pub(crate) fn authorized<'s>(s: &'s Shared, headers: &HeaderMap, needs: Role) ->
     s.tokens.authorize(header, needs)
 }
 
-fn too_many(code: &str, message: &str) -> Response {
+pub(crate) fn too_many(code: &str, message: &str) -> Response {
     (
         StatusCode::TOO_MANY_REQUESTS,
         axum::Json(json!({"code": code, "message": message})),
@@ -122,6 +122,7 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/reconcile", post(reconcile))
         .route("/v1/rewrites", get(rewrites))
         .route("/v1/nodes", get(nodes))
+        .route("/v1/logs", get(crate::logs::logs))
         .route("/v1/rewrites/approve", post(approve_rewrite))
         .route("/v1/nodes/{node}/token", post(crate::enrolment::token))
         .route("/v1/enroll", post(crate::enrolment::enroll))

@@ -130,6 +130,8 @@ pub struct Shared {
     pub jobs: tokio::sync::Notify,
     /// Wakes the loop for the ledger-only part of a pass (`settle`): agents completed jobs.
     pub settle_hint: tokio::sync::Notify,
+    /// The open `pl logs` streams (see `logs.rs`).
+    pub logs: crate::logs::LogHub,
     /// The agent API's group commit (see `group.rs`).
     pub group: crate::group::Group,
     /// The newest event id, published by [`crate::streams::watch_events`] to every stream.
@@ -223,6 +225,7 @@ impl Shared {
             wrote: tokio::sync::Notify::new(),
             jobs: tokio::sync::Notify::new(),
             settle_hint: tokio::sync::Notify::new(),
+            logs: crate::logs::LogHub::default(),
             group: crate::group::Group::default(),
             events_tip: tokio::sync::watch::Sender::new(0),
             counts: Mutex::new(None),

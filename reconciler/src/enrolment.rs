@@ -31,6 +31,7 @@ pub(crate) fn refused(r: Refusal, message: &str) -> Response {
         | Refusal::MalformedRequest
         | Refusal::SecretInResult => StatusCode::BAD_REQUEST,
         Refusal::StaleFencingToken => StatusCode::CONFLICT,
+        Refusal::LogStreamGone => StatusCode::GONE,
         Refusal::NoControlCa => StatusCode::SERVICE_UNAVAILABLE,
     };
     let body = RefusalBody {

@@ -18,6 +18,7 @@ pub(crate) mod enrolment;
 pub mod fleet;
 pub mod group;
 pub mod ledger;
+pub mod logs;
 pub mod pki;
 pub mod placing;
 pub mod rewrites;

@@ -72,6 +72,15 @@ async fn end_to_end() {
     let viewer = format!("Bearer {}", s.viewer);
     let (code, body) = d.post("/v1/reconcile", &[("authorization", viewer.as_str())], b"");
     assert_eq!((code, body.contains("\"insufficient-role\"")), (403, true), "{body}");
+    // Logs are the application's data: a viewer may not read them.
+    let (code, body) = d.get("/v1/logs?environment=api-production&role=web", Some(&s.viewer));
+    assert_eq!((code, body.contains("\"insufficient-role\"")), (403, true), "{body}");
+    let (code, body) = d.get("/v1/logs?environment=nope&role=web", Some(&s.operator));
+    assert_eq!(
+        (code, body.contains("\"environment-not-running\"")),
+        (404, true),
+        "{body}"
+    );
     let operator = format!("Bearer {}", s.operator);
     let (code, _) = d.post("/v1/reconcile", &[("authorization", operator.as_str())], b"");
     assert_eq!(code, 202);
