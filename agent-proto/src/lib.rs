@@ -215,14 +215,24 @@ pub struct CompleteRequest {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CompleteBatch {
     pub completions: Vec<CompleteRequest>,
+    /// The caller's next lease, taken once the completions are recorded: one round trip per
+    /// lease cycle instead of two.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease: Option<LeaseRequest>,
 }
 
 /// The answer to a [`CompleteBatch`]: per completion, in order, `None` when it was recorded or
 /// the refusal that recorded nothing for it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CompleteBatchResponse {
     pub results: Vec<Option<RefusalBody>>,
+    /// The lease asked for with the completions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leased: Option<LeaseResponse>,
+    /// Why that lease was refused (`node-draining`, `node-retired`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_refused: Option<RefusalBody>,
 }
 
 /// `POST /v1/agent/certificate`: a node renews its certificate before it expires, with a new

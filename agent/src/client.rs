@@ -154,9 +154,45 @@ impl AgentClient {
                     detail: (*detail).to_owned(),
                 })
                 .collect(),
+            lease: None,
         };
         let answer: agent_proto::CompleteBatchResponse = self.post("/v1/agent/complete-batch", &batch)?;
         Ok(answer.results)
+    }
+
+    /// Several jobs' ends and the next lease of up to `max` jobs (waiting up to `wait`), in one
+    /// request: per completion, `None` when recorded or its refusal; then the lease, or its
+    /// refusal (`node-draining`, …) as an error.
+    pub fn complete_and_lease(
+        &self,
+        completions: &[(&LeaseProof, Outcome, &str)],
+        max: u32,
+        wait: Duration,
+    ) -> Result<CompletedAndLeased, ClientError> {
+        let batch = agent_proto::CompleteBatch {
+            completions: completions
+                .iter()
+                .map(|(proof, outcome, detail)| CompleteRequest {
+                    proof: (*proof).clone(),
+                    outcome: *outcome,
+                    detail: (*detail).to_owned(),
+                })
+                .collect(),
+            lease: Some(LeaseRequest {
+                max,
+                wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+            }),
+        };
+        let answer: agent_proto::CompleteBatchResponse = self.post("/v1/agent/complete-batch", &batch)?;
+        let lease = match (answer.leased, answer.lease_refused) {
+            (_, Some(r)) => Err(ClientError::Refused {
+                code: r.code,
+                message: r.message,
+            }),
+            (Some(l), None) => Ok(l),
+            (None, None) => Err(transport("complete-batch answered no lease")),
+        };
+        Ok((answer.results, lease))
     }
 }
 
@@ -205,6 +241,13 @@ impl AgentClient {
         })
     }
 }
+
+/// What `complete_and_lease` answers: per completion, `None` when recorded or its refusal;
+/// then the lease, or its refusal.
+pub type CompletedAndLeased = (
+    Vec<Option<agent_proto::RefusalBody>>,
+    Result<LeaseResponse, ClientError>,
+);
 
 /// Every CA certificate of a PEM bundle: during a CA rotation it holds the new CA and the old.
 pub fn ca_bundle(pem: &[u8]) -> Result<Vec<ureq::tls::Certificate<'static>>, ClientError> {

@@ -138,6 +138,18 @@ fn nodes_lease_only_their_own_work_over_mutual_tls() {
         [None, Some(Refusal::StaleFencingToken)]
     );
     assert_eq!(state(&second.key), ["succeeded"]);
+    // Completions and the next lease in one request: the completion is recorded, and the
+    // lease answers with n1's own jobs only.
+    let (results, next) = n1
+        .complete_and_lease(&[(&third.proof, Outcome::Succeeded, "")], 8, Duration::ZERO)
+        .expect("complete and lease");
+    assert_eq!(codes(results), [None]);
+    assert_eq!(state(&third.key), ["succeeded"]);
+    let next = next.expect("the lease");
+    assert!(next.jobs.iter().all(|j| j.key.ends_with("@n1")), "{:?}", next.jobs);
+    for j in &next.jobs {
+        n1.complete(&j.proof, Outcome::Succeeded, "").expect("complete");
+    }
 
     // Long polling: n2 (now heartbeating, so placement may use it) waits, and a commit that
     // places work on n2 reaches it while it waits.
@@ -294,6 +306,21 @@ fn nodes_lease_only_their_own_work_over_mutual_tls() {
             }
         }
     }
+    // The lease that comes with completions is refused the same way, and says why.
+    let (results, next) = n1
+        .complete_and_lease(&[], 1, Duration::ZERO)
+        .expect("complete and lease");
+    assert!(results.is_empty());
+    assert!(
+        matches!(
+            next,
+            Err(ClientError::Refused {
+                code: Refusal::NodeDraining,
+                ..
+            })
+        ),
+        "{next:?}"
+    );
     d.kill9();
 }
 

@@ -32,11 +32,26 @@ struct Throughput {
     p99: Duration,
 }
 
+/// How a simulated agent sends its completions.
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    /// One completion per request.
+    Single,
+    /// The completions of a lease in one request.
+    Batched,
+    /// The completions of a lease and the next lease in one request.
+    WithLease,
+}
+
 struct Figures {
     /// One completion per request.
     single: Throughput,
     /// The completions of a lease in one request.
     batched: Throughput,
+    /// The completions of a lease and the next lease in one request.
+    with_lease: Throughput,
+    /// The same, each agent pausing [`TASK_PAUSE`] per lease as if it ran its tasks.
+    paced: Throughput,
     /// One agent alone leasing one job at a time: the round trip without queueing.
     alone: Throughput,
     /// From the commit of 1,000 deployments to each one's first job leased.
@@ -45,6 +60,8 @@ struct Figures {
 }
 
 const DEPLOYMENTS: usize = 1000;
+/// What a paced agent spends running a lease's tasks before it reports them.
+const TASK_PAUSE: Duration = Duration::from_millis(250);
 
 fn run(url: &str, jobs: usize) -> Figures {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -92,14 +109,18 @@ fn run(url: &str, jobs: usize) -> Figures {
         pushleft_agent::enroll::enroll(&control, &fingerprint, &node, &node_dir, &token).expect("enrol");
         clients.push(AgentClient::from_dir(&agents, &node_dir).expect("client"));
     }
-    let single = throughput(url, &clients, jobs, 0, false);
-    let batched = throughput(url, &clients, jobs, jobs, true);
-    let alone = unloaded(url, &clients[0], 2 * jobs);
+    let single = throughput(url, &clients, jobs, 0, Mode::Single, Duration::ZERO);
+    let batched = throughput(url, &clients, jobs, jobs, Mode::Batched, Duration::ZERO);
+    let with_lease = throughput(url, &clients, jobs, 2 * jobs, Mode::WithLease, Duration::ZERO);
+    let paced = throughput(url, &clients, jobs, 3 * jobs, Mode::WithLease, TASK_PAUSE);
+    let alone = unloaded(url, &clients[0], 4 * jobs);
     let (placed_all, over_capacity) = thousand_deployments(&repo, &agents, dir.path(), url);
     d.kill9();
     Figures {
         single,
         batched,
+        with_lease,
+        paced,
         alone,
         placed_all,
         over_capacity,
@@ -165,7 +186,14 @@ fn unloaded(url: &str, client: &AgentClient, offset: usize) -> Throughput {
 /// Queues `jobs` removals over the nodes (instances from `offset`, so each round's keys are
 /// new) and has every agent lease at most 8 and complete them, one request per completion or
 /// one per lease (`batched`), until none is left.
-fn throughput(url: &str, clients: &[AgentClient], jobs: usize, offset: usize, batched: bool) -> Throughput {
+fn throughput(
+    url: &str,
+    clients: &[AgentClient],
+    jobs: usize,
+    offset: usize,
+    mode: Mode,
+    pause: Duration,
+) -> Throughput {
     enqueue_removals(url, offset..offset + jobs, |i| format!("n{:03}", i % NODES));
     let started = Instant::now();
     let (done, mut rtts) = std::thread::scope(|scope| {
@@ -175,29 +203,47 @@ fn throughput(url: &str, clients: &[AgentClient], jobs: usize, offset: usize, ba
                 scope.spawn(move || {
                     let mut rtts = Vec::new();
                     let mut done = 0usize;
-                    loop {
-                        let t = Instant::now();
-                        let leased = c.lease(8, Duration::ZERO).expect("lease");
-                        rtts.push(t.elapsed());
-                        if leased.jobs.is_empty() {
-                            break;
-                        }
-                        if batched {
-                            let all: Vec<(&agent_proto::LeaseProof, agent_proto::Outcome, &str)> = leased
-                                .jobs
-                                .iter()
-                                .map(|j| (&j.proof, agent_proto::Outcome::Succeeded, ""))
-                                .collect();
-                            let results = c.complete_many(&all).expect("complete");
-                            assert!(results.iter().all(Option::is_none), "{results:?}");
-                            done += results.len();
-                        } else {
-                            for j in &leased.jobs {
-                                c.complete(&j.proof, agent_proto::Outcome::Succeeded, "")
-                                    .expect("complete");
-                                done += 1;
+                    let t = Instant::now();
+                    let mut leased = c.lease(8, Duration::ZERO).expect("lease");
+                    rtts.push(t.elapsed());
+                    while !leased.jobs.is_empty() {
+                        std::thread::sleep(pause);
+                        let all: Vec<(&agent_proto::LeaseProof, agent_proto::Outcome, &str)> = leased
+                            .jobs
+                            .iter()
+                            .map(|j| (&j.proof, agent_proto::Outcome::Succeeded, ""))
+                            .collect();
+                        let next = match mode {
+                            Mode::Single => {
+                                for (proof, outcome, detail) in &all {
+                                    c.complete(proof, *outcome, detail).expect("complete");
+                                }
+                                done += all.len();
+                                let t = Instant::now();
+                                let next = c.lease(8, Duration::ZERO).expect("lease");
+                                rtts.push(t.elapsed());
+                                next
                             }
-                        }
+                            Mode::Batched => {
+                                let results = c.complete_many(&all).expect("complete");
+                                assert!(results.iter().all(Option::is_none), "{results:?}");
+                                done += results.len();
+                                let t = Instant::now();
+                                let next = c.lease(8, Duration::ZERO).expect("lease");
+                                rtts.push(t.elapsed());
+                                next
+                            }
+                            Mode::WithLease => {
+                                // The round trip of the one request that completes and leases.
+                                let t = Instant::now();
+                                let (results, next) = c.complete_and_lease(&all, 8, Duration::ZERO).expect("complete");
+                                rtts.push(t.elapsed());
+                                assert!(results.iter().all(Option::is_none), "{results:?}");
+                                done += results.len();
+                                next.expect("lease")
+                            }
+                        };
+                        leased = next;
                     }
                     (done, rtts)
                 })
@@ -319,6 +365,8 @@ fn main() {
         for (mode, t) in [
             ("one per request", &f.single),
             ("one request per lease", &f.batched),
+            ("with the next lease in the same request", &f.with_lease),
+            ("the same, each agent pausing 250 ms per lease", &f.paced),
             ("one agent alone, one job at a time", &f.alone),
         ] {
             println!(

@@ -206,33 +206,52 @@ async fn lease(State(s): App, Extension(peer): Peer, body: axum::body::Body) -> 
         Ok(r) => r,
         Err(r) => return r,
     };
+    match lease_jobs(&s, &node, &req).await {
+        Ok(answer) => axum::Json(answer).into_response(),
+        Err(LeaseError::Refused(code, message)) => refused(code, message),
+        Err(LeaseError::Internal(e)) => internal(e),
+    }
+}
+
+/// Why a lease gave nothing.
+enum LeaseError {
+    Refused(Refusal, &'static str),
+    Internal(String),
+}
+
+/// The lease itself, for `lease` and for the lease that comes with a `complete-batch`.
+async fn lease_jobs(s: &Shared, node: &str, req: &LeaseRequest) -> Result<LeaseResponse, LeaseError> {
+    let internal = |e: &dyn std::fmt::Display| LeaseError::Internal(e.to_string());
     // A draining node gets no new work: only what takes its old work away (each removal
     // queued after its replacement elsewhere is healthy).
-    let removals_only = match declared(&s, &node).await {
+    let removals_only = match declared(s, node).await {
         Ok(Declared::Yes { .. }) => false,
         Ok(Declared::Draining { .. }) => true,
-        Ok(Declared::Retired) => return refused(Refusal::NodeRetired, "the node is retired in Git"),
-        Ok(Declared::No) => return refused(Refusal::NodeNotDeclared, "the node is not declared"),
-        Err(e) => return internal(e),
+        Ok(Declared::Retired) => return Err(LeaseError::Refused(Refusal::NodeRetired, "the node is retired in Git")),
+        Ok(Declared::No) => {
+            return Err(LeaseError::Refused(
+                Refusal::NodeNotDeclared,
+                "the node is not declared",
+            ));
+        }
+        Err(e) => return Err(internal(&e)),
     };
     let max = req.max.clamp(1, MAX_LEASE_BATCH);
     let wait = Duration::from_millis(req.wait_ms.min(MAX_LEASE_WAIT_MS));
     let started = Instant::now();
     loop {
         let woken = s.jobs.notified();
-        let leases = match s.group.lease(&node, max, removals_only, LEASE_TTL_MS).await {
-            Ok(l) => l,
-            Err(e) => return internal(e),
-        };
+        let leases = s
+            .group
+            .lease(node, max, removals_only, LEASE_TTL_MS)
+            .await
+            .map_err(|e| internal(&e))?;
         if !leases.is_empty() || started.elapsed() >= wait {
-            let executions = match s
+            let executions = s
                 .ledger
-                .executions(&node, &leases, &s.control_identities, now_ms())
+                .executions(node, &leases, &s.control_identities, now_ms())
                 .await
-            {
-                Ok(e) => e,
-                Err(e) => return internal(e),
-            };
+                .map_err(|e| internal(&e))?;
             let mut jobs = Vec::with_capacity(leases.len());
             for (l, execution) in leases.into_iter().zip(executions) {
                 let execution = match execution {
@@ -245,9 +264,9 @@ async fn lease(State(s): App, Extension(peer): Peer, body: axum::body::Body) -> 
                             token: l.token,
                             outcome: crate::ledger::Outcome::Permanent(format!("{}: {}", why.code, why.message)),
                         };
-                        if let Err(e) = s.group.complete(done, &node).await {
-                            return internal(e);
-                        }
+                        // This daemon's own fresh lease: a refusal cannot come, and would
+                        // change nothing.
+                        let _ = s.group.complete(done, node).await.map_err(|e| internal(&e))?;
                         continue;
                     }
                 };
@@ -269,9 +288,12 @@ async fn lease(State(s): App, Extension(peer): Peer, body: axum::body::Body) -> 
             }
             if jobs.is_empty() && removals_only {
                 // Nothing to take away, and new work is not for a draining node.
-                return refused(Refusal::NodeDraining, "the node is draining: no new work");
+                return Err(LeaseError::Refused(
+                    Refusal::NodeDraining,
+                    "the node is draining: no new work",
+                ));
             }
-            return axum::Json(LeaseResponse { jobs }).into_response();
+            return Ok(LeaseResponse { jobs });
         }
         let left = wait.saturating_sub(started.elapsed());
         tokio::select! {
@@ -307,36 +329,46 @@ fn secret_shaped(detail: &str) -> bool {
     detail.contains("-----BEGIN AGE ENCRYPTED FILE-----") || detail.contains("AGE-SECRET-KEY-")
 }
 
-/// One completion, judged alone: its refusal (recording nothing), or recorded.
-async fn complete_one(
-    s: &Shared,
-    node: &str,
-    req: CompleteRequest,
-) -> Result<Result<(), (Refusal, &'static str)>, String> {
+/// A completion as the ledger records it, or its refusal (which records nothing).
+fn checked(req: CompleteRequest) -> Result<Completion, (Refusal, &'static str)> {
     if req.detail.len() > MAX_DETAIL_BYTES {
-        return Ok(Err((Refusal::MalformedRequest, "the detail is larger than 16 KiB")));
+        return Err((Refusal::MalformedRequest, "the detail is larger than 16 KiB"));
     }
     if secret_shaped(&req.detail) {
-        return Ok(Err((
-            Refusal::SecretInResult,
-            "a result may not carry secret-shaped values",
-        )));
+        return Err((Refusal::SecretInResult, "a result may not carry secret-shaped values"));
     }
     let outcome = match req.outcome {
         Outcome::Succeeded => crate::ledger::Outcome::Succeeded,
         Outcome::Retryable => crate::ledger::Outcome::Retryable(req.detail),
         Outcome::Permanent => crate::ledger::Outcome::Permanent(req.detail),
     };
-    let done = Completion {
+    Ok(Completion {
         token: token_of(&req.proof),
         outcome,
-    };
-    // Ownership is checked in the completion's own transaction (one query for a whole group).
-    Ok(match s.group.complete(done, node).await? {
+    })
+}
+
+/// The ledger's answer to a completion, as the protocol's refusal.
+fn judged(r: Result<(), crate::ledger::Refused>) -> Result<(), (Refusal, &'static str)> {
+    match r {
         Ok(()) => Ok(()),
         Err(crate::ledger::Refused::NotYourJob) => Err((Refusal::NotYourJob, "that job is another node's")),
         Err(_) => Err((Refusal::StaleFencingToken, "the lease is no longer yours")),
-    })
+    }
+}
+
+/// One completion, judged alone: its refusal (recording nothing), or recorded.
+async fn complete_one(
+    s: &Shared,
+    node: &str,
+    req: CompleteRequest,
+) -> Result<Result<(), (Refusal, &'static str)>, String> {
+    let done = match checked(req) {
+        Ok(d) => d,
+        Err(r) => return Ok(Err(r)),
+    };
+    // Ownership is checked in the completion's own transaction (one query for a whole group).
+    Ok(judged(s.group.complete(done, node).await?))
 }
 
 async fn complete(State(s): App, Extension(peer): Peer, body: axum::body::Body) -> Response {
@@ -369,19 +401,52 @@ async fn complete_batch(State(s): App, Extension(peer): Peer, body: axum::body::
     if req.completions.len() > MAX_LEASE_BATCH as usize {
         return refused(Refusal::MalformedRequest, "at most 8 completions a request");
     }
-    let all = req.completions.into_iter().map(|c| complete_one(&s, &node, c));
-    let mut results = Vec::new();
-    for r in futures_util::future::join_all(all).await {
-        match r {
-            Ok(Ok(())) => results.push(None),
-            Ok(Err((code, message))) => results.push(Some(agent_proto::RefusalBody {
-                code,
-                message: message.to_owned(),
-            })),
-            Err(e) => return internal(e),
+    // Every completion queued first, then the lease: they share a group transaction (or the
+    // lease comes in a later one), so the lease sees the completions.
+    let mut pending = Vec::with_capacity(req.completions.len());
+    for c in req.completions {
+        pending.push(match checked(c) {
+            Ok(done) => match s.group.submit_complete(done, &node).await {
+                Ok(answer) => Ok(answer),
+                Err(e) => return internal(e),
+            },
+            Err(r) => Err(r),
+        });
+    }
+    let (mut leased, mut lease_refused) = (None, None);
+    if let Some(lease) = &req.lease {
+        match lease_jobs(&s, &node, lease).await {
+            Ok(answer) => leased = Some(answer),
+            Err(LeaseError::Refused(code, message)) => {
+                lease_refused = Some(agent_proto::RefusalBody {
+                    code,
+                    message: message.to_owned(),
+                });
+            }
+            Err(LeaseError::Internal(e)) => return internal(e),
         }
     }
-    axum::Json(agent_proto::CompleteBatchResponse { results }).into_response()
+    let mut results = Vec::with_capacity(pending.len());
+    for p in pending {
+        let r = match p {
+            Ok(answer) => match answer.await {
+                Ok(Ok(r)) => judged(r),
+                Ok(Err(e)) => return internal(e),
+                Err(_) => return internal("the group committer has stopped"),
+            },
+            Err(r) => Err(r),
+        };
+        results.push(r.err().map(|(code, message)| agent_proto::RefusalBody {
+            code,
+            message: message.to_owned(),
+        }));
+    }
+    axum::Json(agent_proto::CompleteBatchResponse {
+        results,
+        leased,
+        lease_refused,
+    })
+    .into_response()
 }
 
 /// Renews the caller's certificate from a new key's signing request.

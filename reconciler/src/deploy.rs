@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 /// How many attempts a job gets before it is dead.
 pub const MAX_ATTEMPTS: u32 = 5;
 
-type Tx = sqlx::Transaction<'static, sqlx::Any>;
+type Tx = crate::ledger::WriteTx;
 
 /// What applying one commit did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

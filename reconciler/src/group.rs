@@ -1,8 +1,9 @@
 //! Group commit for the agent API. Each agent leases and completes in small calls (at most 8
 //! jobs, one completion at a time); made one transaction each, every call would wait for its
 //! own durable commit (on SQLite, for the one writer too). Instead, calls queue here, and one
-//! task per kind takes everything queued since its last transaction and writes it in one:
-//! under load, a hundred agents' calls share one fsync; when idle, a call goes alone at once.
+//! task takes everything queued since its last transaction, completions and leases alike, and
+//! writes it in one: under load, a hundred agents' calls share one fsync; when idle, a call
+//! goes alone at once.
 
 use crate::daemon::{Shared, now_ms};
 use crate::ledger::{Completion, Lease, Refused};
@@ -27,57 +28,74 @@ struct CompleteCall {
     reply: oneshot::Sender<Result<Result<(), Refused>, String>>,
 }
 
-type Receivers = (mpsc::Receiver<LeaseCall>, mpsc::Receiver<CompleteCall>);
+/// One call queued for the next group transaction.
+enum Call {
+    Lease(LeaseCall),
+    Complete(CompleteCall),
+}
 
-/// The queues the agent API's handlers put their calls on.
+/// The queue the agent API's handlers put their calls on: one committer takes both kinds, so
+/// a group of leases and completions costs one durable commit, and writers of the agent API
+/// never wait for each other's locks.
 pub struct Group {
-    leases: mpsc::Sender<LeaseCall>,
-    completes: mpsc::Sender<CompleteCall>,
-    receivers: Mutex<Option<Receivers>>,
+    calls: mpsc::Sender<Call>,
+    receiver: Mutex<Option<mpsc::Receiver<Call>>>,
 }
 
 impl Default for Group {
     fn default() -> Self {
-        let (leases, lease_rx) = mpsc::channel(4 * MAX_GROUP);
-        let (completes, complete_rx) = mpsc::channel(4 * MAX_GROUP);
+        let (calls, rx) = mpsc::channel(8 * MAX_GROUP);
         Group {
-            leases,
-            completes,
-            receivers: Mutex::new(Some((lease_rx, complete_rx))),
+            calls,
+            receiver: Mutex::new(Some(rx)),
         }
     }
 }
 
+fn stopped<T>(_: T) -> String {
+    "the group committer has stopped".to_owned()
+}
+
 impl Group {
     /// Leases up to `max` of `node`'s jobs (only removals, for a draining node), in the next
-    /// group transaction.
+    /// group transaction (after the completions queued before it).
     pub async fn lease(&self, node: &str, max: u32, removals_only: bool, ttl_ms: i64) -> Result<Vec<Lease>, String> {
         let (reply, answer) = oneshot::channel();
-        self.leases
-            .send(LeaseCall {
+        self.calls
+            .send(Call::Lease(LeaseCall {
                 node: node.to_owned(),
                 max,
                 removals_only,
                 ttl_ms,
                 reply,
-            })
+            }))
             .await
-            .map_err(|_| "the group committer has stopped".to_owned())?;
-        answer.await.map_err(|_| "the group committer has stopped".to_owned())?
+            .map_err(stopped)?;
+        answer.await.map_err(stopped)?
     }
 
     /// Completes one job, in the next group transaction.
     pub async fn complete(&self, completion: Completion, caller: &str) -> Result<Result<(), Refused>, String> {
+        self.submit_complete(completion, caller).await?.await.map_err(stopped)?
+    }
+
+    /// Queues one completion for the next group transaction without waiting for it: a lease
+    /// queued after it goes into the same transaction (or a later one) and sees it.
+    pub async fn submit_complete(
+        &self,
+        completion: Completion,
+        caller: &str,
+    ) -> Result<oneshot::Receiver<Result<Result<(), Refused>, String>>, String> {
         let (reply, answer) = oneshot::channel();
-        self.completes
-            .send(CompleteCall {
+        self.calls
+            .send(Call::Complete(CompleteCall {
                 completion,
                 caller: caller.to_owned(),
                 reply,
-            })
+            }))
             .await
-            .map_err(|_| "the group committer has stopped".to_owned())?;
-        answer.await.map_err(|_| "the group committer has stopped".to_owned())?
+            .map_err(stopped)?;
+        Ok(answer)
     }
 }
 
@@ -93,66 +111,86 @@ fn drain<T>(first: T, rx: &mut mpsc::Receiver<T>) -> Vec<T> {
     batch
 }
 
-/// Runs the two committers (leases, completions) until shutdown.
+/// How many groups are written at once: SQLite has one writer, so one; PostgreSQL writes
+/// several transactions at once (leases meet on the fencing counter's row, completions do
+/// not), so two.
+fn committers(backend: crate::ledger::Backend) -> usize {
+    match backend {
+        crate::ledger::Backend::Sqlite => 1,
+        crate::ledger::Backend::Postgres => 2,
+    }
+}
+
+/// Runs the committers until shutdown: each transaction records the completions queued, then
+/// leases for the lease calls queued.
 pub async fn run(shared: Arc<Shared>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-    let Some((mut lease_rx, mut complete_rx)) = shared.group.receivers.lock().ok().and_then(|mut r| r.take()) else {
+    let Some(rx) = shared.group.receiver.lock().ok().and_then(|mut r| r.take()) else {
         return;
     };
-    let leaser = {
-        let shared = Arc::clone(&shared);
-        async move {
-            while let Some(first) = lease_rx.recv().await {
-                let batch = drain(first, &mut lease_rx);
-                // One lease time for the group: the longest asked for.
-                let ttl = batch.iter().map(|c| c.ttl_ms).max().unwrap_or(30_000);
-                let requests: Vec<(&str, u32, bool)> = batch
-                    .iter()
-                    .map(|c| (c.node.as_str(), c.max, c.removals_only))
-                    .collect();
-                match shared.ledger.lease_many(&requests, ttl, now_ms()).await {
-                    Ok(all) => {
-                        for (call, leases) in batch.into_iter().zip(all) {
-                            let _ = call.reply.send(Ok(leases));
-                        }
-                    }
-                    Err(e) => {
-                        let message = e.to_string();
-                        for call in batch {
-                            let _ = call.reply.send(Err(message.clone()));
-                        }
-                    }
+    let rx = Arc::new(tokio::sync::Mutex::new(rx));
+    let all = (0..committers(shared.ledger.backend())).map(|_| commit_groups(Arc::clone(&shared), Arc::clone(&rx)));
+    tokio::select! {
+        _ = futures_util::future::join_all(all) => {}
+        _ = shutdown.changed() => {}
+    }
+}
+
+/// One committer: takes a group off the queue (the queue is free again while it writes), and
+/// writes it.
+async fn commit_groups(shared: Arc<Shared>, rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Call>>>) {
+    loop {
+        let batch = {
+            let mut rx = rx.lock().await;
+            let Some(first) = rx.recv().await else {
+                return;
+            };
+            drain(first, &mut rx)
+        };
+        {
+            let (mut leases, mut completes) = (Vec::new(), Vec::new());
+            for call in batch {
+                match call {
+                    Call::Lease(c) => leases.push(c),
+                    Call::Complete(c) => completes.push(c),
                 }
             }
-        }
-    };
-    let completer = {
-        let shared = Arc::clone(&shared);
-        async move {
-            while let Some(first) = complete_rx.recv().await {
-                let batch = drain(first, &mut complete_rx);
-                let completions: Vec<Completion> = batch.iter().map(|c| c.completion.clone()).collect();
-                let callers: Vec<String> = batch.iter().map(|c| c.caller.clone()).collect();
-                match shared.ledger.complete_as(&completions, &callers, now_ms()).await {
-                    Ok(results) => {
-                        for (call, r) in batch.into_iter().zip(results) {
-                            let _ = call.reply.send(Ok(r));
-                        }
+            // One lease time for the group: the longest asked for.
+            let ttl = leases.iter().map(|c| c.ttl_ms).max().unwrap_or(30_000);
+            let requests: Vec<(&str, u32, bool)> = leases
+                .iter()
+                .map(|c| (c.node.as_str(), c.max, c.removals_only))
+                .collect();
+            let completions: Vec<Completion> = completes.iter().map(|c| c.completion.clone()).collect();
+            let callers: Vec<String> = completes.iter().map(|c| c.caller.clone()).collect();
+            match shared
+                .ledger
+                .complete_and_lease(&completions, &callers, &requests, ttl, now_ms())
+                .await
+            {
+                Ok((done, leased)) => {
+                    drop(requests);
+                    for (call, r) in completes.into_iter().zip(done) {
+                        let _ = call.reply.send(Ok(r));
+                    }
+                    for (call, l) in leases.into_iter().zip(leased) {
+                        let _ = call.reply.send(Ok(l));
+                    }
+                    if !completions.is_empty() {
                         // The next step may be due: the loop advances it now.
                         shared.settle_hint.notify_one();
                     }
-                    Err(e) => {
-                        let message = e.to_string();
-                        for call in batch {
-                            let _ = call.reply.send(Err(message.clone()));
-                        }
+                }
+                Err(e) => {
+                    drop(requests);
+                    let message = e.to_string();
+                    for call in completes {
+                        let _ = call.reply.send(Err(message.clone()));
+                    }
+                    for call in leases {
+                        let _ = call.reply.send(Err(message.clone()));
                     }
                 }
             }
         }
-    };
-    tokio::select! {
-        _ = leaser => {}
-        _ = completer => {}
-        _ = shutdown.changed() => {}
     }
 }

@@ -9,6 +9,7 @@ use sqlx::any::AnyPoolOptions;
 use sqlx::{AnyPool, Row};
 use state_schema::task::Task;
 use std::borrow::Cow;
+use std::sync::Arc;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -212,6 +213,35 @@ pub struct Ledger {
     sqlite_path: Option<std::path::PathBuf>,
     /// Silence after which a node is lost and its replicas are placed elsewhere.
     lost_after_ms: std::sync::atomic::AtomicI64,
+    /// SQLite has one writer: this process's write transactions queue here, in order, instead
+    /// of meeting `SQLITE_BUSY` and sleeping in SQLite's busy handler (1, 2, 5, 10… ms).
+    writer: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// A write transaction; on SQLite it holds the process's writer turn until it ends.
+pub struct WriteTx {
+    tx: sqlx::Transaction<'static, sqlx::Any>,
+    _turn: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+/// Like a transaction, a write transaction is the connection it runs on (`&mut *tx`).
+impl std::ops::Deref for WriteTx {
+    type Target = sqlx::AnyConnection;
+    fn deref(&self) -> &Self::Target {
+        &self.tx
+    }
+}
+
+impl std::ops::DerefMut for WriteTx {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.tx
+    }
+}
+
+impl WriteTx {
+    pub async fn commit(self) -> Result<(), sqlx::Error> {
+        self.tx.commit().await
+    }
 }
 
 impl Ledger {
@@ -259,6 +289,7 @@ impl Ledger {
             backend,
             sqlite_path,
             lost_after_ms: std::sync::atomic::AtomicI64::new(state_schema::placement::LOST_AFTER_MS),
+            writer: Arc::default(),
         })
     }
 
@@ -291,10 +322,19 @@ impl Ledger {
     /// A transaction that writes. SQLite's takes the write lock at once (`BEGIN IMMEDIATE`):
     /// a deferred one that reads first cannot wait for the lock when it later writes, and
     /// fails with "database is locked" under concurrency.
-    pub(crate) async fn write_tx(&self) -> Result<sqlx::Transaction<'static, sqlx::Any>, sqlx::Error> {
+    pub(crate) async fn write_tx(&self) -> Result<WriteTx, sqlx::Error> {
         match self.backend {
-            Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await,
-            Backend::Postgres => self.pool.begin().await,
+            Backend::Sqlite => {
+                let turn = Arc::clone(&self.writer).lock_owned().await;
+                Ok(WriteTx {
+                    tx: self.pool.begin_with("BEGIN IMMEDIATE").await?,
+                    _turn: Some(turn),
+                })
+            }
+            Backend::Postgres => Ok(WriteTx {
+                tx: self.pool.begin().await?,
+                _turn: None,
+            }),
         }
     }
 
@@ -342,7 +382,7 @@ impl Ledger {
     /// left as it is. Returns the indices (into `jobs`) of the ones that were new.
     pub(crate) async fn enqueue_in(
         &self,
-        tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+        tx: &mut WriteTx,
         jobs: &[JobRow<'_>],
         now_ms: i64,
     ) -> Result<Vec<usize>, LedgerError> {
@@ -398,11 +438,7 @@ impl Ledger {
         Ok(n)
     }
 
-    async fn expire_in(
-        &self,
-        tx: &mut sqlx::Transaction<'static, sqlx::Any>,
-        now_ms: i64,
-    ) -> Result<usize, LedgerError> {
+    async fn expire_in(&self, tx: &mut WriteTx, now_ms: i64) -> Result<usize, LedgerError> {
         let rows = sqlx::query(self.sql(
             "UPDATE jobs SET state = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'queued' END, lease_token = NULL, lease_expires_at = NULL, updated_at = ? WHERE state = 'leased' AND lease_expires_at < ? RETURNING key, state",
         ))
@@ -461,12 +497,50 @@ impl Ledger {
             return Ok(vec![Vec::new(); requests.len()]);
         }
         let mut tx = self.write_tx().await?;
-        self.expire_in(&mut tx, now_ms).await?;
+        let out = self.lease_many_in(&mut tx, requests, ttl_ms, now_ms).await?;
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    /// Completions, then leases, in one transaction: the agent API's group commit, so that a
+    /// group of both kinds costs one durable commit, and a lease that comes with completions
+    /// sees them. The answers in the order of `completions` and of `requests`.
+    pub async fn complete_and_lease(
+        &self,
+        completions: &[Completion],
+        callers: &[String],
+        requests: &[(&str, u32, bool)],
+        ttl_ms: i64,
+        now_ms: i64,
+    ) -> Result<(Vec<Result<(), Refused>>, Vec<Vec<Lease>>), LedgerError> {
+        if completions.is_empty() {
+            return Ok((Vec::new(), self.lease_many(requests, ttl_ms, now_ms).await?));
+        }
+        let mut tx = self.write_tx().await?;
+        let done = self.complete_as_in(&mut tx, completions, callers, now_ms).await?;
+        let leased = if requests.is_empty() {
+            Vec::new()
+        } else {
+            self.lease_many_in(&mut tx, requests, ttl_ms, now_ms).await?
+        };
+        tx.commit().await?;
+        Ok((done, leased))
+    }
+
+    /// [`Ledger::lease_many`] in the caller's transaction.
+    async fn lease_many_in(
+        &self,
+        tx: &mut WriteTx,
+        requests: &[(&str, u32, bool)],
+        ttl_ms: i64,
+        now_ms: i64,
+    ) -> Result<Vec<Vec<Lease>>, LedgerError> {
+        self.expire_in(tx, now_ms).await?;
         // The counter update comes first: it takes the write lock (SQLite) or the row lock
         // (PostgreSQL) before anything is read, so two leases never interleave.
         let fencing: i64 =
             sqlx::query(self.sql("UPDATE counters SET value = value + 1 WHERE name = 'fencing' RETURNING value"))
-                .fetch_one(&mut *tx)
+                .fetch_one(&mut **tx)
                 .await?
                 .try_get(0)?;
         let lock = if self.backend == Backend::Postgres {
@@ -498,7 +572,7 @@ impl Ledger {
                 .bind(*node)
                 .bind(now_ms)
                 .bind(i64::from(*max))
-                .fetch_all(&mut *tx)
+                .fetch_all(&mut **tx)
                 .await?;
             let mut leases = Vec::with_capacity(rows.len());
             for r in rows {
@@ -523,8 +597,7 @@ impl Ledger {
             leases.sort_by_key(|l| l.job_id);
             out.push(leases);
         }
-        self.events_in(&mut tx, now_ms, &events).await?;
-        tx.commit().await?;
+        self.events_in(tx, now_ms, &events).await?;
         Ok(out)
     }
 
@@ -577,11 +650,24 @@ impl Ledger {
         callers: &[String],
         now_ms: i64,
     ) -> Result<Vec<Result<(), Refused>>, LedgerError> {
-        let mut out = vec![Err(Refused::StaleFencingToken); completions.len()];
         if completions.is_empty() {
-            return Ok(out);
+            return Ok(Vec::new());
         }
         let mut tx = self.write_tx().await?;
+        let out = self.complete_as_in(&mut tx, completions, callers, now_ms).await?;
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    /// [`Ledger::complete_as`] in the caller's transaction.
+    async fn complete_as_in(
+        &self,
+        tx: &mut WriteTx,
+        completions: &[Completion],
+        callers: &[String],
+        now_ms: i64,
+    ) -> Result<Vec<Result<(), Refused>>, LedgerError> {
+        let mut out = vec![Err(Refused::StaleFencingToken); completions.len()];
         for chunk_start in (0..completions.len()).step_by(500) {
             let chunk = &completions[chunk_start..(chunk_start + 500).min(completions.len())];
             // The live leases among the batch, locked until commit.
@@ -600,7 +686,7 @@ impl Ledger {
             }
             let mut live: std::collections::HashMap<i64, LiveLease> = std::collections::HashMap::new();
             let mut owners: std::collections::HashMap<i64, String> = std::collections::HashMap::new();
-            for r in query.fetch_all(&mut *tx).await? {
+            for r in query.fetch_all(&mut **tx).await? {
                 let id: i64 = r.try_get(0)?;
                 owners.insert(id, r.try_get(6)?);
                 // A boolean comes back as an integer from SQLite and a bool from PostgreSQL.
@@ -666,14 +752,14 @@ impl Ledger {
                 for id in ids {
                     query = query.bind(*id);
                 }
-                query.execute(&mut *tx).await?;
+                query.execute(&mut **tx).await?;
             }
             for (id, not_before) in &rec.retries {
                 sqlx::query(self.sql("UPDATE jobs SET state = 'queued', lease_token = NULL, lease_expires_at = NULL, not_before = ?, updated_at = ? WHERE id = ?"))
                     .bind(*not_before)
                     .bind(now_ms)
                     .bind(*id)
-                    .execute(&mut *tx)
+                    .execute(&mut **tx)
                     .await?;
             }
             if !rec.results.is_empty() {
@@ -689,18 +775,17 @@ impl Ledger {
                         .bind(detail.clone())
                         .bind(now_ms);
                 }
-                query.execute(&mut *tx).await?;
-                self.events_in(&mut tx, now_ms, &rec.events).await?;
+                query.execute(&mut **tx).await?;
+                self.events_in(tx, now_ms, &rec.events).await?;
             }
         }
-        tx.commit().await?;
         Ok(out)
     }
 
     /// Appends one event in the caller's transaction.
     pub(crate) async fn event(
         &self,
-        tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+        tx: &mut WriteTx,
         now_ms: i64,
         kind: &str,
         subject: &str,
@@ -714,7 +799,7 @@ impl Ledger {
     /// statement. The one way events are written.
     pub(crate) async fn events_in(
         &self,
-        tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+        tx: &mut WriteTx,
         now_ms: i64,
         events: &[(String, String, String)],
     ) -> Result<(), LedgerError> {
@@ -840,7 +925,7 @@ impl Ledger {
     /// Records a judgement in the caller's transaction; `None` when it was judged before.
     pub(crate) async fn record_revision_in(
         &self,
-        tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+        tx: &mut WriteTx,
         branch: &str,
         j: &state_repo::revision::Judgement,
         now_ms: i64,

@@ -19,7 +19,7 @@ use state_schema::release::{self, Change};
 use state_schema::values::Name;
 use std::collections::{BTreeMap, BTreeSet};
 
-type Tx = sqlx::Transaction<'static, sqlx::Any>;
+type Tx = crate::ledger::WriteTx;
 
 /// The subnet pool environments' networks are cut from: `10.208.0.0/12` in /24s, 4,096 per
 /// node. Outside Docker's default pools (172.17.0.0/16 and up, 192.168.0.0/16).
