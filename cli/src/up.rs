@@ -861,6 +861,16 @@ pub fn up(args: &UpArgs) -> Result<u8> {
             ports.http
         );
     }
+    // A port another program holds would only show as Caddy failing later: say so now.
+    if web
+        && alive(&local.path("caddy.pid"), "caddy").is_none()
+        && std::net::TcpListener::bind(("127.0.0.1", ports.http)).is_err()
+    {
+        bail!(
+            "port {} on 127.0.0.1 is taken by another program: stop it, or choose another port (`pl down`, then `pl up --port PORT`)",
+            ports.http
+        );
+    }
     local.settle_trust(&trust)?;
     local.settle_identity(&loaded.state, args.identity.as_deref())?;
     let replace = local.build(&args.builds, &loaded.state, rev.as_deref(), &args.docker_socket)?;

@@ -689,6 +689,13 @@ fn the_quickstart_builds_its_image_and_serves_its_page() {
     let socket = host.socket.clone();
     host.run(move || {
         let build = format!("hello={}", context.display());
+        // A port another program holds: a clear error before anything starts.
+        let taken = std::net::TcpListener::bind("127.0.0.1:18090").expect("bind");
+        let (code, _, err) = pl(&["up", "--port", "18090", "--build", &build], &repo, &state, &socket);
+        assert_eq!(code, 1);
+        assert!(err.contains("port 18090 on 127.0.0.1 is taken") && err.contains("--port"), "{err}");
+        assert!(!state.join("reconciler.pid").exists(), "nothing started");
+        drop(taken);
         let (code, out, err) = pl(&["up", "--port", "18090", "--build", &build], &repo, &state, &socket);
         assert_eq!(code, 0, "pl up: {out}\n{err}");
         let url = out
