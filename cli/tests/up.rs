@@ -689,11 +689,27 @@ fn the_quickstart_builds_its_image_and_serves_its_page() {
     let socket = host.socket.clone();
     host.run(move || {
         let build = format!("hello={}", context.display());
+        // No Caddy 2.8 on PATH (none, or Debian's 2.6): a clear error before anything starts.
+        let o = Command::new(env!("CARGO_BIN_EXE_pl"))
+            .args(["up", "--port", "18090", "--build", &build])
+            .arg(&repo)
+            .env("PL_STATE_DIR", &state)
+            .env("PL_DOCKER_SOCKET", &socket)
+            .env("PATH", "/usr/bin:/bin")
+            .output()
+            .expect("pl");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(err.contains("Caddy") && err.contains("2.8 or newer"), "{err}");
+        assert!(!state.join("reconciler.pid").exists(), "nothing started");
         // A port another program holds: a clear error before anything starts.
         let taken = std::net::TcpListener::bind("127.0.0.1:18090").expect("bind");
         let (code, _, err) = pl(&["up", "--port", "18090", "--build", &build], &repo, &state, &socket);
         assert_eq!(code, 1);
-        assert!(err.contains("port 18090 on 127.0.0.1 is taken") && err.contains("--port"), "{err}");
+        assert!(
+            err.contains("port 18090 on 127.0.0.1 is taken") && err.contains("--port"),
+            "{err}"
+        );
         assert!(!state.join("reconciler.pid").exists(), "nothing started");
         drop(taken);
         let (code, out, err) = pl(&["up", "--port", "18090", "--build", &build], &repo, &state, &socket);
