@@ -117,6 +117,16 @@ impl Client {
         Ok(resp)
     }
 
+    /// A POST with a JSON body; its JSON answer.
+    pub(crate) fn post_json(&self, path: &str, body: &Value) -> Result<Value> {
+        let mut resp = self.call_with("POST", path, Some(body))?;
+        resp.body_mut()
+            .with_config()
+            .limit(1024 * 1024)
+            .read_json()
+            .map_err(|e| anyhow!("{path}: {e}"))
+    }
+
     pub(crate) fn json(&self, method: &str, path: &str) -> Result<Value> {
         let mut resp = self.call(method, path)?;
         resp.body_mut()

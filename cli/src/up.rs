@@ -458,29 +458,37 @@ impl Local {
     }
 
     /// Points the mirror's `main` at the user's commit `rev`, as it is (the reconciler judges
-    /// its signature, and refuses a history rewrite as the daemon does).
-    fn apply_commit(&self, rev: &str) -> Result<(String, bool)> {
+    /// its signature, and refuses a history rewrite as the daemon does). The new head, whether
+    /// it moved, and whether it replaces a local revision of `pl up`'s own (a `pl down`
+    /// teardown) that it does not descend from: that rewrite is `pl up`'s to approve.
+    fn apply_commit(&self, rev: &str) -> Result<(String, bool, bool)> {
         let sha = self.fetch(rev)?;
         let mirror = self.path("mirror.git");
         let before = run(git(&mirror).args(["rev-parse", "-q", "--verify", "refs/heads/main"])).ok();
         if before.as_deref() == Some(sha.as_str()) {
-            return Ok((sha, false));
+            return Ok((sha, false, false));
         }
-        // The reconciler refuses a rewritten history, as it would on a fleet; say why before.
+        let mut replaces_local = false;
         if let Some(b) = &before
             && !git(&mirror)
                 .args(["merge-base", "--is-ancestor", b, &sha])
                 .status()
                 .is_ok_and(|s| s.success())
         {
-            bail!(
-                "{rev} does not descend from what this local control plane applied last ({}, a `pl down` teardown or an older branch); start afresh by removing {} (its history goes with it)",
-                &b[..12],
-                self.state.display()
-            );
+            // Only a local revision (committed by `pl up` with the state folder's key) may be
+            // left behind; a signed commit of yours is history the reconciler keeps.
+            let author = run(git(&mirror).args(["log", "-1", "--format=%an", b])).unwrap_or_default();
+            if author != "pl up" {
+                bail!(
+                    "{rev} does not descend from what this local control plane applied last ({}, an older branch); start afresh by removing {} (its history goes with it)",
+                    &b[..12],
+                    self.state.display()
+                );
+            }
+            replaces_local = true;
         }
         run(git(&mirror).args(["update-ref", "refs/heads/main", &sha]))?;
-        Ok((sha, true))
+        Ok((sha, true, replaces_local))
     }
 
     /// The age identity the local reconciler reseals Secrets with: `identity` (kept, 0600, in
@@ -884,6 +892,7 @@ pub fn up(args: &UpArgs) -> Result<u8> {
     local.settle_trust(&trust)?;
     local.settle_identity(&loaded.state, args.identity.as_deref())?;
     let replace = local.build(&args.builds, &loaded.state, rev.as_deref(), &args.docker_socket)?;
+    let mut replaces_local = false;
     let (head, moved) = match &trust {
         Trust::Local => {
             let applied = local.commit_worktree(&[], rev.as_deref(), &replace)?;
@@ -897,13 +906,14 @@ pub fn up(args: &UpArgs) -> Result<u8> {
         }
         Trust::Signed { .. } => {
             let r = rev.as_deref().unwrap_or("HEAD");
-            let applied = local.apply_commit(r)?;
+            let (sha, moved, local_behind) = local.apply_commit(r)?;
             println!(
                 "pl up: applying commit {} ({r}) of {}, judged against the allowed signers",
-                &applied.0[..12],
+                &sha[..12],
                 local.repo.display()
             );
-            applied
+            replaces_local = local_behind;
+            (sha, moved)
         }
     };
     let previews = previews_of(&loaded.state);
@@ -916,12 +926,47 @@ pub fn up(args: &UpArgs) -> Result<u8> {
     if moved || previews_moved {
         let _ = client.json("POST", "/v1/reconcile");
     }
+    if replaces_local {
+        approve_local_rewrite(&client, &head)?;
+    }
     let timeout = Duration::from_secs(args.timeout_seconds);
     let code = crate::follow::converge(&client, &head, &environments, ports.http, timeout)?;
     if !args.watch {
         return Ok(code);
     }
     watch(&local, &client, ports, timeout, &args.builds, &args.docker_socket)
+}
+
+/// The reconciler refuses `sha` as a rewrite of `main` (it leaves a local teardown revision
+/// behind, as it would a force-push): this control plane's own admin approves it, which an
+/// event records, and the reconciler judges it like any commit.
+fn approve_local_rewrite(client: &Client, sha: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let pending = client.json("GET", "/v1/rewrites?limit=20")?;
+        let refused = pending["rewrites"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|r| r["sha"].as_str() == Some(sha) && r["branch"].as_str() == Some("main"));
+        if refused {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("the reconciler did not judge {} in time", &sha[..12]);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    client.post_json(
+        "/v1/rewrites/approve",
+        &serde_json::json!({"branch": "main", "sha": sha}),
+    )?;
+    println!(
+        "pl up: {} leaves this control plane's local teardown revision behind: approved as a rewrite (`pl events` records it)",
+        &sha[..12]
+    );
+    let _ = client.json("POST", "/v1/reconcile");
+    Ok(())
 }
 
 /// Every problem of an invalid state, as `pl validate` prints them, to standard error.

@@ -628,6 +628,16 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         assert!(err.contains("pl down"), "{err}");
         let (code, out, err) = pl(&["down"], &repo_dir, &signed_state, &socket);
         assert_eq!(code, 0, "pl down: {out}\n{err}");
+        // Signed again after `pl down`: the signed head leaves the local teardown revision
+        // behind, which pl up approves as a rewrite (an event says so), and it serves.
+        repo.write("projects/api.yaml", &project_two);
+        repo.commit("signed again", true);
+        let (code, out, err) = pl(&signed, &repo_dir, &signed_state, &socket);
+        assert_eq!(code, 0, "signed after down: {out}\n{err}");
+        assert!(out.contains("approved as a rewrite"), "{out}");
+        assert_eq!(get(18_081, "api.example.com.localhost"), Some((200, "release two".into())));
+        let (code, out, err) = pl(&["down"], &repo_dir, &signed_state, &socket);
+        assert_eq!(code, 0, "pl down: {out}\n{err}");
     });
 }
 
