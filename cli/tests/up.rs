@@ -24,7 +24,9 @@
 //!   gone), keeps the ledger and stops every process; `pl up` again works from the same
 //!   ledger.
 //! - Signed commits with `--allowed-signers`: a signed one serves; an unsigned one and an
-//!   invalid one are refused with their reasons while the release in force serves on.
+//!   invalid one are refused with their reasons while the release in force serves on; after
+//!   `pl down`, a signed `pl up` approves leaving the local teardown revision behind and
+//!   serves again.
 
 #[path = "../../agent/tests/support/mod.rs"]
 mod agent_support;
@@ -666,7 +668,9 @@ impl Drop for Detached {
 
 /// The README's quickstart, as `scripts/quickstart` runs it: `pl up --build` of
 /// examples/quickstart with its app built from nothing (the static busybox beside its
-/// Dockerfile) serves the example's page at the URL it prints; `pl down` ends it.
+/// Dockerfile) serves the example's page at the URL it prints; Caddy missing and a taken port
+/// are refused first, with the fix; `pl logs` shows both replicas' lines and follows new ones;
+/// on a terminal the progress is live; `pl down` ends it.
 #[test]
 fn the_quickstart_builds_its_image_and_serves_its_page() {
     siblings();

@@ -1,9 +1,9 @@
 //! The durable job ledger, on SQLite (one file, WAL; the embedded default) or PostgreSQL (HA
 //! and scale), with one code path through sqlx's `Any` driver and the same tests for both.
 //!
-//! A lease stamps jobs with a lease token and a fencing token drawn from one counter that only
-//! grows. Renewals and completions must present both; a stale pair is refused and records
-//! nothing. Results and events are append-only, enforced by triggers in the schema.
+//! A lease stamps jobs with a lease token and a fencing token that only grows for that job
+//! (each lease of it takes the next). Renewals and completions must present both; a stale pair
+//! is refused and records nothing. Results and events are append-only, enforced by triggers in the schema.
 
 use sqlx::any::AnyPoolOptions;
 use sqlx::{AnyPool, Row};
@@ -469,8 +469,8 @@ impl Ledger {
         Ok(query.bind(now_ms).fetch_optional(&self.pool).await?.is_some())
     }
 
-    /// Leases up to `max` jobs of `node` that are due. All of them share one lease: one lease
-    /// token and one fencing token, newer than any handed out before.
+    /// Leases up to `max` jobs of `node` that are due. All of them share one lease token; each
+    /// job's fencing token is newer than any handed out for it before.
     pub async fn lease(&self, node: &str, max: u32, ttl_ms: i64, now_ms: i64) -> Result<Vec<Lease>, LedgerError> {
         Ok(self
             .lease_many(&[(node, max, false)], ttl_ms, now_ms)
@@ -481,8 +481,8 @@ impl Ledger {
 
     /// Leases for several callers in one transaction (one durable commit for all of them: the
     /// group commit that lets many agents' small leases share the disk's fsyncs). Each
-    /// `(node, max)` gets its own lease token; all share one fencing token, newer than any
-    /// handed out before. The answer is in the order of `requests`. A request with
+    /// `(node, max)` gets its own lease token; each job's fencing token is newer than any
+    /// handed out for it before. The answer is in the order of `requests`. A request with
     /// `removals_only` (a draining node) gets only jobs that take something away (stop,
     /// teardown, remove): never new work.
     pub async fn lease_many(
@@ -536,13 +536,9 @@ impl Ledger {
         now_ms: i64,
     ) -> Result<Vec<Vec<Lease>>, LedgerError> {
         self.expire_in(tx, now_ms).await?;
-        // The counter update comes first: it takes the write lock (SQLite) or the row lock
-        // (PostgreSQL) before anything is read, so two leases never interleave.
-        let fencing: i64 =
-            sqlx::query(self.sql("UPDATE counters SET value = value + 1 WHERE name = 'fencing' RETURNING value"))
-                .fetch_one(&mut **tx)
-                .await?
-                .try_get(0)?;
+        // Fencing tokens are per job, not from one shared counter: concurrent lease
+        // transactions (PostgreSQL) then meet only on the jobs they both want, and `SKIP
+        // LOCKED` gives those to one of them. (SQLite's write transactions queue anyway.)
         let lock = if self.backend == Backend::Postgres {
             " FOR UPDATE SKIP LOCKED"
         } else {
@@ -550,9 +546,9 @@ impl Ledger {
         };
         let q = |only: &str| {
             format!(
-                "UPDATE jobs SET state = 'leased', lease_token = ?, fencing_token = ?, lease_expires_at = ?, attempts = attempts + 1, updated_at = ? \
+                "UPDATE jobs SET state = 'leased', lease_token = ?, fencing_token = COALESCE(fencing_token, 0) + 1, lease_expires_at = ?, attempts = attempts + 1, updated_at = ? \
                  WHERE id IN (SELECT id FROM jobs WHERE target_node = ? AND state = 'queued' AND not_before <= ?{only} ORDER BY id LIMIT ?{lock}) \
-                 RETURNING id, key, task, attempts"
+                 RETURNING id, key, task, attempts, fencing_token"
             )
         };
         let (q_all, q_removals) = (
@@ -566,7 +562,6 @@ impl Ledger {
             let token = new_lease_token()?;
             let rows = sqlx::query(self.sql(if *removals_only { &q_removals } else { &q_all }))
                 .bind(&token)
-                .bind(fencing)
                 .bind(expires)
                 .bind(now_ms)
                 .bind(*node)
@@ -585,13 +580,13 @@ impl Ledger {
                     token: LeaseToken {
                         job_id: r.try_get(0)?,
                         lease_token: token.clone(),
-                        fencing_token: fencing,
+                        fencing_token: r.try_get(4)?,
                     },
                     expires_at_ms: expires,
                 });
             }
             if !leases.is_empty() {
-                let detail = format!("{} jobs, fencing token {fencing}", leases.len());
+                let detail = format!("{} jobs", leases.len());
                 events.push(("jobs-leased".to_owned(), (*node).to_owned(), detail));
             }
             leases.sort_by_key(|l| l.job_id);
