@@ -20,9 +20,9 @@
 //!   restarted agent adopts that container, the new release serves, the old one is stopped.
 //! - `--build`: a local Dockerfile's image serves, pinned by digest, the Git files untouched;
 //!   a failed build ends with its step's output and changes nothing.
-//! - `pl down` tears the environment down (its containers, networks, firewall tables and rules
-//!   gone), keeps the ledger and stops every process; `pl up` again works from the same
-//!   ledger.
+//! - `pl down DIR ENV` tears that environment down alone; `pl down` tears the rest down (its
+//!   containers, networks, firewall tables and rules gone), keeps the ledger and stops every
+//!   process; `pl up` again works from the same ledger.
 //! - Signed commits with `--allowed-signers`: a signed one serves; an unsigned one and an
 //!   invalid one are refused with their reasons while the release in force serves on; after
 //!   `pl down`, a signed `pl up` approves leaving the local teardown revision behind and
@@ -541,6 +541,21 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         assert!(err.contains("building api") && err.contains("build-failed") && err.contains("scratch.tmp"), "{err}");
         assert_eq!(get(http, "api.example.com.localhost"), Some((200, "built locally".into())));
 
+        // `pl down DIR ENV`: that environment alone goes; the rest and the control plane stay.
+        let o = Command::new(env!("CARGO_BIN_EXE_pl"))
+            .arg("down")
+            .arg(&repo_dir)
+            .arg("api-staging")
+            .env("PL_STATE_DIR", &state)
+            .env("PL_DOCKER_SOCKET", &socket)
+            .output()
+            .expect("pl down ENV");
+        let said = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{said}{}", String::from_utf8_lossy(&o.stderr));
+        assert!(said.contains("keeps running api-production"), "{said}");
+        assert_eq!(get(http, "staging.example.com.localhost").map(|r| r.0), Some(404));
+        assert_eq!(get(http, "api.example.com.localhost"), Some((200, "built locally".into())));
+        assert!(state.join("reconciler.pid").exists(), "the control plane runs on");
         let (code, out, err) = pl(&["down"], &repo_dir, &state, &socket);
         assert_eq!(code, 0, "pl down: {out}\n{err}");
         assert!(!state.join("registry.pid").exists(), "the registry stopped");
