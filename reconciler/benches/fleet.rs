@@ -1,7 +1,9 @@
 //! Simulated agents against `pl-reconciler run`, over real mutual TLS on loopback, on both ledger
 //! backends: 100 enrolled nodes, each an agent with the client library that leases only its
 //! own node's jobs (at most 8 per call, as a real node would) and completes each with its
-//! proof. Measures lease+complete throughput and the lease round trip (p50, p99); then a
+//! proof. Measures lease+complete throughput and the lease round trip (p50, p99), at
+//! saturation (agents that never pause) and below it (agents that pause per lease as if they
+//! ran their tasks, their starts spread over one pause); then a
 //! commit of 1,000 single-replica deployments onto the 100 heartbeating nodes, timed from the
 //! ref update until every deployment is placed and its first job leased, and checks afterwards
 //! that no node holds more than its declared capacity.
@@ -50,8 +52,12 @@ struct Figures {
     batched: Throughput,
     /// The completions of a lease and the next lease in one request.
     with_lease: Throughput,
-    /// The same, each agent pausing [`TASK_PAUSE`] per lease as if it ran its tasks.
+    /// A lease's completions in one request, then the next lease, each agent pausing
+    /// [`TASK_PAUSE`] per lease as if it ran its tasks: the lease round trip under a load
+    /// below saturation.
     paced: Throughput,
+    /// The same with [`SLOW_TASK_PAUSE`]: a fleet at a quarter of that load.
+    paced_slow: Throughput,
     /// One agent alone leasing one job at a time: the round trip without queueing.
     alone: Throughput,
     /// From the commit of 1,000 deployments to each one's first job leased.
@@ -62,6 +68,7 @@ struct Figures {
 const DEPLOYMENTS: usize = 1000;
 /// What a paced agent spends running a lease's tasks before it reports them.
 const TASK_PAUSE: Duration = Duration::from_millis(250);
+const SLOW_TASK_PAUSE: Duration = Duration::from_millis(1000);
 
 fn run(url: &str, jobs: usize) -> Figures {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -112,8 +119,9 @@ fn run(url: &str, jobs: usize) -> Figures {
     let single = throughput(url, &clients, jobs, 0, Mode::Single, Duration::ZERO);
     let batched = throughput(url, &clients, jobs, jobs, Mode::Batched, Duration::ZERO);
     let with_lease = throughput(url, &clients, jobs, 2 * jobs, Mode::WithLease, Duration::ZERO);
-    let paced = throughput(url, &clients, jobs, 3 * jobs, Mode::WithLease, TASK_PAUSE);
-    let alone = unloaded(url, &clients[0], 4 * jobs);
+    let paced = throughput(url, &clients, jobs, 3 * jobs, Mode::Batched, TASK_PAUSE);
+    let paced_slow = throughput(url, &clients, jobs / 4, 4 * jobs, Mode::Batched, SLOW_TASK_PAUSE);
+    let alone = unloaded(url, &clients[0], 5 * jobs);
     let (placed_all, over_capacity) = thousand_deployments(&repo, &agents, dir.path(), url);
     d.kill9();
     Figures {
@@ -121,6 +129,7 @@ fn run(url: &str, jobs: usize) -> Figures {
         batched,
         with_lease,
         paced,
+        paced_slow,
         alone,
         placed_all,
         over_capacity,
@@ -199,10 +208,14 @@ fn throughput(
     let (done, mut rtts) = std::thread::scope(|scope| {
         let workers: Vec<_> = clients
             .iter()
-            .map(|c| {
+            .enumerate()
+            .map(|(i, c)| {
                 scope.spawn(move || {
                     let mut rtts = Vec::new();
                     let mut done = 0usize;
+                    // Paced agents start spread over one pause, as a fleet's do, not all at
+                    // once (in step, their requests would come in bursts of a hundred).
+                    std::thread::sleep(pause.mul_f64(i as f64 / NODES as f64));
                     let t = Instant::now();
                     let mut leased = c.lease(8, Duration::ZERO).expect("lease");
                     rtts.push(t.elapsed());
@@ -366,7 +379,8 @@ fn main() {
             ("one per request", &f.single),
             ("one request per lease", &f.batched),
             ("with the next lease in the same request", &f.with_lease),
-            ("the same, each agent pausing 250 ms per lease", &f.paced),
+            ("one request per lease, each agent pausing 250 ms per lease", &f.paced),
+            ("one request per lease, each agent pausing 1 s per lease", &f.paced_slow),
             ("one agent alone, one job at a time", &f.alone),
         ] {
             println!(
