@@ -31,6 +31,9 @@ use tokio::sync::mpsc;
 pub const MAX_LOG_STREAMS: usize = 64;
 /// How long a node's agent has to pick a request up.
 pub const PICKUP_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a picked stream may stay silent (a following agent asks every 5 s) before it is
+/// taken for gone with its agent.
+pub const SILENT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a piece may wait for a slow reader before the stream is dropped.
 const SEND_TIMEOUT: Duration = Duration::from_secs(10);
 /// Lines a request asks each container for when the reader says nothing.
@@ -40,6 +43,8 @@ struct Open {
     node: String,
     request: LogRequest,
     picked: bool,
+    /// When its agent last posted (or it was opened).
+    heard: std::time::Instant,
     tx: mpsc::Sender<Bytes>,
 }
 
@@ -54,6 +59,8 @@ impl LogHub {
     /// One request per node, all feeding `tx`; their ids. `None` when that would pass a limit.
     fn open(&self, nodes: &BTreeSet<String>, template: &LogRequest, tx: &mpsc::Sender<Bytes>) -> Option<Vec<String>> {
         let mut open = self.open.lock().ok()?;
+        // Streams whose reader left and whose agent never said so again count for nothing.
+        open.retain(|_, o| !o.tx.is_closed());
         if open.len() + nodes.len() > MAX_LOG_STREAMS
             || nodes
                 .iter()
@@ -72,6 +79,7 @@ impl LogHub {
                     node: node.clone(),
                     request,
                     picked: false,
+                    heard: std::time::Instant::now(),
                     tx: tx.clone(),
                 },
             );
@@ -96,10 +104,12 @@ impl LogHub {
             .collect()
     }
 
-    /// The stream `id` of `node`, if it is open.
+    /// The stream `id` of `node`, if it is open; its agent was heard now.
     fn sender(&self, node: &str, id: &str) -> Option<mpsc::Sender<Bytes>> {
-        let open = self.open.lock().ok()?;
-        open.get(id).filter(|o| o.node == node).map(|o| o.tx.clone())
+        let mut open = self.open.lock().ok()?;
+        let o = open.get_mut(id).filter(|o| o.node == node)?;
+        o.heard = std::time::Instant::now();
+        Some(o.tx.clone())
     }
 
     fn close(&self, id: &str) {
@@ -108,20 +118,30 @@ impl LogHub {
         }
     }
 
-    /// Ends the requests of `ids` no agent picked up; the nodes that did not answer.
-    fn expire(&self, ids: &[String]) -> Vec<(String, mpsc::Sender<Bytes>)> {
+    /// Ends the requests of `ids` that no agent picked up within `pickup`, or whose agent has
+    /// been silent for `silent` since; each with its node and whether it was picked up. The
+    /// streams of `ids` still open are counted in the second value.
+    fn expire(
+        &self,
+        ids: &[String],
+        pickup: Duration,
+        silent: Duration,
+    ) -> (Vec<(String, bool, mpsc::Sender<Bytes>)>, usize) {
         let Ok(mut open) = self.open.lock() else {
-            return Vec::new();
+            return (Vec::new(), 0);
         };
         let mut gone = Vec::new();
         for id in ids {
-            if open.get(id).is_some_and(|o| !o.picked)
-                && let Some(o) = open.remove(id)
-            {
-                gone.push((o.node, o.tx));
+            let stale = open.get(id).is_some_and(|o| {
+                let quiet = o.heard.elapsed();
+                (!o.picked && quiet >= pickup) || (o.picked && quiet >= silent)
+            });
+            if stale && let Some(o) = open.remove(id) {
+                gone.push((o.node, o.picked, o.tx));
             }
         }
-        gone
+        let left = ids.iter().filter(|id| open.contains_key(*id)).count();
+        (gone, left)
     }
 }
 
@@ -216,15 +236,30 @@ pub async fn logs(State(s): State<Arc<Shared>>, headers: HeaderMap, Query(q): Qu
     };
     drop(tx);
     {
+        // A watch over this reader's streams until they end: one no agent picks up, or whose
+        // agent falls silent (it died mid-stream), ends with a line that says which node.
         let s = Arc::clone(&s);
         tokio::spawn(async move {
-            tokio::time::sleep(PICKUP_TIMEOUT).await;
-            for (node, tx) in s.logs.expire(&ids) {
-                let line = format!(
-                    "pushleft: node {node} did not pick the request up within {} s: is its agent running? (`pl nodes`)\n",
-                    PICKUP_TIMEOUT.as_secs()
-                );
-                let _ = tx.send(Bytes::from(line)).await;
+            loop {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                let (gone, left) = s.logs.expire(&ids, PICKUP_TIMEOUT, SILENT_TIMEOUT);
+                for (node, picked, tx) in gone {
+                    let line = if picked {
+                        format!(
+                            "pushleft: node {node} stopped sending for {} s: its agent may have stopped (`pl nodes`)\n",
+                            SILENT_TIMEOUT.as_secs()
+                        )
+                    } else {
+                        format!(
+                            "pushleft: node {node} did not pick the request up within {} s: is its agent running? (`pl nodes`)\n",
+                            PICKUP_TIMEOUT.as_secs()
+                        )
+                    };
+                    let _ = tx.send(Bytes::from(line)).await;
+                }
+                if left == 0 {
+                    return;
+                }
             }
         });
     }
@@ -340,10 +375,21 @@ mod tests {
         let mine = &picked[0].id;
         assert!(hub.sender("n1", mine).is_some());
         assert!(hub.sender("n2", mine).is_none(), "another node's stream");
-        // n2 never picked its request up: it expires, and says so; n1's stays.
-        let gone = hub.expire(&ids);
-        assert_eq!(gone.iter().map(|g| g.0.as_str()).collect::<Vec<_>>(), ["n2"]);
+        // n2 never picked its request up: it expires, and says so; n1's stays (heard now).
+        let (gone, left) = hub.expire(&ids, Duration::ZERO, Duration::from_secs(30));
+        assert_eq!(
+            gone.iter().map(|g| (g.0.as_str(), g.1)).collect::<Vec<_>>(),
+            [("n2", false)]
+        );
+        assert_eq!(left, 1);
         assert!(hub.sender("n1", mine).is_some());
+        // n1 falls silent past the bound: its stream ends too.
+        let (gone, left) = hub.expire(&ids, Duration::ZERO, Duration::ZERO);
+        assert_eq!(
+            gone.iter().map(|g| (g.0.as_str(), g.1)).collect::<Vec<_>>(),
+            [("n1", true)]
+        );
+        assert_eq!(left, 0);
     }
 
     #[test]
@@ -355,5 +401,9 @@ mod tests {
             assert!(hub.open(&nodes, &request(), &tx).is_some());
         }
         assert!(hub.open(&nodes, &request(), &tx).is_none());
+        // Their reader left: they no longer count.
+        let (tx2, _rx2) = mpsc::channel(4);
+        drop(_rx);
+        assert!(hub.open(&nodes, &request(), &tx2).is_some());
     }
 }
