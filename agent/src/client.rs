@@ -26,6 +26,11 @@ pub struct AgentClient {
     base: String,
 }
 
+/// A wait as the protocol's milliseconds.
+fn millis(wait: Duration) -> u64 {
+    u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)
+}
+
 fn transport(e: impl std::fmt::Display) -> ClientError {
     ClientError::Transport(e.to_string())
 }
@@ -117,7 +122,7 @@ impl AgentClient {
             "/v1/agent/lease",
             &LeaseRequest {
                 max,
-                wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                wait_ms: millis(wait),
             },
         )
     }
@@ -145,6 +150,15 @@ impl AgentClient {
         &self,
         completions: &[(&LeaseProof, Outcome, &str)],
     ) -> Result<Vec<Option<agent_proto::RefusalBody>>, ClientError> {
+        Ok(self.complete_batch(completions, None)?.results)
+    }
+
+    /// `/v1/agent/complete-batch`, with the next lease when `lease` asks for one.
+    fn complete_batch(
+        &self,
+        completions: &[(&LeaseProof, Outcome, &str)],
+        lease: Option<LeaseRequest>,
+    ) -> Result<agent_proto::CompleteBatchResponse, ClientError> {
         let batch = agent_proto::CompleteBatch {
             completions: completions
                 .iter()
@@ -154,10 +168,9 @@ impl AgentClient {
                     detail: (*detail).to_owned(),
                 })
                 .collect(),
-            lease: None,
+            lease,
         };
-        let answer: agent_proto::CompleteBatchResponse = self.post("/v1/agent/complete-batch", &batch)?;
-        Ok(answer.results)
+        self.post("/v1/agent/complete-batch", &batch)
     }
 
     /// Several jobs' ends and the next lease of up to `max` jobs (waiting up to `wait`), in one
@@ -169,21 +182,11 @@ impl AgentClient {
         max: u32,
         wait: Duration,
     ) -> Result<CompletedAndLeased, ClientError> {
-        let batch = agent_proto::CompleteBatch {
-            completions: completions
-                .iter()
-                .map(|(proof, outcome, detail)| CompleteRequest {
-                    proof: (*proof).clone(),
-                    outcome: *outcome,
-                    detail: (*detail).to_owned(),
-                })
-                .collect(),
-            lease: Some(LeaseRequest {
-                max,
-                wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
-            }),
+        let lease = LeaseRequest {
+            max,
+            wait_ms: millis(wait),
         };
-        let answer: agent_proto::CompleteBatchResponse = self.post("/v1/agent/complete-batch", &batch)?;
+        let answer = self.complete_batch(completions, Some(lease))?;
         let lease = match (answer.leased, answer.lease_refused) {
             (_, Some(r)) => Err(ClientError::Refused {
                 code: r.code,
@@ -194,17 +197,11 @@ impl AgentClient {
         };
         Ok((answer.results, lease))
     }
-}
 
-impl AgentClient {
     /// This node's `pl logs` requests, waiting up to `wait` for one.
     pub fn log_wait(&self, wait: Duration) -> Result<Vec<agent_proto::LogRequest>, ClientError> {
-        let answer: agent_proto::LogRequests = self.post(
-            "/v1/agent/logs/wait",
-            &agent_proto::LogWait {
-                wait_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
-            },
-        )?;
+        let answer: agent_proto::LogRequests =
+            self.post("/v1/agent/logs/wait", &agent_proto::LogWait { wait_ms: millis(wait) })?;
         Ok(answer.requests)
     }
 
