@@ -97,15 +97,7 @@ pub(crate) fn run_with_input(cmd: &mut Command, input: &[u8]) -> Result<String> 
         .spawn()
         .with_context(|| format!("running {:?}", cmd.get_program()))?;
     child.stdin.take().context("stdin")?.write_all(input)?;
-    let o = child.wait_with_output()?;
-    if !o.status.success() {
-        bail!(
-            "{:?} failed: {}",
-            cmd.get_program(),
-            String::from_utf8_lossy(&o.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    checked(cmd, child.wait_with_output()?)
 }
 
 /// Runs a helper program to its end; its standard output, or its error output as the error.
@@ -114,6 +106,11 @@ pub(crate) fn run(cmd: &mut Command) -> Result<String> {
         .stdin(Stdio::null())
         .output()
         .with_context(|| format!("running {:?}", cmd.get_program()))?;
+    checked(cmd, o)
+}
+
+/// A finished helper's standard output, or its error output as the error.
+fn checked(cmd: &Command, o: std::process::Output) -> Result<String> {
     if !o.status.success() {
         bail!(
             "{:?} failed: {}",
@@ -237,22 +234,26 @@ impl Local {
                 .arg(self.path("mirror.git")))?;
         }
         let ports = match std::fs::read(self.path("ports.json")) {
-            Ok(b) => serde_json::from_slice(&b)?,
-            Err(_) => {
-                let p = Ports {
-                    api: free_port()?,
-                    agent: free_port()?,
-                    caddy: free_port()?,
-                    http: match port {
-                        Some(p) => p,
-                        None => free_port()?,
-                    },
-                    registry: 0,
-                };
-                std::fs::write(self.path("ports.json"), serde_json::to_vec(&p)?)?;
-                p
-            }
+            // A state folder from before `--build` has no registry port yet.
+            Ok(b) => match serde_json::from_slice::<Ports>(&b)? {
+                p if p.registry == 0 => Ports {
+                    registry: free_port()?,
+                    ..p
+                },
+                p => return Ok(p),
+            },
+            Err(_) => Ports {
+                api: free_port()?,
+                agent: free_port()?,
+                caddy: free_port()?,
+                http: match port {
+                    Some(p) => p,
+                    None => free_port()?,
+                },
+                registry: free_port()?,
+            },
         };
+        std::fs::write(self.path("ports.json"), serde_json::to_vec(&ports)?)?;
         Ok(ports)
     }
 
@@ -507,14 +508,10 @@ impl Local {
         state: &state_schema::state::State,
         rev: Option<&str>,
         socket: &Path,
+        ports: Ports,
     ) -> Result<Vec<(String, String)>> {
         if builds.is_empty() {
             return Ok(Vec::new());
-        }
-        let mut ports: Ports = serde_json::from_slice(&std::fs::read(self.path("ports.json"))?)?;
-        if ports.registry == 0 {
-            ports.registry = free_port()?;
-            std::fs::write(self.path("ports.json"), serde_json::to_vec(&ports)?)?;
         }
         crate::build::registry(&self.state, ports.registry)?;
         let built = crate::build::build_all(builds, ports.registry, socket)?;

@@ -152,7 +152,7 @@ pub fn up(args: &UpArgs) -> Result<u8> {
     }
     local.settle_trust(&trust)?;
     local.settle_identity(&loaded.state, args.identity.as_deref())?;
-    let replace = local.build(&args.builds, &loaded.state, rev.as_deref(), &args.docker_socket)?;
+    let replace = local.build(&args.builds, &loaded.state, rev.as_deref(), &args.docker_socket, ports)?;
     let mut replaces_local = false;
     let (head, moved) = match &trust {
         Trust::Local => {
@@ -316,7 +316,7 @@ fn watch(
             eprintln!("pl up: the working tree is invalid; nothing was applied, still watching");
             continue;
         }
-        let replace = match local.build(builds, &loaded.state, None, socket) {
+        let replace = match local.build(builds, &loaded.state, None, socket, ports) {
             Ok(r) => r,
             Err(e) => {
                 eprintln!("pl up: {e:#}; nothing was applied, still watching");
