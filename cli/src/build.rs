@@ -154,25 +154,25 @@ pub fn overrides(
     // Every document to rewrite, by file, last line first (an earlier one's lines stay put).
     let mut edits: std::collections::BTreeMap<String, Vec<(u32, state_schema::model::Object)>> = Default::default();
     for (project, image) in built {
-        for located in state.of_kind(Kind::Project).chain(state.of_kind(Kind::Environment)) {
-            let mut object = located.object.clone();
-            let hit = match &mut object.spec {
-                Spec::Project(p) if located.object.metadata.name.as_str() == project => {
-                    p.image = image.clone();
-                    true
-                }
-                Spec::Environment(e) if e.project.as_str() == project && e.image.is_some() => {
-                    e.image = Some(image.clone());
-                    true
-                }
+        let hits = state
+            .of_kind(Kind::Project)
+            .chain(state.of_kind(Kind::Environment))
+            .filter(|l| match &l.object.spec {
+                Spec::Project(_) => l.object.metadata.name.as_str() == project,
+                Spec::Environment(e) => e.project.as_str() == project && e.image.is_some(),
                 _ => false,
-            };
-            if hit {
-                edits
-                    .entry(located.file.clone())
-                    .or_default()
-                    .push((located.pos.line, object));
+            });
+        for located in hits {
+            let mut object = located.object.clone();
+            match &mut object.spec {
+                Spec::Project(p) => p.image = image.clone(),
+                Spec::Environment(e) => e.image = Some(image.clone()),
+                _ => continue,
             }
+            edits
+                .entry(located.file.clone())
+                .or_default()
+                .push((located.pos.line, object));
         }
     }
     let mut files = Vec::new();
