@@ -161,9 +161,9 @@ pub struct LogsQuery {
     follow: Option<bool>,
 }
 
-fn not_found(code: &str, message: String) -> Response {
+fn refusal(status: StatusCode, code: &str, message: String) -> Response {
     (
-        StatusCode::NOT_FOUND,
+        status,
         axum::Json(serde_json::json!({"code": code, "message": message})),
     )
         .into_response()
@@ -182,7 +182,8 @@ pub async fn logs(State(s): State<Arc<Shared>>, headers: HeaderMap, Query(q): Qu
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
     };
     if !name_ok(&q.environment) || !name_ok(&q.role) {
-        return not_found(
+        return refusal(
+            StatusCode::BAD_REQUEST,
             "log-target-invalid",
             "environment and role are names (a-z, 0-9, -)".into(),
         );
@@ -192,7 +193,8 @@ pub async fn logs(State(s): State<Arc<Shared>>, headers: HeaderMap, Query(q): Qu
         Err(e) => return internal(e),
     };
     let Some(spec) = specs.iter().find(|d| d.environment.as_str() == q.environment) else {
-        return not_found(
+        return refusal(
+            StatusCode::NOT_FOUND,
             "environment-not-running",
             format!("no environment {} runs (see `pl status`)", q.environment),
         );
@@ -212,7 +214,8 @@ pub async fn logs(State(s): State<Arc<Shared>>, headers: HeaderMap, Query(q): Qu
         )
         .collect();
     if nodes.is_empty() {
-        return not_found(
+        return refusal(
+            StatusCode::NOT_FOUND,
             "role-not-placed",
             format!(
                 "no replica or run of role {role} of {} is placed on a node",
