@@ -46,16 +46,6 @@ fn project(image: &str) -> String {
     )
 }
 
-fn inner_docker(socket: &Path, args: &[&str]) -> String {
-    let o = Command::new("docker")
-        .arg("-H")
-        .arg(format!("unix://{}", socket.display()))
-        .args(args)
-        .output()
-        .expect("docker");
-    String::from_utf8_lossy(&o.stdout).trim().to_owned()
-}
-
 /// One request through Caddy on the host's loopback: (status, body).
 fn get(port: u16) -> Option<(u16, String)> {
     support::get_host(port, HOSTNAME).ok()
@@ -209,12 +199,12 @@ fn the_whole_loop_rolls_out_serves_and_survives_a_killed_agent() {
         repo.commit("release two", true);
         let deadline = Instant::now() + Duration::from_secs(60);
         let started = loop {
-            let state = inner_docker(
+            let state = host_support::docker_at(
                 &socket,
                 &["ps", "--filter", &format!("label=dev.pushleft.generation={}", g1 + 1), "--format", "{{.Names}}"],
             );
             if !state.is_empty() {
-                break inner_docker(&socket, &["inspect", "--format", "{{.Id}} {{.State.StartedAt}}", &state]);
+                break host_support::docker_at(&socket, &["inspect", "--format", "{{.Id}} {{.State.StartedAt}}", &state]);
             }
             assert!(Instant::now() < deadline, "the new container never started");
             std::thread::sleep(Duration::from_millis(20));
@@ -226,7 +216,7 @@ fn the_whole_loop_rolls_out_serves_and_survives_a_killed_agent() {
         procs.0.push(start_agent());
         let g2 = wait_done(&url, g1, &log);
         assert_eq!(g2, g1 + 1);
-        let after = inner_docker(&socket, &["inspect", "--format", "{{.Id}} {{.State.StartedAt}}", &container(g2)]);
+        let after = host_support::docker_at(&socket, &["inspect", "--format", "{{.Id}} {{.State.StartedAt}}", &container(g2)]);
         assert_eq!(after, started, "the restarted agent adopted the very container");
         assert_eq!(
             sql(&url, &format!("SELECT CAST(attempts AS TEXT) FROM jobs WHERE key LIKE 'app:{ENV}/web/0:g{g2}:ensure%'")),
@@ -235,7 +225,7 @@ fn the_whole_loop_rolls_out_serves_and_survives_a_killed_agent() {
         );
         assert_eq!(get(http), Some((200, "release two".into())));
         assert_eq!(
-            inner_docker(&socket, &["inspect", "--format", "{{.State.Running}}", &container(g1)]),
+            host_support::docker_at(&socket, &["inspect", "--format", "{{.State.Running}}", &container(g1)]),
             "false",
             "the old generation is stopped"
         );

@@ -57,14 +57,19 @@ fn siblings() {
     }
 }
 
+/// `pl` with the local control plane's state folder and the simulated host's engine.
+fn pl_command(state: &Path, socket: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_pl"));
+    c.env("PL_STATE_DIR", state).env("PL_DOCKER_SOCKET", socket);
+    c
+}
+
+/// `pl ARGS REPO` to its end: (exit code, stdout, stderr).
 fn pl(args: &[&str], repo: &Path, state: &Path, socket: &Path) -> (i32, String, String) {
-    let o = Command::new(env!("CARGO_BIN_EXE_pl"))
-        .args(args)
-        .arg(repo)
-        .env("PL_STATE_DIR", state)
-        .env("PL_DOCKER_SOCKET", socket)
-        .output()
-        .expect("pl");
+    outcome(pl_command(state, socket).args(args).arg(repo).output().expect("pl"))
+}
+
+fn outcome(o: std::process::Output) -> (i32, String, String) {
     (
         o.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&o.stdout).into_owned(),
@@ -72,33 +77,14 @@ fn pl(args: &[&str], repo: &Path, state: &Path, socket: &Path) -> (i32, String, 
     )
 }
 
-/// The simulated host's engine CLI (`docker -H unix://SOCKET ARGS`): its trimmed output.
+/// The simulated host's engine CLI: its trimmed output.
 fn docker(socket: &Path, args: &[&str]) -> String {
-    let o = Command::new("docker")
-        .arg("-H")
-        .arg(format!("unix://{}", socket.display()))
-        .args(args)
-        .output()
-        .expect("docker");
-    String::from_utf8_lossy(&o.stdout).trim().to_owned()
+    host_support::docker_at(socket, args)
 }
 
+/// One request for `host` to Caddy on loopback `port` (2 s at most).
 fn get(port: u16, host: &str) -> Option<(u16, String)> {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .max_idle_connections(0)
-        .timeout_global(Some(Duration::from_secs(2)))
-        .build()
-        .into();
-    let mut r = agent
-        .get(&format!("http://127.0.0.1:{port}/"))
-        .header("Host", host)
-        .call()
-        .ok()?;
-    Some((
-        r.status().as_u16(),
-        r.body_mut().read_to_string().unwrap_or_default().trim().to_owned(),
-    ))
+    agent_support::get_host(port, host).ok()
 }
 
 #[test]
@@ -179,11 +165,9 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         assert!(out.contains("ingress:api-production/api.example.com"), "{out}");
 
         // `--watch`: a new Environment file is applied as soon as it is written.
-        let mut watching = Command::new(env!("CARGO_BIN_EXE_pl"))
+        let mut watching = pl_command(&state, &socket)
             .args(["up", "--watch", "--node", "n1", "--port", &port_arg])
             .arg(&repo_dir)
-            .env("PL_STATE_DIR", &state)
-            .env("PL_DOCKER_SOCKET", &socket)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -464,11 +448,9 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         // the old generation is stopped.
         let generation_now: i64 = generation()[0].parse().expect("generation");
         std::fs::write(repo_dir.join("projects/api.yaml"), &project_two).expect("write");
-        let mut first = Command::new(env!("CARGO_BIN_EXE_pl"))
+        let mut first = pl_command(&state, &socket)
             .args(["up", "--node", "n1", "--port", &port_arg])
             .arg(&repo_dir)
-            .env("PL_STATE_DIR", &state)
-            .env("PL_DOCKER_SOCKET", &socket)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -542,16 +524,15 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         assert_eq!(get(http, "api.example.com.localhost"), Some((200, "built locally".into())));
 
         // `pl down DIR ENV`: that environment alone goes; the rest and the control plane stay.
-        let o = Command::new(env!("CARGO_BIN_EXE_pl"))
-            .arg("down")
-            .arg(&repo_dir)
-            .arg("api-staging")
-            .env("PL_STATE_DIR", &state)
-            .env("PL_DOCKER_SOCKET", &socket)
-            .output()
-            .expect("pl down ENV");
-        let said = String::from_utf8_lossy(&o.stdout);
-        assert!(o.status.success(), "{said}{}", String::from_utf8_lossy(&o.stderr));
+        let (code, said, err) = outcome(
+            pl_command(&state, &socket)
+                .arg("down")
+                .arg(&repo_dir)
+                .arg("api-staging")
+                .output()
+                .expect("pl down ENV"),
+        );
+        assert_eq!(code, 0, "{said}{err}");
         assert!(said.contains("keeps running api-production"), "{said}");
         assert_eq!(get(http, "staging.example.com.localhost").map(|r| r.0), Some(404));
         assert_eq!(get(http, "api.example.com.localhost"), Some((200, "built locally".into())));
@@ -719,16 +700,15 @@ fn the_quickstart_builds_its_image_and_serves_its_page() {
     host.run(move || {
         let build = format!("hello={}", context.display());
         // No Caddy 2.8 on PATH (none, or Debian's 2.6): a clear error before anything starts.
-        let o = Command::new(env!("CARGO_BIN_EXE_pl"))
-            .args(["up", "--port", "18090", "--build", &build])
-            .arg(&repo)
-            .env("PL_STATE_DIR", &state)
-            .env("PL_DOCKER_SOCKET", &socket)
-            .env("PATH", "/usr/bin:/bin")
-            .output()
-            .expect("pl");
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(1), "{err}");
+        let (code, _, err) = outcome(
+            pl_command(&state, &socket)
+                .args(["up", "--port", "18090", "--build", &build])
+                .arg(&repo)
+                .env("PATH", "/usr/bin:/bin")
+                .output()
+                .expect("pl"),
+        );
+        assert_eq!(code, 1, "{err}");
         assert!(err.contains("Caddy") && err.contains("2.8 or newer"), "{err}");
         assert!(!state.join("reconciler.pid").exists(), "nothing started");
         // A port another program holds: a clear error before anything starts.
@@ -754,20 +734,9 @@ fn the_quickstart_builds_its_image_and_serves_its_page() {
         assert!(body.contains("hello from Pushleft"), "{body}");
         // `pl logs`: the role's lines (httpd -v logs each response), relayed from the node.
         let repo_arg = repo.to_string_lossy().into_owned();
-        let logs = |args: &[&str]| {
-            let o = Command::new(env!("CARGO_BIN_EXE_pl"))
-                .args(args)
-                .env("PL_STATE_DIR", &state)
-                .output()
-                .expect("pl logs");
-            (
-                o.status.code(),
-                String::from_utf8_lossy(&o.stdout).into_owned(),
-                String::from_utf8_lossy(&o.stderr).into_owned(),
-            )
-        };
+        let logs = |args: &[&str]| outcome(pl_command(&state, &socket).args(args).output().expect("pl logs"));
         let (code, out, err) = logs(&["logs", "hello-production", "web", "--tail", "5", "--local", &repo_arg]);
-        assert_eq!(code, Some(0), "{out}\n{err}");
+        assert_eq!(code, 0, "{out}\n{err}");
         assert!(
             out.lines()
                 .any(|l| l.starts_with("web/0 g") && l.contains(" | ") && l.contains("response:200")),
@@ -779,10 +748,10 @@ fn the_quickstart_builds_its_image_and_serves_its_page() {
             "--tail 5: {out}"
         );
         let (code, _, err) = logs(&["logs", "hello-production", "nope", "--local", &repo_arg]);
-        assert_eq!(code, Some(1));
+        assert_eq!(code, 1);
         assert!(err.contains("role-not-placed"), "{err}");
         // `--follow`: a new request's line arrives while it runs.
-        let mut follow = Command::new(env!("CARGO_BIN_EXE_pl"))
+        let mut follow = pl_command(&state, &socket)
             .args([
                 "logs",
                 "hello-production",
@@ -793,7 +762,6 @@ fn the_quickstart_builds_its_image_and_serves_its_page() {
                 "--local",
                 &repo_arg,
             ])
-            .env("PL_STATE_DIR", &state)
             .stdout(std::process::Stdio::piped())
             .spawn()
             .expect("pl logs --follow");

@@ -13,6 +13,24 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// `docker -H unix://SOCKET ARGS`.
+fn engine_cli(socket: &Path, args: &[&str]) -> std::process::Output {
+    Command::new("docker")
+        .arg("-H")
+        .arg(format!("unix://{}", socket.display()))
+        .args(args)
+        .output()
+        .expect("docker CLI")
+}
+
+/// The CLI of the engine at `socket` (a host's, from a thread that holds only its socket):
+/// its trimmed output, empty when it fails.
+pub fn docker_at(socket: &Path, args: &[&str]) -> String {
+    String::from_utf8_lossy(&engine_cli(socket, args).stdout)
+        .trim()
+        .to_owned()
+}
+
 pub struct Host {
     pub netns: String,
     /// The inner dockerd's socket (`DOCKER_HOST` for the CLI, `docker_socket` for the agent).
@@ -75,12 +93,7 @@ impl Host {
     }
 
     fn cli(&self, args: &[&str]) -> std::process::Output {
-        Command::new("docker")
-            .arg("-H")
-            .arg(format!("unix://{}", self.socket.display()))
-            .args(args)
-            .output()
-            .expect("docker CLI")
+        engine_cli(&self.socket, args)
     }
 
     /// The inner engine's CLI; panics with its error when it fails.
