@@ -6,11 +6,11 @@
 //! and 2.11.7: one to three failed requests per change under load) and closes every hijacked
 //! stream (WebSockets) of every site. So a generation switch must not reload Caddy. One route
 //! per hostname (`@id` `pl-<hostname>`) names its upstreams with Caddy's `{file.*}`
-//! placeholder, `{file.<dir>/<hostname>/<slot>}`, 12 slots shared by the web replicas; the switch is an
-//! atomic rename of each slot file, which Caddy sees on the next request. Requests in flight
-//! finish on the generation they started with. Caddy's configuration changes only when a
-//! hostname first appears on this node, leaves it, or gains more than 12 replicas there (fewer
-//! replicas share the slots); for those reloads every route of ours
+//! placeholder, `{file.<dir>/<hostname>/<slot>}`, 12 slots shared by the web replicas; the
+//! switch is an atomic rename of each slot file, which Caddy sees on the next request. Requests
+//! in flight finish on the generation they started with. Caddy's configuration changes only
+//! when a hostname first appears on this node, leaves it, or gains more than 12 replicas there
+//! (fewer replicas share the slots); for those reloads every route of ours
 //! sets `stream_close_delay`, so the streams of other environments stay open.
 //!
 //! A fence (`<dir>/<hostname>/generation`, the newest generation published or removed) keeps a
@@ -266,6 +266,9 @@ impl Ingress {
     }
 
     fn send(&self, method: &str, path: &str, body: Option<&Value>) -> Result<(), Failure> {
+        if !matches!((method, body), ("DELETE", _) | ("PUT" | "PATCH" | "POST", Some(_))) {
+            return Err(permanent("ingress-internal", "unknown admin call"));
+        }
         let a = agent();
         let url = self.url(path);
         let r = once_more(|| match (method, body) {
