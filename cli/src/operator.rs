@@ -283,8 +283,7 @@ pub fn approve_rewrite(args: &ServerArgs, branch: &str, sha: &str) -> Result<u8>
     }
     let client = Client::new(args)?;
     let body = serde_json::json!({"branch": branch, "sha": sha.to_ascii_lowercase()});
-    let mut resp = client.call_with("POST", "/v1/rewrites/approve", Some(&body))?;
-    let v: Value = resp.body_mut().read_json().map_err(|e| anyhow!("{e}"))?;
+    let v = client.post_json("/v1/rewrites/approve", &body)?;
     if args.format == OutFormat::Json {
         return print_json(&v);
     }
