@@ -6,6 +6,15 @@
 
 use serde::{Deserialize, Serialize};
 
+/// The name of an environment's objects on a node's machine: its Docker network and its
+/// nftables table (`pl_<environment>_<node>`; its bridge is named from this). Both names are
+/// DNS labels, so `_` separates them unambiguously. The node is part of it because several
+/// agents may share one machine as several nodes (`pl up` with two nodes, a drain rehearsal);
+/// each then owns its own network, table, bridge and routes.
+pub fn host_object(environment: &str, node: &str) -> String {
+    format!("pl_{environment}_{node}")
+}
+
 /// Largest enrolment request accepted, in bytes.
 pub const MAX_ENROLL_BYTES: usize = 16 * 1024;
 
@@ -106,7 +115,7 @@ pub enum Execution {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NetworkSpec {
     pub environment: String,
-    /// The Docker network: `pl_<environment>`.
+    /// The Docker network: [`host_object`] of the environment and the node.
     pub network: String,
     /// The environment's subnet on this node (a /24 the control plane chose, unique here).
     pub subnet: String,
@@ -261,6 +270,23 @@ pub struct Heartbeat {
     /// [`MAX_HEARTBEAT_REPAIRS`]): recorded as `drift-repaired` events.
     #[serde(default)]
     pub repaired: Vec<Repair>,
+    /// The machine the agent runs on (its `/etc/machine-id`; at most [`MAX_HOST_LEN`] of
+    /// `[A-Za-z0-9._-]`). Several agents may share one machine as several nodes; the control
+    /// plane gives the environments of nodes on one machine subnets that do not overlap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+}
+
+/// Longest `host` a heartbeat may carry.
+pub const MAX_HOST_LEN: usize = 64;
+
+/// Whether `host` is one a heartbeat may carry.
+pub fn valid_host(host: &str) -> bool {
+    !host.is_empty()
+        && host.len() <= MAX_HOST_LEN
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 /// Most repairs one heartbeat may report.
@@ -283,6 +309,7 @@ impl Heartbeat {
             capabilities: capabilities.iter().map(|c| (*c).to_owned()).collect(),
             running: Vec::new(),
             repaired: Vec::new(),
+            host: None,
         }
     }
 }

@@ -178,11 +178,17 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
         .iter()
         .map(|r| (bounded(&r.environment, 63), bounded(&r.what, 256)))
         .collect();
-    match s
-        .ledger
-        .heartbeat(&node, &version, &capabilities, &observed, &repaired, now_ms())
-        .await
-    {
+    if hb.host.as_deref().is_some_and(|h| !agent_proto::valid_host(h)) {
+        return refused(Refusal::MalformedRequest, "the heartbeat's host is not a machine id");
+    }
+    let beat = crate::fleet::Beat {
+        agent_version: &version,
+        capabilities: &capabilities,
+        host: hb.host.as_deref(),
+        observed: &observed,
+        repaired: &repaired,
+    };
+    match s.ledger.heartbeat(&node, &beat, now_ms()).await {
         Ok(changed) => {
             if changed {
                 // The node is ready (again) or can run other things: re-place now, not at the

@@ -174,7 +174,7 @@ impl Ledger {
                     .ok_or_else(|| undeliverable("no-subnet", format!("no subnet for {env} on {node}")))?;
                 Ok(NetworkSpec {
                     environment: env.clone(),
-                    network: format!("pl_{env}"),
+                    network: agent_proto::host_object(&env, node),
                     subnet,
                 })
             };

@@ -229,20 +229,34 @@ impl Ledger {
         tx.commit().await?;
         Ok(revoked.len())
     }
+}
 
+/// What one heartbeat says, checked and bounded by the API.
+#[derive(Clone, Copy, Debug)]
+pub struct Beat<'a> {
+    pub agent_version: &'a str,
+    pub capabilities: &'a [String],
+    /// The machine the node runs on, when the agent said.
+    pub host: Option<&'a str>,
+    /// What runs (JSON, bounded by the request limit).
+    pub observed: &'a str,
+    /// (environment, what) for each drift repaired.
+    pub repaired: &'a [(String, String)],
+}
+
+impl Ledger {
     /// Records a heartbeat: the node was seen now, running this agent version, able to run
     /// `capabilities`, and running what `observed` (JSON, bounded by the request limit) says.
     /// Returns whether placement sees the node differently now (it was not ready before, or
     /// its capabilities changed): the caller wakes the loop to re-place.
-    pub async fn heartbeat(
-        &self,
-        node: &str,
-        agent_version: &str,
-        capabilities: &[String],
-        observed: &str,
-        repaired: &[(String, String)],
-        now_ms: i64,
-    ) -> Result<bool, LedgerError> {
+    pub async fn heartbeat(&self, node: &str, beat: &Beat<'_>, now_ms: i64) -> Result<bool, LedgerError> {
+        let Beat {
+            agent_version,
+            capabilities,
+            host,
+            observed,
+            repaired,
+        } = *beat;
         if !repaired.is_empty() {
             // Each repair the agent reports becomes a `drift-repaired` event of its environment.
             let mut tx = self.write_tx().await?;
@@ -265,15 +279,15 @@ impl Ledger {
                 Liveness::of(last, now_ms, self.lost_after_ms()) != Liveness::Ready || caps != capabilities.join(",")
             }
         };
-        sqlx::query(
-            self.sql(
-                "UPDATE nodes SET last_seen = ?, agent_version = ?, capabilities = ?, observed = ? WHERE name = ?",
-            ),
-        )
+        sqlx::query(self.sql(
+            "UPDATE nodes SET last_seen = ?, agent_version = ?, capabilities = ?, observed = ?, \
+                 host = COALESCE(?, host) WHERE name = ?",
+        ))
         .bind(now_ms)
         .bind(agent_version)
         .bind(capabilities.join(","))
         .bind(observed)
+        .bind(host)
         .bind(node)
         .execute(&self.pool)
         .await?;

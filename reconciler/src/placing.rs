@@ -279,7 +279,9 @@ impl Ledger {
     }
 
     /// Gives each (environment, node) pair a subnet of its own on that node, if it has none:
-    /// the lowest free /24 of the pool. Kept until the environment is torn down.
+    /// the lowest /24 of the pool free on that node's machine (nodes whose agents report the
+    /// same host share one Docker engine and kernel, where subnets must not overlap). Kept
+    /// until the environment is torn down.
     pub(crate) async fn ensure_subnets(
         &self,
         tx: &mut Tx,
@@ -287,19 +289,51 @@ impl Ledger {
         now_ms: i64,
     ) -> Result<(), LedgerError> {
         let nodes: BTreeSet<&str> = pairs.iter().map(|(_, n)| n.as_str()).collect();
-        let mut taken: BTreeMap<String, BTreeSet<i64>> = BTreeMap::new();
-        let mut have: BTreeSet<(String, String)> = BTreeSet::new();
         let nodes: Vec<&str> = nodes.into_iter().collect();
+        // The machine of each node, and every node on those machines.
+        let mut machine: BTreeMap<String, String> =
+            nodes.iter().map(|n| (n.to_string(), format!("node:{n}"))).collect();
+        let mut hosts: BTreeSet<String> = BTreeSet::new();
         for chunk in nodes.chunks(200) {
             let marks = vec!["?"; chunk.len()].join(", ");
-            let q = format!("SELECT node, environment, idx FROM subnets WHERE node IN ({marks})");
+            let q = format!("SELECT name, host FROM nodes WHERE host IS NOT NULL AND name IN ({marks})");
             let mut query = sqlx::query(self.sql(&q));
             for n in chunk {
                 query = query.bind(n.to_string());
             }
             for r in query.fetch_all(&mut **tx).await? {
+                let host: String = r.try_get(1)?;
+                machine.insert(r.try_get(0)?, format!("host:{host}"));
+                hosts.insert(host);
+            }
+        }
+        let hosts: Vec<String> = hosts.into_iter().collect();
+        for chunk in hosts.chunks(200) {
+            let marks = vec!["?"; chunk.len()].join(", ");
+            let q = format!("SELECT name, host FROM nodes WHERE host IN ({marks})");
+            let mut query = sqlx::query(self.sql(&q));
+            for h in chunk {
+                query = query.bind(h.clone());
+            }
+            for r in query.fetch_all(&mut **tx).await? {
+                let host: String = r.try_get(1)?;
+                machine.insert(r.try_get(0)?, format!("host:{host}"));
+            }
+        }
+        let every: Vec<&String> = machine.keys().collect();
+        let mut taken: BTreeMap<String, BTreeSet<i64>> = BTreeMap::new();
+        let mut have: BTreeSet<(String, String)> = BTreeSet::new();
+        for chunk in every.chunks(200) {
+            let marks = vec!["?"; chunk.len()].join(", ");
+            let q = format!("SELECT node, environment, idx FROM subnets WHERE node IN ({marks})");
+            let mut query = sqlx::query(self.sql(&q));
+            for n in chunk {
+                query = query.bind((*n).clone());
+            }
+            for r in query.fetch_all(&mut **tx).await? {
                 let (node, env): (String, String) = (r.try_get(0)?, r.try_get(1)?);
-                taken.entry(node.clone()).or_default().insert(r.try_get(2)?);
+                let key = machine.get(&node).cloned().unwrap_or_else(|| format!("node:{node}"));
+                taken.entry(key).or_default().insert(r.try_get(2)?);
                 have.insert((env, node));
             }
         }
@@ -308,7 +342,8 @@ impl Ledger {
             if !have.insert((env.clone(), node.clone())) {
                 continue;
             }
-            let used = taken.entry(node.clone()).or_default();
+            let key = machine.get(node).cloned().unwrap_or_else(|| format!("node:{node}"));
+            let used = taken.entry(key).or_default();
             let Some(idx) = (0..SUBNET_POOL_SIZE).find(|i| !used.contains(i)) else {
                 self.event(
                     tx,
