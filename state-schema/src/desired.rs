@@ -380,7 +380,12 @@ pub fn rollout_steps(spec: &DeploymentSpec, generation: u64, retired: &[Deployme
     let mut cleanup: Step = Vec::new();
     for old in retired {
         for i in &old.instances {
-            let still_placed = spec.instances.iter().any(|n| n.role == i.role && n.index == i.index);
+            // A replica that stays on its node keeps its stopped container (the agent removes
+            // those two generations back); one that moved to another node leaves nothing behind.
+            let still_placed = spec
+                .instances
+                .iter()
+                .any(|n| n.role == i.role && n.index == i.index && n.node == i.node);
             let task = if still_placed {
                 Task::StopApplication {
                     environment: env.clone(),
@@ -420,7 +425,14 @@ pub fn rollout_steps(spec: &DeploymentSpec, generation: u64, retired: &[Deployme
             }
         }
     }
-    cleanup.sort_by(|a, b| (a.0.idempotency_key(), &a.1).cmp(&(b.0.idempotency_key(), &b.1)));
+    // On each node: the hostname's route first (requests stop going to the old replicas, and
+    // those in flight get the ingress's drain time), then the replicas, then the network.
+    let phase = |t: &Task| match t {
+        Task::RemoveIngress { .. } => 0,
+        Task::RemoveNetwork { .. } => 2,
+        _ => 1,
+    };
+    cleanup.sort_by(|a, b| (phase(&a.0), a.0.idempotency_key(), &a.1).cmp(&(phase(&b.0), b.0.idempotency_key(), &b.1)));
     cleanup.dedup();
     steps.push(cleanup);
     fill_spec_hash(&mut steps, spec);
@@ -663,6 +675,33 @@ mod tests {
     }
 
     #[test]
+    fn a_drained_node_hands_its_replicas_over_and_keeps_nothing() {
+        let (running, _) = placed(&state(TREE));
+        let old = running[0].spec.clone();
+        assert!(old.instances.iter().any(|i| i.node.as_str() == "n1"));
+        let drained = state(&TREE.replace("{name: n1, capacity", "{name: n1, state: draining, capacity"));
+        let new = placed(&drained).0.remove(0).spec;
+        assert!(new.instances.iter().all(|i| i.node.as_str() == "n2"));
+        let steps = rollout_steps(&new, 2, std::slice::from_ref(&old));
+        let on = |step: &Step, node: &str| -> Vec<String> {
+            step.iter()
+                .filter(|(_, n)| n.as_str() == node)
+                .map(|(t, _)| t.idempotency_key())
+                .collect()
+        };
+        assert!(
+            steps[2].iter().all(|(_, n)| n.as_str() == "n2"),
+            "new replicas on n2 first"
+        );
+        // n1, last: its route, then its replicas removed (not kept stopped: they live on n2
+        // now), then its network.
+        let n1 = on(&steps[4], "n1");
+        assert!(n1[0].starts_with("ingress:") && n1[0].ends_with(":remove"), "{n1:?}");
+        assert!(n1[1..n1.len() - 1].iter().all(|k| k.ends_with(":teardown")), "{n1:?}");
+        assert!(n1[n1.len() - 1].starts_with("net:"), "{n1:?}");
+    }
+
+    #[test]
     fn a_pool_without_active_nodes_keeps_what_runs_and_new_environments_wait() {
         let (running, _) = placed(&state(TREE));
         let drained = state(&TREE.replace(
@@ -728,13 +767,14 @@ mod tests {
             .iter()
             .map(|(t, n)| format!("{}@{n}", t.idempotency_key()))
             .collect();
+        // On each node the route goes first, then the replicas, then the network.
         assert_eq!(
             keys,
             [
+                "ingress:api-production/api.example.com:g2:remove@n2",
                 "app:api-production/web/0:g2:stop@n1",
                 "app:api-production/web/1:g2:teardown@n2",
                 "app:api-production/web/2:g2:teardown@n1",
-                "ingress:api-production/api.example.com:g2:remove@n2",
                 "net:api-production:g2:remove@n2",
             ]
         );
