@@ -105,6 +105,7 @@ fn main() {
     let engine = rt.block_on(async {
         Engine::connect(
             Path::new("/var/run/docker.sock"),
+            "n1",
             dir.path().join("secrets"),
             dir.path().join("age.key"),
             dir.path().join("state/images-pulled"),
@@ -199,6 +200,7 @@ fn switch(
         format!("http://127.0.0.1:{admin}"),
         vec![format!("127.0.0.1:{http}")],
         dir.join("upstreams"),
+        "n1",
     )
     .expect("ingress");
     let (g1, g2) = (app(image, 0, 1, net), app(image, 0, 2, net));

@@ -30,6 +30,9 @@ pub const ROLE: &str = "dev.pushleft.role";
 pub const INSTANCE: &str = "dev.pushleft.instance";
 pub const GENERATION: &str = "dev.pushleft.generation";
 pub const SPEC_HASH: &str = "dev.pushleft.spec-hash";
+/// The node whose agent made it: agents sharing one engine (several nodes on one machine)
+/// each see only their own containers.
+pub const NODE: &str = "dev.pushleft.node";
 
 /// Largest log tail a result carries.
 pub const LOG_TAIL_BYTES: usize = 16 * 1024;
@@ -41,6 +44,8 @@ pub const WORKER_SETTLE: Duration = Duration::from_secs(2);
 /// The Docker side of the agent: the engine and where secret files live.
 pub struct Engine {
     pub docker: Docker,
+    /// This node's name (its certificate's): on every container's labels, and in every filter.
+    pub node: String,
     /// A folder on a tmpfs (`/run/...`) holding each container's secret files.
     pub secrets_dir: PathBuf,
     /// The node's age identity file (from enrolment), which opens sealed secrets.
@@ -69,6 +74,7 @@ impl Engine {
     /// Connects to the engine at `socket`, negotiating the API version it speaks.
     pub async fn connect(
         socket: &Path,
+        node: &str,
         secrets_dir: PathBuf,
         identity: PathBuf,
         pulled: PathBuf,
@@ -78,6 +84,7 @@ impl Engine {
             .await?;
         Ok(Engine {
             docker,
+            node: node.to_owned(),
             secrets_dir,
             identity,
             pulled,
@@ -195,6 +202,7 @@ impl Engine {
                 let labels = HashMap::from([
                     (OWNED.to_owned(), "true".to_owned()),
                     (ENVIRONMENT.to_owned(), net.environment.clone()),
+                    (NODE.to_owned(), self.node.clone()),
                 ]);
                 let request = NetworkCreateRequest {
                     name: net.network.clone(),
@@ -211,7 +219,7 @@ impl Engine {
                     // The bridge gets a name of ours, so the routes executor can name it.
                     options: Some(HashMap::from([(
                         "com.docker.network.bridge.name".to_owned(),
-                        crate::routes::bridge_name(&net.environment),
+                        crate::routes::bridge_name(&net.network),
                     )])),
                     ..NetworkCreateRequest::default()
                 };
@@ -244,7 +252,7 @@ impl Engine {
 
     /// Containers of ours with every label in `filter`, with their labels and state.
     async fn ours(&self, filter: &[(&str, &str)]) -> Result<Vec<(String, HashMap<String, String>, bool)>, Failure> {
-        let mut labels = vec![format!("{OWNED}=true")];
+        let mut labels = vec![format!("{OWNED}=true"), format!("{NODE}={}", self.node)];
         labels.extend(filter.iter().map(|(k, v)| format!("{k}={v}")));
         let filters = HashMap::from([("label".to_owned(), labels)]);
         let list = self
@@ -344,9 +352,10 @@ impl Engine {
         Ok(Some(dir))
     }
 
-    fn labels(app: &ApplicationSpec) -> HashMap<String, String> {
+    fn labels(&self, app: &ApplicationSpec) -> HashMap<String, String> {
         let mut l = HashMap::from([
             (OWNED.to_owned(), "true".to_owned()),
+            (NODE.to_owned(), self.node.clone()),
             (ENVIRONMENT.to_owned(), app.environment.clone()),
             (DEPLOYMENT.to_owned(), app.deployment.clone()),
             (ROLE.to_owned(), app.role.clone()),
@@ -384,7 +393,7 @@ impl Engine {
             image: Some(app.image.clone()),
             cmd: (!app.command.is_empty()).then(|| app.command.clone()),
             env: Some(app.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
-            labels: Some(Engine::labels(app)),
+            labels: Some(self.labels(app)),
             host_config: Some(host),
             stop_timeout: Some(10),
             ..ContainerCreateBody::default()

@@ -177,3 +177,39 @@ pub fn enroll(control: &str, fingerprint: &str, node: &str, dir: &Path, token: &
     write_private(&dir.join(CA), ca_pem.as_bytes())?;
     Ok(answer)
 }
+
+/// The node this enrolment folder is: its certificate's common name (the control plane signed
+/// it for that name only).
+pub fn node_of(dir: &Path) -> Result<String> {
+    let pem =
+        std::fs::read_to_string(dir.join(CERT)).with_context(|| format!("reading {}", dir.join(CERT).display()))?;
+    let (_, block) =
+        x509_parser::pem::parse_x509_pem(pem.as_bytes()).map_err(|e| anyhow!("the node's certificate: {e}"))?;
+    let cert = block.parse_x509().map_err(|e| anyhow!("the node's certificate: {e}"))?;
+    let name = cert
+        .subject()
+        .iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok())
+        .ok_or_else(|| anyhow!("the node's certificate names no node"))?
+        .to_owned();
+    anyhow::ensure!(
+        !name.is_empty()
+            && name.len() <= 63
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'),
+        "the node's certificate names {name:?}, not a node name"
+    );
+    Ok(name)
+}
+
+/// This machine's id (`/etc/machine-id`, or D-Bus's copy), which heartbeats carry so that nodes
+/// sharing a machine get subnets that do not overlap; `None` when there is none.
+pub fn machine_id() -> Option<String> {
+    ["/etc/machine-id", "/var/lib/dbus/machine-id"]
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .map(|t| t.trim().to_owned())
+        .find(|t| agent_proto::valid_host(t))
+}

@@ -13,9 +13,17 @@
 //! (fewer replicas share the slots); for those reloads every route of ours
 //! sets `stream_close_delay`, so the streams of other environments stay open.
 //!
-//! A fence (`<dir>/<hostname>/generation`, the newest generation published or removed) keeps a
-//! stale retry from restoring older upstreams. Only routes whose `@id` starts with `pl-` are
-//! ever touched; the last route of ours answers 404 for a hostname nobody publishes.
+//! Several agents may share one machine, and so one Caddy and one upstream folder (`pl up` with
+//! two nodes). Each node keeps its own list, `<dir>/<hostname>/nodes/<node>` (`<generation>
+//! <environment>` and then its replicas' addresses); the slot files are the union of every
+//! node's list, rewritten under an exclusive lock on `<dir>/<hostname>/lock`. The route goes
+//! only when the last node's list empties. So a replica moving between two nodes of one
+//! machine is added by the new node's publish and dropped by the old node's removal, which
+//! comes before its container stops: no request reaches a stopped replica.
+//!
+//! Each node's list is also its fence: its generation, the newest it published or removed,
+//! keeps a stale retry from restoring older upstreams. Only routes whose `@id` starts with
+//! `pl-` are ever touched; the last route of ours answers 404 for a hostname nobody publishes.
 
 use crate::outcome::{Failure, permanent, retryable};
 use serde_json::{Value, json};
@@ -49,6 +57,38 @@ pub struct Ingress {
     upstreams: PathBuf,
     /// Also match `<hostname><suffix>` (`pl up`'s `.localhost`, which resolves to loopback).
     host_suffix: Option<String>,
+    /// This node's name: its list of upstreams in each hostname's folder.
+    node: String,
+}
+
+/// What one node's list says: the generation it last published or removed (its fence), the
+/// environment that did, and its upstreams (none once removed).
+#[derive(Debug, Default, PartialEq, Eq)]
+struct NodeList {
+    generation: u64,
+    environment: String,
+    dials: Vec<String>,
+}
+
+impl NodeList {
+    fn parse(text: &str) -> NodeList {
+        let mut lines = text.lines();
+        let mut head = lines.next().unwrap_or_default().split_whitespace();
+        NodeList {
+            generation: head.next().and_then(|g| g.parse().ok()).unwrap_or(0),
+            environment: head.next().unwrap_or_default().to_owned(),
+            dials: lines.filter(|l| !l.is_empty()).map(str::to_owned).collect(),
+        }
+    }
+
+    fn text(&self) -> String {
+        let mut t = format!("{} {}\n", self.generation, self.environment);
+        for d in &self.dials {
+            t.push_str(d);
+            t.push('\n');
+        }
+        t
+    }
 }
 
 pub fn route_id(hostname: &str) -> String {
@@ -123,18 +163,26 @@ fn open_folder(root: &Path, dir: &Path) -> Result<(), Failure> {
 
 impl Ingress {
     /// `upstreams` must be an absolute path without braces (it goes into a Caddy placeholder).
-    pub fn new(admin: String, listen: Vec<String>, upstreams: PathBuf) -> Result<Self, String> {
+    pub fn new(admin: String, listen: Vec<String>, upstreams: PathBuf, node: &str) -> Result<Self, String> {
         let text = upstreams.to_string_lossy();
         if !upstreams.is_absolute() || text.contains(['{', '}', ' ']) {
             return Err(format!(
                 "the ingress upstream folder {text:?} must be an absolute path without braces or spaces"
             ));
         }
+        if node.is_empty()
+            || !node
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        {
+            return Err(format!("{node:?} is not a node name"));
+        }
         Ok(Ingress {
             admin,
             listen,
             upstreams,
             host_suffix: None,
+            node: node.to_owned(),
         })
     }
 
@@ -175,17 +223,70 @@ impl Ingress {
         self.folder(hostname).join(k.to_string())
     }
 
-    fn fence(&self, hostname: &str) -> PathBuf {
-        self.folder(hostname).join("generation")
+    fn lists(&self, hostname: &str) -> PathBuf {
+        self.folder(hostname).join("nodes")
     }
 
-    /// The newest generation published or removed for `hostname` here (0: none), and the
-    /// environment that did (`<generation> <environment>`).
-    fn fenced(&self, hostname: &str) -> (u64, String) {
-        let text = std::fs::read_to_string(self.fence(hostname)).unwrap_or_default();
-        let mut words = text.split_whitespace();
-        let generation = words.next().and_then(|g| g.parse().ok()).unwrap_or(0);
-        (generation, words.next().unwrap_or_default().to_owned())
+    fn list_path(&self, hostname: &str) -> PathBuf {
+        self.lists(hostname).join(&self.node)
+    }
+
+    /// This node's list for `hostname` (empty: never published here).
+    fn own(&self, hostname: &str) -> NodeList {
+        NodeList::parse(&std::fs::read_to_string(self.list_path(hostname)).unwrap_or_default())
+    }
+
+    /// Every node's upstreams for `hostname`, in node order (what the slots share).
+    fn union(&self, hostname: &str) -> Result<Vec<String>, Failure> {
+        let mut files: Vec<PathBuf> = match std::fs::read_dir(self.lists(hostname)) {
+            Ok(d) => d
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_none())
+                .collect(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(disk(e)),
+        };
+        files.sort();
+        let mut out = Vec::new();
+        for f in files {
+            out.extend(NodeList::parse(&std::fs::read_to_string(&f).map_err(disk)?).dials);
+        }
+        Ok(out)
+    }
+
+    /// Holds `hostname`'s folder for this node alone until dropped: the nodes sharing it (and
+    /// so the slot files and the route) take turns.
+    fn lock(&self, hostname: &str) -> Result<std::fs::File, Failure> {
+        open_folder(&self.upstreams, &self.folder(hostname))?;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(self.folder(hostname).join("lock"))
+            .map_err(disk)?;
+        file.lock().map_err(disk)?;
+        Ok(file)
+    }
+
+    /// Writes this node's list (its fence and its upstreams), by a rename.
+    fn set_own(&self, hostname: &str, list: &NodeList) -> Result<(), Failure> {
+        open_folder(&self.folder(hostname), &self.lists(hostname))?;
+        replace(&self.list_path(hostname), &list.text())
+    }
+
+    /// Points the slot files at `dials` (round robin over `slots`); whether any changed.
+    fn write_slots(&self, hostname: &str, dials: &[String], slots: usize) -> Result<bool, Failure> {
+        let mut changed = false;
+        for k in 0..slots {
+            let dial = &dials[k % dials.len()];
+            let path = self.slot(hostname, k);
+            if std::fs::read_to_string(&path).ok().as_deref() != Some(dial.as_str()) {
+                replace(&path, dial)?;
+                changed = true;
+            }
+        }
+        Ok(changed)
     }
 
     /// The slot files of `hostname` (`0`, `1`, …): how many there are.
@@ -213,10 +314,11 @@ impl Ingress {
                 continue;
             };
             let slots = self.slot_count(&hostname);
-            if slots == 0 || checked(&hostname).is_err() {
+            // Each node repairs the routes it publishes (nodes sharing a machine all may).
+            if slots == 0 || checked(&hostname).is_err() || self.own(&hostname).dials.is_empty() {
                 continue;
             }
-            let (_, environment) = self.fenced(&hostname);
+            let environment = self.own(&hostname).environment;
             let id = route_id(&hostname);
             let wanted = self.route(&hostname, slots);
             let fixed = match self.get(&format!("/id/{id}")) {
@@ -292,8 +394,21 @@ impl Ingress {
         }
     }
 
-    /// Our server, created (with its 404 fallback) when Caddy has none.
+    /// Our server, created (with its 404 fallback) when Caddy has none. Agents sharing the
+    /// machine take turns (a lock in the upstream folder), so one cannot replace the server
+    /// another just made and routed.
     fn ensure_server(&self) -> Result<(), Failure> {
+        if self.get(&format!("/config/apps/http/servers/{SERVER}"))?.is_some() {
+            return Ok(());
+        }
+        open_folder(&self.upstreams, &self.upstreams)?;
+        let held = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(self.upstreams.join("server.lock"))
+            .map_err(disk)?;
+        held.lock().map_err(disk)?;
         if self.get(&format!("/config/apps/http/servers/{SERVER}"))?.is_some() {
             return Ok(());
         }
@@ -330,10 +445,10 @@ impl Ingress {
     }
 
     /// Points `hostname` at `dials` (`ip:port` of generation `generation`'s web replicas on
-    /// this node): the slot files first (the switch, with no reload when the route has slots
-    /// enough), then the fence, then the route when it is missing or short of slots. Adopted
-    /// when all of it is in place already; read back; refused for a generation older than the
-    /// fence.
+    /// this node), beside what other nodes of this machine publish: this node's list first
+    /// (its fence), then the slot files (the switch, with no reload when the route has slots
+    /// enough), then the route when it is missing or short of slots. Adopted when all of it is
+    /// in place already; read back; refused for a generation older than the fence.
     pub fn publish(
         &self,
         environment: &str,
@@ -348,7 +463,7 @@ impl Ingress {
                 format!("no web replica of {hostname} runs on this node"),
             ));
         }
-        let (fenced, _) = self.fenced(hostname);
+        let fenced = self.own(hostname).generation;
         if fenced > generation {
             return Err(permanent(
                 "stale-generation",
@@ -356,22 +471,21 @@ impl Ingress {
             ));
         }
         self.ensure_server()?;
+        let held = self.lock(hostname)?;
+        self.set_own(
+            hostname,
+            &NodeList {
+                generation,
+                environment: environment.to_owned(),
+                dials: dials.to_vec(),
+            },
+        )?;
+        let all = self.union(hostname)?;
         let id = route_id(hostname);
         let current = self.get(&format!("/id/{id}"))?;
-        let slots = self.slots(current.as_ref()).max(dials.len()).max(SLOTS);
-        let wanted_files: Vec<&String> = (0..slots).map(|k| &dials[k % dials.len()]).collect();
-        open_folder(&self.upstreams, &self.folder(hostname))?;
-        let mut changed = false;
-        for (k, dial) in wanted_files.iter().enumerate() {
-            let path = self.slot(hostname, k);
-            if std::fs::read_to_string(&path).ok().as_deref() != Some(dial.as_str()) {
-                replace(&path, dial)?;
-                changed = true;
-            }
-        }
-        if fenced != generation {
-            replace(&self.fence(hostname), &format!("{generation} {environment}"))?;
-        }
+        let had_slots = self.slots(current.as_ref());
+        let slots = had_slots.max(all.len()).max(SLOTS);
+        let changed = self.write_slots(hostname, &all, slots)?;
         let wanted = self.route(hostname, slots);
         let note = match current {
             Some(r) if r == wanted => {
@@ -394,11 +508,10 @@ impl Ingress {
                 "published"
             }
         };
-        let files_back = wanted_files
-            .iter()
-            .enumerate()
-            .all(|(k, d)| std::fs::read_to_string(self.slot(hostname, k)).ok().as_deref() == Some(d.as_str()));
-        if changed && fenced != 0 {
+        let files_back = (0..slots)
+            .all(|k| std::fs::read_to_string(self.slot(hostname, k)).ok().as_deref() == Some(&all[k % all.len()]));
+        drop(held);
+        if changed && had_slots != 0 {
             std::thread::sleep(DRAIN);
         }
         match self.get(&format!("/id/{id}"))? {
@@ -415,18 +528,43 @@ impl Ingress {
     }
 
     /// Takes `hostname` off this node for generation `generation` (it no longer serves the
-    /// hostname here, or the environment is torn down): the route, then its upstream files;
-    /// the fence stays so a stale publish cannot bring it back. Kept when a newer generation
+    /// hostname here, or the environment is torn down). Its list empties (the fence stays, so
+    /// a stale publish cannot bring it back). When other nodes of this machine still publish
+    /// the hostname, the slots go to theirs alone and requests already sent here get the drain
+    /// time; otherwise the route goes, then the slot files. Kept when a newer generation
     /// published it; gone already is done.
     pub fn remove(&self, environment: &str, hostname: &str, generation: u64) -> Result<String, Failure> {
         let hostname = checked(hostname)?;
-        let (fenced, _) = self.fenced(hostname);
+        let fenced = self.own(hostname).generation;
         if fenced > generation {
             return Ok(format!(
                 "{hostname} kept: generation {fenced} published it after {generation}"
             ));
         }
+        let held = self.lock(hostname)?;
+        let had = self.own(hostname).dials;
+        self.set_own(
+            hostname,
+            &NodeList {
+                generation,
+                environment: environment.to_owned(),
+                dials: Vec::new(),
+            },
+        )?;
+        let others = self.union(hostname)?;
         let id = route_id(hostname);
+        if !others.is_empty() {
+            let slots = self.slot_count(hostname).max(others.len());
+            let changed = self.write_slots(hostname, &others, slots)?;
+            drop(held);
+            if changed && !had.is_empty() {
+                std::thread::sleep(DRAIN);
+            }
+            return Ok(format!(
+                "{id} kept for the other nodes here: {} upstream(s)",
+                others.len()
+            ));
+        }
         let mut removed = false;
         if self.get(&format!("/id/{id}"))?.is_some() {
             match self.send("DELETE", &format!("/id/{id}"), None) {
@@ -435,8 +573,6 @@ impl Ingress {
                 Err(f) => return Err(f),
             }
         }
-        open_folder(&self.upstreams, &self.folder(hostname))?;
-        replace(&self.fence(hostname), &format!("{generation} {environment}"))?;
         for entry in std::fs::read_dir(self.folder(hostname)).map_err(disk)? {
             let path = entry.map_err(disk)?.path();
             if path
@@ -447,6 +583,7 @@ impl Ingress {
                 std::fs::remove_file(&path).map_err(disk)?;
             }
         }
+        drop(held);
         Ok(if removed {
             format!("{id} removed")
         } else {

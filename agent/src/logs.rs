@@ -6,7 +6,7 @@
 //! relayed, never logged or kept.
 
 use crate::client::{AgentClient, ClientError};
-use crate::docker::{ENVIRONMENT, GENERATION, INSTANCE, OWNED, ROLE};
+use crate::docker::{ENVIRONMENT, GENERATION, INSTANCE, NODE, OWNED, ROLE};
 use agent_proto::{LogRequest, MAX_LOG_CHUNK_BYTES, MAX_LOG_WAIT_MS, Refusal};
 use bollard::Docker;
 use futures_util::StreamExt;
@@ -20,7 +20,7 @@ const FLUSH_EVERY: Duration = Duration::from_millis(200);
 const KEEPALIVE_EVERY: Duration = Duration::from_secs(5);
 
 /// Serves this node's log requests until the process ends.
-pub async fn serve(client: Arc<AgentClient>, docker: Docker) {
+pub async fn serve(client: Arc<AgentClient>, docker: Docker, node: String) {
     loop {
         let c = Arc::clone(&client);
         let got = tokio::task::spawn_blocking(move || c.log_wait(Duration::from_millis(MAX_LOG_WAIT_MS)))
@@ -29,7 +29,7 @@ pub async fn serve(client: Arc<AgentClient>, docker: Docker) {
         match got {
             Ok(requests) => {
                 for request in requests {
-                    tokio::spawn(stream(Arc::clone(&client), docker.clone(), request));
+                    tokio::spawn(stream(Arc::clone(&client), docker.clone(), node.clone(), request));
                 }
             }
             Err(e) => {
@@ -70,12 +70,13 @@ fn push_line(buf: &mut Vec<u8>, prefix: &str, line: &[u8]) {
 }
 
 /// One request: the role's containers on this node, their lines merged as they come.
-async fn stream(client: Arc<AgentClient>, docker: Docker, request: LogRequest) {
+async fn stream(client: Arc<AgentClient>, docker: Docker, node: String, request: LogRequest) {
     use bollard::query_parameters::{ListContainersOptionsBuilder, LogsOptionsBuilder};
     let filters = HashMap::from([(
         "label".to_owned(),
         vec![
             format!("{OWNED}=true"),
+            format!("{NODE}={node}"),
             format!("{ENVIRONMENT}={}", request.environment),
             format!("{ROLE}={}", request.role),
         ],

@@ -24,10 +24,11 @@ pub const PROTOCOL: u8 = 122;
 pub const BASE: u32 = 10_000;
 
 /// The Linux bridge of an environment's Docker network: named by the agent (`pl-` and ten hex
-/// digits of the environment's SHA-256), so routes can name it without asking Docker.
-pub fn bridge_name(environment: &str) -> String {
+/// digits of the network name's SHA-256, to fit the kernel's 15 bytes), so routes can name it
+/// without asking Docker.
+pub fn bridge_name(network: &str) -> String {
     use sha2::Digest;
-    let d = sha2::Sha256::digest(environment.as_bytes());
+    let d = sha2::Sha256::digest(network.as_bytes());
     let hex: String = d.iter().take(5).map(|b| format!("{b:02x}")).collect();
     format!("pl-{hex}")
 }
@@ -164,11 +165,12 @@ impl Routes {
         Ok(out)
     }
 
-    /// Ensures the environment's table and rule (see the module's rules).
-    pub async fn ensure(&self, environment: &str, subnet: &str) -> Result<String, Failure> {
+    /// Ensures the table and rule of the environment whose Docker network is `network` (see
+    /// the module's rules).
+    pub async fn ensure(&self, network: &str, subnet: &str) -> Result<String, Failure> {
         let (addr, len, index) = parse(subnet)?;
         let (table, priority) = (BASE + index, BASE + index);
-        let bridge_name = bridge_name(environment);
+        let bridge_name = bridge_name(network);
         let bridge = self.link_index(&bridge_name).await?.ok_or_else(|| {
             retryable(
                 "bridge-missing",
@@ -250,16 +252,16 @@ impl Routes {
                 .await
                 .map_err(|e| netlink("rule-add-failed", e))?;
         }
-        self.verify(environment, subnet).await?;
+        self.verify(network, subnet).await?;
         Ok(format!("table {table} and rule {priority} for {subnet} read back"))
     }
 
     /// Reads the table and rule back and compares them with what they should be.
-    pub async fn verify(&self, environment: &str, subnet: &str) -> Result<(), Failure> {
+    pub async fn verify(&self, network: &str, subnet: &str) -> Result<(), Failure> {
         let (addr, len, index) = parse(subnet)?;
         let (table, priority) = (BASE + index, BASE + index);
         let bridge = self
-            .link_index(&bridge_name(environment))
+            .link_index(&bridge_name(network))
             .await?
             .ok_or_else(|| permanent("routes-readback-mismatch", "the bridge is gone"))?;
         let mut wanted = self.wanted(bridge, addr, len).await?;

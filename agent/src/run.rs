@@ -6,7 +6,7 @@
 //! `executor-missing`, never pretends.
 
 use crate::client::{AgentClient, ClientError};
-use crate::docker::{ENVIRONMENT, Engine, GENERATION, INSTANCE, OWNED, ROLE, RUN_TIMEOUT};
+use crate::docker::{ENVIRONMENT, Engine, GENERATION, INSTANCE, NODE, OWNED, ROLE, RUN_TIMEOUT};
 use crate::firewall::Firewall;
 use crate::outcome::{Failure, permanent, report};
 use agent_proto::{Execution, Heartbeat, LeasedJob, Outcome, RunningInstance};
@@ -149,7 +149,10 @@ async fn blocking<T: Send + 'static>(
 /// What the node runs now: its containers of replicas, as the heartbeat reports them.
 async fn observed(engine: &Engine) -> Vec<RunningInstance> {
     use bollard::query_parameters::ListContainersOptionsBuilder;
-    let filters = HashMap::from([("label".to_owned(), vec![format!("{OWNED}=true")])]);
+    let filters = HashMap::from([(
+        "label".to_owned(),
+        vec![format!("{OWNED}=true"), format!("{NODE}={}", engine.node)],
+    )]);
     let Ok(list) = engine
         .docker
         .list_containers(Some(
@@ -233,10 +236,11 @@ impl Executors {
                 let env = entry.file_name().to_string_lossy().into_owned();
                 let subnet = std::fs::read_to_string(entry.path()).unwrap_or_default();
                 let subnet = subnet.trim();
-                if routes.verify(&env, subnet).await.is_ok() {
+                let network = agent_proto::host_object(&env, &self.engine.node);
+                if routes.verify(&network, subnet).await.is_ok() {
                     continue;
                 }
-                match routes.ensure(&env, subnet).await {
+                match routes.ensure(&network, subnet).await {
                     Ok(_) => out.push((env.clone(), "routes re-applied".to_owned())),
                     Err(f) => tracing::warn!(environment = %env, code = f.code, "cannot repair routes"),
                 }
@@ -290,7 +294,7 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> 
         }
         ("ensure-routes", Execution::Network(net)) => {
             let note = crate::routes::Routes::connect()?
-                .ensure(&net.environment, &net.subnet)
+                .ensure(&net.network, &net.subnet)
                 .await?;
             // Remembered for drift repair (the environment's name is a plain label).
             let _ = std::fs::create_dir_all(&x.routes_dir);
@@ -309,7 +313,8 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> 
                 notes.push(crate::routes::Routes::connect()?.remove(&net.subnet).await?);
                 let _ = std::fs::remove_file(x.routes_dir.join(&net.environment));
             }
-            notes.push(engine.remove_network(&format!("pl_{}", text("environment"))).await?);
+            let network = agent_proto::host_object(&text("environment"), &engine.node);
+            notes.push(engine.remove_network(&network).await?);
             Ok(notes.join("; "))
         }
         ("ensure-application", Execution::Application(app)) => engine.ensure_application(app).await,
@@ -424,9 +429,11 @@ pub async fn run(config: Config) -> Result<()> {
     let client = Arc::new(AgentClient::from_dir(&config.control, &config.dir).context("the enrolment folder")?);
     std::fs::create_dir_all(&config.secrets_dir)
         .with_context(|| format!("creating {}", config.secrets_dir.display()))?;
+    let node = crate::enroll::node_of(&config.dir)?;
     let engine = Arc::new(Executors {
         engine: Engine::connect(
             &config.docker_socket,
+            &node,
             config.secrets_dir.clone(),
             config.dir.join(crate::enroll::AGE),
             config.state_dir.join("images-pulled"),
@@ -435,6 +442,7 @@ pub async fn run(config: Config) -> Result<()> {
         .with_context(|| format!("Docker at {}", config.docker_socket.display()))?,
         firewall: Arc::new(Firewall {
             nft: config.nft.clone(),
+            node: node.clone(),
             state_dir: config.state_dir.clone(),
         }),
         enabled: config.executors.clone(),
@@ -444,6 +452,7 @@ pub async fn run(config: Config) -> Result<()> {
                 config.caddy_admin.clone(),
                 config.ingress_listen.clone(),
                 config.ingress_upstreams.clone(),
+                &node,
             )
             .map_err(anyhow::Error::msg)?;
             match &config.ingress_host_suffix {
@@ -453,7 +462,11 @@ pub async fn run(config: Config) -> Result<()> {
         }),
     });
     // `pl logs`: this node's requests, served as they come.
-    tokio::spawn(crate::logs::serve(Arc::clone(&client), engine.engine.docker.clone()));
+    tokio::spawn(crate::logs::serve(
+        Arc::clone(&client),
+        engine.engine.docker.clone(),
+        node.clone(),
+    ));
     // Drift: checked every `drift_seconds`; what was repaired goes with the next heartbeat.
     let repairs: Arc<std::sync::Mutex<Vec<agent_proto::Repair>>> = Arc::default();
     {
@@ -481,6 +494,19 @@ pub async fn run(config: Config) -> Result<()> {
         .status()
         .is_ok_and(|s| s.success());
     // Heartbeats: alive, able to run containers while Docker answers, and what runs.
+    // The machine: its id, else the Docker engine's (agents sharing an engine share a machine).
+    let host = match crate::enroll::machine_id() {
+        Some(id) => Some(id),
+        None => engine
+            .engine
+            .docker
+            .info()
+            .await
+            .ok()
+            .and_then(|i| i.id)
+            .map(|id| id.replace(':', "-"))
+            .filter(|id| agent_proto::valid_host(id)),
+    };
     {
         let (client, engine, repairs) = (Arc::clone(&client), Arc::clone(&engine), Arc::clone(&repairs));
         let every = Duration::from_secs(config.heartbeat_seconds.max(1));
@@ -507,6 +533,7 @@ pub async fn run(config: Config) -> Result<()> {
                     capabilities,
                     running: observed(&engine.engine).await,
                     repaired,
+                    host: host.clone(),
                 };
                 if let Err(e) = blocking(&client, move |c| c.heartbeat(&hb)).await {
                     tracing::warn!(error = %e, "heartbeat failed");

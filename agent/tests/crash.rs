@@ -38,6 +38,7 @@ fn runtime() -> tokio::runtime::Runtime {
 async fn engine(dir: &Path) -> Engine {
     Engine::connect(
         Path::new("/var/run/docker.sock"),
+        "n1",
         dir.join("secrets"),
         dir.join("age.key"),
         dir.join("state/images-pulled"),
@@ -48,6 +49,7 @@ async fn engine(dir: &Path) -> Engine {
 
 fn firewall(dir: &Path) -> Firewall {
     Firewall {
+        node: "n1".into(),
         nft: dir.join("nft"),
         state_dir: dir.join("state"),
     }
@@ -239,10 +241,10 @@ fn firewall_converges_after_kills(dir: &Path) {
         let note = fw
             .apply("pltest-crash", "10.208.77.0/24", generation)
             .expect("replay converges");
-        assert!(note.contains("pl_pltest-crash"), "{note}");
+        assert!(note.contains("pl_pltest-crash_n1"), "{note}");
         let tables = sh(&format!("ip netns exec {NETNS} nft list tables"));
         assert_eq!(
-            tables, "table inet pl_pltest-crash",
+            tables, "table inet pl_pltest-crash_n1",
             "exactly one table, after a kill at {delay_ms} ms"
         );
         let fence = std::fs::read_to_string(dir.join("state/firewall/pltest-crash.generation")).expect("fence");

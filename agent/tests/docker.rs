@@ -74,6 +74,7 @@ fn docker_executors_adopt_repair_and_refuse() {
     rt.block_on(async {
         let engine = Engine::connect(
             Path::new("/var/run/docker.sock"),
+            "n1",
             dir.path().join("secrets"),
             identity.clone(),
             dir.path().join("state/images-pulled"),

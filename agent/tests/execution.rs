@@ -112,7 +112,7 @@ fn a_lease_carries_everything_the_job_needs_with_secrets_sealed_to_the_node() {
         let Execution::Network(net) = &j.execution else {
             panic!("{:?}", j.execution)
         };
-        assert_eq!(net.network, format!("pl_{}", net.environment));
+        assert_eq!(net.network, format!("pl_{}_n1", net.environment));
         subnets.insert(net.environment.clone(), net.subnet.clone());
         n1.complete(&j.proof, Outcome::Succeeded, "").expect("complete");
     }

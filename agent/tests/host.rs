@@ -189,7 +189,7 @@ fn the_whole_loop_rolls_out_serves_and_survives_a_killed_agent() {
         let g1 = wait_done(&url, 0, &log);
         assert_eq!(get(http), Some((200, "release one".into())));
         let container = |g: i64| format!("pl-{ENV}-web-0-g{g}");
-        let table = Command::new("nft").args(["list", "table", "inet", &format!("pl_{ENV}")]).output().expect("nft");
+        let table = Command::new("nft").args(["list", "table", "inet", &format!("pl_{ENV}_n1")]).output().expect("nft");
         assert!(table.status.success(), "the environment's table is in the host's namespace");
         let rules = String::from_utf8_lossy(&Command::new("ip").arg("rule").output().expect("ip").stdout).into_owned();
         assert!(rules.contains("from 10.208."), "the environment's rule: {rules}");

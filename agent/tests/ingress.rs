@@ -147,6 +147,43 @@ fn caddy(dir: &std::path::Path, admin: u16) -> Child {
         .expect("caddy")
 }
 
+/// Runs `during` while one sequential loop and 8 concurrent ones (bounded in count and time)
+/// request `host`; returns (failed, served) requests.
+fn under_load(http: u16, host: &'static str, during: impl FnOnce()) -> (usize, usize) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let failures = Arc::new(AtomicUsize::new(0));
+    let served = Arc::new(AtomicUsize::new(0));
+    let loops: Vec<_> = (0..9)
+        .map(|_| {
+            let (stop, failures, served) = (Arc::clone(&stop), Arc::clone(&failures), Arc::clone(&served));
+            std::thread::spawn(move || {
+                for _ in 0..2_000 {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    match get(http, host) {
+                        Ok((200, body)) if body.starts_with("generation") => {
+                            served.fetch_add(1, Ordering::Relaxed);
+                        }
+                        other => {
+                            eprintln!("failed request: {other:?}");
+                            failures.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    during();
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    for l in loops {
+        l.join().expect("loop");
+    }
+    (failures.load(Ordering::Relaxed), served.load(Ordering::Relaxed))
+}
+
 #[test]
 fn routes_switch_generations_without_errors_and_keep_other_streams() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -189,10 +226,11 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
         format!("http://127.0.0.1:{admin}"),
         vec![format!("127.0.0.1:{http}")],
         dir.path().join("upstreams"),
+        "n1",
     )
     .expect("ingress");
     assert!(
-        Ingress::new(String::new(), Vec::new(), "relative/dir".into()).is_err(),
+        Ingress::new(String::new(), Vec::new(), "relative/dir".into(), "n1").is_err(),
         "a relative upstream folder is refused"
     );
 
@@ -209,48 +247,19 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
     let note = ingress.publish("web", "app.localhost", 1, &dials[0..1]).expect("again");
     assert!(note.contains("adopted"), "{note}");
 
-    // The switch, under load: one sequential loop and 8 concurrent ones, bounded in count and
-    // time, count every failed request; there must be none.
-    let stop = Arc::new(AtomicBool::new(false));
-    let failures = Arc::new(AtomicUsize::new(0));
-    let served = Arc::new(AtomicUsize::new(0));
-    let loops: Vec<_> = (0..9)
-        .map(|_| {
-            let (stop, failures, served) = (Arc::clone(&stop), Arc::clone(&failures), Arc::clone(&served));
-            std::thread::spawn(move || {
-                for _ in 0..2_000 {
-                    if stop.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    match get(http, "app.localhost") {
-                        Ok((200, body)) if body.starts_with("generation") => {
-                            served.fetch_add(1, Ordering::Relaxed);
-                        }
-                        other => {
-                            eprintln!("failed request: {other:?}");
-                            failures.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                }
-            })
-        })
-        .collect();
-    std::thread::sleep(Duration::from_millis(300));
-    let note = ingress.publish("web", "app.localhost", 2, &dials[1..2]).expect("g2");
-    assert!(note.contains("switched"), "a switch reloads nothing: {note}");
-    std::thread::sleep(Duration::from_millis(300));
-    let note = ingress.remove("web", "app.localhost", 1).expect("older remove");
-    assert!(
-        note.contains("kept"),
-        "a remove of an older generation keeps the route: {note}"
-    );
-    std::thread::sleep(Duration::from_millis(300));
-    stop.store(true, Ordering::Relaxed);
-    for l in loops {
-        l.join().expect("loop");
-    }
-    assert_eq!(failures.load(Ordering::Relaxed), 0, "requests failed during the switch");
-    assert!(served.load(Ordering::Relaxed) > 100);
+    // The switch, under load: it must fail no request.
+    let (failures, served) = under_load(http, "app.localhost", || {
+        let note = ingress.publish("web", "app.localhost", 2, &dials[1..2]).expect("g2");
+        assert!(note.contains("switched"), "a switch reloads nothing: {note}");
+        std::thread::sleep(Duration::from_millis(300));
+        let note = ingress.remove("web", "app.localhost", 1).expect("older remove");
+        assert!(
+            note.contains("kept"),
+            "a remove of an older generation keeps the route: {note}"
+        );
+    });
+    assert_eq!(failures, 0, "requests failed during the switch");
+    assert!(served > 100);
     for _ in 0..10 {
         assert_eq!(get(http, "app.localhost"), Ok((200, "generation two".into())));
     }
@@ -346,11 +355,50 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
         .expect("folder")
         .map(|e| e.expect("entry").file_name())
         .collect();
+    let mut left: Vec<String> = left.into_iter().map(|n| n.to_string_lossy().into_owned()).collect();
+    left.sort();
+    assert_eq!(left, ["lock", "nodes"], "only the lock and the node's list stay");
     assert_eq!(
-        left,
-        vec![std::ffi::OsString::from("generation")],
-        "only the fence stays"
+        std::fs::read_to_string(dir.path().join("upstreams/app.localhost/nodes/n1")).expect("list"),
+        "3 web\n",
+        "the list is the fence: generation 3 removed it, no upstream left"
     );
+
+    // Two nodes on one machine share its Caddy: a replica moves from n1 to n2 under load.
+    // n2's publish adds its upstream beside n1's, n1's removal leaves n2's alone (the route
+    // stays), and no request fails; the last node's removal takes the route away.
+    let n2 = Ingress::new(
+        format!("http://127.0.0.1:{admin}"),
+        vec![format!("127.0.0.1:{http}")],
+        dir.path().join("upstreams"),
+        "n2",
+    )
+    .expect("n2");
+    ingress
+        .publish("m", "moving.localhost", 1, &dials[0..1])
+        .expect("on n1");
+    assert_eq!(get(http, "moving.localhost"), Ok((200, "generation one".into())));
+    let (failures, served) = under_load(http, "moving.localhost", || {
+        let note = n2.publish("m", "moving.localhost", 2, &dials[1..2]).expect("on n2");
+        assert!(note.contains("switched"), "the second node reloads nothing: {note}");
+        let bodies: std::collections::BTreeSet<String> = (0..40)
+            .filter_map(|_| get(http, "moving.localhost").ok().map(|r| r.1))
+            .collect();
+        assert_eq!(bodies.len(), 2, "both nodes' replicas answer: {bodies:?}");
+        let note = ingress.remove("m", "moving.localhost", 2).expect("off n1");
+        assert!(note.contains("kept for the other nodes"), "{note}");
+    });
+    assert_eq!(failures, 0, "requests failed during the move");
+    assert!(served > 100);
+    for _ in 0..10 {
+        assert_eq!(get(http, "moving.localhost"), Ok((200, "generation two".into())));
+    }
+    assert!(
+        n2.remove("m", "moving.localhost", 2)
+            .expect("off n2")
+            .contains("removed")
+    );
+    assert_eq!(get(http, "moving.localhost").map(|r| r.0), Ok(404));
     assert_eq!(get(http, "other.localhost"), Ok((200, "another app".into())));
     assert_eq!(
         ingress

@@ -153,7 +153,7 @@ fn the_agent_heartbeats_leases_and_executes_its_jobs() {
     let mut agent = start_agent();
 
     // The network appears, with the subnet the ledger chose for this environment on n1.
-    let network = format!("pl_{env}");
+    let network = format!("pl_{env}_n1");
     let deadline = Instant::now() + Duration::from_secs(30);
     while !docker_ok(&["network", "inspect", &network]) {
         assert!(
@@ -207,7 +207,7 @@ fn the_agent_heartbeats_leases_and_executes_its_jobs() {
     let tables = Command::new(&nft).args(["list", "tables"]).output().expect("nft");
     assert_eq!(
         String::from_utf8_lossy(&tables.stdout).trim(),
-        format!("table inet pl_{env}"),
+        format!("table inet pl_{env}_n1"),
         "one table, converged"
     );
     let detail = sql(
@@ -218,7 +218,7 @@ fn the_agent_heartbeats_leases_and_executes_its_jobs() {
     // The table is in the node's namespace; the machine's own ruleset has no table of ours
     // (Docker adds its own rules there for the network, as it always does).
     let o = Command::new(&nft)
-        .args(["list", "table", "inet", &format!("pl_{env}")])
+        .args(["list", "table", "inet", &format!("pl_{env}_n1")])
         .output()
         .expect("nft");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -229,7 +229,7 @@ fn the_agent_heartbeats_leases_and_executes_its_jobs() {
     );
     assert!(!before.contains("table inet pl_"));
     // Drift: a rule deleted by hand is back within seconds, and the ledger has the event.
-    let table = format!("pl_{env}");
+    let table = format!("pl_{env}_n1");
     let o = Command::new(&nft)
         .args(["-a", "list", "chain", "inet", &table, "forward"])
         .output()

@@ -134,16 +134,19 @@ fn busybox() -> PathBuf {
     panic!("no static busybox: install busybox-static (scripts/test does)");
 }
 
-/// Removes every container and network a test made (by a label value unique to it).
+/// Removes every container and network a test made (by a label value unique to it): networks
+/// named as the tests name them, or as the control plane names them on node `n1`.
 pub fn clean(environment: &str) {
-    for filter in [
-        format!("label=dev.pushleft.environment={environment}"),
-        format!("network=pl_{environment}"),
-    ] {
+    let networks = [format!("pl_{environment}"), format!("pl_{environment}_n1")];
+    let mut filters = vec![format!("label=dev.pushleft.environment={environment}")];
+    filters.extend(networks.iter().map(|n| format!("network={n}")));
+    for filter in filters {
         let ids = docker(&["ps", "-aq", "--filter", &filter]);
         for id in ids.lines().filter(|l| !l.is_empty()) {
             let _ = docker_ok(&["rm", "-f", id]);
         }
     }
-    let _ = docker_ok(&["network", "rm", &format!("pl_{environment}")]);
+    for n in &networks {
+        let _ = docker_ok(&["network", "rm", n]);
+    }
 }
