@@ -141,7 +141,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
             code,
             0,
             "pl up: {out}\n{err}\nagent log: {}",
-            std::fs::read_to_string(state.join("agent.log")).unwrap_or_default()
+            std::fs::read_to_string(state.join("agents/n1/agent.log")).unwrap_or_default()
         );
         let url = format!("http://api.example.com.localhost:{http}/");
         assert!(out.contains(&url), "the URL is printed: {out}");
@@ -303,7 +303,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
             docker(&socket, &["inspect", "--format", "{{.Id}} {{.State.StartedAt}}", &id])
         };
         let serving = container();
-        for pid in ["agent.pid", "reconciler.pid"] {
+        for pid in ["agents/n1/agent.pid", "reconciler.pid"] {
             let pid = std::fs::read_to_string(state.join(pid)).expect("pid");
             assert!(
                 Command::new("kill")
@@ -432,7 +432,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         assert_eq!(docker(&socket, &["exec", &id, "/bin/busybox", "cat", "/run/secrets/TOKEN"]), value);
         let inspected = docker(&socket, &["inspect", &id]);
         assert!(!inspected.contains(value), "not in the container's configuration");
-        for file in ["ledger.db", "reconciler.log", "agent.log", "caddy.log"] {
+        for file in ["ledger.db", "reconciler.log", "agents/n1/agent.log", "caddy.log"] {
             let bytes = std::fs::read(state.join(file)).unwrap_or_default();
             assert!(
                 !bytes.windows(value.len()).any(|w| w == value.as_bytes()),
@@ -466,7 +466,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
             assert!(Instant::now() < deadline, "the new container never started");
             std::thread::sleep(Duration::from_millis(20));
         };
-        let pid = std::fs::read_to_string(state.join("agent.pid")).expect("pid");
+        let pid = std::fs::read_to_string(state.join("agents/n1/agent.pid")).expect("pid");
         assert!(Command::new("kill").args(["-9", pid.trim()]).status().expect("kill").success());
         // The lease runs out (made to, here) and `pl up` brings the agent back.
         agent_support::sql(&ledger_url, "UPDATE jobs SET lease_expires_at = 0 WHERE state = 'leased'");
@@ -523,6 +523,91 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         assert!(err.contains("building api") && err.contains("build-failed") && err.contains("scratch.tmp"), "{err}");
         assert_eq!(get(http, "api.example.com.localhost"), Some((200, "built locally".into())));
 
+        // Drain, with two nodes on this machine (two agents sharing its engine and Caddy): n1
+        // is drained in Git; its replicas move to n2, each new one healthy before the old one
+        // stops, and no request fails meanwhile.
+        // The same release throughout: the built image again (the same digest), so the only
+        // change is where the replicas run.
+        std::fs::write(app.join("Dockerfile"), "FROM scratch\nCOPY busybox /bin/busybox\nCOPY www /www\n").expect("write");
+        let (code, out, err) = pl(
+            &["up", "--node", "n1", "--node", "n2", "--port", &port_arg, "--build", &build_arg],
+            &repo_dir,
+            &state,
+            &socket,
+        );
+        assert_eq!(code, 0, "two nodes: {out}\n{err}");
+        let release = generation();
+        assert!(state.join("agents/n2/agent.pid").exists(), "n2's agent runs");
+        let on_node = |node: &str| {
+            docker(&socket, &["ps", "-q", "--filter", "label=dev.pushleft.environment=api-production", "--filter", &format!("label=dev.pushleft.node={node}")])
+        };
+        let leaving = on_node("n1");
+        assert!(!leaving.is_empty() && on_node("n2").is_empty(), "nothing moves while n1 is fine");
+        let (stop, failed, served) = (
+            std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+        );
+        let requests = {
+            let (stop, failed, served) = (stop.clone(), failed.clone(), served.clone());
+            let path = format!("/run/netns/{netns}");
+            std::thread::spawn(move || {
+                let ns = std::fs::File::open(path).expect("netns");
+                nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+                let until = Instant::now() + Duration::from_secs(120);
+                for _ in 0..100_000 {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) || Instant::now() > until {
+                        break;
+                    }
+                    match get(http, "api.example.com.localhost") {
+                        Some((200, body)) if body == "built locally" => served.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                        _ => failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                    };
+                }
+            })
+        };
+        let since = unix_now();
+        let pool = repo_support::POOL.replace("{name: n1,", "{name: n1, state: draining,");
+        assert_ne!(pool, repo_support::POOL);
+        std::fs::write(repo_dir.join("pools/main.yaml"), &pool).expect("write");
+        // No --node: the nodes enrolled here, both.
+        let (code, out, err) = pl(&["up", "--port", &port_arg, "--build", &build_arg], &repo_dir, &state, &socket);
+        assert_eq!(code, 0, "drained: {out}\n{err}");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !on_node("n1").is_empty() || on_node("n2").is_empty() {
+            assert!(Instant::now() < deadline, "the replica never left n1");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        requests.join().expect("requests");
+        assert_eq!(failed.load(std::sync::atomic::Ordering::Relaxed), 0, "requests failed during the drain");
+        assert!(served.load(std::sync::atomic::Ordering::Relaxed) > 10);
+        let arrived = on_node("n2");
+        // The engine's events: the new replica started before the old one was stopped, and
+        // the old one is gone from n1 (removed, not kept stopped: the replica lives on n2).
+        let events = docker(&socket, &["events", "--since", &since, "--until", &unix_now(), "--format", "{{.TimeNano}} {{.Action}} {{.Actor.ID}}"]);
+        let at = |action: &str, id: &str| -> u128 {
+            events
+                .lines()
+                .filter_map(|l| {
+                    let mut w = l.split(' ');
+                    let (t, a, who) = (w.next()?, w.next()?, w.next()?);
+                    (a == action && who.starts_with(id)).then(|| t.parse::<u128>().ok()).flatten()
+                })
+                .min()
+                .unwrap_or_else(|| panic!("no {action} of {id} in {events}"))
+        };
+        assert!(at("start", &arrived) < at("die", &leaving), "the new replica started before the old one was stopped:\n{events}");
+        assert!(at("die", &leaving) < at("destroy", &leaving), "{events}");
+        assert_eq!(get(http, "api.example.com.localhost"), Some((200, "built locally".into())));
+        // n1 active again: nothing moves back (a replica stays where it is fine).
+        std::fs::write(repo_dir.join("pools/main.yaml"), repo_support::POOL).expect("write");
+        let (code, out, err) = pl(&["up", "--port", &port_arg, "--build", &build_arg], &repo_dir, &state, &socket);
+        assert_eq!(code, 0, "undrained: {out}\n{err}");
+        assert_eq!(on_node("n2"), arrived, "the replica stays on n2");
+        assert_ne!(generation(), release, "the move was a generation of its own");
+
         // `pl down DIR ENV`: that environment alone goes; the rest and the control plane stay.
         let (code, said, err) = outcome(
             pl_command(&state, &socket)
@@ -542,7 +627,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         assert!(!state.join("registry.pid").exists(), "the registry stopped");
         let left = docker(&socket, &["ps", "-aq", "--filter", "label=dev.pushleft.environment=api-production"]);
         assert!(left.is_empty(), "containers gone");
-        for pid in ["reconciler.pid", "agent.pid", "caddy.pid"] {
+        for pid in ["reconciler.pid", "agents/n1/agent.pid", "agents/n2/agent.pid", "caddy.pid"] {
             assert!(!state.join(pid).exists(), "{pid} stopped");
         }
         assert!(state.join("ledger.db").exists(), "the history stays");
@@ -559,8 +644,8 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
                 .expect("count")
         };
         let revisions = count_revisions();
-        // `pl up` again works, from the same ledger.
-        let (code, out, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
+        // `pl up` again works, from the same ledger (with the nodes enrolled here, both).
+        let (code, out, err) = pl(&["up", "--port", &port_arg], &repo_dir, &state, &socket);
         assert_eq!(code, 0, "up again: {out}\n{err}");
         assert_eq!(get(http, "api.example.com.localhost"), Some((200, "release two".into())));
         assert!(count_revisions() > revisions, "history kept and grown");
@@ -639,6 +724,15 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
     });
 }
 
+/// Now, in Unix seconds (for `docker events --since/--until`).
+fn unix_now() -> String {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs()
+        .to_string()
+}
+
 struct Kill(std::process::Child);
 impl Drop for Kill {
     fn drop(&mut self) {
@@ -653,7 +747,13 @@ struct Detached(Vec<PathBuf>);
 impl Drop for Detached {
     fn drop(&mut self) {
         for state in &self.0 {
-            for pid in ["agent.pid", "caddy.pid", "registry.pid", "reconciler.pid"] {
+            for pid in [
+                "agents/n1/agent.pid",
+                "agents/n2/agent.pid",
+                "caddy.pid",
+                "registry.pid",
+                "reconciler.pid",
+            ] {
                 if let Ok(pid) = std::fs::read_to_string(state.join(pid)) {
                     let _ = Command::new("kill").args(["-9", pid.trim()]).status();
                 }

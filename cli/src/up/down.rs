@@ -133,8 +133,10 @@ pub fn down(args: &DownArgs) -> Result<u8> {
         );
         return Ok(0);
     }
+    for pid in local.agent_pids() {
+        stop(&pid, "pl-agent");
+    }
     for (pid, program) in [
-        ("agent.pid", "pl-agent"),
         ("caddy.pid", "caddy"),
         ("registry.pid", "docker-registry"),
         ("reconciler.pid", "pl-reconciler"),

@@ -636,9 +636,38 @@ impl Local {
         Ok(())
     }
 
-    /// The node's agent: enrolled once, started when it does not run.
+    /// The folder of `node`'s agent: its enrolment (`node/`), configuration, pid, log, state
+    /// and secrets. Each node this machine runs has one; they share Caddy and its upstreams.
+    pub(crate) fn agent_dir(&self, node: &str) -> PathBuf {
+        self.path("agents").join(node)
+    }
+
+    /// The nodes enrolled here before, by name.
+    pub(crate) fn enrolled_nodes(&self) -> Vec<String> {
+        let mut out: Vec<String> = std::fs::read_dir(self.path("agents"))
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.path().join("node").join(pushleft_agent_files::CERT).exists())
+                    .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.sort();
+        out
+    }
+
+    /// The pid files of every agent this state folder started.
+    pub(crate) fn agent_pids(&self) -> Vec<PathBuf> {
+        std::fs::read_dir(self.path("agents"))
+            .map(|d| d.flatten().map(|e| e.path().join("agent.pid")).collect())
+            .unwrap_or_default()
+    }
+
+    /// A node's agent: enrolled once, started when it does not run.
     pub(crate) fn agent(&self, client: &Client, ports: Ports, node: &str, docker: &Path) -> Result<()> {
-        let enrolled = self.path("node");
+        let home = self.agent_dir(node);
+        std::fs::create_dir_all(&home)?;
+        let enrolled = home.join("node");
         if !enrolled.join(pushleft_agent_files::CERT).exists() {
             let deadline = Instant::now() + Duration::from_secs(30);
             let token = loop {
@@ -670,21 +699,22 @@ impl Local {
             }
         }
         let config = format!(
-            "control = \"https://localhost:{}\"\ndir = \"node\"\ndocker_socket = {:?}\nsecrets_dir = \"secrets\"\nstate_dir = \"agent-state\"\nheartbeat_seconds = 1\nparallel_environments = 16\ncaddy_admin = \"http://127.0.0.1:{}\"\ningress_listen = [\"127.0.0.1:{}\"]\ningress_upstreams = \"ingress\"\ningress_host_suffix = \".localhost\"\n",
+            "control = \"https://localhost:{}\"\ndir = \"node\"\ndocker_socket = {:?}\nsecrets_dir = \"secrets\"\nstate_dir = \"state\"\nheartbeat_seconds = 1\nparallel_environments = 16\ncaddy_admin = \"http://127.0.0.1:{}\"\ningress_listen = [\"127.0.0.1:{}\"]\ningress_upstreams = {:?}\ningress_host_suffix = \".localhost\"\n",
             ports.agent,
             docker.display().to_string(),
             ports.caddy,
-            ports.http
+            ports.http,
+            self.path("ingress").display().to_string(),
         );
-        std::fs::write(self.path("agent.toml"), config)?;
-        let pid = self.path("agent.pid");
+        std::fs::write(home.join("agent.toml"), config)?;
+        let pid = home.join("agent.pid");
         if alive(&pid, "pl-agent").is_none() {
             spawn_detached(
                 Command::new(tool("pl-agent")?)
                     .args(["run", "--config"])
-                    .arg(self.path("agent.toml"))
+                    .arg(home.join("agent.toml"))
                     .env("PL_LOG", "info"),
-                &self.path("agent.log"),
+                &home.join("agent.log"),
                 &pid,
             )?;
         }

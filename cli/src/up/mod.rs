@@ -34,9 +34,11 @@ pub struct UpArgs {
     /// The ingress port on 127.0.0.1 (default: one chosen once and kept).
     #[arg(long)]
     pub port: Option<u16>,
-    /// The node of the state's NodePools this machine is (default: the only one declared).
-    #[arg(long)]
-    pub node: Option<String>,
+    /// A node of the state's NodePools this machine runs, with an agent of its own; repeat it
+    /// to run several here, sharing Docker and Caddy, as a rehearsal of a fleet (draining one,
+    /// say). Default: the nodes enrolled here before, else the only one declared.
+    #[arg(long = "node", value_name = "NODE")]
+    pub nodes: Vec<String>,
     /// The Docker engine's socket.
     #[arg(long, env = "PL_DOCKER_SOCKET", default_value = "/var/run/docker.sock")]
     pub docker_socket: PathBuf,
@@ -105,19 +107,7 @@ pub fn up(args: &UpArgs) -> Result<u8> {
         .pools()
         .flat_map(|(_, p)| p.nodes.iter().map(|n| n.name.to_string()))
         .collect();
-    let node = match (&args.node, nodes.as_slice()) {
-        (Some(n), _) if nodes.contains(n) => n.clone(),
-        (Some(n), _) => bail!(
-            "node {n} is not declared in a NodePool (declared: {})",
-            nodes.join(", ")
-        ),
-        (None, [one]) => one.clone(),
-        (None, []) => bail!("no NodePool declares a node: declare this machine as one (`pl init` makes an example)"),
-        (None, many) => bail!(
-            "several nodes are declared ({}): say which one this machine is with --node",
-            many.join(", ")
-        ),
-    };
+    let runs = local_nodes(&args.nodes, &nodes, &local.enrolled_nodes())?;
     // Caddy only when an environment serves a web role.
     let environments = environments_of(&loaded.state);
     let web = environments.iter().any(|e| e.web);
@@ -183,7 +173,9 @@ pub fn up(args: &UpArgs) -> Result<u8> {
     if web {
         local.caddy(ports)?;
     }
-    local.agent(&client, ports, &node, &args.docker_socket)?;
+    for node in &runs {
+        local.agent(&client, ports, node, &args.docker_socket)?;
+    }
     if moved || previews_moved {
         let _ = client.json("POST", "/v1/reconcile");
     }
@@ -250,6 +242,38 @@ fn previews_of(state: &state_schema::state::State) -> Vec<String> {
         .and_then(|r| r.previews.as_ref())
         .map(|p| p.branches.clone())
         .unwrap_or_default()
+}
+
+/// The nodes this machine runs: those named (each must be declared), else those enrolled here
+/// before and still declared, else the only one declared.
+fn local_nodes(named: &[String], declared: &[String], enrolled: &[String]) -> Result<Vec<String>> {
+    if !named.is_empty() {
+        let mut out = Vec::new();
+        for n in named {
+            if !declared.contains(n) {
+                bail!(
+                    "node {n} is not declared in a NodePool (declared: {})",
+                    declared.join(", ")
+                );
+            }
+            if !out.contains(n) {
+                out.push(n.clone());
+            }
+        }
+        return Ok(out);
+    }
+    let kept: Vec<String> = enrolled.iter().filter(|n| declared.contains(n)).cloned().collect();
+    if !kept.is_empty() {
+        return Ok(kept);
+    }
+    match declared {
+        [one] => Ok(vec![one.clone()]),
+        [] => bail!("no NodePool declares a node: declare this machine as one (`pl init` makes an example)"),
+        many => bail!(
+            "several nodes are declared ({}): say which this machine runs with --node (repeat it to run several here)",
+            many.join(", ")
+        ),
+    }
 }
 
 /// Each environment, its hostname, and whether it has a web role.
@@ -334,5 +358,33 @@ fn watch(
             "pl up: {} ; still watching",
             if code == 0 { "converged" } else { "failed" }
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::local_nodes;
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn the_nodes_run_here_are_named_remembered_or_the_only_one() {
+        let declared = names(&["n1", "n2"]);
+        assert_eq!(
+            local_nodes(&names(&["n2", "n1", "n2"]), &declared, &[]).expect("named"),
+            ["n2", "n1"]
+        );
+        let e = local_nodes(&names(&["n3"]), &declared, &[]).expect_err("undeclared");
+        assert!(e.to_string().contains("node n3 is not declared"), "{e}");
+        assert_eq!(
+            local_nodes(&[], &declared, &names(&["n1", "n2", "gone"])).expect("enrolled"),
+            ["n1", "n2"]
+        );
+        let e = local_nodes(&[], &declared, &[]).expect_err("which");
+        assert!(e.to_string().contains("--node"), "{e}");
+        assert_eq!(local_nodes(&[], &names(&["solo"]), &[]).expect("only"), ["solo"]);
+        assert!(local_nodes(&[], &[], &[]).is_err());
     }
 }
