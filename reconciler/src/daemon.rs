@@ -549,7 +549,20 @@ pub fn watch_local(shared: &Arc<Shared>) -> Result<Option<notify::RecommendedWat
     };
     let me = Arc::clone(shared);
     let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
+        // Only what changes a ref: a pass's own reads of the repository (opens, closes) must
+        // not wake another pass, or passes would feed each other.
         if let Ok(ev) = ev
+            && matches!(
+                ev.kind,
+                notify::EventKind::Create(_)
+                    | notify::EventKind::Modify(_)
+                    | notify::EventKind::Remove(_)
+                    | notify::EventKind::Any
+            )
+            && !matches!(
+                ev.kind,
+                notify::EventKind::Modify(notify::event::ModifyKind::Metadata(_))
+            )
             && ev.paths.iter().any(|p| p.extension().is_none_or(|e| e != "lock"))
         {
             me.hint.notify_one();
