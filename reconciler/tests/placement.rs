@@ -182,7 +182,8 @@ async fn scenario(url: String, dir: &Path) {
     set_last_seen(&url, "n1", 0).await;
 
     // n2 is lost (silent past 300 s): its replicas move at a new generation; one fits on
-    // n3, the other waits. The old ones are stopped on n2 when it returns (the last step).
+    // n3, the other waits. The old ones are stopped and removed on n2 when it returns (the
+    // last step): a replica that moved leaves nothing behind.
     set_last_seen(&url, "n2", 400_000).await;
     shared.pass().await.expect("pass");
     assert_eq!(
@@ -208,10 +209,10 @@ async fn scenario(url: String, dir: &Path) {
         )
         .await,
         [
-            "app:api-production/web/1:g2:stop@n2",
+            "app:api-production/web/1:g2:teardown@n2",
             "app:api-production/web/3:g2:teardown@n2"
         ],
-        "the stale replicas on n2 are stopped once it is back"
+        "the stale replicas on n2 are stopped and removed once it is back"
     );
     // n2 is back and the rollout is done: the waiting replica is placed there.
     shared.pass().await.expect("pass");
@@ -259,8 +260,10 @@ async fn scenario(url: String, dir: &Path) {
         }
     };
     let ensures = step("app:%:ensure@n2").await;
-    let stops = step("app:%:stop@n1").await;
+    // The drained node's replicas moved: they are torn down there, after the new ones.
+    let stops = step("app:%:teardown@n1").await;
     assert!(!ensures.is_empty() && !stops.is_empty(), "{ensures:?} {stops:?}");
+    assert!(step("app:%:stop@n1").await.is_empty(), "nothing kept stopped on n1");
     assert!(
         ensures.iter().max() < stops.iter().min(),
         "new replicas before old ones stop"
