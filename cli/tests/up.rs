@@ -239,29 +239,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
                 .count()
         };
         let before = generation();
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (failed, served) = (
-            std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0)),
-            std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0)),
-        );
-        let path = format!("/run/netns/{netns}");
-        let requests = {
-            let (stop, failed, served) = (stop.clone(), failed.clone(), served.clone());
-            std::thread::spawn(move || {
-                let ns = std::fs::File::open(path).expect("netns");
-                nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-                let until = Instant::now() + Duration::from_secs(120);
-                for _ in 0..100_000 {
-                    if stop.load(std::sync::atomic::Ordering::Relaxed) || Instant::now() > until {
-                        break;
-                    }
-                    match get(http, "api.example.com.localhost") {
-                        Some((200, _)) => served.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-                        _ => failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-                    };
-                }
-            })
-        };
+        let load = Load::start(&netns, http, "api.example.com.localhost", None);
         for (count, want) in [("replicas: 3", 3), ("replicas: 1", 1)] {
             std::fs::write(repo_dir.join("projects/api.yaml"), project_healthy.replace("replicas: 1", count)).expect("write");
             let (code, out, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
@@ -274,10 +252,9 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
             std::thread::sleep(Duration::from_secs(2));
             assert_eq!(generation(), before, "a scale, not a new generation");
         }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        requests.join().expect("requests");
-        assert_eq!(failed.load(std::sync::atomic::Ordering::Relaxed), 0, "requests failed during the scale");
-        assert!(served.load(std::sync::atomic::Ordering::Relaxed) > 10);
+        let (failed, served) = load.finish();
+        assert_eq!(failed, 0, "requests failed during the scale");
+        assert!(served > 10);
 
         // Nothing changed: quick, and the same container serves.
         let started = Instant::now();
@@ -545,29 +522,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         };
         let leaving = on_node("n1");
         assert!(!leaving.is_empty() && on_node("n2").is_empty(), "nothing moves while n1 is fine");
-        let (stop, failed, served) = (
-            std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
-            std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0)),
-            std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0)),
-        );
-        let requests = {
-            let (stop, failed, served) = (stop.clone(), failed.clone(), served.clone());
-            let path = format!("/run/netns/{netns}");
-            std::thread::spawn(move || {
-                let ns = std::fs::File::open(path).expect("netns");
-                nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-                let until = Instant::now() + Duration::from_secs(120);
-                for _ in 0..100_000 {
-                    if stop.load(std::sync::atomic::Ordering::Relaxed) || Instant::now() > until {
-                        break;
-                    }
-                    match get(http, "api.example.com.localhost") {
-                        Some((200, body)) if body == "built locally" => served.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-                        _ => failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-                    };
-                }
-            })
-        };
+        let load = Load::start(&netns, http, "api.example.com.localhost", Some("built locally"));
         let since = unix_now();
         let pool = repo_support::POOL.replace("{name: n1,", "{name: n1, state: draining,");
         assert_ne!(pool, repo_support::POOL);
@@ -581,10 +536,9 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
             std::thread::sleep(Duration::from_millis(200));
         }
         std::thread::sleep(Duration::from_secs(1));
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        requests.join().expect("requests");
-        assert_eq!(failed.load(std::sync::atomic::Ordering::Relaxed), 0, "requests failed during the drain");
-        assert!(served.load(std::sync::atomic::Ordering::Relaxed) > 10);
+        let (failed, served) = load.finish();
+        assert_eq!(failed, 0, "requests failed during the drain");
+        assert!(served > 10);
         let arrived = on_node("n2");
         // The engine's events: the new replica started before the old one was stopped, and
         // the old one is gone from n1 (removed, not kept stopped: the replica lives on n2).
@@ -724,6 +678,50 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         let (code, out, err) = pl(&["down"], &repo_dir, &signed_state, &socket);
         assert_eq!(code, 0, "pl down: {out}\n{err}");
     });
+}
+
+/// A request loop from inside the simulated host's namespace, bounded in count (100,000) and
+/// time (120 s): a request fails unless it answers 200 (with `body`, when given).
+struct Load {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    counts: std::sync::Arc<[std::sync::atomic::AtomicUsize; 2]>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Load {
+    fn start(netns: &str, http: u16, host: &'static str, body: Option<&'static str>) -> Load {
+        use std::sync::atomic::Ordering::Relaxed;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let counts = std::sync::Arc::new([
+            std::sync::atomic::AtomicUsize::new(0),
+            std::sync::atomic::AtomicUsize::new(0),
+        ]);
+        let path = format!("/run/netns/{netns}");
+        let thread = {
+            let (stop, counts) = (stop.clone(), counts.clone());
+            std::thread::spawn(move || {
+                let ns = std::fs::File::open(path).expect("netns");
+                nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+                let until = Instant::now() + Duration::from_secs(120);
+                for _ in 0..100_000 {
+                    if stop.load(Relaxed) || Instant::now() > until {
+                        break;
+                    }
+                    let ok = matches!(get(http, host), Some((200, b)) if body.is_none_or(|want| b == want));
+                    counts[usize::from(ok)].fetch_add(1, Relaxed);
+                }
+            })
+        };
+        Load { stop, counts, thread }
+    }
+
+    /// Stops the loop: (failed, served).
+    fn finish(self) -> (usize, usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.stop.store(true, Relaxed);
+        self.thread.join().expect("requests");
+        (self.counts[0].load(Relaxed), self.counts[1].load(Relaxed))
+    }
 }
 
 /// Now, in Unix seconds (for `docker events --since/--until`).
