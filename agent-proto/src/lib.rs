@@ -270,8 +270,8 @@ pub struct Heartbeat {
     /// [`MAX_HEARTBEAT_REPAIRS`]): recorded as `drift-repaired` events.
     #[serde(default)]
     pub repaired: Vec<Repair>,
-    /// The machine the agent runs on (its `/etc/machine-id`; at most [`MAX_HOST_LEN`] of
-    /// `[A-Za-z0-9._-]`). Several agents may share one machine as several nodes; the control
+    /// The machine the agent runs on (its `/etc/machine-id`, else its Docker engine's id; at
+    /// most [`MAX_HOST_LEN`] of `[A-Za-z0-9._-]`). Several agents may share one machine as several nodes; the control
     /// plane gives the environments of nodes on one machine subnets that do not overlap.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,

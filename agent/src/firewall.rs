@@ -1,7 +1,7 @@
 //! The firewall executor (the `nftables` crate, through the `nft` program): one `inet` table
-//! per environment, `pl_<environment>_<node>` (several nodes may share a machine), replaced whole in one atomic batch, read back and
-//! compared in normalised form, with a generation fence on disk so a stale retry never puts
-//! older rules back.
+//! per environment, `pl_<environment>_<node>` (several nodes may share a machine), replaced
+//! whole in one atomic batch, read back and compared in normalised form, with a generation
+//! fence on disk so a stale retry never puts older rules back.
 //!
 //! What the table says, for the environment's subnet S (its Docker network on this node):
 //! - inside S: allowed (a bridge forwards it; nothing here sees it);

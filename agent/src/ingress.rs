@@ -151,6 +151,19 @@ fn replace(path: &Path, text: &str) -> Result<(), Failure> {
     std::fs::rename(&tmp, path).map_err(disk)
 }
 
+/// An exclusive lock on the file at `path` (made when missing), held until the file is dropped:
+/// the agents sharing a machine take turns with it.
+fn exclusive(path: &Path) -> Result<std::fs::File, Failure> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(disk)?;
+    file.lock().map_err(disk)?;
+    Ok(file)
+}
+
 /// `dir` and the folders above it up to `root`, made and opened to Caddy's user.
 fn open_folder(root: &Path, dir: &Path) -> Result<(), Failure> {
     use std::os::unix::fs::PermissionsExt;
@@ -259,14 +272,7 @@ impl Ingress {
     /// so the slot files and the route) take turns.
     fn lock(&self, hostname: &str) -> Result<std::fs::File, Failure> {
         open_folder(&self.upstreams, &self.folder(hostname))?;
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(self.folder(hostname).join("lock"))
-            .map_err(disk)?;
-        file.lock().map_err(disk)?;
-        Ok(file)
+        exclusive(&self.folder(hostname).join("lock"))
     }
 
     /// Writes this node's list (its fence and its upstreams), by a rename.
@@ -402,13 +408,7 @@ impl Ingress {
             return Ok(());
         }
         open_folder(&self.upstreams, &self.upstreams)?;
-        let held = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(self.upstreams.join("server.lock"))
-            .map_err(disk)?;
-        held.lock().map_err(disk)?;
+        let _held = exclusive(&self.upstreams.join("server.lock"))?;
         if self.get(&format!("/config/apps/http/servers/{SERVER}"))?.is_some() {
             return Ok(());
         }

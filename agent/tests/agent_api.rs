@@ -206,6 +206,19 @@ fn nodes_lease_only_their_own_work_over_mutual_tls() {
     );
     let n1 = n1_new;
 
+    // The machine id a heartbeat carries is bounded and plain; it is kept for the node.
+    let mut odd = agent_proto::Heartbeat::new("test", &agent_proto::FULL_CAPABILITIES);
+    odd.host = Some("../etc; drop".into());
+    assert_eq!(refusal(n1.heartbeat(&odd)), Refusal::MalformedRequest);
+    odd.host = Some("x".repeat(agent_proto::MAX_HOST_LEN + 1));
+    assert_eq!(refusal(n1.heartbeat(&odd)), Refusal::MalformedRequest);
+    odd.host = Some("3d1219c7c4c5404aaa1f6d2a48adfda4".into());
+    n1.heartbeat(&odd).expect("a machine id");
+    assert_eq!(
+        sql(&url, "SELECT host FROM nodes WHERE name = 'n1'"),
+        ["3d1219c7c4c5404aaa1f6d2a48adfda4"]
+    );
+
     // Certificates: revoked, expired (as the ledger holds them), another CA's, none at all.
     let fp_n2 = sql(&url, "SELECT fingerprint FROM node_certificates WHERE node = 'n2'");
     sql(

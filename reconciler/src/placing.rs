@@ -290,30 +290,19 @@ impl Ledger {
     ) -> Result<(), LedgerError> {
         let nodes: BTreeSet<&str> = pairs.iter().map(|(_, n)| n.as_str()).collect();
         let nodes: Vec<&str> = nodes.into_iter().collect();
-        // The machine of each node, and every node on those machines.
+        // The machine of each node (itself when its agent never said), and every node on
+        // those machines.
         let mut machine: BTreeMap<String, String> =
             nodes.iter().map(|n| (n.to_string(), format!("node:{n}"))).collect();
-        let mut hosts: BTreeSet<String> = BTreeSet::new();
         for chunk in nodes.chunks(200) {
             let marks = vec!["?"; chunk.len()].join(", ");
-            let q = format!("SELECT name, host FROM nodes WHERE host IS NOT NULL AND name IN ({marks})");
+            let q = format!(
+                "SELECT name, host FROM nodes WHERE host IN \
+                 (SELECT host FROM nodes WHERE host IS NOT NULL AND name IN ({marks}))"
+            );
             let mut query = sqlx::query(self.sql(&q));
             for n in chunk {
                 query = query.bind(n.to_string());
-            }
-            for r in query.fetch_all(&mut **tx).await? {
-                let host: String = r.try_get(1)?;
-                machine.insert(r.try_get(0)?, format!("host:{host}"));
-                hosts.insert(host);
-            }
-        }
-        let hosts: Vec<String> = hosts.into_iter().collect();
-        for chunk in hosts.chunks(200) {
-            let marks = vec!["?"; chunk.len()].join(", ");
-            let q = format!("SELECT name, host FROM nodes WHERE host IN ({marks})");
-            let mut query = sqlx::query(self.sql(&q));
-            for h in chunk {
-                query = query.bind(h.clone());
             }
             for r in query.fetch_all(&mut **tx).await? {
                 let host: String = r.try_get(1)?;
@@ -350,7 +339,7 @@ impl Ledger {
                     now_ms,
                     "subnet-pool-exhausted",
                     node,
-                    "no /24 left in 10.208.0.0/12 on this node",
+                    "no /24 left in 10.208.0.0/12 on this node's machine",
                 )
                 .await?;
                 continue;
@@ -368,5 +357,53 @@ impl Ledger {
             query.execute(&mut **tx).await?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::ledger::Ledger;
+    use sqlx::Row;
+
+    #[tokio::test]
+    async fn nodes_on_one_machine_get_subnets_that_do_not_overlap() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+        let ledger = Ledger::connect(&url, 2).await.expect("ledger");
+        ledger.migrate().await.expect("migrate");
+        // a1 and a2 share machine m1; b is alone on m2; c never said.
+        for (name, host) in [("a1", Some("m1")), ("a2", Some("m1")), ("b", Some("m2")), ("c", None)] {
+            sqlx::query("INSERT INTO nodes (name, age_recipient, enrolled_at, host) VALUES (?, 'age1x', 0, ?)")
+                .bind(name)
+                .bind(host)
+                .execute(&ledger.pool)
+                .await
+                .expect("node");
+        }
+        let pairs: Vec<(String, String)> = [("e", "a1"), ("e", "a2"), ("e", "b"), ("e", "c"), ("f", "a2")]
+            .iter()
+            .map(|(e, n)| ((*e).to_owned(), (*n).to_owned()))
+            .collect();
+        for _ in 0..2 {
+            // Twice: what has a subnet keeps it.
+            let mut tx = ledger.write_tx().await.expect("tx");
+            ledger.ensure_subnets(&mut tx, &pairs, 0).await.expect("subnets");
+            tx.commit().await.expect("commit");
+        }
+        let got: Vec<String> = sqlx::query("SELECT environment, node, idx FROM subnets ORDER BY environment, node")
+            .fetch_all(&ledger.pool)
+            .await
+            .expect("subnets")
+            .iter()
+            .map(|r| {
+                let (e, n, i): (String, String, i64) = (
+                    r.try_get(0).expect("e"),
+                    r.try_get(1).expect("n"),
+                    r.try_get(2).expect("i"),
+                );
+                format!("{e}@{n}={i}")
+            })
+            .collect();
+        assert_eq!(got, ["e@a1=0", "e@a2=1", "e@b=0", "e@c=0", "f@a2=2"]);
     }
 }
