@@ -144,6 +144,17 @@ pub(crate) fn spawn_detached(cmd: &mut Command, log: &Path, pid_file: &Path) -> 
     Ok(child)
 }
 
+/// Starts one of Pushleft's daemons (`pl-reconciler`, `pl-agent`) with `run --config CONFIG`
+/// unless its pid file names a live one: its log beside its pid file. The child, when started.
+fn run_daemon(program: &str, config: &Path, log: &Path, pid_file: &Path) -> Result<Option<std::process::Child>> {
+    if alive(pid_file, program).is_some() {
+        return Ok(None);
+    }
+    let mut cmd = Command::new(tool(program)?);
+    cmd.args(["run", "--config"]).arg(config).env("PL_LOG", "info");
+    spawn_detached(&mut cmd, log, pid_file).map(Some)
+}
+
 pub(crate) fn stop(pid_file: &Path, program: &str) {
     if let Some(pid) = alive(pid_file, program) {
         let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
@@ -572,17 +583,12 @@ impl Local {
             stop(&pid, "pl-reconciler");
         }
         std::fs::write(self.path("reconciler.toml"), config)?;
-        let mut started = None;
-        if alive(&pid, "pl-reconciler").is_none() {
-            started = Some(spawn_detached(
-                Command::new(tool("pl-reconciler")?)
-                    .args(["run", "--config"])
-                    .arg(self.path("reconciler.toml"))
-                    .env("PL_LOG", "info"),
-                &self.path("reconciler.log"),
-                &pid,
-            )?);
-        }
+        let mut started = run_daemon(
+            "pl-reconciler",
+            &self.path("reconciler.toml"),
+            &self.path("reconciler.log"),
+            &pid,
+        )?;
         let client = Client::new(&self.server(ports))?;
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -707,17 +713,12 @@ impl Local {
             self.path("ingress").display().to_string(),
         );
         std::fs::write(home.join("agent.toml"), config)?;
-        let pid = home.join("agent.pid");
-        if alive(&pid, "pl-agent").is_none() {
-            spawn_detached(
-                Command::new(tool("pl-agent")?)
-                    .args(["run", "--config"])
-                    .arg(home.join("agent.toml"))
-                    .env("PL_LOG", "info"),
-                &home.join("agent.log"),
-                &pid,
-            )?;
-        }
+        run_daemon(
+            "pl-agent",
+            &home.join("agent.toml"),
+            &home.join("agent.log"),
+            &home.join("agent.pid"),
+        )?;
         Ok(())
     }
 }
