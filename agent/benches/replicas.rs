@@ -36,7 +36,7 @@ fn app(image: &str, instance: u32, generation: u64, net: &NetworkSpec) -> Applic
         instance: Some(instance),
         generation,
         spec_hash: format!("bench-g{generation}"),
-        container: format!("pl-{ENV}-web-{instance}-g{generation}"),
+        container: agent_proto::container_name(ENV, "web", Some(instance), generation),
         image: image.into(),
         command: ["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/www"]
             .map(String::from)
@@ -52,6 +52,8 @@ fn app(image: &str, instance: u32, generation: u64, net: &NetworkSpec) -> Applic
         }),
         network: net.clone(),
         secrets: Vec::new(),
+        log_max_bytes: 10 << 20,
+        log_max_files: 3,
     }
 }
 
@@ -178,9 +180,15 @@ fn switch(
     net: &NetworkSpec,
     dir: &Path,
 ) -> (Duration, usize, usize) {
-    let (admin, http) = (free_port(), free_port());
+    let http = free_port();
     let config = dir.join("caddy.json");
-    std::fs::write(&config, format!("{{\"admin\": {{\"listen\": \"127.0.0.1:{admin}\"}}}}")).expect("config");
+    // The admin API on a unix socket in a 0700 folder, as the agent requires.
+    let folder = dir.join("caddy-admin");
+    std::fs::create_dir_all(&folder).expect("admin folder");
+    std::fs::set_permissions(&folder, std::os::unix::fs::PermissionsExt::from_mode(0o700)).expect("chmod");
+    let socket = folder.join("admin.sock");
+    let admin = format!("unix/{}", socket.display());
+    std::fs::write(&config, format!("{{\"admin\": {{\"listen\": \"{admin}\"}}}}")).expect("config");
     let mut caddy = Command::new("caddy")
         .args(["run", "--config"])
         .arg(&config)
@@ -192,17 +200,12 @@ fn switch(
         .spawn()
         .expect("caddy (scripts/test installs it)");
     let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", admin)).is_err() {
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
         assert!(Instant::now() < deadline, "caddy did not start");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let ingress = Ingress::new(
-        format!("http://127.0.0.1:{admin}"),
-        vec![format!("127.0.0.1:{http}")],
-        dir.join("upstreams"),
-        "n1",
-    )
-    .expect("ingress");
+    let ingress =
+        Ingress::new(&admin, vec![format!("127.0.0.1:{http}")], dir.join("upstreams"), "n1").expect("ingress");
     let (g1, g2) = (app(image, 0, 1, net), app(image, 0, 2, net));
     let dial = |spec: &ApplicationSpec| {
         let ip = rt

@@ -5,6 +5,7 @@
 //! speaks `agent-proto`, and Docker only through bollard (`docker.rs`).
 
 pub mod build;
+pub mod caddy_admin;
 pub mod client;
 pub mod docker;
 pub mod enroll;

@@ -49,7 +49,8 @@ pub struct Config {
     /// How often what the agent made is checked for drift and repaired (1 to 30 s).
     #[serde(default = "default_drift")]
     pub drift_seconds: u64,
-    /// Caddy's admin API, for ingress.
+    /// Caddy's admin API, for ingress: a unix socket (`unix//<path>`) in a folder closed to
+    /// other users. A TCP address is refused (every local user could reach it).
     #[serde(default = "default_caddy")]
     pub caddy_admin: String,
     /// Where the ingress server of ours listens in Caddy.
@@ -69,7 +70,7 @@ fn default_ingress_upstreams() -> PathBuf {
 }
 
 fn default_caddy() -> String {
-    "http://127.0.0.1:2019".into()
+    "unix//run/pushleft-caddy/admin.sock".into()
 }
 fn default_ingress_listen() -> Vec<String> {
     vec![":80".into()]
@@ -130,6 +131,14 @@ impl Config {
                 ["docker", "nftables", "routes", "ingress"].contains(&e.as_str()),
                 "unknown executor {e:?}: docker, nftables, routes or ingress"
             );
+        }
+        if c.executors.iter().any(|e| e == "ingress") {
+            let admin = crate::caddy_admin::Admin::parse(&c.caddy_admin).map_err(anyhow::Error::msg)?;
+            // A folder that exists and lets others in is refused now; one Caddy has not made
+            // yet is checked on every admin call.
+            if admin.socket().parent().is_some_and(Path::exists) {
+                admin.check_private().map_err(anyhow::Error::msg)?;
+            }
         }
         Ok(c)
     }
@@ -449,7 +458,7 @@ pub async fn run(config: Config) -> Result<()> {
         routes_dir: config.state_dir.join("routes"),
         ingress: Arc::new({
             let ingress = crate::ingress::Ingress::new(
-                config.caddy_admin.clone(),
+                &config.caddy_admin,
                 config.ingress_listen.clone(),
                 config.ingress_upstreams.clone(),
                 &node,

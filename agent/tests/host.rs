@@ -130,7 +130,7 @@ fn the_whole_loop_rolls_out_serves_and_survives_a_killed_agent() {
     repo.commit("release one", true);
     let s = setup(dir.path());
     let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
-    let (api, agent_api, admin, http) = (free_port(), free_port(), free_port(), free_port());
+    let (api, agent_api, http) = (free_port(), free_port(), free_port());
     let cfg = config(
         &s,
         "d",
@@ -148,7 +148,8 @@ fn the_whole_loop_rolls_out_serves_and_survives_a_killed_agent() {
         let mut d = Daemon::start(&s, &cfg, api);
         d.wait_ready(Duration::from_secs(20));
         let caddy_config = root.join("caddy.json");
-        std::fs::write(&caddy_config, format!("{{\"admin\": {{\"listen\": \"127.0.0.1:{admin}\"}}}}")).expect("caddy");
+        let (_, admin) = support::caddy_admin_address(&root.join("caddy-admin"));
+        std::fs::write(&caddy_config, format!("{{\"admin\": {{\"listen\": \"{admin}\"}}}}")).expect("caddy");
         let caddy = Command::new("caddy")
             .args(["run", "--config"])
             .arg(&caddy_config)
@@ -174,7 +175,7 @@ fn the_whole_loop_rolls_out_serves_and_survives_a_killed_agent() {
         std::fs::write(
             &agent_cfg,
             format!(
-                "control = \"https://localhost:{agent_api}\"\ndir = \"n1\"\ndocker_socket = {:?}\nsecrets_dir = \"secrets\"\nstate_dir = \"state\"\nheartbeat_seconds = 1\ndrift_seconds = 1\ncaddy_admin = \"http://127.0.0.1:{admin}\"\ningress_listen = [\"127.0.0.1:{http}\"]\ningress_upstreams = \"ingress\"\n",
+                "control = \"https://localhost:{agent_api}\"\ndir = \"n1\"\ndocker_socket = {:?}\nsecrets_dir = \"secrets\"\nstate_dir = \"state\"\nheartbeat_seconds = 1\ndrift_seconds = 1\ncaddy_admin = \"{admin}\"\ningress_listen = [\"127.0.0.1:{http}\"]\ningress_upstreams = \"ingress\"\n",
                 socket.display().to_string()
             ),
         )
@@ -188,7 +189,7 @@ fn the_whole_loop_rolls_out_serves_and_survives_a_killed_agent() {
         // Release one: every step, every executor, and the hostname answers through Caddy.
         let g1 = wait_done(&url, 0, &log);
         assert_eq!(get(http), Some((200, "release one".into())));
-        let container = |g: i64| format!("pl-{ENV}-web-0-g{g}");
+        let container = |g: i64| agent_proto::container_name(ENV, "web", Some(0), g as u64);
         let table = Command::new("nft").args(["list", "table", "inet", &format!("pl_{ENV}_n1")]).output().expect("nft");
         assert!(table.status.success(), "the environment's table is in the host's namespace");
         let rules = String::from_utf8_lossy(&Command::new("ip").arg("rule").output().expect("ip").stdout).into_owned();

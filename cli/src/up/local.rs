@@ -58,7 +58,7 @@ pub(crate) struct Local {
 pub(crate) struct Ports {
     pub(crate) api: u16,
     pub(crate) agent: u16,
-    pub(crate) caddy: u16,
+    /// Where Caddy's ingress server listens (its admin API is a unix socket, never a port).
     pub(crate) http: u16,
     /// The local registry `--build` pushes to (0: none chosen yet).
     #[serde(default)]
@@ -256,7 +256,6 @@ impl Local {
             Err(_) => Ports {
                 api: free_port()?,
                 agent: free_port()?,
-                caddy: free_port()?,
                 http: match port {
                     Some(p) => p,
                     None => free_port()?,
@@ -612,16 +611,39 @@ impl Local {
         }
     }
 
-    /// Caddy (≥ 2.8) for ingress, started when it does not run.
-    pub(crate) fn caddy(&self, ports: Ports) -> Result<()> {
+    /// Caddy's admin socket, `caddy-admin/admin.sock` in the state folder: a folder of its own,
+    /// 0700 like the state folder, so only this user reaches Caddy's unauthenticated admin API
+    /// (on a TCP port every local user could rewrite its routes).
+    pub(crate) fn caddy_admin(&self) -> Result<String> {
+        let socket = self.path("caddy-admin").join("admin.sock");
+        let text = socket.display().to_string();
+        // sockaddr_un holds 107 bytes and a NUL.
+        if text.len() > 107 || text.contains(['"', '\\']) {
+            bail!(
+                "Caddy's admin socket {text} is too long a path for a unix socket (or has a quote): set PL_STATE_DIR to a shorter folder"
+            );
+        }
+        Ok(format!("unix/{text}"))
+    }
+
+    /// Caddy (≥ 2.8) for ingress, started when it does not run, its admin API on a unix socket
+    /// in a 0700 folder.
+    pub(crate) fn caddy(&self) -> Result<()> {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
         let pid = self.path("caddy.pid");
         if alive(&pid, "caddy").is_some() {
             return Ok(());
         }
         let caddy = caddy_program()?;
+        let admin = self.caddy_admin()?;
+        let folder = self.path("caddy-admin");
+        std::fs::DirBuilder::new().mode(0o700).recursive(true).create(&folder)?;
+        std::fs::set_permissions(&folder, std::fs::Permissions::from_mode(0o700))?;
+        let socket = folder.join("admin.sock");
+        let _ = std::fs::remove_file(&socket);
         std::fs::write(
             self.path("caddy.json"),
-            format!("{{\"admin\": {{\"listen\": \"127.0.0.1:{}\"}}}}", ports.caddy),
+            serde_json::json!({"admin": {"listen": admin}}).to_string(),
         )?;
         spawn_detached(
             Command::new(caddy)
@@ -633,7 +655,7 @@ impl Local {
             &pid,
         )?;
         let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", ports.caddy)).is_err() {
+        while std::os::unix::net::UnixStream::connect(&socket).is_err() {
             if Instant::now() > deadline {
                 bail!("Caddy did not start; its log ends:\n{}", tail(&self.path("caddy.log")));
             }
@@ -705,10 +727,10 @@ impl Local {
             }
         }
         let config = format!(
-            "control = \"https://localhost:{}\"\ndir = \"node\"\ndocker_socket = {:?}\nsecrets_dir = \"secrets\"\nstate_dir = \"state\"\nheartbeat_seconds = 1\nparallel_environments = 16\ncaddy_admin = \"http://127.0.0.1:{}\"\ningress_listen = [\"127.0.0.1:{}\"]\ningress_upstreams = {:?}\ningress_host_suffix = \".localhost\"\n",
+            "control = \"https://localhost:{}\"\ndir = \"node\"\ndocker_socket = {:?}\nsecrets_dir = \"secrets\"\nstate_dir = \"state\"\nheartbeat_seconds = 1\nparallel_environments = 16\ncaddy_admin = {:?}\ningress_listen = [\"127.0.0.1:{}\"]\ningress_upstreams = {:?}\ningress_host_suffix = \".localhost\"\n",
             ports.agent,
             docker.display().to_string(),
-            ports.caddy,
+            self.caddy_admin()?,
             ports.http,
             self.path("ingress").display().to_string(),
         );

@@ -171,7 +171,7 @@ pub fn up(args: &UpArgs) -> Result<u8> {
     let previews_moved = local.sync_previews(&previews, &trust)?;
     let client = local.reconciler(ports, &trust, &previews)?;
     if web {
-        local.caddy(ports)?;
+        local.caddy()?;
     }
     for node in &runs {
         local.agent(&client, ports, node, &args.docker_socket)?;
