@@ -5,7 +5,7 @@
 //! reload resets a few connections that arrive at that instant (measured with Debian's 2.6.2
 //! and 2.11.7: one to three failed requests per change under load) and closes every hijacked
 //! stream (WebSockets) of every site. So a generation switch must not reload Caddy. One route
-//! per hostname (`@id` `pl-<hostname>`) names its upstreams with Caddy's `{file.*}`
+//! per hostname (`@id` `pl-host.<hostname>`) names its upstreams with Caddy's `{file.*}`
 //! placeholder, `{file.<dir>/<hostname>/<slot>}`, 12 slots shared by the web replicas; the
 //! switch is an atomic rename of each slot file, which Caddy sees on the next request. Requests
 //! in flight finish on the generation they started with. Caddy's configuration changes only
@@ -25,6 +25,7 @@
 //! keeps a stale retry from restoring older upstreams. Only routes whose `@id` starts with
 //! `pl-` are ever touched; the last route of ours answers 404 for a hostname nobody publishes.
 
+use crate::caddy_admin::{Admin, AdminError};
 use crate::outcome::{Failure, permanent, retryable};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -32,8 +33,14 @@ use std::time::Duration;
 
 /// The server of ours in Caddy's HTTP app.
 pub const SERVER: &str = "pushleft";
+/// Every `@id` of ours starts with `pl-`; a hostname's route continues with [`HOST_ROUTE`], a
+/// built-in one with [`BUILTIN_ROUTE`]. The two prefixes differ before either ends, so no
+/// hostname's route can take a built-in route's id (a hostname `fallback-404` once replaced
+/// the catch-all route, and unknown hostnames got an empty 200).
+pub const HOST_ROUTE: &str = "pl-host.";
+pub const BUILTIN_ROUTE: &str = "pl-builtin.";
 /// The catch-all route's `@id`.
-pub const FALLBACK: &str = "pl-fallback-404";
+pub const FALLBACK: &str = "pl-builtin.fallback-404";
 /// How long a hijacked stream (a WebSocket) of ours stays open after a reload of Caddy's
 /// configuration. Reloads come from other hostnames' changes; the stream's own generation
 /// switch reloads nothing, and its old container ends its streams when it is stopped.
@@ -49,10 +56,10 @@ pub const SLOTS: usize = 12;
 /// stops it. Longer requests get the application's SIGTERM grace.
 pub const DRAIN: Duration = Duration::from_secs(1);
 
-/// Caddy's admin API (`http://127.0.0.1:2019` by default), where our server listens, and the
-/// folder of upstream files (readable by Caddy).
+/// Caddy's admin API (a unix socket only the agent's user reaches), where our server listens,
+/// and the folder of upstream files (readable by Caddy).
 pub struct Ingress {
-    admin: String,
+    admin: Admin,
     listen: Vec<String>,
     upstreams: PathBuf,
     /// Also match `<hostname><suffix>` (`pl up`'s `.localhost`, which resolves to loopback).
@@ -91,23 +98,16 @@ impl NodeList {
     }
 }
 
+/// The `@id` of a hostname's route: in the hostname space, never a built-in route's.
 pub fn route_id(hostname: &str) -> String {
-    format!("pl-{hostname}")
-}
-
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(10)))
-        .build()
-        .into()
+    format!("{HOST_ROUTE}{hostname}")
 }
 
 /// An admin call, made again once after 100 ms when the connection failed: Caddy restarts its
 /// admin endpoint while it loads a configuration, and a call at that instant is cut.
-fn once_more<T>(call: impl Fn() -> Result<T, ureq::Error>) -> Result<T, ureq::Error> {
+fn once_more<T>(call: impl Fn() -> Result<T, AdminError>) -> Result<T, AdminError> {
     match call() {
-        Err(ureq::Error::Io(_) | ureq::Error::ConnectionFailed) => {
+        Err(e) if e.is_connection() => {
             std::thread::sleep(Duration::from_millis(100));
             call()
         }
@@ -115,8 +115,13 @@ fn once_more<T>(call: impl Fn() -> Result<T, ureq::Error>) -> Result<T, ureq::Er
     }
 }
 
-fn caddy(code: &'static str, e: impl std::fmt::Display) -> Failure {
-    retryable(code, format!("caddy admin: {e}"))
+/// An admin call that got no answer. An admin socket open to other users is refused for good
+/// until its folder is closed (`caddy-admin-exposed`).
+fn caddy(code: &'static str, e: AdminError) -> Failure {
+    match e {
+        AdminError::Exposed(why) => permanent("caddy-admin-exposed", why),
+        e => retryable(code, format!("caddy admin: {e}")),
+    }
 }
 
 fn disk(e: impl std::fmt::Display) -> Failure {
@@ -175,8 +180,10 @@ fn open_folder(root: &Path, dir: &Path) -> Result<(), Failure> {
 }
 
 impl Ingress {
-    /// `upstreams` must be an absolute path without braces (it goes into a Caddy placeholder).
-    pub fn new(admin: String, listen: Vec<String>, upstreams: PathBuf, node: &str) -> Result<Self, String> {
+    /// `admin` is Caddy's admin socket as `unix//<path>` ([`Admin::parse`]); `upstreams` must be
+    /// an absolute path without braces (it goes into a Caddy placeholder).
+    pub fn new(admin: &str, listen: Vec<String>, upstreams: PathBuf, node: &str) -> Result<Self, String> {
+        let admin = Admin::parse(admin)?;
         let text = upstreams.to_string_lossy();
         if !upstreams.is_absolute() || text.contains(['{', '}', ' ']) {
             return Err(format!(
@@ -349,53 +356,52 @@ impl Ingress {
 
     /// Whether Caddy's admin API answers (the heartbeat offers `ingress` only then).
     pub async fn answers(&self) -> bool {
-        let url = self.url("/config/");
-        tokio::task::spawn_blocking(move || agent().get(&url).call().is_ok_and(|r| r.status().as_u16() == 200))
-            .await
-            .unwrap_or(false)
+        let admin = self.admin.clone();
+        tokio::task::spawn_blocking(move || match admin.call("GET", "/config/", None) {
+            Ok(r) => r.status == 200,
+            Err(AdminError::Exposed(why)) => {
+                tracing::error!(code = "caddy-admin-exposed", reason = %why, "ingress not offered");
+                false
+            }
+            Err(_) => false,
+        })
+        .await
+        .unwrap_or(false)
     }
 
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.admin.trim_end_matches('/'))
+    /// The admin endpoint, to check its folder's permissions at start.
+    pub fn admin(&self) -> &Admin {
+        &self.admin
     }
 
     fn get(&self, path: &str) -> Result<Option<Value>, Failure> {
-        let url = self.url(path);
-        let mut r = once_more(|| agent().get(&url).call()).map_err(|e| caddy("caddy-unavailable", e))?;
-        match r.status().as_u16() {
-            200 => Ok(Some(
-                r.body_mut().read_json().map_err(|e| caddy("caddy-unavailable", e))?,
-            )),
+        let r = once_more(|| self.admin.call("GET", path, None)).map_err(|e| caddy("caddy-unavailable", e))?;
+        match r.status {
+            200 => Ok(Some(serde_json::from_slice(&r.body).map_err(|e| {
+                retryable("caddy-unavailable", format!("caddy admin: GET {path}: {e}"))
+            })?)),
             // Caddy answers 400 for a path into the configuration that does not exist (an
             // unknown key or `@id`), 404 for some: both mean absent.
             400 | 404 => Ok(None),
-            s => Err(caddy("caddy-unavailable", format!("GET {path} answered {s}"))),
+            s => Err(retryable(
+                "caddy-unavailable",
+                format!("caddy admin: GET {path} answered {s}"),
+            )),
         }
     }
 
     fn send(&self, method: &str, path: &str, body: Option<&Value>) -> Result<(), Failure> {
-        if !matches!((method, body), ("DELETE", _) | ("PUT" | "PATCH" | "POST", Some(_))) {
+        if !matches!((method, body), ("DELETE", None) | ("PUT" | "PATCH" | "POST", Some(_))) {
             return Err(permanent("ingress-internal", "unknown admin call"));
         }
-        let a = agent();
-        let url = self.url(path);
-        let r = once_more(|| match (method, body) {
-            ("DELETE", _) => a.delete(&url).call(),
-            ("PUT", Some(b)) => a.put(&url).send_json(b),
-            ("PATCH", Some(b)) => a.patch(&url).send_json(b),
-            ("POST", Some(b)) => a.post(&url).send_json(b),
-            _ => Err(ureq::Error::BadUri("unknown admin call".into())),
-        })
-        .map_err(|e| caddy("caddy-unavailable", e))?;
-        let status = r.status().as_u16();
-        if (200..300).contains(&status) {
+        let r = once_more(|| self.admin.call(method, path, body)).map_err(|e| caddy("caddy-unavailable", e))?;
+        if (200..300).contains(&r.status) {
             Ok(())
         } else {
-            let mut r = r;
-            let text = r.body_mut().read_to_string().unwrap_or_default();
+            let text = String::from_utf8_lossy(&r.body);
             Err(retryable(
                 "caddy-refused",
-                format!("{method} {path} answered {status}: {text:.300}"),
+                format!("{method} {path} answered {}: {text:.300}", r.status),
             ))
         }
     }

@@ -118,7 +118,9 @@ fn open_stream(port: u16, host: &str) -> (Arc<AtomicUsize>, std::thread::JoinHan
     (lines, reader)
 }
 
-fn caddy(dir: &std::path::Path, admin: u16) -> Child {
+/// Caddy with its admin API on a unix socket in `dir`'s `caddy-admin` folder (0700): the
+/// socket, the address the agent takes, and the process.
+fn caddy(dir: &std::path::Path) -> (std::path::PathBuf, String, Child) {
     let version = Command::new("caddy")
         .arg("version")
         .output()
@@ -134,8 +136,9 @@ fn caddy(dir: &std::path::Path, admin: u16) -> Child {
         "Caddy {text} is older than 2.8; scripts/test puts 2.11 first on PATH"
     );
     let config = dir.join("caddy.json");
-    std::fs::write(&config, format!("{{\"admin\": {{\"listen\": \"127.0.0.1:{admin}\"}}}}")).expect("config");
-    Command::new("caddy")
+    let (socket, admin) = support::caddy_admin_address(&dir.join("caddy-admin"));
+    std::fs::write(&config, format!("{{\"admin\": {{\"listen\": \"{admin}\"}}}}")).expect("config");
+    let child = Command::new("caddy")
         .args(["run", "--config"])
         .arg(&config)
         .env("HOME", dir)
@@ -144,7 +147,15 @@ fn caddy(dir: &std::path::Path, admin: u16) -> Child {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .expect("caddy")
+        .expect("caddy");
+    // The socket appears before Caddy has loaded its first configuration (it restarts its
+    // admin endpoint then): wait until the admin API answers.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !support::caddy_admin(&socket, "GET", "/config/").is_ok_and(|r| r.0 == 200) {
+        assert!(Instant::now() < deadline, "Caddy's admin API never answered");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (socket, admin, child)
 }
 
 /// Runs `during` while one sequential loop and 8 concurrent ones (bounded in count and time)
@@ -187,8 +198,9 @@ fn under_load(http: u16, host: &'static str, during: impl FnOnce()) -> (usize, u
 #[test]
 fn routes_switch_generations_without_errors_and_keep_other_streams() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (admin, http) = (free_port(), free_port());
-    let mut children = vec![caddy(dir.path(), admin)];
+    let http = free_port();
+    let (socket, admin, caddy) = caddy(dir.path());
+    let mut children = vec![caddy];
     let mut upstreams = Vec::new();
     for text in ["generation one", "generation two", "another app"] {
         let www = dir.path().join(text.replace(' ', "-"));
@@ -207,31 +219,24 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
         upstreams.push((port, format!("127.0.0.1:{port}")));
     }
     let _kill = Kill(children);
-    wait_port(admin);
-    // The port opens before Caddy has loaded its first configuration (it restarts its admin
-    // endpoint then): wait until the admin API answers.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !ureq::get(&format!("http://127.0.0.1:{admin}/config/"))
-        .call()
-        .is_ok_and(|r| r.status().as_u16() == 200)
-    {
-        assert!(Instant::now() < deadline, "Caddy's admin API never answered");
-        std::thread::sleep(Duration::from_millis(50));
-    }
     for (port, _) in &upstreams {
         wait_port(*port);
     }
     let dials: Vec<String> = upstreams.iter().map(|u| u.1.clone()).collect();
     let ingress = Ingress::new(
-        format!("http://127.0.0.1:{admin}"),
+        &admin,
         vec![format!("127.0.0.1:{http}")],
         dir.path().join("upstreams"),
         "n1",
     )
     .expect("ingress");
     assert!(
-        Ingress::new(String::new(), Vec::new(), "relative/dir".into(), "n1").is_err(),
+        Ingress::new(&admin, Vec::new(), "relative/dir".into(), "n1").is_err(),
         "a relative upstream folder is refused"
+    );
+    assert!(
+        Ingress::new("http://127.0.0.1:2019", Vec::new(), dir.path().join("upstreams"), "n1").is_err(),
+        "an admin API on TCP is refused"
     );
 
     // Another hostname first; ours answers 404 until it is published.
@@ -325,14 +330,15 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
     // Drift: the route deleted by hand (or lost with a Caddy restarted without its saved
     // configuration) is put back by the repair round, from the upstream files.
     assert!(ingress.repair().is_empty(), "nothing drifted yet");
-    let deleted = ureq::delete(&format!("http://127.0.0.1:{admin}/id/pl-app.localhost"))
-        .call()
-        .expect("delete by hand");
-    assert_eq!(deleted.status().as_u16(), 200);
+    let deleted = support::caddy_admin(&socket, "DELETE", "/id/pl-host.app.localhost").expect("delete by hand");
+    assert_eq!(deleted.0, 200);
     assert_eq!(get(http, "app.localhost").map(|r| r.0), Ok(404));
     assert_eq!(
         ingress.repair(),
-        vec![("web".to_owned(), "ingress route pl-app.localhost put back".to_owned())]
+        vec![(
+            "web".to_owned(),
+            "ingress route pl-host.app.localhost put back".to_owned()
+        )]
     );
     assert_eq!(get(http, "app.localhost"), Ok((200, "generation two".into())));
     assert!(ingress.repair().is_empty());
@@ -368,7 +374,7 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
     // n2's publish adds its upstream beside n1's, n1's removal leaves n2's alone (the route
     // stays), and no request fails; the last node's removal takes the route away.
     let n2 = Ingress::new(
-        format!("http://127.0.0.1:{admin}"),
+        &admin,
         vec![format!("127.0.0.1:{http}")],
         dir.path().join("upstreams"),
         "n2",
@@ -407,4 +413,45 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
             .code,
         "hostname-invalid"
     );
+
+    // A hostname spelled like a built-in route (the review's `fallback-404` replaced the
+    // catch-all, and unknown hostnames got an empty 200): its route has an id of its own.
+    ingress
+        .publish("web", "fallback-404", 1, &dials[2..3])
+        .expect("a hostname like the fallback's id");
+    assert_eq!(get(http, "fallback-404"), Ok((200, "another app".into())));
+    assert_eq!(
+        get(http, "nobody-publishes.localhost").map(|r| r.0),
+        Ok(404),
+        "the catch-all stands"
+    );
+    let fallback =
+        support::caddy_admin(&socket, "GET", &format!("/id/{}", pushleft_agent::ingress::FALLBACK)).expect("admin");
+    assert!(fallback.1.contains("static_response"), "{fallback:?}");
+
+    // Caddy's admin API is a unix socket in a folder only this user opens: a local user
+    // (`nobody`) cannot reach it, not even with the folder above it open to all.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    assert_eq!(
+        support::as_nobody(&["unix", &socket.display().to_string()]),
+        "denied",
+        "a local user reaches Caddy's admin API"
+    );
+    assert_eq!(
+        support::as_nobody(&["tcp", &http.to_string()]),
+        "404",
+        "the same user reaches the ingress port (the test is not vacuous)"
+    );
+    // A folder opened to others by mistake: the agent stops using the socket, with a code.
+    let folder = socket.parent().expect("folder");
+    std::fs::set_permissions(folder, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    assert_eq!(
+        ingress
+            .publish("web", "app.localhost", 9, &dials[0..1])
+            .expect_err("exposed")
+            .code,
+        "caddy-admin-exposed"
+    );
+    std::fs::set_permissions(folder, std::fs::Permissions::from_mode(0o700)).expect("chmod");
 }

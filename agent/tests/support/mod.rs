@@ -129,3 +129,96 @@ pub fn spawn_agent(bin: &str, config: &std::path::Path, log: &std::path::Path) -
         .spawn()
         .expect("pl-agent run")
 }
+
+/// One call to Caddy's admin API on its unix socket, as HTTP/1.0 so the answer is plain and
+/// ends with the connection (tests only; the agent uses `caddy_admin::Admin`): (status, body).
+pub fn caddy_admin(socket: &std::path::Path, method: &str, path: &str) -> std::io::Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(socket)?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.0\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n"
+    )?;
+    let mut answer = String::new();
+    s.take(16 * 1024 * 1024).read_to_string(&mut answer)?;
+    let status = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+/// A folder for Caddy's admin socket (0700, as the agent requires) and the address the agent
+/// and Caddy take: `unix//<folder>/admin.sock`.
+pub fn caddy_admin_address(folder: &std::path::Path) -> (std::path::PathBuf, String) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(folder).expect("admin folder");
+    std::fs::set_permissions(folder, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let socket = folder.join("admin.sock");
+    (socket.clone(), format!("unix/{}", socket.display()))
+}
+
+/// What a local unprivileged user gets: a probe run as `nobody` (uid and gid 65534) by
+/// `python3` (std drops root's supplementary groups with the uid), one of
+/// - `unix PATH`: a request to the unix socket at PATH (its status, or `denied`);
+/// - `tcp PORT [HOST [PATH]]`: a request to 127.0.0.1:PORT (its status, or `refused`);
+/// - `tls PORT PATH`: a request over TLS (the server's certificate unchecked, no client
+///   certificate, no token) to 127.0.0.1:PORT (its status, or `handshake-refused`);
+/// - `read PATH`: reading a file (`read`, or `denied`).
+///
+/// Bounded at 5 s; every address is loopback or a file of this machine.
+pub fn as_nobody(args: &[&str]) -> String {
+    use std::os::unix::process::CommandExt;
+    const PROBE: &str = r#"
+import socket, ssl, sys
+what, target = sys.argv[1], sys.argv[2]
+def ask(s, host, path="/config/"):
+    s.settimeout(5)
+    s.sendall(("GET %s HTTP/1.0\r\nHost: %s\r\n\r\n" % (path, host)).encode())
+    head = s.recv(64).split(b" ")
+    print(head[1].decode() if len(head) > 1 else "no-answer")
+try:
+    if what == "unix":
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(target)
+        ask(s, "localhost")
+    elif what == "tcp":
+        host = sys.argv[3] if len(sys.argv) > 3 else "nobody.localhost"
+        ask(socket.create_connection(("127.0.0.1", int(target)), timeout=5), host, sys.argv[4] if len(sys.argv) > 4 else "/config/")
+    elif what == "tls":
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        raw = socket.create_connection(("127.0.0.1", int(target)), timeout=5)
+        try:
+            s = context.wrap_socket(raw, server_hostname="localhost")
+            ask(s, "localhost", sys.argv[3])
+        except (ssl.SSLError, ConnectionResetError, BrokenPipeError):
+            print("handshake-refused")
+    elif what == "read":
+        open(target, "rb").read(1)
+        print("read")
+except PermissionError:
+    print("denied")
+except ConnectionRefusedError:
+    print("refused")
+except OSError as e:
+    print("error", e.errno)
+"#;
+    let o = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(PROBE)
+        .args(args)
+        .uid(65534)
+        .gid(65534)
+        .current_dir("/")
+        .output()
+        .expect("python3 as nobody");
+    String::from_utf8_lossy(&o.stdout).trim().to_owned()
+}
