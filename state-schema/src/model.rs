@@ -99,6 +99,19 @@ pub struct Role {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub command: Vec<String>,
     pub resources: Resources,
+    /// How much output its container keeps on the node; `None`: the defaults
+    /// (`parse::defaults::LOG_MAX_BYTES` in `LOG_MAX_FILES` files), left out of the canonical
+    /// form so that roles without it keep their hashes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logs: Option<LogLimits>,
+}
+
+/// A container's log on its node: `max_files` files of at most `max_size` each.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LogLimits {
+    pub max_size: Memory,
+    pub max_files: u32,
 }
 
 /// What a role runs as; the fields that only make sense for some kinds live in their variant,

@@ -13,7 +13,17 @@ pub const METADATA_FIELDS: &[&str] = &["name", "labels", "annotations"];
 pub const REPOSITORY_FIELDS: &[&str] = &["baseDomain", "previewDomain", "previews", "include", "controlRecipient"];
 pub const PREVIEWS_FIELDS: &[&str] = &["branches", "pool", "ttlHours"];
 pub const PROJECT_FIELDS: &[&str] = &["image", "roles", "env", "secrets"];
-pub const ROLE_FIELDS: &[&str] = &["kind", "command", "port", "health", "replicas", "resources", "schedule"];
+pub const ROLE_FIELDS: &[&str] = &[
+    "kind",
+    "command",
+    "port",
+    "health",
+    "replicas",
+    "resources",
+    "schedule",
+    "logs",
+];
+pub const LOGS_FIELDS: &[&str] = &["maxSize", "maxFiles"];
 pub const HEALTH_FIELDS: &[&str] = &["path", "timeoutSeconds"];
 pub const RESOURCES_FIELDS: &[&str] = &["cpu", "memory", "pids"];
 pub const ENVIRONMENT_FIELDS: &[&str] = &["project", "stage", "pool", "replicas", "env", "image", "hostname"];
@@ -33,6 +43,12 @@ pub mod defaults {
     pub const MEMORY_BYTES: u64 = 256 << 20;
     pub const PIDS: u32 = 256;
     pub const PREVIEW_TTL_HOURS: u32 = 72;
+    /// A container's log on its node: at most this many bytes a file (`logs.maxSize`)…
+    pub const LOG_MAX_BYTES: u64 = 10 << 20;
+    /// …in at most this many files (`logs.maxFiles`): 30 MiB a container by default.
+    pub const LOG_MAX_FILES: u32 = 3;
+    pub const LOG_MAX_BYTES_RANGE: (u64, u64) = (1 << 20, 1 << 30);
+    pub const LOG_MAX_FILES_RANGE: (u32, u32) = (1, 10);
 }
 
 pub const MAX_REPLICAS: u32 = 1000;
@@ -452,6 +468,7 @@ fn decode_role(ctx: &mut Ctx<'_>, node: &Node<'_>, role: &str) -> Option<Role> {
     let schedule = f
         .get("schedule")
         .map(|n| checked(ctx, n, "`schedule`", Code::InvalidCron, CronSchedule::parse));
+    let logs = f.get("logs").map(|n| decode_logs(ctx, n));
 
     let kind = kind?;
     let mut not_for = |field: &str, present: bool| {
@@ -504,6 +521,39 @@ fn decode_role(ctx: &mut Ctx<'_>, node: &Node<'_>, role: &str) -> Option<Role> {
         workload,
         command: command?,
         resources: resources?,
+        logs: match logs {
+            Some(l) => Some(l?),
+            None => None,
+        },
+    })
+}
+
+/// `logs: {maxSize, maxFiles}`: how much of its output a role's container keeps on its node.
+fn decode_logs(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<LogLimits> {
+    let f = Fields::new(ctx, node, "`logs`", LOGS_FIELDS)?;
+    let (low, high) = defaults::LOG_MAX_BYTES_RANGE;
+    let size = f
+        .get("maxSize")
+        .map_or(Some(Memory::from_bytes(defaults::LOG_MAX_BYTES)), |n| {
+            let m = memory(ctx, n, "`logs.maxSize`")?;
+            if !(low..=high).contains(&m.bytes()) {
+                ctx.error_hint(
+                    Code::InvalidValue,
+                    n.pos,
+                    format!("`logs.maxSize` {} is outside 1Mi to 1Gi", m.bytes()),
+                    "a size with a unit, e.g. `10Mi`",
+                );
+                return None;
+            }
+            Some(m)
+        });
+    let (low, high) = defaults::LOG_MAX_FILES_RANGE;
+    let files = f.get("maxFiles").map_or(Some(defaults::LOG_MAX_FILES), |n| {
+        u32_in(ctx, n, "`logs.maxFiles`", low.into(), high.into())
+    });
+    Some(LogLimits {
+        max_size: size?,
+        max_files: files?,
     })
 }
 

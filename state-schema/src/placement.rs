@@ -389,6 +389,7 @@ mod tests {
             health: None,
             schedule: None,
             secrets: BTreeMap::new(),
+            logs: None,
         }
     }
 

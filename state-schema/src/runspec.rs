@@ -37,12 +37,24 @@ pub struct RoleSpec {
     /// Secret files by key (`/run/secrets/<KEY>`): ASCII-armoured age ciphertext, as in Git.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub secrets: BTreeMap<String, String>,
+    /// The role's `logs`: bytes a file and files its container's log keeps on the node;
+    /// `None` for the defaults (so specs without it keep their hashes, and so their generation).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logs: Option<(u64, u32)>,
 }
 
 impl RoleSpec {
     /// Whether the role serves HTTP through the ingress.
     pub fn is_web(&self) -> bool {
         self.kind == "web"
+    }
+
+    /// The log bound a container of this role gets: bytes a file, files.
+    pub fn log_limits(&self) -> (u64, u32) {
+        self.logs.unwrap_or((
+            crate::parse::defaults::LOG_MAX_BYTES,
+            crate::parse::defaults::LOG_MAX_FILES,
+        ))
     }
 }
 
@@ -91,6 +103,7 @@ pub fn role_specs(
                 health,
                 schedule,
                 secrets: secrets.clone(),
+                logs: r.logs.as_ref().map(|l| (l.max_size.bytes(), l.max_files)),
             };
             (name.clone(), spec)
         })

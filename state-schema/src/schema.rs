@@ -55,6 +55,14 @@ pub fn spec_schemas() -> Vec<(&'static str, Value)> {
         &[],
         "HTTP health check of a web role.",
     );
+    let logs = object(
+        json!({
+            "maxSize": quantity(MEMORY, "Bytes a log file may hold, with a unit (`10Mi`); 1Mi to 1Gi; default 10Mi."),
+            "maxFiles": {"type": "integer", "minimum": 1, "maximum": 10, "description": "Log files kept (the oldest goes); default 3."},
+        }),
+        &[],
+        "How much output each container keeps on its node (Docker's json-file log, rotated).",
+    );
     let role = object(
         json!({
             "kind": {"enum": ["web", "worker", "cron", "job", "release"], "description": "What the role runs as."},
@@ -64,6 +72,7 @@ pub fn spec_schemas() -> Vec<(&'static str, Value)> {
             "replicas": replicas(),
             "resources": resources,
             "schedule": {"type": "string", "description": "Cron roles only: five fields, e.g. `*/15 * * * *`."},
+            "logs": logs,
         }),
         &["kind"],
         "One role of a project.",
@@ -242,6 +251,7 @@ mod tests {
         assert_eq!(keys(role), sorted(ROLE_FIELDS));
         assert_eq!(keys(&role["properties"]["health"]), sorted(HEALTH_FIELDS));
         assert_eq!(keys(&role["properties"]["resources"]), sorted(RESOURCES_FIELDS));
+        assert_eq!(keys(&role["properties"]["logs"]), sorted(LOGS_FIELDS));
         assert_eq!(keys(&specs["Environment"]), sorted(ENVIRONMENT_FIELDS));
         assert_eq!(keys(&specs["Domain"]), sorted(DOMAIN_FIELDS));
         assert_eq!(keys(&specs["NodePool"]), sorted(NODEPOOL_FIELDS));
