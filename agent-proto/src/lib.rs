@@ -15,6 +15,20 @@ pub fn host_object(environment: &str, node: &str) -> String {
     format!("pl_{environment}_{node}")
 }
 
+/// The container of one replica (`instance`) at one generation, or of a generation's run of a
+/// role (`None`): `pl_<environment>_<role>_<instance>_g<generation>` or
+/// `pl_<environment>_<role>_run_g<generation>`. Environment and role names are DNS labels, which
+/// never contain `_`, so the name reads back to exactly one identity: with `-` between them, an
+/// environment `a-web` with role `web` and an environment `a` with role `web-web` once spelled
+/// the same container, and one environment's rollout removed the other's replica. The agent
+/// still decides ownership by the container's labels, never by its name.
+pub fn container_name(environment: &str, role: &str, instance: Option<u32>, generation: u64) -> String {
+    match instance {
+        Some(i) => format!("pl_{environment}_{role}_{i}_g{generation}"),
+        None => format!("pl_{environment}_{role}_run_g{generation}"),
+    }
+}
+
 /// Largest enrolment request accepted, in bytes.
 pub const MAX_ENROLL_BYTES: usize = 16 * 1024;
 
@@ -134,7 +148,7 @@ pub struct ApplicationSpec {
     pub instance: Option<u32>,
     pub generation: u64,
     pub spec_hash: String,
-    /// `pl-<environment>-<role>-<instance>-g<generation>` (`run` for a run).
+    /// [`container_name`]: `pl_<environment>_<role>_<instance>_g<generation>` (`run` for a run).
     pub container: String,
     /// Pinned by digest.
     pub image: String,
@@ -148,6 +162,10 @@ pub struct ApplicationSpec {
     pub network: NetworkSpec,
     /// Secret files (`/run/secrets/<key>`), each sealed to this node's age recipient alone.
     pub secrets: Vec<SealedSecret>,
+    /// The container's log on the node: at most this many bytes a file…
+    pub log_max_bytes: u64,
+    /// …in at most this many files (Docker's json-file driver rotates them).
+    pub log_max_files: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -428,6 +446,11 @@ pub struct LogRequests {
 pub const MAX_LOG_TAIL_LINES: u32 = 10_000;
 /// Largest body of one posted piece of a log stream.
 pub const MAX_LOG_CHUNK_BYTES: usize = 64 * 1024;
+/// Longest log line relayed (the engine splits longer output into 16 KiB pieces itself).
+pub const MAX_LOG_LINE_BYTES: usize = 16 * 1024;
+/// Most bytes a log request that does not follow relays in all (its tails, every container
+/// together); past it the stream ends with a line that says so.
+pub const MAX_LOG_TAIL_BYTES: usize = 16 * 1024 * 1024;
 /// Longest wait for a log request.
 pub const MAX_LOG_WAIT_MS: u64 = 25_000;
 /// Most log streams open at once for one node.
@@ -476,5 +499,37 @@ mod tests {
             serde_json::from_str::<EnrollRequest>(unknown).is_err(),
             "unknown fields refused"
         );
+    }
+}
+
+#[cfg(test)]
+mod names {
+    use super::*;
+
+    #[test]
+    fn container_names_are_one_identity_each() {
+        // The collision the hardening review found: environment `a-web` + role `web` against
+        // environment `a` + role `web-web`.
+        assert_ne!(
+            container_name("a-web", "web", Some(0), 1),
+            container_name("a", "web-web", Some(0), 1)
+        );
+        // Every split of a run of labels into (environment, role), with instances, runs and
+        // generations, gives a distinct name.
+        let labels = ["a", "web", "a-web", "web-web", "a-web-web", "0", "run", "g1", "1-g1"];
+        let mut seen = std::collections::BTreeMap::new();
+        for env in labels {
+            for role in labels {
+                for instance in [None, Some(0), Some(1), Some(10)] {
+                    for generation in [1, 10, 11] {
+                        let name = container_name(env, role, instance, generation);
+                        let identity = (env, role, instance, generation);
+                        if let Some(other) = seen.insert(name.clone(), identity) {
+                            panic!("{name} names both {other:?} and {identity:?}");
+                        }
+                    }
+                }
+            }
+        }
     }
 }

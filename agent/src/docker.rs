@@ -12,7 +12,7 @@ use crate::outcome::{Failure, permanent, retryable};
 use agent_proto::{ApplicationSpec, NetworkSpec};
 use bollard::Docker;
 use bollard::errors::Error as DockerError;
-use bollard::models::{ContainerCreateBody, HostConfig, Ipam, IpamConfig, NetworkCreateRequest};
+use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, Ipam, IpamConfig, NetworkCreateRequest};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, CreateImageOptionsBuilder, ListContainersOptionsBuilder, LogsOptionsBuilder,
     RemoveContainerOptionsBuilder, StopContainerOptionsBuilder,
@@ -68,6 +68,32 @@ fn docker(code: &'static str, e: DockerError) -> Failure {
 
 fn owned(labels: Option<&HashMap<String, String>>) -> bool {
     labels.and_then(|l| l.get(OWNED)).is_some_and(|v| v == "true")
+}
+
+/// Whether a container found under `app`'s name is `app`'s own: our label, and its labels carry
+/// exactly this node, environment, role, instance and generation. Ownership is decided by the
+/// labels, never by the name: a container of another environment (or node) that happens to
+/// have the name is foreign, and is never removed or adopted.
+fn same_identity(labels: Option<&HashMap<String, String>>, node: &str, app: &ApplicationSpec) -> bool {
+    let Some(l) = labels else { return false };
+    let is = |key: &str, want: &str| l.get(key).is_some_and(|v| v == want);
+    let instance = app.instance.map(|i| i.to_string());
+    owned(labels)
+        && is(NODE, node)
+        && is(ENVIRONMENT, &app.environment)
+        && is(ROLE, &app.role)
+        && is(GENERATION, &app.generation.to_string())
+        && l.get(INSTANCE) == instance.as_ref()
+}
+
+fn foreign_container(app: &ApplicationSpec) -> Failure {
+    permanent(
+        "foreign-container",
+        format!(
+            "a container named {} exists and is not this replica's (its labels name another owner): left untouched",
+            app.container
+        ),
+    )
 }
 
 impl Engine {
@@ -387,6 +413,16 @@ impl Engine {
             network_mode: Some(app.network.network.clone()),
             init: Some(true),
             binds: secrets.map(|d| vec![format!("{}:/run/secrets:ro", d.display())]),
+            // Output is bounded on disk whatever the engine's default driver: a container that
+            // writes without end could otherwise fill the disk under every environment and the
+            // ledger (24 MiB of stdout grew the host's log by 25.6 MiB in the review).
+            log_config: Some(HostConfigLogConfig {
+                typ: Some("json-file".to_owned()),
+                config: Some(HashMap::from([
+                    ("max-size".to_owned(), app.log_max_bytes.max(1 << 20).to_string()),
+                    ("max-file".to_owned(), app.log_max_files.clamp(1, 10).to_string()),
+                ])),
+            }),
             ..HostConfig::default()
         };
         let body = ContainerCreateBody {
@@ -421,8 +457,13 @@ impl Engine {
                     .build(),
             ),
         );
+        // The engine sends at most 200 lines of at most 16 KiB each (it splits longer ones);
+        // only the last LOG_TAIL_BYTES are ever held.
         while let Some(Ok(chunk)) = logs.next().await {
             out.extend_from_slice(&chunk.into_bytes());
+            if out.len() > 2 * LOG_TAIL_BYTES {
+                out.drain(..out.len() - LOG_TAIL_BYTES);
+            }
         }
         let start = out.len().saturating_sub(LOG_TAIL_BYTES);
         String::from_utf8_lossy(&out[start..]).into_owned()
@@ -468,14 +509,8 @@ impl Engine {
         let mut note = "created";
         if let Some(c) = existing {
             let labels = c.config.as_ref().and_then(|c| c.labels.clone());
-            if !owned(labels.as_ref()) {
-                return Err(permanent(
-                    "foreign-container",
-                    format!(
-                        "a container named {} exists and is not Pushleft's: left untouched",
-                        app.container
-                    ),
-                ));
+            if !same_identity(labels.as_ref(), &self.node, app) {
+                return Err(foreign_container(app));
             }
             let hash = labels
                 .as_ref()
@@ -701,14 +736,8 @@ impl Engine {
             Err(e) => return Err(docker("docker-unavailable", e)),
         };
         match existing {
-            Some(c) if !owned(c.config.as_ref().and_then(|c| c.labels.as_ref())) => {
-                return Err(permanent(
-                    "foreign-container",
-                    format!(
-                        "a container named {} exists and is not Pushleft's: left untouched",
-                        app.container
-                    ),
-                ));
+            Some(c) if !same_identity(c.config.as_ref().and_then(|c| c.labels.as_ref()), &self.node, app) => {
+                return Err(foreign_container(app));
             }
             Some(_) => {}
             None => {
@@ -747,16 +776,48 @@ impl Engine {
     }
 }
 
-/// One HTTP GET of `path` on `ip:port` within a second (ureq): the status code, or why not.
+/// Largest header block a health probe reads; its body is never read.
+pub const PROBE_MAX_HEADER_BYTES: usize = 8 * 1024;
+/// How long one health probe may take, connection included.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// One HTTP GET of `path` on the instance's own `ip:port` (ureq): the status code, or why not.
+///
+/// The agent runs as root on the host, so a probe must never become a request to anywhere
+/// else: it follows no redirect (a 3xx fails the probe, saying where it pointed; the hardening
+/// review had a container redirect the probe to a loopback service and from there to the
+/// metadata address, and the replica was judged healthy), uses no proxy from the environment,
+/// takes `ip` only as an address (never a name to resolve), and reads at most
+/// [`PROBE_MAX_HEADER_BYTES`] of headers and no body, within [`PROBE_TIMEOUT`].
 async fn probe(ip: &str, port: u16, path: &str) -> String {
-    let url = format!("http://{ip}:{port}{path}");
+    let Ok(ip) = ip.parse::<std::net::IpAddr>() else {
+        return format!("address {ip:?} is not an IP address");
+    };
+    if !path.starts_with('/') || path.len() > 1024 || !path.bytes().all(|b| b.is_ascii_graphic()) {
+        return "the health path is not an absolute URL path".to_owned();
+    }
+    let url = format!("http://{}{path}", std::net::SocketAddr::new(ip, port));
     tokio::task::spawn_blocking(move || {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(1)))
+            .max_redirects(0)
+            .proxy(None)
+            .max_response_header_size(PROBE_MAX_HEADER_BYTES)
+            .timeout_global(Some(PROBE_TIMEOUT))
             .build()
             .into();
         match agent.get(&url).call() {
+            Ok(r) if r.status().is_redirection() => {
+                let to = r
+                    .headers()
+                    .get("location")
+                    .map(|l| String::from_utf8_lossy(l.as_bytes()).into_owned())
+                    .unwrap_or_default();
+                format!(
+                    "{} redirect to {to:.120} not followed (a probe goes only to the instance itself)",
+                    r.status().as_u16()
+                )
+            }
             Ok(r) => r.status().as_u16().to_string(),
             Err(e) => e.to_string(),
         }

@@ -7,7 +7,7 @@
 
 use crate::client::{AgentClient, ClientError};
 use crate::docker::{ENVIRONMENT, GENERATION, INSTANCE, NODE, OWNED, ROLE};
-use agent_proto::{LogRequest, MAX_LOG_CHUNK_BYTES, MAX_LOG_WAIT_MS, Refusal};
+use agent_proto::{LogRequest, MAX_LOG_CHUNK_BYTES, MAX_LOG_LINE_BYTES, MAX_LOG_TAIL_BYTES, MAX_LOG_WAIT_MS, Refusal};
 use bollard::Docker;
 use futures_util::StreamExt;
 use std::collections::HashMap;
@@ -60,9 +60,11 @@ async fn post(client: &Arc<AgentClient>, id: &str, lines: Vec<u8>, done: bool) -
     }
 }
 
-/// Appends `line` with its prefix, cut to fit one piece.
+/// Appends `line` with its prefix, cut to [`MAX_LOG_LINE_BYTES`] (and to fit one piece).
 fn push_line(buf: &mut Vec<u8>, prefix: &str, line: &[u8]) {
-    let room = MAX_LOG_CHUNK_BYTES.saturating_sub(prefix.len() + 4);
+    let room = MAX_LOG_CHUNK_BYTES
+        .saturating_sub(prefix.len() + 4)
+        .min(MAX_LOG_LINE_BYTES);
     buf.extend_from_slice(prefix.as_bytes());
     buf.extend_from_slice(b" | ");
     buf.extend_from_slice(&line[..line.len().min(room)]);
@@ -132,6 +134,8 @@ async fn stream(client: Arc<AgentClient>, docker: Docker, node: String, request:
     });
     let mut merged = futures_util::stream::select_all(streams);
     let mut buf: Vec<u8> = Vec::new();
+    // What a request that does not follow has relayed: bounded by MAX_LOG_TAIL_BYTES.
+    let mut relayed = 0usize;
     let mut last_post = Instant::now();
     let mut ticker = tokio::time::interval(FLUSH_EVERY);
     loop {
@@ -140,11 +144,18 @@ async fn stream(client: Arc<AgentClient>, docker: Docker, node: String, request:
                 Some((prefix, Ok(output))) => {
                     let bytes = output.into_bytes();
                     for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-                        if buf.len() + prefix.len() + line.len() + 4 > MAX_LOG_CHUNK_BYTES {
+                        if buf.len() + prefix.len() + line.len().min(MAX_LOG_LINE_BYTES) + 4 > MAX_LOG_CHUNK_BYTES {
+                            relayed += buf.len();
                             if !post(&client, &request.id, std::mem::take(&mut buf), false).await {
                                 return;
                             }
                             last_post = Instant::now();
+                        }
+                        if !request.follow && relayed + buf.len() >= MAX_LOG_TAIL_BYTES {
+                            let note = format!("pushleft: stopped after {} MiB, the bound of a log request that does not follow\n", MAX_LOG_TAIL_BYTES >> 20);
+                            buf.extend_from_slice(note.as_bytes());
+                            post(&client, &request.id, buf, true).await;
+                            return;
                         }
                         push_line(&mut buf, &prefix, line);
                     }
@@ -175,7 +186,7 @@ mod tests {
     fn a_line_longer_than_a_piece_is_cut_to_fit() {
         let mut buf = Vec::new();
         push_line(&mut buf, "web/0 g3", &vec![b'x'; MAX_LOG_CHUNK_BYTES * 2]);
-        assert!(buf.len() <= MAX_LOG_CHUNK_BYTES, "{}", buf.len());
+        assert!(buf.len() <= MAX_LOG_LINE_BYTES + 16, "{}", buf.len());
         assert!(buf.starts_with(b"web/0 g3 | xxx"));
         assert_eq!(buf.last(), Some(&b'\n'));
     }

@@ -141,7 +141,7 @@ fn application_is_adopted_after_a_kill(dir: &Path) {
         instance: Some(0),
         generation: 1,
         spec_hash: "crash-g1".into(),
-        container: format!("pl-{env}-web-0-g1"),
+        container: agent_proto::container_name(&env, "web", Some(0), 1),
         image,
         command: [
             "/bin/busybox",
@@ -162,6 +162,8 @@ fn application_is_adopted_after_a_kill(dir: &Path) {
         }),
         network: net.clone(),
         secrets: Vec::new(),
+        log_max_bytes: 10 << 20,
+        log_max_files: 3,
     };
     let c = spawn_child(
         "app",

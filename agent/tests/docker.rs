@@ -28,7 +28,7 @@ fn app(env: &str, image: &str, generation: u64, net: &NetworkSpec) -> Applicatio
         instance: Some(0),
         generation,
         spec_hash: format!("hash-g{generation}"),
-        container: format!("pl-{env}-web-0-g{generation}"),
+        container: agent_proto::container_name(env, "web", Some(0), generation),
         image: image.into(),
         command: ["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/www"]
             .map(String::from)
@@ -44,6 +44,8 @@ fn app(env: &str, image: &str, generation: u64, net: &NetworkSpec) -> Applicatio
         }),
         network: net.clone(),
         secrets: Vec::new(),
+        log_max_bytes: 10 << 20,
+        log_max_files: 3,
     }
 }
 
@@ -286,7 +288,7 @@ fn docker_executors_adopt_repair_and_refuse() {
         job.instance = None;
         job.role = "migrate".into();
         job.role_kind = "release".into();
-        job.container = format!("pl-{env}-migrate-run-g5");
+        job.container = agent_proto::container_name(&env, "migrate", None, 5);
         job.health = None;
         job.command = ["/bin/sh", "-c", "echo migrated"].map(String::from).to_vec();
         let ok = engine.run_once(&job, Duration::from_secs(30)).await.expect("run");
@@ -358,4 +360,162 @@ fn docker_executors_adopt_repair_and_refuse() {
         );
     });
     clean(&env);
+}
+
+/// What a hostile application can try from inside its container, from the hardening review:
+/// - its health endpoint answers `302` to a service on the host's loopback (which the agent,
+///   running as root on the host, could reach): the probe follows no redirect, fails with
+///   where it pointed, and the loopback service sees no request;
+/// - it writes 24 MiB to stdout: its log on the node stays within its role's bound
+///   (1 MiB a file, 2 files here), and the log tail a result carries stays within 16 KiB;
+/// - another environment's container has the name this replica's would have (environment
+///   `a-web` + role `web` spelled as environment `a` + role `web-web` under the old names):
+///   it is foreign by its labels, refused and left running, never removed as "another spec".
+#[test]
+fn a_hostile_container_cannot_redirect_the_probe_fill_the_disk_or_take_a_name() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    require_dockerd();
+    let registry = Registry::start();
+    let env = "pltest-hostile".to_owned();
+    let other = format!("{env}-web");
+    clean(&env);
+    clean(&other);
+    // A "service on the host's loopback" the redirect points at: it counts connections.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let target = listener.local_addr().expect("addr").port();
+    let reached = Arc::new(AtomicUsize::new(0));
+    {
+        let reached = Arc::clone(&reached);
+        std::thread::spawn(move || {
+            for conn in listener.incoming().take(100) {
+                reached.fetch_add(1, Ordering::SeqCst);
+                if let Ok(mut c) = conn {
+                    use std::io::Write;
+                    let _ = c.write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok");
+                }
+            }
+        });
+    }
+    let redirecting = registry.image(
+        "redirect",
+        &[(
+            "/www/cgi-bin/healthz",
+            &format!("#!/bin/sh\nprintf 'Status: 302 Found\\r\\nLocation: http://127.0.0.1:{target}/\\r\\n\\r\\n'\n"),
+        )],
+    );
+    let image = registry.image("web", &[("/www/index.html", "ok\n"), ("/www/healthz", "ok\n")]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let identity = dir.path().join("age.key");
+    support::age_keygen(&identity);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let engine = Engine::connect(
+            Path::new("/var/run/docker.sock"),
+            "n1",
+            dir.path().join("secrets"),
+            identity.clone(),
+            dir.path().join("state/images-pulled"),
+        )
+        .await
+        .expect("docker");
+        let net = NetworkSpec {
+            environment: env.clone(),
+            network: format!("pl_{env}"),
+            subnet: "10.208.249.0/24".into(),
+        };
+        engine.ensure_network(&net).await.expect("network");
+
+        // The redirect: not followed, a failed probe that says where it pointed.
+        let mut sly = app(&env, &redirecting, 1, &net);
+        sly.health = Some(HealthSpec {
+            path: "/cgi-bin/healthz".into(),
+            timeout_seconds: 2,
+        });
+        let f = engine.ensure_application(&sly).await.expect_err("a redirect is no health");
+        assert_eq!(f.code, "health-deadline");
+        assert!(
+            f.detail.contains(&format!("302 redirect to http://127.0.0.1:{target}/ not followed")),
+            "{}",
+            f.detail
+        );
+        assert_eq!(reached.load(Ordering::SeqCst), 0, "the loopback service saw no request");
+
+        // The flood: 24 MiB of output, bounded on disk by the role's log limits.
+        let mut loud = app(&env, &image, 1, &net);
+        loud.role = "worker".into();
+        loud.role_kind = "worker".into();
+        loud.container = agent_proto::container_name(&env, "worker", Some(0), 1);
+        loud.health = None;
+        loud.port = None;
+        loud.log_max_bytes = 1 << 20;
+        loud.log_max_files = 2;
+        let line = "x".repeat(1023);
+        loud.command = [
+            "/bin/busybox".to_owned(),
+            "sh".to_owned(),
+            "-c".to_owned(),
+            format!("/bin/busybox yes {line} | /bin/busybox head -n 24576; echo flood-written; exec /bin/busybox sleep 600"),
+        ]
+        .to_vec();
+        engine.ensure_application(&loud).await.expect("worker");
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !docker(&["logs", "--tail", "1", &loud.container]).contains("flood-written") {
+            assert!(std::time::Instant::now() < deadline, "the flood never ended");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        assert_eq!(
+            inspect(&loud.container, "{{.HostConfig.LogConfig.Type}} {{index .HostConfig.LogConfig.Config \"max-size\"}} {{index .HostConfig.LogConfig.Config \"max-file\"}}"),
+            "json-file 1048576 2"
+        );
+        let log = std::path::PathBuf::from(inspect(&loud.container, "{{.LogPath}}"));
+        let folder = log.parent().expect("log folder");
+        let stem = log.file_name().expect("name").to_string_lossy().into_owned();
+        let on_disk: u64 = std::fs::read_dir(folder)
+            .expect("container folder")
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&stem))
+            .map(|e| e.metadata().expect("size").len())
+            .sum();
+        assert!(
+            on_disk <= 2 * (1 << 20) + 64 * 1024,
+            "24 MiB written, {on_disk} bytes kept: the bound is 2 files of 1 MiB"
+        );
+        let tail = engine.log_tail(&loud.container).await;
+        assert!(tail.len() <= pushleft_agent::docker::LOG_TAIL_BYTES, "{}", tail.len());
+        assert!(tail.contains("flood-written"));
+
+        // The name: another environment's replica holds it; refused by its labels, untouched.
+        let victim = app(&other, &image, 1, &net);
+        engine.ensure_application(&victim).await.expect("victim");
+        let victim_id = inspect(&victim.container, "{{.Id}}");
+        let mut taker = app(&env, &image, 1, &net);
+        taker.role = "web-web".into();
+        taker.spec_hash = "the-taker".into();
+        taker.container = victim.container.clone();
+        assert_eq!(
+            engine.ensure_application(&taker).await.expect_err("foreign").code,
+            "foreign-container"
+        );
+        let mut run = taker.clone();
+        run.instance = None;
+        assert_eq!(
+            engine.run_once(&run, Duration::from_secs(5)).await.expect_err("foreign").code,
+            "foreign-container"
+        );
+        assert_eq!(inspect(&victim.container, "{{.Id}}"), victim_id, "the same container");
+        assert_eq!(inspect(&victim.container, "{{.State.Running}}"), "true", "still serving");
+        // Under today's names the two never meet.
+        assert_ne!(
+            agent_proto::container_name(&env, "web-web", Some(0), 1),
+            agent_proto::container_name(&other, "web", Some(0), 1)
+        );
+    });
+    clean(&env);
+    clean(&other);
+    let _ = docker_ok(&["network", "rm", &format!("pl_{env}")]);
 }

@@ -136,7 +136,7 @@ fn a_lease_carries_everything_the_job_needs_with_secrets_sealed_to_the_node() {
     let Execution::Application(spec) = &app.execution else {
         panic!("{:?}", app.execution)
     };
-    assert_eq!(spec.container, "pl-api-production-web-0-g2");
+    assert_eq!(spec.container, "pl_api-production_web_0_g2");
     assert_eq!(spec.image, format!("registry.example.com/api@{DIGEST}"));
     assert_eq!(spec.command, ["/bin/server", "--port", "8080"]);
     assert_eq!(spec.env.get("LOG_LEVEL").map(String::as_str), Some("info"));
@@ -192,7 +192,7 @@ fn a_lease_carries_everything_the_job_needs_with_secrets_sealed_to_the_node() {
     assert_eq!(ingress.upstreams.len(), 1);
     assert_eq!(
         (ingress.upstreams[0].container.as_str(), ingress.upstreams[0].port),
-        ("pl-api-production-web-0-g2", 8080)
+        ("pl_api-production_web_0_g2", 8080)
     );
 
     // The plaintext is nowhere in the ledger: not in a job, a result, an event or a sealed copy.

@@ -285,7 +285,7 @@ fn the_agent_heartbeats_leases_and_executes_its_jobs() {
             format!("{}=1", pushleft_agent::docker::GENERATION),
         ];
         let mut args = vec!["run", "-d", "--init", "--network", network.as_str()];
-        let name = format!("pl-{env}-worker-{i}-g1");
+        let name = agent_proto::container_name(&env, "worker", Some(i), 1);
         args.extend(["--name", name.as_str()]);
         for l in &labels {
             args.extend(["--label", l.as_str()]);

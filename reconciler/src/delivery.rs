@@ -7,7 +7,9 @@
 use crate::ledger::{Lease, Ledger, LedgerError};
 use crate::placing::subnet;
 use age::Identity;
-use agent_proto::{ApplicationSpec, Execution, HealthSpec, IngressSpec, NetworkSpec, SealedSecret, Upstream};
+use agent_proto::{
+    ApplicationSpec, Execution, HealthSpec, IngressSpec, NetworkSpec, SealedSecret, Upstream, container_name,
+};
 use sha2::{Digest, Sha256};
 use sqlx::Row;
 use state_schema::desired::DeploymentSpec;
@@ -26,14 +28,6 @@ fn undeliverable(code: &'static str, message: impl Into<String>) -> Undeliverabl
     Undeliverable {
         code,
         message: message.into(),
-    }
-}
-
-/// The container of one replica at one generation, or of a generation's run of a role.
-pub fn container_name(environment: &str, role: &str, instance: Option<u32>, generation: u64) -> String {
-    match instance {
-        Some(i) => format!("pl-{environment}-{role}-{i}-g{generation}"),
-        None => format!("pl-{environment}-{role}-run-g{generation}"),
     }
 }
 
@@ -295,7 +289,10 @@ impl Ledger {
             }
         }
         let environment = spec.environment.to_string();
+        let (log_max_bytes, log_max_files) = r.log_limits();
         Ok(Ok(Execution::Application(Box::new(ApplicationSpec {
+            log_max_bytes,
+            log_max_files,
             container: container_name(&environment, role, instance, generation),
             deployment: spec.project.to_string(),
             environment,

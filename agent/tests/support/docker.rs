@@ -81,8 +81,8 @@ impl Registry {
         Registry { child, port, _dir: dir }
     }
 
-    /// An image of the static busybox with `files` added, pushed as `name`: its reference by
-    /// digest. The local copy is removed, so the agent's pull is real.
+    /// An image of the static busybox with `files` added (those under a `cgi-bin/` folder
+    /// executable), pushed as `name`: its reference by digest. The local copy is removed, so the agent's pull is real.
     pub fn image(&self, name: &str, files: &[(&str, &str)]) -> String {
         let root = tempfile::tempdir().expect("tempdir");
         let bin = root.path().join("bin");
@@ -95,6 +95,11 @@ impl Registry {
             let p = root.path().join(path.trim_start_matches('/'));
             std::fs::create_dir_all(p.parent().expect("parent")).expect("dir");
             std::fs::write(&p, text).expect("file");
+            // CGI scripts run.
+            if path.contains("/cgi-bin/") {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+            }
         }
         let tar = root.path().with_extension("tar");
         let o = Command::new("tar")
