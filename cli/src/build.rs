@@ -68,10 +68,12 @@ pub fn registry(state: &Path, port: u16) -> Result<()> {
     let program = on_path("docker-registry").ok_or_else(|| {
         anyhow!("--build pushes to a registry on loopback, and docker-registry is not on PATH: install it (Debian: apt-get install docker-registry)")
     })?;
+    // Deletion off: the registry listens on loopback, where every local user reaches it, and a
+    // deleted manifest would break the next pull of a release that runs (docs/security.md).
     std::fs::write(
         state.join("registry.yml"),
         format!(
-            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {:?}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n",
+            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {:?}\n  delete:\n    enabled: false\nhttp:\n  addr: 127.0.0.1:{port}\n",
             state.join("registry")
         ),
     )?;

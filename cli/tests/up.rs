@@ -302,26 +302,15 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         assert_eq!(count_jobs(), jobs, "no job added");
 
         // Caddy's routes, which no refused or failed release below may change.
-        let caddy_admin = {
-            let ports: serde_json::Value =
-                serde_json::from_slice(&std::fs::read(state.join("ports.json")).expect("ports")).expect("json");
-            ports["caddy"].as_u64().expect("caddy port") as u16
-        };
+        let caddy_socket = state.join("caddy-admin/admin.sock");
         let routes = move || {
-            let agent: ureq::Agent = ureq::Agent::config_builder()
-                .timeout_global(Some(Duration::from_secs(2)))
-                .build()
-                .into();
-            agent
-                .get(&format!("http://127.0.0.1:{caddy_admin}/config/apps/http/servers"))
-                .call()
-                .expect("caddy admin")
-                .body_mut()
-                .read_to_string()
-                .expect("routes")
+            let (status, body) =
+                agent_support::caddy_admin(&caddy_socket, "GET", "/config/apps/http/servers").expect("caddy admin");
+            assert_eq!(status, 200, "{body}");
+            body
         };
         let routes_before = routes();
-        assert!(routes_before.contains("pl-api.example.com"), "{routes_before}");
+        assert!(routes_before.contains("pl-host.api.example.com"), "{routes_before}");
 
         // An invalid working tree: every problem, exit 1, nothing applied.
         std::fs::write(
@@ -433,7 +422,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
             .spawn()
             .expect("pl up");
         let inner = |args: &[&str]| docker(&socket, args);
-        let new_container = format!("pl-api-production-web-0-g{}", generation_now + 1);
+        let new_container = format!("pl_api-production_web_0_g{}", generation_now + 1);
         let deadline = Instant::now() + Duration::from_secs(60);
         let started = loop {
             let seen = inner(&["inspect", "--format", "{{.Id}} {{.State.Running}} {{.State.StartedAt}}", &new_container]);
@@ -462,7 +451,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         );
         assert_eq!(attempts(), [(before + 1).to_string()], "replayed once after the crash");
         assert_eq!(get(http, "api.example.com.localhost"), Some((200, "release two".into())));
-        let old = format!("pl-api-production-web-0-g{generation_now}");
+        let old = format!("pl_api-production_web_0_g{generation_now}");
         assert_ne!(inner(&["inspect", "--format", "{{.State.Running}}", &old]), "true", "the old generation stopped");
 
         // `--build api=DIR`: DIR's Dockerfile is built on the engine and runs as api's image,
@@ -762,6 +751,62 @@ impl Drop for Detached {
     }
 }
 
+/// What a local unprivileged user (`nobody`) reaches of a control plane `pl up --build`
+/// started, each listener and the state folder tried as that user (docs/security.md, "A local
+/// user"). The folders above the state folder are opened to everyone first, so only the
+/// product's own protections stand between the user and its files.
+fn local_user_reaches_only_what_docs_security_says(state: &Path, host_name: &str) {
+    use agent_support::as_nobody;
+    use std::os::unix::fs::PermissionsExt;
+    let mut up = state.parent();
+    while let Some(dir) = up.filter(|d| d.starts_with("/tmp") && *d != Path::new("/tmp")) {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        up = dir.parent();
+    }
+    let ports: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(state.join("ports.json")).expect("ports")).expect("json");
+    let port = |name: &str| ports[name].as_u64().expect("port").to_string();
+    // Caddy's admin API: a unix socket in a 0700 folder.
+    let socket = state.join("caddy-admin/admin.sock");
+    assert!(socket.exists());
+    assert_eq!(
+        as_nobody(&["unix", &socket.display().to_string()]),
+        "denied",
+        "Caddy's admin API"
+    );
+    // The state folder's secrets: the CA key, the admin token, the node's age identity.
+    for file in ["tls/ca.key", "admin.token", "agents/node-1/node/age.key", "ledger.db"] {
+        let path = state.join(file);
+        assert!(path.exists(), "{file}");
+        assert_eq!(as_nobody(&["read", &path.display().to_string()]), "denied", "{file}");
+    }
+    assert_eq!(
+        as_nobody(&["read", &state.join("agents").display().to_string()]),
+        "denied",
+        "the agents' folders"
+    );
+    // The operator API answers, but refuses a request without a token.
+    assert_eq!(
+        as_nobody(&["tls", &port("api"), "/v1/status"]),
+        "401",
+        "the operator API"
+    );
+    // The agent API refuses a connection without a node's certificate.
+    assert_eq!(
+        as_nobody(&["tls", &port("agent"), "/v1/leases"]),
+        "handshake-refused",
+        "the agent API"
+    );
+    // The ingress port is public by design: it serves the page.
+    assert_eq!(as_nobody(&["tcp", "18090", host_name, "/"]), "200", "the ingress");
+    // The build registry on loopback: reachable, read-only to what runs (docs/security.md).
+    assert_eq!(
+        as_nobody(&["tcp", &port("registry"), "localhost", "/v2/_catalog"]),
+        "200",
+        "the registry"
+    );
+}
+
 /// The README's quickstart, as `scripts/quickstart` runs it: `pl up --build` of
 /// examples/quickstart with its app built from nothing (the static busybox beside its
 /// Dockerfile) serves the example's page at the URL it prints; Caddy missing and a taken port
@@ -832,6 +877,7 @@ fn the_quickstart_builds_its_image_and_serves_its_page() {
         let (status, body) = get(18_090, host_name).expect("the URL answers");
         assert_eq!(status, 200);
         assert!(body.contains("hello from Pushleft"), "{body}");
+        local_user_reaches_only_what_docs_security_says(&state, host_name);
         // `pl logs`: the role's lines (httpd -v logs each response), relayed from the node.
         let repo_arg = repo.to_string_lossy().into_owned();
         let logs = |args: &[&str]| outcome(pl_command(&state, &socket).args(args).output().expect("pl logs"));
