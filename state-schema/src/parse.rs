@@ -549,7 +549,7 @@ fn decode_logs(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<LogLimits> {
         });
     let (low, high) = defaults::LOG_MAX_FILES_RANGE;
     let files = f.get("maxFiles").map_or(Some(defaults::LOG_MAX_FILES), |n| {
-        u32_in(ctx, n, "`logs.maxFiles`", low.into(), high.into())
+        u32_in(ctx, n, "`logs.maxFiles`", low, high)
     });
     Some(LogLimits {
         max_size: size?,
