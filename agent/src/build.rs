@@ -145,11 +145,13 @@ pub fn context(dir: &Path) -> Result<Vec<u8>, BuildError> {
 
 /// Builds `dir` as `repository:latest` (a repository of a registry on loopback, say
 /// `127.0.0.1:5000/pl-build/api`) on the engine at `socket`, pushes it, and returns its
-/// reference by digest. The build's output goes to `progress` as it comes.
+/// reference by digest. The build's output goes to `progress` as it comes; `credentials` are
+/// the registry's, when it wants them (`pl up`'s does).
 pub async fn build_and_push(
     socket: &Path,
     dir: &Path,
     repository: &str,
+    credentials: Option<bollard::auth::DockerCredentials>,
     mut progress: impl FnMut(&str),
 ) -> Result<String, BuildError> {
     use bollard::query_parameters::{BuildImageOptionsBuilder, PushImageOptionsBuilder};
@@ -201,7 +203,7 @@ pub async fn build_and_push(
     let mut push = docker.push_image(
         repository,
         Some(PushImageOptionsBuilder::default().tag("latest").build()),
-        None,
+        credentials,
     );
     while let Some(item) = push.next().await {
         let message = match item {

@@ -55,6 +55,9 @@ pub struct Engine {
     /// Held while that file is read and rewritten (tasks of a step and the drift round run at
     /// once).
     pulled_lock: std::sync::Mutex<()>,
+    /// Credentials files by registry (`127.0.0.1:5000`), for pulls from registries that want
+    /// them (`pl up`'s build registry).
+    registry_auth: std::collections::BTreeMap<String, PathBuf>,
 }
 
 fn not_found(e: &DockerError) -> bool {
@@ -115,7 +118,15 @@ impl Engine {
             identity,
             pulled,
             pulled_lock: std::sync::Mutex::new(()),
+            registry_auth: std::collections::BTreeMap::new(),
         })
+    }
+
+    /// Pulls from these registries carry the credentials in these files
+    /// ([`crate::registry_auth::read`]).
+    pub fn with_registry_auth(mut self, files: std::collections::BTreeMap<String, PathBuf>) -> Engine {
+        self.registry_auth = files;
+        self
     }
 
     fn pulled_images(&self) -> Vec<String> {
@@ -313,10 +324,17 @@ impl Engine {
             Err(e) if not_found(&e) => {}
             Err(e) => return Err(docker("docker-unavailable", e)),
         }
+        let credentials =
+            match crate::registry_auth::registry_of(image).and_then(|r| Some((r, self.registry_auth.get(r)?))) {
+                Some((registry, file)) => Some(
+                    crate::registry_auth::read(file, registry).map_err(|e| permanent("registry-auth-unreadable", e))?,
+                ),
+                None => None,
+            };
         let mut pull = self.docker.create_image(
             Some(CreateImageOptionsBuilder::default().from_image(image).build()),
             None,
-            None,
+            credentials,
         );
         // Remembered before the pull: an image this agent pulled is the only kind it removes.
         self.edit_pulled(|list| {

@@ -13,5 +13,6 @@ pub mod firewall;
 pub mod ingress;
 pub mod logs;
 pub mod outcome;
+pub mod registry_auth;
 pub mod routes;
 pub mod run;

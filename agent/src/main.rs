@@ -45,6 +45,9 @@ enum Command {
         /// The repository to push to, on a loopback registry (`127.0.0.1:PORT/NAME`).
         #[arg(long)]
         repository: String,
+        /// A file (mode 0600) holding the registry's `username:password`.
+        #[arg(long)]
+        registry_auth: Option<PathBuf>,
     },
     /// Heartbeat, lease this node's jobs and execute them, until stopped.
     Run {
@@ -89,12 +92,17 @@ fn run(cli: Cli) -> Result<()> {
             docker_socket,
             context,
             repository,
+            registry_auth,
         } => {
             // A registry elsewhere would send the image off the machine: loopback only.
             let host = repository.split('/').next().unwrap_or_default();
             if !(host.starts_with("127.") || host.starts_with("localhost:") || host.starts_with("[::1]:")) {
                 anyhow::bail!("--repository {repository} is not on a loopback registry");
             }
+            let credentials = registry_auth
+                .map(|file| pushleft_agent::registry_auth::read(&file, host))
+                .transpose()
+                .map_err(anyhow::Error::msg)?;
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -103,6 +111,7 @@ fn run(cli: Cli) -> Result<()> {
                 &docker_socket,
                 &context,
                 &repository,
+                credentials,
                 |line| eprintln!("{line}"),
             ))?;
             println!("{reference}");

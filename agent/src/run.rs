@@ -63,6 +63,10 @@ pub struct Config {
     /// Routes also match each hostname with this appended (`pl up` sets `.localhost`).
     #[serde(default)]
     pub ingress_host_suffix: Option<String>,
+    /// Credentials for pulls, by registry: `"127.0.0.1:5000" = "/path/to/file"`, each file
+    /// `username:password` and mode 0600 (`pl up` names its build registry's).
+    #[serde(default)]
+    pub registry_auth: std::collections::BTreeMap<String, PathBuf>,
 }
 
 fn default_ingress_upstreams() -> PathBuf {
@@ -116,6 +120,11 @@ impl Config {
             &mut c.state_dir,
             &mut c.ingress_upstreams,
         ] {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        }
+        for p in c.registry_auth.values_mut() {
             if p.is_relative() {
                 *p = base.join(&*p);
             }
@@ -448,7 +457,8 @@ pub async fn run(config: Config) -> Result<()> {
             config.state_dir.join("images-pulled"),
         )
         .await
-        .with_context(|| format!("Docker at {}", config.docker_socket.display()))?,
+        .with_context(|| format!("Docker at {}", config.docker_socket.display()))?
+        .with_registry_auth(config.registry_auth.clone()),
         firewall: Arc::new(Firewall {
             nft: config.nft.clone(),
             node: node.clone(),

@@ -519,3 +519,67 @@ fn a_hostile_container_cannot_redirect_the_probe_fill_the_disk_or_take_a_name() 
     clean(&other);
     let _ = docker_ok(&["network", "rm", &format!("pl_{env}")]);
 }
+
+/// `pl up`'s build registry wants credentials (every local user reaches its port): without
+/// them the agent's pull is refused by the registry; with `registry_auth` naming a 0600 file
+/// of `username:password`, the replica is pulled and runs; a file others may read is refused
+/// by name, its content in no error.
+#[test]
+fn pulls_from_a_registry_that_wants_credentials() {
+    use std::os::unix::fs::PermissionsExt;
+    require_dockerd();
+    let registry = Registry::with_credentials("pl-up", "a-long-random-password");
+    let image = registry.image("private", &[("/www/healthz", "ok\n")]);
+    let env = "pltest-auth".to_owned();
+    clean(&env);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let identity = dir.path().join("age.key");
+    support::age_keygen(&identity);
+    let auth = dir.path().join("registry.auth");
+    std::fs::write(&auth, "pl-up:a-long-random-password\n").expect("auth");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let engine = |files: Vec<(String, std::path::PathBuf)>| {
+            let (dir, identity) = (dir.path().to_owned(), identity.clone());
+            async move {
+                Engine::connect(
+                    Path::new("/var/run/docker.sock"),
+                    "n1",
+                    dir.join("secrets"),
+                    identity,
+                    dir.join("state/images-pulled"),
+                )
+                .await
+                .expect("docker")
+                .with_registry_auth(files.into_iter().collect())
+            }
+        };
+        let net = NetworkSpec {
+            environment: env.clone(),
+            network: format!("pl_{env}"),
+            subnet: "10.208.248.0/24".into(),
+        };
+        let anonymous = engine(Vec::new()).await;
+        anonymous.ensure_network(&net).await.expect("network");
+        let g1 = app(&env, &image, 1, &net);
+        let f = anonymous.ensure_application(&g1).await.expect_err("no credentials");
+        assert!(f.code.starts_with("image-"), "{}: {}", f.code, f.detail);
+        let registry_name = format!("127.0.0.1:{}", registry.port);
+        std::fs::set_permissions(&auth, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let exposed = engine(vec![(registry_name.clone(), auth.clone())]).await;
+        let f = exposed.ensure_application(&g1).await.expect_err("readable by others");
+        assert_eq!(f.code, "registry-auth-unreadable");
+        assert!(!f.detail.contains("a-long-random-password"), "{}", f.detail);
+        std::fs::set_permissions(&auth, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        let allowed = engine(vec![(registry_name, auth.clone())]).await;
+        let note = allowed.ensure_application(&g1).await.expect("pulled with credentials");
+        assert!(note.contains("created, healthy"), "{note}");
+        allowed.teardown(&env, "web", 0, 1).await.expect("teardown");
+        allowed.remove_network(&net.network).await.expect("network goes");
+    });
+    clean(&env);
+}

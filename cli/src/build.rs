@@ -68,13 +68,16 @@ pub fn registry(state: &Path, port: u16) -> Result<()> {
     let program = on_path("docker-registry").ok_or_else(|| {
         anyhow!("--build pushes to a registry on loopback, and docker-registry is not on PATH: install it (Debian: apt-get install docker-registry)")
     })?;
-    // Deletion off: the registry listens on loopback, where every local user reaches it, and a
-    // deleted manifest would break the next pull of a release that runs (docs/security.md).
+    // It listens on loopback, where every local user reaches it: credentials (htpasswd) keep
+    // its images to the state folder's owner, and deletion is off, so nothing can remove an
+    // image a release runs by digest (docs/security.md).
+    let htpasswd = credentials(state)?.1;
     std::fs::write(
         state.join("registry.yml"),
         format!(
-            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {:?}\n  delete:\n    enabled: false\nhttp:\n  addr: 127.0.0.1:{port}\n",
-            state.join("registry")
+            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {:?}\n  delete:\n    enabled: false\nhttp:\n  addr: 127.0.0.1:{port}\nauth:\n  htpasswd:\n    realm: pushleft\n    path: {:?}\n",
+            state.join("registry"),
+            htpasswd,
         ),
     )?;
     let mut child = spawn_detached(
@@ -95,10 +98,43 @@ pub fn registry(state: &Path, port: u16) -> Result<()> {
     Ok(())
 }
 
+/// The build registry's credentials, made once: `registry.auth` (`pl-up:<256 random bits>`,
+/// what `pl-agent build` and the agent's pulls present) and `registry.htpasswd` (its bcrypt
+/// hash, what the registry checks), both 0600 in the 0700 state folder. The cost is bcrypt's
+/// least: the registry checks the hash on every request of a pull, and a 256-bit random
+/// password gains nothing from a slower hash.
+pub fn credentials(state: &Path) -> Result<(PathBuf, PathBuf)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let (auth, htpasswd) = (state.join("registry.auth"), state.join("registry.htpasswd"));
+    if auth.exists() && htpasswd.exists() {
+        return Ok((auth, htpasswd));
+    }
+    let mut bytes = zeroize::Zeroizing::new([0u8; 32]);
+    getrandom::fill(bytes.as_mut()).map_err(|e| anyhow!("the OS random source: {e}"))?;
+    let password = zeroize::Zeroizing::new(bytes.iter().map(|b| format!("{b:02x}")).collect::<String>());
+    let hash = bcrypt::hash(password.as_bytes(), 4).context("hashing the registry's password")?;
+    for (path, text) in [
+        (&htpasswd, zeroize::Zeroizing::new(format!("pl-up:{hash}\n"))),
+        (&auth, zeroize::Zeroizing::new(format!("pl-up:{}\n", password.as_str()))),
+    ] {
+        let tmp = path.with_extension("new");
+        let _ = std::fs::remove_file(&tmp);
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        std::io::Write::write_all(&mut f, text.as_bytes())?;
+        std::fs::rename(&tmp, path)?;
+    }
+    Ok((auth, htpasswd))
+}
+
 /// Builds and pushes each project's image; `(project, reference by digest)`. The build's
 /// output is shown as it comes (`PROJECT | line`); a failed build ends with its failing step's
 /// output.
-pub fn build_all(builds: &[Build], registry_port: u16, socket: &Path) -> Result<Vec<(String, ImageRef)>> {
+pub fn build_all(builds: &[Build], registry_port: u16, socket: &Path, state: &Path) -> Result<Vec<(String, ImageRef)>> {
+    let (auth, _) = credentials(state)?;
     let mut built = Vec::new();
     for b in builds {
         println!("pl up: building {} from {}", b.project, b.dir.display());
@@ -112,6 +148,8 @@ pub fn build_all(builds: &[Build], registry_port: u16, socket: &Path) -> Result<
                 "--repository",
                 &format!("127.0.0.1:{registry_port}/pl-build/{}", b.project),
             ])
+            .arg("--registry-auth")
+            .arg(&auth)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -799,11 +799,17 @@ fn local_user_reaches_only_what_docs_security_says(state: &Path, host_name: &str
     );
     // The ingress port is public by design: it serves the page.
     assert_eq!(as_nobody(&["tcp", "18090", host_name, "/"]), "200", "the ingress");
-    // The build registry on loopback: reachable, read-only to what runs (docs/security.md).
+    // The build registry on loopback: it answers, but lists, pulls and pushes nothing without
+    // the state folder's credentials (whose file nobody cannot read).
     assert_eq!(
         as_nobody(&["tcp", &port("registry"), "localhost", "/v2/_catalog"]),
-        "200",
+        "401",
         "the registry"
+    );
+    assert_eq!(
+        as_nobody(&["read", &state.join("registry.auth").display().to_string()]),
+        "denied",
+        "the registry's credentials"
     );
 }
 

@@ -50,18 +50,64 @@ fn free_port() -> u16 {
 pub struct Registry {
     child: Child,
     pub port: u16,
+    /// With credentials: the docker CLI's configuration folder that is logged in to it.
+    login: Option<PathBuf>,
     _dir: tempfile::TempDir,
 }
 
 impl Registry {
     pub fn start() -> Registry {
+        Registry::serve(None)
+    }
+
+    /// A registry that wants `user:password` (htpasswd, as `pl up`'s does); the test's own
+    /// pushes log in with a docker CLI configuration of their own.
+    pub fn with_credentials(user: &str, password: &str) -> Registry {
+        let mut r = Registry::serve(Some(format!("{user}:{}\n", bcrypt::hash(password, 4).expect("bcrypt"))));
+        let login = r._dir.path().join("docker-cli");
+        let mut child = Command::new("docker")
+            .arg("--config")
+            .arg(&login)
+            .args([
+                "login",
+                "-u",
+                user,
+                "--password-stdin",
+                &format!("127.0.0.1:{}", r.port),
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("docker login");
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(password.as_bytes())
+            .expect("password");
+        assert!(child.wait().expect("login").success(), "docker login");
+        r.login = Some(login);
+        r
+    }
+
+    fn serve(htpasswd: Option<String>) -> Registry {
         let dir = tempfile::tempdir().expect("tempdir");
         let port = free_port();
         let config = dir.path().join("config.yml");
+        let auth = match htpasswd {
+            Some(lines) => {
+                let file = dir.path().join("htpasswd");
+                std::fs::write(&file, lines).expect("htpasswd");
+                format!("auth:\n  htpasswd:\n    realm: test\n    path: {}\n", file.display())
+            }
+            None => String::new(),
+        };
         std::fs::write(
             &config,
             format!(
-                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n",
+                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n{auth}",
                 dir.path().join("data").display()
             ),
         )
@@ -78,7 +124,12 @@ impl Registry {
             assert!(Instant::now() < deadline, "the registry did not start");
             std::thread::sleep(Duration::from_millis(50));
         }
-        Registry { child, port, _dir: dir }
+        Registry {
+            child,
+            port,
+            login: None,
+            _dir: dir,
+        }
     }
 
     /// An image of the static busybox with `files` added (those under a `cgi-bin/` folder
@@ -114,7 +165,15 @@ impl Registry {
         let tag = format!("127.0.0.1:{}/pl-test/{name}:latest", self.port);
         docker(&["import", &tar.to_string_lossy(), &tag]);
         let _ = std::fs::remove_file(&tar);
-        docker(&["push", "-q", &tag]);
+        match &self.login {
+            Some(login) => {
+                let config = login.to_string_lossy();
+                docker(&["--config", &config, "push", "-q", &tag]);
+            }
+            None => {
+                docker(&["push", "-q", &tag]);
+            }
+        }
         let digest = docker(&["inspect", "--format", "{{index .RepoDigests 0}}", &tag]);
         docker(&["rmi", "-f", &tag]);
         let _ = docker_ok(&["rmi", "-f", &digest]);

@@ -524,7 +524,7 @@ impl Local {
             return Ok(Vec::new());
         }
         crate::build::registry(&self.state, ports.registry)?;
-        let built = crate::build::build_all(builds, ports.registry, socket)?;
+        let built = crate::build::build_all(builds, ports.registry, socket, &self.state)?;
         crate::build::overrides(state, &built, |file| match rev {
             None => Ok(std::fs::read_to_string(self.repo.join(file))?),
             Some(r) => Ok(run(Command::new("git")
@@ -734,6 +734,17 @@ impl Local {
             ports.http,
             self.path("ingress").display().to_string(),
         );
+        // The build registry's credentials, for pulls of what `--build` pushed.
+        let config = if ports.registry != 0 {
+            let (auth, _) = crate::build::credentials(&self.state)?;
+            format!(
+                "{config}\n[registry_auth]\n\"127.0.0.1:{}\" = {:?}\n",
+                ports.registry,
+                auth.display().to_string()
+            )
+        } else {
+            config
+        };
         std::fs::write(home.join("agent.toml"), config)?;
         run_daemon(
             "pl-agent",
