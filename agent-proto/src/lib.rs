@@ -6,26 +6,43 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Length of a control plane's id: hex digits, made at random once per ledger.
+pub const CONTROL_PLANE_ID_LEN: usize = 8;
+
+/// Whether `id` is a control plane's id: [`CONTROL_PLANE_ID_LEN`] lowercase hex digits.
+pub fn valid_control_plane(id: &str) -> bool {
+    id.len() == CONTROL_PLANE_ID_LEN && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 /// The name of an environment's objects on a node's machine: its Docker network and its
-/// nftables table (`pl_<environment>_<node>`; its bridge is named from this). Both names are
-/// DNS labels, so `_` separates them unambiguously. The node is part of it because several
-/// agents may share one machine as several nodes (`pl up` with two nodes, a drain rehearsal);
-/// each then owns its own network, table, bridge and routes.
-pub fn host_object(environment: &str, node: &str) -> String {
-    format!("pl_{environment}_{node}")
+/// nftables table (`pl_<control plane>_<environment>_<node>`; its bridge is named from this).
+/// The control plane's id is part of it because several control planes may share a machine
+/// (two repositories' `pl up`, two fleets on one node) with the same environment and node
+/// names; the node because several agents of one control plane may share a machine as several
+/// nodes (`pl up` with two nodes, a drain rehearsal). Ids are hex and names are DNS labels, so
+/// `_` separates them unambiguously.
+pub fn host_object(control_plane: &str, environment: &str, node: &str) -> String {
+    format!("pl_{control_plane}_{environment}_{node}")
 }
 
 /// The container of one replica (`instance`) at one generation, or of a generation's run of a
-/// role (`None`): `pl_<environment>_<role>_<instance>_g<generation>` or
-/// `pl_<environment>_<role>_run_g<generation>`. Environment and role names are DNS labels, which
-/// never contain `_`, so the name reads back to exactly one identity: with `-` between them, an
-/// environment `a-web` with role `web` and an environment `a` with role `web-web` once spelled
-/// the same container, and one environment's rollout removed the other's replica. The agent
-/// still decides ownership by the container's labels, never by its name.
-pub fn container_name(environment: &str, role: &str, instance: Option<u32>, generation: u64) -> String {
+/// role (`None`): `pl_<control plane>_<environment>_<role>_<instance>_g<generation>` or
+/// `pl_<control plane>_<environment>_<role>_run_g<generation>`. Environment and role names are
+/// DNS labels and the control plane's id is hex, none ever contains `_`, so the name reads back
+/// to exactly one identity: with `-` between them, an environment `a-web` with role `web` and
+/// an environment `a` with role `web-web` once spelled the same container, and one
+/// environment's rollout removed the other's replica. The agent still decides ownership by the
+/// container's labels, never by its name.
+pub fn container_name(
+    control_plane: &str,
+    environment: &str,
+    role: &str,
+    instance: Option<u32>,
+    generation: u64,
+) -> String {
     match instance {
-        Some(i) => format!("pl_{environment}_{role}_{i}_g{generation}"),
-        None => format!("pl_{environment}_{role}_run_g{generation}"),
+        Some(i) => format!("pl_{control_plane}_{environment}_{role}_{i}_g{generation}"),
+        None => format!("pl_{control_plane}_{environment}_{role}_run_g{generation}"),
     }
 }
 
@@ -57,6 +74,10 @@ pub struct EnrollResponse {
     pub ca: String,
     /// When the certificate expires, milliseconds since the epoch.
     pub not_after_ms: i64,
+    /// The control plane's id ([`valid_control_plane`]), which every host object the node's
+    /// agent makes names (empty from a control plane older than the id).
+    #[serde(default)]
+    pub control_plane: String,
 }
 
 /// `POST /v1/nodes/{node}/token` (operator): a one-time enrolment token.
@@ -293,7 +314,15 @@ pub struct Heartbeat {
     /// plane gives the environments of nodes on one machine subnets that do not overlap.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
+    /// The /24s of the subnet pool (`10.208.0.0/12`) that networks of others use on this
+    /// machine (another control plane's, or any network that is not Pushleft's), at most
+    /// [`MAX_TAKEN_SUBNETS`]: the control plane gives its environments other ones.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub taken_subnets: Vec<String>,
 }
+
+/// Most taken subnets one heartbeat may report (the whole pool).
+pub const MAX_TAKEN_SUBNETS: usize = 4096;
 
 /// Longest `host` a heartbeat may carry.
 pub const MAX_HOST_LEN: usize = 64;
@@ -328,6 +357,7 @@ impl Heartbeat {
             running: Vec::new(),
             repaired: Vec::new(),
             host: None,
+            taken_subnets: Vec::new(),
         }
     }
 }
@@ -511,9 +541,19 @@ mod names {
         // The collision the hardening review found: environment `a-web` + role `web` against
         // environment `a` + role `web-web`.
         assert_ne!(
-            container_name("a-web", "web", Some(0), 1),
-            container_name("a", "web-web", Some(0), 1)
+            container_name("0123abcd", "a-web", "web", Some(0), 1),
+            container_name("0123abcd", "a", "web-web", Some(0), 1)
         );
+        // Two control planes with the same environment, role and instance.
+        assert_ne!(
+            container_name("0123abcd", "a", "web", Some(0), 1),
+            container_name("89abcdef", "a", "web", Some(0), 1)
+        );
+        assert_ne!(host_object("0123abcd", "a", "n1"), host_object("89abcdef", "a", "n1"));
+        assert!(valid_control_plane("0123abcd"));
+        for bad in ["", "0123abc", "0123ABCD", "0123abcde", "0123_bcd"] {
+            assert!(!valid_control_plane(bad), "{bad}");
+        }
         // Every split of a run of labels into (environment, role), with instances, runs and
         // generations, gives a distinct name.
         let labels = ["a", "web", "a-web", "web-web", "a-web-web", "0", "run", "g1", "1-g1"];
@@ -522,7 +562,7 @@ mod names {
             for role in labels {
                 for instance in [None, Some(0), Some(1), Some(10)] {
                     for generation in [1, 10, 11] {
-                        let name = container_name(env, role, instance, generation);
+                        let name = container_name("0123abcd", env, role, instance, generation);
                         let identity = (env, role, instance, generation);
                         if let Some(other) = seen.insert(name.clone(), identity) {
                             panic!("{name} names both {other:?} and {identity:?}");

@@ -36,7 +36,7 @@ fn app(image: &str, instance: u32, generation: u64, net: &NetworkSpec) -> Applic
         instance: Some(instance),
         generation,
         spec_hash: format!("bench-g{generation}"),
-        container: agent_proto::container_name(ENV, "web", Some(instance), generation),
+        container: agent_proto::container_name("0123abcd", ENV, "web", Some(instance), generation),
         image: image.into(),
         command: ["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/www"]
             .map(String::from)
@@ -107,6 +107,7 @@ fn main() {
     let engine = rt.block_on(async {
         Engine::connect(
             Path::new("/var/run/docker.sock"),
+            "0123abcd",
             "n1",
             dir.path().join("secrets"),
             dir.path().join("age.key"),
@@ -204,8 +205,13 @@ fn switch(
         assert!(Instant::now() < deadline, "caddy did not start");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let ingress =
-        Ingress::new(&admin, vec![format!("127.0.0.1:{http}")], dir.join("upstreams"), "n1").expect("ingress");
+    let ingress = Ingress::new(
+        &admin,
+        vec![format!("127.0.0.1:{http}")],
+        dir.join("upstreams"),
+        "0123abcd_n1",
+    )
+    .expect("ingress");
     let (g1, g2) = (app(image, 0, 1, net), app(image, 0, 2, net));
     let dial = |spec: &ApplicationSpec| {
         let ip = rt

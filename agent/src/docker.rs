@@ -33,6 +33,9 @@ pub const SPEC_HASH: &str = "dev.pushleft.spec-hash";
 /// The node whose agent made it: agents sharing one engine (several nodes on one machine)
 /// each see only their own containers.
 pub const NODE: &str = "dev.pushleft.node";
+/// The control plane whose agent made it: agents of several control planes sharing one engine
+/// (two repositories' `pl up`, two fleets on one node) each see only their own.
+pub const CONTROL_PLANE: &str = "dev.pushleft.control-plane";
 
 /// Largest log tail a result carries.
 pub const LOG_TAIL_BYTES: usize = 16 * 1024;
@@ -44,6 +47,8 @@ pub const WORKER_SETTLE: Duration = Duration::from_secs(2);
 /// The Docker side of the agent: the engine and where secret files live.
 pub struct Engine {
     pub docker: Docker,
+    /// The control plane's id (from enrolment): on every object's labels, and in every filter.
+    pub control_plane: String,
     /// This node's name (its certificate's): on every container's labels, and in every filter.
     pub node: String,
     /// A folder on a tmpfs (`/run/...`) holding each container's secret files.
@@ -73,16 +78,26 @@ fn owned(labels: Option<&HashMap<String, String>>) -> bool {
     labels.and_then(|l| l.get(OWNED)).is_some_and(|v| v == "true")
 }
 
+/// Whether labels say the object is this control plane's and this node's (ours to change).
+fn mine(labels: Option<&HashMap<String, String>>, control_plane: &str, node: &str) -> bool {
+    let is = |key: &str, want: &str| labels.and_then(|l| l.get(key)).is_some_and(|v| v == want);
+    owned(labels) && is(CONTROL_PLANE, control_plane) && is(NODE, node)
+}
+
 /// Whether a container found under `app`'s name is `app`'s own: our label, and its labels carry
-/// exactly this node, environment, role, instance and generation. Ownership is decided by the
+/// exactly this control plane, node, environment, role, instance and generation. Ownership is decided by the
 /// labels, never by the name: a container of another environment (or node) that happens to
 /// have the name is foreign, and is never removed or adopted.
-fn same_identity(labels: Option<&HashMap<String, String>>, node: &str, app: &ApplicationSpec) -> bool {
+fn same_identity(
+    labels: Option<&HashMap<String, String>>,
+    control_plane: &str,
+    node: &str,
+    app: &ApplicationSpec,
+) -> bool {
     let Some(l) = labels else { return false };
     let is = |key: &str, want: &str| l.get(key).is_some_and(|v| v == want);
     let instance = app.instance.map(|i| i.to_string());
-    owned(labels)
-        && is(NODE, node)
+    mine(labels, control_plane, node)
         && is(ENVIRONMENT, &app.environment)
         && is(ROLE, &app.role)
         && is(GENERATION, &app.generation.to_string())
@@ -103,6 +118,7 @@ impl Engine {
     /// Connects to the engine at `socket`, negotiating the API version it speaks.
     pub async fn connect(
         socket: &Path,
+        control_plane: &str,
         node: &str,
         secrets_dir: PathBuf,
         identity: PathBuf,
@@ -113,6 +129,7 @@ impl Engine {
             .await?;
         Ok(Engine {
             docker,
+            control_plane: control_plane.to_owned(),
             node: node.to_owned(),
             secrets_dir,
             identity,
@@ -211,12 +228,12 @@ impl Engine {
     pub async fn ensure_network(&self, net: &NetworkSpec) -> Result<String, Failure> {
         match self.docker.inspect_network(&net.network, None).await {
             Ok(n) => {
-                if !owned(n.labels.as_ref()) {
+                if !mine(n.labels.as_ref(), &self.control_plane, &self.node) {
                     return Err(permanent(
                         "foreign-network",
                         format!(
-                            "a network named {} exists and is not Pushleft's: left untouched",
-                            net.network
+                            "a network named {} exists and is not this node's of control plane {}: left untouched",
+                            net.network, self.control_plane
                         ),
                     ));
                 }
@@ -238,6 +255,7 @@ impl Engine {
             Err(e) if not_found(&e) => {
                 let labels = HashMap::from([
                     (OWNED.to_owned(), "true".to_owned()),
+                    (CONTROL_PLANE.to_owned(), self.control_plane.clone()),
                     (ENVIRONMENT.to_owned(), net.environment.clone()),
                     (NODE.to_owned(), self.node.clone()),
                 ]);
@@ -270,12 +288,45 @@ impl Engine {
         }
     }
 
+    /// The pool's /24s (`10.208.0.0/12`) that networks on this engine use and this control plane
+    /// did not make (another control plane's, or anyone's network): the heartbeat reports them,
+    /// so the control plane gives its environments other ones. A larger network counts every
+    /// /24 of the pool it covers.
+    pub async fn taken_subnets(&self) -> Result<Vec<String>, Failure> {
+        let networks = self
+            .docker
+            .list_networks(None::<bollard::query_parameters::ListNetworksOptions>)
+            .await
+            .map_err(|e| docker("docker-unavailable", e))?;
+        let mut out = std::collections::BTreeSet::new();
+        for n in networks {
+            let labels = n.labels.as_ref();
+            let ours = owned(labels) && labels.and_then(|l| l.get(CONTROL_PLANE)) == Some(&self.control_plane);
+            if ours {
+                continue;
+            }
+            for cidr in n
+                .ipam
+                .and_then(|i| i.config)
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|c| c.subnet)
+            {
+                out.extend(pool_slots(&cidr));
+            }
+        }
+        Ok(out.into_iter().take(agent_proto::MAX_TAKEN_SUBNETS).collect())
+    }
+
     /// Removes the environment's network if it is ours; gone already is done.
     pub async fn remove_network(&self, network: &str) -> Result<String, Failure> {
         match self.docker.inspect_network(network, None).await {
-            Ok(n) if !owned(n.labels.as_ref()) => Err(permanent(
+            Ok(n) if !mine(n.labels.as_ref(), &self.control_plane, &self.node) => Err(permanent(
                 "foreign-network",
-                format!("a network named {network} is not Pushleft's: left untouched"),
+                format!(
+                    "a network named {network} is not this node's of control plane {}: left untouched",
+                    self.control_plane
+                ),
             )),
             Ok(_) => match self.docker.remove_network(network).await {
                 Ok(()) => Ok(format!("{network} removed")),
@@ -289,7 +340,11 @@ impl Engine {
 
     /// Containers of ours with every label in `filter`, with their labels and state.
     async fn ours(&self, filter: &[(&str, &str)]) -> Result<Vec<(String, HashMap<String, String>, bool)>, Failure> {
-        let mut labels = vec![format!("{OWNED}=true"), format!("{NODE}={}", self.node)];
+        let mut labels = vec![
+            format!("{OWNED}=true"),
+            format!("{CONTROL_PLANE}={}", self.control_plane),
+            format!("{NODE}={}", self.node),
+        ];
         labels.extend(filter.iter().map(|(k, v)| format!("{k}={v}")));
         let filters = HashMap::from([("label".to_owned(), labels)]);
         let list = self
@@ -399,6 +454,7 @@ impl Engine {
     fn labels(&self, app: &ApplicationSpec) -> HashMap<String, String> {
         let mut l = HashMap::from([
             (OWNED.to_owned(), "true".to_owned()),
+            (CONTROL_PLANE.to_owned(), self.control_plane.clone()),
             (NODE.to_owned(), self.node.clone()),
             (ENVIRONMENT.to_owned(), app.environment.clone()),
             (DEPLOYMENT.to_owned(), app.deployment.clone()),
@@ -527,7 +583,7 @@ impl Engine {
         let mut note = "created";
         if let Some(c) = existing {
             let labels = c.config.as_ref().and_then(|c| c.labels.clone());
-            if !same_identity(labels.as_ref(), &self.node, app) {
+            if !same_identity(labels.as_ref(), &self.control_plane, &self.node, app) {
                 return Err(foreign_container(app));
             }
             let hash = labels
@@ -754,7 +810,14 @@ impl Engine {
             Err(e) => return Err(docker("docker-unavailable", e)),
         };
         match existing {
-            Some(c) if !same_identity(c.config.as_ref().and_then(|c| c.labels.as_ref()), &self.node, app) => {
+            Some(c)
+                if !same_identity(
+                    c.config.as_ref().and_then(|c| c.labels.as_ref()),
+                    &self.control_plane,
+                    &self.node,
+                    app,
+                ) =>
+            {
                 return Err(foreign_container(app));
             }
             Some(_) => {}
@@ -792,6 +855,33 @@ impl Engine {
             Err(permanent("exit-code", format!("exit code {code}\n{tail}")))
         }
     }
+}
+
+/// The /24s of the subnet pool (`10.208.0.0/12`) that `cidr` overlaps, as `10.x.y.0/24`.
+pub fn pool_slots(cidr: &str) -> Vec<String> {
+    let Some((addr, len)) = cidr.split_once('/') else {
+        return Vec::new();
+    };
+    let (Ok(addr), Ok(len)) = (addr.parse::<std::net::Ipv4Addr>(), len.parse::<u32>()) else {
+        return Vec::new();
+    };
+    if len > 32 {
+        return Vec::new();
+    }
+    let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+    let start = u32::from(addr) & mask;
+    let end = start | !mask;
+    let (pool_start, pool_end) = (
+        u32::from(std::net::Ipv4Addr::new(10, 208, 0, 0)),
+        u32::from(std::net::Ipv4Addr::new(10, 223, 255, 255)),
+    );
+    let (from, to) = (start.max(pool_start) >> 8, end.min(pool_end) >> 8);
+    if from > to {
+        return Vec::new();
+    }
+    (from..=to)
+        .map(|slot| format!("{}/24", std::net::Ipv4Addr::from(slot << 8)))
+        .collect()
 }
 
 /// Largest header block a health probe reads; its body is never read.
@@ -842,4 +932,21 @@ async fn probe(ip: &str, port: u16, path: &str) -> String {
     })
     .await
     .unwrap_or_else(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pool_slots;
+
+    #[test]
+    fn a_network_takes_the_pool_slots_it_overlaps() {
+        assert_eq!(pool_slots("10.208.3.0/24"), ["10.208.3.0/24"]);
+        assert_eq!(pool_slots("10.208.3.128/25"), ["10.208.3.0/24"]);
+        assert_eq!(pool_slots("10.209.0.0/23"), ["10.209.0.0/24", "10.209.1.0/24"]);
+        assert_eq!(pool_slots("10.0.0.0/8").len(), 4096, "the whole pool");
+        assert!(pool_slots("172.17.0.0/16").is_empty());
+        assert!(pool_slots("10.224.0.0/24").is_empty());
+        assert!(pool_slots("not a subnet").is_empty());
+        assert!(pool_slots("fd00::/64").is_empty());
+    }
 }

@@ -16,6 +16,8 @@ pub const KEY: &str = "node.key";
 pub const CERT: &str = "node.crt";
 pub const CA: &str = "ca.crt";
 pub const AGE: &str = "age.key";
+/// The control plane's id, which every host object this node's agent makes names.
+pub const CONTROL_PLANE: &str = "control-plane";
 
 /// `SHA256:<64 hex>` (colons allowed, any case) as 32 bytes of hex, lowercase.
 pub fn parse_fingerprint(s: &str) -> Result<String> {
@@ -169,13 +171,41 @@ pub fn enroll(control: &str, fingerprint: &str, node: &str, dir: &Path, token: &
         bail!("{} [{}]", refusal.message, refusal.code.code());
     }
     let answer: EnrollResponse = serde_json::from_str(&body).context("the enrolment answer")?;
+    anyhow::ensure!(
+        agent_proto::valid_control_plane(&answer.control_plane),
+        "the control plane gave no id of its own (it is older than this agent): upgrade it first"
+    );
     // Only now, with a certificate in hand, are the keys written: a refusal leaves nothing.
     write_private(&dir.join(KEY), key.serialize_pem().as_bytes())?;
     let secret = Zeroizing::new(age::secrecy::ExposeSecret::expose_secret(&identity.to_string()).to_owned());
     write_private(&dir.join(AGE), format!("{}\n", secret.as_str()).as_bytes())?;
     write_private(&dir.join(CERT), answer.certificate.as_bytes())?;
     write_private(&dir.join(CA), ca_pem.as_bytes())?;
+    write_private(
+        &dir.join(CONTROL_PLANE),
+        format!("{}\n", answer.control_plane).as_bytes(),
+    )?;
     Ok(answer)
+}
+
+/// The control plane this enrolment folder belongs to (written at enrolment from its answer).
+pub fn control_plane_of(dir: &Path) -> Result<String> {
+    let path = dir.join(CONTROL_PLANE);
+    let id = std::fs::read_to_string(&path)
+        .with_context(|| {
+            format!(
+                "reading {} (an enrolment older than control plane ids: enrol this node again with pl-agent enroll)",
+                path.display()
+            )
+        })?
+        .trim()
+        .to_owned();
+    anyhow::ensure!(
+        agent_proto::valid_control_plane(&id),
+        "{} holds {id:?}, not a control plane id",
+        path.display()
+    );
+    Ok(id)
 }
 
 /// The node this enrolment folder is: its certificate's common name (the control plane signed

@@ -38,15 +38,17 @@ pub const DENIED: [(&str, u32); 6] = [
 /// Runs `nft` (a path, or a wrapper that enters a network namespace) with a fence folder.
 pub struct Firewall {
     pub nft: PathBuf,
+    /// The control plane's id: part of every table's name.
+    pub control_plane: String,
     /// This node's name: part of every table's name.
     pub node: String,
     /// Where each environment's generation fence lives.
     pub state_dir: PathBuf,
 }
 
-/// The environment's table on `node`: named like its Docker network.
-pub fn table_name(environment: &str, node: &str) -> String {
-    agent_proto::host_object(environment, node)
+/// The environment's table on `node` of `control_plane`: named like its Docker network.
+pub fn table_name(control_plane: &str, environment: &str, node: &str) -> String {
+    agent_proto::host_object(control_plane, environment, node)
 }
 
 fn ip(field: &'static str) -> Expression<'static> {
@@ -199,7 +201,10 @@ impl Firewall {
             match self.apply(env, &subnet, generation) {
                 Ok(_) => out.push((
                     env.to_owned(),
-                    format!("firewall table {} re-applied", table_name(env, &self.node)),
+                    format!(
+                        "firewall table {} re-applied",
+                        table_name(&self.control_plane, env, &self.node)
+                    ),
                 )),
                 Err(f) => tracing::warn!(environment = %env, code = f.code, "cannot repair the firewall table"),
             }
@@ -244,7 +249,7 @@ impl Firewall {
                 format!("generation {fenced} of the firewall is applied already; {generation} is older"),
             ));
         }
-        let table = table_name(environment, &self.node);
+        let table = table_name(&self.control_plane, environment, &self.node);
         if let Some(current) = self.read(&table)? {
             let (chains, _) = Firewall::chains_and_rules(&current);
             if !chains.iter().any(|c| c == MARKER) {
@@ -333,13 +338,15 @@ impl Firewall {
     /// Whether the environment's table is what `subnet` says (drift: a rule deleted by hand).
     pub fn matches(&self, environment: &str, subnet: &str) -> Result<bool, Failure> {
         let wanted = rules(subnet)?;
-        Ok(self.verify(&table_name(environment, &self.node), &wanted).is_ok())
+        Ok(self
+            .verify(&table_name(&self.control_plane, environment, &self.node), &wanted)
+            .is_ok())
     }
 
     /// Removes the environment's table if it is ours (gone already is done), and fences
     /// `generation` so no older apply can bring it back.
     pub fn remove(&self, environment: &str, generation: u64) -> Result<String, Failure> {
-        let table = table_name(environment, &self.node);
+        let table = table_name(&self.control_plane, environment, &self.node);
         let note = match self.read(&table)? {
             None => format!("{table} already gone"),
             Some(current) => {

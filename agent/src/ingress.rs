@@ -64,7 +64,8 @@ pub struct Ingress {
     upstreams: PathBuf,
     /// Also match `<hostname><suffix>` (`pl up`'s `.localhost`, which resolves to loopback).
     host_suffix: Option<String>,
-    /// This node's name: its list of upstreams in each hostname's folder.
+    /// Who this agent is on the machine, `<control plane>_<node>`: its list of upstreams in
+    /// each hostname's folder.
     node: String,
 }
 
@@ -193,7 +194,7 @@ impl Ingress {
         if node.is_empty()
             || !node
                 .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
         {
             return Err(format!("{node:?} is not a node name"));
         }
@@ -256,8 +257,17 @@ impl Ingress {
         NodeList::parse(&std::fs::read_to_string(self.list_path(hostname)).unwrap_or_default())
     }
 
-    /// Every node's upstreams for `hostname`, in node order (what the slots share).
-    fn union(&self, hostname: &str) -> Result<Vec<String>, Failure> {
+    /// The control plane part of a list's name (`<control plane>_<node>`).
+    fn plane(owner: &str) -> &str {
+        owner.split_once('_').map_or(owner, |(cp, _)| cp)
+    }
+
+    /// The upstreams for `hostname` of every node of this agent's control plane on the machine,
+    /// in node order (what the slots share), and the first other control plane that publishes
+    /// it here too, if any: a hostname is never shared between control planes. A list named
+    /// as this node was before lists named their control plane (`<node>` alone) is this
+    /// node's own from an earlier version, and goes.
+    fn union(&self, hostname: &str) -> Result<(Vec<String>, Option<String>), Failure> {
         let mut files: Vec<PathBuf> = match std::fs::read_dir(self.lists(hostname)) {
             Ok(d) => d
                 .flatten()
@@ -268,11 +278,23 @@ impl Ingress {
             Err(e) => return Err(disk(e)),
         };
         files.sort();
+        let (mine, node_alone) = (Self::plane(&self.node), self.node.split_once('_').map(|(_, n)| n));
         let mut out = Vec::new();
+        let mut foreign = None;
         for f in files {
-            out.extend(NodeList::parse(&std::fs::read_to_string(&f).map_err(disk)?).dials);
+            let name = f.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
+            if Some(name.as_str()) == node_alone {
+                std::fs::remove_file(&f).map_err(disk)?;
+                continue;
+            }
+            let dials = NodeList::parse(&std::fs::read_to_string(&f).map_err(disk)?).dials;
+            if Self::plane(&name) == mine {
+                out.extend(dials);
+            } else if !dials.is_empty() && foreign.is_none() {
+                foreign = Some(Self::plane(&name).to_owned());
+            }
         }
-        Ok(out)
+        Ok((out, foreign))
     }
 
     /// Holds `hostname`'s folder for this node alone until dropped: the nodes sharing it (and
@@ -478,6 +500,14 @@ impl Ingress {
         }
         self.ensure_server()?;
         let held = self.lock(hostname)?;
+        if let (_, Some(other)) = self.union(hostname)? {
+            return Err(permanent(
+                "hostname-taken",
+                format!(
+                    "control plane {other} serves {hostname} through this machine's Caddy: a hostname is never shared between control planes"
+                ),
+            ));
+        }
         self.set_own(
             hostname,
             &NodeList {
@@ -486,7 +516,7 @@ impl Ingress {
                 dials: dials.to_vec(),
             },
         )?;
-        let all = self.union(hostname)?;
+        let (all, _) = self.union(hostname)?;
         let id = route_id(hostname);
         let current = self.get(&format!("/id/{id}"))?;
         let had_slots = self.slots(current.as_ref());
@@ -557,8 +587,13 @@ impl Ingress {
                 dials: Vec::new(),
             },
         )?;
-        let others = self.union(hostname)?;
+        let (others, foreign) = self.union(hostname)?;
         let id = route_id(hostname);
+        if let (true, Some(other)) = (others.is_empty(), foreign) {
+            // The route and its slots are another control plane's: never ours to remove.
+            drop(held);
+            return Ok(format!("{id} left to control plane {other}, which serves it here"));
+        }
         if !others.is_empty() {
             let slots = self.slot_count(hostname).max(others.len());
             let changed = self.write_slots(hostname, &others, slots)?;

@@ -6,7 +6,7 @@
 //! `executor-missing`, never pretends.
 
 use crate::client::{AgentClient, ClientError};
-use crate::docker::{ENVIRONMENT, Engine, GENERATION, INSTANCE, NODE, OWNED, ROLE, RUN_TIMEOUT};
+use crate::docker::{CONTROL_PLANE, ENVIRONMENT, Engine, GENERATION, INSTANCE, NODE, OWNED, ROLE, RUN_TIMEOUT};
 use crate::firewall::Firewall;
 use crate::outcome::{Failure, permanent, report};
 use agent_proto::{Execution, Heartbeat, LeasedJob, Outcome, RunningInstance};
@@ -169,7 +169,11 @@ async fn observed(engine: &Engine) -> Vec<RunningInstance> {
     use bollard::query_parameters::ListContainersOptionsBuilder;
     let filters = HashMap::from([(
         "label".to_owned(),
-        vec![format!("{OWNED}=true"), format!("{NODE}={}", engine.node)],
+        vec![
+            format!("{OWNED}=true"),
+            format!("{CONTROL_PLANE}={}", engine.control_plane),
+            format!("{NODE}={}", engine.node),
+        ],
     )]);
     let Ok(list) = engine
         .docker
@@ -254,7 +258,7 @@ impl Executors {
                 let env = entry.file_name().to_string_lossy().into_owned();
                 let subnet = std::fs::read_to_string(entry.path()).unwrap_or_default();
                 let subnet = subnet.trim();
-                let network = agent_proto::host_object(&env, &self.engine.node);
+                let network = agent_proto::host_object(&self.engine.control_plane, &env, &self.engine.node);
                 if routes.verify(&network, subnet).await.is_ok() {
                     continue;
                 }
@@ -331,7 +335,7 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> 
                 notes.push(crate::routes::Routes::connect()?.remove(&net.subnet).await?);
                 let _ = std::fs::remove_file(x.routes_dir.join(&net.environment));
             }
-            let network = agent_proto::host_object(&text("environment"), &engine.node);
+            let network = agent_proto::host_object(&engine.control_plane, &text("environment"), &engine.node);
             notes.push(engine.remove_network(&network).await?);
             Ok(notes.join("; "))
         }
@@ -448,9 +452,11 @@ pub async fn run(config: Config) -> Result<()> {
     std::fs::create_dir_all(&config.secrets_dir)
         .with_context(|| format!("creating {}", config.secrets_dir.display()))?;
     let node = crate::enroll::node_of(&config.dir)?;
+    let control_plane = crate::enroll::control_plane_of(&config.dir)?;
     let engine = Arc::new(Executors {
         engine: Engine::connect(
             &config.docker_socket,
+            &control_plane,
             &node,
             config.secrets_dir.clone(),
             config.dir.join(crate::enroll::AGE),
@@ -461,6 +467,7 @@ pub async fn run(config: Config) -> Result<()> {
         .with_registry_auth(config.registry_auth.clone()),
         firewall: Arc::new(Firewall {
             nft: config.nft.clone(),
+            control_plane: control_plane.clone(),
             node: node.clone(),
             state_dir: config.state_dir.clone(),
         }),
@@ -471,7 +478,7 @@ pub async fn run(config: Config) -> Result<()> {
                 &config.caddy_admin,
                 config.ingress_listen.clone(),
                 config.ingress_upstreams.clone(),
-                &node,
+                &format!("{control_plane}_{node}"),
             )
             .map_err(anyhow::Error::msg)?;
             match &config.ingress_host_suffix {
@@ -553,6 +560,7 @@ pub async fn run(config: Config) -> Result<()> {
                     running: observed(&engine.engine).await,
                     repaired,
                     host: host.clone(),
+                    taken_subnets: engine.engine.taken_subnets().await.unwrap_or_default(),
                 };
                 if let Err(e) = blocking(&client, move |c| c.heartbeat(&hb)).await {
                     tracing::warn!(error = %e, "heartbeat failed");

@@ -38,6 +38,7 @@ fn runtime() -> tokio::runtime::Runtime {
 async fn engine(dir: &Path) -> Engine {
     Engine::connect(
         Path::new("/var/run/docker.sock"),
+        support::TEST_CONTROL_PLANE,
         "n1",
         dir.join("secrets"),
         dir.join("age.key"),
@@ -49,6 +50,7 @@ async fn engine(dir: &Path) -> Engine {
 
 fn firewall(dir: &Path) -> Firewall {
     Firewall {
+        control_plane: support::TEST_CONTROL_PLANE.into(),
         node: "n1".into(),
         nft: dir.join("nft"),
         state_dir: dir.join("state"),
@@ -141,7 +143,7 @@ fn application_is_adopted_after_a_kill(dir: &Path) {
         instance: Some(0),
         generation: 1,
         spec_hash: "crash-g1".into(),
-        container: agent_proto::container_name(&env, "web", Some(0), 1),
+        container: agent_proto::container_name(support::TEST_CONTROL_PLANE, env, "web", Some(0), 1),
         image,
         command: [
             "/bin/busybox",
@@ -243,10 +245,10 @@ fn firewall_converges_after_kills(dir: &Path) {
         let note = fw
             .apply("pltest-crash", "10.208.77.0/24", generation)
             .expect("replay converges");
-        assert!(note.contains("pl_pltest-crash_n1"), "{note}");
+        assert!(note.contains("pl_0123abcd_pltest-crash_n1"), "{note}");
         let tables = sh(&format!("ip netns exec {NETNS} nft list tables"));
         assert_eq!(
-            tables, "table inet pl_pltest-crash_n1",
+            tables, "table inet pl_0123abcd_pltest-crash_n1",
             "exactly one table, after a kill at {delay_ms} ms"
         );
         let fence = std::fs::read_to_string(dir.join("state/firewall/pltest-crash.generation")).expect("fence");

@@ -28,7 +28,7 @@ fn app(env: &str, image: &str, generation: u64, net: &NetworkSpec) -> Applicatio
         instance: Some(0),
         generation,
         spec_hash: format!("hash-g{generation}"),
-        container: agent_proto::container_name(env, "web", Some(0), generation),
+        container: agent_proto::container_name(support::TEST_CONTROL_PLANE, env, "web", Some(0), generation),
         image: image.into(),
         command: ["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/www"]
             .map(String::from)
@@ -76,6 +76,7 @@ fn docker_executors_adopt_repair_and_refuse() {
     rt.block_on(async {
         let engine = Engine::connect(
             Path::new("/var/run/docker.sock"),
+            support::TEST_CONTROL_PLANE,
             "n1",
             dir.path().join("secrets"),
             identity.clone(),
@@ -95,6 +96,41 @@ fn docker_executors_adopt_repair_and_refuse() {
         assert_eq!(
             inspect(&net.network, "{{range .IPAM.Config}}{{.Subnet}}{{end}}"),
             "10.208.251.0/24"
+        );
+        // Another control plane's agent on this engine (same node name): the network is
+        // foreign to it, and its subnet is one the heartbeat reports as taken; ours is not.
+        let other = Engine::connect(
+            Path::new("/var/run/docker.sock"),
+            "89abcdef",
+            "n1",
+            dir.path().join("other-secrets"),
+            identity.clone(),
+            dir.path().join("other-state/images-pulled"),
+        )
+        .await
+        .expect("docker");
+        assert_eq!(
+            other.ensure_network(&net).await.expect_err("foreign").code,
+            "foreign-network"
+        );
+        assert_eq!(
+            other.remove_network(&net.network).await.expect_err("foreign").code,
+            "foreign-network"
+        );
+        assert!(
+            other
+                .taken_subnets()
+                .await
+                .expect("taken")
+                .contains(&"10.208.251.0/24".to_owned())
+        );
+        assert!(
+            !engine
+                .taken_subnets()
+                .await
+                .expect("taken")
+                .contains(&"10.208.251.0/24".to_owned()),
+            "its own network is not taken from it"
         );
         let moved = NetworkSpec {
             subnet: "10.208.252.0/24".into(),
@@ -288,7 +324,7 @@ fn docker_executors_adopt_repair_and_refuse() {
         job.instance = None;
         job.role = "migrate".into();
         job.role_kind = "release".into();
-        job.container = agent_proto::container_name(&env, "migrate", None, 5);
+        job.container = agent_proto::container_name(support::TEST_CONTROL_PLANE, &env, "migrate", None, 5);
         job.health = None;
         job.command = ["/bin/sh", "-c", "echo migrated"].map(String::from).to_vec();
         let ok = engine.run_once(&job, Duration::from_secs(30)).await.expect("run");
@@ -416,6 +452,7 @@ fn a_hostile_container_cannot_redirect_the_probe_fill_the_disk_or_take_a_name() 
     rt.block_on(async {
         let engine = Engine::connect(
             Path::new("/var/run/docker.sock"),
+            support::TEST_CONTROL_PLANE,
             "n1",
             dir.path().join("secrets"),
             identity.clone(),
@@ -449,7 +486,7 @@ fn a_hostile_container_cannot_redirect_the_probe_fill_the_disk_or_take_a_name() 
         let mut loud = app(&env, &image, 1, &net);
         loud.role = "worker".into();
         loud.role_kind = "worker".into();
-        loud.container = agent_proto::container_name(&env, "worker", Some(0), 1);
+        loud.container = agent_proto::container_name(support::TEST_CONTROL_PLANE, &env, "worker", Some(0), 1);
         loud.health = None;
         loud.port = None;
         loud.log_max_bytes = 1 << 20;
@@ -511,8 +548,8 @@ fn a_hostile_container_cannot_redirect_the_probe_fill_the_disk_or_take_a_name() 
         assert_eq!(inspect(&victim.container, "{{.State.Running}}"), "true", "still serving");
         // Under today's names the two never meet.
         assert_ne!(
-            agent_proto::container_name(&env, "web-web", Some(0), 1),
-            agent_proto::container_name(&other, "web", Some(0), 1)
+            agent_proto::container_name(support::TEST_CONTROL_PLANE, &env, "web-web", Some(0), 1),
+            agent_proto::container_name(support::TEST_CONTROL_PLANE, &other, "web", Some(0), 1)
         );
     });
     clean(&env);
@@ -548,6 +585,7 @@ fn pulls_from_a_registry_that_wants_credentials() {
             async move {
                 Engine::connect(
                     Path::new("/var/run/docker.sock"),
+                    support::TEST_CONTROL_PLANE,
                     "n1",
                     dir.join("secrets"),
                     identity,

@@ -112,7 +112,10 @@ fn a_lease_carries_everything_the_job_needs_with_secrets_sealed_to_the_node() {
         let Execution::Network(net) = &j.execution else {
             panic!("{:?}", j.execution)
         };
-        assert_eq!(net.network, format!("pl_{}_n1", net.environment));
+        assert_eq!(
+            net.network,
+            format!("pl_{}_{}_n1", support::control_plane(&url), net.environment)
+        );
         subnets.insert(net.environment.clone(), net.subnet.clone());
         n1.complete(&j.proof, Outcome::Succeeded, "").expect("complete");
     }
@@ -136,7 +139,8 @@ fn a_lease_carries_everything_the_job_needs_with_secrets_sealed_to_the_node() {
     let Execution::Application(spec) = &app.execution else {
         panic!("{:?}", app.execution)
     };
-    assert_eq!(spec.container, "pl_api-production_web_0_g2");
+    let cp = support::control_plane(&url);
+    assert_eq!(spec.container, format!("pl_{cp}_api-production_web_0_g2"));
     assert_eq!(spec.image, format!("registry.example.com/api@{DIGEST}"));
     assert_eq!(spec.command, ["/bin/server", "--port", "8080"]);
     assert_eq!(spec.env.get("LOG_LEVEL").map(String::as_str), Some("info"));
@@ -191,8 +195,8 @@ fn a_lease_carries_everything_the_job_needs_with_secrets_sealed_to_the_node() {
     assert_eq!(ingress.generation, 2);
     assert_eq!(ingress.upstreams.len(), 1);
     assert_eq!(
-        (ingress.upstreams[0].container.as_str(), ingress.upstreams[0].port),
-        ("pl_api-production_web_0_g2", 8080)
+        (ingress.upstreams[0].container.clone(), ingress.upstreams[0].port),
+        (format!("pl_{cp}_api-production_web_0_g2"), 8080)
     );
 
     // The plaintext is nowhere in the ledger: not in a job, a result, an event or a sealed copy.

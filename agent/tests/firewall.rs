@@ -121,6 +121,7 @@ fn an_environments_table_allows_and_denies_what_it_says() {
     let before = host_ruleset();
     let _lab = lab(&www);
     let fw = Firewall {
+        control_plane: "0123abcd".into(),
         node: "n1".into(),
         nft: nft.clone(),
         state_dir: dir.path().join("state"),
@@ -163,7 +164,7 @@ fn an_environments_table_allows_and_denies_what_it_says() {
     );
     // A rule deleted by hand is drift; applying again repairs it.
     sh(&format!(
-        "{} -a list chain inet pl_env-a_n1 forward | grep 169.254 | sed 's/.*handle //' | xargs -I{{}} {} delete rule inet pl_env-a_n1 forward handle {{}}",
+        "{} -a list chain inet pl_0123abcd_env-a_n1 forward | grep 169.254 | sed 's/.*handle //' | xargs -I{{}} {} delete rule inet pl_0123abcd_env-a_n1 forward handle {{}}",
         nft.display(),
         nft.display()
     ));
@@ -182,13 +183,13 @@ fn an_environments_table_allows_and_denies_what_it_says() {
         .expect("applying again is idempotent");
 
     // A table with our name that is not ours is refused and left alone.
-    sh(&format!("{} add table inet pl_env-x_n1", nft.display()));
+    sh(&format!("{} add table inet pl_0123abcd_env-x_n1", nft.display()));
     assert_eq!(
         fw.apply("env-x", "10.208.9.0/24", 1).expect_err("foreign").code,
         "foreign-table"
     );
     assert_eq!(fw.remove("env-x", 2).expect_err("foreign").code, "foreign-table");
-    sh(&format!("{} list table inet pl_env-x_n1", nft.display()));
+    sh(&format!("{} list table inet pl_0123abcd_env-x_n1", nft.display()));
 
     // Removed: everything passes again, and the old generation cannot come back.
     assert!(fw.remove("env-a", 4).expect("remove").contains("removed"));

@@ -189,8 +189,9 @@ fn the_whole_loop_rolls_out_serves_and_survives_a_killed_agent() {
         // Release one: every step, every executor, and the hostname answers through Caddy.
         let g1 = wait_done(&url, 0, &log);
         assert_eq!(get(http), Some((200, "release one".into())));
-        let container = |g: i64| agent_proto::container_name(ENV, "web", Some(0), g as u64);
-        let table = Command::new("nft").args(["list", "table", "inet", &format!("pl_{ENV}_n1")]).output().expect("nft");
+        let cp = support::control_plane(&url);
+        let container = |g: i64| agent_proto::container_name(&cp, ENV, "web", Some(0), g as u64);
+        let table = Command::new("nft").args(["list", "table", "inet", &format!("pl_{cp}_{ENV}_n1")]).output().expect("nft");
         assert!(table.status.success(), "the environment's table is in the host's namespace");
         let rules = String::from_utf8_lossy(&Command::new("ip").arg("rule").output().expect("ip").stdout).into_owned();
         assert!(rules.contains("from 10.208."), "the environment's rule: {rules}");

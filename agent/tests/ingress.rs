@@ -227,7 +227,7 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
         &admin,
         vec![format!("127.0.0.1:{http}")],
         dir.path().join("upstreams"),
-        "n1",
+        "0123abcd_n1",
     )
     .expect("ingress");
     assert!(
@@ -365,7 +365,7 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
     left.sort();
     assert_eq!(left, ["lock", "nodes"], "only the lock and the node's list stay");
     assert_eq!(
-        std::fs::read_to_string(dir.path().join("upstreams/app.localhost/nodes/n1")).expect("list"),
+        std::fs::read_to_string(dir.path().join("upstreams/app.localhost/nodes/0123abcd_n1")).expect("list"),
         "3 web\n",
         "the list is the fence: generation 3 removed it, no upstream left"
     );
@@ -377,7 +377,7 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
         &admin,
         vec![format!("127.0.0.1:{http}")],
         dir.path().join("upstreams"),
-        "n2",
+        "0123abcd_n2",
     )
     .expect("n2");
     ingress
@@ -413,6 +413,37 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
             .code,
         "hostname-invalid"
     );
+
+    // Another control plane on this machine (its own id, the same node name): a hostname ours
+    // publishes is refused to it, and its removal leaves our route alone.
+    let theirs = Ingress::new(
+        &admin,
+        vec![format!("127.0.0.1:{http}")],
+        dir.path().join("upstreams"),
+        "89abcdef_n1",
+    )
+    .expect("another control plane");
+    ingress
+        .publish("web", "shared.localhost", 1, &dials[0..1])
+        .expect("ours");
+    let taken = theirs
+        .publish("web", "shared.localhost", 5, &dials[2..3])
+        .expect_err("a hostname of another control plane");
+    assert_eq!(taken.code, "hostname-taken", "{}", taken.detail);
+    assert!(taken.detail.contains("0123abcd"), "{}", taken.detail);
+    assert_eq!(get(http, "shared.localhost"), Ok((200, "generation one".into())));
+    let left = theirs.remove("web", "shared.localhost", 6).expect("their removal");
+    assert!(left.contains("left to control plane 0123abcd"), "{left}");
+    for _ in 0..5 {
+        assert_eq!(get(http, "shared.localhost"), Ok((200, "generation one".into())));
+    }
+    assert!(
+        ingress
+            .remove("web", "shared.localhost", 2)
+            .expect("ours goes")
+            .contains("removed")
+    );
+    assert_eq!(get(http, "shared.localhost").map(|r| r.0), Ok(404));
 
     // A hostname spelled like a built-in route (the review's `fallback-404` replaced the
     // catch-all, and unknown hostnames got an empty 200): its route has an id of its own.

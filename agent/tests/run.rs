@@ -153,7 +153,7 @@ fn the_agent_heartbeats_leases_and_executes_its_jobs() {
     let mut agent = start_agent();
 
     // The network appears, with the subnet the ledger chose for this environment on n1.
-    let network = format!("pl_{env}_n1");
+    let network = format!("pl_{}_{env}_n1", support::control_plane(&url));
     let deadline = Instant::now() + Duration::from_secs(30);
     while !docker_ok(&["network", "inspect", &network]) {
         assert!(
@@ -207,7 +207,7 @@ fn the_agent_heartbeats_leases_and_executes_its_jobs() {
     let tables = Command::new(&nft).args(["list", "tables"]).output().expect("nft");
     assert_eq!(
         String::from_utf8_lossy(&tables.stdout).trim(),
-        format!("table inet pl_{env}_n1"),
+        format!("table inet {network}"),
         "one table, converged"
     );
     let detail = sql(
@@ -218,7 +218,7 @@ fn the_agent_heartbeats_leases_and_executes_its_jobs() {
     // The table is in the node's namespace; the machine's own ruleset has no table of ours
     // (Docker adds its own rules there for the network, as it always does).
     let o = Command::new(&nft)
-        .args(["list", "table", "inet", &format!("pl_{env}_n1")])
+        .args(["list", "table", "inet", &network])
         .output()
         .expect("nft");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -229,7 +229,7 @@ fn the_agent_heartbeats_leases_and_executes_its_jobs() {
     );
     assert!(!before.contains("table inet pl_"));
     // Drift: a rule deleted by hand is back within seconds, and the ledger has the event.
-    let table = format!("pl_{env}_n1");
+    let table = network.clone();
     let o = Command::new(&nft)
         .args(["-a", "list", "chain", "inet", &table, "forward"])
         .output()
@@ -276,16 +276,19 @@ fn the_agent_heartbeats_leases_and_executes_its_jobs() {
     let registry = docker_support::Registry::start();
     let image = registry.image("idle", &[("/www/index.html", "idle\n")]);
     docker(&["pull", "-q", &image]);
+    let cp = support::control_plane(&url);
     for i in 0..20 {
         let labels = [
             format!("{}=true", pushleft_agent::docker::OWNED),
+            format!("{}={cp}", pushleft_agent::docker::CONTROL_PLANE),
+            format!("{}=n1", pushleft_agent::docker::NODE),
             format!("{}={env}", pushleft_agent::docker::ENVIRONMENT),
             format!("{}=worker", pushleft_agent::docker::ROLE),
             format!("{}={i}", pushleft_agent::docker::INSTANCE),
             format!("{}=1", pushleft_agent::docker::GENERATION),
         ];
         let mut args = vec!["run", "-d", "--init", "--network", network.as_str()];
-        let name = agent_proto::container_name(&env, "worker", Some(i), 1);
+        let name = agent_proto::container_name(&cp, env, "worker", Some(i), 1);
         args.extend(["--name", name.as_str()]);
         for l in &labels {
             args.extend(["--label", l.as_str()]);

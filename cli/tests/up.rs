@@ -966,3 +966,138 @@ fn the_quickstart_builds_its_image_and_serves_its_page() {
         assert_eq!(get(18_090, host_name), None, "nothing serves after pl down");
     });
 }
+
+/// Two repositories with the same environment, project, node and hostname names, each with
+/// its own `pl up` (its own control plane) on one simulated host: both URLs serve their own
+/// page, their containers, networks and firewall tables name their own control plane, their
+/// subnets (and so route tables and rules) differ, and `pl down` of one leaves the other
+/// serving with the same containers, table and rule.
+#[test]
+fn two_control_planes_share_a_host_without_touching_each_other() {
+    siblings();
+    let base = PathBuf::from(format!("/tmp/pl2cp-{}", std::process::id()));
+    let host = Host::start(&format!("plhost-2cp-{}", std::process::id()), &base);
+    let (registry, port) = host.registry();
+    let _registry = Kill(registry);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut sides = Vec::new();
+    for (side, page) in [("a", "page of repository a\n"), ("b", "page of repository b\n")] {
+        let image = host.image(
+            port,
+            &format!("web-{side}"),
+            &[("/www/index.html", page), ("/www/healthz", "ok\n")],
+        );
+        std::fs::create_dir_all(dir.path().join(side)).expect("side");
+        let repo = Repo::new(&dir.path().join(side));
+        repo.write(
+            "projects/api.yaml",
+            &format!(
+                "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: {image}\n  roles:\n    web: {{kind: web, port: 8080, health: {{path: /healthz, timeoutSeconds: 5}}, replicas: 1, command: [/bin/busybox, httpd, -f, -p, '8080', -h, /www]}}\n"
+            ),
+        );
+        repo.write("envs/api-production.yaml", &environment("api-production", "api"));
+        sides.push((
+            repo.dir.clone(),
+            dir.path().join(format!("state-{side}")),
+            page.trim().to_owned(),
+        ));
+    }
+    let _detached = Detached(sides.iter().map(|s| s.1.clone()).collect());
+    let socket = host.socket.clone();
+    host.run(move || {
+        let host_name = "api.example.com.localhost";
+        let ports = [18_081u16, 18_082];
+        for ((repo, state, _), http) in sides.iter().zip(ports) {
+            let (code, out, err) = pl(
+                &["up", "--node", "n1", "--port", &http.to_string()],
+                repo,
+                state,
+                &socket,
+            );
+            assert_eq!(
+                code,
+                0,
+                "pl up: {out}\n{err}\nagent log: {}",
+                std::fs::read_to_string(state.join("agents/n1/agent.log")).unwrap_or_default()
+            );
+        }
+        for ((_, _, page), http) in sides.iter().zip(ports) {
+            assert_eq!(
+                get(http, host_name),
+                Some((200, page.clone())),
+                "each serves its own page"
+            );
+        }
+        let ledger = |state: &Path| format!("sqlite://{}", state.join("ledger.db").display());
+        let ids: Vec<String> = sides
+            .iter()
+            .map(|s| agent_support::control_plane(&ledger(&s.1)))
+            .collect();
+        assert_ne!(ids[0], ids[1], "two control planes, two ids");
+        let subnets: Vec<Vec<String>> = sides
+            .iter()
+            .map(|s| agent_support::sql(&ledger(&s.1), "SELECT CAST(idx AS TEXT) FROM subnets"))
+            .collect();
+        assert_ne!(subnets[0], subnets[1], "subnets differ on one machine: {subnets:?}");
+        // What b runs, as the engine, nftables and the routing policy see it.
+        let containers = |cp: &str| {
+            docker(
+                &socket,
+                &[
+                    "ps",
+                    "-q",
+                    "--no-trunc",
+                    "--filter",
+                    &format!("label=dev.pushleft.control-plane={cp}"),
+                ],
+            )
+        };
+        let b_containers = containers(&ids[1]);
+        assert_eq!(b_containers.lines().count(), 1, "{b_containers}");
+        assert_eq!(containers(&ids[0]).lines().count(), 1);
+        let name = docker(&socket, &["inspect", "--format", "{{.Name}}", &b_containers]);
+        assert_eq!(
+            name,
+            format!("/pl_{}_api-production_web_0_g{}", ids[1], {
+                agent_support::sql(&ledger(&sides[1].1), "SELECT CAST(generation AS TEXT) FROM deployments")[0].clone()
+            })
+        );
+        let table = |cp: &str| {
+            Command::new("nft")
+                .args(["list", "table", "inet", &format!("pl_{cp}_api-production_n1")])
+                .output()
+                .expect("nft")
+        };
+        assert!(table(&ids[0]).status.success() && table(&ids[1]).status.success());
+        let rules =
+            || String::from_utf8_lossy(&Command::new("ip").arg("rule").output().expect("ip").stdout).into_owned();
+        let b_subnet = format!(
+            "10.{}.{}.0/24",
+            208 + subnets[1][0].parse::<u32>().expect("idx") / 256,
+            subnets[1][0].parse::<u32>().expect("idx") % 256
+        );
+        assert!(rules().contains(&format!("from {b_subnet}")), "{}", rules());
+
+        // a goes; b stays exactly as it was.
+        let (code, out, err) = pl(&["down"], &sides[0].0, &sides[0].1, &socket);
+        assert_eq!(code, 0, "pl down: {out}\n{err}");
+        assert_eq!(get(ports[0], host_name), None, "a serves nothing");
+        assert_eq!(containers(&ids[0]), "", "a's container is gone");
+        assert!(!table(&ids[0]).status.success(), "a's table is gone");
+        assert_eq!(
+            get(ports[1], host_name),
+            Some((200, sides[1].2.clone())),
+            "b still serves"
+        );
+        assert_eq!(containers(&ids[1]), b_containers, "b's container is the same");
+        let b_table = table(&ids[1]);
+        assert!(b_table.status.success(), "b's table stays");
+        assert!(
+            rules().contains(&format!("from {b_subnet}")),
+            "b's rule stays: {}",
+            rules()
+        );
+        let (code, out, err) = pl(&["down"], &sides[1].0, &sides[1].1, &socket);
+        assert_eq!(code, 0, "pl down: {out}\n{err}");
+    });
+}

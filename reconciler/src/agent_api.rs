@@ -181,12 +181,28 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
     if hb.host.as_deref().is_some_and(|h| !agent_proto::valid_host(h)) {
         return refused(Refusal::MalformedRequest, "the heartbeat's host is not a machine id");
     }
+    if hb.taken_subnets.len() > agent_proto::MAX_TAKEN_SUBNETS {
+        return refused(
+            Refusal::MalformedRequest,
+            "the heartbeat reports more taken subnets than the pool has",
+        );
+    }
+    // Indices in the pool; anything else (outside it, malformed) says nothing to placement.
+    let mut taken: Vec<i64> = hb
+        .taken_subnets
+        .iter()
+        .filter_map(|s| crate::placing::subnet_index(s))
+        .collect();
+    taken.sort_unstable();
+    taken.dedup();
+    let taken = taken.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
     let beat = crate::fleet::Beat {
         agent_version: &version,
         capabilities: &capabilities,
         host: hb.host.as_deref(),
         observed: &observed,
         repaired: &repaired,
+        taken_subnets: &taken,
     };
     match s.ledger.heartbeat(&node, &beat, now_ms()).await {
         Ok(changed) => {
@@ -477,6 +493,10 @@ async fn certificate(State(s): App, Extension(peer): Peer, body: axum::body::Bod
         Ok(b) => b,
         Err(e) => return internal(e),
     };
+    let control_plane = match s.ledger.control_plane().await {
+        Ok(id) => id,
+        Err(e) => return internal(e),
+    };
     match s.ledger.add_renewed_certificate(&node, &old, &issued, now_ms()).await {
         Ok(()) => {
             tracing::info!(node = %node, fingerprint = %issued.fingerprint, "certificate renewed");
@@ -484,6 +504,7 @@ async fn certificate(State(s): App, Extension(peer): Peer, body: axum::body::Bod
                 certificate: issued.pem,
                 ca: bundle,
                 not_after_ms: issued.not_after_ms,
+                control_plane,
             })
             .into_response()
         }

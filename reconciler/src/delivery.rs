@@ -158,6 +158,7 @@ impl Ledger {
                 .map(|r| r.try_get(0))
                 .transpose()?
         };
+        let cp = self.control_plane().await?;
         let mut out = Vec::with_capacity(leases.len());
         for l in leases {
             let env = l.task.environment().to_string();
@@ -168,7 +169,7 @@ impl Ledger {
                     .ok_or_else(|| undeliverable("no-subnet", format!("no subnet for {env} on {node}")))?;
                 Ok(NetworkSpec {
                     environment: env.clone(),
-                    network: agent_proto::host_object(&env, node),
+                    network: agent_proto::host_object(&cp, &env, node),
                     subnet,
                 })
             };
@@ -201,7 +202,7 @@ impl Ledger {
                             .filter_map(|i| {
                                 let port = spec.roles.get(&i.role).filter(|r| r.is_web())?.port?;
                                 Some(Upstream {
-                                    container: container_name(&env, i.role.as_str(), Some(i.index), *generation),
+                                    container: container_name(&cp, &env, i.role.as_str(), Some(i.index), *generation),
                                     port,
                                 })
                             })
@@ -293,7 +294,7 @@ impl Ledger {
         Ok(Ok(Execution::Application(Box::new(ApplicationSpec {
             log_max_bytes,
             log_max_files,
-            container: container_name(&environment, role, instance, generation),
+            container: container_name(&self.control_plane().await?, &environment, role, instance, generation),
             deployment: spec.project.to_string(),
             environment,
             role: role.to_owned(),

@@ -143,6 +143,10 @@ pub async fn enroll(State(s): State<Arc<Shared>>, body: axum::body::Body) -> Res
         Ok(b) => b,
         Err(e) => return internal(e),
     };
+    let control_plane = match s.ledger.control_plane().await {
+        Ok(id) => id,
+        Err(e) => return internal(e),
+    };
     match s.ledger.enroll(&e, now).await {
         Ok(None) => {
             tracing::info!(node = %req.node, fingerprint = %issued.fingerprint, "node enrolled");
@@ -150,6 +154,7 @@ pub async fn enroll(State(s): State<Arc<Shared>>, body: axum::body::Body) -> Res
                 certificate: issued.pem,
                 ca: bundle,
                 not_after_ms: issued.not_after_ms,
+                control_plane,
             })
             .into_response()
         }

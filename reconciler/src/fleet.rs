@@ -242,6 +242,9 @@ pub struct Beat<'a> {
     pub observed: &'a str,
     /// (environment, what) for each drift repaired.
     pub repaired: &'a [(String, String)],
+    /// Indices of the pool's /24s that others' networks use on the node's machine,
+    /// comma-separated (empty: none).
+    pub taken_subnets: &'a str,
 }
 
 impl Ledger {
@@ -256,6 +259,7 @@ impl Ledger {
             host,
             observed,
             repaired,
+            taken_subnets,
         } = *beat;
         if !repaired.is_empty() {
             // Each repair the agent reports becomes a `drift-repaired` event of its environment.
@@ -281,13 +285,14 @@ impl Ledger {
         };
         sqlx::query(self.sql(
             "UPDATE nodes SET last_seen = ?, agent_version = ?, capabilities = ?, observed = ?, \
-                 host = COALESCE(?, host) WHERE name = ?",
+                 host = COALESCE(?, host), taken_subnets = ? WHERE name = ?",
         ))
         .bind(now_ms)
         .bind(agent_version)
         .bind(capabilities.join(","))
         .bind(observed)
         .bind(host)
+        .bind(taken_subnets)
         .bind(node)
         .execute(&self.pool)
         .await?;

@@ -216,6 +216,8 @@ pub struct Ledger {
     /// SQLite has one writer: this process's write transactions queue here, in order, instead
     /// of meeting `SQLITE_BUSY` and sleeping in SQLite's busy handler (1, 2, 5, 10… ms).
     writer: Arc<tokio::sync::Mutex<()>>,
+    /// The control plane's id, read (or made) once ([`Ledger::control_plane`]).
+    control_plane: tokio::sync::OnceCell<String>,
 }
 
 /// A write transaction; on SQLite it holds the process's writer turn until it ends.
@@ -290,7 +292,43 @@ impl Ledger {
             sqlite_path,
             lost_after_ms: std::sync::atomic::AtomicI64::new(state_schema::placement::LOST_AFTER_MS),
             writer: Arc::default(),
+            control_plane: tokio::sync::OnceCell::new(),
         })
+    }
+
+    /// The control plane's id: 8 hex digits from the OS random source, made by the first daemon
+    /// that asks (two asking at once keep the first one written) and the same for every daemon
+    /// of this ledger ever after. Every host object an agent makes names it.
+    pub async fn control_plane(&self) -> Result<String, LedgerError> {
+        self.control_plane
+            .get_or_try_init(|| async {
+                let read = || async {
+                    sqlx::query_scalar::<_, String>(self.sql("SELECT id FROM control_plane WHERE singleton = 1"))
+                        .fetch_optional(&self.pool)
+                        .await
+                };
+                if let Some(id) = read().await? {
+                    return Ok(id);
+                }
+                let mut bytes = [0u8; agent_proto::CONTROL_PLANE_ID_LEN / 2];
+                getrandom::fill(&mut bytes).map_err(|e| LedgerError::Random(e.to_string()))?;
+                let id: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+                let mut tx = self.write_tx().await?;
+                sqlx::query(
+                    self.sql(
+                        "INSERT INTO control_plane (singleton, id) VALUES (1, ?) ON CONFLICT (singleton) DO NOTHING",
+                    ),
+                )
+                .bind(&id)
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                read()
+                    .await?
+                    .ok_or(LedgerError::Random("the control plane's id was not kept".into()))
+            })
+            .await
+            .cloned()
     }
 
     /// How long a node may be silent before its replicas are placed elsewhere (the daemon's

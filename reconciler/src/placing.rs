@@ -31,6 +31,14 @@ pub fn subnet(idx: i64) -> String {
     format!("10.{}.{}.0/24", 208 + i / 256, i % 256)
 }
 
+/// The index in the pool of a /24 written as [`subnet`] writes it; `None` for anything else.
+pub fn subnet_index(cidr: &str) -> Option<i64> {
+    let (addr, len) = cidr.split_once('/')?;
+    let o = addr.parse::<std::net::Ipv4Addr>().ok()?.octets();
+    (len == "24" && o[0] == 10 && (208..224).contains(&o[1]) && o[3] == 0)
+        .then(|| i64::from(o[1] - 208) * 256 + i64::from(o[2]))
+}
+
 /// What heartbeats said of a node.
 #[derive(Clone, Debug, Default)]
 pub struct Seen {
@@ -311,6 +319,23 @@ impl Ledger {
         }
         let every: Vec<&String> = machine.keys().collect();
         let mut taken: BTreeMap<String, BTreeSet<i64>> = BTreeMap::new();
+        // What others' networks use on each machine, as its agents last said: never chosen.
+        for chunk in every.chunks(200) {
+            let marks = vec!["?"; chunk.len()].join(", ");
+            let q = format!("SELECT name, taken_subnets FROM nodes WHERE name IN ({marks}) AND taken_subnets <> ''");
+            let mut query = sqlx::query(self.sql(&q));
+            for n in chunk {
+                query = query.bind((*n).clone());
+            }
+            for r in query.fetch_all(&mut **tx).await? {
+                let (node, list): (String, String) = (r.try_get(0)?, r.try_get(1)?);
+                let key = machine.get(&node).cloned().unwrap_or_else(|| format!("node:{node}"));
+                taken
+                    .entry(key)
+                    .or_default()
+                    .extend(list.split(',').filter_map(|i| i.parse::<i64>().ok()));
+            }
+        }
         let mut have: BTreeSet<(String, String)> = BTreeSet::new();
         for chunk in every.chunks(200) {
             let marks = vec!["?"; chunk.len()].join(", ");
@@ -371,14 +396,23 @@ mod tests {
         let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
         let ledger = Ledger::connect(&url, 2).await.expect("ledger");
         ledger.migrate().await.expect("migrate");
-        // a1 and a2 share machine m1; b is alone on m2; c never said.
-        for (name, host) in [("a1", Some("m1")), ("a2", Some("m1")), ("b", Some("m2")), ("c", None)] {
-            sqlx::query("INSERT INTO nodes (name, age_recipient, enrolled_at, host) VALUES (?, 'age1x', 0, ?)")
-                .bind(name)
-                .bind(host)
-                .execute(&ledger.pool)
-                .await
-                .expect("node");
+        // a1 and a2 share machine m1; b is alone on m2, where another control plane's networks
+        // use the pool's first two /24s (b's agent said so); c never said.
+        for (name, host, taken) in [
+            ("a1", Some("m1"), ""),
+            ("a2", Some("m1"), ""),
+            ("b", Some("m2"), "0,1"),
+            ("c", None, ""),
+        ] {
+            sqlx::query(
+                "INSERT INTO nodes (name, age_recipient, enrolled_at, host, taken_subnets) VALUES (?, 'age1x', 0, ?, ?)",
+            )
+            .bind(name)
+            .bind(host)
+            .bind(taken)
+            .execute(&ledger.pool)
+            .await
+            .expect("node");
         }
         let pairs: Vec<(String, String)> = [("e", "a1"), ("e", "a2"), ("e", "b"), ("e", "c"), ("f", "a2")]
             .iter()
@@ -404,6 +438,40 @@ mod tests {
                 format!("{e}@{n}={i}")
             })
             .collect();
-        assert_eq!(got, ["e@a1=0", "e@a2=1", "e@b=0", "e@c=0", "f@a2=2"]);
+        assert_eq!(got, ["e@a1=0", "e@a2=1", "e@b=2", "e@c=0", "f@a2=2"]);
+    }
+
+    #[test]
+    fn subnet_indices_read_back_only_from_the_pool() {
+        use super::{subnet, subnet_index};
+        for i in [0, 1, 255, 256, 4095] {
+            assert_eq!(subnet_index(&subnet(i)), Some(i));
+        }
+        for bad in ["10.224.0.0/24", "10.208.0.0/16", "10.208.0.1/24", "192.168.0.0/24", "x"] {
+            assert_eq!(subnet_index(bad), None, "{bad}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_control_plane_id_is_made_once_and_kept() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+        let ledger = Ledger::connect(&url, 2).await.expect("ledger");
+        ledger.migrate().await.expect("migrate");
+        let id = ledger.control_plane().await.expect("id");
+        assert!(agent_proto::valid_control_plane(&id), "{id}");
+        // Another daemon of the same ledger reads the same id.
+        let again = Ledger::connect(&url, 2).await.expect("ledger");
+        assert_eq!(again.control_plane().await.expect("id"), id);
+        let other = tempfile::tempdir().expect("tempdir");
+        let other = Ledger::connect(&format!("sqlite://{}", other.path().join("l.db").display()), 2)
+            .await
+            .expect("ledger");
+        other.migrate().await.expect("migrate");
+        assert_ne!(
+            other.control_plane().await.expect("id"),
+            id,
+            "another ledger, another id"
+        );
     }
 }

@@ -199,9 +199,17 @@ fn busybox() -> PathBuf {
 }
 
 /// Removes every container and network a test made (by a label value unique to it): networks
-/// named as the tests name them, or as the control plane names them on node `n1`.
+/// named as the tests name them, or labelled with the environment (as the agent makes them).
 pub fn clean(environment: &str) {
-    let networks = [format!("pl_{environment}"), format!("pl_{environment}_n1")];
+    let labelled = docker(&[
+        "network",
+        "ls",
+        "-q",
+        "--filter",
+        &format!("label=dev.pushleft.environment={environment}"),
+    ]);
+    let mut networks = vec![format!("pl_{environment}")];
+    networks.extend(labelled.lines().filter(|l| !l.is_empty()).map(str::to_owned));
     let mut filters = vec![format!("label=dev.pushleft.environment={environment}")];
     filters.extend(networks.iter().map(|n| format!("network={n}")));
     for filter in filters {

@@ -222,3 +222,13 @@ except OSError as e:
         .expect("python3 as nobody");
     String::from_utf8_lossy(&o.stdout).trim().to_owned()
 }
+
+/// The control plane id the tests that run an executor alone (no control plane) give it.
+pub const TEST_CONTROL_PLANE: &str = "0123abcd";
+
+/// The id of the control plane whose ledger is at `url` (made when its first node enrolled).
+pub fn control_plane(url: &str) -> String {
+    let ids = sql(url, "SELECT id FROM control_plane");
+    assert_eq!(ids.len(), 1, "one control plane id in {url}");
+    ids[0].clone()
+}

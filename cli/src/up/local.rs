@@ -696,6 +696,15 @@ impl Local {
         let home = self.agent_dir(node);
         std::fs::create_dir_all(&home)?;
         let enrolled = home.join("node");
+        if enrolled.join(pushleft_agent_files::CERT).exists()
+            && !enrolled.join(pushleft_agent_files::CONTROL_PLANE).exists()
+        {
+            // Enrolled before control planes had ids: what that agent made names none, so it
+            // enrols again (its old folder kept aside) and its objects are foreign from now on.
+            let aside = home.join("node.before-control-plane-id");
+            let _ = std::fs::remove_dir_all(&aside);
+            std::fs::rename(&enrolled, &aside)?;
+        }
         if !enrolled.join(pushleft_agent_files::CERT).exists() {
             let deadline = Instant::now() + Duration::from_secs(30);
             let token = loop {
@@ -771,6 +780,7 @@ pub(crate) fn local_server(dir: &Path) -> Result<ServerArgs> {
 /// Names of the enrolment folder's files (the agent's own, repeated: `pl` links no agent).
 mod pushleft_agent_files {
     pub const CERT: &str = "node.crt";
+    pub const CONTROL_PLANE: &str = "control-plane";
 }
 
 pub(crate) fn tail(log: &Path) -> String {
