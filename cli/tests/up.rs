@@ -422,7 +422,8 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
             .spawn()
             .expect("pl up");
         let inner = |args: &[&str]| docker(&socket, args);
-        let new_container = format!("pl_api-production_web_0_g{}", generation_now + 1);
+        let cp = agent_support::control_plane(&ledger_url);
+        let new_container = format!("pl_{cp}_api-production_web_0_g{}", generation_now + 1);
         let deadline = Instant::now() + Duration::from_secs(60);
         let started = loop {
             let seen = inner(&["inspect", "--format", "{{.Id}} {{.State.Running}} {{.State.StartedAt}}", &new_container]);
@@ -451,7 +452,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         );
         assert_eq!(attempts(), [(before + 1).to_string()], "replayed once after the crash");
         assert_eq!(get(http, "api.example.com.localhost"), Some((200, "release two".into())));
-        let old = format!("pl_api-production_web_0_g{generation_now}");
+        let old = format!("pl_{cp}_api-production_web_0_g{generation_now}");
         assert_ne!(inner(&["inspect", "--format", "{{.State.Running}}", &old]), "true", "the old generation stopped");
 
         // `--build api=DIR`: DIR's Dockerfile is built on the engine and runs as api's image,
