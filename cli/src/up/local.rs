@@ -210,7 +210,17 @@ impl Local {
         self.state.join(name)
     }
 
-    /// The CA, API certificate, admin token, local signing key, mirror and ports: made once.
+    /// The ports recorded by an earlier `pl up`, if any.
+    pub(crate) fn recorded_ports(&self) -> Result<Option<Ports>> {
+        match std::fs::read(self.path("ports.json")) {
+            Ok(b) => Ok(Some(serde_json::from_slice(&b)?)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The CA, API certificate, admin token, local signing key, mirror and ports: made once
+    /// (`port`, when given, replaces the recorded ingress port).
     pub(crate) fn init(&self, port: Option<u16>) -> Result<Ports> {
         use std::os::unix::fs::PermissionsExt;
         std::fs::create_dir_all(&self.state)?;
@@ -244,16 +254,19 @@ impl Local {
                 .args(["init", "-q", "--bare", "-b", "main"])
                 .arg(self.path("mirror.git")))?;
         }
-        let ports = match std::fs::read(self.path("ports.json")) {
-            // A state folder from before `--build` has no registry port yet.
-            Ok(b) => match serde_json::from_slice::<Ports>(&b)? {
-                p if p.registry == 0 => Ports {
-                    registry: free_port()?,
-                    ..p
-                },
-                p => return Ok(p),
+        let ports = match self.recorded_ports()? {
+            // `--port` for a control plane that does not run (the caller checked): taken now.
+            Some(p) if port.is_some_and(|n| n != p.http) => Ports {
+                http: port.unwrap_or(p.http),
+                ..p
             },
-            Err(_) => Ports {
+            // A state folder from before `--build` has no registry port yet.
+            Some(p) if p.registry == 0 => Ports {
+                registry: free_port()?,
+                ..p
+            },
+            Some(p) => return Ok(p),
+            None => Ports {
                 api: free_port()?,
                 agent: free_port()?,
                 http: match port {
@@ -525,6 +538,7 @@ impl Local {
         }
         crate::build::registry(&self.state, ports.registry)?;
         let built = crate::build::build_all(builds, ports.registry, socket, &self.state)?;
+        crate::build::remember(&self.state, builds)?;
         crate::build::overrides(state, &built, |file| match rev {
             None => Ok(std::fs::read_to_string(self.repo.join(file))?),
             Some(r) => Ok(run(Command::new("git")

@@ -68,6 +68,10 @@ pub struct UpArgs {
     /// by digest in the local revision; your files are not changed). Repeatable.
     #[arg(long = "build", value_name = "PROJECT=DIR", conflicts_with = "allowed_signers")]
     pub builds: Vec<crate::build::Build>,
+    /// Forget the builds an earlier `--build` asked for (they are built again on every `pl up`
+    /// until then), and run the images the files name.
+    #[arg(long, conflicts_with = "builds")]
+    pub no_build: bool,
 }
 
 pub fn up(args: &UpArgs) -> Result<u8> {
@@ -101,7 +105,11 @@ pub fn up(args: &UpArgs) -> Result<u8> {
         );
         return Ok(1);
     }
-    crate::build::check(&args.builds, &loaded.state)?;
+    // Remembered builds rewrite the mirror's Projects, which a signed run never does.
+    let forget = args.no_build || matches!(trust, Trust::Signed { .. });
+    let builds = crate::build::to_build(&local.state, &args.builds, forget, &loaded.state)?;
+    crate::build::check(&builds, &loaded.state)?;
+    crate::build::check_pullable(&builds, &loaded.state)?;
     let nodes: Vec<String> = loaded
         .state
         .pools()
@@ -117,32 +125,40 @@ pub fn up(args: &UpArgs) -> Result<u8> {
             args.docker_socket.display()
         );
     }
-    let ports = local.init(args.port)?;
-    if let Some(p) = args.port
-        && p != ports.http
+    // The port this run would serve on: `--port`, else the one recorded, else a free one. A
+    // control plane that runs keeps its port; one that was stopped (`pl down`) takes `--port`.
+    // Nothing is recorded until every check has passed, so a refused start changes nothing.
+    let running = alive(&local.path("reconciler.pid"), "pl-reconciler").is_some()
+        || alive(&local.path("caddy.pid"), "caddy").is_some();
+    let recorded = local.recorded_ports()?;
+    if let (Some(p), Some(r), true) = (args.port, recorded, running)
+        && p != r.http
     {
         bail!(
-            "this repository's local control plane serves on port {} already; `pl down` first to change it",
-            ports.http
+            "this repository's local control plane serves on port {} already; `pl down` first, then `pl up --port {p}`",
+            r.http
         );
     }
     // Caddy missing or too old, or a port another program holds, would only show later, with
     // the control plane started: say so now.
     if web && alive(&local.path("caddy.pid"), "caddy").is_none() {
         caddy_program()?;
+        let http = args.port.or(recorded.map(|r| r.http));
+        if let Some(http) = http
+            && std::net::TcpListener::bind(("127.0.0.1", http)).is_err()
+        {
+            bail!(
+                "port {http} on 127.0.0.1 is taken by another program: stop it, or choose another port (`pl up --port PORT`)"
+            );
+        }
     }
-    if web
-        && alive(&local.path("caddy.pid"), "caddy").is_none()
-        && std::net::TcpListener::bind(("127.0.0.1", ports.http)).is_err()
-    {
-        bail!(
-            "port {} on 127.0.0.1 is taken by another program: stop it, or choose another port (`pl down`, then `pl up --port PORT`)",
-            ports.http
-        );
-    }
+    let ports = local.init(args.port.filter(|_| !running))?;
     local.settle_trust(&trust)?;
     local.settle_identity(&loaded.state, args.identity.as_deref())?;
-    let replace = local.build(&args.builds, &loaded.state, rev.as_deref(), &args.docker_socket, ports)?;
+    if args.no_build {
+        crate::build::remember(&local.state, &[])?;
+    }
+    let replace = local.build(&builds, &loaded.state, rev.as_deref(), &args.docker_socket, ports)?;
     let mut replaces_local = false;
     let (head, moved) = match &trust {
         Trust::Local => {
@@ -187,7 +203,7 @@ pub fn up(args: &UpArgs) -> Result<u8> {
     if !args.watch {
         return Ok(code);
     }
-    watch(&local, &client, ports, timeout, &args.builds, &args.docker_socket)
+    watch(&local, &client, ports, timeout, &builds, &args.docker_socket)
 }
 
 /// The reconciler refuses `sha` as a rewrite of `main` (it leaves a local teardown revision
