@@ -372,12 +372,33 @@ impl Engine {
             .collect())
     }
 
-    /// Pulls `image` (by digest) when the engine does not have it.
+    /// Pulls `image` (by digest) when the engine does not have it. A registry that cannot
+    /// resolve fails at once, for good, with a hint (a pull would fail the same way on every
+    /// retry); one under `.invalid` (a placeholder) is refused without asking a resolver.
     async fn ensure_image(&self, image: &str) -> Result<(), Failure> {
         match self.docker.inspect_image(image).await {
             Ok(_) => return Ok(()),
             Err(e) if not_found(&e) => {}
             Err(e) => return Err(docker("docker-unavailable", e)),
+        }
+        let unreachable = |registry: &str, why: &str| {
+            permanent(
+                "image-registry-unreachable",
+                format!(
+                    "{image}: the registry {registry} {why}; push the image to a registry this node resolves, or build it on this machine (`pl up --build PROJECT=DIR`)"
+                ),
+            )
+        };
+        if let Some(registry) = crate::registry_auth::registry_of(image)
+            && registry
+                .split(':')
+                .next()
+                .is_some_and(|h| h == "invalid" || h.ends_with(".invalid"))
+        {
+            return Err(unreachable(
+                registry,
+                "is a placeholder under .invalid, which never resolves",
+            ));
         }
         let credentials =
             match crate::registry_auth::registry_of(image).and_then(|r| Some((r, self.registry_auth.get(r)?))) {
@@ -408,6 +429,10 @@ impl Engine {
                     {
                         permanent("image-not-found", format!("{image}: {error}"))
                     }
+                    _ if resolve_failed(&e.to_string()) => unreachable(
+                        crate::registry_auth::registry_of(image).unwrap_or("docker.io"),
+                        "does not resolve",
+                    ),
                     _ => retryable("image-pull-failed", format!("{image}: {e}")),
                 });
             }
@@ -855,6 +880,12 @@ impl Engine {
             Err(permanent("exit-code", format!("exit code {code}\n{tail}")))
         }
     }
+}
+
+/// Whether an engine's pull error says the registry's name does not exist (Go's resolver's
+/// words for NXDOMAIN), which no retry mends; a resolver that failed for now is retried.
+fn resolve_failed(error: &str) -> bool {
+    error.contains("no such host")
 }
 
 /// The /24s of the subnet pool (`10.208.0.0/12`) that `cidr` overlaps, as `10.x.y.0/24`.

@@ -350,6 +350,14 @@ fn docker_executors_adopt_repair_and_refuse() {
             engine.ensure_application(&missing).await.expect_err("no image").code,
             "image-not-found"
         );
+        // A placeholder registry (the examples' `.invalid`): refused at once, with a hint, and
+        // the engine is never asked (so no resolver is).
+        missing.image = format!("registry.example.invalid/hello@sha256:{}", "0".repeat(64));
+        let started = std::time::Instant::now();
+        let f = engine.ensure_application(&missing).await.expect_err("placeholder");
+        assert_eq!(f.code, "image-registry-unreachable");
+        assert!(f.detail.contains("pl up --build"), "{}", f.detail);
+        assert!(started.elapsed() < Duration::from_secs(2), "fails fast");
 
         // Disk: an image the agent pulled goes once nothing uses it; one it did not pull (or
         // one still in use) is never touched.

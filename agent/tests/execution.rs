@@ -31,7 +31,7 @@ fn secret(name: &str, recipient: &str, sealed_to: &str, value: &str) -> String {
 
 fn project(name: &str, secret: &str) -> String {
     format!(
-        "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: {name}}}\nspec:\n  image: registry.example.com/{name}@{DIGEST}\n  env: {{LOG_LEVEL: info}}\n  secrets: [{secret}]\n  roles:\n    web: {{kind: web, port: 8080, health: {{path: /healthz, timeoutSeconds: 20}}, replicas: 1, command: [/bin/server, --port, \"8080\"], resources: {{cpu: 250m, memory: 128Mi, pids: 64}}}}\n"
+        "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: {name}}}\nspec:\n  image: registry.example.invalid/{name}@{DIGEST}\n  env: {{LOG_LEVEL: info}}\n  secrets: [{secret}]\n  roles:\n    web: {{kind: web, port: 8080, health: {{path: /healthz, timeoutSeconds: 20}}, replicas: 1, command: [/bin/server, --port, \"8080\"], resources: {{cpu: 250m, memory: 128Mi, pids: 64}}}}\n"
     )
 }
 
@@ -141,7 +141,7 @@ fn a_lease_carries_everything_the_job_needs_with_secrets_sealed_to_the_node() {
     };
     let cp = support::control_plane(&url);
     assert_eq!(spec.container, format!("pl_{cp}_api-production_web_0_g2"));
-    assert_eq!(spec.image, format!("registry.example.com/api@{DIGEST}"));
+    assert_eq!(spec.image, format!("registry.example.invalid/api@{DIGEST}"));
     assert_eq!(spec.command, ["/bin/server", "--port", "8080"]);
     assert_eq!(spec.env.get("LOG_LEVEL").map(String::as_str), Some("info"));
     assert_eq!((spec.cpu_millis, spec.memory_bytes, spec.pids), (250, 128 << 20, 64));

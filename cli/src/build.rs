@@ -35,6 +35,93 @@ impl std::str::FromStr for Build {
     }
 }
 
+/// The builds this state folder remembers (`builds.json`, project → absolute folder), from the
+/// last `pl up --build` that built them: a later `pl up` builds them again unless told
+/// `--no-build`, rather than roll out the placeholder image the files name.
+pub fn remembered(state: &Path) -> Vec<Build> {
+    let Ok(bytes) = std::fs::read(state.join("builds.json")) else {
+        return Vec::new();
+    };
+    serde_json::from_slice::<std::collections::BTreeMap<String, PathBuf>>(&bytes)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(project, dir)| Build { project, dir })
+        .collect()
+}
+
+/// Records `builds` as the state folder's (none: forgets every build).
+pub fn remember(state: &Path, builds: &[Build]) -> Result<()> {
+    let path = state.join("builds.json");
+    if builds.is_empty() {
+        return match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+            _ => Ok(()),
+        };
+    }
+    let map: std::collections::BTreeMap<&str, &Path> =
+        builds.iter().map(|b| (b.project.as_str(), b.dir.as_path())).collect();
+    std::fs::write(&path, serde_json::to_vec_pretty(&map)?)?;
+    Ok(())
+}
+
+/// What this run builds: `--build`s given now (folders made absolute), and, unless
+/// `no_build`, the remembered ones for projects the state still declares and not given now.
+pub fn to_build(state_dir: &Path, given: &[Build], no_build: bool, state: &State) -> Result<Vec<Build>> {
+    let mut out: Vec<Build> = Vec::new();
+    for b in given {
+        let dir = std::fs::canonicalize(&b.dir).unwrap_or_else(|_| b.dir.clone());
+        out.push(Build {
+            project: b.project.clone(),
+            dir,
+        });
+    }
+    if no_build {
+        return Ok(out);
+    }
+    for b in remembered(state_dir) {
+        if out.iter().any(|g| g.project == b.project) || state.project(&b.project).is_none() {
+            continue;
+        }
+        println!(
+            "pl up: building {} from {} again, as an earlier `pl up --build` asked (`pl up --no-build` forgets it)",
+            b.project,
+            b.dir.display()
+        );
+        out.push(b);
+    }
+    Ok(out)
+}
+
+/// Refuses, before anything starts, an image no node could ever pull: a registry under
+/// `.invalid` (the examples' placeholders, a name that never resolves) that no `--build`
+/// replaces. Nothing would be asked of a resolver.
+pub fn check_pullable(builds: &[Build], state: &State) -> Result<()> {
+    let placeholder = |image: &str| {
+        image
+            .split_once('/')
+            .map(|(host, _)| host.split(':').next().unwrap_or(host))
+            .is_some_and(|h| h == "invalid" || h.ends_with(".invalid"))
+    };
+    for l in state.of_kind(Kind::Project).chain(state.of_kind(Kind::Environment)) {
+        let (project, image) = match &l.object.spec {
+            Spec::Project(p) => (l.object.name().to_string(), p.image.as_str().to_owned()),
+            Spec::Environment(e) => match &e.image {
+                Some(i) => (e.project.to_string(), i.as_str().to_owned()),
+                None => continue,
+            },
+            _ => continue,
+        };
+        if placeholder(&image) && !builds.iter().any(|b| b.project == project) {
+            bail!(
+                "{}: {} runs {image}, a placeholder whose registry never resolves: build it here with `pl up --build {project}=DIR` (a folder with its Dockerfile), or name an image a node can pull",
+                l.file,
+                l.object.name()
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Refuses, before anything starts, a build of a project the state does not declare or a
 /// folder with no Dockerfile.
 pub fn check(builds: &[Build], state: &State) -> Result<()> {

@@ -872,6 +872,7 @@ fn the_quickstart_builds_its_image_and_serves_its_page() {
             "{err}"
         );
         assert!(!state.join("reconciler.pid").exists(), "nothing started");
+        assert!(!state.join("ports.json").exists(), "a refused start records no port");
         drop(taken);
         let (code, out, err) = pl(&["up", "--port", "18090", "--build", &build], &repo, &state, &socket);
         assert_eq!(code, 0, "pl up: {out}\n{err}");
@@ -941,6 +942,21 @@ fn the_quickstart_builds_its_image_and_serves_its_page() {
         let _ = follow.kill();
         let _ = follow.wait();
 
+        // `--build` is remembered: a plain `pl up` builds it again rather than roll out the
+        // example's placeholder image; `--no-build` would run the placeholder, a registry under
+        // `.invalid`, and is refused before anything changes, with the fix.
+        let (code, out, err) = pl(&["up", "--port", "18090"], &repo, &state, &socket);
+        assert_eq!(code, 0, "{out}\n{err}");
+        assert!(out.contains("building hello from") && out.contains("again"), "{out}");
+        assert_eq!(get(18_090, host_name).map(|r| r.0), Some(200));
+        let (code, _, err) = pl(&["up", "--port", "18090", "--no-build"], &repo, &state, &socket);
+        assert_eq!(code, 1);
+        assert!(
+            err.contains("registry.example.invalid") && err.contains("pl up --build hello=DIR"),
+            "{err}"
+        );
+        assert_eq!(get(18_090, host_name).map(|r| r.0), Some(200), "still serving");
+
         // On a terminal the progress is live, and each environment's line ends with its URL.
         let project = repo.join("projects/hello.yaml");
         let text = std::fs::read_to_string(&project).expect("read");
@@ -965,6 +981,15 @@ fn the_quickstart_builds_its_image_and_serves_its_page() {
         let (code, out, err) = pl(&["down"], &repo, &state, &socket);
         assert_eq!(code, 0, "pl down: {out}\n{err}");
         assert_eq!(get(18_090, host_name), None, "nothing serves after pl down");
+        // After `pl down`, `--port` takes effect (the port recorded before is no dead end).
+        let (code, out, err) = pl(&["up", "--port", "18091", "--build", &build], &repo, &state, &socket);
+        assert_eq!(code, 0, "pl up --port after pl down: {out}\n{err}");
+        assert_eq!(get(18_091, host_name).map(|r| r.0), Some(200));
+        let (code, _, err) = pl(&["up", "--port", "18092", "--build", &build], &repo, &state, &socket);
+        assert_eq!(code, 1, "a running control plane keeps its port");
+        assert!(err.contains("`pl down` first, then `pl up --port 18092`"), "{err}");
+        let (code, out, err) = pl(&["down"], &repo, &state, &socket);
+        assert_eq!(code, 0, "pl down: {out}\n{err}");
     });
 }
 

@@ -55,7 +55,7 @@ async fn scenario(url: String, dir: &Path) {
     repo.write(
         "projects/api.yaml",
         &format!(
-            "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: registry.example.com/api@{DIGEST}\n  roles:\n    web: {{kind: web, port: 8080, health: {{path: /healthz}}, replicas: 1}}\n    sweep: {{kind: cron, schedule: \"*/5 * * * *\", command: [/app/sweep]}}\n"
+            "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: registry.example.invalid/api@{DIGEST}\n  roles:\n    web: {{kind: web, port: 8080, health: {{path: /healthz}}, replicas: 1}}\n    sweep: {{kind: cron, schedule: \"*/5 * * * *\", command: [/app/sweep]}}\n"
         ),
     );
     repo.write("envs/api-production.yaml", &environment("api-production", "api"));

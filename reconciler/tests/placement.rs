@@ -24,7 +24,7 @@ const POOL: &str = "apiVersion: pushleft.dev/v1alpha1\nkind: NodePool\nmetadata:
 
 fn project(replicas: u32) -> String {
     format!(
-        "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: registry.example.com/api@{}\n  roles:\n    web: {{kind: web, port: 8080, health: {{path: /healthz}}, replicas: {replicas}, resources: {{cpu: 500m, memory: 256Mi}}}}\n",
+        "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: registry.example.invalid/api@{}\n  roles:\n    web: {{kind: web, port: 8080, health: {{path: /healthz}}, replicas: {replicas}, resources: {{cpu: 500m, memory: 256Mi}}}}\n",
         repo_support::DIGEST
     )
 }

@@ -66,7 +66,7 @@ pub fn generate(p: &Params) -> Vec<(String, String)> {
     }
     for j in 0..projects {
         let t = format!(
-            "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata:\n  name: proj-{j:05}\nspec:\n  image: registry.example.com/proj-{j:05}@sha256:{}\n  roles:\n    web:\n      kind: web\n      command: [\"/app/server\", \"--port\", \"8080\"]\n      resources: {{cpu: 250m, memory: 256Mi}}\n    worker:\n      kind: worker\n      replicas: 1\n    nightly:\n      kind: cron\n      schedule: \"0 2 * * *\"\n  env:\n    LOG_LEVEL: info\n    PROJECT_ID: \"{j}\"\n",
+            "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata:\n  name: proj-{j:05}\nspec:\n  image: registry.example.invalid/proj-{j:05}@sha256:{}\n  roles:\n    web:\n      kind: web\n      command: [\"/app/server\", \"--port\", \"8080\"]\n      resources: {{cpu: 250m, memory: 256Mi}}\n    worker:\n      kind: worker\n      replicas: 1\n    nightly:\n      kind: cron\n      schedule: \"0 2 * * *\"\n  env:\n    LOG_LEVEL: info\n    PROJECT_ID: \"{j}\"\n",
             digest(j)
         );
         files.push((format!("projects/proj-{j:05}.yaml"), t));

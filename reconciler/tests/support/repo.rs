@@ -11,7 +11,7 @@ pub const DIGEST: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcde
 
 pub fn project(name: &str, replicas: u32) -> String {
     format!(
-        "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: {name}}}\nspec:\n  image: registry.example.com/{name}@{DIGEST}\n  roles:\n    web: {{kind: web, port: 8080, health: {{path: /healthz}}, replicas: {replicas}}}\n"
+        "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: {name}}}\nspec:\n  image: registry.example.invalid/{name}@{DIGEST}\n  roles:\n    web: {{kind: web, port: 8080, health: {{path: /healthz}}, replicas: {replicas}}}\n"
     )
 }
 
