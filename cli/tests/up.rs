@@ -590,8 +590,9 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
                 .expect("count")
         };
         let revisions = count_revisions();
-        // `pl up` again works, from the same ledger (with the nodes enrolled here, both).
-        let (code, out, err) = pl(&["up", "--port", &port_arg], &repo_dir, &state, &socket);
+        // `pl up` again works, from the same ledger (with the nodes enrolled here, both);
+        // `--no-build` forgets the remembered build, so the files' image runs.
+        let (code, out, err) = pl(&["up", "--port", &port_arg, "--no-build"], &repo_dir, &state, &socket);
         assert_eq!(code, 0, "up again: {out}\n{err}");
         assert_eq!(get(http, "api.example.com.localhost"), Some((200, "release two".into())));
         assert!(count_revisions() > revisions, "history kept and grown");
@@ -665,6 +666,26 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         assert_eq!(code, 0, "signed after down: {out}\n{err}");
         assert!(out.contains("approved as a rewrite"), "{out}");
         assert_eq!(get(18_081, "api.example.com.localhost"), Some((200, "release two".into())));
+        // `pl down`, then `pl up` of the same signed HEAD: that commit was accepted before the
+        // teardown, and is applied again (it used to hang, "not converged", with the teardown
+        // revision in force); a new signed commit after it is judged and applied as usual.
+        let (code, out, err) = pl(&["down"], &repo_dir, &signed_state, &socket);
+        assert_eq!(code, 0, "pl down: {out}\n{err}");
+        let (code, out, err) = pl(&signed, &repo_dir, &signed_state, &socket);
+        assert_eq!(code, 0, "the same HEAD after pl down: {out}\n{err}");
+        assert_eq!(get(18_081, "api.example.com.localhost"), Some((200, "release two".into())));
+        let signed_ledger = format!("sqlite://{}", signed_state.join("ledger.db").display());
+        let events = agent_support::sql(&signed_ledger, "SELECT subject FROM events WHERE kind = 'revision-reapplied'");
+        assert_eq!(events.len(), 1, "{events:?}");
+        repo.write("projects/api.yaml", &project_two.replace("replicas: 1", "replicas: 2"));
+        let after = repo.commit("signed after the return", true);
+        let (code, out, err) = pl(&signed, &repo_dir, &signed_state, &socket);
+        assert_eq!(code, 0, "a new commit after the return: {out}\n{err}");
+        let verdict = agent_support::sql(
+            &signed_ledger,
+            &format!("SELECT verdict FROM revisions WHERE sha = '{after}'"),
+        );
+        assert_eq!(verdict, ["accepted"]);
         let (code, out, err) = pl(&["down"], &repo_dir, &signed_state, &socket);
         assert_eq!(code, 0, "pl down: {out}\n{err}");
     });

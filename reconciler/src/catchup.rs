@@ -98,9 +98,10 @@ impl Shared {
             return Ok(());
         }
         let preview = self.is_preview(branch);
-        let rewrite = match preview {
-            true => None,
-            false => self.ledger.rewrite_status(branch, &head_hex).await?,
+        let accepted = self.ledger.last_accepted(branch).await?;
+        let rewrite = match (preview, &accepted) {
+            (false, Some(a)) => self.ledger.rewrite_status(branch, &head_hex, a).await?,
+            _ => None,
         };
         if rewrite == Some(RewriteStatus::Pending) {
             return Ok(()); // refused already; waits for an admin or a new push
@@ -109,11 +110,12 @@ impl Shared {
             true => oid(self.ledger.last_accepted(&self.config.source.branch).await?),
             false => None,
         };
+        let state_rewrite_approved = rewrite == Some(RewriteStatus::Approved);
         let state = BranchState {
             head,
             preview,
             last_judged: oid(last_judged),
-            accepted: oid(self.ledger.last_accepted(branch).await?),
+            accepted: oid(accepted.clone()),
             applied_accepted,
             rewrite_approved: rewrite == Some(RewriteStatus::Approved),
         };
@@ -178,10 +180,17 @@ impl Shared {
             })
             .await
             .map_err(|e| DaemonError::Join(e.to_string()))??;
-            let applied = self
+            let mut applied = self
                 .ledger
                 .apply_revision(branch, preview, &mut judgement, now_ms())
                 .await?;
+            // An approved rewrite back to a commit judged before: applied again, in force again.
+            if let (false, true, Some(over)) = (applied.recorded, state_rewrite_approved, accepted.as_deref()) {
+                applied = self
+                    .ledger
+                    .apply_revision_again(branch, &mut judgement, over, now_ms())
+                    .await?;
+            }
             if applied.recorded {
                 report.judged += 1;
                 if judgement.accepted() {

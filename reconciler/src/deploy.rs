@@ -121,6 +121,35 @@ impl Ledger {
         j: &mut Judgement,
         now_ms: i64,
     ) -> Result<Applied, LedgerError> {
+        self.apply(branch, preview, j, now_ms, None).await
+    }
+
+    /// Applies again the head of an approved rewrite of the applied branch that was judged and
+    /// accepted before (a return to an earlier commit: a rollback by force-push, or `pl up` of
+    /// the commit that `pl down`'s teardown revision followed). Its verdict stays the one
+    /// recorded; `j`, judged now, must still be accepted. The rewrite over `accepted` is marked
+    /// applied, which puts the commit back in force, with a `revision-reapplied` event.
+    pub async fn apply_revision_again(
+        &self,
+        branch: &str,
+        j: &mut Judgement,
+        accepted: &str,
+        now_ms: i64,
+    ) -> Result<Applied, LedgerError> {
+        if !j.accepted() {
+            return Ok(Applied::default());
+        }
+        self.apply(branch, false, j, now_ms, Some(accepted)).await
+    }
+
+    async fn apply(
+        &self,
+        branch: &str,
+        preview: bool,
+        j: &mut Judgement,
+        now_ms: i64,
+        again: Option<&str>,
+    ) -> Result<Applied, LedgerError> {
         // The fleet as it is now (reads), then the pure work, before the write transaction
         // opens (on SQLite it holds the one write lock that agents' leases wait on): placement
         // and spec hashes of every deployment, and the hash of every object.
@@ -138,7 +167,31 @@ impl Ledger {
             (wanted, unplaceable, expires, object_hashes(&j.state.state))
         });
         let mut tx = self.write_tx().await?;
-        let Some(revision) = self.record_revision_in(&mut tx, branch, j, now_ms).await? else {
+        let revision = match again {
+            None => self.record_revision_in(&mut tx, branch, j, now_ms).await?,
+            Some(accepted) => {
+                let id: Option<i64> = sqlx::query_scalar(
+                    self.sql("SELECT id FROM revisions WHERE branch = ? AND sha = ? AND verdict = 'accepted'"),
+                )
+                .bind(branch)
+                .bind(&j.sha)
+                .fetch_optional(&mut *tx)
+                .await?;
+                if id.is_some() {
+                    self.rewrite_applied(&mut tx, branch, &j.sha, accepted, now_ms).await?;
+                    self.event(
+                        &mut tx,
+                        now_ms,
+                        "revision-reapplied",
+                        &format!("{branch}@{}", j.sha),
+                        "an approved rewrite returned to this accepted commit",
+                    )
+                    .await?;
+                }
+                id
+            }
+        };
+        let Some(revision) = revision else {
             return Ok(Applied::default());
         };
         let mut applied = Applied {

@@ -991,13 +991,32 @@ impl Ledger {
 
     /// The newest accepted commit of a branch: the one in force.
     pub async fn last_accepted(&self, branch: &str) -> Result<Option<String>, LedgerError> {
-        let row = sqlx::query(
-            self.sql("SELECT sha FROM revisions WHERE branch = ? AND verdict = 'accepted' ORDER BY id DESC LIMIT 1"),
-        )
+        self.branch_position(branch, "AND verdict = 'accepted'").await
+    }
+
+    /// The newest of `branch`'s revisions (those `filter` keeps) and of its approved rewrites
+    /// applied again: a return to an earlier accepted commit puts that commit back in force.
+    /// Two indexed reads of one row each, however long the history.
+    async fn branch_position(&self, branch: &str, filter: &str) -> Result<Option<String>, LedgerError> {
+        let q = format!("SELECT sha, seen_at FROM revisions WHERE branch = ? {filter} ORDER BY id DESC LIMIT 1");
+        let judged = sqlx::query(self.sql(&q))
+            .bind(branch)
+            .fetch_optional(&self.pool)
+            .await?;
+        let again = sqlx::query(self.sql(
+            "SELECT sha, applied_at FROM history_rewrites WHERE branch = ? AND applied_at IS NOT NULL \
+             ORDER BY applied_at DESC, id DESC LIMIT 1",
+        ))
         .bind(branch)
         .fetch_optional(&self.pool)
         .await?;
-        row.map(|r| r.try_get(0)).transpose().map_err(LedgerError::from)
+        let read = |r: Option<sqlx::any::AnyRow>| -> Result<Option<(String, i64)>, LedgerError> {
+            r.map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).transpose()
+        };
+        Ok(match (read(judged)?, read(again)?) {
+            (Some((sha, seen)), Some((again_sha, applied))) => Some(if applied >= seen { again_sha } else { sha }),
+            (one, other) => one.or(other).map(|(sha, _)| sha),
+        })
     }
 
     /// A judged commit's verdict and reason codes.
@@ -1020,11 +1039,7 @@ impl Ledger {
 
     /// The newest commit of a branch judged at all, accepted or not.
     pub async fn last_judged(&self, branch: &str) -> Result<Option<String>, LedgerError> {
-        let row = sqlx::query(self.sql("SELECT sha FROM revisions WHERE branch = ? ORDER BY id DESC LIMIT 1"))
-            .bind(branch)
-            .fetch_optional(&self.pool)
-            .await?;
-        row.map(|r| r.try_get(0)).transpose().map_err(LedgerError::from)
+        self.branch_position(branch, "").await
     }
 
     /// Branches with deployments that are not torn down.

@@ -41,13 +41,23 @@ pub struct RewriteRow {
 }
 
 impl Ledger {
-    /// Whether `sha` was refused as a rewrite of `branch`, and whether it was approved since.
-    pub async fn rewrite_status(&self, branch: &str, sha: &str) -> Result<Option<RewriteStatus>, LedgerError> {
-        let row = sqlx::query(self.sql("SELECT approved_at FROM history_rewrites WHERE branch = ? AND sha = ?"))
-            .bind(branch)
-            .bind(sha)
-            .fetch_optional(&self.pool)
-            .await?;
+    /// Whether `sha` was refused as a rewrite of `branch` while `accepted` was in force, and
+    /// whether it was approved since. The same head over another commit in force is another
+    /// rewrite: an approval is for one.
+    pub async fn rewrite_status(
+        &self,
+        branch: &str,
+        sha: &str,
+        accepted: &str,
+    ) -> Result<Option<RewriteStatus>, LedgerError> {
+        let row = sqlx::query(
+            self.sql("SELECT approved_at FROM history_rewrites WHERE branch = ? AND sha = ? AND accepted_sha = ?"),
+        )
+        .bind(branch)
+        .bind(sha)
+        .bind(accepted)
+        .fetch_optional(&self.pool)
+        .await?;
         let Some(row) = row else { return Ok(None) };
         let approved: Option<i64> = row.try_get(0)?;
         Ok(Some(if approved.is_some() {
@@ -68,7 +78,7 @@ impl Ledger {
     ) -> Result<bool, LedgerError> {
         let mut tx = self.write_tx().await?;
         let row = sqlx::query(self.sql(
-            "INSERT INTO history_rewrites (branch, sha, accepted_sha, seen_at) VALUES (?, ?, ?, ?) ON CONFLICT (branch, sha) DO NOTHING RETURNING id",
+            "INSERT INTO history_rewrites (branch, sha, accepted_sha, seen_at) VALUES (?, ?, ?, ?) ON CONFLICT (branch, sha, accepted_sha) DO NOTHING RETURNING id",
         ))
         .bind(branch)
         .bind(sha)
@@ -112,7 +122,12 @@ impl Ledger {
         .rows_affected();
         if done == 0 {
             drop(tx);
-            return Ok(match self.rewrite_status(branch, sha).await? {
+            let seen = sqlx::query(self.sql("SELECT 1 FROM history_rewrites WHERE branch = ? AND sha = ?"))
+                .bind(branch)
+                .bind(sha)
+                .fetch_optional(&self.pool)
+                .await?;
+            return Ok(match seen {
                 Some(_) => Approval::AlreadyApproved,
                 None => Approval::NotPending,
             });
@@ -121,6 +136,28 @@ impl Ledger {
             .await?;
         tx.commit().await?;
         Ok(Approval::Approved)
+    }
+
+    /// Marks the approved rewrite of `branch` to `sha` over `accepted` as applied now, in the
+    /// caller's transaction: `sha`, judged before, is the commit in force again.
+    pub(crate) async fn rewrite_applied(
+        &self,
+        tx: &mut crate::ledger::WriteTx,
+        branch: &str,
+        sha: &str,
+        accepted: &str,
+        now_ms: i64,
+    ) -> Result<(), LedgerError> {
+        sqlx::query(self.sql(
+            "UPDATE history_rewrites SET applied_at = ? WHERE branch = ? AND sha = ? AND accepted_sha = ? AND approved_at IS NOT NULL",
+        ))
+        .bind(now_ms)
+        .bind(branch)
+        .bind(sha)
+        .bind(accepted)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
     }
 
     /// Refused rewrites, newest first.

@@ -147,7 +147,38 @@ async fn the_applied_branch_only_moves_forward() {
     repo.write("projects/api.yaml", &project("api", 3));
     let c4 = repo.commit("forward", true);
     s.pass().await.expect("pass");
-    assert_eq!(accepted(&s, "main").await, Some(c4));
+    assert_eq!(accepted(&s, "main").await, Some(c4.clone()));
+
+    // Back to c2, accepted long ago (a rollback by force-push, or `pl up` of the commit a
+    // `pl down` teardown followed): approved, it is applied again and is in force again, and
+    // the branch moves forward from it without another approval.
+    repo.git(&["reset", "-q", "--hard", &c2]);
+    s.pass().await.expect("pass");
+    assert_eq!(accepted(&s, "main").await, Some(c4.clone()), "refused until approved");
+    assert_eq!(
+        s.ledger
+            .approve_rewrite("main", &c2, "root-admin", 7)
+            .await
+            .expect("approve"),
+        Approval::Approved
+    );
+    let r = s.pass().await.expect("pass");
+    assert!(r.jobs_queued > 0, "c2's replicas come back: {r:?}");
+    assert_eq!(accepted(&s, "main").await, Some(c2.clone()), "c2 in force again");
+    assert_eq!(
+        rows(&url, "SELECT subject FROM events WHERE kind = 'revision-reapplied'").await,
+        [format!("main@{c2}")]
+    );
+    assert_eq!(s.pass().await.expect("pass").judged, 0, "settled: nothing judged again");
+    repo.write("projects/api.yaml", &project("api", 4));
+    let c5 = repo.commit("after the return", true);
+    s.pass().await.expect("pass");
+    assert_eq!(accepted(&s, "main").await, Some(c5.clone()));
+    // The same head over another commit in force is another rewrite: the approval given over
+    // c4 does not carry over.
+    repo.git(&["reset", "-q", "--hard", &c2]);
+    s.pass().await.expect("pass");
+    assert_eq!(accepted(&s, "main").await, Some(c5), "a new approval is needed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
