@@ -867,6 +867,32 @@ fn the_quickstart_builds_its_image_and_serves_its_page() {
         );
     }
     std::fs::copy("/bin/busybox", context.join("busybox")).expect("busybox-static");
+    // Outside Git, what reads commits is refused before anything starts, in our own words.
+    let signers = dir.path().join("allowed_signers");
+    std::fs::write(&signers, "").expect("signers");
+    let (code, _, err) = outcome(
+        pl_command(&state, &host.socket)
+            .args(["up", "--allowed-signers"])
+            .arg(&signers)
+            .arg(&repo)
+            .output()
+            .expect("pl"),
+    );
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("is not in a Git repository") && err.contains("git init"),
+        "{err}"
+    );
+    assert!(!state.join("registry.pid").exists() && !state.join("reconciler.pid").exists());
+    let (code, out, _) = outcome(
+        pl_command(&state, &host.socket)
+            .arg("down")
+            .arg(&repo)
+            .output()
+            .expect("pl down"),
+    );
+    assert_eq!(code, 0);
+    assert!(out.contains("nothing ran"), "{out}");
     repo_support::git(&repo, &["init", "-q", "-b", "main"]);
     let _detached = Detached(vec![state.clone()]);
     let socket = host.socket.clone();
@@ -1001,6 +1027,10 @@ fn the_quickstart_builds_its_image_and_serves_its_page() {
         );
         let (code, out, err) = pl(&["down"], &repo, &state, &socket);
         assert_eq!(code, 0, "pl down: {out}\n{err}");
+        assert!(
+            out.contains("stopped the agent of node-1, Caddy, the build registry, the reconciler"),
+            "pl down says what it stopped: {out}"
+        );
         assert_eq!(get(18_090, host_name), None, "nothing serves after pl down");
         // After `pl down`, `--port` takes effect (the port recorded before is no dead end).
         let (code, out, err) = pl(&["up", "--port", "18091", "--build", &build], &repo, &state, &socket);

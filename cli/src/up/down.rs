@@ -133,25 +133,34 @@ pub fn down(args: &DownArgs) -> Result<u8> {
         );
         return Ok(0);
     }
+    let mut stopped: Vec<String> = Vec::new();
     for pid in local.agent_pids() {
-        stop(&pid, "pl-agent");
+        if stop(&pid, "pl-agent") {
+            let node = pid
+                .parent()
+                .and_then(|d| d.file_name())
+                .map(|n| n.to_string_lossy().into_owned());
+            stopped.push(format!("the agent of {}", node.unwrap_or_default()));
+        }
     }
-    for (pid, program) in [
-        ("caddy.pid", "caddy"),
-        ("registry.pid", "docker-registry"),
-        ("reconciler.pid", "pl-reconciler"),
+    for (pid, program, what) in [
+        ("caddy.pid", "caddy", "Caddy"),
+        ("registry.pid", "docker-registry", "the build registry"),
+        ("reconciler.pid", "pl-reconciler", "the reconciler"),
     ] {
-        stop(&local.path(pid), program);
+        if stop(&local.path(pid), program) {
+            stopped.push(what.to_owned());
+        }
     }
     // The next `pl up` chooses its trust again.
     let _ = std::fs::remove_file(local.path("mode"));
+    let what = match (running, stopped.is_empty()) {
+        (_, true) => "nothing ran".to_owned(),
+        (true, false) => format!("environments torn down; stopped {}", stopped.join(", ")),
+        (false, false) => format!("stopped {}", stopped.join(", ")),
+    };
     println!(
-        "pl down: {}; the ledger's history stays in {}",
-        if running {
-            "environments torn down, local control plane stopped"
-        } else {
-            "nothing ran"
-        },
+        "pl down: {what}; the ledger's history stays in {}",
         local.state.display()
     );
     Ok(0)

@@ -155,8 +155,10 @@ fn run_daemon(program: &str, config: &Path, log: &Path, pid_file: &Path) -> Resu
     spawn_detached(&mut cmd, log, pid_file).map(Some)
 }
 
-pub(crate) fn stop(pid_file: &Path, program: &str) {
-    if let Some(pid) = alive(pid_file, program) {
+/// Stops `program` by its pid file (SIGTERM, then SIGKILL after 15 s); whether it ran.
+pub(crate) fn stop(pid_file: &Path, program: &str) -> bool {
+    let ran = alive(pid_file, program);
+    if let Some(pid) = ran {
         let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
         let deadline = Instant::now() + Duration::from_secs(15);
         while alive(pid_file, program).is_some() && Instant::now() < deadline {
@@ -167,6 +169,7 @@ pub(crate) fn stop(pid_file: &Path, program: &str) {
         }
     }
     let _ = std::fs::remove_file(pid_file);
+    ran.is_some()
 }
 
 pub(crate) fn git(mirror: &Path) -> Command {
@@ -204,6 +207,12 @@ impl Local {
             }
         };
         Ok(Local { repo, state })
+    }
+
+    /// Whether the repository folder is inside a Git repository (its working tree is applied
+    /// either way; commits, signatures and preview branches need Git).
+    pub(crate) fn in_git(&self) -> bool {
+        self.repo.ancestors().any(|d| d.join(".git").exists())
     }
 
     pub(crate) fn path(&self, name: &str) -> PathBuf {
@@ -385,10 +394,15 @@ impl Local {
             )
         };
         let mirror = self.path("mirror.git");
-        let theirs: Vec<String> = list(Command::new("git").arg("-C").arg(&self.repo))?
-            .into_iter()
-            .filter(|b| globs.is_match(b))
-            .collect();
+        // A folder outside Git has no branches, so no previews.
+        let theirs: Vec<String> = if self.in_git() {
+            list(Command::new("git").arg("-C").arg(&self.repo))?
+                .into_iter()
+                .filter(|b| globs.is_match(b))
+                .collect()
+        } else {
+            Vec::new()
+        };
         // Every mirrored branch but `main`: one no longer matching (or gone) is deleted.
         let ours = list(&mut git(&mirror))?;
         let mut moved = false;

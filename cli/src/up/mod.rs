@@ -91,6 +91,18 @@ pub fn up(args: &UpArgs) -> Result<u8> {
         (Trust::Signed { .. }, None) => Some("HEAD".to_owned()),
         (_, r) => r.clone(),
     };
+    // Commits need Git: said before anything starts (the working tree alone does not).
+    if !local.in_git() && (rev.is_some() || !matches!(trust, Trust::Local)) {
+        bail!(
+            "{} is not in a Git repository, and {} reads commits: run `git init && git add -A && git commit -m \"initial state\"` there first, or leave it out to apply the working tree",
+            local.repo.display(),
+            if args.rev.is_some() {
+                "--rev"
+            } else {
+                "--allowed-signers"
+            }
+        );
+    }
     // What is applied is checked first: an invalid state ends here, before anything starts.
     let repo = StateRepo::open(&local.repo)?;
     let loaded = match &rev {
