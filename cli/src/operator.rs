@@ -13,9 +13,10 @@ use zeroize::Zeroizing;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServerArgs {
-    /// The reconciler's API.
-    #[arg(long, env = "PL_SERVER", default_value = "https://127.0.0.1:7443", global = true)]
-    pub server: String,
+    /// The reconciler's API (default https://127.0.0.1:7443; inside a repository whose local
+    /// control plane runs, and with no server, token or `--local` given, that one).
+    #[arg(long, env = "PL_SERVER", global = true)]
+    pub server: Option<String>,
     /// The CA that signed the API's certificate (PEM); the system's roots when absent.
     #[arg(long, env = "PL_CA_CERT", value_name = "FILE", global = true)]
     pub ca_cert: Option<PathBuf>,
@@ -36,6 +37,9 @@ pub enum OutFormat {
     Json,
 }
 
+/// The API `pl` talks to when nothing else is said.
+pub const DEFAULT_SERVER: &str = "https://127.0.0.1:7443";
+
 pub(crate) struct Client {
     agent: ureq::Agent,
     base: String,
@@ -49,13 +53,26 @@ impl Client {
             local.format = args.format;
             return Client::new(&local);
         }
-        let token = match std::env::var("PL_TOKEN") {
-            Ok(t) if !t.trim().is_empty() => Zeroizing::new(t.trim().to_owned()),
-            _ => {
+        let env_token = std::env::var("PL_TOKEN").ok().filter(|t| !t.trim().is_empty());
+        // Nothing names a control plane: inside a repository (or below it) whose local control
+        // plane runs, that one, as `--local` would.
+        if args.server.is_none() && args.token_file.is_none() && env_token.is_none() {
+            if let Some(mut local) = crate::up::running_local_server() {
+                local.format = args.format;
+                return Client::new(&local);
+            }
+            bail!(
+                "no control plane named: pass --server (or PL_SERVER) with --token-file (or PL_TOKEN), or --local DIR for the one `pl up` runs for a repository (none runs for this folder)"
+            );
+        }
+        let server = args.server.as_deref().unwrap_or(DEFAULT_SERVER);
+        let token = match env_token {
+            Some(t) => Zeroizing::new(t.trim().to_owned()),
+            None => {
                 let path = args
                     .token_file
                     .as_ref()
-                    .ok_or_else(|| anyhow!("no API token: set PL_TOKEN or pass --token-file"))?;
+                    .ok_or_else(|| anyhow!("no API token: set PL_TOKEN or pass --token-file (or --local DIR for the control plane `pl up` runs)"))?;
                 let t = Zeroizing::new(
                     std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
                 );
@@ -75,12 +92,12 @@ impl Client {
             .http_status_as_error(false)
             .build()
             .into();
-        if !args.server.starts_with("https://") {
+        if !server.starts_with("https://") {
             bail!("--server must be an https:// URL: the API only speaks TLS");
         }
         Ok(Client {
             agent,
-            base: args.server.trim_end_matches('/').to_owned(),
+            base: server.trim_end_matches('/').to_owned(),
             token,
         })
     }

@@ -163,6 +163,34 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         let (code, out, _) = pl(&["jobs", "--format", "json", "--local"], &repo_dir, &state, &socket);
         assert_eq!(code, 0);
         assert!(out.contains("ingress:api-production/api.example.com"), "{out}");
+        // Inside the repository (a subfolder too) with nothing else named, they use it as is.
+        let (code, out, err) = outcome(
+            pl_command(&state, &socket)
+                .arg("status")
+                .current_dir(repo_dir.join("envs"))
+                .env_remove("PL_SERVER")
+                .env_remove("PL_TOKEN")
+                .env_remove("PL_TOKEN_FILE")
+                .output()
+                .expect("pl status"),
+        );
+        assert_eq!(code, 0, "{out}\n{err}");
+        assert!(out.contains("main in force at"), "{out}");
+        // Where no control plane runs, the error names the way to one.
+        let (code, _, err) = outcome(
+            Command::new(env!("CARGO_BIN_EXE_pl"))
+                .arg("status")
+                .current_dir("/")
+                .env("XDG_STATE_HOME", scratch.join("no-state"))
+                .env_remove("PL_STATE_DIR")
+                .env_remove("PL_SERVER")
+                .env_remove("PL_TOKEN")
+                .env_remove("PL_TOKEN_FILE")
+                .output()
+                .expect("pl status"),
+        );
+        assert_eq!(code, 1);
+        assert!(err.contains("--local DIR") && err.contains("--server"), "{err}");
 
         // `--watch`: a new Environment file is applied as soon as it is written.
         let mut watching = pl_command(&state, &socket)

@@ -117,7 +117,11 @@ pub fn down(args: &DownArgs) -> Result<u8> {
                 .filter(|d| wanted(d))
                 .find(|d| d["status"].as_str() == Some("failed"))
             {
-                bail!("the teardown of {} failed: see `pl events`", d["environment"]);
+                bail!(
+                    "the teardown of {} failed: see `pl events --local {}`",
+                    d["environment"],
+                    local.repo.display()
+                );
             }
             if Instant::now() > deadline {
                 bail!("not torn down within the timeout: {}", left.join(", "));

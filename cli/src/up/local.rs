@@ -579,7 +579,7 @@ impl Local {
 
     pub(crate) fn server(&self, ports: Ports) -> ServerArgs {
         ServerArgs {
-            server: format!("https://localhost:{}", ports.api),
+            server: Some(format!("https://localhost:{}", ports.api)),
             ca_cert: Some(self.path("tls/ca.crt")),
             token_file: Some(self.path("admin.token")),
             format: crate::operator::OutFormat::Text,
@@ -803,6 +803,21 @@ pub(crate) fn local_server(dir: &Path) -> Result<ServerArgs> {
         )
     })?)?;
     Ok(local.server(ports))
+}
+
+/// The API of a local control plane that runs for the current folder or a folder above it
+/// (the repository `pl up` applied, from any of its subfolders).
+pub(crate) fn running_local_server() -> Option<ServerArgs> {
+    let here = std::env::current_dir().ok()?;
+    for dir in here.ancestors() {
+        let Ok(local) = Local::new(Some(dir)) else { continue };
+        if alive(&local.path("reconciler.pid"), "pl-reconciler").is_none() {
+            continue;
+        }
+        let ports: Ports = serde_json::from_slice(&std::fs::read(local.path("ports.json")).ok()?).ok()?;
+        return Some(local.server(ports));
+    }
+    None
 }
 
 /// Names of the enrolment folder's files (the agent's own, repeated: `pl` links no agent).

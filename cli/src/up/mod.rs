@@ -18,7 +18,7 @@ mod local;
 
 pub use down::{DownArgs, down};
 use local::{Local, Ports, Trust, caddy_program, docker_answers};
-pub(crate) use local::{alive, local_server, on_path, spawn_detached, tool};
+pub(crate) use local::{alive, local_server, on_path, running_local_server, spawn_detached, tool};
 
 use crate::operator::Client;
 use anyhow::{Context, Result, bail};
@@ -243,7 +243,7 @@ fn approve_local_rewrite(client: &Client, sha: &str) -> Result<()> {
         &serde_json::json!({"branch": "main", "sha": sha}),
     )?;
     println!(
-        "pl up: {} leaves this control plane's local teardown revision behind: approved as a rewrite (`pl events` records it)",
+        "pl up: {} leaves this control plane's local teardown revision behind: approved as a rewrite (`pl events --local` records it)",
         &sha[..12]
     );
     let _ = client.json("POST", "/v1/reconcile");
