@@ -26,14 +26,23 @@ use std::process::ExitCode;
     name = "pl",
     version,
     about = "Pushleft: GitOps for Docker hosts",
-    propagate_version = true
+    propagate_version = true,
+    after_help = "Examples:
+  pl init infra && cd infra && git init -q && git add -A && git commit -qm init
+  pl validate                                  every problem, file:line:column
+  pl plan --base origin/main --format markdown  what a pull request changes
+  pl up                                        run it on this machine
+  pl status                                    what the local control plane says
+  pl down                                      tear it down
+
+Reference: docs/cli.md"
 )]
 pub struct Cli {
     /// When to colour output; `NO_COLOR` set to anything turns `auto` off.
-    #[arg(long, global = true, value_enum, default_value_t = ColorChoice::Auto)]
+    #[arg(long, global = true, value_enum, default_value_t = ColorChoice::Auto, help_heading = "Global options")]
     color: ColorChoice,
     /// Same as `--color never`.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = "Global options")]
     no_color: bool,
     #[command(subcommand)]
     command: Command,
@@ -191,6 +200,16 @@ enum Command {
     /// Apply the state repository on this machine: starts (or reuses) a local control plane
     /// (reconciler, SQLite ledger, one enrolled agent, Caddy for web roles), applies the
     /// working tree as a local revision, follows the rollout and prints each URL.
+    #[command(after_help = "Examples:
+  pl up                                  the working tree of the current folder
+  pl up --build hello=./app              run ./app's Dockerfile as project hello's image
+  pl up --watch                          apply again as files change
+  pl up --port 8080                      serve on 127.0.0.1:8080 (after `pl down`, to change it)
+  pl up --allowed-signers ~/.config/pushleft/allowed_signers
+                                         apply signed commits only, judged as the daemon does
+  pl up --node n1 --node n2              two nodes on this machine, to rehearse a drain
+
+Reference: docs/cli.md (pl up)")]
     Up(up::UpArgs),
     /// Tear the local environments down in order, keep the history, and stop the local control
     /// plane.

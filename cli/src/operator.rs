@@ -282,13 +282,45 @@ pub fn jobs(args: &ServerArgs, state: Option<String>, environment: Option<String
     if args.format == OutFormat::Json {
         return print_json(&v);
     }
-    for j in v["jobs"].as_array().into_iter().flatten() {
+    let jobs: Vec<&Value> = v["jobs"].as_array().into_iter().flatten().collect();
+    if jobs.is_empty() {
+        outln!("no jobs");
+        return Ok(0);
+    }
+    // Columns with a header, each as wide as its widest cell.
+    let rows: Vec<[String; 5]> = jobs
+        .iter()
+        .map(|j| {
+            [
+                j["state"].as_str().unwrap_or("?").to_owned(),
+                format!("{}/{}", j["attempts"], j["maxAttempts"]),
+                j["targetNode"].as_str().unwrap_or("-").to_owned(),
+                j["generation"].as_i64().map_or("-".to_owned(), |g| g.to_string()),
+                j["key"].as_str().unwrap_or("?").to_owned(),
+            ]
+        })
+        .collect();
+    let header = ["STATE", "ATTEMPTS", "NODE", "GENERATION", "JOB"];
+    let width = |c: usize| {
+        rows.iter()
+            .map(|r| r[c].len())
+            .chain([header[c].len()])
+            .max()
+            .unwrap_or(0)
+    };
+    let widths: Vec<usize> = (0..4).map(width).collect();
+    for r in std::iter::once(header.map(str::to_owned)).chain(rows) {
         outln!(
-            "{:<10} {}/{} {}",
-            j["state"].as_str().unwrap_or("?"),
-            j["attempts"],
-            j["maxAttempts"],
-            j["key"].as_str().unwrap_or("?"),
+            "{:<w0$}  {:<w1$}  {:<w2$}  {:<w3$}  {}",
+            r[0],
+            r[1],
+            r[2],
+            r[3],
+            r[4],
+            w0 = widths[0],
+            w1 = widths[1],
+            w2 = widths[2],
+            w3 = widths[3],
         );
     }
     Ok(0)

@@ -367,3 +367,23 @@ fn no_color_is_honoured_on_a_terminal() {
     assert!(!on_tty(Some("1")).contains("\u{1b}["), "NO_COLOR=1 turns it off");
     assert!(on_tty(Some("")).contains("\u{1b}["), "an empty NO_COLOR does not count");
 }
+
+/// `pl --help` and `pl up --help` end with examples, and `pl up --help` lists its own options
+/// before the global ones, under a heading of their own.
+#[test]
+fn help_shows_examples_and_keeps_global_options_apart() {
+    let top = stdout(&run(pl().arg("--help")));
+    assert!(top.contains("Examples:") && top.contains("pl up "), "{top}");
+    let up = stdout(&run(pl().args(["up", "--help"])));
+    let (own, rest) = up
+        .split_once("Global options:")
+        .expect("a heading for the global options");
+    assert!(
+        own.contains("--port") && own.contains("--build") && !own.contains("--color"),
+        "{up}"
+    );
+    assert!(
+        rest.contains("--color") && rest.contains("Examples:") && rest.contains("pl up --build"),
+        "{up}"
+    );
+}

@@ -62,6 +62,14 @@ fn operator_commands_against_a_running_daemon() {
     with(&mut c, &viewer_file);
     let out = stdout(&run(&mut c));
     assert!(out.contains("net:api-production:g1:ensure@n1"), "{out}");
+    let head: Vec<&str> = out.lines().next().unwrap_or_default().split_whitespace().collect();
+    assert_eq!(
+        head,
+        ["STATE", "ATTEMPTS", "NODE", "GENERATION", "JOB"],
+        "labelled columns: {out}"
+    );
+    let first = out.lines().nth(1).unwrap_or_default();
+    assert!(first.starts_with("queued ") && first.contains(" 0/"), "{first}");
 
     let mut c = pl();
     c.args(["events", "--after", "0"]);
