@@ -128,15 +128,22 @@ impl Display {
 
 /// Follows the revision's verdict and each environment's rollout until all are done (exit 0,
 /// with the URLs) or one fails (exit 1, with the failing job and its result).
+///
+/// Done means true on the hosts, as the agents report it: the generation's rollout finished,
+/// its routes published, every replica it places reported running and healthy by its node's
+/// agent, and none of another generation (or scaled away) still running. `since_ms` is when
+/// this `pl up` began: the jobs it shows are the ones made since, and an environment that got
+/// none is reported unchanged.
 pub fn converge(
     client: &Client,
     head: &str,
     environments: &[Followed],
     http_port: u16,
     timeout: Duration,
+    since_ms: i64,
 ) -> Result<u8> {
     let mut display = Display::new(environments);
-    let code = follow(client, head, environments, http_port, timeout, &mut display);
+    let code = follow(client, head, environments, http_port, timeout, since_ms, &mut display);
     display.stop();
     code
 }
@@ -147,6 +154,7 @@ fn follow(
     environments: &[Followed],
     http_port: u16,
     timeout: Duration,
+    since_ms: i64,
     display: &mut Display,
 ) -> Result<u8> {
     let deadline = Instant::now() + timeout;
@@ -190,19 +198,35 @@ fn follow(
                 d["generation"].as_i64().unwrap_or(0),
             );
             let listed = client.json("GET", &format!("/v1/jobs?environment={name}&limit=200"))?;
-            let jobs: Vec<(String, String)> = listed["jobs"]
+            let of_generation: Vec<&Value> = listed["jobs"]
                 .as_array()
                 .into_iter()
                 .flatten()
                 .filter(|j| j["generation"].as_i64() == Some(generation))
-                .map(|j| {
-                    (
-                        j["key"].as_str().unwrap_or("?").to_owned(),
-                        j["state"].as_str().unwrap_or("?").to_owned(),
-                    )
-                })
                 .collect();
-            display.jobs(name, generation, &jobs);
+            let pair = |j: &&Value| {
+                (
+                    j["key"].as_str().unwrap_or("?").to_owned(),
+                    j["state"].as_str().unwrap_or("?").to_owned(),
+                )
+            };
+            let jobs: Vec<(String, String)> = of_generation.iter().map(pair).collect();
+            // This run's jobs: a scale at the same generation shows its own, not the rollout's.
+            let this_run: Vec<(String, String)> = of_generation
+                .iter()
+                .filter(|j| j["createdAtMs"].as_i64().is_some_and(|t| t >= since_ms))
+                .map(pair)
+                .collect();
+            display.jobs(name, generation, &this_run);
+            let pending = jobs.iter().any(|(_, state)| state == "queued" || state == "leased");
+            // True on the hosts: every replica placed reported running and healthy, none left
+            // of another generation or scaled away.
+            let (replicas, running, stale) = (
+                d["replicas"].as_u64().unwrap_or(0),
+                d["running"].as_u64().unwrap_or(0),
+                d["stale"].as_u64().unwrap_or(0),
+            );
+            let observed = running == replicas && stale == 0;
             // Done means placed and serving: a generation made before this node's agent was
             // heard from places nothing, and the next one places the replicas.
             let served = jobs.iter().any(|(key, state)| {
@@ -214,11 +238,16 @@ fn follow(
                 serving && state == "succeeded"
             });
             match status {
-                "done" if served => {
+                "done" if served && observed && !pending => {
+                    let what = if this_run.is_empty() {
+                        "unchanged, serving"
+                    } else {
+                        "done"
+                    };
                     display.done(
                         name,
                         format!(
-                            "{name}: generation {generation} done: http://{}.localhost:{http_port}/",
+                            "{name}: generation {generation} {what} ({running} replica(s) running): http://{}.localhost:{http_port}/",
                             env.host
                         ),
                     );

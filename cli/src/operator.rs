@@ -184,7 +184,8 @@ fn encode(s: &str) -> String {
 }
 
 pub fn status(args: &ServerArgs) -> Result<u8> {
-    let v = Client::new(args)?.json("GET", "/v1/status")?;
+    let client = Client::new(args)?;
+    let v = client.json("GET", "/v1/status")?;
     if args.format == OutFormat::Json {
         return print_json(&v);
     }
@@ -218,6 +219,42 @@ pub fn status(args: &ServerArgs) -> Result<u8> {
         );
     }
     outln!("queue age   {} ms", counts["queueAgeMs"]);
+    // Replicas as the agents report them, not as asked: what differs is listed.
+    let deployments = client.json("GET", "/v1/deployments?limit=1000")?;
+    let rows: Vec<&Value> = deployments["deployments"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|d| d["action"].as_str() == Some("rollout"))
+        .collect();
+    let sum = |key: &str| rows.iter().map(|d| d[key].as_u64().unwrap_or(0)).sum::<u64>();
+    outln!(
+        "replicas    {} running of {} placed, as agents report them{}",
+        sum("running"),
+        sum("replicas"),
+        if rows.len() == 1000 { " (first 1,000 environments)" } else { "" }
+    );
+    let off: Vec<&&Value> = rows
+        .iter()
+        .filter(|d| d["running"] != d["replicas"] || d["stale"].as_u64().unwrap_or(0) > 0)
+        .collect();
+    for d in off.iter().take(20) {
+        outln!(
+            "  {}: {} of {} running at generation {}{} ({})",
+            d["environment"].as_str().unwrap_or("?"),
+            d["running"],
+            d["replicas"],
+            d["generation"],
+            match d["stale"].as_u64().unwrap_or(0) {
+                0 => String::new(),
+                n => format!(", {n} of another generation still running"),
+            },
+            d["status"].as_str().unwrap_or("?")
+        );
+    }
+    if off.len() > 20 {
+        outln!("  … and {} more", off.len() - 20);
+    }
     Ok(0)
 }
 
@@ -357,7 +394,7 @@ pub fn nodes(args: &ServerArgs) -> Result<u8> {
         "state",
         "cpu",
         "memory",
-        "replicas",
+        "running",
         "last seen"
     );
     let now = std::time::SystemTime::now()
@@ -384,7 +421,11 @@ pub fn nodes(args: &ServerArgs) -> Result<u8> {
             n["state"].as_str().unwrap_or("?"),
             cpu,
             memory,
-            n["instances"].as_u64().unwrap_or(0),
+            format!(
+                "{}/{}",
+                n["running"].as_u64().unwrap_or(0),
+                n["instances"].as_u64().unwrap_or(0)
+            ),
             seen,
             n["agentVersion"].as_str().unwrap_or("-"),
         );

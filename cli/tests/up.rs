@@ -272,22 +272,20 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
             std::fs::write(repo_dir.join("projects/api.yaml"), project_healthy.replace("replicas: 1", count)).expect("write");
             let (code, out, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
             assert_eq!(code, 0, "{out}\n{err}");
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while replicas() != want {
-                assert!(Instant::now() < deadline, "never {want} replicas");
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            std::thread::sleep(Duration::from_secs(2));
+            // `pl up` returns when it is true on the host: the replicas run now, not soon.
+            assert_eq!(replicas(), want, "pl up returned before {want} replicas ran: {out}");
+            assert!(out.contains(&format!("({want} replica(s) running)")), "{out}");
             assert_eq!(generation(), before, "a scale, not a new generation");
         }
         let (failed, served) = load.finish();
         assert_eq!(failed, 0, "requests failed during the scale");
         assert!(served > 10);
 
-        // Nothing changed: quick, and the same container serves.
+        // Nothing changed: quick, says so, and the same container serves.
         let started = Instant::now();
         let (code, out, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
         assert_eq!(code, 0, "{out}\n{err}");
+        assert!(out.contains("unchanged, serving"), "a no-op says nothing changed: {out}");
         assert!(
             started.elapsed() < Duration::from_secs(10),
             "a no-op took {:?}",

@@ -289,7 +289,7 @@ async fn deployments(State(s): App, headers: HeaderMap, Query(q): Query<ListQuer
         return r;
     }
     let n = limit(&q, 100);
-    match s.ledger.deployments(q.after.as_deref(), n).await {
+    match s.ledger.deployments(q.after.as_deref(), n, now_ms()).await {
         Ok(rows) => page("deployments", &rows, n, |d| d.environment.clone()),
         Err(e) => internal(e),
     }

@@ -57,8 +57,10 @@ pub struct NodeRow {
     pub memory_bytes: u64,
     pub last_seen_ms: Option<i64>,
     pub agent_version: Option<String>,
-    /// Replicas placed on the node by the current deployments.
+    /// Replicas placed on the node by the current deployments (what was asked).
     pub instances: usize,
+    /// Replicas the node's agent last reported running and healthy (what is true there).
+    pub running: usize,
     /// CPU (millis) and memory (bytes) those replicas reserve.
     pub reserved_cpu_millis: u64,
     pub reserved_memory_bytes: u64,
@@ -316,6 +318,24 @@ impl Ledger {
         Ok(out)
     }
 
+    /// What each node's agent last reported running (its heartbeat's `running`), by node, for
+    /// nodes heard from since `since_ms` (an older report is no longer known to be true).
+    pub async fn observed_replicas(
+        &self,
+        since_ms: i64,
+    ) -> Result<std::collections::BTreeMap<String, Vec<agent_proto::RunningInstance>>, LedgerError> {
+        let mut out = std::collections::BTreeMap::new();
+        for r in sqlx::query(self.sql("SELECT name, observed FROM nodes WHERE observed IS NOT NULL AND last_seen >= ?"))
+            .bind(since_ms)
+            .fetch_all(&self.pool)
+            .await?
+        {
+            let (name, text): (String, String) = (r.try_get(0)?, r.try_get(1)?);
+            out.insert(name, serde_json::from_str(&text).unwrap_or_default());
+        }
+        Ok(out)
+    }
+
     /// Every node the accepted state of `branch` declares, with what the control plane saw of
     /// it and what its replicas reserve, by name.
     pub async fn nodes(&self, branch: &str, now_ms: i64) -> Result<Vec<NodeRow>, LedgerError> {
@@ -327,6 +347,9 @@ impl Ledger {
         for i in running.iter().flat_map(|s| &s.instances) {
             *placed.entry(i.node.to_string()).or_default() += 1;
         }
+        let observed = self
+            .observed_replicas(now_ms - state_schema::placement::UNHEALTHY_AFTER_MS)
+            .await?;
         let mut cas: std::collections::BTreeMap<String, String> = Default::default();
         for r in sqlx::query(self.sql(
             "SELECT node, ca FROM node_certificates WHERE revoked_at IS NULL AND ca IS NOT NULL ORDER BY issued_at, fingerprint",
@@ -357,6 +380,9 @@ impl Ledger {
                     last_seen_ms: s.and_then(|s| s.last_seen),
                     agent_version: s.and_then(|s| s.agent_version.clone()),
                     instances: placed.get(&name).copied().unwrap_or(0),
+                    running: observed
+                        .get(&name)
+                        .map_or(0, |list| list.iter().filter(|i| i.healthy).count()),
                     reserved_cpu_millis: cpu,
                     reserved_memory_bytes: mem,
                     capabilities: s.map(|s| s.capabilities.iter().cloned().collect()).unwrap_or_default(),

@@ -29,6 +29,7 @@ pub struct JobRow {
     pub max_attempts: i64,
     pub environment: Option<String>,
     pub generation: Option<i64>,
+    pub created_at_ms: i64,
     pub updated_at_ms: i64,
 }
 
@@ -42,6 +43,21 @@ pub struct DeploymentRow {
     pub status: String,
     pub step: i64,
     pub updated_at_ms: i64,
+    /// Replicas this generation places (web and worker roles; none once torn down).
+    pub replicas: usize,
+    /// Of those, how many their nodes' agents last reported running and healthy at this
+    /// generation, where they were placed: what is true on the hosts, not what was asked.
+    pub running: usize,
+    /// Replicas of the environment agents report running that this generation does not place
+    /// there (another generation, or one scaled away): still to go.
+    pub stale: usize,
+}
+
+/// The part of a stored spec the deployments view reads: where each replica is placed.
+#[derive(serde::Deserialize)]
+struct Placed {
+    #[serde(default)]
+    instances: Vec<state_schema::desired::Instance>,
 }
 
 /// Counts for `pl status` and `/metrics`.
@@ -102,7 +118,7 @@ impl Ledger {
         limit: u32,
     ) -> Result<Vec<JobRow>, LedgerError> {
         let q = self.sql(
-            "SELECT id, key, target_node, state, attempts, max_attempts, environment, generation, updated_at FROM jobs \
+            "SELECT id, key, target_node, state, attempts, max_attempts, environment, generation, updated_at, created_at FROM jobs \
              WHERE (? = '' OR state = ?) AND (? = '' OR environment = ?) AND id < ? ORDER BY id DESC LIMIT ?",
         );
         let (s, e) = (state.unwrap_or(""), environment.unwrap_or(""));
@@ -127,30 +143,67 @@ impl Ledger {
                     environment: r.try_get(6)?,
                     generation: r.try_get(7)?,
                     updated_at_ms: r.try_get(8)?,
+                    created_at_ms: r.try_get(9)?,
                 })
             })
             .collect()
     }
 
     /// Deployments by environment name, after the name `after` (a page's `next`).
-    pub async fn deployments(&self, after: Option<&str>, limit: u32) -> Result<Vec<DeploymentRow>, LedgerError> {
+    /// Deployments by environment after `after`, with what agents heard from since
+    /// `now_ms - UNHEALTHY_AFTER_MS` report of their replicas.
+    pub async fn deployments(
+        &self,
+        after: Option<&str>,
+        limit: u32,
+        now_ms: i64,
+    ) -> Result<Vec<DeploymentRow>, LedgerError> {
         let rows = sqlx::query(self.sql(
-            "SELECT environment, branch, generation, action, status, step, updated_at FROM deployments WHERE environment > ? ORDER BY environment LIMIT ?",
+            "SELECT environment, branch, generation, action, status, step, updated_at, spec FROM deployments WHERE environment > ? ORDER BY environment LIMIT ?",
         ))
         .bind(after.unwrap_or(""))
         .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await?;
+        // What agents report, by environment: (node, role, index, generation, healthy).
+        let mut seen: BTreeMap<String, Vec<(String, agent_proto::RunningInstance)>> = BTreeMap::new();
+        let since = now_ms - state_schema::placement::UNHEALTHY_AFTER_MS;
+        for (node, list) in self.observed_replicas(since).await? {
+            for i in list {
+                seen.entry(i.environment.clone()).or_default().push((node.clone(), i));
+            }
+        }
         rows.iter()
             .map(|r| {
+                let environment: String = r.try_get(0)?;
+                let generation: i64 = r.try_get(2)?;
+                let action: String = r.try_get(3)?;
+                let placed = match action.as_str() {
+                    "rollout" => serde_json::from_str::<Placed>(&r.try_get::<String, _>(7)?)
+                        .map(|p| p.instances)
+                        .unwrap_or_default(),
+                    _ => Vec::new(),
+                };
+                let here = seen.get(&environment).map(Vec::as_slice).unwrap_or_default();
+                let is_placed = |node: &str, i: &agent_proto::RunningInstance| {
+                    i64::try_from(i.generation).is_ok_and(|g| g == generation)
+                        && placed
+                            .iter()
+                            .any(|p| p.node.as_str() == node && p.role.as_str() == i.role && p.index == i.instance)
+                };
+                let running = here.iter().filter(|(n, i)| i.healthy && is_placed(n, i)).count();
+                let stale = here.iter().filter(|(n, i)| i.healthy && !is_placed(n, i)).count();
                 Ok(DeploymentRow {
-                    environment: r.try_get(0)?,
+                    environment,
                     branch: r.try_get(1)?,
-                    generation: r.try_get(2)?,
-                    action: r.try_get(3)?,
+                    generation,
+                    action,
                     status: r.try_get(4)?,
                     step: r.try_get(5)?,
                     updated_at_ms: r.try_get(6)?,
+                    replicas: placed.len(),
+                    running,
+                    stale,
                 })
             })
             .collect()

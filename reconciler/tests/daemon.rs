@@ -297,7 +297,10 @@ async fn remote_source_fetches_on_webhook() {
     );
     wait_for("main", second.clone()).await;
     wait_for("feature/remote", second).await;
-    let deployments = ledger.deployments(None, 1000).await.expect("deployments");
+    let deployments = ledger
+        .deployments(None, 1000, reconciler::daemon::now_ms())
+        .await
+        .expect("deployments");
     assert!(
         deployments
             .iter()
@@ -312,7 +315,10 @@ async fn remote_source_fetches_on_webhook() {
     );
     let start = Instant::now();
     loop {
-        let deployments = ledger.deployments(None, 1000).await.expect("deployments");
+        let deployments = ledger
+            .deployments(None, 1000, reconciler::daemon::now_ms())
+            .await
+            .expect("deployments");
         if deployments
             .iter()
             .any(|d| d.environment == "feature-remote--api" && d.action == "teardown")

@@ -74,7 +74,15 @@ pub struct UpArgs {
     pub no_build: bool,
 }
 
+/// Milliseconds since the epoch, as the ledger writes times.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
 pub fn up(args: &UpArgs) -> Result<u8> {
+    let started_ms = now_ms();
     let local = Local::new(args.dir.as_deref())?;
     let trust = match &args.allowed_signers {
         None => Trust::Local,
@@ -211,7 +219,7 @@ pub fn up(args: &UpArgs) -> Result<u8> {
         approve_local_rewrite(&client, &head)?;
     }
     let timeout = Duration::from_secs(args.timeout_seconds);
-    let code = crate::follow::converge(&client, &head, &environments, ports.http, timeout)?;
+    let code = crate::follow::converge(&client, &head, &environments, ports.http, timeout, started_ms)?;
     if !args.watch {
         return Ok(code);
     }
@@ -380,8 +388,16 @@ fn watch(
             continue;
         }
         println!("pl up: applying the working tree as local revision {}", &head[..12]);
+        let since_ms = now_ms();
         let _ = client.json("POST", "/v1/reconcile");
-        let code = crate::follow::converge(client, &head, &environments_of(&loaded.state), ports.http, timeout)?;
+        let code = crate::follow::converge(
+            client,
+            &head,
+            &environments_of(&loaded.state),
+            ports.http,
+            timeout,
+            since_ms,
+        )?;
         println!(
             "pl up: {} ; still watching",
             if code == 0 { "converged" } else { "failed" }
