@@ -232,7 +232,11 @@ pub fn status(args: &ServerArgs) -> Result<u8> {
         "replicas    {} running of {} placed, as agents report them{}",
         sum("running"),
         sum("replicas"),
-        if rows.len() == 1000 { " (first 1,000 environments)" } else { "" }
+        if rows.len() == 1000 {
+            " (first 1,000 environments)"
+        } else {
+            ""
+        }
     );
     let off: Vec<&&Value> = rows
         .iter()

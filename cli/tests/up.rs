@@ -296,6 +296,28 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
             Some((200, "hello from pl up".into()))
         );
 
+        // Drift: a replica removed by hand (not just stopped) comes back at the same
+        // generation within 30 s, routes published to its new container, with a
+        // `drift-repaired` event; until then `pl status` says it is not running.
+        let removed = docker(&socket, &["ps", "-q", "--filter", "label=dev.pushleft.environment=api-production"]);
+        let generation_before = generation();
+        docker(&socket, &["rm", "-f", &removed]);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let now = docker(&socket, &["ps", "-q", "--filter", "label=dev.pushleft.environment=api-production"]);
+            if !now.is_empty() && now != removed && get(http, "api.example.com.localhost") == Some((200, "hello from pl up".into())) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the removed replica never came back");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        assert_eq!(generation(), generation_before, "repaired at the same generation");
+        let repaired = agent_support::sql(
+            &ledger_url,
+            "SELECT detail FROM events WHERE kind = 'drift-repaired' AND subject = 'api-production'",
+        );
+        assert!(repaired.iter().any(|d| d.contains("was gone from its node")), "{repaired:?}");
+
         // Restart replay: the agent and the reconciler die; the URL keeps serving; `pl up`
         // brings them back, and the same container serves with no job added.
         let ledger = format!("sqlite://{}", state.join("ledger.db").display());

@@ -25,6 +25,7 @@ fn jobs(n: usize) -> Vec<NewJob> {
                 instance: i as u32,
                 generation: 1,
                 spec_hash: String::new(),
+                repair: 0,
             },
             target_node: format!("node-{}", i % WORKERS),
             max_attempts: 3,

@@ -339,6 +339,12 @@ impl Shared {
             tracing::info!(certificates = revoked, "revoked the certificates of retired nodes");
         }
         report.advanced = self.settle().await?;
+        // Replicas their agents no longer report (removed by hand): asked for again.
+        let repairs = self.ledger.repair_missing(now_ms()).await?;
+        if repairs > 0 {
+            tracing::info!(repairs, "replicas missing from their nodes: asked again");
+            report.advanced += repairs;
+        }
         // Cron roles whose time has come (at most one run per role and time).
         let cron = self.ledger.cron_tick(now_ms()).await?;
         if !cron.queued.is_empty() || !cron.skipped.is_empty() {

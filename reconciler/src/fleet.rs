@@ -273,7 +273,7 @@ impl Ledger {
             self.events_in(&mut tx, now_ms, &events).await?;
             tx.commit().await?;
         }
-        let before = sqlx::query(self.sql("SELECT last_seen, capabilities FROM nodes WHERE name = ?"))
+        let before = sqlx::query(self.sql("SELECT last_seen, capabilities, observed FROM nodes WHERE name = ?"))
             .bind(node)
             .fetch_optional(&self.pool)
             .await?;
@@ -282,6 +282,19 @@ impl Ledger {
             Some(r) => {
                 let last: Option<i64> = r.try_get(0)?;
                 let caps: String = r.try_get(1)?;
+                // A replica the agent reported before and no longer does: drift to look at.
+                let had: Option<String> = r.try_get(2)?;
+                let had: Vec<agent_proto::RunningInstance> =
+                    had.and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
+                let now: Vec<agent_proto::RunningInstance> = serde_json::from_str(observed).unwrap_or_default();
+                if had.iter().any(|h| {
+                    !now.iter().any(|n| {
+                        (&n.environment, &n.role, n.instance, n.generation)
+                            == (&h.environment, &h.role, h.instance, h.generation)
+                    })
+                }) {
+                    self.suspect_drift();
+                }
                 Liveness::of(last, now_ms, self.lost_after_ms()) != Liveness::Ready || caps != capabilities.join(",")
             }
         };

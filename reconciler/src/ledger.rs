@@ -218,6 +218,10 @@ pub struct Ledger {
     writer: Arc<tokio::sync::Mutex<()>>,
     /// The control plane's id, read (or made) once ([`Ledger::control_plane`]).
     control_plane: tokio::sync::OnceCell<String>,
+    /// A heartbeat left out a replica its node reported before ([`crate::drift`]); and when
+    /// drift was last looked at in full.
+    pub(crate) drift_suspected: std::sync::atomic::AtomicBool,
+    pub(crate) drift_checked_ms: std::sync::atomic::AtomicI64,
 }
 
 /// A write transaction; on SQLite it holds the process's writer turn until it ends.
@@ -293,6 +297,8 @@ impl Ledger {
             lost_after_ms: std::sync::atomic::AtomicI64::new(state_schema::placement::LOST_AFTER_MS),
             writer: Arc::default(),
             control_plane: tokio::sync::OnceCell::new(),
+            drift_suspected: std::sync::atomic::AtomicBool::new(true),
+            drift_checked_ms: std::sync::atomic::AtomicI64::new(0),
         })
     }
 
@@ -739,6 +745,7 @@ impl Ledger {
                 live.insert(id, lease);
             }
             let mut rec = Recorded::default();
+            let mut repaired: Vec<String> = Vec::new();
             for (i, c) in chunk.iter().enumerate() {
                 let t = &c.token;
                 if let (Some(caller), Some(owner)) = (callers.get(chunk_start + i), owners.get(&t.job_id))
@@ -773,6 +780,19 @@ impl Ledger {
                     rec.by_state.entry(state).or_default().push(t.job_id);
                 }
                 rec.results.push((t.job_id, t.fencing_token, outcome, detail.clone()));
+                if state == "succeeded" && crate::drift::is_repair(&key) {
+                    // `app:<env>/…@<node>`: the environment's event, as the agent's repairs are.
+                    let env = key
+                        .trim_start_matches("app:")
+                        .split('/')
+                        .next()
+                        .unwrap_or_default()
+                        .to_owned();
+                    let node = key.rsplit('@').next().unwrap_or_default();
+                    let what = format!("{node}: replica {key} was gone from its node: made again");
+                    rec.events.push(("drift-repaired".to_owned(), env, what));
+                    repaired.push(key.clone());
+                }
                 rec.events.push((format!("job-{state}"), key, detail));
                 out[chunk_start + i] = Ok(());
             }
@@ -786,6 +806,9 @@ impl Ledger {
                     query = query.bind(*id);
                 }
                 query.execute(&mut **tx).await?;
+            }
+            for key in &repaired {
+                self.republish_after_repair(tx, key, now_ms).await?;
             }
             for (id, not_before) in &rec.retries {
                 sqlx::query(self.sql("UPDATE jobs SET state = 'queued', lease_token = NULL, lease_expires_at = NULL, not_before = ?, updated_at = ? WHERE id = ?"))

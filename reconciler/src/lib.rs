@@ -14,6 +14,7 @@ pub mod cron;
 pub mod daemon;
 pub mod delivery;
 pub mod deploy;
+pub mod drift;
 pub(crate) mod enrolment;
 pub mod fleet;
 pub mod group;

@@ -295,6 +295,7 @@ async fn postgres_restart_under_leasing_load_loses_and_doubles_nothing() {
                 instance: i,
                 generation: 1,
                 spec_hash: String::new(),
+                repair: 0,
             },
             target_node: nodes[(i % 4) as usize].to_owned(),
             max_attempts: 100,

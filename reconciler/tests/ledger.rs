@@ -22,6 +22,7 @@ fn job(env: &str, instance: u32, node: &str, max_attempts: u32) -> NewJob {
             instance,
             generation: 1,
             spec_hash: "sha256:00".into(),
+            repair: 0,
         },
         target_node: node.into(),
         max_attempts,

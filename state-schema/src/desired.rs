@@ -360,6 +360,7 @@ pub fn rollout_steps(spec: &DeploymentSpec, generation: u64, retired: &[Deployme
                     instance: i.index,
                     generation,
                     spec_hash: String::new(),
+                    repair: 0,
                 };
                 (task, i.node.clone())
             })
@@ -372,6 +373,7 @@ pub fn rollout_steps(spec: &DeploymentSpec, generation: u64, retired: &[Deployme
                 environment: env.clone(),
                 hostname: host.clone(),
                 generation,
+                repair: 0,
             };
             publish.push((task, node.clone()));
         }
@@ -487,6 +489,7 @@ pub fn scale_tasks(spec: &DeploymentSpec, generation: u64, change: &crate::relea
             instance: i.index,
             generation,
             spec_hash: instance_hash(spec, &i.role, i.index, &i.node),
+            repair: 0,
         };
         out.push((task, i.node.clone()));
     }
@@ -505,6 +508,7 @@ pub fn scale_tasks(spec: &DeploymentSpec, generation: u64, change: &crate::relea
                         environment,
                         hostname,
                         generation,
+                        repair: 0,
                     }
                 };
                 out.push((task, node.clone()));

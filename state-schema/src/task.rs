@@ -5,6 +5,10 @@
 use crate::values::{Hostname, Name};
 use serde::{Deserialize, Serialize};
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "task", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum Task {
@@ -14,13 +18,17 @@ pub enum Task {
     ApplyFirewall { environment: Name, generation: u64 },
     /// The environment's routes on the node, as a generation needs it.
     EnsureRoutes { environment: Name, generation: u64 },
-    /// One replica of a role at a generation, healthy.
+    /// One replica of a role at a generation, healthy. `repair` counts the times the control
+    /// plane asked again because the replica's agent no longer reported it (removed by hand,
+    /// say): each is a job of its own (`…:ensure#r<n>`), at the same generation.
     EnsureApplication {
         environment: Name,
         role: Name,
         instance: u32,
         generation: u64,
         spec_hash: String,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        repair: u32,
     },
     /// A job or release role, once per generation.
     RunOnce {
@@ -56,6 +64,10 @@ pub enum Task {
         environment: Name,
         hostname: Hostname,
         generation: u64,
+        /// As for `EnsureApplication`: published again after a repaired replica came back
+        /// (its address may have changed), a job of its own (`…:publish#r<n>`).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        repair: u32,
     },
     /// Take a hostname's route out of the ingress (first step of any teardown).
     RemoveIngress {
@@ -93,8 +105,17 @@ impl Task {
                 role,
                 instance,
                 generation,
+                repair: 0,
                 ..
             } => format!("app:{environment}/{role}/{instance}:g{generation}:ensure"),
+            Task::EnsureApplication {
+                environment,
+                role,
+                instance,
+                generation,
+                repair,
+                ..
+            } => format!("app:{environment}/{role}/{instance}:g{generation}:ensure#r{repair}"),
             Task::RunOnce {
                 environment,
                 role,
@@ -122,7 +143,14 @@ impl Task {
                 environment,
                 hostname,
                 generation,
+                repair: 0,
             } => format!("ingress:{environment}/{hostname}:g{generation}:publish"),
+            Task::PublishIngress {
+                environment,
+                hostname,
+                generation,
+                repair,
+            } => format!("ingress:{environment}/{hostname}:g{generation}:publish#r{repair}"),
             Task::RemoveIngress {
                 environment,
                 hostname,
@@ -188,6 +216,7 @@ mod tests {
             instance: 0,
             generation: 3,
             spec_hash: "sha256:ab".into(),
+            repair: 0,
         };
         assert_eq!(t.idempotency_key(), "app:api-production/web/0:g3:ensure");
         // A replay builds the task afresh from what it is (not a clone): the same key. A spec
@@ -198,6 +227,7 @@ mod tests {
             instance: 0,
             generation: 3,
             spec_hash: "sha256:cd".into(),
+            repair: 0,
         };
         assert_eq!(
             t.idempotency_key(),
@@ -210,6 +240,7 @@ mod tests {
             instance: 0,
             generation: 4,
             spec_hash: "sha256:ab".into(),
+            repair: 0,
         };
         assert_ne!(
             t.idempotency_key(),

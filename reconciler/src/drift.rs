@@ -1,0 +1,266 @@
+//! Replicas their agents no longer report: the ledger's side of drift. A replica stopped by
+//! hand is the agent's to start again (it sees the container); one removed by hand (`docker rm
+//! -f`), or lost with the engine's data, the agent cannot see, and nothing asked for it again.
+//! So each pass compares every finished rollout's placement with what the nodes' agents last
+//! reported, and asks again for a replica that is missing, at the same generation, as a job of
+//! its own (`EnsureApplication { repair: n }`, key `…:ensure#r<n>`). Its success is recorded as
+//! a `drift-repaired` event (in `Ledger::complete`).
+//!
+//! A report counts only when it is fresh (the node was heard from within [`FRESH_MS`]) and
+//! came after the replica's last job ended (by [`SETTLE_MS`]), so a heartbeat sent before a
+//! replica started never reads as the replica missing. At most [`MAX_REPAIRS`] repairs per
+//! replica and generation: an application that removes itself is not restarted forever.
+
+use crate::ledger::{Ledger, LedgerError, NewJob};
+use sqlx::Row;
+use state_schema::task::Task;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A node's report older than this says nothing about what runs there now.
+pub const FRESH_MS: i64 = 60_000;
+/// How long after a replica's last job ended a report must come to be believed.
+pub const SETTLE_MS: i64 = 2_000;
+/// Most repairs of one replica at one generation.
+pub const MAX_REPAIRS: u32 = 20;
+/// Without a heartbeat that lost a replica, how often drift is looked at in full anyway (a
+/// replica removed while the control plane was down, say). Reading every finished rollout's
+/// placement is a read of every deployment, so it is not every pass's.
+pub const FULL_CHECK_MS: i64 = 60_000;
+
+/// The part of a stored spec drift reads: where each replica is placed.
+#[derive(serde::Deserialize)]
+struct Placed {
+    #[serde(default)]
+    instances: Vec<state_schema::desired::Instance>,
+}
+
+/// A replica as a heartbeat reports it: environment, role, index, generation.
+type Reported = (String, String, u32, u64);
+/// A placed replica its node's fresh report leaves out: the replica, its node, and when that
+/// node was heard from.
+type Missing = (String, String, u32, u64, String, i64);
+
+/// Whether a job key is a repair of a replica (`…:ensure#r<n>@node`).
+pub fn is_repair(key: &str) -> bool {
+    key.starts_with("app:") && key.contains(":ensure#r")
+}
+
+/// The environment, generation, repair number and node of a repair's job key,
+/// `app:<env>/<role>/<i>:g<generation>:ensure#r<n>@<node>`.
+pub fn repair_of(key: &str) -> Option<(&str, u64, u32, &str)> {
+    let rest = key.strip_prefix("app:")?;
+    let (environment, rest) = rest.split_once('/')?;
+    let (rest, node) = rest.rsplit_once('@')?;
+    let (rest, repair) = rest.rsplit_once(":ensure#r")?;
+    let (_, generation) = rest.rsplit_once(":g")?;
+    Some((environment, generation.parse().ok()?, repair.parse().ok()?, node))
+}
+
+impl Ledger {
+    /// A heartbeat left out a replica its node reported before: the next pass looks.
+    pub(crate) fn suspect_drift(&self) {
+        self.drift_suspected.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Queues a repair for every replica of a finished rollout that its fresh node's agent no
+    /// longer reports, when a heartbeat lost one or [`FULL_CHECK_MS`] passed. Returns how many
+    /// were queued.
+    pub async fn repair_missing(&self, now_ms: i64) -> Result<usize, LedgerError> {
+        use std::sync::atomic::Ordering;
+        let suspected = self.drift_suspected.swap(false, Ordering::Relaxed);
+        if !suspected && now_ms - self.drift_checked_ms.load(Ordering::Relaxed) < FULL_CHECK_MS {
+            return Ok(0);
+        }
+        self.drift_checked_ms.store(now_ms, Ordering::Relaxed);
+        let queued = self.repair_missing_now(now_ms).await;
+        if queued.as_ref().map_or(true, |(_, unsettled)| *unsettled) {
+            // Some report came too soon to believe (or the read failed): look again next pass.
+            self.suspect_drift();
+        }
+        queued.map(|(n, _)| n)
+    }
+
+    /// The check itself: how many repairs were queued, and whether a missing replica's report
+    /// came too soon after its last job to be believed.
+    async fn repair_missing_now(&self, now_ms: i64) -> Result<(usize, bool), LedgerError> {
+        // Fresh reports: node → (when, what runs there).
+        let mut reports: BTreeMap<String, (i64, BTreeSet<Reported>)> = BTreeMap::new();
+        for r in sqlx::query(
+            self.sql("SELECT name, observed, last_seen FROM nodes WHERE observed IS NOT NULL AND last_seen >= ?"),
+        )
+        .bind(now_ms - FRESH_MS)
+        .fetch_all(&self.pool)
+        .await?
+        {
+            let (name, text, seen): (String, String, i64) = (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?);
+            let running: Vec<agent_proto::RunningInstance> = serde_json::from_str(&text).unwrap_or_default();
+            let set = running
+                .into_iter()
+                .map(|i| (i.environment, i.role, i.instance, i.generation))
+                .collect();
+            reports.insert(name, (seen, set));
+        }
+        if reports.is_empty() {
+            return Ok((0, false));
+        }
+        // Placed replicas of finished rollouts that a fresh report leaves out.
+        // Streamed, a row at a time: at 10,000 environments the specs together are tens of
+        // megabytes, which the daemon need not hold at once.
+        let mut missing: Vec<Missing> = Vec::new();
+        let mut rows =
+            sqlx::query(self.sql(
+                "SELECT environment, generation, spec FROM deployments WHERE action = 'rollout' AND status = 'done'",
+            ))
+            .fetch(&self.pool);
+        while let Some(r) = futures_util::TryStreamExt::try_next(&mut rows).await? {
+            let (env, generation, spec): (String, i64, String) = (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?);
+            let generation = u64::try_from(generation).unwrap_or(0);
+            let Ok(placed) = serde_json::from_str::<Placed>(&spec) else {
+                continue;
+            };
+            for i in placed.instances {
+                let Some((seen, running)) = reports.get(i.node.as_str()) else {
+                    continue;
+                };
+                let here = (env.clone(), i.role.to_string(), i.index, generation);
+                if !running.contains(&here) {
+                    missing.push((
+                        env.clone(),
+                        i.role.to_string(),
+                        i.index,
+                        generation,
+                        i.node.to_string(),
+                        *seen,
+                    ));
+                }
+            }
+        }
+        drop(rows);
+        let mut jobs = Vec::new();
+        let mut unsettled = false;
+        for (env, role, index, generation, node, seen) in missing {
+            let prefix = format!("app:{env}/{role}/{index}:g{generation}:ensure");
+            let rows = sqlx::query(self.sql(
+                "SELECT key, task, state, updated_at FROM jobs WHERE environment = ? AND generation = ? AND target_node = ? AND key LIKE ?",
+            ))
+            .bind(&env)
+            .bind(i64::try_from(generation).unwrap_or(i64::MAX))
+            .bind(&node)
+            .bind(format!("{prefix}%"))
+            .fetch_all(&self.pool)
+            .await?;
+            let mut original: Option<Task> = None;
+            let (mut asked, mut settled) = (0u32, true);
+            for r in &rows {
+                let (key, task, state, updated): (String, String, String, i64) =
+                    (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?);
+                // `prefix` as a LIKE pattern may match another replica's keys (`_` is a
+                // wildcard there): only this replica's count.
+                if !key.starts_with(&prefix) {
+                    continue;
+                }
+                asked += 1;
+                settled &= !matches!(state.as_str(), "queued" | "leased") && updated + SETTLE_MS <= seen;
+                if !key.contains('#') {
+                    original = serde_json::from_str(&task).ok();
+                }
+            }
+            let Some(Task::EnsureApplication {
+                environment,
+                role,
+                instance,
+                generation,
+                spec_hash,
+                ..
+            }) = original
+            else {
+                continue; // never asked for here: not this pass's to repair
+            };
+            unsettled |= !settled;
+            if !settled || asked > MAX_REPAIRS {
+                continue;
+            }
+            jobs.push(NewJob {
+                task: Task::EnsureApplication {
+                    environment,
+                    role,
+                    instance,
+                    generation,
+                    spec_hash,
+                    repair: asked,
+                },
+                target_node: node,
+                max_attempts: 5,
+                not_before_ms: now_ms,
+            });
+        }
+        if jobs.is_empty() {
+            return Ok((0, unsettled));
+        }
+        let queued = self.enqueue(&jobs, now_ms).await?;
+        for j in &jobs {
+            tracing::info!(key = %j.task.idempotency_key(), node = %j.target_node, "a replica its agent no longer reports: asked again");
+        }
+        Ok((queued, unsettled))
+    }
+
+    /// After a repaired replica succeeded (in the completion's transaction): its environment's
+    /// routes on that node are published again, as a job of their own, since the new container
+    /// may have another address.
+    pub(crate) async fn republish_after_repair(
+        &self,
+        tx: &mut crate::ledger::WriteTx,
+        key: &str,
+        now_ms: i64,
+    ) -> Result<(), LedgerError> {
+        let Some((environment, generation, repair, node)) = repair_of(key) else {
+            return Ok(());
+        };
+        let Ok(environment) = state_schema::values::Name::new(environment) else {
+            return Ok(());
+        };
+        let spec: Option<String> = sqlx::query_scalar(
+            self.sql("SELECT spec FROM deployments WHERE environment = ? AND generation = ? AND action = 'rollout'"),
+        )
+        .bind(environment.as_str())
+        .bind(i64::try_from(generation).unwrap_or(i64::MAX))
+        .fetch_optional(&mut **tx)
+        .await?;
+        let Some(Ok(spec)) = spec.map(|s| serde_json::from_str::<state_schema::desired::DeploymentSpec>(&s)) else {
+            return Ok(());
+        };
+        if !spec.ingress_nodes.iter().any(|n| n.as_str() == node) {
+            return Ok(());
+        }
+        let tasks: Vec<Task> = spec
+            .hostnames
+            .iter()
+            .map(|hostname| Task::PublishIngress {
+                environment: environment.clone(),
+                hostname: hostname.clone(),
+                generation,
+                repair,
+            })
+            .collect();
+        let rows: Vec<crate::ledger::JobRow<'_>> = tasks
+            .iter()
+            .map(|t| crate::ledger::JobRow::new(t, node, 5, now_ms, None))
+            .collect();
+        self.enqueue_in(tx, &rows, now_ms).await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{is_repair, repair_of};
+
+    #[test]
+    fn repairs_are_told_by_their_keys() {
+        assert!(is_repair("app:e/web/0:g3:ensure#r1@n1"));
+        assert_eq!(repair_of("app:e-1/web/0:g3:ensure#r2@n-1"), Some(("e-1", 3, 2, "n-1")));
+        assert_eq!(repair_of("app:e/web/0:g3:ensure@n1"), None);
+        assert!(!is_repair("app:e/web/0:g3:ensure@n1"));
+        assert!(!is_repair("net:e:g3:ensure@n1"));
+    }
+}
