@@ -126,6 +126,25 @@ impl Display {
     }
 }
 
+/// The newest failed job of `environment`, as `key: code: detail` (a log tail for a failed
+/// health check), from the events.
+pub(crate) fn failure_of(client: &Client, environment: &str) -> Result<Option<String>> {
+    let events = client.json("GET", "/v1/events?after=0&limit=1000")?;
+    let failed = events["events"].as_array().into_iter().flatten().rfind(|e| {
+        matches!(e["kind"].as_str(), Some("job-failed" | "job-dead"))
+            && e["subject"]
+                .as_str()
+                .is_some_and(|s| s.contains(&format!(":{environment}:")) || s.contains(&format!(":{environment}/")))
+    });
+    Ok(failed.map(|e| {
+        format!(
+            "{}: {}",
+            e["subject"].as_str().unwrap_or("?"),
+            e["detail"].as_str().unwrap_or("")
+        )
+    }))
+}
+
 /// Follows the revision's verdict and each environment's rollout until all are done (exit 0,
 /// with the URLs) or one fails (exit 1, with the failing job and its result).
 ///
@@ -256,19 +275,8 @@ fn follow(
                 "failed" => {
                     display.stop();
                     eprintln!("pl up: {name} generation {generation} failed");
-                    let events = client.json("GET", "/v1/events?after=0&limit=1000")?;
-                    let failed = events["events"].as_array().into_iter().flatten().rfind(|e| {
-                        matches!(e["kind"].as_str(), Some("job-failed" | "job-dead"))
-                            && e["subject"]
-                                .as_str()
-                                .is_some_and(|s| s.contains(&format!(":{name}")) || s.contains(&format!(":{name}/")))
-                    });
-                    if let Some(e) = failed {
-                        eprintln!(
-                            "{}: {}",
-                            e["subject"].as_str().unwrap_or("?"),
-                            e["detail"].as_str().unwrap_or("")
-                        );
+                    if let Some(f) = failure_of(client, name)? {
+                        eprintln!("{f}");
                     }
                     return Ok(1);
                 }

@@ -9,6 +9,7 @@ mod operator;
 mod secret;
 mod up;
 mod verify;
+mod wait;
 
 // Parsing ten thousand small files is allocation-bound; mimalloc is markedly faster there than
 // glibc's allocator.
@@ -242,6 +243,13 @@ Reference: docs/cli.md (pl up)")]
         server: operator::ServerArgs,
     },
     /// List jobs, newest first.
+    /// Wait until a revision is live everywhere it applies, as the agents report it (for CI):
+    /// exit 0 live, 1 rejected or failed (with the reason or the failing job), 2 on timeout.
+    #[command(after_help = "Example (CI, after pushing a signed commit):
+  pl wait --rev \"$GITHUB_SHA\" --timeout 10m --server https://control.example.invalid:7443
+
+Reference: docs/cli.md (pl wait)")]
+    Wait(wait::WaitArgs),
     Jobs {
         #[arg(long)]
         state: Option<String>,
@@ -378,6 +386,7 @@ fn main() -> ExitCode {
         Command::Up(args) => up::up(&args),
         Command::Down(args) => up::down(&args),
         Command::Status { server } => operator::status(&server),
+        Command::Wait(args) => wait::wait(&args),
         Command::Events { after, follow, server } => operator::events(&server, after, follow),
         Command::Logs {
             environment,

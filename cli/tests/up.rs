@@ -286,6 +286,25 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         let (code, out, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
         assert_eq!(code, 0, "{out}\n{err}");
         assert!(out.contains("unchanged, serving"), "a no-op says nothing changed: {out}");
+        // `pl wait` (for CI): 0 when the revision is live, 2 when a commit never judged is
+        // not live within its timeout.
+        let repo_arg = repo_dir.to_string_lossy().into_owned();
+        let (code, out, err) = outcome(
+            pl_command(&state, &socket)
+                .args(["wait", "--timeout", "30s", "--local", &repo_arg])
+                .output()
+                .expect("pl wait"),
+        );
+        assert_eq!(code, 0, "{out}\n{err}");
+        assert!(out.contains("live on main"), "{out}");
+        let (code, _, err) = outcome(
+            pl_command(&state, &socket)
+                .args(["wait", "--rev", "0123456789abcdef", "--timeout", "2s", "--local", &repo_arg])
+                .output()
+                .expect("pl wait"),
+        );
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains("not judged") && err.contains("not live within 2 s"), "{err}");
         assert!(
             started.elapsed() < Duration::from_secs(10),
             "a no-op took {:?}",
@@ -381,6 +400,16 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
             get(http, "api.example.com.localhost"),
             Some((200, "hello from pl up".into()))
         );
+        // `pl wait` (for CI) says the same: exit 1 with the failing job's code.
+        let repo_arg = repo_dir.to_string_lossy().into_owned();
+        let (code, _, err) = outcome(
+            pl_command(&state, &socket)
+                .args(["wait", "--timeout", "30s", "--local", &repo_arg])
+                .output()
+                .expect("pl wait"),
+        );
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains("failed") && err.contains("health-deadline"), "{err}");
         // A release whose process exits at once: exit 1 with the code; the live release serves on.
         let exits = project_healthy.replace("command: [/bin/busybox, httpd, -f, -p, '8080', -h, /www]", "command: [/bin/busybox, 'false']");
         assert_ne!(exits, project_healthy);
@@ -956,7 +985,11 @@ fn the_quickstart_builds_its_image_and_serves_its_page() {
                 .expect("pl"),
         );
         assert_eq!(code, 1, "{err}");
-        assert!(err.contains("Caddy") && err.contains("2.8 or newer"), "{err}");
+        // The hint names where the quickstart (and the test command) installed Caddy 2.11.
+        assert!(
+            err.contains("Caddy is not on PATH") && err.contains("export PATH=/opt/pushleft-tools/bin:$PATH"),
+            "{err}"
+        );
         assert!(!state.join("reconciler.pid").exists(), "nothing started");
         // A port another program holds: a clear error before anything starts.
         let taken = std::net::TcpListener::bind("127.0.0.1:18090").expect("bind");

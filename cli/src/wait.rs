@@ -1,0 +1,172 @@
+//! `pl wait`: for CI, until a revision is live everywhere it applies, as the agents report it.
+//!
+//! Live means: the revision was accepted on the applied branch (and is in force, or a later
+//! accepted revision followed it), and every rollout of that branch (or of the environments
+//! named) is done with every placed replica reported running and healthy and none of another
+//! generation still running: what `pl up` waits for, against any control plane. Exit codes: 0
+//! live, 1 rejected or failed (with the reasons, or the failing job's code, detail and log
+//! tail), 2 not live within the timeout.
+
+use crate::operator::{Client, ServerArgs};
+use anyhow::{Result, bail};
+use serde_json::Value;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args, Debug)]
+pub struct WaitArgs {
+    /// The commit to wait for (a full sha or a prefix of at least 7 hex digits; default: the
+    /// newest commit the control plane judged on its branch).
+    #[arg(long)]
+    pub rev: Option<String>,
+    /// Only these environments (repeatable; default: every environment of the branch).
+    #[arg(long = "env", value_name = "ENV")]
+    pub environments: Vec<String>,
+    /// How long to wait: seconds, or with a unit (`90s`, `5m`, `1h`).
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub timeout: Duration,
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+/// `90`, `90s`, `5m`, `1h`.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (number, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration (90s, 5m, 1h)"))?;
+    let seconds = match unit {
+        "" | "s" => n,
+        "m" => n.saturating_mul(60),
+        "h" => n.saturating_mul(3600),
+        _ => return Err(format!("`{s}` is not a duration (90s, 5m, 1h)")),
+    };
+    Ok(Duration::from_secs(seconds))
+}
+
+pub fn wait(args: &WaitArgs) -> Result<u8> {
+    if let Some(r) = &args.rev
+        && (r.len() < 7 || r.len() > 40 || !r.bytes().all(|b| b.is_ascii_hexdigit()))
+    {
+        bail!("--rev `{r}` is not a commit sha (7 to 40 hex digits)");
+    }
+    let client = Client::new(&args.server)?;
+    let deadline = Instant::now() + args.timeout;
+    let mut said = String::new();
+    loop {
+        match check(&client, args)? {
+            Verdict::Live(line) => {
+                println!("{line}");
+                return Ok(0);
+            }
+            Verdict::Failed(why) => {
+                eprintln!("pl wait: {why}");
+                return Ok(1);
+            }
+            Verdict::Waiting(why) => {
+                if why != said {
+                    eprintln!("pl wait: {why}");
+                    said = why;
+                }
+            }
+        }
+        if Instant::now() >= deadline {
+            eprintln!("pl wait: not live within {} s: {said}", args.timeout.as_secs());
+            return Ok(2);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+enum Verdict {
+    Live(String),
+    Failed(String),
+    Waiting(String),
+}
+
+fn check(client: &Client, args: &WaitArgs) -> Result<Verdict> {
+    let status = client.json("GET", "/v1/status")?;
+    let branch = status["branch"].as_str().unwrap_or("main").to_owned();
+    let revisions = client.json("GET", &format!("/v1/revisions?branch={branch}&limit=1000"))?;
+    let list: Vec<&Value> = revisions["revisions"].as_array().into_iter().flatten().collect();
+    let wanted = match &args.rev {
+        Some(r) => {
+            let r = r.to_ascii_lowercase();
+            match list
+                .iter()
+                .position(|v| v["sha"].as_str().is_some_and(|s| s.starts_with(&r)))
+            {
+                Some(i) => i,
+                None => return Ok(Verdict::Waiting(format!("{r} is not judged on {branch} yet"))),
+            }
+        }
+        None if list.is_empty() => return Ok(Verdict::Waiting(format!("nothing judged on {branch} yet"))),
+        None => 0,
+    };
+    let revision = list[wanted];
+    let sha = revision["sha"].as_str().unwrap_or("?").to_owned();
+    if revision["verdict"].as_str() == Some("rejected") {
+        return Ok(Verdict::Failed(format!("{sha} was rejected: {}", revision["reasons"])));
+    }
+    // Newest first: a later accepted revision carries this one's changes on.
+    let in_force = status["inForce"].as_str().unwrap_or_default();
+    let later = list[..wanted].iter().any(|v| v["verdict"].as_str() == Some("accepted"));
+    if in_force != sha && !later {
+        return Ok(Verdict::Waiting(format!("{sha} accepted, not in force yet")));
+    }
+    let deployments = client.json("GET", "/v1/deployments?limit=1000")?;
+    let mut waiting = Vec::new();
+    let mut seen = Vec::new();
+    for d in deployments["deployments"].as_array().into_iter().flatten() {
+        let env = d["environment"].as_str().unwrap_or("?");
+        if d["branch"].as_str() != Some(branch.as_str())
+            || (!args.environments.is_empty() && !args.environments.iter().any(|e| e == env))
+        {
+            continue;
+        }
+        seen.push(env.to_owned());
+        let status = d["status"].as_str().unwrap_or("?");
+        if status == "failed" {
+            return Ok(Verdict::Failed(format!(
+                "{env} generation {} failed{}",
+                d["generation"],
+                crate::follow::failure_of(client, env)?
+                    .map(|f| format!(": {f}"))
+                    .unwrap_or_default()
+            )));
+        }
+        let converged = d["action"].as_str() != Some("rollout")
+            || (d["running"] == d["replicas"] && d["stale"].as_u64() == Some(0));
+        if status != "done" || !converged {
+            waiting.push(format!(
+                "{env} generation {} {status}, {} of {} replicas running",
+                d["generation"], d["running"], d["replicas"]
+            ));
+        }
+    }
+    if let Some(missing) = args.environments.iter().find(|e| !seen.contains(e)) {
+        return Ok(Verdict::Waiting(format!("no deployment of {missing} on {branch} yet")));
+    }
+    if !waiting.is_empty() {
+        return Ok(Verdict::Waiting(waiting.join("; ")));
+    }
+    Ok(Verdict::Live(format!(
+        "{} live on {branch}: {} environment(s) done, every replica running",
+        &sha[..sha.len().min(12)],
+        seen.len()
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_take_seconds_minutes_and_hours() {
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert!(parse_duration("5 m").is_err() && parse_duration("m").is_err() && parse_duration("5d").is_err());
+    }
+}
