@@ -24,4 +24,5 @@ pub mod synthetic;
 pub mod task;
 pub mod values;
 pub mod yaml;
+pub mod yaml_errors;
 mod yaml_input;

@@ -159,7 +159,20 @@ pub fn parse_file(path: &str, bytes: &[u8]) -> ParsedFile {
     let docs = match yaml::load_bytes(bytes) {
         Ok(d) => d,
         Err(e) => {
-            out.diagnostics.push(Diagnostic::error(e.code, path, e.pos, e.message));
+            let text = std::str::from_utf8(bytes).ok();
+            let diagnostic = match (e.code, text) {
+                // In our words, where the mistake is (the scanner notices later, in its own).
+                (Code::YamlSyntax, Some(text)) => {
+                    let at = e.pos.unwrap_or(Pos { line: 1, column: 1 });
+                    let x = crate::yaml_errors::explain(text, at, &e.message);
+                    Diagnostic::error(e.code, path, Some(x.pos), x.message).with_hint(x.hint)
+                }
+                _ => Diagnostic::error(e.code, path, e.pos, e.message),
+            };
+            out.diagnostics.push(diagnostic);
+            // What the file seems to declare is not reported missing elsewhere: one error for
+            // a file that did not load, not a cascade of dangling references.
+            out.declared = text.map(crate::yaml_errors::declared_in_broken).unwrap_or_default();
             return out;
         }
     };
