@@ -109,25 +109,24 @@ pub fn explain(text: &str, pos: Pos, info: &str) -> Explained {
     }
 
     // A line that is not `key: value` (`replicas 4`): the scanner notices on the next line.
-    if info.contains("':'") || info.contains("expect ':'") {
-        if let Some((n, line)) = upto
+    if (info.contains("':'") || info.contains("expect ':'"))
+        && let Some((n, line)) = upto
             .iter()
             .enumerate()
             .rev()
             .find(|(_, l)| is_content(l) && !code_of(l).contains(':') && !l.trim_start().starts_with('-'))
-        {
-            let (indent, rest) = indentation(line);
-            let rest = code_of(rest).trim_end();
-            let fixed = match rest.split_once(' ') {
-                Some((key, value)) => format!("write `{key}: {}`", value.trim_start()),
-                None => format!("write `{rest}:` followed by its value"),
-            };
-            return Explained {
-                pos: at(n + 1, indent.len() + 1),
-                message: format!("`{rest}` is not `key: value`: the `:` after the key is missing"),
-                hint: fixed,
-            };
-        }
+    {
+        let (indent, rest) = indentation(line);
+        let rest = code_of(rest).trim_end();
+        let fixed = match rest.split_once(' ') {
+            Some((key, value)) => format!("write `{key}: {}`", value.trim_start()),
+            None => format!("write `{rest}:` followed by its value"),
+        };
+        return Explained {
+            pos: at(n + 1, indent.len() + 1),
+            message: format!("`{rest}` is not `key: value`: the `:` after the key is missing"),
+            hint: fixed,
+        };
     }
 
     // An indentation that lines up with nothing above it.
@@ -139,9 +138,9 @@ pub fn explain(text: &str, pos: Pos, info: &str) -> Explained {
             let depth = indentation(line_at(n)).0.len();
             let above: Vec<&&str> = lines[..n - 1].iter().filter(|l| is_content(l)).collect();
             // A child of the line before it (which opens a mapping) lines up with that.
-            let child = above.last().is_some_and(|p| {
-                code_of(p).trim_end().ends_with(':') && indentation(p).0.len() < depth
-            });
+            let child = above
+                .last()
+                .is_some_and(|p| code_of(p).trim_end().ends_with(':') && indentation(p).0.len() < depth);
             !child && !above.iter().any(|l| indentation(l).0.len() == depth)
         });
     if let Some(n) = suspect {
