@@ -81,11 +81,33 @@ pub struct Unplaceable {
 /// being applied (`preview: None`) that is one per environment; for a preview branch, one per
 /// project, named `<branch>--<project>` and placed in the repository's preview pool.
 pub fn deployments(state: &State, preview: Option<&str>, fleet: &mut Fleet) -> (Vec<Desired>, Vec<Unplaceable>) {
+    deployments_as(state, preview, fleet, Form::Whole)
+}
+
+/// What [`deployments`] keeps of each spec once it is placed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Form {
+    /// Everything, with the spec hash (the reconciler writes it; the policy compares hashes).
+    Whole,
+    /// What [`crate::release::change`] decides by: no spec hash, and no roles once placed
+    /// (their release hash stands for them). At 10,000 environments the roles of two sides
+    /// were 220 MB of `pl plan`'s memory and the hashes most of its time.
+    Placement,
+    /// Roles kept (their resources are held on the next side's fleet), no spec hash.
+    Unhashed,
+}
+
+fn deployments_as(
+    state: &State,
+    preview: Option<&str>,
+    fleet: &mut Fleet,
+    form: Form,
+) -> (Vec<Desired>, Vec<Unplaceable>) {
     let mut out = Vec::new();
     let mut unplaceable = Vec::new();
     let mut releases = Releases::new(state);
     for (name, env) in &environments_of(state, preview) {
-        match desired(state, name, env, &mut releases, fleet) {
+        match desired(state, name, env, &mut releases, fleet, form) {
             Ok(d) => out.push(d),
             Err(reason) => unplaceable.push(Unplaceable {
                 environment: name.clone(),
@@ -147,14 +169,47 @@ pub fn placed_pair(
     after: &State,
     preview: Option<&str>,
 ) -> (BTreeMap<Name, Desired>, BTreeMap<Name, Desired>) {
-    let mut fleet = Fleet::declared(before);
-    let (old, _) = deployments(before, preview, &mut fleet);
-    let running: Vec<DeploymentSpec> = old.iter().map(|d| d.spec.clone()).collect();
+    placed_pair_as(before, after, preview, Form::Whole)
+}
+
+/// [`placed_pair`] for what [`crate::release::change`] decides by (`pl plan`'s rollouts): the
+/// same placement, without spec hashes and without roles once placed.
+pub fn placed_pair_for_change(
+    before: &State,
+    after: &State,
+    preview: Option<&str>,
+) -> (BTreeMap<Name, Desired>, BTreeMap<Name, Desired>) {
+    placed_pair_as(before, after, preview, Form::Placement)
+}
+
+fn placed_pair_as(
+    before: &State,
+    after: &State,
+    preview: Option<&str>,
+    form: Form,
+) -> (BTreeMap<Name, Desired>, BTreeMap<Name, Desired>) {
+    // Each `before` deployment is placed with its roles, held on `after`'s fleet with their
+    // resources (placement is sticky), and only then cut to `form`: one spec's roles at a
+    // time, never a whole side's.
+    let mut before_fleet = Fleet::declared(before);
     let mut fleet = Fleet::declared(after);
-    for spec in &running {
-        fleet.hold(spec);
+    let first = if form == Form::Whole {
+        Form::Whole
+    } else {
+        Form::Unhashed
+    };
+    let mut releases = Releases::new(before);
+    let mut old = Vec::new();
+    for (name, env) in &environments_of(before, preview) {
+        if let Ok(mut d) = desired(before, name, env, &mut releases, &mut before_fleet, first) {
+            fleet.hold(&d.spec);
+            if form == Form::Placement {
+                d.spec.roles = BTreeMap::new();
+            }
+            old.push(d);
+        }
     }
-    let (new, _) = deployments(after, preview, &mut fleet);
+    let (new, _) = deployments_as(after, preview, &mut fleet, form);
     let by_env = |v: Vec<Desired>| v.into_iter().map(|d| (d.spec.environment.clone(), d)).collect();
     (by_env(old), by_env(new))
 }
@@ -261,6 +316,7 @@ fn desired(
     env: &Environment,
     releases: &mut Releases<'_>,
     fleet: &mut Fleet,
+    form: Form,
 ) -> Result<Desired, String> {
     let mut spec = spec_of(state, name, env, releases)?;
     // A running environment whose pool has no node left to run on keeps what it runs (moving
@@ -272,7 +328,14 @@ fn desired(
     let waiting = fleet.place(&mut spec);
     // The spec holds everything the deployment depends on: the release (its hash covers the
     // roles, variables, image and secrets' ciphertext), placement and hostnames.
-    let spec_hash = canonical::hash(&spec);
+    let spec_hash = match form {
+        Form::Whole => canonical::hash(&spec),
+        Form::Unhashed => String::new(),
+        Form::Placement => {
+            spec.roles = BTreeMap::new();
+            String::new()
+        }
+    };
     Ok(Desired {
         spec,
         spec_hash,

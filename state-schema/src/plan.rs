@@ -550,10 +550,17 @@ fn consequences(base: &State, head: &State, changes: &[Change<'_>], scope: Scope
         }
         // The reconciler's own decision (`release::change`) on the two deployments; an
         // environment that cannot be placed on one side rolls out when its release changes.
-        let (old_placed, new_placed) = placed.get_or_insert_with(|| crate::desired::placed_pair(base, head, None));
-        let rollout = match (old_placed.get(name), new_placed.get(name)) {
-            (Some(a), Some(b)) => change(&a.spec, &b.spec) == DeploymentChange::Generation,
-            _ => releases_base.release_hash(old_env) != releases_head.release_hash(env),
+        // A release that changed is a new generation whatever the placement (`change` decides
+        // so before it looks at nodes), so placing both whole trees, the costly part of a
+        // plan, is left for the environments whose release stayed.
+        let released = releases_base.release_hash(old_env) != releases_head.release_hash(env);
+        let rollout = released || {
+            let (old_placed, new_placed) =
+                placed.get_or_insert_with(|| crate::desired::placed_pair_for_change(base, head, None));
+            match (old_placed.get(name), new_placed.get(name)) {
+                (Some(a), Some(b)) => change(&a.spec, &b.spec) == DeploymentChange::Generation,
+                _ => false,
+            }
         };
         if rollout {
             c.rollouts.push(name.clone());
