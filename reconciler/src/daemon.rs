@@ -513,16 +513,28 @@ pub async fn run_loop(shared: Arc<Shared>, shutdown: tokio::sync::watch::Receive
             Duration::from_millis(1000)
         };
         // Completions wake only `settle` (no Git), a few milliseconds later so that one settle
-        // takes many agents' completions; anything else wakes a whole pass.
+        // takes many agents' completions; anything else wakes a whole pass. Leadership is what
+        // the lock says at that moment: it is checked before each settle and every
+        // `LEADERSHIP_CHECK` meanwhile, so a lock lost with PostgreSQL's restart stops this
+        // daemon's writes and its `leader` at once, not at the next pass.
         let mut sd = shutdown.clone();
         let deadline = tokio::time::Instant::now() + wait;
+        let mut check = tokio::time::interval_at(tokio::time::Instant::now() + LEADERSHIP_CHECK, LEADERSHIP_CHECK);
         loop {
             tokio::select! {
                 _ = tokio::time::sleep_until(deadline) => break,
                 _ = shared.hint.notified() => break,
                 _ = sd.changed() => break,
+                _ = check.tick(), if is_leader => {
+                    if !still_leading(&mut lock, &shared).await {
+                        break;
+                    }
+                }
                 _ = shared.settle_hint.notified(), if is_leader => {
                     tokio::time::sleep(SETTLE_DELAY).await;
+                    if !still_leading(&mut lock, &shared).await {
+                        break;
+                    }
                     match shared.settle().await {
                         Ok(n) if n > 0 => {
                             shared.wrote.notify_waiters();
@@ -539,6 +551,26 @@ pub async fn run_loop(shared: Arc<Shared>, shutdown: tokio::sync::watch::Receive
 
 /// How long completions gather before a settle runs for them.
 pub const SETTLE_DELAY: Duration = Duration::from_millis(10);
+
+/// How often a leader checks its lock between passes (one `SELECT 1` on the lock's own
+/// connection; a restarted PostgreSQL ended that session and with it the lock).
+pub const LEADERSHIP_CHECK: Duration = Duration::from_millis(200);
+
+/// Whether this daemon still holds the lock; when it does not, it says so (`leader` false, at
+/// once) and lets the lock go, so the loop takes it again or follows.
+async fn still_leading(lock: &mut Option<crate::ledger::LeaderLock>, shared: &Shared) -> bool {
+    let held = match lock.as_mut() {
+        Some(l) => l.still_held().await,
+        None => false,
+    };
+    if !held {
+        *lock = None;
+        if shared.leader.swap(false, Ordering::Relaxed) {
+            tracing::warn!("lost the lead: the lock is gone (PostgreSQL restarted, or its session ended)");
+        }
+    }
+    held
+}
 
 /// Watches a local repository's refs: any change is a hint. The watcher lives as long as the
 /// returned value.

@@ -281,6 +281,66 @@ async fn leader_sigkill_fails_over_within_five_seconds() {
     assert!(b.term().success());
 }
 
+/// Two daemons on one PostgreSQL that restarts: sampled every 20 ms through the restart and
+/// until one leads again, they never both report themselves leader (`/v1/status`), and then
+/// exactly one does. Leadership is what the lock says at that moment: the old leader's lock
+/// ends with PostgreSQL's session, and it stops saying it leads within `LEADERSHIP_CHECK`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn across_a_postgres_restart_two_daemons_never_both_lead() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let pg = postgres_support::Postgres::start();
+    let url = pg.url();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (repo, s) = fresh_copy(dir.path());
+    let (pa, pb) = (free_port(), free_port());
+    let mut a = Daemon::start(&s, &config(&s, "a", &repo, &url, pa, ""), pa);
+    a.wait_ready(Duration::from_secs(20));
+    let start = Instant::now();
+    while !a.is_leader(&s.viewer) {
+        assert!(start.elapsed() < Duration::from_secs(10), "a never led");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut b = Daemon::start(&s, &config(&s, "b", &repo, &url, pb, ""), pb);
+    b.wait_ready(Duration::from_secs(20));
+    assert!(!b.is_leader(&s.viewer), "one leader at a time");
+    let (both, samples, stop) = (AtomicUsize::new(0), AtomicUsize::new(0), AtomicBool::new(false));
+    tokio::task::block_in_place(|| {
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let end = Instant::now() + Duration::from_secs(60);
+                while !stop.load(Ordering::Relaxed) && Instant::now() < end {
+                    if a.is_leader(&s.viewer) && b.is_leader(&s.viewer) {
+                        both.fetch_add(1, Ordering::Relaxed);
+                    }
+                    samples.fetch_add(1, Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            });
+            pg.restart();
+            let restarted = Instant::now();
+            while !(a.is_leader(&s.viewer) || b.is_leader(&s.viewer)) {
+                assert!(
+                    restarted.elapsed() < Duration::from_secs(20),
+                    "nobody leads after the restart"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            // A little longer: a daemon that still believed it led would show now.
+            std::thread::sleep(Duration::from_secs(2));
+            stop.store(true, Ordering::Relaxed);
+        });
+    });
+    assert!(samples.load(Ordering::Relaxed) > 20, "sampled through the restart");
+    assert_eq!(
+        both.load(Ordering::Relaxed),
+        0,
+        "both daemons reported themselves leader at once"
+    );
+    assert_ne!(a.is_leader(&s.viewer), b.is_leader(&s.viewer), "exactly one leads");
+    a.kill9();
+    b.kill9();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_restart_under_leasing_load_loses_and_doubles_nothing() {
     let pg = postgres_support::Postgres::start();
