@@ -146,6 +146,8 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         let url = format!("http://api.example.com.localhost:{http}/");
         assert!(out.contains(&url), "the URL is printed: {out}");
         assert!(out.contains("local revision"), "{out}");
+        // The node this run enrolled was there before anything was placed: generation 1 runs.
+        assert!(out.contains("api-production: generation 1 done"), "{out}");
         assert_eq!(
             get(http, "api.example.com.localhost"),
             Some((200, "hello from pl up".into()))

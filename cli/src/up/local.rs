@@ -219,6 +219,12 @@ impl Local {
         self.state.join(name)
     }
 
+    /// Whether a revision was ever applied here (the mirror has a `main`).
+    pub(crate) fn has_applied(&self) -> bool {
+        self.path("mirror.git").exists()
+            && run(git(&self.path("mirror.git")).args(["rev-parse", "-q", "--verify", "refs/heads/main"])).is_ok()
+    }
+
     /// The ports recorded by an earlier `pl up`, if any.
     pub(crate) fn recorded_ports(&self) -> Result<Option<Ports>> {
         match std::fs::read(self.path("ports.json")) {

@@ -180,15 +180,30 @@ pub fn up(args: &UpArgs) -> Result<u8> {
     }
     let replace = local.build(&builds, &loaded.state, rev.as_deref(), &args.docker_socket, ports)?;
     let mut replaces_local = false;
-    let (head, moved) = match &trust {
+    // A first run enrols the nodes this machine runs before anything is placed: first a local
+    // revision without the Environments (so the nodes are declared and may enrol), then, once
+    // every agent has been heard from, the whole tree. The first deployment is generation 1,
+    // placed on the nodes, instead of a generation 1 that waited for them and a 2 that ran.
+    // Only before anything was ever applied here: later, a revision without Environments would
+    // tear down what runs.
+    let enrolled = local.enrolled_nodes();
+    let bootstrap = (matches!(trust, Trust::Local)
+        && rev.is_none()
+        && !local.has_applied()
+        && runs.iter().any(|n| !enrolled.contains(n)))
+    .then(|| bootstrap_leave_out(&loaded.state))
+    .flatten();
+    let (mut head, mut moved) = match &trust {
         Trust::Local => {
-            let applied = local.commit_worktree(&[], rev.as_deref(), &replace)?;
-            println!(
-                "pl up: applying {} of {} as local revision {} (signed by this machine's local key, which only pl up trusts)",
-                rev.as_deref().unwrap_or("the working tree"),
-                local.repo.display(),
-                &applied.0[..12]
-            );
+            let applied = local.commit_worktree(bootstrap.as_deref().unwrap_or_default(), rev.as_deref(), &replace)?;
+            if bootstrap.is_none() {
+                println!(
+                    "pl up: applying {} of {} as local revision {} (signed by this machine's local key, which only pl up trusts)",
+                    rev.as_deref().unwrap_or("the working tree"),
+                    local.repo.display(),
+                    &applied.0[..12]
+                );
+            }
             applied
         }
         Trust::Signed { .. } => {
@@ -212,6 +227,15 @@ pub fn up(args: &UpArgs) -> Result<u8> {
     for node in &runs {
         local.agent(&client, ports, node, &args.docker_socket)?;
     }
+    if bootstrap.is_some() {
+        wait_heard_from(&client, &runs)?;
+        (head, moved) = local.commit_worktree(&[], None, &replace)?;
+        println!(
+            "pl up: applying the working tree of {} as local revision {} (signed by this machine's local key, which only pl up trusts)",
+            local.repo.display(),
+            &head[..12]
+        );
+    }
     if moved || previews_moved {
         let _ = client.json("POST", "/v1/reconcile");
     }
@@ -224,6 +248,46 @@ pub fn up(args: &UpArgs) -> Result<u8> {
         return Ok(code);
     }
     watch(&local, &client, ports, timeout, &builds, &args.docker_socket)
+}
+
+/// The files to leave out of a first run's bootstrap revision: those of Environments and
+/// Domains (what places and routes anything). `None` when one of them also holds what the
+/// nodes need to enrol (the Repository or a NodePool): then there is no bootstrap revision.
+fn bootstrap_leave_out(state: &state_schema::state::State) -> Option<Vec<String>> {
+    use state_schema::model::Kind;
+    let mut files: Vec<String> = state
+        .of_kind(Kind::Environment)
+        .chain(state.of_kind(Kind::Domain))
+        .map(|l| l.file.clone())
+        .collect();
+    files.sort();
+    files.dedup();
+    let needed = state
+        .iter()
+        .any(|o| matches!(o.object.kind(), Kind::Repository | Kind::NodePool) && files.contains(&o.file));
+    (!files.is_empty() && !needed).then_some(files)
+}
+
+/// Waits (30 s at most) until the control plane has heard from every node in `nodes`.
+fn wait_heard_from(client: &Client, nodes: &[String]) -> Result<()> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let listed = client.json("GET", "/v1/nodes")?;
+        let heard = |n: &String| {
+            listed["nodes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|r| r["name"].as_str() == Some(n.as_str()) && r["lastSeenMs"].is_i64())
+        };
+        if nodes.iter().all(heard) {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            bail!("the local agents did not report within 30 s: see the agents' logs in the state folder");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// The reconciler refuses `sha` as a rewrite of `main` (it leaves a local teardown revision
