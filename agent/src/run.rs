@@ -211,6 +211,9 @@ pub struct Executors {
     /// Where the routes each environment should have are remembered (for drift repair).
     pub routes_dir: PathBuf,
     pub ingress: Arc<crate::ingress::Ingress>,
+    /// Woken when a task changed what runs: the heartbeat reports it now, not at its next
+    /// interval (what `pl up`, `pl wait` and drift repair read comes from heartbeats).
+    pub changed: tokio::sync::Notify,
 }
 
 impl Executors {
@@ -444,7 +447,12 @@ async fn work(client: Arc<AgentClient>, engine: Arc<Executors>, job: LeasedJob) 
     if let Err(e) = blocking(&client, move |c| c.complete(&proof, outcome, &detail)).await {
         tracing::warn!(job = %job.key, error = %e, "completion refused or lost; the lease will expire");
     }
+    engine.changed.notify_one();
 }
+
+/// Sooner than its interval, a heartbeat waits at least this long after the one before: a
+/// burst of completions makes one early heartbeat, not one each.
+pub const EARLY_HEARTBEAT_GAP: Duration = Duration::from_millis(100);
 
 /// The agent's main loop, until the process is stopped.
 pub async fn run(config: Config) -> Result<()> {
@@ -486,6 +494,7 @@ pub async fn run(config: Config) -> Result<()> {
                 None => ingress,
             }
         }),
+        changed: tokio::sync::Notify::new(),
     });
     // `pl logs`: this node's requests, served as they come.
     tokio::spawn(crate::logs::serve(
@@ -565,7 +574,11 @@ pub async fn run(config: Config) -> Result<()> {
                 if let Err(e) = blocking(&client, move |c| c.heartbeat(&hb)).await {
                     tracing::warn!(error = %e, "heartbeat failed");
                 }
-                tokio::time::sleep(every).await;
+                tokio::time::sleep(EARLY_HEARTBEAT_GAP).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(every.saturating_sub(EARLY_HEARTBEAT_GAP)) => {}
+                    _ = engine.changed.notified() => {}
+                }
             }
         });
     }

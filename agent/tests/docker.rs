@@ -49,6 +49,30 @@ fn app(env: &str, image: &str, generation: u64, net: &NetworkSpec) -> Applicatio
     }
 }
 
+/// The multi-threaded runtime the executors run on in these tests.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// An engine on the machine's dockerd as `control_plane`'s node `n1`, its secrets and state
+/// under `dir` (a prefix per engine), opening secrets with `identity`.
+async fn engine_at(dir: &Path, prefix: &str, control_plane: &str, identity: &Path) -> Engine {
+    Engine::connect(
+        Path::new("/var/run/docker.sock"),
+        control_plane,
+        "n1",
+        dir.join(format!("{prefix}secrets")),
+        identity.to_owned(),
+        dir.join(format!("{prefix}state/images-pulled")),
+    )
+    .await
+    .expect("docker")
+}
+
 fn inspect(container: &str, format: &str) -> String {
     docker(&["inspect", "--format", format, container])
 }
@@ -68,22 +92,9 @@ fn docker_executors_adopt_repair_and_refuse() {
     let dir = tempfile::tempdir().expect("tempdir");
     let identity = dir.path().join("age.key");
     let recipient = support::age_keygen(&identity);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = runtime();
     rt.block_on(async {
-        let engine = Engine::connect(
-            Path::new("/var/run/docker.sock"),
-            support::TEST_CONTROL_PLANE,
-            "n1",
-            dir.path().join("secrets"),
-            identity.clone(),
-            dir.path().join("state/images-pulled"),
-        )
-        .await
-        .expect("docker");
+        let engine = engine_at(dir.path(), "", support::TEST_CONTROL_PLANE, &identity).await;
 
         // The network: created with the lease's subnet, adopted, another subnet refused.
         let net = NetworkSpec {
@@ -99,16 +110,7 @@ fn docker_executors_adopt_repair_and_refuse() {
         );
         // Another control plane's agent on this engine (same node name): the network is
         // foreign to it, and its subnet is one the heartbeat reports as taken; ours is not.
-        let other = Engine::connect(
-            Path::new("/var/run/docker.sock"),
-            "89abcdef",
-            "n1",
-            dir.path().join("other-secrets"),
-            identity.clone(),
-            dir.path().join("other-state/images-pulled"),
-        )
-        .await
-        .expect("docker");
+        let other = engine_at(dir.path(), "other-", "89abcdef", &identity).await;
         assert_eq!(
             other.ensure_network(&net).await.expect_err("foreign").code,
             "foreign-network"
@@ -452,22 +454,9 @@ fn a_hostile_container_cannot_redirect_the_probe_fill_the_disk_or_take_a_name() 
     let dir = tempfile::tempdir().expect("tempdir");
     let identity = dir.path().join("age.key");
     support::age_keygen(&identity);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = runtime();
     rt.block_on(async {
-        let engine = Engine::connect(
-            Path::new("/var/run/docker.sock"),
-            support::TEST_CONTROL_PLANE,
-            "n1",
-            dir.path().join("secrets"),
-            identity.clone(),
-            dir.path().join("state/images-pulled"),
-        )
-        .await
-        .expect("docker");
+        let engine = engine_at(dir.path(), "", support::TEST_CONTROL_PLANE, &identity).await;
         let net = NetworkSpec {
             environment: env.clone(),
             network: format!("pl_{env}"),
@@ -582,26 +571,14 @@ fn pulls_from_a_registry_that_wants_credentials() {
     support::age_keygen(&identity);
     let auth = dir.path().join("registry.auth");
     std::fs::write(&auth, "pl-up:a-long-random-password\n").expect("auth");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = runtime();
     rt.block_on(async {
         let engine = |files: Vec<(String, std::path::PathBuf)>| {
             let (dir, identity) = (dir.path().to_owned(), identity.clone());
             async move {
-                Engine::connect(
-                    Path::new("/var/run/docker.sock"),
-                    support::TEST_CONTROL_PLANE,
-                    "n1",
-                    dir.join("secrets"),
-                    identity,
-                    dir.join("state/images-pulled"),
-                )
-                .await
-                .expect("docker")
-                .with_registry_auth(files.into_iter().collect())
+                engine_at(&dir, "", support::TEST_CONTROL_PLANE, &identity)
+                    .await
+                    .with_registry_auth(files.into_iter().collect())
             }
         };
         let net = NetworkSpec {

@@ -191,7 +191,6 @@ pub fn registry(state: &Path, port: u16) -> Result<()> {
 /// least: the registry checks the hash on every request of a pull, and a 256-bit random
 /// password gains nothing from a slower hash.
 pub fn credentials(state: &Path) -> Result<(PathBuf, PathBuf)> {
-    use std::os::unix::fs::OpenOptionsExt;
     let (auth, htpasswd) = (state.join("registry.auth"), state.join("registry.htpasswd"));
     if auth.exists() && htpasswd.exists() {
         return Ok((auth, htpasswd));
@@ -204,15 +203,7 @@ pub fn credentials(state: &Path) -> Result<(PathBuf, PathBuf)> {
         (&htpasswd, zeroize::Zeroizing::new(format!("pl-up:{hash}\n"))),
         (&auth, zeroize::Zeroizing::new(format!("pl-up:{}\n", password.as_str()))),
     ] {
-        let tmp = path.with_extension("new");
-        let _ = std::fs::remove_file(&tmp);
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        std::io::Write::write_all(&mut f, text.as_bytes())?;
-        std::fs::rename(&tmp, path)?;
+        crate::up::write_private(path, text.as_bytes())?;
     }
     Ok((auth, htpasswd))
 }

@@ -211,6 +211,23 @@ async fn sigkill_fifty_times_during_a_burst_changes_nothing() {
     assert_eq!(got.iter().filter(|r| r.starts_with("revisions:")).count(), total);
 }
 
+/// Two daemons on the ledger at `url`: `a` started first and leading, then `b`, ready and
+/// following.
+async fn two_daemons(s: &Setup, repo: &Path, url: &str) -> (Daemon, Daemon) {
+    let (pa, pb) = (free_port(), free_port());
+    let mut a = Daemon::start(s, &config(s, "a", repo, url, pa, ""), pa);
+    a.wait_ready(Duration::from_secs(20));
+    let start = Instant::now();
+    while !a.is_leader(&s.viewer) {
+        assert!(start.elapsed() < Duration::from_secs(10), "a never led");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut b = Daemon::start(s, &config(s, "b", repo, url, pb, ""), pb);
+    b.wait_ready(Duration::from_secs(20));
+    assert!(!b.is_leader(&s.viewer), "one leader at a time");
+    (a, b)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_sigkill_fails_over_within_five_seconds() {
     let want = reference().await;
@@ -218,17 +235,7 @@ async fn leader_sigkill_fails_over_within_five_seconds() {
     let url = pg.url();
     let dir = tempfile::tempdir().expect("tempdir");
     let (repo, s) = fresh_copy(dir.path());
-    let (pa, pb) = (free_port(), free_port());
-    let mut a = Daemon::start(&s, &config(&s, "a", &repo, &url, pa, ""), pa);
-    a.wait_ready(Duration::from_secs(20));
-    let start = Instant::now();
-    while !a.is_leader(&s.viewer) {
-        assert!(start.elapsed() < Duration::from_secs(10), "a never led");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let mut b = Daemon::start(&s, &config(&s, "b", &repo, &url, pb, ""), pb);
-    b.wait_ready(Duration::from_secs(20));
-    assert!(!b.is_leader(&s.viewer), "one leader at a time");
+    let (mut a, mut b) = two_daemons(&s, &repo, &url).await;
     wait_judged(&url, "main", &history().first, Duration::from_secs(20)).await;
 
     push_burst(&repo);
@@ -292,17 +299,7 @@ async fn across_a_postgres_restart_two_daemons_never_both_lead() {
     let url = pg.url();
     let dir = tempfile::tempdir().expect("tempdir");
     let (repo, s) = fresh_copy(dir.path());
-    let (pa, pb) = (free_port(), free_port());
-    let mut a = Daemon::start(&s, &config(&s, "a", &repo, &url, pa, ""), pa);
-    a.wait_ready(Duration::from_secs(20));
-    let start = Instant::now();
-    while !a.is_leader(&s.viewer) {
-        assert!(start.elapsed() < Duration::from_secs(10), "a never led");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let mut b = Daemon::start(&s, &config(&s, "b", &repo, &url, pb, ""), pb);
-    b.wait_ready(Duration::from_secs(20));
-    assert!(!b.is_leader(&s.viewer), "one leader at a time");
+    let (mut a, mut b) = two_daemons(&s, &repo, &url).await;
     let (both, samples, stop) = (AtomicUsize::new(0), AtomicUsize::new(0), AtomicBool::new(false));
     tokio::task::block_in_place(|| {
         std::thread::scope(|scope| {

@@ -155,6 +155,23 @@ fn run_daemon(program: &str, config: &Path, log: &Path, pid_file: &Path) -> Resu
     spawn_detached(&mut cmd, log, pid_file).map(Some)
 }
 
+/// Writes `bytes` to `path` as a file only its owner may read (0600), made whole beside it and
+/// renamed into place, so no reader ever sees a part of it or a moment of wider permissions.
+pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("new");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    std::io::Write::write_all(&mut f, bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
 /// Stops `program` by its pid file (SIGTERM, then SIGKILL after 15 s); whether it ran.
 pub(crate) fn stop(pid_file: &Path, program: &str) -> bool {
     let ran = alive(pid_file, program);
@@ -487,7 +504,6 @@ impl Local {
     /// Secrets and no identity opens every one of them.
     pub(crate) fn settle_identity(&self, state: &state_schema::state::State, identity: Option<&Path>) -> Result<()> {
         use state_repo::secrets;
-        use std::os::unix::fs::OpenOptionsExt;
         let kept = self.path("age-identity");
         let path = match identity {
             Some(p) => p.to_owned(),
@@ -528,16 +544,7 @@ impl Local {
             let bytes = zeroize::Zeroizing::new(std::fs::read(&path)?);
             let same = std::fs::read(&kept).is_ok_and(|k| zeroize::Zeroizing::new(k) == bytes);
             if !same {
-                let tmp = self.path("age-identity.new");
-                let _ = std::fs::remove_file(&tmp);
-                let mut f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .open(&tmp)?;
-                std::io::Write::write_all(&mut f, &bytes)?;
-                f.sync_all()?;
-                std::fs::rename(&tmp, &kept)?;
+                write_private(&kept, &bytes)?;
             }
         }
         Ok(())

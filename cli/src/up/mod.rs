@@ -18,7 +18,7 @@ mod local;
 
 pub use down::{DownArgs, down};
 use local::{Local, Ports, Trust, caddy_program, docker_answers};
-pub(crate) use local::{alive, local_server, on_path, running_local_server, spawn_detached, tool};
+pub(crate) use local::{alive, local_server, on_path, running_local_server, spawn_detached, tool, write_private};
 
 use crate::operator::Client;
 use anyhow::{Context, Result, bail};
