@@ -5,7 +5,7 @@
 //! reload resets a few connections that arrive at that instant (measured with Debian's 2.6.2
 //! and 2.11.7: one to three failed requests per change under load) and closes every hijacked
 //! stream (WebSockets) of every site. So a generation switch must not reload Caddy. One route
-//! per hostname (`@id` `pl-host.<hostname>`) names its upstreams with Caddy's `{file.*}`
+//! per hostname (`@id` `pl-host.<control plane>.<hostname>`) names its upstreams with Caddy's `{file.*}`
 //! placeholder, `{file.<dir>/<hostname>/<slot>}`, 12 slots shared by the web replicas; the
 //! switch is an atomic rename of each slot file, which Caddy sees on the next request. Requests
 //! in flight finish on the generation they started with. Caddy's configuration changes only
@@ -99,9 +99,11 @@ impl NodeList {
     }
 }
 
-/// The `@id` of a hostname's route: in the hostname space, never a built-in route's.
-pub fn route_id(hostname: &str) -> String {
-    format!("{HOST_ROUTE}{hostname}")
+/// The `@id` of a hostname's route published by `control_plane`'s agents:
+/// `pl-host.<control plane>.<hostname>`, in the hostname space (never a built-in route's) and
+/// naming the control plane that owns it.
+pub fn route_id(control_plane: &str, hostname: &str) -> String {
+    format!("{HOST_ROUTE}{control_plane}.{hostname}")
 }
 
 /// An admin call, made again once after 100 ms when the connection failed: Caddy restarts its
@@ -225,7 +227,7 @@ impl Ingress {
         let mut hosts = vec![hostname.to_owned()];
         hosts.extend(self.host_suffix.iter().map(|s| format!("{hostname}{s}")));
         json!({
-            "@id": route_id(hostname),
+            "@id": route_id(self.plane(), hostname),
             "match": [{"host": hosts}],
             "handle": [{
                 "handler": "reverse_proxy",
@@ -258,8 +260,13 @@ impl Ingress {
     }
 
     /// The control plane part of a list's name (`<control plane>_<node>`).
-    fn plane(owner: &str) -> &str {
+    fn plane_of(owner: &str) -> &str {
         owner.split_once('_').map_or(owner, |(cp, _)| cp)
+    }
+
+    /// This agent's control plane (the first part of its owner name).
+    fn plane(&self) -> &str {
+        Self::plane_of(&self.node)
     }
 
     /// The upstreams for `hostname` of every node of this agent's control plane on the machine,
@@ -278,7 +285,7 @@ impl Ingress {
             Err(e) => return Err(disk(e)),
         };
         files.sort();
-        let (mine, node_alone) = (Self::plane(&self.node), self.node.split_once('_').map(|(_, n)| n));
+        let (mine, node_alone) = (self.plane(), self.node.split_once('_').map(|(_, n)| n));
         let mut out = Vec::new();
         let mut foreign = None;
         for f in files {
@@ -288,10 +295,10 @@ impl Ingress {
                 continue;
             }
             let dials = NodeList::parse(&std::fs::read_to_string(&f).map_err(disk)?).dials;
-            if Self::plane(&name) == mine {
+            if Self::plane_of(&name) == mine {
                 out.extend(dials);
             } else if !dials.is_empty() && foreign.is_none() {
-                foreign = Some(Self::plane(&name).to_owned());
+                foreign = Some(Self::plane_of(&name).to_owned());
             }
         }
         Ok((out, foreign))
@@ -354,7 +361,7 @@ impl Ingress {
                 continue;
             }
             let environment = self.own(&hostname).environment;
-            let id = route_id(&hostname);
+            let id = route_id(self.plane(), &hostname);
             let wanted = self.route(&hostname, slots);
             let fixed = match self.get(&format!("/id/{id}")) {
                 Ok(Some(r)) if r == wanted => continue,
@@ -517,7 +524,7 @@ impl Ingress {
             },
         )?;
         let (all, _) = self.union(hostname)?;
-        let id = route_id(hostname);
+        let id = route_id(self.plane(), hostname);
         let current = self.get(&format!("/id/{id}"))?;
         let had_slots = self.slots(current.as_ref());
         let slots = had_slots.max(all.len()).max(SLOTS);
@@ -588,7 +595,7 @@ impl Ingress {
             },
         )?;
         let (others, foreign) = self.union(hostname)?;
-        let id = route_id(hostname);
+        let id = route_id(self.plane(), hostname);
         if let (true, Some(other)) = (others.is_empty(), foreign) {
             // The route and its slots are another control plane's: never ours to remove.
             drop(held);

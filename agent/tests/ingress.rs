@@ -330,14 +330,15 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
     // Drift: the route deleted by hand (or lost with a Caddy restarted without its saved
     // configuration) is put back by the repair round, from the upstream files.
     assert!(ingress.repair().is_empty(), "nothing drifted yet");
-    let deleted = support::caddy_admin(&socket, "DELETE", "/id/pl-host.app.localhost").expect("delete by hand");
+    let deleted =
+        support::caddy_admin(&socket, "DELETE", "/id/pl-host.0123abcd.app.localhost").expect("delete by hand");
     assert_eq!(deleted.0, 200);
     assert_eq!(get(http, "app.localhost").map(|r| r.0), Ok(404));
     assert_eq!(
         ingress.repair(),
         vec![(
             "web".to_owned(),
-            "ingress route pl-host.app.localhost put back".to_owned()
+            "ingress route pl-host.0123abcd.app.localhost put back".to_owned()
         )]
     );
     assert_eq!(get(http, "app.localhost"), Ok((200, "generation two".into())));

@@ -379,7 +379,9 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
             body
         };
         let routes_before = routes();
-        assert!(routes_before.contains("pl-host.api.example.com"), "{routes_before}");
+        // The route names the control plane that owns it.
+        let route = format!("pl-host.{}.api.example.com", agent_support::control_plane(&ledger_url));
+        assert!(routes_before.contains(&route), "{routes_before}");
 
         // An invalid working tree: every problem, exit 1, nothing applied.
         std::fs::write(
