@@ -27,14 +27,6 @@ use std::time::{Duration, Instant};
 const CHILD: &str = "PL_CRASH_CHILD";
 const NETNS: &str = "plcrash-node";
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
-
 async fn engine(dir: &Path) -> Engine {
     Engine::connect(
         Path::new("/var/run/docker.sock"),
@@ -64,7 +56,7 @@ fn child(what: &str) -> ! {
         "app" => {
             let spec: ApplicationSpec =
                 serde_json::from_str(&std::env::var("PL_CRASH_SPEC").expect("spec")).expect("spec json");
-            let r = runtime().block_on(async { engine(&dir).await.ensure_application(&spec).await });
+            let r = support::runtime().block_on(async { engine(&dir).await.ensure_application(&spec).await });
             eprintln!("child finished: {r:?}");
         }
         "firewall" => {
@@ -133,7 +125,7 @@ fn application_is_adopted_after_a_kill(dir: &Path) {
         network: format!("pl_{env}"),
         subnet: "10.208.78.0/24".into(),
     };
-    runtime().block_on(async { engine(dir).await.ensure_network(&net).await.expect("network") });
+    support::runtime().block_on(async { engine(dir).await.ensure_network(&net).await.expect("network") });
     // Healthy only after 3 s (the server starts late): the child is killed while it waits.
     let spec = ApplicationSpec {
         environment: env.into(),
@@ -192,7 +184,7 @@ fn application_is_adopted_after_a_kill(dir: &Path) {
         std::thread::sleep(Duration::from_millis(20));
     };
     kill9(c);
-    let note = runtime()
+    let note = support::runtime()
         .block_on(async { engine(dir).await.ensure_application(&spec).await })
         .expect("replay");
     assert!(note.contains("adopted") && note.contains("healthy"), "{note}");

@@ -49,15 +49,6 @@ fn app(env: &str, image: &str, generation: u64, net: &NetworkSpec) -> Applicatio
     }
 }
 
-/// The multi-threaded runtime the executors run on in these tests.
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
-
 /// An engine on the machine's dockerd as `control_plane`'s node `n1`, its secrets and state
 /// under `dir` (a prefix per engine), opening secrets with `identity`.
 async fn engine_at(dir: &Path, prefix: &str, control_plane: &str, identity: &Path) -> Engine {
@@ -92,7 +83,7 @@ fn docker_executors_adopt_repair_and_refuse() {
     let dir = tempfile::tempdir().expect("tempdir");
     let identity = dir.path().join("age.key");
     let recipient = support::age_keygen(&identity);
-    let rt = runtime();
+    let rt = support::runtime();
     rt.block_on(async {
         let engine = engine_at(dir.path(), "", support::TEST_CONTROL_PLANE, &identity).await;
 
@@ -454,7 +445,7 @@ fn a_hostile_container_cannot_redirect_the_probe_fill_the_disk_or_take_a_name() 
     let dir = tempfile::tempdir().expect("tempdir");
     let identity = dir.path().join("age.key");
     support::age_keygen(&identity);
-    let rt = runtime();
+    let rt = support::runtime();
     rt.block_on(async {
         let engine = engine_at(dir.path(), "", support::TEST_CONTROL_PLANE, &identity).await;
         let net = NetworkSpec {
@@ -571,7 +562,7 @@ fn pulls_from_a_registry_that_wants_credentials() {
     support::age_keygen(&identity);
     let auth = dir.path().join("registry.auth");
     std::fs::write(&auth, "pl-up:a-long-random-password\n").expect("auth");
-    let rt = runtime();
+    let rt = support::runtime();
     rt.block_on(async {
         let engine = |files: Vec<(String, std::path::PathBuf)>| {
             let (dir, identity) = (dir.path().to_owned(), identity.clone());

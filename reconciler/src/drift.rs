@@ -27,11 +27,12 @@ pub const MAX_REPAIRS: u32 = 20;
 /// placement is a read of every deployment, so it is not every pass's.
 pub const FULL_CHECK_MS: i64 = 60_000;
 
-/// The part of a stored spec drift reads: where each replica is placed.
+/// The part of a stored spec that drift and the deployments view read: where each replica is
+/// placed (parsed without the rest of the spec).
 #[derive(serde::Deserialize)]
-struct Placed {
+pub(crate) struct Placed {
     #[serde(default)]
-    instances: Vec<state_schema::desired::Instance>,
+    pub(crate) instances: Vec<state_schema::desired::Instance>,
 }
 
 /// A replica as a heartbeat reports it: environment, role, index, generation.

@@ -53,13 +53,6 @@ pub struct DeploymentRow {
     pub stale: usize,
 }
 
-/// The part of a stored spec the deployments view reads: where each replica is placed.
-#[derive(serde::Deserialize)]
-struct Placed {
-    #[serde(default)]
-    instances: Vec<state_schema::desired::Instance>,
-}
-
 /// Counts for `pl status` and `/metrics`.
 #[derive(Clone, Debug, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -179,7 +172,7 @@ impl Ledger {
                 let generation: i64 = r.try_get(2)?;
                 let action: String = r.try_get(3)?;
                 let placed = match action.as_str() {
-                    "rollout" => serde_json::from_str::<Placed>(&r.try_get::<String, _>(7)?)
+                    "rollout" => serde_json::from_str::<crate::drift::Placed>(&r.try_get::<String, _>(7)?)
                         .map(|p| p.instances)
                         .unwrap_or_default(),
                     _ => Vec::new(),

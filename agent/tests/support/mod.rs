@@ -232,3 +232,12 @@ pub fn control_plane(url: &str) -> String {
     assert_eq!(ids.len(), 1, "one control plane id in {url}");
     ids[0].clone()
 }
+
+/// The multi-threaded runtime (two workers) the executors run on in these tests.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
