@@ -11,6 +11,7 @@ pub mod docker;
 pub mod enroll;
 pub mod firewall;
 pub mod ingress;
+pub mod lease_loop;
 pub mod logs;
 pub mod outcome;
 pub mod registry_auth;

@@ -1,20 +1,21 @@
 //! `pl-agent run`: heartbeats with what the node can run and what runs, leases its own jobs
-//! (long polling), runs the tasks of one environment in order and different environments in
-//! parallel up to a bound, renews each lease while its task works, and completes it with the
-//! fencing proof. The executors live in `docker.rs`, `firewall.rs`, `routes.rs` and
+//! with the lease loop (`lease_loop.rs`: one environment's tasks in order, different
+//! environments in parallel up to a bound, each end reported with its fencing proof). The executors live in `docker.rs`, `firewall.rs`, `routes.rs` and
 //! `ingress.rs`; a task for an executor the configuration turns off fails for good with
 //! `executor-missing`, never pretends.
 
-use crate::client::{AgentClient, ClientError};
+use crate::client::AgentClient;
 use crate::docker::{CONTROL_PLANE, ENVIRONMENT, Engine, GENERATION, INSTANCE, NODE, OWNED, ROLE, RUN_TIMEOUT};
 use crate::firewall::Firewall;
-use crate::outcome::{Failure, permanent, report};
-use agent_proto::{Execution, Heartbeat, LeasedJob, Outcome, RunningInstance};
+use crate::lease_loop::{LeaseLoop, Tasks, blocking};
+use crate::outcome::{Failure, permanent};
+use agent_proto::{Execution, Heartbeat, LeasedJob, RunningInstance};
 use anyhow::{Context, Result};
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 /// `pl-agent run --config FILE` (TOML).
@@ -151,17 +152,6 @@ impl Config {
         }
         Ok(c)
     }
-}
-
-/// Runs a blocking client call off the async threads.
-async fn blocking<T: Send + 'static>(
-    client: &Arc<AgentClient>,
-    f: impl FnOnce(&AgentClient) -> Result<T, ClientError> + Send + 'static,
-) -> Result<T, ClientError> {
-    let c = Arc::clone(client);
-    tokio::task::spawn_blocking(move || f(&c))
-        .await
-        .unwrap_or_else(|e| Err(ClientError::Transport(e.to_string())))
 }
 
 /// What the node runs now: its containers of replicas, as the heartbeat reports them.
@@ -380,76 +370,6 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> 
     }
 }
 
-/// How many tasks of one step of one environment run at once.
-pub const STEP_PARALLELISM: usize = 8;
-
-/// Runs `tasks` of one step (independent of each other by construction: the reconciler queues
-/// a step only when the one before has ended, and a step's tasks touch different replicas,
-/// hostnames or nodes' parts), at most [`STEP_PARALLELISM`] at once; results in order.
-pub async fn run_step<T, R, F: std::future::Future<Output = R>>(
-    tasks: impl Iterator<Item = T>,
-    run: impl FnMut(T) -> F,
-) -> Vec<R> {
-    use futures_util::StreamExt;
-    futures_util::stream::iter(tasks)
-        .map(run)
-        .buffered(STEP_PARALLELISM)
-        .collect()
-        .await
-}
-
-/// Splits an environment's queued jobs into runs of one task kind and generation, in order:
-/// each run is one step's, and may go at once; the runs go one after another.
-fn same_step(jobs: Vec<LeasedJob>) -> Vec<Vec<LeasedJob>> {
-    let step_of = |j: &LeasedJob| {
-        (
-            j.task.get("task").and_then(|t| t.as_str()).unwrap_or("").to_owned(),
-            j.task.get("generation").and_then(|g| g.as_u64()).unwrap_or(0),
-        )
-    };
-    let mut groups: Vec<Vec<LeasedJob>> = Vec::new();
-    for job in jobs {
-        match groups.last_mut() {
-            Some(g) if g.first().map(step_of) == Some(step_of(&job)) => g.push(job),
-            _ => groups.push(vec![job]),
-        }
-    }
-    groups
-}
-
-/// Runs one leased job: renewing its lease every 10 s while it works, then completing it.
-async fn work(client: Arc<AgentClient>, engine: Arc<Executors>, job: LeasedJob) {
-    let proof = job.proof.clone();
-    let renewing = {
-        let client = Arc::clone(&client);
-        let proof = proof.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_secs(10)).await;
-                let p = proof.clone();
-                if let Err(e) = blocking(&client, move |c| c.renew(&p)).await {
-                    tracing::warn!(job = %proof.job_id, error = %e, "lease renewal failed");
-                    return;
-                }
-            }
-        })
-    };
-    let result = execute(&engine, &job).await;
-    renewing.abort();
-    let (outcome, detail) = match &result {
-        Ok(note) => (Outcome::Succeeded, report("ok", note)),
-        Err(f) => (f.outcome, report(f.code, &f.detail)),
-    };
-    match &result {
-        Ok(_) => tracing::info!(job = %job.key, "task succeeded"),
-        Err(f) => tracing::warn!(job = %job.key, code = f.code, "task failed"),
-    }
-    if let Err(e) = blocking(&client, move |c| c.complete(&proof, outcome, &detail)).await {
-        tracing::warn!(job = %job.key, error = %e, "completion refused or lost; the lease will expire");
-    }
-    engine.changed.notify_one();
-}
-
 /// Sooner than its interval, a heartbeat waits at least this long after the one before: a
 /// burst of completions makes one early heartbeat, not one each.
 pub const EARLY_HEARTBEAT_GAP: Duration = Duration::from_millis(100);
@@ -582,118 +502,22 @@ pub async fn run(config: Config) -> Result<()> {
             }
         });
     }
-    // One queue per environment (its tasks in order), at most `parallel_environments` at work.
-    let slots = Arc::new(tokio::sync::Semaphore::new(config.parallel_environments));
-    let mut queues: HashMap<String, tokio::sync::mpsc::UnboundedSender<LeasedJob>> = HashMap::new();
-    let mut backoff = Duration::from_millis(500);
-    loop {
-        let leased = match blocking(&client, |c| {
-            c.lease(agent_proto::MAX_LEASE_BATCH, Duration::from_secs(20))
-        })
-        .await
-        {
-            Ok(l) => {
-                backoff = Duration::from_millis(500);
-                l.jobs
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "lease failed");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(30));
-                continue;
-            }
-        };
-        queues.retain(|_, q| !q.is_closed());
-        for job in leased {
-            let env = job
-                .task
-                .get("environment")
-                .and_then(|e| e.as_str())
-                .unwrap_or("")
-                .to_owned();
-            let queue = queues.entry(env).or_insert_with(|| {
-                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<LeasedJob>();
-                let (client, engine, slots) = (Arc::clone(&client), Arc::clone(&engine), Arc::clone(&slots));
-                tokio::spawn(async move {
-                    while let Some(first) = rx.recv().await {
-                        // What is queued behind it too, in order; a run of jobs of one kind and
-                        // generation (one step's replicas, say) goes at once.
-                        let mut jobs = vec![first];
-                        while let Ok(more) = rx.try_recv() {
-                            jobs.push(more);
-                        }
-                        let Ok(_slot) = slots.acquire().await else { return };
-                        for group in same_step(jobs) {
-                            run_step(group.into_iter(), |job| {
-                                work(Arc::clone(&client), Arc::clone(&engine), job)
-                            })
-                            .await;
-                        }
-                    }
-                });
-                tx
-            });
-            let _ = queue.send(job);
-        }
-    }
+    // One queue per environment (its tasks in order), at most `parallel_environments` at work;
+    // a step's ends go back with the next lease.
+    let leasing = LeaseLoop::new(client, engine, config.parallel_environments, LONG_POLL);
+    leasing.run(&AtomicBool::new(false)).await;
+    Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// How long a lease waits for a job when the node holds none.
+pub const LONG_POLL: Duration = Duration::from_secs(20);
 
-    fn job(task: &str, generation: u64, id: i64) -> LeasedJob {
-        LeasedJob {
-            key: format!("{task}-{id}"),
-            task: serde_json::json!({"task": task, "environment": "e", "generation": generation}),
-            execution: agent_proto::Execution::Removal,
-            attempt: 1,
-            proof: agent_proto::LeaseProof {
-                job_id: id,
-                lease_token: String::new(),
-                fencing_token: id,
-            },
-            expires_at_ms: 0,
-        }
+impl Tasks for Executors {
+    fn execute(&self, job: &LeasedJob) -> impl std::future::Future<Output = Result<String, Failure>> + Send {
+        execute(self, job)
     }
 
-    #[test]
-    fn runs_of_one_kind_and_generation_go_together_in_order() {
-        let jobs = vec![
-            job("ensure-network", 2, 1),
-            job("apply-firewall", 2, 2),
-            job("ensure-application", 2, 3),
-            job("ensure-application", 2, 4),
-            job("ensure-application", 3, 5),
-            job("stop-application", 2, 6),
-            job("stop-application", 2, 7),
-        ];
-        let groups: Vec<Vec<i64>> = same_step(jobs)
-            .into_iter()
-            .map(|g| g.into_iter().map(|j| j.proof.job_id).collect())
-            .collect();
-        assert_eq!(groups, vec![vec![1], vec![2], vec![3, 4], vec![5], vec![6, 7]]);
-    }
-
-    #[test]
-    fn a_step_runs_at_once_up_to_the_bound_with_results_in_order() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("rt");
-        let running = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let most = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let out = rt.block_on(run_step(0..20u64, |i| {
-            let (running, most) = (Arc::clone(&running), Arc::clone(&most));
-            async move {
-                let now = running.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
-                most.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(20 - i)).await;
-                running.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-                i * 10
-            }
-        }));
-        assert_eq!(out, (0..20).map(|i| i * 10).collect::<Vec<_>>());
-        assert_eq!(most.load(std::sync::atomic::Ordering::SeqCst), STEP_PARALLELISM);
+    fn changed(&self) {
+        self.changed.notify_one();
     }
 }

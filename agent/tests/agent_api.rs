@@ -351,3 +351,107 @@ fn other_ca_certificate(cn: &str) -> (String, String) {
     let cert = p.signed_by(&key, &issuer).expect("cert");
     (cert.pem(), key.serialize_pem())
 }
+
+/// Tasks that succeed at once and remember what ran, in order.
+#[derive(Default)]
+struct Recorded(std::sync::Mutex<Vec<String>>);
+
+impl pushleft_agent::lease_loop::Tasks for Recorded {
+    fn execute(
+        &self,
+        job: &agent_proto::LeasedJob,
+    ) -> impl std::future::Future<Output = Result<String, pushleft_agent::outcome::Failure>> + Send {
+        let what = format!(
+            "{} {}",
+            job.task["task"].as_str().unwrap_or("?"),
+            job.task.get("instance").map(|i| i.to_string()).unwrap_or_default()
+        );
+        self.0.lock().expect("lock").push(what.trim().to_owned());
+        std::future::ready(Ok(String::new()))
+    }
+}
+
+#[test]
+fn the_agents_lease_loop_drives_a_rollout_reporting_each_steps_ends_with_the_next_lease() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = Repo::new(dir.path());
+    std::fs::write(dir.path().join("allowed_signers"), &repo.signers).expect("signers");
+    let pool = POOL.replace("    - {name: n2, capacity: {cpu: \"4\", memory: 8Gi}}\n", "");
+    repo.write("pools/main.yaml", &pool);
+    repo.write("projects/api.yaml", &project("api", 3));
+    repo.write("envs/api-production.yaml", &environment("api-production", "api"));
+    repo.commit("three replicas on n1", true);
+    let s = setup(dir.path());
+    let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    let (port, agent_port) = (free_port(), free_port());
+    let cfg = config(
+        &s,
+        "d",
+        &repo.dir,
+        &url,
+        port,
+        &format!("{CONTROL_CA}\n[agent_api]\nlisten = \"127.0.0.1:{agent_port}\"\n"),
+    );
+    let mut d = Daemon::start(&s, &cfg, port);
+    d.wait_ready(Duration::from_secs(20));
+    let control = format!("https://localhost:{port}");
+    let agents = format!("https://localhost:{agent_port}");
+    let ca_pem = std::fs::read_to_string(dir.path().join("tls/ca.crt")).expect("ca");
+    let node_dir = dir.path().join("n1");
+    let token = d.enrolment_token("n1", &s.operator);
+    pushleft_agent::enroll::enroll(&control, &support::ca_pin(&ca_pem), "n1", &node_dir, &token).expect("enrol");
+    let client = std::sync::Arc::new(AgentClient::from_dir(&agents, &node_dir).expect("client"));
+    client
+        .heartbeat(&agent_proto::Heartbeat::new("test", &agent_proto::FULL_CAPABILITIES))
+        .expect("heartbeat");
+
+    let tasks = std::sync::Arc::new(Recorded::default());
+    let leasing = std::sync::Arc::new(pushleft_agent::lease_loop::LeaseLoop::new(
+        client,
+        std::sync::Arc::clone(&tasks),
+        4,
+        Duration::from_millis(200),
+    ));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let rt = support::runtime();
+    let running = {
+        let (leasing, stop) = (std::sync::Arc::clone(&leasing), std::sync::Arc::clone(&stop));
+        rt.spawn(async move { leasing.run(&stop).await })
+    };
+    let open = || sql(&url, "SELECT key FROM jobs WHERE state <> 'succeeded'");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    // The rollout's last step is the hostname's route.
+    let published = || {
+        !sql(
+            &url,
+            "SELECT key FROM jobs WHERE key LIKE 'ingress:%:publish@%' AND state = 'succeeded'",
+        )
+        .is_empty()
+    };
+    while !(published() && open().is_empty()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    rt.block_on(running).expect("lease loop");
+    assert_eq!(open(), Vec::<String>::new(), "every job of the rollout succeeded");
+
+    // In the order the rollout asks: the network and its parts, the replicas, then ingress.
+    let ran = tasks.0.lock().expect("lock").clone();
+    let first = |kind: &str| ran.iter().position(|t| t.starts_with(kind)).expect(kind);
+    assert!(first("ensure-network") < first("apply-firewall"), "{ran:?}");
+    assert!(first("apply-firewall") < first("ensure-application"), "{ran:?}");
+    assert!(first("ensure-application") < first("publish-ingress"), "{ran:?}");
+    let replicas: Vec<&String> = ran.iter().filter(|t| t.starts_with("ensure-application")).collect();
+    assert_eq!(replicas.len(), 3, "{ran:?}");
+    let jobs = sql(&url, "SELECT key FROM jobs").len();
+    assert_eq!(ran.len(), jobs, "each job ran once: {ran:?}");
+    assert_eq!(leasing.recorded(), jobs as u64, "every end recorded");
+    // A step's ends travel together, with the next lease: at most one report per step (the
+    // network, its firewall, its routes, the three replicas, the route), never one per job.
+    assert!(
+        leasing.reports() <= 5,
+        "{} reports for {jobs} jobs: {ran:?}",
+        leasing.reports()
+    );
+    d.kill9();
+}

@@ -3,7 +3,8 @@
 //! own node's jobs (at most 8 per call, as a real node would) and completes each with its
 //! proof. Measures lease+complete throughput and the lease round trip (p50, p99), at
 //! saturation (agents that never pause) and below it (agents that pause per lease as if they
-//! ran their tasks, their starts spread over one pause); then a
+//! ran their tasks, their starts spread over one pause); then the agent's own lease loop
+//! (`pushleft_agent::lease_loop`, tasks that do nothing), which is what a fleet gets; then a
 //! commit of 1,000 single-replica deployments onto the 100 heartbeating nodes, timed from the
 //! ref update until every deployment is placed and its first job leased, and checks afterwards
 //! that no node holds more than its declared capacity.
@@ -20,10 +21,13 @@ mod repo_support;
 
 use daemon_support::{CONTROL_CA, Daemon, config, free_port, setup};
 use pushleft_agent::client::AgentClient;
+use pushleft_agent::lease_loop::{LeaseLoop, Tasks};
 use reconciler::ledger::{Ledger, NewJob};
 use repo_support::Repo;
 use state_schema::task::Task;
 use state_schema::values::Name;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 const NODES: usize = 100;
@@ -60,6 +64,8 @@ struct Figures {
     paced_slow: Throughput,
     /// One agent alone leasing one job at a time: the round trip without queueing.
     alone: Throughput,
+    /// Each node running the agent's own lease loop with tasks that do nothing.
+    agent_loop: Throughput,
     /// From the commit of 1,000 deployments to each one's first job leased.
     placed_all: Duration,
     over_capacity: usize,
@@ -114,7 +120,7 @@ fn run(url: &str, jobs: usize) -> Figures {
         let node_dir = dir.path().join(&node);
         let token = d.enrolment_token(&node, &s.operator);
         pushleft_agent::enroll::enroll(&control, &fingerprint, &node, &node_dir, &token).expect("enrol");
-        clients.push(AgentClient::from_dir(&agents, &node_dir).expect("client"));
+        clients.push(Arc::new(AgentClient::from_dir(&agents, &node_dir).expect("client")));
     }
     let single = throughput(url, &clients, jobs, 0, Mode::Single, Duration::ZERO);
     let batched = throughput(url, &clients, jobs, jobs, Mode::Batched, Duration::ZERO);
@@ -122,6 +128,7 @@ fn run(url: &str, jobs: usize) -> Figures {
     let paced = throughput(url, &clients, jobs, 3 * jobs, Mode::Batched, TASK_PAUSE);
     let paced_slow = throughput(url, &clients, jobs / 4, 4 * jobs, Mode::Batched, SLOW_TASK_PAUSE);
     let alone = unloaded(url, &clients[0], 5 * jobs);
+    let agent_loop = agent_loops(url, &clients, jobs, 6 * jobs);
     let (placed_all, over_capacity) = thousand_deployments(&repo, &agents, dir.path(), url);
     d.kill9();
     Figures {
@@ -131,6 +138,7 @@ fn run(url: &str, jobs: usize) -> Figures {
         paced,
         paced_slow,
         alone,
+        agent_loop,
         placed_all,
         over_capacity,
     }
@@ -197,7 +205,7 @@ fn unloaded(url: &str, client: &AgentClient, offset: usize) -> Throughput {
 /// one per lease (`batched`), until none is left.
 fn throughput(
     url: &str,
-    clients: &[AgentClient],
+    clients: &[Arc<AgentClient>],
     jobs: usize,
     offset: usize,
     mode: Mode,
@@ -278,6 +286,81 @@ fn throughput(
         jobs_per_second: jobs as f64 / elapsed.as_secs_f64(),
         p50: rtts[rtts.len() / 2],
         p99: rtts[rtts.len() * 99 / 100],
+    }
+}
+
+/// Tasks that do nothing, for the agent's lease loop.
+struct Nothing;
+
+impl Tasks for Nothing {
+    fn execute(
+        &self,
+        _job: &agent_proto::LeasedJob,
+    ) -> impl std::future::Future<Output = Result<String, pushleft_agent::outcome::Failure>> + Send {
+        std::future::ready(Ok(String::new()))
+    }
+}
+
+/// Queues `jobs` removals over the nodes and runs the agent's own lease loop on each node (on
+/// one runtime with two threads) until the control plane has recorded every end. The round
+/// trip is not sampled here (the loop's requests are its own).
+fn agent_loops(url: &str, clients: &[Arc<AgentClient>], jobs: usize, offset: usize) -> Throughput {
+    enqueue_removals(url, offset..offset + jobs, |i| format!("n{:03}", i % NODES));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("rt");
+    let loops: Vec<Arc<LeaseLoop<Nothing>>> = clients
+        .iter()
+        .map(|client| {
+            Arc::new(LeaseLoop::new(
+                Arc::clone(client),
+                Arc::new(Nothing),
+                4,
+                Duration::from_millis(100),
+            ))
+        })
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let running: Vec<_> = loops
+        .iter()
+        .map(|l| {
+            let (l, stop) = (Arc::clone(l), Arc::clone(&stop));
+            rt.spawn(async move { l.run(&stop).await })
+        })
+        .collect();
+    // Done when the ledger holds every end (a loop's last report waits out its long poll
+    // before it hears that it was recorded): one cheap query every 10 ms.
+    let deadline = started + Duration::from_secs(120);
+    let elapsed = rt.block_on(async {
+        sqlx::any::install_default_drivers();
+        let ledger = sqlx::AnyPool::connect(url).await.expect("ledger");
+        loop {
+            let open: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM jobs WHERE state IN ('queued', 'leased')")
+                .fetch_one(&ledger)
+                .await
+                .expect("count");
+            if open == 0 || Instant::now() >= deadline {
+                ledger.close().await;
+                return started.elapsed();
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    stop.store(true, Ordering::Relaxed);
+    rt.block_on(async {
+        for r in running {
+            r.await.expect("lease loop");
+        }
+    });
+    let recorded = loops.iter().map(|l| l.recorded()).sum::<u64>() as usize;
+    assert_eq!(recorded, jobs, "every job once, within the deadline");
+    Throughput {
+        jobs_per_second: jobs as f64 / elapsed.as_secs_f64(),
+        p50: Duration::ZERO,
+        p99: Duration::ZERO,
     }
 }
 
@@ -382,12 +465,20 @@ fn main() {
             ("one request per lease, each agent pausing 250 ms per lease", &f.paced),
             ("one request per lease, each agent pausing 1 s per lease", &f.paced_slow),
             ("one agent alone, one job at a time", &f.alone),
+            ("the agent's own lease loop, tasks that do nothing", &f.agent_loop),
         ] {
+            let rtt = |d: Duration| {
+                if d.is_zero() {
+                    "–".to_owned()
+                } else {
+                    format!("{:.1} ms", ms(d))
+                }
+            };
             println!(
-                "| {name} | {mode} | {:.0} | {:.1} ms | {:.1} ms | {:.2} s | {} |",
+                "| {name} | {mode} | {:.0} | {} | {} | {:.2} s | {} |",
                 t.jobs_per_second,
-                ms(t.p50),
-                ms(t.p99),
+                rtt(t.p50),
+                rtt(t.p99),
                 f.placed_all.as_secs_f64(),
                 f.over_capacity
             );

@@ -1,0 +1,399 @@
+//! The agent's lease loop: leases its node's jobs, runs each environment's in order (different
+//! environments in parallel up to a bound), renews every held lease until its end is reported,
+//! and reports a step's ends together with the next lease in one request
+//! (`/v1/agent/complete-batch`). `pl-agent run` drives it with the real executors; the fleet
+//! bench drives the same loop with tasks that do nothing, so it measures what a fleet gets.
+//!
+//! Why one request: a node spends one round trip per step instead of two, and the control plane
+//! one group transaction. A long poll is used only when nothing is held (no end can come while
+//! it waits); while tasks run, the loop waits for their ends and looks for other environments'
+//! jobs every [`BUSY_POLL`].
+
+use crate::client::{AgentClient, ClientError};
+use crate::outcome::{Failure, report};
+use agent_proto::{LeaseProof, LeasedJob, MAX_LEASE_BATCH, Outcome};
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// What runs a leased task. `pl-agent run` runs the node's executors; the fleet bench, nothing.
+pub trait Tasks: Send + Sync + 'static {
+    /// Runs one task: a short note on success, or its failure.
+    fn execute(&self, job: &LeasedJob) -> impl Future<Output = Result<String, Failure>> + Send;
+    /// A step's tasks ended: what runs may have changed.
+    fn changed(&self) {}
+}
+
+/// How many tasks of one step of one environment run at once.
+pub const STEP_PARALLELISM: usize = 8;
+
+/// Jobs leased and not yet reported, at most: beyond it the loop leases nothing more until
+/// ends are reported (a node does not hoard work another could do after a re-placement).
+pub const MAX_HELD: usize = 64;
+
+/// While tasks run, how often the loop asks for other environments' jobs.
+pub const BUSY_POLL: Duration = Duration::from_secs(1);
+
+/// How often a held lease is renewed (the control plane's leases last 30 s).
+pub const RENEW_EVERY: Duration = Duration::from_secs(10);
+
+/// A job's end, waiting to be reported. Its lease is renewed until then.
+struct Done {
+    key: String,
+    proof: LeaseProof,
+    outcome: Outcome,
+    detail: String,
+    _renewing: Renewal,
+}
+
+/// Renews a lease every [`RENEW_EVERY`] until dropped.
+struct Renewal(tokio::task::JoinHandle<()>);
+
+impl Drop for Renewal {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn renewal(client: &Arc<AgentClient>, proof: &LeaseProof) -> Renewal {
+    let (client, proof) = (Arc::clone(client), proof.clone());
+    Renewal(tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(RENEW_EVERY).await;
+            let p = proof.clone();
+            if let Err(e) = blocking(&client, move |c| c.renew(&p)).await {
+                tracing::warn!(job_id = proof.job_id, error = %e, "lease renewal failed");
+                return;
+            }
+        }
+    }))
+}
+
+/// Runs a blocking client call off the async threads.
+pub async fn blocking<T: Send + 'static>(
+    client: &Arc<AgentClient>,
+    f: impl FnOnce(&AgentClient) -> Result<T, ClientError> + Send + 'static,
+) -> Result<T, ClientError> {
+    let c = Arc::clone(client);
+    tokio::task::spawn_blocking(move || f(&c))
+        .await
+        .unwrap_or_else(|e| Err(ClientError::Transport(e.to_string())))
+}
+
+/// Ends waiting to be reported, in the order they came.
+#[derive(Default)]
+struct Outbox {
+    done: Mutex<VecDeque<Done>>,
+    ready: tokio::sync::Notify,
+}
+
+impl Outbox {
+    fn push(&self, ends: Vec<Done>) {
+        if let Ok(mut d) = self.done.lock() {
+            d.extend(ends);
+        }
+        self.ready.notify_one();
+    }
+
+    /// Up to one request's worth.
+    fn take(&self) -> Vec<Done> {
+        let Ok(mut d) = self.done.lock() else {
+            return Vec::new();
+        };
+        let n = d.len().min(MAX_LEASE_BATCH as usize);
+        d.drain(..n).collect()
+    }
+
+    /// Puts back ends whose report was lost, before any newer.
+    fn put_back(&self, ends: Vec<Done>) {
+        if let Ok(mut d) = self.done.lock() {
+            for e in ends.into_iter().rev() {
+                d.push_front(e);
+            }
+        }
+    }
+}
+
+/// One node's lease loop.
+pub struct LeaseLoop<T: Tasks> {
+    client: Arc<AgentClient>,
+    tasks: Arc<T>,
+    slots: Arc<tokio::sync::Semaphore>,
+    long_wait: Duration,
+    outbox: Arc<Outbox>,
+    recorded: AtomicU64,
+    reports: AtomicU64,
+}
+
+impl<T: Tasks> LeaseLoop<T> {
+    /// `parallel_environments` environments at work at once; `long_wait` is the long poll's
+    /// length when nothing is held (the agent waits 20 s).
+    pub fn new(client: Arc<AgentClient>, tasks: Arc<T>, parallel_environments: usize, long_wait: Duration) -> Self {
+        LeaseLoop {
+            client,
+            tasks,
+            slots: Arc::new(tokio::sync::Semaphore::new(parallel_environments.max(1))),
+            long_wait,
+            outbox: Arc::default(),
+            recorded: AtomicU64::new(0),
+            reports: AtomicU64::new(0),
+        }
+    }
+
+    /// How many ends the control plane has recorded.
+    pub fn recorded(&self) -> u64 {
+        self.recorded.load(Ordering::Relaxed)
+    }
+
+    /// How many requests carried ends (each with the next lease).
+    pub fn reports(&self) -> u64 {
+        self.reports.load(Ordering::Relaxed)
+    }
+
+    /// Leases and runs until `stop` is set (checked before each request; a request waits at
+    /// most `long_wait`, or [`BUSY_POLL`] while tasks run).
+    pub async fn run(&self, stop: &AtomicBool) {
+        let mut queues: HashMap<String, tokio::sync::mpsc::UnboundedSender<(LeasedJob, Renewal)>> = HashMap::new();
+        let mut held = 0usize;
+        let mut backoff = Duration::from_millis(500);
+        while !stop.load(Ordering::Relaxed) {
+            let ends = self.outbox.take();
+            let still_running = held - ends.len();
+            if ends.is_empty() && still_running > 0 {
+                // Busy: report ends as they come; look for other environments' jobs now and
+                // then, unless this node holds enough.
+                let poll = if held >= MAX_HELD { RENEW_EVERY } else { BUSY_POLL };
+                tokio::select! {
+                    _ = self.outbox.ready.notified() => continue,
+                    _ = tokio::time::sleep(poll) => if held >= MAX_HELD { continue },
+                }
+            }
+            // A long poll only when nothing is held: no end can come while it waits.
+            let wait = if still_running == 0 {
+                self.long_wait
+            } else {
+                Duration::ZERO
+            };
+            let max = (MAX_HELD - still_running).min(MAX_LEASE_BATCH as usize) as u32;
+            let answer = if ends.is_empty() {
+                blocking(&self.client, move |c| c.lease(max, wait)).await
+            } else {
+                let sent: Vec<(LeaseProof, Outcome, String)> = ends
+                    .iter()
+                    .map(|d| (d.proof.clone(), d.outcome, d.detail.clone()))
+                    .collect();
+                match blocking(&self.client, move |c| {
+                    let all: Vec<(&LeaseProof, Outcome, &str)> =
+                        sent.iter().map(|(p, o, d)| (p, *o, d.as_str())).collect();
+                    c.complete_and_lease(&all, max, wait)
+                })
+                .await
+                {
+                    Ok((results, lease)) => {
+                        held -= ends.len();
+                        self.reports.fetch_add(1, Ordering::Relaxed);
+                        self.judged(&ends, &results);
+                        lease
+                    }
+                    Err(e) => {
+                        // Whether they were recorded is unknown: sent again (a second report of
+                        // a recorded end is refused and changes nothing).
+                        self.outbox.put_back(ends);
+                        Err(e)
+                    }
+                }
+            };
+            let leased = match answer {
+                Ok(l) => {
+                    backoff = Duration::from_millis(500);
+                    l.jobs
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "lease failed");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                    continue;
+                }
+            };
+            held += leased.len();
+            for job in leased {
+                let env = job
+                    .task
+                    .get("environment")
+                    .and_then(|e| e.as_str())
+                    .unwrap_or("")
+                    .to_owned();
+                let renewing = renewal(&self.client, &job.proof);
+                let queue = queues.entry(env).or_insert_with(|| self.environment_queue());
+                let _ = queue.send((job, renewing));
+            }
+        }
+    }
+
+    /// Counts and logs what the control plane said of each end.
+    fn judged(&self, ends: &[Done], results: &[Option<agent_proto::RefusalBody>]) {
+        for (d, r) in ends.iter().zip(results) {
+            match r {
+                None => {
+                    self.recorded.fetch_add(1, Ordering::Relaxed);
+                }
+                Some(r) => {
+                    tracing::warn!(job = %d.key, code = r.code.code(), "completion refused; the lease will expire")
+                }
+            }
+        }
+    }
+
+    /// One environment's queue: its jobs in order, a step's at once; a step's ends go to the
+    /// outbox together, so they are reported in one request.
+    fn environment_queue(&self) -> tokio::sync::mpsc::UnboundedSender<(LeasedJob, Renewal)> {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(LeasedJob, Renewal)>();
+        let (tasks, slots, outbox) = (
+            Arc::clone(&self.tasks),
+            Arc::clone(&self.slots),
+            Arc::clone(&self.outbox),
+        );
+        tokio::spawn(async move {
+            while let Some(first) = rx.recv().await {
+                // What is queued behind it too, in order; a run of jobs of one kind and
+                // generation (one step's replicas, say) goes at once.
+                let mut jobs = vec![first];
+                while let Ok(more) = rx.try_recv() {
+                    jobs.push(more);
+                }
+                let Ok(_slot) = slots.acquire().await else { return };
+                for group in same_step(jobs) {
+                    let ends = run_step(group.into_iter(), |(job, renewing)| {
+                        let tasks = Arc::clone(&tasks);
+                        async move {
+                            let result = execute_logged(&*tasks, &job).await;
+                            ended(job, renewing, result)
+                        }
+                    })
+                    .await;
+                    outbox.push(ends);
+                    tasks.changed();
+                }
+            }
+        });
+        tx
+    }
+}
+
+/// Runs a task and logs its end.
+async fn execute_logged<T: Tasks>(tasks: &T, job: &LeasedJob) -> Result<String, Failure> {
+    let result = tasks.execute(job).await;
+    match &result {
+        Ok(_) => tracing::info!(job = %job.key, "task succeeded"),
+        Err(f) => tracing::warn!(job = %job.key, code = f.code, "task failed"),
+    }
+    result
+}
+
+fn ended(job: LeasedJob, renewing: Renewal, result: Result<String, Failure>) -> Done {
+    let (outcome, detail) = match &result {
+        Ok(note) => (Outcome::Succeeded, report("ok", note)),
+        Err(f) => (f.outcome, report(f.code, &f.detail)),
+    };
+    Done {
+        key: job.key,
+        proof: job.proof,
+        outcome,
+        detail,
+        _renewing: renewing,
+    }
+}
+
+/// Runs `tasks` of one step (independent of each other by construction: the reconciler queues
+/// a step only when the one before has ended, and a step's tasks touch different replicas,
+/// hostnames or nodes' parts), at most [`STEP_PARALLELISM`] at once; results in order.
+pub async fn run_step<T, R, F: Future<Output = R>>(tasks: impl Iterator<Item = T>, run: impl FnMut(T) -> F) -> Vec<R> {
+    use futures_util::StreamExt;
+    futures_util::stream::iter(tasks)
+        .map(run)
+        .buffered(STEP_PARALLELISM)
+        .collect()
+        .await
+}
+
+/// Splits an environment's queued jobs into runs of one task kind and generation, in order:
+/// each run is one step's, and may go at once; the runs go one after another.
+fn same_step<X>(jobs: Vec<(LeasedJob, X)>) -> Vec<Vec<(LeasedJob, X)>> {
+    let step_of = |j: &LeasedJob| {
+        (
+            j.task.get("task").and_then(|t| t.as_str()).unwrap_or("").to_owned(),
+            j.task.get("generation").and_then(|g| g.as_u64()).unwrap_or(0),
+        )
+    };
+    let mut groups: Vec<Vec<(LeasedJob, X)>> = Vec::new();
+    for job in jobs {
+        match groups.last_mut() {
+            Some(g) if g.first().map(|(j, _)| step_of(j)) == Some(step_of(&job.0)) => g.push(job),
+            _ => groups.push(vec![job]),
+        }
+    }
+    groups
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(task: &str, generation: u64, id: i64) -> (LeasedJob, ()) {
+        let j = LeasedJob {
+            key: format!("{task}-{id}"),
+            task: serde_json::json!({"task": task, "environment": "e", "generation": generation}),
+            execution: agent_proto::Execution::Removal,
+            attempt: 1,
+            proof: agent_proto::LeaseProof {
+                job_id: id,
+                lease_token: String::new(),
+                fencing_token: id,
+            },
+            expires_at_ms: 0,
+        };
+        (j, ())
+    }
+
+    #[test]
+    fn runs_of_one_kind_and_generation_go_together_in_order() {
+        let jobs = vec![
+            job("ensure-network", 2, 1),
+            job("apply-firewall", 2, 2),
+            job("ensure-application", 2, 3),
+            job("ensure-application", 2, 4),
+            job("ensure-application", 3, 5),
+            job("stop-application", 2, 6),
+            job("stop-application", 2, 7),
+        ];
+        let groups: Vec<Vec<i64>> = same_step(jobs)
+            .into_iter()
+            .map(|g| g.into_iter().map(|(j, _)| j.proof.job_id).collect())
+            .collect();
+        assert_eq!(groups, vec![vec![1], vec![2], vec![3, 4], vec![5], vec![6, 7]]);
+    }
+
+    #[test]
+    fn a_step_runs_at_once_up_to_the_bound_with_results_in_order() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("rt");
+        let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let out = rt.block_on(run_step(0..20u64, |i| {
+            let (running, most) = (Arc::clone(&running), Arc::clone(&most));
+            async move {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(20 - i)).await;
+                running.fetch_sub(1, Ordering::SeqCst);
+                i * 10
+            }
+        }));
+        assert_eq!(out, (0..20).map(|i| i * 10).collect::<Vec<_>>());
+        assert_eq!(most.load(Ordering::SeqCst), STEP_PARALLELISM);
+    }
+}
