@@ -364,8 +364,33 @@ fn agent_loops(url: &str, clients: &[Arc<AgentClient>], jobs: usize, offset: usi
     }
 }
 
+/// Tasks that do nothing but note which environments had a job.
+#[derive(Default)]
+struct Seen(std::sync::Mutex<std::collections::BTreeSet<String>>);
+
+impl Seen {
+    fn count(&self) -> usize {
+        self.0.lock().map(|s| s.len()).unwrap_or(0)
+    }
+}
+
+impl Tasks for Seen {
+    fn execute(
+        &self,
+        job: &agent_proto::LeasedJob,
+    ) -> impl std::future::Future<Output = Result<String, pushleft_agent::outcome::Failure>> + Send {
+        if let Some(env) = job.task.get("environment").and_then(|e| e.as_str())
+            && let Ok(mut s) = self.0.lock()
+        {
+            s.insert(env.to_owned());
+        }
+        std::future::ready(Ok(String::new()))
+    }
+}
+
 /// Commits 1,000 single-replica deployments (one project each, so each has its own hostname)
-/// while every node heartbeats, and times until each deployment's first job is leased. Then
+/// while every node heartbeats and runs the agent's own lease loop, and times from the commit
+/// until each deployment's first job is leased (and run, doing nothing). Then
 /// counts the nodes whose reservations exceed their capacity (there must be none).
 fn thousand_deployments(repo: &Repo, agents: &str, dir: &std::path::Path, url: &str) -> (Duration, usize) {
     let clients: Vec<AgentClient> = (0..NODES)
@@ -385,38 +410,47 @@ fn thousand_deployments(repo: &Repo, agents: &str, dir: &std::path::Path, url: &
             &repo_support::environment(&format!("p{i:04}-production"), &format!("p{i:04}")),
         );
     }
-    let seen = std::sync::Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::<String>::new()));
+    // Staged first: the clock starts at the commit, as a push's would.
+    repo_support::git(&repo.dir, &["add", "-A"]);
+    let seen = Arc::new(Seen::default());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("rt");
+    let loops: Vec<Arc<LeaseLoop<Seen>>> = clients
+        .into_iter()
+        .map(|c| {
+            Arc::new(LeaseLoop::new(
+                Arc::new(c),
+                Arc::clone(&seen),
+                4,
+                Duration::from_millis(200),
+            ))
+        })
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let running: Vec<_> = loops
+        .iter()
+        .map(|l| {
+            let (l, stop) = (Arc::clone(l), Arc::clone(&stop));
+            rt.spawn(async move { l.run(&stop).await })
+        })
+        .collect();
     let started = Instant::now();
     repo.commit("a thousand deployments", true);
     let deadline = started + Duration::from_secs(120);
-    let workers: Vec<_> = clients
-        .into_iter()
-        .map(|c| {
-            let seen = std::sync::Arc::clone(&seen);
-            std::thread::spawn(move || {
-                while Instant::now() < deadline {
-                    if seen.lock().map(|s| s.len()).unwrap_or(0) >= DEPLOYMENTS {
-                        break;
-                    }
-                    let leased = c.lease(8, Duration::from_millis(200)).expect("lease");
-                    for j in &leased.jobs {
-                        if let Some(env) = j.task.get("environment").and_then(|e| e.as_str())
-                            && let Ok(mut s) = seen.lock()
-                        {
-                            s.insert(env.to_owned());
-                        }
-                        c.complete(&j.proof, agent_proto::Outcome::Succeeded, "")
-                            .expect("complete");
-                    }
-                }
-            })
-        })
-        .collect();
-    for w in workers {
-        w.join().expect("agent");
+    while seen.count() < DEPLOYMENTS && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
     }
     let placed_all = started.elapsed();
-    let n = seen.lock().map(|s| s.len()).unwrap_or(0);
+    stop.store(true, Ordering::Relaxed);
+    rt.block_on(async {
+        for r in running {
+            r.await.expect("lease loop");
+        }
+    });
+    let n = seen.count();
     assert_eq!(
         n, DEPLOYMENTS,
         "every deployment's first job leased within the deadline"
