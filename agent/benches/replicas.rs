@@ -124,12 +124,12 @@ fn main() {
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
     for round in 0..rounds {
         // Pushleft: the network, then one step's 20 ensure-application jobs, as the agent
-        // runs them (`pushleft_agent::run::run_step`).
+        // runs them (`pushleft_agent::lease_loop::run_step`).
         let started = Instant::now();
         rt.block_on(async {
             engine.ensure_network(&net).await.expect("network");
             let specs: Vec<ApplicationSpec> = (0..REPLICAS).map(|i| app(&image, i, 1, &net)).collect();
-            let results = pushleft_agent::run::run_step(specs.iter(), |s| engine.ensure_application(s)).await;
+            let results = pushleft_agent::lease_loop::run_step(specs.iter(), |s| engine.ensure_application(s)).await;
             for r in results {
                 assert!(r.expect("healthy").contains("healthy"));
             }

@@ -447,7 +447,7 @@ impl Engine {
             return Ok(None);
         }
         use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-        let identities = state_repo::secrets::load_identities(&self.identity)
+        let identities = pushleft_secrets::load_identities(&self.identity)
             .map_err(|e| permanent("node-identity-unreadable", e.code().to_owned()))?;
         let dir = self.secrets_dir.join(&app.container);
         std::fs::DirBuilder::new()
@@ -459,7 +459,7 @@ impl Engine {
             if s.key.is_empty() || s.key.contains('/') || s.key.starts_with('.') {
                 return Err(permanent("secret-key-invalid", "a secret key is not a plain file name"));
             }
-            let plaintext = state_repo::secrets::decrypt(&s.sealed, &identities)
+            let plaintext = pushleft_secrets::decrypt(&s.sealed, &identities)
                 .map_err(|e| permanent("secret-unopenable", e.code().to_owned()))?;
             let path = dir.join(&s.key);
             let _ = std::fs::remove_file(&path);

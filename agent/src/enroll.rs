@@ -118,7 +118,7 @@ fn private_dir(dir: &Path) -> Result<()> {
 }
 
 fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
-    state_repo::secrets::write_private(path, bytes).with_context(|| format!("creating {}", path.display()))
+    pushleft_secrets::write_private(path, bytes).with_context(|| format!("creating {}", path.display()))
 }
 
 /// A new key and a signing request naming `node`, for enrolment and renewal.

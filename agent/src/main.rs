@@ -119,7 +119,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Run { config } => {
             let config = pushleft_agent::run::Config::load(&config)?;
-            state_repo::secrets::harden_process().context("disabling core dumps")?;
+            pushleft_secrets::harden_process().context("disabling core dumps")?;
             tracing_subscriber::fmt()
                 .json()
                 .with_writer(std::io::stderr)

@@ -1,7 +1,7 @@
 //! Benchmark of trust operations against the tools a CI script would call per item:
 //! - verifying the SSH signatures of 1,000 commits: one `pl verify A..B` process vs
 //!   `git verify-commit` run once per commit;
-//! - decrypting 1,000 secret values: in process (`state_repo::secrets::decrypt`) vs the `age`
+//! - decrypting 1,000 secret values: in process (`pushleft_secrets::decrypt`) vs the `age`
 //!   CLI run once per value.
 //!
 //! Run: `cargo bench -p pushleft-cli --bench trust` (`-- --commits 1000 --values 1000`). Needs
@@ -129,14 +129,14 @@ fn main() {
     .to_owned();
     let cts: Vec<String> = (0..values)
         .map(|i| {
-            state_repo::secrets::encrypt(format!("value {i}").as_bytes(), std::slice::from_ref(&recipient))
+            pushleft_secrets::encrypt(format!("value {i}").as_bytes(), std::slice::from_ref(&recipient))
                 .expect("encrypt")
         })
         .collect();
-    let ids = state_repo::secrets::load_identities(&id_file).expect("identity");
+    let ids = pushleft_secrets::load_identities(&id_file).expect("identity");
     let t = Instant::now();
     for ct in &cts {
-        state_repo::secrets::decrypt(ct, &ids).expect("decrypt");
+        pushleft_secrets::decrypt(ct, &ids).expect("decrypt");
     }
     let lib_time = t.elapsed();
     let t = Instant::now();

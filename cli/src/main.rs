@@ -336,7 +336,7 @@ fn main() -> ExitCode {
     let dir = |d: Option<PathBuf>| d.unwrap_or_else(|| PathBuf::from("."));
     // Secret commands hold plaintext and identities: no core dumps, no ptrace.
     if matches!(cli.command, Command::Secret(_))
-        && let Err(e) = state_repo::secrets::harden_process()
+        && let Err(e) = pushleft_secrets::harden_process()
     {
         eprintln!(
             "{} cannot disable core dumps before handling secrets: {e}",

@@ -3,8 +3,8 @@
 //! happens before anything is written.
 
 use anyhow::{Context, bail};
+use pushleft_secrets::{self as secrets, SecretError};
 use state_repo::load::load;
-use state_repo::secrets::{self, SecretError};
 use state_repo::source::{Rev, StateRepo};
 use state_schema::canonical::{self, Secrets};
 use state_schema::model::{Ciphertext, Kind, Object, Spec};

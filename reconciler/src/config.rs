@@ -306,7 +306,7 @@ impl Config {
             private.extend(p.iter());
         }
         for p in private {
-            state_repo::secrets::check_private_file(p).map_err(|m| exposed(p, m))?;
+            pushleft_secrets::check_private_file(p).map_err(|m| exposed(p, m))?;
         }
         Ok(())
     }

@@ -185,7 +185,7 @@ impl Shared {
             None => None,
         };
         let control_identities = match &config.control.age_identity {
-            Some(p) => state_repo::secrets::load_identities(p)
+            Some(p) => pushleft_secrets::load_identities(p)
                 .map_err(|e| DaemonError::Config(format!("control.age_identity {}: {}", p.display(), e.code())))?,
             None => Vec::new(),
         };

@@ -2,7 +2,7 @@
 //! spec of the job's own generation (never a newer commit's), the environment's subnet on that
 //! node, and its secrets sealed to the node's own age recipient. Sealed copies are kept (by
 //! node and ciphertext hash) so a value is decrypted once per node, not once per lease; the
-//! plaintext exists only inside `state_repo::secrets::reseal`.
+//! plaintext exists only inside `pushleft_secrets::reseal`.
 
 use crate::ledger::{Lease, Ledger, LedgerError};
 use crate::placing::subnet;
@@ -98,7 +98,7 @@ impl Ledger {
                 "the control host has no age identity (control.age_identity) to reseal secrets with",
             )));
         }
-        let sealed = match state_repo::secrets::reseal(ciphertext, control, recipient) {
+        let sealed = match pushleft_secrets::reseal(ciphertext, control, recipient) {
             Ok(s) => s,
             Err(e) => {
                 return Ok(Err(undeliverable(

@@ -115,7 +115,7 @@ pub async fn enroll(State(s): State<Arc<Shared>>, body: axum::body::Body) -> Res
     if let Err(r) = declared(&s, &req.node).await {
         return r;
     }
-    if !req.age_recipient.starts_with("age1") || state_repo::secrets::parse_recipient(&req.age_recipient).is_err() {
+    if !req.age_recipient.starts_with("age1") || pushleft_secrets::parse_recipient(&req.age_recipient).is_err() {
         return refused(
             Refusal::RecipientInvalid,
             "the age recipient is not an age1… X25519 recipient",

@@ -85,7 +85,7 @@ enum RoleArg {
 fn main() -> std::process::ExitCode {
     // The daemon holds the API key, the CA key and the age identity: no core dumps, no
     // ptrace by other processes of the same user.
-    if let Err(e) = state_repo::secrets::harden_process() {
+    if let Err(e) = pushleft_secrets::harden_process() {
         eprintln!("pl-reconciler: cannot disable core dumps: {e}");
         return std::process::ExitCode::FAILURE;
     }
@@ -229,7 +229,7 @@ fn token(name: &str, role: RoleArg, out: &Path) -> Result<()> {
 
 /// Creates a file only its owner can read; refuses to overwrite one.
 fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
-    state_repo::secrets::write_private(path, bytes).with_context(|| format!("creating {}", path.display()))
+    pushleft_secrets::write_private(path, bytes).with_context(|| format!("creating {}", path.display()))
 }
 
 /// A validity window starting an hour ago (clocks differ) and lasting `days`.
@@ -299,7 +299,7 @@ fn tls_init(dir: &Path, hostnames: &[String]) -> Result<()> {
 /// are written beside the old and renamed over them, so a crash leaves one pair or the other.
 fn tls_renew(dir: &Path, hostnames: &[String]) -> Result<()> {
     let ca_key_path = dir.join("ca.key");
-    state_repo::secrets::check_private_file(&ca_key_path).map_err(anyhow::Error::msg)?;
+    pushleft_secrets::check_private_file(&ca_key_path).map_err(anyhow::Error::msg)?;
     let ca_key_pem = zeroize::Zeroizing::new(
         std::fs::read_to_string(&ca_key_path).with_context(|| format!("reading {}", ca_key_path.display()))?,
     );

@@ -1,7 +1,6 @@
 //! The repository side of Pushleft: reading a state tree from a Git revision (gix) or from disk
 //! with its limits, deciding which commits to trust (SSH signatures, the allowed-signers file,
-//! the signing policy), age-encrypted secrets and their resealing, loading and judging a
-//! commit, and (with the `fetch` feature) fetching a remote repository.
+//! the signing policy), loading and judging a commit, and (with the `fetch` feature) fetching a remote repository.
 //!
 //! Architecture invariant: no SQL, no async runtime, no network unless `fetch` is on. `pl`
 //! links this crate and nothing of the daemon; the reconciler uses it for everything it reads
@@ -11,6 +10,5 @@ pub mod load;
 #[cfg(feature = "fetch")]
 pub mod remote;
 pub mod revision;
-pub mod secrets;
 pub mod source;
 pub mod trust;

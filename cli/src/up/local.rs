@@ -503,7 +503,7 @@ impl Local {
     /// one kept by an earlier `pl up`. Refused before anything starts when the environments use
     /// Secrets and no identity opens every one of them.
     pub(crate) fn settle_identity(&self, state: &state_schema::state::State, identity: Option<&Path>) -> Result<()> {
-        use state_repo::secrets;
+        use pushleft_secrets as secrets;
         let kept = self.path("age-identity");
         let path = match identity {
             Some(p) => p.to_owned(),
