@@ -6,6 +6,9 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod task;
+pub use task::{Capability, Task};
+
 /// Length of a control plane's id: hex digits, made at random once per ledger.
 pub const CONTROL_PLANE_ID_LEN: usize = 8;
 
@@ -122,8 +125,8 @@ pub struct LeaseProof {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LeasedJob {
     pub key: String,
-    /// The typed task, as the ledger holds it (what to do).
-    pub task: serde_json::Value,
+    /// What to do: a closed, typed task.
+    pub task: Task,
     /// Everything the task needs to run (what with): the agent reads nothing else.
     pub execution: Execution,
     pub attempt: i64,

@@ -3,8 +3,9 @@
 //! benchmark of simulated agents.
 
 use agent_proto::{
-    CompleteRequest, Heartbeat, LeaseProof, LeaseRequest, LeaseResponse, Outcome, Refusal, RefusalBody, RenewRequest,
+    CompleteRequest, Heartbeat, LeaseProof, LeaseRequest, LeasedJob, Outcome, Refusal, RefusalBody, RenewRequest,
 };
+use serde::Deserialize;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -117,14 +118,15 @@ impl AgentClient {
     }
 
     /// Up to `max` of this node's jobs, waiting up to `wait` for one.
-    pub fn lease(&self, max: u32, wait: Duration) -> Result<LeaseResponse, ClientError> {
-        self.post(
+    pub fn lease(&self, max: u32, wait: Duration) -> Result<Leased, ClientError> {
+        let raw: RawLease = self.post(
             "/v1/agent/lease",
             &LeaseRequest {
                 max,
                 wait_ms: millis(wait),
             },
-        )
+        )?;
+        raw.decode()
     }
 
     pub fn renew(&self, proof: &LeaseProof) -> Result<(), ClientError> {
@@ -158,7 +160,7 @@ impl AgentClient {
         &self,
         completions: &[(&LeaseProof, Outcome, &str)],
         lease: Option<LeaseRequest>,
-    ) -> Result<agent_proto::CompleteBatchResponse, ClientError> {
+    ) -> Result<RawCompleteBatch, ClientError> {
         let batch = agent_proto::CompleteBatch {
             completions: completions
                 .iter()
@@ -192,7 +194,7 @@ impl AgentClient {
                 code: r.code,
                 message: r.message,
             }),
-            (Some(l), None) => Ok(l),
+            (Some(l), None) => l.decode(),
             (None, None) => Err(transport("complete-batch answered no lease")),
         };
         Ok((answer.results, lease))
@@ -241,10 +243,75 @@ impl AgentClient {
 
 /// What `complete_and_lease` answers: per completion, `None` when recorded or its refusal;
 /// then the lease, or its refusal.
-pub type CompletedAndLeased = (
-    Vec<Option<agent_proto::RefusalBody>>,
-    Result<LeaseResponse, ClientError>,
-);
+pub type CompletedAndLeased = (Vec<Option<agent_proto::RefusalBody>>, Result<Leased, ClientError>);
+
+/// What a lease brought: the jobs that decode, in order, and those that do not.
+#[derive(Debug, Default)]
+pub struct Leased {
+    pub jobs: Vec<LeasedJob>,
+    /// Jobs whose task or execution this agent does not know (a newer control plane's, or a
+    /// malformed one): never run, reported as permanent failures with `task-undecodable`.
+    pub undecodable: Vec<Undecodable>,
+}
+
+/// A leased job that does not decode: what is needed to report it, and why.
+#[derive(Debug)]
+pub struct Undecodable {
+    pub key: String,
+    pub proof: LeaseProof,
+    pub reason: String,
+}
+
+/// A lease's answer, each job decoded alone (one job this agent cannot read must not cost it
+/// the others, nor leave their leases to expire).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLease {
+    jobs: Vec<serde_json::Value>,
+}
+
+/// What a job must carry at least, to be reported.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Reportable {
+    key: String,
+    proof: LeaseProof,
+}
+
+impl RawLease {
+    fn decode(self) -> Result<Leased, ClientError> {
+        let mut out = Leased::default();
+        for raw in self.jobs {
+            let job = LeasedJob::deserialize(&raw)
+                .map_err(|e| e.to_string())
+                .and_then(|job| job.task.check().map(|()| job));
+            match job {
+                Ok(job) => out.jobs.push(job),
+                Err(e) => {
+                    let r = Reportable::deserialize(&raw)
+                        .map_err(|_| transport(format!("a leased job without a key and proof: {e}")))?;
+                    out.undecodable.push(Undecodable {
+                        key: r.key,
+                        proof: r.proof,
+                        reason: e.to_string(),
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// `/v1/agent/complete-batch`'s answer, its lease decoded job by job.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawCompleteBatch {
+    results: Vec<Option<RefusalBody>>,
+    #[serde(default)]
+    leased: Option<RawLease>,
+    #[serde(default)]
+    lease_refused: Option<RefusalBody>,
+}
 
 /// Every CA certificate of a PEM bundle: during a CA rotation it holds the new CA and the old.
 pub fn ca_bundle(pem: &[u8]) -> Result<Vec<ureq::tls::Certificate<'static>>, ClientError> {
@@ -258,4 +325,37 @@ pub fn ca_bundle(pem: &[u8]) -> Result<Vec<ureq::tls::Certificate<'static>>, Cli
         return Err(ClientError::Transport("the CA bundle holds no certificate".into()));
     }
     Ok(cas)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(task: &str) -> String {
+        format!(
+            r#"{{"key":"k","task":{task},"execution":{{"kind":"removal"}},"attempt":1,"proof":{{"jobId":7,"leaseToken":"t","fencingToken":1}},"expiresAtMs":0}}"#
+        )
+    }
+
+    #[test]
+    fn a_job_this_agent_cannot_read_is_set_apart_with_its_proof_and_the_others_run() {
+        let good = job(r#"{"task":"stop-application","environment":"e","role":"web","instance":0,"generation":1}"#);
+        let unknown = job(r#"{"task":"format-disk","environment":"e","generation":1}"#);
+        let bad_name = job(r#"{"task":"ensure-network","environment":"../../etc","generation":1}"#);
+        let answer = format!(r#"{{"results":[null],"leased":{{"jobs":[{unknown},{good},{bad_name}]}}}}"#);
+        let raw: RawCompleteBatch = serde_json::from_str(&answer).expect("decodes");
+        assert_eq!(raw.results, vec![None]);
+        let leased = raw.leased.expect("a lease").decode().expect("decodes");
+        assert_eq!(leased.jobs.len(), 1);
+        assert_eq!(leased.jobs[0].task.kind(), "stop-application");
+        let reasons: Vec<&str> = leased.undecodable.iter().map(|u| u.reason.as_str()).collect();
+        assert_eq!(leased.undecodable.len(), 2, "{reasons:?}");
+        assert!(reasons[0].contains("format-disk"), "{reasons:?}");
+        assert!(reasons[1].contains("not a label"), "{reasons:?}");
+        assert!(leased.undecodable.iter().all(|u| u.proof.job_id == 7 && u.key == "k"));
+        // Without a proof it cannot be reported: the whole answer is refused.
+        let hopeless = r#"{"jobs":[{"key":"k","task":{"task":"x"}}]}"#;
+        let raw: RawLease = serde_json::from_str(hopeless).expect("json");
+        assert!(raw.decode().is_err());
+    }
 }

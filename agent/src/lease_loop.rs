@@ -9,7 +9,7 @@
 //! it waits); while tasks run, the loop waits for their ends and looks for other environments'
 //! jobs every [`BUSY_POLL`].
 
-use crate::client::{AgentClient, ClientError};
+use crate::client::{AgentClient, ClientError, Undecodable};
 use crate::outcome::{Failure, report};
 use agent_proto::{LeaseProof, LeasedJob, MAX_LEASE_BATCH, Outcome};
 use std::collections::{HashMap, VecDeque};
@@ -45,7 +45,7 @@ struct Done {
     proof: LeaseProof,
     outcome: Outcome,
     detail: String,
-    _renewing: Renewal,
+    _renewing: Option<Renewal>,
 }
 
 /// Renews a lease every [`RENEW_EVERY`] until dropped.
@@ -208,6 +208,10 @@ impl<T: Tasks> LeaseLoop<T> {
             let leased = match answer {
                 Ok(l) => {
                     backoff = Duration::from_millis(500);
+                    if !l.undecodable.is_empty() {
+                        held += l.undecodable.len();
+                        self.outbox.push(l.undecodable.into_iter().map(undecodable).collect());
+                    }
                     l.jobs
                 }
                 Err(e) => {
@@ -219,12 +223,7 @@ impl<T: Tasks> LeaseLoop<T> {
             };
             held += leased.len();
             for job in leased {
-                let env = job
-                    .task
-                    .get("environment")
-                    .and_then(|e| e.as_str())
-                    .unwrap_or("")
-                    .to_owned();
+                let env = job.task.environment().to_owned();
                 let renewing = renewal(&self.client, &job.proof);
                 let queue = queues.entry(env).or_insert_with(|| self.environment_queue());
                 let _ = queue.send((job, renewing));
@@ -302,7 +301,26 @@ fn ended(job: LeasedJob, renewing: Renewal, result: Result<String, Failure>) -> 
         proof: job.proof,
         outcome,
         detail,
-        _renewing: renewing,
+        _renewing: Some(renewing),
+    }
+}
+
+/// A job this agent cannot read ends at once, for good: it would read it no better next time.
+fn undecodable(u: Undecodable) -> Done {
+    tracing::warn!(job = %u.key, code = "task-undecodable", "a leased job does not decode");
+    Done {
+        key: u.key,
+        proof: u.proof,
+        outcome: Outcome::Permanent,
+        detail: report(
+            "task-undecodable",
+            &format!(
+                "this agent ({}) cannot read the task: {}",
+                env!("CARGO_PKG_VERSION"),
+                u.reason
+            ),
+        ),
+        _renewing: None,
     }
 }
 
@@ -321,12 +339,7 @@ pub async fn run_step<T, R, F: Future<Output = R>>(tasks: impl Iterator<Item = T
 /// Splits an environment's queued jobs into runs of one task kind and generation, in order:
 /// each run is one step's, and may go at once; the runs go one after another.
 fn same_step<X>(jobs: Vec<(LeasedJob, X)>) -> Vec<Vec<(LeasedJob, X)>> {
-    let step_of = |j: &LeasedJob| {
-        (
-            j.task.get("task").and_then(|t| t.as_str()).unwrap_or("").to_owned(),
-            j.task.get("generation").and_then(|g| g.as_u64()).unwrap_or(0),
-        )
-    };
+    let step_of = |j: &LeasedJob| (j.task.kind(), j.task.generation());
     let mut groups: Vec<Vec<(LeasedJob, X)>> = Vec::new();
     for job in jobs {
         match groups.last_mut() {
@@ -342,9 +355,34 @@ mod tests {
     use super::*;
 
     fn job(task: &str, generation: u64, id: i64) -> (LeasedJob, ()) {
+        let environment = "e".to_owned();
+        let task = match task {
+            "ensure-network" => agent_proto::Task::EnsureNetwork {
+                environment,
+                generation,
+            },
+            "apply-firewall" => agent_proto::Task::ApplyFirewall {
+                environment,
+                generation,
+            },
+            "ensure-application" => agent_proto::Task::EnsureApplication {
+                environment,
+                role: "web".into(),
+                instance: id as u32,
+                generation,
+                spec_hash: String::new(),
+                repair: 0,
+            },
+            _ => agent_proto::Task::StopApplication {
+                environment,
+                role: "web".into(),
+                instance: id as u32,
+                generation,
+            },
+        };
         let j = LeasedJob {
-            key: format!("{task}-{id}"),
-            task: serde_json::json!({"task": task, "environment": "e", "generation": generation}),
+            key: format!("{}-{id}", task.kind()),
+            task,
             execution: agent_proto::Execution::Removal,
             attempt: 1,
             proof: agent_proto::LeaseProof {

@@ -9,7 +9,7 @@ use crate::docker::{CONTROL_PLANE, ENVIRONMENT, Engine, GENERATION, INSTANCE, NO
 use crate::firewall::Firewall;
 use crate::lease_loop::{LeaseLoop, Tasks, blocking};
 use crate::outcome::{Failure, permanent};
-use agent_proto::{Execution, Heartbeat, LeasedJob, RunningInstance};
+use agent_proto::{Capability, Execution, Heartbeat, LeasedJob, RunningInstance, Task};
 use anyhow::{Context, Result};
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -43,10 +43,11 @@ pub struct Config {
     /// Where the agent keeps its fences (the firewall's applied generations).
     #[serde(default = "default_state")]
     pub state_dir: PathBuf,
-    /// The executors this node runs: `docker`, `nftables`, `routes` (all by default). A task
+    /// The executors this node runs: `docker`, `nftables`, `routes`, `ingress` (all by default;
+    /// another name is refused when the file is read). A task
     /// for one that is off fails with `executor-missing`, and the heartbeat does not offer it.
     #[serde(default = "default_executors")]
-    pub executors: Vec<String>,
+    pub executors: Vec<Capability>,
     /// How often what the agent made is checked for drift and repaired (1 to 30 s).
     #[serde(default = "default_drift")]
     pub drift_seconds: u64,
@@ -85,8 +86,8 @@ fn default_drift() -> u64 {
     10
 }
 
-fn default_executors() -> Vec<String> {
-    ["docker", "nftables", "routes", "ingress"].map(String::from).to_vec()
+fn default_executors() -> Vec<Capability> {
+    Capability::ALL.to_vec()
 }
 
 fn default_state() -> PathBuf {
@@ -136,13 +137,7 @@ impl Config {
         );
         anyhow::ensure!(c.control.starts_with("https://"), "control must be an https:// URL");
         anyhow::ensure!((1..=30).contains(&c.drift_seconds), "drift_seconds must be 1 to 30");
-        for e in &c.executors {
-            anyhow::ensure!(
-                ["docker", "nftables", "routes", "ingress"].contains(&e.as_str()),
-                "unknown executor {e:?}: docker, nftables, routes or ingress"
-            );
-        }
-        if c.executors.iter().any(|e| e == "ingress") {
+        if c.executors.contains(&Capability::Ingress) {
             let admin = crate::caddy_admin::Admin::parse(&c.caddy_admin).map_err(anyhow::Error::msg)?;
             // A folder that exists and lets others in is refused now; one Caddy has not made
             // yet is checked on every admin call.
@@ -197,7 +192,7 @@ pub struct Executors {
     pub engine: Engine,
     pub firewall: Arc<Firewall>,
     /// Which executors are on (`Config::executors`).
-    pub enabled: Vec<String>,
+    pub enabled: Vec<Capability>,
     /// Where the routes each environment should have are remembered (for drift repair).
     pub routes_dir: PathBuf,
     pub ingress: Arc<crate::ingress::Ingress>,
@@ -207,15 +202,15 @@ pub struct Executors {
 }
 
 impl Executors {
-    fn on(&self, executor: &str) -> bool {
-        self.enabled.iter().any(|e| e == executor)
+    fn on(&self, executor: Capability) -> bool {
+        self.enabled.contains(&executor)
     }
 
     /// One round of drift repair: containers, firewall tables, routes. Returns (environment,
     /// what was repaired).
     pub async fn repair(&self) -> Vec<(String, String)> {
         let mut out = Vec::new();
-        if self.on("docker") {
+        if self.on(Capability::Docker) {
             match self.engine.repair_containers().await {
                 Ok(r) => out.extend(r),
                 Err(f) => tracing::warn!(code = f.code, "cannot check containers for drift"),
@@ -227,7 +222,7 @@ impl Executors {
                 Err(f) => tracing::warn!(code = f.code, "cannot collect unused images"),
             }
         }
-        if self.on("nftables") {
+        if self.on(Capability::Nftables) {
             let fw = Arc::clone(&self.firewall);
             out.extend(
                 tokio::task::spawn_blocking(move || fw.repair())
@@ -235,7 +230,7 @@ impl Executors {
                     .unwrap_or_default(),
             );
         }
-        if self.on("ingress") {
+        if self.on(Capability::Ingress) {
             let ingress = Arc::clone(&self.ingress);
             out.extend(
                 tokio::task::spawn_blocking(move || ingress.repair())
@@ -243,7 +238,7 @@ impl Executors {
                     .unwrap_or_default(),
             );
         }
-        if self.on("routes")
+        if self.on(Capability::Routes)
             && let Ok(dir) = std::fs::read_dir(&self.routes_dir)
             && let Ok(routes) = crate::routes::Routes::connect()
         {
@@ -265,16 +260,6 @@ impl Executors {
     }
 }
 
-/// The executor a task kind needs.
-fn executor_of(kind: &str) -> &'static str {
-    match kind {
-        "apply-firewall" => "nftables",
-        "ensure-routes" => "routes",
-        "publish-ingress" | "remove-ingress" => "ingress",
-        _ => "docker",
-    }
-}
-
 /// Runs an executor's blocking work (`nft`, Caddy's admin API) off the async threads, with
 /// the executor it needs.
 async fn off_thread<X: Send + Sync + 'static, T: Send + 'static>(
@@ -290,24 +275,20 @@ async fn off_thread<X: Send + Sync + 'static, T: Send + 'static>(
 /// Runs one task with what its lease carries.
 pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> {
     let engine = &x.engine;
-    let kind = job.task.get("task").and_then(|t| t.as_str()).unwrap_or("");
-    let needs = executor_of(kind);
-    if !x.enabled.iter().any(|e| e == needs) {
+    let needs = job.task.needs();
+    if !x.on(needs) {
         return Err(permanent(
             "executor-missing",
-            format!("this agent has no {needs} executor on for {kind}"),
+            format!("this agent has no {needs} executor on for {}", job.task.kind()),
         ));
     }
-    let text = |k: &str| job.task.get(k).and_then(|v| v.as_str()).unwrap_or("").to_owned();
-    let number = |k: &str| job.task.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
-    let instance = u32::try_from(number("instance")).unwrap_or(u32::MAX);
-    match (kind, &job.execution) {
-        ("ensure-network", Execution::Network(net)) => engine.ensure_network(net).await,
-        ("apply-firewall", Execution::Network(net)) => {
-            let (env, subnet, generation) = (net.environment.clone(), net.subnet.clone(), number("generation"));
+    match (&job.task, &job.execution) {
+        (Task::EnsureNetwork { .. }, Execution::Network(net)) => engine.ensure_network(net).await,
+        (Task::ApplyFirewall { generation, .. }, Execution::Network(net)) => {
+            let (env, subnet, generation) = (net.environment.clone(), net.subnet.clone(), *generation);
             off_thread(&x.firewall, move |fw| fw.apply(&env, &subnet, generation)).await
         }
-        ("ensure-routes", Execution::Network(net)) => {
+        (Task::EnsureRoutes { .. }, Execution::Network(net)) => {
             let note = crate::routes::Routes::connect()?
                 .ensure(&net.network, &net.subnet)
                 .await?;
@@ -317,34 +298,50 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> 
                 .map_err(|e| crate::outcome::retryable("state-write-failed", e.to_string()))?;
             Ok(note)
         }
-        ("remove-network", execution) => {
+        (
+            Task::RemoveNetwork {
+                environment,
+                generation,
+            },
+            execution,
+        ) => {
             // Teardown's last step: the firewall table and the routes first, then the network.
-            let (env, generation) = (text("environment"), number("generation"));
+            let (env, generation) = (environment.clone(), *generation);
             let mut notes = Vec::new();
-            if x.enabled.iter().any(|e| e == "nftables") {
+            if x.on(Capability::Nftables) {
                 notes.push(off_thread(&x.firewall, move |fw| fw.remove(&env, generation)).await?);
             }
-            if let (true, Execution::Network(net)) = (x.enabled.iter().any(|e| e == "routes"), execution) {
+            if let (true, Execution::Network(net)) = (x.on(Capability::Routes), execution) {
                 notes.push(crate::routes::Routes::connect()?.remove(&net.subnet).await?);
                 let _ = std::fs::remove_file(x.routes_dir.join(&net.environment));
             }
-            let network = agent_proto::host_object(&engine.control_plane, &text("environment"), &engine.node);
+            let network = agent_proto::host_object(&engine.control_plane, environment, &engine.node);
             notes.push(engine.remove_network(&network).await?);
             Ok(notes.join("; "))
         }
-        ("ensure-application", Execution::Application(app)) => engine.ensure_application(app).await,
-        ("run-once" | "run-cron", Execution::Application(app)) => engine.run_once(app, RUN_TIMEOUT).await,
-        ("stop-application", _) => {
-            engine
-                .stop_older(&text("environment"), &text("role"), instance, number("generation"))
-                .await
+        (Task::EnsureApplication { .. }, Execution::Application(app)) => engine.ensure_application(app).await,
+        (Task::RunOnce { .. } | Task::RunCron { .. }, Execution::Application(app)) => {
+            engine.run_once(app, RUN_TIMEOUT).await
         }
-        ("teardown-application", _) => {
-            engine
-                .teardown(&text("environment"), &text("role"), instance, number("generation"))
-                .await
-        }
-        ("publish-ingress", Execution::Ingress(spec)) => {
+        (
+            Task::StopApplication {
+                environment,
+                role,
+                instance,
+                generation,
+            },
+            _,
+        ) => engine.stop_older(environment, role, *instance, *generation).await,
+        (
+            Task::TeardownApplication {
+                environment,
+                role,
+                instance,
+                generation,
+            },
+            _,
+        ) => engine.teardown(environment, role, *instance, *generation).await,
+        (Task::PublishIngress { .. }, Execution::Ingress(spec)) => {
             // This generation's replicas on this node, by their address on the environment's
             // network.
             let mut dials = Vec::new();
@@ -359,13 +356,20 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> 
             })
             .await
         }
-        ("remove-ingress", _) => {
-            let (env, host, generation) = (text("environment"), text("hostname"), number("generation"));
+        (
+            Task::RemoveIngress {
+                environment,
+                hostname,
+                generation,
+            },
+            _,
+        ) => {
+            let (env, host, generation) = (environment.clone(), hostname.clone(), *generation);
             off_thread(&x.ingress, move |ingress| ingress.remove(&env, &host, generation)).await
         }
-        _ => Err(permanent(
+        (task, _) => Err(permanent(
             "task-malformed",
-            format!("a {kind} task came without the execution it needs"),
+            format!("a {} task came without the execution it needs", task.kind()),
         )),
     }
 }
@@ -468,19 +472,17 @@ pub async fn run(config: Config) -> Result<()> {
         tokio::spawn(async move {
             loop {
                 let docker_up = engine.engine.docker.ping().await.is_ok();
-                let on = |e: &str| engine.enabled.iter().any(|x| x == e);
                 let mut capabilities = Vec::new();
-                if docker_up && on("docker") {
-                    capabilities.push("docker".to_owned());
-                }
-                if nft_works && on("nftables") {
-                    capabilities.push("nftables".to_owned());
-                }
-                if on("routes") {
-                    capabilities.push("routes".to_owned());
-                }
-                if on("ingress") && engine.ingress.answers().await {
-                    capabilities.push("ingress".to_owned());
+                for c in &engine.enabled {
+                    let works = match c {
+                        Capability::Docker => docker_up,
+                        Capability::Nftables => nft_works,
+                        Capability::Routes => true,
+                        Capability::Ingress => engine.ingress.answers().await,
+                    };
+                    if works {
+                        capabilities.push(c.name().to_owned());
+                    }
                 }
                 let repaired = repairs.lock().map(|mut r| std::mem::take(&mut *r)).unwrap_or_default();
                 let hb = Heartbeat {

@@ -361,11 +361,10 @@ impl pushleft_agent::lease_loop::Tasks for Recorded {
         &self,
         job: &agent_proto::LeasedJob,
     ) -> impl std::future::Future<Output = Result<String, pushleft_agent::outcome::Failure>> + Send {
-        let what = format!(
-            "{} {}",
-            job.task["task"].as_str().unwrap_or("?"),
-            job.task.get("instance").map(|i| i.to_string()).unwrap_or_default()
-        );
+        let what = match &job.task {
+            agent_proto::Task::EnsureApplication { instance, .. } => format!("ensure-application {instance}"),
+            other => other.kind().to_owned(),
+        };
         self.0.lock().expect("lock").push(what.trim().to_owned());
         std::future::ready(Ok(String::new()))
     }

@@ -379,10 +379,8 @@ impl Tasks for Seen {
         &self,
         job: &agent_proto::LeasedJob,
     ) -> impl std::future::Future<Output = Result<String, pushleft_agent::outcome::Failure>> + Send {
-        if let Some(env) = job.task.get("environment").and_then(|e| e.as_str())
-            && let Ok(mut s) = self.0.lock()
-        {
-            s.insert(env.to_owned());
+        if let Ok(mut s) = self.0.lock() {
+            s.insert(job.task.environment().to_owned());
         }
         std::future::ready(Ok(String::new()))
     }

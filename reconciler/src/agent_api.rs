@@ -294,7 +294,7 @@ async fn lease_jobs(s: &Shared, node: &str, req: &LeaseRequest) -> Result<LeaseR
                 };
                 jobs.push(LeasedJob {
                     key: l.key,
-                    task: serde_json::to_value(&l.task).unwrap_or(serde_json::Value::Null),
+                    task: crate::delivery::wire_task(&l.task),
                     execution,
                     attempt: l.attempt,
                     proof: LeaseProof {

@@ -318,3 +318,211 @@ impl Ledger {
         }))))
     }
 }
+
+/// The task as the agent receives it: one exhaustive mapping from the control plane's task
+/// (validated names, idempotency keys) to the wire's, so a new task kind does not compile until
+/// the protocol has it.
+pub fn wire_task(task: &Task) -> agent_proto::Task {
+    use agent_proto::Task as Wire;
+    let s = |n: &dyn std::fmt::Display| n.to_string();
+    match task {
+        Task::EnsureNetwork {
+            environment,
+            generation,
+        } => Wire::EnsureNetwork {
+            environment: s(environment),
+            generation: *generation,
+        },
+        Task::ApplyFirewall {
+            environment,
+            generation,
+        } => Wire::ApplyFirewall {
+            environment: s(environment),
+            generation: *generation,
+        },
+        Task::EnsureRoutes {
+            environment,
+            generation,
+        } => Wire::EnsureRoutes {
+            environment: s(environment),
+            generation: *generation,
+        },
+        Task::EnsureApplication {
+            environment,
+            role,
+            instance,
+            generation,
+            spec_hash,
+            repair,
+        } => Wire::EnsureApplication {
+            environment: s(environment),
+            role: s(role),
+            instance: *instance,
+            generation: *generation,
+            spec_hash: spec_hash.clone(),
+            repair: *repair,
+        },
+        Task::RunOnce {
+            environment,
+            role,
+            generation,
+        } => Wire::RunOnce {
+            environment: s(environment),
+            role: s(role),
+            generation: *generation,
+        },
+        Task::RunCron {
+            environment,
+            role,
+            generation,
+            scheduled,
+        } => Wire::RunCron {
+            environment: s(environment),
+            role: s(role),
+            generation: *generation,
+            scheduled: *scheduled,
+        },
+        Task::StopApplication {
+            environment,
+            role,
+            instance,
+            generation,
+        } => Wire::StopApplication {
+            environment: s(environment),
+            role: s(role),
+            instance: *instance,
+            generation: *generation,
+        },
+        Task::TeardownApplication {
+            environment,
+            role,
+            instance,
+            generation,
+        } => Wire::TeardownApplication {
+            environment: s(environment),
+            role: s(role),
+            instance: *instance,
+            generation: *generation,
+        },
+        Task::PublishIngress {
+            environment,
+            hostname,
+            generation,
+            repair,
+        } => Wire::PublishIngress {
+            environment: s(environment),
+            hostname: s(hostname),
+            generation: *generation,
+            repair: *repair,
+        },
+        Task::RemoveIngress {
+            environment,
+            hostname,
+            generation,
+        } => Wire::RemoveIngress {
+            environment: s(environment),
+            hostname: s(hostname),
+            generation: *generation,
+        },
+        Task::RemoveNetwork {
+            environment,
+            generation,
+        } => Wire::RemoveNetwork {
+            environment: s(environment),
+            generation: *generation,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use state_schema::values::{Hostname, Name};
+
+    #[test]
+    fn every_task_reaches_the_wire_under_its_own_name_with_its_fields() {
+        let (env, role) = (
+            Name::new("api-production").expect("name"),
+            Name::new("web").expect("name"),
+        );
+        let host = Hostname::new("api.example.com").expect("host");
+        let all = [
+            Task::EnsureNetwork {
+                environment: env.clone(),
+                generation: 3,
+            },
+            Task::ApplyFirewall {
+                environment: env.clone(),
+                generation: 3,
+            },
+            Task::EnsureRoutes {
+                environment: env.clone(),
+                generation: 3,
+            },
+            Task::EnsureApplication {
+                environment: env.clone(),
+                role: role.clone(),
+                instance: 2,
+                generation: 3,
+                spec_hash: "h".into(),
+                repair: 1,
+            },
+            Task::RunOnce {
+                environment: env.clone(),
+                role: role.clone(),
+                generation: 3,
+            },
+            Task::RunCron {
+                environment: env.clone(),
+                role: role.clone(),
+                generation: 3,
+                scheduled: 60,
+            },
+            Task::StopApplication {
+                environment: env.clone(),
+                role: role.clone(),
+                instance: 2,
+                generation: 3,
+            },
+            Task::TeardownApplication {
+                environment: env.clone(),
+                role: role.clone(),
+                instance: 2,
+                generation: 3,
+            },
+            Task::PublishIngress {
+                environment: env.clone(),
+                hostname: host.clone(),
+                generation: 3,
+                repair: 1,
+            },
+            Task::RemoveIngress {
+                environment: env.clone(),
+                hostname: host.clone(),
+                generation: 3,
+            },
+            Task::RemoveNetwork {
+                environment: env.clone(),
+                generation: 3,
+            },
+        ];
+        for task in &all {
+            let wire = wire_task(task);
+            let row = serde_json::to_value(task).expect("row");
+            assert_eq!(Some(wire.kind()), row["task"].as_str(), "{task:?}");
+            assert_eq!((wire.environment(), wire.generation()), ("api-production", 3));
+            assert_eq!(wire.check(), Ok(()));
+            // What the agent decodes is what was sent.
+            let json = serde_json::to_string(&wire).expect("json");
+            assert_eq!(serde_json::from_str::<agent_proto::Task>(&json).expect("decodes"), wire);
+        }
+        assert!(matches!(
+            wire_task(&all[3]),
+            agent_proto::Task::EnsureApplication { instance: 2, repair: 1, ref role, ref spec_hash, .. } if role == "web" && spec_hash == "h"
+        ));
+        assert!(matches!(
+            wire_task(&all[8]),
+            agent_proto::Task::PublishIngress { ref hostname, repair: 1, .. } if hostname == "api.example.com"
+        ));
+    }
+}

@@ -1,0 +1,297 @@
+//! The closed set of tasks a lease carries, as the agent receives them, and the executor
+//! (capability) each needs. The control plane's own task type (`state_schema::task::Task`,
+//! with its validated names and idempotency keys) maps onto this one in one exhaustive
+//! function of the reconciler; the agent `match`es on it. A task this agent does not know is a
+//! decode error, reported with a code, never a default.
+
+use serde::{Deserialize, Serialize};
+
+/// An executor a node may run, and offer in its heartbeat.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Capability {
+    /// Containers (bollard).
+    Docker,
+    /// Per-environment nftables tables.
+    Nftables,
+    /// Per-environment routing tables and rules (rtnetlink).
+    Routes,
+    /// Caddy routes.
+    Ingress,
+}
+
+impl Capability {
+    pub const ALL: [Capability; 4] = [
+        Capability::Docker,
+        Capability::Ingress,
+        Capability::Nftables,
+        Capability::Routes,
+    ];
+
+    /// Its name on the wire and in the agent's configuration.
+    pub fn name(self) -> &'static str {
+        match self {
+            Capability::Docker => "docker",
+            Capability::Nftables => "nftables",
+            Capability::Routes => "routes",
+            Capability::Ingress => "ingress",
+        }
+    }
+}
+
+impl std::fmt::Display for Capability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a leased job is to do. Names are the control plane's (environment and role labels,
+/// hostnames), already validated there; what the task runs with is in its `Execution`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(
+    tag = "task",
+    rename_all = "kebab-case",
+    rename_all_fields = "camelCase",
+    deny_unknown_fields
+)]
+pub enum Task {
+    /// The environment's network on the node, as a generation needs it.
+    EnsureNetwork { environment: String, generation: u64 },
+    /// The environment's nftables table on the node.
+    ApplyFirewall { environment: String, generation: u64 },
+    /// The environment's routes on the node.
+    EnsureRoutes { environment: String, generation: u64 },
+    /// One replica of a role at a generation, healthy (`repair`: the times it was asked again).
+    EnsureApplication {
+        environment: String,
+        role: String,
+        instance: u32,
+        generation: u64,
+        spec_hash: String,
+        #[serde(default)]
+        repair: u32,
+    },
+    /// A job or release role, once per generation.
+    RunOnce {
+        environment: String,
+        role: String,
+        generation: u64,
+    },
+    /// A cron role's run for one scheduled time (Unix seconds).
+    RunCron {
+        environment: String,
+        role: String,
+        generation: u64,
+        scheduled: i64,
+    },
+    /// Stop a replica of an older generation.
+    StopApplication {
+        environment: String,
+        role: String,
+        instance: u32,
+        generation: u64,
+    },
+    /// Remove a replica's containers and state, for teardown generation `generation`.
+    TeardownApplication {
+        environment: String,
+        role: String,
+        instance: u32,
+        generation: u64,
+    },
+    /// Route a hostname to a generation.
+    PublishIngress {
+        environment: String,
+        hostname: String,
+        generation: u64,
+        #[serde(default)]
+        repair: u32,
+    },
+    /// Take a hostname's route out.
+    RemoveIngress {
+        environment: String,
+        hostname: String,
+        generation: u64,
+    },
+    /// Remove the environment's routes, table and network from the node.
+    RemoveNetwork { environment: String, generation: u64 },
+}
+
+/// A DNS label as the control plane's names are: 1 to 63 of `a-z`, `0-9` and `-`, not
+/// starting or ending with `-`. Names become host objects' names and file names on the node.
+pub fn is_label(s: &str) -> bool {
+    (1..=63).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+impl Task {
+    /// Its names are what the control plane's names always are (labels; a hostname of labels,
+    /// 253 characters at most): the agent makes host objects and files from them.
+    pub fn check(&self) -> Result<(), String> {
+        let label = |what: &str, s: &str| {
+            if is_label(s) {
+                Ok(())
+            } else {
+                Err(format!("the {what} {s:?} is not a label"))
+            }
+        };
+        label("environment", self.environment())?;
+        match self {
+            Task::EnsureApplication { role, .. }
+            | Task::RunOnce { role, .. }
+            | Task::RunCron { role, .. }
+            | Task::StopApplication { role, .. }
+            | Task::TeardownApplication { role, .. } => label("role", role),
+            Task::PublishIngress { hostname, .. } | Task::RemoveIngress { hostname, .. } => {
+                if hostname.len() <= 253 && hostname.split('.').all(is_label) {
+                    Ok(())
+                } else {
+                    Err(format!("the hostname {hostname:?} is not one"))
+                }
+            }
+            Task::EnsureNetwork { .. }
+            | Task::ApplyFirewall { .. }
+            | Task::EnsureRoutes { .. }
+            | Task::RemoveNetwork { .. } => Ok(()),
+        }
+    }
+
+    /// Its name on the wire (`ensure-application`, …).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Task::EnsureNetwork { .. } => "ensure-network",
+            Task::ApplyFirewall { .. } => "apply-firewall",
+            Task::EnsureRoutes { .. } => "ensure-routes",
+            Task::EnsureApplication { .. } => "ensure-application",
+            Task::RunOnce { .. } => "run-once",
+            Task::RunCron { .. } => "run-cron",
+            Task::StopApplication { .. } => "stop-application",
+            Task::TeardownApplication { .. } => "teardown-application",
+            Task::PublishIngress { .. } => "publish-ingress",
+            Task::RemoveIngress { .. } => "remove-ingress",
+            Task::RemoveNetwork { .. } => "remove-network",
+        }
+    }
+
+    /// The executor it runs on.
+    pub fn needs(&self) -> Capability {
+        match self {
+            Task::ApplyFirewall { .. } => Capability::Nftables,
+            Task::EnsureRoutes { .. } => Capability::Routes,
+            Task::PublishIngress { .. } | Task::RemoveIngress { .. } => Capability::Ingress,
+            Task::EnsureNetwork { .. }
+            | Task::EnsureApplication { .. }
+            | Task::RunOnce { .. }
+            | Task::RunCron { .. }
+            | Task::StopApplication { .. }
+            | Task::TeardownApplication { .. }
+            | Task::RemoveNetwork { .. } => Capability::Docker,
+        }
+    }
+
+    /// The environment it belongs to.
+    pub fn environment(&self) -> &str {
+        match self {
+            Task::EnsureNetwork { environment, .. }
+            | Task::ApplyFirewall { environment, .. }
+            | Task::EnsureRoutes { environment, .. }
+            | Task::EnsureApplication { environment, .. }
+            | Task::RunOnce { environment, .. }
+            | Task::RunCron { environment, .. }
+            | Task::StopApplication { environment, .. }
+            | Task::TeardownApplication { environment, .. }
+            | Task::PublishIngress { environment, .. }
+            | Task::RemoveIngress { environment, .. }
+            | Task::RemoveNetwork { environment, .. } => environment,
+        }
+    }
+
+    /// The generation of its environment's deployment it serves.
+    pub fn generation(&self) -> u64 {
+        match self {
+            Task::EnsureNetwork { generation, .. }
+            | Task::ApplyFirewall { generation, .. }
+            | Task::EnsureRoutes { generation, .. }
+            | Task::EnsureApplication { generation, .. }
+            | Task::RunOnce { generation, .. }
+            | Task::RunCron { generation, .. }
+            | Task::StopApplication { generation, .. }
+            | Task::TeardownApplication { generation, .. }
+            | Task::PublishIngress { generation, .. }
+            | Task::RemoveIngress { generation, .. }
+            | Task::RemoveNetwork { generation, .. } => *generation,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tasks_keep_their_wire_names_and_refuse_what_they_do_not_know() {
+        let t = Task::EnsureApplication {
+            environment: "api-production".into(),
+            role: "web".into(),
+            instance: 2,
+            generation: 7,
+            spec_hash: "abc".into(),
+            repair: 0,
+        };
+        let json = serde_json::to_string(&t).expect("json");
+        assert_eq!(
+            json,
+            r#"{"task":"ensure-application","environment":"api-production","role":"web","instance":2,"generation":7,"specHash":"abc","repair":0}"#
+        );
+        assert_eq!(serde_json::from_str::<Task>(&json).expect("back"), t);
+        assert_eq!(
+            (t.kind(), t.needs(), t.environment(), t.generation()),
+            ("ensure-application", Capability::Docker, "api-production", 7)
+        );
+        for (bad, why) in [
+            (
+                r#"{"task":"ensure-network","environment":"../etc","generation":1}"#,
+                "environment",
+            ),
+            (
+                r#"{"task":"stop-application","environment":"e","role":"Web","instance":0,"generation":1}"#,
+                "role",
+            ),
+            (
+                r#"{"task":"remove-ingress","environment":"e","hostname":"a..b","generation":1}"#,
+                "hostname",
+            ),
+        ] {
+            let t: Task = serde_json::from_str(bad).expect("decodes");
+            assert!(t.check().is_err_and(|e| e.contains(why)), "{bad}");
+        }
+        assert_eq!(t.check(), Ok(()));
+        for bad in [
+            r#"{"task":"format-disk","environment":"e","generation":1}"#,
+            r#"{"task":"ensure-network","environment":"e","generation":1,"extra":true}"#,
+            r#"{"task":"ensure-network","environment":"e"}"#,
+            r#"{"task":"ensure-network","environment":"e","generation":-1}"#,
+        ] {
+            assert!(serde_json::from_str::<Task>(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn each_task_needs_one_executor_and_capabilities_have_their_names() {
+        assert_eq!(
+            Task::ApplyFirewall {
+                environment: "e".into(),
+                generation: 1
+            }
+            .needs(),
+            Capability::Nftables
+        );
+        let names: Vec<&str> = Capability::ALL.iter().map(|c| c.name()).collect();
+        assert_eq!(names, crate::FULL_CAPABILITIES);
+        for c in Capability::ALL {
+            assert_eq!(serde_json::to_string(&c).expect("json"), format!("\"{c}\""));
+        }
+    }
+}
