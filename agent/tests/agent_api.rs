@@ -432,7 +432,12 @@ fn the_agents_lease_loop_drives_a_rollout_reporting_each_steps_ends_with_the_nex
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     rt.block_on(running).expect("lease loop");
-    assert_eq!(open(), Vec::<String>::new(), "every job of the rollout succeeded");
+    assert_eq!(
+        open(),
+        Vec::<String>::new(),
+        "every job of the rollout succeeded: {:?}",
+        sql(&url, "SELECT detail FROM job_results")
+    );
 
     // In the order the rollout asks: the network and its parts, the replicas, then ingress.
     let ran = tasks.0.lock().expect("lock").clone();
