@@ -2,12 +2,20 @@
 //! the agent's client sends them, and neither sees the other's domain or row types. Every
 //! refusal is a stable code from [`Refusal`]; codes are only ever added.
 //!
-//! Architecture invariant: no I/O, no SQL, no TLS here: types and their JSON form only.
+//! Architecture invariant: no I/O, no SQL, no TLS here: types, their JSON form, and pure
+//! functions of them (names, a certificate's fingerprint).
 
 use serde::{Deserialize, Serialize};
 
 pub mod task;
 pub use task::{Capability, Task};
+
+/// A certificate's fingerprint as the protocol names it everywhere (the CA pin, the agent
+/// API's peer, revocations): SHA-256 of its DER, lowercase hex.
+pub fn cert_fingerprint(der: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(der))
+}
 
 /// Length of a control plane's id: hex digits, made at random once per ledger.
 pub const CONTROL_PLANE_ID_LEN: usize = 8;

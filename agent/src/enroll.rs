@@ -5,7 +5,6 @@
 
 use agent_proto::{EnrollRequest, EnrollResponse, RefusalBody};
 use anyhow::{Context, Result, anyhow, bail};
-use sha2::{Digest, Sha256};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::Path;
 use std::sync::Arc;
@@ -80,7 +79,7 @@ fn pinned_ca(control: &str, fingerprint: &str) -> Result<String> {
     // either, and the whole bundle is trusted once one of them matches.
     let got: Vec<String> = ders_of(&pem)?
         .iter()
-        .map(|der| Sha256::digest(der).iter().map(|b| format!("{b:02x}")).collect())
+        .map(|der| agent_proto::cert_fingerprint(der))
         .collect();
     if !got.iter().any(|g| g == fingerprint) {
         bail!(

@@ -29,7 +29,7 @@ pub const BASE: u32 = 10_000;
 pub fn bridge_name(network: &str) -> String {
     use sha2::Digest;
     let d = sha2::Sha256::digest(network.as_bytes());
-    let hex: String = d.iter().take(5).map(|b| format!("{b:02x}")).collect();
+    let hex = hex::encode(&d[..5]);
     format!("pl-{hex}")
 }
 

@@ -197,7 +197,7 @@ pub fn credentials(state: &Path) -> Result<(PathBuf, PathBuf)> {
     }
     let mut bytes = zeroize::Zeroizing::new([0u8; 32]);
     getrandom::fill(bytes.as_mut()).map_err(|e| anyhow!("the OS random source: {e}"))?;
-    let password = zeroize::Zeroizing::new(bytes.iter().map(|b| format!("{b:02x}")).collect::<String>());
+    let password = zeroize::Zeroizing::new(hex::encode(&bytes[..]));
     let hash = bcrypt::hash(password.as_bytes(), 4).context("hashing the registry's password")?;
     for (path, text) in [
         (&htpasswd, zeroize::Zeroizing::new(format!("pl-up:{hash}\n"))),

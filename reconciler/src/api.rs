@@ -17,7 +17,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::json;
-use sha2::Digest as _;
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -595,14 +594,12 @@ pub async fn serve(
             };
             // The client certificate (the agent API requires one): its SHA-256, for handlers to
             // look the node up by.
-            let peer_cert = tls.get_ref().1.peer_certificates().and_then(|c| c.first()).map(|c| {
-                PeerCert(
-                    sha2::Sha256::digest(c.as_ref())
-                        .iter()
-                        .map(|b| format!("{b:02x}"))
-                        .collect(),
-                )
-            });
+            let peer_cert = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .map(|c| PeerCert(agent_proto::cert_fingerprint(c.as_ref())));
             let app = app.layer(axum::Extension(peer_cert));
             let service = hyper_util::service::TowerToHyperService::new(app);
             let conn = hyper::server::conn::http1::Builder::new()

@@ -47,7 +47,7 @@ pub fn token_hash(token: &str) -> String {
 }
 
 fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(bytes)
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {

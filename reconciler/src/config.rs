@@ -491,12 +491,7 @@ mod tests {
         ];
         let hashes: Vec<String> = guessable
             .iter()
-            .map(|w| {
-                Sha256::digest(w.as_bytes())
-                    .iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect()
-            })
+            .map(|w| hex::encode(Sha256::digest(w.as_bytes())))
             .collect();
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let mut files = Vec::new();

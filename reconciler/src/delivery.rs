@@ -32,10 +32,7 @@ fn undeliverable(code: &'static str, message: impl Into<String>) -> Undeliverabl
 }
 
 fn sha256_hex(s: &str) -> String {
-    Sha256::digest(s.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex::encode(Sha256::digest(s.as_bytes()))
 }
 
 /// Each environment's current generation and its spec. Jobs of older generations that would

@@ -75,10 +75,7 @@ pub async fn token(State(s): State<Arc<Shared>>, Path(node): Path<String>, heade
     if getrandom::fill(&mut *bytes).is_err() {
         return internal("the operating system's random source failed");
     }
-    let token = zeroize::Zeroizing::new(format!(
-        "ple_{}",
-        bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
-    ));
+    let token = zeroize::Zeroizing::new(format!("ple_{}", hex::encode(&bytes[..])));
     match s.ledger.add_enrolment_token(&node, &token, &by, now_ms()).await {
         Ok(expires_at_ms) => {
             tracing::info!(node = %node, by = %by, "enrolment token made");

@@ -39,10 +39,7 @@ pub struct Enrolment<'a> {
 }
 
 fn hash(token: &str) -> String {
-    Sha256::digest(token.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex::encode(Sha256::digest(token.as_bytes()))
 }
 
 /// One node as `pl nodes` shows it: what Git declares and what the control plane has seen.

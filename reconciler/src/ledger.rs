@@ -161,7 +161,7 @@ pub fn backoff_ms(job_id: i64, attempts: i64) -> i64 {
 fn new_lease_token() -> Result<String, LedgerError> {
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes).map_err(|e| LedgerError::Random(e.to_string()))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(hex::encode(bytes))
 }
 
 /// A leased job as `complete` finds it, locked for the rest of the transaction.
@@ -318,7 +318,7 @@ impl Ledger {
                 }
                 let mut bytes = [0u8; agent_proto::CONTROL_PLANE_ID_LEN / 2];
                 getrandom::fill(&mut bytes).map_err(|e| LedgerError::Random(e.to_string()))?;
-                let id: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+                let id = hex::encode(bytes);
                 let mut tx = self.write_tx().await?;
                 sqlx::query(
                     self.sql(

@@ -149,7 +149,7 @@ impl LogHub {
 fn random_id() -> Option<String> {
     let mut b = [0u8; 16];
     getrandom::fill(&mut b).ok()?;
-    Some(b.iter().map(|x| format!("{x:02x}")).collect())
+    Some(hex::encode(b))
 }
 
 #[derive(serde::Deserialize)]

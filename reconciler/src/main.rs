@@ -269,11 +269,7 @@ fn tls_init(dir: &Path, hostnames: &[String]) -> Result<()> {
     // and a verifier picks the issuer by name.
     let tag: String = {
         use sha2::Digest;
-        sha2::Sha256::digest(ca_key.public_key_raw())
-            .iter()
-            .take(4)
-            .map(|b| format!("{b:02x}"))
-            .collect()
+        hex::encode(&sha2::Sha256::digest(ca_key.public_key_raw())[..4])
     };
     ca.distinguished_name
         .push(DnType::CommonName, format!("Pushleft control CA {tag}"));

@@ -4,7 +4,6 @@
 
 use agent_proto::Refusal;
 use rcgen::{CertificateSigningRequestParams, DnType, DnValue, ExtendedKeyUsagePurpose, KeyUsagePurpose};
-use sha2::{Digest, Sha256};
 use std::path::Path;
 
 /// A signed node certificate.
@@ -32,12 +31,7 @@ pub fn fingerprint_of_pem(pem: &str) -> Option<String> {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
     let der = CertificateDer::from_pem_slice(pem.as_bytes()).ok()?;
-    Some(
-        Sha256::digest(der.as_ref())
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect(),
-    )
+    Some(agent_proto::cert_fingerprint(der.as_ref()))
 }
 
 /// Signs `csr_pem` for `node`, valid `hours` from now (and five minutes before, for clocks), with the CA in `ca_cert` and

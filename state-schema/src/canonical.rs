@@ -69,9 +69,7 @@ pub fn hash<T: serde::Serialize + ?Sized>(v: &T) -> String {
     let d = w.0.finalize();
     let mut s = String::with_capacity(71);
     s.push_str("sha256:");
-    for b in d {
-        s.push_str(&format!("{b:02x}"));
-    }
+    s.push_str(&hex::encode(d));
     s
 }
 

@@ -288,7 +288,7 @@ impl Ciphertext {
     pub fn fingerprint(&self) -> String {
         use sha2::{Digest, Sha256};
         let d = Sha256::digest(self.0.as_bytes());
-        let hex: String = d.iter().take(6).map(|b| format!("{b:02x}")).collect();
+        let hex = hex::encode(&d[..6]);
         format!("sha256:{hex}")
     }
 }

@@ -152,7 +152,7 @@ pub fn derive_label(s: &str) -> String {
         return flat;
     }
     let digest = Sha256::digest(s.as_bytes());
-    let suffix: String = digest.iter().take(4).map(|b| format!("{b:02x}")).collect();
+    let suffix = hex::encode(&digest[..4]);
     let mut head: String = flat.chars().take(54).collect();
     while head.ends_with('-') {
         head.pop();

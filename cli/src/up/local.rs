@@ -215,7 +215,7 @@ impl Local {
                     .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
                     .ok_or_else(|| anyhow!("neither XDG_STATE_HOME nor HOME is set"))?;
                 let hash = sha2::Sha256::digest(repo.to_string_lossy().as_bytes());
-                let hex: String = hash.iter().take(6).map(|b| format!("{b:02x}")).collect();
+                let hex = hex::encode(&hash[..6]);
                 let name = repo
                     .file_name()
                     .map(|n| n.to_string_lossy().into_owned())
