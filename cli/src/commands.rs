@@ -6,17 +6,9 @@ use anyhow::{Context, bail};
 use state_repo::load::{PlanInput, load, load_for_plan};
 use state_repo::source::{Rev, StateRepo};
 use state_schema::state::Loaded;
-use std::io::Write;
 use std::path::Path;
 
-pub fn out(text: &str) -> anyhow::Result<()> {
-    let mut stdout = std::io::stdout().lock();
-    match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
-        // A closed pipe (`pl show | head`) is not an error worth reporting.
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        other => other.context("writing to stdout"),
-    }
-}
+use crate::out::text as out;
 
 fn rev_of(repo: &StateRepo, spec: Option<&str>) -> anyhow::Result<Rev> {
     Ok(match spec {
@@ -130,15 +122,7 @@ pub fn plan(args: &PlanArgs, paint: Paint) -> anyhow::Result<u8> {
     let plan = state_schema::plan::plan_scoped(&base_state.state, &head_state.state, scope);
     match format {
         PlanFormat::Text => out(&render::plan_text::render(&plan, &header, paint))?,
-        PlanFormat::Json => {
-            let mut w = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
-            match render::plan_json::write(&plan, &header, &mut w).and_then(|()| w.flush()) {
-                Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
-                    return Err(e).context("writing to stdout");
-                }
-                _ => {}
-            }
-        }
+        PlanFormat::Json => crate::out::stream(|mut w| render::plan_json::write(&plan, &header, &mut w))?,
         PlanFormat::Markdown => {
             let parts = render::markdown::render(&plan, &header);
             match output_dir {

@@ -1,9 +1,31 @@
 //! Standard output that never panics when its reader goes away (`pl events | head`): every
-//! line is a `Result`, and `main` ends quietly on a broken pipe.
+//! write is a `Result`. A whole output (`text`, `stream`) that meets a closed pipe ends quietly
+//! and the command's exit code stands; a line (`outln!`) returns the error, and `main` ends
+//! quietly on it. The one place `pl` writes to standard output.
+
+use anyhow::Context;
+use std::io::Write;
+
+fn closed(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::BrokenPipe
+}
+
+/// Writes a whole output (`pl plan`, `pl show`, …) to standard output.
+pub fn text(text: &str) -> anyhow::Result<()> {
+    stream(|w| w.write_all(text.as_bytes()))
+}
+
+/// Streams an output through a buffer to standard output (a large JSON plan, say).
+pub fn stream(write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> anyhow::Result<()> {
+    let mut w = std::io::BufWriter::with_capacity(1 << 16, std::io::stdout().lock());
+    match write(&mut w).and_then(|()| w.flush()) {
+        Err(e) if closed(&e) => Ok(()),
+        other => other.context("writing to stdout"),
+    }
+}
 
 /// Writes one line to standard output.
 pub fn line(args: std::fmt::Arguments<'_>) -> std::io::Result<()> {
-    use std::io::Write;
     let mut out = std::io::stdout().lock();
     out.write_fmt(args)?;
     out.write_all(b"\n")
@@ -11,10 +33,8 @@ pub fn line(args: std::fmt::Arguments<'_>) -> std::io::Result<()> {
 
 /// True when `e` (or what caused it) is a write to a closed pipe.
 pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-    })
+    e.chain()
+        .any(|c| c.downcast_ref::<std::io::Error>().is_some_and(closed))
 }
 
 /// `println!` that returns the write's error instead of panicking.

@@ -155,12 +155,12 @@ pub fn verify(
                 out.push_str(&verdict_line(v, paint));
                 out.push('\n');
             }
-            crate::commands::out(&out)?;
+            crate::out::text(&out)?;
         }
         DiagFormat::Json => {
             let commits: Vec<VerdictJson> = verdicts.iter().map(VerdictJson::from).collect();
             let v = serde_json::json!({ "formatVersion": 1, "ok": ok, "commits": commits });
-            crate::commands::out(&format!("{}\n", serde_json::to_string_pretty(&v)?))?;
+            crate::out::text(&format!("{}\n", serde_json::to_string_pretty(&v)?))?;
         }
     }
     Ok(if ok { 0 } else { 1 })

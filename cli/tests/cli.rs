@@ -387,3 +387,42 @@ fn help_shows_examples_and_keeps_global_options_apart() {
         "{up}"
     );
 }
+
+/// Output to a reader that went away (`pl show | head -0`) ends quietly: no panic, no error,
+/// and the command's own exit code (`--detailed-exitcode` keeps 2 for changes).
+#[test]
+fn a_closed_pipe_ends_output_quietly_with_the_commands_exit_code() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let repo = tmp.path();
+    quickstart_repo(repo);
+    let project = repo.join("projects/hello.yaml");
+    let text = std::fs::read_to_string(&project).expect("project");
+    std::fs::write(&project, text.replace("replicas: 2", "replicas: 3")).expect("write");
+    for (args, code) in [
+        (vec!["show".to_owned(), repo.display().to_string()], 0),
+        (
+            vec![
+                "plan".to_owned(),
+                "--format".to_owned(),
+                "json".to_owned(),
+                "--detailed-exitcode".to_owned(),
+                "--base".to_owned(),
+                "HEAD".to_owned(),
+                repo.display().to_string(),
+            ],
+            2,
+        ),
+    ] {
+        let mut child = pl()
+            .args(&args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("pl runs");
+        drop(child.stdout.take());
+        let o = child.wait_with_output().expect("pl ends");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {err}");
+        assert!(!err.contains("panicked") && !err.contains("error"), "{args:?}: {err}");
+    }
+}
