@@ -22,7 +22,7 @@ mod repo_support;
 use daemon_support::{CONTROL_CA, Daemon, config, free_port, setup};
 use pushleft_agent::client::AgentClient;
 use pushleft_agent::lease_loop::{LeaseLoop, Tasks};
-use reconciler::ledger::{Ledger, NewJob};
+use reconciler::store::{Ledger, NewJob};
 use repo_support::Repo;
 use state_schema::task::Task;
 use state_schema::values::Name;
@@ -459,7 +459,10 @@ fn thousand_deployments(repo: &Repo, agents: &str, dir: &std::path::Path, url: &
         .expect("rt");
     let over = rt.block_on(async {
         let ledger = Ledger::connect(url, 2).await.expect("ledger");
-        let nodes = ledger.nodes("main", reconciler::daemon::now_ms()).await.expect("nodes");
+        let nodes = ledger
+            .nodes("main", reconciler::reconcile::now_ms())
+            .await
+            .expect("nodes");
         ledger.close().await;
         let placed: usize = nodes.iter().map(|n| n.instances).sum();
         assert_eq!(placed, DEPLOYMENTS, "every replica placed");

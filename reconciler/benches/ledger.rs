@@ -8,7 +8,7 @@
 #[path = "../tests/support/postgres.rs"]
 mod postgres_support;
 
-use reconciler::ledger::{Completion, Ledger, NewJob, Outcome};
+use reconciler::store::{Completion, Ledger, NewJob, Outcome};
 use state_schema::task::Task;
 use state_schema::values::Name;
 use std::sync::Arc;

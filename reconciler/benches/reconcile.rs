@@ -19,8 +19,8 @@ mod repo_support;
 
 use daemon_support::{Daemon, config, free_port, setup};
 use reconciler::config::Config;
-use reconciler::daemon::{Shared, now_ms};
-use reconciler::ledger::Ledger;
+use reconciler::reconcile::{Shared, now_ms};
+use reconciler::store::Ledger;
 use repo_support::{Repo, environment, git, project};
 use state_schema::synthetic::{Params, generate};
 use std::path::Path;

@@ -4,8 +4,8 @@
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use reconciler::config::{Config, Role};
-use reconciler::daemon::{Shared, run_fetcher, run_loop, watch_local};
-use reconciler::ledger::Ledger;
+use reconciler::reconcile::{Shared, run_fetcher, run_loop, watch_local};
+use reconciler::store::Ledger;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -116,7 +116,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::CheckConfig(ConfigArg { config }) => {
             let cfg = Config::load(&config).map_err(|e| anyhow::anyhow!("{e} [{}]", e.code()))?;
             cfg.check_files().map_err(|e| anyhow::anyhow!("{e} [{}]", e.code()))?;
-            reconciler::api::tls_config(&cfg.api.tls_cert, &cfg.api.tls_key).map_err(anyhow::Error::msg)?;
+            reconciler::http::operator::tls_config(&cfg.api.tls_cert, &cfg.api.tls_key).map_err(anyhow::Error::msg)?;
             println!("{}: ok", config.display());
             Ok(())
         }
@@ -145,7 +145,8 @@ fn daemon(config: &Path) -> Result<()> {
         .init();
     let cfg = Config::load(config).map_err(|e| anyhow::anyhow!("{e} [{}]", e.code()))?;
     cfg.check_files().map_err(|e| anyhow::anyhow!("{e} [{}]", e.code()))?;
-    let tls = reconciler::api::tls_config(&cfg.api.tls_cert, &cfg.api.tls_key).map_err(anyhow::Error::msg)?;
+    let tls =
+        reconciler::http::operator::tls_config(&cfg.api.tls_cert, &cfg.api.tls_key).map_err(anyhow::Error::msg)?;
     runtime()?.block_on(async move {
         let ledger = Ledger::connect(&cfg.ledger.url, cfg.ledger.max_connections)
             .await
@@ -161,31 +162,31 @@ fn daemon(config: &Path) -> Result<()> {
             .with_context(|| format!("listening on {listen}"))?;
         tracing::info!(listen = %listener.local_addr().unwrap_or(listen), "serving the API over TLS");
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        let api = tokio::spawn(reconciler::api::serve(
+        let api = tokio::spawn(reconciler::http::operator::serve(
             listener,
             tls,
-            reconciler::api::router(Arc::clone(&shared)),
+            reconciler::http::operator::router(Arc::clone(&shared)),
             max_connections,
             stopped.clone(),
         ));
-        let events = tokio::spawn(reconciler::streams::watch_events(Arc::clone(&shared), stopped.clone()));
+        let events = tokio::spawn(reconciler::http::streams::watch_events(Arc::clone(&shared), stopped.clone()));
         // The agents' API: the same server certificate, and a client certificate from the
         // control CA required to finish the handshake.
         // During a CA rotation, certificates of the CAs in `control.trusted_cas` are accepted too.
         let agents = match (&shared.config.agent_api, &shared.config.control.ca_cert) {
             (Some(a), Some(_)) => {
                 let cas = shared.config.control.client_cas();
-                let tls = reconciler::api::tls_config_with(&shared.config.api.tls_cert, &shared.config.api.tls_key, &cas)
+                let tls = reconciler::http::operator::tls_config_with(&shared.config.api.tls_cert, &shared.config.api.tls_key, &cas)
                     .map_err(anyhow::Error::msg)?;
                 let listener = tokio::net::TcpListener::bind(a.listen)
                     .await
                     .with_context(|| format!("listening on {}", a.listen))?;
                 tracing::info!(listen = %listener.local_addr().unwrap_or(a.listen), "serving the agent API over mutual TLS");
-                tokio::spawn(reconciler::group::run(Arc::clone(&shared), stopped.clone()));
-                Some(tokio::spawn(reconciler::api::serve(
+                tokio::spawn(reconciler::store::group::run(Arc::clone(&shared), stopped.clone()));
+                Some(tokio::spawn(reconciler::http::operator::serve(
                     listener,
                     tls,
-                    reconciler::agent_api::router(Arc::clone(&shared)),
+                    reconciler::http::agent::router(Arc::clone(&shared)),
                     a.max_connections,
                     stopped.clone(),
                 )))

@@ -12,8 +12,8 @@ mod postgres_support;
 mod repo_support;
 
 use dump::rows;
-use reconciler::daemon::{Shared, now_ms};
-use reconciler::ledger::{Completion, Ledger, Outcome};
+use reconciler::reconcile::{Shared, now_ms};
+use reconciler::store::{Completion, Ledger, Outcome};
 use repo_support::{DIGEST, Repo, environment};
 use std::path::Path;
 use std::sync::Arc;

@@ -7,7 +7,7 @@
 #[path = "support/postgres.rs"]
 mod postgres_support;
 
-use reconciler::ledger::Ledger;
+use reconciler::store::Ledger;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 

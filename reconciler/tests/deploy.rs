@@ -12,8 +12,8 @@ mod repo_support;
 
 use dump::rows;
 use reconciler::config::Config;
-use reconciler::daemon::{Shared, now_ms};
-use reconciler::ledger::{Completion, Ledger, Outcome};
+use reconciler::reconcile::{Shared, now_ms};
+use reconciler::store::{Completion, Ledger, Outcome};
 use repo_support::{Repo, environment, project};
 use std::path::Path;
 use std::sync::Arc;

@@ -17,8 +17,8 @@ mod postgres_support;
 mod repo_support;
 
 use daemon_support::{Daemon, Setup, config, free_port, setup};
-use reconciler::daemon::now_ms;
-use reconciler::ledger::{Completion, Ledger, NewJob, Outcome};
+use reconciler::reconcile::now_ms;
+use reconciler::store::{Completion, Ledger, NewJob, Outcome};
 use repo_support::{Repo, environment, git, project};
 use state_schema::task::Task;
 use state_schema::values::Name;
@@ -361,7 +361,7 @@ async fn postgres_restart_under_leasing_load_loses_and_doubles_nothing() {
         .collect();
     assert_eq!(ledger.enqueue(&jobs, now_ms()).await.expect("enqueue"), 2000);
     // Every lease handed out: (job, fencing token, lease token).
-    let leases: Arc<Mutex<Vec<reconciler::ledger::LeaseToken>>> = Arc::default();
+    let leases: Arc<Mutex<Vec<reconciler::store::LeaseToken>>> = Arc::default();
     let errors = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut workers = Vec::new();
     for w in 0..8 {
@@ -432,7 +432,7 @@ async fn postgres_restart_under_leasing_load_loses_and_doubles_nothing() {
     // A job leased more than once (its lease expired during the restart): every earlier
     // lease is refused now, and the fencing tokens only grew.
     let leases = leases.lock().expect("lock").clone();
-    let mut by_job: std::collections::BTreeMap<i64, Vec<reconciler::ledger::LeaseToken>> = Default::default();
+    let mut by_job: std::collections::BTreeMap<i64, Vec<reconciler::store::LeaseToken>> = Default::default();
     for l in leases {
         by_job.entry(l.job_id).or_default().push(l);
     }

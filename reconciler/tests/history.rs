@@ -12,9 +12,9 @@ mod repo_support;
 
 use dump::rows;
 use reconciler::config::Config;
-use reconciler::daemon::Shared;
-use reconciler::ledger::Ledger;
-use reconciler::rewrites::Approval;
+use reconciler::reconcile::Shared;
+use reconciler::store::Ledger;
+use reconciler::store::rewrites::Approval;
 use repo_support::{Repo, environment, new_key, project};
 use std::path::Path;
 use std::sync::Arc;
@@ -261,7 +261,7 @@ async fn a_retired_key_cannot_sign_with_a_backdated_commit() {
             .result
             .is_ok()
     );
-    let now = reconciler::daemon::now_ms() / 1000;
+    let now = reconciler::reconcile::now_ms() / 1000;
     let at_now = state.verify_commit(id, &parsed, &[], None, Some(now)).expect("verify");
     assert_eq!(at_now.result.expect_err("retired").code(), "key-not-valid-when-seen");
     let c1 = state.resolve(&c1).expect("resolve").id;

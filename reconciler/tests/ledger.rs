@@ -1,7 +1,7 @@
 //! The ledger's behaviour, run unchanged against SQLite and against a real PostgreSQL that
 //! the test starts itself (initdb and pg_ctl into a temporary directory, on a free port).
 
-use reconciler::ledger::{Backend, Completion, Ledger, NewJob, Outcome, Refused};
+use reconciler::store::{Backend, Completion, Ledger, NewJob, Outcome, Refused};
 use state_schema::task::Task;
 use state_schema::values::Name;
 use std::path::Path;

@@ -14,8 +14,8 @@ mod repo_support;
 
 use dump::rows;
 use reconciler::config::Config;
-use reconciler::daemon::{Shared, now_ms};
-use reconciler::ledger::{Completion, Outcome};
+use reconciler::reconcile::{Shared, now_ms};
+use reconciler::store::{Completion, Outcome};
 use repo_support::{Repo, environment};
 use std::path::Path;
 use std::sync::Arc;
@@ -85,7 +85,7 @@ async fn settle(shared: &Arc<Shared>, nodes: &[&str]) {
 }
 
 async fn set_last_seen(url: &str, node: &str, ago_ms: i64) {
-    let ledger = reconciler::ledger::Ledger::connect(url, 1).await.expect("connect");
+    let ledger = reconciler::store::Ledger::connect(url, 1).await.expect("connect");
     ledger
         .execute_raw(&format!(
             "UPDATE nodes SET last_seen = {} WHERE name = '{node}'",
@@ -115,7 +115,7 @@ async fn scenario(url: String, dir: &Path) {
     repo.write("projects/api.yaml", &project(3));
     repo.write("envs/api-production.yaml", &environment("api-production", "api"));
     repo.commit("three replicas", true);
-    let ledger = reconciler::ledger::Ledger::connect(&url, 4).await.expect("connect");
+    let ledger = reconciler::store::Ledger::connect(&url, 4).await.expect("connect");
     ledger.migrate().await.expect("migrate");
     dump::nodes_up(&url, &["n1", "n2"]).await;
     let shared = Arc::new(Shared::new(config(dir, &repo.dir, &url), ledger).expect("shared"));

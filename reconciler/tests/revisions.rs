@@ -8,7 +8,7 @@ mod postgres_support;
 #[path = "support/repo.rs"]
 mod repo_support;
 
-use reconciler::ledger::Ledger;
+use reconciler::store::Ledger;
 use repo_support::{POOL, Repo};
 use state_repo::revision::{Trust, judge};
 use state_repo::source::StateRepo;

@@ -8,8 +8,8 @@
 mod dump;
 
 use proptest::prelude::*;
-use reconciler::daemon::now_ms;
-use reconciler::ledger::{Completion, Ledger, Outcome};
+use reconciler::reconcile::now_ms;
+use reconciler::store::{Completion, Ledger, Outcome};
 use state_repo::revision::Judgement;
 use state_schema::parse::parse_file;
 use state_schema::plan::{Scope, plan_scoped};

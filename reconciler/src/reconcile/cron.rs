@@ -7,7 +7,7 @@
 //! Level-triggered: the only memory is the newest time handled per role
 //! (`cron_schedules`), written in the same transaction as the job or the event.
 
-use crate::ledger::{JobRow, Ledger, LedgerError};
+use crate::store::{JobRow, Ledger, LedgerError};
 use sqlx::Row;
 use state_schema::desired::DeploymentSpec;
 use state_schema::task::{Task, cron_key_prefix};

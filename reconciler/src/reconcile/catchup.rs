@@ -2,8 +2,8 @@
 //! branch only moves forward; a rebased preview is judged against its merge base with the
 //! applied branch's accepted commit), then judging and applying them oldest first.
 
-use crate::daemon::{DaemonError, PassReport, Shared, now_ms};
-use crate::rewrites::RewriteStatus;
+use crate::reconcile::{DaemonError, PassReport, Shared, now_ms};
+use crate::store::rewrites::RewriteStatus;
 use gix::ObjectId;
 use state_repo::revision::{Preview, Trust, judge};
 use state_repo::source::Commit;
@@ -146,7 +146,7 @@ impl Shared {
                 {
                     report.judged += 1;
                     report.rejected += 1;
-                    tracing::warn!(branch, sha = %head, accepted = %accepted, code = crate::rewrites::HISTORY_REWRITTEN, "the head does not descend from the last accepted commit; it stays in force until an admin approves the rewrite");
+                    tracing::warn!(branch, sha = %head, accepted = %accepted, code = crate::store::rewrites::HISTORY_REWRITTEN, "the head does not descend from the last accepted commit; it stays in force until an admin approves the rewrite");
                 }
                 return Ok(());
             }

@@ -9,8 +9,8 @@
 //! applies commits (`plan_branch`), so a move is a new generation with the usual order (the new
 //! replica healthy before the old one stops) and a newly placed waiting replica is a scale.
 
-use crate::deploy::Applied;
-use crate::ledger::{Ledger, LedgerError};
+use crate::reconcile::deploy::Applied;
+use crate::store::{Ledger, LedgerError};
 use sqlx::Row;
 use state_schema::desired::{DeploymentSpec, Desired};
 use state_schema::model::{NodePool, Spec};
@@ -19,7 +19,7 @@ use state_schema::release::{self, Change};
 use state_schema::values::Name;
 use std::collections::{BTreeMap, BTreeSet};
 
-type Tx = crate::ledger::WriteTx;
+type Tx = crate::store::WriteTx;
 
 /// The subnet pool environments' networks are cut from: `10.208.0.0/12` in /24s, 4,096 per
 /// node. Outside Docker's default pools (172.17.0.0/16 and up, 192.168.0.0/16).
@@ -387,7 +387,7 @@ impl Ledger {
 
 #[cfg(test)]
 mod tests {
-    use crate::ledger::Ledger;
+    use crate::store::Ledger;
     use sqlx::Row;
 
     #[tokio::test]

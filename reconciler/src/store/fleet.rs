@@ -3,7 +3,7 @@
 //! node's age recipient and its first certificate in one transaction. Every refusal is checked
 //! before anything is written, and records nothing.
 
-use crate::ledger::{Ledger, LedgerError};
+use crate::store::{Ledger, LedgerError};
 use agent_proto::Refusal;
 use sha2::{Digest, Sha256};
 use sqlx::Row;

@@ -3,9 +3,15 @@
 //! the deployments of preview branches that are gone, and moves rollouts on. Hints (a watch
 //! event, a webhook, `pl reconcile --now`) only make the next pass come sooner.
 
+mod catchup;
+pub mod cron;
+pub mod deploy;
+pub mod drift;
+pub mod placing;
+
 use crate::auth::Tokens;
 use crate::config::Config;
-use crate::ledger::{Ledger, LedgerError};
+use crate::store::{Ledger, LedgerError};
 use gix::ObjectId;
 use state_repo::source::{SourceError, StateRepo};
 use state_repo::trust::allowed_signers::{self, AllowedSigner};
@@ -131,16 +137,16 @@ pub struct Shared {
     /// Wakes the loop for the ledger-only part of a pass (`settle`): agents completed jobs.
     pub settle_hint: tokio::sync::Notify,
     /// The open `pl logs` streams (see `logs.rs`).
-    pub logs: crate::logs::LogHub,
+    pub logs: crate::http::logs::LogHub,
     /// The agent API's group commit (see `group.rs`).
-    pub group: crate::group::Group,
-    /// The newest event id, published by [`crate::streams::watch_events`] to every stream.
+    pub group: crate::store::group::Group,
+    /// The newest event id, published by [`crate::http::streams::watch_events`] to every stream.
     pub events_tip: tokio::sync::watch::Sender<i64>,
     /// Open event streams, by token and in total.
-    pub streams: Arc<crate::streams::StreamSlots>,
+    pub streams: Arc<crate::http::streams::StreamSlots>,
     /// The ledger's counts as of the last pass (or standby check): `/metrics` serves these
     /// instead of querying per scrape.
-    pub counts: Mutex<Option<crate::views::Counts>>,
+    pub counts: Mutex<Option<crate::store::views::Counts>>,
     pub metrics: Metrics,
     pub leader: AtomicBool,
     /// When the loop (leader) or the standby check (follower) last completed.
@@ -154,7 +160,7 @@ pub struct Shared {
     fleet_signature: Mutex<Option<String>>,
     /// The agent API's short-lived caches (`agent_api.rs`): admitted certificates and what
     /// Git declares of each node.
-    pub agent_caches: crate::agent_api::Caches,
+    pub agent_caches: crate::http::agent::Caches,
 }
 
 /// What one pass did.
@@ -213,7 +219,7 @@ impl Shared {
         Ok(Shared {
             webhook_secrets: WebhookSecrets::load(&config.webhooks)?,
             tokens: Tokens::new(&config.api.tokens),
-            streams: crate::streams::StreamSlots::new(config.api.max_streams, config.api.max_streams_per_token),
+            streams: crate::http::streams::StreamSlots::new(config.api.max_streams, config.api.max_streams_per_token),
             config,
             ledger,
             source,
@@ -225,8 +231,8 @@ impl Shared {
             wrote: tokio::sync::Notify::new(),
             jobs: tokio::sync::Notify::new(),
             settle_hint: tokio::sync::Notify::new(),
-            logs: crate::logs::LogHub::default(),
-            group: crate::group::Group::default(),
+            logs: crate::http::logs::LogHub::default(),
+            group: crate::store::group::Group::default(),
             events_tip: tokio::sync::watch::Sender::new(0),
             counts: Mutex::new(None),
             metrics: Metrics::default(),
@@ -235,7 +241,7 @@ impl Shared {
             passes: AtomicU64::new(0),
             control_identities,
             fleet_signature: Mutex::new(None),
-            agent_caches: crate::agent_api::Caches::default(),
+            agent_caches: crate::http::agent::Caches::default(),
             repo: Mutex::new(None),
         })
     }
@@ -382,7 +388,7 @@ impl Shared {
             .lock()
             .is_ok_and(|s| s.as_deref() == Some(signature.as_str()));
         let moved = if unchanged {
-            crate::deploy::Applied::default()
+            crate::reconcile::deploy::Applied::default()
         } else {
             let moved = self.ledger.replace(branch, now_ms()).await?;
             // What the re-placement wrote changes the signature; take it afresh.
@@ -462,7 +468,7 @@ fn read_small(path: &std::path::Path) -> Result<String, String> {
 pub async fn run_loop(shared: Arc<Shared>, shutdown: tokio::sync::watch::Receiver<bool>) {
     let interval = Duration::from_secs(shared.config.reconcile.interval_seconds);
     let mut backoff = Duration::from_secs(1);
-    let mut lock: Option<crate::ledger::LeaderLock> = None;
+    let mut lock: Option<crate::store::LeaderLock> = None;
     loop {
         if *shutdown.borrow() {
             break;
@@ -558,7 +564,7 @@ pub const LEADERSHIP_CHECK: Duration = Duration::from_millis(200);
 
 /// Whether this daemon still holds the lock; when it does not, it says so (`leader` false, at
 /// once) and lets the lock go, so the loop takes it again or follows.
-async fn still_leading(lock: &mut Option<crate::ledger::LeaderLock>, shared: &Shared) -> bool {
+async fn still_leading(lock: &mut Option<crate::store::LeaderLock>, shared: &Shared) -> bool {
     let held = match lock.as_mut() {
         Some(l) => l.still_held().await,
         None => false,

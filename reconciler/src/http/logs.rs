@@ -9,11 +9,11 @@
 //! Architecture invariant: log lines are never written to the ledger, an event or our own
 //! log; a reader needs the operator role (logs are the application's data).
 
-use crate::agent_api::{caller, json};
-use crate::api::{authorized, read_body, refuse, too_many};
 use crate::config::Role;
-use crate::daemon::Shared;
-use crate::enrolment::{internal, refused};
+use crate::http::agent::{caller, json};
+use crate::http::enrolment::{internal, refused};
+use crate::http::operator::{authorized, read_body, refuse, too_many};
+use crate::reconcile::Shared;
 use agent_proto::{
     LogRequest, LogRequests, LogWait, MAX_LOG_CHUNK_BYTES, MAX_LOG_STREAMS_PER_NODE, MAX_LOG_TAIL_LINES,
     MAX_LOG_WAIT_MS, Refusal,
@@ -281,7 +281,7 @@ pub async fn logs(State(s): State<Arc<Shared>>, headers: HeaderMap, Query(q): Qu
 /// `POST /v1/agent/logs/wait`: this node's log requests, waiting up to `waitMs` for one.
 pub async fn wait(
     State(s): State<Arc<Shared>>,
-    Extension(peer): Extension<Option<crate::api::PeerCert>>,
+    Extension(peer): Extension<Option<crate::http::operator::PeerCert>>,
     body: axum::body::Body,
 ) -> Response {
     let node = match caller(&s, peer).await {
@@ -322,7 +322,7 @@ pub struct ChunkQuery {
 /// log-stream-gone` tells the agent to stop.
 pub async fn chunk(
     State(s): State<Arc<Shared>>,
-    Extension(peer): Extension<Option<crate::api::PeerCert>>,
+    Extension(peer): Extension<Option<crate::http::operator::PeerCert>>,
     Path(id): Path<String>,
     Query(q): Query<ChunkQuery>,
     body: axum::body::Body,

@@ -5,8 +5,8 @@
 //! writes it in one: under load, a hundred agents' calls share one fsync; when idle, a call
 //! goes alone at once.
 
-use crate::daemon::{Shared, now_ms};
-use crate::ledger::{Completion, Lease, Refused};
+use crate::reconcile::{Shared, now_ms};
+use crate::store::{Completion, Lease, Refused};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
 
@@ -114,10 +114,10 @@ fn drain<T>(first: T, rx: &mut mpsc::Receiver<T>) -> Vec<T> {
 /// How many groups are written at once: SQLite has one writer, so one; PostgreSQL writes
 /// several transactions at once (leases meet on the fencing counter's row, completions do
 /// not), so two.
-fn committers(backend: crate::ledger::Backend) -> usize {
+fn committers(backend: crate::store::Backend) -> usize {
     match backend {
-        crate::ledger::Backend::Sqlite => 1,
-        crate::ledger::Backend::Postgres => 2,
+        crate::store::Backend::Sqlite => 1,
+        crate::store::Backend::Postgres => 2,
     }
 }
 

@@ -4,11 +4,11 @@
 //! the jobs targeted at itself (long polling), renews and completes them with their fencing
 //! proof. Every refusal is a code from `agent_proto::Refusal` and records nothing.
 
-use crate::api::{PeerCert, read_body};
-use crate::daemon::{Shared, now_ms};
-use crate::enrolment::{internal, refused};
-use crate::fleet::{CertRefusal, Declared};
-use crate::ledger::{Completion, LeaseToken};
+use crate::http::enrolment::{internal, refused};
+use crate::http::operator::{PeerCert, read_body};
+use crate::reconcile::{Shared, now_ms};
+use crate::store::fleet::{CertRefusal, Declared};
+use crate::store::{Completion, LeaseToken};
 use agent_proto::{
     CompleteRequest, Heartbeat, LeaseProof, LeaseRequest, LeaseResponse, LeasedJob, MAX_AGENT_BODY_BYTES,
     MAX_DETAIL_BYTES, MAX_LEASE_BATCH, MAX_LEASE_WAIT_MS, Outcome, Refusal, RenewRequest,
@@ -34,8 +34,8 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/agent/complete", post(complete))
         .route("/v1/agent/complete-batch", post(complete_batch))
         .route("/v1/agent/certificate", post(certificate))
-        .route("/v1/agent/logs/wait", post(crate::logs::wait))
-        .route("/v1/agent/logs/{id}", post(crate::logs::chunk))
+        .route("/v1/agent/logs/wait", post(crate::http::logs::wait))
+        .route("/v1/agent/logs/{id}", post(crate::http::logs::chunk))
         .with_state(shared)
 }
 
@@ -80,7 +80,7 @@ impl Caches {
 }
 
 /// What the applied branch declares of `node`, from a map rebuilt at most once a second.
-async fn declared(s: &Shared, node: &str) -> Result<Declared, crate::ledger::LedgerError> {
+async fn declared(s: &Shared, node: &str) -> Result<Declared, crate::store::LedgerError> {
     if let Ok(c) = s.agent_caches.declared.lock()
         && let Some((at, map)) = c.as_ref()
         && at.elapsed() < Duration::from_millis(DECLARED_CACHE_MS)
@@ -191,12 +191,12 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
     let mut taken: Vec<i64> = hb
         .taken_subnets
         .iter()
-        .filter_map(|s| crate::placing::subnet_index(s))
+        .filter_map(|s| crate::reconcile::placing::subnet_index(s))
         .collect();
     taken.sort_unstable();
     taken.dedup();
     let taken = taken.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
-    let beat = crate::fleet::Beat {
+    let beat = crate::store::fleet::Beat {
         agent_version: &version,
         capabilities: &capabilities,
         host: hb.host.as_deref(),
@@ -284,7 +284,7 @@ async fn lease_jobs(s: &Shared, node: &str, req: &LeaseRequest) -> Result<LeaseR
                         tracing::warn!(node = %node, job = %l.key, code = why.code, "job cannot be delivered");
                         let done = Completion {
                             token: l.token,
-                            outcome: crate::ledger::Outcome::Permanent(format!("{}: {}", why.code, why.message)),
+                            outcome: crate::store::Outcome::Permanent(format!("{}: {}", why.code, why.message)),
                         };
                         // This daemon's own fresh lease: a refusal cannot come, and would
                         // change nothing.
@@ -294,7 +294,7 @@ async fn lease_jobs(s: &Shared, node: &str, req: &LeaseRequest) -> Result<LeaseR
                 };
                 jobs.push(LeasedJob {
                     key: l.key,
-                    task: crate::delivery::wire_task(&l.task),
+                    task: crate::store::delivery::wire_task(&l.task),
                     execution,
                     attempt: l.attempt,
                     proof: LeaseProof {
@@ -360,9 +360,9 @@ fn checked(req: CompleteRequest) -> Result<Completion, (Refusal, &'static str)> 
         return Err((Refusal::SecretInResult, "a result may not carry secret-shaped values"));
     }
     let outcome = match req.outcome {
-        Outcome::Succeeded => crate::ledger::Outcome::Succeeded,
-        Outcome::Retryable => crate::ledger::Outcome::Retryable(req.detail),
-        Outcome::Permanent => crate::ledger::Outcome::Permanent(req.detail),
+        Outcome::Succeeded => crate::store::Outcome::Succeeded,
+        Outcome::Retryable => crate::store::Outcome::Retryable(req.detail),
+        Outcome::Permanent => crate::store::Outcome::Permanent(req.detail),
     };
     Ok(Completion {
         token: token_of(&req.proof),
@@ -371,10 +371,10 @@ fn checked(req: CompleteRequest) -> Result<Completion, (Refusal, &'static str)> 
 }
 
 /// The ledger's answer to a completion, as the protocol's refusal.
-fn judged(r: Result<(), crate::ledger::Refused>) -> Result<(), (Refusal, &'static str)> {
+fn judged(r: Result<(), crate::store::Refused>) -> Result<(), (Refusal, &'static str)> {
     match r {
         Ok(()) => Ok(()),
-        Err(crate::ledger::Refused::NotYourJob) => Err((Refusal::NotYourJob, "that job is another node's")),
+        Err(crate::store::Refused::NotYourJob) => Err((Refusal::NotYourJob, "that job is another node's")),
         Err(_) => Err((Refusal::StaleFencingToken, "the lease is no longer yours")),
     }
 }

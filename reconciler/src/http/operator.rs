@@ -7,7 +7,7 @@
 
 use crate::auth::{Denied, Forge, verify_webhook};
 use crate::config::Role;
-use crate::daemon::{DURATION_BUCKETS, Shared, now_ms};
+use crate::reconcile::{DURATION_BUCKETS, Shared, now_ms};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
@@ -121,11 +121,11 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/reconcile", post(reconcile))
         .route("/v1/rewrites", get(rewrites))
         .route("/v1/nodes", get(nodes))
-        .route("/v1/logs", get(crate::logs::logs))
+        .route("/v1/logs", get(crate::http::logs::logs))
         .route("/v1/rewrites/approve", post(approve_rewrite))
-        .route("/v1/nodes/{node}/token", post(crate::enrolment::token))
-        .route("/v1/enroll", post(crate::enrolment::enroll))
-        .route("/v1/ca", get(crate::enrolment::ca))
+        .route("/v1/nodes/{node}/token", post(crate::http::enrolment::token))
+        .route("/v1/enroll", post(crate::http::enrolment::enroll))
+        .route("/v1/ca", get(crate::http::enrolment::ca))
         .route("/v1/webhooks/{forge}", post(webhook))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(shared)
@@ -146,7 +146,7 @@ async fn readyz(State(s): App) -> Response {
 
 /// The counts of the last pass (see [`Shared::refresh_counts`]); read once at start when no
 /// pass has run yet.
-async fn cached_counts(s: &Shared) -> Option<crate::views::Counts> {
+async fn cached_counts(s: &Shared) -> Option<crate::store::views::Counts> {
     if let Some(c) = s.counts.lock().ok().and_then(|c| c.clone()) {
         return Some(c);
     }
@@ -357,15 +357,15 @@ async fn approve_rewrite(State(s): App, headers: HeaderMap, body: axum::body::Bo
             .into_response();
     };
     match s.ledger.approve_rewrite(&req.branch, &req.sha, &name, now_ms()).await {
-        Ok(crate::rewrites::Approval::Approved) => {
+        Ok(crate::store::rewrites::Approval::Approved) => {
             tracing::warn!(branch = %req.branch, sha = %req.sha, token = %name, "history rewrite approved");
             s.hint.notify_one();
             (StatusCode::OK, axum::Json(json!({"approved": true}))).into_response()
         }
-        Ok(crate::rewrites::Approval::AlreadyApproved) => {
+        Ok(crate::store::rewrites::Approval::AlreadyApproved) => {
             (StatusCode::OK, axum::Json(json!({"approved": true, "already": true}))).into_response()
         }
-        Ok(crate::rewrites::Approval::NotPending) => (
+        Ok(crate::store::rewrites::Approval::NotPending) => (
             StatusCode::NOT_FOUND,
             axum::Json(json!({"code": "rewrite-not-pending", "message": "that head of that branch was not refused as a rewrite"})),
         )
@@ -395,7 +395,7 @@ async fn events(State(s): App, headers: HeaderMap, Query(q): Query<EventsQuery>)
     }
 }
 
-fn event_json(e: &crate::ledger::Event) -> serde_json::Value {
+fn event_json(e: &crate::store::Event) -> serde_json::Value {
     json!({"id": e.id, "atMs": e.at_ms, "kind": e.kind, "subject": e.subject, "detail": e.detail})
 }
 
@@ -423,7 +423,7 @@ async fn stream(State(s): App, headers: HeaderMap, Query(q): Query<EventsQuery>)
     let state = (
         s,
         cursor,
-        std::collections::VecDeque::<crate::ledger::Event>::new(),
+        std::collections::VecDeque::<crate::store::Event>::new(),
         tip,
         slot,
     );

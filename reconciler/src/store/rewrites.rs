@@ -4,7 +4,7 @@
 //! in force. An admin may approve exactly one such head (`pl revisions approve-rewrite`), which
 //! is then judged like any other commit.
 
-use crate::ledger::{Ledger, LedgerError};
+use crate::store::{Ledger, LedgerError};
 use serde::Serialize;
 use sqlx::Row;
 
@@ -142,7 +142,7 @@ impl Ledger {
     /// caller's transaction: `sha`, judged before, is the commit in force again.
     pub(crate) async fn rewrite_applied(
         &self,
-        tx: &mut crate::ledger::WriteTx,
+        tx: &mut crate::store::WriteTx,
         branch: &str,
         sha: &str,
         accepted: &str,

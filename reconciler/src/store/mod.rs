@@ -5,6 +5,12 @@
 //! (each lease of it takes the next). Renewals and completions must present both; a stale pair
 //! is refused and records nothing. Results and events are append-only, enforced by triggers in the schema.
 
+pub mod delivery;
+pub mod fleet;
+pub mod group;
+pub mod rewrites;
+pub mod views;
+
 use sqlx::any::AnyPoolOptions;
 use sqlx::{AnyPool, Row};
 use state_schema::task::Task;
@@ -67,7 +73,7 @@ impl<'a> JobRow<'a> {
             key: format!("{}#r{revision}", job_key(task, node)),
             task,
             node,
-            max_attempts: crate::deploy::MAX_ATTEMPTS,
+            max_attempts: crate::reconcile::deploy::MAX_ATTEMPTS,
             not_before_ms: now_ms,
             step: None,
         }
@@ -218,7 +224,7 @@ pub struct Ledger {
     writer: Arc<tokio::sync::Mutex<()>>,
     /// The control plane's id, read (or made) once ([`Ledger::control_plane`]).
     control_plane: tokio::sync::OnceCell<String>,
-    /// A heartbeat left out a replica its node reported before ([`crate::drift`]); and when
+    /// A heartbeat left out a replica its node reported before ([`crate::reconcile::drift`]); and when
     /// drift was last looked at in full.
     pub(crate) drift_suspected: std::sync::atomic::AtomicBool,
     pub(crate) drift_checked_ms: std::sync::atomic::AtomicI64,
@@ -780,7 +786,7 @@ impl Ledger {
                     rec.by_state.entry(state).or_default().push(t.job_id);
                 }
                 rec.results.push((t.job_id, t.fencing_token, outcome, detail.clone()));
-                if state == "succeeded" && crate::drift::is_repair(&key) {
+                if state == "succeeded" && crate::reconcile::drift::is_repair(&key) {
                     // `app:<env>/…@<node>`: the environment's event, as the agent's repairs are.
                     let env = key
                         .trim_start_matches("app:")

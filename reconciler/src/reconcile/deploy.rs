@@ -6,7 +6,7 @@
 //! writes nothing. `advance` is level-triggered: it looks at every unfinished deployment and
 //! queues the next step once the current one has succeeded.
 
-use crate::ledger::{JobRow, Ledger, LedgerError};
+use crate::store::{JobRow, Ledger, LedgerError};
 use sqlx::Row;
 use state_repo::revision::Judgement;
 use state_schema::canonical::{self, Secrets};
@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 /// How many attempts a job gets before it is dead.
 pub const MAX_ATTEMPTS: u32 = 5;
 
-type Tx = crate::ledger::WriteTx;
+type Tx = crate::store::WriteTx;
 
 /// What applying one commit did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

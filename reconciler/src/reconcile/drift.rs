@@ -11,7 +11,7 @@
 //! replica started never reads as the replica missing. At most [`MAX_REPAIRS`] repairs per
 //! replica and generation: an application that removes itself is not restarted forever.
 
-use crate::ledger::{Ledger, LedgerError, NewJob};
+use crate::store::{Ledger, LedgerError, NewJob};
 use sqlx::Row;
 use state_schema::task::Task;
 use std::collections::{BTreeMap, BTreeSet};
@@ -210,7 +210,7 @@ impl Ledger {
     /// may have another address.
     pub(crate) async fn republish_after_repair(
         &self,
-        tx: &mut crate::ledger::WriteTx,
+        tx: &mut crate::store::WriteTx,
         key: &str,
         now_ms: i64,
     ) -> Result<(), LedgerError> {
@@ -243,9 +243,9 @@ impl Ledger {
                 repair,
             })
             .collect();
-        let rows: Vec<crate::ledger::JobRow<'_>> = tasks
+        let rows: Vec<crate::store::JobRow<'_>> = tasks
             .iter()
-            .map(|t| crate::ledger::JobRow::new(t, node, 5, now_ms, None))
+            .map(|t| crate::store::JobRow::new(t, node, 5, now_ms, None))
             .collect();
         self.enqueue_in(tx, &rows, now_ms).await?;
         Ok(())

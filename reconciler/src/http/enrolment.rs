@@ -3,11 +3,11 @@
 //! (`POST /v1/enroll`), and anyone may read the control CA (`GET /v1/ca`) to check it against the
 //! fingerprint they were given. Every check comes before any write, the cheap ones first.
 
-use crate::api::{authorized, read_body, refuse};
 use crate::config::Role;
-use crate::daemon::{Shared, now_ms};
-use crate::fleet::{Declared, Enrolment};
+use crate::http::operator::{authorized, read_body, refuse};
 use crate::pki::{PkiError, sign_node_csr};
+use crate::reconcile::{Shared, now_ms};
+use crate::store::fleet::{Declared, Enrolment};
 use agent_proto::{EnrollRequest, EnrollResponse, MAX_ENROLL_BYTES, Refusal, RefusalBody, TokenResponse};
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};

@@ -4,7 +4,7 @@
 //! there is something after its cursor. Streams are counted per token and in total, so one
 //! viewer token cannot hold the API's connections or the ledger's.
 
-use crate::daemon::Shared;
+use crate::reconcile::Shared;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -4,8 +4,8 @@
 //! node and ciphertext hash) so a value is decrypted once per node, not once per lease; the
 //! plaintext exists only inside `pushleft_secrets::reseal`.
 
-use crate::ledger::{Lease, Ledger, LedgerError};
-use crate::placing::subnet;
+use crate::reconcile::placing::subnet;
+use crate::store::{Lease, Ledger, LedgerError};
 use age::Identity;
 use agent_proto::{
     ApplicationSpec, Execution, HealthSpec, IngressSpec, NetworkSpec, SealedSecret, Upstream, container_name,

@@ -1,0 +1,8 @@
+//! The HTTP surfaces: the operator API (`operator.rs`), the agents' API over mutual TLS
+//! (`agent.rs`), enrolment, `pl logs` and event streams.
+
+pub mod agent;
+pub(crate) mod enrolment;
+pub mod logs;
+pub mod operator;
+pub mod streams;
