@@ -459,10 +459,7 @@ fn thousand_deployments(repo: &Repo, agents: &str, dir: &std::path::Path, url: &
         .expect("rt");
     let over = rt.block_on(async {
         let ledger = Ledger::connect(url, 2).await.expect("ledger");
-        let nodes = ledger
-            .nodes("main", reconciler::reconcile::now_ms())
-            .await
-            .expect("nodes");
+        let nodes = ledger.nodes("main", reconciler::store::now_ms()).await.expect("nodes");
         ledger.close().await;
         let placed: usize = nodes.iter().map(|n| n.instances).sum();
         assert_eq!(placed, DEPLOYMENTS, "every replica placed");

@@ -19,8 +19,9 @@ mod repo_support;
 
 use daemon_support::{Daemon, config, free_port, setup};
 use reconciler::config::Config;
-use reconciler::reconcile::{Shared, now_ms};
+use reconciler::reconcile::Reconciler;
 use reconciler::store::Ledger;
+use reconciler::store::now_ms;
 use repo_support::{Repo, environment, git, project};
 use state_schema::synthetic::{Params, generate};
 use std::path::Path;
@@ -79,7 +80,14 @@ async fn plan_and_write(
         let ledger = Ledger::connect(&url, 4).await.expect("connect");
         ledger.migrate().await.expect("migrate");
         dump::nodes_up(&url, &dump::SYNTHETIC_NODES).await;
-        let shared = Arc::new(Shared::new(shared_config(dir, &repo.dir, &url), ledger).expect("shared"));
+        let shared = Arc::new(
+            Reconciler::new(
+                Arc::new(shared_config(dir, &repo.dir, &url)),
+                Arc::new(ledger),
+                Arc::default(),
+            )
+            .expect("shared"),
+        );
         let base = repo.git(&["rev-parse", "HEAD"]);
         repo.git(&["update-ref", "refs/heads/main", &base]);
         shared.pass().await.expect("base pass");

@@ -10,6 +10,7 @@
 pub mod auth;
 pub mod config;
 pub mod http;
+pub mod hub;
 pub mod pki;
 pub mod reconcile;
 pub mod store;

@@ -3,9 +3,19 @@
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
+use reconciler::auth::Tokens;
 use reconciler::config::{Config, Role};
-use reconciler::reconcile::{Shared, run_fetcher, run_loop, watch_local};
+use reconciler::http::agent::{self, Agents};
+use reconciler::http::enrolment::{self, Enrol};
+use reconciler::http::logs::{self, LogHub, Readers, Writers};
+use reconciler::http::operator::{self, Operator};
+use reconciler::http::peer::Peers;
+use reconciler::http::server::{serve, tls_config, tls_config_with};
+use reconciler::http::streams::watch_events;
+use reconciler::hub::Hub;
+use reconciler::reconcile::{Reconciler, run_fetcher, run_loop, watch_local};
 use reconciler::store::Ledger;
+use reconciler::store::group::Group;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -116,7 +126,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::CheckConfig(ConfigArg { config }) => {
             let cfg = Config::load(&config).map_err(|e| anyhow::anyhow!("{e} [{}]", e.code()))?;
             cfg.check_files().map_err(|e| anyhow::anyhow!("{e} [{}]", e.code()))?;
-            reconciler::http::operator::tls_config(&cfg.api.tls_cert, &cfg.api.tls_key).map_err(anyhow::Error::msg)?;
+            tls_config(&cfg.api.tls_cert, &cfg.api.tls_key).map_err(anyhow::Error::msg)?;
             println!("{}: ok", config.display());
             Ok(())
         }
@@ -145,8 +155,7 @@ fn daemon(config: &Path) -> Result<()> {
         .init();
     let cfg = Config::load(config).map_err(|e| anyhow::anyhow!("{e} [{}]", e.code()))?;
     cfg.check_files().map_err(|e| anyhow::anyhow!("{e} [{}]", e.code()))?;
-    let tls =
-        reconciler::http::operator::tls_config(&cfg.api.tls_cert, &cfg.api.tls_key).map_err(anyhow::Error::msg)?;
+    let tls = tls_config(&cfg.api.tls_cert, &cfg.api.tls_key).map_err(anyhow::Error::msg)?;
     runtime()?.block_on(async move {
         let ledger = Ledger::connect(&cfg.ledger.url, cfg.ledger.max_connections)
             .await
@@ -155,46 +164,84 @@ fn daemon(config: &Path) -> Result<()> {
         ledger.migrate().await.context("migrating the ledger")?;
         let listen = cfg.api.listen;
         let max_connections = cfg.api.max_connections;
-        let shared = Arc::new(Shared::new(cfg, ledger)?);
-        let _watcher = watch_local(&shared).context("watching the repository")?;
+        // The composition root: each layer's state, built from the configuration, sharing the
+        // ledger and the hub; no layer builds or imports another's.
+        let config = Arc::new(cfg);
+        let ledger = Arc::new(ledger);
+        let hub = Arc::new(Hub::default());
+        let tokens = Arc::new(Tokens::new(&config.api.tokens));
+        let logs = Arc::new(LogHub::default());
+        let reconciling = Arc::new(Reconciler::new(Arc::clone(&config), Arc::clone(&ledger), Arc::clone(&hub))?);
+        let operator = Arc::new(
+            Operator::new(Arc::clone(&config), Arc::clone(&ledger), Arc::clone(&hub), Arc::clone(&tokens))
+                .map_err(anyhow::Error::msg)?,
+        );
+        let enrol = Arc::new(Enrol {
+            config: Arc::clone(&config),
+            ledger: Arc::clone(&ledger),
+            tokens: Arc::clone(&tokens),
+        });
+        let readers = Arc::new(Readers {
+            tokens: Arc::clone(&tokens),
+            ledger: Arc::clone(&ledger),
+            logs: Arc::clone(&logs),
+        });
+        let _watcher = watch_local(&reconciling).context("watching the repository")?;
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .with_context(|| format!("listening on {listen}"))?;
         tracing::info!(listen = %listener.local_addr().unwrap_or(listen), "serving the API over TLS");
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        let api = tokio::spawn(reconciler::http::operator::serve(
+        let api = tokio::spawn(serve(
             listener,
             tls,
-            reconciler::http::operator::router(Arc::clone(&shared)),
+            operator::router(operator)
+                .merge(enrolment::router(enrol))
+                .merge(logs::reader_router(readers)),
             max_connections,
             stopped.clone(),
         ));
-        let events = tokio::spawn(reconciler::http::streams::watch_events(Arc::clone(&shared), stopped.clone()));
+        let events = tokio::spawn(watch_events(Arc::clone(&ledger), Arc::clone(&hub), stopped.clone()));
         // The agents' API: the same server certificate, and a client certificate from the
         // control CA required to finish the handshake.
         // During a CA rotation, certificates of the CAs in `control.trusted_cas` are accepted too.
-        let agents = match (&shared.config.agent_api, &shared.config.control.ca_cert) {
+        let agents = match (&config.agent_api, &config.control.ca_cert) {
             (Some(a), Some(_)) => {
-                let cas = shared.config.control.client_cas();
-                let tls = reconciler::http::operator::tls_config_with(&shared.config.api.tls_cert, &shared.config.api.tls_key, &cas)
-                    .map_err(anyhow::Error::msg)?;
+                let cas = config.control.client_cas();
+                let tls = tls_config_with(&config.api.tls_cert, &config.api.tls_key, &cas).map_err(anyhow::Error::msg)?;
                 let listener = tokio::net::TcpListener::bind(a.listen)
                     .await
                     .with_context(|| format!("listening on {}", a.listen))?;
                 tracing::info!(listen = %listener.local_addr().unwrap_or(a.listen), "serving the agent API over mutual TLS");
-                tokio::spawn(reconciler::store::group::run(Arc::clone(&shared), stopped.clone()));
-                Some(tokio::spawn(reconciler::http::operator::serve(
+                let group = Arc::new(Group::default());
+                let settle = Arc::clone(&hub);
+                tokio::spawn(reconciler::store::group::run(
+                    Arc::clone(&ledger),
+                    Arc::clone(&group),
+                    Arc::new(move || settle.settle_hint.notify_one()),
+                    stopped.clone(),
+                ));
+                let peers = Arc::new(Peers::new(Arc::clone(&ledger), Arc::clone(&hub)));
+                let writers = Arc::new(Writers {
+                    peers: Arc::clone(&peers),
+                    logs: Arc::clone(&logs),
+                });
+                let agents = Arc::new(
+                    Agents::new(Arc::clone(&config), Arc::clone(&ledger), Arc::clone(&hub), group, peers)
+                        .map_err(anyhow::Error::msg)?,
+                );
+                Some(tokio::spawn(serve(
                     listener,
                     tls,
-                    reconciler::http::agent::router(Arc::clone(&shared)),
+                    agent::router(agents).merge(logs::agent_router(writers)),
                     a.max_connections,
                     stopped.clone(),
                 )))
             }
             _ => None,
         };
-        let fetcher = tokio::spawn(run_fetcher(Arc::clone(&shared), stopped.clone()));
-        let looper = tokio::spawn(run_loop(Arc::clone(&shared), stopped));
+        let fetcher = tokio::spawn(run_fetcher(Arc::clone(&reconciling), stopped.clone()));
+        let looper = tokio::spawn(run_loop(Arc::clone(&reconciling), stopped));
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
@@ -209,7 +256,7 @@ fn daemon(config: &Path) -> Result<()> {
         if let Some(a) = agents {
             a.abort();
         }
-        shared.ledger.close().await;
+        ledger.close().await;
         Ok(())
     })
 }

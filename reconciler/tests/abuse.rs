@@ -10,8 +10,8 @@ mod daemon_support;
 mod repo_support;
 
 use daemon_support::{Daemon, config, free_port, setup};
-use reconciler::reconcile::now_ms;
 use reconciler::store::Ledger;
+use reconciler::store::now_ms;
 use repo_support::{Repo, environment, project};
 use std::io::{BufRead, Read, Write};
 use std::net::TcpStream;

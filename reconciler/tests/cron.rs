@@ -12,7 +12,8 @@ mod postgres_support;
 mod repo_support;
 
 use dump::rows;
-use reconciler::reconcile::{Shared, now_ms};
+use reconciler::reconcile::Reconciler;
+use reconciler::store::now_ms;
 use reconciler::store::{Completion, Ledger, Outcome};
 use repo_support::{DIGEST, Repo, environment};
 use std::path::Path;
@@ -63,7 +64,14 @@ async fn scenario(url: String, dir: &Path) {
     let ledger = Ledger::connect(&url, 4).await.expect("connect");
     ledger.migrate().await.expect("migrate");
     dump::nodes_up(&url, &["n1", "n2"]).await;
-    let shared = Arc::new(Shared::new(config(dir, &repo.dir, &url), ledger).expect("shared"));
+    let shared = Arc::new(
+        Reconciler::new(
+            std::sync::Arc::new(config(dir, &repo.dir, &url)),
+            std::sync::Arc::new(ledger),
+            std::sync::Arc::default(),
+        )
+        .expect("shared"),
+    );
     let ledger = &shared.ledger;
 
     // Nothing is due while the deployment rolls out.

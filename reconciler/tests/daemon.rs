@@ -9,8 +9,8 @@ mod daemon_support;
 mod repo_support;
 
 use daemon_support::{Daemon, config, free_port, setup};
-use reconciler::reconcile::now_ms;
 use reconciler::store::Ledger;
+use reconciler::store::now_ms;
 use repo_support::{Repo, environment, project};
 use std::io::BufRead;
 use std::time::{Duration, Instant};
@@ -158,7 +158,7 @@ async fn end_to_end() {
     );
     let (code, resp) = d.post("/v1/webhooks/gitea", &[("x-gitea-signature", "00")], body);
     assert_eq!((code, resp.contains("webhook-not-configured")), (404, true));
-    let big = vec![b'x'; reconciler::http::operator::MAX_BODY_BYTES + 1];
+    let big = vec![b'x'; reconciler::http::server::MAX_BODY_BYTES + 1];
     assert_eq!(
         d.post("/v1/webhooks/github", &[("x-hub-signature-256", sig.as_str())], &big)
             .0,
@@ -298,7 +298,7 @@ async fn remote_source_fetches_on_webhook() {
     wait_for("main", second.clone()).await;
     wait_for("feature/remote", second).await;
     let deployments = ledger
-        .deployments(None, 1000, reconciler::reconcile::now_ms())
+        .deployments(None, 1000, reconciler::store::now_ms())
         .await
         .expect("deployments");
     assert!(
@@ -316,7 +316,7 @@ async fn remote_source_fetches_on_webhook() {
     let start = Instant::now();
     loop {
         let deployments = ledger
-            .deployments(None, 1000, reconciler::reconcile::now_ms())
+            .deployments(None, 1000, reconciler::store::now_ms())
             .await
             .expect("deployments");
         if deployments

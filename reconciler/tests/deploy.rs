@@ -12,7 +12,8 @@ mod repo_support;
 
 use dump::rows;
 use reconciler::config::Config;
-use reconciler::reconcile::{Shared, now_ms};
+use reconciler::reconcile::Reconciler;
+use reconciler::store::now_ms;
 use reconciler::store::{Completion, Ledger, Outcome};
 use repo_support::{Repo, environment, project};
 use std::path::Path;
@@ -65,7 +66,14 @@ async fn scenario(url: String, dir: &Path) {
     let ledger = Ledger::connect(&url, 4).await.expect("connect");
     ledger.migrate().await.expect("migrate");
     dump::nodes_up(&url, &["n1", "n2"]).await;
-    let shared = Arc::new(Shared::new(config(dir, &repo.dir, &url), ledger).expect("shared"));
+    let shared = Arc::new(
+        Reconciler::new(
+            std::sync::Arc::new(config(dir, &repo.dir, &url)),
+            std::sync::Arc::new(ledger),
+            std::sync::Arc::default(),
+        )
+        .expect("shared"),
+    );
 
     let r = shared.pass().await.expect("pass");
     assert_eq!((r.judged, r.accepted), (1, 1));

@@ -108,7 +108,7 @@ async fn nodes_enrol_once_with_a_token_and_every_refusal_writes_nothing() {
             .collect()
     };
     let ledger = reconciler::store::Ledger::connect(&url, 1).await.expect("ledger");
-    let old = reconciler::reconcile::now_ms() - 16 * 60 * 1000;
+    let old = reconciler::store::now_ms() - 16 * 60 * 1000;
     ledger
         .execute_raw(&format!(
             "INSERT INTO enrolment_tokens (token_hash, node, created_by, created_at, expires_at) VALUES ('{hash}', 'n1', 'test', {old}, {})",

@@ -17,7 +17,7 @@ mod postgres_support;
 mod repo_support;
 
 use daemon_support::{Daemon, Setup, config, free_port, setup};
-use reconciler::reconcile::now_ms;
+use reconciler::store::now_ms;
 use reconciler::store::{Completion, Ledger, NewJob, Outcome};
 use repo_support::{Repo, environment, git, project};
 use state_schema::task::Task;

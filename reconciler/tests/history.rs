@@ -12,7 +12,7 @@ mod repo_support;
 
 use dump::rows;
 use reconciler::config::Config;
-use reconciler::reconcile::Shared;
+use reconciler::reconcile::Reconciler;
 use reconciler::store::Ledger;
 use reconciler::store::rewrites::Approval;
 use repo_support::{Repo, environment, new_key, project};
@@ -20,7 +20,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 /// A daemon's shared state on a SQLite ledger in `dir`, with an optional policy file.
-async fn shared(dir: &Path, repo: &Repo, signers: &str, policy: Option<&str>) -> (Arc<Shared>, String) {
+async fn shared(dir: &Path, repo: &Repo, signers: &str, policy: Option<&str>) -> (Arc<Reconciler>, String) {
     std::fs::write(dir.join("allowed_signers"), signers).expect("signers");
     let url = format!("sqlite://{}", dir.join("ledger.db").display());
     let mut text = format!(
@@ -39,7 +39,12 @@ async fn shared(dir: &Path, repo: &Repo, signers: &str, policy: Option<&str>) ->
     let ledger = Ledger::connect(&url, 4).await.expect("connect");
     ledger.migrate().await.expect("migrate");
     dump::nodes_up(&url, &["n1", "n2"]).await;
-    let shared = Shared::new(Config::load(&path).expect("config loads"), ledger).expect("shared");
+    let shared = Reconciler::new(
+        std::sync::Arc::new(Config::load(&path).expect("config loads")),
+        std::sync::Arc::new(ledger),
+        std::sync::Arc::default(),
+    )
+    .expect("shared");
     (Arc::new(shared), url)
 }
 
@@ -48,7 +53,7 @@ fn base_state(repo: &Repo) {
     repo.write("envs/api-production.yaml", &environment("api-production", "api"));
 }
 
-async fn accepted(s: &Shared, branch: &str) -> Option<String> {
+async fn accepted(s: &Reconciler, branch: &str) -> Option<String> {
     s.ledger.last_accepted(branch).await.expect("last accepted")
 }
 
@@ -226,7 +231,7 @@ async fn a_rebased_preview_in_strict_mode_stalls_nothing() {
         Some(rebased),
         "the rebased preview is judged afresh against its merge base with main"
     );
-    assert_eq!(s.metrics.tick_errors.load(std::sync::atomic::Ordering::Relaxed), 0);
+    assert_eq!(s.hub.metrics.tick_errors.load(std::sync::atomic::Ordering::Relaxed), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -261,7 +266,7 @@ async fn a_retired_key_cannot_sign_with_a_backdated_commit() {
             .result
             .is_ok()
     );
-    let now = reconciler::reconcile::now_ms() / 1000;
+    let now = reconciler::store::now_ms() / 1000;
     let at_now = state.verify_commit(id, &parsed, &[], None, Some(now)).expect("verify");
     assert_eq!(at_now.result.expect_err("retired").code(), "key-not-valid-when-seen");
     let c1 = state.resolve(&c1).expect("resolve").id;

@@ -14,7 +14,8 @@ mod repo_support;
 
 use dump::rows;
 use reconciler::config::Config;
-use reconciler::reconcile::{Shared, now_ms};
+use reconciler::reconcile::Reconciler;
+use reconciler::store::now_ms;
 use reconciler::store::{Completion, Outcome};
 use repo_support::{Repo, environment};
 use std::path::Path;
@@ -62,7 +63,7 @@ async fn placed(url: &str) -> (String, Vec<String>) {
 
 /// Runs every due job of every node that can lease to success, passing between rounds,
 /// until nothing is left that those nodes could take.
-async fn settle(shared: &Arc<Shared>, nodes: &[&str]) {
+async fn settle(shared: &Arc<Reconciler>, nodes: &[&str]) {
     for _ in 0..12 {
         let mut any = false;
         for node in nodes {
@@ -96,7 +97,7 @@ async fn set_last_seen(url: &str, node: &str, ago_ms: i64) {
     ledger.close().await;
 }
 
-async fn no_node_over_capacity(shared: &Shared) {
+async fn no_node_over_capacity(shared: &Reconciler) {
     for n in shared.ledger.nodes("main", now_ms()).await.expect("nodes") {
         assert!(
             n.reserved_cpu_millis <= n.cpu_millis && n.reserved_memory_bytes <= n.memory_bytes,
@@ -118,7 +119,14 @@ async fn scenario(url: String, dir: &Path) {
     let ledger = reconciler::store::Ledger::connect(&url, 4).await.expect("connect");
     ledger.migrate().await.expect("migrate");
     dump::nodes_up(&url, &["n1", "n2"]).await;
-    let shared = Arc::new(Shared::new(config(dir, &repo.dir, &url), ledger).expect("shared"));
+    let shared = Arc::new(
+        Reconciler::new(
+            std::sync::Arc::new(config(dir, &repo.dir, &url)),
+            std::sync::Arc::new(ledger),
+            std::sync::Arc::default(),
+        )
+        .expect("shared"),
+    );
 
     // Spread over the two nodes that heartbeat; n3 has never been heard from.
     shared.pass().await.expect("pass");

@@ -8,7 +8,7 @@
 mod dump;
 
 use proptest::prelude::*;
-use reconciler::reconcile::now_ms;
+use reconciler::store::now_ms;
 use reconciler::store::{Completion, Ledger, Outcome};
 use state_repo::revision::Judgement;
 use state_schema::parse::parse_file;

@@ -4,14 +4,16 @@
 //! the jobs targeted at itself (long polling), renews and completes them with their fencing
 //! proof. Every refusal is a code from `agent_proto::Refusal` and records nothing.
 
-use crate::http::enrolment::{internal, refused};
-use crate::http::operator::{PeerCert, read_body};
-use crate::reconcile::{Shared, now_ms};
-use crate::store::fleet::{CertRefusal, Declared};
-use crate::store::{Completion, LeaseToken};
+use crate::config::Config;
+use crate::http::peer::Peers;
+use crate::http::server::{PeerCert, internal, json, refused};
+use crate::hub::Hub;
+use crate::store::fleet::Declared;
+use crate::store::group::Group;
+use crate::store::{Completion, LeaseToken, Ledger, now_ms};
 use agent_proto::{
-    CompleteRequest, Heartbeat, LeaseProof, LeaseRequest, LeaseResponse, LeasedJob, MAX_AGENT_BODY_BYTES,
-    MAX_DETAIL_BYTES, MAX_LEASE_BATCH, MAX_LEASE_WAIT_MS, Outcome, Refusal, RenewRequest,
+    CompleteRequest, Heartbeat, LeaseProof, LeaseRequest, LeaseResponse, LeasedJob, MAX_DETAIL_BYTES, MAX_LEASE_BATCH,
+    MAX_LEASE_WAIT_MS, Outcome, Refusal, RenewRequest,
 };
 use axum::Router;
 use axum::extract::{Extension, State};
@@ -23,10 +25,55 @@ use std::time::{Duration, Instant};
 /// How long a lease lasts before it must be renewed.
 pub const LEASE_TTL_MS: i64 = 30_000;
 
-type App = State<Arc<Shared>>;
+/// How long what Git declares of the nodes is reused by leases.
+pub const DECLARED_CACHE_MS: u64 = 1_000;
+
+/// The agent API's own state.
+pub struct Agents {
+    pub config: Arc<Config>,
+    pub ledger: Arc<Ledger>,
+    pub hub: Arc<Hub>,
+    /// The group commit its leases and completions go through.
+    pub group: Arc<Group>,
+    pub peers: Arc<Peers>,
+    /// The control host's age identities (`control.age_identity`): they reseal secrets to
+    /// nodes at lease time. Empty when none is configured.
+    pub control_identities: Vec<Box<dyn age::Identity + Send + Sync>>,
+    /// What Git declares of each node, reused for [`DECLARED_CACHE_MS`].
+    declared: std::sync::Mutex<Option<(Instant, std::collections::HashMap<String, Declared>)>>,
+}
+
+impl Agents {
+    /// Reads the control host's age identity, if one is configured.
+    pub fn new(
+        config: Arc<Config>,
+        ledger: Arc<Ledger>,
+        hub: Arc<Hub>,
+        group: Arc<Group>,
+        peers: Arc<Peers>,
+    ) -> Result<Agents, String> {
+        let control_identities = match &config.control.age_identity {
+            Some(p) => pushleft_secrets::load_identities(p)
+                .map_err(|e| format!("control.age_identity {}: {}", p.display(), e.code()))?,
+            None => Vec::new(),
+        };
+        Ok(Agents {
+            config,
+            ledger,
+            hub,
+            group,
+            peers,
+            control_identities,
+            declared: std::sync::Mutex::new(None),
+        })
+    }
+}
+
+type App = State<Arc<Agents>>;
 type Peer = Extension<Option<PeerCert>>;
 
-pub fn router(shared: Arc<Shared>) -> Router {
+/// The agent API's own routes; the composition root merges `pl logs`' agent side.
+pub fn router(state: Arc<Agents>) -> Router {
     Router::new()
         .route("/v1/agent/heartbeat", post(heartbeat))
         .route("/v1/agent/lease", post(lease))
@@ -34,54 +81,12 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/agent/complete", post(complete))
         .route("/v1/agent/complete-batch", post(complete_batch))
         .route("/v1/agent/certificate", post(certificate))
-        .route("/v1/agent/logs/wait", post(crate::http::logs::wait))
-        .route("/v1/agent/logs/{id}", post(crate::http::logs::chunk))
-        .with_state(shared)
-}
-
-/// How long an admitted certificate is admitted without asking the ledger again. Revocations
-/// this daemon makes (a retired node, a renewed certificate's first use) clear it at once; one
-/// another daemon makes takes effect here within this bound.
-pub const CERTIFICATE_CACHE_MS: u64 = 5_000;
-/// How long what Git declares of the nodes is reused by leases.
-pub const DECLARED_CACHE_MS: u64 = 1_000;
-
-/// Short-lived caches that keep per-request ledger reads off the agent API's hot path.
-#[derive(Default)]
-pub struct Caches {
-    /// Admitted certificates: fingerprint → (node, not after, when admitted).
-    certificates: std::sync::Mutex<std::collections::HashMap<String, (String, i64, Instant)>>,
-    declared: std::sync::Mutex<Option<(Instant, std::collections::HashMap<String, Declared>)>>,
-}
-
-impl Caches {
-    pub fn forget_certificates(&self) {
-        if let Ok(mut c) = self.certificates.lock() {
-            c.clear();
-        }
-    }
-
-    fn certificate(&self, fingerprint: &str, now_ms: i64) -> Option<String> {
-        let c = self.certificates.lock().ok()?;
-        let (node, not_after, at) = c.get(fingerprint)?;
-        (*not_after > now_ms && at.elapsed() < Duration::from_millis(CERTIFICATE_CACHE_MS)).then(|| node.clone())
-    }
-
-    fn admit(&self, fingerprint: &str, node: &str, not_after: i64) {
-        if let Ok(mut c) = self.certificates.lock() {
-            // A node's new certificate, on its first use, revokes the one it renewed.
-            c.retain(|f, (n, _, _)| n != node || f == fingerprint);
-            if c.len() > 100_000 {
-                c.clear();
-            }
-            c.insert(fingerprint.to_owned(), (node.to_owned(), not_after, Instant::now()));
-        }
-    }
+        .with_state(state)
 }
 
 /// What the applied branch declares of `node`, from a map rebuilt at most once a second.
-async fn declared(s: &Shared, node: &str) -> Result<Declared, crate::store::LedgerError> {
-    if let Ok(c) = s.agent_caches.declared.lock()
+async fn declared(s: &Agents, node: &str) -> Result<Declared, crate::store::LedgerError> {
+    if let Ok(c) = s.declared.lock()
         && let Some((at, map)) = c.as_ref()
         && at.elapsed() < Duration::from_millis(DECLARED_CACHE_MS)
     {
@@ -89,46 +94,10 @@ async fn declared(s: &Shared, node: &str) -> Result<Declared, crate::store::Ledg
     }
     let map = s.ledger.declared_nodes(&s.config.source.branch).await?;
     let answer = map.get(node).cloned().unwrap_or(Declared::No);
-    if let Ok(mut c) = s.agent_caches.declared.lock() {
+    if let Ok(mut c) = s.declared.lock() {
         *c = Some((Instant::now(), map));
     }
     Ok(answer)
-}
-
-/// The calling node, from its client certificate.
-pub(crate) async fn caller(s: &Shared, peer: Option<PeerCert>) -> Result<String, Response> {
-    caller_and_certificate(s, peer).await.map(|(node, _)| node)
-}
-
-/// The calling node and its certificate's fingerprint.
-async fn caller_and_certificate(s: &Shared, peer: Option<PeerCert>) -> Result<(String, String), Response> {
-    let Some(PeerCert(fingerprint)) = peer else {
-        return Err(refused(Refusal::CertificateRevoked, "no client certificate"));
-    };
-    let now = now_ms();
-    if let Some(node) = s.agent_caches.certificate(&fingerprint, now) {
-        return Ok((node, fingerprint));
-    }
-    match s.ledger.node_of_certificate(&fingerprint, now).await {
-        Ok(Ok((node, not_after))) => {
-            s.agent_caches.admit(&fingerprint, &node, not_after);
-            Ok((node, fingerprint))
-        }
-        Ok(Err(CertRefusal::Expired)) => Err(refused(Refusal::CertificateExpired, "the certificate has expired")),
-        Ok(Err(_)) => Err(refused(
-            Refusal::CertificateRevoked,
-            "the certificate is not one the control plane holds valid",
-        )),
-        Err(e) => Err(internal(e)),
-    }
-}
-
-/// A bounded JSON body.
-pub(crate) async fn json<T: serde::de::DeserializeOwned>(body: axum::body::Body) -> Result<T, Response> {
-    let bytes = read_body(body, MAX_AGENT_BODY_BYTES)
-        .await
-        .map_err(IntoResponse::into_response)?;
-    serde_json::from_slice(&bytes).map_err(|_| refused(Refusal::MalformedRequest, "the body is not the expected JSON"))
 }
 
 fn token_of(p: &LeaseProof) -> LeaseToken {
@@ -140,7 +109,7 @@ fn token_of(p: &LeaseProof) -> LeaseToken {
 }
 
 /// Refuses a proof for another node's job before anything is written.
-async fn own_job(s: &Shared, node: &str, job_id: i64) -> Result<(), Response> {
+async fn own_job(s: &Agents, node: &str, job_id: i64) -> Result<(), Response> {
     match s.ledger.job_nodes(&[job_id]).await {
         Ok(found) if found.iter().any(|(_, n)| n == node) => Ok(()),
         Ok(found) if found.is_empty() => Err(refused(Refusal::StaleFencingToken, "no such lease")),
@@ -150,7 +119,7 @@ async fn own_job(s: &Shared, node: &str, job_id: i64) -> Result<(), Response> {
 }
 
 async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body) -> Response {
-    let node = match caller(&s, peer).await {
+    let node = match s.peers.caller(peer).await {
         Ok(n) => n,
         Err(r) => return r,
     };
@@ -191,7 +160,7 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
     let mut taken: Vec<i64> = hb
         .taken_subnets
         .iter()
-        .filter_map(|s| crate::reconcile::placing::subnet_index(s))
+        .filter_map(|s| crate::store::rows::subnet_index(s))
         .collect();
     taken.sort_unstable();
     taken.dedup();
@@ -209,7 +178,7 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
             if changed {
                 // The node is ready (again) or can run other things: re-place now, not at the
                 // next interval.
-                s.hint.notify_one();
+                s.hub.hint.notify_one();
             }
             axum::Json(serde_json::json!({"node": node})).into_response()
         }
@@ -220,7 +189,7 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
 /// Leases up to `max` (at most 8) of the caller's own jobs, waiting up to `waitMs` for one:
 /// woken at once by this daemon's writes, and every 50 ms for another leader's.
 async fn lease(State(s): App, Extension(peer): Peer, body: axum::body::Body) -> Response {
-    let node = match caller(&s, peer).await {
+    let node = match s.peers.caller(peer).await {
         Ok(n) => n,
         Err(r) => return r,
     };
@@ -242,7 +211,7 @@ enum LeaseError {
 }
 
 /// The lease itself, for `lease` and for the lease that comes with a `complete-batch`.
-async fn lease_jobs(s: &Shared, node: &str, req: &LeaseRequest) -> Result<LeaseResponse, LeaseError> {
+async fn lease_jobs(s: &Agents, node: &str, req: &LeaseRequest) -> Result<LeaseResponse, LeaseError> {
     let internal = |e: &dyn std::fmt::Display| LeaseError::Internal(e.to_string());
     // A draining node gets no new work: only what takes its old work away (each removal
     // queued after its replacement elsewhere is healthy).
@@ -262,7 +231,7 @@ async fn lease_jobs(s: &Shared, node: &str, req: &LeaseRequest) -> Result<LeaseR
     let wait = Duration::from_millis(req.wait_ms.min(MAX_LEASE_WAIT_MS));
     let started = Instant::now();
     loop {
-        let woken = s.jobs.notified();
+        let woken = s.hub.jobs.notified();
         let leases = s
             .group
             .lease(node, max, removals_only, LEASE_TTL_MS)
@@ -326,7 +295,7 @@ async fn lease_jobs(s: &Shared, node: &str, req: &LeaseRequest) -> Result<LeaseR
 }
 
 async fn renew(State(s): App, Extension(peer): Peer, body: axum::body::Body) -> Response {
-    let node = match caller(&s, peer).await {
+    let node = match s.peers.caller(peer).await {
         Ok(n) => n,
         Err(r) => return r,
     };
@@ -381,7 +350,7 @@ fn judged(r: Result<(), crate::store::Refused>) -> Result<(), (Refusal, &'static
 
 /// One completion, judged alone: its refusal (recording nothing), or recorded.
 async fn complete_one(
-    s: &Shared,
+    s: &Agents,
     node: &str,
     req: CompleteRequest,
 ) -> Result<Result<(), (Refusal, &'static str)>, String> {
@@ -394,7 +363,7 @@ async fn complete_one(
 }
 
 async fn complete(State(s): App, Extension(peer): Peer, body: axum::body::Body) -> Response {
-    let node = match caller(&s, peer).await {
+    let node = match s.peers.caller(peer).await {
         Ok(n) => n,
         Err(r) => return r,
     };
@@ -412,7 +381,7 @@ async fn complete(State(s): App, Extension(peer): Peer, body: axum::body::Body) 
 /// Several completions in one request, each judged alone; they share the group's
 /// transaction.
 async fn complete_batch(State(s): App, Extension(peer): Peer, body: axum::body::Body) -> Response {
-    let node = match caller(&s, peer).await {
+    let node = match s.peers.caller(peer).await {
         Ok(n) => n,
         Err(r) => return r,
     };
@@ -473,7 +442,7 @@ async fn complete_batch(State(s): App, Extension(peer): Peer, body: axum::body::
 
 /// Renews the caller's certificate from a new key's signing request.
 async fn certificate(State(s): App, Extension(peer): Peer, body: axum::body::Body) -> Response {
-    let (node, old) = match caller_and_certificate(&s, peer).await {
+    let (node, old) = match s.peers.caller_and_certificate(peer).await {
         Ok(x) => x,
         Err(r) => return r,
     };

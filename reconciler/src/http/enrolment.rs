@@ -3,54 +3,35 @@
 //! (`POST /v1/enroll`), and anyone may read the control CA (`GET /v1/ca`) to check it against the
 //! fingerprint they were given. Every check comes before any write, the cheap ones first.
 
-use crate::config::Role;
-use crate::http::operator::{authorized, read_body, refuse};
+use crate::auth::Tokens;
+use crate::config::{Config, Role};
+use crate::http::server::{authorized, internal, read_body, refuse, refused};
 use crate::pki::{PkiError, sign_node_csr};
-use crate::reconcile::{Shared, now_ms};
 use crate::store::fleet::{Declared, Enrolment};
-use agent_proto::{EnrollRequest, EnrollResponse, MAX_ENROLL_BYTES, Refusal, RefusalBody, TokenResponse};
+use crate::store::{Ledger, now_ms};
+use agent_proto::{EnrollRequest, EnrollResponse, MAX_ENROLL_BYTES, Refusal, TokenResponse};
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
 
-/// A refusal as the agent protocol answers it.
-pub(crate) fn refused(r: Refusal, message: &str) -> Response {
-    let status = match r {
-        Refusal::TokenUnknown
-        | Refusal::TokenUsed
-        | Refusal::TokenExpired
-        | Refusal::TokenWrongNode
-        | Refusal::CertificateRevoked
-        | Refusal::CertificateExpired => StatusCode::UNAUTHORIZED,
-        Refusal::NodeNotDeclared => StatusCode::NOT_FOUND,
-        Refusal::NodeRetired | Refusal::NodeDraining | Refusal::NotYourJob => StatusCode::FORBIDDEN,
-        Refusal::CsrInvalid
-        | Refusal::CsrNameMismatch
-        | Refusal::RecipientInvalid
-        | Refusal::MalformedRequest
-        | Refusal::SecretInResult => StatusCode::BAD_REQUEST,
-        Refusal::StaleFencingToken => StatusCode::CONFLICT,
-        Refusal::LogStreamGone => StatusCode::GONE,
-        Refusal::NoControlCa => StatusCode::SERVICE_UNAVAILABLE,
-    };
-    let body = RefusalBody {
-        code: r,
-        message: message.to_owned(),
-    };
-    (status, axum::Json(body)).into_response()
+/// Enrolment's own state.
+pub struct Enrol {
+    pub config: Arc<Config>,
+    pub ledger: Arc<Ledger>,
+    pub tokens: Arc<Tokens>,
 }
 
-pub(crate) fn internal(e: impl std::fmt::Display) -> Response {
-    tracing::warn!(error = %e, "enrolment failed");
-    (
-        StatusCode::SERVICE_UNAVAILABLE,
-        axum::Json(serde_json::json!({"code": "ledger-unavailable", "message": "try again"})),
-    )
-        .into_response()
+/// Enrolment's routes, on the operator API.
+pub fn router(state: Arc<Enrol>) -> axum::Router {
+    axum::Router::new()
+        .route("/v1/nodes/{node}/token", axum::routing::post(token))
+        .route("/v1/enroll", axum::routing::post(enroll))
+        .route("/v1/ca", axum::routing::get(ca))
+        .with_state(state)
 }
 
-async fn declared(s: &Shared, node: &str) -> Result<(), Response> {
+async fn declared(s: &Enrol, node: &str) -> Result<(), Response> {
     match s.ledger.declared_node(&s.config.source.branch, node).await {
         Ok(Declared::Yes { .. } | Declared::Draining { .. }) => Ok(()),
         Ok(Declared::Retired) => Err(refused(Refusal::NodeRetired, "the node is retired in Git")),
@@ -63,8 +44,8 @@ async fn declared(s: &Shared, node: &str) -> Result<(), Response> {
 }
 
 /// `POST /v1/nodes/{node}/token` (operator): a one-time token, valid 15 minutes.
-pub async fn token(State(s): State<Arc<Shared>>, Path(node): Path<String>, headers: HeaderMap) -> Response {
-    let by = match authorized(&s, &headers, Role::Operator) {
+pub async fn token(State(s): State<Arc<Enrol>>, Path(node): Path<String>, headers: HeaderMap) -> Response {
+    let by = match authorized(&s.tokens, &headers, Role::Operator) {
         Ok(n) => n.to_owned(),
         Err(d) => return refuse(d),
     };
@@ -91,7 +72,7 @@ pub async fn token(State(s): State<Arc<Shared>>, Path(node): Path<String>, heade
 }
 
 /// `POST /v1/enroll`: a token, a signing request and an age recipient in; a certificate out.
-pub async fn enroll(State(s): State<Arc<Shared>>, body: axum::body::Body) -> Response {
+pub async fn enroll(State(s): State<Arc<Enrol>>, body: axum::body::Body) -> Response {
     let body = match read_body(body, MAX_ENROLL_BYTES).await {
         Ok(b) => b,
         Err(e) => return e.into_response(),
@@ -162,7 +143,7 @@ pub async fn enroll(State(s): State<Arc<Shared>>, body: axum::body::Body) -> Res
 
 /// `GET /v1/ca`: the control CA certificate, public, for an agent to check against the
 /// fingerprint it was given before it trusts anything else.
-pub async fn ca(State(s): State<Arc<Shared>>) -> Response {
+pub async fn ca(State(s): State<Arc<Enrol>>) -> Response {
     if s.config.control.ca_cert.is_none() {
         return refused(Refusal::NoControlCa, "the control plane has no CA configured");
     }

@@ -9,11 +9,11 @@
 //! Architecture invariant: log lines are never written to the ledger, an event or our own
 //! log; a reader needs the operator role (logs are the application's data).
 
+use crate::auth::Tokens;
 use crate::config::Role;
-use crate::http::agent::{caller, json};
-use crate::http::enrolment::{internal, refused};
-use crate::http::operator::{authorized, read_body, refuse, too_many};
-use crate::reconcile::Shared;
+use crate::http::peer::Peers;
+use crate::http::server::{PeerCert, authorized, internal, json, read_body, refuse, refused, too_many};
+use crate::store::Ledger;
 use agent_proto::{
     LogRequest, LogRequests, LogWait, MAX_LOG_CHUNK_BYTES, MAX_LOG_STREAMS_PER_NODE, MAX_LOG_TAIL_LINES,
     MAX_LOG_WAIT_MS, Refusal,
@@ -46,6 +46,34 @@ struct Open {
     /// When its agent last posted (or it was opened).
     heard: std::time::Instant,
     tx: mpsc::Sender<Bytes>,
+}
+
+/// `pl logs`' reader side, on the operator API.
+pub struct Readers {
+    pub tokens: Arc<Tokens>,
+    pub ledger: Arc<Ledger>,
+    pub logs: Arc<LogHub>,
+}
+
+/// `pl logs`' agent side, on the agent API.
+pub struct Writers {
+    pub peers: Arc<Peers>,
+    pub logs: Arc<LogHub>,
+}
+
+/// `GET /v1/logs`, for the operator API.
+pub fn reader_router(state: Arc<Readers>) -> axum::Router {
+    axum::Router::new()
+        .route("/v1/logs", axum::routing::get(logs))
+        .with_state(state)
+}
+
+/// `/v1/agent/logs/…`, for the agent API.
+pub fn agent_router(state: Arc<Writers>) -> axum::Router {
+    axum::Router::new()
+        .route("/v1/agent/logs/wait", axum::routing::post(wait))
+        .route("/v1/agent/logs/{id}", axum::routing::post(chunk))
+        .with_state(state)
 }
 
 /// The open log streams, by request id.
@@ -171,8 +199,8 @@ fn refusal(status: StatusCode, code: &str, message: String) -> Response {
 
 /// `GET /v1/logs?environment=E&role=R[&tail=N][&follow=true]`: the role's lines from every node
 /// that runs it, each line prefixed by its replica (`web/0 g3 | …`), as `text/plain`.
-pub async fn logs(State(s): State<Arc<Shared>>, headers: HeaderMap, Query(q): Query<LogsQuery>) -> Response {
-    if let Err(d) = authorized(&s, &headers, Role::Operator) {
+pub async fn logs(State(s): State<Arc<Readers>>, headers: HeaderMap, Query(q): Query<LogsQuery>) -> Response {
+    if let Err(d) = authorized(&s.tokens, &headers, Role::Operator) {
         return refuse(d);
     }
     let name_ok = |n: &str| {
@@ -280,11 +308,11 @@ pub async fn logs(State(s): State<Arc<Shared>>, headers: HeaderMap, Query(q): Qu
 
 /// `POST /v1/agent/logs/wait`: this node's log requests, waiting up to `waitMs` for one.
 pub async fn wait(
-    State(s): State<Arc<Shared>>,
-    Extension(peer): Extension<Option<crate::http::operator::PeerCert>>,
+    State(s): State<Arc<Writers>>,
+    Extension(peer): Extension<Option<PeerCert>>,
     body: axum::body::Body,
 ) -> Response {
-    let node = match caller(&s, peer).await {
+    let node = match s.peers.caller(peer).await {
         Ok(n) => n,
         Err(r) => return r,
     };
@@ -321,13 +349,13 @@ pub struct ChunkQuery {
 /// [`MAX_LOG_CHUNK_BYTES`]; empty to ask whether the reader is still there). `410
 /// log-stream-gone` tells the agent to stop.
 pub async fn chunk(
-    State(s): State<Arc<Shared>>,
-    Extension(peer): Extension<Option<crate::http::operator::PeerCert>>,
+    State(s): State<Arc<Writers>>,
+    Extension(peer): Extension<Option<PeerCert>>,
     Path(id): Path<String>,
     Query(q): Query<ChunkQuery>,
     body: axum::body::Body,
 ) -> Response {
-    let node = match caller(&s, peer).await {
+    let node = match s.peers.caller(peer).await {
         Ok(n) => n,
         Err(r) => return r,
     };

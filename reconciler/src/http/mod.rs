@@ -2,7 +2,9 @@
 //! (`agent.rs`), enrolment, `pl logs` and event streams.
 
 pub mod agent;
-pub(crate) mod enrolment;
+pub mod enrolment;
 pub mod logs;
 pub mod operator;
+pub mod peer;
+pub mod server;
 pub mod streams;

@@ -5,11 +5,16 @@
 //! Every `/v1` route checks its bearer token and role first: a refused request reads and
 //! writes nothing. Webhooks are checked with their forge's own signature instead.
 
+use crate::auth::Tokens;
 use crate::auth::{Denied, Forge, verify_webhook};
+use crate::config::Config;
 use crate::config::Role;
-use crate::reconcile::{DURATION_BUCKETS, Shared, now_ms};
+use crate::http::server::MAX_BODY_BYTES;
+use crate::http::server::{authorize, authorized, internal, read_body, refuse, too_many};
+use crate::http::streams::StreamSlots;
+use crate::hub::{DURATION_BUCKETS, Hub};
+use crate::store::{Ledger, now_ms};
 use axum::Router;
-use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -18,96 +23,77 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::json;
 use std::fmt::Write as _;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
+use zeroize::Zeroizing;
 
-/// The largest request body accepted (webhooks are the only large bodies).
-pub const MAX_BODY_BYTES: usize = 1024 * 1024;
 /// The most rows one page returns.
 pub const MAX_PAGE: u32 = 1000;
-/// How long a client may take to finish its TLS handshake.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a client may take to send a request's headers (and to start the next request on
-/// a kept-alive connection).
-pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a client may take to send a request's body.
-pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
-type App = State<Arc<Shared>>;
-
-pub(crate) fn refuse(d: Denied) -> Response {
-    let status = match d {
-        Denied::BadToken | Denied::BadSignature => StatusCode::UNAUTHORIZED,
-        Denied::InsufficientRole => StatusCode::FORBIDDEN,
-        Denied::WebhookNotConfigured => StatusCode::NOT_FOUND,
-    };
-    (status, axum::Json(json!({"code": d.code(), "message": d.message()}))).into_response()
+/// The operator API's own state.
+pub struct Operator {
+    pub config: Arc<Config>,
+    pub ledger: Arc<Ledger>,
+    pub hub: Arc<Hub>,
+    pub tokens: Arc<Tokens>,
+    pub webhook_secrets: WebhookSecrets,
+    /// Open event streams, by token and in total.
+    pub streams: Arc<StreamSlots>,
 }
 
-fn internal(e: impl std::fmt::Display) -> Response {
-    tracing::warn!(error = %e, "request failed");
-    (
-        StatusCode::SERVICE_UNAVAILABLE,
-        axum::Json(json!({"code": "ledger-unavailable", "message": "the ledger did not answer; try again"})),
-    )
-        .into_response()
-}
-
-/// The refusal to send, if the request's token may not do what `needs` asks.
-fn authorize(s: &Shared, headers: &HeaderMap, needs: Role) -> Option<Response> {
-    authorized(s, headers, needs).err().map(refuse)
-}
-
-/// The name of the request's token, when it may do what `needs` asks.
-pub(crate) fn authorized<'s>(s: &'s Shared, headers: &HeaderMap, needs: Role) -> Result<&'s str, Denied> {
-    let header = headers.get("authorization").and_then(|v| v.to_str().ok());
-    s.tokens.authorize(header, needs)
-}
-
-pub(crate) fn too_many(code: &str, message: &str) -> Response {
-    (
-        StatusCode::TOO_MANY_REQUESTS,
-        axum::Json(json!({"code": code, "message": message})),
-    )
-        .into_response()
-}
-
-/// Why a request body was not read.
-pub(crate) enum BodyError {
-    TooLarge(usize),
-    Timeout,
-}
-
-impl IntoResponse for BodyError {
-    fn into_response(self) -> Response {
-        match self {
-            BodyError::TooLarge(limit) => (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                axum::Json(
-                    json!({"code": "body-too-large", "message": format!("the body is larger than {limit} bytes")}),
-                ),
-            )
-                .into_response(),
-            BodyError::Timeout => (
-                StatusCode::REQUEST_TIMEOUT,
-                axum::Json(json!({"code": "body-timeout", "message": "the body did not arrive in time"})),
-            )
-                .into_response(),
-        }
+impl Operator {
+    /// Reads the webhook secrets (a missing file stops the start).
+    pub fn new(
+        config: Arc<Config>,
+        ledger: Arc<Ledger>,
+        hub: Arc<Hub>,
+        tokens: Arc<Tokens>,
+    ) -> Result<Operator, String> {
+        Ok(Operator {
+            webhook_secrets: WebhookSecrets::load(&config.webhooks)?,
+            streams: StreamSlots::new(config.api.max_streams, config.api.max_streams_per_token),
+            config,
+            ledger,
+            hub,
+            tokens,
+        })
     }
 }
 
-/// Reads a request body up to `limit` bytes within [`BODY_TIMEOUT`].
-pub(crate) async fn read_body(body: axum::body::Body, limit: usize) -> Result<Bytes, BodyError> {
-    match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, limit)).await {
-        Ok(Ok(b)) => Ok(b),
-        Ok(Err(_)) => Err(BodyError::TooLarge(limit)),
-        Err(_) => Err(BodyError::Timeout),
+/// The shared secrets of the configured webhooks; `None` for a forge not configured.
+#[derive(Default)]
+pub struct WebhookSecrets {
+    pub github: Option<Zeroizing<Vec<u8>>>,
+    pub gitea: Option<Zeroizing<Vec<u8>>>,
+    pub gitlab: Option<Zeroizing<Vec<u8>>>,
+}
+
+impl WebhookSecrets {
+    fn load(c: &crate::config::WebhookConfig) -> Result<WebhookSecrets, String> {
+        let read = |p: &Option<PathBuf>| -> Result<Option<Zeroizing<Vec<u8>>>, String> {
+            let Some(p) = p else { return Ok(None) };
+            let text = Zeroizing::new(crate::config::read_small(p).map_err(|e| format!("{}: {e}", p.display()))?);
+            let secret = text.trim_end().as_bytes().to_vec();
+            if secret.is_empty() {
+                return Err(format!("{}: the webhook secret is empty", p.display()));
+            }
+            Ok(Some(Zeroizing::new(secret)))
+        };
+        Ok(WebhookSecrets {
+            github: read(&c.github_secret_file)?,
+            gitea: read(&c.gitea_secret_file)?,
+            gitlab: read(&c.gitlab_token_file)?,
+        })
     }
 }
 
-pub fn router(shared: Arc<Shared>) -> Router {
+/// What every part of the daemon shares.
+type App = State<Arc<Operator>>;
+
+/// The operator API's own routes; the composition root merges enrolment's and `pl logs`'.
+pub fn router(state: Arc<Operator>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -121,21 +107,17 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .route("/v1/reconcile", post(reconcile))
         .route("/v1/rewrites", get(rewrites))
         .route("/v1/nodes", get(nodes))
-        .route("/v1/logs", get(crate::http::logs::logs))
         .route("/v1/rewrites/approve", post(approve_rewrite))
-        .route("/v1/nodes/{node}/token", post(crate::http::enrolment::token))
-        .route("/v1/enroll", post(crate::http::enrolment::enroll))
-        .route("/v1/ca", get(crate::http::enrolment::ca))
         .route("/v1/webhooks/{forge}", post(webhook))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(shared)
+        .with_state(state)
 }
 
 async fn readyz(State(s): App) -> Response {
     let ledger = s.ledger.ping().await.is_ok();
-    let age = now_ms() - s.last_tick_ms.load(Ordering::Relaxed);
+    let age = now_ms() - s.hub.last_tick_ms.load(Ordering::Relaxed);
     let ticked = age <= 30_000;
-    let body = json!({"ledger": ledger, "loopTickedMsAgo": age, "leader": s.leader.load(Ordering::Relaxed)});
+    let body = json!({"ledger": ledger, "loopTickedMsAgo": age, "leader": s.hub.leader.load(Ordering::Relaxed)});
     let code = if ledger && ticked {
         StatusCode::OK
     } else {
@@ -144,14 +126,14 @@ async fn readyz(State(s): App) -> Response {
     (code, axum::Json(body)).into_response()
 }
 
-/// The counts of the last pass (see [`Shared::refresh_counts`]); read once at start when no
+/// The counts of the last pass (see [`Hub::refresh_counts`]); read once at start when no
 /// pass has run yet.
-async fn cached_counts(s: &Shared) -> Option<crate::store::views::Counts> {
-    if let Some(c) = s.counts.lock().ok().and_then(|c| c.clone()) {
+async fn cached_counts(s: &Operator) -> Option<crate::store::views::Counts> {
+    if let Some(c) = s.hub.counts.lock().ok().and_then(|c| c.clone()) {
         return Some(c);
     }
-    s.refresh_counts(false).await;
-    s.counts.lock().ok().and_then(|c| c.clone())
+    s.hub.refresh_counts(&s.ledger, false).await;
+    s.hub.counts.lock().ok().and_then(|c| c.clone())
 }
 
 /// Unauthenticated, so it serves the values of the last pass: a scrape (or a flood of them)
@@ -160,7 +142,7 @@ async fn metrics(State(s): App) -> Response {
     let Some(counts) = cached_counts(&s).await else {
         return internal("no counts yet");
     };
-    let m = &s.metrics;
+    let m = &s.hub.metrics;
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -216,12 +198,16 @@ async fn metrics(State(s): App) -> Response {
         "# HELP pushleft_leader Whether this daemon reconciles (1) or stands by (0)."
     );
     let _ = writeln!(out, "# TYPE pushleft_leader gauge");
-    let _ = writeln!(out, "pushleft_leader {}", u8::from(s.leader.load(Ordering::Relaxed)));
+    let _ = writeln!(
+        out,
+        "pushleft_leader {}",
+        u8::from(s.hub.leader.load(Ordering::Relaxed))
+    );
     ([("content-type", "text/plain; version=0.0.4")], out).into_response()
 }
 
 async fn status(State(s): App, headers: HeaderMap) -> Response {
-    if let Some(r) = authorize(&s, &headers, Role::Viewer) {
+    if let Some(r) = authorize(&s.tokens, &headers, Role::Viewer) {
         return r;
     }
     // An authenticated status is read live: an operator waiting on a rollout wants now.
@@ -235,8 +221,8 @@ async fn status(State(s): App, headers: HeaderMap) -> Response {
         (Err(e), _) | (_, Err(e)) => return internal(e),
     };
     axum::Json(json!({
-        "leader": s.leader.load(Ordering::Relaxed),
-        "lastPassMsAgo": now_ms() - s.last_tick_ms.load(Ordering::Relaxed),
+        "leader": s.hub.leader.load(Ordering::Relaxed),
+        "lastPassMsAgo": now_ms() - s.hub.last_tick_ms.load(Ordering::Relaxed),
         "branch": branch,
         "inForce": accepted,
         "lastJudged": judged,
@@ -273,7 +259,7 @@ fn page<T: serde::Serialize, C: serde::Serialize>(
 }
 
 async fn revisions(State(s): App, headers: HeaderMap, Query(q): Query<ListQuery>) -> Response {
-    if let Some(r) = authorize(&s, &headers, Role::Viewer) {
+    if let Some(r) = authorize(&s.tokens, &headers, Role::Viewer) {
         return r;
     }
     let n = limit(&q, 50);
@@ -284,7 +270,7 @@ async fn revisions(State(s): App, headers: HeaderMap, Query(q): Query<ListQuery>
 }
 
 async fn deployments(State(s): App, headers: HeaderMap, Query(q): Query<ListQuery>) -> Response {
-    if let Some(r) = authorize(&s, &headers, Role::Viewer) {
+    if let Some(r) = authorize(&s.tokens, &headers, Role::Viewer) {
         return r;
     }
     let n = limit(&q, 100);
@@ -295,7 +281,7 @@ async fn deployments(State(s): App, headers: HeaderMap, Query(q): Query<ListQuer
 }
 
 async fn jobs(State(s): App, headers: HeaderMap, Query(q): Query<ListQuery>) -> Response {
-    if let Some(r) = authorize(&s, &headers, Role::Viewer) {
+    if let Some(r) = authorize(&s.tokens, &headers, Role::Viewer) {
         return r;
     }
     let n = limit(&q, 100);
@@ -312,7 +298,7 @@ async fn jobs(State(s): App, headers: HeaderMap, Query(q): Query<ListQuery>) -> 
 /// Every declared node: pool, lifecycle state, capacity, last heartbeat, agent version,
 /// replicas placed.
 async fn nodes(State(s): App, headers: HeaderMap) -> Response {
-    if let Some(r) = authorize(&s, &headers, Role::Viewer) {
+    if let Some(r) = authorize(&s.tokens, &headers, Role::Viewer) {
         return r;
     }
     match s.ledger.nodes(&s.config.source.branch, now_ms()).await {
@@ -323,7 +309,7 @@ async fn nodes(State(s): App, headers: HeaderMap) -> Response {
 
 /// Heads of the applied branch refused as rewrites, newest first.
 async fn rewrites(State(s): App, headers: HeaderMap, Query(q): Query<ListQuery>) -> Response {
-    if let Some(r) = authorize(&s, &headers, Role::Viewer) {
+    if let Some(r) = authorize(&s.tokens, &headers, Role::Viewer) {
         return r;
     }
     match s.ledger.rewrites(limit(&q, 50)).await {
@@ -341,7 +327,7 @@ struct ApproveRewrite {
 
 /// Approves one refused rewrite (admin): recorded as an event naming the token.
 async fn approve_rewrite(State(s): App, headers: HeaderMap, body: axum::body::Body) -> Response {
-    let name = match authorized(&s, &headers, Role::Admin) {
+    let name = match authorized(&s.tokens, &headers, Role::Admin) {
         Ok(n) => n.to_owned(),
         Err(d) => return refuse(d),
     };
@@ -359,7 +345,7 @@ async fn approve_rewrite(State(s): App, headers: HeaderMap, body: axum::body::Bo
     match s.ledger.approve_rewrite(&req.branch, &req.sha, &name, now_ms()).await {
         Ok(crate::store::rewrites::Approval::Approved) => {
             tracing::warn!(branch = %req.branch, sha = %req.sha, token = %name, "history rewrite approved");
-            s.hint.notify_one();
+            s.hub.hint.notify_one();
             (StatusCode::OK, axum::Json(json!({"approved": true}))).into_response()
         }
         Ok(crate::store::rewrites::Approval::AlreadyApproved) => {
@@ -381,7 +367,7 @@ struct EventsQuery {
 }
 
 async fn events(State(s): App, headers: HeaderMap, Query(q): Query<EventsQuery>) -> Response {
-    if let Some(r) = authorize(&s, &headers, Role::Viewer) {
+    if let Some(r) = authorize(&s.tokens, &headers, Role::Viewer) {
         return r;
     }
     let after = q.after.unwrap_or(0);
@@ -404,7 +390,7 @@ fn event_json(e: &crate::store::Event) -> serde_json::Value {
 /// A stream reads the ledger only when the event watcher says there is something past its
 /// cursor; streams are limited per token and in total (`429 too-many-streams`).
 async fn stream(State(s): App, headers: HeaderMap, Query(q): Query<EventsQuery>) -> Response {
-    let token = match authorized(&s, &headers, Role::Viewer) {
+    let token = match authorized(&s.tokens, &headers, Role::Viewer) {
         Ok(name) => name.to_owned(),
         Err(d) => return refuse(d),
     };
@@ -419,7 +405,7 @@ async fn stream(State(s): App, headers: HeaderMap, Query(q): Query<EventsQuery>)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<i64>().ok());
     let cursor = resume.or(q.after).unwrap_or(0);
-    let tip = s.events_tip.subscribe();
+    let tip = s.hub.events_tip.subscribe();
     let state = (
         s,
         cursor,
@@ -456,15 +442,15 @@ async fn stream(State(s): App, headers: HeaderMap, Query(q): Query<EventsQuery>)
 }
 
 async fn reconcile(State(s): App, headers: HeaderMap) -> Response {
-    if let Some(r) = authorize(&s, &headers, Role::Operator) {
+    if let Some(r) = authorize(&s.tokens, &headers, Role::Operator) {
         return r;
     }
-    let before = s.passes.load(Ordering::Relaxed);
-    s.fetch_hint.notify_one();
-    s.hint.notify_one();
+    let before = s.hub.passes.load(Ordering::Relaxed);
+    s.hub.fetch_hint.notify_one();
+    s.hub.hint.notify_one();
     (
         StatusCode::ACCEPTED,
-        axum::Json(json!({"leader": s.leader.load(Ordering::Relaxed), "passesBefore": before})),
+        axum::Json(json!({"leader": s.hub.leader.load(Ordering::Relaxed), "passesBefore": before})),
     )
         .into_response()
 }
@@ -495,121 +481,7 @@ async fn webhook(State(s): App, Path(forge): Path<String>, headers: HeaderMap, b
         return refuse(d);
     }
     tracing::info!(forge = ?forge, "webhook: fetching now");
-    s.fetch_hint.notify_one();
-    s.hint.notify_one();
+    s.hub.fetch_hint.notify_one();
+    s.hub.hint.notify_one();
     (StatusCode::ACCEPTED, axum::Json(json!({"accepted": true}))).into_response()
-}
-
-/// The fingerprint (SHA-256 of the DER, hex) of the client certificate a connection presented.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PeerCert(pub String);
-
-/// Loads the API's TLS certificate chain and key (PEM).
-pub fn tls_config(cert: &std::path::Path, key: &std::path::Path) -> Result<rustls::ServerConfig, String> {
-    tls_config_with(cert, key, &[])
-}
-
-/// The agent API's TLS: a client certificate signed by the control CA (`client_ca`) is
-/// required to finish the handshake.
-pub fn tls_config_with(
-    cert: &std::path::Path,
-    key: &std::path::Path,
-    client_cas: &[&std::path::Path],
-) -> Result<rustls::ServerConfig, String> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| format!("{}: {e}", cert.display()))?
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("{}: {e}", cert.display()))?;
-    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| format!("{}: {e}", key.display()))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?;
-    let builder = if client_cas.is_empty() {
-        builder.with_no_client_auth()
-    } else {
-        {
-            let mut roots = rustls::RootCertStore::empty();
-            for ca in client_cas {
-                for c in CertificateDer::pem_file_iter(ca).map_err(|e| format!("{}: {e}", ca.display()))? {
-                    roots
-                        .add(c.map_err(|e| format!("{}: {e}", ca.display()))?)
-                        .map_err(|e| format!("{}: {e}", ca.display()))?;
-                }
-            }
-            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                .build()
-                .map_err(|e| e.to_string())?;
-            builder.with_client_cert_verifier(verifier)
-        }
-    };
-    builder.with_single_cert(certs, key).map_err(|e| e.to_string())
-}
-
-/// Serves the API over TLS on `listener` until `shutdown` turns true, at most
-/// `max_connections` at once: past that a new connection is closed as soon as it is
-/// accepted, so held-open sockets cannot exhaust the daemon's file descriptors. Each
-/// connection gets [`HANDSHAKE_TIMEOUT`] for TLS and [`HEADER_TIMEOUT`] for each request's
-/// headers.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    tls: rustls::ServerConfig,
-    app: Router,
-    max_connections: usize,
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
-) {
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
-    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
-    loop {
-        let (tcp, peer) = tokio::select! {
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    // EMFILE and friends: back off a little; connections in progress finish
-                    // or time out and free descriptors.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            _ = shutdown.changed() => break,
-        };
-        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
-            tracing::debug!(%peer, "connection limit reached; closing");
-            drop(tcp);
-            continue;
-        };
-        let acceptor = acceptor.clone();
-        let app = app.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(t)) => t,
-                _ => {
-                    tracing::debug!(%peer, "TLS handshake failed or timed out");
-                    return;
-                }
-            };
-            // The client certificate (the agent API requires one): its SHA-256, for handlers to
-            // look the node up by.
-            let peer_cert = tls
-                .get_ref()
-                .1
-                .peer_certificates()
-                .and_then(|c| c.first())
-                .map(|c| PeerCert(agent_proto::cert_fingerprint(c.as_ref())));
-            let app = app.layer(axum::Extension(peer_cert));
-            let service = hyper_util::service::TowerToHyperService::new(app);
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .max_buf_size(64 * 1024)
-                .serve_connection(hyper_util::rt::TokioIo::new(tls), service);
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, error = %e, "connection ended");
-            }
-        });
-    }
 }

@@ -4,7 +4,8 @@
 //! there is something after its cursor. Streams are counted per token and in total, so one
 //! viewer token cannot hold the API's connections or the ledger's.
 
-use crate::reconcile::Shared;
+use crate::hub::Hub;
+use crate::store::Ledger;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -71,14 +72,14 @@ impl Drop for StreamSlot {
     }
 }
 
-/// Publishes the newest event id on `shared.events_tip` until shutdown.
-pub async fn watch_events(shared: Arc<Shared>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+/// Publishes the newest event id on `hub.events_tip` until shutdown.
+pub async fn watch_events(ledger: Arc<Ledger>, hub: Arc<Hub>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
     loop {
         if *shutdown.borrow() {
             break;
         }
-        if let Ok(tip) = shared.ledger.last_event_id().await {
-            shared.events_tip.send_if_modified(|t| {
+        if let Ok(tip) = ledger.last_event_id().await {
+            hub.events_tip.send_if_modified(|t| {
                 let newer = tip > *t;
                 if newer {
                     *t = tip;
@@ -87,7 +88,7 @@ pub async fn watch_events(shared: Arc<Shared>, mut shutdown: tokio::sync::watch:
             });
         }
         tokio::select! {
-            _ = shared.wrote.notified() => {}
+            _ = hub.wrote.notified() => {}
             _ = tokio::time::sleep(TIP_POLL) => {}
             _ = shutdown.changed() => {}
         }

@@ -2,14 +2,15 @@
 //! branch only moves forward; a rebased preview is judged against its merge base with the
 //! applied branch's accepted commit), then judging and applying them oldest first.
 
-use crate::reconcile::{DaemonError, PassReport, Shared, now_ms};
+use crate::reconcile::{DaemonError, PassReport, Reconciler};
+use crate::store::now_ms;
 use crate::store::rewrites::RewriteStatus;
 use gix::ObjectId;
 use state_repo::revision::{Preview, Trust, judge};
 use state_repo::source::Commit;
 use std::sync::Arc;
 
-/// What the ledger says of a branch, for [`Shared::decide`].
+/// What the ledger says of a branch, for [`Reconciler::decide`].
 struct BranchState {
     head: ObjectId,
     preview: bool,
@@ -31,7 +32,7 @@ enum Catchup {
     Rewritten { accepted: ObjectId },
 }
 
-impl Shared {
+impl Reconciler {
     /// Which commits of a branch to judge, and against what (blocking: it walks Git).
     ///
     /// The applied branch only moves forward: a head that does not descend from the last

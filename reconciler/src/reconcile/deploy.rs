@@ -6,6 +6,7 @@
 //! writes nothing. `advance` is level-triggered: it looks at every unfinished deployment and
 //! queues the next step once the current one has succeeded.
 
+use crate::store::rows::MAX_ATTEMPTS;
 use crate::store::{JobRow, Ledger, LedgerError};
 use sqlx::Row;
 use state_repo::revision::Judgement;
@@ -15,9 +16,6 @@ use state_schema::placement::Waiting;
 use state_schema::release::{self, Change};
 use state_schema::values::Name;
 use std::collections::{BTreeMap, BTreeSet};
-
-/// How many attempts a job gets before it is dead.
-pub const MAX_ATTEMPTS: u32 = 5;
 
 type Tx = crate::store::WriteTx;
 

@@ -11,6 +11,7 @@
 //! replica started never reads as the replica missing. At most [`MAX_REPAIRS`] repairs per
 //! replica and generation: an application that removes itself is not restarted forever.
 
+use crate::store::rows::{Placed, repair_of};
 use crate::store::{Ledger, LedgerError, NewJob};
 use sqlx::Row;
 use state_schema::task::Task;
@@ -27,35 +28,11 @@ pub const MAX_REPAIRS: u32 = 20;
 /// placement is a read of every deployment, so it is not every pass's.
 pub const FULL_CHECK_MS: i64 = 60_000;
 
-/// The part of a stored spec that drift and the deployments view read: where each replica is
-/// placed (parsed without the rest of the spec).
-#[derive(serde::Deserialize)]
-pub(crate) struct Placed {
-    #[serde(default)]
-    pub(crate) instances: Vec<state_schema::desired::Instance>,
-}
-
 /// A replica as a heartbeat reports it: environment, role, index, generation.
 type Reported = (String, String, u32, u64);
 /// A placed replica its node's fresh report leaves out: the replica, its node, and when that
 /// node was heard from.
 type Missing = (String, String, u32, u64, String, i64);
-
-/// Whether a job key is a repair of a replica (`…:ensure#r<n>@node`).
-pub fn is_repair(key: &str) -> bool {
-    key.starts_with("app:") && key.contains(":ensure#r")
-}
-
-/// The environment, generation, repair number and node of a repair's job key,
-/// `app:<env>/<role>/<i>:g<generation>:ensure#r<n>@<node>`.
-pub fn repair_of(key: &str) -> Option<(&str, u64, u32, &str)> {
-    let rest = key.strip_prefix("app:")?;
-    let (environment, rest) = rest.split_once('/')?;
-    let (rest, node) = rest.rsplit_once('@')?;
-    let (rest, repair) = rest.rsplit_once(":ensure#r")?;
-    let (_, generation) = rest.rsplit_once(":g")?;
-    Some((environment, generation.parse().ok()?, repair.parse().ok()?, node))
-}
 
 impl Ledger {
     /// A heartbeat left out a replica its node reported before: the next pass looks.
@@ -254,7 +231,8 @@ impl Ledger {
 
 #[cfg(test)]
 mod tests {
-    use super::{is_repair, repair_of};
+    use crate::store::rows::is_repair;
+    use crate::store::rows::repair_of;
 
     #[test]
     fn repairs_are_told_by_their_keys() {

@@ -9,9 +9,9 @@ pub mod deploy;
 pub mod drift;
 pub mod placing;
 
-use crate::auth::Tokens;
 use crate::config::Config;
-use crate::store::{Ledger, LedgerError};
+use crate::hub::Hub;
+use crate::store::{Ledger, LedgerError, now_ms};
 use gix::ObjectId;
 use state_repo::source::{SourceError, StateRepo};
 use state_repo::trust::allowed_signers::{self, AllowedSigner};
@@ -19,9 +19,8 @@ use state_repo::trust::policy::{self, Policy};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-use zeroize::Zeroizing;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -37,39 +36,6 @@ pub enum DaemonError {
     Join(String),
 }
 
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
-/// The bounds of the reconcile-duration histogram, in seconds.
-pub const DURATION_BUCKETS: [f64; 8] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0];
-
-/// Counters the `/metrics` endpoint shows next to what it reads from the ledger.
-#[derive(Default)]
-pub struct Metrics {
-    pub ticks: AtomicU64,
-    pub tick_errors: AtomicU64,
-    /// Cumulative counts per bucket of `DURATION_BUCKETS`, then the sum in microseconds.
-    pub buckets: [AtomicU64; 8],
-    pub duration_sum_us: AtomicU64,
-}
-
-impl Metrics {
-    fn observe(&self, d: Duration) {
-        let secs = d.as_secs_f64();
-        for (i, b) in DURATION_BUCKETS.iter().enumerate() {
-            if secs <= *b {
-                self.buckets[i].fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.duration_sum_us
-            .fetch_add(u64::try_from(d.as_micros()).unwrap_or(u64::MAX), Ordering::Relaxed);
-        self.ticks.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
 /// Where branches come from.
 pub enum Source {
     /// A local repository, read directly.
@@ -83,84 +49,19 @@ pub enum Source {
     },
 }
 
-/// The shared secrets of the configured webhooks; `None` for a forge not configured.
-#[derive(Default)]
-pub struct WebhookSecrets {
-    pub github: Option<Zeroizing<Vec<u8>>>,
-    pub gitea: Option<Zeroizing<Vec<u8>>>,
-    pub gitlab: Option<Zeroizing<Vec<u8>>>,
-}
-
-impl WebhookSecrets {
-    fn load(c: &crate::config::WebhookConfig) -> Result<WebhookSecrets, DaemonError> {
-        let read = |p: &Option<PathBuf>| -> Result<Option<Zeroizing<Vec<u8>>>, DaemonError> {
-            let Some(p) = p else { return Ok(None) };
-            let text = Zeroizing::new(read_small(p).map_err(|e| DaemonError::Config(format!("{}: {e}", p.display())))?);
-            let secret = text.trim_end().as_bytes().to_vec();
-            if secret.is_empty() {
-                return Err(DaemonError::Config(format!(
-                    "{}: the webhook secret is empty",
-                    p.display()
-                )));
-            }
-            Ok(Some(Zeroizing::new(secret)))
-        };
-        Ok(WebhookSecrets {
-            github: read(&c.github_secret_file)?,
-            gitea: read(&c.gitea_secret_file)?,
-            gitlab: read(&c.gitlab_token_file)?,
-        })
-    }
-}
-
-/// What every part of the daemon shares.
-pub struct Shared {
-    pub config: Config,
-    pub ledger: Ledger,
-    pub tokens: Tokens,
+pub struct Reconciler {
+    pub config: Arc<Config>,
+    pub ledger: Arc<Ledger>,
+    /// The signals to and from the other layers, and what the loop observed.
+    pub hub: Arc<Hub>,
     pub source: Source,
     /// The repository, opened once (for a remote, after its first fetch made the cache).
     repo: Mutex<Option<Arc<StateRepo>>>,
     pub signers: Vec<AllowedSigner>,
-    /// Webhook secrets by forge, read once at start (a missing file stops the start).
-    pub webhook_secrets: WebhookSecrets,
     pub policy: Option<Policy>,
     previews: globset::GlobSet,
-    /// Wakes the loop early.
-    pub hint: tokio::sync::Notify,
-    /// Wakes the remote fetcher early (webhooks).
-    pub fetch_hint: tokio::sync::Notify,
-    /// Wakes the event watcher after this daemon wrote.
-    pub wrote: tokio::sync::Notify,
-    /// Wakes agents' long-polling leases after this daemon queued jobs.
-    pub jobs: tokio::sync::Notify,
-    /// Wakes the loop for the ledger-only part of a pass (`settle`): agents completed jobs.
-    pub settle_hint: tokio::sync::Notify,
-    /// The open `pl logs` streams (see `logs.rs`).
-    pub logs: crate::http::logs::LogHub,
-    /// The agent API's group commit (see `group.rs`).
-    pub group: crate::store::group::Group,
-    /// The newest event id, published by [`crate::http::streams::watch_events`] to every stream.
-    pub events_tip: tokio::sync::watch::Sender<i64>,
-    /// Open event streams, by token and in total.
-    pub streams: Arc<crate::http::streams::StreamSlots>,
-    /// The ledger's counts as of the last pass (or standby check): `/metrics` serves these
-    /// instead of querying per scrape.
-    pub counts: Mutex<Option<crate::store::views::Counts>>,
-    pub metrics: Metrics,
-    pub leader: AtomicBool,
-    /// When the loop (leader) or the standby check (follower) last completed.
-    pub last_tick_ms: AtomicI64,
-    /// Completed passes, for `reconcile --now` to wait on.
-    pub passes: AtomicU64,
-    /// The control host's age identities (`control.age_identity`): they reseal secrets to
-    /// nodes at lease time. Empty when none is configured.
-    pub control_identities: Vec<Box<dyn age::Identity + Send + Sync>>,
     /// The fleet as of the last re-placement (`Ledger::fleet_signature`).
     fleet_signature: Mutex<Option<String>>,
-    /// The agent API's short-lived caches (`agent_api.rs`): admitted certificates and what
-    /// Git declares of each node.
-    pub agent_caches: crate::http::agent::Caches,
 }
 
 /// What one pass did.
@@ -174,26 +75,23 @@ pub struct PassReport {
     pub advanced: usize,
 }
 
-impl Shared {
-    /// Reads the trust files and builds the shared state. The ledger is connected already.
-    pub fn new(config: Config, ledger: Ledger) -> Result<Shared, DaemonError> {
+impl Reconciler {
+    /// Reads the trust files and builds the reconcile layer's state. The ledger is connected
+    /// already.
+    pub fn new(config: Arc<Config>, ledger: Arc<Ledger>, hub: Arc<Hub>) -> Result<Reconciler, DaemonError> {
         let trust = |path: &PathBuf, message: String| DaemonError::Trust {
             path: path.clone(),
             message,
         };
-        let text = read_small(&config.trust.allowed_signers).map_err(|e| trust(&config.trust.allowed_signers, e))?;
+        let text = crate::config::read_small(&config.trust.allowed_signers)
+            .map_err(|e| trust(&config.trust.allowed_signers, e))?;
         let signers = allowed_signers::parse(&text).map_err(|e| trust(&config.trust.allowed_signers, e.to_string()))?;
         let policy = match &config.trust.policy {
             Some(p) => {
-                let text = read_small(p).map_err(|e| trust(p, e))?;
+                let text = crate::config::read_small(p).map_err(|e| trust(p, e))?;
                 Some(policy::parse(&text).map_err(|e| trust(p, e.to_string()))?)
             }
             None => None,
-        };
-        let control_identities = match &config.control.age_identity {
-            Some(p) => pushleft_secrets::load_identities(p)
-                .map_err(|e| DaemonError::Config(format!("control.age_identity {}: {}", p.display(), e.code())))?,
-            None => Vec::new(),
         };
         ledger.set_lost_after_ms(config.control.lost_after_seconds.saturating_mul(1000));
         let mut globs = globset::GlobSetBuilder::new();
@@ -216,32 +114,15 @@ impl Shared {
                 ));
             }
         };
-        Ok(Shared {
-            webhook_secrets: WebhookSecrets::load(&config.webhooks)?,
-            tokens: Tokens::new(&config.api.tokens),
-            streams: crate::http::streams::StreamSlots::new(config.api.max_streams, config.api.max_streams_per_token),
+        Ok(Reconciler {
             config,
             ledger,
+            hub,
             source,
             signers,
             policy,
             previews,
-            hint: tokio::sync::Notify::new(),
-            fetch_hint: tokio::sync::Notify::new(),
-            wrote: tokio::sync::Notify::new(),
-            jobs: tokio::sync::Notify::new(),
-            settle_hint: tokio::sync::Notify::new(),
-            logs: crate::http::logs::LogHub::default(),
-            group: crate::store::group::Group::default(),
-            events_tip: tokio::sync::watch::Sender::new(0),
-            counts: Mutex::new(None),
-            metrics: Metrics::default(),
-            leader: AtomicBool::new(false),
-            last_tick_ms: AtomicI64::new(0),
-            passes: AtomicU64::new(0),
-            control_identities,
             fleet_signature: Mutex::new(None),
-            agent_caches: crate::http::agent::Caches::default(),
             repo: Mutex::new(None),
         })
     }
@@ -316,7 +197,7 @@ impl Shared {
                     Ok(()) => {}
                     Err(DaemonError::Ledger(e)) => return Err(DaemonError::Ledger(e)),
                     Err(e) => {
-                        self.metrics.tick_errors.fetch_add(1, Ordering::Relaxed);
+                        self.hub.metrics.tick_errors.fetch_add(1, Ordering::Relaxed);
                         tracing::warn!(branch = %branch, head = %head, error = %e, "cannot judge this branch now; the other branches go on");
                     }
                 }
@@ -341,7 +222,7 @@ impl Shared {
         // A node retired in Git loses every certificate at once.
         let revoked = self.ledger.revoke_retired(&self.config.source.branch, now_ms()).await?;
         if revoked > 0 {
-            self.agent_caches.forget_certificates();
+            self.hub.revocations.fetch_add(1, Ordering::Relaxed);
             tracing::info!(certificates = revoked, "revoked the certificates of retired nodes");
         }
         report.advanced = self.settle().await?;
@@ -362,13 +243,13 @@ impl Shared {
             report.advanced += cron.queued.len() + cron.skipped.len();
         }
         let wrote = report.judged + report.teardowns + report.advanced > 0;
-        self.refresh_counts(wrote).await;
-        self.metrics.observe(started.elapsed());
-        self.last_tick_ms.store(now_ms(), Ordering::Relaxed);
-        self.passes.fetch_add(1, Ordering::Relaxed);
+        self.hub.refresh_counts(&self.ledger, wrote).await;
+        self.hub.metrics.observe(started.elapsed());
+        self.hub.last_tick_ms.store(now_ms(), Ordering::Relaxed);
+        self.hub.passes.fetch_add(1, Ordering::Relaxed);
         if wrote {
-            self.wrote.notify_waiters();
-            self.jobs.notify_waiters();
+            self.hub.wrote.notify_waiters();
+            self.hub.jobs.notify_waiters();
         }
         Ok(report)
     }
@@ -409,29 +290,6 @@ impl Shared {
         Ok(advanced)
     }
 
-    /// Reads the ledger's counts for `/metrics`: after a pass that wrote, and otherwise at
-    /// most once a second.
-    pub async fn refresh_counts(&self, wrote: bool) {
-        let fresh = !wrote
-            && self
-                .counts
-                .lock()
-                .ok()
-                .and_then(|c| c.as_ref().map(|c| now_ms() - c.at_ms < 1000))
-                .unwrap_or(false);
-        if fresh {
-            return;
-        }
-        match self.ledger.counts(now_ms()).await {
-            Ok(c) => {
-                if let Ok(mut slot) = self.counts.lock() {
-                    *slot = Some(c);
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "cannot read the ledger's counts"),
-        }
-    }
-
     /// Fetches the remote (no-op for a local source) and records its branches.
     pub async fn fetch(self: &Arc<Self>) -> Result<bool, state_repo::remote::FetchError> {
         let Source::Remote { url, dir, .. } = &self.source else {
@@ -455,17 +313,9 @@ impl Shared {
     }
 }
 
-fn read_small(path: &std::path::Path) -> Result<String, String> {
-    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
-    if meta.len() > 1024 * 1024 {
-        return Err("larger than 1 MiB".into());
-    }
-    std::fs::read_to_string(path).map_err(|e| e.to_string())
-}
-
 /// Runs the loop while this daemon leads: a pass at least every `interval`, sooner on a hint.
 /// Transient errors back off (1 s doubling to 1 min) and the loop goes on.
-pub async fn run_loop(shared: Arc<Shared>, shutdown: tokio::sync::watch::Receiver<bool>) {
+pub async fn run_loop(shared: Arc<Reconciler>, shutdown: tokio::sync::watch::Receiver<bool>) {
     let interval = Duration::from_secs(shared.config.reconcile.interval_seconds);
     let mut backoff = Duration::from_secs(1);
     let mut lock: Option<crate::store::LeaderLock> = None;
@@ -490,7 +340,7 @@ pub async fn run_loop(shared: Arc<Shared>, shutdown: tokio::sync::watch::Receive
             }
         }
         let is_leader = lock.is_some();
-        if shared.leader.swap(is_leader, Ordering::Relaxed) && !is_leader {
+        if shared.hub.leader.swap(is_leader, Ordering::Relaxed) && !is_leader {
             tracing::warn!("lost the lead: another daemon reconciles");
         }
         let wait = if is_leader {
@@ -503,7 +353,7 @@ pub async fn run_loop(shared: Arc<Shared>, shutdown: tokio::sync::watch::Receive
                     interval
                 }
                 Err(e) => {
-                    shared.metrics.tick_errors.fetch_add(1, Ordering::Relaxed);
+                    shared.hub.metrics.tick_errors.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "pass failed; retrying");
                     let w = backoff;
                     backoff = (backoff * 2).min(Duration::from_secs(60));
@@ -513,8 +363,8 @@ pub async fn run_loop(shared: Arc<Shared>, shutdown: tokio::sync::watch::Receive
         } else {
             // A follower serves reads and leases; it checks the ledger and retries the lock.
             if shared.ledger.ping().await.is_ok() {
-                shared.last_tick_ms.store(now_ms(), Ordering::Relaxed);
-                shared.refresh_counts(false).await;
+                shared.hub.last_tick_ms.store(now_ms(), Ordering::Relaxed);
+                shared.hub.refresh_counts(&shared.ledger, false).await;
             }
             Duration::from_millis(1000)
         };
@@ -529,22 +379,22 @@ pub async fn run_loop(shared: Arc<Shared>, shutdown: tokio::sync::watch::Receive
         loop {
             tokio::select! {
                 _ = tokio::time::sleep_until(deadline) => break,
-                _ = shared.hint.notified() => break,
+                _ = shared.hub.hint.notified() => break,
                 _ = sd.changed() => break,
                 _ = check.tick(), if is_leader => {
                     if !still_leading(&mut lock, &shared).await {
                         break;
                     }
                 }
-                _ = shared.settle_hint.notified(), if is_leader => {
+                _ = shared.hub.settle_hint.notified(), if is_leader => {
                     tokio::time::sleep(SETTLE_DELAY).await;
                     if !still_leading(&mut lock, &shared).await {
                         break;
                     }
                     match shared.settle().await {
                         Ok(n) if n > 0 => {
-                            shared.wrote.notify_waiters();
-                            shared.jobs.notify_waiters();
+                            shared.hub.wrote.notify_waiters();
+                            shared.hub.jobs.notify_waiters();
                         }
                         Ok(_) => {}
                         Err(e) => tracing::warn!(error = %e, "settling after completions failed; the next pass retries"),
@@ -564,14 +414,14 @@ pub const LEADERSHIP_CHECK: Duration = Duration::from_millis(200);
 
 /// Whether this daemon still holds the lock; when it does not, it says so (`leader` false, at
 /// once) and lets the lock go, so the loop takes it again or follows.
-async fn still_leading(lock: &mut Option<crate::store::LeaderLock>, shared: &Shared) -> bool {
+async fn still_leading(lock: &mut Option<crate::store::LeaderLock>, shared: &Reconciler) -> bool {
     let held = match lock.as_mut() {
         Some(l) => l.still_held().await,
         None => false,
     };
     if !held {
         *lock = None;
-        if shared.leader.swap(false, Ordering::Relaxed) {
+        if shared.hub.leader.swap(false, Ordering::Relaxed) {
             tracing::warn!("lost the lead: the lock is gone (PostgreSQL restarted, or its session ended)");
         }
     }
@@ -580,7 +430,7 @@ async fn still_leading(lock: &mut Option<crate::store::LeaderLock>, shared: &Sha
 
 /// Watches a local repository's refs: any change is a hint. The watcher lives as long as the
 /// returned value.
-pub fn watch_local(shared: &Arc<Shared>) -> Result<Option<notify::RecommendedWatcher>, notify::Error> {
+pub fn watch_local(shared: &Arc<Reconciler>) -> Result<Option<notify::RecommendedWatcher>, notify::Error> {
     use notify::Watcher;
     let Source::Local(path) = &shared.source else {
         return Ok(None);
@@ -609,7 +459,7 @@ pub fn watch_local(shared: &Arc<Shared>) -> Result<Option<notify::RecommendedWat
             )
             && ev.paths.iter().any(|p| p.extension().is_none_or(|e| e != "lock"))
         {
-            me.hint.notify_one();
+            me.hub.hint.notify_one();
         }
     })?;
     // Loose refs live under refs/ (recursive); packed-refs and HEAD at the top.
@@ -619,7 +469,7 @@ pub fn watch_local(shared: &Arc<Shared>) -> Result<Option<notify::RecommendedWat
 }
 
 /// Fetches a remote source on its interval and at once on a webhook.
-pub async fn run_fetcher(shared: Arc<Shared>, shutdown: tokio::sync::watch::Receiver<bool>) {
+pub async fn run_fetcher(shared: Arc<Reconciler>, shutdown: tokio::sync::watch::Receiver<bool>) {
     if !matches!(shared.source, Source::Remote { .. }) {
         return;
     }
@@ -631,7 +481,7 @@ pub async fn run_fetcher(shared: Arc<Shared>, shutdown: tokio::sync::watch::Rece
         let wait = match shared.fetch().await {
             Ok(changed) => {
                 if changed {
-                    shared.hint.notify_one();
+                    shared.hub.hint.notify_one();
                 }
                 interval
             }
@@ -643,7 +493,7 @@ pub async fn run_fetcher(shared: Arc<Shared>, shutdown: tokio::sync::watch::Rece
         let mut sd = shutdown.clone();
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
-            _ = shared.fetch_hint.notified() => {}
+            _ = shared.hub.fetch_hint.notified() => {}
             _ = sd.changed() => {}
         }
     }

@@ -19,25 +19,9 @@ use state_schema::release::{self, Change};
 use state_schema::values::Name;
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::store::rows::SUBNET_POOL_SIZE;
+
 type Tx = crate::store::WriteTx;
-
-/// The subnet pool environments' networks are cut from: `10.208.0.0/12` in /24s, 4,096 per
-/// node. Outside Docker's default pools (172.17.0.0/16 and up, 192.168.0.0/16).
-pub const SUBNET_POOL_SIZE: i64 = 4096;
-
-/// The `idx`-th /24 of the subnet pool.
-pub fn subnet(idx: i64) -> String {
-    let i = idx.clamp(0, SUBNET_POOL_SIZE - 1);
-    format!("10.{}.{}.0/24", 208 + i / 256, i % 256)
-}
-
-/// The index in the pool of a /24 written as [`subnet`] writes it; `None` for anything else.
-pub fn subnet_index(cidr: &str) -> Option<i64> {
-    let (addr, len) = cidr.split_once('/')?;
-    let o = addr.parse::<std::net::Ipv4Addr>().ok()?.octets();
-    (len == "24" && o[0] == 10 && (208..224).contains(&o[1]) && o[3] == 0)
-        .then(|| i64::from(o[1] - 208) * 256 + i64::from(o[2]))
-}
 
 /// What heartbeats said of a node.
 #[derive(Clone, Debug, Default)]
@@ -388,6 +372,7 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use crate::store::Ledger;
+    use crate::store::rows::{subnet, subnet_index};
     use sqlx::Row;
 
     #[tokio::test]
@@ -443,7 +428,6 @@ mod tests {
 
     #[test]
     fn subnet_indices_read_back_only_from_the_pool() {
-        use super::{subnet, subnet_index};
         for i in [0, 1, 255, 256, 4095] {
             assert_eq!(subnet_index(&subnet(i)), Some(i));
         }

@@ -4,7 +4,7 @@
 //! node and ciphertext hash) so a value is decrypted once per node, not once per lease; the
 //! plaintext exists only inside `pushleft_secrets::reseal`.
 
-use crate::reconcile::placing::subnet;
+use crate::store::rows::subnet;
 use crate::store::{Lease, Ledger, LedgerError};
 use age::Identity;
 use agent_proto::{

@@ -5,8 +5,8 @@
 //! writes it in one: under load, a hundred agents' calls share one fsync; when idle, a call
 //! goes alone at once.
 
-use crate::reconcile::{Shared, now_ms};
-use crate::store::{Completion, Lease, Refused};
+use crate::store::now_ms;
+use crate::store::{Completion, Lease, Ledger, Refused};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
 
@@ -122,13 +122,20 @@ fn committers(backend: crate::store::Backend) -> usize {
 }
 
 /// Runs the committers until shutdown: each transaction records the completions queued, then
-/// leases for the lease calls queued.
-pub async fn run(shared: Arc<Shared>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-    let Some(rx) = shared.group.receiver.lock().ok().and_then(|mut r| r.take()) else {
+/// leases for the lease calls queued. `completed` runs after a group that recorded
+/// completions (the next step may be due: the reconcile loop settles).
+pub async fn run(
+    ledger: Arc<Ledger>,
+    group: Arc<Group>,
+    completed: Arc<dyn Fn() + Send + Sync>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let Some(rx) = group.receiver.lock().ok().and_then(|mut r| r.take()) else {
         return;
     };
     let rx = Arc::new(tokio::sync::Mutex::new(rx));
-    let all = (0..committers(shared.ledger.backend())).map(|_| commit_groups(Arc::clone(&shared), Arc::clone(&rx)));
+    let all = (0..committers(ledger.backend()))
+        .map(|_| commit_groups(Arc::clone(&ledger), Arc::clone(&rx), Arc::clone(&completed)));
     tokio::select! {
         _ = futures_util::future::join_all(all) => {}
         _ = shutdown.changed() => {}
@@ -137,7 +144,11 @@ pub async fn run(shared: Arc<Shared>, mut shutdown: tokio::sync::watch::Receiver
 
 /// One committer: takes a group off the queue (the queue is free again while it writes), and
 /// writes it.
-async fn commit_groups(shared: Arc<Shared>, rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Call>>>) {
+async fn commit_groups(
+    ledger: Arc<Ledger>,
+    rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Call>>>,
+    completed: Arc<dyn Fn() + Send + Sync>,
+) {
     loop {
         let batch = {
             let mut rx = rx.lock().await;
@@ -162,8 +173,7 @@ async fn commit_groups(shared: Arc<Shared>, rx: Arc<tokio::sync::Mutex<mpsc::Rec
                 .collect();
             let completions: Vec<Completion> = completes.iter().map(|c| c.completion.clone()).collect();
             let callers: Vec<String> = completes.iter().map(|c| c.caller.clone()).collect();
-            match shared
-                .ledger
+            match ledger
                 .complete_and_lease(&completions, &callers, &requests, ttl, now_ms())
                 .await
             {
@@ -177,7 +187,7 @@ async fn commit_groups(shared: Arc<Shared>, rx: Arc<tokio::sync::Mutex<mpsc::Rec
                     }
                     if !completions.is_empty() {
                         // The next step may be due: the loop advances it now.
-                        shared.settle_hint.notify_one();
+                        completed();
                     }
                 }
                 Err(e) => {

@@ -9,7 +9,15 @@ pub mod delivery;
 pub mod fleet;
 pub mod group;
 pub mod rewrites;
+pub mod rows;
 pub mod views;
+
+/// Milliseconds since the Unix epoch: the ledger's unit of time.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
 
 use sqlx::any::AnyPoolOptions;
 use sqlx::{AnyPool, Row};
@@ -73,7 +81,7 @@ impl<'a> JobRow<'a> {
             key: format!("{}#r{revision}", job_key(task, node)),
             task,
             node,
-            max_attempts: crate::reconcile::deploy::MAX_ATTEMPTS,
+            max_attempts: rows::MAX_ATTEMPTS,
             not_before_ms: now_ms,
             step: None,
         }
@@ -786,7 +794,7 @@ impl Ledger {
                     rec.by_state.entry(state).or_default().push(t.job_id);
                 }
                 rec.results.push((t.job_id, t.fencing_token, outcome, detail.clone()));
-                if state == "succeeded" && crate::reconcile::drift::is_repair(&key) {
+                if state == "succeeded" && rows::is_repair(&key) {
                     // `app:<env>/…@<node>`: the environment's event, as the agent's repairs are.
                     let env = key
                         .trim_start_matches("app:")

@@ -172,7 +172,7 @@ impl Ledger {
                 let generation: i64 = r.try_get(2)?;
                 let action: String = r.try_get(3)?;
                 let placed = match action.as_str() {
-                    "rollout" => serde_json::from_str::<crate::reconcile::drift::Placed>(&r.try_get::<String, _>(7)?)
+                    "rollout" => serde_json::from_str::<crate::store::rows::Placed>(&r.try_get::<String, _>(7)?)
                         .map(|p| p.instances)
                         .unwrap_or_default(),
                     _ => Vec::new(),

@@ -1,0 +1,244 @@
+//! The HTTP server the surfaces share: TLS (and the agent API's client certificates), the
+//! connection and time limits, bounded bodies, bearer tokens, and errors in the API's shape.
+//! Every surface's router is served by [`serve`]; nothing here knows a route.
+
+use crate::auth::{Denied, Tokens};
+use crate::config::Role;
+use agent_proto::{MAX_AGENT_BODY_BYTES, Refusal, RefusalBody};
+use axum::Router;
+use axum::body::Bytes;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The largest request body accepted (webhooks are the only large bodies).
+pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+/// How long a client may take to finish its TLS handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client may take to send a request's headers (and to start the next request on
+/// a kept-alive connection).
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client may take to send a request's body.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub(crate) fn refuse(d: Denied) -> Response {
+    let status = match d {
+        Denied::BadToken | Denied::BadSignature => StatusCode::UNAUTHORIZED,
+        Denied::InsufficientRole => StatusCode::FORBIDDEN,
+        Denied::WebhookNotConfigured => StatusCode::NOT_FOUND,
+    };
+    (status, axum::Json(json!({"code": d.code(), "message": d.message()}))).into_response()
+}
+
+pub(crate) fn internal(e: impl std::fmt::Display) -> Response {
+    tracing::warn!(error = %e, "request failed");
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        axum::Json(json!({"code": "ledger-unavailable", "message": "the ledger did not answer; try again"})),
+    )
+        .into_response()
+}
+
+/// The refusal to send, if the request's token may not do what `needs` asks.
+pub(crate) fn authorize(tokens: &Tokens, headers: &HeaderMap, needs: Role) -> Option<Response> {
+    authorized(tokens, headers, needs).err().map(refuse)
+}
+
+/// The name of the request's token, when it may do what `needs` asks.
+pub(crate) fn authorized<'t>(tokens: &'t Tokens, headers: &HeaderMap, needs: Role) -> Result<&'t str, Denied> {
+    let header = headers.get("authorization").and_then(|v| v.to_str().ok());
+    tokens.authorize(header, needs)
+}
+
+pub(crate) fn too_many(code: &str, message: &str) -> Response {
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        axum::Json(json!({"code": code, "message": message})),
+    )
+        .into_response()
+}
+
+/// Why a request body was not read.
+pub(crate) enum BodyError {
+    TooLarge(usize),
+    Timeout,
+}
+
+impl IntoResponse for BodyError {
+    fn into_response(self) -> Response {
+        match self {
+            BodyError::TooLarge(limit) => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                axum::Json(
+                    json!({"code": "body-too-large", "message": format!("the body is larger than {limit} bytes")}),
+                ),
+            )
+                .into_response(),
+            BodyError::Timeout => (
+                StatusCode::REQUEST_TIMEOUT,
+                axum::Json(json!({"code": "body-timeout", "message": "the body did not arrive in time"})),
+            )
+                .into_response(),
+        }
+    }
+}
+
+/// Reads a request body up to `limit` bytes within [`BODY_TIMEOUT`].
+pub(crate) async fn read_body(body: axum::body::Body, limit: usize) -> Result<Bytes, BodyError> {
+    match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(b)) => Ok(b),
+        Ok(Err(_)) => Err(BodyError::TooLarge(limit)),
+        Err(_) => Err(BodyError::Timeout),
+    }
+}
+
+/// A refusal as the agent protocol answers it.
+pub(crate) fn refused(r: Refusal, message: &str) -> Response {
+    let status = match r {
+        Refusal::TokenUnknown
+        | Refusal::TokenUsed
+        | Refusal::TokenExpired
+        | Refusal::TokenWrongNode
+        | Refusal::CertificateRevoked
+        | Refusal::CertificateExpired => StatusCode::UNAUTHORIZED,
+        Refusal::NodeNotDeclared => StatusCode::NOT_FOUND,
+        Refusal::NodeRetired | Refusal::NodeDraining | Refusal::NotYourJob => StatusCode::FORBIDDEN,
+        Refusal::CsrInvalid
+        | Refusal::CsrNameMismatch
+        | Refusal::RecipientInvalid
+        | Refusal::MalformedRequest
+        | Refusal::SecretInResult => StatusCode::BAD_REQUEST,
+        Refusal::StaleFencingToken => StatusCode::CONFLICT,
+        Refusal::LogStreamGone => StatusCode::GONE,
+        Refusal::NoControlCa => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    let body = RefusalBody {
+        code: r,
+        message: message.to_owned(),
+    };
+    (status, axum::Json(body)).into_response()
+}
+
+/// A bounded JSON body.
+pub(crate) async fn json<T: serde::de::DeserializeOwned>(body: axum::body::Body) -> Result<T, Response> {
+    let bytes = read_body(body, MAX_AGENT_BODY_BYTES)
+        .await
+        .map_err(IntoResponse::into_response)?;
+    serde_json::from_slice(&bytes).map_err(|_| refused(Refusal::MalformedRequest, "the body is not the expected JSON"))
+}
+
+/// The fingerprint (SHA-256 of the DER, hex) of the client certificate a connection presented.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerCert(pub String);
+
+/// Loads the API's TLS certificate chain and key (PEM).
+pub fn tls_config(cert: &std::path::Path, key: &std::path::Path) -> Result<rustls::ServerConfig, String> {
+    tls_config_with(cert, key, &[])
+}
+
+/// The agent API's TLS: a client certificate signed by the control CA (`client_ca`) is
+/// required to finish the handshake.
+pub fn tls_config_with(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+    client_cas: &[&std::path::Path],
+) -> Result<rustls::ServerConfig, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| format!("{}: {e}", cert.display()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{}: {e}", cert.display()))?;
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| format!("{}: {e}", key.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?;
+    let builder = if client_cas.is_empty() {
+        builder.with_no_client_auth()
+    } else {
+        {
+            let mut roots = rustls::RootCertStore::empty();
+            for ca in client_cas {
+                for c in CertificateDer::pem_file_iter(ca).map_err(|e| format!("{}: {e}", ca.display()))? {
+                    roots
+                        .add(c.map_err(|e| format!("{}: {e}", ca.display()))?)
+                        .map_err(|e| format!("{}: {e}", ca.display()))?;
+                }
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| e.to_string())?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    builder.with_single_cert(certs, key).map_err(|e| e.to_string())
+}
+
+/// Serves the API over TLS on `listener` until `shutdown` turns true, at most
+/// `max_connections` at once: past that a new connection is closed as soon as it is
+/// accepted, so held-open sockets cannot exhaust the daemon's file descriptors. Each
+/// connection gets [`HANDSHAKE_TIMEOUT`] for TLS and [`HEADER_TIMEOUT`] for each request's
+/// headers.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    tls: rustls::ServerConfig,
+    app: Router,
+    max_connections: usize,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
+    loop {
+        let (tcp, peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    // EMFILE and friends: back off a little; connections in progress finish
+                    // or time out and free descriptors.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.changed() => break,
+        };
+        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+            tracing::debug!(%peer, "connection limit reached; closing");
+            drop(tcp);
+            continue;
+        };
+        let acceptor = acceptor.clone();
+        let app = app.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(t)) => t,
+                _ => {
+                    tracing::debug!(%peer, "TLS handshake failed or timed out");
+                    return;
+                }
+            };
+            // The client certificate (the agent API requires one): its SHA-256, for handlers to
+            // look the node up by.
+            let peer_cert = tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .map(|c| PeerCert(agent_proto::cert_fingerprint(c.as_ref())));
+            let app = app.layer(axum::Extension(peer_cert));
+            let service = hyper_util::service::TowerToHyperService::new(app);
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .max_buf_size(64 * 1024)
+                .serve_connection(hyper_util::rt::TokioIo::new(tls), service);
+            if let Err(e) = conn.await {
+                tracing::debug!(%peer, error = %e, "connection ended");
+            }
+        });
+    }
+}

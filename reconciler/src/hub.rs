@@ -1,0 +1,112 @@
+//! What the layers tell each other, and what the reconcile loop observed for the surfaces to
+//! report. Wake-ups go through `Notify`s; the leader flag, pass counters, the newest event id,
+//! the ledger's counts as of the last pass and the pass-duration histogram are read by the
+//! operator API. Each layer's state holds an `Arc<Hub>`, so no layer imports another's state:
+//! the composition root (`main.rs`) makes one and hands it to all.
+
+use crate::store::views::Counts;
+use crate::store::{Ledger, now_ms};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::sync::Notify;
+
+/// The bounds of the reconcile-duration histogram, in seconds.
+pub const DURATION_BUCKETS: [f64; 8] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0];
+
+/// Counters the `/metrics` endpoint shows next to what it reads from the ledger.
+#[derive(Default)]
+pub struct Metrics {
+    pub ticks: AtomicU64,
+    pub tick_errors: AtomicU64,
+    /// Cumulative counts per bucket of `DURATION_BUCKETS`, then the sum in microseconds.
+    pub buckets: [AtomicU64; 8],
+    pub duration_sum_us: AtomicU64,
+}
+
+impl Metrics {
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        for (i, b) in DURATION_BUCKETS.iter().enumerate() {
+            if secs <= *b {
+                self.buckets[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.duration_sum_us
+            .fetch_add(u64::try_from(d.as_micros()).unwrap_or(u64::MAX), Ordering::Relaxed);
+        self.ticks.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The signals between layers and what the loop observed.
+pub struct Hub {
+    /// Wakes the reconcile loop early (a watch event, `reconcile --now`, a webhook).
+    pub hint: Notify,
+    /// Wakes the remote fetcher early (webhooks).
+    pub fetch_hint: Notify,
+    /// Wakes the event watcher after this daemon wrote.
+    pub wrote: Notify,
+    /// Wakes agents' long-polling leases after this daemon queued jobs.
+    pub jobs: Notify,
+    /// Wakes the loop for the ledger-only part of a pass (`settle`): agents completed jobs.
+    pub settle_hint: Notify,
+    /// The newest event id, published by the event watcher to every stream.
+    pub events_tip: tokio::sync::watch::Sender<i64>,
+    /// The ledger's counts as of the last pass (or standby check): `/metrics` serves these
+    /// instead of querying per scrape.
+    pub counts: Mutex<Option<Counts>>,
+    pub metrics: Metrics,
+    /// Whether this daemon holds the lead, as the lock said when last asked.
+    pub leader: AtomicBool,
+    /// When the loop (leader) or the standby check (follower) last completed.
+    pub last_tick_ms: AtomicI64,
+    /// Completed passes, for `reconcile --now` to wait on.
+    pub passes: AtomicU64,
+    /// Bumped when certificates were revoked (a node retired in Git): the agent API's
+    /// certificate cache starts afresh.
+    pub revocations: AtomicU64,
+}
+
+impl Default for Hub {
+    fn default() -> Self {
+        Hub {
+            hint: Notify::new(),
+            fetch_hint: Notify::new(),
+            wrote: Notify::new(),
+            jobs: Notify::new(),
+            settle_hint: Notify::new(),
+            events_tip: tokio::sync::watch::Sender::new(0),
+            counts: Mutex::new(None),
+            metrics: Metrics::default(),
+            leader: AtomicBool::new(false),
+            last_tick_ms: AtomicI64::new(0),
+            passes: AtomicU64::new(0),
+            revocations: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Hub {
+    /// Reads the ledger's counts for `/metrics`: after a pass that wrote, and otherwise at
+    /// most once a second.
+    pub async fn refresh_counts(&self, ledger: &Ledger, wrote: bool) {
+        let fresh = !wrote
+            && self
+                .counts
+                .lock()
+                .ok()
+                .and_then(|c| c.as_ref().map(|c| now_ms() - c.at_ms < 1000))
+                .unwrap_or(false);
+        if fresh {
+            return;
+        }
+        match ledger.counts(now_ms()).await {
+            Ok(c) => {
+                if let Ok(mut slot) = self.counts.lock() {
+                    *slot = Some(c);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot read the ledger's counts"),
+        }
+    }
+}

@@ -1,0 +1,48 @@
+//! The row formats the ledger writes and reads back, which the layers above share: job keys
+//! (a repair's), an environment's subnet on a node, a stored spec's placement, and the bound on
+//! a job's attempts.
+
+/// How many attempts a job gets before it is dead.
+pub const MAX_ATTEMPTS: u32 = 5;
+
+/// The subnet pool environments' networks are cut from: `10.208.0.0/12` in /24s, 4,096 per
+/// node. Outside Docker's default pools (172.17.0.0/16 and up, 192.168.0.0/16).
+pub const SUBNET_POOL_SIZE: i64 = 4096;
+
+/// The `idx`-th /24 of the subnet pool.
+pub fn subnet(idx: i64) -> String {
+    let i = idx.clamp(0, SUBNET_POOL_SIZE - 1);
+    format!("10.{}.{}.0/24", 208 + i / 256, i % 256)
+}
+
+/// The index in the pool of a /24 written as [`subnet`] writes it; `None` for anything else.
+pub fn subnet_index(cidr: &str) -> Option<i64> {
+    let (addr, len) = cidr.split_once('/')?;
+    let o = addr.parse::<std::net::Ipv4Addr>().ok()?.octets();
+    (len == "24" && o[0] == 10 && (208..224).contains(&o[1]) && o[3] == 0)
+        .then(|| i64::from(o[1] - 208) * 256 + i64::from(o[2]))
+}
+
+/// The part of a stored spec that drift and the deployments view read: where each replica is
+/// placed (parsed without the rest of the spec).
+#[derive(serde::Deserialize)]
+pub struct Placed {
+    #[serde(default)]
+    pub instances: Vec<state_schema::desired::Instance>,
+}
+
+/// Whether a job key is a repair of a replica (`…:ensure#r<n>@node`).
+pub fn is_repair(key: &str) -> bool {
+    key.starts_with("app:") && key.contains(":ensure#r")
+}
+
+/// The environment, generation, repair number and node of a repair's job key,
+/// `app:<env>/<role>/<i>:g<generation>:ensure#r<n>@<node>`.
+pub fn repair_of(key: &str) -> Option<(&str, u64, u32, &str)> {
+    let rest = key.strip_prefix("app:")?;
+    let (environment, rest) = rest.split_once('/')?;
+    let (rest, node) = rest.rsplit_once('@')?;
+    let (rest, repair) = rest.rsplit_once(":ensure#r")?;
+    let (_, generation) = rest.rsplit_once(":g")?;
+    Some((environment, generation.parse().ok()?, repair.parse().ok()?, node))
+}
