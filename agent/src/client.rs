@@ -44,9 +44,9 @@ impl AgentClient {
             |f: &str| std::fs::read(dir.join(f)).map_err(|e| transport(format!("{}: {e}", dir.join(f).display())));
         AgentClient::new(
             base,
-            &read(crate::enroll::CERT)?,
-            &read(crate::enroll::KEY)?,
-            &read(crate::enroll::CA)?,
+            &read(crate::folder::CERT)?,
+            &read(crate::folder::KEY)?,
+            &read(crate::folder::CA)?,
         )
     }
 

@@ -10,13 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 use zeroize::Zeroizing;
 
-/// The files enrolment writes in the node's folder.
-pub const KEY: &str = "node.key";
-pub const CERT: &str = "node.crt";
-pub const CA: &str = "ca.crt";
-pub const AGE: &str = "age.key";
-/// The control plane's id, which every host object this node's agent makes names.
-pub const CONTROL_PLANE: &str = "control-plane";
+pub use crate::folder::{AGE, CA, CERT, CONTROL_PLANE, KEY};
 
 /// `SHA256:<64 hex>` (colons allowed, any case) as 32 bytes of hex, lowercase.
 pub fn parse_fingerprint(s: &str) -> Result<String> {

@@ -10,6 +10,7 @@ pub mod client;
 pub mod docker;
 pub mod enroll;
 pub mod firewall;
+pub mod folder;
 pub mod ingress;
 pub mod lease_loop;
 pub mod logs;

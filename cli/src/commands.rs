@@ -99,9 +99,9 @@ pub fn plan(args: &PlanArgs, paint: Paint) -> anyhow::Result<u8> {
             Rev::Commit(c) => {
                 let rules = policy.as_ref().map(|p| p.rules.as_slice()).unwrap_or_default();
                 let verdict = repo.verify_commit(c.id, signers, rules, Some(base.id), None)?;
-                crate::verify::VerdictJson::from(&verdict)
+                crate::render::verdict::VerdictJson::from(&verdict)
             }
-            Rev::WorkTree => crate::verify::VerdictJson::working_tree(),
+            Rev::WorkTree => crate::render::verdict::VerdictJson::working_tree(),
         });
     }
     let PlanInput {

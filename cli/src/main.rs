@@ -2,9 +2,7 @@
 
 #[macro_use]
 mod out;
-mod build;
 mod commands;
-mod follow;
 mod operator;
 mod secret;
 mod up;
@@ -385,36 +383,42 @@ fn main() -> ExitCode {
         Command::Init { dir: d } => commands::init(&dir(d)),
         Command::Up(args) => up::up(&args),
         Command::Down(args) => up::down(&args),
-        Command::Status { server } => operator::status(&server),
-        Command::Wait(args) => wait::wait(&args),
-        Command::Events { after, follow, server } => operator::events(&server, after, follow),
+        Command::Status { server } => control_plane(server).and_then(|s| operator::status(&s)),
+        Command::Wait(args) => {
+            control_plane(args.server.clone()).and_then(|server| wait::wait(&wait::WaitArgs { server, ..args }))
+        }
+        Command::Events { after, follow, server } => {
+            control_plane(server).and_then(|s| operator::events(&s, after, follow))
+        }
         Command::Logs {
             environment,
             role,
             tail,
             follow,
             server,
-        } => operator::logs(&server, &environment, &role, tail, follow),
+        } => control_plane(server).and_then(|s| operator::logs(&s, &environment, &role, tail, follow)),
         Command::Jobs {
             state,
             environment,
             limit,
             server,
-        } => operator::jobs(&server, state, environment, limit),
+        } => control_plane(server).and_then(|s| operator::jobs(&s, state, environment, limit)),
         Command::Revisions {
             action: None,
             branch,
             limit,
             server,
-        } => operator::revisions(&server, branch, limit),
+        } => control_plane(server).and_then(|s| operator::revisions(&s, branch, limit)),
         Command::Revisions {
             action: Some(RevisionsAction::ApproveRewrite { branch, sha }),
             server,
             ..
-        } => operator::approve_rewrite(&server, &branch, &sha),
-        Command::Reconcile { now: _, server } => operator::reconcile(&server),
-        Command::Node(NodeCommand::Token { node, server }) => operator::node_token(&server, &node),
-        Command::Nodes { server } => operator::nodes(&server),
+        } => control_plane(server).and_then(|s| operator::approve_rewrite(&s, &branch, &sha)),
+        Command::Reconcile { now: _, server } => control_plane(server).and_then(|s| operator::reconcile(&s)),
+        Command::Node(NodeCommand::Token { node, server }) => {
+            control_plane(server).and_then(|s| operator::node_token(&s, &node))
+        }
+        Command::Nodes { server } => control_plane(server).and_then(|s| operator::nodes(&s)),
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             let mut script = Vec::new();
@@ -433,4 +437,20 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// The control plane an operator command talks to: `--local DIR` is the one `pl up` runs for
+/// that repository; with nothing named, the one `pl up` runs for the repository here, if any.
+/// Resolved here so that the operator client knows nothing of `pl up`.
+fn control_plane(args: operator::ServerArgs) -> anyhow::Result<operator::ServerArgs> {
+    let format = args.format;
+    let local = match &args.local {
+        Some(dir) => Some(up::local_server(dir)?),
+        None if !args.names_one() => up::running_local_server(),
+        None => None,
+    };
+    Ok(match local {
+        Some(l) => operator::ServerArgs { format, ..l },
+        None => args,
+    })
 }

@@ -37,6 +37,16 @@ pub enum OutFormat {
     Json,
 }
 
+impl ServerArgs {
+    /// Whether anything names a control plane (a server, a token, `--local`).
+    pub fn names_one(&self) -> bool {
+        self.server.is_some()
+            || self.token_file.is_some()
+            || self.local.is_some()
+            || std::env::var("PL_TOKEN").is_ok_and(|t| !t.trim().is_empty())
+    }
+}
+
 /// The API `pl` talks to when nothing else is said.
 pub const DEFAULT_SERVER: &str = "https://127.0.0.1:7443";
 
@@ -47,20 +57,10 @@ pub(crate) struct Client {
 }
 
 impl Client {
+    /// A client of the control plane `args` name (`--local` is resolved by `main` first).
     pub(crate) fn new(args: &ServerArgs) -> Result<Client> {
-        if let Some(dir) = &args.local {
-            let mut local = crate::up::local_server(dir)?;
-            local.format = args.format;
-            return Client::new(&local);
-        }
         let env_token = std::env::var("PL_TOKEN").ok().filter(|t| !t.trim().is_empty());
-        // Nothing names a control plane: inside a repository (or below it) whose local control
-        // plane runs, that one, as `--local` would.
         if args.server.is_none() && args.token_file.is_none() && env_token.is_none() {
-            if let Some(mut local) = crate::up::running_local_server() {
-                local.format = args.format;
-                return Client::new(&local);
-            }
             bail!(
                 "no control plane named: pass --server (or PL_SERVER) with --token-file (or PL_TOKEN), or --local DIR for the one `pl up` runs for a repository (none runs for this folder)"
             );

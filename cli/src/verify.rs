@@ -2,12 +2,13 @@
 //! state repository) and rendering verdicts.
 
 use crate::DiagFormat;
+use crate::render::verdict::VerdictJson;
 use crate::render::{Paint, short};
 use anyhow::{Context, bail};
 use state_repo::source::StateRepo;
+use state_repo::trust::CommitVerdict;
 use state_repo::trust::allowed_signers::{self, AllowedSigner};
 use state_repo::trust::policy::{self, Policy};
-use state_repo::trust::{CommitVerdict, verify::Signer};
 use std::path::Path;
 
 fn read_limited(path: &Path, limit: usize, what: &str) -> anyhow::Result<String> {
@@ -33,63 +34,6 @@ pub fn load_policy(path: Option<&Path>) -> anyhow::Result<Option<Policy>> {
     Ok(Some(
         policy::parse(&text).with_context(|| format!("in {}", path.display()))?,
     ))
-}
-
-/// One verdict as JSON.
-#[derive(serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct VerdictJson {
-    pub commit: String,
-    pub verdict: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub code: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub signer: Option<Signer>,
-}
-
-impl VerdictJson {
-    /// A working tree is not a commit and carries no signature.
-    pub fn working_tree() -> Self {
-        VerdictJson {
-            commit: String::new(),
-            verdict: "working-tree",
-            code: None,
-            message: Some("the working tree is not signed; plan a commit to see its verdict".into()),
-            signer: None,
-        }
-    }
-
-    /// One line for a plan's header.
-    pub fn describe(&self) -> String {
-        match (self.verdict, &self.signer, self.code) {
-            ("valid", Some(s), _) => format!("valid, signed by {} ({})", s.principal(), s.fingerprint),
-            ("refused", _, Some(code)) => format!("refused [{code}]: {}", self.message.clone().unwrap_or_default()),
-            _ => self.message.clone().unwrap_or_default(),
-        }
-    }
-}
-
-impl From<&CommitVerdict> for VerdictJson {
-    fn from(v: &CommitVerdict) -> Self {
-        match &v.result {
-            Ok(s) => VerdictJson {
-                commit: v.commit.to_string(),
-                verdict: "valid",
-                code: None,
-                message: None,
-                signer: Some(s.clone()),
-            },
-            Err(r) => VerdictJson {
-                commit: v.commit.to_string(),
-                verdict: "refused",
-                code: Some(r.code()),
-                message: Some(r.message()),
-                signer: None,
-            },
-        }
-    }
 }
 
 /// One verdict as a line of text.

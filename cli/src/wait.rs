@@ -129,7 +129,7 @@ fn check(client: &Client, args: &WaitArgs) -> Result<Verdict> {
             return Ok(Verdict::Failed(format!(
                 "{env} generation {} failed{}",
                 d["generation"],
-                crate::follow::failure_of(client, env)?
+                crate::up::follow::failure_of(client, env)?
                     .map(|f| format!(": {f}"))
                     .unwrap_or_default()
             )));

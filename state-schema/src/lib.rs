@@ -7,6 +7,7 @@
 pub mod canonical;
 pub mod cron;
 mod decode;
+pub mod deployment;
 pub mod desired;
 pub mod diag;
 pub mod edit;
@@ -16,6 +17,7 @@ pub mod parse;
 pub mod placement;
 pub mod plan;
 pub mod release;
+pub mod rollout;
 pub mod runspec;
 pub mod schema;
 pub mod show;

@@ -15,7 +15,7 @@
 //! - Reserved CPU and memory are those of every placed replica; a node never holds more than its
 //!   declared capacity. A replica that fits nowhere waits, with the reason.
 
-use crate::desired::{DeploymentSpec, Instance};
+use crate::deployment::{DeploymentSpec, Instance};
 use crate::model::{NodeState, Placement};
 use crate::state::State;
 use crate::values::Name;

@@ -9,7 +9,7 @@
 //! generation gains or loses instances.
 
 use crate::canonical::{self, Secrets};
-use crate::desired::{DeploymentSpec, Instance};
+use crate::deployment::{DeploymentSpec, Instance};
 use crate::model::{Environment, Kind};
 use crate::state::State;
 use crate::values::Name;

@@ -4,6 +4,7 @@ pub mod diagnostics;
 pub mod markdown;
 pub mod plan_json;
 pub mod plan_text;
+pub mod verdict;
 
 use anstyle::{AnsiColor, Style};
 
@@ -75,5 +76,5 @@ pub struct PlanHeader {
     /// Set when base and head diverged and the plan starts from their merge base.
     pub merge_base: Option<String>,
     /// The head commit's signature verdict, when an allowed-signers file was given.
-    pub signature: Option<crate::verify::VerdictJson>,
+    pub signature: Option<verdict::VerdictJson>,
 }

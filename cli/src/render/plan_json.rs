@@ -14,7 +14,7 @@ struct PlanJson<'p, 'a> {
     head: &'p super::Side,
     merge_base: &'p Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    head_signature: &'p Option<crate::verify::VerdictJson>,
+    head_signature: &'p Option<crate::render::verdict::VerdictJson>,
     summary: state_schema::plan::Summary,
     changes: &'p [state_schema::plan::Change<'a>],
     consequences: &'p state_schema::plan::Consequences,

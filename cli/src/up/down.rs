@@ -1,8 +1,9 @@
 //! `pl down [DIR] [ENV...]`: environments torn down through the reconciler, as a local
 //! revision without their Environment documents; the control plane stops when none is left.
 
-use super::local::{Local, Ports, Trust, alive, stop};
+use super::local::{Local, Ports, Trust};
 use super::previews_of;
+use super::processes::{alive, stop};
 use anyhow::{Result, bail};
 use serde_json::Value;
 use state_repo::load::load;

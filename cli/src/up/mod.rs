@@ -13,12 +13,16 @@
 //! control plane trusts, so the reconciler judges it like any commit. That is what "unsigned
 //! local revision" means here, and `pl up` says so.
 
+mod build;
 mod down;
+pub(crate) mod follow;
 mod local;
+mod processes;
 
 pub use down::{DownArgs, down};
-use local::{Local, Ports, Trust, caddy_program, docker_answers};
-pub(crate) use local::{alive, local_server, on_path, running_local_server, spawn_detached, tool, write_private};
+use local::{Local, Ports, Trust};
+pub(crate) use local::{local_server, running_local_server};
+use processes::{alive, caddy_program, docker_answers};
 
 use crate::operator::Client;
 use anyhow::{Context, Result, bail};
@@ -67,7 +71,7 @@ pub struct UpArgs {
     /// Build DIR's Dockerfile and run that image as PROJECT's for this local run only (pinned
     /// by digest in the local revision; your files are not changed). Repeatable.
     #[arg(long = "build", value_name = "PROJECT=DIR", conflicts_with = "allowed_signers")]
-    pub builds: Vec<crate::build::Build>,
+    pub builds: Vec<build::Build>,
     /// Forget the builds an earlier `--build` asked for (they are built again on every `pl up`
     /// until then), and run the images the files name.
     #[arg(long, conflicts_with = "builds")]
@@ -127,9 +131,9 @@ pub fn up(args: &UpArgs) -> Result<u8> {
     }
     // Remembered builds rewrite the mirror's Projects, which a signed run never does.
     let forget = args.no_build || matches!(trust, Trust::Signed { .. });
-    let builds = crate::build::to_build(&local.state, &args.builds, forget, &loaded.state)?;
-    crate::build::check(&builds, &loaded.state)?;
-    crate::build::check_pullable(&builds, &loaded.state)?;
+    let builds = build::to_build(&local.state, &args.builds, forget, &loaded.state)?;
+    build::check(&builds, &loaded.state)?;
+    build::check_pullable(&builds, &loaded.state)?;
     let nodes: Vec<String> = loaded
         .state
         .pools()
@@ -176,7 +180,7 @@ pub fn up(args: &UpArgs) -> Result<u8> {
     local.settle_trust(&trust)?;
     local.settle_identity(&loaded.state, args.identity.as_deref())?;
     if args.no_build {
-        crate::build::remember(&local.state, &[])?;
+        build::remember(&local.state, &[])?;
     }
     let replace = local.build(&builds, &loaded.state, rev.as_deref(), &args.docker_socket, ports)?;
     let mut replaces_local = false;
@@ -243,7 +247,7 @@ pub fn up(args: &UpArgs) -> Result<u8> {
         approve_local_rewrite(&client, &head)?;
     }
     let timeout = Duration::from_secs(args.timeout_seconds);
-    let code = crate::follow::converge(&client, &head, &environments, ports.http, timeout, started_ms)?;
+    let code = follow::converge(&client, &head, &environments, ports.http, timeout, started_ms)?;
     if !args.watch {
         return Ok(code);
     }
@@ -377,7 +381,7 @@ fn local_nodes(named: &[String], declared: &[String], enrolled: &[String]) -> Re
 }
 
 /// Each environment, its hostname, and whether it has a web role.
-fn environments_of(state: &state_schema::state::State) -> Vec<crate::follow::Followed> {
+fn environments_of(state: &state_schema::state::State) -> Vec<follow::Followed> {
     state
         .environments()
         .filter_map(|(name, env)| {
@@ -386,7 +390,7 @@ fn environments_of(state: &state_schema::state::State) -> Vec<crate::follow::Fol
             let web = state
                 .project(env.project.as_str())
                 .is_some_and(|p| p.roles.values().any(|r| r.workload.kind_name() == "web"));
-            Some(crate::follow::Followed {
+            Some(follow::Followed {
                 name: name.to_string(),
                 host: host.to_string(),
                 web,
@@ -402,7 +406,7 @@ fn watch(
     client: &Client,
     ports: Ports,
     timeout: Duration,
-    builds: &[crate::build::Build],
+    builds: &[build::Build],
     socket: &Path,
 ) -> Result<u8> {
     use notify::Watcher;
@@ -454,7 +458,7 @@ fn watch(
         println!("pl up: applying the working tree as local revision {}", &head[..12]);
         let since_ms = now_ms();
         let _ = client.json("POST", "/v1/reconcile");
-        let code = crate::follow::converge(
+        let code = follow::converge(
             client,
             &head,
             &environments_of(&loaded.state),

@@ -9,7 +9,7 @@
 
 use crate::store::{JobRow, Ledger, LedgerError};
 use sqlx::Row;
-use state_schema::desired::DeploymentSpec;
+use state_schema::deployment::DeploymentSpec;
 use state_schema::task::{Task, cron_key_prefix};
 use state_schema::values::CronSchedule;
 

@@ -11,9 +11,11 @@ use crate::store::{JobRow, Ledger, LedgerError};
 use sqlx::Row;
 use state_repo::revision::Judgement;
 use state_schema::canonical::{self, Secrets};
-use state_schema::desired::{self, DeploymentSpec, Desired, Step};
+use state_schema::deployment::DeploymentSpec;
+use state_schema::desired::{self, Desired};
 use state_schema::placement::Waiting;
 use state_schema::release::{self, Change};
+use state_schema::rollout::{self, Step};
 use state_schema::values::Name;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -86,9 +88,9 @@ fn steps_of(action: &str, env: &Name, generation: u64, spec: &DeploymentSpec, re
     if action == "teardown" {
         let mut running = retired.to_vec();
         running.push(spec.clone());
-        desired::teardown_steps(env, generation, &running)
+        rollout::teardown_steps(env, generation, &running)
     } else {
-        desired::rollout_steps(spec, generation, retired)
+        rollout::rollout_steps(spec, generation, retired)
     }
 }
 
@@ -615,7 +617,7 @@ impl Ledger {
             .bind(env.to_owned())
             .execute(&mut **tx)
             .await?;
-            let tasks = desired::scale_tasks(&s.spec, s.generation, &s.change);
+            let tasks = rollout::scale_tasks(&s.spec, s.generation, &s.change);
             if tasks.is_empty() {
                 continue;
             }

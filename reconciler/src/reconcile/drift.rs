@@ -204,7 +204,7 @@ impl Ledger {
         .bind(i64::try_from(generation).unwrap_or(i64::MAX))
         .fetch_optional(&mut **tx)
         .await?;
-        let Some(Ok(spec)) = spec.map(|s| serde_json::from_str::<state_schema::desired::DeploymentSpec>(&s)) else {
+        let Some(Ok(spec)) = spec.map(|s| serde_json::from_str::<state_schema::deployment::DeploymentSpec>(&s)) else {
             return Ok(());
         };
         if !spec.ingress_nodes.iter().any(|n| n.as_str() == node) {

@@ -12,7 +12,8 @@
 use crate::reconcile::deploy::Applied;
 use crate::store::{Ledger, LedgerError};
 use sqlx::Row;
-use state_schema::desired::{DeploymentSpec, Desired};
+use state_schema::deployment::DeploymentSpec;
+use state_schema::desired::Desired;
 use state_schema::model::{NodePool, Spec};
 use state_schema::placement::{Fleet, FleetNode, Liveness, Waiting};
 use state_schema::release::{self, Change};

@@ -12,7 +12,7 @@ use agent_proto::{
 };
 use sha2::{Digest, Sha256};
 use sqlx::Row;
-use state_schema::desired::DeploymentSpec;
+use state_schema::deployment::DeploymentSpec;
 use state_schema::task::Task;
 use std::collections::{BTreeMap, BTreeSet};
 

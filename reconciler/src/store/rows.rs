@@ -28,7 +28,7 @@ pub fn subnet_index(cidr: &str) -> Option<i64> {
 #[derive(serde::Deserialize)]
 pub struct Placed {
     #[serde(default)]
-    pub instances: Vec<state_schema::desired::Instance>,
+    pub instances: Vec<state_schema::deployment::Instance>,
 }
 
 /// Whether a job key is a repair of a replica (`…:ensure#r<n>@node`).

@@ -4,7 +4,7 @@
 //! image pinned by its digest. Only the mirror's copy of the state says so: the user's Git
 //! files are never written.
 
-use crate::up::{alive, on_path, spawn_detached, tool};
+use super::processes::{alive, on_path, spawn_detached, tool};
 use anyhow::{Context, Result, anyhow, bail};
 use state_schema::model::{Kind, Spec};
 use state_schema::state::State;
@@ -203,7 +203,7 @@ pub fn credentials(state: &Path) -> Result<(PathBuf, PathBuf)> {
         (&htpasswd, zeroize::Zeroizing::new(format!("pl-up:{hash}\n"))),
         (&auth, zeroize::Zeroizing::new(format!("pl-up:{}\n", password.as_str()))),
     ] {
-        crate::up::write_private(path, text.as_bytes())?;
+        super::processes::write_private(path, text.as_bytes())?;
     }
     Ok((auth, htpasswd))
 }

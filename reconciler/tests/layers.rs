@@ -1,0 +1,239 @@
+//! The code map's rules, checked on the source: the reconciler's layers import only downwards
+//! (`http -> hub -> store`, `reconcile -> hub -> store`; `store` imports neither; no surface
+//! imports another's module), and no crate of the workspace has an import circle between its
+//! files. Read from the `crate::…` paths of non-test code (`use` lines and inline paths); a
+//! `#[cfg(test)]` item and everything after it in a file is test code.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// A file's module path (`store::views`, `reconcile`, `main`).
+fn module_of(src: &Path, file: &Path) -> String {
+    let rel = file.strip_prefix(src).expect("under src");
+    let mut parts: Vec<String> = rel.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+    let last = parts.pop().expect("a file");
+    let stem = last.trim_end_matches(".rs");
+    if stem != "mod" && stem != "lib" {
+        parts.push(stem.to_owned());
+    }
+    if parts.is_empty() {
+        return if stem == "lib" { "crate".into() } else { stem.into() };
+    }
+    parts.join("::")
+}
+
+fn files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).expect("read dir").flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// Non-test code: everything before the first `#[cfg(test)]`, without comment lines (a doc
+/// link is not an import).
+fn code(file: &Path) -> String {
+    let text = std::fs::read_to_string(file).expect("read");
+    let text = match text.find("#[cfg(test)]") {
+        Some(i) => &text[..i],
+        None => &text,
+    };
+    text.lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The modules a file's code names through `crate::`, resolved to the longest known module.
+fn imports(text: &str, modules: &BTreeSet<String>) -> BTreeSet<String> {
+    let mut paths = Vec::new();
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while let Some(at) = text[i..].find("crate::") {
+        let start = i + at + "crate::".len();
+        // `crate::{a::b, c}`: each member of the group.
+        if bytes.get(start) == Some(&b'{') {
+            let end = text[start..].find('}').map_or(text.len(), |e| start + e);
+            for member in text[start + 1..end].split(',') {
+                paths.push(member.trim().to_owned());
+            }
+            i = end;
+        } else {
+            let end = text[start..]
+                .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+                .map_or(text.len(), |e| start + e);
+            paths.push(text[start..end].to_owned());
+            i = end;
+        }
+    }
+    let mut out = BTreeSet::new();
+    for p in paths {
+        let segs: Vec<&str> = p.split("::").filter(|s| !s.is_empty()).collect();
+        for n in (1..=segs.len()).rev() {
+            let m = segs[..n].join("::");
+            if modules.contains(&m) {
+                out.insert(m);
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// Each file's module and what it imports, for a crate's `src`.
+fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mut all = Vec::new();
+    files(src, &mut all);
+    let modules: BTreeSet<String> = all.iter().map(|f| module_of(src, f)).collect();
+    all.iter()
+        .map(|f| {
+            let me = module_of(src, f);
+            let mut deps = imports(&code(f), &modules);
+            deps.remove(&me);
+            (me, deps)
+        })
+        .collect()
+}
+
+/// A circle of imports, if there is one.
+fn circle(g: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        n: &str,
+        g: &BTreeMap<String, BTreeSet<String>>,
+        state: &mut BTreeMap<String, u8>,
+        path: &mut Vec<String>,
+    ) -> Option<Vec<String>> {
+        match state.get(n) {
+            Some(1) => {
+                let from = path.iter().position(|p| p == n).unwrap_or(0);
+                let mut c = path[from..].to_vec();
+                c.push(n.to_owned());
+                return Some(c);
+            }
+            Some(_) => return None,
+            None => {}
+        }
+        state.insert(n.to_owned(), 1);
+        path.push(n.to_owned());
+        for d in g.get(n).into_iter().flatten() {
+            if let Some(c) = visit(d, g, state, path) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        state.insert(n.to_owned(), 2);
+        None
+    }
+    let mut state = BTreeMap::new();
+    for n in g.keys() {
+        if let Some(c) = visit(n, g, &mut state, &mut Vec::new()) {
+            return Some(c);
+        }
+    }
+    None
+}
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+#[test]
+fn no_crate_has_an_import_circle_between_its_files() {
+    for krate in [
+        "reconciler",
+        "cli",
+        "state-schema",
+        "state-repo",
+        "agent",
+        "agent-proto",
+        "secrets",
+    ] {
+        let g = graph(&workspace().join(krate).join("src"));
+        assert!(
+            g.len() > 1 || krate.ends_with("proto") || krate == "secrets",
+            "{krate}: {g:?}"
+        );
+        if let Some(c) = circle(&g) {
+            panic!("{krate} has an import circle: {}", c.join(" -> "));
+        }
+    }
+}
+
+/// The top of a module path (`http`, `store`, …).
+fn layer(m: &str) -> &str {
+    m.split("::").next().unwrap_or(m)
+}
+
+#[test]
+fn the_reconcilers_layers_import_only_downwards() {
+    let g = graph(&workspace().join("reconciler/src"));
+    // What each layer may import besides itself; leaves (config, auth, pki) import no layer.
+    let allowed: BTreeMap<&str, &[&str]> = BTreeMap::from([
+        ("store", &["config", "pki"][..]),
+        ("hub", &["store"][..]),
+        ("reconcile", &["store", "hub", "config"][..]),
+        ("http", &["store", "hub", "config", "auth", "pki"][..]),
+        ("config", &["auth"][..]),
+        ("auth", &["config"][..]),
+        ("pki", &[][..]),
+        ("crate", &[][..]),
+        // The composition root may build anything; nothing imports it.
+        (
+            "main",
+            &["store", "hub", "reconcile", "http", "config", "auth", "pki"][..],
+        ),
+    ]);
+    for (m, deps) in &g {
+        let mine = layer(m);
+        let ok = allowed
+            .get(mine)
+            .unwrap_or_else(|| panic!("{m}: a layer the code map does not name"));
+        for d in deps {
+            let theirs = layer(d);
+            assert!(
+                theirs == mine || ok.contains(&theirs),
+                "{m} imports {d}: {mine} may import only {ok:?}"
+            );
+            assert_ne!(theirs, "main", "{m} imports the composition root");
+        }
+    }
+    // The surfaces: neither imports the other; what both use (the server, peers, logs,
+    // enrolment, streams) imports neither.
+    for (m, deps) in g.iter().filter(|(m, _)| layer(m) == "http") {
+        for surface in ["http::operator", "http::agent"] {
+            if m != surface {
+                assert!(!deps.contains(surface), "{m} imports the surface {surface}");
+            }
+        }
+    }
+    // The reconcile layer knows nothing of HTTP, and the store nothing above it.
+    assert!(
+        g.iter()
+            .all(|(m, d)| layer(m) != "store" || d.iter().all(|x| !["reconcile", "http", "hub"].contains(&layer(x))))
+    );
+}
+
+#[test]
+fn the_walk_sees_imports_and_circles() {
+    // A check that cannot fail is no check: the same walk over a made-up crate finds its
+    // imports, grouped or inline, and its circle.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(src.join("a")).expect("dir");
+    std::fs::write(src.join("lib.rs"), "pub mod a;\npub mod b;\n").expect("lib");
+    std::fs::write(src.join("a/mod.rs"), "use crate::{b::X, a::c};\npub mod c;\n").expect("a");
+    std::fs::write(src.join("a/c.rs"), "/// Not [`crate::a`].\nfn f() { crate::b::g(); }\n").expect("c");
+    std::fs::write(
+        src.join("b.rs"),
+        "pub fn g() { crate::a::c::h(); }\n#[cfg(test)]\nmod t { use crate::a; }\n",
+    )
+    .expect("b");
+    let g = graph(&src);
+    assert_eq!(g["a"], BTreeSet::from(["b".to_owned(), "a::c".to_owned()]));
+    assert_eq!(g["b"], BTreeSet::from(["a::c".to_owned()]), "test code is left out");
+    let c = circle(&g).expect("a circle");
+    assert!(c.contains(&"b".to_owned()) && c.contains(&"a::c".to_owned()), "{c:?}");
+}

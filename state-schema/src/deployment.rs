@@ -1,0 +1,56 @@
+//! What one generation of an environment runs, as the ledger stores it and the planner, the
+//! placement and the release rules read it: types only, so that `desired` (derivation),
+//! `placement` and `release` depend on them and not on each other.
+
+use crate::model::Placement;
+use crate::runspec::RoleSpec;
+use crate::values::{Hostname, Name};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// One replica of a long-running role, placed on a node.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Instance {
+    pub role: Name,
+    pub index: u32,
+    pub node: Name,
+}
+
+/// What one generation of an environment runs: stored with the deployment, so cleanup and
+/// teardown know what an older generation placed where.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeploymentSpec {
+    pub environment: Name,
+    pub project: Name,
+    pub instances: Vec<Instance>,
+    /// Release roles, run once per generation before the new replicas start, on this node.
+    pub release: Vec<(Name, Name)>,
+    /// Cron roles and the node their runs go to (the release node's rule).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cron: Vec<(Name, Name)>,
+    pub hostnames: Vec<Hostname>,
+    /// Every node with a part of the environment, sorted.
+    pub nodes: Vec<Name>,
+    /// Nodes with a web replica: where the ingress routes live.
+    pub ingress_nodes: Vec<Name>,
+    /// What the release depends on ([`crate::release::Releases`]): equal hashes, the same
+    /// release. Empty in specs stored before it existed, which any change then rolls anew.
+    #[serde(default)]
+    pub release_hash: String,
+    /// The pool the environment runs in; `None` in specs stored before placement knew it
+    /// (those are never re-placed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<Name>,
+    #[serde(default = "spread")]
+    pub placement: Placement,
+    /// Replicas wanted per long-running role (some may wait for room).
+    #[serde(default)]
+    pub replicas: BTreeMap<Name, u32>,
+    /// What each role runs, as a lease hands it to an agent.
+    #[serde(default)]
+    pub roles: BTreeMap<Name, RoleSpec>,
+}
+
+fn spread() -> Placement {
+    Placement::Spread
+}

@@ -1,0 +1,302 @@
+//! The steps of a rollout, a scale and a teardown: the ordered tasks each generation's change
+//! becomes, per node. Pure: the daemon writes them as jobs and `pl plan` shows them.
+
+use crate::canonical;
+use crate::deployment::DeploymentSpec;
+use crate::task::Task;
+use crate::values::Name;
+
+/// One job of a step: a task for a node.
+pub type Step = Vec<(Task, Name)>;
+
+/// The ordered steps that roll generation `generation` of `spec` out. `retired` are the specs
+/// of older generations still running somewhere: the last step stops their replicas and
+/// removes the routes and networks the new generation no longer uses. Each step starts only
+/// when every job of the one before succeeded.
+pub fn rollout_steps(spec: &DeploymentSpec, generation: u64, retired: &[DeploymentSpec]) -> Vec<Step> {
+    let env = &spec.environment;
+    let mut steps: Vec<Step> = Vec::new();
+    steps.push(
+        spec.nodes
+            .iter()
+            .flat_map(|node| infra_tasks(env, generation, node))
+            .collect(),
+    );
+    steps.push(
+        spec.release
+            .iter()
+            .map(|(role, node)| {
+                let task = Task::RunOnce {
+                    environment: env.clone(),
+                    role: role.clone(),
+                    generation,
+                };
+                (task, node.clone())
+            })
+            .collect(),
+    );
+    steps.push(
+        spec.instances
+            .iter()
+            .map(|i| {
+                let task = Task::EnsureApplication {
+                    environment: env.clone(),
+                    role: i.role.clone(),
+                    instance: i.index,
+                    generation,
+                    spec_hash: String::new(),
+                    repair: 0,
+                };
+                (task, i.node.clone())
+            })
+            .collect(),
+    );
+    let mut publish = Vec::new();
+    for node in &spec.ingress_nodes {
+        for host in &spec.hostnames {
+            let task = Task::PublishIngress {
+                environment: env.clone(),
+                hostname: host.clone(),
+                generation,
+                repair: 0,
+            };
+            publish.push((task, node.clone()));
+        }
+    }
+    steps.push(publish);
+    let mut cleanup: Step = Vec::new();
+    for old in retired {
+        for i in &old.instances {
+            // A replica that stays on its node keeps its stopped container (the agent removes
+            // those two generations back); one that moved to another node leaves nothing behind.
+            let still_placed = spec
+                .instances
+                .iter()
+                .any(|n| n.role == i.role && n.index == i.index && n.node == i.node);
+            let task = if still_placed {
+                Task::StopApplication {
+                    environment: env.clone(),
+                    role: i.role.clone(),
+                    instance: i.index,
+                    generation,
+                }
+            } else {
+                Task::TeardownApplication {
+                    environment: env.clone(),
+                    role: i.role.clone(),
+                    instance: i.index,
+                    generation,
+                }
+            };
+            cleanup.push((task, i.node.clone()));
+        }
+        for node in &old.ingress_nodes {
+            for host in &old.hostnames {
+                if !(spec.ingress_nodes.contains(node) && spec.hostnames.contains(host)) {
+                    let task = Task::RemoveIngress {
+                        environment: env.clone(),
+                        hostname: host.clone(),
+                        generation,
+                    };
+                    cleanup.push((task, node.clone()));
+                }
+            }
+        }
+        for node in &old.nodes {
+            if !spec.nodes.contains(node) {
+                let task = Task::RemoveNetwork {
+                    environment: env.clone(),
+                    generation,
+                };
+                cleanup.push((task, node.clone()));
+            }
+        }
+    }
+    // On each node: the hostname's route first (requests stop going to the old replicas, and
+    // those in flight get the ingress's drain time), then the replicas, then the network.
+    let phase = |t: &Task| match t {
+        Task::RemoveIngress { .. } => 0,
+        Task::RemoveNetwork { .. } => 2,
+        _ => 1,
+    };
+    cleanup.sort_by(|a, b| (phase(&a.0), a.0.idempotency_key(), &a.1).cmp(&(phase(&b.0), b.0.idempotency_key(), &b.1)));
+    cleanup.dedup();
+    steps.push(cleanup);
+    fill_spec_hash(&mut steps, spec);
+    steps
+}
+
+/// An environment's infrastructure on one node: its network, firewall table and routes.
+fn infra_tasks(env: &Name, generation: u64, node: &Name) -> [(Task, Name); 3] {
+    let environment = env.clone();
+    [
+        Task::EnsureNetwork {
+            environment: environment.clone(),
+            generation,
+        },
+        Task::ApplyFirewall {
+            environment: environment.clone(),
+            generation,
+        },
+        Task::EnsureRoutes {
+            environment,
+            generation,
+        },
+    ]
+    .map(|task| (task, node.clone()))
+}
+
+/// The jobs of a scale at `generation` to `spec` (see [`crate::release::change`]), in the
+/// order they run: infrastructure on nodes the environment gains, new replicas, ingress on every
+/// node whose web replicas changed (or that gains them); then ingress on nodes it leaves, the
+/// replicas removed, and the networks of nodes left.
+pub fn scale_tasks(spec: &DeploymentSpec, generation: u64, change: &crate::release::Change) -> Step {
+    let crate::release::Change::Scale {
+        added,
+        removed,
+        nodes_added,
+        nodes_removed,
+        ingress_added,
+        ingress_removed,
+    } = change
+    else {
+        return Vec::new();
+    };
+    let env = &spec.environment;
+    let mut out: Step = Vec::new();
+    for node in nodes_added {
+        out.extend(infra_tasks(env, generation, node));
+    }
+    for i in added {
+        let task = Task::EnsureApplication {
+            environment: env.clone(),
+            role: i.role.clone(),
+            instance: i.index,
+            generation,
+            spec_hash: instance_hash(spec, &i.role, i.index, &i.node),
+            repair: 0,
+        };
+        out.push((task, i.node.clone()));
+    }
+    let ingress = |nodes: &[Name], out: &mut Step, remove: bool| {
+        for node in nodes {
+            for host in &spec.hostnames {
+                let (environment, hostname) = (env.clone(), host.clone());
+                let task = if remove {
+                    Task::RemoveIngress {
+                        environment,
+                        hostname,
+                        generation,
+                    }
+                } else {
+                    Task::PublishIngress {
+                        environment,
+                        hostname,
+                        generation,
+                        repair: 0,
+                    }
+                };
+                out.push((task, node.clone()));
+            }
+        }
+    };
+    // Nodes that keep serving but whose web replicas change are published again (a scale's
+    // publish is a job of its own): after the new replicas, so they get traffic, and before the
+    // removed ones go, so no request reaches a replica that is gone.
+    let is_web = |role: &Name| spec.roles.get(role).is_some_and(|r| r.is_web());
+    let mut publish_on: Vec<Name> = added
+        .iter()
+        .chain(removed)
+        .filter(|i| is_web(&i.role) && spec.ingress_nodes.contains(&i.node))
+        .map(|i| i.node.clone())
+        .chain(ingress_added.iter().cloned())
+        .collect();
+    publish_on.sort();
+    publish_on.dedup();
+    ingress(&publish_on, &mut out, false);
+    ingress(ingress_removed, &mut out, true);
+    for i in removed {
+        let task = Task::TeardownApplication {
+            environment: env.clone(),
+            role: i.role.clone(),
+            instance: i.index,
+            generation,
+        };
+        out.push((task, i.node.clone()));
+    }
+    for node in nodes_removed {
+        let task = Task::RemoveNetwork {
+            environment: env.clone(),
+            generation,
+        };
+        out.push((task, node.clone()));
+    }
+    out
+}
+
+/// The spec hash of one replica: its release and where it runs, not how many others there
+/// are, so a scale leaves the running replicas' hashes (and containers) alone.
+pub fn instance_hash(spec: &DeploymentSpec, role: &Name, instance: u32, node: &Name) -> String {
+    canonical::hash(&(&spec.environment, role, instance, node, &spec.release_hash))
+}
+
+/// `EnsureApplication` carries the replica's own spec hash, so an agent can tell a container
+/// that already matches from one that needs replacing.
+fn fill_spec_hash(steps: &mut [Step], spec: &DeploymentSpec) {
+    for step in steps {
+        for (task, node) in step.iter_mut() {
+            if let Task::EnsureApplication {
+                role,
+                instance,
+                spec_hash,
+                ..
+            } = task
+            {
+                *spec_hash = instance_hash(spec, role, *instance, node);
+            }
+        }
+    }
+}
+
+/// The ordered steps that tear generation `generation` down: routes first (traffic leaves),
+/// then containers, then the network with its firewall table and routes. `running` are the
+/// specs of every generation that may still have something on a node.
+pub fn teardown_steps(environment: &Name, generation: u64, running: &[DeploymentSpec]) -> Vec<Step> {
+    let mut ingress = Vec::new();
+    let mut apps = Vec::new();
+    let mut nets = Vec::new();
+    for spec in running {
+        for node in &spec.ingress_nodes {
+            for host in &spec.hostnames {
+                let task = Task::RemoveIngress {
+                    environment: environment.clone(),
+                    hostname: host.clone(),
+                    generation,
+                };
+                ingress.push((task, node.clone()));
+            }
+        }
+        for i in &spec.instances {
+            let task = Task::TeardownApplication {
+                environment: environment.clone(),
+                role: i.role.clone(),
+                instance: i.index,
+                generation,
+            };
+            apps.push((task, i.node.clone()));
+        }
+        for node in &spec.nodes {
+            let task = Task::RemoveNetwork {
+                environment: environment.clone(),
+                generation,
+            };
+            nets.push((task, node.clone()));
+        }
+    }
+    let mut steps = vec![ingress, apps, nets];
+    for s in &mut steps {
+        s.sort_by(|a, b| (a.0.idempotency_key(), &a.1).cmp(&(b.0.idempotency_key(), &b.1)));
+        s.dedup();
+    }
+    steps
+}
