@@ -35,3 +35,39 @@ fn pl_links_no_sql_and_no_async_runtime() {
         assert!(!crates.contains(banned), "pl links {banned}");
     }
 }
+
+/// The product reads Git through gix and signs with libraries; the one file that still runs
+/// `git` and `ssh-keygen` is `pl up`'s mirror (`up/local.rs`), and no other may start.
+#[test]
+fn only_pl_ups_mirror_runs_git_or_ssh_keygen() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut found = Vec::new();
+    let mut stack: Vec<std::path::PathBuf> = [
+        "cli",
+        "reconciler",
+        "agent",
+        "state-repo",
+        "state-schema",
+        "secrets",
+        "agent-proto",
+    ]
+    .iter()
+    .map(|c| root.join(c).join("src"))
+    .collect();
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).expect("read dir").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                let text = std::fs::read_to_string(&p).expect("read");
+                let code = text.split("#[cfg(test)]").next().unwrap_or("");
+                if code.contains("Command::new(\"git\")") || code.contains("\"ssh-keygen\"") {
+                    found.push(p.strip_prefix(&root).expect("under root").display().to_string());
+                }
+            }
+        }
+    }
+    found.sort();
+    assert_eq!(found, ["cli/src/up/local.rs"], "files that run git or ssh-keygen");
+}

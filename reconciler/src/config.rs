@@ -438,6 +438,15 @@ impl Config {
     }
 }
 
+/// A small file's text (trust files, webhook secrets): at most 1 MiB.
+pub(crate) fn read_small(path: &std::path::Path) -> Result<String, String> {
+    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    if meta.len() > 1024 * 1024 {
+        return Err("larger than 1 MiB".into());
+    }
+    std::fs::read_to_string(path).map_err(|e| e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -559,13 +568,4 @@ mod tests {
                 .contains("cache_dir")
         );
     }
-}
-
-/// A small file's text (trust files, webhook secrets): at most 1 MiB.
-pub(crate) fn read_small(path: &std::path::Path) -> Result<String, String> {
-    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
-    if meta.len() > 1024 * 1024 {
-        return Err("larger than 1 MiB".into());
-    }
-    std::fs::read_to_string(path).map_err(|e| e.to_string())
 }

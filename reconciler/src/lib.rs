@@ -3,7 +3,8 @@
 //! `pl-reconciler`. What it reads from Git, and how it trusts it, comes from `state-repo`.
 //!
 //! Layers, each a folder: `store` (SQL), `reconcile` (the pass: read, decide, write), `http`
-//! (the surfaces); `hub` carries the signals between them and `app` composes them.
+//! (the surfaces); `hub` carries the signals between them, and the binary (`main.rs`) composes
+//! them.
 //!
 //! Architecture invariant: SQL and the async runtime live here and nowhere `pl` links.
 

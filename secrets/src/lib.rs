@@ -114,11 +114,22 @@ pub fn encrypt(plaintext: &[u8], recipients: &[String]) -> Result<String, Secret
     String::from_utf8(out).map_err(|_| SecretError::MalformedArmor)
 }
 
-/// Decrypts an armoured value with any of `identities`.
-pub fn decrypt(
-    armored: &str,
-    identities: &[Box<dyn Identity + Send + Sync>],
-) -> Result<Zeroizing<Vec<u8>>, SecretError> {
+/// Whether any of `identities` opens an armoured value: its header's file key is unwrapped and
+/// the payload is never read, so no plaintext exists (`pl up`'s check before it starts).
+pub fn opens(armored: &str, identities: &[Box<dyn Identity + Send + Sync>]) -> Result<(), SecretError> {
+    let text = checked_armor(armored)?;
+    let decryptor = Decryptor::new(ArmoredReader::new(text.as_bytes())).map_err(|_| SecretError::MalformedArmor)?;
+    decryptor
+        .decrypt(identities.iter().map(|i| i.as_ref() as &dyn Identity))
+        .map(drop)
+        .map_err(|e| match e {
+            age::DecryptError::NoMatchingKeys => SecretError::NoMatchingIdentity,
+            _ => SecretError::Truncated,
+        })
+}
+
+/// An armoured value within the limits, trimmed.
+fn checked_armor(armored: &str) -> Result<&str, SecretError> {
     let text = armored.trim();
     if text.len() > MAX_CIPHERTEXT_BYTES || !text.starts_with("-----BEGIN AGE ENCRYPTED FILE-----") {
         return Err(SecretError::MalformedArmor);
@@ -126,6 +137,15 @@ pub fn decrypt(
     if !text.ends_with("-----END AGE ENCRYPTED FILE-----") {
         return Err(SecretError::Truncated);
     }
+    Ok(text)
+}
+
+/// Decrypts an armoured value with any of `identities`.
+pub fn decrypt(
+    armored: &str,
+    identities: &[Box<dyn Identity + Send + Sync>],
+) -> Result<Zeroizing<Vec<u8>>, SecretError> {
+    let text = checked_armor(armored)?;
     // A header that does not read is not age; a payload that does not is cut or corrupt.
     let decryptor = Decryptor::new(ArmoredReader::new(text.as_bytes())).map_err(|_| SecretError::MalformedArmor)?;
     let mut reader = decryptor
@@ -237,6 +257,16 @@ mod tests {
             "invalid-recipient"
         );
         let _ = control_r;
+    }
+
+    #[test]
+    fn opening_checks_the_identity_without_the_payload() {
+        let (id, r) = keypair();
+        let (other, _) = keypair();
+        let sealed = encrypt(b"value", &[r]).expect("encrypt");
+        assert!(opens(&sealed, &[id]).is_ok());
+        assert!(matches!(opens(&sealed, &[other]), Err(SecretError::NoMatchingIdentity)));
+        assert!(matches!(opens("not age", &[]), Err(SecretError::MalformedArmor)));
     }
 
     #[test]

@@ -411,7 +411,7 @@ impl Local {
                 continue;
             };
             if let Some((key, value)) = secret.data.iter().next()
-                && secrets::decrypt(value.armored(), &ids).is_err()
+                && secrets::opens(value.armored(), &ids).is_err()
             {
                 bail!(
                     "[secret-not-decryptable] {} does not open {key} of Secret {name}: add its recipient to the Secret (`pl secret recipients {name} --add RECIPIENT`) or give the identity that does",
