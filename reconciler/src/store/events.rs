@@ -1,0 +1,133 @@
+//! The append-only event stream: writing events in a transaction, reading them after a cursor,
+//! and the horizon a cursor may not pass (PostgreSQL commits ids out of order).
+
+use super::{Backend, Ledger, LedgerError, WriteTx};
+use sqlx::Row;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    pub id: i64,
+    pub at_ms: i64,
+    pub kind: String,
+    pub subject: String,
+    pub detail: String,
+}
+
+impl Ledger {
+    /// Appends one event in the caller's transaction.
+    pub(crate) async fn event(
+        &self,
+        tx: &mut WriteTx,
+        now_ms: i64,
+        kind: &str,
+        subject: &str,
+        detail: &str,
+    ) -> Result<(), LedgerError> {
+        self.events_in(tx, now_ms, &[(kind.to_owned(), subject.to_owned(), detail.to_owned())])
+            .await
+    }
+
+    /// Appends events, (kind, subject, detail), in the caller's transaction, many rows a
+    /// statement. The one way events are written.
+    pub(crate) async fn events_in(
+        &self,
+        tx: &mut WriteTx,
+        now_ms: i64,
+        events: &[(String, String, String)],
+    ) -> Result<(), LedgerError> {
+        for chunk in events.chunks(200) {
+            let marks = vec!["(?, ?, ?, ?)"; chunk.len()].join(", ");
+            let q = format!("INSERT INTO events (at, kind, subject, detail) VALUES {marks}");
+            let mut query = sqlx::query(self.sql(&q));
+            for (kind, subject, detail) in chunk {
+                query = query
+                    .bind(now_ms)
+                    .bind(kind.clone())
+                    .bind(subject.clone())
+                    .bind(detail.clone());
+            }
+            query.execute(&mut **tx).await?;
+        }
+        Ok(())
+    }
+
+    /// Events after a cursor, oldest first.
+    /// Events after a cursor, oldest first, up to the [`Self::event_horizon`]: a cursor never
+    /// passes an event whose transaction may still commit.
+    pub async fn events_after(&self, cursor: i64, limit: u32) -> Result<Vec<Event>, LedgerError> {
+        let Some(horizon) = self.event_horizon().await? else {
+            return Ok(Vec::new());
+        };
+        let rows = sqlx::query(
+            self.sql("SELECT id, at, kind, subject, detail FROM events WHERE id > ? AND id <= ? ORDER BY id LIMIT ?"),
+        )
+        .bind(cursor)
+        .bind(horizon)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Event {
+                    id: r.try_get(0)?,
+                    at_ms: r.try_get(1)?,
+                    kind: r.try_get(2)?,
+                    subject: r.try_get(3)?,
+                    detail: r.try_get(4)?,
+                })
+            })
+            .collect()
+    }
+
+    /// The largest event id below which no event can still appear, or `None` when writers that
+    /// may hold lower ids are still running after a short wait.
+    ///
+    /// SQLite has one writer at a time: ids commit in order, and the largest is the horizon.
+    /// On PostgreSQL, ids are taken at insert and commit in any order. The horizon is the
+    /// largest visible id, once every transaction that held a transaction id at that moment has
+    /// ended: any lower id not yet visible belongs to one of them (a writer takes its
+    /// transaction id before its event ids; `migrations/postgres/0006_event_cursor.sql`).
+    pub async fn event_horizon(&self) -> Result<Option<i64>, LedgerError> {
+        if self.backend == Backend::Sqlite {
+            return Ok(Some(
+                sqlx::query(self.sql("SELECT COALESCE(MAX(id), 0) FROM events"))
+                    .fetch_one(&self.pool)
+                    .await?
+                    .try_get(0)?,
+            ));
+        }
+        // The largest visible id, and every transaction that holds an id now. A transaction
+        // takes its id (and with it the lock on that id that `pg_locks` lists at once, unlike a
+        // snapshot, which leaves out ids newer than the last one completed) before its first
+        // event id; so any event below `max` that is not visible yet belongs to one of these.
+        let row = sqlx::query(self.sql(
+            "SELECT COALESCE((SELECT MAX(id) FROM events), 0), \
+             (SELECT COALESCE(string_agg(transactionid::text, ','), '') FROM pg_locks \
+              WHERE locktype = 'transactionid' AND mode = 'ExclusiveLock' AND granted)",
+        ))
+        .fetch_one(&self.pool)
+        .await?;
+        let (max, writers): (i64, String) = (row.try_get(0)?, row.try_get(1)?);
+        if writers.is_empty() {
+            return Ok(Some(max));
+        }
+        // Most writers end within milliseconds. A transaction's lock goes only after new
+        // snapshots see it committed, so once these locks are gone every id up to `max` is
+        // visible (or never will be).
+        for wait_ms in [0u64, 1, 2, 5, 10, 20, 50, 100, 200, 500] {
+            tokio::time::sleep(std::time::Duration::from_millis(wait_ms)).await;
+            let running: i64 = sqlx::query(self.sql(
+                "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'transactionid' AND mode = 'ExclusiveLock' \
+                 AND transactionid::text = ANY(string_to_array(?, ','))",
+            ))
+            .bind(&writers)
+            .fetch_one(&self.pool)
+            .await?
+            .try_get(0)?;
+            if running == 0 {
+                return Ok(Some(max));
+            }
+        }
+        Ok(None)
+    }
+}

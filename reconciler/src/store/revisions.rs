@@ -1,0 +1,117 @@
+//! Judged commits: a verdict once per (sha, branch), and where a branch stands (last judged,
+//! last accepted, deployed branches).
+
+use super::{Ledger, LedgerError, WriteTx};
+use sqlx::Row;
+
+impl Ledger {
+    /// Records the judgement of a commit of `branch`, with an event, in one transaction.
+    /// Returns `false` (and writes nothing) when that commit was judged before.
+    pub async fn record_revision(
+        &self,
+        branch: &str,
+        j: &state_repo::revision::Judgement,
+        now_ms: i64,
+    ) -> Result<bool, LedgerError> {
+        let mut tx = self.write_tx().await?;
+        let id = self.record_revision_in(&mut tx, branch, j, now_ms).await?;
+        tx.commit().await?;
+        Ok(id.is_some())
+    }
+
+    /// Records a judgement in the caller's transaction; `None` when it was judged before.
+    pub(crate) async fn record_revision_in(
+        &self,
+        tx: &mut WriteTx,
+        branch: &str,
+        j: &state_repo::revision::Judgement,
+        now_ms: i64,
+    ) -> Result<Option<i64>, LedgerError> {
+        let verdict = if j.accepted() { "accepted" } else { "rejected" };
+        let reasons = serde_json::to_string(&j.reasons)?;
+        let row = sqlx::query(self.sql(
+            "INSERT INTO revisions (sha, branch, verdict, principals, fingerprint, reasons, seen_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (sha, branch) DO NOTHING RETURNING id",
+        ))
+        .bind(&j.sha)
+        .bind(branch)
+        .bind(verdict)
+        .bind(j.principals.clone())
+        .bind(j.fingerprint.clone())
+        .bind(&reasons)
+        .bind(now_ms)
+        .fetch_optional(&mut **tx)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let detail = if j.accepted() {
+            j.principals.clone().unwrap_or_default()
+        } else {
+            j.reasons.iter().map(|x| x.code.as_str()).collect::<Vec<_>>().join(",")
+        };
+        let subject = format!("{branch}@{}", j.sha);
+        self.event(tx, now_ms, &format!("revision-{verdict}"), &subject, &detail)
+            .await?;
+        Ok(Some(row.try_get(0)?))
+    }
+
+    /// The newest accepted commit of a branch: the one in force.
+    pub async fn last_accepted(&self, branch: &str) -> Result<Option<String>, LedgerError> {
+        self.branch_position(branch, "AND verdict = 'accepted'").await
+    }
+
+    /// The newest of `branch`'s revisions (those `filter` keeps) and of its approved rewrites
+    /// applied again: a return to an earlier accepted commit puts that commit back in force.
+    /// Two indexed reads of one row each, however long the history.
+    pub(crate) async fn branch_position(&self, branch: &str, filter: &str) -> Result<Option<String>, LedgerError> {
+        let q = format!("SELECT sha, seen_at FROM revisions WHERE branch = ? {filter} ORDER BY id DESC LIMIT 1");
+        let judged = sqlx::query(self.sql(&q))
+            .bind(branch)
+            .fetch_optional(&self.pool)
+            .await?;
+        let again = sqlx::query(self.sql(
+            "SELECT sha, applied_at FROM history_rewrites WHERE branch = ? AND applied_at IS NOT NULL \
+             ORDER BY applied_at DESC, id DESC LIMIT 1",
+        ))
+        .bind(branch)
+        .fetch_optional(&self.pool)
+        .await?;
+        let read = |r: Option<sqlx::any::AnyRow>| -> Result<Option<(String, i64)>, LedgerError> {
+            r.map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).transpose()
+        };
+        Ok(match (read(judged)?, read(again)?) {
+            (Some((sha, seen)), Some((again_sha, applied))) => Some(if applied >= seen { again_sha } else { sha }),
+            (one, other) => one.or(other).map(|(sha, _)| sha),
+        })
+    }
+
+    /// A judged commit's verdict and reason codes.
+    pub async fn revision(&self, branch: &str, sha: &str) -> Result<Option<(String, Vec<String>)>, LedgerError> {
+        let row = sqlx::query(self.sql("SELECT verdict, reasons FROM revisions WHERE branch = ? AND sha = ?"))
+            .bind(branch)
+            .bind(sha)
+            .fetch_optional(&self.pool)
+            .await?;
+        let Some(r) = row else { return Ok(None) };
+        let reasons: Vec<serde_json::Value> = serde_json::from_str(&r.try_get::<String, _>(1)?)?;
+        Ok(Some((
+            r.try_get(0)?,
+            reasons
+                .iter()
+                .filter_map(|v| v["code"].as_str().map(str::to_owned))
+                .collect(),
+        )))
+    }
+
+    /// The newest commit of a branch judged at all, accepted or not.
+    pub async fn last_judged(&self, branch: &str) -> Result<Option<String>, LedgerError> {
+        self.branch_position(branch, "").await
+    }
+
+    /// Branches with deployments that are not torn down.
+    pub async fn deployed_branches(&self) -> Result<Vec<String>, LedgerError> {
+        let rows =
+            sqlx::query(self.sql("SELECT DISTINCT branch FROM deployments WHERE action = 'rollout' ORDER BY branch"))
+                .fetch_all(&self.pool)
+                .await?;
+        rows.iter().map(|r| r.try_get(0).map_err(LedgerError::from)).collect()
+    }
+}
