@@ -2,7 +2,7 @@
 //! executors. The `pl-agent` binary is a thin shell around it.
 //!
 //! Architecture invariant: the agent sees no SQL and no domain types of the control plane: it
-//! speaks `agent-proto`, and Docker only through bollard (`docker.rs`). It links neither gix
+//! speaks `agent-proto`, and Docker only through bollard (`docker/`). It links neither gix
 //! nor `state-schema` (`tests/deps.rs`).
 
 pub mod build;

@@ -1,6 +1,6 @@
 //! `pl-agent run`: heartbeats with what the node can run and what runs, leases its own jobs
 //! with the lease loop (`lease_loop.rs`: one environment's tasks in order, different
-//! environments in parallel up to a bound, each end reported with its fencing proof). The executors live in `docker.rs`, `firewall.rs`, `routes.rs` and
+//! environments in parallel up to a bound, each end reported with its fencing proof). The executors live in `docker/`, `firewall.rs`, `routes.rs` and
 //! `ingress.rs`; a task for an executor the configuration turns off fails for good with
 //! `executor-missing`, never pretends.
 

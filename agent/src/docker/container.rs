@@ -1,0 +1,425 @@
+//! Containers: a replica created hardened with our labels, started and probed until healthy,
+//! repaired, stopped when an older generation, torn down, or run once for a job.
+
+use super::*;
+
+impl Engine {
+    pub(super) fn labels(&self, app: &ApplicationSpec) -> HashMap<String, String> {
+        let mut l = HashMap::from([
+            (OWNED.to_owned(), "true".to_owned()),
+            (CONTROL_PLANE.to_owned(), self.control_plane.clone()),
+            (NODE.to_owned(), self.node.clone()),
+            (ENVIRONMENT.to_owned(), app.environment.clone()),
+            (DEPLOYMENT.to_owned(), app.deployment.clone()),
+            (ROLE.to_owned(), app.role.clone()),
+            (GENERATION.to_owned(), app.generation.to_string()),
+            (SPEC_HASH.to_owned(), app.spec_hash.clone()),
+        ]);
+        if let Some(i) = app.instance {
+            l.insert(INSTANCE.to_owned(), i.to_string());
+        }
+        l
+    }
+
+    /// Creates the hardened container: read-only root, a small `/tmp` tmpfs, every capability
+    /// dropped, no new privileges, the role's CPU, memory (and swap) and pids limits, no
+    /// published port, only the environment's network, an init as PID 1.
+    pub(super) async fn create(&self, app: &ApplicationSpec, secrets: Option<&Path>) -> Result<(), Failure> {
+        let host = HostConfig {
+            readonly_rootfs: Some(true),
+            tmpfs: Some(HashMap::from([(
+                "/tmp".to_owned(),
+                "rw,noexec,nosuid,nodev,size=64m".to_owned(),
+            )])),
+            cap_drop: Some(vec!["ALL".into()]),
+            security_opt: Some(vec!["no-new-privileges".into()]),
+            nano_cpus: Some(i64::try_from(app.cpu_millis.saturating_mul(1_000_000)).unwrap_or(i64::MAX)),
+            memory: Some(i64::try_from(app.memory_bytes).unwrap_or(i64::MAX)),
+            memory_swap: Some(i64::try_from(app.memory_bytes).unwrap_or(i64::MAX)),
+            pids_limit: Some(i64::from(app.pids)),
+            network_mode: Some(app.network.network.clone()),
+            init: Some(true),
+            binds: secrets.map(|d| vec![format!("{}:/run/secrets:ro", d.display())]),
+            // Output is bounded on disk whatever the engine's default driver: a container that
+            // writes without end could otherwise fill the disk under every environment and the
+            // ledger (24 MiB of stdout grew the host's log by 25.6 MiB in the review).
+            log_config: Some(HostConfigLogConfig {
+                typ: Some("json-file".to_owned()),
+                config: Some(HashMap::from([
+                    ("max-size".to_owned(), app.log_max_bytes.max(1 << 20).to_string()),
+                    ("max-file".to_owned(), app.log_max_files.clamp(1, 10).to_string()),
+                ])),
+            }),
+            ..HostConfig::default()
+        };
+        let body = ContainerCreateBody {
+            image: Some(app.image.clone()),
+            cmd: (!app.command.is_empty()).then(|| app.command.clone()),
+            env: Some(app.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+            labels: Some(self.labels(app)),
+            host_config: Some(host),
+            stop_timeout: Some(10),
+            ..ContainerCreateBody::default()
+        };
+        self.docker
+            .create_container(
+                Some(CreateContainerOptionsBuilder::default().name(&app.container).build()),
+                body,
+            )
+            .await
+            .map_err(|e| docker("container-create-failed", e))?;
+        Ok(())
+    }
+
+    /// One replica at its generation, healthy. See the module's rules for adopting, repairing
+    /// and refusing.
+    pub async fn ensure_application(&self, app: &ApplicationSpec) -> Result<String, Failure> {
+        let instance = app.instance.map(|i| i.to_string()).unwrap_or_default();
+        // A newer generation of this replica already runs: this task is stale.
+        for (name, labels, _) in self
+            .ours(&[
+                (ENVIRONMENT, &app.environment),
+                (ROLE, &app.role),
+                (INSTANCE, &instance),
+            ])
+            .await?
+        {
+            let g: u64 = labels.get(GENERATION).and_then(|g| g.parse().ok()).unwrap_or(0);
+            if g > app.generation {
+                return Err(permanent(
+                    "stale-generation",
+                    format!("{name} runs generation {g}, newer than {}", app.generation),
+                ));
+            }
+        }
+        let existing = match self.docker.inspect_container(&app.container, None).await {
+            Ok(c) => Some(c),
+            Err(e) if not_found(&e) => None,
+            Err(e) => return Err(docker("docker-unavailable", e)),
+        };
+        let mut note = "created";
+        if let Some(c) = existing {
+            let labels = c.config.as_ref().and_then(|c| c.labels.clone());
+            if !same_identity(labels.as_ref(), &self.control_plane, &self.node, app) {
+                return Err(foreign_container(app));
+            }
+            let hash = labels
+                .as_ref()
+                .and_then(|l| l.get(SPEC_HASH))
+                .cloned()
+                .unwrap_or_default();
+            if hash == app.spec_hash {
+                let running = c.state.and_then(|s| s.running).unwrap_or(false);
+                note = if running { "adopted" } else { "restarted" };
+            } else {
+                self.remove(&app.container).await?;
+            }
+        }
+        if note == "created" {
+            self.ensure_image(&app.image).await?;
+            let secrets = self.write_secrets(app)?;
+            self.create(app, secrets.as_deref()).await?;
+        }
+        if note != "adopted" {
+            self.docker
+                .start_container(&app.container, None)
+                .await
+                .map_err(|e| docker("container-start-failed", e))?;
+        }
+        if let Err(f) = self.healthy(app).await {
+            // A replica that never became healthy goes (its log tail is in the result), so it
+            // is neither left half-started nor restarted as drift; the generation before it
+            // keeps serving.
+            if f.outcome == agent_proto::Outcome::Permanent {
+                self.remove(&app.container).await?;
+            }
+            return Err(f);
+        }
+        Ok(format!("{} {note}, healthy", app.container))
+    }
+
+    /// Drift: the newest generation of each replica of ours should run. One found stopped
+    /// (by hand, or its process died) is started again; returns (environment, what) for each.
+    pub async fn repair_containers(&self) -> Result<Vec<(String, String)>, Failure> {
+        let mut newest: HashMap<(String, String, String), (u64, String, bool)> = HashMap::new();
+        for (name, labels, running) in self.ours(&[]).await? {
+            let (Some(env), Some(role), Some(instance)) =
+                (labels.get(ENVIRONMENT), labels.get(ROLE), labels.get(INSTANCE))
+            else {
+                continue; // runs have no instance: they are not kept running
+            };
+            let g: u64 = labels.get(GENERATION).and_then(|g| g.parse().ok()).unwrap_or(0);
+            let key = (env.clone(), role.clone(), instance.clone());
+            if newest.get(&key).is_none_or(|(n, _, _)| g > *n) {
+                newest.insert(key, (g, name, running));
+            }
+        }
+        let mut out = Vec::new();
+        for ((env, _, _), (_, name, running)) in newest {
+            if running {
+                continue;
+            }
+            match self.docker.start_container(&name, None).await {
+                Ok(()) => out.push((env, format!("container {name} was stopped: started again"))),
+                Err(e) => tracing::warn!(container = %name, error = %e, "cannot start a drifted container"),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Web roles: an HTTP probe of the health path until it answers 2xx, within the role's
+    /// deadline. Others: still running after [`WORKER_SETTLE`]. A missed deadline is permanent,
+    /// with the last probe outcomes and the log tail.
+    pub(super) async fn healthy(&self, app: &ApplicationSpec) -> Result<(), Failure> {
+        let exited = |detail: String| permanent("exited", detail);
+        let Some(health) = &app.health else {
+            tokio::time::sleep(WORKER_SETTLE).await;
+            return match self.running(&app.container).await? {
+                (true, _) => Ok(()),
+                (false, code) => Err(exited(format!(
+                    "exit code {code}\n{}",
+                    self.log_tail(&app.container).await
+                ))),
+            };
+        };
+        let deadline = Instant::now() + Duration::from_secs(u64::from(health.timeout_seconds.max(1)));
+        let mut probes: Vec<String> = Vec::new();
+        loop {
+            match self.running(&app.container).await? {
+                (true, _) => {}
+                (false, code) => {
+                    return Err(exited(format!(
+                        "exit code {code} before it was healthy\n{}",
+                        self.log_tail(&app.container).await
+                    )));
+                }
+            }
+            let outcome = match self.address(&app.container, &app.network.network).await {
+                None => "no address yet".to_owned(),
+                Some(ip) => probe(&ip, app.port.unwrap_or(80), &health.path).await,
+            };
+            if outcome.starts_with('2') {
+                return Ok(());
+            }
+            probes.push(outcome);
+            if probes.len() > 5 {
+                probes.remove(0);
+            }
+            if Instant::now() >= deadline {
+                return Err(permanent(
+                    "health-deadline",
+                    format!(
+                        "not healthy within {} s; last probes: {}\n{}",
+                        health.timeout_seconds,
+                        probes.join("; "),
+                        self.log_tail(&app.container).await
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Whether the container runs, and its exit code when it does not.
+    pub(super) async fn running(&self, container: &str) -> Result<(bool, i64), Failure> {
+        let c = self
+            .docker
+            .inspect_container(container, None)
+            .await
+            .map_err(|e| docker("docker-unavailable", e))?;
+        let s = c.state.unwrap_or_default();
+        Ok((s.running.unwrap_or(false), s.exit_code.unwrap_or(0)))
+    }
+
+    /// Removes a container of ours (and its secret files); gone already is fine.
+    pub(super) async fn remove(&self, container: &str) -> Result<(), Failure> {
+        match self
+            .docker
+            .remove_container(
+                container,
+                Some(RemoveContainerOptionsBuilder::default().force(true).build()),
+            )
+            .await
+        {
+            Ok(()) => {}
+            Err(e) if not_found(&e) => {}
+            Err(e) => return Err(docker("container-remove-failed", e)),
+        }
+        let dir = self.secrets_dir.join(container);
+        if dir.starts_with(&self.secrets_dir) && dir != self.secrets_dir {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        Ok(())
+    }
+
+    /// Stops the replica's containers of generations older than `generation` (the new one is
+    /// healthy by now); those two or more generations back are removed.
+    pub async fn stop_older(
+        &self,
+        environment: &str,
+        role: &str,
+        instance: u32,
+        generation: u64,
+    ) -> Result<String, Failure> {
+        let instance = instance.to_string();
+        let mut done = Vec::new();
+        for (name, labels, running) in self
+            .ours(&[(ENVIRONMENT, environment), (ROLE, role), (INSTANCE, &instance)])
+            .await?
+        {
+            let g: u64 = labels.get(GENERATION).and_then(|g| g.parse().ok()).unwrap_or(0);
+            if g >= generation {
+                continue;
+            }
+            if g + 1 < generation {
+                self.remove(&name).await?;
+                done.push(format!("{name} removed"));
+            } else if running {
+                match self
+                    .docker
+                    .stop_container(&name, Some(StopContainerOptionsBuilder::default().t(10).build()))
+                    .await
+                {
+                    Ok(()) => done.push(format!("{name} stopped")),
+                    Err(e) if not_found(&e) => {}
+                    Err(DockerError::DockerResponseServerError { status_code: 304, .. }) => {}
+                    Err(e) => return Err(docker("container-stop-failed", e)),
+                }
+            }
+        }
+        Ok(if done.is_empty() {
+            "nothing older runs".into()
+        } else {
+            done.join(", ")
+        })
+    }
+
+    /// Removes every container of the replica, of any generation up to `generation`.
+    pub async fn teardown(
+        &self,
+        environment: &str,
+        role: &str,
+        instance: u32,
+        generation: u64,
+    ) -> Result<String, Failure> {
+        let instance = instance.to_string();
+        let mut n = 0;
+        for (name, labels, _) in self
+            .ours(&[(ENVIRONMENT, environment), (ROLE, role), (INSTANCE, &instance)])
+            .await?
+        {
+            let g: u64 = labels.get(GENERATION).and_then(|g| g.parse().ok()).unwrap_or(0);
+            if g <= generation {
+                self.remove(&name).await?;
+                n += 1;
+            }
+        }
+        Ok(format!("{n} containers removed"))
+    }
+
+    /// A run of a job or release role: the same hardened container, bounded in time, removed
+    /// on every way out. Exit 0 succeeds; another exit code is permanent, with the log tail. A
+    /// run found finished (a replay after a crash) is judged by its exit code.
+    pub async fn run_once(&self, app: &ApplicationSpec, timeout: Duration) -> Result<String, Failure> {
+        let existing = match self.docker.inspect_container(&app.container, None).await {
+            Ok(c) => Some(c),
+            Err(e) if not_found(&e) => None,
+            Err(e) => return Err(docker("docker-unavailable", e)),
+        };
+        match existing {
+            Some(c)
+                if !same_identity(
+                    c.config.as_ref().and_then(|c| c.labels.as_ref()),
+                    &self.control_plane,
+                    &self.node,
+                    app,
+                ) =>
+            {
+                return Err(foreign_container(app));
+            }
+            Some(_) => {}
+            None => {
+                self.ensure_image(&app.image).await?;
+                let secrets = self.write_secrets(app)?;
+                self.create(app, secrets.as_deref()).await?;
+                if let Err(e) = self.docker.start_container(&app.container, None).await {
+                    self.remove(&app.container).await?;
+                    return Err(docker("container-start-failed", e));
+                }
+            }
+        }
+        let started = Instant::now();
+        let code = loop {
+            match self.running(&app.container).await {
+                Ok((false, code)) => break code,
+                Ok((true, _)) if started.elapsed() < timeout => tokio::time::sleep(Duration::from_millis(200)).await,
+                Ok((true, _)) => {
+                    let tail = self.log_tail(&app.container).await;
+                    self.remove(&app.container).await?;
+                    return Err(permanent(
+                        "run-timeout",
+                        format!("still running after {} s\n{tail}", timeout.as_secs()),
+                    ));
+                }
+                Err(f) => return Err(f),
+            }
+        };
+        let tail = self.log_tail(&app.container).await;
+        self.remove(&app.container).await?;
+        if code == 0 {
+            Ok(format!("exit code 0\n{tail}"))
+        } else {
+            Err(permanent("exit-code", format!("exit code {code}\n{tail}")))
+        }
+    }
+}
+
+/// Largest header block a health probe reads; its body is never read.
+pub const PROBE_MAX_HEADER_BYTES: usize = 8 * 1024;
+/// How long one health probe may take, connection included.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// One HTTP GET of `path` on the instance's own `ip:port` (ureq): the status code, or why not.
+///
+/// The agent runs as root on the host, so a probe must never become a request to anywhere
+/// else: it follows no redirect (a 3xx fails the probe, saying where it pointed; the hardening
+/// review had a container redirect the probe to a loopback service and from there to the
+/// metadata address, and the replica was judged healthy), uses no proxy from the environment,
+/// takes `ip` only as an address (never a name to resolve), and reads at most
+/// [`PROBE_MAX_HEADER_BYTES`] of headers and no body, within [`PROBE_TIMEOUT`].
+async fn probe(ip: &str, port: u16, path: &str) -> String {
+    let Ok(ip) = ip.parse::<std::net::IpAddr>() else {
+        return format!("address {ip:?} is not an IP address");
+    };
+    if !path.starts_with('/') || path.len() > 1024 || !path.bytes().all(|b| b.is_ascii_graphic()) {
+        return "the health path is not an absolute URL path".to_owned();
+    }
+    let url = format!("http://{}{path}", std::net::SocketAddr::new(ip, port));
+    tokio::task::spawn_blocking(move || {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .max_redirects(0)
+            .proxy(None)
+            .max_response_header_size(PROBE_MAX_HEADER_BYTES)
+            .timeout_global(Some(PROBE_TIMEOUT))
+            .build()
+            .into();
+        match agent.get(&url).call() {
+            Ok(r) if r.status().is_redirection() => {
+                let to = r
+                    .headers()
+                    .get("location")
+                    .map(|l| String::from_utf8_lossy(l.as_bytes()).into_owned())
+                    .unwrap_or_default();
+                format!(
+                    "{} redirect to {to:.120} not followed (a probe goes only to the instance itself)",
+                    r.status().as_u16()
+                )
+            }
+            Ok(r) => r.status().as_u16().to_string(),
+            Err(e) => e.to_string(),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| e.to_string())
+}

@@ -1,0 +1,225 @@
+//! The Docker executors (bollard): an environment's bridge network, a replica's hardened
+//! container with its health, a run of a job or release role, and their removal. Each is safe
+//! to run twice: it adopts what matches (same name, our labels, same spec hash), repairs what
+//! drifted (a stopped container of ours is started), and refuses what is not ours (a container
+//! or network with our name and without our labels) with a stable code.
+//!
+//! Architecture invariant: the agent touches only objects labelled `dev.pushleft.owned=true`;
+//! a secret value is never in a container's environment, labels, command or `docker inspect`:
+//! it is a file under a read-only bind of `/run/secrets`.
+
+mod container;
+mod image;
+mod network;
+mod secrets;
+
+pub use network::pool_slots;
+
+use crate::outcome::{Failure, permanent, retryable};
+use agent_proto::{ApplicationSpec, NetworkSpec};
+use bollard::Docker;
+use bollard::errors::Error as DockerError;
+use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, Ipam, IpamConfig, NetworkCreateRequest};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, CreateImageOptionsBuilder, ListContainersOptionsBuilder, LogsOptionsBuilder,
+    RemoveContainerOptionsBuilder, StopContainerOptionsBuilder,
+};
+use futures_util::StreamExt;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The label every object the agent made carries.
+pub const OWNED: &str = "dev.pushleft.owned";
+pub const ENVIRONMENT: &str = "dev.pushleft.environment";
+pub const DEPLOYMENT: &str = "dev.pushleft.deployment";
+pub const ROLE: &str = "dev.pushleft.role";
+pub const INSTANCE: &str = "dev.pushleft.instance";
+pub const GENERATION: &str = "dev.pushleft.generation";
+pub const SPEC_HASH: &str = "dev.pushleft.spec-hash";
+/// The node whose agent made it: agents sharing one engine (several nodes on one machine)
+/// each see only their own containers.
+pub const NODE: &str = "dev.pushleft.node";
+/// The control plane whose agent made it: agents of several control planes sharing one engine
+/// (two repositories' `pl up`, two fleets on one node) each see only their own.
+pub const CONTROL_PLANE: &str = "dev.pushleft.control-plane";
+
+/// Largest log tail a result carries.
+pub const LOG_TAIL_BYTES: usize = 16 * 1024;
+/// How long a run (job or release role) may take.
+pub const RUN_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+/// How long a worker must stay up to count as started.
+pub const WORKER_SETTLE: Duration = Duration::from_secs(2);
+
+/// The Docker side of the agent: the engine and where secret files live.
+pub struct Engine {
+    pub docker: Docker,
+    /// The control plane's id (from enrolment): on every object's labels, and in every filter.
+    pub control_plane: String,
+    /// This node's name (its certificate's): on every container's labels, and in every filter.
+    pub node: String,
+    /// A folder on a tmpfs (`/run/...`) holding each container's secret files.
+    pub secrets_dir: PathBuf,
+    /// The node's age identity file (from enrolment), which opens sealed secrets.
+    pub identity: PathBuf,
+    /// The images this agent pulled, one reference a line: the only images it ever removes.
+    pub pulled: PathBuf,
+    /// Held while that file is read and rewritten (tasks of a step and the drift round run at
+    /// once).
+    pulled_lock: std::sync::Mutex<()>,
+    /// Credentials files by registry (`127.0.0.1:5000`), for pulls from registries that want
+    /// them (`pl up`'s build registry).
+    registry_auth: std::collections::BTreeMap<String, PathBuf>,
+}
+
+fn not_found(e: &DockerError) -> bool {
+    matches!(e, DockerError::DockerResponseServerError { status_code: 404, .. })
+}
+
+/// A Docker error as a failure: unreachable or a server error is worth retrying.
+fn docker(code: &'static str, e: DockerError) -> Failure {
+    retryable(code, format!("docker: {e}"))
+}
+
+fn owned(labels: Option<&HashMap<String, String>>) -> bool {
+    labels.and_then(|l| l.get(OWNED)).is_some_and(|v| v == "true")
+}
+
+/// Whether labels say the object is this control plane's and this node's (ours to change).
+fn mine(labels: Option<&HashMap<String, String>>, control_plane: &str, node: &str) -> bool {
+    let is = |key: &str, want: &str| labels.and_then(|l| l.get(key)).is_some_and(|v| v == want);
+    owned(labels) && is(CONTROL_PLANE, control_plane) && is(NODE, node)
+}
+
+/// Whether a container found under `app`'s name is `app`'s own: our label, and its labels carry
+/// exactly this control plane, node, environment, role, instance and generation. Ownership is decided by the
+/// labels, never by the name: a container of another environment (or node) that happens to
+/// have the name is foreign, and is never removed or adopted.
+fn same_identity(
+    labels: Option<&HashMap<String, String>>,
+    control_plane: &str,
+    node: &str,
+    app: &ApplicationSpec,
+) -> bool {
+    let Some(l) = labels else { return false };
+    let is = |key: &str, want: &str| l.get(key).is_some_and(|v| v == want);
+    let instance = app.instance.map(|i| i.to_string());
+    mine(labels, control_plane, node)
+        && is(ENVIRONMENT, &app.environment)
+        && is(ROLE, &app.role)
+        && is(GENERATION, &app.generation.to_string())
+        && l.get(INSTANCE) == instance.as_ref()
+}
+
+fn foreign_container(app: &ApplicationSpec) -> Failure {
+    permanent(
+        "foreign-container",
+        format!(
+            "a container named {} exists and is not this replica's (its labels name another owner): left untouched",
+            app.container
+        ),
+    )
+}
+
+impl Engine {
+    /// Connects to the engine at `socket`, negotiating the API version it speaks.
+    pub async fn connect(
+        socket: &Path,
+        control_plane: &str,
+        node: &str,
+        secrets_dir: PathBuf,
+        identity: PathBuf,
+        pulled: PathBuf,
+    ) -> Result<Engine, DockerError> {
+        let docker = Docker::connect_with_unix(&socket.to_string_lossy(), 120, bollard::API_DEFAULT_VERSION)?
+            .negotiate_version()
+            .await?;
+        Ok(Engine {
+            docker,
+            control_plane: control_plane.to_owned(),
+            node: node.to_owned(),
+            secrets_dir,
+            identity,
+            pulled,
+            pulled_lock: std::sync::Mutex::new(()),
+            registry_auth: std::collections::BTreeMap::new(),
+        })
+    }
+
+    /// Pulls from these registries carry the credentials in these files
+    /// ([`crate::registry_auth::read`]).
+    pub fn with_registry_auth(mut self, files: std::collections::BTreeMap<String, PathBuf>) -> Engine {
+        self.registry_auth = files;
+        self
+    }
+
+    /// Containers of ours with every label in `filter`, with their labels and state.
+    async fn ours(&self, filter: &[(&str, &str)]) -> Result<Vec<(String, HashMap<String, String>, bool)>, Failure> {
+        let mut labels = vec![
+            format!("{OWNED}=true"),
+            format!("{CONTROL_PLANE}={}", self.control_plane),
+            format!("{NODE}={}", self.node),
+        ];
+        labels.extend(filter.iter().map(|(k, v)| format!("{k}={v}")));
+        let filters = HashMap::from([("label".to_owned(), labels)]);
+        let list = self
+            .docker
+            .list_containers(Some(
+                ListContainersOptionsBuilder::default()
+                    .all(true)
+                    .filters(&filters)
+                    .build(),
+            ))
+            .await
+            .map_err(|e| docker("docker-unavailable", e))?;
+        Ok(list
+            .into_iter()
+            .map(|c| {
+                let name = c
+                    .names
+                    .and_then(|n| n.into_iter().next())
+                    .unwrap_or_default()
+                    .trim_start_matches('/')
+                    .to_owned();
+                let running = matches!(c.state, Some(bollard::models::ContainerSummaryStateEnum::RUNNING));
+                (name, c.labels.unwrap_or_default(), running)
+            })
+            .collect())
+    }
+
+    /// The last [`LOG_TAIL_BYTES`] of a container's output.
+    pub async fn log_tail(&self, container: &str) -> String {
+        let mut out = Vec::new();
+        let mut logs = self.docker.logs(
+            container,
+            Some(
+                LogsOptionsBuilder::default()
+                    .stdout(true)
+                    .stderr(true)
+                    .tail("200")
+                    .build(),
+            ),
+        );
+        // The engine sends at most 200 lines of at most 16 KiB each (it splits longer ones);
+        // only the last LOG_TAIL_BYTES are ever held.
+        while let Some(Ok(chunk)) = logs.next().await {
+            out.extend_from_slice(&chunk.into_bytes());
+            if out.len() > 2 * LOG_TAIL_BYTES {
+                out.drain(..out.len() - LOG_TAIL_BYTES);
+            }
+        }
+        let start = out.len().saturating_sub(LOG_TAIL_BYTES);
+        String::from_utf8_lossy(&out[start..]).into_owned()
+    }
+
+    /// The container's address on the environment network.
+    pub async fn address(&self, container: &str, network: &str) -> Option<String> {
+        let c = self.docker.inspect_container(container, None).await.ok()?;
+        c.network_settings?
+            .networks?
+            .get(network)?
+            .ip_address
+            .clone()
+            .filter(|a| !a.is_empty())
+    }
+}
