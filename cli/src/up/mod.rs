@@ -17,7 +17,9 @@ mod build;
 mod down;
 pub(crate) mod follow;
 mod local;
+mod mirror;
 mod processes;
+mod services;
 
 pub use down::{DownArgs, down};
 use local::{Local, Ports, Trust};
