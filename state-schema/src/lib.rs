@@ -11,6 +11,7 @@ pub mod deployment;
 pub mod desired;
 pub mod diag;
 pub mod edit;
+pub mod generations;
 pub mod incremental;
 pub mod model;
 pub mod parse;

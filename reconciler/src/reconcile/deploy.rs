@@ -13,8 +13,9 @@ use state_repo::revision::Judgement;
 use state_schema::canonical::{self, Secrets};
 use state_schema::deployment::DeploymentSpec;
 use state_schema::desired::{self, Desired};
+use state_schema::generations::{self, Action, Current, Scale, Start, Status};
 use state_schema::placement::Waiting;
-use state_schema::release::{self, Change};
+use state_schema::release::Change;
 use state_schema::rollout::{self, Step};
 use state_schema::values::Name;
 use std::collections::{BTreeMap, BTreeSet};
@@ -50,42 +51,19 @@ impl Kept<'_> {
     }
 }
 
-/// A generation about to start.
-struct Start {
-    action: &'static str,
-    spec: DeploymentSpec,
-    spec_hash: String,
-    retired: Vec<DeploymentSpec>,
+/// A generation as the ledger stores it.
+fn g(generation: u64) -> i64 {
+    i64::try_from(generation).unwrap_or(i64::MAX)
+}
+
+fn steps_of(
+    action: Action,
+    env: &Name,
     generation: u64,
-    /// Whether the environment had a generation before (and so may have jobs to cancel).
-    existed: bool,
-}
-
-impl Start {
-    fn g(&self) -> i64 {
-        i64::try_from(self.generation).unwrap_or(i64::MAX)
-    }
-}
-
-/// A deployment row as the planner compares it; the specs are read only for the deployments
-/// that get a new generation.
-struct Current {
-    generation: i64,
-    action: String,
-    status: String,
-    spec_hash: String,
-}
-
-/// A deployment that scales at its current generation (`release::change` said so).
-struct Scale {
-    spec: DeploymentSpec,
-    spec_hash: String,
-    generation: u64,
-    change: Change,
-}
-
-fn steps_of(action: &str, env: &Name, generation: u64, spec: &DeploymentSpec, retired: &[DeploymentSpec]) -> Vec<Step> {
-    if action == "teardown" {
+    spec: &DeploymentSpec,
+    retired: &[DeploymentSpec],
+) -> Vec<Step> {
+    if action == Action::Teardown {
         let mut running = retired.to_vec();
         running.push(spec.clone());
         rollout::teardown_steps(env, generation, &running)
@@ -387,10 +365,16 @@ impl Ledger {
         .fetch_all(&mut **tx)
         .await?
         {
+            let (action, status): (String, String) = (r.try_get(2)?, r.try_get(3)?);
+            let (Some(action), Some(status)) = (Action::parse(&action), Status::parse(&status)) else {
+                return Err(LedgerError::Corrupt(format!(
+                    "a deployment row says {action:?}, {status:?}"
+                )));
+            };
             let current = Current {
-                generation: r.try_get(1)?,
-                action: r.try_get(2)?,
-                status: r.try_get(3)?,
+                generation: gen_u64(r.try_get(1)?),
+                action,
+                status,
                 spec_hash: r.try_get(4)?,
             };
             out.insert(r.try_get(0)?, current);
@@ -462,110 +446,40 @@ impl Ledger {
         now_ms: i64,
         applied: &mut Applied,
     ) -> Result<(), LedgerError> {
-        let mut current = self.current_of(tx, branch).await?;
+        let current = self.current_of(tx, branch).await?;
         // Deployments are written first, then what waits is remembered on them.
         let waits: Vec<(String, Vec<Waiting>)> = wanted
             .iter()
             .map(|d| (d.spec.environment.to_string(), d.waiting.clone()))
             .collect();
-        // What changed, first from hashes alone; then specs are read for those only.
-        let mut changed: Vec<(Desired, Option<Current>)> = Vec::new();
-        for d in wanted {
-            let now = current.remove(d.spec.environment.as_str());
-            if let Some(c) = &now
-                && c.action == "rollout"
-                && c.spec_hash == d.spec_hash
-            {
-                continue;
-            }
-            changed.push((d, now));
-        }
-        let gone: Vec<(String, Current)> = current
-            .into_iter()
-            .filter(|(env, c)| c.action != "teardown" && !kept.contains(env.as_str()))
-            .collect();
-        let new: Vec<&str> = changed
-            .iter()
-            .filter(|(_, c)| c.is_none())
-            .map(|(d, _)| d.spec.environment.as_str())
-            .collect();
+        // What changed, first from hashes alone; then specs and owners are read for those only,
+        // and the decision is `generations::decide`'s.
+        let changes = generations::changes(wanted, current, |env| kept.contains(env));
         // The first branch to deploy a name keeps it.
-        let owners = self.owners_of(tx, branch, &new).await?;
-        let existing: Vec<&str> = changed
-            .iter()
-            .filter(|(_, c)| c.is_some())
-            .map(|(d, _)| d.spec.environment.as_str())
-            .chain(gone.iter().map(|(env, _)| env.as_str()))
-            .collect();
-        let mut specs = self.specs_of(tx, &existing).await?;
-        let mut starts: Vec<Start> = Vec::new();
-        let mut scales: Vec<Scale> = Vec::new();
-        let mut events: Vec<(String, String, String)> = Vec::new();
-        for (d, now) in changed {
-            let env = d.spec.environment.to_string();
-            if let Some(owner) = owners.get(&env) {
+        let owners = self.owners_of(tx, branch, &changes.new_environments()).await?;
+        let specs = self.specs_of(tx, &changes.existing_environments()).await?;
+        let decision = generations::decide(changes, &owners, specs);
+        let events: Vec<(String, String, String)> = decision
+            .conflicts
+            .into_iter()
+            .map(|(env, owner)| {
                 let detail = format!("branch {branch} declares an environment that branch {owner} deploys");
-                events.push(("deployment-conflict".into(), env, detail));
-                continue;
+                ("deployment-conflict".to_owned(), env, detail)
+            })
+            .collect();
+        let (starts, scales) = (decision.starts, decision.scales);
+        for s in &starts {
+            let entry = (s.spec.environment.to_string(), s.generation);
+            match s.action {
+                Action::Rollout => applied.rollouts.push(entry),
+                Action::Teardown => applied.teardowns.push(entry),
             }
-            // A finished rollout whose release stays the same scales at its generation; the
-            // decision is `release::change`, the one `pl plan` prints rollouts from.
-            if let (Some(c), Some((stored, _))) = (&now, specs.get(&env))
-                && c.action == "rollout"
-                && c.status == "done"
-            {
-                let change = release::change(stored, &d.spec);
-                if change != Change::Generation {
-                    specs.remove(&env);
-                    scales.push(Scale {
-                        spec: d.spec,
-                        spec_hash: d.spec_hash,
-                        generation: gen_u64(c.generation),
-                        change,
-                    });
-                    continue;
-                }
-            }
-            let (generation, retired, existed) = match (now, specs.remove(&env)) {
-                (Some(c), Some((spec, mut retired))) => {
-                    if !retired.contains(&spec) {
-                        retired.push(spec);
-                    }
-                    (gen_u64(c.generation) + 1, retired, true)
-                }
-                (Some(c), None) => (gen_u64(c.generation) + 1, Vec::new(), true),
-                (None, _) => (1, Vec::new(), false),
-            };
-            applied.rollouts.push((env, generation));
-            starts.push(Start {
-                action: "rollout",
-                spec: d.spec,
-                spec_hash: d.spec_hash,
-                retired,
-                generation,
-                existed,
-            });
-        }
-        for (env, c) in gone {
-            let Some((spec, retired)) = specs.remove(&env) else {
-                continue;
-            };
-            let generation = gen_u64(c.generation) + 1;
-            applied.teardowns.push((env, generation));
-            starts.push(Start {
-                action: "teardown",
-                spec,
-                spec_hash: String::new(),
-                retired,
-                generation,
-                existed: true,
-            });
         }
         self.events_in(tx, now_ms, &events).await?;
         // Every node a new or scaled generation runs on gets the environment's subnet first.
         let pairs: Vec<(String, String)> = starts
             .iter()
-            .filter(|s| s.action == "rollout")
+            .filter(|s| s.action == Action::Rollout)
             .map(|s| &s.spec)
             .chain(scales.iter().map(|s| &s.spec))
             .flat_map(|spec| spec.nodes.iter().map(|n| (spec.environment.to_string(), n.to_string())))
@@ -668,7 +582,7 @@ impl Ledger {
                 );
                 let mut query = sqlx::query(self.sql(&q)).bind(now_ms);
                 for s in &existed {
-                    query = query.bind(s.spec.environment.as_str().to_owned()).bind(s.g());
+                    query = query.bind(s.spec.environment.as_str().to_owned()).bind(g(s.generation));
                 }
                 let mut cancelled: BTreeMap<String, usize> = BTreeMap::new();
                 for r in query.fetch_all(&mut **tx).await? {
@@ -695,7 +609,7 @@ impl Ledger {
                 let step = first.map_or(steps.len() as i64, |i| i as i64);
                 let env = s.spec.environment.as_str();
                 events.push((
-                    format!("deployment-{}", s.action),
+                    format!("deployment-{}", s.action.as_str()),
                     env.to_owned(),
                     format!("generation {}", s.generation),
                 ));
@@ -705,8 +619,8 @@ impl Ledger {
                 query = query
                     .bind(env.to_owned())
                     .bind(branch.to_owned())
-                    .bind(s.g())
-                    .bind(s.action)
+                    .bind(g(s.generation))
+                    .bind(s.action.as_str())
                     .bind(status)
                     .bind(step)
                     .bind(s.spec_hash.clone())
@@ -724,9 +638,9 @@ impl Ledger {
             for s in chunk {
                 query = query
                     .bind(s.spec.environment.as_str().to_owned())
-                    .bind(s.g())
+                    .bind(g(s.generation))
                     .bind(branch.to_owned())
-                    .bind(s.action)
+                    .bind(s.action.as_str())
                     .bind(s.spec_hash.clone())
                     .bind(revision)
                     .bind(now_ms);
@@ -849,7 +763,10 @@ impl Ledger {
             self.event(tx, now_ms, "deployment-failed", env, &detail).await?;
             return Ok(true);
         }
-        let steps = steps_of(&action, &spec.environment, gen_u64(generation), &spec, &retired);
+        let Some(action) = Action::parse(&action) else {
+            return Err(LedgerError::Corrupt(format!("a deployment row says {action:?}")));
+        };
+        let steps = steps_of(action, &spec.environment, gen_u64(generation), &spec, &retired);
         let next = first_step_from(&steps, usize::try_from(step).unwrap_or(0) + 1);
         match next {
             Some(s) => {
@@ -871,7 +788,7 @@ impl Ledger {
                 .bind(env)
                 .execute(&mut **tx)
                 .await?;
-                if action == "teardown" {
+                if action == Action::Teardown {
                     // Its networks are gone from every node: their subnets are free again.
                     sqlx::query(self.sql("DELETE FROM subnets WHERE environment = ?"))
                         .bind(env)

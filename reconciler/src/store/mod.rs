@@ -51,6 +51,8 @@ pub enum LedgerError {
     LeaderFile(#[source] std::io::Error),
     #[error("the operating system's random source failed: {0}")]
     Random(String),
+    #[error("a row holds what the ledger never writes: {0}")]
+    Corrupt(String),
 }
 
 /// The advisory-lock key of the leader: "pushleft" in ASCII.

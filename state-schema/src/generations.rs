@@ -1,0 +1,374 @@
+//! What a branch's wanted deployments do to the generations the ledger holds: which start a
+//! new rollout generation, which scale at their current one, which are torn down, and which
+//! another branch owns. Pure: the daemon reads the rows (`Current`, the stored specs, the
+//! owners), calls these two functions, and writes what they return; a test can call them with
+//! any rows.
+//!
+//! Two steps, because the daemon reads stored specs and owners only for what changed:
+//! [`changes`] compares hashes alone, [`decide`] decides with the specs of what changed.
+
+use crate::deployment::DeploymentSpec;
+use crate::desired::Desired;
+use crate::release::{self, Change};
+use std::collections::BTreeMap;
+
+/// What a deployment's current generation does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Action {
+    Rollout,
+    Teardown,
+}
+
+impl Action {
+    /// As the ledger writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Rollout => "rollout",
+            Action::Teardown => "teardown",
+        }
+    }
+
+    /// As the ledger wrote it; `None` for anything else.
+    pub fn parse(s: &str) -> Option<Action> {
+        match s {
+            "rollout" => Some(Action::Rollout),
+            "teardown" => Some(Action::Teardown),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Action {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where a deployment's current generation stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Status {
+    InProgress,
+    Done,
+    Failed,
+}
+
+impl Status {
+    /// As the ledger writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::InProgress => "in-progress",
+            Status::Done => "done",
+            Status::Failed => "failed",
+        }
+    }
+
+    /// As the ledger wrote it; `None` for anything else.
+    pub fn parse(s: &str) -> Option<Status> {
+        match s {
+            "in-progress" => Some(Status::InProgress),
+            "done" => Some(Status::Done),
+            "failed" => Some(Status::Failed),
+            _ => None,
+        }
+    }
+}
+
+/// A deployment of the branch as the ledger holds it (its specs are read later, for changes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Current {
+    pub generation: u64,
+    pub action: Action,
+    pub status: Status,
+    pub spec_hash: String,
+}
+
+/// What differs between the wanted deployments and the ledger's, by hash alone.
+#[derive(Debug, Default)]
+pub struct Changes {
+    /// Wanted deployments whose spec hash differs from what runs (or that do not run), with
+    /// the current generation when there is one.
+    pub changed: Vec<(Desired, Option<Current>)>,
+    /// Deployments of the branch no longer wanted (and not kept): torn down.
+    pub gone: Vec<(String, Current)>,
+}
+
+impl Changes {
+    /// The environments no generation of this branch runs yet: another branch may own them.
+    pub fn new_environments(&self) -> Vec<&str> {
+        self.changed
+            .iter()
+            .filter(|(_, c)| c.is_none())
+            .map(|(d, _)| d.spec.environment.as_str())
+            .collect()
+    }
+
+    /// The environments whose stored specs the decision needs.
+    pub fn existing_environments(&self) -> Vec<&str> {
+        self.changed
+            .iter()
+            .filter(|(_, c)| c.is_some())
+            .map(|(d, _)| d.spec.environment.as_str())
+            .chain(self.gone.iter().map(|(env, _)| env.as_str()))
+            .collect()
+    }
+}
+
+/// Compares `wanted` with the branch's deployments in the ledger (`current`): an unchanged
+/// rollout is left alone; a deployment no longer wanted is gone unless `kept` says otherwise
+/// (an unplaceable environment keeps what runs; a re-placement plans only what it moves).
+pub fn changes(wanted: Vec<Desired>, mut current: BTreeMap<String, Current>, kept: impl Fn(&str) -> bool) -> Changes {
+    let mut changed = Vec::new();
+    for d in wanted {
+        let now = current.remove(d.spec.environment.as_str());
+        if let Some(c) = &now
+            && c.action == Action::Rollout
+            && c.spec_hash == d.spec_hash
+        {
+            continue;
+        }
+        changed.push((d, now));
+    }
+    let gone = current
+        .into_iter()
+        .filter(|(env, c)| c.action != Action::Teardown && !kept(env))
+        .collect();
+    Changes { changed, gone }
+}
+
+/// A generation to start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Start {
+    pub action: Action,
+    pub spec: DeploymentSpec,
+    pub spec_hash: String,
+    /// Specs of older generations whose replicas may still run (the new steps retire them).
+    pub retired: Vec<DeploymentSpec>,
+    pub generation: u64,
+    /// Whether the environment had a generation before (and so may have jobs to cancel).
+    pub existed: bool,
+}
+
+/// A deployment that scales at its current generation (`release::change` said so).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Scale {
+    pub spec: DeploymentSpec,
+    pub spec_hash: String,
+    pub generation: u64,
+    pub change: Change,
+}
+
+/// What a branch's changes come to.
+#[derive(Debug, Default)]
+pub struct Decision {
+    /// Rollouts first, in the order of the wanted deployments, then teardowns.
+    pub starts: Vec<Start>,
+    pub scales: Vec<Scale>,
+    /// Environments another branch deploys: (environment, that branch). Nothing starts.
+    pub conflicts: Vec<(String, String)>,
+}
+
+/// Decides `changes` with the stored specs of the existing deployments (`specs`: spec and
+/// retired specs) and the branches that own new environments (`owners`). A finished rollout
+/// whose release stays the same scales at its generation (the decision is
+/// [`release::change`], the one `pl plan` prints rollouts from); any other change starts the
+/// next generation, and a gone deployment the next generation as a teardown.
+pub fn decide(
+    changes: Changes,
+    owners: &BTreeMap<String, String>,
+    mut specs: BTreeMap<String, (DeploymentSpec, Vec<DeploymentSpec>)>,
+) -> Decision {
+    let mut out = Decision::default();
+    for (d, now) in changes.changed {
+        let env = d.spec.environment.to_string();
+        if let Some(owner) = owners.get(&env) {
+            out.conflicts.push((env, owner.clone()));
+            continue;
+        }
+        if let (Some(c), Some((stored, _))) = (&now, specs.get(&env))
+            && c.action == Action::Rollout
+            && c.status == Status::Done
+        {
+            let change = release::change(stored, &d.spec);
+            if change != Change::Generation {
+                specs.remove(&env);
+                out.scales.push(Scale {
+                    spec: d.spec,
+                    spec_hash: d.spec_hash,
+                    generation: c.generation,
+                    change,
+                });
+                continue;
+            }
+        }
+        let (generation, retired, existed) = match (now, specs.remove(&env)) {
+            (Some(c), Some((spec, mut retired))) => {
+                if !retired.contains(&spec) {
+                    retired.push(spec);
+                }
+                (c.generation + 1, retired, true)
+            }
+            (Some(c), None) => (c.generation + 1, Vec::new(), true),
+            (None, _) => (1, Vec::new(), false),
+        };
+        out.starts.push(Start {
+            action: Action::Rollout,
+            spec: d.spec,
+            spec_hash: d.spec_hash,
+            retired,
+            generation,
+            existed,
+        });
+    }
+    for (env, c) in changes.gone {
+        let Some((spec, retired)) = specs.remove(&env) else {
+            continue;
+        };
+        out.starts.push(Start {
+            action: Action::Teardown,
+            spec,
+            spec_hash: String::new(),
+            retired,
+            generation: c.generation + 1,
+            existed: true,
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::deployment::Instance;
+    use crate::model::Placement;
+    use crate::values::Name;
+
+    fn n(s: &str) -> Name {
+        Name::new(s).expect("name")
+    }
+
+    fn spec(env: &str, replicas: u32, release: &str) -> DeploymentSpec {
+        DeploymentSpec {
+            environment: n(env),
+            project: n("p"),
+            instances: (0..replicas)
+                .map(|i| Instance {
+                    role: n("web"),
+                    index: i,
+                    node: n("n1"),
+                })
+                .collect(),
+            release: Vec::new(),
+            cron: Vec::new(),
+            hostnames: Vec::new(),
+            nodes: vec![n("n1")],
+            ingress_nodes: vec![n("n1")],
+            release_hash: release.into(),
+            pool: Some(n("main")),
+            placement: Placement::Spread,
+            replicas: BTreeMap::from([(n("web"), replicas)]),
+            roles: BTreeMap::new(),
+        }
+    }
+
+    fn desired(env: &str, replicas: u32, release: &str) -> Desired {
+        Desired {
+            spec: spec(env, replicas, release),
+            spec_hash: format!("{env}-{replicas}-{release}"),
+            waiting: Vec::new(),
+        }
+    }
+
+    fn current(env: &str, replicas: u32, release: &str, generation: u64, status: Status) -> Current {
+        Current {
+            generation,
+            action: Action::Rollout,
+            status,
+            spec_hash: format!("{env}-{replicas}-{release}"),
+        }
+    }
+
+    #[test]
+    fn unchanged_is_left_alone_new_starts_at_one_gone_is_torn_down_kept_stays() {
+        let rows = BTreeMap::from([
+            ("same".to_owned(), current("same", 1, "r1", 4, Status::Done)),
+            ("old".to_owned(), current("old", 1, "r1", 2, Status::Done)),
+            ("kept".to_owned(), current("kept", 1, "r1", 3, Status::Done)),
+        ]);
+        let c = changes(vec![desired("same", 1, "r1"), desired("fresh", 2, "r1")], rows, |e| {
+            e == "kept"
+        });
+        assert_eq!(c.new_environments(), ["fresh"]);
+        assert_eq!(c.existing_environments(), ["old"]);
+        let specs = BTreeMap::from([("old".to_owned(), (spec("old", 1, "r1"), Vec::new()))]);
+        let d = decide(c, &BTreeMap::new(), specs);
+        let starts: Vec<(Action, &str, u64, bool)> = d
+            .starts
+            .iter()
+            .map(|s| (s.action, s.spec.environment.as_str(), s.generation, s.existed))
+            .collect();
+        assert_eq!(
+            starts,
+            [(Action::Rollout, "fresh", 1, false), (Action::Teardown, "old", 3, true)]
+        );
+        assert!(d.scales.is_empty() && d.conflicts.is_empty());
+    }
+
+    #[test]
+    fn a_finished_rollout_with_the_same_release_scales_and_anything_else_rolls() {
+        let rows = BTreeMap::from([
+            ("done".to_owned(), current("done", 1, "r1", 5, Status::Done)),
+            ("busy".to_owned(), current("busy", 1, "r1", 5, Status::InProgress)),
+            (
+                "new-release".to_owned(),
+                current("new-release", 1, "r1", 5, Status::Done),
+            ),
+        ]);
+        let c = changes(
+            vec![
+                desired("done", 3, "r1"),
+                desired("busy", 3, "r1"),
+                desired("new-release", 1, "r2"),
+            ],
+            rows,
+            |_| false,
+        );
+        let specs: BTreeMap<_, _> = ["done", "busy", "new-release"]
+            .iter()
+            .map(|e| (e.to_string(), (spec(e, 1, "r1"), Vec::new())))
+            .collect();
+        let d = decide(c, &BTreeMap::new(), specs);
+        assert_eq!(d.scales.len(), 1);
+        assert_eq!(
+            (d.scales[0].spec.environment.as_str(), d.scales[0].generation),
+            ("done", 5)
+        );
+        assert!(matches!(d.scales[0].change, Change::Scale { .. }));
+        let rolled: Vec<(&str, u64, usize)> = d
+            .starts
+            .iter()
+            .map(|s| (s.spec.environment.as_str(), s.generation, s.retired.len()))
+            .collect();
+        // A rollout still going gets the next generation, and retires the stored spec.
+        assert_eq!(rolled, [("busy", 6, 1), ("new-release", 6, 1)]);
+    }
+
+    #[test]
+    fn another_branchs_environment_is_a_conflict_and_starts_nothing() {
+        let c = changes(vec![desired("shared", 1, "r1")], BTreeMap::new(), |_| false);
+        let owners = BTreeMap::from([("shared".to_owned(), "main".to_owned())]);
+        let d = decide(c, &owners, BTreeMap::new());
+        assert_eq!(d.conflicts, [("shared".to_owned(), "main".to_owned())]);
+        assert!(d.starts.is_empty());
+    }
+
+    #[test]
+    fn the_ledgers_words_read_back() {
+        for a in [Action::Rollout, Action::Teardown] {
+            assert_eq!(Action::parse(a.as_str()), Some(a));
+        }
+        for s in [Status::InProgress, Status::Done, Status::Failed] {
+            assert_eq!(Status::parse(s.as_str()), Some(s));
+        }
+        assert_eq!(Status::parse("DONE"), None);
+    }
+}
