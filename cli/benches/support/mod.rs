@@ -18,8 +18,11 @@ pub fn pl_binary() -> PathBuf {
 
 /// Runs git in `dir` without user or system config, under a fixed identity.
 pub fn git(dir: &Path, args: &[&str]) -> String {
+    // No automatic gc: one running in the background after a large commit makes the bench's
+    // own `git gc` fail ("gc is already running").
     let o = Command::new("git")
         .current_dir(dir)
+        .args(["-c", "gc.auto=0"])
         .args(args)
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
         .env("GIT_CONFIG_NOSYSTEM", "1")
