@@ -24,16 +24,19 @@ fn refusal(r: Result<impl std::fmt::Debug, ClientError>) -> Refusal {
     }
 }
 
-#[test]
-fn nodes_lease_only_their_own_work_over_mutual_tls() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let repo = Repo::new(dir.path());
-    std::fs::write(dir.path().join("allowed_signers"), &repo.signers).expect("signers");
-    repo.write("projects/api.yaml", &project("api", 1));
-    repo.write("envs/api-production.yaml", &environment("api-production", "api"));
-    repo.commit("one environment on n1", true);
-    let s = setup(dir.path());
-    let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+/// A daemon over `repo` (committed) on SQLite, serving the operator API and the agent API.
+struct Running {
+    s: daemon_support::Setup,
+    url: String,
+    d: Daemon,
+    control: String,
+    agents: String,
+    ca_pem: String,
+}
+
+fn start(dir: &std::path::Path, repo: &Repo) -> Running {
+    let s = setup(dir);
+    let url = format!("sqlite://{}", dir.join("ledger.db").display());
     let (port, agent_port) = (free_port(), free_port());
     let cfg = config(
         &s,
@@ -45,9 +48,32 @@ fn nodes_lease_only_their_own_work_over_mutual_tls() {
     );
     let mut d = Daemon::start(&s, &cfg, port);
     d.wait_ready(Duration::from_secs(20));
-    let control = format!("https://localhost:{port}");
-    let agents = format!("https://localhost:{agent_port}");
-    let ca_pem = std::fs::read_to_string(dir.path().join("tls/ca.crt")).expect("ca");
+    Running {
+        s,
+        url,
+        d,
+        control: format!("https://localhost:{port}"),
+        agents: format!("https://localhost:{agent_port}"),
+        ca_pem: std::fs::read_to_string(dir.join("tls/ca.crt")).expect("ca"),
+    }
+}
+
+#[test]
+fn nodes_lease_only_their_own_work_over_mutual_tls() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = Repo::new(dir.path());
+    std::fs::write(dir.path().join("allowed_signers"), &repo.signers).expect("signers");
+    repo.write("projects/api.yaml", &project("api", 1));
+    repo.write("envs/api-production.yaml", &environment("api-production", "api"));
+    repo.commit("one environment on n1", true);
+    let Running {
+        s,
+        url,
+        mut d,
+        control,
+        agents,
+        ca_pem,
+    } = start(dir.path(), &repo);
     let fingerprint = support::ca_pin(&ca_pem);
     let enrol = |node: &str| -> std::path::PathBuf {
         let node_dir = dir.path().join(node);
@@ -380,22 +406,14 @@ fn the_agents_lease_loop_drives_a_rollout_reporting_each_steps_ends_with_the_nex
     repo.write("projects/api.yaml", &project("api", 3));
     repo.write("envs/api-production.yaml", &environment("api-production", "api"));
     repo.commit("three replicas on n1", true);
-    let s = setup(dir.path());
-    let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
-    let (port, agent_port) = (free_port(), free_port());
-    let cfg = config(
-        &s,
-        "d",
-        &repo.dir,
-        &url,
-        port,
-        &format!("{CONTROL_CA}\n[agent_api]\nlisten = \"127.0.0.1:{agent_port}\"\n"),
-    );
-    let mut d = Daemon::start(&s, &cfg, port);
-    d.wait_ready(Duration::from_secs(20));
-    let control = format!("https://localhost:{port}");
-    let agents = format!("https://localhost:{agent_port}");
-    let ca_pem = std::fs::read_to_string(dir.path().join("tls/ca.crt")).expect("ca");
+    let Running {
+        s,
+        url,
+        mut d,
+        control,
+        agents,
+        ca_pem,
+    } = start(dir.path(), &repo);
     let node_dir = dir.path().join("n1");
     let token = d.enrolment_token("n1", &s.operator);
     pushleft_agent::enroll::enroll(&control, &support::ca_pin(&ca_pem), "n1", &node_dir, &token).expect("enrol");
