@@ -13,7 +13,7 @@ use state_repo::revision::Judgement;
 use state_schema::canonical::{self, Secrets};
 use state_schema::deployment::DeploymentSpec;
 use state_schema::desired::{self, Desired};
-use state_schema::generations::{self, Action, Current, Scale, Start, Status};
+use state_schema::generations::{self, Action, Current, Next, Scale, Start, Status, StepJobs};
 use state_schema::placement::Waiting;
 use state_schema::release::Change;
 use state_schema::rollout::{self, Step};
@@ -729,7 +729,7 @@ impl Ledger {
         let step: i64 = r.try_get(2)?;
         let spec: DeploymentSpec = serde_json::from_str(&r.try_get::<String, _>(3)?)?;
         let retired: Vec<DeploymentSpec> = serde_json::from_str(&r.try_get::<String, _>(4)?)?;
-        let mut counts: BTreeMap<String, i64> = BTreeMap::new();
+        let mut jobs = StepJobs::default();
         for c in sqlx::query(self.sql(
             "SELECT state, COUNT(*) FROM jobs WHERE environment = ? AND generation = ? AND step = ? GROUP BY state",
         ))
@@ -739,39 +739,36 @@ impl Ledger {
         .fetch_all(&mut **tx)
         .await?
         {
-            counts.insert(c.try_get(0)?, c.try_get(1)?);
-        }
-        let pending = ["queued", "leased"]
-            .iter()
-            .any(|s| counts.get(*s).copied().unwrap_or(0) > 0);
-        let broken = ["failed", "dead"]
-            .iter()
-            .any(|s| counts.get(*s).copied().unwrap_or(0) > 0);
-        if pending {
-            return Ok(false);
-        }
-        let update = self.sql("UPDATE deployments SET status = ?, step = ?, updated_at = ? WHERE environment = ?");
-        if broken {
-            sqlx::query(update)
-                .bind("failed")
-                .bind(step)
-                .bind(now_ms)
-                .bind(env)
-                .execute(&mut **tx)
-                .await?;
-            let detail = format!("generation {generation}, step {step}");
-            self.event(tx, now_ms, "deployment-failed", env, &detail).await?;
-            return Ok(true);
+            let (state, n): (String, i64) = (c.try_get(0)?, c.try_get(1)?);
+            let n = u64::try_from(n).unwrap_or(0);
+            match state.as_str() {
+                "queued" | "leased" => jobs.pending += n,
+                "failed" | "dead" => jobs.broken += n,
+                _ => {}
+            }
         }
         let Some(action) = Action::parse(&action) else {
             return Err(LedgerError::Corrupt(format!("a deployment row says {action:?}")));
         };
         let steps = steps_of(action, &spec.environment, gen_u64(generation), &spec, &retired);
-        let next = first_step_from(&steps, usize::try_from(step).unwrap_or(0) + 1);
-        match next {
-            Some(s) => {
+        let update = self.sql("UPDATE deployments SET status = ?, step = ?, updated_at = ? WHERE environment = ?");
+        // The decision is `generations::next`'s; what follows writes it.
+        match generations::next(usize::try_from(step).unwrap_or(0), jobs, &steps) {
+            Next::Wait => return Ok(false),
+            Next::Fail => {
                 sqlx::query(update)
-                    .bind("in-progress")
+                    .bind(Status::Failed.as_str())
+                    .bind(step)
+                    .bind(now_ms)
+                    .bind(env)
+                    .execute(&mut **tx)
+                    .await?;
+                let detail = format!("generation {generation}, step {step}");
+                self.event(tx, now_ms, "deployment-failed", env, &detail).await?;
+            }
+            Next::Step(s) => {
+                sqlx::query(update)
+                    .bind(Status::InProgress.as_str())
                     .bind(s as i64)
                     .bind(now_ms)
                     .bind(env)
@@ -779,11 +776,11 @@ impl Ledger {
                     .await?;
                 self.queue_step(tx, env, &steps[s], s, now_ms).await?;
             }
-            None => {
+            Next::Done(n) => {
                 sqlx::query(self.sql(
                     "UPDATE deployments SET status = 'done', step = ?, retired = '[]', updated_at = ? WHERE environment = ?",
                 ))
-                .bind(steps.len() as i64)
+                .bind(n as i64)
                 .bind(now_ms)
                 .bind(env)
                 .execute(&mut **tx)
