@@ -239,7 +239,7 @@ impl<T: Tasks> LeaseLoop<T> {
                     self.recorded.fetch_add(1, Ordering::Relaxed);
                 }
                 Some(r) => {
-                    tracing::warn!(job = %d.key, code = r.code.code(), "completion refused; the lease will expire")
+                    tracing::warn!(job_key = %d.key, job_id = d.proof.job_id, code = r.code.code(), "completion refused; the lease will expire")
                 }
             }
         }
@@ -281,14 +281,30 @@ impl<T: Tasks> LeaseLoop<T> {
     }
 }
 
-/// Runs a task and logs its end.
+/// Runs a task in a span of its own (`job`: its key, id, kind, environment and attempt, which
+/// every line the executors log inside it carries) and logs its end.
 async fn execute_logged<T: Tasks>(tasks: &T, job: &LeasedJob) -> Result<String, Failure> {
-    let result = tasks.execute(job).await;
-    match &result {
-        Ok(_) => tracing::info!(job = %job.key, "task succeeded"),
-        Err(f) => tracing::warn!(job = %job.key, code = f.code, "task failed"),
+    use tracing::Instrument;
+    let span = tracing::info_span!(
+        "job",
+        job_key = %job.key,
+        job_id = job.proof.job_id,
+        task = job.task.kind(),
+        environment = job.task.environment(),
+        attempt = job.attempt,
+    );
+    async {
+        let started = std::time::Instant::now();
+        let result = tasks.execute(job).await;
+        let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        match &result {
+            Ok(_) => tracing::info!(elapsed_ms = ms, "task succeeded"),
+            Err(f) => tracing::warn!(elapsed_ms = ms, code = f.code, "task failed"),
+        }
+        result
     }
-    result
+    .instrument(span)
+    .await
 }
 
 fn ended(job: LeasedJob, renewing: Renewal, result: Result<String, Failure>) -> Done {
@@ -307,7 +323,7 @@ fn ended(job: LeasedJob, renewing: Renewal, result: Result<String, Failure>) -> 
 
 /// A job this agent cannot read ends at once, for good: it would read it no better next time.
 fn undecodable(u: Undecodable) -> Done {
-    tracing::warn!(job = %u.key, code = "task-undecodable", "a leased job does not decode");
+    tracing::warn!(job_key = %u.key, job_id = u.proof.job_id, code = "task-undecodable", "a leased job does not decode");
     Done {
         key: u.key,
         proof: u.proof,

@@ -199,6 +199,17 @@ fn the_agent_heartbeats_leases_and_executes_its_jobs() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    // Each task logs inside its own span, which names the job by key and id, its task and
+    // environment: one field name per thing on every line of that job.
+    let log = std::fs::read_to_string(dir.path().join("agent.log")).unwrap_or_default();
+    assert!(
+        log.lines().any(|l| l.contains("\"task succeeded\"")
+            && l.contains("\"name\":\"job\"")
+            && l.contains("\"job_key\":\"net:")
+            && l.contains("\"task\":\"ensure-network\"")
+            && l.contains("\"job_id\":")),
+        "{log}"
+    );
     assert_eq!(
         sql(&url, "SELECT CAST(attempts AS TEXT) FROM jobs WHERE key LIKE 'fw:%'"),
         ["2"],

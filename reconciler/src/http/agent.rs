@@ -210,8 +210,19 @@ enum LeaseError {
     Internal(String),
 }
 
-/// The lease itself, for `lease` and for the lease that comes with a `complete-batch`.
+/// The lease itself, for `lease` and for the lease that comes with a `complete-batch`, in a
+/// span of its own (`lease`: the node, what it asked for, and what it got).
 async fn lease_jobs(s: &Agents, node: &str, req: &LeaseRequest) -> Result<LeaseResponse, LeaseError> {
+    use tracing::Instrument;
+    let span = tracing::debug_span!("lease", node = %node, max = req.max, wait_ms = req.wait_ms, leased = tracing::field::Empty);
+    let answer = lease_jobs_now(s, node, req).instrument(span.clone()).await;
+    if let Ok(a) = &answer {
+        span.record("leased", a.jobs.len());
+    }
+    answer
+}
+
+async fn lease_jobs_now(s: &Agents, node: &str, req: &LeaseRequest) -> Result<LeaseResponse, LeaseError> {
     let internal = |e: &dyn std::fmt::Display| LeaseError::Internal(e.to_string());
     // A draining node gets no new work: only what takes its old work away (each removal
     // queued after its replacement elsewhere is healthy).
@@ -250,7 +261,7 @@ async fn lease_jobs(s: &Agents, node: &str, req: &LeaseRequest) -> Result<LeaseR
                     Err(why) => {
                         // It would fail the same way on every node and every try: recorded
                         // as a permanent failure, with its code, and never handed out.
-                        tracing::warn!(node = %node, job = %l.key, code = why.code, "job cannot be delivered");
+                        tracing::warn!(node = %node, job_key = %l.key, job_id = l.token.job_id, code = why.code, "job cannot be delivered");
                         let done = Completion {
                             token: l.token,
                             outcome: crate::store::Outcome::Permanent(format!("{}: {}", why.code, why.message)),

@@ -180,6 +180,12 @@ impl Reconciler {
     /// other branches, preview expiry, lease expiry and advance. Only a ledger error fails
     /// the pass, since nothing after it could be written either.
     pub async fn pass(self: &Arc<Self>) -> Result<PassReport, DaemonError> {
+        use tracing::Instrument;
+        let n = self.hub.passes.load(Ordering::Relaxed) + 1;
+        self.pass_now().instrument(tracing::info_span!("pass", pass = n)).await
+    }
+
+    async fn pass_now(self: &Arc<Self>) -> Result<PassReport, DaemonError> {
         let started = Instant::now();
         let mut report = PassReport::default();
         let me = Arc::clone(self);
@@ -258,6 +264,11 @@ impl Reconciler {
     /// and re-placement when the fleet changed. What agents' completions wake (often, under
     /// load), without reading Git. Returns how many deployments moved on or were re-placed.
     pub async fn settle(&self) -> Result<usize, DaemonError> {
+        use tracing::Instrument;
+        self.settle_now().instrument(tracing::debug_span!("settle")).await
+    }
+
+    async fn settle_now(&self) -> Result<usize, DaemonError> {
         self.ledger.expire(now_ms()).await?;
         let mut advanced = self.ledger.advance(now_ms()).await?;
         // The fleet changes without commits (nodes fall silent, come back, free room): what
