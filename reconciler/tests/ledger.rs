@@ -197,6 +197,49 @@ async fn suite(l: &Ledger) {
     assert!(all.iter().any(|e| e.kind == "job-dead") && all.iter().any(|e| e.kind == "lease-expired"));
 }
 
+/// A group's leases (one statement on PostgreSQL): each request gets its own node's oldest due
+/// jobs up to its `max`, a draining node's only removals, each request a lease token of its
+/// own, and no job is leased twice.
+async fn group_leases(l: &Ledger) {
+    let mut jobs: Vec<NewJob> = (0..3).map(|i| job("grp-a", i, "g1", 3)).collect();
+    jobs.extend((0..3).map(|i| job("grp-b", i, "g2", 3)));
+    jobs.push(job("grp-c", 0, "g3", 3));
+    jobs.push(NewJob {
+        task: Task::StopApplication {
+            environment: name("grp-c"),
+            role: name("web"),
+            instance: 1,
+            generation: 1,
+        },
+        target_node: "g3".into(),
+        max_attempts: 3,
+        not_before_ms: 0,
+    });
+    l.enqueue(&jobs, 1).await.expect("enqueue");
+    let asks = [("g1", 2, false), ("g2", 8, false), ("g3", 8, true)];
+    let got = l.lease_many(&asks, 30_000, 2).await.expect("lease");
+    assert_eq!(got.iter().map(Vec::len).collect::<Vec<_>>(), [2, 3, 1]);
+    for (leases, node) in got.iter().zip(["@g1", "@g2", "@g3"]) {
+        assert!(leases.iter().all(|x| x.key.ends_with(node)), "{leases:?}");
+        let tokens: std::collections::BTreeSet<&str> = leases.iter().map(|x| x.token.lease_token.as_str()).collect();
+        assert_eq!(tokens.len(), 1, "one token per request");
+    }
+    assert!(
+        got[0].iter().all(|x| !x.key.contains("/2:")),
+        "the oldest first: {:?}",
+        got[0]
+    );
+    assert!(got[2][0].key.contains(":stop@"), "a draining node gets only removals");
+    assert_ne!(got[0][0].token.lease_token, got[1][0].token.lease_token);
+    let again = l.lease_many(&asks, 30_000, 3).await.expect("lease");
+    assert_eq!(
+        again.iter().map(Vec::len).collect::<Vec<_>>(),
+        [1, 0, 0],
+        "no job twice"
+    );
+    assert!(again[0][0].key.contains("grp-a/web/2:"));
+}
+
 /// Many workers lease and complete at once: every job succeeds exactly once, and no job is
 /// ever held under two live fencing tokens.
 async fn concurrent(l: std::sync::Arc<Ledger>) {
@@ -242,6 +285,7 @@ async fn sqlite_ledger() {
     let l = sqlite(dir.path()).await;
     assert_eq!(l.backend(), Backend::Sqlite);
     suite(&l).await;
+    group_leases(&l).await;
     concurrent(std::sync::Arc::new(l)).await;
     // Migrations are idempotent and the data survives a reconnect.
     let l = sqlite(dir.path()).await;
@@ -254,6 +298,7 @@ async fn postgres_ledger() {
     let l = postgres(&pg).await;
     assert_eq!(l.backend(), Backend::Postgres);
     suite(&l).await;
+    group_leases(&l).await;
     concurrent(std::sync::Arc::new(l)).await;
     let l = postgres(&pg).await;
     assert!(l.events_after(0, 1).await.expect("events").len() == 1);
