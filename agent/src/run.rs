@@ -5,14 +5,13 @@
 //! `executor-missing`, never pretends.
 
 use crate::client::AgentClient;
-use crate::docker::{CONTROL_PLANE, ENVIRONMENT, Engine, GENERATION, INSTANCE, NODE, OWNED, ROLE, RUN_TIMEOUT};
+use crate::docker::{ENVIRONMENT, Engine, GENERATION, INSTANCE, ROLE, RUN_TIMEOUT};
 use crate::firewall::Firewall;
 use crate::lease_loop::{LeaseLoop, Tasks, blocking};
 use crate::outcome::{Failure, permanent};
 use agent_proto::{Capability, Execution, Heartbeat, LeasedJob, RunningInstance, Task};
 use anyhow::{Context, Result};
 use serde::Deserialize;
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -149,38 +148,20 @@ impl Config {
     }
 }
 
-/// What the node runs now: its containers of replicas, as the heartbeat reports them.
+/// What the node runs now: its containers of replicas, as the heartbeat reports them (none
+/// while Docker does not answer).
 async fn observed(engine: &Engine) -> Vec<RunningInstance> {
-    use bollard::query_parameters::ListContainersOptionsBuilder;
-    let filters = HashMap::from([(
-        "label".to_owned(),
-        vec![
-            format!("{OWNED}=true"),
-            format!("{CONTROL_PLANE}={}", engine.control_plane),
-            format!("{NODE}={}", engine.node),
-        ],
-    )]);
-    let Ok(list) = engine
-        .docker
-        .list_containers(Some(
-            ListContainersOptionsBuilder::default()
-                .all(true)
-                .filters(&filters)
-                .build(),
-        ))
-        .await
-    else {
+    let Ok(list) = engine.ours(&[]).await else {
         return Vec::new();
     };
     list.into_iter()
-        .filter_map(|c| {
-            let l = c.labels?;
+        .filter_map(|(_, l, running)| {
             Some(RunningInstance {
                 environment: l.get(ENVIRONMENT)?.clone(),
                 role: l.get(ROLE)?.clone(),
                 instance: l.get(INSTANCE)?.parse().ok()?,
                 generation: l.get(GENERATION)?.parse().ok()?,
-                healthy: matches!(c.state, Some(bollard::models::ContainerSummaryStateEnum::RUNNING)),
+                healthy: running,
             })
         })
         .take(agent_proto::MAX_HEARTBEAT_INSTANCES)

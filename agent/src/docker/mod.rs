@@ -154,7 +154,10 @@ impl Engine {
     }
 
     /// Containers of ours with every label in `filter`, with their labels and state.
-    async fn ours(&self, filter: &[(&str, &str)]) -> Result<Vec<(String, HashMap<String, String>, bool)>, Failure> {
+    pub(crate) async fn ours(
+        &self,
+        filter: &[(&str, &str)],
+    ) -> Result<Vec<(String, HashMap<String, String>, bool)>, Failure> {
         let mut labels = vec![
             format!("{OWNED}=true"),
             format!("{CONTROL_PLANE}={}", self.control_plane),
