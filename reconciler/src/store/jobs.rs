@@ -120,6 +120,23 @@ pub fn backoff_ms(job_id: i64, attempts: i64) -> i64 {
     base + jitter
 }
 
+/// A lease from a row of `RETURNING id, key, task, attempts, fencing_token`, under `lease_token`.
+fn leased(r: &sqlx::any::AnyRow, lease_token: String, expires_at_ms: i64) -> Result<Lease, LedgerError> {
+    let task: String = r.try_get(2)?;
+    Ok(Lease {
+        job_id: r.try_get(0)?,
+        key: r.try_get(1)?,
+        task: serde_json::from_str(&task)?,
+        attempt: r.try_get(3)?,
+        token: LeaseToken {
+            job_id: r.try_get(0)?,
+            lease_token,
+            fencing_token: r.try_get(4)?,
+        },
+        expires_at_ms,
+    })
+}
+
 /// 128 bits from the operating system's random source, as hex. A lease token is a
 /// capability (with the fencing token it completes a job), so it must not be guessable.
 fn new_lease_token() -> Result<String, LedgerError> {
@@ -386,19 +403,7 @@ impl Ledger {
                 .await?;
             let mut leases = Vec::with_capacity(rows.len());
             for r in rows {
-                let task: String = r.try_get(2)?;
-                leases.push(Lease {
-                    job_id: r.try_get(0)?,
-                    key: r.try_get(1)?,
-                    task: serde_json::from_str(&task)?,
-                    attempt: r.try_get(3)?,
-                    token: LeaseToken {
-                        job_id: r.try_get(0)?,
-                        lease_token: token.clone(),
-                        fencing_token: r.try_get(4)?,
-                    },
-                    expires_at_ms: expires,
-                });
+                leases.push(leased(&r, token.clone(), expires)?);
             }
             if !leases.is_empty() {
                 let detail = format!("{} jobs", leases.len());
@@ -447,19 +452,7 @@ impl Ledger {
             let Some(slot) = usize::try_from(idx).ok().and_then(|i| out.get_mut(i)) else {
                 continue;
             };
-            let task: String = r.try_get(2)?;
-            slot.push(Lease {
-                job_id: r.try_get(0)?,
-                key: r.try_get(1)?,
-                task: serde_json::from_str(&task)?,
-                attempt: r.try_get(3)?,
-                token: LeaseToken {
-                    job_id: r.try_get(0)?,
-                    lease_token: r.try_get(6)?,
-                    fencing_token: r.try_get(4)?,
-                },
-                expires_at_ms: expires,
-            });
+            slot.push(leased(&r, r.try_get(6)?, expires)?);
         }
         for leases in &mut out {
             leases.sort_by_key(|l| l.job_id);
