@@ -129,7 +129,7 @@ fn run(url: &str, jobs: usize) -> Figures {
     let paced_slow = throughput(url, &clients, jobs / 4, 4 * jobs, Mode::Batched, SLOW_TASK_PAUSE);
     let alone = unloaded(url, &clients[0], 5 * jobs);
     let agent_loop = agent_loops(url, &clients, jobs, 6 * jobs);
-    let (placed_all, over_capacity) = thousand_deployments(&repo, &agents, dir.path(), url);
+    let (placed_all, over_capacity) = thousand_deployments(&repo, &clients, url);
     d.kill9();
     Figures {
         single,
@@ -301,40 +301,64 @@ impl Tasks for Nothing {
     }
 }
 
+/// Every node running the agent's own lease loop, on one runtime with two threads.
+struct Loops<T: Tasks> {
+    rt: tokio::runtime::Runtime,
+    loops: Vec<Arc<LeaseLoop<T>>>,
+    stop: Arc<AtomicBool>,
+    running: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl<T: Tasks> Loops<T> {
+    fn start(clients: &[Arc<AgentClient>], tasks: &Arc<T>, long_wait: Duration) -> Loops<T> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("rt");
+        let loops: Vec<Arc<LeaseLoop<T>>> = clients
+            .iter()
+            .map(|c| Arc::new(LeaseLoop::new(Arc::clone(c), Arc::clone(tasks), 4, long_wait)))
+            .collect();
+        let stop = Arc::new(AtomicBool::new(false));
+        let running = loops
+            .iter()
+            .map(|l| {
+                let (l, stop) = (Arc::clone(l), Arc::clone(&stop));
+                rt.spawn(async move { l.run(&stop).await })
+            })
+            .collect();
+        Loops {
+            rt,
+            loops,
+            stop,
+            running,
+        }
+    }
+
+    /// Stops every loop (each within its long poll) and waits for them; the ends recorded.
+    fn stop(self) -> usize {
+        self.stop.store(true, Ordering::Relaxed);
+        self.rt.block_on(async {
+            for r in self.running {
+                r.await.expect("lease loop");
+            }
+        });
+        self.loops.iter().map(|l| l.recorded()).sum::<u64>() as usize
+    }
+}
+
 /// Queues `jobs` removals over the nodes and runs the agent's own lease loop on each node (on
 /// one runtime with two threads) until the control plane has recorded every end. The round
 /// trip is not sampled here (the loop's requests are its own).
 fn agent_loops(url: &str, clients: &[Arc<AgentClient>], jobs: usize, offset: usize) -> Throughput {
     enqueue_removals(url, offset..offset + jobs, |i| format!("n{:03}", i % NODES));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("rt");
-    let loops: Vec<Arc<LeaseLoop<Nothing>>> = clients
-        .iter()
-        .map(|client| {
-            Arc::new(LeaseLoop::new(
-                Arc::clone(client),
-                Arc::new(Nothing),
-                4,
-                Duration::from_millis(100),
-            ))
-        })
-        .collect();
-    let stop = Arc::new(AtomicBool::new(false));
+    let fleet = Loops::start(clients, &Arc::new(Nothing), Duration::from_millis(100));
     let started = Instant::now();
-    let running: Vec<_> = loops
-        .iter()
-        .map(|l| {
-            let (l, stop) = (Arc::clone(l), Arc::clone(&stop));
-            rt.spawn(async move { l.run(&stop).await })
-        })
-        .collect();
     // Done when the ledger holds every end (a loop's last report waits out its long poll
     // before it hears that it was recorded): one cheap query every 10 ms.
     let deadline = started + Duration::from_secs(120);
-    let elapsed = rt.block_on(async {
+    let elapsed = fleet.rt.block_on(async {
         sqlx::any::install_default_drivers();
         let ledger = sqlx::AnyPool::connect(url).await.expect("ledger");
         loop {
@@ -349,13 +373,7 @@ fn agent_loops(url: &str, clients: &[Arc<AgentClient>], jobs: usize, offset: usi
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     });
-    stop.store(true, Ordering::Relaxed);
-    rt.block_on(async {
-        for r in running {
-            r.await.expect("lease loop");
-        }
-    });
-    let recorded = loops.iter().map(|l| l.recorded()).sum::<u64>() as usize;
+    let recorded = fleet.stop();
     assert_eq!(recorded, jobs, "every job once, within the deadline");
     Throughput {
         jobs_per_second: jobs as f64 / elapsed.as_secs_f64(),
@@ -390,11 +408,8 @@ impl Tasks for Seen {
 /// while every node heartbeats and runs the agent's own lease loop, and times from the commit
 /// until each deployment's first job is leased (and run, doing nothing). Then
 /// counts the nodes whose reservations exceed their capacity (there must be none).
-fn thousand_deployments(repo: &Repo, agents: &str, dir: &std::path::Path, url: &str) -> (Duration, usize) {
-    let clients: Vec<AgentClient> = (0..NODES)
-        .map(|i| AgentClient::from_dir(agents, &dir.join(format!("n{i:03}"))).expect("client"))
-        .collect();
-    for c in &clients {
+fn thousand_deployments(repo: &Repo, clients: &[Arc<AgentClient>], url: &str) -> (Duration, usize) {
+    for c in clients {
         c.heartbeat(&agent_proto::Heartbeat::new("bench", &agent_proto::FULL_CAPABILITIES))
             .expect("heartbeat");
     }
@@ -411,30 +426,7 @@ fn thousand_deployments(repo: &Repo, agents: &str, dir: &std::path::Path, url: &
     // Staged first: the clock starts at the commit, as a push's would.
     repo_support::git(&repo.dir, &["add", "-A"]);
     let seen = Arc::new(Seen::default());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("rt");
-    let loops: Vec<Arc<LeaseLoop<Seen>>> = clients
-        .into_iter()
-        .map(|c| {
-            Arc::new(LeaseLoop::new(
-                Arc::new(c),
-                Arc::clone(&seen),
-                4,
-                Duration::from_millis(200),
-            ))
-        })
-        .collect();
-    let stop = Arc::new(AtomicBool::new(false));
-    let running: Vec<_> = loops
-        .iter()
-        .map(|l| {
-            let (l, stop) = (Arc::clone(l), Arc::clone(&stop));
-            rt.spawn(async move { l.run(&stop).await })
-        })
-        .collect();
+    let fleet = Loops::start(clients, &seen, Duration::from_millis(200));
     let started = Instant::now();
     repo.commit("a thousand deployments", true);
     let deadline = started + Duration::from_secs(120);
@@ -442,12 +434,7 @@ fn thousand_deployments(repo: &Repo, agents: &str, dir: &std::path::Path, url: &
         std::thread::sleep(Duration::from_millis(1));
     }
     let placed_all = started.elapsed();
-    stop.store(true, Ordering::Relaxed);
-    rt.block_on(async {
-        for r in running {
-            r.await.expect("lease loop");
-        }
-    });
+    fleet.stop();
     let n = seen.count();
     assert_eq!(
         n, DEPLOYMENTS,
