@@ -333,11 +333,19 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
             std::thread::sleep(Duration::from_millis(200));
         }
         assert_eq!(generation(), generation_before, "repaired at the same generation");
-        let repaired = agent_support::sql(
-            &ledger_url,
-            "SELECT detail FROM events WHERE kind = 'drift-repaired' AND subject = 'api-production'",
-        );
-        assert!(repaired.iter().any(|d| d.contains("was gone from its node")), "{repaired:?}");
+        // The event comes with the repair's reported end, which may come a moment after the
+        // new container serves (Docker often gives it the removed one's address, so the old
+        // route works at once): waited for within the same 30 s.
+        let repaired = || {
+            agent_support::sql(
+                &ledger_url,
+                "SELECT detail FROM events WHERE kind = 'drift-repaired' AND subject = 'api-production'",
+            )
+        };
+        while !repaired().iter().any(|d| d.contains("was gone from its node")) {
+            assert!(Instant::now() < deadline, "no drift-repaired event: {:?}", repaired());
+            std::thread::sleep(Duration::from_millis(200));
+        }
 
         // Restart replay: the agent and the reconciler die; the URL keeps serving; `pl up`
         // brings them back, and the same container serves with no job added.
