@@ -217,6 +217,29 @@ fn the_reconcilers_layers_import_only_downwards() {
 }
 
 #[test]
+fn only_the_store_speaks_sql() {
+    // The store is SQL only, and SQL is the store's only: the layers above read rows through
+    // its methods and never write a statement of their own (their tests may).
+    let src = workspace().join("reconciler/src");
+    let mut all = Vec::new();
+    files(&src, &mut all);
+    let mut outside = 0;
+    for f in &all {
+        let m = module_of(&src, f);
+        let text = code(f);
+        let speaks = ["sqlx::query", "sqlx::Row", ".try_get("]
+            .iter()
+            .any(|s| text.contains(s));
+        if layer(&m) == "store" {
+            continue;
+        }
+        outside += 1;
+        assert!(!speaks, "{m} runs SQL outside the store");
+    }
+    assert!(outside > 10, "the walk saw the layers above the store: {outside} files");
+}
+
+#[test]
 fn the_walk_sees_imports_and_circles() {
     // A check that cannot fail is no check: the same walk over a made-up crate finds its
     // imports, grouped or inline, and its circle.

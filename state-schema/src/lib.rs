@@ -18,6 +18,7 @@ pub mod parse;
 pub mod placement;
 pub mod plan;
 pub mod release;
+pub mod replacement;
 pub mod rollout;
 pub mod runspec;
 pub mod schema;

@@ -353,15 +353,15 @@ impl Fleet {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::runspec::RoleSpec;
 
-    fn name(s: &str) -> Name {
+    pub(crate) fn name(s: &str) -> Name {
         Name::new(s).expect("name")
     }
 
-    fn node(pool: &str, cpu: u64, liveness: Liveness, git: NodeState) -> FleetNode {
+    pub(crate) fn node(pool: &str, cpu: u64, liveness: Liveness, git: NodeState) -> FleetNode {
         FleetNode {
             pool: name(pool),
             cpu_millis: cpu,
@@ -372,11 +372,11 @@ mod tests {
         }
     }
 
-    fn fleet(nodes: &[(&str, FleetNode)]) -> Fleet {
+    pub(crate) fn fleet(nodes: &[(&str, FleetNode)]) -> Fleet {
         Fleet::new(nodes.iter().map(|(n, f)| (name(n), f.clone())).collect(), &[])
     }
 
-    fn role(kind: &str, cpu: u64) -> RoleSpec {
+    pub(crate) fn role(kind: &str, cpu: u64) -> RoleSpec {
         RoleSpec {
             kind: kind.into(),
             image: "img@sha256:00".into(),
@@ -393,7 +393,7 @@ mod tests {
         }
     }
 
-    fn spec(env: &str, placement: Placement, roles: &[(&str, &str, u64, u32)]) -> DeploymentSpec {
+    pub(crate) fn spec(env: &str, placement: Placement, roles: &[(&str, &str, u64, u32)]) -> DeploymentSpec {
         DeploymentSpec {
             environment: name(env),
             project: name("p"),
@@ -411,7 +411,7 @@ mod tests {
         }
     }
 
-    fn nodes_of(s: &DeploymentSpec) -> Vec<String> {
+    pub(crate) fn nodes_of(s: &DeploymentSpec) -> Vec<String> {
         s.instances
             .iter()
             .map(|i| format!("{}/{}@{}", i.role, i.index, i.node))

@@ -8,7 +8,6 @@
 //! (`cron_schedules`), written in the same transaction as the job or the event.
 
 use crate::store::{JobRow, Ledger, LedgerError};
-use sqlx::Row;
 use state_schema::deployment::DeploymentSpec;
 use state_schema::task::{Task, cron_key_prefix};
 use state_schema::values::CronSchedule;
@@ -30,17 +29,9 @@ impl Ledger {
     /// Queues the cron runs that are due at `now_ms`.
     pub async fn cron_tick(&self, now_ms: i64) -> Result<CronTick, LedgerError> {
         let now = now_ms.div_euclid(1000);
-        // Only deployments whose spec places a cron role (the `cron` field is written only
-        // when it has one), live and done rolling out.
-        let rows = sqlx::query(self.sql(
-            "SELECT environment, generation, spec FROM deployments WHERE action = 'rollout' AND status = 'done' AND spec LIKE '%\"cron\":[[%' ORDER BY environment",
-        ))
-        .fetch_all(&self.pool)
-        .await?;
         let mut tick = CronTick::default();
-        for r in rows {
-            let generation: i64 = r.try_get(1)?;
-            let spec: DeploymentSpec = serde_json::from_str(&r.try_get::<String, _>(2)?)?;
+        for (generation, spec) in self.cron_deployments().await? {
+            let spec: DeploymentSpec = serde_json::from_str(&spec)?;
             for (role, node) in &spec.cron {
                 let Some(schedule) = spec
                     .roles
@@ -77,27 +68,9 @@ impl Ledger {
         tick: &mut CronTick,
     ) -> Result<(), LedgerError> {
         let env = spec.environment.as_str();
-        let last: Option<i64> =
-            sqlx::query(self.sql("SELECT last_scheduled FROM cron_schedules WHERE environment = ? AND role = ?"))
-                .bind(env.to_owned())
-                .bind(role.as_str().to_owned())
-                .fetch_optional(&self.pool)
-                .await?
-                .map(|r| r.try_get(0))
-                .transpose()?;
-        let Some(last) = last else {
+        let Some(last) = self.cron_handled(&self.pool, env, role.as_str()).await? else {
             // First sight: the schedule counts from now, not from the epoch.
-            let mut tx = self.write_tx().await?;
-            sqlx::query(self.sql(
-                "INSERT INTO cron_schedules (environment, role, last_scheduled) VALUES (?, ?, ?) ON CONFLICT (environment, role) DO NOTHING",
-            ))
-            .bind(env.to_owned())
-            .bind(role.as_str().to_owned())
-            .bind(now - now.rem_euclid(60))
-            .execute(&mut *tx)
-            .await?;
-            tx.commit().await?;
-            return Ok(());
+            return self.cron_start(env, role.as_str(), now - now.rem_euclid(60)).await;
         };
         let Some(due) = schedule.latest_in(last, now) else {
             return Ok(());
@@ -105,25 +78,11 @@ impl Ledger {
         let prefix = cron_key_prefix(&spec.environment, role);
         let mut tx = self.write_tx().await?;
         // Taken again inside the write transaction: another daemon may have handled it.
-        let handled: i64 =
-            sqlx::query(self.sql("SELECT last_scheduled FROM cron_schedules WHERE environment = ? AND role = ?"))
-                .bind(env.to_owned())
-                .bind(role.as_str().to_owned())
-                .fetch_one(&mut *tx)
-                .await?
-                .try_get(0)?;
-        if handled >= due {
+        let handled = self.cron_handled(&mut *tx, env, role.as_str()).await?;
+        if handled.is_some_and(|h| h >= due) {
             return Ok(());
         }
-        let going: Option<String> = sqlx::query(self.sql(
-            "SELECT key FROM jobs WHERE environment = ? AND key LIKE ? AND state IN ('queued', 'leased') ORDER BY id LIMIT 1",
-        ))
-        .bind(env.to_owned())
-        .bind(format!("{prefix}%"))
-        .fetch_optional(&mut *tx)
-        .await?
-        .map(|r| r.try_get(0))
-        .transpose()?;
+        let going = self.going(&mut tx, env, &prefix).await?;
         let subject = format!("{env}/{role}");
         let at = state_schema::cron::utc_minute(due);
         match going {
@@ -157,12 +116,7 @@ impl Ledger {
                 }
             }
         }
-        sqlx::query(self.sql("UPDATE cron_schedules SET last_scheduled = ? WHERE environment = ? AND role = ?"))
-            .bind(due)
-            .bind(env.to_owned())
-            .bind(role.as_str().to_owned())
-            .execute(&mut *tx)
-            .await?;
+        self.cron_handled_up_to(&mut tx, env, role.as_str(), due).await?;
         tx.commit().await?;
         Ok(())
     }

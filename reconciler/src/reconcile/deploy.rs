@@ -6,19 +6,19 @@
 //! writes nothing. `advance` is level-triggered: it looks at every unfinished deployment and
 //! queues the next step once the current one has succeeded.
 
+use crate::store::deployments::{GenerationRow, ObjectDoc, gen_u64};
 use crate::store::rows::MAX_ATTEMPTS;
 use crate::store::{JobRow, Ledger, LedgerError};
-use sqlx::Row;
 use state_repo::revision::Judgement;
 use state_schema::canonical::{self, Secrets};
 use state_schema::deployment::DeploymentSpec;
 use state_schema::desired::{self, Desired};
-use state_schema::generations::{self, Action, Current, Next, Scale, Start, Status, StepJobs};
+use state_schema::generations::{self, Action, Next, Scale, Start, Status};
 use state_schema::placement::Waiting;
 use state_schema::release::Change;
 use state_schema::rollout::{self, Step};
 use state_schema::values::Name;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 type Tx = crate::store::WriteTx;
 
@@ -51,11 +51,6 @@ impl Kept<'_> {
     }
 }
 
-/// A generation as the ledger stores it.
-fn g(generation: u64) -> i64 {
-    i64::try_from(generation).unwrap_or(i64::MAX)
-}
-
 fn steps_of(
     action: Action,
     env: &Name,
@@ -78,10 +73,6 @@ fn object_hashes(state: &state_schema::state::State) -> Vec<String> {
         .iter()
         .map(|loc| canonical::hash(&canonical::document(&loc.object, Secrets::Ciphertext)))
         .collect()
-}
-
-fn gen_u64(g: i64) -> u64 {
-    u64::try_from(g).unwrap_or(0)
 }
 
 impl Ledger {
@@ -148,13 +139,7 @@ impl Ledger {
         let revision = match again {
             None => self.record_revision_in(&mut tx, branch, j, now_ms).await?,
             Some(accepted) => {
-                let id: Option<i64> = sqlx::query_scalar(
-                    self.sql("SELECT id FROM revisions WHERE branch = ? AND sha = ? AND verdict = 'accepted'"),
-                )
-                .bind(branch)
-                .bind(&j.sha)
-                .fetch_optional(&mut *tx)
-                .await?;
+                let id = self.accepted_revision(&mut tx, branch, &j.sha).await?;
                 if id.is_some() {
                     self.rewrite_applied(&mut tx, branch, &j.sha, accepted, now_ms).await?;
                     self.event(
@@ -215,11 +200,7 @@ impl Ledger {
             )
             .await?;
             if let Some(at) = expires {
-                sqlx::query(self.sql("UPDATE deployments SET expires_at = ? WHERE branch = ? AND action = 'rollout'"))
-                    .bind(at)
-                    .bind(branch)
-                    .execute(&mut *tx)
-                    .await?;
+                self.set_expiry(&mut tx, branch, at).await?;
             }
         }
         tx.commit().await?;
@@ -229,15 +210,7 @@ impl Ledger {
     /// Tears down the previews whose lifetime has run out (`expires_at <= now_ms`). A new
     /// commit to the branch brings them back. Returns the branches torn down.
     pub async fn expire_previews(&self, now_ms: i64) -> Result<Vec<String>, LedgerError> {
-        let branches: Vec<String> = sqlx::query(self.sql(
-            "SELECT DISTINCT branch FROM deployments WHERE action = 'rollout' AND expires_at IS NOT NULL AND expires_at <= ? ORDER BY branch",
-        ))
-        .bind(now_ms)
-        .fetch_all(&self.pool)
-        .await?
-        .iter()
-        .map(|r| r.try_get(0))
-        .collect::<Result<_, _>>()?;
+        let branches = self.expired_branches(now_ms).await?;
         for b in &branches {
             let mut tx = self.write_tx().await?;
             let applied = self.teardown_in(&mut tx, b, now_ms).await?;
@@ -265,14 +238,7 @@ impl Ledger {
     /// Starts a teardown generation for every live deployment of a branch, attributed to the
     /// branch's last accepted revision.
     async fn teardown_in(&self, tx: &mut Tx, branch: &str, now_ms: i64) -> Result<Applied, LedgerError> {
-        let revision: Option<i64> = sqlx::query(
-            self.sql("SELECT id FROM revisions WHERE branch = ? AND verdict = 'accepted' ORDER BY id DESC LIMIT 1"),
-        )
-        .bind(branch)
-        .fetch_optional(&mut **tx)
-        .await?
-        .map(|r| r.try_get(0))
-        .transpose()?;
+        let revision = self.last_accepted_id(&mut **tx, branch).await?;
         let mut applied = Applied::default();
         if let Some(revision) = revision {
             self.plan_branch(
@@ -299,17 +265,10 @@ impl Ledger {
         hashes: &[String],
         revision: i64,
     ) -> Result<(), LedgerError> {
-        let mut have: BTreeMap<(String, String), String> = BTreeMap::new();
-        for r in sqlx::query(self.sql("SELECT kind, name, hash FROM desired_objects WHERE branch = ?"))
-            .bind(branch)
-            .fetch_all(&mut **tx)
-            .await?
-        {
-            have.insert((r.try_get(0)?, r.try_get(1)?), r.try_get(2)?);
-        }
+        let mut have = self.object_hashes_of(tx, branch).await?;
         // Written in chunks as they are rendered, so no more than one chunk of documents is
         // held at a time.
-        let mut changed: Vec<(String, String, String, String)> = Vec::with_capacity(100);
+        let mut changed: Vec<ObjectDoc> = Vec::with_capacity(100);
         let mut objects = j.state.state.iter().zip(hashes).peekable();
         while let Some((loc, hash)) = objects.next() {
             let key = (
@@ -320,115 +279,12 @@ impl Ledger {
                 let doc = canonical::document(&loc.object, Secrets::Ciphertext);
                 changed.push((key.0, key.1, hash.clone(), canonical::to_yaml(&doc)));
             }
-            if changed.len() < 100 && objects.peek().is_some() {
-                continue;
+            if changed.len() >= 100 || objects.peek().is_none() {
+                self.upsert_objects(tx, branch, revision, &mut changed).await?;
             }
-            if changed.is_empty() {
-                continue;
-            }
-            let marks = vec!["(?, ?, ?, ?, ?, ?)"; changed.len()].join(", ");
-            let q = format!(
-                "INSERT INTO desired_objects (branch, kind, name, hash, document, revision_id) VALUES {marks} \
-                 ON CONFLICT (branch, kind, name) DO UPDATE SET hash = excluded.hash, document = excluded.document, revision_id = excluded.revision_id"
-            );
-            let mut query = sqlx::query(self.sql(&q));
-            for (kind, name, hash, doc) in changed.drain(..) {
-                query = query
-                    .bind(branch.to_owned())
-                    .bind(kind)
-                    .bind(name)
-                    .bind(hash)
-                    .bind(doc)
-                    .bind(revision);
-            }
-            query.execute(&mut **tx).await?;
         }
         let gone: Vec<(String, String)> = have.into_keys().collect();
-        for chunk in gone.chunks(200) {
-            let marks = vec!["(kind = ? AND name = ?)"; chunk.len()].join(" OR ");
-            let q = format!("DELETE FROM desired_objects WHERE branch = ? AND ({marks})");
-            let mut query = sqlx::query(self.sql(&q)).bind(branch.to_owned());
-            for (kind, name) in chunk {
-                query = query.bind(kind.clone()).bind(name.clone());
-            }
-            query.execute(&mut **tx).await?;
-        }
-        Ok(())
-    }
-
-    async fn current_of(&self, tx: &mut Tx, branch: &str) -> Result<BTreeMap<String, Current>, LedgerError> {
-        let mut out = BTreeMap::new();
-        for r in sqlx::query(
-            self.sql("SELECT environment, generation, action, status, spec_hash FROM deployments WHERE branch = ?"),
-        )
-        .bind(branch)
-        .fetch_all(&mut **tx)
-        .await?
-        {
-            let (action, status): (String, String) = (r.try_get(2)?, r.try_get(3)?);
-            let (Some(action), Some(status)) = (Action::parse(&action), Status::parse(&status)) else {
-                return Err(LedgerError::Corrupt(format!(
-                    "a deployment row says {action:?}, {status:?}"
-                )));
-            };
-            let current = Current {
-                generation: gen_u64(r.try_get(1)?),
-                action,
-                status,
-                spec_hash: r.try_get(4)?,
-            };
-            out.insert(r.try_get(0)?, current);
-        }
-        Ok(out)
-    }
-
-    /// The stored spec and retired specs of some deployments.
-    async fn specs_of(
-        &self,
-        tx: &mut Tx,
-        envs: &[&str],
-    ) -> Result<BTreeMap<String, (DeploymentSpec, Vec<DeploymentSpec>)>, LedgerError> {
-        let mut out = BTreeMap::new();
-        for chunk in envs.chunks(200) {
-            let marks = vec!["?"; chunk.len()].join(", ");
-            let q = format!("SELECT environment, spec, retired FROM deployments WHERE environment IN ({marks})");
-            let mut query = sqlx::query(self.sql(&q));
-            for env in chunk {
-                query = query.bind(env.to_string());
-            }
-            for r in query.fetch_all(&mut **tx).await? {
-                let spec: String = r.try_get(1)?;
-                let retired: String = r.try_get(2)?;
-                out.insert(
-                    r.try_get(0)?,
-                    (serde_json::from_str(&spec)?, serde_json::from_str(&retired)?),
-                );
-            }
-        }
-        Ok(out)
-    }
-
-    /// Which of `envs` another branch than `branch` deploys already, and that branch.
-    async fn owners_of(
-        &self,
-        tx: &mut Tx,
-        branch: &str,
-        envs: &[&str],
-    ) -> Result<BTreeMap<String, String>, LedgerError> {
-        let mut out = BTreeMap::new();
-        for chunk in envs.chunks(200) {
-            let marks = vec!["?"; chunk.len()].join(", ");
-            let q =
-                format!("SELECT environment, branch FROM deployments WHERE branch <> ? AND environment IN ({marks})");
-            let mut query = sqlx::query(self.sql(&q)).bind(branch.to_owned());
-            for env in chunk {
-                query = query.bind(env.to_string());
-            }
-            for r in query.fetch_all(&mut **tx).await? {
-                out.insert(r.try_get(0)?, r.try_get(1)?);
-            }
-        }
-        Ok(out)
+        self.delete_objects(tx, branch, &gone).await
     }
 
     /// Compares `wanted` with the branch's deployments in the ledger: a new or changed spec gets
@@ -521,16 +377,7 @@ impl Ledger {
         let mut events: Vec<(String, String, String)> = Vec::new();
         for s in scales {
             let env = s.spec.environment.as_str();
-            sqlx::query(self.sql(
-                "UPDATE deployments SET spec = ?, spec_hash = ?, revision_id = ?, updated_at = ? WHERE environment = ?",
-            ))
-            .bind(serde_json::to_string(&s.spec)?)
-            .bind(s.spec_hash.clone())
-            .bind(revision)
-            .bind(now_ms)
-            .bind(env.to_owned())
-            .execute(&mut **tx)
-            .await?;
+            self.rescale(tx, &s.spec, &s.spec_hash, revision, now_ms).await?;
             let tasks = rollout::scale_tasks(&s.spec, s.generation, &s.change);
             if tasks.is_empty() {
                 continue;
@@ -573,79 +420,45 @@ impl Ledger {
         for chunk in starts.chunks(100) {
             let mut events: Vec<(String, String, String)> = Vec::new();
             // Only environments with an earlier generation can have jobs to cancel.
-            let existed: Vec<&Start> = chunk.iter().filter(|s| s.existed).collect();
-            if !existed.is_empty() {
-                let marks = vec!["(environment = ? AND generation < ?)"; existed.len()].join(" OR ");
-                let q = format!(
-                    "UPDATE jobs SET state = 'cancelled', lease_token = NULL, lease_expires_at = NULL, updated_at = ? \
-                     WHERE state IN ('queued', 'leased') AND ({marks}) RETURNING environment"
-                );
-                let mut query = sqlx::query(self.sql(&q)).bind(now_ms);
-                for s in &existed {
-                    query = query.bind(s.spec.environment.as_str().to_owned()).bind(g(s.generation));
-                }
-                let mut cancelled: BTreeMap<String, usize> = BTreeMap::new();
-                for r in query.fetch_all(&mut **tx).await? {
-                    *cancelled.entry(r.try_get(0)?).or_default() += 1;
-                }
-                for (env, n) in cancelled {
-                    events.push(("jobs-cancelled".into(), env, format!("{n} jobs of older generations")));
-                }
+            let existed: Vec<(&str, u64)> = chunk
+                .iter()
+                .filter(|s| s.existed)
+                .map(|s| (s.spec.environment.as_str(), s.generation))
+                .collect();
+            for (env, n) in self.cancel_older(tx, &existed, now_ms).await? {
+                events.push(("jobs-cancelled".into(), env, format!("{n} jobs of older generations")));
             }
             let mut firsts: Vec<(Step, usize)> = Vec::new();
-            let marks = vec!["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"; chunk.len()].join(", ");
-            let q = format!(
-                "INSERT INTO deployments (environment, branch, generation, action, status, step, spec_hash, spec, retired, revision_id, updated_at) \
-                 VALUES {marks} \
-                 ON CONFLICT (environment) DO UPDATE SET generation = excluded.generation, action = excluded.action, status = excluded.status, \
-                 step = excluded.step, spec_hash = excluded.spec_hash, spec = excluded.spec, retired = excluded.retired, \
-                 revision_id = excluded.revision_id, updated_at = excluded.updated_at"
-            );
-            let mut query = sqlx::query(self.sql(&q));
+            let mut generations = Vec::with_capacity(chunk.len());
             for s in chunk {
                 let steps = steps_of(s.action, &s.spec.environment, s.generation, &s.spec, &s.retired);
                 let first = first_step_from(&steps, 0);
-                let status = if first.is_some() { "in-progress" } else { "done" };
-                let step = first.map_or(steps.len() as i64, |i| i as i64);
                 let env = s.spec.environment.as_str();
                 events.push((
                     format!("deployment-{}", s.action.as_str()),
                     env.to_owned(),
                     format!("generation {}", s.generation),
                 ));
+                generations.push(GenerationRow {
+                    environment: env,
+                    generation: s.generation,
+                    action: s.action,
+                    status: if first.is_some() {
+                        Status::InProgress
+                    } else {
+                        Status::Done
+                    },
+                    step: first.map_or(steps.len() as i64, |i| i as i64),
+                    spec_hash: &s.spec_hash,
+                    spec: &s.spec,
+                    retired: &s.retired,
+                });
                 if let Some(i) = first {
                     firsts.push((steps.into_iter().nth(i).unwrap_or_default(), i));
                 }
-                query = query
-                    .bind(env.to_owned())
-                    .bind(branch.to_owned())
-                    .bind(g(s.generation))
-                    .bind(s.action.as_str())
-                    .bind(status)
-                    .bind(step)
-                    .bind(s.spec_hash.clone())
-                    .bind(serde_json::to_string(&s.spec)?)
-                    .bind(serde_json::to_string(&s.retired)?)
-                    .bind(revision)
-                    .bind(now_ms);
             }
-            query.execute(&mut **tx).await?;
-            let marks = vec!["(?, ?, ?, ?, ?, ?, ?)"; chunk.len()].join(", ");
-            let q = format!(
-                "INSERT INTO deployment_generations (environment, generation, branch, action, spec_hash, revision_id, created_at) VALUES {marks}"
-            );
-            let mut query = sqlx::query(self.sql(&q));
-            for s in chunk {
-                query = query
-                    .bind(s.spec.environment.as_str().to_owned())
-                    .bind(g(s.generation))
-                    .bind(branch.to_owned())
-                    .bind(s.action.as_str())
-                    .bind(s.spec_hash.clone())
-                    .bind(revision)
-                    .bind(now_ms);
-            }
-            query.execute(&mut **tx).await?;
+            self.write_generations(tx, branch, revision, &generations, now_ms)
+                .await?;
             let mut rows: Vec<JobRow<'_>> = Vec::new();
             let mut spans = Vec::with_capacity(firsts.len());
             for (step, index) in &firsts {
@@ -690,19 +503,7 @@ impl Ledger {
     /// died, the deployment is failed and waits for a new generation. Returns how many
     /// deployments changed.
     pub async fn advance(&self, now_ms: i64) -> Result<usize, LedgerError> {
-        // Only deployments whose current step has nothing queued or leased can move: one query
-        // finds them, so a pass over thousands of rollouts waiting on agents costs one statement.
-        let envs: Vec<String> = sqlx::query(self.sql(
-            "SELECT d.environment FROM deployments d LEFT JOIN \
-             (SELECT environment, generation, step FROM jobs WHERE state IN ('queued', 'leased') GROUP BY environment, generation, step) p \
-             ON p.environment = d.environment AND p.generation = d.generation AND p.step = d.step \
-             WHERE d.status = 'in-progress' AND p.environment IS NULL",
-        ))
-                .fetch_all(&self.pool)
-                .await?
-                .iter()
-                .map(|r| r.try_get(0))
-                .collect::<Result<_, _>>()?;
+        let envs = self.advanceable().await?;
         let mut changed = 0;
         for env in envs {
             let mut tx = self.write_tx().await?;
@@ -715,82 +516,29 @@ impl Ledger {
     }
 
     async fn advance_one(&self, tx: &mut Tx, env: &str, now_ms: i64) -> Result<bool, LedgerError> {
-        let Some(r) = sqlx::query(self.sql(
-            "SELECT generation, action, step, spec, retired FROM deployments WHERE environment = ? AND status = 'in-progress'",
-        ))
-        .bind(env)
-        .fetch_optional(&mut **tx)
-        .await?
-        else {
+        let Some(d) = self.in_progress(tx, env).await? else {
             return Ok(false);
         };
-        let generation: i64 = r.try_get(0)?;
-        let action: String = r.try_get(1)?;
-        let step: i64 = r.try_get(2)?;
-        let spec: DeploymentSpec = serde_json::from_str(&r.try_get::<String, _>(3)?)?;
-        let retired: Vec<DeploymentSpec> = serde_json::from_str(&r.try_get::<String, _>(4)?)?;
-        let mut jobs = StepJobs::default();
-        for c in sqlx::query(self.sql(
-            "SELECT state, COUNT(*) FROM jobs WHERE environment = ? AND generation = ? AND step = ? GROUP BY state",
-        ))
-        .bind(env)
-        .bind(generation)
-        .bind(step)
-        .fetch_all(&mut **tx)
-        .await?
-        {
-            let (state, n): (String, i64) = (c.try_get(0)?, c.try_get(1)?);
-            let n = u64::try_from(n).unwrap_or(0);
-            match state.as_str() {
-                "queued" | "leased" => jobs.pending += n,
-                "failed" | "dead" => jobs.broken += n,
-                _ => {}
-            }
-        }
-        let Some(action) = Action::parse(&action) else {
-            return Err(LedgerError::Corrupt(format!("a deployment row says {action:?}")));
-        };
-        let steps = steps_of(action, &spec.environment, gen_u64(generation), &spec, &retired);
-        let update = self.sql("UPDATE deployments SET status = ?, step = ?, updated_at = ? WHERE environment = ?");
+        let (generation, action, step) = (d.generation, d.action, d.step);
+        let jobs = self.step_jobs(tx, env, generation, step).await?;
+        let steps = steps_of(action, &d.spec.environment, gen_u64(generation), &d.spec, &d.retired);
         // The decision is `generations::next`'s; what follows writes it.
         match generations::next(usize::try_from(step).unwrap_or(0), jobs, &steps) {
             Next::Wait => return Ok(false),
             Next::Fail => {
-                sqlx::query(update)
-                    .bind(Status::Failed.as_str())
-                    .bind(step)
-                    .bind(now_ms)
-                    .bind(env)
-                    .execute(&mut **tx)
-                    .await?;
+                self.set_step(tx, env, Status::Failed, step, now_ms).await?;
                 let detail = format!("generation {generation}, step {step}");
                 self.event(tx, now_ms, "deployment-failed", env, &detail).await?;
             }
             Next::Step(s) => {
-                sqlx::query(update)
-                    .bind(Status::InProgress.as_str())
-                    .bind(s as i64)
-                    .bind(now_ms)
-                    .bind(env)
-                    .execute(&mut **tx)
-                    .await?;
+                self.set_step(tx, env, Status::InProgress, s as i64, now_ms).await?;
                 self.queue_step(tx, env, &steps[s], s, now_ms).await?;
             }
             Next::Done(n) => {
-                sqlx::query(self.sql(
-                    "UPDATE deployments SET status = 'done', step = ?, retired = '[]', updated_at = ? WHERE environment = ?",
-                ))
-                .bind(n as i64)
-                .bind(now_ms)
-                .bind(env)
-                .execute(&mut **tx)
-                .await?;
+                self.set_step(tx, env, Status::Done, n as i64, now_ms).await?;
                 if action == Action::Teardown {
                     // Its networks are gone from every node: their subnets are free again.
-                    sqlx::query(self.sql("DELETE FROM subnets WHERE environment = ?"))
-                        .bind(env)
-                        .execute(&mut **tx)
-                        .await?;
+                    self.free_subnets(tx, env).await?;
                 }
                 let detail = format!("generation {generation}");
                 self.event(tx, now_ms, &format!("deployment-{action}-done"), env, &detail)

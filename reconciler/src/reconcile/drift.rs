@@ -13,7 +13,6 @@
 
 use crate::store::rows::{Placed, repair_of};
 use crate::store::{Ledger, LedgerError, NewJob};
-use sqlx::Row;
 use state_schema::task::Task;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -63,47 +62,32 @@ impl Ledger {
     async fn repair_missing_now(&self, now_ms: i64) -> Result<(usize, bool), LedgerError> {
         // Fresh reports: node → (when, what runs there).
         let mut reports: BTreeMap<String, (i64, BTreeSet<Reported>)> = BTreeMap::new();
-        for r in sqlx::query(
-            self.sql("SELECT name, observed, last_seen FROM nodes WHERE observed IS NOT NULL AND last_seen >= ?"),
-        )
-        .bind(now_ms - FRESH_MS)
-        .fetch_all(&self.pool)
-        .await?
-        {
-            let (name, text, seen): (String, String, i64) = (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?);
-            let running: Vec<agent_proto::RunningInstance> = serde_json::from_str(&text).unwrap_or_default();
+        for r in self.fresh_reports(now_ms - FRESH_MS).await? {
+            let running: Vec<agent_proto::RunningInstance> = serde_json::from_str(&r.observed).unwrap_or_default();
             let set = running
                 .into_iter()
                 .map(|i| (i.environment, i.role, i.instance, i.generation))
                 .collect();
-            reports.insert(name, (seen, set));
+            reports.insert(r.name, (r.last_seen, set));
         }
         if reports.is_empty() {
             return Ok((0, false));
         }
         // Placed replicas of finished rollouts that a fresh report leaves out.
-        // Streamed, a row at a time: at 10,000 environments the specs together are tens of
-        // megabytes, which the daemon need not hold at once.
         let mut missing: Vec<Missing> = Vec::new();
-        let mut rows =
-            sqlx::query(self.sql(
-                "SELECT environment, generation, spec FROM deployments WHERE action = 'rollout' AND status = 'done'",
-            ))
-            .fetch(&self.pool);
-        while let Some(r) = futures_util::TryStreamExt::try_next(&mut rows).await? {
-            let (env, generation, spec): (String, i64, String) = (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?);
-            let generation = u64::try_from(generation).unwrap_or(0);
-            let Ok(placed) = serde_json::from_str::<Placed>(&spec) else {
-                continue;
+        self.each_finished_rollout(|r| {
+            let generation = u64::try_from(r.generation).unwrap_or(0);
+            let Ok(placed) = serde_json::from_str::<Placed>(&r.spec) else {
+                return;
             };
             for i in placed.instances {
                 let Some((seen, running)) = reports.get(i.node.as_str()) else {
                     continue;
                 };
-                let here = (env.clone(), i.role.to_string(), i.index, generation);
+                let here = (r.environment.clone(), i.role.to_string(), i.index, generation);
                 if !running.contains(&here) {
                     missing.push((
-                        env.clone(),
+                        r.environment.clone(),
                         i.role.to_string(),
                         i.index,
                         generation,
@@ -112,35 +96,22 @@ impl Ledger {
                     ));
                 }
             }
-        }
-        drop(rows);
+        })
+        .await?;
         let mut jobs = Vec::new();
         let mut unsettled = false;
         for (env, role, index, generation, node, seen) in missing {
             let prefix = format!("app:{env}/{role}/{index}:g{generation}:ensure");
-            let rows = sqlx::query(self.sql(
-                "SELECT key, task, state, updated_at FROM jobs WHERE environment = ? AND generation = ? AND target_node = ? AND key LIKE ?",
-            ))
-            .bind(&env)
-            .bind(i64::try_from(generation).unwrap_or(i64::MAX))
-            .bind(&node)
-            .bind(format!("{prefix}%"))
-            .fetch_all(&self.pool)
-            .await?;
+            let asks = self
+                .asks(&env, i64::try_from(generation).unwrap_or(i64::MAX), &node, &prefix)
+                .await?;
             let mut original: Option<Task> = None;
             let (mut asked, mut settled) = (0u32, true);
-            for r in &rows {
-                let (key, task, state, updated): (String, String, String, i64) =
-                    (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?);
-                // `prefix` as a LIKE pattern may match another replica's keys (`_` is a
-                // wildcard there): only this replica's count.
-                if !key.starts_with(&prefix) {
-                    continue;
-                }
+            for a in &asks {
                 asked += 1;
-                settled &= !matches!(state.as_str(), "queued" | "leased") && updated + SETTLE_MS <= seen;
-                if !key.contains('#') {
-                    original = serde_json::from_str(&task).ok();
+                settled &= !a.pending() && a.updated_at + SETTLE_MS <= seen;
+                if !a.key.contains('#') {
+                    original = serde_json::from_str(&a.task).ok();
                 }
             }
             let Some(Task::EnsureApplication {
@@ -197,13 +168,9 @@ impl Ledger {
         let Ok(environment) = state_schema::values::Name::new(environment) else {
             return Ok(());
         };
-        let spec: Option<String> = sqlx::query_scalar(
-            self.sql("SELECT spec FROM deployments WHERE environment = ? AND generation = ? AND action = 'rollout'"),
-        )
-        .bind(environment.as_str())
-        .bind(i64::try_from(generation).unwrap_or(i64::MAX))
-        .fetch_optional(&mut **tx)
-        .await?;
+        let spec = self
+            .rollout_spec(tx, environment.as_str(), i64::try_from(generation).unwrap_or(i64::MAX))
+            .await?;
         let Some(Ok(spec)) = spec.map(|s| serde_json::from_str::<state_schema::deployment::DeploymentSpec>(&s)) else {
             return Ok(());
         };

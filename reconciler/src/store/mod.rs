@@ -5,11 +5,15 @@
 //! (each lease of it takes the next). Renewals and completions must present both; a stale pair
 //! is refused and records nothing. Results and events are append-only, enforced by triggers in the schema.
 
+mod cron;
 pub mod delivery;
+pub(crate) mod deployments;
+mod drift;
 mod events;
 pub mod fleet;
 pub mod group;
 mod jobs;
+pub mod placement;
 mod revisions;
 pub mod rewrites;
 pub mod rows;

@@ -1,0 +1,475 @@
+//! The deployment tables: each environment's current generation (`deployments`), its history
+//! (`deployment_generations`) and the accepted state's canonical documents (`desired_objects`).
+//! SQL only: what is written is decided in `reconcile::deploy` by `state_schema::generations`.
+//! Rows map through `sqlx::FromRow`; actions and statuses leave here as enums, and a row that
+//! holds neither is `LedgerError::Corrupt`.
+
+use super::{Ledger, LedgerError, WriteTx};
+use sqlx::FromRow;
+use state_schema::deployment::DeploymentSpec;
+use state_schema::generations::{Action, Current, Status, StepJobs};
+use std::collections::BTreeMap;
+
+/// A generation as the ledger stores it.
+pub(crate) fn g(generation: u64) -> i64 {
+    i64::try_from(generation).unwrap_or(i64::MAX)
+}
+
+/// A stored generation back as a number.
+pub(crate) fn gen_u64(g: i64) -> u64 {
+    u64::try_from(g).unwrap_or(0)
+}
+
+fn action(s: &str) -> Result<Action, LedgerError> {
+    Action::parse(s).ok_or_else(|| LedgerError::Corrupt(format!("a deployment row's action is {s:?}")))
+}
+
+fn status(s: &str) -> Result<Status, LedgerError> {
+    Status::parse(s).ok_or_else(|| LedgerError::Corrupt(format!("a deployment row's status is {s:?}")))
+}
+
+#[derive(FromRow)]
+struct CurrentRow {
+    environment: String,
+    generation: i64,
+    action: String,
+    status: String,
+    spec_hash: String,
+}
+
+#[derive(FromRow)]
+struct SpecsRow {
+    environment: String,
+    spec: String,
+    retired: String,
+}
+
+#[derive(FromRow)]
+struct InProgressRow {
+    generation: i64,
+    action: String,
+    step: i64,
+    spec: String,
+    retired: String,
+}
+
+#[derive(FromRow)]
+struct ObjectRow {
+    kind: String,
+    name: String,
+    hash: String,
+}
+
+#[derive(FromRow)]
+struct StateCount {
+    state: String,
+    n: i64,
+}
+
+/// An unfinished deployment, for the next step's decision.
+pub(crate) struct InProgress {
+    pub generation: i64,
+    pub action: Action,
+    pub step: i64,
+    pub spec: DeploymentSpec,
+    pub retired: Vec<DeploymentSpec>,
+}
+
+/// A new generation's row: the deployment as it starts, and its history line.
+pub(crate) struct GenerationRow<'a> {
+    pub environment: &'a str,
+    pub generation: u64,
+    pub action: Action,
+    pub status: Status,
+    pub step: i64,
+    pub spec_hash: &'a str,
+    pub spec: &'a DeploymentSpec,
+    pub retired: &'a [DeploymentSpec],
+}
+
+/// An object document to write: kind, name, hash, canonical YAML.
+pub(crate) type ObjectDoc = (String, String, String, String);
+
+impl Ledger {
+    /// The id of `sha`'s accepted revision on `branch`, if it was accepted.
+    pub(crate) async fn accepted_revision(
+        &self,
+        tx: &mut WriteTx,
+        branch: &str,
+        sha: &str,
+    ) -> Result<Option<i64>, LedgerError> {
+        Ok(sqlx::query_scalar(
+            self.sql("SELECT id FROM revisions WHERE branch = ? AND sha = ? AND verdict = 'accepted'"),
+        )
+        .bind(branch)
+        .bind(sha)
+        .fetch_optional(&mut **tx)
+        .await?)
+    }
+
+    /// The id of `branch`'s last accepted revision.
+    pub(crate) async fn last_accepted_id<'e, E>(&self, on: E, branch: &str) -> Result<Option<i64>, LedgerError>
+    where
+        E: sqlx::Executor<'e, Database = sqlx::Any>,
+    {
+        Ok(sqlx::query_scalar(
+            self.sql("SELECT id FROM revisions WHERE branch = ? AND verdict = 'accepted' ORDER BY id DESC LIMIT 1"),
+        )
+        .bind(branch)
+        .fetch_optional(on)
+        .await?)
+    }
+
+    /// Every live deployment of `branch` expires at `at` (a preview's lifetime).
+    pub(crate) async fn set_expiry(&self, tx: &mut WriteTx, branch: &str, at: i64) -> Result<(), LedgerError> {
+        sqlx::query(self.sql("UPDATE deployments SET expires_at = ? WHERE branch = ? AND action = 'rollout'"))
+            .bind(at)
+            .bind(branch)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
+    /// Branches with a live deployment whose lifetime ran out by `now_ms`.
+    pub(crate) async fn expired_branches(&self, now_ms: i64) -> Result<Vec<String>, LedgerError> {
+        Ok(sqlx::query_scalar(self.sql(
+            "SELECT DISTINCT branch FROM deployments WHERE action = 'rollout' AND expires_at IS NOT NULL AND expires_at <= ? ORDER BY branch",
+        ))
+        .bind(now_ms)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// The hash of each of `branch`'s stored object documents, by kind and name.
+    pub(crate) async fn object_hashes_of(
+        &self,
+        tx: &mut WriteTx,
+        branch: &str,
+    ) -> Result<BTreeMap<(String, String), String>, LedgerError> {
+        let rows: Vec<ObjectRow> =
+            sqlx::query_as(self.sql("SELECT kind, name, hash FROM desired_objects WHERE branch = ?"))
+                .bind(branch)
+                .fetch_all(&mut **tx)
+                .await?;
+        Ok(rows.into_iter().map(|r| ((r.kind, r.name), r.hash)).collect())
+    }
+
+    /// Writes `docs` (drained) as `branch`'s documents of `revision`, replacing older ones.
+    pub(crate) async fn upsert_objects(
+        &self,
+        tx: &mut WriteTx,
+        branch: &str,
+        revision: i64,
+        docs: &mut Vec<ObjectDoc>,
+    ) -> Result<(), LedgerError> {
+        if docs.is_empty() {
+            return Ok(());
+        }
+        let marks = vec!["(?, ?, ?, ?, ?, ?)"; docs.len()].join(", ");
+        let q = format!(
+            "INSERT INTO desired_objects (branch, kind, name, hash, document, revision_id) VALUES {marks} \
+             ON CONFLICT (branch, kind, name) DO UPDATE SET hash = excluded.hash, document = excluded.document, revision_id = excluded.revision_id"
+        );
+        let mut query = sqlx::query(self.sql(&q));
+        for (kind, name, hash, doc) in docs.drain(..) {
+            query = query
+                .bind(branch.to_owned())
+                .bind(kind)
+                .bind(name)
+                .bind(hash)
+                .bind(doc)
+                .bind(revision);
+        }
+        query.execute(&mut **tx).await?;
+        Ok(())
+    }
+
+    /// Deletes `branch`'s documents of `gone` (kind, name).
+    pub(crate) async fn delete_objects(
+        &self,
+        tx: &mut WriteTx,
+        branch: &str,
+        gone: &[(String, String)],
+    ) -> Result<(), LedgerError> {
+        for chunk in gone.chunks(200) {
+            let marks = vec!["(kind = ? AND name = ?)"; chunk.len()].join(" OR ");
+            let q = format!("DELETE FROM desired_objects WHERE branch = ? AND ({marks})");
+            let mut query = sqlx::query(self.sql(&q)).bind(branch.to_owned());
+            for (kind, name) in chunk {
+                query = query.bind(kind.clone()).bind(name.clone());
+            }
+            query.execute(&mut **tx).await?;
+        }
+        Ok(())
+    }
+
+    /// What the ledger holds of each of `branch`'s deployments.
+    pub(crate) async fn current_of(
+        &self,
+        tx: &mut WriteTx,
+        branch: &str,
+    ) -> Result<BTreeMap<String, Current>, LedgerError> {
+        let rows: Vec<CurrentRow> = sqlx::query_as(
+            self.sql("SELECT environment, generation, action, status, spec_hash FROM deployments WHERE branch = ?"),
+        )
+        .bind(branch)
+        .fetch_all(&mut **tx)
+        .await?;
+        let mut out = BTreeMap::new();
+        for r in rows {
+            let current = Current {
+                generation: gen_u64(r.generation),
+                action: action(&r.action)?,
+                status: status(&r.status)?,
+                spec_hash: r.spec_hash,
+            };
+            out.insert(r.environment, current);
+        }
+        Ok(out)
+    }
+
+    /// The stored spec and retired specs of some deployments.
+    pub(crate) async fn specs_of(
+        &self,
+        tx: &mut WriteTx,
+        envs: &[&str],
+    ) -> Result<BTreeMap<String, (DeploymentSpec, Vec<DeploymentSpec>)>, LedgerError> {
+        let mut out = BTreeMap::new();
+        for chunk in envs.chunks(200) {
+            let marks = vec!["?"; chunk.len()].join(", ");
+            let q = format!("SELECT environment, spec, retired FROM deployments WHERE environment IN ({marks})");
+            let mut query = sqlx::query_as::<_, SpecsRow>(self.sql(&q));
+            for env in chunk {
+                query = query.bind(env.to_string());
+            }
+            for r in query.fetch_all(&mut **tx).await? {
+                out.insert(
+                    r.environment,
+                    (serde_json::from_str(&r.spec)?, serde_json::from_str(&r.retired)?),
+                );
+            }
+        }
+        Ok(out)
+    }
+
+    /// Which of `envs` another branch than `branch` deploys already, and that branch.
+    pub(crate) async fn owners_of(
+        &self,
+        tx: &mut WriteTx,
+        branch: &str,
+        envs: &[&str],
+    ) -> Result<BTreeMap<String, String>, LedgerError> {
+        let mut out = BTreeMap::new();
+        for chunk in envs.chunks(200) {
+            let marks = vec!["?"; chunk.len()].join(", ");
+            let q =
+                format!("SELECT environment, branch FROM deployments WHERE branch <> ? AND environment IN ({marks})");
+            let mut query = sqlx::query_as::<_, (String, String)>(self.sql(&q)).bind(branch.to_owned());
+            for env in chunk {
+                query = query.bind(env.to_string());
+            }
+            out.extend(query.fetch_all(&mut **tx).await?);
+        }
+        Ok(out)
+    }
+
+    /// A deployment scaled at its generation: its stored spec becomes `spec`.
+    pub(crate) async fn rescale(
+        &self,
+        tx: &mut WriteTx,
+        spec: &DeploymentSpec,
+        spec_hash: &str,
+        revision: i64,
+        now_ms: i64,
+    ) -> Result<(), LedgerError> {
+        sqlx::query(self.sql(
+            "UPDATE deployments SET spec = ?, spec_hash = ?, revision_id = ?, updated_at = ? WHERE environment = ?",
+        ))
+        .bind(serde_json::to_string(spec)?)
+        .bind(spec_hash.to_owned())
+        .bind(revision)
+        .bind(now_ms)
+        .bind(spec.environment.as_str().to_owned())
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+
+    /// Cancels what generations older than each `(environment, generation)` still have queued
+    /// or leased; how many jobs of each environment.
+    pub(crate) async fn cancel_older(
+        &self,
+        tx: &mut WriteTx,
+        newer: &[(&str, u64)],
+        now_ms: i64,
+    ) -> Result<BTreeMap<String, usize>, LedgerError> {
+        let mut cancelled: BTreeMap<String, usize> = BTreeMap::new();
+        if newer.is_empty() {
+            return Ok(cancelled);
+        }
+        let marks = vec!["(environment = ? AND generation < ?)"; newer.len()].join(" OR ");
+        let q = format!(
+            "UPDATE jobs SET state = 'cancelled', lease_token = NULL, lease_expires_at = NULL, updated_at = ? \
+             WHERE state IN ('queued', 'leased') AND ({marks}) RETURNING environment"
+        );
+        let mut query = sqlx::query_scalar::<_, String>(self.sql(&q)).bind(now_ms);
+        for (env, generation) in newer {
+            query = query.bind((*env).to_owned()).bind(g(*generation));
+        }
+        for env in query.fetch_all(&mut **tx).await? {
+            *cancelled.entry(env).or_default() += 1;
+        }
+        Ok(cancelled)
+    }
+
+    /// Writes new generations of `branch`'s deployments (attributed to `revision`) and their
+    /// history lines.
+    pub(crate) async fn write_generations(
+        &self,
+        tx: &mut WriteTx,
+        branch: &str,
+        revision: i64,
+        rows: &[GenerationRow<'_>],
+        now_ms: i64,
+    ) -> Result<(), LedgerError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let marks = vec!["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"; rows.len()].join(", ");
+        let q = format!(
+            "INSERT INTO deployments (environment, branch, generation, action, status, step, spec_hash, spec, retired, revision_id, updated_at) \
+             VALUES {marks} \
+             ON CONFLICT (environment) DO UPDATE SET generation = excluded.generation, action = excluded.action, status = excluded.status, \
+             step = excluded.step, spec_hash = excluded.spec_hash, spec = excluded.spec, retired = excluded.retired, \
+             revision_id = excluded.revision_id, updated_at = excluded.updated_at"
+        );
+        let mut query = sqlx::query(self.sql(&q));
+        for r in rows {
+            query = query
+                .bind(r.environment.to_owned())
+                .bind(branch.to_owned())
+                .bind(g(r.generation))
+                .bind(r.action.as_str())
+                .bind(r.status.as_str())
+                .bind(r.step)
+                .bind(r.spec_hash.to_owned())
+                .bind(serde_json::to_string(r.spec)?)
+                .bind(serde_json::to_string(r.retired)?)
+                .bind(revision)
+                .bind(now_ms);
+        }
+        query.execute(&mut **tx).await?;
+        let marks = vec!["(?, ?, ?, ?, ?, ?, ?)"; rows.len()].join(", ");
+        let q = format!(
+            "INSERT INTO deployment_generations (environment, generation, branch, action, spec_hash, revision_id, created_at) VALUES {marks}"
+        );
+        let mut query = sqlx::query(self.sql(&q));
+        for r in rows {
+            query = query
+                .bind(r.environment.to_owned())
+                .bind(g(r.generation))
+                .bind(branch.to_owned())
+                .bind(r.action.as_str())
+                .bind(r.spec_hash.to_owned())
+                .bind(revision)
+                .bind(now_ms);
+        }
+        query.execute(&mut **tx).await?;
+        Ok(())
+    }
+
+    /// Unfinished deployments whose current step has nothing queued or leased: the only ones
+    /// that can move. One statement, so a pass over thousands of rollouts waiting on agents is
+    /// cheap.
+    pub(crate) async fn advanceable(&self) -> Result<Vec<String>, LedgerError> {
+        Ok(sqlx::query_scalar(self.sql(
+            "SELECT d.environment FROM deployments d LEFT JOIN \
+             (SELECT environment, generation, step FROM jobs WHERE state IN ('queued', 'leased') GROUP BY environment, generation, step) p \
+             ON p.environment = d.environment AND p.generation = d.generation AND p.step = d.step \
+             WHERE d.status = 'in-progress' AND p.environment IS NULL",
+        ))
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// `env`'s deployment, if its rollout or teardown is unfinished.
+    pub(crate) async fn in_progress(&self, tx: &mut WriteTx, env: &str) -> Result<Option<InProgress>, LedgerError> {
+        let row: Option<InProgressRow> = sqlx::query_as(self.sql(
+            "SELECT generation, action, step, spec, retired FROM deployments WHERE environment = ? AND status = 'in-progress'",
+        ))
+        .bind(env)
+        .fetch_optional(&mut **tx)
+        .await?;
+        let Some(r) = row else { return Ok(None) };
+        Ok(Some(InProgress {
+            generation: r.generation,
+            action: action(&r.action)?,
+            step: r.step,
+            spec: serde_json::from_str(&r.spec)?,
+            retired: serde_json::from_str(&r.retired)?,
+        }))
+    }
+
+    /// How the jobs of one step of one generation stand: pending (queued or leased) and
+    /// broken (failed for good or dead).
+    pub(crate) async fn step_jobs(
+        &self,
+        tx: &mut WriteTx,
+        env: &str,
+        generation: i64,
+        step: i64,
+    ) -> Result<StepJobs, LedgerError> {
+        let counts: Vec<StateCount> = sqlx::query_as(self.sql(
+            "SELECT state, COUNT(*) AS n FROM jobs WHERE environment = ? AND generation = ? AND step = ? GROUP BY state",
+        ))
+        .bind(env)
+        .bind(generation)
+        .bind(step)
+        .fetch_all(&mut **tx)
+        .await?;
+        let mut jobs = StepJobs::default();
+        for c in counts {
+            let n = u64::try_from(c.n).unwrap_or(0);
+            match c.state.as_str() {
+                "queued" | "leased" => jobs.pending += n,
+                "failed" | "dead" => jobs.broken += n,
+                _ => {}
+            }
+        }
+        Ok(jobs)
+    }
+
+    /// `env`'s deployment stands at `step` with `status`.
+    pub(crate) async fn set_step(
+        &self,
+        tx: &mut WriteTx,
+        env: &str,
+        status: Status,
+        step: i64,
+        now_ms: i64,
+    ) -> Result<(), LedgerError> {
+        let q = if status == Status::Done {
+            // Done: what it replaced is gone from the nodes.
+            "UPDATE deployments SET status = ?, step = ?, retired = '[]', updated_at = ? WHERE environment = ?"
+        } else {
+            "UPDATE deployments SET status = ?, step = ?, updated_at = ? WHERE environment = ?"
+        };
+        sqlx::query(self.sql(q))
+            .bind(status.as_str())
+            .bind(step)
+            .bind(now_ms)
+            .bind(env)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
+    /// `env`'s subnets are free again (its networks are gone from every node).
+    pub(crate) async fn free_subnets(&self, tx: &mut WriteTx, env: &str) -> Result<(), LedgerError> {
+        sqlx::query(self.sql("DELETE FROM subnets WHERE environment = ?"))
+            .bind(env)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+}

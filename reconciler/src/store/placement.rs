@@ -1,0 +1,285 @@
+//! What placement reads: the nodes as heartbeats left them, the applied branch's node pools,
+//! and the specs of the deployments that run (what holds room on nodes); and what it writes:
+//! which replicas wait, and each environment's subnet per node. SQL and the mapping of rows to
+//! the `state_schema::placement` values; the decisions are `state_schema::replacement`'s and
+//! `reconcile::placing`'s.
+
+use super::{Ledger, LedgerError, WriteTx};
+use sqlx::FromRow;
+use state_schema::deployment::DeploymentSpec;
+use state_schema::generations::Status;
+use state_schema::model::{NodePool, Spec};
+use state_schema::placement::{Fleet, FleetNode, Liveness};
+use state_schema::replacement::Running;
+use state_schema::values::Name;
+use std::collections::{BTreeMap, BTreeSet};
+
+#[derive(FromRow)]
+struct SeenRow {
+    name: String,
+    last_seen: Option<i64>,
+    agent_version: Option<String>,
+    capabilities: String,
+}
+
+#[derive(FromRow)]
+struct RunningRow {
+    branch: String,
+    status: String,
+    spec: String,
+}
+
+#[derive(FromRow)]
+struct SubnetRow {
+    node: String,
+    environment: String,
+    idx: i64,
+}
+
+/// What heartbeats said of a node.
+#[derive(Clone, Debug, Default)]
+pub struct Seen {
+    pub last_seen: Option<i64>,
+    pub agent_version: Option<String>,
+    pub capabilities: BTreeSet<String>,
+}
+
+impl Ledger {
+    /// Every enrolled node, with what its heartbeats said.
+    pub async fn seen_nodes(&self) -> Result<BTreeMap<String, Seen>, LedgerError> {
+        let mut out = BTreeMap::new();
+        let rows: Vec<SeenRow> =
+            sqlx::query_as(self.sql("SELECT name, last_seen, agent_version, capabilities FROM nodes"))
+                .fetch_all(&self.pool)
+                .await?;
+        for r in rows {
+            out.insert(
+                r.name,
+                Seen {
+                    last_seen: r.last_seen,
+                    agent_version: r.agent_version,
+                    capabilities: r
+                        .capabilities
+                        .split(',')
+                        .filter(|c| !c.is_empty())
+                        .map(str::to_owned)
+                        .collect(),
+                },
+            );
+        }
+        Ok(out)
+    }
+
+    /// The node pools the accepted state of `branch` declares, from the ledger's canonical
+    /// documents.
+    pub async fn applied_pools(&self, branch: &str) -> Result<Vec<(Name, NodePool)>, LedgerError> {
+        let mut out = Vec::new();
+        let docs: Vec<String> =
+            sqlx::query_scalar(self.sql("SELECT document FROM desired_objects WHERE branch = ? AND kind = 'NodePool'"))
+                .bind(branch)
+                .fetch_all(&self.pool)
+                .await?;
+        for doc in docs {
+            for l in state_schema::parse::parse_file("pool.yaml", doc.as_bytes()).objects {
+                if let Spec::NodePool(pool) = l.object.spec {
+                    out.push((l.object.metadata.name, pool));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The specs of every running (rolled-out, not torn-down) deployment, of every branch:
+    /// what holds reservations on nodes.
+    pub async fn running_specs(&self) -> Result<Vec<DeploymentSpec>, LedgerError> {
+        let mut out = Vec::new();
+        let specs: Vec<String> =
+            sqlx::query_scalar(self.sql("SELECT spec FROM deployments WHERE action = 'rollout' ORDER BY environment"))
+                .fetch_all(&self.pool)
+                .await?;
+        for spec in specs {
+            out.push(serde_json::from_str(&spec)?);
+        }
+        Ok(out)
+    }
+
+    /// The fleet a placement run sees now: `pools`' nodes with their liveness and
+    /// capabilities, and every running deployment's reservations.
+    pub async fn fleet_view(&self, pools: &[(Name, NodePool)], now_ms: i64) -> Result<Fleet, LedgerError> {
+        let seen = self.seen_nodes().await?;
+        Ok(self.fleet_of(pools, &seen, &self.running_specs().await?, now_ms))
+    }
+
+    /// The fleet from what was read already: `pools`' nodes with what heartbeats said of
+    /// them, holding what `running` deployments reserve.
+    pub fn fleet_of(
+        &self,
+        pools: &[(Name, NodePool)],
+        seen: &BTreeMap<String, Seen>,
+        running: &[DeploymentSpec],
+        now_ms: i64,
+    ) -> Fleet {
+        let lost_after = self.lost_after_ms();
+        let mut nodes = BTreeMap::new();
+        for (pool, p) in pools {
+            for n in &p.nodes {
+                let s = seen.get(n.name.as_str());
+                nodes.insert(
+                    n.name.clone(),
+                    FleetNode {
+                        pool: pool.clone(),
+                        cpu_millis: n.capacity.cpu.millis(),
+                        memory_bytes: n.capacity.memory.bytes(),
+                        git: n.state,
+                        liveness: s.map_or(Liveness::Unseen, |s| Liveness::of(s.last_seen, now_ms, lost_after)),
+                        capabilities: Some(s.map(|s| s.capabilities.clone()).unwrap_or_default()),
+                    },
+                );
+            }
+        }
+        Fleet::new(nodes, running)
+    }
+
+    /// The hashes of the applied branch's node pool documents, by name.
+    pub(crate) async fn pool_hashes(&self, branch: &str) -> Result<Vec<String>, LedgerError> {
+        Ok(sqlx::query_scalar(
+            self.sql("SELECT hash FROM desired_objects WHERE branch = ? AND kind = 'NodePool' ORDER BY name"),
+        )
+        .bind(branch)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Each running deployment's spec hash, and whether a finished one has replicas waiting.
+    pub(crate) async fn placement_marks(&self) -> Result<Vec<(String, String, bool)>, LedgerError> {
+        let rows: Vec<(String, String, String)> = sqlx::query_as(self.sql(
+            "SELECT environment, spec_hash, CASE WHEN status <> 'in-progress' AND waiting <> '[]' THEN 'waits' ELSE '' END \
+             FROM deployments WHERE action = 'rollout' ORDER BY environment",
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(|(e, h, w)| (e, h, w == "waits")).collect())
+    }
+
+    /// Every running (rolled-out, not torn-down) deployment, with its branch and whether its
+    /// rollout is unfinished, in environment order.
+    pub(crate) async fn running(&self) -> Result<Vec<Running>, LedgerError> {
+        let rows: Vec<RunningRow> = sqlx::query_as(
+            self.sql("SELECT branch, status, spec FROM deployments WHERE action = 'rollout' ORDER BY environment"),
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows {
+            let status = Status::parse(&r.status)
+                .ok_or_else(|| LedgerError::Corrupt(format!("a deployment row's status is {:?}", r.status)))?;
+            out.push(Running {
+                branch: r.branch,
+                in_progress: status == Status::InProgress,
+                spec: serde_json::from_str(&r.spec)?,
+            });
+        }
+        Ok(out)
+    }
+
+    /// What waits, as stored, of every deployment with waiting replicas.
+    pub(crate) async fn waiting_stored(&self, tx: &mut WriteTx) -> Result<BTreeMap<String, String>, LedgerError> {
+        let rows: Vec<(String, String)> =
+            sqlx::query_as(self.sql("SELECT environment, waiting FROM deployments WHERE waiting <> '[]'"))
+                .fetch_all(&mut **tx)
+                .await?;
+        Ok(rows.into_iter().collect())
+    }
+
+    /// `env`'s waiting replicas are now `waiting` (JSON).
+    pub(crate) async fn set_waiting(&self, tx: &mut WriteTx, env: &str, waiting: &str) -> Result<(), LedgerError> {
+        sqlx::query(self.sql("UPDATE deployments SET waiting = ? WHERE environment = ?"))
+            .bind(waiting)
+            .bind(env)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
+    /// Every node on the machines of `nodes` (by the host their agents report), with that host.
+    pub(crate) async fn machine_mates(
+        &self,
+        tx: &mut WriteTx,
+        nodes: &[&str],
+    ) -> Result<Vec<(String, String)>, LedgerError> {
+        let mut out = Vec::new();
+        for chunk in nodes.chunks(200) {
+            let marks = vec!["?"; chunk.len()].join(", ");
+            let q = format!(
+                "SELECT name, host FROM nodes WHERE host IN \
+                 (SELECT host FROM nodes WHERE host IS NOT NULL AND name IN ({marks}))"
+            );
+            let mut query = sqlx::query_as::<_, (String, String)>(self.sql(&q));
+            for n in chunk {
+                query = query.bind((*n).to_owned());
+            }
+            out.extend(query.fetch_all(&mut **tx).await?);
+        }
+        Ok(out)
+    }
+
+    /// The pool indices others' networks use on each of `nodes`, as their agents last said.
+    pub(crate) async fn taken_subnets(
+        &self,
+        tx: &mut WriteTx,
+        nodes: &[&str],
+    ) -> Result<Vec<(String, Vec<i64>)>, LedgerError> {
+        let mut out = Vec::new();
+        for chunk in nodes.chunks(200) {
+            let marks = vec!["?"; chunk.len()].join(", ");
+            let q = format!("SELECT name, taken_subnets FROM nodes WHERE name IN ({marks}) AND taken_subnets <> ''");
+            let mut query = sqlx::query_as::<_, (String, String)>(self.sql(&q));
+            for n in chunk {
+                query = query.bind((*n).to_owned());
+            }
+            for (node, list) in query.fetch_all(&mut **tx).await? {
+                out.push((node, list.split(',').filter_map(|i| i.parse::<i64>().ok()).collect()));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The subnets held on `nodes`: (node, environment, pool index).
+    pub(crate) async fn subnets_on(
+        &self,
+        tx: &mut WriteTx,
+        nodes: &[&str],
+    ) -> Result<Vec<(String, String, i64)>, LedgerError> {
+        let mut out = Vec::new();
+        for chunk in nodes.chunks(200) {
+            let marks = vec!["?"; chunk.len()].join(", ");
+            let q = format!("SELECT node, environment, idx FROM subnets WHERE node IN ({marks})");
+            let mut query = sqlx::query_as::<_, SubnetRow>(self.sql(&q));
+            for n in chunk {
+                query = query.bind((*n).to_owned());
+            }
+            out.extend(
+                query
+                    .fetch_all(&mut **tx)
+                    .await?
+                    .into_iter()
+                    .map(|r| (r.node, r.environment, r.idx)),
+            );
+        }
+        Ok(out)
+    }
+
+    /// Records new subnets: (node, environment, pool index).
+    pub(crate) async fn add_subnets(&self, tx: &mut WriteTx, new: &[(String, String, i64)]) -> Result<(), LedgerError> {
+        for chunk in new.chunks(200) {
+            let marks = vec!["(?, ?, ?)"; chunk.len()].join(", ");
+            let q = format!("INSERT INTO subnets (node, environment, idx) VALUES {marks}");
+            let mut query = sqlx::query(self.sql(&q));
+            for (node, env, idx) in chunk {
+                query = query.bind(node.clone()).bind(env.clone()).bind(*idx);
+            }
+            query.execute(&mut **tx).await?;
+        }
+        Ok(())
+    }
+}
