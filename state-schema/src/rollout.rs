@@ -234,6 +234,30 @@ pub fn scale_tasks(spec: &DeploymentSpec, generation: u64, change: &crate::relea
     out
 }
 
+/// After repair `repair` of a replica on `node` succeeded: the environment's routes on that
+/// node are published again (the new container may have another address), one job each, when
+/// the node serves ingress for `spec` at `generation`.
+pub fn republish_after_repair(spec: &DeploymentSpec, generation: u64, repair: u32, node: &str) -> Step {
+    if !spec.ingress_nodes.iter().any(|n| n.as_str() == node) {
+        return Vec::new();
+    }
+    let Ok(node) = Name::new(node) else {
+        return Vec::new();
+    };
+    spec.hostnames
+        .iter()
+        .map(|hostname| {
+            let task = Task::PublishIngress {
+                environment: spec.environment.clone(),
+                hostname: hostname.clone(),
+                generation,
+                repair,
+            };
+            (task, node.clone())
+        })
+        .collect()
+}
+
 /// The spec hash of one replica: its release and where it runs, not how many others there
 /// are, so a scale leaves the running replicas' hashes (and containers) alone.
 pub fn instance_hash(spec: &DeploymentSpec, role: &Name, instance: u32, node: &Name) -> String {

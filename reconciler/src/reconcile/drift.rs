@@ -11,7 +11,7 @@
 //! replica started never reads as the replica missing. At most [`MAX_REPAIRS`] repairs per
 //! replica and generation: an application that removes itself is not restarted forever.
 
-use crate::store::rows::{Placed, repair_of};
+use crate::store::rows::Placed;
 use crate::store::{Ledger, LedgerError, NewJob};
 use state_schema::task::Task;
 use std::collections::{BTreeMap, BTreeSet};
@@ -34,11 +34,6 @@ type Reported = (String, String, u32, u64);
 type Missing = (String, String, u32, u64, String, i64);
 
 impl Ledger {
-    /// A heartbeat left out a replica its node reported before: the next pass looks.
-    pub(crate) fn suspect_drift(&self) {
-        self.drift_suspected.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-
     /// Queues a repair for every replica of a finished rollout that its fresh node's agent no
     /// longer reports, when a heartbeat lost one or [`FULL_CHECK_MS`] passed. Returns how many
     /// were queued.
@@ -151,48 +146,6 @@ impl Ledger {
             tracing::info!(key = %j.task.idempotency_key(), node = %j.target_node, "a replica its agent no longer reports: asked again");
         }
         Ok((queued, unsettled))
-    }
-
-    /// After a repaired replica succeeded (in the completion's transaction): its environment's
-    /// routes on that node are published again, as a job of their own, since the new container
-    /// may have another address.
-    pub(crate) async fn republish_after_repair(
-        &self,
-        tx: &mut crate::store::WriteTx,
-        key: &str,
-        now_ms: i64,
-    ) -> Result<(), LedgerError> {
-        let Some((environment, generation, repair, node)) = repair_of(key) else {
-            return Ok(());
-        };
-        let Ok(environment) = state_schema::values::Name::new(environment) else {
-            return Ok(());
-        };
-        let spec = self
-            .rollout_spec(tx, environment.as_str(), i64::try_from(generation).unwrap_or(i64::MAX))
-            .await?;
-        let Some(Ok(spec)) = spec.map(|s| serde_json::from_str::<state_schema::deployment::DeploymentSpec>(&s)) else {
-            return Ok(());
-        };
-        if !spec.ingress_nodes.iter().any(|n| n.as_str() == node) {
-            return Ok(());
-        }
-        let tasks: Vec<Task> = spec
-            .hostnames
-            .iter()
-            .map(|hostname| Task::PublishIngress {
-                environment: environment.clone(),
-                hostname: hostname.clone(),
-                generation,
-                repair,
-            })
-            .collect();
-        let rows: Vec<crate::store::JobRow<'_>> = tasks
-            .iter()
-            .map(|t| crate::store::JobRow::new(t, node, 5, now_ms, None))
-            .collect();
-        self.enqueue_in(tx, &rows, now_ms).await?;
-        Ok(())
     }
 }
 

@@ -11,7 +11,6 @@ use agent_proto::{
     ApplicationSpec, Execution, HealthSpec, IngressSpec, NetworkSpec, SealedSecret, Upstream, container_name,
 };
 use sha2::{Digest, Sha256};
-use sqlx::Row;
 use state_schema::deployment::DeploymentSpec;
 use state_schema::task::Task;
 use std::collections::{BTreeMap, BTreeSet};
@@ -43,13 +42,13 @@ impl Ledger {
     async fn specs_for(&self, envs: &BTreeSet<String>) -> Result<Specs, LedgerError> {
         let mut out = Specs::new();
         for env in envs {
-            if let Some(r) = sqlx::query(self.sql("SELECT generation, spec FROM deployments WHERE environment = ?"))
-                .bind(env)
-                .fetch_optional(&self.pool)
-                .await?
-            {
-                let generation: i64 = r.try_get(0)?;
-                let spec: DeploymentSpec = serde_json::from_str(&r.try_get::<String, _>(1)?)?;
+            let row: Option<(i64, String)> =
+                sqlx::query_as(self.sql("SELECT generation, spec FROM deployments WHERE environment = ?"))
+                    .bind(env)
+                    .fetch_optional(&self.pool)
+                    .await?;
+            if let Some((generation, spec)) = row {
+                let spec: DeploymentSpec = serde_json::from_str(&spec)?;
                 out.insert(env.clone(), (u64::try_from(generation).unwrap_or(0), spec));
             }
         }
@@ -59,13 +58,14 @@ impl Ledger {
     async fn subnets_of(&self, node: &str, envs: &BTreeSet<String>) -> Result<BTreeMap<String, String>, LedgerError> {
         let mut out = BTreeMap::new();
         for env in envs {
-            if let Some(r) = sqlx::query(self.sql("SELECT idx FROM subnets WHERE node = ? AND environment = ?"))
-                .bind(node)
-                .bind(env)
-                .fetch_optional(&self.pool)
-                .await?
-            {
-                out.insert(env.clone(), subnet(r.try_get(0)?));
+            let idx: Option<i64> =
+                sqlx::query_scalar(self.sql("SELECT idx FROM subnets WHERE node = ? AND environment = ?"))
+                    .bind(node)
+                    .bind(env)
+                    .fetch_optional(&self.pool)
+                    .await?;
+            if let Some(idx) = idx {
+                out.insert(env.clone(), subnet(idx));
             }
         }
         Ok(out)
@@ -81,13 +81,14 @@ impl Ledger {
         now_ms: i64,
     ) -> Result<Result<String, Undeliverable>, LedgerError> {
         let hash = sha256_hex(ciphertext);
-        if let Some(r) = sqlx::query(self.sql("SELECT sealed FROM sealed_secrets WHERE node = ? AND ciphertext = ?"))
-            .bind(node)
-            .bind(&hash)
-            .fetch_optional(&self.pool)
-            .await?
-        {
-            return Ok(Ok(r.try_get(0)?));
+        let kept: Option<String> =
+            sqlx::query_scalar(self.sql("SELECT sealed FROM sealed_secrets WHERE node = ? AND ciphertext = ?"))
+                .bind(node)
+                .bind(&hash)
+                .fetch_optional(&self.pool)
+                .await?;
+        if let Some(sealed) = kept {
+            return Ok(Ok(sealed));
         }
         if control.is_empty() {
             return Ok(Err(undeliverable(
@@ -148,12 +149,10 @@ impl Ledger {
         let recipient: Option<String> = if need_spec.is_empty() {
             None
         } else {
-            sqlx::query(self.sql("SELECT age_recipient FROM nodes WHERE name = ?"))
+            sqlx::query_scalar(self.sql("SELECT age_recipient FROM nodes WHERE name = ?"))
                 .bind(node)
                 .fetch_optional(&self.pool)
                 .await?
-                .map(|r| r.try_get(0))
-                .transpose()?
         };
         let cp = self.control_plane().await?;
         let mut out = Vec::with_capacity(leases.len());

@@ -4,6 +4,7 @@
 //! Rows map through `sqlx::FromRow`; actions and statuses leave here as enums, and a row that
 //! holds neither is `LedgerError::Corrupt`.
 
+use super::rows::JobState;
 use super::{Ledger, LedgerError, WriteTx};
 use sqlx::FromRow;
 use state_schema::deployment::DeploymentSpec;
@@ -430,10 +431,12 @@ impl Ledger {
         let mut jobs = StepJobs::default();
         for c in counts {
             let n = u64::try_from(c.n).unwrap_or(0);
-            match c.state.as_str() {
-                "queued" | "leased" => jobs.pending += n,
-                "failed" | "dead" => jobs.broken += n,
-                _ => {}
+            let state = JobState::parse(&c.state)
+                .ok_or_else(|| LedgerError::Corrupt(format!("a job row's state is {:?}", c.state)))?;
+            if state.pending() {
+                jobs.pending += n;
+            } else if state.broken() {
+                jobs.broken += n;
             }
         }
         Ok(jobs)

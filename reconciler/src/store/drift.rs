@@ -1,9 +1,13 @@
 //! What the drift check reads: the nodes' fresh reports of what runs, the placements of
-//! finished rollouts, and the jobs that asked for one replica. SQL only; the comparison and
-//! the repairs are `reconcile::drift`'s.
+//! finished rollouts, and the jobs that asked for one replica; and what a repair's success
+//! writes in its completion's transaction (routes published again, as
+//! `rollout::republish_after_repair` says). SQL only; the comparison and the repairs are
+//! `reconcile::drift`'s.
 
-use super::{Ledger, LedgerError, WriteTx};
+use super::{JobRow, Ledger, LedgerError, WriteTx, rows};
 use sqlx::FromRow;
+use state_schema::deployment::DeploymentSpec;
+use state_schema::rollout;
 
 /// A node's last report of what runs there.
 #[derive(FromRow)]
@@ -34,7 +38,7 @@ pub(crate) struct Ask {
 impl Ask {
     /// Queued or leased: not yet ended.
     pub(crate) fn pending(&self) -> bool {
-        matches!(self.state.as_str(), "queued" | "leased")
+        rows::JobState::parse(&self.state).is_some_and(rows::JobState::pending)
     }
 }
 
@@ -84,19 +88,38 @@ impl Ledger {
         Ok(asks.into_iter().filter(|a| a.key.starts_with(prefix)).collect())
     }
 
-    /// The stored spec of `env`'s rollout at `generation`, if that is the one it runs.
-    pub(crate) async fn rollout_spec(
+    /// A heartbeat left out a replica its node reported before: the next drift check looks.
+    pub(crate) fn suspect_drift(&self) {
+        self.drift_suspected.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// After a repaired replica succeeded (in the completion's transaction): what
+    /// `rollout::republish_after_repair` asks of its environment's routes is queued.
+    pub(crate) async fn republish_after_repair(
         &self,
         tx: &mut WriteTx,
-        env: &str,
-        generation: i64,
-    ) -> Result<Option<String>, LedgerError> {
-        Ok(sqlx::query_scalar(
+        key: &str,
+        now_ms: i64,
+    ) -> Result<(), LedgerError> {
+        let Some((environment, generation, repair, node)) = rows::repair_of(key) else {
+            return Ok(());
+        };
+        let spec: Option<String> = sqlx::query_scalar(
             self.sql("SELECT spec FROM deployments WHERE environment = ? AND generation = ? AND action = 'rollout'"),
         )
-        .bind(env)
-        .bind(generation)
+        .bind(environment)
+        .bind(i64::try_from(generation).unwrap_or(i64::MAX))
         .fetch_optional(&mut **tx)
-        .await?)
+        .await?;
+        let Some(Ok(spec)) = spec.map(|s| serde_json::from_str::<DeploymentSpec>(&s)) else {
+            return Ok(());
+        };
+        let step = rollout::republish_after_repair(&spec, generation, repair, node);
+        let jobs: Vec<JobRow<'_>> = step
+            .iter()
+            .map(|(task, node)| JobRow::new(task, node.as_str(), 5, now_ms, None))
+            .collect();
+        self.enqueue_in(tx, &jobs, now_ms).await?;
+        Ok(())
     }
 }

@@ -2,9 +2,9 @@
 //! and the horizon a cursor may not pass (PostgreSQL commits ids out of order).
 
 use super::{Backend, Ledger, LedgerError, WriteTx};
-use sqlx::Row;
+use sqlx::FromRow;
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, FromRow)]
 pub struct Event {
     pub id: i64,
     pub at_ms: i64,
@@ -58,25 +58,14 @@ impl Ledger {
         let Some(horizon) = self.event_horizon().await? else {
             return Ok(Vec::new());
         };
-        let rows = sqlx::query(
-            self.sql("SELECT id, at, kind, subject, detail FROM events WHERE id > ? AND id <= ? ORDER BY id LIMIT ?"),
-        )
+        Ok(sqlx::query_as(self.sql(
+            "SELECT id, at AS at_ms, kind, subject, detail FROM events WHERE id > ? AND id <= ? ORDER BY id LIMIT ?",
+        ))
         .bind(cursor)
         .bind(horizon)
         .bind(i64::from(limit))
         .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(Event {
-                    id: r.try_get(0)?,
-                    at_ms: r.try_get(1)?,
-                    kind: r.try_get(2)?,
-                    subject: r.try_get(3)?,
-                    detail: r.try_get(4)?,
-                })
-            })
-            .collect()
+        .await?)
     }
 
     /// The largest event id below which no event can still appear, or `None` when writers that
@@ -90,24 +79,22 @@ impl Ledger {
     pub async fn event_horizon(&self) -> Result<Option<i64>, LedgerError> {
         if self.backend == Backend::Sqlite {
             return Ok(Some(
-                sqlx::query(self.sql("SELECT COALESCE(MAX(id), 0) FROM events"))
+                sqlx::query_scalar(self.sql("SELECT COALESCE(MAX(id), 0) FROM events"))
                     .fetch_one(&self.pool)
-                    .await?
-                    .try_get(0)?,
+                    .await?,
             ));
         }
         // The largest visible id, and every transaction that holds an id now. A transaction
         // takes its id (and with it the lock on that id that `pg_locks` lists at once, unlike a
         // snapshot, which leaves out ids newer than the last one completed) before its first
         // event id; so any event below `max` that is not visible yet belongs to one of these.
-        let row = sqlx::query(self.sql(
+        let (max, writers): (i64, String) = sqlx::query_as(self.sql(
             "SELECT COALESCE((SELECT MAX(id) FROM events), 0), \
              (SELECT COALESCE(string_agg(transactionid::text, ','), '') FROM pg_locks \
               WHERE locktype = 'transactionid' AND mode = 'ExclusiveLock' AND granted)",
         ))
         .fetch_one(&self.pool)
         .await?;
-        let (max, writers): (i64, String) = (row.try_get(0)?, row.try_get(1)?);
         if writers.is_empty() {
             return Ok(Some(max));
         }
@@ -116,14 +103,13 @@ impl Ledger {
         // visible (or never will be).
         for wait_ms in [0u64, 1, 2, 5, 10, 20, 50, 100, 200, 500] {
             tokio::time::sleep(std::time::Duration::from_millis(wait_ms)).await;
-            let running: i64 = sqlx::query(self.sql(
+            let running: i64 = sqlx::query_scalar(self.sql(
                 "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'transactionid' AND mode = 'ExclusiveLock' \
                  AND transactionid::text = ANY(string_to_array(?, ','))",
             ))
             .bind(&writers)
             .fetch_one(&self.pool)
-            .await?
-            .try_get(0)?;
+            .await?;
             if running == 0 {
                 return Ok(Some(max));
             }

@@ -6,8 +6,8 @@
 use crate::store::{Ledger, LedgerError};
 use agent_proto::Refusal;
 use sha2::{Digest, Sha256};
-use sqlx::Row;
-use state_schema::model::{NodeState, Spec};
+use sqlx::FromRow;
+use state_schema::model::NodeState;
 use state_schema::placement::Liveness;
 
 /// How long an enrolment token lives.
@@ -92,6 +92,16 @@ pub fn lifecycle(
     }
 }
 
+/// A certificate as stored, with whether the one it replaced is revoked.
+#[derive(FromRow)]
+struct CertRecord {
+    node: String,
+    not_after: i64,
+    revoked_at: Option<i64>,
+    replaces: Option<String>,
+    replaced_revoked: Option<i64>,
+}
+
 /// Why a client certificate does not admit a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CertRefusal {
@@ -109,19 +119,24 @@ impl Ledger {
         fingerprint: &str,
         now_ms: i64,
     ) -> Result<Result<(String, i64), CertRefusal>, LedgerError> {
-        let row = sqlx::query(self.sql(
-            "SELECT c.node, c.not_after, c.revoked_at, c.replaces, p.revoked_at FROM node_certificates c \
+        let row: Option<CertRecord> = sqlx::query_as(self.sql(
+            "SELECT c.node, c.not_after, c.revoked_at, c.replaces, p.revoked_at AS replaced_revoked FROM node_certificates c \
              LEFT JOIN node_certificates p ON p.fingerprint = c.replaces WHERE c.fingerprint = ?",
         ))
         .bind(fingerprint)
         .fetch_optional(&self.pool)
         .await?;
-        let Some(r) = row else {
+        let Some(CertRecord {
+            node,
+            not_after,
+            revoked_at,
+            replaces,
+            replaced_revoked,
+        }) = row
+        else {
             return Ok(Err(CertRefusal::Unknown));
         };
-        let (node, not_after, revoked): (String, i64, Option<i64>) = (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?);
-        let (replaces, replaced_revoked): (Option<String>, Option<i64>) = (r.try_get(3)?, r.try_get(4)?);
-        if revoked.is_some() {
+        if revoked_at.is_some() {
             return Ok(Err(CertRefusal::Revoked));
         }
         if not_after <= now_ms {
@@ -179,24 +194,14 @@ impl Ledger {
     /// Revokes every certificate of the nodes retired in `branch`'s accepted state. Level
     /// triggered: run on every pass, it writes only when a retired node still has a live one.
     pub async fn revoke_retired(&self, branch: &str, now_ms: i64) -> Result<usize, LedgerError> {
-        let rows = sqlx::query(self.sql("SELECT document FROM desired_objects WHERE branch = ? AND kind = 'NodePool'"))
-            .bind(branch)
-            .fetch_all(&self.pool)
-            .await?;
-        let mut retired = Vec::new();
-        for r in rows {
-            let doc: String = r.try_get(0)?;
-            for l in state_schema::parse::parse_file("pool.yaml", doc.as_bytes()).objects {
-                if let Spec::NodePool(pool) = &l.object.spec {
-                    retired.extend(
-                        pool.nodes
-                            .iter()
-                            .filter(|n| n.state == NodeState::Retired)
-                            .map(|n| n.name.to_string()),
-                    );
-                }
-            }
-        }
+        let retired: Vec<String> = self
+            .applied_pools(branch)
+            .await?
+            .iter()
+            .flat_map(|(_, pool)| &pool.nodes)
+            .filter(|n| n.state == NodeState::Retired)
+            .map(|n| n.name.to_string())
+            .collect();
         if retired.is_empty() {
             return Ok(0);
         }
@@ -205,16 +210,11 @@ impl Ledger {
         let q = format!(
             "UPDATE node_certificates SET revoked_at = ? WHERE revoked_at IS NULL AND node IN ({marks}) RETURNING node"
         );
-        let mut query = sqlx::query(self.sql(&q)).bind(now_ms);
+        let mut query = sqlx::query_scalar::<_, String>(self.sql(&q)).bind(now_ms);
         for n in &retired {
             query = query.bind(n.clone());
         }
-        let revoked: Vec<String> = query
-            .fetch_all(&mut *tx)
-            .await?
-            .iter()
-            .map(|r| r.try_get(0))
-            .collect::<Result<_, _>>()?;
+        let revoked = query.fetch_all(&mut *tx).await?;
         for node in &revoked {
             self.event(
                 &mut tx,
@@ -270,17 +270,15 @@ impl Ledger {
             self.events_in(&mut tx, now_ms, &events).await?;
             tx.commit().await?;
         }
-        let before = sqlx::query(self.sql("SELECT last_seen, capabilities, observed FROM nodes WHERE name = ?"))
-            .bind(node)
-            .fetch_optional(&self.pool)
-            .await?;
+        let before: Option<(Option<i64>, String, Option<String>)> =
+            sqlx::query_as(self.sql("SELECT last_seen, capabilities, observed FROM nodes WHERE name = ?"))
+                .bind(node)
+                .fetch_optional(&self.pool)
+                .await?;
         let changed = match before {
             None => false,
-            Some(r) => {
-                let last: Option<i64> = r.try_get(0)?;
-                let caps: String = r.try_get(1)?;
-                // A replica the agent reported before and no longer does: drift to look at.
-                let had: Option<String> = r.try_get(2)?;
+            // `had`: a replica the agent reported before and no longer does is drift to look at.
+            Some((last, caps, had)) => {
                 let had: Vec<agent_proto::RunningInstance> =
                     had.and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
                 let now: Vec<agent_proto::RunningInstance> = serde_json::from_str(observed).unwrap_or_default();
@@ -317,13 +315,11 @@ impl Ledger {
         for chunk in job_ids.chunks(200) {
             let marks = vec!["?"; chunk.len()].join(", ");
             let q = format!("SELECT id, target_node FROM jobs WHERE id IN ({marks})");
-            let mut query = sqlx::query(self.sql(&q));
+            let mut query = sqlx::query_as::<_, (i64, String)>(self.sql(&q));
             for id in chunk {
                 query = query.bind(*id);
             }
-            for r in query.fetch_all(&self.pool).await? {
-                out.push((r.try_get(0)?, r.try_get(1)?));
-            }
+            out.extend(query.fetch_all(&self.pool).await?);
         }
         Ok(out)
     }
@@ -335,12 +331,12 @@ impl Ledger {
         since_ms: i64,
     ) -> Result<std::collections::BTreeMap<String, Vec<agent_proto::RunningInstance>>, LedgerError> {
         let mut out = std::collections::BTreeMap::new();
-        for r in sqlx::query(self.sql("SELECT name, observed FROM nodes WHERE observed IS NOT NULL AND last_seen >= ?"))
-            .bind(since_ms)
-            .fetch_all(&self.pool)
-            .await?
-        {
-            let (name, text): (String, String) = (r.try_get(0)?, r.try_get(1)?);
+        let rows: Vec<(String, String)> =
+            sqlx::query_as(self.sql("SELECT name, observed FROM nodes WHERE observed IS NOT NULL AND last_seen >= ?"))
+                .bind(since_ms)
+                .fetch_all(&self.pool)
+                .await?;
+        for (name, text) in rows {
             out.insert(name, serde_json::from_str(&text).unwrap_or_default());
         }
         Ok(out)
@@ -360,15 +356,14 @@ impl Ledger {
         let observed = self
             .observed_replicas(now_ms - state_schema::placement::UNHEALTHY_AFTER_MS)
             .await?;
-        let mut cas: std::collections::BTreeMap<String, String> = Default::default();
-        for r in sqlx::query(self.sql(
+        // Later certificates of a node overwrite earlier ones: the newest CA wins.
+        let cas: std::collections::BTreeMap<String, String> = sqlx::query_as::<_, (String, String)>(self.sql(
             "SELECT node, ca FROM node_certificates WHERE revoked_at IS NULL AND ca IS NOT NULL ORDER BY issued_at, fingerprint",
         ))
         .fetch_all(&self.pool)
         .await?
-        {
-            cas.insert(r.try_get(0)?, r.try_get(1)?);
-        }
+        .into_iter()
+        .collect();
         let mut out = Vec::new();
         for (pool, p) in &pools {
             for n in &p.nodes {
@@ -463,14 +458,14 @@ impl Ledger {
         token: &str,
         now_ms: i64,
     ) -> Result<Option<Refusal>, LedgerError> {
-        let row = sqlx::query(self.sql("SELECT node, expires_at, used_at FROM enrolment_tokens WHERE token_hash = ?"))
-            .bind(hash(token))
-            .fetch_optional(&self.pool)
-            .await?;
-        let Some(r) = row else {
+        let row: Option<(String, i64, Option<i64>)> =
+            sqlx::query_as(self.sql("SELECT node, expires_at, used_at FROM enrolment_tokens WHERE token_hash = ?"))
+                .bind(hash(token))
+                .fetch_optional(&self.pool)
+                .await?;
+        let Some((owner, expires, used)) = row else {
             return Ok(Some(Refusal::TokenUnknown));
         };
-        let (owner, expires, used): (String, i64, Option<i64>) = (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?);
         Ok(if used.is_some() {
             Some(Refusal::TokenUsed)
         } else if expires <= now_ms {

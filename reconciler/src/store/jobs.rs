@@ -2,8 +2,9 @@
 //! renewals, completions (set-based, each refused alone when stale or another node's), expiry
 //! with backoff.
 
+use super::rows::JobState;
 use super::{Backend, Ledger, LedgerError, WriteTx, rows};
-use sqlx::Row;
+use sqlx::FromRow;
 use state_schema::task::Task;
 
 /// A job to add. Its idempotency key comes from the task.
@@ -120,18 +121,36 @@ pub fn backoff_ms(job_id: i64, attempts: i64) -> i64 {
     base + jitter
 }
 
-/// A lease from a row of `RETURNING id, key, task, attempts, fencing_token`, under `lease_token`.
-fn leased(r: &sqlx::any::AnyRow, lease_token: String, expires_at_ms: i64) -> Result<Lease, LedgerError> {
-    let task: String = r.try_get(2)?;
+/// A job just leased: `RETURNING id, key, task, attempts, fencing_token`.
+#[derive(FromRow)]
+struct LeasedRecord {
+    id: i64,
+    key: String,
+    task: String,
+    attempts: i64,
+    fencing_token: i64,
+}
+
+/// The same from a group lease, with the request it answers and that request's token.
+#[derive(FromRow)]
+struct GroupLeasedRecord {
+    #[sqlx(flatten)]
+    job: LeasedRecord,
+    idx: i64,
+    token: String,
+}
+
+/// A lease from a leased row, under `lease_token`.
+fn leased(r: LeasedRecord, lease_token: String, expires_at_ms: i64) -> Result<Lease, LedgerError> {
     Ok(Lease {
-        job_id: r.try_get(0)?,
-        key: r.try_get(1)?,
-        task: serde_json::from_str(&task)?,
-        attempt: r.try_get(3)?,
+        job_id: r.id,
+        key: r.key,
+        task: serde_json::from_str(&r.task)?,
+        attempt: r.attempts,
         token: LeaseToken {
-            job_id: r.try_get(0)?,
+            job_id: r.id,
             lease_token,
-            fencing_token: r.try_get(4)?,
+            fencing_token: r.fencing_token,
         },
         expires_at_ms,
     })
@@ -146,7 +165,12 @@ fn new_lease_token() -> Result<String, LedgerError> {
 }
 
 /// A leased job as `complete` finds it, locked for the rest of the transaction.
+#[derive(FromRow)]
 struct LiveLease {
+    id: i64,
+    target_node: String,
+    /// 1 when the lease is live (leased, not expired), else 0.
+    live: i64,
     attempts: i64,
     max_attempts: i64,
     key: String,
@@ -158,7 +182,7 @@ struct LiveLease {
 #[derive(Default)]
 struct Recorded<'c> {
     /// Job ids by their new state (all but retries, which each get their own `not_before`).
-    by_state: std::collections::BTreeMap<&'static str, Vec<i64>>,
+    by_state: std::collections::BTreeMap<JobState, Vec<i64>>,
     retries: Vec<(i64, i64)>,
     /// (job, fencing token, outcome, detail)
     results: Vec<(i64, i64, &'c str, String)>,
@@ -198,7 +222,7 @@ impl Ledger {
             let q = format!(
                 "INSERT INTO jobs (key, task, target_node, state, attempts, max_attempts, not_before, created_at, updated_at, environment, generation, step) VALUES {rows} ON CONFLICT (key) DO NOTHING RETURNING key"
             );
-            let mut query = sqlx::query(self.sql(&q));
+            let mut query = sqlx::query_scalar::<_, String>(self.sql(&q));
             for j in chunk {
                 let generation = i64::try_from(j.task.generation()).unwrap_or(i64::MAX);
                 query = query
@@ -218,8 +242,7 @@ impl Ledger {
                 .enumerate()
                 .map(|(i, j)| (j.key.as_str(), c * 200 + i))
                 .collect();
-            for r in query.fetch_all(&mut **tx).await? {
-                let key: String = r.try_get(0)?;
+            for key in query.fetch_all(&mut **tx).await? {
                 added.extend(index.get(key.as_str()));
             }
         }
@@ -245,19 +268,20 @@ impl Ledger {
     }
 
     pub(crate) async fn expire_in(&self, tx: &mut WriteTx, now_ms: i64) -> Result<usize, LedgerError> {
-        let rows = sqlx::query(self.sql(
+        let rows: Vec<(String, String)> = sqlx::query_as(self.sql(
             "UPDATE jobs SET state = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'queued' END, lease_token = NULL, lease_expires_at = NULL, updated_at = ? WHERE state = 'leased' AND lease_expires_at < ? RETURNING key, state",
         ))
         .bind(now_ms)
         .bind(now_ms)
         .fetch_all(&mut **tx)
         .await?;
-        let events = rows
-            .iter()
-            .map(|r| Ok(("lease-expired".to_owned(), r.try_get(0)?, r.try_get(1)?)))
-            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        let n = rows.len();
+        let events: Vec<_> = rows
+            .into_iter()
+            .map(|(key, state)| ("lease-expired".to_owned(), key, state))
+            .collect();
         self.events_in(tx, now_ms, &events).await?;
-        Ok(rows.len())
+        Ok(n)
     }
 
     /// Whether a lease for `requests` could hand anything out: a due job of one of their
@@ -392,7 +416,7 @@ impl Ledger {
         }
         for (node, max, removals_only) in requests {
             let token = new_lease_token()?;
-            let rows = sqlx::query(self.sql(if *removals_only { &q_removals } else { &q_all }))
+            let rows: Vec<LeasedRecord> = sqlx::query_as(self.sql(if *removals_only { &q_removals } else { &q_all }))
                 .bind(&token)
                 .bind(expires)
                 .bind(now_ms)
@@ -403,7 +427,7 @@ impl Ledger {
                 .await?;
             let mut leases = Vec::with_capacity(rows.len());
             for r in rows {
-                leases.push(leased(&r, token.clone(), expires)?);
+                leases.push(leased(r, token.clone(), expires)?);
             }
             if !leases.is_empty() {
                 let detail = format!("{} jobs", leases.len());
@@ -437,7 +461,9 @@ impl Ledger {
              WHERE jobs.id = picked.id \
              RETURNING jobs.id, jobs.key, jobs.task, jobs.attempts, jobs.fencing_token, picked.idx, picked.token"
         );
-        let mut query = sqlx::query(self.sql(&q)).bind(expires).bind(now_ms);
+        let mut query = sqlx::query_as::<_, GroupLeasedRecord>(self.sql(&q))
+            .bind(expires)
+            .bind(now_ms);
         for (i, (node, max, removals_only)) in requests.iter().enumerate() {
             query = query
                 .bind(i as i64)
@@ -448,11 +474,10 @@ impl Ledger {
         }
         let mut out: Vec<Vec<Lease>> = vec![Vec::new(); requests.len()];
         for r in query.bind(now_ms).fetch_all(&mut **tx).await? {
-            let idx: i64 = r.try_get(5)?;
-            let Some(slot) = usize::try_from(idx).ok().and_then(|i| out.get_mut(i)) else {
+            let Some(slot) = usize::try_from(r.idx).ok().and_then(|i| out.get_mut(i)) else {
                 continue;
             };
-            slot.push(leased(&r, r.try_get(6)?, expires)?);
+            slot.push(leased(r.job, r.token, expires)?);
         }
         for leases in &mut out {
             leases.sort_by_key(|l| l.job_id);
@@ -537,32 +562,20 @@ impl Ledger {
                 ""
             };
             let q = format!(
-                "SELECT id, attempts, max_attempts, key, lease_token, fencing_token, target_node, state = 'leased' AND lease_expires_at >= ? FROM jobs WHERE id IN ({marks}){lock}"
+                "SELECT id, attempts, max_attempts, key, lease_token, fencing_token, target_node, \
+                 CASE WHEN state = 'leased' AND lease_expires_at >= ? THEN 1 ELSE 0 END AS live FROM jobs WHERE id IN ({marks}){lock}"
             );
-            let mut query = sqlx::query(self.sql(&q)).bind(now_ms);
+            let mut query = sqlx::query_as::<_, LiveLease>(self.sql(&q)).bind(now_ms);
             for c in chunk {
                 query = query.bind(c.token.job_id);
             }
             let mut live: std::collections::HashMap<i64, LiveLease> = std::collections::HashMap::new();
             let mut owners: std::collections::HashMap<i64, String> = std::collections::HashMap::new();
-            for r in query.fetch_all(&mut **tx).await? {
-                let id: i64 = r.try_get(0)?;
-                owners.insert(id, r.try_get(6)?);
-                // A boolean comes back as an integer from SQLite and a bool from PostgreSQL.
-                let is_live = r
-                    .try_get::<bool, _>(7)
-                    .or_else(|_| r.try_get::<i64, _>(7).map(|n| n != 0))?;
-                if !is_live {
-                    continue;
+            for mut r in query.fetch_all(&mut **tx).await? {
+                owners.insert(r.id, std::mem::take(&mut r.target_node));
+                if r.live == 1 {
+                    live.insert(r.id, r);
                 }
-                let lease = LiveLease {
-                    attempts: r.try_get(1)?,
-                    max_attempts: r.try_get(2)?,
-                    key: r.try_get(3)?,
-                    lease_token: r.try_get(4)?,
-                    fencing_token: r.try_get(5)?,
-                };
-                live.insert(id, lease);
             }
             let mut rec = Recorded::default();
             let mut repaired: Vec<String> = Vec::new();
@@ -580,6 +593,7 @@ impl Ledger {
                     key,
                     lease_token: token,
                     fencing_token: fencing,
+                    ..
                 }) = live.remove(&t.job_id)
                 else {
                     continue;
@@ -588,19 +602,19 @@ impl Ledger {
                     continue;
                 }
                 let (state, outcome, detail) = match &c.outcome {
-                    Outcome::Succeeded => ("succeeded", "succeeded", String::new()),
-                    Outcome::Retryable(d) if attempts >= max_attempts => ("dead", "retryable", d.clone()),
+                    Outcome::Succeeded => (JobState::Succeeded, "succeeded", String::new()),
+                    Outcome::Retryable(d) if attempts >= max_attempts => (JobState::Dead, "retryable", d.clone()),
                     Outcome::Retryable(d) => {
                         rec.retries.push((t.job_id, now_ms + backoff_ms(t.job_id, attempts)));
-                        ("queued", "retryable", d.clone())
+                        (JobState::Queued, "retryable", d.clone())
                     }
-                    Outcome::Permanent(d) => ("failed", "permanent", d.clone()),
+                    Outcome::Permanent(d) => (JobState::Failed, "permanent", d.clone()),
                 };
-                if state != "queued" {
+                if state != JobState::Queued {
                     rec.by_state.entry(state).or_default().push(t.job_id);
                 }
                 rec.results.push((t.job_id, t.fencing_token, outcome, detail.clone()));
-                if state == "succeeded" && rows::is_repair(&key) {
+                if state == JobState::Succeeded && rows::is_repair(&key) {
                     // `app:<env>/…@<node>`: the environment's event, as the agent's repairs are.
                     let env = key
                         .trim_start_matches("app:")
@@ -613,7 +627,7 @@ impl Ledger {
                     rec.events.push(("drift-repaired".to_owned(), env, what));
                     repaired.push(key.clone());
                 }
-                rec.events.push((format!("job-{state}"), key, detail));
+                rec.events.push((format!("job-{}", state.as_str()), key, detail));
                 out[chunk_start + i] = Ok(());
             }
             for (state, ids) in &rec.by_state {
@@ -621,7 +635,7 @@ impl Ledger {
                 let q = format!(
                     "UPDATE jobs SET state = ?, lease_token = NULL, lease_expires_at = NULL, updated_at = ? WHERE id IN ({marks})"
                 );
-                let mut query = sqlx::query(self.sql(&q)).bind(*state).bind(now_ms);
+                let mut query = sqlx::query(self.sql(&q)).bind(state.as_str()).bind(now_ms);
                 for id in ids {
                     query = query.bind(*id);
                 }
@@ -660,10 +674,11 @@ impl Ledger {
 
     /// A job's state and attempts, by key.
     pub async fn job(&self, key: &str) -> Result<Option<(String, i64)>, LedgerError> {
-        let row = sqlx::query(self.sql("SELECT state, attempts FROM jobs WHERE key = ?"))
-            .bind(key)
-            .fetch_optional(&self.pool)
-            .await?;
-        row.map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).transpose()
+        Ok(
+            sqlx::query_as(self.sql("SELECT state, attempts FROM jobs WHERE key = ?"))
+                .bind(key)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
     }
 }

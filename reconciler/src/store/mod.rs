@@ -26,8 +26,8 @@ pub fn now_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
+use sqlx::AnyPool;
 use sqlx::any::AnyPoolOptions;
-use sqlx::{AnyPool, Row};
 use std::borrow::Cow;
 use std::sync::Arc;
 
@@ -315,11 +315,10 @@ impl Ledger {
             };
         }
         let mut conn = self.pool.acquire().await?.detach();
-        let got: bool = sqlx::query(self.sql("SELECT pg_try_advisory_lock(?)"))
+        let got: bool = sqlx::query_scalar(self.sql("SELECT pg_try_advisory_lock(?)"))
             .bind(LEADER_LOCK_KEY)
             .fetch_one(&mut conn)
-            .await?
-            .try_get(0)?;
+            .await?;
         Ok(got.then_some(LeaderLock {
             conn: Some(conn),
             _file: None,

@@ -2,7 +2,6 @@
 //! last accepted, deployed branches).
 
 use super::{Ledger, LedgerError, WriteTx};
-use sqlx::Row;
 
 impl Ledger {
     /// Records the judgement of a commit of `branch`, with an event, in one transaction.
@@ -29,7 +28,7 @@ impl Ledger {
     ) -> Result<Option<i64>, LedgerError> {
         let verdict = if j.accepted() { "accepted" } else { "rejected" };
         let reasons = serde_json::to_string(&j.reasons)?;
-        let row = sqlx::query(self.sql(
+        let id: Option<i64> = sqlx::query_scalar(self.sql(
             "INSERT INTO revisions (sha, branch, verdict, principals, fingerprint, reasons, seen_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (sha, branch) DO NOTHING RETURNING id",
         ))
         .bind(&j.sha)
@@ -41,7 +40,7 @@ impl Ledger {
         .bind(now_ms)
         .fetch_optional(&mut **tx)
         .await?;
-        let Some(row) = row else { return Ok(None) };
+        let Some(id) = id else { return Ok(None) };
         let detail = if j.accepted() {
             j.principals.clone().unwrap_or_default()
         } else {
@@ -50,7 +49,7 @@ impl Ledger {
         let subject = format!("{branch}@{}", j.sha);
         self.event(tx, now_ms, &format!("revision-{verdict}"), &subject, &detail)
             .await?;
-        Ok(Some(row.try_get(0)?))
+        Ok(Some(id))
     }
 
     /// The newest accepted commit of a branch: the one in force.
@@ -63,21 +62,18 @@ impl Ledger {
     /// Two indexed reads of one row each, however long the history.
     pub(crate) async fn branch_position(&self, branch: &str, filter: &str) -> Result<Option<String>, LedgerError> {
         let q = format!("SELECT sha, seen_at FROM revisions WHERE branch = ? {filter} ORDER BY id DESC LIMIT 1");
-        let judged = sqlx::query(self.sql(&q))
+        let judged: Option<(String, i64)> = sqlx::query_as(self.sql(&q))
             .bind(branch)
             .fetch_optional(&self.pool)
             .await?;
-        let again = sqlx::query(self.sql(
+        let again: Option<(String, i64)> = sqlx::query_as(self.sql(
             "SELECT sha, applied_at FROM history_rewrites WHERE branch = ? AND applied_at IS NOT NULL \
              ORDER BY applied_at DESC, id DESC LIMIT 1",
         ))
         .bind(branch)
         .fetch_optional(&self.pool)
         .await?;
-        let read = |r: Option<sqlx::any::AnyRow>| -> Result<Option<(String, i64)>, LedgerError> {
-            r.map(|r| Ok((r.try_get(0)?, r.try_get(1)?))).transpose()
-        };
-        Ok(match (read(judged)?, read(again)?) {
+        Ok(match (judged, again) {
             (Some((sha, seen)), Some((again_sha, applied))) => Some(if applied >= seen { again_sha } else { sha }),
             (one, other) => one.or(other).map(|(sha, _)| sha),
         })
@@ -85,15 +81,16 @@ impl Ledger {
 
     /// A judged commit's verdict and reason codes.
     pub async fn revision(&self, branch: &str, sha: &str) -> Result<Option<(String, Vec<String>)>, LedgerError> {
-        let row = sqlx::query(self.sql("SELECT verdict, reasons FROM revisions WHERE branch = ? AND sha = ?"))
-            .bind(branch)
-            .bind(sha)
-            .fetch_optional(&self.pool)
-            .await?;
-        let Some(r) = row else { return Ok(None) };
-        let reasons: Vec<serde_json::Value> = serde_json::from_str(&r.try_get::<String, _>(1)?)?;
+        let row: Option<(String, String)> =
+            sqlx::query_as(self.sql("SELECT verdict, reasons FROM revisions WHERE branch = ? AND sha = ?"))
+                .bind(branch)
+                .bind(sha)
+                .fetch_optional(&self.pool)
+                .await?;
+        let Some((verdict, reasons)) = row else { return Ok(None) };
+        let reasons: Vec<serde_json::Value> = serde_json::from_str(&reasons)?;
         Ok(Some((
-            r.try_get(0)?,
+            verdict,
             reasons
                 .iter()
                 .filter_map(|v| v["code"].as_str().map(str::to_owned))
@@ -108,10 +105,10 @@ impl Ledger {
 
     /// Branches with deployments that are not torn down.
     pub async fn deployed_branches(&self) -> Result<Vec<String>, LedgerError> {
-        let rows =
-            sqlx::query(self.sql("SELECT DISTINCT branch FROM deployments WHERE action = 'rollout' ORDER BY branch"))
-                .fetch_all(&self.pool)
-                .await?;
-        rows.iter().map(|r| r.try_get(0).map_err(LedgerError::from)).collect()
+        Ok(sqlx::query_scalar(
+            self.sql("SELECT DISTINCT branch FROM deployments WHERE action = 'rollout' ORDER BY branch"),
+        )
+        .fetch_all(&self.pool)
+        .await?)
     }
 }

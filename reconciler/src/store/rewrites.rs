@@ -6,7 +6,7 @@
 
 use crate::store::{Ledger, LedgerError};
 use serde::Serialize;
-use sqlx::Row;
+use sqlx::FromRow;
 
 /// The stable code of the refusal.
 pub const HISTORY_REWRITTEN: &str = "history-rewritten";
@@ -29,7 +29,7 @@ pub enum Approval {
     NotPending,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, FromRow)]
 #[serde(rename_all = "camelCase")]
 pub struct RewriteRow {
     pub branch: String,
@@ -50,7 +50,7 @@ impl Ledger {
         sha: &str,
         accepted: &str,
     ) -> Result<Option<RewriteStatus>, LedgerError> {
-        let row = sqlx::query(
+        let row: Option<Option<i64>> = sqlx::query_scalar(
             self.sql("SELECT approved_at FROM history_rewrites WHERE branch = ? AND sha = ? AND accepted_sha = ?"),
         )
         .bind(branch)
@@ -58,8 +58,7 @@ impl Ledger {
         .bind(accepted)
         .fetch_optional(&self.pool)
         .await?;
-        let Some(row) = row else { return Ok(None) };
-        let approved: Option<i64> = row.try_get(0)?;
+        let Some(approved) = row else { return Ok(None) };
         Ok(Some(if approved.is_some() {
             RewriteStatus::Approved
         } else {
@@ -162,23 +161,12 @@ impl Ledger {
 
     /// Refused rewrites, newest first.
     pub async fn rewrites(&self, limit: u32) -> Result<Vec<RewriteRow>, LedgerError> {
-        let rows = sqlx::query(self.sql(
-            "SELECT branch, sha, accepted_sha, seen_at, approved_by, approved_at FROM history_rewrites ORDER BY id DESC LIMIT ?",
+        Ok(sqlx::query_as(self.sql(
+            "SELECT branch, sha, accepted_sha, seen_at AS seen_at_ms, approved_by, approved_at AS approved_at_ms \
+             FROM history_rewrites ORDER BY id DESC LIMIT ?",
         ))
         .bind(i64::from(limit))
         .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(RewriteRow {
-                    branch: r.try_get(0)?,
-                    sha: r.try_get(1)?,
-                    accepted_sha: r.try_get(2)?,
-                    seen_at_ms: r.try_get(3)?,
-                    approved_by: r.try_get(4)?,
-                    approved_at_ms: r.try_get(5)?,
-                })
-            })
-            .collect()
+        .await?)
     }
 }

@@ -2,6 +2,56 @@
 //! (a repair's), an environment's subnet on a node, a stored spec's placement, and the bound on
 //! a job's attempts.
 
+/// Where a job stands, as the `jobs.state` column spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum JobState {
+    Queued,
+    Leased,
+    Succeeded,
+    /// Failed for good (a permanent failure).
+    Failed,
+    /// Out of attempts.
+    Dead,
+    /// A newer generation started first.
+    Cancelled,
+}
+
+impl JobState {
+    pub const ALL: [JobState; 6] = [
+        JobState::Queued,
+        JobState::Leased,
+        JobState::Succeeded,
+        JobState::Failed,
+        JobState::Dead,
+        JobState::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Leased => "leased",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Dead => "dead",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<JobState> {
+        JobState::ALL.into_iter().find(|j| j.as_str() == s)
+    }
+
+    /// Not ended yet: queued or leased.
+    pub fn pending(self) -> bool {
+        matches!(self, JobState::Queued | JobState::Leased)
+    }
+
+    /// Ended without success, for good.
+    pub fn broken(self) -> bool {
+        matches!(self, JobState::Failed | JobState::Dead)
+    }
+}
+
 /// How many attempts a job gets before it is dead.
 pub const MAX_ATTEMPTS: u32 = 5;
 
@@ -45,4 +95,21 @@ pub fn repair_of(key: &str) -> Option<(&str, u64, u32, &str)> {
     let (rest, repair) = rest.rsplit_once(":ensure#r")?;
     let (_, generation) = rest.rsplit_once(":g")?;
     Some((environment, generation.parse().ok()?, repair.parse().ok()?, node))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::JobState;
+
+    #[test]
+    fn job_states_read_back_as_written_and_nothing_else_reads() {
+        for s in JobState::ALL {
+            assert_eq!(JobState::parse(s.as_str()), Some(s));
+        }
+        assert_eq!(JobState::parse("Queued"), None);
+        let pending: Vec<_> = JobState::ALL.into_iter().filter(|s| s.pending()).collect();
+        let broken: Vec<_> = JobState::ALL.into_iter().filter(|s| s.broken()).collect();
+        assert_eq!(pending, [JobState::Queued, JobState::Leased]);
+        assert_eq!(broken, [JobState::Failed, JobState::Dead]);
+    }
 }

@@ -3,7 +3,8 @@
 
 use crate::store::{Ledger, LedgerError};
 use serde::Serialize;
-use sqlx::Row;
+use sqlx::FromRow;
+use state_schema::generations::Action;
 use std::collections::BTreeMap;
 
 #[derive(Clone, Debug, Serialize)]
@@ -18,7 +19,7 @@ pub struct RevisionRow {
     pub seen_at_ms: i64,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, FromRow)]
 #[serde(rename_all = "camelCase")]
 pub struct JobRow {
     pub id: i64,
@@ -53,6 +54,30 @@ pub struct DeploymentRow {
     pub stale: usize,
 }
 
+/// A revision as stored: its reasons are JSON text.
+#[derive(FromRow)]
+struct RevisionRecord {
+    id: i64,
+    branch: String,
+    sha: String,
+    verdict: String,
+    principals: Option<String>,
+    reasons: String,
+    seen_at: i64,
+}
+
+#[derive(FromRow)]
+struct DeploymentRecord {
+    environment: String,
+    branch: String,
+    generation: i64,
+    action: String,
+    status: String,
+    step: i64,
+    updated_at: i64,
+    spec: String,
+}
+
 /// Counts for `pl status` and `/metrics`.
 #[derive(Clone, Debug, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -79,24 +104,23 @@ impl Ledger {
             "SELECT id, branch, sha, verdict, principals, reasons, seen_at FROM revisions WHERE (? = '' OR branch = ?) AND id < ? ORDER BY id DESC LIMIT ?",
         );
         let b = branch.unwrap_or("");
-        let rows = sqlx::query(q)
+        let rows: Vec<RevisionRecord> = sqlx::query_as(q)
             .bind(b)
             .bind(b)
             .bind(before.unwrap_or(i64::MAX))
             .bind(i64::from(limit))
             .fetch_all(&self.pool)
             .await?;
-        rows.iter()
+        rows.into_iter()
             .map(|r| {
-                let reasons: String = r.try_get(5)?;
                 Ok(RevisionRow {
-                    id: r.try_get(0)?,
-                    branch: r.try_get(1)?,
-                    sha: r.try_get(2)?,
-                    verdict: r.try_get(3)?,
-                    principals: r.try_get(4)?,
-                    reasons: serde_json::from_str(&reasons)?,
-                    seen_at_ms: r.try_get(6)?,
+                    id: r.id,
+                    branch: r.branch,
+                    sha: r.sha,
+                    verdict: r.verdict,
+                    principals: r.principals,
+                    reasons: serde_json::from_str(&r.reasons)?,
+                    seen_at_ms: r.seen_at,
                 })
             })
             .collect()
@@ -111,11 +135,12 @@ impl Ledger {
         limit: u32,
     ) -> Result<Vec<JobRow>, LedgerError> {
         let q = self.sql(
-            "SELECT id, key, target_node, state, attempts, max_attempts, environment, generation, updated_at, created_at FROM jobs \
+            "SELECT id, key, target_node, state, attempts, max_attempts, environment, generation, \
+             updated_at AS updated_at_ms, created_at AS created_at_ms FROM jobs \
              WHERE (? = '' OR state = ?) AND (? = '' OR environment = ?) AND id < ? ORDER BY id DESC LIMIT ?",
         );
         let (s, e) = (state.unwrap_or(""), environment.unwrap_or(""));
-        let rows = sqlx::query(q)
+        Ok(sqlx::query_as(q)
             .bind(s)
             .bind(s)
             .bind(e)
@@ -123,23 +148,7 @@ impl Ledger {
             .bind(before.unwrap_or(i64::MAX))
             .bind(i64::from(limit))
             .fetch_all(&self.pool)
-            .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(JobRow {
-                    id: r.try_get(0)?,
-                    key: r.try_get(1)?,
-                    target_node: r.try_get(2)?,
-                    state: r.try_get(3)?,
-                    attempts: r.try_get(4)?,
-                    max_attempts: r.try_get(5)?,
-                    environment: r.try_get(6)?,
-                    generation: r.try_get(7)?,
-                    updated_at_ms: r.try_get(8)?,
-                    created_at_ms: r.try_get(9)?,
-                })
-            })
-            .collect()
+            .await?)
     }
 
     /// Deployments by environment name, after the name `after` (a page's `next`).
@@ -151,7 +160,7 @@ impl Ledger {
         limit: u32,
         now_ms: i64,
     ) -> Result<Vec<DeploymentRow>, LedgerError> {
-        let rows = sqlx::query(self.sql(
+        let rows: Vec<DeploymentRecord> = sqlx::query_as(self.sql(
             "SELECT environment, branch, generation, action, status, step, updated_at, spec FROM deployments WHERE environment > ? ORDER BY environment LIMIT ?",
         ))
         .bind(after.unwrap_or(""))
@@ -166,16 +175,20 @@ impl Ledger {
                 seen.entry(i.environment.clone()).or_default().push((node.clone(), i));
             }
         }
-        rows.iter()
+        rows.into_iter()
             .map(|r| {
-                let environment: String = r.try_get(0)?;
-                let generation: i64 = r.try_get(2)?;
-                let action: String = r.try_get(3)?;
-                let placed = match action.as_str() {
-                    "rollout" => serde_json::from_str::<crate::store::rows::Placed>(&r.try_get::<String, _>(7)?)
+                let (environment, generation) = (r.environment, r.generation);
+                let placed = match Action::parse(&r.action) {
+                    Some(Action::Rollout) => serde_json::from_str::<crate::store::rows::Placed>(&r.spec)
                         .map(|p| p.instances)
                         .unwrap_or_default(),
-                    _ => Vec::new(),
+                    Some(Action::Teardown) => Vec::new(),
+                    None => {
+                        return Err(LedgerError::Corrupt(format!(
+                            "a deployment row's action is {:?}",
+                            r.action
+                        )));
+                    }
                 };
                 let here = seen.get(&environment).map(Vec::as_slice).unwrap_or_default();
                 let is_placed = |node: &str, i: &agent_proto::RunningInstance| {
@@ -188,12 +201,12 @@ impl Ledger {
                 let stale = here.iter().filter(|(n, i)| i.healthy && !is_placed(n, i)).count();
                 Ok(DeploymentRow {
                     environment,
-                    branch: r.try_get(1)?,
+                    branch: r.branch,
                     generation,
-                    action,
-                    status: r.try_get(4)?,
-                    step: r.try_get(5)?,
-                    updated_at_ms: r.try_get(6)?,
+                    action: r.action,
+                    status: r.status,
+                    step: r.step,
+                    updated_at_ms: r.updated_at,
                     replicas: placed.len(),
                     running,
                     stale,
@@ -224,21 +237,21 @@ impl Ledger {
                 &mut c.revisions,
             ),
         ] {
-            for r in sqlx::query(self.sql(sql)).fetch_all(&self.pool).await? {
-                into.insert(r.try_get(0)?, r.try_get(1)?);
-            }
+            into.extend(
+                sqlx::query_as::<_, (String, i64)>(self.sql(sql))
+                    .fetch_all(&self.pool)
+                    .await?,
+            );
         }
         let oldest: Option<i64> =
-            sqlx::query(self.sql("SELECT MIN(not_before) FROM jobs WHERE state = 'queued' AND not_before <= ?"))
+            sqlx::query_scalar(self.sql("SELECT MIN(not_before) FROM jobs WHERE state = 'queued' AND not_before <= ?"))
                 .bind(now_ms)
                 .fetch_one(&self.pool)
-                .await?
-                .try_get(0)?;
+                .await?;
         c.queue_age_ms = oldest.map_or(0, |o| (now_ms - o).max(0));
-        c.last_event = sqlx::query(self.sql("SELECT COALESCE(MAX(id), 0) FROM events"))
+        c.last_event = sqlx::query_scalar(self.sql("SELECT COALESCE(MAX(id), 0) FROM events"))
             .fetch_one(&self.pool)
-            .await?
-            .try_get(0)?;
+            .await?;
         Ok(c)
     }
 }
