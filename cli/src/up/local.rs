@@ -132,17 +132,10 @@ impl Local {
             std::fs::write(self.path("tokens.toml"), line)?;
         }
         if !self.path("local.key").exists() {
-            run(Command::new("ssh-keygen")
-                .args(["-q", "-t", "ed25519", "-N", "", "-C", "pl-up-local", "-f"])
-                .arg(self.path("local.key")))?;
-            let public = std::fs::read_to_string(self.path("local.key.pub"))?;
-            std::fs::write(self.path("allowed_signers"), format!("pl-up-local {public}"))?;
+            let public = state_repo::mirror::new_local_key(&self.path("local.key"), "pl-up-local")?;
+            std::fs::write(self.path("allowed_signers"), format!("pl-up-local {public}\n"))?;
         }
-        if !self.path("mirror.git").exists() {
-            run(Command::new("git")
-                .args(["init", "-q", "--bare", "-b", "main"])
-                .arg(self.path("mirror.git")))?;
-        }
+        state_repo::mirror::Mirror::open_or_init(&self.path("mirror.git"))?;
         let ports = match self.recorded_ports()? {
             // `--port` for a control plane that does not run (the caller checked): taken now.
             Some(p) if port.is_some_and(|n| n != p.http) => Ports {

@@ -28,19 +28,6 @@ pub(crate) fn on_path(name: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(name)).find(|p| p.is_file()))
 }
 
-/// Runs a helper program with `input` on its standard input; its standard output.
-pub(crate) fn run_with_input(cmd: &mut Command, input: &[u8]) -> Result<String> {
-    use std::io::Write;
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("running {:?}", cmd.get_program()))?;
-    child.stdin.take().context("stdin")?.write_all(input)?;
-    checked(cmd, child.wait_with_output()?)
-}
-
 /// Runs a helper program to its end; its standard output, or its error output as the error.
 pub(crate) fn run(cmd: &mut Command) -> Result<String> {
     let o = cmd
