@@ -44,7 +44,7 @@ fn invalid_head(loaded: &Loaded, format: PlanFormat, paint: Paint) -> anyhow::Re
     Ok(1)
 }
 
-pub fn plan(args: &PlanArgs, paint: Paint) -> anyhow::Result<u8> {
+pub fn plan(args: &PlanArgs, fleet: Option<&crate::operator::ServerArgs>, paint: Paint) -> anyhow::Result<u8> {
     let (format, output_dir) = (args.format, args.output_dir.as_deref());
     let dir = args.dir.clone().unwrap_or_else(|| std::path::PathBuf::from("."));
     let (base_spec, head_spec, detailed) = (args.base.as_str(), args.head.as_deref(), args.detailed_exitcode);
@@ -119,7 +119,13 @@ pub fn plan(args: &PlanArgs, paint: Paint) -> anyhow::Result<u8> {
             base_state.diagnostics.len()
         );
     }
-    let plan = state_schema::plan::plan_scoped(&base_state.state, &head_state.state, scope);
+    // The live fleet is asked for before planning: an unreachable control plane fails the
+    // command before any work.
+    let snapshot = fleet.map(crate::operator::fleet_snapshot).transpose()?;
+    let mut plan = state_schema::plan::plan_scoped(&base_state.state, &head_state.state, scope);
+    if let Some(snapshot) = &snapshot {
+        plan.consequences.replacements = state_schema::replacement::preview(snapshot, &head_state.state);
+    }
     match format {
         PlanFormat::Text => out(&render::plan_text::render(&plan, &header, paint))?,
         PlanFormat::Json => crate::out::stream(|mut w| render::plan_json::write(&plan, &header, &mut w))?,

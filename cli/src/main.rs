@@ -99,6 +99,50 @@ pub struct PlanArgs {
     /// The signing policy whose path rules the head's signer must satisfy for the planned change.
     #[arg(long, value_name = "FILE", requires = "allowed_signers")]
     pub policy: Option<PathBuf>,
+    #[command(flatten)]
+    pub fleet: FleetArgs,
+}
+
+/// `pl plan --fleet`: the control plane whose live fleet the plan re-places on.
+#[derive(clap::Args, Debug, Clone)]
+pub struct FleetArgs {
+    /// Also show what re-placement would move on a control plane's live fleet (replicas of a
+    /// lost, draining or retired node; waiting replicas that now fit), decided by the daemon's
+    /// own function over what its agents reported and the head's node pools. Reads `GET
+    /// /v1/fleet` (viewer role) of `--server`, `--local`, or the running local control plane
+    /// of the repository around the current folder.
+    #[arg(long)]
+    pub fleet: bool,
+    /// With `--fleet`: the reconciler's API (or `PL_SERVER`).
+    #[arg(long, value_name = "URL", requires = "fleet")]
+    pub server: Option<String>,
+    /// With `--fleet`: the CA that signed the API's certificate (or `PL_CA_CERT`).
+    #[arg(long, value_name = "FILE", requires = "fleet")]
+    pub ca_cert: Option<PathBuf>,
+    /// With `--fleet`: a file holding the API token (or `PL_TOKEN`, `PL_TOKEN_FILE`).
+    #[arg(long, value_name = "FILE", requires = "fleet")]
+    pub token_file: Option<PathBuf>,
+    /// With `--fleet`: the local control plane `pl up` started for DIR.
+    #[arg(long, value_name = "DIR", num_args = 0..=1, default_missing_value = ".", requires = "fleet")]
+    pub local: Option<PathBuf>,
+}
+
+impl FleetArgs {
+    /// The operator API's arguments, from these and the environment as every operator
+    /// command reads it.
+    fn server_args(&self) -> operator::ServerArgs {
+        let env_path = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+        operator::ServerArgs {
+            server: self
+                .server
+                .clone()
+                .or_else(|| std::env::var("PL_SERVER").ok().filter(|v| !v.is_empty())),
+            ca_cert: self.ca_cert.clone().or_else(|| env_path("PL_CA_CERT")),
+            token_file: self.token_file.clone().or_else(|| env_path("PL_TOKEN_FILE")),
+            format: operator::OutFormat::Text,
+            local: self.local.clone(),
+        }
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -344,7 +388,15 @@ fn main() -> ExitCode {
     }
     let result = match cli.command {
         Command::Validate { dir: d, rev, format } => commands::validate(&dir(d), rev.as_deref(), format, paint),
-        Command::Plan(args) => commands::plan(&args, paint),
+        Command::Plan(args) => match args
+            .fleet
+            .fleet
+            .then(|| control_plane(args.fleet.server_args()))
+            .transpose()
+        {
+            Ok(fleet) => commands::plan(&args, fleet.as_ref(), paint),
+            Err(e) => Err(e),
+        },
         Command::Show { dir: d, rev, format } => commands::show(&dir(d), rev.as_deref(), format, paint),
         Command::Verify {
             range,

@@ -385,6 +385,12 @@ pub fn approve_rewrite(args: &ServerArgs, branch: &str, sha: &str) -> Result<u8>
     Ok(0)
 }
 
+/// The live fleet a control plane sees now (`GET /v1/fleet`), for `pl plan --fleet`.
+pub fn fleet_snapshot(args: &ServerArgs) -> Result<state_schema::replacement::Snapshot> {
+    let v = Client::new(args)?.json("GET", "/v1/fleet")?;
+    serde_json::from_value(v).context("the control plane's /v1/fleet answer")
+}
+
 pub fn nodes(args: &ServerArgs) -> Result<u8> {
     let v = Client::new(args)?.json("GET", "/v1/nodes")?;
     if args.format == OutFormat::Json {

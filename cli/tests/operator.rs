@@ -9,7 +9,7 @@ mod daemon_support;
 mod repo_support;
 
 use common::{pl, run, stderr, stdout};
-use daemon_support::{Daemon, config, free_port, setup};
+use daemon_support::{Daemon, config, free_port, nodes_up, setup};
 use repo_support::{Repo, environment, project};
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
@@ -230,6 +230,99 @@ fn operator_commands_against_a_running_daemon() {
     let o = run(&mut c);
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("[insufficient-role]"), "{}", stderr(&o));
+    d.kill9();
+}
+
+#[test]
+fn plan_with_a_live_fleet_shows_the_re_placements_the_daemon_would_make() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = Repo::new(dir.path());
+    std::fs::write(dir.path().join("allowed_signers"), &repo.signers).expect("signers");
+    repo.write("projects/api.yaml", &project("api", 2));
+    repo.write("envs/api-production.yaml", &environment("api-production", "api"));
+    repo.commit("two replicas", true);
+    let s = setup(dir.path());
+    let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    // Both nodes heartbeat: the two replicas spread over them.
+    nodes_up(&url, &["n1", "n2"]);
+    let port = free_port();
+    let cfg = config(&s, "d", &repo.dir, &url, port, "");
+    let mut d = Daemon::start(&s, &cfg, port);
+    d.wait_ready(Duration::from_secs(20));
+    let plan = |extra: &[&str]| {
+        let mut c = pl();
+        c.args(["plan", "--base", "HEAD"])
+            .arg(&repo.dir)
+            .args(extra)
+            .env("PL_SERVER", format!("https://localhost:{port}"))
+            .env("PL_CA_CERT", dir.path().join("tls/ca.crt"))
+            .env("PL_TOKEN_FILE", dir.path().join("viewer.token"))
+            .env_remove("PL_TOKEN");
+        run(&mut c)
+    };
+    // Wait for the commit to be applied: its deployment runs on both nodes.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let token = std::fs::read_to_string(dir.path().join("viewer.token")).expect("token");
+        let (code, body) = d.get("/v1/fleet", Some(token.trim()));
+        assert_eq!(code, 200, "{body}");
+        if body.contains("api-production") {
+            assert!(body.contains("\"n2\"") && body.contains("lastSeenMs"), "{body}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never applied: {body}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let o = plan(&["--fleet"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        !stdout(&o).contains("live fleet"),
+        "a healthy fleet moves nothing: {}",
+        stdout(&o)
+    );
+
+    // The working tree drains n2: its replica moves to n1 on the live fleet, a new generation.
+    repo.write(
+        "pools/main.yaml",
+        &repo_support::POOL.replace("{name: n2, capacity", "{name: n2, state: draining, capacity"),
+    );
+    let o = plan(&["--fleet"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("node main/n2 draining"), "{out}");
+    assert!(
+        out.contains("replica api-production/web/1 moves from node n2 to n1 (live fleet; new generation)"),
+        "{out}"
+    );
+    let o = plan(&["--fleet", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
+    let moves = &v["consequences"]["replacements"];
+    assert_eq!(moves[0]["from"], "n2", "{v}");
+    assert_eq!(moves[0]["to"], "n1", "{v}");
+    assert_eq!(moves[0]["newGeneration"], true, "{v}");
+    // Without --fleet the plan asks no control plane and shows no live moves.
+    let o = plan(&[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stdout(&o).contains("live fleet"), "{}", stdout(&o));
+    // --server alone is refused: it only goes with --fleet.
+    let o = plan(&["--server", "https://localhost:1"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--fleet"), "{}", stderr(&o));
+    // A token without the viewer role gets nothing (no such token: refused by the API).
+    let mut c = pl();
+    c.args(["plan", "--base", "HEAD", "--fleet"])
+        .arg(&repo.dir)
+        .env("PL_SERVER", format!("https://localhost:{port}"))
+        .env("PL_CA_CERT", dir.path().join("tls/ca.crt"))
+        .env("PL_TOKEN", "plt_not-a-token")
+        .env_remove("PL_TOKEN_FILE");
+    let o = run(&mut c);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains("bad-token") || stderr(&o).contains("401"),
+        "{}",
+        stderr(&o)
+    );
     d.kill9();
 }
 

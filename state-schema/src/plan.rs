@@ -128,6 +128,9 @@ pub struct Consequences {
     /// Environments present on both sides whose release inputs (image, roles, variables,
     /// secrets) changed: each gets a new generation.
     pub rollouts: Vec<Name>,
+    /// With a live fleet (`pl plan --fleet`): the replicas re-placement would move on it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub replacements: Vec<crate::replacement::Move>,
 }
 
 impl Consequences {
@@ -139,6 +142,7 @@ impl Consequences {
             && self.roles_removed.is_empty()
             && self.nodes_drained.is_empty()
             && self.rollouts.is_empty()
+            && self.replacements.is_empty()
     }
 }
 

@@ -15,11 +15,70 @@
 use crate::canonical;
 use crate::deployment::DeploymentSpec;
 use crate::desired::Desired;
-use crate::placement::Fleet;
+use crate::model::NodePool;
+use crate::placement::{Fleet, FleetNode, Liveness};
 use crate::release::{self, Change};
+use crate::state::State;
+use crate::values::Name;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// What the control plane has seen of a node: its last heartbeat and what its agent can run.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SeenNode {
+    pub last_seen_ms: Option<i64>,
+    pub capabilities: BTreeSet<String>,
+}
+
+/// The live fleet as a control plane sees it at one moment: what re-placement decides on,
+/// and what `pl plan --fleet` fetches (`GET /v1/fleet`) to decide the same way.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Snapshot {
+    pub at_ms: i64,
+    /// Silence after which a node is lost (the control plane's setting).
+    pub lost_after_ms: i64,
+    /// Every enrolled node, by name.
+    pub nodes: BTreeMap<String, SeenNode>,
+    /// Every running deployment, in environment order.
+    pub running: Vec<Running>,
+}
+
+/// The fleet `pools`' nodes form with what was seen of them at `now_ms`, holding what
+/// `running` deployments reserve: what the reconciler places on, and `pl plan --fleet` too.
+pub fn live_fleet(
+    pools: &[(Name, NodePool)],
+    seen: &BTreeMap<String, SeenNode>,
+    running: &[DeploymentSpec],
+    now_ms: i64,
+    lost_after_ms: i64,
+) -> Fleet {
+    let mut nodes = BTreeMap::new();
+    for (pool, p) in pools {
+        for n in &p.nodes {
+            let s = seen.get(n.name.as_str());
+            nodes.insert(
+                n.name.clone(),
+                FleetNode {
+                    pool: pool.clone(),
+                    cpu_millis: n.capacity.cpu.millis(),
+                    memory_bytes: n.capacity.memory.bytes(),
+                    git: n.state,
+                    liveness: s.map_or(Liveness::Unseen, |s| {
+                        Liveness::of(s.last_seen_ms, now_ms, lost_after_ms)
+                    }),
+                    capabilities: Some(s.map(|s| s.capabilities.clone()).unwrap_or_default()),
+                },
+            );
+        }
+    }
+    Fleet::new(nodes, running)
+}
 
 /// A deployment that runs now, as the ledger holds it.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Running {
     pub branch: String,
     /// Its latest rollout has steps left.
@@ -34,6 +93,83 @@ pub struct Replaced {
     /// `true`: a replica leaves a node (a new generation); `false`: waiting replicas are added.
     pub moved: bool,
     pub desired: Desired,
+}
+
+/// One replica whose node re-placement changes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Move {
+    pub environment: Name,
+    pub role: Name,
+    pub index: u32,
+    /// Where it runs now; `None`: it waits for a node.
+    pub from: Option<Name>,
+    /// Where it goes; `None`: it waits (with `reason`).
+    pub to: Option<Name>,
+    /// A new generation of the environment (a replica leaves a node), rather than a scale.
+    pub new_generation: bool,
+    /// Why it waits, when it does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// What re-placing `snapshot`'s running deployments on `state`'s node pools (with what the
+/// snapshot saw of each node) would move: the daemon's decision ([`replace`] over
+/// [`live_fleet`]) on a state that is not applied yet.
+pub fn preview(snapshot: &Snapshot, state: &State) -> Vec<Move> {
+    let pools: Vec<(Name, NodePool)> = state.pools().map(|(n, p)| (n.clone(), p.clone())).collect();
+    let before: BTreeMap<&Name, &DeploymentSpec> = snapshot
+        .running
+        .iter()
+        .map(|r| (&r.spec.environment, &r.spec))
+        .collect();
+    let mut out = Vec::new();
+    for r in replace_snapshot(snapshot.clone(), &pools) {
+        let new = &r.desired.spec;
+        let Some(old) = before.get(&new.environment) else {
+            continue;
+        };
+        let node_of = |s: &DeploymentSpec, role: &Name, index: u32| {
+            s.instances
+                .iter()
+                .find(|i| &i.role == role && i.index == index)
+                .map(|i| i.node.clone())
+        };
+        for (role, count) in &new.replicas {
+            for index in 0..*count {
+                let (from, to) = (node_of(old, role, index), node_of(new, role, index));
+                if from == to {
+                    continue;
+                }
+                let reason = r
+                    .desired
+                    .waiting
+                    .iter()
+                    .find(|w| &w.role == role && w.index == index)
+                    .map(|w| w.reason.clone());
+                out.push(Move {
+                    environment: new.environment.clone(),
+                    role: role.clone(),
+                    index,
+                    from,
+                    to,
+                    new_generation: r.moved,
+                    reason,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Re-places everything `snapshot` runs on `pools`' nodes as the snapshot saw them: the
+/// decision the reconciler makes each time its fleet changes, and [`preview`]'s.
+pub fn replace_snapshot(snapshot: Snapshot, pools: &[(Name, NodePool)]) -> Vec<Replaced> {
+    let mut fleet = live_fleet(pools, &snapshot.nodes, &[], snapshot.at_ms, snapshot.lost_after_ms);
+    for r in &snapshot.running {
+        fleet.hold(&r.spec);
+    }
+    replace(&mut fleet, snapshot.running)
 }
 
 /// Places every running deployment again on `fleet`, in order, and returns those whose
@@ -173,5 +309,71 @@ mod tests {
             std::slice::from_ref(&old),
         );
         assert!(replace(&mut f, one(old, false)).is_empty());
+    }
+
+    /// A tree whose pool `main` has nodes n1 and n2, and a 3-replica web environment.
+    fn tree() -> State {
+        let text = "apiVersion: pushleft.dev/v1alpha1\nkind: Repository\nmetadata: {name: t}\nspec: {baseDomain: example.com}\n---\napiVersion: pushleft.dev/v1alpha1\nkind: NodePool\nmetadata: {name: main}\nspec:\n  region: eu\n  nodes:\n    - {name: n1, capacity: {cpu: \"2\", memory: 4Gi}}\n    - {name: n2, capacity: {cpu: \"2\", memory: 4Gi}}\n---\napiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {name: api}\nspec:\n  image: registry.example.invalid/api@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\n  roles:\n    web: {kind: web, port: 8080, health: {path: /healthz}, replicas: 3}\n---\napiVersion: pushleft.dev/v1alpha1\nkind: Environment\nmetadata: {name: api-production}\nspec: {project: api, stage: production, pool: main}\n";
+        let (root, rest) = text.split_once("---\n").expect("two parts");
+        let files = vec![
+            crate::parse::parse_file("pushleft.yaml", root.as_bytes()),
+            crate::parse::parse_file("state.yaml", rest.as_bytes()),
+        ];
+        let loaded = crate::state::assemble(files, Vec::new());
+        assert!(loaded.is_valid(), "{:?}", loaded.diagnostics);
+        loaded.state
+    }
+
+    #[test]
+    fn a_plan_on_a_live_fleet_shows_the_moves_the_daemon_would_make() {
+        let state = tree();
+        let ready = |caps: &[&str]| SeenNode {
+            last_seen_ms: Some(1_000_000),
+            capabilities: caps.iter().map(|c| (*c).to_owned()).collect(),
+        };
+        // Placed while both nodes were up: replicas spread over n1 and n2.
+        let (placed, _) = crate::desired::deployments(&state, None, &mut Fleet::declared(&state));
+        let spec = placed[0].spec.clone();
+        assert_eq!(nodes_of(&spec), ["web/0@n1", "web/1@n2", "web/2@n1"]);
+        let mut snapshot = Snapshot {
+            at_ms: 1_000_000,
+            lost_after_ms: 300_000,
+            nodes: BTreeMap::from([
+                ("n1".to_owned(), ready(&["docker", "ingress"])),
+                ("n2".to_owned(), ready(&["docker", "ingress"])),
+            ]),
+            running: vec![Running {
+                branch: "main".into(),
+                in_progress: false,
+                spec,
+            }],
+        };
+        assert!(
+            preview(&snapshot, &state).is_empty(),
+            "nothing to move on a healthy fleet"
+        );
+        // n2 silent past the lost threshold: its replica moves to n1, at a new generation.
+        snapshot.nodes.get_mut("n2").expect("n2").last_seen_ms = Some(1_000_000 - 300_001);
+        let moves = preview(&snapshot, &state);
+        assert_eq!(
+            moves,
+            [Move {
+                environment: name("api-production"),
+                role: name("web"),
+                index: 1,
+                from: Some(name("n2")),
+                to: Some(name("n1")),
+                new_generation: true,
+                reason: None,
+            }]
+        );
+        // The daemon's own call on the same inputs decides the same placement.
+        let pools: Vec<_> = state.pools().map(|(n, p)| (n.clone(), p.clone())).collect();
+        let daemon = replace_snapshot(snapshot.clone(), &pools);
+        assert_eq!(nodes_of(&daemon[0].desired.spec), ["web/0@n1", "web/1@n1", "web/2@n1"]);
+        // The snapshot crosses the wire as JSON and reads back whole.
+        let wire = serde_json::to_string(&snapshot).expect("json");
+        let back: Snapshot = serde_json::from_str(&wire).expect("read back");
+        assert_eq!(preview(&back, &state), moves);
     }
 }

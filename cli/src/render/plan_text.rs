@@ -112,5 +112,24 @@ pub fn consequence_lines(c: &Consequences) -> Vec<(char, String)> {
             .iter()
             .map(|e| ('~', format!("rollout of environment {e} (new generation)"))),
     );
+    out.extend(c.replacements.iter().map(|m| {
+        let replica = format!("replica {}/{}/{}", m.environment, m.role, m.index);
+        let how = if m.new_generation { "new generation" } else { "scale" };
+        match (&m.from, &m.to) {
+            (Some(a), Some(b)) => ('!', format!("{replica} moves from node {a} to {b} (live fleet; {how})")),
+            (None, Some(b)) => (
+                '+',
+                format!("{replica} was waiting: placed on node {b} (live fleet; {how})"),
+            ),
+            (Some(a), None) => (
+                '!',
+                format!(
+                    "{replica} leaves node {a} and waits: {} (live fleet)",
+                    m.reason.as_deref().unwrap_or("no node")
+                ),
+            ),
+            (None, None) => ('!', format!("{replica} still waits (live fleet)")),
+        }
+    }));
     out
 }

@@ -108,14 +108,20 @@ pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
 /// Stops `program` by its pid file (SIGTERM, then SIGKILL after 15 s); whether it ran.
 pub(crate) fn stop(pid_file: &Path, program: &str) -> bool {
     let ran = alive(pid_file, program);
+    let signal = |pid: u32, sig: rustix::process::Signal| {
+        if let Some(pid) = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw) {
+            // Gone already is what was wanted.
+            let _ = rustix::process::kill_process(pid, sig);
+        }
+    };
     if let Some(pid) = ran {
-        let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+        signal(pid, rustix::process::Signal::TERM);
         let deadline = Instant::now() + Duration::from_secs(15);
         while alive(pid_file, program).is_some() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(100));
         }
         if alive(pid_file, program).is_some() {
-            let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+            signal(pid, rustix::process::Signal::KILL);
         }
     }
     let _ = std::fs::remove_file(pid_file);

@@ -107,6 +107,7 @@ pub fn router(state: Arc<Operator>) -> Router {
         .route("/v1/reconcile", post(reconcile))
         .route("/v1/rewrites", get(rewrites))
         .route("/v1/nodes", get(nodes))
+        .route("/v1/fleet", get(fleet))
         .route("/v1/rewrites/approve", post(approve_rewrite))
         .route("/v1/webhooks/{forge}", post(webhook))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -303,6 +304,33 @@ async fn nodes(State(s): App, headers: HeaderMap) -> Response {
     }
     match s.ledger.nodes(&s.config.source.branch, now_ms()).await {
         Ok(rows) => axum::Json(json!({ "nodes": rows })).into_response(),
+        Err(e) => internal(e),
+    }
+}
+
+/// The most running deployments `/v1/fleet` answers with: at about 3 KiB of JSON each, 32 MiB,
+/// half of what `pl` reads.
+pub const MAX_FLEET_DEPLOYMENTS: usize = 10_000;
+
+/// The live fleet as re-placement sees it now (`state_schema::replacement::Snapshot`): what
+/// `pl plan --fleet` decides the same re-placements on.
+async fn fleet(State(s): App, headers: HeaderMap) -> Response {
+    if let Some(r) = authorize(&s.tokens, &headers, Role::Viewer) {
+        return r;
+    }
+    match s.ledger.fleet_snapshot(now_ms()).await {
+        Ok(snapshot) if snapshot.running.len() > MAX_FLEET_DEPLOYMENTS => (
+            axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+            axum::Json(json!({
+                "code": "fleet-too-large",
+                "message": format!(
+                    "{} running deployments; /v1/fleet answers with at most {MAX_FLEET_DEPLOYMENTS}",
+                    snapshot.running.len()
+                ),
+            })),
+        )
+            .into_response(),
+        Ok(snapshot) => axum::Json(snapshot).into_response(),
         Err(e) => internal(e),
     }
 }

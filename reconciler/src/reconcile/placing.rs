@@ -11,7 +11,6 @@
 
 use crate::reconcile::deploy::Applied;
 use crate::store::{Ledger, LedgerError};
-use state_schema::deployment::DeploymentSpec;
 use state_schema::desired::Desired;
 use state_schema::placement::{Liveness, Waiting};
 use state_schema::replacement;
@@ -51,14 +50,10 @@ impl Ledger {
     /// `applied_branch`. Returns what was started.
     pub async fn replace(&self, applied_branch: &str, now_ms: i64) -> Result<Applied, LedgerError> {
         let pools = self.applied_pools(applied_branch).await?;
-        // The running specs are read once: they are both what reserves room and what is placed.
-        let running = self.running().await?;
-        let specs: Vec<DeploymentSpec> = running.iter().map(|r| r.spec.clone()).collect();
-        let mut fleet = self.fleet_of(&pools, &self.seen_nodes().await?, &specs, now_ms);
-        drop(specs);
-        // The decision is `replacement::replace`'s, the one `pl plan --fleet` shows.
+        let snapshot = self.fleet_snapshot(now_ms).await?;
+        // The decision is `replacement::replace_snapshot`'s, the one `pl plan --fleet` shows.
         let mut by_branch: BTreeMap<String, Vec<Desired>> = BTreeMap::new();
-        for r in replacement::replace(&mut fleet, running) {
+        for r in replacement::replace_snapshot(snapshot, &pools) {
             by_branch.entry(r.branch).or_default().push(r.desired);
         }
         let mut applied = Applied::default();

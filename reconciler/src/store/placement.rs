@@ -9,10 +9,23 @@ use sqlx::FromRow;
 use state_schema::deployment::DeploymentSpec;
 use state_schema::generations::Status;
 use state_schema::model::{NodePool, Spec};
-use state_schema::placement::{Fleet, FleetNode, Liveness};
-use state_schema::replacement::Running;
+use state_schema::placement::Fleet;
+use state_schema::replacement::{self, Running, SeenNode, Snapshot};
 use state_schema::values::Name;
 use std::collections::{BTreeMap, BTreeSet};
+
+/// What placement reads of what heartbeats said.
+fn seen_nodes(seen: &BTreeMap<String, Seen>) -> BTreeMap<String, SeenNode> {
+    seen.iter()
+        .map(|(n, s)| {
+            let node = SeenNode {
+                last_seen_ms: s.last_seen,
+                capabilities: s.capabilities.clone(),
+            };
+            (n.clone(), node)
+        })
+        .collect()
+}
 
 #[derive(FromRow)]
 struct SeenRow {
@@ -111,7 +124,8 @@ impl Ledger {
     }
 
     /// The fleet from what was read already: `pools`' nodes with what heartbeats said of
-    /// them, holding what `running` deployments reserve.
+    /// them, holding what `running` deployments reserve (`replacement::live_fleet`, which
+    /// `pl plan --fleet` calls too).
     pub fn fleet_of(
         &self,
         pools: &[(Name, NodePool)],
@@ -119,25 +133,18 @@ impl Ledger {
         running: &[DeploymentSpec],
         now_ms: i64,
     ) -> Fleet {
-        let lost_after = self.lost_after_ms();
-        let mut nodes = BTreeMap::new();
-        for (pool, p) in pools {
-            for n in &p.nodes {
-                let s = seen.get(n.name.as_str());
-                nodes.insert(
-                    n.name.clone(),
-                    FleetNode {
-                        pool: pool.clone(),
-                        cpu_millis: n.capacity.cpu.millis(),
-                        memory_bytes: n.capacity.memory.bytes(),
-                        git: n.state,
-                        liveness: s.map_or(Liveness::Unseen, |s| Liveness::of(s.last_seen, now_ms, lost_after)),
-                        capabilities: Some(s.map(|s| s.capabilities.clone()).unwrap_or_default()),
-                    },
-                );
-            }
-        }
-        Fleet::new(nodes, running)
+        replacement::live_fleet(pools, &seen_nodes(seen), running, now_ms, self.lost_after_ms())
+    }
+
+    /// The live fleet as placement sees it now: every enrolled node and every running
+    /// deployment, for re-placement and for `GET /v1/fleet`.
+    pub async fn fleet_snapshot(&self, now_ms: i64) -> Result<Snapshot, LedgerError> {
+        Ok(Snapshot {
+            at_ms: now_ms,
+            lost_after_ms: self.lost_after_ms(),
+            nodes: seen_nodes(&self.seen_nodes().await?),
+            running: self.running().await?,
+        })
     }
 
     /// The hashes of the applied branch's node pool documents, by name.
