@@ -5,6 +5,7 @@
 //! runtime; callers hand it bytes and get values back, which is what makes golden tests cheap.
 
 pub mod canonical;
+mod consequences;
 pub mod cron;
 mod decode;
 pub mod deployment;
@@ -13,6 +14,7 @@ pub mod diag;
 pub mod edit;
 pub mod generations;
 pub mod incremental;
+mod kinds;
 pub mod model;
 pub mod parse;
 pub mod placement;

@@ -5,6 +5,7 @@
 //! (each lease of it takes the next). Renewals and completions must present both; a stale pair
 //! is refused and records nothing. Results and events are append-only, enforced by triggers in the schema.
 
+mod complete;
 mod cron;
 pub mod delivery;
 pub(crate) mod deployments;
@@ -13,6 +14,7 @@ mod events;
 pub mod fleet;
 pub mod group;
 mod jobs;
+mod lease;
 pub mod placement;
 mod revisions;
 pub mod rewrites;

@@ -1,0 +1,193 @@
+//! Completions: outcomes recorded against a live lease (its lease and fencing tokens), set-based
+//! (a batch costs a few statements), each refused alone when stale or another node's, with
+//! retries backed off and a repaired replica's routes published again.
+
+use super::jobs::{Completion, Outcome, Refused, backoff_ms};
+use super::rows::JobState;
+use super::{Backend, Ledger, LedgerError, WriteTx, rows};
+use sqlx::FromRow;
+
+/// A leased job as `complete` finds it, locked for the rest of the transaction.
+#[derive(FromRow)]
+struct LiveLease {
+    id: i64,
+    target_node: String,
+    /// 1 when the lease is live (leased, not expired), else 0.
+    live: i64,
+    attempts: i64,
+    max_attempts: i64,
+    key: String,
+    lease_token: Option<String>,
+    fencing_token: Option<i64>,
+}
+
+/// What one batch of completions writes.
+#[derive(Default)]
+struct Recorded<'c> {
+    /// Job ids by their new state (all but retries, which each get their own `not_before`).
+    by_state: std::collections::BTreeMap<JobState, Vec<i64>>,
+    retries: Vec<(i64, i64)>,
+    /// (job, fencing token, outcome, detail)
+    results: Vec<(i64, i64, &'c str, String)>,
+    /// (kind, subject, detail)
+    events: Vec<(String, String, String)>,
+}
+
+impl Ledger {
+    /// Records outcomes. A stale token is refused and records nothing: no result, no event,
+    /// no state change. Set-based: a batch costs a few statements, not a few per job.
+    pub async fn complete(
+        &self,
+        completions: &[Completion],
+        now_ms: i64,
+    ) -> Result<Vec<Result<(), Refused>>, LedgerError> {
+        self.complete_as(completions, &[], now_ms).await
+    }
+
+    /// [`Ledger::complete`], each completion made by the node in `callers` at its index (none
+    /// given: no check): a job targeted at another node is refused with `NotYourJob`, in the
+    /// same transaction that records the others, and records nothing.
+    pub async fn complete_as(
+        &self,
+        completions: &[Completion],
+        callers: &[String],
+        now_ms: i64,
+    ) -> Result<Vec<Result<(), Refused>>, LedgerError> {
+        if completions.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.write_tx().await?;
+        let out = self.complete_as_in(&mut tx, completions, callers, now_ms).await?;
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    /// [`Ledger::complete_as`] in the caller's transaction.
+    pub(crate) async fn complete_as_in(
+        &self,
+        tx: &mut WriteTx,
+        completions: &[Completion],
+        callers: &[String],
+        now_ms: i64,
+    ) -> Result<Vec<Result<(), Refused>>, LedgerError> {
+        let mut out = vec![Err(Refused::StaleFencingToken); completions.len()];
+        for chunk_start in (0..completions.len()).step_by(500) {
+            let chunk = &completions[chunk_start..(chunk_start + 500).min(completions.len())];
+            // The live leases among the batch, locked until commit.
+            let marks = vec!["?"; chunk.len()].join(", ");
+            let lock = if self.backend == Backend::Postgres {
+                " FOR UPDATE"
+            } else {
+                ""
+            };
+            let q = format!(
+                "SELECT id, attempts, max_attempts, key, lease_token, fencing_token, target_node, \
+                 CASE WHEN state = 'leased' AND lease_expires_at >= ? THEN 1 ELSE 0 END AS live FROM jobs WHERE id IN ({marks}){lock}"
+            );
+            let mut query = sqlx::query_as::<_, LiveLease>(self.sql(&q)).bind(now_ms);
+            for c in chunk {
+                query = query.bind(c.token.job_id);
+            }
+            let mut live: std::collections::HashMap<i64, LiveLease> = std::collections::HashMap::new();
+            let mut owners: std::collections::HashMap<i64, String> = std::collections::HashMap::new();
+            for mut r in query.fetch_all(&mut **tx).await? {
+                owners.insert(r.id, std::mem::take(&mut r.target_node));
+                if r.live == 1 {
+                    live.insert(r.id, r);
+                }
+            }
+            let mut rec = Recorded::default();
+            let mut repaired: Vec<String> = Vec::new();
+            for (i, c) in chunk.iter().enumerate() {
+                let t = &c.token;
+                if let (Some(caller), Some(owner)) = (callers.get(chunk_start + i), owners.get(&t.job_id))
+                    && caller != owner
+                {
+                    out[chunk_start + i] = Err(Refused::NotYourJob);
+                    continue;
+                }
+                let Some(LiveLease {
+                    attempts,
+                    max_attempts,
+                    key,
+                    lease_token: token,
+                    fencing_token: fencing,
+                    ..
+                }) = live.remove(&t.job_id)
+                else {
+                    continue;
+                };
+                if token.as_deref() != Some(t.lease_token.as_str()) || fencing != Some(t.fencing_token) {
+                    continue;
+                }
+                let (state, outcome, detail) = match &c.outcome {
+                    Outcome::Succeeded => (JobState::Succeeded, "succeeded", String::new()),
+                    Outcome::Retryable(d) if attempts >= max_attempts => (JobState::Dead, "retryable", d.clone()),
+                    Outcome::Retryable(d) => {
+                        rec.retries.push((t.job_id, now_ms + backoff_ms(t.job_id, attempts)));
+                        (JobState::Queued, "retryable", d.clone())
+                    }
+                    Outcome::Permanent(d) => (JobState::Failed, "permanent", d.clone()),
+                };
+                if state != JobState::Queued {
+                    rec.by_state.entry(state).or_default().push(t.job_id);
+                }
+                rec.results.push((t.job_id, t.fencing_token, outcome, detail.clone()));
+                if state == JobState::Succeeded && rows::is_repair(&key) {
+                    // `app:<env>/…@<node>`: the environment's event, as the agent's repairs are.
+                    let env = key
+                        .trim_start_matches("app:")
+                        .split('/')
+                        .next()
+                        .unwrap_or_default()
+                        .to_owned();
+                    let node = key.rsplit('@').next().unwrap_or_default();
+                    let what = format!("{node}: replica {key} was gone from its node: made again");
+                    rec.events.push(("drift-repaired".to_owned(), env, what));
+                    repaired.push(key.clone());
+                }
+                rec.events.push((format!("job-{}", state.as_str()), key, detail));
+                out[chunk_start + i] = Ok(());
+            }
+            for (state, ids) in &rec.by_state {
+                let marks = vec!["?"; ids.len()].join(", ");
+                let q = format!(
+                    "UPDATE jobs SET state = ?, lease_token = NULL, lease_expires_at = NULL, updated_at = ? WHERE id IN ({marks})"
+                );
+                let mut query = sqlx::query(self.sql(&q)).bind(state.as_str()).bind(now_ms);
+                for id in ids {
+                    query = query.bind(*id);
+                }
+                query.execute(&mut **tx).await?;
+            }
+            for key in &repaired {
+                self.republish_after_repair(tx, key, now_ms).await?;
+            }
+            for (id, not_before) in &rec.retries {
+                sqlx::query(self.sql("UPDATE jobs SET state = 'queued', lease_token = NULL, lease_expires_at = NULL, not_before = ?, updated_at = ? WHERE id = ?"))
+                    .bind(*not_before)
+                    .bind(now_ms)
+                    .bind(*id)
+                    .execute(&mut **tx)
+                    .await?;
+            }
+            if !rec.results.is_empty() {
+                let rows = vec!["(?, ?, ?, ?, ?)"; rec.results.len()].join(", ");
+                let mut query = sqlx::query(self.sql(&format!(
+                    "INSERT INTO job_results (job_id, fencing_token, outcome, detail, at) VALUES {rows}"
+                )));
+                for (id, fencing, outcome, detail) in &rec.results {
+                    query = query
+                        .bind(*id)
+                        .bind(*fencing)
+                        .bind(*outcome)
+                        .bind(detail.clone())
+                        .bind(now_ms);
+                }
+                query.execute(&mut **tx).await?;
+                self.events_in(tx, now_ms, &rec.events).await?;
+            }
+        }
+        Ok(out)
+    }
+}

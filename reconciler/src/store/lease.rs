@@ -1,0 +1,284 @@
+//! Leases: each hands a node its due jobs under a lease token, each job with its next fencing
+//! token (per job, so PostgreSQL's concurrent leases meet only on the jobs they both want);
+//! renewals; and completions with the next lease in one transaction, the agent API's group
+//! commit.
+
+use super::jobs::{Completion, Lease, LeaseToken, Refused};
+use super::{Backend, Ledger, LedgerError, WriteTx};
+use sqlx::FromRow;
+
+/// A job just leased: `RETURNING id, key, task, attempts, fencing_token`.
+#[derive(FromRow)]
+struct LeasedRecord {
+    id: i64,
+    key: String,
+    task: String,
+    attempts: i64,
+    fencing_token: i64,
+}
+
+/// The same from a group lease, with the request it answers and that request's token.
+#[derive(FromRow)]
+struct GroupLeasedRecord {
+    #[sqlx(flatten)]
+    job: LeasedRecord,
+    idx: i64,
+    token: String,
+}
+
+/// A lease from a leased row, under `lease_token`.
+fn leased(r: LeasedRecord, lease_token: String, expires_at_ms: i64) -> Result<Lease, LedgerError> {
+    Ok(Lease {
+        job_id: r.id,
+        key: r.key,
+        task: serde_json::from_str(&r.task)?,
+        attempt: r.attempts,
+        token: LeaseToken {
+            job_id: r.id,
+            lease_token,
+            fencing_token: r.fencing_token,
+        },
+        expires_at_ms,
+    })
+}
+
+/// 128 bits from the operating system's random source, as hex. A lease token is a
+/// capability (with the fencing token it completes a job), so it must not be guessable.
+fn new_lease_token() -> Result<String, LedgerError> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).map_err(|e| LedgerError::Random(e.to_string()))?;
+    Ok(hex::encode(bytes))
+}
+
+impl Ledger {
+    /// Whether a lease for `requests` could hand anything out: a due job of one of their
+    /// nodes, or a lease that has run out (its job may be theirs once expired).
+    pub(crate) async fn anything_to_lease(
+        &self,
+        requests: &[(&str, u32, bool)],
+        now_ms: i64,
+    ) -> Result<bool, LedgerError> {
+        let marks = vec!["?"; requests.len()].join(", ");
+        let q = format!(
+            "SELECT 1 WHERE EXISTS (SELECT 1 FROM jobs WHERE state = 'leased' AND lease_expires_at < ?) \
+             OR EXISTS (SELECT 1 FROM jobs WHERE target_node IN ({marks}) AND state = 'queued' AND not_before <= ?)"
+        );
+        let mut query = sqlx::query(self.sql(&q)).bind(now_ms);
+        for (node, _, _) in requests {
+            query = query.bind(*node);
+        }
+        Ok(query.bind(now_ms).fetch_optional(&self.pool).await?.is_some())
+    }
+
+    /// Leases up to `max` jobs of `node` that are due. All of them share one lease token; each
+    /// job's fencing token is newer than any handed out for it before.
+    pub async fn lease(&self, node: &str, max: u32, ttl_ms: i64, now_ms: i64) -> Result<Vec<Lease>, LedgerError> {
+        Ok(self
+            .lease_many(&[(node, max, false)], ttl_ms, now_ms)
+            .await?
+            .pop()
+            .unwrap_or_default())
+    }
+
+    /// Leases for several callers in one transaction (one durable commit for all of them: the
+    /// group commit that lets many agents' small leases share the disk's fsyncs). Each
+    /// `(node, max)` gets its own lease token; each job's fencing token is newer than any
+    /// handed out for it before. The answer is in the order of `requests`. A request with
+    /// `removals_only` (a draining node) gets only jobs that take something away (stop,
+    /// teardown, remove): never new work.
+    pub async fn lease_many(
+        &self,
+        requests: &[(&str, u32, bool)],
+        ttl_ms: i64,
+        now_ms: i64,
+    ) -> Result<Vec<Vec<Lease>>, LedgerError> {
+        // Idle agents poll: when none of the callers has a due job and no lease has run out,
+        // answer from one read instead of a write transaction (and its fsync).
+        if !self.anything_to_lease(requests, now_ms).await? {
+            return Ok(vec![Vec::new(); requests.len()]);
+        }
+        let mut tx = self.write_tx().await?;
+        let out = self.lease_many_in(&mut tx, requests, ttl_ms, now_ms).await?;
+        tx.commit().await?;
+        Ok(out)
+    }
+
+    /// Completions, then leases, in one transaction: the agent API's group commit, so that a
+    /// group of both kinds costs one durable commit, and a lease that comes with completions
+    /// sees them. The answers in the order of `completions` and of `requests`.
+    pub async fn complete_and_lease(
+        &self,
+        completions: &[Completion],
+        callers: &[String],
+        requests: &[(&str, u32, bool)],
+        ttl_ms: i64,
+        now_ms: i64,
+    ) -> Result<(Vec<Result<(), Refused>>, Vec<Vec<Lease>>), LedgerError> {
+        if completions.is_empty() {
+            return Ok((Vec::new(), self.lease_many(requests, ttl_ms, now_ms).await?));
+        }
+        let mut tx = self.write_tx().await?;
+        let done = self.complete_as_in(&mut tx, completions, callers, now_ms).await?;
+        let leased = if requests.is_empty() {
+            Vec::new()
+        } else {
+            self.lease_many_in(&mut tx, requests, ttl_ms, now_ms).await?
+        };
+        tx.commit().await?;
+        Ok((done, leased))
+    }
+
+    /// [`Ledger::lease_many`] in the caller's transaction.
+    pub(crate) async fn lease_many_in(
+        &self,
+        tx: &mut WriteTx,
+        requests: &[(&str, u32, bool)],
+        ttl_ms: i64,
+        now_ms: i64,
+    ) -> Result<Vec<Vec<Lease>>, LedgerError> {
+        self.expire_in(tx, now_ms).await?;
+        // Fencing tokens are per job, not from one shared counter: concurrent lease
+        // transactions (PostgreSQL) then meet only on the jobs they both want, and `SKIP
+        // LOCKED` gives those to one of them. (SQLite's write transactions queue anyway.)
+        let lock = if self.backend == Backend::Postgres {
+            " FOR UPDATE SKIP LOCKED"
+        } else {
+            ""
+        };
+        let q = |only: &str| {
+            format!(
+                "UPDATE jobs SET state = 'leased', lease_token = ?, fencing_token = COALESCE(fencing_token, 0) + 1, lease_expires_at = ?, attempts = attempts + 1, updated_at = ? \
+                 WHERE id IN (SELECT id FROM jobs WHERE target_node = ? AND state = 'queued' AND not_before <= ?{only} ORDER BY id LIMIT ?{lock}) \
+                 RETURNING id, key, task, attempts, fencing_token"
+            )
+        };
+        let (q_all, q_removals) = (
+            q(""),
+            q(" AND (key LIKE '%:stop@%' OR key LIKE '%:teardown@%' OR key LIKE '%:remove@%')"),
+        );
+        let expires = now_ms + ttl_ms;
+        let mut out = Vec::with_capacity(requests.len());
+        let mut events = Vec::new();
+        // PostgreSQL: a group's leases in one statement (one round trip instead of one per
+        // node). Not when a node asks twice in one group: its two picks could meet.
+        let distinct = requests
+            .iter()
+            .map(|(n, _, _)| *n)
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+            == requests.len();
+        if self.backend == Backend::Postgres && requests.len() > 1 && distinct {
+            let out = self.lease_group_pg(tx, requests, expires, now_ms).await?;
+            for ((node, _, _), leases) in requests.iter().zip(&out) {
+                if !leases.is_empty() {
+                    events.push((
+                        "jobs-leased".to_owned(),
+                        (*node).to_owned(),
+                        format!("{} jobs", leases.len()),
+                    ));
+                }
+            }
+            self.events_in(tx, now_ms, &events).await?;
+            return Ok(out);
+        }
+        for (node, max, removals_only) in requests {
+            let token = new_lease_token()?;
+            let rows: Vec<LeasedRecord> = sqlx::query_as(self.sql(if *removals_only { &q_removals } else { &q_all }))
+                .bind(&token)
+                .bind(expires)
+                .bind(now_ms)
+                .bind(*node)
+                .bind(now_ms)
+                .bind(i64::from(*max))
+                .fetch_all(&mut **tx)
+                .await?;
+            let mut leases = Vec::with_capacity(rows.len());
+            for r in rows {
+                leases.push(leased(r, token.clone(), expires)?);
+            }
+            if !leases.is_empty() {
+                let detail = format!("{} jobs", leases.len());
+                events.push(("jobs-leased".to_owned(), (*node).to_owned(), detail));
+            }
+            leases.sort_by_key(|l| l.job_id);
+            out.push(leases);
+        }
+        self.events_in(tx, now_ms, &events).await?;
+        Ok(out)
+    }
+
+    /// PostgreSQL: every request of a group leased by one `UPDATE … FROM (VALUES …) CROSS JOIN
+    /// LATERAL (… FOR UPDATE SKIP LOCKED)`: each node's oldest due jobs, up to its `max`, each
+    /// request with a lease token of its own. The answers in the order of `requests`.
+    async fn lease_group_pg(
+        &self,
+        tx: &mut WriteTx,
+        requests: &[(&str, u32, bool)],
+        expires: i64,
+        now_ms: i64,
+    ) -> Result<Vec<Vec<Lease>>, LedgerError> {
+        let rows = vec!["(?::int8, ?::text, ?::int8, ?::bool, ?::text)"; requests.len()].join(", ");
+        let q = format!(
+            "UPDATE jobs SET state = 'leased', lease_token = picked.token, fencing_token = COALESCE(jobs.fencing_token, 0) + 1, \
+             lease_expires_at = ?, attempts = jobs.attempts + 1, updated_at = ? \
+             FROM (SELECT j.id, r.idx, r.token FROM (VALUES {rows}) AS r(idx, node, lim, removals, token) \
+                   CROSS JOIN LATERAL (SELECT id FROM jobs WHERE target_node = r.node AND state = 'queued' AND not_before <= ? \
+                     AND (NOT r.removals OR key LIKE '%:stop@%' OR key LIKE '%:teardown@%' OR key LIKE '%:remove@%') \
+                     ORDER BY id LIMIT r.lim FOR UPDATE SKIP LOCKED) j) AS picked \
+             WHERE jobs.id = picked.id \
+             RETURNING jobs.id, jobs.key, jobs.task, jobs.attempts, jobs.fencing_token, picked.idx, picked.token"
+        );
+        let mut query = sqlx::query_as::<_, GroupLeasedRecord>(self.sql(&q))
+            .bind(expires)
+            .bind(now_ms);
+        for (i, (node, max, removals_only)) in requests.iter().enumerate() {
+            query = query
+                .bind(i as i64)
+                .bind(*node)
+                .bind(i64::from(*max))
+                .bind(*removals_only)
+                .bind(new_lease_token()?);
+        }
+        let mut out: Vec<Vec<Lease>> = vec![Vec::new(); requests.len()];
+        for r in query.bind(now_ms).fetch_all(&mut **tx).await? {
+            let Some(slot) = usize::try_from(r.idx).ok().and_then(|i| out.get_mut(i)) else {
+                continue;
+            };
+            slot.push(leased(r.job, r.token, expires)?);
+        }
+        for leases in &mut out {
+            leases.sort_by_key(|l| l.job_id);
+        }
+        Ok(out)
+    }
+
+    /// Extends leases. A stale token (expired, superseded or completed) is refused.
+    pub async fn renew(
+        &self,
+        tokens: &[LeaseToken],
+        ttl_ms: i64,
+        now_ms: i64,
+    ) -> Result<Vec<Result<i64, Refused>>, LedgerError> {
+        let mut tx = self.write_tx().await?;
+        let q = self.sql("UPDATE jobs SET lease_expires_at = ?, updated_at = ? WHERE id = ? AND state = 'leased' AND lease_token = ? AND fencing_token = ? AND lease_expires_at >= ?");
+        let mut out = Vec::with_capacity(tokens.len());
+        for t in tokens {
+            let r = sqlx::query(q.clone())
+                .bind(now_ms + ttl_ms)
+                .bind(now_ms)
+                .bind(t.job_id)
+                .bind(&t.lease_token)
+                .bind(t.fencing_token)
+                .bind(now_ms)
+                .execute(&mut *tx)
+                .await?;
+            out.push(if r.rows_affected() == 1 {
+                Ok(now_ms + ttl_ms)
+            } else {
+                Err(Refused::StaleFencingToken)
+            });
+        }
+        tx.commit().await?;
+        Ok(out)
+    }
+}

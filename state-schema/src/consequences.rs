@@ -1,0 +1,299 @@
+//! What follows from a plan's changes, for a reviewer: hostnames served or no longer, replicas
+//! changed, roles added and removed, nodes drained, and the environments that roll out (by the
+//! reconciler's own `release::change`). Computed once per plan, scoped to what the changes touch.
+
+use crate::desired::Desired;
+use crate::model::{Kind, NodeState, Spec};
+use crate::release::{Change as DeploymentChange, Releases, change};
+use crate::state::State;
+use crate::values::{Hostname, Name};
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A changed object, as the consequences need it.
+pub(crate) struct Changed<'a> {
+    pub kind: Kind,
+    pub name: &'a Name,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct ReplicaChange {
+    pub environment: Name,
+    pub role: Name,
+    pub before: u32,
+    pub after: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct RoleRef {
+    pub project: Name,
+    pub role: Name,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct NodeChange {
+    pub pool: Name,
+    pub node: Name,
+    /// `None` when the node was removed from the pool.
+    pub state: Option<NodeState>,
+}
+
+/// What follows from the changes, for a reviewer: traffic, capacity and rollouts.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Consequences {
+    pub hostnames_added: Vec<Hostname>,
+    pub hostnames_removed: Vec<Hostname>,
+    pub replicas_changed: Vec<ReplicaChange>,
+    pub roles_added: Vec<RoleRef>,
+    pub roles_removed: Vec<RoleRef>,
+    pub nodes_drained: Vec<NodeChange>,
+    /// Environments present on both sides whose release inputs (image, roles, variables,
+    /// secrets) changed: each gets a new generation.
+    pub rollouts: Vec<Name>,
+    /// With a live fleet (`pl plan --fleet`): the replicas re-placement would move on it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub replacements: Vec<crate::replacement::Move>,
+}
+
+impl Consequences {
+    pub fn is_empty(&self) -> bool {
+        self.hostnames_added.is_empty()
+            && self.hostnames_removed.is_empty()
+            && self.replicas_changed.is_empty()
+            && self.roles_added.is_empty()
+            && self.roles_removed.is_empty()
+            && self.nodes_drained.is_empty()
+            && self.rollouts.is_empty()
+            && self.replacements.is_empty()
+    }
+}
+
+/// What the two states given to the planner hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Whole trees.
+    Full,
+    /// Only the files a change touched, and the change is local (see
+    /// [`crate::incremental::is_local`]): consequences come from the changed objects alone.
+    Local,
+}
+
+/// Every hostname a state serves: derived environment names and domains.
+fn hostnames(state: &State) -> BTreeSet<Hostname> {
+    hostnames_where(state, |_, _| true)
+}
+
+/// The hostnames served by the environments and domains `pick` accepts.
+fn hostnames_where(state: &State, pick: impl Fn(Kind, &Name) -> bool) -> BTreeSet<Hostname> {
+    let mut out = BTreeSet::new();
+    if let Some(repo) = state.repository() {
+        for (name, env) in state.environments().filter(|(n, _)| pick(Kind::Environment, n)) {
+            if let Ok(h) = crate::state::environment_hostname(repo, name, env) {
+                out.insert(h);
+            }
+        }
+    }
+    out.extend(
+        state
+            .domains()
+            .filter(|(n, _)| pick(Kind::Domain, n))
+            .map(|(_, d)| d.hostname.clone()),
+    );
+    out
+}
+
+/// Hostnames added and removed. Unchanged objects serve the same names on both sides, so a
+/// name can only appear or vanish through a changed environment or domain: candidates come
+/// from those, and the whole sets are built only to confirm a candidate (a name may also be
+/// served by an unchanged object when the base was invalid).
+fn hostname_changes(base: &State, head: &State, changes: &[Changed<'_>]) -> (Vec<Hostname>, Vec<Hostname>) {
+    if changes.iter().any(|c| c.kind == Kind::Repository) {
+        let (hb, hh) = (hostnames(base), hostnames(head));
+        return (
+            hh.difference(&hb).cloned().collect(),
+            hb.difference(&hh).cloned().collect(),
+        );
+    }
+    let changed: BTreeSet<(Kind, &Name)> = changes
+        .iter()
+        .filter(|c| matches!(c.kind, Kind::Environment | Kind::Domain))
+        .map(|c| (c.kind, c.name))
+        .collect();
+    let pick = |k: Kind, n: &Name| changed.contains(&(k, n));
+    let (hb, hh) = (hostnames_where(base, pick), hostnames_where(head, pick));
+    let (mut added, mut removed): (Vec<Hostname>, Vec<Hostname>) = (
+        hh.difference(&hb).cloned().collect(),
+        hb.difference(&hh).cloned().collect(),
+    );
+    if !added.is_empty() {
+        let all_base = hostnames(base);
+        added.retain(|h| !all_base.contains(h));
+    }
+    if !removed.is_empty() {
+        let all_head = hostnames(head);
+        removed.retain(|h| !all_head.contains(h));
+    }
+    (added, removed)
+}
+
+/// Effective replicas of an environment's long-running roles.
+fn effective_replicas<'s>(state: &'s State, env: &'s crate::model::Environment) -> Option<BTreeMap<&'s Name, u32>> {
+    let project = state.project(env.project.as_str())?;
+    Some(
+        project
+            .roles
+            .iter()
+            .filter_map(|(role, r)| {
+                r.workload
+                    .replicas()
+                    .map(|n| (role, env.replicas.get(role).copied().unwrap_or(n)))
+            })
+            .collect(),
+    )
+}
+
+pub(crate) fn consequences(base: &State, head: &State, changes: &[Changed<'_>], scope: Scope) -> Consequences {
+    let mut c = Consequences::default();
+    if changes.is_empty() {
+        return c;
+    }
+    (c.hostnames_added, c.hostnames_removed) = hostname_changes(base, head, changes);
+
+    // Only environments whose own object or project (or a secret) changed can roll out or
+    // rescale; looking only at those keeps a one-object change cheap in a large state.
+    let changed_projects: BTreeSet<&Name> = changes
+        .iter()
+        .filter(|ch| ch.kind == Kind::Project)
+        .map(|ch| ch.name)
+        .collect();
+    let secrets_changed = changes.iter().any(|ch| ch.kind == Kind::Secret);
+    // Placement comes from pools, hostnames from the Repository and Domains: a change to any of
+    // them can move an environment to a new generation too.
+    let changed_pools: BTreeSet<&Name> = changes
+        .iter()
+        .filter(|ch| ch.kind == Kind::NodePool)
+        .map(|ch| ch.name)
+        .collect();
+    let everything = changes
+        .iter()
+        .any(|ch| matches!(ch.kind, Kind::Repository | Kind::Domain));
+    let changed_envs: BTreeSet<&Name> = changes
+        .iter()
+        .filter(|ch| ch.kind == Kind::Environment)
+        .map(|ch| ch.name)
+        .collect();
+    let (mut releases_base, mut releases_head) = (Releases::new(base), Releases::new(head));
+    // Placement is shared by every environment of a pool, so both sides are placed whole
+    // (once, and only when some environment is touched), as the reconciler places them.
+    let mut placed: Option<(BTreeMap<Name, Desired>, BTreeMap<Name, Desired>)> = None;
+    for (name, env) in head.environments() {
+        let touched = changed_envs.contains(name)
+            || changed_projects.contains(&env.project)
+            || changed_pools.contains(&env.pool)
+            || secrets_changed
+            || everything;
+        if !touched {
+            continue;
+        }
+        let Some(Spec::Environment(old_env)) = base.get(Kind::Environment, name.as_str()).map(|l| &l.object.spec)
+        else {
+            continue;
+        };
+        if scope == Scope::Local {
+            // A local change keeps the project, the overridden roles and the variables, so
+            // the overrides are the effective values and only an image override can release.
+            for (role, after) in &env.replicas {
+                if let Some(before) = old_env.replicas.get(role).filter(|b| *b != after) {
+                    c.replicas_changed.push(ReplicaChange {
+                        environment: name.clone(),
+                        role: role.clone(),
+                        before: *before,
+                        after: *after,
+                    });
+                }
+            }
+            if old_env.image != env.image {
+                c.rollouts.push(name.clone());
+            }
+            continue;
+        }
+        if let (Some(old), Some(new)) = (effective_replicas(base, old_env), effective_replicas(head, env)) {
+            for (role, after) in &new {
+                if let Some(before) = old.get(role)
+                    && before != after
+                {
+                    c.replicas_changed.push(ReplicaChange {
+                        environment: name.clone(),
+                        role: (*role).clone(),
+                        before: *before,
+                        after: *after,
+                    });
+                }
+            }
+        }
+        // The reconciler's own decision (`release::change`) on the two deployments; an
+        // environment that cannot be placed on one side rolls out when its release changes.
+        // A release that changed is a new generation whatever the placement (`change` decides
+        // so before it looks at nodes), so placing both whole trees, the costly part of a
+        // plan, is left for the environments whose release stayed.
+        let released = releases_base.release_hash(old_env) != releases_head.release_hash(env);
+        let rollout = released || {
+            let (old_placed, new_placed) =
+                placed.get_or_insert_with(|| crate::desired::placed_pair_for_change(base, head, None));
+            match (old_placed.get(name), new_placed.get(name)) {
+                (Some(a), Some(b)) => change(&a.spec, &b.spec) == DeploymentChange::Generation,
+                _ => false,
+            }
+        };
+        if rollout {
+            c.rollouts.push(name.clone());
+        }
+    }
+    for name in &changed_projects {
+        let roles = |s: &State| {
+            s.project(name.as_str())
+                .map(|p| p.roles.keys().cloned().collect::<BTreeSet<_>>())
+                .unwrap_or_default()
+        };
+        let (rb, rh) = (roles(base), roles(head));
+        let project = (*name).clone();
+        c.roles_added.extend(rh.difference(&rb).map(|r| RoleRef {
+            project: project.clone(),
+            role: r.clone(),
+        }));
+        c.roles_removed.extend(rb.difference(&rh).map(|r| RoleRef {
+            project: project.clone(),
+            role: r.clone(),
+        }));
+    }
+    for ch in changes.iter().filter(|ch| ch.kind == Kind::NodePool) {
+        let nodes = |s: &State| -> BTreeMap<Name, NodeState> {
+            s.pools()
+                .filter(|(n, _)| *n == ch.name)
+                .flat_map(|(_, p)| p.nodes.iter().map(|n| (n.name.clone(), n.state)))
+                .collect()
+        };
+        let (nb, nh) = (nodes(base), nodes(head));
+        for (node, before) in &nb {
+            match nh.get(node) {
+                None => c.nodes_drained.push(NodeChange {
+                    pool: ch.name.clone(),
+                    node: node.clone(),
+                    state: None,
+                }),
+                Some(after) if after != before && *after != NodeState::Active => c.nodes_drained.push(NodeChange {
+                    pool: ch.name.clone(),
+                    node: node.clone(),
+                    state: Some(*after),
+                }),
+                _ => {}
+            }
+        }
+    }
+    c.replicas_changed.sort();
+    c.roles_added.sort();
+    c.roles_removed.sort();
+    c.nodes_drained.sort();
+    c
+}

@@ -1,0 +1,671 @@
+//! Decoding each kind's spec: the per-kind field lists, defaults and single-object rules.
+//! (`parse.rs` reads files into documents and hands each spec here.)
+
+use crate::decode::{self, Ctx, Fields, checked, int_in, map_of, one_of, quantity_text, string, strings, u32_in};
+use crate::diag::Code;
+use crate::model::*;
+use crate::values::{Cpu, CronSchedule, Hostname, ImageRef, Memory, Name};
+use crate::yaml::{self, Node};
+use std::collections::BTreeMap;
+
+pub const METADATA_FIELDS: &[&str] = &["name", "labels", "annotations"];
+pub const REPOSITORY_FIELDS: &[&str] = &["baseDomain", "previewDomain", "previews", "include", "controlRecipient"];
+pub const PREVIEWS_FIELDS: &[&str] = &["branches", "pool", "ttlHours"];
+pub const PROJECT_FIELDS: &[&str] = &["image", "roles", "env", "secrets"];
+pub const ROLE_FIELDS: &[&str] = &[
+    "kind",
+    "command",
+    "port",
+    "health",
+    "replicas",
+    "resources",
+    "schedule",
+    "logs",
+];
+pub const LOGS_FIELDS: &[&str] = &["maxSize", "maxFiles"];
+pub const HEALTH_FIELDS: &[&str] = &["path", "timeoutSeconds"];
+pub const RESOURCES_FIELDS: &[&str] = &["cpu", "memory", "pids"];
+pub const ENVIRONMENT_FIELDS: &[&str] = &["project", "stage", "pool", "replicas", "env", "image", "hostname"];
+pub const DOMAIN_FIELDS: &[&str] = &["hostname", "environment", "verification"];
+pub const NODEPOOL_FIELDS: &[&str] = &["region", "capabilities", "placement", "nodes"];
+pub const NODE_FIELDS: &[&str] = &["name", "state", "capacity"];
+pub const CAPACITY_FIELDS: &[&str] = &["cpu", "memory"];
+pub const SECRET_FIELDS: &[&str] = &["recipients", "data"];
+
+/// Defaults, documented in `docs/state-format.md`.
+pub mod defaults {
+    pub const WEB_PORT: u16 = 8080;
+    pub const HEALTH_PATH: &str = "/healthz";
+    pub const HEALTH_TIMEOUT_SECONDS: u32 = 5;
+    pub const REPLICAS: u32 = 1;
+    pub const CPU_MILLIS: u64 = 250;
+    pub const MEMORY_BYTES: u64 = 256 << 20;
+    pub const PIDS: u32 = 256;
+    pub const PREVIEW_TTL_HOURS: u32 = 72;
+    /// A container's log on its node: at most this many bytes a file (`logs.maxSize`)…
+    pub const LOG_MAX_BYTES: u64 = 10 << 20;
+    /// …in at most this many files (`logs.maxFiles`): 30 MiB a container by default.
+    pub const LOG_MAX_FILES: u32 = 3;
+    pub const LOG_MAX_BYTES_RANGE: (u64, u64) = (1 << 20, 1 << 30);
+    pub const LOG_MAX_FILES_RANGE: (u32, u32) = (1, 10);
+}
+
+pub const MAX_REPLICAS: u32 = 1000;
+
+/// An optional field: absent is `Some(None)`, present but invalid is `None` (already reported).
+fn present<T>(field: Option<Option<T>>) -> Option<Option<T>> {
+    match field {
+        None => Some(None),
+        Some(v) => v.map(Some),
+    }
+}
+
+fn name(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<Name> {
+    checked(ctx, node, what, Code::InvalidName, Name::new)
+}
+
+fn hostname(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<Hostname> {
+    checked(ctx, node, what, Code::InvalidHostname, Hostname::new)
+}
+
+fn image(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<ImageRef> {
+    checked(ctx, node, "`image`", Code::ImageNotPinned, ImageRef::new)
+}
+
+fn string_map(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<BTreeMap<String, String>> {
+    map_of(ctx, node, what, |ctx, v, _| {
+        string(ctx, v, &format!("a value of {what}")).map(str::to_owned)
+    })
+}
+
+fn is_env_name(k: &str) -> bool {
+    let mut chars = k.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// Environment variables: keys are POSIX names, values strings.
+fn env_map(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<BTreeMap<String, String>> {
+    let map = string_map(ctx, node, what)?;
+    let mut ok = true;
+    if let yaml::Value::Map(entries) = &node.value {
+        for (k, _) in entries {
+            if let yaml::Value::Str(key) = &k.value
+                && !is_env_name(key)
+            {
+                ctx.error_hint(
+                    Code::InvalidName,
+                    k.pos,
+                    format!("`{key}` is not a valid variable name"),
+                    "use letters, digits and `_`, not starting with a digit",
+                );
+                ok = false;
+            }
+        }
+    }
+    ok.then_some(map)
+}
+
+fn globs(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<Vec<String>> {
+    let list = strings(ctx, node, what)?;
+    let mut ok = true;
+    if let yaml::Value::Seq(items) = &node.value {
+        for (g, item) in list.iter().zip(items) {
+            if let Err(e) = globset::Glob::new(g) {
+                ctx.error(
+                    Code::InvalidGlob,
+                    item.pos,
+                    format!("`{g}` in {what} is not a glob: {}", e.kind()),
+                );
+                ok = false;
+            }
+        }
+    }
+    ok.then_some(list)
+}
+
+pub(crate) fn decode_metadata(ctx: &mut Ctx<'_>, node: &Node<'_>, kind: &str) -> Option<Metadata> {
+    let what = format!("{kind} metadata");
+    let f = Fields::new(ctx, node, &what, METADATA_FIELDS)?;
+    let n = f
+        .require(ctx, "name", &what)
+        .and_then(|n| name(ctx, n, "`metadata.name`"));
+    let labels = f
+        .get("labels")
+        .map_or(Some(BTreeMap::new()), |l| string_map(ctx, l, "`metadata.labels`"));
+    let annotations = f
+        .get("annotations")
+        .map_or(Some(BTreeMap::new()), |a| string_map(ctx, a, "`metadata.annotations`"));
+    Some(Metadata {
+        name: n?,
+        labels: labels?,
+        annotations: annotations?,
+    })
+}
+
+pub(crate) fn decode_repository(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<Repository> {
+    let f = Fields::new(ctx, node, what, REPOSITORY_FIELDS)?;
+    let base = f
+        .require(ctx, "baseDomain", what)
+        .and_then(|n| hostname(ctx, n, "`baseDomain`"));
+    let preview = f.get("previewDomain").map(|n| hostname(ctx, n, "`previewDomain`"));
+    let previews = f.get("previews").map(|n| decode_previews(ctx, n));
+    let include = f
+        .get("include")
+        .map_or(Some(Vec::new()), |n| globs(ctx, n, "`include`"));
+    let control = f
+        .get("controlRecipient")
+        .map(|n| string(ctx, n, "`controlRecipient`").and_then(|s| check_recipient(ctx, n, s)));
+    if let (Some(p), None) = (f.get("previews"), f.get("previewDomain")) {
+        ctx.error_hint(
+            Code::MissingField,
+            p.pos,
+            "`previews` needs `previewDomain` in the Repository spec",
+            "set `previewDomain`, e.g. `preview.example.com`",
+        );
+    }
+    Some(Repository {
+        base_domain: base?,
+        preview_domain: present(preview)?,
+        previews: present(previews)?,
+        include: include?,
+        control_recipient: present(control)?,
+    })
+}
+
+fn decode_previews(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<Previews> {
+    let what = "`previews`";
+    let f = Fields::new(ctx, node, what, PREVIEWS_FIELDS)?;
+    let branches = f
+        .require(ctx, "branches", what)
+        .and_then(|n| globs(ctx, n, "`previews.branches`"));
+    let pool = f
+        .require(ctx, "pool", what)
+        .and_then(|n| name(ctx, n, "`previews.pool`"));
+    let ttl = f.get("ttlHours").map_or(Some(defaults::PREVIEW_TTL_HOURS), |n| {
+        u32_in(ctx, n, "`previews.ttlHours`", 1, 8760)
+    });
+    Some(Previews {
+        branches: branches?,
+        pool: pool?,
+        ttl_hours: ttl?,
+    })
+}
+
+pub(crate) fn decode_project(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<Project> {
+    let f = Fields::new(ctx, node, what, PROJECT_FIELDS)?;
+    let img = f.require(ctx, "image", what).and_then(|n| image(ctx, n));
+    let roles = f.require(ctx, "roles", what).and_then(|n| decode_roles(ctx, n));
+    let env = f.get("env").map_or(Some(BTreeMap::new()), |n| env_map(ctx, n, "`env`"));
+    let secrets = f.get("secrets").map_or(Some(Vec::new()), |n| {
+        let items = decode::seq(ctx, n, "`secrets`")?;
+        let names: Vec<Option<Name>> = items.iter().map(|i| name(ctx, i, "an item of `secrets`")).collect();
+        names.into_iter().collect()
+    });
+    Some(Project {
+        image: img?,
+        roles: roles?,
+        env: env?,
+        secrets: secrets?,
+    })
+}
+
+fn decode_roles(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<BTreeMap<Name, Role>> {
+    let yaml::Value::Map(entries) = &node.value else {
+        ctx.wrong_type(node, "`roles`", "a mapping");
+        return None;
+    };
+    if entries.is_empty() {
+        ctx.error(
+            Code::MissingField,
+            node.pos,
+            "`roles` is empty; a project needs at least one role",
+        );
+        return None;
+    }
+    let raw = map_of(ctx, node, "`roles`", |ctx, v, key| {
+        let key_pos = entries
+            .iter()
+            .find(|(k, _)| matches!(&k.value, yaml::Value::Str(s) if s == key))
+            .map_or(v.pos, |(k, _)| k.pos);
+        let role_name = match Name::new(key) {
+            Ok(n) => Some(n),
+            Err(inv) => {
+                ctx.invalid(Code::InvalidName, key_pos, inv);
+                None
+            }
+        };
+        let role = decode_role(ctx, v, key);
+        Some((role_name?, role?))
+    })?;
+    Some(raw.into_values().collect())
+}
+
+fn decode_role(ctx: &mut Ctx<'_>, node: &Node<'_>, role: &str) -> Option<Role> {
+    let what = format!("role `{role}`");
+    let f = Fields::new(ctx, node, &what, ROLE_FIELDS)?;
+    let kind = f.require(ctx, "kind", &what).and_then(|n| {
+        one_of(
+            ctx,
+            n,
+            "`kind`",
+            &[
+                ("web", "web"),
+                ("worker", "worker"),
+                ("cron", "cron"),
+                ("job", "job"),
+                ("release", "release"),
+            ],
+        )
+    });
+    let command = f.get("command").map_or(Some(Vec::new()), |n| {
+        if matches!(n.value, yaml::Value::Str(_)) {
+            ctx.error_hint(
+                Code::WrongType,
+                n.pos,
+                "`command` must be a sequence (argv), found a string",
+                "write it as a list: `[\"bin/server\", \"--port\", \"8080\"]`",
+            );
+            return None;
+        }
+        strings(ctx, n, "`command`")
+    });
+    let resources = f
+        .get("resources")
+        .map_or(Some(default_resources()), |n| decode_resources(ctx, n));
+    let port = f.get("port").map(|n| match &n.value {
+        yaml::Value::Int(p) if !(1..=65535).contains(p) => {
+            ctx.error(Code::InvalidPort, n.pos, format!("port {p} is outside 1-65535"));
+            None
+        }
+        _ => int_in(ctx, n, "`port`", 1, 65535).and_then(|p| u16::try_from(p).ok()),
+    });
+    let health = f.get("health").map(|n| decode_health(ctx, n));
+    let replicas = f.get("replicas").map(|n| u32_in(ctx, n, "`replicas`", 0, MAX_REPLICAS));
+    let schedule = f
+        .get("schedule")
+        .map(|n| checked(ctx, n, "`schedule`", Code::InvalidCron, CronSchedule::parse));
+    let logs = f.get("logs").map(|n| decode_logs(ctx, n));
+
+    let kind = kind?;
+    let mut not_for = |field: &str, present: bool| {
+        if present {
+            let pos = f.get(field).map_or(f.pos, |n| n.pos);
+            ctx.error_hint(
+                Code::FieldNotAllowed,
+                pos,
+                format!("`{field}` does not apply to a {kind} role"),
+                field_hint(field),
+            );
+        }
+    };
+    let long_running = matches!(kind, "web" | "worker");
+    not_for("port", kind != "web" && port.is_some());
+    not_for("health", kind != "web" && health.is_some());
+    not_for("replicas", !long_running && replicas.is_some());
+    not_for("schedule", kind != "cron" && schedule.is_some());
+    let misplaced = !long_running && replicas.is_some()
+        || kind != "web" && (port.is_some() || health.is_some())
+        || kind != "cron" && schedule.is_some();
+    let workload = match kind {
+        "web" => Workload::Web {
+            port: port.unwrap_or(Some(defaults::WEB_PORT))?,
+            health: health.unwrap_or_else(|| Some(default_health()))?,
+            replicas: replicas.unwrap_or(Some(defaults::REPLICAS))?,
+        },
+        "worker" => Workload::Worker {
+            replicas: replicas.unwrap_or(Some(defaults::REPLICAS))?,
+        },
+        "cron" => match schedule {
+            Some(s) => Workload::Cron { schedule: s? },
+            None => {
+                ctx.error_hint(
+                    Code::MissingField,
+                    f.pos,
+                    format!("{what} is a cron role and needs `schedule`"),
+                    "five fields, e.g. `schedule: \"*/15 * * * *\"`",
+                );
+                return None;
+            }
+        },
+        "job" => Workload::Job {},
+        _ => Workload::Release {},
+    };
+    if misplaced {
+        return None;
+    }
+    Some(Role {
+        workload,
+        command: command?,
+        resources: resources?,
+        logs: match logs {
+            Some(l) => Some(l?),
+            None => None,
+        },
+    })
+}
+
+/// `logs: {maxSize, maxFiles}`: how much of its output a role's container keeps on its node.
+fn decode_logs(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<LogLimits> {
+    let f = Fields::new(ctx, node, "`logs`", LOGS_FIELDS)?;
+    let (low, high) = defaults::LOG_MAX_BYTES_RANGE;
+    let size = f
+        .get("maxSize")
+        .map_or(Some(Memory::from_bytes(defaults::LOG_MAX_BYTES)), |n| {
+            let m = memory(ctx, n, "`logs.maxSize`")?;
+            if !(low..=high).contains(&m.bytes()) {
+                ctx.error_hint(
+                    Code::InvalidValue,
+                    n.pos,
+                    format!("`logs.maxSize` {} is outside 1Mi to 1Gi", m.bytes()),
+                    "a size with a unit, e.g. `10Mi`",
+                );
+                return None;
+            }
+            Some(m)
+        });
+    let (low, high) = defaults::LOG_MAX_FILES_RANGE;
+    let files = f.get("maxFiles").map_or(Some(defaults::LOG_MAX_FILES), |n| {
+        u32_in(ctx, n, "`logs.maxFiles`", low, high)
+    });
+    Some(LogLimits {
+        max_size: size?,
+        max_files: files?,
+    })
+}
+
+fn field_hint(field: &str) -> &'static str {
+    match field {
+        "port" | "health" => "only web roles listen and have health checks",
+        "replicas" => "only web and worker roles run replicas",
+        _ => "only cron roles have a schedule",
+    }
+}
+
+fn default_health() -> Health {
+    Health {
+        path: defaults::HEALTH_PATH.to_owned(),
+        timeout_seconds: defaults::HEALTH_TIMEOUT_SECONDS,
+    }
+}
+
+fn default_resources() -> Resources {
+    Resources {
+        cpu: Cpu::from_millis(defaults::CPU_MILLIS),
+        memory: Memory::from_bytes(defaults::MEMORY_BYTES),
+        pids: defaults::PIDS,
+    }
+}
+
+fn decode_health(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<Health> {
+    let f = Fields::new(ctx, node, "`health`", HEALTH_FIELDS)?;
+    let path = f.get("path").map_or(Some(defaults::HEALTH_PATH.to_owned()), |n| {
+        let p = string(ctx, n, "`health.path`")?;
+        if !p.starts_with('/') || p.chars().any(char::is_whitespace) {
+            ctx.error_hint(
+                Code::InvalidValue,
+                n.pos,
+                format!("health path `{p}` is not an absolute URL path"),
+                "start it with `/`, e.g. `/healthz`",
+            );
+            return None;
+        }
+        Some(p.to_owned())
+    });
+    let timeout = f
+        .get("timeoutSeconds")
+        .map_or(Some(defaults::HEALTH_TIMEOUT_SECONDS), |n| {
+            u32_in(ctx, n, "`health.timeoutSeconds`", 1, 300)
+        });
+    Some(Health {
+        path: path?,
+        timeout_seconds: timeout?,
+    })
+}
+
+fn cpu(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<Cpu> {
+    let Some(text) = quantity_text(node) else {
+        ctx.wrong_type(node, what, "a quantity");
+        return None;
+    };
+    Cpu::parse(&text)
+        .map_err(|inv| ctx.invalid(Code::InvalidQuantity, node.pos, inv))
+        .ok()
+}
+
+fn memory(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<Memory> {
+    let Some(text) = quantity_text(node) else {
+        ctx.wrong_type(node, what, "a quantity");
+        return None;
+    };
+    Memory::parse(&text)
+        .map_err(|inv| ctx.invalid(Code::InvalidQuantity, node.pos, inv))
+        .ok()
+}
+
+fn decode_resources(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<Resources> {
+    let f = Fields::new(ctx, node, "`resources`", RESOURCES_FIELDS)?;
+    let c = f.get("cpu").map_or(Some(Cpu::from_millis(defaults::CPU_MILLIS)), |n| {
+        cpu(ctx, n, "`resources.cpu`")
+    });
+    let m = f
+        .get("memory")
+        .map_or(Some(Memory::from_bytes(defaults::MEMORY_BYTES)), |n| {
+            memory(ctx, n, "`resources.memory`")
+        });
+    let p = f
+        .get("pids")
+        .map_or(Some(defaults::PIDS), |n| u32_in(ctx, n, "`resources.pids`", 8, 65536));
+    Some(Resources {
+        cpu: c?,
+        memory: m?,
+        pids: p?,
+    })
+}
+
+pub(crate) fn decode_environment(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<Environment> {
+    let f = Fields::new(ctx, node, what, ENVIRONMENT_FIELDS)?;
+    let project = f.require(ctx, "project", what).and_then(|n| name(ctx, n, "`project`"));
+    let stage = f.require(ctx, "stage", what).and_then(|n| {
+        one_of(
+            ctx,
+            n,
+            "`stage`",
+            &[("production", Stage::Production), ("preview", Stage::Preview)],
+        )
+    });
+    let pool = f.require(ctx, "pool", what).and_then(|n| name(ctx, n, "`pool`"));
+    let replicas = f.get("replicas").map_or(Some(BTreeMap::new()), |n| {
+        let m = map_of(ctx, n, "`replicas`", |ctx, v, key| {
+            let r = u32_in(ctx, v, &format!("`replicas.{key}`"), 0, MAX_REPLICAS);
+            let k = Name::new(key)
+                .map_err(|inv| ctx.invalid(Code::InvalidName, v.pos, inv))
+                .ok();
+            Some((k?, r?))
+        })?;
+        Some(m.into_values().collect())
+    });
+    let env = f.get("env").map_or(Some(BTreeMap::new()), |n| env_map(ctx, n, "`env`"));
+    let img = f.get("image").map(|n| image(ctx, n));
+    let host = f.get("hostname").map(|n| hostname(ctx, n, "`hostname`"));
+    Some(Environment {
+        project: project?,
+        stage: stage?,
+        pool: pool?,
+        replicas: replicas?,
+        env: env?,
+        image: present(img)?,
+        hostname: present(host)?,
+    })
+}
+
+pub(crate) fn decode_domain(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<Domain> {
+    let f = Fields::new(ctx, node, what, DOMAIN_FIELDS)?;
+    let host = f
+        .require(ctx, "hostname", what)
+        .and_then(|n| hostname(ctx, n, "`hostname`"));
+    let env = f
+        .require(ctx, "environment", what)
+        .and_then(|n| name(ctx, n, "`environment`"));
+    let verification = f.get("verification").map_or(Some(Verification::Txt), |n| {
+        one_of(
+            ctx,
+            n,
+            "`verification`",
+            &[("txt", Verification::Txt), ("cname", Verification::Cname)],
+        )
+    });
+    Some(Domain {
+        hostname: host?,
+        environment: env?,
+        verification: verification?,
+    })
+}
+
+pub(crate) fn decode_pool(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<NodePool> {
+    let f = Fields::new(ctx, node, what, NODEPOOL_FIELDS)?;
+    let region = f
+        .require(ctx, "region", what)
+        .and_then(|n| name(ctx, n, "`region`"))
+        .map(|n| n.to_string());
+    let mut capabilities = f
+        .get("capabilities")
+        .map_or(Some(Vec::new()), |n| strings(ctx, n, "`capabilities`"));
+    if let Some(c) = capabilities.as_mut() {
+        c.sort();
+        c.dedup();
+    }
+    let placement = f.get("placement").map_or(Some(Placement::Spread), |n| {
+        one_of(
+            ctx,
+            n,
+            "`placement`",
+            &[("spread", Placement::Spread), ("pack", Placement::Pack)],
+        )
+    });
+    let nodes = f.require(ctx, "nodes", what).and_then(|n| {
+        let items = decode::seq(ctx, n, "`nodes`")?;
+        let decoded: Vec<Option<PoolNode>> = items.iter().map(|i| decode_node(ctx, i)).collect();
+        decoded.into_iter().collect::<Option<Vec<_>>>()
+    });
+    Some(NodePool {
+        region: region?,
+        capabilities: capabilities?,
+        placement: placement?,
+        nodes: nodes?,
+    })
+}
+
+fn decode_node(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<PoolNode> {
+    let f = Fields::new(ctx, node, "a node", NODE_FIELDS)?;
+    let n = f
+        .require(ctx, "name", "a node")
+        .and_then(|n| name(ctx, n, "node `name`"));
+    let state = f.get("state").map_or(Some(NodeState::Active), |s| {
+        one_of(
+            ctx,
+            s,
+            "node `state`",
+            &[
+                ("active", NodeState::Active),
+                ("draining", NodeState::Draining),
+                ("retired", NodeState::Retired),
+            ],
+        )
+    });
+    let capacity = f.require(ctx, "capacity", "a node").and_then(|c| {
+        let cf = Fields::new(ctx, c, "node `capacity`", CAPACITY_FIELDS)?;
+        let cpu_v = cf
+            .require(ctx, "cpu", "node `capacity`")
+            .and_then(|v| cpu(ctx, v, "`capacity.cpu`"));
+        let mem_v = cf
+            .require(ctx, "memory", "node `capacity`")
+            .and_then(|v| memory(ctx, v, "`capacity.memory`"));
+        Some(Capacity {
+            cpu: cpu_v?,
+            memory: mem_v?,
+        })
+    });
+    Some(PoolNode {
+        name: n?,
+        state: state?,
+        capacity: capacity?,
+    })
+}
+
+/// Shape check of a recipient: an X25519 `age1…` key or an `ssh-ed25519`/`ssh-rsa` public key.
+pub fn recipient_shape_ok(s: &str) -> bool {
+    if let Some(rest) = s.strip_prefix("age1") {
+        return rest.len() == 58 && rest.bytes().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    }
+    let mut parts = s.split_whitespace();
+    match (parts.next(), parts.next()) {
+        (Some("ssh-ed25519" | "ssh-rsa"), Some(b64)) => {
+            b64.starts_with("AAAA") && b64.bytes().all(|c| c.is_ascii_alphanumeric() || b"+/=".contains(&c))
+        }
+        _ => false,
+    }
+}
+
+fn check_recipient(ctx: &mut Ctx<'_>, node: &Node<'_>, s: &str) -> Option<String> {
+    if recipient_shape_ok(s) {
+        Some(s.to_owned())
+    } else {
+        ctx.error_hint(
+            Code::InvalidSecret,
+            node.pos,
+            "recipient is not an age X25519 key (`age1…`) or an `ssh-ed25519`/`ssh-rsa` public key",
+            "print one with `age-keygen -y KEYFILE` or `cat ~/.ssh/id_ed25519.pub`",
+        );
+        None
+    }
+}
+
+pub(crate) fn decode_secret(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<Secret> {
+    let f = Fields::new(ctx, node, what, SECRET_FIELDS)?;
+    let recipients = f.require(ctx, "recipients", what).and_then(|n| {
+        let items = decode::seq(ctx, n, "`recipients`")?;
+        if items.is_empty() {
+            ctx.error(
+                Code::MissingField,
+                n.pos,
+                "`recipients` is empty; a secret needs at least one recipient",
+            );
+            return None;
+        }
+        let checked: Vec<Option<String>> = items
+            .iter()
+            .map(|i| string(ctx, i, "a recipient").and_then(|s| check_recipient(ctx, i, s)))
+            .collect();
+        checked.into_iter().collect::<Option<Vec<_>>>()
+    });
+    let data = f.get("data").map_or(Some(BTreeMap::new()), |n| {
+        let entries = match &n.value {
+            yaml::Value::Map(e) => e.as_slice(),
+            _ => &[],
+        };
+        for (k, _) in entries {
+            if let yaml::Value::Str(key) = &k.value
+                && !is_env_name(key)
+            {
+                ctx.error_hint(
+                    Code::InvalidName,
+                    k.pos,
+                    format!("secret key `{key}` is not a valid name"),
+                    "use letters, digits and `_`; the key becomes /run/secrets/<KEY>",
+                );
+            }
+        }
+        map_of(ctx, n, "`data`", |ctx, v, key| {
+            let s = string(ctx, v, &format!("`data.{key}`"))?;
+            Ciphertext::new(s)
+                .map_err(|inv| ctx.invalid(Code::InvalidSecret, v.pos, inv))
+                .ok()
+        })
+        .filter(|m| m.keys().all(|k| is_env_name(k)))
+    });
+    Some(Secret {
+        recipients: recipients?,
+        data: data?,
+    })
+}
