@@ -287,6 +287,28 @@ fn the_store_calls_no_method_the_reconcile_layer_adds_to_the_ledger() {
 }
 
 #[test]
+fn the_daemon_decrypts_a_secret_only_to_reseal_it() {
+    // The plaintext of a secret exists on the control host only inside
+    // `pushleft_secrets::reseal`, called in one place.
+    let src = workspace().join("reconciler/src");
+    let mut all = Vec::new();
+    files(&src, &mut all);
+    let mut resealers = Vec::new();
+    for f in &all {
+        let text = code(f);
+        assert!(
+            !text.contains("pushleft_secrets::decrypt") && !text.contains("secrets::decrypt("),
+            "{} decrypts a secret outside reseal",
+            module_of(&src, f)
+        );
+        if text.contains("pushleft_secrets::reseal(") {
+            resealers.push(module_of(&src, f));
+        }
+    }
+    assert_eq!(resealers, ["store::delivery"], "one place reseals");
+}
+
+#[test]
 fn the_walk_sees_imports_and_circles() {
     // A check that cannot fail is no check: the same walk over a made-up crate finds its
     // imports, grouped or inline, and its circle.
