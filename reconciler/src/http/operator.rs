@@ -180,7 +180,7 @@ async fn metrics(State(s): App) -> Response {
     }
     let _ = writeln!(out, "# HELP pushleft_jobs Jobs by state.");
     let _ = writeln!(out, "# TYPE pushleft_jobs gauge");
-    for st in ["queued", "leased", "succeeded", "failed", "dead", "cancelled"] {
+    for st in crate::store::rows::JobState::ALL.map(crate::store::rows::JobState::as_str) {
         let n = counts.jobs.get(st).copied().unwrap_or(0);
         let _ = writeln!(out, "pushleft_jobs{{state=\"{st}\"}} {n}");
     }
