@@ -2,26 +2,12 @@
 //! plane's repository side (gix), its store (sqlx) or its domain types. Checked on the
 //! dependency graph cargo resolves for `pl-agent` alone.
 
+#[path = "../../tests-support/linked.rs"]
+mod linked;
+
 #[test]
 fn the_agent_links_no_git_no_sql_and_no_domain_types() {
-    let o = std::process::Command::new(env!("CARGO"))
-        .args([
-            "tree",
-            "-p",
-            "pushleft-agent",
-            "-e",
-            "normal",
-            "--prefix",
-            "none",
-            "--locked",
-            "--offline",
-        ])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("cargo tree runs");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let tree = String::from_utf8_lossy(&o.stdout);
-    let crates: std::collections::BTreeSet<&str> = tree.lines().filter_map(|l| l.split(' ').next()).collect();
+    let crates = linked::linked_crates(env!("CARGO_MANIFEST_DIR"), "pushleft-agent");
     assert!(
         crates.contains("agent-proto") && crates.contains("pushleft-secrets") && crates.contains("bollard"),
         "{crates:?}"

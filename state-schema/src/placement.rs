@@ -16,7 +16,7 @@
 //!   declared capacity. A replica that fits nowhere waits, with the reason.
 
 use crate::deployment::{DeploymentSpec, Instance};
-use crate::model::{NodeState, Placement};
+use crate::model::{NodeState, Placement, PoolNode};
 use crate::state::State;
 use crate::values::Name;
 use serde::{Deserialize, Serialize};
@@ -71,6 +71,18 @@ pub struct FleetNode {
 }
 
 impl FleetNode {
+    /// Node `n` of `pool` as Git declares it (capacity and state), with what was seen of it.
+    pub fn of(pool: &Name, n: &PoolNode, liveness: Liveness, capabilities: Option<BTreeSet<String>>) -> FleetNode {
+        FleetNode {
+            pool: pool.clone(),
+            cpu_millis: n.capacity.cpu.millis(),
+            memory_bytes: n.capacity.memory.bytes(),
+            git: n.state,
+            liveness,
+            capabilities,
+        }
+    }
+
     fn takes_new(&self, needs: &[&str]) -> bool {
         self.git == NodeState::Active
             && self.liveness == Liveness::Ready
@@ -124,17 +136,7 @@ impl Fleet {
         let mut nodes = BTreeMap::new();
         for (pool, p) in state.pools() {
             for n in &p.nodes {
-                nodes.insert(
-                    n.name.clone(),
-                    FleetNode {
-                        pool: pool.clone(),
-                        cpu_millis: n.capacity.cpu.millis(),
-                        memory_bytes: n.capacity.memory.bytes(),
-                        git: n.state,
-                        liveness: Liveness::Ready,
-                        capabilities: None,
-                    },
-                );
+                nodes.insert(n.name.clone(), FleetNode::of(pool, n, Liveness::Ready, None));
             }
         }
         Fleet::new(nodes, &[])

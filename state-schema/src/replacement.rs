@@ -58,19 +58,11 @@ pub fn live_fleet(
     for (pool, p) in pools {
         for n in &p.nodes {
             let s = seen.get(n.name.as_str());
-            nodes.insert(
-                n.name.clone(),
-                FleetNode {
-                    pool: pool.clone(),
-                    cpu_millis: n.capacity.cpu.millis(),
-                    memory_bytes: n.capacity.memory.bytes(),
-                    git: n.state,
-                    liveness: s.map_or(Liveness::Unseen, |s| {
-                        Liveness::of(s.last_seen_ms, now_ms, lost_after_ms)
-                    }),
-                    capabilities: Some(s.map(|s| s.capabilities.clone()).unwrap_or_default()),
-                },
-            );
+            let liveness = s.map_or(Liveness::Unseen, |s| {
+                Liveness::of(s.last_seen_ms, now_ms, lost_after_ms)
+            });
+            let capabilities = Some(s.map(|s| s.capabilities.clone()).unwrap_or_default());
+            nodes.insert(n.name.clone(), FleetNode::of(pool, n, liveness, capabilities));
         }
     }
     Fleet::new(nodes, running)

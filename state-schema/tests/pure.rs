@@ -3,30 +3,10 @@
 //! escape (colour is `pl`'s). Checked on the dependency graph cargo resolves for it and on its
 //! non-test sources.
 
-use std::path::{Path, PathBuf};
+#[path = "../../tests-support/linked.rs"]
+mod linked;
 
-fn crates_of(package: &str) -> std::collections::BTreeSet<String> {
-    let o = std::process::Command::new(env!("CARGO"))
-        .args([
-            "tree",
-            "-p",
-            package,
-            "-e",
-            "normal",
-            "--prefix",
-            "none",
-            "--locked",
-            "--offline",
-        ])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("cargo tree runs");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .filter_map(|l| l.split(' ').next().map(str::to_owned))
-        .collect()
-}
+use std::path::{Path, PathBuf};
 
 /// Non-test code of every `.rs` file under `dir`: what comes before the first `#[cfg(test)]`.
 fn sources(dir: &Path) -> Vec<(PathBuf, String)> {
@@ -65,7 +45,7 @@ fn impure(code: &str) -> Option<&'static str> {
 
 #[test]
 fn state_schema_links_nothing_that_does_io() {
-    let crates = crates_of("state-schema");
+    let crates = linked::linked_crates(env!("CARGO_MANIFEST_DIR"), "state-schema");
     assert!(crates.contains("saphyr-parser"), "{crates:?}");
     for banned in [
         "tokio",
