@@ -336,15 +336,18 @@ impl<T: Tasks> Loops<T> {
         }
     }
 
-    /// Stops every loop (each within its long poll) and waits for them; the ends recorded.
-    fn stop(self) -> usize {
+    /// Stops every loop (each within its long poll) and waits for them; the ends recorded, and
+    /// the requests that carried them.
+    fn stop(self) -> (usize, usize) {
         self.stop.store(true, Ordering::Relaxed);
         self.rt.block_on(async {
             for r in self.running {
                 r.await.expect("lease loop");
             }
         });
-        self.loops.iter().map(|l| l.recorded()).sum::<u64>() as usize
+        let recorded = self.loops.iter().map(|l| l.recorded()).sum::<u64>() as usize;
+        let reports = self.loops.iter().map(|l| l.reports()).sum::<u64>() as usize;
+        (recorded, reports)
     }
 }
 
@@ -373,8 +376,13 @@ fn agent_loops(url: &str, clients: &[Arc<AgentClient>], jobs: usize, offset: usi
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     });
-    let recorded = fleet.stop();
+    let (recorded, reports) = fleet.stop();
     assert_eq!(recorded, jobs, "every job once, within the deadline");
+    let backend = url.split(':').next().unwrap_or_default();
+    eprintln!(
+        "agent loop on {backend}: {recorded} ends in {reports} reports ({:.1} a report)",
+        recorded as f64 / reports.max(1) as f64
+    );
     Throughput {
         jobs_per_second: jobs as f64 / elapsed.as_secs_f64(),
         p50: Duration::ZERO,
