@@ -77,7 +77,7 @@ fn write_back(at: &Located, updated: Object) -> anyhow::Result<()> {
 
 fn with_data(
     o: &Object,
-    data: std::collections::BTreeMap<String, Ciphertext>,
+    data: state_schema::values::SmallMap<String, Ciphertext>,
     recipients: Option<Vec<String>>,
 ) -> Object {
     let s = secret_of(o);
@@ -223,7 +223,7 @@ pub fn recipients(
         return Err(refused(SecretError::NoRecipients));
     }
     let ids = identities(identity)?;
-    let mut data = std::collections::BTreeMap::new();
+    let mut data = state_schema::values::SmallMap::new();
     for (k, v) in decrypt_all(&at, &ids)? {
         data.insert(k, ciphertext(&secrets::encrypt(&v, &set).map_err(refused)?)?);
     }
@@ -336,7 +336,7 @@ pub fn edit(dir: &Path, name: &str, identity: Option<&Path>) -> anyhow::Result<u
     drop(private);
     // Keep the ciphertext of unchanged values, so re-saving an unchanged file is a no-op.
     let s = secret_of(&at.object);
-    let mut data = std::collections::BTreeMap::new();
+    let mut data = state_schema::values::SmallMap::new();
     for (k, v) in &new_values {
         let old = values.iter().find(|(ok, ov)| ok == k && ov.as_slice() == v.as_slice());
         let c = match (old, s.data.get(k)) {

@@ -5,8 +5,8 @@
 
 use crate::diag::{Code, Diagnostic, Pos};
 use crate::values::Invalid;
+use crate::values::SmallMap;
 use crate::yaml::{Node, Value};
-use std::collections::BTreeMap;
 
 /// Where diagnostics for one file go.
 pub(crate) struct Ctx<'a> {
@@ -236,12 +236,12 @@ pub(crate) fn map_of<T>(
     node: &Node<'_>,
     what: &str,
     mut each: impl FnMut(&mut Ctx<'_>, &Node<'_>, &str) -> Option<T>,
-) -> Option<BTreeMap<String, T>> {
+) -> Option<SmallMap<String, T>> {
     let Value::Map(map) = &node.value else {
         ctx.wrong_type(node, what, "a mapping");
         return None;
     };
-    let mut out = Some(BTreeMap::new());
+    let mut out = Some(SmallMap::new());
     for (k, v) in map {
         let Value::Str(key) = &k.value else {
             ctx.wrong_type(k, &format!("a key of {what}"), "a string");

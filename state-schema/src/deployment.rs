@@ -4,9 +4,9 @@
 
 use crate::model::Placement;
 use crate::runspec::RoleSpec;
+use crate::values::SmallMap;
 use crate::values::{Hostname, Name};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 
 /// One replica of a long-running role, placed on a node.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -45,10 +45,10 @@ pub struct DeploymentSpec {
     pub placement: Placement,
     /// Replicas wanted per long-running role (some may wait for room).
     #[serde(default)]
-    pub replicas: BTreeMap<Name, u32>,
+    pub replicas: SmallMap<Name, u32>,
     /// What each role runs, as a lease hands it to an agent.
     #[serde(default)]
-    pub roles: BTreeMap<Name, RoleSpec>,
+    pub roles: SmallMap<Name, RoleSpec>,
 }
 
 fn spread() -> Placement {

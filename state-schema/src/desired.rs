@@ -10,6 +10,7 @@ use crate::placement::{Fleet, Waiting};
 use crate::release::Releases;
 use crate::runspec::role_specs;
 use crate::state::{State, branch_preview_hostname, branch_preview_label, derive_environment};
+use crate::values::SmallMap;
 use crate::values::{Hostname, Name};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -157,7 +158,7 @@ fn placed_pair_as(
         if let Ok(mut d) = desired(before, name, env, &mut releases, &mut before_fleet, first) {
             fleet.hold(&d.spec);
             if form == Form::Placement {
-                d.spec.roles = BTreeMap::new();
+                d.spec.roles = SmallMap::new();
             }
             old.push(d);
         }
@@ -253,8 +254,8 @@ fn preview_environments(state: &State, branch: &str) -> Vec<(Name, Environment)>
                     project,
                     stage: Stage::Preview,
                     pool: previews.pool.clone(),
-                    replicas: BTreeMap::new(),
-                    env: BTreeMap::new(),
+                    replicas: SmallMap::new(),
+                    env: SmallMap::new(),
                     image: None,
                     hostname: Some(hostname),
                 },
@@ -285,7 +286,7 @@ fn desired(
         Form::Whole => canonical::hash(&spec),
         Form::Unhashed => String::new(),
         Form::Placement => {
-            spec.roles = BTreeMap::new();
+            spec.roles = SmallMap::new();
             String::new()
         }
     };

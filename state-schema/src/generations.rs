@@ -279,6 +279,7 @@ mod tests {
     use crate::deployment::Instance;
     use crate::model::Placement;
     use crate::values::Name;
+    use crate::values::SmallMap;
 
     fn n(s: &str) -> Name {
         Name::new(s).expect("name")
@@ -303,8 +304,8 @@ mod tests {
             release_hash: release.into(),
             pool: Some(n("main")),
             placement: Placement::Spread,
-            replicas: BTreeMap::from([(n("web"), replicas)]),
-            roles: BTreeMap::new(),
+            replicas: [(n("web"), replicas)].into_iter().collect(),
+            roles: SmallMap::new(),
         }
     }
 

@@ -4,9 +4,9 @@
 use crate::decode::{self, Ctx, Fields, checked, int_in, map_of, one_of, quantity_text, string, strings, u32_in};
 use crate::diag::Code;
 use crate::model::*;
+use crate::values::SmallMap;
 use crate::values::{Cpu, CronSchedule, Hostname, ImageRef, Memory, Name};
 use crate::yaml::{self, Node};
-use std::collections::BTreeMap;
 
 pub const METADATA_FIELDS: &[&str] = &["name", "labels", "annotations"];
 pub const REPOSITORY_FIELDS: &[&str] = &["baseDomain", "previewDomain", "previews", "include", "controlRecipient"];
@@ -72,7 +72,7 @@ fn image(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<ImageRef> {
     checked(ctx, node, "`image`", Code::ImageNotPinned, ImageRef::new)
 }
 
-fn string_map(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<BTreeMap<String, String>> {
+fn string_map(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<SmallMap<String, String>> {
     map_of(ctx, node, what, |ctx, v, _| {
         string(ctx, v, &format!("a value of {what}")).map(str::to_owned)
     })
@@ -85,7 +85,7 @@ fn is_env_name(k: &str) -> bool {
 }
 
 /// Environment variables: keys are POSIX names, values strings.
-fn env_map(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<BTreeMap<String, String>> {
+fn env_map(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<SmallMap<String, String>> {
     let map = string_map(ctx, node, what)?;
     let mut ok = true;
     if let yaml::Value::Map(entries) = &node.value {
@@ -132,10 +132,10 @@ pub(crate) fn decode_metadata(ctx: &mut Ctx<'_>, node: &Node<'_>, kind: &str) ->
         .and_then(|n| name(ctx, n, "`metadata.name`"));
     let labels = f
         .get("labels")
-        .map_or(Some(BTreeMap::new()), |l| string_map(ctx, l, "`metadata.labels`"));
+        .map_or(Some(SmallMap::new()), |l| string_map(ctx, l, "`metadata.labels`"));
     let annotations = f
         .get("annotations")
-        .map_or(Some(BTreeMap::new()), |a| string_map(ctx, a, "`metadata.annotations`"));
+        .map_or(Some(SmallMap::new()), |a| string_map(ctx, a, "`metadata.annotations`"));
     Some(Metadata {
         name: n?,
         labels: labels?,
@@ -196,7 +196,7 @@ pub(crate) fn decode_project(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> 
     let f = Fields::new(ctx, node, what, PROJECT_FIELDS)?;
     let img = f.require(ctx, "image", what).and_then(|n| image(ctx, n));
     let roles = f.require(ctx, "roles", what).and_then(|n| decode_roles(ctx, n));
-    let env = f.get("env").map_or(Some(BTreeMap::new()), |n| env_map(ctx, n, "`env`"));
+    let env = f.get("env").map_or(Some(SmallMap::new()), |n| env_map(ctx, n, "`env`"));
     let secrets = f.get("secrets").map_or(Some(Vec::new()), |n| {
         let items = decode::seq(ctx, n, "`secrets`")?;
         let names: Vec<Option<Name>> = items.iter().map(|i| name(ctx, i, "an item of `secrets`")).collect();
@@ -210,7 +210,7 @@ pub(crate) fn decode_project(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> 
     })
 }
 
-fn decode_roles(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<BTreeMap<Name, Role>> {
+fn decode_roles(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<SmallMap<Name, Role>> {
     let yaml::Value::Map(entries) = &node.value else {
         ctx.wrong_type(node, "`roles`", "a mapping");
         return None;
@@ -238,7 +238,7 @@ fn decode_roles(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<BTreeMap<Name, Rol
         let role = decode_role(ctx, v, key);
         Some((role_name?, role?))
     })?;
-    Some(raw.into_values().collect())
+    Some(raw.into_iter().map(|(_, v)| v).collect())
 }
 
 fn decode_role(ctx: &mut Ctx<'_>, node: &Node<'_>, role: &str) -> Option<Role> {
@@ -475,7 +475,7 @@ pub(crate) fn decode_environment(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str)
         )
     });
     let pool = f.require(ctx, "pool", what).and_then(|n| name(ctx, n, "`pool`"));
-    let replicas = f.get("replicas").map_or(Some(BTreeMap::new()), |n| {
+    let replicas = f.get("replicas").map_or(Some(SmallMap::new()), |n| {
         let m = map_of(ctx, n, "`replicas`", |ctx, v, key| {
             let r = u32_in(ctx, v, &format!("`replicas.{key}`"), 0, MAX_REPLICAS);
             let k = Name::new(key)
@@ -483,9 +483,9 @@ pub(crate) fn decode_environment(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str)
                 .ok();
             Some((k?, r?))
         })?;
-        Some(m.into_values().collect())
+        Some(m.into_iter().map(|(_, v)| v).collect())
     });
-    let env = f.get("env").map_or(Some(BTreeMap::new()), |n| env_map(ctx, n, "`env`"));
+    let env = f.get("env").map_or(Some(SmallMap::new()), |n| env_map(ctx, n, "`env`"));
     let img = f.get("image").map(|n| image(ctx, n));
     let host = f.get("hostname").map(|n| hostname(ctx, n, "`hostname`"));
     Some(Environment {
@@ -639,7 +639,7 @@ pub(crate) fn decode_secret(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> O
             .collect();
         checked.into_iter().collect::<Option<Vec<_>>>()
     });
-    let data = f.get("data").map_or(Some(BTreeMap::new()), |n| {
+    let data = f.get("data").map_or(Some(SmallMap::new()), |n| {
         let entries = match &n.value {
             yaml::Value::Map(e) => e.as_slice(),
             _ => &[],

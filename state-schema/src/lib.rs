@@ -25,6 +25,7 @@ pub mod rollout;
 pub mod runspec;
 pub mod schema;
 pub mod show;
+mod small_map;
 pub mod state;
 pub mod synthetic;
 pub mod task;

@@ -2,9 +2,9 @@
 //! filled in. Fields hold validated types, so a decoded object is valid on its own; rules that
 //! span objects (references, hostnames) are checked in `state`.
 
+use crate::values::SmallMap;
 use crate::values::{Cpu, CronSchedule, Hostname, ImageRef, Memory, Name};
 use serde::Serialize;
-use std::collections::BTreeMap;
 
 pub const API_VERSION: &str = "pushleft.dev/v1alpha1";
 
@@ -54,10 +54,10 @@ impl std::fmt::Display for Kind {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Metadata {
     pub name: Name,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub labels: BTreeMap<String, String>,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub annotations: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "SmallMap::is_empty")]
+    pub labels: SmallMap<String, String>,
+    #[serde(skip_serializing_if = "SmallMap::is_empty")]
+    pub annotations: SmallMap<String, String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -85,9 +85,9 @@ pub struct Previews {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Project {
     pub image: ImageRef,
-    pub roles: BTreeMap<Name, Role>,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub env: BTreeMap<String, String>,
+    pub roles: SmallMap<Name, Role>,
+    #[serde(skip_serializing_if = "SmallMap::is_empty")]
+    pub env: SmallMap<String, String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<Name>,
 }
@@ -181,10 +181,10 @@ pub struct Environment {
     pub project: Name,
     pub stage: Stage,
     pub pool: Name,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub replicas: BTreeMap<Name, u32>,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub env: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "SmallMap::is_empty")]
+    pub replicas: SmallMap<Name, u32>,
+    #[serde(skip_serializing_if = "SmallMap::is_empty")]
+    pub env: SmallMap<String, String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub image: Option<ImageRef>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -302,7 +302,7 @@ impl Serialize for Ciphertext {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Secret {
     pub recipients: Vec<String>,
-    pub data: BTreeMap<String, Ciphertext>,
+    pub data: SmallMap<String, Ciphertext>,
 }
 
 /// One object of any kind.

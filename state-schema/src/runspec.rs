@@ -7,8 +7,8 @@
 use crate::model::{Kind, Spec, Workload};
 use crate::state::State;
 use crate::values::Name;
+use crate::values::SmallMap;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 
 /// A role as it runs: everything an agent needs, and nothing it must look up.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -20,8 +20,8 @@ pub struct RoleSpec {
     pub image: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub command: Vec<String>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "SmallMap::is_empty")]
+    pub env: SmallMap<String, String>,
     pub cpu_millis: u64,
     pub memory_bytes: u64,
     pub pids: u32,
@@ -35,8 +35,8 @@ pub struct RoleSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schedule: Option<String>,
     /// Secret files by key (`/run/secrets/<KEY>`): ASCII-armoured age ciphertext, as in Git.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub secrets: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "SmallMap::is_empty")]
+    pub secrets: SmallMap<String, String>,
     /// The role's `logs`: bytes a file and files its container's log keeps on the node;
     /// `None` for the defaults (so specs without it keep their hashes, and so their generation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -63,17 +63,17 @@ impl RoleSpec {
 pub fn role_specs(
     state: &State,
     project: &Name,
-    env_vars: &BTreeMap<String, String>,
+    env_vars: &SmallMap<String, String>,
     image: &str,
-) -> BTreeMap<Name, RoleSpec> {
+) -> SmallMap<Name, RoleSpec> {
     let Some(p) = state.project(project.as_str()) else {
-        return BTreeMap::new();
+        return SmallMap::new();
     };
     let mut vars = p.env.clone();
     vars.extend(env_vars.iter().map(|(k, v)| (k.clone(), v.clone())));
     // Secret keys of every secret the project names; a later secret's key wins, in the
     // project's order (validation keeps names unique).
-    let mut secrets = BTreeMap::new();
+    let mut secrets = SmallMap::new();
     for s in &p.secrets {
         if let Some(Spec::Secret(secret)) = state.get(Kind::Secret, s.as_str()).map(|l| &l.object.spec) {
             for (k, v) in &secret.data {

@@ -3,6 +3,7 @@
 use crate::diag::{Code, Diagnostic, sort_diagnostics};
 use crate::model::*;
 use crate::parse::{Located, ParsedFile};
+use crate::values::SmallMap;
 use crate::values::{Hostname, ImageRef, Invalid, Name, derive_label, flatten_label};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -561,9 +562,9 @@ pub struct DerivedEnvironment {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hostname: Option<Hostname>,
     pub image: ImageRef,
-    pub replicas: BTreeMap<Name, u32>,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub env: BTreeMap<String, String>,
+    pub replicas: SmallMap<Name, u32>,
+    #[serde(skip_serializing_if = "SmallMap::is_empty")]
+    pub env: SmallMap<String, String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub domains: Vec<Hostname>,
 }

@@ -66,6 +66,8 @@ fn is_label(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
+pub use crate::small_map::SmallMap;
+
 /// An object, role or node name: a lowercase RFC 1123 label (it ends up in hostnames,
 /// container names and nftables table names).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -300,7 +300,7 @@ impl Ledger {
             spec_hash: spec_hash.to_owned(),
             image: r.image.clone(),
             command: r.command.clone(),
-            env: r.env.clone(),
+            env: r.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             cpu_millis: r.cpu_millis,
             memory_bytes: r.memory_bytes,
             pids: r.pids,

@@ -1,0 +1,63 @@
+//! The hashes of objects and deployments are stored in ledgers: a change to how a model type
+//! serialises would start a new generation of every deployment on upgrade. This pins them for
+//! the acme example tree (labels, secrets, cron, several roles and stages).
+
+use state_schema::canonical::{Secrets, document, hash};
+use state_schema::desired::deployments;
+use state_schema::parse::parse_file;
+use state_schema::placement::Fleet;
+use state_schema::state::assemble;
+use std::path::Path;
+
+fn files(dir: &Path, out: &mut Vec<(String, Vec<u8>)>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            files(&p, out);
+        } else {
+            out.push((p.display().to_string(), std::fs::read(&p).expect("read")));
+        }
+    }
+}
+
+#[test]
+fn object_and_deployment_hashes_do_not_move() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../golden/plan/acme-changes/head");
+    let mut fs = Vec::new();
+    files(&root, &mut fs);
+    let parsed = fs
+        .iter()
+        .map(|(p, t)| parse_file(p.strip_prefix(&format!("{}/", root.display())).unwrap_or(p), t))
+        .collect();
+    let loaded = assemble(parsed, Vec::new());
+    assert_eq!(loaded.diagnostics, Vec::new());
+    let state = loaded.state;
+    let mut lines: Vec<String> = state
+        .iter()
+        .map(|l| {
+            format!(
+                "{} {} {}",
+                l.object.kind().as_str(),
+                l.object.metadata.name,
+                hash(&document(&l.object, Secrets::Ciphertext))
+            )
+        })
+        .collect();
+    let (placed, _) = deployments(&state, None, &mut Fleet::declared(&state));
+    assert!(placed.len() >= 5, "the tree has deployments");
+    lines.extend(placed.iter().map(|d| format!("{} {}", d.spec.environment, d.spec_hash)));
+    let (previews, _) = deployments(&state, Some("feature/x"), &mut Fleet::declared(&state));
+    lines.extend(
+        previews
+            .iter()
+            .map(|d| format!("{} {}", d.spec.environment, d.spec_hash)),
+    );
+    let all = hash(&lines);
+    assert_eq!(all, PINNED, "hashes moved:\n{}", lines.join("\n"));
+}
+
+const PINNED: &str = "sha256:bd26669c1093b50f527ba6b3dafd8277e5c25bc7ded09348533e19dec036c68f";
