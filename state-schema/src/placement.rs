@@ -358,7 +358,6 @@ impl Fleet {
 pub(crate) mod tests {
     use super::*;
     use crate::runspec::RoleSpec;
-    use crate::values::SmallMap;
 
     pub(crate) fn name(s: &str) -> Name {
         Name::new(s).expect("name")
@@ -384,14 +383,14 @@ pub(crate) mod tests {
             kind: kind.into(),
             image: "img@sha256:00".into(),
             command: Vec::new(),
-            env: SmallMap::new(),
+            env: Default::default(),
             cpu_millis: cpu,
             memory_bytes: 1 << 20,
             pids: 64,
             port: None,
             health: None,
             schedule: None,
-            secrets: SmallMap::new(),
+            secrets: Default::default(),
             logs: None,
         }
     }

@@ -275,7 +275,7 @@ impl Ledger {
             let Some(recipient) = recipient else {
                 return Ok(Err(undeliverable("node-not-enrolled", "the node has no age recipient")));
             };
-            for (key, ciphertext) in &r.secrets {
+            for (key, ciphertext) in r.secrets.iter() {
                 match self.sealed_for(node, recipient, ciphertext, control, now_ms).await? {
                     Ok(sealed) => secrets.push(SealedSecret {
                         key: key.clone(),
