@@ -6,7 +6,7 @@
 //! namespace with a dockerd of its own), so `pl up`'s firewall tables and routes touch nothing
 //! of the machine's.
 //!
-//! `cargo build -p reconciler -p pushleft-agent && cargo bench -p pushleft-cli --bench up`
+//! `cargo build --release -p reconciler -p pushleft-agent && cargo bench -p pushleft-cli --bench up`
 //! (`-- --rounds N`, default 3; Caddy and Compose first on `PATH`, as `scripts/test` installs
 //! them: `PATH=/opt/pushleft-tools/bin:$PATH`).
 
