@@ -85,9 +85,9 @@ impl<K: Serialize, V: Serialize> Serialize for SmallMap<K, V> {
 
 impl<'de, K: Deserialize<'de> + Ord, V: Deserialize<'de>> Deserialize<'de> for SmallMap<K, V> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        // Through a B-tree, so a stored map with a key twice reads as it always did (last wins).
-        let m = std::collections::BTreeMap::<K, V>::deserialize(d)?;
-        Ok(m.into_iter().collect())
+        // litemap reads a map as a B-tree did (a key twice: the last wins), appending in place
+        // when the keys come sorted, as stored specs always do.
+        LiteMap::deserialize(d).map(Self)
     }
 }
 
@@ -111,6 +111,13 @@ mod tests {
         );
         let back: SmallMap<String, u32> = serde_json::from_str(r#"{"worker":3,"api":1,"web":2}"#).expect("reads");
         assert_eq!(back, small);
+        let twice: SmallMap<String, u32> = serde_json::from_str(r#"{"web":1,"api":1,"web":2}"#).expect("reads");
+        let b_twice: BTreeMap<String, u32> = serde_json::from_str(r#"{"web":1,"api":1,"web":2}"#).expect("reads");
+        assert_eq!(
+            twice.get("web"),
+            b_twice.get("web"),
+            "a key twice reads as a B-tree read it"
+        );
     }
 
     #[test]
