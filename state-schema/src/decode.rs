@@ -169,6 +169,16 @@ pub(crate) fn string<'n>(ctx: &mut Ctx<'_>, node: &'n Node<'_>, what: &str) -> O
     }
 }
 
+pub(crate) fn boolean(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<bool> {
+    match &node.value {
+        Value::Bool(b) => Some(*b),
+        _ => {
+            ctx.wrong_type(node, what, "a boolean");
+            None
+        }
+    }
+}
+
 /// An integer within `lo..=hi`.
 pub(crate) fn int_in(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str, lo: i64, hi: i64) -> Option<i64> {
     match &node.value {

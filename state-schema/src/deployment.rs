@@ -49,6 +49,24 @@ pub struct DeploymentSpec {
     /// What each role runs, as a lease hands it to an agent.
     #[serde(default)]
     pub roles: SmallMap<Name, RoleSpec>,
+    /// HTTPS for every hostname of the environment (`tls` of the Environment). Absent from the
+    /// stored form when unset, so specs without it keep their hashes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsSpec>,
+}
+
+/// The certificate an environment's hostnames are served with, as ciphertext from Git: a lease
+/// seals it to the node that serves them.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TlsSpec {
+    /// The Secret it came from (named in events and errors; never a value).
+    pub secret: Name,
+    /// `CERT`: the PEM chain, ASCII-armoured age ciphertext as in Git.
+    pub cert: String,
+    /// `KEY`: the PEM private key, ciphertext as in Git.
+    pub key: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hsts: bool,
 }
 
 fn spread() -> Placement {

@@ -4,8 +4,8 @@
 //! values with what its ledger holds and writes the difference.
 
 use crate::canonical;
-use crate::deployment::DeploymentSpec;
-use crate::model::{Environment, Kind, Stage};
+use crate::deployment::{DeploymentSpec, TlsSpec};
+use crate::model::{Environment, EnvironmentTls, Kind, Spec, Stage};
 use crate::placement::{Fleet, Waiting};
 use crate::release::Releases;
 use crate::runspec::role_specs;
@@ -282,6 +282,7 @@ fn preview_environments(state: &State, branch: &str) -> Vec<(Name, Environment)>
                     env: SmallMap::new(),
                     image: None,
                     hostname: Some(hostname),
+                    tls: None,
                 },
             ))
         })
@@ -359,6 +360,28 @@ pub fn spec_of(
         placement: pool.placement,
         roles: role_specs(state, &env.project, &env.env, &image),
         replicas: derived.replicas.clone(),
+        tls: env.tls.as_ref().map(|t| tls_spec(state, t)).transpose()?,
+    })
+}
+
+/// The certificate `tls` names, as ciphertext (validation has checked that the Secret exists
+/// and holds both keys; a tree that did not pass it is refused here by name).
+fn tls_spec(state: &State, tls: &EnvironmentTls) -> Result<TlsSpec, String> {
+    let Some(Spec::Secret(secret)) = state.get(Kind::Secret, tls.secret.as_str()).map(|l| &l.object.spec) else {
+        return Err(format!("secret {} is not declared", tls.secret));
+    };
+    let value = |key: &str| {
+        secret
+            .data
+            .get(key)
+            .map(|c| c.armored().to_owned())
+            .ok_or_else(|| format!("secret {} has no {key}", tls.secret))
+    };
+    Ok(TlsSpec {
+        secret: tls.secret.clone(),
+        cert: value("CERT")?,
+        key: value("KEY")?,
+        hsts: tls.hsts,
     })
 }
 

@@ -69,6 +69,7 @@ fn same_facts(base: &Objects<'_>, head: &Objects<'_>) -> bool {
                     && x.stage == y.stage
                     && x.pool == y.pool
                     && x.hostname == y.hostname
+                    && x.tls == y.tls
                     && x.env == y.env
                     && x.replicas.keys().eq(y.replicas.keys())
                     && (x.image == y.image || (x.image.is_some() && y.image.is_some()))

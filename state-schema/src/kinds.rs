@@ -1,7 +1,9 @@
 //! Decoding each kind's spec: the per-kind field lists, defaults and single-object rules.
 //! (`parse.rs` reads files into documents and hands each spec here.)
 
-use crate::decode::{self, Ctx, Fields, checked, int_in, map_of, one_of, quantity_text, string, strings, u32_in};
+use crate::decode::{
+    self, Ctx, Fields, boolean, checked, int_in, map_of, one_of, quantity_text, string, strings, u32_in,
+};
 use crate::diag::Code;
 use crate::model::*;
 use crate::values::SmallMap;
@@ -25,7 +27,10 @@ pub const ROLE_FIELDS: &[&str] = &[
 pub const LOGS_FIELDS: &[&str] = &["maxSize", "maxFiles"];
 pub const HEALTH_FIELDS: &[&str] = &["path", "timeoutSeconds"];
 pub const RESOURCES_FIELDS: &[&str] = &["cpu", "memory", "pids"];
-pub const ENVIRONMENT_FIELDS: &[&str] = &["project", "stage", "pool", "replicas", "env", "image", "hostname"];
+pub const ENVIRONMENT_FIELDS: &[&str] = &[
+    "project", "stage", "pool", "replicas", "env", "image", "hostname", "tls",
+];
+pub const TLS_FIELDS: &[&str] = &["secret", "hsts"];
 pub const DOMAIN_FIELDS: &[&str] = &["hostname", "environment", "verification"];
 pub const NODEPOOL_FIELDS: &[&str] = &["region", "capabilities", "placement", "nodes"];
 pub const NODE_FIELDS: &[&str] = &["name", "state", "capacity"];
@@ -488,6 +493,7 @@ pub(crate) fn decode_environment(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str)
     let env = f.get("env").map_or(Some(SmallMap::new()), |n| env_map(ctx, n, "`env`"));
     let img = f.get("image").map(|n| image(ctx, n));
     let host = f.get("hostname").map(|n| hostname(ctx, n, "`hostname`"));
+    let tls = f.get("tls").map(|n| decode_tls(ctx, n));
     Some(Environment {
         project: project?,
         stage: stage?,
@@ -496,6 +502,30 @@ pub(crate) fn decode_environment(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str)
         env: env?,
         image: present(img)?,
         hostname: present(host)?,
+        tls: present(tls)?,
+    })
+}
+
+fn decode_tls(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<EnvironmentTls> {
+    let f = Fields::new(ctx, node, "`tls`", TLS_FIELDS)?;
+    // Certificates from an ACME CA are not served yet: until they are, `tls` names the
+    // certificate to serve, so a tree never asks for HTTPS it would not get.
+    let secret = match f.get("secret") {
+        Some(n) => name(ctx, n, "`tls.secret`"),
+        None => {
+            ctx.error_hint(
+                Code::MissingField,
+                node.pos,
+                "`tls` needs `secret`: certificates from an ACME CA are not served yet",
+                "name a Secret with the keys CERT and KEY (see docs/state-format.md, Environment)",
+            );
+            None
+        }
+    };
+    let hsts = f.get("hsts").map_or(Some(false), |n| boolean(ctx, n, "`tls.hsts`"));
+    Some(EnvironmentTls {
+        secret: secret?,
+        hsts: hsts?,
     })
 }
 

@@ -189,6 +189,23 @@ pub struct Environment {
     pub image: Option<ImageRef>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hostname: Option<Hostname>,
+    /// HTTPS for the environment's hostnames. Absent: served over plain HTTP, as before (and
+    /// absent from the canonical form, so trees without it keep their hashes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<EnvironmentTls>,
+}
+
+/// `tls` of an Environment: the certificate its hostnames are served with, and whether
+/// responses carry HSTS.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct EnvironmentTls {
+    /// A Secret with `CERT` (the PEM chain, leaf first) and `KEY` (its PEM private key): a
+    /// certificate the user brings (wildcard, corporate CA).
+    pub secret: Name,
+    /// `Strict-Transport-Security` on every HTTPS response; off by default (a browser that saw
+    /// it refuses plain HTTP for the name for a year, which is hard to take back).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub hsts: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

@@ -161,6 +161,14 @@ pub fn spec_schemas() -> Vec<(&'static str, Value)> {
                     "env": env_map("Variables that override the project's."),
                     "image": {"type": "string", "pattern": IMAGE, "description": "Overrides the project's image."},
                     "hostname": hostname("Overrides the derived hostname."),
+                    "tls": object(
+                        json!({
+                            "secret": name("A Secret with CERT (PEM chain) and KEY (PEM private key)."),
+                            "hsts": {"type": "boolean", "description": "Strict-Transport-Security on HTTPS responses; default false."},
+                        }),
+                        &["secret"],
+                        "HTTPS for the environment's hostnames with the certificate a Secret holds.",
+                    ),
                 }),
                 &["project", "stage", "pool"],
                 "One deployment of a project.",
@@ -252,6 +260,7 @@ mod tests {
         assert_eq!(keys(&role["properties"]["health"]), sorted(HEALTH_FIELDS));
         assert_eq!(keys(&role["properties"]["resources"]), sorted(RESOURCES_FIELDS));
         assert_eq!(keys(&role["properties"]["logs"]), sorted(LOGS_FIELDS));
+        assert_eq!(keys(&specs["Environment"]["properties"]["tls"]), sorted(TLS_FIELDS));
         assert_eq!(keys(&specs["Environment"]), sorted(ENVIRONMENT_FIELDS));
         assert_eq!(keys(&specs["Domain"]), sorted(DOMAIN_FIELDS));
         assert_eq!(keys(&specs["NodePool"]), sorted(NODEPOOL_FIELDS));

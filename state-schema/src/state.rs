@@ -247,6 +247,40 @@ fn names(state: &State, kind: Kind) -> Vec<&str> {
     state.of_kind(kind).map(|l| l.object.name().as_str()).collect()
 }
 
+/// `tls.secret` names a Secret that holds a certificate: both `CERT` and `KEY`. (What they
+/// hold is ciphertext here; the agent checks the certificate when it serves it.)
+fn check_tls_secret(state: &State, loc: &Located, secret: &Name, diags: &mut Vec<Diagnostic>) {
+    match state.get(Kind::Secret, secret.as_str()).map(|l| &l.object.spec) {
+        Some(Spec::Secret(s)) => {
+            let missing: Vec<&str> = ["CERT", "KEY"]
+                .into_iter()
+                .filter(|k| !s.data.contains_key(*k))
+                .collect();
+            if !missing.is_empty() {
+                diags.push(
+                    Diagnostic::error(
+                        Code::TlsSecretIncomplete,
+                        &loc.file,
+                        Some(loc.pos_of("spec.tls.secret")),
+                        format!("secret `{secret}` has no {}", missing.join(" and no ")),
+                    )
+                    .with_hint(
+                        "a certificate's Secret holds CERT (the PEM chain, leaf first) and KEY (its PEM private key)",
+                    ),
+                );
+            }
+        }
+        _ if state.declares(Kind::Secret, secret) => {}
+        _ => diags.push(dangling(
+            loc,
+            "spec.tls.secret",
+            "secret",
+            secret.as_str(),
+            names(state, Kind::Secret),
+        )),
+    }
+}
+
 fn check_references(state: &State, diags: &mut Vec<Diagnostic>) {
     let repo = state.repository();
     for loc in state.iter() {
@@ -291,6 +325,9 @@ fn check_references(state: &State, diags: &mut Vec<Diagnostic>) {
                             }
                         }
                     }
+                }
+                if let Some(tls) = &env.tls {
+                    check_tls_secret(state, loc, &tls.secret, diags);
                 }
                 if !state.declares(Kind::NodePool, &env.pool) {
                     diags.push(dangling(
