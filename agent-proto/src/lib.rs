@@ -224,6 +224,26 @@ pub struct IngressSpec {
     pub generation: u64,
     pub upstreams: Vec<Upstream>,
     pub network: NetworkSpec,
+    /// Served over HTTPS with this certificate (plain HTTP then only redirects). Absent: plain
+    /// HTTP, and an agent that predates it reads the spec as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<IngressTls>,
+}
+
+/// The certificate of a hostname, sealed to the node's own age recipient (the proxy is the only
+/// one that gets the key in the clear).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct IngressTls {
+    /// The Secret it came from: named in errors, never a value.
+    pub secret: String,
+    /// The PEM chain, leaf first.
+    pub cert: String,
+    /// The PEM private key.
+    pub key: String,
+    /// `Strict-Transport-Security` on every HTTPS response.
+    #[serde(default)]
+    pub hsts: bool,
 }
 
 /// A web replica an ingress route sends to: the container (its address on the environment

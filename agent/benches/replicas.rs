@@ -224,7 +224,7 @@ fn switch(
         engine.ensure_application(&g1).await.expect("g1")
     });
     ingress
-        .publish("web", "bench.localhost", 1, &[dial(&g1)])
+        .publish("web", "bench.localhost", 1, &[dial(&g1)], None)
         .expect("publish g1");
     let stop = Arc::new(AtomicBool::new(false));
     let (served, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
@@ -247,7 +247,7 @@ fn switch(
     let started = Instant::now();
     rt.block_on(engine.ensure_application(&g2)).expect("g2 healthy");
     ingress
-        .publish("web", "bench.localhost", 2, &[dial(&g2)])
+        .publish("web", "bench.localhost", 2, &[dial(&g2)], None)
         .expect("publish g2");
     rt.block_on(engine.stop_older(ENV, "web", 0, 2)).expect("g1 stopped");
     let took = started.elapsed();

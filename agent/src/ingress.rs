@@ -26,7 +26,9 @@
 //! `pl-` are ever touched; the last route of ours answers 404 for a hostname nobody publishes.
 
 use crate::caddy_admin::{Admin, AdminError};
+use crate::ingress_tls::{self as tls, Certificate, TLS_SERVER, TlsConfig};
 use crate::outcome::{Failure, permanent, retryable};
+use agent_proto::IngressTls;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -67,6 +69,28 @@ pub struct Ingress {
     /// Who this agent is on the machine, `<control plane>_<node>`: its list of upstreams in
     /// each hostname's folder.
     node: String,
+    /// Where HTTPS is served ([`crate::ingress_tls`]); `None`: a certificate is refused.
+    tls: Option<TlsConfig>,
+}
+
+/// Where a piece of Caddy's configuration of ours goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    /// A route of the plain server.
+    Http,
+    /// A route of the HTTPS server.
+    Https,
+    /// A `load_files` entry of the `tls` app.
+    Cert,
+}
+
+/// What one node has a hostname served with over HTTPS, kept beside its list
+/// (`<upstreams>/<hostname>/tls/<node>`: `<digest> <hsts 0|1>`), so drift repair can rebuild
+/// the routes without the lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Served {
+    digest: String,
+    hsts: bool,
 }
 
 /// What one node's list says: the generation it last published or removed (its fence), the
@@ -206,7 +230,233 @@ impl Ingress {
             upstreams,
             host_suffix: None,
             node: node.to_owned(),
+            tls: None,
         })
+    }
+
+    /// Serves hostnames whose lease brings a certificate over HTTPS ([`crate::ingress_tls`]).
+    pub fn with_tls(mut self, config: TlsConfig) -> Result<Self, String> {
+        if !config.dir.is_absolute() {
+            return Err(format!(
+                "the ingress certificate folder {} must be an absolute path",
+                config.dir.display()
+            ));
+        }
+        self.tls = Some(config);
+        Ok(self)
+    }
+
+    fn hosts(&self, hostname: &str) -> Vec<String> {
+        let mut hosts = vec![hostname.to_owned()];
+        hosts.extend(self.host_suffix.iter().map(|s| format!("{hostname}{s}")));
+        hosts
+    }
+
+    fn served_path(&self, hostname: &str) -> PathBuf {
+        self.folder(hostname).join("tls").join(&self.node)
+    }
+
+    /// What this node serves `hostname` with over HTTPS (`None`: plain HTTP).
+    fn served(&self, hostname: &str) -> Option<Served> {
+        let text = std::fs::read_to_string(self.served_path(hostname)).ok()?;
+        let mut parts = text.split_whitespace();
+        let digest = parts.next().filter(|d| d.bytes().all(|b| b.is_ascii_hexdigit()))?;
+        Some(Served {
+            digest: digest.to_owned(),
+            hsts: parts.next() == Some("1"),
+        })
+    }
+
+    fn set_served(&self, hostname: &str, served: Option<&Served>) -> Result<(), Failure> {
+        match served {
+            Some(s) => {
+                open_folder(&self.folder(hostname), &self.folder(hostname).join("tls"))?;
+                replace(
+                    &self.served_path(hostname),
+                    &format!("{} {}\n", s.digest, u8::from(s.hsts)),
+                )
+            }
+            None => match std::fs::remove_file(self.served_path(hostname)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(disk(e)),
+                _ => Ok(()),
+            },
+        }
+    }
+
+    /// This node's certificate files for `hostname`: `<tls dir>/<hostname>/<node>/`.
+    fn cert_folder(&self, tls: &TlsConfig, hostname: &str) -> PathBuf {
+        tls.dir.join(hostname).join(&self.node)
+    }
+
+    /// Caddy's configuration of ours for `hostname` with `slots` upstream slots: the plain
+    /// route alone, or (served over HTTPS) the certificate entry, the HTTPS route and the
+    /// plain route's redirect, in the order they are put in place.
+    fn pieces(&self, hostname: &str, slots: usize, served: Option<&Served>) -> Vec<(Place, String, Value)> {
+        let id = route_id(self.plane(), hostname);
+        match (served, &self.tls) {
+            (Some(s), Some(t)) => {
+                let folder = self.cert_folder(t, hostname);
+                let cert_id = tls::cert_entry_id(&self.node, hostname);
+                let https_id = tls::https_route_id(self.plane(), hostname);
+                let mut route = self.route(hostname, slots);
+                route["@id"] = json!(https_id);
+                if let (true, Some(handle)) = (s.hsts, route["handle"].as_array_mut()) {
+                    handle.insert(
+                        0,
+                        json!({"handler": "headers", "response": {"set": {"Strict-Transport-Security": [tls::HSTS]}}}),
+                    );
+                }
+                vec![
+                    (
+                        Place::Cert,
+                        cert_id.clone(),
+                        tls::cert_entry(
+                            &cert_id,
+                            &folder.join(format!("{}.crt", s.digest)),
+                            &folder.join(format!("{}.key", s.digest)),
+                        ),
+                    ),
+                    (Place::Https, https_id, route),
+                    (
+                        Place::Http,
+                        id.clone(),
+                        tls::redirect_route(&id, &self.hosts(hostname), &t.redirect_port()),
+                    ),
+                ]
+            }
+            _ => vec![(Place::Http, id, self.route(hostname, slots))],
+        }
+    }
+
+    /// The `@id`s of ours for `hostname` that `pieces` does not hold: an HTTPS route and this
+    /// node's certificate entry once a hostname is plain HTTP again.
+    fn stale(&self, hostname: &str, pieces: &[(Place, String, Value)]) -> Vec<String> {
+        [
+            tls::https_route_id(self.plane(), hostname),
+            tls::cert_entry_id(&self.node, hostname),
+        ]
+        .into_iter()
+        .filter(|id| pieces.iter().all(|(_, p, _)| p != id))
+        .collect()
+    }
+
+    /// Puts each piece in place (added when missing, replaced when it differs), then deletes
+    /// `stale` ids; what was done: `"published"`, `"replaced"`, or `"adopted"` (all in place).
+    fn apply(&self, pieces: &[(Place, String, Value)], stale: &[String]) -> Result<&'static str, Failure> {
+        let mut note = "adopted";
+        for (place, id, wanted) in pieces {
+            match self.get(&format!("/id/{id}"))? {
+                Some(r) if &r == wanted => {}
+                Some(_) => {
+                    self.send("PATCH", &format!("/id/{id}"), Some(wanted))?;
+                    note = "replaced";
+                }
+                None => {
+                    match place {
+                        Place::Http => self.send(
+                            "PUT",
+                            &format!("/config/apps/http/servers/{SERVER}/routes/0"),
+                            Some(wanted),
+                        )?,
+                        Place::Https => {
+                            self.ensure_tls_server()?;
+                            self.send(
+                                "PUT",
+                                &format!("/config/apps/http/servers/{TLS_SERVER}/routes/0"),
+                                Some(wanted),
+                            )?
+                        }
+                        Place::Cert => self.add_cert_entry(wanted)?,
+                    }
+                    if note == "adopted" {
+                        note = "published";
+                    }
+                }
+            }
+        }
+        for id in stale {
+            if self.get(&format!("/id/{id}"))?.is_some() {
+                self.send("DELETE", &format!("/id/{id}"), None)?;
+                note = "replaced";
+            }
+        }
+        Ok(note)
+    }
+
+    /// Appends a certificate entry to the `tls` app's `load_files`, making the path to it
+    /// where it is missing (never replacing what another agent has there).
+    fn add_cert_entry(&self, entry: &Value) -> Result<(), Failure> {
+        let base = "/config/apps/tls/certificates/load_files";
+        if self.get(base)?.is_some() {
+            self.send("POST", base, Some(entry))
+        } else if self.get("/config/apps/tls/certificates")?.is_some() {
+            self.send("PUT", base, Some(&json!([entry])))
+        } else if self.get("/config/apps/tls")?.is_some() {
+            self.send(
+                "PUT",
+                "/config/apps/tls/certificates",
+                Some(&json!({"load_files": [entry]})),
+            )
+        } else {
+            self.send(
+                "PUT",
+                "/config/apps/tls",
+                Some(&json!({"certificates": {"load_files": [entry]}})),
+            )
+        }
+    }
+
+    /// The HTTPS server of ours, created (with its catch-all) when Caddy has none.
+    fn ensure_tls_server(&self) -> Result<(), Failure> {
+        let path = format!("/config/apps/http/servers/{TLS_SERVER}");
+        if self.get(&path)?.is_some() {
+            return Ok(());
+        }
+        let Some(t) = &self.tls else {
+            return Err(permanent("tls-not-configured", "this agent serves no HTTPS"));
+        };
+        let _held = exclusive(&self.upstreams.join("server.lock"))?;
+        if self.get(&path)?.is_some() {
+            return Ok(());
+        }
+        self.send("PUT", &path, Some(&tls::tls_server(&t.listen)))
+    }
+
+    /// Opens and writes the certificate a lease brings for `hostname` (checked first; nothing
+    /// changes when it is unusable).
+    fn certificate(&self, hostname: &str, sealed: &IngressTls) -> Result<Served, Failure> {
+        let Some(t) = &self.tls else {
+            return Err(permanent(
+                "tls-not-configured",
+                format!("{hostname} is to be served over HTTPS, and this agent has no ingress_tls_listen"),
+            ));
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+        let cert = Certificate::open(sealed, &t.identity, hostname, now)?;
+        let owner = self.admin.socket().parent().and_then(tls::caddy_owner);
+        cert.write(&self.cert_folder(t, hostname), owner)?;
+        Ok(Served {
+            digest: cert.digest.clone(),
+            hsts: cert.hsts,
+        })
+    }
+
+    /// Removes this node's certificate files of `hostname` other than `keep`'s.
+    fn prune_certificates(&self, hostname: &str, keep: Option<&Served>) {
+        let Some(t) = &self.tls else { return };
+        let folder = self.cert_folder(t, hostname);
+        let Ok(dir) = std::fs::read_dir(&folder) else { return };
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if keep.is_none_or(|s| !name.starts_with(&format!("{}.", s.digest))) {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+        if keep.is_none() {
+            let _ = std::fs::remove_dir(&folder);
+        }
     }
 
     /// Routes also match each hostname with `suffix` appended (`.localhost` for `pl up`).
@@ -362,21 +612,29 @@ impl Ingress {
             }
             let environment = self.own(&hostname).environment;
             let id = route_id(self.plane(), &hostname);
-            let wanted = self.route(&hostname, slots);
-            let fixed = match self.get(&format!("/id/{id}")) {
-                Ok(Some(r)) if r == wanted => continue,
-                Ok(Some(_)) => self.send("PATCH", &format!("/id/{id}"), Some(&wanted)),
-                Ok(None) => self.ensure_server().and_then(|()| {
-                    self.send(
-                        "PUT",
-                        &format!("/config/apps/http/servers/{SERVER}/routes/0"),
-                        Some(&wanted),
-                    )
-                }),
-                Err(_) => return out,
+            let pieces = self.pieces(&hostname, slots, self.served(&hostname).as_ref());
+            let stale = self.stale(&hostname, &pieces);
+            let in_place = |(_, id, wanted): &(Place, String, Value)| {
+                self.get(&format!("/id/{id}")).map(|r| r.as_ref() == Some(wanted))
             };
-            match fixed {
-                Ok(()) => out.push((environment, format!("ingress route {id} put back"))),
+            let mut all_in_place = true;
+            for p in &pieces {
+                match in_place(p) {
+                    Ok(fine) => all_in_place &= fine,
+                    Err(_) => return out,
+                }
+            }
+            for s in &stale {
+                match self.get(&format!("/id/{s}")) {
+                    Ok(found) => all_in_place &= found.is_none(),
+                    Err(_) => return out,
+                }
+            }
+            if all_in_place {
+                continue;
+            }
+            match self.ensure_server().and_then(|()| self.apply(&pieces, &stale)) {
+                Ok(_) => out.push((environment, format!("ingress route {id} put back"))),
                 Err(f) => tracing::warn!(hostname = %hostname, code = f.code, "cannot repair the ingress route"),
             }
         }
@@ -406,9 +664,12 @@ impl Ingress {
     fn get(&self, path: &str) -> Result<Option<Value>, Failure> {
         let r = once_more(|| self.admin.call("GET", path, None)).map_err(|e| caddy("caddy-unavailable", e))?;
         match r.status {
-            200 => Ok(Some(serde_json::from_slice(&r.body).map_err(|e| {
-                retryable("caddy-unavailable", format!("caddy admin: GET {path}: {e}"))
-            })?)),
+            // A key that is not there reads as `null`: absent too.
+            200 => Ok(Some(
+                serde_json::from_slice::<Value>(&r.body)
+                    .map_err(|e| retryable("caddy-unavailable", format!("caddy admin: GET {path}: {e}")))?,
+            )
+            .filter(|v| !v.is_null())),
             // Caddy answers 400 for a path into the configuration that does not exist (an
             // unknown key or `@id`), 404 for some: both mean absent.
             400 | 404 => Ok(None),
@@ -474,7 +735,9 @@ impl Ingress {
     /// The number of upstream slots the hostname's route has now (0: no route of ours).
     fn slots(&self, route: Option<&Value>) -> usize {
         route
-            .and_then(|r| r.pointer("/handle/0/upstreams"))
+            .and_then(|r| r.get("handle"))
+            .and_then(Value::as_array)
+            .and_then(|h| h.iter().find_map(|x| x.get("upstreams")))
             .and_then(Value::as_array)
             .map_or(0, Vec::len)
     }
@@ -490,6 +753,7 @@ impl Ingress {
         hostname: &str,
         generation: u64,
         dials: &[String],
+        sealed: Option<&IngressTls>,
     ) -> Result<String, Failure> {
         let hostname = checked(hostname)?;
         if dials.is_empty() {
@@ -505,6 +769,8 @@ impl Ingress {
                 format!("generation {fenced} of {hostname} is published or removed already; {generation} is older"),
             ));
         }
+        // The certificate first: one that cannot be used changes nothing.
+        let served = sealed.map(|s| self.certificate(hostname, s)).transpose()?;
         self.ensure_server()?;
         let held = self.lock(hostname)?;
         if let (_, Some(other)) = self.union(hostname)? {
@@ -525,31 +791,19 @@ impl Ingress {
         )?;
         let (all, _) = self.union(hostname)?;
         let id = route_id(self.plane(), hostname);
-        let current = self.get(&format!("/id/{id}"))?;
-        let had_slots = self.slots(current.as_ref());
+        // The slots are the proxy route's: the plain route's, or the HTTPS route's.
+        let https_id = tls::https_route_id(self.plane(), hostname);
+        let had_slots = self
+            .slots(self.get(&format!("/id/{id}"))?.as_ref())
+            .max(self.slots(self.get(&format!("/id/{https_id}"))?.as_ref()));
         let slots = had_slots.max(all.len()).max(SLOTS);
         let changed = self.write_slots(hostname, &all, slots)?;
-        let wanted = self.route(hostname, slots);
-        let note = match current {
-            Some(r) if r == wanted => {
-                if changed {
-                    "switched"
-                } else {
-                    "adopted"
-                }
-            }
-            Some(_) => {
-                self.send("PATCH", &format!("/id/{id}"), Some(&wanted))?;
-                "replaced"
-            }
-            None => {
-                self.send(
-                    "PUT",
-                    &format!("/config/apps/http/servers/{SERVER}/routes/0"),
-                    Some(&wanted),
-                )?;
-                "published"
-            }
+        self.set_served(hostname, served.as_ref())?;
+        let pieces = self.pieces(hostname, slots, served.as_ref());
+        let stale = self.stale(hostname, &pieces);
+        let note = match self.apply(&pieces, &stale)? {
+            "adopted" if changed => "switched",
+            n => n,
         };
         let files_back = (0..slots)
             .all(|k| std::fs::read_to_string(self.slot(hostname, k)).ok().as_deref() == Some(&all[k % all.len()]));
@@ -557,17 +811,26 @@ impl Ingress {
         if changed && had_slots != 0 {
             std::thread::sleep(DRAIN);
         }
-        match self.get(&format!("/id/{id}"))? {
-            Some(r) if r == wanted && files_back => Ok(format!(
-                "{id} {note}: generation {generation} on {} slot(s) to {}",
-                slots,
-                dials.join(", ")
-            )),
-            _ => Err(permanent(
+        let mut back = files_back;
+        for (_, pid, wanted) in &pieces {
+            back &= self.get(&format!("/id/{pid}"))?.as_ref() == Some(wanted);
+        }
+        for s in &stale {
+            back &= self.get(&format!("/id/{s}"))?.is_none();
+        }
+        if !back {
+            return Err(permanent(
                 "ingress-readback-mismatch",
                 format!("{id} or its upstream files read back otherwise"),
-            )),
+            ));
         }
+        self.prune_certificates(hostname, served.as_ref());
+        Ok(format!(
+            "{id} {note}: generation {generation} on {} slot(s) to {}{}",
+            slots,
+            dials.join(", "),
+            if served.is_some() { ", over HTTPS" } else { "" }
+        ))
     }
 
     /// Takes `hostname` off this node for generation `generation` (it no longer serves the
@@ -601,6 +864,13 @@ impl Ingress {
             drop(held);
             return Ok(format!("{id} left to control plane {other}, which serves it here"));
         }
+        // This node's certificate goes in every case; the routes only with the last node.
+        let cert_id = tls::cert_entry_id(&self.node, hostname);
+        if self.get(&format!("/id/{cert_id}"))?.is_some() {
+            self.send("DELETE", &format!("/id/{cert_id}"), None)?;
+        }
+        self.set_served(hostname, None)?;
+        self.prune_certificates(hostname, None);
         if !others.is_empty() {
             let slots = self.slot_count(hostname).max(others.len());
             let changed = self.write_slots(hostname, &others, slots)?;
@@ -614,11 +884,13 @@ impl Ingress {
             ));
         }
         let mut removed = false;
-        if self.get(&format!("/id/{id}"))?.is_some() {
-            match self.send("DELETE", &format!("/id/{id}"), None) {
-                Ok(()) => removed = true,
-                Err(_) if self.get(&format!("/id/{id}"))?.is_none() => {}
-                Err(f) => return Err(f),
+        for rid in [id.clone(), tls::https_route_id(self.plane(), hostname)] {
+            if self.get(&format!("/id/{rid}"))?.is_some() {
+                match self.send("DELETE", &format!("/id/{rid}"), None) {
+                    Ok(()) => removed = true,
+                    Err(_) if self.get(&format!("/id/{rid}"))?.is_none() => {}
+                    Err(f) => return Err(f),
+                }
             }
         }
         for entry in std::fs::read_dir(self.folder(hostname)).map_err(disk)? {

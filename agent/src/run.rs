@@ -61,6 +61,14 @@ pub struct Config {
     /// able to read them; they hold container addresses, no secret).
     #[serde(default = "default_ingress_upstreams")]
     pub ingress_upstreams: PathBuf,
+    /// Where the HTTPS server of ours listens in Caddy, for hostnames whose environment brings
+    /// a certificate (`[]`: none is served, and such a publish fails with `tls-not-configured`).
+    #[serde(default = "default_ingress_tls_listen")]
+    pub ingress_tls_listen: Vec<String>,
+    /// The certificate files Caddy loads: a folder per hostname and node, keys 0600 (owned by
+    /// Caddy's user, the owner of `caddy_admin`'s folder, when the agent runs as root).
+    #[serde(default = "default_ingress_tls_dir")]
+    pub ingress_tls_dir: PathBuf,
     /// Routes also match each hostname with this appended (`pl up` sets `.localhost`).
     #[serde(default)]
     pub ingress_host_suffix: Option<String>,
@@ -72,6 +80,14 @@ pub struct Config {
 
 fn default_ingress_upstreams() -> PathBuf {
     "/var/lib/pushleft-ingress".into()
+}
+
+fn default_ingress_tls_listen() -> Vec<String> {
+    vec![":443".into()]
+}
+
+fn default_ingress_tls_dir() -> PathBuf {
+    "/var/lib/pushleft-ingress-tls".into()
 }
 
 fn default_caddy() -> String {
@@ -120,6 +136,7 @@ impl Config {
             &mut c.secrets_dir,
             &mut c.state_dir,
             &mut c.ingress_upstreams,
+            &mut c.ingress_tls_dir,
         ] {
             if p.is_relative() {
                 *p = base.join(&*p);
@@ -332,8 +349,9 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> 
                 }
             }
             let (env, host, generation) = (spec.environment.clone(), spec.hostname.clone(), spec.generation);
+            let sealed = spec.tls.clone();
             off_thread(&x.ingress, move |ingress| {
-                ingress.publish(&env, &host, generation, &dials)
+                ingress.publish(&env, &host, generation, &dials, sealed.as_ref())
             })
             .await
         }
@@ -394,9 +412,20 @@ pub async fn run(config: Config) -> Result<()> {
                 &format!("{control_plane}_{node}"),
             )
             .map_err(anyhow::Error::msg)?;
-            match &config.ingress_host_suffix {
+            let ingress = match &config.ingress_host_suffix {
                 Some(suffix) => ingress.with_host_suffix(suffix).map_err(anyhow::Error::msg)?,
                 None => ingress,
+            };
+            if config.ingress_tls_listen.is_empty() {
+                ingress
+            } else {
+                ingress
+                    .with_tls(crate::ingress_tls::TlsConfig {
+                        listen: config.ingress_tls_listen.clone(),
+                        dir: config.ingress_tls_dir.clone(),
+                        identity: config.dir.join(crate::enroll::AGE),
+                    })
+                    .map_err(anyhow::Error::msg)?
             }
         }),
         changed: tokio::sync::Notify::new(),

@@ -2,8 +2,9 @@
 //! network's subnet, the container to run (image by digest, command, variables, limits,
 //! health, port) and the ingress upstreams, all from the job's own generation; and the
 //! project's secrets sealed to the node's own age key (made at enrolment), readable with that
-//! key by the real `age` CLI and by nothing else. The plaintext is nowhere in the ledger. A
-//! secret the control host cannot open fails its job for good, with its code.
+//! key by the real `age` CLI and by nothing else; likewise the certificate and key an
+//! environment's `tls.secret` names, in its ingress job. The plaintext is nowhere in the
+//! ledger. A secret the control host cannot open fails its job for good, with its code.
 
 #[path = "../../reconciler/tests/support/daemon.rs"]
 mod daemon_support;
@@ -62,7 +63,33 @@ fn a_lease_carries_everything_the_job_needs_with_secrets_sealed_to_the_node() {
     );
     repo.write("secrets/db.yaml", &secret("db", &control, &control, PLAINTEXT));
     repo.write("projects/api.yaml", &project("api", "db"));
-    repo.write("envs/api-production.yaml", &environment("api-production", "api"));
+    // HTTPS with a certificate the user brings: CERT and KEY, sealed to the control host.
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = rcgen::CertificateParams::new(vec!["api.example.com".to_owned()])
+        .expect("params")
+        .self_signed(&key)
+        .expect("cert");
+    let (cert_pem, key_pem) = (cert.pem(), key.serialize_pem());
+    let key_line = key_pem.lines().nth(1).expect("a line of the key").to_owned();
+    let armored = |v: &str| -> String {
+        support::age_encrypt(v, &control)
+            .lines()
+            .map(|l| format!("      {l}\n"))
+            .collect()
+    };
+    repo.write(
+        "secrets/api-cert.yaml",
+        &format!(
+            "apiVersion: pushleft.dev/v1alpha1\nkind: Secret\nmetadata: {{name: api-cert}}\nspec:\n  recipients: [{control}]\n  data:\n    CERT: |\n{}    KEY: |\n{}",
+            armored(&cert_pem),
+            armored(&key_pem)
+        ),
+    );
+    repo.write(
+        "envs/api-production.yaml",
+        &environment("api-production", "api")
+            .replace("pool: main}", "pool: main, tls: {secret: api-cert, hsts: true}}"),
+    );
     // A secret that names the control host but was sealed to someone else: it passes
     // validation (which cannot open it), and the control host cannot deliver it.
     repo.write("secrets/lost.yaml", &secret("lost", &control, &stranger, "unreachable"));
@@ -193,6 +220,22 @@ fn a_lease_carries_everything_the_job_needs_with_secrets_sealed_to_the_node() {
     };
     assert_eq!(ingress.hostname, "api.example.com");
     assert_eq!(ingress.generation, 2);
+    let tls = ingress.tls.as_ref().expect("the certificate comes with the route");
+    assert_eq!((tls.secret.as_str(), tls.hsts), ("api-cert", true));
+    let node_key = node_dir.join("age.key");
+    assert_eq!(
+        support::age_decrypt(&tls.cert, &node_key).as_deref(),
+        Some(cert_pem.as_str())
+    );
+    assert_eq!(
+        support::age_decrypt(&tls.key, &node_key).as_deref(),
+        Some(key_pem.as_str())
+    );
+    assert_eq!(
+        support::age_decrypt(&tls.key, &control_key),
+        None,
+        "sealed to the node alone"
+    );
     assert_eq!(ingress.upstreams.len(), 1);
     assert_eq!(
         (ingress.upstreams[0].container.clone(), ingress.upstreams[0].port),
@@ -216,14 +259,22 @@ fn a_lease_carries_everything_the_job_needs_with_secrets_sealed_to_the_node() {
             ),
         );
         assert_eq!(text, ["0"], "{table}");
+        let key_text = sql(
+            &url,
+            &format!(
+                "SELECT CAST(COUNT(*) AS TEXT) FROM {table} WHERE CAST({} AS TEXT) LIKE '%{key_line}%'",
+                column(table)
+            ),
+        );
+        assert_eq!(key_text, ["0"], "{table}: the certificate's key");
     }
     assert_eq!(
         sql(&url, "SELECT CAST(COUNT(*) AS TEXT) FROM sealed_secrets"),
-        ["1"],
-        "one sealed copy"
+        ["3"],
+        "one sealed copy each: the secret, the certificate and its key"
     );
     let log = std::fs::read_to_string(&d.log).unwrap_or_default();
-    assert!(!log.contains("hunter2"), "the daemon's log");
+    assert!(!log.contains("hunter2") && !log.contains(&key_line), "the daemon's log");
     d.kill9();
 }
 

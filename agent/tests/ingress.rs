@@ -241,20 +241,26 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
 
     // Another hostname first; ours answers 404 until it is published.
     ingress
-        .publish("web", "other.localhost", 1, &dials[2..3])
+        .publish("web", "other.localhost", 1, &dials[2..3], None)
         .expect("other");
     wait_port(http);
     assert_eq!(get(http, "other.localhost"), Ok((200, "another app".into())));
     assert_eq!(get(http, "app.localhost").map(|r| r.0), Ok(404));
-    let note = ingress.publish("web", "app.localhost", 1, &dials[0..1]).expect("g1");
+    let note = ingress
+        .publish("web", "app.localhost", 1, &dials[0..1], None)
+        .expect("g1");
     assert!(note.contains("published"), "{note}");
     assert_eq!(get(http, "app.localhost"), Ok((200, "generation one".into())));
-    let note = ingress.publish("web", "app.localhost", 1, &dials[0..1]).expect("again");
+    let note = ingress
+        .publish("web", "app.localhost", 1, &dials[0..1], None)
+        .expect("again");
     assert!(note.contains("adopted"), "{note}");
 
     // The switch, under load: it must fail no request.
     let (failures, served) = under_load(http, "app.localhost", || {
-        let note = ingress.publish("web", "app.localhost", 2, &dials[1..2]).expect("g2");
+        let note = ingress
+            .publish("web", "app.localhost", 2, &dials[1..2], None)
+            .expect("g2");
         assert!(note.contains("switched"), "a switch reloads nothing: {note}");
         std::thread::sleep(Duration::from_millis(300));
         let note = ingress.remove("web", "app.localhost", 1).expect("older remove");
@@ -272,21 +278,21 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
 
     // A stale publish (a retry of generation 1) cannot bring the old upstream back.
     let stale = ingress
-        .publish("web", "app.localhost", 1, &dials[0..1])
+        .publish("web", "app.localhost", 1, &dials[0..1], None)
         .expect_err("stale");
     assert_eq!(stale.code, "stale-generation");
     assert_eq!(get(http, "app.localhost"), Ok((200, "generation two".into())));
 
     // Replicas: two slots, then back to one (the spare slot repeats the live replica).
     ingress
-        .publish("web", "app.localhost", 2, &dials[0..2])
+        .publish("web", "app.localhost", 2, &dials[0..2], None)
         .expect("two replicas");
     let bodies: std::collections::BTreeSet<String> = (0..40)
         .filter_map(|_| get(http, "app.localhost").ok().map(|r| r.1))
         .collect();
     assert_eq!(bodies.len(), 2, "both replicas answer: {bodies:?}");
     let note = ingress
-        .publish("web", "app.localhost", 2, &dials[1..2])
+        .publish("web", "app.localhost", 2, &dials[1..2], None)
         .expect("one replica");
     assert!(note.contains("switched") && note.contains("12 slot"), "{note}");
     for _ in 0..20 {
@@ -297,7 +303,7 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
     // times (each a new configuration in Caddy) and while A switches generation.
     let stream = streaming_upstream(60);
     ingress
-        .publish("a", "a.localhost", 1, std::slice::from_ref(&stream))
+        .publish("a", "a.localhost", 1, std::slice::from_ref(&stream), None)
         .expect("a");
     let (ticks, reader) = open_stream(http, "a.localhost");
     std::thread::sleep(Duration::from_millis(300));
@@ -306,7 +312,7 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
         if i % 2 == 0 {
             assert!(
                 ingress
-                    .publish("b", &host, 1, &dials[2..3])
+                    .publish("b", &host, 1, &dials[2..3], None)
                     .expect("b")
                     .contains("published")
             );
@@ -317,7 +323,7 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
         }
     }
     ingress
-        .publish("web", "a.localhost", 2, &dials[0..1])
+        .publish("web", "a.localhost", 2, &dials[0..1], None)
         .expect("a switches");
     assert_eq!(get(http, "a.localhost"), Ok((200, "generation one".into())));
     reader.join().expect("reader");
@@ -382,11 +388,13 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
     )
     .expect("n2");
     ingress
-        .publish("m", "moving.localhost", 1, &dials[0..1])
+        .publish("m", "moving.localhost", 1, &dials[0..1], None)
         .expect("on n1");
     assert_eq!(get(http, "moving.localhost"), Ok((200, "generation one".into())));
     let (failures, served) = under_load(http, "moving.localhost", || {
-        let note = n2.publish("m", "moving.localhost", 2, &dials[1..2]).expect("on n2");
+        let note = n2
+            .publish("m", "moving.localhost", 2, &dials[1..2], None)
+            .expect("on n2");
         assert!(note.contains("switched"), "the second node reloads nothing: {note}");
         let bodies: std::collections::BTreeSet<String> = (0..40)
             .filter_map(|_| get(http, "moving.localhost").ok().map(|r| r.1))
@@ -409,7 +417,7 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
     assert_eq!(get(http, "other.localhost"), Ok((200, "another app".into())));
     assert_eq!(
         ingress
-            .publish("web", "bad host", 4, &dials[0..1])
+            .publish("web", "bad host", 4, &dials[0..1], None)
             .expect_err("bad")
             .code,
         "hostname-invalid"
@@ -425,10 +433,10 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
     )
     .expect("another control plane");
     ingress
-        .publish("web", "shared.localhost", 1, &dials[0..1])
+        .publish("web", "shared.localhost", 1, &dials[0..1], None)
         .expect("ours");
     let taken = theirs
-        .publish("web", "shared.localhost", 5, &dials[2..3])
+        .publish("web", "shared.localhost", 5, &dials[2..3], None)
         .expect_err("a hostname of another control plane");
     assert_eq!(taken.code, "hostname-taken", "{}", taken.detail);
     assert!(taken.detail.contains("0123abcd"), "{}", taken.detail);
@@ -449,7 +457,7 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
     // A hostname spelled like a built-in route (the review's `fallback-404` replaced the
     // catch-all, and unknown hostnames got an empty 200): its route has an id of its own.
     ingress
-        .publish("web", "fallback-404", 1, &dials[2..3])
+        .publish("web", "fallback-404", 1, &dials[2..3], None)
         .expect("a hostname like the fallback's id");
     assert_eq!(get(http, "fallback-404"), Ok((200, "another app".into())));
     assert_eq!(
@@ -480,10 +488,235 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
     std::fs::set_permissions(folder, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     assert_eq!(
         ingress
-            .publish("web", "app.localhost", 9, &dials[0..1])
+            .publish("web", "app.localhost", 9, &dials[0..1], None)
             .expect_err("exposed")
             .code,
         "caddy-admin-exposed"
     );
     std::fs::set_permissions(folder, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+}
+
+/// A CA and a certificate it signs for `names`: (CA PEM, leaf chain PEM, key PEM).
+fn certificate(names: &[&str]) -> (String, String, String) {
+    let ca_key = rcgen::KeyPair::generate().expect("ca key");
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).expect("ca params");
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key).expect("ca");
+    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let key = rcgen::KeyPair::generate().expect("key");
+    let leaf = rcgen::CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
+        .expect("params")
+        .signed_by(&key, &issuer)
+        .expect("leaf");
+    (ca_cert.pem(), leaf.pem(), key.serialize_pem())
+}
+
+/// One HTTPS request to `host` at 127.0.0.1:`port` (SNI `host`), trusting `ca` alone: the
+/// status, the response head and the leaf certificate the server showed.
+fn get_tls(port: u16, host: &str, ca: &str) -> Result<(u16, String, Vec<u8>), String> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls::pki_types::CertificateDer::pem_slice_iter(ca.as_bytes()) {
+        roots.add(c.map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from(host.to_owned()).map_err(|e| e.to_string())?;
+    let conn = rustls::ClientConnection::new(Arc::new(config), name).map_err(|e| e.to_string())?;
+    let tcp = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    tcp.set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(|e| e.to_string())?;
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    tls.write_all(format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes())
+        .map_err(|e| e.to_string())?;
+    let mut text = Vec::new();
+    let _ = (&mut tls).take(1 << 20).read_to_end(&mut text);
+    let leaf = tls
+        .conn
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| c.to_vec())
+        .unwrap_or_default();
+    let text = String::from_utf8_lossy(&text).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("no status in {text:?}"))?;
+    Ok((status, text, leaf))
+}
+
+/// The head of a plain HTTP answer for `host` (a redirect's `Location` is in it).
+fn head_plain(port: u16, host: &str) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    s.write_all(format!("GET /path?q=1 HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes())
+        .expect("request");
+    let mut text = String::new();
+    let _ = s.take(1 << 16).read_to_string(&mut text);
+    text
+}
+
+fn der_of(pem: &str) -> Vec<u8> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::CertificateDer::from_pem_slice(pem.as_bytes())
+        .expect("pem")
+        .to_vec()
+}
+
+/// HTTPS with certificates people bring: a published hostname with a sealed certificate is
+/// served over HTTPS with it (checked by a client that trusts only its CA), plain HTTP answers
+/// a permanent redirect, HSTS only when asked; the key is in a 0600 file and nowhere in Caddy's
+/// configuration; a new certificate replaces the old one (its files go); an unusable one (another
+/// name, a key of another certificate) changes nothing; a route deleted by hand comes back;
+/// back to plain HTTP, then a removal, leave nothing of it.
+#[test]
+fn brought_certificates_serve_https_and_redirect_plain_http() {
+    use pushleft_agent::ingress_tls::TlsConfig;
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (http, https) = (free_port(), free_port());
+    let (socket, admin, caddy) = caddy(dir.path());
+    let www = dir.path().join("www");
+    std::fs::create_dir_all(&www).expect("www");
+    std::fs::write(www.join("index.html"), "generation one\n").expect("index");
+    let port = free_port();
+    let httpd = Command::new("busybox")
+        .args(["httpd", "-f", "-p", &format!("127.0.0.1:{port}"), "-h"])
+        .arg(&www)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("httpd");
+    let _kill = Kill(vec![caddy, httpd]);
+    wait_port(port);
+    let dial = vec![format!("127.0.0.1:{port}")];
+    let identity = dir.path().join("age.key");
+    let recipient = support::age_keygen(&identity);
+    let certs = dir.path().join("tls");
+    let ingress = Ingress::new(
+        &admin,
+        vec![format!("127.0.0.1:{http}")],
+        dir.path().join("upstreams"),
+        "0123abcd_n1",
+    )
+    .expect("ingress")
+    .with_tls(TlsConfig {
+        listen: vec![format!("127.0.0.1:{https}")],
+        dir: certs.clone(),
+        identity: identity.clone(),
+    })
+    .expect("tls");
+    let seal = |pem: &str| pushleft_secrets::encrypt(pem.as_bytes(), std::slice::from_ref(&recipient)).expect("seal");
+    let sealed = |chain: &str, key: &str, hsts: bool| agent_proto::IngressTls {
+        secret: "shop-cert".into(),
+        cert: seal(chain),
+        key: seal(key),
+        hsts,
+    };
+    let host = "secure.shop.test";
+
+    // Served over HTTPS with the brought certificate; plain HTTP redirects; no HSTS.
+    let (ca1, chain1, key1) = certificate(&["*.shop.test"]);
+    let note = ingress
+        .publish("shop", host, 1, &dial, Some(&sealed(&chain1, &key1, false)))
+        .expect("publish over https");
+    assert!(note.contains("over HTTPS"), "{note}");
+    wait_port(https);
+    let (status, text, leaf) = get_tls(https, host, &ca1).expect("https");
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("generation one"), "{text}");
+    assert_eq!(leaf, der_of(&chain1), "the brought certificate is the one shown");
+    assert!(
+        !text.to_ascii_lowercase().contains("strict-transport-security"),
+        "{text}"
+    );
+    let plain = head_plain(http, host);
+    assert!(plain.starts_with("HTTP/1.1 308"), "{plain}");
+    assert!(
+        plain.contains(&format!("Location: https://{host}:{https}/path?q=1")),
+        "{plain}"
+    );
+    // The key: a 0600 file, in no configuration Caddy keeps or answers.
+    let config = support::caddy_admin(&socket, "GET", "/config/").expect("config").1;
+    let key_body: String = key1.lines().nth(1).expect("key line").to_owned();
+    assert!(
+        !config.contains("PRIVATE KEY") && !config.contains(&key_body),
+        "{config}"
+    );
+    let key_files: Vec<_> = std::fs::read_dir(certs.join(host).join("0123abcd_n1"))
+        .expect("cert folder")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "key"))
+        .collect();
+    assert_eq!(key_files.len(), 1, "{key_files:?}");
+    let mode = std::fs::metadata(&key_files[0]).expect("key").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+
+    // Unusable certificates are refused before anything changes.
+    let (_, other_chain, other_key) = certificate(&["other.example"]);
+    let f = ingress
+        .publish("shop", host, 2, &dial, Some(&sealed(&other_chain, &other_key, false)))
+        .expect_err("another name");
+    assert_eq!(f.code, "tls-certificate-invalid");
+    assert!(f.detail.contains("does not name secure.shop.test"), "{}", f.detail);
+    let f = ingress
+        .publish("shop", host, 2, &dial, Some(&sealed(&chain1, &other_key, false)))
+        .expect_err("a key of another certificate");
+    assert_eq!(f.code, "tls-certificate-invalid");
+    assert!(!f.detail.contains("PRIVATE"), "{}", f.detail);
+    assert_eq!(get_tls(https, host, &ca1).expect("still").2, der_of(&chain1));
+
+    // A new certificate with HSTS: shown at once; the old files go.
+    let (ca2, chain2, key2) = certificate(&[host]);
+    ingress
+        .publish("shop", host, 2, &dial, Some(&sealed(&chain2, &key2, true)))
+        .expect("renewed");
+    let (status, text, leaf) = get_tls(https, host, &ca2).expect("https after the change");
+    assert_eq!((status, leaf == der_of(&chain2)), (200, true), "{text}");
+    assert!(text.contains("Strict-Transport-Security: max-age=31536000"), "{text}");
+    let files = std::fs::read_dir(certs.join(host).join("0123abcd_n1"))
+        .expect("folder")
+        .count();
+    assert_eq!(files, 2, "one certificate and one key are kept");
+
+    // Drift: the HTTPS route deleted by hand is put back.
+    let id = pushleft_agent::ingress_tls::https_route_id("0123abcd", host);
+    assert_eq!(
+        support::caddy_admin(&socket, "DELETE", &format!("/id/{id}"))
+            .expect("delete")
+            .0,
+        200
+    );
+    assert_eq!(get_tls(https, host, &ca2).expect("404 now").0, 404);
+    let repaired = ingress.repair();
+    assert_eq!(repaired.len(), 1, "{repaired:?}");
+    assert_eq!(get_tls(https, host, &ca2).expect("back").0, 200);
+
+    // Plain HTTP again: served there, the HTTPS route, the certificate and its files gone.
+    ingress.publish("shop", host, 3, &dial, None).expect("plain");
+    assert_eq!(get(http, host).expect("plain").0, 200);
+    assert!(get_tls(https, host, &ca2).is_err() || get_tls(https, host, &ca2).expect("tls").0 == 404);
+    let config = support::caddy_admin(&socket, "GET", "/config/").expect("config").1;
+    assert!(
+        !config.contains("pl-cert.") && !config.contains("pl-https."),
+        "{config}"
+    );
+    assert!(!certs.join(host).join("0123abcd_n1").exists());
+
+    // HTTPS once more, then the removal takes all of it.
+    ingress
+        .publish("shop", host, 4, &dial, Some(&sealed(&chain2, &key2, false)))
+        .expect("https again");
+    ingress.remove("shop", host, 5).expect("remove");
+    let config = support::caddy_admin(&socket, "GET", "/config/").expect("config").1;
+    assert!(
+        !config.contains("pl-cert.") && !config.contains("pl-https.") && !config.contains("pl-host."),
+        "{config}"
+    );
+    assert!(!certs.join(host).join("0123abcd_n1").exists());
 }

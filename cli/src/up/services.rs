@@ -187,7 +187,7 @@ impl Local {
             }
         }
         let config = format!(
-            "control = \"https://localhost:{}\"\ndir = \"node\"\ndocker_socket = {:?}\nsecrets_dir = \"secrets\"\nstate_dir = \"state\"\nheartbeat_seconds = 1\nparallel_environments = 16\ncaddy_admin = {:?}\ningress_listen = [\"127.0.0.1:{}\"]\ningress_upstreams = {:?}\ningress_host_suffix = \".localhost\"\n",
+            "control = \"https://localhost:{}\"\ndir = \"node\"\ndocker_socket = {:?}\nsecrets_dir = \"secrets\"\nstate_dir = \"state\"\nheartbeat_seconds = 1\nparallel_environments = 16\ncaddy_admin = {:?}\ningress_listen = [\"127.0.0.1:{}\"]\ningress_upstreams = {:?}\ningress_host_suffix = \".localhost\"\n# `pl up` serves plain HTTP: no HTTPS listener of its own yet.\ningress_tls_listen = []\n",
             ports.agent,
             docker.display().to_string(),
             self.caddy_admin()?,

@@ -8,10 +8,11 @@ use crate::store::rows::subnet;
 use crate::store::{Lease, Ledger, LedgerError};
 use age::Identity;
 use agent_proto::{
-    ApplicationSpec, Execution, HealthSpec, IngressSpec, NetworkSpec, SealedSecret, Upstream, container_name,
+    ApplicationSpec, Execution, HealthSpec, IngressSpec, IngressTls, NetworkSpec, SealedSecret, Upstream,
+    container_name,
 };
 use sha2::{Digest, Sha256};
-use state_schema::deployment::DeploymentSpec;
+use state_schema::deployment::{DeploymentSpec, TlsSpec};
 use state_schema::task::Task;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -191,6 +192,16 @@ impl Ledger {
                     hostname, generation, ..
                 } => match (spec_of(*generation), network()) {
                     (Ok(spec), Ok(network)) => {
+                        let tls = match &spec.tls {
+                            None => None,
+                            Some(t) => match self.sealed_tls(node, recipient.as_deref(), t, control, now_ms).await? {
+                                Ok(t) => Some(t),
+                                Err(e) => {
+                                    out.push(Err(e));
+                                    continue;
+                                }
+                            },
+                        };
                         let upstreams = spec
                             .instances
                             .iter()
@@ -209,6 +220,7 @@ impl Ledger {
                             generation: *generation,
                             upstreams,
                             network,
+                            tls,
                         }))
                     }
                     (Err(e), _) | (_, Err(e)) => Err(e),
@@ -247,6 +259,34 @@ impl Ledger {
             out.push(built);
         }
         Ok(out)
+    }
+
+    /// A hostname's certificate and key, sealed to the node like a secret (kept sealed per node).
+    async fn sealed_tls(
+        &self,
+        node: &str,
+        recipient: Option<&str>,
+        tls: &TlsSpec,
+        control: &[Box<dyn Identity + Send + Sync>],
+        now_ms: i64,
+    ) -> Result<Result<IngressTls, Undeliverable>, LedgerError> {
+        let Some(recipient) = recipient else {
+            return Ok(Err(undeliverable("node-not-enrolled", "the node has no age recipient")));
+        };
+        let cert = match self.sealed_for(node, recipient, &tls.cert, control, now_ms).await? {
+            Ok(c) => c,
+            Err(e) => return Ok(Err(e)),
+        };
+        let key = match self.sealed_for(node, recipient, &tls.key, control, now_ms).await? {
+            Ok(k) => k,
+            Err(e) => return Ok(Err(e)),
+        };
+        Ok(Ok(IngressTls {
+            secret: tls.secret.to_string(),
+            cert,
+            key,
+            hsts: tls.hsts,
+        }))
     }
 
     #[allow(clippy::too_many_arguments)]
