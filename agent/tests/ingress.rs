@@ -671,7 +671,8 @@ fn brought_certificates_serve_https_and_redirect_plain_http() {
     assert!(!f.detail.contains("PRIVATE"), "{}", f.detail);
     assert_eq!(get_tls(https, host, &ca1).expect("still").2, der_of(&chain1));
 
-    // A new certificate with HSTS: shown at once; the old files go.
+    // A new certificate with HSTS: shown at once; the old files go. (It is a reload of
+    // Caddy's configuration: see docs/agent.md, "HTTPS", for what a reload costs.)
     let (ca2, chain2, key2) = certificate(&[host]);
     ingress
         .publish("shop", host, 2, &dial, Some(&sealed(&chain2, &key2, true)))
