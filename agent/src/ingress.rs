@@ -434,7 +434,7 @@ impl Ingress {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
-        let cert = Certificate::open(sealed, &t.identity, hostname, now)?;
+        let cert = Certificate::open(sealed, &t.identity, &self.hosts(hostname), now)?;
         let owner = self.admin.socket().parent().and_then(tls::caddy_owner);
         cert.write(&self.cert_folder(t, hostname), owner)?;
         Ok(Served {

@@ -91,11 +91,12 @@ pub fn covers(name: &str, hostname: &str) -> bool {
 }
 
 impl Certificate {
-    /// Opens the sealed chain and key with the node's identity and checks them for `hostname`:
-    /// PEM that parses, a key that matches the leaf, a leaf that names the hostname (a DNS
-    /// name of its subject alternative names) and is valid now. Nothing of the key is in any
-    /// error.
-    pub fn open(tls: &IngressTls, identity: &Path, hostname: &str, now: i64) -> Result<Certificate, Failure> {
+    /// Opens the sealed chain and key with the node's identity and checks them for `hosts`
+    /// (the hostname, and with `pl up` its `.localhost` name): PEM that parses, a key that
+    /// matches the leaf, a leaf that names one of them (a DNS name of its subject alternative
+    /// names) and is valid now. Nothing of the key is in any error.
+    pub fn open(tls: &IngressTls, identity: &Path, hosts: &[String], now: i64) -> Result<Certificate, Failure> {
+        let hostname = hosts.first().map_or("", String::as_str);
         let ids = pushleft_secrets::load_identities(identity)
             .map_err(|e| permanent("node-identity-unreadable", e.code().to_owned()))?;
         let chain = pushleft_secrets::decrypt(&tls.cert, &ids)
@@ -134,7 +135,7 @@ impl Certificate {
                     .collect()
             })
             .unwrap_or_default();
-        if !names.iter().any(|n| covers(n, hostname)) {
+        if !names.iter().any(|n| hosts.iter().any(|h| covers(n, h))) {
             return Err(unusable(
                 &tls.secret,
                 format!(

@@ -2,10 +2,13 @@
 //! of its own, a registry and Caddy inside it): `pl-reconciler run` and `pl-agent run` with
 //! every executor on roll a signed commit's web project out (network, firewall table, routes,
 //! the replica pulled by digest and healthy, the Caddy route), and the hostname answers through
-//! Caddy. Then a second release, with the agent SIGKILLed (its whole process group) right after
-//! it started the new container: restarted, the agent adopts that very container (same id and
-//! start time), the new release answers, and the old generation is stopped. The machine's own
-//! nftables ruleset, rules and routes are the same before and after.
+//! Caddy over HTTPS, with a certificate the control plane's local CA issued (`[certificates]`,
+//! checked by a client that trusts that CA alone), while plain HTTP redirects to it. Then a
+//! second release, with the certificate due for renewal and the agent SIGKILLed (its whole
+//! process group) right after it started the new container: restarted, the agent adopts that
+//! very container (same id and start time), the new release answers with the renewed
+//! certificate, and the old generation is stopped. The machine's own nftables ruleset, rules
+//! and routes are the same before and after.
 
 #[path = "../../reconciler/tests/support/daemon.rs"]
 mod daemon_support;
@@ -14,6 +17,8 @@ mod host_support;
 #[path = "../../reconciler/tests/support/repo.rs"]
 mod repo_support;
 mod support;
+#[path = "support/tls.rs"]
+mod tls_support;
 
 use daemon_support::{CONTROL_CA, Daemon, config, free_port, setup};
 use host_support::Host;
@@ -46,9 +51,19 @@ fn project(image: &str) -> String {
     )
 }
 
-/// One request through Caddy on the host's loopback: (status, body).
-fn get(port: u16) -> Option<(u16, String)> {
-    support::get_host(port, HOSTNAME).ok()
+/// The name `pl up`-style routes and the local CA's certificates carry.
+const LOCAL_NAME: &str = "api.example.com.localhost";
+
+/// One HTTPS request through Caddy on the host's loopback, trusting only the local CA in
+/// `ca`: (status, body) and the leaf certificate shown.
+fn get(port: u16, ca: &Path) -> Option<((u16, String), Vec<u8>)> {
+    let ca = std::fs::read_to_string(ca).ok()?;
+    let (status, text, leaf) = tls_support::get_tls(port, LOCAL_NAME, &ca).ok()?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.trim().to_owned())
+        .unwrap_or_default();
+    Some(((status, body), leaf))
 }
 
 /// Waits until the environment's deployment is done at a generation above `after`, its
@@ -137,10 +152,16 @@ fn the_whole_loop_rolls_out_serves_and_survives_a_killed_agent() {
         &repo.dir,
         &url,
         api,
-        &format!("{CONTROL_CA}\n[agent_api]\nlisten = \"127.0.0.1:{agent_api}\"\n"),
+        &format!(
+            "{CONTROL_CA}age_identity = \"control.age\"\n\n[certificates]\nissuer = \"local\"\n\n[agent_api]\nlisten = \"127.0.0.1:{agent_api}\"\n"
+        ),
     );
+    support::age_keygen(&s.dir.join("control.age"));
+    let local_ca = s.dir.join("ingress-ca/ca.crt");
+    let https = free_port();
     let socket = host.socket.clone();
     let root = dir.path().to_owned();
+    let s_dir = s.dir.clone();
     let operator = s.operator.clone();
 
     // Everything below runs inside the host's namespace.
@@ -175,7 +196,7 @@ fn the_whole_loop_rolls_out_serves_and_survives_a_killed_agent() {
         std::fs::write(
             &agent_cfg,
             format!(
-                "control = \"https://localhost:{agent_api}\"\ndir = \"n1\"\ndocker_socket = {:?}\nsecrets_dir = \"secrets\"\nstate_dir = \"state\"\nheartbeat_seconds = 1\ndrift_seconds = 1\ncaddy_admin = \"{admin}\"\ningress_listen = [\"127.0.0.1:{http}\"]\ningress_upstreams = \"ingress\"\n",
+                "control = \"https://localhost:{agent_api}\"\ndir = \"n1\"\ndocker_socket = {:?}\nsecrets_dir = \"secrets\"\nstate_dir = \"state\"\nheartbeat_seconds = 1\ndrift_seconds = 1\ncaddy_admin = \"{admin}\"\ningress_listen = [\"127.0.0.1:{http}\"]\ningress_upstreams = \"ingress\"\ningress_host_suffix = \".localhost\"\ningress_tls_listen = [\"127.0.0.1:{https}\"]\ningress_tls_dir = \"ingress-tls\"\n",
                 socket.display().to_string()
             ),
         )
@@ -186,9 +207,17 @@ fn the_whole_loop_rolls_out_serves_and_survives_a_killed_agent() {
         let agent_pid = agent.id();
         procs.0.push(agent);
 
-        // Release one: every step, every executor, and the hostname answers through Caddy.
+        // Release one: every step, every executor, and the hostname answers through Caddy over
+        // HTTPS with the local CA's certificate; plain HTTP redirects there.
         let g1 = wait_done(&url, 0, &log);
-        assert_eq!(get(http), Some((200, "release one".into())));
+        let (answer, first_leaf) = get(https, &local_ca).expect("https");
+        assert_eq!(answer, (200, "release one".into()));
+        let plain = tls_support::head_plain(http, LOCAL_NAME);
+        assert!(plain.starts_with("HTTP/1.1 308"), "{plain}");
+        assert_eq!(
+            sql(&url, "SELECT hostname || ' ' || issuer || ' ' || CAST(issued AS TEXT) FROM certificates"),
+            [format!("{HOSTNAME} local 1")]
+        );
         let cp = support::control_plane(&url);
         let container = |g: i64| agent_proto::container_name(&cp, ENV, "web", Some(0), g as u64);
         let table = Command::new("nft").args(["list", "table", "inet", &format!("pl_{cp}_{ENV}_n1")]).output().expect("nft");
@@ -196,7 +225,9 @@ fn the_whole_loop_rolls_out_serves_and_survives_a_killed_agent() {
         let rules = String::from_utf8_lossy(&Command::new("ip").arg("rule").output().expect("ip").stdout).into_owned();
         assert!(rules.contains("from 10.208."), "the environment's rule: {rules}");
 
-        // Release two; the agent dies right after it started the new container.
+        // Release two, with the certificate due for renewal; the agent dies right after it
+        // started the new container.
+        sql(&url, "UPDATE certificates SET renew_after = 0");
         repo.write("projects/api.yaml", &project(&two));
         repo.commit("release two", true);
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -213,7 +244,7 @@ fn the_whole_loop_rolls_out_serves_and_survives_a_killed_agent() {
         };
         let _ = Command::new("kill").args(["-9", "--", &format!("-{agent_pid}")]).status();
         // The old release keeps serving while the agent is down.
-        assert_eq!(get(http), Some((200, "release one".into())));
+        assert_eq!(get(https, &local_ca).map(|g| g.0), Some((200, "release one".into())));
         sql(&url, "UPDATE jobs SET lease_expires_at = 0 WHERE state = 'leased'");
         procs.0.push(start_agent());
         let g2 = wait_done(&url, g1, &log);
@@ -225,7 +256,29 @@ fn the_whole_loop_rolls_out_serves_and_survives_a_killed_agent() {
             ["2"],
             "the ensure task ran twice: killed, then replayed"
         );
-        assert_eq!(get(http), Some((200, "release two".into())));
+        let (answer, second_leaf) = get(https, &local_ca).expect("https");
+        assert_eq!(answer, (200, "release two".into()));
+        assert_ne!(second_leaf, first_leaf, "the renewed certificate is the one shown");
+        assert_eq!(
+            sql(&url, "SELECT CAST(issued AS TEXT) FROM certificates"),
+            ["2"],
+            "issued once more, for the renewal"
+        );
+        // A renewal while nothing rolls out (a commit that changes no environment wakes the
+        // check): the serving node publishes the hostname again, with the new certificate.
+        sql(&url, "UPDATE certificates SET renew_after = 0");
+        repo.write("NOTES.md", "renewal\n");
+        repo.commit("a commit that changes no environment", true);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while sql(&url, &format!("SELECT state FROM jobs WHERE key LIKE 'ingress:{ENV}/{HOSTNAME}:g{g2}:publish#r%'")) != ["succeeded"] {
+            assert!(Instant::now() < deadline, "no re-publish: {:?}", sql(&url, "SELECT key || ' ' || state FROM jobs ORDER BY id"));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let (answer, third_leaf) = get(https, &local_ca).expect("https");
+        assert_eq!(answer, (200, "release two".into()));
+        assert_ne!(third_leaf, second_leaf, "the certificate renewed in place is the one shown");
+        let key = std::fs::read_to_string(s_dir.join("ingress-ca/ca.key")).expect("ca key");
+        assert!(!std::fs::read_to_string(&log).unwrap_or_default().contains(key.lines().nth(1).unwrap_or("-")));
         assert_eq!(
             host_support::docker_at(&socket, &["inspect", "--format", "{{.State.Running}}", &container(g1)]),
             "false",

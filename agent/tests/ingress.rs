@@ -13,6 +13,8 @@
 //!   teardown removes the route.
 
 mod support;
+#[path = "support/tls.rs"]
+mod tls_support;
 
 use pushleft_agent::ingress::Ingress;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -511,55 +513,6 @@ fn certificate(names: &[&str]) -> (String, String, String) {
     (ca_cert.pem(), leaf.pem(), key.serialize_pem())
 }
 
-/// One HTTPS request to `host` at 127.0.0.1:`port` (SNI `host`), trusting `ca` alone: the
-/// status, the response head and the leaf certificate the server showed.
-fn get_tls(port: u16, host: &str, ca: &str) -> Result<(u16, String, Vec<u8>), String> {
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for c in rustls::pki_types::CertificateDer::pem_slice_iter(ca.as_bytes()) {
-        roots.add(c.map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let name = rustls::pki_types::ServerName::try_from(host.to_owned()).map_err(|e| e.to_string())?;
-    let conn = rustls::ClientConnection::new(Arc::new(config), name).map_err(|e| e.to_string())?;
-    let tcp = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
-    tcp.set_read_timeout(Some(Duration::from_secs(5)))
-        .map_err(|e| e.to_string())?;
-    let mut tls = rustls::StreamOwned::new(conn, tcp);
-    tls.write_all(format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes())
-        .map_err(|e| e.to_string())?;
-    let mut text = Vec::new();
-    let _ = (&mut tls).take(1 << 20).read_to_end(&mut text);
-    let leaf = tls
-        .conn
-        .peer_certificates()
-        .and_then(|c| c.first())
-        .map(|c| c.to_vec())
-        .unwrap_or_default();
-    let text = String::from_utf8_lossy(&text).into_owned();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("no status in {text:?}"))?;
-    Ok((status, text, leaf))
-}
-
-/// The head of a plain HTTP answer for `host` (a redirect's `Location` is in it).
-fn head_plain(port: u16, host: &str) -> String {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
-    s.write_all(format!("GET /path?q=1 HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes())
-        .expect("request");
-    let mut text = String::new();
-    let _ = s.take(1 << 16).read_to_string(&mut text);
-    text
-}
-
 fn der_of(pem: &str) -> Vec<u8> {
     use rustls::pki_types::pem::PemObject;
     rustls::pki_types::CertificateDer::from_pem_slice(pem.as_bytes())
@@ -626,7 +579,7 @@ fn brought_certificates_serve_https_and_redirect_plain_http() {
         .expect("publish over https");
     assert!(note.contains("over HTTPS"), "{note}");
     wait_port(https);
-    let (status, text, leaf) = get_tls(https, host, &ca1).expect("https");
+    let (status, text, leaf) = tls_support::get_tls(https, host, &ca1).expect("https");
     assert_eq!(status, 200, "{text}");
     assert!(text.contains("generation one"), "{text}");
     assert_eq!(leaf, der_of(&chain1), "the brought certificate is the one shown");
@@ -634,7 +587,7 @@ fn brought_certificates_serve_https_and_redirect_plain_http() {
         !text.to_ascii_lowercase().contains("strict-transport-security"),
         "{text}"
     );
-    let plain = head_plain(http, host);
+    let plain = tls_support::head_plain(http, host);
     assert!(plain.starts_with("HTTP/1.1 308"), "{plain}");
     assert!(
         plain.contains(&format!("Location: https://{host}:{https}/path?q=1")),
@@ -669,7 +622,10 @@ fn brought_certificates_serve_https_and_redirect_plain_http() {
         .expect_err("a key of another certificate");
     assert_eq!(f.code, "tls-certificate-invalid");
     assert!(!f.detail.contains("PRIVATE"), "{}", f.detail);
-    assert_eq!(get_tls(https, host, &ca1).expect("still").2, der_of(&chain1));
+    assert_eq!(
+        tls_support::get_tls(https, host, &ca1).expect("still").2,
+        der_of(&chain1)
+    );
 
     // A new certificate with HSTS: shown at once; the old files go. (It is a reload of
     // Caddy's configuration: see docs/agent.md, "HTTPS", for what a reload costs.)
@@ -677,7 +633,7 @@ fn brought_certificates_serve_https_and_redirect_plain_http() {
     ingress
         .publish("shop", host, 2, &dial, Some(&sealed(&chain2, &key2, true)))
         .expect("renewed");
-    let (status, text, leaf) = get_tls(https, host, &ca2).expect("https after the change");
+    let (status, text, leaf) = tls_support::get_tls(https, host, &ca2).expect("https after the change");
     assert_eq!((status, leaf == der_of(&chain2)), (200, true), "{text}");
     assert!(text.contains("Strict-Transport-Security: max-age=31536000"), "{text}");
     let files = std::fs::read_dir(certs.join(host).join("0123abcd_n1"))
@@ -693,15 +649,18 @@ fn brought_certificates_serve_https_and_redirect_plain_http() {
             .0,
         200
     );
-    assert_eq!(get_tls(https, host, &ca2).expect("404 now").0, 404);
+    assert_eq!(tls_support::get_tls(https, host, &ca2).expect("404 now").0, 404);
     let repaired = ingress.repair();
     assert_eq!(repaired.len(), 1, "{repaired:?}");
-    assert_eq!(get_tls(https, host, &ca2).expect("back").0, 200);
+    assert_eq!(tls_support::get_tls(https, host, &ca2).expect("back").0, 200);
 
     // Plain HTTP again: served there, the HTTPS route, the certificate and its files gone.
     ingress.publish("shop", host, 3, &dial, None).expect("plain");
     assert_eq!(get(http, host).expect("plain").0, 200);
-    assert!(get_tls(https, host, &ca2).is_err() || get_tls(https, host, &ca2).expect("tls").0 == 404);
+    assert!(
+        tls_support::get_tls(https, host, &ca2).is_err()
+            || tls_support::get_tls(https, host, &ca2).expect("tls").0 == 404
+    );
     let config = support::caddy_admin(&socket, "GET", "/config/").expect("config").1;
     assert!(
         !config.contains("pl-cert.") && !config.contains("pl-https."),

@@ -56,6 +56,48 @@ pub struct Config {
     /// The agents' API (mutual TLS); off when absent.
     #[serde(default)]
     pub agent_api: Option<AgentApiConfig>,
+    /// Certificates the control plane issues for the hostnames it serves; off when absent
+    /// (hostnames without a certificate of their own are then served over plain HTTP).
+    #[serde(default)]
+    pub certificates: Option<CertificatesConfig>,
+}
+
+/// `[certificates]`: who issues the certificates of hostnames that bring none.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CertificatesConfig {
+    pub issuer: IssuerKind,
+    /// `local`: the CA's certificate and key, made at the first start when neither exists.
+    #[serde(default = "default_local_ca_cert")]
+    pub local_ca_cert: PathBuf,
+    #[serde(default = "default_local_ca_key")]
+    pub local_ca_key: PathBuf,
+    /// `local`: names are issued as `<hostname><local_suffix>`, under `.localhost`.
+    #[serde(default = "default_local_suffix")]
+    pub local_suffix: String,
+    /// `local`: how long a certificate is valid (renewed after two thirds of it).
+    #[serde(default = "default_lifetime_hours")]
+    pub lifetime_hours: i64,
+}
+
+/// Which issuer: `local` today (ACME comes next; see docs/reconciler.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IssuerKind {
+    Local,
+}
+
+fn default_local_ca_cert() -> PathBuf {
+    "ingress-ca/ca.crt".into()
+}
+fn default_local_ca_key() -> PathBuf {
+    "ingress-ca/ca.key".into()
+}
+fn default_local_suffix() -> String {
+    ".localhost".into()
+}
+fn default_lifetime_hours() -> i64 {
+    24 * 30
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -379,6 +421,10 @@ impl Config {
             *p = o.unwrap_or_default();
         }
         fix_opt(&mut self.control.age_identity);
+        if let Some(c) = &mut self.certificates {
+            fix(&mut c.local_ca_cert);
+            fix(&mut c.local_ca_key);
+        }
     }
 
     fn check(&self, path: &Path) -> Result<(), ConfigError> {
@@ -410,6 +456,23 @@ impl Config {
             return Err(invalid(
                 "agent_api needs control.ca_cert and control.ca_key: agents present certificates from that CA".into(),
             ));
+        }
+        if let Some(c) = &self.certificates {
+            if self.control.age_identity.is_none() {
+                return Err(invalid(
+                    "certificates needs control.age_identity: an issued key is kept sealed to the control host and resealed to each node".into(),
+                ));
+            }
+            if !(1..=24 * 397).contains(&c.lifetime_hours) {
+                return Err(invalid(
+                    "certificates.lifetime_hours must be 1 to 9528 (397 days)".into(),
+                ));
+            }
+            if !c.local_suffix.ends_with(".localhost") {
+                return Err(invalid(
+                    "certificates.local_suffix must end in `.localhost`: the local CA signs nothing else".into(),
+                ));
+            }
         }
         if !(1..=24 * 30).contains(&self.control.node_cert_hours) {
             return Err(invalid("control.node_cert_hours must be 1 to 720".into()));

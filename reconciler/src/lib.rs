@@ -12,6 +12,7 @@ pub mod auth;
 pub mod config;
 pub mod http;
 pub mod hub;
+pub mod issuer;
 pub mod pki;
 pub mod reconcile;
 pub mod store;

@@ -208,6 +208,29 @@ pub fn load_identities(path: &Path) -> Result<Vec<Box<dyn Identity + Send + Sync
     Ok(ids)
 }
 
+/// The recipients (`age1…`) of the X25519 identities in an identity file: what the holder can
+/// encrypt to itself (the control host keeps issued certificate keys sealed this way). An
+/// OpenSSH identity has none here: its public key is not in the file.
+pub fn own_recipients(path: &Path) -> Result<Vec<String>, SecretError> {
+    use std::str::FromStr;
+    load_identities(path)?;
+    let text = Zeroizing::new(std::fs::read_to_string(path).map_err(|source| SecretError::Io {
+        what: format!("reading identity file {}", path.display()),
+        source,
+    })?);
+    let out: Vec<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("AGE-SECRET-KEY-"))
+        .filter_map(|l| age::x25519::Identity::from_str(l).ok())
+        .map(|id| id.to_public().to_string())
+        .collect();
+    if out.is_empty() {
+        return Err(SecretError::InvalidIdentity { path: path.to_owned() });
+    }
+    Ok(out)
+}
+
 /// Delivery: decrypts a value with the control host's identities and at once encrypts it to
 /// one node's recipient. The ledger stores only the result; the plaintext lives in a zeroizing
 /// buffer for the length of this call.

@@ -450,6 +450,30 @@ mod tests {
     }
 
     #[test]
+    fn the_publish_step_publishes_and_a_certificate_republish_goes_to_every_serving_node() {
+        let (running, _) = placed(&state(TREE));
+        let spec = running[0].spec.clone();
+        let steps = rollout_steps(&spec, 2, &[]);
+        assert!(!steps[PUBLISH_STEP].is_empty());
+        assert!(
+            steps[PUBLISH_STEP]
+                .iter()
+                .all(|(t, _)| matches!(t, Task::PublishIngress { .. }))
+        );
+        let again = republish_certificate(&spec, 2, "api.example.com", 3);
+        let mut nodes: Vec<&str> = again.iter().map(|(_, n)| n.as_str()).collect();
+        nodes.sort();
+        let mut serving: Vec<&str> = spec.ingress_nodes.iter().map(|n| n.as_str()).collect();
+        serving.sort();
+        assert_eq!(nodes, serving);
+        assert!(again.iter().all(|(t, _)| {
+            t.idempotency_key()
+                .ends_with(&format!("publish#r{}", CERTIFICATE_REPUBLISH + 3))
+        }));
+        assert!(republish_certificate(&spec, 2, "other.example.com", 3).is_empty());
+    }
+
+    #[test]
     fn a_drained_node_hands_its_replicas_over_and_keeps_nothing() {
         let (running, _) = placed(&state(TREE));
         let old = running[0].spec.clone();

@@ -258,6 +258,34 @@ pub fn republish_after_repair(spec: &DeploymentSpec, generation: u64, repair: u3
         .collect()
 }
 
+/// The index of the publish step in [`rollout_steps`]: a rollout at this step or past it has
+/// its replicas up and its routes published (or being published).
+pub const PUBLISH_STEP: usize = 3;
+
+/// Where the `repair` numbers of certificate re-publishes start: far above any drift repair's
+/// (at most 20 per replica and generation), so the two never share a job key.
+pub const CERTIFICATE_REPUBLISH: u32 = 1 << 20;
+
+/// A hostname's certificate was issued (or renewed) for the `issued`-th time: every node that
+/// serves it publishes its routes again at `generation`, which hands them the new certificate.
+pub fn republish_certificate(spec: &DeploymentSpec, generation: u64, hostname: &str, issued: u32) -> Step {
+    spec.hostnames
+        .iter()
+        .filter(|h| h.as_str() == hostname)
+        .flat_map(|h| {
+            spec.ingress_nodes.iter().map(move |node| {
+                let task = Task::PublishIngress {
+                    environment: spec.environment.clone(),
+                    hostname: h.clone(),
+                    generation,
+                    repair: CERTIFICATE_REPUBLISH.saturating_add(issued),
+                };
+                (task, node.clone())
+            })
+        })
+        .collect()
+}
+
 /// The spec hash of one replica: its release and where it runs, not how many others there
 /// are, so a scale leaves the running replicas' hashes (and containers) alone.
 pub fn instance_hash(spec: &DeploymentSpec, role: &Name, instance: u32, node: &Name) -> String {

@@ -4,6 +4,7 @@
 //! event, a webhook, `pl reconcile --now`) only make the next pass come sooner.
 
 mod catchup;
+pub mod certificates;
 pub mod cron;
 pub mod deploy;
 pub mod drift;
@@ -62,6 +63,9 @@ pub struct Reconciler {
     previews: globset::GlobSet,
     /// The fleet as of the last re-placement (`Ledger::fleet_signature`).
     fleet_signature: Mutex<Option<String>>,
+    /// The certificate issuer (`[certificates]`), and when the hostnames were last looked at.
+    issuing: Option<certificates::Issuing>,
+    certificates_checked_ms: std::sync::atomic::AtomicI64,
 }
 
 /// What one pass did.
@@ -114,7 +118,30 @@ impl Reconciler {
                 ));
             }
         };
+        let issuing = match (&config.certificates, &config.control.age_identity) {
+            (Some(c), Some(identity)) => {
+                let ca = crate::issuer::LocalCa::open_or_create(
+                    &c.local_ca_cert,
+                    &c.local_ca_key,
+                    &c.local_suffix,
+                    c.lifetime_hours,
+                )
+                .map_err(|e| DaemonError::Config(e.to_string()))?;
+                let control = pushleft_secrets::own_recipients(identity).map_err(|e| {
+                    DaemonError::Config(format!(
+                        "certificates: control.age_identity {}: {} (issued keys are sealed to its X25519 recipient)",
+                        identity.display(),
+                        e.code()
+                    ))
+                })?;
+                Some(certificates::Issuing { ca, control })
+            }
+            _ => None,
+        };
+        ledger.set_issues_certificates(issuing.is_some());
         Ok(Reconciler {
+            issuing,
+            certificates_checked_ms: std::sync::atomic::AtomicI64::new(0),
             config,
             ledger,
             hub,
@@ -237,6 +264,17 @@ impl Reconciler {
         if repairs > 0 {
             tracing::info!(repairs, "replicas missing from their nodes: asked again");
             report.advanced += repairs;
+        }
+        // Certificates of the hostnames served: looked at when commits were accepted (new
+        // hostnames) and otherwise every minute (renewals, retries).
+        if let Some(issuing) = &self.issuing {
+            let now = now_ms();
+            let last = self.certificates_checked_ms.load(Ordering::Relaxed);
+            if report.accepted > 0 || now - last >= certificates::CHECK_EVERY_MS {
+                self.certificates_checked_ms.store(now, Ordering::Relaxed);
+                let issued = certificates::issue_due(&self.ledger, issuing, now).await?;
+                report.advanced += issued;
+            }
         }
         // Cron roles whose time has come (at most one run per role and time).
         let cron = self.ledger.cron_tick(now_ms()).await?;

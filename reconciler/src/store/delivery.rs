@@ -193,7 +193,16 @@ impl Ledger {
                 } => match (spec_of(*generation), network()) {
                     (Ok(spec), Ok(network)) => {
                         let tls = match &spec.tls {
-                            None => None,
+                            None => match self
+                                .issued_tls(node, recipient.as_deref(), hostname.as_str(), control, now_ms)
+                                .await?
+                            {
+                                Ok(t) => t,
+                                Err(e) => {
+                                    out.push(Err(e));
+                                    continue;
+                                }
+                            },
                             Some(t) => match self.sealed_tls(node, recipient.as_deref(), t, control, now_ms).await? {
                                 Ok(t) => Some(t),
                                 Err(e) => {
@@ -287,6 +296,51 @@ impl Ledger {
             key,
             hsts: tls.hsts,
         }))
+    }
+
+    /// The certificate the control plane issued for `hostname`, sealed to the node: the chain
+    /// encrypted to it, the key resealed from the control host's copy. `None` when it issues
+    /// none, or none yet (the hostname is served over plain HTTP until the issuance publishes
+    /// it again).
+    async fn issued_tls(
+        &self,
+        node: &str,
+        recipient: Option<&str>,
+        hostname: &str,
+        control: &[Box<dyn Identity + Send + Sync>],
+        now_ms: i64,
+    ) -> Result<Result<Option<IngressTls>, Undeliverable>, LedgerError> {
+        if !self.issues_certificates.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(Ok(None));
+        }
+        let Some(row) = self.certificate(hostname).await? else {
+            return Ok(Ok(None));
+        };
+        let (Some(chain), Some(key_sealed)) = (row.chain, row.key_sealed) else {
+            return Ok(Ok(None));
+        };
+        let Some(recipient) = recipient else {
+            return Ok(Err(undeliverable("node-not-enrolled", "the node has no age recipient")));
+        };
+        let cert = match pushleft_secrets::encrypt(chain.as_bytes(), &[recipient.to_owned()]) {
+            Ok(c) => c,
+            Err(e) => {
+                return Ok(Err(undeliverable(
+                    "secret-undeliverable",
+                    format!("cannot seal: {}", e.code()),
+                )));
+            }
+        };
+        let key = match self.sealed_for(node, recipient, &key_sealed, control, now_ms).await? {
+            Ok(k) => k,
+            Err(e) => return Ok(Err(e)),
+        };
+        Ok(Ok(Some(IngressTls {
+            secret: format!("the {} issuer's certificate of {hostname}", row.issuer),
+            cert,
+            key,
+            hsts: false,
+        })))
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -5,6 +5,7 @@
 //! (each lease of it takes the next). Renewals and completions must present both; a stale pair
 //! is refused and records nothing. Results and events are append-only, enforced by triggers in the schema.
 
+pub mod certificates;
 mod complete;
 mod cron;
 pub mod delivery;
@@ -97,6 +98,9 @@ pub struct Ledger {
     /// A heartbeat left out a replica its node reported before ([`crate::reconcile::drift`]); and when
     /// drift was last looked at in full.
     pub(crate) drift_suspected: std::sync::atomic::AtomicBool,
+    /// Whether the control plane issues certificates (`[certificates]`): only then does a
+    /// hostname's publish look for one in the ledger.
+    pub(crate) issues_certificates: std::sync::atomic::AtomicBool,
     pub(crate) drift_checked_ms: std::sync::atomic::AtomicI64,
 }
 
@@ -174,6 +178,7 @@ impl Ledger {
             writer: Arc::default(),
             control_plane: tokio::sync::OnceCell::new(),
             drift_suspected: std::sync::atomic::AtomicBool::new(true),
+            issues_certificates: std::sync::atomic::AtomicBool::new(false),
             drift_checked_ms: std::sync::atomic::AtomicI64::new(0),
         })
     }
@@ -220,6 +225,12 @@ impl Ledger {
             ms.max(state_schema::placement::UNHEALTHY_AFTER_MS),
             std::sync::atomic::Ordering::Relaxed,
         );
+    }
+
+    /// The control plane issues certificates: publishes of hostnames that bring none carry the
+    /// issued one.
+    pub fn set_issues_certificates(&self, on: bool) {
+        self.issues_certificates.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub fn lost_after_ms(&self) -> i64 {

@@ -1,0 +1,56 @@
+//! HTTPS and plain requests to the ingress on loopback, for the agent's TLS tests (a file of its
+//! own: `pl`'s tests share `mod.rs` and do not link rustls).
+#![allow(dead_code)]
+
+/// One HTTPS request to `host` at 127.0.0.1:`port` (SNI `host`), trusting `ca` alone: the
+/// status, the response head and the leaf certificate the server showed.
+pub fn get_tls(port: u16, host: &str, ca: &str) -> Result<(u16, String, Vec<u8>), String> {
+    use rustls::pki_types::pem::PemObject;
+    use std::io::{Read, Write};
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls::pki_types::CertificateDer::pem_slice_iter(ca.as_bytes()) {
+        roots.add(c.map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+    }
+    let config =
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from(host.to_owned()).map_err(|e| e.to_string())?;
+    let conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name).map_err(|e| e.to_string())?;
+    let tcp = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    tcp.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .map_err(|e| e.to_string())?;
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    tls.write_all(format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes())
+        .map_err(|e| e.to_string())?;
+    let mut text = Vec::new();
+    let _ = (&mut tls).take(1 << 20).read_to_end(&mut text);
+    let leaf = tls
+        .conn
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| c.to_vec())
+        .unwrap_or_default();
+    let text = String::from_utf8_lossy(&text).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("no status in {text:?}"))?;
+    Ok((status, text, leaf))
+}
+
+/// The head of a plain HTTP answer for `host` (a redirect's `Location` is in it).
+pub fn head_plain(port: u16, host: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .expect("timeout");
+    s.write_all(format!("GET /path?q=1 HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes())
+        .expect("request");
+    let mut text = String::new();
+    let _ = s.take(1 << 16).read_to_string(&mut text);
+    text
+}

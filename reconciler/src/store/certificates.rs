@@ -1,0 +1,164 @@
+//! Certificates the control plane issues for the hostnames it serves: the rows, the rollouts
+//! whose hostnames need them, and the re-publish jobs an issuance queues in the same
+//! transaction. SQL only; what is due and what to queue is decided in
+//! `reconcile::certificates` and `state_schema::rollout`.
+
+use super::{JobRow, Ledger, LedgerError};
+use sqlx::FromRow;
+use state_schema::deployment::DeploymentSpec;
+use state_schema::rollout;
+
+/// A hostname's certificate as the ledger keeps it (`chain` and `key_sealed` are `None` while
+/// it has never been issued).
+#[derive(Clone, Debug, FromRow)]
+pub struct CertificateRow {
+    pub hostname: String,
+    pub issuer: String,
+    pub chain: Option<String>,
+    /// Age-encrypted to the control host's own recipient.
+    pub key_sealed: Option<String>,
+    pub not_before: i64,
+    pub not_after: i64,
+    pub renew_after: i64,
+    pub issued: i64,
+    pub failures: i64,
+    pub retry_at: i64,
+    pub last_error: Option<String>,
+}
+
+/// A rollout whose hostnames may need certificates: its environment, generation and spec.
+#[derive(Debug, FromRow)]
+pub struct Rollout {
+    pub environment: String,
+    pub generation: i64,
+    pub status: String,
+    pub step: i64,
+    pub spec: String,
+}
+
+/// A certificate just issued, to keep.
+pub struct Issued<'a> {
+    pub hostname: &'a str,
+    pub issuer: &'a str,
+    pub chain: &'a str,
+    pub key_sealed: &'a str,
+    pub not_before: i64,
+    pub not_after: i64,
+    pub renew_after: i64,
+}
+
+const COLUMNS: &str =
+    "hostname, issuer, chain, key_sealed, not_before, not_after, renew_after, issued, failures, retry_at, last_error";
+
+impl Ledger {
+    /// Every environment's current rollout (in progress or done).
+    pub async fn rollouts(&self) -> Result<Vec<Rollout>, LedgerError> {
+        Ok(sqlx::query_as(self.sql(
+            "SELECT environment, generation, status, step, spec FROM deployments WHERE action = 'rollout' ORDER BY environment",
+        ))
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Every certificate row, by hostname.
+    pub async fn certificates(&self) -> Result<Vec<CertificateRow>, LedgerError> {
+        let q = format!("SELECT {COLUMNS} FROM certificates ORDER BY hostname");
+        Ok(sqlx::query_as(self.sql(&q)).fetch_all(&self.pool).await?)
+    }
+
+    /// The certificate of `hostname`, when one was issued.
+    pub async fn certificate(&self, hostname: &str) -> Result<Option<CertificateRow>, LedgerError> {
+        let q = format!("SELECT {COLUMNS} FROM certificates WHERE hostname = ? AND chain IS NOT NULL");
+        Ok(sqlx::query_as(self.sql(&q))
+            .bind(hostname)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    /// Keeps a certificate issued for `spec`'s hostname at `generation`, with a
+    /// `certificate-issued` event, and when `published` (the rollout reached its publish step:
+    /// its replicas are up) queues in the same transaction the publishes that hand it to the
+    /// nodes serving it (a rollout before that step reads the certificate when its own
+    /// publishes are leased). Returns the jobs queued.
+    pub async fn store_certificate(
+        &self,
+        c: &Issued<'_>,
+        spec: &DeploymentSpec,
+        generation: u64,
+        published: bool,
+        now_ms: i64,
+    ) -> Result<usize, LedgerError> {
+        let mut tx = self.write_tx().await?;
+        let issued: i64 = sqlx::query_scalar(self.sql(
+            "INSERT INTO certificates (hostname, issuer, chain, key_sealed, not_before, not_after, renew_after, issued, failures, retry_at, last_error, updated_at) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, 1, 0, 0, NULL, ?) \
+             ON CONFLICT (hostname) DO UPDATE SET issuer = excluded.issuer, chain = excluded.chain, key_sealed = excluded.key_sealed, \
+             not_before = excluded.not_before, not_after = excluded.not_after, renew_after = excluded.renew_after, \
+             issued = certificates.issued + 1, failures = 0, retry_at = 0, last_error = NULL, updated_at = excluded.updated_at \
+             RETURNING issued",
+        ))
+        .bind(c.hostname)
+        .bind(c.issuer)
+        .bind(c.chain)
+        .bind(c.key_sealed)
+        .bind(c.not_before)
+        .bind(c.not_after)
+        .bind(c.renew_after)
+        .bind(now_ms)
+        .fetch_one(&mut *tx)
+        .await?;
+        let step = if published {
+            rollout::republish_certificate(spec, generation, c.hostname, u32::try_from(issued).unwrap_or(u32::MAX))
+        } else {
+            Vec::new()
+        };
+        let jobs: Vec<JobRow<'_>> = step
+            .iter()
+            .map(|(task, node)| JobRow::new(task, node.as_str(), 5, now_ms, None))
+            .collect();
+        let added = self.enqueue_in(&mut tx, &jobs, now_ms).await?;
+        self.event(
+            &mut tx,
+            now_ms,
+            "certificate-issued",
+            c.hostname,
+            &format!(
+                "issuer {}, valid until {} (Unix ms), renewed after {}",
+                c.issuer, c.not_after, c.renew_after
+            ),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(added.len())
+    }
+
+    /// Records a failed issuance of `hostname`: its count, when to try again, and why, with a
+    /// `certificate-failed` event. A certificate issued before stays (and is served until it
+    /// expires).
+    pub async fn certificate_failed(
+        &self,
+        hostname: &str,
+        issuer: &str,
+        error: &str,
+        retry_at: i64,
+        now_ms: i64,
+    ) -> Result<(), LedgerError> {
+        let mut tx = self.write_tx().await?;
+        sqlx::query(self.sql(
+            "INSERT INTO certificates (hostname, issuer, failures, retry_at, last_error, updated_at) VALUES (?, ?, 1, ?, ?, ?) \
+             ON CONFLICT (hostname) DO UPDATE SET failures = certificates.failures + 1, retry_at = excluded.retry_at, \
+             last_error = excluded.last_error, updated_at = excluded.updated_at",
+        ))
+        .bind(hostname)
+        .bind(issuer)
+        .bind(retry_at)
+        .bind(error)
+        .bind(now_ms)
+        .execute(&mut *tx)
+        .await?;
+        self.event(&mut tx, now_ms, "certificate-failed", hostname, error)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
