@@ -34,6 +34,8 @@ mod agent_support;
 mod host_support;
 #[path = "../../reconciler/tests/support/repo.rs"]
 mod repo_support;
+#[path = "../../agent/tests/support/tls.rs"]
+mod tls_support;
 
 use host_support::Host;
 use repo_support::{Repo, environment};
@@ -136,7 +138,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
     host.run(move || {
         let http = 18_080;
         let port_arg = http.to_string();
-        let (code, out, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
+        let (code, out, err) = pl(&["up", "--http", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
         assert_eq!(
             code,
             0,
@@ -196,7 +198,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
 
         // `--watch`: a new Environment file is applied as soon as it is written.
         let mut watching = pl_command(&state, &socket)
-            .args(["up", "--watch", "--node", "n1", "--port", &port_arg])
+            .args(["up", "--http", "--watch", "--node", "n1", "--port", &port_arg])
             .arg(&repo_dir)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
@@ -239,7 +241,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
             )
             .expect("preview hostname")
         );
-        let (code, out, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
+        let (code, out, err) = pl(&["up", "--http", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
         assert_eq!(code, 0, "{out}\n{err}");
         let deadline = Instant::now() + Duration::from_secs(60);
         while get(http, &preview) != Some((200, "hello from pl up".into())) {
@@ -247,7 +249,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
             std::thread::sleep(Duration::from_millis(200));
         }
         repo_support::git(&repo_dir, &["branch", "-D", "feature/x"]);
-        let (code, out, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
+        let (code, out, err) = pl(&["up", "--http", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
         assert_eq!(code, 0, "{out}\n{err}");
         let deadline = Instant::now() + Duration::from_secs(60);
         while get(http, &preview).map(|r| r.0) != Some(404) {
@@ -272,7 +274,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         let load = Load::start(&netns, http, "api.example.com.localhost", None);
         for (count, want) in [("replicas: 3", 3), ("replicas: 1", 1)] {
             std::fs::write(repo_dir.join("projects/api.yaml"), project_healthy.replace("replicas: 1", count)).expect("write");
-            let (code, out, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
+            let (code, out, err) = pl(&["up", "--http", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
             assert_eq!(code, 0, "{out}\n{err}");
             // `pl up` returns when it is true on the host: the replicas run now, not soon.
             assert_eq!(replicas(), want, "pl up returned before {want} replicas ran: {out}");
@@ -285,7 +287,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
 
         // Nothing changed: quick, says so, and the same container serves.
         let started = Instant::now();
-        let (code, out, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
+        let (code, out, err) = pl(&["up", "--http", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
         assert_eq!(code, 0, "{out}\n{err}");
         assert!(out.contains("unchanged, serving"), "a no-op says nothing changed: {out}");
         // `pl wait` (for CI): 0 when the revision is live, 2 when a commit never judged is
@@ -373,7 +375,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
             Some((200, "hello from pl up".into())),
             "serving while they are down"
         );
-        let (code, out, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
+        let (code, out, err) = pl(&["up", "--http", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
         assert_eq!(code, 0, "{out}\n{err}");
         assert_eq!(container(), serving, "the same container");
         assert_eq!(count_jobs(), jobs, "no job added");
@@ -397,7 +399,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
             "apiVersion: pushleft.dev/v1alpha1\nkind: Environment\nmetadata: {name: Broken}\n",
         )
         .expect("write");
-        let (code, _, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
+        let (code, _, err) = pl(&["up", "--http", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
         assert_eq!(code, 1);
         assert!(err.contains("envs/broken.yaml:") && err.contains("error["), "{err}");
         std::fs::remove_file(repo_dir.join("envs/broken.yaml")).expect("rm");
@@ -405,7 +407,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
 
         // A release whose health check fails: exit 1 with the code; the live release serves on.
         std::fs::write(repo_dir.join("projects/api.yaml"), &project_missing_health).expect("write");
-        let (code, out, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
+        let (code, out, err) = pl(&["up", "--http", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
         assert_eq!(code, 1, "{out}\n{err}");
         assert!(err.contains("health-deadline"), "the failed health's code: {err}");
         assert_eq!(
@@ -426,7 +428,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         let exits = project_healthy.replace("command: [/bin/busybox, httpd, -f, -p, '8080', -h, /www]", "command: [/bin/busybox, 'false']");
         assert_ne!(exits, project_healthy);
         std::fs::write(repo_dir.join("projects/api.yaml"), &exits).expect("write");
-        let (code, out, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
+        let (code, out, err) = pl(&["up", "--http", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
         assert_eq!(code, 1, "{out}\n{err}");
         assert!(err.contains("exited"), "the failed start's code: {err}");
         assert_eq!(
@@ -472,12 +474,12 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         )
         .expect("write");
         // Without an identity that opens it, refused before anything is applied.
-        let (code, _, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
+        let (code, _, err) = pl(&["up", "--http", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
         assert_eq!(code, 1);
         assert!(err.contains("secret-no-identity"), "{err}");
         let dev_arg = dev.to_string_lossy().into_owned();
         let (code, out, err) = pl(
-            &["up", "--node", "n1", "--port", &port_arg, "--identity", &dev_arg],
+            &["up", "--http", "--node", "n1", "--port", &port_arg, "--identity", &dev_arg],
             &repo_dir,
             &state,
             &socket,
@@ -495,7 +497,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
             );
         }
         std::fs::write(repo_dir.join("projects/api.yaml"), &project_healthy).expect("write");
-        let (code, out, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
+        let (code, out, err) = pl(&["up", "--http", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
         assert_eq!(code, 0, "healthy again: {out}\n{err}");
 
         // A second release (a new image digest), the agent SIGKILLed right after it started
@@ -504,7 +506,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         let generation_now: i64 = generation()[0].parse().expect("generation");
         std::fs::write(repo_dir.join("projects/api.yaml"), &project_two).expect("write");
         let mut first = pl_command(&state, &socket)
-            .args(["up", "--node", "n1", "--port", &port_arg])
+            .args(["up", "--http", "--node", "n1", "--port", &port_arg])
             .arg(&repo_dir)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
@@ -531,7 +533,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         let before: u32 = attempts()[0].parse().expect("attempts");
         // The lease runs out (made to, here) and `pl up` brings the agent back.
         agent_support::sql(&ledger_url, "UPDATE jobs SET lease_expires_at = 0 WHERE state = 'leased'");
-        let (code, out, err) = pl(&["up", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
+        let (code, out, err) = pl(&["up", "--http", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
         assert_eq!(code, 0, "after the crash: {out}\n{err}");
         assert_eq!(first.wait().expect("first pl up").code(), Some(0), "the first pl up converged too");
         assert_eq!(
@@ -557,7 +559,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         let project_file = std::fs::read(repo_dir.join("projects/api.yaml")).expect("read");
         let build_arg = format!("api={}", app.display());
         let (code, out, err) = pl(
-            &["up", "--node", "n1", "--port", &port_arg, "--build", &build_arg],
+            &["up", "--http", "--node", "n1", "--port", &port_arg, "--build", &build_arg],
             &repo_dir,
             &state,
             &socket,
@@ -572,7 +574,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         // A failed build: exit 1 with the failing step's output; the live release serves on.
         std::fs::write(app.join("Dockerfile"), "FROM scratch\nCOPY busybox /bin/busybox\nCOPY scratch.tmp /x\n").expect("write");
         let (code, out, err) = pl(
-            &["up", "--node", "n1", "--port", &port_arg, "--build", &build_arg],
+            &["up", "--http", "--node", "n1", "--port", &port_arg, "--build", &build_arg],
             &repo_dir,
             &state,
             &socket,
@@ -588,7 +590,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         // change is where the replicas run.
         std::fs::write(app.join("Dockerfile"), "FROM scratch\nCOPY busybox /bin/busybox\nCOPY www /www\n").expect("write");
         let (code, out, err) = pl(
-            &["up", "--node", "n1", "--node", "n2", "--port", &port_arg, "--build", &build_arg],
+            &["up", "--http", "--node", "n1", "--node", "n2", "--port", &port_arg, "--build", &build_arg],
             &repo_dir,
             &state,
             &socket,
@@ -607,7 +609,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         assert_ne!(pool, repo_support::POOL);
         std::fs::write(repo_dir.join("pools/main.yaml"), &pool).expect("write");
         // No --node: the nodes enrolled here, both.
-        let (code, out, err) = pl(&["up", "--port", &port_arg, "--build", &build_arg], &repo_dir, &state, &socket);
+        let (code, out, err) = pl(&["up", "--http", "--port", &port_arg, "--build", &build_arg], &repo_dir, &state, &socket);
         assert_eq!(code, 0, "drained: {out}\n{err}");
         let deadline = Instant::now() + Duration::from_secs(60);
         while !on_node("n1").is_empty() || on_node("n2").is_empty() {
@@ -638,7 +640,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         assert_eq!(get(http, "api.example.com.localhost"), Some((200, "built locally".into())));
         // n1 active again: nothing moves back (a replica stays where it is fine).
         std::fs::write(repo_dir.join("pools/main.yaml"), repo_support::POOL).expect("write");
-        let (code, out, err) = pl(&["up", "--port", &port_arg, "--build", &build_arg], &repo_dir, &state, &socket);
+        let (code, out, err) = pl(&["up", "--http", "--port", &port_arg, "--build", &build_arg], &repo_dir, &state, &socket);
         assert_eq!(code, 0, "undrained: {out}\n{err}");
         assert_eq!(on_node("n2"), arrived, "the replica stays on n2");
         assert_ne!(generation(), release, "the move was a generation of its own");
@@ -681,7 +683,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         let revisions = count_revisions();
         // `pl up` again works, from the same ledger (with the nodes enrolled here, both);
         // `--no-build` forgets the remembered build, so the files' image runs.
-        let (code, out, err) = pl(&["up", "--port", &port_arg, "--no-build"], &repo_dir, &state, &socket);
+        let (code, out, err) = pl(&["up", "--http", "--port", &port_arg, "--no-build"], &repo_dir, &state, &socket);
         assert_eq!(code, 0, "up again: {out}\n{err}");
         assert_eq!(get(http, "api.example.com.localhost"), Some((200, "release two".into())));
         assert!(count_revisions() > revisions, "history kept and grown");
@@ -693,6 +695,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         let signers_arg = signers.to_string_lossy().into_owned();
         let signed = [
             "up",
+            "--http",
             "--node",
             "n1",
             "--port",
@@ -738,7 +741,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         std::fs::remove_file(repo_dir.join("envs/broken.yaml")).expect("rm");
         // One trust per control plane: local revisions are refused here until `pl down`.
         let (code, _, err) = pl(
-            &["up", "--node", "n1", "--port", "18081"],
+            &["up", "--http", "--node", "n1", "--port", "18081"],
             &repo_dir,
             &signed_state,
             &socket,
@@ -886,7 +889,15 @@ fn local_user_reaches_only_what_docs_security_says(state: &Path, host_name: &str
         "Caddy's admin API"
     );
     // The state folder's secrets: the CA key, the admin token, the node's age identity.
-    for file in ["tls/ca.key", "admin.token", "agents/node-1/node/age.key", "ledger.db"] {
+    for file in [
+        "tls/ca.key",
+        "admin.token",
+        "agents/node-1/node/age.key",
+        "ledger.db",
+        "ingress-ca/ca.key",
+        "certificates.age",
+        "ingress-tls",
+    ] {
         let path = state.join(file);
         assert!(path.exists(), "{file}");
         assert_eq!(as_nobody(&["read", &path.display().to_string()]), "denied", "{file}");
@@ -908,8 +919,9 @@ fn local_user_reaches_only_what_docs_security_says(state: &Path, host_name: &str
         "handshake-refused",
         "the agent API"
     );
-    // The ingress port is public by design: it serves the page.
-    assert_eq!(as_nobody(&["tcp", "18090", host_name, "/"]), "200", "the ingress");
+    // The ingress ports are public by design: plain HTTP redirects to HTTPS, which serves the
+    // page (the TLS check is the test's own; the redirect shows the listener is open).
+    assert_eq!(as_nobody(&["tcp", "18090", host_name, "/"]), "308", "the ingress");
     // The build registry on loopback: it answers, but lists, pulls and pushes nothing without
     // the state folder's credentials (whose file nobody cannot read).
     assert_eq!(
@@ -1014,17 +1026,40 @@ fn the_quickstart_builds_its_image_and_serves_its_page() {
         assert!(!state.join("reconciler.pid").exists(), "nothing started");
         assert!(!state.join("ports.json").exists(), "a refused start records no port");
         drop(taken);
-        let (code, out, err) = pl(&["up", "--port", "18090", "--build", &build], &repo, &state, &socket);
+        let (code, out, err) = pl(
+            &["up", "--port", "18090", "--https-port", "18443", "--build", &build],
+            &repo,
+            &state,
+            &socket,
+        );
         assert_eq!(code, 0, "pl up: {out}\n{err}");
+        // HTTPS by default, with a local CA pl up names; plain HTTP redirects there.
+        let ca = state.join("ingress-ca/ca.crt");
+        assert!(out.contains(&format!("trust {}", ca.display())), "{out}");
         let url = out
             .split_whitespace()
-            .find(|w| w.starts_with("http://") && w.ends_with(".localhost:18090/"))
+            .find(|w| w.starts_with("https://") && w.ends_with(".localhost:18443/"))
             .unwrap_or_else(|| panic!("no URL in {out}"))
             .to_owned();
-        let host_name = url.trim_start_matches("http://").trim_end_matches(":18090/");
-        let (status, body) = get(18_090, host_name).expect("the URL answers");
+        let host_name = url.trim_start_matches("https://").trim_end_matches(":18443/");
+        let gets = |port: u16, host: &str| -> Option<(u16, String)> {
+            let ca = std::fs::read_to_string(&ca).ok()?;
+            let (status, text, _) = tls_support::get_tls(port, host, &ca).ok()?;
+            Some((
+                status,
+                text.split_once("\r\n\r\n")
+                    .map(|(_, b)| b.trim().to_owned())
+                    .unwrap_or_default(),
+            ))
+        };
+        let (status, body) = gets(18_443, host_name).expect("the URL answers");
         assert_eq!(status, 200);
         assert!(body.contains("hello from Pushleft"), "{body}");
+        let plain = tls_support::head_plain(18_090, host_name);
+        assert!(
+            plain.starts_with("HTTP/1.1 308") && plain.contains(&format!("Location: https://{host_name}:18443/")),
+            "{plain}"
+        );
         local_user_reaches_only_what_docs_security_says(&state, host_name);
         // `pl logs`: the role's lines (httpd -v logs each response), relayed from the node.
         let repo_arg = repo.to_string_lossy().into_owned();
@@ -1070,7 +1105,7 @@ fn the_quickstart_builds_its_image_and_serves_its_page() {
         });
         let deadline = Instant::now() + Duration::from_secs(30);
         let seen = loop {
-            assert_eq!(get(18_090, host_name).map(|r| r.0), Some(200));
+            assert_eq!(gets(18_443, host_name).map(|r| r.0), Some(200));
             if let Ok(line) = rx.recv_timeout(Duration::from_millis(500))
                 && line.contains("response:200")
             {
@@ -1088,14 +1123,14 @@ fn the_quickstart_builds_its_image_and_serves_its_page() {
         let (code, out, err) = pl(&["up", "--port", "18090"], &repo, &state, &socket);
         assert_eq!(code, 0, "{out}\n{err}");
         assert!(out.contains("building hello from") && out.contains("again"), "{out}");
-        assert_eq!(get(18_090, host_name).map(|r| r.0), Some(200));
+        assert_eq!(gets(18_443, host_name).map(|r| r.0), Some(200));
         let (code, _, err) = pl(&["up", "--port", "18090", "--no-build"], &repo, &state, &socket);
         assert_eq!(code, 1);
         assert!(
             err.contains("registry.example.invalid") && err.contains("pl up --build hello=DIR"),
             "{err}"
         );
-        assert_eq!(get(18_090, host_name).map(|r| r.0), Some(200), "still serving");
+        assert_eq!(gets(18_443, host_name).map(|r| r.0), Some(200), "still serving");
 
         // On a terminal the progress is live, and each environment's line ends with its URL.
         let project = repo.join("projects/hello.yaml");
@@ -1124,11 +1159,16 @@ fn the_quickstart_builds_its_image_and_serves_its_page() {
             out.contains("stopped the agent of node-1, Caddy, the build registry, the reconciler"),
             "pl down says what it stopped: {out}"
         );
-        assert_eq!(get(18_090, host_name), None, "nothing serves after pl down");
+        assert_eq!(gets(18_443, host_name), None, "nothing serves after pl down");
+        assert!(
+            tls_support::head_plain_result(18_090, host_name).is_err(),
+            "nor on plain HTTP"
+        );
         // After `pl down`, `--port` takes effect (the port recorded before is no dead end).
         let (code, out, err) = pl(&["up", "--port", "18091", "--build", &build], &repo, &state, &socket);
         assert_eq!(code, 0, "pl up --port after pl down: {out}\n{err}");
-        assert_eq!(get(18_091, host_name).map(|r| r.0), Some(200));
+        assert_eq!(gets(18_443, host_name).map(|r| r.0), Some(200), "HTTPS keeps its port");
+        assert!(tls_support::head_plain(18_091, host_name).starts_with("HTTP/1.1 308"));
         let (code, _, err) = pl(&["up", "--port", "18092", "--build", &build], &repo, &state, &socket);
         assert_eq!(code, 1, "a running control plane keeps its port");
         assert!(err.contains("`pl down` first, then `pl up --port 18092`"), "{err}");
@@ -1179,7 +1219,7 @@ fn two_control_planes_share_a_host_without_touching_each_other() {
         let ports = [18_081u16, 18_082];
         for ((repo, state, _), http) in sides.iter().zip(ports) {
             let (code, out, err) = pl(
-                &["up", "--node", "n1", "--port", &http.to_string()],
+                &["up", "--http", "--node", "n1", "--port", &http.to_string()],
                 repo,
                 state,
                 &socket,

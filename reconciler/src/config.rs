@@ -67,6 +67,10 @@ pub struct Config {
 #[serde(deny_unknown_fields)]
 pub struct CertificatesConfig {
     pub issuer: IssuerKind,
+    /// The age identity (X25519) issued keys are kept sealed to and resealed with; default
+    /// `control.age_identity`. (`pl up` makes one of its own, since a user's identity for
+    /// Secrets may be an SSH key, whose recipient is not in its file.)
+    pub identity: Option<PathBuf>,
     /// `local`: the CA's certificate and key, made at the first start when neither exists.
     #[serde(default = "default_local_ca_cert")]
     pub local_ca_cert: PathBuf,
@@ -338,9 +342,11 @@ impl Config {
             })?;
         }
         let mut private = vec![&self.api.tls_key];
+        let certificates_identity = self.certificates.as_ref().and_then(|c| c.identity.clone());
         for p in [
             &self.control.ca_key,
             &self.control.age_identity,
+            &certificates_identity,
             &self.webhooks.github_secret_file,
             &self.webhooks.gitea_secret_file,
             &self.webhooks.gitlab_token_file,
@@ -424,6 +430,7 @@ impl Config {
         if let Some(c) = &mut self.certificates {
             fix(&mut c.local_ca_cert);
             fix(&mut c.local_ca_key);
+            fix_opt(&mut c.identity);
         }
     }
 
@@ -458,9 +465,9 @@ impl Config {
             ));
         }
         if let Some(c) = &self.certificates {
-            if self.control.age_identity.is_none() {
+            if c.identity.is_none() && self.control.age_identity.is_none() {
                 return Err(invalid(
-                    "certificates needs control.age_identity: an issued key is kept sealed to the control host and resealed to each node".into(),
+                    "certificates needs an age identity (certificates.identity or control.age_identity): an issued key is kept sealed to the control host and resealed to each node".into(),
                 ));
             }
             if !(1..=24 * 397).contains(&c.lifetime_hours) {

@@ -44,13 +44,16 @@ pub fn get_tls(port: u16, host: &str, ca: &str) -> Result<(u16, String, Vec<u8>)
 
 /// The head of a plain HTTP answer for `host` (a redirect's `Location` is in it).
 pub fn head_plain(port: u16, host: &str) -> String {
+    head_plain_result(port, host).expect("connect")
+}
+
+/// [`head_plain`], or why nothing answered.
+pub fn head_plain_result(port: u16, host: &str) -> std::io::Result<String> {
     use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
-        .expect("timeout");
-    s.write_all(format!("GET /path?q=1 HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes())
-        .expect("request");
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+    s.write_all(format!("GET /path?q=1 HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes())?;
     let mut text = String::new();
     let _ = s.take(1 << 16).read_to_string(&mut text);
-    text
+    Ok(text)
 }

@@ -159,6 +159,8 @@ pub fn down(args: &DownArgs) -> Result<u8> {
     }
     // The next `pl up` chooses its trust again.
     let _ = std::fs::remove_file(local.path("mode"));
+    // And whether it serves HTTPS.
+    let _ = std::fs::remove_file(local.path("scheme"));
     let what = match (running, stopped.is_empty()) {
         (_, true) => "nothing ran".to_owned(),
         (true, false) => format!("environments torn down; stopped {}", stopped.join(", ")),

@@ -153,16 +153,23 @@ pub(crate) fn failure_of(client: &Client, environment: &str) -> Result<Option<St
 /// agent, and none of another generation (or scaled away) still running. `since_ms` is when
 /// this `pl up` began: the jobs it shows are the ones made since, and an environment that got
 /// none is reported unchanged.
+/// Where the environments are served: `https` on the HTTPS port, or `http` on the ingress port.
+#[derive(Clone, Copy, Debug)]
+pub struct Serving {
+    pub scheme: &'static str,
+    pub port: u16,
+}
+
 pub fn converge(
     client: &Client,
     head: &str,
     environments: &[Followed],
-    http_port: u16,
+    serving: Serving,
     timeout: Duration,
     since_ms: i64,
 ) -> Result<u8> {
     let mut display = Display::new(environments);
-    let code = follow(client, head, environments, http_port, timeout, since_ms, &mut display);
+    let code = follow(client, head, environments, serving, timeout, since_ms, &mut display);
     display.stop();
     code
 }
@@ -171,7 +178,7 @@ fn follow(
     client: &Client,
     head: &str,
     environments: &[Followed],
-    http_port: u16,
+    at: Serving,
     timeout: Duration,
     since_ms: i64,
     display: &mut Display,
@@ -266,8 +273,10 @@ fn follow(
                     display.done(
                         name,
                         format!(
-                            "{name}: generation {generation} {what} ({running} replica(s) running): http://{}.localhost:{http_port}/",
-                            env.host
+                            "{name}: generation {generation} {what} ({running} replica(s) running): {}://{}.localhost:{}/",
+                            at.scheme,
+                            env.host,
+                            at.port
                         ),
                     );
                     done += 1;

@@ -9,6 +9,11 @@ use anyhow::{Context, Result, anyhow, bail};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// The age identity (in the state folder) issued certificates' keys are sealed to.
+pub(crate) const CERTIFICATES_IDENTITY: &str = "certificates.age";
+/// The local CA the reconciler makes for HTTPS, which users trust to browse `https://….localhost`.
+pub(crate) const LOCAL_CA: &str = "ingress-ca/ca.crt";
+
 /// How a local control plane trusts what it applies.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Trust {
@@ -63,6 +68,9 @@ pub(crate) struct Ports {
     /// The local registry `--build` pushes to (0: none chosen yet).
     #[serde(default)]
     pub(crate) registry: u16,
+    /// Where the ingress serves HTTPS (0: none chosen yet, or plain HTTP only).
+    #[serde(default)]
+    pub(crate) https: u16,
 }
 
 impl Local {
@@ -109,8 +117,10 @@ impl Local {
     }
 
     /// The CA, API certificate, admin token, local signing key, mirror and ports: made once
-    /// (`port`, when given, replaces the recorded ingress port).
-    pub(crate) fn init(&self, port: Option<u16>) -> Result<Ports> {
+    /// (`port` and `https_port`, when given, replace the recorded ones; an HTTPS port is chosen
+    /// when `https` and none is recorded), and with `https` the age identity issued
+    /// certificates' keys are sealed to.
+    pub(crate) fn init(&self, port: Option<u16>, https_port: Option<u16>, https: bool) -> Result<Ports> {
         use std::os::unix::fs::PermissionsExt;
         std::fs::create_dir_all(&self.state)?;
         std::fs::set_permissions(&self.state, std::fs::Permissions::from_mode(0o700))?;
@@ -136,6 +146,16 @@ impl Local {
             std::fs::write(self.path("allowed_signers"), format!("pl-up-local {public}\n"))?;
         }
         state_repo::mirror::Mirror::open_or_init(&self.path("mirror.git"))?;
+        if https && !self.path(CERTIFICATES_IDENTITY).exists() {
+            use age::secrecy::ExposeSecret;
+            let id = age::x25519::Identity::generate();
+            let text = zeroize::Zeroizing::new(format!(
+                "# pl up: issued certificates' keys are sealed to this identity\n# public key: {}\n{}\n",
+                id.to_public(),
+                id.to_string().expose_secret()
+            ));
+            write_private(&self.path(CERTIFICATES_IDENTITY), text.as_bytes())?;
+        }
         let ports = match self.recorded_ports()? {
             // `--port` for a control plane that does not run (the caller checked): taken now.
             Some(p) if port.is_some_and(|n| n != p.http) => Ports {
@@ -147,7 +167,7 @@ impl Local {
                 registry: free_port()?,
                 ..p
             },
-            Some(p) => return Ok(p),
+            Some(p) => p,
             None => Ports {
                 api: free_port()?,
                 agent: free_port()?,
@@ -156,8 +176,24 @@ impl Local {
                     None => free_port()?,
                 },
                 registry: free_port()?,
+                https: 0,
             },
         };
+        let ports = match (https, https_port) {
+            (true, Some(h)) => Ports { https: h, ..ports },
+            (true, None) if ports.https == 0 => Ports {
+                https: free_port()?,
+                ..ports
+            },
+            (true, None) => ports,
+            (false, _) => Ports { https: 0, ..ports },
+        };
+        if self.recorded_ports()?.is_some_and(|r| {
+            (r.api, r.agent, r.http, r.registry, r.https)
+                == (ports.api, ports.agent, ports.http, ports.registry, ports.https)
+        }) {
+            return Ok(ports);
+        }
         std::fs::write(self.path("ports.json"), serde_json::to_vec(&ports)?)?;
         Ok(ports)
     }
@@ -212,6 +248,34 @@ impl Local {
             }
         }
         Ok(())
+    }
+
+    /// Whether this control plane serves HTTPS (`scheme`, kept until `pl down`): the other is
+    /// refused, since what runs was published the first way.
+    /// Checked before anything starts; [`Self::settle_scheme`] records it once the state
+    /// folder exists.
+    pub(crate) fn check_scheme(&self, https: bool) -> Result<()> {
+        let wanted = if https { "https" } else { "http" };
+        match std::fs::read_to_string(self.path("scheme")) {
+            Ok(s) if s.trim() != wanted => bail!(
+                "this repository's local control plane serves {}; `pl down` first to serve {wanted}{}",
+                s.trim(),
+                if https {
+                    " (leave out --http)"
+                } else {
+                    " (pl up --http)"
+                }
+            ),
+            _ => Ok(()),
+        }
+    }
+
+    pub(crate) fn settle_scheme(&self, https: bool) -> Result<()> {
+        self.check_scheme(https)?;
+        Ok(std::fs::write(
+            self.path("scheme"),
+            if https { "https" } else { "http" },
+        )?)
     }
 
     /// The trust this control plane was set up with (`mode`): a different one is refused.

@@ -74,10 +74,33 @@ pub struct UpArgs {
     /// by digest in the local revision; your files are not changed). Repeatable.
     #[arg(long = "build", value_name = "PROJECT=DIR", conflicts_with = "allowed_signers")]
     pub builds: Vec<build::Build>,
+    /// Serve plain HTTP only: no local CA, no HTTPS (kept until `pl down`). By default the
+    /// environments are served at `https://<hostname>.localhost:<https port>/` with
+    /// certificates from a CA of the local control plane's own, and plain HTTP redirects there.
+    #[arg(long)]
+    pub http: bool,
+    /// The HTTPS port on 127.0.0.1 (default: one chosen once and kept).
+    #[arg(long, conflicts_with = "http")]
+    pub https_port: Option<u16>,
     /// Forget the builds an earlier `--build` asked for (they are built again on every `pl up`
     /// until then), and run the images the files name.
     #[arg(long, conflicts_with = "builds")]
     pub no_build: bool,
+}
+
+/// Where the environments answer: HTTPS when this control plane serves it, else plain HTTP.
+fn serving(_local: &Local, ports: Ports) -> follow::Serving {
+    if ports.https != 0 {
+        follow::Serving {
+            scheme: "https",
+            port: ports.https,
+        }
+    } else {
+        follow::Serving {
+            scheme: "http",
+            port: ports.http,
+        }
+    }
 }
 
 /// Milliseconds since the epoch, as the ledger writes times.
@@ -177,8 +200,22 @@ pub fn up(args: &UpArgs) -> Result<u8> {
                 "port {http} on 127.0.0.1 is taken by another program: stop it, or choose another port (`pl up --port PORT`)"
             );
         }
+        let https = args.https_port.or(recorded.map(|r| r.https).filter(|p| *p != 0));
+        if let (Some(https), false) = (https, args.http)
+            && std::net::TcpListener::bind(("127.0.0.1", https)).is_err()
+        {
+            bail!(
+                "port {https} on 127.0.0.1 is taken by another program: stop it, or choose another port (`pl up --https-port PORT`, or `--http` to serve plain HTTP only)"
+            );
+        }
     }
-    let ports = local.init(args.port.filter(|_| !running))?;
+    local.check_scheme(!args.http)?;
+    let ports = local.init(
+        args.port.filter(|_| !running),
+        args.https_port.filter(|_| !running),
+        !args.http,
+    )?;
+    local.settle_scheme(!args.http)?;
     local.settle_trust(&trust)?;
     local.settle_identity(&loaded.state, args.identity.as_deref())?;
     if args.no_build {
@@ -249,7 +286,15 @@ pub fn up(args: &UpArgs) -> Result<u8> {
         approve_local_rewrite(&client, &head)?;
     }
     let timeout = Duration::from_secs(args.timeout_seconds);
-    let code = follow::converge(&client, &head, &environments, ports.http, timeout, started_ms)?;
+    let serving = serving(&local, ports);
+    if serving.scheme == "https" && web {
+        println!(
+            "pl up: HTTPS with a local CA (for .localhost names only): trust {} in your browser, or `curl --cacert {} URL`",
+            local.path(local::LOCAL_CA).display(),
+            local.path(local::LOCAL_CA).display()
+        );
+    }
+    let code = follow::converge(&client, &head, &environments, serving, timeout, started_ms)?;
     if !args.watch {
         return Ok(code);
     }
@@ -464,7 +509,7 @@ fn watch(
             client,
             &head,
             &environments_of(&loaded.state),
-            ports.http,
+            serving(local, ports),
             timeout,
             since_ms,
         )?;

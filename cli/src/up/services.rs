@@ -12,6 +12,15 @@ use std::time::{Duration, Instant};
 impl Local {
     /// The reconciler, started when it does not run; waits until it answers.
     pub(crate) fn reconciler(&self, ports: Ports, trust: &Trust, previews: &[String]) -> Result<Client> {
+        // HTTPS: certificates from a CA of the control plane's own, for `.localhost` names.
+        let certificates = if ports.https != 0 {
+            format!(
+                "\n[certificates]\nissuer = \"local\"\nidentity = {:?}\n",
+                super::local::CERTIFICATES_IDENTITY
+            )
+        } else {
+            String::new()
+        };
         let config = format!(
             "[source]\npath = {:?}\nbranch = \"main\"\npreview_branches = {:?}\n\n{}\n[ledger]\nurl = \"sqlite://{}\"\n\n[reconcile]\ninterval_seconds = 2\n\n[control]\nca_cert = \"tls/ca.crt\"\nca_key = \"tls/ca.key\"\n{}\n[agent_api]\nlisten = \"127.0.0.1:{}\"\n\n[api]\nlisten = \"127.0.0.1:{}\"\ntls_cert = \"tls/api.crt\"\ntls_key = \"tls/api.key\"\n\n{}\n",
             self.path("mirror.git"),
@@ -26,7 +35,7 @@ impl Local {
             ports.agent,
             ports.api,
             std::fs::read_to_string(self.path("tokens.toml"))?
-        );
+        ) + &certificates;
         let pid = self.path("reconciler.pid");
         // A running reconciler with another configuration (the trust changed) starts anew.
         if std::fs::read_to_string(self.path("reconciler.toml")).ok().as_deref() != Some(config.as_str()) {
@@ -187,12 +196,18 @@ impl Local {
             }
         }
         let config = format!(
-            "control = \"https://localhost:{}\"\ndir = \"node\"\ndocker_socket = {:?}\nsecrets_dir = \"secrets\"\nstate_dir = \"state\"\nheartbeat_seconds = 1\nparallel_environments = 16\ncaddy_admin = {:?}\ningress_listen = [\"127.0.0.1:{}\"]\ningress_upstreams = {:?}\ningress_host_suffix = \".localhost\"\n# `pl up` serves plain HTTP: no HTTPS listener of its own yet.\ningress_tls_listen = []\n",
+            "control = \"https://localhost:{}\"\ndir = \"node\"\ndocker_socket = {:?}\nsecrets_dir = \"secrets\"\nstate_dir = \"state\"\nheartbeat_seconds = 1\nparallel_environments = 16\ncaddy_admin = {:?}\ningress_listen = [\"127.0.0.1:{}\"]\ningress_upstreams = {:?}\ningress_host_suffix = \".localhost\"\ningress_tls_listen = [{}]\ningress_tls_dir = {:?}\n",
             ports.agent,
             docker.display().to_string(),
             self.caddy_admin()?,
             ports.http,
             self.path("ingress").display().to_string(),
+            if ports.https != 0 {
+                format!("\"127.0.0.1:{}\"", ports.https)
+            } else {
+                String::new()
+            },
+            self.path("ingress-tls").display().to_string(),
         );
         // The build registry's credentials, for pulls of what `--build` pushed.
         let config = if ports.registry != 0 {
@@ -205,6 +220,10 @@ impl Local {
         } else {
             config
         };
+        // A running agent with another configuration (HTTPS turned on, say) starts anew.
+        if std::fs::read_to_string(home.join("agent.toml")).ok().as_deref() != Some(config.as_str()) {
+            stop(&home.join("agent.pid"), "pl-agent");
+        }
         std::fs::write(home.join("agent.toml"), config)?;
         run_daemon(
             "pl-agent",

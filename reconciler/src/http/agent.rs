@@ -36,8 +36,9 @@ pub struct Agents {
     /// The group commit its leases and completions go through.
     pub group: Arc<Group>,
     pub peers: Arc<Peers>,
-    /// The control host's age identities (`control.age_identity`): they reseal secrets to
-    /// nodes at lease time. Empty when none is configured.
+    /// The control host's age identities (`control.age_identity`, and `certificates.identity`):
+    /// they reseal secrets and issued keys to nodes at lease time. Empty when none is
+    /// configured.
     pub control_identities: Vec<Box<dyn age::Identity + Send + Sync>>,
     /// What Git declares of each node, reused for [`DECLARED_CACHE_MS`].
     declared: std::sync::Mutex<Option<(Instant, std::collections::HashMap<String, Declared>)>>,
@@ -52,11 +53,20 @@ impl Agents {
         group: Arc<Group>,
         peers: Arc<Peers>,
     ) -> Result<Agents, String> {
-        let control_identities = match &config.control.age_identity {
+        let mut control_identities = match &config.control.age_identity {
             Some(p) => pushleft_secrets::load_identities(p)
                 .map_err(|e| format!("control.age_identity {}: {}", p.display(), e.code()))?,
             None => Vec::new(),
         };
+        // Issued certificates' keys may be sealed to an identity of their own.
+        if let Some(p) = config.certificates.as_ref().and_then(|c| c.identity.as_ref())
+            && config.control.age_identity.as_ref() != Some(p)
+        {
+            control_identities.extend(
+                pushleft_secrets::load_identities(p)
+                    .map_err(|e| format!("certificates.identity {}: {}", p.display(), e.code()))?,
+            );
+        }
         Ok(Agents {
             config,
             ledger,

@@ -118,7 +118,14 @@ impl Reconciler {
                 ));
             }
         };
-        let issuing = match (&config.certificates, &config.control.age_identity) {
+        let issuing = match (
+            &config.certificates,
+            config
+                .certificates
+                .as_ref()
+                .and_then(|c| c.identity.as_ref())
+                .or(config.control.age_identity.as_ref()),
+        ) {
             (Some(c), Some(identity)) => {
                 let ca = crate::issuer::LocalCa::open_or_create(
                     &c.local_ca_cert,
@@ -129,7 +136,7 @@ impl Reconciler {
                 .map_err(|e| DaemonError::Config(e.to_string()))?;
                 let control = pushleft_secrets::own_recipients(identity).map_err(|e| {
                     DaemonError::Config(format!(
-                        "certificates: control.age_identity {}: {} (issued keys are sealed to its X25519 recipient)",
+                        "certificates: the age identity {}: {} (issued keys are sealed to its X25519 recipient)",
                         identity.display(),
                         e.code()
                     ))
