@@ -218,6 +218,18 @@ fn the_whole_loop_rolls_out_serves_and_survives_a_killed_agent() {
             sql(&url, "SELECT hostname || ' ' || issuer || ' ' || CAST(issued AS TEXT) FROM certificates"),
             [format!("{HOSTNAME} local 1")]
         );
+        // Its expiry in /metrics: 30 days ahead (the default lifetime), from what the ledger holds.
+        let (code, metrics) = d.get("/metrics", None);
+        assert_eq!(code, 200);
+        let expiry: i64 = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("pushleft_certificate_expiry_timestamp_seconds{{hostname=\"{HOSTNAME}\"}} ")))
+            .unwrap_or_else(|| panic!("no expiry in {metrics}"))
+            .parse()
+            .expect("seconds");
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("now").as_secs() as i64;
+        assert!((expiry - now - 30 * 86_400).abs() < 600, "{expiry} vs {now}");
+        assert!(metrics.contains(&format!("pushleft_certificate_failures{{hostname=\"{HOSTNAME}\"}} 0")), "{metrics}");
         let cp = support::control_plane(&url);
         let container = |g: i64| agent_proto::container_name(&cp, ENV, "web", Some(0), g as u64);
         let table = Command::new("nft").args(["list", "table", "inet", &format!("pl_{cp}_{ENV}_n1")]).output().expect("nft");

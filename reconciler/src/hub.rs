@@ -65,11 +65,16 @@ pub struct Hub {
     /// Bumped when certificates were revoked (a node retired in Git): the agent API's
     /// certificate cache starts afresh.
     pub revocations: AtomicU64,
+    /// The hostnames' issued certificates as of the last look (`[certificates]`): hostname,
+    /// when it expires (Unix ms, 0 before the first issuance) and failures in a row. `/metrics`
+    /// serves these, so a scrape costs no query.
+    pub certificates: Mutex<Vec<(String, i64, i64)>>,
 }
 
 impl Default for Hub {
     fn default() -> Self {
         Hub {
+            certificates: Mutex::new(Vec::new()),
             hint: Notify::new(),
             fetch_hint: Notify::new(),
             wrote: Notify::new(),

@@ -194,6 +194,29 @@ async fn metrics(State(s): App) -> Response {
         "pushleft_queue_age_seconds {}",
         counts.queue_age_ms as f64 / 1000.0
     );
+    let certificates = s.hub.certificates.lock().map(|c| c.clone()).unwrap_or_default();
+    if !certificates.is_empty() {
+        let _ = writeln!(
+            out,
+            "# HELP pushleft_certificate_expiry_timestamp_seconds When each hostname's issued certificate expires (0: none issued yet)."
+        );
+        let _ = writeln!(out, "# TYPE pushleft_certificate_expiry_timestamp_seconds gauge");
+        for (host, not_after, _) in &certificates {
+            let _ = writeln!(
+                out,
+                "pushleft_certificate_expiry_timestamp_seconds{{hostname=\"{host}\"}} {}",
+                not_after / 1000
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP pushleft_certificate_failures Failed issuances of each hostname's certificate in a row."
+        );
+        let _ = writeln!(out, "# TYPE pushleft_certificate_failures gauge");
+        for (host, _, failures) in &certificates {
+            let _ = writeln!(out, "pushleft_certificate_failures{{hostname=\"{host}\"}} {failures}");
+        }
+    }
     let _ = writeln!(
         out,
         "# HELP pushleft_leader Whether this daemon reconciles (1) or stands by (0)."

@@ -70,7 +70,12 @@ fn wanted(rollouts: Vec<crate::store::certificates::Rollout>) -> BTreeMap<String
 }
 
 /// Issues every certificate that is due; returns how many were issued.
-pub async fn issue_due(ledger: &Ledger, issuing: &Issuing, now_ms: i64) -> Result<usize, LedgerError> {
+pub async fn issue_due(
+    ledger: &Ledger,
+    hub: &crate::hub::Hub,
+    issuing: &Issuing,
+    now_ms: i64,
+) -> Result<usize, LedgerError> {
     let rows: BTreeMap<String, CertificateRow> = ledger
         .certificates()
         .await?
@@ -119,6 +124,16 @@ pub async fn issue_due(ledger: &Ledger, issuing: &Issuing, now_ms: i64) -> Resul
                     .await?;
             }
         }
+    }
+    // What `/metrics` shows: every row as it stands now.
+    let gauges = ledger
+        .certificates()
+        .await?
+        .into_iter()
+        .map(|r| (r.hostname, if r.chain.is_some() { r.not_after } else { 0 }, r.failures))
+        .collect();
+    if let Ok(mut g) = hub.certificates.lock() {
+        *g = gauges;
     }
     Ok(issued)
 }

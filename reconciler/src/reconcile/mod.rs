@@ -279,7 +279,7 @@ impl Reconciler {
             let last = self.certificates_checked_ms.load(Ordering::Relaxed);
             if report.accepted > 0 || now - last >= certificates::CHECK_EVERY_MS {
                 self.certificates_checked_ms.store(now, Ordering::Relaxed);
-                let issued = certificates::issue_due(&self.ledger, issuing, now).await?;
+                let issued = certificates::issue_due(&self.ledger, &self.hub, issuing, now).await?;
                 report.advanced += issued;
             }
         }
