@@ -163,6 +163,7 @@ fn the_whole_loop_rolls_out_serves_and_survives_a_killed_agent() {
     let root = dir.path().to_owned();
     let s_dir = s.dir.clone();
     let operator = s.operator.clone();
+    let viewer = s.viewer.clone();
 
     // Everything below runs inside the host's namespace.
     host.run(move || {
@@ -230,6 +231,12 @@ fn the_whole_loop_rolls_out_serves_and_survives_a_killed_agent() {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("now").as_secs() as i64;
         assert!((expiry - now - 30 * 86_400).abs() < 600, "{expiry} vs {now}");
         assert!(metrics.contains(&format!("pushleft_certificate_failures{{hostname=\"{HOSTNAME}\"}} 0")), "{metrics}");
+        let (code, listed) = d.get("/v1/certificates", Some(&viewer));
+        assert_eq!(code, 200, "{listed}");
+        let listed: serde_json::Value = serde_json::from_str(&listed).expect("json");
+        let first = &listed["certificates"][0];
+        assert_eq!((first["hostname"].as_str(), first["state"].as_str(), first["issuer"].as_str()), (Some(HOSTNAME), Some("valid"), Some("local")));
+        assert!(first.get("chain").is_none() && first.get("keySealed").is_none(), "{first}");
         let cp = support::control_plane(&url);
         let container = |g: i64| agent_proto::container_name(&cp, ENV, "web", Some(0), g as u64);
         let table = Command::new("nft").args(["list", "table", "inet", &format!("pl_{cp}_{ENV}_n1")]).output().expect("nft");

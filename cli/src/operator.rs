@@ -259,7 +259,48 @@ pub fn status(args: &ServerArgs) -> Result<u8> {
     if off.len() > 20 {
         outln!("  … and {} more", off.len() - 20);
     }
+    certificates_line(&client)?;
     Ok(0)
+}
+
+/// `pl status`'s certificates: how many are valid, the next to expire, and each that is not
+/// (a control plane that issues none says nothing).
+fn certificates_line(client: &Client) -> Result<()> {
+    let v = client.json("GET", "/v1/certificates")?;
+    let list: Vec<&Value> = v["certificates"].as_array().into_iter().flatten().collect();
+    if list.is_empty() {
+        return Ok(());
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    let valid = list.iter().filter(|c| c["state"] == "valid").count();
+    let next = list
+        .iter()
+        .filter(|c| c["notAfterMs"].as_i64().unwrap_or(0) > 0)
+        .min_by_key(|c| c["notAfterMs"].as_i64().unwrap_or(i64::MAX));
+    outln!(
+        "certificates {valid} valid of {}{}",
+        list.len(),
+        next.map(|c| format!(
+            "; next to expire: {} in {} h",
+            c["hostname"].as_str().unwrap_or("?"),
+            (c["notAfterMs"].as_i64().unwrap_or(0) - now) / 3_600_000
+        ))
+        .unwrap_or_default()
+    );
+    for c in list.iter().filter(|c| c["state"] != "valid").take(20) {
+        outln!(
+            "  {}: {}{}",
+            c["hostname"].as_str().unwrap_or("?"),
+            c["state"].as_str().unwrap_or("?"),
+            c["lastError"]
+                .as_str()
+                .map(|e| format!(" ({} failure(s): {e})", c["failures"]))
+                .unwrap_or_default()
+        );
+    }
+    Ok(())
 }
 
 pub fn revisions(args: &ServerArgs, branch: Option<String>, limit: u32) -> Result<u8> {

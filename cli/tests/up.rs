@@ -1055,6 +1055,13 @@ fn the_quickstart_builds_its_image_and_serves_its_page() {
         let (status, body) = gets(18_443, host_name).expect("the URL answers");
         assert_eq!(status, 200);
         assert!(body.contains("hello from Pushleft"), "{body}");
+        // `pl status` says what the control plane issued.
+        let (code, status, err) = pl(&["status", "--local"], &repo, &state, &socket);
+        assert_eq!(code, 0, "{err}");
+        assert!(
+            status.contains("certificates 1 valid of 1; next to expire: "),
+            "{status}"
+        );
         let plain = tls_support::head_plain(18_090, host_name);
         assert!(
             plain.starts_with("HTTP/1.1 308") && plain.contains(&format!("Location: https://{host_name}:18443/")),

@@ -107,6 +107,7 @@ pub fn router(state: Arc<Operator>) -> Router {
         .route("/v1/reconcile", post(reconcile))
         .route("/v1/rewrites", get(rewrites))
         .route("/v1/nodes", get(nodes))
+        .route("/v1/certificates", get(certificates))
         .route("/v1/fleet", get(fleet))
         .route("/v1/rewrites/approve", post(approve_rewrite))
         .route("/v1/webhooks/{forge}", post(webhook))
@@ -327,6 +328,47 @@ async fn nodes(State(s): App, headers: HeaderMap) -> Response {
     }
     match s.ledger.nodes(&s.config.source.branch, now_ms()).await {
         Ok(rows) => axum::Json(json!({ "nodes": rows })).into_response(),
+        Err(e) => internal(e),
+    }
+}
+
+/// The certificates the control plane issued, by hostname: state, validity, renewal and
+/// failures (never a key, nor the chain). States: `valid`, `renewal-failing` (valid, its
+/// renewal failing), `expired`, `pending` (none issued yet), `failing` (none issued, and
+/// failing).
+async fn certificates(State(s): App, headers: HeaderMap) -> Response {
+    if let Some(r) = authorize(&s.tokens, &headers, Role::Viewer) {
+        return r;
+    }
+    let now = now_ms();
+    match s.ledger.certificates().await {
+        Ok(rows) => {
+            let list: Vec<serde_json::Value> = rows
+                .iter()
+                .map(|r| {
+                    let state = match (r.chain.is_some(), r.failures > 0) {
+                        (true, _) if now > r.not_after => "expired",
+                        (true, false) => "valid",
+                        (true, true) => "renewal-failing",
+                        (false, false) => "pending",
+                        (false, true) => "failing",
+                    };
+                    json!({
+                        "hostname": r.hostname,
+                        "issuer": r.issuer,
+                        "state": state,
+                        "notBeforeMs": r.not_before,
+                        "notAfterMs": r.not_after,
+                        "renewAfterMs": r.renew_after,
+                        "issued": r.issued,
+                        "failures": r.failures,
+                        "retryAtMs": r.retry_at,
+                        "lastError": r.last_error,
+                    })
+                })
+                .collect();
+            axum::Json(json!({ "certificates": list })).into_response()
+        }
         Err(e) => internal(e),
     }
 }
