@@ -49,6 +49,10 @@ pub enum AdminError {
     Connect { socket: String, source: std::io::Error },
     #[error("{0}")]
     Http(String),
+    /// The connection closed before the answer came (Caddy restarts its admin endpoint while
+    /// it loads a configuration): a request may or may not have been applied.
+    #[error("{0}")]
+    Cut(String),
     #[error("no answer within {} s", TIMEOUT.as_secs())]
     Timeout,
     /// The socket's folder lets other local users in ([`Admin::check_private`]): not used.
@@ -57,9 +61,15 @@ pub enum AdminError {
 }
 
 impl AdminError {
-    /// Whether a second try may succeed (the connection was cut or refused).
-    pub fn is_connection(&self) -> bool {
-        matches!(self, AdminError::Connect { .. })
+    /// Whether a second try of `method` may succeed and is safe: the connection was refused
+    /// (nothing was sent), or cut before the answer for a method that may be repeated (every
+    /// one but `POST`, which appends).
+    pub fn may_retry(&self, method: &str) -> bool {
+        match self {
+            AdminError::Connect { .. } => true,
+            AdminError::Cut(_) => method != "POST",
+            _ => false,
+        }
     }
 }
 
@@ -152,7 +162,13 @@ impl Admin {
             .header(hyper::header::CONTENT_TYPE, "application/json")
             .body(Full::new(body))
             .map_err(|e| http(&e))?;
-        let answer = sender.send_request(request).await.map_err(|e| http(&e))?;
+        let answer = sender.send_request(request).await.map_err(|e| {
+            if e.is_incomplete_message() || e.is_canceled() || e.is_closed() {
+                AdminError::Cut(format!("caddy admin {method} {path}: {e}"))
+            } else {
+                http(&e)
+            }
+        })?;
         let status = answer.status().as_u16();
         let body = Limited::new(answer.into_body(), MAX_REPLY_BYTES)
             .collect()
@@ -208,6 +224,32 @@ mod tests {
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).expect("chmod");
         let admin = Admin::parse(&format!("unix/{}/admin.sock", dir.path().display())).expect("parse");
         let e = admin.call("GET", "/config/", None).expect_err("no socket");
-        assert!(e.is_connection(), "{e}");
+        assert!(e.may_retry("GET") && e.may_retry("POST"), "nothing was sent: {e}");
+    }
+
+    #[test]
+    fn a_cut_answer_is_retried_unless_it_appended() {
+        // A server that reads the request and closes without answering, as Caddy's admin
+        // endpoint does while it restarts.
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        let socket = dir.path().join("admin.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind");
+        std::thread::spawn(move || {
+            for conn in listener.incoming().take(2) {
+                if let Ok(mut c) = conn {
+                    use std::io::Read;
+                    let mut buf = [0u8; 1024];
+                    let _ = c.read(&mut buf);
+                }
+            }
+        });
+        let admin = Admin::parse(&format!("unix/{}", socket.display())).expect("parse");
+        for method in ["GET", "POST"] {
+            let e = admin.call(method, "/config/", None).expect_err("cut");
+            assert!(matches!(e, AdminError::Cut(_)), "{e}");
+            assert_eq!(e.may_retry(method), method != "POST", "{method}: {e}");
+        }
     }
 }

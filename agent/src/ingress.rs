@@ -132,9 +132,9 @@ pub fn route_id(control_plane: &str, hostname: &str) -> String {
 
 /// An admin call, made again once after 100 ms when the connection failed: Caddy restarts its
 /// admin endpoint while it loads a configuration, and a call at that instant is cut.
-fn once_more<T>(call: impl Fn() -> Result<T, AdminError>) -> Result<T, AdminError> {
+fn once_more<T>(method: &str, call: impl Fn() -> Result<T, AdminError>) -> Result<T, AdminError> {
     match call() {
-        Err(e) if e.is_connection() => {
+        Err(e) if e.may_retry(method) => {
             std::thread::sleep(Duration::from_millis(100));
             call()
         }
@@ -662,7 +662,7 @@ impl Ingress {
     }
 
     fn get(&self, path: &str) -> Result<Option<Value>, Failure> {
-        let r = once_more(|| self.admin.call("GET", path, None)).map_err(|e| caddy("caddy-unavailable", e))?;
+        let r = once_more("GET", || self.admin.call("GET", path, None)).map_err(|e| caddy("caddy-unavailable", e))?;
         match r.status {
             // A key that is not there reads as `null`: absent too.
             200 => Ok(Some(
@@ -684,7 +684,7 @@ impl Ingress {
         if !matches!((method, body), ("DELETE", None) | ("PUT" | "PATCH" | "POST", Some(_))) {
             return Err(permanent("ingress-internal", "unknown admin call"));
         }
-        let r = once_more(|| self.admin.call(method, path, body)).map_err(|e| caddy("caddy-unavailable", e))?;
+        let r = once_more(method, || self.admin.call(method, path, body)).map_err(|e| caddy("caddy-unavailable", e))?;
         if (200..300).contains(&r.status) {
             Ok(())
         } else {

@@ -668,10 +668,44 @@ fn brought_certificates_serve_https_and_redirect_plain_http() {
     );
     assert!(!certs.join(host).join("0123abcd_n1").exists());
 
-    // HTTPS once more, then the removal takes all of it.
+    // Another control plane's agent on the same Caddy (same node name) serves its own hostname
+    // over HTTPS beside ours, with its own certificate; ours is refused to it, and its
+    // removal leaves ours serving.
     ingress
         .publish("shop", host, 4, &dial, Some(&sealed(&chain2, &key2, false)))
         .expect("https again");
+    let theirs = Ingress::new(
+        &admin,
+        vec![format!("127.0.0.1:{http}")],
+        dir.path().join("upstreams"),
+        "89abcdef_n1",
+    )
+    .expect("their ingress")
+    .with_tls(TlsConfig {
+        listen: vec![format!("127.0.0.1:{https}")],
+        dir: certs.clone(),
+        identity: identity.clone(),
+    })
+    .expect("tls");
+    let other_host = "other.shop.test";
+    let (ca3, chain3, key3) = certificate(&["*.shop.test"]);
+    assert_eq!(
+        theirs
+            .publish("theirs", host, 1, &dial, Some(&sealed(&chain3, &key3, false)))
+            .expect_err("our hostname")
+            .code,
+        "hostname-taken"
+    );
+    theirs
+        .publish("theirs", other_host, 1, &dial, Some(&sealed(&chain3, &key3, false)))
+        .expect("their hostname");
+    assert_eq!(tls_support::get_tls(https, other_host, &ca3).expect("theirs").0, 200);
+    assert_eq!(tls_support::get_tls(https, host, &ca2).expect("ours").0, 200);
+    theirs.remove("theirs", other_host, 2).expect("their removal");
+    assert_eq!(tls_support::get_tls(https, host, &ca2).expect("ours still").0, 200);
+    assert!(tls_support::get_tls(https, other_host, &ca3).is_err(), "theirs is gone");
+
+    // The removal takes all of ours.
     ingress.remove("shop", host, 5).expect("remove");
     let config = support::caddy_admin(&socket, "GET", "/config/").expect("config").1;
     assert!(
