@@ -237,12 +237,10 @@ mod tests {
         let socket = dir.path().join("admin.sock");
         let listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind");
         std::thread::spawn(move || {
-            for conn in listener.incoming().take(2) {
-                if let Ok(mut c) = conn {
-                    use std::io::Read;
-                    let mut buf = [0u8; 1024];
-                    let _ = c.read(&mut buf);
-                }
+            for mut c in listener.incoming().take(2).flatten() {
+                use std::io::Read;
+                let mut buf = [0u8; 1024];
+                let _ = c.read(&mut buf);
             }
         });
         let admin = Admin::parse(&format!("unix/{}", socket.display())).expect("parse");
