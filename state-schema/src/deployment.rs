@@ -49,10 +49,22 @@ pub struct DeploymentSpec {
     /// What each role runs, as a lease hands it to an agent.
     #[serde(default)]
     pub roles: SmallMap<Name, RoleSpec>,
-    /// HTTPS for every hostname of the environment (`tls` of the Environment). Absent from the
-    /// stored form when unset, so specs without it keep their hashes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tls: Option<TlsSpec>,
+    /// The certificates people bring, by hostname: the Environment's `tls.secret` for its own
+    /// hostname, each Domain's for its. A hostname not here is served with the certificate the
+    /// control plane issues, if it issues any, else over plain HTTP. Absent from the stored form
+    /// when empty, so specs without it keep their hashes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub certificates: Vec<(Hostname, TlsSpec)>,
+}
+
+impl DeploymentSpec {
+    /// The certificate brought for `hostname`, if any.
+    pub fn certificate(&self, hostname: &str) -> Option<&TlsSpec> {
+        self.certificates
+            .iter()
+            .find(|(h, _)| h.as_str() == hostname)
+            .map(|(_, t)| t)
+    }
 }
 
 /// The certificate an environment's hostnames are served with, as ciphertext from Git: a lease

@@ -5,7 +5,7 @@
 
 use crate::canonical;
 use crate::deployment::{DeploymentSpec, TlsSpec};
-use crate::model::{Environment, EnvironmentTls, Kind, Spec, Stage};
+use crate::model::{Environment, Kind, Spec, Stage};
 use crate::placement::{Fleet, Waiting};
 use crate::release::Releases;
 use crate::runspec::role_specs;
@@ -360,28 +360,56 @@ pub fn spec_of(
         placement: pool.placement,
         roles: role_specs(state, &env.project, &env.env, &image),
         replicas: derived.replicas.clone(),
-        tls: env.tls.as_ref().map(|t| tls_spec(state, t)).transpose()?,
+        certificates: brought_certificates(state, name, env, derived.hostname.as_ref(), !derived.domains.is_empty())?,
     })
 }
 
-/// The certificate `tls` names, as ciphertext (validation has checked that the Secret exists
-/// and holds both keys; a tree that did not pass it is refused here by name).
-fn tls_spec(state: &State, tls: &EnvironmentTls) -> Result<TlsSpec, String> {
-    let Some(Spec::Secret(secret)) = state.get(Kind::Secret, tls.secret.as_str()).map(|l| &l.object.spec) else {
-        return Err(format!("secret {} is not declared", tls.secret));
+/// The certificates people bring for the environment's hostnames: its own `tls.secret` for its
+/// hostname, each of its Domains' for theirs (with the environment's HSTS choice).
+fn brought_certificates(
+    state: &State,
+    name: &Name,
+    env: &Environment,
+    hostname: Option<&Hostname>,
+    has_domains: bool,
+) -> Result<Vec<(Hostname, TlsSpec)>, String> {
+    let hsts = env.tls.as_ref().is_some_and(|t| t.hsts);
+    let mut out = Vec::new();
+    if let (Some(tls), Some(h)) = (&env.tls, hostname) {
+        out.push((h.clone(), tls_spec(state, &tls.secret, hsts)?));
+    }
+    if has_domains {
+        for loc in state.of_kind(Kind::Domain) {
+            if let Spec::Domain(d) = &loc.object.spec
+                && d.environment == *name
+                && let Some(tls) = &d.tls
+            {
+                out.push((d.hostname.clone(), tls_spec(state, &tls.secret, hsts)?));
+            }
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
+}
+
+/// The certificate a Secret holds, as ciphertext (validation has checked that the Secret
+/// exists and holds both keys; a tree that did not pass it is refused here by name).
+fn tls_spec(state: &State, secret_name: &Name, hsts: bool) -> Result<TlsSpec, String> {
+    let Some(Spec::Secret(secret)) = state.get(Kind::Secret, secret_name.as_str()).map(|l| &l.object.spec) else {
+        return Err(format!("secret {secret_name} is not declared"));
     };
     let value = |key: &str| {
         secret
             .data
             .get(key)
             .map(|c| c.armored().to_owned())
-            .ok_or_else(|| format!("secret {} has no {key}", tls.secret))
+            .ok_or_else(|| format!("secret {secret_name} has no {key}"))
     };
     Ok(TlsSpec {
-        secret: tls.secret.clone(),
+        secret: secret_name.clone(),
         cert: value("CERT")?,
         key: value("KEY")?,
-        hsts: tls.hsts,
+        hsts,
     })
 }
 
@@ -446,6 +474,45 @@ mod tests {
         assert_eq!(
             d[0].spec.hostnames[0].as_str(),
             "feature-login--api.preview.example.com"
+        );
+    }
+
+    #[test]
+    fn brought_certificates_go_to_their_own_hostnames() {
+        const ARMOR: &str = "      -----BEGIN AGE ENCRYPTED FILE-----\n      YWdlLWVuY3J5cHRpb24ub3JnL3YxCi0+IFgyNTUxOSBIZjdXcHJtMXQ2cUNOdHJ0\n      V3pyMm01bXFLYmRVNEpRamNweDJTSlpmTjJjCkhVOVBVcWhnVTc2S1l1VGMxWEl6\n      d3BOcDZ1TTdkYVdHditDTkdkMiszcDgKLS0tIGJXMmhqRXBkZEVxbGxDU2pVbzhn\n      MFJubWx5d3NET3JDVnJXRTNmc3BhNEkKRIUIQO/9pOAdSw0FAIQ37tli9MmXZiAk\n      rbwg10OG0JKnYiRsMINUcHpZqXw=\n      -----END AGE ENCRYPTED FILE-----\n";
+        let r = "age13pqu6kq73rw4fyl73m3pdqdkh8vx66fv6wh2lz4k7x8pet20ysqs7u409k";
+        let secret = |name: &str| {
+            format!(
+                "---\napiVersion: pushleft.dev/v1alpha1\nkind: Secret\nmetadata: {{name: {name}}}\nspec:\n  recipients: [{r}]\n  data:\n    CERT: |\n{ARMOR}    KEY: |\n{ARMOR}"
+            )
+        };
+        let tree = TREE
+            .replace(
+                "previews: {branches: ['feature/*'], pool: main, ttlHours: 24}}",
+                &format!("previews: {{branches: ['feature/*'], pool: main, ttlHours: 24}}, controlRecipient: {r}}}"),
+            )
+            .replace(
+                "spec: {project: api, stage: production, pool: main}\n",
+                "spec: {project: api, stage: production, pool: main, tls: {secret: own, hsts: true}}\n",
+            )
+            + &secret("own")
+            + &secret("theirs")
+            + "---\napiVersion: pushleft.dev/v1alpha1\nkind: Domain\nmetadata: {name: shop}\nspec: {hostname: shop.example.org, environment: api-production, tls: {secret: theirs}}\n---\napiVersion: pushleft.dev/v1alpha1\nkind: Domain\nmetadata: {name: plain}\nspec: {hostname: plain.example.org, environment: api-production}\n";
+        let (running, _) = placed(&state(&tree));
+        let spec = &running[0].spec;
+        let brought: Vec<(&str, &str, bool)> = spec
+            .certificates
+            .iter()
+            .map(|(h, t)| (h.as_str(), t.secret.as_str(), t.hsts))
+            .collect();
+        assert_eq!(
+            brought,
+            [("api.example.com", "own", true), ("shop.example.org", "theirs", true)]
+        );
+        assert!(spec.certificate("plain.example.org").is_none(), "issued or plain HTTP");
+        assert!(
+            spec.certificate("api.example.com")
+                .is_some_and(|t| t.key.contains("BEGIN AGE"))
         );
     }
 

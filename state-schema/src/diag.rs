@@ -75,7 +75,7 @@ codes! {
     MisplacedRepository => "misplaced-repository", "A `Repository` document outside the root `pushleft.yaml`.";
     InvalidGlob => "invalid-glob", "A glob pattern that does not parse.";
     InvalidSecret => "invalid-secret", "A secret value that is not ASCII-armoured age ciphertext, or a recipient that is not a key.";
-    TlsSecretIncomplete => "tls-secret-incomplete", "An Environment's `tls.secret` names a Secret without both `CERT` and `KEY`.";
+    TlsSecretIncomplete => "tls-secret-incomplete", "An Environment's or Domain's `tls.secret` names a Secret without both `CERT` and `KEY`.";
     SecretControlKeyMissing => "secret-control-key-missing", "A Secret that does not list the Repository's `controlRecipient` (or there is none), so the control host could not deliver it.";
 }
 

@@ -306,7 +306,7 @@ mod tests {
             placement: Placement::Spread,
             replicas: [(n("web"), replicas)].into_iter().collect(),
             roles: SmallMap::new(),
-            tls: None,
+            certificates: Vec::new(),
         }
     }
 

@@ -74,7 +74,9 @@ fn same_facts(base: &Objects<'_>, head: &Objects<'_>) -> bool {
                     && x.replicas.keys().eq(y.replicas.keys())
                     && (x.image == y.image || (x.image.is_some() && y.image.is_some()))
             }
-            (Spec::Domain(x), Spec::Domain(y)) => x.hostname == y.hostname && x.environment == y.environment,
+            (Spec::Domain(x), Spec::Domain(y)) => {
+                x.hostname == y.hostname && x.environment == y.environment && x.tls == y.tls
+            }
             _ => false,
         }
     })

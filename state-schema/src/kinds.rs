@@ -31,7 +31,8 @@ pub const ENVIRONMENT_FIELDS: &[&str] = &[
     "project", "stage", "pool", "replicas", "env", "image", "hostname", "tls",
 ];
 pub const TLS_FIELDS: &[&str] = &["secret", "hsts"];
-pub const DOMAIN_FIELDS: &[&str] = &["hostname", "environment", "verification"];
+pub const DOMAIN_FIELDS: &[&str] = &["hostname", "environment", "verification", "tls"];
+pub const DOMAIN_TLS_FIELDS: &[&str] = &["secret"];
 pub const NODEPOOL_FIELDS: &[&str] = &["region", "capabilities", "placement", "nodes"];
 pub const NODE_FIELDS: &[&str] = &["name", "state", "capacity"];
 pub const CAPACITY_FIELDS: &[&str] = &["cpu", "memory"];
@@ -545,10 +546,18 @@ pub(crate) fn decode_domain(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> O
             &[("txt", Verification::Txt), ("cname", Verification::Cname)],
         )
     });
+    let tls = f.get("tls").map(|n| {
+        let t = Fields::new(ctx, n, "`tls`", DOMAIN_TLS_FIELDS)?;
+        let secret = t
+            .require(ctx, "secret", "`tls`")
+            .and_then(|s| name(ctx, s, "`tls.secret`"));
+        Some(DomainTls { secret: secret? })
+    });
     Some(Domain {
         hostname: host?,
         environment: env?,
         verification: verification?,
+        tls: present(tls)?,
     })
 }
 

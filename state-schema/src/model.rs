@@ -220,6 +220,16 @@ pub struct Domain {
     pub hostname: Hostname,
     pub environment: Name,
     pub verification: Verification,
+    /// The certificate this hostname is served with (`CERT` and `KEY` of a Secret); absent
+    /// from the canonical form when unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<DomainTls>,
+}
+
+/// `tls` of a Domain: the Secret with its certificate (HSTS is the Environment's choice).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DomainTls {
+    pub secret: Name,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]

@@ -410,7 +410,7 @@ pub(crate) mod tests {
             placement,
             replicas: roles.iter().map(|(r, _, _, n)| (name(r), *n)).collect(),
             roles: roles.iter().map(|(r, k, cpu, _)| (name(r), role(k, *cpu))).collect(),
-            tls: None,
+            certificates: Vec::new(),
         }
     }
 

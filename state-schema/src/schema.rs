@@ -181,6 +181,11 @@ pub fn spec_schemas() -> Vec<(&'static str, Value)> {
                     "hostname": hostname("A name you own, outside baseDomain and previewDomain."),
                     "environment": name("The Environment it serves."),
                     "verification": {"enum": ["txt", "cname"], "description": "Default txt."},
+                    "tls": object(
+                        json!({"secret": name("A Secret with CERT (PEM chain) and KEY (PEM private key).")}),
+                        &["secret"],
+                        "HTTPS for this hostname with the certificate a Secret holds.",
+                    ),
                 }),
                 &["hostname", "environment"],
                 "A custom domain.",
@@ -261,6 +266,7 @@ mod tests {
         assert_eq!(keys(&role["properties"]["resources"]), sorted(RESOURCES_FIELDS));
         assert_eq!(keys(&role["properties"]["logs"]), sorted(LOGS_FIELDS));
         assert_eq!(keys(&specs["Environment"]["properties"]["tls"]), sorted(TLS_FIELDS));
+        assert_eq!(keys(&specs["Domain"]["properties"]["tls"]), sorted(DOMAIN_TLS_FIELDS));
         assert_eq!(keys(&specs["Environment"]), sorted(ENVIRONMENT_FIELDS));
         assert_eq!(keys(&specs["Domain"]), sorted(DOMAIN_FIELDS));
         assert_eq!(keys(&specs["NodePool"]), sorted(NODEPOOL_FIELDS));

@@ -376,6 +376,9 @@ fn check_references(state: &State, diags: &mut Vec<Diagnostic>) {
                         names(state, Kind::Environment),
                     ));
                 }
+                if let Some(tls) = &d.tls {
+                    check_tls_secret(state, loc, &tls.secret, diags);
+                }
             }
             Spec::Repository(r) => {
                 if let Some(p) = &r.previews

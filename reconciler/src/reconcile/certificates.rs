@@ -56,13 +56,10 @@ fn wanted(rollouts: Vec<crate::store::certificates::Rollout>) -> BTreeMap<String
         let Ok(spec) = serde_json::from_str::<DeploymentSpec>(&r.spec) else {
             continue;
         };
-        if spec.tls.is_some() {
-            continue;
-        }
         let generation = u64::try_from(r.generation).unwrap_or(0);
         let done =
             r.status == "done" || usize::try_from(r.step).is_ok_and(|s| s >= state_schema::rollout::PUBLISH_STEP);
-        for h in &spec.hostnames {
+        for h in spec.hostnames.iter().filter(|h| spec.certificate(h.as_str()).is_none()) {
             out.insert(h.to_string(), (spec.clone(), generation, done));
         }
     }

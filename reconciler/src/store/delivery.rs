@@ -192,7 +192,7 @@ impl Ledger {
                     hostname, generation, ..
                 } => match (spec_of(*generation), network()) {
                     (Ok(spec), Ok(network)) => {
-                        let tls = match &spec.tls {
+                        let tls = match spec.certificate(hostname.as_str()) {
                             None => match self
                                 .issued_tls(node, recipient.as_deref(), hostname.as_str(), control, now_ms)
                                 .await?
