@@ -1,5 +1,6 @@
 //! Bench (a binary: each sample starts a control plane and containers): the time from `pl up`
-//! to its URLs serving, for 1 and for 10 web projects, against `docker compose up -d --wait`
+//! to its URLs serving (over HTTPS, as `pl up` serves by default: its local CA issues each
+//! hostname's certificate), for 1 and for 10 web projects, against `docker compose up -d --wait`
 //! of the same services (same image by digest, warm in the engine's cache, an init process,
 //! the health path probed every 200 ms), alternating in the same run; and a `pl up` that finds
 //! nothing changed. All on a simulated host (`agent/tests/support/host.rs`: a network
@@ -7,13 +8,15 @@
 //! of the machine's.
 //!
 //! `cargo build --release -p reconciler -p pushleft-agent && cargo bench -p pushleft-cli --bench up`
-//! (`-- --rounds N`, default 3; Caddy and Compose first on `PATH`, as `scripts/test` installs
+//! (`-- --rounds N`, default 3; `-- --http` for `pl up --http`, plain HTTP as before HTTPS; Caddy and Compose first on `PATH`, as `scripts/test` installs
 //! them: `PATH=/opt/pushleft-tools/bin:$PATH`).
 
 #[path = "../../agent/tests/support/host.rs"]
 mod host_support;
 #[path = "../../reconciler/tests/support/repo.rs"]
 mod repo_support;
+#[path = "../../agent/tests/support/tls.rs"]
+mod tls_support;
 
 use host_support::Host;
 use repo_support::{Repo, environment};
@@ -52,9 +55,10 @@ fn timed(cmd: &mut Command) -> Duration {
     started.elapsed()
 }
 
-fn serves(port: u16, host: &str) -> bool {
+fn serves_plain(port: u16, host: &str) -> bool {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
+        .max_redirects(0)
         .timeout_global(Some(Duration::from_secs(2)))
         .build()
         .into();
@@ -63,6 +67,15 @@ fn serves(port: u16, host: &str) -> bool {
         .header("Host", host)
         .call()
         .is_ok_and(|r| r.status().as_u16() == 200)
+}
+
+/// Whether `host` answers 200 over HTTPS on `port`, with a certificate from the local CA of
+/// the state folder `state` (what `pl up` serves by default).
+fn serves(port: u16, host: &str, state: &Path) -> bool {
+    let Ok(ca) = std::fs::read_to_string(state.join("ingress-ca/ca.crt")) else {
+        return false;
+    };
+    tls_support::get_tls(port, host, &ca).is_ok_and(|(status, _, _)| status == 200)
 }
 
 fn median(v: &mut [Duration]) -> f64 {
@@ -76,6 +89,7 @@ fn main() {
         .nth(1)
         .and_then(|n| n.parse().ok())
         .unwrap_or(3);
+    let plain = std::env::args().any(|a| a == "--http");
     let pl = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/pl");
     let pl = if pl.exists() {
         pl
@@ -109,15 +123,26 @@ fn main() {
             let (a, b, c) = host.run(move || {
                 let up = |state: &Path| {
                     let mut c = Command::new(&pl);
-                    c.args(["up", "--node", "n1", "--port", "18090"])
-                        .arg(&repo_dir)
+                    c.args(["up", "--node", "n1", "--port", "18090"]);
+                    if plain {
+                        c.arg("--http");
+                    } else {
+                        c.args(["--https-port", "18443"]);
+                    }
+                    c.arg(&repo_dir)
                         .env("PL_STATE_DIR", state)
                         .env("PL_DOCKER_SOCKET", &socket);
                     c
                 };
                 let a = timed(&mut up(&state));
                 for i in 0..n {
-                    assert!(serves(18_090, &format!("p{i}.example.com.localhost")), "p{i} serves");
+                    let host = format!("p{i}.example.com.localhost");
+                    let ok = if plain {
+                        serves_plain(18_090, &host)
+                    } else {
+                        serves(18_443, &host, &state)
+                    };
+                    assert!(ok, "p{i} serves");
                 }
                 let c = timed(&mut up(&state));
                 timed(
