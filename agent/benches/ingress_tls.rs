@@ -19,8 +19,6 @@ use pushleft_agent::ingress::Ingress;
 use pushleft_agent::ingress_tls::TlsConfig;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -71,22 +69,6 @@ fn upstream(stop: Arc<AtomicBool>) -> u16 {
         }
     });
     port
-}
-
-fn start_caddy(dir: &Path, config: &str) -> Child {
-    std::fs::create_dir_all(dir).expect("dir");
-    let path = dir.join("caddy.json");
-    std::fs::write(&path, config).expect("config");
-    Command::new("caddy")
-        .args(["run", "--config"])
-        .arg(&path)
-        .env("HOME", dir)
-        .env("XDG_DATA_HOME", dir.join("data"))
-        .env("XDG_CONFIG_HOME", dir.join("config"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("caddy on PATH")
 }
 
 fn wait_port(port: u16) {
@@ -182,14 +164,7 @@ fn main() {
 
     // The ingress: Caddy configured by the agent's own code.
     let ours = dir.path().join("ours");
-    std::fs::create_dir_all(&ours).expect("ours");
-    let (socket, admin) = support::caddy_admin_address(&ours.join("caddy-admin"));
-    let mut a = start_caddy(&ours, &format!("{{\"admin\": {{\"listen\": \"{admin}\"}}}}"));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !support::caddy_admin(&socket, "GET", "/config/").is_ok_and(|r| r.0 == 200) {
-        assert!(Instant::now() < deadline, "Caddy's admin API never answered");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let (_socket, admin, mut a) = support::caddy_with_admin(&ours);
     let identity = ours.join("age.key");
     let recipient = support::age_keygen(&identity);
     let (http_a, https_a) = (free_port(), free_port());
@@ -237,7 +212,7 @@ fn main() {
             }}},
         },
     });
-    let mut b = start_caddy(&direct, &config.to_string());
+    let mut b = support::spawn_caddy(&direct, &config.to_string());
     wait_port(https_b);
     assert_eq!(tls_support::get_tls(https_a, HOST, &ca).expect("ours").0, 200);
     assert_eq!(tls_support::get_tls(https_b, HOST, &ca).expect("direct").0, 200);

@@ -137,27 +137,7 @@ fn caddy(dir: &std::path::Path) -> (std::path::PathBuf, String, Child) {
         minor >= 8,
         "Caddy {text} is older than 2.8; scripts/test puts 2.11 first on PATH"
     );
-    let config = dir.join("caddy.json");
-    let (socket, admin) = support::caddy_admin_address(&dir.join("caddy-admin"));
-    std::fs::write(&config, format!("{{\"admin\": {{\"listen\": \"{admin}\"}}}}")).expect("config");
-    let child = Command::new("caddy")
-        .args(["run", "--config"])
-        .arg(&config)
-        .env("HOME", dir)
-        .env("XDG_DATA_HOME", dir.join("data"))
-        .env("XDG_CONFIG_HOME", dir.join("config"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("caddy");
-    // The socket appears before Caddy has loaded its first configuration (it restarts its
-    // admin endpoint then): wait until the admin API answers.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !support::caddy_admin(&socket, "GET", "/config/").is_ok_and(|r| r.0 == 200) {
-        assert!(Instant::now() < deadline, "Caddy's admin API never answered");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    (socket, admin, child)
+    support::caddy_with_admin(dir)
 }
 
 /// Runs `during` while one sequential loop and 8 concurrent ones (bounded in count and time)

@@ -241,3 +241,35 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .build()
         .expect("runtime")
 }
+
+/// Caddy run with `config` (JSON) written to `dir/caddy.json`, its data and configuration
+/// homes inside `dir`.
+pub fn spawn_caddy(dir: &std::path::Path, config: &str) -> std::process::Child {
+    std::fs::create_dir_all(dir).expect("dir");
+    let path = dir.join("caddy.json");
+    std::fs::write(&path, config).expect("config");
+    std::process::Command::new("caddy")
+        .args(["run", "--config"])
+        .arg(&path)
+        .env("HOME", dir)
+        .env("XDG_DATA_HOME", dir.join("data"))
+        .env("XDG_CONFIG_HOME", dir.join("config"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("caddy on PATH (scripts/test installs it)")
+}
+
+/// Caddy with its admin API on a unix socket in `dir`'s `caddy-admin` folder (0700), once the
+/// API answers (the socket appears before Caddy has loaded its first configuration, and it
+/// restarts its admin endpoint then): the socket, the address the agent takes, the process.
+pub fn caddy_with_admin(dir: &std::path::Path) -> (std::path::PathBuf, String, std::process::Child) {
+    let (socket, admin) = caddy_admin_address(&dir.join("caddy-admin"));
+    let child = spawn_caddy(dir, &format!("{{\"admin\": {{\"listen\": \"{admin}\"}}}}"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !caddy_admin(&socket, "GET", "/config/").is_ok_and(|r| r.0 == 200) {
+        assert!(std::time::Instant::now() < deadline, "Caddy's admin API never answered");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    (socket, admin, child)
+}
