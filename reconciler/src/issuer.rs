@@ -33,6 +33,25 @@ pub enum IssueError {
     Name { hostname: String, message: String },
 }
 
+/// What signs a hostname's certificate: the control plane's issuers implement it, so the
+/// issuance loop is one whatever signs (and a test can make it fail).
+pub trait Signer: Send + Sync {
+    /// The issuer's name, as the ledger and events show it.
+    fn issuer(&self) -> &'static str;
+    /// A new key's certificate for `hostname`.
+    fn sign(&self, hostname: &str) -> Result<Signed, IssueError>;
+}
+
+impl Signer for LocalCa {
+    fn issuer(&self) -> &'static str {
+        "local"
+    }
+
+    fn sign(&self, hostname: &str) -> Result<Signed, IssueError> {
+        LocalCa::sign(self, hostname)
+    }
+}
+
 /// The control plane's local CA (`issuer = "local"`).
 pub struct LocalCa {
     issuer: Issuer<'static, KeyPair>,

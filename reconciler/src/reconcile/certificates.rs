@@ -6,7 +6,7 @@
 //! hostname (`store::certificates`). Read, decide ([`due`], [`backoff_ms`], [`renew_after`]),
 //! write; the issuer's key is sealed to the control host before it is written.
 
-use crate::issuer::LocalCa;
+use crate::issuer::Signer;
 use crate::store::certificates::{CertificateRow, Issued};
 use crate::store::{Ledger, LedgerError};
 use state_schema::deployment::DeploymentSpec;
@@ -42,7 +42,7 @@ pub fn due(row: Option<&CertificateRow>, now_ms: i64) -> bool {
 
 /// What issues, and what an issued key is sealed to.
 pub struct Issuing {
-    pub ca: LocalCa,
+    pub ca: Box<dyn Signer>,
     /// The control host's own recipients (`control.age_identity`).
     pub control: Vec<String>,
 }
@@ -73,6 +73,18 @@ pub async fn issue_due(
     issuing: &Issuing,
     now_ms: i64,
 ) -> Result<usize, LedgerError> {
+    let wanted = wanted(ledger.rollouts().await?);
+    issue_wanted(ledger, hub, issuing, wanted, now_ms).await
+}
+
+/// [`issue_due`] for the hostnames `wanted` names.
+async fn issue_wanted(
+    ledger: &Ledger,
+    hub: &crate::hub::Hub,
+    issuing: &Issuing,
+    wanted: BTreeMap<String, (DeploymentSpec, u64, bool)>,
+    now_ms: i64,
+) -> Result<usize, LedgerError> {
     let rows: BTreeMap<String, CertificateRow> = ledger
         .certificates()
         .await?
@@ -80,7 +92,8 @@ pub async fn issue_due(
         .map(|r| (r.hostname.clone(), r))
         .collect();
     let mut issued = 0;
-    for (hostname, (spec, generation, done)) in wanted(ledger.rollouts().await?) {
+    let issuer = issuing.ca.issuer();
+    for (hostname, (spec, generation, done)) in wanted {
         let row = rows.get(&hostname);
         if !due(row, now_ms) {
             continue;
@@ -96,7 +109,7 @@ pub async fn issue_due(
                     .store_certificate(
                         &Issued {
                             hostname: &hostname,
-                            issuer: "local",
+                            issuer,
                             chain: &s.chain,
                             key_sealed: &key_sealed,
                             not_before: s.not_before_ms,
@@ -109,7 +122,7 @@ pub async fn issue_due(
                         now_ms,
                     )
                     .await?;
-                tracing::info!(hostname = %hostname, issuer = "local", not_after_ms = s.not_after_ms, publishes = queued, "certificate issued");
+                tracing::info!(hostname = %hostname, issuer, not_after_ms = s.not_after_ms, publishes = queued, "certificate issued");
                 issued += 1;
             }
             Err(why) => {
@@ -117,7 +130,7 @@ pub async fn issue_due(
                 let retry_at = now_ms + backoff_ms(failures);
                 tracing::warn!(hostname = %hostname, failures, retry_at_ms = retry_at, reason = %why, "certificate not issued");
                 ledger
-                    .certificate_failed(&hostname, "local", &why, retry_at, now_ms)
+                    .certificate_failed(&hostname, issuer, &why, retry_at, now_ms)
                     .await?;
             }
         }
@@ -153,6 +166,159 @@ mod tests {
             retry_at,
             last_error: None,
         }
+    }
+
+    async fn first(ledger: &Ledger) -> CertificateRow {
+        ledger
+            .certificates()
+            .await
+            .expect("rows")
+            .into_iter()
+            .next()
+            .expect("a row")
+    }
+
+    /// Fails while `failing` is set, then signs with a real local CA.
+    struct Flaky {
+        failing: std::sync::atomic::AtomicBool,
+        ca: crate::issuer::LocalCa,
+    }
+
+    impl Signer for std::sync::Arc<Flaky> {
+        fn issuer(&self) -> &'static str {
+            "local"
+        }
+        fn sign(&self, hostname: &str) -> Result<crate::issuer::Signed, crate::issuer::IssueError> {
+            if self.failing.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(crate::issuer::IssueError::Name {
+                    hostname: hostname.to_owned(),
+                    message: "the issuer is down".into(),
+                });
+            }
+            self.ca.sign(hostname)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_issuance_backs_off_then_issues_and_renews_on_the_ledger() {
+        use std::sync::atomic::Ordering;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+        let ledger = Ledger::connect(&url, 2).await.expect("ledger");
+        ledger.migrate().await.expect("migrate");
+        let hub = crate::hub::Hub::default();
+        let control = age::x25519::Identity::generate();
+        let ca = crate::issuer::LocalCa::open_or_create(
+            &dir.path().join("ca.crt"),
+            &dir.path().join("ca.key"),
+            ".localhost",
+            24,
+        )
+        .expect("ca");
+        let flaky = std::sync::Arc::new(Flaky {
+            failing: std::sync::atomic::AtomicBool::new(true),
+            ca,
+        });
+        let issuing = Issuing {
+            ca: Box::new(std::sync::Arc::clone(&flaky)),
+            control: vec![control.to_public().to_string()],
+        };
+        let spec: DeploymentSpec = serde_json::from_value(serde_json::json!({
+            "environment": "shop-production", "project": "shop", "instances": [], "release": [],
+            "hostnames": ["shop.example.com"], "nodes": ["n1"], "ingress_nodes": ["n1"],
+        }))
+        .expect("spec");
+        let wanted = || BTreeMap::from([("shop.example.com".to_owned(), (spec.clone(), 3, false))]);
+
+        // Down: nothing issued; the failure, its reason and when to try again are kept.
+        let t0 = 1_000_000;
+        assert_eq!(
+            issue_wanted(&ledger, &hub, &issuing, wanted(), t0).await.expect("pass"),
+            0
+        );
+        let r = first(&ledger).await;
+        assert_eq!(
+            (r.chain.is_none(), r.failures, r.retry_at),
+            (true, 1, t0 + FIRST_BACKOFF_MS)
+        );
+        assert!(
+            r.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("the issuer is down")),
+            "{r:?}"
+        );
+        assert_eq!(
+            *hub.certificates.lock().expect("gauges"),
+            [("shop.example.com".to_owned(), 0, 1)]
+        );
+        // Within the backoff nothing is asked of the issuer, up or not.
+        flaky.failing.store(false, Ordering::Relaxed);
+        assert_eq!(
+            issue_wanted(&ledger, &hub, &issuing, wanted(), t0 + 1_000)
+                .await
+                .expect("pass"),
+            0
+        );
+        assert_eq!(first(&ledger).await.failures, 1);
+
+        // After it: issued, the failures cleared, the key sealed to the control host.
+        let t1 = t0 + FIRST_BACKOFF_MS;
+        assert_eq!(
+            issue_wanted(&ledger, &hub, &issuing, wanted(), t1).await.expect("pass"),
+            1
+        );
+        let r = first(&ledger).await;
+        assert_eq!((r.issued, r.failures, r.retry_at), (1, 0, 0));
+        assert!(r.chain.as_deref().is_some_and(|c| c.contains("BEGIN CERTIFICATE")));
+        let sealed = r.key_sealed.clone().expect("key");
+        assert!(!sealed.contains("PRIVATE KEY"), "sealed at rest");
+        let ids: Vec<Box<dyn age::Identity + Send + Sync>> = vec![Box::new(control.clone())];
+        let key = pushleft_secrets::decrypt(&sealed, &ids).expect("the control host opens it");
+        assert!(String::from_utf8_lossy(&key).contains("PRIVATE KEY"));
+        // Not due again until its renewal time; a failed renewal keeps the certificate.
+        assert_eq!(
+            issue_wanted(&ledger, &hub, &issuing, wanted(), t1 + 1_000)
+                .await
+                .expect("pass"),
+            0
+        );
+        flaky.failing.store(true, Ordering::Relaxed);
+        assert_eq!(
+            issue_wanted(&ledger, &hub, &issuing, wanted(), r.renew_after)
+                .await
+                .expect("pass"),
+            0
+        );
+        let failed = first(&ledger).await;
+        assert_eq!(
+            (failed.failures, failed.chain.is_some()),
+            (1, true),
+            "kept, and served until it expires"
+        );
+        flaky.failing.store(false, Ordering::Relaxed);
+        let later = failed.retry_at;
+        assert_eq!(
+            issue_wanted(&ledger, &hub, &issuing, wanted(), later)
+                .await
+                .expect("pass"),
+            1
+        );
+        let renewed = first(&ledger).await;
+        assert_eq!((renewed.issued, renewed.failures), (2, 0));
+        assert_ne!(renewed.chain, r.chain, "a new certificate");
+        let kinds: Vec<String> = sqlx::query_scalar("SELECT kind FROM events ORDER BY id")
+            .fetch_all(&ledger.pool)
+            .await
+            .expect("events");
+        assert_eq!(
+            kinds,
+            [
+                "certificate-failed",
+                "certificate-issued",
+                "certificate-failed",
+                "certificate-issued"
+            ]
+        );
     }
 
     #[test]

@@ -141,7 +141,10 @@ impl Reconciler {
                         e.code()
                     ))
                 })?;
-                Some(certificates::Issuing { ca, control })
+                Some(certificates::Issuing {
+                    ca: Box::new(ca),
+                    control,
+                })
             }
             _ => None,
         };
