@@ -89,7 +89,7 @@ pub struct UpArgs {
 }
 
 /// Where the environments answer: HTTPS when this control plane serves it, else plain HTTP.
-fn serving(_local: &Local, ports: Ports) -> follow::Serving {
+fn serving(ports: Ports) -> follow::Serving {
     if ports.https != 0 {
         follow::Serving {
             scheme: "https",
@@ -286,7 +286,7 @@ pub fn up(args: &UpArgs) -> Result<u8> {
         approve_local_rewrite(&client, &head)?;
     }
     let timeout = Duration::from_secs(args.timeout_seconds);
-    let serving = serving(&local, ports);
+    let serving = serving(ports);
     if serving.scheme == "https" && web {
         println!(
             "pl up: HTTPS with a local CA (for .localhost names only): trust {} in your browser, or `curl --cacert {} URL`",
@@ -509,7 +509,7 @@ fn watch(
             client,
             &head,
             &environments_of(&loaded.state),
-            serving(local, ports),
+            serving(ports),
             timeout,
             since_ms,
         )?;
