@@ -187,7 +187,7 @@ pub fn load_for_plan(repo: &StateRepo, base: &Commit, head: &Rev) -> Result<Plan
     let mut known = Known::new();
     if let Rev::Commit(h) = head {
         match load_local(repo, base, h)? {
-            Local::Plan(input) => return Ok(input),
+            Local::Plan(input) => return Ok(*input),
             Local::Parsed(files) => known = files,
         }
     }
@@ -201,7 +201,8 @@ pub fn load_for_plan(repo: &StateRepo, base: &Commit, head: &Rev) -> Result<Plan
 
 /// A local plan, or what was parsed while finding out that the change is not local.
 enum Local {
-    Plan(PlanInput),
+    /// Boxed: two states, against a map of parsed files.
+    Plan(Box<PlanInput>),
     Parsed(Known),
 }
 
@@ -251,9 +252,9 @@ fn load_local(repo: &StateRepo, base: &Commit, head: &Commit) -> Result<Local, S
         assemble_partial(v, Vec::new())
     };
     let (base_state, head_state) = rayon::join(|| side(parsed), || side(h));
-    Ok(Local::Plan(PlanInput {
+    Ok(Local::Plan(Box::new(PlanInput {
         base: base_state,
         head: head_state,
         scope: Scope::Local,
-    }))
+    })))
 }

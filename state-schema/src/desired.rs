@@ -360,7 +360,7 @@ pub fn spec_of(
         placement: pool.placement,
         roles: role_specs(state, &env.project, &env.env, &image),
         replicas: derived.replicas.clone(),
-        certificates: brought_certificates(state, name, env, derived.hostname.as_ref(), !derived.domains.is_empty())?,
+        certificates: brought_certificates(state, env, derived.hostname.as_ref(), &derived.domains)?,
     })
 }
 
@@ -368,24 +368,18 @@ pub fn spec_of(
 /// hostname, each of its Domains' for theirs (with the environment's HSTS choice).
 fn brought_certificates(
     state: &State,
-    name: &Name,
     env: &Environment,
     hostname: Option<&Hostname>,
-    has_domains: bool,
+    domains: &[Hostname],
 ) -> Result<Vec<(Hostname, TlsSpec)>, String> {
     let hsts = env.tls.as_ref().is_some_and(|t| t.hsts);
     let mut out = Vec::new();
     if let (Some(tls), Some(h)) = (&env.tls, hostname) {
         out.push((h.clone(), tls_spec(state, &tls.secret, hsts)?));
     }
-    if has_domains {
-        for loc in state.of_kind(Kind::Domain) {
-            if let Spec::Domain(d) = &loc.object.spec
-                && d.environment == *name
-                && let Some(tls) = &d.tls
-            {
-                out.push((d.hostname.clone(), tls_spec(state, &tls.secret, hsts)?));
-            }
+    for d in domains {
+        if let Some(secret) = state.domain_tls(d) {
+            out.push((d.clone(), tls_spec(state, secret, hsts)?));
         }
     }
     out.sort_by(|a, b| a.0.cmp(&b.0));

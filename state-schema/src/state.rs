@@ -18,6 +18,9 @@ pub struct State {
     broken: BTreeSet<(Kind, Name)>,
     /// Domain hostnames by environment, derived once in `assemble`.
     domains_by_env: BTreeMap<Name, BTreeSet<Hostname>>,
+    /// The Secret each Domain with `tls` names, by its hostname (derived once in `assemble`,
+    /// so an environment's certificates are found without a scan of every Domain).
+    domain_tls: BTreeMap<Hostname, Name>,
 }
 
 impl State {
@@ -88,6 +91,11 @@ impl State {
             Spec::Environment(e) => Some((l.object.name(), e)),
             _ => None,
         })
+    }
+
+    /// The Secret a Domain's `tls` names for `hostname`, if it names one.
+    pub fn domain_tls(&self, hostname: &Hostname) -> Option<&Name> {
+        self.domain_tls.get(hostname)
     }
 
     pub fn domains(&self) -> impl Iterator<Item = (&Name, &Domain)> {
@@ -203,18 +211,23 @@ fn assemble_with(mut files: Vec<ParsedFile>, extra: Vec<Diagnostic>, whole: bool
         );
     }
     let mut domains_by_env: BTreeMap<Name, BTreeSet<Hostname>> = BTreeMap::new();
+    let mut domain_tls: BTreeMap<Hostname, Name> = BTreeMap::new();
     for loc in objects.values() {
         if let Spec::Domain(d) = &loc.object.spec {
             domains_by_env
                 .entry(d.environment.clone())
                 .or_default()
                 .insert(d.hostname.clone());
+            if let Some(tls) = &d.tls {
+                domain_tls.insert(d.hostname.clone(), tls.secret.clone());
+            }
         }
     }
     let state = State {
         objects,
         broken,
         domains_by_env,
+        domain_tls,
     };
     if whole {
         check_references(&state, &mut diags);
