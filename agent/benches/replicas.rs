@@ -182,29 +182,8 @@ fn switch(
     dir: &Path,
 ) -> (Duration, usize, usize) {
     let http = free_port();
-    let config = dir.join("caddy.json");
     // The admin API on a unix socket in a 0700 folder, as the agent requires.
-    let folder = dir.join("caddy-admin");
-    std::fs::create_dir_all(&folder).expect("admin folder");
-    std::fs::set_permissions(&folder, std::os::unix::fs::PermissionsExt::from_mode(0o700)).expect("chmod");
-    let socket = folder.join("admin.sock");
-    let admin = format!("unix/{}", socket.display());
-    std::fs::write(&config, format!("{{\"admin\": {{\"listen\": \"{admin}\"}}}}")).expect("config");
-    let mut caddy = Command::new("caddy")
-        .args(["run", "--config"])
-        .arg(&config)
-        .env("HOME", dir)
-        .env("XDG_DATA_HOME", dir.join("data"))
-        .env("XDG_CONFIG_HOME", dir.join("config"))
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("caddy (scripts/test installs it)");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
-        assert!(Instant::now() < deadline, "caddy did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let (_socket, admin, mut caddy) = support::caddy_with_admin(dir);
     let ingress = Ingress::new(
         &admin,
         vec![format!("127.0.0.1:{http}")],
