@@ -18,21 +18,13 @@ mod tls_support;
 use pushleft_agent::ingress::Ingress;
 use pushleft_agent::ingress_tls::TlsConfig;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 const CLIENTS: usize = 100;
 const HOST: &str = "bench.shop.test";
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
 
 /// An upstream that answers every request on loopback from memory (bounded: it stops
 /// accepting when the bench ends).
@@ -69,14 +61,6 @@ fn upstream(stop: Arc<AtomicBool>) -> u16 {
         }
     });
     port
-}
-
-fn wait_port(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "nothing listens on {port}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 struct Run {
@@ -167,7 +151,7 @@ fn main() {
     let (_socket, admin, mut a) = support::caddy_with_admin(&ours);
     let identity = ours.join("age.key");
     let recipient = support::age_keygen(&identity);
-    let (http_a, https_a) = (free_port(), free_port());
+    let (http_a, https_a) = (support::free_port(), support::free_port());
     let ingress = Ingress::new(
         &admin,
         vec![format!("127.0.0.1:{http_a}")],
@@ -191,7 +175,7 @@ fn main() {
     ingress
         .publish("bench", HOST, 1, &[format!("127.0.0.1:{up}")], Some(&sealed))
         .expect("publish");
-    wait_port(https_a);
+    support::wait_port(https_a);
 
     // The floor: the same Caddy binary, the same certificate files and upstream, by hand.
     let direct = dir.path().join("direct");
@@ -199,7 +183,7 @@ fn main() {
     let (crt, pem_key) = (direct.join("leaf.crt"), direct.join("leaf.key"));
     std::fs::write(&crt, leaf.pem()).expect("crt");
     std::fs::write(&pem_key, key.serialize_pem()).expect("key");
-    let https_b = free_port();
+    let https_b = support::free_port();
     let config = serde_json::json!({
         "admin": {"disabled": true},
         "apps": {
@@ -213,7 +197,7 @@ fn main() {
         },
     });
     let mut b = support::spawn_caddy(&direct, &config.to_string());
-    wait_port(https_b);
+    support::wait_port(https_b);
     assert_eq!(tls_support::get_tls(https_a, HOST, &ca).expect("ours").0, 200);
     assert_eq!(tls_support::get_tls(https_b, HOST, &ca).expect("direct").0, 200);
 

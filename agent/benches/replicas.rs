@@ -162,14 +162,6 @@ fn main() {
     assert_eq!(failed, 0, "requests failed during the switch");
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
 /// One replica at generation 1 behind Caddy, then generation 2 as the agent rolls it: the new
 /// container healthy, the route switched, the old one stopped; a request loop (4 clients,
 /// bounded in count and time) runs throughout. Returns the switch time, requests served and
@@ -181,7 +173,7 @@ fn switch(
     net: &NetworkSpec,
     dir: &Path,
 ) -> (Duration, usize, usize) {
-    let http = free_port();
+    let http = support::free_port();
     // The admin API on a unix socket in a 0700 folder, as the agent requires.
     let (_socket, admin, mut caddy) = support::caddy_with_admin(dir);
     let ingress = Ingress::new(

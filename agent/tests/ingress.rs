@@ -24,14 +24,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
 struct Kill(Vec<Child>);
 impl Drop for Kill {
     fn drop(&mut self) {
@@ -39,14 +31,6 @@ impl Drop for Kill {
             let _ = c.kill();
             let _ = c.wait();
         }
-    }
-}
-
-fn wait_port(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "nothing listens on {port}");
-        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -180,7 +164,7 @@ fn under_load(http: u16, host: &'static str, during: impl FnOnce()) -> (usize, u
 #[test]
 fn routes_switch_generations_without_errors_and_keep_other_streams() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let http = free_port();
+    let http = support::free_port();
     let (socket, admin, caddy) = caddy(dir.path());
     let mut children = vec![caddy];
     let mut upstreams = Vec::new();
@@ -188,7 +172,7 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
         let www = dir.path().join(text.replace(' ', "-"));
         std::fs::create_dir_all(&www).expect("www");
         std::fs::write(www.join("index.html"), format!("{text}\n")).expect("index");
-        let port = free_port();
+        let port = support::free_port();
         children.push(
             Command::new("busybox")
                 .args(["httpd", "-f", "-p", &format!("127.0.0.1:{port}"), "-h"])
@@ -202,7 +186,7 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
     }
     let _kill = Kill(children);
     for (port, _) in &upstreams {
-        wait_port(*port);
+        support::wait_port(*port);
     }
     let dials: Vec<String> = upstreams.iter().map(|u| u.1.clone()).collect();
     let ingress = Ingress::new(
@@ -225,7 +209,7 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
     ingress
         .publish("web", "other.localhost", 1, &dials[2..3], None)
         .expect("other");
-    wait_port(http);
+    support::wait_port(http);
     assert_eq!(get(http, "other.localhost"), Ok((200, "another app".into())));
     assert_eq!(get(http, "app.localhost").map(|r| r.0), Ok(404));
     let note = ingress
@@ -511,12 +495,12 @@ fn brought_certificates_serve_https_and_redirect_plain_http() {
     use pushleft_agent::ingress_tls::TlsConfig;
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().expect("tempdir");
-    let (http, https) = (free_port(), free_port());
+    let (http, https) = (support::free_port(), support::free_port());
     let (socket, admin, caddy) = caddy(dir.path());
     let www = dir.path().join("www");
     std::fs::create_dir_all(&www).expect("www");
     std::fs::write(www.join("index.html"), "generation one\n").expect("index");
-    let port = free_port();
+    let port = support::free_port();
     let httpd = Command::new("busybox")
         .args(["httpd", "-f", "-p", &format!("127.0.0.1:{port}"), "-h"])
         .arg(&www)
@@ -525,7 +509,7 @@ fn brought_certificates_serve_https_and_redirect_plain_http() {
         .spawn()
         .expect("httpd");
     let _kill = Kill(vec![caddy, httpd]);
-    wait_port(port);
+    support::wait_port(port);
     let dial = vec![format!("127.0.0.1:{port}")];
     let identity = dir.path().join("age.key");
     let recipient = support::age_keygen(&identity);
@@ -558,7 +542,7 @@ fn brought_certificates_serve_https_and_redirect_plain_http() {
         .publish("shop", host, 1, &dial, Some(&sealed(&chain1, &key1, false)))
         .expect("publish over https");
     assert!(note.contains("over HTTPS"), "{note}");
-    wait_port(https);
+    support::wait_port(https);
     let (status, text, leaf) = tls_support::get_tls(https, host, &ca1).expect("https");
     assert_eq!(status, 200, "{text}");
     assert!(text.contains("generation one"), "{text}");

@@ -273,3 +273,21 @@ pub fn caddy_with_admin(dir: &std::path::Path) -> (std::path::PathBuf, String, s
     }
     (socket, admin, child)
 }
+
+/// A port on loopback that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// Waits (10 s at most) until something listens on 127.0.0.1:`port`.
+pub fn wait_port(port: u16) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(std::time::Instant::now() < deadline, "nothing listens on {port}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
