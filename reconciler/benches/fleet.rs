@@ -9,8 +9,9 @@
 //! ref update until every deployment is placed and its first job leased, and checks afterwards
 //! that no node holds more than its declared capacity.
 //!
-//! Run: `cargo bench -p reconciler --bench fleet` (`-- --jobs 20000`). It starts its own
-//! PostgreSQL, as the tests do.
+//! Run: `cargo bench -p reconciler --bench fleet` (`-- --jobs 20000`; `-- --only-loop` for the
+//! agent's loop beside the bare client with the next lease in its request, nothing else). It
+//! starts its own PostgreSQL, as the tests do.
 
 #[path = "../tests/support/daemon.rs"]
 mod daemon_support;
@@ -36,6 +37,50 @@ struct Throughput {
     jobs_per_second: f64,
     p50: Duration,
     p99: Duration,
+    /// CPU the daemon and the ledger's server (PostgreSQL's processes; none for SQLite, which
+    /// runs inside the daemon) spent per 1,000 jobs: what a job costs the control plane,
+    /// steadier on a shared machine than the rate.
+    cpu_per_1000: Cpu,
+}
+
+/// CPU milliseconds (daemon, PostgreSQL).
+#[derive(Clone, Copy, Default)]
+struct Cpu(f64, f64);
+
+/// The daemon's process id, for [`cpu_now`].
+static DAEMON: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// User and system CPU so far, in milliseconds, of the daemon and of every `postgres` process.
+fn cpu_now() -> Cpu {
+    // Fields 14 and 15 of /proc/PID/stat, after the command in parentheses; clock ticks of
+    // 10 ms (USER_HZ is 100 on Linux).
+    let ticks = |pid: &str| -> Option<(String, f64)> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (head, rest) = stat.rsplit_once(')')?;
+        let comm = head.split_once('(')?.1.to_owned();
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let t = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+        Some((comm, t * 10.0))
+    };
+    let daemon = ticks(&DAEMON.load(Ordering::Relaxed).to_string()).map_or(0.0, |(_, t)| t);
+    let mut db = 0.0;
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.bytes().all(|b| b.is_ascii_digit())
+            && let Some((comm, t)) = ticks(&name)
+            && comm == "postgres"
+        {
+            db += t;
+        }
+    }
+    Cpu(daemon, db)
+}
+
+/// CPU per 1,000 jobs since `before`.
+fn cpu_since(before: Cpu, jobs: usize) -> Cpu {
+    let now = cpu_now();
+    let k = 1000.0 / jobs as f64;
+    Cpu((now.0 - before.0) * k, (now.1 - before.1) * k)
 }
 
 /// How a simulated agent sends its completions.
@@ -76,7 +121,7 @@ const DEPLOYMENTS: usize = 1000;
 const TASK_PAUSE: Duration = Duration::from_millis(250);
 const SLOW_TASK_PAUSE: Duration = Duration::from_millis(1000);
 
-fn run(url: &str, jobs: usize) -> Figures {
+fn run(url: &str, jobs: usize, only_loop: bool) -> Figures {
     let dir = tempfile::tempdir().expect("tempdir");
     let repo = Repo::new(dir.path());
     std::fs::write(dir.path().join("allowed_signers"), &repo.signers).expect("signers");
@@ -106,6 +151,7 @@ fn run(url: &str, jobs: usize) -> Figures {
         .replace("max_connections = 4", "max_connections = 16");
     std::fs::write(&cfg, text).expect("config");
     let mut d = Daemon::start(&s, &cfg, port);
+    DAEMON.store(d.child.id(), Ordering::Relaxed);
     d.wait_ready(Duration::from_secs(30));
     let control = format!("https://localhost:{port}");
     let agents = format!("https://localhost:{agent_port}");
@@ -121,6 +167,30 @@ fn run(url: &str, jobs: usize) -> Figures {
         let token = d.enrolment_token(&node, &s.operator);
         pushleft_agent::enroll::enroll(&control, &fingerprint, &node, &node_dir, &token).expect("enrol");
         clients.push(Arc::new(AgentClient::from_dir(&agents, &node_dir).expect("client")));
+    }
+    if only_loop {
+        // `--only-loop`: the agent's loop beside the bare client with the same protocol, and
+        // nothing else (for working on the loop).
+        let with_lease = throughput(url, &clients, jobs, 0, Mode::WithLease, Duration::ZERO);
+        let agent_loop = agent_loops(url, &clients, jobs, jobs);
+        d.kill9();
+        let none = || Throughput {
+            jobs_per_second: 0.0,
+            p50: Duration::ZERO,
+            p99: Duration::ZERO,
+            cpu_per_1000: Cpu::default(),
+        };
+        return Figures {
+            single: none(),
+            batched: none(),
+            with_lease,
+            paced: none(),
+            paced_slow: none(),
+            alone: none(),
+            agent_loop,
+            placed_all: Duration::ZERO,
+            over_capacity: 0,
+        };
     }
     let single = throughput(url, &clients, jobs, 0, Mode::Single, Duration::ZERO);
     let batched = throughput(url, &clients, jobs, jobs, Mode::Batched, Duration::ZERO);
@@ -180,6 +250,7 @@ fn enqueue_removals(url: &str, instances: std::ops::Range<usize>, node_of: impl 
 fn unloaded(url: &str, client: &AgentClient, offset: usize) -> Throughput {
     const ROUNDS: usize = 300;
     enqueue_removals(url, offset..offset + ROUNDS, |_| "n000".into());
+    let cpu = cpu_now();
     let started = Instant::now();
     let mut rtts = Vec::with_capacity(ROUNDS);
     for _ in 0..ROUNDS {
@@ -197,6 +268,7 @@ fn unloaded(url: &str, client: &AgentClient, offset: usize) -> Throughput {
         jobs_per_second: ROUNDS as f64 / elapsed.as_secs_f64(),
         p50: rtts[ROUNDS / 2],
         p99: rtts[ROUNDS * 99 / 100],
+        cpu_per_1000: cpu_since(cpu, ROUNDS),
     }
 }
 
@@ -212,6 +284,7 @@ fn throughput(
     pause: Duration,
 ) -> Throughput {
     enqueue_removals(url, offset..offset + jobs, |i| format!("n{:03}", i % NODES));
+    let cpu = cpu_now();
     let started = Instant::now();
     let (done, mut rtts) = std::thread::scope(|scope| {
         let workers: Vec<_> = clients
@@ -280,12 +353,14 @@ fn throughput(
         (done, rtts)
     });
     let elapsed = started.elapsed();
+    let cpu = cpu_since(cpu, jobs);
     assert_eq!(done, jobs, "every job once");
     rtts.sort();
     Throughput {
         jobs_per_second: jobs as f64 / elapsed.as_secs_f64(),
         p50: rtts[rtts.len() / 2],
         p99: rtts[rtts.len() * 99 / 100],
+        cpu_per_1000: cpu,
     }
 }
 
@@ -356,26 +431,44 @@ impl<T: Tasks> Loops<T> {
 /// trip is not sampled here (the loop's requests are its own).
 fn agent_loops(url: &str, clients: &[Arc<AgentClient>], jobs: usize, offset: usize) -> Throughput {
     enqueue_removals(url, offset..offset + jobs, |i| format!("n{:03}", i % NODES));
+    // Done when the ledger holds every end (a loop's last report waits out its long poll
+    // before it hears that it was recorded). The poll must cost the machine nothing it could
+    // give the daemon: the newest result's id is one index lookup (a count of open jobs
+    // scanned up to 20,000 index entries every 10 ms), and the exact count runs only once
+    // that id says all may be there.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("rt");
+    sqlx::any::install_default_drivers();
+    let ledger = rt.block_on(sqlx::AnyPool::connect(url)).expect("ledger");
+    let newest = || {
+        rt.block_on(sqlx::query_scalar::<_, i64>("SELECT COALESCE(MAX(id), 0) FROM job_results").fetch_one(&ledger))
+            .expect("newest result")
+    };
+    let base = newest();
+    let cpu = cpu_now();
     let fleet = Loops::start(clients, &Arc::new(Nothing), Duration::from_millis(100));
     let started = Instant::now();
-    // Done when the ledger holds every end (a loop's last report waits out its long poll
-    // before it hears that it was recorded): one cheap query every 10 ms.
     let deadline = started + Duration::from_secs(120);
-    let elapsed = fleet.rt.block_on(async {
-        sqlx::any::install_default_drivers();
-        let ledger = sqlx::AnyPool::connect(url).await.expect("ledger");
-        loop {
-            let open: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM jobs WHERE state IN ('queued', 'leased')")
-                .fetch_one(&ledger)
-                .await
-                .expect("count");
-            if open == 0 || Instant::now() >= deadline {
-                ledger.close().await;
-                return started.elapsed();
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+    let all_there = || {
+        rt.block_on(
+            sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(format!(
+                "SELECT COUNT(*) FROM job_results WHERE id > {base}"
+            )))
+            .fetch_one(&ledger),
+        )
+        .expect("count") as usize
+            >= jobs
+    };
+    let elapsed = loop {
+        if (newest() - base) as usize >= jobs && all_there() || Instant::now() >= deadline {
+            break started.elapsed();
         }
-    });
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let cpu = cpu_since(cpu, jobs);
+    rt.block_on(ledger.close());
     let (recorded, reports) = fleet.stop();
     assert_eq!(recorded, jobs, "every job once, within the deadline");
     let backend = url.split(':').next().unwrap_or_default();
@@ -387,6 +480,7 @@ fn agent_loops(url: &str, clients: &[Arc<AgentClient>], jobs: usize, offset: usi
         jobs_per_second: jobs as f64 / elapsed.as_secs_f64(),
         p50: Duration::ZERO,
         p99: Duration::ZERO,
+        cpu_per_1000: cpu,
     }
 }
 
@@ -468,21 +562,28 @@ fn thousand_deployments(repo: &Repo, clients: &[Arc<AgentClient>], url: &str) ->
 
 fn main() {
     let mut jobs = 20_000usize;
+    let mut only_loop = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         if a == "--jobs" {
             jobs = args.next().and_then(|n| n.parse().ok()).expect("--jobs N");
+        } else if a == "--only-loop" {
+            only_loop = true;
         }
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let sqlite = run(&format!("sqlite://{}", dir.path().join("ledger.db").display()), jobs);
+    let sqlite = run(
+        &format!("sqlite://{}", dir.path().join("ledger.db").display()),
+        jobs,
+        only_loop,
+    );
     let pg = postgres_support::Postgres::start();
-    let postgres = run(&pg.url(), jobs);
+    let postgres = run(&pg.url(), jobs, only_loop);
     println!("{jobs} jobs per mode, {NODES} simulated agents over mutual TLS, leases of at most 8:");
     println!(
-        "| ledger | completions | lease+complete jobs/s | lease p50 | lease p99 | {DEPLOYMENTS} deployments placed and leased | nodes over capacity |"
+        "| ledger | completions | lease+complete jobs/s | lease p50 | lease p99 | CPU per 1,000 jobs: daemon / PostgreSQL | {DEPLOYMENTS} deployments placed and leased | nodes over capacity |"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|");
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     for (name, f) in [("SQLite", sqlite), ("PostgreSQL", postgres)] {
         for (mode, t) in [
@@ -502,10 +603,12 @@ fn main() {
                 }
             };
             println!(
-                "| {name} | {mode} | {:.0} | {} | {} | {:.2} s | {} |",
+                "| {name} | {mode} | {:.0} | {} | {} | {:.0} / {:.0} ms | {:.2} s | {} |",
                 t.jobs_per_second,
                 rtt(t.p50),
                 rtt(t.p99),
+                t.cpu_per_1000.0,
+                t.cpu_per_1000.1,
                 f.placed_all.as_secs_f64(),
                 f.over_capacity
             );
