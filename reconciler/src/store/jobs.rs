@@ -119,6 +119,9 @@ pub fn backoff_ms(job_id: i64, attempts: i64) -> i64 {
     base + jitter
 }
 
+/// Expired leases back to the queue (or dead when out of attempts). See [`Ledger::expire`].
+pub(crate) const EXPIRE: &str = "UPDATE jobs SET state = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'queued' END, lease_token = NULL, lease_expires_at = NULL, updated_at = ? WHERE state = 'leased' AND lease_expires_at < ? RETURNING key, state";
+
 impl Ledger {
     /// Adds jobs; a job whose key exists already is left as it is. Returns how many were new.
     pub async fn enqueue(&self, jobs: &[NewJob], now_ms: i64) -> Result<usize, LedgerError> {
@@ -197,13 +200,11 @@ impl Ledger {
     }
 
     pub(crate) async fn expire_in(&self, tx: &mut WriteTx, now_ms: i64) -> Result<usize, LedgerError> {
-        let rows: Vec<(String, String)> = sqlx::query_as(self.sql(
-            "UPDATE jobs SET state = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'queued' END, lease_token = NULL, lease_expires_at = NULL, updated_at = ? WHERE state = 'leased' AND lease_expires_at < ? RETURNING key, state",
-        ))
-        .bind(now_ms)
-        .bind(now_ms)
-        .fetch_all(&mut **tx)
-        .await?;
+        let rows: Vec<(String, String)> = sqlx::query_as(self.sql(EXPIRE))
+            .bind(now_ms)
+            .bind(now_ms)
+            .fetch_all(&mut **tx)
+            .await?;
         let n = rows.len();
         let events: Vec<_> = rows
             .into_iter()

@@ -137,25 +137,6 @@ impl Ledger {
         now_ms: i64,
     ) -> Result<Vec<Vec<Lease>>, LedgerError> {
         self.expire_in(tx, now_ms).await?;
-        // Fencing tokens are per job, not from one shared counter: concurrent lease
-        // transactions (PostgreSQL) then meet only on the jobs they both want, and `SKIP
-        // LOCKED` gives those to one of them. (SQLite's write transactions queue anyway.)
-        let lock = if self.backend == Backend::Postgres {
-            " FOR UPDATE SKIP LOCKED"
-        } else {
-            ""
-        };
-        let q = |only: &str| {
-            format!(
-                "UPDATE jobs SET state = 'leased', lease_token = ?, fencing_token = COALESCE(fencing_token, 0) + 1, lease_expires_at = ?, attempts = attempts + 1, updated_at = ? \
-                 WHERE id IN (SELECT id FROM jobs WHERE target_node = ? AND state = 'queued' AND not_before <= ?{only} ORDER BY id LIMIT ?{lock}) \
-                 RETURNING id, key, task, attempts, fencing_token"
-            )
-        };
-        let (q_all, q_removals) = (
-            q(""),
-            q(" AND (key LIKE '%:stop@%' OR key LIKE '%:teardown@%' OR key LIKE '%:remove@%')"),
-        );
         let expires = now_ms + ttl_ms;
         let mut out = Vec::with_capacity(requests.len());
         let mut events = Vec::new();
@@ -183,13 +164,13 @@ impl Ledger {
         }
         for (node, max, removals_only) in requests {
             let token = new_lease_token()?;
-            let rows: Vec<LeasedRecord> = sqlx::query_as(self.sql(if *removals_only { &q_removals } else { &q_all }))
+            let statement = lease_statement(self.backend, *removals_only, *max);
+            let rows: Vec<LeasedRecord> = sqlx::query_as(self.sql(&statement))
                 .bind(&token)
                 .bind(expires)
                 .bind(now_ms)
                 .bind(*node)
                 .bind(now_ms)
-                .bind(i64::from(*max))
                 .fetch_all(&mut **tx)
                 .await?;
             let mut leases = Vec::with_capacity(rows.len());
@@ -280,5 +261,76 @@ impl Ledger {
         }
         tx.commit().await?;
         Ok(out)
+    }
+}
+
+/// What only a draining node may lease: the jobs that take its work away.
+const REMOVALS: &str = " AND (key LIKE '%:stop@%' OR key LIKE '%:teardown@%' OR key LIKE '%:remove@%')";
+
+/// One node's lease: its oldest due jobs, up to `max` (only removals for a draining node).
+///
+/// Fencing tokens are per job, not from one shared counter: concurrent lease transactions
+/// (PostgreSQL) then meet only on the jobs they both want, and `SKIP LOCKED` gives those to
+/// one of them. (SQLite's write transactions queue anyway.)
+///
+/// The limit is written into the statement, not bound: SQLite plans `LIMIT ?` with the bound
+/// value and so prepares the statement afresh every time it is bound again (the hottest
+/// statement of the agent API, parsed and planned per node per group). The agent API clamps
+/// `max` to `MAX_LEASE_BATCH`, so there are a few such statements.
+pub(crate) fn lease_statement(backend: Backend, removals_only: bool, max: u32) -> String {
+    let lock = if backend == Backend::Postgres {
+        " FOR UPDATE SKIP LOCKED"
+    } else {
+        ""
+    };
+    let only = if removals_only { REMOVALS } else { "" };
+    format!(
+        "UPDATE jobs SET state = 'leased', lease_token = ?, fencing_token = COALESCE(fencing_token, 0) + 1, lease_expires_at = ?, attempts = attempts + 1, updated_at = ? \
+         WHERE id IN (SELECT id FROM jobs WHERE target_node = ? AND state = 'queued' AND not_before <= ?{only} ORDER BY id LIMIT {max}{lock}) \
+         RETURNING id, key, task, attempts, fencing_token"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What SQLite's planner does with `sql`: one line per step.
+    async fn plan(ledger: &Ledger, sql: &str) -> Vec<String> {
+        use sqlx::Row;
+        sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {sql}")))
+            .fetch_all(&ledger.pool)
+            .await
+            .expect("plan")
+            .iter()
+            .map(|r| r.try_get::<String, _>(3).expect("detail"))
+            .collect()
+    }
+
+    /// The statements every agent request or every settle runs read the open jobs through
+    /// their indexes: none reads the whole jobs table (which holds every job ever run) or
+    /// sorts a node's queue.
+    #[tokio::test]
+    async fn hot_statements_read_open_jobs_through_their_indexes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+        let ledger = Ledger::connect(&url, 1).await.expect("ledger");
+        ledger.migrate().await.expect("migrate");
+        let whole_table = |steps: &[String]| {
+            steps
+                .iter()
+                .any(|s| s.starts_with("SCAN jobs") || s.starts_with("SCAN j") || s.contains("TEMP B-TREE"))
+        };
+        for removals_only in [false, true] {
+            let steps = plan(&ledger, &lease_statement(Backend::Sqlite, removals_only, 8)).await;
+            assert!(steps.iter().any(|s| s.contains("jobs_queued")), "{steps:?}");
+            assert!(!whole_table(&steps), "{steps:?}");
+        }
+        let steps = plan(&ledger, super::super::jobs::EXPIRE).await;
+        assert!(steps.iter().any(|s| s.contains("jobs_leased")), "{steps:?}");
+        let steps = plan(&ledger, super::super::deployments::ADVANCEABLE).await;
+        assert!(steps.iter().any(|s| s.contains("jobs_by_step")), "{steps:?}");
+        assert!(!whole_table(&steps), "{steps:?}");
+        ledger.close().await;
     }
 }
