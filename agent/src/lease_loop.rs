@@ -39,6 +39,26 @@ pub const BUSY_POLL: Duration = Duration::from_secs(1);
 /// How often a held lease is renewed (the control plane's leases last 30 s).
 pub const RENEW_EVERY: Duration = Duration::from_secs(10);
 
+/// What the ends of one request may take of the agent API's body limit; the rest is for the
+/// envelope and the lease asked with them.
+const REPORT_BUDGET: usize = agent_proto::MAX_AGENT_BODY_BYTES - 2048;
+
+/// An end's size in a request, at most: its detail as JSON writes it (quotes, backslashes,
+/// newlines and tabs take two bytes; the other control characters, which take six, are left
+/// out of reports, and are counted as six should one come) and its proof with the field names.
+fn wire_bytes(end: &Done) -> usize {
+    let detail: usize = end
+        .detail
+        .bytes()
+        .map(|b| match b {
+            b'"' | b'\\' | b'\n' | b'\t' | b'\r' | 0x08 | 0x0c => 2,
+            0..0x20 => 6,
+            _ => 1,
+        })
+        .sum();
+    detail + end.proof.lease_token.len() + 160
+}
+
 /// A job's end, waiting to be reported. Its lease is renewed until then.
 struct Done {
     key: String,
@@ -97,12 +117,20 @@ impl Outbox {
         self.ready.notify_one();
     }
 
-    /// Up to one request's worth.
+    /// Up to one request's worth: at most [`MAX_LEASE_BATCH`] ends, and no more than fit in
+    /// the agent API's body limit (eight failures with full log tails do not), at least one.
     fn take(&self) -> Vec<Done> {
         let Ok(mut d) = self.done.lock() else {
             return Vec::new();
         };
-        let n = d.len().min(MAX_LEASE_BATCH as usize);
+        let (mut n, mut bytes) = (0, 0);
+        for end in d.iter().take(MAX_LEASE_BATCH as usize) {
+            bytes += wire_bytes(end);
+            if n > 0 && bytes > REPORT_BUDGET {
+                break;
+            }
+            n += 1;
+        }
         d.drain(..n).collect()
     }
 
@@ -369,6 +397,7 @@ fn same_step<X>(jobs: Vec<(LeasedJob, X)>) -> Vec<Vec<(LeasedJob, X)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use agent_proto::MAX_DETAIL_BYTES;
 
     fn job(task: &str, generation: u64, id: i64) -> (LeasedJob, ()) {
         let environment = "e".to_owned();
@@ -409,6 +438,48 @@ mod tests {
             expires_at_ms: 0,
         };
         (j, ())
+    }
+
+    #[test]
+    fn a_request_takes_no_more_ends_than_the_body_limit_holds() {
+        let outbox = Outbox::default();
+        let end = |id: i64, detail: &str| Done {
+            key: format!("k{id}"),
+            proof: job("ensure-application", 1, id).0.proof,
+            outcome: Outcome::Permanent,
+            detail: detail.to_owned(),
+            _renewing: None,
+        };
+        // Eight failures with full log tails, quotes and all.
+        let long = report("exit-code", &"\"a\"\\ \u{1b}".repeat(4000));
+        assert!(long.len() > MAX_DETAIL_BYTES - 8, "{}", long.len());
+        outbox.push((0..8).map(|i| end(i, &long)).collect());
+        let mut requests = Vec::new();
+        loop {
+            let ends = outbox.take();
+            if ends.is_empty() {
+                break;
+            }
+            let body = serde_json::to_vec(&agent_proto::CompleteBatch {
+                completions: ends
+                    .iter()
+                    .map(|d| agent_proto::CompleteRequest {
+                        proof: d.proof.clone(),
+                        outcome: d.outcome,
+                        detail: d.detail.clone(),
+                    })
+                    .collect(),
+                lease: Some(agent_proto::LeaseRequest { max: 8, wait_ms: 0 }),
+            })
+            .expect("json");
+            assert!(body.len() <= agent_proto::MAX_AGENT_BODY_BYTES, "{} bytes", body.len());
+            requests.push(ends.len());
+        }
+        assert_eq!(requests.iter().sum::<usize>(), 8, "{requests:?}");
+        assert!(requests.len() >= 3, "{requests:?}");
+        // Short ends go eight at a time.
+        outbox.push((0..20).map(|i| end(i, "ok: ")).collect());
+        assert_eq!(outbox.take().len(), MAX_LEASE_BATCH as usize);
     }
 
     #[test]

@@ -32,8 +32,16 @@ pub fn retryable(code: &'static str, detail: impl Into<String>) -> Failure {
 }
 
 /// `code: detail`, cut to the control plane's limit at a character boundary (the end of a
-/// log tail is what matters, so the front is cut).
+/// log tail is what matters, so the front is cut). Control characters other than newlines and
+/// tabs are left out: terminal colours mean nothing in a report, and JSON writes each as six
+/// bytes, so a report stays within twice its length on the wire (see
+/// [`crate::lease_loop`]'s request budget).
 pub fn report(code: &str, detail: &str) -> String {
+    let detail: std::borrow::Cow<'_, str> = if detail.chars().any(unprintable) {
+        detail.chars().filter(|c| !unprintable(*c)).collect::<String>().into()
+    } else {
+        detail.into()
+    };
     let full = format!("{code}: {detail}");
     if full.len() <= MAX_DETAIL {
         return full;
@@ -43,6 +51,10 @@ pub fn report(code: &str, detail: &str) -> String {
         start += 1;
     }
     format!("{code}: …{}", &full[start..])
+}
+
+fn unprintable(c: char) -> bool {
+    c.is_control() && c != '\n' && c != '\t'
 }
 
 #[cfg(test)]
@@ -57,5 +69,6 @@ mod tests {
         assert!(r.starts_with("exit-code: …"));
         assert!(r.ends_with("THE END"));
         assert_eq!(report("x", "short"), "x: short");
+        assert_eq!(report("x", "\u{1b}[31mred\r\n\tend"), "x: [31mred\n\tend");
     }
 }

@@ -477,3 +477,85 @@ fn the_agents_lease_loop_drives_a_rollout_reporting_each_steps_ends_with_the_nex
     );
     d.kill9();
 }
+
+/// Tasks whose replicas fail for good with the longest log tail a report may carry, full of
+/// what JSON escapes; everything else succeeds.
+struct LongFailures;
+
+impl pushleft_agent::lease_loop::Tasks for LongFailures {
+    fn execute(
+        &self,
+        job: &agent_proto::LeasedJob,
+    ) -> impl std::future::Future<Output = Result<String, pushleft_agent::outcome::Failure>> + Send {
+        std::future::ready(match &job.task {
+            agent_proto::Task::EnsureApplication { .. } => Err(pushleft_agent::outcome::permanent(
+                "exit-code",
+                "\u{1b}[31m\"crashed\"\\\n".repeat(4_000),
+            )),
+            _ => Ok(String::new()),
+        })
+    }
+}
+
+/// Eight replicas of one step fail at once with long logs (a bad release does that): their
+/// ends must reach the ledger. Eight full reports in one request are past the agent API's body
+/// limit; sent as one, they were refused, put back and sent again for ever.
+#[test]
+fn a_steps_failures_with_long_logs_are_reported_in_requests_the_control_plane_accepts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = Repo::new(dir.path());
+    std::fs::write(dir.path().join("allowed_signers"), &repo.signers).expect("signers");
+    let pool = POOL.replace("    - {name: n2, capacity: {cpu: \"4\", memory: 8Gi}}\n", "");
+    repo.write("pools/main.yaml", &pool);
+    repo.write("projects/api.yaml", &project("api", 8));
+    repo.write("envs/api-production.yaml", &environment("api-production", "api"));
+    repo.commit("eight replicas on n1", true);
+    let Running {
+        s,
+        url,
+        mut d,
+        control,
+        agents,
+        ca_pem,
+    } = start(dir.path(), &repo);
+    let node_dir = dir.path().join("n1");
+    let token = d.enrolment_token("n1", &s.operator);
+    pushleft_agent::enroll::enroll(&control, &support::ca_pin(&ca_pem), "n1", &node_dir, &token).expect("enrol");
+    let client = std::sync::Arc::new(AgentClient::from_dir(&agents, &node_dir).expect("client"));
+    client
+        .heartbeat(&agent_proto::Heartbeat::new("test", &agent_proto::FULL_CAPABILITIES))
+        .expect("heartbeat");
+    let leasing = std::sync::Arc::new(pushleft_agent::lease_loop::LeaseLoop::new(
+        client,
+        std::sync::Arc::new(LongFailures),
+        4,
+        Duration::from_millis(200),
+    ));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let rt = support::runtime();
+    let running = {
+        let (leasing, stop) = (std::sync::Arc::clone(&leasing), std::sync::Arc::clone(&stop));
+        rt.spawn(async move { leasing.run(&stop).await })
+    };
+    let failed = || sql(&url, "SELECT key FROM jobs WHERE key LIKE 'app:%' AND state = 'failed'");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while failed().len() < 8 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    rt.block_on(running).expect("lease loop");
+    assert_eq!(failed().len(), 8, "every replica's failure recorded");
+    // Each with its log's end, control characters left out, within the detail's limit.
+    let details = sql(
+        &url,
+        "SELECT r.detail FROM job_results r JOIN jobs j ON j.id = r.job_id WHERE j.key LIKE 'app:%'",
+    );
+    assert_eq!(details.len(), 8, "one result each");
+    for detail in &details {
+        assert!(detail.starts_with("exit-code: …"), "{}", &detail[..40]);
+        assert!(detail.ends_with("[31m\"crashed\"\\\n"), "the log's end is kept");
+        assert!(!detail.contains('\u{1b}'), "no control characters");
+        assert!(detail.len() <= agent_proto::MAX_DETAIL_BYTES);
+    }
+    d.kill9();
+}

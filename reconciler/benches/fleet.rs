@@ -37,20 +37,21 @@ struct Throughput {
     jobs_per_second: f64,
     p50: Duration,
     p99: Duration,
-    /// CPU the daemon and the ledger's server (PostgreSQL's processes; none for SQLite, which
-    /// runs inside the daemon) spent per 1,000 jobs: what a job costs the control plane,
-    /// steadier on a shared machine than the rate.
+    /// CPU the daemon, the ledger's server (PostgreSQL's processes; none for SQLite, which
+    /// runs inside the daemon) and the simulated agents (this process) spent per 1,000 jobs:
+    /// what a job costs each side, steadier on a shared machine than the rate.
     cpu_per_1000: Cpu,
 }
 
-/// CPU milliseconds (daemon, PostgreSQL).
+/// CPU milliseconds (daemon, PostgreSQL, the simulated agents).
 #[derive(Clone, Copy, Default)]
-struct Cpu(f64, f64);
+struct Cpu(f64, f64, f64);
 
 /// The daemon's process id, for [`cpu_now`].
 static DAEMON: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
-/// User and system CPU so far, in milliseconds, of the daemon and of every `postgres` process.
+/// User and system CPU so far, in milliseconds, of the daemon, of every `postgres` process and
+/// of this process.
 fn cpu_now() -> Cpu {
     // Fields 14 and 15 of /proc/PID/stat, after the command in parentheses; clock ticks of
     // 10 ms (USER_HZ is 100 on Linux).
@@ -73,14 +74,15 @@ fn cpu_now() -> Cpu {
             db += t;
         }
     }
-    Cpu(daemon, db)
+    let agents = ticks("self").map_or(0.0, |(_, t)| t);
+    Cpu(daemon, db, agents)
 }
 
 /// CPU per 1,000 jobs since `before`.
 fn cpu_since(before: Cpu, jobs: usize) -> Cpu {
     let now = cpu_now();
     let k = 1000.0 / jobs as f64;
-    Cpu((now.0 - before.0) * k, (now.1 - before.1) * k)
+    Cpu((now.0 - before.0) * k, (now.1 - before.1) * k, (now.2 - before.2) * k)
 }
 
 /// How a simulated agent sends its completions.
@@ -581,7 +583,7 @@ fn main() {
     let postgres = run(&pg.url(), jobs, only_loop);
     println!("{jobs} jobs per mode, {NODES} simulated agents over mutual TLS, leases of at most 8:");
     println!(
-        "| ledger | completions | lease+complete jobs/s | lease p50 | lease p99 | CPU per 1,000 jobs: daemon / PostgreSQL | {DEPLOYMENTS} deployments placed and leased | nodes over capacity |"
+        "| ledger | completions | lease+complete jobs/s | lease p50 | lease p99 | CPU per 1,000 jobs: daemon / PostgreSQL / agents | {DEPLOYMENTS} deployments placed and leased | nodes over capacity |"
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|");
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
@@ -603,12 +605,13 @@ fn main() {
                 }
             };
             println!(
-                "| {name} | {mode} | {:.0} | {} | {} | {:.0} / {:.0} ms | {:.2} s | {} |",
+                "| {name} | {mode} | {:.0} | {} | {} | {:.0} / {:.0} / {:.0} ms | {:.2} s | {} |",
                 t.jobs_per_second,
                 rtt(t.p50),
                 rtt(t.p99),
                 t.cpu_per_1000.0,
                 t.cpu_per_1000.1,
+                t.cpu_per_1000.2,
                 f.placed_all.as_secs_f64(),
                 f.over_capacity
             );
