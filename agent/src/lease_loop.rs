@@ -153,6 +153,7 @@ pub struct LeaseLoop<T: Tasks> {
     outbox: Arc<Outbox>,
     recorded: AtomicU64,
     reports: AtomicU64,
+    requests: AtomicU64,
 }
 
 impl<T: Tasks> LeaseLoop<T> {
@@ -167,6 +168,7 @@ impl<T: Tasks> LeaseLoop<T> {
             outbox: Arc::default(),
             recorded: AtomicU64::new(0),
             reports: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
         }
     }
 
@@ -178,6 +180,11 @@ impl<T: Tasks> LeaseLoop<T> {
     /// How many requests carried ends (each with the next lease).
     pub fn reports(&self) -> u64 {
         self.reports.load(Ordering::Relaxed)
+    }
+
+    /// How many requests the loop made (leases alone and reports).
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
     }
 
     /// Leases and runs until `stop` is set (checked before each request; a request waits at
@@ -205,6 +212,7 @@ impl<T: Tasks> LeaseLoop<T> {
                 Duration::ZERO
             };
             let max = (MAX_HELD - still_running).min(MAX_LEASE_BATCH as usize) as u32;
+            self.requests.fetch_add(1, Ordering::Relaxed);
             let answer = if ends.is_empty() {
                 blocking(&self.client, move |c| c.lease(max, wait)).await
             } else {

@@ -173,8 +173,8 @@ fn run(url: &str, jobs: usize, only_loop: bool) -> Figures {
     if only_loop {
         // `--only-loop`: the agent's loop beside the bare client with the same protocol, and
         // nothing else (for working on the loop).
-        let with_lease = throughput(url, &clients, jobs, 0, Mode::WithLease, Duration::ZERO);
-        let agent_loop = agent_loops(url, &clients, jobs, jobs);
+        let agent_loop = agent_loops(url, &clients, jobs, 0);
+        let with_lease = throughput(url, &clients, jobs, jobs, Mode::WithLease, Duration::ZERO);
         d.kill9();
         let none = || Throughput {
             jobs_per_second: 0.0,
@@ -415,7 +415,7 @@ impl<T: Tasks> Loops<T> {
 
     /// Stops every loop (each within its long poll) and waits for them; the ends recorded, and
     /// the requests that carried them.
-    fn stop(self) -> (usize, usize) {
+    fn stop(self) -> (usize, usize, usize) {
         self.stop.store(true, Ordering::Relaxed);
         self.rt.block_on(async {
             for r in self.running {
@@ -424,7 +424,8 @@ impl<T: Tasks> Loops<T> {
         });
         let recorded = self.loops.iter().map(|l| l.recorded()).sum::<u64>() as usize;
         let reports = self.loops.iter().map(|l| l.reports()).sum::<u64>() as usize;
-        (recorded, reports)
+        let requests = self.loops.iter().map(|l| l.requests()).sum::<u64>() as usize;
+        (recorded, reports, requests)
     }
 }
 
@@ -471,11 +472,11 @@ fn agent_loops(url: &str, clients: &[Arc<AgentClient>], jobs: usize, offset: usi
     };
     let cpu = cpu_since(cpu, jobs);
     rt.block_on(ledger.close());
-    let (recorded, reports) = fleet.stop();
+    let (recorded, reports, requests) = fleet.stop();
     assert_eq!(recorded, jobs, "every job once, within the deadline");
     let backend = url.split(':').next().unwrap_or_default();
     eprintln!(
-        "agent loop on {backend}: {recorded} ends in {reports} reports ({:.1} a report)",
+        "agent loop on {backend}: {recorded} ends in {reports} reports ({:.1} a report), {requests} requests in all",
         recorded as f64 / reports.max(1) as f64
     );
     Throughput {

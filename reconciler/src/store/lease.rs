@@ -198,28 +198,31 @@ impl Ledger {
         expires: i64,
         now_ms: i64,
     ) -> Result<Vec<Vec<Lease>>, LedgerError> {
-        let rows = vec!["(?::int8, ?::text, ?::int8, ?::bool, ?::text)"; requests.len()].join(", ");
-        let q = format!(
-            "UPDATE jobs SET state = 'leased', lease_token = picked.token, fencing_token = COALESCE(jobs.fencing_token, 0) + 1, \
+        // The requests travel as one JSON parameter, so the statement is the same text for
+        // every group size: PostgreSQL parses and plans it once per connection, where a
+        // `VALUES` list of each size was a new statement to parse and plan.
+        let mut picks = Vec::with_capacity(requests.len());
+        for (i, (node, max, removals_only)) in requests.iter().enumerate() {
+            picks.push(serde_json::json!({
+                "idx": i,
+                "node": node,
+                "lim": max,
+                "removals": removals_only,
+                "token": new_lease_token()?,
+            }));
+        }
+        let q = "UPDATE jobs SET state = 'leased', lease_token = picked.token, fencing_token = COALESCE(jobs.fencing_token, 0) + 1, \
              lease_expires_at = ?, attempts = jobs.attempts + 1, updated_at = ? \
-             FROM (SELECT j.id, r.idx, r.token FROM (VALUES {rows}) AS r(idx, node, lim, removals, token) \
+             FROM (SELECT j.id, r.idx, r.token FROM json_to_recordset(?::json) AS r(idx int8, node text, lim int8, removals bool, token text) \
                    CROSS JOIN LATERAL (SELECT id FROM jobs WHERE target_node = r.node AND state = 'queued' AND not_before <= ? \
                      AND (NOT r.removals OR key LIKE '%:stop@%' OR key LIKE '%:teardown@%' OR key LIKE '%:remove@%') \
                      ORDER BY id LIMIT r.lim FOR UPDATE SKIP LOCKED) j) AS picked \
              WHERE jobs.id = picked.id \
-             RETURNING jobs.id, jobs.key, jobs.task, jobs.attempts, jobs.fencing_token, picked.idx, picked.token"
-        );
-        let mut query = sqlx::query_as::<_, GroupLeasedRecord>(self.sql(&q))
+             RETURNING jobs.id, jobs.key, jobs.task, jobs.attempts, jobs.fencing_token, picked.idx, picked.token";
+        let query = sqlx::query_as::<_, GroupLeasedRecord>(self.sql(q))
             .bind(expires)
-            .bind(now_ms);
-        for (i, (node, max, removals_only)) in requests.iter().enumerate() {
-            query = query
-                .bind(i as i64)
-                .bind(*node)
-                .bind(i64::from(*max))
-                .bind(*removals_only)
-                .bind(new_lease_token()?);
-        }
+            .bind(now_ms)
+            .bind(serde_json::Value::Array(picks).to_string());
         let mut out: Vec<Vec<Lease>> = vec![Vec::new(); requests.len()];
         for r in query.bind(now_ms).fetch_all(&mut **tx).await? {
             let Some(slot) = usize::try_from(r.idx).ok().and_then(|i| out.get_mut(i)) else {
