@@ -74,20 +74,18 @@ impl Ledger {
         for chunk_start in (0..completions.len()).step_by(500) {
             let chunk = &completions[chunk_start..(chunk_start + 500).min(completions.len())];
             // The live leases among the batch, locked until commit.
-            let marks = vec!["?"; chunk.len()].join(", ");
-            let lock = if self.backend == Backend::Postgres {
-                " FOR UPDATE"
-            } else {
-                ""
-            };
+            let ids = self.id_set(chunk.iter().map(|c| c.token.job_id));
             let q = format!(
                 "SELECT id, attempts, max_attempts, key, lease_token, fencing_token, target_node, \
-                 CASE WHEN state = 'leased' AND lease_expires_at >= ? THEN 1 ELSE 0 END AS live FROM jobs WHERE id IN ({marks}){lock}"
+                 CASE WHEN state = 'leased' AND lease_expires_at >= ? THEN 1 ELSE 0 END AS live FROM jobs WHERE {}{}",
+                ids.condition("id"),
+                if self.backend == Backend::Postgres {
+                    " FOR UPDATE"
+                } else {
+                    ""
+                },
             );
-            let mut query = sqlx::query_as::<_, LiveLease>(self.sql(&q)).bind(now_ms);
-            for c in chunk {
-                query = query.bind(c.token.job_id);
-            }
+            let query = ids.bind(sqlx::query_as::<_, LiveLease>(self.sql(&q)).bind(now_ms));
             let mut live: std::collections::HashMap<i64, LiveLease> = std::collections::HashMap::new();
             let mut owners: std::collections::HashMap<i64, String> = std::collections::HashMap::new();
             for mut r in query.fetch_all(&mut **tx).await? {
@@ -150,15 +148,14 @@ impl Ledger {
                 out[chunk_start + i] = Ok(());
             }
             for (state, ids) in &rec.by_state {
-                let marks = vec!["?"; ids.len()].join(", ");
+                let ids = self.id_set(ids.iter().copied());
                 let q = format!(
-                    "UPDATE jobs SET state = ?, lease_token = NULL, lease_expires_at = NULL, updated_at = ? WHERE id IN ({marks})"
+                    "UPDATE jobs SET state = ?, lease_token = NULL, lease_expires_at = NULL, updated_at = ? WHERE {}",
+                    ids.condition("id")
                 );
-                let mut query = sqlx::query(self.sql(&q)).bind(state.as_str()).bind(now_ms);
-                for id in ids {
-                    query = query.bind(*id);
-                }
-                query.execute(&mut **tx).await?;
+                ids.bind_query(sqlx::query(self.sql(&q)).bind(state.as_str()).bind(now_ms))
+                    .execute(&mut **tx)
+                    .await?;
             }
             for key in &repaired {
                 self.republish_after_repair(tx, key, now_ms).await?;
@@ -172,19 +169,36 @@ impl Ledger {
                     .await?;
             }
             if !rec.results.is_empty() {
-                let rows = vec!["(?, ?, ?, ?, ?)"; rec.results.len()].join(", ");
-                let mut query = sqlx::query(self.sql(&format!(
-                    "INSERT INTO job_results (job_id, fencing_token, outcome, detail, at) VALUES {rows}"
-                )));
-                for (id, fencing, outcome, detail) in &rec.results {
-                    query = query
-                        .bind(*id)
-                        .bind(*fencing)
-                        .bind(*outcome)
-                        .bind(detail.clone())
-                        .bind(now_ms);
+                if self.backend == Backend::Postgres {
+                    // One statement text for any number of results (see `IdSet`).
+                    let rows: Vec<(i64, i64, &str, &str)> = rec
+                        .results
+                        .iter()
+                        .map(|(id, fencing, outcome, detail)| (*id, *fencing, *outcome, detail.as_str()))
+                        .collect();
+                    sqlx::query(self.sql(
+                        "INSERT INTO job_results (job_id, fencing_token, outcome, detail, at) \
+                         SELECT (r->>0)::int8, (r->>1)::int8, r->>2, r->>3, ? FROM json_array_elements(?::json) AS r",
+                    ))
+                    .bind(now_ms)
+                    .bind(serde_json::to_string(&rows)?)
+                    .execute(&mut **tx)
+                    .await?;
+                } else {
+                    let rows = vec!["(?, ?, ?, ?, ?)"; rec.results.len()].join(", ");
+                    let mut query = sqlx::query(self.sql(&format!(
+                        "INSERT INTO job_results (job_id, fencing_token, outcome, detail, at) VALUES {rows}"
+                    )));
+                    for (id, fencing, outcome, detail) in &rec.results {
+                        query = query
+                            .bind(*id)
+                            .bind(*fencing)
+                            .bind(*outcome)
+                            .bind(detail.clone())
+                            .bind(now_ms);
+                    }
+                    query.execute(&mut **tx).await?;
                 }
-                query.execute(&mut **tx).await?;
                 self.events_in(tx, now_ms, &rec.events).await?;
             }
         }

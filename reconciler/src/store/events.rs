@@ -35,6 +35,21 @@ impl Ledger {
         now_ms: i64,
         events: &[(String, String, String)],
     ) -> Result<(), LedgerError> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        if self.backend == super::Backend::Postgres {
+            // One statement text for any number of events (see `IdSet`), in their order.
+            sqlx::query(self.sql(
+                "INSERT INTO events (at, kind, subject, detail) \
+                 SELECT ?, e->>0, e->>1, e->>2 FROM json_array_elements(?::json) WITH ORDINALITY AS t(e, n) ORDER BY n",
+            ))
+            .bind(now_ms)
+            .bind(serde_json::to_string(events)?)
+            .execute(&mut **tx)
+            .await?;
+            return Ok(());
+        }
         for chunk in events.chunks(200) {
             let marks = vec!["(?, ?, ?, ?)"; chunk.len()].join(", ");
             let q = format!("INSERT INTO events (at, kind, subject, detail) VALUES {marks}");

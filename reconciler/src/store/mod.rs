@@ -124,6 +124,57 @@ impl std::ops::DerefMut for WriteTx {
     }
 }
 
+/// Ids in a statement. PostgreSQL takes them as one array parameter (`id = ANY(?::int8[])`),
+/// so the statement's text is the same for any number of them and is parsed and planned once
+/// per connection; a list of `?` of each length was a new statement to parse, describe and
+/// plan, in the group committer's path. SQLite prepares cheaply and takes the list.
+pub(crate) enum IdSet {
+    Each(Vec<i64>),
+    Array(String),
+}
+
+impl IdSet {
+    /// The condition on `column`.
+    pub(crate) fn condition(&self, column: &str) -> String {
+        match self {
+            IdSet::Each(ids) => format!("{column} IN ({})", vec!["?"; ids.len()].join(", ")),
+            IdSet::Array(_) => format!("{column} = ANY(?::int8[])"),
+        }
+    }
+
+    /// Binds the ids where [`IdSet::condition`] put them.
+    pub(crate) fn bind<'q, O>(
+        &self,
+        mut q: sqlx::query::QueryAs<'q, sqlx::Any, O, sqlx::any::AnyArguments>,
+    ) -> sqlx::query::QueryAs<'q, sqlx::Any, O, sqlx::any::AnyArguments> {
+        match self {
+            IdSet::Each(ids) => {
+                for id in ids {
+                    q = q.bind(*id);
+                }
+                q
+            }
+            IdSet::Array(a) => q.bind(a.clone()),
+        }
+    }
+
+    /// [`IdSet::bind`] for a statement without rows.
+    pub(crate) fn bind_query<'q>(
+        &self,
+        mut q: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
+    ) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
+        match self {
+            IdSet::Each(ids) => {
+                for id in ids {
+                    q = q.bind(*id);
+                }
+                q
+            }
+            IdSet::Array(a) => q.bind(a.clone()),
+        }
+    }
+}
+
 impl WriteTx {
     pub async fn commit(self) -> Result<(), sqlx::Error> {
         self.tx.commit().await
@@ -271,6 +322,18 @@ impl Ledger {
 
     /// The statement for this backend: `?` placeholders become `$1, $2, …` for PostgreSQL.
     /// Statements are this file's constants; values always go through bind parameters.
+    /// A set of ids for `WHERE id …`: see [`IdSet`].
+    pub(crate) fn id_set(&self, ids: impl Iterator<Item = i64>) -> IdSet {
+        let ids: Vec<i64> = ids.collect();
+        match self.backend {
+            Backend::Sqlite => IdSet::Each(ids),
+            Backend::Postgres => IdSet::Array(format!(
+                "{{{}}}",
+                ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
+            )),
+        }
+    }
+
     pub(crate) fn sql(&self, q: &str) -> sqlx::SqlStr {
         sqlx::SqlSafeStr::into_sql_str(sqlx::AssertSqlSafe(self.placeholders(q).into_owned()))
     }
