@@ -251,6 +251,12 @@ async fn lease_jobs_now(s: &Agents, node: &str, req: &LeaseRequest) -> Result<Le
     let max = req.max.clamp(1, MAX_LEASE_BATCH);
     let wait = Duration::from_millis(req.wait_ms.min(MAX_LEASE_WAIT_MS));
     let started = Instant::now();
+    // Between wake-ups (this daemon wrote jobs), the queue is looked at again after 50 ms,
+    // then less and less often, up to every second: a node that just reported likely waits
+    // for its next step, while an idle fleet's long polls cost a read a second each instead
+    // of twenty. What is not notified here (another daemon's writes, a retry coming due)
+    // is seen within a second.
+    let mut recheck = Duration::from_millis(50);
     loop {
         let woken = s.hub.jobs.notified();
         let leases = s
@@ -310,8 +316,9 @@ async fn lease_jobs_now(s: &Agents, node: &str, req: &LeaseRequest) -> Result<Le
         let left = wait.saturating_sub(started.elapsed());
         tokio::select! {
             _ = woken => {}
-            _ = tokio::time::sleep(left.min(Duration::from_millis(50))) => {}
+            _ = tokio::time::sleep(left.min(recheck)) => {}
         }
+        recheck = (recheck * 2).min(Duration::from_secs(1));
     }
 }
 
