@@ -396,45 +396,80 @@ impl pushleft_agent::lease_loop::Tasks for Recorded {
     }
 }
 
+/// One node, n1, enrolled and heartbeating, with `replicas` of `api-production` committed for
+/// it, running the agent's own lease loop over `tasks`; the loop stops when the returned
+/// guard's `stop` is set.
+struct OneNode<T: pushleft_agent::lease_loop::Tasks> {
+    _dir: tempfile::TempDir,
+    url: String,
+    d: Daemon,
+    leasing: std::sync::Arc<pushleft_agent::lease_loop::LeaseLoop<T>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    rt: tokio::runtime::Runtime,
+    running: tokio::task::JoinHandle<()>,
+}
+
+impl<T: pushleft_agent::lease_loop::Tasks> OneNode<T> {
+    fn start(replicas: u32, tasks: std::sync::Arc<T>) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let repo = Repo::new(dir.path());
+        std::fs::write(dir.path().join("allowed_signers"), &repo.signers).expect("signers");
+        let pool = POOL.replace("    - {name: n2, capacity: {cpu: \"4\", memory: 8Gi}}\n", "");
+        repo.write("pools/main.yaml", &pool);
+        repo.write("projects/api.yaml", &project("api", replicas));
+        repo.write("envs/api-production.yaml", &environment("api-production", "api"));
+        repo.commit("replicas on n1", true);
+        let Running {
+            s,
+            url,
+            d,
+            control,
+            agents,
+            ca_pem,
+        } = start(dir.path(), &repo);
+        let node_dir = dir.path().join("n1");
+        let token = d.enrolment_token("n1", &s.operator);
+        pushleft_agent::enroll::enroll(&control, &support::ca_pin(&ca_pem), "n1", &node_dir, &token).expect("enrol");
+        let client = std::sync::Arc::new(AgentClient::from_dir(&agents, &node_dir).expect("client"));
+        client
+            .heartbeat(&agent_proto::Heartbeat::new("test", &agent_proto::FULL_CAPABILITIES))
+            .expect("heartbeat");
+        let leasing = std::sync::Arc::new(pushleft_agent::lease_loop::LeaseLoop::new(
+            client,
+            tasks,
+            4,
+            Duration::from_millis(200),
+        ));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let rt = support::runtime();
+        let running = {
+            let (leasing, stop) = (std::sync::Arc::clone(&leasing), std::sync::Arc::clone(&stop));
+            rt.spawn(async move { leasing.run(&stop).await })
+        };
+        OneNode {
+            _dir: dir,
+            url,
+            d,
+            leasing,
+            stop,
+            rt,
+            running,
+        }
+    }
+
+    /// Stops the loop and waits for it.
+    fn stop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let running = std::mem::replace(&mut self.running, self.rt.spawn(async {}));
+        self.rt.block_on(running).expect("lease loop");
+    }
+}
+
 #[test]
 fn the_agents_lease_loop_drives_a_rollout_reporting_each_steps_ends_with_the_next_lease() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let repo = Repo::new(dir.path());
-    std::fs::write(dir.path().join("allowed_signers"), &repo.signers).expect("signers");
-    let pool = POOL.replace("    - {name: n2, capacity: {cpu: \"4\", memory: 8Gi}}\n", "");
-    repo.write("pools/main.yaml", &pool);
-    repo.write("projects/api.yaml", &project("api", 3));
-    repo.write("envs/api-production.yaml", &environment("api-production", "api"));
-    repo.commit("three replicas on n1", true);
-    let Running {
-        s,
-        url,
-        mut d,
-        control,
-        agents,
-        ca_pem,
-    } = start(dir.path(), &repo);
-    let node_dir = dir.path().join("n1");
-    let token = d.enrolment_token("n1", &s.operator);
-    pushleft_agent::enroll::enroll(&control, &support::ca_pin(&ca_pem), "n1", &node_dir, &token).expect("enrol");
-    let client = std::sync::Arc::new(AgentClient::from_dir(&agents, &node_dir).expect("client"));
-    client
-        .heartbeat(&agent_proto::Heartbeat::new("test", &agent_proto::FULL_CAPABILITIES))
-        .expect("heartbeat");
-
     let tasks = std::sync::Arc::new(Recorded::default());
-    let leasing = std::sync::Arc::new(pushleft_agent::lease_loop::LeaseLoop::new(
-        client,
-        std::sync::Arc::clone(&tasks),
-        4,
-        Duration::from_millis(200),
-    ));
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let rt = support::runtime();
-    let running = {
-        let (leasing, stop) = (std::sync::Arc::clone(&leasing), std::sync::Arc::clone(&stop));
-        rt.spawn(async move { leasing.run(&stop).await })
-    };
+    let mut node = OneNode::start(3, std::sync::Arc::clone(&tasks));
+    let url = node.url.clone();
     let open = || sql(&url, "SELECT key FROM jobs WHERE state <> 'succeeded'");
     let deadline = Instant::now() + Duration::from_secs(30);
     // The rollout's last step is the hostname's route.
@@ -448,8 +483,7 @@ fn the_agents_lease_loop_drives_a_rollout_reporting_each_steps_ends_with_the_nex
     while !(published() && open().is_empty()) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    rt.block_on(running).expect("lease loop");
+    node.stop();
     assert_eq!(
         open(),
         Vec::<String>::new(),
@@ -467,15 +501,15 @@ fn the_agents_lease_loop_drives_a_rollout_reporting_each_steps_ends_with_the_nex
     assert_eq!(replicas.len(), 3, "{ran:?}");
     let jobs = sql(&url, "SELECT key FROM jobs").len();
     assert_eq!(ran.len(), jobs, "each job ran once: {ran:?}");
-    assert_eq!(leasing.recorded(), jobs as u64, "every end recorded");
+    assert_eq!(node.leasing.recorded(), jobs as u64, "every end recorded");
     // A step's ends travel together, with the next lease: at most one report per step (the
     // network, its firewall, its routes, the three replicas, the route), never one per job.
     assert!(
-        leasing.reports() <= 5,
+        node.leasing.reports() <= 5,
         "{} reports for {jobs} jobs: {ran:?}",
-        leasing.reports()
+        node.leasing.reports()
     );
-    d.kill9();
+    node.d.kill9();
 }
 
 /// Tasks whose replicas fail for good with the longest log tail a report may carry, full of
@@ -502,48 +536,14 @@ impl pushleft_agent::lease_loop::Tasks for LongFailures {
 /// limit; sent as one, they were refused, put back and sent again for ever.
 #[test]
 fn a_steps_failures_with_long_logs_are_reported_in_requests_the_control_plane_accepts() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let repo = Repo::new(dir.path());
-    std::fs::write(dir.path().join("allowed_signers"), &repo.signers).expect("signers");
-    let pool = POOL.replace("    - {name: n2, capacity: {cpu: \"4\", memory: 8Gi}}\n", "");
-    repo.write("pools/main.yaml", &pool);
-    repo.write("projects/api.yaml", &project("api", 8));
-    repo.write("envs/api-production.yaml", &environment("api-production", "api"));
-    repo.commit("eight replicas on n1", true);
-    let Running {
-        s,
-        url,
-        mut d,
-        control,
-        agents,
-        ca_pem,
-    } = start(dir.path(), &repo);
-    let node_dir = dir.path().join("n1");
-    let token = d.enrolment_token("n1", &s.operator);
-    pushleft_agent::enroll::enroll(&control, &support::ca_pin(&ca_pem), "n1", &node_dir, &token).expect("enrol");
-    let client = std::sync::Arc::new(AgentClient::from_dir(&agents, &node_dir).expect("client"));
-    client
-        .heartbeat(&agent_proto::Heartbeat::new("test", &agent_proto::FULL_CAPABILITIES))
-        .expect("heartbeat");
-    let leasing = std::sync::Arc::new(pushleft_agent::lease_loop::LeaseLoop::new(
-        client,
-        std::sync::Arc::new(LongFailures),
-        4,
-        Duration::from_millis(200),
-    ));
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let rt = support::runtime();
-    let running = {
-        let (leasing, stop) = (std::sync::Arc::clone(&leasing), std::sync::Arc::clone(&stop));
-        rt.spawn(async move { leasing.run(&stop).await })
-    };
+    let mut node = OneNode::start(8, std::sync::Arc::new(LongFailures));
+    let url = node.url.clone();
     let failed = || sql(&url, "SELECT key FROM jobs WHERE key LIKE 'app:%' AND state = 'failed'");
     let deadline = Instant::now() + Duration::from_secs(30);
     while failed().len() < 8 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    rt.block_on(running).expect("lease loop");
+    node.stop();
     assert_eq!(failed().len(), 8, "every replica's failure recorded");
     // Each with its log's end, control characters left out, within the detail's limit.
     let details = sql(
@@ -557,5 +557,5 @@ fn a_steps_failures_with_long_logs_are_reported_in_requests_the_control_plane_ac
         assert!(!detail.contains('\u{1b}'), "no control characters");
         assert!(detail.len() <= agent_proto::MAX_DETAIL_BYTES);
     }
-    d.kill9();
+    node.d.kill9();
 }

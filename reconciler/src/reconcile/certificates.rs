@@ -203,9 +203,7 @@ mod tests {
     async fn a_failed_issuance_backs_off_then_issues_and_renews_on_the_ledger() {
         use std::sync::atomic::Ordering;
         let dir = tempfile::tempdir().expect("tempdir");
-        let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
-        let ledger = Ledger::connect(&url, 2).await.expect("ledger");
-        ledger.migrate().await.expect("migrate");
+        let (ledger, _) = Ledger::sqlite_in(dir.path()).await;
         let hub = crate::hub::Hub::default();
         let control = age::x25519::Identity::generate();
         let ca = crate::issuer::LocalCa::open_or_create(

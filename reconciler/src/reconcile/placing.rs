@@ -159,9 +159,7 @@ mod tests {
     #[tokio::test]
     async fn nodes_on_one_machine_get_subnets_that_do_not_overlap() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
-        let ledger = Ledger::connect(&url, 2).await.expect("ledger");
-        ledger.migrate().await.expect("migrate");
+        let (ledger, _) = Ledger::sqlite_in(dir.path()).await;
         // a1 and a2 share machine m1; b is alone on m2, where another control plane's networks
         // use the pool's first two /24s (b's agent said so); c never said.
         for (name, host, taken) in [
@@ -220,9 +218,7 @@ mod tests {
     #[tokio::test]
     async fn the_control_plane_id_is_made_once_and_kept() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
-        let ledger = Ledger::connect(&url, 2).await.expect("ledger");
-        ledger.migrate().await.expect("migrate");
+        let (ledger, url) = Ledger::sqlite_in(dir.path()).await;
         let id = ledger.control_plane().await.expect("id");
         assert!(agent_proto::valid_control_plane(&id), "{id}");
         // Another daemon of the same ledger reads the same id.

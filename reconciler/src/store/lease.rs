@@ -316,9 +316,7 @@ mod tests {
     #[tokio::test]
     async fn hot_statements_read_open_jobs_through_their_indexes() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
-        let ledger = Ledger::connect(&url, 1).await.expect("ledger");
-        ledger.migrate().await.expect("migrate");
+        let (ledger, _) = Ledger::sqlite_in(dir.path()).await;
         let whole_table = |steps: &[String]| {
             steps
                 .iter()

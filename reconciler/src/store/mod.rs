@@ -322,6 +322,15 @@ impl Ledger {
 
     /// The statement for this backend: `?` placeholders become `$1, $2, …` for PostgreSQL.
     /// Statements are this file's constants; values always go through bind parameters.
+    /// A migrated SQLite ledger in `dir`, and its URL (for a second connection), for tests.
+    #[cfg(test)]
+    pub(crate) async fn sqlite_in(dir: &std::path::Path) -> (Ledger, String) {
+        let url = format!("sqlite://{}", dir.join("ledger.db").display());
+        let ledger = Ledger::connect(&url, 2).await.expect("ledger");
+        ledger.migrate().await.expect("migrate");
+        (ledger, url)
+    }
+
     /// A set of ids for `WHERE id …`: see [`IdSet`].
     pub(crate) fn id_set(&self, ids: impl Iterator<Item = i64>) -> IdSet {
         let ids: Vec<i64> = ids.collect();
