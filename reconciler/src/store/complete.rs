@@ -153,7 +153,7 @@ impl Ledger {
                     "UPDATE jobs SET state = ?, lease_token = NULL, lease_expires_at = NULL, updated_at = ? WHERE {}",
                     ids.condition("id")
                 );
-                ids.bind_query(sqlx::query(self.sql(&q)).bind(state.as_str()).bind(now_ms))
+                ids.bind(sqlx::query(self.sql(&q)).bind(state.as_str()).bind(now_ms))
                     .execute(&mut **tx)
                     .await?;
             }

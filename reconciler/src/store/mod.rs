@@ -143,35 +143,35 @@ impl IdSet {
     }
 
     /// Binds the ids where [`IdSet::condition`] put them.
-    pub(crate) fn bind<'q, O>(
-        &self,
-        mut q: sqlx::query::QueryAs<'q, sqlx::Any, O, sqlx::any::AnyArguments>,
-    ) -> sqlx::query::QueryAs<'q, sqlx::Any, O, sqlx::any::AnyArguments> {
+    pub(crate) fn bind<Q: BindIds>(&self, q: Q) -> Q {
         match self {
-            IdSet::Each(ids) => {
-                for id in ids {
-                    q = q.bind(*id);
-                }
-                q
-            }
-            IdSet::Array(a) => q.bind(a.clone()),
+            IdSet::Each(ids) => ids.iter().fold(q, |q, id| q.bind_id(*id)),
+            IdSet::Array(a) => q.bind_text(a.clone()),
         }
     }
+}
 
-    /// [`IdSet::bind`] for a statement without rows.
-    pub(crate) fn bind_query<'q>(
-        &self,
-        mut q: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
-    ) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
-        match self {
-            IdSet::Each(ids) => {
-                for id in ids {
-                    q = q.bind(*id);
-                }
-                q
-            }
-            IdSet::Array(a) => q.bind(a.clone()),
-        }
+/// A statement [`IdSet::bind`] can bind to: a query with rows or without.
+pub(crate) trait BindIds: Sized {
+    fn bind_id(self, id: i64) -> Self;
+    fn bind_text(self, text: String) -> Self;
+}
+
+impl<'q> BindIds for sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
+    fn bind_id(self, id: i64) -> Self {
+        self.bind(id)
+    }
+    fn bind_text(self, text: String) -> Self {
+        self.bind(text)
+    }
+}
+
+impl<'q, O> BindIds for sqlx::query::QueryAs<'q, sqlx::Any, O, sqlx::any::AnyArguments> {
+    fn bind_id(self, id: i64) -> Self {
+        self.bind(id)
+    }
+    fn bind_text(self, text: String) -> Self {
+        self.bind(text)
     }
 }
 
@@ -320,8 +320,6 @@ impl Ledger {
         }
     }
 
-    /// The statement for this backend: `?` placeholders become `$1, $2, …` for PostgreSQL.
-    /// Statements are this file's constants; values always go through bind parameters.
     /// A migrated SQLite ledger in `dir`, and its URL (for a second connection), for tests.
     #[cfg(test)]
     pub(crate) async fn sqlite_in(dir: &std::path::Path) -> (Ledger, String) {
@@ -343,6 +341,8 @@ impl Ledger {
         }
     }
 
+    /// The statement for this backend: `?` placeholders become `$1, $2, …` for PostgreSQL.
+    /// Statements are this file's constants; values always go through bind parameters.
     pub(crate) fn sql(&self, q: &str) -> sqlx::SqlStr {
         sqlx::SqlSafeStr::into_sql_str(sqlx::AssertSqlSafe(self.placeholders(q).into_owned()))
     }
