@@ -397,16 +397,16 @@ impl pushleft_agent::lease_loop::Tasks for Recorded {
 }
 
 /// One node, n1, enrolled and heartbeating, with `replicas` of `api-production` committed for
-/// it, running the agent's own lease loop over `tasks`; the loop stops when the returned
-/// guard's `stop` is set.
+/// it, running the agent's own lease loop over `tasks` until [`OneNode::stop`].
 struct OneNode<T: pushleft_agent::lease_loop::Tasks> {
-    _dir: tempfile::TempDir,
     url: String,
     d: Daemon,
     leasing: std::sync::Arc<pushleft_agent::lease_loop::LeaseLoop<T>>,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     rt: tokio::runtime::Runtime,
-    running: tokio::task::JoinHandle<()>,
+    running: Option<tokio::task::JoinHandle<()>>,
+    /// Last: the daemon and the loop go before their folder.
+    _dir: tempfile::TempDir,
 }
 
 impl<T: pushleft_agent::lease_loop::Tasks> OneNode<T> {
@@ -444,24 +444,25 @@ impl<T: pushleft_agent::lease_loop::Tasks> OneNode<T> {
         let rt = support::runtime();
         let running = {
             let (leasing, stop) = (std::sync::Arc::clone(&leasing), std::sync::Arc::clone(&stop));
-            rt.spawn(async move { leasing.run(&stop).await })
+            Some(rt.spawn(async move { leasing.run(&stop).await }))
         };
         OneNode {
-            _dir: dir,
             url,
             d,
             leasing,
             stop,
             rt,
             running,
+            _dir: dir,
         }
     }
 
     /// Stops the loop and waits for it.
     fn stop(&mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let running = std::mem::replace(&mut self.running, self.rt.spawn(async {}));
-        self.rt.block_on(running).expect("lease loop");
+        if let Some(running) = self.running.take() {
+            self.rt.block_on(running).expect("lease loop");
+        }
     }
 }
 

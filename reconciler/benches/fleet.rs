@@ -413,8 +413,8 @@ impl<T: Tasks> Loops<T> {
         }
     }
 
-    /// Stops every loop (each within its long poll) and waits for them; the ends recorded, and
-    /// the requests that carried them.
+    /// Stops every loop (each within its long poll) and waits for them; the ends recorded, the
+    /// reports that carried them, and the requests made in all.
     fn stop(self) -> (usize, usize, usize) {
         self.stop.store(true, Ordering::Relaxed);
         self.rt.block_on(async {
@@ -598,6 +598,10 @@ fn main() {
             ("one agent alone, one job at a time", &f.alone),
             ("the agent's own lease loop, tasks that do nothing", &f.agent_loop),
         ] {
+            if t.jobs_per_second == 0.0 {
+                // Not run (`--only-loop`).
+                continue;
+            }
             let rtt = |d: Duration| {
                 if d.is_zero() {
                     "–".to_owned()
