@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 pub mod task;
-pub use task::{Capability, Task};
+pub use task::{Capability, Task, is_acme_token};
 
 /// A certificate's fingerprint as the protocol names it everywhere (the CA pin, the agent
 /// API's peer, revocations): SHA-256 of its DER, lowercase hex.
@@ -152,7 +152,8 @@ pub enum Execution {
     Application(Box<ApplicationSpec>),
     /// Publish ingress.
     Ingress(IngressSpec),
-    /// Stop or tear down a replica, remove ingress: the task names everything.
+    /// Stop or tear down a replica, remove ingress, place an ACME challenge: the task itself
+    /// names everything it needs.
     Removal,
 }
 

@@ -114,6 +114,20 @@ pub enum Task {
     },
     /// Remove the environment's routes, table and network from the node.
     RemoveNetwork { environment: String, generation: u64 },
+    /// Serve an ACME HTTP-01 challenge's key authorization for a hostname.
+    PlaceAcmeChallenge {
+        environment: String,
+        hostname: String,
+        generation: u64,
+        token: String,
+        key_authorization: String,
+    },
+}
+
+/// An ACME token as RFC 8555 makes it: base64url, at least 128 bits (22 characters), and here
+/// at most 128 characters. It becomes a file name on the node.
+pub fn is_acme_token(s: &str) -> bool {
+    (22..=128).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 /// A DNS label as the control plane's names are: 1 to 63 of `a-z`, `0-9` and `-`, not
@@ -124,6 +138,14 @@ pub fn is_label(s: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
         && !s.ends_with('-')
+}
+
+fn check_hostname(hostname: &str) -> Result<(), String> {
+    if hostname.len() <= 253 && hostname.split('.').all(is_label) {
+        Ok(())
+    } else {
+        Err(format!("the hostname {hostname:?} is not one"))
+    }
 }
 
 impl Task {
@@ -144,11 +166,23 @@ impl Task {
             | Task::RunCron { role, .. }
             | Task::StopApplication { role, .. }
             | Task::TeardownApplication { role, .. } => label("role", role),
-            Task::PublishIngress { hostname, .. } | Task::RemoveIngress { hostname, .. } => {
-                if hostname.len() <= 253 && hostname.split('.').all(is_label) {
+            Task::PublishIngress { hostname, .. } | Task::RemoveIngress { hostname, .. } => check_hostname(hostname),
+            Task::PlaceAcmeChallenge {
+                hostname,
+                token,
+                key_authorization,
+                ..
+            } => {
+                check_hostname(hostname)?;
+                // `<token>.<base64url SHA-256 thumbprint of the account key>` (RFC 8555 8.1).
+                let fine = is_acme_token(token)
+                    && key_authorization
+                        .split_once('.')
+                        .is_some_and(|(t, thumb)| t == token && thumb.len() == 43 && is_acme_token(thumb));
+                if fine {
                     Ok(())
                 } else {
-                    Err(format!("the hostname {hostname:?} is not one"))
+                    Err("the ACME token or key authorization is not one".to_owned())
                 }
             }
             Task::EnsureNetwork { .. }
@@ -172,6 +206,7 @@ impl Task {
             Task::PublishIngress { .. } => "publish-ingress",
             Task::RemoveIngress { .. } => "remove-ingress",
             Task::RemoveNetwork { .. } => "remove-network",
+            Task::PlaceAcmeChallenge { .. } => "place-acme-challenge",
         }
     }
 
@@ -180,7 +215,9 @@ impl Task {
         match self {
             Task::ApplyFirewall { .. } => Capability::Nftables,
             Task::EnsureRoutes { .. } => Capability::Routes,
-            Task::PublishIngress { .. } | Task::RemoveIngress { .. } => Capability::Ingress,
+            Task::PublishIngress { .. } | Task::RemoveIngress { .. } | Task::PlaceAcmeChallenge { .. } => {
+                Capability::Ingress
+            }
             Task::EnsureNetwork { .. }
             | Task::EnsureApplication { .. }
             | Task::RunOnce { .. }
@@ -204,7 +241,8 @@ impl Task {
             | Task::TeardownApplication { environment, .. }
             | Task::PublishIngress { environment, .. }
             | Task::RemoveIngress { environment, .. }
-            | Task::RemoveNetwork { environment, .. } => environment,
+            | Task::RemoveNetwork { environment, .. }
+            | Task::PlaceAcmeChallenge { environment, .. } => environment,
         }
     }
 
@@ -221,7 +259,8 @@ impl Task {
             | Task::TeardownApplication { generation, .. }
             | Task::PublishIngress { generation, .. }
             | Task::RemoveIngress { generation, .. }
-            | Task::RemoveNetwork { generation, .. } => *generation,
+            | Task::RemoveNetwork { generation, .. }
+            | Task::PlaceAcmeChallenge { generation, .. } => *generation,
         }
     }
 }

@@ -25,6 +25,10 @@
 //! keeps a stale retry from restoring older upstreams. Only routes whose `@id` starts with
 //! `pl-` are ever touched; the last route of ours answers 404 for a hostname nobody publishes.
 
+#[path = "ingress_acme.rs"]
+mod acme;
+pub use acme::{ACME_ROUTE, CHALLENGE_PATH};
+
 use crate::caddy_admin::{Admin, AdminError};
 use crate::ingress_tls::{self as tls, Certificate, TLS_SERVER, TlsConfig};
 use crate::outcome::{Failure, permanent, retryable};
@@ -297,6 +301,22 @@ impl Ingress {
     /// route alone, or (served over HTTPS) the certificate entry, the HTTPS route and the
     /// plain route's redirect, in the order they are put in place.
     fn pieces(&self, hostname: &str, slots: usize, served: Option<&Served>) -> Vec<(Place, String, Value)> {
+        let mut pieces = self.pieces_without_challenges(hostname, slots, served);
+        // Plain HTTP answers ACME challenges first (`ingress_acme.rs`).
+        for (place, _, route) in &mut pieces {
+            if let (Place::Http, Some(handle)) = (*place, route["handle"].as_array_mut()) {
+                handle.insert(0, self.challenge_handler());
+            }
+        }
+        pieces
+    }
+
+    fn pieces_without_challenges(
+        &self,
+        hostname: &str,
+        slots: usize,
+        served: Option<&Served>,
+    ) -> Vec<(Place, String, Value)> {
         let id = route_id(self.plane(), hostname);
         match (served, &self.tls) {
             (Some(s), Some(t)) => {

@@ -366,6 +366,18 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> 
             let (env, host, generation) = (environment.clone(), hostname.clone(), *generation);
             off_thread(&x.ingress, move |ingress| ingress.remove(&env, &host, generation)).await
         }
+        (
+            Task::PlaceAcmeChallenge {
+                hostname,
+                token,
+                key_authorization,
+                ..
+            },
+            _,
+        ) => {
+            let (host, token, key) = (hostname.clone(), token.clone(), key_authorization.clone());
+            off_thread(&x.ingress, move |ingress| ingress.place_challenge(&host, &token, &key)).await
+        }
         (task, _) => Err(permanent(
             "task-malformed",
             format!("a {} task came without the execution it needs", task.kind()),

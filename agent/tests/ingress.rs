@@ -678,3 +678,93 @@ fn brought_certificates_serve_https_and_redirect_plain_http() {
     );
     assert!(!certs.join(host).join("0123abcd_n1").exists());
 }
+
+/// ACME HTTP-01 challenges (`ingress_acme.rs`): a placed challenge is answered over plain HTTP
+/// for a hostname not published yet and for one published (behind an HTTPS redirect too:
+/// `host.rs`), without a reload for the second; other paths still reach the application; a
+/// malformed token is refused before anything is written; another control plane sharing the
+/// Caddy keeps its challenges in its own folder and route.
+#[test]
+fn acme_challenges_are_answered_for_published_and_unpublished_hostnames() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let http = support::free_port();
+    let (socket, admin, caddy) = caddy(dir.path());
+    let www = dir.path().join("www");
+    std::fs::create_dir_all(&www).expect("www");
+    std::fs::write(www.join("index.html"), "the application\n").expect("index");
+    let port = support::free_port();
+    let httpd = Command::new("busybox")
+        .args(["httpd", "-f", "-p", &format!("127.0.0.1:{port}"), "-h"])
+        .arg(&www)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("httpd");
+    let _kill = Kill(vec![caddy, httpd]);
+    support::wait_port(port);
+    let ingress = |plane: &str| {
+        Ingress::new(
+            &admin,
+            vec![format!("127.0.0.1:{http}")],
+            dir.path().join(format!("upstreams-{plane}")),
+            &format!("{plane}_n1"),
+        )
+        .expect("ingress")
+    };
+    let (ours, theirs) = (ingress("0123abcd"), ingress("4567cdef"));
+    let token = |n: char| std::iter::repeat_n(n, 43).collect::<String>();
+    let key = |t: &str| format!("{t}.{}", "Thumbprint_of-the-account-key-0123456789ab");
+    let challenge =
+        |host: &str, t: &str| support::get_host_path(http, host, &format!("/.well-known/acme-challenge/{t}"));
+
+    // Not published: the control plane's own challenge route answers.
+    let (t1, host) = (token('a'), "new.shop.test");
+    let note = ours.place_challenge(host, &t1, &key(&t1)).expect("placed");
+    assert!(note.contains("answered"), "{note}");
+    assert_eq!(challenge(host, &t1).expect("answered"), (200, key(&t1)));
+    // Another control plane's challenge goes to its own folder and route.
+    let t2 = token('b');
+    theirs
+        .place_challenge("their.shop.test", &t2, &key(&t2))
+        .expect("theirs");
+    let config = support::caddy_admin(&socket, "GET", "/config/").expect("config").1;
+    assert!(
+        config.contains("pl-acme.0123abcd") && config.contains("pl-acme.4567cdef"),
+        "{config}"
+    );
+    assert!(
+        std::fs::read_dir(dir.path().join("upstreams-0123abcd/.acme/.well-known/acme-challenge"))
+            .expect("folder")
+            .flatten()
+            .all(|e| e.file_name() != t2.as_str()),
+        "their token is in their folder only"
+    );
+
+    // Published: the route's own handler answers first, and the application still answers.
+    let dial = vec![format!("127.0.0.1:{port}")];
+    ours.publish("shop", host, 1, &dial, None).expect("publish");
+    assert_eq!(challenge(host, &t1).expect("answered"), (200, key(&t1)));
+    let (status, body) = get(http, host).expect("the application");
+    assert_eq!((status, body.contains("the application")), (200, true), "{body}");
+    let before = support::caddy_admin(&socket, "GET", "/config/").expect("config").1;
+    let t3 = token('c');
+    ours.place_challenge(host, &t3, &key(&t3)).expect("placed again");
+    assert_eq!(challenge(host, &t3).expect("answered"), (200, key(&t3)));
+    assert_eq!(
+        support::caddy_admin(&socket, "GET", "/config/").expect("config").1,
+        before,
+        "a challenge is a file: Caddy's configuration is unchanged"
+    );
+    // An unknown token on a published hostname goes to the application (its 404), not ours.
+    assert_eq!(challenge(host, &token('d')).expect("asked").0, 404);
+
+    // Refused before anything is written.
+    for (t, k) in [
+        ("../../etc/passwd".to_owned(), "x.y".to_owned()),
+        (t1.clone(), format!("{}.{}", token('e'), "x".repeat(43))),
+        ("short".to_owned(), "short.x".to_owned()),
+    ] {
+        let f = ours.place_challenge(host, &t, &k).expect_err("refused");
+        assert_eq!(f.code, "acme-challenge-invalid", "{t}");
+    }
+}

@@ -78,6 +78,17 @@ pub enum Task {
     /// Remove the environment's routes, nftables table and network from the node (the last
     /// step of a teardown, after its containers are gone).
     RemoveNetwork { environment: Name, generation: u64 },
+    /// Answer an ACME HTTP-01 challenge for a hostname the node serves: the ingress serves
+    /// `key_authorization` at `/.well-known/acme-challenge/<token>` (public by design: it is
+    /// what the CA reads). Queued by the control plane's ACME issuer to every node serving the
+    /// hostname, at the generation of the rollout that serves it.
+    PlaceAcmeChallenge {
+        environment: Name,
+        hostname: Hostname,
+        generation: u64,
+        token: String,
+        key_authorization: String,
+    },
 }
 
 impl Task {
@@ -156,6 +167,13 @@ impl Task {
                 hostname,
                 generation,
             } => format!("ingress:{environment}/{hostname}:g{generation}:remove"),
+            // The token is the CA's, new for each order: one job per challenge and node.
+            Task::PlaceAcmeChallenge {
+                environment,
+                hostname,
+                token,
+                ..
+            } => format!("acme:{environment}/{hostname}:{token}:place"),
         }
     }
 
@@ -172,7 +190,8 @@ impl Task {
             | Task::StopApplication { generation, .. }
             | Task::TeardownApplication { generation, .. }
             | Task::PublishIngress { generation, .. }
-            | Task::RemoveIngress { generation, .. } => *generation,
+            | Task::RemoveIngress { generation, .. }
+            | Task::PlaceAcmeChallenge { generation, .. } => *generation,
         }
     }
 
@@ -189,7 +208,8 @@ impl Task {
             | Task::StopApplication { environment, .. }
             | Task::TeardownApplication { environment, .. }
             | Task::PublishIngress { environment, .. }
-            | Task::RemoveIngress { environment, .. } => environment,
+            | Task::RemoveIngress { environment, .. }
+            | Task::PlaceAcmeChallenge { environment, .. } => environment,
         }
     }
 }

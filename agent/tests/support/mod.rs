@@ -91,6 +91,11 @@ pub fn ca_pin(pem: &str) -> String {
 /// One request for `host` to a server on loopback `port`, on a connection of its own (as
 /// `curl` in a loop): (status, trimmed body), or why not. Bounded at 2 s.
 pub fn get_host(port: u16, host: &str) -> Result<(u16, String), String> {
+    get_host_path(port, host, "/")
+}
+
+/// [`get_host`] for `path`.
+pub fn get_host_path(port: u16, host: &str, path: &str) -> Result<(u16, String), String> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .max_idle_connections(0)
@@ -98,7 +103,7 @@ pub fn get_host(port: u16, host: &str) -> Result<(u16, String), String> {
         .build()
         .into();
     let mut r = agent
-        .get(&format!("http://127.0.0.1:{port}/"))
+        .get(&format!("http://127.0.0.1:{port}{path}"))
         .header("Host", host)
         .call()
         .map_err(|e| e.to_string())?;

@@ -185,9 +185,10 @@ impl Ledger {
                     network().map(Execution::Network)
                 }
                 Task::RemoveNetwork { .. } => Ok(network().map_or(Execution::Removal, Execution::Network)),
-                Task::StopApplication { .. } | Task::TeardownApplication { .. } | Task::RemoveIngress { .. } => {
-                    Ok(Execution::Removal)
-                }
+                Task::StopApplication { .. }
+                | Task::TeardownApplication { .. }
+                | Task::RemoveIngress { .. }
+                | Task::PlaceAcmeChallenge { .. } => Ok(Execution::Removal),
                 Task::PublishIngress {
                     hostname, generation, ..
                 } => match (spec_of(*generation), network()) {
@@ -521,6 +522,19 @@ pub fn wire_task(task: &Task) -> agent_proto::Task {
             environment: s(environment),
             generation: *generation,
         },
+        Task::PlaceAcmeChallenge {
+            environment,
+            hostname,
+            generation,
+            token,
+            key_authorization,
+        } => Wire::PlaceAcmeChallenge {
+            environment: s(environment),
+            hostname: s(hostname),
+            generation: *generation,
+            token: token.clone(),
+            key_authorization: key_authorization.clone(),
+        },
     }
 }
 
@@ -594,6 +608,13 @@ mod tests {
             Task::RemoveNetwork {
                 environment: env.clone(),
                 generation: 3,
+            },
+            Task::PlaceAcmeChallenge {
+                environment: env.clone(),
+                hostname: host.clone(),
+                generation: 3,
+                token: "t".repeat(43),
+                key_authorization: format!("{}.{}", "t".repeat(43), "k".repeat(43)),
             },
         ];
         for task in &all {
