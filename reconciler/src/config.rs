@@ -82,13 +82,78 @@ pub struct CertificatesConfig {
     /// `local`: how long a certificate is valid (renewed after two thirds of it).
     #[serde(default = "default_lifetime_hours")]
     pub lifetime_hours: i64,
+    /// `acme`: the CA and the account orders are made with.
+    #[serde(default)]
+    pub acme: AcmeConfig,
 }
 
-/// Which issuer: `local` today (ACME comes next; see docs/reconciler.md).
+/// Which issuer: `local` (the control plane's own CA, for `pl up` and trials) or `acme` (an
+/// ACME CA, Let's Encrypt by default).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum IssuerKind {
     Local,
+    Acme,
+}
+
+/// `[certificates.acme]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AcmeConfig {
+    /// The CA's directory URL (`https://` only); default Let's Encrypt's production one.
+    pub directory: Option<String>,
+    /// Let's Encrypt's staging directory instead (untrusted certificates, high rate limits).
+    #[serde(default)]
+    pub staging: bool,
+    /// `mailto:` addresses the CA may write to about the account's certificates.
+    #[serde(default)]
+    pub contact: Vec<String>,
+    /// External account binding (CAs such as ZeroSSL or a corporate CA ask for it): the key id,
+    /// and a 0600 file holding the base64url HMAC key (never in this file, never logged).
+    pub eab_kid: Option<String>,
+    pub eab_hmac_key_file: Option<PathBuf>,
+    /// A PEM root to trust for the directory's HTTPS instead of the system's (a private CA, or
+    /// pebble in tests).
+    pub ca_root: Option<PathBuf>,
+    /// Where the account's credentials are kept (0600, one file per directory).
+    #[serde(default = "default_acme_account_dir")]
+    pub account_dir: PathBuf,
+    /// Orders in flight at once; more due hostnames wait for the next check.
+    #[serde(default = "default_acme_max_orders")]
+    pub max_orders: usize,
+}
+
+impl Default for AcmeConfig {
+    fn default() -> Self {
+        AcmeConfig {
+            directory: None,
+            staging: false,
+            contact: Vec::new(),
+            eab_kid: None,
+            eab_hmac_key_file: None,
+            ca_root: None,
+            account_dir: default_acme_account_dir(),
+            max_orders: default_acme_max_orders(),
+        }
+    }
+}
+
+impl AcmeConfig {
+    /// The directory orders go to.
+    pub fn directory_url(&self) -> &str {
+        match (&self.directory, self.staging) {
+            (Some(d), _) => d,
+            (None, true) => crate::acme::LETS_ENCRYPT_STAGING,
+            (None, false) => crate::acme::LETS_ENCRYPT,
+        }
+    }
+}
+
+fn default_acme_account_dir() -> PathBuf {
+    "acme".into()
+}
+fn default_acme_max_orders() -> usize {
+    4
 }
 
 fn default_local_ca_cert() -> PathBuf {
@@ -431,6 +496,9 @@ impl Config {
             fix(&mut c.local_ca_cert);
             fix(&mut c.local_ca_key);
             fix_opt(&mut c.identity);
+            fix(&mut c.acme.account_dir);
+            fix_opt(&mut c.acme.eab_hmac_key_file);
+            fix_opt(&mut c.acme.ca_root);
         }
     }
 
@@ -479,6 +547,30 @@ impl Config {
                 return Err(invalid(
                     "certificates.local_suffix must end in `.localhost`: the local CA signs nothing else".into(),
                 ));
+            }
+            let a = &c.acme;
+            if a.directory.is_some() && a.staging {
+                return Err(invalid(
+                    "certificates.acme: set `directory` or `staging = true`, not both".into(),
+                ));
+            }
+            if !a.directory_url().starts_with("https://") {
+                return Err(invalid(
+                    "certificates.acme.directory must be an https:// URL (RFC 8555 requires HTTPS)".into(),
+                ));
+            }
+            if let Some(bad) = a.contact.iter().find(|c| !c.starts_with("mailto:") || c.len() > 320) {
+                return Err(invalid(format!(
+                    "certificates.acme.contact: {bad:?} is not a `mailto:` address"
+                )));
+            }
+            if a.eab_kid.is_some() != a.eab_hmac_key_file.is_some() {
+                return Err(invalid(
+                    "certificates.acme: external account binding needs both `eab_kid` and `eab_hmac_key_file`".into(),
+                ));
+            }
+            if !(1..=64).contains(&a.max_orders) {
+                return Err(invalid("certificates.acme.max_orders must be 1 to 64".into()));
             }
         }
         if !(1..=24 * 30).contains(&self.control.node_cert_hours) {

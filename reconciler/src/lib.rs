@@ -8,6 +8,7 @@
 //!
 //! Architecture invariant: SQL and the async runtime live here and nowhere `pl` links.
 
+pub mod acme;
 pub mod auth;
 pub mod config;
 pub mod http;

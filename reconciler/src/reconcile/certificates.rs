@@ -6,11 +6,15 @@
 //! hostname (`store::certificates`). Read, decide ([`due`], [`backoff_ms`], [`renew_after`]),
 //! write; the issuer's key is sealed to the control host before it is written.
 
-use crate::issuer::Signer;
+use crate::issuer::{Signed, Signer};
 use crate::store::certificates::{CertificateRow, Issued};
 use crate::store::{Ledger, LedgerError};
 use state_schema::deployment::DeploymentSpec;
-use std::collections::BTreeMap;
+use state_schema::task::Task;
+use state_schema::values::Hostname;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// Without a hint, how often the rollouts' hostnames are looked at.
 pub const CHECK_EVERY_MS: i64 = 60_000;
@@ -40,36 +44,78 @@ pub fn due(row: Option<&CertificateRow>, now_ms: i64) -> bool {
     }
 }
 
-/// What issues, and what an issued key is sealed to.
-pub struct Issuing {
-    pub ca: Box<dyn Signer>,
-    /// The control host's own recipients (`control.age_identity`).
-    pub control: Vec<String>,
+/// What issues a certificate: a signer that answers at once (the local CA), or an ACME CA,
+/// whose orders run as tasks of their own (they take seconds, and wait on the nodes).
+pub enum Issuer {
+    Signer(Box<dyn Signer>),
+    Acme(Arc<crate::acme::Acme>),
 }
 
-/// The hostnames of current rollouts that bring no certificate: hostname → (spec, generation,
-/// whether the rollout has published its routes: done, or at its publish step or past it). A hostname is in one environment only (validation refuses a
-/// conflict).
-fn wanted(rollouts: Vec<crate::store::certificates::Rollout>) -> BTreeMap<String, (DeploymentSpec, u64, bool)> {
+/// What issues, what an issued key is sealed to, and the ACME orders in flight.
+pub struct Issuing {
+    pub issuer: Issuer,
+    /// The control host's own recipients (`control.age_identity`).
+    pub control: Vec<String>,
+    /// The hostnames whose order runs now (one order per hostname at a time).
+    in_flight: Arc<Mutex<BTreeSet<String>>>,
+    max_orders: usize,
+}
+
+impl Issuing {
+    pub fn new(issuer: Issuer, control: Vec<String>, max_orders: usize) -> Issuing {
+        Issuing {
+            issuer,
+            control,
+            in_flight: Arc::default(),
+            max_orders: max_orders.max(1),
+        }
+    }
+
+    /// The hostnames whose order runs now.
+    pub fn ordering(&self) -> Vec<String> {
+        self.in_flight
+            .lock()
+            .map(|f| f.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// A hostname a current rollout serves without a certificate of its own.
+#[derive(Clone)]
+struct Wanted {
+    hostname: Hostname,
+    spec: DeploymentSpec,
+    generation: u64,
+}
+
+/// The hostnames of current rollouts that bring no certificate. A hostname is in one
+/// environment only (validation refuses a conflict).
+fn wanted(rollouts: Vec<crate::store::certificates::Rollout>) -> BTreeMap<String, Wanted> {
     let mut out = BTreeMap::new();
     for r in rollouts {
         let Ok(spec) = serde_json::from_str::<DeploymentSpec>(&r.spec) else {
             continue;
         };
         let generation = u64::try_from(r.generation).unwrap_or(0);
-        let done =
-            r.status == "done" || usize::try_from(r.step).is_ok_and(|s| s >= state_schema::rollout::PUBLISH_STEP);
         for h in spec.hostnames.iter().filter(|h| spec.certificate(h.as_str()).is_none()) {
-            out.insert(h.to_string(), (spec.clone(), generation, done));
+            out.insert(
+                h.to_string(),
+                Wanted {
+                    hostname: h.clone(),
+                    spec: spec.clone(),
+                    generation,
+                },
+            );
         }
     }
     out
 }
 
-/// Issues every certificate that is due; returns how many were issued.
+/// Issues every certificate that is due; returns how many were issued now (ACME orders
+/// started now finish later, each in a task of its own).
 pub async fn issue_due(
-    ledger: &Ledger,
-    hub: &crate::hub::Hub,
+    ledger: &Arc<Ledger>,
+    hub: &Arc<crate::hub::Hub>,
     issuing: &Issuing,
     now_ms: i64,
 ) -> Result<usize, LedgerError> {
@@ -79,10 +125,10 @@ pub async fn issue_due(
 
 /// [`issue_due`] for the hostnames `wanted` names.
 async fn issue_wanted(
-    ledger: &Ledger,
-    hub: &crate::hub::Hub,
+    ledger: &Arc<Ledger>,
+    hub: &Arc<crate::hub::Hub>,
     issuing: &Issuing,
-    wanted: BTreeMap<String, (DeploymentSpec, u64, bool)>,
+    wanted: BTreeMap<String, Wanted>,
     now_ms: i64,
 ) -> Result<usize, LedgerError> {
     let rows: BTreeMap<String, CertificateRow> = ledger
@@ -92,50 +138,98 @@ async fn issue_wanted(
         .map(|r| (r.hostname.clone(), r))
         .collect();
     let mut issued = 0;
-    let issuer = issuing.ca.issuer();
-    for (hostname, (spec, generation, done)) in wanted {
+    for (hostname, w) in wanted {
         let row = rows.get(&hostname);
         if !due(row, now_ms) {
             continue;
         }
-        let signed = issuing.ca.sign(&hostname).map_err(|e| e.to_string()).and_then(|s| {
-            pushleft_secrets::encrypt(s.key.as_bytes(), &issuing.control)
-                .map(|sealed| (s, sealed))
-                .map_err(|e| format!("sealing the key: {}", e.code()))
-        });
-        match signed {
-            Ok((s, key_sealed)) => {
-                let queued = ledger
-                    .store_certificate(
-                        &Issued {
-                            hostname: &hostname,
-                            issuer,
-                            chain: &s.chain,
-                            key_sealed: &key_sealed,
-                            not_before: s.not_before_ms,
-                            not_after: s.not_after_ms,
-                            renew_after: renew_after(s.not_before_ms, s.not_after_ms),
-                        },
-                        &spec,
-                        generation,
-                        done,
-                        now_ms,
-                    )
-                    .await?;
-                tracing::info!(hostname = %hostname, issuer, not_after_ms = s.not_after_ms, publishes = queued, "certificate issued");
-                issued += 1;
+        let failures = row.map_or(0, |r| r.failures);
+        match &issuing.issuer {
+            Issuer::Signer(ca) => {
+                let signed = ca.sign(&hostname).map_err(|e| e.to_string());
+                issued += keep(ledger, &issuing.control, ca.issuer(), &w, failures, signed, now_ms).await?;
             }
-            Err(why) => {
-                let failures = row.map_or(0, |r| r.failures) + 1;
-                let retry_at = now_ms + backoff_ms(failures);
-                tracing::warn!(hostname = %hostname, failures, retry_at_ms = retry_at, reason = %why, "certificate not issued");
-                ledger
-                    .certificate_failed(&hostname, issuer, &why, retry_at, now_ms)
-                    .await?;
+            Issuer::Acme(acme) => {
+                // Nowhere served yet: no node could answer the challenge.
+                if w.spec.ingress_nodes.is_empty() {
+                    continue;
+                }
+                let Ok(mut flying) = issuing.in_flight.lock() else {
+                    continue;
+                };
+                if flying.contains(&hostname) || flying.len() >= issuing.max_orders {
+                    continue;
+                }
+                flying.insert(hostname.clone());
+                drop(flying);
+                let order = Order {
+                    ledger: Arc::clone(ledger),
+                    hub: Arc::clone(hub),
+                    acme: Arc::clone(acme),
+                    control: issuing.control.clone(),
+                    in_flight: Arc::clone(&issuing.in_flight),
+                    wanted: w,
+                    failures,
+                };
+                tokio::spawn(order.run());
             }
         }
     }
-    // What `/metrics` shows: every row as it stands now.
+    refresh_gauges(ledger, hub).await?;
+    Ok(issued)
+}
+
+/// Keeps what an issuance came to: the certificate (its key sealed to the control host) and
+/// the publishes that deliver it, or the failure with its backoff. Returns 1 when issued.
+async fn keep(
+    ledger: &Ledger,
+    control: &[String],
+    issuer: &str,
+    w: &Wanted,
+    failures: i64,
+    signed: Result<Signed, String>,
+    now_ms: i64,
+) -> Result<usize, LedgerError> {
+    let hostname = w.hostname.as_str();
+    let sealed = signed.and_then(|s| {
+        pushleft_secrets::encrypt(s.key.as_bytes(), control)
+            .map(|sealed| (s, sealed))
+            .map_err(|e| format!("sealing the key: {}", e.code()))
+    });
+    match sealed {
+        Ok((s, key_sealed)) => {
+            let queued = ledger
+                .store_certificate(
+                    &Issued {
+                        hostname,
+                        issuer,
+                        chain: &s.chain,
+                        key_sealed: &key_sealed,
+                        not_before: s.not_before_ms,
+                        not_after: s.not_after_ms,
+                        renew_after: renew_after(s.not_before_ms, s.not_after_ms),
+                    },
+                    w.spec.environment.as_str(),
+                    now_ms,
+                )
+                .await?;
+            tracing::info!(hostname = %hostname, issuer, not_after_ms = s.not_after_ms, publishes = queued, "certificate issued");
+            Ok(1)
+        }
+        Err(why) => {
+            let failures = failures + 1;
+            let retry_at = now_ms + backoff_ms(failures);
+            tracing::warn!(hostname = %hostname, issuer, failures, retry_at_ms = retry_at, reason = %why, "certificate not issued");
+            ledger
+                .certificate_failed(hostname, issuer, &why, retry_at, now_ms)
+                .await?;
+            Ok(0)
+        }
+    }
+}
+
+/// What `/metrics` shows: every row as it stands now.
+async fn refresh_gauges(ledger: &Ledger, hub: &crate::hub::Hub) -> Result<(), LedgerError> {
     let gauges = ledger
         .certificates()
         .await?
@@ -145,7 +239,109 @@ async fn issue_wanted(
     if let Ok(mut g) = hub.certificates.lock() {
         *g = gauges;
     }
-    Ok(issued)
+    Ok(())
+}
+
+/// Longest wait for every serving node to answer a challenge.
+pub const PLACE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// One ACME order, run as a task of its own.
+struct Order {
+    ledger: Arc<Ledger>,
+    hub: Arc<crate::hub::Hub>,
+    acme: Arc<crate::acme::Acme>,
+    control: Vec<String>,
+    in_flight: Arc<Mutex<BTreeSet<String>>>,
+    wanted: Wanted,
+    failures: i64,
+}
+
+impl Order {
+    async fn run(self) {
+        let hostname = self.wanted.hostname.to_string();
+        let span = tracing::info_span!("acme_order", hostname = %hostname);
+        let signed = tracing::Instrument::instrument(self.acme.order(&hostname, &self), span)
+            .await
+            .map_err(|e| e.to_string());
+        let kept = keep(
+            &self.ledger,
+            &self.control,
+            "acme",
+            &self.wanted,
+            self.failures,
+            signed,
+            crate::store::now_ms(),
+        )
+        .await;
+        if let Err(e) = kept.and(refresh_gauges(&self.ledger, &self.hub).await) {
+            tracing::error!(hostname = %hostname, error = %e, "the order's outcome was not kept; it is retried at the next check");
+        }
+        self.hub.jobs.notify_waiters();
+        if let Ok(mut f) = self.in_flight.lock() {
+            f.remove(&hostname);
+        }
+    }
+}
+
+/// The challenge goes to every node serving the hostname as a `place-acme-challenge` job;
+/// placed when every one succeeded (each checks its own Caddy answers it).
+impl crate::acme::Challenges for Order {
+    fn place<'a>(&'a self, token: &'a str, key_authorization: &'a str) -> crate::acme::Placing<'a> {
+        Box::pin(async move {
+            let w = &self.wanted;
+            let tasks: Vec<(Task, String)> = w
+                .spec
+                .ingress_nodes
+                .iter()
+                .map(|node| {
+                    let task = Task::PlaceAcmeChallenge {
+                        environment: w.spec.environment.clone(),
+                        hostname: w.hostname.clone(),
+                        generation: w.generation,
+                        token: token.to_owned(),
+                        key_authorization: key_authorization.to_owned(),
+                    };
+                    (task, node.to_string())
+                })
+                .collect();
+            let keys = self
+                .ledger
+                .enqueue_tasks(&tasks, crate::store::now_ms())
+                .await
+                .map_err(|e| e.to_string())?;
+            self.hub.jobs.notify_waiters();
+            let deadline = tokio::time::Instant::now() + PLACE_TIMEOUT;
+            loop {
+                let outcomes = self.ledger.job_outcomes(&keys).await.map_err(|e| e.to_string())?;
+                if let Some(bad) = outcomes
+                    .iter()
+                    .find(|o| matches!(o.state.as_str(), "failed" | "dead" | "cancelled"))
+                {
+                    return Err(format!(
+                        "node {}: {}",
+                        bad.target_node,
+                        bad.detail.as_deref().unwrap_or(&bad.state)
+                    ));
+                }
+                if outcomes.len() == keys.len() && outcomes.iter().all(|o| o.state == "succeeded") {
+                    return Ok(());
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    let waiting: Vec<String> = outcomes
+                        .iter()
+                        .filter(|o| o.state != "succeeded")
+                        .map(|o| format!("{} ({})", o.target_node, o.state))
+                        .collect();
+                    return Err(format!(
+                        "not answered within {} s by {}",
+                        PLACE_TIMEOUT.as_secs(),
+                        waiting.join(", ")
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    }
 }
 
 #[cfg(test)]
@@ -204,7 +400,8 @@ mod tests {
         use std::sync::atomic::Ordering;
         let dir = tempfile::tempdir().expect("tempdir");
         let (ledger, _) = Ledger::sqlite_in(dir.path()).await;
-        let hub = crate::hub::Hub::default();
+        let ledger = Arc::new(ledger);
+        let hub = Arc::new(crate::hub::Hub::default());
         let control = age::x25519::Identity::generate();
         let ca = crate::issuer::LocalCa::open_or_create(
             &dir.path().join("ca.crt"),
@@ -217,16 +414,26 @@ mod tests {
             failing: std::sync::atomic::AtomicBool::new(true),
             ca,
         });
-        let issuing = Issuing {
-            ca: Box::new(std::sync::Arc::clone(&flaky)),
-            control: vec![control.to_public().to_string()],
-        };
+        let issuing = Issuing::new(
+            Issuer::Signer(Box::new(std::sync::Arc::clone(&flaky))),
+            vec![control.to_public().to_string()],
+            1,
+        );
         let spec: DeploymentSpec = serde_json::from_value(serde_json::json!({
             "environment": "shop-production", "project": "shop", "instances": [], "release": [],
             "hostnames": ["shop.example.com"], "nodes": ["n1"], "ingress_nodes": ["n1"],
         }))
         .expect("spec");
-        let wanted = || BTreeMap::from([("shop.example.com".to_owned(), (spec.clone(), 3, false))]);
+        let wanted = || {
+            BTreeMap::from([(
+                "shop.example.com".to_owned(),
+                Wanted {
+                    hostname: Hostname::new("shop.example.com").expect("hostname"),
+                    spec: spec.clone(),
+                    generation: 3,
+                },
+            )])
+        };
 
         // Down: nothing issued; the failure, its reason and when to try again are kept.
         let t0 = 1_000_000;

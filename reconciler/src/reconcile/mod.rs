@@ -127,13 +127,6 @@ impl Reconciler {
                 .or(config.control.age_identity.as_ref()),
         ) {
             (Some(c), Some(identity)) => {
-                let ca = crate::issuer::LocalCa::open_or_create(
-                    &c.local_ca_cert,
-                    &c.local_ca_key,
-                    &c.local_suffix,
-                    c.lifetime_hours,
-                )
-                .map_err(|e| DaemonError::Config(e.to_string()))?;
                 let control = pushleft_secrets::own_recipients(identity).map_err(|e| {
                     DaemonError::Config(format!(
                         "certificates: the age identity {}: {} (issued keys are sealed to its X25519 recipient)",
@@ -141,10 +134,21 @@ impl Reconciler {
                         e.code()
                     ))
                 })?;
-                Some(certificates::Issuing {
-                    ca: Box::new(ca),
-                    control,
-                })
+                let issuer = match c.issuer {
+                    crate::config::IssuerKind::Local => certificates::Issuer::Signer(Box::new(
+                        crate::issuer::LocalCa::open_or_create(
+                            &c.local_ca_cert,
+                            &c.local_ca_key,
+                            &c.local_suffix,
+                            c.lifetime_hours,
+                        )
+                        .map_err(|e| DaemonError::Config(e.to_string()))?,
+                    )),
+                    crate::config::IssuerKind::Acme => {
+                        certificates::Issuer::Acme(Arc::new(crate::acme::Acme::new(acme_settings(&c.acme)?)))
+                    }
+                };
+                Some(certificates::Issuing::new(issuer, control, c.acme.max_orders))
             }
             _ => None,
         };
@@ -556,4 +560,36 @@ pub async fn run_fetcher(shared: Arc<Reconciler>, shutdown: tokio::sync::watch::
             _ = sd.changed() => {}
         }
     }
+}
+
+/// The ACME issuer's settings from `[certificates.acme]`: the EAB key read (and checked
+/// private) at start, so a bad one stops the daemon with its reason rather than every order.
+fn acme_settings(c: &crate::config::AcmeConfig) -> Result<crate::acme::AcmeSettings, DaemonError> {
+    use base64::Engine;
+    let eab = match (&c.eab_kid, &c.eab_hmac_key_file) {
+        (Some(kid), Some(file)) => {
+            pushleft_secrets::check_private_file(file)
+                .map_err(|m| DaemonError::Config(format!("certificates.acme.eab_hmac_key_file: {m}")))?;
+            let text = zeroize::Zeroizing::new(std::fs::read_to_string(file).map_err(|e| {
+                DaemonError::Config(format!("certificates.acme.eab_hmac_key_file {}: {e}", file.display()))
+            })?);
+            let key = base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(text.trim().trim_end_matches('='))
+                .map_err(|_| {
+                    DaemonError::Config(format!(
+                        "certificates.acme.eab_hmac_key_file {}: not a base64url key",
+                        file.display()
+                    ))
+                })?;
+            Some((kid.clone(), zeroize::Zeroizing::new(key)))
+        }
+        _ => None,
+    };
+    Ok(crate::acme::AcmeSettings {
+        directory: c.directory_url().to_owned(),
+        contact: c.contact.clone(),
+        eab,
+        ca_root: c.ca_root.clone(),
+        account_dir: c.account_dir.clone(),
+    })
 }

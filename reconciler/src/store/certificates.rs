@@ -3,7 +3,7 @@
 //! transaction. SQL only; what is due and what to queue is decided in
 //! `reconcile::certificates` and `state_schema::rollout`.
 
-use super::{JobRow, Ledger, LedgerError};
+use super::{Backend, JobRow, Ledger, LedgerError};
 use sqlx::FromRow;
 use state_schema::deployment::DeploymentSpec;
 use state_schema::rollout;
@@ -47,6 +47,25 @@ pub struct Issued<'a> {
     pub renew_after: i64,
 }
 
+impl Rollout {
+    /// Its spec and generation when it has published its routes (done, or at its publish step
+    /// or past it).
+    pub fn published(&self) -> Option<(DeploymentSpec, u64)> {
+        let done = self.status == "done" || usize::try_from(self.step).is_ok_and(|s| s >= rollout::PUBLISH_STEP);
+        let spec = serde_json::from_str::<DeploymentSpec>(&self.spec).ok()?;
+        done.then(|| (spec, u64::try_from(self.generation).unwrap_or(0)))
+    }
+}
+
+/// A job's state and its latest result's detail, by key.
+#[derive(Debug, FromRow)]
+pub struct JobOutcome {
+    pub key: String,
+    pub target_node: String,
+    pub state: String,
+    pub detail: Option<String>,
+}
+
 const COLUMNS: &str =
     "hostname, issuer, chain, key_sealed, not_before, not_after, renew_after, issued, failures, retry_at, last_error";
 
@@ -75,20 +94,31 @@ impl Ledger {
             .await?)
     }
 
-    /// Keeps a certificate issued for `spec`'s hostname at `generation`, with a
-    /// `certificate-issued` event, and when `published` (the rollout reached its publish step:
-    /// its replicas are up) queues in the same transaction the publishes that hand it to the
-    /// nodes serving it (a rollout before that step reads the certificate when its own
-    /// publishes are leased). Returns the jobs queued.
+    /// Keeps a certificate issued for a hostname of `environment`, with a
+    /// `certificate-issued` event, and when the environment's rollout has published (done, or
+    /// at its publish step or past it: its replicas are up) queues in the same transaction the
+    /// publishes that hand it to the nodes serving it (a rollout before that step reads the
+    /// certificate when its own publishes are leased). The rollout is read inside the
+    /// transaction (locked on PostgreSQL): an order takes seconds, and the rollout may have
+    /// moved on since it started. Returns the jobs queued.
     pub async fn store_certificate(
         &self,
         c: &Issued<'_>,
-        spec: &DeploymentSpec,
-        generation: u64,
-        published: bool,
+        environment: &str,
         now_ms: i64,
     ) -> Result<usize, LedgerError> {
         let mut tx = self.write_tx().await?;
+        let lock = if self.backend() == Backend::Postgres {
+            " FOR UPDATE"
+        } else {
+            ""
+        };
+        let current: Option<Rollout> = sqlx::query_as(self.sql(&format!(
+            "SELECT environment, generation, status, step, spec FROM deployments WHERE action = 'rollout' AND environment = ?{lock}"
+        )))
+        .bind(environment)
+        .fetch_optional(&mut *tx)
+        .await?;
         let issued: i64 = sqlx::query_scalar(self.sql(
             "INSERT INTO certificates (hostname, issuer, chain, key_sealed, not_before, not_after, renew_after, issued, failures, retry_at, last_error, updated_at) \
              VALUES (?, ?, ?, ?, ?, ?, ?, 1, 0, 0, NULL, ?) \
@@ -107,10 +137,11 @@ impl Ledger {
         .bind(now_ms)
         .fetch_one(&mut *tx)
         .await?;
-        let step = if published {
-            rollout::republish_certificate(spec, generation, c.hostname, u32::try_from(issued).unwrap_or(u32::MAX))
-        } else {
-            Vec::new()
+        let step = match current.as_ref().and_then(Rollout::published) {
+            Some((spec, generation)) => {
+                rollout::republish_certificate(&spec, generation, c.hostname, u32::try_from(issued).unwrap_or(u32::MAX))
+            }
+            None => Vec::new(),
         };
         let jobs: Vec<JobRow<'_>> = step
             .iter()
@@ -160,5 +191,41 @@ impl Ledger {
             .await?;
         tx.commit().await?;
         Ok(())
+    }
+
+    /// Queues `tasks` (each on its node, three attempts) now; returns their keys, queued now
+    /// or before (a task is its key).
+    pub async fn enqueue_tasks(
+        &self,
+        tasks: &[(state_schema::task::Task, String)],
+        now_ms: i64,
+    ) -> Result<Vec<String>, LedgerError> {
+        let rows: Vec<JobRow<'_>> = tasks
+            .iter()
+            .map(|(task, node)| JobRow::new(task, node.as_str(), 3, now_ms, None))
+            .collect();
+        let keys = rows.iter().map(|r| r.key.clone()).collect();
+        let mut tx = self.write_tx().await?;
+        self.enqueue_in(&mut tx, &rows, now_ms).await?;
+        tx.commit().await?;
+        Ok(keys)
+    }
+
+    /// Where the jobs of `keys` stand (at most 64 keys).
+    pub async fn job_outcomes(&self, keys: &[String]) -> Result<Vec<JobOutcome>, LedgerError> {
+        let keys = &keys[..keys.len().min(64)];
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let q = format!(
+            "SELECT j.key, j.target_node, j.state, (SELECT r.detail FROM job_results r WHERE r.job_id = j.id ORDER BY r.id DESC LIMIT 1) AS detail \
+             FROM jobs j WHERE j.key IN ({})",
+            vec!["?"; keys.len()].join(", ")
+        );
+        let mut query = sqlx::query_as(self.sql(&q));
+        for k in keys {
+            query = query.bind(k);
+        }
+        Ok(query.fetch_all(&self.pool).await?)
     }
 }
