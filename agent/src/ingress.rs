@@ -304,7 +304,10 @@ impl Ingress {
         let mut pieces = self.pieces_without_challenges(hostname, slots, served);
         // Plain HTTP answers ACME challenges first (`ingress_acme.rs`).
         for (place, _, route) in &mut pieces {
-            if let (Place::Http, Some(handle)) = (*place, route["handle"].as_array_mut()) {
+            // (`route["handle"]` on a piece without one would add it: the place first.)
+            if *place == Place::Http
+                && let Some(handle) = route.get_mut("handle").and_then(Value::as_array_mut)
+            {
                 handle.insert(0, self.challenge_handler());
             }
         }

@@ -67,6 +67,11 @@ fn failed(hostname: &str, message: impl std::fmt::Display) -> IssueError {
 
 impl Acme {
     pub fn new(settings: AcmeSettings) -> Acme {
+        // instant-acme's client builds its TLS configuration with the process's default
+        // provider, and the dependency graph enables two (ring here, aws-lc-rs through another
+        // crate), so rustls cannot pick one itself: ring, as everywhere else in Pushleft. An
+        // error means a default is installed already, which is as good.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         Acme {
             settings,
             account: tokio::sync::Mutex::new(None),

@@ -167,11 +167,26 @@ async fn issue_wanted(
                     hub: Arc::clone(hub),
                     acme: Arc::clone(acme),
                     control: issuing.control.clone(),
-                    in_flight: Arc::clone(&issuing.in_flight),
+                    _flying: Flying {
+                        hostname: hostname.clone(),
+                        in_flight: Arc::clone(&issuing.in_flight),
+                    },
                     wanted: w,
                     failures,
                 };
-                tokio::spawn(order.run());
+                let run = tokio::spawn(order.run());
+                // A panic is kept as a failure, with its backoff, like any other: never an
+                // order retried at once.
+                let ledger = Arc::clone(ledger);
+                tokio::spawn(async move {
+                    if run.await.is_err_and(|e| e.is_panic()) {
+                        let why = "the order stopped on an internal error (see the daemon's log)";
+                        let now = crate::store::now_ms();
+                        let _ = ledger
+                            .certificate_failed(&hostname, "acme", why, now + backoff_ms(failures + 1), now)
+                            .await;
+                    }
+                });
             }
         }
     }
@@ -251,9 +266,24 @@ struct Order {
     hub: Arc<crate::hub::Hub>,
     acme: Arc<crate::acme::Acme>,
     control: Vec<String>,
-    in_flight: Arc<Mutex<BTreeSet<String>>>,
+    _flying: Flying,
     wanted: Wanted,
     failures: i64,
+}
+
+/// A hostname's place among the orders in flight, given up when its order ends however it
+/// ends (a panic included).
+struct Flying {
+    hostname: String,
+    in_flight: Arc<Mutex<BTreeSet<String>>>,
+}
+
+impl Drop for Flying {
+    fn drop(&mut self) {
+        if let Ok(mut f) = self.in_flight.lock() {
+            f.remove(&self.hostname);
+        }
+    }
 }
 
 impl Order {
@@ -277,9 +307,6 @@ impl Order {
             tracing::error!(hostname = %hostname, error = %e, "the order's outcome was not kept; it is retried at the next check");
         }
         self.hub.jobs.notify_waiters();
-        if let Ok(mut f) = self.in_flight.lock() {
-            f.remove(&hostname);
-        }
     }
 }
 

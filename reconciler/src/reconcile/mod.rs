@@ -66,6 +66,9 @@ pub struct Reconciler {
     /// The certificate issuer (`[certificates]`), and when the hostnames were last looked at.
     issuing: Option<certificates::Issuing>,
     certificates_checked_ms: std::sync::atomic::AtomicI64,
+    /// Set when a re-placement against the fleet moved a rollout since the last certificate
+    /// check (its serving nodes changed).
+    replaced_since_certificates: std::sync::atomic::AtomicBool,
 }
 
 /// What one pass did.
@@ -156,6 +159,7 @@ impl Reconciler {
         Ok(Reconciler {
             issuing,
             certificates_checked_ms: std::sync::atomic::AtomicI64::new(0),
+            replaced_since_certificates: std::sync::atomic::AtomicBool::new(false),
             config,
             ledger,
             hub,
@@ -280,11 +284,13 @@ impl Reconciler {
             report.advanced += repairs;
         }
         // Certificates of the hostnames served: looked at when commits were accepted (new
-        // hostnames) and otherwise every minute (renewals, retries).
+        // hostnames), after a re-placement against the fleet (it names the nodes that answer
+        // ACME challenges), and otherwise every minute (renewals, retries).
         if let Some(issuing) = &self.issuing {
             let now = now_ms();
             let last = self.certificates_checked_ms.load(Ordering::Relaxed);
-            if report.accepted > 0 || now - last >= certificates::CHECK_EVERY_MS {
+            let replaced = self.replaced_since_certificates.swap(false, Ordering::Relaxed);
+            if report.accepted > 0 || replaced || now - last >= certificates::CHECK_EVERY_MS {
                 self.certificates_checked_ms.store(now, Ordering::Relaxed);
                 let issued = certificates::issue_due(&self.ledger, &self.hub, issuing, now).await?;
                 report.advanced += issued;
@@ -344,6 +350,7 @@ impl Reconciler {
         };
         advanced += moved.rollouts.len() + moved.scales.len();
         if !moved.rollouts.is_empty() || !moved.scales.is_empty() {
+            self.replaced_since_certificates.store(true, Ordering::Relaxed);
             tracing::info!(
                 moved = moved.rollouts.len(),
                 scaled = moved.scales.len(),
