@@ -229,6 +229,10 @@ pub struct IngressSpec {
     /// HTTP, and an agent that predates it reads the spec as before.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<IngressTls>,
+    /// A custom domain whose ownership was never proven: not routed here (whatever route it
+    /// has goes), until a publish without it comes.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub held: bool,
 }
 
 /// The certificate of a hostname, sealed to the node's own age recipient (the proxy is the only

@@ -12,9 +12,10 @@
 //! Caddy answer only their own tokens. The key authorization is public by design (the CA reads
 //! it over plain HTTP); files older than [`KEEP`] are swept at each placement.
 
-use super::{Ingress, SERVER, checked, open_folder, replace};
+use super::{Ingress, SERVER, checked, disk, open_folder};
 use crate::outcome::{Failure, permanent, retryable};
 use serde_json::{Value, json};
+use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -80,7 +81,12 @@ impl Ingress {
         open_folder(&self.upstreams, &self.challenge_root())?;
         open_folder(&self.challenge_root(), &dir)?;
         self.sweep_challenges(&dir);
-        replace(&dir.join(token), key_authorization)?;
+        // Nodes sharing this folder may place one token at once: each writes a file of its own
+        // and renames it into place.
+        let tmp = dir.join(format!(".{token}.{}.tmp", self.node));
+        std::fs::write(&tmp, key_authorization).map_err(disk)?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644)).map_err(disk)?;
+        std::fs::rename(&tmp, dir.join(token)).map_err(disk)?;
         self.ensure_server()?;
         let route = self.challenge_route();
         let id = format!("{ACME_ROUTE}{}", self.plane());

@@ -339,6 +339,12 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> 
             },
             _,
         ) => engine.teardown(environment, role, *instance, *generation).await,
+        (Task::PublishIngress { .. }, Execution::Ingress(spec)) if spec.held => {
+            // A custom domain not proven yet: nothing of it is routed on this node.
+            let (env, host, generation) = (spec.environment.clone(), spec.hostname.clone(), spec.generation);
+            let note = off_thread(&x.ingress, move |ingress| ingress.remove(&env, &host, generation)).await?;
+            Ok(format!("held until its domain is verified ({note})"))
+        }
         (Task::PublishIngress { .. }, Execution::Ingress(spec)) => {
             // This generation's replicas on this node, by their address on the environment's
             // network.

@@ -8,7 +8,12 @@
 //!   HTTPS (checked by a client trusting pebble's root alone), plain HTTP redirecting there;
 //! - a hostname whose DNS points where nothing listens: the order fails with pebble's reason,
 //!   kept, shown and evented, and is retried only after its backoff, which doubles;
-//! - a renewal (its time come) orders again and both nodes serve the new certificate.
+//! - a renewal (its time come) orders again and both nodes serve the new certificate;
+//! - custom domains (`Domain` documents) are checked in that DNS server: a `txt` domain stays
+//!   pending (not routed, no order) until its `_pushleft-challenge` record appears with the
+//!   value `/v1/domains` shows, then it is routed, ordered and served (`serving`); a `cname`
+//!   domain pointing at the environment's hostname is proven at once; a domain whose record
+//!   goes is `failing` (an event; still served, its certificate not renewed).
 
 #[path = "support/acme.rs"]
 mod acme_support;
@@ -35,6 +40,10 @@ const ENV: &str = "api-production";
 const HOSTNAME: &str = "api.example.com";
 /// A Domain of the environment whose DNS points at a loopback address nothing listens on.
 const BROKEN: &str = "broken.shop.test";
+/// A `txt` Domain, proven only once the test adds its record.
+const SHOP: &str = "shop.customer.test";
+/// A `cname` Domain pointing at the environment's own hostname.
+const WWW: &str = "www.customer.test";
 
 fn project(image: &str) -> String {
     format!(
@@ -42,9 +51,9 @@ fn project(image: &str) -> String {
     )
 }
 
-fn domain(name: &str, hostname: &str) -> String {
+fn domain(name: &str, hostname: &str, verification: &str) -> String {
     format!(
-        "apiVersion: pushleft.dev/v1alpha1\nkind: Domain\nmetadata: {{name: {name}}}\nspec: {{hostname: {hostname}, environment: {ENV}}}\n"
+        "apiVersion: pushleft.dev/v1alpha1\nkind: Domain\nmetadata: {{name: {name}}}\nspec: {{hostname: {hostname}, environment: {ENV}, verification: {verification}}}\n"
     )
 }
 
@@ -107,13 +116,22 @@ fn acme_certificates_are_ordered_once_for_two_nodes_served_renewed_and_failures_
     let socket = host.socket.clone();
 
     host.run(move || {
-        let dns = Dns::start(
-            &root.join("dns"),
-            &[
+        let cp_txt = |host: &str| state_schema::domains::txt_value(&support::control_plane(&url), host);
+        let records = |with_shop: bool| {
+            let mut r = vec![
                 Record::A(HOSTNAME.into(), "127.0.0.1".into()),
                 Record::A(BROKEN.into(), "127.0.0.9".into()),
-            ],
-        );
+                Record::Txt(state_schema::domains::txt_name(BROKEN), cp_txt(BROKEN)),
+                Record::A(SHOP.into(), "127.0.0.1".into()),
+                Record::Cname(WWW.into(), HOSTNAME.into()),
+            ];
+            if with_shop {
+                r.push(Record::Txt(state_schema::domains::txt_name(SHOP), cp_txt(SHOP)));
+            }
+            r
+        };
+        // Records wait for the control plane's id (the daemon makes it at its first start).
+        let mut dns = Dns::start(&root.join("dns"), &[]);
         let pebble = Pebble::start(&root.join("pebble"), http, dns.port, 3600);
         daemon_support::write_private(&root.join("eab.key"), acme_support::EAB_KEY);
         let cfg = config(
@@ -123,14 +141,16 @@ fn acme_certificates_are_ordered_once_for_two_nodes_served_renewed_and_failures_
             &url,
             api,
             &format!(
-                "{CONTROL_CA}age_identity = \"control.age\"\n\n[certificates]\nissuer = \"acme\"\n\n[certificates.acme]\ndirectory = \"{}\"\nca_root = {:?}\ncontact = [\"mailto:ops@pushleft.test\"]\neab_kid = \"{}\"\neab_hmac_key_file = \"eab.key\"\n\n[agent_api]\nlisten = \"127.0.0.1:{agent_api}\"\n",
+                "{CONTROL_CA}age_identity = \"control.age\"\n\n[certificates]\nissuer = \"acme\"\n\n[certificates.acme]\ndirectory = \"{}\"\nca_root = {:?}\ncontact = [\"mailto:ops@pushleft.test\"]\neab_kid = \"{}\"\neab_hmac_key_file = \"eab.key\"\n\n[domains]\nresolver = [\"127.0.0.1:{}\"]\npending_recheck_seconds = 1\nrecheck_seconds = 2\n\n[agent_api]\nlisten = \"127.0.0.1:{agent_api}\"\n",
                 pebble.directory,
                 pebble.https_root.display().to_string(),
                 acme_support::EAB_KID,
+                dns.port,
             ),
         );
         let mut d = Daemon::start(&s, &cfg, api);
         d.wait_ready(Duration::from_secs(20));
+        dns.set(&records(false));
         let (_, admin) = support::caddy_admin_address(&root.join("caddy-admin"));
         std::fs::write(root.join("caddy.json"), format!("{{\"admin\": {{\"listen\": \"{admin}\"}}}}")).expect("caddy");
         let caddy = Command::new("caddy")
@@ -179,7 +199,9 @@ fn acme_certificates_are_ordered_once_for_two_nodes_served_renewed_and_failures_
         wait_for(&url, "SELECT CAST(COUNT(*) AS TEXT) FROM nodes WHERE last_seen IS NOT NULL AND capabilities LIKE '%ingress%' AND host IS NOT NULL", &["2"], 60, &context);
         repo.write("projects/api.yaml", &project(&image));
         repo.write("envs/api-production.yaml", &environment(ENV, "api"));
-        repo.write("domains/broken.yaml", &domain("broken", BROKEN));
+        repo.write("domains/broken.yaml", &domain("broken", BROKEN, "txt"));
+        repo.write("domains/shop.yaml", &domain("shop", SHOP, "txt"));
+        repo.write("domains/www.yaml", &domain("www", WWW, "cname"));
         repo.commit("release one", true);
 
         // One order, both nodes answering its challenge, both serving what pebble issued.
@@ -220,7 +242,11 @@ fn acme_certificates_are_ordered_once_for_two_nodes_served_renewed_and_failures_
         let reason = sql(&url, &format!("SELECT last_error FROM certificates WHERE hostname = '{BROKEN}'"));
         assert!(reason[0].contains("connection") || reason[0].contains("Connection"), "{reason:?}");
         assert!(reason[0].contains("127.0.0.9"), "pebble's own words: {reason:?}");
-        assert_eq!(sql(&url, &format!("SELECT kind FROM events WHERE subject = '{BROKEN}'")), ["certificate-failed"]);
+        assert_eq!(
+            sql(&url, &format!("SELECT kind FROM events WHERE subject = '{BROKEN}' ORDER BY id")),
+            ["domain-pending", "domain-verified", "certificate-failed"],
+            "proven first, then ordered"
+        );
         let (code, listed) = d.get("/v1/certificates", Some(&s.viewer));
         assert_eq!(code, 200, "{listed}");
         assert!(listed.contains(BROKEN) && listed.contains("127.0.0.9"), "{listed}");
@@ -254,6 +280,56 @@ fn acme_certificates_are_ordered_once_for_two_nodes_served_renewed_and_failures_
             std::thread::sleep(Duration::from_millis(100));
         }
         assert_eq!(served_digest(&root, &cp, "n1"), served_digest(&root, &cp, "n2"));
+        // Custom domains. The cname one is proven and served; the txt one waits for its record:
+        // pending, not routed, nothing ordered, and `/v1/domains` says what to make.
+        let domains = || -> serde_json::Value {
+            let (code, text) = d.get("/v1/domains", Some(&s.viewer));
+            assert_eq!(code, 200, "{text}");
+            serde_json::from_str(&text).expect("json")
+        };
+        let state_of = |v: &serde_json::Value, host: &str| {
+            v["domains"].as_array().into_iter().flatten().find(|x| x["hostname"] == host).cloned().unwrap_or_default()
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while state_of(&domains(), WWW)["state"] != "serving" {
+            assert!(Instant::now() < deadline, "{WWW} not serving: {}\n{}", domains(), context());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let (status, _, _) = tls_support::get_tls(https, WWW, &issuing_root).expect("the cname domain over https");
+        assert_eq!(status, 200);
+        let shop = state_of(&domains(), SHOP);
+        assert_eq!(shop["state"], "pending", "{shop}");
+        assert_eq!(shop["record"]["name"], state_schema::domains::txt_name(SHOP));
+        assert_eq!(shop["record"]["value"], cp_txt(SHOP), "{shop}");
+        assert!(shop["reason"].as_str().is_some_and(|r| r.contains("no TXT record")), "{shop}");
+        assert_eq!(support::get_host(http, SHOP).map(|r| r.0), Ok(404), "not routed while pending");
+        assert!(sql(&url, &format!("SELECT hostname FROM certificates WHERE hostname = '{SHOP}'")).is_empty(), "nothing ordered");
+        // The record appears: proven, routed, ordered, served.
+        dns.set(&records(true));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while state_of(&domains(), SHOP)["state"] != "serving" {
+            assert!(Instant::now() < deadline, "{SHOP} not serving: {}\n{}", domains(), context());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let (status, text, _) = tls_support::get_tls(https, SHOP, &issuing_root).expect("the txt domain over https");
+        assert_eq!((status, text.contains("release one")), (200, true), "{text}");
+        assert!(sql(&url, &format!("SELECT kind FROM events WHERE subject = '{SHOP}' ORDER BY id")).contains(&"domain-verified".to_owned()));
+        // The record goes: failing, with an event; still served; its renewal is not ordered.
+        dns.set(&records(false));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while state_of(&domains(), SHOP)["state"] != "failing" {
+            assert!(Instant::now() < deadline, "{SHOP} not failing: {}", domains());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let failing = sql(&url, &format!("SELECT detail FROM events WHERE subject = '{SHOP}' AND kind = 'domain-failing'"));
+        assert!(failing.len() == 1 && failing[0].contains("keeps its certificate"), "{failing:?}");
+        sql(&url, &format!("UPDATE certificates SET renew_after = 0 WHERE hostname = '{SHOP}'"));
+        repo.write("NOTES.md", "no renewal for a failing domain\n");
+        repo.commit("a third commit that changes no environment", true);
+        std::thread::sleep(Duration::from_secs(3));
+        assert_eq!(sql(&url, &format!("SELECT CAST(issued AS TEXT) FROM certificates WHERE hostname = '{SHOP}'")), ["1"]);
+        assert_eq!(tls_support::get_tls(https, SHOP, &issuing_root).map(|r| r.0), Ok(200), "still served");
+
         // The certificate's key is sealed at rest and in no agent's log.
         let sealed = sql(&url, &format!("SELECT key_sealed FROM certificates WHERE hostname = '{HOSTNAME}'"));
         assert!(!sealed[0].contains("PRIVATE KEY"), "sealed to the control host");

@@ -323,6 +323,12 @@ Reference: docs/cli.md (pl wait)")]
         #[command(flatten)]
         server: operator::ServerArgs,
     },
+    /// List custom domains (Domain documents): state (pending, verified, serving, failing), the
+    /// DNS record each needs, what the last check saw or missed, certificate expiry (viewer).
+    Domains {
+        #[command(flatten)]
+        server: operator::ServerArgs,
+    },
     /// Ask the reconciler for a pass now (operator role).
     Reconcile {
         /// Run a pass now instead of at the next interval (the only mode).
@@ -471,6 +477,7 @@ fn main() -> ExitCode {
             control_plane(server).and_then(|s| operator::node_token(&s, &node))
         }
         Command::Nodes { server } => control_plane(server).and_then(|s| operator::nodes(&s)),
+        Command::Domains { server } => control_plane(server).and_then(|s| operator::domains(&s)),
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             let mut script = Vec::new();

@@ -432,6 +432,58 @@ pub fn fleet_snapshot(args: &ServerArgs) -> Result<state_schema::replacement::Sn
     serde_json::from_value(v).context("the control plane's /v1/fleet answer")
 }
 
+/// `pl domains`: each custom domain's state, and for one not proven, the record to make and
+/// what DNS answered instead. Exit 0 whatever the states (`--format json` for scripts).
+pub fn domains(args: &ServerArgs) -> Result<u8> {
+    let v = Client::new(args)?.json("GET", "/v1/domains")?;
+    if args.format == OutFormat::Json {
+        return print_json(&v);
+    }
+    let list: Vec<&Value> = v["domains"].as_array().into_iter().flatten().collect();
+    if list.is_empty() {
+        outln!("no custom domains");
+        return Ok(0);
+    }
+    outln!(
+        "{:<32} {:<24} {:<6} {:<9} certificate",
+        "domain",
+        "environment",
+        "method",
+        "state"
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    for d in &list {
+        let c = &d["certificate"];
+        let certificate = match (c["source"].as_str(), c["notAfterMs"].as_i64()) {
+            (Some("brought"), _) => "brought in Git".to_owned(),
+            (Some(issuer), Some(t)) if t > 0 => format!("{issuer}, expires in {} h", (t - now) / 3_600_000),
+            _ => "none".to_owned(),
+        };
+        outln!(
+            "{:<32} {:<24} {:<6} {:<9} {certificate}",
+            d["hostname"].as_str().unwrap_or("?"),
+            d["environment"].as_str().unwrap_or("?"),
+            d["method"].as_str().unwrap_or("?"),
+            d["state"].as_str().unwrap_or("?"),
+        );
+        if d["state"] == "pending" || d["state"] == "failing" {
+            let r = &d["record"];
+            outln!(
+                "  needs {} {} = {}",
+                r["type"].as_str().unwrap_or("?"),
+                r["name"].as_str().unwrap_or("?"),
+                r["value"].as_str().unwrap_or("?")
+            );
+            if let Some(why) = d["reason"].as_str() {
+                outln!("  last check: {why}");
+            }
+        }
+    }
+    Ok(0)
+}
+
 pub fn nodes(args: &ServerArgs) -> Result<u8> {
     let v = Client::new(args)?.json("GET", "/v1/nodes")?;
     if args.format == OutFormat::Json {

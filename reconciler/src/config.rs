@@ -60,6 +60,41 @@ pub struct Config {
     /// (hostnames without a certificate of their own are then served over plain HTTP).
     #[serde(default)]
     pub certificates: Option<CertificatesConfig>,
+    /// How custom domains' ownership is checked in DNS.
+    #[serde(default)]
+    pub domains: DomainsConfig,
+}
+
+/// `[domains]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DomainsConfig {
+    /// The DNS servers asked (`ip:port`); empty: the system's resolver (`/etc/resolv.conf`).
+    #[serde(default)]
+    pub resolver: Vec<std::net::SocketAddr>,
+    /// How often a domain not proven yet (or failing) is looked up again.
+    #[serde(default = "default_pending_recheck")]
+    pub pending_recheck_seconds: u64,
+    /// How often a proven domain is looked up again (an hour by default).
+    #[serde(default = "default_recheck_seconds")]
+    pub recheck_seconds: u64,
+}
+
+impl Default for DomainsConfig {
+    fn default() -> Self {
+        DomainsConfig {
+            resolver: Vec::new(),
+            pending_recheck_seconds: default_pending_recheck(),
+            recheck_seconds: default_recheck_seconds(),
+        }
+    }
+}
+
+fn default_pending_recheck() -> u64 {
+    60
+}
+fn default_recheck_seconds() -> u64 {
+    3600
 }
 
 /// `[certificates]`: who issues the certificates of hostnames that bring none.
@@ -572,6 +607,15 @@ impl Config {
             if !(1..=64).contains(&a.max_orders) {
                 return Err(invalid("certificates.acme.max_orders must be 1 to 64".into()));
             }
+        }
+        let d = &self.domains;
+        if !(1..=86_400).contains(&d.pending_recheck_seconds) || !(1..=7 * 86_400).contains(&d.recheck_seconds) {
+            return Err(invalid(
+                "domains: pending_recheck_seconds must be 1 to 86400 and recheck_seconds 1 to 604800".into(),
+            ));
+        }
+        if d.resolver.len() > 8 {
+            return Err(invalid("domains.resolver: at most 8 servers".into()));
         }
         if !(1..=24 * 30).contains(&self.control.node_cert_hours) {
             return Err(invalid("control.node_cert_hours must be 1 to 720".into()));

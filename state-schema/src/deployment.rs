@@ -55,10 +55,28 @@ pub struct DeploymentSpec {
     /// when empty, so specs without it keep their hashes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub certificates: Vec<(Hostname, TlsSpec)>,
+    /// Which of `hostnames` are Domains (custom domains, served only once their ownership is
+    /// proven in DNS), with how it is proven; absent when empty, so the hashes of
+    /// environments without Domains do not move.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub domains: Vec<(Hostname, crate::model::Verification)>,
 }
 
 impl DeploymentSpec {
     /// The certificate brought for `hostname`, if any.
+    /// How a Domain hostname's ownership is proven (`None`: not a Domain).
+    pub fn domain(&self, hostname: &str) -> Option<crate::model::Verification> {
+        self.domains
+            .iter()
+            .find(|(h, _)| h.as_str() == hostname)
+            .map(|(_, v)| *v)
+    }
+
+    /// The environment's own hostname (not a Domain), the target of `cname` verification.
+    pub fn own_hostname(&self) -> Option<&Hostname> {
+        self.hostnames.iter().find(|h| self.domain(h.as_str()).is_none())
+    }
+
     pub fn certificate(&self, hostname: &str) -> Option<&TlsSpec> {
         self.certificates
             .iter()

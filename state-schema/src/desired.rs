@@ -361,6 +361,15 @@ pub fn spec_of(
         roles: role_specs(state, &env.project, &env.env, &image),
         replicas: derived.replicas.clone(),
         certificates: brought_certificates(state, env, derived.hostname.as_ref(), &derived.domains)?,
+        domains: {
+            let mut d: Vec<_> = state
+                .domains()
+                .filter(|(_, d)| &d.environment == name)
+                .map(|(_, d)| (d.hostname.clone(), d.verification))
+                .collect();
+            d.sort();
+            d
+        },
     })
 }
 

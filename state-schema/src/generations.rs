@@ -307,6 +307,7 @@ mod tests {
             replicas: [(n("web"), replicas)].into_iter().collect(),
             roles: SmallMap::new(),
             certificates: Vec::new(),
+            domains: Vec::new(),
         }
     }
 

@@ -11,6 +11,7 @@ mod decode;
 pub mod deployment;
 pub mod desired;
 pub mod diag;
+pub mod domains;
 pub mod edit;
 pub mod generations;
 pub mod incremental;

@@ -4,7 +4,7 @@
 
 use crate::values::SmallMap;
 use crate::values::{Cpu, CronSchedule, Hostname, ImageRef, Memory, Name};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub const API_VERSION: &str = "pushleft.dev/v1alpha1";
 
@@ -208,7 +208,7 @@ pub struct EnvironmentTls {
     pub hsts: bool,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Verification {
     Txt,

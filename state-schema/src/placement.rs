@@ -411,6 +411,7 @@ pub(crate) mod tests {
             replicas: roles.iter().map(|(r, _, _, n)| (name(r), *n)).collect(),
             roles: roles.iter().map(|(r, k, cpu, _)| (name(r), role(k, *cpu))).collect(),
             certificates: Vec::new(),
+            domains: Vec::new(),
         }
     }
 

@@ -266,9 +266,23 @@ pub const PUBLISH_STEP: usize = 3;
 /// (at most 20 per replica and generation), so the two never share a job key.
 pub const CERTIFICATE_REPUBLISH: u32 = 1 << 20;
 
+/// Where the `repair` number of a Domain's re-publish starts, when it is first proven: above
+/// every certificate re-publish's.
+pub const DOMAIN_REPUBLISH: u32 = 1 << 21;
+
 /// A hostname's certificate was issued (or renewed) for the `issued`-th time: every node that
 /// serves it publishes its routes again at `generation`, which hands them the new certificate.
 pub fn republish_certificate(spec: &DeploymentSpec, generation: u64, hostname: &str, issued: u32) -> Step {
+    republish(spec, generation, hostname, CERTIFICATE_REPUBLISH.saturating_add(issued))
+}
+
+/// A Domain was proven for the first time: every node that serves its environment publishes
+/// it at `generation` (its publishes so far held it back).
+pub fn republish_domain(spec: &DeploymentSpec, generation: u64, hostname: &str) -> Step {
+    republish(spec, generation, hostname, DOMAIN_REPUBLISH)
+}
+
+fn republish(spec: &DeploymentSpec, generation: u64, hostname: &str, repair: u32) -> Step {
     spec.hostnames
         .iter()
         .filter(|h| h.as_str() == hostname)
@@ -278,7 +292,7 @@ pub fn republish_certificate(spec: &DeploymentSpec, generation: u64, hostname: &
                     environment: spec.environment.clone(),
                     hostname: h.clone(),
                     generation,
-                    repair: CERTIFICATE_REPUBLISH.saturating_add(issued),
+                    repair,
                 };
                 (task, node.clone())
             })

@@ -108,6 +108,7 @@ pub fn router(state: Arc<Operator>) -> Router {
         .route("/v1/rewrites", get(rewrites))
         .route("/v1/nodes", get(nodes))
         .route("/v1/certificates", get(certificates))
+        .route("/v1/domains", get(domains))
         .route("/v1/fleet", get(fleet))
         .route("/v1/rewrites/approve", post(approve_rewrite))
         .route("/v1/webhooks/{forge}", post(webhook))
@@ -330,6 +331,11 @@ async fn nodes(State(s): App, headers: HeaderMap) -> Response {
         Ok(rows) => axum::Json(json!({ "nodes": rows })).into_response(),
         Err(e) => internal(e),
     }
+}
+
+/// Custom domains (`http::domains`).
+async fn domains(State(s): App, headers: HeaderMap) -> Response {
+    crate::http::domains::list(&s.ledger, &s.tokens, &headers).await
 }
 
 /// The certificates the control plane issued, by hostname: state, validity, renewal and

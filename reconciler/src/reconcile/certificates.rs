@@ -88,16 +88,22 @@ struct Wanted {
     generation: u64,
 }
 
-/// The hostnames of current rollouts that bring no certificate. A hostname is in one
-/// environment only (validation refuses a conflict).
-fn wanted(rollouts: Vec<crate::store::certificates::Rollout>) -> BTreeMap<String, Wanted> {
+/// The hostnames of current rollouts that bring no certificate, less the Domains not proven at
+/// their last check (`verified`: the Domains that are): no certificate is ordered for a name
+/// whose owner has not shown it points here. A hostname is in one environment only
+/// (validation refuses a conflict).
+fn wanted(rollouts: Vec<crate::store::certificates::Rollout>, verified: &BTreeSet<String>) -> BTreeMap<String, Wanted> {
     let mut out = BTreeMap::new();
     for r in rollouts {
         let Ok(spec) = serde_json::from_str::<DeploymentSpec>(&r.spec) else {
             continue;
         };
         let generation = u64::try_from(r.generation).unwrap_or(0);
-        for h in spec.hostnames.iter().filter(|h| spec.certificate(h.as_str()).is_none()) {
+        let wants = |h: &&Hostname| {
+            spec.certificate(h.as_str()).is_none()
+                && (spec.domain(h.as_str()).is_none() || verified.contains(h.as_str()))
+        };
+        for h in spec.hostnames.iter().filter(wants) {
             out.insert(
                 h.to_string(),
                 Wanted {
@@ -119,7 +125,14 @@ pub async fn issue_due(
     issuing: &Issuing,
     now_ms: i64,
 ) -> Result<usize, LedgerError> {
-    let wanted = wanted(ledger.rollouts().await?);
+    let verified = ledger
+        .domains()
+        .await?
+        .into_iter()
+        .filter(|d| d.state == "verified")
+        .map(|d| d.hostname)
+        .collect();
+    let wanted = wanted(ledger.rollouts().await?, &verified);
     issue_wanted(ledger, hub, issuing, wanted, now_ms).await
 }
 

@@ -7,6 +7,7 @@ mod catchup;
 pub mod certificates;
 pub mod cron;
 pub mod deploy;
+pub mod domains;
 pub mod drift;
 pub mod placing;
 
@@ -67,8 +68,11 @@ pub struct Reconciler {
     issuing: Option<certificates::Issuing>,
     certificates_checked_ms: std::sync::atomic::AtomicI64,
     /// Set when a re-placement against the fleet moved a rollout since the last certificate
-    /// check (its serving nodes changed).
+    /// check (its serving nodes changed), or a domain was first proven.
     replaced_since_certificates: std::sync::atomic::AtomicBool,
+    /// Custom domains' DNS checks, and when the next one is due (Unix ms).
+    domains: domains::Checking,
+    domains_due_ms: std::sync::atomic::AtomicI64,
 }
 
 /// What one pass did.
@@ -160,6 +164,13 @@ impl Reconciler {
             issuing,
             certificates_checked_ms: std::sync::atomic::AtomicI64::new(0),
             replaced_since_certificates: std::sync::atomic::AtomicBool::new(false),
+            domains: domains::Checking::new(
+                &config.domains.resolver,
+                config.domains.pending_recheck_seconds,
+                config.domains.recheck_seconds,
+            )
+            .map_err(|e| DaemonError::Config(format!("domains: {e}")))?,
+            domains_due_ms: std::sync::atomic::AtomicI64::new(0),
             config,
             ledger,
             hub,
@@ -282,6 +293,17 @@ impl Reconciler {
         if repairs > 0 {
             tracing::info!(repairs, "replicas missing from their nodes: asked again");
             report.advanced += repairs;
+        }
+        // Custom domains: looked up when commits were accepted and whenever one is due.
+        let now = now_ms();
+        if report.accepted > 0 || now >= self.domains_due_ms.load(Ordering::Relaxed) {
+            let (proven, next) = domains::check_due(&self.ledger, &self.domains, now).await?;
+            self.domains_due_ms.store(next, Ordering::Relaxed);
+            if proven {
+                // Its certificate can be ordered now, and its publishes were queued.
+                self.replaced_since_certificates.store(true, Ordering::Relaxed);
+                report.advanced += 1;
+            }
         }
         // Certificates of the hostnames served: looked at when commits were accepted (new
         // hostnames), after a re-placement against the fleet (it names the nodes that answer

@@ -224,13 +224,17 @@ impl Ledger {
                                 })
                             })
                             .collect();
+                        // A Domain is routed once its ownership was ever proven.
+                        let held = spec.domain(hostname.as_str()).is_some()
+                            && !self.domain_ever_verified(hostname.as_str()).await?;
                         Ok(Execution::Ingress(IngressSpec {
                             environment: env.clone(),
                             hostname: hostname.to_string(),
                             generation: *generation,
                             upstreams,
                             network,
-                            tls,
+                            tls: if held { None } else { tls },
+                            held,
                         }))
                     }
                     (Err(e), _) | (_, Err(e)) => Err(e),

@@ -10,6 +10,7 @@ mod complete;
 mod cron;
 pub mod delivery;
 pub(crate) mod deployments;
+pub mod domains;
 mod drift;
 mod events;
 pub mod fleet;

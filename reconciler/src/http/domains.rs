@@ -1,0 +1,78 @@
+//! `GET /v1/domains` (viewer): each custom domain's state, the DNS record it needs, what the
+//! last check saw or missed, and its certificate. `serving` is `verified` once an agent routed
+//! it (a publish succeeded after the proof) and its certificate is valid (or brought in Git):
+//! observed, not asked.
+
+use crate::http::server::{authorize, internal};
+use crate::store::{Ledger, now_ms};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use state_schema::deployment::DeploymentSpec;
+use state_schema::model::Verification;
+
+pub async fn list(ledger: &Ledger, tokens: &crate::auth::Tokens, headers: &axum::http::HeaderMap) -> Response {
+    if let Some(r) = authorize(tokens, headers, crate::config::Role::Viewer) {
+        return r;
+    }
+    match view(ledger).await {
+        Ok(v) => axum::Json(v).into_response(),
+        Err(e) => internal(e),
+    }
+}
+
+async fn view(ledger: &Ledger) -> Result<serde_json::Value, crate::store::LedgerError> {
+    let now = now_ms();
+    let cp = ledger.control_plane().await?;
+    let specs: Vec<DeploymentSpec> = ledger
+        .rollouts()
+        .await?
+        .iter()
+        .filter_map(|r| serde_json::from_str(&r.spec).ok())
+        .collect();
+    let certificates = ledger.certificates().await?;
+    let mut out = Vec::new();
+    for d in ledger.domains().await? {
+        let spec = specs.iter().find(|s| s.environment.as_str() == d.environment);
+        let own = spec.and_then(|s| s.own_hostname()).map(|h| h.to_string());
+        let method = if d.method == "cname" {
+            Verification::Cname
+        } else {
+            Verification::Txt
+        };
+        let (kind, name, value) = state_schema::domains::wanted_record(method, &cp, &d.hostname, own.as_deref());
+        let brought = spec.is_some_and(|s| s.certificate(&d.hostname).is_some());
+        let issued = certificates.iter().find(|c| c.hostname == d.hostname);
+        let cert_valid = brought || issued.is_some_and(|c| c.chain.is_some() && c.not_after > now);
+        let routed = d.state == "verified"
+            && ledger
+                .published_since(&d.hostname, &d.environment, d.verified_at)
+                .await?;
+        let state = if routed && cert_valid {
+            "serving"
+        } else {
+            d.state.as_str()
+        };
+        out.push(json!({
+            "hostname": d.hostname,
+            "environment": d.environment,
+            "method": d.method,
+            "state": state,
+            "record": {"type": kind, "name": name, "value": value},
+            "seen": d.seen,
+            "reason": d.reason,
+            "checkedAtMs": d.checked_at,
+            "nextCheckAtMs": d.next_check_at,
+            "certificate": if brought {
+                json!({"source": "brought"})
+            } else {
+                issued.map_or(serde_json::Value::Null, |c| json!({
+                    "source": c.issuer,
+                    "notAfterMs": c.not_after,
+                    "failures": c.failures,
+                    "lastError": c.last_error,
+                }))
+            },
+        }));
+    }
+    Ok(json!({ "domains": out }))
+}

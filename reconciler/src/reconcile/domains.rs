@@ -1,0 +1,227 @@
+//! Custom domains' ownership checks (`Domain` documents): the rows follow the Domains of the
+//! current rollouts, and each due one is looked up through the configured resolver
+//! (`[domains] resolver`, the system's by default): its `_pushleft-challenge` TXT record or its
+//! CNAME. Pending domains are looked at again every `pending_recheck_seconds`, proven ones
+//! every `recheck_seconds`. Read (rows, DNS), decide (`state_schema::domains`), write
+//! (`store::domains`): a first proof routes the domain on its nodes; a domain that stops
+//! proving itself is `failing` (an event; still routed, and served with its certificate until
+//! that expires, but none is ordered for it).
+
+use crate::store::{Ledger, LedgerError};
+use hickory_resolver::Resolver;
+use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfig, ResolverOpts};
+use hickory_resolver::net::runtime::TokioRuntimeProvider;
+use hickory_resolver::proto::rr::{RData, RecordType};
+use state_schema::domains::{self, Answer, DomainState};
+use state_schema::model::Verification;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Longest wait for one DNS answer.
+pub const LOOKUP_TIMEOUT: Duration = Duration::from_secs(3);
+/// Most domains looked up in one pass (the rest wait for the next).
+pub const MAX_PER_PASS: usize = 32;
+/// Most TXT strings read from one answer.
+const MAX_TXT: usize = 16;
+
+/// The resolver and how often domains are looked at.
+pub struct Checking {
+    resolver: Resolver<TokioRuntimeProvider>,
+    pending_ms: i64,
+    verified_ms: i64,
+}
+
+impl Checking {
+    /// `servers` empty: the system's resolver (`/etc/resolv.conf`).
+    pub fn new(servers: &[SocketAddr], pending_seconds: u64, recheck_seconds: u64) -> Result<Checking, String> {
+        let mut opts = ResolverOpts::default();
+        opts.timeout = LOOKUP_TIMEOUT;
+        opts.attempts = 1;
+        // Every check asks afresh: a record just made counts at once.
+        opts.cache_size = 0;
+        let builder = if servers.is_empty() {
+            Resolver::builder_tokio().map_err(|e| format!("the system's resolver: {e}"))?
+        } else {
+            let servers = servers
+                .iter()
+                .map(|a| {
+                    let mut s = NameServerConfig::udp_and_tcp(a.ip());
+                    let on_port = |mut c: ConnectionConfig| {
+                        c.port = a.port();
+                        c
+                    };
+                    s.connections = vec![on_port(ConnectionConfig::udp()), on_port(ConnectionConfig::tcp())];
+                    s
+                })
+                .collect();
+            Resolver::builder_with_config(
+                ResolverConfig::from_name_servers(servers),
+                TokioRuntimeProvider::default(),
+            )
+        };
+        let resolver = builder
+            .with_options(opts)
+            .build()
+            .map_err(|e| format!("the resolver: {e}"))?;
+        Ok(Checking {
+            resolver,
+            pending_ms: i64::try_from(pending_seconds.saturating_mul(1000)).unwrap_or(i64::MAX),
+            verified_ms: i64::try_from(recheck_seconds.saturating_mul(1000)).unwrap_or(i64::MAX),
+        })
+    }
+
+    /// What the resolver answers for the record `method` needs.
+    async fn ask(&self, method: Verification, hostname: &str) -> Answer {
+        let (name, kind) = match method {
+            Verification::Txt => (domains::txt_name(hostname), RecordType::TXT),
+            Verification::Cname => (hostname.to_owned(), RecordType::CNAME),
+        };
+        let fqdn = format!("{name}.");
+        match self.resolver.lookup(fqdn.as_str(), kind).await {
+            Ok(lookup) => {
+                let records = lookup.answers();
+                match method {
+                    Verification::Txt => Answer::Txt(
+                        records
+                            .iter()
+                            .filter_map(|r| match &r.data {
+                                RData::TXT(t) => Some(
+                                    t.txt_data
+                                        .iter()
+                                        .map(|b| String::from_utf8_lossy(b).into_owned())
+                                        .collect::<String>(),
+                                ),
+                                _ => None,
+                            })
+                            .take(MAX_TXT)
+                            .collect(),
+                    ),
+                    Verification::Cname => Answer::Cname(records.iter().find_map(|r| match &r.data {
+                        RData::CNAME(c) => Some(c.0.to_ascii()),
+                        _ => None,
+                    })),
+                }
+            }
+            Err(e) if e.is_no_records_found() || e.is_nx_domain() => match method {
+                Verification::Txt => Answer::Txt(Vec::new()),
+                Verification::Cname => Answer::Cname(None),
+            },
+            Err(e) => Answer::Unanswered(e.to_string()),
+        }
+    }
+}
+
+/// The Domains of the current rollouts: (hostname, environment, method), by hostname, with
+/// each one's environment's own hostname (the `cname` target).
+fn wanted(rollouts: &[crate::store::certificates::Rollout]) -> Vec<(String, String, String, Option<String>)> {
+    let mut out = Vec::new();
+    for r in rollouts {
+        let Ok(spec) = serde_json::from_str::<state_schema::deployment::DeploymentSpec>(&r.spec) else {
+            continue;
+        };
+        let own = spec.own_hostname().map(|h| h.to_string());
+        for (h, v) in &spec.domains {
+            let method = if *v == Verification::Txt { "txt" } else { "cname" };
+            out.push((h.to_string(), r.environment.clone(), method.to_owned(), own.clone()));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Looks up every due domain and keeps what it proved. Returns (whether a domain was proven
+/// for the first time, when the next one is due).
+pub async fn check_due(ledger: &Ledger, checking: &Checking, now_ms: i64) -> Result<(bool, i64), LedgerError> {
+    let rollouts = ledger.rollouts().await?;
+    let wanted = wanted(&rollouts);
+    let rows: Vec<(String, String, String)> = wanted
+        .iter()
+        .map(|(h, e, m, _)| (h.clone(), e.clone(), m.clone()))
+        .collect();
+    ledger.sync_domains(&rows, now_ms).await?;
+    let control_plane = ledger.control_plane().await?;
+    let due: Vec<_> = ledger
+        .domains()
+        .await?
+        .into_iter()
+        .filter(|d| d.next_check_at <= now_ms)
+        .take(MAX_PER_PASS)
+        .collect();
+    let answers = futures_util::future::join_all(due.iter().map(|d| {
+        let method = if d.method == "cname" {
+            Verification::Cname
+        } else {
+            Verification::Txt
+        };
+        checking.ask(method, &d.hostname)
+    }))
+    .await;
+    let mut first_proof = false;
+    for (d, answer) in due.iter().zip(answers) {
+        let method = if d.method == "cname" {
+            Verification::Cname
+        } else {
+            Verification::Txt
+        };
+        let own = wanted
+            .iter()
+            .find(|(h, ..)| h == &d.hostname)
+            .and_then(|(.., o)| o.as_deref());
+        let judged = domains::judge(method, &control_plane, &d.hostname, own, &answer);
+        let answered = !matches!(answer, Answer::Unanswered(_));
+        let before = DomainState::parse(&d.state);
+        let after = domains::next_state(
+            before,
+            d.ever_verified == 1,
+            judged.as_ref().map(|_| ()).map_err(|_| ()),
+            answered,
+        );
+        let (seen, reason) = match &judged {
+            Ok(seen) => (Some(seen.as_str()), None),
+            Err(why) => (None, Some(why.as_str())),
+        };
+        let event = match (before, after) {
+            (b, a) if b == a => None,
+            (_, DomainState::Verified) => Some(("domain-verified", seen.unwrap_or_default().to_owned())),
+            (_, DomainState::Failing) => Some((
+                "domain-failing",
+                format!(
+                    "{}; it keeps its certificate until that expires, and no new one is ordered",
+                    reason.unwrap_or_default()
+                ),
+            )),
+            (_, DomainState::Pending) => None,
+        };
+        if after == DomainState::Verified && d.ever_verified == 0 {
+            first_proof = true;
+        }
+        let next = now_ms
+            + if after == DomainState::Verified {
+                checking.verified_ms
+            } else {
+                checking.pending_ms
+            };
+        tracing::info!(hostname = %d.hostname, method = %d.method, state = after.as_str(), reason = reason.unwrap_or(""), "domain checked");
+        ledger
+            .domain_checked(
+                &crate::store::domains::Checked {
+                    hostname: &d.hostname,
+                    state: after.as_str(),
+                    seen,
+                    reason,
+                    next_check_at: next,
+                    event,
+                },
+                now_ms,
+            )
+            .await?;
+    }
+    let next_due = ledger
+        .domains()
+        .await?
+        .iter()
+        .map(|d| d.next_check_at)
+        .min()
+        .unwrap_or(i64::MAX);
+    Ok((first_proof, next_due))
+}
