@@ -22,10 +22,6 @@ use std::pin::Pin;
 use std::time::Duration;
 use zeroize::Zeroizing;
 
-/// Let's Encrypt's production directory: the default.
-pub const LETS_ENCRYPT: &str = "https://acme-v02.api.letsencrypt.org/directory";
-/// Let's Encrypt's staging directory (`staging = true`): untrusted certificates, high limits.
-pub const LETS_ENCRYPT_STAGING: &str = "https://acme-staging-v02.api.letsencrypt.org/directory";
 /// Longest wait for the CA to validate an order, and then to issue it.
 pub const POLL_TIMEOUT: Duration = Duration::from_secs(90);
 

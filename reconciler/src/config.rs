@@ -178,11 +178,16 @@ impl AcmeConfig {
     pub fn directory_url(&self) -> &str {
         match (&self.directory, self.staging) {
             (Some(d), _) => d,
-            (None, true) => crate::acme::LETS_ENCRYPT_STAGING,
-            (None, false) => crate::acme::LETS_ENCRYPT,
+            (None, true) => LETS_ENCRYPT_STAGING,
+            (None, false) => LETS_ENCRYPT,
         }
     }
 }
+
+/// Let's Encrypt's production directory: the default.
+pub const LETS_ENCRYPT: &str = "https://acme-v02.api.letsencrypt.org/directory";
+/// Let's Encrypt's staging directory (`staging = true`): untrusted certificates, high limits.
+pub const LETS_ENCRYPT_STAGING: &str = "https://acme-staging-v02.api.letsencrypt.org/directory";
 
 fn default_acme_account_dir() -> PathBuf {
     "acme".into()

@@ -60,4 +60,7 @@ fn object_and_deployment_hashes_do_not_move() {
     assert_eq!(all, PINNED, "hashes moved:\n{}", lines.join("\n"));
 }
 
-const PINNED: &str = "sha256:bd26669c1093b50f527ba6b3dafd8277e5c25bc7ded09348533e19dec036c68f";
+// Moved once on purpose (issue 20): the specs of environments with Domain documents now carry
+// how each is proven (`DeploymentSpec::domains`), so those environments, and only those, start
+// one new generation on upgrade, in which their Domains are held until proven in DNS.
+const PINNED: &str = "sha256:0a5c187fef12fd1ac9bc7f604ff53290b18c7e168f83a67ed4556f81b0eca271";
