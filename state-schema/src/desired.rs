@@ -590,6 +590,38 @@ mod tests {
     }
 
     #[test]
+    fn a_hostname_gained_or_lost_is_routes_only_not_a_new_generation() {
+        let domain = "---\napiVersion: pushleft.dev/v1alpha1\nkind: Domain\nmetadata: {name: shop}\nspec: {hostname: shop.example.org, environment: api-production, verification: cname}\n";
+        let without = placed(&state(TREE)).0.remove(0).spec;
+        let with = placed(&state(&format!("{TREE}{domain}"))).0.remove(0).spec;
+        assert_eq!(with.domain("shop.example.org"), Some(crate::model::Verification::Cname));
+        assert_eq!(with.own_hostname().map(|h| h.as_str()), Some("api.example.com"));
+        let keys = |old: &DeploymentSpec, new: &DeploymentSpec| -> Vec<String> {
+            let change = crate::release::change(old, new);
+            assert!(matches!(change, crate::release::Change::Scale { .. }), "{change:?}");
+            scale_tasks(new, 1, &change)
+                .iter()
+                .map(|(t, n)| format!("{}@{n}", t.idempotency_key()))
+                .collect()
+        };
+        // Published, then taken out, on both serving nodes; nothing else.
+        assert_eq!(
+            keys(&without, &with),
+            [
+                "ingress:api-production/shop.example.org:g1:publish@n1",
+                "ingress:api-production/shop.example.org:g1:publish@n2"
+            ]
+        );
+        assert_eq!(
+            keys(&with, &without),
+            [
+                "ingress:api-production/shop.example.org:g1:remove@n1",
+                "ingress:api-production/shop.example.org:g1:remove@n2"
+            ]
+        );
+    }
+
+    #[test]
     fn a_scale_publishes_again_where_web_replicas_change_before_any_goes() {
         let keys = |from: &str, to: &str| -> Vec<String> {
             let old = placed(&state(&TREE.replace("replicas: 3", from))).0.remove(0).spec;

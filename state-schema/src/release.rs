@@ -12,7 +12,7 @@ use crate::canonical::{self, Secrets};
 use crate::deployment::{DeploymentSpec, Instance};
 use crate::model::{Environment, Kind};
 use crate::state::State;
-use crate::values::Name;
+use crate::values::{Hostname, Name};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 
@@ -92,9 +92,13 @@ pub enum Change {
         nodes_removed: Vec<Name>,
         ingress_added: Vec<Name>,
         ingress_removed: Vec<Name>,
+        /// Hostnames (a Domain, say) the environment gains or loses: routes only, so no new
+        /// generation (no replica restarts for a name).
+        hostnames_added: Vec<Hostname>,
+        hostnames_removed: Vec<Hostname>,
     },
     /// A new generation: a new release, or a change a scale cannot express (an instance that
-    /// moves to another node, other hostnames, release roles elsewhere).
+    /// moves to another node, release roles elsewhere).
     Generation,
 }
 
@@ -120,7 +124,6 @@ pub fn change(old: &DeploymentSpec, new: &DeploymentSpec) -> Change {
         || old.release_hash.is_empty()
         || old.nodes.is_empty()
         || old.release != new.release
-        || old.hostnames != new.hostnames
         || moved
     {
         return Change::Generation;
@@ -144,5 +147,7 @@ pub fn change(old: &DeploymentSpec, new: &DeploymentSpec) -> Change {
         nodes_removed: minus(&old.nodes, &new.nodes),
         ingress_added: minus(&new.ingress_nodes, &old.ingress_nodes),
         ingress_removed: minus(&old.ingress_nodes, &new.ingress_nodes),
+        hostnames_added: minus(&new.hostnames, &old.hostnames),
+        hostnames_removed: minus(&old.hostnames, &new.hostnames),
     }
 }

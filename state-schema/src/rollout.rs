@@ -158,6 +158,8 @@ pub fn scale_tasks(spec: &DeploymentSpec, generation: u64, change: &crate::relea
         nodes_removed,
         ingress_added,
         ingress_removed,
+        hostnames_added,
+        hostnames_removed,
     } = change
     else {
         return Vec::new();
@@ -214,7 +216,30 @@ pub fn scale_tasks(spec: &DeploymentSpec, generation: u64, change: &crate::relea
     publish_on.sort();
     publish_on.dedup();
     ingress(&publish_on, &mut out, false);
+    // A hostname gained is published on the other serving nodes too; one lost is taken out
+    // wherever it was served.
+    for node in spec.ingress_nodes.iter().filter(|n| !publish_on.contains(n)) {
+        for host in hostnames_added {
+            let task = Task::PublishIngress {
+                environment: env.clone(),
+                hostname: host.clone(),
+                generation,
+                repair: 0,
+            };
+            out.push((task, node.clone()));
+        }
+    }
     ingress(ingress_removed, &mut out, true);
+    for node in spec.ingress_nodes.iter().chain(ingress_removed) {
+        for host in hostnames_removed {
+            let task = Task::RemoveIngress {
+                environment: env.clone(),
+                hostname: host.clone(),
+                generation,
+            };
+            out.push((task, node.clone()));
+        }
+    }
     for i in removed {
         let task = Task::TeardownApplication {
             environment: env.clone(),

@@ -138,12 +138,27 @@ pub fn spawn_agent(bin: &str, config: &std::path::Path, log: &std::path::Path) -
 /// One call to Caddy's admin API on its unix socket, as HTTP/1.0 so the answer is plain and
 /// ends with the connection (tests only; the agent uses `caddy_admin::Admin`): (status, body).
 pub fn caddy_admin(socket: &std::path::Path, method: &str, path: &str) -> std::io::Result<(u16, String)> {
+    caddy_admin_with(socket, method, path, "")
+}
+
+/// `POST /load` of a whole configuration (JSON) to Caddy's admin API.
+pub fn caddy_admin_post_load(socket: &std::path::Path, config: &str) -> std::io::Result<(u16, String)> {
+    caddy_admin_with(socket, "POST", "/load", config)
+}
+
+fn caddy_admin_with(socket: &std::path::Path, method: &str, path: &str, body: &str) -> std::io::Result<(u16, String)> {
     use std::io::{Read, Write};
     let mut s = std::os::unix::net::UnixStream::connect(socket)?;
-    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))?;
+    let kind = if body.is_empty() {
+        ""
+    } else {
+        "Content-Type: application/json\r\n"
+    };
     write!(
         s,
-        "{method} {path} HTTP/1.0\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n"
+        "{method} {path} HTTP/1.0\r\nHost: localhost\r\n{kind}Content-Length: {}\r\n\r\n{body}",
+        body.len()
     )?;
     let mut answer = String::new();
     s.take(16 * 1024 * 1024).read_to_string(&mut answer)?;

@@ -5,6 +5,11 @@
 /// One HTTPS request to `host` at 127.0.0.1:`port` (SNI `host`), trusting `ca` alone: the
 /// status, the response head and the leaf certificate the server showed.
 pub fn get_tls(port: u16, host: &str, ca: &str) -> Result<(u16, String, Vec<u8>), String> {
+    get_tls_at([127, 0, 0, 1], port, host, ca)
+}
+
+/// [`get_tls`] to another loopback address.
+pub fn get_tls_at(ip: [u8; 4], port: u16, host: &str, ca: &str) -> Result<(u16, String, Vec<u8>), String> {
     use rustls::pki_types::pem::PemObject;
     use std::io::{Read, Write};
     let mut roots = rustls::RootCertStore::empty();
@@ -19,7 +24,7 @@ pub fn get_tls(port: u16, host: &str, ca: &str) -> Result<(u16, String, Vec<u8>)
             .with_no_client_auth();
     let name = rustls::pki_types::ServerName::try_from(host.to_owned()).map_err(|e| e.to_string())?;
     let conn = rustls::ClientConnection::new(std::sync::Arc::new(config), name).map_err(|e| e.to_string())?;
-    let tcp = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    let tcp = std::net::TcpStream::connect((std::net::Ipv4Addr::from(ip), port)).map_err(|e| e.to_string())?;
     tcp.set_read_timeout(Some(std::time::Duration::from_secs(5)))
         .map_err(|e| e.to_string())?;
     let mut tls = rustls::StreamOwned::new(conn, tcp);
