@@ -132,7 +132,7 @@ fn wanted(rollouts: &[crate::store::certificates::Rollout]) -> Vec<(String, Stri
 /// Looks up every due domain and keeps what it proved. Returns (whether a domain was proven
 /// for the first time, when the next one is due).
 pub async fn check_due(ledger: &Ledger, checking: &Checking, now_ms: i64) -> Result<(bool, i64), LedgerError> {
-    let rollouts = ledger.rollouts().await?;
+    let rollouts = ledger.rollouts_with_domains().await?;
     let wanted = wanted(&rollouts);
     let rows: Vec<(String, String, String)> = wanted
         .iter()
