@@ -69,9 +69,11 @@ pub struct Config {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DomainsConfig {
-    /// The DNS servers asked (`ip:port`); empty: the system's resolver (`/etc/resolv.conf`).
+    /// Who custom domains are looked up through: `"system"` (`/etc/resolv.conf`) or DNS
+    /// servers (`["ip:port", …]`). Unset: no lookups at all, and Domains stay pending with that
+    /// reason (nothing leaves the machine unless the operator says where it may go).
     #[serde(default)]
-    pub resolver: Vec<std::net::SocketAddr>,
+    pub resolver: Option<ResolverSetting>,
     /// How often a domain not proven yet (or failing) is looked up again.
     #[serde(default = "default_pending_recheck")]
     pub pending_recheck_seconds: u64,
@@ -80,10 +82,27 @@ pub struct DomainsConfig {
     pub recheck_seconds: u64,
 }
 
+/// `domains.resolver`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum ResolverSetting {
+    /// `"system"`.
+    System(SystemResolver),
+    /// `["ip:port", …]`.
+    Servers(Vec<std::net::SocketAddr>),
+}
+
+/// The word `system`.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum SystemResolver {
+    System,
+}
+
 impl Default for DomainsConfig {
     fn default() -> Self {
         DomainsConfig {
-            resolver: Vec::new(),
+            resolver: None,
             pending_recheck_seconds: default_pending_recheck(),
             recheck_seconds: default_recheck_seconds(),
         }
@@ -619,8 +638,10 @@ impl Config {
                 "domains: pending_recheck_seconds must be 1 to 86400 and recheck_seconds 1 to 604800".into(),
             ));
         }
-        if d.resolver.len() > 8 {
-            return Err(invalid("domains.resolver: at most 8 servers".into()));
+        if let Some(ResolverSetting::Servers(list)) = &d.resolver
+            && !(1..=8).contains(&list.len())
+        {
+            return Err(invalid("domains.resolver: 1 to 8 servers, or \"system\"".into()));
         }
         if !(1..=24 * 30).contains(&self.control.node_cert_hours) {
             return Err(invalid("control.node_cert_hours must be 1 to 720".into()));
@@ -670,6 +691,43 @@ mod tests {
         assert_eq!(c.source.branch, "main");
         assert_eq!(c.reconcile.interval_seconds, 10);
         assert!(c.check(Path::new("c.toml")).is_ok());
+    }
+
+    #[test]
+    fn domains_are_looked_up_only_through_a_resolver_named_here() {
+        let with = |t: &str| Config::parse(Path::new("c.toml"), &format!("{GOOD}\n[domains]\n{t}\n"));
+        let none = Config::parse(Path::new("c.toml"), GOOD).expect("parses");
+        assert_eq!(none.domains.resolver, None, "unset: no lookups at all");
+        let system = with("resolver = \"system\"").expect("system");
+        assert_eq!(
+            system.domains.resolver,
+            Some(ResolverSetting::System(SystemResolver::System))
+        );
+        let listed = with("resolver = [\"127.0.0.1:5353\"]").expect("servers");
+        assert!(matches!(listed.domains.resolver, Some(ResolverSetting::Servers(ref v)) if v.len() == 1));
+        assert!(
+            with("resolver = \"dns.example\"").is_err(),
+            "neither a word nor addresses"
+        );
+        let empty = with("resolver = []").expect("parses");
+        assert!(empty.check(Path::new("c.toml")).is_err(), "an empty list is refused");
+        let acme = Config::parse(
+            Path::new("c.toml"),
+            &format!("{GOOD}\n[certificates]\nissuer = \"acme\"\nidentity = \"id.age\"\n\n[certificates.acme]\nstaging = true\n"),
+        )
+        .expect("acme");
+        let a = &acme.certificates.as_ref().expect("certificates").acme;
+        assert_eq!(a.directory_url(), LETS_ENCRYPT_STAGING);
+        assert!(acme.check(Path::new("c.toml")).is_ok());
+        let both = Config::parse(
+            Path::new("c.toml"),
+            &format!("{GOOD}\n[certificates]\nissuer = \"acme\"\nidentity = \"id.age\"\n\n[certificates.acme]\nstaging = true\ndirectory = \"https://ca.invalid/dir\"\neab_kid = \"k\"\n"),
+        )
+        .expect("parses");
+        assert!(
+            both.check(Path::new("c.toml")).is_err(),
+            "directory and staging, EAB half given"
+        );
     }
 
     #[test]

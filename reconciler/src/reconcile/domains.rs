@@ -1,12 +1,13 @@
 //! Custom domains' ownership checks (`Domain` documents): the rows follow the Domains of the
 //! current rollouts, and each due one is looked up through the configured resolver
-//! (`[domains] resolver`, the system's by default): its `_pushleft-challenge` TXT record or its
+//! (`[domains] resolver`: `"system"` or named servers; unset, nothing is looked up): its `_pushleft-challenge` TXT record or its
 //! CNAME. Pending domains are looked at again every `pending_recheck_seconds`, proven ones
 //! every `recheck_seconds`. Read (rows, DNS), decide (`state_schema::domains`), write
 //! (`store::domains`): a first proof routes the domain on its nodes; a domain that stops
 //! proving itself is `failing` (an event; still routed, and served with its certificate until
 //! that expires, but none is ordered for it).
 
+use crate::config::ResolverSetting;
 use crate::store::{Ledger, LedgerError};
 use hickory_resolver::Resolver;
 use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfig, ResolverOpts};
@@ -14,7 +15,6 @@ use hickory_resolver::net::runtime::TokioRuntimeProvider;
 use hickory_resolver::proto::rr::{RData, RecordType};
 use state_schema::domains::{self, Answer, DomainState};
 use state_schema::model::Verification;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 /// Longest wait for one DNS answer.
@@ -24,44 +24,55 @@ pub const MAX_PER_PASS: usize = 32;
 /// Most TXT strings read from one answer.
 const MAX_TXT: usize = 16;
 
-/// The resolver and how often domains are looked at.
+/// The resolver (none configured: no lookup is made) and how often domains are looked at.
 pub struct Checking {
-    resolver: Resolver<TokioRuntimeProvider>,
+    resolver: Option<Resolver<TokioRuntimeProvider>>,
     pending_ms: i64,
     verified_ms: i64,
 }
 
+/// Why a domain is not looked up when `[domains] resolver` is unset.
+pub const NO_RESOLVER: &str = "no [domains] resolver is configured";
+
 impl Checking {
-    /// `servers` empty: the system's resolver (`/etc/resolv.conf`).
-    pub fn new(servers: &[SocketAddr], pending_seconds: u64, recheck_seconds: u64) -> Result<Checking, String> {
+    /// `setting` `None`: no lookups (Domains stay pending, saying why).
+    pub fn new(
+        setting: Option<&ResolverSetting>,
+        pending_seconds: u64,
+        recheck_seconds: u64,
+    ) -> Result<Checking, String> {
         let mut opts = ResolverOpts::default();
         opts.timeout = LOOKUP_TIMEOUT;
         opts.attempts = 1;
         // Every check asks afresh: a record just made counts at once.
         opts.cache_size = 0;
-        let builder = if servers.is_empty() {
-            Resolver::builder_tokio().map_err(|e| format!("the system's resolver: {e}"))?
-        } else {
-            let servers = servers
-                .iter()
-                .map(|a| {
-                    let mut s = NameServerConfig::udp_and_tcp(a.ip());
-                    let on_port = |mut c: ConnectionConfig| {
-                        c.port = a.port();
-                        c
-                    };
-                    s.connections = vec![on_port(ConnectionConfig::udp()), on_port(ConnectionConfig::tcp())];
-                    s
-                })
-                .collect();
-            Resolver::builder_with_config(
-                ResolverConfig::from_name_servers(servers),
-                TokioRuntimeProvider::default(),
-            )
+        let builder = match setting {
+            None => None,
+            Some(ResolverSetting::System(_)) => {
+                Some(Resolver::builder_tokio().map_err(|e| format!("the system's resolver: {e}"))?)
+            }
+            Some(ResolverSetting::Servers(servers)) => {
+                let servers = servers
+                    .iter()
+                    .map(|a| {
+                        let mut s = NameServerConfig::udp_and_tcp(a.ip());
+                        let on_port = |mut c: ConnectionConfig| {
+                            c.port = a.port();
+                            c
+                        };
+                        s.connections = vec![on_port(ConnectionConfig::udp()), on_port(ConnectionConfig::tcp())];
+                        s
+                    })
+                    .collect();
+                Some(Resolver::builder_with_config(
+                    ResolverConfig::from_name_servers(servers),
+                    TokioRuntimeProvider::default(),
+                ))
+            }
         };
         let resolver = builder
-            .with_options(opts)
-            .build()
+            .map(|b| b.with_options(opts).build())
+            .transpose()
             .map_err(|e| format!("the resolver: {e}"))?;
         Ok(Checking {
             resolver,
@@ -76,8 +87,11 @@ impl Checking {
             Verification::Txt => (domains::txt_name(hostname), RecordType::TXT),
             Verification::Cname => (hostname.to_owned(), RecordType::CNAME),
         };
+        let Some(resolver) = &self.resolver else {
+            return Answer::Unanswered(NO_RESOLVER.to_owned());
+        };
         let fqdn = format!("{name}.");
-        match self.resolver.lookup(fqdn.as_str(), kind).await {
+        match resolver.lookup(fqdn.as_str(), kind).await {
             Ok(lookup) => {
                 let records = lookup.answers();
                 match method {

@@ -165,7 +165,7 @@ impl Reconciler {
             certificates_checked_ms: std::sync::atomic::AtomicI64::new(0),
             replaced_since_certificates: std::sync::atomic::AtomicBool::new(false),
             domains: domains::Checking::new(
-                &config.domains.resolver,
+                config.domains.resolver.as_ref(),
                 config.domains.pending_recheck_seconds,
                 config.domains.recheck_seconds,
             )
