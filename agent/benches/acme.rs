@@ -33,27 +33,13 @@ use acme_support::{Dns, Pebble, Record};
 use daemon_support::{CONTROL_CA, Daemon, config, free_port, setup};
 use host_support::Host;
 use repo_support::{Repo, environment};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use support::KillGroups;
 
 const ENV: &str = "api-production";
 const HOSTNAME: &str = "api.example.com";
 /// Longest a round may take before the bench gives up.
 const ROUND_LIMIT: Duration = Duration::from_secs(120);
-
-struct Procs(Vec<Child>);
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = Command::new("kill")
-                .args(["-9", "--", &format!("-{}", c.id())])
-                .status();
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 /// Waits (polling every 20 ms, bounded) until `host` answers 200 over HTTPS at `ip:port`
 /// trusting `root` alone; the time it took from `from`.
@@ -97,19 +83,6 @@ fn floor_config(admin: &str, http: u16, https: u16, n: usize, pebble: &Pebble) -
     .to_string()
 }
 
-fn caddy(root: &Path, name: &str, config: &Path) -> Child {
-    Command::new("caddy")
-        .args(["run", "--config"])
-        .arg(config)
-        .env("HOME", root)
-        .env("XDG_DATA_HOME", root.join(format!("{name}-data")))
-        .env("XDG_CONFIG_HOME", root.join(format!("{name}-config")))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("caddy on PATH")
-}
-
 fn median(v: &mut [Duration]) -> Duration {
     v.sort();
     v[v.len() / 2]
@@ -126,7 +99,7 @@ fn main() {
     let base = std::path::PathBuf::from(format!("/tmp/placme-bench-{}", std::process::id()));
     let host = Host::start(&format!("placme-b{}", std::process::id()), &base);
     let (registry, port) = host.registry();
-    let _registry = Procs(vec![registry]);
+    let _registry = KillGroups(vec![registry]);
     let image = host.image(
         port,
         "one",
@@ -169,12 +142,9 @@ fn main() {
         let mut d = Daemon::start(&s, &cfg, api);
         d.wait_ready(Duration::from_secs(20));
         let (_, admin) = support::caddy_admin_address(&root.join("caddy-admin"));
-        std::fs::write(root.join("caddy.json"), format!("{{\"admin\": {{\"listen\": \"{admin}\"}}}}")).expect("caddy");
-        let mut procs = Procs(vec![caddy(&root, "ours", &root.join("caddy.json"))]);
+        let mut procs = KillGroups(vec![support::spawn_caddy(&root.join("ours"), &format!("{{\"admin\": {{\"listen\": \"{admin}\"}}}}"))]);
         let (floor_socket, floor_admin) = support::caddy_admin_address(&root.join("floor-admin"));
-        let floor_cfg = root.join("floor.json");
-        std::fs::write(&floor_cfg, format!("{{\"admin\": {{\"listen\": \"{floor_admin}\"}}}}")).expect("floor");
-        procs.0.push(caddy(&root, "floor", &floor_cfg));
+        procs.0.push(support::spawn_caddy(&root.join("floor"), &format!("{{\"admin\": {{\"listen\": \"{floor_admin}\"}}}}")));
         let ca = std::fs::read_to_string(root.join("tls/ca.crt")).expect("ca");
         let token = d.enrolment_token("n1", &s.operator);
         pushleft_agent::enroll::enroll(&format!("https://localhost:{api}"), &support::ca_pin(&ca), "n1", &root.join("n1"), &token)

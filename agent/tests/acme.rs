@@ -32,9 +32,8 @@ use daemon_support::{CONTROL_CA, Daemon, config, free_port, setup};
 use host_support::Host;
 use repo_support::{Repo, environment};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use support::sql;
+use support::{KillGroups, sql};
 
 const ENV: &str = "api-production";
 const HOSTNAME: &str = "api.example.com";
@@ -55,19 +54,6 @@ fn domain(name: &str, hostname: &str, verification: &str) -> String {
     format!(
         "apiVersion: pushleft.dev/v1alpha1\nkind: Domain\nmetadata: {{name: {name}}}\nspec: {{hostname: {hostname}, environment: {ENV}, verification: {verification}}}\n"
     )
-}
-
-struct Procs(Vec<Child>);
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = Command::new("kill")
-                .args(["-9", "--", &format!("-{}", c.id())])
-                .status();
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }
 
 /// Waits until `q` on the ledger returns `want`, up to `secs`; fails with `context()`.
@@ -97,7 +83,7 @@ fn acme_certificates_are_ordered_once_for_two_nodes_served_renewed_and_failures_
     let base = PathBuf::from(format!("/tmp/placme-{}", std::process::id()));
     let host = Host::start(&format!("placme-{}", std::process::id()), &base);
     let (registry, port) = host.registry();
-    let _registry = Procs(vec![registry]);
+    let _registry = KillGroups(vec![registry]);
     let image = host.image(
         port,
         "one",
@@ -152,18 +138,8 @@ fn acme_certificates_are_ordered_once_for_two_nodes_served_renewed_and_failures_
         d.wait_ready(Duration::from_secs(20));
         dns.set(&records(false));
         let (_, admin) = support::caddy_admin_address(&root.join("caddy-admin"));
-        std::fs::write(root.join("caddy.json"), format!("{{\"admin\": {{\"listen\": \"{admin}\"}}}}")).expect("caddy");
-        let caddy = Command::new("caddy")
-            .args(["run", "--config"])
-            .arg(root.join("caddy.json"))
-            .env("HOME", &root)
-            .env("XDG_DATA_HOME", root.join("caddy-data"))
-            .env("XDG_CONFIG_HOME", root.join("caddy-config"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("caddy (scripts/test installs it)");
-        let mut procs = Procs(vec![caddy]);
+        let caddy = support::spawn_caddy(&root.join("caddy"), &format!("{{\"admin\": {{\"listen\": \"{admin}\"}}}}"));
+        let mut procs = KillGroups(vec![caddy]);
         let ca = std::fs::read_to_string(root.join("tls/ca.crt")).expect("ca");
         // Two nodes on this machine, sharing its dockerd and Caddy (as `pl up`'s do).
         for node in ["n1", "n2"] {

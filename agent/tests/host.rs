@@ -24,9 +24,9 @@ use daemon_support::{CONTROL_CA, Daemon, config, free_port, setup};
 use host_support::Host;
 use repo_support::{Repo, environment};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
-use support::sql;
+use support::{KillGroups, sql};
 
 const ENV: &str = "api-production";
 const HOSTNAME: &str = "api.example.com";
@@ -106,26 +106,13 @@ fn wait_done(url: &str, after: i64, log: &Path) -> i64 {
     }
 }
 
-struct Procs(Vec<Child>);
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = Command::new("kill")
-                .args(["-9", "--", &format!("-{}", c.id())])
-                .status();
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
 #[test]
 fn the_whole_loop_rolls_out_serves_and_survives_a_killed_agent() {
     let before = machine_state();
     let base = PathBuf::from(format!("/tmp/plhost-{}", std::process::id()));
     let host = Host::start(&format!("plhost-loop-{}", std::process::id()), &base);
     let (registry, port) = host.registry();
-    let _registry = Procs(vec![registry]);
+    let _registry = KillGroups(vec![registry]);
     let one = host.image(
         port,
         "one",
@@ -169,20 +156,9 @@ fn the_whole_loop_rolls_out_serves_and_survives_a_killed_agent() {
     host.run(move || {
         let mut d = Daemon::start(&s, &cfg, api);
         d.wait_ready(Duration::from_secs(20));
-        let caddy_config = root.join("caddy.json");
         let (_, admin) = support::caddy_admin_address(&root.join("caddy-admin"));
-        std::fs::write(&caddy_config, format!("{{\"admin\": {{\"listen\": \"{admin}\"}}}}")).expect("caddy");
-        let caddy = Command::new("caddy")
-            .args(["run", "--config"])
-            .arg(&caddy_config)
-            .env("HOME", &root)
-            .env("XDG_DATA_HOME", root.join("caddy-data"))
-            .env("XDG_CONFIG_HOME", root.join("caddy-config"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("caddy (scripts/test installs it)");
-        let mut procs = Procs(vec![caddy]);
+        let caddy = support::spawn_caddy(&root.join("caddy"), &format!("{{\"admin\": {{\"listen\": \"{admin}\"}}}}"));
+        let mut procs = KillGroups(vec![caddy]);
         let ca = std::fs::read_to_string(root.join("tls/ca.crt")).expect("ca");
         let token = d.enrolment_token("n1", &operator);
         pushleft_agent::enroll::enroll(

@@ -462,19 +462,20 @@ fn routes_switch_generations_without_errors_and_keep_other_streams() {
     std::fs::set_permissions(folder, std::fs::Permissions::from_mode(0o700)).expect("chmod");
 }
 
-/// A CA and a certificate it signs for `names`: (CA PEM, leaf chain PEM, key PEM).
-fn certificate(names: &[&str]) -> (String, String, String) {
-    let ca_key = rcgen::KeyPair::generate().expect("ca key");
-    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).expect("ca params");
-    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca_cert = ca.self_signed(&ca_key).expect("ca");
-    let issuer = rcgen::Issuer::new(ca, ca_key);
-    let key = rcgen::KeyPair::generate().expect("key");
-    let leaf = rcgen::CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
-        .expect("params")
-        .signed_by(&key, &issuer)
-        .expect("leaf");
-    (ca_cert.pem(), leaf.pem(), key.serialize_pem())
+/// busybox httpd on a free loopback port serving `index` from `<dir>/www`: (port, process).
+fn httpd(dir: &std::path::Path, index: &str) -> (u16, Child) {
+    let www = dir.join("www");
+    std::fs::create_dir_all(&www).expect("www");
+    std::fs::write(www.join("index.html"), index).expect("index");
+    let port = support::free_port();
+    let child = Command::new("busybox")
+        .args(["httpd", "-f", "-p", &format!("127.0.0.1:{port}"), "-h"])
+        .arg(&www)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("httpd");
+    (port, child)
 }
 
 fn der_of(pem: &str) -> Vec<u8> {
@@ -497,17 +498,7 @@ fn brought_certificates_serve_https_and_redirect_plain_http() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (http, https) = (support::free_port(), support::free_port());
     let (socket, admin, caddy) = caddy(dir.path());
-    let www = dir.path().join("www");
-    std::fs::create_dir_all(&www).expect("www");
-    std::fs::write(www.join("index.html"), "generation one\n").expect("index");
-    let port = support::free_port();
-    let httpd = Command::new("busybox")
-        .args(["httpd", "-f", "-p", &format!("127.0.0.1:{port}"), "-h"])
-        .arg(&www)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("httpd");
+    let (port, httpd) = httpd(dir.path(), "generation one\n");
     let _kill = Kill(vec![caddy, httpd]);
     support::wait_port(port);
     let dial = vec![format!("127.0.0.1:{port}")];
@@ -537,7 +528,7 @@ fn brought_certificates_serve_https_and_redirect_plain_http() {
     let host = "secure.shop.test";
 
     // Served over HTTPS with the brought certificate; plain HTTP redirects; no HSTS.
-    let (ca1, chain1, key1) = certificate(&["*.shop.test"]);
+    let (ca1, chain1, key1) = tls_support::certificate(&["*.shop.test"]);
     let note = ingress
         .publish("shop", host, 1, &dial, Some(&sealed(&chain1, &key1, false)))
         .expect("publish over https");
@@ -575,7 +566,7 @@ fn brought_certificates_serve_https_and_redirect_plain_http() {
     assert_eq!(mode, 0o600);
 
     // Unusable certificates are refused before anything changes.
-    let (_, other_chain, other_key) = certificate(&["other.example"]);
+    let (_, other_chain, other_key) = tls_support::certificate(&["other.example"]);
     let f = ingress
         .publish("shop", host, 2, &dial, Some(&sealed(&other_chain, &other_key, false)))
         .expect_err("another name");
@@ -593,7 +584,7 @@ fn brought_certificates_serve_https_and_redirect_plain_http() {
 
     // A new certificate with HSTS: shown at once; the old files go. (It is a reload of
     // Caddy's configuration: see docs/agent.md, "HTTPS", for what a reload costs.)
-    let (ca2, chain2, key2) = certificate(&[host]);
+    let (ca2, chain2, key2) = tls_support::certificate(&[host]);
     ingress
         .publish("shop", host, 2, &dial, Some(&sealed(&chain2, &key2, true)))
         .expect("renewed");
@@ -652,7 +643,7 @@ fn brought_certificates_serve_https_and_redirect_plain_http() {
     })
     .expect("tls");
     let other_host = "other.shop.test";
-    let (ca3, chain3, key3) = certificate(&["*.shop.test"]);
+    let (ca3, chain3, key3) = tls_support::certificate(&["*.shop.test"]);
     assert_eq!(
         theirs
             .publish("theirs", host, 1, &dial, Some(&sealed(&chain3, &key3, false)))
@@ -689,17 +680,7 @@ fn acme_challenges_are_answered_for_published_and_unpublished_hostnames() {
     let dir = tempfile::tempdir().expect("tempdir");
     let http = support::free_port();
     let (socket, admin, caddy) = caddy(dir.path());
-    let www = dir.path().join("www");
-    std::fs::create_dir_all(&www).expect("www");
-    std::fs::write(www.join("index.html"), "the application\n").expect("index");
-    let port = support::free_port();
-    let httpd = Command::new("busybox")
-        .args(["httpd", "-f", "-p", &format!("127.0.0.1:{port}"), "-h"])
-        .arg(&www)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("httpd");
+    let (port, httpd) = httpd(dir.path(), "the application\n");
     let _kill = Kill(vec![caddy, httpd]);
     support::wait_port(port);
     let ingress = |plane: &str| {

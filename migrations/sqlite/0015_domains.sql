@@ -15,3 +15,6 @@ CREATE TABLE domains (
     verified_at   INTEGER NOT NULL DEFAULT 0,
     updated_at    INTEGER NOT NULL
 );
+
+-- When each certificate was last issued (a publish made after it carries it).
+ALTER TABLE certificates ADD COLUMN issued_at INTEGER NOT NULL DEFAULT 0;

@@ -22,22 +22,6 @@ fn wait_tcp(port: u16, what: &str) {
     }
 }
 
-/// A CA of the test's and a server certificate it signs for 127.0.0.1 and localhost:
-/// (CA PEM, certificate PEM, key PEM).
-fn server_certificate() -> (String, String, String) {
-    let ca_key = rcgen::KeyPair::generate().expect("ca key");
-    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).expect("ca params");
-    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca_cert = ca.self_signed(&ca_key).expect("ca");
-    let issuer = rcgen::Issuer::new(ca, ca_key);
-    let key = rcgen::KeyPair::generate().expect("key");
-    let leaf = rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
-        .expect("params")
-        .signed_by(&key, &issuer)
-        .expect("leaf");
-    (ca_cert.pem(), leaf.pem(), key.serialize_pem())
-}
-
 pub struct Pebble {
     child: Child,
     /// The directory URL.
@@ -52,7 +36,7 @@ impl Pebble {
     /// address `dns_port`'s server gives, issuing certificates valid for `validity_seconds`.
     pub fn start(dir: &Path, http_port: u16, dns_port: u16, validity_seconds: u64) -> Pebble {
         let (listen, management) = (crate::support::free_port(), crate::support::free_port());
-        let (ca, cert, key) = server_certificate();
+        let (ca, cert, key) = crate::tls_support::certificate(&["localhost", "127.0.0.1"]);
         std::fs::create_dir_all(dir).expect("pebble dir");
         let https_root = dir.join("https-root.pem");
         std::fs::write(&https_root, ca).expect("root");

@@ -311,3 +311,19 @@ pub fn wait_port(port: u16) {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
+
+/// Processes started in groups of their own (the agent, Caddy, a registry), killed with their
+/// whole group when dropped.
+pub struct KillGroups(pub Vec<std::process::Child>);
+
+impl Drop for KillGroups {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = std::process::Command::new("kill")
+                .args(["-9", "--", &format!("-{}", c.id())])
+                .status();
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}

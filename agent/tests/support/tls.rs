@@ -62,3 +62,18 @@ pub fn head_plain_result(port: u16, host: &str) -> std::io::Result<String> {
     let _ = s.take(1 << 16).read_to_string(&mut text);
     Ok(text)
 }
+
+/// A CA and a certificate it signs for `names`: (CA PEM, leaf chain PEM, key PEM).
+pub fn certificate(names: &[&str]) -> (String, String, String) {
+    let ca_key = rcgen::KeyPair::generate().expect("ca key");
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).expect("ca params");
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key).expect("ca");
+    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let key = rcgen::KeyPair::generate().expect("key");
+    let leaf = rcgen::CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
+        .expect("params")
+        .signed_by(&key, &issuer)
+        .expect("leaf");
+    (ca_cert.pem(), leaf.pem(), key.serialize_pem())
+}

@@ -1,7 +1,7 @@
 //! `GET /v1/domains` (viewer): each custom domain's state, the DNS record it needs, what the
-//! last check saw or missed, and its certificate. `serving` is `verified` once an agent routed
-//! it (a publish succeeded after the proof) and its certificate is valid (or brought in Git):
-//! observed, not asked.
+//! last check saw or missed, and its certificate. `serving` is `verified` once every node
+//! serving its environment routed it (a publish made after the proof, and after its
+//! certificate was issued, succeeded there): observed, not asked.
 
 use crate::http::server::{authorize, internal};
 use crate::store::{Ledger, now_ms};
@@ -43,11 +43,19 @@ async fn view(ledger: &Ledger) -> Result<serde_json::Value, crate::store::Ledger
         let brought = spec.is_some_and(|s| s.certificate(&d.hostname).is_some());
         let issued = certificates.iter().find(|c| c.hostname == d.hostname);
         let cert_valid = brought || issued.is_some_and(|c| c.chain.is_some() && c.not_after > now);
-        let routed = d.state == "verified"
+        // What the agents did, not what was asked: every node serving the environment
+        // succeeded a publish made after the proof and, when the hostname has a certificate
+        // of the control plane's, after that was issued (so the publish carried it).
+        let since = d.verified_at.max(issued.map_or(0, |c| c.issued_at));
+        let nodes = spec.map_or(0, |s| s.ingress_nodes.len());
+        let routed = nodes > 0
             && ledger
-                .published_since(&d.hostname, &d.environment, d.verified_at)
-                .await?;
-        let state = if routed && cert_valid {
+                .published_on_since(&d.hostname, &d.environment, since)
+                .await?
+                .len()
+                >= nodes
+            && (cert_valid || !ledger.issues_certificates());
+        let state = if d.state == "verified" && routed {
             "serving"
         } else {
             d.state.as_str()

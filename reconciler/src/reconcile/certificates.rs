@@ -402,6 +402,7 @@ mod tests {
             failures: 0,
             retry_at,
             last_error: None,
+            issued_at: 0,
         }
     }
 

@@ -24,6 +24,8 @@ pub struct CertificateRow {
     pub failures: i64,
     pub retry_at: i64,
     pub last_error: Option<String>,
+    /// When it was last issued (Unix ms; 0 before the first issuance).
+    pub issued_at: i64,
 }
 
 /// A rollout whose hostnames may need certificates: its environment, generation and spec.
@@ -66,8 +68,7 @@ pub struct JobOutcome {
     pub detail: Option<String>,
 }
 
-const COLUMNS: &str =
-    "hostname, issuer, chain, key_sealed, not_before, not_after, renew_after, issued, failures, retry_at, last_error";
+const COLUMNS: &str = "hostname, issuer, chain, key_sealed, not_before, not_after, renew_after, issued, failures, retry_at, last_error, issued_at";
 
 impl Ledger {
     /// Every environment's current rollout (in progress or done).
@@ -120,11 +121,12 @@ impl Ledger {
         .fetch_optional(&mut *tx)
         .await?;
         let issued: i64 = sqlx::query_scalar(self.sql(
-            "INSERT INTO certificates (hostname, issuer, chain, key_sealed, not_before, not_after, renew_after, issued, failures, retry_at, last_error, updated_at) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, 1, 0, 0, NULL, ?) \
+            "INSERT INTO certificates (hostname, issuer, chain, key_sealed, not_before, not_after, renew_after, issued, failures, retry_at, last_error, updated_at, issued_at) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, 1, 0, 0, NULL, ?, ?) \
              ON CONFLICT (hostname) DO UPDATE SET issuer = excluded.issuer, chain = excluded.chain, key_sealed = excluded.key_sealed, \
              not_before = excluded.not_before, not_after = excluded.not_after, renew_after = excluded.renew_after, \
-             issued = certificates.issued + 1, failures = 0, retry_at = 0, last_error = NULL, updated_at = excluded.updated_at \
+             issued = certificates.issued + 1, failures = 0, retry_at = 0, last_error = NULL, updated_at = excluded.updated_at, \
+             issued_at = excluded.issued_at \
              RETURNING issued",
         ))
         .bind(c.hostname)
@@ -134,6 +136,7 @@ impl Ledger {
         .bind(c.not_before)
         .bind(c.not_after)
         .bind(c.renew_after)
+        .bind(now_ms)
         .bind(now_ms)
         .fetch_one(&mut *tx)
         .await?;

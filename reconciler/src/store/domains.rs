@@ -183,17 +183,21 @@ impl Ledger {
 }
 
 impl Ledger {
-    /// Whether a publish of `hostname` succeeded at or after `since_ms` (an agent routed it
-    /// since).
-    pub async fn published_since(&self, hostname: &str, environment: &str, since_ms: i64) -> Result<bool, LedgerError> {
+    /// The nodes on which a publish of `hostname` in `environment` made at or after `since_ms`
+    /// succeeded (a publish made after a certificate was issued carries it).
+    pub async fn published_on_since(
+        &self,
+        hostname: &str,
+        environment: &str,
+        since_ms: i64,
+    ) -> Result<Vec<String>, LedgerError> {
         let pattern = format!("ingress:{environment}/{hostname}:g%:publish%");
-        let n: i64 = sqlx::query_scalar(
-            self.sql("SELECT COUNT(*) FROM jobs WHERE key LIKE ? AND state = 'succeeded' AND updated_at >= ?"),
-        )
+        Ok(sqlx::query_scalar(self.sql(
+            "SELECT DISTINCT target_node FROM jobs WHERE key LIKE ? AND state = 'succeeded' AND created_at >= ? ORDER BY target_node",
+        ))
         .bind(pattern)
         .bind(since_ms)
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(n > 0)
+        .fetch_all(&self.pool)
+        .await?)
     }
 }

@@ -285,6 +285,11 @@ impl Ledger {
         self.issues_certificates.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Whether the control plane issues certificates (`[certificates]`).
+    pub fn issues_certificates(&self) -> bool {
+        self.issues_certificates.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     pub fn lost_after_ms(&self) -> i64 {
         self.lost_after_ms.load(std::sync::atomic::Ordering::Relaxed)
     }
