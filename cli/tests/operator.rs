@@ -22,11 +22,23 @@ fn operator_commands_against_a_running_daemon() {
     std::fs::write(dir.path().join("allowed_signers"), &repo.signers).expect("signers");
     repo.write("projects/api.yaml", &project("api", 1));
     repo.write("envs/api-production.yaml", &environment("api-production", "api"));
+    repo.write(
+        "domains/shop.yaml",
+        "apiVersion: pushleft.dev/v1alpha1\nkind: Domain\nmetadata: {name: shop}\nspec: {hostname: shop.example.org, environment: api-production}\n",
+    );
     let good = repo.commit("good", true);
     let s = setup(dir.path());
     let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
     let port = free_port();
-    let cfg = config(&s, "d", &repo.dir, &url, port, "");
+    // Domains are looked up through a loopback port nothing answers on: they stay pending.
+    let cfg = config(
+        &s,
+        "d",
+        &repo.dir,
+        &url,
+        port,
+        &format!("[domains]\nresolver = [\"127.0.0.1:{}\"]\n", free_port()),
+    );
     let mut d = Daemon::start(&s, &cfg, port);
     d.wait_ready(Duration::from_secs(20));
     let server = format!("https://localhost:{port}");
@@ -194,6 +206,43 @@ fn operator_commands_against_a_running_daemon() {
         out.contains(&format!("rewrite-approved         main@{good} admin")),
         "{out}"
     );
+
+    // Custom domains: pending, the record to make, and what the last lookup got (a lookup
+    // that gets no answer takes up to 3 s).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let v = loop {
+        let mut c = pl();
+        c.args(["domains", "--format", "json"]);
+        with(&mut c, &viewer_file);
+        let v: serde_json::Value = serde_json::from_str(&stdout(&run(&mut c))).expect("json");
+        if v["domains"][0]["reason"].is_string() {
+            break v;
+        }
+        assert!(std::time::Instant::now() < deadline, "never looked up: {v}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(v["domains"][0]["state"], "pending", "{v}");
+    assert_eq!(v["domains"][0]["record"]["type"], "TXT", "{v}");
+    assert!(v["domains"][0]["certificate"].is_null(), "{v}");
+    let mut c = pl();
+    c.arg("domains");
+    with(&mut c, &viewer_file);
+    let o = run(&mut c);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("shop.example.org "))
+        .unwrap_or_default();
+    assert!(
+        line.contains("api-production") && line.contains("txt") && line.contains("pending"),
+        "{out}"
+    );
+    assert!(
+        out.contains("needs TXT _pushleft-challenge.shop.example.org = pushleft-verify="),
+        "{out}"
+    );
+    assert!(out.contains("last check: ") && out.contains("no answer"), "{out}");
 
     // The declared nodes: n1 heartbeats (the test support marks it up), n2 is not enrolled.
     let mut c = pl();
