@@ -361,15 +361,12 @@ pub fn spec_of(
         roles: role_specs(state, &env.project, &env.env, &image),
         replicas: derived.replicas.clone(),
         certificates: brought_certificates(state, env, derived.hostname.as_ref(), &derived.domains)?,
-        domains: {
-            let mut d: Vec<_> = state
-                .domains()
-                .filter(|(_, d)| &d.environment == name)
-                .map(|(_, d)| (d.hostname.clone(), d.verification))
-                .collect();
-            d.sort();
-            d
-        },
+        // `derived.domains` is sorted (a set's order); each one's method by its hostname.
+        domains: derived
+            .domains
+            .iter()
+            .filter_map(|h| Some((h.clone(), state.domain_verification(h)?)))
+            .collect(),
     })
 }
 

@@ -21,6 +21,7 @@ pub struct State {
     /// The Secret each Domain with `tls` names, by its hostname (derived once in `assemble`,
     /// so an environment's certificates are found without a scan of every Domain).
     domain_tls: BTreeMap<Hostname, Name>,
+    domain_verification: BTreeMap<Hostname, crate::model::Verification>,
 }
 
 impl State {
@@ -96,6 +97,11 @@ impl State {
     /// The Secret a Domain's `tls` names for `hostname`, if it names one.
     pub fn domain_tls(&self, hostname: &Hostname) -> Option<&Name> {
         self.domain_tls.get(hostname)
+    }
+
+    /// How a Domain's ownership is proven, by its hostname.
+    pub fn domain_verification(&self, hostname: &Hostname) -> Option<crate::model::Verification> {
+        self.domain_verification.get(hostname).copied()
     }
 
     pub fn domains(&self) -> impl Iterator<Item = (&Name, &Domain)> {
@@ -212,8 +218,10 @@ fn assemble_with(mut files: Vec<ParsedFile>, extra: Vec<Diagnostic>, whole: bool
     }
     let mut domains_by_env: BTreeMap<Name, BTreeSet<Hostname>> = BTreeMap::new();
     let mut domain_tls: BTreeMap<Hostname, Name> = BTreeMap::new();
+    let mut domain_verification = BTreeMap::new();
     for loc in objects.values() {
         if let Spec::Domain(d) = &loc.object.spec {
+            domain_verification.insert(d.hostname.clone(), d.verification);
             domains_by_env
                 .entry(d.environment.clone())
                 .or_default()
@@ -228,6 +236,7 @@ fn assemble_with(mut files: Vec<ParsedFile>, extra: Vec<Diagnostic>, whole: bool
         broken,
         domains_by_env,
         domain_tls,
+        domain_verification,
     };
     if whole {
         check_references(&state, &mut diags);
