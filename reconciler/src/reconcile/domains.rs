@@ -152,7 +152,13 @@ pub async fn check_due(ledger: &Ledger, checking: &Checking, now_ms: i64) -> Res
         .iter()
         .map(|(h, e, m, _)| (h.clone(), e.clone(), m.clone()))
         .collect();
-    ledger.sync_domains(&rows, now_ms).await?;
+    ledger
+        .sync_domains(&rows, now_ms, checking.resolver.is_none().then_some(NO_RESOLVER))
+        .await?;
+    // Nothing to ask (no resolver configured): no lookup and no write until that changes.
+    if checking.resolver.is_none() {
+        return Ok((false, i64::MAX));
+    }
     let control_plane = ledger.control_plane().await?;
     let due: Vec<_> = ledger
         .domains()

@@ -60,7 +60,13 @@ impl Ledger {
     /// Makes the rows match `wanted` (hostname, environment, method): new Domains start pending
     /// and due now; a Domain gone from every rollout loses its row; a changed method or
     /// environment starts over. Returns whether anything changed.
-    pub async fn sync_domains(&self, wanted: &[(String, String, String)], now_ms: i64) -> Result<bool, LedgerError> {
+    /// `reason`: what a new row says until it is looked up (none configured, say).
+    pub async fn sync_domains(
+        &self,
+        wanted: &[(String, String, String)],
+        now_ms: i64,
+        reason: Option<&str>,
+    ) -> Result<bool, LedgerError> {
         let have = self.domains().await?;
         let same = have.len() == wanted.len()
             && have
@@ -90,11 +96,12 @@ impl Ledger {
                 continue;
             }
             sqlx::query(self.sql(
-                "INSERT INTO domains (hostname, environment, method, state, updated_at) VALUES (?, ?, ?, 'pending', ?)",
+                "INSERT INTO domains (hostname, environment, method, state, reason, updated_at) VALUES (?, ?, ?, 'pending', ?, ?)",
             ))
             .bind(n)
             .bind(e)
             .bind(m)
+            .bind(reason)
             .bind(now_ms)
             .execute(&mut *tx)
             .await?;
