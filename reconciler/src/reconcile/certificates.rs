@@ -70,14 +70,6 @@ impl Issuing {
             max_orders: max_orders.max(1),
         }
     }
-
-    /// The hostnames whose order runs now.
-    pub fn ordering(&self) -> Vec<String> {
-        self.in_flight
-            .lock()
-            .map(|f| f.iter().cloned().collect())
-            .unwrap_or_default()
-    }
 }
 
 /// A hostname a current rollout serves without a certificate of its own.

@@ -5,13 +5,11 @@
 
 use super::certificates::Rollout;
 use super::{Backend, JobRow, Ledger, LedgerError};
-use serde::Serialize;
 use sqlx::FromRow;
 use state_schema::rollout;
 
 /// A domain's row.
-#[derive(Clone, Debug, FromRow, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, FromRow)]
 pub struct DomainRow {
     pub hostname: String,
     pub environment: String,
