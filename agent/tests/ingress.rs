@@ -749,3 +749,46 @@ fn acme_challenges_are_answered_for_published_and_unpublished_hostnames() {
         assert_eq!(f.code, "acme-challenge-invalid", "{t}");
     }
 }
+
+/// Placements for several hostnames at once (the control plane enqueues one per hostname) all
+/// succeed: the first adds the challenge route and the others find it, none is refused by
+/// Caddy as a duplicate `@id`.
+#[test]
+fn acme_challenges_placed_side_by_side_add_one_route() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let http = support::free_port();
+    let (socket, admin, caddy) = caddy(dir.path());
+    let _kill = Kill(vec![caddy]);
+    let ingress = Ingress::new(
+        &admin,
+        vec![format!("127.0.0.1:{http}")],
+        dir.path().join("upstreams"),
+        "0123abcd_n1",
+    )
+    .expect("ingress");
+    let key = |t: &str| format!("{t}.{}", "Thumbprint_of-the-account-key-0123456789ab");
+    let tokens: Vec<String> = "abcdefghijklmnop"
+        .chars()
+        .map(|c| std::iter::repeat_n(c, 43).collect())
+        .collect();
+    let start = std::sync::Barrier::new(tokens.len());
+    std::thread::scope(|s| {
+        let placed: Vec<_> = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let (ingress, start, key) = (&ingress, &start, &key);
+                s.spawn(move || {
+                    start.wait();
+                    ingress.place_challenge(&format!("h{i}.shop.test"), t, &key(t))
+                })
+            })
+            .collect();
+        for (i, p) in placed.into_iter().enumerate() {
+            let outcome = p.join().expect("thread");
+            assert!(outcome.is_ok(), "placement {i}: {outcome:?}");
+        }
+    });
+    let config = support::caddy_admin(&socket, "GET", "/config/").expect("config").1;
+    assert_eq!(config.matches("pl-acme.0123abcd").count(), 1, "{config}");
+}
