@@ -13,6 +13,7 @@ pub mod enroll;
 pub mod firewall;
 pub mod folder;
 pub mod ingress;
+pub mod ingress_kernel;
 pub mod ingress_tls;
 pub mod lease_loop;
 pub mod logs;

@@ -69,6 +69,11 @@ pub struct Config {
     /// Caddy's user, the owner of `caddy_admin`'s folder, when the agent runs as root).
     #[serde(default = "default_ingress_tls_dir")]
     pub ingress_tls_dir: PathBuf,
+    /// Whether the agent sets the kernel's `net.ipv4.tcp_migrate_req` to 1 in its network
+    /// namespace when it runs the ingress, so Caddy's reloads move waiting connections to the
+    /// new listening socket instead of resetting them (`ingress_kernel.rs`; on by default).
+    #[serde(default = "default_true")]
+    pub ingress_migrate_requests: bool,
     /// Routes also match each hostname with this appended (`pl up` sets `.localhost`).
     #[serde(default)]
     pub ingress_host_suffix: Option<String>,
@@ -76,6 +81,10 @@ pub struct Config {
     /// `username:password` and mode 0600 (`pl up` names its build registry's).
     #[serde(default)]
     pub registry_auth: std::collections::BTreeMap<String, PathBuf>,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_ingress_upstreams() -> PathBuf {
@@ -402,6 +411,9 @@ pub async fn run(config: Config) -> Result<()> {
         .with_context(|| format!("creating {}", config.secrets_dir.display()))?;
     let node = crate::enroll::node_of(&config.dir)?;
     let control_plane = crate::enroll::control_plane_of(&config.dir)?;
+    if config.executors.contains(&Capability::Ingress) && config.ingress_migrate_requests {
+        crate::ingress_kernel::ensure_migrate_requests();
+    }
     let engine = Arc::new(Executors {
         engine: Engine::connect(
             &config.docker_socket,

@@ -141,6 +141,11 @@ fn acme_certificates_are_ordered_once_for_two_nodes_served_renewed_and_failures_
         let caddy = support::spawn_caddy(&root.join("caddy"), &format!("{{\"admin\": {{\"listen\": \"{admin}\"}}}}"));
         let mut procs = KillGroups(vec![caddy]);
         let ca = std::fs::read_to_string(root.join("tls/ca.crt")).expect("ca");
+        // The namespace starts with the kernel's default; an agent running the ingress turns
+        // on `tcp_migrate_req` (a Caddy reload during a validation must not reset the CA's
+        // connection: CI saw an order fail so).
+        let migrate = "/proc/sys/net/ipv4/tcp_migrate_req";
+        std::fs::write(migrate, "0\n").expect("tcp_migrate_req");
         // Two nodes on this machine, sharing its dockerd and Caddy (as `pl up`'s do).
         for node in ["n1", "n2"] {
             let token = d.enrolment_token(node, &s.operator);
@@ -173,6 +178,7 @@ fn acme_certificates_are_ordered_once_for_two_nodes_served_renewed_and_failures_
 
         // The project once both nodes heartbeat, so its two replicas go one to each.
         wait_for(&url, "SELECT CAST(COUNT(*) AS TEXT) FROM nodes WHERE last_seen IS NOT NULL AND capabilities LIKE '%ingress%' AND host IS NOT NULL", &["2"], 60, &context);
+        assert_eq!(std::fs::read_to_string(migrate).expect("tcp_migrate_req").trim(), "1");
         repo.write("projects/api.yaml", &project(&image));
         repo.write("envs/api-production.yaml", &environment(ENV, "api"));
         repo.write("domains/broken.yaml", &domain("broken", BROKEN, "txt"));
