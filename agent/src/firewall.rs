@@ -5,7 +5,8 @@
 //!
 //! What the table says, for the environment's subnet S (its Docker network on this node):
 //! - inside S: allowed (a bridge forwards it; nothing here sees it);
-//! - from S to the host: denied (replies to what the host opened excepted);
+//! - from S to the host: denied (replies to what the host opened excepted, and UDP port 53 of
+//!   S's gateway, where the agent answers the environment's service names);
 //! - from S to another environment, to link-local (169.254.0.0/16, the metadata address) and
 //!   to private ranges (10/8, 172.16/12, 192.168/16, 100.64/10, 127/8): denied;
 //! - from S anywhere else (public egress): allowed;
@@ -133,6 +134,25 @@ pub fn rules(subnet: &str) -> Result<Vec<(&'static str, Vec<Statement<'static>>)
         "input",
         vec![is(ip("saddr"), s()), established(), Statement::Accept(None)],
     ));
+    // Service names: the environment's containers ask the agent's name server on their own
+    // gateway (`names.rs`), over UDP; nothing else of the host.
+    if let Some(gateway) = crate::names::gateway(subnet) {
+        out.push((
+            "input",
+            vec![
+                is(ip("saddr"), s()),
+                is(ip("daddr"), Expression::String(Cow::Owned(gateway.to_string()))),
+                is(
+                    Expression::Named(NamedExpression::Payload(Payload::PayloadField(PayloadField {
+                        protocol: Cow::Borrowed("udp"),
+                        field: Cow::Borrowed("dport"),
+                    }))),
+                    Expression::Number(u32::from(crate::names_server::PORT)),
+                ),
+                Statement::Accept(None),
+            ],
+        ));
+    }
     out.push(("input", vec![is(ip("saddr"), s()), Statement::Drop(None)]));
     Ok(out)
 }
@@ -393,7 +413,13 @@ mod tests {
         let metadata = json.find("169.254.0.0").expect("metadata");
         let egress = json.rfind("\"accept\"").expect("accept");
         assert!(metadata < egress);
-        assert_eq!(r.iter().filter(|(c, _)| *c == "input").count(), 2);
+        assert_eq!(r.iter().filter(|(c, _)| *c == "input").count(), 3);
+        // The host is reached only at the gateway, on the service names' UDP port.
+        let input = serde_json::to_string(&r.iter().filter(|(c, _)| *c == "input").collect::<Vec<_>>()).expect("json");
+        assert!(
+            input.contains("\"10.208.3.1\"") && input.contains("\"dport\"") && input.contains("53"),
+            "{input}"
+        );
         assert_eq!(rules("10.208.3.0").expect_err("no length").code, "subnet-invalid");
         assert_eq!(rules("fe80::/64").expect_err("v6").code, "subnet-invalid");
     }

@@ -17,6 +17,8 @@ pub mod ingress_kernel;
 pub mod ingress_tls;
 pub mod lease_loop;
 pub mod logs;
+pub mod names;
+pub mod names_server;
 pub mod outcome;
 pub mod registry_auth;
 pub mod routes;

@@ -203,6 +203,8 @@ pub struct Executors {
     /// Where the routes each environment should have are remembered (for drift repair).
     pub routes_dir: PathBuf,
     pub ingress: Arc<crate::ingress::Ingress>,
+    /// Each environment's service names, served on its network's gateway (`names.rs`).
+    pub names: crate::names_server::NameService,
     /// Woken when a task changed what runs: the heartbeat reports it now, not at its next
     /// interval (what `pl up`, `pl wait` and drift repair read comes from heartbeats).
     pub changed: tokio::sync::Notify,
@@ -222,6 +224,7 @@ impl Executors {
                 Ok(r) => out.extend(r),
                 Err(f) => tracing::warn!(code = f.code, "cannot check containers for drift"),
             }
+            self.names.refresh(&self.engine).await;
             // Disk: images this agent pulled that nothing uses any more.
             match self.engine.collect_images().await {
                 Ok(removed) if !removed.is_empty() => tracing::info!(images = removed.len(), "removed unused images"),
@@ -290,7 +293,11 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> 
         ));
     }
     match (&job.task, &job.execution) {
-        (Task::EnsureNetwork { .. }, Execution::Network(net)) => engine.ensure_network(net).await,
+        (Task::EnsureNetwork { .. }, Execution::Network(net)) => {
+            let note = engine.ensure_network(net).await?;
+            x.names.refresh(engine).await;
+            Ok(note)
+        }
         (Task::ApplyFirewall { generation, .. }, Execution::Network(net)) => {
             let (env, subnet, generation) = (net.environment.clone(), net.subnet.clone(), *generation);
             off_thread(&x.firewall, move |fw| fw.apply(&env, &subnet, generation)).await
@@ -324,9 +331,16 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> 
             }
             let network = agent_proto::host_object(&engine.control_plane, environment, &engine.node);
             notes.push(engine.remove_network(&network).await?);
+            x.names.refresh(engine).await;
             Ok(notes.join("; "))
         }
-        (Task::EnsureApplication { .. }, Execution::Application(app)) => engine.ensure_application(app).await,
+        (Task::EnsureApplication { .. }, Execution::Application(app)) => {
+            let note = engine.ensure_application(app).await?;
+            // Healthy: its role's name may stand for it now.
+            x.names.judge(&app.container);
+            x.names.refresh(engine).await;
+            Ok(note)
+        }
         (Task::RunOnce { .. } | Task::RunCron { .. }, Execution::Application(app)) => {
             engine.run_once(app, RUN_TIMEOUT).await
         }
@@ -338,7 +352,11 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> 
                 generation,
             },
             _,
-        ) => engine.stop_older(environment, role, *instance, *generation).await,
+        ) => {
+            let note = engine.stop_older(environment, role, *instance, *generation).await?;
+            x.names.refresh(engine).await;
+            Ok(note)
+        }
         (
             Task::TeardownApplication {
                 environment,
@@ -347,7 +365,11 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> 
                 generation,
             },
             _,
-        ) => engine.teardown(environment, role, *instance, *generation).await,
+        ) => {
+            let note = engine.teardown(environment, role, *instance, *generation).await?;
+            x.names.refresh(engine).await;
+            Ok(note)
+        }
         (Task::PublishIngress { .. }, Execution::Ingress(spec)) if spec.held => {
             // A custom domain not proven yet: nothing of it is routed on this node.
             let (env, host, generation) = (spec.environment.clone(), spec.hostname.clone(), spec.generation);
@@ -458,8 +480,13 @@ pub async fn run(config: Config) -> Result<()> {
                     .map_err(anyhow::Error::msg)?
             }
         }),
+        names: crate::names_server::NameService::from_host(),
         changed: tokio::sync::Notify::new(),
     });
+    if engine.on(Capability::Docker) {
+        // What already runs keeps its names from the start (it was judged before a restart).
+        engine.names.refresh(&engine.engine).await;
+    }
     // `pl logs`: this node's requests, served as they come.
     tokio::spawn(crate::logs::serve(
         Arc::clone(&client),

@@ -84,8 +84,35 @@ fn lab(www: &Path) -> Lab {
                 .expect("httpd")
         })
         .collect();
+    // UDP echo on the node, at every address, on port 53 (where service names are asked) and
+    // another port: bounded to the test's life by the lab's kill.
+    let mut servers: Vec<_> = servers;
+    for port in ["53", "5353"] {
+        servers.push(
+            Command::new("ip")
+                .args(["netns", "exec", "plfw-node", "python3", "-c"])
+                .arg(format!(
+                    "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\ns.bind(('0.0.0.0', {port}))\nfor _ in range(1000):\n    d, a = s.recvfrom(512)\n    s.sendto(d, a)\n"
+                ))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("udp echo"),
+        );
+    }
     std::thread::sleep(std::time::Duration::from_millis(300));
     Lab { servers }
+}
+
+/// One UDP datagram from namespace `from` to `to`:`port` (2 s at most): whether it came back.
+fn echoes(from: &str, to: &str, port: u16) -> bool {
+    Command::new("ip")
+        .args(["netns", "exec", from, "python3", "-c"])
+        .arg(format!(
+            "import socket, sys\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\ns.settimeout(2)\ns.sendto(b'ping', ('{to}', {port}))\ntry:\n    sys.exit(0 if s.recvfrom(64)[0] == b'ping' else 1)\nexcept OSError:\n    sys.exit(1)\n"
+        ))
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 /// One bounded HTTP request from namespace `from` (busybox nc, 2 s at most): whether it was
@@ -136,6 +163,9 @@ fn an_environments_table_allows_and_denies_what_it_says() {
             ("metadata", reaches("plfw-a", "169.254.169.254")),
             ("a private range", reaches("plfw-a", "10.99.0.10")),
             ("ingress from outside", reaches("plfw-out", "10.208.1.2")),
+            ("names on its gateway", echoes("plfw-a", "10.208.1.1", 53)),
+            ("another port of its gateway", echoes("plfw-a", "10.208.1.1", 5353)),
+            ("names on another gateway", echoes("plfw-a", "10.208.2.1", 53)),
         ]
     };
     // Without the table everything passes: the denials below are the table's doing.
@@ -154,6 +184,9 @@ fn an_environments_table_allows_and_denies_what_it_says() {
             ("metadata", false),
             ("a private range", false),
             ("ingress from outside", false),
+            ("names on its gateway", true),
+            ("another port of its gateway", false),
+            ("names on another gateway", false),
         ]
     );
     // Idempotent; an older generation is refused and changes nothing.

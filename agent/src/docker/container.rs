@@ -38,6 +38,11 @@ impl Engine {
             memory_swap: Some(i64::try_from(app.memory_bytes).unwrap_or(i64::MAX)),
             pids_limit: Some(i64::from(app.pids)),
             network_mode: Some(app.network.network.clone()),
+            // Service names: Docker's resolver in the container forwards what it does not know
+            // to the agent's name server on the network's gateway (`names.rs`); a short name
+            // is also tried as `<name>.<environment>.internal`.
+            dns: crate::names::gateway(&app.network.subnet).map(|g| vec![g.to_string()]),
+            dns_search: Some(vec![format!("{}.{}", app.environment, crate::names::DOMAIN)]),
             init: Some(true),
             binds: secrets.map(|d| vec![format!("{}:/run/secrets:ro", d.display())]),
             // Output is bounded on disk whatever the engine's default driver: a container that

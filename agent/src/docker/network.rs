@@ -48,6 +48,9 @@ impl Engine {
                         driver: Some("default".into()),
                         config: Some(vec![IpamConfig {
                             subnet: Some(net.subnet.clone()),
+                            // Docker's default, said outright: the agent's name server for
+                            // the environment listens there (`names.rs`).
+                            gateway: crate::names::gateway(&net.subnet).map(|g| g.to_string()),
                             ..IpamConfig::default()
                         }]),
                         options: None,

@@ -1,0 +1,308 @@
+//! The service-name servers (`names.rs` says what they answer): one UDP server per environment
+//! network of ours on this node, on the network's gateway, port 53. The table is rebuilt from
+//! the engine after every task that changes containers and at every drift round; the servers
+//! follow the networks (one starts with a network, stops when it goes).
+//!
+//! Names outside `.internal` reach the server too (Docker's resolver forwards everything it
+//! does not know); they are passed to the host's resolver (the first `nameserver` of
+//! `/etc/resolv.conf`, read at start) and its reply relayed back, at most [`MAX_FORWARDS`] at
+//! once per environment and each for [`FORWARD_TIMEOUT`] at most. Over UDP only: Docker's
+//! resolver asks over TCP only when a client did, so a reply too large for UDP is not served
+//! (open work).
+
+use crate::docker::{CONTROL_PLANE, ENVIRONMENT, Engine, GENERATION, INSTANCE, NODE, OWNED, ROLE};
+use crate::names::{self, EnvNames, MAX_QUERY, Replica, Reply};
+use bollard::query_parameters::{ListContainersOptionsBuilder, ListNetworksOptionsBuilder};
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+use tokio::net::UdpSocket;
+use tokio::sync::Semaphore;
+
+/// Forwarded queries in flight per environment; more are dropped (the client asks again).
+pub const MAX_FORWARDS: usize = 64;
+/// How long a forwarded query waits for the host's resolver.
+pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(2);
+/// The port name servers listen on.
+pub const PORT: u16 = 53;
+
+type Table = Arc<RwLock<HashMap<String, EnvNames>>>;
+
+/// The servers and what they answer.
+pub struct NameService {
+    table: Table,
+    /// Containers this agent judged healthy (their `ensure` succeeded, or they ran when it
+    /// started).
+    judged: Mutex<HashSet<String>>,
+    /// Whether the first refresh happened (it judges what already runs).
+    adopted: std::sync::atomic::AtomicBool,
+    /// Each environment's server: its gateway and task.
+    servers: Mutex<HashMap<String, (Ipv4Addr, tokio::task::JoinHandle<()>)>>,
+    /// Where names outside `.internal` go.
+    upstream: Option<SocketAddr>,
+}
+
+/// The first `nameserver` of a `resolv.conf` text.
+pub fn upstream_of(resolv_conf: &str) -> Option<SocketAddr> {
+    resolv_conf
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("nameserver"))
+        .filter_map(|a| a.trim().parse::<IpAddr>().ok())
+        .map(|ip| SocketAddr::new(ip, PORT))
+        .next()
+}
+
+impl NameService {
+    /// A service forwarding to `upstream` (`None`: names outside `.internal` are refused).
+    pub fn new(upstream: Option<SocketAddr>) -> Self {
+        NameService {
+            table: Arc::default(),
+            judged: Mutex::default(),
+            adopted: std::sync::atomic::AtomicBool::new(false),
+            servers: Mutex::default(),
+            upstream,
+        }
+    }
+
+    /// The host's resolver from `/etc/resolv.conf`.
+    pub fn from_host() -> Self {
+        Self::new(upstream_of(
+            &std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default(),
+        ))
+    }
+
+    /// `container` passed its checks: its role's name may stand for it.
+    pub fn judge(&self, container: &str) {
+        if let Ok(mut j) = self.judged.lock() {
+            j.insert(container.to_owned());
+        }
+    }
+
+    /// What `environment`'s server answers now (for tests and `pl`-side diagnostics).
+    pub fn names_of(&self, environment: &str) -> Option<EnvNames> {
+        self.table.read().ok()?.get(environment).cloned()
+    }
+
+    /// Rebuilds the table from the engine and starts or stops servers with the networks.
+    pub async fn refresh(&self, engine: &Engine) {
+        let (networks, running) = match sources(engine).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the engine for service names");
+                return;
+            }
+        };
+        let judged = {
+            let Ok(mut j) = self.judged.lock() else { return };
+            if !self.adopted.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                j.extend(running.iter().map(|r| r.container.clone()));
+            }
+            // Forget containers that are gone (the set stays as small as what runs).
+            let alive: HashSet<&str> = running.iter().map(|r| r.container.as_str()).collect();
+            j.retain(|c| alive.contains(c.as_str()));
+            j.clone()
+        };
+        let table = names::table(&running, &judged);
+        if let Ok(mut t) = self.table.write() {
+            *t = table;
+        }
+        self.follow(&networks);
+    }
+
+    /// Starts a server for each network without one, stops those whose network went.
+    fn follow(&self, networks: &HashMap<String, Ipv4Addr>) {
+        let Ok(mut servers) = self.servers.lock() else { return };
+        servers.retain(|env, (gateway, task)| {
+            let keep = networks.get(env) == Some(gateway) && !task.is_finished();
+            if !keep {
+                task.abort();
+            }
+            keep
+        });
+        for (env, gateway) in networks {
+            if servers.contains_key(env) {
+                continue;
+            }
+            let std_socket = match std::net::UdpSocket::bind((*gateway, PORT)) {
+                Ok(s) => s,
+                Err(e) => {
+                    // The bridge may not have its address yet (a network made a moment ago):
+                    // the next refresh tries again.
+                    tracing::debug!(environment = %env, %gateway, error = %e, "name server not bound yet");
+                    continue;
+                }
+            };
+            let socket = match std_socket
+                .set_nonblocking(true)
+                .map(|()| UdpSocket::from_std(std_socket))
+            {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) | Err(e) => {
+                    tracing::warn!(environment = %env, error = %e, "cannot serve names");
+                    continue;
+                }
+            };
+            tracing::info!(environment = %env, %gateway, "serving service names");
+            let task = tokio::spawn(serve(
+                Arc::new(socket),
+                env.clone(),
+                Arc::clone(&self.table),
+                self.upstream,
+            ));
+            servers.insert(env.clone(), (*gateway, task));
+        }
+    }
+}
+
+impl Drop for NameService {
+    fn drop(&mut self) {
+        if let Ok(servers) = self.servers.lock() {
+            for (_, task) in servers.values() {
+                task.abort();
+            }
+        }
+    }
+}
+
+/// One environment's server loop.
+async fn serve(socket: Arc<UdpSocket>, environment: String, table: Table, upstream: Option<SocketAddr>) {
+    let forwards = Arc::new(Semaphore::new(MAX_FORWARDS));
+    let mut buf = vec![0u8; MAX_QUERY + 1];
+    loop {
+        let Ok((n, from)) = socket.recv_from(&mut buf).await else {
+            continue;
+        };
+        let packet = &buf[..n];
+        let reply = {
+            let names = table.read().ok().and_then(|t| t.get(&environment).cloned());
+            names::reply(packet, &environment, names.as_ref())
+        };
+        match reply {
+            Reply::Answer(bytes) => {
+                let _ = socket.send_to(&bytes, from).await;
+            }
+            Reply::Forward => {
+                let (Some(to), Ok(permit)) = (upstream, Arc::clone(&forwards).try_acquire_owned()) else {
+                    continue;
+                };
+                let (socket, query) = (Arc::clone(&socket), packet.to_vec());
+                tokio::spawn(async move {
+                    let _permit = permit;
+                    if let Some(answer) = forward(&query, to).await {
+                        let _ = socket.send_to(&answer, from).await;
+                    }
+                });
+            }
+            Reply::Drop => {}
+        }
+    }
+}
+
+/// The host resolver's reply to `query` (`None`: none in time).
+async fn forward(query: &[u8], to: SocketAddr) -> Option<Vec<u8>> {
+    let local: SocketAddr = if to.is_ipv4() {
+        (Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let socket = UdpSocket::bind(local).await.ok()?;
+    socket.connect(to).await.ok()?;
+    socket.send(query).await.ok()?;
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(FORWARD_TIMEOUT, socket.recv(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    buf.truncate(n);
+    // The reply must answer this query (same id), or it is not relayed.
+    (buf.len() >= 2 && query.len() >= 2 && buf[..2] == query[..2]).then_some(buf)
+}
+
+/// The networks of ours (environment → gateway) and our running replicas with their addresses.
+async fn sources(engine: &Engine) -> Result<(HashMap<String, Ipv4Addr>, Vec<Replica>), bollard::errors::Error> {
+    let labels = vec![
+        format!("{OWNED}=true"),
+        format!("{CONTROL_PLANE}={}", engine.control_plane),
+        format!("{NODE}={}", engine.node),
+    ];
+    let filters = HashMap::from([("label".to_owned(), labels)]);
+    let mut networks = HashMap::new();
+    let mut network_of = HashMap::new();
+    for n in engine
+        .docker
+        .list_networks(Some(ListNetworksOptionsBuilder::default().filters(&filters).build()))
+        .await?
+    {
+        let (Some(name), Some(env)) = (n.name, n.labels.as_ref().and_then(|l| l.get(ENVIRONMENT)).cloned()) else {
+            continue;
+        };
+        let subnet = n
+            .ipam
+            .and_then(|i| i.config)
+            .and_then(|c| c.into_iter().next())
+            .and_then(|c| c.subnet);
+        if let Some(gateway) = subnet.as_deref().and_then(names::gateway) {
+            networks.insert(env.clone(), gateway);
+            network_of.insert(env, name);
+        }
+    }
+    let mut running = Vec::new();
+    let mut filters = filters;
+    filters.insert("status".to_owned(), vec!["running".to_owned()]);
+    for c in engine
+        .docker
+        .list_containers(Some(ListContainersOptionsBuilder::default().filters(&filters).build()))
+        .await?
+    {
+        let labels = c.labels.unwrap_or_default();
+        let (Some(env), Some(role), Some(g), Some(_instance)) = (
+            labels.get(ENVIRONMENT),
+            labels.get(ROLE),
+            labels.get(GENERATION).and_then(|g| g.parse::<u64>().ok()),
+            labels.get(INSTANCE),
+        ) else {
+            continue; // runs (jobs, releases, cron) have no instance and no name
+        };
+        let container = c
+            .names
+            .and_then(|n| n.into_iter().next())
+            .unwrap_or_default()
+            .trim_start_matches('/')
+            .to_owned();
+        let address = network_of.get(env).and_then(|net| {
+            c.network_settings
+                .as_ref()?
+                .networks
+                .as_ref()?
+                .get(net)?
+                .ip_address
+                .as_deref()?
+                .parse::<Ipv4Addr>()
+                .ok()
+        });
+        if let Some(address) = address {
+            running.push(Replica {
+                environment: env.clone(),
+                role: role.clone(),
+                generation: g,
+                container,
+                address,
+            });
+        }
+    }
+    Ok((networks, running))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_upstream_is_the_first_nameserver() {
+        let text = "# comment\nsearch example.test\nnameserver 127.0.0.53\nnameserver 10.0.0.2\n";
+        assert_eq!(upstream_of(text), Some("127.0.0.53:53".parse().expect("addr")));
+        assert_eq!(upstream_of("nameserver ::1\n"), Some("[::1]:53".parse().expect("addr")));
+        assert_eq!(upstream_of("nameserver nonsense\n"), None);
+    }
+}
