@@ -162,6 +162,19 @@ pub fn gateway(subnet: &str) -> Option<Ipv4Addr> {
     Some(Ipv4Addr::from((base & mask) + 1))
 }
 
+/// Whether `address` is inside `subnet` (`a.b.c.0/24`): a server answers only its own
+/// environment's containers, whatever reaches its address.
+pub fn within(subnet: &str, address: Ipv4Addr) -> bool {
+    let Some((base, len)) = subnet
+        .split_once('/')
+        .and_then(|(a, l)| Some((a.parse::<Ipv4Addr>().ok()?, l.parse::<u32>().ok().filter(|l| *l <= 32)?)))
+    else {
+        return false;
+    };
+    let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+    u32::from(base) & mask == u32::from(address) & mask
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -269,5 +282,8 @@ mod tests {
         assert_eq!(gateway("10.208.3.77/24"), Some(Ipv4Addr::new(10, 208, 3, 1)));
         assert_eq!(gateway("10.208.3.0/31"), None);
         assert_eq!(gateway("nonsense"), None);
+        assert!(within("10.208.3.0/24", Ipv4Addr::new(10, 208, 3, 9)));
+        assert!(!within("10.208.3.0/24", Ipv4Addr::new(10, 208, 4, 9)));
+        assert!(!within("garbage", Ipv4Addr::new(10, 208, 3, 9)));
     }
 }

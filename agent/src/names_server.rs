@@ -37,8 +37,8 @@ pub struct NameService {
     judged: Mutex<HashSet<String>>,
     /// Whether the first refresh happened (it judges what already runs).
     adopted: std::sync::atomic::AtomicBool,
-    /// Each environment's server: its gateway and task.
-    servers: Mutex<HashMap<String, (Ipv4Addr, tokio::task::JoinHandle<()>)>>,
+    /// Each environment's server: its subnet and task.
+    servers: Mutex<HashMap<String, (String, tokio::task::JoinHandle<()>)>>,
     /// Where names outside `.internal` go.
     upstream: Option<SocketAddr>,
 }
@@ -111,20 +111,23 @@ impl NameService {
     }
 
     /// Starts a server for each network without one, stops those whose network went.
-    fn follow(&self, networks: &HashMap<String, Ipv4Addr>) {
+    fn follow(&self, networks: &HashMap<String, String>) {
         let Ok(mut servers) = self.servers.lock() else { return };
-        servers.retain(|env, (gateway, task)| {
-            let keep = networks.get(env) == Some(gateway) && !task.is_finished();
+        servers.retain(|env, (subnet, task)| {
+            let keep = networks.get(env) == Some(subnet) && !task.is_finished();
             if !keep {
                 task.abort();
             }
             keep
         });
-        for (env, gateway) in networks {
+        for (env, subnet) in networks {
             if servers.contains_key(env) {
                 continue;
             }
-            let std_socket = match std::net::UdpSocket::bind((*gateway, PORT)) {
+            let Some(gateway) = names::gateway(subnet) else {
+                continue;
+            };
+            let std_socket = match std::net::UdpSocket::bind((gateway, PORT)) {
                 Ok(s) => s,
                 Err(e) => {
                     // The bridge may not have its address yet (a network made a moment ago):
@@ -147,10 +150,11 @@ impl NameService {
             let task = tokio::spawn(serve(
                 Arc::new(socket),
                 env.clone(),
+                subnet.clone(),
                 Arc::clone(&self.table),
                 self.upstream,
             ));
-            servers.insert(env.clone(), (*gateway, task));
+            servers.insert(env.clone(), (subnet.clone(), task));
         }
     }
 }
@@ -166,13 +170,25 @@ impl Drop for NameService {
 }
 
 /// One environment's server loop.
-async fn serve(socket: Arc<UdpSocket>, environment: String, table: Table, upstream: Option<SocketAddr>) {
+async fn serve(
+    socket: Arc<UdpSocket>,
+    environment: String,
+    subnet: String,
+    table: Table,
+    upstream: Option<SocketAddr>,
+) {
     let forwards = Arc::new(Semaphore::new(MAX_FORWARDS));
     let mut buf = vec![0u8; MAX_QUERY + 1];
     loop {
         let Ok((n, from)) = socket.recv_from(&mut buf).await else {
             continue;
         };
+        // Only the environment's own containers are answered (another environment reaching
+        // this address, through a host without our firewall, learns nothing).
+        let SocketAddr::V4(v4) = from else { continue };
+        if !names::within(&subnet, *v4.ip()) {
+            continue;
+        }
         let packet = &buf[..n];
         let reply = {
             let names = table.read().ok().and_then(|t| t.get(&environment).cloned());
@@ -219,8 +235,8 @@ async fn forward(query: &[u8], to: SocketAddr) -> Option<Vec<u8>> {
     (buf.len() >= 2 && query.len() >= 2 && buf[..2] == query[..2]).then_some(buf)
 }
 
-/// The networks of ours (environment → gateway) and our running replicas with their addresses.
-async fn sources(engine: &Engine) -> Result<(HashMap<String, Ipv4Addr>, Vec<Replica>), bollard::errors::Error> {
+/// The networks of ours (environment → subnet) and our running replicas with their addresses.
+async fn sources(engine: &Engine) -> Result<(HashMap<String, String>, Vec<Replica>), bollard::errors::Error> {
     let labels = vec![
         format!("{OWNED}=true"),
         format!("{CONTROL_PLANE}={}", engine.control_plane),
@@ -242,8 +258,8 @@ async fn sources(engine: &Engine) -> Result<(HashMap<String, Ipv4Addr>, Vec<Repl
             .and_then(|i| i.config)
             .and_then(|c| c.into_iter().next())
             .and_then(|c| c.subnet);
-        if let Some(gateway) = subnet.as_deref().and_then(names::gateway) {
-            networks.insert(env.clone(), gateway);
+        if let Some(subnet) = subnet {
+            networks.insert(env.clone(), subnet);
             network_of.insert(env, name);
         }
     }
