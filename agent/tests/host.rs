@@ -8,7 +8,9 @@
 //! process group) right after it started the new container: restarted, the agent adopts that
 //! very container (same id and start time), the new release answers with the renewed
 //! certificate, and the old generation is stopped. The machine's own nftables ruleset, rules
-//! and routes are the same before and after.
+//! and routes are the same before and after. Between the roles, service names: the web replica
+//! resolves `cache` (and `cache.<environment>.internal`) to the worker's replica of the live
+//! generation through the environment's firewall, and reaches it at that address.
 
 #[path = "../../reconciler/tests/support/daemon.rs"]
 mod daemon_support;
@@ -47,8 +49,34 @@ fn machine_state() -> String {
 fn project(image: &str) -> String {
     // The server starts after a second, so a kill lands while the agent waits for health.
     format!(
-        "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: {image}\n  roles:\n    web:\n      kind: web\n      port: 8080\n      health: {{path: /healthz}}\n      replicas: 1\n      command: [/bin/busybox, sh, -c, 'sleep 1; exec /bin/busybox httpd -f -p 8080 -h /www']\n"
+        "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: {image}\n  roles:\n    web:\n      kind: web\n      port: 8080\n      health: {{path: /healthz}}\n      replicas: 1\n      command: [/bin/busybox, sh, -c, 'sleep 1; exec /bin/busybox httpd -f -p 8080 -h /www']\n    cache:\n      kind: worker\n      replicas: 1\n      command: [/bin/busybox, httpd, -f, -p, '6379', -h, /www]\n"
     )
+}
+
+/// The IPv4 addresses `name` resolves to inside `container` (through Docker's resolver, to the
+/// agent's name server on the environment's gateway, through the environment's firewall).
+fn resolve(socket: &Path, container: &str, name: &str) -> Vec<String> {
+    let out = host_support::docker_at(
+        socket,
+        &[
+            "exec",
+            container,
+            "/bin/busybox",
+            "timeout",
+            "5",
+            "/bin/busybox",
+            "nslookup",
+            "-type=a",
+            name,
+        ],
+    );
+    out.split_once("Name:")
+        .map(|(_, a)| a)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Address:"))
+        .map(|a| a.trim().to_owned())
+        .collect()
 }
 
 /// The name `pl up`-style routes and the local CA's certificates carry.
@@ -219,6 +247,21 @@ fn the_whole_loop_rolls_out_serves_and_survives_a_killed_agent() {
         assert!(table.status.success(), "the environment's table is in the host's namespace");
         let rules = String::from_utf8_lossy(&Command::new("ip").arg("rule").output().expect("ip").stdout).into_owned();
         assert!(rules.contains("from 10.208."), "the environment's rule: {rules}");
+        // Service names: the web replica finds the cache by its role's name, through the
+        // firewall, and reaches its port at that address.
+        let cache = |g: i64| agent_proto::container_name(&cp, ENV, "cache", Some(0), g as u64);
+        let cache_at = |g: i64| {
+            host_support::docker_at(&socket, &["inspect", "--format", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", &cache(g)])
+        };
+        assert_eq!(resolve(&socket, &container(g1), "cache"), [cache_at(g1)]);
+        assert_eq!(resolve(&socket, &container(g1), &format!("cache.{ENV}.internal")), [cache_at(g1)]);
+        // (By the address the name gave, over busybox nc: the static busybox's wget crashes
+        // without glibc's name service modules.)
+        let fetched = host_support::docker_at(
+            &socket,
+            &["exec", &container(g1), "/bin/busybox", "sh", "-c", &format!("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | /bin/busybox nc -w 5 {} 6379", cache_at(g1))],
+        );
+        assert!(fetched.starts_with("HTTP/1.") && fetched.ends_with("release one"), "{fetched}");
 
         // Release two, with the certificate due for renewal; the agent dies right after it
         // started the new container.
@@ -229,7 +272,7 @@ fn the_whole_loop_rolls_out_serves_and_survives_a_killed_agent() {
         let started = loop {
             let state = host_support::docker_at(
                 &socket,
-                &["ps", "--filter", &format!("label=dev.pushleft.generation={}", g1 + 1), "--format", "{{.Names}}"],
+                &["ps", "--filter", &format!("label=dev.pushleft.generation={}", g1 + 1), "--filter", "label=dev.pushleft.role=web", "--format", "{{.Names}}"],
             );
             if !state.is_empty() {
                 break host_support::docker_at(&socket, &["inspect", "--format", "{{.Id}} {{.State.StartedAt}}", &state]);
@@ -253,6 +296,8 @@ fn the_whole_loop_rolls_out_serves_and_survives_a_killed_agent() {
         );
         let (answer, second_leaf) = get(https, &local_ca).expect("https");
         assert_eq!(answer, (200, "release two".into()));
+        // The name moved to the new generation (the restarted agent judged it), and only there.
+        assert_eq!(resolve(&socket, &container(g2), "cache"), [cache_at(g2)]);
         assert_ne!(second_leaf, first_leaf, "the renewed certificate is the one shown");
         assert_eq!(
             sql(&url, "SELECT CAST(issued AS TEXT) FROM certificates"),
