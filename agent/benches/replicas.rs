@@ -121,20 +121,47 @@ fn main() {
         network: format!("pl_{ENV}"),
         subnet: "10.208.240.0/24".into(),
     };
-    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    let (mut ours, mut theirs, mut refresh_medians) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..rounds {
         // Pushleft: the network, then one step's 20 ensure-application jobs, as the agent
-        // runs them (`pushleft_agent::lease_loop::run_step`).
+        // runs them (`pushleft_agent::lease_loop::run_step`), each followed by the service
+        // names' refresh.
         let started = Instant::now();
         rt.block_on(async {
             engine.ensure_network(&net).await.expect("network");
             let specs: Vec<ApplicationSpec> = (0..REPLICAS).map(|i| app(&image, i, 1, &net)).collect();
-            let results = pushleft_agent::lease_loop::run_step(specs.iter(), |s| engine.ensure_application(s)).await;
+            // Each task as `run::execute` does it: the ensure, then the service names rebuilt.
+            let names = pushleft_agent::names_server::NameService::new(None);
+            let results = pushleft_agent::lease_loop::run_step(specs.iter(), |s| {
+                let names = &names;
+                let engine = &engine;
+                async move {
+                    let r = engine.ensure_application(s).await;
+                    names.judge(&s.container);
+                    names.refresh(engine).await;
+                    r
+                }
+            })
+            .await;
             for r in results {
                 assert!(r.expect("healthy").contains("healthy"));
             }
         });
         ours.push(started.elapsed());
+        // What one refresh of the service names costs with the 20 replicas running (it follows
+        // every task that changes containers).
+        let mut refreshes: Vec<Duration> = rt.block_on(async {
+            let names = pushleft_agent::names_server::NameService::new(None);
+            let mut took = Vec::new();
+            for _ in 0..20 {
+                let t = Instant::now();
+                names.refresh(&engine).await;
+                took.push(t.elapsed());
+            }
+            took
+        });
+        refreshes.sort();
+        refresh_medians.push(refreshes[refreshes.len() / 2]);
         clean(ENV);
         theirs.push(compose(&file, &["up", "-d", "--wait", "--quiet-pull"]));
         compose(&file, &["down", "-t", "1"]);
@@ -154,6 +181,10 @@ fn main() {
     println!(
         "20 web replicas to healthy: pushleft {a:.2} s, docker compose up -d --wait {b:.2} s (median of {rounds}); ratio {:.2}",
         a / b
+    );
+    println!(
+        "service names refresh with 20 replicas running: {:.1} ms (median of 20, median round)",
+        median(&mut refresh_medians) * 1000.0
     );
     println!(
         "generation switch of one web replica behind Caddy: {:.2} s from the new container's start to the old one stopped; {served} requests served, {failed} failed",
