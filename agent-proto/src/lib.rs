@@ -191,6 +191,10 @@ pub struct ApplicationSpec {
     pub memory_bytes: u64,
     pub pids: u32,
     pub port: Option<u16>,
+    /// The ports it serves inside its environment besides `port` (sorted): with `port`, the
+    /// only ones other containers of the environment may reach (the agent's firewall).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<u16>,
     pub health: Option<HealthSpec>,
     pub network: NetworkSpec,
     /// Secret files (`/run/secrets/<key>`), each sealed to this node's age recipient alone.

@@ -46,6 +46,7 @@ fn app(image: &str, instance: u32, generation: u64, net: &NetworkSpec) -> Applic
         memory_bytes: 32 << 20,
         pids: 32,
         port: Some(8080),
+        ports: Vec::new(),
         health: Some(HealthSpec {
             path: "/healthz".into(),
             timeout_seconds: 30,

@@ -4,7 +4,9 @@
 //! fence on disk so a stale retry never puts older rules back.
 //!
 //! What the table says, for the environment's subnet S (its Docker network on this node):
-//! - inside S: allowed (a bridge forwards it; nothing here sees it);
+//! - inside S: ICMP, and to each replica only its web `port` and declared `ports`
+//!   (`firewall_reach.rs`: sets the agent keeps up to date; the kernel's `br_netfilter` shows
+//!   bridged traffic to this table, and an apply is refused when it is off);
 //! - from S to the host: denied (replies to what the host opened excepted, and UDP port 53 of
 //!   S's gateway, where the agent answers the environment's service names);
 //! - from S to another environment, to link-local (169.254.0.0/16, the metadata address) and
@@ -14,6 +16,10 @@
 //!
 //! Its base chains run at priority -10, before Docker's own filter rules: a drop here is final,
 //! an accept leaves the packet to Docker's rules as before.
+
+#[path = "firewall_reach.rs"]
+mod reach;
+pub use reach::{BRIDGE_NF, OPEN, REACHABLE, Reachable};
 
 use crate::outcome::{Failure, permanent, retryable};
 use nftables::batch::Batch;
@@ -108,16 +114,12 @@ fn parse_subnet(subnet: &str) -> Result<(String, u32), Failure> {
 pub fn rules(subnet: &str) -> Result<Vec<(&'static str, Vec<Statement<'static>>)>, Failure> {
     let (addr, len) = parse_subnet(subnet)?;
     let s = || prefix(&addr, len);
-    let mut out = vec![
-        (
-            "forward",
-            vec![is(ip("daddr"), s()), established(), Statement::Accept(None)],
-        ),
-        (
-            "forward",
-            vec![is(ip("saddr"), s()), is(ip("daddr"), s()), Statement::Accept(None)],
-        ),
-    ];
+    let mut out = vec![(
+        "forward",
+        vec![is(ip("daddr"), s()), established(), Statement::Accept(None)],
+    )];
+    // Inside S: ICMP, and only the declared ports of the addresses in the sets.
+    out.extend(reach::inside(&addr, len).into_iter().map(|r| ("forward", r)));
     for (a, l) in DENIED {
         out.push((
             "forward",
@@ -202,7 +204,7 @@ impl Firewall {
 
     /// Drift: every table the fences say should exist is read back; one that differs (a rule
     /// deleted by hand) is applied again at its generation. Returns (environment, what).
-    pub fn repair(&self) -> Vec<(String, String)> {
+    pub fn repair(&self, reach: &std::collections::HashMap<String, Reachable>) -> Vec<(String, String)> {
         let Ok(dir) = std::fs::read_dir(self.state_dir.join("firewall")) else {
             return Vec::new();
         };
@@ -218,7 +220,8 @@ impl Firewall {
             if self.matches(env, &subnet).unwrap_or(true) {
                 continue;
             }
-            match self.apply(env, &subnet, generation) {
+            let r = reach.get(env).cloned().unwrap_or_default();
+            match self.apply(env, &subnet, generation, &r) {
                 Ok(_) => out.push((
                     env.to_owned(),
                     format!(
@@ -260,8 +263,16 @@ impl Firewall {
         (chains, rules)
     }
 
-    /// Applies the environment's table for `generation` (see the module's rules).
-    pub fn apply(&self, environment: &str, subnet: &str, generation: u64) -> Result<String, Failure> {
+    /// Applies the environment's table for `generation` (see the module's rules), its sets
+    /// holding `reachable`.
+    pub fn apply(
+        &self,
+        environment: &str,
+        subnet: &str,
+        generation: u64,
+        reachable: &Reachable,
+    ) -> Result<String, Failure> {
+        reach::bridged_traffic_filtered()?;
         let fenced = self.fenced_at(environment);
         if fenced > generation {
             return Err(permanent(
@@ -297,6 +308,9 @@ impl Firewall {
             name: Cow::Borrowed(MARKER),
             ..Chain::default()
         }));
+        for set in reach::sets(&table, reachable) {
+            batch.add(set);
+        }
         for (name, hook) in [("forward", NfHook::Forward), ("input", NfHook::Input)] {
             batch.add(NfListObject::Chain(Chain {
                 family: NfFamily::INet,

@@ -10,7 +10,8 @@
 //! resolver asks over TCP only when a client did, so a reply too large for UDP is not served
 //! (open work).
 
-use crate::docker::{CONTROL_PLANE, ENVIRONMENT, Engine, GENERATION, INSTANCE, NODE, OWNED, ROLE};
+use crate::docker::{CONTROL_PLANE, ENVIRONMENT, Engine, GENERATION, INSTANCE, NODE, OWNED, PORTS, ROLE};
+use crate::firewall::Reachable;
 use crate::names::{self, EnvNames, MAX_QUERY, Replica, Reply};
 use bollard::query_parameters::{ListContainersOptionsBuilder, ListNetworksOptionsBuilder};
 use std::collections::{HashMap, HashSet};
@@ -28,6 +29,8 @@ pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(2);
 pub const PORT: u16 = 53;
 
 type Table = Arc<RwLock<HashMap<String, EnvNames>>>;
+/// Writes an environment's reachable addresses and ports to its firewall (blocking: `nft`).
+pub type PushReach = Arc<dyn Fn(&str, &Reachable) -> Result<(), String> + Send + Sync>;
 
 /// The servers and what they answer.
 pub struct NameService {
@@ -41,6 +44,12 @@ pub struct NameService {
     servers: Mutex<HashMap<String, (String, tokio::task::JoinHandle<()>)>>,
     /// Where names outside `.internal` go.
     upstream: Option<SocketAddr>,
+    /// What each environment's containers may reach of each other, as the engine says now.
+    reach: RwLock<HashMap<String, Reachable>>,
+    /// What was last written to each environment's firewall sets.
+    pushed: Mutex<HashMap<String, Reachable>>,
+    /// How sets are written (`None`: no firewall executor on this node).
+    push: Option<PushReach>,
 }
 
 /// The first `nameserver` of a `resolv.conf` text.
@@ -62,6 +71,44 @@ impl NameService {
             adopted: std::sync::atomic::AtomicBool::new(false),
             servers: Mutex::default(),
             upstream,
+            reach: RwLock::default(),
+            pushed: Mutex::default(),
+            push: None,
+        }
+    }
+
+    /// Keeps the firewall's sets with the replicas: `push` writes one environment's.
+    pub fn with_reach(mut self, push: PushReach) -> Self {
+        self.push = Some(push);
+        self
+    }
+
+    /// What `environment`'s containers may reach of each other now (for a table's apply).
+    pub fn reach_of(&self, environment: &str) -> Reachable {
+        self.reach
+            .read()
+            .ok()
+            .and_then(|r| r.get(environment).cloned())
+            .unwrap_or_default()
+    }
+
+    /// [`NameService::reach_of`] for every environment (for the firewall's drift repair).
+    pub fn reach_all(&self) -> HashMap<String, Reachable> {
+        self.reach.read().map(|r| r.clone()).unwrap_or_default()
+    }
+
+    /// The sets of `environment` hold `r` (its table was just applied with them).
+    pub fn pushed(&self, environment: &str, r: Reachable) {
+        if let Ok(mut p) = self.pushed.lock() {
+            p.insert(environment.to_owned(), r);
+        }
+    }
+
+    /// Forgets what was written, so the next refresh writes every environment's sets again
+    /// (the drift round: a set emptied by hand, or an apply that raced a write, heals).
+    pub fn forget_pushed(&self) {
+        if let Ok(mut p) = self.pushed.lock() {
+            p.clear();
         }
     }
 
@@ -86,7 +133,7 @@ impl NameService {
 
     /// Rebuilds the table from the engine and starts or stops servers with the networks.
     pub async fn refresh(&self, engine: &Engine) {
-        let (networks, running) = match sources(engine).await {
+        let (networks, running, reach) = match sources(engine).await {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the engine for service names");
@@ -103,11 +150,40 @@ impl NameService {
             j.retain(|c| alive.contains(c.as_str()));
             j.clone()
         };
+        // The firewall first: a name never points at an address the firewall still drops.
+        self.push_reach(&reach).await;
+        if let Ok(mut r) = self.reach.write() {
+            *r = reach;
+        }
         let table = names::table(&running, &judged);
         if let Ok(mut t) = self.table.write() {
             *t = table;
         }
         self.follow(&networks);
+    }
+
+    /// Writes the sets of each environment whose reach changed since last written.
+    async fn push_reach(&self, reach: &HashMap<String, Reachable>) {
+        let Some(push) = &self.push else { return };
+        let changed: Vec<(String, Reachable)> = {
+            let Ok(p) = self.pushed.lock() else { return };
+            reach
+                .iter()
+                .filter(|(env, r)| p.get(*env) != Some(*r))
+                .map(|(env, r)| (env.clone(), r.clone()))
+                .collect()
+        };
+        for (env, r) in changed {
+            let push = Arc::clone(push);
+            let (e, rr) = (env.clone(), r.clone());
+            match tokio::task::spawn_blocking(move || push(&e, &rr)).await {
+                Ok(Ok(())) => self.pushed(&env, r),
+                Ok(Err(error)) => {
+                    tracing::warn!(environment = %env, %error, "cannot write the firewall's reachable ports")
+                }
+                Err(e) => tracing::warn!(environment = %env, error = %e, "cannot write the firewall's reachable ports"),
+            }
+        }
     }
 
     /// Starts a server for each network without one, stops those whose network went.
@@ -235,8 +311,12 @@ async fn forward(query: &[u8], to: SocketAddr) -> Option<Vec<u8>> {
     (buf.len() >= 2 && query.len() >= 2 && buf[..2] == query[..2]).then_some(buf)
 }
 
-/// The networks of ours (environment → subnet) and our running replicas with their addresses.
-async fn sources(engine: &Engine) -> Result<(HashMap<String, String>, Vec<Replica>), bollard::errors::Error> {
+/// The networks of ours (environment → subnet), our running replicas with their addresses, and
+/// what each environment's containers may reach (every running container of ours: its ports
+/// label, or every port when it has none).
+async fn sources(
+    engine: &Engine,
+) -> Result<(HashMap<String, String>, Vec<Replica>, HashMap<String, Reachable>), bollard::errors::Error> {
     let labels = vec![
         format!("{OWNED}=true"),
         format!("{CONTROL_PLANE}={}", engine.control_plane),
@@ -264,6 +344,7 @@ async fn sources(engine: &Engine) -> Result<(HashMap<String, String>, Vec<Replic
         }
     }
     let mut running = Vec::new();
+    let mut reach: HashMap<String, Reachable> = HashMap::new();
     let mut filters = filters;
     filters.insert("status".to_owned(), vec!["running".to_owned()]);
     for c in engine
@@ -272,14 +353,7 @@ async fn sources(engine: &Engine) -> Result<(HashMap<String, String>, Vec<Replic
         .await?
     {
         let labels = c.labels.unwrap_or_default();
-        let (Some(env), Some(role), Some(g), Some(_instance)) = (
-            labels.get(ENVIRONMENT),
-            labels.get(ROLE),
-            labels.get(GENERATION).and_then(|g| g.parse::<u64>().ok()),
-            labels.get(INSTANCE),
-        ) else {
-            continue; // runs (jobs, releases, cron) have no instance and no name
-        };
+        let Some(env) = labels.get(ENVIRONMENT) else { continue };
         let container = c
             .names
             .and_then(|n| n.into_iter().next())
@@ -297,7 +371,27 @@ async fn sources(engine: &Engine) -> Result<(HashMap<String, String>, Vec<Replic
                 .parse::<Ipv4Addr>()
                 .ok()
         });
-        if let Some(address) = address {
+        let Some(address) = address else { continue };
+        let r = reach.entry(env.clone()).or_default();
+        match labels.get(PORTS) {
+            Some(ports) => r.ports.extend(
+                ports
+                    .split(',')
+                    .filter_map(|p| p.parse::<u16>().ok())
+                    .map(|p| (address, p)),
+            ),
+            None => {
+                r.open.insert(address);
+            }
+        }
+        let (Some(role), Some(g), Some(_instance)) = (
+            labels.get(ROLE),
+            labels.get(GENERATION).and_then(|g| g.parse::<u64>().ok()),
+            labels.get(INSTANCE),
+        ) else {
+            continue; // runs (jobs, releases, cron) have no instance and no name
+        };
+        {
             running.push(Replica {
                 environment: env.clone(),
                 role: role.clone(),
@@ -307,7 +401,11 @@ async fn sources(engine: &Engine) -> Result<(HashMap<String, String>, Vec<Replic
             });
         }
     }
-    Ok((networks, running))
+    // An environment whose network is here and runs nothing yet still has (empty) sets.
+    for env in networks.keys() {
+        reach.entry(env.clone()).or_default();
+    }
+    Ok((networks, running, reach))
 }
 
 #[cfg(test)]

@@ -224,6 +224,9 @@ impl Executors {
                 Ok(r) => out.extend(r),
                 Err(f) => tracing::warn!(code = f.code, "cannot check containers for drift"),
             }
+            // Every environment's firewall sets are written again (a set emptied by hand, or
+            // an apply that raced a write, heals within a round).
+            self.names.forget_pushed();
             self.names.refresh(&self.engine).await;
             // Disk: images this agent pulled that nothing uses any more.
             match self.engine.collect_images().await {
@@ -234,8 +237,9 @@ impl Executors {
         }
         if self.on(Capability::Nftables) {
             let fw = Arc::clone(&self.firewall);
+            let reach = self.names.reach_all();
             out.extend(
-                tokio::task::spawn_blocking(move || fw.repair())
+                tokio::task::spawn_blocking(move || fw.repair(&reach))
                     .await
                     .unwrap_or_default(),
             );
@@ -300,7 +304,13 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> 
         }
         (Task::ApplyFirewall { generation, .. }, Execution::Network(net)) => {
             let (env, subnet, generation) = (net.environment.clone(), net.subnet.clone(), *generation);
-            off_thread(&x.firewall, move |fw| fw.apply(&env, &subnet, generation)).await
+            // The sets as the replicas are now, so replacing the table never empties them.
+            x.names.refresh(engine).await;
+            let reach = x.names.reach_of(&env);
+            let pushed = reach.clone();
+            let note = off_thread(&x.firewall, move |fw| fw.apply(&env, &subnet, generation, &reach)).await?;
+            x.names.pushed(&net.environment, pushed);
+            Ok(note)
         }
         (Task::EnsureRoutes { .. }, Execution::Network(net)) => {
             let note = crate::routes::Routes::connect()?
@@ -436,6 +446,12 @@ pub async fn run(config: Config) -> Result<()> {
     if config.executors.contains(&Capability::Ingress) && config.ingress_migrate_requests {
         crate::ingress_kernel::ensure_migrate_requests();
     }
+    let firewall = Arc::new(Firewall {
+        nft: config.nft.clone(),
+        control_plane: control_plane.clone(),
+        node: node.clone(),
+        state_dir: config.state_dir.clone(),
+    });
     let engine = Arc::new(Executors {
         engine: Engine::connect(
             &config.docker_socket,
@@ -448,12 +464,7 @@ pub async fn run(config: Config) -> Result<()> {
         .await
         .with_context(|| format!("Docker at {}", config.docker_socket.display()))?
         .with_registry_auth(config.registry_auth.clone()),
-        firewall: Arc::new(Firewall {
-            nft: config.nft.clone(),
-            control_plane: control_plane.clone(),
-            node: node.clone(),
-            state_dir: config.state_dir.clone(),
-        }),
+        firewall: Arc::clone(&firewall),
         enabled: config.executors.clone(),
         routes_dir: config.state_dir.join("routes"),
         ingress: Arc::new({
@@ -480,7 +491,18 @@ pub async fn run(config: Config) -> Result<()> {
                     .map_err(anyhow::Error::msg)?
             }
         }),
-        names: crate::names_server::NameService::from_host(),
+        names: {
+            let names = crate::names_server::NameService::from_host();
+            if config.executors.contains(&Capability::Nftables) {
+                let fw = Arc::clone(&firewall);
+                names.with_reach(Arc::new(move |env: &str, r: &crate::firewall::Reachable| {
+                    fw.set_reachable(env, r)
+                        .map_err(|f| format!("{}: {}", f.code, f.detail))
+                }))
+            } else {
+                names
+            }
+        },
         changed: tokio::sync::Notify::new(),
     });
     if engine.on(Capability::Docker) {

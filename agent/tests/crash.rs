@@ -150,6 +150,7 @@ fn application_is_adopted_after_a_kill(dir: &Path) {
         memory_bytes: 64 << 20,
         pids: 64,
         port: Some(8080),
+        ports: Vec::new(),
         health: Some(HealthSpec {
             path: "/healthz".into(),
             timeout_seconds: 20,

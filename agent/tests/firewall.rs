@@ -7,7 +7,7 @@
 //! private range do not, nor does ingress from outside. The machine's own rules are unchanged
 //! before and after; a stale generation, a foreign table and a deleted rule are handled.
 
-use pushleft_agent::firewall::Firewall;
+use pushleft_agent::firewall::{Firewall, Reachable};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
@@ -171,7 +171,14 @@ fn an_environments_table_allows_and_denies_what_it_says() {
     // Without the table everything passes: the denials below are the table's doing.
     assert!(matrix().iter().all(|(_, ok)| *ok), "{:?}", matrix());
 
-    let note = fw.apply("env-a", "10.208.1.0/24", 3).expect("apply");
+    // The other container of the environment serves 8080, which it declared.
+    let a2: std::net::Ipv4Addr = "10.208.1.3".parse().expect("addr");
+    let reach = Reachable {
+        ports: [(a2, 8080)].into(),
+        open: Default::default(),
+    };
+    let by_env = std::collections::HashMap::from([("env-a".to_owned(), reach.clone())]);
+    let note = fw.apply("env-a", "10.208.1.0/24", 3, &reach).expect("apply");
     assert!(note.contains("read back"), "{note}");
     assert_eq!(
         matrix(),
@@ -189,10 +196,44 @@ fn an_environments_table_allows_and_denies_what_it_says() {
             ("names on another gateway", false),
         ]
     );
+    // Only declared ports inside the environment: the sets change without a new table.
+    let port_of_a2 = |port: u16| {
+        fw.set_reachable(
+            "env-a",
+            &Reachable {
+                ports: [(a2, port)].into(),
+                open: Default::default(),
+            },
+        )
+        .expect("sets");
+        reaches("plfw-a", "10.208.1.3")
+    };
+    assert!(!port_of_a2(9090), "8080 is not declared: refused");
+    assert!(port_of_a2(8080));
+    fw.set_reachable("env-a", &Reachable::default()).expect("none");
+    assert!(!reaches("plfw-a", "10.208.1.3"), "nothing declared: nothing reachable");
+    fw.set_reachable(
+        "env-a",
+        &Reachable {
+            ports: Default::default(),
+            open: [a2].into(),
+        },
+    )
+    .expect("open");
+    assert!(
+        reaches("plfw-a", "10.208.1.3"),
+        "a container without a ports label: every port"
+    );
+    assert!(
+        fw.matches("env-a", "10.208.1.0/24").expect("read"),
+        "elements are not drift"
+    );
+    fw.set_reachable("env-a", &reach).expect("back");
+    assert!(reaches("plfw-a", "10.208.1.3"));
     // Idempotent; an older generation is refused and changes nothing.
-    fw.apply("env-a", "10.208.1.0/24", 3).expect("again");
+    fw.apply("env-a", "10.208.1.0/24", 3, &reach).expect("again");
     assert_eq!(
-        fw.apply("env-a", "10.208.1.0/24", 2).expect_err("stale").code,
+        fw.apply("env-a", "10.208.1.0/24", 2, &reach).expect_err("stale").code,
         "stale-generation"
     );
     // A rule deleted by hand is drift; applying again repairs it.
@@ -206,19 +247,19 @@ fn an_environments_table_allows_and_denies_what_it_says() {
         reaches("plfw-a", "169.254.169.254"),
         "the deleted rule no longer denies"
     );
-    let repaired = fw.repair();
+    let repaired = fw.repair(&by_env);
     assert_eq!(repaired.len(), 1, "{repaired:?}");
     assert_eq!(repaired[0].0, "env-a");
     assert!(fw.matches("env-a", "10.208.1.0/24").expect("read"));
     assert!(!reaches("plfw-a", "169.254.169.254"));
-    assert!(fw.repair().is_empty(), "nothing left to repair");
-    fw.apply("env-a", "10.208.1.0/24", 3)
+    assert!(fw.repair(&by_env).is_empty(), "nothing left to repair");
+    fw.apply("env-a", "10.208.1.0/24", 3, &reach)
         .expect("applying again is idempotent");
 
     // A table with our name that is not ours is refused and left alone.
     sh(&format!("{} add table inet pl_0123abcd_env-x_n1", nft.display()));
     assert_eq!(
-        fw.apply("env-x", "10.208.9.0/24", 1).expect_err("foreign").code,
+        fw.apply("env-x", "10.208.9.0/24", 1, &reach).expect_err("foreign").code,
         "foreign-table"
     );
     assert_eq!(fw.remove("env-x", 2).expect_err("foreign").code, "foreign-table");
@@ -229,7 +270,7 @@ fn an_environments_table_allows_and_denies_what_it_says() {
     assert!(fw.remove("env-a", 4).expect("again").contains("already gone"));
     assert!(reaches("plfw-a", "169.254.169.254"));
     assert_eq!(
-        fw.apply("env-a", "10.208.1.0/24", 3).expect_err("fenced").code,
+        fw.apply("env-a", "10.208.1.0/24", 3, &reach).expect_err("fenced").code,
         "stale-generation"
     );
 

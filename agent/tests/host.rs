@@ -10,7 +10,8 @@
 //! certificate, and the old generation is stopped. The machine's own nftables ruleset, rules
 //! and routes are the same before and after. Between the roles, service names: the web replica
 //! resolves `cache` (and `cache.<environment>.internal`) to the worker's replica of the live
-//! generation through the environment's firewall, and reaches it at that address.
+//! generation through the environment's firewall, and reaches it at that address on the port
+//! the worker declared, and not on one it serves without declaring.
 
 #[path = "../../reconciler/tests/support/daemon.rs"]
 mod daemon_support;
@@ -49,7 +50,7 @@ fn machine_state() -> String {
 fn project(image: &str) -> String {
     // The server starts after a second, so a kill lands while the agent waits for health.
     format!(
-        "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: {image}\n  roles:\n    web:\n      kind: web\n      port: 8080\n      health: {{path: /healthz}}\n      replicas: 1\n      command: [/bin/busybox, sh, -c, 'sleep 1; exec /bin/busybox httpd -f -p 8080 -h /www']\n    cache:\n      kind: worker\n      replicas: 1\n      command: [/bin/busybox, httpd, -f, -p, '6379', -h, /www]\n"
+        "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: {image}\n  roles:\n    web:\n      kind: web\n      port: 8080\n      health: {{path: /healthz}}\n      replicas: 1\n      command: [/bin/busybox, sh, -c, 'sleep 1; exec /bin/busybox httpd -f -p 8080 -h /www']\n    cache:\n      kind: worker\n      replicas: 1\n      ports: [6379]\n      command: [/bin/busybox, sh, -c, '/bin/busybox httpd -p 7000 -h /www; exec /bin/busybox httpd -f -p 6379 -h /www']\n"
     )
 }
 
@@ -262,6 +263,18 @@ fn the_whole_loop_rolls_out_serves_and_survives_a_killed_agent() {
             &["exec", &container(g1), "/bin/busybox", "sh", "-c", &format!("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | /bin/busybox nc -w 5 {} 6379", cache_at(g1))],
         );
         assert!(fetched.starts_with("HTTP/1.") && fetched.ends_with("release one"), "{fetched}");
+        // The cache serves 7000 too, which it did not declare: the environment's firewall
+        // refuses it (from the web replica; inside the cache's own container it answers).
+        let undeclared = host_support::docker_at(
+            &socket,
+            &["exec", &container(g1), "/bin/busybox", "sh", "-c", &format!("printf 'GET / HTTP/1.0\\r\\n\\r\\n' | /bin/busybox nc -w 3 {} 7000", cache_at(g1))],
+        );
+        assert_eq!(undeclared, "", "an undeclared port is refused");
+        let itself = host_support::docker_at(
+            &socket,
+            &["exec", &cache(g1), "/bin/busybox", "sh", "-c", "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | /bin/busybox nc -w 3 127.0.0.1 7000"],
+        );
+        assert!(itself.starts_with("HTTP/1."), "the cache does serve 7000: {itself}");
 
         // Release two, with the certificate due for renewal; the agent dies right after it
         // started the new container.

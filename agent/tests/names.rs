@@ -38,6 +38,7 @@ fn replica(env: &str, role: &str, image: &str, generation: u64, net: &NetworkSpe
         memory_bytes: 64 << 20,
         pids: 64,
         port: Some(8080),
+        ports: Vec::new(),
         health: Some(HealthSpec {
             path: "/healthz".into(),
             timeout_seconds: 10,

@@ -64,7 +64,7 @@ codes! {
     DuplicateName => "duplicate-name", "Two objects of one kind (or two nodes) with the same name.";
     DanglingReference => "dangling-reference", "A reference to a project, environment, pool, role or secret that does not exist.";
     ImageNotPinned => "image-not-pinned", "An image that is not pinned by digest (`name@sha256:<64 hex>`).";
-    InvalidPort => "invalid-port", "A port outside 1-65535.";
+    InvalidPort => "invalid-port", "A port outside 1-65535, a role's `ports` listing one twice (or its web `port`), or more than 16.";
     InvalidQuantity => "invalid-quantity", "A CPU or memory quantity in the wrong unit or form.";
     InvalidCron => "invalid-cron", "A cron schedule that is not five valid fields.";
     InvalidHostname => "invalid-hostname", "A hostname that is not RFC 1123.";

@@ -23,6 +23,7 @@ pub const ROLE_FIELDS: &[&str] = &[
     "resources",
     "schedule",
     "logs",
+    "ports",
 ];
 pub const LOGS_FIELDS: &[&str] = &["maxSize", "maxFiles"];
 pub const HEALTH_FIELDS: &[&str] = &["path", "timeoutSeconds"];
@@ -57,6 +58,8 @@ pub mod defaults {
 }
 
 pub const MAX_REPLICAS: u32 = 1000;
+/// Most ports one role declares (`ports`).
+pub const MAX_PORTS: usize = 16;
 
 /// An optional field: absent is `Some(None)`, present but invalid is `None` (already reported).
 fn present<T>(field: Option<Option<T>>) -> Option<Option<T>> {
@@ -292,6 +295,7 @@ fn decode_role(ctx: &mut Ctx<'_>, node: &Node<'_>, role: &str) -> Option<Role> {
         .get("schedule")
         .map(|n| checked(ctx, n, "`schedule`", Code::InvalidCron, CronSchedule::parse));
     let logs = f.get("logs").map(|n| decode_logs(ctx, n));
+    let ports = f.get("ports").map(|n| decode_ports(ctx, n));
 
     let kind = kind?;
     let mut not_for = |field: &str, present: bool| {
@@ -310,7 +314,8 @@ fn decode_role(ctx: &mut Ctx<'_>, node: &Node<'_>, role: &str) -> Option<Role> {
     not_for("health", kind != "web" && health.is_some());
     not_for("replicas", !long_running && replicas.is_some());
     not_for("schedule", kind != "cron" && schedule.is_some());
-    let misplaced = !long_running && replicas.is_some()
+    not_for("ports", !long_running && ports.is_some());
+    let misplaced = !long_running && (replicas.is_some() || ports.is_some())
         || kind != "web" && (port.is_some() || health.is_some())
         || kind != "cron" && schedule.is_some();
     let workload = match kind {
@@ -340,8 +345,24 @@ fn decode_role(ctx: &mut Ctx<'_>, node: &Node<'_>, role: &str) -> Option<Role> {
     if misplaced {
         return None;
     }
+    let ports = match ports {
+        Some(p) => p?,
+        None => Vec::new(),
+    };
+    if let (Workload::Web { port, .. }, Some(n)) = (&workload, f.get("ports"))
+        && ports.contains(port)
+    {
+        ctx.error_hint(
+            Code::InvalidPort,
+            n.pos,
+            format!("port {port} is the role's web `port`, which other roles reach already"),
+            "list only the ports it serves besides `port`",
+        );
+        return None;
+    }
     Some(Role {
         workload,
+        ports,
         command: command?,
         resources: resources?,
         logs: match logs {
@@ -349,6 +370,44 @@ fn decode_role(ctx: &mut Ctx<'_>, node: &Node<'_>, role: &str) -> Option<Role> {
             None => None,
         },
     })
+}
+
+/// `ports: [...]`: what a role serves inside its environment besides a web role's `port`,
+/// sorted; each 1-65535, none twice, at most [`MAX_PORTS`].
+fn decode_ports(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<Vec<u16>> {
+    let items = decode::seq(ctx, node, "`ports`")?;
+    if items.len() > MAX_PORTS {
+        ctx.error(
+            Code::InvalidPort,
+            node.pos,
+            format!(
+                "`ports` lists {} ports; a role declares at most {MAX_PORTS}",
+                items.len()
+            ),
+        );
+        return None;
+    }
+    let mut out: Vec<u16> = Vec::with_capacity(items.len());
+    let mut ok = true;
+    for item in items {
+        let port = match item.value {
+            yaml::Value::Int(p) if !(1..=65535).contains(&p) => {
+                ctx.error(Code::InvalidPort, item.pos, format!("port {p} is outside 1-65535"));
+                None
+            }
+            _ => int_in(ctx, item, "an item of `ports`", 1, 65535).and_then(|p| u16::try_from(p).ok()),
+        };
+        match port {
+            Some(p) if out.contains(&p) => {
+                ctx.error(Code::InvalidPort, item.pos, format!("port {p} is listed twice"));
+                ok = false;
+            }
+            Some(p) => out.push(p),
+            None => ok = false,
+        }
+    }
+    out.sort_unstable();
+    ok.then_some(out)
 }
 
 /// `logs: {maxSize, maxFiles}`: how much of its output a role's container keeps on its node.

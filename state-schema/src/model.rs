@@ -99,6 +99,11 @@ pub struct Role {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub command: Vec<String>,
     pub resources: Resources,
+    /// The ports it serves inside its environment besides a web role's `port` (web and worker
+    /// roles; sorted): the only ones other containers of the environment may reach. Empty is
+    /// left out of the canonical form, so roles without it keep their hashes.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<u16>,
     /// How much output its container keeps on the node; `None`: the defaults
     /// (`parse::defaults::LOG_MAX_BYTES` in `LOG_MAX_FILES` files), left out of the canonical
     /// form so that roles without it keep their hashes.

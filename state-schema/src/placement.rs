@@ -392,6 +392,7 @@ pub(crate) mod tests {
             schedule: None,
             secrets: Default::default(),
             logs: None,
+            ports: Vec::new(),
         }
     }
 

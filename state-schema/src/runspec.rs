@@ -43,6 +43,10 @@ pub struct RoleSpec {
     /// `None` for the defaults (so specs without it keep their hashes, and so their generation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logs: Option<(u64, u32)>,
+    /// The ports it serves inside the environment besides `port` (sorted); empty is left out,
+    /// so specs without it keep their hashes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<u16>,
 }
 
 fn is_empty(m: &Arc<SmallMap<String, String>>) -> bool {
@@ -111,6 +115,7 @@ pub fn role_specs(
                 schedule,
                 secrets: Arc::clone(&secrets),
                 logs: r.logs.as_ref().map(|l| (l.max_size.bytes(), l.max_files)),
+                ports: r.ports.clone(),
             };
             (name.clone(), spec)
         })

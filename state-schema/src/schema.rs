@@ -73,6 +73,7 @@ pub fn spec_schemas() -> Vec<(&'static str, Value)> {
             "resources": resources,
             "schedule": {"type": "string", "description": "Cron roles only: five fields, e.g. `*/15 * * * *`."},
             "logs": logs,
+            "ports": {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 65535}, "maxItems": 16, "uniqueItems": true, "description": "Web and worker roles: ports served inside the environment besides `port`; other containers of the environment reach no other."},
         }),
         &["kind"],
         "One role of a project.",

@@ -18,6 +18,15 @@ impl Engine {
         if let Some(i) = app.instance {
             l.insert(INSTANCE.to_owned(), i.to_string());
         }
+        // What other containers of the environment may reach (the firewall's set): the web
+        // port and the declared ones; present, even empty, on every container of this version.
+        let mut ports: Vec<u16> = app.port.into_iter().chain(app.ports.iter().copied()).collect();
+        ports.sort_unstable();
+        ports.dedup();
+        l.insert(
+            PORTS.to_owned(),
+            ports.iter().map(u16::to_string).collect::<Vec<_>>().join(","),
+        );
         l
     }
 

@@ -37,6 +37,9 @@ pub const ROLE: &str = "dev.pushleft.role";
 pub const INSTANCE: &str = "dev.pushleft.instance";
 pub const GENERATION: &str = "dev.pushleft.generation";
 pub const SPEC_HASH: &str = "dev.pushleft.spec-hash";
+/// The ports other containers of the environment may reach, `8080,6379` (empty: none). A
+/// container without the label (made before it existed) is reachable on every port.
+pub const PORTS: &str = "dev.pushleft.ports";
 /// The node whose agent made it: agents sharing one engine (several nodes on one machine)
 /// each see only their own containers.
 pub const NODE: &str = "dev.pushleft.node";

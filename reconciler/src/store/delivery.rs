@@ -404,6 +404,7 @@ impl Ledger {
             memory_bytes: r.memory_bytes,
             pids: r.pids,
             port: r.port,
+            ports: r.ports.clone(),
             health: r.health.as_ref().map(|(path, timeout_seconds)| HealthSpec {
                 path: path.clone(),
                 timeout_seconds: *timeout_seconds,

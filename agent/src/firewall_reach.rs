@@ -1,0 +1,195 @@
+//! Inside an environment, only declared ports: traffic between two containers of the
+//! environment (bridged, which the kernel's `br_netfilter` hands to the table's `forward`
+//! chain) passes only to an address and port in the table's set `reachable` (each replica's
+//! web `port` and declared `ports`, from its `dev.pushleft.ports` label), to an address in the
+//! set `open` (containers made before the label existed: every port, as before), or as ICMP.
+//!
+//! The sets' elements change with the replicas, not with the environment's generation: the
+//! agent rewrites them (flush and add, one transaction) whenever the replicas it runs change,
+//! and an apply of the table carries the current ones, so replacing the table never empties
+//! them. The read-back compares rules, not elements.
+
+use super::{Firewall, established, ip, is, nft_error, prefix, table_name};
+use crate::outcome::{Failure, permanent};
+use nftables::batch::Batch;
+use nftables::expr::{Expression, NamedExpression, Payload, PayloadField};
+use nftables::schema::{Element, FlushObject, NfCmd, NfListObject, Set, SetType, SetTypeValue};
+use nftables::stmt::{Match, Operator, Statement};
+use nftables::types::NfFamily;
+use std::borrow::Cow;
+use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
+
+/// The set of (address, port) other containers may reach.
+pub const REACHABLE: &str = "reachable";
+/// The set of addresses reachable on every port (containers without a ports label).
+pub const OPEN: &str = "open";
+/// Where the kernel says whether bridged IPv4 passes through netfilter.
+pub const BRIDGE_NF: &str = "/proc/sys/net/bridge/bridge-nf-call-iptables";
+
+/// What the environment's containers may reach of each other.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reachable {
+    pub ports: BTreeSet<(Ipv4Addr, u16)>,
+    pub open: BTreeSet<Ipv4Addr>,
+}
+
+fn field(protocol: &'static str, name: &'static str) -> Expression<'static> {
+    Expression::Named(NamedExpression::Payload(Payload::PayloadField(PayloadField {
+        protocol: Cow::Borrowed(protocol),
+        field: Cow::Borrowed(name),
+    })))
+}
+
+fn in_set(left: Expression<'static>, set: &'static str) -> Statement<'static> {
+    Statement::Match(Match {
+        left,
+        right: Expression::String(Cow::Owned(format!("@{set}"))),
+        op: Operator::EQ,
+    })
+}
+
+/// The `forward` rules for traffic from S to S, in order (after the reply rule).
+pub fn inside(addr: &str, len: u32) -> Vec<Vec<Statement<'static>>> {
+    let s = || prefix(addr, len);
+    let both = || vec![is(ip("saddr"), s()), is(ip("daddr"), s())];
+    let with = |mut v: Vec<Statement<'static>>, extra: Vec<Statement<'static>>| {
+        v.extend(extra);
+        v
+    };
+    let _ = established; // replies are the rule before these
+    vec![
+        with(
+            both(),
+            vec![
+                is(
+                    Expression::Named(NamedExpression::Meta(nftables::expr::Meta {
+                        key: nftables::expr::MetaKey::L4proto,
+                    })),
+                    Expression::String(Cow::Borrowed("icmp")),
+                ),
+                Statement::Accept(None),
+            ],
+        ),
+        with(
+            both(),
+            vec![
+                in_set(
+                    Expression::Named(NamedExpression::Concat(vec![ip("daddr"), field("tcp", "dport")])),
+                    REACHABLE,
+                ),
+                Statement::Accept(None),
+            ],
+        ),
+        with(
+            both(),
+            vec![
+                in_set(
+                    Expression::Named(NamedExpression::Concat(vec![ip("daddr"), field("udp", "dport")])),
+                    REACHABLE,
+                ),
+                Statement::Accept(None),
+            ],
+        ),
+        with(both(), vec![in_set(ip("daddr"), OPEN), Statement::Accept(None)]),
+        with(both(), vec![Statement::Drop(None)]),
+    ]
+}
+
+fn port_elements(r: &Reachable) -> Vec<Expression<'static>> {
+    r.ports
+        .iter()
+        .map(|(a, p)| {
+            Expression::Named(NamedExpression::Concat(vec![
+                Expression::String(Cow::Owned(a.to_string())),
+                Expression::Number(u32::from(*p)),
+            ]))
+        })
+        .collect()
+}
+
+fn open_elements(r: &Reachable) -> Vec<Expression<'static>> {
+    r.open
+        .iter()
+        .map(|a| Expression::String(Cow::Owned(a.to_string())))
+        .collect()
+}
+
+/// The two sets, with `r`'s elements, as objects of a batch that makes the table.
+pub fn sets(table: &str, r: &Reachable) -> [NfListObject<'static>; 2] {
+    let set = |name: &'static str, set_type, elem: Vec<Expression<'static>>| {
+        NfListObject::Set(Box::new(Set {
+            family: NfFamily::INet,
+            table: Cow::Owned(table.to_owned()),
+            name: Cow::Borrowed(name),
+            handle: None,
+            set_type,
+            policy: None,
+            flags: None,
+            elem: (!elem.is_empty()).then(|| Cow::Owned(elem)),
+            timeout: None,
+            gc_interval: None,
+            size: None,
+            comment: None,
+        }))
+    };
+    [
+        set(
+            REACHABLE,
+            SetTypeValue::Concatenated(Cow::Borrowed(&[SetType::Ipv4Addr, SetType::InetService])),
+            port_elements(r),
+        ),
+        set(OPEN, SetTypeValue::Single(SetType::Ipv4Addr), open_elements(r)),
+    ]
+}
+
+/// Refuses when bridged traffic would pass the table unseen (the rules above would then
+/// enforce nothing): `br_netfilter` absent, or its IPv4 switch off and not ours to turn on.
+pub fn bridged_traffic_filtered() -> Result<(), Failure> {
+    match std::fs::read_to_string(BRIDGE_NF) {
+        Ok(v) if v.trim() == "1" => Ok(()),
+        Ok(_) => std::fs::write(BRIDGE_NF, "1\n").map_err(|e| {
+            permanent(
+                "bridge-filtering-off",
+                format!("{BRIDGE_NF} is 0 and cannot be set ({e}): traffic between containers would pass unfiltered"),
+            )
+        }),
+        Err(_) => Err(permanent(
+            "bridge-filtering-off",
+            format!("{BRIDGE_NF} is missing: load the br_netfilter module (Docker does when it starts)"),
+        )),
+    }
+}
+
+impl Firewall {
+    /// Rewrites the environment's sets to `r` in one transaction (a table that is not there
+    /// yet, or not ours, is left alone: its apply carries the elements).
+    pub fn set_reachable(&self, environment: &str, r: &Reachable) -> Result<(), Failure> {
+        let table = table_name(&self.control_plane, environment, &self.node);
+        let Some(current) = self.read(&table)? else {
+            return Ok(());
+        };
+        let (chains, _) = Firewall::chains_and_rules(&current);
+        if !chains.iter().any(|c| c == super::MARKER) {
+            return Ok(());
+        }
+        let mut batch = Batch::new();
+        for set in sets(&table, &Reachable::default()) {
+            if let NfListObject::Set(s) = set {
+                batch.add_cmd(NfCmd::Flush(FlushObject::Set(s)));
+            }
+        }
+        for (name, elem) in [(REACHABLE, port_elements(r)), (OPEN, open_elements(r))] {
+            if !elem.is_empty() {
+                batch.add(NfListObject::Element(Element {
+                    family: NfFamily::INet,
+                    table: Cow::Owned(table.clone()),
+                    name: Cow::Borrowed(name),
+                    elem: Cow::Owned(elem),
+                }));
+            }
+        }
+        nftables::helper::apply_ruleset_with_args(&batch.to_nftables(), Some(&self.nft), nftables::helper::DEFAULT_ARGS)
+            .map_err(|e| nft_error("nft-apply-failed", e))
+    }
+}
