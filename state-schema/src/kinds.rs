@@ -443,6 +443,7 @@ fn field_hint(field: &str) -> &'static str {
     match field {
         "port" | "health" => "only web roles listen and have health checks",
         "replicas" => "only web and worker roles run replicas",
+        "ports" => "only web and worker roles serve other roles; a run is reached by nothing",
         _ => "only cron roles have a schedule",
     }
 }

@@ -121,3 +121,40 @@ pub fn role_specs(
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state_with(roles: &str) -> State {
+        let text = format!(
+            "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: registry.example.invalid/api@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\n  roles:\n{roles}"
+        );
+        let files = vec![
+            crate::parse::parse_file(
+                "pushleft.yaml",
+                b"apiVersion: pushleft.dev/v1alpha1\nkind: Repository\nmetadata: {name: t}\nspec: {baseDomain: example.com}\n",
+            ),
+            crate::parse::parse_file("project.yaml", text.as_bytes()),
+        ];
+        let loaded = crate::state::assemble(files, Vec::new());
+        assert!(loaded.is_valid(), "{:?}", loaded.diagnostics);
+        loaded.state
+    }
+
+    #[test]
+    fn declared_ports_reach_the_role_spec_sorted_and_none_changes_nothing() {
+        let project = Name::new("api").expect("name");
+        let with = state_with("    cache: {kind: worker, ports: [6380, 6379]}\n    web: {kind: web, ports: [9090]}\n");
+        let specs = role_specs(&with, &project, &SmallMap::new(), "img");
+        let cache = specs.get(&Name::new("cache").expect("name")).expect("cache");
+        assert_eq!(cache.ports, [6379, 6380]);
+        assert_eq!(specs.get(&Name::new("web").expect("name")).expect("web").ports, [9090]);
+        // Without `ports`, the serialized spec has no such field: hashes (and so generations)
+        // of roles that never declared ports stay as they were.
+        let without = state_with("    cache: {kind: worker}\n");
+        let specs = role_specs(&without, &project, &SmallMap::new(), "img");
+        let json = serde_json::to_string(specs.get(&Name::new("cache").expect("name")).expect("cache")).expect("json");
+        assert!(!json.contains("ports"), "{json}");
+    }
+}
