@@ -64,7 +64,7 @@ fn child(what: &str) -> ! {
                 .expect("generation")
                 .parse()
                 .expect("number");
-            let r = firewall(&dir).apply("pltest-crash", "10.208.77.0/24", generation);
+            let r = firewall(&dir).apply("pltest-crash", "10.208.77.0/24", generation, &Default::default());
             eprintln!("child finished: {r:?}");
         }
         other => panic!("unknown child {other}"),
@@ -236,7 +236,7 @@ fn firewall_converges_after_kills(dir: &Path) {
             .is_ok_and(|f| f.starts_with(&format!("{generation} ")));
         landed.push((delay_ms, fenced));
         let note = fw
-            .apply("pltest-crash", "10.208.77.0/24", generation)
+            .apply("pltest-crash", "10.208.77.0/24", generation, &Default::default())
             .expect("replay converges");
         assert!(note.contains("pl_0123abcd_pltest-crash_n1"), "{note}");
         let tables = sh(&format!("ip netns exec {NETNS} nft list tables"));
@@ -254,7 +254,7 @@ fn firewall_converges_after_kills(dir: &Path) {
     assert!(landed.iter().any(|l| !l.1), "some kills interrupted the task");
     // Once more at the last generation: replaced and read back equal; the host never changed.
     assert!(
-        fw.apply("pltest-crash", "10.208.77.0/24", 10)
+        fw.apply("pltest-crash", "10.208.77.0/24", 10, &Default::default())
             .expect("again")
             .contains("read back")
     );
