@@ -3,7 +3,7 @@
 //! and identity it was set up with. The mirror's revisions are in `mirror.rs`, the services it
 //! runs in `services.rs`, the processes in `processes.rs`.
 
-use super::processes::{alive, free_port, run, tool, write_private};
+use super::processes::{alive, free_ports, run, tool, write_private};
 use crate::operator::ServerArgs;
 use anyhow::{Context, Result, anyhow, bail};
 use std::path::{Path, PathBuf};
@@ -156,33 +156,35 @@ impl Local {
             ));
             write_private(&self.path(CERTIFICATES_IDENTITY), text.as_bytes())?;
         }
-        let ports = match self.recorded_ports()? {
+        // Every port this start may need, chosen at once: distinct, and none the user named or
+        // the state folder recorded.
+        let recorded = self.recorded_ports()?;
+        let mut named: Vec<u16> = port.into_iter().chain(https_port).collect();
+        if let Some(r) = &recorded {
+            named.extend([r.api, r.agent, r.http, r.registry, r.https]);
+        }
+        let [api, agent, http, registry, https_free] = free_ports::<5>(&named)?;
+        let ports = match recorded {
             // `--port` for a control plane that does not run (the caller checked): taken now.
             Some(p) if port.is_some_and(|n| n != p.http) => Ports {
                 http: port.unwrap_or(p.http),
                 ..p
             },
             // A state folder from before `--build` has no registry port yet.
-            Some(p) if p.registry == 0 => Ports {
-                registry: free_port()?,
-                ..p
-            },
+            Some(p) if p.registry == 0 => Ports { registry, ..p },
             Some(p) => p,
             None => Ports {
-                api: free_port()?,
-                agent: free_port()?,
-                http: match port {
-                    Some(p) => p,
-                    None => free_port()?,
-                },
-                registry: free_port()?,
+                api,
+                agent,
+                http: port.unwrap_or(http),
+                registry,
                 https: 0,
             },
         };
         let ports = match (https, https_port) {
             (true, Some(h)) => Ports { https: h, ..ports },
             (true, None) if ports.https == 0 => Ports {
-                https: free_port()?,
+                https: https_free,
                 ..ports
             },
             (true, None) => ports,

@@ -6,8 +6,29 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub(crate) fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+/// `N` ports on loopback that were free a moment ago, distinct from each other and from
+/// `except` (the ports the user named): all are held while they are chosen, because two
+/// choices made one after the other can be the same port (CI saw the control plane's API and
+/// agent API given one port, and the second listener fail).
+pub(crate) fn free_ports<const N: usize>(except: &[u16]) -> Result<[u16; N]> {
+    let mut held = Vec::with_capacity(N);
+    let mut ports = [0u16; N];
+    let mut chosen = 0;
+    // Bounded: a port the user named is skipped, and only a few can be.
+    for _ in 0..N + except.len() + 8 {
+        if chosen == N {
+            break;
+        }
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let p = l.local_addr()?.port();
+        held.push(l);
+        if !except.contains(&p) {
+            ports[chosen] = p;
+            chosen += 1;
+        }
+    }
+    anyhow::ensure!(chosen == N, "cannot find {N} free ports on 127.0.0.1");
+    Ok(ports)
 }
 
 /// A program of ours: beside `pl` first, then on `PATH`.
@@ -178,4 +199,23 @@ pub(crate) fn docker_answers(socket: &Path) -> bool {
     let mut answer = String::new();
     let _ = s.take(4096).read_to_string(&mut answer);
     answer.starts_with("HTTP/1.") && answer.contains(" 200 ")
+}
+
+#[cfg(test)]
+mod port_tests {
+    use super::free_ports;
+
+    #[test]
+    fn ports_chosen_together_are_distinct_and_skip_named_ones() {
+        for _ in 0..50 {
+            let held = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            let named = held.local_addr().expect("addr").port();
+            let ports = free_ports::<5>(&[named]).expect("ports");
+            let mut sorted = ports.to_vec();
+            sorted.sort_unstable();
+            sorted.dedup();
+            assert_eq!(sorted.len(), 5, "{ports:?}");
+            assert!(!ports.contains(&named));
+        }
+    }
 }
