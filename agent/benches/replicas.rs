@@ -29,32 +29,16 @@ const ENV: &str = "plbench-replicas";
 
 fn app(image: &str, instance: u32, generation: u64, net: &NetworkSpec) -> ApplicationSpec {
     ApplicationSpec {
-        environment: ENV.into(),
         deployment: "web".into(),
-        role: "web".into(),
-        role_kind: "web".into(),
-        instance: Some(instance),
-        generation,
         spec_hash: format!("bench-g{generation}"),
-        container: agent_proto::container_name("0123abcd", ENV, "web", Some(instance), generation),
-        image: image.into(),
-        command: ["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/www"]
-            .map(String::from)
-            .to_vec(),
-        env: Default::default(),
         cpu_millis: 100,
         memory_bytes: 32 << 20,
         pids: 32,
-        port: Some(8080),
-        ports: Vec::new(),
         health: Some(HealthSpec {
             path: "/healthz".into(),
             timeout_seconds: 30,
         }),
-        network: net.clone(),
-        secrets: Vec::new(),
-        log_max_bytes: 10 << 20,
-        log_max_files: 3,
+        ..docker_support::web_replica("0123abcd", ENV, "web", instance, image, generation, net)
     }
 }
 

@@ -128,15 +128,8 @@ fn application_is_adopted_after_a_kill(dir: &Path) {
     support::runtime().block_on(async { engine(dir).await.ensure_network(&net).await.expect("network") });
     // Healthy only after 3 s (the server starts late): the child is killed while it waits.
     let spec = ApplicationSpec {
-        environment: env.into(),
         deployment: "web".into(),
-        role: "web".into(),
-        role_kind: "web".into(),
-        instance: Some(0),
-        generation: 1,
         spec_hash: "crash-g1".into(),
-        container: agent_proto::container_name(support::TEST_CONTROL_PLANE, env, "web", Some(0), 1),
-        image,
         command: [
             "/bin/busybox",
             "sh",
@@ -145,21 +138,13 @@ fn application_is_adopted_after_a_kill(dir: &Path) {
         ]
         .map(String::from)
         .to_vec(),
-        env: Default::default(),
-        cpu_millis: 250,
-        memory_bytes: 64 << 20,
-        pids: 64,
-        port: Some(8080),
-        ports: Vec::new(),
         health: Some(HealthSpec {
             path: "/healthz".into(),
             timeout_seconds: 20,
         }),
-        network: net.clone(),
-        secrets: Vec::new(),
-        log_max_bytes: 10 << 20,
-        log_max_files: 3,
+        ..docker_support::web_replica(support::TEST_CONTROL_PLANE, env, "web", 0, &image, 1, &net)
     };
+
     let c = spawn_child(
         "app",
         dir,

@@ -21,32 +21,10 @@ const PLAINTEXT: &str = "postgres://app:s3cret-in-a-file@db/app";
 
 fn app(env: &str, image: &str, generation: u64, net: &NetworkSpec) -> ApplicationSpec {
     ApplicationSpec {
-        environment: env.into(),
         deployment: "web".into(),
-        role: "web".into(),
-        role_kind: "web".into(),
-        instance: Some(0),
-        generation,
         spec_hash: format!("hash-g{generation}"),
-        container: agent_proto::container_name(support::TEST_CONTROL_PLANE, env, "web", Some(0), generation),
-        image: image.into(),
-        command: ["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/www"]
-            .map(String::from)
-            .to_vec(),
         env: [("LOG_LEVEL".to_owned(), "info".to_owned())].into(),
-        cpu_millis: 250,
-        memory_bytes: 64 << 20,
-        pids: 64,
-        port: Some(8080),
-        ports: Vec::new(),
-        health: Some(HealthSpec {
-            path: "/healthz".into(),
-            timeout_seconds: 10,
-        }),
-        network: net.clone(),
-        secrets: Vec::new(),
-        log_max_bytes: 10 << 20,
-        log_max_files: 3,
+        ..docker_support::web_replica(support::TEST_CONTROL_PLANE, env, "web", 0, image, generation, net)
     }
 }
 

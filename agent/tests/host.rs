@@ -71,13 +71,7 @@ fn resolve(socket: &Path, container: &str, name: &str) -> Vec<String> {
             name,
         ],
     );
-    out.split_once("Name:")
-        .map(|(_, a)| a)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("Address:"))
-        .map(|a| a.trim().to_owned())
-        .collect()
+    support::nslookup_addresses(&out)
 }
 
 /// The name `pl up`-style routes and the local CA's certificates carry.

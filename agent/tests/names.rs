@@ -12,7 +12,7 @@
 mod docker_support;
 mod support;
 
-use agent_proto::{ApplicationSpec, HealthSpec, NetworkSpec};
+use agent_proto::{ApplicationSpec, NetworkSpec};
 use docker_support::{Registry, clean, docker, require_dockerd};
 use pushleft_agent::docker::Engine;
 use pushleft_agent::names_server::NameService;
@@ -20,34 +20,7 @@ use std::net::Ipv4Addr;
 use std::path::Path;
 
 fn replica(env: &str, role: &str, image: &str, generation: u64, net: &NetworkSpec) -> ApplicationSpec {
-    ApplicationSpec {
-        environment: env.into(),
-        deployment: env.into(),
-        role: role.into(),
-        role_kind: "web".into(),
-        instance: Some(0),
-        generation,
-        spec_hash: format!("hash-{role}-g{generation}"),
-        container: agent_proto::container_name(support::TEST_CONTROL_PLANE, env, role, Some(0), generation),
-        image: image.into(),
-        command: ["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/www"]
-            .map(String::from)
-            .to_vec(),
-        env: Default::default(),
-        cpu_millis: 250,
-        memory_bytes: 64 << 20,
-        pids: 64,
-        port: Some(8080),
-        ports: Vec::new(),
-        health: Some(HealthSpec {
-            path: "/healthz".into(),
-            timeout_seconds: 10,
-        }),
-        network: net.clone(),
-        secrets: Vec::new(),
-        log_max_bytes: 10 << 20,
-        log_max_files: 3,
-    }
+    docker_support::web_replica(support::TEST_CONTROL_PLANE, env, role, 0, image, generation, net)
 }
 
 /// The addresses `name` resolves to inside `container` (busybox `nslookup`, through Docker's
@@ -70,14 +43,9 @@ fn lookup(container: &str, name: &str, server: Option<&str>) -> Vec<Ipv4Addr> {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_default();
-    // The server's own address comes first ("Address: 127.0.0.11:53"); the answers follow the
-    // queried name.
-    out.split_once("Name:")
-        .map(|(_, answers)| answers)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("Address:"))
-        .filter_map(|a| a.trim().parse().ok())
+    support::nslookup_addresses(&out)
+        .iter()
+        .filter_map(|a| a.parse().ok())
         .collect()
 }
 

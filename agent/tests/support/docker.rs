@@ -8,6 +8,48 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Replica `instance` of web role `role` of `control_plane`'s environment `env`: busybox's httpd
+/// on 8080 serving `/www` (the images [`Registry::image`] makes), healthy at `/healthz` within
+/// 10 s, small limits, no secret. Tests change the fields they are about.
+pub fn web_replica(
+    control_plane: &str,
+    env: &str,
+    role: &str,
+    instance: u32,
+    image: &str,
+    generation: u64,
+    net: &agent_proto::NetworkSpec,
+) -> agent_proto::ApplicationSpec {
+    agent_proto::ApplicationSpec {
+        environment: env.into(),
+        deployment: env.into(),
+        role: role.into(),
+        role_kind: "web".into(),
+        instance: Some(instance),
+        generation,
+        spec_hash: format!("hash-{role}-g{generation}"),
+        container: agent_proto::container_name(control_plane, env, role, Some(instance), generation),
+        image: image.into(),
+        command: ["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/www"]
+            .map(String::from)
+            .to_vec(),
+        env: Default::default(),
+        cpu_millis: 250,
+        memory_bytes: 64 << 20,
+        pids: 64,
+        port: Some(8080),
+        ports: Vec::new(),
+        health: Some(agent_proto::HealthSpec {
+            path: "/healthz".into(),
+            timeout_seconds: 10,
+        }),
+        network: net.clone(),
+        secrets: Vec::new(),
+        log_max_bytes: 10 << 20,
+        log_max_files: 3,
+    }
+}
+
 /// `docker ARGS`, its stdout; panics with stderr when it fails.
 pub fn docker(args: &[&str]) -> String {
     let o = Command::new("docker").args(args).output().expect("the docker CLI");

@@ -327,3 +327,15 @@ impl Drop for KillGroups {
         }
     }
 }
+
+/// The addresses in busybox `nslookup` output: those after the queried name (the server's own
+/// address, `Address: 127.0.0.11:53`, comes before it).
+pub fn nslookup_addresses(out: &str) -> Vec<String> {
+    out.split_once("Name:")
+        .map(|(_, answers)| answers)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Address:"))
+        .map(|a| a.trim().to_owned())
+        .collect()
+}
