@@ -7,8 +7,8 @@
 //! - inside S: ICMP, and to each replica only its web `port` and declared `ports`
 //!   (`firewall_reach.rs`: sets the agent keeps up to date; the kernel's `br_netfilter` shows
 //!   bridged traffic to this table, and an apply is refused when it is off);
-//! - from S to the host: denied (replies to what the host opened excepted, and UDP port 53 of
-//!   S's gateway, where the agent answers the environment's service names);
+//! - from S to the host: denied (replies to what the host opened excepted, and port 53 of S's
+//!   gateway, UDP and TCP, where the agent answers the environment's service names);
 //! - from S to another environment, to link-local (169.254.0.0/16, the metadata address) and
 //!   to private ranges (10/8, 172.16/12, 192.168/16, 100.64/10, 127/8): denied;
 //! - from S anywhere else (public egress): allowed;
@@ -137,23 +137,25 @@ pub fn rules(subnet: &str) -> Result<Vec<(&'static str, Vec<Statement<'static>>)
         vec![is(ip("saddr"), s()), established(), Statement::Accept(None)],
     ));
     // Service names: the environment's containers ask the agent's name server on their own
-    // gateway (`names.rs`), over UDP; nothing else of the host.
+    // gateway (`names.rs`), over UDP or TCP; nothing else of the host.
     if let Some(gateway) = crate::names::gateway(subnet) {
-        out.push((
-            "input",
-            vec![
-                is(ip("saddr"), s()),
-                is(ip("daddr"), Expression::String(Cow::Owned(gateway.to_string()))),
-                is(
-                    Expression::Named(NamedExpression::Payload(Payload::PayloadField(PayloadField {
-                        protocol: Cow::Borrowed("udp"),
-                        field: Cow::Borrowed("dport"),
-                    }))),
-                    Expression::Number(u32::from(crate::names_server::PORT)),
-                ),
-                Statement::Accept(None),
-            ],
-        ));
+        for protocol in ["udp", "tcp"] {
+            out.push((
+                "input",
+                vec![
+                    is(ip("saddr"), s()),
+                    is(ip("daddr"), Expression::String(Cow::Owned(gateway.to_string()))),
+                    is(
+                        Expression::Named(NamedExpression::Payload(Payload::PayloadField(PayloadField {
+                            protocol: Cow::Borrowed(protocol),
+                            field: Cow::Borrowed("dport"),
+                        }))),
+                        Expression::Number(u32::from(crate::names::PORT)),
+                    ),
+                    Statement::Accept(None),
+                ],
+            ));
+        }
     }
     out.push(("input", vec![is(ip("saddr"), s()), Statement::Drop(None)]));
     Ok(out)
@@ -427,8 +429,8 @@ mod tests {
         let metadata = json.find("169.254.0.0").expect("metadata");
         let egress = json.rfind("\"accept\"").expect("accept");
         assert!(metadata < egress);
-        assert_eq!(r.iter().filter(|(c, _)| *c == "input").count(), 3);
-        // The host is reached only at the gateway, on the service names' UDP port.
+        assert_eq!(r.iter().filter(|(c, _)| *c == "input").count(), 4);
+        // The host is reached only at the gateway, on the service names' port (UDP and TCP).
         let input = serde_json::to_string(&r.iter().filter(|(c, _)| *c == "input").collect::<Vec<_>>()).expect("json");
         assert!(
             input.contains("\"10.208.3.1\"") && input.contains("\"dport\"") && input.contains("53"),

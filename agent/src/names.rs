@@ -29,6 +29,8 @@ use std::net::Ipv4Addr;
 /// The suffix of fully qualified service names: `<role>.<environment>.internal` (`.internal`
 /// is reserved for private use, so it never collides with a public name).
 pub const DOMAIN: &str = "internal";
+/// The port name servers listen on (the firewall opens it on each environment's gateway).
+pub const PORT: u16 = 53;
 /// How long an answer may be cached: replicas change with every rollout.
 pub const TTL: u32 = 1;
 /// Most addresses in one answer (a UDP answer stays far below 512 bytes).

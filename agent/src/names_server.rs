@@ -1,14 +1,13 @@
-//! The service-name servers (`names.rs` says what they answer): one UDP server per environment
-//! network of ours on this node, on the network's gateway, port 53. The table is rebuilt from
+//! The service-name servers (`names.rs` says what they answer): one server (UDP and TCP) per
+//! environment network of ours on this node, on the network's gateway, port 53. The table is rebuilt from
 //! the engine after every task that changes containers and at every drift round; the servers
 //! follow the networks (one starts with a network, stops when it goes).
 //!
 //! Names outside `.internal` reach the server too (Docker's resolver forwards everything it
 //! does not know); they are passed to the host's resolver (the first `nameserver` of
 //! `/etc/resolv.conf`, read at start) and its reply relayed back, at most [`MAX_FORWARDS`] at
-//! once per environment and each for [`FORWARD_TIMEOUT`] at most. Over UDP only: Docker's
-//! resolver asks over TCP only when a client did, so a reply too large for UDP is not served
-//! (open work).
+//! once per environment and each for [`FORWARD_TIMEOUT`] at most. Over UDP, and over TCP
+//! (`names_tcp.rs`) for the clients that ask so after a truncated answer.
 
 use crate::docker::{CONTROL_PLANE, ENVIRONMENT, Engine, GENERATION, INSTANCE, NODE, OWNED, PORTS, ROLE};
 use crate::firewall::Reachable;
@@ -21,12 +20,14 @@ use std::time::Duration;
 use tokio::net::UdpSocket;
 use tokio::sync::Semaphore;
 
+#[path = "names_tcp.rs"]
+mod tcp;
+
 /// Forwarded queries in flight per environment; more are dropped (the client asks again).
 pub const MAX_FORWARDS: usize = 64;
 /// How long a forwarded query waits for the host's resolver.
 pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(2);
-/// The port name servers listen on.
-pub const PORT: u16 = 53;
+pub use crate::names::PORT;
 
 type Table = Arc<RwLock<HashMap<String, EnvNames>>>;
 /// Writes an environment's reachable addresses and ports to its firewall (blocking: `nft`).
@@ -222,14 +223,37 @@ impl NameService {
                     continue;
                 }
             };
+            let tcp = match std::net::TcpListener::bind((gateway, PORT))
+                .and_then(|l| l.set_nonblocking(true).map(|()| l))
+                .and_then(tokio::net::TcpListener::from_std)
+            {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::debug!(environment = %env, %gateway, error = %e, "name server not bound yet");
+                    continue;
+                }
+            };
             tracing::info!(environment = %env, %gateway, "serving service names");
-            let task = tokio::spawn(serve(
-                Arc::new(socket),
-                env.clone(),
-                subnet.clone(),
-                Arc::clone(&self.table),
-                self.upstream,
-            ));
+            let (udp, tcp) = (
+                serve(
+                    Arc::new(socket),
+                    env.clone(),
+                    subnet.clone(),
+                    Arc::clone(&self.table),
+                    self.upstream,
+                ),
+                tcp::serve(
+                    tcp,
+                    env.as_str().into(),
+                    subnet.as_str().into(),
+                    Arc::clone(&self.table),
+                    self.upstream,
+                ),
+            );
+            // One task for both, so stopping the server stops both.
+            let task = tokio::spawn(async move {
+                tokio::join!(udp, tcp);
+            });
             servers.insert(env.clone(), (subnet.clone(), task));
         }
     }

@@ -74,9 +74,12 @@ fn lab(www: &Path) -> Lab {
     );
     let servers = ["plfw-out", "plfw-b", "plfw-node", "plfw-a", "plfw-a2"]
         .iter()
-        .map(|ns| {
+        .map(|ns| (*ns, "8080"))
+        // The node also serves HTTP on TCP 53 (where the agent's name server listens).
+        .chain([("plfw-node", "53")])
+        .map(|(ns, port)| {
             Command::new("ip")
-                .args(["netns", "exec", ns, "busybox", "httpd", "-f", "-p", "8080", "-h"])
+                .args(["netns", "exec", ns, "busybox", "httpd", "-f", "-p", port, "-h"])
                 .arg(www)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -118,9 +121,14 @@ fn echoes(from: &str, to: &str, port: u16) -> bool {
 /// One bounded HTTP request from namespace `from` (busybox nc, 2 s at most): whether it was
 /// answered.
 fn reaches(from: &str, to: &str) -> bool {
+    reaches_port(from, to, 8080)
+}
+
+/// [`reaches`] at `port`.
+fn reaches_port(from: &str, to: &str, port: u16) -> bool {
     use std::io::Write;
     let Ok(mut child) = Command::new("ip")
-        .args(["netns", "exec", from, "busybox", "nc", "-w", "2", to, "8080"])
+        .args(["netns", "exec", from, "busybox", "nc", "-w", "2", to, &port.to_string()])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -164,6 +172,10 @@ fn an_environments_table_allows_and_denies_what_it_says() {
             ("a private range", reaches("plfw-a", "10.99.0.10")),
             ("ingress from outside", reaches("plfw-out", "10.208.1.2")),
             ("names on its gateway", echoes("plfw-a", "10.208.1.1", 53)),
+            (
+                "names on its gateway over TCP",
+                reaches_port("plfw-a", "10.208.1.1", 53),
+            ),
             ("another port of its gateway", echoes("plfw-a", "10.208.1.1", 5353)),
             ("names on another gateway", echoes("plfw-a", "10.208.2.1", 53)),
         ]
@@ -192,6 +204,7 @@ fn an_environments_table_allows_and_denies_what_it_says() {
             ("a private range", false),
             ("ingress from outside", false),
             ("names on its gateway", true),
+            ("names on its gateway over TCP", true),
             ("another port of its gateway", false),
             ("names on another gateway", false),
         ]

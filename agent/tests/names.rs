@@ -6,7 +6,8 @@
 //!   first environment's server directly);
 //! - a replica still starting is not in the answer; a new generation takes the name once
 //!   judged healthy, and only it; after a stop the old one is gone;
-//! - a restarted agent (a new service) keeps answering for what runs.
+//! - a restarted agent (a new service) keeps answering for what runs;
+//! - the same answers over TCP.
 
 #[path = "support/docker.rs"]
 mod docker_support;
@@ -46,6 +47,40 @@ fn lookup(container: &str, name: &str, server: Option<&str>) -> Vec<Ipv4Addr> {
     support::nslookup_addresses(&out)
         .iter()
         .filter_map(|a| a.parse().ok())
+        .collect()
+}
+
+/// The A records the server at `gateway`:53 gives for `name` over TCP (RFC 7766 framing),
+/// asked from inside `container` (busybox `nc`; the query made and the answer read here).
+fn ask_tcp(container: &str, gateway: &str, name: &str) -> Vec<Ipv4Addr> {
+    use hickory_proto::op::{Message, Query};
+    use hickory_proto::rr::{Name, RData, RecordType};
+    let mut query = Message::query();
+    query.add_query(Query::query(Name::from_ascii(name).expect("name"), RecordType::A));
+    let bytes = query.to_vec().expect("query");
+    let mut framed = u16::try_from(bytes.len()).expect("len").to_be_bytes().to_vec();
+    framed.extend(bytes);
+    let octal: String = framed.iter().map(|b| format!("\\{b:03o}")).collect();
+    let script = format!("printf '{octal}' | /bin/busybox nc -w 3 {gateway} 53 | /bin/busybox od -An -v -tx1");
+    let out = std::process::Command::new("docker")
+        .args(["exec", container, "/bin/busybox", "sh", "-c", &script])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let reply: Vec<u8> = out
+        .split_whitespace()
+        .filter_map(|h| u8::from_str_radix(h, 16).ok())
+        .collect();
+    let Some(message) = reply.get(2..).and_then(|m| Message::from_vec(m).ok()) else {
+        return Vec::new();
+    };
+    message
+        .answers
+        .iter()
+        .filter_map(|r| match &r.data {
+            RData::A(a) => Some(a.0),
+            _ => None,
+        })
         .collect()
 }
 
@@ -138,6 +173,11 @@ fn roles_find_each_other_by_name_within_their_environment_only() {
         names.refresh(&engine).await;
         let db2_at = address(&db2.container);
         assert_eq!(lookup(&web.container, "db", None), vec![db2_at]);
+        // Over TCP too (what a client asks after a truncated answer).
+        assert_eq!(
+            ask_tcp(&web.container, "10.208.241.1", &format!("db.{shop}.internal")),
+            vec![db2_at]
+        );
         engine.stop_older(&shop, "db", 0, 2).await.expect("stop g1");
         names.refresh(&engine).await;
         assert_eq!(lookup(&web.container, "db", None), vec![db2_at]);
