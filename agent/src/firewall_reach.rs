@@ -9,7 +9,7 @@
 //! and an apply of the table carries the current ones, so replacing the table never empties
 //! them. The read-back compares rules, not elements.
 
-use super::{Firewall, established, ip, is, nft_error, prefix, table_name};
+use super::{Firewall, ip, is, nft_error, prefix, table_name};
 use crate::outcome::{Failure, permanent};
 use nftables::batch::Batch;
 use nftables::expr::{Expression, NamedExpression, Payload, PayloadField};
@@ -49,7 +49,8 @@ fn in_set(left: Expression<'static>, set: &'static str) -> Statement<'static> {
     })
 }
 
-/// The `forward` rules for traffic from S to S, in order (after the reply rule).
+/// The `forward` rules for traffic from S to S, in order (replies are accepted by the rule
+/// before these).
 pub fn inside(addr: &str, len: u32) -> Vec<Vec<Statement<'static>>> {
     let s = || prefix(addr, len);
     let both = || vec![is(ip("saddr"), s()), is(ip("daddr"), s())];
@@ -57,7 +58,6 @@ pub fn inside(addr: &str, len: u32) -> Vec<Vec<Statement<'static>>> {
         v.extend(extra);
         v
     };
-    let _ = established; // replies are the rule before these
     vec![
         with(
             both(),

@@ -127,7 +127,7 @@ impl NameService {
         }
     }
 
-    /// What `environment`'s server answers now (for tests and `pl`-side diagnostics).
+    /// What `environment`'s server answers now (tests read it).
     pub fn names_of(&self, environment: &str) -> Option<EnvNames> {
         self.table.read().ok()?.get(environment).cloned()
     }
@@ -269,6 +269,14 @@ impl Drop for NameService {
     }
 }
 
+/// `environment`'s reply to `packet`, read under the table's lock (a query copies no names).
+fn answer(table: &Table, environment: &str, packet: &[u8]) -> Reply {
+    match table.read() {
+        Ok(t) => names::reply(packet, environment, t.get(environment)),
+        Err(_) => Reply::Drop,
+    }
+}
+
 /// One environment's server loop.
 async fn serve(
     socket: Arc<UdpSocket>,
@@ -290,11 +298,7 @@ async fn serve(
             continue;
         }
         let packet = &buf[..n];
-        let reply = {
-            let names = table.read().ok().and_then(|t| t.get(&environment).cloned());
-            names::reply(packet, &environment, names.as_ref())
-        };
-        match reply {
+        match answer(&table, &environment, packet) {
             Reply::Answer(bytes) => {
                 let _ = socket.send_to(&bytes, from).await;
             }
@@ -415,15 +419,13 @@ async fn sources(
         ) else {
             continue; // runs (jobs, releases, cron) have no instance and no name
         };
-        {
-            running.push(Replica {
-                environment: env.clone(),
-                role: role.clone(),
-                generation: g,
-                container,
-                address,
-            });
-        }
+        running.push(Replica {
+            environment: env.clone(),
+            role: role.clone(),
+            generation: g,
+            container,
+            address,
+        });
     }
     // An environment whose network is here and runs nothing yet still has (empty) sets.
     for env in networks.keys() {

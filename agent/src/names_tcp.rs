@@ -88,11 +88,7 @@ pub(super) async fn serve(
                 let Some(query) = read_message(&mut stream).await else {
                     return;
                 };
-                let reply = {
-                    let names = table.read().ok().and_then(|t| t.get(&*environment).cloned());
-                    names::reply(&query, &environment, names.as_ref())
-                };
-                let answer = match reply {
+                let answer = match super::answer(&table, &environment, &query) {
                     Reply::Answer(bytes) => Some(bytes),
                     Reply::Forward => match upstream {
                         Some(to) => forward(&query, to).await,
