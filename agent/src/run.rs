@@ -286,8 +286,18 @@ async fn off_thread<X: Send + Sync + 'static, T: Send + 'static>(
         .unwrap_or_else(|e| Err(crate::outcome::retryable("agent-task-failed", e.to_string())))
 }
 
-/// Runs one task with what its lease carries.
+/// Runs one task with what its lease carries. After a Docker task, whatever its outcome (a
+/// failed ensure removes its container), the service names and the firewall's sets follow
+/// what runs.
 pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> {
+    let outcome = run_task(x, job).await;
+    if job.task.needs() == Capability::Docker && x.on(Capability::Docker) {
+        x.names.refresh(&x.engine).await;
+    }
+    outcome
+}
+
+async fn run_task(x: &Executors, job: &LeasedJob) -> Result<String, Failure> {
     let engine = &x.engine;
     let needs = job.task.needs();
     if !x.on(needs) {
@@ -297,11 +307,7 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> 
         ));
     }
     match (&job.task, &job.execution) {
-        (Task::EnsureNetwork { .. }, Execution::Network(net)) => {
-            let note = engine.ensure_network(net).await?;
-            x.names.refresh(engine).await;
-            Ok(note)
-        }
+        (Task::EnsureNetwork { .. }, Execution::Network(net)) => engine.ensure_network(net).await,
         (Task::ApplyFirewall { generation, .. }, Execution::Network(net)) => {
             let (env, subnet, generation) = (net.environment.clone(), net.subnet.clone(), *generation);
             // The sets as the replicas are now, so replacing the table never empties them.
@@ -341,14 +347,12 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> 
             }
             let network = agent_proto::host_object(&engine.control_plane, environment, &engine.node);
             notes.push(engine.remove_network(&network).await?);
-            x.names.refresh(engine).await;
             Ok(notes.join("; "))
         }
         (Task::EnsureApplication { .. }, Execution::Application(app)) => {
             let note = engine.ensure_application(app).await?;
-            // Healthy: its role's name may stand for it now.
+            // Healthy: its role's name may stand for it now (the refresh after the task).
             x.names.judge(&app.container);
-            x.names.refresh(engine).await;
             Ok(note)
         }
         (Task::RunOnce { .. } | Task::RunCron { .. }, Execution::Application(app)) => {
@@ -362,11 +366,7 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> 
                 generation,
             },
             _,
-        ) => {
-            let note = engine.stop_older(environment, role, *instance, *generation).await?;
-            x.names.refresh(engine).await;
-            Ok(note)
-        }
+        ) => engine.stop_older(environment, role, *instance, *generation).await,
         (
             Task::TeardownApplication {
                 environment,
@@ -375,11 +375,7 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> 
                 generation,
             },
             _,
-        ) => {
-            let note = engine.teardown(environment, role, *instance, *generation).await?;
-            x.names.refresh(engine).await;
-            Ok(note)
-        }
+        ) => engine.teardown(environment, role, *instance, *generation).await,
         (Task::PublishIngress { .. }, Execution::Ingress(spec)) if spec.held => {
             // A custom domain not proven yet: nothing of it is routed on this node.
             let (env, host, generation) = (spec.environment.clone(), spec.hostname.clone(), spec.generation);
