@@ -175,7 +175,7 @@ pub struct ApplicationSpec {
     pub environment: String,
     pub deployment: String,
     pub role: String,
-    /// `web`, `worker`, `cron`, `job` or `release`.
+    /// `web`, `worker`, `service`, `cron`, `job` or `release`.
     pub role_kind: String,
     /// The replica's index; `None` for a run.
     pub instance: Option<u32>,
@@ -203,6 +203,27 @@ pub struct ApplicationSpec {
     pub log_max_bytes: u64,
     /// …in at most this many files (Docker's json-file driver rotates them).
     pub log_max_files: u32,
+    /// The environment's volumes it mounts; absent for a role without any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeMount>,
+}
+
+/// One volume of the environment, mounted read-write at `path`. The agent names it
+/// [`volume_name`] and owns it only with its labels.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VolumeMount {
+    pub volume: String,
+    /// Grows with each restore: a restore makes a new volume and keeps the old one.
+    pub generation: u64,
+    pub path: String,
+}
+
+/// The Docker volume of an environment's `volume` at `generation` on `node`, for the control
+/// plane `control_plane`: `pl_<plane>_<node>_<environment>_<volume>_v<generation>`. Names
+/// are RFC 1123 labels (no `_`), so each part is unambiguous.
+pub fn volume_name(control_plane: &str, node: &str, environment: &str, volume: &str, generation: u64) -> String {
+    format!("pl_{control_plane}_{node}_{environment}_{volume}_v{generation}")
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -359,6 +380,23 @@ pub struct Heartbeat {
     /// [`MAX_TAKEN_SUBNETS`]: the control plane gives its environments other ones.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub taken_subnets: Vec<String>,
+    /// This control plane's volumes on the node and what each holds (at most
+    /// [`MAX_HEARTBEAT_VOLUMES`]); absent from an agent that predates volumes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeUsage>,
+}
+
+/// Most volumes one heartbeat may report.
+pub const MAX_HEARTBEAT_VOLUMES: usize = 4096;
+
+/// One volume of the node and the bytes its files hold.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VolumeUsage {
+    pub environment: String,
+    pub volume: String,
+    pub generation: u64,
+    pub bytes: u64,
 }
 
 /// Most taken subnets one heartbeat may report (the whole pool).
@@ -398,6 +436,7 @@ impl Heartbeat {
             repaired: Vec::new(),
             host: None,
             taken_subnets: Vec::new(),
+            volumes: Vec::new(),
         }
     }
 }

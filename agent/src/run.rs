@@ -555,8 +555,25 @@ pub async fn run(config: Config) -> Result<()> {
         let (client, engine, repairs) = (Arc::clone(&client), Arc::clone(&engine), Arc::clone(&repairs));
         let every = Duration::from_secs(config.heartbeat_seconds.max(1));
         tokio::spawn(async move {
+            // Volumes are walked at most once a minute, whatever the heartbeat interval.
+            let mut volumes: (Option<std::time::Instant>, Vec<agent_proto::VolumeUsage>) = (None, Vec::new());
             loop {
                 let docker_up = engine.engine.docker.ping().await.is_ok();
+                if docker_up && volumes.0.is_none_or(|t| t.elapsed() >= VOLUME_MEASURE_EVERY) {
+                    if let Ok(measured) = engine.engine.measure_volumes().await {
+                        volumes.1 = measured
+                            .into_iter()
+                            .take(agent_proto::MAX_HEARTBEAT_VOLUMES)
+                            .map(|v| agent_proto::VolumeUsage {
+                                environment: v.environment,
+                                volume: v.volume,
+                                generation: v.generation,
+                                bytes: v.bytes,
+                            })
+                            .collect();
+                    }
+                    volumes.0 = Some(std::time::Instant::now());
+                }
                 let mut capabilities = Vec::new();
                 for c in &engine.enabled {
                     let works = match c {
@@ -577,6 +594,7 @@ pub async fn run(config: Config) -> Result<()> {
                     repaired,
                     host: host.clone(),
                     taken_subnets: engine.engine.taken_subnets().await.unwrap_or_default(),
+                    volumes: volumes.1.clone(),
                 };
                 if let Err(e) = blocking(&client, move |c| c.heartbeat(&hb)).await {
                     tracing::warn!(error = %e, "heartbeat failed");
@@ -595,6 +613,9 @@ pub async fn run(config: Config) -> Result<()> {
     leasing.run(&AtomicBool::new(false)).await;
     Ok(())
 }
+
+/// How often the heartbeat measures what the node's volumes hold.
+pub const VOLUME_MEASURE_EVERY: Duration = Duration::from_secs(60);
 
 /// How long a lease waits for a job when the node holds none.
 pub const LONG_POLL: Duration = Duration::from_secs(20);

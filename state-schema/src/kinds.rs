@@ -24,6 +24,7 @@ pub const ROLE_FIELDS: &[&str] = &[
     "schedule",
     "logs",
     "ports",
+    "volumes",
 ];
 pub const LOGS_FIELDS: &[&str] = &["maxSize", "maxFiles"];
 pub const HEALTH_FIELDS: &[&str] = &["path", "timeoutSeconds"];
@@ -264,6 +265,7 @@ fn decode_role(ctx: &mut Ctx<'_>, node: &Node<'_>, role: &str) -> Option<Role> {
                 ("cron", "cron"),
                 ("job", "job"),
                 ("release", "release"),
+                ("service", "service"),
             ],
         )
     });
@@ -296,6 +298,7 @@ fn decode_role(ctx: &mut Ctx<'_>, node: &Node<'_>, role: &str) -> Option<Role> {
         .map(|n| checked(ctx, n, "`schedule`", Code::InvalidCron, CronSchedule::parse));
     let logs = f.get("logs").map(|n| decode_logs(ctx, n));
     let ports = f.get("ports").map(|n| decode_ports(ctx, n));
+    let volumes = f.get("volumes").map(|n| crate::volumes::decode_volumes(ctx, n));
 
     let kind = kind?;
     let mut not_for = |field: &str, present: bool| {
@@ -309,15 +312,20 @@ fn decode_role(ctx: &mut Ctx<'_>, node: &Node<'_>, role: &str) -> Option<Role> {
             );
         }
     };
-    let long_running = matches!(kind, "web" | "worker");
+    // Long-running roles serve ports; web and worker ones run replicas (a service runs one).
+    let long_running = matches!(kind, "web" | "worker" | "service");
+    let scaled = matches!(kind, "web" | "worker");
     not_for("port", kind != "web" && port.is_some());
     not_for("health", kind != "web" && health.is_some());
-    not_for("replicas", !long_running && replicas.is_some());
+    not_for("replicas", !scaled && replicas.is_some());
     not_for("schedule", kind != "cron" && schedule.is_some());
     not_for("ports", !long_running && ports.is_some());
-    let misplaced = !long_running && (replicas.is_some() || ports.is_some())
+    not_for("volumes", kind == "cron" && volumes.is_some());
+    let misplaced = !scaled && replicas.is_some()
+        || !long_running && ports.is_some()
         || kind != "web" && (port.is_some() || health.is_some())
-        || kind != "cron" && schedule.is_some();
+        || kind != "cron" && schedule.is_some()
+        || kind == "cron" && volumes.is_some();
     let workload = match kind {
         "web" => Workload::Web {
             port: port.unwrap_or(Some(defaults::WEB_PORT))?,
@@ -340,6 +348,7 @@ fn decode_role(ctx: &mut Ctx<'_>, node: &Node<'_>, role: &str) -> Option<Role> {
             }
         },
         "job" => Workload::Job {},
+        "service" => Workload::Service {},
         _ => Workload::Release {},
     };
     if misplaced {
@@ -360,9 +369,27 @@ fn decode_role(ctx: &mut Ctx<'_>, node: &Node<'_>, role: &str) -> Option<Role> {
         );
         return None;
     }
+    let volumes = match volumes {
+        Some(v) => v?,
+        None => Vec::new(),
+    };
+    // One writer: a volume is mounted by one container at a time.
+    if let (Some(n), false) = (workload.replicas(), volumes.is_empty())
+        && n > 1
+    {
+        let pos = f.get("replicas").map_or(f.pos, |n| n.pos);
+        ctx.error_hint(
+            Code::VolumeOneWriter,
+            pos,
+            format!("{what} mounts volumes and asks for {n} replicas; a volume has one writer"),
+            "run one replica, or keep the data in a `kind: service` role the replicas reach by name",
+        );
+        return None;
+    }
     Some(Role {
         workload,
         ports,
+        volumes,
         command: command?,
         resources: resources?,
         logs: match logs {
@@ -442,8 +469,9 @@ fn decode_logs(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<LogLimits> {
 fn field_hint(field: &str) -> &'static str {
     match field {
         "port" | "health" => "only web roles listen and have health checks",
-        "replicas" => "only web and worker roles run replicas",
-        "ports" => "only web and worker roles serve other roles; a run is reached by nothing",
+        "replicas" => "only web and worker roles run replicas; a service runs one",
+        "ports" => "only web, worker and service roles serve other roles; a run is reached by nothing",
+        "volumes" => "a cron role's runs may overlap; mount the volume in a job or a service",
         _ => "only cron roles have a schedule",
     }
 }

@@ -31,6 +31,7 @@ pub mod state;
 pub mod synthetic;
 pub mod task;
 pub mod values;
+pub mod volumes;
 pub mod yaml;
 pub mod yaml_errors;
 mod yaml_input;

@@ -104,11 +104,29 @@ pub struct Role {
     /// left out of the canonical form, so roles without it keep their hashes.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<u16>,
+    /// Its volumes (`volumes.rs`): the environment's data, mounted at `path`, kept across
+    /// generations, restarts and teardowns. Empty is left out of the canonical form.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<Volume>,
     /// How much output its container keeps on the node; `None`: the defaults
     /// (`parse::defaults::LOG_MAX_BYTES` in `LOG_MAX_FILES` files), left out of the canonical
     /// form so that roles without it keep their hashes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub logs: Option<LogLimits>,
+}
+
+/// A volume a role mounts: the environment's `name`, at `path` in the container.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Volume {
+    pub name: Name,
+    pub path: String,
+    /// What the user expects it to hold at most: reported against its measured use (the
+    /// local driver enforces no size).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub size: Option<Memory>,
+    /// Days it is kept after its environment is torn down (default 7).
+    pub retain_days: u32,
 }
 
 /// A container's log on its node: `max_files` files of at most `max_size` each.
@@ -124,11 +142,21 @@ pub struct LogLimits {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum Workload {
-    Web { port: u16, health: Health, replicas: u32 },
-    Worker { replicas: u32 },
-    Cron { schedule: CronSchedule },
+    Web {
+        port: u16,
+        health: Health,
+        replicas: u32,
+    },
+    Worker {
+        replicas: u32,
+    },
+    Cron {
+        schedule: CronSchedule,
+    },
     Job {},
     Release {},
+    /// One instance, no ingress, restarted in place: a database and the like.
+    Service {},
 }
 
 impl Workload {
@@ -139,13 +167,16 @@ impl Workload {
             Workload::Cron { .. } => "cron",
             Workload::Job {} => "job",
             Workload::Release {} => "release",
+            Workload::Service {} => "service",
         }
     }
 
-    /// Replicas for long-running roles; `None` for cron, job and release roles.
+    /// Replicas for long-running roles (a service: one); `None` for cron, job and release
+    /// roles.
     pub fn replicas(&self) -> Option<u32> {
         match self {
             Workload::Web { replicas, .. } | Workload::Worker { replicas } => Some(*replicas),
+            Workload::Service {} => Some(1),
             _ => None,
         }
     }

@@ -79,6 +79,27 @@ fn record_positions(doc: &Node<'_>) -> Vec<(Cow<'static, str>, Pos)> {
             }
         }
     }
+    // Each volume's name, for the check that one role mounts it.
+    if let Some(yaml::Value::Map(roles)) = entry(spec, "roles").map(|n| &n.value) {
+        for (k, role) in roles {
+            let (yaml::Value::Str(r), Some(yaml::Value::Seq(items))) =
+                (&k.value, entry(role, "volumes").map(|n| &n.value))
+            else {
+                continue;
+            };
+            for item in items {
+                if let Some(
+                    n @ &Node {
+                        value: yaml::Value::Str(ref name),
+                        ..
+                    },
+                ) = entry(item, "name")
+                {
+                    out.push((Cow::Owned(format!("spec.roles.{r}.volumes.{name}")), n.pos));
+                }
+            }
+        }
+    }
     if let Some(yaml::Value::Seq(items)) = entry(spec, "secrets").map(|n| &n.value) {
         for item in items {
             if let yaml::Value::Str(name) = &item.value {

@@ -115,7 +115,20 @@ pub struct Fleet {
     nodes: BTreeMap<Name, FleetNode>,
     used: HashMap<Name, (u64, u64)>,
     current: HashMap<Name, Vec<(Instance, u64, u64)>>,
+    /// Where each environment's roles with volumes have their data: `(environment, role)`.
+    pins: HashMap<(Name, Name), Name>,
 }
+
+/// Where a role's volumes live: its one instance runs on `node`, and nowhere else.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Pin {
+    pub environment: Name,
+    pub role: Name,
+    pub node: Name,
+}
+
+/// Why a role pinned by its volumes does not run where its data is.
+pub const VOLUME_PINNED: &str = "volume-pinned";
 
 impl Fleet {
     /// From nodes and the deployments that run now (their replicas hold reservations).
@@ -140,6 +153,35 @@ impl Fleet {
             }
         }
         Fleet::new(nodes, &[])
+    }
+
+    /// Pins roles to the nodes that hold their volumes (the control plane's volume rows).
+    pub fn pin(&mut self, pins: impl IntoIterator<Item = Pin>) {
+        for p in pins {
+            self.pins.insert((p.environment, p.role), p.node);
+        }
+    }
+
+    /// The node `environment`'s `role` is pinned to by its volumes, if any.
+    pub fn pinned(&self, environment: &Name, role: &Name) -> Option<&Name> {
+        self.pins.get(&(environment.clone(), role.clone()))
+    }
+
+    /// Pinned instances that stay on a node draining in Git: the drain cannot finish until
+    /// the user moves their volumes (`pl volume move`).
+    pub fn pinned_to_draining(&self) -> Vec<Pin> {
+        let mut out: Vec<Pin> = self
+            .pins
+            .iter()
+            .filter(|(_, node)| self.nodes.get(*node).is_some_and(|n| n.git == NodeState::Draining))
+            .map(|((environment, role), node)| Pin {
+                environment: environment.clone(),
+                role: role.clone(),
+                node: node.clone(),
+            })
+            .collect();
+        out.sort();
+        out
     }
 
     /// Records `spec`'s replicas as running and reserved (replacing what the environment held).
@@ -236,9 +278,46 @@ impl Fleet {
             u.0 += cpu;
             u.1 += mem;
         };
-        // Sticky first: every replica that may stay where it runs, stays.
+        // Pinned first: a role with volumes runs where its data is, or not at all. Placement
+        // never moves it; a draining node keeps it (and the drain waits for `pl volume move`).
         let mut open: Vec<(Name, u32)> = Vec::new();
         for (role, count) in &spec.replicas {
+            let Some(node) = self.pins.get(&(env.clone(), role.clone())).cloned() else {
+                continue;
+            };
+            if spec.roles.get(role).is_none_or(|r| r.volumes.is_empty()) {
+                continue;
+            }
+            let (cpu, mem, _) = need(role);
+            for index in 0..*count {
+                let stays = self.nodes.get(&node).is_some_and(|n| {
+                    n.pool == pool
+                        && matches!(n.git, NodeState::Active | NodeState::Draining)
+                        && matches!(n.liveness, Liveness::Ready | Liveness::Quiet | Liveness::Unhealthy)
+                });
+                if stays && index == 0 {
+                    reserve(self, &node, cpu, mem);
+                    placed.push(Instance {
+                        role: role.clone(),
+                        index,
+                        node: node.clone(),
+                    });
+                } else {
+                    waiting.push(Waiting {
+                        role: role.clone(),
+                        index,
+                        reason: VOLUME_PINNED.into(),
+                    });
+                }
+            }
+        }
+        // Sticky next: every replica that may stay where it runs, stays.
+        for (role, count) in &spec.replicas {
+            if self.pins.contains_key(&(env.clone(), role.clone()))
+                && spec.roles.get(role).is_some_and(|r| !r.volumes.is_empty())
+            {
+                continue;
+            }
             let (cpu, mem, _) = need(role);
             for index in 0..*count {
                 let stay = before
@@ -313,24 +392,22 @@ impl Fleet {
                 .find(|(_, n)| n.pool == pool && n.takes_new(&["docker"]))
                 .map(|(name, _)| name.clone())
         });
-        // Cron roles' runs go to the same node.
+        // Cron roles' runs go to the same node. A run with volumes goes where they are.
+        let pins = &self.pins;
         let mut once = |kind: &str| -> Vec<(Name, Name)> {
-            let roles = spec
-                .roles
-                .iter()
-                .filter(|(_, r)| r.kind == kind)
-                .map(|(n, _)| n.clone());
-            match &release_node {
-                Some(node) => roles.map(|r| (r, node.clone())).collect(),
-                None => {
-                    waiting.extend(roles.map(|role| Waiting {
-                        role,
+            let mut out = Vec::new();
+            for (role, r) in spec.roles.iter().filter(|(_, r)| r.kind == kind) {
+                let pin = pins.get(&(env.clone(), role.clone())).filter(|_| !r.volumes.is_empty());
+                match pin.or(release_node.as_ref()) {
+                    Some(node) => out.push((role.clone(), node.clone())),
+                    None => waiting.push(Waiting {
+                        role: role.clone(),
                         index: 0,
                         reason: "no-eligible-node".into(),
-                    }));
-                    Vec::new()
+                    }),
                 }
             }
+            out
         };
         spec.release = once("release");
         spec.cron = once("cron");
@@ -393,6 +470,7 @@ pub(crate) mod tests {
             secrets: Default::default(),
             logs: None,
             ports: Vec::new(),
+            volumes: Vec::new(),
         }
     }
 
@@ -414,6 +492,16 @@ pub(crate) mod tests {
             certificates: Vec::new(),
             domains: Vec::new(),
         }
+    }
+
+    fn with_volume(s: &mut DeploymentSpec, role: &str) {
+        let r = s.roles.get_mut(&name(role)).expect("role");
+        r.volumes.push(crate::runspec::VolumeSpec {
+            name: "data".into(),
+            path: "/data".into(),
+            size_bytes: None,
+            retain_days: 7,
+        });
     }
 
     pub(crate) fn nodes_of(s: &DeploymentSpec) -> Vec<String> {
@@ -506,6 +594,62 @@ pub(crate) mod tests {
             ["w/0@c", "w/1@b"],
             "left the pool"
         );
+    }
+
+    #[test]
+    fn a_role_pinned_by_its_volume_stays_with_its_data_or_waits_and_never_moves() {
+        let up = [
+            ("a", node("main", 4000, UP, ACTIVE)),
+            ("b", node("main", 4000, UP, ACTIVE)),
+        ];
+        let pin = Pin {
+            environment: name("e"),
+            role: name("db"),
+            node: name("b"),
+        };
+        let place = |a: FleetNode, b: FleetNode| {
+            let mut f = fleet(&[("a", a), ("b", b)]);
+            f.pin([pin.clone()]);
+            let mut s = spec(
+                "e",
+                Placement::Pack,
+                &[("db", "service", 500, 1), ("w", "worker", 500, 1)],
+            );
+            with_volume(&mut s, "db");
+            let waiting = f.place(&mut s);
+            let reasons: Vec<String> = waiting
+                .iter()
+                .map(|w| format!("{}/{}:{}", w.role, w.index, w.reason))
+                .collect();
+            (nodes_of(&s), reasons, f.pinned_to_draining())
+        };
+        // Pack would put it on `a`; its data is on `b`.
+        let (placed, waits, draining) = place(up[0].1.clone(), up[1].1.clone());
+        assert_eq!(placed, ["db/0@b", "w/0@a"]);
+        assert!(waits.is_empty() && draining.is_empty());
+        // Draining: it stays (and the drain waits for a move); unhealthy: it stays.
+        let (placed, _, draining) = place(up[0].1.clone(), node("main", 4000, UP, NodeState::Draining));
+        assert_eq!(placed, ["db/0@b", "w/0@a"]);
+        assert_eq!(draining, std::slice::from_ref(&pin));
+        let (placed, _, _) = place(up[0].1.clone(), node("main", 4000, Liveness::Unhealthy, ACTIVE));
+        assert_eq!(placed, ["db/0@b", "w/0@a"]);
+        // Lost, retired or out of the pool: it waits with `volume-pinned`, never placed on `a`.
+        for b in [
+            node("main", 4000, Liveness::Lost, ACTIVE),
+            node("main", 4000, UP, NodeState::Retired),
+            node("other", 4000, UP, ACTIVE),
+        ] {
+            let (placed, waits, _) = place(up[0].1.clone(), b);
+            assert_eq!(placed, ["w/0@a"]);
+            assert_eq!(waits, ["db/0:volume-pinned"]);
+        }
+        // A second replica of a pinned role (one writer) is never placed.
+        let mut f = fleet(&up);
+        f.pin([pin.clone()]);
+        let mut s = spec("e", Placement::Spread, &[("db", "service", 500, 2)]);
+        with_volume(&mut s, "db");
+        assert_eq!(f.place(&mut s).len(), 1);
+        assert_eq!(nodes_of(&s), ["db/0@b"]);
     }
 
     #[test]

@@ -16,7 +16,7 @@ use crate::canonical;
 use crate::deployment::DeploymentSpec;
 use crate::desired::Desired;
 use crate::model::NodePool;
-use crate::placement::{Fleet, FleetNode, Liveness};
+use crate::placement::{Fleet, FleetNode, Liveness, Pin};
 use crate::release::{self, Change};
 use crate::state::State;
 use crate::values::Name;
@@ -43,6 +43,9 @@ pub struct Snapshot {
     pub nodes: BTreeMap<String, SeenNode>,
     /// Every running deployment, in environment order.
     pub running: Vec<Running>,
+    /// Where roles with volumes have their data (absent from an older control plane's).
+    #[serde(default)]
+    pub pins: Vec<Pin>,
 }
 
 /// The fleet `pools`' nodes form with what was seen of them at `now_ms`, holding what
@@ -158,6 +161,7 @@ pub fn preview(snapshot: &Snapshot, state: &State) -> Vec<Move> {
 /// decision the reconciler makes each time its fleet changes, and [`preview`]'s.
 pub fn replace_snapshot(snapshot: Snapshot, pools: &[(Name, NodePool)]) -> Vec<Replaced> {
     let mut fleet = live_fleet(pools, &snapshot.nodes, &[], snapshot.at_ms, snapshot.lost_after_ms);
+    fleet.pin(snapshot.pins.iter().cloned());
     for r in &snapshot.running {
         fleet.hold(&r.spec);
     }
@@ -328,6 +332,7 @@ mod tests {
         let spec = placed[0].spec.clone();
         assert_eq!(nodes_of(&spec), ["web/0@n1", "web/1@n2", "web/2@n1"]);
         let mut snapshot = Snapshot {
+            pins: Vec::new(),
             at_ms: 1_000_000,
             lost_after_ms: 300_000,
             nodes: BTreeMap::from([

@@ -15,7 +15,7 @@ use std::sync::Arc;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RoleSpec {
-    /// `web`, `worker`, `cron`, `job` or `release`.
+    /// `web`, `worker`, `service`, `cron`, `job` or `release`.
     pub kind: String,
     /// The image, pinned by digest (validation requires it).
     pub image: String,
@@ -47,6 +47,20 @@ pub struct RoleSpec {
     /// so specs without it keep their hashes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<u16>,
+    /// Its volumes, mounted in every container it runs; empty is left out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeSpec>,
+}
+
+/// A volume as a role's containers mount it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeSpec {
+    pub name: String,
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<u64>,
+    pub retain_days: u32,
 }
 
 fn is_empty(m: &Arc<SmallMap<String, String>>) -> bool {
@@ -116,6 +130,16 @@ pub fn role_specs(
                 secrets: Arc::clone(&secrets),
                 logs: r.logs.as_ref().map(|l| (l.max_size.bytes(), l.max_files)),
                 ports: r.ports.clone(),
+                volumes: r
+                    .volumes
+                    .iter()
+                    .map(|v| VolumeSpec {
+                        name: v.name.as_str().to_owned(),
+                        path: v.path.clone(),
+                        size_bytes: v.size.map(|s| s.bytes()),
+                        retain_days: v.retain_days,
+                    })
+                    .collect(),
             };
             (name.clone(), spec)
         })

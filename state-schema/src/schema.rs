@@ -63,9 +63,19 @@ pub fn spec_schemas() -> Vec<(&'static str, Value)> {
         &[],
         "How much output each container keeps on its node (Docker's json-file log, rotated).",
     );
+    let volume = object(
+        json!({
+            "name": name("The volume's name, unique in the project."),
+            "path": {"type": "string", "pattern": "^/", "maxLength": 256, "description": "Absolute path in the container; not `/`, `/tmp`, `/run/secrets`, `/proc`, `/sys` or `/dev`."},
+            "size": quantity(MEMORY, "What it should hold at most, with a unit (`10Gi`); reported against its measured use."),
+            "retainDays": {"type": "integer", "minimum": 0, "maximum": 3650, "description": "Days it is kept after its environment is torn down; default 7."},
+        }),
+        &["name", "path"],
+        "A volume of the environment, mounted by this role.",
+    );
     let role = object(
         json!({
-            "kind": {"enum": ["web", "worker", "cron", "job", "release"], "description": "What the role runs as."},
+            "kind": {"enum": ["web", "worker", "service", "cron", "job", "release"], "description": "What the role runs as (`service`: one instance, no ingress, restarted in place)."},
             "command": {"type": "array", "items": {"type": "string"}, "description": "argv; default: the image's entrypoint."},
             "port": {"type": "integer", "minimum": 1, "maximum": 65535, "description": "Web roles only; default 8080."},
             "health": health,
@@ -73,7 +83,8 @@ pub fn spec_schemas() -> Vec<(&'static str, Value)> {
             "resources": resources,
             "schedule": {"type": "string", "description": "Cron roles only: five fields, e.g. `*/15 * * * *`."},
             "logs": logs,
-            "ports": {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 65535}, "maxItems": 16, "uniqueItems": true, "description": "Web and worker roles: ports served inside the environment besides `port`; other containers of the environment reach no other."},
+            "ports": {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 65535}, "maxItems": 16, "uniqueItems": true, "description": "Web, worker and service roles: ports served inside the environment besides `port`; other containers of the environment reach no other."},
+            "volumes": {"type": "array", "maxItems": 8, "items": volume, "description": "Not on cron roles. The environment's data, kept across releases, restarts and teardowns (for `retainDays`); a role with volumes runs one replica."},
         }),
         &["kind"],
         "One role of a project.",

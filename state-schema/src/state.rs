@@ -343,6 +343,24 @@ fn check_references(state: &State, diags: &mut Vec<Diagnostic>) {
                                     )
                                     .with_hint("only web and worker roles run replicas"),
                                 ),
+                                Some(r)
+                                    if env.replicas.get(role).is_some_and(|n| *n > 1)
+                                        && (!r.volumes.is_empty() || r.workload == Workload::Service {}) =>
+                                {
+                                    diags.push(
+                                        Diagnostic::error(
+                                            Code::VolumeOneWriter,
+                                            &loc.file,
+                                            Some(loc.pos_of(&path)),
+                                            format!(
+                                                "role `{role}` runs one instance (a {} role{}); it cannot have more replicas",
+                                                r.workload.kind_name(),
+                                                if r.volumes.is_empty() { "" } else { " with volumes" }
+                                            ),
+                                        )
+                                        .with_hint("a volume has one writer: set 0 or 1"),
+                                    )
+                                }
                                 Some(_) => {}
                             }
                         }
@@ -376,6 +394,23 @@ fn check_references(state: &State, diags: &mut Vec<Diagnostic>) {
                 }
             }
             Spec::Project(p) => {
+                // A volume belongs to the environment and has one writer: one role mounts it.
+                let mut owner: BTreeMap<&Name, &Name> = BTreeMap::new();
+                for (role, r) in p.roles.iter() {
+                    for v in &r.volumes {
+                        if let Some(first) = owner.insert(&v.name, role) {
+                            diags.push(
+                                Diagnostic::error(
+                                    Code::InvalidVolume,
+                                    &loc.file,
+                                    Some(loc.pos_of(&format!("spec.roles.{role}.volumes.{}", v.name))),
+                                    format!("volume `{}` is mounted by roles `{first}` and `{role}`", v.name),
+                                )
+                                .with_hint("a volume has one writer: give each role its own volume"),
+                            );
+                        }
+                    }
+                }
                 for s in &p.secrets {
                     if !state.declares(Kind::Secret, s) {
                         diags.push(dangling(

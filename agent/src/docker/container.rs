@@ -34,6 +34,8 @@ impl Engine {
     /// dropped, no new privileges, the role's CPU, memory (and swap) and pids limits, no
     /// published port, only the environment's network, an init as PID 1.
     pub(super) async fn create(&self, app: &ApplicationSpec, secrets: Option<&Path>) -> Result<(), Failure> {
+        // The environment's volumes, ours or refused, before anything is made.
+        let mounts = self.ensure_volumes(app).await?;
         let host = HostConfig {
             readonly_rootfs: Some(true),
             tmpfs: Some(HashMap::from([(
@@ -54,6 +56,7 @@ impl Engine {
             dns_search: Some(vec![format!("{}.{}", app.environment, crate::names::DOMAIN)]),
             init: Some(true),
             binds: secrets.map(|d| vec![format!("{}:/run/secrets:ro", d.display())]),
+            mounts: (!mounts.is_empty()).then_some(mounts),
             // Output is bounded on disk whatever the engine's default driver: a container that
             // writes without end could otherwise fill the disk under every environment and the
             // ledger (24 MiB of stdout grew the host's log by 25.6 MiB in the review).
@@ -135,6 +138,14 @@ impl Engine {
             self.create(app, secrets.as_deref()).await?;
         }
         if note != "adopted" {
+            // One writer: a role with volumes is restarted in place, so its older generation
+            // stops before this one starts (a stateless replica overlaps instead).
+            if !app.volumes.is_empty()
+                && let Some(instance) = app.instance
+            {
+                self.stop_older(&app.environment, &app.role, instance, app.generation)
+                    .await?;
+            }
             self.docker
                 .start_container(&app.container, None)
                 .await

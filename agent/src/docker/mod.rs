@@ -12,8 +12,10 @@ mod container;
 mod image;
 mod network;
 mod secrets;
+mod volume;
 
 pub use network::pool_slots;
+pub use volume::{VOLUME, VOLUME_GENERATION, VolumeUse};
 
 use crate::outcome::{Failure, permanent, retryable};
 use agent_proto::{ApplicationSpec, NetworkSpec};

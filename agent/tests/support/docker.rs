@@ -47,6 +47,7 @@ pub fn web_replica(
         secrets: Vec::new(),
         log_max_bytes: 10 << 20,
         log_max_files: 3,
+        volumes: Vec::new(),
     }
 }
 
@@ -262,5 +263,15 @@ pub fn clean(environment: &str) {
     }
     for n in &networks {
         let _ = docker_ok(&["network", "rm", n]);
+    }
+    let volumes = docker(&[
+        "volume",
+        "ls",
+        "-q",
+        "--filter",
+        &format!("label=dev.pushleft.environment={environment}"),
+    ]);
+    for v in volumes.lines().filter(|l| !l.is_empty()) {
+        let _ = docker_ok(&["volume", "rm", v]);
     }
 }

@@ -175,6 +175,26 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
     taken.sort_unstable();
     taken.dedup();
     let taken = taken.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+    if hb.volumes.len() > agent_proto::MAX_HEARTBEAT_VOLUMES {
+        return refused(
+            Refusal::MalformedRequest,
+            "the heartbeat reports more volumes than its limit",
+        );
+    }
+    // Only rows naming this node are updated, so a node reports only what it holds.
+    let measured: Vec<crate::store::volumes::Measured> = hb
+        .volumes
+        .iter()
+        .map(|v| crate::store::volumes::Measured {
+            environment: v.environment.clone(),
+            volume: v.volume.clone(),
+            generation: v.generation,
+            bytes: v.bytes,
+        })
+        .collect();
+    if let Err(e) = s.ledger.record_volume_use(&node, &measured, now_ms()).await {
+        return internal(e);
+    }
     let beat = crate::store::fleet::Beat {
         agent_version: &version,
         capabilities: &capabilities,

@@ -341,6 +341,19 @@ impl Ledger {
             .flat_map(|spec| spec.nodes.iter().map(|n| (spec.environment.to_string(), n.to_string())))
             .collect();
         self.ensure_subnets(tx, &pairs, now_ms).await?;
+        // Volumes are pinned where this placement put their roles (the first time), and a
+        // teardown starts their retention: a teardown never removes one.
+        for s in &starts {
+            match s.action {
+                Action::Rollout => self.record_volumes(tx, &s.spec, now_ms).await?,
+                Action::Teardown => {
+                    self.release_volumes(tx, s.spec.environment.as_str(), now_ms).await?;
+                }
+            }
+        }
+        for s in &scales {
+            self.record_volumes(tx, &s.spec, now_ms).await?;
+        }
         self.write_scales(tx, &scales, revision, now_ms, applied).await?;
         self.write_starts(tx, branch, &starts, revision, now_ms, applied)
             .await?;

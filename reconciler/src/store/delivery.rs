@@ -386,6 +386,23 @@ impl Ledger {
         }
         let environment = spec.environment.to_string();
         let (log_max_bytes, log_max_files) = r.log_limits();
+        // Each volume at the generation its row names (a restore's new one); a volume with no
+        // row yet is at its first.
+        let mut volumes = Vec::with_capacity(r.volumes.len());
+        if !r.volumes.is_empty() {
+            let generations = self.volume_generations(&environment).await?;
+            for v in &r.volumes {
+                let generation = generations
+                    .iter()
+                    .find(|(name, _)| name == &v.name)
+                    .map_or(1, |(_, g)| u64::try_from(*g).unwrap_or(1));
+                volumes.push(agent_proto::VolumeMount {
+                    volume: v.name.clone(),
+                    generation,
+                    path: v.path.clone(),
+                });
+            }
+        }
         Ok(Ok(Execution::Application(Box::new(ApplicationSpec {
             log_max_bytes,
             log_max_files,
@@ -411,6 +428,7 @@ impl Ledger {
             }),
             network,
             secrets,
+            volumes,
         }))))
     }
 }

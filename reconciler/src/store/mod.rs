@@ -22,6 +22,7 @@ mod revisions;
 pub mod rewrites;
 pub mod rows;
 pub mod views;
+pub mod volumes;
 
 /// Milliseconds since the Unix epoch: the ledger's unit of time.
 pub fn now_ms() -> i64 {

@@ -120,7 +120,9 @@ impl Ledger {
     /// capabilities, and every running deployment's reservations.
     pub async fn fleet_view(&self, pools: &[(Name, NodePool)], now_ms: i64) -> Result<Fleet, LedgerError> {
         let seen = self.seen_nodes().await?;
-        Ok(self.fleet_of(pools, &seen, &self.running_specs().await?, now_ms))
+        let mut fleet = self.fleet_of(pools, &seen, &self.running_specs().await?, now_ms);
+        fleet.pin(self.volume_pins().await?);
+        Ok(fleet)
     }
 
     /// The fleet from what was read already: `pools`' nodes with what heartbeats said of
@@ -144,6 +146,7 @@ impl Ledger {
             lost_after_ms: self.lost_after_ms(),
             nodes: seen_nodes(&self.seen_nodes().await?),
             running: self.running().await?,
+            pins: self.volume_pins().await?,
         })
     }
 

@@ -1,0 +1,166 @@
+//! Volumes as the ledger keeps them: one row per environment's volume, naming the node that
+//! holds it (its pin), its generation, when its environment let it go, and what its agent
+//! last measured. SQL only; placement reads the pins (`state_schema::placement::Pin`), the
+//! deploy path records them in the transaction that writes the generation.
+
+use super::{Ledger, LedgerError};
+use sqlx::FromRow;
+use state_schema::deployment::DeploymentSpec;
+use state_schema::placement::Pin;
+use state_schema::values::Name;
+
+/// A volume's row.
+#[derive(Clone, Debug, PartialEq, Eq, FromRow, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeRow {
+    pub environment: String,
+    pub volume: String,
+    pub role: String,
+    pub node: String,
+    pub generation: i64,
+    pub size_bytes: Option<i64>,
+    pub retain_days: i64,
+    pub created_at: i64,
+    pub released_at: Option<i64>,
+    pub bytes: Option<i64>,
+    pub measured_at: i64,
+}
+
+const COLUMNS: &str =
+    "environment, volume, role, node, generation, size_bytes, retain_days, created_at, released_at, bytes, measured_at";
+
+/// One measurement an agent reported: a volume of the node and the bytes it holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Measured {
+    pub environment: String,
+    pub volume: String,
+    pub generation: u64,
+    pub bytes: u64,
+}
+
+impl Ledger {
+    /// Every volume row, by environment and name.
+    pub async fn volumes(&self) -> Result<Vec<VolumeRow>, LedgerError> {
+        let q = format!("SELECT {COLUMNS} FROM volumes ORDER BY environment, volume");
+        Ok(sqlx::query_as(self.sql(&q)).fetch_all(&self.pool).await?)
+    }
+
+    /// Where each role with volumes has its data: placement's pins. A row whose names no
+    /// longer parse (never written so) pins nothing.
+    pub async fn volume_pins(&self) -> Result<Vec<Pin>, LedgerError> {
+        let rows: Vec<(String, String, String)> =
+            sqlx::query_as(self.sql("SELECT DISTINCT environment, role, node FROM volumes ORDER BY environment, role"))
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(e, r, n)| {
+                Some(Pin {
+                    environment: Name::new(&e).ok()?,
+                    role: Name::new(&r).ok()?,
+                    node: Name::new(&n).ok()?,
+                })
+            })
+            .collect())
+    }
+
+    /// The generation of each of `environment`'s volumes, by name: what a mount names.
+    pub async fn volume_generations(&self, environment: &str) -> Result<Vec<(String, i64)>, LedgerError> {
+        Ok(
+            sqlx::query_as(self.sql("SELECT volume, generation FROM volumes WHERE environment = ? ORDER BY volume"))
+                .bind(environment)
+                .fetch_all(&self.pool)
+                .await?,
+        )
+    }
+
+    /// Records the volumes of `spec`'s roles where placement put them: a new volume gets the
+    /// node of its role's instance (or run) as its pin; a kept one (an environment back within
+    /// `retainDays`) is taken up again where it is. The node is never rewritten here: only an
+    /// explicit move changes it.
+    pub(crate) async fn record_volumes(
+        &self,
+        tx: &mut super::WriteTx,
+        spec: &DeploymentSpec,
+        now_ms: i64,
+    ) -> Result<(), LedgerError> {
+        let env = spec.environment.as_str();
+        for (role, r) in spec.roles.iter() {
+            if r.volumes.is_empty() {
+                continue;
+            }
+            let node = spec
+                .instances
+                .iter()
+                .find(|i| &i.role == role)
+                .map(|i| &i.node)
+                .or_else(|| {
+                    spec.release
+                        .iter()
+                        .chain(&spec.cron)
+                        .find(|(n, _)| n == role)
+                        .map(|(_, n)| n)
+                });
+            let Some(node) = node else { continue };
+            for v in &r.volumes {
+                sqlx::query(self.sql(
+                    "INSERT INTO volumes (environment, volume, role, node, size_bytes, retain_days, created_at) \
+                     VALUES (?, ?, ?, ?, ?, ?, ?) \
+                     ON CONFLICT (environment, volume) DO UPDATE SET released_at = NULL, role = excluded.role, \
+                     size_bytes = excluded.size_bytes, retain_days = excluded.retain_days",
+                ))
+                .bind(env)
+                .bind(&v.name)
+                .bind(role.as_str())
+                .bind(node.as_str())
+                .bind(v.size_bytes.map(|b| i64::try_from(b).unwrap_or(i64::MAX)))
+                .bind(i64::from(v.retain_days))
+                .bind(now_ms)
+                .execute(&mut **tx)
+                .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts `environment`'s volumes' retention: a teardown keeps them `retain_days`.
+    pub(crate) async fn release_volumes(
+        &self,
+        tx: &mut super::WriteTx,
+        environment: &str,
+        now_ms: i64,
+    ) -> Result<u64, LedgerError> {
+        Ok(
+            sqlx::query(self.sql("UPDATE volumes SET released_at = ? WHERE environment = ? AND released_at IS NULL"))
+                .bind(now_ms)
+                .bind(environment)
+                .execute(&mut **tx)
+                .await?
+                .rows_affected(),
+        )
+    }
+
+    /// Stores what `node`'s agent measured of its volumes. Rows of other nodes are untouched,
+    /// so an agent reports only what it holds.
+    pub async fn record_volume_use(&self, node: &str, measured: &[Measured], now_ms: i64) -> Result<(), LedgerError> {
+        if measured.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.write_tx().await?;
+        for m in measured {
+            sqlx::query(self.sql(
+                "UPDATE volumes SET bytes = ?, measured_at = ? WHERE environment = ? AND volume = ? AND node = ? AND generation = ?",
+            ))
+            .bind(i64::try_from(m.bytes).unwrap_or(i64::MAX))
+            .bind(now_ms)
+            .bind(&m.environment)
+            .bind(&m.volume)
+            .bind(node)
+            .bind(i64::try_from(m.generation).unwrap_or(i64::MAX))
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,180 @@
+//! A role's `volumes: [{name, path, size?, retainDays?}]`: the single-object rules (a clean absolute path
+//! the role owns, names and paths unique, at most [`MAX_VOLUMES`]), and the one-writer rule a
+//! role's replicas and an environment's overrides must keep.
+
+use crate::decode::{self, Ctx, Fields, quantity_text, string};
+use crate::diag::Code;
+use crate::model::Volume;
+use crate::values::{Memory, Name};
+use crate::yaml::Node;
+
+pub const VOLUME_FIELDS: &[&str] = &["name", "path", "size", "retainDays"];
+/// Days a volume is kept after its environment is torn down (`retainDays`).
+pub const RETAIN_DAYS: u32 = 7;
+/// Longest `retainDays`.
+pub const MAX_RETAIN_DAYS: u32 = 3650;
+/// Most volumes one role mounts.
+pub const MAX_VOLUMES: usize = 8;
+/// Longest mount path.
+pub const MAX_PATH: usize = 256;
+/// Paths the agent mounts itself or the kernel owns: a volume there would hide them.
+const RESERVED: &[&str] = &["/run/secrets", "/tmp", "/proc", "/sys", "/dev", "/etc/resolv.conf"];
+
+/// Why `path` cannot be a volume's mount point, if it cannot.
+pub fn path_problem(path: &str) -> Option<String> {
+    if !path.starts_with('/') {
+        return Some(format!("`{path}` is not an absolute path"));
+    }
+    if path == "/" {
+        return Some("`/` would hide the image's whole file system".into());
+    }
+    if path.len() > MAX_PATH {
+        return Some(format!("the path is {} bytes; at most {MAX_PATH}", path.len()));
+    }
+    if path.ends_with('/') || path.contains("//") {
+        return Some(format!("`{path}` has an empty component (a `//` or a trailing `/`)"));
+    }
+    if path.split('/').any(|c| c == "." || c == "..") {
+        return Some(format!("`{path}` has a `.` or `..` component"));
+    }
+    if path.chars().any(|c| c.is_control() || c == ':' || c == ',') {
+        return Some(format!("`{path}` has a control character, `:` or `,`"));
+    }
+    RESERVED
+        .iter()
+        .find(|r| path == **r || path.strip_prefix(**r).is_some_and(|rest| rest.starts_with('/')))
+        .map(|r| format!("`{path}` is under `{r}`, which the container gets from the agent or the kernel"))
+}
+
+/// `volumes: [...]` of one role.
+pub(crate) fn decode_volumes(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<Vec<Volume>> {
+    let items = decode::seq(ctx, node, "`volumes`")?;
+    if items.len() > MAX_VOLUMES {
+        ctx.error(
+            Code::InvalidVolume,
+            node.pos,
+            format!(
+                "`volumes` lists {} volumes; a role mounts at most {MAX_VOLUMES}",
+                items.len()
+            ),
+        );
+        return None;
+    }
+    let mut out: Vec<Volume> = Vec::with_capacity(items.len());
+    let mut ok = true;
+    for item in items {
+        let Some(v) = decode_volume(ctx, item) else {
+            ok = false;
+            continue;
+        };
+        if out.iter().any(|o| o.name == v.name) {
+            ctx.error(
+                Code::InvalidVolume,
+                item.pos,
+                format!("volume `{}` is listed twice", v.name),
+            );
+            ok = false;
+        } else if out.iter().any(|o| o.path == v.path) {
+            ctx.error_hint(
+                Code::InvalidVolume,
+                item.pos,
+                format!("two volumes are mounted at `{}`", v.path),
+                "give each volume its own path",
+            );
+            ok = false;
+        } else {
+            out.push(v);
+        }
+    }
+    ok.then_some(out)
+}
+
+fn decode_volume(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<Volume> {
+    let f = Fields::new(ctx, node, "a volume", VOLUME_FIELDS)?;
+    let name = f.require(ctx, "name", "a volume").and_then(|n| {
+        let s = string(ctx, n, "a volume's `name`")?;
+        Name::new(s)
+            .map_err(|inv| ctx.invalid(Code::InvalidName, n.pos, inv))
+            .ok()
+    });
+    let path = f.require(ctx, "path", "a volume").and_then(|n| {
+        let s = string(ctx, n, "a volume's `path`")?;
+        match path_problem(s) {
+            Some(problem) => {
+                ctx.error_hint(
+                    Code::InvalidVolume,
+                    n.pos,
+                    format!("a volume's `path`: {problem}"),
+                    "an absolute, clean path of the container, e.g. `/var/lib/postgresql/data`",
+                );
+                None
+            }
+            None => Some(s.to_owned()),
+        }
+    });
+    let size = match f.get("size") {
+        None => Some(None),
+        Some(n) => {
+            let Some(text) = quantity_text(n) else {
+                ctx.wrong_type(n, "a volume's `size`", "a quantity");
+                return None;
+            };
+            match Memory::parse(&text) {
+                Ok(m) if m.bytes() >= 1 << 20 => Some(Some(m)),
+                Ok(_) => {
+                    ctx.error_hint(
+                        Code::InvalidQuantity,
+                        n.pos,
+                        format!("a volume's `size` {text} is under 1Mi"),
+                        "a size with a unit, e.g. `10Gi`",
+                    );
+                    None
+                }
+                Err(inv) => {
+                    ctx.invalid(Code::InvalidQuantity, n.pos, inv);
+                    None
+                }
+            }
+        }
+    };
+    let retain_days = f.get("retainDays").map_or(Some(RETAIN_DAYS), |n| {
+        decode::u32_in(ctx, n, "a volume's `retainDays`", 0, MAX_RETAIN_DAYS)
+    });
+    Some(Volume {
+        name: name?,
+        path: path?,
+        size: size?,
+        retain_days: retain_days?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mount_path_is_absolute_clean_and_not_the_agents_or_the_kernels() {
+        for ok in ["/data", "/var/lib/postgresql/data", "/srv/tmpfiles", "/runx"] {
+            assert_eq!(path_problem(ok), None, "{ok}");
+        }
+        for bad in [
+            "data",
+            "/",
+            "/data/",
+            "/a//b",
+            "/a/../etc",
+            "/a/./b",
+            "/tmp",
+            "/tmp/x",
+            "/run/secrets/db",
+            "/proc/1",
+            "/etc/resolv.conf",
+            "/a:b",
+            "/a,b",
+            "/a\nb",
+        ] {
+            assert!(path_problem(bad).is_some(), "{bad:?}");
+        }
+        assert!(path_problem(&format!("/{}", "a".repeat(MAX_PATH))).is_some());
+    }
+}
