@@ -114,6 +114,12 @@ pub enum Task {
     },
     /// Remove the environment's routes, table and network from the node.
     RemoveNetwork { environment: String, generation: u64 },
+    /// Remove the environment's volume at `generation` (only ours; never one in use).
+    RemoveVolume {
+        environment: String,
+        volume: String,
+        generation: u64,
+    },
     /// Serve an ACME HTTP-01 challenge's key authorization for a hostname.
     PlaceAcmeChallenge {
         environment: String,
@@ -166,6 +172,7 @@ impl Task {
             | Task::RunCron { role, .. }
             | Task::StopApplication { role, .. }
             | Task::TeardownApplication { role, .. } => label("role", role),
+            Task::RemoveVolume { volume, .. } => label("volume", volume),
             Task::PublishIngress { hostname, .. } | Task::RemoveIngress { hostname, .. } => check_hostname(hostname),
             Task::PlaceAcmeChallenge {
                 hostname,
@@ -206,6 +213,7 @@ impl Task {
             Task::PublishIngress { .. } => "publish-ingress",
             Task::RemoveIngress { .. } => "remove-ingress",
             Task::RemoveNetwork { .. } => "remove-network",
+            Task::RemoveVolume { .. } => "remove-volume",
             Task::PlaceAcmeChallenge { .. } => "place-acme-challenge",
         }
     }
@@ -224,7 +232,8 @@ impl Task {
             | Task::RunCron { .. }
             | Task::StopApplication { .. }
             | Task::TeardownApplication { .. }
-            | Task::RemoveNetwork { .. } => Capability::Docker,
+            | Task::RemoveNetwork { .. }
+            | Task::RemoveVolume { .. } => Capability::Docker,
         }
     }
 
@@ -242,6 +251,7 @@ impl Task {
             | Task::PublishIngress { environment, .. }
             | Task::RemoveIngress { environment, .. }
             | Task::RemoveNetwork { environment, .. }
+            | Task::RemoveVolume { environment, .. }
             | Task::PlaceAcmeChallenge { environment, .. } => environment,
         }
     }
@@ -260,6 +270,7 @@ impl Task {
             | Task::PublishIngress { generation, .. }
             | Task::RemoveIngress { generation, .. }
             | Task::RemoveNetwork { generation, .. }
+            | Task::RemoveVolume { generation, .. }
             | Task::PlaceAcmeChallenge { generation, .. } => *generation,
         }
     }

@@ -376,6 +376,14 @@ async fn run_task(x: &Executors, job: &LeasedJob) -> Result<String, Failure> {
             },
             _,
         ) => engine.teardown(environment, role, *instance, *generation).await,
+        (
+            Task::RemoveVolume {
+                environment,
+                volume,
+                generation,
+            },
+            _,
+        ) => engine.remove_volume(environment, volume, *generation).await,
         (Task::PublishIngress { .. }, Execution::Ingress(spec)) if spec.held => {
             // A custom domain not proven yet: nothing of it is routed on this node.
             let (env, host, generation) = (spec.environment.clone(), spec.hostname.clone(), spec.generation);

@@ -7,6 +7,7 @@ mod operator;
 mod secret;
 mod up;
 mod verify;
+mod volumes;
 mod wait;
 
 // Parsing ten thousand small files is allocation-bound; mimalloc is markedly faster there than
@@ -329,11 +330,35 @@ Reference: docs/cli.md (pl wait)")]
         #[command(flatten)]
         server: operator::ServerArgs,
     },
+    /// List volumes: environment, node (where the data is: its role runs only there),
+    /// generation, state (in-use, retained after a teardown), used against declared size,
+    /// and when a retained one is removed (viewer).
+    Volumes {
+        /// Only this environment's.
+        environment: Option<String>,
+        #[command(flatten)]
+        server: operator::ServerArgs,
+    },
+    /// Volumes of the fleet.
+    #[command(subcommand)]
+    Volume(VolumeCommand),
     /// Ask the reconciler for a pass now (operator role).
     Reconcile {
         /// Run a pass now instead of at the next interval (the only mode).
         #[arg(long, required = true)]
         now: bool,
+        #[command(flatten)]
+        server: operator::ServerArgs,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum VolumeCommand {
+    /// Remove a retained volume now, its data with it (admin role). Only a volume whose
+    /// environment was torn down; returns once its node removed it (at most 60 s).
+    Rm {
+        environment: String,
+        volume: String,
         #[command(flatten)]
         server: operator::ServerArgs,
     },
@@ -478,6 +503,14 @@ fn main() -> ExitCode {
         }
         Command::Nodes { server } => control_plane(server).and_then(|s| operator::nodes(&s)),
         Command::Domains { server } => control_plane(server).and_then(|s| operator::domains(&s)),
+        Command::Volumes { environment, server } => {
+            control_plane(server).and_then(|s| volumes::list(&s, environment.as_deref()))
+        }
+        Command::Volume(VolumeCommand::Rm {
+            environment,
+            volume,
+            server,
+        }) => control_plane(server).and_then(|s| volumes::remove(&s, &environment, &volume)),
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             let mut script = Vec::new();

@@ -154,7 +154,7 @@ impl Client {
     }
 }
 
-fn print_json(v: &Value) -> Result<u8> {
+pub(crate) fn print_json(v: &Value) -> Result<u8> {
     outln!("{}", serde_json::to_string_pretty(v)?);
     Ok(0)
 }

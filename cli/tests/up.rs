@@ -1318,3 +1318,177 @@ fn two_control_planes_share_a_host_without_touching_each_other() {
         assert_eq!(code, 0, "pl down: {out}\n{err}");
     });
 }
+
+/// Volumes through `pl up`: a web role whose page is a log on its volume (each start appends
+/// its release). The data survives a new release, a SIGKILL of the container (drift starts
+/// it again, on the same volume), a SIGKILL of the agent (restarted by `pl up`), and a whole
+/// `pl down` and `pl up`; `pl volumes` shows each environment's volume on its node; a torn-down
+/// environment's volume is kept and removed only by `pl volume rm`, which refuses one in use.
+#[test]
+fn volumes_keep_their_data_across_releases_kills_and_down_up_until_removed() {
+    siblings();
+    let base = PathBuf::from(format!("/tmp/plvol-{}", std::process::id()));
+    let host = Host::start(&format!("plhost-vol-{}", std::process::id()), &base);
+    let (registry, port) = host.registry();
+    let _registry = Kill(registry);
+    let image = host.image(port, "vol", &[("/www/healthz", "ok\n")]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = Repo::new(dir.path());
+    let project = move |release: &str| {
+        format!(
+            "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: {image}\n  env: {{RELEASE: {release}}}\n  roles:\n    web:\n      kind: web\n      port: 8080\n      health: {{path: /healthz, timeoutSeconds: 10}}\n      volumes: [{{name: data, path: /data}}]\n      command: [/bin/busybox, sh, -c, 'echo $RELEASE >> /data/index.html && echo ok > /data/healthz && exec /bin/busybox httpd -f -p 8080 -h /data']\n"
+        )
+    };
+    repo.write("projects/api.yaml", &project("r1"));
+    repo.write("envs/api-production.yaml", &environment("api-production", "api"));
+    repo.write(
+        "envs/api-staging.yaml",
+        "apiVersion: pushleft.dev/v1alpha1\nkind: Environment\nmetadata: {name: api-staging}\nspec: {project: api, stage: production, pool: main, hostname: staging.example.com}\n",
+    );
+    let (repo_dir, state, socket) = (repo.dir.clone(), dir.path().join("pl-state"), host.socket.clone());
+    let _detached = Detached(vec![state.clone()]);
+    host.run(move || {
+        let http = 18_083;
+        let port_arg = http.to_string();
+        let up = || {
+            let (code, out, err) = pl(
+                &["up", "--http", "--node", "n1", "--port", &port_arg],
+                &repo_dir,
+                &state,
+                &socket,
+            );
+            assert_eq!(
+                code,
+                0,
+                "pl up: {out}\n{err}\nagent log: {}",
+                std::fs::read_to_string(state.join("agents/n1/agent.log")).unwrap_or_default()
+            );
+        };
+        let page = |host: &str| get(http, host).map(|(_, body)| body);
+        let eventually = |host: &str, want: &str| {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while page(host).as_deref() != Some(want) {
+                assert!(
+                    Instant::now() < deadline,
+                    "{host} never served {want:?}: {:?}",
+                    page(host)
+                );
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        };
+        let (prod, staging) = ("api.example.com.localhost", "staging.example.com.localhost");
+        up();
+        assert_eq!(page(prod).as_deref(), Some("r1"));
+        assert_eq!(page(staging).as_deref(), Some("r1"), "each environment its own volume");
+
+        // A new release finds the data (and started after the old container stopped).
+        repo.write("projects/api.yaml", &project("r2"));
+        up();
+        assert_eq!(page(prod).as_deref(), Some("r1\nr2"));
+        // SIGKILL of the container: drift starts it again, on the same volume.
+        let container = docker(
+            &socket,
+            &["ps", "-q", "--filter", "label=dev.pushleft.environment=api-production"],
+        );
+        assert_eq!(container.lines().count(), 1, "one writer: {container}");
+        docker(&socket, &["kill", "--signal", "KILL", &container]);
+        eventually(prod, "r1\nr2\nr2");
+        // SIGKILL of the agent: `pl up` restarts it, the container and its data are kept.
+        let agent = std::fs::read_to_string(state.join("agents/n1/agent.pid")).expect("agent pid");
+        assert!(
+            Command::new("kill")
+                .args(["-9", agent.trim()])
+                .status()
+                .expect("kill")
+                .success()
+        );
+        up();
+        assert_eq!(page(prod).as_deref(), Some("r1\nr2\nr2"), "the same container serves");
+
+        // `pl volumes`: each environment's volume on n1, in use.
+        let (code, out, err) = pl(&["volumes", "--format", "json", "--local"], &repo_dir, &state, &socket);
+        assert_eq!(code, 0, "{out}\n{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+        let rows: Vec<String> = v["volumes"]
+            .as_array()
+            .expect("volumes")
+            .iter()
+            .map(|r| {
+                format!(
+                    "{}/{}@{} {}",
+                    r["environment"].as_str().unwrap_or(""),
+                    r["volume"].as_str().unwrap_or(""),
+                    r["node"].as_str().unwrap_or(""),
+                    r["state"].as_str().unwrap_or("")
+                )
+            })
+            .collect();
+        assert_eq!(rows, ["api-production/data@n1 in-use", "api-staging/data@n1 in-use"]);
+
+        // A whole `pl down` keeps the volumes; `pl up` again finds the data.
+        let (code, out, err) = pl(&["down"], &repo_dir, &state, &socket);
+        assert_eq!(code, 0, "pl down: {out}\n{err}");
+        let volumes = || {
+            docker(
+                &socket,
+                &[
+                    "volume",
+                    "ls",
+                    "-q",
+                    "--filter",
+                    "label=dev.pushleft.environment=api-production",
+                ],
+            )
+        };
+        assert_eq!(volumes().lines().count(), 1, "kept after pl down");
+        up();
+        assert_eq!(page(prod).as_deref(), Some("r1\nr2\nr2\nr2"));
+
+        // One environment down, the control plane still up: its volume is retained, removed
+        // only when an admin asks; a volume in use is refused.
+        let (code, out, err) = outcome(
+            pl_command(&state, &socket)
+                .arg("down")
+                .arg(&repo_dir)
+                .arg("api-production")
+                .output()
+                .expect("pl down ENV"),
+        );
+        assert_eq!(code, 0, "pl down api-production: {out}\n{err}");
+        let (code, out, _) = pl(&["volumes", "api-production", "--local"], &repo_dir, &state, &socket);
+        assert_eq!(code, 0);
+        assert!(out.contains("retained") && out.contains("removed in 168 h"), "{out}");
+        let (code, _, err) = pl(
+            &["volume", "rm", "api-staging", "data", "--local"],
+            &repo_dir,
+            &state,
+            &socket,
+        );
+        assert_ne!(code, 0);
+        assert!(err.contains("volume-in-use"), "{err}");
+        assert_eq!(volumes().lines().count(), 1);
+        let (code, out, err) = pl(
+            &["volume", "rm", "api-production", "data", "--local"],
+            &repo_dir,
+            &state,
+            &socket,
+        );
+        assert_eq!(code, 0, "{out}\n{err}");
+        assert!(out.contains("removed api-production/data from n1"), "{out}");
+        assert_eq!(volumes(), "", "gone from the host");
+        let (code, out, err) = pl(&["down"], &repo_dir, &state, &socket);
+        assert_eq!(code, 0, "pl down: {out}\n{err}");
+        let staging_volume = docker(
+            &socket,
+            &[
+                "volume",
+                "ls",
+                "-q",
+                "--filter",
+                "label=dev.pushleft.environment=api-staging",
+            ],
+        );
+        assert_eq!(staging_volume.lines().count(), 1, "staging's is kept");
+        docker(&socket, &["volume", "rm", &staging_volume]);
+    });
+}

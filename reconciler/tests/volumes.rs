@@ -2,7 +2,9 @@
 //! pinned to the node its role was first placed on, and placement never moves it (a draining
 //! node keeps it; a lost one leaves it waiting with `volume-pinned`, never placed elsewhere);
 //! a teardown keeps the row (its retention starts), and the environment back within it returns
-//! to the same node; heartbeats' measurements land only on the reporting node's rows.
+//! to the same node; heartbeats' measurements land only on the reporting node's rows; once
+//! its retention is over, a removal job goes to its node and the row is forgotten when it
+//! succeeded.
 
 #[path = "support/dump.rs"]
 mod dump;
@@ -13,7 +15,7 @@ mod repo_support;
 
 use dump::rows;
 use reconciler::config::Config;
-use reconciler::reconcile::Reconciler;
+use reconciler::reconcile::{Reconciler, volumes};
 use reconciler::store::now_ms;
 use reconciler::store::volumes::Measured;
 use reconciler::store::{Completion, Outcome};
@@ -203,6 +205,49 @@ async fn scenario(url: String, dir: &Path) {
         placed(&url).await
     );
     assert_eq!(volume_rows().await, kept);
+    settle(&shared, &["n1", "n2"]).await;
+
+    // Down again, and its three days go by: a removal job on n2 (the only node that holds
+    // it), and once it succeeded the row is forgotten with a `volume-removed` event.
+    repo.remove("envs/api-production.yaml");
+    repo.commit("down for good", true);
+    shared.pass().await.expect("pass");
+    settle(&shared, &["n1", "n2"]).await;
+    let four_days_ago = now_ms() - 4 * 86_400_000;
+    let ledger = reconciler::store::Ledger::connect(&url, 1).await.expect("connect");
+    ledger
+        .execute_raw(&format!("UPDATE volumes SET released_at = {four_days_ago}"))
+        .await
+        .expect("update");
+    ledger.close().await;
+    // (A pass sweeps once a minute; the sweep itself, now.)
+    let sweep = || async { volumes::sweep(&shared.ledger, now_ms()).await.expect("sweep") };
+    assert_eq!(
+        sweep().await,
+        volumes::Swept {
+            forgotten: 0,
+            pending: 1
+        }
+    );
+    assert_eq!(
+        rows(&url, "SELECT key FROM jobs WHERE key LIKE 'vol:%'").await,
+        [format!("vol:api-production/pgdata:v1:t{four_days_ago}:remove@n2")]
+    );
+    assert_eq!(volume_rows().await.len(), 1, "kept until its node removed it");
+    assert_eq!(sweep().await.pending, 1, "queued once, still under way");
+    settle(&shared, &["n1", "n2"]).await;
+    assert_eq!(
+        sweep().await,
+        volumes::Swept {
+            forgotten: 1,
+            pending: 0
+        }
+    );
+    assert!(volume_rows().await.is_empty());
+    assert_eq!(
+        rows(&url, "SELECT detail FROM events WHERE kind = 'volume-removed'").await,
+        ["generation 1 on n2"]
+    );
     shared.ledger.close().await;
 }
 

@@ -78,6 +78,15 @@ pub enum Task {
     /// Remove the environment's routes, nftables table and network from the node (the last
     /// step of a teardown, after its containers are gone).
     RemoveNetwork { environment: Name, generation: u64 },
+    /// Remove an environment's volume at `generation` (its own generation: a restore makes the
+    /// next) from the node, once the retention that started at `released_at` (the teardown's
+    /// time, Unix ms) is over or an admin asked. A later teardown is another job.
+    RemoveVolume {
+        environment: Name,
+        volume: Name,
+        generation: u64,
+        released_at: i64,
+    },
     /// Answer an ACME HTTP-01 challenge for a hostname the node serves: the ingress serves
     /// `key_authorization` at `/.well-known/acme-challenge/<token>` (public by design: it is
     /// what the CA reads). Queued by the control plane's ACME issuer to every node serving the
@@ -167,6 +176,12 @@ impl Task {
                 hostname,
                 generation,
             } => format!("ingress:{environment}/{hostname}:g{generation}:remove"),
+            Task::RemoveVolume {
+                environment,
+                volume,
+                generation,
+                released_at,
+            } => format!("vol:{environment}/{volume}:v{generation}:t{released_at}:remove"),
             // The token is the CA's, new for each order: one job per challenge and node.
             Task::PlaceAcmeChallenge {
                 environment,
@@ -191,6 +206,7 @@ impl Task {
             | Task::TeardownApplication { generation, .. }
             | Task::PublishIngress { generation, .. }
             | Task::RemoveIngress { generation, .. }
+            | Task::RemoveVolume { generation, .. }
             | Task::PlaceAcmeChallenge { generation, .. } => *generation,
         }
     }
@@ -209,6 +225,7 @@ impl Task {
             | Task::TeardownApplication { environment, .. }
             | Task::PublishIngress { environment, .. }
             | Task::RemoveIngress { environment, .. }
+            | Task::RemoveVolume { environment, .. }
             | Task::PlaceAcmeChallenge { environment, .. } => environment,
         }
     }

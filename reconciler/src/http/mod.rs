@@ -9,3 +9,4 @@ pub mod operator;
 pub mod peer;
 pub mod server;
 pub mod streams;
+pub mod volumes;

@@ -109,6 +109,8 @@ pub fn router(state: Arc<Operator>) -> Router {
         .route("/v1/nodes", get(nodes))
         .route("/v1/certificates", get(certificates))
         .route("/v1/domains", get(domains))
+        .route("/v1/volumes", get(volumes))
+        .route("/v1/volumes/remove", post(remove_volume))
         .route("/v1/fleet", get(fleet))
         .route("/v1/rewrites/approve", post(approve_rewrite))
         .route("/v1/webhooks/{forge}", post(webhook))
@@ -336,6 +338,14 @@ async fn nodes(State(s): App, headers: HeaderMap) -> Response {
 /// Custom domains (`http::domains`).
 async fn domains(State(s): App, headers: HeaderMap) -> Response {
     crate::http::domains::list(&s.ledger, &s.tokens, &headers).await
+}
+
+async fn volumes(State(s): App, headers: HeaderMap) -> Response {
+    crate::http::volumes::list(&s.ledger, &s.tokens, &headers).await
+}
+
+async fn remove_volume(State(s): App, headers: HeaderMap, body: axum::body::Body) -> Response {
+    crate::http::volumes::remove(&s.ledger, &s.hub, &s.tokens, &headers, body).await
 }
 
 /// The certificates the control plane issued, by hostname: state, validity, renewal and

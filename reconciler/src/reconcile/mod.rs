@@ -10,6 +10,7 @@ pub mod deploy;
 pub mod domains;
 pub mod drift;
 pub mod placing;
+pub mod volumes;
 
 use crate::config::Config;
 use crate::hub::Hub;
@@ -73,6 +74,8 @@ pub struct Reconciler {
     /// Custom domains' DNS checks, and when the next one is due (Unix ms).
     domains: domains::Checking,
     domains_due_ms: std::sync::atomic::AtomicI64,
+    /// When the volume sweep last ran.
+    volumes_swept_ms: std::sync::atomic::AtomicI64,
 }
 
 /// What one pass did.
@@ -171,6 +174,7 @@ impl Reconciler {
             )
             .map_err(|e| DaemonError::Config(format!("domains: {e}")))?,
             domains_due_ms: std::sync::atomic::AtomicI64::new(0),
+            volumes_swept_ms: std::sync::atomic::AtomicI64::new(0),
             config,
             ledger,
             hub,
@@ -317,6 +321,15 @@ impl Reconciler {
                 let issued = certificates::issue_due(&self.ledger, &self.hub, issuing, now).await?;
                 report.advanced += issued;
             }
+        }
+        // Volumes whose retention is over: removed on their nodes, then forgotten.
+        let now = now_ms();
+        if now - self.volumes_swept_ms.load(Ordering::Relaxed) >= volumes::SWEEP_EVERY_MS {
+            let swept = volumes::sweep(&self.ledger, now).await?;
+            // While removals are under way the next pass looks again (to forget them).
+            let next = if swept.pending > 0 { 0 } else { now };
+            self.volumes_swept_ms.store(next, Ordering::Relaxed);
+            report.advanced += swept.forgotten;
         }
         // Cron roles whose time has come (at most one run per role and time).
         let cron = self.ledger.cron_tick(now_ms()).await?;

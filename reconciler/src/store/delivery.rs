@@ -132,7 +132,10 @@ impl Ledger {
         for l in leases {
             let env = l.task.environment().to_string();
             match &l.task {
-                Task::StopApplication { .. } | Task::TeardownApplication { .. } | Task::RemoveIngress { .. } => {}
+                Task::StopApplication { .. }
+                | Task::TeardownApplication { .. }
+                | Task::RemoveIngress { .. }
+                | Task::RemoveVolume { .. } => {}
                 Task::EnsureNetwork { .. }
                 | Task::ApplyFirewall { .. }
                 | Task::EnsureRoutes { .. }
@@ -188,6 +191,7 @@ impl Ledger {
                 Task::StopApplication { .. }
                 | Task::TeardownApplication { .. }
                 | Task::RemoveIngress { .. }
+                | Task::RemoveVolume { .. }
                 | Task::PlaceAcmeChallenge { .. } => Ok(Execution::Removal),
                 Task::PublishIngress {
                     hostname, generation, ..
@@ -545,6 +549,16 @@ pub fn wire_task(task: &Task) -> agent_proto::Task {
             environment: s(environment),
             generation: *generation,
         },
+        Task::RemoveVolume {
+            environment,
+            volume,
+            generation,
+            ..
+        } => Wire::RemoveVolume {
+            environment: s(environment),
+            volume: s(volume),
+            generation: *generation,
+        },
         Task::PlaceAcmeChallenge {
             environment,
             hostname,
@@ -631,6 +645,12 @@ mod tests {
             Task::RemoveNetwork {
                 environment: env.clone(),
                 generation: 3,
+            },
+            Task::RemoveVolume {
+                environment: env.clone(),
+                volume: Name::new("pgdata").expect("name"),
+                generation: 3,
+                released_at: 1_700_000_000_000,
             },
             Task::PlaceAcmeChallenge {
                 environment: env.clone(),

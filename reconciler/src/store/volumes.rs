@@ -26,8 +26,30 @@ pub struct VolumeRow {
     pub measured_at: i64,
 }
 
+impl VolumeRow {
+    /// The task that removes this released volume from its node; `None` while it is in use
+    /// (not released) or for names that do not parse (never written so).
+    pub fn removal(&self) -> Option<state_schema::task::Task> {
+        Some(state_schema::task::Task::RemoveVolume {
+            environment: Name::new(&self.environment).ok()?,
+            volume: Name::new(&self.volume).ok()?,
+            generation: u64::try_from(self.generation).ok()?,
+            released_at: self.released_at?,
+        })
+    }
+}
+
 const COLUMNS: &str =
     "environment, volume, role, node, generation, size_bytes, retain_days, created_at, released_at, bytes, measured_at";
+
+/// Why a volume cannot be removed now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VolumeRefusal {
+    /// No such volume.
+    Unknown,
+    /// Its environment runs: a volume is removed only once its environment is torn down.
+    InUse,
+}
 
 /// One measurement an agent reported: a volume of the node and the bytes it holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -138,6 +160,83 @@ impl Ledger {
                 .await?
                 .rows_affected(),
         )
+    }
+
+    /// Released volumes whose retention is over at `now_ms` (at most 256 a call).
+    pub async fn expired_volumes(&self, now_ms: i64) -> Result<Vec<VolumeRow>, LedgerError> {
+        let q = format!(
+            "SELECT {COLUMNS} FROM volumes WHERE released_at IS NOT NULL AND released_at + retain_days * 86400000 <= ? \
+             ORDER BY released_at, environment, volume LIMIT 256"
+        );
+        Ok(sqlx::query_as(self.sql(&q)).bind(now_ms).fetch_all(&self.pool).await?)
+    }
+
+    /// Ends a released volume's retention now (`pl volume rm`): the next sweep removes it.
+    /// Returns the row as it was; a volume whose environment runs is refused (`None` and
+    /// `false`), one that does not exist is `None` and `true`.
+    pub async fn expire_volume(
+        &self,
+        environment: &str,
+        volume: &str,
+        now_ms: i64,
+    ) -> Result<Result<VolumeRow, VolumeRefusal>, LedgerError> {
+        let mut tx = self.write_tx().await?;
+        let q = format!("SELECT {COLUMNS} FROM volumes WHERE environment = ? AND volume = ?");
+        let row: Option<VolumeRow> = sqlx::query_as(self.sql(&q))
+            .bind(environment)
+            .bind(volume)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(row) = row else {
+            return Ok(Err(VolumeRefusal::Unknown));
+        };
+        if row.released_at.is_none() {
+            return Ok(Err(VolumeRefusal::InUse));
+        }
+        sqlx::query(self.sql("UPDATE volumes SET retain_days = 0 WHERE environment = ? AND volume = ?"))
+            .bind(environment)
+            .bind(volume)
+            .execute(&mut *tx)
+            .await?;
+        self.event(
+            &mut tx,
+            now_ms,
+            "volume-remove-requested",
+            &format!("{environment}/{volume}"),
+            "an admin ended its retention",
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(Ok(row))
+    }
+
+    /// Forgets a volume its node removed, if it is still the released row the removal was
+    /// for (an environment back in the meantime took it up again: kept).
+    pub async fn forget_volume(&self, row: &VolumeRow, now_ms: i64) -> Result<bool, LedgerError> {
+        let mut tx = self.write_tx().await?;
+        let gone = sqlx::query(
+            self.sql("DELETE FROM volumes WHERE environment = ? AND volume = ? AND generation = ? AND released_at = ?"),
+        )
+        .bind(&row.environment)
+        .bind(&row.volume)
+        .bind(row.generation)
+        .bind(row.released_at)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            > 0;
+        if gone {
+            self.event(
+                &mut tx,
+                now_ms,
+                "volume-removed",
+                &format!("{}/{}", row.environment, row.volume),
+                &format!("generation {} on {}", row.generation, row.node),
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(gone)
     }
 
     /// Stores what `node`'s agent measured of its volumes. Rows of other nodes are untouched,

@@ -1,0 +1,146 @@
+//! `GET /v1/volumes` (viewer): every volume with its node, generation, retention and what
+//! its agent last measured. `POST /v1/volumes/remove` (admin): removes a released volume now,
+//! answering only once its node removed it (or with why not).
+
+use crate::http::server::{authorize, authorized, internal, read_body, refuse};
+use crate::store::volumes::{VolumeRefusal, VolumeRow};
+use crate::store::{Ledger, now_ms};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use std::time::Duration;
+
+/// How long a removal waits for the node.
+pub const REMOVE_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn view(r: &VolumeRow) -> serde_json::Value {
+    let state = match r.released_at {
+        None => "in-use",
+        Some(_) => "retained",
+    };
+    json!({
+        "environment": r.environment,
+        "volume": r.volume,
+        "role": r.role,
+        "node": r.node,
+        "generation": r.generation,
+        "state": state,
+        "sizeBytes": r.size_bytes,
+        "usedBytes": r.bytes,
+        "measuredAtMs": (r.measured_at > 0).then_some(r.measured_at),
+        "createdAtMs": r.created_at,
+        "releasedAtMs": r.released_at,
+        "removeAfterMs": r.released_at.map(|t| t + r.retain_days * 86_400_000),
+    })
+}
+
+pub async fn list(ledger: &Ledger, tokens: &crate::auth::Tokens, headers: &axum::http::HeaderMap) -> Response {
+    if let Some(r) = authorize(tokens, headers, crate::config::Role::Viewer) {
+        return r;
+    }
+    match ledger.volumes().await {
+        Ok(rows) => axum::Json(json!({"volumes": rows.iter().map(view).collect::<Vec<_>>()})).into_response(),
+        Err(e) => internal(e),
+    }
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Remove {
+    environment: String,
+    volume: String,
+}
+
+fn refused(status: StatusCode, code: &str, message: String) -> Response {
+    (status, axum::Json(json!({"code": code, "message": message}))).into_response()
+}
+
+pub async fn remove(
+    ledger: &Ledger,
+    hub: &crate::hub::Hub,
+    tokens: &crate::auth::Tokens,
+    headers: &axum::http::HeaderMap,
+    body: axum::body::Body,
+) -> Response {
+    let who = match authorized(tokens, headers, crate::config::Role::Admin) {
+        Ok(n) => n.to_owned(),
+        Err(d) => return refuse(d),
+    };
+    let body = match read_body(body, 1024).await {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    let Ok(req) = serde_json::from_slice::<Remove>(&body) else {
+        return refused(
+            StatusCode::BAD_REQUEST,
+            "malformed-request",
+            "expected {\"environment\": …, \"volume\": …}".into(),
+        );
+    };
+    let row = match ledger.expire_volume(&req.environment, &req.volume, now_ms()).await {
+        Err(e) => return internal(e),
+        Ok(Err(VolumeRefusal::Unknown)) => {
+            return refused(
+                StatusCode::NOT_FOUND,
+                "volume-unknown",
+                format!("no volume {} in {}", req.volume, req.environment),
+            );
+        }
+        Ok(Err(VolumeRefusal::InUse)) => {
+            return refused(
+                StatusCode::CONFLICT,
+                "volume-in-use",
+                format!(
+                    "{} runs and mounts {}: a volume is removed only after its environment is torn down",
+                    req.environment, req.volume
+                ),
+            );
+        }
+        Ok(Ok(row)) => row,
+    };
+    tracing::warn!(environment = %row.environment, volume = %row.volume, token = %who, "volume removal asked");
+    let Some(task) = row.removal() else {
+        return internal("a volume row whose names do not parse");
+    };
+    let keys = match ledger.enqueue_tasks(&[(task, row.node.clone())], now_ms()).await {
+        Ok(k) => k,
+        Err(e) => return internal(e),
+    };
+    hub.jobs.notify_waiters();
+    // Success only once the node removed it: the answer is what the host did.
+    let deadline = tokio::time::Instant::now() + REMOVE_TIMEOUT;
+    loop {
+        let outcome = match ledger.job_outcomes(&keys).await {
+            Ok(o) => o.into_iter().next(),
+            Err(e) => return internal(e),
+        };
+        match outcome {
+            Some(o) if o.state == "succeeded" => {
+                return match ledger.forget_volume(&row, now_ms()).await {
+                    Ok(_) => axum::Json(json!({"removed": true, "node": row.node, "detail": o.detail})).into_response(),
+                    Err(e) => internal(e),
+                };
+            }
+            Some(o) if matches!(o.state.as_str(), "failed" | "dead" | "cancelled") => {
+                return refused(
+                    StatusCode::BAD_GATEWAY,
+                    "volume-remove-failed",
+                    format!("node {}: {}", row.node, o.detail.unwrap_or(o.state)),
+                );
+            }
+            _ => {}
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return refused(
+                StatusCode::GATEWAY_TIMEOUT,
+                "volume-remove-pending",
+                format!(
+                    "node {} has not removed it within {} s; the removal stays queued",
+                    row.node,
+                    REMOVE_TIMEOUT.as_secs()
+                ),
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
