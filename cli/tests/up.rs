@@ -1428,6 +1428,10 @@ fn volumes_keep_their_data_across_releases_kills_and_down_up_until_removed() {
         // A whole `pl down` keeps the volumes; `pl up` again finds the data.
         let (code, out, err) = pl(&["down"], &repo_dir, &state, &socket);
         assert_eq!(code, 0, "pl down: {out}\n{err}");
+        assert!(
+            out.contains("kept 2 volumes for their retainDays") && out.contains("api-production/data on n1"),
+            "{out}"
+        );
         let volumes = || {
             docker(
                 &socket,

@@ -147,12 +147,25 @@ async fn scenario(url: String, dir: &Path) {
     let at = placed(&url).await;
     assert!(at.contains(&"db/0@n2".to_owned()), "{at:?}");
     assert!(at.contains(&"web/0@n1".to_owned()), "{at:?}");
+    shared.pass().await.expect("pass");
+    let pinned = || async { rows(&url, "SELECT subject, detail FROM events WHERE kind = 'volume-pinned'").await };
+    let said = pinned().await;
+    assert_eq!(said.len(), 1, "reported once: {said:?}");
+    assert!(
+        said[0].starts_with("api-production/pgdata|node n2 drains") && said[0].contains("pl volume move"),
+        "{said:?}"
+    );
 
     // n2 is lost: the database waits with `volume-pinned`; it is never placed on n1.
     repo.write("pools/main.yaml", POOL);
     repo.commit("n2 active again", true);
     shared.pass().await.expect("pass");
     settle(&shared, &["n1", "n2"]).await;
+    assert_eq!(
+        rows(&url, "SELECT COUNT(*) FROM volumes WHERE drain_blocked_at IS NULL").await,
+        ["1"],
+        "no longer draining: cleared"
+    );
     set_last_seen(&url, "n2", 400_000).await;
     shared.pass().await.expect("pass");
     assert_eq!(placed(&url).await, ["web/0@n1"]);

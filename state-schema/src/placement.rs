@@ -281,13 +281,17 @@ impl Fleet {
         // Pinned first: a role with volumes runs where its data is, or not at all. Placement
         // never moves it; a draining node keeps it (and the drain waits for `pl volume move`).
         let mut open: Vec<(Name, u32)> = Vec::new();
+        // (Most fleets pin nothing: no key is built then.)
+        let pinned_role = |fleet: &Fleet, role: &Name| -> Option<Name> {
+            if fleet.pins.is_empty() || spec.roles.get(role).is_none_or(|r| r.volumes.is_empty()) {
+                return None;
+            }
+            fleet.pins.get(&(env.clone(), role.clone())).cloned()
+        };
         for (role, count) in &spec.replicas {
-            let Some(node) = self.pins.get(&(env.clone(), role.clone())).cloned() else {
+            let Some(node) = pinned_role(self, role) else {
                 continue;
             };
-            if spec.roles.get(role).is_none_or(|r| r.volumes.is_empty()) {
-                continue;
-            }
             let (cpu, mem, _) = need(role);
             for index in 0..*count {
                 let stays = self.nodes.get(&node).is_some_and(|n| {
@@ -313,9 +317,7 @@ impl Fleet {
         }
         // Sticky next: every replica that may stay where it runs, stays.
         for (role, count) in &spec.replicas {
-            if self.pins.contains_key(&(env.clone(), role.clone()))
-                && spec.roles.get(role).is_some_and(|r| !r.volumes.is_empty())
-            {
+            if pinned_role(self, role).is_some() {
                 continue;
             }
             let (cpu, mem, _) = need(role);
@@ -397,7 +399,9 @@ impl Fleet {
         let mut once = |kind: &str| -> Vec<(Name, Name)> {
             let mut out = Vec::new();
             for (role, r) in spec.roles.iter().filter(|(_, r)| r.kind == kind) {
-                let pin = pins.get(&(env.clone(), role.clone())).filter(|_| !r.volumes.is_empty());
+                let pin = (!pins.is_empty() && !r.volumes.is_empty())
+                    .then(|| pins.get(&(env.clone(), role.clone())))
+                    .flatten();
                 match pin.or(release_node.as_ref()) {
                     Some(node) => out.push((role.clone(), node.clone())),
                     None => waiting.push(Waiting {

@@ -129,6 +129,35 @@ pub fn down(args: &DownArgs) -> Result<u8> {
             }
             std::thread::sleep(Duration::from_millis(300));
         }
+        // Volumes outlive a teardown: say which, and until when.
+        if let Ok(v) = client.json("GET", "/v1/volumes") {
+            let kept: Vec<String> = v["volumes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|r| r["state"] == "retained")
+                .filter(|r| named.is_empty() || r["environment"].as_str().is_some_and(|e| named.iter().any(|n| n == e)))
+                .map(|r| {
+                    format!(
+                        "{}/{} on {}",
+                        r["environment"].as_str().unwrap_or("?"),
+                        r["volume"].as_str().unwrap_or("?"),
+                        r["node"].as_str().unwrap_or("?")
+                    )
+                })
+                .collect();
+            if !kept.is_empty() {
+                println!(
+                    "pl down: kept {} for their retainDays (`pl volumes`, `pl volume rm`): {}",
+                    if kept.len() == 1 {
+                        "1 volume".to_owned()
+                    } else {
+                        format!("{} volumes", kept.len())
+                    },
+                    kept.join(", ")
+                );
+            }
+        }
     }
     if !left_running.is_empty() {
         println!(

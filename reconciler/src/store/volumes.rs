@@ -24,6 +24,7 @@ pub struct VolumeRow {
     pub released_at: Option<i64>,
     pub bytes: Option<i64>,
     pub measured_at: i64,
+    pub drain_blocked_at: Option<i64>,
 }
 
 impl VolumeRow {
@@ -39,8 +40,7 @@ impl VolumeRow {
     }
 }
 
-const COLUMNS: &str =
-    "environment, volume, role, node, generation, size_bytes, retain_days, created_at, released_at, bytes, measured_at";
+const COLUMNS: &str = "environment, volume, role, node, generation, size_bytes, retain_days, created_at, released_at, bytes, measured_at, drain_blocked_at";
 
 /// Why a volume cannot be removed now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -237,6 +237,56 @@ impl Ledger {
         }
         tx.commit().await?;
         Ok(gone)
+    }
+
+    /// Marks the volumes whose node drains (`blocked`: environment, role, node) and clears the
+    /// others; each newly blocked one is a `volume-pinned` event, once. Returns how many were
+    /// newly blocked.
+    pub async fn mark_drain_blocked(&self, blocked: &[Pin], now_ms: i64) -> Result<usize, LedgerError> {
+        let rows: Vec<(String, String, String, String, Option<i64>)> =
+            sqlx::query_as(self.sql(
+                "SELECT environment, volume, role, node, drain_blocked_at FROM volumes ORDER BY environment, volume",
+            ))
+            .fetch_all(&self.pool)
+            .await?;
+        let is_blocked = |e: &str, r: &str, n: &str| {
+            blocked
+                .iter()
+                .any(|p| p.environment.as_str() == e && p.role.as_str() == r && p.node.as_str() == n)
+        };
+        let changes: Vec<(String, String, String, bool)> = rows
+            .into_iter()
+            .filter_map(|(e, v, r, n, at)| {
+                let now_blocked = is_blocked(&e, &r, &n);
+                (now_blocked != at.is_some()).then_some((e, v, n, now_blocked))
+            })
+            .collect();
+        if changes.is_empty() {
+            return Ok(0);
+        }
+        let mut tx = self.write_tx().await?;
+        let mut newly = 0;
+        for (e, v, n, now_blocked) in changes {
+            sqlx::query(self.sql("UPDATE volumes SET drain_blocked_at = ? WHERE environment = ? AND volume = ?"))
+                .bind(now_blocked.then_some(now_ms))
+                .bind(&e)
+                .bind(&v)
+                .execute(&mut *tx)
+                .await?;
+            if now_blocked {
+                newly += 1;
+                self.event(
+                    &mut tx,
+                    now_ms,
+                    "volume-pinned",
+                    &format!("{e}/{v}"),
+                    &format!("node {n} drains, and this volume keeps its role there: move it with `pl volume move`, or the drain waits"),
+                )
+                .await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(newly)
     }
 
     /// Stores what `node`'s agent measured of its volumes. Rows of other nodes are untouched,
