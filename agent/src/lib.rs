@@ -21,5 +21,6 @@ pub mod names;
 pub mod names_server;
 pub mod outcome;
 pub mod registry_auth;
+pub mod restic;
 pub mod routes;
 pub mod run;

@@ -26,7 +26,14 @@ pub struct VolumeUse {
 }
 
 impl Engine {
-    fn volume_labels(&self, environment: &str, m: &VolumeMount) -> HashMap<String, String> {
+    /// Whether volume `v` is `environment`'s `m` of this control plane and node.
+    pub(super) fn owns_volume(&self, v: &bollard::models::Volume, environment: &str, m: &VolumeMount) -> bool {
+        self.volume_labels(environment, m)
+            .iter()
+            .all(|(k, want)| v.labels.get(k) == Some(want))
+    }
+
+    pub(super) fn volume_labels(&self, environment: &str, m: &VolumeMount) -> HashMap<String, String> {
         HashMap::from([
             (OWNED.to_owned(), "true".to_owned()),
             (CONTROL_PLANE.to_owned(), self.control_plane.clone()),
@@ -64,7 +71,7 @@ impl Engine {
                     .map_err(|e| docker("volume-create-failed", e))?,
                 Err(e) => return Err(docker("docker-unavailable", e)),
             };
-            if want.iter().any(|(k, v)| found.labels.get(k) != Some(v)) {
+            if !self.owns_volume(&found, &app.environment, m) {
                 return Err(permanent(
                     "foreign-volume",
                     format!(
@@ -141,8 +148,7 @@ impl Engine {
             Err(e) if not_found(&e) => return Ok(format!("{name} already gone")),
             Err(e) => return Err(docker("docker-unavailable", e)),
             Ok(v) => {
-                let want = self.volume_labels(environment, &m);
-                if want.iter().any(|(k, val)| v.labels.get(k) != Some(val)) {
+                if !self.owns_volume(&v, environment, &m) {
                     return Err(permanent(
                         "foreign-volume",
                         format!("a volume named {name} is not ours: left untouched"),

@@ -1,0 +1,231 @@
+//! Backups against a real dockerd and Debian's `restic`: a volume saved with its container
+//! paused (and running again after), a command's output saved instead (`cat`, standing in for
+//! `pg_dump`), a failing command leaving no snapshot, what Pushleft wrote read back with the
+//! `restic` CLI itself, a restore into a new volume generation (never into one that exists),
+//! retention by tags, and a wrong password refused for good.
+
+#[path = "support/docker.rs"]
+mod docker_support;
+mod support;
+
+use agent_proto::{ApplicationSpec, NetworkSpec, VolumeMount};
+use docker_support::{Registry, clean, docker, require_dockerd};
+use pushleft_agent::docker::{BackupOf, Engine};
+use pushleft_agent::restic::{Repository, Restic};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+fn replica(env: &str, image: &str, net: &NetworkSpec) -> ApplicationSpec {
+    ApplicationSpec {
+        command: [
+            "/bin/sh",
+            "-c",
+            "echo first > /data/log && mkdir -p /data/sub && echo nested > /data/sub/file && echo ok > /data/healthz && exec /bin/httpd -f -p 8080 -h /data",
+        ]
+        .map(String::from)
+        .to_vec(),
+        volumes: vec![VolumeMount {
+            volume: "data".into(),
+            generation: 1,
+            path: "/data".into(),
+        }],
+        ..docker_support::web_replica(support::TEST_CONTROL_PLANE, env, "db", 0, image, 1, net)
+    }
+}
+
+/// The `restic` CLI on the repository, as a user would run it: its trimmed output.
+fn restic_cli(repo: &Path, password: &Path, args: &[&str]) -> String {
+    let o = Command::new("restic")
+        .args([
+            "--repo",
+            &repo.to_string_lossy(),
+            "--password-file",
+            &password.to_string_lossy(),
+        ])
+        .args(args)
+        .env_remove("RESTIC_PASSWORD")
+        .output()
+        .expect("the restic CLI");
+    assert!(
+        o.status.success(),
+        "restic {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).trim().to_owned()
+}
+
+#[test]
+fn a_volume_is_backed_up_consistently_read_by_restic_and_restored_into_a_new_generation() {
+    require_dockerd();
+    let registry = Registry::start();
+    let image = registry.image("backup", &[("/www/healthz", "ok\n")]);
+    let env = "pltest-backup".to_owned();
+    clean(&env);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let password = dir.path().join("password");
+    std::fs::write(&password, "correct horse battery staple\n").expect("password");
+    let repo = Repository {
+        location: dir.path().join("repo").to_string_lossy().into_owned(),
+        password_file: password.clone(),
+        env: Default::default(),
+        cache_dir: dir.path().join("cache"),
+    };
+    let restic = Restic {
+        program: "restic".into(),
+        timeout: Duration::from_secs(120),
+    };
+    let tags = vec![format!("pl-environment={env}"), "pl-volume=data".to_owned()];
+    let rt = support::runtime();
+    rt.block_on(async {
+        let engine = Engine::connect(
+            Path::new("/var/run/docker.sock"),
+            support::TEST_CONTROL_PLANE,
+            "n1",
+            dir.path().join("secrets"),
+            dir.path().join("age.key"),
+            dir.path().join("state/images-pulled"),
+        )
+        .await
+        .expect("docker");
+        let net = NetworkSpec {
+            environment: env.clone(),
+            network: format!("pl_{env}"),
+            subnet: "10.208.244.0/24".into(),
+        };
+        engine.ensure_network(&net).await.expect("network");
+        let app = replica(&env, &image, &net);
+        engine.ensure_application(&app).await.expect("replica");
+        let mount = app.volumes[0].clone();
+
+        // Files, with the container paused while they are read; it runs again after.
+        let of = |command: Option<&'static [String]>| BackupOf {
+            environment: &env,
+            mount: &mount,
+            container: Some(&app.container),
+            command,
+            tags: &tags,
+        };
+        let files = engine.backup_volume(&restic, &repo, &of(None)).await.expect("backup");
+        assert!(files.bytes >= "first\nnested\nok\n".len() as u64, "{files:?}");
+        assert_eq!(
+            docker(&["inspect", "--format", "{{.State.Status}}", &app.container]),
+            "running"
+        );
+        let repo_dir = Path::new(&repo.location);
+        assert_eq!(
+            restic_cli(repo_dir, &password, &["dump", &files.snapshot_id, "/log"]),
+            "first"
+        );
+        assert_eq!(
+            restic_cli(repo_dir, &password, &["dump", &files.snapshot_id, "/sub/file"]),
+            "nested"
+        );
+        let listed = restic_cli(repo_dir, &password, &["snapshots", "--json"]);
+        assert!(
+            listed.contains("\"hostname\":\"n1\"") && listed.contains(&format!("pl-environment={env}")),
+            "{listed}"
+        );
+
+        // A command's output instead: what it printed is the snapshot's one file.
+        let cat: &'static [String] = Box::leak(Box::new(["/bin/cat".to_owned(), "/data/log".to_owned()]));
+        let dumped = engine
+            .backup_volume(&restic, &repo, &of(Some(cat)))
+            .await
+            .expect("command backup");
+        assert_eq!(
+            restic_cli(repo_dir, &password, &["dump", &dumped.snapshot_id, "/data.dump"]),
+            "first"
+        );
+
+        // A command that fails: no snapshot is left, and the reason says what it wrote.
+        let before = engine_snapshots(&restic, &repo, &tags).await;
+        let failing: &'static [String] = Box::leak(Box::new([
+            "/bin/sh".to_owned(),
+            "-c".to_owned(),
+            "echo half a dump; echo disk on fire >&2; exit 3".to_owned(),
+        ]));
+        let f = engine
+            .backup_volume(&restic, &repo, &of(Some(failing)))
+            .await
+            .expect_err("fails");
+        assert_eq!(f.code, "backup-command-failed");
+        assert!(
+            f.detail.contains("exited with 3") && f.detail.contains("disk on fire"),
+            "{}",
+            f.detail
+        );
+        assert_eq!(
+            engine_snapshots(&restic, &repo, &tags).await,
+            before,
+            "no half dump kept"
+        );
+
+        // A restore goes into generation 2, made empty here; generation 1 is untouched.
+        docker(&["exec", &app.container, "/bin/sh", "-c", "echo later > /data/log"]);
+        let g2 = VolumeMount {
+            generation: 2,
+            ..mount.clone()
+        };
+        engine
+            .restore_volume(&restic, &repo, &env, &g2, &files.snapshot_id)
+            .await
+            .expect("restore");
+        let g2_name = engine.volume_name(&env, &g2);
+        let mountpoint = docker(&["volume", "inspect", "--format", "{{.Mountpoint}}", &g2_name]);
+        assert_eq!(
+            std::fs::read_to_string(Path::new(&mountpoint).join("log")).expect("log"),
+            "first\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(Path::new(&mountpoint).join("sub/file")).expect("file"),
+            "nested\n"
+        );
+        assert_eq!(docker(&["exec", &app.container, "/bin/cat", "/data/log"]), "later");
+        let again = engine
+            .restore_volume(&restic, &repo, &env, &g2, &files.snapshot_id)
+            .await
+            .expect_err("exists");
+        assert_eq!(again.code, "volume-exists");
+
+        // Retention by the volume's tags: the newest one stays.
+        restic.retain(&repo, &tags, 1).await.expect("retain");
+        let kept = engine_snapshots(&restic, &repo, &tags).await;
+        assert_eq!(kept, std::slice::from_ref(&dumped.snapshot_id));
+
+        // A wrong password is refused for good (not retried).
+        let wrong = dir.path().join("wrong");
+        std::fs::write(&wrong, "nope\n").expect("wrong");
+        let bad = Repository {
+            password_file: wrong,
+            ..repo.clone()
+        };
+        let refused = engine
+            .backup_volume(&restic, &bad, &of(None))
+            .await
+            .expect_err("wrong password");
+        assert_eq!(
+            (refused.code, refused.outcome),
+            ("restic-failed", agent_proto::Outcome::Permanent),
+            "{}",
+            refused.detail
+        );
+        assert!(refused.detail.contains("wrong password"), "{}", refused.detail);
+        assert_eq!(
+            docker(&["inspect", "--format", "{{.State.Status}}", &app.container]),
+            "running"
+        );
+    });
+    clean(&env);
+}
+
+/// The short ids of the snapshots carrying `tags`, oldest first.
+async fn engine_snapshots(restic: &Restic, repo: &Repository, tags: &[String]) -> Vec<String> {
+    restic
+        .snapshots(repo, tags)
+        .await
+        .expect("snapshots")
+        .into_iter()
+        .map(|s| s.short_id)
+        .collect()
+}
