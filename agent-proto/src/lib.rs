@@ -381,7 +381,8 @@ pub struct Heartbeat {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub taken_subnets: Vec<String>,
     /// This control plane's volumes on the node and what each holds (at most
-    /// [`MAX_HEARTBEAT_VOLUMES`]); absent from an agent that predates volumes.
+    /// [`MAX_HEARTBEAT_VOLUMES`]), in the heartbeat after each measurement (at most one a
+    /// minute); absent otherwise, which changes nothing the control plane keeps.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<VolumeUsage>,
 }

@@ -563,13 +563,16 @@ pub async fn run(config: Config) -> Result<()> {
         let (client, engine, repairs) = (Arc::clone(&client), Arc::clone(&engine), Arc::clone(&repairs));
         let every = Duration::from_secs(config.heartbeat_seconds.max(1));
         tokio::spawn(async move {
-            // Volumes are walked at most once a minute, whatever the heartbeat interval.
-            let mut volumes: (Option<std::time::Instant>, Vec<agent_proto::VolumeUsage>) = (None, Vec::new());
+            // Volumes are walked at most once a minute, whatever the heartbeat interval, and
+            // reported in the heartbeat that follows a walk only (the control plane keeps the
+            // last figures; an empty list changes nothing there).
+            let mut measured_at: Option<std::time::Instant> = None;
             loop {
                 let docker_up = engine.engine.docker.ping().await.is_ok();
-                if docker_up && volumes.0.is_none_or(|t| t.elapsed() >= VOLUME_MEASURE_EVERY) {
+                let mut volumes = Vec::new();
+                if docker_up && measured_at.is_none_or(|t| t.elapsed() >= VOLUME_MEASURE_EVERY) {
                     if let Ok(measured) = engine.engine.measure_volumes().await {
-                        volumes.1 = measured
+                        volumes = measured
                             .into_iter()
                             .take(agent_proto::MAX_HEARTBEAT_VOLUMES)
                             .map(|v| agent_proto::VolumeUsage {
@@ -580,7 +583,7 @@ pub async fn run(config: Config) -> Result<()> {
                             })
                             .collect();
                     }
-                    volumes.0 = Some(std::time::Instant::now());
+                    measured_at = Some(std::time::Instant::now());
                 }
                 let mut capabilities = Vec::new();
                 for c in &engine.enabled {
@@ -602,7 +605,7 @@ pub async fn run(config: Config) -> Result<()> {
                     repaired,
                     host: host.clone(),
                     taken_subnets: engine.engine.taken_subnets().await.unwrap_or_default(),
-                    volumes: volumes.1.clone(),
+                    volumes,
                 };
                 if let Err(e) = blocking(&client, move |c| c.heartbeat(&hb)).await {
                     tracing::warn!(error = %e, "heartbeat failed");
