@@ -194,6 +194,12 @@ fn replace(path: &Path, text: &str) -> Result<(), Failure> {
 
 /// An exclusive lock on the file at `path` (made when missing), held until the file is dropped:
 /// the agents sharing a machine take turns with it.
+/// The machine's agents' turn at changing Caddy (the server lock in the upstream folder):
+/// every change, and the read-back that judges it, happens in one, since Caddy's `@id` index
+/// can answer for another route while a change loads. A function that takes `&Turn` must be
+/// called in one and takes no lock itself (a second `flock` would wait for the first).
+pub(crate) struct Turn(#[allow(dead_code)] std::fs::File);
+
 fn exclusive(path: &Path) -> Result<std::fs::File, Failure> {
     let file = std::fs::OpenOptions::new()
         .create(true)
@@ -370,7 +376,7 @@ impl Ingress {
 
     /// Puts each piece in place (added when missing, replaced when it differs), then deletes
     /// `stale` ids; what was done: `"published"`, `"replaced"`, or `"adopted"` (all in place).
-    fn apply(&self, pieces: &[(Place, String, Value)], stale: &[String]) -> Result<&'static str, Failure> {
+    fn apply(&self, pieces: &[(Place, String, Value)], stale: &[String], turn: &Turn) -> Result<&'static str, Failure> {
         let mut note = "adopted";
         for (place, id, wanted) in pieces {
             match self.get(&format!("/id/{id}"))? {
@@ -387,14 +393,14 @@ impl Ingress {
                             Some(wanted),
                         )?,
                         Place::Https => {
-                            self.ensure_tls_server()?;
+                            self.ensure_tls_server(turn)?;
                             self.send(
                                 "PUT",
                                 &format!("/config/apps/http/servers/{TLS_SERVER}/routes/0"),
                                 Some(wanted),
                             )?
                         }
-                        Place::Cert => self.add_cert_entry(wanted)?,
+                        Place::Cert => self.add_cert_entry(wanted, turn)?,
                     }
                     if note == "adopted" {
                         note = "published";
@@ -413,7 +419,7 @@ impl Ingress {
 
     /// Appends a certificate entry to the `tls` app's `load_files`, making the path to it
     /// where it is missing (never replacing what another agent has there).
-    fn add_cert_entry(&self, entry: &Value) -> Result<(), Failure> {
+    fn add_cert_entry(&self, entry: &Value, _turn: &Turn) -> Result<(), Failure> {
         let base = "/config/apps/tls/certificates/load_files";
         if self.get(base)?.is_some() {
             self.send("POST", base, Some(entry))
@@ -435,7 +441,7 @@ impl Ingress {
     }
 
     /// The HTTPS server of ours, created (with its catch-all) when Caddy has none.
-    fn ensure_tls_server(&self) -> Result<(), Failure> {
+    fn ensure_tls_server(&self, _turn: &Turn) -> Result<(), Failure> {
         let path = format!("/config/apps/http/servers/{TLS_SERVER}");
         if self.get(&path)?.is_some() {
             return Ok(());
@@ -443,10 +449,6 @@ impl Ingress {
         let Some(t) = &self.tls else {
             return Err(permanent("tls-not-configured", "this agent serves no HTTPS"));
         };
-        let _held = exclusive(&self.upstreams.join("server.lock"))?;
-        if self.get(&path)?.is_some() {
-            return Ok(());
-        }
         self.send("PUT", &path, Some(&tls::tls_server(&t.listen)))
     }
 
@@ -661,7 +663,11 @@ impl Ingress {
             if all_in_place {
                 continue;
             }
-            match self.ensure_server().and_then(|()| self.apply(&pieces, &stale)) {
+            let applied = self
+                .ensure_server()
+                .and_then(|()| self.turn())
+                .and_then(|turn| self.apply(&pieces, &stale, &turn));
+            match applied {
                 Ok(_) => out.push((environment, format!("ingress route {id} put back"))),
                 Err(f) => tracing::warn!(hostname = %hostname, code = f.code, "cannot repair the ingress route"),
             }
@@ -727,6 +733,12 @@ impl Ingress {
     /// Our server, created (with its 404 fallback) when Caddy has none. Agents sharing the
     /// machine take turns (a lock in the upstream folder), so one cannot replace the server
     /// another just made and routed.
+    /// Waits for the machine's agents' turn at changing Caddy ([`Turn`]).
+    pub(crate) fn turn(&self) -> Result<Turn, Failure> {
+        open_folder(&self.upstreams, &self.upstreams)?;
+        exclusive(&self.upstreams.join("server.lock")).map(Turn)
+    }
+
     fn ensure_server(&self) -> Result<(), Failure> {
         if self.get(&format!("/config/apps/http/servers/{SERVER}"))?.is_some() {
             return Ok(());
@@ -829,28 +841,42 @@ impl Ingress {
         self.set_served(hostname, served.as_ref())?;
         let pieces = self.pieces(hostname, slots, served.as_ref());
         let stale = self.stale(hostname, &pieces);
-        let note = match self.apply(&pieces, &stale)? {
+        // Changing Caddy and reading the change back is one turn of the machine's agents.
+        let turn = self.turn()?;
+        let note = match self.apply(&pieces, &stale, &turn)? {
             "adopted" if changed => "switched",
             n => n,
         };
-        let files_back = (0..slots)
-            .all(|k| std::fs::read_to_string(self.slot(hostname, k)).ok().as_deref() == Some(&all[k % all.len()]));
-        drop(held);
-        if changed && had_slots != 0 {
-            std::thread::sleep(DRAIN);
+        // Read back in the same turn: Caddy resolves an `@id` through an index of the last
+        // configuration it loaded, so while another agent's change loads, `/id/<ours>` may
+        // answer another route (10 HTTPS publishes at once read back another hostname's), and
+        // a PATCH through it would change that route.
+        let mut mismatched: Vec<String> = Vec::new();
+        if !(0..slots)
+            .all(|k| std::fs::read_to_string(self.slot(hostname, k)).ok().as_deref() == Some(&all[k % all.len()]))
+        {
+            mismatched.push("its upstream files".into());
         }
-        let mut back = files_back;
         for (_, pid, wanted) in &pieces {
-            back &= self.get(&format!("/id/{pid}"))?.as_ref() == Some(wanted);
+            if self.get(&format!("/id/{pid}"))?.as_ref() != Some(wanted) {
+                mismatched.push(pid.clone());
+            }
         }
         for s in &stale {
-            back &= self.get(&format!("/id/{s}"))?.is_none();
+            if self.get(&format!("/id/{s}"))?.is_some() {
+                mismatched.push(format!("{s} (still there)"));
+            }
         }
-        if !back {
+        drop(turn);
+        drop(held);
+        if !mismatched.is_empty() {
             return Err(permanent(
                 "ingress-readback-mismatch",
-                format!("{id} or its upstream files read back otherwise"),
+                format!("{id}: {} read back otherwise", mismatched.join(", ")),
             ));
+        }
+        if changed && had_slots != 0 {
+            std::thread::sleep(DRAIN);
         }
         self.prune_certificates(hostname, served.as_ref());
         Ok(format!(
@@ -893,6 +919,7 @@ impl Ingress {
             return Ok(format!("{id} left to control plane {other}, which serves it here"));
         }
         // This node's certificate goes in every case; the routes only with the last node.
+        let turn = self.turn()?;
         let cert_id = tls::cert_entry_id(&self.node, hostname);
         if self.get(&format!("/id/{cert_id}"))?.is_some() {
             self.send("DELETE", &format!("/id/{cert_id}"), None)?;
@@ -902,6 +929,7 @@ impl Ingress {
         if !others.is_empty() {
             let slots = self.slot_count(hostname).max(others.len());
             let changed = self.write_slots(hostname, &others, slots)?;
+            drop(turn);
             drop(held);
             if changed && !had.is_empty() {
                 std::thread::sleep(DRAIN);
@@ -931,6 +959,7 @@ impl Ingress {
                 std::fs::remove_file(&path).map_err(disk)?;
             }
         }
+        drop(turn);
         drop(held);
         Ok(if removed {
             format!("{id} removed")

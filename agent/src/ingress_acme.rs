@@ -12,7 +12,7 @@
 //! Caddy answer only their own tokens. The key authorization is public by design (the CA reads
 //! it over plain HTTP); files older than [`KEEP`] are swept at each placement.
 
-use super::{Ingress, SERVER, checked, disk, exclusive, open_folder};
+use super::{Ingress, SERVER, checked, disk, open_folder};
 use crate::outcome::{Failure, permanent, retryable};
 use serde_json::{Value, json};
 use std::os::unix::fs::PermissionsExt;
@@ -102,7 +102,7 @@ impl Ingress {
         // looking for the route and adding it is one step under the server lock, or two adds
         // would both miss it and the second would be refused as a duplicate `@id`.
         {
-            let _held = exclusive(&self.upstreams.join("server.lock"))?;
+            let _turn = self.turn()?;
             match self.get(&format!("/id/{id}"))? {
                 Some(r) if r == route => {}
                 Some(_) => self.send("PATCH", &format!("/id/{id}"), Some(&route))?,

@@ -792,3 +792,70 @@ fn acme_challenges_placed_side_by_side_add_one_route() {
     let config = support::caddy_admin(&socket, "GET", "/config/").expect("config").1;
     assert_eq!(config.matches("pl-acme.0123abcd").count(), 1, "{config}");
 }
+
+/// Ten hostnames published over HTTPS at once on a Caddy that has no certificate list yet:
+/// each succeeds and each certificate entry is kept (making the list is one step under the
+/// server lock; before, two publishes that both found it missing each made it, the second
+/// dropping the first's entry, and that publish failed with `ingress-readback-mismatch`).
+#[test]
+fn https_publishes_side_by_side_each_keep_their_certificate() {
+    use pushleft_agent::ingress_tls::TlsConfig;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (http, https) = (support::free_port(), support::free_port());
+    let (socket, admin, caddy) = caddy(dir.path());
+    let (port, httpd) = httpd(dir.path(), "side by side\n");
+    let _kill = Kill(vec![caddy, httpd]);
+    support::wait_port(port);
+    let dial = vec![format!("127.0.0.1:{port}")];
+    let identity = dir.path().join("age.key");
+    let recipient = support::age_keygen(&identity);
+    let ingress = Ingress::new(
+        &admin,
+        vec![format!("127.0.0.1:{http}")],
+        dir.path().join("upstreams"),
+        "0123abcd_n1",
+    )
+    .expect("ingress")
+    .with_tls(TlsConfig {
+        listen: vec![format!("127.0.0.1:{https}")],
+        dir: dir.path().join("tls"),
+        identity,
+    })
+    .expect("tls");
+    let seal = |pem: &str| pushleft_secrets::encrypt(pem.as_bytes(), std::slice::from_ref(&recipient)).expect("seal");
+    let (ca, chain, key) = tls_support::certificate(&["*.shop.test"]);
+    let sealed = agent_proto::IngressTls {
+        secret: "shop-cert".into(),
+        cert: seal(&chain),
+        key: seal(&key),
+        hsts: false,
+    };
+    let hosts: Vec<String> = (0..10).map(|i| format!("h{i}.shop.test")).collect();
+    let start = std::sync::Barrier::new(hosts.len());
+    std::thread::scope(|s| {
+        let published: Vec<_> = hosts
+            .iter()
+            .map(|h| {
+                let (ingress, start, dial, sealed) = (&ingress, &start, &dial, &sealed);
+                s.spawn(move || {
+                    start.wait();
+                    ingress.publish("shop", h, 1, dial, Some(sealed))
+                })
+            })
+            .collect();
+        for (h, p) in hosts.iter().zip(published) {
+            let outcome = p.join().expect("thread");
+            assert!(outcome.is_ok(), "{h}: {outcome:?}");
+        }
+    });
+    let config = support::caddy_admin(&socket, "GET", "/config/apps/tls/certificates/load_files")
+        .expect("config")
+        .1;
+    let entries: serde_json::Value = serde_json::from_str(&config).expect("json");
+    assert_eq!(entries.as_array().map(Vec::len), Some(hosts.len()), "{config}");
+    support::wait_port(https);
+    for h in &hosts {
+        let (status, text, _) = tls_support::get_tls(https, h, &ca).expect("https");
+        assert_eq!(status, 200, "{h}: {text}");
+    }
+}

@@ -3,7 +3,8 @@
 //! of `git ls-tree -r` + `git cat-file --batch` reading every blob.
 //!
 //! Run: `cargo bench -p pushleft-cli --bench plan` (sizes and runs: `-- --sizes 100,1000
-//! --runs 5 --no-terraform`). Needs `git`, `terraform` and `/usr/bin/time` (Debian `time`).
+//! --runs 5 --no-terraform`; `--baseline PATH` measures another `pl` binary, an older commit's
+//! build, on the same repositories in the same run, for regressions). Needs `git`, `terraform` and `/usr/bin/time` (Debian `time`).
 //! Repositories are packed with `git gc` first, as a clone would be.
 
 #[path = "support/mod.rs"]
@@ -54,6 +55,7 @@ fn main() {
     let mut sizes = vec![100usize, 1_000, 10_000];
     let mut runs = 5usize;
     let mut terraform = true;
+    let mut baseline: Option<std::path::PathBuf> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -67,6 +69,7 @@ fn main() {
             }
             "--runs" => runs = args.next().expect("runs").parse().expect("number"),
             "--no-terraform" => terraform = false,
+            "--baseline" => baseline = Some(args.next().expect("a pl binary").into()),
             _ => {} // cargo bench passes --bench
         }
     }
@@ -116,6 +119,16 @@ fn main() {
         let (whole_t, whole_rss) = measure(&pl_cmd("HEAD~2", "HEAD~1"), &repo, runs);
         let (one, one_rss) = measure(&pl_cmd("HEAD~1", "HEAD"), &repo, runs);
         let (floor, _) = measure("git ls-tree -r --object-only HEAD | git cat-file --batch", &repo, runs);
+        // The baseline, run in turn with this build on the same repository.
+        let against = baseline.as_ref().map(|b| {
+            let cmd =
+                |base: &str, head: &str| format!("{} plan . --base {base} --head {head} --format json", b.display());
+            [
+                measure(&cmd("HEAD~3", "HEAD~2"), &repo, runs),
+                measure(&cmd("HEAD~2", "HEAD~1"), &repo, runs),
+                measure(&cmd("HEAD~1", "HEAD"), &repo, runs),
+            ]
+        });
         let tf = terraform.then(|| {
             let tfdir = tmp.path().join("tf");
             std::fs::create_dir_all(&tfdir).expect("mkdir");
@@ -156,5 +169,20 @@ fn main() {
             mb(one_rss),
             ms(floor)
         );
+        if let Some([(bf, bfr), (bw, bwr), (bo, bor)]) = against {
+            let r = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
+            println!(
+                "| {n}, baseline | {} | {} | {} | {:.0} / {:.0} / {:.0} MB | this build / baseline: {:.2} / {:.2} / {:.2} | | |",
+                ms(bf),
+                ms(bw),
+                ms(bo),
+                mb(bfr),
+                mb(bwr),
+                mb(bor),
+                r(full, bf),
+                r(whole_t, bw),
+                r(one, bo)
+            );
+        }
     }
 }
