@@ -115,20 +115,38 @@ fn main() {
         git(&repo, &["gc", "-q"]);
         let pl_cmd =
             |base: &str, head: &str| format!("{} plan . --base {base} --head {head} --format json", pl.display());
-        let (full, rss) = measure(&pl_cmd("HEAD~3", "HEAD~2"), &repo, runs);
-        let (whole_t, whole_rss) = measure(&pl_cmd("HEAD~2", "HEAD~1"), &repo, runs);
-        let (one, one_rss) = measure(&pl_cmd("HEAD~1", "HEAD"), &repo, runs);
+        // With a baseline, each run of this build is followed by one of the baseline on the
+        // same repository, so neither side gets the warmer caches or the quieter minute.
+        let base_cmd = |base: &str, head: &str| {
+            baseline
+                .as_ref()
+                .map(|b| format!("{} plan . --base {base} --head {head} --format json", b.display()))
+        };
+        let both = |base: &str, head: &str| -> ((Duration, u64), Option<(Duration, u64)>) {
+            let (ours_cmd, theirs_cmd) = (pl_cmd(base, head), base_cmd(base, head));
+            let Some(theirs_cmd) = theirs_cmd else {
+                return (measure(&ours_cmd, &repo, runs), None);
+            };
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            for _ in 0..runs {
+                a.push(measure(&ours_cmd, &repo, 1));
+                b.push(measure(&theirs_cmd, &repo, 1));
+            }
+            let med = |mut v: Vec<(Duration, u64)>| {
+                let peak = v.iter().map(|x| x.1).max().unwrap_or(0);
+                v.sort();
+                (v[v.len() / 2].0, peak)
+            };
+            (med(a), Some(med(b)))
+        };
+        let ((full, rss), base_full) = both("HEAD~3", "HEAD~2");
+        let ((whole_t, whole_rss), base_whole) = both("HEAD~2", "HEAD~1");
+        let ((one, one_rss), base_one) = both("HEAD~1", "HEAD");
         let (floor, _) = measure("git ls-tree -r --object-only HEAD | git cat-file --batch", &repo, runs);
-        // The baseline, run in turn with this build on the same repository.
-        let against = baseline.as_ref().map(|b| {
-            let cmd =
-                |base: &str, head: &str| format!("{} plan . --base {base} --head {head} --format json", b.display());
-            [
-                measure(&cmd("HEAD~3", "HEAD~2"), &repo, runs),
-                measure(&cmd("HEAD~2", "HEAD~1"), &repo, runs),
-                measure(&cmd("HEAD~1", "HEAD"), &repo, runs),
-            ]
-        });
+        let against = match (base_full, base_whole, base_one) {
+            (Some(f), Some(w), Some(o)) => Some([f, w, o]),
+            _ => None,
+        };
         let tf = terraform.then(|| {
             let tfdir = tmp.path().join("tf");
             std::fs::create_dir_all(&tfdir).expect("mkdir");
