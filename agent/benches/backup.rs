@@ -15,7 +15,7 @@ mod support;
 
 use agent_proto::{ApplicationSpec, NetworkSpec, VolumeMount};
 use docker_support::{Registry, clean, docker, require_dockerd};
-use pushleft_agent::docker::{BackupOf, Engine};
+use pushleft_agent::docker::BackupOf;
 use pushleft_agent::restic::{Repository, Restic};
 use std::io::Write;
 use std::path::Path;
@@ -109,16 +109,7 @@ fn main() {
     };
     let rt = support::runtime();
     let (ours, by_hand, ours_restore, hand_restore) = rt.block_on(async {
-        let engine = Engine::connect(
-            Path::new("/var/run/docker.sock"),
-            "0123abcd",
-            "n1",
-            dir.path().join("secrets"),
-            dir.path().join("age.key"),
-            dir.path().join("state/images-pulled"),
-        )
-        .await
-        .expect("docker");
+        let engine = docker_support::engine_n1(dir.path(), "0123abcd").await;
         let net = NetworkSpec {
             environment: ENV.into(),
             network: format!("pl_{ENV}"),

@@ -10,7 +10,7 @@ mod support;
 
 use agent_proto::{ApplicationSpec, NetworkSpec, VolumeMount};
 use docker_support::{Registry, clean, docker, require_dockerd};
-use pushleft_agent::docker::{BackupOf, Engine};
+use pushleft_agent::docker::BackupOf;
 use pushleft_agent::restic::{Repository, Restic};
 use std::path::Path;
 use std::process::Command;
@@ -78,16 +78,7 @@ fn a_volume_is_backed_up_consistently_read_by_restic_and_restored_into_a_new_gen
     let tags = vec![format!("pl-environment={env}"), "pl-volume=data".to_owned()];
     let rt = support::runtime();
     rt.block_on(async {
-        let engine = Engine::connect(
-            Path::new("/var/run/docker.sock"),
-            support::TEST_CONTROL_PLANE,
-            "n1",
-            dir.path().join("secrets"),
-            dir.path().join("age.key"),
-            dir.path().join("state/images-pulled"),
-        )
-        .await
-        .expect("docker");
+        let engine = docker_support::engine_n1(dir.path(), support::TEST_CONTROL_PLANE).await;
         let net = NetworkSpec {
             environment: env.clone(),
             network: format!("pl_{env}"),

@@ -9,8 +9,6 @@ mod support;
 
 use agent_proto::{ApplicationSpec, NetworkSpec, VolumeMount};
 use docker_support::{Registry, clean, docker, docker_ok, require_dockerd};
-use pushleft_agent::docker::Engine;
-use std::path::Path;
 
 /// A web replica that appends its generation to `/data/log` when it starts and serves
 /// `/data` (the health path is a file there).
@@ -42,16 +40,7 @@ fn a_volume_is_ours_survives_generations_and_teardown_and_a_foreign_one_is_refus
     let dir = tempfile::tempdir().expect("tempdir");
     let rt = support::runtime();
     rt.block_on(async {
-        let engine = Engine::connect(
-            Path::new("/var/run/docker.sock"),
-            support::TEST_CONTROL_PLANE,
-            "n1",
-            dir.path().join("secrets"),
-            dir.path().join("age.key"),
-            dir.path().join("state/images-pulled"),
-        )
-        .await
-        .expect("docker");
+        let engine = docker_support::engine_n1(dir.path(), support::TEST_CONTROL_PLANE).await;
         let net = NetworkSpec {
             environment: env.clone(),
             network: format!("pl_{env}"),

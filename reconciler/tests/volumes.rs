@@ -8,17 +8,18 @@
 
 #[path = "support/dump.rs"]
 mod dump;
+#[path = "support/fleet.rs"]
+mod fleet;
 #[path = "support/postgres.rs"]
 mod postgres_support;
 #[path = "support/repo.rs"]
 mod repo_support;
 
 use dump::rows;
-use reconciler::config::Config;
+use fleet::{config, set_last_seen, settle};
 use reconciler::reconcile::{Reconciler, volumes};
 use reconciler::store::now_ms;
 use reconciler::store::volumes::Measured;
-use reconciler::store::{Completion, Outcome};
 use repo_support::{Repo, environment};
 use std::path::Path;
 use std::sync::Arc;
@@ -30,15 +31,6 @@ fn project() -> String {
         "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: registry.example.invalid/api@{}\n  roles:\n    web: {{kind: web, port: 8080, health: {{path: /healthz}}}}\n    db:\n      kind: service\n      ports: [5432]\n      volumes: [{{name: pgdata, path: /var/lib/postgresql/data, size: 1Gi, retainDays: 3}}]\n",
         repo_support::DIGEST
     )
-}
-
-fn config(dir: &Path, repo: &Path, url: &str) -> Config {
-    let text = format!(
-        "[source]\npath = {repo:?}\n\n[trust]\nallowed_signers = \"allowed_signers\"\n\n[ledger]\nurl = {url:?}\n\n[api]\nlisten = \"127.0.0.1:0\"\ntls_cert = \"api.crt\"\ntls_key = \"api.key\"\n"
-    );
-    let path = dir.join("reconciler.toml");
-    std::fs::write(&path, text).expect("config");
-    Config::load(&path).expect("config loads")
 }
 
 /// Where each replica of the live deployment is, as `role/index@node`.
@@ -61,41 +53,6 @@ async fn placed(url: &str) -> Vec<String> {
         .collect();
     out.sort();
     out
-}
-
-/// Runs every due job of `nodes` to success, passing between rounds, until none is left.
-async fn settle(shared: &Arc<Reconciler>, nodes: &[&str]) {
-    for _ in 0..12 {
-        let mut any = false;
-        for node in nodes {
-            let leases = shared.ledger.lease(node, 100, 30_000, now_ms()).await.expect("lease");
-            any |= !leases.is_empty();
-            let done: Vec<Completion> = leases
-                .into_iter()
-                .map(|l| Completion {
-                    token: l.token,
-                    outcome: Outcome::Succeeded,
-                })
-                .collect();
-            shared.ledger.complete(&done, now_ms()).await.expect("complete");
-        }
-        shared.pass().await.expect("pass");
-        if !any {
-            return;
-        }
-    }
-}
-
-async fn set_last_seen(url: &str, node: &str, ago_ms: i64) {
-    let ledger = reconciler::store::Ledger::connect(url, 1).await.expect("connect");
-    ledger
-        .execute_raw(&format!(
-            "UPDATE nodes SET last_seen = {} WHERE name = '{node}'",
-            now_ms() - ago_ms
-        ))
-        .await
-        .expect("update");
-    ledger.close().await;
 }
 
 async fn scenario(url: String, dir: &Path) {

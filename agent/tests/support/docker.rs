@@ -275,3 +275,19 @@ pub fn clean(environment: &str) {
         let _ = docker_ok(&["volume", "rm", v]);
     }
 }
+
+/// An engine on the machine's dockerd as `control_plane`'s node `n1`, its secrets, identity
+/// and pulled-image list under `dir`.
+#[allow(dead_code)]
+pub async fn engine_n1(dir: &Path, control_plane: &str) -> pushleft_agent::docker::Engine {
+    pushleft_agent::docker::Engine::connect(
+        Path::new("/var/run/docker.sock"),
+        control_plane,
+        "n1",
+        dir.join("secrets"),
+        dir.join("age.key"),
+        dir.join("state/images-pulled"),
+    )
+    .await
+    .expect("docker")
+}
