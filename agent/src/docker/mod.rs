@@ -160,18 +160,24 @@ impl Engine {
         self
     }
 
-    /// Containers of ours with every label in `filter`, with their labels and state.
-    pub(crate) async fn ours(
-        &self,
-        filter: &[(&str, &str)],
-    ) -> Result<Vec<(String, HashMap<String, String>, bool)>, Failure> {
+    /// The engine's list filter for objects of ours (this control plane's, this node's) with
+    /// every label in `filter` too.
+    pub(crate) fn our_filter(&self, filter: &[(&str, &str)]) -> HashMap<String, Vec<String>> {
         let mut labels = vec![
             format!("{OWNED}=true"),
             format!("{CONTROL_PLANE}={}", self.control_plane),
             format!("{NODE}={}", self.node),
         ];
         labels.extend(filter.iter().map(|(k, v)| format!("{k}={v}")));
-        let filters = HashMap::from([("label".to_owned(), labels)]);
+        HashMap::from([("label".to_owned(), labels)])
+    }
+
+    /// Containers of ours with every label in `filter`, with their labels and state.
+    pub(crate) async fn ours(
+        &self,
+        filter: &[(&str, &str)],
+    ) -> Result<Vec<(String, HashMap<String, String>, bool)>, Failure> {
+        let filters = self.our_filter(filter);
         let list = self
             .docker
             .list_containers(Some(

@@ -93,13 +93,7 @@ impl Engine {
     /// Our volumes on this node (this control plane's, this node's), with their labels and
     /// where their data is.
     async fn our_volumes(&self, filter: &[(&str, &str)]) -> Result<Vec<bollard::models::Volume>, Failure> {
-        let mut labels = vec![
-            format!("{OWNED}=true"),
-            format!("{CONTROL_PLANE}={}", self.control_plane),
-            format!("{NODE}={}", self.node),
-        ];
-        labels.extend(filter.iter().map(|(k, v)| format!("{k}={v}")));
-        let filters = HashMap::from([("label".to_owned(), labels)]);
+        let filters = self.our_filter(filter);
         let list = self
             .docker
             .list_volumes(Some(ListVolumesOptionsBuilder::default().filters(&filters).build()))
