@@ -52,19 +52,10 @@ impl Ledger {
         let pools = self.applied_pools(applied_branch).await?;
         let snapshot = self.fleet_snapshot(now_ms).await?;
         // A drain never moves a volume's role: each such volume is reported once (and the
-        // drain waits until it is moved).
-        let draining: Vec<&state_schema::values::Name> = pools
-            .iter()
-            .flat_map(|(_, p)| &p.nodes)
-            .filter(|n| n.state == state_schema::model::NodeState::Draining)
-            .map(|n| &n.name)
-            .collect();
-        let blocked: Vec<state_schema::placement::Pin> = snapshot
-            .pins
-            .iter()
-            .filter(|p| draining.contains(&&p.node))
-            .cloned()
-            .collect();
+        // drain waits until it is moved). The decision is placement's own.
+        let mut fleet = replacement::live_fleet(&pools, &snapshot.nodes, &[], now_ms, snapshot.lost_after_ms);
+        fleet.pin(snapshot.pins.iter().cloned());
+        let blocked = fleet.pinned_to_draining();
         self.mark_drain_blocked(&blocked, now_ms).await?;
         // The decision is `replacement::replace_snapshot`'s, the one `pl plan --fleet` shows.
         let mut by_branch: BTreeMap<String, Vec<Desired>> = BTreeMap::new();
