@@ -362,3 +362,37 @@ async fn a_preview_branch_cannot_widen_its_own_preview_settings() {
         "main's accepted ttlHours (24) applies, not the branch's (8760)"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_backlog_is_judged_in_bounded_slices_and_previews_wait_for_the_applied_branch() {
+    use reconciler::reconcile::MAX_JUDGED_PER_PASS;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = Repo::new(dir.path());
+    base_state(&repo);
+    repo.commit("first", true);
+    let (s, _url) = shared(dir.path(), &repo, &repo.signers, None).await;
+    s.pass_bounded().await.expect("pass");
+    let backlog = MAX_JUDGED_PER_PASS + 8;
+    let mut last = String::new();
+    for i in 0..backlog {
+        repo.write("projects/api.yaml", &project("api", 2 + (i % 3) as u32));
+        repo.write("notes.txt", &format!("{i}\n"));
+        last = repo.commit(&format!("change {i}"), true);
+    }
+    repo.git(&["checkout", "-q", "-b", "feature/login"]);
+    repo.write("projects/web.yaml", &project("web", 1));
+    let preview = repo.commit("preview work", true);
+    repo.git(&["checkout", "-q", "main"]);
+
+    let first = s.pass_bounded().await.expect("first slice");
+    assert_eq!(first.judged, MAX_JUDGED_PER_PASS, "{first:?}");
+    assert!(first.more, "a slice says more waits: {first:?}");
+    assert_ne!(accepted(&s, "main").await, Some(last.clone()));
+    assert_eq!(accepted(&s, "feature/login").await, None, "the preview waits for main");
+
+    let second = s.pass_bounded().await.expect("second slice");
+    assert_eq!(second.judged, backlog - MAX_JUDGED_PER_PASS + 1, "{second:?}");
+    assert!(!second.more, "{second:?}");
+    assert_eq!(accepted(&s, "main").await, Some(last));
+    assert_eq!(accepted(&s, "feature/login").await, Some(preview));
+}

@@ -84,12 +84,14 @@ impl Reconciler {
         Ok(Catchup::Judge { commits, base })
     }
 
-    /// Judges and applies, oldest first, every commit of `branch` after the last one judged.
+    /// Judges and applies, oldest first, the commits of `branch` after the last one judged, at
+    /// most `limit` of them (`report.more` says when some wait).
     /// A branch seen for the first time starts at its head.
     pub(crate) async fn catch_up(
         self: &Arc<Self>,
         branch: &str,
         head: ObjectId,
+        limit: usize,
         report: &mut PassReport,
     ) -> Result<(), DaemonError> {
         let oid = |s: Option<String>| s.and_then(|s| ObjectId::from_hex(s.as_bytes()).ok());
@@ -155,6 +157,11 @@ impl Reconciler {
         };
         let repository = Arc::new(repository);
         for (i, id) in commits.into_iter().enumerate() {
+            if i == limit {
+                // The rest on the next pass: it resumes after the last revision judged here.
+                report.more = true;
+                break;
+            }
             if i > 0 {
                 // A commit accepted earlier in this range is the next one's base.
                 base = oid(self.ledger.last_accepted(branch).await?).or(base);

@@ -87,6 +87,8 @@ pub struct PassReport {
     pub jobs_queued: usize,
     pub teardowns: usize,
     pub advanced: usize,
+    /// A branch stopped at the pass's limit of judged revisions: the next pass goes on at once.
+    pub more: bool,
 }
 
 impl Reconciler {
@@ -239,13 +241,25 @@ impl Reconciler {
     /// (a Git error on that branch alone) is logged and skipped; the pass goes on with the
     /// other branches, preview expiry, lease expiry and advance. Only a ledger error fails
     /// the pass, since nothing after it could be written either.
+    /// This one judges every pending revision; the daemon's loop uses [`Self::pass_bounded`].
     pub async fn pass(self: &Arc<Self>) -> Result<PassReport, DaemonError> {
-        use tracing::Instrument;
-        let n = self.hub.passes.load(Ordering::Relaxed) + 1;
-        self.pass_now().instrument(tracing::info_span!("pass", pass = n)).await
+        self.pass_within(usize::MAX).await
     }
 
-    async fn pass_now(self: &Arc<Self>) -> Result<PassReport, DaemonError> {
+    /// A pass that judges at most [`MAX_JUDGED_PER_PASS`] revisions per branch, so that a long
+    /// backlog (a burst of pushes, a restart after hours) never holds the loop: settles,
+    /// sweeps and readiness go on between its slices, and the report says whether more waits.
+    pub async fn pass_bounded(self: &Arc<Self>) -> Result<PassReport, DaemonError> {
+        self.pass_within(MAX_JUDGED_PER_PASS).await
+    }
+
+    async fn pass_within(self: &Arc<Self>, limit: usize) -> Result<PassReport, DaemonError> {
+        use tracing::Instrument;
+        let n = self.hub.passes.load(Ordering::Relaxed) + 1;
+        self.pass_now(limit).instrument(tracing::info_span!("pass", pass = n)).await
+    }
+
+    async fn pass_now(self: &Arc<Self>, limit: usize) -> Result<PassReport, DaemonError> {
         let started = Instant::now();
         let mut report = PassReport::default();
         let me = Arc::clone(self);
@@ -259,7 +273,12 @@ impl Reconciler {
             let mut order: Vec<&(String, ObjectId)> = branches.iter().collect();
             order.sort_by_key(|(b, _)| *b != self.config.source.branch);
             for (branch, head) in order {
-                match self.catch_up(branch, *head, &mut report).await {
+                if report.more {
+                    // The applied branch is not caught up: previews wait for the next pass,
+                    // since each is judged under the applied branch's accepted state.
+                    break;
+                }
+                match self.catch_up(branch, *head, limit, &mut report).await {
                     Ok(()) => {}
                     Err(DaemonError::Ledger(e)) => return Err(DaemonError::Ledger(e)),
                     Err(e) => {
@@ -449,13 +468,17 @@ pub async fn run_loop(shared: Arc<Reconciler>, shutdown: tokio::sync::watch::Rec
             tracing::warn!("lost the lead: another daemon reconciles");
         }
         let wait = if is_leader {
-            match shared.pass().await {
+            match shared.pass_bounded().await {
                 Ok(r) => {
                     backoff = Duration::from_secs(1);
                     if r.judged + r.teardowns + r.advanced > 0 {
-                        tracing::debug!(judged = r.judged, advanced = r.advanced, "pass");
+                        tracing::debug!(judged = r.judged, advanced = r.advanced, more = r.more, "pass");
                     }
-                    interval
+                    if r.more {
+                        Duration::ZERO
+                    } else {
+                        interval
+                    }
                 }
                 Err(e) => {
                     shared.hub.metrics.tick_errors.fetch_add(1, Ordering::Relaxed);
@@ -509,6 +532,10 @@ pub async fn run_loop(shared: Arc<Reconciler>, shutdown: tokio::sync::watch::Rec
         }
     }
 }
+
+/// How many revisions of one branch a pass of the daemon's loop judges at most (a few
+/// seconds' work on this machine); the rest waits for the next pass, which starts at once.
+pub const MAX_JUDGED_PER_PASS: usize = 32;
 
 /// How long completions gather before a settle runs for them.
 pub const SETTLE_DELAY: Duration = Duration::from_millis(10);
