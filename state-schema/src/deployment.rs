@@ -60,6 +60,21 @@ pub struct DeploymentSpec {
     /// environments without Domains do not move.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub domains: Vec<(Hostname, crate::model::Verification)>,
+    /// The repository its volumes' backups go to (the Environment's `backups`); absent when
+    /// unset, so specs without it keep their hashes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backups: Option<BackupsSpec>,
+}
+
+/// A backups repository as ciphertext from Git: a lease seals the Secret's values to the node
+/// that runs the backup.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BackupsSpec {
+    pub repository: String,
+    /// The Secret (named in events and errors; never a value).
+    pub secret: Name,
+    /// Its keys and their ASCII-armoured age ciphertexts, `RESTIC_PASSWORD` among them.
+    pub values: Vec<(String, String)>,
 }
 
 impl DeploymentSpec {

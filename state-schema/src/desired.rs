@@ -4,7 +4,7 @@
 //! values with what its ledger holds and writes the difference.
 
 use crate::canonical;
-use crate::deployment::{DeploymentSpec, TlsSpec};
+use crate::deployment::{BackupsSpec, DeploymentSpec, TlsSpec};
 use crate::model::{Environment, Kind, Spec, Stage};
 use crate::placement::{Fleet, Waiting};
 use crate::release::Releases;
@@ -283,6 +283,8 @@ fn preview_environments(state: &State, branch: &str) -> Vec<(Name, Environment)>
                     image: None,
                     hostname: Some(hostname),
                     tls: None,
+                    // A preview's volumes are not backed up: it has no repository.
+                    backups: None,
                 },
             ))
         })
@@ -366,6 +368,27 @@ pub fn spec_of(
             .domains
             .iter()
             .filter_map(|h| Some((h.clone(), state.domain_verification(h)?)))
+            .collect(),
+        backups: env.backups.as_ref().map(|b| backups_spec(state, b)).transpose()?,
+    })
+}
+
+/// The environment's backups repository with its Secret's values as ciphertext (validation has
+/// checked that the Secret holds `RESTIC_PASSWORD`; a tree that did not pass it is refused here).
+fn backups_spec(state: &State, b: &crate::model::EnvironmentBackups) -> Result<BackupsSpec, String> {
+    let Some(Spec::Secret(secret)) = state.get(Kind::Secret, b.secret.as_str()).map(|l| &l.object.spec) else {
+        return Err(format!("secret {} is not declared", b.secret));
+    };
+    if !secret.data.contains_key(crate::volumes::RESTIC_PASSWORD) {
+        return Err(format!("secret {} has no RESTIC_PASSWORD", b.secret));
+    }
+    Ok(BackupsSpec {
+        repository: b.repository.clone(),
+        secret: b.secret.clone(),
+        values: secret
+            .data
+            .iter()
+            .map(|(k, c)| (k.to_string(), c.armored().to_owned()))
             .collect(),
     })
 }

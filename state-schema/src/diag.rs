@@ -66,6 +66,9 @@ codes! {
     ImageNotPinned => "image-not-pinned", "An image that is not pinned by digest (`name@sha256:<64 hex>`).";
     InvalidPort => "invalid-port", "A port outside 1-65535, a role's `ports` listing one twice (or its web `port`), or more than 16.";
     InvalidVolume => "invalid-volume", "A volume whose path is not absolute, clean and the role's own, a name two roles declare, or more than 8 on a role.";
+    InvalidBackup => "invalid-backup", "A volume's `backup` (schedule, keep, command) or an Environment's `backups` (repository, secret) that is malformed.";
+    BackupRepositoryMissing => "backup-repository-missing", "An Environment whose project backs up a volume, with no `backups` repository.";
+    BackupSecretIncomplete => "backup-secret-incomplete", "An Environment's `backups.secret` names a Secret without `RESTIC_PASSWORD`.";
     VolumeOneWriter => "volume-one-writer", "A role with a volume (or a service role) given more than one replica: a volume has one writer.";
     InvalidQuantity => "invalid-quantity", "A CPU or memory quantity in the wrong unit or form.";
     InvalidCron => "invalid-cron", "A cron schedule that is not five valid fields.";

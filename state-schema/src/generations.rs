@@ -308,6 +308,7 @@ mod tests {
             roles: SmallMap::new(),
             certificates: Vec::new(),
             domains: Vec::new(),
+            backups: None,
         }
     }
 

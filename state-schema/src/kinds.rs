@@ -30,8 +30,9 @@ pub const LOGS_FIELDS: &[&str] = &["maxSize", "maxFiles"];
 pub const HEALTH_FIELDS: &[&str] = &["path", "timeoutSeconds"];
 pub const RESOURCES_FIELDS: &[&str] = &["cpu", "memory", "pids"];
 pub const ENVIRONMENT_FIELDS: &[&str] = &[
-    "project", "stage", "pool", "replicas", "env", "image", "hostname", "tls",
+    "project", "stage", "pool", "replicas", "env", "image", "hostname", "tls", "backups",
 ];
+pub const BACKUPS_FIELDS: &[&str] = &["repository", "secret"];
 pub const TLS_FIELDS: &[&str] = &["secret", "hsts"];
 pub const DOMAIN_FIELDS: &[&str] = &["hostname", "environment", "verification", "tls"];
 pub const DOMAIN_TLS_FIELDS: &[&str] = &["secret"];
@@ -583,6 +584,7 @@ pub(crate) fn decode_environment(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str)
     let img = f.get("image").map(|n| image(ctx, n));
     let host = f.get("hostname").map(|n| hostname(ctx, n, "`hostname`"));
     let tls = f.get("tls").map(|n| decode_tls(ctx, n));
+    let backups = f.get("backups").map(|n| crate::volumes::decode_backups(ctx, n));
     Some(Environment {
         project: project?,
         stage: stage?,
@@ -592,6 +594,7 @@ pub(crate) fn decode_environment(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str)
         image: present(img)?,
         hostname: present(host)?,
         tls: present(tls)?,
+        backups: present(backups)?,
     })
 }
 

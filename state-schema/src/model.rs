@@ -127,6 +127,33 @@ pub struct Volume {
     pub size: Option<Memory>,
     /// Days it is kept after its environment is torn down (default 7).
     pub retain_days: u32,
+    /// Scheduled backups into the environment's `backups` repository.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backup: Option<VolumeBackup>,
+}
+
+/// `backup` of a volume: when, how many snapshots are kept, and how a consistent copy is made.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeBackup {
+    pub schedule: crate::values::CronSchedule,
+    /// The newest snapshots of this volume kept; older ones are forgotten and pruned.
+    pub keep: u32,
+    /// Run in the role's running container; its standard output is what is saved (`pg_dump`).
+    /// Absent: the volume's files, with the container paused while they are read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
+}
+
+/// `backups` of an Environment: the restic repository its volumes' backups go to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct EnvironmentBackups {
+    /// restic's location: an absolute path on the node (under a root the agent allows),
+    /// `sftp:…`, `s3:…`, `rest:…`, `b2:…`, `azure:…`, `gs:…` or `swift:…`.
+    pub repository: String,
+    /// A Secret with `RESTIC_PASSWORD`; its other keys (`AWS_ACCESS_KEY_ID`, …) are the
+    /// backend's environment.
+    pub secret: Name,
 }
 
 /// A container's log on its node: `max_files` files of at most `max_size` each.
@@ -229,6 +256,9 @@ pub struct Environment {
     /// absent from the canonical form, so trees without it keep their hashes).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls: Option<EnvironmentTls>,
+    /// Where its volumes' backups go; absent from the canonical form when unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backups: Option<EnvironmentBackups>,
 }
 
 /// `tls` of an Environment: the certificate its hostnames are served with, and whether

@@ -69,6 +69,9 @@ fn record_positions(doc: &Node<'_>) -> Vec<(Cow<'static, str>, Pos)> {
     if let Some(n) = entry(spec, "tls").and_then(|t| entry(t, "secret")) {
         out.push((Cow::Borrowed("spec.tls.secret"), n.pos));
     }
+    if let Some(n) = entry(spec, "backups").and_then(|t| entry(t, "secret")) {
+        out.push((Cow::Borrowed("spec.backups.secret"), n.pos));
+    }
     if let Some(n) = entry(spec, "previews").and_then(|p| entry(p, "pool")) {
         out.push((Cow::Borrowed("spec.previews.pool"), n.pos));
     }

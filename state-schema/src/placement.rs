@@ -495,6 +495,7 @@ pub(crate) mod tests {
             roles: roles.iter().map(|(r, k, cpu, _)| (name(r), role(k, *cpu))).collect(),
             certificates: Vec::new(),
             domains: Vec::new(),
+            backups: None,
         }
     }
 
@@ -505,6 +506,7 @@ pub(crate) mod tests {
             path: "/data".into(),
             size_bytes: None,
             retain_days: 7,
+            backup: None,
         });
     }
 

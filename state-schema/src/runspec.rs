@@ -61,6 +61,21 @@ pub struct VolumeSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size_bytes: Option<u64>,
     pub retain_days: u32,
+    /// Its scheduled backup; absent from the stored form when unset, so specs without one
+    /// keep their hashes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupPlan>,
+}
+
+/// When and how a volume is backed up (the repository is the environment's).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupPlan {
+    /// Five cron fields, UTC.
+    pub schedule: String,
+    pub keep: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
 }
 
 fn is_empty(m: &Arc<SmallMap<String, String>>) -> bool {
@@ -138,6 +153,11 @@ pub fn role_specs(
                         path: v.path.clone(),
                         size_bytes: v.size.map(|s| s.bytes()),
                         retain_days: v.retain_days,
+                        backup: v.backup.as_ref().map(|b| BackupPlan {
+                            schedule: b.schedule.as_str().to_owned(),
+                            keep: b.keep,
+                            command: b.command.clone(),
+                        }),
                     })
                     .collect(),
             };

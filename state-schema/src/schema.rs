@@ -69,6 +69,15 @@ pub fn spec_schemas() -> Vec<(&'static str, Value)> {
             "path": {"type": "string", "pattern": "^/", "maxLength": 256, "description": "Absolute path in the container; not `/`, `/tmp`, `/run/secrets`, `/proc`, `/sys` or `/dev`."},
             "size": quantity(MEMORY, "What it should hold at most, with a unit (`10Gi`); reported against its measured use."),
             "retainDays": {"type": "integer", "minimum": 0, "maximum": 3650, "description": "Days it is kept after its environment is torn down; default 7."},
+            "backup": object(
+                json!({
+                    "schedule": {"type": "string", "description": "Five cron fields, UTC (`0 3 * * *`)."},
+                    "keep": {"type": "integer", "minimum": 1, "maximum": 1000, "description": "The newest snapshots kept; older ones are forgotten and pruned."},
+                    "command": {"type": "array", "minItems": 1, "maxItems": 64, "items": {"type": "string", "maxLength": 1024}, "description": "Run in the role's container; its standard output is saved (`pg_dump`). Absent: the files, with the container paused."},
+                }),
+                &["schedule", "keep"],
+                "Scheduled backups into the environment's `backups` repository.",
+            ),
         }),
         &["name", "path"],
         "A volume of the environment, mounted by this role.",
@@ -181,6 +190,14 @@ pub fn spec_schemas() -> Vec<(&'static str, Value)> {
                         &["secret"],
                         "HTTPS for the environment's hostnames with the certificate a Secret holds.",
                     ),
+                    "backups": object(
+                        json!({
+                            "repository": {"type": "string", "maxLength": 512, "description": "A restic repository: an absolute path on the node, or `sftp:`, `s3:`, `rest:`, `b2:`, `azure:`, `gs:`, `swift:`."},
+                            "secret": name("A Secret with RESTIC_PASSWORD (and the backend's variables)."),
+                        }),
+                        &["repository", "secret"],
+                        "Where the environment's volume backups go.",
+                    ),
                 }),
                 &["project", "stage", "pool"],
                 "One deployment of a project.",
@@ -278,6 +295,16 @@ mod tests {
         assert_eq!(keys(&role["properties"]["resources"]), sorted(RESOURCES_FIELDS));
         assert_eq!(keys(&role["properties"]["logs"]), sorted(LOGS_FIELDS));
         assert_eq!(keys(&specs["Environment"]["properties"]["tls"]), sorted(TLS_FIELDS));
+        assert_eq!(
+            keys(&specs["Environment"]["properties"]["backups"]),
+            sorted(BACKUPS_FIELDS)
+        );
+        let volume = &role["properties"]["volumes"]["items"];
+        assert_eq!(keys(volume), sorted(crate::volumes::VOLUME_FIELDS));
+        assert_eq!(
+            keys(&volume["properties"]["backup"]),
+            sorted(crate::volumes::BACKUP_FIELDS)
+        );
         assert_eq!(keys(&specs["Domain"]["properties"]["tls"]), sorted(DOMAIN_TLS_FIELDS));
         assert_eq!(keys(&specs["Environment"]), sorted(ENVIRONMENT_FIELDS));
         assert_eq!(keys(&specs["Domain"]), sorted(DOMAIN_FIELDS));

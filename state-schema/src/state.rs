@@ -303,6 +303,55 @@ fn check_tls_secret(state: &State, loc: &Located, secret: &Name, diags: &mut Vec
     }
 }
 
+/// An environment whose project backs up a volume names a repository, and the Secret it names
+/// holds the repository's password.
+fn check_backups(state: &State, loc: &Located, env: &crate::model::Environment, diags: &mut Vec<Diagnostic>) {
+    let Some(b) = &env.backups else {
+        let backed_up = state.project(env.project.as_str()).and_then(|p| {
+            p.roles
+                .iter()
+                .find_map(|(role, r)| r.volumes.iter().find(|v| v.backup.is_some()).map(|v| (role, &v.name)))
+        });
+        if let Some((role, volume)) = backed_up {
+            diags.push(
+                Diagnostic::error(
+                    Code::BackupRepositoryMissing,
+                    &loc.file,
+                    Some(loc.pos_of("metadata.name")),
+                    format!(
+                        "project `{}` backs up volume `{volume}` of role `{role}`, and this environment names no repository",
+                        env.project
+                    ),
+                )
+                .with_hint("add `backups: {repository: /var/backups/pushleft/<env>, secret: <a Secret with RESTIC_PASSWORD>}`"),
+            );
+        }
+        return;
+    };
+    match state.get(Kind::Secret, b.secret.as_str()).map(|l| &l.object.spec) {
+        Some(Spec::Secret(s)) if !s.data.contains_key(crate::volumes::RESTIC_PASSWORD) => diags.push(
+            Diagnostic::error(
+                Code::BackupSecretIncomplete,
+                &loc.file,
+                Some(loc.pos_of("spec.backups.secret")),
+                format!("secret `{}` has no RESTIC_PASSWORD", b.secret),
+            )
+            .with_hint(
+                "the backups Secret holds RESTIC_PASSWORD, and what the backend needs besides (AWS_ACCESS_KEY_ID, ...)",
+            ),
+        ),
+        Some(_) => {}
+        None if state.declares(Kind::Secret, &b.secret) => {}
+        None => diags.push(dangling(
+            loc,
+            "spec.backups.secret",
+            "secret",
+            b.secret.as_str(),
+            names(state, Kind::Secret),
+        )),
+    }
+}
+
 fn check_references(state: &State, diags: &mut Vec<Diagnostic>) {
     let repo = state.repository();
     for loc in state.iter() {
@@ -369,6 +418,7 @@ fn check_references(state: &State, diags: &mut Vec<Diagnostic>) {
                 if let Some(tls) = &env.tls {
                     check_tls_secret(state, loc, &tls.secret, diags);
                 }
+                check_backups(state, loc, env, diags);
                 if !state.declares(Kind::NodePool, &env.pool) {
                     diags.push(dangling(
                         loc,

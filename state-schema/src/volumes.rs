@@ -1,14 +1,123 @@
-//! A role's `volumes: [{name, path, size?, retainDays?}]`: the single-object rules (a clean absolute path
-//! the role owns, names and paths unique, at most [`MAX_VOLUMES`]), and the one-writer rule a
-//! role's replicas and an environment's overrides must keep.
+//! A role's `volumes: [{name, path, size?, retainDays?, backup?}]`: the single-object rules (a
+//! clean absolute path the role owns, names and paths unique, at most [`MAX_VOLUMES`]), the
+//! one-writer rule a role's replicas and an environment's overrides must keep, and backups (a
+//! volume's `backup` and an Environment's `backups` repository).
 
-use crate::decode::{self, Ctx, Fields, quantity_text, string};
+use crate::decode::{self, Ctx, Fields, checked, quantity_text, string};
 use crate::diag::Code;
-use crate::model::Volume;
-use crate::values::{Memory, Name};
-use crate::yaml::Node;
+use crate::model::{EnvironmentBackups, Volume, VolumeBackup};
+use crate::values::{CronSchedule, Memory, Name};
+use crate::yaml::{self, Node};
 
-pub const VOLUME_FIELDS: &[&str] = &["name", "path", "size", "retainDays"];
+pub const VOLUME_FIELDS: &[&str] = &["name", "path", "size", "retainDays", "backup"];
+pub const BACKUP_FIELDS: &[&str] = &["schedule", "keep", "command"];
+/// Most snapshots `keep` keeps.
+pub const MAX_KEEP: u32 = 1000;
+/// Most arguments of a backup's `command`, and the longest one.
+pub const MAX_COMMAND_ARGS: usize = 64;
+pub const MAX_COMMAND_ARG: usize = 1024;
+/// Longest repository location.
+pub const MAX_REPOSITORY: usize = 512;
+/// restic backends a repository may name. Not `rclone:` (it runs a program of the URL's
+/// choosing) nor anything else restic may add later.
+const BACKENDS: &[&str] = &["sftp:", "s3:", "rest:", "b2:", "azure:", "gs:", "swift:"];
+/// The key of a backups Secret restic opens the repository with.
+pub const RESTIC_PASSWORD: &str = "RESTIC_PASSWORD";
+
+/// Why `location` cannot be a backups repository, if it cannot.
+pub fn repository_problem(location: &str) -> Option<String> {
+    if location.len() > MAX_REPOSITORY {
+        return Some(format!("it is {} bytes; at most {MAX_REPOSITORY}", location.len()));
+    }
+    if location.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Some("it has a control character or a space".into());
+    }
+    if location.starts_with('/') {
+        return (location.split('/').any(|c| c == "." || c == "..") || location == "/")
+            .then(|| format!("`{location}` is not a clean absolute path below `/`"));
+    }
+    match BACKENDS.iter().find(|b| location.starts_with(**b)) {
+        Some(b) if location.len() > b.len() => None,
+        Some(b) => Some(format!("`{b}` names no repository")),
+        None => Some(format!(
+            "`{location}` is neither an absolute path on the node nor one of {}",
+            BACKENDS.join(" ")
+        )),
+    }
+}
+
+/// `backups: {repository, secret}` of an Environment.
+pub(crate) fn decode_backups(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<EnvironmentBackups> {
+    let f = Fields::new(ctx, node, "`backups`", crate::kinds::BACKUPS_FIELDS)?;
+    let repository = f.require(ctx, "repository", "`backups`").and_then(|n| {
+        let s = string(ctx, n, "`backups.repository`")?;
+        match repository_problem(s) {
+            Some(problem) => {
+                ctx.error_hint(
+                    Code::InvalidBackup,
+                    n.pos,
+                    format!("`backups.repository`: {problem}"),
+                    "a restic repository: `/var/backups/pushleft/shop`, `sftp:backup@host.example:/srv/restic`, `s3:https://s3.example/bucket`",
+                );
+                None
+            }
+            None => Some(s.to_owned()),
+        }
+    });
+    let secret = f
+        .require(ctx, "secret", "`backups`")
+        .and_then(|n| checked(ctx, n, "`backups.secret`", Code::InvalidName, Name::new));
+    Some(EnvironmentBackups {
+        repository: repository?,
+        secret: secret?,
+    })
+}
+
+/// `backup: {schedule, keep, command?}` of a volume.
+fn decode_backup(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<VolumeBackup> {
+    let f = Fields::new(ctx, node, "`backup`", BACKUP_FIELDS)?;
+    let schedule = f
+        .require(ctx, "schedule", "`backup`")
+        .and_then(|n| checked(ctx, n, "`backup.schedule`", Code::InvalidCron, CronSchedule::parse));
+    let keep = f
+        .require(ctx, "keep", "`backup`")
+        .and_then(|n| decode::u32_in(ctx, n, "`backup.keep`", 1, MAX_KEEP));
+    let command = match f.get("command") {
+        None => Some(None),
+        Some(n) if matches!(n.value, yaml::Value::Str(_)) => {
+            ctx.error_hint(
+                Code::WrongType,
+                n.pos,
+                "`backup.command` must be a sequence (argv), found a string",
+                "write it as a list: `[\"pg_dump\", \"-U\", \"app\", \"app\"]`",
+            );
+            None
+        }
+        Some(n) => decode::strings(ctx, n, "`backup.command`").and_then(|argv| {
+            let problem = if argv.is_empty() {
+                Some("is empty".to_owned())
+            } else if argv.len() > MAX_COMMAND_ARGS {
+                Some(format!("has {} arguments; at most {MAX_COMMAND_ARGS}", argv.len()))
+            } else if argv.iter().any(|a| a.len() > MAX_COMMAND_ARG || a.contains('\0')) {
+                Some(format!("has an argument over {MAX_COMMAND_ARG} bytes or with a NUL"))
+            } else {
+                None
+            };
+            match problem {
+                Some(p) => {
+                    ctx.error(Code::InvalidBackup, n.pos, format!("`backup.command` {p}"));
+                    None
+                }
+                None => Some(Some(argv)),
+            }
+        }),
+    };
+    Some(VolumeBackup {
+        schedule: schedule?,
+        keep: keep?,
+        command: command?,
+    })
+}
 /// Days a volume is kept after its environment is torn down (`retainDays`).
 pub const RETAIN_DAYS: u32 = 7;
 /// Longest `retainDays`.
@@ -140,11 +249,16 @@ fn decode_volume(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<Volume> {
     let retain_days = f.get("retainDays").map_or(Some(RETAIN_DAYS), |n| {
         decode::u32_in(ctx, n, "a volume's `retainDays`", 0, MAX_RETAIN_DAYS)
     });
+    let backup = match f.get("backup") {
+        None => Some(None),
+        Some(n) => decode_backup(ctx, n).map(Some),
+    };
     Some(Volume {
         name: name?,
         path: path?,
         size: size?,
         retain_days: retain_days?,
+        backup: backup?,
     })
 }
 
@@ -176,5 +290,29 @@ mod tests {
             assert!(path_problem(bad).is_some(), "{bad:?}");
         }
         assert!(path_problem(&format!("/{}", "a".repeat(MAX_PATH))).is_some());
+    }
+
+    #[test]
+    fn a_repository_is_a_clean_node_path_or_a_known_backend() {
+        for ok in [
+            "/var/backups/pushleft/shop",
+            "sftp:backup@host.example:/srv/restic",
+            "s3:https://s3.example.invalid/bucket",
+            "rest:https://restic.example.invalid/",
+        ] {
+            assert_eq!(repository_problem(ok), None, "{ok}");
+        }
+        for bad in [
+            "backups",
+            "/",
+            "/a/../etc",
+            "rclone:remote:path",
+            "s3:",
+            "local:/x",
+            "/a b",
+            "/a\nb",
+        ] {
+            assert!(repository_problem(bad).is_some(), "{bad:?}");
+        }
     }
 }

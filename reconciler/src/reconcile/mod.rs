@@ -256,7 +256,9 @@ impl Reconciler {
     async fn pass_within(self: &Arc<Self>, limit: usize) -> Result<PassReport, DaemonError> {
         use tracing::Instrument;
         let n = self.hub.passes.load(Ordering::Relaxed) + 1;
-        self.pass_now(limit).instrument(tracing::info_span!("pass", pass = n)).await
+        self.pass_now(limit)
+            .instrument(tracing::info_span!("pass", pass = n))
+            .await
     }
 
     async fn pass_now(self: &Arc<Self>, limit: usize) -> Result<PassReport, DaemonError> {
@@ -474,11 +476,7 @@ pub async fn run_loop(shared: Arc<Reconciler>, shutdown: tokio::sync::watch::Rec
                     if r.judged + r.teardowns + r.advanced > 0 {
                         tracing::debug!(judged = r.judged, advanced = r.advanced, more = r.more, "pass");
                     }
-                    if r.more {
-                        Duration::ZERO
-                    } else {
-                        interval
-                    }
+                    if r.more { Duration::ZERO } else { interval }
                 }
                 Err(e) => {
                     shared.hub.metrics.tick_errors.fetch_add(1, Ordering::Relaxed);
