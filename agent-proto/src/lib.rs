@@ -155,6 +155,42 @@ pub enum Execution {
     /// Stop or tear down a replica, remove ingress, place an ACME challenge: the task itself
     /// names everything it needs.
     Removal,
+    /// Back up a volume.
+    Backup(Box<BackupSpec>),
+}
+
+/// How one volume is backed up, and where to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BackupSpec {
+    pub environment: String,
+    /// The volume at its current generation (where its role's containers mount it).
+    pub mount: VolumeMount,
+    /// The role's container that mounts it ([`container_name`]), if its role runs one: paused
+    /// for a file backup, the command's host. `None` for a job or release role's volume.
+    pub container: Option<String>,
+    /// Run in `container`; its standard output is what is saved.
+    pub command: Option<Vec<String>>,
+    /// Snapshots of this volume kept.
+    pub keep: u32,
+    /// restic's repository location.
+    pub repository: String,
+    /// The Secret the values came from (named in errors; never a value).
+    pub secret: String,
+    /// `RESTIC_PASSWORD` and the backend's variables, sealed to the node.
+    pub values: Vec<SealedSecret>,
+}
+
+/// What a backup saved, as the agent reports it with its success.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BackupReport {
+    /// restic's snapshot id (short form).
+    pub snapshot: String,
+    /// Bytes read from the volume or the command.
+    pub bytes: u64,
+    /// Bytes the repository grew by.
+    pub data_added: u64,
 }
 
 /// An environment's network on the node.
@@ -316,6 +352,9 @@ pub struct CompleteRequest {
     /// A bounded log tail or reason; never a secret.
     #[serde(default)]
     pub detail: String,
+    /// What a succeeded `backup-volume` saved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupReport>,
 }
 
 /// `POST /v1/agent/complete-batch`: several jobs' ends in one request (at most

@@ -128,6 +128,15 @@ pub enum Task {
         token: String,
         key_authorization: String,
     },
+    /// Back up the environment's volume into its repository (the execution says how).
+    BackupVolume {
+        environment: String,
+        volume: String,
+        generation: u64,
+        scheduled: i64,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        on_demand: bool,
+    },
 }
 
 /// An ACME token as RFC 8555 makes it: base64url, at least 128 bits (22 characters), and here
@@ -172,7 +181,7 @@ impl Task {
             | Task::RunCron { role, .. }
             | Task::StopApplication { role, .. }
             | Task::TeardownApplication { role, .. } => label("role", role),
-            Task::RemoveVolume { volume, .. } => label("volume", volume),
+            Task::RemoveVolume { volume, .. } | Task::BackupVolume { volume, .. } => label("volume", volume),
             Task::PublishIngress { hostname, .. } | Task::RemoveIngress { hostname, .. } => check_hostname(hostname),
             Task::PlaceAcmeChallenge {
                 hostname,
@@ -215,6 +224,7 @@ impl Task {
             Task::RemoveNetwork { .. } => "remove-network",
             Task::RemoveVolume { .. } => "remove-volume",
             Task::PlaceAcmeChallenge { .. } => "place-acme-challenge",
+            Task::BackupVolume { .. } => "backup-volume",
         }
     }
 
@@ -233,7 +243,8 @@ impl Task {
             | Task::StopApplication { .. }
             | Task::TeardownApplication { .. }
             | Task::RemoveNetwork { .. }
-            | Task::RemoveVolume { .. } => Capability::Docker,
+            | Task::RemoveVolume { .. }
+            | Task::BackupVolume { .. } => Capability::Docker,
         }
     }
 
@@ -252,7 +263,8 @@ impl Task {
             | Task::RemoveIngress { environment, .. }
             | Task::RemoveNetwork { environment, .. }
             | Task::RemoveVolume { environment, .. }
-            | Task::PlaceAcmeChallenge { environment, .. } => environment,
+            | Task::PlaceAcmeChallenge { environment, .. }
+            | Task::BackupVolume { environment, .. } => environment,
         }
     }
 
@@ -271,7 +283,8 @@ impl Task {
             | Task::RemoveIngress { generation, .. }
             | Task::RemoveNetwork { generation, .. }
             | Task::RemoveVolume { generation, .. }
-            | Task::PlaceAcmeChallenge { generation, .. } => *generation,
+            | Task::PlaceAcmeChallenge { generation, .. }
+            | Task::BackupVolume { generation, .. } => *generation,
         }
     }
 }

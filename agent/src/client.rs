@@ -141,6 +141,7 @@ impl AgentClient {
                 proof: proof.clone(),
                 outcome,
                 detail: detail.to_owned(),
+                backup: None,
             },
         )?;
         Ok(())
@@ -152,26 +153,16 @@ impl AgentClient {
         &self,
         completions: &[(&LeaseProof, Outcome, &str)],
     ) -> Result<Vec<Option<agent_proto::RefusalBody>>, ClientError> {
-        Ok(self.complete_batch(completions, None)?.results)
+        Ok(self.complete_batch(requests(completions), None)?.results)
     }
 
     /// `/v1/agent/complete-batch`, with the next lease when `lease` asks for one.
     fn complete_batch(
         &self,
-        completions: &[(&LeaseProof, Outcome, &str)],
+        completions: Vec<CompleteRequest>,
         lease: Option<LeaseRequest>,
     ) -> Result<RawCompleteBatch, ClientError> {
-        let batch = agent_proto::CompleteBatch {
-            completions: completions
-                .iter()
-                .map(|(proof, outcome, detail)| CompleteRequest {
-                    proof: (*proof).clone(),
-                    outcome: *outcome,
-                    detail: (*detail).to_owned(),
-                })
-                .collect(),
-            lease,
-        };
+        let batch = agent_proto::CompleteBatch { completions, lease };
         self.post("/v1/agent/complete-batch", &batch)
     }
 
@@ -181,6 +172,16 @@ impl AgentClient {
     pub fn complete_and_lease(
         &self,
         completions: &[(&LeaseProof, Outcome, &str)],
+        max: u32,
+        wait: Duration,
+    ) -> Result<CompletedAndLeased, ClientError> {
+        self.report_and_lease(requests(completions), max, wait)
+    }
+
+    /// [`AgentClient::complete_and_lease`] with whole completions (a backup's report, say).
+    pub fn report_and_lease(
+        &self,
+        completions: Vec<CompleteRequest>,
         max: u32,
         wait: Duration,
     ) -> Result<CompletedAndLeased, ClientError> {
@@ -328,6 +329,19 @@ pub fn ca_bundle(pem: &[u8]) -> Result<Vec<ureq::tls::Certificate<'static>>, Cli
         return Err(ClientError::Transport("the CA bundle holds no certificate".into()));
     }
     Ok(cas)
+}
+
+/// Completions without a backup's report, as the tests and simple callers give them.
+fn requests(completions: &[(&LeaseProof, Outcome, &str)]) -> Vec<CompleteRequest> {
+    completions
+        .iter()
+        .map(|(proof, outcome, detail)| CompleteRequest {
+            proof: (*proof).clone(),
+            outcome: *outcome,
+            detail: (*detail).to_owned(),
+            backup: None,
+        })
+        .collect()
 }
 
 #[cfg(test)]

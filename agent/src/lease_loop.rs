@@ -21,7 +21,7 @@ use std::time::Duration;
 /// What runs a leased task. `pl-agent run` runs the node's executors; the fleet bench, nothing.
 pub trait Tasks: Send + Sync + 'static {
     /// Runs one task: a short note on success, or its failure.
-    fn execute(&self, job: &LeasedJob) -> impl Future<Output = Result<String, Failure>> + Send;
+    fn execute(&self, job: &LeasedJob) -> impl Future<Output = Result<Ended, Failure>> + Send;
     /// A step's tasks ended: what runs may have changed.
     fn changed(&self) {}
 }
@@ -65,7 +65,22 @@ struct Done {
     proof: LeaseProof,
     outcome: Outcome,
     detail: String,
+    /// What a backup saved (its success's typed report).
+    backup: Option<agent_proto::BackupReport>,
     _renewing: Option<Renewal>,
+}
+
+/// A task's success: its note, and what a backup saved.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ended {
+    pub note: String,
+    pub backup: Option<agent_proto::BackupReport>,
+}
+
+impl From<String> for Ended {
+    fn from(note: String) -> Ended {
+        Ended { note, backup: None }
+    }
 }
 
 /// Renews a lease every [`RENEW_EVERY`] until dropped.
@@ -216,17 +231,16 @@ impl<T: Tasks> LeaseLoop<T> {
             let answer = if ends.is_empty() {
                 blocking(&self.client, move |c| c.lease(max, wait)).await
             } else {
-                let sent: Vec<(LeaseProof, Outcome, String)> = ends
+                let sent: Vec<agent_proto::CompleteRequest> = ends
                     .iter()
-                    .map(|d| (d.proof.clone(), d.outcome, d.detail.clone()))
+                    .map(|d| agent_proto::CompleteRequest {
+                        proof: d.proof.clone(),
+                        outcome: d.outcome,
+                        detail: d.detail.clone(),
+                        backup: d.backup.clone(),
+                    })
                     .collect();
-                match blocking(&self.client, move |c| {
-                    let all: Vec<(&LeaseProof, Outcome, &str)> =
-                        sent.iter().map(|(p, o, d)| (p, *o, d.as_str())).collect();
-                    c.complete_and_lease(&all, max, wait)
-                })
-                .await
-                {
+                match blocking(&self.client, move |c| c.report_and_lease(sent, max, wait)).await {
                     Ok((results, lease)) => {
                         held -= ends.len();
                         self.reports.fetch_add(1, Ordering::Relaxed);
@@ -319,7 +333,7 @@ impl<T: Tasks> LeaseLoop<T> {
 
 /// Runs a task in a span of its own (`job`: its key, id, kind, environment and attempt, which
 /// every line the executors log inside it carries) and logs its end.
-async fn execute_logged<T: Tasks>(tasks: &T, job: &LeasedJob) -> Result<String, Failure> {
+async fn execute_logged<T: Tasks>(tasks: &T, job: &LeasedJob) -> Result<Ended, Failure> {
     use tracing::Instrument;
     let span = tracing::info_span!(
         "job",
@@ -343,16 +357,17 @@ async fn execute_logged<T: Tasks>(tasks: &T, job: &LeasedJob) -> Result<String, 
     .await
 }
 
-fn ended(job: LeasedJob, renewing: Renewal, result: Result<String, Failure>) -> Done {
-    let (outcome, detail) = match &result {
-        Ok(note) => (Outcome::Succeeded, report("ok", note)),
-        Err(f) => (f.outcome, report(f.code, &f.detail)),
+fn ended(job: LeasedJob, renewing: Renewal, result: Result<Ended, Failure>) -> Done {
+    let (outcome, detail, backup) = match result {
+        Ok(e) => (Outcome::Succeeded, report("ok", &e.note), e.backup),
+        Err(f) => (f.outcome, report(f.code, &f.detail), None),
     };
     Done {
         key: job.key,
         proof: job.proof,
         outcome,
         detail,
+        backup,
         _renewing: Some(renewing),
     }
 }
@@ -372,6 +387,7 @@ fn undecodable(u: Undecodable) -> Done {
                 u.reason
             ),
         ),
+        backup: None,
         _renewing: None,
     }
 }
@@ -456,6 +472,7 @@ mod tests {
             proof: job("ensure-application", 1, id).0.proof,
             outcome: Outcome::Permanent,
             detail: detail.to_owned(),
+            backup: None,
             _renewing: None,
         };
         // Eight failures with full log tails, quotes and all.
@@ -475,6 +492,7 @@ mod tests {
                         proof: d.proof.clone(),
                         outcome: d.outcome,
                         detail: d.detail.clone(),
+                        backup: None,
                     })
                     .collect(),
                 lease: Some(agent_proto::LeaseRequest { max: 8, wait_ms: 0 }),

@@ -7,7 +7,7 @@
 use crate::client::AgentClient;
 use crate::docker::{ENVIRONMENT, Engine, GENERATION, INSTANCE, ROLE, RUN_TIMEOUT};
 use crate::firewall::Firewall;
-use crate::lease_loop::{LeaseLoop, Tasks, blocking};
+use crate::lease_loop::{Ended, LeaseLoop, Tasks, blocking};
 use crate::outcome::{Failure, permanent};
 use agent_proto::{Capability, Execution, Heartbeat, LeasedJob, RunningInstance, Task};
 use anyhow::{Context, Result};
@@ -81,6 +81,22 @@ pub struct Config {
     /// `username:password` and mode 0600 (`pl up` names its build registry's).
     #[serde(default)]
     pub registry_auth: std::collections::BTreeMap<String, PathBuf>,
+    /// The folders a repository on the node itself (`backups.repository: /path`) may be in:
+    /// a path elsewhere is refused (`backup-repository-refused`), so a signer cannot make
+    /// the agent write a repository into `/etc`.
+    #[serde(default = "default_backup_roots")]
+    pub backup_roots: Vec<PathBuf>,
+    /// The `restic` program (Debian's `restic` on `PATH` by default).
+    #[serde(default = "default_restic")]
+    pub restic: PathBuf,
+}
+
+fn default_backup_roots() -> Vec<PathBuf> {
+    vec!["/var/backups/pushleft".into()]
+}
+
+fn default_restic() -> PathBuf {
+    "restic".into()
 }
 
 fn default_true() -> bool {
@@ -151,7 +167,7 @@ impl Config {
                 *p = base.join(&*p);
             }
         }
-        for p in c.registry_auth.values_mut() {
+        for p in c.registry_auth.values_mut().chain(c.backup_roots.iter_mut()) {
             if p.is_relative() {
                 *p = base.join(&*p);
             }
@@ -208,6 +224,8 @@ pub struct Executors {
     /// Woken when a task changed what runs: the heartbeat reports it now, not at its next
     /// interval (what `pl up`, `pl wait` and drift repair read comes from heartbeats).
     pub changed: tokio::sync::Notify,
+    /// Backups: the restic program, its cache, and where repositories on the node may be.
+    pub backups: crate::docker::backup::Backups,
 }
 
 impl Executors {
@@ -289,8 +307,13 @@ async fn off_thread<X: Send + Sync + 'static, T: Send + 'static>(
 /// Runs one task with what its lease carries. After a Docker task, whatever its outcome (a
 /// failed ensure removes its container), the service names and the firewall's sets follow
 /// what runs.
-pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<String, Failure> {
-    let outcome = run_task(x, job).await;
+pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<Ended, Failure> {
+    let outcome = match (&job.task, &job.execution) {
+        (Task::BackupVolume { .. }, Execution::Backup(spec)) if x.on(Capability::Docker) => {
+            x.engine.backup(&x.backups, spec).await
+        }
+        _ => run_task(x, job).await.map(Ended::from),
+    };
     if job.task.needs() == Capability::Docker && x.on(Capability::Docker) {
         x.names.refresh(&x.engine).await;
     }
@@ -508,6 +531,14 @@ pub async fn run(config: Config) -> Result<()> {
             }
         },
         changed: tokio::sync::Notify::new(),
+        backups: crate::docker::Backups {
+            restic: crate::restic::Restic {
+                program: config.restic.clone(),
+                timeout: crate::docker::backup::BACKUP_TIMEOUT,
+            },
+            roots: config.backup_roots.clone(),
+            cache_dir: config.state_dir.join("restic-cache"),
+        },
     });
     if engine.on(Capability::Docker) {
         // What already runs keeps its names from the start (it was judged before a restart).
@@ -632,7 +663,7 @@ pub const VOLUME_MEASURE_EVERY: Duration = Duration::from_secs(60);
 pub const LONG_POLL: Duration = Duration::from_secs(20);
 
 impl Tasks for Executors {
-    fn execute(&self, job: &LeasedJob) -> impl std::future::Future<Output = Result<String, Failure>> + Send {
+    fn execute(&self, job: &LeasedJob) -> impl std::future::Future<Output = Result<Ended, Failure>> + Send {
         execute(self, job)
     }
 

@@ -386,13 +386,14 @@ impl pushleft_agent::lease_loop::Tasks for Recorded {
     fn execute(
         &self,
         job: &agent_proto::LeasedJob,
-    ) -> impl std::future::Future<Output = Result<String, pushleft_agent::outcome::Failure>> + Send {
+    ) -> impl std::future::Future<Output = Result<pushleft_agent::lease_loop::Ended, pushleft_agent::outcome::Failure>> + Send
+    {
         let what = match &job.task {
             agent_proto::Task::EnsureApplication { instance, .. } => format!("ensure-application {instance}"),
             other => other.kind().to_owned(),
         };
         self.0.lock().expect("lock").push(what.trim().to_owned());
-        std::future::ready(Ok(String::new()))
+        std::future::ready(Ok(String::new().into()))
     }
 }
 
@@ -521,13 +522,14 @@ impl pushleft_agent::lease_loop::Tasks for LongFailures {
     fn execute(
         &self,
         job: &agent_proto::LeasedJob,
-    ) -> impl std::future::Future<Output = Result<String, pushleft_agent::outcome::Failure>> + Send {
+    ) -> impl std::future::Future<Output = Result<pushleft_agent::lease_loop::Ended, pushleft_agent::outcome::Failure>> + Send
+    {
         std::future::ready(match &job.task {
             agent_proto::Task::EnsureApplication { .. } => Err(pushleft_agent::outcome::permanent(
                 "exit-code",
                 "\u{1b}[31m\"crashed\"\\\n".repeat(4_000),
             )),
-            _ => Ok(String::new()),
+            _ => Ok(String::new().into()),
         })
     }
 }

@@ -2,6 +2,7 @@
 
 #[macro_use]
 mod out;
+mod backups;
 mod commands;
 mod operator;
 mod secret;
@@ -342,6 +343,30 @@ Reference: docs/cli.md (pl wait)")]
     /// Volumes of the fleet.
     #[command(subcommand)]
     Volume(VolumeCommand),
+    /// List an environment's backups, newest first: when each ended, its volume and node,
+    /// status, restic snapshot and size, and why a failed one failed (viewer).
+    Backups {
+        environment: String,
+        /// Only this volume's.
+        volume: Option<String>,
+        /// At most this many (1-1000).
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        limit: u32,
+        #[command(flatten)]
+        server: operator::ServerArgs,
+    },
+    /// Back up a volume now, as its `backup` says (operator role). Returns once its node
+    /// reported the backup's end: 0 when it succeeded, 1 when it failed or is still going
+    /// after `--timeout`.
+    Backup {
+        environment: String,
+        volume: String,
+        /// How long to wait for the node's report, in seconds.
+        #[arg(long, default_value_t = 1800)]
+        timeout: u64,
+        #[command(flatten)]
+        server: operator::ServerArgs,
+    },
     /// Ask the reconciler for a pass now (operator role).
     Reconcile {
         /// Run a pass now instead of at the next interval (the only mode).
@@ -506,6 +531,19 @@ fn main() -> ExitCode {
         Command::Volumes { environment, server } => {
             control_plane(server).and_then(|s| volumes::list(&s, environment.as_deref()))
         }
+        Command::Backups {
+            environment,
+            volume,
+            limit,
+            server,
+        } => control_plane(server).and_then(|s| backups::list(&s, &environment, volume.as_deref(), limit)),
+        Command::Backup {
+            environment,
+            volume,
+            timeout,
+            server,
+        } => control_plane(server)
+            .and_then(|s| backups::run(&s, &environment, &volume, std::time::Duration::from_secs(timeout))),
         Command::Volume(VolumeCommand::Rm {
             environment,
             volume,

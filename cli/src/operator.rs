@@ -159,7 +159,7 @@ pub(crate) fn print_json(v: &Value) -> Result<u8> {
     Ok(0)
 }
 
-fn query(pairs: &[(&str, Option<String>)]) -> String {
+pub(crate) fn query(pairs: &[(&str, Option<String>)]) -> String {
     let parts: Vec<String> = pairs
         .iter()
         .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}", encode(v))))

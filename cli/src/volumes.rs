@@ -7,7 +7,7 @@ use anyhow::Result;
 use serde_json::Value;
 
 /// `1.5 GiB`, `12 KiB`, `512 B`.
-fn bytes(n: i64) -> String {
+pub(crate) fn bytes(n: i64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = n as f64;
     let mut u = 0;

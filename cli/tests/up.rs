@@ -1496,3 +1496,254 @@ fn volumes_keep_their_data_across_releases_kills_and_down_up_until_removed() {
         docker(&socket, &["volume", "rm", &staging_volume]);
     });
 }
+
+/// Backups, end to end with real restic: `pl backup` saves a web role's files (its container
+/// paused meanwhile) and a worker's command output (`cat`, standing in for `pg_dump`) into the
+/// environment's repository, which the `restic` CLI reads back with the password set by `pl
+/// secret set`; a failing command is a failed backup with its reason (and no snapshot); `pl
+/// backups` lists all three as the agent reported them; and a schedule saves one on its own.
+#[test]
+fn backups_are_saved_into_a_restic_repository_the_restic_cli_reads() {
+    siblings();
+    let base = PathBuf::from(format!("/tmp/plbak-{}", std::process::id()));
+    let host = Host::start(&format!("plhost-bak-{}", std::process::id()), &base);
+    let (registry, port) = host.registry();
+    let _registry = Kill(registry);
+    let image = host.image(port, "bak", &[("/www/healthz", "ok\n")]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = Repo::new(dir.path());
+    let (repo_dir, state, socket) = (repo.dir.clone(), dir.path().join("pl-state"), host.socket.clone());
+    let restic_repo = state.join("backups/api");
+    // The developer's identity is the control plane's (as in the secrets scenario above).
+    let dev = dir.path().join("dev.key");
+    let o = Command::new("age-keygen")
+        .arg("-o")
+        .arg(&dev)
+        .output()
+        .expect("age-keygen");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    std::fs::set_permissions(&dev, std::os::unix::fs::PermissionsExt::from_mode(0o600)).expect("chmod");
+    let recipient = Command::new("age-keygen")
+        .arg("-y")
+        .arg(&dev)
+        .output()
+        .expect("age-keygen -y");
+    let recipient = String::from_utf8_lossy(&recipient.stdout).trim().to_owned();
+    let root = std::fs::read_to_string(repo_dir.join("pushleft.yaml")).expect("root");
+    repo.write(
+        "pushleft.yaml",
+        &root.replace("spec: {", &format!("spec: {{controlRecipient: {recipient}, ")),
+    );
+    repo.write(
+        "secrets/backups.yaml",
+        &format!("apiVersion: pushleft.dev/v1alpha1\nkind: Secret\nmetadata: {{name: backups}}\nspec:\n  recipients: [{recipient}]\n"),
+    );
+    let password = "correct horse battery staple";
+    let mut set = Command::new(env!("CARGO_BIN_EXE_pl"))
+        .args(["secret", "set", "backups", "RESTIC_PASSWORD", "-C"])
+        .arg(&repo_dir)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("pl secret set");
+    std::io::Write::write_all(&mut set.stdin.take().expect("stdin"), password.as_bytes()).expect("value");
+    assert!(set.wait().expect("pl secret set").success());
+    let worker = |volume: &str, command: &str| {
+        format!(
+            "    {volume}:\n      kind: worker\n      volumes: [{{name: {volume}, path: /{volume}, backup: {{schedule: \"0 0 1 1 *\", keep: 2, command: {command}}}}}]\n      command: [/bin/busybox, sh, -c, 'echo row1 > /{volume}/table && exec /bin/busybox sleep 100000']\n"
+        )
+    };
+    repo.write(
+        "projects/api.yaml",
+        &format!(
+            "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: {image}\n  roles:\n    web:\n      kind: web\n      port: 8080\n      health: {{path: /healthz, timeoutSeconds: 10}}\n      volumes: [{{name: data, path: /data, backup: {{schedule: \"* * * * *\", keep: 2}}}}]\n      command: [/bin/busybox, sh, -c, 'echo kept > /data/index.html && echo ok > /data/healthz && exec /bin/busybox httpd -f -p 8080 -h /data']\n{}{}",
+            worker("rows", "[/bin/busybox, cat, /rows/table]"),
+            worker("broken", "[/bin/busybox, sh, -c, 'echo half; echo disk on fire >&2; exit 3']"),
+        ),
+    );
+    repo.write(
+        "envs/api-production.yaml",
+        &format!(
+            "apiVersion: pushleft.dev/v1alpha1\nkind: Environment\nmetadata: {{name: api-production}}\nspec:\n  project: api\n  stage: production\n  pool: main\n  backups: {{repository: {}, secret: backups}}\n",
+            restic_repo.display()
+        ),
+    );
+    let _detached = Detached(vec![state.clone()]);
+    host.run(move || {
+        let port_arg = "18084".to_owned();
+        let dev_arg = dev.to_string_lossy().into_owned();
+        let (code, out, err) = pl(
+            &[
+                "up",
+                "--http",
+                "--node",
+                "n1",
+                "--port",
+                &port_arg,
+                "--identity",
+                &dev_arg,
+            ],
+            &repo_dir,
+            &state,
+            &socket,
+        );
+        assert_eq!(
+            code,
+            0,
+            "pl up: {out}\n{err}\nagent log: {}",
+            std::fs::read_to_string(state.join("agents/n1/agent.log")).unwrap_or_default()
+        );
+        let backup = |volume: &str| {
+            pl(
+                &["backup", "api-production", volume, "--local"],
+                &repo_dir,
+                &state,
+                &socket,
+            )
+        };
+        let (code, out, err) = backup("data");
+        assert_eq!(code, 0, "{out}\n{err}");
+        assert!(out.contains("backed up api-production/data on n1: snapshot"), "{out}");
+        let web = docker(&socket, &["ps", "-q", "--filter", "label=dev.pushleft.role=web"]);
+        assert_eq!(
+            docker(&socket, &["inspect", "--format", "{{.State.Status}}", &web]),
+            "running",
+            "unpaused after the backup"
+        );
+        let (code, out, err) = backup("rows");
+        assert_eq!(code, 0, "{out}\n{err}");
+        let (code, out, err) = backup("broken");
+        assert_eq!(code, 1, "{out}\n{err}");
+        assert!(
+            err.contains("error[backup-failed]") && err.contains("exited with 3") && err.contains("disk on fire"),
+            "{err}"
+        );
+        // A volume nothing backs up is refused before anything is queued.
+        let (code, _, err) = backup("nothing");
+        assert_eq!(code, 1);
+        assert!(err.contains("backup-not-planned"), "{err}");
+
+        // The restic CLI reads what the agent wrote, with the password from the Secret.
+        let pw = dir.path().join("password");
+        std::fs::write(&pw, password).expect("password file");
+        let restic = |args: &[&str]| {
+            let o = Command::new("restic")
+                .arg("--repo")
+                .arg(&restic_repo)
+                .arg("--password-file")
+                .arg(&pw)
+                .arg("--no-cache")
+                .args(args)
+                .output()
+                .expect("restic");
+            assert!(
+                o.status.success(),
+                "restic {args:?}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            String::from_utf8_lossy(&o.stdout).into_owned()
+        };
+        let snapshots: serde_json::Value = serde_json::from_str(&restic(&["snapshots", "--json"])).expect("json");
+        let tagged = |volume: &str| -> Vec<String> {
+            snapshots
+                .as_array()
+                .expect("snapshots")
+                .iter()
+                .filter(|s| {
+                    s["tags"]
+                        .as_array()
+                        .is_some_and(|t| t.iter().any(|t| t == &format!("pl-volume={volume}")))
+                })
+                .map(|s| s["short_id"].as_str().unwrap_or("").to_owned())
+                .collect()
+        };
+        assert_eq!(tagged("data").len(), 1, "{snapshots}");
+        assert_eq!(tagged("rows").len(), 1, "{snapshots}");
+        assert!(
+            tagged("broken").is_empty(),
+            "a failed command leaves no snapshot: {snapshots}"
+        );
+        assert_eq!(restic(&["dump", &tagged("data")[0], "/index.html"]), "kept\n");
+        assert_eq!(restic(&["dump", &tagged("rows")[0], "/rows.dump"]), "row1\n");
+
+        // `pl backups`: what the agent reported, newest first.
+        let (code, out, err) = pl(
+            &["backups", "api-production", "--format", "json", "--local"],
+            &repo_dir,
+            &state,
+            &socket,
+        );
+        assert_eq!(code, 0, "{out}\n{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+        let listed: Vec<String> = v["backups"]
+            .as_array()
+            .expect("backups")
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} {} {}",
+                    r["volume"].as_str().unwrap_or(""),
+                    r["status"].as_str().unwrap_or(""),
+                    r["snapshot"].as_str().unwrap_or("-")
+                )
+            })
+            .collect();
+        assert_eq!(
+            listed,
+            [
+                "broken failed -".to_owned(),
+                format!("rows succeeded {}", tagged("rows")[0]),
+                format!("data succeeded {}", tagged("data")[0]),
+            ],
+            "{out}"
+        );
+        let (code, out, _) = pl(
+            &["backups", "api-production", "rows", "--local"],
+            &repo_dir,
+            &state,
+            &socket,
+        );
+        assert_eq!(code, 0);
+        assert!(
+            out.contains("succeeded") && out.contains(&tagged("rows")[0]) && !out.contains("broken"),
+            "{out}"
+        );
+
+        // The web volume's schedule fires every minute: a second snapshot comes on its own.
+        let deadline = Instant::now() + Duration::from_secs(150);
+        loop {
+            let (_, out, _) = pl(
+                &["backups", "api-production", "data", "--format", "json", "--local"],
+                &repo_dir,
+                &state,
+                &socket,
+            );
+            let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+            let scheduled = v["backups"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|r| r["status"] == "succeeded" && r["job"].as_str().is_some_and(|j| j.contains(":t")));
+            if scheduled {
+                break;
+            }
+            assert!(Instant::now() < deadline, "no scheduled backup: {out}");
+            std::thread::sleep(Duration::from_secs(2));
+        }
+        let (code, out, err) = pl(&["down"], &repo_dir, &state, &socket);
+        assert_eq!(code, 0, "pl down: {out}\n{err}");
+        for v in docker(
+            &socket,
+            &[
+                "volume",
+                "ls",
+                "-q",
+                "--filter",
+                "label=dev.pushleft.environment=api-production",
+            ],
+        )
+        .lines()
+        {
+            docker(&socket, &["volume", "rm", v]);
+        }
+    });
+}

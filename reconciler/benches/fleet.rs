@@ -373,8 +373,9 @@ impl Tasks for Nothing {
     fn execute(
         &self,
         _job: &agent_proto::LeasedJob,
-    ) -> impl std::future::Future<Output = Result<String, pushleft_agent::outcome::Failure>> + Send {
-        std::future::ready(Ok(String::new()))
+    ) -> impl std::future::Future<Output = Result<pushleft_agent::lease_loop::Ended, pushleft_agent::outcome::Failure>> + Send
+    {
+        std::future::ready(Ok(String::new().into()))
     }
 }
 
@@ -501,11 +502,12 @@ impl Tasks for Seen {
     fn execute(
         &self,
         job: &agent_proto::LeasedJob,
-    ) -> impl std::future::Future<Output = Result<String, pushleft_agent::outcome::Failure>> + Send {
+    ) -> impl std::future::Future<Output = Result<pushleft_agent::lease_loop::Ended, pushleft_agent::outcome::Failure>> + Send
+    {
         if let Ok(mut s) = self.0.lock() {
             s.insert(job.task.environment().to_owned());
         }
-        std::future::ready(Ok(String::new()))
+        std::future::ready(Ok(String::new().into()))
     }
 }
 

@@ -69,12 +69,16 @@ pub struct Hub {
     /// when it expires (Unix ms, 0 before the first issuance) and failures in a row. `/metrics`
     /// serves these, so a scrape costs no query.
     pub certificates: Mutex<Vec<(String, i64, i64)>>,
+    /// Each backed-up volume's newest success and failures since, as of the last refresh of
+    /// the counts: `/metrics` serves these.
+    pub backups: Mutex<Vec<crate::store::backups::BackupHealth>>,
 }
 
 impl Default for Hub {
     fn default() -> Self {
         Hub {
             certificates: Mutex::new(Vec::new()),
+            backups: Mutex::new(Vec::new()),
             hint: Notify::new(),
             fetch_hint: Notify::new(),
             wrote: Notify::new(),
@@ -112,6 +116,14 @@ impl Hub {
                 }
             }
             Err(e) => tracing::warn!(error = %e, "cannot read the ledger's counts"),
+        }
+        match ledger.backup_health().await {
+            Ok(b) => {
+                if let Ok(mut slot) = self.backups.lock() {
+                    *slot = b;
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot read the backups' health"),
         }
     }
 }

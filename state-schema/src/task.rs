@@ -98,6 +98,17 @@ pub enum Task {
         token: String,
         key_authorization: String,
     },
+    /// Back up a volume into the environment's repository, for one scheduled time (Unix
+    /// seconds) or, `on_demand`, for an operator's request made at that second. Queued on the
+    /// volume's node; `generation` is the deployment's whose spec says how.
+    BackupVolume {
+        environment: Name,
+        volume: Name,
+        generation: u64,
+        scheduled: i64,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        on_demand: bool,
+    },
 }
 
 impl Task {
@@ -189,6 +200,17 @@ impl Task {
                 token,
                 ..
             } => format!("acme:{environment}/{hostname}:{token}:place"),
+            Task::BackupVolume {
+                environment,
+                volume,
+                scheduled,
+                on_demand,
+                ..
+            } => format!(
+                "{}{}{scheduled}:save",
+                backup_key_prefix(environment, volume),
+                if *on_demand { "now" } else { "t" }
+            ),
         }
     }
 
@@ -207,7 +229,8 @@ impl Task {
             | Task::PublishIngress { generation, .. }
             | Task::RemoveIngress { generation, .. }
             | Task::RemoveVolume { generation, .. }
-            | Task::PlaceAcmeChallenge { generation, .. } => *generation,
+            | Task::PlaceAcmeChallenge { generation, .. }
+            | Task::BackupVolume { generation, .. } => *generation,
         }
     }
 
@@ -226,7 +249,8 @@ impl Task {
             | Task::PublishIngress { environment, .. }
             | Task::RemoveIngress { environment, .. }
             | Task::RemoveVolume { environment, .. }
-            | Task::PlaceAcmeChallenge { environment, .. } => environment,
+            | Task::PlaceAcmeChallenge { environment, .. }
+            | Task::BackupVolume { environment, .. } => environment,
         }
     }
 }
@@ -237,12 +261,40 @@ pub fn cron_key_prefix(environment: &Name, role: &Name) -> String {
     format!("cron:{environment}/{role}:")
 }
 
+/// What every backup's key of a volume starts with (whatever the generation).
+pub fn backup_key_prefix(environment: &Name, volume: &Name) -> String {
+    format!("backup:{environment}/{volume}:")
+}
+
+/// The environment and volume a backup's key names: `backup:<env>/<volume>:…`.
+pub fn backup_of_key(key: &str) -> Option<(&str, &str)> {
+    let rest = key.strip_prefix("backup:")?;
+    let (env, rest) = rest.split_once('/')?;
+    let (volume, _) = rest.split_once(':')?;
+    Some((env, volume))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn n(s: &str) -> Name {
         Name::new(s).expect("valid")
+    }
+
+    #[test]
+    fn a_backup_key_names_its_volume_and_its_time_and_says_who_asked() {
+        let t = |on_demand| Task::BackupVolume {
+            environment: n("shop"),
+            volume: n("pgdata"),
+            generation: 4,
+            scheduled: 1_800_000_000,
+            on_demand,
+        };
+        assert_eq!(t(false).idempotency_key(), "backup:shop/pgdata:t1800000000:save");
+        assert_eq!(t(true).idempotency_key(), "backup:shop/pgdata:now1800000000:save");
+        assert_eq!(backup_of_key(&t(true).idempotency_key()), Some(("shop", "pgdata")));
+        assert_eq!(backup_of_key("vol:shop/pgdata:v1:t1:remove"), None);
     }
 
     #[test]

@@ -6,14 +6,71 @@
 //! empty volume generation; the volume it came from is never written.
 
 use super::*;
+use crate::lease_loop::Ended;
 use crate::restic::{Repository, Restic, Summary};
-use agent_proto::VolumeMount;
+use agent_proto::{BackupReport, BackupSpec, VolumeMount};
 use bollard::exec::{CreateExecOptions, StartExecResults};
 use tokio::io::AsyncWriteExt;
 
 /// What a backup's command may write to its standard error, kept for the failure's detail.
 const COMMAND_STDERR_BYTES: usize = 8 * 1024;
 
+/// The longest one restic run may take (a backup of a large volume, a prune).
+pub const BACKUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(6 * 3600);
+
+/// How this node backs up: the restic program, its cache, and the folders a repository on the
+/// node itself may be in.
+#[derive(Clone, Debug)]
+pub struct Backups {
+    pub restic: Restic,
+    pub roots: Vec<PathBuf>,
+    pub cache_dir: PathBuf,
+}
+
+/// Whether a repository on the node (`/path`) is inside one of `roots` (component-wise: the
+/// control plane checked it is clean, and it is checked again here).
+fn under_a_root(location: &Path, roots: &[PathBuf]) -> bool {
+    use std::path::Component;
+    let clean = location
+        .components()
+        .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+    clean && roots.iter().any(|r| location.starts_with(r) && location != r.as_path())
+}
+
+/// Whether a backups Secret's key may be restic's environment: a plain variable name that
+/// cannot point restic elsewhere (`RESTIC_REPOSITORY`, …) or change what runs (`PATH`, `LD_…`).
+fn backend_variable(key: &str) -> bool {
+    !key.is_empty()
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')
+        && !key.starts_with("RESTIC_")
+        && !key.starts_with("LD_")
+        && !["PATH", "HOME", "TMPDIR"].contains(&key)
+}
+
+/// The tags every snapshot of a volume carries: listing and retention go by them, and two
+/// control planes sharing a repository never forget each other's.
+pub fn volume_tags(control_plane: &str, environment: &str, volume: &str) -> Vec<String> {
+    vec![
+        format!("pl-plane={control_plane}"),
+        format!("pl-environment={environment}"),
+        format!("pl-volume={volume}"),
+    ]
+}
+
+/// The repository's password, opened with the node's identity, in a file of its own on the
+/// tmpfs for as long as restic runs; removed when dropped.
+struct PasswordFile(PathBuf);
+
+impl Drop for PasswordFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+        if let Some(dir) = self.0.parent() {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
 /// What to save, and how to keep it consistent.
 pub struct BackupOf<'a> {
     pub environment: &'a str,
@@ -27,6 +84,132 @@ pub struct BackupOf<'a> {
 }
 
 impl Engine {
+    /// Runs a `backup-volume` task: the repository opened with its sealed Secret, the volume
+    /// saved (consistently, see the module), the snapshots beyond `keep` forgotten and pruned.
+    pub async fn backup(&self, b: &Backups, spec: &BackupSpec) -> Result<Ended, Failure> {
+        if spec.repository.starts_with('/') && !under_a_root(Path::new(&spec.repository), &b.roots) {
+            return Err(permanent(
+                "backup-repository-refused",
+                format!(
+                    "{} is not under this node's backup_roots ({})",
+                    spec.repository,
+                    b.roots
+                        .iter()
+                        .map(|r| r.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+        let (password, env) = self.open_backup_secret(spec)?;
+        let repo = Repository {
+            location: spec.repository.clone(),
+            password_file: password.0.clone(),
+            env,
+            cache_dir: b.cache_dir.clone(),
+        };
+        // The role's container, when one of ours runs: paused for a file backup, the host of
+        // the command.
+        let container = match &spec.container {
+            Some(name) => match self.docker.inspect_container(name, None).await {
+                Ok(c)
+                    if c.state.as_ref().and_then(|s| s.running) == Some(true)
+                        && mine(
+                            c.config.as_ref().and_then(|c| c.labels.as_ref()),
+                            &self.control_plane,
+                            &self.node,
+                        ) =>
+                {
+                    Some(name.as_str())
+                }
+                Ok(_) => None,
+                Err(e) if not_found(&e) => None,
+                Err(e) => return Err(docker("docker-unavailable", e)),
+            },
+            None => None,
+        };
+        let tags = volume_tags(&self.control_plane, &spec.environment, &spec.mount.volume);
+        let of = BackupOf {
+            environment: &spec.environment,
+            mount: &spec.mount,
+            container,
+            command: spec.command.as_deref(),
+            tags: &tags,
+        };
+        let saved = self.backup_volume(&b.restic, &repo, &of).await?;
+        b.restic.retain(&repo, &tags, spec.keep).await?;
+        Ok(Ended {
+            note: format!(
+                "snapshot {} of {} ({} bytes read, {} added)",
+                saved.snapshot_id, spec.mount.volume, saved.bytes, saved.data_added
+            ),
+            backup: Some(BackupReport {
+                snapshot: saved.snapshot_id,
+                bytes: saved.bytes,
+                data_added: saved.data_added,
+            }),
+        })
+    }
+
+    /// The password file and the backend's variables of a backup's sealed Secret.
+    fn open_backup_secret(
+        &self,
+        spec: &BackupSpec,
+    ) -> Result<(PasswordFile, std::collections::BTreeMap<String, String>), Failure> {
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        let identities = pushleft_secrets::load_identities(&self.identity)
+            .map_err(|e| permanent("node-identity-unreadable", e.code().to_owned()))?;
+        let mut env = std::collections::BTreeMap::new();
+        let mut password = None;
+        for s in &spec.values {
+            let plaintext = pushleft_secrets::decrypt(&s.sealed, &identities)
+                .map_err(|e| permanent("secret-unopenable", format!("{}: {}", spec.secret, e.code())))?;
+            if s.key == "RESTIC_PASSWORD" {
+                password = Some(plaintext);
+            } else if backend_variable(&s.key) {
+                let value = String::from_utf8(plaintext.to_vec())
+                    .map_err(|_| permanent("secret-unopenable", format!("{}'s {} is not UTF-8", spec.secret, s.key)))?;
+                env.insert(s.key.clone(), value);
+            } else {
+                return Err(permanent(
+                    "backup-secret-refused",
+                    format!("{}'s key {} cannot be restic's environment", spec.secret, s.key),
+                ));
+            }
+        }
+        let Some(password) = password else {
+            return Err(permanent(
+                "backup-secret-incomplete",
+                format!("{} has no RESTIC_PASSWORD", spec.secret),
+            ));
+        };
+        // A folder per run: two runs at once never share (or remove) one another's file.
+        static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = self.secrets_dir.join(format!(
+            ".backup-{}-{}-{}-{run}",
+            spec.environment,
+            spec.mount.volume,
+            std::process::id()
+        ));
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| retryable("secrets-dir-failed", e.to_string()))?;
+        let file = PasswordFile(dir.join("password"));
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o400)
+            .open(&file.0)
+            .map_err(|e| retryable("secrets-write-failed", e.to_string()))?;
+        use std::io::Write;
+        f.write_all(&password)
+            .map_err(|e| retryable("secrets-write-failed", e.to_string()))?;
+        Ok((file, env))
+    }
+
     /// Where an owned volume's files are on this host; `foreign-volume` if it is not ours.
     async fn volume_dir(&self, environment: &str, m: &VolumeMount) -> Result<PathBuf, Failure> {
         let name = self.volume_name(environment, m);
@@ -204,5 +387,42 @@ impl Engine {
         let dir = self.volume_dir(environment, to).await?;
         restic.restore(repo, snapshot, &dir).await?;
         Ok(format!("snapshot {snapshot} restored into {name}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_repository_on_the_node_must_be_inside_a_backup_root() {
+        let roots = [PathBuf::from("/var/backups/pushleft")];
+        assert!(under_a_root(Path::new("/var/backups/pushleft/shop"), &roots));
+        for outside in [
+            "/var/backups/pushleft",
+            "/var/backups/pushleft-other/x",
+            "/etc",
+            "/var/backups/pushleft/../../../etc",
+        ] {
+            assert!(!under_a_root(Path::new(outside), &roots), "{outside}");
+        }
+    }
+
+    #[test]
+    fn a_secret_key_cannot_point_restic_elsewhere_or_change_what_runs() {
+        for ok in ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "B2_ACCOUNT_KEY"] {
+            assert!(backend_variable(ok), "{ok}");
+        }
+        for bad in [
+            "RESTIC_REPOSITORY",
+            "RESTIC_PASSWORD_COMMAND",
+            "PATH",
+            "LD_PRELOAD",
+            "HOME",
+            "aws_key",
+            "",
+        ] {
+            assert!(!backend_variable(bad), "{bad}");
+        }
     }
 }

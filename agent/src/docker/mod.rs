@@ -8,14 +8,14 @@
 //! a secret value is never in a container's environment, labels, command or `docker inspect`:
 //! it is a file under a read-only bind of `/run/secrets`.
 
-mod backup;
+pub mod backup;
 mod container;
 mod image;
 mod network;
 mod secrets;
 mod volume;
 
-pub use backup::BackupOf;
+pub use backup::{BackupOf, Backups};
 pub use network::pool_slots;
 pub use volume::{VOLUME, VOLUME_GENERATION, VolumeUse};
 

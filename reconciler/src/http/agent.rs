@@ -377,7 +377,14 @@ fn checked(req: CompleteRequest) -> Result<Completion, (Refusal, &'static str)> 
         return Err((Refusal::SecretInResult, "a result may not carry secret-shaped values"));
     }
     let outcome = match req.outcome {
-        Outcome::Succeeded => crate::store::Outcome::Succeeded,
+        Outcome::Succeeded => match req.backup {
+            Some(b) => crate::store::Outcome::Saved(crate::store::backups::Saved {
+                snapshot: b.snapshot,
+                bytes: b.bytes,
+                data_added: b.data_added,
+            }),
+            None => crate::store::Outcome::Succeeded,
+        },
         Outcome::Retryable => crate::store::Outcome::Retryable(req.detail),
         Outcome::Permanent => crate::store::Outcome::Permanent(req.detail),
     };

@@ -2,6 +2,7 @@
 //! (`agent.rs`), enrolment, `pl logs` and event streams.
 
 pub mod agent;
+pub mod backups;
 pub mod domains;
 pub mod enrolment;
 pub mod logs;

@@ -110,6 +110,8 @@ pub fn router(state: Arc<Operator>) -> Router {
         .route("/v1/certificates", get(certificates))
         .route("/v1/domains", get(domains))
         .route("/v1/volumes", get(volumes))
+        .route("/v1/backups", get(backups))
+        .route("/v1/backups/run", post(run_backup))
         .route("/v1/volumes/remove", post(remove_volume))
         .route("/v1/fleet", get(fleet))
         .route("/v1/rewrites/approve", post(approve_rewrite))
@@ -219,6 +221,37 @@ async fn metrics(State(s): App) -> Response {
         let _ = writeln!(out, "# TYPE pushleft_certificate_failures gauge");
         for (host, _, failures) in &certificates {
             let _ = writeln!(out, "pushleft_certificate_failures{{hostname=\"{host}\"}} {failures}");
+        }
+    }
+    let backups = s.hub.backups.lock().map(|b| b.clone()).unwrap_or_default();
+    if !backups.is_empty() {
+        let _ = writeln!(
+            out,
+            "# HELP pushleft_backup_last_success_age_seconds Seconds since each volume's newest successful backup ended (+Inf: none succeeded yet)."
+        );
+        let _ = writeln!(out, "# TYPE pushleft_backup_last_success_age_seconds gauge");
+        let now = now_ms();
+        for b in &backups {
+            let age = b
+                .last_success_at
+                .map_or("+Inf".to_owned(), |at| format!("{}", (now - at).max(0) as f64 / 1000.0));
+            let _ = writeln!(
+                out,
+                "pushleft_backup_last_success_age_seconds{{environment=\"{}\",volume=\"{}\"}} {age}",
+                b.environment, b.volume
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP pushleft_backup_failures Failed backups of each volume since its newest success."
+        );
+        let _ = writeln!(out, "# TYPE pushleft_backup_failures gauge");
+        for b in &backups {
+            let _ = writeln!(
+                out,
+                "pushleft_backup_failures{{environment=\"{}\",volume=\"{}\"}} {}",
+                b.environment, b.volume, b.failures_since
+            );
         }
     }
     let _ = writeln!(
@@ -342,6 +375,14 @@ async fn domains(State(s): App, headers: HeaderMap) -> Response {
 
 async fn volumes(State(s): App, headers: HeaderMap) -> Response {
     crate::http::volumes::list(&s.ledger, &s.tokens, &headers).await
+}
+
+async fn backups(State(s): App, headers: HeaderMap, Query(q): Query<crate::http::backups::BackupsQuery>) -> Response {
+    crate::http::backups::list(&s.ledger, &s.tokens, &headers, q).await
+}
+
+async fn run_backup(State(s): App, headers: HeaderMap, body: axum::body::Body) -> Response {
+    crate::http::backups::run(&s.ledger, &s.hub, &s.tokens, &headers, body).await
 }
 
 async fn remove_volume(State(s): App, headers: HeaderMap, body: axum::body::Body) -> Response {

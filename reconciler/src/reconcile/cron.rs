@@ -68,56 +68,96 @@ impl Ledger {
         tick: &mut CronTick,
     ) -> Result<(), LedgerError> {
         let env = spec.environment.as_str();
-        let Some(last) = self.cron_handled(&self.pool, env, role.as_str()).await? else {
+        let due = Scheduled {
+            env,
+            key: role.to_string(),
+            prefix: cron_key_prefix(&spec.environment, role),
+            subject: format!("{env}/{role}"),
+            node: node.as_str(),
+            queued: "cron-queued",
+            skipped: "cron-skipped",
+            attempts: CRON_ATTEMPTS,
+        };
+        let task = |scheduled| Task::RunCron {
+            environment: spec.environment.clone(),
+            role: role.clone(),
+            generation,
+            scheduled,
+        };
+        self.schedule_due(&due, schedule, now, task, tick).await
+    }
+
+    /// One schedule at `now`: its first sight starts it; a time that has come queues one job
+    /// (`task` of the time), or is skipped with an event while the one before still goes; and
+    /// the time is handled, in the same transaction. Cron roles' runs and volumes' backups.
+    pub(crate) async fn schedule_due(
+        &self,
+        s: &Scheduled<'_>,
+        schedule: &CronSchedule,
+        now: i64,
+        task: impl FnOnce(i64) -> Task,
+        tick: &mut CronTick,
+    ) -> Result<(), LedgerError> {
+        let Some(last) = self.cron_handled(&self.pool, s.env, &s.key).await? else {
             // First sight: the schedule counts from now, not from the epoch.
-            return self.cron_start(env, role.as_str(), now - now.rem_euclid(60)).await;
+            return self.cron_start(s.env, &s.key, now - now.rem_euclid(60)).await;
         };
         let Some(due) = schedule.latest_in(last, now) else {
             return Ok(());
         };
-        let prefix = cron_key_prefix(&spec.environment, role);
         let mut tx = self.write_tx().await?;
         // Taken again inside the write transaction: another daemon may have handled it.
-        let handled = self.cron_handled(&mut *tx, env, role.as_str()).await?;
+        let handled = self.cron_handled(&mut *tx, s.env, &s.key).await?;
         if handled.is_some_and(|h| h >= due) {
             return Ok(());
         }
-        let going = self.going(&mut tx, env, &prefix).await?;
-        let subject = format!("{env}/{role}");
+        let going = self.going(&mut tx, s.env, &s.prefix).await?;
         let at = state_schema::cron::utc_minute(due);
         match going {
             Some(key) => {
-                let detail = format!("{at} skipped: the run {key} still goes");
+                let detail = format!("{at} skipped: {key} still goes");
                 self.events_in(
                     &mut tx,
                     now * 1000,
-                    &[("cron-skipped".to_owned(), subject.clone(), detail)],
+                    &[(s.skipped.to_owned(), s.subject.clone(), detail)],
                 )
                 .await?;
-                tick.skipped.push((subject, due));
+                tick.skipped.push((s.subject.clone(), due));
             }
             None => {
-                let task = Task::RunCron {
-                    environment: spec.environment.clone(),
-                    role: role.clone(),
-                    generation,
-                    scheduled: due,
-                };
-                let row = JobRow::new(&task, node.as_str(), CRON_ATTEMPTS, now * 1000, None);
+                let task = task(due);
+                let row = JobRow::new(&task, s.node, s.attempts, now * 1000, None);
                 let key = row.key.clone();
                 let added = self.enqueue_in(&mut tx, std::slice::from_ref(&row), now * 1000).await?;
                 if !added.is_empty() {
                     let events = [
                         ("job-queued".to_owned(), key.clone(), String::new()),
-                        ("cron-queued".to_owned(), subject, format!("{at} on {node}")),
+                        (s.queued.to_owned(), s.subject.clone(), format!("{at} on {}", s.node)),
                     ];
                     self.events_in(&mut tx, now * 1000, &events).await?;
                     tick.queued.push((key, due));
                 }
             }
         }
-        self.cron_handled_up_to(&mut tx, env, role.as_str(), due).await?;
+        self.cron_handled_up_to(&mut tx, s.env, &s.key, due).await?;
         tx.commit().await?;
         Ok(())
     }
+}
+
+/// One schedule as [`Ledger::schedule_due`] handles it.
+pub(crate) struct Scheduled<'a> {
+    pub env: &'a str,
+    /// Its row in `cron_schedules`: a cron role's name, or `volume:<name>` for a backup.
+    pub key: String,
+    /// What its jobs' keys start with: a time that comes while one is queued or leased is
+    /// skipped.
+    pub prefix: String,
+    /// Its events' subject (`<env>/<role>`, `<env>/<volume>`).
+    pub subject: String,
+    pub node: &'a str,
+    /// Its events' kinds when a time is queued, and skipped.
+    pub queued: &'static str,
+    pub skipped: &'static str,
+    pub attempts: u32,
 }

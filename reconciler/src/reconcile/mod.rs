@@ -3,6 +3,7 @@
 //! the deployments of preview branches that are gone, and moves rollouts on. Hints (a watch
 //! event, a webhook, `pl reconcile --now`) only make the next pass come sooner.
 
+pub mod backups;
 mod catchup;
 pub mod certificates;
 pub mod cron;
@@ -361,6 +362,16 @@ impl Reconciler {
                 "cron roles due"
             );
             report.advanced += cron.queued.len() + cron.skipped.len();
+        }
+        // Volume backups whose time has come (at most one per volume and time).
+        let backups = self.ledger.backup_tick(now_ms()).await?;
+        if !backups.queued.is_empty() || !backups.skipped.is_empty() {
+            tracing::info!(
+                queued = backups.queued.len(),
+                skipped = backups.skipped.len(),
+                "volume backups due"
+            );
+            report.advanced += backups.queued.len() + backups.skipped.len();
         }
         let wrote = report.judged + report.teardowns + report.advanced > 0;
         self.hub.refresh_counts(&self.ledger, wrote).await;

@@ -96,6 +96,8 @@ impl Ledger {
             }
             let mut rec = Recorded::default();
             let mut repaired: Vec<String> = Vec::new();
+            // Backups that ended for good: (key, node, what it saved, reason).
+            let mut backups: Vec<(String, String, Option<&super::backups::Saved>, String)> = Vec::new();
             for (i, c) in chunk.iter().enumerate() {
                 let t = &c.token;
                 if let (Some(caller), Some(owner)) = (callers.get(chunk_start + i), owners.get(&t.job_id))
@@ -119,7 +121,7 @@ impl Ledger {
                     continue;
                 }
                 let (state, outcome, detail) = match &c.outcome {
-                    Outcome::Succeeded => (JobState::Succeeded, "succeeded", String::new()),
+                    Outcome::Succeeded | Outcome::Saved(_) => (JobState::Succeeded, "succeeded", String::new()),
                     Outcome::Retryable(d) if attempts >= max_attempts => (JobState::Dead, "retryable", d.clone()),
                     Outcome::Retryable(d) => {
                         rec.retries.push((t.job_id, now_ms + backoff_ms(t.job_id, attempts)));
@@ -129,6 +131,14 @@ impl Ledger {
                 };
                 if state != JobState::Queued {
                     rec.by_state.entry(state).or_default().push(t.job_id);
+                    if state_schema::task::backup_of_key(&key).is_some() {
+                        let saved = match &c.outcome {
+                            Outcome::Saved(s) => Some(s),
+                            _ => None,
+                        };
+                        let node = owners.get(&t.job_id).cloned().unwrap_or_default();
+                        backups.push((key.clone(), node, saved, detail.clone()));
+                    }
                 }
                 rec.results.push((t.job_id, t.fencing_token, outcome, detail.clone()));
                 if state == JobState::Succeeded && rows::is_repair(&key) {
@@ -159,6 +169,15 @@ impl Ledger {
             }
             for key in &repaired {
                 self.republish_after_repair(tx, key, now_ms).await?;
+            }
+            for (key, node, saved, reason) in &backups {
+                let ended = super::backups::Ended {
+                    key,
+                    node,
+                    saved: *saved,
+                    reason: if saved.is_some() { "" } else { reason },
+                };
+                self.record_backup_in(tx, &ended, now_ms).await?;
             }
             for (id, not_before) in &rec.retries {
                 sqlx::query(self.sql("UPDATE jobs SET state = 'queued', lease_token = NULL, lease_expires_at = NULL, not_before = ?, updated_at = ? WHERE id = ?"))

@@ -261,6 +261,24 @@ impl Ledger {
                     )
                     .await?
                 }
+                Task::BackupVolume { volume, .. } => {
+                    // Whatever generation is current: a backup queued before a rollout saves
+                    // the volume as the new generation's spec says.
+                    match specs.get(&env) {
+                        Some((g, spec)) => {
+                            self.backup_execution(
+                                node,
+                                recipient.as_deref(),
+                                (*g, spec),
+                                volume.as_str(),
+                                control,
+                                now_ms,
+                            )
+                            .await?
+                        }
+                        None => Err(undeliverable("no-deployment", format!("no deployment holds {env}"))),
+                    }
+                }
                 Task::RunOnce { role, generation, .. } | Task::RunCron { role, generation, .. } => {
                     self.application(
                         node,
@@ -350,6 +368,66 @@ impl Ledger {
             key,
             hsts: false,
         })))
+    }
+
+    /// How `volume` of the environment is backed up, and where to: its plan and mount from the
+    /// current spec, the repository's Secret sealed to the node.
+    async fn backup_execution(
+        &self,
+        node: &str,
+        recipient: Option<&str>,
+        (generation, spec): (u64, &DeploymentSpec),
+        volume: &str,
+        control: &[Box<dyn Identity + Send + Sync>],
+        now_ms: i64,
+    ) -> Result<Result<Execution, Undeliverable>, LedgerError> {
+        let environment = spec.environment.to_string();
+        let found = spec.roles.iter().find_map(|(role, r)| {
+            let v = r.volumes.iter().find(|v| v.name == volume)?;
+            Some((role, v, v.backup.as_ref()?))
+        });
+        let (Some((role, v, plan)), Some(repo)) = (found, &spec.backups) else {
+            return Ok(Err(undeliverable(
+                "no-backup-plan",
+                format!("generation {generation} of {environment} backs up no volume {volume}"),
+            )));
+        };
+        let Some(recipient) = recipient else {
+            return Ok(Err(undeliverable("node-not-enrolled", "the node has no age recipient")));
+        };
+        let mut values = Vec::with_capacity(repo.values.len());
+        for (key, ciphertext) in &repo.values {
+            match self.sealed_for(node, recipient, ciphertext, control, now_ms).await? {
+                Ok(sealed) => values.push(SealedSecret {
+                    key: key.clone(),
+                    sealed,
+                }),
+                Err(e) => return Ok(Err(e)),
+            }
+        }
+        let volume_generation = self
+            .volume_generations(&environment)
+            .await?
+            .into_iter()
+            .find(|(name, _)| name == volume)
+            .map_or(1, |(_, g)| u64::try_from(g).unwrap_or(1));
+        // A replica's container when the role runs one (one writer: instance 0).
+        let runs = spec.instances.iter().any(|i| i.role == *role);
+        let cp = self.control_plane().await?;
+        Ok(Ok(Execution::Backup(Box::new(agent_proto::BackupSpec {
+            container: runs.then(|| container_name(&cp, &environment, role.as_str(), Some(0), generation)),
+            environment,
+            mount: agent_proto::VolumeMount {
+                volume: v.name.clone(),
+                generation: volume_generation,
+                path: v.path.clone(),
+            },
+            command: plan.command.clone(),
+            keep: plan.keep,
+            repository: repo.repository.clone(),
+            secret: repo.secret.to_string(),
+            values,
+        }))))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -572,6 +650,19 @@ pub fn wire_task(task: &Task) -> agent_proto::Task {
             token: token.clone(),
             key_authorization: key_authorization.clone(),
         },
+        Task::BackupVolume {
+            environment,
+            volume,
+            generation,
+            scheduled,
+            on_demand,
+        } => Wire::BackupVolume {
+            environment: s(environment),
+            volume: s(volume),
+            generation: *generation,
+            scheduled: *scheduled,
+            on_demand: *on_demand,
+        },
     }
 }
 
@@ -658,6 +749,13 @@ mod tests {
                 generation: 3,
                 token: "t".repeat(43),
                 key_authorization: format!("{}.{}", "t".repeat(43), "k".repeat(43)),
+            },
+            Task::BackupVolume {
+                environment: env.clone(),
+                volume: Name::new("pgdata").expect("name"),
+                generation: 3,
+                scheduled: 1_800_000_000,
+                on_demand: true,
             },
         ];
         for task in &all {

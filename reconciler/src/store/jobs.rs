@@ -79,6 +79,8 @@ pub struct LeaseToken {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
     Succeeded,
+    /// A backup succeeded, and this is what it saved.
+    Saved(super::backups::Saved),
     /// Worth trying again (a pull failed, Docker hiccuped): back to the queue with backoff.
     Retryable(String),
     /// Will fail the same way until the desired state changes.

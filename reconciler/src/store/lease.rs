@@ -85,7 +85,7 @@ impl Ledger {
     /// `(node, max)` gets its own lease token; each job's fencing token is newer than any
     /// handed out for it before. The answer is in the order of `requests`. A request with
     /// `removals_only` (a draining node) gets only jobs that take something away (stop,
-    /// teardown, remove): never new work.
+    /// teardown, remove) or save what it holds (a volume's backup): never new work.
     pub async fn lease_many(
         &self,
         requests: &[(&str, u32, bool)],
@@ -268,7 +268,10 @@ impl Ledger {
 }
 
 /// What only a draining node may lease: the jobs that take its work away.
-const REMOVALS: &str = " AND (key LIKE '%:stop@%' OR key LIKE '%:teardown@%' OR key LIKE '%:remove@%')";
+// A backup (`:save`) is not new work: a draining node keeps a pinned volume's role until it is
+// moved, and its backups (what a move is made of) go on.
+const REMOVALS: &str =
+    " AND (key LIKE '%:stop@%' OR key LIKE '%:teardown@%' OR key LIKE '%:remove@%' OR key LIKE '%:save@%')";
 
 /// One node's lease: its oldest due jobs, up to `max` (only removals for a draining node).
 ///

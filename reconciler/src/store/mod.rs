@@ -5,6 +5,7 @@
 //! (each lease of it takes the next). Renewals and completions must present both; a stale pair
 //! is refused and records nothing. Results and events are append-only, enforced by triggers in the schema.
 
+pub mod backups;
 pub mod certificates;
 mod complete;
 mod cron;

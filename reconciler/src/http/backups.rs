@@ -1,0 +1,123 @@
+//! `GET /v1/backups?environment=E[&volume=V][&limit=N]` (viewer): an environment's ended
+//! backups, newest first, as their agents reported them. `POST /v1/backups/run` (operator):
+//! queues a backup of a volume now and answers its job key (`202`); the caller follows it in
+//! the listing, where its row appears once the node reported how it ended.
+
+use crate::http::server::{authorize, authorized, internal, read_body, refuse};
+use crate::reconcile::backups::BackupRefusal;
+use crate::store::backups::BackupRow;
+use crate::store::{Ledger, now_ms};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+/// Rows a listing answers unless asked for fewer.
+pub const DEFAULT_LISTED: i64 = 50;
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackupsQuery {
+    pub environment: String,
+    pub volume: Option<String>,
+    pub limit: Option<i64>,
+}
+
+fn view(r: &BackupRow) -> serde_json::Value {
+    json!({
+        "environment": r.environment,
+        "volume": r.volume,
+        "generation": r.generation,
+        "node": r.node,
+        "job": r.job_key,
+        "finishedAtMs": r.finished_at,
+        "status": r.status,
+        "snapshot": r.snapshot,
+        "bytes": r.bytes,
+        "dataAdded": r.data_added,
+        "reason": r.reason,
+    })
+}
+
+fn refused(status: StatusCode, code: &str, message: String) -> Response {
+    (status, axum::Json(json!({"code": code, "message": message}))).into_response()
+}
+
+pub async fn list(
+    ledger: &Ledger,
+    tokens: &crate::auth::Tokens,
+    headers: &axum::http::HeaderMap,
+    q: BackupsQuery,
+) -> Response {
+    if let Some(r) = authorize(tokens, headers, crate::config::Role::Viewer) {
+        return r;
+    }
+    let limit = q.limit.unwrap_or(DEFAULT_LISTED);
+    if !(1..=crate::store::backups::MAX_LISTED).contains(&limit) {
+        return refused(
+            StatusCode::BAD_REQUEST,
+            "malformed-request",
+            format!("limit must be 1 to {}", crate::store::backups::MAX_LISTED),
+        );
+    }
+    match ledger.backups(&q.environment, q.volume.as_deref(), limit).await {
+        Ok(rows) => axum::Json(json!({"backups": rows.iter().map(view).collect::<Vec<_>>()})).into_response(),
+        Err(e) => internal(e),
+    }
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Run {
+    environment: String,
+    volume: String,
+}
+
+pub async fn run(
+    ledger: &Ledger,
+    hub: &crate::hub::Hub,
+    tokens: &crate::auth::Tokens,
+    headers: &axum::http::HeaderMap,
+    body: axum::body::Body,
+) -> Response {
+    let who = match authorized(tokens, headers, crate::config::Role::Operator) {
+        Ok(n) => n.to_owned(),
+        Err(d) => return refuse(d),
+    };
+    let body = match read_body(body, 1024).await {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    let Ok(req) = serde_json::from_slice::<Run>(&body) else {
+        return refused(
+            StatusCode::BAD_REQUEST,
+            "malformed-request",
+            "expected {\"environment\": …, \"volume\": …}".into(),
+        );
+    };
+    let (env, volume) = (&req.environment, &req.volume);
+    match ledger.backup_now(env, volume, now_ms()).await {
+        Ok(Ok(key)) => {
+            tracing::info!(by = %who, environment = %env, volume = %volume, job = %key, "backup asked for");
+            hub.jobs.notify_waiters();
+            (StatusCode::ACCEPTED, axum::Json(json!({"job": key}))).into_response()
+        }
+        Ok(Err(BackupRefusal::NoPlan)) => refused(
+            StatusCode::NOT_FOUND,
+            "backup-not-planned",
+            format!(
+                "no live deployment of {env} backs up a volume {volume} (a volume's `backup` and the environment's `backups`)"
+            ),
+        ),
+        Ok(Err(BackupRefusal::NotPlaced)) => refused(
+            StatusCode::CONFLICT,
+            "volume-not-placed",
+            format!("{env}'s volume {volume} was not made on any node yet"),
+        ),
+        Ok(Err(BackupRefusal::Going(key))) => refused(
+            StatusCode::CONFLICT,
+            "backup-going",
+            format!("a backup of {env}/{volume} is queued or running: {key}"),
+        ),
+        Err(e) => internal(e),
+    }
+}

@@ -1,0 +1,247 @@
+//! Backups as the ledger keeps them: each backup of a volume that ended, as its node's agent
+//! reported it (the snapshot restic wrote and its sizes, or the reason it failed), the newest
+//! [`KEPT_PER_VOLUME`] per volume. SQL only; what is due is `reconcile::backups`'s, and what a
+//! lease hands the agent `delivery`'s.
+
+use super::{Ledger, LedgerError, WriteTx};
+use sqlx::FromRow;
+
+/// Ended backups kept per volume (older rows go as new ones come; restic's own snapshots are
+/// what `keep` governs).
+pub const KEPT_PER_VOLUME: i64 = 200;
+
+/// Most rows one listing answers.
+pub const MAX_LISTED: i64 = 1000;
+
+/// What a succeeded backup saved, as the agent reported it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Saved {
+    pub snapshot: String,
+    pub bytes: u64,
+    pub data_added: u64,
+}
+
+/// One ended backup.
+#[derive(Clone, Debug, PartialEq, Eq, FromRow, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupRow {
+    pub environment: String,
+    pub volume: String,
+    /// The volume's generation it saved.
+    pub generation: i64,
+    pub node: String,
+    pub job_key: String,
+    pub finished_at: i64,
+    /// `succeeded` or `failed`.
+    pub status: String,
+    pub snapshot: Option<String>,
+    pub bytes: Option<i64>,
+    pub data_added: Option<i64>,
+    pub reason: String,
+}
+
+/// Where a volume's backups stand: when the newest success ended, and how many failed since.
+#[derive(Clone, Debug, PartialEq, Eq, FromRow, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupHealth {
+    pub environment: String,
+    pub volume: String,
+    pub last_success_at: Option<i64>,
+    pub failures_since: i64,
+}
+
+/// How a backup job ended, for its row.
+pub(crate) struct Ended<'a> {
+    pub key: &'a str,
+    pub node: &'a str,
+    pub saved: Option<&'a Saved>,
+    /// Empty for a success.
+    pub reason: &'a str,
+}
+
+impl Ledger {
+    /// Live deployments whose spec backs up a volume, done rolling out: (generation, spec).
+    pub(crate) async fn backup_deployments(&self) -> Result<Vec<(i64, String)>, LedgerError> {
+        Ok(sqlx::query_as(self.sql(
+            "SELECT generation, spec FROM deployments WHERE action = 'rollout' AND status = 'done' AND spec LIKE '%\"backup\":{%' AND spec LIKE '%\"backups\":{%' ORDER BY environment",
+        ))
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Records a backup job's end (a success with what it saved, or a failure for good), with
+    /// its event, in the completion's transaction. A key recorded before is left alone.
+    pub(crate) async fn record_backup_in(
+        &self,
+        tx: &mut WriteTx,
+        ended: &Ended<'_>,
+        now_ms: i64,
+    ) -> Result<(), LedgerError> {
+        let Some((env, volume)) = state_schema::task::backup_of_key(ended.key) else {
+            return Ok(());
+        };
+        let status = if ended.saved.is_some() { "succeeded" } else { "failed" };
+        let as_i64 = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        let written = sqlx::query(self.sql(
+            "INSERT INTO backups (environment, volume, generation, node, job_key, finished_at, status, snapshot, bytes, data_added, reason) \
+             VALUES (?, ?, COALESCE((SELECT generation FROM volumes WHERE environment = ? AND volume = ?), 1), ?, ?, ?, ?, ?, ?, ?, ?) \
+             ON CONFLICT (job_key) DO NOTHING",
+        ))
+        .bind(env)
+        .bind(volume)
+        .bind(env)
+        .bind(volume)
+        .bind(ended.node)
+        .bind(ended.key)
+        .bind(now_ms)
+        .bind(status)
+        .bind(ended.saved.map(|s| s.snapshot.clone()))
+        .bind(ended.saved.map(|s| as_i64(s.bytes)))
+        .bind(ended.saved.map(|s| as_i64(s.data_added)))
+        .bind(ended.reason)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected();
+        if written == 0 {
+            return Ok(());
+        }
+        sqlx::query(self.sql(
+            "DELETE FROM backups WHERE environment = ? AND volume = ? AND id <= \
+             (SELECT id FROM backups WHERE environment = ? AND volume = ? ORDER BY id DESC LIMIT 1 OFFSET ?)",
+        ))
+        .bind(env)
+        .bind(volume)
+        .bind(env)
+        .bind(volume)
+        .bind(KEPT_PER_VOLUME)
+        .execute(&mut **tx)
+        .await?;
+        let subject = format!("{env}/{volume}");
+        let event = match ended.saved {
+            Some(s) => (
+                "backup-succeeded".to_owned(),
+                subject,
+                format!("snapshot {} on {} ({} bytes)", s.snapshot, ended.node, s.bytes),
+            ),
+            None => (
+                "backup-failed".to_owned(),
+                subject,
+                format!("on {}: {}", ended.node, ended.reason),
+            ),
+        };
+        self.events_in(tx, now_ms, &[event]).await
+    }
+
+    /// `environment`'s ended backups, newest first (of one volume when given), at most `limit`.
+    pub async fn backups(
+        &self,
+        environment: &str,
+        volume: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<BackupRow>, LedgerError> {
+        let limit = limit.clamp(1, MAX_LISTED);
+        let columns =
+            "environment, volume, generation, node, job_key, finished_at, status, snapshot, bytes, data_added, reason";
+        let rows = match volume {
+            Some(v) => {
+                let q = format!(
+                    "SELECT {columns} FROM backups WHERE environment = ? AND volume = ? ORDER BY id DESC LIMIT ?"
+                );
+                sqlx::query_as(self.sql(&q))
+                    .bind(environment)
+                    .bind(v)
+                    .bind(limit)
+                    .fetch_all(&self.pool)
+                    .await?
+            }
+            None => {
+                let q = format!("SELECT {columns} FROM backups WHERE environment = ? ORDER BY id DESC LIMIT ?");
+                sqlx::query_as(self.sql(&q))
+                    .bind(environment)
+                    .bind(limit)
+                    .fetch_all(&self.pool)
+                    .await?
+            }
+        };
+        Ok(rows)
+    }
+
+    /// Each volume with backups: its newest success and the failures after it.
+    pub async fn backup_health(&self) -> Result<Vec<BackupHealth>, LedgerError> {
+        Ok(sqlx::query_as(self.sql(
+            "SELECT b.environment, b.volume, \
+               MAX(CASE WHEN b.status = 'succeeded' THEN b.finished_at END) AS last_success_at, \
+               SUM(CASE WHEN b.status = 'failed' AND b.id > COALESCE((SELECT MAX(s.id) FROM backups s WHERE s.environment = b.environment AND s.volume = b.volume AND s.status = 'succeeded'), 0) THEN 1 ELSE 0 END) AS failures_since \
+             FROM backups b GROUP BY b.environment, b.volume ORDER BY b.environment, b.volume",
+        ))
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// The node that holds `environment`'s `volume`, if it was ever made.
+    pub(crate) async fn volume_node(&self, environment: &str, volume: &str) -> Result<Option<String>, LedgerError> {
+        Ok(
+            sqlx::query_scalar(self.sql("SELECT node FROM volumes WHERE environment = ? AND volume = ?"))
+                .bind(environment)
+                .bind(volume)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_listing_is_newest_first_of_every_volume_or_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (ledger, _) = Ledger::sqlite_in(dir.path()).await;
+        let saved = Saved {
+            snapshot: "abcd1234".into(),
+            bytes: 10,
+            data_added: 5,
+        };
+        for (key, saved) in [
+            ("backup:shop/data:now1:save", Some(&saved)),
+            ("backup:shop/rows:now2:save", None),
+            ("backup:other/data:now3:save", Some(&saved)),
+        ] {
+            let mut tx = ledger.write_tx().await.expect("tx");
+            let ended = Ended {
+                key,
+                node: "n1",
+                saved,
+                reason: "backup-command-failed: exited with 3",
+            };
+            ledger.record_backup_in(&mut tx, &ended, 1000).await.expect("record");
+            tx.commit().await.expect("commit");
+        }
+        let keys = |rows: Vec<BackupRow>| {
+            rows.into_iter()
+                .map(|r| format!("{} {}", r.volume, r.status))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            keys(ledger.backups("shop", None, 50).await.expect("list")),
+            ["rows failed", "data succeeded"]
+        );
+        assert_eq!(
+            keys(ledger.backups("shop", Some("data"), 50).await.expect("list")),
+            ["data succeeded"]
+        );
+        let health = ledger.backup_health().await.expect("health");
+        assert_eq!(health.len(), 3);
+        assert_eq!(health[1].volume, "data");
+        assert_eq!((health[1].last_success_at, health[1].failures_since), (Some(1000), 0));
+        assert_eq!(
+            (
+                health[2].volume.as_str(),
+                health[2].last_success_at,
+                health[2].failures_since
+            ),
+            ("rows", None, 1)
+        );
+    }
+}
