@@ -1708,6 +1708,27 @@ fn backups_are_saved_into_a_restic_repository_the_restic_cli_reads() {
             "{out}"
         );
 
+        // `/metrics`: each backed-up volume's age since its newest success, and failures since.
+        let ports: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(state.join("ports.json")).expect("ports")).expect("ports json");
+        let ca = std::fs::read_to_string(state.join("tls/ca.crt")).expect("ca");
+        let api = u16::try_from(ports["api"].as_u64().expect("api port")).expect("port");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let metrics = loop {
+            let (_, text, _) = tls_support::get_tls_path([127, 0, 0, 1], api, "localhost", "/metrics", &ca).expect("metrics");
+            if text.contains("pushleft_backup_failures{environment=\"api-production\",volume=\"broken\"} 1") {
+                break text;
+            }
+            assert!(Instant::now() < deadline, "{text}");
+            std::thread::sleep(Duration::from_millis(500));
+        };
+        assert!(
+            metrics.contains("pushleft_backup_last_success_age_seconds{environment=\"api-production\",volume=\"broken\"} +Inf")
+                && metrics.contains("pushleft_backup_failures{environment=\"api-production\",volume=\"rows\"} 0")
+                && metrics.contains("pushleft_backup_last_success_age_seconds{environment=\"api-production\",volume=\"rows\"} "),
+            "{metrics}"
+        );
+
         // The web volume's schedule fires every minute: a second snapshot comes on its own.
         let deadline = Instant::now() + Duration::from_secs(150);
         loop {

@@ -10,6 +10,17 @@ pub fn get_tls(port: u16, host: &str, ca: &str) -> Result<(u16, String, Vec<u8>)
 
 /// [`get_tls`] to another loopback address.
 pub fn get_tls_at(ip: [u8; 4], port: u16, host: &str, ca: &str) -> Result<(u16, String, Vec<u8>), String> {
+    get_tls_path([ip[0], ip[1], ip[2], ip[3]], port, host, "/", ca)
+}
+
+/// [`get_tls_at`] of `path`.
+pub fn get_tls_path(
+    ip: [u8; 4],
+    port: u16,
+    host: &str,
+    path: &str,
+    ca: &str,
+) -> Result<(u16, String, Vec<u8>), String> {
     use rustls::pki_types::pem::PemObject;
     use std::io::{Read, Write};
     let mut roots = rustls::RootCertStore::empty();
@@ -28,7 +39,7 @@ pub fn get_tls_at(ip: [u8; 4], port: u16, host: &str, ca: &str) -> Result<(u16, 
     tcp.set_read_timeout(Some(std::time::Duration::from_secs(5)))
         .map_err(|e| e.to_string())?;
     let mut tls = rustls::StreamOwned::new(conn, tcp);
-    tls.write_all(format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes())
+    tls.write_all(format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes())
         .map_err(|e| e.to_string())?;
     let mut text = Vec::new();
     let _ = (&mut tls).take(1 << 20).read_to_end(&mut text);
