@@ -128,6 +128,14 @@ pub enum Task {
         token: String,
         key_authorization: String,
     },
+    /// Restore `snapshot` into the volume's new, empty generation `to`.
+    RestoreVolume {
+        environment: String,
+        volume: String,
+        generation: u64,
+        to: u64,
+        snapshot: String,
+    },
     /// Back up the environment's volume into its repository (the execution says how).
     BackupVolume {
         environment: String,
@@ -182,6 +190,18 @@ impl Task {
             | Task::StopApplication { role, .. }
             | Task::TeardownApplication { role, .. } => label("role", role),
             Task::RemoveVolume { volume, .. } | Task::BackupVolume { volume, .. } => label("volume", volume),
+            Task::RestoreVolume { volume, snapshot, .. } => {
+                label("volume", volume)?;
+                if (8..=64).contains(&snapshot.len())
+                    && snapshot
+                        .bytes()
+                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+                {
+                    Ok(())
+                } else {
+                    Err("the snapshot id is not one".to_owned())
+                }
+            }
             Task::PublishIngress { hostname, .. } | Task::RemoveIngress { hostname, .. } => check_hostname(hostname),
             Task::PlaceAcmeChallenge {
                 hostname,
@@ -225,6 +245,7 @@ impl Task {
             Task::RemoveVolume { .. } => "remove-volume",
             Task::PlaceAcmeChallenge { .. } => "place-acme-challenge",
             Task::BackupVolume { .. } => "backup-volume",
+            Task::RestoreVolume { .. } => "restore-volume",
         }
     }
 
@@ -244,7 +265,8 @@ impl Task {
             | Task::TeardownApplication { .. }
             | Task::RemoveNetwork { .. }
             | Task::RemoveVolume { .. }
-            | Task::BackupVolume { .. } => Capability::Docker,
+            | Task::BackupVolume { .. }
+            | Task::RestoreVolume { .. } => Capability::Docker,
         }
     }
 
@@ -264,7 +286,8 @@ impl Task {
             | Task::RemoveNetwork { environment, .. }
             | Task::RemoveVolume { environment, .. }
             | Task::PlaceAcmeChallenge { environment, .. }
-            | Task::BackupVolume { environment, .. } => environment,
+            | Task::BackupVolume { environment, .. }
+            | Task::RestoreVolume { environment, .. } => environment,
         }
     }
 
@@ -284,7 +307,8 @@ impl Task {
             | Task::RemoveNetwork { generation, .. }
             | Task::RemoveVolume { generation, .. }
             | Task::PlaceAcmeChallenge { generation, .. }
-            | Task::BackupVolume { generation, .. } => *generation,
+            | Task::BackupVolume { generation, .. }
+            | Task::RestoreVolume { generation, .. } => *generation,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! `pl backups ENV [VOLUME]` and `pl backup ENV VOLUME`: the backups of an environment's volumes
 //! as their agents reported them (time, size, snapshot, status, why one failed), and an
-//! operator's backup now, which returns only once its node reported how it ended.
+//! operator's backup now, which returns only once its node reported how it ended; `pl restore`,
+//! which returns once the role runs on the restored generation.
 
 use crate::operator::{Client, OutFormat, ServerArgs, print_json, query};
 use anyhow::{Result, bail};
@@ -121,6 +122,142 @@ pub fn run(args: &ServerArgs, environment: &str, volume: &str, timeout: Duration
                 timeout.as_secs()
             );
             return Ok(1);
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+/// The environment's deployment as `GET /v1/deployments` shows it.
+fn deployment(client: &Client, environment: &str) -> Result<Option<Value>> {
+    let v = client.json("GET", "/v1/deployments?limit=1000")?;
+    Ok(v["deployments"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|d| d["environment"] == environment)
+        .cloned())
+}
+
+/// The agent's reason a job ended with, from its `job-failed` / `job-dead` event.
+fn reason_of(client: &Client, job: &str) -> Result<String> {
+    let events = client.json("GET", "/v1/events?after=0&limit=1000")?;
+    Ok(events["events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .rfind(|e| matches!(e["kind"].as_str(), Some("job-failed" | "job-dead")) && e["subject"] == job)
+        .and_then(|e| e["detail"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| "see `pl events`".to_owned()))
+}
+
+/// Restores a snapshot into the volume's next generation and waits (at most `timeout`) until
+/// the role runs on it: the restore done on the node, then the environment's new generation
+/// rolled out with every replica running.
+pub fn restore(
+    args: &ServerArgs,
+    environment: &str,
+    volume: &str,
+    snapshot: Option<&str>,
+    timeout: Duration,
+) -> Result<u8> {
+    let client = Client::new(args)?;
+    let before = deployment(&client, environment)?.and_then(|d| d["generation"].as_i64());
+    let mut body = serde_json::json!({"environment": environment, "volume": volume});
+    if let Some(s) = snapshot {
+        body["snapshot"] = Value::from(s);
+    }
+    let asked = client.post_json("/v1/restores", &body)?;
+    let (Some(job), Some(to)) = (asked["job"].as_str(), asked["generation"].as_i64()) else {
+        bail!("the control plane answered no job: {asked}");
+    };
+    let started = Instant::now();
+    let late = |what: &str| -> Result<u8> {
+        eprintln!(
+            "error[restore-pending]: {what} after {} s; `pl volumes {environment}` and `pl status` show how it goes",
+            timeout.as_secs()
+        );
+        Ok(1)
+    };
+    // 1. The node filled the new generation (the volume moved to it), or the job failed.
+    loop {
+        let volumes = client.json("GET", "/v1/volumes")?;
+        let at = volumes["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["environment"] == environment && r["volume"] == volume)
+            .and_then(|r| r["generation"].as_i64());
+        if at == Some(to) {
+            break;
+        }
+        let jobs = client.json(
+            "GET",
+            &format!(
+                "/v1/jobs{}",
+                query(&[
+                    ("environment", Some(environment.to_owned())),
+                    ("limit", Some("200".into()))
+                ])
+            ),
+        )?;
+        let state = jobs["jobs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|j| j["key"] == job)
+            .and_then(|j| j["state"].as_str().map(str::to_owned));
+        if matches!(state.as_deref(), Some("failed" | "dead" | "cancelled")) {
+            eprintln!(
+                "error[volume-restore-failed]: {environment}/{volume} on {}: {}",
+                asked["node"].as_str().unwrap_or("?"),
+                reason_of(&client, job)?
+            );
+            return Ok(1);
+        }
+        if started.elapsed() >= timeout {
+            return late("the restore has not ended");
+        }
+        std::thread::sleep(POLL);
+    }
+    let restored = started.elapsed();
+    // 2. Its role placed again on it: a new generation, rolled out, every replica running.
+    loop {
+        if let Some(d) = deployment(&client, environment)? {
+            let newer = d["generation"].as_i64() > before;
+            let converged = d["status"] == "done" && d["running"] == d["replicas"] && d["stale"].as_u64() == Some(0);
+            if d["status"] == "failed" {
+                eprintln!(
+                    "error[deployment-failed]: {environment} generation {} failed after the restore; generation {} of {volume} holds the restored data, the one before it is kept",
+                    d["generation"], to
+                );
+                return Ok(1);
+            }
+            if newer && converged {
+                if args.format == OutFormat::Json {
+                    return print_json(&serde_json::json!({
+                        "environment": environment,
+                        "volume": volume,
+                        "generation": to,
+                        "snapshot": asked["snapshot"],
+                        "deployment": d["generation"],
+                        "restoredMs": restored.as_millis() as u64,
+                        "runningMs": started.elapsed().as_millis() as u64,
+                    }));
+                }
+                outln!(
+                    "restored {environment}/{volume} from snapshot {} into generation {to} on {} in {:.1} s; generation {} of {environment} runs on it after {:.1} s (generation {} of the volume is kept)",
+                    asked["snapshot"].as_str().unwrap_or("?"),
+                    asked["node"].as_str().unwrap_or("?"),
+                    restored.as_secs_f64(),
+                    d["generation"],
+                    started.elapsed().as_secs_f64(),
+                    to - 1
+                );
+                return Ok(0);
+            }
+        }
+        if started.elapsed() >= timeout {
+            return late("the role does not run on the restored volume yet");
         }
         std::thread::sleep(POLL);
     }

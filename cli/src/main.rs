@@ -355,6 +355,22 @@ Reference: docs/cli.md (pl wait)")]
         #[command(flatten)]
         server: operator::ServerArgs,
     },
+    /// Restore a volume from a backup (admin role): the snapshot (by default the newest
+    /// succeeded backup's) goes into a new generation of the volume on its node, and its role
+    /// is rolled out on it; the old generation is kept. Returns once the role runs on the
+    /// restored data (0), or 1 with why not.
+    Restore {
+        environment: String,
+        volume: String,
+        /// restic's snapshot id (as `pl backups` lists it).
+        #[arg(long)]
+        snapshot: Option<String>,
+        /// How long to wait, in seconds.
+        #[arg(long, default_value_t = 1800)]
+        timeout: u64,
+        #[command(flatten)]
+        server: operator::ServerArgs,
+    },
     /// Back up a volume now, as its `backup` says (operator role). Returns once its node
     /// reported the backup's end: 0 when it succeeded, 1 when it failed or is still going
     /// after `--timeout`.
@@ -544,6 +560,21 @@ fn main() -> ExitCode {
             server,
         } => control_plane(server)
             .and_then(|s| backups::run(&s, &environment, &volume, std::time::Duration::from_secs(timeout))),
+        Command::Restore {
+            environment,
+            volume,
+            snapshot,
+            timeout,
+            server,
+        } => control_plane(server).and_then(|s| {
+            backups::restore(
+                &s,
+                &environment,
+                &volume,
+                snapshot.as_deref(),
+                std::time::Duration::from_secs(timeout),
+            )
+        }),
         Command::Volume(VolumeCommand::Rm {
             environment,
             volume,

@@ -117,6 +117,8 @@ pub struct Fleet {
     current: HashMap<Name, Vec<(Instance, u64, u64)>>,
     /// Where each environment's roles with volumes have their data: `(environment, role)`.
     pins: HashMap<(Name, Name), Name>,
+    /// Volumes past their first generation (restored): `(environment, volume)`.
+    generations: HashMap<(Name, Name), u64>,
 }
 
 /// Where a role's volumes live: its one instance runs on `node`, and nowhere else.
@@ -125,6 +127,10 @@ pub struct Pin {
     pub environment: Name,
     pub role: Name,
     pub node: Name,
+    /// Its volumes past their first generation (each restore makes one more), by name: the
+    /// role mounts those.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub generations: Vec<(Name, u64)>,
 }
 
 /// Why a role pinned by its volumes does not run where its data is.
@@ -158,6 +164,9 @@ impl Fleet {
     /// Pins roles to the nodes that hold their volumes (the control plane's volume rows).
     pub fn pin(&mut self, pins: impl IntoIterator<Item = Pin>) {
         for p in pins {
+            for (volume, generation) in p.generations {
+                self.generations.insert((p.environment.clone(), volume), generation);
+            }
             self.pins.insert((p.environment, p.role), p.node);
         }
     }
@@ -178,6 +187,7 @@ impl Fleet {
                 environment: environment.clone(),
                 role: role.clone(),
                 node: node.clone(),
+                generations: Vec::new(),
             })
             .collect();
         out.sort();
@@ -256,6 +266,17 @@ impl Fleet {
             .map(|h| h.iter().map(|(i, _, _)| i.clone()).collect())
             .unwrap_or_default();
         self.release(&env);
+        // Each volume at the generation its rows name (a restore's new one).
+        if !self.generations.is_empty() {
+            for (_, r) in spec.roles.iter_mut() {
+                for v in &mut r.volumes {
+                    v.generation = Name::new(&v.name)
+                        .ok()
+                        .and_then(|n| self.generations.get(&(env.clone(), n)).copied())
+                        .unwrap_or(1);
+                }
+            }
+        }
         let Some(pool) = spec.pool.clone() else {
             // A spec from before placement knew pools: it stays as it is.
             self.hold(spec);
@@ -506,6 +527,7 @@ pub(crate) mod tests {
             path: "/data".into(),
             size_bytes: None,
             retain_days: 7,
+            generation: 1,
             backup: None,
         });
     }
@@ -603,6 +625,43 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_restored_volume_is_mounted_at_its_new_generation_and_moves_the_deployment_on() {
+        let nodes = [("b", node("main", 4000, UP, ACTIVE))];
+        let running = {
+            let mut f = fleet(&nodes);
+            let mut s = spec("e", Placement::Pack, &[("db", "service", 500, 1)]);
+            with_volume(&mut s, "db");
+            f.place(&mut s);
+            s
+        };
+        let generation_of = |s: &DeploymentSpec| s.roles.get(&name("db")).expect("db").volumes[0].generation;
+        assert_eq!(generation_of(&running), 1);
+        let pin = |generations: Vec<(Name, u64)>| Pin {
+            environment: name("e"),
+            role: name("db"),
+            node: name("b"),
+            generations,
+        };
+        let replaced = |p: Pin| {
+            let mut f = fleet(&nodes);
+            f.pin([p]);
+            f.hold(&running);
+            let run = crate::replacement::Running {
+                branch: "main".into(),
+                in_progress: false,
+                spec: running.clone(),
+            };
+            crate::replacement::replace(&mut f, vec![run])
+        };
+        assert!(replaced(pin(Vec::new())).is_empty(), "nothing restored: nothing moves");
+        let moved = replaced(pin(vec![(name("data"), 2)]));
+        assert_eq!(moved.len(), 1);
+        assert!(moved[0].moved, "a new generation of the deployment");
+        assert_eq!(generation_of(&moved[0].desired.spec), 2);
+        assert_eq!(nodes_of(&moved[0].desired.spec), ["db/0@b"]);
+    }
+
+    #[test]
     fn a_role_pinned_by_its_volume_stays_with_its_data_or_waits_and_never_moves() {
         let up = [
             ("a", node("main", 4000, UP, ACTIVE)),
@@ -612,6 +671,7 @@ pub(crate) mod tests {
             environment: name("e"),
             role: name("db"),
             node: name("b"),
+            generations: Vec::new(),
         };
         let place = |a: FleetNode, b: FleetNode| {
             let mut f = fleet(&[("a", a), ("b", b)]);

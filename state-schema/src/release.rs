@@ -109,6 +109,15 @@ fn minus<T: Clone + PartialEq>(a: &[T], b: &[T]) -> Vec<T> {
 /// The one decision: what it takes to go from `old` to `new`. `pl plan` prints a rollout for
 /// [`Change::Generation`]; the reconciler writes a new generation for it, and instance jobs
 /// at the current generation for [`Change::Scale`].
+/// Which generation of each volume the roles mount: a restore moves one on, and containers
+/// mount a volume when they are made, so that takes a new generation of the deployment.
+fn volume_generations(spec: &DeploymentSpec) -> Vec<(&str, u64)> {
+    spec.roles
+        .values()
+        .flat_map(|r| r.volumes.iter().map(|v| (v.name.as_str(), v.generation)))
+        .collect()
+}
+
 pub fn change(old: &DeploymentSpec, new: &DeploymentSpec) -> Change {
     if old == new {
         return Change::None;
@@ -125,6 +134,7 @@ pub fn change(old: &DeploymentSpec, new: &DeploymentSpec) -> Change {
         || old.nodes.is_empty()
         || old.release != new.release
         || moved
+        || volume_generations(old) != volume_generations(new)
     {
         return Change::Generation;
     }

@@ -61,6 +61,11 @@ pub struct VolumeSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size_bytes: Option<u64>,
     pub retain_days: u32,
+    /// Which of the volume's generations the role mounts: 1, and one more with each restore
+    /// (a restore fills a new, empty generation and keeps the old one). Placement sets it from
+    /// the control plane's volume rows; absent when 1, so specs keep their hashes.
+    #[serde(default = "first_generation", skip_serializing_if = "is_first_generation")]
+    pub generation: u64,
     /// Its scheduled backup; absent from the stored form when unset, so specs without one
     /// keep their hashes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -76,6 +81,14 @@ pub struct BackupPlan {
     pub keep: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub command: Option<Vec<String>>,
+}
+
+fn first_generation() -> u64 {
+    1
+}
+
+fn is_first_generation(g: &u64) -> bool {
+    *g == 1
 }
 
 fn is_empty(m: &Arc<SmallMap<String, String>>) -> bool {
@@ -153,6 +166,7 @@ pub fn role_specs(
                         path: v.path.clone(),
                         size_bytes: v.size.map(|s| s.bytes()),
                         retain_days: v.retain_days,
+                        generation: 1,
                         backup: v.backup.as_ref().map(|b| BackupPlan {
                             schedule: b.schedule.as_str().to_owned(),
                             keep: b.keep,

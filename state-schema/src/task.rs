@@ -109,6 +109,18 @@ pub enum Task {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         on_demand: bool,
     },
+    /// Restore a snapshot of the volume into its generation `to` (new and empty: a restore
+    /// never writes into data that exists), on the volume's node. Once it succeeded the
+    /// volume is at `to`, and its role is placed again on it.
+    RestoreVolume {
+        environment: Name,
+        volume: Name,
+        generation: u64,
+        to: u64,
+        snapshot: String,
+        /// When it was asked for (Unix ms): a failed restore can be asked for again.
+        asked_at: i64,
+    },
 }
 
 impl Task {
@@ -211,6 +223,13 @@ impl Task {
                 backup_key_prefix(environment, volume),
                 if *on_demand { "now" } else { "t" }
             ),
+            Task::RestoreVolume {
+                environment,
+                volume,
+                to,
+                asked_at,
+                ..
+            } => format!("vol:{environment}/{volume}:v{to}:t{asked_at}:restore"),
         }
     }
 
@@ -230,7 +249,8 @@ impl Task {
             | Task::RemoveIngress { generation, .. }
             | Task::RemoveVolume { generation, .. }
             | Task::PlaceAcmeChallenge { generation, .. }
-            | Task::BackupVolume { generation, .. } => *generation,
+            | Task::BackupVolume { generation, .. }
+            | Task::RestoreVolume { generation, .. } => *generation,
         }
     }
 
@@ -250,7 +270,8 @@ impl Task {
             | Task::RemoveIngress { environment, .. }
             | Task::RemoveVolume { environment, .. }
             | Task::PlaceAcmeChallenge { environment, .. }
-            | Task::BackupVolume { environment, .. } => environment,
+            | Task::BackupVolume { environment, .. }
+            | Task::RestoreVolume { environment, .. } => environment,
         }
     }
 }
@@ -274,6 +295,21 @@ pub fn backup_of_key(key: &str) -> Option<(&str, &str)> {
     Some((env, volume))
 }
 
+/// The environment, volume and new generation a restore's key names:
+/// `vol:<env>/<volume>:v<to>:t<asked>:restore`.
+pub fn restore_of_key(key: &str) -> Option<(&str, &str, u64)> {
+    let rest = key.strip_prefix("vol:")?.split('@').next()?.strip_suffix(":restore")?;
+    let (env, rest) = rest.split_once('/')?;
+    let (volume, rest) = rest.split_once(":v")?;
+    let (to, _) = rest.split_once(":t")?;
+    Some((env, volume, to.parse().ok()?))
+}
+
+/// Whether `s` can be a restic snapshot id: 8 to 64 lowercase hex digits.
+pub fn is_snapshot_id(s: &str) -> bool {
+    (8..=64).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -295,6 +331,21 @@ mod tests {
         assert_eq!(t(true).idempotency_key(), "backup:shop/pgdata:now1800000000:save");
         assert_eq!(backup_of_key(&t(true).idempotency_key()), Some(("shop", "pgdata")));
         assert_eq!(backup_of_key("vol:shop/pgdata:v1:t1:remove"), None);
+        let restore = Task::RestoreVolume {
+            environment: n("shop"),
+            volume: n("pgdata"),
+            generation: 4,
+            to: 3,
+            snapshot: "0123abcd".into(),
+            asked_at: 17,
+        };
+        assert_eq!(restore.idempotency_key(), "vol:shop/pgdata:v3:t17:restore");
+        assert_eq!(
+            restore_of_key("vol:shop/pgdata:v3:t17:restore@n1"),
+            Some(("shop", "pgdata", 3))
+        );
+        assert_eq!(restore_of_key("vol:shop/pgdata:v3:t9:remove@n1"), None);
+        assert!(is_snapshot_id("0123abcd") && !is_snapshot_id("0123ABCD") && !is_snapshot_id("latest"));
     }
 
     #[test]

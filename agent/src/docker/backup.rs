@@ -87,27 +87,7 @@ impl Engine {
     /// Runs a `backup-volume` task: the repository opened with its sealed Secret, the volume
     /// saved (consistently, see the module), the snapshots beyond `keep` forgotten and pruned.
     pub async fn backup(&self, b: &Backups, spec: &BackupSpec) -> Result<Ended, Failure> {
-        if spec.repository.starts_with('/') && !under_a_root(Path::new(&spec.repository), &b.roots) {
-            return Err(permanent(
-                "backup-repository-refused",
-                format!(
-                    "{} is not under this node's backup_roots ({})",
-                    spec.repository,
-                    b.roots
-                        .iter()
-                        .map(|r| r.display().to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            ));
-        }
-        let (password, env) = self.open_backup_secret(spec)?;
-        let repo = Repository {
-            location: spec.repository.clone(),
-            password_file: password.0.clone(),
-            env,
-            cache_dir: b.cache_dir.clone(),
-        };
+        let (_password, repo) = self.repository_of(b, spec)?;
         // The role's container, when one of ours runs: paused for a file backup, the host of
         // the command.
         let container = match &spec.container {
@@ -149,6 +129,52 @@ impl Engine {
                 data_added: saved.data_added,
             }),
         })
+    }
+
+    /// Runs a `restore-volume` task: `snapshot` restored into the volume's new generation
+    /// (`spec.mount`), made here, empty. What a failed earlier try left of that generation
+    /// (ours, mounted by no container: the control plane never asks for a generation that is
+    /// in use) is removed first, so a restore can be asked for again.
+    pub async fn restore(&self, b: &Backups, spec: &BackupSpec, snapshot: &str) -> Result<String, Failure> {
+        let repo = self.repository_of(b, spec)?;
+        let name = self.volume_name(&spec.environment, &spec.mount);
+        if let Ok(v) = self.docker.inspect_volume(&name).await
+            && self.owns_volume(&v, &spec.environment, &spec.mount)
+        {
+            self.docker
+                .remove_volume(&name, None::<bollard::query_parameters::RemoveVolumeOptions>)
+                .await
+                .map_err(|e| docker("volume-in-use", e))?;
+        }
+        self.restore_volume(&b.restic, &repo.1, &spec.environment, &spec.mount, snapshot)
+            .await
+    }
+
+    /// The repository of a backup's spec, opened: refused when it is a path on the node
+    /// outside `backup_roots`; the password file lives as long as the returned guard.
+    fn repository_of(&self, b: &Backups, spec: &BackupSpec) -> Result<(PasswordFile, Repository), Failure> {
+        if spec.repository.starts_with('/') && !under_a_root(Path::new(&spec.repository), &b.roots) {
+            return Err(permanent(
+                "backup-repository-refused",
+                format!(
+                    "{} is not under this node's backup_roots ({})",
+                    spec.repository,
+                    b.roots
+                        .iter()
+                        .map(|r| r.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+        let (password, env) = self.open_backup_secret(spec)?;
+        let repo = Repository {
+            location: spec.repository.clone(),
+            password_file: password.0.clone(),
+            env,
+            cache_dir: b.cache_dir.clone(),
+        };
+        Ok((password, repo))
     }
 
     /// The password file and the backend's variables of a backup's sealed Secret.

@@ -1,7 +1,10 @@
 //! `GET /v1/backups?environment=E[&volume=V][&limit=N]` (viewer): an environment's ended
 //! backups, newest first, as their agents reported them. `POST /v1/backups/run` (operator):
 //! queues a backup of a volume now and answers its job key (`202`); the caller follows it in
-//! the listing, where its row appears once the node reported how it ended.
+//! the listing, where its row appears once the node reported how it ended. `POST
+//! /v1/restores` (admin): queues a restore of a snapshot into the volume's next generation
+//! (`202` with the job and the generation); the caller follows the volume's generation and the
+//! environment's rollout onto it.
 
 use crate::http::server::{authorize, authorized, internal, read_body, refuse};
 use crate::reconcile::backups::BackupRefusal;
@@ -101,23 +104,86 @@ pub async fn run(
             hub.jobs.notify_waiters();
             (StatusCode::ACCEPTED, axum::Json(json!({"job": key}))).into_response()
         }
-        Ok(Err(BackupRefusal::NoPlan)) => refused(
+        Ok(Err(why)) => refusal(env, volume, why),
+        Err(e) => internal(e),
+    }
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Restore {
+    environment: String,
+    volume: String,
+    snapshot: Option<String>,
+}
+
+pub async fn restore(
+    ledger: &Ledger,
+    hub: &crate::hub::Hub,
+    tokens: &crate::auth::Tokens,
+    headers: &axum::http::HeaderMap,
+    body: axum::body::Body,
+) -> Response {
+    let who = match authorized(tokens, headers, crate::config::Role::Admin) {
+        Ok(n) => n.to_owned(),
+        Err(d) => return refuse(d),
+    };
+    let body = match read_body(body, 1024).await {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    let Ok(req) = serde_json::from_slice::<Restore>(&body) else {
+        return refused(
+            StatusCode::BAD_REQUEST,
+            "malformed-request",
+            "expected {\"environment\": …, \"volume\": …, \"snapshot\"?: …}".into(),
+        );
+    };
+    let (env, volume) = (&req.environment, &req.volume);
+    match ledger.restore_now(env, volume, req.snapshot.as_deref(), now_ms()).await {
+        Ok(Ok(r)) => {
+            tracing::info!(by = %who, environment = %env, volume = %volume, job = %r.job, to = r.to, snapshot = %r.snapshot, "restore asked for");
+            hub.jobs.notify_waiters();
+            let body = json!({"job": r.job, "generation": r.to, "snapshot": r.snapshot, "node": r.node});
+            (StatusCode::ACCEPTED, axum::Json(body)).into_response()
+        }
+        Ok(Err(why)) => refusal(env, volume, why),
+        Err(e) => internal(e),
+    }
+}
+
+fn refusal(env: &str, volume: &str, why: BackupRefusal) -> Response {
+    match why {
+        BackupRefusal::NoPlan => refused(
             StatusCode::NOT_FOUND,
             "backup-not-planned",
             format!(
                 "no live deployment of {env} backs up a volume {volume} (a volume's `backup` and the environment's `backups`)"
             ),
         ),
-        Ok(Err(BackupRefusal::NotPlaced)) => refused(
+        BackupRefusal::NotPlaced => refused(
             StatusCode::CONFLICT,
             "volume-not-placed",
             format!("{env}'s volume {volume} was not made on any node yet"),
         ),
-        Ok(Err(BackupRefusal::Going(key))) => refused(
+        BackupRefusal::Going(key) => refused(
             StatusCode::CONFLICT,
             "backup-going",
-            format!("a backup of {env}/{volume} is queued or running: {key}"),
+            format!("{env}/{volume} has one going: {key}"),
         ),
-        Err(e) => internal(e),
+        BackupRefusal::Dump => refused(
+            StatusCode::CONFLICT,
+            "restore-of-a-dump",
+            format!(
+                "{env}/{volume}'s backups are its command's output (a dump to load into the running role), not its files: restore it with the tool that made it"
+            ),
+        ),
+        BackupRefusal::NoSnapshot => refused(
+            StatusCode::NOT_FOUND,
+            "snapshot-unknown",
+            format!(
+                "no succeeded backup of {env}/{volume} to restore (or the snapshot id is not 8-64 lowercase hex digits)"
+            ),
+        ),
     }
 }

@@ -112,6 +112,7 @@ pub fn router(state: Arc<Operator>) -> Router {
         .route("/v1/volumes", get(volumes))
         .route("/v1/backups", get(backups))
         .route("/v1/backups/run", post(run_backup))
+        .route("/v1/restores", post(restore_volume))
         .route("/v1/volumes/remove", post(remove_volume))
         .route("/v1/fleet", get(fleet))
         .route("/v1/rewrites/approve", post(approve_rewrite))
@@ -383,6 +384,10 @@ async fn backups(State(s): App, headers: HeaderMap, Query(q): Query<crate::http:
 
 async fn run_backup(State(s): App, headers: HeaderMap, body: axum::body::Body) -> Response {
     crate::http::backups::run(&s.ledger, &s.hub, &s.tokens, &headers, body).await
+}
+
+async fn restore_volume(State(s): App, headers: HeaderMap, body: axum::body::Body) -> Response {
+    crate::http::backups::restore(&s.ledger, &s.hub, &s.tokens, &headers, body).await
 }
 
 async fn remove_volume(State(s): App, headers: HeaderMap, body: axum::body::Body) -> Response {

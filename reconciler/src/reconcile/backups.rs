@@ -27,6 +27,39 @@ pub enum BackupRefusal {
     NotPlaced,
     /// One is queued or running already: its key.
     Going(String),
+    /// The volume's backups are a command's output (a dump to load), not its files.
+    Dump,
+    /// No succeeded backup to restore, or the snapshot id is not one.
+    NoSnapshot,
+}
+
+/// A restore asked for: its job key and the volume generation it fills.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Restoring {
+    pub job: String,
+    pub to: u64,
+    pub snapshot: String,
+    pub node: String,
+}
+
+/// The live deployment of `environment` that backs up `volume`: (generation, spec, whether
+/// its backups are a command's output).
+fn backed_up(rows: Vec<(i64, String)>, environment: &str, volume: &str) -> Option<(u64, DeploymentSpec, bool)> {
+    let (g, spec) = rows
+        .into_iter()
+        .filter_map(|(g, spec)| Some((g, serde_json::from_str::<DeploymentSpec>(&spec).ok()?)))
+        .find(|(_, s)| s.environment.as_str() == environment)?;
+    spec.backups.as_ref()?;
+    let dump = spec
+        .roles
+        .values()
+        .flat_map(|r| r.volumes.iter())
+        .find(|v| v.name == volume)?
+        .backup
+        .as_ref()?
+        .command
+        .is_some();
+    Some((u64::try_from(g).unwrap_or(0), spec, dump))
 }
 
 /// The volumes a spec backs up: (volume, its schedule).
@@ -131,5 +164,82 @@ impl Ledger {
         self.events_in(&mut tx, now_ms, &events).await?;
         tx.commit().await?;
         Ok(Ok(key))
+    }
+
+    /// Queues a restore of `environment`'s `volume` (admin's `pl restore`): `snapshot`, or the
+    /// newest one a backup of it succeeded with, into the volume's next generation on the node
+    /// that holds it. The volume moves to that generation only once the agent succeeded.
+    pub async fn restore_now(
+        &self,
+        environment: &str,
+        volume: &str,
+        snapshot: Option<&str>,
+        now_ms: i64,
+    ) -> Result<Result<Restoring, BackupRefusal>, LedgerError> {
+        let Some((generation, spec, dump)) = backed_up(self.backup_deployments().await?, environment, volume) else {
+            return Ok(Err(BackupRefusal::NoPlan));
+        };
+        if dump {
+            return Ok(Err(BackupRefusal::Dump));
+        }
+        let Some(row) = self
+            .volumes()
+            .await?
+            .into_iter()
+            .find(|r| r.environment == environment && r.volume == volume)
+        else {
+            return Ok(Err(BackupRefusal::NotPlaced));
+        };
+        let snapshot = match snapshot {
+            Some(s) if state_schema::task::is_snapshot_id(s) => s.to_owned(),
+            Some(_) => return Ok(Err(BackupRefusal::NoSnapshot)),
+            None => match self
+                .backups(environment, Some(volume), crate::store::backups::MAX_LISTED)
+                .await?
+                .into_iter()
+                .find_map(|b| b.snapshot.filter(|_| b.status == "succeeded"))
+            {
+                Some(s) => s,
+                None => return Ok(Err(BackupRefusal::NoSnapshot)),
+            },
+        };
+        let Ok(volume_name) = Name::new(volume) else {
+            return Ok(Err(BackupRefusal::NoPlan));
+        };
+        let to = u64::try_from(row.generation).unwrap_or(1) + 1;
+        let task = Task::RestoreVolume {
+            environment: spec.environment.clone(),
+            volume: volume_name,
+            generation,
+            to,
+            snapshot: snapshot.clone(),
+            asked_at: now_ms,
+        };
+        let mut tx = self.write_tx().await?;
+        if let Some(key) = self
+            .going(&mut tx, environment, &format!("vol:{environment}/{volume}:v{to}:"))
+            .await?
+        {
+            return Ok(Err(BackupRefusal::Going(key)));
+        }
+        let job = JobRow::new(&task, &row.node, 1, now_ms, None);
+        let key = job.key.clone();
+        self.enqueue_in(&mut tx, std::slice::from_ref(&job), now_ms).await?;
+        let events = [
+            ("job-queued".to_owned(), key.clone(), String::new()),
+            (
+                "volume-restore-requested".to_owned(),
+                format!("{environment}/{volume}"),
+                format!("snapshot {snapshot} into generation {to} on {}", row.node),
+            ),
+        ];
+        self.events_in(&mut tx, now_ms, &events).await?;
+        tx.commit().await?;
+        Ok(Ok(Restoring {
+            job: key,
+            to,
+            snapshot,
+            node: row.node,
+        }))
     }
 }

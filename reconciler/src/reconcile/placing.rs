@@ -40,7 +40,9 @@ impl Ledger {
             .collect();
         let pools = self.pool_hashes(applied_branch).await?;
         let deployments = self.placement_marks().await?;
-        Ok(state_schema::canonical::hash(&(nodes, pools, deployments)))
+        // A restore moves a volume to its next generation: its role is placed again on it.
+        let restores = self.volume_generation_mark().await?;
+        Ok(state_schema::canonical::hash(&(nodes, pools, deployments, restores)))
     }
 
     /// Re-places every running deployment against the fleet as it is now, and writes what

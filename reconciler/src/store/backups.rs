@@ -132,6 +132,51 @@ impl Ledger {
         self.events_in(tx, now_ms, &[event]).await
     }
 
+    /// A restore's end: when it succeeded, the volume moves to the generation it filled (its
+    /// role is then placed again on it: the fleet's signature changed); either way an event.
+    pub(crate) async fn record_restore_in(
+        &self,
+        tx: &mut WriteTx,
+        key: &str,
+        node: &str,
+        succeeded: bool,
+        reason: &str,
+        now_ms: i64,
+    ) -> Result<(), LedgerError> {
+        let Some((env, volume, to)) = state_schema::task::restore_of_key(key) else {
+            return Ok(());
+        };
+        let to = i64::try_from(to).unwrap_or(i64::MAX);
+        let subject = format!("{env}/{volume}");
+        let event = if succeeded {
+            let moved = sqlx::query(
+                self.sql("UPDATE volumes SET generation = ? WHERE environment = ? AND volume = ? AND generation = ?"),
+            )
+            .bind(to)
+            .bind(env)
+            .bind(volume)
+            .bind(to - 1)
+            .execute(&mut **tx)
+            .await?
+            .rows_affected();
+            if moved == 0 {
+                return Ok(());
+            }
+            (
+                "volume-restored".to_owned(),
+                subject,
+                format!("generation {to} on {node}; generation {} kept", to - 1),
+            )
+        } else {
+            (
+                "volume-restore-failed".to_owned(),
+                subject,
+                format!("on {node}: {reason}"),
+            )
+        };
+        self.events_in(tx, now_ms, &[event]).await
+    }
+
     /// `environment`'s ended backups, newest first (of one volume when given), at most `limit`.
     pub async fn backups(
         &self,

@@ -98,6 +98,8 @@ impl Ledger {
             let mut repaired: Vec<String> = Vec::new();
             // Backups that ended for good: (key, node, what it saved, reason).
             let mut backups: Vec<(String, String, Option<&super::backups::Saved>, String)> = Vec::new();
+            // Restores that ended for good: (key, node, succeeded, reason).
+            let mut restores: Vec<(String, String, bool, String)> = Vec::new();
             for (i, c) in chunk.iter().enumerate() {
                 let t = &c.token;
                 if let (Some(caller), Some(owner)) = (callers.get(chunk_start + i), owners.get(&t.job_id))
@@ -131,6 +133,10 @@ impl Ledger {
                 };
                 if state != JobState::Queued {
                     rec.by_state.entry(state).or_default().push(t.job_id);
+                    if state_schema::task::restore_of_key(&key).is_some() {
+                        let node = owners.get(&t.job_id).cloned().unwrap_or_default();
+                        restores.push((key.clone(), node, state == JobState::Succeeded, detail.clone()));
+                    }
                     if state_schema::task::backup_of_key(&key).is_some() {
                         let saved = match &c.outcome {
                             Outcome::Saved(s) => Some(s),
@@ -178,6 +184,10 @@ impl Ledger {
                     reason: if saved.is_some() { "" } else { reason },
                 };
                 self.record_backup_in(tx, &ended, now_ms).await?;
+            }
+            for (key, node, succeeded, reason) in &restores {
+                self.record_restore_in(tx, key, node, *succeeded, reason, now_ms)
+                    .await?;
             }
             for (id, not_before) in &rec.retries {
                 sqlx::query(self.sql("UPDATE jobs SET state = 'queued', lease_token = NULL, lease_expires_at = NULL, not_before = ?, updated_at = ? WHERE id = ?"))

@@ -261,16 +261,21 @@ impl Ledger {
                     )
                     .await?
                 }
-                Task::BackupVolume { volume, .. } => {
+                Task::BackupVolume { volume, .. } | Task::RestoreVolume { volume, .. } => {
                     // Whatever generation is current: a backup queued before a rollout saves
-                    // the volume as the new generation's spec says.
+                    // the volume as the new generation's spec says. A restore fills its own
+                    // new volume generation.
+                    let into = match &l.task {
+                        Task::RestoreVolume { to, .. } => Some(*to),
+                        _ => None,
+                    };
                     match specs.get(&env) {
                         Some((g, spec)) => {
                             self.backup_execution(
                                 node,
                                 recipient.as_deref(),
                                 (*g, spec),
-                                volume.as_str(),
+                                (volume.as_str(), into),
                                 control,
                                 now_ms,
                             )
@@ -377,7 +382,7 @@ impl Ledger {
         node: &str,
         recipient: Option<&str>,
         (generation, spec): (u64, &DeploymentSpec),
-        volume: &str,
+        (volume, into): (&str, Option<u64>),
         control: &[Box<dyn Identity + Send + Sync>],
         now_ms: i64,
     ) -> Result<Result<Execution, Undeliverable>, LedgerError> {
@@ -405,12 +410,6 @@ impl Ledger {
                 Err(e) => return Ok(Err(e)),
             }
         }
-        let volume_generation = self
-            .volume_generations(&environment)
-            .await?
-            .into_iter()
-            .find(|(name, _)| name == volume)
-            .map_or(1, |(_, g)| u64::try_from(g).unwrap_or(1));
         // A replica's container when the role runs one (one writer: instance 0).
         let runs = spec.instances.iter().any(|i| i.role == *role);
         let cp = self.control_plane().await?;
@@ -419,7 +418,8 @@ impl Ledger {
             environment,
             mount: agent_proto::VolumeMount {
                 volume: v.name.clone(),
-                generation: volume_generation,
+                // What the running generation mounts, or the restore's new one.
+                generation: into.unwrap_or(v.generation),
                 path: v.path.clone(),
             },
             command: plan.command.clone(),
@@ -468,23 +468,17 @@ impl Ledger {
         }
         let environment = spec.environment.to_string();
         let (log_max_bytes, log_max_files) = r.log_limits();
-        // Each volume at the generation its row names (a restore's new one); a volume with no
-        // row yet is at its first.
-        let mut volumes = Vec::with_capacity(r.volumes.len());
-        if !r.volumes.is_empty() {
-            let generations = self.volume_generations(&environment).await?;
-            for v in &r.volumes {
-                let generation = generations
-                    .iter()
-                    .find(|(name, _)| name == &v.name)
-                    .map_or(1, |(_, g)| u64::try_from(*g).unwrap_or(1));
-                volumes.push(agent_proto::VolumeMount {
-                    volume: v.name.clone(),
-                    generation,
-                    path: v.path.clone(),
-                });
-            }
-        }
+        // Each volume at the generation this deployment generation was placed with (a
+        // restore's new one rolls a new deployment generation that mounts it).
+        let volumes = r
+            .volumes
+            .iter()
+            .map(|v| agent_proto::VolumeMount {
+                volume: v.name.clone(),
+                generation: v.generation,
+                path: v.path.clone(),
+            })
+            .collect();
         Ok(Ok(Execution::Application(Box::new(ApplicationSpec {
             log_max_bytes,
             log_max_files,
@@ -650,6 +644,20 @@ pub fn wire_task(task: &Task) -> agent_proto::Task {
             token: token.clone(),
             key_authorization: key_authorization.clone(),
         },
+        Task::RestoreVolume {
+            environment,
+            volume,
+            generation,
+            to,
+            snapshot,
+            ..
+        } => Wire::RestoreVolume {
+            environment: s(environment),
+            volume: s(volume),
+            generation: *generation,
+            to: *to,
+            snapshot: snapshot.clone(),
+        },
         Task::BackupVolume {
             environment,
             volume,
@@ -756,6 +764,14 @@ mod tests {
                 generation: 3,
                 scheduled: 1_800_000_000,
                 on_demand: true,
+            },
+            Task::RestoreVolume {
+                environment: env.clone(),
+                volume: Name::new("pgdata").expect("name"),
+                generation: 3,
+                to: 2,
+                snapshot: "0123abcd".into(),
+                asked_at: 1_800_000_000_000,
             },
         ];
         for task in &all {

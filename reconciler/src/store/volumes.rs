@@ -70,20 +70,47 @@ impl Ledger {
     /// Where each role with volumes has its data: placement's pins. A row whose names no
     /// longer parse (never written so) pins nothing.
     pub async fn volume_pins(&self) -> Result<Vec<Pin>, LedgerError> {
-        let rows: Vec<(String, String, String)> =
-            sqlx::query_as(self.sql("SELECT DISTINCT environment, role, node FROM volumes ORDER BY environment, role"))
-                .fetch_all(&self.pool)
-                .await?;
-        Ok(rows
-            .into_iter()
-            .filter_map(|(e, r, n)| {
-                Some(Pin {
-                    environment: Name::new(&e).ok()?,
-                    role: Name::new(&r).ok()?,
-                    node: Name::new(&n).ok()?,
-                })
-            })
-            .collect())
+        let rows: Vec<(String, String, String, String, i64)> =
+            sqlx::query_as(self.sql(
+                "SELECT environment, role, node, volume, generation FROM volumes ORDER BY environment, role, volume",
+            ))
+            .fetch_all(&self.pool)
+            .await?;
+        let mut out: Vec<Pin> = Vec::new();
+        for (e, r, n, v, g) in rows {
+            let (Ok(environment), Ok(role), Ok(node), Ok(volume)) =
+                (Name::new(&e), Name::new(&r), Name::new(&n), Name::new(&v))
+            else {
+                continue;
+            };
+            if !out
+                .last()
+                .is_some_and(|p| p.environment == environment && p.role == role)
+            {
+                out.push(Pin {
+                    environment,
+                    role,
+                    node,
+                    generations: Vec::new(),
+                });
+            }
+            if let (Some(pin), Ok(g)) = (out.last_mut(), u64::try_from(g))
+                && g > 1
+            {
+                pin.generations.push((volume, g));
+            }
+        }
+        Ok(out)
+    }
+
+    /// What changes whenever a volume moves to a new generation (a restore): part of the
+    /// fleet's signature, so its role is placed again on the new one.
+    pub(crate) async fn volume_generation_mark(&self) -> Result<i64, LedgerError> {
+        Ok(
+            sqlx::query_scalar(self.sql("SELECT CAST(COALESCE(SUM(generation), 0) AS BIGINT) FROM volumes"))
+                .fetch_one(&self.pool)
+                .await?,
+        )
     }
 
     /// The generation of each of `environment`'s volumes, by name: what a mount names.
