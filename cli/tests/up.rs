@@ -79,6 +79,33 @@ fn outcome(o: std::process::Output) -> (i32, String, String) {
     )
 }
 
+/// A developer's age identity in `dir` (0600) and its recipient, named as the control
+/// recipient in `repo_dir`'s `pushleft.yaml`: locally, the developer's identity is the control
+/// plane's, and every Secret lists it.
+fn developer_identity(dir: &Path, repo_dir: &Path) -> (PathBuf, String) {
+    let dev = dir.join("dev.key");
+    let o = Command::new("age-keygen")
+        .arg("-o")
+        .arg(&dev)
+        .output()
+        .expect("age-keygen");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    std::fs::set_permissions(&dev, std::os::unix::fs::PermissionsExt::from_mode(0o600)).expect("chmod");
+    let recipient = Command::new("age-keygen")
+        .arg("-y")
+        .arg(&dev)
+        .output()
+        .expect("age-keygen -y");
+    let recipient = String::from_utf8_lossy(&recipient.stdout).trim().to_owned();
+    let root = std::fs::read_to_string(repo_dir.join("pushleft.yaml")).expect("root");
+    std::fs::write(
+        repo_dir.join("pushleft.yaml"),
+        root.replace("spec: {", &format!("spec: {{controlRecipient: {recipient}, ")),
+    )
+    .expect("write");
+    (dev, recipient)
+}
+
 /// The simulated host's engine CLI: its trimmed output.
 fn docker(socket: &Path, args: &[&str]) -> String {
     host_support::docker_at(socket, args)
@@ -439,20 +466,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
 
         // A secret set with `pl secret set` reaches the application as /run/secrets/TOKEN and
         // nowhere else: not in the container's configuration, the ledger or any log.
-        let dev = scratch.join("dev.key");
-        let o = Command::new("age-keygen").arg("-o").arg(&dev).output().expect("age-keygen");
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        std::fs::set_permissions(&dev, std::os::unix::fs::PermissionsExt::from_mode(0o600)).expect("chmod");
-        let recipient = Command::new("age-keygen").arg("-y").arg(&dev).output().expect("age-keygen -y");
-        let recipient = String::from_utf8_lossy(&recipient.stdout).trim().to_owned();
-        // Locally, the developer's identity is the control plane's: the Repository names its
-        // recipient as the control recipient, which every Secret lists.
-        let root = std::fs::read_to_string(repo_dir.join("pushleft.yaml")).expect("root");
-        std::fs::write(
-            repo_dir.join("pushleft.yaml"),
-            root.replace("spec: {", &format!("spec: {{controlRecipient: {recipient}, ")),
-        )
-        .expect("write");
+        let (dev, recipient) = developer_identity(&scratch, &repo_dir);
         std::fs::create_dir_all(repo_dir.join("secrets")).expect("mkdir");
         std::fs::write(
             repo_dir.join("secrets/api.yaml"),
@@ -1515,25 +1529,7 @@ fn backups_are_saved_into_a_restic_repository_the_restic_cli_reads() {
     let (repo_dir, state, socket) = (repo.dir.clone(), dir.path().join("pl-state"), host.socket.clone());
     let restic_repo = state.join("backups/api");
     // The developer's identity is the control plane's (as in the secrets scenario above).
-    let dev = dir.path().join("dev.key");
-    let o = Command::new("age-keygen")
-        .arg("-o")
-        .arg(&dev)
-        .output()
-        .expect("age-keygen");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    std::fs::set_permissions(&dev, std::os::unix::fs::PermissionsExt::from_mode(0o600)).expect("chmod");
-    let recipient = Command::new("age-keygen")
-        .arg("-y")
-        .arg(&dev)
-        .output()
-        .expect("age-keygen -y");
-    let recipient = String::from_utf8_lossy(&recipient.stdout).trim().to_owned();
-    let root = std::fs::read_to_string(repo_dir.join("pushleft.yaml")).expect("root");
-    repo.write(
-        "pushleft.yaml",
-        &root.replace("spec: {", &format!("spec: {{controlRecipient: {recipient}, ")),
-    );
+    let (dev, recipient) = developer_identity(dir.path(), &repo_dir);
     repo.write(
         "secrets/backups.yaml",
         &format!("apiVersion: pushleft.dev/v1alpha1\nkind: Secret\nmetadata: {{name: backups}}\nspec:\n  recipients: [{recipient}]\n"),

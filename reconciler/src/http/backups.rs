@@ -6,7 +6,7 @@
 //! (`202` with the job and the generation); the caller follows the volume's generation and the
 //! environment's rollout onto it.
 
-use crate::http::server::{authorize, authorized, internal, read_body, refuse};
+use crate::http::server::{authorize, internal, small_request};
 use crate::reconcile::backups::BackupRefusal;
 use crate::store::backups::BackupRow;
 use crate::store::{Ledger, now_ms};
@@ -82,20 +82,18 @@ pub async fn run(
     headers: &axum::http::HeaderMap,
     body: axum::body::Body,
 ) -> Response {
-    let who = match authorized(tokens, headers, crate::config::Role::Operator) {
-        Ok(n) => n.to_owned(),
-        Err(d) => return refuse(d),
-    };
-    let body = match read_body(body, 1024).await {
-        Ok(b) => b,
-        Err(e) => return e.into_response(),
-    };
-    let Ok(req) = serde_json::from_slice::<Run>(&body) else {
-        return refused(
-            StatusCode::BAD_REQUEST,
-            "malformed-request",
-            "expected {\"environment\": …, \"volume\": …}".into(),
-        );
+    let (who, req) = match small_request::<Run>(
+        tokens,
+        headers,
+        crate::config::Role::Operator,
+        body,
+        1024,
+        "{\"environment\": …, \"volume\": …}",
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(r) => return r,
     };
     let (env, volume) = (&req.environment, &req.volume);
     match ledger.backup_now(env, volume, now_ms()).await {
@@ -124,20 +122,18 @@ pub async fn restore(
     headers: &axum::http::HeaderMap,
     body: axum::body::Body,
 ) -> Response {
-    let who = match authorized(tokens, headers, crate::config::Role::Admin) {
-        Ok(n) => n.to_owned(),
-        Err(d) => return refuse(d),
-    };
-    let body = match read_body(body, 1024).await {
-        Ok(b) => b,
-        Err(e) => return e.into_response(),
-    };
-    let Ok(req) = serde_json::from_slice::<Restore>(&body) else {
-        return refused(
-            StatusCode::BAD_REQUEST,
-            "malformed-request",
-            "expected {\"environment\": …, \"volume\": …, \"snapshot\"?: …}".into(),
-        );
+    let (who, req) = match small_request::<Restore>(
+        tokens,
+        headers,
+        crate::config::Role::Admin,
+        body,
+        1024,
+        "{\"environment\": …, \"volume\": …, \"snapshot\"?: …}",
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(r) => return r,
     };
     let (env, volume) = (&req.environment, &req.volume);
     match ledger.restore_now(env, volume, req.snapshot.as_deref(), now_ms()).await {

@@ -242,3 +242,26 @@ pub async fn serve(
         });
     }
 }
+
+/// A small JSON request of an operator surface, checked in order: the caller's token holds
+/// `needs` (else 401/403), the body is at most `limit` bytes, and it reads as `T` (else `400
+/// malformed-request`, saying what was `expected`). The caller's token name and the request.
+pub(crate) async fn small_request<T: serde::de::DeserializeOwned>(
+    tokens: &Tokens,
+    headers: &HeaderMap,
+    needs: Role,
+    body: axum::body::Body,
+    limit: usize,
+    expected: &str,
+) -> Result<(String, T), Response> {
+    let who = authorized(tokens, headers, needs).map_err(refuse)?.to_owned();
+    let bytes = read_body(body, limit).await.map_err(|e| e.into_response())?;
+    let req = serde_json::from_slice::<T>(&bytes).map_err(|_| {
+        (
+            StatusCode::BAD_REQUEST,
+            axum::Json(json!({"code": "malformed-request", "message": format!("expected {expected}")})),
+        )
+            .into_response()
+    })?;
+    Ok((who, req))
+}

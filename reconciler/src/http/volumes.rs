@@ -2,7 +2,7 @@
 //! its agent last measured. `POST /v1/volumes/remove` (admin): removes a released volume now,
 //! answering only once its node removed it (or with why not).
 
-use crate::http::server::{authorize, authorized, internal, read_body, refuse};
+use crate::http::server::{authorize, internal, small_request};
 use crate::store::volumes::{VolumeRefusal, VolumeRow};
 use crate::store::{Ledger, now_ms};
 use axum::http::StatusCode;
@@ -62,20 +62,18 @@ pub async fn remove(
     headers: &axum::http::HeaderMap,
     body: axum::body::Body,
 ) -> Response {
-    let who = match authorized(tokens, headers, crate::config::Role::Admin) {
-        Ok(n) => n.to_owned(),
-        Err(d) => return refuse(d),
-    };
-    let body = match read_body(body, 1024).await {
-        Ok(b) => b,
-        Err(e) => return e.into_response(),
-    };
-    let Ok(req) = serde_json::from_slice::<Remove>(&body) else {
-        return refused(
-            StatusCode::BAD_REQUEST,
-            "malformed-request",
-            "expected {\"environment\": …, \"volume\": …}".into(),
-        );
+    let (who, req) = match small_request::<Remove>(
+        tokens,
+        headers,
+        crate::config::Role::Admin,
+        body,
+        1024,
+        "{\"environment\": …, \"volume\": …}",
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(r) => return r,
     };
     let row = match ledger.expire_volume(&req.environment, &req.volume, now_ms()).await {
         Err(e) => return internal(e),
