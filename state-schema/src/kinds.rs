@@ -32,7 +32,6 @@ pub const RESOURCES_FIELDS: &[&str] = &["cpu", "memory", "pids"];
 pub const ENVIRONMENT_FIELDS: &[&str] = &[
     "project", "stage", "pool", "replicas", "env", "image", "hostname", "tls", "backups",
 ];
-pub const BACKUPS_FIELDS: &[&str] = &["repository", "secret"];
 pub const TLS_FIELDS: &[&str] = &["secret", "hsts"];
 pub const DOMAIN_FIELDS: &[&str] = &["hostname", "environment", "verification", "tls"];
 pub const DOMAIN_TLS_FIELDS: &[&str] = &["secret"];

@@ -297,7 +297,7 @@ mod tests {
         assert_eq!(keys(&specs["Environment"]["properties"]["tls"]), sorted(TLS_FIELDS));
         assert_eq!(
             keys(&specs["Environment"]["properties"]["backups"]),
-            sorted(BACKUPS_FIELDS)
+            sorted(crate::volumes::BACKUPS_FIELDS)
         );
         let volume = &role["properties"]["volumes"]["items"];
         assert_eq!(keys(volume), sorted(crate::volumes::VOLUME_FIELDS));

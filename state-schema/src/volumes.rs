@@ -11,6 +11,8 @@ use crate::yaml::{self, Node};
 
 pub const VOLUME_FIELDS: &[&str] = &["name", "path", "size", "retainDays", "backup"];
 pub const BACKUP_FIELDS: &[&str] = &["schedule", "keep", "command"];
+/// An Environment's `backups`.
+pub const BACKUPS_FIELDS: &[&str] = &["repository", "secret"];
 /// Most snapshots `keep` keeps.
 pub const MAX_KEEP: u32 = 1000;
 /// Most arguments of a backup's `command`, and the longest one.
@@ -48,7 +50,7 @@ pub fn repository_problem(location: &str) -> Option<String> {
 
 /// `backups: {repository, secret}` of an Environment.
 pub(crate) fn decode_backups(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<EnvironmentBackups> {
-    let f = Fields::new(ctx, node, "`backups`", crate::kinds::BACKUPS_FIELDS)?;
+    let f = Fields::new(ctx, node, "`backups`", BACKUPS_FIELDS)?;
     let repository = f.require(ctx, "repository", "`backups`").and_then(|n| {
         let s = string(ctx, n, "`backups.repository`")?;
         match repository_problem(s) {

@@ -7,8 +7,7 @@
 //! environment's rollout onto it.
 
 use crate::http::server::{authorize, internal, small_request};
-use crate::reconcile::backups::BackupRefusal;
-use crate::store::backups::BackupRow;
+use crate::store::backups::{BackupRefusal, BackupRow};
 use crate::store::{Ledger, now_ms};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
