@@ -10,7 +10,7 @@ pub fn get_tls(port: u16, host: &str, ca: &str) -> Result<(u16, String, Vec<u8>)
 
 /// [`get_tls`] to another loopback address.
 pub fn get_tls_at(ip: [u8; 4], port: u16, host: &str, ca: &str) -> Result<(u16, String, Vec<u8>), String> {
-    get_tls_path([ip[0], ip[1], ip[2], ip[3]], port, host, "/", ca)
+    get_tls_path(ip, port, host, "/", ca)
 }
 
 /// [`get_tls_at`] of `path`.

@@ -113,16 +113,6 @@ impl Ledger {
         )
     }
 
-    /// The generation of each of `environment`'s volumes, by name: what a mount names.
-    pub async fn volume_generations(&self, environment: &str) -> Result<Vec<(String, i64)>, LedgerError> {
-        Ok(
-            sqlx::query_as(self.sql("SELECT volume, generation FROM volumes WHERE environment = ? ORDER BY volume"))
-                .bind(environment)
-                .fetch_all(&self.pool)
-                .await?,
-        )
-    }
-
     /// Records the volumes of `spec`'s roles where placement put them: a new volume gets the
     /// node of its role's instance (or run) as its pin; a kept one (an environment back within
     /// `retainDays`) is taken up again where it is. The node is never rewritten here: only an
