@@ -185,7 +185,10 @@ fn docker_executors_adopt_repair_and_refuse() {
         // Replayed: adopted, the same container.
         assert!(engine.ensure_application(&g1).await.expect("again").contains("adopted"));
         assert_eq!(inspect(&g1.container, "{{.Id}}"), id);
-        // Stopped by hand: started again, the same container.
+        // Stopped by hand: started again as a new container of the same name, whose `/tmp` is
+        // writable by anyone again (a restarted one's is root's 0755: see `recreate`).
+        let tmp_mode = |c: &str| docker(&["exec", c, "/bin/busybox", "stat", "-c", "%a", "/tmp"]);
+        assert_eq!(tmp_mode(&g1.container), "1777");
         docker(&["stop", "-t", "1", &g1.container]);
         assert!(
             engine
@@ -194,8 +197,9 @@ fn docker_executors_adopt_repair_and_refuse() {
                 .expect("repair")
                 .contains("restarted")
         );
-        assert_eq!(inspect(&g1.container, "{{.Id}}"), id);
+        assert_ne!(inspect(&g1.container, "{{.Id}}"), id);
         assert_eq!(inspect(&g1.container, "{{.State.Running}}"), "true");
+        assert_eq!(tmp_mode(&g1.container), "1777");
 
         // Generation 2 comes up; then a task for generation 1 is stale.
         let g2 = app(&env, &image, 2, &net);
@@ -231,6 +235,12 @@ fn docker_executors_adopt_repair_and_refuse() {
         assert!(repaired[0].contains(&g2.container), "{repaired:?}");
         assert_eq!(inspect(&g2.container, "{{.State.Running}}"), "true");
         assert_eq!(inspect(&g1.container, "{{.State.Running}}"), "false");
+        assert_eq!(tmp_mode(&g2.container), "1777", "the repaired one's /tmp too");
+        assert_eq!(
+            inspect(&g2.container, "{{.HostConfig.ReadonlyRootfs}} {{.HostConfig.Init}} {{.HostConfig.CapDrop}}"),
+            "true true [ALL]",
+            "made again with the same hardening"
+        );
         let again = ours_only(engine.repair_containers().await.expect("again"));
         assert!(again.is_empty(), "nothing left to repair: {again:?}");
 

@@ -125,14 +125,18 @@ impl Engine {
                 .and_then(|l| l.get(SPEC_HASH))
                 .cloned()
                 .unwrap_or_default();
-            if hash == app.spec_hash {
-                let running = c.state.and_then(|s| s.running).unwrap_or(false);
-                note = if running { "adopted" } else { "restarted" };
+            let running = c.state.and_then(|s| s.running).unwrap_or(false);
+            if hash == app.spec_hash && running {
+                note = "adopted";
             } else {
+                // A stopped one is made again rather than started: see `recreate`.
                 self.remove(&app.container).await?;
+                if hash == app.spec_hash {
+                    note = "restarted";
+                }
             }
         }
-        if note == "created" {
+        if note != "adopted" {
             self.ensure_image(&app.image).await?;
             let secrets = self.write_secrets(app)?;
             self.create(app, secrets.as_deref()).await?;
@@ -184,12 +188,47 @@ impl Engine {
             if running {
                 continue;
             }
-            match self.docker.start_container(&name, None).await {
+            match self.recreate(&name).await {
                 Ok(()) => out.push((env, format!("container {name} was stopped: started again"))),
-                Err(e) => tracing::warn!(container = %name, error = %e, "cannot start a drifted container"),
+                Err(e) => tracing::warn!(container = %name, error = %e.detail, "cannot start a drifted container"),
             }
         }
         Ok(out)
+    }
+
+    /// Starts a stopped container of ours again as a new container with the same
+    /// configuration, name, mounts and volumes. Not `docker start`: Docker (20.10) mounts a
+    /// restarted container's `/tmp` tmpfs with the mode of the mount point it made in the
+    /// container's layer at the first start (0755, root's), so a non-root process (PostgreSQL,
+    /// say) could no longer write its socket or lock files after a crash.
+    async fn recreate(&self, name: &str) -> Result<(), Failure> {
+        let c = self
+            .docker
+            .inspect_container(name, None)
+            .await
+            .map_err(|e| docker("docker-unavailable", e))?;
+        let config = c.config.unwrap_or_default();
+        let body = ContainerCreateBody {
+            image: config.image,
+            cmd: config.cmd,
+            entrypoint: config.entrypoint,
+            env: config.env,
+            labels: config.labels,
+            user: config.user,
+            working_dir: config.working_dir,
+            host_config: c.host_config,
+            stop_timeout: config.stop_timeout,
+            ..ContainerCreateBody::default()
+        };
+        self.remove_keeping_secrets(name).await?;
+        self.docker
+            .create_container(Some(CreateContainerOptionsBuilder::default().name(name).build()), body)
+            .await
+            .map_err(|e| docker("container-create-failed", e))?;
+        self.docker
+            .start_container(name, None)
+            .await
+            .map_err(|e| docker("container-start-failed", e))
     }
 
     /// Web roles: an HTTP probe of the health path until it answers 2xx, within the role's
@@ -258,6 +297,16 @@ impl Engine {
 
     /// Removes a container of ours (and its secret files); gone already is fine.
     pub(super) async fn remove(&self, container: &str) -> Result<(), Failure> {
+        self.remove_keeping_secrets(container).await?;
+        let dir = self.secrets_dir.join(container);
+        if dir.starts_with(&self.secrets_dir) && dir != self.secrets_dir {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        Ok(())
+    }
+
+    /// Removes a container of ours, its secret files kept (for its successor of the same name).
+    async fn remove_keeping_secrets(&self, container: &str) -> Result<(), Failure> {
         match self
             .docker
             .remove_container(
@@ -269,10 +318,6 @@ impl Engine {
             Ok(()) => {}
             Err(e) if not_found(&e) => {}
             Err(e) => return Err(docker("container-remove-failed", e)),
-        }
-        let dir = self.secrets_dir.join(container);
-        if dir.starts_with(&self.secrets_dir) && dir != self.secrets_dir {
-            let _ = std::fs::remove_dir_all(&dir);
         }
         Ok(())
     }
