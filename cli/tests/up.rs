@@ -37,6 +37,9 @@ mod repo_support;
 #[path = "../../agent/tests/support/tls.rs"]
 mod tls_support;
 
+#[path = "up/app.rs"]
+mod app;
+
 use host_support::Host;
 use repo_support::{Repo, environment};
 use std::path::{Path, PathBuf};
@@ -867,6 +870,7 @@ impl Drop for Detached {
             for pid in [
                 "agents/n1/agent.pid",
                 "agents/n2/agent.pid",
+                "agents/node-1/agent.pid",
                 "caddy.pid",
                 "registry.pid",
                 "reconciler.pid",
