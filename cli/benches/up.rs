@@ -8,9 +8,12 @@
 //! of the machine's.
 //!
 //! `cargo build --release -p reconciler -p pushleft-agent && cargo bench -p pushleft-cli --bench up`
-//! (`-- --rounds N`, default 3; `-- --http` for `pl up --http`, plain HTTP as before HTTPS; Caddy and Compose first on `PATH`, as `scripts/test` installs
-//! them: `PATH=/opt/pushleft-tools/bin:$PATH`).
+//! (`-- --rounds N`, default 3; `-- --http` for `pl up --http`, plain HTTP as before HTTPS;
+//! `-- --app` adds examples/app against Compose, `-- --app-only` runs it alone, see `up/app.rs`; Caddy and Compose first on
+//! `PATH`, as `scripts/test` installs them: `PATH=/opt/pushleft-tools/bin:$PATH`).
 
+#[path = "up/app.rs"]
+mod app;
 #[path = "../../agent/tests/support/host.rs"]
 mod host_support;
 #[path = "../../reconciler/tests/support/repo.rs"]
@@ -104,7 +107,10 @@ fn main() {
     let socket = host.socket.clone();
     let work = tempfile::tempdir().expect("tempdir");
     let mut report = Vec::new();
-    for n in [1usize, 10] {
+    // `--app-only`: examples/app alone.
+    let app_only = std::env::args().any(|a| a == "--app-only");
+    let sizes: &[usize] = if app_only { &[] } else { &[1, 10] };
+    for &n in sizes {
         let dir = work.path().join(format!("n{n}"));
         std::fs::create_dir_all(&dir).expect("dir");
         let repo = Repo::new(&dir);
@@ -180,6 +186,9 @@ fn main() {
             "{n} web project(s): pl up {a:.2} s (cold: the control plane starts too), docker compose up -d --wait {b:.2} s, ratio {:.2}; pl up with nothing changed {c:.2} s (median of {rounds})",
             a / b
         ));
+    }
+    if app_only || std::env::args().any(|a| a == "--app") {
+        report.push(app::bench(&host, port, &pl, rounds, work.path()));
     }
     let mut registry = registry;
     let _ = registry.kill();
