@@ -237,7 +237,10 @@ fn docker_executors_adopt_repair_and_refuse() {
         assert_eq!(inspect(&g1.container, "{{.State.Running}}"), "false");
         assert_eq!(tmp_mode(&g2.container), "1777", "the repaired one's /tmp too");
         assert_eq!(
-            inspect(&g2.container, "{{.HostConfig.ReadonlyRootfs}} {{.HostConfig.Init}} {{.HostConfig.CapDrop}}"),
+            inspect(
+                &g2.container,
+                "{{.HostConfig.ReadonlyRootfs}} {{.HostConfig.Init}} {{.HostConfig.CapDrop}}"
+            ),
             "true true [ALL]",
             "made again with the same hardening"
         );
