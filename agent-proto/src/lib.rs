@@ -157,7 +157,33 @@ pub enum Execution {
     Removal,
     /// Back up a volume.
     Backup(Box<BackupSpec>),
+    /// A restore drill: the repository as for a backup, and the scratch container to run on
+    /// the restored copy.
+    Drill(Box<DrillSpec>),
 }
+
+/// A restore drill of one volume.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DrillSpec {
+    /// The volume, its repository and the repository's sealed Secret.
+    pub backup: BackupSpec,
+    /// The scratch container: the role's image, resources and secrets, the backup's
+    /// `verify.command`, no network, and the restored copy (the volume at generation
+    /// [`DRILL_GENERATION`]) mounted where the volume is.
+    pub run: ApplicationSpec,
+}
+
+/// A restore drill's scratch container for `environment`'s `volume`: no replica's or run's
+/// name ends in `_drill`.
+pub fn drill_container_name(control_plane: &str, environment: &str, volume: &str) -> String {
+    format!("pl_{control_plane}_{environment}_{volume}_drill")
+}
+
+/// The volume generation a drill restores into: never a real one (those start at 1).
+pub const DRILL_GENERATION: u64 = 0;
+/// The network a drill's scratch container joins: Docker's `none`, no interface but loopback.
+pub const DRILL_NETWORK: &str = "none";
 
 /// How one volume is backed up, and where to.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

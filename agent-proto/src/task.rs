@@ -145,6 +145,16 @@ pub enum Task {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         on_demand: bool,
     },
+    /// A restore drill of the environment's volume: its newest snapshot restored into a
+    /// scratch copy, the backup's `verify.command` run on it (the execution says how).
+    VerifyBackup {
+        environment: String,
+        volume: String,
+        generation: u64,
+        scheduled: i64,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        on_demand: bool,
+    },
 }
 
 /// An ACME token as RFC 8555 makes it: base64url, at least 128 bits (22 characters), and here
@@ -189,7 +199,9 @@ impl Task {
             | Task::RunCron { role, .. }
             | Task::StopApplication { role, .. }
             | Task::TeardownApplication { role, .. } => label("role", role),
-            Task::RemoveVolume { volume, .. } | Task::BackupVolume { volume, .. } => label("volume", volume),
+            Task::RemoveVolume { volume, .. }
+            | Task::BackupVolume { volume, .. }
+            | Task::VerifyBackup { volume, .. } => label("volume", volume),
             Task::RestoreVolume { volume, snapshot, .. } => {
                 label("volume", volume)?;
                 if (8..=64).contains(&snapshot.len())
@@ -245,6 +257,7 @@ impl Task {
             Task::RemoveVolume { .. } => "remove-volume",
             Task::PlaceAcmeChallenge { .. } => "place-acme-challenge",
             Task::BackupVolume { .. } => "backup-volume",
+            Task::VerifyBackup { .. } => "verify-backup",
             Task::RestoreVolume { .. } => "restore-volume",
         }
     }
@@ -266,6 +279,7 @@ impl Task {
             | Task::RemoveNetwork { .. }
             | Task::RemoveVolume { .. }
             | Task::BackupVolume { .. }
+            | Task::VerifyBackup { .. }
             | Task::RestoreVolume { .. } => Capability::Docker,
         }
     }
@@ -287,6 +301,7 @@ impl Task {
             | Task::RemoveVolume { environment, .. }
             | Task::PlaceAcmeChallenge { environment, .. }
             | Task::BackupVolume { environment, .. }
+            | Task::VerifyBackup { environment, .. }
             | Task::RestoreVolume { environment, .. } => environment,
         }
     }
@@ -308,6 +323,7 @@ impl Task {
             | Task::RemoveVolume { generation, .. }
             | Task::PlaceAcmeChallenge { generation, .. }
             | Task::BackupVolume { generation, .. }
+            | Task::VerifyBackup { generation, .. }
             | Task::RestoreVolume { generation, .. } => *generation,
         }
     }

@@ -312,6 +312,9 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<Ended, Failure> {
         (Task::BackupVolume { .. }, Execution::Backup(spec)) if x.on(Capability::Docker) => {
             x.engine.backup(&x.backups, spec).await
         }
+        (Task::VerifyBackup { .. }, Execution::Drill(spec)) if x.on(Capability::Docker) => {
+            x.engine.drill(&x.backups, spec).await
+        }
         (Task::RestoreVolume { snapshot, .. }, Execution::Backup(spec)) if x.on(Capability::Docker) => {
             x.engine.restore(&x.backups, spec, snapshot).await.map(Ended::from)
         }

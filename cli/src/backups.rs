@@ -54,6 +54,14 @@ pub fn list(args: &ServerArgs, environment: &str, volume: Option<&str>, limit: u
         outln!("no backups of {environment} yet");
         return Ok(0);
     }
+    for p in v["proven"].as_array().into_iter().flatten() {
+        outln!(
+            "{}: restore last proven {} (snapshot {})",
+            p["volume"].as_str().unwrap_or("?"),
+            utc(p["atMs"].as_i64().unwrap_or(0)),
+            p["snapshot"].as_str().unwrap_or("?")
+        );
+    }
     outln!(
         "{:<23} {:<16} {:<12} {:<9} {:<10} {:>10}  reason",
         "finished",
@@ -78,10 +86,11 @@ pub fn list(args: &ServerArgs, environment: &str, volume: Option<&str>, limit: u
     Ok(0)
 }
 
-/// Backs up a volume now and waits (at most `timeout`) for its node's report.
-pub fn run(args: &ServerArgs, environment: &str, volume: &str, timeout: Duration) -> Result<u8> {
+/// Backs up a volume now (or, `verify`, runs a restore drill of its newest snapshot) and waits
+/// (at most `timeout`) for its node's report.
+pub fn run(args: &ServerArgs, environment: &str, volume: &str, verify: bool, timeout: Duration) -> Result<u8> {
     let client = Client::new(args)?;
-    let body = serde_json::json!({"environment": environment, "volume": volume});
+    let body = serde_json::json!({"environment": environment, "volume": volume, "verify": verify});
     let asked = client.post_json("/v1/backups/run", &body)?;
     let Some(job) = asked["job"].as_str() else {
         bail!("the control plane answered no job: {asked}");
@@ -98,6 +107,19 @@ pub fn run(args: &ServerArgs, environment: &str, volume: &str, timeout: Duration
         if let Some(r) = ended {
             if args.format == OutFormat::Json {
                 print_json(&r)?;
+            } else if r["status"] == "verified" {
+                outln!(
+                    "verified {environment}/{volume} on {}: snapshot {} restored and its verify command passed in {:.1} s",
+                    r["node"].as_str().unwrap_or("?"),
+                    r["snapshot"].as_str().unwrap_or("?"),
+                    started.elapsed().as_secs_f64()
+                );
+            } else if r["status"] == "verify-failed" {
+                eprintln!(
+                    "error[backup-verify-failed]: {environment}/{volume} on {}: {}",
+                    r["node"].as_str().unwrap_or("?"),
+                    r["reason"].as_str().unwrap_or("?")
+                );
             } else if r["status"] == "succeeded" {
                 outln!(
                     "backed up {environment}/{volume} on {}: snapshot {} ({}, {} added) in {:.1} s",
@@ -114,7 +136,11 @@ pub fn run(args: &ServerArgs, environment: &str, volume: &str, timeout: Duration
                     r["reason"].as_str().unwrap_or("?")
                 );
             }
-            return Ok(if r["status"] == "succeeded" { 0 } else { 1 });
+            return Ok(if r["status"] == "succeeded" || r["status"] == "verified" {
+                0
+            } else {
+                1
+            });
         }
         if started.elapsed() >= timeout {
             eprintln!(

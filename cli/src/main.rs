@@ -377,6 +377,10 @@ Reference: docs/cli.md (pl wait)")]
     Backup {
         environment: String,
         volume: String,
+        /// A restore drill of the newest snapshot (the backup's `verify.command` on a scratch
+        /// copy) instead of a backup.
+        #[arg(long)]
+        verify: bool,
         /// How long to wait for the node's report, in seconds.
         #[arg(long, default_value_t = 1800)]
         timeout: u64,
@@ -556,10 +560,18 @@ fn main() -> ExitCode {
         Command::Backup {
             environment,
             volume,
+            verify,
             timeout,
             server,
-        } => control_plane(server)
-            .and_then(|s| backups::run(&s, &environment, &volume, std::time::Duration::from_secs(timeout))),
+        } => control_plane(server).and_then(|s| {
+            backups::run(
+                &s,
+                &environment,
+                &volume,
+                verify,
+                std::time::Duration::from_secs(timeout),
+            )
+        }),
         Command::Restore {
             environment,
             volume,

@@ -143,6 +143,20 @@ pub struct VolumeBackup {
     /// Absent: the volume's files, with the container paused while they are read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub command: Option<Vec<String>>,
+    /// A restore drill: the newest snapshot restored into a scratch container on the node,
+    /// where `command` must succeed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub verify: Option<BackupVerify>,
+}
+
+/// `verify` of a volume's backup: when a restore drill runs, and what proves it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupVerify {
+    pub schedule: crate::values::CronSchedule,
+    /// Run in a scratch container of the role's image, without a network, with the restored
+    /// copy mounted where the volume is: exit 0 proves the snapshot.
+    pub command: Vec<String>,
 }
 
 /// `backups` of an Environment: the restic repository its volumes' backups go to.

@@ -81,6 +81,18 @@ pub struct BackupPlan {
     pub keep: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub command: Option<Vec<String>>,
+    /// Its restore drill; absent from the stored form when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify: Option<VerifyPlan>,
+}
+
+/// When a restore drill runs, and the command that proves the restored copy.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VerifyPlan {
+    /// Five cron fields, UTC.
+    pub schedule: String,
+    pub command: Vec<String>,
 }
 
 fn first_generation() -> u64 {
@@ -171,6 +183,10 @@ pub fn role_specs(
                             schedule: b.schedule.as_str().to_owned(),
                             keep: b.keep,
                             command: b.command.clone(),
+                            verify: b.verify.as_ref().map(|v| VerifyPlan {
+                                schedule: v.schedule.as_str().to_owned(),
+                                command: v.command.clone(),
+                            }),
                         }),
                     })
                     .collect(),

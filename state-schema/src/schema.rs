@@ -74,6 +74,14 @@ pub fn spec_schemas() -> Vec<(&'static str, Value)> {
                     "schedule": {"type": "string", "description": "Five cron fields, UTC (`0 3 * * *`)."},
                     "keep": {"type": "integer", "minimum": 1, "maximum": 1000, "description": "The newest snapshots kept; older ones are forgotten and pruned."},
                     "command": {"type": "array", "minItems": 1, "maxItems": 64, "items": {"type": "string", "maxLength": 1024}, "description": "Run in the role's container; its standard output is saved (`pg_dump`). Absent: the files, with the container paused."},
+                    "verify": object(
+                        json!({
+                            "schedule": {"type": "string", "description": "Five cron fields, UTC (`0 4 * * 0`)."},
+                            "command": {"type": "array", "minItems": 1, "maxItems": 64, "items": {"type": "string", "maxLength": 1024}, "description": "Run in a scratch container of the role's image, no network, the restored copy at the volume's path; exit 0 proves the snapshot."},
+                        }),
+                        &["schedule", "command"],
+                        "A restore drill: the newest snapshot restored into a scratch copy where `command` must succeed.",
+                    ),
                 }),
                 &["schedule", "keep"],
                 "Scheduled backups into the environment's `backups` repository.",
@@ -304,6 +312,10 @@ mod tests {
         assert_eq!(
             keys(&volume["properties"]["backup"]),
             sorted(crate::volumes::BACKUP_FIELDS)
+        );
+        assert_eq!(
+            keys(&volume["properties"]["backup"]["properties"]["verify"]),
+            sorted(crate::volumes::VERIFY_FIELDS)
         );
         assert_eq!(keys(&specs["Domain"]["properties"]["tls"]), sorted(DOMAIN_TLS_FIELDS));
         assert_eq!(keys(&specs["Environment"]), sorted(ENVIRONMENT_FIELDS));

@@ -109,6 +109,17 @@ pub enum Task {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         on_demand: bool,
     },
+    /// A restore drill: the volume's newest snapshot restored into a scratch copy on its node,
+    /// where the backup's `verify.command` must succeed; for a scheduled time (Unix seconds)
+    /// or, `on_demand`, an operator's request made at that second.
+    VerifyBackup {
+        environment: Name,
+        volume: Name,
+        generation: u64,
+        scheduled: i64,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        on_demand: bool,
+    },
     /// Restore a snapshot of the volume into its generation `to` (new and empty: a restore
     /// never writes into data that exists), on the volume's node. Once it succeeded the
     /// volume is at `to`, and its role is placed again on it.
@@ -230,6 +241,17 @@ impl Task {
                 asked_at,
                 ..
             } => format!("vol:{environment}/{volume}:v{to}:t{asked_at}:restore"),
+            Task::VerifyBackup {
+                environment,
+                volume,
+                scheduled,
+                on_demand,
+                ..
+            } => format!(
+                "{}{}{scheduled}:verify",
+                drill_key_prefix(environment, volume),
+                if *on_demand { "now" } else { "t" }
+            ),
         }
     }
 
@@ -250,6 +272,7 @@ impl Task {
             | Task::RemoveVolume { generation, .. }
             | Task::PlaceAcmeChallenge { generation, .. }
             | Task::BackupVolume { generation, .. }
+            | Task::VerifyBackup { generation, .. }
             | Task::RestoreVolume { generation, .. } => *generation,
         }
     }
@@ -271,6 +294,7 @@ impl Task {
             | Task::RemoveVolume { environment, .. }
             | Task::PlaceAcmeChallenge { environment, .. }
             | Task::BackupVolume { environment, .. }
+            | Task::VerifyBackup { environment, .. }
             | Task::RestoreVolume { environment, .. } => environment,
         }
     }
@@ -285,6 +309,19 @@ pub fn cron_key_prefix(environment: &Name, role: &Name) -> String {
 /// What every backup's key of a volume starts with (whatever the generation).
 pub fn backup_key_prefix(environment: &Name, volume: &Name) -> String {
     format!("backup:{environment}/{volume}:")
+}
+
+/// What every restore drill's key of a volume starts with (whatever the generation).
+pub fn drill_key_prefix(environment: &Name, volume: &Name) -> String {
+    format!("drill:{environment}/{volume}:")
+}
+
+/// The environment and volume a restore drill's key names: `drill:<env>/<volume>:…`.
+pub fn drill_of_key(key: &str) -> Option<(&str, &str)> {
+    let rest = key.strip_prefix("drill:")?;
+    let (env, rest) = rest.split_once('/')?;
+    let (volume, _) = rest.split_once(':')?;
+    Some((env, volume))
 }
 
 /// The environment and volume a backup's key names: `backup:<env>/<volume>:…`.
@@ -331,6 +368,18 @@ mod tests {
         assert_eq!(t(true).idempotency_key(), "backup:shop/pgdata:now1800000000:save");
         assert_eq!(backup_of_key(&t(true).idempotency_key()), Some(("shop", "pgdata")));
         assert_eq!(backup_of_key("vol:shop/pgdata:v1:t1:remove"), None);
+        let drill = |on_demand| Task::VerifyBackup {
+            environment: n("shop"),
+            volume: n("pgdata"),
+            generation: 4,
+            scheduled: 1_800_000_000,
+            on_demand,
+        };
+        assert_eq!(drill(false).idempotency_key(), "drill:shop/pgdata:t1800000000:verify");
+        assert_eq!(drill(true).idempotency_key(), "drill:shop/pgdata:now1800000000:verify");
+        assert_eq!(drill_of_key(&drill(true).idempotency_key()), Some(("shop", "pgdata")));
+        assert_eq!(backup_of_key(&drill(true).idempotency_key()), None, "not a backup");
+        assert_eq!(drill_of_key(&t(true).idempotency_key()), None);
         let restore = Task::RestoreVolume {
             environment: n("shop"),
             volume: n("pgdata"),

@@ -5,12 +5,14 @@
 
 use crate::decode::{self, Ctx, Fields, checked, quantity_text, string};
 use crate::diag::Code;
-use crate::model::{EnvironmentBackups, Volume, VolumeBackup};
+use crate::model::{BackupVerify, EnvironmentBackups, Volume, VolumeBackup};
 use crate::values::{CronSchedule, Memory, Name};
 use crate::yaml::{self, Node};
 
 pub const VOLUME_FIELDS: &[&str] = &["name", "path", "size", "retainDays", "backup"];
-pub const BACKUP_FIELDS: &[&str] = &["schedule", "keep", "command"];
+pub const BACKUP_FIELDS: &[&str] = &["schedule", "keep", "command", "verify"];
+/// A backup's restore drill: `verify`.
+pub const VERIFY_FIELDS: &[&str] = &["schedule", "command"];
 /// An Environment's `backups`.
 pub const BACKUPS_FIELDS: &[&str] = &["repository", "secret"];
 /// Most snapshots `keep` keeps.
@@ -86,39 +88,75 @@ fn decode_backup(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<VolumeBackup> {
         .and_then(|n| decode::u32_in(ctx, n, "`backup.keep`", 1, MAX_KEEP));
     let command = match f.get("command") {
         None => Some(None),
-        Some(n) if matches!(n.value, yaml::Value::Str(_)) => {
-            ctx.error_hint(
-                Code::WrongType,
-                n.pos,
-                "`backup.command` must be a sequence (argv), found a string",
-                "write it as a list: `[\"pg_dump\", \"-U\", \"app\", \"app\"]`",
-            );
-            None
-        }
-        Some(n) => decode::strings(ctx, n, "`backup.command`").and_then(|argv| {
-            let problem = if argv.is_empty() {
-                Some("is empty".to_owned())
-            } else if argv.len() > MAX_COMMAND_ARGS {
-                Some(format!("has {} arguments; at most {MAX_COMMAND_ARGS}", argv.len()))
-            } else if argv.iter().any(|a| a.len() > MAX_COMMAND_ARG || a.contains('\0')) {
-                Some(format!("has an argument over {MAX_COMMAND_ARG} bytes or with a NUL"))
-            } else {
-                None
-            };
-            match problem {
-                Some(p) => {
-                    ctx.error(Code::InvalidBackup, n.pos, format!("`backup.command` {p}"));
-                    None
-                }
-                None => Some(Some(argv)),
-            }
-        }),
+        Some(n) => argv(ctx, n, "`backup.command`", "[\"pg_dump\", \"-U\", \"app\", \"app\"]").map(Some),
+    };
+    let verify = match f.get("verify") {
+        None => Some(None),
+        Some(n) => decode_verify(ctx, n).map(Some),
     };
     Some(VolumeBackup {
         schedule: schedule?,
         keep: keep?,
         command: command?,
+        verify: verify?,
     })
+}
+
+/// `verify: {schedule, command}` of a volume's backup: a restore drill.
+fn decode_verify(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<BackupVerify> {
+    let f = Fields::new(ctx, node, "`backup.verify`", VERIFY_FIELDS)?;
+    let schedule = f.require(ctx, "schedule", "`backup.verify`").and_then(|n| {
+        checked(
+            ctx,
+            n,
+            "`backup.verify.schedule`",
+            Code::InvalidCron,
+            CronSchedule::parse,
+        )
+    });
+    let command = f.require(ctx, "command", "`backup.verify`").and_then(|n| {
+        argv(
+            ctx,
+            n,
+            "`backup.verify.command`",
+            "[\"psql\", \"-c\", \"select count(*) from orders\"]",
+        )
+    });
+    Some(BackupVerify {
+        schedule: schedule?,
+        command: command?,
+    })
+}
+
+/// A command as argv: a non-empty sequence of at most [`MAX_COMMAND_ARGS`] strings of at most
+/// [`MAX_COMMAND_ARG`] bytes, none with a NUL.
+fn argv(ctx: &mut Ctx<'_>, n: &Node<'_>, what: &str, example: &str) -> Option<Vec<String>> {
+    if matches!(n.value, yaml::Value::Str(_)) {
+        ctx.error_hint(
+            Code::WrongType,
+            n.pos,
+            format!("{what} must be a sequence (argv), found a string"),
+            format!("write it as a list: `{example}`"),
+        );
+        return None;
+    }
+    let argv = decode::strings(ctx, n, what)?;
+    let problem = if argv.is_empty() {
+        Some("is empty".to_owned())
+    } else if argv.len() > MAX_COMMAND_ARGS {
+        Some(format!("has {} arguments; at most {MAX_COMMAND_ARGS}", argv.len()))
+    } else if argv.iter().any(|a| a.len() > MAX_COMMAND_ARG || a.contains('\0')) {
+        Some(format!("has an argument over {MAX_COMMAND_ARG} bytes or with a NUL"))
+    } else {
+        None
+    };
+    match problem {
+        Some(p) => {
+            ctx.error(Code::InvalidBackup, n.pos, format!("{what} {p}"));
+            None
+        }
+        None => Some(argv),
+    }
 }
 /// Days a volume is kept after its environment is torn down (`retainDays`).
 pub const RETAIN_DAYS: u32 = 7;

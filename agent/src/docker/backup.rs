@@ -61,7 +61,7 @@ pub fn volume_tags(control_plane: &str, environment: &str, volume: &str) -> Vec<
 
 /// The repository's password, opened with the node's identity, in a file of its own on the
 /// tmpfs for as long as restic runs; removed when dropped.
-struct PasswordFile(PathBuf);
+pub(super) struct PasswordFile(PathBuf);
 
 impl Drop for PasswordFile {
     fn drop(&mut self) {
@@ -87,7 +87,7 @@ impl Engine {
     /// Runs a `backup-volume` task: the repository opened with its sealed Secret, the volume
     /// saved (consistently, see the module), the snapshots beyond `keep` forgotten and pruned.
     pub async fn backup(&self, b: &Backups, spec: &BackupSpec) -> Result<Ended, Failure> {
-        let (_password, repo) = self.repository_of(b, spec)?;
+        let (_password, repo) = self.backup_repository(b, spec)?;
         // The role's container, when one of ours runs: paused for a file backup, the host of
         // the command.
         let container = match &spec.container {
@@ -136,7 +136,7 @@ impl Engine {
     /// (ours, mounted by no container: the control plane never asks for a generation that is
     /// in use) is removed first, so a restore can be asked for again.
     pub async fn restore(&self, b: &Backups, spec: &BackupSpec, snapshot: &str) -> Result<String, Failure> {
-        let repo = self.repository_of(b, spec)?;
+        let repo = self.backup_repository(b, spec)?;
         let name = self.volume_name(&spec.environment, &spec.mount);
         if let Ok(v) = self.docker.inspect_volume(&name).await
             && self.owns_volume(&v, &spec.environment, &spec.mount)
@@ -152,7 +152,11 @@ impl Engine {
 
     /// The repository of a backup's spec, opened: refused when it is a path on the node
     /// outside `backup_roots`; the password file lives as long as the returned guard.
-    fn repository_of(&self, b: &Backups, spec: &BackupSpec) -> Result<(PasswordFile, Repository), Failure> {
+    pub(super) fn backup_repository(
+        &self,
+        b: &Backups,
+        spec: &BackupSpec,
+    ) -> Result<(PasswordFile, Repository), Failure> {
         if spec.repository.starts_with('/') && !under_a_root(Path::new(&spec.repository), &b.roots) {
             return Err(permanent(
                 "backup-repository-refused",

@@ -10,6 +10,7 @@
 
 pub mod backup;
 mod container;
+pub mod drill;
 mod image;
 mod network;
 mod secrets;

@@ -114,6 +114,10 @@ impl Engine {
             ) else {
                 continue;
             };
+            // A restore drill's scratch copy is not the volume's data.
+            if generation == agent_proto::DRILL_GENERATION {
+                continue;
+            }
             let dir = PathBuf::from(&v.mountpoint);
             let bytes = tokio::task::spawn_blocking(move || tree_bytes(&dir, MEASURE_MAX_ENTRIES))
                 .await

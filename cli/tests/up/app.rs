@@ -3,8 +3,10 @@
 //! `scripts/app-image`, running as an unprivileged user) through the service name `db`, its
 //! data on a volume. The rows survive a new release of web, a SIGKILL of the database's
 //! container (restarted in place), a SIGKILL of the agent, and `pl down` then `pl up`; after a
-//! backup the data is destroyed and `pl restore` brings the rows back. Another environment
-//! can neither resolve `db` nor reach the database's address.
+//! backup a restore drill proves the snapshot (PostgreSQL starts on a scratch copy and
+//! answers), the data is destroyed and `pl restore` brings the rows back, and a drill of a
+//! corrupted repository fails with restic's reason. Another environment can neither resolve
+//! `db` nor reach the database's address.
 
 use super::*;
 
@@ -366,6 +368,39 @@ fn the_example_app_keeps_its_rows_in_postgresql_through_releases_kills_down_up_a
             .and_then(|r| r.split_whitespace().next())
             .expect("snapshot id")
             .to_owned();
+        // A restore drill proves that snapshot: PostgreSQL starts on a scratch copy and answers.
+        let (code, out, err) = pl(
+            &["backup", "app-production", "pgdata", "--verify", "--local"],
+            &repo,
+            &state,
+            &socket,
+        );
+        assert_eq!(code, 0, "{out}\n{err}");
+        assert!(
+            out.contains(&format!(
+                "verified app-production/pgdata on node-1: snapshot {snapshot} restored"
+            )),
+            "{out}"
+        );
+        let (code, out, _) = pl(&["backups", "app-production", "--local"], &repo, &state, &socket);
+        assert_eq!(code, 0);
+        assert!(
+            out.contains("pgdata: restore last proven") && out.contains(&format!("(snapshot {snapshot})")),
+            "{out}"
+        );
+        let (code, out, _) = pl(&["events", "--local"], &repo, &state, &socket);
+        assert_eq!(code, 0);
+        assert!(out.contains("backup-verified"), "{out}");
+        assert_eq!(
+            docker(&socket, &["ps", "-aq", "--filter", "name=_drill"]),
+            "",
+            "the scratch container is gone"
+        );
+        assert!(
+            !docker(&socket, &["volume", "ls", "-q"]).contains("_pgdata_v0"),
+            "the scratch copy is gone"
+        );
+
         let o = Command::new("docker")
             .arg("-H")
             .arg(format!("unix://{}", socket.display()))
@@ -406,6 +441,36 @@ fn the_example_app_keeps_its_rows_in_postgresql_through_releases_kills_down_up_a
             container("app-production", "db"),
             db,
             "a new container on the new generation"
+        );
+
+        // A corrupted repository: the drill fails, with restic's reason.
+        let data = state.join("backups/example-app/data");
+        let mut packs = 0;
+        for dir in std::fs::read_dir(&data).expect("restic data").flatten() {
+            for pack in std::fs::read_dir(dir.path()).expect("pack dir").flatten() {
+                let mut bytes = std::fs::read(pack.path()).expect("pack");
+                for b in bytes.iter_mut().take(4096) {
+                    *b ^= 0xff;
+                }
+                std::fs::write(pack.path(), bytes).expect("pack");
+                packs += 1;
+            }
+        }
+        assert!(packs > 0, "no pack in {}", data.display());
+        let (code, out, err) = pl(
+            &["backup", "app-production", "pgdata", "--verify", "--local"],
+            &repo,
+            &state,
+            &socket,
+        );
+        assert_eq!(code, 1, "{out}\n{err}");
+        assert!(
+            err.contains("error[backup-verify-failed]") && err.contains("restoring snapshot"),
+            "{err}"
+        );
+        assert!(
+            !docker(&socket, &["volume", "ls", "-q"]).contains("_pgdata_v0"),
+            "the scratch copy is gone after a failed drill too"
         );
 
         let (code, out, err) = pl(&["down"], &repo, &state, &socket);

@@ -1,7 +1,9 @@
 //! `GET /v1/backups?environment=E[&volume=V][&limit=N]` (viewer): an environment's ended
-//! backups, newest first, as their agents reported them. `POST /v1/backups/run` (operator):
-//! queues a backup of a volume now and answers its job key (`202`); the caller follows it in
-//! the listing, where its row appears once the node reported how it ended. `POST
+//! backups and restore drills, newest first, as their agents reported them, and when each
+//! volume's restore was last proven. `POST /v1/backups/run` (operator): queues a backup of a
+//! volume now (or, with `"verify": true`, a restore drill of its newest snapshot) and answers
+//! its job key (`202`); the caller follows it in the listing, where its row appears once the
+//! node reported how it ended. `POST
 //! /v1/restores` (admin): queues a restore of a snapshot into the volume's next generation
 //! (`202` with the job and the generation); the caller follows the volume's generation and the
 //! environment's rollout onto it.
@@ -61,8 +63,19 @@ pub async fn list(
             format!("limit must be 1 to {}", crate::store::backups::MAX_LISTED),
         );
     }
+    let proven = match ledger.proven(&q.environment).await {
+        Ok(p) => p,
+        Err(e) => return internal(e),
+    };
+    let proven: Vec<serde_json::Value> = proven
+        .into_iter()
+        .filter(|(v, _, _)| q.volume.as_ref().is_none_or(|want| want == v))
+        .map(|(volume, at, snapshot)| json!({"volume": volume, "atMs": at, "snapshot": snapshot}))
+        .collect();
     match ledger.backups(&q.environment, q.volume.as_deref(), limit).await {
-        Ok(rows) => axum::Json(json!({"backups": rows.iter().map(view).collect::<Vec<_>>()})).into_response(),
+        Ok(rows) => {
+            axum::Json(json!({"backups": rows.iter().map(view).collect::<Vec<_>>(), "proven": proven})).into_response()
+        }
         Err(e) => internal(e),
     }
 }
@@ -72,6 +85,9 @@ pub async fn list(
 struct Run {
     environment: String,
     volume: String,
+    /// A restore drill of the newest snapshot rather than a backup.
+    #[serde(default)]
+    verify: bool,
 }
 
 pub async fn run(
@@ -87,7 +103,7 @@ pub async fn run(
         crate::config::Role::Operator,
         body,
         1024,
-        "{\"environment\": …, \"volume\": …}",
+        "{\"environment\": …, \"volume\": …, \"verify\"?: true}",
     )
     .await
     {
@@ -95,12 +111,29 @@ pub async fn run(
         Err(r) => return r,
     };
     let (env, volume) = (&req.environment, &req.volume);
-    match ledger.backup_now(env, volume, now_ms()).await {
+    let asked = if req.verify {
+        ledger.verify_now(env, volume, now_ms()).await
+    } else {
+        ledger.backup_now(env, volume, now_ms()).await
+    };
+    match asked {
         Ok(Ok(key)) => {
-            tracing::info!(by = %who, environment = %env, volume = %volume, job = %key, "backup asked for");
+            tracing::info!(by = %who, environment = %env, volume = %volume, job = %key, verify = req.verify, "backup asked for");
             hub.jobs.notify_waiters();
             (StatusCode::ACCEPTED, axum::Json(json!({"job": key}))).into_response()
         }
+        Ok(Err(BackupRefusal::NoPlan)) if req.verify => refused(
+            StatusCode::NOT_FOUND,
+            "verify-not-planned",
+            format!(
+                "no live deployment of {env} verifies the backups of a volume {volume} (a volume's `backup.verify`)"
+            ),
+        ),
+        Ok(Err(BackupRefusal::NoSnapshot)) if req.verify => refused(
+            StatusCode::NOT_FOUND,
+            "snapshot-unknown",
+            format!("no succeeded backup of {env}/{volume} to verify yet"),
+        ),
         Ok(Err(why)) => refusal(env, volume, why),
         Err(e) => internal(e),
     }

@@ -6,13 +6,14 @@
 //! volume's previous backup still goes is skipped with `backup-skipped`. An operator's
 //! `pl backup` queues one at once (`store::backups`'s `backup_now`). How each ended is recorded when
 //! its agent reports (`store::backups`), and `/metrics` reads [`Hub::backups`] as of the last
-//! pass.
+//! pass. A backup's `verify.schedule` queues its restore drills (`verify-backup` jobs) the same
+//! way, under the schedule key `verify:<volume>`.
 
 use super::cron::{CronTick, Scheduled};
-use crate::store::backups::{BACKUP_ATTEMPTS, planned};
+use crate::store::backups::{BACKUP_ATTEMPTS, drills, planned};
 use crate::store::{Ledger, LedgerError};
 use state_schema::deployment::DeploymentSpec;
-use state_schema::task::{Task, backup_key_prefix};
+use state_schema::task::{Task, backup_key_prefix, drill_key_prefix};
 
 impl Ledger {
     /// Queues the volume backups that are due at `now_ms`.
@@ -38,6 +39,31 @@ impl Ledger {
                     attempts: BACKUP_ATTEMPTS,
                 };
                 let task = |scheduled| Task::BackupVolume {
+                    environment: spec.environment.clone(),
+                    volume: volume.clone(),
+                    generation,
+                    scheduled,
+                    on_demand: false,
+                };
+                self.schedule_due(&due, &schedule, now, task, &mut tick).await?;
+            }
+            // Restore drills, the same way: `verify:<name>` in `cron_schedules`.
+            for (volume, schedule) in drills(&spec) {
+                let env = spec.environment.as_str();
+                let Some(node) = self.volume_node(env, volume.as_str()).await? else {
+                    continue;
+                };
+                let due = Scheduled {
+                    env,
+                    key: format!("verify:{volume}"),
+                    prefix: drill_key_prefix(&spec.environment, &volume),
+                    subject: format!("{env}/{volume}"),
+                    node: &node,
+                    queued: "backup-verify-queued",
+                    skipped: "backup-verify-skipped",
+                    attempts: BACKUP_ATTEMPTS,
+                };
+                let task = |scheduled| Task::VerifyBackup {
                     environment: spec.environment.clone(),
                     volume: volume.clone(),
                     generation,

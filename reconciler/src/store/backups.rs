@@ -7,7 +7,7 @@
 use super::{JobRow, Ledger, LedgerError, WriteTx};
 use sqlx::FromRow;
 use state_schema::deployment::DeploymentSpec;
-use state_schema::task::{Task, backup_key_prefix};
+use state_schema::task::{Task, backup_key_prefix, drill_key_prefix};
 use state_schema::values::{CronSchedule, Name};
 
 /// Ended backups kept per volume (older rows go as new ones come; restic's own snapshots are
@@ -81,10 +81,19 @@ impl Ledger {
         ended: &Ended<'_>,
         now_ms: i64,
     ) -> Result<(), LedgerError> {
-        let Some((env, volume)) = state_schema::task::backup_of_key(ended.key) else {
-            return Ok(());
+        let (env, volume, drill) = match state_schema::task::backup_of_key(ended.key) {
+            Some((e, v)) => (e, v, false),
+            None => match state_schema::task::drill_of_key(ended.key) {
+                Some((e, v)) => (e, v, true),
+                None => return Ok(()),
+            },
         };
-        let status = if ended.saved.is_some() { "succeeded" } else { "failed" };
+        let status = match (drill, ended.saved.is_some()) {
+            (false, true) => "succeeded",
+            (false, false) => "failed",
+            (true, true) => "verified",
+            (true, false) => "verify-failed",
+        };
         let as_i64 = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
         let written = sqlx::query(self.sql(
             "INSERT INTO backups (environment, volume, generation, node, job_key, finished_at, status, snapshot, bytes, data_added, reason) \
@@ -121,14 +130,27 @@ impl Ledger {
         .execute(&mut **tx)
         .await?;
         let subject = format!("{env}/{volume}");
-        let event = match ended.saved {
-            Some(s) => (
+        let event = match (drill, ended.saved) {
+            (false, Some(s)) => (
                 "backup-succeeded".to_owned(),
                 subject,
                 format!("snapshot {} on {} ({} bytes)", s.snapshot, ended.node, s.bytes),
             ),
-            None => (
+            (false, None) => (
                 "backup-failed".to_owned(),
+                subject,
+                format!("on {}: {}", ended.node, ended.reason),
+            ),
+            (true, Some(s)) => (
+                "backup-verified".to_owned(),
+                subject,
+                format!(
+                    "snapshot {} restored and its verify command passed on {}",
+                    s.snapshot, ended.node
+                ),
+            ),
+            (true, None) => (
+                "backup-verify-failed".to_owned(),
                 subject,
                 format!("on {}: {}", ended.node, ended.reason),
             ),
@@ -227,6 +249,19 @@ impl Ledger {
         .await?)
     }
 
+    /// `environment`'s volumes whose restore was ever proven by a drill: (volume, when the
+    /// newest passing drill ended, the snapshot it proved).
+    pub async fn proven(&self, environment: &str) -> Result<Vec<(String, i64, Option<String>)>, LedgerError> {
+        Ok(sqlx::query_as(self.sql(
+            "SELECT volume, finished_at, snapshot FROM backups b WHERE environment = ? AND status = 'verified' \
+             AND id = (SELECT MAX(id) FROM backups s WHERE s.environment = b.environment AND s.volume = b.volume AND s.status = 'verified') \
+             ORDER BY volume",
+        ))
+        .bind(environment)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
     /// The node that holds `environment`'s `volume`, if it was ever made.
     pub(crate) async fn volume_node(&self, environment: &str, volume: &str) -> Result<Option<String>, LedgerError> {
         Ok(
@@ -285,6 +320,21 @@ fn backed_up(rows: Vec<(i64, String)>, environment: &str, volume: &str) -> Optio
         .command
         .is_some();
     Some((u64::try_from(g).unwrap_or(0), spec, dump))
+}
+
+/// The volumes whose backups a spec verifies: (volume, the drill's schedule).
+pub(crate) fn drills(spec: &DeploymentSpec) -> Vec<(Name, CronSchedule)> {
+    if spec.backups.is_none() {
+        return Vec::new();
+    }
+    spec.roles
+        .values()
+        .flat_map(|r| r.volumes.iter())
+        .filter_map(|v| {
+            let verify = v.backup.as_ref()?.verify.as_ref()?;
+            Some((Name::new(&v.name).ok()?, CronSchedule::parse(&verify.schedule).ok()?))
+        })
+        .collect()
 }
 
 /// The volumes a spec backs up: (volume, its schedule).
@@ -347,6 +397,67 @@ impl Ledger {
             ("job-queued".to_owned(), key.clone(), String::new()),
             (
                 "backup-queued".to_owned(),
+                format!("{environment}/{volume}"),
+                format!("asked now, on {node}"),
+            ),
+        ];
+        self.events_in(&mut tx, now_ms, &events).await?;
+        tx.commit().await?;
+        Ok(Ok(key))
+    }
+
+    /// Queues a restore drill of `environment`'s `volume` now (an operator's `pl backup
+    /// --verify`), on the node that holds it. Returns its job key.
+    pub async fn verify_now(
+        &self,
+        environment: &str,
+        volume: &str,
+        now_ms: i64,
+    ) -> Result<Result<String, BackupRefusal>, LedgerError> {
+        let spec = self
+            .backup_deployments()
+            .await?
+            .into_iter()
+            .filter_map(|(g, spec)| Some((g, serde_json::from_str::<DeploymentSpec>(&spec).ok()?)))
+            .find(|(_, s)| s.environment.as_str() == environment);
+        let Some((generation, spec)) = spec else {
+            return Ok(Err(BackupRefusal::NoPlan));
+        };
+        let Some((volume, _)) = drills(&spec).into_iter().find(|(v, _)| v.as_str() == volume) else {
+            return Ok(Err(BackupRefusal::NoPlan));
+        };
+        let Some(node) = self.volume_node(environment, volume.as_str()).await? else {
+            return Ok(Err(BackupRefusal::NotPlaced));
+        };
+        let saved = self
+            .backups(environment, Some(volume.as_str()), MAX_LISTED)
+            .await?
+            .iter()
+            .any(|b| b.status == "succeeded");
+        if !saved {
+            return Ok(Err(BackupRefusal::NoSnapshot));
+        }
+        let task = Task::VerifyBackup {
+            environment: spec.environment.clone(),
+            volume: volume.clone(),
+            generation: u64::try_from(generation).unwrap_or(0),
+            scheduled: now_ms.div_euclid(1000),
+            on_demand: true,
+        };
+        let mut tx = self.write_tx().await?;
+        if let Some(key) = self
+            .going(&mut tx, environment, &drill_key_prefix(&spec.environment, &volume))
+            .await?
+        {
+            return Ok(Err(BackupRefusal::Going(key)));
+        }
+        let row = JobRow::new(&task, &node, BACKUP_ATTEMPTS, now_ms, None);
+        let key = row.key.clone();
+        self.enqueue_in(&mut tx, std::slice::from_ref(&row), now_ms).await?;
+        let events = [
+            ("job-queued".to_owned(), key.clone(), String::new()),
+            (
+                "backup-verify-queued".to_owned(),
                 format!("{environment}/{volume}"),
                 format!("asked now, on {node}"),
             ),
@@ -437,6 +548,60 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_drill_is_a_row_of_its_own_that_proves_a_snapshot_and_is_no_backup_failure() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (ledger, _) = Ledger::sqlite_in(dir.path()).await;
+        let saved = |id: &str| Saved {
+            snapshot: id.into(),
+            bytes: 0,
+            data_added: 0,
+        };
+        let (first, second) = (saved("abcd1234"), saved("beef5678"));
+        for (key, saved, at) in [
+            ("backup:shop/pgdata:now1:save", Some(&first), 1000),
+            ("drill:shop/pgdata:now2:verify", Some(&first), 2000),
+            ("drill:shop/pgdata:now3:verify", Some(&second), 3000),
+            ("drill:shop/pgdata:now4:verify", None, 4000),
+        ] {
+            let mut tx = ledger.write_tx().await.expect("tx");
+            let ended = Ended {
+                key,
+                node: "n1",
+                saved,
+                reason: "verify-restore-failed: restoring snapshot beef5678: ciphertext verification failed",
+            };
+            ledger.record_backup_in(&mut tx, &ended, at).await.expect("record");
+            tx.commit().await.expect("commit");
+        }
+        let statuses: Vec<String> = ledger
+            .backups("shop", None, 50)
+            .await
+            .expect("list")
+            .into_iter()
+            .map(|r| r.status)
+            .collect();
+        assert_eq!(statuses, ["verify-failed", "verified", "verified", "succeeded"]);
+        // The newest passing drill proves the restore; a failed drill is no backup failure.
+        assert_eq!(
+            ledger.proven("shop").await.expect("proven"),
+            [("pgdata".to_owned(), 3000, Some("beef5678".to_owned()))]
+        );
+        let health = ledger.backup_health().await.expect("health");
+        assert_eq!((health[0].last_success_at, health[0].failures_since), (Some(1000), 0));
+        let events = ledger.events_after(0, 100).await.expect("events");
+        let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "backup-succeeded",
+                "backup-verified",
+                "backup-verified",
+                "backup-verify-failed"
+            ]
+        );
+    }
 
     #[tokio::test]
     async fn a_listing_is_newest_first_of_every_volume_or_one() {

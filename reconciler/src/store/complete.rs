@@ -137,7 +137,9 @@ impl Ledger {
                         let node = owners.get(&t.job_id).cloned().unwrap_or_default();
                         restores.push((key.clone(), node, state == JobState::Succeeded, detail.clone()));
                     }
-                    if state_schema::task::backup_of_key(&key).is_some() {
+                    if state_schema::task::backup_of_key(&key).is_some()
+                        || state_schema::task::drill_of_key(&key).is_some()
+                    {
                         let saved = match &c.outcome {
                             Outcome::Saved(s) => Some(s),
                             _ => None,

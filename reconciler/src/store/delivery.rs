@@ -284,6 +284,13 @@ impl Ledger {
                         None => Err(undeliverable("no-deployment", format!("no deployment holds {env}"))),
                     }
                 }
+                Task::VerifyBackup { volume, .. } => match specs.get(&env) {
+                    Some((g, spec)) => {
+                        self.drill_execution(node, recipient.as_deref(), (*g, spec), volume.as_str(), control, now_ms)
+                            .await?
+                    }
+                    None => Err(undeliverable("no-deployment", format!("no deployment holds {env}"))),
+                },
                 Task::RunOnce { role, generation, .. } | Task::RunCron { role, generation, .. } => {
                     self.application(
                         node,
@@ -428,6 +435,72 @@ impl Ledger {
             secret: repo.secret.to_string(),
             values,
         }))))
+    }
+
+    /// A restore drill of `volume`: its backup's repository and Secret, and a run of its role
+    /// (image, resources, secrets) with the backup's `verify.command`, no network, and the
+    /// scratch copy mounted where the volume is.
+    async fn drill_execution(
+        &self,
+        node: &str,
+        recipient: Option<&str>,
+        (generation, spec): (u64, &DeploymentSpec),
+        volume: &str,
+        control: &[Box<dyn Identity + Send + Sync>],
+        now_ms: i64,
+    ) -> Result<Result<Execution, Undeliverable>, LedgerError> {
+        let found = spec.roles.iter().find_map(|(role, r)| {
+            let v = r.volumes.iter().find(|v| v.name == volume)?;
+            Some((role, v.backup.as_ref()?.verify.as_ref()?))
+        });
+        let Some((role, verify)) = found else {
+            return Ok(Err(undeliverable(
+                "no-verify-plan",
+                format!(
+                    "generation {generation} of {} verifies no backup of {volume}",
+                    spec.environment
+                ),
+            )));
+        };
+        let backup = match self
+            .backup_execution(node, recipient, (generation, spec), (volume, None), control, now_ms)
+            .await?
+        {
+            Ok(Execution::Backup(b)) => *b,
+            Ok(_) => return Ok(Err(undeliverable("no-backup-plan", "not a backup"))),
+            Err(e) => return Ok(Err(e)),
+        };
+        let network = NetworkSpec {
+            environment: spec.environment.to_string(),
+            network: agent_proto::DRILL_NETWORK.to_owned(),
+            subnet: String::new(),
+        };
+        let mut run = match self
+            .application(
+                node,
+                recipient,
+                Ok(spec),
+                Ok(network),
+                (role.as_str(), None, generation, ""),
+                control,
+                now_ms,
+            )
+            .await?
+        {
+            Ok(Execution::Application(a)) => *a,
+            Ok(_) => return Ok(Err(undeliverable("no-role-spec", "not an application"))),
+            Err(e) => return Ok(Err(e)),
+        };
+        run.container = agent_proto::drill_container_name(&self.control_plane().await?, &backup.environment, volume);
+        run.command = verify.command.clone();
+        run.health = None;
+        run.port = None;
+        run.ports = Vec::new();
+        run.volumes = vec![agent_proto::VolumeMount {
+            generation: agent_proto::DRILL_GENERATION,
+            ..backup.mount.clone()
+        }];
+        Ok(Ok(Execution::Drill(Box::new(agent_proto::DrillSpec { backup, run }))))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -671,6 +744,19 @@ pub fn wire_task(task: &Task) -> agent_proto::Task {
             scheduled: *scheduled,
             on_demand: *on_demand,
         },
+        Task::VerifyBackup {
+            environment,
+            volume,
+            generation,
+            scheduled,
+            on_demand,
+        } => Wire::VerifyBackup {
+            environment: s(environment),
+            volume: s(volume),
+            generation: *generation,
+            scheduled: *scheduled,
+            on_demand: *on_demand,
+        },
     }
 }
 
@@ -772,6 +858,13 @@ mod tests {
                 to: 2,
                 snapshot: "0123abcd".into(),
                 asked_at: 1_800_000_000_000,
+            },
+            Task::VerifyBackup {
+                environment: env.clone(),
+                volume: Name::new("pgdata").expect("name"),
+                generation: 3,
+                scheduled: 1_800_000_000,
+                on_demand: false,
             },
         ];
         for task in &all {
