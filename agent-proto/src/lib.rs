@@ -279,6 +279,11 @@ pub struct VolumeMount {
     /// Grows with each restore: a restore makes a new volume and keeps the old one.
     pub generation: u64,
     pub path: String,
+    /// The backup's `restore` command: when a restored dump waits for this generation on the
+    /// node, it runs in the role's container, the dump on its standard input, once the
+    /// container is up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load: Option<Vec<String>>,
 }
 
 /// The Docker volume of an environment's `volume` at `generation` on `node`, for the control

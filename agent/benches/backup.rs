@@ -39,6 +39,7 @@ fn replica(image: &str, net: &NetworkSpec) -> ApplicationSpec {
             volume: "data".into(),
             generation: 1,
             path: "/data".into(),
+            load: None,
         }],
         ..docker_support::web_replica("0123abcd", ENV, "db", 0, image, 1, net)
     }

@@ -29,6 +29,7 @@ fn replica(env: &str, image: &str, net: &NetworkSpec) -> ApplicationSpec {
             volume: "data".into(),
             generation: 1,
             path: "/data".into(),
+            load: None,
         }],
         ..docker_support::web_replica(support::TEST_CONTROL_PLANE, env, "db", 0, image, 1, net)
     }

@@ -21,6 +21,7 @@ fn replica(env: &str, image: &str, generation: u64, net: &NetworkSpec) -> Applic
             volume: "data".into(),
             generation: 1,
             path: "/data".into(),
+            load: None,
         }],
         ..docker_support::web_replica(support::TEST_CONTROL_PLANE, env, "db", 0, image, generation, net)
     }

@@ -1547,17 +1547,25 @@ fn backups_are_saved_into_a_restic_repository_the_restic_cli_reads() {
         .expect("pl secret set");
     std::io::Write::write_all(&mut set.stdin.take().expect("stdin"), password.as_bytes()).expect("value");
     assert!(set.wait().expect("pl secret set").success());
-    let worker = |volume: &str, command: &str| {
+    let worker = |volume: &str, command: &str, restore: &str| {
         format!(
-            "    {volume}:\n      kind: worker\n      volumes: [{{name: {volume}, path: /{volume}, backup: {{schedule: \"0 0 1 1 *\", keep: 2, command: {command}}}}}]\n      command: [/bin/busybox, sh, -c, 'echo row1 > /{volume}/table && exec /bin/busybox sleep 100000']\n"
+            "    {volume}:\n      kind: worker\n      volumes: [{{name: {volume}, path: /{volume}, backup: {{schedule: \"0 0 1 1 *\", keep: 2, command: {command}{restore}}}}}]\n      command: [/bin/busybox, sh, -c, 'echo row1 > /{volume}/table && exec /bin/busybox sleep 100000']\n"
         )
     };
     repo.write(
         "projects/api.yaml",
         &format!(
             "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: {image}\n  roles:\n    web:\n      kind: web\n      port: 8080\n      health: {{path: /healthz, timeoutSeconds: 10}}\n      volumes: [{{name: data, path: /data, backup: {{schedule: \"* * * * *\", keep: 5}}}}]\n      command: [/bin/busybox, sh, -c, '[ -f /data/index.html ] || echo kept > /data/index.html; echo ok > /data/healthz && exec /bin/busybox httpd -f -p 8080 -h /data']\n{}{}",
-            worker("rows", "[/bin/busybox, cat, /rows/table]"),
-            worker("broken", "[/bin/busybox, sh, -c, 'echo half; echo disk on fire >&2; exit 3']"),
+            worker(
+                "rows",
+                "[/bin/busybox, cat, /rows/table]",
+                ", restore: [/bin/busybox, sh, -c, 'cat > /rows/loaded']"
+            ),
+            worker(
+                "broken",
+                "[/bin/busybox, sh, -c, 'echo half; echo disk on fire >&2; exit 3']",
+                ""
+            ),
         ),
     );
     repo.write(
@@ -1811,9 +1819,39 @@ fn backups_are_saved_into_a_restic_repository_the_restic_cli_reads() {
                 && data_volumes.lines().any(|v| v.ends_with("_data_v2")),
             "the old generation is kept: {data_volumes}"
         );
-        // A command's output is a dump to load, not files: refused before anything runs.
+        // A command's output is a dump: the new generation starts empty, and the backup's
+        // `restore` command loads the dump (on its standard input) in the role's container.
+        let (code, out, err) = pl(
+            &["restore", "api-production", "rows", "--timeout", "180", "--local"],
+            &repo_dir,
+            &state,
+            &socket,
+        );
+        assert_eq!(code, 0, "{out}\n{err}");
+        let rows = docker(&socket, &["ps", "-q", "--filter", "label=dev.pushleft.role=rows"]);
+        assert_eq!(
+            docker(&socket, &["exec", &rows, "/bin/busybox", "cat", "/rows/loaded"]),
+            "row1",
+            "the dump was loaded"
+        );
+        assert!(
+            docker(
+                &socket,
+                &["volume", "ls", "-q", "--filter", "label=dev.pushleft.volume=rows"]
+            )
+            .lines()
+            .any(|v| v.ends_with("_rows_v2"))
+        );
+        let restores = state.join("agents/n1/restores");
+        assert_eq!(
+            std::fs::read_dir(&restores).map(|d| d.count()).unwrap_or(0),
+            0,
+            "the loaded dump is gone from {}",
+            restores.display()
+        );
+        // Without a `restore` command, a dump cannot be restored: refused before anything runs.
         let (code, _, err) = pl(
-            &["restore", "api-production", "rows", "--local"],
+            &["restore", "api-production", "broken", "--local"],
             &repo_dir,
             &state,
             &socket,

@@ -143,6 +143,11 @@ pub struct VolumeBackup {
     /// Absent: the volume's files, with the container paused while they are read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub command: Option<Vec<String>>,
+    /// With `command`: run in the role's container once it runs on a restored (new, empty)
+    /// volume generation, the dump on its standard input (`pg_restore`). Without it a command's
+    /// backup cannot be restored by `pl restore`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restore: Option<Vec<String>>,
     /// A restore drill: the newest snapshot restored into a scratch container on the node,
     /// where `command` must succeed.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -81,6 +81,9 @@ pub struct BackupPlan {
     pub keep: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub command: Option<Vec<String>>,
+    /// What loads a restored dump in the role's container (its standard input).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<Vec<String>>,
     /// Its restore drill; absent from the stored form when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verify: Option<VerifyPlan>,
@@ -183,6 +186,7 @@ pub fn role_specs(
                             schedule: b.schedule.as_str().to_owned(),
                             keep: b.keep,
                             command: b.command.clone(),
+                            restore: b.restore.clone(),
                             verify: b.verify.as_ref().map(|v| VerifyPlan {
                                 schedule: v.schedule.as_str().to_owned(),
                                 command: v.command.clone(),

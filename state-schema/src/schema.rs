@@ -74,6 +74,7 @@ pub fn spec_schemas() -> Vec<(&'static str, Value)> {
                     "schedule": {"type": "string", "description": "Five cron fields, UTC (`0 3 * * *`)."},
                     "keep": {"type": "integer", "minimum": 1, "maximum": 1000, "description": "The newest snapshots kept; older ones are forgotten and pruned."},
                     "command": {"type": "array", "minItems": 1, "maxItems": 64, "items": {"type": "string", "maxLength": 1024}, "description": "Run in the role's container; its standard output is saved (`pg_dump`). Absent: the files, with the container paused."},
+                    "restore": {"type": "array", "minItems": 1, "maxItems": 64, "items": {"type": "string", "maxLength": 1024}, "description": "With `command`: loads a restored dump (on its standard input) in the role's container, once it runs on the restored volume generation (`pg_restore`)."},
                     "verify": object(
                         json!({
                             "schedule": {"type": "string", "description": "Five cron fields, UTC (`0 4 * * 0`)."},

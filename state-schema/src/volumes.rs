@@ -10,7 +10,7 @@ use crate::values::{CronSchedule, Memory, Name};
 use crate::yaml::{self, Node};
 
 pub const VOLUME_FIELDS: &[&str] = &["name", "path", "size", "retainDays", "backup"];
-pub const BACKUP_FIELDS: &[&str] = &["schedule", "keep", "command", "verify"];
+pub const BACKUP_FIELDS: &[&str] = &["schedule", "keep", "command", "restore", "verify"];
 /// A backup's restore drill: `verify`.
 pub const VERIFY_FIELDS: &[&str] = &["schedule", "command"];
 /// An Environment's `backups`.
@@ -90,6 +90,26 @@ fn decode_backup(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<VolumeBackup> {
         None => Some(None),
         Some(n) => argv(ctx, n, "`backup.command`", "[\"pg_dump\", \"-U\", \"app\", \"app\"]").map(Some),
     };
+    let restore = match f.get("restore") {
+        None => Some(None),
+        // Files are restored as they were; only a command's dump needs loading.
+        Some(n) if f.get("command").is_none() => {
+            ctx.error_hint(
+                Code::InvalidBackup,
+                n.pos,
+                "`backup.restore` loads a `command`'s dump, and this backup has no `command`",
+                "without `command` the volume's files are saved and restored as they were: remove `restore`",
+            );
+            None
+        }
+        Some(n) => argv(
+            ctx,
+            n,
+            "`backup.restore`",
+            "[\"pg_restore\", \"--clean\", \"--if-exists\", \"-d\", \"app\"]",
+        )
+        .map(Some),
+    };
     let verify = match f.get("verify") {
         None => Some(None),
         Some(n) => decode_verify(ctx, n).map(Some),
@@ -98,6 +118,7 @@ fn decode_backup(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<VolumeBackup> {
         schedule: schedule?,
         keep: keep?,
         command: command?,
+        restore: restore?,
         verify: verify?,
     })
 }

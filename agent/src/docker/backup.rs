@@ -146,6 +146,13 @@ impl Engine {
                 .await
                 .map_err(|e| docker("volume-in-use", e))?;
         }
+        if spec.command.is_some() {
+            // A command's dump: the new generation starts empty, and the dump waits beside it
+            // for the role's `restore` command (`load.rs`).
+            return self
+                .restore_dump(&b.restic, &repo.1, &spec.environment, &spec.mount, snapshot)
+                .await;
+        }
         self.restore_volume(&b.restic, &repo.1, &spec.environment, &spec.mount, snapshot)
             .await
     }

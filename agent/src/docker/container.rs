@@ -164,6 +164,15 @@ impl Engine {
             }
             return Err(f);
         }
+        // A restored dump waiting for this generation is loaded now (the container is up).
+        let loaded = self.load_dumps(app).await?;
+        if !loaded.is_empty() {
+            return Ok(format!(
+                "{} {note}, healthy, the restored dump of {} loaded",
+                app.container,
+                loaded.join(", ")
+            ));
+        }
         Ok(format!("{} {note}, healthy", app.container))
     }
 

@@ -12,6 +12,7 @@ pub mod backup;
 mod container;
 pub mod drill;
 mod image;
+mod load;
 mod network;
 mod secrets;
 mod volume;
@@ -78,6 +79,10 @@ pub struct Engine {
     /// Credentials files by registry (`127.0.0.1:5000`), for pulls from registries that want
     /// them (`pl up`'s build registry).
     registry_auth: std::collections::BTreeMap<String, PathBuf>,
+    /// Restored dumps waiting for their role to load them (`<volume's name>.dump`, 0600),
+    /// beside the `pulled` file in the agent's state folder: never inside the volume, which a
+    /// restore leaves empty for the role's first start.
+    pub restores_dir: PathBuf,
 }
 
 fn not_found(e: &DockerError) -> bool {
@@ -148,6 +153,7 @@ impl Engine {
             node: node.to_owned(),
             secrets_dir,
             identity,
+            restores_dir: pulled.with_file_name("restores"),
             pulled,
             pulled_lock: std::sync::Mutex::new(()),
             registry_auth: std::collections::BTreeMap::new(),

@@ -140,6 +140,7 @@ impl Engine {
             volume: volume.to_owned(),
             generation,
             path: String::new(),
+            load: None,
         };
         let name = self.volume_name(environment, &m);
         match self.docker.inspect_volume(&name).await {

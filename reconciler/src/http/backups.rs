@@ -203,7 +203,7 @@ fn refusal(env: &str, volume: &str, why: BackupRefusal) -> Response {
             StatusCode::CONFLICT,
             "restore-of-a-dump",
             format!(
-                "{env}/{volume}'s backups are its command's output (a dump to load into the running role), not its files: restore it with the tool that made it"
+                "{env}/{volume}'s backups are its command's output (a dump to load into the running role), not its files, and its `backup` names no `restore` command to load one: add one (`restore: [pg_restore, --clean, --if-exists, -d, app]`)"
             ),
         ),
         BackupRefusal::NoSnapshot => refused(

@@ -109,8 +109,9 @@ impl Ledger {
         .bind(now_ms)
         .bind(status)
         .bind(ended.saved.map(|s| s.snapshot.clone()))
-        .bind(ended.saved.map(|s| as_i64(s.bytes)))
-        .bind(ended.saved.map(|s| as_i64(s.data_added)))
+        // A drill restores; it reads and adds nothing.
+        .bind(ended.saved.filter(|_| !drill).map(|s| as_i64(s.bytes)))
+        .bind(ended.saved.filter(|_| !drill).map(|s| as_i64(s.data_added)))
         .bind(ended.reason)
         .execute(&mut **tx)
         .await?
@@ -287,7 +288,8 @@ pub enum BackupRefusal {
     NotPlaced,
     /// One is queued or running already: its key.
     Going(String),
-    /// The volume's backups are a command's output (a dump to load), not its files.
+    /// The volume's backups are a command's output (a dump to load), not its files, and its
+    /// backup names no `restore` command to load one.
     Dump,
     /// No succeeded backup to restore, or the snapshot id is not one.
     NoSnapshot,
@@ -303,22 +305,21 @@ pub struct Restoring {
 }
 
 /// The live deployment of `environment` that backs up `volume`: (generation, spec, whether
-/// its backups are a command's output).
+/// its backups are a command's output with no `restore` command to load them).
 fn backed_up(rows: Vec<(i64, String)>, environment: &str, volume: &str) -> Option<(u64, DeploymentSpec, bool)> {
     let (g, spec) = rows
         .into_iter()
         .filter_map(|(g, spec)| Some((g, serde_json::from_str::<DeploymentSpec>(&spec).ok()?)))
         .find(|(_, s)| s.environment.as_str() == environment)?;
     spec.backups.as_ref()?;
-    let dump = spec
+    let plan = spec
         .roles
         .values()
         .flat_map(|r| r.volumes.iter())
         .find(|v| v.name == volume)?
         .backup
-        .as_ref()?
-        .command
-        .is_some();
+        .as_ref()?;
+    let dump = plan.command.is_some() && plan.restore.is_none();
     Some((u64::try_from(g).unwrap_or(0), spec, dump))
 }
 
@@ -583,6 +584,14 @@ mod tests {
             .map(|r| r.status)
             .collect();
         assert_eq!(statuses, ["verify-failed", "verified", "verified", "succeeded"]);
+        let sizes: Vec<Option<i64>> = ledger
+            .backups("shop", None, 50)
+            .await
+            .expect("list")
+            .into_iter()
+            .map(|r| r.bytes)
+            .collect();
+        assert_eq!(sizes, [None, None, None, Some(0)], "a drill reads nothing");
         // The newest passing drill proves the restore; a failed drill is no backup failure.
         assert_eq!(
             ledger.proven("shop").await.expect("proven"),

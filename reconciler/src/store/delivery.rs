@@ -428,6 +428,7 @@ impl Ledger {
                 // What the running generation mounts, or the restore's new one.
                 generation: into.unwrap_or(v.generation),
                 path: v.path.clone(),
+                load: None,
             },
             command: plan.command.clone(),
             keep: plan.keep,
@@ -550,6 +551,7 @@ impl Ledger {
                 volume: v.name.clone(),
                 generation: v.generation,
                 path: v.path.clone(),
+                load: v.backup.as_ref().and_then(|b| b.restore.clone()),
             })
             .collect();
         Ok(Ok(Execution::Application(Box::new(ApplicationSpec {
