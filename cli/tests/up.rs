@@ -1519,7 +1519,8 @@ fn volumes_keep_their_data_across_releases_kills_and_down_up_until_removed() {
 /// paused meanwhile) and a worker's command output (`cat`, standing in for `pg_dump`) into the
 /// environment's repository, which the `restic` CLI reads back with the password set by `pl
 /// secret set`; a failing command is a failed backup with its reason (and no snapshot); `pl
-/// backups` lists all three as the agent reported them; and a schedule saves one on its own.
+/// backups` lists all three as the agent reported them; and a schedule saves one on its own, and
+/// another proves it with a restore drill.
 #[test]
 fn backups_are_saved_into_a_restic_repository_the_restic_cli_reads() {
     siblings();
@@ -1555,7 +1556,7 @@ fn backups_are_saved_into_a_restic_repository_the_restic_cli_reads() {
     repo.write(
         "projects/api.yaml",
         &format!(
-            "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: {image}\n  roles:\n    web:\n      kind: web\n      port: 8080\n      health: {{path: /healthz, timeoutSeconds: 10}}\n      volumes: [{{name: data, path: /data, backup: {{schedule: \"* * * * *\", keep: 5}}}}]\n      command: [/bin/busybox, sh, -c, '[ -f /data/index.html ] || echo kept > /data/index.html; echo ok > /data/healthz && exec /bin/busybox httpd -f -p 8080 -h /data']\n{}{}",
+            "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: {image}\n  roles:\n    web:\n      kind: web\n      port: 8080\n      health: {{path: /healthz, timeoutSeconds: 10}}\n      volumes: [{{name: data, path: /data, backup: {{schedule: \"* * * * *\", keep: 5, verify: {{schedule: \"* * * * *\", command: [/bin/busybox, grep, -q, kept, /data/index.html]}}}}}}]\n      command: [/bin/busybox, sh, -c, '[ -f /data/index.html ] || echo kept > /data/index.html; echo ok > /data/healthz && exec /bin/busybox httpd -f -p 8080 -h /data']\n{}{}",
             worker(
                 "rows",
                 "[/bin/busybox, cat, /rows/table]",
@@ -1749,7 +1750,8 @@ fn backups_are_saved_into_a_restic_repository_the_restic_cli_reads() {
             "{metrics}"
         );
 
-        // The web volume's schedule fires every minute: a second snapshot comes on its own.
+        // The web volume's schedules fire every minute: a second snapshot comes on its own, and
+        // a restore drill of the newest passes on its own.
         let deadline = Instant::now() + Duration::from_secs(150);
         loop {
             let (_, out, _) = pl(
@@ -1764,10 +1766,16 @@ fn backups_are_saved_into_a_restic_repository_the_restic_cli_reads() {
                 .into_iter()
                 .flatten()
                 .any(|r| r["status"] == "succeeded" && r["job"].as_str().is_some_and(|j| j.contains(":t")));
-            if scheduled {
+            let drilled = v["backups"].as_array().into_iter().flatten().any(|r| {
+                r["status"] == "verified"
+                    && r["job"]
+                        .as_str()
+                        .is_some_and(|j| j.starts_with("drill:") && j.contains(":t"))
+            });
+            if scheduled && drilled && v["proven"][0]["volume"] == "data" {
                 break;
             }
-            assert!(Instant::now() < deadline, "no scheduled backup: {out}");
+            assert!(Instant::now() < deadline, "no scheduled backup and drill: {out}");
             std::thread::sleep(Duration::from_secs(2));
         }
         // The data is destroyed; `pl restore` from the first snapshot brings it back in a new

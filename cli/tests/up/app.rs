@@ -114,6 +114,17 @@ fn the_example_app_keeps_its_rows_in_postgresql_through_releases_kills_down_up_a
         ),
     )
     .expect("environment");
+    // The nightly backup and the weekly drill would collide with the test's own if a run
+    // crossed 03:17 or a Sunday's 04:47 UTC: moved to a time no run meets.
+    let project_file = repo.join("projects/app.yaml");
+    let text = std::fs::read_to_string(&project_file).expect("project");
+    assert!(text.contains("\"17 3 * * *\"") && text.contains("\"47 4 * * 0\""));
+    std::fs::write(
+        &project_file,
+        text.replace("\"17 3 * * *\"", "\"0 0 1 1 *\"")
+            .replace("\"47 4 * * 0\"", "\"0 0 1 1 *\""),
+    )
+    .expect("project");
     // Another project's environment on the same node, for the isolation checks.
     std::fs::write(
         repo.join("projects/probe.yaml"),
