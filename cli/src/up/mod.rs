@@ -267,11 +267,20 @@ pub fn up(args: &UpArgs) -> Result<u8> {
     if web {
         local.caddy()?;
     }
+    let agents_from = now_ms();
+    let mut restarted = Vec::new();
     for node in &runs {
-        local.agent(&client, ports, node, &args.docker_socket)?;
+        if local.agent(&client, ports, node, &args.docker_socket)? {
+            restarted.push(node.clone());
+        }
+    }
+    // An agent started now (it had stopped or died) serves its service names and repairs
+    // only once it runs: until its first heartbeat, what `pl up` reports would be early.
+    if bootstrap.is_none() && !restarted.is_empty() {
+        wait_heard_from(&client, &restarted, Some(agents_from))?;
     }
     if bootstrap.is_some() {
-        wait_heard_from(&client, &runs)?;
+        wait_heard_from(&client, &runs, None)?;
         (head, moved) = local.commit_worktree(&[], None, &replace)?;
         println!(
             "pl up: applying the working tree of {} as local revision {} (signed by this machine's local key, which only pl up trusts)",
@@ -320,16 +329,17 @@ fn bootstrap_leave_out(state: &state_schema::state::State) -> Option<Vec<String>
 }
 
 /// Waits (30 s at most) until the control plane has heard from every node in `nodes`.
-fn wait_heard_from(client: &Client, nodes: &[String]) -> Result<()> {
+fn wait_heard_from(client: &Client, nodes: &[String], since_ms: Option<i64>) -> Result<()> {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         let listed = client.json("GET", "/v1/nodes")?;
         let heard = |n: &String| {
-            listed["nodes"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|r| r["name"].as_str() == Some(n.as_str()) && r["lastSeenMs"].is_i64())
+            listed["nodes"].as_array().into_iter().flatten().any(|r| {
+                r["name"].as_str() == Some(n.as_str())
+                    && r["lastSeenMs"]
+                        .as_i64()
+                        .is_some_and(|t| since_ms.is_none_or(|s| t >= s))
+            })
         };
         if nodes.iter().all(heard) {
             return Ok(());

@@ -151,8 +151,8 @@ impl Local {
             .unwrap_or_default()
     }
 
-    /// A node's agent: enrolled once, started when it does not run.
-    pub(crate) fn agent(&self, client: &Client, ports: Ports, node: &str, docker: &Path) -> Result<()> {
+    /// A node's agent: enrolled once, started when it does not run; whether it was started now.
+    pub(crate) fn agent(&self, client: &Client, ports: Ports, node: &str, docker: &Path) -> Result<bool> {
         let home = self.agent_dir(node);
         std::fs::create_dir_all(&home)?;
         let enrolled = home.join("node");
@@ -228,13 +228,13 @@ impl Local {
             stop(&home.join("agent.pid"), "pl-agent");
         }
         std::fs::write(home.join("agent.toml"), config)?;
-        run_daemon(
+        let started = run_daemon(
             "pl-agent",
             &home.join("agent.toml"),
             &home.join("agent.log"),
             &home.join("agent.pid"),
         )?;
-        Ok(())
+        Ok(started.is_some())
     }
 }
 
