@@ -390,18 +390,10 @@ impl Engine {
         }
     }
 
-    /// Restores snapshot `snapshot` into `to` (a new generation of the volume, made here
-    /// with our labels and empty: a restore never writes into data that exists).
-    pub async fn restore_volume(
-        &self,
-        restic: &Restic,
-        repo: &Repository,
-        environment: &str,
-        to: &VolumeMount,
-        snapshot: &str,
-    ) -> Result<String, Failure> {
+    /// Makes `to`, a new generation of the volume, with our labels and empty: its name, or
+    /// `volume-exists` (a restore never writes into data that exists).
+    pub(super) async fn new_generation(&self, environment: &str, to: &VolumeMount) -> Result<String, Failure> {
         let name = self.volume_name(environment, to);
-        let want = self.volume_labels(environment, to);
         match self.docker.inspect_volume(&name).await {
             Ok(_) => {
                 return Err(permanent(
@@ -416,11 +408,25 @@ impl Engine {
             .create_volume(bollard::models::VolumeCreateRequest {
                 name: Some(name.clone()),
                 driver: Some("local".into()),
-                labels: Some(want),
+                labels: Some(self.volume_labels(environment, to)),
                 ..Default::default()
             })
             .await
             .map_err(|e| docker("volume-create-failed", e))?;
+        Ok(name)
+    }
+
+    /// Restores snapshot `snapshot` into `to` (a new generation of the volume, made here
+    /// with our labels and empty: a restore never writes into data that exists).
+    pub async fn restore_volume(
+        &self,
+        restic: &Restic,
+        repo: &Repository,
+        environment: &str,
+        to: &VolumeMount,
+        snapshot: &str,
+    ) -> Result<String, Failure> {
+        let name = self.new_generation(environment, to).await?;
         let dir = self.volume_dir(environment, to).await?;
         restic.restore(repo, snapshot, &dir).await?;
         Ok(format!("snapshot {snapshot} restored into {name}"))

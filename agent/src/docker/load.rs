@@ -34,17 +34,8 @@ impl Engine {
         to: &VolumeMount,
         snapshot: &str,
     ) -> Result<String, Failure> {
-        let name = self.volume_name(environment, to);
-        match self.docker.inspect_volume(&name).await {
-            Ok(_) => {
-                return Err(permanent(
-                    "volume-exists",
-                    format!("{name} exists: a restore goes into a new volume generation only"),
-                ));
-            }
-            Err(e) if not_found(&e) => {}
-            Err(e) => return Err(docker("docker-unavailable", e)),
-        }
+        // Made first: what a failed try leaves, ours and unused, the next try removes.
+        let name = self.new_generation(environment, to).await?;
         let staging = self.restores_dir.join(format!("{name}.restoring"));
         let _ = std::fs::remove_dir_all(&staging);
         std::fs::create_dir_all(&staging)
@@ -62,15 +53,6 @@ impl Engine {
                 format!("snapshot {snapshot} holds no {}.dump: {e}", to.volume),
             )
         })?;
-        self.docker
-            .create_volume(bollard::models::VolumeCreateRequest {
-                name: Some(name.clone()),
-                driver: Some("local".into()),
-                labels: Some(self.volume_labels(environment, to)),
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| docker("volume-create-failed", e))?;
         Ok(format!(
             "snapshot {snapshot}'s dump kept for the role to load into {name}, made empty"
         ))

@@ -362,57 +362,28 @@ impl Ledger {
         volume: &str,
         now_ms: i64,
     ) -> Result<Result<String, BackupRefusal>, LedgerError> {
-        let spec = self
-            .backup_deployments()
-            .await?
-            .into_iter()
-            .filter_map(|(g, spec)| Some((g, serde_json::from_str::<DeploymentSpec>(&spec).ok()?)))
-            .find(|(_, s)| s.environment.as_str() == environment);
-        let Some((generation, spec)) = spec else {
-            return Ok(Err(BackupRefusal::NoPlan));
-        };
-        let Some((volume, _)) = planned(&spec).into_iter().find(|(v, _)| v.as_str() == volume) else {
-            return Ok(Err(BackupRefusal::NoPlan));
-        };
-        let Some(node) = self.volume_node(environment, volume.as_str()).await? else {
-            return Ok(Err(BackupRefusal::NotPlaced));
-        };
-        let task = Task::BackupVolume {
-            environment: spec.environment.clone(),
-            volume: volume.clone(),
-            generation: u64::try_from(generation).unwrap_or(0),
-            scheduled: now_ms.div_euclid(1000),
-            on_demand: true,
-        };
-        let mut tx = self.write_tx().await?;
-        if let Some(key) = self
-            .going(&mut tx, environment, &backup_key_prefix(&spec.environment, &volume))
-            .await?
-        {
-            return Ok(Err(BackupRefusal::Going(key)));
-        }
-        let row = JobRow::new(&task, &node, BACKUP_ATTEMPTS, now_ms, None);
-        let key = row.key.clone();
-        self.enqueue_in(&mut tx, std::slice::from_ref(&row), now_ms).await?;
-        let events = [
-            ("job-queued".to_owned(), key.clone(), String::new()),
-            (
-                "backup-queued".to_owned(),
-                format!("{environment}/{volume}"),
-                format!("asked now, on {node}"),
-            ),
-        ];
-        self.events_in(&mut tx, now_ms, &events).await?;
-        tx.commit().await?;
-        Ok(Ok(key))
+        self.volume_job_now(environment, volume, false, now_ms).await
     }
 
     /// Queues a restore drill of `environment`'s `volume` now (an operator's `pl backup
-    /// --verify`), on the node that holds it. Returns its job key.
+    /// --verify`), on the node that holds it; refused until a backup of it succeeded. Returns
+    /// its job key.
     pub async fn verify_now(
         &self,
         environment: &str,
         volume: &str,
+        now_ms: i64,
+    ) -> Result<Result<String, BackupRefusal>, LedgerError> {
+        self.volume_job_now(environment, volume, true, now_ms).await
+    }
+
+    /// A backup (or, `drill`, a restore drill) of the volume asked for now: planned by the
+    /// live deployment, on the volume's node, one at a time per volume.
+    async fn volume_job_now(
+        &self,
+        environment: &str,
+        volume: &str,
+        drill: bool,
         now_ms: i64,
     ) -> Result<Result<String, BackupRefusal>, LedgerError> {
         let spec = self
@@ -424,32 +395,54 @@ impl Ledger {
         let Some((generation, spec)) = spec else {
             return Ok(Err(BackupRefusal::NoPlan));
         };
-        let Some((volume, _)) = drills(&spec).into_iter().find(|(v, _)| v.as_str() == volume) else {
+        let plans = if drill { drills(&spec) } else { planned(&spec) };
+        let Some((volume, _)) = plans.into_iter().find(|(v, _)| v.as_str() == volume) else {
             return Ok(Err(BackupRefusal::NoPlan));
         };
         let Some(node) = self.volume_node(environment, volume.as_str()).await? else {
             return Ok(Err(BackupRefusal::NotPlaced));
         };
-        let saved = self
-            .backups(environment, Some(volume.as_str()), MAX_LISTED)
-            .await?
-            .iter()
-            .any(|b| b.status == "succeeded");
-        if !saved {
+        if drill
+            && !self
+                .backups(environment, Some(volume.as_str()), MAX_LISTED)
+                .await?
+                .iter()
+                .any(|b| b.status == "succeeded")
+        {
             return Ok(Err(BackupRefusal::NoSnapshot));
         }
-        let task = Task::VerifyBackup {
-            environment: spec.environment.clone(),
-            volume: volume.clone(),
-            generation: u64::try_from(generation).unwrap_or(0),
-            scheduled: now_ms.div_euclid(1000),
-            on_demand: true,
+        let (environment_name, generation, scheduled) = (
+            spec.environment.clone(),
+            u64::try_from(generation).unwrap_or(0),
+            now_ms.div_euclid(1000),
+        );
+        let (task, prefix, queued) = if drill {
+            (
+                Task::VerifyBackup {
+                    environment: environment_name,
+                    volume: volume.clone(),
+                    generation,
+                    scheduled,
+                    on_demand: true,
+                },
+                drill_key_prefix(&spec.environment, &volume),
+                "backup-verify-queued",
+            )
+        } else {
+            (
+                Task::BackupVolume {
+                    environment: environment_name,
+                    volume: volume.clone(),
+                    generation,
+                    scheduled,
+                    on_demand: true,
+                },
+                backup_key_prefix(&spec.environment, &volume),
+                "backup-queued",
+            )
         };
         let mut tx = self.write_tx().await?;
-        if let Some(key) = self
-            .going(&mut tx, environment, &drill_key_prefix(&spec.environment, &volume))
-            .await?
-        {
+        if let Some(key) = self.going(&mut tx, environment, &prefix).await? {
             return Ok(Err(BackupRefusal::Going(key)));
         }
         let row = JobRow::new(&task, &node, BACKUP_ATTEMPTS, now_ms, None);
@@ -458,7 +451,7 @@ impl Ledger {
         let events = [
             ("job-queued".to_owned(), key.clone(), String::new()),
             (
-                "backup-verify-queued".to_owned(),
+                queued.to_owned(),
                 format!("{environment}/{volume}"),
                 format!("asked now, on {node}"),
             ),
