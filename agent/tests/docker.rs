@@ -246,6 +246,13 @@ fn docker_executors_adopt_repair_and_refuse() {
         );
         let again = ours_only(engine.repair_containers().await.expect("again"));
         assert!(again.is_empty(), "nothing left to repair: {again:?}");
+        // A paused container (a backup reads its volume) is not stopped: left alone.
+        let paused_id = inspect(&g2.container, "{{.Id}}");
+        docker(&["pause", &g2.container]);
+        let paused = ours_only(engine.repair_containers().await.expect("paused"));
+        assert!(paused.is_empty(), "a paused container is no drift: {paused:?}");
+        assert_eq!(inspect(&g2.container, "{{.Id}}"), paused_id, "the very container");
+        docker(&["unpause", &g2.container]);
 
         // A container with generation 3's name that is not ours: refused, left alone.
         let g3 = app(&env, &image, 3, &net);

@@ -198,7 +198,8 @@ impl Engine {
                 continue;
             }
             match self.recreate(&name).await {
-                Ok(()) => out.push((env, format!("container {name} was stopped: started again"))),
+                Ok(true) => out.push((env, format!("container {name} was stopped: started again"))),
+                Ok(false) => {}
                 Err(e) => tracing::warn!(container = %name, error = %e.detail, "cannot start a drifted container"),
             }
         }
@@ -209,13 +210,20 @@ impl Engine {
     /// configuration, name, mounts and volumes. Not `docker start`: Docker (20.10) mounts a
     /// restarted container's `/tmp` tmpfs with the mode of the mount point it made in the
     /// container's layer at the first start (0755, root's), so a non-root process (PostgreSQL,
-    /// say) could no longer write its socket or lock files after a crash.
-    async fn recreate(&self, name: &str) -> Result<(), Failure> {
+    /// say) could no longer write its socket or lock files after a crash. Only a container
+    /// that ran and ended (exited, dead) is made again: one just created (an ensure is about
+    /// to start it) or paused (a backup reads its volume) is left alone. Whether it was.
+    async fn recreate(&self, name: &str) -> Result<bool, Failure> {
+        use bollard::models::ContainerStateStatusEnum as Status;
         let c = self
             .docker
             .inspect_container(name, None)
             .await
             .map_err(|e| docker("docker-unavailable", e))?;
+        let status = c.state.as_ref().and_then(|s| s.status);
+        if !matches!(status, Some(Status::EXITED | Status::DEAD)) {
+            return Ok(false);
+        }
         let config = c.config.unwrap_or_default();
         let body = ContainerCreateBody {
             image: config.image,
@@ -237,7 +245,8 @@ impl Engine {
         self.docker
             .start_container(name, None)
             .await
-            .map_err(|e| docker("container-start-failed", e))
+            .map_err(|e| docker("container-start-failed", e))?;
+        Ok(true)
     }
 
     /// Web roles: an HTTP probe of the health path until it answers 2xx, within the role's
