@@ -10,10 +10,9 @@
 //! way, under the schedule key `verify:<volume>`.
 
 use super::cron::{CronTick, Scheduled};
-use crate::store::backups::{BACKUP_ATTEMPTS, drills, planned};
+use crate::store::backups::{BACKUP_ATTEMPTS, VolumeJob};
 use crate::store::{Ledger, LedgerError};
 use state_schema::deployment::DeploymentSpec;
-use state_schema::task::{Task, backup_key_prefix, drill_key_prefix};
 
 impl Ledger {
     /// Queues the volume backups that are due at `now_ms`.
@@ -23,54 +22,27 @@ impl Ledger {
         for (generation, spec) in self.backup_deployments().await? {
             let spec: DeploymentSpec = serde_json::from_str(&spec)?;
             let generation = u64::try_from(generation).unwrap_or(0);
-            for (volume, schedule) in planned(&spec) {
-                let env = spec.environment.as_str();
-                let Some(node) = self.volume_node(env, volume.as_str()).await? else {
-                    continue; // not made yet: nothing to save
-                };
-                let due = Scheduled {
-                    env,
-                    key: format!("volume:{volume}"),
-                    prefix: backup_key_prefix(&spec.environment, &volume),
-                    subject: format!("{env}/{volume}"),
-                    node: &node,
-                    queued: "backup-queued",
-                    skipped: "backup-skipped",
-                    attempts: BACKUP_ATTEMPTS,
-                };
-                let task = |scheduled| Task::BackupVolume {
-                    environment: spec.environment.clone(),
-                    volume: volume.clone(),
-                    generation,
-                    scheduled,
-                    on_demand: false,
-                };
-                self.schedule_due(&due, &schedule, now, task, &mut tick).await?;
-            }
-            // Restore drills, the same way: `verify:<name>` in `cron_schedules`.
-            for (volume, schedule) in drills(&spec) {
-                let env = spec.environment.as_str();
-                let Some(node) = self.volume_node(env, volume.as_str()).await? else {
-                    continue;
-                };
-                let due = Scheduled {
-                    env,
-                    key: format!("verify:{volume}"),
-                    prefix: drill_key_prefix(&spec.environment, &volume),
-                    subject: format!("{env}/{volume}"),
-                    node: &node,
-                    queued: "backup-verify-queued",
-                    skipped: "backup-verify-skipped",
-                    attempts: BACKUP_ATTEMPTS,
-                };
-                let task = |scheduled| Task::VerifyBackup {
-                    environment: spec.environment.clone(),
-                    volume: volume.clone(),
-                    generation,
-                    scheduled,
-                    on_demand: false,
-                };
-                self.schedule_due(&due, &schedule, now, task, &mut tick).await?;
+            // Backups, then restore drills: each volume's schedule under its own key.
+            for job in [VolumeJob::Backup, VolumeJob::Drill] {
+                for (volume, schedule) in job.planned(&spec) {
+                    let env = spec.environment.as_str();
+                    let Some(node) = self.volume_node(env, volume.as_str()).await? else {
+                        continue; // not made yet: nothing to save
+                    };
+                    let (queued, skipped) = job.events();
+                    let due = Scheduled {
+                        env,
+                        key: job.schedule_key(&volume),
+                        prefix: job.key_prefix(&spec.environment, &volume),
+                        subject: format!("{env}/{volume}"),
+                        node: &node,
+                        queued,
+                        skipped,
+                        attempts: BACKUP_ATTEMPTS,
+                    };
+                    let task = |scheduled| job.task(&spec.environment, &volume, generation, scheduled, false);
+                    self.schedule_due(&due, &schedule, now, task, &mut tick).await?;
+                }
             }
         }
         Ok(tick)

@@ -323,8 +323,77 @@ fn backed_up(rows: Vec<(i64, String)>, environment: &str, volume: &str) -> Optio
     Some((u64::try_from(g).unwrap_or(0), spec, dump))
 }
 
+/// A backup, or a restore drill of one: what a volume's schedules and an operator queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum VolumeJob {
+    Backup,
+    Drill,
+}
+
+impl VolumeJob {
+    /// The volumes `spec` plans this job for, with its schedule.
+    pub(crate) fn planned(self, spec: &DeploymentSpec) -> Vec<(Name, CronSchedule)> {
+        match self {
+            VolumeJob::Backup => planned(spec),
+            VolumeJob::Drill => drills(spec),
+        }
+    }
+
+    /// The task for one time (Unix seconds), or for an operator's request at that second.
+    pub(crate) fn task(
+        self,
+        environment: &Name,
+        volume: &Name,
+        generation: u64,
+        scheduled: i64,
+        on_demand: bool,
+    ) -> Task {
+        let (environment, volume) = (environment.clone(), volume.clone());
+        match self {
+            VolumeJob::Backup => Task::BackupVolume {
+                environment,
+                volume,
+                generation,
+                scheduled,
+                on_demand,
+            },
+            VolumeJob::Drill => Task::VerifyBackup {
+                environment,
+                volume,
+                generation,
+                scheduled,
+                on_demand,
+            },
+        }
+    }
+
+    /// What every key of this job for the volume starts with: one at a time per volume.
+    pub(crate) fn key_prefix(self, environment: &Name, volume: &Name) -> String {
+        match self {
+            VolumeJob::Backup => backup_key_prefix(environment, volume),
+            VolumeJob::Drill => drill_key_prefix(environment, volume),
+        }
+    }
+
+    /// Its schedule's key in `cron_schedules` (a role's name has no `:`).
+    pub(crate) fn schedule_key(self, volume: &Name) -> String {
+        match self {
+            VolumeJob::Backup => format!("volume:{volume}"),
+            VolumeJob::Drill => format!("verify:{volume}"),
+        }
+    }
+
+    /// Its events: queued, skipped.
+    pub(crate) fn events(self) -> (&'static str, &'static str) {
+        match self {
+            VolumeJob::Backup => ("backup-queued", "backup-skipped"),
+            VolumeJob::Drill => ("backup-verify-queued", "backup-verify-skipped"),
+        }
+    }
+}
+
 /// The volumes whose backups a spec verifies: (volume, the drill's schedule).
-pub(crate) fn drills(spec: &DeploymentSpec) -> Vec<(Name, CronSchedule)> {
+fn drills(spec: &DeploymentSpec) -> Vec<(Name, CronSchedule)> {
     if spec.backups.is_none() {
         return Vec::new();
     }
@@ -339,7 +408,7 @@ pub(crate) fn drills(spec: &DeploymentSpec) -> Vec<(Name, CronSchedule)> {
 }
 
 /// The volumes a spec backs up: (volume, its schedule).
-pub(crate) fn planned(spec: &DeploymentSpec) -> Vec<(Name, CronSchedule)> {
+fn planned(spec: &DeploymentSpec) -> Vec<(Name, CronSchedule)> {
     if spec.backups.is_none() {
         return Vec::new();
     }
@@ -362,7 +431,8 @@ impl Ledger {
         volume: &str,
         now_ms: i64,
     ) -> Result<Result<String, BackupRefusal>, LedgerError> {
-        self.volume_job_now(environment, volume, false, now_ms).await
+        self.volume_job_now(environment, volume, VolumeJob::Backup, now_ms)
+            .await
     }
 
     /// Queues a restore drill of `environment`'s `volume` now (an operator's `pl backup
@@ -374,16 +444,16 @@ impl Ledger {
         volume: &str,
         now_ms: i64,
     ) -> Result<Result<String, BackupRefusal>, LedgerError> {
-        self.volume_job_now(environment, volume, true, now_ms).await
+        self.volume_job_now(environment, volume, VolumeJob::Drill, now_ms).await
     }
 
-    /// A backup (or, `drill`, a restore drill) of the volume asked for now: planned by the
-    /// live deployment, on the volume's node, one at a time per volume.
+    /// A backup (or a restore drill) of the volume asked for now: planned by the live
+    /// deployment, on the volume's node, one at a time per volume.
     async fn volume_job_now(
         &self,
         environment: &str,
         volume: &str,
-        drill: bool,
+        job: VolumeJob,
         now_ms: i64,
     ) -> Result<Result<String, BackupRefusal>, LedgerError> {
         let spec = self
@@ -395,14 +465,13 @@ impl Ledger {
         let Some((generation, spec)) = spec else {
             return Ok(Err(BackupRefusal::NoPlan));
         };
-        let plans = if drill { drills(&spec) } else { planned(&spec) };
-        let Some((volume, _)) = plans.into_iter().find(|(v, _)| v.as_str() == volume) else {
+        let Some((volume, _)) = job.planned(&spec).into_iter().find(|(v, _)| v.as_str() == volume) else {
             return Ok(Err(BackupRefusal::NoPlan));
         };
         let Some(node) = self.volume_node(environment, volume.as_str()).await? else {
             return Ok(Err(BackupRefusal::NotPlaced));
         };
-        if drill
+        if job == VolumeJob::Drill
             && !self
                 .backups(environment, Some(volume.as_str()), MAX_LISTED)
                 .await?
@@ -411,38 +480,13 @@ impl Ledger {
         {
             return Ok(Err(BackupRefusal::NoSnapshot));
         }
-        let (environment_name, generation, scheduled) = (
-            spec.environment.clone(),
-            u64::try_from(generation).unwrap_or(0),
-            now_ms.div_euclid(1000),
-        );
-        let (task, prefix, queued) = if drill {
-            (
-                Task::VerifyBackup {
-                    environment: environment_name,
-                    volume: volume.clone(),
-                    generation,
-                    scheduled,
-                    on_demand: true,
-                },
-                drill_key_prefix(&spec.environment, &volume),
-                "backup-verify-queued",
-            )
-        } else {
-            (
-                Task::BackupVolume {
-                    environment: environment_name,
-                    volume: volume.clone(),
-                    generation,
-                    scheduled,
-                    on_demand: true,
-                },
-                backup_key_prefix(&spec.environment, &volume),
-                "backup-queued",
-            )
-        };
+        let generation = u64::try_from(generation).unwrap_or(0);
+        let task = job.task(&spec.environment, &volume, generation, now_ms.div_euclid(1000), true);
         let mut tx = self.write_tx().await?;
-        if let Some(key) = self.going(&mut tx, environment, &prefix).await? {
+        if let Some(key) = self
+            .going(&mut tx, environment, &job.key_prefix(&spec.environment, &volume))
+            .await?
+        {
             return Ok(Err(BackupRefusal::Going(key)));
         }
         let row = JobRow::new(&task, &node, BACKUP_ATTEMPTS, now_ms, None);
@@ -451,7 +495,7 @@ impl Ledger {
         let events = [
             ("job-queued".to_owned(), key.clone(), String::new()),
             (
-                queued.to_owned(),
+                job.events().0.to_owned(),
                 format!("{environment}/{volume}"),
                 format!("asked now, on {node}"),
             ),
