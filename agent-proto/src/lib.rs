@@ -197,6 +197,11 @@ pub struct BackupSpec {
     pub container: Option<String>,
     /// Run in `container`; its standard output is what is saved.
     pub command: Option<Vec<String>>,
+    /// A move's first half (`pl volume move`): this role's replica is removed before the
+    /// volume's files are saved, and stays down (the role runs next on the node the volume
+    /// moves to); no retention runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_role: Option<String>,
     /// Snapshots of this volume kept.
     pub keep: u32,
     /// restic's repository location.

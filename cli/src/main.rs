@@ -407,6 +407,22 @@ enum VolumeCommand {
         #[command(flatten)]
         server: operator::ServerArgs,
     },
+    /// Move a volume to another node (admin role): its role stops, the volume's files are
+    /// saved to its backup repository and restored into its next generation on NODE, and the
+    /// role starts there. Returns once the role is healthy on NODE, with how long it was down
+    /// (0), or 1 with why not (the volume then stays where it was, and its role starts again).
+    Move {
+        environment: String,
+        volume: String,
+        /// The node the volume goes to (active, in the environment's pool, with room).
+        #[arg(long)]
+        to: String,
+        /// How long to wait, in seconds.
+        #[arg(long, default_value_t = 1800)]
+        timeout: u64,
+        #[command(flatten)]
+        server: operator::ServerArgs,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -592,6 +608,14 @@ fn main() -> ExitCode {
             volume,
             server,
         }) => control_plane(server).and_then(|s| volumes::remove(&s, &environment, &volume)),
+        Command::Volume(VolumeCommand::Move {
+            environment,
+            volume,
+            to,
+            timeout,
+            server,
+        }) => control_plane(server)
+            .and_then(|s| volumes::move_to(&s, &environment, &volume, &to, std::time::Duration::from_secs(timeout))),
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             let mut script = Vec::new();

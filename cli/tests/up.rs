@@ -39,6 +39,8 @@ mod tls_support;
 
 #[path = "up/app.rs"]
 mod app;
+#[path = "up/volume_move.rs"]
+mod volume_move;
 
 use host_support::Host;
 use repo_support::{Repo, environment};

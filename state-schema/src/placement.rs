@@ -136,6 +136,10 @@ pub struct Pin {
 /// Why a role pinned by its volumes does not run where its data is.
 pub const VOLUME_PINNED: &str = "volume-pinned";
 
+/// Why a volume cannot move to a node: it takes no new replicas (draining, retired, silent,
+/// unknown, or not able to run the role).
+pub const NOT_ELIGIBLE: &str = "node-not-eligible";
+
 impl Fleet {
     /// From nodes and the deployments that run now (their replicas hold reservations).
     pub fn new(nodes: BTreeMap<Name, FleetNode>, running: &[DeploymentSpec]) -> Fleet {
@@ -192,6 +196,57 @@ impl Fleet {
             .collect();
         out.sort();
         out
+    }
+
+    /// Whether `node` was heard from lately (ready or quiet): its agent takes jobs.
+    pub fn answers(&self, node: &Name) -> bool {
+        self.nodes
+            .get(node)
+            .is_some_and(|n| matches!(n.liveness, Liveness::Ready | Liveness::Quiet))
+    }
+
+    /// Whether `spec`'s `role` would run on `to` once its volumes were there (`pl volume move`
+    /// asks before it stops anything): `to` must take new replicas (active in Git, heard from
+    /// lately, able to run the role) and placement, with the role pinned to `to`, must put it
+    /// there (the pool, room beside everything else reserved). `Err` is why not, a stable
+    /// code: `node-not-eligible`, `no-capacity`, or the placement's own reason. `self` (the
+    /// live fleet, holding what runs) is left as it was.
+    pub fn move_lands(&self, spec: &DeploymentSpec, role: &Name, to: &Name) -> Result<(), String> {
+        let Some(node) = self.nodes.get(to) else {
+            return Err(NOT_ELIGIBLE.into());
+        };
+        if node.git != NodeState::Active || node.liveness != Liveness::Ready {
+            return Err(NOT_ELIGIBLE.into());
+        }
+        let mut fleet = self.clone();
+        fleet.pins.insert((spec.environment.clone(), role.clone()), to.clone());
+        let mut moved = spec.clone();
+        let waiting = fleet.place(&mut moved);
+        if let Some(w) = waiting.iter().find(|w| &w.role == role) {
+            return Err(w.reason.clone());
+        }
+        let on_to = moved.instances.iter().any(|i| &i.role == role && &i.node == to)
+            || moved
+                .release
+                .iter()
+                .chain(&moved.cron)
+                .any(|(r, n)| r == role && n == to);
+        let needs: &[&str] = if spec.roles.get(role).is_some_and(|r| r.is_web()) {
+            &["docker", "ingress"]
+        } else {
+            &["docker"]
+        };
+        if !on_to || !node.takes_new(needs) {
+            return Err(NOT_ELIGIBLE.into());
+        }
+        // A pinned role is placed where its data is whatever the room there (it has nowhere
+        // else to go), so room is asked here, before anything moves: everything now reserved
+        // on `to`, the moved role included, within its capacity.
+        let (cpu, mem) = fleet.reserved(to);
+        if cpu > node.cpu_millis || mem > node.memory_bytes {
+            return Err("no-capacity".into());
+        }
+        Ok(())
     }
 
     /// Records `spec`'s replicas as running and reserved (replacing what the environment held).
@@ -716,6 +771,48 @@ pub(crate) mod tests {
         with_volume(&mut s, "db");
         assert_eq!(f.place(&mut s).len(), 1);
         assert_eq!(nodes_of(&s), ["db/0@b"]);
+    }
+
+    #[test]
+    fn a_move_lands_only_on_a_node_that_takes_the_role_with_room_for_it() {
+        let pin = Pin {
+            environment: name("e"),
+            role: name("db"),
+            node: name("a"),
+            generations: Vec::new(),
+        };
+        let mut s = spec("e", Placement::Pack, &[("db", "service", 1500, 1)]);
+        with_volume(&mut s, "db");
+        let fleet_of = |b: FleetNode, c: FleetNode, s: &mut DeploymentSpec| {
+            let mut f = fleet(&[("a", node("main", 4000, UP, ACTIVE)), ("b", b), ("c", c)]);
+            f.pin([pin.clone()]);
+            f.place(s);
+            f
+        };
+        let f = fleet_of(node("main", 4000, UP, ACTIVE), node("main", 1000, UP, ACTIVE), &mut s);
+        assert_eq!(nodes_of(&s), ["db/0@a"]);
+        assert_eq!(f.move_lands(&s, &name("db"), &name("b")), Ok(()));
+        // Too small for it, unknown, draining, silent, or in another pool: refused.
+        assert_eq!(f.move_lands(&s, &name("db"), &name("c")), Err("no-capacity".to_owned()));
+        assert_eq!(
+            f.move_lands(&s, &name("db"), &name("z")).map_err(|e| e == NOT_ELIGIBLE),
+            Err(true)
+        );
+        for b in [
+            node("main", 4000, UP, NodeState::Draining),
+            node("main", 4000, Liveness::Unhealthy, ACTIVE),
+        ] {
+            let f = fleet_of(b, node("main", 1000, UP, ACTIVE), &mut s);
+            assert_eq!(
+                f.move_lands(&s, &name("db"), &name("b")).map_err(|e| e == NOT_ELIGIBLE),
+                Err(true)
+            );
+        }
+        let f = fleet_of(node("other", 4000, UP, ACTIVE), node("main", 1000, UP, ACTIVE), &mut s);
+        assert!(f.move_lands(&s, &name("db"), &name("b")).is_err());
+        // Asking changed nothing: the role still holds its place on `a`.
+        assert_eq!(f.pinned(&name("e"), &name("db")), Some(&name("a")));
+        assert_eq!(f.reserved(&name("a")).0, 1500);
     }
 
     #[test]

@@ -108,6 +108,11 @@ pub enum Task {
         scheduled: i64,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         on_demand: bool,
+        /// The first half of a move (`pl volume move`, asked at `scheduled`): the role's
+        /// replica is removed first and stays down, and the volume's files are saved whatever
+        /// the backup's `command` (nothing writes them now).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        moving: bool,
     },
     /// A restore drill: the volume's newest snapshot restored into a scratch copy on its node,
     /// where the backup's `verify.command` must succeed; for a scheduled time (Unix seconds)
@@ -131,6 +136,10 @@ pub enum Task {
         snapshot: String,
         /// When it was asked for (Unix ms): a failed restore can be asked for again.
         asked_at: i64,
+        /// The second half of a move: the snapshot holds the volume's files (saved with its
+        /// role stopped), restored on the node the volume moves to.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        moved: bool,
     },
 }
 
@@ -228,11 +237,16 @@ impl Task {
                 volume,
                 scheduled,
                 on_demand,
+                moving,
                 ..
             } => format!(
                 "{}{}{scheduled}:save",
                 backup_key_prefix(environment, volume),
-                if *on_demand { "now" } else { "t" }
+                match (*moving, *on_demand) {
+                    (true, _) => "move",
+                    (false, true) => "now",
+                    (false, false) => "t",
+                }
             ),
             Task::RestoreVolume {
                 environment,
@@ -324,6 +338,11 @@ pub fn drill_of_key(key: &str) -> Option<(&str, &str)> {
     Some((env, volume))
 }
 
+/// Whether a backup's key is a move's first half (`backup:<env>/<volume>:move<s>:save`).
+pub fn is_move_key(key: &str) -> bool {
+    backup_of_key(key).is_some() && key.contains(":move")
+}
+
 /// The environment and volume a backup's key names: `backup:<env>/<volume>:…`.
 pub fn backup_of_key(key: &str) -> Option<(&str, &str)> {
     let rest = key.strip_prefix("backup:")?;
@@ -363,10 +382,23 @@ mod tests {
             generation: 4,
             scheduled: 1_800_000_000,
             on_demand,
+            moving: false,
         };
         assert_eq!(t(false).idempotency_key(), "backup:shop/pgdata:t1800000000:save");
         assert_eq!(t(true).idempotency_key(), "backup:shop/pgdata:now1800000000:save");
         assert_eq!(backup_of_key(&t(true).idempotency_key()), Some(("shop", "pgdata")));
+        // A move's first half is a backup of its own kind: its key says so.
+        let moving = Task::BackupVolume {
+            environment: n("shop"),
+            volume: n("pgdata"),
+            generation: 4,
+            scheduled: 1_800_000_000,
+            on_demand: true,
+            moving: true,
+        };
+        assert_eq!(moving.idempotency_key(), "backup:shop/pgdata:move1800000000:save");
+        assert!(is_move_key(&moving.idempotency_key()) && !is_move_key(&t(true).idempotency_key()));
+        assert!(!is_move_key("vol:shop/movies:v2:t1:restore"));
         assert_eq!(backup_of_key("vol:shop/pgdata:v1:t1:remove"), None);
         let drill = |on_demand| Task::VerifyBackup {
             environment: n("shop"),
@@ -387,6 +419,7 @@ mod tests {
             to: 3,
             snapshot: "0123abcd".into(),
             asked_at: 17,
+            moved: false,
         };
         assert_eq!(restore.idempotency_key(), "vol:shop/pgdata:v3:t17:restore");
         assert_eq!(

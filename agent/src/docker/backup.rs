@@ -88,6 +88,9 @@ impl Engine {
     /// saved (consistently, see the module), the snapshots beyond `keep` forgotten and pruned.
     pub async fn backup(&self, b: &Backups, spec: &BackupSpec) -> Result<Ended, Failure> {
         let (_password, repo) = self.backup_repository(b, spec)?;
+        if let Some(role) = &spec.stop_role {
+            return self.save_for_move(b, spec, &repo, role).await;
+        }
         // The role's container, when one of ours runs: paused for a file backup, the host of
         // the command.
         let container = match &spec.container {
@@ -121,6 +124,40 @@ impl Engine {
         Ok(Ended {
             note: format!(
                 "snapshot {} of {} ({} bytes read, {} added)",
+                saved.snapshot_id, spec.mount.volume, saved.bytes, saved.data_added
+            ),
+            backup: Some(BackupReport {
+                snapshot: saved.snapshot_id,
+                bytes: saved.bytes,
+                data_added: saved.data_added,
+            }),
+        })
+    }
+
+    /// A move's first half: the role's replica (every container of it, ours) removed, so
+    /// nothing writes the volume any more and it stays down, then the volume's files saved.
+    /// Safe twice: a replica already gone is fine, and a second save is a snapshot of the same
+    /// files.
+    async fn save_for_move(
+        &self,
+        b: &Backups,
+        spec: &BackupSpec,
+        repo: &Repository,
+        role: &str,
+    ) -> Result<Ended, Failure> {
+        let removed = self.teardown(&spec.environment, role, 0, u64::MAX).await?;
+        let tags = volume_tags(&self.control_plane, &spec.environment, &spec.mount.volume);
+        let of = BackupOf {
+            environment: &spec.environment,
+            mount: &spec.mount,
+            container: None,
+            command: None,
+            tags: &tags,
+        };
+        let saved = self.backup_volume(&b.restic, repo, &of).await?;
+        Ok(Ended {
+            note: format!(
+                "{role} stopped ({removed}); snapshot {} of {} for its move ({} bytes read, {} added)",
                 saved.snapshot_id, spec.mount.volume, saved.bytes, saved.data_added
             ),
             backup: Some(BackupReport {

@@ -206,6 +206,11 @@ fn refusal(env: &str, volume: &str, why: BackupRefusal) -> Response {
                 "{env}/{volume}'s backups are its command's output (a dump to load into the running role), not its files, and its `backup` names no `restore` command to load one: add one (`restore: [pg_restore, --clean, --if-exists, -d, app]`)"
             ),
         ),
+        BackupRefusal::Moving(to) => refused(
+            StatusCode::CONFLICT,
+            "volume-moving",
+            format!("{env}/{volume} is moving to {to}: ask again once the move ended (`pl volumes`)"),
+        ),
         BackupRefusal::NoSnapshot => refused(
             StatusCode::NOT_FOUND,
             "snapshot-unknown",

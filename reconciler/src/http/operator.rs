@@ -114,6 +114,7 @@ pub fn router(state: Arc<Operator>) -> Router {
         .route("/v1/backups/run", post(run_backup))
         .route("/v1/restores", post(restore_volume))
         .route("/v1/volumes/remove", post(remove_volume))
+        .route("/v1/volumes/move", post(move_volume))
         .route("/v1/fleet", get(fleet))
         .route("/v1/rewrites/approve", post(approve_rewrite))
         .route("/v1/webhooks/{forge}", post(webhook))
@@ -392,6 +393,11 @@ async fn restore_volume(State(s): App, headers: HeaderMap, body: axum::body::Bod
 
 async fn remove_volume(State(s): App, headers: HeaderMap, body: axum::body::Body) -> Response {
     crate::http::volumes::remove(&s.ledger, &s.hub, &s.tokens, &headers, body).await
+}
+
+async fn move_volume(State(s): App, headers: HeaderMap, body: axum::body::Body) -> Response {
+    let branch = &s.config.source.branch;
+    crate::http::volumes::move_volume(&s.ledger, &s.hub, &s.tokens, &headers, body, branch).await
 }
 
 /// The certificates the control plane issued, by hostname: state, validity, renewal and

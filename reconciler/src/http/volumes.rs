@@ -1,8 +1,12 @@
-//! `GET /v1/volumes` (viewer): every volume with its node, generation, retention and what
-//! its agent last measured. `POST /v1/volumes/remove` (admin): removes a released volume now,
-//! answering only once its node removed it (or with why not).
+//! `GET /v1/volumes` (viewer): every volume with its node, generation, retention, what its
+//! agent last measured and its last move. `POST /v1/volumes/remove` (admin): removes a
+//! released volume now, answering only once its node removed it (or with why not). `POST
+//! /v1/volumes/move` (admin): asks for a volume to move to another node (`store::moves`),
+//! answering `202` once it is queued or why not before anything changed; the caller follows
+//! the volume's row (`movingTo`, then `movedUpAtMs`).
 
 use crate::http::server::{authorize, internal, small_request};
+use crate::store::moves::MoveRefusal;
 use crate::store::volumes::{VolumeRefusal, VolumeRow};
 use crate::store::{Ledger, now_ms};
 use axum::http::StatusCode;
@@ -31,6 +35,11 @@ fn view(r: &VolumeRow) -> serde_json::Value {
         "createdAtMs": r.created_at,
         "releasedAtMs": r.released_at,
         "removeAfterMs": r.released_at.map(|t| t + r.retain_days * 86_400_000),
+        "movingTo": r.moving_to,
+        "moveAskedAtMs": r.move_asked_at,
+        "movedFrom": r.moved_from,
+        "movedUpAtMs": r.moved_up_at,
+        "moveFailure": r.move_failure,
     })
 }
 
@@ -141,4 +150,91 @@ pub async fn remove(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Move {
+    environment: String,
+    volume: String,
+    to: String,
+}
+
+pub async fn move_volume(
+    ledger: &Ledger,
+    hub: &crate::hub::Hub,
+    tokens: &crate::auth::Tokens,
+    headers: &axum::http::HeaderMap,
+    body: axum::body::Body,
+    branch: &str,
+) -> Response {
+    let (who, req) = match small_request::<Move>(
+        tokens,
+        headers,
+        crate::config::Role::Admin,
+        body,
+        1024,
+        "{\"environment\": …, \"volume\": …, \"to\": …}",
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
+    let now = now_ms();
+    let fleet = match ledger.applied_pools(branch).await {
+        Ok(pools) => match ledger.fleet_view(&pools, now).await {
+            Ok(f) => f,
+            Err(e) => return internal(e),
+        },
+        Err(e) => return internal(e),
+    };
+    let (env, volume, to) = (&req.environment, &req.volume, &req.to);
+    let why = match ledger.move_volume(env, volume, to, &fleet, now).await {
+        Err(e) => return internal(e),
+        Ok(Ok(m)) => {
+            tracing::warn!(by = %who, environment = %env, volume = %volume, from = %m.from, to = %m.to, job = %m.job, "volume move asked");
+            hub.jobs.notify_waiters();
+            let body = json!({"job": m.job, "role": m.role, "from": m.from, "to": m.to, "askedAtMs": m.asked_at});
+            return (StatusCode::ACCEPTED, axum::Json(body)).into_response();
+        }
+        Ok(Err(why)) => why,
+    };
+    let (status, message) = match &why {
+        MoveRefusal::Unknown => (StatusCode::NOT_FOUND, format!("no volume {volume} in {env}")),
+        MoveRefusal::Released => (
+            StatusCode::CONFLICT,
+            format!("{env} was torn down: its volume {volume} is kept where it is until its retention ends"),
+        ),
+        MoveRefusal::Moving(what) => (
+            StatusCode::CONFLICT,
+            format!("{env}/{volume} has a move or a backup under way ({what}): follow it with `pl volumes`"),
+        ),
+        MoveRefusal::AlreadyThere => (StatusCode::CONFLICT, format!("{env}/{volume} is on {to} already")),
+        MoveRefusal::NoBackup => (
+            StatusCode::CONFLICT,
+            format!(
+                "no finished rollout of {env} backs up {volume}: a move carries the data through the volume's backup repository, so give the volume a `backup` and the environment `backups` (a repository both nodes reach)"
+            ),
+        ),
+        MoveRefusal::SharedRole(other) => (
+            StatusCode::CONFLICT,
+            format!(
+                "{volume}'s role also mounts {other}: a role's volumes live on one node, and a move takes one volume"
+            ),
+        ),
+        MoveRefusal::SourceSilent(node) => (
+            StatusCode::CONFLICT,
+            format!(
+                "{node}, which holds {env}/{volume}, has not been heard from lately: nothing could stop and save it (restore a backup with `pl restore` once it is back)"
+            ),
+        ),
+        MoveRefusal::Unplaceable(reason) => (
+            StatusCode::CONFLICT,
+            format!(
+                "{env}'s role would not run on {to} ({reason}): it must be active in Git, in the environment's pool, heard from lately and have room for the role"
+            ),
+        ),
+    };
+    refused(status, why.code(), message)
 }

@@ -26,8 +26,11 @@ impl Ledger {
             for job in [VolumeJob::Backup, VolumeJob::Drill] {
                 for (volume, schedule) in job.planned(&spec) {
                     let env = spec.environment.as_str();
-                    let Some(node) = self.volume_node(env, volume.as_str()).await? else {
-                        continue; // not made yet: nothing to save
+                    let node = match self.volume_node(env, volume.as_str()).await? {
+                        None => continue, // not made yet: nothing to save
+                        // Moving: its role is down on purpose; the time waits for the move.
+                        Some((_, Some(_))) => continue,
+                        Some((node, None)) => node,
                     };
                     let (queued, skipped) = job.events();
                     let due = Scheduled {

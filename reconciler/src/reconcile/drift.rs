@@ -93,9 +93,17 @@ impl Ledger {
             }
         })
         .await?;
+        if missing.is_empty() {
+            return Ok((0, false));
+        }
+        // A role whose volume moves is down on purpose (`store::moves`).
+        let moving = self.moving_roles().await?;
         let mut jobs = Vec::new();
         let mut unsettled = false;
         for (env, role, index, generation, node, seen) in missing {
+            if moving.iter().any(|(e, r)| *e == env && *r == role) {
+                continue;
+            }
             let prefix = format!("app:{env}/{role}/{index}:g{generation}:ensure");
             let asks = self
                 .asks(&env, i64::try_from(generation).unwrap_or(i64::MAX), &node, &prefix)

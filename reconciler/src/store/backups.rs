@@ -88,7 +88,10 @@ impl Ledger {
                 None => return Ok(()),
             },
         };
+        let moving = state_schema::task::is_move_key(ended.key);
         let status = match (drill, ended.saved.is_some()) {
+            (false, true) if moving => "moved",
+            (false, false) if moving => "move-failed",
             (false, true) => "succeeded",
             (false, false) => "failed",
             (true, true) => "verified",
@@ -130,6 +133,10 @@ impl Ledger {
         .bind(KEPT_PER_VOLUME)
         .execute(&mut **tx)
         .await?;
+        if moving {
+            // A move's first step: its own events, and the next step.
+            return self.record_move_saved_in(tx, ended, now_ms).await;
+        }
         let subject = format!("{env}/{volume}");
         let event = match (drill, ended.saved) {
             (false, Some(s)) => (
@@ -174,6 +181,13 @@ impl Ledger {
             return Ok(());
         };
         let to = i64::try_from(to).unwrap_or(i64::MAX);
+        let failure = (!succeeded).then_some(reason);
+        if self
+            .record_move_restored_in(tx, (env, volume, to), node, failure, now_ms)
+            .await?
+        {
+            return Ok(());
+        }
         let subject = format!("{env}/{volume}");
         let event = if succeeded {
             let moved = sqlx::query(
@@ -263,10 +277,15 @@ impl Ledger {
         .await?)
     }
 
-    /// The node that holds `environment`'s `volume`, if it was ever made.
-    pub(crate) async fn volume_node(&self, environment: &str, volume: &str) -> Result<Option<String>, LedgerError> {
+    /// The node that holds `environment`'s `volume`, if it was ever made, and the node it
+    /// moves to while a move is under way.
+    pub(crate) async fn volume_node(
+        &self,
+        environment: &str,
+        volume: &str,
+    ) -> Result<Option<(String, Option<String>)>, LedgerError> {
         Ok(
-            sqlx::query_scalar(self.sql("SELECT node FROM volumes WHERE environment = ? AND volume = ?"))
+            sqlx::query_as(self.sql("SELECT node, moving_to FROM volumes WHERE environment = ? AND volume = ?"))
                 .bind(environment)
                 .bind(volume)
                 .fetch_optional(&self.pool)
@@ -291,6 +310,8 @@ pub enum BackupRefusal {
     /// The volume's backups are a command's output (a dump to load), not its files, and its
     /// backup names no `restore` command to load one.
     Dump,
+    /// The volume is moving to this node (`pl volume move`): one thing at a time.
+    Moving(String),
     /// No succeeded backup to restore, or the snapshot id is not one.
     NoSnapshot,
 }
@@ -306,7 +327,11 @@ pub struct Restoring {
 
 /// The live deployment of `environment` that backs up `volume`: (generation, spec, whether
 /// its backups are a command's output with no `restore` command to load them).
-fn backed_up(rows: Vec<(i64, String)>, environment: &str, volume: &str) -> Option<(u64, DeploymentSpec, bool)> {
+pub(crate) fn backed_up(
+    rows: Vec<(i64, String)>,
+    environment: &str,
+    volume: &str,
+) -> Option<(u64, DeploymentSpec, bool)> {
     let (g, spec) = rows
         .into_iter()
         .filter_map(|(g, spec)| Some((g, serde_json::from_str::<DeploymentSpec>(&spec).ok()?)))
@@ -356,6 +381,7 @@ impl VolumeJob {
                 generation,
                 scheduled,
                 on_demand,
+                moving: false,
             },
             VolumeJob::Drill => Task::VerifyBackup {
                 environment,
@@ -468,8 +494,10 @@ impl Ledger {
         let Some((volume, _)) = job.planned(&spec).into_iter().find(|(v, _)| v.as_str() == volume) else {
             return Ok(Err(BackupRefusal::NoPlan));
         };
-        let Some(node) = self.volume_node(environment, volume.as_str()).await? else {
-            return Ok(Err(BackupRefusal::NotPlaced));
+        let node = match self.volume_node(environment, volume.as_str()).await? {
+            None => return Ok(Err(BackupRefusal::NotPlaced)),
+            Some((_, Some(to))) => return Ok(Err(BackupRefusal::Moving(to))),
+            Some((node, None)) => node,
         };
         if job == VolumeJob::Drill
             && !self
@@ -529,6 +557,9 @@ impl Ledger {
         else {
             return Ok(Err(BackupRefusal::NotPlaced));
         };
+        if let Some(to) = row.moving_to {
+            return Ok(Err(BackupRefusal::Moving(to)));
+        }
         let snapshot = match snapshot {
             Some(s) if state_schema::task::is_snapshot_id(s) => s.to_owned(),
             Some(_) => return Ok(Err(BackupRefusal::NoSnapshot)),
@@ -553,6 +584,7 @@ impl Ledger {
             to,
             snapshot: snapshot.clone(),
             asked_at: now_ms,
+            moved: false,
         };
         let mut tx = self.write_tx().await?;
         if let Some(key) = self

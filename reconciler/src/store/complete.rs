@@ -100,6 +100,8 @@ impl Ledger {
             let mut backups: Vec<(String, String, Option<&super::backups::Saved>, String)> = Vec::new();
             // Restores that ended for good: (key, node, succeeded, reason).
             let mut restores: Vec<(String, String, bool, String)> = Vec::new();
+            // Replicas that became healthy: (environment, role, node), for volume moves.
+            let mut up: Vec<(String, String, String)> = Vec::new();
             for (i, c) in chunk.iter().enumerate() {
                 let t = &c.token;
                 if let (Some(caller), Some(owner)) = (callers.get(chunk_start + i), owners.get(&t.job_id))
@@ -131,6 +133,12 @@ impl Ledger {
                     }
                     Outcome::Permanent(d) => (JobState::Failed, "permanent", d.clone()),
                 };
+                if state == JobState::Succeeded
+                    && let Some((env, role)) = rows::ensured_role(&key)
+                {
+                    let node = owners.get(&t.job_id).cloned().unwrap_or_default();
+                    up.push((env.to_owned(), role.to_owned(), node));
+                }
                 if state != JobState::Queued {
                     rec.by_state.entry(state).or_default().push(t.job_id);
                     if state_schema::task::restore_of_key(&key).is_some() {
@@ -190,6 +198,9 @@ impl Ledger {
             for (key, node, succeeded, reason) in &restores {
                 self.record_restore_in(tx, key, node, *succeeded, reason, now_ms)
                     .await?;
+            }
+            if !up.is_empty() {
+                self.record_moves_up_in(tx, &up, now_ms).await?;
             }
             for (id, not_before) in &rec.retries {
                 sqlx::query(self.sql("UPDATE jobs SET state = 'queued', lease_token = NULL, lease_expires_at = NULL, not_before = ?, updated_at = ? WHERE id = ?"))

@@ -16,6 +16,15 @@ use state_schema::deployment::{DeploymentSpec, TlsSpec};
 use state_schema::task::Task;
 use std::collections::{BTreeMap, BTreeSet};
 
+/// Which half of a volume move (`store::moves`) a backup or restore job is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MoveStep {
+    /// On the volume's node: the role's replica removed, then its files saved.
+    Out,
+    /// On the target: the saved files restored into the next generation.
+    In,
+}
+
 /// Why a leased job cannot be handed out. The job fails for good with this code (it would
 /// fail the same way until the state or the control host's configuration changes).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -265,9 +274,10 @@ impl Ledger {
                     // Whatever generation is current: a backup queued before a rollout saves
                     // the volume as the new generation's spec says. A restore fills its own
                     // new volume generation.
-                    let into = match &l.task {
-                        Task::RestoreVolume { to, .. } => Some(*to),
-                        _ => None,
+                    let (into, moving) = match &l.task {
+                        Task::RestoreVolume { to, moved, .. } => (Some(*to), (*moved).then_some(MoveStep::In)),
+                        Task::BackupVolume { moving, .. } => (None, (*moving).then_some(MoveStep::Out)),
+                        _ => (None, None),
                     };
                     match specs.get(&env) {
                         Some((g, spec)) => {
@@ -275,7 +285,7 @@ impl Ledger {
                                 node,
                                 recipient.as_deref(),
                                 (*g, spec),
-                                (volume.as_str(), into),
+                                (volume.as_str(), into, moving),
                                 control,
                                 now_ms,
                             )
@@ -389,7 +399,7 @@ impl Ledger {
         node: &str,
         recipient: Option<&str>,
         (generation, spec): (u64, &DeploymentSpec),
-        (volume, into): (&str, Option<u64>),
+        (volume, into, moving): (&str, Option<u64>, Option<MoveStep>),
         control: &[Box<dyn Identity + Send + Sync>],
         now_ms: i64,
     ) -> Result<Result<Execution, Undeliverable>, LedgerError> {
@@ -430,7 +440,10 @@ impl Ledger {
                 path: v.path.clone(),
                 load: None,
             },
-            command: plan.command.clone(),
+            // A move carries the volume's files (its role is stopped: nothing writes them),
+            // whatever the backup's command saves on schedule.
+            command: if moving.is_some() { None } else { plan.command.clone() },
+            stop_role: (moving == Some(MoveStep::Out) && runs).then(|| role.to_string()),
             keep: plan.keep,
             repository: repo.repository.clone(),
             secret: repo.secret.to_string(),
@@ -464,7 +477,14 @@ impl Ledger {
             )));
         };
         let backup = match self
-            .backup_execution(node, recipient, (generation, spec), (volume, None), control, now_ms)
+            .backup_execution(
+                node,
+                recipient,
+                (generation, spec),
+                (volume, None, None),
+                control,
+                now_ms,
+            )
             .await?
         {
             Ok(Execution::Backup(b)) => *b,
@@ -739,6 +759,7 @@ pub fn wire_task(task: &Task) -> agent_proto::Task {
             generation,
             scheduled,
             on_demand,
+            ..
         } => Wire::BackupVolume {
             environment: s(environment),
             volume: s(volume),
@@ -852,6 +873,7 @@ mod tests {
                 generation: 3,
                 scheduled: 1_800_000_000,
                 on_demand: true,
+                moving: true,
             },
             Task::RestoreVolume {
                 environment: env.clone(),
@@ -860,6 +882,7 @@ mod tests {
                 to: 2,
                 snapshot: "0123abcd".into(),
                 asked_at: 1_800_000_000_000,
+                moved: true,
             },
             Task::VerifyBackup {
                 environment: env.clone(),

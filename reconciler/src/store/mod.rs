@@ -18,6 +18,7 @@ pub mod fleet;
 pub mod group;
 mod jobs;
 mod lease;
+pub mod moves;
 pub mod placement;
 mod revisions;
 pub mod rewrites;

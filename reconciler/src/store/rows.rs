@@ -86,6 +86,19 @@ pub fn is_repair(key: &str) -> bool {
     key.starts_with("app:") && key.contains(":ensure#r")
 }
 
+/// The environment and role of an ensure's job key (a repair's too),
+/// `app:<env>/<role>/<i>:g<generation>:ensure[#r<n>]@<node>`.
+pub fn ensured_role(key: &str) -> Option<(&str, &str)> {
+    let rest = key.strip_prefix("app:")?;
+    let (what, _) = rest.rsplit_once('@')?;
+    if !(what.ends_with(":ensure") || what.contains(":ensure#r")) {
+        return None;
+    }
+    let (environment, rest) = what.split_once('/')?;
+    let (role, _) = rest.split_once('/')?;
+    Some((environment, role))
+}
+
 /// The environment, generation, repair number and node of a repair's job key,
 /// `app:<env>/<role>/<i>:g<generation>:ensure#r<n>@<node>`.
 pub fn repair_of(key: &str) -> Option<(&str, u64, u32, &str)> {
@@ -100,6 +113,15 @@ pub fn repair_of(key: &str) -> Option<(&str, u64, u32, &str)> {
 #[cfg(test)]
 mod tests {
     use super::JobState;
+
+    #[test]
+    fn an_ensure_key_names_its_role() {
+        use super::ensured_role;
+        assert_eq!(ensured_role("app:e-1/db/0:g3:ensure@n1"), Some(("e-1", "db")));
+        assert_eq!(ensured_role("app:e-1/db/0:g3:ensure#r2@n1"), Some(("e-1", "db")));
+        assert_eq!(ensured_role("app:e-1/db/0:g3:stop@n1"), None);
+        assert_eq!(ensured_role("net:e-1:g3:ensure@n1"), None);
+    }
 
     #[test]
     fn job_states_read_back_as_written_and_nothing_else_reads() {

@@ -25,6 +25,16 @@ pub struct VolumeRow {
     pub bytes: Option<i64>,
     pub measured_at: i64,
     pub drain_blocked_at: Option<i64>,
+    /// While a move is under way: the node it goes to.
+    pub moving_to: Option<String>,
+    /// When the last move was asked for.
+    pub move_asked_at: Option<i64>,
+    /// The node the last move left (once its data was restored on the new one).
+    pub moved_from: Option<String>,
+    /// When the last move's role was healthy on the new node.
+    pub moved_up_at: Option<i64>,
+    /// Why the last move ended without moving the volume.
+    pub move_failure: Option<String>,
 }
 
 impl VolumeRow {
@@ -40,7 +50,7 @@ impl VolumeRow {
     }
 }
 
-const COLUMNS: &str = "environment, volume, role, node, generation, size_bytes, retain_days, created_at, released_at, bytes, measured_at, drain_blocked_at";
+const COLUMNS: &str = "environment, volume, role, node, generation, size_bytes, retain_days, created_at, released_at, bytes, measured_at, drain_blocked_at, moving_to, move_asked_at, moved_from, moved_up_at, move_failure";
 
 /// Why a volume cannot be removed now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
