@@ -34,6 +34,23 @@ ensure_tools() {
   export PATH="$tools/bin:$PATH"
 }
 
+# ensure_s3_server: moto's S3 server (the S3-compatible backup backend the tests write to;
+# Debian ships no S3 server), pinned, into the same virtual environment. For tests only: the
+# quickstart and the example do not need it.
+moto_version=5.2.5
+ensure_s3_server() {
+  if [[ -x $tools/bin/moto_server ]] \
+    && "$tools/bin/python" -c "import sys, moto; sys.exit(moto.__version__ != '$moto_version')" 2>/dev/null; then
+    return 0
+  fi
+  if [[ $(id -u) != 0 && ! -w $tools ]]; then
+    echo "missing: moto $moto_version in $tools (as root: $tools/bin/pip install 'moto[server]==$moto_version')" >&2
+    return 1
+  fi
+  echo "installing moto $moto_version into $tools"
+  "$tools/bin/pip" install -q --disable-pip-version-check "moto[server]==$moto_version"
+}
+
 # ensure_dockerd: a Docker engine that answers; started when none does (through systemd when
 # it runs, else in the background with its log in target/dockerd.log).
 ensure_dockerd() {

@@ -2,7 +2,9 @@
 //! paused (and running again after), a command's output saved instead (`cat`, standing in for
 //! `pg_dump`), a failing command leaving no snapshot, what Pushleft wrote read back with the
 //! `restic` CLI itself, a restore into a new volume generation (never into one that exists),
-//! retention by tags, and a wrong password refused for good.
+//! retention by tags, and a wrong password refused for good. The same through an
+//! S3-compatible backend (moto's S3 server on loopback, from `scripts/test`'s tools): the
+//! backend's keys reach restic from the repository's environment, never its arguments.
 
 #[path = "support/docker.rs"]
 mod docker_support;
@@ -206,6 +208,122 @@ fn a_volume_is_backed_up_consistently_read_by_restic_and_restored_into_a_new_gen
         assert_eq!(
             docker(&["inspect", "--format", "{{.State.Status}}", &app.container]),
             "running"
+        );
+    });
+    clean(&env);
+}
+
+/// moto's S3 server on a loopback port of its own, stopped when dropped.
+struct S3Server {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl S3Server {
+    fn start() -> S3Server {
+        let port = support::free_port();
+        let child = Command::new("moto_server")
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("moto_server (scripts/test installs it into /opt/pushleft-tools)");
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(std::time::Instant::now() < deadline, "moto_server did not listen");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        S3Server { child, port }
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn an_s3_compatible_repository_holds_what_the_restic_cli_reads_and_restores() {
+    require_dockerd();
+    let registry = Registry::start();
+    let image = registry.image("backup-s3", &[("/www/healthz", "ok\n")]);
+    let env = "pltest-backup-s3".to_owned();
+    clean(&env);
+    let s3 = S3Server::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let password = dir.path().join("password");
+    std::fs::write(&password, "s3 password\n").expect("password");
+    let keys: std::collections::BTreeMap<String, String> = [
+        ("AWS_ACCESS_KEY_ID", "pushleft"),
+        ("AWS_SECRET_ACCESS_KEY", "not-a-real-secret"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    let location = format!("s3:http://127.0.0.1:{}/pl-backups", s3.port);
+    let repo = Repository {
+        location: location.clone(),
+        password_file: password.clone(),
+        env: keys.clone(),
+        cache_dir: dir.path().join("cache"),
+    };
+    let restic = Restic {
+        program: "restic".into(),
+        timeout: Duration::from_secs(120),
+    };
+    let tags = vec![format!("pl-environment={env}"), "pl-volume=data".to_owned()];
+    let rt = support::runtime();
+    rt.block_on(async {
+        let engine = docker_support::engine_n1(dir.path(), support::TEST_CONTROL_PLANE).await;
+        let net = NetworkSpec {
+            environment: env.clone(),
+            network: format!("pl_{env}"),
+            subnet: "10.208.245.0/24".into(),
+        };
+        engine.ensure_network(&net).await.expect("network");
+        let app = replica(&env, &image, &net);
+        engine.ensure_application(&app).await.expect("replica");
+        let mount = app.volumes[0].clone();
+        let of = BackupOf {
+            environment: &env,
+            mount: &mount,
+            container: Some(&app.container),
+            command: None,
+            tags: &tags,
+        };
+        // The repository is made in the bucket on first use, then written.
+        let saved = engine.backup_volume(&restic, &repo, &of).await.expect("backup to S3");
+        // The restic CLI reads it with the same keys, from the environment.
+        let o = Command::new("restic")
+            .args(["--repo", &location, "--password-file", &password.to_string_lossy()])
+            .args(["dump", &saved.snapshot_id, "/sub/file"])
+            .envs(&keys)
+            .env_remove("RESTIC_PASSWORD")
+            .output()
+            .expect("the restic CLI");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "nested\n");
+        // Restored from the bucket into generation 2.
+        let g2 = VolumeMount {
+            generation: 2,
+            ..mount.clone()
+        };
+        engine
+            .restore_volume(&restic, &repo, &env, &g2, &saved.snapshot_id)
+            .await
+            .expect("restore from S3");
+        let mountpoint = docker(&[
+            "volume",
+            "inspect",
+            "--format",
+            "{{.Mountpoint}}",
+            &engine.volume_name(&env, &g2),
+        ]);
+        assert_eq!(
+            std::fs::read_to_string(Path::new(&mountpoint).join("log")).expect("log"),
+            "first\n"
         );
     });
     clean(&env);
