@@ -4,7 +4,10 @@
 //! `restic` CLI itself, a restore into a new volume generation (never into one that exists),
 //! retention by tags, and a wrong password refused for good. The same through an
 //! S3-compatible backend (moto's S3 server on loopback, from `scripts/test`'s tools): the
-//! backend's keys reach restic from the repository's environment, never its arguments.
+//! backend's keys reach restic from the repository's environment, never its arguments; and
+//! through SFTP (Debian's dropbear with OpenSSH's sftp-server on loopback, restic's own `ssh`
+//! with the agent user's `~/.ssh`, which the test gives a private `/root` of its own so the
+//! machine's is never read or written).
 
 #[path = "support/docker.rs"]
 mod docker_support;
@@ -326,6 +329,182 @@ fn an_s3_compatible_repository_holds_what_the_restic_cli_reads_and_restores() {
             "first\n"
         );
     });
+    clean(&env);
+}
+
+/// `program ARGS…` with `home` mounted over `/root` in a mount namespace of its own: what the
+/// agent user's `~/.ssh` holds for that process alone.
+fn with_root_at(home: &Path, program: &str) -> Command {
+    let mut c = Command::new("unshare");
+    c.args([
+        "-m",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        r#"mount --bind "$0" /root && exec "$@""#,
+    ])
+    .arg(home)
+    .arg(program);
+    c
+}
+
+/// An SFTP server (dropbear, public keys only, root's `authorized_keys` from `home`) on a
+/// loopback port; stopped when dropped.
+struct SftpServer {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl SftpServer {
+    fn start(dir: &Path, home: &Path) -> SftpServer {
+        let port = support::free_port();
+        let host_key = dir.join("host_key");
+        let made = Command::new("dropbearkey")
+            .args(["-t", "ed25519", "-f"])
+            .arg(&host_key)
+            .output()
+            .expect("dropbearkey (scripts/test installs dropbear-bin)");
+        assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+        let child = with_root_at(home, "dropbear")
+            .args(["-F", "-E", "-s", "-p", &format!("127.0.0.1:{port}"), "-r"])
+            .arg(&host_key)
+            .args(["-P", &dir.join("dropbear.pid").to_string_lossy()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("dropbear");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(std::time::Instant::now() < deadline, "dropbear did not listen");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        SftpServer { child, port }
+    }
+}
+
+impl Drop for SftpServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn an_sftp_repository_holds_what_the_restic_cli_reads_and_restores() {
+    use std::os::unix::fs::PermissionsExt;
+    require_dockerd();
+    let registry = Registry::start();
+    let image = registry.image("backup-sftp", &[("/www/healthz", "ok\n")]);
+    let env = "pltest-backup-sftp".to_owned();
+    clean(&env);
+    let dir = tempfile::tempdir().expect("tempdir");
+    // The agent user's home as restic's ssh and the server see it: a key pair, the server's
+    // authorized key, and a client configuration that trusts the server on first use.
+    let home = dir.path().join("home");
+    let ssh = home.join(".ssh");
+    std::fs::create_dir_all(&ssh).expect("ssh dir");
+    for d in [&home, &ssh] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700)).expect("mode");
+    }
+    let keygen = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(ssh.join("id_ed25519"))
+        .output()
+        .expect("ssh-keygen");
+    assert!(keygen.status.success(), "{}", String::from_utf8_lossy(&keygen.stderr));
+    std::fs::copy(ssh.join("id_ed25519.pub"), ssh.join("authorized_keys")).expect("authorized key");
+    let server = SftpServer::start(dir.path(), &home);
+    std::fs::write(
+        ssh.join("config"),
+        format!(
+            "Host 127.0.0.1\n  Port {}\n  User root\n  IdentityFile /root/.ssh/id_ed25519\n  UserKnownHostsFile /root/.ssh/known_hosts\n  StrictHostKeyChecking accept-new\n  BatchMode yes\n",
+            server.port
+        ),
+    )
+    .expect("ssh config");
+    // restic as the agent runs it, in that home.
+    let wrapper = dir.path().join("restic-in-home");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nexec unshare -m --propagation private sh -c 'mount --bind \"$0\" /root && exec restic \"$@\"' '{}' \"$@\"\n",
+            home.display()
+        ),
+    )
+    .expect("wrapper");
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).expect("mode");
+    let password = dir.path().join("password");
+    std::fs::write(&password, "sftp password\n").expect("password");
+    let location = format!("sftp:root@127.0.0.1:{}", dir.path().join("sftp-repo").display());
+    let repo = Repository {
+        location: location.clone(),
+        password_file: password.clone(),
+        env: Default::default(),
+        cache_dir: dir.path().join("cache"),
+    };
+    let restic = Restic {
+        program: wrapper.clone(),
+        timeout: Duration::from_secs(120),
+    };
+    let tags = vec![format!("pl-environment={env}"), "pl-volume=data".to_owned()];
+    let rt = support::runtime();
+    rt.block_on(async {
+        let engine = docker_support::engine_n1(dir.path(), support::TEST_CONTROL_PLANE).await;
+        let net = NetworkSpec {
+            environment: env.clone(),
+            network: format!("pl_{env}"),
+            subnet: "10.208.246.0/24".into(),
+        };
+        engine.ensure_network(&net).await.expect("network");
+        let app = replica(&env, &image, &net);
+        engine.ensure_application(&app).await.expect("replica");
+        let mount = app.volumes[0].clone();
+        let of = BackupOf {
+            environment: &env,
+            mount: &mount,
+            container: Some(&app.container),
+            command: None,
+            tags: &tags,
+        };
+        let saved = engine
+            .backup_volume(&restic, &repo, &of)
+            .await
+            .expect("backup over SFTP");
+        // The repository is on the server's disk, and the restic CLI reads it over SFTP too.
+        assert!(
+            dir.path().join("sftp-repo/config").exists(),
+            "written through the server"
+        );
+        let o = Command::new(&wrapper)
+            .args(["--repo", &location, "--password-file", &password.to_string_lossy()])
+            .args(["dump", &saved.snapshot_id, "/sub/file"])
+            .env_remove("RESTIC_PASSWORD")
+            .output()
+            .expect("the restic CLI");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "nested\n");
+        let g2 = VolumeMount {
+            generation: 2,
+            ..mount.clone()
+        };
+        engine
+            .restore_volume(&restic, &repo, &env, &g2, &saved.snapshot_id)
+            .await
+            .expect("restore over SFTP");
+        let mountpoint = docker(&[
+            "volume",
+            "inspect",
+            "--format",
+            "{{.Mountpoint}}",
+            &engine.volume_name(&env, &g2),
+        ]);
+        assert_eq!(
+            std::fs::read_to_string(Path::new(&mountpoint).join("log")).expect("log"),
+            "first\n"
+        );
+    });
+    drop(server);
     clean(&env);
 }
 
