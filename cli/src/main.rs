@@ -400,10 +400,15 @@ Reference: docs/cli.md (pl wait)")]
 #[derive(Subcommand, Debug)]
 enum VolumeCommand {
     /// Remove a retained volume now, its data with it (admin role). Only a volume whose
-    /// environment was torn down; returns once its node removed it (at most 60 s).
+    /// environment was torn down; returns once its node removed it (at most 60 s). With
+    /// `--generation`, one of its kept generations instead (one a restore or a move left
+    /// behind), whether its environment runs or not.
     Rm {
         environment: String,
         volume: String,
+        /// A kept generation of the volume (as `pl volumes` lists them), not the volume.
+        #[arg(long)]
+        generation: Option<i64>,
         #[command(flatten)]
         server: operator::ServerArgs,
     },
@@ -606,8 +611,9 @@ fn main() -> ExitCode {
         Command::Volume(VolumeCommand::Rm {
             environment,
             volume,
+            generation,
             server,
-        }) => control_plane(server).and_then(|s| volumes::remove(&s, &environment, &volume)),
+        }) => control_plane(server).and_then(|s| volumes::remove(&s, &environment, &volume, generation)),
         Command::Volume(VolumeCommand::Move {
             environment,
             volume,

@@ -71,18 +71,32 @@ pub fn list(args: &ServerArgs, environment: Option<&str>) -> Result<u8> {
             r["state"].as_str().unwrap_or("?"),
             format!("{used} / {size}"),
         );
+        for k in r["kept"].as_array().into_iter().flatten() {
+            outln!(
+                "  kept: generation {} on {} (`pl volume rm {} {} --generation {}` removes it)",
+                k["generation"],
+                k["node"].as_str().unwrap_or("?"),
+                r["environment"].as_str().unwrap_or("?"),
+                r["volume"].as_str().unwrap_or("?"),
+                k["generation"],
+            );
+        }
     }
     Ok(0)
 }
 
-pub fn remove(args: &ServerArgs, environment: &str, volume: &str) -> Result<u8> {
-    let body = serde_json::json!({"environment": environment, "volume": volume});
+pub fn remove(args: &ServerArgs, environment: &str, volume: &str, generation: Option<i64>) -> Result<u8> {
+    let mut body = serde_json::json!({"environment": environment, "volume": volume});
+    if let Some(g) = generation {
+        body["generation"] = Value::from(g);
+    }
     let v = Client::new(args)?.post_json("/v1/volumes/remove", &body)?;
     if args.format == OutFormat::Json {
         return print_json(&v);
     }
+    let what = generation.map_or(String::new(), |g| format!("'s generation {g}"));
     outln!(
-        "removed {environment}/{volume} from {}",
+        "removed {environment}/{volume}{what} from {}",
         v["node"].as_str().unwrap_or("its node")
     );
     Ok(0)

@@ -3,7 +3,8 @@
 //! cannot work; asked, its role's drift repair holds off, the volume's save on its node leads
 //! to a restore on the target, the restore moves the row (node and generation) and placement
 //! follows with a new generation there, and the role healthy there ends the move with its
-//! downtime. A save that fails for good ends the move with its reason, the volume untouched.
+//! downtime, the generation it left kept on the old node (until an admin removes it). A save
+//! that fails for good ends the move with its reason, the volume untouched.
 
 #[path = "support/dump.rs"]
 mod dump;
@@ -205,6 +206,37 @@ async fn scenario(url: String, dir: &Path) {
             "{kind}"
         );
     }
+
+    // The generation it left is kept on n1 until an admin removes it.
+    let kept = ledger.kept_generations().await.expect("kept");
+    assert_eq!(
+        kept.iter()
+            .map(|k| format!("{}/{} g{} on {}", k.environment, k.volume, k.generation, k.node))
+            .collect::<Vec<_>>(),
+        ["api-production/pgdata g1 on n1"]
+    );
+    use reconciler::store::kept::KeptRefusal;
+    assert_eq!(
+        ledger
+            .kept_generation("api-production", "pgdata", 2)
+            .await
+            .expect("read"),
+        Err(KeptRefusal::Current)
+    );
+    assert_eq!(
+        ledger
+            .kept_generation("api-production", "pgdata", 7)
+            .await
+            .expect("read"),
+        Err(KeptRefusal::Unknown)
+    );
+    let g1 = ledger
+        .kept_generation("api-production", "pgdata", 1)
+        .await
+        .expect("read")
+        .expect("kept");
+    assert!(ledger.forget_generation(&g1, now_ms()).await.expect("forget"));
+    assert!(ledger.kept_generations().await.expect("kept").is_empty());
 
     // A save that fails for good ends the move: the volume stays on n2 at generation 2.
     ask("n1").await.expect("asked back");

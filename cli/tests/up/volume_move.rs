@@ -3,7 +3,8 @@
 //! node it was first placed on. A drain of that node waits for it (`volume-pinned`); the move
 //! stops the role, carries the volume's files through the repository into its next generation
 //! on the other node, and starts the role there with every row, reporting how long it was
-//! down. Moves that cannot work are refused before anything changes: to the node it is on, to
+//! down; the generation it left stays on the old node until an admin removes it. Moves that
+//! cannot work are refused before anything changes: to the node it is on, to
 //! a node the role could not run on, and of a volume nothing backs up; one that fails on the
 //! way (its repository cannot be made) says why and leaves the volume where it was, its role
 //! started there again.
@@ -223,6 +224,62 @@ fn a_volume_moves_to_another_node_with_its_rows_and_a_drain_waits_for_it() {
             out.contains("\"status\": \"moved\"") || out.contains("\"status\":\"moved\""),
             "{out}"
         );
+        // The generation it left is kept on the old node (listed, never mounted again) until
+        // an admin removes it; the current one cannot be removed while its role mounts it.
+        assert_eq!(
+            row["kept"],
+            serde_json::json!([{"generation": 1, "node": from, "keptAtMs": row["kept"][0]["keptAtMs"]}]),
+            "{row}"
+        );
+        let generation_on = |node: &str, generation: &str| {
+            docker(
+                &socket,
+                &[
+                    "volume",
+                    "ls",
+                    "-q",
+                    "--filter",
+                    "label=dev.pushleft.volume=data",
+                    "--filter",
+                    &format!("label=dev.pushleft.node={node}"),
+                    "--filter",
+                    &format!("label=dev.pushleft.volume-generation={generation}"),
+                ],
+            )
+        };
+        assert!(!generation_on(&from, "1").is_empty() && !generation_on(&to, "2").is_empty());
+        let rm = |generation: &str| {
+            pl(
+                &[
+                    "volume",
+                    "rm",
+                    "api-production",
+                    "data",
+                    "--generation",
+                    generation,
+                    "--local",
+                ],
+                &repo_dir,
+                &state,
+                &socket,
+            )
+        };
+        let (status, _, err) = rm("2");
+        assert_eq!(status, 1);
+        assert!(err.contains("volume-generation-current"), "{err}");
+        let (status, out, err) = rm("1");
+        assert_eq!(status, 0, "{out}\n{err}");
+        assert!(
+            out.contains(&format!("removed api-production/data's generation 1 from {from}")),
+            "{out}"
+        );
+        assert!(generation_on(&from, "1").is_empty(), "gone from {from}");
+        assert!(!generation_on(&to, "2").is_empty(), "the current one stays");
+        assert_eq!(volume("data")["kept"], serde_json::json!([]));
+        let (status, _, err) = rm("1");
+        assert_eq!(status, 1);
+        assert!(err.contains("volume-generation-unknown"), "{err}");
+
         // Moved once, it stays: a second move to the same node is refused.
         let (status, _, err) = mv("data", &to);
         assert_eq!(status, 1);

@@ -6,6 +6,7 @@
 //! the volume's row (`movingTo`, then `movedUpAtMs`).
 
 use crate::http::server::{authorize, internal, small_request};
+use crate::store::kept::{KeptRefusal, KeptRow};
 use crate::store::moves::MoveRefusal;
 use crate::store::volumes::{VolumeRefusal, VolumeRow};
 use crate::store::{Ledger, now_ms};
@@ -17,7 +18,12 @@ use std::time::Duration;
 /// How long a removal waits for the node.
 pub const REMOVE_TIMEOUT: Duration = Duration::from_secs(60);
 
-fn view(r: &VolumeRow) -> serde_json::Value {
+fn view(r: &VolumeRow, kept: &[KeptRow]) -> serde_json::Value {
+    let kept: Vec<serde_json::Value> = kept
+        .iter()
+        .filter(|k| k.environment == r.environment && k.volume == r.volume)
+        .map(|k| json!({"generation": k.generation, "node": k.node, "keptAtMs": k.kept_at}))
+        .collect();
     let state = match r.released_at {
         None => "in-use",
         Some(_) => "retained",
@@ -40,6 +46,7 @@ fn view(r: &VolumeRow) -> serde_json::Value {
         "movedFrom": r.moved_from,
         "movedUpAtMs": r.moved_up_at,
         "moveFailure": r.move_failure,
+        "kept": kept,
     })
 }
 
@@ -47,10 +54,11 @@ pub async fn list(ledger: &Ledger, tokens: &crate::auth::Tokens, headers: &axum:
     if let Some(r) = authorize(tokens, headers, crate::config::Role::Viewer) {
         return r;
     }
-    match ledger.volumes().await {
-        Ok(rows) => axum::Json(json!({"volumes": rows.iter().map(view).collect::<Vec<_>>()})).into_response(),
-        Err(e) => internal(e),
-    }
+    let (rows, kept) = match (ledger.volumes().await, ledger.kept_generations().await) {
+        (Ok(r), Ok(k)) => (r, k),
+        (Err(e), _) | (_, Err(e)) => return internal(e),
+    };
+    axum::Json(json!({"volumes": rows.iter().map(|r| view(r, &kept)).collect::<Vec<_>>()})).into_response()
 }
 
 #[derive(serde::Deserialize)]
@@ -58,6 +66,8 @@ pub async fn list(ledger: &Ledger, tokens: &crate::auth::Tokens, headers: &axum:
 struct Remove {
     environment: String,
     volume: String,
+    /// One kept generation rather than the whole released volume.
+    generation: Option<i64>,
 }
 
 fn refused(status: StatusCode, code: &str, message: String) -> Response {
@@ -77,13 +87,16 @@ pub async fn remove(
         crate::config::Role::Admin,
         body,
         1024,
-        "{\"environment\": …, \"volume\": …}",
+        "{\"environment\": …, \"volume\": …, \"generation\"?: …}",
     )
     .await
     {
         Ok(r) => r,
         Err(r) => return r,
     };
+    if let Some(generation) = req.generation {
+        return remove_kept(ledger, hub, &who, &req.environment, &req.volume, generation).await;
+    }
     let row = match ledger.expire_volume(&req.environment, &req.volume, now_ms()).await {
         Err(e) => return internal(e),
         Ok(Err(VolumeRefusal::Unknown)) => {
@@ -109,44 +122,52 @@ pub async fn remove(
     let Some(task) = row.removal() else {
         return internal("a volume row whose names do not parse");
     };
-    let keys = match ledger.enqueue_tasks(&[(task, row.node.clone())], now_ms()).await {
-        Ok(k) => k,
-        Err(e) => return internal(e),
+    let detail = match removed_on_node(ledger, hub, task, &row.node).await {
+        Ok(d) => d,
+        Err(r) => return r,
     };
+    match ledger.forget_volume(&row, now_ms()).await {
+        Ok(_) => axum::Json(json!({"removed": true, "node": row.node, "detail": detail})).into_response(),
+        Err(e) => internal(e),
+    }
+}
+
+/// Queues a removal on `node` and waits (at most [`REMOVE_TIMEOUT`]) until the node did it:
+/// the job's detail, or the answer that says why not. Success only once the node removed it:
+/// the answer is what the host did.
+async fn removed_on_node(
+    ledger: &Ledger,
+    hub: &crate::hub::Hub,
+    task: state_schema::task::Task,
+    node: &str,
+) -> Result<Option<String>, Response> {
+    let keys = ledger
+        .enqueue_tasks(&[(task, node.to_owned())], now_ms())
+        .await
+        .map_err(internal)?;
     hub.jobs.notify_waiters();
-    // Success only once the node removed it: the answer is what the host did.
     let deadline = tokio::time::Instant::now() + REMOVE_TIMEOUT;
     loop {
-        let outcome = match ledger.job_outcomes(&keys).await {
-            Ok(o) => o.into_iter().next(),
-            Err(e) => return internal(e),
-        };
-        match outcome {
-            Some(o) if o.state == "succeeded" => {
-                return match ledger.forget_volume(&row, now_ms()).await {
-                    Ok(_) => axum::Json(json!({"removed": true, "node": row.node, "detail": o.detail})).into_response(),
-                    Err(e) => internal(e),
-                };
-            }
+        match ledger.job_outcomes(&keys).await.map_err(internal)?.into_iter().next() {
+            Some(o) if o.state == "succeeded" => return Ok(o.detail),
             Some(o) if matches!(o.state.as_str(), "failed" | "dead" | "cancelled") => {
-                return refused(
+                return Err(refused(
                     StatusCode::BAD_GATEWAY,
                     "volume-remove-failed",
-                    format!("node {}: {}", row.node, o.detail.unwrap_or(o.state)),
-                );
+                    format!("node {node}: {}", o.detail.unwrap_or(o.state)),
+                ));
             }
             _ => {}
         }
         if tokio::time::Instant::now() >= deadline {
-            return refused(
+            return Err(refused(
                 StatusCode::GATEWAY_TIMEOUT,
                 "volume-remove-pending",
                 format!(
-                    "node {} has not removed it within {} s; the removal stays queued",
-                    row.node,
+                    "node {node} has not removed it within {} s; the removal stays queued",
                     REMOVE_TIMEOUT.as_secs()
                 ),
-            );
+            ));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -237,4 +258,49 @@ pub async fn move_volume(
         ),
     };
     refused(status, why.code(), message)
+}
+
+/// Removes a kept generation of a volume (one a restore or a move left behind) from its node,
+/// answering once the node did.
+async fn remove_kept(
+    ledger: &Ledger,
+    hub: &crate::hub::Hub,
+    who: &str,
+    environment: &str,
+    volume: &str,
+    generation: i64,
+) -> Response {
+    let row = match ledger.kept_generation(environment, volume, generation).await {
+        Err(e) => return internal(e),
+        Ok(Err(KeptRefusal::Unknown)) => {
+            return refused(
+                StatusCode::NOT_FOUND,
+                "volume-generation-unknown",
+                format!("{environment}/{volume} keeps no generation {generation} (`pl volumes` lists the kept ones)"),
+            );
+        }
+        Ok(Err(KeptRefusal::Current)) => {
+            return refused(
+                StatusCode::CONFLICT,
+                "volume-generation-current",
+                format!(
+                    "generation {generation} is {environment}/{volume}'s current one, which its role mounts: remove the volume once its environment is torn down"
+                ),
+            );
+        }
+        Ok(Ok(row)) => row,
+    };
+    tracing::warn!(environment = %environment, volume = %volume, generation, node = %row.node, token = %who, "kept generation removal asked");
+    let Some(task) = row.removal() else {
+        return internal("a kept generation whose names do not parse");
+    };
+    let detail = match removed_on_node(ledger, hub, task, &row.node).await {
+        Ok(d) => d,
+        Err(r) => return r,
+    };
+    match ledger.forget_generation(&row, now_ms()).await {
+        Ok(_) => axum::Json(json!({"removed": true, "node": row.node, "generation": generation, "detail": detail}))
+            .into_response(),
+        Err(e) => internal(e),
+    }
 }

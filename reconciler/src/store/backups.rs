@@ -203,6 +203,7 @@ impl Ledger {
             if moved == 0 {
                 return Ok(());
             }
+            self.keep_generation_in(tx, (env, volume, to - 1), node, now_ms).await?;
             (
                 "volume-restored".to_owned(),
                 subject,

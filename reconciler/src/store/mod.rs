@@ -17,6 +17,7 @@ mod events;
 pub mod fleet;
 pub mod group;
 mod jobs;
+pub mod kept;
 mod lease;
 pub mod moves;
 pub mod placement;

@@ -299,6 +299,8 @@ impl Ledger {
         .bind(to - 1)
         .execute(&mut **tx)
         .await?;
+        self.keep_generation_in(tx, (env, volume, to - 1), &from, now_ms)
+            .await?;
         let mut events = vec![(
             "volume-moved".to_owned(),
             format!("{env}/{volume}"),

@@ -10,3 +10,14 @@ ALTER TABLE volumes ADD COLUMN move_failure TEXT;
 ALTER TABLE volumes ADD COLUMN moved_up_at INTEGER;
 -- Completions look for moves that wait for their role only when one is under way.
 CREATE INDEX volumes_moving ON volumes (moving_to) WHERE moving_to IS NOT NULL;
+-- Kept generations: a volume's generations before its current one (a restore or a move made
+-- a newer one), each on the node that holds it, kept (never mounted again) until an admin
+-- removes it (`pl volume rm --generation`).
+CREATE TABLE volume_generations (
+    environment TEXT    NOT NULL,
+    volume      TEXT    NOT NULL,
+    generation  INTEGER NOT NULL,
+    node        TEXT    NOT NULL,
+    kept_at     INTEGER NOT NULL,
+    PRIMARY KEY (environment, volume, generation)
+);
