@@ -1,6 +1,7 @@
 //! Volume moves in the control plane, on both backends, with a real repository and the jobs
 //! run by hand (what the agents would report): a move is refused before any write when it
-//! cannot work; asked, its role's drift repair holds off, the volume's save on its node leads
+//! cannot work; asked, its role's drift repair holds off and a release meanwhile places it
+//! nowhere, the volume's save on its node leads
 //! to a restore on the target, the restore moves the row (node and generation) and placement
 //! follows with a new generation there, and the role healthy there ends the move with its
 //! downtime, the generation it left kept on the old node (until an admin removes it). A save
@@ -163,6 +164,18 @@ async fn scenario(url: String, dir: &Path) {
     );
     assert_eq!(ask("n2").await, Err(MoveRefusal::Moving("n2".into())));
     assert_eq!(row().await, ["n1|1|n2|-|down|-"]);
+    // A release during the move places the role nowhere (its data is on its way): nothing
+    // starts it on n1 again while its files are saved.
+    repo.write("projects/api.yaml", &project().replace("memory: 1Gi", "memory: 2Gi"));
+    repo.commit("more memory for the database", true);
+    shared.pass().await.expect("pass");
+    assert_eq!(placed(&url).await, Vec::<String>::new());
+    let waiting = rows(
+        &url,
+        "SELECT detail FROM events WHERE kind = 'placement-waiting' ORDER BY id",
+    )
+    .await;
+    assert_eq!(waiting.last().map(String::as_str), Some("db/0: volume-moving"));
     let saved = Saved {
         snapshot: "0123abcd".into(),
         bytes: 4096,

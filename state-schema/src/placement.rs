@@ -20,7 +20,7 @@ use crate::model::{NodeState, Placement, PoolNode};
 use crate::state::State;
 use crate::values::Name;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 /// Silence after which a node takes no new replicas.
 pub const ELIGIBLE_WITHIN_MS: i64 = 60_000;
@@ -119,6 +119,8 @@ pub struct Fleet {
     pins: HashMap<(Name, Name), Name>,
     /// Volumes past their first generation (restored): `(environment, volume)`.
     generations: HashMap<(Name, Name), u64>,
+    /// Pinned roles whose volume is being moved and not restored yet: `(environment, role)`.
+    moving: HashSet<(Name, Name)>,
 }
 
 /// Where a role's volumes live: its one instance runs on `node`, and nowhere else.
@@ -131,7 +133,14 @@ pub struct Pin {
     /// role mounts those.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub generations: Vec<(Name, u64)>,
+    /// Its volume is being moved (`pl volume move`) and not restored on the new node yet: the
+    /// role runs nowhere meanwhile (its data is on its way), so no generation starts it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub moving: bool,
 }
+
+/// Why a role whose volume is being moved does not run until the move restored it.
+pub const VOLUME_MOVING: &str = "volume-moving";
 
 /// Why a role pinned by its volumes does not run where its data is.
 pub const VOLUME_PINNED: &str = "volume-pinned";
@@ -171,6 +180,9 @@ impl Fleet {
             for (volume, generation) in p.generations {
                 self.generations.insert((p.environment.clone(), volume), generation);
             }
+            if p.moving {
+                self.moving.insert((p.environment.clone(), p.role.clone()));
+            }
             self.pins.insert((p.environment, p.role), p.node);
         }
     }
@@ -192,6 +204,7 @@ impl Fleet {
                 role: role.clone(),
                 node: node.clone(),
                 generations: Vec::new(),
+                moving: false,
             })
             .collect();
         out.sort();
@@ -220,6 +233,7 @@ impl Fleet {
         }
         let mut fleet = self.clone();
         fleet.pins.insert((spec.environment.clone(), role.clone()), to.clone());
+        fleet.moving.remove(&(spec.environment.clone(), role.clone()));
         let mut moved = spec.clone();
         let waiting = fleet.place(&mut moved);
         if let Some(w) = waiting.iter().find(|w| &w.role == role) {
@@ -369,12 +383,14 @@ impl Fleet {
                 continue;
             };
             let (cpu, mem, _) = need(role);
+            let moving = self.moving.contains(&(env.clone(), role.clone()));
             for index in 0..*count {
-                let stays = self.nodes.get(&node).is_some_and(|n| {
-                    n.pool == pool
-                        && matches!(n.git, NodeState::Active | NodeState::Draining)
-                        && matches!(n.liveness, Liveness::Ready | Liveness::Quiet | Liveness::Unhealthy)
-                });
+                let stays = !moving
+                    && self.nodes.get(&node).is_some_and(|n| {
+                        n.pool == pool
+                            && matches!(n.git, NodeState::Active | NodeState::Draining)
+                            && matches!(n.liveness, Liveness::Ready | Liveness::Quiet | Liveness::Unhealthy)
+                    });
                 if stays && index == 0 {
                     reserve(self, &node, cpu, mem);
                     placed.push(Instance {
@@ -386,7 +402,7 @@ impl Fleet {
                     waiting.push(Waiting {
                         role: role.clone(),
                         index,
-                        reason: VOLUME_PINNED.into(),
+                        reason: if moving { VOLUME_MOVING } else { VOLUME_PINNED }.into(),
                     });
                 }
             }
@@ -471,10 +487,18 @@ impl Fleet {
                 .map(|(name, _)| name.clone())
         });
         // Cron roles' runs go to the same node. A run with volumes goes where they are.
-        let pins = &self.pins;
+        let (pins, moving) = (&self.pins, &self.moving);
         let mut once = |kind: &str| -> Vec<(Name, Name)> {
             let mut out = Vec::new();
             for (role, r) in spec.roles.iter().filter(|(_, r)| r.kind == kind) {
+                if moving.contains(&(env.clone(), role.clone())) {
+                    waiting.push(Waiting {
+                        role: role.clone(),
+                        index: 0,
+                        reason: VOLUME_MOVING.into(),
+                    });
+                    continue;
+                }
                 let pin = (!pins.is_empty() && !r.volumes.is_empty())
                     .then(|| pins.get(&(env.clone(), role.clone())))
                     .flatten();
@@ -692,6 +716,7 @@ pub(crate) mod tests {
         let generation_of = |s: &DeploymentSpec| s.roles.get(&name("db")).expect("db").volumes[0].generation;
         assert_eq!(generation_of(&running), 1);
         let pin = |generations: Vec<(Name, u64)>| Pin {
+            moving: false,
             environment: name("e"),
             role: name("db"),
             node: name("b"),
@@ -723,6 +748,7 @@ pub(crate) mod tests {
             ("b", node("main", 4000, UP, ACTIVE)),
         ];
         let pin = Pin {
+            moving: false,
             environment: name("e"),
             role: name("db"),
             node: name("b"),
@@ -776,6 +802,7 @@ pub(crate) mod tests {
     #[test]
     fn a_move_lands_only_on_a_node_that_takes_the_role_with_room_for_it() {
         let pin = Pin {
+            moving: false,
             environment: name("e"),
             role: name("db"),
             node: name("a"),
@@ -810,6 +837,22 @@ pub(crate) mod tests {
         }
         let f = fleet_of(node("other", 4000, UP, ACTIVE), node("main", 1000, UP, ACTIVE), &mut s);
         assert!(f.move_lands(&s, &name("db"), &name("b")).is_err());
+        // While the move is under way the role runs nowhere (its data is on its way), and a
+        // move to elsewhere would still land.
+        let mut mid = fleet(&[
+            ("a", node("main", 4000, UP, ACTIVE)),
+            ("b", node("main", 4000, UP, ACTIVE)),
+        ]);
+        mid.pin([Pin {
+            moving: true,
+            ..pin.clone()
+        }]);
+        let mut during = spec("e", Placement::Pack, &[("db", "service", 1500, 1)]);
+        with_volume(&mut during, "db");
+        let waits = mid.place(&mut during);
+        assert!(nodes_of(&during).is_empty());
+        assert_eq!((waits.len(), waits[0].reason.as_str()), (1, VOLUME_MOVING));
+        assert_eq!(mid.move_lands(&during, &name("db"), &name("b")), Ok(()));
         // Asking changed nothing: the role still holds its place on `a`.
         assert_eq!(f.pinned(&name("e"), &name("db")), Some(&name("a")));
         assert_eq!(f.reserved(&name("a")).0, 1500);

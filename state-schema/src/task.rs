@@ -248,13 +248,19 @@ impl Task {
                     (false, false) => "t",
                 }
             ),
+            // A move's restore says so (`m`): a new generation of its environment does not
+            // cancel it (see `MOVE_KEYS`).
             Task::RestoreVolume {
                 environment,
                 volume,
                 to,
                 asked_at,
+                moved,
                 ..
-            } => format!("vol:{environment}/{volume}:v{to}:t{asked_at}:restore"),
+            } => format!(
+                "vol:{environment}/{volume}:v{to}:{}{asked_at}:restore",
+                if *moved { "m" } else { "t" }
+            ),
             Task::VerifyBackup {
                 environment,
                 volume,
@@ -357,9 +363,13 @@ pub fn restore_of_key(key: &str) -> Option<(&str, &str, u64)> {
     let rest = key.strip_prefix("vol:")?.split('@').next()?.strip_suffix(":restore")?;
     let (env, rest) = rest.split_once('/')?;
     let (volume, rest) = rest.split_once(":v")?;
-    let (to, _) = rest.split_once(":t")?;
+    let (to, _) = rest.split_once(":t").or_else(|| rest.split_once(":m"))?;
     Some((env, volume, to.parse().ok()?))
 }
+
+/// SQL `LIKE` patterns of a volume move's jobs (its backup, its restore): they belong to the
+/// move, not to a generation, so a new generation of the environment does not cancel them.
+pub const MOVE_KEYS: [&str; 2] = ["backup:%:move%", "vol:%:m%:restore%"];
 
 /// Whether `s` can be a restic snapshot id: 8 to 64 lowercase hex digits.
 pub fn is_snapshot_id(s: &str) -> bool {
@@ -427,6 +437,20 @@ mod tests {
             Some(("shop", "pgdata", 3))
         );
         assert_eq!(restore_of_key("vol:shop/pgdata:v3:t9:remove@n1"), None);
+        let moved = Task::RestoreVolume {
+            environment: n("shop"),
+            volume: n("pgdata"),
+            generation: 4,
+            to: 3,
+            snapshot: "0123abcd".into(),
+            asked_at: 17,
+            moved: true,
+        };
+        assert_eq!(moved.idempotency_key(), "vol:shop/pgdata:v3:m17:restore");
+        assert_eq!(
+            restore_of_key("vol:shop/pgdata:v3:m17:restore@n2"),
+            Some(("shop", "pgdata", 3))
+        );
         assert!(is_snapshot_id("0123abcd") && !is_snapshot_id("0123ABCD") && !is_snapshot_id("latest"));
     }
 

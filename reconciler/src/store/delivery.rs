@@ -443,7 +443,9 @@ impl Ledger {
             // A move carries the volume's files (its role is stopped: nothing writes them),
             // whatever the backup's command saves on schedule.
             command: if moving.is_some() { None } else { plan.command.clone() },
-            stop_role: (moving == Some(MoveStep::Out) && runs).then(|| role.to_string()),
+            // Whether or not this generation still places it (one that started during the
+            // move does not): the replica must not write while its files are saved.
+            stop_role: (moving == Some(MoveStep::Out)).then(|| role.to_string()),
             keep: plan.keep,
             repository: repo.repository.clone(),
             secret: repo.secret.to_string(),

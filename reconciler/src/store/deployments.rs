@@ -314,13 +314,19 @@ impl Ledger {
             return Ok(cancelled);
         }
         let marks = vec!["(environment = ? AND generation < ?)"; newer.len()].join(" OR ");
+        // A volume move's jobs are the move's, not a generation's (`store::moves`): cancelled,
+        // the move would never end.
+        let moves = state_schema::task::MOVE_KEYS.map(|_| "key NOT LIKE ?").join(" AND ");
         let q = format!(
             "UPDATE jobs SET state = 'cancelled', lease_token = NULL, lease_expires_at = NULL, updated_at = ? \
-             WHERE state IN ('queued', 'leased') AND ({marks}) RETURNING environment"
+             WHERE state IN ('queued', 'leased') AND ({marks}) AND {moves} RETURNING environment"
         );
         let mut query = sqlx::query_scalar::<_, String>(self.sql(&q)).bind(now_ms);
         for (env, generation) in newer {
             query = query.bind((*env).to_owned()).bind(g(*generation));
+        }
+        for pattern in state_schema::task::MOVE_KEYS {
+            query = query.bind(pattern);
         }
         for env in query.fetch_all(&mut **tx).await? {
             *cancelled.entry(env).or_default() += 1;

@@ -80,14 +80,18 @@ impl Ledger {
     /// Where each role with volumes has its data: placement's pins. A row whose names no
     /// longer parse (never written so) pins nothing.
     pub async fn volume_pins(&self) -> Result<Vec<Pin>, LedgerError> {
-        let rows: Vec<(String, String, String, String, i64)> =
-            sqlx::query_as(self.sql(
-                "SELECT environment, role, node, volume, generation FROM volumes ORDER BY environment, role, volume",
-            ))
-            .fetch_all(&self.pool)
-            .await?;
+        // A volume between a move's ask and its restore on the new node (`moving_to` set,
+        // `moved_from` not yet) pins its role to nowhere: it runs nowhere meanwhile.
+        let rows: Vec<(String, String, String, String, i64, i64)> = sqlx::query_as(self.sql(
+            "SELECT environment, role, node, volume, generation, \
+                 CAST(CASE WHEN moving_to IS NOT NULL AND moved_from IS NULL THEN 1 ELSE 0 END AS BIGINT) \
+                 FROM volumes ORDER BY environment, role, volume",
+        ))
+        .fetch_all(&self.pool)
+        .await?;
         let mut out: Vec<Pin> = Vec::new();
-        for (e, r, n, v, g) in rows {
+        for (e, r, n, v, g, moving) in rows {
+            let moving = moving == 1;
             let (Ok(environment), Ok(role), Ok(node), Ok(volume)) =
                 (Name::new(&e), Name::new(&r), Name::new(&n), Name::new(&v))
             else {
@@ -102,7 +106,10 @@ impl Ledger {
                     role,
                     node,
                     generations: Vec::new(),
+                    moving,
                 });
+            } else if let Some(pin) = out.last_mut() {
+                pin.moving |= moving;
             }
             if let (Some(pin), Ok(g)) = (out.last_mut(), u64::try_from(g))
                 && g > 1
@@ -113,14 +120,15 @@ impl Ledger {
         Ok(out)
     }
 
-    /// What changes whenever a volume moves to a new generation (a restore): part of the
-    /// fleet's signature, so its role is placed again on the new one.
-    pub(crate) async fn volume_generation_mark(&self) -> Result<i64, LedgerError> {
-        Ok(
-            sqlx::query_scalar(self.sql("SELECT CAST(COALESCE(SUM(generation), 0) AS BIGINT) FROM volumes"))
-                .fetch_one(&self.pool)
-                .await?,
-        )
+    /// What changes whenever a volume moves to a new generation (a restore, a move's restore)
+    /// or a move that failed hands its role back: part of the fleet's signature, so its role
+    /// is placed again (on the new generation, or where its data stayed).
+    pub(crate) async fn volume_generation_mark(&self) -> Result<(i64, i64), LedgerError> {
+        Ok(sqlx::query_as(self.sql(
+            "SELECT CAST(COALESCE(SUM(generation), 0) AS BIGINT), CAST(COUNT(move_failure) AS BIGINT) FROM volumes",
+        ))
+        .fetch_one(&self.pool)
+        .await?)
     }
 
     /// Records the volumes of `spec`'s roles where placement put them: a new volume gets the
