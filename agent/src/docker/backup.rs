@@ -134,10 +134,10 @@ impl Engine {
         })
     }
 
-    /// A move's first half: the role's replica (every container of it, ours) removed, so
-    /// nothing writes the volume any more and it stays down, then the volume's files saved.
-    /// Safe twice: a replica already gone is fine, and a second save is a snapshot of the same
-    /// files.
+    /// A move's first half: every container of the role (ours: its replica of any generation,
+    /// and a job's or cron's run) removed, so nothing writes the volume any more and the role
+    /// stays down, then the volume's files saved. Safe twice: containers already gone are
+    /// fine, and a second save is a snapshot of the same files.
     async fn save_for_move(
         &self,
         b: &Backups,
@@ -145,7 +145,12 @@ impl Engine {
         repo: &Repository,
         role: &str,
     ) -> Result<Ended, Failure> {
-        let removed = self.teardown(&spec.environment, role, 0, u64::MAX).await?;
+        let mut gone = 0;
+        for (name, _, _) in self.ours(&[(ENVIRONMENT, &spec.environment), (ROLE, role)]).await? {
+            self.remove(&name).await?;
+            gone += 1;
+        }
+        let removed = format!("{gone} containers removed");
         let tags = volume_tags(&self.control_plane, &spec.environment, &spec.mount.volume);
         let of = BackupOf {
             environment: &spec.environment,
