@@ -383,7 +383,7 @@ impl Fleet {
                 continue;
             };
             let (cpu, mem, _) = need(role);
-            let moving = self.moving.contains(&(env.clone(), role.clone()));
+            let moving = !self.moving.is_empty() && self.moving.contains(&(env.clone(), role.clone()));
             for index in 0..*count {
                 let stays = !moving
                     && self.nodes.get(&node).is_some_and(|n| {
@@ -491,7 +491,7 @@ impl Fleet {
         let mut once = |kind: &str| -> Vec<(Name, Name)> {
             let mut out = Vec::new();
             for (role, r) in spec.roles.iter().filter(|(_, r)| r.kind == kind) {
-                if moving.contains(&(env.clone(), role.clone())) {
+                if !moving.is_empty() && moving.contains(&(env.clone(), role.clone())) {
                     waiting.push(Waiting {
                         role: role.clone(),
                         index: 0,
