@@ -216,74 +216,59 @@ fn a_volume_is_backed_up_consistently_read_by_restic_and_restored_into_a_new_gen
     clean(&env);
 }
 
-/// moto's S3 server on a loopback port of its own, stopped when dropped.
-struct S3Server {
+/// A server of the test's own on a loopback port, stopped when dropped.
+struct Server {
     child: std::process::Child,
-    port: u16,
 }
 
-impl S3Server {
-    fn start() -> S3Server {
-        let port = support::free_port();
-        let child = Command::new("moto_server")
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+impl Server {
+    /// Spawns `cmd` (which listens on 127.0.0.1:`port`) and waits until it accepts.
+    fn spawn(mut cmd: Command, port: u16, what: &str) -> Server {
+        let child = cmd
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
-            .expect("moto_server (scripts/test installs it into /opt/pushleft-tools)");
+            .unwrap_or_else(|e| panic!("{what} (scripts/test installs it): {e}"));
+        let server = Server { child };
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(std::time::Instant::now() < deadline, "moto_server did not listen");
+            assert!(std::time::Instant::now() < deadline, "{what} did not listen");
             std::thread::sleep(Duration::from_millis(100));
         }
-        S3Server { child, port }
+        server
     }
 }
 
-impl Drop for S3Server {
+impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }
 
-#[test]
-fn an_s3_compatible_repository_holds_what_the_restic_cli_reads_and_restores() {
+/// One backend's round trip: a replica's volume saved into `repo` (paused while read), its
+/// `/sub/file` read back by the `restic` CLI (`cli` runs it with the arguments after the
+/// repository's), and the snapshot restored into the volume's generation 2.
+fn round_trip(
+    name: &str,
+    subnet: &str,
+    repo: &Repository,
+    restic: &Restic,
+    cli: impl Fn(&[&str]) -> std::process::Output,
+) {
     require_dockerd();
     let registry = Registry::start();
-    let image = registry.image("backup-s3", &[("/www/healthz", "ok\n")]);
-    let env = "pltest-backup-s3".to_owned();
+    let image = registry.image(name, &[("/www/healthz", "ok\n")]);
+    let env = format!("pltest-{name}");
     clean(&env);
-    let s3 = S3Server::start();
     let dir = tempfile::tempdir().expect("tempdir");
-    let password = dir.path().join("password");
-    std::fs::write(&password, "s3 password\n").expect("password");
-    let keys: std::collections::BTreeMap<String, String> = [
-        ("AWS_ACCESS_KEY_ID", "pushleft"),
-        ("AWS_SECRET_ACCESS_KEY", "not-a-real-secret"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-    .collect();
-    let location = format!("s3:http://127.0.0.1:{}/pl-backups", s3.port);
-    let repo = Repository {
-        location: location.clone(),
-        password_file: password.clone(),
-        env: keys.clone(),
-        cache_dir: dir.path().join("cache"),
-    };
-    let restic = Restic {
-        program: "restic".into(),
-        timeout: Duration::from_secs(120),
-    };
     let tags = vec![format!("pl-environment={env}"), "pl-volume=data".to_owned()];
-    let rt = support::runtime();
-    rt.block_on(async {
+    support::runtime().block_on(async {
         let engine = docker_support::engine_n1(dir.path(), support::TEST_CONTROL_PLANE).await;
         let net = NetworkSpec {
             environment: env.clone(),
             network: format!("pl_{env}"),
-            subnet: "10.208.245.0/24".into(),
+            subnet: subnet.into(),
         };
         engine.ensure_network(&net).await.expect("network");
         let app = replica(&env, &image, &net);
@@ -296,27 +281,19 @@ fn an_s3_compatible_repository_holds_what_the_restic_cli_reads_and_restores() {
             command: None,
             tags: &tags,
         };
-        // The repository is made in the bucket on first use, then written.
-        let saved = engine.backup_volume(&restic, &repo, &of).await.expect("backup to S3");
-        // The restic CLI reads it with the same keys, from the environment.
-        let o = Command::new("restic")
-            .args(["--repo", &location, "--password-file", &password.to_string_lossy()])
-            .args(["dump", &saved.snapshot_id, "/sub/file"])
-            .envs(&keys)
-            .env_remove("RESTIC_PASSWORD")
-            .output()
-            .expect("the restic CLI");
+        // The repository is made on first use, then written.
+        let saved = engine.backup_volume(restic, repo, &of).await.expect("backup");
+        let o = cli(&["dump", &saved.snapshot_id, "/sub/file"]);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         assert_eq!(String::from_utf8_lossy(&o.stdout), "nested\n");
-        // Restored from the bucket into generation 2.
         let g2 = VolumeMount {
             generation: 2,
             ..mount.clone()
         };
         engine
-            .restore_volume(&restic, &repo, &env, &g2, &saved.snapshot_id)
+            .restore_volume(restic, repo, &env, &g2, &saved.snapshot_id)
             .await
-            .expect("restore from S3");
+            .expect("restore");
         let mountpoint = docker(&[
             "volume",
             "inspect",
@@ -330,6 +307,45 @@ fn an_s3_compatible_repository_holds_what_the_restic_cli_reads_and_restores() {
         );
     });
     clean(&env);
+}
+
+#[test]
+fn an_s3_compatible_repository_holds_what_the_restic_cli_reads_and_restores() {
+    let port = support::free_port();
+    let mut moto = Command::new("moto_server");
+    moto.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
+    let _s3 = Server::spawn(moto, port, "moto_server");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let password = dir.path().join("password");
+    std::fs::write(&password, "s3 password\n").expect("password");
+    let keys: std::collections::BTreeMap<String, String> = [
+        ("AWS_ACCESS_KEY_ID", "pushleft"),
+        ("AWS_SECRET_ACCESS_KEY", "not-a-real-secret"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    let location = format!("s3:http://127.0.0.1:{port}/pl-backups");
+    let repo = Repository {
+        location: location.clone(),
+        password_file: password.clone(),
+        env: keys.clone(),
+        cache_dir: dir.path().join("cache"),
+    };
+    let restic = Restic {
+        program: "restic".into(),
+        timeout: Duration::from_secs(120),
+    };
+    // The restic CLI reads it with the same keys, from its environment.
+    round_trip("backup-s3", "10.208.245.0/24", &repo, &restic, |args| {
+        Command::new("restic")
+            .args(["--repo", &location, "--password-file", &password.to_string_lossy()])
+            .args(args)
+            .envs(&keys)
+            .env_remove("RESTIC_PASSWORD")
+            .output()
+            .expect("the restic CLI")
+    });
 }
 
 /// `program ARGS…` with `home` mounted over `/root` in a mount namespace of its own: what the
@@ -349,55 +365,9 @@ fn with_root_at(home: &Path, program: &str) -> Command {
     c
 }
 
-/// An SFTP server (dropbear, public keys only, root's `authorized_keys` from `home`) on a
-/// loopback port; stopped when dropped.
-struct SftpServer {
-    child: std::process::Child,
-    port: u16,
-}
-
-impl SftpServer {
-    fn start(dir: &Path, home: &Path) -> SftpServer {
-        let port = support::free_port();
-        let host_key = dir.join("host_key");
-        let made = Command::new("dropbearkey")
-            .args(["-t", "ed25519", "-f"])
-            .arg(&host_key)
-            .output()
-            .expect("dropbearkey (scripts/test installs dropbear-bin)");
-        assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
-        let child = with_root_at(home, "dropbear")
-            .args(["-F", "-E", "-s", "-p", &format!("127.0.0.1:{port}"), "-r"])
-            .arg(&host_key)
-            .args(["-P", &dir.join("dropbear.pid").to_string_lossy()])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("dropbear");
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(std::time::Instant::now() < deadline, "dropbear did not listen");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        SftpServer { child, port }
-    }
-}
-
-impl Drop for SftpServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn an_sftp_repository_holds_what_the_restic_cli_reads_and_restores() {
     use std::os::unix::fs::PermissionsExt;
-    require_dockerd();
-    let registry = Registry::start();
-    let image = registry.image("backup-sftp", &[("/www/healthz", "ok\n")]);
-    let env = "pltest-backup-sftp".to_owned();
-    clean(&env);
     let dir = tempfile::tempdir().expect("tempdir");
     // The agent user's home as restic's ssh and the server see it: a key pair, the server's
     // authorized key, and a client configuration that trusts the server on first use.
@@ -414,12 +384,25 @@ fn an_sftp_repository_holds_what_the_restic_cli_reads_and_restores() {
         .expect("ssh-keygen");
     assert!(keygen.status.success(), "{}", String::from_utf8_lossy(&keygen.stderr));
     std::fs::copy(ssh.join("id_ed25519.pub"), ssh.join("authorized_keys")).expect("authorized key");
-    let server = SftpServer::start(dir.path(), &home);
+    // The server: dropbear, public keys only, root's `authorized_keys` from that home.
+    let host_key = dir.path().join("host_key");
+    let made = Command::new("dropbearkey")
+        .args(["-t", "ed25519", "-f"])
+        .arg(&host_key)
+        .output()
+        .expect("dropbearkey (scripts/test installs dropbear-bin)");
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let port = support::free_port();
+    let mut dropbear = with_root_at(&home, "dropbear");
+    dropbear
+        .args(["-F", "-E", "-s", "-p", &format!("127.0.0.1:{port}"), "-r"])
+        .arg(&host_key)
+        .args(["-P", &dir.path().join("dropbear.pid").to_string_lossy()]);
+    let _server = Server::spawn(dropbear, port, "dropbear");
     std::fs::write(
         ssh.join("config"),
         format!(
-            "Host 127.0.0.1\n  Port {}\n  User root\n  IdentityFile /root/.ssh/id_ed25519\n  UserKnownHostsFile /root/.ssh/known_hosts\n  StrictHostKeyChecking accept-new\n  BatchMode yes\n",
-            server.port
+            "Host 127.0.0.1\n  Port {port}\n  User root\n  IdentityFile /root/.ssh/id_ed25519\n  UserKnownHostsFile /root/.ssh/known_hosts\n  StrictHostKeyChecking accept-new\n  BatchMode yes\n"
         ),
     )
     .expect("ssh config");
@@ -447,65 +430,16 @@ fn an_sftp_repository_holds_what_the_restic_cli_reads_and_restores() {
         program: wrapper.clone(),
         timeout: Duration::from_secs(120),
     };
-    let tags = vec![format!("pl-environment={env}"), "pl-volume=data".to_owned()];
-    let rt = support::runtime();
-    rt.block_on(async {
-        let engine = docker_support::engine_n1(dir.path(), support::TEST_CONTROL_PLANE).await;
-        let net = NetworkSpec {
-            environment: env.clone(),
-            network: format!("pl_{env}"),
-            subnet: "10.208.246.0/24".into(),
-        };
-        engine.ensure_network(&net).await.expect("network");
-        let app = replica(&env, &image, &net);
-        engine.ensure_application(&app).await.expect("replica");
-        let mount = app.volumes[0].clone();
-        let of = BackupOf {
-            environment: &env,
-            mount: &mount,
-            container: Some(&app.container),
-            command: None,
-            tags: &tags,
-        };
-        let saved = engine
-            .backup_volume(&restic, &repo, &of)
-            .await
-            .expect("backup over SFTP");
-        // The repository is on the server's disk, and the restic CLI reads it over SFTP too.
-        assert!(
-            dir.path().join("sftp-repo/config").exists(),
-            "written through the server"
-        );
-        let o = Command::new(&wrapper)
+    round_trip("backup-sftp", "10.208.246.0/24", &repo, &restic, |args| {
+        Command::new(&wrapper)
             .args(["--repo", &location, "--password-file", &password.to_string_lossy()])
-            .args(["dump", &saved.snapshot_id, "/sub/file"])
+            .args(args)
             .env_remove("RESTIC_PASSWORD")
             .output()
-            .expect("the restic CLI");
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        assert_eq!(String::from_utf8_lossy(&o.stdout), "nested\n");
-        let g2 = VolumeMount {
-            generation: 2,
-            ..mount.clone()
-        };
-        engine
-            .restore_volume(&restic, &repo, &env, &g2, &saved.snapshot_id)
-            .await
-            .expect("restore over SFTP");
-        let mountpoint = docker(&[
-            "volume",
-            "inspect",
-            "--format",
-            "{{.Mountpoint}}",
-            &engine.volume_name(&env, &g2),
-        ]);
-        assert_eq!(
-            std::fs::read_to_string(Path::new(&mountpoint).join("log")).expect("log"),
-            "first\n"
-        );
+            .expect("the restic CLI")
     });
-    drop(server);
-    clean(&env);
+    // The repository is on the server's disk: written through it.
+    assert!(dir.path().join("sftp-repo/config").exists());
 }
 
 /// The short ids of the snapshots carrying `tags`, oldest first.

@@ -111,6 +111,23 @@ fn developer_identity(dir: &Path, repo_dir: &Path) -> (PathBuf, String) {
     (dev, recipient)
 }
 
+/// The Secret `backups` in `repo`, sealed to `recipient`, with `RESTIC_PASSWORD` set to
+/// `password` by `pl secret set` (as a user sets it).
+fn backups_secret(repo: &Repo, repo_dir: &Path, recipient: &str, password: &str) {
+    repo.write(
+        "secrets/backups.yaml",
+        &format!("apiVersion: pushleft.dev/v1alpha1\nkind: Secret\nmetadata: {{name: backups}}\nspec:\n  recipients: [{recipient}]\n"),
+    );
+    let mut set = Command::new(env!("CARGO_BIN_EXE_pl"))
+        .args(["secret", "set", "backups", "RESTIC_PASSWORD", "-C"])
+        .arg(repo_dir)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("pl secret set");
+    std::io::Write::write_all(&mut set.stdin.take().expect("stdin"), password.as_bytes()).expect("value");
+    assert!(set.wait().expect("pl secret set").success());
+}
+
 /// The simulated host's engine CLI: its trimmed output.
 fn docker(socket: &Path, args: &[&str]) -> String {
     host_support::docker_at(socket, args)
@@ -1537,19 +1554,8 @@ fn backups_are_saved_into_a_restic_repository_the_restic_cli_reads() {
     let restic_repo = state.join("backups/api");
     // The developer's identity is the control plane's (as in the secrets scenario above).
     let (dev, recipient) = developer_identity(dir.path(), &repo_dir);
-    repo.write(
-        "secrets/backups.yaml",
-        &format!("apiVersion: pushleft.dev/v1alpha1\nkind: Secret\nmetadata: {{name: backups}}\nspec:\n  recipients: [{recipient}]\n"),
-    );
     let password = "correct horse battery staple";
-    let mut set = Command::new(env!("CARGO_BIN_EXE_pl"))
-        .args(["secret", "set", "backups", "RESTIC_PASSWORD", "-C"])
-        .arg(&repo_dir)
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .expect("pl secret set");
-    std::io::Write::write_all(&mut set.stdin.take().expect("stdin"), password.as_bytes()).expect("value");
-    assert!(set.wait().expect("pl secret set").success());
+    backups_secret(&repo, &repo_dir, &recipient, password);
     let worker = |volume: &str, command: &str, restore: &str| {
         format!(
             "    {volume}:\n      kind: worker\n      volumes: [{{name: {volume}, path: /{volume}, backup: {{schedule: \"0 0 1 1 *\", keep: 2, command: {command}{restore}}}}}]\n      command: [/bin/busybox, sh, -c, 'echo row1 > /{volume}/table && exec /bin/busybox sleep 100000']\n"

@@ -386,26 +386,20 @@ mod tests {
 
     #[test]
     fn a_backup_key_names_its_volume_and_its_time_and_says_who_asked() {
-        let t = |on_demand| Task::BackupVolume {
+        let backup = |on_demand, moving| Task::BackupVolume {
             environment: n("shop"),
             volume: n("pgdata"),
             generation: 4,
             scheduled: 1_800_000_000,
             on_demand,
-            moving: false,
+            moving,
         };
+        let t = |on_demand| backup(on_demand, false);
         assert_eq!(t(false).idempotency_key(), "backup:shop/pgdata:t1800000000:save");
         assert_eq!(t(true).idempotency_key(), "backup:shop/pgdata:now1800000000:save");
         assert_eq!(backup_of_key(&t(true).idempotency_key()), Some(("shop", "pgdata")));
         // A move's first half is a backup of its own kind: its key says so.
-        let moving = Task::BackupVolume {
-            environment: n("shop"),
-            volume: n("pgdata"),
-            generation: 4,
-            scheduled: 1_800_000_000,
-            on_demand: true,
-            moving: true,
-        };
+        let moving = backup(true, true);
         assert_eq!(moving.idempotency_key(), "backup:shop/pgdata:move1800000000:save");
         assert!(is_move_key(&moving.idempotency_key()) && !is_move_key(&t(true).idempotency_key()));
         assert!(!is_move_key("vol:shop/movies:v2:t1:restore"));
@@ -422,31 +416,23 @@ mod tests {
         assert_eq!(drill_of_key(&drill(true).idempotency_key()), Some(("shop", "pgdata")));
         assert_eq!(backup_of_key(&drill(true).idempotency_key()), None, "not a backup");
         assert_eq!(drill_of_key(&t(true).idempotency_key()), None);
-        let restore = Task::RestoreVolume {
+        let restore = |moved| Task::RestoreVolume {
             environment: n("shop"),
             volume: n("pgdata"),
             generation: 4,
             to: 3,
             snapshot: "0123abcd".into(),
             asked_at: 17,
-            moved: false,
+            moved,
         };
-        assert_eq!(restore.idempotency_key(), "vol:shop/pgdata:v3:t17:restore");
+        assert_eq!(restore(false).idempotency_key(), "vol:shop/pgdata:v3:t17:restore");
         assert_eq!(
             restore_of_key("vol:shop/pgdata:v3:t17:restore@n1"),
             Some(("shop", "pgdata", 3))
         );
         assert_eq!(restore_of_key("vol:shop/pgdata:v3:t9:remove@n1"), None);
-        let moved = Task::RestoreVolume {
-            environment: n("shop"),
-            volume: n("pgdata"),
-            generation: 4,
-            to: 3,
-            snapshot: "0123abcd".into(),
-            asked_at: 17,
-            moved: true,
-        };
-        assert_eq!(moved.idempotency_key(), "vol:shop/pgdata:v3:m17:restore");
+        // A move's restore says so, and is read the same.
+        assert_eq!(restore(true).idempotency_key(), "vol:shop/pgdata:v3:m17:restore");
         assert_eq!(
             restore_of_key("vol:shop/pgdata:v3:m17:restore@n2"),
             Some(("shop", "pgdata", 3))

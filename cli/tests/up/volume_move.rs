@@ -23,18 +23,7 @@ fn a_volume_moves_to_another_node_with_its_rows_and_a_drain_waits_for_it() {
     let repo = Repo::new(dir.path());
     let (repo_dir, state, socket) = (repo.dir.clone(), dir.path().join("pl-state"), host.socket.clone());
     let (dev, recipient) = developer_identity(dir.path(), &repo_dir);
-    repo.write(
-        "secrets/backups.yaml",
-        &format!("apiVersion: pushleft.dev/v1alpha1\nkind: Secret\nmetadata: {{name: backups}}\nspec:\n  recipients: [{recipient}]\n"),
-    );
-    let mut set = Command::new(env!("CARGO_BIN_EXE_pl"))
-        .args(["secret", "set", "backups", "RESTIC_PASSWORD", "-C"])
-        .arg(&repo_dir)
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .expect("pl secret set");
-    std::io::Write::write_all(&mut set.stdin.take().expect("stdin"), b"moving day").expect("value");
-    assert!(set.wait().expect("pl secret set").success());
+    backups_secret(&repo, &repo_dir, &recipient, "moving day");
     // `db` saves a dump on schedule (its command); a move carries its files all the same.
     // `cache` has a volume nothing backs up.
     repo.write(
