@@ -252,7 +252,7 @@ async fn scenario(url: String, dir: &Path) {
     assert!(ledger.kept_generations().await.expect("kept").is_empty());
 
     // A save that fails for good ends the move: the volume stays on n2 at generation 2.
-    ask("n1").await.expect("asked back");
+    let back = ask("n1").await.expect("asked back");
     run_one(
         &shared,
         "n2",
@@ -263,6 +263,24 @@ async fn scenario(url: String, dir: &Path) {
     assert_eq!(
         row().await,
         ["n2|2|-|-|down|saving it on n2 failed: restic-failed: disk on fire"]
+    );
+    // Asked again within the same second, the move's job key is taken: refused, nothing
+    // written (a move without its job would never end).
+    let fleet = ledger
+        .fleet_view(&ledger.applied_pools("main").await.expect("pools"), now_ms())
+        .await
+        .expect("fleet");
+    let again = ledger
+        .move_volume("api-production", "pgdata", "n1", &fleet, back.asked_at)
+        .await
+        .expect("move");
+    assert!(
+        matches!(&again, Err(MoveRefusal::Moving(why)) if why.contains("this same second")),
+        "{again:?}"
+    );
+    assert_eq!(
+        row().await[0],
+        "n2|2|-|-|down|saving it on n2 failed: restic-failed: disk on fire"
     );
     let failed = rows(&url, "SELECT detail FROM events WHERE kind = 'volume-move-failed'").await;
     assert!(

@@ -158,7 +158,15 @@ impl Ledger {
         }
         let job = JobRow::new(&task, &row.node, 3, now_ms, None);
         let key = job.key.clone();
-        self.enqueue_in(&mut tx, std::slice::from_ref(&job), now_ms).await?;
+        if self
+            .enqueue_in(&mut tx, std::slice::from_ref(&job), now_ms)
+            .await?
+            .is_empty()
+        {
+            // A move of this volume was asked this very second (and ended at once): its job's
+            // key is taken, and a move without its job would never end. Nothing is written.
+            return Ok(Err(MoveRefusal::Moving(format!("{key}, this same second"))));
+        }
         let events = [
             ("job-queued".to_owned(), key.clone(), String::new()),
             (
