@@ -7,6 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod mesh;
 pub mod task;
 pub use task::{Capability, Task, is_acme_token};
 

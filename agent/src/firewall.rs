@@ -19,7 +19,7 @@
 
 #[path = "firewall_reach.rs"]
 mod reach;
-pub use reach::{BRIDGE_NF, OPEN, REACHABLE, Reachable};
+pub use reach::{BRIDGE_NF, MESH, OPEN, REACHABLE, Reachable};
 
 use crate::outcome::{Failure, permanent, retryable};
 use nftables::batch::Batch;
@@ -118,8 +118,27 @@ pub fn rules(subnet: &str) -> Result<Vec<(&'static str, Vec<Statement<'static>>)
         "forward",
         vec![is(ip("daddr"), s()), established(), Statement::Accept(None)],
     )];
-    // Inside S: ICMP, and only the declared ports of the addresses in the sets.
-    out.extend(reach::inside(&addr, len).into_iter().map(|r| ("forward", r)));
+    // Inside S, and into S from its subnets on other nodes (the mesh): ICMP, and only the
+    // declared ports of the addresses in the sets.
+    out.extend(
+        reach::inside(&addr, len, reach::From::Subnet)
+            .into_iter()
+            .map(|r| ("forward", r)),
+    );
+    out.extend(
+        reach::inside(&addr, len, reach::From::Mesh)
+            .into_iter()
+            .map(|r| ("forward", r)),
+    );
+    // From S to its subnets on other nodes: their own tables say what they take.
+    out.push((
+        "forward",
+        vec![
+            is(ip("saddr"), s()),
+            reach::in_set(ip("daddr"), MESH),
+            Statement::Accept(None),
+        ],
+    ));
     for (a, l) in DENIED {
         out.push((
             "forward",
@@ -313,6 +332,10 @@ impl Firewall {
         for set in reach::sets(&table, reachable) {
             batch.add(set);
         }
+        batch.add(reach::mesh_set(
+            &table,
+            &crate::mesh::remote_subnets(&self.state_dir, environment),
+        ));
         for (name, hook) in [("forward", NfHook::Forward), ("input", NfHook::Input)] {
             batch.add(NfListObject::Chain(Chain {
                 family: NfFamily::INet,

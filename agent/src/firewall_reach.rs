@@ -27,6 +27,19 @@ pub const OPEN: &str = "open";
 /// Where the kernel says whether bridged IPv4 passes through netfilter.
 pub const BRIDGE_NF: &str = "/proc/sys/net/bridge/bridge-nf-call-iptables";
 
+/// The set of the environment's subnets on other nodes, reached through the mesh (kept by
+/// the mesh executor, `mesh_firewall.rs`).
+pub const MESH: &str = "mesh";
+
+/// Where traffic into the environment's subnet comes from.
+#[derive(Clone, Copy, Debug)]
+pub enum From {
+    /// Its own subnet on this node.
+    Subnet,
+    /// Its subnets on other nodes (the set [`MESH`]).
+    Mesh,
+}
+
 /// What the environment's containers may reach of each other.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Reachable {
@@ -41,7 +54,7 @@ fn field(protocol: &'static str, name: &'static str) -> Expression<'static> {
     })))
 }
 
-fn in_set(left: Expression<'static>, set: &'static str) -> Statement<'static> {
+pub fn in_set(left: Expression<'static>, set: &'static str) -> Statement<'static> {
     Statement::Match(Match {
         left,
         right: Expression::String(Cow::Owned(format!("@{set}"))),
@@ -49,11 +62,16 @@ fn in_set(left: Expression<'static>, set: &'static str) -> Statement<'static> {
     })
 }
 
-/// The `forward` rules for traffic from S to S, in order (replies are accepted by the rule
-/// before these).
-pub fn inside(addr: &str, len: u32) -> Vec<Vec<Statement<'static>>> {
+/// The `forward` rules for traffic into S from `from` (S itself, or the set of the
+/// environment's subnets on other nodes), in order (replies are accepted by the rule before
+/// these).
+pub fn inside(addr: &str, len: u32, from: From) -> Vec<Vec<Statement<'static>>> {
     let s = || prefix(addr, len);
-    let both = || vec![is(ip("saddr"), s()), is(ip("daddr"), s())];
+    let source = || match from {
+        From::Subnet => is(ip("saddr"), s()),
+        From::Mesh => in_set(ip("saddr"), MESH),
+    };
+    let both = || vec![source(), is(ip("daddr"), s())];
     let with = |mut v: Vec<Statement<'static>>, extra: Vec<Statement<'static>>| {
         v.extend(extra);
         v
@@ -115,6 +133,36 @@ fn open_elements(r: &Reachable) -> Vec<Expression<'static>> {
         .collect()
 }
 
+/// The mesh set's elements: subnets as prefixes.
+pub fn mesh_elements(subnets: &[String]) -> Vec<Expression<'static>> {
+    subnets
+        .iter()
+        .filter_map(|s| {
+            let (a, l) = s.split_once('/')?;
+            Some(prefix(a, l.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The mesh's set with `subnets`, as an object of a batch that makes the table.
+pub fn mesh_set(table: &str, subnets: &[String]) -> NfListObject<'static> {
+    let elem = mesh_elements(subnets);
+    NfListObject::Set(Box::new(Set {
+        family: NfFamily::INet,
+        table: Cow::Owned(table.to_owned()),
+        name: Cow::Borrowed(MESH),
+        handle: None,
+        set_type: SetTypeValue::Single(SetType::Ipv4Addr),
+        policy: None,
+        flags: Some(std::collections::HashSet::from([nftables::schema::SetFlag::Interval])),
+        elem: (!elem.is_empty()).then(|| Cow::Owned(elem)),
+        timeout: None,
+        gc_interval: None,
+        size: None,
+        comment: None,
+    }))
+}
+
 /// The two sets, with `r`'s elements, as objects of a batch that makes the table.
 pub fn sets(table: &str, r: &Reachable) -> [NfListObject<'static>; 2] {
     let set = |name: &'static str, set_type, elem: Vec<Expression<'static>>| {
@@ -162,6 +210,34 @@ pub fn bridged_traffic_filtered() -> Result<(), Failure> {
 }
 
 impl Firewall {
+    /// Rewrites the environment's mesh set to `subnets` in one transaction (a table that is
+    /// not there yet, or not ours, is left alone: its apply carries the elements).
+    pub fn set_mesh(&self, environment: &str, subnets: &[String]) -> Result<(), Failure> {
+        let table = table_name(&self.control_plane, environment, &self.node);
+        let Some(current) = self.read(&table)? else {
+            return Ok(());
+        };
+        let (chains, _) = Firewall::chains_and_rules(&current);
+        if !chains.iter().any(|c| c == super::MARKER) {
+            return Ok(());
+        }
+        let mut batch = Batch::new();
+        if let NfListObject::Set(s) = mesh_set(&table, &[]) {
+            batch.add_cmd(NfCmd::Flush(FlushObject::Set(s)));
+        }
+        let elem = mesh_elements(subnets);
+        if !elem.is_empty() {
+            batch.add(NfListObject::Element(Element {
+                family: NfFamily::INet,
+                table: Cow::Owned(table.clone()),
+                name: Cow::Borrowed(MESH),
+                elem: Cow::Owned(elem),
+            }));
+        }
+        nftables::helper::apply_ruleset_with_args(&batch.to_nftables(), Some(&self.nft), nftables::helper::DEFAULT_ARGS)
+            .map_err(|e| nft_error("nft-apply-failed", e))
+    }
+
     /// Rewrites the environment's sets to `r` in one transaction (a table that is not there
     /// yet, or not ours, is left alone: its apply carries the elements).
     pub fn set_reachable(&self, environment: &str, r: &Reachable) -> Result<(), Failure> {

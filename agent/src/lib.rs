@@ -17,6 +17,7 @@ pub mod ingress_kernel;
 pub mod ingress_tls;
 pub mod lease_loop;
 pub mod logs;
+pub mod mesh;
 pub mod names;
 pub mod names_server;
 pub mod outcome;

@@ -33,6 +33,10 @@ pub fn bridge_name(network: &str) -> String {
     format!("pl-{hex}")
 }
 
+/// An environment's routes through the mesh: the mesh's interface and the environment's
+/// subnets on other nodes (`None`: none).
+pub type Mesh<'a> = Option<(&'a str, &'a [String])>;
+
 /// The subnet's address, length and index in the pool (`10.208.0.0/12` in /24s).
 fn parse(subnet: &str) -> Result<(Ipv4Addr, u8, u32), Failure> {
     let bad = || permanent("subnet-invalid", format!("{subnet} is not a /24 of 10.208.0.0/12"));
@@ -140,7 +144,13 @@ impl Routes {
             .map_err(|e| netlink("netlink-read-failed", e))
     }
 
-    async fn link_index(&self, name: &str) -> Result<Option<u32>, Failure> {
+    /// The netlink handle, for the mesh's link.
+    pub(crate) fn handle(&self) -> &Handle {
+        &self.handle
+    }
+
+    /// The index of the link named `name`, if there is one.
+    pub(crate) async fn link_index(&self, name: &str) -> Result<Option<u32>, Failure> {
         let mut links = self.handle.link().get().match_name(name.to_owned()).execute();
         match links.try_next().await {
             Ok(Some(l)) => Ok(Some(l.header.index)),
@@ -150,14 +160,28 @@ impl Routes {
         }
     }
 
-    /// What the environment's table should hold.
-    async fn wanted(&self, bridge: u32, addr: Ipv4Addr, len: u8) -> Result<Vec<Seen>, Failure> {
+    /// What the environment's table should hold: its subnet on its bridge, its subnets on
+    /// other nodes through the mesh's interface (`mesh`: the interface and those subnets),
+    /// and the main table's default route.
+    async fn wanted(&self, bridge: u32, addr: Ipv4Addr, len: u8, mesh: Mesh<'_>) -> Result<Vec<Seen>, Failure> {
         let mut out = vec![(
             format!("{addr}/{len}"),
             None,
             Some(bridge),
             RouteProtocol::Other(PROTOCOL),
         )];
+        if let Some((iface, remote)) = mesh.filter(|(_, r)| !r.is_empty()) {
+            let index = self.link_index(iface).await?.ok_or_else(|| {
+                retryable(
+                    "mesh-interface-missing",
+                    format!("{iface} (the mesh) is not there: its routes wait for it"),
+                )
+            })?;
+            for r in remote {
+                let (a, l, _) = parse(r)?;
+                out.push((format!("{a}/{l}"), None, Some(index), RouteProtocol::Other(PROTOCOL)));
+            }
+        }
         let main = self.routes_in(254).await?;
         if let Some(default) = main.iter().map(seen).find(|s| s.0 == "0.0.0.0/0" && s.1.is_some()) {
             out.push(("0.0.0.0/0".into(), default.1, default.2, RouteProtocol::Other(PROTOCOL)));
@@ -166,8 +190,8 @@ impl Routes {
     }
 
     /// Ensures the table and rule of the environment whose Docker network is `network` (see
-    /// the module's rules).
-    pub async fn ensure(&self, network: &str, subnet: &str) -> Result<String, Failure> {
+    /// the module's rules), with its routes through the mesh.
+    pub async fn ensure(&self, network: &str, subnet: &str, mesh: Mesh<'_>) -> Result<String, Failure> {
         let (addr, len, index) = parse(subnet)?;
         let (table, priority) = (BASE + index, BASE + index);
         let bridge_name = bridge_name(network);
@@ -200,7 +224,7 @@ impl Routes {
                 ),
             ));
         }
-        let wanted = self.wanted(bridge, addr, len).await?;
+        let wanted = self.wanted(bridge, addr, len, mesh).await?;
         // Drop ours that are no longer wanted, add what is missing.
         for r in current {
             if !wanted.contains(&seen(&r)) {
@@ -252,19 +276,19 @@ impl Routes {
                 .await
                 .map_err(|e| netlink("rule-add-failed", e))?;
         }
-        self.verify(network, subnet).await?;
+        self.verify(network, subnet, mesh).await?;
         Ok(format!("table {table} and rule {priority} for {subnet} read back"))
     }
 
     /// Reads the table and rule back and compares them with what they should be.
-    pub async fn verify(&self, network: &str, subnet: &str) -> Result<(), Failure> {
+    pub async fn verify(&self, network: &str, subnet: &str, mesh: Mesh<'_>) -> Result<(), Failure> {
         let (addr, len, index) = parse(subnet)?;
         let (table, priority) = (BASE + index, BASE + index);
         let bridge = self
             .link_index(&bridge_name(network))
             .await?
             .ok_or_else(|| permanent("routes-readback-mismatch", "the bridge is gone"))?;
-        let mut wanted = self.wanted(bridge, addr, len).await?;
+        let mut wanted = self.wanted(bridge, addr, len, mesh).await?;
         let mut got: Vec<Seen> = self.routes_in(table).await?.iter().map(seen).collect();
         wanted.sort_by(|a, b| a.0.cmp(&b.0));
         got.sort_by(|a, b| a.0.cmp(&b.0));

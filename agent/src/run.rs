@@ -226,6 +226,8 @@ pub struct Executors {
     pub changed: tokio::sync::Notify,
     /// Backups: the restic program, its cache, and where repositories on the node may be.
     pub backups: crate::docker::backup::Backups,
+    /// The mesh between nodes (its routes are part of each environment's table).
+    pub mesh: Arc<crate::mesh::Mesh>,
 }
 
 impl Executors {
@@ -270,6 +272,13 @@ impl Executors {
                     .unwrap_or_default(),
             );
         }
+        if self.on(Capability::Routes) && self.on(Capability::Nftables) {
+            match self.mesh.repair().await {
+                Some(Ok(note)) => out.push(("mesh".to_owned(), format!("mesh applied again: {note}"))),
+                Some(Err(f)) => tracing::warn!(code = f.code, "cannot repair the mesh"),
+                None => {}
+            }
+        }
         if self.on(Capability::Routes)
             && let Ok(dir) = std::fs::read_dir(&self.routes_dir)
             && let Ok(routes) = crate::routes::Routes::connect()
@@ -279,10 +288,12 @@ impl Executors {
                 let subnet = std::fs::read_to_string(entry.path()).unwrap_or_default();
                 let subnet = subnet.trim();
                 let network = agent_proto::host_object(&self.engine.control_plane, &env, &self.engine.node);
-                if routes.verify(&network, subnet).await.is_ok() {
+                let (iface, remote) = (self.mesh.interface(), self.mesh.remote_of(&env));
+                let mesh = Some((iface.as_str(), remote.as_slice()));
+                if routes.verify(&network, subnet, mesh).await.is_ok() {
                     continue;
                 }
-                match routes.ensure(&network, subnet).await {
+                match routes.ensure(&network, subnet, mesh).await {
                     Ok(_) => out.push((env.clone(), "routes re-applied".to_owned())),
                     Err(f) => tracing::warn!(environment = %env, code = f.code, "cannot repair routes"),
                 }
@@ -348,8 +359,9 @@ async fn run_task(x: &Executors, job: &LeasedJob) -> Result<String, Failure> {
             Ok(note)
         }
         (Task::EnsureRoutes { .. }, Execution::Network(net)) => {
+            let (iface, remote) = (x.mesh.interface(), x.mesh.remote_of(&net.environment));
             let note = crate::routes::Routes::connect()?
-                .ensure(&net.network, &net.subnet)
+                .ensure(&net.network, &net.subnet, Some((iface.as_str(), remote.as_slice())))
                 .await?;
             // Remembered for drift repair (the environment's name is a plain label).
             let _ = std::fs::create_dir_all(&x.routes_dir);
@@ -498,6 +510,12 @@ pub async fn run(config: Config) -> Result<()> {
         .with_context(|| format!("Docker at {}", config.docker_socket.display()))?
         .with_registry_auth(config.registry_auth.clone()),
         firewall: Arc::clone(&firewall),
+        mesh: Arc::new(crate::mesh::Mesh {
+            control_plane: control_plane.clone(),
+            node: node.clone(),
+            state_dir: config.state_dir.clone(),
+            nft: config.nft.clone(),
+        }),
         enabled: config.executors.clone(),
         routes_dir: config.state_dir.join("routes"),
         ingress: Arc::new({

@@ -35,7 +35,7 @@ fn ensure(env: &'static str, subnet: &'static str) -> Result<String, pushleft_ag
             .enable_all()
             .build()
             .expect("rt")
-            .block_on(async { Routes::connect()?.ensure(env, subnet).await })
+            .block_on(async { Routes::connect()?.ensure(env, subnet, None).await })
     })
 }
 

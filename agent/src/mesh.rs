@@ -1,0 +1,319 @@
+//! The mesh executor: one WireGuard interface per node of a control plane
+//! ([`agent_proto::mesh::mesh_interface`]) joining this node's environments to their subnets
+//! on other nodes. It applies a [`MeshSpec`] whole: the device's key, port and peers (peers
+//! replaced, so a node or subnet the spec no longer names is gone), the interface up, each
+//! environment's routes to its remote subnets (in the environment's own routing table, so no
+//! other environment and not the host routes through the mesh), the firewall's side
+//! (`mesh_firewall.rs`), then reads the device back and records the spec with its generation
+//! as a fence (a stale retry never puts older peers back).
+//!
+//! The node's private key is made on first use (`<state>/mesh/private.key`, 0600) and never
+//! leaves the node: only its public key goes out, in the heartbeat. Which WireGuard serves
+//! the interface, and the device itself: `mesh_device.rs`.
+
+#[path = "mesh_device.rs"]
+pub mod device;
+#[path = "mesh_firewall.rs"]
+pub mod firewall;
+
+use crate::outcome::{Failure, permanent, retryable};
+use agent_proto::mesh::{MESH_MTU, MeshSpec, mesh_interface};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+/// The mesh of one node of one control plane.
+pub struct Mesh {
+    pub control_plane: String,
+    pub node: String,
+    /// The agent's state folder: the key, the applied spec and its fence live in `mesh/`.
+    pub state_dir: PathBuf,
+    /// `nft`, as the firewall runs it.
+    pub nft: PathBuf,
+}
+
+/// How long one apply may wait on the WireGuard device.
+const DEVICE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A peer as the device reports it: its node and its last handshake.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Link {
+    pub node: String,
+    pub last_handshake: Option<SystemTime>,
+}
+
+/// The mesh spec applied last by the agent whose state folder is `state_dir`.
+fn applied_in(state_dir: &Path) -> Option<MeshSpec> {
+    let text = std::fs::read_to_string(state_dir.join("mesh").join("applied.json")).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// The subnets `environment` has on other nodes, as the mesh applied last says (what the
+/// environment's firewall table and routes carry).
+pub fn remote_subnets(state_dir: &Path, environment: &str) -> Vec<String> {
+    applied_in(state_dir)
+        .and_then(|s| s.environments.into_iter().find(|e| e.environment == environment))
+        .map(|e| e.remote)
+        .unwrap_or_default()
+}
+
+fn io(code: &'static str, e: impl std::fmt::Display) -> Failure {
+    retryable(code, e.to_string())
+}
+
+impl Mesh {
+    /// The node's WireGuard interface.
+    pub fn interface(&self) -> String {
+        mesh_interface(&self.control_plane, &self.node)
+    }
+
+    fn key_path(&self) -> PathBuf {
+        self.dir().join("private.key")
+    }
+
+    fn dir(&self) -> PathBuf {
+        self.state_dir.join("mesh")
+    }
+
+    /// The node's public key (base64, as `wg` writes it), what the heartbeat carries; the
+    /// key pair is made on first use.
+    pub fn public_key(&self) -> Result<String, Failure> {
+        let key = device::private_key(&self.key_path())?;
+        Ok(device::encode(&device::public_key(&key)))
+    }
+
+    /// The spec applied last, if any (and not removed since).
+    pub fn applied(&self) -> Option<MeshSpec> {
+        applied_in(&self.state_dir)
+    }
+
+    /// The subnets `environment` has on other nodes, as the applied spec says.
+    pub fn remote_of(&self, environment: &str) -> Vec<String> {
+        remote_subnets(&self.state_dir, environment)
+    }
+
+    fn fence(&self) -> u64 {
+        std::fs::read_to_string(self.dir().join("generation"))
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    fn write_state(&self, generation: u64, spec: Option<&MeshSpec>) -> Result<(), Failure> {
+        std::fs::create_dir_all(self.dir()).map_err(|e| io("state-write-failed", e))?;
+        let put = |name: &str, text: String| -> Result<(), Failure> {
+            let path = self.dir().join(name);
+            let tmp = path.with_extension("new");
+            std::fs::write(&tmp, text).map_err(|e| io("state-write-failed", e))?;
+            std::fs::rename(&tmp, &path).map_err(|e| io("state-write-failed", e))
+        };
+        match spec {
+            Some(s) => put("applied.json", serde_json::to_string(s).unwrap_or_default())?,
+            None => {
+                let _ = std::fs::remove_file(self.dir().join("applied.json"));
+            }
+        }
+        put("generation", generation.to_string())
+    }
+
+    /// Reads the device back: its port, and each peer's key and allowed IPs, against `spec`.
+    fn verify(&self, spec: &MeshSpec) -> Result<(), Failure> {
+        let (_, d) = device::get(&self.interface()).ok_or_else(|| {
+            permanent(
+                "mesh-readback-mismatch",
+                format!("{} answers no more", self.interface()),
+            )
+        })?;
+        let mut got: Vec<(String, Vec<String>)> = d
+            .peers
+            .iter()
+            .map(|p| {
+                let mut ips: Vec<String> = p
+                    .allowed_ips
+                    .iter()
+                    .map(|a| format!("{}/{}", a.ipaddr, a.cidr_mask))
+                    .collect();
+                ips.sort();
+                (device::encode(&p.public_key), ips)
+            })
+            .collect();
+        let mut want: Vec<(String, Vec<String>)> = spec
+            .peers
+            .iter()
+            .map(|p| {
+                let mut ips = p.subnets.clone();
+                ips.sort();
+                (p.public_key.clone(), ips)
+            })
+            .collect();
+        got.sort();
+        want.sort();
+        if got != want || d.listen_port != spec.port {
+            return Err(permanent(
+                "mesh-readback-mismatch",
+                format!("{} reads back otherwise: {} peers", self.interface(), got.len()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Applies `spec` (see the module's comment).
+    pub async fn apply(&self, spec: &MeshSpec) -> Result<String, Failure> {
+        let fenced = self.fence();
+        if fenced > spec.generation {
+            return Err(permanent(
+                "stale-generation",
+                format!(
+                    "generation {fenced} of the mesh is applied already; {} is older",
+                    spec.generation
+                ),
+            ));
+        }
+        let previous = self.applied();
+        let (iface, path, wanted) = (self.interface(), self.key_path(), spec.clone());
+        // Blocking sockets (netlink, or wireguard-go's), bounded: a WireGuard that never
+        // answers fails the task instead of holding it.
+        let backend = tokio::time::timeout(
+            DEVICE_TIMEOUT,
+            tokio::task::spawn_blocking(move || {
+                let key = device::private_key(&path)?;
+                let backend = device::ensure(&iface)?;
+                device::set(&iface, backend, &key, &wanted)?;
+                Ok::<_, Failure>(backend)
+            }),
+        )
+        .await
+        .map_err(|_| {
+            retryable(
+                "mesh-apply-failed",
+                format!("the WireGuard device took over {DEVICE_TIMEOUT:?}"),
+            )
+        })?
+        .map_err(|e| io("agent-task-failed", e))??;
+        let routes = crate::routes::Routes::connect()?;
+        let index = routes
+            .link_index(&self.interface())
+            .await?
+            .ok_or_else(|| retryable("mesh-interface-missing", format!("{} did not appear", self.interface())))?;
+        routes.set_up(index, MESH_MTU).await?;
+        let name = self.interface();
+        for e in &spec.environments {
+            let network = agent_proto::host_object(&self.control_plane, &e.environment, &self.node);
+            routes.ensure(&network, &e.subnet, Some((&name, &e.remote))).await?;
+        }
+        // An environment this node no longer shares with any other: its routes through the
+        // mesh go (its network may be gone already).
+        for gone in previous
+            .iter()
+            .flat_map(|p| &p.environments)
+            .filter(|g| !spec.environments.iter().any(|e| e.environment == g.environment))
+        {
+            let network = agent_proto::host_object(&self.control_plane, &gone.environment, &self.node);
+            if let Err(f) = routes.ensure(&network, &gone.subnet, None).await
+                && f.code != "bridge-missing"
+            {
+                return Err(f);
+            }
+        }
+        self.firewall().apply(spec, previous.as_ref())?;
+        self.verify(spec)?;
+        self.write_state(spec.generation, Some(spec))?;
+        Ok(format!(
+            "{} ({}) at generation {}: {} peers, {} environments, read back",
+            self.interface(),
+            backend.name(),
+            spec.generation,
+            spec.peers.len(),
+            spec.environments.len()
+        ))
+    }
+
+    fn firewall(&self) -> firewall::MeshFirewall<'_> {
+        firewall::MeshFirewall { mesh: self }
+    }
+
+    /// Removes the mesh at `generation`: its environments' routes through it, its firewall
+    /// side, and the interface (which ends wireguard-go); gone is done.
+    pub async fn remove(&self, generation: u64) -> Result<String, Failure> {
+        let fenced = self.fence();
+        if fenced > generation {
+            return Err(permanent(
+                "stale-generation",
+                format!("generation {fenced} of the mesh is applied already; {generation} is older"),
+            ));
+        }
+        let routes = crate::routes::Routes::connect()?;
+        let applied = self.applied();
+        if let Some(spec) = &applied {
+            for e in &spec.environments {
+                let network = agent_proto::host_object(&self.control_plane, &e.environment, &self.node);
+                // An environment whose network is gone has no routes left to change.
+                if let Err(f) = routes.ensure(&network, &e.subnet, None).await
+                    && f.code != "bridge-missing"
+                {
+                    return Err(f);
+                }
+            }
+        }
+        self.firewall().remove(applied.as_ref())?;
+        if let Some(index) = routes.link_index(&self.interface()).await? {
+            routes.delete_link(index).await?;
+        }
+        device::forget(&self.interface());
+        self.write_state(generation, None)?;
+        Ok(format!("{} removed at generation {generation}", self.interface()))
+    }
+
+    /// Drift: the applied spec is applied again when its device is gone or reads back
+    /// otherwise (a restart that took wireguard-go with it, a peer removed by hand) or the
+    /// mesh's table is gone. `None` when nothing needed doing.
+    pub async fn repair(&self) -> Option<Result<String, Failure>> {
+        let spec = self.applied()?;
+        if self.verify(&spec).is_ok() && self.firewall().present() {
+            return None;
+        }
+        Some(self.apply(&spec).await)
+    }
+
+    /// Each peer of the device and its last handshake (mesh health), by node as the applied
+    /// spec names them; empty when there is no mesh.
+    pub fn links(&self) -> Vec<Link> {
+        let (Some(spec), Some((_, d))) = (self.applied(), device::get(&self.interface())) else {
+            return Vec::new();
+        };
+        spec.peers
+            .iter()
+            .map(|p| Link {
+                node: p.node.clone(),
+                last_handshake: d
+                    .peers
+                    .iter()
+                    .find(|x| device::encode(&x.public_key) == p.public_key)
+                    .map(|x| x.last_handshake_time)
+                    .filter(|t| !t.is_zero())
+                    .map(|t| SystemTime::UNIX_EPOCH + t),
+            })
+            .collect()
+    }
+}
+
+impl crate::routes::Routes {
+    /// Sets a link up with `mtu`.
+    pub async fn set_up(&self, index: u32, mtu: u32) -> Result<(), Failure> {
+        let msg = rtnetlink::LinkUnspec::new_with_index(index).up().mtu(mtu).build();
+        self.handle()
+            .link()
+            .set(msg)
+            .execute()
+            .await
+            .map_err(|e| retryable("link-set-failed", e.to_string()))
+    }
+
+    /// Deletes a link (the mesh's interface).
+    pub async fn delete_link(&self, index: u32) -> Result<(), Failure> {
+        match self.handle().link().del(index).execute().await {
+            Ok(()) => Ok(()),
+            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -19 => Ok(()),
+            Err(e) => Err(retryable("link-delete-failed", e.to_string())),
+        }
+    }
+}

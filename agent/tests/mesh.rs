@@ -1,0 +1,514 @@
+//! The mesh executor between two simulated hosts: network namespaces this test makes, each
+//! with a dockerd of its own, joined only by a veth "LAN" (10.77.0.0/24, no route out). Each
+//! host runs environment `api` and environment `other` (their networks, tables and routes made
+//! by the agent's own executors) with one container each serving its name over HTTP. Once
+//! both apply their mesh (userspace wireguard-go here: this kernel has no WireGuard module):
+//!
+//! - `api` on host 1 gets `api` on host 2's answer, and the LAN carries WireGuard only (the
+//!   capture holds UDP to the mesh's port and never the answer's bytes);
+//! - `api` on host 1 reaches neither `other` on host 2 nor host 2 itself (a server on its
+//!   gateway address), while `other` on host 1 reaches `other` on host 2;
+//! - the private key stays on its node (0600) and its public key is what `wg` derives;
+//! - a spec without the peer cuts the link and takes its routes; a stale generation is
+//!   refused; a table of ours' name that is not ours is left alone; removal leaves no
+//!   interface, table, Docker rule or wireguard-go behind.
+
+#[path = "support/host.rs"]
+mod host;
+
+use agent_proto::NetworkSpec;
+use agent_proto::mesh::{MeshEnvironment, MeshPeer, MeshSpec, mesh_interface, mesh_table};
+use host::Host;
+use pushleft_agent::firewall::{Firewall, Reachable};
+use pushleft_agent::mesh::Mesh;
+use pushleft_agent::routes::Routes;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const PORT: u16 = 51820;
+
+/// This run's control plane: its interfaces' names (and wireguard-go's sockets, which all
+/// namespaces share) are its own, whatever an earlier run left.
+fn cp() -> String {
+    format!("{:08x}", std::process::id())
+}
+
+fn sh(cmd: &str) -> String {
+    let o = Command::new("sh").arg("-c").arg(cmd).output().expect("sh");
+    assert!(o.status.success(), "{cmd}: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).trim().to_owned()
+}
+
+/// One simulated node: its host, name, state folder and environments' subnets.
+struct Node {
+    host: Host,
+    name: &'static str,
+    state: PathBuf,
+    lan: &'static str,
+    subnets: [(&'static str, &'static str); 2],
+}
+
+impl Node {
+    fn mesh(&self) -> Mesh {
+        Mesh {
+            control_plane: cp(),
+            node: self.name.into(),
+            state_dir: self.state.clone(),
+            nft: "nft".into(),
+        }
+    }
+
+    fn firewall(&self) -> Firewall {
+        Firewall {
+            nft: "nft".into(),
+            control_plane: cp(),
+            node: self.name.into(),
+            state_dir: self.state.clone(),
+        }
+    }
+
+    /// Runs `f` inside the host's namespace with a runtime of its own there.
+    fn block<T: Send + 'static>(&self, f: impl std::future::Future<Output = T> + Send + 'static) -> T {
+        self.host.run(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("rt")
+                .block_on(f)
+        })
+    }
+
+    fn container(&self, env: &str) -> String {
+        format!("mesh-{}-{env}", self.name)
+    }
+
+    fn address(&self, env: &str) -> String {
+        let subnet = self.subnets.iter().find(|(e, _)| *e == env).expect("env").1;
+        subnet.replace(".0/24", ".10")
+    }
+
+    /// One bounded HTTP GET from this node's container of `env` (busybox nc, 2 s; the static
+    /// busybox's wget crashes): the body, or `None`.
+    fn get(&self, env: &str, to: &str) -> Option<String> {
+        use std::io::Write;
+        let (addr, port) = to.split_once(':').expect("address:port");
+        let mut child = Command::new("docker")
+            .arg("-H")
+            .arg(format!("unix://{}", self.host.socket.display()))
+            .args([
+                "exec",
+                "-i",
+                &self.container(env),
+                "busybox",
+                "timeout",
+                "3",
+                "busybox",
+                "nc",
+                "-w",
+                "2",
+                addr,
+                port,
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("docker exec");
+        let _ = child.stdin.take().expect("stdin").write_all(b"GET / HTTP/1.0\r\n\r\n");
+        let o = child.wait_with_output().expect("nc");
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        text.starts_with("HTTP/1.")
+            .then(|| text.split("\r\n\r\n").nth(1).unwrap_or_default().trim().to_owned())
+    }
+
+    /// This node's mesh spec towards `peer` (none: no peers), at `generation`.
+    fn spec(&self, peer: Option<(&Node, String)>, generation: u64) -> MeshSpec {
+        MeshSpec {
+            generation,
+            port: PORT,
+            peers: peer
+                .iter()
+                .map(|(p, key)| MeshPeer {
+                    node: p.name.into(),
+                    public_key: key.clone(),
+                    endpoint: Some(format!("{}:{PORT}", p.lan)),
+                    keepalive: None,
+                    subnets: p.subnets.iter().map(|(_, s)| (*s).to_owned()).collect(),
+                })
+                .collect(),
+            environments: self
+                .subnets
+                .iter()
+                .map(|(env, s)| MeshEnvironment {
+                    environment: (*env).into(),
+                    subnet: (*s).into(),
+                    remote: peer
+                        .iter()
+                        .flat_map(|(p, _)| p.subnets.iter().filter(|(e, _)| e == env).map(|(_, s)| (*s).to_owned()))
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The busybox image every container runs, imported into `host`'s engine as `tag`, serving
+/// `body` at `/`.
+fn image(host: &Host, tag: &str, body: &str) {
+    let root = host.dir.join(format!("image-{tag}"));
+    std::fs::create_dir_all(root.join("bin")).expect("bin");
+    std::fs::create_dir_all(root.join("www")).expect("www");
+    std::fs::copy("/bin/busybox", root.join("bin/busybox")).expect("busybox-static");
+    std::fs::write(root.join("www/index.html"), body).expect("index");
+    let tar = root.with_extension("tar");
+    sh(&format!("tar -C {} -cf {} .", root.display(), tar.display()));
+    host.docker(&["import", &tar.to_string_lossy(), tag]);
+}
+
+fn setup(name: &'static str, lan: &'static str, subnets: [(&'static str, &'static str); 2], base: &Path) -> Node {
+    let dir = base.join(name);
+    let host = Host::start(&format!("plmesh-{name}-{}", std::process::id()), &dir);
+    let node = Node {
+        host,
+        name,
+        state: dir.join("state"),
+        lan,
+        subnets,
+    };
+    for (env, subnet) in subnets {
+        image(&node.host, &format!("mesh-{env}"), &format!("{env} on {name}\n"));
+        let (socket, state, fw) = (node.host.socket.clone(), node.state.clone(), node.firewall());
+        let net = NetworkSpec {
+            environment: env.into(),
+            network: agent_proto::host_object(&cp(), env, name),
+            subnet: subnet.into(),
+        };
+        let address = node.address(env);
+        node.block(async move {
+            let engine = pushleft_agent::docker::Engine::connect(
+                &socket,
+                &cp(),
+                name,
+                state.join("secrets"),
+                state.join("age"),
+                state.join("pulled"),
+            )
+            .await
+            .expect("engine");
+            engine.ensure_network(&net).await.expect("network");
+            let reach = Reachable {
+                ports: [(address.parse().expect("ip"), 8080)].into(),
+                ..Reachable::default()
+            };
+            fw.apply(env, subnet, 1, &reach).expect("firewall");
+            Routes::connect()
+                .expect("netlink")
+                .ensure(&net.network, subnet, None)
+                .await
+                .expect("routes");
+        });
+        node.host.docker(&[
+            "run",
+            "-d",
+            "--name",
+            &node.container(env),
+            "--network",
+            &agent_proto::host_object(&cp(), env, name),
+            "--ip",
+            &node.address(env),
+            &format!("mesh-{env}"),
+            "busybox",
+            "httpd",
+            "-f",
+            "-p",
+            "8080",
+            "-h",
+            "/www",
+        ]);
+    }
+    node
+}
+
+/// What the node's mesh looks like, for a failure's message.
+fn diagnose(node: &Node) -> String {
+    let ns = &node.host.netns;
+    let run = |cmd: String| {
+        let o = Command::new("sh").arg("-c").arg(&cmd).output().expect("sh");
+        format!(
+            "$ {cmd}\n{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    [
+        run(format!("wg show {}", mesh_interface(&cp(), node.name))),
+        run(format!("ip -n {ns} -br addr; ip -n {ns} rule; ip -n {ns} route show table all | grep -v local")),
+        run(format!(
+            "ip netns exec {ns} sysctl net.ipv4.ip_forward net.ipv4.conf.all.rp_filter; ip -n {ns} route get 10.208.2.10 from 10.208.1.10 iif {}",
+            pushleft_agent::routes::bridge_name(&agent_proto::host_object(&cp(), "api", node.name))
+        )),
+        run(format!("ip netns exec {ns} nft list ruleset")),
+    ]
+    .join("\n")
+}
+
+/// Every wireguard-go of this test's interfaces is ended, whatever happened.
+struct Reaper(Vec<String>);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        for iface in &self.0 {
+            let _ = Command::new("pkill")
+                .args(["-f", &format!("wireguard-go {iface}")])
+                .status();
+            let _ = std::fs::remove_file(format!("/var/run/wireguard/{iface}.sock"));
+        }
+    }
+}
+
+fn wireguard_go_running(iface: &str) -> bool {
+    let o = Command::new("pgrep")
+        .args(["-f", &format!("^wireguard-go {iface}$")])
+        .output()
+        .expect("pgrep");
+    // A process that ended but is not reaped yet is no longer running.
+    String::from_utf8_lossy(&o.stdout).split_whitespace().any(|pid| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| s.split_whitespace().nth(2).is_some_and(|state| state != "Z"))
+    })
+}
+
+#[test]
+fn two_hosts_reach_each_other_by_environment_over_wireguard_only() {
+    let base = PathBuf::from(format!("/tmp/plmesh-{}", std::process::id()));
+    let _reaper = Reaper(vec![mesh_interface(&cp(), "h1"), mesh_interface(&cp(), "h2")]);
+    let h1 = setup(
+        "h1",
+        "10.77.0.1",
+        [("api", "10.208.1.0/24"), ("other", "10.208.4.0/24")],
+        &base,
+    );
+    let h2 = setup(
+        "h2",
+        "10.77.0.2",
+        [("api", "10.208.2.0/24"), ("other", "10.208.3.0/24")],
+        &base,
+    );
+    // IPv4 only on the LAN (no link-local IPv6 chatter in the capture).
+    sh(&format!(
+        "ip link add plmesh-l1 netns {} type veth peer name plmesh-l2 netns {} \
+         && ip netns exec {0} sysctl -qw net.ipv6.conf.plmesh-l1.disable_ipv6=1 \
+         && ip netns exec {1} sysctl -qw net.ipv6.conf.plmesh-l2.disable_ipv6=1 \
+         && ip -n {0} addr add 10.77.0.1/24 dev plmesh-l1 && ip -n {0} link set plmesh-l1 up \
+         && ip -n {1} addr add 10.77.0.2/24 dev plmesh-l2 && ip -n {1} link set plmesh-l2 up",
+        h1.host.netns, h2.host.netns
+    ));
+    // Host 2 itself serves HTTP on every address (its gateways too): never reached through
+    // the mesh.
+    let www = base.join("h2-www");
+    std::fs::create_dir_all(&www).expect("www");
+    std::fs::write(www.join("index.html"), "host h2\n").expect("index");
+    let mut host_server = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &h2.host.netns,
+            "busybox",
+            "httpd",
+            "-f",
+            "-p",
+            "8080",
+            "-h",
+        ])
+        .arg(&www)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("httpd");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        sh(&format!(
+            "ip netns exec {} python3 -c \"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8080/', timeout=2).read().decode().strip())\"",
+            h2.host.netns
+        )),
+        "host h2",
+        "host 2's server answers on every address"
+    );
+
+    // Keys: made on the node, 0600, the public half what `wg pubkey` derives.
+    let (k1, k2) = (
+        h1.mesh().public_key().expect("key 1"),
+        h2.mesh().public_key().expect("key 2"),
+    );
+    let private = h1.state.join("mesh/private.key");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&private).expect("key file").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    assert_eq!(sh(&format!("wg pubkey < {}", private.display())), k1);
+    assert_eq!(h1.mesh().public_key().expect("again"), k1, "the key is made once");
+
+    // Before the mesh: islands.
+    assert_eq!(h1.get("api", &format!("{}:8080", h2.address("api"))), None);
+
+    let (s1, s2) = (h1.spec(Some((&h2, k2.clone())), 1), h2.spec(Some((&h1, k1.clone())), 1));
+    let m1 = h1.mesh();
+    let note = h1.block(async move { m1.apply(&s1).await.expect("mesh 1") });
+    assert!(note.contains("wireguard-go") && note.contains("1 peers"), "{note}");
+    let m2 = h2.mesh();
+    h2.block(async move { m2.apply(&s2).await.expect("mesh 2") });
+
+    // The LAN, captured while the environments talk.
+    let pcap = base.join("lan.pcap");
+    let mut capture = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &h1.host.netns,
+            "tcpdump",
+            "-i",
+            "plmesh-l1",
+            "-U",
+            "-w",
+        ])
+        .arg(&pcap)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("tcpdump");
+    std::thread::sleep(Duration::from_millis(500));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let answer = loop {
+        if let Some(a) = h1.get("api", &format!("{}:8080", h2.address("api"))) {
+            break a;
+        }
+        if Instant::now() >= deadline && std::env::var_os("PL_MESH_PAUSE").is_some() {
+            std::thread::sleep(Duration::from_secs(300));
+        }
+        assert!(
+            Instant::now() < deadline,
+            "api on h1 never reached api on h2:\n{}\n{}",
+            diagnose(&h1),
+            diagnose(&h2)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(answer, "api on h2");
+    assert_eq!(
+        h2.get("api", &format!("{}:8080", h1.address("api"))).as_deref(),
+        Some("api on h1")
+    );
+    assert_eq!(
+        h1.get("other", &format!("{}:8080", h2.address("other"))).as_deref(),
+        Some("other on h2")
+    );
+    // Isolation across nodes: not another environment, not the other host.
+    assert_eq!(h1.get("api", &format!("{}:8080", h2.address("other"))), None);
+    assert_eq!(h1.get("api", "10.208.2.1:8080"), None, "host 2 through its api gateway");
+    assert_eq!(
+        h1.get("api", "10.208.3.1:8080"),
+        None,
+        "host 2 through its other gateway"
+    );
+    assert_eq!(h1.get("api", "10.77.0.2:8080"), None, "host 2 on the LAN");
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = Command::new("kill").args(["-INT", &capture.id().to_string()]).status();
+    let _ = capture.wait();
+    let bytes = std::fs::read(&pcap).expect("capture");
+    assert!(
+        !bytes.windows(9).any(|w| w == b"api on h2"),
+        "the answer crossed the LAN in plaintext"
+    );
+    let lines = sh(&format!("tcpdump -nn -r {} 2>/dev/null", pcap.display()));
+    let packets: Vec<&str> = lines.lines().collect();
+    assert!(packets.len() >= 4, "{lines}");
+    let wireguard = |l: &str| l.contains(&format!(".{PORT}: UDP")) || l.contains(&format!(".{PORT} > "));
+    let other: Vec<&&str> = packets.iter().filter(|l| !wireguard(l) && !l.contains("ARP")).collect();
+    assert!(other.is_empty(), "the LAN carried more than WireGuard: {other:?}");
+
+    // Health: each side has shaken hands with the other.
+    let links = h1.mesh().links();
+    assert_eq!(links.len(), 1);
+    assert_eq!(links[0].node, "h2");
+    assert!(links[0].last_handshake.is_some(), "{links:?}");
+
+    // Docker's FORWARD policy is passed by one rule of ours, named for this node.
+    let docker_user = sh(&format!(
+        "ip netns exec {} nft list chain ip filter DOCKER-USER",
+        h1.host.netns
+    ));
+    assert!(
+        docker_user.contains(&format!("pushleft mesh {} h1", cp())),
+        "{docker_user}"
+    );
+
+    // Drift: the interface deleted by hand (wireguard-go ends with it) comes back at the next
+    // round, and the environments talk again.
+    let iface1 = mesh_interface(&cp(), "h1");
+    sh(&format!("ip -n {} link del {iface1}", h1.host.netns));
+    let m1 = h1.mesh();
+    let repaired = h1.block(async move { m1.repair().await });
+    assert!(matches!(&repaired, Some(Ok(_))), "{repaired:?}");
+    let m1 = h1.mesh();
+    assert!(
+        h1.block(async move { m1.repair().await }).is_none(),
+        "nothing left to repair"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while h1.get("api", &format!("{}:8080", h2.address("api"))).is_none() {
+        assert!(Instant::now() < deadline, "no path after the repair");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // A stale generation is refused, and changes nothing.
+    let m1 = h1.mesh();
+    let stale = h1.spec(None, 0);
+    let err = h1.block(async move { m1.apply(&stale).await.expect_err("stale") });
+    assert_eq!(err.code, "stale-generation");
+    assert!(h1.get("api", &format!("{}:8080", h2.address("api"))).is_some());
+
+    // Host 1 no longer shares anything with host 2: its peer and routes go.
+    let m1 = h1.mesh();
+    let alone = h1.spec(None, 2);
+    h1.block(async move { m1.apply(&alone).await.expect("alone") });
+    assert_eq!(h1.get("api", &format!("{}:8080", h2.address("api"))), None);
+    let table = sh(&format!("ip -n {} route show table 10001", h1.host.netns));
+    assert!(!table.contains("10.208.2.0"), "{table}");
+
+    // A table named like the mesh's that is not ours is left alone.
+    let ours = mesh_table(&cp(), "h2");
+    sh(&format!("ip netns exec {} nft delete table inet {ours}", h2.host.netns));
+    sh(&format!("ip netns exec {} nft add table inet {ours}", h2.host.netns));
+    let m2 = h2.mesh();
+    let again = h2.spec(Some((&h1, k1.clone())), 2);
+    let err = h2.block(async move { m2.apply(&again).await.expect_err("foreign") });
+    assert_eq!(err.code, "foreign-table");
+    sh(&format!("ip netns exec {} nft delete table inet {ours}", h2.host.netns));
+
+    // Removal: no interface, table, Docker rule or wireguard-go left.
+    for node in [&h1, &h2] {
+        let m = node.mesh();
+        node.block(async move { m.remove(3).await.expect("remove") });
+        let iface = mesh_interface(&cp(), node.name);
+        let links = sh(&format!("ip -n {} -o link show", node.host.netns));
+        assert!(!links.contains(&iface), "{links}");
+        let tables = sh(&format!("ip netns exec {} nft list tables", node.host.netns));
+        assert!(!tables.contains("__mesh_"), "{tables}");
+        let docker_user = sh(&format!(
+            "ip netns exec {} nft list chain ip filter DOCKER-USER",
+            node.host.netns
+        ));
+        assert!(!docker_user.contains("pushleft mesh"), "{docker_user}");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while wireguard_go_running(&iface) {
+            assert!(Instant::now() < deadline, "wireguard-go for {iface} still runs");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    let _ = host_server.kill();
+    let _ = host_server.wait();
+    drop((h1, h2));
+    let _ = std::fs::remove_dir_all(&base);
+}
