@@ -461,6 +461,10 @@ pub struct Heartbeat {
     /// minute); absent otherwise, which changes nothing the control plane keeps.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<VolumeUsage>,
+    /// The node's mesh (its WireGuard public key and where it listens); absent when the agent
+    /// runs no mesh.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mesh: Option<mesh::MeshAdvert>,
 }
 
 /// Most volumes one heartbeat may report.
@@ -514,6 +518,7 @@ impl Heartbeat {
             host: None,
             taken_subnets: Vec::new(),
             volumes: Vec::new(),
+            mesh: None,
         }
     }
 }

@@ -55,6 +55,69 @@ pub struct MeshEnvironment {
     pub remote: Vec<String>,
 }
 
+/// What a node's heartbeat says of its mesh: its WireGuard public key (never the private
+/// one), the UDP port it listens on, and the address others reach it at when its agent is
+/// told one (an IP literal: nothing is resolved).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MeshAdvert {
+    pub public_key: String,
+    pub port: u16,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// The generation of the mesh the agent applied last (0: none yet).
+    #[serde(default)]
+    pub applied: u64,
+    /// Its peers and their last handshakes (at most [`MAX_MESH_PEERS`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<MeshLink>,
+}
+
+/// One peer of a node's mesh, as the node's WireGuard reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MeshLink {
+    pub node: String,
+    /// Unix seconds of the last handshake; `None`: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_handshake: Option<u64>,
+}
+
+/// The control plane's answer to a heartbeat: the node's name and, when the node has not
+/// applied it yet, the mesh it should have (applied by the agent, fenced by generation).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HeartbeatReply {
+    pub node: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mesh: Option<MeshSpec>,
+}
+
+impl MeshAdvert {
+    /// Whether it is well formed: a key of 32 bytes in standard base64 (44 characters, `=`
+    /// last), a port that is not 0, an address that is an IP literal.
+    pub fn valid(&self) -> bool {
+        let k = self.public_key.as_bytes();
+        k.len() == 44
+            && k[43] == b'='
+            && k[..43]
+                .iter()
+                .all(|b| b.is_ascii_alphanumeric() || *b == b'+' || *b == b'/')
+            && self.port != 0
+            && self.links.len() <= MAX_MESH_PEERS
+            && self
+                .address
+                .as_deref()
+                .is_none_or(|a| a.parse::<std::net::IpAddr>().is_ok())
+    }
+
+    /// Where it is reached: `address:port` (`[address]:port` for IPv6), when it has an address.
+    pub fn endpoint(&self) -> Option<String> {
+        let a: std::net::IpAddr = self.address.as_deref()?.parse().ok()?;
+        Some(std::net::SocketAddr::new(a, self.port).to_string())
+    }
+}
+
 /// The mesh's WireGuard interface of `node` of `control_plane`: `plw` and ten hex digits of
 /// the SHA-256 of both (the kernel's 15 bytes), so two control planes, and two nodes of one,
 /// on one machine each have their own.
@@ -83,5 +146,41 @@ mod tests {
         // No environment's table has `__`: environment names are DNS labels, never empty.
         assert_eq!(mesh_table("0123abcd", "n1"), "pl_0123abcd__mesh_n1");
         assert!(!crate::host_object("0123abcd", "mesh", "n1").contains("__"));
+    }
+
+    #[test]
+    fn adverts_are_checked_before_the_control_plane_keeps_them() {
+        let ok = MeshAdvert {
+            public_key: "IjG2NTSQc3r9k/tNQfief6CqU2RRvmgCObP0GErpnAc=".into(),
+            port: 51820,
+            address: Some("10.77.0.1".into()),
+            applied: 0,
+            links: Vec::new(),
+        };
+        assert!(ok.valid());
+        assert_eq!(ok.endpoint().as_deref(), Some("10.77.0.1:51820"));
+        let v6 = MeshAdvert {
+            address: Some("fd00::1".into()),
+            ..ok.clone()
+        };
+        assert_eq!(v6.endpoint().as_deref(), Some("[fd00::1]:51820"));
+        for bad in [
+            MeshAdvert {
+                public_key: "short=".into(),
+                ..ok.clone()
+            },
+            MeshAdvert {
+                public_key: "IjG2NTSQc3r9k/tNQfief6CqU2RRvmgCObP0GErpnA\n=".into(),
+                ..ok.clone()
+            },
+            MeshAdvert { port: 0, ..ok.clone() },
+            MeshAdvert {
+                address: Some("node.example.invalid".into()),
+                ..ok.clone()
+            },
+        ] {
+            assert!(!bad.valid(), "{bad:?}");
+        }
+        assert_eq!(MeshAdvert { address: None, ..ok }.endpoint(), None);
     }
 }

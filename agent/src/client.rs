@@ -112,9 +112,9 @@ impl AgentClient {
     }
 
     /// Says the node is alive, what it can run and what it runs.
-    pub fn heartbeat(&self, heartbeat: &Heartbeat) -> Result<(), ClientError> {
-        let _: serde_json::Value = self.post("/v1/agent/heartbeat", heartbeat)?;
-        Ok(())
+    /// Sends a heartbeat; the reply may carry the mesh the node should apply.
+    pub fn heartbeat(&self, heartbeat: &Heartbeat) -> Result<agent_proto::mesh::HeartbeatReply, ClientError> {
+        self.post("/v1/agent/heartbeat", heartbeat)
     }
 
     /// Up to `max` of this node's jobs, waiting up to `wait` for one.

@@ -91,7 +91,8 @@ impl Mesh {
         remote_subnets(&self.state_dir, environment)
     }
 
-    fn fence(&self) -> u64 {
+    /// The generation applied or removed last (0: none).
+    pub fn fence(&self) -> u64 {
         std::fs::read_to_string(self.dir().join("generation"))
             .ok()
             .and_then(|t| t.trim().parse().ok())
@@ -167,6 +168,13 @@ impl Mesh {
                     spec.generation
                 ),
             ));
+        }
+        if spec.peers.is_empty() {
+            // Nothing to reach: no interface and no listener (a lone node, a node whose last
+            // shared environment left), and what an earlier spec made is taken down.
+            let note = self.remove(spec.generation).await?;
+            self.write_state(spec.generation, Some(spec))?;
+            return Ok(format!("no peers at generation {}: {note}", spec.generation));
         }
         let previous = self.applied();
         let (iface, path, wanted) = (self.interface(), self.key_path(), spec.clone());
@@ -268,10 +276,32 @@ impl Mesh {
     /// mesh's table is gone. `None` when nothing needed doing.
     pub async fn repair(&self) -> Option<Result<String, Failure>> {
         let spec = self.applied()?;
-        if self.verify(&spec).is_ok() && self.firewall().present() {
+        if spec.peers.is_empty() || (self.verify(&spec).is_ok() && self.firewall().present()) {
             return None;
         }
         Some(self.apply(&spec).await)
+    }
+
+    /// What the heartbeat says of the mesh: `advert` with the generation applied last and
+    /// each peer's last handshake.
+    pub fn advert(&self, advert: &agent_proto::mesh::MeshAdvert) -> agent_proto::mesh::MeshAdvert {
+        let links = self
+            .links()
+            .into_iter()
+            .take(agent_proto::mesh::MAX_MESH_PEERS)
+            .map(|l| agent_proto::mesh::MeshLink {
+                node: l.node,
+                last_handshake: l
+                    .last_handshake
+                    .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+                    .map(|d| d.as_secs()),
+            })
+            .collect();
+        agent_proto::mesh::MeshAdvert {
+            applied: self.fence(),
+            links,
+            ..advert.clone()
+        }
     }
 
     /// Each peer of the device and its last handshake (mesh health), by node as the applied

@@ -89,6 +89,21 @@ pub struct Config {
     /// The `restic` program (Debian's `restic` on `PATH` by default).
     #[serde(default = "default_restic")]
     pub restic: PathBuf,
+    /// Whether this node joins the mesh between nodes (its heartbeat then carries its
+    /// WireGuard public key; the key pair is made on the node at start).
+    #[serde(default = "default_true")]
+    pub mesh: bool,
+    /// The UDP port the mesh listens on.
+    #[serde(default = "default_mesh_port")]
+    pub mesh_port: u16,
+    /// The address other nodes reach this one at (an IP literal), when Git's
+    /// `nodes[].address` does not say it; none: reached only if Git says.
+    #[serde(default)]
+    pub mesh_address: Option<std::net::IpAddr>,
+}
+
+fn default_mesh_port() -> u16 {
+    agent_proto::mesh::DEFAULT_MESH_PORT
 }
 
 fn default_backup_roots() -> Vec<PathBuf> {
@@ -600,6 +615,26 @@ pub async fn run(config: Config) -> Result<()> {
         .stderr(std::process::Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
+    // One mesh apply at a time.
+    let applying = Arc::new(AtomicBool::new(false));
+    // The mesh: the node's key pair made now (only its public half is ever sent).
+    let mesh = if config.mesh {
+        match engine.mesh.public_key() {
+            Ok(public_key) => Some(agent_proto::mesh::MeshAdvert {
+                public_key,
+                port: config.mesh_port,
+                address: config.mesh_address.map(|a| a.to_string()),
+                applied: 0,
+                links: Vec::new(),
+            }),
+            Err(f) => {
+                tracing::warn!(code = f.code, detail = %f.detail, "no mesh key: this node stays out of the mesh");
+                None
+            }
+        }
+    } else {
+        None
+    };
     // Heartbeats: alive, able to run containers while Docker answers, and what runs.
     // The machine: its id, else the Docker engine's (agents sharing an engine share a machine).
     let host = match crate::enroll::machine_id() {
@@ -661,9 +696,35 @@ pub async fn run(config: Config) -> Result<()> {
                     host: host.clone(),
                     taken_subnets: engine.engine.taken_subnets().await.unwrap_or_default(),
                     volumes,
+                    mesh: mesh.as_ref().map(|m| engine.mesh.advert(m)),
                 };
-                if let Err(e) = blocking(&client, move |c| c.heartbeat(&hb)).await {
-                    tracing::warn!(error = %e, "heartbeat failed");
+                match blocking(&client, move |c| c.heartbeat(&hb)).await {
+                    Ok(reply) => {
+                        // A newer mesh than the one applied: applied now, off the heartbeat's
+                        // path (the next heartbeat says which generation holds).
+                        if let Some(spec) = reply.mesh
+                            && mesh.is_some()
+                            && spec.generation > engine.mesh.fence()
+                            && engine.on(Capability::Routes)
+                            && engine.on(Capability::Nftables)
+                            && !applying.swap(true, std::sync::atomic::Ordering::AcqRel)
+                        {
+                            let (engine, applying) = (Arc::clone(&engine), Arc::clone(&applying));
+                            tokio::spawn(async move {
+                                match engine.mesh.apply(&spec).await {
+                                    Ok(note) => {
+                                        tracing::info!(generation = spec.generation, note = %note, "mesh applied")
+                                    }
+                                    Err(f) => {
+                                        tracing::warn!(generation = spec.generation, code = f.code, detail = %f.detail, "cannot apply the mesh")
+                                    }
+                                }
+                                applying.store(false, std::sync::atomic::Ordering::Release);
+                                engine.changed.notify_one();
+                            });
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
                 }
                 tokio::time::sleep(EARLY_HEARTBEAT_GAP).await;
                 tokio::select! {

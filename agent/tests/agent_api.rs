@@ -239,7 +239,42 @@ fn nodes_lease_only_their_own_work_over_mutual_tls() {
     odd.host = Some("x".repeat(agent_proto::MAX_HOST_LEN + 1));
     assert_eq!(refusal(n1.heartbeat(&odd)), Refusal::MalformedRequest);
     odd.host = Some("3d1219c7c4c5404aaa1f6d2a48adfda4".into());
+    // A mesh advert is checked before anything is kept: a key that is not one, a host name
+    // where an IP belongs.
+    let advert = agent_proto::mesh::MeshAdvert {
+        public_key: "IjG2NTSQc3r9k/tNQfief6CqU2RRvmgCObP0GErpnAc=".into(),
+        port: 51820,
+        address: Some("node.example.invalid".into()),
+        applied: 0,
+        links: Vec::new(),
+    };
+    odd.mesh = Some(advert.clone());
+    assert_eq!(refusal(n1.heartbeat(&odd)), Refusal::MalformedRequest);
+    odd.mesh = Some(agent_proto::mesh::MeshAdvert {
+        public_key: "not a key".into(),
+        address: None,
+        ..advert.clone()
+    });
+    assert_eq!(refusal(n1.heartbeat(&odd)), Refusal::MalformedRequest);
+    assert_eq!(
+        sql(
+            &url,
+            "SELECT CAST(COUNT(*) AS TEXT) FROM nodes WHERE mesh_key IS NOT NULL"
+        ),
+        ["0"]
+    );
+    odd.mesh = Some(agent_proto::mesh::MeshAdvert {
+        address: Some("10.77.0.1".into()),
+        ..advert
+    });
     n1.heartbeat(&odd).expect("a machine id");
+    assert_eq!(
+        sql(
+            &url,
+            "SELECT mesh_key || ' ' || CAST(mesh_port AS TEXT) || ' ' || mesh_address FROM nodes WHERE name = 'n1'"
+        ),
+        ["IjG2NTSQc3r9k/tNQfief6CqU2RRvmgCObP0GErpnAc= 51820 10.77.0.1"]
+    );
     assert_eq!(
         sql(&url, "SELECT host FROM nodes WHERE name = 'n1'"),
         ["3d1219c7c4c5404aaa1f6d2a48adfda4"]
@@ -259,7 +294,7 @@ fn nodes_lease_only_their_own_work_over_mutual_tls() {
     let revoked_at = Instant::now();
     let got = loop {
         match n2.heartbeat(&agent_proto::Heartbeat::new("test", &agent_proto::FULL_CAPABILITIES)) {
-            Ok(()) if revoked_at.elapsed() < Duration::from_secs(7) => std::thread::sleep(Duration::from_millis(200)),
+            Ok(_) if revoked_at.elapsed() < Duration::from_secs(7) => std::thread::sleep(Duration::from_millis(200)),
             other => break refusal(other),
         }
     };

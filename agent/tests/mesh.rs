@@ -12,9 +12,20 @@
 //! - a spec without the peer cuts the link and takes its routes; a stale generation is
 //!   refused; a table of ours' name that is not ours is left alone; removal leaves no
 //!   interface, table, Docker rule or wireguard-go behind.
+//!
+//! And the whole loop (`a_control_plane_joins_its_nodes_environments_across_hosts`): a
+//! control plane in host 1, an agent on each host, a worker role with two replicas spread
+//! over both; the agents send their public keys, the control plane decides each node's mesh
+//! from placement and hands it over in heartbeat replies, and the replica on host 1 reaches
+//! the one on host 2.
 
+#[path = "../../reconciler/tests/support/daemon.rs"]
+mod daemon_support;
 #[path = "support/host.rs"]
 mod host;
+#[path = "../../reconciler/tests/support/repo.rs"]
+mod repo_support;
+mod support;
 
 use agent_proto::NetworkSpec;
 use agent_proto::mesh::{MeshEnvironment, MeshPeer, MeshSpec, mesh_interface, mesh_table};
@@ -22,6 +33,7 @@ use host::Host;
 use pushleft_agent::firewall::{Firewall, Reachable};
 use pushleft_agent::mesh::Mesh;
 use pushleft_agent::routes::Routes;
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -509,6 +521,258 @@ fn two_hosts_reach_each_other_by_environment_over_wireguard_only() {
     }
     let _ = host_server.kill();
     let _ = host_server.wait();
+    drop((h1, h2));
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+/// Relays `127.0.0.1:port` of the calling thread's namespace to `to` (how host 2's agent
+/// reaches the control plane on host 1 under the name its certificate carries): a thread per
+/// connection, for the test's life.
+fn relay(port: u16, to: std::net::SocketAddr) {
+    let listener = TcpListener::bind(("127.0.0.1", port)).expect("relay bind");
+    std::thread::spawn(move || {
+        for inbound in listener.incoming().flatten() {
+            let Ok(outbound) = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(5)) else {
+                continue;
+            };
+            for (mut from, mut into) in [
+                (
+                    inbound.try_clone().expect("clone"),
+                    outbound.try_clone().expect("clone"),
+                ),
+                (outbound, inbound),
+            ] {
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from, &mut into);
+                    let _ = into.shutdown(std::net::Shutdown::Write);
+                });
+            }
+        }
+    });
+}
+
+#[test]
+fn a_control_plane_joins_its_nodes_environments_across_hosts() {
+    use daemon_support::{CONTROL_CA, Daemon, config, free_port, setup};
+    use repo_support::{POOL, Repo, environment};
+    let base = PathBuf::from(format!("/tmp/plmesh-loop-{}", std::process::id()));
+    let h1 = Host::start(&format!("plml-1-{}", std::process::id()), &base.join("h1"));
+    let h2 = Host::start(&format!("plml-2-{}", std::process::id()), &base.join("h2"));
+    sh(&format!(
+        "ip link add plml-l1 netns {0} type veth peer name plml-l2 netns {1} \
+         && ip netns exec {0} sysctl -qw net.ipv6.conf.plml-l1.disable_ipv6=1 \
+         && ip netns exec {1} sysctl -qw net.ipv6.conf.plml-l2.disable_ipv6=1 \
+         && ip -n {0} addr add 10.77.0.1/24 dev plml-l1 && ip -n {0} link set plml-l1 up \
+         && ip -n {1} addr add 10.77.0.2/24 dev plml-l2 && ip -n {1} link set plml-l2 up",
+        h1.netns, h2.netns
+    ));
+    // One image, pushed to host 1's registry; host 2's registry serves a copy of its storage,
+    // so both pull the same digest from their own loopback.
+    let (r1, port) = h1.registry();
+    let image = h1.image(port, "app", &[("/www/index.html", "app\n")]);
+    sh(&format!(
+        "cp -a {} {}",
+        h1.dir.join("registry").display(),
+        h2.dir.join("registry").display()
+    ));
+    let (r2, _) = h2.registry();
+    let mut procs = support::KillGroups(vec![r1, r2]);
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = Repo::new(dir.path());
+    std::fs::write(dir.path().join("allowed_signers"), &repo.signers).expect("signers");
+    assert!(POOL.contains("n1") && POOL.contains("n2"));
+    // The pool alone first: nodes enrol once a commit declaring them is accepted.
+    repo.commit("the pool", true);
+    let s = setup(dir.path());
+    let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    let (api, agent_api) = (free_port(), free_port());
+    let cfg = config(
+        &s,
+        "d",
+        &repo.dir,
+        &url,
+        api,
+        &format!("{CONTROL_CA}age_identity = \"control.age\"\n\n[agent_api]\nlisten = \"0.0.0.0:{agent_api}\"\n"),
+    );
+    support::age_keygen(&s.dir.join("control.age"));
+    let root = dir.path().to_owned();
+    let (operator, s_dir) = (s.operator.clone(), s.dir.clone());
+    let _ = s_dir;
+    let cfg2 = cfg.clone();
+    let daemon = h1.run(move || {
+        let mut d = Daemon::start(&s, &cfg2, api);
+        d.wait_ready(Duration::from_secs(20));
+        let ca = std::fs::read_to_string(root.join("tls/ca.crt")).expect("ca");
+        for node in ["n1", "n2"] {
+            let token = d.enrolment_token(node, &operator);
+            pushleft_agent::enroll::enroll(
+                &format!("https://localhost:{api}"),
+                &support::ca_pin(&ca),
+                node,
+                &root.join(node),
+                &token,
+            )
+            .expect("enrol");
+        }
+        d
+    });
+    let agent_config = |node: &str, host: &Host, lan: &str| {
+        let path = dir.path().join(format!("{node}.toml"));
+        std::fs::write(
+            &path,
+            format!(
+                "control = \"https://localhost:{agent_api}\"\ndir = \"{node}\"\ndocker_socket = {:?}\nsecrets_dir = \"secrets-{node}\"\nstate_dir = \"state-{node}\"\nheartbeat_seconds = 1\ndrift_seconds = 1\nexecutors = [\"docker\", \"nftables\", \"routes\"]\nmesh_address = \"{lan}\"\n",
+                host.socket.display().to_string()
+            ),
+        )
+        .expect("agent config");
+        path
+    };
+    let (c1, c2) = (
+        agent_config("n1", &h1, "10.77.0.1"),
+        agent_config("n2", &h2, "10.77.0.2"),
+    );
+    let (l1, l2) = (dir.path().join("n1.log"), dir.path().join("n2.log"));
+    let bin = env!("CARGO_BIN_EXE_pl-agent");
+    let (a1c, a1l) = (c1.clone(), l1.clone());
+    procs.0.push(h1.run(move || support::spawn_agent(bin, &a1c, &a1l)));
+    let (a2c, a2l) = (c2.clone(), l2.clone());
+    procs.0.push(h2.run(move || {
+        relay(agent_api, format!("10.77.0.1:{agent_api}").parse().expect("addr"));
+        support::spawn_agent(bin, &a2c, &a2l)
+    }));
+    let _reaper = Reaper(vec![]);
+    // Both agents heartbeat (and sent their keys) before the commit places anything.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while support::sql(
+        &url,
+        "SELECT name FROM nodes WHERE mesh_key IS NOT NULL AND last_seen IS NOT NULL",
+    )
+    .len()
+        < 2
+    {
+        assert!(
+            Instant::now() < deadline,
+            "agents never said their keys:\n{}\n{}",
+            std::fs::read_to_string(&l1).unwrap_or_default(),
+            std::fs::read_to_string(&l2).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let cp = support::control_plane(&url);
+    let _reaper = Reaper(vec![mesh_interface(&cp, "n1"), mesh_interface(&cp, "n2")]);
+    // Two replicas, spread: one on each node. Each serves its own container's name.
+    repo.write(
+        "projects/app.yaml",
+        &format!(
+            "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: app}}\nspec:\n  image: {image}\n  roles:\n    app:\n      kind: worker\n      replicas: 2\n      ports: [8080]\n      command: [/bin/busybox, sh, -c, 'mkdir -p /tmp/www && /bin/busybox hostname > /tmp/www/index.html && exec /bin/busybox httpd -f -p 8080 -h /tmp/www']\n"
+        ),
+    );
+    repo.write("envs/app-production.yaml", &environment("app-production", "app"));
+    repo.commit("app", true);
+
+    // Done: both replicas healthy, one on each node.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let generation = loop {
+        let row = support::sql(
+            &url,
+            "SELECT status || ' ' || CAST(generation AS TEXT) FROM deployments",
+        );
+        if let Some(("done", g)) = row.first().and_then(|r| r.split_once(' ')) {
+            break g.parse::<u64>().expect("generation");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not done: {:?}\n{:?}\n{}\n{}",
+            support::sql(&url, "SELECT key || ' ' || state FROM jobs ORDER BY id"),
+            support::sql(
+                &url,
+                "SELECT j.key || ' ' || r.detail FROM job_results r JOIN jobs j ON j.id = r.job_id"
+            ),
+            std::fs::read_to_string(&l1).unwrap_or_default(),
+            std::fs::read_to_string(&l2).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let replica = |host: &Host| {
+        let names = host.docker(&[
+            "ps",
+            "--format",
+            "{{.Names}}",
+            "--filter",
+            "label=dev.pushleft.role=app",
+        ]);
+        let name = names
+            .lines()
+            .next()
+            .unwrap_or_else(|| panic!("no replica on {}", host.netns))
+            .to_owned();
+        let ip = host.docker(&[
+            "inspect",
+            "--format",
+            "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+            &name,
+        ]);
+        let id = host.docker(&["inspect", "--format", "{{.Config.Hostname}}", &name]);
+        (name, ip, id)
+    };
+    let ((n1_name, n1_ip, _), (_, n2_ip, n2_id)) = (replica(&h1), replica(&h2));
+    assert_ne!(n1_ip, n2_ip, "one subnet per node, none shared: {n1_ip} {n2_ip}");
+
+    // The mesh: decided from placement, fetched with heartbeats, applied by both agents;
+    // then the replica on host 1 gets the answer of the one on host 2.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let answer = loop {
+        let o = Command::new("docker")
+            .arg("-H")
+            .arg(format!("unix://{}", h1.socket.display()))
+            .args(["exec", &n1_name, "/bin/busybox", "sh", "-c"])
+            .arg(format!(
+                "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | /bin/busybox timeout 3 /bin/busybox nc -w 2 {n2_ip} 8080"
+            ))
+            .output()
+            .expect("exec");
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        if text.starts_with("HTTP/1.") {
+            break text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no answer across the mesh: {:?}\n{}\n{}",
+            support::sql(
+                &url,
+                "SELECT node || ' g' || CAST(generation AS TEXT) || ' applied ' || CAST(applied AS TEXT) || ' ' || spec FROM node_meshes"
+            ),
+            std::fs::read_to_string(&l1).unwrap_or_default(),
+            std::fs::read_to_string(&l2).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert!(answer.trim_end().ends_with(&n2_id), "{answer}");
+    // What the ledger holds: each node applied its newest mesh, with the other as its peer.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let rows = support::sql(
+            &url,
+            "SELECT node || ' ' || CAST(generation - applied AS TEXT) || ' ' || links FROM node_meshes ORDER BY node",
+        );
+        if rows.len() == 2 && rows.iter().all(|r| r.contains(" 0 ") && r.contains("lastHandshake")) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{rows:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _ = generation;
+    drop(procs);
+    drop(daemon);
+    for host in [&h1, &h2] {
+        for iface in [mesh_interface(&cp, "n1"), mesh_interface(&cp, "n2")] {
+            let _ = Command::new("ip")
+                .args(["-n", &host.netns, "link", "del", &iface])
+                .status();
+        }
+    }
     drop((h1, h2));
     let _ = std::fs::remove_dir_all(&base);
 }

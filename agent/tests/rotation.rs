@@ -25,7 +25,7 @@ fn fingerprint(pem_file: &Path) -> String {
 }
 
 fn beat(c: &AgentClient) -> Result<(), ClientError> {
-    c.heartbeat(&Heartbeat::new("test", &FULL_CAPABILITIES))
+    c.heartbeat(&Heartbeat::new("test", &FULL_CAPABILITIES)).map(|_| ())
 }
 
 /// Each node's `certificateCa` from `GET /v1/nodes`.

@@ -65,6 +65,86 @@ async fn no_node_over_capacity(shared: &Reconciler) {
     }
 }
 
+/// The mesh between n1 and n2 (which share the environment), decided from placement once
+/// their keys are known, stored by generation, handed out until applied, and not decided anew
+/// while nothing changes.
+async fn mesh_follows_placement(shared: &Arc<Reconciler>, url: &str) {
+    const K1: &str = "IjG2NTSQc3r9k/tNQfief6CqU2RRvmgCObP0GErpnAc=";
+    const K2: &str = "xXPrkhFakfvfKd0n1YE1zPho/eReHYkNeL802VQx0SI=";
+    shared.pass().await.expect("pass");
+    assert!(
+        rows(url, "SELECT node FROM node_meshes").await.is_empty(),
+        "no keys, no mesh"
+    );
+    shared
+        .ledger
+        .execute_raw(&format!(
+            "UPDATE nodes SET mesh_key = '{K1}', mesh_port = 51820, mesh_address = '10.77.0.1' WHERE name = 'n1'"
+        ))
+        .await
+        .expect("n1 key");
+    shared
+        .ledger
+        .execute_raw(&format!(
+            "UPDATE nodes SET mesh_key = '{K2}', mesh_port = 51821 WHERE name = 'n2'"
+        ))
+        .await
+        .expect("n2 key");
+    shared.pass().await.expect("pass");
+    let subnet = |node: &str| {
+        let url = url.to_owned();
+        let node = node.to_owned();
+        async move {
+            let r = rows(&url, &format!("SELECT idx FROM subnets WHERE node = '{node}'")).await;
+            let i: i64 = r[0].parse().expect("idx");
+            format!("10.{}.{}.0/24", 208 + i / 256, i % 256)
+        }
+    };
+    let (s1, s2) = (subnet("n1").await, subnet("n2").await);
+    assert_ne!(s1, s2);
+    let meshes = rows(url, "SELECT node, generation, spec FROM node_meshes ORDER BY node").await;
+    assert_eq!(meshes.len(), 2, "{meshes:?}");
+    let spec = |row: &str| -> serde_json::Value {
+        serde_json::from_str(row.splitn(3, '|').nth(2).expect("spec")).expect("json")
+    };
+    let (m1, m2) = (spec(&meshes[0]), spec(&meshes[1]));
+    assert!(meshes[0].starts_with("n1|1|"), "{}", meshes[0]);
+    // n1 reaches n2 where n2 is (no address: n2 reaches out, with keepalives), and the other
+    // way round at n1's address.
+    assert_eq!(m1["port"], 51820);
+    assert_eq!(m1["peers"][0]["node"], "n2");
+    assert_eq!(m1["peers"][0]["publicKey"], K2);
+    assert_eq!(m1["peers"][0]["endpoint"], serde_json::Value::Null);
+    assert_eq!(m1["peers"][0]["keepalive"], serde_json::Value::Null);
+    assert_eq!(m1["peers"][0]["subnets"], serde_json::json!([s2]));
+    assert_eq!(m1["environments"][0]["remote"], serde_json::json!([s2]));
+    assert_eq!(m2["port"], 51821);
+    assert_eq!(m2["peers"][0]["endpoint"], "10.77.0.1:51820");
+    assert_eq!(m2["peers"][0]["keepalive"], 25);
+    assert_eq!(m2["environments"][0]["subnet"], serde_json::json!(s2));
+    // Handed out until applied; a pass with nothing changed decides nothing anew.
+    let (g, _) = shared
+        .ledger
+        .mesh_beat("n2", 0, "[]")
+        .await
+        .expect("beat")
+        .expect("a mesh to apply");
+    assert_eq!(g, 1);
+    assert!(
+        shared
+            .ledger
+            .mesh_beat("n2", 1, "[{\"node\":\"n1\"}]")
+            .await
+            .expect("beat")
+            .is_none()
+    );
+    shared.pass().await.expect("pass");
+    assert_eq!(
+        rows(url, "SELECT node, generation, applied FROM node_meshes ORDER BY node").await,
+        ["n1|1|0", "n2|1|1"]
+    );
+}
+
 async fn scenario(url: String, dir: &Path) {
     let repo = Repo::new(dir);
     std::fs::write(dir.join("allowed_signers"), &repo.signers).expect("signers");
@@ -95,6 +175,7 @@ async fn scenario(url: String, dir: &Path) {
     );
     settle(&shared, &["n1", "n2"]).await;
     no_node_over_capacity(&shared).await;
+    mesh_follows_placement(&shared, &url).await;
 
     // Five replicas: n1 is full, n2 takes one more, the fifth waits, announced once.
     repo.write("projects/api.yaml", &project(5));

@@ -195,8 +195,9 @@ impl Local {
                 bail!("enrolling node {node}: {}", String::from_utf8_lossy(&o.stderr).trim());
             }
         }
+        // One machine: its agent joins no mesh between nodes (no WireGuard listener).
         let config = format!(
-            "control = \"https://localhost:{}\"\ndir = \"node\"\ndocker_socket = {:?}\nsecrets_dir = \"secrets\"\nstate_dir = \"state\"\nheartbeat_seconds = 1\nparallel_environments = 16\ncaddy_admin = {:?}\ningress_listen = [\"127.0.0.1:{}\"]\ningress_upstreams = {:?}\ningress_host_suffix = \".localhost\"\ningress_tls_listen = [{}]\ningress_tls_dir = {:?}\nbackup_roots = [{:?}, \"/var/backups/pushleft\"]\n",
+            "control = \"https://localhost:{}\"\ndir = \"node\"\ndocker_socket = {:?}\nsecrets_dir = \"secrets\"\nstate_dir = \"state\"\nheartbeat_seconds = 1\nparallel_environments = 16\ncaddy_admin = {:?}\ningress_listen = [\"127.0.0.1:{}\"]\ningress_upstreams = {:?}\ningress_host_suffix = \".localhost\"\ningress_tls_listen = [{}]\ningress_tls_dir = {:?}\nbackup_roots = [{:?}, \"/var/backups/pushleft\"]\nmesh = false\n",
             ports.agent,
             docker.display().to_string(),
             self.caddy_admin()?,

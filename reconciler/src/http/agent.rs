@@ -195,6 +195,12 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
     if let Err(e) = s.ledger.record_volume_use(&node, &measured, now_ms()).await {
         return internal(e);
     }
+    if hb.mesh.as_ref().is_some_and(|m| !m.valid()) {
+        return refused(
+            Refusal::MalformedRequest,
+            "the heartbeat's mesh is not a WireGuard public key, a port and an IP address",
+        );
+    }
     let beat = crate::store::fleet::Beat {
         agent_version: &version,
         capabilities: &capabilities,
@@ -202,6 +208,10 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
         observed: &observed,
         repaired: &repaired,
         taken_subnets: &taken,
+        mesh: hb
+            .mesh
+            .as_ref()
+            .map(|m| (m.public_key.as_str(), m.port, m.address.as_deref())),
     };
     match s.ledger.heartbeat(&node, &beat, now_ms()).await {
         Ok(changed) => {
@@ -210,10 +220,27 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
                 // next interval.
                 s.hub.hint.notify_one();
             }
-            axum::Json(serde_json::json!({"node": node})).into_response()
         }
-        Err(e) => internal(e),
+        Err(e) => return internal(e),
     }
+    // The node's mesh, when it has not applied the newest yet.
+    let mut mesh = None;
+    if let Some(m) = &hb.mesh {
+        let links = serde_json::to_string(&m.links).unwrap_or_else(|_| "[]".into());
+        match s.ledger.mesh_beat(&node, m.applied, &links).await {
+            Ok(Some((generation, spec))) => {
+                mesh = serde_json::from_str::<agent_proto::mesh::MeshSpec>(&spec)
+                    .ok()
+                    .map(|spec| agent_proto::mesh::MeshSpec {
+                        generation: u64::try_from(generation).unwrap_or(0),
+                        ..spec
+                    });
+            }
+            Ok(None) => {}
+            Err(e) => return internal(e),
+        }
+    }
+    axum::Json(agent_proto::mesh::HeartbeatReply { node, mesh }).into_response()
 }
 
 /// Leases up to `max` (at most 8) of the caller's own jobs, waiting up to `waitMs` for one:

@@ -10,6 +10,7 @@ pub mod cron;
 pub mod deploy;
 pub mod domains;
 pub mod drift;
+pub mod mesh;
 pub mod placing;
 pub mod volumes;
 
@@ -77,6 +78,9 @@ pub struct Reconciler {
     domains_due_ms: std::sync::atomic::AtomicI64,
     /// When the volume sweep last ran.
     volumes_swept_ms: std::sync::atomic::AtomicI64,
+    /// What the mesh was last decided from (`Ledger::mesh_signature`): decided again only
+    /// when that changes.
+    mesh_seen: Mutex<String>,
 }
 
 /// What one pass did.
@@ -178,6 +182,7 @@ impl Reconciler {
             .map_err(|e| DaemonError::Config(format!("domains: {e}")))?,
             domains_due_ms: std::sync::atomic::AtomicI64::new(0),
             volumes_swept_ms: std::sync::atomic::AtomicI64::new(0),
+            mesh_seen: Mutex::new(String::new()),
             config,
             ledger,
             hub,
@@ -314,6 +319,19 @@ impl Reconciler {
             tracing::info!(certificates = revoked, "revoked the certificates of retired nodes");
         }
         report.advanced = self.settle().await?;
+        // The mesh between nodes follows placement and the nodes' keys: a changed one is
+        // fetched by its node with its next heartbeat.
+        let signature = self.ledger.mesh_signature().await?;
+        let seen = self.mesh_seen.lock().map(|s| s.clone()).unwrap_or_default();
+        if signature != seen {
+            let meshes = mesh::refresh(&self.ledger, now_ms()).await?;
+            if meshes > 0 {
+                tracing::info!(nodes = meshes, "node meshes changed");
+            }
+            if let Ok(mut s) = self.mesh_seen.lock() {
+                *s = signature;
+            }
+        }
         // Replicas their agents no longer report (removed by hand): asked for again.
         let repairs = self.ledger.repair_missing(now_ms()).await?;
         if repairs > 0 {

@@ -105,8 +105,10 @@ impl Ledger {
 
     /// Gives each (environment, node) pair a subnet of its own on that node, if it has none:
     /// the lowest /24 of the pool free on that node's machine (nodes whose agents report the
-    /// same host share one Docker engine and kernel, where subnets must not overlap). Kept
-    /// until the environment is torn down.
+    /// same host share one Docker engine and kernel, where subnets must not overlap) and held
+    /// by no other node of the fleet (the mesh routes an environment's subnets between nodes,
+    /// so one /24 must mean one place: `reconcile/mesh.rs`). Kept until the environment is
+    /// torn down.
     pub(crate) async fn ensure_subnets(
         &self,
         tx: &mut Tx,
@@ -134,24 +136,29 @@ impl Ledger {
             taken.entry(key_of(&node)).or_default().insert(idx);
             have.insert((env, node));
         }
+        let fleet: BTreeSet<i64> = self.fleet_subnets(tx).await?.into_iter().collect();
+        let mut given: BTreeSet<i64> = BTreeSet::new();
         let mut new: Vec<(String, String, i64)> = Vec::new();
         for (env, node) in pairs {
             if !have.insert((env.clone(), node.clone())) {
                 continue;
             }
             let used = taken.entry(key_of(node)).or_default();
-            let Some(idx) = (0..SUBNET_POOL_SIZE).find(|i| !used.contains(i)) else {
+            let Some(idx) =
+                (0..SUBNET_POOL_SIZE).find(|i| !used.contains(i) && !fleet.contains(i) && !given.contains(i))
+            else {
                 self.event(
                     tx,
                     now_ms,
                     "subnet-pool-exhausted",
                     node,
-                    "no /24 left in 10.208.0.0/12 on this node's machine",
+                    "no /24 left in 10.208.0.0/12 free on this node's machine and in the fleet",
                 )
                 .await?;
                 continue;
             };
             used.insert(idx);
+            given.insert(idx);
             new.push((node.clone(), env.clone(), idx));
         }
         self.add_subnets(tx, &new).await
@@ -165,7 +172,7 @@ mod tests {
     use sqlx::Row;
 
     #[tokio::test]
-    async fn nodes_on_one_machine_get_subnets_that_do_not_overlap() {
+    async fn every_node_gets_subnets_no_other_node_holds_and_its_machine_does_not_use() {
         let dir = tempfile::tempdir().expect("tempdir");
         let (ledger, _) = Ledger::sqlite_in(dir.path()).await;
         // a1 and a2 share machine m1; b is alone on m2, where another control plane's networks
@@ -210,7 +217,9 @@ mod tests {
                 format!("{e}@{n}={i}")
             })
             .collect();
-        assert_eq!(got, ["e@a1=0", "e@a2=1", "e@b=2", "e@c=0", "f@a2=2"]);
+        // One /24, one place in the fleet (the mesh routes them between nodes); b's machine's
+        // taken ones are never given.
+        assert_eq!(got, ["e@a1=0", "e@a2=1", "e@b=2", "e@c=3", "f@a2=4"]);
     }
 
     #[test]

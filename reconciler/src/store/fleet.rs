@@ -244,6 +244,8 @@ pub struct Beat<'a> {
     /// Indices of the pool's /24s that others' networks use on the node's machine,
     /// comma-separated (empty: none).
     pub taken_subnets: &'a str,
+    /// The node's mesh, checked: (public key, port, address).
+    pub mesh: Option<(&'a str, u16, Option<&'a str>)>,
 }
 
 impl Ledger {
@@ -259,6 +261,7 @@ impl Ledger {
             observed,
             repaired,
             taken_subnets,
+            mesh,
         } = *beat;
         if !repaired.is_empty() {
             // Each repair the agent reports becomes a `drift-repaired` event of its environment.
@@ -270,15 +273,17 @@ impl Ledger {
             self.events_in(&mut tx, now_ms, &events).await?;
             tx.commit().await?;
         }
-        let before: Option<(Option<i64>, String, Option<String>)> =
-            sqlx::query_as(self.sql("SELECT last_seen, capabilities, observed FROM nodes WHERE name = ?"))
+        // (last seen, capabilities, what ran, mesh key)
+        type Before = (Option<i64>, String, Option<String>, Option<String>);
+        let before: Option<Before> =
+            sqlx::query_as(self.sql("SELECT last_seen, capabilities, observed, mesh_key FROM nodes WHERE name = ?"))
                 .bind(node)
                 .fetch_optional(&self.pool)
                 .await?;
         let changed = match before {
             None => false,
             // `had`: a replica the agent reported before and no longer does is drift to look at.
-            Some((last, caps, had)) => {
+            Some((last, caps, had, key)) => {
                 let had: Vec<agent_proto::RunningInstance> =
                     had.and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
                 let now: Vec<agent_proto::RunningInstance> = serde_json::from_str(observed).unwrap_or_default();
@@ -290,12 +295,16 @@ impl Ledger {
                 }) {
                     self.suspect_drift();
                 }
-                Liveness::of(last, now_ms, self.lost_after_ms()) != Liveness::Ready || caps != capabilities.join(",")
+                // A new mesh key (a node's first, or a rotation) re-plans every node's mesh.
+                Liveness::of(last, now_ms, self.lost_after_ms()) != Liveness::Ready
+                    || caps != capabilities.join(",")
+                    || key.as_deref() != mesh.map(|m| m.0)
             }
         };
         sqlx::query(self.sql(
             "UPDATE nodes SET last_seen = ?, agent_version = ?, capabilities = ?, observed = ?, \
-                 host = COALESCE(?, host), taken_subnets = ? WHERE name = ?",
+                 host = COALESCE(?, host), taken_subnets = ?, mesh_key = ?, mesh_port = ?, mesh_address = ? \
+                 WHERE name = ?",
         ))
         .bind(now_ms)
         .bind(agent_version)
@@ -303,6 +312,9 @@ impl Ledger {
         .bind(observed)
         .bind(host)
         .bind(taken_subnets)
+        .bind(mesh.map(|m| m.0))
+        .bind(mesh.map(|m| i64::from(m.1)))
+        .bind(mesh.and_then(|m| m.2))
         .bind(node)
         .execute(&self.pool)
         .await?;

@@ -19,6 +19,7 @@ pub mod group;
 mod jobs;
 pub mod kept;
 mod lease;
+pub mod mesh;
 pub mod moves;
 pub mod placement;
 mod revisions;

@@ -279,6 +279,14 @@ impl Ledger {
         Ok(out)
     }
 
+    /// Every pool index the fleet holds on any node (the mesh routes them between nodes, so a
+    /// new subnet takes none of them).
+    pub(crate) async fn fleet_subnets(&self, tx: &mut WriteTx) -> Result<Vec<i64>, LedgerError> {
+        Ok(sqlx::query_scalar(self.sql("SELECT DISTINCT idx FROM subnets"))
+            .fetch_all(&mut **tx)
+            .await?)
+    }
+
     /// Records new subnets: (node, environment, pool index).
     pub(crate) async fn add_subnets(&self, tx: &mut WriteTx, new: &[(String, String, i64)]) -> Result<(), LedgerError> {
         for chunk in new.chunks(200) {

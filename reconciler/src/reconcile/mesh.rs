@@ -1,0 +1,369 @@
+//! The mesh between nodes, decided purely from what the ledger holds: which nodes have a
+//! WireGuard key (their agents sent its public half), where each listens, and which
+//! environment has a subnet on which node. One function, [`plan`], so what a node is told and
+//! what `pl` shows of it come from the same code.
+//!
+//! A node gets a peer for each other node it shares an environment with, and that peer's
+//! allowed IPs are the subnets of the shared environments on it, nothing else; each of its
+//! environments learns its subnets on those peers. A node that nobody can reach (no endpoint)
+//! keeps its paths open with keepalives; two such nodes cannot meet, which the plan says.
+//! Subnets are unique across the fleet when the ledger gives them (`placing.rs`); ones given
+//! before that rule may collide on a node, and a colliding subnet is left out of that node's
+//! mesh (said as a conflict) rather than routed to the wrong place.
+
+use crate::store::{Ledger, LedgerError};
+use agent_proto::mesh::{MeshEnvironment, MeshPeer, MeshSpec, NAT_KEEPALIVE_SECS};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A node as the mesh sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MeshNode {
+    pub name: String,
+    /// Its WireGuard public key; `None` until its agent sends one (not in the mesh).
+    pub key: Option<String>,
+    /// Where it listens (`address:port`), from Git or its agent; `None`: unreachable.
+    pub endpoint: Option<String>,
+}
+
+/// One environment's subnet on one node (its index in the pool).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Placed {
+    pub node: String,
+    pub environment: String,
+    pub idx: i64,
+}
+
+/// What one node is told.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeMesh {
+    pub peers: Vec<Peer>,
+    pub environments: Vec<EnvironmentMesh>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    pub node: String,
+    pub key: String,
+    pub endpoint: Option<String>,
+    /// This node is unreachable: it sends keepalives so the peer can answer through its NAT.
+    pub keepalive: bool,
+    /// The pool indices of the shared environments' subnets on the peer.
+    pub subnets: Vec<i64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvironmentMesh {
+    pub environment: String,
+    pub idx: i64,
+    /// Its subnets on the peers.
+    pub remote: Vec<i64>,
+}
+
+/// Something the plan could not do.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Problem {
+    /// On `node`, subnet `idx` is held by more than one of the environments it would route:
+    /// left out of its mesh.
+    Conflict { node: String, idx: i64 },
+    /// Neither node has an endpoint: no path between them.
+    Unreachable { a: String, b: String },
+}
+
+/// Each keyed node's mesh, and what could not be done.
+pub fn plan(nodes: &[MeshNode], placed: &[Placed]) -> (BTreeMap<String, NodeMesh>, Vec<Problem>) {
+    let keyed: BTreeMap<&str, &MeshNode> = nodes
+        .iter()
+        .filter(|n| n.key.is_some())
+        .map(|n| (n.name.as_str(), n))
+        .collect();
+    // node -> environment -> idx
+    let mut on: BTreeMap<&str, BTreeMap<&str, i64>> = BTreeMap::new();
+    for p in placed {
+        on.entry(p.node.as_str())
+            .or_default()
+            .insert(p.environment.as_str(), p.idx);
+    }
+    let empty = BTreeMap::new();
+    let mut out = BTreeMap::new();
+    let mut problems = BTreeSet::new();
+    for (name, me) in &keyed {
+        let mine = on.get(name).unwrap_or(&empty);
+        let mut peers = Vec::new();
+        for (other, them) in &keyed {
+            if other == name {
+                continue;
+            }
+            let theirs = on.get(other).unwrap_or(&empty);
+            let subnets: Vec<i64> = mine.keys().filter_map(|e| theirs.get(e).copied()).collect();
+            if subnets.is_empty() {
+                continue;
+            }
+            if me.endpoint.is_none() && them.endpoint.is_none() {
+                let (a, b) = if name < other { (name, other) } else { (other, name) };
+                problems.insert(Problem::Unreachable {
+                    a: (*a).to_owned(),
+                    b: (*b).to_owned(),
+                });
+            }
+            peers.push(Peer {
+                node: (*other).to_owned(),
+                key: them.key.clone().unwrap_or_default(),
+                endpoint: them.endpoint.clone(),
+                keepalive: me.endpoint.is_none(),
+                subnets,
+            });
+        }
+        // Every subnet this node routes, counted: one held twice goes nowhere.
+        let mut count: BTreeMap<i64, usize> = BTreeMap::new();
+        for idx in mine.values().chain(peers.iter().flat_map(|p| p.subnets.iter())) {
+            *count.entry(*idx).or_default() += 1;
+        }
+        let clash: BTreeSet<i64> = count.into_iter().filter(|(_, n)| *n > 1).map(|(i, _)| i).collect();
+        for idx in &clash {
+            problems.insert(Problem::Conflict {
+                node: (*name).to_owned(),
+                idx: *idx,
+            });
+        }
+        for p in &mut peers {
+            p.subnets.retain(|i| !clash.contains(i));
+        }
+        peers.retain(|p| !p.subnets.is_empty());
+        let environments = mine
+            .iter()
+            .map(|(env, idx)| EnvironmentMesh {
+                environment: (*env).to_owned(),
+                idx: *idx,
+                remote: peers
+                    .iter()
+                    .filter_map(|p| on.get(p.node.as_str()).and_then(|t| t.get(env)).copied())
+                    .filter(|i| !clash.contains(i))
+                    .collect(),
+            })
+            .collect();
+        out.insert((*name).to_owned(), NodeMesh { peers, environments });
+    }
+    (out, problems.into_iter().collect())
+}
+
+/// A node's mesh as its agent receives it (the generation is the ledger's, set when served).
+pub fn wire(m: &NodeMesh, port: u16) -> MeshSpec {
+    let subnet = crate::store::rows::subnet;
+    MeshSpec {
+        generation: 0,
+        port,
+        peers: m
+            .peers
+            .iter()
+            .map(|p| MeshPeer {
+                node: p.node.clone(),
+                public_key: p.key.clone(),
+                endpoint: p.endpoint.clone(),
+                keepalive: p.keepalive.then_some(NAT_KEEPALIVE_SECS),
+                subnets: p.subnets.iter().map(|i| subnet(*i)).collect(),
+            })
+            .collect(),
+        environments: m
+            .environments
+            .iter()
+            .map(|e| MeshEnvironment {
+                environment: e.environment.clone(),
+                subnet: subnet(e.idx),
+                remote: e.remote.iter().map(|i| subnet(*i)).collect(),
+            })
+            .collect(),
+    }
+}
+
+/// Decides every keyed node's mesh from what the ledger holds and records those that changed
+/// (each at its next generation; agents fetch theirs with their next heartbeat). Problems are
+/// events when a mesh changes. Returns how many changed.
+pub async fn refresh(ledger: &Ledger, now_ms: i64) -> Result<usize, LedgerError> {
+    let keys = ledger.mesh_keys().await?;
+    let port = |k: &crate::store::mesh::KeyRow| {
+        k.mesh_port
+            .and_then(|p| u16::try_from(p).ok())
+            .unwrap_or(agent_proto::mesh::DEFAULT_MESH_PORT)
+    };
+    let nodes: Vec<MeshNode> = keys
+        .iter()
+        .map(|k| MeshNode {
+            name: k.name.clone(),
+            key: k.mesh_key.clone(),
+            endpoint: k
+                .mesh_address
+                .as_deref()
+                .and_then(|a| a.parse::<std::net::IpAddr>().ok())
+                .map(|a| std::net::SocketAddr::new(a, port(k)).to_string()),
+        })
+        .collect();
+    let placed: Vec<Placed> = ledger
+        .mesh_placed()
+        .await?
+        .into_iter()
+        .map(|(node, environment, idx)| Placed { node, environment, idx })
+        .collect();
+    let (plans, problems) = plan(&nodes, &placed);
+    let have = ledger.meshes().await?;
+    let ports: BTreeMap<&str, u16> = keys.iter().map(|k| (k.name.as_str(), port(k))).collect();
+    let mut changed = Vec::new();
+    for (node, m) in &plans {
+        let spec = wire(
+            m,
+            ports
+                .get(node.as_str())
+                .copied()
+                .unwrap_or(agent_proto::mesh::DEFAULT_MESH_PORT),
+        );
+        let json = serde_json::to_string(&spec)?;
+        let hash = {
+            use sha2::Digest;
+            hex::encode(sha2::Sha256::digest(json.as_bytes()))
+        };
+        if have.get(node).map(|r| r.hash.as_str()) != Some(hash.as_str()) {
+            changed.push((node.clone(), hash, json));
+        }
+    }
+    let events: Vec<(String, String, String)> = if changed.is_empty() {
+        Vec::new()
+    } else {
+        problems
+            .iter()
+            .map(|p| match p {
+                Problem::Conflict { node, idx } => (
+                    "mesh-subnet-conflict".to_owned(),
+                    node.clone(),
+                    format!(
+                        "{} is held by more than one environment this node routes (given before subnets were unique across the fleet): left out of its mesh until one is torn down",
+                        crate::store::rows::subnet(*idx)
+                    ),
+                ),
+                Problem::Unreachable { a, b } => (
+                    "mesh-unreachable".to_owned(),
+                    a.clone(),
+                    format!("neither {a} nor {b} has an address others reach it at: set nodes[].address or the agent's mesh_address"),
+                ),
+            })
+            .collect()
+    };
+    ledger.write_meshes(&changed, &events, now_ms).await?;
+    Ok(changed.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, key: bool, endpoint: Option<&str>) -> MeshNode {
+        MeshNode {
+            name: name.into(),
+            key: key.then(|| format!("key-{name}")),
+            endpoint: endpoint.map(str::to_owned),
+        }
+    }
+
+    fn at(node: &str, env: &str, idx: i64) -> Placed {
+        Placed {
+            node: node.into(),
+            environment: env.into(),
+            idx,
+        }
+    }
+
+    #[test]
+    fn nodes_peer_only_over_shared_environments_with_only_their_subnets() {
+        let nodes = [
+            node("n1", true, Some("10.77.0.1:51820")),
+            node("n2", true, Some("10.77.0.2:51820")),
+            node("n3", true, None),
+            node("n4", false, Some("10.77.0.4:51820")),
+        ];
+        let placed = [
+            at("n1", "api", 1),
+            at("n1", "shop", 4),
+            at("n2", "api", 2),
+            at("n2", "blog", 3),
+            at("n3", "shop", 5),
+            at("n4", "api", 6),
+        ];
+        let (plan, problems) = plan(&nodes, &placed);
+        assert!(problems.is_empty(), "{problems:?}");
+        // n4 has no key: in nobody's mesh, and no plan of its own.
+        assert!(!plan.contains_key("n4"));
+        let n1 = &plan["n1"];
+        let peers: Vec<(&str, &[i64], bool)> = n1
+            .peers
+            .iter()
+            .map(|p| (p.node.as_str(), p.subnets.as_slice(), p.keepalive))
+            .collect();
+        // n2 through api only (its blog subnet is not n1's business), n3 through shop.
+        assert_eq!(peers, [("n2", &[2][..], false), ("n3", &[5][..], false)]);
+        assert_eq!(n1.peers[1].endpoint, None);
+        let envs: Vec<(&str, &[i64])> = n1
+            .environments
+            .iter()
+            .map(|e| (e.environment.as_str(), e.remote.as_slice()))
+            .collect();
+        assert_eq!(envs, [("api", &[2][..]), ("shop", &[5][..])]);
+        // n3 is unreachable: it keeps the path to n1 open.
+        assert_eq!(plan["n3"].peers.len(), 1);
+        assert!(plan["n3"].peers[0].keepalive);
+        // n2 shares nothing with n3: no peer.
+        assert_eq!(
+            plan["n2"].peers.iter().map(|p| p.node.as_str()).collect::<Vec<_>>(),
+            ["n1"]
+        );
+        let blog = plan["n2"]
+            .environments
+            .iter()
+            .find(|e| e.environment == "blog")
+            .expect("blog");
+        assert!(blog.remote.is_empty());
+    }
+
+    #[test]
+    fn the_last_shared_environment_gone_leaves_no_peer_and_two_unreachable_nodes_are_said() {
+        let nodes = [node("n1", true, None), node("n2", true, None)];
+        let (plan_, problems) = plan(&nodes, &[at("n1", "api", 1), at("n2", "api", 2)]);
+        assert_eq!(
+            problems,
+            [Problem::Unreachable {
+                a: "n1".into(),
+                b: "n2".into()
+            }]
+        );
+        assert_eq!(plan_["n1"].peers.len(), 1);
+        let (plan_, _) = plan(&nodes, &[at("n1", "api", 1)]);
+        assert!(plan_["n1"].peers.is_empty());
+        assert_eq!(plan_["n2"], NodeMesh::default());
+    }
+
+    #[test]
+    fn a_subnet_held_twice_on_a_node_is_left_out_of_its_mesh() {
+        let nodes = [
+            node("n1", true, Some("10.77.0.1:51820")),
+            node("n2", true, Some("10.77.0.2:51820")),
+            node("n3", true, Some("10.77.0.3:51820")),
+        ];
+        // Given before subnets were unique across the fleet: api on n2 and shop on n3 share 7.
+        let placed = [
+            at("n1", "api", 1),
+            at("n1", "shop", 2),
+            at("n2", "api", 7),
+            at("n3", "shop", 7),
+        ];
+        let (plan, problems) = plan(&nodes, &placed);
+        assert_eq!(
+            problems,
+            [Problem::Conflict {
+                node: "n1".into(),
+                idx: 7
+            }]
+        );
+        assert!(plan["n1"].peers.is_empty());
+        assert!(plan["n1"].environments.iter().all(|e| e.remote.is_empty()));
+        // n2 and n3 are each other's nothing, and n1's subnets still reach them.
+        assert_eq!(plan["n2"].peers[0].subnets, [1]);
+        assert_eq!(plan["n3"].peers[0].subnets, [2]);
+    }
+}

@@ -1,0 +1,162 @@
+//! What the mesh between nodes reads and writes: each node's key and where it listens (from
+//! heartbeats), which environment runs on which node with which subnet, and each keyed node's
+//! decided mesh with its generation and what its agent last applied. SQL only; the decision
+//! is `reconcile::mesh`'s.
+
+use super::{Ledger, LedgerError};
+use crate::store::rows::Placed;
+use sqlx::FromRow;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A node's mesh as its heartbeats left it.
+#[derive(Clone, Debug, FromRow)]
+pub struct KeyRow {
+    pub name: String,
+    pub mesh_key: Option<String>,
+    pub mesh_port: Option<i64>,
+    pub mesh_address: Option<String>,
+}
+
+/// A node's decided mesh.
+#[derive(Clone, Debug, FromRow)]
+pub struct MeshRow {
+    pub node: String,
+    pub generation: i64,
+    pub hash: String,
+    pub spec: String,
+    pub applied: i64,
+    pub links: String,
+}
+
+#[derive(FromRow)]
+struct DeploymentRow {
+    environment: String,
+    spec: String,
+    retired: String,
+}
+
+impl Ledger {
+    /// Every enrolled node's mesh key, port and address.
+    pub async fn mesh_keys(&self) -> Result<Vec<KeyRow>, LedgerError> {
+        Ok(
+            sqlx::query_as(self.sql("SELECT name, mesh_key, mesh_port, mesh_address FROM nodes ORDER BY name"))
+                .fetch_all(&self.pool)
+                .await?,
+        )
+    }
+
+    /// (node, environment, pool index) for every environment with a replica placed on a node,
+    /// by its running generation or one still being cleaned up, and a subnet there.
+    pub async fn mesh_placed(&self) -> Result<Vec<(String, String, i64)>, LedgerError> {
+        let rows: Vec<DeploymentRow> =
+            sqlx::query_as(self.sql("SELECT environment, spec, retired FROM deployments WHERE action = 'rollout'"))
+                .fetch_all(&self.pool)
+                .await?;
+        let mut on: BTreeSet<(String, String)> = BTreeSet::new();
+        for r in rows {
+            let now = serde_json::from_str::<Placed>(&r.spec)
+                .map(|p| vec![p])
+                .unwrap_or_default();
+            let old = serde_json::from_str::<Vec<Placed>>(&r.retired).unwrap_or_default();
+            for i in now.iter().chain(old.iter()).flat_map(|p| &p.instances) {
+                on.insert((i.node.to_string(), r.environment.clone()));
+            }
+        }
+        let subnets: Vec<(String, String, i64)> =
+            sqlx::query_as(self.sql("SELECT node, environment, idx FROM subnets ORDER BY node, environment"))
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(subnets
+            .into_iter()
+            .filter(|(n, e, _)| on.contains(&(n.clone(), e.clone())))
+            .collect())
+    }
+
+    /// A short account of everything the mesh is decided from (the deployments' rows, the
+    /// subnets, the nodes' keys and addresses): when it is unchanged, so is every mesh.
+    pub async fn mesh_signature(&self) -> Result<String, LedgerError> {
+        let (d, dmax): (i64, Option<i64>) =
+            sqlx::query_as(self.sql("SELECT COUNT(*), MAX(updated_at) FROM deployments"))
+                .fetch_one(&self.pool)
+                .await?;
+        // (PostgreSQL sums BIGINTs as NUMERIC: cast back.)
+        let (s, ssum): (i64, Option<i64>) =
+            sqlx::query_as(self.sql("SELECT COUNT(*), CAST(SUM(idx) AS BIGINT) FROM subnets"))
+                .fetch_one(&self.pool)
+                .await?;
+        let keys: Vec<KeyRow> =
+            sqlx::query_as(self.sql(
+                "SELECT name, mesh_key, mesh_port, mesh_address FROM nodes WHERE mesh_key IS NOT NULL ORDER BY name",
+            ))
+            .fetch_all(&self.pool)
+            .await?;
+        let keys = {
+            use sha2::Digest;
+            let mut h = sha2::Sha256::new();
+            for k in &keys {
+                h.update(format!("{}/{:?}/{:?}/{:?};", k.name, k.mesh_key, k.mesh_port, k.mesh_address).as_bytes());
+            }
+            hex::encode(h.finalize())
+        };
+        Ok(format!("{d}/{}/{s}/{}/{keys}", dmax.unwrap_or(0), ssum.unwrap_or(0)))
+    }
+
+    /// Every node's decided mesh.
+    pub async fn meshes(&self) -> Result<BTreeMap<String, MeshRow>, LedgerError> {
+        let rows: Vec<MeshRow> = sqlx::query_as(
+            self.sql("SELECT node, generation, hash, spec, applied, links FROM node_meshes ORDER BY node"),
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(|r| (r.node.clone(), r)).collect())
+    }
+
+    /// Records the meshes that changed, (node, hash, spec), each at its next generation, with
+    /// `events` (kind, subject, detail).
+    pub async fn write_meshes(
+        &self,
+        changed: &[(String, String, String)],
+        events: &[(String, String, String)],
+        now_ms: i64,
+    ) -> Result<(), LedgerError> {
+        if changed.is_empty() && events.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.write_tx().await?;
+        self.events_in(&mut tx, now_ms, events).await?;
+        for (node, hash, spec) in changed {
+            sqlx::query(self.sql(
+                "INSERT INTO node_meshes (node, generation, hash, spec) VALUES (?, 1, ?, ?) \
+                 ON CONFLICT (node) DO UPDATE SET generation = node_meshes.generation + 1, \
+                 hash = excluded.hash, spec = excluded.spec",
+            ))
+            .bind(node)
+            .bind(hash)
+            .bind(spec)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// What a node's heartbeat said of its mesh: the generation it applied and its links
+    /// (JSON, bounded by the API). Returns its mesh when the node has not applied it yet:
+    /// (generation, spec).
+    pub async fn mesh_beat(&self, node: &str, applied: u64, links: &str) -> Result<Option<(i64, String)>, LedgerError> {
+        let applied = i64::try_from(applied).unwrap_or(i64::MAX);
+        sqlx::query(self.sql("UPDATE node_meshes SET applied = ?, links = ? WHERE node = ?"))
+            .bind(applied)
+            .bind(links)
+            .bind(node)
+            .execute(&self.pool)
+            .await?;
+        let row: Option<(i64, String)> =
+            sqlx::query_as(self.sql("SELECT generation, spec FROM node_meshes WHERE node = ? AND generation > ?"))
+                .bind(node)
+                .bind(applied)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(row)
+    }
+}
