@@ -53,7 +53,27 @@ pub struct MeshEnvironment {
     pub subnet: String,
     /// Its subnets on the other nodes (each in exactly one peer's `subnets`).
     pub remote: Vec<String>,
+    /// Its roles' healthy replicas on the other nodes, by role: what its service names add
+    /// to this node's own replicas.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<MeshName>,
 }
+
+/// A role of an environment and the addresses of its healthy replicas on one or more nodes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MeshName {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub environment: String,
+    pub role: String,
+    /// IPv4 addresses, at most [`MAX_NAME_ADDRESSES`].
+    pub addresses: Vec<String>,
+}
+
+/// Most addresses one role's name carries between nodes (what a name's answer holds).
+pub const MAX_NAME_ADDRESSES: usize = 16;
+/// Most names one heartbeat may report.
+pub const MAX_HEARTBEAT_NAMES: usize = 4096;
 
 /// What a node's heartbeat says of its mesh: its WireGuard public key (never the private
 /// one), the UDP port it listens on, and the address others reach it at when its agent is
@@ -71,6 +91,10 @@ pub struct MeshAdvert {
     /// Its peers and their last handshakes (at most [`MAX_MESH_PEERS`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub links: Vec<MeshLink>,
+    /// What its service names answer with its own replicas, by environment and role (at
+    /// most [`MAX_HEARTBEAT_NAMES`]): what other nodes' names add.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<MeshName>,
 }
 
 /// One peer of a node's mesh, as the node's WireGuard reports it.
@@ -105,6 +129,12 @@ impl MeshAdvert {
                 .all(|b| b.is_ascii_alphanumeric() || *b == b'+' || *b == b'/')
             && self.port != 0
             && self.links.len() <= MAX_MESH_PEERS
+            && self.names.len() <= MAX_HEARTBEAT_NAMES
+            && self.names.iter().all(|n| {
+                !n.environment.is_empty()
+                    && n.addresses.len() <= MAX_NAME_ADDRESSES
+                    && n.addresses.iter().all(|a| a.parse::<std::net::Ipv4Addr>().is_ok())
+            })
             && self
                 .address
                 .as_deref()
@@ -156,6 +186,11 @@ mod tests {
             address: Some("10.77.0.1".into()),
             applied: 0,
             links: Vec::new(),
+            names: vec![MeshName {
+                environment: "api".into(),
+                role: "db".into(),
+                addresses: vec!["10.208.2.10".into()],
+            }],
         };
         assert!(ok.valid());
         assert_eq!(ok.endpoint().as_deref(), Some("10.77.0.1:51820"));
@@ -174,6 +209,14 @@ mod tests {
                 ..ok.clone()
             },
             MeshAdvert { port: 0, ..ok.clone() },
+            MeshAdvert {
+                names: vec![MeshName {
+                    environment: "api".into(),
+                    role: "db".into(),
+                    addresses: vec!["db.example.invalid".into()],
+                }],
+                ..ok.clone()
+            },
             MeshAdvert {
                 address: Some("node.example.invalid".into()),
                 ..ok.clone()

@@ -246,6 +246,7 @@ fn up(path: Path3, state: &Path) -> Duration {
                     environment: "api".into(),
                     subnet: me.subnet.into(),
                     remote: vec![peer.subnet.into()],
+                    names: Vec::new(),
                 }],
             };
             // B first; then A's apply starts the clock that ends at B's first accepted
@@ -321,13 +322,17 @@ fn measure() -> Measured {
     let server = std::thread::spawn(|| {
         inside(B.container, || {
             let l = TcpListener::bind(("0.0.0.0", PORT)).expect("bind");
-            // The bulk connection: read to its end.
-            let (mut c, _) = l.accept().expect("accept");
-            let mut buf = vec![0u8; 1 << 16];
-            while c.read(&mut buf).is_ok_and(|n| n > 0) {}
+            // The bulk connection: read to its end, then closed (the sender waits for that).
+            {
+                let (mut c, _) = l.accept().expect("accept");
+                c.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+                let mut buf = vec![0u8; 1 << 16];
+                while c.read(&mut buf).is_ok_and(|n| n > 0) {}
+            }
             // The ping connection: echo each 64 bytes.
             let (mut c, _) = l.accept().expect("accept");
             c.set_nodelay(true).expect("nodelay");
+            c.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
             let mut m = [0u8; 64];
             for _ in 0..PINGS {
                 if c.read_exact(&mut m).is_err() || c.write_all(&m).is_err() {
@@ -350,6 +355,7 @@ fn measure() -> Measured {
             sent += chunk.len();
         }
         c.shutdown(std::net::Shutdown::Write).expect("shutdown");
+        c.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
         let mut sink = [0u8; 1];
         let _ = c.read(&mut sink);
         let mibs = (BYTES >> 20) as f64 / start.elapsed().as_secs_f64();

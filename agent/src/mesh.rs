@@ -56,6 +56,53 @@ pub fn remote_subnets(state_dir: &Path, environment: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The other nodes' names a mesh carries, by environment and role (addresses that do not
+/// parse, or lie outside the environment's remote subnets, are left out: a node speaks only
+/// for its own subnet).
+pub fn remote_names(spec: &MeshSpec) -> std::collections::HashMap<String, crate::names::EnvNames> {
+    let mut out: std::collections::HashMap<String, crate::names::EnvNames> = std::collections::HashMap::new();
+    for e in &spec.environments {
+        for n in &e.names {
+            let addresses: Vec<std::net::Ipv4Addr> = n
+                .addresses
+                .iter()
+                .filter_map(|a| a.parse().ok())
+                .filter(|a| e.remote.iter().any(|s| crate::names::within(s, *a)))
+                .take(agent_proto::mesh::MAX_NAME_ADDRESSES)
+                .collect();
+            if !addresses.is_empty() {
+                out.entry(e.environment.clone())
+                    .or_default()
+                    .insert(n.role.clone(), addresses);
+            }
+        }
+    }
+    out
+}
+
+/// This node's own names as the heartbeat says them.
+pub fn local_names(
+    local: &std::collections::HashMap<String, crate::names::EnvNames>,
+) -> Vec<agent_proto::mesh::MeshName> {
+    let mut out: Vec<agent_proto::mesh::MeshName> = local
+        .iter()
+        .flat_map(|(env, roles)| {
+            roles.iter().map(move |(role, addresses)| agent_proto::mesh::MeshName {
+                environment: env.clone(),
+                role: role.clone(),
+                addresses: addresses
+                    .iter()
+                    .take(agent_proto::mesh::MAX_NAME_ADDRESSES)
+                    .map(|a| a.to_string())
+                    .collect(),
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| (&a.environment, &a.role).cmp(&(&b.environment, &b.role)));
+    out.truncate(agent_proto::mesh::MAX_HEARTBEAT_NAMES);
+    out
+}
+
 fn io(code: &'static str, e: impl std::fmt::Display) -> Failure {
     retryable(code, e.to_string())
 }
@@ -284,7 +331,11 @@ impl Mesh {
 
     /// What the heartbeat says of the mesh: `advert` with the generation applied last and
     /// each peer's last handshake.
-    pub fn advert(&self, advert: &agent_proto::mesh::MeshAdvert) -> agent_proto::mesh::MeshAdvert {
+    pub fn advert(
+        &self,
+        advert: &agent_proto::mesh::MeshAdvert,
+        names: Vec<agent_proto::mesh::MeshName>,
+    ) -> agent_proto::mesh::MeshAdvert {
         let links = self
             .links()
             .into_iter()
@@ -300,6 +351,7 @@ impl Mesh {
         agent_proto::mesh::MeshAdvert {
             applied: self.fence(),
             links,
+            names,
             ..advert.clone()
         }
     }

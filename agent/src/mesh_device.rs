@@ -202,10 +202,18 @@ fn peers(spec: &MeshSpec) -> Result<Vec<Peer>, Failure> {
         .collect()
 }
 
-/// Sets the device to `spec` whole: key, port, and its peers replacing every other.
+/// Sets the device to `spec` whole: key, port, its peers (each one's allowed IPs replaced),
+/// and every other peer removed. Peers are changed in place, not replaced wholesale, so a
+/// spec that changes nothing of a peer keeps its session (no new handshake, no pause).
 pub fn set(iface: &str, backend: Backend, key: &[u8; 32], spec: &MeshSpec) -> Result<(), Failure> {
     let peers = peers(spec)?;
     let failed = |e: String| retryable("mesh-apply-failed", e);
+    let stale: Vec<[u8; 32]> = get(iface)
+        .map(|(_, d)| d.peers.into_iter().map(|p| p.public_key).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|k| !peers.iter().any(|(p, ..)| p == k))
+        .collect();
     match backend {
         Backend::Kernel => {
             use wireguard_uapi::linux::set;
@@ -221,7 +229,6 @@ pub fn set(iface: &str, backend: Backend, key: &[u8; 32], spec: &MeshSpec) -> Re
                 })
                 .collect();
             let device = set::Device::from_ifname(iface)
-                .flags(vec![set::WgDeviceF::ReplacePeers])
                 .private_key(key)
                 .listen_port(spec.port)
                 .peers(
@@ -237,6 +244,11 @@ pub fn set(iface: &str, backend: Backend, key: &[u8; 32], spec: &MeshSpec) -> Re
                             }
                             p.persistent_keepalive_interval(keepalive.unwrap_or(0))
                         })
+                        .chain(
+                            stale
+                                .iter()
+                                .map(|k| set::Peer::from_public_key(k).flags(vec![set::WgPeerF::RemoveMe])),
+                        )
                         .collect(),
                 );
             WgSocket::connect()
@@ -250,7 +262,7 @@ pub fn set(iface: &str, backend: Backend, key: &[u8; 32], spec: &MeshSpec) -> Re
                 private_key: Some(*key),
                 listen_port: Some(spec.port),
                 fwmark: None,
-                replace_peers: Some(true),
+                replace_peers: None,
                 peers: peers
                     .into_iter()
                     .map(|(k, endpoint, keepalive, ips)| {
@@ -267,6 +279,7 @@ pub fn set(iface: &str, backend: Backend, key: &[u8; 32], spec: &MeshSpec) -> Re
                         }
                         p
                     })
+                    .chain(stale.iter().map(|k| set::Peer::from_public_key(*k).remove(true)))
                     .collect(),
             };
             xplatform::Client::create(socket(iface))

@@ -372,6 +372,7 @@ mod tests {
                 environment: "api".into(),
                 subnet: "10.208.1.0/24".into(),
                 remote: vec!["10.208.2.0/24".into()],
+                names: Vec::new(),
             }],
             ..MeshSpec::default()
         };
@@ -408,6 +409,7 @@ mod tests {
                 environment: "api".into(),
                 subnet: "10.208.1.0".into(),
                 remote: vec![],
+                names: Vec::new(),
             }],
             ..MeshSpec::default()
         };

@@ -35,7 +35,12 @@ pub type PushReach = Arc<dyn Fn(&str, &Reachable) -> Result<(), String> + Send +
 
 /// The servers and what they answer.
 pub struct NameService {
+    /// What the servers answer: this node's names with the other nodes' added.
     table: Table,
+    /// This node's own names (its judged replicas).
+    local: RwLock<HashMap<String, EnvNames>>,
+    /// Other nodes' names, as the mesh applied last carries them.
+    remote: RwLock<HashMap<String, EnvNames>>,
     /// Containers this agent judged healthy (their `ensure` succeeded, or they ran when it
     /// started).
     judged: Mutex<HashSet<String>>,
@@ -68,6 +73,8 @@ impl NameService {
     pub fn new(upstream: Option<SocketAddr>) -> Self {
         NameService {
             table: Arc::default(),
+            local: RwLock::default(),
+            remote: RwLock::default(),
             judged: Mutex::default(),
             adopted: std::sync::atomic::AtomicBool::new(false),
             servers: Mutex::default(),
@@ -157,10 +164,43 @@ impl NameService {
             *r = reach;
         }
         let table = names::table(&running, &judged);
+        if let Ok(mut l) = self.local.write() {
+            *l = table;
+        }
+        self.merge();
+        self.follow(&networks);
+    }
+
+    /// Other nodes' names (from the mesh): served with this node's own from now on.
+    pub fn set_remote(&self, remote: HashMap<String, EnvNames>) {
+        if let Ok(mut r) = self.remote.write() {
+            *r = remote;
+        }
+        self.merge();
+    }
+
+    /// This node's own names, for the heartbeat (other nodes' names add them).
+    pub fn local(&self) -> HashMap<String, EnvNames> {
+        self.local.read().map(|l| l.clone()).unwrap_or_default()
+    }
+
+    /// The served table: each role's addresses here and on other nodes, sorted, once each.
+    fn merge(&self) {
+        let mut table = self.local();
+        if let Ok(remote) = self.remote.read() {
+            for (env, roles) in remote.iter() {
+                let names = table.entry(env.clone()).or_default();
+                for (role, addresses) in roles {
+                    let a = names.entry(role.clone()).or_default();
+                    a.extend(addresses);
+                    a.sort();
+                    a.dedup();
+                }
+            }
+        }
         if let Ok(mut t) = self.table.write() {
             *t = table;
         }
-        self.follow(&networks);
     }
 
     /// Writes the sets of each environment whose reach changed since last written.

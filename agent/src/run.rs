@@ -615,6 +615,10 @@ pub async fn run(config: Config) -> Result<()> {
         .stderr(std::process::Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
+    // Other nodes' names as the mesh applied last carried them (an agent restart keeps them).
+    if let Some(spec) = engine.mesh.applied() {
+        engine.names.set_remote(crate::mesh::remote_names(&spec));
+    }
     // One mesh apply at a time.
     let applying = Arc::new(AtomicBool::new(false));
     // The mesh: the node's key pair made now (only its public half is ever sent).
@@ -626,6 +630,7 @@ pub async fn run(config: Config) -> Result<()> {
                 address: config.mesh_address.map(|a| a.to_string()),
                 applied: 0,
                 links: Vec::new(),
+                names: Vec::new(),
             }),
             Err(f) => {
                 tracing::warn!(code = f.code, detail = %f.detail, "no mesh key: this node stays out of the mesh");
@@ -696,7 +701,9 @@ pub async fn run(config: Config) -> Result<()> {
                     host: host.clone(),
                     taken_subnets: engine.engine.taken_subnets().await.unwrap_or_default(),
                     volumes,
-                    mesh: mesh.as_ref().map(|m| engine.mesh.advert(m)),
+                    mesh: mesh
+                        .as_ref()
+                        .map(|m| engine.mesh.advert(m, crate::mesh::local_names(&engine.names.local()))),
                 };
                 match blocking(&client, move |c| c.heartbeat(&hb)).await {
                     Ok(reply) => {
@@ -713,6 +720,8 @@ pub async fn run(config: Config) -> Result<()> {
                             tokio::spawn(async move {
                                 match engine.mesh.apply(&spec).await {
                                     Ok(note) => {
+                                        // Other nodes' names, served with this node's own.
+                                        engine.names.set_remote(crate::mesh::remote_names(&spec));
                                         tracing::info!(generation = spec.generation, note = %note, "mesh applied")
                                     }
                                     Err(f) => {

@@ -247,6 +247,7 @@ fn nodes_lease_only_their_own_work_over_mutual_tls() {
         address: Some("node.example.invalid".into()),
         applied: 0,
         links: Vec::new(),
+        names: Vec::new(),
     };
     odd.mesh = Some(advert.clone());
     assert_eq!(refusal(n1.heartbeat(&odd)), Refusal::MalformedRequest);

@@ -17,7 +17,7 @@
 //! control plane in host 1, an agent on each host, a worker role with two replicas spread
 //! over both; the agents send their public keys, the control plane decides each node's mesh
 //! from placement and hands it over in heartbeat replies, and the replica on host 1 reaches
-//! the one on host 2.
+//! the one on host 2, and finds both replicas by the role's name.
 
 #[path = "../../reconciler/tests/support/daemon.rs"]
 mod daemon_support;
@@ -159,6 +159,7 @@ impl Node {
                         .iter()
                         .flat_map(|(p, _)| p.subnets.iter().filter(|(e, _)| e == env).map(|(_, s)| (*s).to_owned()))
                         .collect(),
+                    names: Vec::new(),
                 })
                 .collect(),
         }
@@ -597,8 +598,7 @@ fn a_control_plane_joins_its_nodes_environments_across_hosts() {
     );
     support::age_keygen(&s.dir.join("control.age"));
     let root = dir.path().to_owned();
-    let (operator, s_dir) = (s.operator.clone(), s.dir.clone());
-    let _ = s_dir;
+    let (operator, viewer) = (s.operator.clone(), s.viewer.clone());
     let cfg2 = cfg.clone();
     let daemon = h1.run(move || {
         let mut d = Daemon::start(&s, &cfg2, api);
@@ -750,6 +750,42 @@ fn a_control_plane_joins_its_nodes_environments_across_hosts() {
         std::thread::sleep(Duration::from_millis(300));
     };
     assert!(answer.trim_end().ends_with(&n2_id), "{answer}");
+    // By name: the role's name answers with its replicas on both nodes (this node's, and the
+    // other's as the mesh carries them), through Docker's resolver and the agent's server.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = host::docker_at(
+            &h1.socket,
+            &[
+                "exec",
+                &n1_name,
+                "/bin/busybox",
+                "timeout",
+                "5",
+                "/bin/busybox",
+                "nslookup",
+                "-type=a",
+                "app",
+            ],
+        );
+        let mut got = support::nslookup_addresses(&out);
+        got.sort();
+        let mut want = vec![n1_ip.clone(), n2_ip.clone()];
+        want.sort();
+        if got == want {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "app resolves to {got:?}, not {want:?}: {:?}\n{}",
+            support::sql(
+                &url,
+                "SELECT node || ' g' || CAST(generation AS TEXT) || ' applied ' || CAST(applied AS TEXT) || ' ' || spec FROM node_meshes"
+            ),
+            std::fs::read_to_string(&l1).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
     // What the ledger holds: each node applied its newest mesh, with the other as its peer.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -764,6 +800,24 @@ fn a_control_plane_joins_its_nodes_environments_across_hosts() {
         std::thread::sleep(Duration::from_millis(200));
     }
     let _ = generation;
+    // `pl nodes` reads it from the API: each node's mesh applied, its peer and a handshake.
+    let (daemon, (code, body)) = h1.run(move || {
+        let answer = daemon.get("/v1/nodes", Some(&viewer));
+        (daemon, answer)
+    });
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("json");
+    for (node, peer) in [("n1", "n2"), ("n2", "n1")] {
+        let n = v["nodes"]
+            .as_array()
+            .expect("nodes")
+            .iter()
+            .find(|n| n["name"] == node)
+            .expect("node");
+        assert_eq!(n["mesh"]["generation"], n["mesh"]["applied"], "{n}");
+        assert_eq!(n["mesh"]["links"][0]["node"], peer, "{n}");
+        assert!(n["mesh"]["links"][0]["lastHandshake"].as_u64().is_some(), "{n}");
+    }
     drop(procs);
     drop(daemon);
     for host in [&h1, &h2] {

@@ -532,6 +532,35 @@ pub fn nodes(args: &ServerArgs) -> Result<u8> {
             seen,
             n["agentVersion"].as_str().unwrap_or("-"),
         );
+        // The mesh, as the node's agent said it: applied or behind, and each link's health.
+        if let Some(m) = n.get("mesh") {
+            let (g, a) = (
+                m["generation"].as_i64().unwrap_or(0),
+                m["applied"].as_i64().unwrap_or(0),
+            );
+            let state = if a >= g {
+                format!("generation {g} applied")
+            } else {
+                format!("generation {g}, {a} applied")
+            };
+            let links: Vec<String> = m["links"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|l| {
+                    let peer = l["node"].as_str().unwrap_or("?");
+                    match l["lastHandshake"].as_i64() {
+                        Some(t) => format!("{peer} handshake {} s ago", (now / 1000 - t).max(0)),
+                        None => format!("{peer} no handshake"),
+                    }
+                })
+                .collect();
+            outln!(
+                "  mesh: {state}{}{}",
+                if links.is_empty() { "" } else { "; " },
+                links.join(", ")
+            );
+        }
     }
     Ok(0)
 }

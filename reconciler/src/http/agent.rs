@@ -201,6 +201,11 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
             "the heartbeat's mesh is not a WireGuard public key, a port and an IP address",
         );
     }
+    let names = hb
+        .mesh
+        .as_ref()
+        .and_then(|m| serde_json::to_string(&m.names).ok())
+        .unwrap_or_else(|| "[]".into());
     let beat = crate::store::fleet::Beat {
         agent_version: &version,
         capabilities: &capabilities,
@@ -211,7 +216,7 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
         mesh: hb
             .mesh
             .as_ref()
-            .map(|m| (m.public_key.as_str(), m.port, m.address.as_deref())),
+            .map(|m| (m.public_key.as_str(), m.port, m.address.as_deref(), names.as_str())),
     };
     match s.ledger.heartbeat(&node, &beat, now_ms()).await {
         Ok(changed) => {

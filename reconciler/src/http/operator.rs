@@ -364,10 +364,31 @@ async fn nodes(State(s): App, headers: HeaderMap) -> Response {
     if let Some(r) = authorize(&s.tokens, &headers, Role::Viewer) {
         return r;
     }
-    match s.ledger.nodes(&s.config.source.branch, now_ms()).await {
-        Ok(rows) => axum::Json(json!({ "nodes": rows })).into_response(),
-        Err(e) => internal(e),
-    }
+    let rows = match s.ledger.nodes(&s.config.source.branch, now_ms()).await {
+        Ok(rows) => rows,
+        Err(e) => return internal(e),
+    };
+    // Each node's mesh as its agent said it: the generation decided and the one applied, and
+    // each peer's last handshake (what is true on the node, not what was asked).
+    let meshes = match s.ledger.meshes().await {
+        Ok(m) => m,
+        Err(e) => return internal(e),
+    };
+    let nodes: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|r| {
+            let mut v = serde_json::to_value(r).unwrap_or_default();
+            if let (Some(m), Some(o)) = (meshes.get(&r.name), v.as_object_mut()) {
+                let links: serde_json::Value = serde_json::from_str(&m.links).unwrap_or_else(|_| json!([]));
+                o.insert(
+                    "mesh".into(),
+                    json!({"generation": m.generation, "applied": m.applied, "links": links}),
+                );
+            }
+            v
+        })
+        .collect();
+    axum::Json(json!({ "nodes": nodes })).into_response()
 }
 
 /// Custom domains (`http::domains`).

@@ -23,6 +23,8 @@ pub struct MeshNode {
     pub key: Option<String>,
     /// Where it listens (`address:port`), from Git or its agent; `None`: unreachable.
     pub endpoint: Option<String>,
+    /// What its service names answer with its own replicas: (environment, role) → addresses.
+    pub names: BTreeMap<(String, String), Vec<String>>,
 }
 
 /// One environment's subnet on one node (its index in the pool).
@@ -57,6 +59,17 @@ pub struct EnvironmentMesh {
     pub idx: i64,
     /// Its subnets on the peers.
     pub remote: Vec<i64>,
+    /// Its roles' replicas on the peers, by role: addresses each peer's names gave, only
+    /// those inside that peer's subnet of the environment (a node speaks for its own).
+    pub names: BTreeMap<String, Vec<String>>,
+}
+
+/// Whether `address` is inside the pool's `idx`-th /24.
+fn inside(address: &str, idx: i64) -> bool {
+    address.parse::<std::net::Ipv4Addr>().is_ok_and(|a| {
+        let o = a.octets();
+        o[0] == 10 && i64::from(o[1]) == 208 + idx / 256 && i64::from(o[2]) == idx % 256
+    })
 }
 
 /// Something the plan could not do.
@@ -131,14 +144,39 @@ pub fn plan(nodes: &[MeshNode], placed: &[Placed]) -> (BTreeMap<String, NodeMesh
         peers.retain(|p| !p.subnets.is_empty());
         let environments = mine
             .iter()
-            .map(|(env, idx)| EnvironmentMesh {
-                environment: (*env).to_owned(),
-                idx: *idx,
-                remote: peers
+            .map(|(env, idx)| {
+                let at: Vec<(&str, i64)> = peers
                     .iter()
-                    .filter_map(|p| on.get(p.node.as_str()).and_then(|t| t.get(env)).copied())
-                    .filter(|i| !clash.contains(i))
-                    .collect(),
+                    .filter_map(|p| {
+                        on.get(p.node.as_str())
+                            .and_then(|t| t.get(env))
+                            .map(|i| (p.node.as_str(), *i))
+                    })
+                    .filter(|(_, i)| !clash.contains(i))
+                    .collect();
+                let mut names: BTreeMap<String, Vec<String>> = BTreeMap::new();
+                for (peer, i) in &at {
+                    let Some(n) = keyed.get(peer) else { continue };
+                    for ((e, role), addresses) in &n.names {
+                        if e != env {
+                            continue;
+                        }
+                        let list = names.entry(role.clone()).or_default();
+                        list.extend(addresses.iter().filter(|a| inside(a, *i)).cloned());
+                    }
+                }
+                for list in names.values_mut() {
+                    list.sort();
+                    list.dedup();
+                    list.truncate(agent_proto::mesh::MAX_NAME_ADDRESSES);
+                }
+                names.retain(|_, l| !l.is_empty());
+                EnvironmentMesh {
+                    environment: (*env).to_owned(),
+                    idx: *idx,
+                    remote: at.iter().map(|(_, i)| *i).collect(),
+                    names,
+                }
             })
             .collect();
         out.insert((*name).to_owned(), NodeMesh { peers, environments });
@@ -170,6 +208,15 @@ pub fn wire(m: &NodeMesh, port: u16) -> MeshSpec {
                 environment: e.environment.clone(),
                 subnet: subnet(e.idx),
                 remote: e.remote.iter().map(|i| subnet(*i)).collect(),
+                names: e
+                    .names
+                    .iter()
+                    .map(|(role, addresses)| agent_proto::mesh::MeshName {
+                        environment: String::new(),
+                        role: role.clone(),
+                        addresses: addresses.clone(),
+                    })
+                    .collect(),
             })
             .collect(),
     }
@@ -190,6 +237,14 @@ pub async fn refresh(ledger: &Ledger, now_ms: i64) -> Result<usize, LedgerError>
         .map(|k| MeshNode {
             name: k.name.clone(),
             key: k.mesh_key.clone(),
+            names: k
+                .mesh_names
+                .as_deref()
+                .and_then(|t| serde_json::from_str::<Vec<agent_proto::mesh::MeshName>>(t).ok())
+                .unwrap_or_default()
+                .into_iter()
+                .map(|n| ((n.environment, n.role), n.addresses))
+                .collect(),
             endpoint: k
                 .mesh_address
                 .as_deref()
@@ -259,6 +314,7 @@ mod tests {
             name: name.into(),
             key: key.then(|| format!("key-{name}")),
             endpoint: endpoint.map(str::to_owned),
+            names: BTreeMap::new(),
         }
     }
 
@@ -336,6 +392,38 @@ mod tests {
         let (plan_, _) = plan(&nodes, &[at("n1", "api", 1)]);
         assert!(plan_["n1"].peers.is_empty());
         assert_eq!(plan_["n2"], NodeMesh::default());
+    }
+
+    #[test]
+    fn names_carry_the_peers_replicas_of_the_same_environment_inside_their_own_subnets() {
+        let mut n2 = node("n2", true, Some("10.77.0.2:51820"));
+        n2.names.insert(
+            ("api".into(), "db".into()),
+            vec!["10.208.2.10".into(), "10.208.2.11".into()],
+        );
+        // Not n2's to say: an address of another subnet, and another environment's role.
+        n2.names
+            .insert(("api".into(), "cache".into()), vec!["10.208.9.10".into()]);
+        n2.names
+            .insert(("shop".into(), "db".into()), vec!["10.208.3.10".into()]);
+        let mut n3 = node("n3", true, Some("10.77.0.3:51820"));
+        n3.names.insert(("api".into(), "db".into()), vec!["10.208.4.10".into()]);
+        let nodes = [node("n1", true, Some("10.77.0.1:51820")), n2, n3];
+        let placed = [
+            at("n1", "api", 1),
+            at("n2", "api", 2),
+            at("n2", "shop", 3),
+            at("n3", "api", 4),
+        ];
+        let (plan, _) = plan(&nodes, &placed);
+        let api = &plan["n1"].environments[0];
+        assert_eq!(
+            api.names,
+            BTreeMap::from([(
+                "db".to_owned(),
+                vec!["10.208.2.10".to_owned(), "10.208.2.11".into(), "10.208.4.10".into()]
+            )])
+        );
     }
 
     #[test]

@@ -244,8 +244,8 @@ pub struct Beat<'a> {
     /// Indices of the pool's /24s that others' networks use on the node's machine,
     /// comma-separated (empty: none).
     pub taken_subnets: &'a str,
-    /// The node's mesh, checked: (public key, port, address).
-    pub mesh: Option<(&'a str, u16, Option<&'a str>)>,
+    /// The node's mesh, checked: (public key, port, address, its own names as JSON).
+    pub mesh: Option<(&'a str, u16, Option<&'a str>, &'a str)>,
 }
 
 impl Ledger {
@@ -273,17 +273,18 @@ impl Ledger {
             self.events_in(&mut tx, now_ms, &events).await?;
             tx.commit().await?;
         }
-        // (last seen, capabilities, what ran, mesh key)
-        type Before = (Option<i64>, String, Option<String>, Option<String>);
-        let before: Option<Before> =
-            sqlx::query_as(self.sql("SELECT last_seen, capabilities, observed, mesh_key FROM nodes WHERE name = ?"))
-                .bind(node)
-                .fetch_optional(&self.pool)
-                .await?;
+        // (last seen, capabilities, what ran, mesh key, its names)
+        type Before = (Option<i64>, String, Option<String>, Option<String>, Option<String>);
+        let before: Option<Before> = sqlx::query_as(
+            self.sql("SELECT last_seen, capabilities, observed, mesh_key, mesh_names FROM nodes WHERE name = ?"),
+        )
+        .bind(node)
+        .fetch_optional(&self.pool)
+        .await?;
         let changed = match before {
             None => false,
             // `had`: a replica the agent reported before and no longer does is drift to look at.
-            Some((last, caps, had, key)) => {
+            Some((last, caps, had, key, names)) => {
                 let had: Vec<agent_proto::RunningInstance> =
                     had.and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
                 let now: Vec<agent_proto::RunningInstance> = serde_json::from_str(observed).unwrap_or_default();
@@ -299,11 +300,13 @@ impl Ledger {
                 Liveness::of(last, now_ms, self.lost_after_ms()) != Liveness::Ready
                     || caps != capabilities.join(",")
                     || key.as_deref() != mesh.map(|m| m.0)
+                    // So do a node's names: other nodes' answers add them.
+                    || names.as_deref() != mesh.map(|m| m.3)
             }
         };
         sqlx::query(self.sql(
             "UPDATE nodes SET last_seen = ?, agent_version = ?, capabilities = ?, observed = ?, \
-                 host = COALESCE(?, host), taken_subnets = ?, mesh_key = ?, mesh_port = ?, mesh_address = ? \
+                 host = COALESCE(?, host), taken_subnets = ?, mesh_key = ?, mesh_port = ?, mesh_address = ?, mesh_names = ? \
                  WHERE name = ?",
         ))
         .bind(now_ms)
@@ -315,6 +318,7 @@ impl Ledger {
         .bind(mesh.map(|m| m.0))
         .bind(mesh.map(|m| i64::from(m.1)))
         .bind(mesh.and_then(|m| m.2))
+        .bind(mesh.map(|m| m.3))
         .bind(node)
         .execute(&self.pool)
         .await?;

@@ -15,6 +15,8 @@ pub struct KeyRow {
     pub mesh_key: Option<String>,
     pub mesh_port: Option<i64>,
     pub mesh_address: Option<String>,
+    /// Its own names as its heartbeat said them (JSON).
+    pub mesh_names: Option<String>,
 }
 
 /// A node's decided mesh.
@@ -38,11 +40,11 @@ struct DeploymentRow {
 impl Ledger {
     /// Every enrolled node's mesh key, port and address.
     pub async fn mesh_keys(&self) -> Result<Vec<KeyRow>, LedgerError> {
-        Ok(
-            sqlx::query_as(self.sql("SELECT name, mesh_key, mesh_port, mesh_address FROM nodes ORDER BY name"))
-                .fetch_all(&self.pool)
-                .await?,
+        Ok(sqlx::query_as(
+            self.sql("SELECT name, mesh_key, mesh_port, mesh_address, mesh_names FROM nodes ORDER BY name"),
         )
+        .fetch_all(&self.pool)
+        .await?)
     }
 
     /// (node, environment, pool index) for every environment with a replica placed on a node,
@@ -86,7 +88,7 @@ impl Ledger {
                 .await?;
         let keys: Vec<KeyRow> =
             sqlx::query_as(self.sql(
-                "SELECT name, mesh_key, mesh_port, mesh_address FROM nodes WHERE mesh_key IS NOT NULL ORDER BY name",
+                "SELECT name, mesh_key, mesh_port, mesh_address, mesh_names FROM nodes WHERE mesh_key IS NOT NULL ORDER BY name",
             ))
             .fetch_all(&self.pool)
             .await?;
@@ -94,7 +96,13 @@ impl Ledger {
             use sha2::Digest;
             let mut h = sha2::Sha256::new();
             for k in &keys {
-                h.update(format!("{}/{:?}/{:?}/{:?};", k.name, k.mesh_key, k.mesh_port, k.mesh_address).as_bytes());
+                h.update(
+                    format!(
+                        "{}/{:?}/{:?}/{:?}/{:?};",
+                        k.name, k.mesh_key, k.mesh_port, k.mesh_address, k.mesh_names
+                    )
+                    .as_bytes(),
+                );
             }
             hex::encode(h.finalize())
         };
