@@ -323,7 +323,7 @@ impl Reconciler {
         // fetched by its node with its next heartbeat.
         let signature = self.ledger.mesh_signature().await?;
         let seen = self.mesh_seen.lock().map(|s| s.clone()).unwrap_or_default();
-        if signature != seen {
+        if let Some(signature) = signature.filter(|s| *s != seen) {
             let meshes = mesh::refresh(&self.ledger, now_ms()).await?;
             if meshes > 0 {
                 tracing::info!(nodes = meshes, "node meshes changed");

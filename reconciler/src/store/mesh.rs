@@ -75,8 +75,15 @@ impl Ledger {
     }
 
     /// A short account of everything the mesh is decided from (the deployments' rows, the
-    /// subnets, the nodes' keys and addresses): when it is unchanged, so is every mesh.
-    pub async fn mesh_signature(&self) -> Result<String, LedgerError> {
+    /// subnets, the nodes' keys, addresses and names): when it is unchanged, so is every mesh.
+    /// `None` when no node has a key (no mesh to decide: one small read of `nodes`).
+    pub async fn mesh_signature(&self) -> Result<Option<String>, LedgerError> {
+        let any: Option<i64> = sqlx::query_scalar(self.sql("SELECT 1 FROM nodes WHERE mesh_key IS NOT NULL LIMIT 1"))
+            .fetch_optional(&self.pool)
+            .await?;
+        if any.is_none() {
+            return Ok(None);
+        }
         let (d, dmax): (i64, Option<i64>) =
             sqlx::query_as(self.sql("SELECT COUNT(*), MAX(updated_at) FROM deployments"))
                 .fetch_one(&self.pool)
@@ -106,7 +113,11 @@ impl Ledger {
             }
             hex::encode(h.finalize())
         };
-        Ok(format!("{d}/{}/{s}/{}/{keys}", dmax.unwrap_or(0), ssum.unwrap_or(0)))
+        Ok(Some(format!(
+            "{d}/{}/{s}/{}/{keys}",
+            dmax.unwrap_or(0),
+            ssum.unwrap_or(0)
+        )))
     }
 
     /// Every node's decided mesh.
