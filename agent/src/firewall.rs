@@ -180,6 +180,71 @@ pub fn rules(subnet: &str) -> Result<Vec<(&'static str, Vec<Statement<'static>>)
     Ok(out)
 }
 
+/// A table's base chains: (name, hook, type, priority).
+pub type BaseChain = (&'static str, NfHook, NfChainType, i32);
+
+/// An environment's base chains: filters at priority -10, before Docker's.
+pub const FILTER_CHAINS: [BaseChain; 2] = [
+    ("forward", NfHook::Forward, NfChainType::Filter, -10),
+    ("input", NfHook::Input, NfChainType::Filter, -10),
+];
+
+/// Starts replacing `table` whole: added, deleted and added again in one transaction (so it
+/// is replaced whether it existed or not, and no packet ever sees half of it), with the marker
+/// chain that makes it ours.
+pub fn open_table(batch: &mut Batch<'static>, table: &str) {
+    let t = Table {
+        family: NfFamily::INet,
+        name: Cow::Owned(table.to_owned()),
+        ..Table::default()
+    };
+    batch.add(NfListObject::Table(t.clone()));
+    batch.delete(NfListObject::Table(t.clone()));
+    batch.add(NfListObject::Table(t));
+    batch.add(NfListObject::Chain(Chain {
+        family: NfFamily::INet,
+        table: Cow::Owned(table.to_owned()),
+        name: Cow::Borrowed(MARKER),
+        ..Chain::default()
+    }));
+}
+
+/// Adds `table`'s base chains (accepting by default) and its rules, by chain, in order.
+pub fn add_chains(
+    batch: &mut Batch<'static>,
+    table: &str,
+    chains: &[BaseChain],
+    rules: &[(&'static str, Vec<Statement<'static>>)],
+) {
+    for (name, hook, kind, prio) in chains {
+        batch.add(NfListObject::Chain(Chain {
+            family: NfFamily::INet,
+            table: Cow::Owned(table.to_owned()),
+            name: Cow::Borrowed(name),
+            _type: Some(*kind),
+            hook: Some(*hook),
+            prio: Some(*prio),
+            policy: Some(NfChainPolicy::Accept),
+            ..Chain::default()
+        }));
+    }
+    for (chain, expr) in rules {
+        batch.add(NfListObject::Rule(Rule {
+            family: NfFamily::INet,
+            table: Cow::Owned(table.to_owned()),
+            chain: Cow::Borrowed(chain),
+            expr: Cow::Owned(expr.clone()),
+            ..Rule::default()
+        }));
+    }
+}
+
+/// Runs a batch through `nft`, in one transaction.
+pub fn run(nft: &Path, batch: Batch<'static>) -> Result<(), Failure> {
+    nftables::helper::apply_ruleset_with_args(&batch.to_nftables(), Some(nft), nftables::helper::DEFAULT_ARGS)
+        .map_err(|e| nft_error("nft-apply-failed", e))
+}
+
 fn nft_error(code: &'static str, e: nftables::helper::NftablesError) -> Failure {
     match &e {
         nftables::helper::NftablesError::NftFailed { stderr, .. } => retryable(code, stderr.trim().to_owned()),
@@ -313,22 +378,7 @@ impl Firewall {
         }
         let wanted = rules(subnet)?;
         let mut batch = Batch::new();
-        let t = Table {
-            family: NfFamily::INet,
-            name: Cow::Owned(table.clone()),
-            ..Table::default()
-        };
-        // Add, delete and add again in one transaction: the table is replaced whole,
-        // whether it existed or not, and no packet ever sees half of it.
-        batch.add(NfListObject::Table(t.clone()));
-        batch.delete(NfListObject::Table(t.clone()));
-        batch.add(NfListObject::Table(t));
-        batch.add(NfListObject::Chain(Chain {
-            family: NfFamily::INet,
-            table: Cow::Owned(table.clone()),
-            name: Cow::Borrowed(MARKER),
-            ..Chain::default()
-        }));
+        open_table(&mut batch, &table);
         for set in reach::sets(&table, reachable) {
             batch.add(set);
         }
@@ -336,30 +386,8 @@ impl Firewall {
             &table,
             &crate::mesh::remote_subnets(&self.state_dir, environment),
         ));
-        for (name, hook) in [("forward", NfHook::Forward), ("input", NfHook::Input)] {
-            batch.add(NfListObject::Chain(Chain {
-                family: NfFamily::INet,
-                table: Cow::Owned(table.clone()),
-                name: Cow::Borrowed(name),
-                _type: Some(NfChainType::Filter),
-                hook: Some(hook),
-                prio: Some(-10),
-                policy: Some(NfChainPolicy::Accept),
-                ..Chain::default()
-            }));
-        }
-        for (chain, expr) in &wanted {
-            batch.add(NfListObject::Rule(Rule {
-                family: NfFamily::INet,
-                table: Cow::Owned(table.clone()),
-                chain: Cow::Borrowed(chain),
-                expr: Cow::Owned(expr.clone()),
-                ..Rule::default()
-            }));
-        }
-        let ruleset = batch.to_nftables();
-        nftables::helper::apply_ruleset_with_args(&ruleset, Some(&self.nft), nftables::helper::DEFAULT_ARGS)
-            .map_err(|e| nft_error("nft-apply-failed", e))?;
+        add_chains(&mut batch, &table, &FILTER_CHAINS, &wanted);
+        run(&self.nft, batch)?;
         self.verify(&table, &wanted)?;
         self.set_fence(environment, generation, Some(subnet))?;
         Ok(format!(
@@ -422,12 +450,7 @@ impl Firewall {
                     name: Cow::Owned(table.clone()),
                     ..Table::default()
                 }));
-                nftables::helper::apply_ruleset_with_args(
-                    &batch.to_nftables(),
-                    Some(&self.nft),
-                    nftables::helper::DEFAULT_ARGS,
-                )
-                .map_err(|e| nft_error("nft-apply-failed", e))?;
+                run(&self.nft, batch)?;
                 format!("{table} removed")
             }
         };

@@ -9,7 +9,7 @@
 //! and an apply of the table carries the current ones, so replacing the table never empties
 //! them. The read-back compares rules, not elements.
 
-use super::{Firewall, ip, is, nft_error, prefix, table_name};
+use super::{Firewall, ip, is, prefix, table_name};
 use crate::outcome::{Failure, permanent};
 use nftables::batch::Batch;
 use nftables::expr::{Expression, NamedExpression, Payload, PayloadField};
@@ -210,9 +210,14 @@ pub fn bridged_traffic_filtered() -> Result<(), Failure> {
 }
 
 impl Firewall {
-    /// Rewrites the environment's mesh set to `subnets` in one transaction (a table that is
-    /// not there yet, or not ours, is left alone: its apply carries the elements).
-    pub fn set_mesh(&self, environment: &str, subnets: &[String]) -> Result<(), Failure> {
+    /// Rewrites some of the environment's sets in one transaction: each emptied, then given
+    /// its elements. A table that is not there yet, or not ours, is left alone (its apply
+    /// carries the elements).
+    fn rewrite_sets(
+        &self,
+        environment: &str,
+        sets: Vec<(NfListObject<'static>, Vec<Expression<'static>>)>,
+    ) -> Result<(), Failure> {
         let table = table_name(&self.control_plane, environment, &self.node);
         let Some(current) = self.read(&table)? else {
             return Ok(());
@@ -222,50 +227,35 @@ impl Firewall {
             return Ok(());
         }
         let mut batch = Batch::new();
-        if let NfListObject::Set(s) = mesh_set(&table, &[]) {
+        for (set, elem) in sets {
+            let NfListObject::Set(s) = set else { continue };
+            let name = s.name.clone();
             batch.add_cmd(NfCmd::Flush(FlushObject::Set(s)));
-        }
-        let elem = mesh_elements(subnets);
-        if !elem.is_empty() {
-            batch.add(NfListObject::Element(Element {
-                family: NfFamily::INet,
-                table: Cow::Owned(table.clone()),
-                name: Cow::Borrowed(MESH),
-                elem: Cow::Owned(elem),
-            }));
-        }
-        nftables::helper::apply_ruleset_with_args(&batch.to_nftables(), Some(&self.nft), nftables::helper::DEFAULT_ARGS)
-            .map_err(|e| nft_error("nft-apply-failed", e))
-    }
-
-    /// Rewrites the environment's sets to `r` in one transaction (a table that is not there
-    /// yet, or not ours, is left alone: its apply carries the elements).
-    pub fn set_reachable(&self, environment: &str, r: &Reachable) -> Result<(), Failure> {
-        let table = table_name(&self.control_plane, environment, &self.node);
-        let Some(current) = self.read(&table)? else {
-            return Ok(());
-        };
-        let (chains, _) = Firewall::chains_and_rules(&current);
-        if !chains.iter().any(|c| c == super::MARKER) {
-            return Ok(());
-        }
-        let mut batch = Batch::new();
-        for set in sets(&table, &Reachable::default()) {
-            if let NfListObject::Set(s) = set {
-                batch.add_cmd(NfCmd::Flush(FlushObject::Set(s)));
-            }
-        }
-        for (name, elem) in [(REACHABLE, port_elements(r)), (OPEN, open_elements(r))] {
             if !elem.is_empty() {
                 batch.add(NfListObject::Element(Element {
                     family: NfFamily::INet,
                     table: Cow::Owned(table.clone()),
-                    name: Cow::Borrowed(name),
+                    name,
                     elem: Cow::Owned(elem),
                 }));
             }
         }
-        nftables::helper::apply_ruleset_with_args(&batch.to_nftables(), Some(&self.nft), nftables::helper::DEFAULT_ARGS)
-            .map_err(|e| nft_error("nft-apply-failed", e))
+        super::run(&self.nft, batch)
+    }
+
+    /// Rewrites the environment's mesh set to `subnets`.
+    pub fn set_mesh(&self, environment: &str, subnets: &[String]) -> Result<(), Failure> {
+        let table = table_name(&self.control_plane, environment, &self.node);
+        self.rewrite_sets(environment, vec![(mesh_set(&table, &[]), mesh_elements(subnets))])
+    }
+
+    /// Rewrites the environment's reachable and open sets to `r`.
+    pub fn set_reachable(&self, environment: &str, r: &Reachable) -> Result<(), Failure> {
+        let table = table_name(&self.control_plane, environment, &self.node);
+        let [reachable, open] = sets(&table, &Reachable::default());
+        self.rewrite_sets(
+            environment,
+            vec![(reachable, port_elements(r)), (open, open_elements(r))],
+        )
     }
 }

@@ -21,14 +21,14 @@
 //!   or (legacy) the mesh cannot pass Docker's rules, which `docs/agent.md` states.
 
 use super::Mesh;
-use crate::firewall::{Firewall, MARKER};
+use crate::firewall::{FILTER_CHAINS, Firewall, MARKER, add_chains, open_table, run};
 use crate::outcome::{Failure, permanent, retryable};
 use agent_proto::mesh::{MeshSpec, mesh_table};
 use nftables::batch::Batch;
 use nftables::expr::{Expression, Meta, MetaKey, NamedExpression, Payload, PayloadField, Prefix};
-use nftables::schema::{Chain, NfCmd, NfListObject, Rule, Table};
+use nftables::schema::{NfCmd, NfListObject, Rule, Table};
 use nftables::stmt::{Match, Operator, Statement};
-use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
+use nftables::types::{NfChainType, NfFamily, NfHook};
 use std::borrow::Cow;
 
 /// Docker's chain for the user's rules, in `ip filter`.
@@ -65,15 +65,6 @@ fn subnet(s: &str) -> Result<Expression<'static>, Failure> {
         addr: Box::new(Expression::String(Cow::Owned(a.to_owned()))),
         len: l.parse().ok().filter(|l| *l <= 32).ok_or_else(bad)?,
     })))
-}
-
-fn nft_failed(e: nftables::helper::NftablesError) -> Failure {
-    match &e {
-        nftables::helper::NftablesError::NftFailed { stderr, .. } => {
-            retryable("nft-apply-failed", stderr.trim().to_owned())
-        }
-        _ => retryable("nft-apply-failed", e.to_string()),
-    }
 }
 
 /// The mesh table's rules, by chain, in order (see the module's comment).
@@ -256,56 +247,23 @@ impl MeshFirewall<'_> {
         let iface = self.mesh.interface();
         let wanted = rules(&self.mesh.control_plane, &self.mesh.node, &iface, spec)?;
         let mut batch = Batch::new();
-        let t = Table {
-            family: NfFamily::INet,
-            name: Cow::Owned(table.clone()),
-            ..Table::default()
-        };
-        batch.add(NfListObject::Table(t.clone()));
-        batch.delete(NfListObject::Table(t.clone()));
-        batch.add(NfListObject::Table(t));
-        batch.add(NfListObject::Chain(Chain {
-            family: NfFamily::INet,
-            table: Cow::Owned(table.clone()),
-            name: Cow::Borrowed(MARKER),
-            ..Chain::default()
-        }));
-        for (name, hook, kind, prio) in [
-            ("forward", NfHook::Forward, NfChainType::Filter, -10),
-            ("input", NfHook::Input, NfChainType::Filter, -10),
-            ("postrouting", NfHook::Postrouting, NfChainType::NAT, 99),
-        ] {
-            batch.add(NfListObject::Chain(Chain {
-                family: NfFamily::INet,
-                table: Cow::Owned(table.clone()),
-                name: Cow::Borrowed(name),
-                _type: Some(kind),
-                hook: Some(hook),
-                prio: Some(prio),
-                policy: Some(NfChainPolicy::Accept),
-                ..Chain::default()
-            }));
-        }
-        for (chain, expr) in &wanted {
-            batch.add(NfListObject::Rule(Rule {
-                family: NfFamily::INet,
-                table: Cow::Owned(table.clone()),
-                chain: Cow::Borrowed(chain),
-                expr: Cow::Owned(expr.clone()),
-                ..Rule::default()
-            }));
-        }
+        open_table(&mut batch, &table);
+        add_chains(
+            &mut batch,
+            &table,
+            &[
+                FILTER_CHAINS[0],
+                FILTER_CHAINS[1],
+                ("postrouting", NfHook::Postrouting, NfChainType::NAT, 99),
+            ],
+            &wanted,
+        );
         if let Some(ours) = self.docker_user_rules()?
             && ours.is_empty()
         {
             batch.add_cmd(NfCmd::Insert(self.docker_rule(None)));
         }
-        nftables::helper::apply_ruleset_with_args(
-            &batch.to_nftables(),
-            Some(&self.mesh.nft),
-            nftables::helper::DEFAULT_ARGS,
-        )
-        .map_err(nft_failed)?;
+        run(&self.mesh.nft, batch)?;
         let fw = self.firewall();
         for e in &spec.environments {
             fw.set_mesh(&e.environment, &e.remote)?;
@@ -345,12 +303,7 @@ impl MeshFirewall<'_> {
             any = true;
         }
         if any {
-            nftables::helper::apply_ruleset_with_args(
-                &batch.to_nftables(),
-                Some(&self.mesh.nft),
-                nftables::helper::DEFAULT_ARGS,
-            )
-            .map_err(nft_failed)?;
+            run(&self.mesh.nft, batch)?;
         }
         let fw = self.firewall();
         for e in applied.iter().flat_map(|p| &p.environments) {
