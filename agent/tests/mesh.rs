@@ -243,6 +243,17 @@ fn setup(name: &'static str, lan: &'static str, subnets: [(&'static str, &'stati
     node
 }
 
+/// `ARGS` started in namespace `ns`, its output discarded (the test ends it).
+fn spawn_in(ns: &str, args: &[&str]) -> std::process::Child {
+    Command::new("ip")
+        .args(["netns", "exec", ns])
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+}
+
 /// What the node's mesh looks like, for a failure's message.
 fn diagnose(node: &Node) -> String {
     let ns = &node.host.netns;
@@ -322,23 +333,10 @@ fn two_hosts_reach_each_other_by_environment_over_wireguard_only() {
     let www = base.join("h2-www");
     std::fs::create_dir_all(&www).expect("www");
     std::fs::write(www.join("index.html"), "host h2\n").expect("index");
-    let mut host_server = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &h2.host.netns,
-            "busybox",
-            "httpd",
-            "-f",
-            "-p",
-            "8080",
-            "-h",
-        ])
-        .arg(&www)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("httpd");
+    let mut host_server = spawn_in(
+        &h2.host.netns,
+        &["busybox", "httpd", "-f", "-p", "8080", "-h", &www.to_string_lossy()],
+    );
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(
         sh(&format!(
@@ -375,22 +373,10 @@ fn two_hosts_reach_each_other_by_environment_over_wireguard_only() {
 
     // The LAN, captured while the environments talk.
     let pcap = base.join("lan.pcap");
-    let mut capture = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &h1.host.netns,
-            "tcpdump",
-            "-i",
-            "plmesh-l1",
-            "-U",
-            "-w",
-        ])
-        .arg(&pcap)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("tcpdump");
+    let mut capture = spawn_in(
+        &h1.host.netns,
+        &["tcpdump", "-i", "plmesh-l1", "-U", "-w", &pcap.to_string_lossy()],
+    );
     std::thread::sleep(Duration::from_millis(500));
     let deadline = Instant::now() + Duration::from_secs(10);
     let answer = loop {
