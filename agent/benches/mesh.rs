@@ -104,6 +104,7 @@ impl Side {
             node: self.node.into(),
             state_dir: state.join(self.node),
             nft: "nft".into(),
+            routes: tokio::sync::Mutex::new(()),
         }
     }
 }

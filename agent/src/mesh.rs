@@ -29,6 +29,9 @@ pub struct Mesh {
     pub state_dir: PathBuf,
     /// `nft`, as the firewall runs it.
     pub nft: PathBuf,
+    /// Held by whoever writes an environment's routing table (the routes task, its drift
+    /// repair, the mesh): each computes the table from the applied mesh, so they take turns.
+    pub routes: tokio::sync::Mutex<()>,
 }
 
 /// How long one apply may wait on the WireGuard device.
@@ -223,6 +226,7 @@ impl Mesh {
             self.write_state(spec.generation, Some(spec))?;
             return Ok(format!("no peers at generation {}: {note}", spec.generation));
         }
+        let _turn = self.routes.lock().await;
         let previous = self.applied();
         let (iface, path, wanted) = (self.interface(), self.key_path(), spec.clone());
         // Blocking sockets (netlink, or wireguard-go's), bounded: a WireGuard that never
@@ -296,6 +300,7 @@ impl Mesh {
                 format!("generation {fenced} of the mesh is applied already; {generation} is older"),
             ));
         }
+        let _turn = self.routes.lock().await;
         let routes = crate::routes::Routes::connect()?;
         let applied = self.applied();
         if let Some(spec) = &applied {

@@ -303,6 +303,7 @@ impl Executors {
                 let subnet = std::fs::read_to_string(entry.path()).unwrap_or_default();
                 let subnet = subnet.trim();
                 let network = agent_proto::host_object(&self.engine.control_plane, &env, &self.engine.node);
+                let _turn = self.mesh.routes.lock().await;
                 let (iface, remote) = (self.mesh.interface(), self.mesh.remote_of(&env));
                 let mesh = Some((iface.as_str(), remote.as_slice()));
                 if routes.verify(&network, subnet, mesh).await.is_ok() {
@@ -374,6 +375,7 @@ async fn run_task(x: &Executors, job: &LeasedJob) -> Result<String, Failure> {
             Ok(note)
         }
         (Task::EnsureRoutes { .. }, Execution::Network(net)) => {
+            let _turn = x.mesh.routes.lock().await;
             let (iface, remote) = (x.mesh.interface(), x.mesh.remote_of(&net.environment));
             let note = crate::routes::Routes::connect()?
                 .ensure(&net.network, &net.subnet, Some((iface.as_str(), remote.as_slice())))
@@ -530,6 +532,7 @@ pub async fn run(config: Config) -> Result<()> {
             node: node.clone(),
             state_dir: config.state_dir.clone(),
             nft: config.nft.clone(),
+            routes: tokio::sync::Mutex::new(()),
         }),
         enabled: config.executors.clone(),
         routes_dir: config.state_dir.join("routes"),

@@ -68,6 +68,7 @@ impl Node {
             node: self.name.into(),
             state_dir: self.state.clone(),
             nft: "nft".into(),
+            routes: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -803,6 +804,38 @@ fn a_control_plane_joins_its_nodes_environments_across_hosts() {
         assert_eq!(n["mesh"]["generation"], n["mesh"]["applied"], "{n}");
         assert_eq!(n["mesh"]["links"][0]["node"], peer, "{n}");
         assert!(n["mesh"]["links"][0]["lastHandshake"].as_u64().is_some(), "{n}");
+    }
+    // n2 retired in Git: its replica moves to n1, and n1's mesh loses its only peer (no
+    // interface, no listener left on n1).
+    repo.write(
+        "pools/main.yaml",
+        &POOL.replace("{name: n2, capacity", "{name: n2, state: retired, capacity"),
+    );
+    repo.commit("n2 retired", true);
+    let iface1 = mesh_interface(&cp, "n1");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let mesh = support::sql(
+            &url,
+            "SELECT CAST(generation - applied AS TEXT) || ' ' || spec FROM node_meshes WHERE node = 'n1'",
+        );
+        let links = Command::new("ip")
+            .args(["-n", &h1.netns, "link", "show", &iface1])
+            .output()
+            .expect("ip");
+        if mesh
+            .first()
+            .is_some_and(|m| m.starts_with("0 ") && m.contains("\"peers\":[]"))
+            && !links.status.success()
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "n1 still peers with the retired n2: {mesh:?}\n{:?}",
+            support::sql(&url, "SELECT key || ' ' || state FROM jobs ORDER BY id")
+        );
+        std::thread::sleep(Duration::from_millis(300));
     }
     drop(procs);
     drop(daemon);

@@ -223,9 +223,10 @@ pub fn wire(m: &NodeMesh, port: u16) -> MeshSpec {
 }
 
 /// Decides every keyed node's mesh from what the ledger holds and records those that changed
-/// (each at its next generation; agents fetch theirs with their next heartbeat). Problems are
-/// events when a mesh changes. Returns how many changed.
-pub async fn refresh(ledger: &Ledger, now_ms: i64) -> Result<usize, LedgerError> {
+/// (each at its next generation; agents fetch theirs with their next heartbeat). A node in
+/// `retired` is in no one's mesh (its key no longer counts), whatever is still to be cleaned
+/// up on it. Problems are events when a mesh changes. Returns how many changed.
+pub async fn refresh(ledger: &Ledger, retired: &[String], now_ms: i64) -> Result<usize, LedgerError> {
     let keys = ledger.mesh_keys().await?;
     let port = |k: &crate::store::mesh::KeyRow| {
         k.mesh_port
@@ -236,7 +237,7 @@ pub async fn refresh(ledger: &Ledger, now_ms: i64) -> Result<usize, LedgerError>
         .iter()
         .map(|k| MeshNode {
             name: k.name.clone(),
-            key: k.mesh_key.clone(),
+            key: k.mesh_key.clone().filter(|_| !retired.contains(&k.name)),
             names: k
                 .mesh_names
                 .as_deref()

@@ -321,15 +321,19 @@ impl Reconciler {
         report.advanced = self.settle().await?;
         // The mesh between nodes follows placement and the nodes' keys: a changed one is
         // fetched by its node with its next heartbeat.
-        let signature = self.ledger.mesh_signature().await?;
         let seen = self.mesh_seen.lock().map(|s| s.clone()).unwrap_or_default();
-        if let Some(signature) = signature.filter(|s| *s != seen) {
-            let meshes = mesh::refresh(&self.ledger, now_ms()).await?;
-            if meshes > 0 {
-                tracing::info!(nodes = meshes, "node meshes changed");
-            }
-            if let Ok(mut s) = self.mesh_seen.lock() {
-                *s = signature;
+        if let Some(signature) = self.ledger.mesh_signature().await? {
+            // A node retired in Git is in no mesh, whatever still waits to be cleaned up on it.
+            let retired = self.ledger.retired_nodes(&self.config.source.branch).await?;
+            let signature = format!("{signature}/{}", retired.join(","));
+            if signature != seen {
+                let meshes = mesh::refresh(&self.ledger, &retired, now_ms()).await?;
+                if meshes > 0 {
+                    tracing::info!(nodes = meshes, "node meshes changed");
+                }
+                if let Ok(mut s) = self.mesh_seen.lock() {
+                    *s = signature;
+                }
             }
         }
         // Replicas their agents no longer report (removed by hand): asked for again.

@@ -193,15 +193,20 @@ impl Ledger {
 
     /// Revokes every certificate of the nodes retired in `branch`'s accepted state. Level
     /// triggered: run on every pass, it writes only when a retired node still has a live one.
-    pub async fn revoke_retired(&self, branch: &str, now_ms: i64) -> Result<usize, LedgerError> {
-        let retired: Vec<String> = self
+    /// The nodes the applied branch's pools say are retired.
+    pub async fn retired_nodes(&self, branch: &str) -> Result<Vec<String>, LedgerError> {
+        Ok(self
             .applied_pools(branch)
             .await?
             .iter()
             .flat_map(|(_, pool)| &pool.nodes)
             .filter(|n| n.state == NodeState::Retired)
             .map(|n| n.name.to_string())
-            .collect();
+            .collect())
+    }
+
+    pub async fn revoke_retired(&self, branch: &str, now_ms: i64) -> Result<usize, LedgerError> {
+        let retired = self.retired_nodes(branch).await?;
         if retired.is_empty() {
             return Ok(0);
         }
