@@ -1,7 +1,8 @@
 //! The mesh executor: one WireGuard interface per node of a control plane
 //! ([`agent_proto::mesh::mesh_interface`]) joining this node's environments to their subnets
-//! on other nodes. It applies a [`MeshSpec`] whole: the device's key, port and peers (peers
-//! replaced, so a node or subnet the spec no longer names is gone), the interface up, each
+//! on other nodes. It applies a [`MeshSpec`] whole: the device's key, port and peers (each
+//! changed in place and every other removed, so a node or subnet the spec no longer names is
+//! gone while the sessions of the rest go on), the interface up, each
 //! environment's routes to its remote subnets (in the environment's own routing table, so no
 //! other environment and not the host routes through the mesh), the firewall's side
 //! (`mesh_firewall.rs`), then reads the device back and records the spec with its generation

@@ -384,9 +384,6 @@ fn two_hosts_reach_each_other_by_environment_over_wireguard_only() {
         if let Some(a) = h1.get("api", &format!("{}:8080", h2.address("api"))) {
             break a;
         }
-        if Instant::now() >= deadline && std::env::var_os("PL_MESH_PAUSE").is_some() {
-            std::thread::sleep(Duration::from_secs(300));
-        }
         assert!(
             Instant::now() < deadline,
             "api on h1 never reached api on h2:\n{}\n{}",
