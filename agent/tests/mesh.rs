@@ -15,7 +15,8 @@
 //!
 //! And the whole loop (`a_control_plane_joins_its_nodes_environments_across_hosts`): a
 //! control plane in host 1, an agent on each host, a worker role with two replicas spread
-//! over both; the agents send their public keys, the control plane decides each node's mesh
+//! over both (host 2's address declared in Git, host 1's said by its agent); the agents send
+//! their public keys, the control plane decides each node's mesh
 //! from placement and hands it over in heartbeat replies, and the replica on host 1 reaches
 //! the one on host 2, and finds both replicas by the role's name.
 
@@ -567,7 +568,10 @@ fn a_control_plane_joins_its_nodes_environments_across_hosts() {
     let repo = Repo::new(dir.path());
     std::fs::write(dir.path().join("allowed_signers"), &repo.signers).expect("signers");
     assert!(POOL.contains("n1") && POOL.contains("n2"));
-    // The pool alone first: nodes enrol once a commit declaring them is accepted.
+    // The pool alone first: nodes enrol once a commit declaring them is accepted. n2's address
+    // comes from Git (its agent says none); n1's from its agent.
+    let pool = POOL.replace("{name: n2, capacity", "{name: n2, address: 10.77.0.2, capacity");
+    repo.write("pools/main.yaml", &pool);
     repo.commit("the pool", true);
     let s = setup(dir.path());
     let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
@@ -601,21 +605,22 @@ fn a_control_plane_joins_its_nodes_environments_across_hosts() {
         }
         d
     });
-    let agent_config = |node: &str, host: &Host, lan: &str| {
+    let agent_config = |node: &str, host: &Host, lan: Option<&str>| {
         let path = dir.path().join(format!("{node}.toml"));
         std::fs::write(
             &path,
             format!(
-                "control = \"https://localhost:{agent_api}\"\ndir = \"{node}\"\ndocker_socket = {:?}\nsecrets_dir = \"secrets-{node}\"\nstate_dir = \"state-{node}\"\nheartbeat_seconds = 1\ndrift_seconds = 1\nexecutors = [\"docker\", \"nftables\", \"routes\"]\nmesh_address = \"{lan}\"\n",
-                host.socket.display().to_string()
+                "control = \"https://localhost:{agent_api}\"\ndir = \"{node}\"\ndocker_socket = {:?}\nsecrets_dir = \"secrets-{node}\"\nstate_dir = \"state-{node}\"\nheartbeat_seconds = 1\ndrift_seconds = 1\nexecutors = [\"docker\", \"nftables\", \"routes\"]\n{}",
+                host.socket.display().to_string(),
+                lan.map(|a| format!("mesh_address = \"{a}\"\n")).unwrap_or_default()
             ),
         )
         .expect("agent config");
         path
     };
     let (c1, c2) = (
-        agent_config("n1", &h1, "10.77.0.1"),
-        agent_config("n2", &h2, "10.77.0.2"),
+        agent_config("n1", &h1, Some("10.77.0.1")),
+        agent_config("n2", &h2, None),
     );
     let (l1, l2) = (dir.path().join("n1.log"), dir.path().join("n2.log"));
     let bin = env!("CARGO_BIN_EXE_pl-agent");
@@ -784,6 +789,11 @@ fn a_control_plane_joins_its_nodes_environments_across_hosts() {
         std::thread::sleep(Duration::from_millis(200));
     }
     let _ = generation;
+    // n2's endpoint is the address Git declares (its agent said none), and n1 reaches it
+    // there rather than waiting for n2's keepalives.
+    let n1_spec = support::sql(&url, "SELECT spec FROM node_meshes WHERE node = 'n1'");
+    assert!(n1_spec[0].contains("\"endpoint\":\"10.77.0.2:51820\""), "{n1_spec:?}");
+    assert!(n1_spec[0].contains("\"keepalive\":null"), "{n1_spec:?}");
     // `pl nodes` reads it from the API: each node's mesh applied, its peer and a handshake.
     let (daemon, (code, body)) = h1.run(move || {
         let answer = daemon.get("/v1/nodes", Some(&viewer));
@@ -806,7 +816,7 @@ fn a_control_plane_joins_its_nodes_environments_across_hosts() {
     // interface, no listener left on n1).
     repo.write(
         "pools/main.yaml",
-        &POOL.replace("{name: n2, capacity", "{name: n2, state: retired, capacity"),
+        &pool.replace("{name: n2, address", "{name: n2, state: retired, address"),
     );
     repo.commit("n2 retired", true);
     let iface1 = mesh_interface(&cp, "n1");

@@ -462,6 +462,34 @@ mod tests {
     }
 
     #[test]
+    fn a_node_may_say_its_mesh_address_and_only_as_an_ip() {
+        let with = TREE.replace("- {name: n2, capacity:", "- {name: n2, address: 203.0.113.5, capacity:");
+        let s = state(&with);
+        let nodes: Vec<Option<core::net::IpAddr>> =
+            s.pools().flat_map(|(_, p)| p.nodes.iter().map(|n| n.address)).collect();
+        assert_eq!(nodes, [None, Some("203.0.113.5".parse().expect("ip"))]);
+        let bad = TREE.replace(
+            "- {name: n2, capacity:",
+            "- {name: n2, address: n2.example.invalid, capacity:",
+        );
+        let (root, rest) = bad.split_once("---\n").expect("two parts");
+        let loaded = assemble(
+            vec![
+                parse_file("pushleft.yaml", root.as_bytes()),
+                parse_file("state.yaml", rest.as_bytes()),
+            ],
+            Vec::new(),
+        );
+        let d = &loaded.diagnostics[0];
+        assert_eq!(
+            (d.code.as_str(), d.line, d.column),
+            ("invalid-value", Some(8), Some(27)),
+            "{d:?}"
+        );
+        assert!(d.message.contains("not an IP address"), "{}", d.message);
+    }
+
+    #[test]
     fn places_spreads_and_hashes_deterministically() {
         let s = state(TREE);
         let (d, bad) = deployments(&s, None, &mut Fleet::declared(&s));

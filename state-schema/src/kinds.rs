@@ -36,7 +36,7 @@ pub const TLS_FIELDS: &[&str] = &["secret", "hsts"];
 pub const DOMAIN_FIELDS: &[&str] = &["hostname", "environment", "verification", "tls"];
 pub const DOMAIN_TLS_FIELDS: &[&str] = &["secret"];
 pub const NODEPOOL_FIELDS: &[&str] = &["region", "capabilities", "placement", "nodes"];
-pub const NODE_FIELDS: &[&str] = &["name", "state", "capacity"];
+pub const NODE_FIELDS: &[&str] = &["name", "state", "capacity", "address"];
 pub const CAPACITY_FIELDS: &[&str] = &["cpu", "memory"];
 pub const SECRET_FIELDS: &[&str] = &["recipients", "data"];
 
@@ -715,10 +715,22 @@ fn decode_node(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<PoolNode> {
             memory: mem_v?,
         })
     });
+    let address = f.get("address").map(|a| {
+        checked(ctx, a, "node `address`", Code::InvalidValue, |s| {
+            s.parse::<core::net::IpAddr>().map_err(|_| crate::values::Invalid {
+                message: format!("node `address` {s:?} is not an IP address"),
+                hint: Some(
+                    "write the address other nodes reach this one at, e.g. 203.0.113.5: host names are not resolved"
+                        .into(),
+                ),
+            })
+        })
+    });
     Some(PoolNode {
         name: n?,
         state: state?,
         capacity: capacity?,
+        address: present(address)?,
     })
 }
 

@@ -356,6 +356,10 @@ pub struct PoolNode {
     pub name: Name,
     pub state: NodeState,
     pub capacity: Capacity,
+    /// Where other nodes reach it for the mesh between nodes (an IP address: nothing is
+    /// resolved); over the address its agent says.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub address: Option<core::net::IpAddr>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]

@@ -124,6 +124,7 @@ pub fn spec_schemas() -> Vec<(&'static str, Value)> {
                 "cpu": quantity(CPU, "CPU the node offers."),
                 "memory": quantity(MEMORY, "Memory the node offers."),
             }), &["cpu", "memory"], "What the node offers to placement."),
+            "address": {"type": "string", "description": "IP address other nodes reach this one at for the mesh between nodes (over what its agent says)."},
         }),
         &["name", "capacity"],
         "A node, declared before it may enrol.",

@@ -225,8 +225,14 @@ pub fn wire(m: &NodeMesh, port: u16) -> MeshSpec {
 /// Decides every keyed node's mesh from what the ledger holds and records those that changed
 /// (each at its next generation; agents fetch theirs with their next heartbeat). A node in
 /// `retired` is in no one's mesh (its key no longer counts), whatever is still to be cleaned
-/// up on it. Problems are events when a mesh changes. Returns how many changed.
-pub async fn refresh(ledger: &Ledger, retired: &[String], now_ms: i64) -> Result<usize, LedgerError> {
+/// up on it. A node's address is Git's (`declared`) when Git says one, else its agent's.
+/// Problems are events when a mesh changes. Returns how many changed.
+pub async fn refresh(
+    ledger: &Ledger,
+    retired: &[String],
+    declared: &BTreeMap<String, std::net::IpAddr>,
+    now_ms: i64,
+) -> Result<usize, LedgerError> {
     let keys = ledger.mesh_keys().await?;
     let port = |k: &crate::store::mesh::KeyRow| {
         k.mesh_port
@@ -246,10 +252,10 @@ pub async fn refresh(ledger: &Ledger, retired: &[String], now_ms: i64) -> Result
                 .into_iter()
                 .map(|n| ((n.environment, n.role), n.addresses))
                 .collect(),
-            endpoint: k
-                .mesh_address
-                .as_deref()
-                .and_then(|a| a.parse::<std::net::IpAddr>().ok())
+            endpoint: declared
+                .get(&k.name)
+                .copied()
+                .or_else(|| k.mesh_address.as_deref().and_then(|a| a.parse().ok()))
                 .map(|a| std::net::SocketAddr::new(a, port(k)).to_string()),
         })
         .collect();

@@ -323,11 +323,12 @@ impl Reconciler {
         // fetched by its node with its next heartbeat.
         let seen = self.mesh_seen.lock().map(|s| s.clone()).unwrap_or_default();
         if let Some(signature) = self.ledger.mesh_signature().await? {
-            // A node retired in Git is in no mesh, whatever still waits to be cleaned up on it.
-            let retired = self.ledger.retired_nodes(&self.config.source.branch).await?;
-            let signature = format!("{signature}/{}", retired.join(","));
+            // A node retired in Git is in no mesh, whatever still waits to be cleaned up on it;
+            // an address Git declares for a node wins over the one its agent says.
+            let (retired, addresses) = self.ledger.mesh_facts(&self.config.source.branch).await?;
+            let signature = format!("{signature}/{}/{addresses:?}", retired.join(","));
             if signature != seen {
-                let meshes = mesh::refresh(&self.ledger, &retired, now_ms()).await?;
+                let meshes = mesh::refresh(&self.ledger, &retired, &addresses, now_ms()).await?;
                 if meshes > 0 {
                     tracing::info!(nodes = meshes, "node meshes changed");
                 }

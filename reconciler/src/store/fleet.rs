@@ -195,14 +195,24 @@ impl Ledger {
     /// triggered: run on every pass, it writes only when a retired node still has a live one.
     /// The nodes the applied branch's pools say are retired.
     pub async fn retired_nodes(&self, branch: &str) -> Result<Vec<String>, LedgerError> {
-        Ok(self
-            .applied_pools(branch)
-            .await?
-            .iter()
-            .flat_map(|(_, pool)| &pool.nodes)
+        Ok(self.mesh_facts(branch).await?.0)
+    }
+
+    /// What the applied branch's pools say for the mesh: the retired nodes, and each node's
+    /// declared address (`nodes[].address`).
+    pub async fn mesh_facts(
+        &self,
+        branch: &str,
+    ) -> Result<(Vec<String>, std::collections::BTreeMap<String, std::net::IpAddr>), LedgerError> {
+        let pools = self.applied_pools(branch).await?;
+        let nodes = pools.iter().flat_map(|(_, pool)| &pool.nodes);
+        let retired = nodes
+            .clone()
             .filter(|n| n.state == NodeState::Retired)
             .map(|n| n.name.to_string())
-            .collect())
+            .collect();
+        let addresses = nodes.filter_map(|n| Some((n.name.to_string(), n.address?))).collect();
+        Ok((retired, addresses))
     }
 
     pub async fn revoke_retired(&self, branch: &str, now_ms: i64) -> Result<usize, LedgerError> {
