@@ -335,15 +335,9 @@ impl Mesh {
         Some(self.apply(&spec).await)
     }
 
-    /// What the heartbeat says of the mesh: `advert` with the generation applied last and
-    /// each peer's last handshake.
-    pub fn advert(
-        &self,
-        advert: &agent_proto::mesh::MeshAdvert,
-        names: Vec<agent_proto::mesh::MeshName>,
-    ) -> agent_proto::mesh::MeshAdvert {
-        let links = self
-            .links()
+    /// Each peer's last handshake as the heartbeat says it (reads the device: blocking).
+    pub fn link_reports(&self) -> Vec<agent_proto::mesh::MeshLink> {
+        self.links()
             .into_iter()
             .take(agent_proto::mesh::MAX_MESH_PEERS)
             .map(|l| agent_proto::mesh::MeshLink {
@@ -353,13 +347,7 @@ impl Mesh {
                     .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
                     .map(|d| d.as_secs()),
             })
-            .collect();
-        agent_proto::mesh::MeshAdvert {
-            applied: self.fence(),
-            links,
-            names,
-            ..advert.clone()
-        }
+            .collect()
     }
 
     /// Each peer of the device and its last handshake (mesh health), by node as the applied

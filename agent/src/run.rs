@@ -704,9 +704,29 @@ pub async fn run(config: Config) -> Result<()> {
                     host: host.clone(),
                     taken_subnets: engine.engine.taken_subnets().await.unwrap_or_default(),
                     volumes,
-                    mesh: mesh
-                        .as_ref()
-                        .map(|m| engine.mesh.advert(m, crate::mesh::local_names(&engine.names.local()))),
+                    mesh: match &mesh {
+                        // The device is read through a socket (netlink, or wireguard-go's):
+                        // off the async threads, and bounded, so a WireGuard that hangs costs
+                        // the heartbeat its links, never the heartbeat.
+                        Some(m) => {
+                            let e = Arc::clone(&engine);
+                            let links = tokio::time::timeout(
+                                MESH_READ,
+                                tokio::task::spawn_blocking(move || e.mesh.link_reports()),
+                            )
+                            .await
+                            .ok()
+                            .and_then(Result::ok)
+                            .unwrap_or_default();
+                            Some(agent_proto::mesh::MeshAdvert {
+                                applied: engine.mesh.fence(),
+                                links,
+                                names: crate::mesh::local_names(&engine.names.local()),
+                                ..m.clone()
+                            })
+                        }
+                        None => None,
+                    },
                 };
                 match blocking(&client, move |c| c.heartbeat(&hb)).await {
                     Ok(reply) => {
@@ -752,6 +772,9 @@ pub async fn run(config: Config) -> Result<()> {
     leasing.run(&AtomicBool::new(false)).await;
     Ok(())
 }
+
+/// How long a heartbeat waits to read the mesh's device for its links.
+pub const MESH_READ: Duration = Duration::from_secs(2);
 
 /// How often the heartbeat measures what the node's volumes hold.
 pub const VOLUME_MEASURE_EVERY: Duration = Duration::from_secs(60);
