@@ -192,14 +192,15 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
             bytes: v.bytes,
         })
         .collect();
-    if let Err(e) = s.ledger.record_volume_use(&node, &measured, now_ms()).await {
-        return internal(e);
-    }
+    // Every refusal before the first write.
     if hb.mesh.as_ref().is_some_and(|m| !m.valid()) {
         return refused(
             Refusal::MalformedRequest,
             "the heartbeat's mesh is not a WireGuard public key, a port and an IP address",
         );
+    }
+    if let Err(e) = s.ledger.record_volume_use(&node, &measured, now_ms()).await {
+        return internal(e);
     }
     let names = hb
         .mesh
