@@ -118,6 +118,10 @@ pub struct LeaseRequest {
     pub max: u32,
     #[serde(default)]
     pub wait_ms: u64,
+    /// The newest mesh generation the agent holds (applied or being applied), when it is in
+    /// the mesh: a newer one comes with the lease, and wakes a long poll.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mesh_applied: Option<u64>,
 }
 
 /// What proves a lease: present it to renew or complete.
@@ -362,6 +366,9 @@ pub struct Upstream {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LeaseResponse {
     pub jobs: Vec<LeasedJob>,
+    /// The node's mesh, when it is newer than the request's `meshApplied`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mesh: Option<mesh::MeshSpec>,
 }
 
 /// `POST /v1/agent/renew`.

@@ -11,8 +11,10 @@ pub const MAX_MESH_PEERS: usize = 1024;
 pub const MAX_PEER_SUBNETS: usize = 4096;
 /// The UDP port a node's mesh listens on unless its configuration says otherwise.
 pub const DEFAULT_MESH_PORT: u16 = 51820;
-/// Seconds between keepalives to a peer behind NAT (WireGuard's customary value).
-pub const NAT_KEEPALIVE_SECS: u16 = 25;
+/// Seconds between keepalives on every link (WireGuard's customary value for NAT): paths
+/// through NAT stay open, and every link handshakes at least every two minutes, so its last
+/// handshake tells its health.
+pub const KEEPALIVE_SECS: u16 = 25;
 /// The mesh interface's MTU: 1500 less WireGuard's 80 bytes of overhead (IPv6 outer header).
 pub const MESH_MTU: u32 = 1420;
 
@@ -38,7 +40,7 @@ pub struct MeshPeer {
     /// Where it listens (`address:port`); `None` when it is behind NAT and unreachable, so
     /// it reaches this node first (and keeps the path open with keepalives).
     pub endpoint: Option<String>,
-    /// Keepalives every this many seconds (this node is behind NAT); `None` for none.
+    /// Keepalives every this many seconds; `None` for none.
     pub keepalive: Option<u16>,
     /// The subnets of environments both nodes run, on the peer: its allowed IPs.
     pub subnets: Vec<String>,

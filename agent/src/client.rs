@@ -119,11 +119,18 @@ impl AgentClient {
 
     /// Up to `max` of this node's jobs, waiting up to `wait` for one.
     pub fn lease(&self, max: u32, wait: Duration) -> Result<Leased, ClientError> {
+        self.lease_holding(max, wait, None)
+    }
+
+    /// [`AgentClient::lease`] for a node in the mesh holding generation `mesh` of it: a newer
+    /// mesh comes with the answer (and ends its wait).
+    pub fn lease_holding(&self, max: u32, wait: Duration, mesh: Option<u64>) -> Result<Leased, ClientError> {
         let raw: RawLease = self.post(
             "/v1/agent/lease",
             &LeaseRequest {
                 max,
                 wait_ms: millis(wait),
+                mesh_applied: mesh,
             },
         )?;
         raw.decode()
@@ -175,19 +182,22 @@ impl AgentClient {
         max: u32,
         wait: Duration,
     ) -> Result<CompletedAndLeased, ClientError> {
-        self.report_and_lease(requests(completions), max, wait)
+        self.report_and_lease(requests(completions), max, wait, None)
     }
 
-    /// [`AgentClient::complete_and_lease`] with whole completions (a backup's report, say).
+    /// [`AgentClient::complete_and_lease`] with whole completions (a backup's report, say),
+    /// holding generation `mesh` of the node's mesh (see [`AgentClient::lease_holding`]).
     pub fn report_and_lease(
         &self,
         completions: Vec<CompleteRequest>,
         max: u32,
         wait: Duration,
+        mesh: Option<u64>,
     ) -> Result<CompletedAndLeased, ClientError> {
         let lease = LeaseRequest {
             max,
             wait_ms: millis(wait),
+            mesh_applied: mesh,
         };
         let answer = self.complete_batch(completions, Some(lease))?;
         let lease = match (answer.leased, answer.lease_refused) {
@@ -253,6 +263,8 @@ pub struct Leased {
     /// Jobs whose task or execution this agent does not know (a newer control plane's, or a
     /// malformed one): never run, reported as permanent failures with `task-undecodable`.
     pub undecodable: Vec<Undecodable>,
+    /// The node's mesh, when newer than the one the lease said it holds.
+    pub mesh: Option<agent_proto::mesh::MeshSpec>,
 }
 
 /// A leased job that does not decode: what is needed to report it, and why.
@@ -272,6 +284,8 @@ pub struct Undecodable {
 #[serde(deny_unknown_fields)]
 struct RawLease {
     jobs: Vec<Box<serde_json::value::RawValue>>,
+    #[serde(default)]
+    mesh: Option<agent_proto::mesh::MeshSpec>,
 }
 
 /// What a job must carry at least, to be reported.
@@ -284,7 +298,10 @@ struct Reportable {
 
 impl RawLease {
     fn decode(self) -> Result<Leased, ClientError> {
-        let mut out = Leased::default();
+        let mut out = Leased {
+            mesh: self.mesh,
+            ..Leased::default()
+        };
         for raw in self.jobs {
             let job = serde_json::from_str::<LeasedJob>(raw.get())
                 .map_err(|e| e.to_string())

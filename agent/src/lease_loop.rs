@@ -24,6 +24,13 @@ pub trait Tasks: Send + Sync + 'static {
     fn execute(&self, job: &LeasedJob) -> impl Future<Output = Result<Ended, Failure>> + Send;
     /// A step's tasks ended: what runs may have changed.
     fn changed(&self) {}
+    /// The newest mesh generation this node holds (applied or being applied), when it is in
+    /// the mesh: the lease asks for a newer one.
+    fn mesh_held(&self) -> Option<u64> {
+        None
+    }
+    /// A newer mesh came with a lease: applied off the lease's path.
+    fn mesh(&self, _spec: agent_proto::mesh::MeshSpec) {}
 }
 
 /// How many tasks of one step of one environment run at once.
@@ -228,8 +235,9 @@ impl<T: Tasks> LeaseLoop<T> {
             };
             let max = (MAX_HELD - still_running).min(MAX_LEASE_BATCH as usize) as u32;
             self.requests.fetch_add(1, Ordering::Relaxed);
+            let mesh = self.tasks.mesh_held();
             let answer = if ends.is_empty() {
-                blocking(&self.client, move |c| c.lease(max, wait)).await
+                blocking(&self.client, move |c| c.lease_holding(max, wait, mesh)).await
             } else {
                 let sent: Vec<agent_proto::CompleteRequest> = ends
                     .iter()
@@ -240,7 +248,7 @@ impl<T: Tasks> LeaseLoop<T> {
                         backup: d.backup.clone(),
                     })
                     .collect();
-                match blocking(&self.client, move |c| c.report_and_lease(sent, max, wait)).await {
+                match blocking(&self.client, move |c| c.report_and_lease(sent, max, wait, mesh)).await {
                     Ok((results, lease)) => {
                         held -= ends.len();
                         self.reports.fetch_add(1, Ordering::Relaxed);
@@ -258,6 +266,9 @@ impl<T: Tasks> LeaseLoop<T> {
             let leased = match answer {
                 Ok(l) => {
                     backoff = Duration::from_millis(500);
+                    if let Some(spec) = l.mesh {
+                        self.tasks.mesh(spec);
+                    }
                     if !l.undecodable.is_empty() {
                         held += l.undecodable.len();
                         self.outbox.push(l.undecodable.into_iter().map(undecodable).collect());
@@ -495,7 +506,11 @@ mod tests {
                         backup: None,
                     })
                     .collect(),
-                lease: Some(agent_proto::LeaseRequest { max: 8, wait_ms: 0 }),
+                lease: Some(agent_proto::LeaseRequest {
+                    max: 8,
+                    wait_ms: 0,
+                    mesh_applied: None,
+                }),
             })
             .expect("json");
             assert!(body.len() <= agent_proto::MAX_AGENT_BODY_BYTES, "{} bytes", body.len());

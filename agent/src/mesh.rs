@@ -16,6 +16,8 @@
 pub mod device;
 #[path = "mesh_firewall.rs"]
 pub mod firewall;
+#[path = "mesh_offers.rs"]
+pub mod offers;
 
 use crate::outcome::{Failure, permanent, retryable};
 use agent_proto::mesh::{MESH_MTU, MeshSpec, mesh_interface};
@@ -105,6 +107,23 @@ pub fn local_names(
     out.sort_by(|a, b| (&a.environment, &a.role).cmp(&(&b.environment, &b.role)));
     out.truncate(agent_proto::mesh::MAX_HEARTBEAT_NAMES);
     out
+}
+
+/// Whether two specs differ at most in their generation and names.
+fn same_but_names(a: &MeshSpec, b: &MeshSpec) -> bool {
+    let bare = |s: &MeshSpec| MeshSpec {
+        generation: 0,
+        environments: s
+            .environments
+            .iter()
+            .map(|e| agent_proto::mesh::MeshEnvironment {
+                names: Vec::new(),
+                ..e.clone()
+            })
+            .collect(),
+        ..s.clone()
+    };
+    bare(a) == bare(b)
 }
 
 fn io(code: &'static str, e: impl std::fmt::Display) -> Failure {
@@ -229,6 +248,22 @@ impl Mesh {
         }
         let _turn = self.routes.lock().await;
         let previous = self.applied();
+        // Only other nodes' names changed (a replica started or stopped elsewhere): the device,
+        // routes and tables stay as they are, and the names are served once the spec is
+        // recorded. This is the path a new replica's name takes, so it is kept short.
+        if let Some(p) = &previous
+            && same_but_names(p, spec)
+            && self
+                .off_thread(spec, |m, spec| Ok(m.verify(spec).is_ok() && m.firewall().present()))
+                .await?
+        {
+            self.write_state(spec.generation, Some(spec))?;
+            return Ok(format!(
+                "{} at generation {}: names only",
+                self.interface(),
+                spec.generation
+            ));
+        }
         let (iface, path, wanted) = (self.interface(), self.key_path(), spec.clone());
         // Blocking sockets (netlink, or wireguard-go's), bounded: a WireGuard that never
         // answers fails the task instead of holding it.
@@ -258,7 +293,14 @@ impl Mesh {
         let name = self.interface();
         for e in &spec.environments {
             let network = agent_proto::host_object(&self.control_plane, &e.environment, &self.node);
-            routes.ensure(&network, &e.subnet, Some((&name, &e.remote))).await?;
+            match routes.ensure(&network, &e.subnet, Some((&name, &e.remote))).await {
+                // Placed here a moment ago: its network comes with its own tasks, whose
+                // routes task adds the mesh's routes from this spec once it is recorded.
+                Err(f) if f.code == "bridge-missing" => {}
+                other => {
+                    other?;
+                }
+            }
         }
         // An environment this node no longer shares with any other: its routes through the
         // mesh go (its network may be gone already).
@@ -274,9 +316,12 @@ impl Mesh {
                 return Err(f);
             }
         }
-        self.firewall().apply(spec, previous.as_ref())?;
-        self.verify(spec)?;
-        self.write_state(spec.generation, Some(spec))?;
+        self.off_thread(spec, move |m, spec| {
+            m.firewall().apply(spec, previous.as_ref())?;
+            m.verify(spec)?;
+            m.write_state(spec.generation, Some(spec))
+        })
+        .await?;
         Ok(format!(
             "{} ({}) at generation {}: {} peers, {} environments, read back",
             self.interface(),
@@ -285,6 +330,26 @@ impl Mesh {
             spec.peers.len(),
             spec.environments.len()
         ))
+    }
+
+    /// Runs `f` (`nft`, the device's socket, files: blocking) off the async threads, on a
+    /// copy of this mesh's identity and paths.
+    async fn off_thread<T: Send + 'static>(
+        &self,
+        spec: &MeshSpec,
+        f: impl FnOnce(&Mesh, &MeshSpec) -> Result<T, Failure> + Send + 'static,
+    ) -> Result<T, Failure> {
+        let copy = Mesh {
+            control_plane: self.control_plane.clone(),
+            node: self.node.clone(),
+            state_dir: self.state_dir.clone(),
+            nft: self.nft.clone(),
+            routes: tokio::sync::Mutex::new(()),
+        };
+        let spec = spec.clone();
+        tokio::task::spawn_blocking(move || f(&copy, &spec))
+            .await
+            .map_err(|e| io("agent-task-failed", e))?
     }
 
     fn firewall(&self) -> firewall::MeshFirewall<'_> {
@@ -315,7 +380,9 @@ impl Mesh {
                 }
             }
         }
-        self.firewall().remove(applied.as_ref())?;
+        let gone = applied.clone().unwrap_or_default();
+        self.off_thread(&gone, move |m, _| m.firewall().remove(applied.as_ref()))
+            .await?;
         if let Some(index) = routes.link_index(&self.interface()).await? {
             routes.delete_link(index).await?;
         }
@@ -329,7 +396,11 @@ impl Mesh {
     /// mesh's table is gone. `None` when nothing needed doing.
     pub async fn repair(&self) -> Option<Result<String, Failure>> {
         let spec = self.applied()?;
-        if spec.peers.is_empty() || (self.verify(&spec).is_ok() && self.firewall().present()) {
+        let healthy = self
+            .off_thread(&spec, |m, spec| Ok(m.verify(spec).is_ok() && m.firewall().present()))
+            .await
+            .unwrap_or(false);
+        if spec.peers.is_empty() || healthy {
             return None;
         }
         Some(self.apply(&spec).await)

@@ -243,6 +243,11 @@ pub struct Executors {
     pub backups: crate::docker::backup::Backups,
     /// The mesh between nodes (its routes are part of each environment's table).
     pub mesh: Arc<crate::mesh::Mesh>,
+    /// Whether this node is in the mesh (its configuration says so, and it has the routes
+    /// and nftables executors the mesh needs).
+    pub mesh_on: bool,
+    /// Newer meshes from leases and heartbeats, for the task that applies them.
+    pub mesh_offers: crate::mesh::offers::Offers,
 }
 
 impl Executors {
@@ -514,7 +519,12 @@ pub async fn run(config: Config) -> Result<()> {
         node: node.clone(),
         state_dir: config.state_dir.clone(),
     });
+    let (mesh_offers, mut mesh_taken) = crate::mesh::offers::Offers::new();
     let engine = Arc::new(Executors {
+        mesh_on: config.mesh
+            && config.executors.contains(&Capability::Routes)
+            && config.executors.contains(&Capability::Nftables),
+        mesh_offers,
         engine: Engine::connect(
             &config.docker_socket,
             &control_plane,
@@ -622,8 +632,27 @@ pub async fn run(config: Config) -> Result<()> {
     if let Some(spec) = engine.mesh.applied() {
         engine.names.set_remote(crate::mesh::remote_names(&spec));
     }
-    // One mesh apply at a time.
-    let applying = Arc::new(AtomicBool::new(false));
+    // Meshes as leases and heartbeats bring them, applied one at a time, newest first.
+    if engine.mesh_on {
+        let engine = Arc::clone(&engine);
+        tokio::spawn(async move {
+            while let Some(spec) = crate::mesh::offers::next(&mut mesh_taken, || engine.mesh.fence()).await {
+                match engine.mesh.apply(&spec).await {
+                    Ok(note) => {
+                        // Other nodes' names, served with this node's own.
+                        engine.names.set_remote(crate::mesh::remote_names(&spec));
+                        tracing::info!(generation = spec.generation, note = %note, "mesh applied")
+                    }
+                    Err(f) => {
+                        engine.mesh_offers.failed(spec.generation);
+                        tracing::warn!(generation = spec.generation, code = f.code, detail = %f.detail, "cannot apply the mesh")
+                    }
+                }
+                // The next heartbeat says which generation holds, now.
+                engine.changed.notify_one();
+            }
+        });
+    }
     // The mesh: the node's key pair made now (only its public half is ever sent).
     let mesh = if config.mesh {
         match engine.mesh.public_key() {
@@ -730,30 +759,12 @@ pub async fn run(config: Config) -> Result<()> {
                 };
                 match blocking(&client, move |c| c.heartbeat(&hb)).await {
                     Ok(reply) => {
-                        // A newer mesh than the one applied: applied now, off the heartbeat's
-                        // path (the next heartbeat says which generation holds).
+                        // A newer mesh than the one applied: applied off the heartbeat's path.
                         if let Some(spec) = reply.mesh
                             && mesh.is_some()
-                            && spec.generation > engine.mesh.fence()
-                            && engine.on(Capability::Routes)
-                            && engine.on(Capability::Nftables)
-                            && !applying.swap(true, std::sync::atomic::Ordering::AcqRel)
+                            && engine.mesh_on
                         {
-                            let (engine, applying) = (Arc::clone(&engine), Arc::clone(&applying));
-                            tokio::spawn(async move {
-                                match engine.mesh.apply(&spec).await {
-                                    Ok(note) => {
-                                        // Other nodes' names, served with this node's own.
-                                        engine.names.set_remote(crate::mesh::remote_names(&spec));
-                                        tracing::info!(generation = spec.generation, note = %note, "mesh applied")
-                                    }
-                                    Err(f) => {
-                                        tracing::warn!(generation = spec.generation, code = f.code, detail = %f.detail, "cannot apply the mesh")
-                                    }
-                                }
-                                applying.store(false, std::sync::atomic::Ordering::Release);
-                                engine.changed.notify_one();
-                            });
+                            engine.mesh_offers.offer(spec, engine.mesh.fence());
                         }
                     }
                     Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
@@ -789,5 +800,15 @@ impl Tasks for Executors {
 
     fn changed(&self) {
         self.changed.notify_one();
+    }
+
+    fn mesh_held(&self) -> Option<u64> {
+        self.mesh_on.then(|| self.mesh_offers.held(self.mesh.fence()))
+    }
+
+    fn mesh(&self, spec: agent_proto::mesh::MeshSpec) {
+        if self.mesh_on {
+            self.mesh_offers.offer(spec, self.mesh.fence());
+        }
     }
 }

@@ -280,6 +280,65 @@ fn nodes_lease_only_their_own_work_over_mutual_tls() {
         sql(&url, "SELECT host FROM nodes WHERE name = 'n1'"),
         ["3d1219c7c4c5404aaa1f6d2a48adfda4"]
     );
+    // The node's mesh comes with a lease when it is newer than the one the agent holds, and
+    // only then.
+    // (n1's key made the next pass decide its mesh: set at generation 7, and marked as
+    // decided otherwise, so the next decision writes it anew.)
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sql(&url, "SELECT node FROM node_meshes WHERE node = 'n1'").is_empty() {
+        assert!(Instant::now() < deadline, "n1's mesh never decided");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    sql(
+        &url,
+        "UPDATE node_meshes SET generation = 7, hash = 'by hand' WHERE node = 'n1'",
+    );
+    let got = n1.lease_holding(1, Duration::ZERO, Some(6)).expect("lease");
+    assert_eq!(got.mesh.as_ref().map(|m| m.generation), Some(7));
+    assert!(
+        n1.lease_holding(1, Duration::ZERO, Some(7))
+            .expect("lease")
+            .mesh
+            .is_none()
+    );
+    assert!(
+        n1.lease_holding(1, Duration::ZERO, None).expect("lease").mesh.is_none(),
+        "not in the mesh"
+    );
+    // A long poll holding the newest is woken when the control plane changes the node's mesh
+    // (here: n2 sends its key, the pass decides n1's mesh anew), not at the poll's end.
+    let n1 = std::sync::Arc::new(n1);
+    let waiting = {
+        let n1 = std::sync::Arc::clone(&n1);
+        std::thread::spawn(move || {
+            let asked = Instant::now();
+            let got = n1
+                .lease_holding(1, Duration::from_secs(20), Some(7))
+                .expect("long poll");
+            (asked.elapsed(), got.mesh)
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let mut hb = agent_proto::Heartbeat::new("test", &agent_proto::FULL_CAPABILITIES);
+    hb.mesh = Some(agent_proto::mesh::MeshAdvert {
+        public_key: "xXPrkhFakfvfKd0n1YE1zPho/eReHYkNeL802VQx0SI=".into(),
+        port: 51820,
+        address: None,
+        applied: 0,
+        links: Vec::new(),
+        names: Vec::new(),
+    });
+    n2.heartbeat(&hb).expect("n2's key");
+    let (took, mesh) = waiting.join().expect("poll");
+    assert!(
+        mesh.as_ref().is_some_and(|m| m.generation == 8),
+        "{mesh:?} after {took:?}"
+    );
+    assert!(
+        took < Duration::from_secs(10),
+        "woken by the change, not the poll's end: {took:?}"
+    );
+    let n1 = std::sync::Arc::into_inner(n1).expect("one owner");
 
     // Certificates: revoked, expired (as the ledger holds them), another CA's, none at all.
     let fp_n2 = sql(&url, "SELECT fingerprint FROM node_certificates WHERE node = 'n2'");

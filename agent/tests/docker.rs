@@ -41,7 +41,11 @@ async fn engine_at(dir: &Path, prefix: &str, control_plane: &str, identity: &Pat
     )
     .await
     .expect("docker")
+    .with_unused_image_grace(GRACE)
 }
+
+/// How long the tests' engines keep an unused image.
+const GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
 fn inspect(container: &str, format: &str) -> String {
     docker(&["inspect", "--format", format, container])
@@ -376,6 +380,14 @@ fn docker_executors_adopt_repair_and_refuse() {
         assert!(engine.collect_images().await.expect("collect").is_empty(), "in use");
         assert!(docker_ok(&["image", "inspect", &image]));
         docker(&["rm", "-f", &holder]);
+        // Unused now: kept for the grace (a replica coming back starts without a pull), then
+        // removed.
+        assert!(
+            engine.collect_images().await.expect("collect").is_empty(),
+            "within the grace"
+        );
+        assert!(docker_ok(&["image", "inspect", &image]));
+        std::thread::sleep(GRACE);
         assert_eq!(
             engine.collect_images().await.expect("collect"),
             std::slice::from_ref(&image)

@@ -16,14 +16,17 @@
 //! And the whole loop (`a_control_plane_joins_its_nodes_environments_across_hosts`): a
 //! control plane in host 1, an agent on each host, a worker role with two replicas spread
 //! over both (host 2's address declared in Git, host 1's said by its agent); the agents send
-//! their public keys, the control plane decides each node's mesh
-//! from placement and hands it over in heartbeat replies, and the replica on host 1 reaches
-//! the one on host 2, and finds both replicas by the role's name.
+//! their public keys, the control plane decides each node's mesh from placement and hands it
+//! over with the lease each agent waits on (heartbeats come only every 20 s here), the replica
+//! on host 1 reaches the one on host 2 and finds both replicas by the role's name, both links
+//! are judged up (`/metrics`, `/v1/status`), and a node retired in Git loses every peer.
 
 #[path = "../../reconciler/tests/support/daemon.rs"]
 mod daemon_support;
 #[path = "support/host.rs"]
 mod host;
+#[path = "support/mesh_fleet.rs"]
+mod mesh_fleet;
 #[path = "../../reconciler/tests/support/repo.rs"]
 mod repo_support;
 mod support;
@@ -31,10 +34,10 @@ mod support;
 use agent_proto::NetworkSpec;
 use agent_proto::mesh::{MeshEnvironment, MeshPeer, MeshSpec, mesh_interface, mesh_table};
 use host::Host;
+use mesh_fleet::Fleet;
 use pushleft_agent::firewall::{Firewall, Reachable};
 use pushleft_agent::mesh::Mesh;
 use pushleft_agent::routes::Routes;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -511,211 +514,50 @@ fn two_hosts_reach_each_other_by_environment_over_wireguard_only() {
     let _ = std::fs::remove_dir_all(&base);
 }
 
-/// Relays `127.0.0.1:port` of the calling thread's namespace to `to` (how host 2's agent
-/// reaches the control plane on host 1 under the name its certificate carries): a thread per
-/// connection, for the test's life.
-fn relay(port: u16, to: std::net::SocketAddr) {
-    let listener = TcpListener::bind(("127.0.0.1", port)).expect("relay bind");
-    std::thread::spawn(move || {
-        for inbound in listener.incoming().flatten() {
-            let Ok(outbound) = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(5)) else {
-                continue;
-            };
-            for (mut from, mut into) in [
-                (
-                    inbound.try_clone().expect("clone"),
-                    outbound.try_clone().expect("clone"),
-                ),
-                (outbound, inbound),
-            ] {
-                std::thread::spawn(move || {
-                    let _ = std::io::copy(&mut from, &mut into);
-                    let _ = into.shutdown(std::net::Shutdown::Write);
-                });
-            }
-        }
-    });
-}
-
 #[test]
 fn a_control_plane_joins_its_nodes_environments_across_hosts() {
-    use daemon_support::{CONTROL_CA, Daemon, config, free_port, setup};
-    use repo_support::{POOL, Repo, environment};
-    let base = PathBuf::from(format!("/tmp/plmesh-loop-{}", std::process::id()));
-    let h1 = Host::start(&format!("plml-1-{}", std::process::id()), &base.join("h1"));
-    let h2 = Host::start(&format!("plml-2-{}", std::process::id()), &base.join("h2"));
-    sh(&format!(
-        "ip link add plml-l1 netns {0} type veth peer name plml-l2 netns {1} \
-         && ip netns exec {0} sysctl -qw net.ipv6.conf.plml-l1.disable_ipv6=1 \
-         && ip netns exec {1} sysctl -qw net.ipv6.conf.plml-l2.disable_ipv6=1 \
-         && ip -n {0} addr add 10.77.0.1/24 dev plml-l1 && ip -n {0} link set plml-l1 up \
-         && ip -n {1} addr add 10.77.0.2/24 dev plml-l2 && ip -n {1} link set plml-l2 up",
-        h1.netns, h2.netns
-    ));
-    // One image, pushed to host 1's registry; host 2's registry serves a copy of its storage,
-    // so both pull the same digest from their own loopback.
-    let (r1, port) = h1.registry();
-    let image = h1.image(port, "app", &[("/www/index.html", "app\n")]);
-    sh(&format!(
-        "cp -a {} {}",
-        h1.dir.join("registry").display(),
-        h2.dir.join("registry").display()
-    ));
-    let (r2, _) = h2.registry();
-    let mut procs = support::KillGroups(vec![r1, r2]);
-
-    let dir = tempfile::tempdir().expect("tempdir");
-    let repo = Repo::new(dir.path());
-    std::fs::write(dir.path().join("allowed_signers"), &repo.signers).expect("signers");
-    assert!(POOL.contains("n1") && POOL.contains("n2"));
-    // The pool alone first: nodes enrol once a commit declaring them is accepted. n2's address
-    // comes from Git (its agent says none); n1's from its agent.
-    let pool = POOL.replace("{name: n2, capacity", "{name: n2, address: 10.77.0.2, capacity");
-    repo.write("pools/main.yaml", &pool);
-    repo.commit("the pool", true);
-    let s = setup(dir.path());
-    let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
-    let (api, agent_api) = (free_port(), free_port());
-    let cfg = config(
-        &s,
-        "d",
-        &repo.dir,
-        &url,
-        api,
-        &format!("{CONTROL_CA}age_identity = \"control.age\"\n\n[agent_api]\nlisten = \"0.0.0.0:{agent_api}\"\n"),
-    );
-    support::age_keygen(&s.dir.join("control.age"));
-    let root = dir.path().to_owned();
-    let (operator, viewer) = (s.operator.clone(), s.viewer.clone());
-    let cfg2 = cfg.clone();
-    let daemon = h1.run(move || {
-        let mut d = Daemon::start(&s, &cfg2, api);
-        d.wait_ready(Duration::from_secs(20));
-        let ca = std::fs::read_to_string(root.join("tls/ca.crt")).expect("ca");
-        for node in ["n1", "n2"] {
-            let token = d.enrolment_token(node, &operator);
-            pushleft_agent::enroll::enroll(
-                &format!("https://localhost:{api}"),
-                &support::ca_pin(&ca),
-                node,
-                &root.join(node),
-                &token,
-            )
-            .expect("enrol");
-        }
-        d
-    });
-    let agent_config = |node: &str, host: &Host, lan: Option<&str>| {
-        let path = dir.path().join(format!("{node}.toml"));
-        std::fs::write(
-            &path,
-            format!(
-                "control = \"https://localhost:{agent_api}\"\ndir = \"{node}\"\ndocker_socket = {:?}\nsecrets_dir = \"secrets-{node}\"\nstate_dir = \"state-{node}\"\nheartbeat_seconds = 1\ndrift_seconds = 1\nexecutors = [\"docker\", \"nftables\", \"routes\"]\n{}",
-                host.socket.display().to_string(),
-                lan.map(|a| format!("mesh_address = \"{a}\"\n")).unwrap_or_default()
-            ),
-        )
-        .expect("agent config");
-        path
-    };
-    let (c1, c2) = (
-        agent_config("n1", &h1, Some("10.77.0.1")),
-        agent_config("n2", &h2, None),
-    );
-    let (l1, l2) = (dir.path().join("n1.log"), dir.path().join("n2.log"));
-    let bin = env!("CARGO_BIN_EXE_pl-agent");
-    let (a1c, a1l) = (c1.clone(), l1.clone());
-    procs.0.push(h1.run(move || support::spawn_agent(bin, &a1c, &a1l)));
-    let (a2c, a2l) = (c2.clone(), l2.clone());
-    procs.0.push(h2.run(move || {
-        relay(agent_api, format!("10.77.0.1:{agent_api}").parse().expect("addr"));
-        support::spawn_agent(bin, &a2c, &a2l)
-    }));
-    let _reaper = Reaper(vec![]);
-    // Both agents heartbeat (and sent their keys) before the commit places anything.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while support::sql(
-        &url,
-        "SELECT name FROM nodes WHERE mesh_key IS NOT NULL AND last_seen IS NOT NULL",
-    )
-    .len()
-        < 2
-    {
-        assert!(
-            Instant::now() < deadline,
-            "agents never said their keys:\n{}\n{}",
-            std::fs::read_to_string(&l1).unwrap_or_default(),
-            std::fs::read_to_string(&l2).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let cp = support::control_plane(&url);
-    let _reaper = Reaper(vec![mesh_interface(&cp, "n1"), mesh_interface(&cp, "n2")]);
+    // Heartbeats every 20 s: each mesh reaches its node with the lease the node waits on,
+    // woken when the control plane changed it.
+    let mut fleet = Fleet::start("ml", 20);
+    let url = fleet.url.clone();
     // Two replicas, spread: one on each node. Each serves its own container's name.
-    repo.write(
-        "projects/app.yaml",
-        &format!(
-            "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: app}}\nspec:\n  image: {image}\n  roles:\n    app:\n      kind: worker\n      replicas: 2\n      ports: [8080]\n      command: [/bin/busybox, sh, -c, 'mkdir -p /tmp/www && /bin/busybox hostname > /tmp/www/index.html && exec /bin/busybox httpd -f -p 8080 -h /tmp/www']\n"
-        ),
-    );
-    repo.write("envs/app-production.yaml", &environment("app-production", "app"));
-    repo.commit("app", true);
+    fleet.commit_app(2, "app");
 
     // Done: both replicas healthy, one on each node.
     let deadline = Instant::now() + Duration::from_secs(90);
-    let generation = loop {
-        let row = support::sql(
-            &url,
-            "SELECT status || ' ' || CAST(generation AS TEXT) FROM deployments",
-        );
-        if let Some(("done", g)) = row.first().and_then(|r| r.split_once(' ')) {
-            break g.parse::<u64>().expect("generation");
+    loop {
+        let row = support::sql(&url, "SELECT status FROM deployments");
+        if row.first().map(String::as_str) == Some("done") {
+            break;
         }
         assert!(
             Instant::now() < deadline,
-            "not done: {:?}\n{:?}\n{}\n{}",
+            "not done: {:?}\n{:?}\n{}",
             support::sql(&url, "SELECT key || ' ' || state FROM jobs ORDER BY id"),
             support::sql(
                 &url,
                 "SELECT j.key || ' ' || r.detail FROM job_results r JOIN jobs j ON j.id = r.job_id"
             ),
-            std::fs::read_to_string(&l1).unwrap_or_default(),
-            std::fs::read_to_string(&l2).unwrap_or_default()
+            fleet.agent_logs()
         );
         std::thread::sleep(Duration::from_millis(200));
-    };
-    let replica = |host: &Host| {
-        let names = host.docker(&[
-            "ps",
-            "--format",
-            "{{.Names}}",
-            "--filter",
-            "label=dev.pushleft.role=app",
-        ]);
-        let name = names
-            .lines()
+    }
+    let one = |host: &Host| {
+        Fleet::replicas(host)
+            .into_iter()
             .next()
             .unwrap_or_else(|| panic!("no replica on {}", host.netns))
-            .to_owned();
-        let ip = host.docker(&[
-            "inspect",
-            "--format",
-            "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
-            &name,
-        ]);
-        let id = host.docker(&["inspect", "--format", "{{.Config.Hostname}}", &name]);
-        (name, ip, id)
     };
-    let ((n1_name, n1_ip, _), (_, n2_ip, n2_id)) = (replica(&h1), replica(&h2));
+    let ((n1_name, n1_ip, _), (_, n2_ip, n2_id)) = (one(&fleet.h1), one(&fleet.h2));
     assert_ne!(n1_ip, n2_ip, "one subnet per node, none shared: {n1_ip} {n2_ip}");
 
-    // The mesh: decided from placement, fetched with heartbeats, applied by both agents;
-    // then the replica on host 1 gets the answer of the one on host 2.
+    // The mesh: decided from placement, taken with the leases, applied by both agents; then
+    // the replica on host 1 gets the answer of the one on host 2.
     let deadline = Instant::now() + Duration::from_secs(30);
     let answer = loop {
         let o = Command::new("docker")
             .arg("-H")
-            .arg(format!("unix://{}", h1.socket.display()))
+            .arg(format!("unix://{}", fleet.h1.socket.display()))
             .args(["exec", &n1_name, "/bin/busybox", "sh", "-c"])
             .arg(format!(
                 "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | /bin/busybox timeout 3 /bin/busybox nc -w 2 {n2_ip} 8080"
@@ -728,26 +570,21 @@ fn a_control_plane_joins_its_nodes_environments_across_hosts() {
         }
         assert!(
             Instant::now() < deadline,
-            "no answer across the mesh: {:?}\n{}\n{}",
-            support::sql(
-                &url,
-                "SELECT node || ' g' || CAST(generation AS TEXT) || ' applied ' || CAST(applied AS TEXT) || ' ' || spec FROM node_meshes"
-            ),
-            std::fs::read_to_string(&l1).unwrap_or_default(),
-            std::fs::read_to_string(&l2).unwrap_or_default()
+            "no answer across the mesh: {:?}\n{}",
+            fleet.meshes(),
+            fleet.agent_logs()
         );
         std::thread::sleep(Duration::from_millis(300));
     };
     assert!(answer.trim_end().ends_with(&n2_id), "{answer}");
     // By name: the role's name answers with its replicas on both nodes (this node's, and the
     // other's as the mesh carries them), through Docker's resolver and the agent's server.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    let resolves = |host: &Host, container: &str| {
         let out = host::docker_at(
-            &h1.socket,
+            &host.socket,
             &[
                 "exec",
-                &n1_name,
+                container,
                 "/bin/busybox",
                 "timeout",
                 "5",
@@ -759,24 +596,27 @@ fn a_control_plane_joins_its_nodes_environments_across_hosts() {
         );
         let mut got = support::nslookup_addresses(&out);
         got.sort();
-        let mut want = vec![n1_ip.clone(), n2_ip.clone()];
-        want.sort();
+        got
+    };
+    let mut want = vec![n1_ip.clone(), n2_ip.clone()];
+    want.sort();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = resolves(&fleet.h1, &n1_name);
         if got == want {
             break;
         }
         assert!(
             Instant::now() < deadline,
             "app resolves to {got:?}, not {want:?}: {:?}\n{}",
-            support::sql(
-                &url,
-                "SELECT node || ' g' || CAST(generation AS TEXT) || ' applied ' || CAST(applied AS TEXT) || ' ' || spec FROM node_meshes"
-            ),
-            std::fs::read_to_string(&l1).unwrap_or_default()
+            fleet.meshes(),
+            fleet.agent_logs()
         );
         std::thread::sleep(Duration::from_millis(300));
     }
-    // What the ledger holds: each node applied its newest mesh, with the other as its peer.
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // What the ledger holds: each node applied its newest mesh, with the other as its peer
+    // and a handshake (heartbeats bring the links).
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let rows = support::sql(
             &url,
@@ -788,17 +628,14 @@ fn a_control_plane_joins_its_nodes_environments_across_hosts() {
         assert!(Instant::now() < deadline, "{rows:?}");
         std::thread::sleep(Duration::from_millis(200));
     }
-    let _ = generation;
     // n2's endpoint is the address Git declares (its agent said none), and n1 reaches it
-    // there rather than waiting for n2's keepalives.
+    // there rather than waiting for n2 to reach out; keepalives on every link.
     let n1_spec = support::sql(&url, "SELECT spec FROM node_meshes WHERE node = 'n1'");
     assert!(n1_spec[0].contains("\"endpoint\":\"10.77.0.2:51820\""), "{n1_spec:?}");
-    assert!(n1_spec[0].contains("\"keepalive\":null"), "{n1_spec:?}");
+    assert!(n1_spec[0].contains("\"keepalive\":25"), "{n1_spec:?}");
     // `pl nodes` reads it from the API: each node's mesh applied, its peer and a handshake.
-    let (daemon, (code, body)) = h1.run(move || {
-        let answer = daemon.get("/v1/nodes", Some(&viewer));
-        (daemon, answer)
-    });
+    let viewer = fleet.viewer.clone();
+    let (code, body) = fleet.get("/v1/nodes", &viewer);
     assert_eq!(code, 200, "{body}");
     let v: serde_json::Value = serde_json::from_str(&body).expect("json");
     for (node, peer) in [("n1", "n2"), ("n2", "n1")] {
@@ -811,15 +648,34 @@ fn a_control_plane_joins_its_nodes_environments_across_hosts() {
         assert_eq!(n["mesh"]["generation"], n["mesh"]["applied"], "{n}");
         assert_eq!(n["mesh"]["links"][0]["node"], peer, "{n}");
         assert!(n["mesh"]["links"][0]["lastHandshake"].as_u64().is_some(), "{n}");
+        assert_eq!(n["mesh"]["down"], serde_json::json!([]), "{n}");
     }
+    // Health: both links judged up (`/metrics`), none down (`pl status`).
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (code, metrics) = fleet.get("/metrics", &viewer);
+        assert_eq!(code, 200, "{metrics}");
+        if metrics.contains("pushleft_mesh_link_up{node=\"n1\",peer=\"n2\"} 1")
+            && metrics.contains("pushleft_mesh_link_up{node=\"n2\",peer=\"n1\"} 1")
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{metrics}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let (_, status) = fleet.get("/v1/status", &viewer);
+    let status: serde_json::Value = serde_json::from_str(&status).expect("json");
+    assert_eq!(status["mesh"], serde_json::json!({"links": 2, "down": []}), "{status}");
     // n2 retired in Git: its replica moves to n1, and n1's mesh loses its only peer (no
     // interface, no listener left on n1).
-    repo.write(
+    fleet.repo.write(
         "pools/main.yaml",
-        &pool.replace("{name: n2, address", "{name: n2, state: retired, address"),
+        &fleet
+            .pool
+            .replace("{name: n2, address", "{name: n2, state: retired, address"),
     );
-    repo.commit("n2 retired", true);
-    let iface1 = mesh_interface(&cp, "n1");
+    fleet.repo.commit("n2 retired", true);
+    let iface1 = mesh_interface(&fleet.cp, "n1");
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let mesh = support::sql(
@@ -827,7 +683,7 @@ fn a_control_plane_joins_its_nodes_environments_across_hosts() {
             "SELECT CAST(generation - applied AS TEXT) || ' ' || spec FROM node_meshes WHERE node = 'n1'",
         );
         let links = Command::new("ip")
-            .args(["-n", &h1.netns, "link", "show", &iface1])
+            .args(["-n", &fleet.h1.netns, "link", "show", &iface1])
             .output()
             .expect("ip");
         if mesh
@@ -844,15 +700,4 @@ fn a_control_plane_joins_its_nodes_environments_across_hosts() {
         );
         std::thread::sleep(Duration::from_millis(300));
     }
-    drop(procs);
-    drop(daemon);
-    for host in [&h1, &h2] {
-        for iface in [mesh_interface(&cp, "n1"), mesh_interface(&cp, "n2")] {
-            let _ = Command::new("ip")
-                .args(["-n", &host.netns, "link", "del", &iface])
-                .status();
-        }
-    }
-    drop((h1, h2));
-    let _ = std::fs::remove_dir_all(&base);
 }

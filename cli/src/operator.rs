@@ -260,6 +260,19 @@ pub fn status(args: &ServerArgs) -> Result<u8> {
         outln!("  … and {} more", off.len() - 20);
     }
     certificates_line(&client)?;
+    // The mesh between nodes, as agents report their links (said only when there is one).
+    let links = v["mesh"]["links"].as_u64().unwrap_or(0);
+    let down: Vec<&Value> = v["mesh"]["down"].as_array().into_iter().flatten().collect();
+    if links > 0 || !down.is_empty() {
+        outln!("mesh        {links} links, {} down", down.len());
+        for d in down.iter().take(20) {
+            outln!(
+                "  {} -> {}: down (no handshake within 180 s)",
+                d["node"].as_str().unwrap_or("?"),
+                d["peer"].as_str().unwrap_or("?")
+            );
+        }
+    }
     Ok(0)
 }
 
@@ -549,10 +562,19 @@ pub fn nodes(args: &ServerArgs) -> Result<u8> {
                 .flatten()
                 .map(|l| {
                     let peer = l["node"].as_str().unwrap_or("?");
-                    match l["lastHandshake"].as_i64() {
-                        Some(t) => format!("{peer} handshake {} s ago", (now / 1000 - t).max(0)),
-                        None => format!("{peer} no handshake"),
-                    }
+                    let down = m["down"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|d| d.as_str() == Some(peer));
+                    format!(
+                        "{peer} {}{}",
+                        match l["lastHandshake"].as_i64() {
+                            Some(t) => format!("handshake {} s ago", (now / 1000 - t).max(0)),
+                            None => "no handshake".to_owned(),
+                        },
+                        if down { " (DOWN)" } else { "" }
+                    )
                 })
                 .collect();
             outln!(

@@ -48,6 +48,9 @@ pub struct Hub {
     pub wrote: Notify,
     /// Wakes agents' long-polling leases after this daemon queued jobs.
     pub jobs: Notify,
+    /// Wakes agents' long-polling leases after this daemon changed node meshes: each looks
+    /// whether its own is newer than what its agent holds.
+    pub mesh: Notify,
     /// Wakes the loop for the ledger-only part of a pass (`settle`): agents completed jobs.
     pub settle_hint: Notify,
     /// The newest event id, published by the event watcher to every stream.
@@ -72,6 +75,8 @@ pub struct Hub {
     /// Each backed-up volume's newest success and failures since, as of the last refresh of
     /// the counts: `/metrics` serves these.
     pub backups: Mutex<Vec<crate::store::backups::BackupHealth>>,
+    /// Each mesh link's state as last judged (node, peer, state): `/metrics` serves these.
+    pub mesh_links: Mutex<Vec<(String, String, &'static str)>>,
 }
 
 impl Default for Hub {
@@ -79,10 +84,12 @@ impl Default for Hub {
         Hub {
             certificates: Mutex::new(Vec::new()),
             backups: Mutex::new(Vec::new()),
+            mesh_links: Mutex::new(Vec::new()),
             hint: Notify::new(),
             fetch_hint: Notify::new(),
             wrote: Notify::new(),
             jobs: Notify::new(),
+            mesh: Notify::new(),
             settle_hint: Notify::new(),
             events_tip: tokio::sync::watch::Sender::new(0),
             counts: Mutex::new(None),

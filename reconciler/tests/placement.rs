@@ -109,13 +109,13 @@ async fn mesh_follows_placement(shared: &Arc<Reconciler>, url: &str) {
     };
     let (m1, m2) = (spec(&meshes[0]), spec(&meshes[1]));
     assert!(meshes[0].starts_with("n1|1|"), "{}", meshes[0]);
-    // n1 reaches n2 where n2 is (no address: n2 reaches out, with keepalives), and the other
-    // way round at n1's address.
+    // n1 reaches n2 where n2 is (no address: n2 reaches out), and the other way round at
+    // n1's address; every link has keepalives (NAT, and health).
     assert_eq!(m1["port"], 51820);
     assert_eq!(m1["peers"][0]["node"], "n2");
     assert_eq!(m1["peers"][0]["publicKey"], K2);
     assert_eq!(m1["peers"][0]["endpoint"], serde_json::Value::Null);
-    assert_eq!(m1["peers"][0]["keepalive"], serde_json::Value::Null);
+    assert_eq!(m1["peers"][0]["keepalive"], 25);
     assert_eq!(m1["peers"][0]["subnets"], serde_json::json!([s2]));
     assert_eq!(m1["environments"][0]["remote"], serde_json::json!([s2]));
     assert_eq!(m2["port"], 51821);
@@ -125,7 +125,7 @@ async fn mesh_follows_placement(shared: &Arc<Reconciler>, url: &str) {
     // Handed out until applied; a pass with nothing changed decides nothing anew.
     let (g, _) = shared
         .ledger
-        .mesh_beat("n2", 0, "[]")
+        .mesh_beat("n2", 0, "[]", now_ms())
         .await
         .expect("beat")
         .expect("a mesh to apply");
@@ -133,7 +133,7 @@ async fn mesh_follows_placement(shared: &Arc<Reconciler>, url: &str) {
     assert!(
         shared
             .ledger
-            .mesh_beat("n2", 1, "[{\"node\":\"n1\"}]")
+            .mesh_beat("n2", 1, "[{\"node\":\"n1\"}]", now_ms())
             .await
             .expect("beat")
             .is_none()
@@ -143,6 +143,49 @@ async fn mesh_follows_placement(shared: &Arc<Reconciler>, url: &str) {
         rows(url, "SELECT node, generation, applied FROM node_meshes ORDER BY node").await,
         ["n1|1|0", "n2|1|1"]
     );
+    // Health: n2 applied just now and has not met n1 yet (connecting, no event); its link
+    // said stale is down, once; a fresh handshake brings it up, once.
+    use reconciler::reconcile::mesh_health;
+    let events = |kind: &'static str| {
+        let url = url.to_owned();
+        async move {
+            rows(
+                &url,
+                &format!("SELECT subject || ' ' || detail FROM events WHERE kind = '{kind}' ORDER BY id"),
+            )
+            .await
+        }
+    };
+    let state = |links: Vec<mesh_health::Link>| -> Vec<String> {
+        links
+            .iter()
+            .map(|l| format!("{}>{} {}", l.node, l.peer, l.state.as_str()))
+            .collect()
+    };
+    let now = now_ms();
+    let links = mesh_health::check(&shared.ledger, now).await.expect("check");
+    assert_eq!(state(links), ["n1>n2 connecting", "n2>n1 connecting"]);
+    assert!(events("mesh-link-down").await.is_empty());
+    let stale = format!("[{{\"node\":\"n1\",\"lastHandshake\":{}}}]", now / 1000 - 400);
+    shared.ledger.mesh_beat("n2", 1, &stale, now).await.expect("beat");
+    for _ in 0..2 {
+        let links = mesh_health::check(&shared.ledger, now).await.expect("check");
+        assert_eq!(state(links)[1], "n2>n1 down");
+    }
+    assert_eq!(
+        events("mesh-link-down").await,
+        ["n2 the link from n2 to n1 is down: its last handshake was 400 s ago"]
+    );
+    assert_eq!(
+        rows(url, "SELECT down FROM node_meshes WHERE node = 'n2'").await,
+        ["[\"n1\"]"]
+    );
+    let fresh = format!("[{{\"node\":\"n1\",\"lastHandshake\":{}}}]", now / 1000 - 3);
+    shared.ledger.mesh_beat("n2", 1, &fresh, now).await.expect("beat");
+    let links = mesh_health::check(&shared.ledger, now).await.expect("check");
+    assert_eq!(state(links)[1], "n2>n1 up");
+    assert_eq!(events("mesh-link-up").await, ["n2 the link from n2 to n1 is up again"]);
+    assert_eq!(events("mesh-link-down").await.len(), 1);
 }
 
 async fn scenario(url: String, dir: &Path) {

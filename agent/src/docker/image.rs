@@ -39,8 +39,9 @@ impl Engine {
         std::fs::rename(&tmp, &self.pulled).map_err(|e| retryable("state-write-failed", e.to_string()))
     }
 
-    /// Disk: removes the images this agent pulled that no container (of anyone) uses any
-    /// more. An image it did not pull is never touched. Returns the images removed.
+    /// Disk: removes the images this agent pulled that no container (of anyone) has used for
+    /// the grace ([`super::UNUSED_IMAGE_GRACE`]). An image it did not pull is never touched.
+    /// Returns the images removed.
     pub async fn collect_images(&self) -> Result<Vec<String>, Failure> {
         let pulled = self.pulled_images();
         if pulled.is_empty() {
@@ -63,6 +64,17 @@ impl Engine {
                 Err(e) => return Err(docker("docker-unavailable", e)),
             };
             if in_use.contains(&id) {
+                if let Ok(mut u) = self.unused_since.lock() {
+                    u.remove(&image);
+                }
+                continue;
+            }
+            let since = self
+                .unused_since
+                .lock()
+                .map(|mut u| *u.entry(image.clone()).or_insert_with(std::time::Instant::now))
+                .unwrap_or_else(|_| std::time::Instant::now());
+            if since.elapsed() < self.unused_image_grace {
                 continue;
             }
             match self
@@ -70,7 +82,12 @@ impl Engine {
                 .remove_image(&image, None::<bollard::query_parameters::RemoveImageOptions>, None)
                 .await
             {
-                Ok(_) => removed.push(image),
+                Ok(_) => {
+                    if let Ok(mut u) = self.unused_since.lock() {
+                        u.remove(&image);
+                    }
+                    removed.push(image)
+                }
                 Err(e) if not_found(&e) => forgotten.push(image),
                 Err(_) => {} // in use after all (a race): next round
             }

@@ -83,7 +83,15 @@ pub struct Engine {
     /// beside the `pulled` file in the agent's state folder: never inside the volume, which a
     /// restore leaves empty for the role's first start.
     pub restores_dir: PathBuf,
+    /// How long an image this agent pulled stays once nothing uses it (a replica moved back,
+    /// or scaled up again, starts without a pull).
+    unused_image_grace: std::time::Duration,
+    /// When each pulled image was first seen unused (forgotten when it is used again).
+    unused_since: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }
+
+/// How long an unused pulled image is kept: Nomad's `image_delay` default (3 minutes).
+pub const UNUSED_IMAGE_GRACE: std::time::Duration = std::time::Duration::from_secs(180);
 
 fn not_found(e: &DockerError) -> bool {
     matches!(e, DockerError::DockerResponseServerError { status_code: 404, .. })
@@ -157,7 +165,15 @@ impl Engine {
             pulled,
             pulled_lock: std::sync::Mutex::new(()),
             registry_auth: std::collections::BTreeMap::new(),
+            unused_image_grace: UNUSED_IMAGE_GRACE,
+            unused_since: std::sync::Mutex::default(),
         })
+    }
+
+    /// Keeps unused pulled images this long (tests: zero).
+    pub fn with_unused_image_grace(mut self, grace: std::time::Duration) -> Engine {
+        self.unused_image_grace = grace;
+        self
     }
 
     /// Pulls from these registries carry the credentials in these files

@@ -233,20 +233,22 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
     let mut mesh = None;
     if let Some(m) = &hb.mesh {
         let links = serde_json::to_string(&m.links).unwrap_or_else(|_| "[]".into());
-        match s.ledger.mesh_beat(&node, m.applied, &links).await {
-            Ok(Some((generation, spec))) => {
-                mesh = serde_json::from_str::<agent_proto::mesh::MeshSpec>(&spec)
-                    .ok()
-                    .map(|spec| agent_proto::mesh::MeshSpec {
-                        generation: u64::try_from(generation).unwrap_or(0),
-                        ..spec
-                    });
-            }
-            Ok(None) => {}
+        match s.ledger.mesh_beat(&node, m.applied, &links, now_ms()).await {
+            Ok(row) => mesh = row.and_then(served_mesh),
             Err(e) => return internal(e),
         }
     }
     axum::Json(agent_proto::mesh::HeartbeatReply { node, mesh }).into_response()
+}
+
+/// A node's mesh row as its agent receives it: the spec with the ledger's generation.
+fn served_mesh((generation, spec): (i64, String)) -> Option<agent_proto::mesh::MeshSpec> {
+    serde_json::from_str::<agent_proto::mesh::MeshSpec>(&spec)
+        .ok()
+        .map(|spec| agent_proto::mesh::MeshSpec {
+            generation: u64::try_from(generation).unwrap_or(0),
+            ..spec
+        })
 }
 
 /// Leases up to `max` (at most 8) of the caller's own jobs, waiting up to `waitMs` for one:
@@ -310,8 +312,23 @@ async fn lease_jobs_now(s: &Agents, node: &str, req: &LeaseRequest) -> Result<Le
     // of twenty. What is not notified here (another daemon's writes, a retry coming due)
     // is seen within a second.
     let mut recheck = Duration::from_millis(50);
+    // The node's mesh, when its agent holds an older one: looked at first, then whenever this
+    // daemon changed meshes (one read each), and it ends the wait like a job would.
+    let held = req.mesh_applied.map(|g| i64::try_from(g).unwrap_or(i64::MAX));
+    let mut mesh_changed = held.is_some();
+    let mut mesh = None;
     loop {
         let woken = s.hub.jobs.notified();
+        let meshed = s.hub.mesh.notified();
+        if let (Some(held), true) = (held, std::mem::take(&mut mesh_changed)) {
+            mesh = s
+                .ledger
+                .mesh_newer(node, held)
+                .await
+                .map_err(|e| internal(&e))?
+                .and_then(served_mesh);
+        }
+        let wait = if mesh.is_some() { Duration::ZERO } else { wait };
         let leases = s
             .group
             .lease(node, max, removals_only, LEASE_TTL_MS)
@@ -357,18 +374,19 @@ async fn lease_jobs_now(s: &Agents, node: &str, req: &LeaseRequest) -> Result<Le
             if jobs.is_empty() && started.elapsed() < wait {
                 continue;
             }
-            if jobs.is_empty() && removals_only {
+            if jobs.is_empty() && removals_only && mesh.is_none() {
                 // Nothing to take away, and new work is not for a draining node.
                 return Err(LeaseError::Refused(
                     Refusal::NodeDraining,
                     "the node is draining: no new work",
                 ));
             }
-            return Ok(LeaseResponse { jobs });
+            return Ok(LeaseResponse { jobs, mesh });
         }
         let left = wait.saturating_sub(started.elapsed());
         tokio::select! {
             _ = woken => {}
+            _ = meshed => mesh_changed = true,
             _ = tokio::time::sleep(left.min(recheck)) => {}
         }
         recheck = (recheck * 2).min(Duration::from_secs(1));

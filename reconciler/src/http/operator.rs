@@ -256,6 +256,21 @@ async fn metrics(State(s): App) -> Response {
             );
         }
     }
+    let links = s.hub.mesh_links.lock().map(|l| l.clone()).unwrap_or_default();
+    if !links.is_empty() {
+        let _ = writeln!(
+            out,
+            "# HELP pushleft_mesh_link_up Whether each mesh link (node to peer) handshook within WireGuard's session limit (1), or has not yet or no longer (0)."
+        );
+        let _ = writeln!(out, "# TYPE pushleft_mesh_link_up gauge");
+        for (node, peer, state) in &links {
+            let _ = writeln!(
+                out,
+                "pushleft_mesh_link_up{{node=\"{node}\",peer=\"{peer}\"}} {}",
+                u8::from(*state == "up")
+            );
+        }
+    }
     let _ = writeln!(
         out,
         "# HELP pushleft_leader Whether this daemon reconciles (1) or stands by (0)."
@@ -283,7 +298,26 @@ async fn status(State(s): App, headers: HeaderMap) -> Response {
         (Ok(a), Ok(j)) => (a, j),
         (Err(e), _) | (_, Err(e)) => return internal(e),
     };
+    // The mesh: how many links agents report, and each judged down (`reconcile::mesh_health`).
+    let meshes = match s.ledger.meshes().await {
+        Ok(m) => m,
+        Err(e) => return internal(e),
+    };
+    let links: usize = meshes
+        .values()
+        .map(|m| serde_json::from_str::<Vec<serde_json::Value>>(&m.links).map_or(0, |l| l.len()))
+        .sum();
+    let down: Vec<serde_json::Value> = meshes
+        .values()
+        .flat_map(|m| {
+            serde_json::from_str::<Vec<String>>(&m.down)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|peer| json!({"node": m.node, "peer": peer}))
+        })
+        .collect();
     axum::Json(json!({
+        "mesh": {"links": links, "down": down},
         "leader": s.hub.leader.load(Ordering::Relaxed),
         "lastPassMsAgo": now_ms() - s.hub.last_tick_ms.load(Ordering::Relaxed),
         "branch": branch,
@@ -380,9 +414,10 @@ async fn nodes(State(s): App, headers: HeaderMap) -> Response {
             let mut v = serde_json::to_value(r).unwrap_or_default();
             if let (Some(m), Some(o)) = (meshes.get(&r.name), v.as_object_mut()) {
                 let links: serde_json::Value = serde_json::from_str(&m.links).unwrap_or_else(|_| json!([]));
+                let down: serde_json::Value = serde_json::from_str(&m.down).unwrap_or_else(|_| json!([]));
                 o.insert(
                     "mesh".into(),
-                    json!({"generation": m.generation, "applied": m.applied, "links": links}),
+                    json!({"generation": m.generation, "applied": m.applied, "links": links, "down": down}),
                 );
             }
             v

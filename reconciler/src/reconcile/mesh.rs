@@ -5,14 +5,16 @@
 //!
 //! A node gets a peer for each other node it shares an environment with, and that peer's
 //! allowed IPs are the subnets of the shared environments on it, nothing else; each of its
-//! environments learns its subnets on those peers. A node that nobody can reach (no endpoint)
-//! keeps its paths open with keepalives; two such nodes cannot meet, which the plan says.
+//! environments learns its subnets on those peers. Every peer gets keepalives: a node that
+//! nobody can reach (no endpoint, behind NAT) keeps its paths open with them, and every link
+//! handshakes at least every two minutes, so an old handshake means a broken link rather than
+//! an idle one (`health.rs`). Two nodes without endpoints cannot meet, which the plan says.
 //! Subnets are unique across the fleet when the ledger gives them (`placing.rs`); ones given
 //! before that rule may collide on a node, and a colliding subnet is left out of that node's
 //! mesh (said as a conflict) rather than routed to the wrong place.
 
 use crate::store::{Ledger, LedgerError};
-use agent_proto::mesh::{MeshEnvironment, MeshPeer, MeshSpec, NAT_KEEPALIVE_SECS};
+use agent_proto::mesh::{KEEPALIVE_SECS, MeshEnvironment, MeshPeer, MeshSpec};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// A node as the mesh sees it.
@@ -47,8 +49,6 @@ pub struct Peer {
     pub node: String,
     pub key: String,
     pub endpoint: Option<String>,
-    /// This node is unreachable: it sends keepalives so the peer can answer through its NAT.
-    pub keepalive: bool,
     /// The pool indices of the shared environments' subnets on the peer.
     pub subnets: Vec<i64>,
 }
@@ -122,7 +122,6 @@ pub fn plan(nodes: &[MeshNode], placed: &[Placed]) -> (BTreeMap<String, NodeMesh
                 node: (*other).to_owned(),
                 key: them.key.clone().unwrap_or_default(),
                 endpoint: them.endpoint.clone(),
-                keepalive: me.endpoint.is_none(),
                 subnets,
             });
         }
@@ -197,7 +196,7 @@ pub fn wire(m: &NodeMesh, port: u16) -> MeshSpec {
                 node: p.node.clone(),
                 public_key: p.key.clone(),
                 endpoint: p.endpoint.clone(),
-                keepalive: p.keepalive.then_some(NAT_KEEPALIVE_SECS),
+                keepalive: Some(KEEPALIVE_SECS),
                 subnets: p.subnets.iter().map(|i| subnet(*i)).collect(),
             })
             .collect(),
@@ -354,13 +353,13 @@ mod tests {
         // n4 has no key: in nobody's mesh, and no plan of its own.
         assert!(!plan.contains_key("n4"));
         let n1 = &plan["n1"];
-        let peers: Vec<(&str, &[i64], bool)> = n1
+        let peers: Vec<(&str, &[i64])> = n1
             .peers
             .iter()
-            .map(|p| (p.node.as_str(), p.subnets.as_slice(), p.keepalive))
+            .map(|p| (p.node.as_str(), p.subnets.as_slice()))
             .collect();
         // n2 through api only (its blog subnet is not n1's business), n3 through shop.
-        assert_eq!(peers, [("n2", &[2][..], false), ("n3", &[5][..], false)]);
+        assert_eq!(peers, [("n2", &[2][..]), ("n3", &[5][..])]);
         assert_eq!(n1.peers[1].endpoint, None);
         let envs: Vec<(&str, &[i64])> = n1
             .environments
@@ -368,9 +367,9 @@ mod tests {
             .map(|e| (e.environment.as_str(), e.remote.as_slice()))
             .collect();
         assert_eq!(envs, [("api", &[2][..]), ("shop", &[5][..])]);
-        // n3 is unreachable: it keeps the path to n1 open.
+        // n3 is unreachable: n1 waits for it to reach out.
         assert_eq!(plan["n3"].peers.len(), 1);
-        assert!(plan["n3"].peers[0].keepalive);
+        assert_eq!(plan["n3"].peers[0].endpoint.as_deref(), Some("10.77.0.1:51820"));
         // n2 shares nothing with n3: no peer.
         assert_eq!(
             plan["n2"].peers.iter().map(|p| p.node.as_str()).collect::<Vec<_>>(),

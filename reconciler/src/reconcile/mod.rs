@@ -11,6 +11,7 @@ pub mod deploy;
 pub mod domains;
 pub mod drift;
 pub mod mesh;
+pub mod mesh_health;
 pub mod placing;
 pub mod volumes;
 
@@ -76,6 +77,8 @@ pub struct Reconciler {
     /// Custom domains' DNS checks, and when the next one is due (Unix ms).
     domains: domains::Checking,
     domains_due_ms: std::sync::atomic::AtomicI64,
+    /// When the mesh's links are judged next (`mesh_health`).
+    mesh_health_due_ms: std::sync::atomic::AtomicI64,
     /// When the volume sweep last ran.
     volumes_swept_ms: std::sync::atomic::AtomicI64,
     /// What the mesh was last decided from (`Ledger::mesh_signature`): decided again only
@@ -181,6 +184,7 @@ impl Reconciler {
             )
             .map_err(|e| DaemonError::Config(format!("domains: {e}")))?,
             domains_due_ms: std::sync::atomic::AtomicI64::new(0),
+            mesh_health_due_ms: std::sync::atomic::AtomicI64::new(0),
             volumes_swept_ms: std::sync::atomic::AtomicI64::new(0),
             mesh_seen: Mutex::new(String::new()),
             config,
@@ -319,8 +323,8 @@ impl Reconciler {
             tracing::info!(certificates = revoked, "revoked the certificates of retired nodes");
         }
         report.advanced = self.settle().await?;
-        // The mesh between nodes follows placement and the nodes' keys: a changed one is
-        // fetched by its node with its next heartbeat.
+        // The mesh between nodes follows placement, the nodes' keys and their names: a changed
+        // one goes to its node with its waiting lease (or its next heartbeat).
         let seen = self.mesh_seen.lock().map(|s| s.clone()).unwrap_or_default();
         if let Some(signature) = self.ledger.mesh_signature().await? {
             // A node retired in Git is in no mesh, whatever still waits to be cleaned up on it;
@@ -331,10 +335,23 @@ impl Reconciler {
                 let meshes = mesh::refresh(&self.ledger, &retired, &addresses, now_ms()).await?;
                 if meshes > 0 {
                     tracing::info!(nodes = meshes, "node meshes changed");
+                    // Their agents' long polls take them now, not at their next heartbeat.
+                    self.hub.mesh.notify_waiters();
                 }
                 if let Ok(mut s) = self.mesh_seen.lock() {
                     *s = signature;
                 }
+            }
+        }
+        // The mesh's links, judged from what the agents said: a change is an event, and
+        // `/metrics` serves each link's state.
+        let now = now_ms();
+        if now >= self.mesh_health_due_ms.load(Ordering::Relaxed) {
+            self.mesh_health_due_ms
+                .store(now + mesh_health::CHECK_EVERY_MS, Ordering::Relaxed);
+            let links = mesh_health::check(&self.ledger, now).await?;
+            if let Ok(mut slot) = self.hub.mesh_links.lock() {
+                *slot = links.into_iter().map(|l| (l.node, l.peer, l.state.as_str())).collect();
             }
         }
         // Replicas their agents no longer report (removed by hand): asked for again.

@@ -28,6 +28,10 @@ pub struct MeshRow {
     pub spec: String,
     pub applied: i64,
     pub links: String,
+    /// When the agent last said it applied a newer generation (Unix ms).
+    pub applied_at: i64,
+    /// The peers whose links were judged down last (JSON list).
+    pub down: String,
 }
 
 #[derive(FromRow)]
@@ -122,9 +126,9 @@ impl Ledger {
 
     /// Every node's decided mesh.
     pub async fn meshes(&self) -> Result<BTreeMap<String, MeshRow>, LedgerError> {
-        let rows: Vec<MeshRow> = sqlx::query_as(
-            self.sql("SELECT node, generation, hash, spec, applied, links FROM node_meshes ORDER BY node"),
-        )
+        let rows: Vec<MeshRow> = sqlx::query_as(self.sql(
+            "SELECT node, generation, hash, spec, applied, links, applied_at, down FROM node_meshes ORDER BY node",
+        ))
         .fetch_all(&self.pool)
         .await?;
         Ok(rows.into_iter().map(|r| (r.node.clone(), r)).collect())
@@ -159,21 +163,61 @@ impl Ledger {
         Ok(())
     }
 
+    /// Records each node's links judged down now, (node, JSON list of peers), with `events`
+    /// (kind, subject, detail) saying what changed.
+    pub async fn write_mesh_health(
+        &self,
+        changed: &[(String, String)],
+        events: &[(String, String, String)],
+        now_ms: i64,
+    ) -> Result<(), LedgerError> {
+        if changed.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.write_tx().await?;
+        self.events_in(&mut tx, now_ms, events).await?;
+        for (node, down) in changed {
+            sqlx::query(self.sql("UPDATE node_meshes SET down = ? WHERE node = ?"))
+                .bind(down)
+                .bind(node)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
     /// What a node's heartbeat said of its mesh: the generation it applied and its links
     /// (JSON, bounded by the API). Returns its mesh when the node has not applied it yet:
     /// (generation, spec).
-    pub async fn mesh_beat(&self, node: &str, applied: u64, links: &str) -> Result<Option<(i64, String)>, LedgerError> {
+    pub async fn mesh_beat(
+        &self,
+        node: &str,
+        applied: u64,
+        links: &str,
+        now_ms: i64,
+    ) -> Result<Option<(i64, String)>, LedgerError> {
         let applied = i64::try_from(applied).unwrap_or(i64::MAX);
-        sqlx::query(self.sql("UPDATE node_meshes SET applied = ?, links = ? WHERE node = ?"))
-            .bind(applied)
-            .bind(links)
-            .bind(node)
-            .execute(&self.pool)
-            .await?;
+        sqlx::query(self.sql(
+            "UPDATE node_meshes SET applied_at = CASE WHEN applied = ? THEN applied_at ELSE ? END, \
+             applied = ?, links = ? WHERE node = ?",
+        ))
+        .bind(applied)
+        .bind(now_ms)
+        .bind(applied)
+        .bind(links)
+        .bind(node)
+        .execute(&self.pool)
+        .await?;
+        self.mesh_newer(node, applied).await
+    }
+
+    /// A node's mesh when its generation is above `held`: (generation, spec).
+    pub async fn mesh_newer(&self, node: &str, held: i64) -> Result<Option<(i64, String)>, LedgerError> {
         let row: Option<(i64, String)> =
             sqlx::query_as(self.sql("SELECT generation, spec FROM node_meshes WHERE node = ? AND generation > ?"))
                 .bind(node)
-                .bind(applied)
+                .bind(held)
                 .fetch_optional(&self.pool)
                 .await?;
         Ok(row)
