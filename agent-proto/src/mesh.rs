@@ -28,6 +28,14 @@ pub struct MeshSpec {
     pub port: u16,
     pub peers: Vec<MeshPeer>,
     pub environments: Vec<MeshEnvironment>,
+    /// Raised by the control plane to have this node make a new key pair before applying
+    /// (`pl nodes rotate-mesh-key`); the node remembers the epoch it used last.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub key_epoch: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Another node, reached through the mesh.

@@ -234,6 +234,7 @@ fn up(path: Path3, state: &Path) -> Duration {
                 });
             }
             let spec = |me: &Side, peer: &Side, key: &str| MeshSpec {
+                key_epoch: 0,
                 generation: 1,
                 port: 51820,
                 peers: vec![MeshPeer {

@@ -32,8 +32,9 @@ pub struct Mesh {
     pub state_dir: PathBuf,
     /// `nft`, as the firewall runs it.
     pub nft: PathBuf,
-    /// Held by whoever writes an environment's routing table (the routes task, its drift
-    /// repair, the mesh): each computes the table from the applied mesh, so they take turns.
+    /// Held by whoever writes an environment's routing table or firewall table (the routes
+    /// and firewall tasks, the routes' drift repair, the mesh): each computes its part from the
+    /// applied mesh, so they take turns.
     pub routes: tokio::sync::Mutex<()>,
 }
 
@@ -151,6 +152,24 @@ impl Mesh {
         Ok(device::encode(&device::public_key(&key)))
     }
 
+    /// The key epoch the node's key pair was made for (0: the first pair).
+    pub fn key_epoch(&self) -> u64 {
+        std::fs::read_to_string(self.dir().join("key-epoch"))
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// A new key pair for `epoch`: the private key replaced, then the epoch recorded (a crash
+    /// between the two makes one more pair, never none). Blocking.
+    fn rotate_key(&self, epoch: u64) -> Result<(), Failure> {
+        device::new_key(&self.key_path())?;
+        let path = self.dir().join("key-epoch");
+        let tmp = path.with_extension("new");
+        std::fs::write(&tmp, epoch.to_string()).map_err(|e| io("state-write-failed", e))?;
+        std::fs::rename(&tmp, &path).map_err(|e| io("state-write-failed", e))
+    }
+
     /// The spec applied last, if any (and not removed since).
     pub fn applied(&self) -> Option<MeshSpec> {
         applied_in(&self.state_dir)
@@ -238,6 +257,12 @@ impl Mesh {
                     spec.generation
                 ),
             ));
+        }
+        if spec.key_epoch > self.key_epoch() {
+            // Asked for a new key pair: made here, before the device takes it; peers learn the
+            // public key from the next heartbeat (sent as soon as this apply ends).
+            self.off_thread(spec, |m, spec| m.rotate_key(spec.key_epoch)).await?;
+            tracing::info!(epoch = spec.key_epoch, "mesh key pair rotated");
         }
         if spec.peers.is_empty() {
             // Nothing to reach: no interface and no listener (a lone node, a node whose last

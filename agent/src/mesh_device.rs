@@ -62,6 +62,12 @@ pub fn private_key(path: &Path) -> Result<Zeroizing<[u8; 32]>, Failure> {
             .map(Zeroizing::new)
             .ok_or_else(|| permanent("mesh-key-invalid", format!("{} is not a WireGuard key", path.display())));
     }
+    new_key(path)
+}
+
+/// Makes a new private key at `path` (0600, replacing the old one at once: a reader sees the
+/// old key or the new one, never half of either).
+pub fn new_key(path: &Path) -> Result<Zeroizing<[u8; 32]>, Failure> {
     let mut key = Zeroizing::new([0u8; 32]);
     getrandom::fill(key.as_mut()).map_err(|e| retryable("mesh-key-failed", e.to_string()))?;
     // Clamped as Curve25519 wants it (as `wg genkey` writes it).

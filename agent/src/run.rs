@@ -371,6 +371,9 @@ async fn run_task(x: &Executors, job: &LeasedJob) -> Result<String, Failure> {
         (Task::EnsureNetwork { .. }, Execution::Network(net)) => engine.ensure_network(net).await,
         (Task::ApplyFirewall { generation, .. }, Execution::Network(net)) => {
             let (env, subnet, generation) = (net.environment.clone(), net.subnet.clone(), *generation);
+            // The mesh's set comes from the applied mesh: a mesh apply running now finishes
+            // first (or finds this table made), so neither misses the other.
+            let _turn = x.mesh.routes.lock().await;
             // The sets as the replicas are now, so replacing the table never empties them.
             x.names.refresh(engine).await;
             let reach = x.names.reach_of(&env);
@@ -748,6 +751,8 @@ pub async fn run(config: Config) -> Result<()> {
                             .and_then(Result::ok)
                             .unwrap_or_default();
                             Some(agent_proto::mesh::MeshAdvert {
+                                // Read each time: a rotation replaces it.
+                                public_key: engine.mesh.public_key().unwrap_or_else(|_| m.public_key.clone()),
                                 applied: engine.mesh.fence(),
                                 links,
                                 names: crate::mesh::local_names(&engine.names.local()),

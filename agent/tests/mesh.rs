@@ -143,6 +143,7 @@ impl Node {
     fn spec(&self, peer: Option<(&Node, String)>, generation: u64) -> MeshSpec {
         MeshSpec {
             generation,
+            key_epoch: 0,
             port: PORT,
             peers: peer
                 .iter()
@@ -666,6 +667,70 @@ fn a_control_plane_joins_its_nodes_environments_across_hosts() {
     let (_, status) = fleet.get("/v1/status", &viewer);
     let status: serde_json::Value = serde_json::from_str(&status).expect("json");
     assert_eq!(status["mesh"], serde_json::json!({"links": 2, "down": []}), "{status}");
+    // Key rotation of n2, asked while n1's replica calls n2's (each request given 2 s and one
+    // retry): not one request fails. n2 makes the pair itself; the control plane learns the
+    // public key from its heartbeat and n1's mesh names it at once.
+    let key_file = fleet.dir().join("state-n2/mesh/private.key");
+    let (old_private, old_public) = (
+        std::fs::read_to_string(&key_file).expect("n2's key"),
+        support::sql(&url, "SELECT mesh_key FROM nodes WHERE name = 'n2'")[0].clone(),
+    );
+    let caller = {
+        let (socket, name, ip) = (fleet.h1.socket.clone(), n1_name.clone(), n2_ip.clone());
+        std::thread::spawn(move || {
+            let o = Command::new("docker")
+                .arg("-H")
+                .arg(format!("unix://{}", socket.display()))
+                .args(["exec", &name, "/bin/busybox", "sh", "-c"])
+                .arg(format!(
+                    "get() {{ printf 'GET / HTTP/1.0\\r\\n\\r\\n' | /bin/busybox timeout 3 /bin/busybox nc -w 2 {ip} 8080 | /bin/busybox tail -n 1; }}; \
+                     for i in $(/bin/busybox seq 50); do \
+                       a=$(get); [ -n \"$a\" ] || a=$(get); echo \"${{a:-FAILED}}\"; /bin/busybox sleep 0.1; \
+                     done"
+                ))
+                .output()
+                .expect("exec");
+            String::from_utf8_lossy(&o.stdout).into_owned()
+        })
+    };
+    std::thread::sleep(Duration::from_millis(1500));
+    let operator = fleet.operator.clone();
+    let (code, body) = fleet.post("/v1/nodes/n2/mesh-key", &operator);
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"keyEpoch\":1"), "{body}");
+    let (code, body) = fleet.post("/v1/nodes/n9/mesh-key", &operator);
+    assert_eq!((code, body.contains("mesh-not-joined")), (404, true), "{body}");
+    let (code, _) = fleet.post("/v1/nodes/n2/mesh-key", &viewer);
+    assert_eq!(code, 403, "a viewer may not");
+    let answers = caller.join().expect("caller");
+    assert!(
+        !answers.contains("FAILED"),
+        "{answers}\n{:?}\n{}",
+        fleet.meshes(),
+        fleet.agent_logs()
+    );
+    assert_eq!(answers.lines().filter(|l| l.trim() == n2_id).count(), 50, "{answers}");
+    let new_public = support::sql(&url, "SELECT mesh_key FROM nodes WHERE name = 'n2'")[0].clone();
+    assert_ne!(new_public, old_public, "n2's heartbeat brought its new public key");
+    assert_ne!(std::fs::read_to_string(&key_file).expect("n2's key"), old_private);
+    let n1_spec = support::sql(&url, "SELECT spec FROM node_meshes WHERE node = 'n1'");
+    assert!(n1_spec[0].contains(&new_public), "{n1_spec:?}");
+    // And traffic flows under the new key after the rotation is done.
+    let after = Command::new("docker")
+        .arg("-H")
+        .arg(format!("unix://{}", fleet.h1.socket.display()))
+        .args(["exec", &n1_name, "/bin/busybox", "sh", "-c"])
+        .arg(format!(
+            "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | /bin/busybox timeout 3 /bin/busybox nc -w 2 {n2_ip} 8080 | /bin/busybox tail -n 1"
+        ))
+        .output()
+        .expect("exec");
+    assert_eq!(String::from_utf8_lossy(&after.stdout).trim(), n2_id);
+    assert!(
+        support::sql(&url, "SELECT detail FROM events WHERE kind = 'mesh-key-rotation'")[0]
+            .contains("asked n2 for a new mesh key pair (epoch 1)")
+    );
+
     // n2 retired in Git: its replica moves to n1, and n1's mesh loses its only peer (no
     // interface, no listener left on n1).
     fleet.repo.write(

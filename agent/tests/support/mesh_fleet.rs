@@ -200,6 +200,23 @@ impl Fleet {
         answer
     }
 
+    /// A POST of the control plane's API with `token`, from inside host 1.
+    pub fn post(&mut self, path: &str, token: &str) -> (u16, String) {
+        let d = self.daemon.take().expect("daemon");
+        let (path, auth) = (path.to_owned(), format!("Bearer {token}"));
+        let (d, answer) = self.h1.run(move || {
+            let answer = d.post(&path, &[("authorization", auth.as_str())], b"");
+            (d, answer)
+        });
+        self.daemon = Some(d);
+        answer
+    }
+
+    /// Where the fleet's repository, ledger and agents' folders are.
+    pub fn dir(&self) -> &std::path::Path {
+        self._dir.path()
+    }
+
     /// A worker role `app` of `replicas` replicas, each serving its container's hostname over
     /// HTTP on 8080, committed (signed).
     pub fn commit_app(&self, replicas: u32, message: &str) {

@@ -6,6 +6,7 @@ pub mod backups;
 pub mod domains;
 pub mod enrolment;
 pub mod logs;
+pub mod mesh;
 pub mod operator;
 pub mod peer;
 pub mod server;

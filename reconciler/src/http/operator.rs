@@ -107,6 +107,7 @@ pub fn router(state: Arc<Operator>) -> Router {
         .route("/v1/reconcile", post(reconcile))
         .route("/v1/rewrites", get(rewrites))
         .route("/v1/nodes", get(nodes))
+        .route("/v1/nodes/{node}/mesh-key", post(rotate_mesh_key))
         .route("/v1/certificates", get(certificates))
         .route("/v1/domains", get(domains))
         .route("/v1/volumes", get(volumes))
@@ -424,6 +425,15 @@ async fn nodes(State(s): App, headers: HeaderMap) -> Response {
         })
         .collect();
     axum::Json(json!({ "nodes": nodes })).into_response()
+}
+
+/// A new mesh key pair for a node (`http::mesh`).
+async fn rotate_mesh_key(
+    State(s): App,
+    headers: HeaderMap,
+    axum::extract::Path(node): axum::extract::Path<String>,
+) -> Response {
+    crate::http::mesh::rotate_key(&s.ledger, &s.hub, &s.tokens, &headers, &node).await
 }
 
 /// Custom domains (`http::domains`).

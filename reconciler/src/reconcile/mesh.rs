@@ -27,6 +27,8 @@ pub struct MeshNode {
     pub endpoint: Option<String>,
     /// What its service names answer with its own replicas: (environment, role) → addresses.
     pub names: BTreeMap<(String, String), Vec<String>>,
+    /// Raised to have it make a new key pair.
+    pub key_epoch: u64,
 }
 
 /// One environment's subnet on one node (its index in the pool).
@@ -42,6 +44,7 @@ pub struct Placed {
 pub struct NodeMesh {
     pub peers: Vec<Peer>,
     pub environments: Vec<EnvironmentMesh>,
+    pub key_epoch: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -178,7 +181,14 @@ pub fn plan(nodes: &[MeshNode], placed: &[Placed]) -> (BTreeMap<String, NodeMesh
                 }
             })
             .collect();
-        out.insert((*name).to_owned(), NodeMesh { peers, environments });
+        out.insert(
+            (*name).to_owned(),
+            NodeMesh {
+                peers,
+                environments,
+                key_epoch: me.key_epoch,
+            },
+        );
     }
     (out, problems.into_iter().collect())
 }
@@ -188,6 +198,7 @@ pub fn wire(m: &NodeMesh, port: u16) -> MeshSpec {
     let subnet = crate::store::rows::subnet;
     MeshSpec {
         generation: 0,
+        key_epoch: m.key_epoch,
         port,
         peers: m
             .peers
@@ -243,6 +254,7 @@ pub async fn refresh(
         .map(|k| MeshNode {
             name: k.name.clone(),
             key: k.mesh_key.clone().filter(|_| !retired.contains(&k.name)),
+            key_epoch: u64::try_from(k.mesh_key_epoch).unwrap_or(0),
             names: k
                 .mesh_names
                 .as_deref()
@@ -321,6 +333,7 @@ mod tests {
             key: key.then(|| format!("key-{name}")),
             endpoint: endpoint.map(str::to_owned),
             names: BTreeMap::new(),
+            key_epoch: 0,
         }
     }
 

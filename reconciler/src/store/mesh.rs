@@ -17,6 +17,8 @@ pub struct KeyRow {
     pub mesh_address: Option<String>,
     /// Its own names as its heartbeat said them (JSON).
     pub mesh_names: Option<String>,
+    /// Raised to have the node make a new key pair (`pl nodes rotate-mesh-key`).
+    pub mesh_key_epoch: i64,
 }
 
 /// A node's decided mesh.
@@ -44,9 +46,9 @@ struct DeploymentRow {
 impl Ledger {
     /// Every enrolled node's mesh key, port and address.
     pub async fn mesh_keys(&self) -> Result<Vec<KeyRow>, LedgerError> {
-        Ok(sqlx::query_as(
-            self.sql("SELECT name, mesh_key, mesh_port, mesh_address, mesh_names FROM nodes ORDER BY name"),
-        )
+        Ok(sqlx::query_as(self.sql(
+            "SELECT name, mesh_key, mesh_port, mesh_address, mesh_names, mesh_key_epoch FROM nodes ORDER BY name",
+        ))
         .fetch_all(&self.pool)
         .await?)
     }
@@ -99,7 +101,7 @@ impl Ledger {
                 .await?;
         let keys: Vec<KeyRow> =
             sqlx::query_as(self.sql(
-                "SELECT name, mesh_key, mesh_port, mesh_address, mesh_names FROM nodes WHERE mesh_key IS NOT NULL ORDER BY name",
+                "SELECT name, mesh_key, mesh_port, mesh_address, mesh_names, mesh_key_epoch FROM nodes WHERE mesh_key IS NOT NULL ORDER BY name",
             ))
             .fetch_all(&self.pool)
             .await?;
@@ -109,8 +111,8 @@ impl Ledger {
             for k in &keys {
                 h.update(
                     format!(
-                        "{}/{:?}/{:?}/{:?}/{:?};",
-                        k.name, k.mesh_key, k.mesh_port, k.mesh_address, k.mesh_names
+                        "{}/{:?}/{:?}/{:?}/{:?}/{};",
+                        k.name, k.mesh_key, k.mesh_port, k.mesh_address, k.mesh_names, k.mesh_key_epoch
                     )
                     .as_bytes(),
                 );
@@ -161,6 +163,30 @@ impl Ledger {
         }
         tx.commit().await?;
         Ok(())
+    }
+
+    /// Asks `node` for a new mesh key pair: raises its key epoch, with an event naming who
+    /// asked. `None` when the node has no mesh key (it is not in the mesh).
+    pub async fn rotate_mesh_key(&self, node: &str, by: &str, now_ms: i64) -> Result<Option<i64>, LedgerError> {
+        let mut tx = self.write_tx().await?;
+        let epoch: Option<i64> = sqlx::query_scalar(self.sql(
+            "UPDATE nodes SET mesh_key_epoch = mesh_key_epoch + 1 WHERE name = ? AND mesh_key IS NOT NULL \
+             RETURNING mesh_key_epoch",
+        ))
+        .bind(node)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if let Some(e) = epoch {
+            let detail = format!("{by} asked {node} for a new mesh key pair (epoch {e})");
+            self.events_in(
+                &mut tx,
+                now_ms,
+                &[("mesh-key-rotation".to_owned(), node.to_owned(), detail)],
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(epoch)
     }
 
     /// Records each node's links judged down now, (node, JSON list of peers), with `events`
