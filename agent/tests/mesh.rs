@@ -694,10 +694,19 @@ fn a_control_plane_joins_its_nodes_environments_across_hosts() {
         })
     };
     std::thread::sleep(Duration::from_millis(1500));
+    // `pl node rotate-mesh-key` returns once n2 applied it and n1 handshook with it since.
+    let rotated = fleet.pl(&["node", "rotate-mesh-key", "n2", "--timeout", "90"]);
+    assert!(
+        rotated.status.success(),
+        "{}\n{:?}",
+        String::from_utf8_lossy(&rotated.stderr),
+        fleet.meshes()
+    );
+    assert!(
+        String::from_utf8_lossy(&rotated.stdout).contains("n2: new mesh key pair in use"),
+        "{rotated:?}"
+    );
     let operator = fleet.operator.clone();
-    let (code, body) = fleet.post("/v1/nodes/n2/mesh-key", &operator);
-    assert_eq!(code, 200, "{body}");
-    assert!(body.contains("\"keyEpoch\":1"), "{body}");
     let (code, body) = fleet.post("/v1/nodes/n9/mesh-key", &operator);
     assert_eq!((code, body.contains("mesh-not-joined")), (404, true), "{body}");
     let (code, _) = fleet.post("/v1/nodes/n2/mesh-key", &viewer);

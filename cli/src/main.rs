@@ -440,6 +440,17 @@ enum NodeCommand {
         #[command(flatten)]
         server: operator::ServerArgs,
     },
+    /// Have a node make a new mesh key pair (operator role): the node makes it (its private key
+    /// never leaves it), its peers take the new public key; returns once the node applied it
+    /// and each peer handshook with it since.
+    RotateMeshKey {
+        node: String,
+        /// How long to wait, in seconds.
+        #[arg(long, default_value_t = 120)]
+        timeout: u64,
+        #[command(flatten)]
+        server: operator::ServerArgs,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -566,6 +577,9 @@ fn main() -> ExitCode {
         Command::Reconcile { now: _, server } => control_plane(server).and_then(|s| operator::reconcile(&s)),
         Command::Node(NodeCommand::Token { node, server }) => {
             control_plane(server).and_then(|s| operator::node_token(&s, &node))
+        }
+        Command::Node(NodeCommand::RotateMeshKey { node, timeout, server }) => {
+            control_plane(server).and_then(|s| operator::rotate_mesh_key(&s, &node, timeout))
         }
         Command::Nodes { server } => control_plane(server).and_then(|s| operator::nodes(&s)),
         Command::Domains { server } => control_plane(server).and_then(|s| operator::domains(&s)),

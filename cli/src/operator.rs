@@ -587,6 +587,67 @@ pub fn nodes(args: &ServerArgs) -> Result<u8> {
     Ok(0)
 }
 
+/// `pl node rotate-mesh-key`: asks, then waits until it is true on the hosts: the node applied
+/// the mesh carrying the new epoch, and each of its peers applied its newest mesh and handshook
+/// with the node after the ask (links come with heartbeats).
+pub fn rotate_mesh_key(args: &ServerArgs, node: &str, timeout_secs: u64) -> Result<u8> {
+    let client = Client::new(args)?;
+    let mesh_of = |v: &Value, name: &str| -> Option<Value> {
+        v["nodes"]
+            .as_array()?
+            .iter()
+            .find(|n| n["name"].as_str() == Some(name))
+            .map(|n| n["mesh"].clone())
+    };
+    let before = client.json("GET", "/v1/nodes")?;
+    let g0 = mesh_of(&before, node)
+        .and_then(|m| m["generation"].as_i64())
+        .unwrap_or(0);
+    let asked_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let v = client.json("POST", &format!("/v1/nodes/{}/mesh-key", encode(node)))?;
+    if args.format != OutFormat::Json {
+        eprintln!(
+            "{node}: new mesh key pair asked (epoch {}); waiting for it on the hosts",
+            v["keyEpoch"]
+        );
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(timeout_secs);
+    loop {
+        let now = client.json("GET", "/v1/nodes")?;
+        let done = mesh_of(&now, node).is_some_and(|m| {
+            let applied = m["applied"].as_i64().unwrap_or(0);
+            applied > g0
+                && applied >= m["generation"].as_i64().unwrap_or(0)
+                && m["links"].as_array().into_iter().flatten().all(|l| {
+                    let peer = l["node"].as_str().unwrap_or("");
+                    mesh_of(&now, peer).is_some_and(|p| {
+                        p["applied"].as_i64() >= p["generation"].as_i64()
+                            && p["links"].as_array().into_iter().flatten().any(|pl| {
+                                pl["node"].as_str() == Some(node)
+                                    && pl["lastHandshake"].as_i64().is_some_and(|t| t >= asked_at)
+                            })
+                    })
+                })
+        });
+        if done {
+            if args.format == OutFormat::Json {
+                return print_json(&v);
+            }
+            outln!("{node}: new mesh key pair in use; every peer handshook with it");
+            return Ok(0);
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(anyhow!(
+                "{node}: the new key was asked for (epoch {}), but its peers had not all taken it within {timeout_secs} s; see `pl nodes`",
+                v["keyEpoch"]
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
+}
+
 pub fn node_token(args: &ServerArgs, node: &str) -> Result<u8> {
     let client = Client::new(args)?;
     let v = client.json("POST", &format!("/v1/nodes/{}/token", encode(node)))?;

@@ -35,6 +35,8 @@ pub struct Fleet {
     pub pool: String,
     pub viewer: String,
     pub operator: String,
+    /// The operator API's port (in host 1).
+    pub api: u16,
     base: PathBuf,
 }
 
@@ -149,6 +151,7 @@ impl Fleet {
             pool,
             viewer,
             operator,
+            api,
             base,
         };
         // Both agents heartbeat (and sent their keys) before anything is placed.
@@ -210,6 +213,31 @@ impl Fleet {
         });
         self.daemon = Some(d);
         answer
+    }
+
+    /// `pl` with `args`, run inside host 1 against the control plane as the operator.
+    pub fn pl(&self, args: &[&str]) -> std::process::Output {
+        let exe = std::env::current_exe().expect("test binary path");
+        let target = exe.parent().and_then(std::path::Path::parent).expect("target folder");
+        let pl = target.join("pl");
+        if !pl.exists() {
+            let s = Command::new(env!("CARGO"))
+                .args(["build", "-q", "-p", "pushleft-cli", "--bin", "pl"])
+                .status()
+                .expect("cargo builds pl");
+            assert!(s.success());
+        }
+        Command::new("ip")
+            .args(["netns", "exec", &self.h1.netns])
+            .arg(&pl)
+            .args(args)
+            .arg("--server")
+            .arg(format!("https://localhost:{}", self.api))
+            .arg("--ca-cert")
+            .arg(self._dir.path().join("tls/ca.crt"))
+            .env("PL_TOKEN", &self.operator)
+            .output()
+            .expect("pl")
     }
 
     /// Where the fleet's repository, ledger and agents' folders are.
