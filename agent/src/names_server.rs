@@ -134,6 +134,11 @@ impl NameService {
         }
     }
 
+    /// `container` is about to end: its role's name no longer stands for it. True when it did.
+    pub fn withdraw(&self, container: &str) -> bool {
+        self.judged.lock().map(|mut j| j.remove(container)).unwrap_or(false)
+    }
+
     /// What `environment`'s server answers now (tests read it).
     pub fn names_of(&self, environment: &str) -> Option<EnvNames> {
         self.table.read().ok()?.get(environment).cloned()

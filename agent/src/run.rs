@@ -432,7 +432,10 @@ async fn run_task(x: &Executors, job: &LeasedJob) -> Result<String, Failure> {
                 generation,
             },
             _,
-        ) => engine.stop_older(environment, role, *instance, *generation).await,
+        ) => {
+            withdraw_names(x, environment, role, *instance, *generation, true).await?;
+            engine.stop_older(environment, role, *instance, *generation).await
+        }
         (
             Task::TeardownApplication {
                 environment,
@@ -441,7 +444,10 @@ async fn run_task(x: &Executors, job: &LeasedJob) -> Result<String, Failure> {
                 generation,
             },
             _,
-        ) => engine.teardown(environment, role, *instance, *generation).await,
+        ) => {
+            withdraw_names(x, environment, role, *instance, *generation, false).await?;
+            engine.teardown(environment, role, *instance, *generation).await
+        }
         (
             Task::RemoveVolume {
                 environment,
@@ -500,6 +506,43 @@ async fn run_task(x: &Executors, job: &LeasedJob) -> Result<String, Failure> {
             format!("a {} task came without the execution it needs", task.kind()),
         )),
     }
+}
+
+/// How long a replica's name is withdrawn before the replica ends, when other nodes serve the
+/// name too (its environment is in the mesh): the withdrawal reaches them with the next
+/// heartbeat and their leases (tens of milliseconds), and an answer a caller got just before
+/// lives one TTL ([`crate::names::TTL`], 1 s).
+pub const NAME_DRAIN: Duration = Duration::from_secs(1);
+
+/// Before a stop or a teardown: the replicas about to end leave their role's name first, and
+/// the heartbeat says so at once; when other nodes serve the name, the replica keeps running
+/// for [`NAME_DRAIN`] while they learn it, so a caller anywhere is never sent to a replica that
+/// is gone.
+async fn withdraw_names(
+    x: &Executors,
+    environment: &str,
+    role: &str,
+    instance: u32,
+    generation: u64,
+    older_only: bool,
+) -> Result<(), Failure> {
+    let ending = x
+        .engine
+        .ending(environment, role, instance, generation, older_only)
+        .await?;
+    let mut withdrawn = false;
+    for container in &ending {
+        withdrawn |= x.names.withdraw(container);
+    }
+    if !withdrawn {
+        return Ok(());
+    }
+    x.names.refresh(&x.engine).await;
+    x.changed.notify_one();
+    if x.mesh_on && !x.mesh.remote_of(environment).is_empty() {
+        tokio::time::sleep(NAME_DRAIN).await;
+    }
+    Ok(())
 }
 
 /// Sooner than its interval, a heartbeat waits at least this long after the one before: a

@@ -342,6 +342,30 @@ impl Engine {
 
     /// Stops the replica's containers of generations older than `generation` (the new one is
     /// healthy by now); those two or more generations back are removed.
+    /// The containers of `environment`'s replica `role`/`instance` that a stop
+    /// (`older_only`: of generations before `generation`) or a teardown (up to `generation`)
+    /// would end.
+    pub async fn ending(
+        &self,
+        environment: &str,
+        role: &str,
+        instance: u32,
+        generation: u64,
+        older_only: bool,
+    ) -> Result<Vec<String>, Failure> {
+        let instance = instance.to_string();
+        Ok(self
+            .ours(&[(ENVIRONMENT, environment), (ROLE, role), (INSTANCE, &instance)])
+            .await?
+            .into_iter()
+            .filter(|(_, labels, _)| {
+                let g: u64 = labels.get(GENERATION).and_then(|g| g.parse().ok()).unwrap_or(0);
+                if older_only { g < generation } else { g <= generation }
+            })
+            .map(|(name, _, _)| name)
+            .collect())
+    }
+
     pub async fn stop_older(
         &self,
         environment: &str,

@@ -248,10 +248,24 @@ impl Fleet {
     /// A worker role `app` of `replicas` replicas, each serving its container's hostname over
     /// HTTP on 8080, committed (signed).
     pub fn commit_app(&self, replicas: u32, message: &str) {
+        self.commit_roles(&[("app", replicas)], message);
+    }
+
+    /// Worker roles of project `app`, (name, replicas) each, every replica serving its
+    /// container's hostname over HTTP on 8080, committed (signed).
+    pub fn commit_roles(&self, roles: &[(&str, u32)], message: &str) {
+        let roles: String = roles
+            .iter()
+            .map(|(name, replicas)| {
+                format!(
+                    "    {name}:\n      kind: worker\n      replicas: {replicas}\n      ports: [8080]\n      command: [/bin/busybox, sh, -c, 'mkdir -p /tmp/www && /bin/busybox hostname > /tmp/www/index.html && exec /bin/busybox httpd -f -p 8080 -h /tmp/www']\n"
+                )
+            })
+            .collect();
         self.repo.write(
             "projects/app.yaml",
             &format!(
-                "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: app}}\nspec:\n  image: {}\n  roles:\n    app:\n      kind: worker\n      replicas: {replicas}\n      ports: [8080]\n      command: [/bin/busybox, sh, -c, 'mkdir -p /tmp/www && /bin/busybox hostname > /tmp/www/index.html && exec /bin/busybox httpd -f -p 8080 -h /tmp/www']\n",
+                "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: app}}\nspec:\n  image: {}\n  roles:\n{roles}",
                 self.image
             ),
         );
@@ -262,14 +276,37 @@ impl Fleet {
         self.repo.commit(message, true);
     }
 
+    /// Waits (at most `within`) until the environment's deployment is done.
+    pub fn wait_done(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        while crate::support::sql(&self.url, "SELECT status FROM deployments")
+            .first()
+            .map(String::as_str)
+            != Some("done")
+        {
+            assert!(
+                Instant::now() < deadline,
+                "not done: {:?}\n{}",
+                crate::support::sql(&self.url, "SELECT key || ' ' || state FROM jobs ORDER BY id"),
+                self.agent_logs()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// The replicas of `app` on `host`: (container name, address, hostname).
     pub fn replicas(host: &Host) -> Vec<(String, String, String)> {
+        Self::replicas_of(host, "app")
+    }
+
+    /// The replicas of `role` on `host`: (container name, address, hostname).
+    pub fn replicas_of(host: &Host, role: &str) -> Vec<(String, String, String)> {
         host.docker(&[
             "ps",
             "--format",
             "{{.Names}}",
             "--filter",
-            "label=dev.pushleft.role=app",
+            &format!("label=dev.pushleft.role={role}"),
         ])
         .lines()
         .filter(|l| !l.is_empty())
