@@ -868,7 +868,7 @@ fn a_replica_moved_by_a_drain_is_reachable_at_its_new_place_by_name() {
     let (_, _, new_id) = on("api", to).pop().expect("api on the other node");
     assert_eq!(lines.last().map(|l| l.1), Some(new_id.as_str()), "{answers}");
     // The bound: by name at its new place within 8 s of the drain's commit (its placement,
-    // its 2 s of settling as a worker, the mesh; measured: about 4 s).
+    // start and first accepted connection, the mesh; measured: about 1 s).
     let first_new = lines.iter().find(|(_, who)| *who == new_id).expect("the new place").0;
     eprintln!(
         "{} calls, none failed; the new place answered {} s after the drain's commit",

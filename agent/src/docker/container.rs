@@ -249,13 +249,47 @@ impl Engine {
         Ok(true)
     }
 
+    /// Waits [`WORKER_SETTLE`], or less once each of `app`'s declared ports accepts a TCP
+    /// connection at the container's address (every 100 ms, each try bounded).
+    async fn settled(&self, app: &ApplicationSpec) {
+        let until = Instant::now() + WORKER_SETTLE;
+        if app.ports.is_empty() {
+            tokio::time::sleep(WORKER_SETTLE).await;
+            return;
+        }
+        while Instant::now() < until {
+            if let Some(ip) = self.address(&app.container, &app.network.network).await {
+                let mut all = true;
+                for port in &app.ports {
+                    let open = tokio::time::timeout(
+                        Duration::from_millis(200),
+                        tokio::net::TcpStream::connect((ip.as_str(), *port)),
+                    )
+                    .await
+                    .is_ok_and(|c| c.is_ok());
+                    if !open {
+                        all = false;
+                        break;
+                    }
+                }
+                if all {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100).min(until.saturating_duration_since(Instant::now()))).await;
+        }
+    }
+
     /// Web roles: an HTTP probe of the health path until it answers 2xx, within the role's
     /// deadline. Others: still running after [`WORKER_SETTLE`]. A missed deadline is permanent,
     /// with the last probe outcomes and the log tail.
     pub(super) async fn healthy(&self, app: &ApplicationSpec) -> Result<(), Failure> {
         let exited = |detail: String| permanent("exited", detail);
         let Some(health) = &app.health else {
-            tokio::time::sleep(WORKER_SETTLE).await;
+            // Running for WORKER_SETTLE, or sooner once every port it declares accepts a
+            // connection: a service is named as soon as it listens (a database taking longer
+            // than the settle to listen is still named when it runs, as before).
+            self.settled(app).await;
             return match self.running(&app.container).await? {
                 (true, _) => Ok(()),
                 (false, code) => Err(exited(format!(

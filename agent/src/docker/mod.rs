@@ -57,7 +57,8 @@ pub const CONTROL_PLANE: &str = "dev.pushleft.control-plane";
 pub const LOG_TAIL_BYTES: usize = 16 * 1024;
 /// How long a run (job or release role) may take.
 pub const RUN_TIMEOUT: Duration = Duration::from_secs(15 * 60);
-/// How long a worker must stay up to count as started.
+/// How long a worker must stay up to count as started (sooner once every port it declares
+/// accepts a connection).
 pub const WORKER_SETTLE: Duration = Duration::from_secs(2);
 
 /// The Docker side of the agent: the engine and where secret files live.
