@@ -203,6 +203,7 @@ fn main() {
         });
         wait_done(&fleet);
         if std::env::var_os("MESH_NAMES_JOBS").is_some() {
+            eprintln!("  placed at {placed}, named on {new} at {at_local}, on {home} at {at_remote} (Unix ms)");
             for j in support::sql(
                 &fleet.url,
                 &format!(
@@ -239,6 +240,17 @@ fn main() {
         .is_some_and(|n| n.contains(&prefix))
         {
             assert!(Instant::now() < deadline, "{new} still reports the replica");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // And its teardown ended (no job of it left), so the next placement starts afresh.
+        wait_done(&fleet);
+        while !support::sql(
+            &fleet.url,
+            &format!("SELECT key FROM jobs WHERE target_node = '{new}' AND state IN ('queued', 'leased')"),
+        )
+        .is_empty()
+        {
+            assert!(Instant::now() < deadline, "{new} never ended its teardown");
             std::thread::sleep(Duration::from_millis(20));
         }
         wait_done(&fleet);

@@ -732,8 +732,29 @@ pub async fn run(config: Config) -> Result<()> {
             .map(|id| id.replace(':', "-"))
             .filter(|id| agent_proto::valid_host(id)),
     };
+    // The mesh's links (each peer's last handshake), read from the device every
+    // MESH_LINKS_EVERY off the async threads and bounded: a device that is slow to answer (a
+    // wireguard-go starting) never holds a heartbeat, which says the links as last read.
+    let links: Arc<std::sync::Mutex<Vec<agent_proto::mesh::MeshLink>>> = Arc::default();
+    if mesh.is_some() {
+        let (engine, links) = (Arc::clone(&engine), Arc::clone(&links));
+        tokio::spawn(async move {
+            loop {
+                let e = Arc::clone(&engine);
+                let read =
+                    tokio::time::timeout(MESH_READ, tokio::task::spawn_blocking(move || e.mesh.link_reports())).await;
+                if let Ok(Ok(read)) = read
+                    && let Ok(mut l) = links.lock()
+                {
+                    *l = read;
+                }
+                tokio::time::sleep(MESH_LINKS_EVERY).await;
+            }
+        });
+    }
     {
         let (client, engine, repairs) = (Arc::clone(&client), Arc::clone(&engine), Arc::clone(&repairs));
+        let links = Arc::clone(&links);
         let every = Duration::from_secs(config.heartbeat_seconds.max(1));
         tokio::spawn(async move {
             // Volumes are walked at most once a minute, whatever the heartbeat interval, and
@@ -779,31 +800,14 @@ pub async fn run(config: Config) -> Result<()> {
                     host: host.clone(),
                     taken_subnets: engine.engine.taken_subnets().await.unwrap_or_default(),
                     volumes,
-                    mesh: match &mesh {
-                        // The device is read through a socket (netlink, or wireguard-go's):
-                        // off the async threads, and bounded, so a WireGuard that hangs costs
-                        // the heartbeat its links, never the heartbeat.
-                        Some(m) => {
-                            let e = Arc::clone(&engine);
-                            let links = tokio::time::timeout(
-                                MESH_READ,
-                                tokio::task::spawn_blocking(move || e.mesh.link_reports()),
-                            )
-                            .await
-                            .ok()
-                            .and_then(Result::ok)
-                            .unwrap_or_default();
-                            Some(agent_proto::mesh::MeshAdvert {
-                                // Read each time: a rotation replaces it.
-                                public_key: engine.mesh.public_key().unwrap_or_else(|_| m.public_key.clone()),
-                                applied: engine.mesh.fence(),
-                                links,
-                                names: crate::mesh::local_names(&engine.names.local()),
-                                ..m.clone()
-                            })
-                        }
-                        None => None,
-                    },
+                    mesh: mesh.as_ref().map(|m| agent_proto::mesh::MeshAdvert {
+                        // Read each time: a rotation replaces it.
+                        public_key: engine.mesh.public_key().unwrap_or_else(|_| m.public_key.clone()),
+                        applied: engine.mesh.fence(),
+                        links: links.lock().map(|l| l.clone()).unwrap_or_default(),
+                        names: crate::mesh::local_names(&engine.names.local()),
+                        ..m.clone()
+                    }),
                 };
                 match blocking(&client, move |c| c.heartbeat(&hb)).await {
                     Ok(reply) => {
@@ -832,8 +836,11 @@ pub async fn run(config: Config) -> Result<()> {
     Ok(())
 }
 
-/// How long a heartbeat waits to read the mesh's device for its links.
+/// How long one read of the mesh's device for its links may take.
 pub const MESH_READ: Duration = Duration::from_secs(2);
+
+/// How often the mesh's links are read for the heartbeats.
+pub const MESH_LINKS_EVERY: Duration = Duration::from_secs(5);
 
 /// How often the heartbeat measures what the node's volumes hold.
 pub const VOLUME_MEASURE_EVERY: Duration = Duration::from_secs(60);
