@@ -249,11 +249,13 @@ impl Engine {
         Ok(true)
     }
 
-    /// Waits [`WORKER_SETTLE`], or less once each of `app`'s declared ports accepts a TCP
-    /// connection at the container's address (every 100 ms, each try bounded).
+    /// Waits [`WORKER_SETTLE`], or, for a worker, less once each of its declared ports accepts
+    /// a TCP connection at the container's address (every 100 ms, each try bounded).
     async fn settled(&self, app: &ApplicationSpec) {
         let until = Instant::now() + WORKER_SETTLE;
-        if app.ports.is_empty() {
+        // Workers only: a service (a database) may accept connections before it can answer
+        // (PostgreSQL recovering its WAL does), so it keeps the whole settle.
+        if app.ports.is_empty() || app.role_kind != "worker" {
             tokio::time::sleep(WORKER_SETTLE).await;
             return;
         }
@@ -286,9 +288,8 @@ impl Engine {
     pub(super) async fn healthy(&self, app: &ApplicationSpec) -> Result<(), Failure> {
         let exited = |detail: String| permanent("exited", detail);
         let Some(health) = &app.health else {
-            // Running for WORKER_SETTLE, or sooner once every port it declares accepts a
-            // connection: a service is named as soon as it listens (a database taking longer
-            // than the settle to listen is still named when it runs, as before).
+            // Running for WORKER_SETTLE, or, for a worker, sooner once every port it declares
+            // accepts a connection: it is named as soon as it listens.
             self.settled(app).await;
             return match self.running(&app.container).await? {
                 (true, _) => Ok(()),
