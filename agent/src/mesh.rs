@@ -421,11 +421,15 @@ impl Mesh {
     /// mesh's table is gone. `None` when nothing needed doing.
     pub async fn repair(&self) -> Option<Result<String, Failure>> {
         let spec = self.applied()?;
+        // A lone node has nothing to read back: no device, no table.
+        if spec.peers.is_empty() {
+            return None;
+        }
         let healthy = self
             .off_thread(&spec, |m, spec| Ok(m.verify(spec).is_ok() && m.firewall().present()))
             .await
             .unwrap_or(false);
-        if spec.peers.is_empty() || healthy {
+        if healthy {
             return None;
         }
         Some(self.apply(&spec).await)
