@@ -6,6 +6,10 @@
 //! (`nodes[].address`); host 1's agent says its own. One image, pushed to host 1's registry and
 //! served from a copy of its storage by host 2's, so both pull the same digest from their own
 //! loopback. Everything is ended and removed when the fleet is dropped.
+//!
+//! `start_behind_nat` puts host 2 behind a third namespace, a router that masquerades it
+//! onto the LAN and lets nothing in that host 2 did not start: host 2 has no address on the
+//! LAN, Git declares none for n2, and its agent says none.
 #![allow(dead_code)]
 
 use crate::daemon_support::{CONTROL_CA, Daemon, config, free_port, setup};
@@ -38,6 +42,8 @@ pub struct Fleet {
     /// The operator API's port (in host 1).
     pub api: u16,
     base: PathBuf,
+    /// The router namespace between host 2 and the LAN, when host 2 is behind NAT.
+    pub router: Option<String>,
 }
 
 fn sh(cmd: &str) {
@@ -49,18 +55,57 @@ impl Fleet {
     /// Starts it: `tag` names its namespaces and links (at most 4 characters), the agents
     /// heartbeat every `heartbeat_seconds`. Returns once both agents sent their keys.
     pub fn start(tag: &str, heartbeat_seconds: u64) -> Fleet {
+        Self::start_with(tag, heartbeat_seconds, false)
+    }
+
+    /// As `start`, with host 2 behind a masquerading router (10.78.0.0/24 inside, the
+    /// router's 10.77.0.254 on the LAN): nothing on the LAN can open a path to host 2.
+    pub fn start_behind_nat(tag: &str, heartbeat_seconds: u64) -> Fleet {
+        Self::start_with(tag, heartbeat_seconds, true)
+    }
+
+    fn start_with(tag: &str, heartbeat_seconds: u64, nat: bool) -> Fleet {
         let pid = std::process::id();
         let base = PathBuf::from(format!("/tmp/plmesh-{tag}-{pid}"));
         let h1 = Host::start(&format!("pl{tag}-1-{pid}"), &base.join("h1"));
         let h2 = Host::start(&format!("pl{tag}-2-{pid}"), &base.join("h2"));
-        sh(&format!(
-            "ip link add pl{tag}-l1 netns {0} type veth peer name pl{tag}-l2 netns {1} \
-             && ip netns exec {0} sysctl -qw net.ipv6.conf.pl{tag}-l1.disable_ipv6=1 \
-             && ip netns exec {1} sysctl -qw net.ipv6.conf.pl{tag}-l2.disable_ipv6=1 \
-             && ip -n {0} addr add 10.77.0.1/24 dev pl{tag}-l1 && ip -n {0} link set pl{tag}-l1 up \
-             && ip -n {1} addr add 10.77.0.2/24 dev pl{tag}-l2 && ip -n {1} link set pl{tag}-l2 up",
-            h1.netns, h2.netns
-        ));
+        let router = nat.then(|| format!("pl{tag}-r-{pid}"));
+        match &router {
+            None => sh(&format!(
+                "ip link add pl{tag}-l1 netns {0} type veth peer name pl{tag}-l2 netns {1} \
+                 && ip netns exec {0} sysctl -qw net.ipv6.conf.pl{tag}-l1.disable_ipv6=1 \
+                 && ip netns exec {1} sysctl -qw net.ipv6.conf.pl{tag}-l2.disable_ipv6=1 \
+                 && ip -n {0} addr add 10.77.0.1/24 dev pl{tag}-l1 && ip -n {0} link set pl{tag}-l1 up \
+                 && ip -n {1} addr add 10.77.0.2/24 dev pl{tag}-l2 && ip -n {1} link set pl{tag}-l2 up",
+                h1.netns, h2.netns
+            )),
+            // The router forwards what host 2 starts (masqueraded as 10.77.0.254) and its
+            // answers, and drops every other forward: a home or cloud NAT. Host 2 routes only
+            // the LAN through it; the router has no route beyond its two links.
+            Some(r) => sh(&format!(
+                "ip netns del {r} 2>/dev/null; ip netns add {r} && ip -n {r} link set lo up \
+                 && ip link add pl{tag}-l1 netns {0} type veth peer name pl{tag}-r1 netns {r} \
+                 && ip link add pl{tag}-l2 netns {1} type veth peer name pl{tag}-r2 netns {r} \
+                 && ip netns exec {0} sysctl -qw net.ipv6.conf.pl{tag}-l1.disable_ipv6=1 \
+                 && ip netns exec {1} sysctl -qw net.ipv6.conf.pl{tag}-l2.disable_ipv6=1 \
+                 && ip netns exec {r} sysctl -qw net.ipv6.conf.all.disable_ipv6=1 \
+                 && ip netns exec {r} sysctl -qw net.ipv4.ip_forward=1 \
+                 && ip -n {0} addr add 10.77.0.1/24 dev pl{tag}-l1 && ip -n {0} link set pl{tag}-l1 up \
+                 && ip -n {r} addr add 10.77.0.254/24 dev pl{tag}-r1 && ip -n {r} link set pl{tag}-r1 up \
+                 && ip -n {r} addr add 10.78.0.1/24 dev pl{tag}-r2 && ip -n {r} link set pl{tag}-r2 up \
+                 && ip -n {1} addr add 10.78.0.2/24 dev pl{tag}-l2 && ip -n {1} link set pl{tag}-l2 up \
+                 && ip -n {1} route add 10.77.0.0/24 via 10.78.0.1 \
+                 && printf '%s\n' 'table ip nat {{' \
+                   '  chain post {{ type nat hook postrouting priority srcnat; oifname \"pl{tag}-r1\" masquerade; }}' \
+                   '}}' 'table ip filter {{' \
+                   '  chain forward {{ type filter hook forward priority filter; policy drop;' \
+                   '    ct state established,related accept; iifname \"pl{tag}-r2\" oifname \"pl{tag}-r1\" accept; }}' \
+                   '}}' | ip netns exec {r} nft -f - \
+                 && ip netns exec {r} sysctl -qw net.netfilter.nf_conntrack_udp_timeout=30 \
+                 && ip netns exec {r} sysctl -qw net.netfilter.nf_conntrack_udp_timeout_stream=30",
+                h1.netns, h2.netns
+            )),
+        }
         let (r1, port) = h1.registry();
         let image = h1.image(port, "app", &[("/www/index.html", "app\n")]);
         sh(&format!(
@@ -76,7 +121,11 @@ impl Fleet {
         std::fs::write(dir.path().join("allowed_signers"), &repo.signers).expect("signers");
         assert!(POOL.contains("n1") && POOL.contains("n2"));
         // The pool alone first: nodes enrol once a commit declaring them is accepted.
-        let pool = POOL.replace("{name: n2, capacity", "{name: n2, address: 10.77.0.2, capacity");
+        let pool = if nat {
+            POOL.to_owned()
+        } else {
+            POOL.replace("{name: n2, capacity", "{name: n2, address: 10.77.0.2, capacity")
+        };
         repo.write("pools/main.yaml", &pool);
         repo.commit("the pool", true);
         let s = setup(dir.path());
@@ -153,6 +202,7 @@ impl Fleet {
             operator,
             api,
             base,
+            router,
         };
         // Both agents heartbeat (and sent their keys) before anything is placed.
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -347,6 +397,9 @@ impl Drop for Fleet {
             }
         }
         let _ = std::fs::remove_dir_all(&self.base);
+        if let Some(r) = &self.router {
+            let _ = Command::new("ip").args(["netns", "del", r]).status();
+        }
     }
 }
 
