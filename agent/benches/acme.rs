@@ -112,6 +112,7 @@ fn main() {
     let s = setup(dir.path());
     let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
     let (api, agent_api, http, https, floor_https) = (free_port(), free_port(), free_port(), free_port(), free_port());
+    let certs_port = free_port();
     support::age_keygen(&s.dir.join("control.age"));
     let root = dir.path().to_owned();
     let socket = host.socket.clone();
@@ -153,7 +154,7 @@ fn main() {
         std::fs::write(
             &agent_cfg,
             format!(
-                "control = \"https://localhost:{agent_api}\"\ndir = \"n1\"\ndocker_socket = {:?}\nsecrets_dir = \"secrets\"\nstate_dir = \"state\"\nheartbeat_seconds = 1\ndrift_seconds = 5\ncaddy_admin = \"{admin}\"\ningress_listen = [\"127.0.0.1:{http}\"]\ningress_upstreams = \"ingress\"\ningress_tls_listen = [\"127.0.0.1:{https}\"]\ningress_tls_dir = \"ingress-tls\"\n",
+                "control = \"https://localhost:{agent_api}\"\ndir = \"n1\"\ndocker_socket = {:?}\nsecrets_dir = \"secrets\"\nstate_dir = \"state\"\nheartbeat_seconds = 1\ndrift_seconds = 5\ncaddy_admin = \"{admin}\"\ningress_listen = [\"127.0.0.1:{http}\"]\ningress_upstreams = \"ingress\"\ningress_tls_listen = [\"127.0.0.1:{https}\"]\ningress_tls_dir = \"ingress-tls\"\ningress_certs_listen = \"127.0.0.1:{certs_port}\"\n",
                 socket.display().to_string()
             ),
         )

@@ -163,6 +163,7 @@ fn main() {
         listen: vec![format!("127.0.0.1:{https_a}")],
         dir: ours.join("tls"),
         identity,
+        certs_listen: format!("127.0.0.1:{}", support::free_port()),
     })
     .expect("tls");
     let seal = |pem: &str| pushleft_secrets::encrypt(pem.as_bytes(), std::slice::from_ref(&recipient)).expect("seal");

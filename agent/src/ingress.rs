@@ -75,6 +75,8 @@ pub struct Ingress {
     node: String,
     /// Where HTTPS is served ([`crate::ingress_tls`]); `None`: a certificate is refused.
     tls: Option<TlsConfig>,
+    /// This node's token on the certificates server (made with `tls`).
+    certs_token: String,
 }
 
 /// Where a piece of Caddy's configuration of ours goes.
@@ -84,8 +86,10 @@ enum Place {
     Http,
     /// A route of the HTTPS server.
     Https,
-    /// A `load_files` entry of the `tls` app.
+    /// An automation policy of the `tls` app (a hostname's certificate, fetched per handshake).
     Cert,
+    /// This node's route on the certificates server.
+    Certs,
 }
 
 /// What one node has a hostname served with over HTTPS, kept beside its list
@@ -246,6 +250,7 @@ impl Ingress {
             host_suffix: None,
             node: node.to_owned(),
             tls: None,
+            certs_token: String::new(),
         })
     }
 
@@ -257,6 +262,9 @@ impl Ingress {
                 config.dir.display()
             ));
         }
+        tls::check_certs_listen(&config.certs_listen)?;
+        self.certs_token =
+            tls::certs_token(&config.dir, self.plane()).map_err(|f| format!("{}: {}", f.code, f.detail))?;
         self.tls = Some(config);
         Ok(self)
     }
@@ -329,8 +337,8 @@ impl Ingress {
         let id = route_id(self.plane(), hostname);
         match (served, &self.tls) {
             (Some(s), Some(t)) => {
-                let folder = self.cert_folder(t, hostname);
-                let cert_id = tls::cert_entry_id(&self.node, hostname);
+                let policy_id = tls::cert_policy_id(self.plane(), hostname);
+                let certs_id = tls::certs_route_id(self.plane());
                 let https_id = tls::https_route_id(self.plane(), hostname);
                 let mut route = self.route(hostname, slots);
                 route["@id"] = json!(https_id);
@@ -340,15 +348,23 @@ impl Ingress {
                         json!({"handler": "headers", "response": {"set": {"Strict-Transport-Security": [tls::HSTS]}}}),
                     );
                 }
+                // The policy names the file, not the certificate: a new one changes nothing here.
+                let url = format!(
+                    "http://{}/{}/{hostname}/{}",
+                    t.certs_listen,
+                    self.certs_token,
+                    tls::serving_file(self.plane())
+                );
                 vec![
                     (
+                        Place::Certs,
+                        certs_id.clone(),
+                        tls::certs_route(&certs_id, &self.certs_token, &t.dir),
+                    ),
+                    (
                         Place::Cert,
-                        cert_id.clone(),
-                        tls::cert_entry(
-                            &cert_id,
-                            &folder.join(format!("{}.crt", s.digest)),
-                            &folder.join(format!("{}.key", s.digest)),
-                        ),
+                        policy_id.clone(),
+                        tls::cert_policy(&policy_id, &self.hosts(hostname), &url),
                     ),
                     (Place::Https, https_id, route),
                     (
@@ -363,10 +379,12 @@ impl Ingress {
     }
 
     /// The `@id`s of ours for `hostname` that `pieces` does not hold: an HTTPS route and this
-    /// node's certificate entry once a hostname is plain HTTP again.
+    /// node's certificate policy once a hostname is plain HTTP again, and the `load_files`
+    /// entry earlier agents loaded its certificate with.
     fn stale(&self, hostname: &str, pieces: &[(Place, String, Value)]) -> Vec<String> {
         [
             tls::https_route_id(self.plane(), hostname),
+            tls::cert_policy_id(self.plane(), hostname),
             tls::cert_entry_id(&self.node, hostname),
         ]
         .into_iter()
@@ -400,7 +418,15 @@ impl Ingress {
                                 Some(wanted),
                             )?
                         }
-                        Place::Cert => self.add_cert_entry(wanted, turn)?,
+                        Place::Cert => self.add_cert_policy(wanted, turn)?,
+                        Place::Certs => {
+                            self.ensure_certs_server(turn)?;
+                            self.send(
+                                "PUT",
+                                &format!("/config/apps/http/servers/{}/routes/0", tls::CERTS_SERVER),
+                                Some(wanted),
+                            )?
+                        }
                     }
                     if note == "adopted" {
                         note = "published";
@@ -417,26 +443,47 @@ impl Ingress {
         Ok(note)
     }
 
-    /// Appends a certificate entry to the `tls` app's `load_files`, making the path to it
-    /// where it is missing (never replacing what another agent has there).
-    fn add_cert_entry(&self, entry: &Value, _turn: &Turn) -> Result<(), Failure> {
-        let base = "/config/apps/tls/certificates/load_files";
+    /// Puts a certificate policy first in the `tls` app's automation policies (before any
+    /// catch-all policy of someone else's), making the path to it where it is missing (never
+    /// replacing what another agent has there).
+    fn add_cert_policy(&self, policy: &Value, _turn: &Turn) -> Result<(), Failure> {
+        let base = "/config/apps/tls/automation/policies";
         if self.get(base)?.is_some() {
-            self.send("POST", base, Some(entry))
-        } else if self.get("/config/apps/tls/certificates")?.is_some() {
-            self.send("PUT", base, Some(&json!([entry])))
+            self.send("PUT", &format!("{base}/0"), Some(policy))
+        } else if self.get("/config/apps/tls/automation")?.is_some() {
+            self.send("PUT", base, Some(&json!([policy])))
         } else if self.get("/config/apps/tls")?.is_some() {
             self.send(
                 "PUT",
-                "/config/apps/tls/certificates",
-                Some(&json!({"load_files": [entry]})),
+                "/config/apps/tls/automation",
+                Some(&json!({"policies": [policy]})),
             )
         } else {
             self.send(
                 "PUT",
                 "/config/apps/tls",
-                Some(&json!({"certificates": {"load_files": [entry]}})),
+                Some(&json!({"automation": {"policies": [policy]}})),
             )
+        }
+    }
+
+    /// The certificates server of ours, created (with its catch-all) when Caddy has none.
+    fn ensure_certs_server(&self, _turn: &Turn) -> Result<(), Failure> {
+        let path = format!("/config/apps/http/servers/{}", tls::CERTS_SERVER);
+        let Some(t) = &self.tls else {
+            return Err(permanent("tls-not-configured", "this agent serves no HTTPS"));
+        };
+        match self.get(&format!("{path}/listen"))? {
+            None => self.send("PUT", &path, Some(&tls::certs_server(&t.certs_listen))),
+            Some(listen) if listen == json!([t.certs_listen]) => Ok(()),
+            // The policies name this agent's address: with another one they would fetch nothing.
+            Some(listen) => Err(permanent(
+                "ingress-certs-listen-mismatch",
+                format!(
+                    "this machine's Caddy has the certificates server on {listen}, this agent's ingress_certs_listen is {}: the agents sharing a Caddy must say the same address",
+                    t.certs_listen
+                ),
+            )),
         }
     }
 
@@ -480,7 +527,8 @@ impl Ingress {
         let Ok(dir) = std::fs::read_dir(&folder) else { return };
         for e in dir.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if keep.is_none_or(|s| !name.starts_with(&format!("{}.", s.digest))) {
+            let kept = keep.is_some_and(|s| name.starts_with(&format!("{}.", s.digest)));
+            if !kept {
                 let _ = std::fs::remove_file(e.path());
             }
         }
@@ -642,7 +690,21 @@ impl Ingress {
             }
             let environment = self.own(&hostname).environment;
             let id = route_id(self.plane(), &hostname);
-            let pieces = self.pieces(&hostname, slots, self.served(&hostname).as_ref());
+            let served = self.served(&hostname);
+            // The file handshakes read, when gone (another node's newer one is left alone).
+            if let (Some(s), Some(t)) = (&served, &self.tls) {
+                let path = t.dir.join(&hostname).join(tls::serving_file(self.plane()));
+                if !path.exists() {
+                    let owner = self.admin.socket().parent().and_then(tls::caddy_owner);
+                    match tls::serve(&self.cert_folder(t, &hostname), &s.digest, &path, owner) {
+                        Ok(()) => out.push((environment.clone(), format!("certificate of {hostname} put back"))),
+                        Err(f) => {
+                            tracing::warn!(hostname = %hostname, code = f.code, "cannot put the certificate back")
+                        }
+                    }
+                }
+            }
+            let pieces = self.pieces(&hostname, slots, served.as_ref());
             let stale = self.stale(&hostname, &pieces);
             let in_place = |(_, id, wanted): &(Place, String, Value)| {
                 self.get(&format!("/id/{id}")).map(|r| r.as_ref() == Some(wanted))
@@ -838,6 +900,13 @@ impl Ingress {
             .max(self.slots(self.get(&format!("/id/{https_id}"))?.as_ref()));
         let slots = had_slots.max(all.len()).max(SLOTS);
         let changed = self.write_slots(hostname, &all, slots)?;
+        // The certificate handshakes read: switched here, under the hostname's lock and once
+        // the hostname is known to be this control plane's (a rename; nothing reloads).
+        if let (Some(s), Some(t)) = (&served, &self.tls) {
+            let owner = self.admin.socket().parent().and_then(tls::caddy_owner);
+            let path = t.dir.join(hostname).join(tls::serving_file(self.plane()));
+            tls::serve(&self.cert_folder(t, hostname), &s.digest, &path, owner)?;
+        }
         self.set_served(hostname, served.as_ref())?;
         let pieces = self.pieces(hostname, slots, served.as_ref());
         let stale = self.stale(hostname, &pieces);
@@ -920,9 +989,9 @@ impl Ingress {
         }
         // This node's certificate goes in every case; the routes only with the last node.
         let turn = self.turn()?;
-        let cert_id = tls::cert_entry_id(&self.node, hostname);
-        if self.get(&format!("/id/{cert_id}"))?.is_some() {
-            self.send("DELETE", &format!("/id/{cert_id}"), None)?;
+        let legacy = tls::cert_entry_id(&self.node, hostname);
+        if self.get(&format!("/id/{legacy}"))?.is_some() {
+            self.send("DELETE", &format!("/id/{legacy}"), None)?;
         }
         self.set_served(hostname, None)?;
         self.prune_certificates(hostname, None);
@@ -940,7 +1009,12 @@ impl Ingress {
             ));
         }
         let mut removed = false;
-        for rid in [id.clone(), tls::https_route_id(self.plane(), hostname)] {
+        // The last node here: the hostname's certificate policy and the file it serves go too.
+        for rid in [
+            id.clone(),
+            tls::https_route_id(self.plane(), hostname),
+            tls::cert_policy_id(self.plane(), hostname),
+        ] {
             if self.get(&format!("/id/{rid}"))?.is_some() {
                 match self.send("DELETE", &format!("/id/{rid}"), None) {
                     Ok(()) => removed = true,
@@ -958,6 +1032,10 @@ impl Ingress {
             {
                 std::fs::remove_file(&path).map_err(disk)?;
             }
+        }
+        if let Some(t) = &self.tls {
+            let _ = std::fs::remove_file(t.dir.join(hostname).join(tls::serving_file(self.plane())));
+            let _ = std::fs::remove_dir(t.dir.join(hostname));
         }
         drop(turn);
         drop(held);

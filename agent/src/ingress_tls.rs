@@ -5,15 +5,28 @@
 //! Layout: a second server of ours, `pushleft-tls`, listens on `ingress_tls_listen` and holds
 //! each HTTPS hostname's proxy route (`pl-https.<control plane>.<hostname>`, the same upstream
 //! slot files as plain HTTP, so a generation switch still reloads nothing). The plain server's
-//! route of that hostname then answers a permanent redirect to HTTPS. Certificates are
-//! `load_files` entries of Caddy's `tls` app, one per node and hostname
-//! (`pl-cert.<control plane>_<node>.<hostname>`), whose files are named by the content's
-//! digest: a new certificate is a new path, so Caddy loads it with the configuration change
-//! that names it (a changed file under an unchanged path would never be read again).
+//! route of that hostname then answers a permanent redirect to HTTPS.
+//!
+//! Certificates are served without ever being in Caddy's configuration, and change without a
+//! reload: each node and hostname has an automation policy of Caddy's `tls` app
+//! (`pl-certpolicy.<control plane>_<node>.<hostname>`) whose `get_certificate` manager fetches
+//! `<tls dir>/<hostname>/<node>/serving.pem` (chain and key) at each handshake from a third
+//! server of ours, `pushleft-certs`: Caddy's own file server on a loopback address
+//! (`ingress_certs_listen`), behind a route per node (`pl-certs.<control plane>_<node>`) that
+//! answers only paths under that node's random token (256 bits, kept 0600 in the TLS folder)
+//! and only to loopback peers. A new certificate is a rename of `serving.pem`: the next
+//! handshake shows it, and no configuration changes. Why: every change of Caddy's
+//! configuration is a reload, and a reload loses a few requests arriving at that instant (Go's
+//! `net/http` closes a just-accepted connection of the old server: docs/agent.md, "HTTPS"); a
+//! certificate renewal must not. The file server answers from the page cache and Caddy merges
+//! concurrent handshakes' fetches of one name, so the handshake rate stays Caddy's
+//! (docs/benchmarks.md). Agents before this one loaded certificates with `load_files` entries
+//! (`pl-cert.<control plane>_<node>.<hostname>`); a publish deletes them.
 //!
 //! Why files and not `load_pem`: Caddy saves its configuration to disk (`autosave.json`) and
-//! answers it to `GET /config/`; a key inside it would be in both. The key file is 0600, owned
-//! by the user that owns Caddy's admin socket folder (Caddy's user) when the agent runs as root.
+//! answers it to `GET /config/`; a key inside it would be in both. The key and `serving.pem`
+//! are 0600, owned by the user that owns Caddy's admin socket folder (Caddy's user) when the
+//! agent runs as root.
 
 use crate::outcome::{Failure, permanent, retryable};
 use agent_proto::IngressTls;
@@ -29,8 +42,26 @@ pub const TLS_SERVER: &str = "pushleft-tls";
 /// A hostname's HTTPS route: `pl-https.<control plane>.<hostname>` (differs from `pl-host.`
 /// and `pl-builtin.` before either ends).
 pub const HTTPS_ROUTE: &str = "pl-https.";
-/// A node's certificate for a hostname: `pl-cert.<control plane>_<node>.<hostname>`.
+/// A node's certificate for a hostname as earlier agents loaded it (a `load_files` entry):
+/// `pl-cert.<control plane>_<node>.<hostname>`. Deleted where found.
 pub const CERT_ENTRY: &str = "pl-cert.";
+/// A hostname's certificate policy: `pl-certpolicy.<control plane>.<hostname>` (one per
+/// hostname: Caddy refuses two policies for one name, so the nodes of a machine share it).
+pub const CERT_POLICY: &str = "pl-certpolicy.";
+/// The loopback server of ours that hands Caddy's handshakes their certificate files.
+pub const CERTS_SERVER: &str = "pushleft-certs";
+/// A control plane's route on it: `pl-certs.<control plane>`.
+pub const CERTS_ROUTE: &str = "pl-certs.";
+/// The certificates server's catch-all.
+pub const CERTS_FALLBACK: &str = "pl-builtin.certs-fallback-404";
+/// The file a hostname's certificate policy serves, `<tls dir>/<hostname>/<control
+/// plane>.serving.pem`: chain, then key, of the node that published it last.
+pub const SERVING: &str = "serving.pem";
+
+/// The name of a control plane's serving file in a hostname's folder.
+pub fn serving_file(control_plane: &str) -> String {
+    format!("{control_plane}.{SERVING}")
+}
 /// The HTTPS server's catch-all.
 pub const TLS_FALLBACK: &str = "pl-builtin.tls-fallback-404";
 /// What HSTS says when an environment asks for it: a year, as browsers' preload lists expect.
@@ -43,6 +74,9 @@ pub struct TlsConfig {
     pub listen: Vec<String>,
     /// `ingress_tls_dir`: the certificate files, a folder per hostname.
     pub dir: PathBuf,
+    /// `ingress_certs_listen`: the loopback `ip:port` where Caddy's certificate file server
+    /// of ours listens (`127.0.0.1:2021`).
+    pub certs_listen: String,
     /// The node's age identity, which opens what the lease sealed to it.
     pub identity: PathBuf,
 }
@@ -188,6 +222,27 @@ impl Certificate {
     }
 }
 
+/// Writes the certificate files `<digest>.crt` and `<digest>.key` of `folder` together to
+/// `path` (a hostname's serving file, 0600, owned by `owner` when given), replaced by a rename
+/// so a handshake reads the old pair or the new one, never half of either; left alone when it
+/// holds them already.
+pub fn serve(folder: &Path, digest: &str, path: &Path, owner: Option<u32>) -> Result<(), Failure> {
+    let disk = |e: std::io::Error| retryable("ingress-write-failed", e.to_string());
+    let chain = std::fs::read(folder.join(format!("{digest}.crt"))).map_err(disk)?;
+    let key = Zeroizing::new(std::fs::read(folder.join(format!("{digest}.key"))).map_err(disk)?);
+    let bundle: Zeroizing<Vec<u8>> = Zeroizing::new([&chain[..], b"\n", &key[..]].concat());
+    if std::fs::read(path).is_ok_and(|b| Zeroizing::new(b)[..] == bundle[..]) {
+        return Ok(());
+    }
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    pushleft_secrets::write_private(&tmp, &bundle).map_err(disk)?;
+    if let Some(uid) = owner {
+        std::os::unix::fs::chown(&tmp, Some(uid), None).map_err(disk)?;
+    }
+    std::fs::rename(&tmp, path).map_err(disk)
+}
+
 /// The user Caddy's files must belong to: the owner of its admin socket's folder, when the
 /// agent runs as root and that owner is another user; `None` otherwise (the agent's own files
 /// are Caddy's when both run as one user).
@@ -208,9 +263,87 @@ pub fn cert_entry_id(node: &str, hostname: &str) -> String {
     format!("{CERT_ENTRY}{node}.{hostname}")
 }
 
-/// A `load_files` entry of Caddy's `tls` app.
-pub fn cert_entry(id: &str, crt: &Path, key: &Path) -> Value {
-    json!({"@id": id, "certificate": crt, "key": key, "tags": [id]})
+/// The `@id` of a hostname's certificate policy.
+pub fn cert_policy_id(control_plane: &str, hostname: &str) -> String {
+    format!("{CERT_POLICY}{control_plane}.{hostname}")
+}
+
+/// The `@id` of a control plane's route on the certificates server.
+pub fn certs_route_id(control_plane: &str) -> String {
+    format!("{CERTS_ROUTE}{control_plane}")
+}
+
+/// An automation policy of Caddy's `tls` app: handshakes for `hosts` take the certificate
+/// `url` answers (fetched at each handshake, never kept in the configuration). The manager
+/// never answers 204 (Caddy's "not mine"), so Caddy never falls back to ordering one itself.
+pub fn cert_policy(id: &str, hosts: &[String], url: &str) -> Value {
+    json!({"@id": id, "subjects": hosts, "get_certificate": [{"via": "http", "url": url}]})
+}
+
+/// The certificates server: `listen` (loopback), a 404 catch-all, nothing automatic.
+pub fn certs_server(listen: &str) -> Value {
+    json!({
+        "listen": [listen],
+        "routes": [{"@id": CERTS_FALLBACK, "handle": [{"handler": "static_response", "status_code": 404}]}],
+        "automatic_https": {"disable": true},
+    })
+}
+
+/// A node's route on the certificates server: files under `root` for paths under `/<token>/`,
+/// to loopback peers only.
+pub fn certs_route(id: &str, token: &str, root: &Path) -> Value {
+    json!({
+        "@id": id,
+        "match": [{"path": [format!("/{token}/*")], "remote_ip": {"ranges": ["127.0.0.1/32", "::1/128"]}}],
+        "handle": [
+            {"handler": "rewrite", "strip_path_prefix": format!("/{token}")},
+            {"handler": "file_server", "root": root},
+        ],
+        "terminal": true,
+    })
+}
+
+/// `ingress_certs_listen` must be a loopback `ip:port`: the server hands out private keys to
+/// whoever knows a node's token, so no one off the machine may even reach it.
+pub fn check_certs_listen(listen: &str) -> Result<(), String> {
+    match listen.parse::<std::net::SocketAddr>() {
+        Ok(a) if a.ip().is_loopback() && a.port() != 0 => Ok(()),
+        _ => Err(format!(
+            "ingress_certs_listen {listen:?} must be a loopback address with a port (127.0.0.1:2021)"
+        )),
+    }
+}
+
+/// A control plane's token for the certificates server: `<dir>/.<control plane>.token`
+/// (0600), made once; its nodes on the machine share it (the first one makes it: a link that
+/// fails when another node made it first, then every node reads the same file).
+pub fn certs_token(dir: &Path, control_plane: &str) -> Result<String, Failure> {
+    let disk = |e: std::io::Error| retryable("ingress-write-failed", e.to_string());
+    let path = dir.join(format!(".{control_plane}.token"));
+    let read = || {
+        std::fs::read_to_string(&path)
+            .ok()
+            .filter(|t| t.len() == 64 && t.bytes().all(|b| b.is_ascii_hexdigit()))
+    };
+    if let Some(t) = read() {
+        return Ok(t);
+    }
+    std::fs::create_dir_all(dir).map_err(disk)?;
+    let mut raw = Zeroizing::new([0u8; 32]);
+    getrandom::fill(raw.as_mut()).map_err(|e| retryable("ingress-write-failed", e.to_string()))?;
+    let token = hex::encode(&raw[..]);
+    let tmp = dir.join(format!(".{control_plane}.token.{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    pushleft_secrets::write_private(&tmp, token.as_bytes()).map_err(disk)?;
+    let linked = std::fs::hard_link(&tmp, &path);
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => Ok(token),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            read().ok_or_else(|| retryable("ingress-write-failed", format!("{} is not a token", path.display())))
+        }
+        Err(e) => Err(disk(e)),
+    }
 }
 
 /// The plain server's route for an HTTPS hostname: a permanent redirect (308 keeps the method
@@ -260,8 +393,54 @@ mod tests {
             listen: vec![l.to_owned()],
             dir: PathBuf::new(),
             identity: PathBuf::new(),
+            certs_listen: "127.0.0.1:2021".into(),
         };
         assert_eq!(at(":443").redirect_port(), "");
         assert_eq!(at("127.0.0.1:8443").redirect_port(), ":8443");
+    }
+
+    #[test]
+    fn the_certificates_server_listens_on_loopback_only() {
+        assert!(check_certs_listen("127.0.0.1:2021").is_ok());
+        assert!(check_certs_listen("[::1]:2021").is_ok());
+        for bad in [
+            "0.0.0.0:2021",
+            "10.0.0.1:2021",
+            "localhost:2021",
+            "127.0.0.1:0",
+            ":2021",
+        ] {
+            assert!(check_certs_listen(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_control_plane_keeps_its_token_and_another_gets_its_own() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let a = certs_token(dir.path(), "cp_n1").expect("token");
+        assert_eq!(a.len(), 64);
+        assert_eq!(certs_token(dir.path(), "cp_n1").expect("again"), a);
+        assert_ne!(certs_token(dir.path(), "cp_n2").expect("n2"), a);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join(".cp_n1.token"))
+            .expect("file")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn the_certificates_route_answers_only_under_the_token_and_to_loopback() {
+        let r = certs_route("pl-certs.cp_n1", "abc", Path::new("/var/lib/pushleft-ingress-tls"));
+        assert_eq!(r["match"][0]["path"][0], "/abc/*");
+        assert_eq!(r["match"][0]["remote_ip"]["ranges"][0], "127.0.0.1/32");
+        assert_eq!(r["handle"][0]["strip_path_prefix"], "/abc");
+        let p = cert_policy(
+            "pl-certpolicy.cp_n1.shop.test",
+            &["shop.test".into()],
+            "http://127.0.0.1:2021/abc/x",
+        );
+        assert!(!p.to_string().contains("PRIVATE"));
+        assert_eq!(p["get_certificate"][0]["via"], "http");
     }
 }

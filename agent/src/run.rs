@@ -69,6 +69,10 @@ pub struct Config {
     /// Caddy's user, the owner of `caddy_admin`'s folder, when the agent runs as root).
     #[serde(default = "default_ingress_tls_dir")]
     pub ingress_tls_dir: PathBuf,
+    /// The loopback `ip:port` of the certificates server of ours in Caddy, which its HTTPS
+    /// handshakes fetch each hostname's certificate file from (`ingress_tls.rs`).
+    #[serde(default = "default_ingress_certs_listen")]
+    pub ingress_certs_listen: String,
     /// Whether the agent sets the kernel's `net.ipv4.tcp_migrate_req` to 1 in its network
     /// namespace when it runs the ingress, so Caddy's reloads move waiting connections to the
     /// new listening socket instead of resetting them (`ingress_kernel.rs`; on by default).
@@ -128,6 +132,10 @@ fn default_ingress_tls_listen() -> Vec<String> {
 
 fn default_ingress_tls_dir() -> PathBuf {
     "/var/lib/pushleft-ingress-tls".into()
+}
+
+fn default_ingress_certs_listen() -> String {
+    "127.0.0.1:2021".into()
 }
 
 fn default_caddy() -> String {
@@ -612,6 +620,7 @@ pub async fn run(config: Config) -> Result<()> {
                         listen: config.ingress_tls_listen.clone(),
                         dir: config.ingress_tls_dir.clone(),
                         identity: config.dir.join(crate::enroll::AGE),
+                        certs_listen: config.ingress_certs_listen.clone(),
                     })
                     .map_err(anyhow::Error::msg)?
             }

@@ -97,6 +97,7 @@ fn acme_certificates_are_ordered_once_for_two_nodes_served_renewed_and_failures_
     let s = setup(dir.path());
     let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
     let (api, agent_api, http, https) = (free_port(), free_port(), free_port(), free_port());
+    let certs_port = free_port();
     support::age_keygen(&s.dir.join("control.age"));
     let root = dir.path().to_owned();
     let socket = host.socket.clone();
@@ -155,7 +156,7 @@ fn acme_certificates_are_ordered_once_for_two_nodes_served_renewed_and_failures_
             std::fs::write(
                 &agent_cfg,
                 format!(
-                    "control = \"https://localhost:{agent_api}\"\ndir = \"{node}\"\ndocker_socket = {:?}\nsecrets_dir = \"{node}-secrets\"\nstate_dir = \"{node}-state\"\nheartbeat_seconds = 1\ndrift_seconds = 1\ncaddy_admin = \"{admin}\"\ningress_listen = [\"127.0.0.1:{http}\"]\ningress_upstreams = \"ingress\"\ningress_tls_listen = [\"127.0.0.1:{https}\"]\ningress_tls_dir = \"ingress-tls\"\n",
+                    "control = \"https://localhost:{agent_api}\"\ndir = \"{node}\"\ndocker_socket = {:?}\nsecrets_dir = \"{node}-secrets\"\nstate_dir = \"{node}-state\"\nheartbeat_seconds = 1\ndrift_seconds = 1\ncaddy_admin = \"{admin}\"\ningress_listen = [\"127.0.0.1:{http}\"]\ningress_upstreams = \"ingress\"\ningress_tls_listen = [\"127.0.0.1:{https}\"]\ningress_tls_dir = \"ingress-tls\"\ningress_certs_listen = \"127.0.0.1:{certs_port}\"\n",
                     socket.display().to_string()
                 ),
             )

@@ -169,6 +169,7 @@ fn the_whole_loop_rolls_out_serves_and_survives_a_killed_agent() {
     support::age_keygen(&s.dir.join("control.age"));
     let local_ca = s.dir.join("ingress-ca/ca.crt");
     let https = free_port();
+    let certs_port = free_port();
     let socket = host.socket.clone();
     let root = dir.path().to_owned();
     let s_dir = s.dir.clone();
@@ -196,7 +197,7 @@ fn the_whole_loop_rolls_out_serves_and_survives_a_killed_agent() {
         std::fs::write(
             &agent_cfg,
             format!(
-                "control = \"https://localhost:{agent_api}\"\ndir = \"n1\"\ndocker_socket = {:?}\nsecrets_dir = \"secrets\"\nstate_dir = \"state\"\nheartbeat_seconds = 1\ndrift_seconds = 1\ncaddy_admin = \"{admin}\"\ningress_listen = [\"127.0.0.1:{http}\"]\ningress_upstreams = \"ingress\"\ningress_host_suffix = \".localhost\"\ningress_tls_listen = [\"127.0.0.1:{https}\"]\ningress_tls_dir = \"ingress-tls\"\n",
+                "control = \"https://localhost:{agent_api}\"\ndir = \"n1\"\ndocker_socket = {:?}\nsecrets_dir = \"secrets\"\nstate_dir = \"state\"\nheartbeat_seconds = 1\ndrift_seconds = 1\ncaddy_admin = \"{admin}\"\ningress_listen = [\"127.0.0.1:{http}\"]\ningress_upstreams = \"ingress\"\ningress_host_suffix = \".localhost\"\ningress_tls_listen = [\"127.0.0.1:{https}\"]\ningress_tls_dir = \"ingress-tls\"\ningress_certs_listen = \"127.0.0.1:{certs_port}\"\n",
                 socket.display().to_string()
             ),
         )

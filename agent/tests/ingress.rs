@@ -505,6 +505,8 @@ fn brought_certificates_serve_https_and_redirect_plain_http() {
     let identity = dir.path().join("age.key");
     let recipient = support::age_keygen(&identity);
     let certs = dir.path().join("tls");
+    // One certificates server per Caddy: every agent sharing it says the same address.
+    let certs_listen = format!("127.0.0.1:{}", support::free_port());
     let ingress = Ingress::new(
         &admin,
         vec![format!("127.0.0.1:{http}")],
@@ -516,6 +518,7 @@ fn brought_certificates_serve_https_and_redirect_plain_http() {
         listen: vec![format!("127.0.0.1:{https}")],
         dir: certs.clone(),
         identity: identity.clone(),
+        certs_listen: certs_listen.clone(),
     })
     .expect("tls");
     let seal = |pem: &str| pushleft_secrets::encrypt(pem.as_bytes(), std::slice::from_ref(&recipient)).expect("seal");
@@ -595,6 +598,9 @@ fn brought_certificates_serve_https_and_redirect_plain_http() {
         .expect("folder")
         .count();
     assert_eq!(files, 2, "one certificate and one key are kept");
+    let serving = certs.join(host).join("0123abcd.serving.pem");
+    let mode = std::fs::metadata(&serving).expect("serving.pem").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
 
     // Drift: the HTTPS route deleted by hand is put back.
     let id = pushleft_agent::ingress_tls::https_route_id("0123abcd", host);
@@ -618,7 +624,7 @@ fn brought_certificates_serve_https_and_redirect_plain_http() {
     );
     let config = support::caddy_admin(&socket, "GET", "/config/").expect("config").1;
     assert!(
-        !config.contains("pl-cert.") && !config.contains("pl-https."),
+        !config.contains("pl-cert.") && !config.contains("pl-certpolicy.") && !config.contains("pl-https."),
         "{config}"
     );
     assert!(!certs.join(host).join("0123abcd_n1").exists());
@@ -640,6 +646,7 @@ fn brought_certificates_serve_https_and_redirect_plain_http() {
         listen: vec![format!("127.0.0.1:{https}")],
         dir: certs.clone(),
         identity: identity.clone(),
+        certs_listen: certs_listen.clone(),
     })
     .expect("tls");
     let other_host = "other.shop.test";
@@ -664,7 +671,10 @@ fn brought_certificates_serve_https_and_redirect_plain_http() {
     ingress.remove("shop", host, 5).expect("remove");
     let config = support::caddy_admin(&socket, "GET", "/config/").expect("config").1;
     assert!(
-        !config.contains("pl-cert.") && !config.contains("pl-https.") && !config.contains("pl-host."),
+        !config.contains("pl-cert.")
+            && !config.contains("pl-certpolicy.")
+            && !config.contains("pl-https.")
+            && !config.contains("pl-host."),
         "{config}"
     );
     assert!(!certs.join(host).join("0123abcd_n1").exists());
@@ -820,6 +830,7 @@ fn https_publishes_side_by_side_each_keep_their_certificate() {
         listen: vec![format!("127.0.0.1:{https}")],
         dir: dir.path().join("tls"),
         identity,
+        certs_listen: format!("127.0.0.1:{}", support::free_port()),
     })
     .expect("tls");
     let seal = |pem: &str| pushleft_secrets::encrypt(pem.as_bytes(), std::slice::from_ref(&recipient)).expect("seal");
@@ -848,7 +859,7 @@ fn https_publishes_side_by_side_each_keep_their_certificate() {
             assert!(outcome.is_ok(), "{h}: {outcome:?}");
         }
     });
-    let config = support::caddy_admin(&socket, "GET", "/config/apps/tls/certificates/load_files")
+    let config = support::caddy_admin(&socket, "GET", "/config/apps/tls/automation/policies")
         .expect("config")
         .1;
     let entries: serde_json::Value = serde_json::from_str(&config).expect("json");

@@ -971,6 +971,13 @@ fn local_user_reaches_only_what_docs_security_says(state: &Path, host_name: &str
         "denied",
         "the registry's credentials"
     );
+    // The certificates server on loopback: without the node's token (in the 0700 folder
+    // above) it serves nothing, not even the certificate a handshake is given.
+    assert_eq!(
+        as_nobody(&["tcp", &port("certs"), "localhost", "/ingress-tls/"]),
+        "404",
+        "the certificates server"
+    );
 }
 
 /// The README's quickstart, as `scripts/quickstart` runs it: `pl up --build` of

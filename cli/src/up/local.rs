@@ -71,6 +71,10 @@ pub(crate) struct Ports {
     /// Where the ingress serves HTTPS (0: none chosen yet, or plain HTTP only).
     #[serde(default)]
     pub(crate) https: u16,
+    /// The loopback port of the ingress's certificates server, which Caddy's handshakes fetch
+    /// certificates from (0: none chosen yet).
+    #[serde(default)]
+    pub(crate) certs: u16,
 }
 
 impl Local {
@@ -161,9 +165,9 @@ impl Local {
         let recorded = self.recorded_ports()?;
         let mut named: Vec<u16> = port.into_iter().chain(https_port).collect();
         if let Some(r) = &recorded {
-            named.extend([r.api, r.agent, r.http, r.registry, r.https]);
+            named.extend([r.api, r.agent, r.http, r.registry, r.https, r.certs]);
         }
-        let [api, agent, http, registry, https_free] = free_ports::<5>(&named)?;
+        let [api, agent, http, registry, https_free, certs] = free_ports::<6>(&named)?;
         let ports = match recorded {
             // `--port` for a control plane that does not run (the caller checked): taken now.
             Some(p) if port.is_some_and(|n| n != p.http) => Ports {
@@ -179,7 +183,14 @@ impl Local {
                 http: port.unwrap_or(http),
                 registry,
                 https: 0,
+                certs,
             },
+        };
+        // A state folder from before the certificates server has no port for it yet.
+        let ports = if ports.certs == 0 {
+            Ports { certs, ..ports }
+        } else {
+            ports
         };
         let ports = match (https, https_port) {
             (true, Some(h)) => Ports { https: h, ..ports },
@@ -191,8 +202,15 @@ impl Local {
             (false, _) => Ports { https: 0, ..ports },
         };
         if self.recorded_ports()?.is_some_and(|r| {
-            (r.api, r.agent, r.http, r.registry, r.https)
-                == (ports.api, ports.agent, ports.http, ports.registry, ports.https)
+            (r.api, r.agent, r.http, r.registry, r.https, r.certs)
+                == (
+                    ports.api,
+                    ports.agent,
+                    ports.http,
+                    ports.registry,
+                    ports.https,
+                    ports.certs,
+                )
         }) {
             return Ok(ports);
         }

@@ -197,7 +197,7 @@ impl Local {
         }
         // One machine: its agent joins no mesh between nodes (no WireGuard listener).
         let config = format!(
-            "control = \"https://localhost:{}\"\ndir = \"node\"\ndocker_socket = {:?}\nsecrets_dir = \"secrets\"\nstate_dir = \"state\"\nheartbeat_seconds = 1\nparallel_environments = 16\ncaddy_admin = {:?}\ningress_listen = [\"127.0.0.1:{}\"]\ningress_upstreams = {:?}\ningress_host_suffix = \".localhost\"\ningress_tls_listen = [{}]\ningress_tls_dir = {:?}\nbackup_roots = [{:?}, \"/var/backups/pushleft\"]\nmesh = false\n",
+            "control = \"https://localhost:{}\"\ndir = \"node\"\ndocker_socket = {:?}\nsecrets_dir = \"secrets\"\nstate_dir = \"state\"\nheartbeat_seconds = 1\nparallel_environments = 16\ncaddy_admin = {:?}\ningress_listen = [\"127.0.0.1:{}\"]\ningress_upstreams = {:?}\ningress_host_suffix = \".localhost\"\ningress_tls_listen = [{}]\ningress_tls_dir = {:?}\ningress_certs_listen = \"127.0.0.1:{}\"\nbackup_roots = [{:?}, \"/var/backups/pushleft\"]\nmesh = false\n",
             ports.agent,
             docker.display().to_string(),
             self.caddy_admin()?,
@@ -209,6 +209,7 @@ impl Local {
                 String::new()
             },
             self.path("ingress-tls").display().to_string(),
+            ports.certs,
             // Repositories on this machine: under the state folder (`<state>/backups/...`),
             // or where a node's agent keeps them by default.
             self.path("backups").display().to_string(),
