@@ -10,6 +10,8 @@
 //! `cargo bench -p pushleft-agent --bench ingress_tls` (needs Caddy ≥ 2.8 on `PATH`:
 //! `PATH=/opt/pushleft-tools/bin:$PATH`; `-- --rounds N`, default 3, `--seconds S`, default 5).
 
+#[path = "../tests/support/streams.rs"]
+mod streams;
 #[path = "../tests/support/mod.rs"]
 mod support;
 #[path = "../tests/support/tls.rs"]
@@ -17,51 +19,12 @@ mod tls_support;
 
 use pushleft_agent::ingress::Ingress;
 use pushleft_agent::ingress_tls::TlsConfig;
-use std::io::{Read, Write};
-use std::net::TcpListener;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 const CLIENTS: usize = 100;
 const HOST: &str = "bench.shop.test";
-
-/// An upstream that answers every request on loopback from memory (bounded: it stops
-/// accepting when the bench ends).
-fn upstream(stop: Arc<AtomicBool>) -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let port = listener.local_addr().expect("addr").port();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            if stop.load(Ordering::Relaxed) {
-                break;
-            }
-            let Ok(mut c) = conn else { continue };
-            std::thread::spawn(move || {
-                let _ = c.set_read_timeout(Some(Duration::from_secs(10)));
-                let mut buf = [0u8; 4096];
-                let mut seen = Vec::new();
-                // Keep-alive: answer each request head on the connection.
-                loop {
-                    let Ok(n) = c.read(&mut buf) else { return };
-                    if n == 0 {
-                        return;
-                    }
-                    seen.extend_from_slice(&buf[..n]);
-                    while let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
-                        seen.drain(..end + 4);
-                        if c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
-                            .is_err()
-                        {
-                            return;
-                        }
-                    }
-                }
-            });
-        }
-    });
-    port
-}
 
 struct Run {
     per_second: f64,
@@ -132,7 +95,7 @@ fn main() {
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let stop = Arc::new(AtomicBool::new(false));
-    let up = upstream(Arc::clone(&stop));
+    let up = streams::memory_upstream(Arc::clone(&stop));
     // One certificate for both: a CA and a leaf for the hostname.
     let ca_key = rcgen::KeyPair::generate().expect("ca key");
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("ca");

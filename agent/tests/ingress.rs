@@ -12,17 +12,19 @@
 //!   scale within the slots, a route deleted by hand is put back by the drift repair, and a
 //!   teardown removes the route.
 
+#[path = "support/streams.rs"]
+mod streams;
 mod support;
 #[path = "support/tls.rs"]
 mod tls_support;
 
 use pushleft_agent::ingress::Ingress;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 struct Kill(Vec<Child>);
 impl Drop for Kill {
@@ -76,32 +78,8 @@ fn streaming_upstream(ticks: usize) -> String {
 fn open_stream(port: u16, host: &str) -> (Arc<AtomicUsize>, std::thread::JoinHandle<()>) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
-    s.write_all(
-        format!(
-            "GET /stream HTTP/1.1\r\nHost: {host}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
-             Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
-        )
-        .as_bytes(),
-    )
-    .expect("request");
-    let lines = Arc::new(AtomicUsize::new(0));
-    let counted = Arc::clone(&lines);
-    let reader = std::thread::spawn(move || {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let mut r = BufReader::new(s);
-        let mut line = String::new();
-        while Instant::now() < deadline {
-            line.clear();
-            match r.read_line(&mut line) {
-                Ok(0) | Err(_) => break,
-                Ok(_) if line.starts_with("tick") => {
-                    counted.fetch_add(1, Ordering::SeqCst);
-                }
-                Ok(_) => {}
-            }
-        }
-    });
-    (lines, reader)
+    s.write_all(streams::upgrade_request(host).as_bytes()).expect("request");
+    streams::count_ticks(s, 30, usize::MAX)
 }
 
 /// Caddy with its admin API on a unix socket in `dir`'s `caddy-admin` folder (0700): the

@@ -7,68 +7,20 @@
 //! control plane's token, or for a file outside the folder, answers nothing; a serving file
 //! removed by hand fails handshakes until the drift repair puts it back.
 
+#[path = "support/streams.rs"]
+mod streams;
 mod support;
 #[path = "support/tls.rs"]
 mod tls_support;
 
 use pushleft_agent::ingress::Ingress;
 use pushleft_agent::ingress_tls::TlsConfig;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
+use std::io::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const HOST: &str = "shop.test";
-
-/// An upstream on loopback: `200 ok` to a request, or `101` and a line every 50 ms (at most
-/// 400) to an upgrade; it stops accepting when `stop` is set.
-fn upstream(stop: Arc<AtomicBool>) -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let port = listener.local_addr().expect("addr").port();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            if stop.load(Ordering::Relaxed) {
-                break;
-            }
-            let Ok(mut c) = conn else { continue };
-            std::thread::spawn(move || {
-                let _ = c.set_read_timeout(Some(Duration::from_secs(10)));
-                let mut seen = Vec::new();
-                let mut buf = [0u8; 4096];
-                loop {
-                    let Ok(n) = c.read(&mut buf) else { return };
-                    if n == 0 {
-                        return;
-                    }
-                    seen.extend_from_slice(&buf[..n]);
-                    while let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
-                        let head = String::from_utf8_lossy(&seen[..end]).to_ascii_lowercase();
-                        seen.drain(..end + 4);
-                        if head.contains("upgrade: websocket") {
-                            let _ = c.write_all(
-                                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
-                            );
-                            for i in 0..400 {
-                                if c.write_all(format!("tick {i}\n").as_bytes()).is_err() {
-                                    return;
-                                }
-                                std::thread::sleep(Duration::from_millis(50));
-                            }
-                            return;
-                        }
-                        if c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
-                            .is_err()
-                        {
-                            return;
-                        }
-                    }
-                }
-            });
-        }
-    });
-    port
-}
 
 /// A TLS connection to `port` for `HOST` that trusts `ca`.
 fn tls_connect(port: u16, ca: &str) -> rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream> {
@@ -93,7 +45,7 @@ fn tls_connect(port: u16, ca: &str) -> rustls::StreamOwned<rustls::ClientConnect
 fn a_certificate_switch_fails_no_request_and_keeps_an_open_stream() {
     let dir = tempfile::tempdir().expect("tempdir");
     let stop = Arc::new(AtomicBool::new(false));
-    let up = upstream(Arc::clone(&stop));
+    let up = streams::memory_upstream(Arc::clone(&stop));
     let (socket, admin, mut caddy) = support::caddy_with_admin(&dir.path().join("caddy"));
     let (http, https) = (support::free_port(), support::free_port());
     let identity = dir.path().join("age.key");
@@ -145,31 +97,9 @@ fn a_certificate_switch_fails_no_request_and_keeps_an_open_stream() {
     // An upgraded stream over HTTPS, counted line by line (for at most 20 s).
     let mut stream = tls_connect(https, &both);
     stream
-        .write_all(
-            format!(
-                "GET /stream HTTP/1.1\r\nHost: {HOST}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
-                 Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
-            )
-            .as_bytes(),
-        )
+        .write_all(streams::upgrade_request(HOST).as_bytes())
         .expect("upgrade");
-    let ticks = Arc::new(AtomicUsize::new(0));
-    let counted = Arc::clone(&ticks);
-    let reader = std::thread::spawn(move || {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let mut r = BufReader::new(stream);
-        let mut line = String::new();
-        while Instant::now() < deadline && counted.load(Ordering::SeqCst) < 400 {
-            line.clear();
-            match r.read_line(&mut line) {
-                Ok(0) | Err(_) => break,
-                Ok(_) if line.starts_with("tick") => {
-                    counted.fetch_add(1, Ordering::SeqCst);
-                }
-                Ok(_) => {}
-            }
-        }
-    });
+    let (ticks, reader) = streams::count_ticks(stream, 20, 400);
 
     // 8 loops, a new TLS connection per request, at most 2,000 requests each.
     let done = Arc::new(AtomicBool::new(false));
