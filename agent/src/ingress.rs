@@ -75,8 +75,9 @@ pub struct Ingress {
     node: String,
     /// Where HTTPS is served ([`crate::ingress_tls`]); `None`: a certificate is refused.
     tls: Option<TlsConfig>,
-    /// This node's token on the certificates server (made with `tls`).
-    certs_token: String,
+    /// The control plane's token on the certificates server, read or made at the first
+    /// HTTPS publish or repair (not at start: an agent that never serves HTTPS writes nothing).
+    certs_token: std::sync::OnceLock<String>,
 }
 
 /// Where a piece of Caddy's configuration of ours goes.
@@ -250,7 +251,7 @@ impl Ingress {
             host_suffix: None,
             node: node.to_owned(),
             tls: None,
-            certs_token: String::new(),
+            certs_token: std::sync::OnceLock::new(),
         })
     }
 
@@ -263,10 +264,22 @@ impl Ingress {
             ));
         }
         tls::check_certs_listen(&config.certs_listen)?;
-        self.certs_token =
-            tls::certs_token(&config.dir, self.plane()).map_err(|f| format!("{}: {}", f.code, f.detail))?;
         self.tls = Some(config);
         Ok(self)
+    }
+
+    /// Reads or makes the control plane's certificates token (before any piece names it).
+    fn ensure_token(&self, t: &TlsConfig) -> Result<(), Failure> {
+        if self.certs_token.get().is_none() {
+            let token = tls::certs_token(&t.dir, self.plane())?;
+            let _ = self.certs_token.set(token);
+        }
+        Ok(())
+    }
+
+    /// The token, once `ensure_token` has run (every HTTPS path runs it first).
+    fn token(&self) -> &str {
+        self.certs_token.get().map_or("", String::as_str)
     }
 
     fn hosts(&self, hostname: &str) -> Vec<String> {
@@ -352,14 +365,14 @@ impl Ingress {
                 let url = format!(
                     "http://{}/{}/{hostname}/{}",
                     t.certs_listen,
-                    self.certs_token,
+                    self.token(),
                     tls::serving_file(self.plane())
                 );
                 vec![
                     (
                         Place::Certs,
                         certs_id.clone(),
-                        tls::certs_route(&certs_id, &self.certs_token, &t.dir),
+                        tls::certs_route(&certs_id, self.token(), &t.dir),
                     ),
                     (
                         Place::Cert,
@@ -693,6 +706,10 @@ impl Ingress {
             let served = self.served(&hostname);
             // The file handshakes read, when gone (another node's newer one is left alone).
             if let (Some(s), Some(t)) = (&served, &self.tls) {
+                if let Err(f) = self.ensure_token(t) {
+                    tracing::warn!(hostname = %hostname, code = f.code, "cannot read the certificates token");
+                    continue;
+                }
                 let path = t.dir.join(&hostname).join(tls::serving_file(self.plane()));
                 if !path.exists() {
                     let owner = self.admin.socket().parent().and_then(tls::caddy_owner);
@@ -903,6 +920,7 @@ impl Ingress {
         // The certificate handshakes read: switched here, under the hostname's lock and once
         // the hostname is known to be this control plane's (a rename; nothing reloads).
         if let (Some(s), Some(t)) = (&served, &self.tls) {
+            self.ensure_token(t)?;
             let owner = self.admin.socket().parent().and_then(tls::caddy_owner);
             let path = t.dir.join(hostname).join(tls::serving_file(self.plane()));
             tls::serve(&self.cert_folder(t, hostname), &s.digest, &path, owner)?;
