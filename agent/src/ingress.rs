@@ -89,7 +89,7 @@ enum Place {
     Https,
     /// An automation policy of the `tls` app (a hostname's certificate, fetched per handshake).
     Cert,
-    /// This node's route on the certificates server.
+    /// The control plane's route on the certificates server.
     Certs,
 }
 
@@ -1005,7 +1005,8 @@ impl Ingress {
             drop(held);
             return Ok(format!("{id} left to control plane {other}, which serves it here"));
         }
-        // This node's certificate goes in every case; the routes only with the last node.
+        // This node's certificate files (and an earlier agent's `load_files` entry) go in every
+        // case; the routes, the policy and the serving file only with the last node.
         let turn = self.turn()?;
         let legacy = tls::cert_entry_id(&self.node, hostname);
         if self.get(&format!("/id/{legacy}"))?.is_some() {
