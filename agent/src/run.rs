@@ -65,7 +65,7 @@ pub struct Config {
     /// a certificate (`[]`: none is served, and such a publish fails with `tls-not-configured`).
     #[serde(default = "default_ingress_tls_listen")]
     pub ingress_tls_listen: Vec<String>,
-    /// The certificate files Caddy loads: a folder per hostname and node, keys 0600 (owned by
+    /// The certificate files Caddy serves: a folder per hostname and node, keys 0600 (owned by
     /// Caddy's user, the owner of `caddy_admin`'s folder, when the agent runs as root).
     #[serde(default = "default_ingress_tls_dir")]
     pub ingress_tls_dir: PathBuf,
