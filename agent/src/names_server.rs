@@ -419,7 +419,10 @@ async fn sources(
     let mut running = Vec::new();
     let mut reach: HashMap<String, Reachable> = HashMap::new();
     let mut filters = filters;
-    filters.insert("status".to_owned(), vec!["running".to_owned()]);
+    // Paused counts as running: a backup pauses a replica for a moment, and a refresh in that
+    // moment must neither forget that it was judged healthy (it would never be named again
+    // until its next ensure) nor close the firewall to it.
+    filters.insert("status".to_owned(), vec!["running".to_owned(), "paused".to_owned()]);
     for c in engine
         .docker
         .list_containers(Some(ListContainersOptionsBuilder::default().filters(&filters).build()))

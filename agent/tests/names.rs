@@ -182,6 +182,22 @@ fn roles_find_each_other_by_name_within_their_environment_only() {
         names.refresh(&engine).await;
         assert_eq!(lookup(&web.container, "db", None), vec![db2_at]);
 
+        // Paused (a backup of its volume pauses it for a moment) is not gone: a refresh during
+        // the pause keeps its name, and it answers again once running (the example app's CI
+        // failure: `db` stopped resolving after a backup).
+        let docker = |args: &[&str]| {
+            let o = std::process::Command::new("docker")
+                .args(args)
+                .output()
+                .expect("docker");
+            assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        };
+        docker(&["pause", &db2.container]);
+        names.refresh(&engine).await;
+        docker(&["unpause", &db2.container]);
+        names.refresh(&engine).await;
+        assert_eq!(lookup(&web.container, "db", None), vec![db2_at], "after a pause");
+
         // A restarted agent: what runs keeps its names.
         drop(names);
         let names = NameService::new(None);
