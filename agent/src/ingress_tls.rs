@@ -332,7 +332,9 @@ pub fn certs_token(dir: &Path, control_plane: &str) -> Result<String, Failure> {
     let mut raw = Zeroizing::new([0u8; 32]);
     getrandom::fill(raw.as_mut()).map_err(|e| retryable("ingress-write-failed", e.to_string()))?;
     let token = hex::encode(&raw[..]);
-    let tmp = dir.join(format!(".{control_plane}.token.{}", std::process::id()));
+    // A name of this call's own (its token's start): concurrent first publishes each write
+    // their own file, and the first link wins.
+    let tmp = dir.join(format!(".{control_plane}.token.{}", &token[..16]));
     let _ = std::fs::remove_file(&tmp);
     pushleft_secrets::write_private(&tmp, token.as_bytes()).map_err(disk)?;
     let linked = std::fs::hard_link(&tmp, &path);
@@ -417,6 +419,14 @@ mod tests {
     #[test]
     fn a_control_plane_keeps_its_token_and_another_gets_its_own() {
         let dir = tempfile::tempdir().expect("tmp");
+        // Eight first callers at once agree on one token.
+        let racing: Vec<String> = std::thread::scope(|s| {
+            let all: Vec<_> = (0..8)
+                .map(|_| s.spawn(|| certs_token(dir.path(), "cp0").expect("token")))
+                .collect();
+            all.into_iter().map(|t| t.join().expect("thread")).collect()
+        });
+        assert!(racing.iter().all(|t| t == &racing[0]), "{racing:?}");
         let a = certs_token(dir.path(), "cp_n1").expect("token");
         assert_eq!(a.len(), 64);
         assert_eq!(certs_token(dir.path(), "cp_n1").expect("again"), a);
