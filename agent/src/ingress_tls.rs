@@ -8,24 +8,25 @@
 //! route of that hostname then answers a permanent redirect to HTTPS.
 //!
 //! Certificates are served without ever being in Caddy's configuration, and change without a
-//! reload: each node and hostname has an automation policy of Caddy's `tls` app
-//! (`pl-certpolicy.<control plane>_<node>.<hostname>`) whose `get_certificate` manager fetches
-//! `<tls dir>/<hostname>/<node>/serving.pem` (chain and key) at each handshake from a third
-//! server of ours, `pushleft-certs`: Caddy's own file server on a loopback address
-//! (`ingress_certs_listen`), behind a route per node (`pl-certs.<control plane>_<node>`) that
-//! answers only paths under that node's random token (256 bits, kept 0600 in the TLS folder)
-//! and only to loopback peers. A new certificate is a rename of `serving.pem`: the next
-//! handshake shows it, and no configuration changes. Why: every change of Caddy's
+//! reload: each hostname has one automation policy of Caddy's `tls` app
+//! (`pl-certpolicy.<control plane>.<hostname>`; Caddy refuses two for one name, so the nodes of
+//! a machine share it) whose `get_certificate` manager fetches
+//! `<tls dir>/<hostname>/<control plane>.serving.pem` (chain and key) at each handshake from a
+//! third server of ours, `pushleft-certs`: Caddy's own file server on a loopback address
+//! (`ingress_certs_listen`), behind a route per control plane (`pl-certs.<control plane>`) that
+//! answers only paths under that control plane's random token (256 bits, kept 0600 in the TLS
+//! folder) and only to loopback peers. A new certificate is a rename of the serving file: the
+//! next handshake shows it, and no configuration changes. Why: every change of Caddy's
 //! configuration is a reload, and a reload loses a few requests arriving at that instant (Go's
 //! `net/http` closes a just-accepted connection of the old server: docs/agent.md, "HTTPS"); a
 //! certificate renewal must not. The file server answers from the page cache and Caddy merges
 //! concurrent handshakes' fetches of one name, so the handshake rate stays Caddy's
 //! (docs/benchmarks.md). Agents before this one loaded certificates with `load_files` entries
-//! (`pl-cert.<control plane>_<node>.<hostname>`); a publish deletes them.
+//! (`pl-cert.<control plane>_<node>.<hostname>`); a publish or removal deletes them.
 //!
 //! Why files and not `load_pem`: Caddy saves its configuration to disk (`autosave.json`) and
-//! answers it to `GET /config/`; a key inside it would be in both. The key and `serving.pem`
-//! are 0600, owned by the user that owns Caddy's admin socket folder (Caddy's user) when the
+//! answers it to `GET /config/`; a key inside it would be in both. The key and the serving
+//! file are 0600, owned by the user that owns Caddy's admin socket folder (Caddy's user) when the
 //! agent runs as root.
 
 use crate::outcome::{Failure, permanent, retryable};
@@ -289,8 +290,8 @@ pub fn certs_server(listen: &str) -> Value {
     })
 }
 
-/// A node's route on the certificates server: files under `root` for paths under `/<token>/`,
-/// to loopback peers only.
+/// A control plane's route on the certificates server: files under `root` for paths under
+/// `/<token>/`, to loopback peers only.
 pub fn certs_route(id: &str, token: &str, root: &Path) -> Value {
     json!({
         "@id": id,
@@ -304,7 +305,7 @@ pub fn certs_route(id: &str, token: &str, root: &Path) -> Value {
 }
 
 /// `ingress_certs_listen` must be a loopback `ip:port`: the server hands out private keys to
-/// whoever knows a node's token, so no one off the machine may even reach it.
+/// whoever knows a control plane's token, so no one off the machine may even reach it.
 pub fn check_certs_listen(listen: &str) -> Result<(), String> {
     match listen.parse::<std::net::SocketAddr>() {
         Ok(a) if a.ip().is_loopback() && a.port() != 0 => Ok(()),
