@@ -146,6 +146,9 @@ pub struct Start {
     pub generation: u64,
     /// Whether the environment had a generation before (and so may have jobs to cancel).
     pub existed: bool,
+    /// A rollback's generation ([`rollback`]): the previous release again, without its
+    /// release step.
+    pub rollback: bool,
 }
 
 /// A deployment that scales at its current generation (`release::change` said so).
@@ -217,6 +220,7 @@ pub fn decide(
             retired,
             generation,
             existed,
+            rollback: false,
         });
     }
     for (env, c) in changes.gone {
@@ -230,9 +234,87 @@ pub fn decide(
             retired,
             generation: c.generation + 1,
             existed: true,
+            rollback: false,
         });
     }
     out
+}
+
+/// Why a rollback is refused, with the refusal's stable code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RollbackRefusal {
+    /// No finished generation before the current one, or it runs the same release.
+    NoPrevious,
+    /// A rollback holds the environment already: release it first.
+    AlreadyHeld,
+    /// The environment is torn down (or being torn down).
+    TornDown,
+}
+
+impl RollbackRefusal {
+    pub fn code(self) -> &'static str {
+        match self {
+            RollbackRefusal::NoPrevious => "no-previous-release",
+            RollbackRefusal::AlreadyHeld => "rollback-held",
+            RollbackRefusal::TornDown => "environment-torn-down",
+        }
+    }
+}
+
+/// A rollback to start: generation `generation` runs generation `to`'s spec again, replacing
+/// generation `from`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RollbackAsk {
+    pub from: u64,
+    pub to: u64,
+    pub generation: u64,
+}
+
+/// Whether `current` (running the release `release`) can roll back to `previous` (the
+/// generation that finished before it started, with its release hash) and at which
+/// generation. A rollback is a new generation (every
+/// fence on the nodes only moves forward), whatever the current one's status: a rollout still
+/// going or failed is replaced the same way.
+pub fn rollback(
+    current: &Current,
+    release: &str,
+    previous: Option<(u64, &str)>,
+    held: bool,
+) -> Result<RollbackAsk, RollbackRefusal> {
+    if held {
+        return Err(RollbackRefusal::AlreadyHeld);
+    }
+    if current.action == Action::Teardown {
+        return Err(RollbackRefusal::TornDown);
+    }
+    match previous {
+        Some((to, hash)) if to > 0 && to < current.generation && hash != release => Ok(RollbackAsk {
+            from: current.generation,
+            to,
+            generation: current.generation + 1,
+        }),
+        _ => Err(RollbackRefusal::NoPrevious),
+    }
+}
+
+/// What an accepted commit does to its branch's holds (`held`: environment → the spec hash Git
+/// wanted when the hold began). A held environment Git still wants the same way is kept as the
+/// rollback left it (first set: leave it out of the comparison); any other (Git changed it, or
+/// no longer declares it) is released (second list), and the commit decides it as usual.
+pub fn holds(wanted: &[Desired], held: &BTreeMap<String, String>) -> (std::collections::BTreeSet<String>, Vec<String>) {
+    let mut kept = std::collections::BTreeSet::new();
+    let mut ended = Vec::new();
+    for (env, git_hash) in held {
+        let same = wanted
+            .iter()
+            .any(|d| d.spec.environment.as_str() == env && &d.spec_hash == git_hash);
+        if same {
+            kept.insert(env.clone());
+        } else {
+            ended.push(env.clone());
+        }
+    }
+    (kept, ended)
 }
 
 /// How the jobs of a generation's current step stand.
@@ -424,6 +506,63 @@ mod tests {
         assert_eq!(next(0, some(0, 1), &steps), Next::Fail);
         assert_eq!(next(0, some(0, 0), &steps), Next::Step(2), "the empty step is skipped");
         assert_eq!(next(2, some(0, 0), &steps), Next::Done(4));
+    }
+
+    #[test]
+    fn a_rollback_goes_to_the_previous_release_at_the_next_generation_or_is_refused() {
+        let now = current("e", 1, "r2", 7, Status::Done);
+        let ask = rollback(&now, "r2", Some((6, "r1")), false);
+        assert_eq!(
+            ask,
+            Ok(RollbackAsk {
+                from: 7,
+                to: 6,
+                generation: 8
+            })
+        );
+        // A rollout still going (or failed) is rolled back the same way.
+        let busy = current("e", 1, "r2", 7, Status::InProgress);
+        assert_eq!(rollback(&busy, "r2", Some((5, "r1")), false).map(|a| a.to), Ok(5));
+        assert_eq!(rollback(&now, "r2", None, false), Err(RollbackRefusal::NoPrevious));
+        assert_eq!(
+            rollback(&now, "r2", Some((6, "r2")), false),
+            Err(RollbackRefusal::NoPrevious),
+            "the previous generation runs the same release"
+        );
+        assert_eq!(
+            rollback(&now, "r2", Some((0, "")), false),
+            Err(RollbackRefusal::NoPrevious)
+        );
+        assert_eq!(
+            rollback(&now, "r2", Some((6, "r1")), true),
+            Err(RollbackRefusal::AlreadyHeld)
+        );
+        let gone = Current {
+            action: Action::Teardown,
+            ..now
+        };
+        assert_eq!(
+            rollback(&gone, "r2", Some((6, "r1")), false),
+            Err(RollbackRefusal::TornDown)
+        );
+        assert_eq!(RollbackRefusal::NoPrevious.code(), "no-previous-release");
+    }
+
+    #[test]
+    fn a_hold_ends_only_when_git_changes_or_drops_its_environment() {
+        let held = BTreeMap::from([
+            ("same".to_owned(), "same-1-r2".to_owned()),
+            ("changed".to_owned(), "changed-1-r2".to_owned()),
+            ("dropped".to_owned(), "dropped-1-r2".to_owned()),
+        ]);
+        let wanted = [
+            desired("same", 1, "r2"),
+            desired("changed", 1, "r3"),
+            desired("other", 1, "r1"),
+        ];
+        let (kept, ended) = holds(&wanted, &held);
+        assert_eq!(kept.into_iter().collect::<Vec<_>>(), ["same"]);
+        assert_eq!(ended, ["changed", "dropped"]);
     }
 
     #[test]

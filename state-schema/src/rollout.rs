@@ -126,6 +126,19 @@ pub fn rollout_steps(spec: &DeploymentSpec, generation: u64, retired: &[Deployme
     steps
 }
 
+/// The steps of a rollback's generation: a rollout of the previous release's spec without its
+/// release step. The release (migrations, say) ran when that release first rolled out; running
+/// the older release's command again over data a newer release already changed is what a
+/// rollback must not do (Kamal's rollback runs no hooks either). The previous generation's
+/// image is still on each node, kept by its stopped containers, so nothing is pulled.
+pub fn rollback_steps(spec: &DeploymentSpec, generation: u64, retired: &[DeploymentSpec]) -> Vec<Step> {
+    let mut steps = rollout_steps(spec, generation, retired);
+    if let Some(release) = steps.get_mut(1) {
+        release.clear();
+    }
+    steps
+}
+
 /// An environment's infrastructure on one node: its network, firewall table and routes.
 fn infra_tasks(env: &Name, generation: u64, node: &Name) -> [(Task, Name); 3] {
     let environment = env.clone();

@@ -9,6 +9,7 @@ pub mod logs;
 pub mod mesh;
 pub mod operator;
 pub mod peer;
+pub mod rollbacks;
 pub mod server;
 pub mod streams;
 pub mod volumes;

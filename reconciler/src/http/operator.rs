@@ -116,6 +116,7 @@ pub fn router(state: Arc<Operator>) -> Router {
         .route("/v1/restores", post(restore_volume))
         .route("/v1/volumes/remove", post(remove_volume))
         .route("/v1/volumes/move", post(move_volume))
+        .route("/v1/rollbacks", post(rollback))
         .route("/v1/fleet", get(fleet))
         .route("/v1/rewrites/approve", post(approve_rewrite))
         .route("/v1/webhooks/{forge}", post(webhook))
@@ -451,6 +452,10 @@ async fn backups(State(s): App, headers: HeaderMap, Query(q): Query<crate::http:
 
 async fn run_backup(State(s): App, headers: HeaderMap, body: axum::body::Body) -> Response {
     crate::http::backups::run(&s.ledger, &s.hub, &s.tokens, &headers, body).await
+}
+
+async fn rollback(State(s): App, headers: HeaderMap, body: axum::body::Body) -> Response {
+    crate::http::rollbacks::ask(&s.ledger, &s.hub, &s.tokens, &headers, body).await
 }
 
 async fn restore_volume(State(s): App, headers: HeaderMap, body: axum::body::Body) -> Response {

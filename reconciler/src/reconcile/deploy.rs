@@ -18,7 +18,7 @@ use state_schema::placement::Waiting;
 use state_schema::release::Change;
 use state_schema::rollout::{self, Step};
 use state_schema::values::Name;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 type Tx = crate::store::WriteTx;
 
@@ -51,17 +51,29 @@ impl Kept<'_> {
     }
 }
 
+/// Whether a commit is applied for the first time, again after an approved rewrite back to
+/// it (over the accepted commit named), or planned again where it stands (a released hold).
+#[derive(Clone, Copy)]
+enum Again<'a> {
+    No,
+    Rewrite(&'a str),
+    Replan,
+}
+
 fn steps_of(
     action: Action,
     env: &Name,
     generation: u64,
     spec: &DeploymentSpec,
     retired: &[DeploymentSpec],
+    rollback: bool,
 ) -> Vec<Step> {
     if action == Action::Teardown {
         let mut running = retired.to_vec();
         running.push(spec.clone());
         rollout::teardown_steps(env, generation, &running)
+    } else if rollback {
+        rollout::rollback_steps(spec, generation, retired)
     } else {
         rollout::rollout_steps(spec, generation, retired)
     }
@@ -90,7 +102,23 @@ impl Ledger {
         j: &mut Judgement,
         now_ms: i64,
     ) -> Result<Applied, LedgerError> {
-        self.apply(branch, preview, j, now_ms, None).await
+        self.apply(branch, preview, j, now_ms, Again::No).await
+    }
+
+    /// Plans `branch`'s accepted commit in force (`j`, judged again now) against the ledger
+    /// once more: what a released hold needs, since no new commit will come to end it. Its
+    /// verdict stays the one recorded; nothing is written when `j` is no longer accepted.
+    pub async fn replan(
+        &self,
+        branch: &str,
+        preview: bool,
+        j: &mut Judgement,
+        now_ms: i64,
+    ) -> Result<Applied, LedgerError> {
+        if !j.accepted() {
+            return Ok(Applied::default());
+        }
+        self.apply(branch, preview, j, now_ms, Again::Replan).await
     }
 
     /// Applies again the head of an approved rewrite of the applied branch that was judged and
@@ -108,7 +136,7 @@ impl Ledger {
         if !j.accepted() {
             return Ok(Applied::default());
         }
-        self.apply(branch, false, j, now_ms, Some(accepted)).await
+        self.apply(branch, false, j, now_ms, Again::Rewrite(accepted)).await
     }
 
     async fn apply(
@@ -117,7 +145,7 @@ impl Ledger {
         preview: bool,
         j: &mut Judgement,
         now_ms: i64,
-        again: Option<&str>,
+        again: Again<'_>,
     ) -> Result<Applied, LedgerError> {
         // The fleet as it is now (reads), then the pure work, before the write transaction
         // opens (on SQLite it holds the one write lock that agents' leases wait on): placement
@@ -137,8 +165,10 @@ impl Ledger {
         });
         let mut tx = self.write_tx().await?;
         let revision = match again {
-            None => self.record_revision_in(&mut tx, branch, j, now_ms).await?,
-            Some(accepted) => {
+            Again::No => self.record_revision_in(&mut tx, branch, j, now_ms).await?,
+            // A released hold: the commit in force, planned again as it stands.
+            Again::Replan => self.accepted_revision(&mut tx, branch, &j.sha).await?,
+            Again::Rewrite(accepted) => {
                 let id = self.accepted_revision(&mut tx, branch, &j.sha).await?;
                 if id.is_some() {
                     self.rewrite_applied(&mut tx, branch, &j.sha, accepted, now_ms).await?;
@@ -302,6 +332,30 @@ impl Ledger {
         now_ms: i64,
         applied: &mut Applied,
     ) -> Result<(), LedgerError> {
+        // Holds: a re-placement keeps them; a commit keeps those whose environment Git still
+        // wants as it did when the hold began, and ends the others (and released ones).
+        let mut wanted = wanted;
+        let mut held = BTreeSet::new();
+        if !matches!(kept, Kept::All) {
+            let holds = self.holds_of(tx, branch).await?;
+            let git: BTreeMap<String, String> = holds
+                .iter()
+                .filter(|(_, h)| !h.released)
+                .map(|(env, h)| (env.clone(), h.git_hash.clone()))
+                .collect();
+            let (keep, ended) = generations::holds(&wanted, &git);
+            let released = holds.iter().filter(|(_, h)| h.released).map(|(env, _)| env.clone());
+            for (env, why) in ended
+                .into_iter()
+                .map(|e| (e, "an accepted commit changes it"))
+                .chain(released.map(|e| (e, "released: planned from Git again")))
+            {
+                self.set_hold(tx, &env, "").await?;
+                self.event(tx, now_ms, "rollback-hold-ended", &env, why).await?;
+            }
+            wanted.retain(|d| !keep.contains(d.spec.environment.as_str()));
+            held = keep;
+        }
         let current = self.current_of(tx, branch).await?;
         // Deployments are written first, then what waits is remembered on them.
         let waits: Vec<(String, Vec<Waiting>)> = wanted
@@ -310,7 +364,7 @@ impl Ledger {
             .collect();
         // What changed, first from hashes alone; then specs and owners are read for those only,
         // and the decision is `generations::decide`'s.
-        let changes = generations::changes(wanted, current, |env| kept.contains(env));
+        let changes = generations::changes(wanted, current, |env| kept.contains(env) || held.contains(env));
         // The first branch to deploy a name keeps it.
         let owners = self.owners_of(tx, branch, &changes.new_environments()).await?;
         let specs = self.specs_of(tx, &changes.existing_environments()).await?;
@@ -421,7 +475,7 @@ impl Ledger {
     /// Starts new generations: cancels what older generations still have queued or leased,
     /// writes the rows and their history, and queues each first step. Batched a hundred
     /// deployments at a time, start to finish, so memory stays bounded however many there are.
-    async fn write_starts(
+    pub(super) async fn write_starts(
         &self,
         tx: &mut Tx,
         branch: &str,
@@ -444,7 +498,14 @@ impl Ledger {
             let mut firsts: Vec<(Step, usize)> = Vec::new();
             let mut generations = Vec::with_capacity(chunk.len());
             for s in chunk {
-                let steps = steps_of(s.action, &s.spec.environment, s.generation, &s.spec, &s.retired);
+                let steps = steps_of(
+                    s.action,
+                    &s.spec.environment,
+                    s.generation,
+                    &s.spec,
+                    &s.retired,
+                    s.rollback,
+                );
                 let first = first_step_from(&steps, 0);
                 let env = s.spec.environment.as_str();
                 events.push((
@@ -465,6 +526,8 @@ impl Ledger {
                     spec_hash: &s.spec_hash,
                     spec: &s.spec,
                     retired: &s.retired,
+                    // `decide` retires the stored spec last.
+                    new_release: s.retired.last().is_none_or(|r| r.release_hash != s.spec.release_hash),
                 });
                 if let Some(i) = first {
                     firsts.push((steps.into_iter().nth(i).unwrap_or_default(), i));
@@ -534,7 +597,14 @@ impl Ledger {
         };
         let (generation, action, step) = (d.generation, d.action, d.step);
         let jobs = self.step_jobs(tx, env, generation, step).await?;
-        let steps = steps_of(action, &d.spec.environment, gen_u64(generation), &d.spec, &d.retired);
+        let steps = steps_of(
+            action,
+            &d.spec.environment,
+            gen_u64(generation),
+            &d.spec,
+            &d.retired,
+            d.rollback,
+        );
         // The decision is `generations::next`'s; what follows writes it.
         match generations::next(usize::try_from(step).unwrap_or(0), jobs, &steps) {
             Next::Wait => return Ok(false),

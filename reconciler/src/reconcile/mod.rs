@@ -13,6 +13,7 @@ pub mod drift;
 pub mod mesh;
 pub mod mesh_health;
 pub mod placing;
+pub mod rollback;
 pub mod volumes;
 
 use crate::config::Config;
@@ -322,7 +323,16 @@ impl Reconciler {
             self.hub.revocations.fetch_add(1, Ordering::Relaxed);
             tracing::info!(certificates = revoked, "revoked the certificates of retired nodes");
         }
-        report.advanced = self.settle().await?;
+        // Rollbacks operators asked for, and holds they released.
+        let rolled = match self.rollbacks().await {
+            Ok(n) => n,
+            Err(DaemonError::Ledger(e)) => return Err(DaemonError::Ledger(e)),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot plan a released hold now; the next pass retries");
+                0
+            }
+        };
+        report.advanced = self.settle().await? + rolled;
         // The mesh between nodes follows placement, the nodes' keys and their names: a changed
         // one goes to its node with its waiting lease (or its next heartbeat).
         let seen = self.mesh_seen.lock().map(|s| s.clone()).unwrap_or_default();

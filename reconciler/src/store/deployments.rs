@@ -52,6 +52,7 @@ struct InProgressRow {
     step: i64,
     spec: String,
     retired: String,
+    hold: String,
 }
 
 #[derive(FromRow)]
@@ -74,6 +75,8 @@ pub(crate) struct InProgress {
     pub step: i64,
     pub spec: DeploymentSpec,
     pub retired: Vec<DeploymentSpec>,
+    /// Whether this generation is a rollback's (its hold names it).
+    pub rollback: bool,
 }
 
 /// A new generation's row: the deployment as it starts, and its history line.
@@ -86,6 +89,8 @@ pub(crate) struct GenerationRow<'a> {
     pub spec_hash: &'a str,
     pub spec: &'a DeploymentSpec,
     pub retired: &'a [DeploymentSpec],
+    /// Whether it runs another release than the row it replaces (what `previous` follows).
+    pub new_release: bool,
 }
 
 /// An object document to write: kind, name, hash, canonical YAML.
@@ -348,6 +353,23 @@ impl Ledger {
             return Ok(());
         }
         let marks = vec!["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"; rows.len()].join(", ");
+        // The generation a new one with another release replaces becomes the previous one if
+        // it finished its rollout (it served); otherwise the one before it stays previous (a
+        // re-placement's move keeps it too). A hold is kept unless the row sets one
+        // (`KEEP_HOLD` stands for "keep" in the statement).
+        let shifted: Vec<&str> = rows.iter().filter(|r| r.new_release).map(|r| r.environment).collect();
+        for chunk in shifted.chunks(100) {
+            let marks = vec!["?"; chunk.len()].join(", ");
+            let q = format!(
+                "UPDATE deployments SET previous_generation = generation, previous_hash = spec_hash, previous_spec = spec \
+                 WHERE status = 'done' AND action = 'rollout' AND environment IN ({marks})"
+            );
+            let mut query = sqlx::query(self.sql(&q));
+            for env in chunk {
+                query = query.bind((*env).to_owned());
+            }
+            query.execute(&mut **tx).await?;
+        }
         let q = format!(
             "INSERT INTO deployments (environment, branch, generation, action, status, step, spec_hash, spec, retired, revision_id, updated_at) \
              VALUES {marks} \
@@ -402,7 +424,7 @@ impl Ledger {
     /// `env`'s deployment, if its rollout or teardown is unfinished.
     pub(crate) async fn in_progress(&self, tx: &mut WriteTx, env: &str) -> Result<Option<InProgress>, LedgerError> {
         let row: Option<InProgressRow> = sqlx::query_as(self.sql(
-            "SELECT generation, action, step, spec, retired FROM deployments WHERE environment = ? AND status = 'in-progress'",
+            "SELECT generation, action, step, spec, retired, hold FROM deployments WHERE environment = ? AND status = 'in-progress'",
         ))
         .bind(env)
         .fetch_optional(&mut **tx)
@@ -414,6 +436,7 @@ impl Ledger {
             step: r.step,
             spec: serde_json::from_str(&r.spec)?,
             retired: serde_json::from_str(&r.retired)?,
+            rollback: super::rollbacks::Hold::parse(&r.hold)?.is_some_and(|h| gen_u64(r.generation) == h.generation),
         }))
     }
 

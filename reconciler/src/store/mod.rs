@@ -24,6 +24,7 @@ pub mod moves;
 pub mod placement;
 mod revisions;
 pub mod rewrites;
+pub mod rollbacks;
 pub mod rows;
 pub mod views;
 pub mod volumes;

@@ -52,6 +52,10 @@ pub struct DeploymentRow {
     /// Replicas of the environment agents report running that this generation does not place
     /// there (another generation, or one scaled away): still to go.
     pub stale: usize,
+    /// The generation that served before this one (what `pl rollback` goes back to); 0 for none.
+    pub previous_generation: i64,
+    /// A rollback's hold: while there is one, the environment differs from Git.
+    pub hold: Option<crate::store::rollbacks::Hold>,
 }
 
 /// A revision as stored: its reasons are JSON text.
@@ -76,6 +80,8 @@ struct DeploymentRecord {
     step: i64,
     updated_at: i64,
     spec: String,
+    previous_generation: i64,
+    hold: String,
 }
 
 /// Counts for `pl status` and `/metrics`.
@@ -161,7 +167,8 @@ impl Ledger {
         now_ms: i64,
     ) -> Result<Vec<DeploymentRow>, LedgerError> {
         let rows: Vec<DeploymentRecord> = sqlx::query_as(self.sql(
-            "SELECT environment, branch, generation, action, status, step, updated_at, spec FROM deployments WHERE environment > ? ORDER BY environment LIMIT ?",
+            "SELECT environment, branch, generation, action, status, step, updated_at, spec, previous_generation, hold FROM deployments \
+             WHERE environment > ? ORDER BY environment LIMIT ?",
         ))
         .bind(after.unwrap_or(""))
         .bind(i64::from(limit))
@@ -210,6 +217,8 @@ impl Ledger {
                     replicas: placed.len(),
                     running,
                     stale,
+                    previous_generation: r.previous_generation,
+                    hold: crate::store::rollbacks::Hold::parse(&r.hold)?,
                 })
             })
             .collect()

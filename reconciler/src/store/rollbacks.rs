@@ -1,0 +1,272 @@
+//! Rollbacks in the ledger: an operator's ask (`pl rollback ENV`), judged by
+//! `state_schema::generations::rollback` against the deployment's row and recorded as the
+//! environment's hold, and its release (`pl rollback --release ENV`). SQL only: the rollback's
+//! generation is started by the reconcile pass (`reconcile/rollback.rs`), which the HTTP layer
+//! wakes. In the store, not `reconcile/`, since the HTTP layer calls them.
+
+use super::deployments::gen_u64;
+use super::{Ledger, LedgerError};
+use serde::{Deserialize, Serialize};
+use sqlx::FromRow;
+use state_schema::deployment::DeploymentSpec;
+use state_schema::generations::{self, Action, Current, RollbackAsk, RollbackRefusal, Status};
+
+/// A rollback's hold on an environment, as the `deployments.hold` column keeps it (JSON).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Hold {
+    /// The operator token's name that asked.
+    pub by: String,
+    pub at_ms: i64,
+    /// The generation rolled back.
+    pub from: u64,
+    /// The generation whose release runs again.
+    pub to: u64,
+    /// The rollback's own generation.
+    pub generation: u64,
+    /// The spec hash the environment's deployment had (what Git wanted) when the hold began:
+    /// a commit that wants something else ends the hold.
+    pub git_hash: String,
+    /// Released by an operator: the next pass plans the environment from Git again.
+    #[serde(default)]
+    pub released: bool,
+}
+
+impl Hold {
+    /// The column's value back; `None` for no hold.
+    pub fn parse(s: &str) -> Result<Option<Hold>, LedgerError> {
+        if s.is_empty() {
+            return Ok(None);
+        }
+        serde_json::from_str(s)
+            .map(Some)
+            .map_err(|e| LedgerError::Corrupt(format!("a deployment's hold: {e}")))
+    }
+}
+
+/// Why an ask or a release is refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    Rollback(RollbackRefusal),
+    UnknownEnvironment,
+    NotHeld,
+}
+
+impl Refusal {
+    pub fn code(&self) -> &'static str {
+        match self {
+            Refusal::Rollback(r) => r.code(),
+            Refusal::UnknownEnvironment => "unknown-environment",
+            Refusal::NotHeld => "not-held",
+        }
+    }
+}
+
+#[derive(FromRow)]
+struct RollbackRow {
+    branch: String,
+    generation: i64,
+    action: String,
+    status: String,
+    spec_hash: String,
+    spec: String,
+    retired: String,
+    previous_generation: i64,
+    previous_hash: String,
+    previous_spec: String,
+    hold: String,
+    revision_id: i64,
+}
+
+/// A deployment whose hold asks for work from the pass: a rollback not started yet, or a
+/// release.
+pub struct Held {
+    pub environment: String,
+    pub branch: String,
+    pub hold: Hold,
+    /// The deployment's generation now.
+    pub generation: u64,
+    pub spec: DeploymentSpec,
+    pub retired: Vec<DeploymentSpec>,
+    /// The previous generation, its spec and spec hash (what the rollback runs).
+    pub previous: Option<(u64, DeploymentSpec, String)>,
+    /// The revision the deployment's row is attributed to.
+    pub revision: i64,
+}
+
+fn release_of(spec: &str) -> Option<String> {
+    serde_json::from_str::<DeploymentSpec>(spec)
+        .ok()
+        .map(|s| s.release_hash)
+}
+
+impl Ledger {
+    /// Asks for `environment`'s rollback to its previous release, by `by`: judged and recorded
+    /// as the hold in one transaction, with a `rollback-asked` event. Nothing runs until the
+    /// pass starts the generation.
+    pub async fn ask_rollback(
+        &self,
+        environment: &str,
+        by: &str,
+        now_ms: i64,
+    ) -> Result<Result<RollbackAsk, Refusal>, LedgerError> {
+        let mut tx = self.write_tx().await?;
+        let Some(r) = self.rollback_row(&mut tx, environment).await? else {
+            return Ok(Err(Refusal::UnknownEnvironment));
+        };
+        let current = Current {
+            generation: gen_u64(r.generation),
+            action: Action::parse(&r.action).ok_or_else(|| LedgerError::Corrupt(format!("action {:?}", r.action)))?,
+            status: Status::parse(&r.status).ok_or_else(|| LedgerError::Corrupt(format!("status {:?}", r.status)))?,
+            spec_hash: r.spec_hash.clone(),
+        };
+        let release = release_of(&r.spec).unwrap_or_default();
+        let previous = release_of(&r.previous_spec).map(|h| (gen_u64(r.previous_generation), h));
+        let held = !r.hold.is_empty();
+        let ask = match generations::rollback(
+            &current,
+            &release,
+            previous.as_ref().map(|(g, h)| (*g, h.as_str())),
+            held,
+        ) {
+            Ok(a) => a,
+            Err(e) => return Ok(Err(Refusal::Rollback(e))),
+        };
+        let hold = Hold {
+            by: by.to_owned(),
+            at_ms: now_ms,
+            from: ask.from,
+            to: ask.to,
+            generation: ask.generation,
+            git_hash: r.spec_hash,
+            released: false,
+        };
+        self.set_hold(&mut tx, environment, &serde_json::to_string(&hold)?)
+            .await?;
+        let detail = format!(
+            "generation {} back to generation {}'s release as generation {}, by {by}",
+            ask.from, ask.to, ask.generation
+        );
+        self.event(&mut tx, now_ms, "rollback-asked", environment, &detail)
+            .await?;
+        tx.commit().await?;
+        Ok(Ok(ask))
+    }
+
+    /// Releases `environment`'s hold, by `by`: the next pass plans it from Git's accepted state
+    /// again. Refused when nothing holds it.
+    pub async fn release_rollback(
+        &self,
+        environment: &str,
+        by: &str,
+        now_ms: i64,
+    ) -> Result<Result<Hold, Refusal>, LedgerError> {
+        let mut tx = self.write_tx().await?;
+        let Some(r) = self.rollback_row(&mut tx, environment).await? else {
+            return Ok(Err(Refusal::UnknownEnvironment));
+        };
+        let Some(mut hold) = Hold::parse(&r.hold)?.filter(|h| !h.released) else {
+            return Ok(Err(Refusal::NotHeld));
+        };
+        hold.released = true;
+        self.set_hold(&mut tx, environment, &serde_json::to_string(&hold)?)
+            .await?;
+        let detail = format!("by {by}: planned from Git again");
+        self.event(&mut tx, now_ms, "rollback-released", environment, &detail)
+            .await?;
+        tx.commit().await?;
+        Ok(Ok(hold))
+    }
+
+    async fn rollback_row(
+        &self,
+        tx: &mut super::WriteTx,
+        environment: &str,
+    ) -> Result<Option<RollbackRow>, LedgerError> {
+        Ok(sqlx::query_as(self.sql(
+            "SELECT branch, generation, action, status, spec_hash, spec, retired, previous_generation, previous_hash, \
+             previous_spec, hold, revision_id FROM deployments WHERE environment = ?",
+        ))
+        .bind(environment)
+        .fetch_optional(&mut **tx)
+        .await?)
+    }
+
+    pub(crate) async fn set_hold(
+        &self,
+        tx: &mut super::WriteTx,
+        environment: &str,
+        hold: &str,
+    ) -> Result<(), LedgerError> {
+        sqlx::query(self.sql("UPDATE deployments SET hold = ? WHERE environment = ?"))
+            .bind(hold)
+            .bind(environment)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
+    /// Every held deployment (few: one per rollback an operator asked for).
+    pub(crate) async fn held(&self, tx: &mut super::WriteTx) -> Result<Vec<Held>, LedgerError> {
+        let rows: Vec<(String, RollbackRow)> = sqlx::query_as::<_, RollbackRowWithEnv>(self.sql(
+            "SELECT environment, branch, generation, action, status, spec_hash, spec, retired, previous_generation, \
+             previous_hash, previous_spec, hold, revision_id FROM deployments WHERE hold <> ''",
+        ))
+        .fetch_all(&mut **tx)
+        .await?
+        .into_iter()
+        .map(|r| (r.environment, r.row))
+        .collect();
+        let mut out = Vec::with_capacity(rows.len());
+        for (environment, r) in rows {
+            let Some(hold) = Hold::parse(&r.hold)? else { continue };
+            let previous = if r.previous_spec.is_empty() {
+                None
+            } else {
+                Some((
+                    gen_u64(r.previous_generation),
+                    serde_json::from_str(&r.previous_spec)?,
+                    r.previous_hash,
+                ))
+            };
+            out.push(Held {
+                environment,
+                branch: r.branch,
+                hold,
+                generation: gen_u64(r.generation),
+                spec: serde_json::from_str(&r.spec)?,
+                retired: serde_json::from_str(&r.retired)?,
+                previous,
+                revision: r.revision_id,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The holds of `branch`'s deployments: environment → the hold.
+    pub(crate) async fn holds_of(
+        &self,
+        tx: &mut super::WriteTx,
+        branch: &str,
+    ) -> Result<std::collections::BTreeMap<String, Hold>, LedgerError> {
+        let rows: Vec<(String, String)> =
+            sqlx::query_as(self.sql("SELECT environment, hold FROM deployments WHERE branch = ? AND hold <> ''"))
+                .bind(branch)
+                .fetch_all(&mut **tx)
+                .await?;
+        let mut out = std::collections::BTreeMap::new();
+        for (env, hold) in rows {
+            if let Some(h) = Hold::parse(&hold)? {
+                out.insert(env, h);
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[derive(FromRow)]
+struct RollbackRowWithEnv {
+    environment: String,
+    #[sqlx(flatten)]
+    row: RollbackRow,
+}
