@@ -9,11 +9,15 @@
 //!
 //! `cargo build --release -p reconciler -p pushleft-agent && cargo bench -p pushleft-cli --bench up`
 //! (`-- --rounds N`, default 3; `-- --http` for `pl up --http`, plain HTTP as before HTTPS;
-//! `-- --app` adds examples/app against Compose, `-- --app-only` runs it alone, see `up/app.rs`; Caddy and Compose first on
+//! `-- --app` adds examples/app against Compose, `-- --app-only` runs it alone, see `up/app.rs`;
+//! `-- --rollback` adds `pl rollback` against a fresh rollout of the old image, `-- --rollback-only`
+//! runs it alone, see `up/rollback.rs`; Caddy and Compose first on
 //! `PATH`, as `scripts/test` installs them: `PATH=/opt/pushleft-tools/bin:$PATH`).
 
 #[path = "up/app.rs"]
 mod app;
+#[path = "up/rollback.rs"]
+mod rollback;
 #[path = "../../agent/tests/support/host.rs"]
 mod host_support;
 #[path = "../../reconciler/tests/support/repo.rs"]
@@ -109,7 +113,8 @@ fn main() {
     let mut report = Vec::new();
     // `--app-only`: examples/app alone.
     let app_only = std::env::args().any(|a| a == "--app-only");
-    let sizes: &[usize] = if app_only { &[] } else { &[1, 10] };
+    let rollback_only = std::env::args().any(|a| a == "--rollback-only");
+    let sizes: &[usize] = if app_only || rollback_only { &[] } else { &[1, 10] };
     for &n in sizes {
         let dir = work.path().join(format!("n{n}"));
         std::fs::create_dir_all(&dir).expect("dir");
@@ -186,6 +191,9 @@ fn main() {
             "{n} web project(s): pl up {a:.2} s (cold: the control plane starts too), docker compose up -d --wait {b:.2} s, ratio {:.2}; pl up with nothing changed {c:.2} s (median of {rounds})",
             a / b
         ));
+    }
+    if rollback_only || std::env::args().any(|a| a == "--rollback") {
+        report.push(rollback::bench(&host, port, &pl, rounds, work.path()));
     }
     if app_only || std::env::args().any(|a| a == "--app") {
         report.push(app::bench(&host, port, &pl, rounds, work.path()));

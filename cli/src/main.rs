@@ -5,6 +5,7 @@ mod out;
 mod backups;
 mod commands;
 mod operator;
+mod rollback;
 mod secret;
 mod up;
 mod verify;
@@ -387,6 +388,22 @@ Reference: docs/cli.md (pl wait)")]
         #[command(flatten)]
         server: operator::ServerArgs,
     },
+    /// Bring an environment's previous release back (operator role): the next generation runs
+    /// it again (no pull: its image is kept on the nodes), and the control plane holds the
+    /// environment there, differing from Git, until an accepted commit changes it or
+    /// `--release`. Returns once the agents report every replica of it running: 0 done, 1
+    /// refused (`no-previous-release`, `rollback-held`, …) or failed, 2 timed out.
+    Rollback {
+        environment: String,
+        /// End the hold instead: the environment goes back to what Git says.
+        #[arg(long)]
+        release: bool,
+        /// How long to wait for the hosts, in seconds.
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+        #[command(flatten)]
+        server: operator::ServerArgs,
+    },
     /// Ask the reconciler for a pass now (operator role).
     Reconcile {
         /// Run a pass now instead of at the next interval (the only mode).
@@ -592,6 +609,13 @@ fn main() -> ExitCode {
             limit,
             server,
         } => control_plane(server).and_then(|s| backups::list(&s, &environment, volume.as_deref(), limit)),
+        Command::Rollback {
+            environment,
+            release,
+            timeout,
+            server,
+        } => control_plane(server)
+            .and_then(|s| rollback::rollback(&s, &environment, release, std::time::Duration::from_secs(timeout))),
         Command::Backup {
             environment,
             volume,

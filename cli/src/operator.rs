@@ -259,6 +259,18 @@ pub fn status(args: &ServerArgs) -> Result<u8> {
     if off.len() > 20 {
         outln!("  … and {} more", off.len() - 20);
     }
+    // Rollbacks hold environments away from Git: each says so.
+    for d in rows.iter().filter(|d| !d["hold"].is_null()) {
+        let h = &d["hold"];
+        let env = d["environment"].as_str().unwrap_or("?");
+        outln!(
+            "held        {env} at generation {} (generation {}'s release), rolled back from {} by {}: differs from Git until a commit changes it or `pl rollback --release {env}`",
+            h["generation"],
+            h["to"],
+            h["from"],
+            h["by"].as_str().unwrap_or("?")
+        );
+    }
     certificates_line(&client)?;
     // The mesh between nodes, as agents report their links (said only when there is one).
     let links = v["mesh"]["links"].as_u64().unwrap_or(0);

@@ -18,6 +18,9 @@
 //!   refuses.
 //! - A second release with the agent SIGKILLed right after it started the new container: the
 //!   restarted agent adopts that container, the new release serves, the old one is stopped.
+//!   `pl rollback` brings the first release back with no failed request, held (`pl status`
+//!   says it differs from Git, `pl up` of the same files keeps it, a second rollback is
+//!   refused with `rollback-held`) until `pl rollback --release`.
 //! - `--build`: a local Dockerfile's image serves, pinned by digest, the Git files untouched;
 //!   a failed build ends with its step's output and changes nothing.
 //! - `pl down DIR ENV` tears that environment down alone; `pl down` tears the rest down (its
@@ -581,6 +584,47 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         assert_eq!(get(http, "api.example.com.localhost"), Some((200, "release two".into())));
         let old = format!("pl_{cp}_api-production_web_0_g{generation_now}");
         assert_ne!(inner(&["inspect", "--format", "{{.State.Running}}", &old]), "true", "the old generation stopped");
+
+        // `pl rollback`: release one back under a request loop (none fails), held: `pl status`
+        // says it differs from Git, `pl up` of the same files keeps it, a second rollback is
+        // refused with its code, and `--release` brings release two back.
+        let load = Load::start(&netns, http, "api.example.com.localhost", None);
+        let (code, out, err) = pl(&["rollback", "api-production", "--local"], &repo_dir, &state, &socket);
+        assert_eq!(code, 0, "pl rollback: {out}\n{err}");
+        assert!(out.contains("held until a commit changes api-production"), "{out}");
+        assert_eq!(
+            get(http, "api.example.com.localhost"),
+            Some((200, "hello from pl up".into())),
+            "release one serves when pl rollback returns"
+        );
+        let (failed, served) = load.finish();
+        assert_eq!(failed, 0, "requests failed during the rollback ({served} served)");
+        assert_eq!(
+            agent_support::sql(&ledger_url, "SELECT kind FROM events WHERE kind LIKE 'rollback-%' OR kind = 'deployment-rollback' ORDER BY id"),
+            ["rollback-asked", "deployment-rollback"]
+        );
+        let (code, out, _) = pl(&["status", "--local"], &repo_dir, &state, &socket);
+        assert_eq!(code, 0);
+        assert!(
+            out.contains("held        api-production at generation") && out.contains("differs from Git"),
+            "{out}"
+        );
+        let (code, out, err) = pl(&["up", "--http", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
+        assert_eq!(code, 0, "{out}\n{err}");
+        assert_eq!(
+            get(http, "api.example.com.localhost"),
+            Some((200, "hello from pl up".into())),
+            "the same files keep the hold"
+        );
+        let (code, _, err) = pl(&["rollback", "api-production", "--local"], &repo_dir, &state, &socket);
+        assert_eq!(code, 1);
+        assert!(err.contains("[rollback-held]"), "{err}");
+        let (code, out, err) = pl(&["rollback", "--release", "api-production", "--local"], &repo_dir, &state, &socket);
+        assert_eq!(code, 0, "pl rollback --release: {out}\n{err}");
+        assert_eq!(get(http, "api.example.com.localhost"), Some((200, "release two".into())));
+        let (code, out, _) = pl(&["status", "--local"], &repo_dir, &state, &socket);
+        assert_eq!(code, 0);
+        assert!(!out.contains("held "), "{out}");
 
         // `--build api=DIR`: DIR's Dockerfile is built on the engine and runs as api's image,
         // pinned by digest in the local revision; the Git files stay as they were.

@@ -1,0 +1,132 @@
+//! `pl rollback ENV`: the environment's previous release back (operator role), held there
+//! until an accepted commit changes the environment; `--release` ends the hold, and the
+//! environment goes back to what Git says. Both return once the agents report it true on the
+//! hosts: every placed replica running and healthy at the new generation and none of another
+//! still running. Exit codes: 0 done, 1 refused or failed, 2 not done within the timeout.
+
+use crate::operator::{Client, ServerArgs};
+use anyhow::Result;
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+/// How often the deployment is looked at while following.
+const POLL: Duration = Duration::from_millis(100);
+
+pub fn rollback(server: &ServerArgs, environment: &str, release: bool, timeout: Duration) -> Result<u8> {
+    let client = Client::new(server)?;
+    let started = Instant::now();
+    let body = json!({"environment": environment, "release": release});
+    let asked = match client.post_json("/v1/rollbacks", &body) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("pl rollback: {e}");
+            return Ok(1);
+        }
+    };
+    let wanted = asked["generation"].as_u64();
+    if let Some(g) = wanted {
+        eprintln!(
+            "pl rollback: {environment}: generation {} back to generation {}'s release as generation {g}",
+            asked["from"], asked["to"]
+        );
+    } else {
+        eprintln!("pl rollback: {environment}: hold released; planning it from Git");
+    }
+    let deadline = started + timeout;
+    let mut said = String::new();
+    loop {
+        let deployments = client.json("GET", "/v1/deployments?limit=1000")?;
+        let d = deployments["deployments"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|d| d["environment"].as_str() == Some(environment))
+            .cloned()
+            .unwrap_or(Value::Null);
+        match judge(&d, wanted) {
+            Judged::Done => {
+                let secs = started.elapsed().as_secs_f64();
+                if wanted.is_some() {
+                    println!(
+                        "{environment}: generation {} runs generation {}'s release on every replica ({secs:.1} s); held until a commit changes {environment} or `pl rollback --release {environment}`",
+                        d["generation"], asked["to"]
+                    );
+                } else {
+                    println!(
+                        "{environment}: as Git says again, generation {} on every replica ({secs:.1} s)",
+                        d["generation"]
+                    );
+                }
+                return Ok(0);
+            }
+            Judged::Failed(why) => {
+                let failure = crate::up::follow::failure_of(&client, environment)?;
+                eprintln!(
+                    "pl rollback: {environment}: {why}{}",
+                    failure.map(|f| format!(": {f}")).unwrap_or_default()
+                );
+                return Ok(1);
+            }
+            Judged::Waiting(why) => {
+                if why != said {
+                    eprintln!("pl rollback: {why}");
+                    said = why;
+                }
+            }
+        }
+        if Instant::now() >= deadline {
+            eprintln!("pl rollback: not done within {} s: {said}", timeout.as_secs());
+            return Ok(2);
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+enum Judged {
+    Done,
+    Failed(String),
+    Waiting(String),
+}
+
+/// Where the deployment `d` stands against the rollback's generation (`wanted`), or, for a
+/// release, against the hold's end.
+fn judge(d: &Value, wanted: Option<u64>) -> Judged {
+    let Some(generation) = d["generation"].as_u64() else {
+        return Judged::Failed("no deployment".into());
+    };
+    let status = d["status"].as_str().unwrap_or("?");
+    let converged = d["running"] == d["replicas"] && d["stale"].as_u64() == Some(0);
+    let line = format!(
+        "generation {generation} {status}, {} of {} replicas running",
+        d["running"], d["replicas"]
+    );
+    match wanted {
+        Some(g) if generation > g => Judged::Failed(format!("generation {generation} replaced the rollback's {g}")),
+        Some(g) if generation < g => Judged::Waiting(format!("generation {g} not started yet ({line})")),
+        None if !d["hold"].is_null() => Judged::Waiting(format!("the hold is still on ({line})")),
+        _ if status == "failed" => Judged::Failed(format!("generation {generation} failed")),
+        _ if status == "done" && converged => Judged::Done,
+        _ => Judged::Waiting(line),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn done_only_at_the_rollbacks_generation_with_every_replica_reported() {
+        let d = |g: u64, status: &str, running: u64, stale: u64| json!({"generation": g, "status": status, "running": running, "replicas": 2, "stale": stale, "hold": {"generation": 3}});
+        assert!(matches!(judge(&d(2, "done", 2, 0), Some(3)), Judged::Waiting(_)));
+        assert!(matches!(judge(&d(3, "in-progress", 2, 0), Some(3)), Judged::Waiting(_)));
+        assert!(matches!(judge(&d(3, "done", 2, 1), Some(3)), Judged::Waiting(_)));
+        assert!(matches!(judge(&d(3, "done", 2, 0), Some(3)), Judged::Done));
+        assert!(matches!(judge(&d(3, "failed", 0, 2), Some(3)), Judged::Failed(_)));
+        assert!(matches!(judge(&d(4, "done", 2, 0), Some(3)), Judged::Failed(_)));
+        // A release: done once the hold is gone and the deployment converged.
+        assert!(matches!(judge(&d(3, "done", 2, 0), None), Judged::Waiting(_)));
+        let mut free = d(4, "done", 2, 0);
+        free["hold"] = Value::Null;
+        assert!(matches!(judge(&free, None), Judged::Done));
+    }
+}
