@@ -214,19 +214,22 @@ impl Config {
 }
 
 /// What the node runs now: its containers of replicas, as the heartbeat reports them (none
-/// while Docker does not answer).
+/// while Docker does not answer). Healthy: running, and for a web replica answering its health
+/// path now (probed each heartbeat), so what `pl status` counts and what a release's watch
+/// judges is what serves.
 async fn observed(engine: &Engine) -> Vec<RunningInstance> {
     let Ok(list) = engine.ours(&[]).await else {
         return Vec::new();
     };
+    let failing = engine.failing_health().await.unwrap_or_default();
     list.into_iter()
-        .filter_map(|(_, l, running)| {
+        .filter_map(|(name, l, running)| {
             Some(RunningInstance {
                 environment: l.get(ENVIRONMENT)?.clone(),
                 role: l.get(ROLE)?.clone(),
                 instance: l.get(INSTANCE)?.parse().ok()?,
                 generation: l.get(GENERATION)?.parse().ok()?,
-                healthy: running,
+                healthy: running && !failing.contains(&name),
             })
         })
         .take(agent_proto::MAX_HEARTBEAT_INSTANCES)

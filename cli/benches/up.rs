@@ -16,12 +16,12 @@
 
 #[path = "up/app.rs"]
 mod app;
-#[path = "up/rollback.rs"]
-mod rollback;
 #[path = "../../agent/tests/support/host.rs"]
 mod host_support;
 #[path = "../../reconciler/tests/support/repo.rs"]
 mod repo_support;
+#[path = "up/rollback.rs"]
+mod rollback;
 #[path = "../../agent/tests/support/tls.rs"]
 mod tls_support;
 

@@ -7,3 +7,11 @@ ALTER TABLE deployments ADD COLUMN previous_generation INTEGER NOT NULL DEFAULT 
 ALTER TABLE deployments ADD COLUMN previous_hash TEXT NOT NULL DEFAULT '';
 ALTER TABLE deployments ADD COLUMN previous_spec TEXT NOT NULL DEFAULT '';
 ALTER TABLE deployments ADD COLUMN hold TEXT NOT NULL DEFAULT '';
+-- A release's watch (`rollout.watchSeconds`, `store/watch.rs`): when the generation's rollout
+-- finished (its switch) and until when its replicas are watched (0: not watched), and the first
+-- failure a heartbeat showed ('' for none), which the pass turns into an automatic rollback.
+ALTER TABLE deployments ADD COLUMN watch_from INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE deployments ADD COLUMN watch_until INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE deployments ADD COLUMN watch_failure TEXT NOT NULL DEFAULT '';
+-- Heartbeats look only at deployments under watch: few at any time.
+CREATE INDEX deployments_watched ON deployments (watch_until) WHERE watch_until > 0;

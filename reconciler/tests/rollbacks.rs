@@ -22,9 +22,39 @@ use std::sync::Arc;
 
 /// A project whose image is `digest` (the release), with a release role.
 fn project(digest: char, replicas: u32) -> String {
+    watched(digest, replicas, "")
+}
+
+/// n1's heartbeat: web/0 and web/1 of `env` at `generation`, web/0 `healthy` or not.
+async fn heartbeat(ledger: &Ledger, env: &str, generation: u64, healthy: bool) {
+    let observed = serde_json::json!([
+        {"environment": env, "role": "web", "instance": 0, "generation": generation, "healthy": healthy},
+        {"environment": env, "role": "web", "instance": 1, "generation": generation, "healthy": true},
+    ])
+    .to_string();
+    let caps = [
+        "docker".to_owned(),
+        "ingress".to_owned(),
+        "nftables".to_owned(),
+        "routes".to_owned(),
+    ];
+    let beat = reconciler::store::fleet::Beat {
+        agent_version: "test",
+        capabilities: &caps,
+        host: None,
+        observed: &observed,
+        repaired: &[],
+        taken_subnets: "",
+        mesh: None,
+    };
+    ledger.heartbeat("n1", &beat, now_ms()).await.expect("heartbeat");
+}
+
+/// The same, its web role with `extra` fields (`, rollout: {...}`).
+fn watched(digest: char, replicas: u32, extra: &str) -> String {
     let d: String = std::iter::repeat_n(digest, 64).collect();
     format!(
-        "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: registry.example.invalid/api@sha256:{d}\n  roles:\n    web: {{kind: web, port: 8080, health: {{path: /healthz}}, replicas: {replicas}}}\n    migrate: {{kind: release, command: [/app/migrate]}}\n"
+        "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: registry.example.invalid/api@sha256:{d}\n  roles:\n    web: {{kind: web, port: 8080, health: {{path: /healthz}}, replicas: {replicas}{extra}}}\n    migrate: {{kind: release, command: [/app/migrate]}}\n"
     )
 }
 
@@ -213,6 +243,57 @@ async fn scenario(url: String, dir: &Path) {
             .last()
             .is_some_and(|e| e.contains("an accepted commit changes it")),
         "{ended:?}"
+    );
+
+    // A watched release: healthy through its window, the watch passes and later reports
+    // change nothing.
+    let watch = ", rollout: {watchSeconds: 60}";
+    repo.write("projects/api.yaml", &watched('d', 2, watch));
+    repo.commit("release d, watched", true);
+    converge(&shared).await;
+    assert_eq!(deployment(&url).await, "7|done|6");
+    assert!(
+        events(&url, "deployment-rollout-done")
+            .await
+            .last()
+            .is_some_and(|e| e.contains("watched for 60 s"))
+    );
+    heartbeat(&shared.ledger, env, 7, true).await;
+    converge(&shared).await;
+    assert_eq!(deployment(&url).await, "7|done|6");
+    assert_eq!(shared.ledger.watch_tick(now_ms() + 61_000).await.expect("tick"), 0);
+    assert_eq!(events(&url, "watch-passed").await.len(), 1);
+    heartbeat(&shared.ledger, env, 7, false).await;
+    converge(&shared).await;
+    assert_eq!(
+        deployment(&url).await,
+        "7|done|6",
+        "after its window a release is not watched"
+    );
+
+    // A watched release one of whose replicas its node reports unhealthy: rolled back at once,
+    // held by `watch`, the event saying which replica and what was seen.
+    repo.write("projects/api.yaml", &watched('e', 2, watch));
+    repo.commit("release e, watched", true);
+    converge(&shared).await;
+    assert_eq!(deployment(&url).await, "8|done|7");
+    heartbeat(&shared.ledger, env, 8, false).await;
+    converge(&shared).await;
+    assert_eq!(deployment(&url).await, "9|done|8");
+    assert_eq!(spec_hash(9).await, spec_hash(7).await, "release d again");
+    let auto = events(&url, "rollback-automatic").await;
+    assert!(
+        auto.len() == 1
+            && auto[0].contains("web/0 on n1: not healthy at generation 8")
+            && auto[0].contains("as generation 9"),
+        "{auto:?}"
+    );
+    let held = rows(&url, "SELECT hold FROM deployments").await.join("");
+    assert!(held.contains("\"by\":\"watch\""), "{held}");
+    assert_eq!(
+        rows(&url, "SELECT watch_until FROM deployments").await,
+        ["0"],
+        "a rollback's generation is not watched"
     );
 }
 

@@ -25,7 +25,9 @@ pub const ROLE_FIELDS: &[&str] = &[
     "logs",
     "ports",
     "volumes",
+    "rollout",
 ];
+pub const ROLLOUT_FIELDS: &[&str] = &["watchSeconds"];
 pub const LOGS_FIELDS: &[&str] = &["maxSize", "maxFiles"];
 pub const HEALTH_FIELDS: &[&str] = &["path", "timeoutSeconds"];
 pub const RESOURCES_FIELDS: &[&str] = &["cpu", "memory", "pids"];
@@ -43,6 +45,8 @@ pub const SECRET_FIELDS: &[&str] = &["recipients", "data"];
 /// Defaults, documented in `docs/state-format.md`.
 pub mod defaults {
     pub const WEB_PORT: u16 = 8080;
+    /// The longest watch window after a release's switch (`rollout.watchSeconds`).
+    pub const MAX_WATCH_SECONDS: u32 = 3600;
     pub const HEALTH_PATH: &str = "/healthz";
     pub const HEALTH_TIMEOUT_SECONDS: u32 = 5;
     pub const REPLICAS: u32 = 1;
@@ -299,6 +303,7 @@ fn decode_role(ctx: &mut Ctx<'_>, node: &Node<'_>, role: &str) -> Option<Role> {
     let logs = f.get("logs").map(|n| decode_logs(ctx, n));
     let ports = f.get("ports").map(|n| decode_ports(ctx, n));
     let volumes = f.get("volumes").map(|n| crate::volumes::decode_volumes(ctx, n));
+    let rollout = f.get("rollout").map(|n| decode_rollout(ctx, n));
 
     let kind = kind?;
     let mut not_for = |field: &str, present: bool| {
@@ -321,7 +326,9 @@ fn decode_role(ctx: &mut Ctx<'_>, node: &Node<'_>, role: &str) -> Option<Role> {
     not_for("schedule", kind != "cron" && schedule.is_some());
     not_for("ports", !long_running && ports.is_some());
     not_for("volumes", kind == "cron" && volumes.is_some());
+    not_for("rollout", !long_running && rollout.is_some());
     let misplaced = !scaled && replicas.is_some()
+        || !long_running && rollout.is_some()
         || !long_running && ports.is_some()
         || kind != "web" && (port.is_some() || health.is_some())
         || kind != "cron" && schedule.is_some()
@@ -396,7 +403,21 @@ fn decode_role(ctx: &mut Ctx<'_>, node: &Node<'_>, role: &str) -> Option<Role> {
             Some(l) => Some(l?),
             None => None,
         },
+        rollout: match rollout {
+            Some(r) => Some(r?),
+            None => None,
+        },
     })
+}
+
+/// `rollout: {watchSeconds: N}`: how long after a new release's switch its replicas are
+/// watched; one found unhealthy meanwhile rolls the environment back.
+fn decode_rollout(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<RolloutPolicy> {
+    let f = Fields::new(ctx, node, "`rollout`", ROLLOUT_FIELDS)?;
+    let watch = f.get("watchSeconds").map_or(Some(0), |n| {
+        u32_in(ctx, n, "`rollout.watchSeconds`", 1, defaults::MAX_WATCH_SECONDS)
+    });
+    Some(RolloutPolicy { watch_seconds: watch? })
 }
 
 /// `ports: [...]`: what a role serves inside its environment besides a web role's `port`,
@@ -469,6 +490,7 @@ fn decode_logs(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<LogLimits> {
 fn field_hint(field: &str) -> &'static str {
     match field {
         "port" | "health" => "only web roles listen and have health checks",
+        "rollout" => "only web, worker and service roles run replicas a release replaces",
         "replicas" => "only web and worker roles run replicas; a service runs one",
         "ports" => "only web, worker and service roles serve other roles; a run is reached by nothing",
         "volumes" => "a cron role's runs may overlap; mount the volume in a job or a service",
@@ -809,4 +831,45 @@ pub(crate) fn decode_secret(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> O
         recipients: recipients?,
         data: data?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::parse::parse_file;
+
+    fn project(role: &str) -> String {
+        format!(
+            "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: registry.example.invalid/api@sha256:{}\n  roles:\n    r: {role}\n",
+            "0".repeat(64)
+        )
+    }
+
+    fn problems(role: &str) -> Vec<(String, String)> {
+        parse_file("p.yaml", project(role).as_bytes())
+            .diagnostics
+            .into_iter()
+            .map(|d| {
+                (
+                    d.code.as_str().to_owned(),
+                    format!("{}:{:?} {}", d.file, d.line, d.message),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_rollout_watch_is_read_bounded_and_refused_where_no_release_replaces_replicas() {
+        assert!(problems("{kind: web, rollout: {watchSeconds: 30}}").is_empty());
+        let p = problems("{kind: web, rollout: {watchSeconds: 0}}");
+        assert!(p.len() == 1 && p[0].1.contains("watchSeconds"), "{p:?}");
+        let p = problems("{kind: web, rollout: {watchSeconds: 3601}}");
+        assert_eq!(p.len(), 1, "{p:?}");
+        let p = problems("{kind: cron, schedule: '* * * * *', rollout: {watchSeconds: 30}}");
+        assert!(
+            p.len() == 1 && p[0].1.contains("`rollout` does not apply to a cron role"),
+            "{p:?}"
+        );
+        let p = problems("{kind: worker, rollout: {strategy: canary}}");
+        assert!(p.len() == 1 && p[0].1.contains("strategy"), "an unknown field: {p:?}");
+    }
 }

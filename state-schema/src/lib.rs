@@ -32,6 +32,7 @@ pub mod synthetic;
 pub mod task;
 pub mod values;
 pub mod volumes;
+pub mod watch;
 pub mod yaml;
 pub mod yaml_errors;
 mod yaml_input;

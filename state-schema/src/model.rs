@@ -113,6 +113,18 @@ pub struct Role {
     /// form so that roles without it keep their hashes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub logs: Option<LogLimits>,
+    /// How a new release of it is watched (`rollout`); `None` is left out of the canonical
+    /// form, so roles without it keep their hashes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutPolicy>,
+}
+
+/// `rollout` of a role: after a new release's switch, its replicas are watched for
+/// `watch_seconds` (0: not at all); one reported unhealthy meanwhile rolls the environment back.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutPolicy {
+    pub watch_seconds: u32,
 }
 
 /// A volume a role mounts: the environment's `name`, at `path` in the container.

@@ -575,6 +575,7 @@ pub(crate) mod tests {
             logs: None,
             ports: Vec::new(),
             volumes: Vec::new(),
+            watch_seconds: None,
         }
     }
 

@@ -43,8 +43,10 @@ impl<'s> Releases<'s> {
                     .iter()
                     .map(|(n, r)| {
                         let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
+                        // How many run, and how a release is delivered, are not the release.
                         if let Value::Object(m) = &mut v {
                             m.remove("replicas");
+                            m.remove("rollout");
                         }
                         (n, v)
                     })

@@ -50,6 +50,10 @@ pub struct RoleSpec {
     /// Its volumes, mounted in every container it runs; empty is left out.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<VolumeSpec>,
+    /// `rollout.watchSeconds`: how long a new release's replicas are watched after the switch;
+    /// `None` (not watched) is left out, so specs without it keep their hashes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watch_seconds: Option<u32>,
 }
 
 /// A volume as a role's containers mount it.
@@ -173,6 +177,7 @@ pub fn role_specs(
                 secrets: Arc::clone(&secrets),
                 logs: r.logs.as_ref().map(|l| (l.max_size.bytes(), l.max_files)),
                 ports: r.ports.clone(),
+                watch_seconds: r.rollout.as_ref().map(|p| p.watch_seconds).filter(|s| *s > 0),
                 volumes: r
                     .volumes
                     .iter()

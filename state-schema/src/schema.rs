@@ -63,6 +63,13 @@ pub fn spec_schemas() -> Vec<(&'static str, Value)> {
         &[],
         "How much output each container keeps on its node (Docker's json-file log, rotated).",
     );
+    let rollout = object(
+        json!({
+            "watchSeconds": {"type": "integer", "minimum": 1, "maximum": 3600, "description": "After a new release's switch, its replicas are watched this long; one its node reports unhealthy meanwhile rolls the environment back to the previous release (held, as `pl rollback`)."},
+        }),
+        &[],
+        "How a new release of the role is delivered.",
+    );
     let volume = object(
         json!({
             "name": name("The volume's name, unique in the project."),
@@ -102,6 +109,7 @@ pub fn spec_schemas() -> Vec<(&'static str, Value)> {
             "schedule": {"type": "string", "description": "Cron roles only: five fields, e.g. `*/15 * * * *`."},
             "logs": logs,
             "ports": {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 65535}, "maxItems": 16, "uniqueItems": true, "description": "Web, worker and service roles: ports served inside the environment besides `port`; other containers of the environment reach no other."},
+            "rollout": rollout,
             "volumes": {"type": "array", "maxItems": 8, "items": volume, "description": "Not on cron roles. The environment's data, kept across releases, restarts and teardowns (for `retainDays`); a role with volumes runs one replica."},
         }),
         &["kind"],

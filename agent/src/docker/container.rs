@@ -18,6 +18,9 @@ impl Engine {
         if let Some(i) = app.instance {
             l.insert(INSTANCE.to_owned(), i.to_string());
         }
+        if let (Some(h), Some(port)) = (&app.health, app.port) {
+            l.insert(HEALTH.to_owned(), format!("{port} {}", h.path));
+        }
         // What other containers of the environment may reach (the firewall's set): the web
         // port and the declared ones; present, even empty, on every container of this version.
         let mut ports: Vec<u16> = app.port.into_iter().chain(app.ports.iter().copied()).collect();
@@ -462,6 +465,52 @@ impl Engine {
             }
         }
         Ok(format!("{n} containers removed"))
+    }
+
+    /// Which running containers of ours fail their health check now (their `HEALTH` label's
+    /// path probed at their address, every one at once, each within [`PROBE_TIMEOUT`]): what
+    /// the heartbeat reports as not healthy. Bounded by the heartbeat's own limit.
+    pub async fn failing_health(&self) -> Result<std::collections::HashSet<String>, Failure> {
+        let mut filters = self.our_filter(&[]);
+        // Paused ones (a backup) are not probed: they count as not running already.
+        filters.insert("status".to_owned(), vec!["running".to_owned()]);
+        let list = self
+            .docker
+            .list_containers(Some(ListContainersOptionsBuilder::default().filters(&filters).build()))
+            .await
+            .map_err(|e| docker("docker-unavailable", e))?;
+        let mut probes = tokio::task::JoinSet::new();
+        for c in list.into_iter().take(agent_proto::MAX_HEARTBEAT_INSTANCES) {
+            let name = c.names.and_then(|n| n.into_iter().next()).unwrap_or_default();
+            let name = name.trim_start_matches('/').to_owned();
+            let Some((port, path)) = c
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(HEALTH))
+                .and_then(|h| h.split_once(' '))
+                .and_then(|(p, path)| Some((p.parse::<u16>().ok()?, path.to_owned())))
+            else {
+                continue;
+            };
+            let ip = c
+                .network_settings
+                .and_then(|n| n.networks)
+                .and_then(|n| n.into_values().find_map(|e| e.ip_address.filter(|a| !a.is_empty())));
+            probes.spawn(async move {
+                let ok = match ip {
+                    Some(ip) => probe(&ip, port, &path).await.starts_with('2'),
+                    None => false,
+                };
+                (name, ok)
+            });
+        }
+        let mut failing = std::collections::HashSet::new();
+        while let Some(r) = probes.join_next().await {
+            if let Ok((name, false)) = r {
+                failing.insert(name);
+            }
+        }
+        Ok(failing)
     }
 
     /// A run of a job or release role: the same hardened container, bounded in time, removed

@@ -46,6 +46,10 @@ pub const SPEC_HASH: &str = "dev.pushleft.spec-hash";
 /// The ports other containers of the environment may reach, `8080,6379` (empty: none). A
 /// container without the label (made before it existed) is reachable on every port.
 pub const PORTS: &str = "dev.pushleft.ports";
+/// A web replica's health check, `<port> <path>`: what the heartbeat probes, so `healthy`
+/// says the replica answers, not only that its process runs. A container without it (made
+/// before it existed, or not a web replica) is healthy while it runs.
+pub const HEALTH: &str = "dev.pushleft.health";
 /// The node whose agent made it: agents sharing one engine (several nodes on one machine)
 /// each see only their own containers.
 pub const NODE: &str = "dev.pushleft.node";

@@ -36,8 +36,16 @@ fn all_answer(port: u16, host: &str, body: &str, n: usize) -> bool {
 }
 
 pub fn bench(host: &Host, registry_port: u16, pl: &Path, rounds: usize, work: &Path) -> String {
-    let one = host.image(registry_port, "rb-one", &[("/www/index.html", "one\n"), ("/www/healthz", "ok\n")]);
-    let two = host.image(registry_port, "rb-two", &[("/www/index.html", "two\n"), ("/www/healthz", "ok\n")]);
+    let one = host.image(
+        registry_port,
+        "rb-one",
+        &[("/www/index.html", "one\n"), ("/www/healthz", "ok\n")],
+    );
+    let two = host.image(
+        registry_port,
+        "rb-two",
+        &[("/www/index.html", "two\n"), ("/www/healthz", "ok\n")],
+    );
     let dir = work.join("rollback");
     std::fs::create_dir_all(&dir).expect("dir");
     let repo = Repo::new(&dir);
@@ -66,7 +74,10 @@ pub fn bench(host: &Host, registry_port: u16, pl: &Path, rounds: usize, work: &P
         for round in 0..rounds {
             // Ours: the hold, then released (release two again).
             let a = timed(&mut run(&["rollback", "api-production", "--local"]));
-            assert!(all_answer(18_092, host, "one\n", 50), "rolled back: release one answers");
+            assert!(
+                all_answer(18_092, host, "one\n", 50),
+                "rolled back: release one answers"
+            );
             timed(&mut run(&["rollback", "--release", "api-production", "--local"]));
             assert!(all_answer(18_092, host, "two\n", 20), "released: release two answers");
             // Theirs: the revert of the project file, then release two again.

@@ -25,6 +25,7 @@ fn refused(env: &str, why: &Refusal) -> Response {
     let (status, message) = match why {
         Refusal::UnknownEnvironment => (StatusCode::NOT_FOUND, format!("no deployment of {env}")),
         Refusal::NotHeld => (StatusCode::CONFLICT, format!("no rollback holds {env}")),
+        Refusal::MovedOn => (StatusCode::CONFLICT, format!("{env} moved on to another generation")),
         Refusal::Rollback(RollbackRefusal::NoPrevious) => (
             StatusCode::CONFLICT,
             format!(

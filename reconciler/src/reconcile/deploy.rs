@@ -623,7 +623,16 @@ impl Ledger {
                     // Its networks are gone from every node: their subnets are free again.
                     self.free_subnets(tx, env).await?;
                 }
-                let detail = format!("generation {generation}");
+                let mut detail = format!("generation {generation}");
+                // A new release is watched from its switch (a rollback's generation is not:
+                // there is nothing further back to go to).
+                if action == Action::Rollout
+                    && !d.rollback
+                    && let Some(w) = state_schema::watch::window(&d.spec)
+                {
+                    self.set_watch(tx, env, now_ms, now_ms + i64::from(w) * 1000).await?;
+                    detail.push_str(&format!(", watched for {w} s"));
+                }
                 self.event(tx, now_ms, &format!("deployment-{action}-done"), env, &detail)
                     .await?;
             }

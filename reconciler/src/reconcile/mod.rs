@@ -15,6 +15,7 @@ pub mod mesh_health;
 pub mod placing;
 pub mod rollback;
 pub mod volumes;
+pub mod watch;
 
 use crate::config::Config;
 use crate::hub::Hub;
@@ -323,7 +324,12 @@ impl Reconciler {
             self.hub.revocations.fetch_add(1, Ordering::Relaxed);
             tracing::info!(certificates = revoked, "revoked the certificates of retired nodes");
         }
-        // Rollbacks operators asked for, and holds they released.
+        // Releases whose watch a heartbeat failed are rolled back (asked here, started below
+        // with the rollbacks operators asked for, and the holds they released).
+        let watched = self.ledger.watch_tick(now_ms()).await?;
+        if watched > 0 {
+            tracing::warn!(rollbacks = watched, "a release failed its watch: rolled back");
+        }
         let rolled = match self.rollbacks().await {
             Ok(n) => n,
             Err(DaemonError::Ledger(e)) => return Err(DaemonError::Ledger(e)),

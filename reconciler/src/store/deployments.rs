@@ -375,7 +375,8 @@ impl Ledger {
              VALUES {marks} \
              ON CONFLICT (environment) DO UPDATE SET generation = excluded.generation, action = excluded.action, status = excluded.status, \
              step = excluded.step, spec_hash = excluded.spec_hash, spec = excluded.spec, retired = excluded.retired, \
-             revision_id = excluded.revision_id, updated_at = excluded.updated_at"
+             revision_id = excluded.revision_id, updated_at = excluded.updated_at, \
+             watch_from = 0, watch_until = 0, watch_failure = ''"
         );
         let mut query = sqlx::query(self.sql(&q));
         for r in rows {

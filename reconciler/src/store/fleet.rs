@@ -296,29 +296,34 @@ impl Ledger {
         .bind(node)
         .fetch_optional(&self.pool)
         .await?;
-        let changed = match before {
-            None => false,
-            // `had`: a replica the agent reported before and no longer does is drift to look at.
-            Some((last, caps, had, key, names)) => {
-                let had: Vec<agent_proto::RunningInstance> =
-                    had.and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
-                let now: Vec<agent_proto::RunningInstance> = serde_json::from_str(observed).unwrap_or_default();
-                if had.iter().any(|h| {
-                    !now.iter().any(|n| {
-                        (&n.environment, &n.role, n.instance, n.generation)
-                            == (&h.environment, &h.role, h.instance, h.generation)
-                    })
-                }) {
-                    self.suspect_drift();
-                }
-                // A new mesh key (a node's first, or a rotation) re-plans every node's mesh.
-                Liveness::of(last, now_ms, self.lost_after_ms()) != Liveness::Ready
+        // A release under watch with replicas here: this heartbeat may fail it (the pass rolls
+        // it back, woken like for a changed node).
+        let now_list: Vec<agent_proto::RunningInstance> = serde_json::from_str(observed).unwrap_or_default();
+        let watch_failed = self.watch_beat(node, &now_list, now_ms).await?;
+        let changed = watch_failed
+            || match before {
+                None => false,
+                // `had`: a replica the agent reported before and no longer does is drift to look at.
+                Some((last, caps, had, key, names)) => {
+                    let had: Vec<agent_proto::RunningInstance> =
+                        had.and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
+                    let now = &now_list;
+                    if had.iter().any(|h| {
+                        !now.iter().any(|n| {
+                            (&n.environment, &n.role, n.instance, n.generation)
+                                == (&h.environment, &h.role, h.instance, h.generation)
+                        })
+                    }) {
+                        self.suspect_drift();
+                    }
+                    // A new mesh key (a node's first, or a rotation) re-plans every node's mesh.
+                    Liveness::of(last, now_ms, self.lost_after_ms()) != Liveness::Ready
                     || caps != capabilities.join(",")
                     || key.as_deref() != mesh.map(|m| m.0)
                     // So do a node's names: other nodes' answers add them.
                     || names.as_deref() != mesh.map(|m| m.3)
-            }
-        };
+                }
+            };
         sqlx::query(self.sql(
             "UPDATE nodes SET last_seen = ?, agent_version = ?, capabilities = ?, observed = ?, \
                  host = COALESCE(?, host), taken_subnets = ?, mesh_key = ?, mesh_port = ?, mesh_address = ?, mesh_names = ? \

@@ -28,6 +28,7 @@ pub mod rollbacks;
 pub mod rows;
 pub mod views;
 pub mod volumes;
+pub mod watch;
 
 /// Milliseconds since the Unix epoch: the ledger's unit of time.
 pub fn now_ms() -> i64 {
@@ -109,6 +110,9 @@ pub struct Ledger {
     /// hostname's publish look for one in the ledger.
     pub(crate) issues_certificates: std::sync::atomic::AtomicBool,
     pub(crate) drift_checked_ms: std::sync::atomic::AtomicI64,
+    /// Until when some generation is under watch (`store::watch`); heartbeats after it read
+    /// nothing for watches. `i64::MAX` until the first pass has looked.
+    pub(crate) watching: std::sync::atomic::AtomicI64,
 }
 
 /// A write transaction; on SQLite it holds the process's writer turn until it ends.
@@ -238,6 +242,7 @@ impl Ledger {
             drift_suspected: std::sync::atomic::AtomicBool::new(true),
             issues_certificates: std::sync::atomic::AtomicBool::new(false),
             drift_checked_ms: std::sync::atomic::AtomicI64::new(0),
+            watching: std::sync::atomic::AtomicI64::new(i64::MAX),
         })
     }
 

@@ -50,6 +50,8 @@ pub enum Refusal {
     Rollback(RollbackRefusal),
     UnknownEnvironment,
     NotHeld,
+    /// The generation asked for is no longer the current one.
+    MovedOn,
 }
 
 impl Refusal {
@@ -58,6 +60,7 @@ impl Refusal {
             Refusal::Rollback(r) => r.code(),
             Refusal::UnknownEnvironment => "unknown-environment",
             Refusal::NotHeld => "not-held",
+            Refusal::MovedOn => "generation-moved-on",
         }
     }
 }
@@ -110,10 +113,25 @@ impl Ledger {
         by: &str,
         now_ms: i64,
     ) -> Result<Result<RollbackAsk, Refusal>, LedgerError> {
+        self.ask_rollback_of(environment, None, by, now_ms).await
+    }
+
+    /// [`Ledger::ask_rollback`] of generation `of` only, when given (an automatic rollback of
+    /// the generation whose watch failed: a newer one may have started since).
+    pub(crate) async fn ask_rollback_of(
+        &self,
+        environment: &str,
+        of: Option<u64>,
+        by: &str,
+        now_ms: i64,
+    ) -> Result<Result<RollbackAsk, Refusal>, LedgerError> {
         let mut tx = self.write_tx().await?;
         let Some(r) = self.rollback_row(&mut tx, environment).await? else {
             return Ok(Err(Refusal::UnknownEnvironment));
         };
+        if of.is_some_and(|g| g != gen_u64(r.generation)) {
+            return Ok(Err(Refusal::MovedOn));
+        }
         let current = Current {
             generation: gen_u64(r.generation),
             action: Action::parse(&r.action).ok_or_else(|| LedgerError::Corrupt(format!("action {:?}", r.action)))?,

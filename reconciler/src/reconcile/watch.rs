@@ -1,0 +1,49 @@
+//! A release's watch in the pass: a generation whose watch a heartbeat failed
+//! (`store::watch`) is rolled back at once, as `pl rollback` would (held, by `watch`), with a
+//! `rollback-automatic` event saying which replica and what its node saw; a watch whose window
+//! passed ends with `watch-passed`.
+
+use crate::store::{Ledger, LedgerError};
+
+/// Who an automatic rollback's hold names.
+pub const WATCH: &str = "watch";
+
+impl Ledger {
+    /// Rolls back every generation whose watch failed, and ends the watches that passed.
+    /// Returns how many rollbacks were asked.
+    pub async fn watch_tick(&self, now_ms: i64) -> Result<usize, LedgerError> {
+        let mut asked = 0;
+        for f in self.watch_failures().await? {
+            let generation = u64::try_from(f.generation).unwrap_or(0);
+            let outcome = self
+                .ask_rollback_of(&f.environment, Some(generation), WATCH, now_ms)
+                .await?;
+            let mut tx = self.write_tx().await?;
+            self.end_watch(&mut tx, &f.environment).await?;
+            let (kind, detail) = match outcome {
+                Ok(a) => {
+                    asked += 1;
+                    (
+                        "rollback-automatic",
+                        format!(
+                            "generation {generation} failed its watch: {}; back to generation {}'s release as generation {}",
+                            f.failure, a.to, a.generation
+                        ),
+                    )
+                }
+                Err(why) => (
+                    "watch-failed",
+                    format!(
+                        "generation {generation} failed its watch: {}; not rolled back: {}",
+                        f.failure,
+                        why.code()
+                    ),
+                ),
+            };
+            self.event(&mut tx, now_ms, kind, &f.environment, &detail).await?;
+            tx.commit().await?;
+        }
+        self.end_passed_watches(now_ms).await?;
+        Ok(asked)
+    }
+}

@@ -1,0 +1,157 @@
+//! A release's watch in the ledger (`rollout.watchSeconds`): set when a rollout finishes, judged
+//! against each heartbeat of a node with replicas under watch (`state_schema::watch::judge`),
+//! its first failure kept on the deployment's row for the pass to roll it back
+//! (`reconcile/watch.rs`), and ended when its window passed. SQL only, and cheap when nothing is
+//! watched: heartbeats then read nothing (`Ledger::watching`).
+
+use super::{Ledger, LedgerError, WriteTx};
+use sqlx::FromRow;
+use state_schema::deployment::DeploymentSpec;
+use state_schema::watch::{self, Seen};
+use std::sync::atomic::Ordering;
+
+#[derive(FromRow)]
+struct WatchedRow {
+    environment: String,
+    generation: i64,
+    spec: String,
+    watch_from: i64,
+}
+
+/// A watch that failed, for the pass.
+pub struct Failed {
+    pub environment: String,
+    pub generation: i64,
+    pub failure: String,
+}
+
+impl Ledger {
+    /// `environment`'s generation `generation` is watched from `from_ms` to `until_ms`.
+    pub(crate) async fn set_watch(
+        &self,
+        tx: &mut WriteTx,
+        environment: &str,
+        from_ms: i64,
+        until_ms: i64,
+    ) -> Result<(), LedgerError> {
+        sqlx::query(
+            self.sql(
+                "UPDATE deployments SET watch_from = ?, watch_until = ?, watch_failure = '' WHERE environment = ?",
+            ),
+        )
+        .bind(from_ms)
+        .bind(until_ms)
+        .bind(environment)
+        .execute(&mut **tx)
+        .await?;
+        self.watching.fetch_max(until_ms, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Judges node `node`'s heartbeat (`observed`, at `at_ms`) against every generation under
+    /// watch with replicas there; records the first failure of each. Whether one was recorded.
+    pub(crate) async fn watch_beat(
+        &self,
+        node: &str,
+        observed: &[agent_proto::RunningInstance],
+        at_ms: i64,
+    ) -> Result<bool, LedgerError> {
+        if at_ms >= self.watching.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        let rows: Vec<WatchedRow> = sqlx::query_as(self.sql(
+            "SELECT environment, generation, spec, watch_from FROM deployments \
+             WHERE watch_until > ? AND watch_failure = '' AND status = 'done'",
+        ))
+        .bind(at_ms)
+        .fetch_all(&self.pool)
+        .await?;
+        let seen: Vec<Seen<'_>> = observed
+            .iter()
+            .map(|i| Seen {
+                environment: &i.environment,
+                role: &i.role,
+                instance: i.instance,
+                generation: i.generation,
+                healthy: i.healthy,
+            })
+            .collect();
+        let mut failed = false;
+        for r in rows {
+            let Ok(spec) = serde_json::from_str::<DeploymentSpec>(&r.spec) else {
+                continue;
+            };
+            let generation = u64::try_from(r.generation).unwrap_or(0);
+            let Some(why) = watch::judge(&spec, generation, r.watch_from, node, at_ms, &seen) else {
+                continue;
+            };
+            let mut tx = self.write_tx().await?;
+            let n = sqlx::query(self.sql(
+                "UPDATE deployments SET watch_failure = ? WHERE environment = ? AND generation = ? AND watch_until > 0 AND watch_failure = ''",
+            ))
+            .bind(&why)
+            .bind(&r.environment)
+            .bind(r.generation)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            tx.commit().await?;
+            failed |= n > 0;
+        }
+        Ok(failed)
+    }
+
+    /// Watches that failed, oldest switch first.
+    pub(crate) async fn watch_failures(&self) -> Result<Vec<Failed>, LedgerError> {
+        let rows: Vec<(String, i64, String)> = sqlx::query_as(self.sql(
+            "SELECT environment, generation, watch_failure FROM deployments WHERE watch_until > 0 AND watch_failure <> '' ORDER BY watch_from",
+        ))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(environment, generation, failure)| Failed {
+                environment,
+                generation,
+                failure,
+            })
+            .collect())
+    }
+
+    /// Ends `environment`'s watch (its failure handled), in `tx`.
+    pub(crate) async fn end_watch(&self, tx: &mut WriteTx, environment: &str) -> Result<(), LedgerError> {
+        sqlx::query(self.sql("UPDATE deployments SET watch_until = 0 WHERE environment = ?"))
+            .bind(environment)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
+    /// Ends the watches whose window passed with no failure, each with a `watch-passed` event;
+    /// then what heartbeats still need to look at. Returns the environments.
+    pub(crate) async fn end_passed_watches(&self, now_ms: i64) -> Result<Vec<String>, LedgerError> {
+        let mut tx = self.write_tx().await?;
+        let passed: Vec<(String, i64)> = sqlx::query_as(self.sql(
+            "UPDATE deployments SET watch_until = 0 WHERE watch_until > 0 AND watch_until <= ? AND watch_failure = '' \
+             RETURNING environment, generation",
+        ))
+        .bind(now_ms)
+        .fetch_all(&mut *tx)
+        .await?;
+        let events: Vec<(String, String, String)> = passed
+            .iter()
+            .map(|(env, g)| {
+                let detail = format!("generation {g}: every watched replica healthy through its window");
+                ("watch-passed".to_owned(), env.clone(), detail)
+            })
+            .collect();
+        self.events_in(&mut tx, now_ms, &events).await?;
+        let left: Option<i64> =
+            sqlx::query_scalar(self.sql("SELECT MAX(watch_until) FROM deployments WHERE watch_until > 0"))
+                .fetch_one(&mut *tx)
+                .await?;
+        tx.commit().await?;
+        self.watching.store(left.unwrap_or(0), Ordering::Relaxed);
+        Ok(passed.into_iter().map(|(env, _)| env).collect())
+    }
+}
