@@ -20,7 +20,9 @@
 //!   restarted agent adopts that container, the new release serves, the old one is stopped.
 //!   `pl rollback` brings the first release back with no failed request, held (`pl status`
 //!   says it differs from Git, `pl up` of the same files keeps it, a second rollback is
-//!   refused with `rollback-held`) until `pl rollback --release`.
+//!   refused with `rollback-held`) until `pl rollback --release`. A release with
+//!   `rollout.watchSeconds` whose health path stops answering after its switch is rolled back
+//!   on its own (held by `watch`), with no failed request.
 //! - `--build`: a local Dockerfile's image serves, pinned by digest, the Git files untouched;
 //!   a failed build ends with its step's output and changes nothing.
 //! - `pl down DIR ENV` tears that environment down alone; `pl down` tears the rest down (its
@@ -625,6 +627,35 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         let (code, out, _) = pl(&["status", "--local"], &repo_dir, &state, &socket);
         assert_eq!(code, 0);
         assert!(!out.contains("held "), "{out}");
+
+        // A watched release whose health path stops answering 4 s after it starts: `pl up`
+        // succeeds (it was healthy at the switch), then a heartbeat reports it unhealthy within
+        // `rollout.watchSeconds` and the control plane rolls it back on its own, held by
+        // `watch`; requests are answered throughout.
+        let watched = project_healthy.replace(&image, &image_two).replace(
+            "command: [/bin/busybox, httpd, -f, -p, '8080', -h, /www]",
+            "rollout: {watchSeconds: 30}, command: [/bin/busybox, sh, -c, '/bin/busybox cp -r /www /tmp/www; (/bin/busybox sleep 4; /bin/busybox rm /tmp/www/healthz) & exec /bin/busybox httpd -f -p 8080 -h /tmp/www']",
+        );
+        assert_ne!(watched, project_healthy.replace(&image, &image_two));
+        let load = Load::start(&netns, http, "api.example.com.localhost", None);
+        std::fs::write(repo_dir.join("projects/api.yaml"), &watched).expect("write");
+        let (code, out, err) = pl(&["up", "--http", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
+        assert_eq!(code, 0, "the watched release is healthy at its switch: {out}\n{err}");
+        let automatic = || agent_support::sql(&ledger_url, "SELECT detail FROM events WHERE kind = 'rollback-automatic'");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while automatic().is_empty() {
+            assert!(Instant::now() < deadline, "the failing release was never rolled back");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        assert!(automatic()[0].contains("web/0 on n1: not healthy"), "{:?}", automatic());
+        let (code, out, err) = pl(&["wait", "--timeout", "60", "--local"], &repo_dir, &state, &socket);
+        assert_eq!(code, 0, "the rollback converges: {out}\n{err}");
+        let (failed, served) = load.finish();
+        assert_eq!(failed, 0, "requests failed around the automatic rollback ({served} served)");
+        let (code, out, _) = pl(&["status", "--local"], &repo_dir, &state, &socket);
+        assert_eq!(code, 0);
+        assert!(out.contains("held        api-production") && out.contains("by watch"), "{out}");
+        std::fs::write(repo_dir.join("projects/api.yaml"), &project_two).expect("write");
 
         // `--build api=DIR`: DIR's Dockerfile is built on the engine and runs as api's image,
         // pinned by digest in the local revision; the Git files stay as they were.
