@@ -63,7 +63,81 @@ pub struct Config {
     /// How custom domains' ownership is checked in DNS.
     #[serde(default)]
     pub domains: DomainsConfig,
+    /// The forge commit statuses are posted to; off when absent.
+    #[serde(default)]
+    pub forge: Option<ForgeConfig>,
+    /// Receivers of signed webhooks for events.
+    #[serde(default)]
+    pub hooks: Vec<HookConfig>,
 }
+
+/// `[forge]`: where each accepted commit's deployment statuses go (`notify.rs`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForgeConfig {
+    /// `github`, `gitlab`, `gitea` or `forgejo`.
+    pub kind: String,
+    /// The API's base URL (`https://api.github.com`, `https://gitlab.com/api/v4`,
+    /// `https://codeberg.org/api/v1`).
+    pub api: String,
+    /// `owner/name` (GitLab: the project's path or id).
+    pub repository: String,
+    /// A file (0600) holding the token that may post statuses; read when a status is sent, never
+    /// logged.
+    pub token_file: PathBuf,
+    /// Statuses are named `<context>/<environment>`.
+    #[serde(default = "default_context")]
+    pub context: String,
+    /// A link each status carries (a dashboard, say).
+    #[serde(default)]
+    pub target_url: Option<String>,
+}
+
+fn default_context() -> String {
+    "pushleft".into()
+}
+
+/// `[[hooks]]`: a receiver of events, signed with HMAC-SHA256 (`notify.rs`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HookConfig {
+    pub url: String,
+    /// A file (0600) holding the signing secret.
+    pub secret_file: PathBuf,
+    /// The event kinds it receives (`HOOK_EVENTS`); default: rollouts done and
+    /// failed, and rollbacks.
+    #[serde(default = "default_hook_events")]
+    pub events: Vec<String>,
+}
+
+fn default_hook_events() -> Vec<String> {
+    [
+        "deployment-rollout-done",
+        "deployment-failed",
+        "deployment-rollback",
+        "rollback-automatic",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// The events a webhook receiver may ask for.
+pub const HOOK_EVENTS: &[&str] = &[
+    "deployment-rollout",
+    "deployment-rollout-done",
+    "deployment-failed",
+    "deployment-rollback",
+    "rollback-automatic",
+    "rollback-released",
+    "watch-passed",
+    "watch-failed",
+    "drift-repaired",
+    "revision-accepted",
+    "revision-rejected",
+];
+
+/// The most webhook receivers a control plane posts to.
+pub const MAX_HOOKS: usize = 16;
 
 /// `[domains]`.
 #[derive(Clone, Debug, Deserialize)]
@@ -477,6 +551,8 @@ impl Config {
         ] {
             private.extend(p.iter());
         }
+        private.extend(self.forge.iter().map(|f| &f.token_file));
+        private.extend(self.hooks.iter().map(|h| &h.secret_file));
         for p in private {
             pushleft_secrets::check_private_file(p).map_err(|m| exposed(p, m))?;
         }
@@ -551,6 +627,12 @@ impl Config {
             *p = o.unwrap_or_default();
         }
         fix_opt(&mut self.control.age_identity);
+        if let Some(f) = &mut self.forge {
+            fix(&mut f.token_file);
+        }
+        for h in &mut self.hooks {
+            fix(&mut h.secret_file);
+        }
         if let Some(c) = &mut self.certificates {
             fix(&mut c.local_ca_cert);
             fix(&mut c.local_ca_key);
@@ -630,6 +712,42 @@ impl Config {
             }
             if !(1..=64).contains(&a.max_orders) {
                 return Err(invalid("certificates.acme.max_orders must be 1 to 64".into()));
+            }
+        }
+        if let Some(f) = &self.forge {
+            if forge::status::Kind::parse(&f.kind).is_none() {
+                return Err(invalid(format!(
+                    "forge.kind `{}` is not one of github, gitlab, gitea, forgejo",
+                    f.kind
+                )));
+            }
+            if !forge::status::allowed_url(&f.api) {
+                return Err(invalid(format!(
+                    "forge.api `{}` must be an https:// URL (http:// only to a loopback address)",
+                    f.api
+                )));
+            }
+            if f.context.is_empty() || f.context.len() > 64 || f.context.chars().any(char::is_control) {
+                return Err(invalid("forge.context must be 1 to 64 printable characters".into()));
+            }
+            if f.target_url.as_deref().is_some_and(|u| !forge::status::allowed_url(u)) {
+                return Err(invalid("forge.target_url must be an https:// URL".into()));
+            }
+        }
+        if self.hooks.len() > MAX_HOOKS {
+            return Err(invalid(format!("hooks: at most {MAX_HOOKS} receivers")));
+        }
+        for (i, h) in self.hooks.iter().enumerate() {
+            if !forge::status::allowed_url(&h.url) {
+                return Err(invalid(format!(
+                    "hooks[{i}].url must be an https:// URL (http:// only to a loopback address)"
+                )));
+            }
+            if let Some(bad) = h.events.iter().find(|e| !HOOK_EVENTS.contains(&e.as_str())) {
+                return Err(invalid(format!(
+                    "hooks[{i}].events: `{bad}` is not one of {}",
+                    HOOK_EVENTS.join(", ")
+                )));
             }
         }
         let d = &self.domains;

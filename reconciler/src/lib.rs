@@ -14,6 +14,7 @@ pub mod config;
 pub mod http;
 pub mod hub;
 pub mod issuer;
+pub mod notify;
 pub mod pki;
 pub mod reconcile;
 pub mod store;

@@ -240,6 +240,13 @@ fn daemon(config: &Path) -> Result<()> {
             }
             _ => None,
         };
+        // Commit statuses and webhooks, from the events (the leader's alone).
+        let notifier = tokio::spawn(reconciler::notify::run(
+            Arc::clone(&ledger),
+            Arc::clone(&hub),
+            reconciler::notify::Targets::of(&config),
+            stopped.clone(),
+        ));
         let fetcher = tokio::spawn(run_fetcher(Arc::clone(&reconciling), stopped.clone()));
         let looper = tokio::spawn(run_loop(Arc::clone(&reconciling), stopped));
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -252,6 +259,7 @@ fn daemon(config: &Path) -> Result<()> {
         let _ = looper.await;
         let _ = fetcher.await;
         let _ = events.await;
+        let _ = notifier.await;
         api.abort();
         if let Some(a) = agents {
             a.abort();

@@ -182,6 +182,8 @@ fn the_reconcilers_layers_import_only_downwards() {
         // Who signs issued certificates: a leaf like pki; the ACME client returns what it signs.
         ("issuer", &[][..]),
         ("acme", &["issuer"][..]),
+        // Outgoing notifications: reads events and the outbox, delivers through `forge`.
+        ("notify", &["store", "hub", "config"][..]),
         ("crate", &[][..]),
         // The composition root may build anything; nothing imports it.
         (
@@ -196,6 +198,7 @@ fn the_reconcilers_layers_import_only_downwards() {
                 "pki",
                 "issuer",
                 "acme",
+                "notify",
             ][..],
         ),
     ]);

@@ -117,6 +117,7 @@ pub fn router(state: Arc<Operator>) -> Router {
         .route("/v1/volumes/remove", post(remove_volume))
         .route("/v1/volumes/move", post(move_volume))
         .route("/v1/rollbacks", post(rollback))
+        .route("/v1/outbox", get(outbox))
         .route("/v1/fleet", get(fleet))
         .route("/v1/rewrites/approve", post(approve_rewrite))
         .route("/v1/webhooks/{forge}", post(webhook))
@@ -452,6 +453,32 @@ async fn backups(State(s): App, headers: HeaderMap, Query(q): Query<crate::http:
 
 async fn run_backup(State(s): App, headers: HeaderMap, body: axum::body::Body) -> Response {
     crate::http::backups::run(&s.ledger, &s.hub, &s.tokens, &headers, body).await
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OutboxQuery {
+    state: Option<String>,
+    limit: Option<i64>,
+}
+
+/// `GET /v1/outbox?state=pending|delivered|dead&limit=N` (viewer): outgoing notifications,
+/// newest first; `dead` ones are the dead letters, with their last error.
+async fn outbox(State(s): App, headers: HeaderMap, Query(q): Query<OutboxQuery>) -> Response {
+    if let Some(r) = authorize(&s.tokens, &headers, Role::Viewer) {
+        return r;
+    }
+    if q.state
+        .as_deref()
+        .is_some_and(|st| !["pending", "delivered", "dead"].contains(&st))
+    {
+        let body = json!({"code": "malformed-request", "message": "state is pending, delivered or dead"});
+        return (StatusCode::BAD_REQUEST, axum::Json(body)).into_response();
+    }
+    match s.ledger.outbox(q.state.as_deref(), q.limit.unwrap_or(100)).await {
+        Ok(rows) => axum::Json(serde_json::json!({"outbox": rows})).into_response(),
+        Err(e) => internal(e),
+    }
 }
 
 async fn rollback(State(s): App, headers: HeaderMap, body: axum::body::Body) -> Response {

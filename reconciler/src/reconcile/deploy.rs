@@ -508,10 +508,16 @@ impl Ledger {
                 );
                 let first = first_step_from(&steps, 0);
                 let env = s.spec.environment.as_str();
+                // A rollback's generation says so: its commit is the one rolled back, and what
+                // reads events (commit statuses) must not take its rollout for that commit's.
                 events.push((
                     format!("deployment-{}", s.action.as_str()),
                     env.to_owned(),
-                    format!("generation {}", s.generation),
+                    format!(
+                        "generation {}{}",
+                        s.generation,
+                        if s.rollback { ", a rollback" } else { "" }
+                    ),
                 ));
                 generations.push(GenerationRow {
                     environment: env,
@@ -610,7 +616,10 @@ impl Ledger {
             Next::Wait => return Ok(false),
             Next::Fail => {
                 self.set_step(tx, env, Status::Failed, step, now_ms).await?;
-                let detail = format!("generation {generation}, step {step}");
+                let detail = format!(
+                    "generation {generation}, step {step}{}",
+                    if d.rollback { ", a rollback" } else { "" }
+                );
                 self.event(tx, now_ms, "deployment-failed", env, &detail).await?;
             }
             Next::Step(s) => {
@@ -623,7 +632,10 @@ impl Ledger {
                     // Its networks are gone from every node: their subnets are free again.
                     self.free_subnets(tx, env).await?;
                 }
-                let mut detail = format!("generation {generation}");
+                let mut detail = format!(
+                    "generation {generation}{}",
+                    if d.rollback { ", a rollback" } else { "" }
+                );
                 // A new release is watched from its switch (a rollback's generation is not:
                 // there is nothing further back to go to).
                 if action == Action::Rollout

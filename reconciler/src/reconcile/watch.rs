@@ -3,10 +3,8 @@
 //! `rollback-automatic` event saying which replica and what its node saw; a watch whose window
 //! passed ends with `watch-passed`.
 
+use crate::store::rollbacks::WATCH;
 use crate::store::{Ledger, LedgerError};
-
-/// Who an automatic rollback's hold names.
-pub const WATCH: &str = "watch";
 
 impl Ledger {
     /// Rolls back every generation whose watch failed, and ends the watches that passed.

@@ -21,6 +21,7 @@ pub mod kept;
 mod lease;
 pub mod mesh;
 pub mod moves;
+pub mod outbox;
 pub mod placement;
 mod revisions;
 pub mod rewrites;

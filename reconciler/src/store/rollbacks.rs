@@ -11,6 +11,9 @@ use sqlx::FromRow;
 use state_schema::deployment::DeploymentSpec;
 use state_schema::generations::{self, Action, Current, RollbackAsk, RollbackRefusal, Status};
 
+/// Who an automatic rollback's hold names (a release that failed its watch).
+pub const WATCH: &str = "watch";
+
 /// A rollback's hold on an environment, as the `deployments.hold` column keeps it (JSON).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
