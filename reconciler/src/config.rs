@@ -877,6 +877,50 @@ mod tests {
         assert_eq!(c.source.preview_branches, ["feature/*", "fix/*"]);
     }
 
+    #[test]
+    fn the_forge_and_hooks_are_checked_before_anything_is_sent() {
+        let text = include_str!("../../examples/reconciler/reconciler.toml").replace(
+            "0000000000000000000000000000000000000000000000000000000000000000",
+            &crate::auth::new_token().expect("random").1,
+        );
+        // The example's commented sections, turned on, check.
+        let on = text
+            .replace("# [forge]", "[forge]")
+            .replace("# kind = \"github\"", "kind = \"github\"")
+            .replace("# api = \"https://api.github.com\"", "api = \"https://api.github.com\"")
+            .replace("# repository = ", "repository = ")
+            .replace("# token_file = ", "token_file = ")
+            .replace("# [[hooks]]", "[[hooks]]")
+            .replace("# url = \"https://hooks", "url = \"https://hooks")
+            .replace("# secret_file = ", "secret_file = ")
+            .replace("# events = ", "events = ");
+        let path = Path::new("reconciler.toml");
+        let c = Config::parse(path, &on).expect("parses");
+        assert!(c.check(path).is_ok(), "{:?}", c.check(path).err());
+        assert_eq!(
+            (c.forge.as_ref().map(|f| f.context.as_str()), c.hooks.len()),
+            (Some("pushleft"), 1)
+        );
+        for (from, to, why) in [
+            ("kind = \"github\"", "kind = \"bitbucket\"", "forge.kind"),
+            (
+                "api = \"https://api.github.com\"",
+                "api = \"http://api.github.com\"",
+                "forge.api",
+            ),
+            ("url = \"https://hooks", "url = \"http://hooks", "hooks[0].url"),
+            ("\"rollback-automatic\"]", "\"everything\"]", "hooks[0].events"),
+        ] {
+            let bad = on.replace(from, to);
+            assert_ne!(bad, on);
+            let e = Config::parse(path, &bad)
+                .expect("parses")
+                .check(path)
+                .expect_err("refused");
+            assert!(e.to_string().contains(why), "{e}");
+        }
+    }
+
     /// No example or document may carry the hash of a token someone could guess: whoever
     /// copies it would grant that role to anyone.
     #[test]

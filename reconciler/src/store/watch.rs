@@ -56,6 +56,16 @@ impl Ledger {
         observed: &[agent_proto::RunningInstance],
         at_ms: i64,
     ) -> Result<bool, LedgerError> {
+        if self.watching.load(Ordering::Relaxed) == i64::MAX {
+            // The first heartbeat since the daemon started: what the ledger has under watch.
+            let left: Option<i64> =
+                sqlx::query_scalar(self.sql("SELECT MAX(watch_until) FROM deployments WHERE watch_until > 0"))
+                    .fetch_one(&self.pool)
+                    .await?;
+            let _ = self
+                .watching
+                .compare_exchange(i64::MAX, left.unwrap_or(0), Ordering::Relaxed, Ordering::Relaxed);
+        }
         if at_ms >= self.watching.load(Ordering::Relaxed) {
             return Ok(false);
         }
