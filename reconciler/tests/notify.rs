@@ -6,6 +6,8 @@
 //! order; a webhook receiver that is down and then up receives every event once, in order,
 //! signed; a receiver that refuses for good leaves a dead letter with its reason.
 
+#[path = "support/converge.rs"]
+mod converge_support;
 #[path = "support/dump.rs"]
 mod dump;
 #[path = "support/postgres.rs"]
@@ -13,10 +15,11 @@ mod postgres_support;
 #[path = "support/repo.rs"]
 mod repo_support;
 
+use converge_support::converge;
 use dump::rows;
 use reconciler::notify::{self, Targets};
 use reconciler::reconcile::Reconciler;
-use reconciler::store::{Completion, Ledger, Outcome, now_ms};
+use reconciler::store::{Ledger, now_ms};
 use repo_support::{Repo, environment};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
@@ -234,25 +237,6 @@ fn project(digest: char) -> String {
     format!(
         "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: registry.example.invalid/api@sha256:{d}\n  roles:\n    web: {{kind: web, port: 8080, health: {{path: /healthz}}, replicas: 1}}\n"
     )
-}
-
-async fn converge(shared: &Arc<Reconciler>) {
-    for _ in 0..20 {
-        shared.pass().await.expect("pass");
-        let leases = shared.ledger.lease("n1", 100, 30_000, now_ms()).await.expect("lease");
-        if leases.is_empty() {
-            return;
-        }
-        let done: Vec<Completion> = leases
-            .iter()
-            .map(|l| Completion {
-                token: l.token.clone(),
-                outcome: Outcome::Succeeded,
-            })
-            .collect();
-        shared.ledger.complete(&done, now_ms()).await.expect("complete");
-    }
-    panic!("did not converge");
 }
 
 /// Collects and delivers until every row is delivered or dead, or `within` passed.

@@ -4,6 +4,8 @@
 //! a commit that leaves it alone, and the hold ends when a commit changes it or an operator
 //! releases it (the environment goes back to what Git says without a new commit).
 
+#[path = "support/converge.rs"]
+mod converge_support;
 #[path = "support/dump.rs"]
 mod dump;
 #[path = "support/postgres.rs"]
@@ -11,10 +13,11 @@ mod postgres_support;
 #[path = "support/repo.rs"]
 mod repo_support;
 
+use converge_support::converge;
 use dump::rows;
 use reconciler::reconcile::Reconciler;
 use reconciler::store::rollbacks::Refusal;
-use reconciler::store::{Completion, Ledger, Outcome, now_ms};
+use reconciler::store::{Ledger, now_ms};
 use repo_support::{Repo, environment};
 use state_schema::generations::RollbackRefusal;
 use std::path::Path;
@@ -59,33 +62,6 @@ fn watched(digest: char, replicas: u32, extra: &str) -> String {
 }
 
 /// Runs passes, leasing and succeeding every job, until nothing more is queued.
-async fn converge(shared: &Arc<Reconciler>) {
-    for _ in 0..20 {
-        shared.pass().await.expect("pass");
-        let leases = shared.ledger.lease("n1", 100, 30_000, now_ms()).await.expect("lease");
-        if leases.is_empty() {
-            return;
-        }
-        let done: Vec<Completion> = leases
-            .iter()
-            .map(|l| Completion {
-                token: l.token.clone(),
-                outcome: Outcome::Succeeded,
-            })
-            .collect();
-        assert!(
-            shared
-                .ledger
-                .complete(&done, now_ms())
-                .await
-                .expect("complete")
-                .iter()
-                .all(|r| r.is_ok())
-        );
-    }
-    panic!("did not converge in 20 passes");
-}
-
 async fn deployment(url: &str) -> String {
     rows(url, "SELECT generation, status, previous_generation FROM deployments")
         .await
