@@ -278,6 +278,11 @@ pub struct ApplicationSpec {
     /// The environment's volumes it mounts; absent for a role without any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<VolumeMount>,
+    /// A rollback's replica: the previous release's container (by name) kept on the node. The
+    /// agent resumes it (paused: thawed; stopped: started again) instead of making `container`,
+    /// and it serves as this generation's; made afresh when it is gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<String>,
 }
 
 /// One volume of the environment, mounted read-write at `path`. The agent names it

@@ -28,6 +28,7 @@ const FILE_BYTES: usize = 16 << 20;
 
 fn replica(image: &str, net: &NetworkSpec) -> ApplicationSpec {
     ApplicationSpec {
+        resume: None,
         command: [
             "/bin/sh",
             "-c",

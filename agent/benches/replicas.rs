@@ -29,6 +29,7 @@ const ENV: &str = "plbench-replicas";
 
 fn app(image: &str, instance: u32, generation: u64, net: &NetworkSpec) -> ApplicationSpec {
     ApplicationSpec {
+        resume: None,
         deployment: "web".into(),
         spec_hash: format!("bench-g{generation}"),
         cpu_millis: 100,
@@ -236,7 +237,8 @@ fn switch(
     ingress
         .publish("web", "bench.localhost", 2, &[dial(&g2)], None)
         .expect("publish g2");
-    rt.block_on(engine.stop_older(ENV, "web", 0, 2)).expect("g1 stopped");
+    rt.block_on(engine.stop_older(ENV, "web", 0, 2, true))
+        .expect("g1 kept for a rollback");
     let took = started.elapsed();
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);

@@ -50,6 +50,10 @@ pub struct Config {
     /// How often what the agent made is checked for drift and repaired (1 to 30 s).
     #[serde(default = "default_drift")]
     pub drift_seconds: u64,
+    /// How long after a switch the previous generation's web replicas stay paused, so a
+    /// rollback resumes them in milliseconds (0: stopped at once; at most a day).
+    #[serde(default = "default_rollback_window")]
+    pub rollback_window_seconds: u64,
     /// Caddy's admin API, for ingress: a unix socket (`unix//<path>`) in a folder closed to
     /// other users. A TCP address is refused (every local user could reach it).
     #[serde(default = "default_caddy")]
@@ -149,6 +153,10 @@ fn default_drift() -> u64 {
     10
 }
 
+fn default_rollback_window() -> u64 {
+    crate::docker::resume::ROLLBACK_WINDOW.as_secs()
+}
+
 fn default_executors() -> Vec<Capability> {
     Capability::ALL.to_vec()
 }
@@ -201,6 +209,10 @@ impl Config {
         );
         anyhow::ensure!(c.control.starts_with("https://"), "control must be an https:// URL");
         anyhow::ensure!((1..=30).contains(&c.drift_seconds), "drift_seconds must be 1 to 30");
+        anyhow::ensure!(
+            c.rollback_window_seconds <= 86_400,
+            "rollback_window_seconds must be 0 to 86400"
+        );
         if c.executors.contains(&Capability::Ingress) {
             let admin = crate::caddy_admin::Admin::parse(&c.caddy_admin).map_err(anyhow::Error::msg)?;
             // A folder that exists and lets others in is refused now; one Caddy has not made
@@ -279,6 +291,17 @@ impl Executors {
             // an apply that raced a write, heals within a round).
             self.names.forget_pushed();
             self.names.refresh(&self.engine).await;
+            // Memory: the previous generations' replicas paused past the rollback window.
+            match self.engine.expire_paused().await {
+                Ok(stopped) if !stopped.is_empty() => {
+                    tracing::info!(
+                        containers = stopped.len(),
+                        "stopped replicas kept past the rollback window"
+                    )
+                }
+                Ok(_) => {}
+                Err(f) => tracing::warn!(code = f.code, "cannot stop replicas kept for a rollback"),
+            }
             // Disk: images this agent pulled that nothing uses any more.
             match self.engine.collect_images().await {
                 Ok(removed) if !removed.is_empty() => tracing::info!(images = removed.len(), "removed unused images"),
@@ -428,8 +451,9 @@ async fn run_task(x: &Executors, job: &LeasedJob) -> Result<String, Failure> {
         }
         (Task::EnsureApplication { .. }, Execution::Application(app)) => {
             let note = engine.ensure_application(app).await?;
-            // Healthy: its role's name may stand for it now (the refresh after the task).
-            x.names.judge(&app.container);
+            // Healthy: its role's name may stand for it now (the refresh after the task); a
+            // rollback's resumed container stands for it under its own name.
+            x.names.judge(&engine.serving(&app.container));
             Ok(note)
         }
         (Task::RunOnce { .. } | Task::RunCron { .. }, Execution::Application(app)) => {
@@ -445,7 +469,7 @@ async fn run_task(x: &Executors, job: &LeasedJob) -> Result<String, Failure> {
             _,
         ) => {
             withdraw_names(x, environment, role, *instance, *generation, true).await?;
-            engine.stop_older(environment, role, *instance, *generation).await
+            engine.stop_older(environment, role, *instance, *generation, true).await
         }
         (
             Task::TeardownApplication {
@@ -478,7 +502,9 @@ async fn run_task(x: &Executors, job: &LeasedJob) -> Result<String, Failure> {
             // network.
             let mut dials = Vec::new();
             for u in &spec.upstreams {
-                if let Some(ip) = engine.address(&u.container, &spec.network.network).await {
+                // A rollback's replica may be a resumed container of the previous release.
+                let container = engine.serving(&u.container);
+                if let Some(ip) = engine.address(&container, &spec.network.network).await {
                     dials.push(format!("{ip}:{}", u.port));
                 }
             }
@@ -592,7 +618,8 @@ pub async fn run(config: Config) -> Result<()> {
         )
         .await
         .with_context(|| format!("Docker at {}", config.docker_socket.display()))?
-        .with_registry_auth(config.registry_auth.clone()),
+        .with_registry_auth(config.registry_auth.clone())
+        .with_rollback_window(Duration::from_secs(config.rollback_window_seconds)),
         firewall: Arc::clone(&firewall),
         mesh: Arc::new(crate::mesh::Mesh {
             control_plane: control_plane.clone(),

@@ -23,6 +23,7 @@ use std::time::Duration;
 
 fn replica(env: &str, image: &str, net: &NetworkSpec) -> ApplicationSpec {
     ApplicationSpec {
+        resume: None,
         command: [
             "/bin/sh",
             "-c",

@@ -128,6 +128,7 @@ fn application_is_adopted_after_a_kill(dir: &Path) {
     support::runtime().block_on(async { engine(dir).await.ensure_network(&net).await.expect("network") });
     // Healthy only after 3 s (the server starts late): the child is killed while it waits.
     let spec = ApplicationSpec {
+        resume: None,
         deployment: "web".into(),
         spec_hash: "crash-g1".into(),
         command: [

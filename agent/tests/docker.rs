@@ -21,6 +21,7 @@ const PLAINTEXT: &str = "postgres://app:s3cret-in-a-file@db/app";
 
 fn app(env: &str, image: &str, generation: u64, net: &NetworkSpec) -> ApplicationSpec {
     ApplicationSpec {
+        resume: None,
         deployment: "web".into(),
         spec_hash: format!("hash-g{generation}"),
         env: [("LOG_LEVEL".to_owned(), "info".to_owned())].into(),
@@ -215,7 +216,7 @@ fn docker_executors_adopt_repair_and_refuse() {
         // The old one stops once the new one is healthy.
         assert!(
             engine
-                .stop_older(&env, "web", 0, 2)
+                .stop_older(&env, "web", 0, 2, false)
                 .await
                 .expect("stop")
                 .contains("stopped")
@@ -612,6 +613,89 @@ fn pulls_from_a_registry_that_wants_credentials() {
         assert!(note.contains("created, healthy"), "{note}");
         allowed.teardown(&env, "web", 0, 1).await.expect("teardown");
         allowed.remove_network(&net.network).await.expect("network goes");
+    });
+    clean(&env);
+}
+
+/// A rollout's cleanup pauses the previous generation's web replica (kept for a rollback); a
+/// rollback's replica resumes it in place of a new container, serving as the rollback's
+/// generation (what the heartbeat reports, what the next cleanup spares), and the window's end
+/// stops what stays paused.
+#[test]
+fn a_previous_release_is_paused_and_a_rollback_resumes_it() {
+    require_dockerd();
+    let registry = Registry::start();
+    let image = registry.image("web", &[("/www/index.html", "one\n"), ("/www/healthz", "ok\n")]);
+    let env = "pltest-resume".to_owned();
+    clean(&env);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let identity = dir.path().join("age.key");
+    support::age_keygen(&identity);
+    let rt = support::runtime();
+    rt.block_on(async {
+        let engine = engine_at(dir.path(), "", support::TEST_CONTROL_PLANE, &identity)
+            .await
+            .with_rollback_window(Duration::from_secs(2));
+        let net = NetworkSpec {
+            environment: env.clone(),
+            network: format!("pl_{env}"),
+            subnet: "10.208.247.0/24".into(),
+        };
+        engine.ensure_network(&net).await.expect("network");
+        let state = |c: &str| inspect(c, "{{.State.Status}}");
+        let generation_of = |all: &[(String, std::collections::HashMap<String, String>, bool)], c: &str| {
+            all.iter()
+                .find(|(n, _, _)| n == c)
+                .and_then(|(_, l, _)| l.get("dev.pushleft.generation").cloned())
+        };
+        let (g1, g2) = (app(&env, &image, 1, &net), app(&env, &image, 2, &net));
+        engine.ensure_application(&g1).await.expect("g1");
+        engine.ensure_application(&g2).await.expect("g2");
+        let note = engine.stop_older(&env, "web", 0, 2, true).await.expect("cleanup");
+        assert!(note.contains("paused for a rollback"), "{note}");
+        assert_eq!(state(&g1.container), "paused");
+
+        // The rollback (generation 3 runs generation 1's spec): generation 1's container is
+        // thawed and serves; no container of generation 3 is made.
+        let mut g3 = app(&env, &image, 3, &net);
+        g3.spec_hash = g1.spec_hash.clone();
+        g3.resume = Some(g1.container.clone());
+        let started = std::time::Instant::now();
+        let note = engine.ensure_application(&g3).await.expect("resumed");
+        let took = started.elapsed();
+        assert!(note.contains("thawed as") && note.contains(&g3.container), "{note}");
+        assert!(took < Duration::from_secs(2), "a resume takes {took:?}");
+        assert_eq!(state(&g1.container), "running");
+        assert!(!docker_ok(&["inspect", &g3.container]), "nothing made for generation 3");
+        assert_eq!(engine.serving(&g3.container), g1.container);
+        let all = engine.ours(&[("dev.pushleft.environment", &env)]).await.expect("ours");
+        assert_eq!(
+            generation_of(&all, &g1.container).as_deref(),
+            Some("3"),
+            "it serves as generation 3"
+        );
+        // Replayed, it adopts what it resumed.
+        assert!(
+            engine
+                .ensure_application(&g3)
+                .await
+                .expect("again")
+                .contains("running as")
+        );
+        // The rollback's cleanup keeps generation 2 paused and spares the resumed one.
+        let note = engine.stop_older(&env, "web", 0, 3, true).await.expect("cleanup");
+        assert!(note.contains(&format!("{} paused", g2.container)), "{note}");
+        assert_eq!(state(&g1.container), "running");
+        // The window ends: the paused one is stopped by the drift round.
+        tokio::time::sleep(Duration::from_millis(2100)).await;
+        let stopped = engine.expire_paused().await.expect("expire");
+        assert!(stopped.contains(&g2.container), "{stopped:?}");
+        assert_eq!(state(&g2.container), "exited");
+        assert_eq!(state(&g1.container), "running", "the serving one is not touched");
+        // A teardown removes them all, and forgets what was resumed.
+        engine.teardown(&env, "web", 0, 3).await.expect("teardown");
+        assert!(!docker_ok(&["inspect", &g1.container]) && !docker_ok(&["inspect", &g2.container]));
+        assert_eq!(engine.serving(&g3.container), g3.container);
     });
     clean(&env);
 }

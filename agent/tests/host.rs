@@ -7,7 +7,7 @@
 //! second release, with the certificate due for renewal and the agent SIGKILLed (its whole
 //! process group) right after it started the new container: restarted, the agent adopts that
 //! very container (same id and start time), the new release answers with the renewed
-//! certificate, and the old generation is stopped. The machine's own nftables ruleset, rules
+//! certificate, and the old generation is kept paused for a rollback. The machine's own nftables ruleset, rules
 //! and routes are the same before and after. Between the roles, service names: the web replica
 //! resolves `cache` (and `cache.<environment>.internal`) to the worker's replica of the live
 //! generation through the environment's firewall, and reaches it at that address on the port
@@ -328,9 +328,9 @@ fn the_whole_loop_rolls_out_serves_and_survives_a_killed_agent() {
         let key = std::fs::read_to_string(s_dir.join("ingress-ca/ca.key")).expect("ca key");
         assert!(!std::fs::read_to_string(&log).unwrap_or_default().contains(key.lines().nth(1).unwrap_or("-")));
         assert_eq!(
-            host_support::docker_at(&socket, &["inspect", "--format", "{{.State.Running}}", &container(g1)]),
-            "false",
-            "the old generation is stopped"
+            host_support::docker_at(&socket, &["inspect", "--format", "{{.State.Status}}", &container(g1)]),
+            "paused",
+            "the old generation is kept paused for a rollback"
         );
         d.kill9();
         drop(procs);

@@ -178,7 +178,7 @@ fn roles_find_each_other_by_name_within_their_environment_only() {
             ask_tcp(&web.container, "10.208.241.1", &format!("db.{shop}.internal")),
             vec![db2_at]
         );
-        engine.stop_older(&shop, "db", 0, 2).await.expect("stop g1");
+        engine.stop_older(&shop, "db", 0, 2, false).await.expect("stop g1");
         names.refresh(&engine).await;
         assert_eq!(lookup(&web.container, "db", None), vec![db2_at]);
 

@@ -17,8 +17,9 @@
 //!   in no container configuration, ledger or log; without an identity that opens it `pl up`
 //!   refuses.
 //! - A second release with the agent SIGKILLed right after it started the new container: the
-//!   restarted agent adopts that container, the new release serves, the old one is stopped.
-//!   `pl rollback` brings the first release back with no failed request, held (`pl status`
+//!   restarted agent adopts that container, the new release serves.
+//!   The old generation is kept paused; `pl rollback` thaws it (nothing made or started) and
+//!   brings the first release back with no failed request, held (`pl status`
 //!   says it differs from Git, `pl up` of the same files keeps it, a second rollback is
 //!   refused with `rollback-held`) until `pl rollback --release`. A release with
 //!   `rollout.watchSeconds` whose health path stops answering after its switch is rolled back
@@ -320,7 +321,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         // Scale 1 to 3 and back, at the same generation, under a request loop: no request fails.
         let generation = || agent_support::sql(&ledger_url, "SELECT CAST(generation AS TEXT) FROM deployments WHERE environment = 'api-production'");
         let replicas = || {
-            docker(&socket, &["ps", "-q", "--filter", "label=dev.pushleft.environment=api-production"])
+            docker(&socket, &["ps", "-q", "--filter", "status=running", "--filter", "label=dev.pushleft.environment=api-production"])
                 .lines()
                 .count()
         };
@@ -376,12 +377,12 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         // Drift: a replica removed by hand (not just stopped) comes back at the same
         // generation within 30 s, routes published to its new container, with a
         // `drift-repaired` event; until then `pl status` says it is not running.
-        let removed = docker(&socket, &["ps", "-q", "--filter", "label=dev.pushleft.environment=api-production"]);
+        let removed = docker(&socket, &["ps", "-q", "--filter", "status=running", "--filter", "label=dev.pushleft.environment=api-production"]);
         let generation_before = generation();
         docker(&socket, &["rm", "-f", &removed]);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let now = docker(&socket, &["ps", "-q", "--filter", "label=dev.pushleft.environment=api-production"]);
+            let now = docker(&socket, &["ps", "-q", "--filter", "status=running", "--filter", "label=dev.pushleft.environment=api-production"]);
             if !now.is_empty() && now != removed && get(http, "api.example.com.localhost") == Some((200, "hello from pl up".into())) {
                 break;
             }
@@ -409,7 +410,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         let count_jobs = || agent_support::sql(&ledger, "SELECT CAST(COUNT(*) AS TEXT) FROM jobs");
         let jobs = count_jobs();
         let container = || {
-            let id = docker(&socket, &["ps", "-q", "--filter", "label=dev.pushleft.environment=api-production"]);
+            let id = docker(&socket, &["ps", "-q", "--filter", "status=running", "--filter", "label=dev.pushleft.environment=api-production"]);
             docker(&socket, &["inspect", "--format", "{{.Id}} {{.State.StartedAt}}", &id])
         };
         let serving = container();
@@ -526,7 +527,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
             &socket,
         );
         assert_eq!(code, 0, "with the identity: {out}\n{err}");
-        let id = docker(&socket, &["ps", "-q", "--filter", "label=dev.pushleft.environment=api-production"]);
+        let id = docker(&socket, &["ps", "-q", "--filter", "status=running", "--filter", "label=dev.pushleft.environment=api-production"]);
         assert_eq!(docker(&socket, &["exec", &id, "/bin/busybox", "cat", "/run/secrets/TOKEN"]), value);
         let inspected = docker(&socket, &["inspect", &id]);
         assert!(!inspected.contains(value), "not in the container's configuration");
@@ -585,7 +586,11 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         assert_eq!(attempts(), [(before + 1).to_string()], "replayed once after the crash");
         assert_eq!(get(http, "api.example.com.localhost"), Some((200, "release two".into())));
         let old = format!("pl_{cp}_api-production_web_0_g{generation_now}");
-        assert_ne!(inner(&["inspect", "--format", "{{.State.Running}}", &old]), "true", "the old generation stopped");
+        assert_eq!(
+            inner(&["inspect", "--format", "{{.State.Status}}", &old]),
+            "paused",
+            "the old generation kept paused for a rollback"
+        );
 
         // `pl rollback`: release one back under a request loop (none fails), held: `pl status`
         // says it differs from Git, `pl up` of the same files keeps it, a second rollback is
@@ -601,6 +606,14 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         );
         let (failed, served) = load.finish();
         assert_eq!(failed, 0, "requests failed during the rollback ({served} served)");
+        // Release one's container was kept paused by the cleanup, and the rollback thawed it:
+        // nothing was made or started.
+        let rollback_container = format!("pl_{cp}_api-production_web_0_g{}", generation_now + 2);
+        assert!(
+            inner(&["ps", "-aq", "--filter", &format!("name=^{rollback_container}$")]).is_empty(),
+            "no container made for the rollback's generation"
+        );
+        assert_eq!(inner(&["inspect", "--format", "{{.State.Status}}", &old]), "running");
         assert_eq!(
             agent_support::sql(&ledger_url, "SELECT kind FROM events WHERE kind LIKE 'rollback-%' OR kind = 'deployment-rollback' ORDER BY id"),
             ["rollback-asked", "deployment-rollback"]
@@ -679,7 +692,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         assert!(out.contains("api | Step 1/3 : FROM scratch"), "the build's output: {out}");
         assert_eq!(get(http, "api.example.com.localhost"), Some((200, "built locally".into())));
         assert_eq!(std::fs::read(repo_dir.join("projects/api.yaml")).expect("read"), project_file, "the Git file untouched");
-        let id = docker(&socket, &["ps", "-q", "--filter", "label=dev.pushleft.environment=api-production"]);
+        let id = docker(&socket, &["ps", "-q", "--filter", "status=running", "--filter", "label=dev.pushleft.environment=api-production"]);
         let running = docker(&socket, &["inspect", "--format", "{{.Config.Image}}", &id]);
         assert!(running.contains("/pl-build/api@sha256:"), "pinned by digest: {running}");
         // A failed build: exit 1 with the failing step's output; the live release serves on.
@@ -710,7 +723,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         let release = generation();
         assert!(state.join("agents/n2/agent.pid").exists(), "n2's agent runs");
         let on_node = |node: &str| {
-            docker(&socket, &["ps", "-q", "--filter", "label=dev.pushleft.environment=api-production", "--filter", &format!("label=dev.pushleft.node={node}")])
+            docker(&socket, &["ps", "-q", "--filter", "status=running", "--filter", "label=dev.pushleft.environment=api-production", "--filter", &format!("label=dev.pushleft.node={node}")])
         };
         let leaving = on_node("n1");
         assert!(!leaving.is_empty() && on_node("n2").is_empty(), "nothing moves while n1 is fine");
@@ -1507,7 +1520,14 @@ fn volumes_keep_their_data_across_releases_kills_and_down_up_until_removed() {
         // SIGKILL of the container: drift starts it again, on the same volume.
         let container = docker(
             &socket,
-            &["ps", "-q", "--filter", "label=dev.pushleft.environment=api-production"],
+            &[
+                "ps",
+                "-q",
+                "--filter",
+                "status=running",
+                "--filter",
+                "label=dev.pushleft.environment=api-production",
+            ],
         );
         assert_eq!(container.lines().count(), 1, "one writer: {container}");
         docker(&socket, &["kill", "--signal", "KILL", &container]);

@@ -112,6 +112,12 @@ impl Engine {
                 ));
             }
         }
+        // A rollback's replica: the previous release's container, kept paused, stands in.
+        if let Some(from) = &app.resume
+            && let Some(note) = self.resume(app, from).await?
+        {
+            return Ok(note);
+        }
         let existing = match self.docker.inspect_container(&app.container, None).await {
             Ok(c) => Some(c),
             Err(e) if not_found(&e) => None,
@@ -150,7 +156,7 @@ impl Engine {
             if !app.volumes.is_empty()
                 && let Some(instance) = app.instance
             {
-                self.stop_older(&app.environment, &app.role, instance, app.generation)
+                self.stop_older(&app.environment, &app.role, instance, app.generation, false)
                     .await?;
             }
             self.docker
@@ -216,7 +222,7 @@ impl Engine {
     /// say) could no longer write its socket or lock files after a crash. Only a container
     /// that ran and ended (exited, dead) is made again: one just created (an ensure is about
     /// to start it) or paused (a backup reads its volume) is left alone. Whether it was.
-    async fn recreate(&self, name: &str) -> Result<bool, Failure> {
+    pub(super) async fn recreate(&self, name: &str) -> Result<bool, Failure> {
         use bollard::models::ContainerStateStatusEnum as Status;
         let c = self
             .docker
@@ -354,6 +360,7 @@ impl Engine {
     /// Removes a container of ours (and its secret files); gone already is fine.
     pub(super) async fn remove(&self, container: &str) -> Result<(), Failure> {
         self.remove_keeping_secrets(container).await?;
+        self.forget_resumed(container);
         let dir = self.secrets_dir.join(container);
         if dir.starts_with(&self.secrets_dir) && dir != self.secrets_dir {
             let _ = std::fs::remove_dir_all(&dir);
@@ -404,12 +411,15 @@ impl Engine {
             .collect())
     }
 
+    /// With `keep` (a rollout's cleanup), the generation just before `generation` is kept for
+    /// a rollback: its running web replicas are paused for the rollback window, not stopped.
     pub async fn stop_older(
         &self,
         environment: &str,
         role: &str,
         instance: u32,
         generation: u64,
+        keep: bool,
     ) -> Result<String, Failure> {
         let instance = instance.to_string();
         let mut done = Vec::new();
@@ -424,6 +434,8 @@ impl Engine {
             if g + 1 < generation {
                 self.remove(&name).await?;
                 done.push(format!("{name} removed"));
+            } else if running && keep && self.keep_paused(&name, &labels).await? {
+                done.push(format!("{name} paused for a rollback"));
             } else if running {
                 match self
                     .docker

@@ -14,6 +14,7 @@ pub mod drill;
 mod image;
 mod load;
 mod network;
+pub mod resume;
 mod secrets;
 mod volume;
 
@@ -93,6 +94,13 @@ pub struct Engine {
     unused_image_grace: std::time::Duration,
     /// When each pulled image was first seen unused (forgotten when it is used again).
     unused_since: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+    /// Containers resumed by a rollback, and the generation each serves (`resume.rs`).
+    resumed: std::sync::Mutex<Option<HashMap<String, resume::Resumed>>>,
+    /// When this agent paused each previous generation's web replica (`resume.rs`).
+    paused_at: std::sync::Mutex<HashMap<String, Instant>>,
+    /// How long a previous generation's web replicas stay paused for a rollback (zero: stopped
+    /// at once).
+    rollback_window: Duration,
 }
 
 /// How long an unused pulled image is kept: Nomad's `image_delay` default (3 minutes).
@@ -172,7 +180,17 @@ impl Engine {
             registry_auth: std::collections::BTreeMap::new(),
             unused_image_grace: UNUSED_IMAGE_GRACE,
             unused_since: std::sync::Mutex::default(),
+            resumed: std::sync::Mutex::default(),
+            paused_at: std::sync::Mutex::default(),
+            rollback_window: resume::ROLLBACK_WINDOW,
         })
+    }
+
+    /// Keeps the previous generation's web replicas paused this long after a switch (zero:
+    /// stopped at once).
+    pub fn with_rollback_window(mut self, window: Duration) -> Engine {
+        self.rollback_window = window;
+        self
     }
 
     /// Keeps unused pulled images this long (tests: zero).
@@ -201,10 +219,7 @@ impl Engine {
     }
 
     /// Containers of ours with every label in `filter`, with their labels and state.
-    pub(crate) async fn ours(
-        &self,
-        filter: &[(&str, &str)],
-    ) -> Result<Vec<(String, HashMap<String, String>, bool)>, Failure> {
+    pub async fn ours(&self, filter: &[(&str, &str)]) -> Result<Vec<(String, HashMap<String, String>, bool)>, Failure> {
         let filters = self.our_filter(filter);
         let list = self
             .docker
@@ -216,6 +231,7 @@ impl Engine {
             ))
             .await
             .map_err(|e| docker("docker-unavailable", e))?;
+        let resumed = self.resumed();
         Ok(list
             .into_iter()
             .map(|c| {
@@ -226,7 +242,12 @@ impl Engine {
                     .trim_start_matches('/')
                     .to_owned();
                 let running = matches!(c.state, Some(bollard::models::ContainerSummaryStateEnum::RUNNING));
-                (name, c.labels.unwrap_or_default(), running)
+                let mut labels = c.labels.unwrap_or_default();
+                // A container a rollback resumed serves that rollback's generation.
+                if let Some(r) = resumed.get(&name) {
+                    labels.insert(GENERATION.to_owned(), r.generation.to_string());
+                }
+                (name, labels, running)
             })
             .collect())
     }

@@ -21,6 +21,7 @@ pub fn web_replica(
     net: &agent_proto::NetworkSpec,
 ) -> agent_proto::ApplicationSpec {
     agent_proto::ApplicationSpec {
+        resume: None,
         environment: env.into(),
         deployment: env.into(),
         role: role.into(),

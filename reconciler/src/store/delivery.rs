@@ -65,6 +65,28 @@ impl Ledger {
         Ok(out)
     }
 
+    /// Environments whose current generation is a rollback's: (that generation, the
+    /// generation whose containers its replicas resume).
+    async fn resumes_for(&self, envs: &BTreeSet<String>) -> Result<BTreeMap<String, (u64, u64)>, LedgerError> {
+        let mut out = BTreeMap::new();
+        for env in envs {
+            let hold: Option<String> =
+                sqlx::query_scalar(self.sql("SELECT hold FROM deployments WHERE environment = ? AND hold <> ''"))
+                    .bind(env)
+                    .fetch_optional(&self.pool)
+                    .await?;
+            if let Some(h) = hold
+                .as_deref()
+                .map(super::rollbacks::Hold::parse)
+                .transpose()?
+                .flatten()
+            {
+                out.insert(env.clone(), (h.generation, h.to));
+            }
+        }
+        Ok(out)
+    }
+
     async fn subnets_of(&self, node: &str, envs: &BTreeSet<String>) -> Result<BTreeMap<String, String>, LedgerError> {
         let mut out = BTreeMap::new();
         for env in envs {
@@ -158,6 +180,7 @@ impl Ledger {
             }
         }
         let specs = self.specs_for(&need_spec).await?;
+        let resumes = self.resumes_for(&need_spec).await?;
         let subnets = self.subnets_of(node, &need_subnet).await?;
         let recipient: Option<String> = if need_spec.is_empty() {
             None
@@ -259,16 +282,25 @@ impl Ledger {
                     spec_hash,
                     ..
                 } => {
-                    self.application(
-                        node,
-                        recipient.as_deref(),
-                        spec_of(*generation),
-                        network(),
-                        (role.as_str(), Some(*instance), *generation, spec_hash.as_str()),
-                        control,
-                        now_ms,
-                    )
-                    .await?
+                    let mut built = self
+                        .application(
+                            node,
+                            recipient.as_deref(),
+                            spec_of(*generation),
+                            network(),
+                            (role.as_str(), Some(*instance), *generation, spec_hash.as_str()),
+                            control,
+                            now_ms,
+                        )
+                        .await?;
+                    // A rollback's replica resumes the previous release's container, kept
+                    // paused on its node (made afresh when it is gone).
+                    if let (Ok(Execution::Application(a)), Some((g, to))) = (&mut built, resumes.get(&env))
+                        && *g == *generation
+                    {
+                        a.resume = Some(container_name(&cp, &env, role.as_str(), Some(*instance), *to));
+                    }
+                    built
                 }
                 Task::BackupVolume { volume, .. } | Task::RestoreVolume { volume, .. } => {
                     // Whatever generation is current: a backup queued before a rollout saves
@@ -577,6 +609,7 @@ impl Ledger {
             })
             .collect();
         Ok(Ok(Execution::Application(Box::new(ApplicationSpec {
+            resume: None,
             log_max_bytes,
             log_max_files,
             container: container_name(&self.control_plane().await?, &environment, role, instance, generation),
