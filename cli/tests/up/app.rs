@@ -192,6 +192,8 @@ fn the_example_app_keeps_its_rows_in_postgresql_through_releases_kills_down_up_a
                     "ps",
                     "-q",
                     "--filter",
+                    "status=running",
+                    "--filter",
                     &format!("label=dev.pushleft.environment={env}"),
                     "--filter",
                     &format!("label=dev.pushleft.role={role}"),
