@@ -125,6 +125,7 @@ pub fn plan(args: &PlanArgs, fleet: Option<&crate::operator::ServerArgs>, paint:
     let mut plan = state_schema::plan::plan_scoped(&base_state.state, &head_state.state, scope);
     if let Some(snapshot) = &snapshot {
         plan.consequences.replacements = state_schema::replacement::preview(snapshot, &head_state.state);
+        plan.consequences.held = snapshot.held.clone();
     }
     match format {
         PlanFormat::Text => out(&render::plan_text::render(&plan, &header, paint))?,

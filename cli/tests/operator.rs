@@ -349,6 +349,21 @@ fn plan_with_a_live_fleet_shows_the_re_placements_the_daemon_would_make() {
     assert_eq!(moves[0]["from"], "n2", "{v}");
     assert_eq!(moves[0]["to"], "n1", "{v}");
     assert_eq!(moves[0]["newGeneration"], true, "{v}");
+    // An environment a rollback holds: the plan on the live fleet says it differs from Git.
+    daemon_support::execute(
+        &url,
+        r#"UPDATE deployments SET hold = '{"by":"ops","atMs":1,"from":1,"to":1,"generation":1,"gitHash":"x"}' WHERE environment = 'api-production'"#,
+    );
+    let o = plan(&["--fleet"]);
+    assert!(
+        stdout(&o).contains("environment api-production is held by a rollback (ops) at generation 1")
+            && stdout(&o).contains("it differs from Git"),
+        "{}",
+        stdout(&o)
+    );
+    let o = plan(&["--fleet", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
+    assert_eq!(v["consequences"]["held"][0]["by"], "ops", "{v}");
     // Without --fleet the plan asks no control plane and shows no live moves.
     let o = plan(&[]);
     assert!(o.status.success(), "{}", stderr(&o));

@@ -54,6 +54,10 @@ pub struct Consequences {
     /// With a live fleet (`pl plan --fleet`): the replicas re-placement would move on it.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub replacements: Vec<crate::replacement::Move>,
+    /// With a live fleet: environments a rollback holds away from Git (not a change of this
+    /// plan; a change of such an environment ends its hold).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<crate::replacement::Held>,
 }
 
 impl Consequences {

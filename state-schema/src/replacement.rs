@@ -46,6 +46,23 @@ pub struct Snapshot {
     /// Where roles with volumes have their data (absent from an older control plane's).
     #[serde(default)]
     pub pins: Vec<Pin>,
+    /// Environments a rollback holds away from Git (absent from an older control plane's).
+    #[serde(default)]
+    pub held: Vec<Held>,
+}
+
+/// An environment a rollback holds at an older release: it differs from what Git says until a
+/// commit changes it or an operator releases it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Held {
+    pub environment: String,
+    /// The rollback's generation.
+    pub generation: u64,
+    /// The generation whose release it runs again.
+    pub to: u64,
+    /// Who asked (an operator token's name, or `watch` for a release's failed watch).
+    pub by: String,
 }
 
 /// The fleet `pools`' nodes form with what was seen of them at `now_ms`, holding what
@@ -333,6 +350,7 @@ mod tests {
         assert_eq!(nodes_of(&spec), ["web/0@n1", "web/1@n2", "web/2@n1"]);
         let mut snapshot = Snapshot {
             pins: Vec::new(),
+            held: Vec::new(),
             at_ms: 1_000_000,
             lost_after_ms: 300_000,
             nodes: BTreeMap::from([

@@ -131,5 +131,14 @@ pub fn consequence_lines(c: &Consequences) -> Vec<(char, String)> {
             (None, None) => ('!', format!("{replica} still waits (live fleet)")),
         }
     }));
+    out.extend(c.held.iter().map(|h| {
+        (
+            '!',
+            format!(
+                "environment {} is held by a rollback ({}) at generation {}, generation {}'s release: it differs from Git until a commit changes it or `pl rollback --release {}` (live fleet)",
+                h.environment, h.by, h.generation, h.to, h.environment
+            ),
+        )
+    }));
     out
 }

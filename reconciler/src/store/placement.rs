@@ -147,7 +147,28 @@ impl Ledger {
             nodes: seen_nodes(&self.seen_nodes().await?),
             running: self.running().await?,
             pins: self.volume_pins().await?,
+            held: self.held_environments().await?,
         })
+    }
+
+    /// Environments a rollback holds, for the snapshot.
+    async fn held_environments(&self) -> Result<Vec<state_schema::replacement::Held>, LedgerError> {
+        let rows: Vec<(String, String)> =
+            sqlx::query_as(self.sql("SELECT environment, hold FROM deployments WHERE hold <> '' ORDER BY environment"))
+                .fetch_all(&self.pool)
+                .await?;
+        let mut out = Vec::new();
+        for (environment, hold) in rows {
+            if let Some(h) = super::rollbacks::Hold::parse(&hold)?.filter(|h| !h.released) {
+                out.push(state_schema::replacement::Held {
+                    environment,
+                    generation: h.generation,
+                    to: h.to,
+                    by: h.by,
+                });
+            }
+        }
+        Ok(out)
     }
 
     /// The hashes of the applied branch's node pool documents, by name.

@@ -331,3 +331,25 @@ pub fn nodes_up(url: &str, nodes: &[&str]) {
 
 /// A valid age recipient for nodes the tests mark up.
 pub const TEST_RECIPIENT: &str = "age1yps55uerg0zakklqmyf0lmwnc25htzz0zpz9j9paepqrty8d9a3q6xx2ul";
+
+/// Runs one statement on the ledger at `url` (a test's way to set what no API sets directly).
+pub fn execute(url: &str, statement: &str) {
+    let (url, statement) = (url.to_owned(), statement.to_owned());
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            sqlx::any::install_default_drivers();
+            let pool = sqlx::AnyPool::connect(&url).await.expect("connect");
+            sqlx::query(sqlx::AssertSqlSafe(statement))
+                .execute(&pool)
+                .await
+                .expect("statement");
+            pool.close().await;
+        });
+    })
+    .join()
+    .expect("statement ran");
+}
