@@ -271,6 +271,43 @@ async fn scenario(url: String, dir: &Path) {
         ["0"],
         "a rollback's generation is not watched"
     );
+
+    // Released when the commit in force is no longer trusted (its signer gone from the
+    // allowed signers): nothing is planned, the hold ends once with why, and the passes after
+    // do not judge it again.
+    shared
+        .ledger
+        .release_rollback(env, "ops", now_ms())
+        .await
+        .expect("release")
+        .expect("held");
+    let stranger = repo_support::new_key(&dir.join("stranger"));
+    std::fs::write(dir.join("allowed_signers"), format!("someone-else {stranger}")).expect("signers");
+    let distrusting = Arc::new(
+        Reconciler::new(
+            Arc::new(crate_config(dir, &repo.dir, &url)),
+            Arc::clone(&shared.ledger),
+            Arc::default(),
+        )
+        .expect("reconciler"),
+    );
+    distrusting.pass().await.expect("pass");
+    distrusting.pass().await.expect("pass");
+    assert_eq!(
+        deployment(&url).await,
+        "9|done|8",
+        "nothing planned from an untrusted commit"
+    );
+    assert_eq!(rows(&url, "SELECT hold FROM deployments").await, [""]);
+    let ended = events(&url, "rollback-hold-ended").await;
+    assert_eq!(
+        ended
+            .iter()
+            .filter(|e| e.contains("not accepted when judged again"))
+            .count(),
+        1,
+        "{ended:?}"
+    );
 }
 
 fn crate_config(dir: &Path, repo: &Path, url: &str) -> reconciler::config::Config {

@@ -132,6 +132,11 @@ impl Reconciler {
             })
             .await
             .map_err(|e| DaemonError::Join(e.to_string()))??;
+            if !judgement.accepted() {
+                let why: Vec<&str> = judgement.reasons.iter().map(|r| r.code.as_str()).collect();
+                self.ledger.end_released(&branch, &why.join(", "), now_ms()).await?;
+                continue;
+            }
             let applied = self.ledger.replan(&branch, preview, &mut judgement, now_ms()).await?;
             moved += applied.rollouts.len() + applied.scales.len();
         }

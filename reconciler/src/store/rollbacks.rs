@@ -199,6 +199,22 @@ impl Ledger {
         Ok(Ok(hold))
     }
 
+    /// Ends `branch`'s released holds whose commit in force is no longer accepted when judged
+    /// again (a key window closed, say): nothing is planned, and the pass stops trying until a
+    /// new accepted commit decides the environments.
+    pub async fn end_released(&self, branch: &str, why: &str, now_ms: i64) -> Result<usize, LedgerError> {
+        let mut tx = self.write_tx().await?;
+        let held = self.holds_of(&mut tx, branch).await?;
+        let released: Vec<&String> = held.iter().filter(|(_, h)| h.released).map(|(e, _)| e).collect();
+        for env in &released {
+            self.set_hold(&mut tx, env, "").await?;
+            let detail = format!("released; the commit in force is not accepted when judged again: {why}");
+            self.event(&mut tx, now_ms, "rollback-hold-ended", env, &detail).await?;
+        }
+        tx.commit().await?;
+        Ok(released.len())
+    }
+
     async fn rollback_row(
         &self,
         tx: &mut super::WriteTx,
