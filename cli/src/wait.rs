@@ -3,9 +3,10 @@
 //! Live means: the revision was accepted on the applied branch (and is in force, or a later
 //! accepted revision followed it), and every rollout of that branch (or of the environments
 //! named) is done with every placed replica reported running and healthy and none of another
-//! generation still running: what `pl up` waits for, against any control plane. Exit codes: 0
-//! live, 1 rejected or failed (with the reasons, or the failing job's code, detail and log
-//! tail), 2 not live within the timeout.
+//! generation still running: what `pl up` waits for, against any control plane. An environment
+//! a rollback holds (by an operator, or by a release's failed watch) is not live as Git says: a
+//! failure. Exit codes: 0 live, 1 rejected, failed or rolled back (with the reasons, or the
+//! failing job's code, detail and log tail), 2 not live within the timeout.
 
 use crate::operator::{Client, ServerArgs};
 use anyhow::{Result, bail};
@@ -124,6 +125,16 @@ fn check(client: &Client, args: &WaitArgs) -> Result<Verdict> {
             continue;
         }
         seen.push(env.to_owned());
+        // A rollback holds it at an older release: what Git says is not what runs.
+        let hold = &d["hold"];
+        if !hold.is_null() && hold["released"] != true {
+            return Ok(Verdict::Failed(format!(
+                "{env} was rolled back by {} to generation {}'s release (generation {}): it differs from Git until a commit changes it or `pl rollback --release {env}`",
+                hold["by"].as_str().unwrap_or("?"),
+                hold["to"],
+                hold["generation"]
+            )));
+        }
         let status = d["status"].as_str().unwrap_or("?");
         if status == "failed" {
             return Ok(Verdict::Failed(format!(

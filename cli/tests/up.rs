@@ -661,8 +661,23 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
             std::thread::sleep(Duration::from_millis(200));
         }
         assert!(automatic()[0].contains("web/0 on n1: not healthy"), "{:?}", automatic());
+        // CI's `pl wait` for that commit fails: what runs is not what Git says.
         let (code, out, err) = pl(&["wait", "--timeout", "60", "--local"], &repo_dir, &state, &socket);
-        assert_eq!(code, 0, "the rollback converges: {out}\n{err}");
+        assert_eq!(code, 1, "a rolled-back commit is not live: {out}\n{err}");
+        assert!(err.contains("was rolled back by watch"), "{err}");
+        // The rollback's generation finishes (the manual one earlier was the first).
+        let rollbacks_done = || {
+            agent_support::sql(
+                &ledger_url,
+                "SELECT detail FROM events WHERE kind = 'deployment-rollout-done' AND detail LIKE '%, a rollback'",
+            )
+            .len()
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while rollbacks_done() < 2 {
+            assert!(Instant::now() < deadline, "the automatic rollback never finished");
+            std::thread::sleep(Duration::from_millis(200));
+        }
         let (failed, served) = load.finish();
         assert_eq!(failed, 0, "requests failed around the automatic rollback ({served} served)");
         let (code, out, _) = pl(&["status", "--local"], &repo_dir, &state, &socket);
