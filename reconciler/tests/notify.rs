@@ -59,6 +59,7 @@ struct Receiver {
     port: u16,
     got: Arc<Mutex<Vec<Got>>>,
     stop: Arc<AtomicBool>,
+    down: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -153,12 +154,15 @@ fn answer(api: Api, got: &Got, before: &[Got]) -> (u16, String) {
 }
 
 impl Receiver {
-    fn start(api: Api, port: u16) -> Receiver {
-        let listener = TcpListener::bind(("127.0.0.1", port)).expect("bind");
+    /// A receiver on a port of its own (bound here, so no other test can take it meanwhile).
+    fn start(api: Api) -> Receiver {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).expect("bind");
+        let port = listener.local_addr().expect("addr").port();
         listener.set_nonblocking(true).expect("nonblocking");
         let (got, stop) = (Arc::new(Mutex::new(Vec::new())), Arc::new(AtomicBool::new(false)));
+        let down = Arc::new(AtomicBool::new(false));
         let thread = {
-            let (got, stop) = (Arc::clone(&got), Arc::clone(&stop));
+            let (got, stop, down) = (Arc::clone(&got), Arc::clone(&stop), Arc::clone(&down));
             std::thread::spawn(move || {
                 let until = Instant::now() + Duration::from_secs(120);
                 let mut served = 0;
@@ -168,6 +172,11 @@ impl Receiver {
                         continue;
                     };
                     served += 1;
+                    if down.load(Ordering::Relaxed) {
+                        // Down: the connection is closed before a byte is read or written.
+                        drop(stream);
+                        continue;
+                    }
                     let _ = stream.set_nonblocking(false);
                     let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
                     let Some(req) = read_request(&mut stream) else { continue };
@@ -195,8 +204,14 @@ impl Receiver {
             port,
             got,
             stop,
+            down,
             thread: Some(thread),
         }
+    }
+
+    /// Down (every connection closed at once) or up.
+    fn set_down(&self, down: bool) {
+        self.down.store(down, Ordering::Relaxed);
     }
 
     fn port(&self) -> u16 {
@@ -269,9 +284,11 @@ fn statuses(r: &Receiver, sha: &str) -> Vec<(String, String)> {
 }
 
 async fn scenario(url: String, dir: &Path) {
-    let github = Receiver::start(Api::GitHub, free_port());
+    let github = Receiver::start(Api::GitHub);
     let github_port = github.port();
-    let hook_port = free_port();
+    let hook = Receiver::start(Api::Hook);
+    hook.set_down(true);
+    let hook_port = hook.port();
     let repo = Repo::new(dir);
     std::fs::write(dir.join("allowed_signers"), &repo.signers).expect("signers");
     private(&dir.join("forge-token"), TOKEN);
@@ -345,7 +362,7 @@ async fn scenario(url: String, dir: &Path) {
     );
 
     // The receiver comes up: every event it asked for arrives once, in order, signed.
-    let hook = Receiver::start(Api::Hook, hook_port);
+    hook.set_down(false);
     drain(ledger, &targets, Duration::from_secs(60)).await;
     let got = hook.got();
     let events: Vec<(String, String)> = got
@@ -426,8 +443,8 @@ fn each_forges_api_takes_its_own_call() {
         (Api::Gitea, Kind::Gitea, "/api/v1"),
         (Api::GitLab, Kind::GitLab, "/api/v4"),
     ] {
-        let port = free_port();
-        let r = Receiver::start(api, port);
+        let r = Receiver::start(api);
+        let port = r.port();
         let forge = Forge::new(
             kind,
             &format!("http://127.0.0.1:{port}{base}"),
