@@ -47,6 +47,18 @@ impl std::fmt::Display for Capability {
 
 /// What a leased job is to do. Names are the control plane's (environment and role labels,
 /// hostnames), already validated there; what the task runs with is in its `Execution`.
+/// A canary's thresholds on the wire: 5xx (or failed) percent of the new release's requests,
+/// their p95 latency, and the fewest requests judged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CanaryGate {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_error_percent: Option<u8>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_p95_ms: Option<u32>,
+    pub min_requests: u32,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(
     tag = "task",
@@ -98,13 +110,20 @@ pub enum Task {
         instance: u32,
         generation: u64,
     },
-    /// Route a hostname to a generation.
+    /// Route a hostname to a generation: all of its requests, or at a canary step `weight`
+    /// percent (1-99) of them, the rest staying with the release published before.
     PublishIngress {
         environment: String,
         hostname: String,
         generation: u64,
         #[serde(default)]
         repair: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        weight: Option<u8>,
+        /// A canary's gates, judged on what the ingress measured of the generation's requests
+        /// since the node's step before, before anything changes.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gate: Option<CanaryGate>,
     },
     /// Take a hostname's route out.
     RemoveIngress {
@@ -213,6 +232,9 @@ impl Task {
                 } else {
                     Err("the snapshot id is not one".to_owned())
                 }
+            }
+            Task::PublishIngress { weight: Some(w), .. } if !(1..=99).contains(w) => {
+                Err(format!("the canary weight {w} is not 1-99"))
             }
             Task::PublishIngress { hostname, .. } | Task::RemoveIngress { hostname, .. } => check_hostname(hostname),
             Task::PlaceAcmeChallenge {

@@ -27,7 +27,9 @@ pub const ROLE_FIELDS: &[&str] = &[
     "volumes",
     "rollout",
 ];
-pub const ROLLOUT_FIELDS: &[&str] = &["watchSeconds"];
+pub const ROLLOUT_FIELDS: &[&str] = &["watchSeconds", "strategy", "steps", "gates"];
+pub const GATE_FIELDS: &[&str] = &["maxErrorPercent", "maxP95Ms", "minRequests"];
+pub const CANARY_STEP_FIELDS: &[&str] = &["weight", "pause"];
 pub const LOGS_FIELDS: &[&str] = &["maxSize", "maxFiles"];
 pub const HEALTH_FIELDS: &[&str] = &["path", "timeoutSeconds"];
 pub const RESOURCES_FIELDS: &[&str] = &["cpu", "memory", "pids"];
@@ -47,6 +49,12 @@ pub mod defaults {
     pub const WEB_PORT: u16 = 8080;
     /// The longest watch window after a release's switch (`rollout.watchSeconds`).
     pub const MAX_WATCH_SECONDS: u32 = 3600;
+    /// A canary has at most this many steps (`rollout.steps`)…
+    pub const MAX_CANARY_STEPS: usize = 10;
+    /// …and waits at most this long at one (`pause`): 24 hours.
+    pub const MAX_PAUSE_SECONDS: u32 = 86_400;
+    /// A canary's gate judges nothing below this many requests (`gates.minRequests`).
+    pub const GATE_MIN_REQUESTS: u32 = 20;
     pub const HEALTH_PATH: &str = "/healthz";
     pub const HEALTH_TIMEOUT_SECONDS: u32 = 5;
     pub const REPLICAS: u32 = 1;
@@ -303,7 +311,7 @@ fn decode_role(ctx: &mut Ctx<'_>, node: &Node<'_>, role: &str) -> Option<Role> {
     let logs = f.get("logs").map(|n| decode_logs(ctx, n));
     let ports = f.get("ports").map(|n| decode_ports(ctx, n));
     let volumes = f.get("volumes").map(|n| crate::volumes::decode_volumes(ctx, n));
-    let rollout = f.get("rollout").map(|n| decode_rollout(ctx, n));
+    let rollout = f.get("rollout").map(|n| decode_rollout(ctx, n, kind == Some("web")));
 
     let kind = kind?;
     let mut not_for = |field: &str, present: bool| {
@@ -410,14 +418,220 @@ fn decode_role(ctx: &mut Ctx<'_>, node: &Node<'_>, role: &str) -> Option<Role> {
     })
 }
 
-/// `rollout: {watchSeconds: N}`: how long after a new release's switch its replicas are
-/// watched; one found unhealthy meanwhile rolls the environment back.
-fn decode_rollout(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<RolloutPolicy> {
+/// `rollout: {watchSeconds: N, strategy: switch | canary, steps: [...]}`: how long after a new
+/// release's switch its replicas are watched (one found unhealthy meanwhile rolls the
+/// environment back), and for a web role, whether a canary comes before the switch.
+fn decode_rollout(ctx: &mut Ctx<'_>, node: &Node<'_>, web: bool) -> Option<RolloutPolicy> {
     let f = Fields::new(ctx, node, "`rollout`", ROLLOUT_FIELDS)?;
     let watch = f.get("watchSeconds").map_or(Some(0), |n| {
         u32_in(ctx, n, "`rollout.watchSeconds`", 1, defaults::MAX_WATCH_SECONDS)
     });
-    Some(RolloutPolicy { watch_seconds: watch? })
+    let canary = match f.get("strategy") {
+        None => Some(false),
+        Some(n) => match crate::decode::string(ctx, n, "`rollout.strategy`")? {
+            "switch" => Some(false),
+            "canary" if web => Some(true),
+            "canary" => {
+                ctx.error_hint(
+                    Code::InvalidValue,
+                    n.pos,
+                    "`rollout.strategy: canary` is for a web role: the ingress splits its requests".to_owned(),
+                    "leave `strategy` out: the new release starts beside the old one and takes over once healthy",
+                );
+                None
+            }
+            "rolling" => {
+                ctx.error_hint(
+                    Code::InvalidValue,
+                    n.pos,
+                    "`rollout.strategy: rolling` is not supported yet".to_owned(),
+                    "`switch` (the default) starts every new replica beside the old ones and switches once all are healthy; `canary` sends a share of requests first",
+                );
+                None
+            }
+            other => {
+                ctx.error_hint(
+                    Code::InvalidValue,
+                    n.pos,
+                    format!("`rollout.strategy` is `{other}`; it must be one of switch, canary"),
+                    "`strategy: canary` with `steps: [{weight: 10, pause: 60s}, {weight: 50}]`",
+                );
+                None
+            }
+        },
+    };
+    let steps = match (canary, f.get("steps")) {
+        (Some(true), Some(n)) => decode_canary_steps(ctx, n),
+        (Some(true), None) => {
+            ctx.error_hint(
+                Code::MissingField,
+                f.pos,
+                "`rollout.strategy: canary` needs `steps`".to_owned(),
+                "e.g. `steps: [{weight: 10, pause: 60s}, {weight: 50}]`: a step without `pause` waits for `pl rollout promote`",
+            );
+            None
+        }
+        (Some(false), Some(n)) => {
+            ctx.error_hint(
+                Code::InvalidValue,
+                n.pos,
+                "`rollout.steps` is for `strategy: canary`".to_owned(),
+                "add `strategy: canary`, or leave `steps` out",
+            );
+            None
+        }
+        (Some(false), None) => Some(Vec::new()),
+        (None, _) => None,
+    };
+    let gates = match (canary, f.get("gates")) {
+        (_, None) => Some(None),
+        (Some(true), Some(n)) => decode_gates(ctx, n).map(Some),
+        (Some(false), Some(n)) => {
+            ctx.error_hint(
+                Code::InvalidValue,
+                n.pos,
+                "`rollout.gates` is for `strategy: canary`".to_owned(),
+                "add `strategy: canary` with its `steps`, or leave `gates` out",
+            );
+            None
+        }
+        (None, Some(_)) => None,
+    };
+    Some(RolloutPolicy {
+        watch_seconds: watch?,
+        steps: steps?,
+        gates: gates?,
+    })
+}
+
+/// `gates: {maxErrorPercent: 5, maxP95Ms: 500, minRequests: 20}`: at least one threshold.
+fn decode_gates(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<CanaryGate> {
+    let f = Fields::new(ctx, node, "`rollout.gates`", GATE_FIELDS)?;
+    let errors = match f.get("maxErrorPercent") {
+        None => Some(None),
+        Some(n) => crate::decode::int_in(ctx, n, "`maxErrorPercent`", 0, 100)
+            .and_then(|v| u8::try_from(v).ok())
+            .map(Some),
+    };
+    let p95 = match f.get("maxP95Ms") {
+        None => Some(None),
+        Some(n) => u32_in(ctx, n, "`maxP95Ms`", 1, 600_000).map(Some),
+    };
+    let min = f.get("minRequests").map_or(Some(defaults::GATE_MIN_REQUESTS), |n| {
+        u32_in(ctx, n, "`minRequests`", 1, 1_000_000)
+    });
+    let (errors, p95, min) = (errors?, p95?, min?);
+    if errors.is_none() && p95.is_none() {
+        ctx.error_hint(
+            Code::MissingField,
+            f.pos,
+            "`rollout.gates` sets no threshold".to_owned(),
+            "`maxErrorPercent` (5xx of the new release's requests), `maxP95Ms`, or both",
+        );
+        return None;
+    }
+    Some(CanaryGate {
+        max_error_percent: errors,
+        max_p95_ms: p95,
+        min_requests: min,
+    })
+}
+
+/// `steps: [{weight: 10, pause: 60s}, …]`: weights 1-99 percent, each above the one before,
+/// at most [`defaults::MAX_CANARY_STEPS`]; `pause` in seconds (`90`, `90s`, `5m`, `1h`), at
+/// most a day; none: until `pl rollout promote`.
+fn decode_canary_steps(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<Vec<CanaryStep>> {
+    let items = crate::decode::seq(ctx, node, "`rollout.steps`")?;
+    if items.is_empty() || items.len() > defaults::MAX_CANARY_STEPS {
+        ctx.error(
+            Code::OutOfRange,
+            node.pos,
+            format!(
+                "`rollout.steps` has {} steps; a canary has 1-{}",
+                items.len(),
+                defaults::MAX_CANARY_STEPS
+            ),
+        );
+        return None;
+    }
+    let mut out = Some(Vec::with_capacity(items.len()));
+    let mut last = 0u8;
+    for item in items {
+        let step = (|| {
+            let f = Fields::new(ctx, item, "a step of `rollout.steps`", CANARY_STEP_FIELDS)?;
+            let Some(w) = f.get("weight") else {
+                ctx.error_hint(
+                    Code::MissingField,
+                    f.pos,
+                    "a step of `rollout.steps` needs `weight`".to_owned(),
+                    "the percent of requests the new release gets at this step, 1-99",
+                );
+                return None;
+            };
+            let weight = u8::try_from(crate::decode::int_in(ctx, w, "`weight`", 1, 99)?).ok()?;
+            if weight <= last {
+                ctx.error_hint(
+                    Code::InvalidValue,
+                    w.pos,
+                    format!("`weight` is {weight}, not above the step before's {last}"),
+                    "each step sends more requests to the new release than the one before",
+                );
+                return None;
+            }
+            last = weight;
+            let pause_seconds = match f.get("pause") {
+                None => None,
+                Some(p) => Some(pause(ctx, p)?),
+            };
+            Some(CanaryStep { weight, pause_seconds })
+        })();
+        match (step, out.as_mut()) {
+            (Some(s), Some(v)) => v.push(s),
+            _ => out = None,
+        }
+    }
+    out
+}
+
+/// A pause: seconds as an integer, or a number with `s`, `m` or `h`; 1 s to a day.
+fn pause(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<u32> {
+    let what = "`pause`";
+    let seconds = match &node.value {
+        yaml::Value::Int(v) => Some(*v),
+        yaml::Value::Str(s) => {
+            let s: &str = s.as_ref();
+            let (digits, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+            let scale = match unit {
+                "" | "s" => Some(1),
+                "m" => Some(60),
+                "h" => Some(3600),
+                _ => None,
+            };
+            digits.parse::<i64>().ok().zip(scale).map(|(n, k)| n.saturating_mul(k))
+        }
+        _ => None,
+    };
+    let max = i64::from(defaults::MAX_PAUSE_SECONDS);
+    match seconds {
+        Some(n) if (1..=max).contains(&n) => u32::try_from(n).ok(),
+        Some(n) => {
+            ctx.error(
+                Code::OutOfRange,
+                node.pos,
+                format!("{what} is {n} s; it must be 1-{max} s"),
+            );
+            None
+        }
+        None => {
+            ctx.error_hint(
+                Code::InvalidValue,
+                node.pos,
+                format!("{what} is not a duration"),
+                "seconds (`90`), or a number with s, m or h (`90s`, `5m`, `1h`); leave it out to wait for `pl rollout promote`",
+            );
+            None
+        }
+    }
 }
 
 /// `ports: [...]`: what a role serves inside its environment besides a web role's `port`,
@@ -870,6 +1084,75 @@ mod tests {
             "{p:?}"
         );
         let p = problems("{kind: worker, rollout: {strategy: canary}}");
-        assert!(p.len() == 1 && p[0].1.contains("strategy"), "an unknown field: {p:?}");
+        assert!(
+            p.len() == 1 && p[0].1.contains("`rollout.strategy: canary` is for a web role"),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn a_canary_has_rising_weights_and_pauses_of_a_day_at_most() {
+        let steps = |s: &str| format!("{{kind: web, rollout: {{strategy: canary, steps: {s}}}}}");
+        assert!(
+            problems(&steps(
+                "[{weight: 10, pause: 90}, {weight: 50, pause: 5m}, {weight: 90}]"
+            ))
+            .is_empty()
+        );
+        assert!(problems(&steps("[{weight: 10, pause: 1h}]")).is_empty());
+        assert!(problems("{kind: web, rollout: {strategy: switch}}").is_empty());
+        for (bad, code, says) in [
+            (
+                "[{weight: 50}, {weight: 50}]",
+                "invalid-value",
+                "not above the step before's 50",
+            ),
+            ("[{weight: 100}]", "out-of-range", "`weight` is 100"),
+            ("[{weight: 0}]", "out-of-range", "`weight` is 0"),
+            ("[{pause: 10s}]", "missing-field", "needs `weight`"),
+            ("[{weight: 10, pause: 25h}]", "out-of-range", "`pause` is 90000 s"),
+            (
+                "[{weight: 10, pause: soon}]",
+                "invalid-value",
+                "`pause` is not a duration",
+            ),
+            ("[{weight: 10, pause: 0}]", "out-of-range", "`pause` is 0 s"),
+            ("[]", "out-of-range", "has 0 steps"),
+            ("[{weight: 10, wait: 5}]", "unknown-field", "wait"),
+        ] {
+            let p = problems(&steps(bad));
+            assert!(p.len() == 1 && p[0].0 == code && p[0].1.contains(says), "{bad}: {p:?}");
+        }
+        let p = problems("{kind: web, rollout: {strategy: canary}}");
+        assert!(p.len() == 1 && p[0].1.contains("needs `steps`"), "{p:?}");
+        let p = problems("{kind: web, rollout: {steps: [{weight: 10}]}}");
+        assert!(p.len() == 1 && p[0].1.contains("is for `strategy: canary`"), "{p:?}");
+        let p = problems("{kind: web, rollout: {strategy: rolling}}");
+        assert!(p.len() == 1 && p[0].1.contains("not supported yet"), "{p:?}");
+        let p = problems("{kind: web, rollout: {strategy: blue}}");
+        assert!(p.len() == 1 && p[0].1.contains("one of switch, canary"), "{p:?}");
+    }
+
+    #[test]
+    fn a_canary_s_gates_set_a_threshold_at_least() {
+        let gates =
+            |g: &str| format!("{{kind: web, rollout: {{strategy: canary, steps: [{{weight: 10}}], gates: {g}}}}}");
+        assert!(problems(&gates("{maxErrorPercent: 5, maxP95Ms: 500, minRequests: 50}")).is_empty());
+        assert!(problems(&gates("{maxP95Ms: 800}")).is_empty());
+        for (bad, says) in [
+            ("{minRequests: 50}", "sets no threshold"),
+            ("{maxErrorPercent: 101}", "`maxErrorPercent` is 101"),
+            ("{maxP95Ms: 0}", "`maxP95Ms` is 0"),
+        ] {
+            let p = problems(&gates(bad));
+            assert!(p.len() == 1 && p[0].1.contains(says), "{bad}: {p:?}");
+        }
+        let p = problems(&gates("{maxErrors: 5}"));
+        assert!(p[0].0 == "unknown-field" && p[0].1.contains("maxErrors"), "{p:?}");
+        let p = problems("{kind: web, rollout: {gates: {maxP95Ms: 800}}}");
+        assert!(
+            p.len() == 1 && p[0].1.contains("`rollout.gates` is for `strategy: canary`"),
+            "{p:?}"
+        );
     }
 }

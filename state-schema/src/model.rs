@@ -121,10 +121,40 @@ pub struct Role {
 
 /// `rollout` of a role: after a new release's switch, its replicas are watched for
 /// `watch_seconds` (0: not at all); one reported unhealthy meanwhile rolls the environment back.
+/// A web role's `strategy: canary` sends a share of requests to the new release first, step
+/// by step (`steps`), before the switch.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutPolicy {
     pub watch_seconds: u32,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<CanaryStep>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gates: Option<CanaryGate>,
+}
+
+/// A canary's gates (`rollout.gates`): before each step after the first, and before the
+/// switch, the ingress's measure of the requests the new release answered since the step
+/// before: more than `max_error_percent` % of them 5xx (or failed), or a p95 latency above
+/// `max_p95_ms`, fails the canary. Fewer than `min_requests` requests: not judged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CanaryGate {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_error_percent: Option<u8>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_p95_ms: Option<u32>,
+    pub min_requests: u32,
+}
+
+/// One step of a canary: `weight` percent of the hostname's requests go to the new release,
+/// then the rollout waits `pause` (seconds; `None`: until `pl rollout promote`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CanaryStep {
+    pub weight: u8,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause_seconds: Option<u32>,
 }
 
 /// A volume a role mounts: the environment's `name`, at `path` in the container.

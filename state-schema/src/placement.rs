@@ -576,6 +576,8 @@ pub(crate) mod tests {
             ports: Vec::new(),
             volumes: Vec::new(),
             watch_seconds: None,
+            canary: Vec::new(),
+            canary_gate: None,
         }
     }
 

@@ -3,7 +3,8 @@
 
 use crate::canonical;
 use crate::deployment::DeploymentSpec;
-use crate::task::Task;
+use crate::model::{CanaryGate, CanaryStep};
+use crate::task::{Task, Wait};
 use crate::values::Name;
 
 /// One job of a step: a task for a node.
@@ -14,6 +15,42 @@ pub type Step = Vec<(Task, Name)>;
 /// removes the routes and networks the new generation no longer uses. Each step starts only
 /// when every job of the one before succeeded.
 pub fn rollout_steps(spec: &DeploymentSpec, generation: u64, retired: &[DeploymentSpec]) -> Vec<Step> {
+    let (steps, gate) = canary_of(spec, retired);
+    steps_with(spec, generation, retired, &steps, gate)
+}
+
+/// The canary a new generation of `spec` goes through before its switch: the steps of its
+/// first web role (by name) that declares them. None when nothing serves the hostnames yet
+/// (an environment's first release, or one that had no web replica): there is no old release
+/// to share the requests with, so it is published whole.
+pub fn canary_of(spec: &DeploymentSpec, retired: &[DeploymentSpec]) -> (Vec<CanaryStep>, Option<CanaryGate>) {
+    if spec.hostnames.is_empty() || spec.ingress_nodes.is_empty() {
+        return (Vec::new(), None);
+    }
+    let served_before = retired.iter().any(|r| {
+        !r.hostnames.is_empty()
+            && r.instances
+                .iter()
+                .any(|i| r.roles.get(&i.role).is_some_and(|x| x.is_web()))
+    });
+    if !served_before {
+        return (Vec::new(), None);
+    }
+    spec.roles
+        .iter()
+        .filter(|(name, r)| r.is_web() && spec.instances.iter().any(|i| &i.role == *name))
+        .find(|(_, r)| !r.canary.is_empty())
+        .map(|(_, r)| (r.canary.clone(), r.canary_gate))
+        .unwrap_or_default()
+}
+
+fn steps_with(
+    spec: &DeploymentSpec,
+    generation: u64,
+    retired: &[DeploymentSpec],
+    canary: &[CanaryStep],
+    gate: Option<CanaryGate>,
+) -> Vec<Step> {
     let env = &spec.environment;
     let mut steps: Vec<Step> = Vec::new();
     steps.push(
@@ -51,19 +88,34 @@ pub fn rollout_steps(spec: &DeploymentSpec, generation: u64, retired: &[Deployme
             })
             .collect(),
     );
-    let mut publish = Vec::new();
-    for node in &spec.ingress_nodes {
-        for host in &spec.hostnames {
-            let task = Task::PublishIngress {
-                environment: env.clone(),
-                hostname: host.clone(),
-                generation,
-                repair: 0,
-            };
-            publish.push((task, node.clone()));
+    // A canary: one step per weight, each waiting out the pause of the one before; the switch
+    // (every request to the new release) waits out the last one's. Each after the first
+    // passes the gates first, on what the ingress measured since the one before.
+    let publish = |weight: Option<u8>, wait: Option<Wait>, gate: Option<CanaryGate>| -> Step {
+        let mut step = Vec::new();
+        for node in &spec.ingress_nodes {
+            for host in &spec.hostnames {
+                let task = Task::PublishIngress {
+                    environment: env.clone(),
+                    hostname: host.clone(),
+                    generation,
+                    repair: 0,
+                    weight,
+                    wait,
+                    gate,
+                };
+                step.push((task, node.clone()));
+            }
         }
+        step
+    };
+    let (mut wait, mut gated) = (None, None);
+    for c in canary {
+        steps.push(publish(Some(c.weight), wait, gated));
+        wait = Some(c.pause_seconds.map_or(Wait::Promote, Wait::Seconds));
+        gated = gate;
     }
-    steps.push(publish);
+    steps.push(publish(None, wait, gated));
     let mut cleanup: Step = Vec::new();
     for old in retired {
         for i in &old.instances {
@@ -132,7 +184,8 @@ pub fn rollout_steps(spec: &DeploymentSpec, generation: u64, retired: &[Deployme
 /// rollback must not do (Kamal's rollback runs no hooks either). The previous generation's
 /// image is still on each node, kept by its stopped containers, so nothing is pulled.
 pub fn rollback_steps(spec: &DeploymentSpec, generation: u64, retired: &[DeploymentSpec]) -> Vec<Step> {
-    let mut steps = rollout_steps(spec, generation, retired);
+    // No canary either: the previous release served until moments ago.
+    let mut steps = steps_with(spec, generation, retired, &[], None);
     if let Some(release) = steps.get_mut(1) {
         release.clear();
     }
@@ -209,6 +262,9 @@ pub fn scale_tasks(spec: &DeploymentSpec, generation: u64, change: &crate::relea
                         hostname,
                         generation,
                         repair: 0,
+                        weight: None,
+                        wait: None,
+                        gate: None,
                     }
                 };
                 out.push((task, node.clone()));
@@ -238,6 +294,9 @@ pub fn scale_tasks(spec: &DeploymentSpec, generation: u64, change: &crate::relea
                 hostname: host.clone(),
                 generation,
                 repair: 0,
+                weight: None,
+                wait: None,
+                gate: None,
             };
             out.push((task, node.clone()));
         }
@@ -290,6 +349,9 @@ pub fn republish_after_repair(spec: &DeploymentSpec, generation: u64, repair: u3
                 hostname: hostname.clone(),
                 generation,
                 repair,
+                weight: None,
+                wait: None,
+                gate: None,
             };
             (task, node.clone())
         })
@@ -331,6 +393,9 @@ fn republish(spec: &DeploymentSpec, generation: u64, hostname: &str, repair: u32
                     hostname: h.clone(),
                     generation,
                     repair,
+                    weight: None,
+                    wait: None,
+                    gate: None,
                 };
                 (task, node.clone())
             })

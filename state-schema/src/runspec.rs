@@ -54,6 +54,13 @@ pub struct RoleSpec {
     /// `None` (not watched) is left out, so specs without it keep their hashes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watch_seconds: Option<u32>,
+    /// A web role's canary (`rollout.steps`): the shares of requests its new release gets
+    /// before the switch; empty (the switch at once) is left out, so specs keep their hashes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub canary: Vec<crate::model::CanaryStep>,
+    /// The canary's gates (`rollout.gates`); `None` is left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary_gate: Option<crate::model::CanaryGate>,
 }
 
 /// A volume as a role's containers mount it.
@@ -178,6 +185,8 @@ pub fn role_specs(
                 logs: r.logs.as_ref().map(|l| (l.max_size.bytes(), l.max_files)),
                 ports: r.ports.clone(),
                 watch_seconds: r.rollout.as_ref().map(|p| p.watch_seconds).filter(|s| *s > 0),
+                canary: r.rollout.as_ref().map(|p| p.steps.clone()).unwrap_or_default(),
+                canary_gate: r.rollout.as_ref().and_then(|p| p.gates),
                 volumes: r
                     .volumes
                     .iter()

@@ -66,6 +66,27 @@ pub fn spec_schemas() -> Vec<(&'static str, Value)> {
     let rollout = object(
         json!({
             "watchSeconds": {"type": "integer", "minimum": 1, "maximum": 3600, "description": "After a new release's switch, its replicas are watched this long; one its node reports unhealthy meanwhile rolls the environment back to the previous release (held, as `pl rollback`)."},
+            "strategy": {"enum": ["switch", "canary"], "description": "switch (the default): every new replica starts beside the old ones and takes every request once all are healthy. canary (web roles): before the switch, the ingress sends each step's weight of the requests to the new release, watched all along."},
+            "gates": {
+                "type": "object", "additionalProperties": false,
+                "description": "A canary's gates, judged before each step after the first and before the switch on what the ingress measured of the new release's requests since the step before; a failed gate rolls the environment back.",
+                "properties": {
+                    "maxErrorPercent": {"type": "integer", "minimum": 0, "maximum": 100, "description": "Most percent of the new release's requests answered 5xx or not at all."},
+                    "maxP95Ms": {"type": "integer", "minimum": 1, "maximum": 600000, "description": "Highest p95 latency of the new release's requests, in milliseconds."},
+                    "minRequests": {"type": "integer", "minimum": 1, "maximum": 1000000, "description": "Fewer requests than this: the gates are not judged (default 20)."}
+                }
+            },
+            "steps": {
+                "type": "array", "minItems": 1, "maxItems": 10,
+                "description": "A canary's steps, in order: weights rise; a step without `pause` waits for `pl rollout promote`.",
+                "items": {
+                    "type": "object", "additionalProperties": false, "required": ["weight"],
+                    "properties": {
+                        "weight": {"type": "integer", "minimum": 1, "maximum": 99, "description": "Percent of the hostname's requests to the new release."},
+                        "pause": {"type": ["integer", "string"], "pattern": "^[0-9]+[smh]?$", "description": "How long to wait before the next step: seconds, or a number with s, m or h; at most a day."}
+                    }
+                }
+            },
         }),
         &[],
         "How a new release of the role is delivered.",

@@ -9,6 +9,26 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
+/// How long a canary step's publish waits after it is queued (the step before's pause).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Wait {
+    /// This many seconds, or less if promoted.
+    Seconds(u32),
+    /// Until `pl rollout promote`.
+    Promote,
+}
+
+impl Task {
+    /// How long after it is queued the job is due: a canary step's pause; `None`: at once.
+    pub fn wait(&self) -> Option<Wait> {
+        match self {
+            Task::PublishIngress { wait, .. } => *wait,
+            _ => None,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "task", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum Task {
@@ -68,6 +88,18 @@ pub enum Task {
         /// (its address may have changed), a job of its own (`…:publish#r<n>`).
         #[serde(default, skip_serializing_if = "is_zero")]
         repair: u32,
+        /// A canary step: this percent (1-99) of the hostname's requests go to the generation,
+        /// the rest to the release the node published before. `None`: all of them.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        weight: Option<u8>,
+        /// Not before the canary step ahead of it has waited its pause (the job is due that
+        /// much after it is queued), or a `pl rollout promote`. Never sent to the agent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        wait: Option<Wait>,
+        /// A canary step after the first (or its switch): the gates the new release's
+        /// requests since the step before must pass first, as the ingress measured them.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gate: Option<crate::model::CanaryGate>,
     },
     /// Take a hostname's route out of the ingress (first step of any teardown).
     RemoveIngress {
@@ -207,12 +239,23 @@ impl Task {
                 hostname,
                 generation,
                 repair: 0,
+                weight: None,
+                ..
             } => format!("ingress:{environment}/{hostname}:g{generation}:publish"),
             Task::PublishIngress {
                 environment,
                 hostname,
                 generation,
+                repair: 0,
+                weight: Some(w),
+                ..
+            } => format!("ingress:{environment}/{hostname}:g{generation}:publish/w{w}"),
+            Task::PublishIngress {
+                environment,
+                hostname,
+                generation,
                 repair,
+                ..
             } => format!("ingress:{environment}/{hostname}:g{generation}:publish#r{repair}"),
             Task::RemoveIngress {
                 environment,

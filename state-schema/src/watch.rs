@@ -26,7 +26,9 @@ pub fn window(spec: &DeploymentSpec) -> Option<u32> {
 
 /// Whether node `node`'s heartbeat at `at_ms` (`seen`) fails generation `generation` of `spec`,
 /// switched at `from_ms`: a replica placed there, of a watched role whose window holds `at_ms`,
-/// reported unhealthy or not at all. Says which replica and what was seen.
+/// reported unhealthy or not at all. During a canary (`canary`, from its first share of
+/// requests to its switch), every replica of the generation is watched, whatever its role's
+/// `watchSeconds`. Says which replica and what was seen.
 pub fn judge(
     spec: &DeploymentSpec,
     generation: u64,
@@ -34,19 +36,20 @@ pub fn judge(
     node: &str,
     at_ms: i64,
     seen: &[Seen<'_>],
+    canary: bool,
 ) -> Option<String> {
     if at_ms < from_ms {
         return None;
     }
     let env = spec.environment.as_str();
     for i in spec.instances.iter().filter(|i| i.node.as_str() == node) {
-        let Some(watch) = spec.roles.get(&i.role).and_then(|r| r.watch_seconds) else {
-            continue;
-        };
+        let watched = spec.roles.get(&i.role).and_then(|r| r.watch_seconds);
         let after = at_ms - from_ms;
-        if after > i64::from(watch) * 1000 {
-            continue;
-        }
+        let window = match (canary, watched) {
+            (true, _) => "during its canary".to_owned(),
+            (false, Some(w)) if after <= i64::from(w) * 1000 => format!("watchSeconds {w}"),
+            _ => continue,
+        };
         let found = seen.iter().find(|s| {
             s.environment == env && s.role == i.role.as_str() && s.instance == i.index && s.generation == generation
         });
@@ -56,10 +59,11 @@ pub fn judge(
             None => "gone",
         };
         return Some(format!(
-            "{}/{} on {node}: {what} at generation {generation}, {:.1} s after the switch (watchSeconds {watch})",
+            "{}/{} on {node}: {what} at generation {generation}, {:.1} s after the {} ({window})",
             i.role,
             i.index,
-            after as f64 / 1000.0
+            after as f64 / 1000.0,
+            if canary { "canary began" } else { "switch" }
         ));
     }
     None
@@ -79,6 +83,8 @@ mod tests {
 
     fn role(watch: Option<u32>) -> RoleSpec {
         RoleSpec {
+            canary: Vec::new(),
+            canary_gate: None,
             kind: "web".into(),
             image: String::new(),
             command: Vec::new(),
@@ -151,22 +157,56 @@ mod tests {
     fn a_placed_replica_unhealthy_or_gone_within_its_window_fails_the_generation() {
         let s = spec();
         let ok = [seen("web", 0, 5, true), seen("worker", 0, 5, false)];
-        assert_eq!(judge(&s, 5, 1_000, "n1", 2_000, &ok), None, "the worker is not watched");
+        assert_eq!(
+            judge(&s, 5, 1_000, "n1", 2_000, &ok, false),
+            None,
+            "the worker is not watched"
+        );
         let sick = [seen("web", 0, 5, false)];
-        let why = judge(&s, 5, 1_000, "n1", 11_000, &sick).expect("fails");
+        let why = judge(&s, 5, 1_000, "n1", 11_000, &sick, false).expect("fails");
         assert!(
             why.starts_with("web/0 on n1: not healthy at generation 5, 10.0 s after"),
             "{why}"
         );
         let old = [seen("web", 0, 4, true)];
-        assert!(judge(&s, 5, 1_000, "n1", 2_000, &old).expect("fails").contains("gone"));
-        assert_eq!(judge(&s, 5, 1_000, "n1", 32_000, &sick), None, "after the window");
+        assert!(
+            judge(&s, 5, 1_000, "n1", 2_000, &old, false)
+                .expect("fails")
+                .contains("gone")
+        );
         assert_eq!(
-            judge(&s, 5, 1_000, "n1", 900, &sick),
+            judge(&s, 5, 1_000, "n1", 32_000, &sick, false),
+            None,
+            "after the window"
+        );
+        assert_eq!(
+            judge(&s, 5, 1_000, "n1", 900, &sick, false),
             None,
             "a report from before the switch"
         );
-        assert_eq!(judge(&s, 5, 1_000, "n3", 2_000, &[]), None, "nothing placed there");
-        assert!(judge(&s, 5, 1_000, "n2", 2_000, &[]).is_some(), "n2's replica gone");
+        assert_eq!(
+            judge(&s, 5, 1_000, "n3", 2_000, &[], false),
+            None,
+            "nothing placed there"
+        );
+        assert!(
+            judge(&s, 5, 1_000, "n2", 2_000, &[], false).is_some(),
+            "n2's replica gone"
+        );
+    }
+
+    #[test]
+    fn during_a_canary_every_replica_of_the_generation_is_watched_whatever_its_window() {
+        let s = spec();
+        let sick_worker = [seen("web", 0, 5, true), seen("worker", 0, 5, false)];
+        assert_eq!(judge(&s, 5, 1_000, "n1", 2_000, &sick_worker, false), None);
+        let why = judge(&s, 5, 1_000, "n1", 2_000, &sick_worker, true).expect("fails");
+        assert!(why.starts_with("worker/0 on n1: not healthy"), "{why}");
+        assert!(why.contains("during its canary"), "{why}");
+        let sick = [seen("web", 0, 5, false)];
+        assert!(
+            judge(&s, 5, 1_000, "n1", 3_600_000, &sick, true).is_some(),
+            "a canary has no window: it lasts until its switch"
+        );
     }
 }
