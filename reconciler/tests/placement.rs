@@ -1,7 +1,8 @@
 //! Capacity-aware placement against a live fleet, on both backends, with a real repository:
 //! replicas spread over nodes that heartbeat and never past a node's capacity; what does not
 //! fit waits with a `placement-waiting` event (once) and is placed as a scale when room
-//! appears; an unhealthy node keeps its replicas; a lost node's replicas move at a new
+//! appears; an unhealthy node keeps its replicas; a lost node (a `node-lost` event, once, and
+//! `node-back` when it returns) has its replicas move at a new
 //! generation; a draining node's replicas move, each new one started (a step) before the old
 //! one stops.
 
@@ -288,8 +289,19 @@ async fn scenario(url: String, dir: &Path) {
     );
     assert_eq!(waiting().await.last().map(String::as_str), Some("web/3: no-capacity"));
     no_node_over_capacity(&shared).await;
+    // Lost is an event, once (webhooks take it); n1's two silent minutes were not one.
+    shared.pass().await.expect("pass");
+    let lost = rows(&url, "SELECT subject, detail FROM events WHERE kind = 'node-lost'").await;
+    assert!(
+        lost.len() == 1 && lost[0].starts_with("n2|not heard from for 400 s (lost after 300 s)"),
+        "{lost:?}"
+    );
     dump::nodes_up(&url, &["n2"]).await;
     settle(&shared, &["n1", "n2", "n3"]).await;
+    assert_eq!(
+        rows(&url, "SELECT subject, detail FROM events WHERE kind = 'node-back'").await,
+        ["n2|heard from again"]
+    );
     assert_eq!(
         rows(
             &url,

@@ -3,6 +3,12 @@
 //! with the previous release's spec and no release step, holds the environment there through
 //! a commit that leaves it alone, and the hold ends when a commit changes it or an operator
 //! releases it (the environment goes back to what Git says without a new commit).
+//!
+//! Canaries on both backends: a first release is published whole; the next goes through its
+//! weighted publishes, each waiting out the pause before it (timed, or until a promote), is
+//! watched from its first share, and switches; an abort mid-canary and a replica reported
+//! unhealthy mid-canary take the previous release back, held; a failed step of the canary
+//! does too.
 
 #[path = "support/converge.rs"]
 mod converge_support;
@@ -310,6 +316,239 @@ async fn scenario(url: String, dir: &Path) {
     );
 }
 
+/// Leases what n1 can, completing each job with `outcome` (a canary's publish failing, say).
+async fn complete_all(shared: &Arc<Reconciler>, outcome: reconciler::store::Outcome) -> usize {
+    shared.pass().await.expect("pass");
+    let leases = shared.ledger.lease("n1", 100, 30_000, now_ms()).await.expect("lease");
+    let done: Vec<reconciler::store::Completion> = leases
+        .iter()
+        .map(|l| reconciler::store::Completion {
+            token: l.token.clone(),
+            outcome: outcome.clone(),
+        })
+        .collect();
+    shared.ledger.complete(&done, now_ms()).await.expect("complete");
+    leases.len()
+}
+
+async fn canary_scenario(url: String, dir: &Path) {
+    use reconciler::store::rollouts::PromoteRefusal;
+    let canary = ", rollout: {strategy: canary, steps: [{weight: 20, pause: 1s}, {weight: 60}]}";
+    let repo = Repo::new(dir);
+    std::fs::write(dir.join("allowed_signers"), &repo.signers).expect("signers");
+    repo.write("projects/api.yaml", &watched('a', 2, canary));
+    repo.write("envs/api-production.yaml", &environment("api-production", "api"));
+    repo.commit("release a", true);
+    let ledger = Ledger::connect(&url, 4).await.expect("connect");
+    ledger.migrate().await.expect("migrate");
+    dump::nodes_up(&url, &["n1"]).await;
+    let shared = Arc::new(
+        Reconciler::new(
+            Arc::new(crate_config(dir, &repo.dir, &url)),
+            Arc::new(ledger),
+            Arc::default(),
+        )
+        .expect("shared"),
+    );
+    let env = "api-production";
+    let publishes = |g: u64| {
+        let url = url.clone();
+        async move {
+            rows(
+                &url,
+                &format!(
+                    "SELECT key, state FROM jobs WHERE generation = {g} AND key LIKE 'ingress:%publish%' ORDER BY id"
+                ),
+            )
+            .await
+        }
+    };
+    // The first release has nothing to share requests with: published whole.
+    converge(&shared).await;
+    assert_eq!(deployment(&url).await, "1|done|0");
+    assert!(
+        publishes(1).await.iter().all(|k| !k.contains("/w")),
+        "{:?}",
+        publishes(1).await
+    );
+    assert_eq!(
+        shared.ledger.promote(env, "ops", now_ms()).await.expect("promote"),
+        Err(PromoteRefusal::NotInProgress)
+    );
+    assert_eq!(
+        shared.ledger.abort_rollout(env, "ops", now_ms()).await.expect("abort"),
+        Err(Refusal::NotInProgress)
+    );
+
+    // The second: 20% first, and the 60% step waits out its 1 s pause.
+    repo.write("projects/api.yaml", &watched('b', 2, canary));
+    repo.commit("release b", true);
+    converge(&shared).await;
+    assert_eq!(deployment(&url).await, "2|in-progress|1");
+    let p = publishes(2).await;
+    assert!(
+        p.len() == 2 && p[0].ends_with("publish/w20@n1|succeeded") && p[1].ends_with("publish/w60@n1|queued"),
+        "{p:?}"
+    );
+    let step = events(&url, "canary-step").await;
+    assert!(
+        step.len() == 1 && step[0].contains("20% of requests on the new release; the next step in 1 s"),
+        "{step:?}"
+    );
+    assert_eq!(
+        rows(
+            &url,
+            "SELECT CASE WHEN watch_until > 1000000000000000 THEN 1 ELSE 0 END FROM deployments"
+        )
+        .await,
+        ["1"],
+        "watched from its first share to its switch"
+    );
+    assert_eq!(
+        complete_all(&shared, reconciler::store::Outcome::Succeeded).await,
+        0,
+        "paused"
+    );
+    let view = shared
+        .ledger
+        .deployments(None, 10, now_ms())
+        .await
+        .expect("deployments");
+    let c = view[0].canary.clone().expect("a canary under way");
+    assert!(
+        c.weight == 20 && !c.waits_for_promote && c.next_at_ms.is_some(),
+        "{c:?}"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    // Then 60%, and the switch waits for a promote.
+    converge(&shared).await;
+    let p = publishes(2).await;
+    assert!(
+        p.len() == 3 && p[1].ends_with("publish/w60@n1|succeeded") && p[2].ends_with(":publish@n1|queued"),
+        "{p:?}"
+    );
+    assert!(events(&url, "canary-step").await[1].contains("waits for `pl rollout promote`"));
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(
+        complete_all(&shared, reconciler::store::Outcome::Succeeded).await,
+        0,
+        "until promoted"
+    );
+    let view = shared
+        .ledger
+        .deployments(None, 10, now_ms())
+        .await
+        .expect("deployments");
+    let c = view[0].canary.clone().expect("a canary under way");
+    assert!(c.weight == 60 && c.waits_for_promote && c.next_at_ms.is_none(), "{c:?}");
+    let promoted = shared
+        .ledger
+        .promote(env, "ops", now_ms())
+        .await
+        .expect("promote")
+        .expect("promoted");
+    assert_eq!(promoted.generation, 2);
+    assert_eq!(
+        shared.ledger.promote(env, "ops", now_ms()).await.expect("promote"),
+        Err(PromoteRefusal::NotPaused),
+        "promoted already: its switch runs"
+    );
+    converge(&shared).await;
+    assert_eq!(deployment(&url).await, "2|done|1");
+    let done = events(&url, "deployment-rollout-done").await;
+    assert!(
+        done.last().is_some_and(|d| d.contains("after a canary of 2 step(s)")),
+        "{done:?}"
+    );
+    assert_eq!(
+        rows(&url, "SELECT watch_until FROM deployments").await,
+        ["0"],
+        "the canary's watch ends at its switch"
+    );
+    assert_eq!(
+        events(&url, "canary-promoted").await,
+        ["api-production|generation 2: step 5 runs now, promoted by ops"]
+    );
+
+    // An abort at 20%: generation 2's release back, held by the operator.
+    repo.write("projects/api.yaml", &watched('c', 2, canary));
+    repo.commit("release c", true);
+    converge(&shared).await;
+    assert_eq!(deployment(&url).await, "3|in-progress|2");
+    let ask = shared
+        .ledger
+        .abort_rollout(env, "ops", now_ms())
+        .await
+        .expect("abort")
+        .expect("aborted");
+    assert_eq!((ask.from, ask.to, ask.generation), (3, 2, 4));
+    converge(&shared).await;
+    assert_eq!(
+        deployment(&url).await,
+        "4|done|2",
+        "generation 3 never ran whole: not a previous release"
+    );
+    assert!(rows(&url, "SELECT hold FROM deployments").await[0].contains("\"by\":\"ops\""));
+    assert!(
+        publishes(4).await.iter().all(|k| !k.contains("/w")),
+        "a rollback has no canary"
+    );
+
+    // Released: release c's canary again, as generation 5; its replica reported unhealthy at
+    // 20% rolls it back, held by `canary`.
+    shared
+        .ledger
+        .release_rollback(env, "ops", now_ms())
+        .await
+        .expect("release")
+        .expect("held");
+    converge(&shared).await;
+    assert_eq!(deployment(&url).await, "5|in-progress|4");
+    heartbeat(&shared.ledger, env, 5, false).await;
+    converge(&shared).await;
+    assert_eq!(deployment(&url).await, "6|done|4");
+    let auto = events(&url, "rollback-automatic").await;
+    assert!(
+        auto.len() == 1 && auto[0].contains("failed its canary: web/0 on n1: not healthy at generation 5"),
+        "{auto:?}"
+    );
+    assert!(rows(&url, "SELECT hold FROM deployments").await[0].contains("\"by\":\"canary\""));
+
+    // A commit (release d) ends the hold; its 20% publish fails for good: the deployment
+    // fails, and the pass takes release c... the previous release back, held by `canary`.
+    repo.write("projects/api.yaml", &watched('d', 2, canary));
+    repo.commit("release d", true);
+    for _ in 0..6 {
+        shared.pass().await.expect("pass");
+        let leases = shared.ledger.lease("n1", 100, 30_000, now_ms()).await.expect("lease");
+        let done: Vec<reconciler::store::Completion> = leases
+            .iter()
+            .map(|l| reconciler::store::Completion {
+                token: l.token.clone(),
+                outcome: if l.key.contains("publish/w20") {
+                    reconciler::store::Outcome::Permanent(
+                        "canary-gate-failed: api.example.com: the new release's 9 of 40 requests 5xx or failed (22.5%), p95 12 ms: over maxErrorPercent 5".into(),
+                    )
+                } else {
+                    reconciler::store::Outcome::Succeeded
+                },
+            })
+            .collect();
+        shared.ledger.complete(&done, now_ms()).await.expect("complete");
+    }
+    let failed = events(&url, "deployment-failed").await;
+    assert!(failed.iter().any(|f| f.contains("generation 7, step 3")), "{failed:?}");
+    converge(&shared).await;
+    assert_eq!(deployment(&url).await, "8|done|6");
+    let auto = events(&url, "rollback-automatic").await;
+    assert!(
+        auto.len() == 2
+            && auto[1].contains("generation 7 failed its canary: step 3 failed (a publish of its canary): canary-gate-failed: api.example.com: the new release's 9 of 40 requests 5xx or failed (22.5%)")
+            && auto[1].contains("back to generation 6's release"),
+        "{auto:?}"
+    );
+}
+
 fn crate_config(dir: &Path, repo: &Path, url: &str) -> reconciler::config::Config {
     let text = format!(
         "[source]\npath = {repo:?}\n\n[trust]\nallowed_signers = \"allowed_signers\"\n\n[ledger]\nurl = {url:?}\n\n[api]\nlisten = \"127.0.0.1:0\"\ntls_cert = \"api.crt\"\ntls_key = \"api.key\"\n"
@@ -331,4 +570,18 @@ async fn postgres() {
     let pg = postgres_support::Postgres::start();
     let dir = tempfile::tempdir().expect("tempdir");
     scenario(pg.url(), dir.path()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn canary_sqlite() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    canary_scenario(url, dir.path()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn canary_postgres() {
+    let pg = postgres_support::Postgres::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    canary_scenario(pg.url(), dir.path()).await;
 }

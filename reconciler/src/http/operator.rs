@@ -117,6 +117,7 @@ pub fn router(state: Arc<Operator>) -> Router {
         .route("/v1/volumes/remove", post(remove_volume))
         .route("/v1/volumes/move", post(move_volume))
         .route("/v1/rollbacks", post(rollback))
+        .route("/v1/rollouts", post(rollout))
         .route("/v1/outbox", get(outbox))
         .route("/v1/fleet", get(fleet))
         .route("/v1/rewrites/approve", post(approve_rewrite))
@@ -483,6 +484,10 @@ async fn outbox(State(s): App, headers: HeaderMap, Query(q): Query<OutboxQuery>)
 
 async fn rollback(State(s): App, headers: HeaderMap, body: axum::body::Body) -> Response {
     crate::http::rollbacks::ask(&s.ledger, &s.hub, &s.tokens, &headers, body).await
+}
+
+async fn rollout(State(s): App, headers: HeaderMap, body: axum::body::Body) -> Response {
+    crate::http::rollbacks::rollout(&s.ledger, &s.hub, &s.tokens, &headers, body).await
 }
 
 async fn restore_volume(State(s): App, headers: HeaderMap, body: axum::body::Body) -> Response {

@@ -7,7 +7,9 @@
 //! queues the next step once the current one has succeeded.
 
 use crate::store::deployments::{GenerationRow, ObjectDoc, gen_u64};
+use crate::store::rollouts::PROMOTE;
 use crate::store::rows::MAX_ATTEMPTS;
+use crate::store::watch::CANARY_UNTIL;
 use crate::store::{JobRow, Ledger, LedgerError};
 use state_repo::revision::Judgement;
 use state_schema::canonical::{self, Secrets};
@@ -17,6 +19,7 @@ use state_schema::generations::{self, Action, Next, Scale, Start, Status};
 use state_schema::placement::Waiting;
 use state_schema::release::Change;
 use state_schema::rollout::{self, Step};
+use state_schema::task::{Task, Wait};
 use state_schema::values::Name;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -611,6 +614,7 @@ impl Ledger {
             &d.retired,
             d.rollback,
         );
+        let canary = canary_steps(&steps);
         // The decision is `generations::next`'s; what follows writes it.
         match generations::next(usize::try_from(step).unwrap_or(0), jobs, &steps) {
             Next::Wait => return Ok(false),
@@ -621,10 +625,34 @@ impl Ledger {
                     if d.rollback { ", a rollback" } else { "" }
                 );
                 self.event(tx, now_ms, "deployment-failed", env, &detail).await?;
+                // A canary that sent requests to the new release goes back to the old one
+                // (the pass rolls it back, held, as a failed watch is).
+                if let Some((first, _)) = canary.first()
+                    && step >= *first as i64
+                {
+                    let why = match self.step_failure(tx, env, generation, step).await? {
+                        Some(d) => format!("step {step} failed (a publish of its canary): {d}"),
+                        None => format!("step {step} failed (a publish of its canary)"),
+                    };
+                    self.fail_canary(tx, env, generation, &why, now_ms).await?;
+                }
             }
             Next::Step(s) => {
                 self.set_step(tx, env, Status::InProgress, s as i64, now_ms).await?;
                 self.queue_step(tx, env, &steps[s], s, now_ms).await?;
+                if let Some(&(_, weight)) = canary.iter().find(|(i, _)| *i as i64 == step) {
+                    // Its replicas are watched from the first share of requests to the switch.
+                    if canary.first().is_some_and(|(i, _)| *i as i64 == step) {
+                        self.set_watch(tx, env, now_ms, CANARY_UNTIL).await?;
+                    }
+                    let next = match steps[s].first().and_then(|(t, _)| t.wait()) {
+                        Some(Wait::Seconds(p)) => format!("the next step in {p} s"),
+                        Some(Wait::Promote) => "the next step waits for `pl rollout promote`".to_owned(),
+                        None => "the next step now".to_owned(),
+                    };
+                    let detail = format!("generation {generation}: {weight}% of requests on the new release; {next}");
+                    self.event(tx, now_ms, "canary-step", env, &detail).await?;
+                }
             }
             Next::Done(n) => {
                 self.set_step(tx, env, Status::Done, n as i64, now_ms).await?;
@@ -644,6 +672,11 @@ impl Ledger {
                 {
                     self.set_watch(tx, env, now_ms, now_ms + i64::from(w) * 1000).await?;
                     detail.push_str(&format!(", watched for {w} s"));
+                } else if !canary.is_empty() {
+                    self.end_watch(tx, env).await?;
+                }
+                if !canary.is_empty() {
+                    detail.push_str(&format!(", after a canary of {} step(s)", canary.len()));
                 }
                 self.event(tx, now_ms, &format!("deployment-{action}-done"), env, &detail)
                     .await?;
@@ -660,10 +693,31 @@ fn preview_expiry(j: &Judgement) -> Option<i64> {
     Some(j.committed_at_ms.saturating_add(hours.saturating_mul(3_600_000)))
 }
 
-/// The jobs of step `index`, due now.
+/// The jobs of step `index`, due now, or after the pause of the canary step before
+/// (`pl rollout promote` makes them due at once).
 fn job_rows(step: &Step, index: usize, now_ms: i64) -> impl Iterator<Item = JobRow<'_>> {
-    step.iter()
-        .map(move |(task, node)| JobRow::new(task, node.as_str(), MAX_ATTEMPTS, now_ms, Some(index as i64)))
+    step.iter().map(move |(task, node)| {
+        let due = match task.wait() {
+            None => now_ms,
+            Some(Wait::Seconds(s)) => now_ms.saturating_add(i64::from(s) * 1000),
+            Some(Wait::Promote) => PROMOTE,
+        };
+        JobRow::new(task, node.as_str(), MAX_ATTEMPTS, due, Some(index as i64))
+    })
+}
+
+/// The canary steps of a rollout: the index of each weighted publish step, and its weight.
+fn canary_steps(steps: &[Step]) -> Vec<(usize, u8)> {
+    steps
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| {
+            s.iter().find_map(|(t, _)| match t {
+                Task::PublishIngress { weight: Some(w), .. } => Some((i, *w)),
+                _ => None,
+            })
+        })
+        .collect()
 }
 
 /// The first step at or after `from` that has jobs.

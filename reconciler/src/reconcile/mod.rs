@@ -463,6 +463,11 @@ impl Reconciler {
         let moved = if unchanged {
             crate::reconcile::deploy::Applied::default()
         } else {
+            // A node lost or back is an event (webhooks take `node-lost`), once each.
+            let (lost, back) = self.ledger.announce_lost(now_ms()).await?;
+            if !lost.is_empty() || !back.is_empty() {
+                tracing::warn!(lost = ?lost, back = ?back, "nodes lost or back");
+            }
             let moved = self.ledger.replace(branch, now_ms()).await?;
             // What the re-placement wrote changes the signature; take it afresh.
             let after = self.ledger.fleet_signature(branch, now_ms()).await?;

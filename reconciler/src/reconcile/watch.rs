@@ -3,7 +3,7 @@
 //! `rollback-automatic` event saying which replica and what its node saw; a watch whose window
 //! passed ends with `watch-passed`.
 
-use crate::store::rollbacks::WATCH;
+use crate::store::rollbacks::{CANARY, WATCH};
 use crate::store::{Ledger, LedgerError};
 
 impl Ledger {
@@ -13,8 +13,12 @@ impl Ledger {
         let mut asked = 0;
         for f in self.watch_failures().await? {
             let generation = u64::try_from(f.generation).unwrap_or(0);
+            let (by, what) = match f.canary {
+                true => (CANARY, "its canary"),
+                false => (WATCH, "its watch"),
+            };
             let outcome = self
-                .ask_rollback_of(&f.environment, Some(generation), WATCH, now_ms)
+                .ask_rollback_of(&f.environment, Some(generation), by, now_ms)
                 .await?;
             let mut tx = self.write_tx().await?;
             self.end_watch(&mut tx, &f.environment).await?;
@@ -24,7 +28,7 @@ impl Ledger {
                     (
                         "rollback-automatic",
                         format!(
-                            "generation {generation} failed its watch: {}; back to generation {}'s release as generation {}",
+                            "generation {generation} failed {what}: {}; back to generation {}'s release as generation {}",
                             f.failure, a.to, a.generation
                         ),
                     )

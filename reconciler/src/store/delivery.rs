@@ -729,11 +729,20 @@ pub fn wire_task(task: &Task) -> agent_proto::Task {
             hostname,
             generation,
             repair,
+            weight,
+            wait: _,
+            gate,
         } => Wire::PublishIngress {
             environment: s(environment),
             hostname: s(hostname),
             generation: *generation,
             repair: *repair,
+            weight: *weight,
+            gate: gate.map(|g| agent_proto::task::CanaryGate {
+                max_error_percent: g.max_error_percent,
+                max_p95_ms: g.max_p95_ms,
+                min_requests: g.min_requests,
+            }),
         },
         Task::RemoveIngress {
             environment,
@@ -879,6 +888,9 @@ mod tests {
                 hostname: host.clone(),
                 generation: 3,
                 repair: 1,
+                weight: Some(10),
+                wait: None,
+                gate: None,
             },
             Task::RemoveIngress {
                 environment: env.clone(),

@@ -26,6 +26,7 @@ pub mod placement;
 mod revisions;
 pub mod rewrites;
 pub mod rollbacks;
+pub mod rollouts;
 pub mod rows;
 pub mod views;
 pub mod volumes;

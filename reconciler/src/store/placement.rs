@@ -322,3 +322,46 @@ impl Ledger {
         Ok(())
     }
 }
+
+impl Ledger {
+    /// Announces nodes that fell silent past the lost threshold (`node-lost`, once each) and
+    /// those heard from again since (`node-back`). Returns both lists. Called when the fleet's
+    /// signature changed (a node's liveness class is part of it), so a quiet fleet reads
+    /// nothing.
+    pub async fn announce_lost(&self, now_ms: i64) -> Result<(Vec<String>, Vec<String>), LedgerError> {
+        let mut tx = self.write_tx().await?;
+        let lost_after = self.lost_after_ms();
+        let lost: Vec<(String, i64)> = sqlx::query_as(self.sql(
+            "UPDATE nodes SET lost_at = ? WHERE lost_at = 0 AND last_seen IS NOT NULL AND last_seen < ? \
+             RETURNING name, last_seen",
+        ))
+        .bind(now_ms)
+        .bind(now_ms - lost_after)
+        .fetch_all(&mut *tx)
+        .await?;
+        let back: Vec<(String, i64)> =
+            sqlx::query_as(self.sql(
+                "UPDATE nodes SET lost_at = 0 WHERE lost_at > 0 AND last_seen > lost_at RETURNING name, last_seen",
+            ))
+            .fetch_all(&mut *tx)
+            .await?;
+        let mut events = Vec::with_capacity(lost.len() + back.len());
+        for (node, last) in &lost {
+            let detail = format!(
+                "not heard from for {} s (lost after {} s): what it ran is placed elsewhere",
+                (now_ms - last) / 1000,
+                lost_after / 1000
+            );
+            events.push(("node-lost".to_owned(), node.clone(), detail));
+        }
+        for (node, _) in &back {
+            events.push(("node-back".to_owned(), node.clone(), "heard from again".to_owned()));
+        }
+        self.events_in(&mut tx, now_ms, &events).await?;
+        tx.commit().await?;
+        Ok((
+            lost.into_iter().map(|(n, _)| n).collect(),
+            back.into_iter().map(|(n, _)| n).collect(),
+        ))
+    }
+}

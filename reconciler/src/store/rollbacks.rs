@@ -13,6 +13,8 @@ use state_schema::generations::{self, Action, Current, RollbackAsk, RollbackRefu
 
 /// Who an automatic rollback's hold names (a release that failed its watch).
 pub const WATCH: &str = "watch";
+/// Who holds an environment whose canary failed (its watch during the canary, or a step).
+pub const CANARY: &str = "canary";
 
 /// A rollback's hold on an environment, as the `deployments.hold` column keeps it (JSON).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,6 +57,8 @@ pub enum Refusal {
     NotHeld,
     /// The generation asked for is no longer the current one.
     MovedOn,
+    /// An abort of a rollout that is not in progress.
+    NotInProgress,
 }
 
 impl Refusal {
@@ -64,6 +68,7 @@ impl Refusal {
             Refusal::UnknownEnvironment => "unknown-environment",
             Refusal::NotHeld => "not-held",
             Refusal::MovedOn => "generation-moved-on",
+            Refusal::NotInProgress => "not-in-progress",
         }
     }
 }
@@ -117,6 +122,28 @@ impl Ledger {
         now_ms: i64,
     ) -> Result<Result<RollbackAsk, Refusal>, LedgerError> {
         self.ask_rollback_of(environment, None, by, now_ms).await
+    }
+
+    /// `pl rollout abort`: [`Ledger::ask_rollback`] of a rollout still in progress (a canary
+    /// between its steps, say), refused with `not-in-progress` otherwise. The previous
+    /// release takes every request back, held as a rollback is.
+    pub async fn abort_rollout(
+        &self,
+        environment: &str,
+        by: &str,
+        now_ms: i64,
+    ) -> Result<Result<RollbackAsk, Refusal>, LedgerError> {
+        let mut tx = self.write_tx().await?;
+        let Some(r) = self.rollback_row(&mut tx, environment).await? else {
+            return Ok(Err(Refusal::UnknownEnvironment));
+        };
+        drop(tx);
+        if r.status != Status::InProgress.as_str() || r.action != Action::Rollout.as_str() {
+            return Ok(Err(Refusal::NotInProgress));
+        }
+        // Of that generation only: one finished meanwhile is not aborted.
+        self.ask_rollback_of(environment, Some(gen_u64(r.generation)), by, now_ms)
+            .await
     }
 
     /// [`Ledger::ask_rollback`] of generation `of` only, when given (an automatic rollback of

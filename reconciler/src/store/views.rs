@@ -56,6 +56,49 @@ pub struct DeploymentRow {
     pub previous_generation: i64,
     /// A rollback's hold: while there is one, the environment differs from Git.
     pub hold: Option<crate::store::rollbacks::Hold>,
+    /// A canary under way: the share the new release has, and what its next step waits for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub canary: Option<CanaryView>,
+}
+
+/// Where a canary stands, from its publish jobs: the newest weighted publish done (0: none
+/// yet), and the next publish's wait (a time, or a promote).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CanaryView {
+    pub weight: u8,
+    pub waits_for_promote: bool,
+    /// When the next step is due, while it waits out a pause.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_at_ms: Option<i64>,
+}
+
+/// The canary of one generation from its publish jobs' `(key, state, not_before)`; `None`
+/// when it has no weighted publish.
+fn canary_view(jobs: &[(String, String, i64)], now_ms: i64) -> Option<CanaryView> {
+    let weight_of = |key: &str| -> Option<u8> {
+        let (_, tail) = key.split_once(":publish/w")?;
+        tail.split('@').next()?.parse().ok()
+    };
+    if !jobs.iter().any(|(k, _, _)| weight_of(k).is_some()) {
+        return None;
+    }
+    let weight = jobs
+        .iter()
+        .filter(|(_, state, _)| state == "succeeded")
+        .filter_map(|(k, _, _)| weight_of(k))
+        .max()
+        .unwrap_or(0);
+    let waiting = jobs
+        .iter()
+        .filter(|(_, state, due)| state == "queued" && *due > now_ms)
+        .map(|(_, _, due)| *due)
+        .min();
+    Some(CanaryView {
+        weight,
+        waits_for_promote: waiting.is_some_and(|d| d >= super::rollouts::PROMOTE),
+        next_at_ms: waiting.filter(|d| *d < super::rollouts::PROMOTE),
+    })
 }
 
 /// A revision as stored: its reasons are JSON text.
@@ -182,9 +225,28 @@ impl Ledger {
                 seen.entry(i.environment.clone()).or_default().push((node.clone(), i));
             }
         }
+        // Canaries: read for the deployments in progress whose spec has one (`pl up` polls
+        // this view during every rollout), by their publish jobs.
+        let mut canaries: BTreeMap<String, CanaryView> = BTreeMap::new();
+        for r in rows
+            .iter()
+            .filter(|r| r.status == "in-progress" && r.spec.contains("\"canary\":"))
+        {
+            let jobs: Vec<(String, String, i64)> = sqlx::query_as(self.sql(
+                "SELECT key, state, not_before FROM jobs WHERE environment = ? AND generation = ? AND key LIKE 'ingress:%:publish%'",
+            ))
+            .bind(&r.environment)
+            .bind(r.generation)
+            .fetch_all(&self.pool)
+            .await?;
+            if let Some(c) = canary_view(&jobs, now_ms) {
+                canaries.insert(r.environment.clone(), c);
+            }
+        }
         rows.into_iter()
             .map(|r| {
                 let (environment, generation) = (r.environment, r.generation);
+                let canary = canaries.remove(&environment);
                 let placed = match Action::parse(&r.action) {
                     Some(Action::Rollout) => serde_json::from_str::<crate::store::rows::Placed>(&r.spec)
                         .map(|p| p.instances)
@@ -219,6 +281,7 @@ impl Ledger {
                     stale,
                     previous_generation: r.previous_generation,
                     hold: crate::store::rollbacks::Hold::parse(&r.hold)?,
+                    canary,
                 })
             })
             .collect()
@@ -262,5 +325,42 @@ impl Ledger {
             .fetch_one(&self.pool)
             .await?;
         Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod canary_tests {
+    use super::*;
+
+    #[test]
+    fn a_canary_shows_its_newest_share_done_and_what_its_next_step_waits_for() {
+        let j = |k: &str, state: &str, due: i64| (k.to_owned(), state.to_owned(), due);
+        let plain = [j("ingress:e/h:g2:publish@n1", "queued", 0)];
+        assert_eq!(canary_view(&plain, 10), None);
+        let paused = [
+            j("ingress:e/h:g2:publish/w20@n1", "succeeded", 0),
+            j("ingress:e/h:g2:publish/w60@n1", "queued", 5_000),
+        ];
+        assert_eq!(
+            canary_view(&paused, 1_000),
+            Some(CanaryView {
+                weight: 20,
+                waits_for_promote: false,
+                next_at_ms: Some(5_000)
+            })
+        );
+        let promote = [
+            j("ingress:e/h:g2:publish/w20@n1", "succeeded", 0),
+            j("ingress:e/h:g2:publish/w60@n1", "succeeded", 0),
+            j("ingress:e/h:g2:publish@n1", "queued", super::super::rollouts::PROMOTE),
+        ];
+        assert_eq!(
+            canary_view(&promote, 1_000),
+            Some(CanaryView {
+                weight: 60,
+                waits_for_promote: true,
+                next_at_ms: None
+            })
+        );
     }
 }

@@ -16,6 +16,7 @@ struct WatchedRow {
     generation: i64,
     spec: String,
     watch_from: i64,
+    status: String,
 }
 
 /// A watch that failed, for the pass.
@@ -23,7 +24,13 @@ pub struct Failed {
     pub environment: String,
     pub generation: i64,
     pub failure: String,
+    /// It failed during its canary (its deployment had not switched yet).
+    pub canary: bool,
 }
+
+/// Where a canary's watch ends: at its switch (or its rollback), never by time. Below
+/// `i64::MAX`, which stands for "not read yet" in `Ledger::watching`.
+pub const CANARY_UNTIL: i64 = i64::MAX / 2;
 
 impl Ledger {
     /// `environment`'s generation `generation` is watched from `from_ms` to `until_ms`.
@@ -70,8 +77,8 @@ impl Ledger {
             return Ok(false);
         }
         let rows: Vec<WatchedRow> = sqlx::query_as(self.sql(
-            "SELECT environment, generation, spec, watch_from FROM deployments \
-             WHERE watch_until > ? AND watch_failure = '' AND status = 'done'",
+            "SELECT environment, generation, spec, watch_from, status FROM deployments \
+             WHERE watch_until > ? AND watch_failure = '' AND status IN ('done', 'in-progress')",
         ))
         .bind(at_ms)
         .fetch_all(&self.pool)
@@ -92,7 +99,9 @@ impl Ledger {
                 continue;
             };
             let generation = u64::try_from(r.generation).unwrap_or(0);
-            let Some(why) = watch::judge(&spec, generation, r.watch_from, node, at_ms, &seen) else {
+            // Watched while in progress: a canary, between its first share and its switch.
+            let canary = r.status == "in-progress";
+            let Some(why) = watch::judge(&spec, generation, r.watch_from, node, at_ms, &seen, canary) else {
                 continue;
             };
             let mut tx = self.write_tx().await?;
@@ -113,19 +122,67 @@ impl Ledger {
 
     /// Watches that failed, oldest switch first.
     pub(crate) async fn watch_failures(&self) -> Result<Vec<Failed>, LedgerError> {
-        let rows: Vec<(String, i64, String)> = sqlx::query_as(self.sql(
-            "SELECT environment, generation, watch_failure FROM deployments WHERE watch_until > 0 AND watch_failure <> '' ORDER BY watch_from",
+        let rows: Vec<(String, i64, String, String)> = sqlx::query_as(self.sql(
+            "SELECT environment, generation, watch_failure, status FROM deployments WHERE watch_until > 0 AND watch_failure <> '' ORDER BY watch_from",
         ))
         .fetch_all(&self.pool)
         .await?;
         Ok(rows
             .into_iter()
-            .map(|(environment, generation, failure)| Failed {
+            .map(|(environment, generation, failure, status)| Failed {
                 environment,
                 generation,
                 failure,
+                // Failed or in progress: not switched yet, so a canary.
+                canary: status != "done",
             })
             .collect())
+    }
+
+    /// Fails the canary of `environment`'s generation `generation` for `why` (a step of it
+    /// failed), in `tx`: the pass rolls it back as it does a failed watch.
+    pub(crate) async fn fail_canary(
+        &self,
+        tx: &mut WriteTx,
+        environment: &str,
+        generation: i64,
+        why: &str,
+        now_ms: i64,
+    ) -> Result<(), LedgerError> {
+        sqlx::query(self.sql(
+            "UPDATE deployments SET watch_from = CASE WHEN watch_until > 0 THEN watch_from ELSE ? END, \
+             watch_until = ?, watch_failure = ? WHERE environment = ? AND generation = ? AND watch_failure = ''",
+        ))
+        .bind(now_ms)
+        .bind(CANARY_UNTIL)
+        .bind(why)
+        .bind(environment)
+        .bind(generation)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+
+    /// What the newest failed attempt of `environment`'s generation `generation` at `step`
+    /// reported (a canary gate's measure, say), at most 500 characters.
+    pub(crate) async fn step_failure(
+        &self,
+        tx: &mut WriteTx,
+        environment: &str,
+        generation: i64,
+        step: i64,
+    ) -> Result<Option<String>, LedgerError> {
+        let detail: Option<String> = sqlx::query_scalar(self.sql(
+            "SELECT r.detail FROM job_results r JOIN jobs j ON j.id = r.job_id \
+             WHERE j.environment = ? AND j.generation = ? AND j.step = ? AND r.outcome <> 'succeeded' \
+             ORDER BY r.id DESC LIMIT 1",
+        ))
+        .bind(environment)
+        .bind(generation)
+        .bind(step)
+        .fetch_optional(&mut **tx)
+        .await?;
+        Ok(detail.map(|d| d.chars().take(500).collect()))
     }
 
     /// Ends `environment`'s watch (its failure handled), in `tx`.

@@ -23,7 +23,7 @@ pub fn environment(name: &str, project: &str) -> String {
 
 pub struct Repo {
     pub dir: PathBuf,
-    key: PathBuf,
+    pub key: PathBuf,
     /// The allowed-signers line for the key.
     pub signers: String,
 }
