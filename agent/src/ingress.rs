@@ -28,6 +28,11 @@
 #[path = "ingress_acme.rs"]
 mod acme;
 pub use acme::{ACME_ROUTE, CHALLENGE_PATH};
+#[path = "ingress_canary.rs"]
+mod canary;
+pub use canary::{Canary, Share, Shares};
+#[path = "ingress_gate.rs"]
+pub mod gate;
 
 use crate::caddy_admin::{Admin, AdminError};
 use crate::ingress_tls::{self as tls, Certificate, TLS_SERVER, TlsConfig};
@@ -103,23 +108,41 @@ struct Served {
 }
 
 /// What one node's list says: the generation it last published or removed (its fence), the
-/// environment that did, and its upstreams (none once removed).
+/// environment that did, and its upstreams (none once removed). During a canary of the
+/// generation, `dials` are the old release's and `canary` the new one's, after a
+/// `canary <weight>` line.
 #[derive(Debug, Default, PartialEq, Eq)]
 struct NodeList {
     generation: u64,
     environment: String,
     dials: Vec<String>,
+    canary: Option<Canary>,
 }
 
 impl NodeList {
     fn parse(text: &str) -> NodeList {
         let mut lines = text.lines();
         let mut head = lines.next().unwrap_or_default().split_whitespace();
-        NodeList {
+        let mut list = NodeList {
             generation: head.next().and_then(|g| g.parse().ok()).unwrap_or(0),
             environment: head.next().unwrap_or_default().to_owned(),
-            dials: lines.filter(|l| !l.is_empty()).map(str::to_owned).collect(),
+            ..NodeList::default()
+        };
+        for l in lines.filter(|l| !l.is_empty()) {
+            match (l.strip_prefix("canary "), list.canary.as_mut()) {
+                (Some(rest), _) => {
+                    let mut parts = rest.split_whitespace();
+                    list.canary = Some(Canary {
+                        weight: parts.next().and_then(|w| w.parse().ok()).unwrap_or(1),
+                        dials: Vec::new(),
+                        since_ms: parts.next().and_then(|t| t.parse().ok()).unwrap_or(0),
+                    })
+                }
+                (None, Some(c)) => c.dials.push(l.to_owned()),
+                (None, None) => list.dials.push(l.to_owned()),
+            }
         }
+        list
     }
 
     fn text(&self) -> String {
@@ -127,6 +150,13 @@ impl NodeList {
         for d in &self.dials {
             t.push_str(d);
             t.push('\n');
+        }
+        if let Some(c) = &self.canary {
+            t.push_str(&format!("canary {} {}\n", c.weight, c.since_ms));
+            for d in &c.dials {
+                t.push_str(d);
+                t.push('\n');
+            }
         }
         t
     }
@@ -615,7 +645,7 @@ impl Ingress {
     /// it here too, if any: a hostname is never shared between control planes. A list named
     /// as this node was before lists named their control plane (`<node>` alone) is this
     /// node's own from an earlier version, and goes.
-    fn union(&self, hostname: &str) -> Result<(Vec<String>, Option<String>), Failure> {
+    fn union(&self, hostname: &str) -> Result<(Shares, Option<String>), Failure> {
         let mut files: Vec<PathBuf> = match std::fs::read_dir(self.lists(hostname)) {
             Ok(d) => d
                 .flatten()
@@ -627,7 +657,7 @@ impl Ingress {
         };
         files.sort();
         let (mine, node_alone) = (self.plane(), self.node.split_once('_').map(|(_, n)| n));
-        let mut out = Vec::new();
+        let mut out = Shares::default();
         let mut foreign = None;
         for f in files {
             let name = f.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
@@ -635,10 +665,10 @@ impl Ingress {
                 std::fs::remove_file(&f).map_err(disk)?;
                 continue;
             }
-            let dials = NodeList::parse(&std::fs::read_to_string(&f).map_err(disk)?).dials;
+            let list = NodeList::parse(&std::fs::read_to_string(&f).map_err(disk)?);
             if Self::plane_of(&name) == mine {
-                out.extend(dials);
-            } else if !dials.is_empty() && foreign.is_none() {
+                out.add(&list.dials, list.canary.as_ref());
+            } else if !(list.dials.is_empty() && list.canary.is_none()) && foreign.is_none() {
                 foreign = Some(Self::plane_of(&name).to_owned());
             }
         }
@@ -658,11 +688,11 @@ impl Ingress {
         replace(&self.list_path(hostname), &list.text())
     }
 
-    /// Points the slot files at `dials` (round robin over `slots`); whether any changed.
-    fn write_slots(&self, hostname: &str, dials: &[String], slots: usize) -> Result<bool, Failure> {
+    /// Points the slot files at `shares` (each release's share of `slots`, round robin over its
+    /// upstreams); whether any changed.
+    fn write_slots(&self, hostname: &str, shares: &Shares, slots: usize) -> Result<bool, Failure> {
         let mut changed = false;
-        for k in 0..slots {
-            let dial = &dials[k % dials.len()];
+        for (k, dial) in shares.slot_dials(slots).iter().enumerate() {
             let path = self.slot(hostname, k);
             if std::fs::read_to_string(&path).ok().as_deref() != Some(dial.as_str()) {
                 replace(&path, dial)?;
@@ -818,6 +848,50 @@ impl Ingress {
         exclusive(&self.upstreams.join("server.lock")).map(Turn)
     }
 
+    /// How the proxy's log names the canary's upstreams: Caddy logs a round trip under the
+    /// upstream as configured, the slot's `{file.*}` placeholder, so the canary's are the slots
+    /// that point at its upstreams now (a step's shares hold until the next step), and the
+    /// upstreams themselves.
+    fn canary_upstreams(&self, hostname: &str, c: &Canary) -> Vec<String> {
+        let mut out = c.dials.clone();
+        for k in 0..self.slot_count(hostname) {
+            let path = self.slot(hostname, k);
+            if std::fs::read_to_string(&path).is_ok_and(|d| c.dials.contains(&d)) {
+                out.push(format!("{{file.{}}}", path.display()));
+            }
+        }
+        out
+    }
+
+    /// The file the reverse proxy's round trips are logged to ([`gate`]).
+    fn proxy_log(&self) -> PathBuf {
+        let dir = self.admin.socket().parent().unwrap_or(&self.upstreams);
+        dir.join(gate::FILE)
+    }
+
+    /// The logger of the proxy's round trips (what a canary's gates read), added with the
+    /// server of ours, in the same turn, before any route of ours carries a request: a change
+    /// of Caddy's configuration is a reload, which fails requests that arrive at that
+    /// instant, so it never comes at a canary step.
+    fn ensure_proxy_log(&self) -> Result<(), Failure> {
+        let path = format!("/config/logging/logs/{}", gate::LOGGER);
+        if self.get(&path)?.is_some() {
+            return Ok(());
+        }
+        let logger = gate::logger(&self.proxy_log());
+        if self.get("/config/logging/logs")?.is_some() {
+            self.send("PUT", &path, Some(&logger))
+        } else if self.get("/config/logging")?.is_some() {
+            self.send("PUT", "/config/logging/logs", Some(&json!({ gate::LOGGER: logger })))
+        } else {
+            self.send(
+                "PUT",
+                "/config/logging",
+                Some(&json!({"logs": { gate::LOGGER: logger }})),
+            )
+        }
+    }
+
     fn ensure_server(&self) -> Result<(), Failure> {
         if self.get(&format!("/config/apps/http/servers/{SERVER}"))?.is_some() {
             return Ok(());
@@ -827,6 +901,7 @@ impl Ingress {
         if self.get(&format!("/config/apps/http/servers/{SERVER}"))?.is_some() {
             return Ok(());
         }
+        self.ensure_proxy_log()?;
         let server = json!({
             "listen": self.listen,
             "routes": [{"@id": FALLBACK, "handle": [{"handler": "static_response", "status_code": 404}]}],
@@ -874,6 +949,25 @@ impl Ingress {
         dials: &[String],
         sealed: Option<&IngressTls>,
     ) -> Result<String, Failure> {
+        self.publish_share(environment, hostname, generation, dials, sealed, Share::Whole, None)
+    }
+
+    /// [`Ingress::publish`] of a share of the hostname's requests (`share`): a canary step
+    /// keeps the release this node published before beside the new one
+    /// ([`crate::ingress::Shares`]).
+    // The publish's own arguments plus how it shares and what it must pass first: one call,
+    // as the lease's task is one.
+    #[allow(clippy::too_many_arguments)]
+    pub fn publish_share(
+        &self,
+        environment: &str,
+        hostname: &str,
+        generation: u64,
+        dials: &[String],
+        sealed: Option<&IngressTls>,
+        share: Share,
+        gate: Option<&agent_proto::task::CanaryGate>,
+    ) -> Result<String, Failure> {
         let hostname = checked(hostname)?;
         if dials.is_empty() {
             return Err(permanent(
@@ -888,6 +982,27 @@ impl Ingress {
                 format!("generation {fenced} of {hostname} is published or removed already; {generation} is older"),
             ));
         }
+        // A canary's gates before anything changes: what the ingress measured of this node's
+        // canary of this generation since its step before.
+        let own = self.own(hostname);
+        let gate_note = match (gate, own.canary.as_ref().filter(|_| own.generation == generation)) {
+            (Some(_), Some(_)) if self.get(&format!("/config/logging/logs/{}", gate::LOGGER))?.is_none() => {
+                "; gates not judged: this machine's Caddy has no proxy log (it comes with the ingress server: a Caddy restarted without its saved configuration gets it back then)".to_owned()
+            }
+            (Some(g), Some(c)) => match gate::judge(
+                g,
+                &gate::measure(&self.proxy_log(), &self.canary_upstreams(hostname, c), c.since_ms),
+            ) {
+                Ok(note) => format!("; {note}"),
+                Err(why) => {
+                    return Err(permanent(
+                        "canary-gate-failed",
+                        format!("{hostname}: the new release's {why}"),
+                    ));
+                }
+            },
+            _ => String::new(),
+        };
         // The certificate first: one that cannot be used changes nothing.
         let served = sealed.map(|s| self.certificate(hostname, s)).transpose()?;
         self.ensure_server()?;
@@ -900,14 +1015,49 @@ impl Ingress {
                 ),
             ));
         }
-        self.set_own(
-            hostname,
-            &NodeList {
+        let weight = match share {
+            Share::Whole => None,
+            Share::Canary(w) => Some(w),
+            Share::Repair => own
+                .canary
+                .as_ref()
+                .filter(|_| own.generation == generation)
+                .map(|c| c.weight),
+        };
+        // The release this node published before, while it still serves: kept beside a
+        // canary (a canary of a newer commit, mid-canary, keeps it too).
+        let old = match own.canary.is_some() || own.generation < generation {
+            true => own.dials,
+            false => Vec::new(),
+        };
+        let list = match weight {
+            Some(weight) if !old.is_empty() => NodeList {
+                generation,
+                environment: environment.to_owned(),
+                dials: old,
+                canary: Some(Canary {
+                    weight,
+                    dials: dials.to_vec(),
+                    // A repair keeps its step's start; a step starts now.
+                    since_ms: match (share, &own.canary) {
+                        (Share::Repair, Some(c)) => c.since_ms,
+                        _ => unix_ms(),
+                    },
+                }),
+            },
+            _ => NodeList {
                 generation,
                 environment: environment.to_owned(),
                 dials: dials.to_vec(),
+                canary: None,
             },
-        )?;
+        };
+        let canary_note = match &list.canary {
+            Some(c) => format!(", a canary at {}%", c.weight),
+            None if weight.is_some() => ", whole: no earlier release published here".to_owned(),
+            None => String::new(),
+        };
+        self.set_own(hostname, &list)?;
         let (all, _) = self.union(hostname)?;
         let id = route_id(self.plane(), hostname);
         // The slots are the proxy route's: the plain route's, or the HTTPS route's.
@@ -939,9 +1089,8 @@ impl Ingress {
         // answer another route (10 HTTPS publishes at once read back another hostname's), and
         // a PATCH through it would change that route.
         let mut mismatched: Vec<String> = Vec::new();
-        if !(0..slots)
-            .all(|k| std::fs::read_to_string(self.slot(hostname, k)).ok().as_deref() == Some(&all[k % all.len()]))
-        {
+        let wanted = all.slot_dials(slots);
+        if !(0..slots).all(|k| std::fs::read_to_string(self.slot(hostname, k)).ok().as_deref() == Some(&wanted[k])) {
             mismatched.push("its upstream files".into());
         }
         for (_, pid, wanted) in &pieces {
@@ -962,13 +1111,17 @@ impl Ingress {
                 format!("{id}: {} read back otherwise", mismatched.join(", ")),
             ));
         }
-        if changed && had_slots != 0 {
+        // A canary step keeps the old release running: nothing stops after it, no drain.
+        if changed && had_slots != 0 && list.canary.is_none() {
             std::thread::sleep(DRAIN);
         }
         self.prune_certificates(hostname, served.as_ref());
+        let on = match all.canary_slots(slots) {
+            0 => slots,
+            k => k,
+        };
         Ok(format!(
-            "{id} {note}: generation {generation} on {} slot(s) to {}{}",
-            slots,
+            "{id} {note}: generation {generation} on {on} of {slots} slot(s) to {}{canary_note}{}{gate_note}",
             dials.join(", "),
             if served.is_some() { ", over HTTPS" } else { "" }
         ))
@@ -996,6 +1149,7 @@ impl Ingress {
                 generation,
                 environment: environment.to_owned(),
                 dials: Vec::new(),
+                canary: None,
             },
         )?;
         let (others, foreign) = self.union(hostname)?;
@@ -1064,4 +1218,11 @@ impl Ingress {
             format!("no route of {hostname}")
         })
     }
+}
+
+/// Now, in Unix milliseconds.
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }

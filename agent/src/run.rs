@@ -7,6 +7,7 @@
 use crate::client::AgentClient;
 use crate::docker::{ENVIRONMENT, Engine, GENERATION, INSTANCE, ROLE, RUN_TIMEOUT};
 use crate::firewall::Firewall;
+use crate::ingress::Share;
 use crate::lease_loop::{Ended, LeaseLoop, Tasks, blocking};
 use crate::outcome::{Failure, permanent};
 use agent_proto::{Capability, Execution, Heartbeat, LeasedJob, RunningInstance, Task};
@@ -497,7 +498,12 @@ async fn run_task(x: &Executors, job: &LeasedJob) -> Result<String, Failure> {
             let note = off_thread(&x.ingress, move |ingress| ingress.remove(&env, &host, generation)).await?;
             Ok(format!("held until its domain is verified ({note})"))
         }
-        (Task::PublishIngress { .. }, Execution::Ingress(spec)) => {
+        (
+            Task::PublishIngress {
+                weight, repair, gate, ..
+            },
+            Execution::Ingress(spec),
+        ) => {
             // This generation's replicas on this node, by their address on the environment's
             // network.
             let mut dials = Vec::new();
@@ -510,8 +516,14 @@ async fn run_task(x: &Executors, job: &LeasedJob) -> Result<String, Failure> {
             }
             let (env, host, generation) = (spec.environment.clone(), spec.hostname.clone(), spec.generation);
             let sealed = spec.tls.clone();
+            let share = match (weight, repair) {
+                (Some(w), _) => Share::Canary(*w),
+                (None, 0) => Share::Whole,
+                (None, _) => Share::Repair,
+            };
+            let gate = *gate;
             off_thread(&x.ingress, move |ingress| {
-                ingress.publish(&env, &host, generation, &dials, sealed.as_ref())
+                ingress.publish_share(&env, &host, generation, &dials, sealed.as_ref(), share, gate.as_ref())
             })
             .await
         }

@@ -848,3 +848,206 @@ fn https_publishes_side_by_side_each_keep_their_certificate() {
         assert_eq!(status, 200, "{h}: {text}");
     }
 }
+
+/// How many of `host`'s slot files point at `dial`.
+fn slots_at(dir: &std::path::Path, host: &str, dial: &str) -> usize {
+    (0..12)
+        .filter(|k| {
+            std::fs::read_to_string(dir.join("upstreams").join(host).join(k.to_string()))
+                .ok()
+                .as_deref()
+                == Some(dial)
+        })
+        .count()
+}
+
+#[test]
+fn a_canary_shares_requests_by_weight_and_its_steps_and_switch_lose_none() {
+    use pushleft_agent::ingress::Share;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let http = support::free_port();
+    let (_socket, admin, caddy) = caddy(dir.path());
+    let mut children = vec![caddy];
+    let mut dials = Vec::new();
+    for text in ["generation one", "generation two"] {
+        let (child, dial) = support::text_server(dir.path(), text);
+        children.push(child);
+        dials.push(dial);
+    }
+    let _kill = Kill(children);
+    let ingress = Ingress::new(
+        &admin,
+        vec![format!("127.0.0.1:{http}")],
+        dir.path().join("upstreams"),
+        "0123abcd_n1",
+    )
+    .expect("ingress");
+    let host = "canary.localhost";
+    let count_two = |n: usize| {
+        (0..n)
+            .filter(|_| get(http, host).expect("request").1 == "generation two")
+            .count()
+    };
+
+    // A canary with nothing published before is published whole.
+    let note = ingress
+        .publish_share("web", "first.localhost", 1, &dials[1..2], None, Share::Canary(10), None)
+        .expect("first");
+    assert!(note.contains("whole: no earlier release"), "{note}");
+
+    ingress.publish("web", host, 1, &dials[0..1], None).expect("g1");
+    support::wait_port(http);
+    assert_eq!(count_two(20), 0);
+
+    // 25%: 3 of the 12 slots, under load with no failed request.
+    let mut note = String::new();
+    let (failed, served) = under_load(http, "canary.localhost", || {
+        note = ingress
+            .publish_share("web", host, 2, &dials[1..2], None, Share::Canary(25), None)
+            .expect("canary 25");
+    });
+    assert_eq!(failed, 0, "{served} served");
+    assert!(
+        note.contains("a canary at 25%") && note.contains("on 3 of 12 slot(s)"),
+        "{note}"
+    );
+    assert_eq!(slots_at(dir.path(), host, &dials[1]), 3);
+    assert_eq!(slots_at(dir.path(), host, &dials[0]), 9);
+    // 200 requests at p = 0.25: 50 expected, and [25, 80] holds with overwhelming odds.
+    let two = count_two(200);
+    assert!((25..=80).contains(&two), "{two} of 200 to the canary at 25%");
+
+    // The next step, a repaired replica's publish (the share stays), then the switch.
+    ingress
+        .publish_share("web", host, 2, &dials[1..2], None, Share::Canary(50), None)
+        .expect("canary 50");
+    assert_eq!(slots_at(dir.path(), host, &dials[1]), 6);
+    let note = ingress
+        .publish_share("web", host, 2, &dials[1..2], None, Share::Repair, None)
+        .expect("repair");
+    assert!(note.contains("a canary at 50%"), "{note}");
+    assert_eq!(slots_at(dir.path(), host, &dials[1]), 6);
+    let err = ingress
+        .publish("web", host, 1, &dials[0..1], None)
+        .expect_err("the old generation's publish is stale");
+    assert_eq!(err.code, "stale-generation");
+    let (failed, _) = under_load(http, "canary.localhost", || {
+        ingress.publish("web", host, 2, &dials[1..2], None).expect("switch");
+    });
+    assert_eq!(failed, 0);
+    assert_eq!(slots_at(dir.path(), host, &dials[1]), 12);
+    assert_eq!(count_two(30), 30);
+
+    // A canary of generation 3 keeps generation 2 as the old release; a rollback's generation
+    // (published whole) takes every request back.
+    ingress
+        .publish_share("web", host, 3, &dials[0..1], None, Share::Canary(10), None)
+        .expect("canary of 3");
+    assert_eq!(slots_at(dir.path(), host, &dials[0]), 1);
+    ingress.publish("web", host, 4, &dials[1..2], None).expect("back");
+    assert_eq!(count_two(30), 30);
+}
+
+/// An upstream on loopback that answers every request `500` (at most 2,000 connections).
+fn failing_upstream() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().take(2_000) {
+            let Ok(mut conn) = conn else { continue };
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf);
+            let _ = conn.write_all(
+                b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 6\r\nConnection: close\r\n\r\nbroken",
+            );
+        }
+    });
+    addr
+}
+
+#[test]
+fn a_canary_gate_fails_on_the_new_release_s_errors_as_the_ingress_measured_them() {
+    use agent_proto::task::CanaryGate;
+    use pushleft_agent::ingress::Share;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let http = support::free_port();
+    let (socket, admin, caddy) = caddy(dir.path());
+    let mut children = vec![caddy];
+    let mut dials = Vec::new();
+    for text in ["generation one", "generation two"] {
+        let (child, dial) = support::text_server(dir.path(), text);
+        children.push(child);
+        dials.push(dial);
+    }
+    let _kill = Kill(children);
+    let broken = failing_upstream();
+    let ingress = Ingress::new(
+        &admin,
+        vec![format!("127.0.0.1:{http}")],
+        dir.path().join("upstreams"),
+        "0123abcd_n1",
+    )
+    .expect("ingress");
+    let host = "gated.localhost";
+    let gate = CanaryGate {
+        max_error_percent: Some(5),
+        max_p95_ms: None,
+        min_requests: 10,
+    };
+    let requests = |n: usize| {
+        for _ in 0..n {
+            let _ = get(http, host);
+        }
+    };
+    ingress.publish("web", host, 1, &dials[0..1], None).expect("g1");
+    support::wait_port(http);
+
+    // A canary of a release that answers 500: half the requests fail; the next step's gate
+    // fails with what was measured, and nothing changes.
+    ingress
+        .publish_share(
+            "web",
+            host,
+            2,
+            std::slice::from_ref(&broken),
+            None,
+            Share::Canary(50),
+            None,
+        )
+        .expect("canary 50");
+    let logger = support::caddy_admin(&socket, "GET", "/config/logging/logs/pl-proxy").expect("admin");
+    assert!(logger.1.contains("http.handlers.reverse_proxy"), "{logger:?}");
+    requests(40);
+    std::thread::sleep(Duration::from_millis(300));
+    let err = ingress
+        .publish_share(
+            "web",
+            host,
+            2,
+            std::slice::from_ref(&broken),
+            None,
+            Share::Canary(90),
+            Some(&gate),
+        )
+        .expect_err("the gate fails");
+    assert_eq!(err.code, "canary-gate-failed");
+    assert!(
+        err.detail.contains("5xx or failed") && err.detail.ends_with("over maxErrorPercent 5"),
+        "{}",
+        err.detail
+    );
+    assert_eq!(slots_at(dir.path(), host, &broken), 6, "the shares stay as they were");
+
+    // A healthy release passes the same gate, with what was measured in the note.
+    ingress.publish("web", host, 3, &dials[0..1], None).expect("back");
+    ingress
+        .publish_share("web", host, 4, &dials[1..2], None, Share::Canary(50), None)
+        .expect("canary 50");
+    requests(40);
+    std::thread::sleep(Duration::from_millis(300));
+    let note = ingress
+        .publish_share("web", host, 4, &dials[1..2], None, Share::Canary(90), Some(&gate))
+        .expect("the gate passes");
+    assert!(note.contains("gates passed: 0 of"), "{note}");
+    assert_eq!(slots_at(dir.path(), host, &dials[1]), 11);
+}

@@ -339,3 +339,22 @@ pub fn nslookup_addresses(out: &str) -> Vec<String> {
         .map(|a| a.trim().to_owned())
         .collect()
 }
+
+/// A busybox httpd on a free loopback port serving `text` (plus a newline) as its index, from
+/// a folder of `dir` named after it: the process and its `127.0.0.1:port`.
+#[allow(dead_code)] // (the ingress tests' and the canary bench's)
+pub fn text_server(dir: &std::path::Path, text: &str) -> (std::process::Child, String) {
+    let www = dir.join(text.replace(' ', "-"));
+    std::fs::create_dir_all(&www).expect("www");
+    std::fs::write(www.join("index.html"), format!("{text}\n")).expect("index");
+    let port = free_port();
+    let child = std::process::Command::new("busybox")
+        .args(["httpd", "-f", "-p", &format!("127.0.0.1:{port}"), "-h"])
+        .arg(&www)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("busybox httpd");
+    wait_port(port);
+    (child, format!("127.0.0.1:{port}"))
+}
