@@ -6,6 +6,8 @@ mod backups;
 mod commands;
 mod operator;
 mod rollback;
+mod rollback_commit;
+mod rollout;
 mod secret;
 mod up;
 mod verify;
@@ -396,19 +398,64 @@ Reference: docs/cli.md (pl wait)")]
     Rollback {
         environment: String,
         /// End the hold instead: the environment goes back to what Git says.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "commit")]
         release: bool,
+        /// Write the rollback as a signed commit instead (a revert of the commit that brought the
+        /// current release, on a branch `pl-rollback/ENV`, signed with your SSH signing key),
+        /// for when Git is the only authority: merge or push it to roll back. No control plane
+        /// is asked; the work tree is left alone.
+        #[arg(long)]
+        commit: bool,
+        /// The repository for `--commit`.
+        #[arg(short = 'C', long = "repo", default_value = ".", requires = "commit")]
+        repo: PathBuf,
+        /// The SSH private key `--commit` signs with (default: git's `user.signingkey`).
+        #[arg(long, requires = "commit")]
+        signing_key: Option<PathBuf>,
         /// How long to wait for the hosts, in seconds.
         #[arg(long, default_value_t = 600)]
         timeout: u64,
         #[command(flatten)]
         server: operator::ServerArgs,
     },
+    /// A rollout in progress (operator role): `promote` lets a canary go on past its pause,
+    /// `abort` takes the previous release back (held, as `pl rollback`).
+    Rollout {
+        #[command(subcommand)]
+        action: RolloutCommand,
+    },
     /// Ask the reconciler for a pass now (operator role).
     Reconcile {
         /// Run a pass now instead of at the next interval (the only mode).
         #[arg(long, required = true)]
         now: bool,
+        #[command(flatten)]
+        server: operator::ServerArgs,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum RolloutCommand {
+    /// Let the environment's canary go on now, past its pause (or the pause that waits for
+    /// this). Returns once the step it let run is done on the hosts: 0 done, 1 refused
+    /// (`not-in-progress`, `not-paused`) or failed, 2 timed out.
+    Promote {
+        environment: String,
+        /// How long to wait for the hosts, in seconds.
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+        #[command(flatten)]
+        server: operator::ServerArgs,
+    },
+    /// Stop the environment's rollout in progress (a canary, say): its previous release takes
+    /// every request back, and the control plane holds it there as `pl rollback` does.
+    /// Returns once the agents report it: 0 done, 1 refused (`not-in-progress`, …) or
+    /// failed, 2 timed out.
+    Abort {
+        environment: String,
+        /// How long to wait for the hosts, in seconds.
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
         #[command(flatten)]
         server: operator::ServerArgs,
     },
@@ -611,11 +658,37 @@ fn main() -> ExitCode {
         } => control_plane(server).and_then(|s| backups::list(&s, &environment, volume.as_deref(), limit)),
         Command::Rollback {
             environment,
+            commit: true,
+            repo,
+            signing_key,
+            ..
+        } => rollback_commit::rollback_commit(&repo, &environment, signing_key.as_deref()),
+        Command::Rollback {
+            environment,
             release,
             timeout,
             server,
+            ..
         } => control_plane(server)
             .and_then(|s| rollback::rollback(&s, &environment, release, std::time::Duration::from_secs(timeout))),
+        Command::Rollout {
+            action:
+                RolloutCommand::Promote {
+                    environment,
+                    timeout,
+                    server,
+                },
+        } => control_plane(server)
+            .and_then(|s| rollout::promote(&s, &environment, std::time::Duration::from_secs(timeout))),
+        Command::Rollout {
+            action:
+                RolloutCommand::Abort {
+                    environment,
+                    timeout,
+                    server,
+                },
+        } => control_plane(server)
+            .and_then(|s| rollout::abort(&s, &environment, std::time::Duration::from_secs(timeout))),
         Command::Backup {
             environment,
             volume,

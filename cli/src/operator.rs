@@ -271,6 +271,26 @@ pub fn status(args: &ServerArgs) -> Result<u8> {
             h["by"].as_str().unwrap_or("?")
         );
     }
+    // Canaries under way: the share the new release has, and what the next step waits for.
+    for d in rows.iter().filter(|d| !d["canary"].is_null()) {
+        let c = &d["canary"];
+        let env = d["environment"].as_str().unwrap_or("?");
+        let next = if c["waitsForPromote"].as_bool() == Some(true) {
+            format!("the next step waits for `pl rollout promote {env}`")
+        } else if let Some(at) = c["nextAtMs"].as_i64() {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64);
+            format!("the next step in {} s", ((at - now).max(0) + 999) / 1000)
+        } else {
+            "a step is running".to_owned()
+        };
+        outln!(
+            "canary      {env} generation {}: {}% of requests on the new release; {next}",
+            d["generation"],
+            c["weight"]
+        );
+    }
     certificates_line(&client)?;
     // The mesh between nodes, as agents report their links (said only when there is one).
     let links = v["mesh"]["links"].as_u64().unwrap_or(0);

@@ -23,14 +23,27 @@ pub fn rollback(server: &ServerArgs, environment: &str, release: bool, timeout: 
             return Ok(1);
         }
     };
+    follow(&client, environment, &asked, started, timeout, "pl rollback")
+}
+
+/// Follows the rollback `asked` (or a hold's release) until the agents report it true on the
+/// hosts; the exit code as [`rollback`]'s. `me` starts each line on stderr.
+pub(crate) fn follow(
+    client: &Client,
+    environment: &str,
+    asked: &Value,
+    started: Instant,
+    timeout: Duration,
+    me: &str,
+) -> Result<u8> {
     let wanted = asked["generation"].as_u64();
     if let Some(g) = wanted {
         eprintln!(
-            "pl rollback: {environment}: generation {} back to generation {}'s release as generation {g}",
+            "{me}: {environment}: generation {} back to generation {}'s release as generation {g}",
             asked["from"], asked["to"]
         );
     } else {
-        eprintln!("pl rollback: {environment}: hold released; planning it from Git");
+        eprintln!("{me}: {environment}: hold released; planning it from Git");
     }
     let deadline = started + timeout;
     let mut said = String::new();
@@ -60,22 +73,22 @@ pub fn rollback(server: &ServerArgs, environment: &str, release: bool, timeout: 
                 return Ok(0);
             }
             Judged::Failed(why) => {
-                let failure = crate::up::follow::failure_of(&client, environment)?;
+                let failure = crate::up::follow::failure_of(client, environment)?;
                 eprintln!(
-                    "pl rollback: {environment}: {why}{}",
+                    "{me}: {environment}: {why}{}",
                     failure.map(|f| format!(": {f}")).unwrap_or_default()
                 );
                 return Ok(1);
             }
             Judged::Waiting(why) => {
                 if why != said {
-                    eprintln!("pl rollback: {why}");
+                    eprintln!("{me}: {why}");
                     said = why;
                 }
             }
         }
         if Instant::now() >= deadline {
-            eprintln!("pl rollback: not done within {} s: {said}", timeout.as_secs());
+            eprintln!("{me}: not done within {} s: {said}", timeout.as_secs());
             return Ok(2);
         }
         std::thread::sleep(POLL);

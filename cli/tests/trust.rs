@@ -1,8 +1,11 @@
 //! Commit signatures against real repositories made with the `git` CLI and keys made by
 //! `ssh-keygen`. For every case, `git verify-commit` with the same allowed-signers file must
-//! agree with `pl verify` on whether the signature is good.
+//! agree with `pl verify` on whether the signature is good. `pl rollback --commit` writes a
+//! revert on a branch of its own, signed with the user's own key, which both accept.
 
 mod common;
+#[path = "../../reconciler/tests/support/repo.rs"]
+mod repo_support;
 use common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -454,4 +457,101 @@ fn plan_header_gives_the_head_verdict(tmp: &Path, signers: &Path, ops: &Key, dev
     );
     let md = plan(Some(&unsigned), None, "markdown");
     assert!(md.contains("**signature**: refused [unsigned]"), "{md}");
+}
+
+#[test]
+fn rollback_commit_reverts_the_release_signed_and_keeps_later_changes() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let repo = repo_support::Repo::new(tmp.path());
+    let project = |digest: char, replicas: u32| {
+        let d: String = std::iter::repeat_n(digest, 64).collect();
+        format!(
+            "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: registry.example.invalid/api@sha256:{d}\n  roles:\n    web: {{kind: web, port: 8080, replicas: {replicas}}}\n"
+        )
+    };
+    let pl_in = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_pl"))
+            .args(args)
+            .arg("-C")
+            .arg(&repo.dir)
+            .output()
+            .expect("pl");
+        (
+            o.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    repo.write("projects/api.yaml", &project('a', 2));
+    repo.write(
+        "envs/api-production.yaml",
+        &repo_support::environment("api-production", "api"),
+    );
+    repo.commit("release a", true);
+    // One release only: nothing to go back to.
+    let (code, _, err) = pl_in(&["rollback", "api-production", "--commit"]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("error[no-previous-release]"), "{err}");
+    repo.write("projects/api.yaml", &project('b', 2));
+    let release_b = repo.commit("release b", true);
+    repo.write("projects/api.yaml", &project('b', 3));
+    repo.commit("scale to 3", true);
+
+    // The user's own signing key, as git's configuration says (the public key's path, as
+    // git's ssh signing takes it; the private key is beside it).
+    for (k, v) in [
+        ("gpg.format", "ssh"),
+        ("user.signingkey", &format!("{}.pub", repo.key.display())),
+        ("user.name", "Alice"),
+        ("user.email", "alice@example.invalid"),
+    ] {
+        repo.git(&["config", k, v]);
+    }
+    // The work tree is left alone: a change in it stays, and does not count.
+    repo.write("projects/api.yaml", &project('c', 3));
+    let before = repo.git(&["rev-parse", "HEAD"]);
+    let (code, out, err) = pl_in(&["rollback", "api-production", "--commit"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains("wrote pl-rollback/api-production") && out.contains("(release b), signed"),
+        "{out}"
+    );
+    assert_eq!(
+        repo.git(&["rev-parse", "HEAD"]),
+        before,
+        "the current branch did not move"
+    );
+    let file = std::fs::read_to_string(repo.dir.join("projects/api.yaml")).expect("read");
+    assert_eq!(file, project('c', 3), "the work tree untouched");
+    let branch = "pl-rollback/api-production";
+    assert_eq!(
+        repo.git(&["rev-parse", &format!("{branch}^")]),
+        before,
+        "one commit on HEAD"
+    );
+    let message = repo.git(&["log", "-1", "--format=%B", branch]);
+    assert!(
+        message.contains(&format!("Reverts {release_b} (release b).")),
+        "{message}"
+    );
+    assert_eq!(
+        repo.git(&["log", "-1", "--format=%an <%ae>", branch]),
+        "Alice <alice@example.invalid>"
+    );
+    // Release a's image again, the later scale kept (the same file: its lines merged).
+    assert_eq!(
+        repo.git(&["show", &format!("{branch}:projects/api.yaml")]),
+        project('a', 3).trim_end()
+    );
+    // Signed with the user's key: `pl verify` and `git verify-commit` accept it.
+    let signers = tmp.path().join("allowed_signers");
+    std::fs::write(&signers, &repo.signers).expect("signers");
+    check(&repo.dir, branch, &signers, Ok("ops-alice"));
+    let (code, _, err) = pl_in(&["rollback", "api-production", "--commit"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("error[branch-exists]"), "{err}");
+    // An environment nobody declares.
+    let (code, _, err) = pl_in(&["rollback", "api-staging", "--commit"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("error[unknown-environment]"), "{err}");
 }

@@ -23,7 +23,8 @@
 //!   says it differs from Git, `pl up` of the same files keeps it, a second rollback is
 //!   refused with `rollback-held`) until `pl rollback --release`. A release with
 //!   `rollout.watchSeconds` whose health path stops answering after its switch is rolled back
-//!   on its own (held by `watch`), with no failed request.
+//!   on its own (held by `watch`), with no failed request. A canary step at 50% has both
+//!   releases answer until `pl rollout promote` lets the switch run, with no failed request.
 //! - `--build`: a local Dockerfile's image serves, pinned by digest, the Git files untouched;
 //!   a failed build ends with its step's output and changes nothing.
 //! - `pl down DIR ENV` tears that environment down alone; `pl down` tears the rest down (its
@@ -683,6 +684,70 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         let (code, out, _) = pl(&["status", "--local"], &repo_dir, &state, &socket);
         assert_eq!(code, 0);
         assert!(out.contains("held        api-production") && out.contains("by watch"), "{out}");
+
+        // A canary: release one with `strategy: canary` and one step at 50% that waits for a
+        // promote. `pl up` (in the background) waits too; meanwhile both releases answer; `pl
+        // rollout promote` lets the switch run, and `pl up` returns once it is done. No
+        // request fails throughout.
+        let canary = project_healthy.replace(
+            "command: [/bin/busybox, httpd, -f, -p, '8080', -h, /www]",
+            "rollout: {strategy: canary, steps: [{weight: 50}]}, command: [/bin/busybox, httpd, -f, -p, '8080', -h, /www]",
+        );
+        assert_ne!(canary, project_healthy);
+        let load = Load::start(&netns, http, "api.example.com.localhost", None);
+        std::fs::write(repo_dir.join("projects/api.yaml"), &canary).expect("write");
+        let up_err = scratch.join("canary-up.err");
+        let mut up = pl_command(&state, &socket)
+            .args(["up", "--http", "--node", "n1", "--port", &port_arg])
+            .arg(&repo_dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&up_err).expect("stderr file"))
+            .spawn()
+            .expect("pl up");
+        let steps = || agent_support::sql(&ledger_url, "SELECT detail FROM events WHERE kind = 'canary-step'");
+        // Both environments of the project (production and staging) take their step.
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while steps().len() < 2 {
+            assert!(Instant::now() < deadline, "the canaries never took their first step: {:?}", steps());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(
+            steps().iter().all(|s| s.contains("50% of requests on the new release; the next step waits for `pl rollout promote`")),
+            "{:?}",
+            steps()
+        );
+        let answers: Vec<String> = (0..60)
+            .filter_map(|_| get(http, "api.example.com.localhost").map(|(_, body)| body))
+            .collect();
+        let one = answers.iter().filter(|b| b.as_str() == "hello from pl up").count();
+        let two = answers.iter().filter(|b| b.as_str() == "release two").count();
+        // 6 of 12 slots each: 30 expected of 60; [8, 52] holds with overwhelming odds.
+        assert!(one + two == 60 && (8..=52).contains(&one), "{one} new, {two} old of 60: {answers:?}");
+        assert!(up.try_wait().expect("pl up").is_none(), "pl up waits for the promote");
+        let (code, out, _) = pl(&["status", "--local"], &repo_dir, &state, &socket);
+        assert_eq!(code, 0);
+        assert!(
+            out.contains("canary      api-production generation")
+                && out.contains("50% of requests on the new release; the next step waits for `pl rollout promote api-production`"),
+            "{out}"
+        );
+        for env in ["api-production", "api-staging"] {
+            let (code, out, err) = pl(&["rollout", "promote", env, "--local"], &repo_dir, &state, &socket);
+            assert_eq!(code, 0, "pl rollout promote {env}: {out}\n{err}");
+            assert!(out.contains("switched: its canary is over") || out.contains("past step"), "{out}");
+        }
+        assert_eq!(
+            up.wait().expect("pl up").code(),
+            Some(0),
+            "pl up returns once both canaries switched: {}",
+            std::fs::read_to_string(&up_err).unwrap_or_default()
+        );
+        assert_eq!(get(http, "api.example.com.localhost"), Some((200, "hello from pl up".into())));
+        let (failed, served) = load.finish();
+        assert_eq!(failed, 0, "requests failed during the canary ({served} served)");
+        let (code, _, err) = pl(&["rollout", "promote", "api-production", "--local"], &repo_dir, &state, &socket);
+        assert_eq!(code, 1);
+        assert!(err.contains("[not-in-progress]"), "{err}");
         std::fs::write(repo_dir.join("projects/api.yaml"), &project_two).expect("write");
 
         // `--build api=DIR`: DIR's Dockerfile is built on the engine and runs as api's image,

@@ -14,6 +14,7 @@ pub use gix::ObjectId;
 pub mod mirror;
 #[cfg(feature = "fetch")]
 pub mod remote;
+pub mod revert;
 pub mod revision;
 pub mod source;
 pub mod trust;
