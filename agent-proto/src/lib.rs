@@ -365,6 +365,18 @@ pub struct IngressTls {
 pub struct Upstream {
     pub container: String,
     pub port: u16,
+    /// A rolling rollout's replica not replaced yet: the agent routes to the newest container
+    /// of an older generation it runs for this replica (stopped or paused ones: not at all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub older: Option<OlderReplica>,
+}
+
+/// The replica an older upstream stands for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OlderReplica {
+    pub role: String,
+    pub instance: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

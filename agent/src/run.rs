@@ -508,8 +508,18 @@ async fn run_task(x: &Executors, job: &LeasedJob) -> Result<String, Failure> {
             // network.
             let mut dials = Vec::new();
             for u in &spec.upstreams {
-                // A rollback's replica may be a resumed container of the previous release.
-                let container = engine.serving(&u.container);
+                // A rollback's replica may be a resumed container of the previous release; a
+                // rolling rollout's replica not replaced yet is the older one that runs.
+                let container = match &u.older {
+                    Some(o) => match engine
+                        .older_serving(&spec.environment, &o.role, o.instance, spec.generation)
+                        .await?
+                    {
+                        Some(c) => c,
+                        None => continue,
+                    },
+                    None => engine.serving(&u.container),
+                };
                 if let Some(ip) = engine.address(&container, &spec.network.network).await {
                     dials.push(format!("{ip}:{}", u.port));
                 }

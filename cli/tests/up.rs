@@ -25,6 +25,8 @@
 //!   `rollout.watchSeconds` whose health path stops answering after its switch is rolled back
 //!   on its own (held by `watch`), with no failed request. A canary step at 50% has both
 //!   releases answer until `pl rollout promote` lets the switch run, with no failed request.
+//!   A rolling rollout replaces two replicas one at a time, routing to the new release's first
+//!   and the old release's second between its batches, with no failed request.
 //! - `--build`: a local Dockerfile's image serves, pinned by digest, the Git files untouched;
 //!   a failed build ends with its step's output and changes nothing.
 //! - `pl down DIR ENV` tears that environment down alone; `pl down` tears the rest down (its
@@ -748,6 +750,45 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         let (code, _, err) = pl(&["rollout", "promote", "api-production", "--local"], &repo_dir, &state, &socket);
         assert_eq!(code, 1);
         assert!(err.contains("[not-in-progress]"), "{err}");
+
+        // A rolling rollout: two replicas of release one (a scale: `rollout` is not the
+        // release), then release two replaces them one at a time. Between the batches the
+        // routes hold release two's first replica and release one's second (the agent finds
+        // the older container that runs for it); no request fails throughout.
+        let rolling = |project: &str| {
+            project.replace("replicas: 1", "replicas: 2").replace(
+                "health: {path: /healthz, timeoutSeconds",
+                "rollout: {strategy: rolling, maxSurge: 1}, health: {path: /healthz, timeoutSeconds",
+            )
+        };
+        assert_ne!(rolling(&project_healthy), project_healthy.replace("replicas: 1", "replicas: 2"));
+        std::fs::write(repo_dir.join("projects/api.yaml"), rolling(&project_healthy)).expect("write");
+        let (code, out, err) = pl(&["up", "--http", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
+        assert_eq!(code, 0, "{out}\n{err}");
+        let load = Load::start(&netns, http, "api.example.com.localhost", None);
+        std::fs::write(
+            repo_dir.join("projects/api.yaml"),
+            rolling(&project_healthy.replace(&image, &image_two)),
+        )
+        .expect("write");
+        let (code, out, err) = pl(&["up", "--http", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
+        assert_eq!(code, 0, "the rolling rollout: {out}\n{err}");
+        assert_eq!(get(http, "api.example.com.localhost"), Some((200, "release two".into())));
+        let (failed, served, answers) = load.finish_answers();
+        assert_eq!(failed, 0, "requests failed during the rolling rollout ({served} served)");
+        // Between the batches both releases answer: release one's second replica keeps
+        // answering after release two's first joined (a switch turns every slot at once).
+        let first_new = answers.iter().position(|b| b == "release two").expect("release two answered");
+        let old_after = answers[first_new..].iter().filter(|b| b.as_str() == "hello from pl up").count();
+        assert!(
+            old_after >= 3,
+            "{old_after} answers of release one after release two's first, of {served}"
+        );
+        let done = agent_support::sql(
+            &ledger_url,
+            "SELECT detail FROM events WHERE kind = 'deployment-rollout-done' AND subject = 'api-production' ORDER BY id DESC LIMIT 1",
+        );
+        assert!(done[0].contains("rolled in 2 batch(es)"), "{done:?}");
         std::fs::write(repo_dir.join("projects/api.yaml"), &project_two).expect("write");
 
         // `--build api=DIR`: DIR's Dockerfile is built on the engine and runs as api's image,
@@ -992,7 +1033,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
 struct Load {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     counts: std::sync::Arc<[std::sync::atomic::AtomicUsize; 2]>,
-    thread: std::thread::JoinHandle<()>,
+    thread: std::thread::JoinHandle<Vec<String>>,
 }
 
 impl Load {
@@ -1010,13 +1051,17 @@ impl Load {
                 let ns = std::fs::File::open(path).expect("netns");
                 nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
                 let until = Instant::now() + Duration::from_secs(120);
+                let mut answers = Vec::new();
                 for _ in 0..100_000 {
                     if stop.load(Relaxed) || Instant::now() > until {
                         break;
                     }
-                    let ok = matches!(get(http, host), Some((200, b)) if body.is_none_or(|want| b == want));
+                    let got = get(http, host);
+                    let ok = matches!(&got, Some((200, b)) if body.is_none_or(|want| b == want));
                     counts[usize::from(ok)].fetch_add(1, Relaxed);
+                    answers.push(got.map(|(_, b)| b).unwrap_or_default());
                 }
+                answers
             })
         };
         Load { stop, counts, thread }
@@ -1024,10 +1069,16 @@ impl Load {
 
     /// Stops the loop: (failed, served).
     fn finish(self) -> (usize, usize) {
+        let (failed, served, _) = self.finish_answers();
+        (failed, served)
+    }
+
+    /// Stops the loop: (failed, served, each answer's body in order).
+    fn finish_answers(self) -> (usize, usize, Vec<String>) {
         use std::sync::atomic::Ordering::Relaxed;
         self.stop.store(true, Relaxed);
-        self.thread.join().expect("requests");
-        (self.counts[0].load(Relaxed), self.counts[1].load(Relaxed))
+        let answers = self.thread.join().expect("requests");
+        (self.counts[0].load(Relaxed), self.counts[1].load(Relaxed), answers)
     }
 }
 

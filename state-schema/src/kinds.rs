@@ -27,7 +27,14 @@ pub const ROLE_FIELDS: &[&str] = &[
     "volumes",
     "rollout",
 ];
-pub const ROLLOUT_FIELDS: &[&str] = &["watchSeconds", "strategy", "steps", "gates"];
+pub const ROLLOUT_FIELDS: &[&str] = &[
+    "watchSeconds",
+    "strategy",
+    "steps",
+    "gates",
+    "maxSurge",
+    "maxUnavailable",
+];
 pub const GATE_FIELDS: &[&str] = &["maxErrorPercent", "maxP95Ms", "minRequests"];
 pub const CANARY_STEP_FIELDS: &[&str] = &["weight", "pause"];
 pub const LOGS_FIELDS: &[&str] = &["maxSize", "maxFiles"];
@@ -426,6 +433,8 @@ fn decode_rollout(ctx: &mut Ctx<'_>, node: &Node<'_>, web: bool) -> Option<Rollo
     let watch = f.get("watchSeconds").map_or(Some(0), |n| {
         u32_in(ctx, n, "`rollout.watchSeconds`", 1, defaults::MAX_WATCH_SECONDS)
     });
+    // Some(true): a canary; Some(false): switch or rolling; None: refused.
+    let mut rolling_asked = false;
     let canary = match f.get("strategy") {
         None => Some(false),
         Some(n) => match crate::decode::string(ctx, n, "`rollout.strategy`")? {
@@ -441,25 +450,21 @@ fn decode_rollout(ctx: &mut Ctx<'_>, node: &Node<'_>, web: bool) -> Option<Rollo
                 None
             }
             "rolling" => {
-                ctx.error_hint(
-                    Code::InvalidValue,
-                    n.pos,
-                    "`rollout.strategy: rolling` is not supported yet".to_owned(),
-                    "`switch` (the default) starts every new replica beside the old ones and switches once all are healthy; `canary` sends a share of requests first",
-                );
-                None
+                rolling_asked = true;
+                Some(false)
             }
             other => {
                 ctx.error_hint(
                     Code::InvalidValue,
                     n.pos,
-                    format!("`rollout.strategy` is `{other}`; it must be one of switch, canary"),
-                    "`strategy: canary` with `steps: [{weight: 10, pause: 60s}, {weight: 50}]`",
+                    format!("`rollout.strategy` is `{other}`; it must be one of switch, canary, rolling"),
+                    "`strategy: canary` with `steps: [{weight: 10, pause: 60s}, {weight: 50}]`, or `strategy: rolling` with `maxSurge: 1`",
                 );
                 None
             }
         },
     };
+    let rolling = decode_rolling(ctx, &f, rolling_asked);
     let steps = match (canary, f.get("steps")) {
         (Some(true), Some(n)) => decode_canary_steps(ctx, n),
         (Some(true), None) => {
@@ -501,7 +506,69 @@ fn decode_rollout(ctx: &mut Ctx<'_>, node: &Node<'_>, web: bool) -> Option<Rollo
         watch_seconds: watch?,
         steps: steps?,
         gates: gates?,
+        rolling: rolling?,
     })
+}
+
+/// `maxSurge` and `maxUnavailable` of `strategy: rolling` (`asked`): each a count (0-1000) or
+/// a percent (`25%`, 0-100%); by default one new replica at a time beside every old one
+/// (`maxSurge: 1, maxUnavailable: 0`), and never both zero. Refused without `rolling`.
+fn decode_rolling(ctx: &mut Ctx<'_>, f: &Fields<'_>, asked: bool) -> Option<Option<Rolling>> {
+    let (surge, down) = (f.get("maxSurge"), f.get("maxUnavailable"));
+    if !asked {
+        let mut fine = true;
+        for (n, name) in [(surge, "maxSurge"), (down, "maxUnavailable")] {
+            if let Some(n) = n {
+                ctx.error_hint(
+                    Code::InvalidValue,
+                    n.pos,
+                    format!("`rollout.{name}` is for `strategy: rolling`"),
+                    "add `strategy: rolling`, or leave it out",
+                );
+                fine = false;
+            }
+        }
+        return fine.then_some(None);
+    }
+    let max_surge = surge.map_or(Some(Amount::Count(1)), |n| amount(ctx, n, "`rollout.maxSurge`"));
+    let max_unavailable = down.map_or(Some(Amount::Count(0)), |n| amount(ctx, n, "`rollout.maxUnavailable`"));
+    let (max_surge, max_unavailable) = (max_surge?, max_unavailable?);
+    let zero = |a: Amount| matches!(a, Amount::Count(0) | Amount::Percent(0));
+    if zero(max_surge) && zero(max_unavailable) {
+        ctx.error_hint(
+            Code::InvalidValue,
+            surge.or(down).map_or(f.pos, |n| n.pos),
+            "`rollout.maxSurge` and `rollout.maxUnavailable` are both 0: no replica could be replaced".to_owned(),
+            "`maxSurge: 1` starts one new replica beside the old ones at a time",
+        );
+        return None;
+    }
+    Some(Some(Rolling {
+        max_surge,
+        max_unavailable,
+    }))
+}
+
+/// A count of replicas (0-1000) or a percent of them (`25%`, 0-100%).
+fn amount(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> Option<Amount> {
+    if let yaml::Value::Str(s) = &node.value {
+        let s: &str = s.as_ref();
+        if let Some(p) = s
+            .strip_suffix('%')
+            .and_then(|d| d.parse::<u8>().ok())
+            .filter(|p| *p <= 100)
+        {
+            return Some(Amount::Percent(p));
+        }
+        ctx.error_hint(
+            Code::InvalidValue,
+            node.pos,
+            format!("{what} is `{s}`, not a count or a percent"),
+            "a number of replicas (`1`) or a percent of them (`25%`, 0-100%)",
+        );
+        return None;
+    }
+    u32_in(ctx, node, what, 0, 1000).map(Amount::Count)
 }
 
 /// `gates: {maxErrorPercent: 5, maxP95Ms: 500, minRequests: 20}`: at least one threshold.
@@ -1049,6 +1116,7 @@ pub(crate) fn decode_secret(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> O
 
 #[cfg(test)]
 mod tests {
+    use crate::model::{Amount, Rolling};
     use crate::parse::parse_file;
 
     fn project(role: &str) -> String {
@@ -1127,10 +1195,93 @@ mod tests {
         assert!(p.len() == 1 && p[0].1.contains("needs `steps`"), "{p:?}");
         let p = problems("{kind: web, rollout: {steps: [{weight: 10}]}}");
         assert!(p.len() == 1 && p[0].1.contains("is for `strategy: canary`"), "{p:?}");
-        let p = problems("{kind: web, rollout: {strategy: rolling}}");
-        assert!(p.len() == 1 && p[0].1.contains("not supported yet"), "{p:?}");
         let p = problems("{kind: web, rollout: {strategy: blue}}");
-        assert!(p.len() == 1 && p[0].1.contains("one of switch, canary"), "{p:?}");
+        assert!(
+            p.len() == 1 && p[0].1.contains("one of switch, canary, rolling"),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn a_rolling_rollout_takes_counts_or_percents_and_never_both_zero() {
+        for fine in [
+            "{kind: web, rollout: {strategy: rolling}}",
+            "{kind: worker, rollout: {strategy: rolling, maxSurge: 2}}",
+            "{kind: web, rollout: {strategy: rolling, maxSurge: 0, maxUnavailable: 1}}",
+            "{kind: web, rollout: {strategy: rolling, maxSurge: '25%', maxUnavailable: '25%'}}",
+        ] {
+            assert!(problems(fine).is_empty(), "{fine}: {:?}", problems(fine));
+        }
+        for (bad, code, says) in [
+            (
+                "{kind: web, rollout: {strategy: rolling, maxSurge: 0}}",
+                "invalid-value",
+                "are both 0",
+            ),
+            (
+                "{kind: web, rollout: {strategy: rolling, maxSurge: '0%', maxUnavailable: 0}}",
+                "invalid-value",
+                "are both 0",
+            ),
+            (
+                "{kind: web, rollout: {strategy: rolling, maxSurge: '150%'}}",
+                "invalid-value",
+                "not a count or a percent",
+            ),
+            (
+                "{kind: web, rollout: {strategy: rolling, maxSurge: 1001}}",
+                "out-of-range",
+                "`rollout.maxSurge`",
+            ),
+            (
+                "{kind: web, rollout: {maxSurge: 1}}",
+                "invalid-value",
+                "is for `strategy: rolling`",
+            ),
+            (
+                "{kind: web, rollout: {strategy: canary, steps: [{weight: 10}], maxUnavailable: 1}}",
+                "invalid-value",
+                "is for `strategy: rolling`",
+            ),
+            (
+                "{kind: web, rollout: {strategy: rolling, steps: [{weight: 10}]}}",
+                "invalid-value",
+                "is for `strategy: canary`",
+            ),
+        ] {
+            let p = problems(bad);
+            assert!(p.len() == 1 && p[0].0 == code && p[0].1.contains(says), "{bad}: {p:?}");
+        }
+    }
+
+    #[test]
+    fn a_rolling_batch_rounds_surge_up_and_unavailable_down() {
+        let r = |s, d| Rolling {
+            max_surge: s,
+            max_unavailable: d,
+        };
+        assert_eq!(r(Amount::Count(1), Amount::Count(0)).batch(10), (1, 0));
+        assert_eq!(
+            r(Amount::Percent(25), Amount::Percent(25)).batch(10),
+            (5, 2),
+            "3 up, 2 down"
+        );
+        assert_eq!(r(Amount::Count(0), Amount::Count(2)).batch(10), (2, 2));
+        assert_eq!(
+            r(Amount::Percent(10), Amount::Percent(0)).batch(3),
+            (1, 0),
+            "a surge rounds up"
+        );
+        assert_eq!(
+            r(Amount::Count(0), Amount::Percent(10)).batch(3),
+            (1, 0),
+            "at least one at a time"
+        );
+        assert_eq!(
+            r(Amount::Count(0), Amount::Count(5)).batch(2),
+            (2, 2),
+            "no more down than there are"
+        );
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub mod placement;
 pub mod plan;
 pub mod release;
 pub mod replacement;
+pub mod rolling;
 pub mod rollout;
 pub mod runspec;
 pub mod schema;

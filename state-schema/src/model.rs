@@ -131,6 +131,54 @@ pub struct RolloutPolicy {
     pub steps: Vec<CanaryStep>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gates: Option<CanaryGate>,
+    /// `strategy: rolling`: the replicas are replaced in batches instead of all at once.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rolling: Option<Rolling>,
+}
+
+/// A rolling replacement (`strategy: rolling`): at most `max_surge` replicas above the role's
+/// count run during the rollout, and at most `max_unavailable` below it serve; each batch of
+/// new replicas is healthy before the next starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Rolling {
+    pub max_surge: Amount,
+    pub max_unavailable: Amount,
+}
+
+/// A number of replicas, or a percent of the role's (`25%`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Amount {
+    Count(u32),
+    Percent(u8),
+}
+
+impl Amount {
+    /// How many of `replicas` it is: a percent rounded up (`up`, a surge) or down (what may be
+    /// unavailable), as Kubernetes rounds them.
+    pub fn of(self, replicas: u32, up: bool) -> u32 {
+        match self {
+            Amount::Count(n) => n,
+            Amount::Percent(p) => {
+                let x = u64::from(p) * u64::from(replicas);
+                let n = if up { x.div_ceil(100) } else { x / 100 };
+                u32::try_from(n).unwrap_or(u32::MAX)
+            }
+        }
+    }
+}
+
+impl Rolling {
+    /// The batch of a role of `replicas`: how many new replicas start at once (surge plus
+    /// unavailable, at least one), and how many old ones of each batch stop first (leave the
+    /// routes and stop before their new ones start).
+    pub fn batch(self, replicas: u32) -> (u32, u32) {
+        let surge = self.max_surge.of(replicas, true);
+        let down = self.max_unavailable.of(replicas, false).min(replicas);
+        let size = surge.saturating_add(down).max(1);
+        (size, down.min(size))
+    }
 }
 
 /// A canary's gates (`rollout.gates`): before each step after the first, and before the

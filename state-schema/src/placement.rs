@@ -578,6 +578,7 @@ pub(crate) mod tests {
             watch_seconds: None,
             canary: Vec::new(),
             canary_gate: None,
+            rolling: None,
         }
     }
 

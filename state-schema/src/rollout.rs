@@ -4,7 +4,7 @@
 use crate::canonical;
 use crate::deployment::DeploymentSpec;
 use crate::model::{CanaryGate, CanaryStep};
-use crate::task::{Task, Wait};
+use crate::task::{Rolled, Task, Wait};
 use crate::values::Name;
 
 /// One job of a step: a task for a node.
@@ -16,7 +16,14 @@ pub type Step = Vec<(Task, Name)>;
 /// when every job of the one before succeeded.
 pub fn rollout_steps(spec: &DeploymentSpec, generation: u64, retired: &[DeploymentSpec]) -> Vec<Step> {
     let (steps, gate) = canary_of(spec, retired);
-    steps_with(spec, generation, retired, &steps, gate)
+    // A canary shares the hostnames' requests by weight; rolling batches share them by
+    // replica. The environment's canary, when a web role declares one, is its rollout.
+    let rolling = if steps.is_empty() {
+        crate::rolling::rolling_of(spec, retired)
+    } else {
+        Default::default()
+    };
+    steps_with(spec, generation, retired, &steps, gate, &rolling)
 }
 
 /// The canary a new generation of `spec` goes through before its switch: the steps of its
@@ -50,6 +57,7 @@ fn steps_with(
     retired: &[DeploymentSpec],
     canary: &[CanaryStep],
     gate: Option<CanaryGate>,
+    rolling: &crate::rolling::Batches,
 ) -> Vec<Step> {
     let env = &spec.environment;
     let mut steps: Vec<Step> = Vec::new();
@@ -75,6 +83,7 @@ fn steps_with(
     steps.push(
         spec.instances
             .iter()
+            .filter(|i| !rolling.contains_key(&i.role))
             .map(|i| {
                 let task = Task::EnsureApplication {
                     environment: env.clone(),
@@ -91,7 +100,7 @@ fn steps_with(
     // A canary: one step per weight, each waiting out the pause of the one before; the switch
     // (every request to the new release) waits out the last one's. Each after the first
     // passes the gates first, on what the ingress measured since the one before.
-    let publish = |weight: Option<u8>, wait: Option<Wait>, gate: Option<CanaryGate>| -> Step {
+    let publish = |weight: Option<u8>, wait: Option<Wait>, gate: Option<CanaryGate>, rolled: Option<Rolled>| -> Step {
         let mut step = Vec::new();
         for node in &spec.ingress_nodes {
             for host in &spec.hostnames {
@@ -103,6 +112,7 @@ fn steps_with(
                     weight,
                     wait,
                     gate,
+                    rolled,
                 };
                 step.push((task, node.clone()));
             }
@@ -111,11 +121,15 @@ fn steps_with(
     };
     let (mut wait, mut gated) = (None, None);
     for c in canary {
-        steps.push(publish(Some(c.weight), wait, gated));
+        steps.push(publish(Some(c.weight), wait, gated, None));
         wait = Some(c.pause_seconds.map_or(Wait::Promote, Wait::Seconds));
         gated = gate;
     }
-    steps.push(publish(None, wait, gated));
+    // Rolling batches: each its replicas' steps, the routes moving to them between batches.
+    let stopped = crate::rolling::batch_steps(spec, generation, retired, rolling, &mut steps, |r| {
+        publish(None, None, None, Some(r))
+    });
+    steps.push(publish(None, wait, gated, None));
     let mut cleanup: Step = Vec::new();
     for old in retired {
         for i in &old.instances {
@@ -126,6 +140,9 @@ fn steps_with(
                 .iter()
                 .any(|n| n.role == i.role && n.index == i.index && n.node == i.node);
             let task = if still_placed {
+                if stopped.contains(&(i.role.clone(), i.index, i.node.clone())) {
+                    continue;
+                }
                 Task::StopApplication {
                     environment: env.clone(),
                     role: i.role.clone(),
@@ -184,8 +201,8 @@ fn steps_with(
 /// rollback must not do (Kamal's rollback runs no hooks either). The previous generation's
 /// image is still on each node, kept by its stopped containers, so nothing is pulled.
 pub fn rollback_steps(spec: &DeploymentSpec, generation: u64, retired: &[DeploymentSpec]) -> Vec<Step> {
-    // No canary either: the previous release served until moments ago.
-    let mut steps = steps_with(spec, generation, retired, &[], None);
+    // No canary or batches either: the previous release served until moments ago.
+    let mut steps = steps_with(spec, generation, retired, &[], None, &Default::default());
     if let Some(release) = steps.get_mut(1) {
         release.clear();
     }
@@ -263,6 +280,7 @@ pub fn scale_tasks(spec: &DeploymentSpec, generation: u64, change: &crate::relea
                         generation,
                         repair: 0,
                         weight: None,
+                        rolled: None,
                         wait: None,
                         gate: None,
                     }
@@ -295,6 +313,7 @@ pub fn scale_tasks(spec: &DeploymentSpec, generation: u64, change: &crate::relea
                 generation,
                 repair: 0,
                 weight: None,
+                rolled: None,
                 wait: None,
                 gate: None,
             };
@@ -350,6 +369,7 @@ pub fn republish_after_repair(spec: &DeploymentSpec, generation: u64, repair: u3
                 generation,
                 repair,
                 weight: None,
+                rolled: None,
                 wait: None,
                 gate: None,
             };
@@ -394,6 +414,7 @@ fn republish(spec: &DeploymentSpec, generation: u64, hostname: &str, repair: u32
                     generation,
                     repair,
                     weight: None,
+                    rolled: None,
                     wait: None,
                     gate: None,
                 };

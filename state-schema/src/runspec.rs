@@ -61,6 +61,9 @@ pub struct RoleSpec {
     /// The canary's gates (`rollout.gates`); `None` is left out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canary_gate: Option<crate::model::CanaryGate>,
+    /// `strategy: rolling`: its replicas are replaced in batches; `None` is left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rolling: Option<crate::model::Rolling>,
 }
 
 /// A volume as a role's containers mount it.
@@ -187,6 +190,7 @@ pub fn role_specs(
                 watch_seconds: r.rollout.as_ref().map(|p| p.watch_seconds).filter(|s| *s > 0),
                 canary: r.rollout.as_ref().map(|p| p.steps.clone()).unwrap_or_default(),
                 canary_gate: r.rollout.as_ref().and_then(|p| p.gates),
+                rolling: r.rollout.as_ref().and_then(|p| p.rolling),
                 volumes: r
                     .volumes
                     .iter()

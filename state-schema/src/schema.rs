@@ -66,7 +66,9 @@ pub fn spec_schemas() -> Vec<(&'static str, Value)> {
     let rollout = object(
         json!({
             "watchSeconds": {"type": "integer", "minimum": 1, "maximum": 3600, "description": "After a new release's switch, its replicas are watched this long; one its node reports unhealthy meanwhile rolls the environment back to the previous release (held, as `pl rollback`)."},
-            "strategy": {"enum": ["switch", "canary"], "description": "switch (the default): every new replica starts beside the old ones and takes every request once all are healthy. canary (web roles): before the switch, the ingress sends each step's weight of the requests to the new release, watched all along."},
+            "strategy": {"enum": ["switch", "canary", "rolling"], "description": "switch (the default): every new replica starts beside the old ones and takes every request once all are healthy. canary (web roles): before the switch, the ingress sends each step's weight of the requests to the new release, watched all along. rolling: the replicas are replaced in batches (maxSurge, maxUnavailable), each healthy and in the routes before the next."},
+            "maxSurge": {"description": "strategy: rolling: at most this many replicas above the role's count during the rollout; a count (0-1000) or a percent of the replicas, rounded up (default 1).", "oneOf": [{"type": "integer", "minimum": 0, "maximum": 1000}, {"type": "string", "pattern": "^(100|[1-9]?[0-9])%$"}]},
+            "maxUnavailable": {"description": "strategy: rolling: at most this many replicas below the role's count serve during the rollout; a count or a percent, rounded down (default 0). Not both 0.", "oneOf": [{"type": "integer", "minimum": 0, "maximum": 1000}, {"type": "string", "pattern": "^(100|[1-9]?[0-9])%$"}]},
             "gates": {
                 "type": "object", "additionalProperties": false,
                 "description": "A canary's gates, judged before each step after the first and before the switch on what the ingress measured of the new release's requests since the step before; a failed gate rolls the environment back.",

@@ -19,6 +19,18 @@ pub enum Wait {
     Promote,
 }
 
+/// Where a publish stands in a rolling rollout: with `out`, batch `batch`'s old replicas that
+/// stop before their new ones start leave the routes (batches before it serve new replicas);
+/// without, batch `batch`'s new replicas join the routes in place of its old ones. See
+/// [`crate::rollout::rolled_upstreams`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Rolled {
+    pub batch: u32,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub out: bool,
+}
+
 impl Task {
     /// How long after it is queued the job is due: a canary step's pause; `None`: at once.
     pub fn wait(&self) -> Option<Wait> {
@@ -100,6 +112,10 @@ pub enum Task {
         /// requests since the step before must pass first, as the ingress measured them.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         gate: Option<crate::model::CanaryGate>,
+        /// A publish between a rolling rollout's batches: which replicas, new and old, the
+        /// routes hold (the control plane lists them in the execution). Never sent as such.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rolled: Option<Rolled>,
     },
     /// Take a hostname's route out of the ingress (first step of any teardown).
     RemoveIngress {
@@ -234,6 +250,18 @@ impl Task {
                 instance,
                 generation,
             } => format!("app:{environment}/{role}/{instance}:g{generation}:teardown"),
+            Task::PublishIngress {
+                environment,
+                hostname,
+                generation,
+                repair: 0,
+                weight: None,
+                rolled: Some(Rolled { batch, out }),
+                ..
+            } => format!(
+                "ingress:{environment}/{hostname}:g{generation}:publish/b{batch}{}",
+                if *out { "-out" } else { "" }
+            ),
             Task::PublishIngress {
                 environment,
                 hostname,

@@ -85,6 +85,7 @@ mod tests {
         RoleSpec {
             canary: Vec::new(),
             canary_gate: None,
+            rolling: None,
             kind: "web".into(),
             image: String::new(),
             command: Vec::new(),

@@ -411,6 +411,30 @@ impl Engine {
             .collect())
     }
 
+    /// The running container of the newest generation before `generation` of a replica: what
+    /// serves it until a rolling rollout replaces it. `None` when none runs (stopped, paused
+    /// or gone: nothing to route to).
+    pub async fn older_serving(
+        &self,
+        environment: &str,
+        role: &str,
+        instance: u32,
+        generation: u64,
+    ) -> Result<Option<String>, Failure> {
+        let instance = instance.to_string();
+        Ok(self
+            .ours(&[(ENVIRONMENT, environment), (ROLE, role), (INSTANCE, &instance)])
+            .await?
+            .into_iter()
+            .filter(|(_, _, running)| *running)
+            .filter_map(|(name, labels, _)| {
+                let g: u64 = labels.get(GENERATION).and_then(|g| g.parse().ok())?;
+                (g < generation).then_some((g, name))
+            })
+            .max()
+            .map(|(_, name)| name))
+    }
+
     /// With `keep` (a rollout's cleanup), the generation just before `generation` is kept for
     /// a rollback: its running web replicas are paused for the rollback window, not stopped.
     pub async fn stop_older(

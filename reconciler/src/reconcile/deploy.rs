@@ -635,6 +635,15 @@ impl Ledger {
                         None => format!("step {step} failed (a publish of its canary)"),
                     };
                     self.fail_canary(tx, env, generation, &why, now_ms).await?;
+                } else if let Some(first) = rolling_from(&steps)
+                    && step >= first as i64
+                {
+                    // Rolling batches that moved requests or stopped old replicas: the same.
+                    let why = match self.step_failure(tx, env, generation, step).await? {
+                        Some(d) => format!("step {step} failed (between its rolling batches): {d}"),
+                        None => format!("step {step} failed (between its rolling batches)"),
+                    };
+                    self.fail_canary(tx, env, generation, &why, now_ms).await?;
                 }
             }
             Next::Step(s) => {
@@ -678,6 +687,13 @@ impl Ledger {
                 if !canary.is_empty() {
                     detail.push_str(&format!(", after a canary of {} step(s)", canary.len()));
                 }
+                if rolling_from(&steps).is_some() {
+                    let batches = state_schema::rolling::batch_count(
+                        &d.spec,
+                        &state_schema::rolling::rolling_of(&d.spec, &d.retired),
+                    );
+                    detail.push_str(&format!(", rolled in {batches} batch(es)"));
+                }
                 self.event(tx, now_ms, &format!("deployment-{action}-done"), env, &detail)
                     .await?;
             }
@@ -718,6 +734,23 @@ fn canary_steps(steps: &[Step]) -> Vec<(usize, u8)> {
             })
         })
         .collect()
+}
+
+/// The first step of rolling batches that moves something off the old release (a rolled
+/// publish, or a batch's stop) before the last replicas start: a failure from there on rolls
+/// the environment back, as a canary's does. `None` when the rollout does not roll.
+fn rolling_from(steps: &[Step]) -> Option<usize> {
+    let last_up = steps
+        .iter()
+        .rposition(|s| s.iter().any(|(t, _)| matches!(t, Task::EnsureApplication { .. })))?;
+    steps[..last_up].iter().position(|s| {
+        s.iter().any(|(t, _)| {
+            matches!(
+                t,
+                Task::StopApplication { .. } | Task::PublishIngress { rolled: Some(_), .. }
+            )
+        })
+    })
 }
 
 /// The first step at or after `from` that has jobs.

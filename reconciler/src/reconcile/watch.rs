@@ -3,7 +3,7 @@
 //! `rollback-automatic` event saying which replica and what its node saw; a watch whose window
 //! passed ends with `watch-passed`.
 
-use crate::store::rollbacks::{CANARY, WATCH};
+use crate::store::rollbacks::{CANARY, ROLLING, WATCH};
 use crate::store::{Ledger, LedgerError};
 
 impl Ledger {
@@ -13,9 +13,10 @@ impl Ledger {
         let mut asked = 0;
         for f in self.watch_failures().await? {
             let generation = u64::try_from(f.generation).unwrap_or(0);
-            let (by, what) = match f.canary {
-                true => (CANARY, "its canary"),
-                false => (WATCH, "its watch"),
+            let (by, what) = match f.before_switch {
+                Some(what @ "its canary") => (CANARY, what),
+                Some(what) => (ROLLING, what),
+                None => (WATCH, "its watch"),
             };
             let outcome = self
                 .ask_rollback_of(&f.environment, Some(generation), by, now_ms)

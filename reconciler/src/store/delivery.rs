@@ -8,7 +8,7 @@ use crate::store::rows::subnet;
 use crate::store::{Lease, Ledger, LedgerError};
 use age::Identity;
 use agent_proto::{
-    ApplicationSpec, Execution, HealthSpec, IngressSpec, IngressTls, NetworkSpec, SealedSecret, Upstream,
+    ApplicationSpec, Execution, HealthSpec, IngressSpec, IngressTls, NetworkSpec, OlderReplica, SealedSecret, Upstream,
     container_name,
 };
 use sha2::{Digest, Sha256};
@@ -63,6 +63,20 @@ impl Ledger {
             }
         }
         Ok(out)
+    }
+
+    /// The specs of the older generations an environment's rollout replaces (a rolling
+    /// publish routes to their replicas not replaced yet).
+    async fn retired_of(&self, env: &str) -> Result<Vec<DeploymentSpec>, LedgerError> {
+        let retired: Option<String> =
+            sqlx::query_scalar(self.sql("SELECT retired FROM deployments WHERE environment = ?"))
+                .bind(env)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(match retired {
+            Some(r) => serde_json::from_str(&r)?,
+            None => Vec::new(),
+        })
     }
 
     /// Environments whose current generation is a rollback's: (that generation, the
@@ -226,7 +240,10 @@ impl Ledger {
                 | Task::RemoveVolume { .. }
                 | Task::PlaceAcmeChallenge { .. } => Ok(Execution::Removal),
                 Task::PublishIngress {
-                    hostname, generation, ..
+                    hostname,
+                    generation,
+                    rolled,
+                    ..
                 } => match (spec_of(*generation), network()) {
                     (Ok(spec), Ok(network)) => {
                         let tls = match spec.certificate(hostname.as_str()) {
@@ -248,18 +265,47 @@ impl Ledger {
                                 }
                             },
                         };
-                        let upstreams = spec
-                            .instances
-                            .iter()
-                            .filter(|i| i.node.as_str() == node)
-                            .filter_map(|i| {
-                                let port = spec.roles.get(&i.role).filter(|r| r.is_web())?.port?;
-                                Some(Upstream {
-                                    container: container_name(&cp, &env, i.role.as_str(), Some(i.index), *generation),
-                                    port,
+                        let upstreams = match rolled {
+                            // Between a rolling rollout's batches: new and old replicas.
+                            Some(r) => {
+                                state_schema::rolling::rolled_upstreams(spec, &self.retired_of(&env).await?, node, *r)
+                                    .into_iter()
+                                    .map(|u| Upstream {
+                                        container: container_name(
+                                            &cp,
+                                            &env,
+                                            u.role.as_str(),
+                                            Some(u.instance),
+                                            *generation,
+                                        ),
+                                        port: u.port,
+                                        older: u.older.then(|| OlderReplica {
+                                            role: u.role.to_string(),
+                                            instance: u.instance,
+                                        }),
+                                    })
+                                    .collect()
+                            }
+                            None => spec
+                                .instances
+                                .iter()
+                                .filter(|i| i.node.as_str() == node)
+                                .filter_map(|i| {
+                                    let port = spec.roles.get(&i.role).filter(|r| r.is_web())?.port?;
+                                    Some(Upstream {
+                                        container: container_name(
+                                            &cp,
+                                            &env,
+                                            i.role.as_str(),
+                                            Some(i.index),
+                                            *generation,
+                                        ),
+                                        port,
+                                        older: None,
+                                    })
                                 })
-                            })
-                            .collect();
+                                .collect(),
+                        };
                         // A Domain is routed once its ownership was ever proven.
                         let held = spec.domain(hostname.as_str()).is_some()
                             && !self.domain_ever_verified(hostname.as_str()).await?;
@@ -732,6 +778,7 @@ pub fn wire_task(task: &Task) -> agent_proto::Task {
             weight,
             wait: _,
             gate,
+            rolled: _,
         } => Wire::PublishIngress {
             environment: s(environment),
             hostname: s(hostname),
@@ -891,6 +938,7 @@ mod tests {
                 weight: Some(10),
                 wait: None,
                 gate: None,
+                rolled: None,
             },
             Task::RemoveIngress {
                 environment: env.clone(),

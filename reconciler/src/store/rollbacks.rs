@@ -15,6 +15,8 @@ use state_schema::generations::{self, Action, Current, RollbackAsk, RollbackRefu
 pub const WATCH: &str = "watch";
 /// Who holds an environment whose canary failed (its watch during the canary, or a step).
 pub const CANARY: &str = "canary";
+/// Who holds an environment whose rolling rollout failed between its batches.
+pub const ROLLING: &str = "rolling";
 
 /// A rollback's hold on an environment, as the `deployments.hold` column keeps it (JSON).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

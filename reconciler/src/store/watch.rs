@@ -24,8 +24,9 @@ pub struct Failed {
     pub environment: String,
     pub generation: i64,
     pub failure: String,
-    /// It failed during its canary (its deployment had not switched yet).
-    pub canary: bool,
+    /// It failed before its switch (its deployment had not switched yet): during its canary
+    /// (`"its canary"`) or between its rolling batches (`"its rolling rollout"`).
+    pub before_switch: Option<&'static str>,
 }
 
 /// Where a canary's watch ends: at its switch (or its rollback), never by time. Below
@@ -122,21 +123,33 @@ impl Ledger {
 
     /// Watches that failed, oldest switch first.
     pub(crate) async fn watch_failures(&self) -> Result<Vec<Failed>, LedgerError> {
-        let rows: Vec<(String, i64, String, String)> = sqlx::query_as(self.sql(
-            "SELECT environment, generation, watch_failure, status FROM deployments WHERE watch_until > 0 AND watch_failure <> '' ORDER BY watch_from",
+        let rows: Vec<(String, i64, String, String, String)> = sqlx::query_as(self.sql(
+            "SELECT environment, generation, watch_failure, status, spec FROM deployments WHERE watch_until > 0 AND watch_failure <> '' ORDER BY watch_from",
         ))
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(environment, generation, failure, status)| Failed {
+        let mut out = Vec::with_capacity(rows.len());
+        for (environment, generation, failure, status, spec) in rows {
+            // Failed or in progress: not switched yet, so a canary or rolling batches (a
+            // canary, when a role declares one, is the rollout's).
+            let before_switch = match status == "done" {
+                true => None,
+                false => {
+                    let spec: DeploymentSpec = serde_json::from_str(&spec)?;
+                    Some(match spec.roles.values().any(|r| !r.canary.is_empty()) {
+                        true => "its canary",
+                        false => "its rolling rollout",
+                    })
+                }
+            };
+            out.push(Failed {
                 environment,
                 generation,
                 failure,
-                // Failed or in progress: not switched yet, so a canary.
-                canary: status != "done",
-            })
-            .collect())
+                before_switch,
+            });
+        }
+        Ok(out)
     }
 
     /// Fails the canary of `environment`'s generation `generation` for `why` (a step of it

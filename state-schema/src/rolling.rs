@@ -1,0 +1,221 @@
+//! A rolling rollout's batches (`rollout.strategy: rolling`): which replicas each batch
+//! replaces, the steps that replace them, and which replicas, new and old, the routes hold
+//! between batches. Pure: the daemon writes the steps as jobs, `pl plan` shows them, and the
+//! control plane lists a rolled publish's upstreams from [`rolled_upstreams`].
+//!
+//! A batch of a role of N replicas is `maxSurge + maxUnavailable` of them (by index, at least
+//! one): its first `maxUnavailable` old replicas leave the routes and stop, its new replicas
+//! start and must be healthy, the routes take them in place of the batch's old ones, and the
+//! rest of the batch's old replicas stop beside the next batch's first step. So at most N +
+//! maxSurge replicas run and at least N - maxUnavailable serve, as Kubernetes' Deployments
+//! promise. The last batch joins the routes with the rollout's usual switch, and its old
+//! replicas stop in the usual cleanup after it.
+
+use crate::deployment::DeploymentSpec;
+use crate::task::{Rolled, Task};
+use crate::values::Name;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// One job of a step, as `rollout::Step` (kept here so the two modules do not import each
+/// other: `rollout` calls in).
+type Step = Vec<(Task, Name)>;
+
+/// Each rolling role's batch: how many replicas it replaces at once, and how many of its old
+/// ones stop before its new ones start.
+pub type Batches = BTreeMap<Name, (u32, u32)>;
+
+/// A replica a rolled publish routes to: its role, index, port, and whether it is the old
+/// release's (the newest older generation's container the node runs for it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RolledUpstream {
+    pub role: Name,
+    pub instance: u32,
+    pub port: u16,
+    pub older: bool,
+}
+
+/// The roles of `spec` that roll: `strategy: rolling`, with replicas in `spec` and in a
+/// retired spec. A role with nothing to replace (its first release) starts whole.
+pub fn rolling_of(spec: &DeploymentSpec, retired: &[DeploymentSpec]) -> Batches {
+    spec.roles
+        .iter()
+        .filter_map(|(name, r)| {
+            let rolling = r.rolling?;
+            let n = replicas(spec, name);
+            let replaces = retired.iter().any(|o| o.instances.iter().any(|i| &i.role == name));
+            (n > 0 && replaces).then(|| (name.clone(), rolling.batch(n)))
+        })
+        .collect()
+}
+
+fn replicas(spec: &DeploymentSpec, role: &Name) -> u32 {
+    u32::try_from(spec.instances.iter().filter(|i| &i.role == role).count()).unwrap_or(u32::MAX)
+}
+
+/// How many batches the rollout takes: the most any rolling role needs.
+pub fn batch_count(spec: &DeploymentSpec, batches: &Batches) -> u32 {
+    batches
+        .iter()
+        .map(|(role, (size, _))| replicas(spec, role).div_ceil((*size).max(1)))
+        .max()
+        .unwrap_or(0)
+}
+
+/// The old replicas of `role`: each (index, node) once, with its port in the newest retired
+/// spec that runs it there.
+fn old_replicas(retired: &[DeploymentSpec], role: &Name) -> BTreeMap<(u32, Name), Option<u16>> {
+    let mut out = BTreeMap::new();
+    for old in retired.iter().rev() {
+        let port = old.roles.get(role).filter(|r| r.is_web()).and_then(|r| r.port);
+        for i in old.instances.iter().filter(|i| &i.role == role) {
+            out.entry((i.index, i.node.clone())).or_insert(port);
+        }
+    }
+    out
+}
+
+/// Whether the rolling roles' batches move routes: a rolling web role in an environment with
+/// hostnames served somewhere.
+fn moves_routes(spec: &DeploymentSpec, batches: &Batches) -> bool {
+    !spec.hostnames.is_empty()
+        && !spec.ingress_nodes.is_empty()
+        && batches.keys().any(|r| spec.roles.get(r).is_some_and(|x| x.is_web()))
+}
+
+/// Appends the batches' steps to `steps` (the rollout's first steps before them; its switch
+/// and cleanup after), publishing rolled routes with `publish`. Returns the old replicas
+/// (role, index, node) they stop, which the cleanup then leaves out.
+pub fn batch_steps(
+    spec: &DeploymentSpec,
+    generation: u64,
+    retired: &[DeploymentSpec],
+    batches: &Batches,
+    steps: &mut Vec<Step>,
+    publish: impl Fn(Rolled) -> Step,
+) -> BTreeSet<(Name, u32, Name)> {
+    let env = &spec.environment;
+    let count = batch_count(spec, batches);
+    let routes = moves_routes(spec, batches);
+    let stop = |role: &Name, instance: u32, node: &Name| {
+        let task = Task::StopApplication {
+            environment: env.clone(),
+            role: role.clone(),
+            instance,
+            generation,
+        };
+        (task, node.clone())
+    };
+    let mut stopped = BTreeSet::new();
+    // The rest of a batch's old replicas, stopped beside the next batch's first step.
+    let mut carry: Step = Vec::new();
+    for batch in 0..count {
+        let last = batch + 1 == count;
+        let (mut down, mut up, mut rest) = (Vec::new(), Vec::new(), Vec::new());
+        for (role, &(size, first)) in batches {
+            let lo = batch.saturating_mul(size);
+            let hi = lo.saturating_add(size);
+            let n = replicas(spec, role);
+            for (index, node) in old_replicas(retired, role).into_keys() {
+                // Old replicas past the new count leave with the switch's cleanup.
+                if index >= n || !(lo..hi).contains(&index) {
+                    continue;
+                }
+                if index < lo.saturating_add(first) {
+                    down.push(stop(role, index, &node));
+                } else if !last {
+                    rest.push(stop(role, index, &node));
+                } else {
+                    continue;
+                }
+                stopped.insert((role.clone(), index, node));
+            }
+            up.extend(
+                spec.instances
+                    .iter()
+                    .filter(|i| &i.role == role && (lo..hi).contains(&i.index))
+                    .map(|i| {
+                        let task = Task::EnsureApplication {
+                            environment: env.clone(),
+                            role: i.role.clone(),
+                            instance: i.index,
+                            generation,
+                            spec_hash: String::new(),
+                            repair: 0,
+                        };
+                        (task, i.node.clone())
+                    }),
+            );
+        }
+        let mut first = std::mem::take(&mut carry);
+        if !down.is_empty() {
+            if routes {
+                first.extend(publish(Rolled { batch, out: true }));
+            }
+            steps.push(std::mem::take(&mut first));
+            steps.push(down);
+        }
+        first.extend(up);
+        steps.push(first);
+        if !last {
+            if routes {
+                steps.push(publish(Rolled { batch, out: false }));
+            }
+            carry = rest;
+        }
+    }
+    stopped
+}
+
+/// The replicas a publish on `node` at stage `rolled` routes to: every web role's new
+/// replicas on the node that do not roll; of a rolling role, the new replicas of the batches
+/// that joined and the old replicas of those that have not left.
+pub fn rolled_upstreams(
+    spec: &DeploymentSpec,
+    retired: &[DeploymentSpec],
+    node: &str,
+    rolled: Rolled,
+) -> Vec<RolledUpstream> {
+    let batches = rolling_of(spec, retired);
+    let mut out = Vec::new();
+    for i in spec.instances.iter().filter(|i| i.node.as_str() == node) {
+        let Some(port) = spec.roles.get(&i.role).filter(|r| r.is_web()).and_then(|r| r.port) else {
+            continue;
+        };
+        let joined = match batches.get(&i.role) {
+            None => true,
+            Some((size, _)) => {
+                let upto = if rolled.out { rolled.batch } else { rolled.batch + 1 };
+                i.index < upto.saturating_mul(*size)
+            }
+        };
+        if joined {
+            out.push(RolledUpstream {
+                role: i.role.clone(),
+                instance: i.index,
+                port,
+                older: false,
+            });
+        }
+    }
+    for (role, (size, first)) in &batches {
+        let from = if rolled.out {
+            rolled.batch.saturating_mul(*size).saturating_add(*first)
+        } else {
+            (rolled.batch + 1).saturating_mul(*size)
+        };
+        for ((index, at), port) in old_replicas(retired, role) {
+            if let Some(port) = port
+                && at.as_str() == node
+                && index >= from
+            {
+                out.push(RolledUpstream {
+                    role: role.clone(),
+                    instance: index,
+                    port,
+                    older: true,
+                });
+            }
+        }
+    }
+    out
+}
