@@ -2,6 +2,7 @@
 //! changed, roles added and removed, nodes drained, and the environments that roll out (by the
 //! reconciler's own `release::change`). Computed once per plan, scoped to what the changes touch.
 
+use crate::deployment::DeploymentSpec;
 use crate::desired::Desired;
 use crate::model::{Kind, NodeState, Spec};
 use crate::release::{Change as DeploymentChange, Releases, change};
@@ -22,6 +23,27 @@ pub struct ReplicaChange {
     pub role: Name,
     pub before: u32,
     pub after: u32,
+}
+
+/// A rollout that is more than a switch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Progressive {
+    pub environment: Name,
+    /// A canary's weights, step by step, before the switch.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub canary: Vec<u8>,
+    /// Each rolling role: how many replicas a batch replaces, in how many batches.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rolling: Vec<RollingRole>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RollingRole {
+    pub role: Name,
+    pub batch: u32,
+    pub batches: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -51,6 +73,10 @@ pub struct Consequences {
     /// Environments present on both sides whose release inputs (image, roles, variables,
     /// secrets) changed: each gets a new generation.
     pub rollouts: Vec<Name>,
+    /// How each rollout that is more than a switch goes, from the steps the daemon writes
+    /// for it (`rollout::rollout_steps`): a canary's weights, rolling batches.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub progressive: Vec<Progressive>,
     /// With a live fleet (`pl plan --fleet`): the replicas re-placement would move on it.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub replacements: Vec<crate::replacement::Move>,
@@ -191,6 +217,7 @@ pub(crate) fn consequences(base: &State, head: &State, changes: &[Changed<'_>], 
     // Placement is shared by every environment of a pool, so both sides are placed whole
     // (once, and only when some environment is touched), as the reconciler places them.
     let mut placed: Option<(BTreeMap<Name, Desired>, BTreeMap<Name, Desired>)> = None;
+    let mut with_roles: Option<(BTreeMap<Name, Desired>, BTreeMap<Name, Desired>)> = None;
     for (name, env) in head.environments() {
         let touched = changed_envs.contains(name)
             || changed_projects.contains(&env.project)
@@ -252,6 +279,24 @@ pub(crate) fn consequences(base: &State, head: &State, changes: &[Changed<'_>], 
         };
         if rollout {
             c.rollouts.push(name.clone());
+            // A canary or rolling batches: both sides placed again with their roles, only for
+            // environments whose project declares one.
+            let declares = head.project(env.project.as_str()).is_some_and(|p| {
+                p.roles.values().any(|r| {
+                    r.rollout
+                        .as_ref()
+                        .is_some_and(|x| !x.steps.is_empty() || x.rolling.is_some())
+                })
+            });
+            if declares {
+                let (old_placed, new_placed) =
+                    with_roles.get_or_insert_with(|| crate::desired::placed_pair_with_roles(base, head, None));
+                if let (Some(a), Some(b)) = (old_placed.get(name), new_placed.get(name))
+                    && let Some(p) = progressive(&a.spec, &b.spec)
+                {
+                    c.progressive.push(p);
+                }
+            }
         }
     }
     for name in &changed_projects {
@@ -300,4 +345,41 @@ pub(crate) fn consequences(base: &State, head: &State, changes: &[Changed<'_>], 
     c.roles_removed.sort();
     c.nodes_drained.sort();
     c
+}
+
+/// How rolling `old` out to `new` goes beyond a switch, by the daemon's own steps; `None` for
+/// a switch.
+fn progressive(old: &DeploymentSpec, new: &DeploymentSpec) -> Option<Progressive> {
+    let retired = std::slice::from_ref(old);
+    let canary: Vec<u8> = crate::rollout::rollout_steps(new, 1, retired)
+        .iter()
+        .filter_map(|s| {
+            s.iter().find_map(|(t, _)| match t {
+                crate::task::Task::PublishIngress { weight: Some(w), .. } => Some(*w),
+                _ => None,
+            })
+        })
+        .collect();
+    let rolling: Vec<RollingRole> = match canary.is_empty() {
+        false => Vec::new(),
+        true => {
+            let batches = crate::rolling::rolling_of(new, retired);
+            batches
+                .iter()
+                .map(|(role, (size, _))| {
+                    let n = u32::try_from(new.instances.iter().filter(|i| &i.role == role).count()).unwrap_or(u32::MAX);
+                    RollingRole {
+                        role: role.clone(),
+                        batch: *size,
+                        batches: n.div_ceil((*size).max(1)),
+                    }
+                })
+                .collect()
+        }
+    };
+    (!canary.is_empty() || !rolling.is_empty()).then(|| Progressive {
+        environment: new.environment.clone(),
+        canary,
+        rolling,
+    })
 }

@@ -159,6 +159,16 @@ pub fn placed_pair_for_change(
     placed_pair_as(before, after, preview, Form::Placement)
 }
 
+/// [`placed_pair`] with roles but no spec hashes: what a rollout's steps are computed from
+/// (`pl plan`'s canaries and rolling batches).
+pub fn placed_pair_with_roles(
+    before: &State,
+    after: &State,
+    preview: Option<&str>,
+) -> (BTreeMap<Name, Desired>, BTreeMap<Name, Desired>) {
+    placed_pair_as(before, after, preview, Form::Unhashed)
+}
+
 fn placed_pair_as(
     before: &State,
     after: &State,

@@ -3,7 +3,7 @@
 //! the same plan, in the same order, on every run and machine.
 
 use crate::canonical::{self, Secrets};
-pub use crate::consequences::{Consequences, NodeChange, ReplicaChange, RoleRef, Scope};
+pub use crate::consequences::{Consequences, NodeChange, Progressive, ReplicaChange, RoleRef, RollingRole, Scope};
 use crate::model::Kind;
 use crate::parse::Located;
 use crate::state::State;

@@ -107,11 +107,24 @@ pub fn consequence_lines(c: &Consequences) -> Vec<(char, String)> {
             format!("node {}/{} {what}: its work moves elsewhere", n.pool, n.node),
         )
     }));
-    out.extend(
-        c.rollouts
-            .iter()
-            .map(|e| ('~', format!("rollout of environment {e} (new generation)"))),
-    );
+    out.extend(c.rollouts.iter().map(|e| {
+        let how = match c.progressive.iter().find(|p| &p.environment == e) {
+            Some(p) if !p.canary.is_empty() => {
+                let weights: Vec<String> = p.canary.iter().map(|w| format!("{w}%")).collect();
+                format!("; a canary at {} before the switch", weights.join(", "))
+            }
+            Some(p) => {
+                let roles: Vec<String> = p
+                    .rolling
+                    .iter()
+                    .map(|r| format!("{} in {} batch(es) of {}", r.role, r.batches, r.batch))
+                    .collect();
+                format!("; rolling: {}", roles.join(", "))
+            }
+            None => String::new(),
+        };
+        ('~', format!("rollout of environment {e} (new generation{how})"))
+    }));
     out.extend(c.replacements.iter().map(|m| {
         let replica = format!("replica {}/{}/{}", m.environment, m.role, m.index);
         let how = if m.new_generation { "new generation" } else { "scale" };
