@@ -8,8 +8,11 @@
 //! start and must be healthy, the routes take them in place of the batch's old ones, and the
 //! rest of the batch's old replicas stop beside the next batch's first step. So at most N +
 //! maxSurge replicas run and at least N - maxUnavailable serve, as Kubernetes' Deployments
-//! promise. The last batch joins the routes with the rollout's usual switch, and its old
-//! replicas stop in the usual cleanup after it.
+//! promise, with one exception: an old replica that is the last its node routes to is never
+//! taken down first (each node's ingress routes to its own replicas; it would have none), it
+//! stops after its new one joined, as a surge. The last batch joins the routes with the
+//! rollout's usual switch, and its old replicas stop in the usual cleanup after it. A role one
+//! of whose replicas moves to another node switches instead of rolling.
 
 use crate::deployment::DeploymentSpec;
 use crate::task::{Rolled, Task};
@@ -43,7 +46,17 @@ pub fn rolling_of(spec: &DeploymentSpec, retired: &[DeploymentSpec]) -> Batches 
             let rolling = r.rolling?;
             let n = replicas(spec, name);
             let replaces = retired.iter().any(|o| o.instances.iter().any(|i| &i.role == name));
-            (n > 0 && replaces).then(|| (name.clone(), rolling.batch(n)))
+            // A replica whose index moved to another node switches instead: its node's routes
+            // could be left with neither its old nor its new replica between batches.
+            let stays = retired.iter().all(|o| {
+                o.instances.iter().filter(|i| &i.role == name).all(|old| {
+                    spec.instances
+                        .iter()
+                        .find(|i| &i.role == name && i.index == old.index)
+                        .is_none_or(|new| new.node == old.node)
+                })
+            });
+            (n > 0 && replaces && stays).then(|| (name.clone(), rolling.batch(n)))
         })
         .collect()
 }
@@ -111,7 +124,8 @@ pub fn batch_steps(
     for batch in 0..count {
         let last = batch + 1 == count;
         let (mut down, mut up, mut rest) = (Vec::new(), Vec::new(), Vec::new());
-        for (role, &(size, first)) in batches {
+        let first = down_first(spec, retired, batches, batch);
+        for (role, &(size, _)) in batches {
             let lo = batch.saturating_mul(size);
             let hi = lo.saturating_add(size);
             let n = replicas(spec, role);
@@ -120,7 +134,7 @@ pub fn batch_steps(
                 if index >= n || !(lo..hi).contains(&index) {
                     continue;
                 }
-                if index < lo.saturating_add(first) {
+                if first.contains(&(role.clone(), index, node.clone())) {
                     down.push(stop(role, index, &node));
                 } else if !last {
                     rest.push(stop(role, index, &node));
@@ -146,24 +160,62 @@ pub fn batch_steps(
                     }),
             );
         }
-        let mut first = std::mem::take(&mut carry);
+        // A rolled publish goes to the nodes it leaves something to route to (a node whose
+        // replicas have not started yet has no route to change).
+        let serving = |rolled: Rolled| -> Step {
+            let mut jobs = publish(rolled);
+            jobs.retain(|(_, node)| !routes_on(spec, retired, batches, node.as_str(), rolled).is_empty());
+            jobs
+        };
+        let mut head = std::mem::take(&mut carry);
         if !down.is_empty() {
             if routes {
-                first.extend(publish(Rolled { batch, out: true }));
+                head.extend(serving(Rolled { batch, out: true }));
             }
-            steps.push(std::mem::take(&mut first));
+            steps.push(std::mem::take(&mut head));
             steps.push(down);
         }
-        first.extend(up);
-        steps.push(first);
+        head.extend(up);
+        steps.push(head);
         if !last {
             if routes {
-                steps.push(publish(Rolled { batch, out: false }));
+                steps.push(serving(Rolled { batch, out: false }));
             }
             carry = rest;
         }
     }
     stopped
+}
+
+/// The old replicas of batch `batch` that leave the routes and stop before its new ones start:
+/// its first `maxUnavailable` by index, except on a node where that would leave the routes with
+/// no replica at all (those stop after their new ones joined, as a surge).
+fn down_first(
+    spec: &DeploymentSpec,
+    retired: &[DeploymentSpec],
+    batches: &Batches,
+    batch: u32,
+) -> BTreeSet<(Name, u32, Name)> {
+    let mut down = BTreeSet::new();
+    for (role, &(size, first)) in batches {
+        let lo = batch.saturating_mul(size);
+        let n = replicas(spec, role);
+        for (index, node) in old_replicas(retired, role).into_keys() {
+            if index < n && index >= lo && index < lo.saturating_add(first) {
+                down.insert((role.clone(), index, node));
+            }
+        }
+    }
+    if moves_routes(spec, batches) {
+        let rolled = Rolled { batch, out: true };
+        for node in &spec.ingress_nodes {
+            let web_here = |(r, _, n): &(Name, u32, Name)| n == node && spec.roles.get(r).is_some_and(|x| x.is_web());
+            if down.iter().any(web_here) && routes(spec, retired, batches, node.as_str(), rolled, &down).is_empty() {
+                down.retain(|d| !web_here(d));
+            }
+        }
+    }
+    down
 }
 
 /// The replicas a publish on `node` at stage `rolled` routes to: every web role's new
@@ -175,7 +227,32 @@ pub fn rolled_upstreams(
     node: &str,
     rolled: Rolled,
 ) -> Vec<RolledUpstream> {
-    let batches = rolling_of(spec, retired);
+    routes_on(spec, retired, &rolling_of(spec, retired), node, rolled)
+}
+
+fn routes_on(
+    spec: &DeploymentSpec,
+    retired: &[DeploymentSpec],
+    batches: &Batches,
+    node: &str,
+    rolled: Rolled,
+) -> Vec<RolledUpstream> {
+    let down = match rolled.out {
+        true => down_first(spec, retired, batches, rolled.batch),
+        false => BTreeSet::new(),
+    };
+    routes(spec, retired, batches, node, rolled, &down)
+}
+
+/// [`rolled_upstreams`] with the batch's replicas that stop first (`down`, at an `out` stage).
+fn routes(
+    spec: &DeploymentSpec,
+    retired: &[DeploymentSpec],
+    batches: &Batches,
+    node: &str,
+    rolled: Rolled,
+    down: &BTreeSet<(Name, u32, Name)>,
+) -> Vec<RolledUpstream> {
     let mut out = Vec::new();
     for i in spec.instances.iter().filter(|i| i.node.as_str() == node) {
         let Some(port) = spec.roles.get(&i.role).filter(|r| r.is_web()).and_then(|r| r.port) else {
@@ -197,9 +274,9 @@ pub fn rolled_upstreams(
             });
         }
     }
-    for (role, (size, first)) in &batches {
+    for (role, (size, _)) in batches {
         let from = if rolled.out {
-            rolled.batch.saturating_mul(*size).saturating_add(*first)
+            rolled.batch.saturating_mul(*size)
         } else {
             (rolled.batch + 1).saturating_mul(*size)
         };
@@ -207,6 +284,7 @@ pub fn rolled_upstreams(
             if let Some(port) = port
                 && at.as_str() == node
                 && index >= from
+                && !down.contains(&(role.clone(), index, at.clone()))
             {
                 out.push(RolledUpstream {
                     role: role.clone(),

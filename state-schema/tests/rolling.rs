@@ -11,7 +11,7 @@ use state_schema::rolling::{rolled_upstreams, rolling_of};
 use state_schema::rollout::{rollback_steps, rollout_steps};
 use state_schema::state::{State, assemble};
 use state_schema::task::Task;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 fn tree(release: &str, replicas: u32, rollout: &str) -> String {
     // A release is its image digest.
@@ -37,12 +37,14 @@ fn spec(text: &str) -> DeploymentSpec {
     d.remove(0).spec
 }
 
-/// Walks the steps of rolling `old` (4 web replicas) to `new`; returns the most replicas
-/// running at once and the fewest routed.
+/// Walks the steps of rolling `old` to `new` (web replicas); returns the most replicas running
+/// at once and the fewest routed. Each node's routes are its own (its ingress), and no node
+/// that routed something is ever left with nothing.
 fn walk(old: &DeploymentSpec, new: &DeploymentSpec) -> (usize, usize) {
     let retired = std::slice::from_ref(old);
     let steps = rollout_steps(new, 2, retired);
     let web = |role: &str| role == "web";
+    let count = old.instances.iter().filter(|i| web(i.role.as_str())).count();
     let mut old_up: BTreeSet<u32> = old
         .instances
         .iter()
@@ -50,62 +52,67 @@ fn walk(old: &DeploymentSpec, new: &DeploymentSpec) -> (usize, usize) {
         .map(|i| i.index)
         .collect();
     let mut new_up: BTreeSet<u32> = BTreeSet::new();
-    // What the routes hold: (older, index).
-    let mut routes: BTreeSet<(bool, u32)> = old_up.iter().map(|i| (true, *i)).collect();
-    let (mut most, mut fewest) = (old_up.len(), routes.len());
+    // What each node's routes hold: (older, index).
+    let mut routes: BTreeMap<String, BTreeSet<(bool, u32)>> = BTreeMap::new();
+    for i in old.instances.iter().filter(|i| web(i.role.as_str())) {
+        routes.entry(i.node.to_string()).or_default().insert((true, i.index));
+    }
+    let routed = |r: &BTreeMap<String, BTreeSet<(bool, u32)>>| r.values().map(BTreeSet::len).sum::<usize>();
+    let (mut most, mut fewest) = (old_up.len(), routed(&routes));
     for step in &steps {
-        let mut published: Option<BTreeSet<(bool, u32)>> = None;
-        for (task, _) in step {
+        for (task, node) in step {
             match task {
                 Task::EnsureApplication { role, instance, .. } if web(role.as_str()) => {
                     new_up.insert(*instance);
                 }
                 Task::PublishIngress { rolled, .. } => {
                     let now: BTreeSet<(bool, u32)> = match rolled {
-                        Some(r) => new
-                            .ingress_nodes
-                            .iter()
-                            .flat_map(|n| rolled_upstreams(new, retired, n.as_str(), *r))
+                        Some(r) => rolled_upstreams(new, retired, node.as_str(), *r)
+                            .into_iter()
                             .map(|u| (u.older, u.instance))
                             .collect(),
-                        None => new_up.iter().map(|i| (false, *i)).collect(),
+                        None => new
+                            .instances
+                            .iter()
+                            .filter(|i| web(i.role.as_str()) && &i.node == node)
+                            .map(|i| (false, i.index))
+                            .collect(),
                     };
-                    published = Some(now);
+                    assert!(!now.is_empty(), "a publish on {node} with nothing to route to");
+                    routes.insert(node.to_string(), now);
                 }
                 _ => {}
             }
-        }
-        if let Some(p) = published {
-            routes = p;
         }
         for (task, _) in step {
             if let Task::StopApplication { role, instance, .. } = task
                 && web(role.as_str())
             {
                 assert!(
-                    !routes.contains(&(true, *instance)),
+                    routes.values().all(|r| !r.contains(&(true, *instance))),
                     "old {instance} stops while routed"
                 );
                 old_up.remove(instance);
             }
         }
-        for (older, i) in &routes {
-            let up = if *older { &old_up } else { &new_up };
-            assert!(
-                up.contains(i),
-                "a route to {} replica {i}, which does not run",
-                if *older { "old" } else { "new" }
-            );
+        for (node, r) in &routes {
+            assert!(!r.is_empty(), "{node} routes nowhere");
+            for (older, i) in r {
+                let up = if *older { &old_up } else { &new_up };
+                assert!(
+                    up.contains(i),
+                    "a route to {} replica {i}, which does not run",
+                    if *older { "old" } else { "new" }
+                );
+            }
         }
         most = most.max(old_up.len() + new_up.len());
-        fewest = fewest.min(routes.len());
+        fewest = fewest.min(routed(&routes));
     }
     assert!(old_up.is_empty(), "old replicas left running: {old_up:?}");
-    assert_eq!(
-        routes,
-        (0..4).map(|i| (false, i)).collect(),
-        "every request to the new release"
-    );
+    let all: BTreeSet<(bool, u32)> = routes.values().flatten().copied().collect();
+    let want: BTreeSet<(bool, u32)> = (0..u32::try_from(count).expect("few")).map(|i| (false, i)).collect();
+    assert_eq!(all, want, "every request to the new release");
     (most, fewest)
 }
 
@@ -155,6 +162,37 @@ fn batches_keep_within_the_surge_and_the_unavailable_and_never_route_to_a_stoppe
             "{rollout}: {publishes:?}"
         );
     }
+}
+
+#[test]
+fn a_node_s_last_routed_replica_is_never_taken_down_first() {
+    // Two replicas, one on each node: `maxUnavailable: 1` would leave a node's ingress with
+    // nothing to route to, so each is replaced surge-first (its new one joins, then it stops).
+    let rollout = "{strategy: rolling, maxSurge: 0, maxUnavailable: 1}";
+    let (old, new) = (spec(&tree("v1", 2, rollout)), spec(&tree("v2", 2, rollout)));
+    assert_eq!(
+        walk(&old, &new),
+        (3, 2),
+        "one extra replica at a time, every node routed throughout"
+    );
+    let steps = rollout_steps(&new, 2, std::slice::from_ref(&old));
+    assert!(
+        steps
+            .iter()
+            .flatten()
+            .all(|(t, _)| !t.idempotency_key().contains("-out")),
+        "nothing leaves the routes first"
+    );
+}
+
+#[test]
+fn a_replica_that_moves_nodes_switches() {
+    let rollout = "{strategy: rolling}";
+    let old = spec(&tree("v1", 4, rollout));
+    let moved =
+        spec(&tree("v2", 4, rollout).replace("- {name: n1, capacity", "- {name: n1, state: draining, capacity"));
+    assert!(moved.instances.iter().all(|i| i.node.as_str() == "n2"));
+    assert!(rolling_of(&moved, std::slice::from_ref(&old)).is_empty());
 }
 
 #[test]
