@@ -14,6 +14,9 @@
 mod converge_support;
 #[path = "support/dump.rs"]
 mod dump;
+#[path = "support/fleet.rs"]
+#[allow(dead_code)] // (its settling helpers are other tests')
+mod fleet_support;
 #[path = "support/postgres.rs"]
 mod postgres_support;
 #[path = "support/repo.rs"]
@@ -101,7 +104,7 @@ async fn scenario(url: String, dir: &Path) {
     dump::nodes_up(&url, &["n1"]).await;
     let shared = Arc::new(
         Reconciler::new(
-            Arc::new(crate_config(dir, &repo.dir, &url)),
+            Arc::new(fleet_support::config(dir, &repo.dir, &url)),
             Arc::new(ledger),
             Arc::default(),
         )
@@ -291,7 +294,7 @@ async fn scenario(url: String, dir: &Path) {
     std::fs::write(dir.join("allowed_signers"), format!("someone-else {stranger}")).expect("signers");
     let distrusting = Arc::new(
         Reconciler::new(
-            Arc::new(crate_config(dir, &repo.dir, &url)),
+            Arc::new(fleet_support::config(dir, &repo.dir, &url)),
             Arc::clone(&shared.ledger),
             Arc::default(),
         )
@@ -344,7 +347,7 @@ async fn canary_scenario(url: String, dir: &Path) {
     dump::nodes_up(&url, &["n1"]).await;
     let shared = Arc::new(
         Reconciler::new(
-            Arc::new(crate_config(dir, &repo.dir, &url)),
+            Arc::new(fleet_support::config(dir, &repo.dir, &url)),
             Arc::new(ledger),
             Arc::default(),
         )
@@ -547,15 +550,6 @@ async fn canary_scenario(url: String, dir: &Path) {
             && auto[1].contains("back to generation 6's release"),
         "{auto:?}"
     );
-}
-
-fn crate_config(dir: &Path, repo: &Path, url: &str) -> reconciler::config::Config {
-    let text = format!(
-        "[source]\npath = {repo:?}\n\n[trust]\nallowed_signers = \"allowed_signers\"\n\n[ledger]\nurl = {url:?}\n\n[api]\nlisten = \"127.0.0.1:0\"\ntls_cert = \"api.crt\"\ntls_key = \"api.key\"\n"
-    );
-    let path = dir.join("reconciler.toml");
-    std::fs::write(&path, text).expect("write config");
-    reconciler::config::Config::load(&path).expect("config loads")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,6 +8,9 @@
 mod converge_support;
 #[path = "support/dump.rs"]
 mod dump;
+#[path = "support/fleet.rs"]
+#[allow(dead_code)] // (its settling helpers are other tests')
+mod fleet_support;
 #[path = "support/postgres.rs"]
 mod postgres_support;
 #[path = "support/repo.rs"]
@@ -30,15 +33,6 @@ fn project(digest: char) -> String {
     format!(
         "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: registry.example.invalid/api@sha256:{d}\n  roles:\n    web: {{kind: web, port: 8080, health: {{path: /healthz}}, replicas: 3, rollout: {{strategy: rolling, maxSurge: 1}}}}\n"
     )
-}
-
-fn config(dir: &Path, repo: &Path, url: &str) -> reconciler::config::Config {
-    let text = format!(
-        "[source]\npath = {repo:?}\n\n[trust]\nallowed_signers = \"allowed_signers\"\n\n[ledger]\nurl = {url:?}\n\n[api]\nlisten = \"127.0.0.1:0\"\ntls_cert = \"api.crt\"\ntls_key = \"api.key\"\n"
-    );
-    let path = dir.join("reconciler.toml");
-    std::fs::write(&path, text).expect("write config");
-    reconciler::config::Config::load(&path).expect("config loads")
 }
 
 /// What a key says of a replica or route, short: `web/0 ensure`, `publish/b0`, `publish`.
@@ -119,7 +113,12 @@ async fn scenario(url: String, dir: &Path) {
     ledger.migrate().await.expect("migrate");
     dump::nodes_up(&url, &["n1"]).await;
     let shared = Arc::new(
-        Reconciler::new(Arc::new(config(dir, &repo.dir, &url)), Arc::new(ledger), Arc::default()).expect("shared"),
+        Reconciler::new(
+            Arc::new(fleet_support::config(dir, &repo.dir, &url)),
+            Arc::new(ledger),
+            Arc::default(),
+        )
+        .expect("shared"),
     );
     let deployment = || {
         let url = url.clone();
