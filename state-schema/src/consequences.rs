@@ -347,32 +347,24 @@ pub(crate) fn consequences(base: &State, head: &State, changes: &[Changed<'_>], 
     c
 }
 
-/// How rolling `old` out to `new` goes beyond a switch, by the daemon's own steps; `None` for
-/// a switch.
+/// How rolling `old` out to `new` goes beyond a switch, by the decisions the daemon's steps
+/// come from (`rollout::canary_of`, then `rolling::rolling_of`); `None` for a switch.
 fn progressive(old: &DeploymentSpec, new: &DeploymentSpec) -> Option<Progressive> {
     let retired = std::slice::from_ref(old);
-    let canary: Vec<u8> = crate::rollout::rollout_steps(new, 1, retired)
+    let canary: Vec<u8> = crate::rollout::canary_of(new, retired)
+        .0
         .iter()
-        .filter_map(|s| {
-            s.iter().find_map(|(t, _)| match t {
-                crate::task::Task::PublishIngress { weight: Some(w), .. } => Some(*w),
-                _ => None,
-            })
-        })
+        .map(|c| c.weight)
         .collect();
     let rolling: Vec<RollingRole> = match canary.is_empty() {
         false => Vec::new(),
         true => {
             let batches = crate::rolling::rolling_of(new, retired);
-            batches
-                .iter()
-                .map(|(role, (size, _))| {
-                    let n = u32::try_from(new.instances.iter().filter(|i| &i.role == role).count()).unwrap_or(u32::MAX);
-                    RollingRole {
-                        role: role.clone(),
-                        batch: *size,
-                        batches: n.div_ceil((*size).max(1)),
-                    }
+            crate::rolling::role_batches(new, &batches)
+                .map(|(role, batch, batches)| RollingRole {
+                    role: role.clone(),
+                    batch,
+                    batches,
                 })
                 .collect()
         }

@@ -65,13 +65,16 @@ fn replicas(spec: &DeploymentSpec, role: &Name) -> u32 {
     u32::try_from(spec.instances.iter().filter(|i| &i.role == role).count()).unwrap_or(u32::MAX)
 }
 
-/// How many batches the rollout takes: the most any rolling role needs.
-pub fn batch_count(spec: &DeploymentSpec, batches: &Batches) -> u32 {
+/// How many batches each rolling role takes: (role, replicas a batch replaces, batches).
+pub fn role_batches<'a>(spec: &'a DeploymentSpec, batches: &'a Batches) -> impl Iterator<Item = (&'a Name, u32, u32)> {
     batches
         .iter()
-        .map(|(role, (size, _))| replicas(spec, role).div_ceil((*size).max(1)))
-        .max()
-        .unwrap_or(0)
+        .map(|(role, (size, _))| (role, *size, replicas(spec, role).div_ceil((*size).max(1))))
+}
+
+/// How many batches the rollout takes: the most any rolling role needs.
+pub fn batch_count(spec: &DeploymentSpec, batches: &Batches) -> u32 {
+    role_batches(spec, batches).map(|(_, _, n)| n).max().unwrap_or(0)
 }
 
 /// The old replicas of `role`: each (index, node) once, with its port in the newest retired

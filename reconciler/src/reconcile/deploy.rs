@@ -625,23 +625,19 @@ impl Ledger {
                     if d.rollback { ", a rollback" } else { "" }
                 );
                 self.event(tx, now_ms, "deployment-failed", env, &detail).await?;
-                // A canary that sent requests to the new release goes back to the old one
-                // (the pass rolls it back, held, as a failed watch is).
-                if let Some((first, _)) = canary.first()
-                    && step >= *first as i64
-                {
-                    let why = match self.step_failure(tx, env, generation, step).await? {
-                        Some(d) => format!("step {step} failed (a publish of its canary): {d}"),
-                        None => format!("step {step} failed (a publish of its canary)"),
-                    };
-                    self.fail_canary(tx, env, generation, &why, now_ms).await?;
-                } else if let Some(first) = rolling_from(&steps)
+                // A canary that sent requests to the new release, or rolling batches that
+                // moved requests or stopped old replicas, go back to the old release (the pass
+                // rolls it back, held, as a failed watch is).
+                let moved = match canary.first() {
+                    Some(&(first, _)) => Some((first, "a publish of its canary")),
+                    None => rolling_from(&steps).map(|first| (first, "between its rolling batches")),
+                };
+                if let Some((first, what)) = moved
                     && step >= first as i64
                 {
-                    // Rolling batches that moved requests or stopped old replicas: the same.
                     let why = match self.step_failure(tx, env, generation, step).await? {
-                        Some(d) => format!("step {step} failed (between its rolling batches): {d}"),
-                        None => format!("step {step} failed (between its rolling batches)"),
+                        Some(d) => format!("step {step} failed ({what}): {d}"),
+                        None => format!("step {step} failed ({what})"),
                     };
                     self.fail_canary(tx, env, generation, &why, now_ms).await?;
                 }
