@@ -62,6 +62,8 @@ codes! {
     FieldNotAllowed => "field-not-allowed", "A field that does not apply in this context (a schedule on a web role, ...).";
     InvalidName => "invalid-name", "A name that is not a lowercase RFC 1123 label.";
     DuplicateName => "duplicate-name", "Two objects of one kind (or two nodes) with the same name.";
+    InvalidAddress => "invalid-address", "A node `address` no other node could reach: unspecified, loopback, multicast, broadcast, IPv6 link-local, or inside the environments' subnet pool `10.208.0.0/12`.";
+    DuplicateAddress => "duplicate-address", "Two nodes with the same `address`: the mesh would send one node's traffic to the other.";
     DanglingReference => "dangling-reference", "A reference to a project, environment, pool, role or secret that does not exist.";
     ImageNotPinned => "image-not-pinned", "An image that is not pinned by digest (`name@sha256:<64 hex>`).";
     InvalidPort => "invalid-port", "A port outside 1-65535, a role's `ports` listing one twice (or its web `port`), or more than 16.";

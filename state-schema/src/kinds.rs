@@ -1028,6 +1028,13 @@ fn decode_node(ctx: &mut Ctx<'_>, node: &Node<'_>) -> Option<PoolNode> {
                 ),
             })
         })
+        .and_then(|ip| match crate::values::unreachable_node_address(ip) {
+            Some(inv) => {
+                ctx.invalid(Code::InvalidAddress, a.pos, inv);
+                None
+            }
+            None => Some(ip),
+        })
     });
     Some(PoolNode {
         name: n?,

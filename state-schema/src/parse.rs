@@ -120,6 +120,9 @@ fn record_positions(doc: &Node<'_>) -> Vec<(Cow<'static, str>, Pos)> {
             ) = entry(item, "name")
             {
                 out.push((Cow::Owned(format!("spec.nodes.{name}")), n.pos));
+                if let Some(a) = entry(item, "address") {
+                    out.push((Cow::Owned(format!("spec.nodes.{name}.address")), a.pos));
+                }
             }
         }
     }

@@ -534,15 +534,37 @@ fn check_references(state: &State, diags: &mut Vec<Diagnostic>) {
     }
 }
 
-/// Node names are unique across all pools: a node enrols by name.
+/// Node names are unique across all pools: a node enrols by name. So are node addresses: the
+/// mesh points a peer's endpoint at a node by its address.
 fn check_nodes(state: &State, diags: &mut Vec<Diagnostic>) {
     let mut seen: BTreeMap<&str, (&str, &Located)> = BTreeMap::new();
+    let mut addresses: BTreeMap<core::net::IpAddr, (&str, &Located)> = BTreeMap::new();
     for loc in state.of_kind(Kind::NodePool) {
         let Spec::NodePool(pool) = &loc.object.spec else {
             continue;
         };
         for node in &pool.nodes {
             let path = format!("spec.nodes.{}", node.name);
+            if let Some(ip) = node.address {
+                let at = format!("{path}.address");
+                if let Some((other_node, other)) = addresses.get(&ip) {
+                    let there = other.pos_of(&format!("spec.nodes.{other_node}.address"));
+                    diags.push(
+                        Diagnostic::error(
+                            Code::DuplicateAddress,
+                            &loc.file,
+                            Some(loc.pos_of(&at)),
+                            format!(
+                                "node `{}` has the address {ip} of node `{other_node}` ({}:{}:{})",
+                                node.name, other.file, there.line, there.column
+                            ),
+                        )
+                        .with_hint("each node needs an address of its own: the mesh reaches a node by it"),
+                    );
+                } else {
+                    addresses.insert(ip, (node.name.as_str(), loc));
+                }
+            }
             if let Some((other_pool, other)) = seen.get(node.name.as_str()) {
                 diags.push(
                     Diagnostic::error(

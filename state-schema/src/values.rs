@@ -26,6 +26,42 @@ impl Invalid {
     }
 }
 
+/// The pool environments' subnets are cut from on every node (`10.208.0.0/12`, a /24 each):
+/// a node address inside it would be routed into an environment instead of to the node.
+pub const SUBNET_POOL: (core::net::Ipv4Addr, u8) = (core::net::Ipv4Addr::new(10, 208, 0, 0), 12);
+
+/// Why no other node could reach a node at `ip` over the mesh, if so: an address of no host
+/// (unspecified, multicast, broadcast), one every host has for itself (loopback), an IPv6
+/// link-local one (unusable without an interface), or one inside the environments' own subnet
+/// pool. IPv4-mapped IPv6 addresses are judged as their IPv4 address.
+pub fn unreachable_node_address(ip: core::net::IpAddr) -> Option<Invalid> {
+    use core::net::IpAddr;
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    };
+    let why = match ip {
+        IpAddr::V4(v4) if v4.is_unspecified() => "is unspecified (no host has it)",
+        IpAddr::V4(v4) if v4.is_loopback() => "is a loopback address (every host has it for itself)",
+        IpAddr::V4(v4) if v4.is_multicast() => "is a multicast address",
+        IpAddr::V4(v4) if v4.is_broadcast() => "is the broadcast address",
+        IpAddr::V4(v4) if u32::from(v4) >> (32 - SUBNET_POOL.1) == u32::from(SUBNET_POOL.0) >> (32 - SUBNET_POOL.1) => {
+            "is inside the environments' subnet pool 10.208.0.0/12"
+        }
+        IpAddr::V6(v6) if v6.is_unspecified() => "is unspecified (no host has it)",
+        IpAddr::V6(v6) if v6.is_loopback() => "is a loopback address (every host has it for itself)",
+        IpAddr::V6(v6) if v6.is_multicast() => "is a multicast address",
+        IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80 => {
+            "is an IPv6 link-local address (it needs an interface no other node shares)"
+        }
+        _ => return None,
+    };
+    Some(
+        Invalid::new(format!("node `address` {ip} {why}"))
+            .hint("write the address other nodes reach this one at over the network, e.g. 203.0.113.5"),
+    )
+}
+
 macro_rules! string_newtype {
     ($name:ident) => {
         impl<'de> serde::Deserialize<'de> for $name {
