@@ -74,6 +74,21 @@ fn unclosed(lines: &[&str]) -> Option<(usize, usize, char)> {
     open.pop()
 }
 
+/// Line `number` (1-based), `line`, is not `key: value`.
+fn missing_colon(number: usize, line: &str) -> Explained {
+    let (indent, rest) = indentation(line);
+    let rest = code_of(rest).trim_end();
+    let fixed = match rest.split_once(' ') {
+        Some((key, value)) => format!("write `{key}: {}`", value.trim_start()),
+        None => format!("write `{rest}:` followed by its value"),
+    };
+    Explained {
+        pos: at(number, indent.len() + 1),
+        message: format!("`{rest}` is not `key: value`: the `:` after the key is missing"),
+        hint: fixed,
+    }
+}
+
 /// Explains the scanner's error `info` at `pos` (1-based) in `text`.
 pub fn explain(text: &str, pos: Pos, info: &str) -> Explained {
     let lines: Vec<&str> = text.lines().collect();
@@ -116,17 +131,20 @@ pub fn explain(text: &str, pos: Pos, info: &str) -> Explained {
             .rev()
             .find(|(_, l)| is_content(l) && !code_of(l).contains(':') && !l.trim_start().starts_with('-'))
     {
-        let (indent, rest) = indentation(line);
-        let rest = code_of(rest).trim_end();
-        let fixed = match rest.split_once(' ') {
-            Some((key, value)) => format!("write `{key}: {}`", value.trim_start()),
-            None => format!("write `{rest}:` followed by its value"),
-        };
-        return Explained {
-            pos: at(n + 1, indent.len() + 1),
-            message: format!("`{rest}` is not `key: value`: the `:` after the key is missing"),
-            hint: fixed,
-        };
+        return missing_colon(n + 1, line);
+    }
+
+    // The same mistake as a mapping's first key (`region local` then `nodes:`): the scanner
+    // reads both lines as one plain scalar and gives up at the second line's `:`. The line
+    // above it, at the same indentation and without a `:`, is the mistake.
+    if info.contains("mapping values are not allowed")
+        && let Some(reported) = lines.get(here.wrapping_sub(1))
+        && let Some((n, line)) = lines[..here - 1].iter().enumerate().rev().find(|(_, l)| is_content(l))
+        && !code_of(line).contains(':')
+        && !line.trim_start().starts_with('-')
+        && indentation(line).0 == indentation(reported).0
+    {
+        return missing_colon(n + 1, line);
     }
 
     // An indentation that lines up with nothing above it.
@@ -160,6 +178,38 @@ pub fn explain(text: &str, pos: Pos, info: &str) -> Explained {
                 sibling + 2
             ),
         };
+    }
+
+    // A mapping's first key indented deeper than the keys after it (`spec:`, then `    region:`,
+    // then `  nodes:`): the scanner gives up at the next key, which is right; the first is not.
+    if info.contains("did not find expected key")
+        && let Some(reported) = lines.get(here.wrapping_sub(1)).filter(|l| is_content(l))
+    {
+        let depth = indentation(reported).0.len();
+        let parent = lines[..here - 1]
+            .iter()
+            .enumerate()
+            .rev()
+            .find(|(_, l)| is_content(l) && indentation(l).0.len() < depth)
+            .map(|(i, _)| i);
+        let first = lines[parent.map_or(0, |p| p + 1)..here - 1]
+            .iter()
+            .enumerate()
+            .find(|(_, l)| is_content(l))
+            .map(|(i, l)| (i + parent.map_or(0, |p| p + 1), *l));
+        if let Some((n, line)) = first
+            && indentation(line).0.len() > depth
+        {
+            let key = code_of(reported).trim().split(':').next().unwrap_or_default();
+            return Explained {
+                pos: at(n + 1, indentation(line).0.len() + 1),
+                message: format!(
+                    "this line is indented {} spaces, but `{key}` (line {here}) of the same mapping is indented {depth}",
+                    indentation(line).0.len()
+                ),
+                hint: format!("indent the keys of one mapping alike: {depth} spaces here"),
+            };
+        }
     }
 
     Explained {
@@ -215,6 +265,33 @@ mod tests {
         assert_eq!(e.pos, pos(4, 7));
         assert!(e.message.contains("`replicas 4` is not `key: value`"), "{e:?}");
         assert_eq!(e.hint, "write `replicas: 4`");
+    }
+
+    /// A NodePool's `region local` as the mapping's first key: the scanner gives up one line
+    /// below, at `nodes:`, with another message.
+    #[test]
+    fn a_missing_colon_on_a_first_key_is_reported_on_its_own_line() {
+        let text = "spec:\n  region local\n  nodes:\n    - name: n1\n";
+        let e = explain(text, pos(3, 8), "mapping values are not allowed in this context");
+        assert_eq!(e.pos, pos(2, 3));
+        assert_eq!(e.hint, "write `region: local`");
+        // `key: a: b` on one line is not this mistake.
+        let text = "spec:\n  image: a: b\n";
+        let e = explain(text, pos(2, 10), "mapping values are not allowed in this context");
+        assert!(!e.message.contains("is not `key: value`"), "{e:?}");
+    }
+
+    /// A mapping's first key indented deeper than the next: the first is the mistake.
+    #[test]
+    fn an_over_indented_first_key_is_reported_on_its_own_line() {
+        let text = "metadata:\n  name: p\nspec:\n    region: local\n  nodes:\n";
+        let e = explain(
+            text,
+            pos(5, 3),
+            "while parsing a block mapping, did not find expected key",
+        );
+        assert_eq!(e.pos, pos(4, 5));
+        assert!(e.message.contains("`nodes` (line 5)"), "{e:?}");
     }
 
     #[test]
