@@ -4,6 +4,7 @@
 mod out;
 mod backups;
 mod commands;
+mod live;
 mod operator;
 mod rollback;
 mod rollback_commit;
@@ -289,7 +290,6 @@ Reference: docs/cli.md (pl up)")]
         #[command(flatten)]
         server: operator::ServerArgs,
     },
-    /// List jobs, newest first.
     /// Wait until a revision is live everywhere it applies, as the agents report it (for CI):
     /// exit 0 live, 1 rejected or failed (with the reason or the failing job), 2 on timeout.
     #[command(after_help = "Example (CI, after pushing a signed commit):
@@ -297,11 +297,16 @@ Reference: docs/cli.md (pl up)")]
 
 Reference: docs/cli.md (pl wait)")]
     Wait(wait::WaitArgs),
+    /// List jobs, newest first: each one's environment, task, state, attempts, and why a
+    /// failed one failed.
     Jobs {
+        /// Only jobs in this state (queued, leased, succeeded, failed, cancelled).
         #[arg(long)]
         state: Option<String>,
+        /// Only this environment's jobs.
         #[arg(long)]
         environment: Option<String>,
+        /// At most this many.
         #[arg(long, default_value_t = 100)]
         limit: u32,
         #[command(flatten)]

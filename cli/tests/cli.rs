@@ -388,6 +388,38 @@ fn help_shows_examples_and_keeps_global_options_apart() {
     );
 }
 
+/// Every command in `pl --help` has a description of its own (`wait` once had `jobs`'s, and
+/// `jobs` had none).
+#[test]
+fn help_describes_every_command_with_its_own_words() {
+    let top = stdout(&run(pl().arg("--help")));
+    let commands = top
+        .split_once("Commands:")
+        .expect("a commands list")
+        .1
+        .split("\n\n")
+        .next()
+        .unwrap_or_default();
+    let mut seen = 0;
+    for line in commands.lines() {
+        let mut parts = line.split_whitespace();
+        let Some(name) = parts.next() else { continue };
+        let about: Vec<&str> = parts.collect();
+        assert!(!about.is_empty(), "`pl {name}` has no description:\n{top}");
+        seen += 1;
+    }
+    assert!(seen > 20, "{top}");
+    let line = |name: &str| {
+        commands
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert!(line("wait").contains("Wait until a revision is live"), "{top}");
+    assert!(line("jobs").contains("List jobs"), "{top}");
+}
+
 /// Output to a reader that went away (`pl show | head -0`) ends quietly: no panic, no error,
 /// and the command's own exit code (`--detailed-exitcode` keeps 2 for changes).
 #[test]
