@@ -60,6 +60,24 @@ pub struct NodeChange {
     pub state: Option<NodeState>,
 }
 
+/// A hostname whose brought certificate changes: published again in place, no restart.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct CertificateChange {
+    pub environment: Name,
+    pub hostname: Hostname,
+}
+
+/// Replicas of a role the change asks for that no declared node has room for: they would
+/// wait (`pl up` and `pl wait` do not call that done).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct Unplaced {
+    pub environment: Name,
+    pub role: Name,
+    pub waiting: u32,
+    /// `no-capacity` or `no-eligible-node`.
+    pub reason: String,
+}
+
 /// What follows from the changes, for a reviewer: traffic, capacity and rollouts.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -84,6 +102,14 @@ pub struct Consequences {
     /// plan; a change of such an environment ends its hold).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub held: Vec<crate::replacement::Held>,
+    /// Brought certificates that change without a new release (a Secret's values rotated):
+    /// published again in place by the reconciler's own `release::change`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub certificates_changed: Vec<CertificateChange>,
+    /// Replicas the head asks for that no node Git declares has room for (placed as the
+    /// reconciler places them, on the declared capacities).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unplaced: Vec<Unplaced>,
 }
 
 impl Consequences {
@@ -96,6 +122,8 @@ impl Consequences {
             && self.nodes_drained.is_empty()
             && self.rollouts.is_empty()
             && self.replacements.is_empty()
+            && self.certificates_changed.is_empty()
+            && self.unplaced.is_empty()
     }
 }
 
@@ -269,14 +297,47 @@ pub(crate) fn consequences(base: &State, head: &State, changes: &[Changed<'_>], 
         // so before it looks at nodes), so placing both whole trees, the costly part of a
         // plan, is left for the environments whose release stayed.
         let released = releases_base.release_hash(old_env) != releases_head.release_hash(env);
+        let rescaled = c.replicas_changed.iter().any(|r| &r.environment == name);
         let rollout = released || {
             let (old_placed, new_placed) =
                 placed.get_or_insert_with(|| crate::desired::placed_pair_for_change(base, head, None));
             match (old_placed.get(name), new_placed.get(name)) {
-                (Some(a), Some(b)) => change(&a.spec, &b.spec) == DeploymentChange::Generation,
+                (Some(a), Some(b)) => match change(&a.spec, &b.spec) {
+                    DeploymentChange::Generation => true,
+                    DeploymentChange::Scale {
+                        certificates_changed, ..
+                    } => {
+                        c.certificates_changed
+                            .extend(certificates_changed.into_iter().map(|hostname| CertificateChange {
+                                environment: name.clone(),
+                                hostname,
+                            }));
+                        false
+                    }
+                    DeploymentChange::None => false,
+                },
                 _ => false,
             }
         };
+        // Replicas that would wait for room: looked for where the count changed (or the
+        // placement was computed anyway), on the nodes Git declares.
+        if rescaled || placed.is_some() {
+            let (_, new_placed) =
+                placed.get_or_insert_with(|| crate::desired::placed_pair_for_change(base, head, None));
+            if let Some(d) = new_placed.get(name) {
+                let mut by: BTreeMap<(&Name, &str), u32> = BTreeMap::new();
+                for w in &d.waiting {
+                    *by.entry((&w.role, w.reason.as_str())).or_default() += 1;
+                }
+                c.unplaced
+                    .extend(by.into_iter().map(|((role, reason), waiting)| Unplaced {
+                        environment: name.clone(),
+                        role: role.clone(),
+                        waiting,
+                        reason: reason.to_owned(),
+                    }));
+            }
+        }
         if rollout {
             c.rollouts.push(name.clone());
             // A canary or rolling batches: both sides placed again with their roles, only for
@@ -344,6 +405,8 @@ pub(crate) fn consequences(base: &State, head: &State, changes: &[Changed<'_>], 
     c.roles_added.sort();
     c.roles_removed.sort();
     c.nodes_drained.sort();
+    c.certificates_changed.sort();
+    c.unplaced.sort();
     c
 }
 

@@ -98,6 +98,10 @@ pub enum Change {
         /// generation (no replica restarts for a name).
         hostnames_added: Vec<Hostname>,
         hostnames_removed: Vec<Hostname>,
+        /// Hostnames kept whose brought certificate changed (a Secret's `CERT` and `KEY`
+        /// rotated, or `tls.secret` added, changed or removed): published again in place on
+        /// every node that serves them, no replica restarted.
+        certificates_changed: Vec<Hostname>,
     },
     /// A new generation: a new release, or a change a scale cannot express (an instance that
     /// moves to another node, release roles elsewhere).
@@ -152,9 +156,18 @@ pub fn change(old: &DeploymentSpec, new: &DeploymentSpec) -> Change {
         .filter(|o| !new.instances.iter().any(|n| same_slot(o, n)))
         .cloned()
         .collect();
+    let certificate =
+        |spec: &DeploymentSpec, h: &Hostname| spec.certificates.iter().find(|(c, _)| c == h).map(|(_, t)| t.clone());
+    let certificates_changed = new
+        .hostnames
+        .iter()
+        .filter(|h| old.hostnames.contains(h) && certificate(old, h) != certificate(new, h))
+        .cloned()
+        .collect();
     Change::Scale {
         added,
         removed,
+        certificates_changed,
         nodes_added: minus(&new.nodes, &old.nodes),
         nodes_removed: minus(&old.nodes, &new.nodes),
         ingress_added: minus(&new.ingress_nodes, &old.ingress_nodes),

@@ -243,6 +243,7 @@ pub fn scale_tasks(spec: &DeploymentSpec, generation: u64, change: &crate::relea
         ingress_removed,
         hostnames_added,
         hostnames_removed,
+        certificates_changed,
     } = change
     else {
         return Vec::new();
@@ -303,10 +304,12 @@ pub fn scale_tasks(spec: &DeploymentSpec, generation: u64, change: &crate::relea
     publish_on.sort();
     publish_on.dedup();
     ingress(&publish_on, &mut out, false);
-    // A hostname gained is published on the other serving nodes too; one lost is taken out
-    // wherever it was served.
+    // A hostname gained is published on the other serving nodes too, and so is one whose
+    // brought certificate changed (the publish hands the node the new pair: in place, no
+    // restart); one lost is taken out wherever it was served.
     for node in spec.ingress_nodes.iter().filter(|n| !publish_on.contains(n)) {
-        for host in hostnames_added {
+        let certificates = certificates_changed.iter().filter(|h| !hostnames_added.contains(h));
+        for host in hostnames_added.iter().chain(certificates) {
             let task = Task::PublishIngress {
                 environment: env.clone(),
                 hostname: host.clone(),

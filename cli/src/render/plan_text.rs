@@ -125,6 +125,24 @@ pub fn consequence_lines(c: &Consequences) -> Vec<(char, String)> {
         };
         ('~', format!("rollout of environment {e} (new generation{how})"))
     }));
+    out.extend(c.certificates_changed.iter().map(|r| {
+        (
+            '~',
+            format!(
+                "certificate of {} ({}): published again in place, no replica restarted",
+                r.hostname, r.environment
+            ),
+        )
+    }));
+    out.extend(c.unplaced.iter().map(|u| {
+        (
+            '!',
+            format!(
+                "{} replica(s) of {}/{} will not fit on the nodes Git declares: {} (they wait; `pl up` and `pl wait` do not call that done)",
+                u.waiting, u.environment, u.role, u.reason
+            ),
+        )
+    }));
     out.extend(c.replacements.iter().map(|m| {
         let replica = format!("replica {}/{}/{}", m.environment, m.role, m.index);
         let how = if m.new_generation { "new generation" } else { "scale" };

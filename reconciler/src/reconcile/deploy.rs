@@ -459,17 +459,35 @@ impl Ledger {
             let added = self.enqueue_in(tx, &rows, now_ms).await?;
             applied.jobs_queued += added.len();
             applied.scales.push((env.to_owned(), s.generation));
-            if let Change::Scale { added, removed, .. } = &s.change {
-                events.push((
-                    "deployment-scaled".into(),
-                    env.to_owned(),
-                    format!(
-                        "generation {}: {} replicas added, {} removed",
-                        s.generation,
-                        added.len(),
-                        removed.len()
-                    ),
-                ));
+            if let Change::Scale {
+                added,
+                removed,
+                certificates_changed,
+                ..
+            } = &s.change
+            {
+                if !added.is_empty() || !removed.is_empty() {
+                    events.push((
+                        "deployment-scaled".into(),
+                        env.to_owned(),
+                        format!(
+                            "generation {}: {} replicas added, {} removed",
+                            s.generation,
+                            added.len(),
+                            removed.len()
+                        ),
+                    ));
+                }
+                for hostname in certificates_changed {
+                    events.push((
+                        "certificate-rotated".into(),
+                        env.to_owned(),
+                        format!(
+                            "{hostname}: the brought certificate changed in Git; published again at generation {} on every node that serves it, no replica restarted",
+                            s.generation
+                        ),
+                    ));
+                }
             }
         }
         self.events_in(tx, now_ms, &events).await
