@@ -55,6 +55,7 @@ fn record_positions(doc: &Node<'_>) -> Vec<(Cow<'static, str>, Pos)> {
         return out;
     };
     for (key, path) in [
+        ("image", "spec.image"),
         ("project", "spec.project"),
         ("pool", "spec.pool"),
         ("environment", "spec.environment"),

@@ -268,9 +268,12 @@ pub fn overrides(
     built: &[(String, ImageRef)],
     text_of: impl Fn(&str) -> Result<String>,
 ) -> Result<Vec<(String, String)>> {
-    use state_schema::canonical::{self, Secrets};
-    // Every document to rewrite, by file, last line first (an earlier one's lines stay put).
-    let mut edits: std::collections::BTreeMap<String, Vec<(u32, state_schema::model::Object)>> = Default::default();
+    // Every image to point at the built one, by file: the `image` scalar alone is replaced,
+    // the rest of the file stays as written, so what the daemon judges is the user's file
+    // (its lines, its defaults left unwritten, every field it has: a rewrite through the
+    // canonical form once dropped `rollout.strategy` and wrote `watchSeconds: 0`, and the
+    // daemon rejected what `pl validate` accepted, at lines the user's file did not have).
+    let mut edits: std::collections::BTreeMap<String, Vec<(state_schema::diag::Pos, String)>> = Default::default();
     for (project, image) in built {
         let hits = state
             .of_kind(Kind::Project)
@@ -281,28 +284,86 @@ pub fn overrides(
                 _ => false,
             });
         for located in hits {
-            let mut object = located.object.clone();
-            match &mut object.spec {
-                Spec::Project(p) => p.image = image.clone(),
-                Spec::Environment(e) => e.image = Some(image.clone()),
-                _ => continue,
-            }
+            let pos = located
+                .positions
+                .iter()
+                .find(|(p, _)| p == "spec.image")
+                .map(|(_, pos)| *pos)
+                .ok_or_else(|| {
+                    anyhow!(
+                        "{}:{}: no `image` to point at the built image",
+                        located.file,
+                        located.pos.line
+                    )
+                })?;
             edits
                 .entry(located.file.clone())
                 .or_default()
-                .push((located.pos.line, object));
+                .push((pos, image.as_str().to_owned()));
         }
     }
     let mut files = Vec::new();
-    for (file, mut docs) in edits {
-        docs.sort_by_key(|d| std::cmp::Reverse(d.0));
+    for (file, mut images) in edits {
+        // Last first: an earlier scalar's place stays put.
+        images.sort_by_key(|(pos, _)| std::cmp::Reverse((pos.line, pos.column)));
         let mut text = text_of(&file)?;
-        for (line, object) in docs {
-            let doc = canonical::to_yaml(&canonical::document(&object, Secrets::Ciphertext));
-            text = state_schema::edit::replace_document(&text, line, &doc)
-                .ok_or_else(|| anyhow!("{file}:{line}: the document to point at the built image moved"))?;
+        for (pos, image) in images {
+            text = state_schema::edit::replace_scalar(&text, pos, &image).ok_or_else(|| {
+                anyhow!(
+                    "{file}:{}:{}: the image to point at the built one moved",
+                    pos.line,
+                    pos.column
+                )
+            })?;
         }
         files.push((file, text));
     }
     Ok(files)
+}
+
+#[cfg(test)]
+mod tests {
+    use state_schema::parse::parse_file;
+    use state_schema::state::assemble;
+    use state_schema::values::ImageRef;
+
+    const ROOT: &str = "apiVersion: pushleft.dev/v1alpha1\nkind: Repository\nmetadata: {name: t}\nspec: {baseDomain: example.com}\n---\napiVersion: pushleft.dev/v1alpha1\nkind: NodePool\nmetadata: {name: main}\nspec:\n  region: eu\n  nodes:\n    - {name: n1, capacity: {cpu: \"8\", memory: 16Gi}}\n";
+
+    /// A canary project rewritten for a built image is the user's file with its image alone
+    /// changed, and is as valid as it was (the canonical form once lost `strategy`).
+    #[test]
+    fn a_built_image_changes_the_image_and_nothing_else() {
+        let project = "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata:\n  name: api\nspec:\n  # the image pl up --build replaces\n  image: registry.example.invalid/api@sha256:0000000000000000000000000000000000000000000000000000000000000000\n  roles:\n    web:\n      kind: web\n      port: 8080\n      replicas: 2\n      rollout:\n        strategy: canary\n        steps: [{weight: 10, pause: 60s}, {weight: 50}]\n---\napiVersion: pushleft.dev/v1alpha1\nkind: Environment\nmetadata: {name: api-production}\nspec: {project: api, stage: production, pool: main}\n";
+        let loaded = assemble(
+            vec![
+                parse_file("pushleft.yaml", ROOT.as_bytes()),
+                parse_file("projects/api.yaml", project.as_bytes()),
+            ],
+            Vec::new(),
+        );
+        assert!(loaded.is_valid(), "{:?}", loaded.diagnostics);
+        let built = ImageRef::new(&format!("127.0.0.1:5000/pl-build/api@sha256:{}", "1".repeat(64))).expect("image");
+        let files = super::overrides(&loaded.state, &[("api".to_owned(), built.clone())], |_| {
+            Ok(project.to_owned())
+        })
+        .expect("overrides");
+        assert_eq!(files.len(), 1);
+        let (file, text) = &files[0];
+        assert_eq!(file, "projects/api.yaml");
+        assert_eq!(
+            text,
+            &project.replace(
+                "registry.example.invalid/api@sha256:0000000000000000000000000000000000000000000000000000000000000000",
+                &format!("\"{}\"", built.as_str())
+            )
+        );
+        let again = assemble(
+            vec![
+                parse_file("pushleft.yaml", ROOT.as_bytes()),
+                parse_file(file, text.as_bytes()),
+            ],
+            Vec::new(),
+        );
+        assert!(again.is_valid(), "{:?}", again.diagnostics);
+    }
 }
