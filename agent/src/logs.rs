@@ -6,7 +6,7 @@
 //! relayed, never logged or kept.
 
 use crate::client::{AgentClient, ClientError};
-use crate::docker::{ENVIRONMENT, GENERATION, INSTANCE, NODE, OWNED, ROLE};
+use crate::docker::{CONTROL_PLANE, ENVIRONMENT, GENERATION, INSTANCE, NODE, OWNED, ROLE};
 use agent_proto::{LogRequest, MAX_LOG_CHUNK_BYTES, MAX_LOG_LINE_BYTES, MAX_LOG_TAIL_BYTES, MAX_LOG_WAIT_MS, Refusal};
 use bollard::Docker;
 use futures_util::StreamExt;
@@ -19,8 +19,32 @@ const FLUSH_EVERY: Duration = Duration::from_millis(200);
 /// How often a quiet followed stream asks whether its reader is still there.
 const KEEPALIVE_EVERY: Duration = Duration::from_secs(5);
 
+/// Whose containers a node's log requests read: this control plane's, on this node. Two
+/// control planes on one machine may both have a node `n1` and an environment `web-production`.
+#[derive(Clone, Debug)]
+pub struct Scope {
+    pub control_plane: String,
+    pub node: String,
+}
+
+impl Scope {
+    /// Docker's label filter for `environment`'s `role` within the scope.
+    fn filter(&self, environment: &str, role: &str) -> HashMap<String, Vec<String>> {
+        HashMap::from([(
+            "label".to_owned(),
+            vec![
+                format!("{OWNED}=true"),
+                format!("{CONTROL_PLANE}={}", self.control_plane),
+                format!("{NODE}={}", self.node),
+                format!("{ENVIRONMENT}={environment}"),
+                format!("{ROLE}={role}"),
+            ],
+        )])
+    }
+}
+
 /// Serves this node's log requests until the process ends.
-pub async fn serve(client: Arc<AgentClient>, docker: Docker, node: String) {
+pub async fn serve(client: Arc<AgentClient>, docker: Docker, scope: Scope) {
     loop {
         let c = Arc::clone(&client);
         let got = tokio::task::spawn_blocking(move || c.log_wait(Duration::from_millis(MAX_LOG_WAIT_MS)))
@@ -29,7 +53,7 @@ pub async fn serve(client: Arc<AgentClient>, docker: Docker, node: String) {
         match got {
             Ok(requests) => {
                 for request in requests {
-                    tokio::spawn(stream(Arc::clone(&client), docker.clone(), node.clone(), request));
+                    tokio::spawn(stream(Arc::clone(&client), docker.clone(), scope.clone(), request));
                 }
             }
             Err(e) => {
@@ -72,17 +96,9 @@ fn push_line(buf: &mut Vec<u8>, prefix: &str, line: &[u8]) {
 }
 
 /// One request: the role's containers on this node, their lines merged as they come.
-async fn stream(client: Arc<AgentClient>, docker: Docker, node: String, request: LogRequest) {
+async fn stream(client: Arc<AgentClient>, docker: Docker, scope: Scope, request: LogRequest) {
     use bollard::query_parameters::{ListContainersOptionsBuilder, LogsOptionsBuilder};
-    let filters = HashMap::from([(
-        "label".to_owned(),
-        vec![
-            format!("{OWNED}=true"),
-            format!("{NODE}={node}"),
-            format!("{ENVIRONMENT}={}", request.environment),
-            format!("{ROLE}={}", request.role),
-        ],
-    )]);
+    let filters = scope.filter(&request.environment, &request.role);
     let listed = docker
         .list_containers(Some(
             ListContainersOptionsBuilder::default()

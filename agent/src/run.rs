@@ -303,6 +303,14 @@ impl Executors {
                 Ok(_) => {}
                 Err(f) => tracing::warn!(code = f.code, "cannot stop replicas kept for a rollback"),
             }
+            // Runs whose jobs never came back for them (cancelled while their agent was down).
+            match self.engine.sweep_runs().await {
+                Ok(removed) if !removed.is_empty() => {
+                    tracing::info!(containers = ?removed, "removed finished runs no job claimed")
+                }
+                Ok(_) => {}
+                Err(f) => tracing::warn!(code = f.code, "cannot sweep finished runs"),
+            }
             // Disk: images this agent pulled that nothing uses any more.
             match self.engine.collect_images().await {
                 Ok(removed) if !removed.is_empty() => tracing::info!(images = removed.len(), "removed unused images"),
@@ -707,7 +715,10 @@ pub async fn run(config: Config) -> Result<()> {
     tokio::spawn(crate::logs::serve(
         Arc::clone(&client),
         engine.engine.docker.clone(),
-        node.clone(),
+        crate::logs::Scope {
+            control_plane: control_plane.clone(),
+            node: node.clone(),
+        },
     ));
     // Drift: checked every `drift_seconds`; what was repaired goes with the next heartbeat.
     let repairs: Arc<std::sync::Mutex<Vec<agent_proto::Repair>>> = Arc::default();

@@ -14,7 +14,7 @@ mod docker_support;
 mod support;
 
 use agent_proto::{ApplicationSpec, NetworkSpec, VolumeMount};
-use docker_support::{Registry, clean, docker, require_dockerd};
+use docker_support::{Registry, clean, docker, docker_ok, require_dockerd};
 use pushleft_agent::docker::BackupOf;
 use pushleft_agent::restic::{Repository, Restic};
 use std::path::Path;
@@ -185,6 +185,25 @@ fn a_volume_is_backed_up_consistently_read_by_restic_and_restored_into_a_new_gen
             .await
             .expect_err("exists");
         assert_eq!(again.code, "volume-exists");
+        assert!(
+            docker_ok(&["volume", "inspect", &g2_name]),
+            "a refused restore keeps what was there"
+        );
+        // A snapshot restic does not have: the restore fails, and the generation it made for
+        // it is gone again (nothing would ever list or remove it).
+        let g3 = VolumeMount {
+            generation: 3,
+            ..mount.clone()
+        };
+        let missing = engine
+            .restore_volume(&restic, &repo, &env, &g3, "deadbeef")
+            .await
+            .expect_err("no such snapshot");
+        assert!(!missing.code.is_empty(), "{missing:?}");
+        assert!(
+            !docker_ok(&["volume", "inspect", &engine.volume_name(&env, &g3)]),
+            "a failed restore leaves no volume"
+        );
 
         // Retention by the volume's tags: the newest one stays.
         restic.retain(&repo, &tags, 1).await.expect("retain");

@@ -347,6 +347,65 @@ fn docker_executors_adopt_repair_and_refuse() {
         );
         assert!(!docker_ok(&["inspect", &job.container]), "removed");
 
+        // A run whose agent died mid-run (its job's future dropped after the container
+        // started) and whose job never came back (a newer release cancelled it): the run
+        // exits on its own and the drift round's sweep removes it once its grace is over,
+        // and nothing else: a foreign container with our label names but another control
+        // plane's id stays.
+        let mut orphan = job.clone();
+        orphan.container = agent_proto::container_name(support::TEST_CONTROL_PLANE, &env, "migrate", None, 7);
+        orphan.command = ["/bin/sh", "-c", "echo half-way; sleep 1"].map(String::from).to_vec();
+        let killed = tokio::time::timeout(
+            Duration::from_millis(800),
+            engine.run_once(&orphan, Duration::from_secs(30)),
+        )
+        .await;
+        assert!(killed.is_err(), "the run was cut off mid-run");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while inspect(&orphan.container, "{{.State.Status}}") != "exited" {
+            assert!(std::time::Instant::now() < deadline, "the orphaned run never ended");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let foreign_run = format!("{}-foreign", orphan.container);
+        docker(&[
+            "create",
+            "--name",
+            &foreign_run,
+            "--label",
+            "dev.pushleft.owned=true",
+            "--label",
+            "dev.pushleft.control-plane=someone-else",
+            "--label",
+            "dev.pushleft.node=n1",
+            &image,
+            "/bin/true",
+        ]);
+        let patient = engine_at(dir.path(), "", support::TEST_CONTROL_PLANE, &identity)
+            .await
+            .with_run_sweep_grace(Duration::from_secs(3600));
+        assert_eq!(
+            patient.sweep_runs().await.expect("sweep"),
+            Vec::<String>::new(),
+            "within its grace"
+        );
+        assert!(
+            docker_ok(&["inspect", &orphan.container]),
+            "kept for a replay within the grace"
+        );
+        let swept = engine_at(dir.path(), "", support::TEST_CONTROL_PLANE, &identity)
+            .await
+            .with_run_sweep_grace(Duration::ZERO)
+            .sweep_runs()
+            .await
+            .expect("sweep");
+        assert_eq!(swept, [orphan.container.clone()], "only the orphaned run");
+        assert!(!docker_ok(&["inspect", &orphan.container]), "the orphaned run is gone");
+        assert!(
+            docker_ok(&["inspect", &foreign_run]),
+            "a foreign container is never touched"
+        );
+        docker(&["rm", "-f", &foreign_run]);
+
         // An image that does not exist is permanent.
         let mut missing = app(&env, &image, 6, &net);
         missing.image = format!("127.0.0.1:{}/pl-test/none@sha256:{}", registry.port, "0".repeat(64));

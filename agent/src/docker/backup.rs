@@ -199,6 +199,28 @@ impl Engine {
             .await
     }
 
+    /// A failed restore leaves no volume behind: the ledger never moves the volume to the
+    /// generation it was made for, so nothing would ever list or remove it. Removes `name`
+    /// if it is ours, and returns `failure` as it was.
+    pub(super) async fn discard_failed_restore(
+        &self,
+        environment: &str,
+        to: &VolumeMount,
+        name: &str,
+        failure: Failure,
+    ) -> Failure {
+        if let Ok(v) = self.docker.inspect_volume(name).await
+            && self.owns_volume(&v, environment, to)
+            && let Err(e) = self
+                .docker
+                .remove_volume(name, None::<bollard::query_parameters::RemoveVolumeOptions>)
+                .await
+        {
+            tracing::warn!(volume = %name, error = %e, "cannot remove a failed restore's volume");
+        }
+        failure
+    }
+
     /// The repository of a backup's spec, opened: refused when it is a path on the node
     /// outside `backup_roots`; the password file lives as long as the returned guard.
     pub(super) fn backup_repository(
@@ -469,9 +491,14 @@ impl Engine {
         snapshot: &str,
     ) -> Result<String, Failure> {
         let name = self.new_generation(environment, to).await?;
-        let dir = self.volume_dir(environment, to).await?;
-        restic.restore(repo, snapshot, &dir).await?;
-        Ok(format!("snapshot {snapshot} restored into {name}"))
+        let restored = match self.volume_dir(environment, to).await {
+            Ok(dir) => restic.restore(repo, snapshot, &dir).await,
+            Err(f) => Err(f),
+        };
+        match restored {
+            Ok(_) => Ok(format!("snapshot {snapshot} restored into {name}")),
+            Err(f) => Err(self.discard_failed_restore(environment, to, &name, f).await),
+        }
     }
 }
 

@@ -215,6 +215,53 @@ impl Engine {
         Ok(out)
     }
 
+    /// Drift: removes the containers of this control plane and node that are no replica (runs
+    /// of release and cron roles, drills) once they have ended (or were made and never
+    /// started) and stayed so for the run sweep's grace, as this process saw them. A run is
+    /// removed by its job on every way out; this is for a job that never came back (its agent
+    /// died mid-run and a newer release cancelled it). Running ones, replicas and anything
+    /// without our labels are never touched. Returns the names removed.
+    pub async fn sweep_runs(&self) -> Result<Vec<String>, Failure> {
+        use bollard::models::ContainerStateStatusEnum as Status;
+        let mut finished = Vec::new();
+        for (name, labels, running) in self.ours(&[]).await? {
+            if running || labels.contains_key(INSTANCE) {
+                continue;
+            }
+            let status = match self.docker.inspect_container(&name, None).await {
+                Ok(c) => c.state.and_then(|s| s.status),
+                Err(e) if not_found(&e) => continue,
+                Err(e) => return Err(docker("docker-unavailable", e)),
+            };
+            if matches!(status, Some(Status::EXITED | Status::DEAD | Status::CREATED)) {
+                finished.push(name);
+            }
+        }
+        let due: Vec<String> = {
+            let mut seen = self
+                .runs_unclaimed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            seen.retain(|name, _| finished.contains(name));
+            let now = Instant::now();
+            finished
+                .iter()
+                .filter(|name| now.duration_since(*seen.entry((*name).clone()).or_insert(now)) >= self.run_sweep_grace)
+                .cloned()
+                .collect()
+        };
+        let mut removed = Vec::new();
+        for name in due {
+            self.remove(&name).await?;
+            self.runs_unclaimed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&name);
+            removed.push(name);
+        }
+        Ok(removed)
+    }
+
     /// Starts a stopped container of ours again as a new container with the same
     /// configuration, name, mounts and volumes. Not `docker start`: Docker (20.10) mounts a
     /// restarted container's `/tmp` tmpfs with the mode of the mount point it made in the

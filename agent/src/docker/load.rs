@@ -36,6 +36,25 @@ impl Engine {
     ) -> Result<String, Failure> {
         // Made first: what a failed try leaves, ours and unused, the next try removes.
         let name = self.new_generation(environment, to).await?;
+        match self
+            .restore_dump_into(restic, repo, environment, to, snapshot, &name)
+            .await
+        {
+            Ok(done) => Ok(done),
+            Err(f) => Err(self.discard_failed_restore(environment, to, &name, f).await),
+        }
+    }
+
+    /// [`Engine::restore_dump`] once the new generation `name` is made.
+    async fn restore_dump_into(
+        &self,
+        restic: &Restic,
+        repo: &Repository,
+        environment: &str,
+        to: &VolumeMount,
+        snapshot: &str,
+        name: &str,
+    ) -> Result<String, Failure> {
         let staging = self.restores_dir.join(format!("{name}.restoring"));
         let _ = std::fs::remove_dir_all(&staging);
         std::fs::create_dir_all(&staging)

@@ -101,7 +101,18 @@ pub struct Engine {
     /// How long a previous generation's web replicas stay paused for a rollback (zero: stopped
     /// at once).
     rollback_window: Duration,
+    /// How long a finished run's container may wait for its job's replay before the drift
+    /// round removes it ([`RUN_SWEEP_GRACE`]).
+    run_sweep_grace: Duration,
+    /// When this process first saw each finished, unclaimed run container.
+    runs_unclaimed: std::sync::Mutex<HashMap<String, Instant>>,
 }
+
+/// How long a finished run's container (a release or cron run, a drill) is left for a replay
+/// of its job to judge by its exit code, counted from when this agent process first saw it
+/// finished: a killed agent's job comes back at its first lease after the restart, seconds
+/// later; one a newer release cancelled never does, and its container would stay forever.
+pub const RUN_SWEEP_GRACE: Duration = Duration::from_secs(600);
 
 /// How long an unused pulled image is kept: Nomad's `image_delay` default (3 minutes).
 pub const UNUSED_IMAGE_GRACE: std::time::Duration = std::time::Duration::from_secs(180);
@@ -183,7 +194,15 @@ impl Engine {
             resumed: std::sync::Mutex::default(),
             paused_at: std::sync::Mutex::default(),
             rollback_window: resume::ROLLBACK_WINDOW,
+            run_sweep_grace: RUN_SWEEP_GRACE,
+            runs_unclaimed: std::sync::Mutex::default(),
         })
+    }
+
+    /// Leaves finished runs' containers this long for their jobs' replays (tests: zero).
+    pub fn with_run_sweep_grace(mut self, grace: Duration) -> Engine {
+        self.run_sweep_grace = grace;
+        self
     }
 
     /// Keeps the previous generation's web replicas paused this long after a switch (zero:
