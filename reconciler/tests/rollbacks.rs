@@ -579,3 +579,59 @@ async fn canary_postgres() {
     let dir = tempfile::tempdir().expect("tempdir");
     canary_scenario(pg.url(), dir.path()).await;
 }
+
+/// A rollback takes the release back, not the scale: release a ran 1 replica, release b 2; the
+/// rollback runs release a with 2 replicas, where b placed them (it once cut them to 1 without
+/// a word).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_keeps_todays_replica_count() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dir = dir.path();
+    let url = format!("sqlite://{}", dir.join("ledger.db").display());
+    let repo = Repo::new(dir);
+    std::fs::write(dir.join("allowed_signers"), &repo.signers).expect("signers");
+    repo.write("projects/api.yaml", &project('a', 1));
+    repo.write("envs/api-production.yaml", &environment("api-production", "api"));
+    repo.commit("release a", true);
+    let ledger = Ledger::connect(&url, 4).await.expect("connect");
+    ledger.migrate().await.expect("migrate");
+    dump::nodes_up(&url, &["n1"]).await;
+    let shared = Arc::new(
+        Reconciler::new(
+            Arc::new(fleet_support::config(dir, &repo.dir, &url)),
+            Arc::new(ledger),
+            Arc::default(),
+        )
+        .expect("shared"),
+    );
+    converge(&shared).await;
+    repo.write("projects/api.yaml", &project('b', 2));
+    repo.commit("release b, two replicas", true);
+    converge(&shared).await;
+    assert_eq!(deployment(&url).await, "2|done|1");
+    let release_a: state_schema::deployment::DeploymentSpec =
+        serde_json::from_str(&rows(&url, "SELECT previous_spec FROM deployments").await[0]).expect("generation 1's spec");
+    assert_eq!(release_a.instances.len(), 1);
+    let ask = shared
+        .ledger
+        .ask_rollback("api-production", "ops", now_ms())
+        .await
+        .expect("ask")
+        .expect("asked");
+    assert_eq!((ask.from, ask.to, ask.generation), (2, 1, 3));
+    converge(&shared).await;
+    assert_eq!(deployment(&url).await, "3|done|2");
+    let spec: state_schema::deployment::DeploymentSpec = serde_json::from_str(
+        &rows(&url, "SELECT spec FROM deployments WHERE environment = 'api-production'").await[0],
+    )
+    .expect("spec");
+    assert_eq!(spec.release_hash, release_a.release_hash, "release a again");
+    assert_eq!(spec.instances.len(), 2, "today's two replicas: {:?}", spec.instances);
+    let web = state_schema::values::Name::new("web").expect("name");
+    assert_eq!(spec.replicas.get(&web), Some(&2));
+    let ensured = images(&url, 3).await;
+    assert!(
+        ensured.iter().any(|k| k.contains("/web/1:g3:ensure")),
+        "the second replica runs at the rollback's generation: {ensured:?}"
+    );
+}

@@ -261,6 +261,53 @@ impl RollbackRefusal {
     }
 }
 
+/// What a rollback runs: `previous`'s release (image, roles, variables, secrets, hostnames)
+/// at `current`'s replica counts and placement, for the roles both have: a rollback takes the
+/// release back, not the scale (one that cut 2 replicas to 1 surprised its user). A role only
+/// the previous release has keeps its own count and placement; one only the current has goes.
+/// Nodes and ingress nodes follow the instances. Equal to `previous` when the counts and
+/// placement did not change since.
+pub fn rollback_spec(previous: &DeploymentSpec, current: &DeploymentSpec) -> DeploymentSpec {
+    let mut spec = previous.clone();
+    let kept = |role: &crate::values::Name| previous.replicas.get(role).is_some() && current.replicas.get(role).is_some();
+    for (role, n) in current.replicas.iter() {
+        if previous.replicas.get(role).is_some() {
+            spec.replicas.insert(role.clone(), *n);
+        }
+    }
+    spec.instances = previous
+        .instances
+        .iter()
+        .filter(|i| !kept(&i.role))
+        .chain(current.instances.iter().filter(|i| kept(&i.role)))
+        .cloned()
+        .collect();
+    spec.instances.sort_by(|a, b| (&a.role, a.index).cmp(&(&b.role, b.index)));
+    let mut nodes: Vec<crate::values::Name> = spec
+        .instances
+        .iter()
+        .map(|i| i.node.clone())
+        .chain(spec.release.iter().map(|(_, n)| n.clone()))
+        .chain(spec.cron.iter().map(|(_, n)| n.clone()))
+        .collect();
+    nodes.sort();
+    nodes.dedup();
+    spec.nodes = nodes;
+    let mut ingress: Vec<crate::values::Name> = spec
+        .instances
+        .iter()
+        .filter(|i| spec.roles.get(&i.role).is_some_and(|r| r.is_web()))
+        .map(|i| i.node.clone())
+        .collect();
+    ingress.sort();
+    ingress.dedup();
+    spec.ingress_nodes = ingress;
+    if spec.instances == previous.instances && spec.replicas == previous.replicas {
+        return previous.clone();
+    }
+    spec
+}
+
 /// A rollback to start: generation `generation` runs generation `to`'s spec again, replacing
 /// generation `from`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -409,6 +456,34 @@ mod tests {
             status,
             spec_hash: format!("{env}-{replicas}-{release}"),
         }
+    }
+
+    /// A rollback takes the release back, not the scale: release one ran 1 replica, release
+    /// two was scaled to 2; the rollback runs release one with 2 (it once ran 1 without a word).
+    #[test]
+    fn a_rollback_keeps_todays_replica_count_and_placement() {
+        let previous = spec("e", 1, "r1");
+        let mut current = spec("e", 2, "r2");
+        current.instances[1].node = n("n2");
+        current.nodes = vec![n("n1"), n("n2")];
+        let back = rollback_spec(&previous, &current);
+        assert_eq!(back.release_hash, "r1", "the previous release");
+        assert_eq!(back.replicas.get(&n("web")), Some(&2));
+        assert_eq!(back.instances, current.instances);
+        assert_eq!(back.nodes, [n("n1"), n("n2")]);
+        // Nothing scaled since: exactly the previous spec (its hash too).
+        assert_eq!(rollback_spec(&previous, &spec("e", 1, "r2")), previous);
+        // A role only the previous release has keeps its own count.
+        let mut older = spec("e", 1, "r1");
+        older.replicas.insert(n("jobs"), 1);
+        older.instances.push(Instance {
+            role: n("jobs"),
+            index: 0,
+            node: n("n1"),
+        });
+        let back = rollback_spec(&older, &current);
+        assert_eq!(back.replicas.get(&n("jobs")), Some(&1));
+        assert_eq!(back.instances.len(), 3);
     }
 
     #[test]

@@ -48,6 +48,15 @@ impl Ledger {
                 self.event(&mut tx, now_ms, "rollback-void", &env, &why).await?;
                 continue;
             };
+            // The previous release at today's replica counts and placement: a rollback takes
+            // the release back, not a scale made since.
+            let back = state_schema::generations::rollback_spec(&to_spec, &spec);
+            let (to_spec, to_hash) = if back == to_spec {
+                (to_spec, to_hash)
+            } else {
+                let hash = state_schema::canonical::hash(&back);
+                (back, hash)
+            };
             if !retired.contains(&spec) {
                 retired.push(spec);
             }
