@@ -610,7 +610,8 @@ async fn a_rollback_keeps_todays_replica_count() {
     converge(&shared).await;
     assert_eq!(deployment(&url).await, "2|done|1");
     let release_a: state_schema::deployment::DeploymentSpec =
-        serde_json::from_str(&rows(&url, "SELECT previous_spec FROM deployments").await[0]).expect("generation 1's spec");
+        serde_json::from_str(&rows(&url, "SELECT previous_spec FROM deployments").await[0])
+            .expect("generation 1's spec");
     assert_eq!(release_a.instances.len(), 1);
     let ask = shared
         .ledger
@@ -622,7 +623,11 @@ async fn a_rollback_keeps_todays_replica_count() {
     converge(&shared).await;
     assert_eq!(deployment(&url).await, "3|done|2");
     let spec: state_schema::deployment::DeploymentSpec = serde_json::from_str(
-        &rows(&url, "SELECT spec FROM deployments WHERE environment = 'api-production'").await[0],
+        &rows(
+            &url,
+            "SELECT spec FROM deployments WHERE environment = 'api-production'",
+        )
+        .await[0],
     )
     .expect("spec");
     assert_eq!(spec.release_hash, release_a.release_hash, "release a again");

@@ -103,7 +103,12 @@ async fn a_rotated_certificate_is_published_in_place_and_the_plan_says_so() {
         .await
         .expect("base");
     settle(&ledger, &url).await;
-    let generation = || dump::rows(&url, "SELECT generation FROM deployments WHERE environment = 'hello-production'");
+    let generation = || {
+        dump::rows(
+            &url,
+            "SELECT generation FROM deployments WHERE environment = 'hello-production'",
+        )
+    };
     let before = generation().await;
     let jobs_before = dump::rows(&url, "SELECT key FROM jobs").await.len();
     ledger
@@ -116,7 +121,8 @@ async fn a_rotated_certificate_is_published_in_place_and_the_plan_says_so() {
         !new.is_empty()
             && new
                 .iter()
-                .all(|k| k.starts_with("ingress:hello-production/hello.apps.example.com:g") && k.contains(":publish@node-1")),
+                .all(|k| k.starts_with("ingress:hello-production/hello.apps.example.com:g")
+                    && k.contains(":publish@node-1")),
         "only the hostname's publish on its node: {new:?}"
     );
     let events = dump::rows(&url, "SELECT detail FROM events WHERE kind = 'certificate-rotated'").await;
@@ -125,7 +131,11 @@ async fn a_rotated_certificate_is_published_in_place_and_the_plan_says_so() {
         "{events:?}"
     );
     // The publish hands the node the new pair: the stored spec holds the head's ciphertext.
-    let spec = dump::rows(&url, "SELECT spec FROM deployments WHERE environment = 'hello-production'").await;
+    let spec = dump::rows(
+        &url,
+        "SELECT spec FROM deployments WHERE environment = 'hello-production'",
+    )
+    .await;
     let head_cert = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../golden/plan/secrets-and-capacity/head/secrets/hello-tls.yaml"),
     )
@@ -137,7 +147,10 @@ async fn a_rotated_certificate_is_published_in_place_and_the_plan_says_so() {
         .expect("ciphertext")
         .trim()
         .to_owned();
-    assert!(spec[0].contains(&first_line), "the stored spec carries the rotated certificate");
+    assert!(
+        spec[0].contains(&first_line),
+        "the stored spec carries the rotated certificate"
+    );
     ledger.close().await;
 }
 
@@ -159,12 +172,21 @@ async fn a_rotated_secret_a_role_reads_as_files_is_a_new_generation() {
         .await
         .expect("base");
     settle(&ledger, &url).await;
-    let generation = || dump::rows(&url, "SELECT generation FROM deployments WHERE environment = 'hello-production'");
+    let generation = || {
+        dump::rows(
+            &url,
+            "SELECT generation FROM deployments WHERE environment = 'hello-production'",
+        )
+    };
     let before = generation().await;
     ledger
         .apply_revision("main", false, &mut judgement("b", head), now_ms())
         .await
         .expect("head");
-    assert_ne!(generation().await, before, "a new generation starts the role with the new files");
+    assert_ne!(
+        generation().await,
+        before,
+        "a new generation starts the role with the new files"
+    );
     ledger.close().await;
 }

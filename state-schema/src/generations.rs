@@ -269,7 +269,8 @@ impl RollbackRefusal {
 /// placement did not change since.
 pub fn rollback_spec(previous: &DeploymentSpec, current: &DeploymentSpec) -> DeploymentSpec {
     let mut spec = previous.clone();
-    let kept = |role: &crate::values::Name| previous.replicas.get(role).is_some() && current.replicas.get(role).is_some();
+    let kept =
+        |role: &crate::values::Name| previous.replicas.get(role).is_some() && current.replicas.get(role).is_some();
     for (role, n) in current.replicas.iter() {
         if previous.replicas.get(role).is_some() {
             spec.replicas.insert(role.clone(), *n);
@@ -282,7 +283,8 @@ pub fn rollback_spec(previous: &DeploymentSpec, current: &DeploymentSpec) -> Dep
         .chain(current.instances.iter().filter(|i| kept(&i.role)))
         .cloned()
         .collect();
-    spec.instances.sort_by(|a, b| (&a.role, a.index).cmp(&(&b.role, b.index)));
+    spec.instances
+        .sort_by(|a, b| (&a.role, a.index).cmp(&(&b.role, b.index)));
     let mut nodes: Vec<crate::values::Name> = spec
         .instances
         .iter()

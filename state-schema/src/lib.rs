@@ -15,6 +15,7 @@ pub mod domains;
 pub mod edit;
 pub mod generations;
 pub mod incremental;
+pub mod job_words;
 mod kinds;
 pub mod model;
 pub mod parse;

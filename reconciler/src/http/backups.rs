@@ -215,7 +215,7 @@ fn refusal(env: &str, volume: &str, why: BackupRefusal) -> Response {
             StatusCode::NOT_FOUND,
             "snapshot-unknown",
             format!(
-                "no succeeded backup of {env}/{volume} to restore (or the snapshot id is not 8-64 lowercase hex digits)"
+                "no succeeded backup of {env}/{volume} saved that snapshot (or there is none to restore, or the id is not 8-64 lowercase hex digits): `pl backups {env} {volume}` lists the snapshots that can be restored"
             ),
         ),
     }

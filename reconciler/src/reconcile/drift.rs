@@ -113,8 +113,11 @@ impl Ledger {
             for a in &asks {
                 asked += 1;
                 settled &= !a.pending() && a.updated_at + SETTLE_MS <= seen;
-                if !a.key.contains('#') {
-                    original = serde_json::from_str(&a.task).ok();
+                // The ask that placed it: a rollout's (`…:ensure@node`) or a scale's
+                // (`…:ensure@node#r<revision>`), told from a repair by its task, not its key
+                // (a scale's key has a `#` too, and its replicas were once never repaired).
+                if let Ok(task @ Task::EnsureApplication { repair: 0, .. }) = serde_json::from_str::<Task>(&a.task) {
+                    original = Some(task);
                 }
             }
             let Some(Task::EnsureApplication {

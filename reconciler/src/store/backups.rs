@@ -11,8 +11,19 @@ use state_schema::task::{Task, backup_key_prefix, drill_key_prefix};
 use state_schema::values::{CronSchedule, Name};
 
 /// Ended backups kept per volume (older rows go as new ones come; restic's own snapshots are
-/// what `keep` governs).
-pub const KEPT_PER_VOLUME: i64 = 200;
+/// what `keep` governs). Twice the most `keep` allows, so every snapshot restic keeps for a
+/// volume is still known here (a restore names only those).
+pub const KEPT_PER_VOLUME: i64 = 2 * state_schema::volumes::MAX_KEEP as i64;
+
+/// The snapshot `asked` names among `known` (a volume's succeeded backups): the same id, or
+/// the one id it is a prefix of (restic's short ids). `None` when none, or more than one, is.
+pub fn known_snapshot(known: &[String], asked: &str) -> Option<String> {
+    let mut matching = known
+        .iter()
+        .filter(|k| k.as_str() == asked || k.starts_with(asked) || asked.starts_with(k.as_str()));
+    let first = matching.next()?;
+    matching.all(|k| k == first).then(|| first.clone())
+}
 
 /// Most rows one listing answers.
 pub const MAX_LISTED: i64 = 1000;
@@ -534,6 +545,18 @@ impl Ledger {
         Ok(Ok(key))
     }
 
+    /// The snapshots of `environment`'s `volume` that succeeded backups saved, newest first.
+    pub async fn succeeded_snapshots(&self, environment: &str, volume: &str) -> Result<Vec<String>, LedgerError> {
+        Ok(sqlx::query_scalar(self.sql(
+            "SELECT snapshot FROM backups WHERE environment = ? AND volume = ? AND status = 'succeeded' \
+             AND snapshot IS NOT NULL ORDER BY id DESC",
+        ))
+        .bind(environment)
+        .bind(volume)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
     /// Queues a restore of `environment`'s `volume` (admin's `pl restore`): `snapshot`, or the
     /// newest one a backup of it succeeded with, into the volume's next generation on the node
     /// that holds it. The volume moves to that generation only once the agent succeeded.
@@ -562,7 +585,16 @@ impl Ledger {
             return Ok(Err(BackupRefusal::Moving(to)));
         }
         let snapshot = match snapshot {
-            Some(s) if state_schema::task::is_snapshot_id(s) => s.to_owned(),
+            // Only a snapshot a backup of this volume saved (its id, or a prefix restic would
+            // take for it and for no other): a job for anything else would fail in restic
+            // after making the volume's next generation.
+            Some(s) if state_schema::task::is_snapshot_id(s) => {
+                let known = self.succeeded_snapshots(environment, volume).await?;
+                match known_snapshot(&known, s) {
+                    Some(id) => id,
+                    None => return Ok(Err(BackupRefusal::NoSnapshot)),
+                }
+            }
             Some(_) => return Ok(Err(BackupRefusal::NoSnapshot)),
             None => match self
                 .backups(environment, Some(volume), MAX_LISTED)
@@ -618,6 +650,18 @@ impl Ledger {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_restore_names_a_snapshot_the_volumes_backups_saved() {
+        use super::known_snapshot;
+        let known = ["a1b2c3d4e5f60718".to_owned(), "a1b2ffff00000000".to_owned()];
+        assert_eq!(
+            known_snapshot(&known, "a1b2c3d4e5f60718").as_deref(),
+            Some("a1b2c3d4e5f60718")
+        );
+        assert_eq!(known_snapshot(&known, "a1b2c3d4").as_deref(), Some("a1b2c3d4e5f60718"));
+        assert_eq!(known_snapshot(&known, "a1b2"), None, "ambiguous");
+        assert_eq!(known_snapshot(&known, "deadbeef"), None, "well-formed, unknown");
+    }
     use super::*;
 
     #[tokio::test]

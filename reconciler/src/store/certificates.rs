@@ -157,8 +157,10 @@ impl Ledger {
             "certificate-issued",
             c.hostname,
             &format!(
-                "issuer {}, valid until {} (Unix ms), renewed after {}",
-                c.issuer, c.not_after, c.renew_after
+                "issuer {}, valid until {}, renewed after {}",
+                c.issuer,
+                super::utc(c.not_after),
+                super::utc(c.renew_after)
             ),
         )
         .await?;

@@ -39,6 +39,23 @@ pub fn now_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
+/// A ledger time (Unix ms) as people read it in events: `2026-12-05 10:30 UTC`.
+pub fn utc(ms: i64) -> String {
+    match time::OffsetDateTime::from_unix_timestamp(ms.div_euclid(1000)) {
+        Ok(t) => format!("{} {:02}:{:02} UTC", t.date(), t.hour(), t.minute()),
+        Err(_) => format!("{ms} ms after 1970"),
+    }
+}
+
+#[cfg(test)]
+mod time_tests {
+    #[test]
+    fn ledger_times_read_as_dates() {
+        assert_eq!(super::utc(1_799_054_026_071), "2027-01-04 09:13 UTC");
+        assert_eq!(super::utc(0), "1970-01-01 00:00 UTC");
+    }
+}
+
 use sqlx::AnyPool;
 use sqlx::any::AnyPoolOptions;
 use std::borrow::Cow;

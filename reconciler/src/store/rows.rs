@@ -79,6 +79,9 @@ pub fn subnet_index(cidr: &str) -> Option<i64> {
 pub struct Placed {
     #[serde(default)]
     pub instances: Vec<state_schema::deployment::Instance>,
+    /// Replicas wanted per long-running role, placed or not.
+    #[serde(default)]
+    pub replicas: std::collections::BTreeMap<String, u32>,
 }
 
 /// Whether a job key is a repair of a replica (`…:ensure#r<n>@node`).

@@ -32,6 +32,8 @@ pub struct JobRow {
     pub generation: Option<i64>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+    /// Why a failed or dead job failed: its last attempt's report (null for other states).
+    pub reason: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -44,6 +46,8 @@ pub struct DeploymentRow {
     pub status: String,
     pub step: i64,
     pub updated_at_ms: i64,
+    /// Replicas Git asks for (every long-running role's `replicas`; none once torn down).
+    pub asked: usize,
     /// Replicas this generation places (web and worker roles; none once torn down).
     pub replicas: usize,
     /// Of those, how many their nodes' agents last reported running and healthy at this
@@ -54,6 +58,9 @@ pub struct DeploymentRow {
     pub stale: usize,
     /// The generation that served before this one (what `pl rollback` goes back to); 0 for none.
     pub previous_generation: i64,
+    /// Replicas (and release roles) no node had room for, each with its reason
+    /// (`no-capacity`, `no-eligible-node`): asked for and not placed.
+    pub waiting: Vec<state_schema::placement::Waiting>,
     /// A rollback's hold: while there is one, the environment differs from Git.
     pub hold: Option<crate::store::rollbacks::Hold>,
     /// A canary under way: the share the new release has, and what its next step waits for.
@@ -125,6 +132,7 @@ struct DeploymentRecord {
     spec: String,
     previous_generation: i64,
     hold: String,
+    waiting: String,
 }
 
 /// Counts for `pl status` and `/metrics`.
@@ -185,8 +193,10 @@ impl Ledger {
     ) -> Result<Vec<JobRow>, LedgerError> {
         let q = self.sql(
             "SELECT id, key, target_node, state, attempts, max_attempts, environment, generation, \
-             updated_at AS updated_at_ms, created_at AS created_at_ms FROM jobs \
-             WHERE (? = '' OR state = ?) AND (? = '' OR environment = ?) AND id < ? ORDER BY id DESC LIMIT ?",
+             updated_at AS updated_at_ms, created_at AS created_at_ms, \
+             CASE WHEN state IN ('failed', 'dead') THEN \
+               (SELECT r.detail FROM job_results r WHERE r.job_id = jobs.id ORDER BY r.id DESC LIMIT 1) END AS reason \
+             FROM jobs WHERE (? = '' OR state = ?) AND (? = '' OR environment = ?) AND id < ? ORDER BY id DESC LIMIT ?",
         );
         let (s, e) = (state.unwrap_or(""), environment.unwrap_or(""));
         Ok(sqlx::query_as(q)
@@ -210,7 +220,7 @@ impl Ledger {
         now_ms: i64,
     ) -> Result<Vec<DeploymentRow>, LedgerError> {
         let rows: Vec<DeploymentRecord> = sqlx::query_as(self.sql(
-            "SELECT environment, branch, generation, action, status, step, updated_at, spec, previous_generation, hold FROM deployments \
+            "SELECT environment, branch, generation, action, status, step, updated_at, spec, previous_generation, hold, waiting FROM deployments \
              WHERE environment > ? ORDER BY environment LIMIT ?",
         ))
         .bind(after.unwrap_or(""))
@@ -247,11 +257,11 @@ impl Ledger {
             .map(|r| {
                 let (environment, generation) = (r.environment, r.generation);
                 let canary = canaries.remove(&environment);
-                let placed = match Action::parse(&r.action) {
+                let (placed, asked) = match Action::parse(&r.action) {
                     Some(Action::Rollout) => serde_json::from_str::<crate::store::rows::Placed>(&r.spec)
-                        .map(|p| p.instances)
+                        .map(|p| (p.instances, p.replicas.values().map(|n| *n as usize).sum()))
                         .unwrap_or_default(),
-                    Some(Action::Teardown) => Vec::new(),
+                    Some(Action::Teardown) => (Vec::new(), 0),
                     None => {
                         return Err(LedgerError::Corrupt(format!(
                             "a deployment row's action is {:?}",
@@ -276,10 +286,13 @@ impl Ledger {
                     status: r.status,
                     step: r.step,
                     updated_at_ms: r.updated_at,
+                    asked,
                     replicas: placed.len(),
                     running,
                     stale,
                     previous_generation: r.previous_generation,
+                    waiting: serde_json::from_str(&r.waiting)
+                        .map_err(|e| LedgerError::Corrupt(format!("a deployment's waiting replicas: {e}")))?,
                     hold: crate::store::rollbacks::Hold::parse(&r.hold)?,
                     canary,
                 })
