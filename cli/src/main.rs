@@ -747,6 +747,8 @@ fn main() -> ExitCode {
                 .map_err(anyhow::Error::from)
         }
     };
+    // What was started for this command alone stops again.
+    up::sleep_woken();
     match result {
         Ok(code) => ExitCode::from(code),
         // The reader went away (`pl events | head`): what it wanted, it has.
@@ -763,9 +765,14 @@ fn main() -> ExitCode {
 /// Resolved here so that the operator client knows nothing of `pl up`.
 fn control_plane(args: operator::ServerArgs) -> anyhow::Result<operator::ServerArgs> {
     let format = args.format;
+    // A local control plane `pl down` stopped is started for this command, and stopped again
+    // after it (`up::wake`): `pl down` names `pl volumes` and `pl volume rm` for what it kept.
     let local = match &args.local {
-        Some(dir) => Some(up::local_server(dir)?),
-        None if !args.names_one() => up::running_local_server(),
+        Some(dir) => Some(match up::wake(dir)? {
+            Some(s) => s,
+            None => up::local_server(dir)?,
+        }),
+        None if !args.names_one() => up::running_local_server().or_else(up::wake_here),
         None => None,
     };
     Ok(match local {

@@ -227,33 +227,43 @@ pub fn status(args: &ServerArgs) -> Result<u8> {
         .flatten()
         .filter(|d| d["action"].as_str() == Some("rollout"))
         .collect();
-    let sum = |key: &str| rows.iter().map(|d| d[key].as_u64().unwrap_or(0)).sum::<u64>();
+    let typed: Vec<crate::live::Deployment> = rows
+        .iter()
+        .filter_map(|d| serde_json::from_value((*d).clone()).ok())
+        .collect();
+    let sum = |f: fn(&crate::live::Deployment) -> usize| typed.iter().map(f).sum::<usize>();
     outln!(
-        "replicas    {} running of {} placed, as agents report them{}",
-        sum("running"),
-        sum("replicas"),
+        "replicas    {} running of {} placed of {} asked, as agents report them{}",
+        sum(|d| d.running),
+        sum(|d| d.replicas),
+        sum(|d| d.asked()),
         if rows.len() == 1000 {
             " (first 1,000 environments)"
         } else {
             ""
         }
     );
-    let off: Vec<&&Value> = rows
+    let off: Vec<&crate::live::Deployment> = typed
         .iter()
-        .filter(|d| d["running"] != d["replicas"] || d["stale"].as_u64().unwrap_or(0) > 0)
+        .filter(|d| d.running != d.replicas || d.stale > 0 || d.asked() != d.replicas || !d.waiting.is_empty())
         .collect();
     for d in off.iter().take(20) {
         outln!(
-            "  {}: {} of {} running at generation {}{} ({})",
-            d["environment"].as_str().unwrap_or("?"),
-            d["running"],
-            d["replicas"],
-            d["generation"],
-            match d["stale"].as_u64().unwrap_or(0) {
+            "  {}: {} running of {} placed of {} asked at generation {}{} ({}){}",
+            d.environment,
+            d.running,
+            d.replicas,
+            d.asked(),
+            d.generation,
+            match d.stale {
                 0 => String::new(),
                 n => format!(", {n} of another generation still running"),
             },
-            d["status"].as_str().unwrap_or("?")
+            d.status,
+            match d.waiting_summary() {
+                w if w.is_empty() => String::new(),
+                w => format!(": {w}"),
+            }
         );
     }
     if off.len() > 20 {
@@ -415,7 +425,7 @@ pub fn jobs(args: &ServerArgs, state: Option<String>, environment: Option<String
         return Ok(0);
     }
     // Columns with a header, each as wide as its widest cell.
-    let rows: Vec<[String; 5]> = jobs
+    let rows: Vec<[String; 6]> = jobs
         .iter()
         .map(|j| {
             [
@@ -423,11 +433,19 @@ pub fn jobs(args: &ServerArgs, state: Option<String>, environment: Option<String
                 format!("{}/{}", j["attempts"], j["maxAttempts"]),
                 j["targetNode"].as_str().unwrap_or("-").to_owned(),
                 j["generation"].as_i64().map_or("-".to_owned(), |g| g.to_string()),
-                j["key"].as_str().unwrap_or("?").to_owned(),
+                // In words; the node has its column (`--format json` keeps the key).
+                state_schema::job_words::describe(
+                    j["key"]
+                        .as_str()
+                        .unwrap_or("?")
+                        .rsplit_once('@')
+                        .map_or(j["key"].as_str().unwrap_or("?"), |(k, _)| k),
+                ),
+                j["reason"].as_str().unwrap_or_default().to_owned(),
             ]
         })
         .collect();
-    let header = ["STATE", "ATTEMPTS", "NODE", "GENERATION", "JOB"];
+    let header = ["STATE", "ATTEMPTS", "NODE", "GENERATION", "JOB", ""];
     let width = |c: usize| {
         rows.iter()
             .map(|r| r[c].len())
@@ -449,6 +467,10 @@ pub fn jobs(args: &ServerArgs, state: Option<String>, environment: Option<String
             w2 = widths[2],
             w3 = widths[3],
         );
+        // Why a failed job failed, on a line of its own under it.
+        if !r[5].is_empty() {
+            outln!("  why: {}", r[5].lines().next().unwrap_or_default());
+        }
     }
     Ok(0)
 }

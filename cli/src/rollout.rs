@@ -28,7 +28,7 @@ pub fn promote(server: &ServerArgs, environment: &str, timeout: Duration) -> Res
         eprintln!("pl rollout promote: the control plane answered without a generation and step");
         return Ok(1);
     };
-    eprintln!("pl rollout promote: {environment}: generation {generation}, step {step} runs now");
+    eprintln!("pl rollout promote: {environment}: generation {generation}'s canary goes on to its next step");
     let deadline = started + timeout;
     loop {
         let deployments = client.json("GET", "/v1/deployments?limit=1000")?;
@@ -39,7 +39,7 @@ pub fn promote(server: &ServerArgs, environment: &str, timeout: Duration) -> Res
             .find(|d| d["environment"].as_str() == Some(environment))
             .cloned()
             .unwrap_or(Value::Null);
-        match judge(&d, generation, step) {
+        match judge(&d, environment, generation, step) {
             Some(Ok(line)) => {
                 println!("{environment}: {line} ({:.1} s)", started.elapsed().as_secs_f64());
                 return Ok(0);
@@ -50,7 +50,7 @@ pub fn promote(server: &ServerArgs, environment: &str, timeout: Duration) -> Res
             }
             None if Instant::now() >= deadline => {
                 eprintln!(
-                    "pl rollout promote: step {step} of generation {generation} not done within {} s",
+                    "pl rollout promote: generation {generation}'s next canary step not done within {} s",
                     timeout.as_secs()
                 );
                 return Ok(2);
@@ -60,9 +60,11 @@ pub fn promote(server: &ServerArgs, environment: &str, timeout: Duration) -> Res
     }
 }
 
-/// Whether the promoted step (`step` of `generation`) is done on the hosts (`Ok`), will not be
-/// (`Err`), or is still running (`None`), from the deployment `d` as `/v1/deployments` shows it.
-fn judge(d: &Value, generation: u64, step: u64) -> Option<Result<String, String>> {
+/// Whether the promoted step (rollout step `step` of `generation`) is done on the hosts
+/// (`Ok`), will not be (`Err`), or is still running (`None`), from the deployment `d` as
+/// `/v1/deployments` shows it. Said in the canary's terms (its share of requests), never in
+/// the rollout's internal step numbers.
+fn judge(d: &Value, environment: &str, generation: u64, step: u64) -> Option<Result<String, String>> {
     let Some(now) = d["generation"].as_u64() else {
         return Some(Err("no deployment".into()));
     };
@@ -72,11 +74,24 @@ fn judge(d: &Value, generation: u64, step: u64) -> Option<Result<String, String>
         (false, _) => Some(Err(format!(
             "generation {now} replaced {generation} (a rollback, or a commit)"
         ))),
-        (true, "failed") => Some(Err(format!("generation {generation} failed at step {at}"))),
-        (true, "done") => Some(Ok(format!("generation {generation} switched: its canary is over"))),
-        (true, _) if at > step => Some(Ok(format!(
-            "generation {generation} past step {step}, now at step {at}"
+        (true, "failed") => Some(Err(format!("generation {generation} failed during its canary"))),
+        (true, "done") => Some(Ok(format!(
+            "generation {generation} switched: every request goes to the new release, its canary is over"
         ))),
+        (true, _) if at > step => {
+            let c = &d["canary"];
+            let next = if c["waitsForPromote"].as_bool() == Some(true) {
+                format!("; the next step waits for `pl rollout promote {environment}`")
+            } else {
+                String::new()
+            };
+            Some(Ok(match c["weight"].as_u64() {
+                Some(w) => format!(
+                    "generation {generation}'s canary took its next step: {w}% of requests on the new release{next}"
+                ),
+                None => format!("generation {generation}'s canary took its next step"),
+            }))
+        }
         _ => None,
     }
 }
@@ -102,10 +117,36 @@ mod tests {
     #[test]
     fn a_promote_is_done_when_its_step_is_past_or_the_rollout_switched() {
         let d = |g: u64, status: &str, step: u64| json!({"generation": g, "status": status, "step": step});
-        assert_eq!(judge(&d(4, "in-progress", 4), 4, 4), None);
-        assert!(matches!(judge(&d(4, "in-progress", 5), 4, 4), Some(Ok(_))));
-        assert!(matches!(judge(&d(4, "done", 6), 4, 4), Some(Ok(_))));
-        assert!(matches!(judge(&d(4, "failed", 4), 4, 4), Some(Err(_))));
-        assert!(matches!(judge(&d(5, "in-progress", 2), 4, 4), Some(Err(_))));
+        assert_eq!(judge(&d(4, "in-progress", 4), "web", 4, 4), None);
+        assert!(matches!(judge(&d(4, "in-progress", 5), "web", 4, 4), Some(Ok(_))));
+        assert!(matches!(judge(&d(4, "done", 6), "web", 4, 4), Some(Ok(_))));
+        assert!(matches!(judge(&d(4, "failed", 4), "web", 4, 4), Some(Err(_))));
+        assert!(matches!(judge(&d(5, "in-progress", 2), "web", 4, 4), Some(Err(_))));
+    }
+
+    /// A 2-step canary once read `past step 5, now at step 6`: the rollout's own step numbers.
+    /// It is said in the canary's share of requests.
+    #[test]
+    fn a_promote_speaks_in_the_canarys_terms() {
+        let mid = json!({"generation": 4, "status": "in-progress", "step": 6,
+            "canary": {"weight": 50, "waitsForPromote": true}});
+        let Some(Ok(line)) = judge(&mid, "web", 4, 5) else {
+            panic!()
+        };
+        assert_eq!(
+            line,
+            "generation 4's canary took its next step: 50% of requests on the new release; the next step waits for `pl rollout promote web`"
+        );
+        let Some(Ok(done)) = judge(&json!({"generation": 4, "status": "done", "step": 7}), "web", 4, 6) else {
+            panic!()
+        };
+        assert!(
+            !done.contains("step 7") && done.contains("its canary is over"),
+            "{done}"
+        );
+        let Some(Err(failed)) = judge(&json!({"generation": 4, "status": "failed", "step": 6}), "web", 4, 5) else {
+            panic!()
+        };
+        assert!(!failed.contains("step 6"), "{failed}");
     }
 }

@@ -6,7 +6,8 @@
 //! generation still running: what `pl up` waits for, against any control plane. An environment
 //! a rollback holds (by an operator, or by a release's failed watch) is not live as Git says: a
 //! failure. Exit codes: 0 live, 1 rejected, failed or rolled back (with the reasons, or the
-//! failing job's code, detail and log tail), 2 not live within the timeout.
+//! failing job's code, detail and log tail), 2 not live within the timeout (with what it
+//! waits for: a step, replicas no node has room for, or a canary's promote).
 
 use crate::operator::{Client, ServerArgs};
 use anyhow::{Result, bail};
@@ -106,7 +107,10 @@ fn check(client: &Client, args: &WaitArgs) -> Result<Verdict> {
     let revision = list[wanted];
     let sha = revision["sha"].as_str().unwrap_or("?").to_owned();
     if revision["verdict"].as_str() == Some("rejected") {
-        return Ok(Verdict::Failed(format!("{sha} was rejected: {}", revision["reasons"])));
+        return Ok(Verdict::Failed(format!(
+            "{sha} was rejected:\n{}",
+            crate::live::reasons_text(&revision["reasons"])
+        )));
     }
     // Newest first: a later accepted revision carries this one's changes on.
     let in_force = status["inForce"].as_str().unwrap_or_default();
@@ -115,43 +119,33 @@ fn check(client: &Client, args: &WaitArgs) -> Result<Verdict> {
         return Ok(Verdict::Waiting(format!("{sha} accepted, not in force yet")));
     }
     let deployments = client.json("GET", "/v1/deployments?limit=1000")?;
+    let rows: Vec<crate::live::Deployment> =
+        serde_json::from_value(deployments["deployments"].clone()).unwrap_or_default();
     let mut waiting = Vec::new();
     let mut seen = Vec::new();
-    for d in deployments["deployments"].as_array().into_iter().flatten() {
-        let env = d["environment"].as_str().unwrap_or("?");
-        if d["branch"].as_str() != Some(branch.as_str())
-            || (!args.environments.is_empty() && !args.environments.iter().any(|e| e == env))
-        {
+    for d in &rows {
+        let env = d.environment.as_str();
+        if d.branch != branch || (!args.environments.is_empty() && !args.environments.iter().any(|e| e == env)) {
             continue;
         }
         seen.push(env.to_owned());
-        // A rollback holds it at an older release: what Git says is not what runs.
-        let hold = &d["hold"];
-        if !hold.is_null() && hold["released"] != true {
-            return Ok(Verdict::Failed(format!(
-                "{env} was rolled back by {} to generation {}'s release (generation {}): it differs from Git until a commit changes it or `pl rollback --release {env}`",
-                hold["by"].as_str().unwrap_or("?"),
-                hold["to"],
-                hold["generation"]
-            )));
-        }
-        let status = d["status"].as_str().unwrap_or("?");
-        if status == "failed" {
-            return Ok(Verdict::Failed(format!(
-                "{env} generation {} failed{}",
-                d["generation"],
-                crate::up::follow::failure_of(client, env)?
-                    .map(|f| format!(": {f}"))
-                    .unwrap_or_default()
-            )));
-        }
-        let converged = d["action"].as_str() != Some("rollout")
-            || (d["running"] == d["replicas"] && d["stale"].as_u64() == Some(0));
-        if status != "done" || !converged {
-            waiting.push(format!(
-                "{env} generation {} {status}, {} of {} replicas running",
-                d["generation"], d["running"], d["replicas"]
-            ));
+        // The same judgement `pl up` makes: a hold, a failure, a canary that waits for an
+        // operator, replicas that wait for room, or not yet running.
+        match crate::live::judge(d) {
+            crate::live::Verdict::Live => {}
+            crate::live::Verdict::Failed(why) => {
+                let failure = if d.status == "failed" {
+                    crate::up::follow::failure_of(client, env)?
+                        .map(|f| format!(": {f}"))
+                        .unwrap_or_default()
+                } else {
+                    String::new()
+                };
+                return Ok(Verdict::Failed(format!("{why}{failure}")));
+            }
+            crate::live::Verdict::Progressing(why)
+            | crate::live::Verdict::WaitsForPromote(why)
+            | crate::live::Verdict::Short(why) => waiting.push(why),
         }
     }
     if let Some(missing) = args.environments.iter().find(|e| !seen.contains(e)) {
@@ -161,7 +155,7 @@ fn check(client: &Client, args: &WaitArgs) -> Result<Verdict> {
         return Ok(Verdict::Waiting(waiting.join("; ")));
     }
     Ok(Verdict::Live(format!(
-        "{} live on {branch}: {} environment(s) done, every replica running",
+        "{} live on {branch}: {} environment(s) done, every replica asked for running",
         &sha[..sha.len().min(12)],
         seen.len()
     )))

@@ -73,7 +73,9 @@ fn operator_commands_against_a_running_daemon() {
     c.args(["jobs", "--state", "queued"]);
     with(&mut c, &viewer_file);
     let out = stdout(&run(&mut c));
-    assert!(out.contains("net:api-production:g1:ensure@n1"), "{out}");
+    // In words, not as the ledger's key (`net:api-production:g1:ensure@n1`).
+    assert!(out.contains("set up the network of generation 1"), "{out}");
+    assert!(!out.contains(":g1:"), "{out}");
     let head: Vec<&str> = out.lines().next().unwrap_or_default().split_whitespace().collect();
     assert_eq!(
         head,

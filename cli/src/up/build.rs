@@ -94,8 +94,10 @@ pub fn to_build(state_dir: &Path, given: &[Build], no_build: bool, state: &State
 
 /// Refuses, before anything starts, an image no node could ever pull: a registry under
 /// `.invalid` (the examples' placeholders, a name that never resolves) that no `--build`
-/// replaces. Nothing would be asked of a resolver.
-pub fn check_pullable(builds: &[Build], state: &State) -> Result<()> {
+/// replaces. Nothing would be asked of a resolver. `signed`: the state is a signed commit's,
+/// applied as it is (`--allowed-signers`), where `--build` does not apply: the fix named is one
+/// that works there (a pinned image a node can pull, in a signed commit), never `--build`.
+pub fn check_pullable(builds: &[Build], state: &State, signed: bool) -> Result<()> {
     let placeholder = |image: &str| {
         image
             .split_once('/')
@@ -111,6 +113,13 @@ pub fn check_pullable(builds: &[Build], state: &State) -> Result<()> {
             },
             _ => continue,
         };
+        if placeholder(&image) && signed {
+            bail!(
+                "{}: {} runs {image}, a placeholder whose registry never resolves. A signed commit is applied as it is (`--build` does not rewrite it): pin an image a node can pull, from a registry it resolves, in that file, and sign the commit; or, to try a local Dockerfile, apply the working tree without `--allowed-signers` (`pl up --build {project}=DIR`, after `pl down`)",
+                l.file,
+                l.object.name()
+            );
+        }
         if placeholder(&image) && !builds.iter().any(|b| b.project == project) {
             bail!(
                 "{}: {} runs {image}, a placeholder whose registry never resolves: build it here with `pl up --build {project}=DIR` (a folder with its Dockerfile), or name an image a node can pull",
@@ -324,6 +333,31 @@ pub fn overrides(
 #[cfg(test)]
 mod tests {
     use state_schema::parse::parse_file;
+
+    /// With `--allowed-signers` the fix named is never `--build` (which that mode refuses).
+    #[test]
+    fn a_signed_placeholder_names_a_fix_that_works_with_signatures() {
+        let project = "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {name: api}\nspec:\n  image: registry.example.invalid/api@sha256:0000000000000000000000000000000000000000000000000000000000000000\n  roles:\n    web: {kind: web, port: 8080}\n---\napiVersion: pushleft.dev/v1alpha1\nkind: Environment\nmetadata: {name: api-production}\nspec: {project: api, stage: production, pool: main}\n";
+        let loaded = assemble(
+            vec![
+                parse_file("pushleft.yaml", ROOT.as_bytes()),
+                parse_file("projects/api.yaml", project.as_bytes()),
+            ],
+            Vec::new(),
+        );
+        assert!(loaded.is_valid(), "{:?}", loaded.diagnostics);
+        let signed = super::check_pullable(&[], &loaded.state, true)
+            .expect_err("placeholder")
+            .to_string();
+        assert!(
+            signed.contains("sign the commit") && signed.contains("without `--allowed-signers`"),
+            "{signed}"
+        );
+        let local = super::check_pullable(&[], &loaded.state, false)
+            .expect_err("placeholder")
+            .to_string();
+        assert!(local.contains("pl up --build api=DIR"), "{local}");
+    }
     use state_schema::state::assemble;
     use state_schema::values::ImageRef;
 

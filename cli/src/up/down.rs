@@ -86,7 +86,7 @@ pub fn down(args: &DownArgs) -> Result<u8> {
         // On a whole teardown preview branches go too: their environments are torn down as
         // for a deleted branch.
         if named.is_empty() {
-            moved |= local.sync_previews(&[], &Trust::Local)?;
+            moved |= local.sync_previews(&[], &Trust::Local, &Default::default())?;
         }
         if moved {
             let _ = client.json("POST", "/v1/reconcile");

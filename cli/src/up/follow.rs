@@ -2,11 +2,15 @@
 //! and serving, or one fails; shown live on a terminal (a spinner line per environment, with
 //! its jobs' counts and what runs now) and as plain lines otherwise, one per job state.
 
+use crate::live::{Deployment as Live, Verdict};
 use crate::operator::Client;
 use anyhow::Result;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
+
+/// `pl up`'s exit code when every environment is done or waits for `pl rollout promote`.
+pub const WAITS_FOR_OPERATOR: u8 = 3;
 
 /// One environment `pl up` waits for: its name, hostname, and whether a web role serves it.
 pub struct Followed {
@@ -94,6 +98,16 @@ impl Display {
                 println!("{line}");
             }
         }
+    }
+
+    /// An environment whose canary waits for an operator: said once, on stdout.
+    fn waiting_for_promote(&mut self, env: &str, why: &str) {
+        if let Display::Live { lines, .. } = self
+            && let Some(bar) = lines.get(env)
+        {
+            bar.finish_and_clear();
+        }
+        println!("{why}");
     }
 
     /// An environment done: its line stays, with its URL.
@@ -196,7 +210,11 @@ fn follow(
             && r["verdict"].as_str() == Some("rejected")
         {
             display.stop();
-            eprintln!("pl up: revision {} was rejected: {}", &head[..12], r["reasons"]);
+            eprintln!(
+                "pl up: revision {} was rejected:\n{}",
+                &head[..12],
+                crate::live::reasons_text(&r["reasons"])
+            );
             return Ok(1);
         }
         // The verdict and the deployments it makes are written in one transaction: until the
@@ -211,18 +229,16 @@ fn follow(
             continue;
         }
         let deployments = client.json("GET", "/v1/deployments")?;
-        let rows: Vec<&Value> = deployments["deployments"].as_array().into_iter().flatten().collect();
+        let rows: Vec<Live> = serde_json::from_value(deployments["deployments"].clone()).unwrap_or_default();
         let mut done = 0;
+        let mut promote = Vec::new();
         for env in environments {
             let name = env.name.as_str();
-            let Some(d) = rows.iter().find(|d| d["environment"].as_str() == Some(name)) else {
+            let Some(d) = rows.iter().find(|d| d.environment == name) else {
                 display.waiting(name);
                 continue;
             };
-            let (status, generation) = (
-                d["status"].as_str().unwrap_or(""),
-                d["generation"].as_i64().unwrap_or(0),
-            );
+            let generation = d.generation;
             let listed = client.json("GET", &format!("/v1/jobs?environment={name}&limit=200"))?;
             let of_generation: Vec<&Value> = listed["jobs"]
                 .as_array()
@@ -245,14 +261,6 @@ fn follow(
                 .collect();
             display.jobs(name, generation, &this_run);
             let pending = jobs.iter().any(|(_, state)| state == "queued" || state == "leased");
-            // True on the hosts: every replica placed reported running and healthy, none left
-            // of another generation or scaled away.
-            let (replicas, running, stale) = (
-                d["replicas"].as_u64().unwrap_or(0),
-                d["running"].as_u64().unwrap_or(0),
-                d["stale"].as_u64().unwrap_or(0),
-            );
-            let observed = running == replicas && stale == 0;
             // Done means placed and serving: a generation made before this node's agent was
             // heard from places nothing, and the next one places the replicas.
             let served = jobs.iter().any(|(key, state)| {
@@ -263,8 +271,10 @@ fn follow(
                 };
                 serving && state == "succeeded"
             });
-            match status {
-                "done" if served && observed && !pending => {
+            // The judgement `pl wait` makes (`live::judge`), then what `pl up` adds: the
+            // generation's own jobs all ran and its routes (or replicas) were made.
+            match crate::live::judge(d) {
+                Verdict::Live if served && !pending => {
                     let what = if this_run.is_empty() {
                         "unchanged, serving"
                     } else {
@@ -273,24 +283,43 @@ fn follow(
                     display.done(
                         name,
                         format!(
-                            "{name}: generation {generation} {what} ({running} replica(s) running): {}://{}.localhost:{}/",
-                            at.scheme,
-                            env.host,
-                            at.port
+                            "{name}: generation {generation} {what} ({} replica(s) running): {}://{}.localhost:{}/",
+                            d.running, at.scheme, env.host, at.port
                         ),
                     );
                     done += 1;
                 }
-                "failed" => {
+                Verdict::Failed(why) => {
                     display.stop();
-                    eprintln!("pl up: {name} generation {generation} failed");
-                    if let Some(f) = failure_of(client, name)? {
+                    eprintln!("pl up: {why}");
+                    if d.status == "failed"
+                        && let Some(f) = failure_of(client, name)?
+                    {
                         eprintln!("{f}");
                     }
                     return Ok(1);
                 }
+                // One machine: nothing frees room while `pl up` waits, so it says so now.
+                Verdict::Short(why) if !pending => {
+                    display.stop();
+                    eprintln!("pl up: {why}");
+                    eprintln!(
+                        "  hint: lower `replicas` or the roles' `resources`, or give the node more `capacity` in its NodePool; `pl status` shows asked, placed and running"
+                    );
+                    return Ok(1);
+                }
+                Verdict::WaitsForPromote(why) => promote.push((name.to_owned(), why)),
                 _ => {}
             }
+        }
+        // Every environment is done or waits for an operator: say which, and return (exit 3)
+        // instead of waiting out the timeout for a promote nobody may give.
+        if !promote.is_empty() && done + promote.len() == environments.len() {
+            for (name, why) in &promote {
+                display.waiting_for_promote(name, why);
+            }
+            display.stop();
+            return Ok(WAITS_FOR_OPERATOR);
         }
         if done == environments.len() {
             return Ok(0);

@@ -10,6 +10,9 @@ use state_repo::mirror::{LOCAL_NAME, LocalRevision, Mirror, read_local_key};
 use state_repo::source::{Rev, StateRepo};
 use std::path::Path;
 
+/// In the state folder: the newest commit of `main` the local control plane accepted.
+const ACCEPTED_FILE: &str = "accepted-main";
+
 impl Local {
     fn mirror(&self) -> Result<Mirror> {
         Ok(Mirror::open_or_init(&self.path("mirror.git"))?)
@@ -100,7 +103,7 @@ impl Local {
     /// tip, or the signed tip itself), and a mirrored one that is gone (or no longer matches;
     /// `pl down` passes no pattern) is deleted, so the
     /// reconciler deploys and tears down previews as on a fleet. Whether anything moved.
-    pub(crate) fn sync_previews(&self, patterns: &[String], trust: &Trust) -> Result<bool> {
+    pub(crate) fn sync_previews(&self, patterns: &[String], trust: &Trust, built: &Built) -> Result<bool> {
         let mut globs = globset::GlobSetBuilder::new();
         for p in patterns {
             globs.add(globset::Glob::new(p).map_err(|e| anyhow!("previews.branches: `{p}`: {e}"))?);
@@ -124,7 +127,10 @@ impl Local {
         for branch in &theirs {
             let reference = format!("refs/heads/{branch}");
             moved |= match trust {
-                Trust::Local => self.commit_to(&reference, &[], Some(branch), &[])?.1,
+                Trust::Local => {
+                    let files = self.built_files(branch, built)?;
+                    self.commit_to(&reference, &[], Some(branch), &files)?.1
+                }
                 Trust::Signed { .. } => {
                     let sha = self.fetch(branch)?;
                     let before = mirror.head(&reference)?;
@@ -166,22 +172,55 @@ impl Local {
             return Ok((sha.to_string(), false, false));
         }
         let mut replaces_local = false;
+        // A head the control plane rejected was never applied: a commit that replaces it (an
+        // amended, now signed one) descends from what was last accepted, as the reconciler
+        // asks, and is no rewrite. Only what was accepted counts.
+        let accepted = self.last_accepted();
+        let from_accepted = match accepted {
+            Some(a) => mirror.is_ancestor(a, sha).unwrap_or(false),
+            None => false,
+        };
         if let Some(b) = before
             && !mirror.is_ancestor(b, sha)?
         {
-            // Only a local revision (committed by `pl up` with the state folder's key) may be
-            // left behind; a signed commit of yours is history the reconciler keeps.
-            if mirror.author_of(b)? != LOCAL_NAME {
+            // A local revision (committed by `pl up` with the state folder's key) left behind
+            // is `pl up`'s to approve; a signed commit of yours is history the reconciler
+            // keeps, unless the control plane never accepted it.
+            if mirror.author_of(b)? == LOCAL_NAME {
+                replaces_local = true;
+            } else if !from_accepted {
                 bail!(
                     "{rev} does not descend from what this local control plane applied last ({}, an older branch); start afresh by removing {} (its history goes with it)",
                     &b.to_string()[..12],
                     self.state.display()
                 );
             }
-            replaces_local = true;
         }
         mirror.set("refs/heads/main", sha)?;
         Ok((sha.to_string(), true, replaces_local))
+    }
+
+    /// The newest commit of `main` this control plane accepted, as `pl up` last read it
+    /// ([`Local::remember_accepted`]); `None` before any, or when the file is unreadable.
+    fn last_accepted(&self) -> Option<state_repo::ObjectId> {
+        let text = std::fs::read_to_string(self.path(ACCEPTED_FILE)).ok()?;
+        state_repo::ObjectId::from_hex(text.trim().as_bytes()).ok()
+    }
+
+    /// Records the newest commit of `main` the control plane accepted (from its revisions), so
+    /// that a commit replacing a rejected one is not taken for a rewrite of applied history.
+    pub(crate) fn remember_accepted(&self, client: &crate::operator::Client) -> Result<()> {
+        let revisions = client.json("GET", "/v1/revisions?branch=main&limit=50")?;
+        let newest = revisions["revisions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["verdict"].as_str() == Some("accepted"))
+            .and_then(|r| r["sha"].as_str());
+        if let Some(sha) = newest {
+            std::fs::write(self.path(ACCEPTED_FILE), format!("{sha}\n"))?;
+        }
+        Ok(())
     }
 
     /// `--build`: the local registry (its port chosen once), each image built and pushed, and
@@ -193,14 +232,14 @@ impl Local {
         rev: Option<&str>,
         socket: &Path,
         ports: Ports,
-    ) -> Result<Vec<(String, String)>> {
+    ) -> Result<Built> {
         if builds.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Built::default());
         }
         super::build::registry(&self.state, ports.registry)?;
         let built = super::build::build_all(builds, ports.registry, socket, &self.state)?;
         super::build::remember(&self.state, builds)?;
-        super::build::overrides(state, &built, |file| match rev {
+        let files = super::build::overrides(state, &built, |file| match rev {
             None => Ok(std::fs::read_to_string(self.repo.join(file))?),
             Some(r) => {
                 let user = self.user()?;
@@ -212,6 +251,32 @@ impl Local {
                     .map_err(|_| anyhow!("{file} of {r} is not UTF-8"))?;
                 Ok(text)
             }
+        })?;
+        Ok(Built { images: built, files })
+    }
+
+    /// The files of branch `branch`'s tip with `built`'s images in place of its projects': a
+    /// preview of a built project runs the build, as main does.
+    fn built_files(&self, branch: &str, built: &Built) -> Result<Vec<(String, String)>> {
+        if built.images.is_empty() {
+            return Ok(Vec::new());
+        }
+        let user = self.user()?;
+        let commit = user.resolve(branch)?;
+        let loaded = state_repo::load::load(&user, &Rev::Commit(commit.clone()))?;
+        super::build::overrides(&loaded.state, &built.images, |file| {
+            let entry = user
+                .entry_at(&commit, file)?
+                .ok_or_else(|| anyhow!("{file} is not in {branch}"))?;
+            String::from_utf8(user.read(user.thread_repo().as_ref(), &entry)?)
+                .map_err(|_| anyhow!("{file} of {branch} is not UTF-8"))
         })
     }
+}
+
+/// What `--build` made: each project's image, and main's files pointed at them.
+#[derive(Default)]
+pub(crate) struct Built {
+    pub images: Vec<(String, state_schema::values::ImageRef)>,
+    pub files: Vec<(String, String)>,
 }

@@ -20,11 +20,14 @@ mod local;
 mod mirror;
 mod processes;
 mod services;
+mod wake;
 
 pub use down::{DownArgs, down};
 use local::{Local, Ports, Trust};
 pub(crate) use local::{local_server, running_local_server};
 use processes::{alive, caddy_program, docker_answers};
+pub use wake::sleep as sleep_woken;
+pub(crate) use wake::{wake, wake_here};
 
 use crate::operator::Client;
 use anyhow::{Context, Result, bail};
@@ -158,7 +161,7 @@ pub fn up(args: &UpArgs) -> Result<u8> {
     let forget = args.no_build || matches!(trust, Trust::Signed { .. });
     let builds = build::to_build(&local.state, &args.builds, forget, &loaded.state)?;
     build::check(&builds, &loaded.state)?;
-    build::check_pullable(&builds, &loaded.state)?;
+    build::check_pullable(&builds, &loaded.state, matches!(trust, Trust::Signed { .. }))?;
     let nodes: Vec<String> = loaded
         .state
         .pools()
@@ -221,7 +224,8 @@ pub fn up(args: &UpArgs) -> Result<u8> {
     if args.no_build {
         build::remember(&local.state, &[])?;
     }
-    let replace = local.build(&builds, &loaded.state, rev.as_deref(), &args.docker_socket, ports)?;
+    let built = local.build(&builds, &loaded.state, rev.as_deref(), &args.docker_socket, ports)?;
+    let replace = built.files.clone();
     let mut replaces_local = false;
     // A first run enrols the nodes this machine runs before anything is placed: first a local
     // revision without the Environments (so the nodes are declared and may enrol), then, once
@@ -262,7 +266,7 @@ pub fn up(args: &UpArgs) -> Result<u8> {
         }
     };
     let previews = previews_of(&loaded.state);
-    let previews_moved = local.sync_previews(&previews, &trust)?;
+    let previews_moved = local.sync_previews(&previews, &trust, &built)?;
     let client = local.reconciler(ports, &trust, &previews)?;
     if web {
         local.caddy()?;
@@ -304,6 +308,11 @@ pub fn up(args: &UpArgs) -> Result<u8> {
         );
     }
     let code = follow::converge(&client, &head, &environments, serving, timeout, started_ms)?;
+    if matches!(trust, Trust::Signed { .. }) {
+        // Best effort: without the record, a commit replacing a rejected one is refused as
+        // before (with how to start afresh), never applied wrongly.
+        let _ = local.remember_accepted(&client);
+    }
     if !args.watch {
         return Ok(code);
     }
@@ -502,7 +511,7 @@ fn watch(
             continue;
         }
         let replace = match local.build(builds, &loaded.state, None, socket, ports) {
-            Ok(r) => r,
+            Ok(r) => r.files,
             Err(e) => {
                 eprintln!("pl up: {e:#}; nothing was applied, still watching");
                 continue;
@@ -525,7 +534,11 @@ fn watch(
         )?;
         println!(
             "pl up: {} ; still watching",
-            if code == 0 { "converged" } else { "failed" }
+            match code {
+                0 => "converged",
+                follow::WAITS_FOR_OPERATOR => "waits for an operator",
+                _ => "failed",
+            }
         );
     }
 }
