@@ -25,3 +25,4 @@ pub mod registry_auth;
 pub mod restic;
 pub mod routes;
 pub mod run;
+pub mod volume_root;

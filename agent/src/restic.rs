@@ -242,8 +242,13 @@ impl Restic {
         host: &str,
         tags: &[String],
     ) -> Result<Summary, Failure> {
+        // The root folder itself is not in the snapshot (only what it holds): its owner, mode
+        // and extended attributes go as tags (`volume_root`).
+        let root = crate::volume_root::tags_of(dir)
+            .map_err(|e| permanent("backup-failed", format!("{}: {e}", dir.display())))?;
+        let tags: Vec<String> = tags.iter().cloned().chain(root).collect();
         let mut args = vec!["backup".to_owned(), "--json".to_owned()];
-        args.extend(Self::tag_args(host, tags));
+        args.extend(Self::tag_args(host, &tags));
         args.push(".".into());
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         Self::summary(&self.run(repo, &args, Some(dir), None).await?)
@@ -281,6 +286,14 @@ impl Restic {
         serde_json::from_slice(&out).map_err(|e| permanent("restic-failed", format!("restic's snapshot list: {e}")))
     }
 
+    /// The tags of snapshot `id`.
+    pub async fn tags_of(&self, repo: &Repository, id: &str) -> Result<Vec<String>, Failure> {
+        let out = self.run(repo, &["snapshots", "--json", id], None, None).await?;
+        let list: Vec<Snapshot> = serde_json::from_slice(&out)
+            .map_err(|e| permanent("restic-failed", format!("restic's snapshot list: {e}")))?;
+        Ok(list.into_iter().next().map(|s| s.tags).unwrap_or_default())
+    }
+
     /// Restores snapshot `id` into `target` (its root at `target`).
     pub async fn restore(&self, repo: &Repository, id: &str, target: &Path) -> Result<(), Failure> {
         let target = target.to_string_lossy();
@@ -297,7 +310,8 @@ impl Restic {
     }
 
     /// Keeps the newest `keep` snapshots carrying every one of `tags`, forgets the others and
-    /// prunes the data only they held.
+    /// prunes the data only they held. One group whatever else the snapshots carry (a volume
+    /// root's owner and mode are tags too, `volume_root`, and may change between snapshots).
     pub async fn retain(&self, repo: &Repository, tags: &[String], keep: u32) -> Result<(), Failure> {
         let (joined, keep) = (tags.join(","), keep.max(1).to_string());
         self.run(
@@ -307,7 +321,7 @@ impl Restic {
                 "--tag",
                 &joined,
                 "--group-by",
-                "tags",
+                "",
                 "--keep-last",
                 &keep,
                 "--prune",

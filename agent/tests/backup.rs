@@ -96,6 +96,14 @@ fn a_volume_is_backed_up_consistently_read_by_restic_and_restored_into_a_new_gen
         engine.ensure_application(&app).await.expect("replica");
         let mount = app.volumes[0].clone();
 
+        // The volume's root belongs to the role's user (999, PostgreSQL's), with a mode and an
+        // extended attribute of its own: all three come back with a restore.
+        let g1_dir = docker(&["volume", "inspect", "--format", "{{.Mountpoint}}", &engine.volume_name(&env, &mount)]);
+        let g1_dir = Path::new(&g1_dir);
+        std::os::unix::fs::chown(g1_dir, Some(999), Some(999)).expect("chown");
+        std::fs::set_permissions(g1_dir, std::os::unix::fs::PermissionsExt::from_mode(0o2775)).expect("chmod");
+        rustix::fs::setxattr(g1_dir, "user.pushleft-test", b"kept", rustix::fs::XattrFlags::empty()).expect("xattr");
+
         // Files, with the container paused while they are read; it runs again after.
         let of = |command: Option<&'static [String]>| BackupOf {
             environment: &env,
@@ -180,6 +188,33 @@ fn a_volume_is_backed_up_consistently_read_by_restic_and_restored_into_a_new_gen
             "nested\n"
         );
         assert_eq!(docker(&["exec", &app.container, "/bin/cat", "/data/log"]), "later");
+        {
+            use std::os::unix::fs::MetadataExt;
+            let root = std::fs::metadata(&mountpoint).expect("root");
+            assert_eq!(
+                (root.uid(), root.gid(), root.mode() & 0o7777),
+                (999, 999, 0o2775),
+                "the root's owner and mode, as saved"
+            );
+            let mut value = [0u8; 16];
+            let n = rustix::fs::getxattr(Path::new(&mountpoint), "user.pushleft-test", &mut value[..]).expect("xattr");
+            assert_eq!(&value[..n], b"kept");
+            // The role's user writes at the top of its restored volume.
+            docker(&[
+                "run",
+                "--rm",
+                "--user",
+                "999:999",
+                "-v",
+                &format!("{g2_name}:/data"),
+                "--entrypoint",
+                "/bin/sh",
+                &image,
+                "-c",
+                "echo written > /data/by-999",
+            ]);
+            assert_eq!(std::fs::read_to_string(Path::new(&mountpoint).join("by-999")).expect("written"), "written\n");
+        }
         let again = engine
             .restore_volume(&restic, &repo, &env, &g2, &files.snapshot_id)
             .await

@@ -492,7 +492,14 @@ impl Engine {
     ) -> Result<String, Failure> {
         let name = self.new_generation(environment, to).await?;
         let restored = match self.volume_dir(environment, to).await {
-            Ok(dir) => restic.restore(repo, snapshot, &dir).await,
+            Ok(dir) => match restic.restore(repo, snapshot, &dir).await {
+                // The root as it was saved: owner, mode, extended attributes.
+                Ok(()) => restic.tags_of(repo, snapshot).await.and_then(|tags| {
+                    crate::volume_root::apply(&dir, &tags)
+                        .map_err(|e| permanent("restore-failed", format!("the volume's root {}: {e}", dir.display())))
+                }),
+                Err(f) => Err(f),
+            },
             Err(f) => Err(f),
         };
         match restored {
