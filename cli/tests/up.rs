@@ -73,6 +73,19 @@ fn siblings() {
     }
 }
 
+/// The preview hostname of project `api`'s branch `branch`, as `pl up` serves it.
+fn preview_host(branch: &str) -> String {
+    format!(
+        "{}.localhost",
+        state_schema::state::branch_preview_hostname(
+            branch,
+            &state_schema::values::Name::new("api").expect("name"),
+            &state_schema::values::Hostname::new("preview.example.com").expect("hostname"),
+        )
+        .expect("preview hostname")
+    )
+}
+
 /// `pl` with the local control plane's state folder and the simulated host's engine.
 fn pl_command(state: &Path, socket: &Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_pl"));
@@ -290,15 +303,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         // production is untouched.
         repo.commit("base", true);
         repo_support::git(&repo_dir, &["branch", "feature/x"]);
-        let preview = format!(
-            "{}.localhost",
-            state_schema::state::branch_preview_hostname(
-                "feature/x",
-                &state_schema::values::Name::new("api").expect("name"),
-                &state_schema::values::Hostname::new("preview.example.com").expect("hostname"),
-            )
-            .expect("preview hostname")
-        );
+        let preview = preview_host("feature/x");
         let (code, out, err) = pl(&["up", "--http", "--node", "n1", "--port", &port_arg], &repo_dir, &state, &socket);
         assert_eq!(code, 0, "{out}\n{err}");
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -934,15 +939,7 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         // image), and goes with its branch.
         repo.commit("before a built preview", true);
         repo_support::git(&repo_dir, &["branch", "feature/built"]);
-        let built_preview = format!(
-            "{}.localhost",
-            state_schema::state::branch_preview_hostname(
-                "feature/built",
-                &state_schema::values::Name::new("api").expect("name"),
-                &state_schema::values::Hostname::new("preview.example.com").expect("hostname"),
-            )
-            .expect("preview hostname")
-        );
+        let built_preview = preview_host("feature/built");
         let (code, out, err) = pl(
             &["up", "--http", "--node", "n1", "--port", &port_arg, "--build", &build_arg],
             &repo_dir,
@@ -2105,16 +2102,28 @@ fn backups_are_saved_into_a_restic_repository_the_restic_cli_reads() {
         // The restic CLI reads what the agent wrote, with the password from the Secret.
         let pw = dir.path().join("password");
         std::fs::write(&pw, password).expect("password file");
+        // Retention runs right after a backup is reported, under restic's exclusive lock for
+        // its prune: a reader then waits for it (restic 0.14 has no --retry-lock), 30 s at most.
         let restic = |args: &[&str]| {
-            let o = Command::new("restic")
-                .arg("--repo")
-                .arg(&restic_repo)
-                .arg("--password-file")
-                .arg(&pw)
-                .arg("--no-cache")
-                .args(args)
-                .output()
-                .expect("restic");
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let o = loop {
+                let o = Command::new("restic")
+                    .arg("--repo")
+                    .arg(&restic_repo)
+                    .arg("--password-file")
+                    .arg(&pw)
+                    .arg("--no-cache")
+                    .args(args)
+                    .output()
+                    .expect("restic");
+                if o.status.success()
+                    || !String::from_utf8_lossy(&o.stderr).contains("locked")
+                    || Instant::now() > deadline
+                {
+                    break o;
+                }
+                std::thread::sleep(Duration::from_millis(300));
+            };
             assert!(
                 o.status.success(),
                 "restic {args:?}: {}",

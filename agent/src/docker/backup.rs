@@ -87,7 +87,8 @@ impl Engine {
     /// Runs a `backup-volume` task: the repository opened with its sealed Secret, the volume
     /// saved (consistently, see the module), the snapshots beyond `keep` forgotten and pruned.
     pub async fn backup(&self, b: &Backups, spec: &BackupSpec) -> Result<Ended, Failure> {
-        let (_password, repo) = self.backup_repository(b, spec)?;
+        let (password, repo) = self.backup_repository(b, spec)?;
+        let held = self.hold_repository(&repo.location).await;
         if let Some(role) = &spec.stop_role {
             return self.save_for_move(b, spec, &repo, role).await;
         }
@@ -120,7 +121,17 @@ impl Engine {
             tags: &tags,
         };
         let saved = self.backup_volume(&b.restic, &repo, &of).await?;
-        b.restic.retain(&repo, &tags, spec.keep).await?;
+        // Retention is housekeeping: the backup is done (and reported) once its snapshot is
+        // saved. The snapshots beyond `keep` are forgotten and pruned right after, holding the
+        // repository (the next backup, restore or drill of it here waits); one that fails is
+        // done by the next backup's, which forgets the same and more.
+        let (restic, keep) = (b.restic.clone(), spec.keep);
+        tokio::spawn(async move {
+            if let Err(f) = restic.retain(&repo, &tags, keep).await {
+                tracing::warn!(code = f.code, detail = %f.detail, repository = %repo.location, "retention after a backup failed; the next backup's retries it");
+            }
+            drop((held, password));
+        });
         Ok(Ended {
             note: format!(
                 "snapshot {} of {} ({} bytes read, {} added)",
@@ -179,6 +190,7 @@ impl Engine {
     /// in use) is removed first, so a restore can be asked for again.
     pub async fn restore(&self, b: &Backups, spec: &BackupSpec, snapshot: &str) -> Result<String, Failure> {
         let repo = self.backup_repository(b, spec)?;
+        let _held = self.hold_repository(&repo.1.location).await;
         let name = self.volume_name(&spec.environment, &spec.mount);
         if let Ok(v) = self.docker.inspect_volume(&name).await
             && self.owns_volume(&v, &spec.environment, &spec.mount)
@@ -197,6 +209,19 @@ impl Engine {
         }
         self.restore_volume(&b.restic, &repo.1, &spec.environment, &spec.mount, snapshot)
             .await
+    }
+
+    /// Holds `location` for one backup, restore or drill on this node (see
+    /// `Engine::repository_locks`).
+    pub async fn hold_repository(&self, location: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let lock = std::sync::Arc::clone(
+            self.repository_locks
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .entry(location.to_owned())
+                .or_default(),
+        );
+        lock.lock_owned().await
     }
 
     /// A failed restore leaves no volume behind: the ledger never moves the volume to the
@@ -341,7 +366,38 @@ impl Engine {
         of: &BackupOf<'_>,
     ) -> Result<Summary, Failure> {
         let dir = self.volume_dir(of.environment, of.mount).await?;
-        restic.ensure_repository(repo).await?;
+        let known = |engine: &Engine| {
+            engine
+                .known_repositories
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .contains(&repo.location)
+        };
+        if !known(self) {
+            restic.ensure_repository(repo).await?;
+            self.known_repositories
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(repo.location.clone());
+        }
+        let saved = self.backup_volume_in(restic, repo, of, &dir).await;
+        if saved.is_err() {
+            // Gone or changed since it was found: checked (and made) again next time.
+            self.known_repositories
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&repo.location);
+        }
+        saved
+    }
+
+    async fn backup_volume_in(
+        &self,
+        restic: &Restic,
+        repo: &Repository,
+        of: &BackupOf<'_>,
+        dir: &Path,
+    ) -> Result<Summary, Failure> {
         match (of.command, of.container) {
             (Some(cmd), Some(container)) => self.backup_command(restic, repo, of, container, cmd).await,
             (Some(_), None) => Err(retryable(
@@ -356,7 +412,7 @@ impl Engine {
                     },
                     None => None,
                 };
-                let saved = restic.backup_dir(repo, &dir, &self.node, of.tags).await;
+                let saved = restic.backup_dir(repo, dir, &self.node, of.tags).await;
                 if let Some(c) = paused
                     && let Err(e) = self.docker.unpause_container(c).await
                 {

@@ -29,6 +29,7 @@ impl Engine {
             ));
         }
         let (_password, repo) = self.backup_repository(b, spec)?;
+        let _held = self.hold_repository(&repo.location).await;
         let tags = volume_tags(&self.control_plane, &spec.environment, &spec.mount.volume);
         let Some(newest) = b.restic.snapshots(&repo, &tags).await?.pop() else {
             return Err(permanent(

@@ -106,6 +106,13 @@ pub struct Engine {
     run_sweep_grace: Duration,
     /// When this process first saw each finished, unclaimed run container.
     runs_unclaimed: std::sync::Mutex<HashMap<String, Instant>>,
+    /// Backup repositories this process found or made (by location): not checked again
+    /// before each backup (a restic run costs its key derivation, about 0.7 s, on every call).
+    known_repositories: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// One holder at a time per repository on this node: a backup, its retention (which runs
+    /// after the backup is reported, and prunes under restic's exclusive lock), a restore, a
+    /// drill.
+    repository_locks: std::sync::Mutex<HashMap<String, std::sync::Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// How long a finished run's container (a release or cron run, a drill) is left for a replay
@@ -196,6 +203,8 @@ impl Engine {
             rollback_window: resume::ROLLBACK_WINDOW,
             run_sweep_grace: RUN_SWEEP_GRACE,
             runs_unclaimed: std::sync::Mutex::default(),
+            known_repositories: std::sync::Mutex::default(),
+            repository_locks: std::sync::Mutex::default(),
         })
     }
 
