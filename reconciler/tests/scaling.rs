@@ -4,13 +4,15 @@
 //! reconciler gives a new generation, on a real SQLite ledger; every other changed environment
 //! keeps its generation.
 
+#[path = "support/apply.rs"]
+mod apply;
 #[path = "support/dump.rs"]
 mod dump;
 
+use apply::{judgement, settle};
 use proptest::prelude::*;
+use reconciler::store::Ledger;
 use reconciler::store::now_ms;
-use reconciler::store::{Completion, Ledger, Outcome};
-use state_repo::revision::Judgement;
 use state_schema::parse::parse_file;
 use state_schema::plan::{Scope, plan_scoped};
 use state_schema::state::{Loaded, assemble};
@@ -25,40 +27,6 @@ fn state_of(p: &Params) -> Loaded {
     let loaded = assemble(files, Vec::new());
     assert!(loaded.is_valid(), "{:?}", loaded.diagnostics.first());
     loaded
-}
-
-fn judgement(sha: &str, state: Loaded) -> Judgement {
-    Judgement {
-        sha: sha.to_owned(),
-        principals: Some("ops".into()),
-        fingerprint: None,
-        reasons: Vec::new(),
-        state,
-        committed_at_ms: 0,
-    }
-}
-
-/// Runs every queued job to success and advances, until nothing is left.
-async fn settle(ledger: &Ledger, url: &str) {
-    for _ in 0..20 {
-        let nodes = dump::rows(url, "SELECT DISTINCT target_node FROM jobs WHERE state = 'queued'").await;
-        if nodes.is_empty() {
-            return;
-        }
-        for node in nodes {
-            let leases = ledger.lease(&node, 1000, 60_000, now_ms()).await.expect("lease");
-            let done: Vec<Completion> = leases
-                .into_iter()
-                .map(|l| Completion {
-                    token: l.token,
-                    outcome: Outcome::Succeeded,
-                })
-                .collect();
-            ledger.complete(&done, now_ms()).await.expect("complete");
-        }
-        ledger.advance(now_ms()).await.expect("advance");
-    }
-    panic!("jobs did not settle");
 }
 
 async fn generations(url: &str) -> BTreeMap<String, String> {
