@@ -15,8 +15,9 @@ use state_repo::source::StateRepo;
 use state_repo::trust::allowed_signers;
 use std::path::Path;
 
-/// Builds the repository: good (signed), unsigned, invalid (signed), good again (signed).
-fn repository(dir: &Path) -> (std::path::PathBuf, String, [String; 4]) {
+/// Builds the repository: good (signed), unsigned, invalid (signed), two nodes at one address
+/// (signed), good again (signed).
+fn repository(dir: &Path) -> (std::path::PathBuf, String, [String; 5]) {
     let repo = Repo::new(dir);
     let good = repo.commit("good", true);
     repo.write("pools/main.yaml", &POOL.replace("region: eu", "region: us"));
@@ -27,11 +28,20 @@ fn repository(dir: &Path) -> (std::path::PathBuf, String, [String; 4]) {
     );
     let invalid = repo.commit("invalid", true);
     repo.remove("envs/broken.yaml");
+    // Two nodes at one address: the mesh would send one's traffic to the other.
+    repo.write(
+        "pools/main.yaml",
+        &POOL
+            .replace("{name: n1,", "{name: n1, address: 203.0.113.5,")
+            .replace("{name: n2,", "{name: n2, address: 203.0.113.5,"),
+    );
+    let same_address = repo.commit("same address", true);
+    repo.write("pools/main.yaml", &POOL.replace("region: eu", "region: us"));
     let good_again = repo.commit("good again", true);
     (
         repo.dir.clone(),
         repo.signers.clone(),
-        [good, unsigned, invalid, good_again],
+        [good, unsigned, invalid, same_address, good_again],
     )
 }
 
@@ -45,7 +55,7 @@ fn trust(signers: &[allowed_signers::AllowedSigner]) -> Trust<'_> {
 }
 
 async fn scenario(ledger: Ledger, dir: &Path) {
-    let (repo_dir, signers_text, [good, unsigned, invalid, good_again]) = repository(dir);
+    let (repo_dir, signers_text, [good, unsigned, invalid, same_address, good_again]) = repository(dir);
     let signers = allowed_signers::parse(&signers_text).expect("allowed signers");
     let repo = StateRepo::open(&repo_dir).expect("open");
     let mut last: Option<gix::ObjectId> = None;
@@ -53,6 +63,7 @@ async fn scenario(ledger: Ledger, dir: &Path) {
         (&good, None),
         (&unsigned, Some(vec!["unsigned"])),
         (&invalid, Some(vec!["dangling-reference"])),
+        (&same_address, Some(vec!["duplicate-address"])),
         (&good_again, None),
     ] {
         let commit = repo.resolve(sha).expect("resolve");
@@ -88,7 +99,7 @@ async fn scenario(ledger: Ledger, dir: &Path) {
     );
     // Reprocessing every commit writes nothing: no row, no event.
     let events = ledger.events_after(0, 1000).await.expect("events");
-    for sha in [&good, &unsigned, &invalid, &good_again] {
+    for sha in [&good, &unsigned, &invalid, &same_address, &good_again] {
         let commit = repo.resolve(sha).expect("resolve");
         let j = judge(&repo, &commit, None, &trust(&signers)).expect("judge");
         assert!(
@@ -97,7 +108,7 @@ async fn scenario(ledger: Ledger, dir: &Path) {
         );
     }
     assert_eq!(ledger.events_after(0, 1000).await.expect("events"), events);
-    assert_eq!(events.iter().filter(|e| e.kind.starts_with("revision-")).count(), 4);
+    assert_eq!(events.iter().filter(|e| e.kind.starts_with("revision-")).count(), 5);
     assert!(
         ledger.execute_raw("DELETE FROM revisions").await.is_err(),
         "revisions are append-only"
