@@ -98,7 +98,13 @@ fn a_volume_is_backed_up_consistently_read_by_restic_and_restored_into_a_new_gen
 
         // The volume's root belongs to the role's user (999, PostgreSQL's), with a mode and an
         // extended attribute of its own: all three come back with a restore.
-        let g1_dir = docker(&["volume", "inspect", "--format", "{{.Mountpoint}}", &engine.volume_name(&env, &mount)]);
+        let g1_dir = docker(&[
+            "volume",
+            "inspect",
+            "--format",
+            "{{.Mountpoint}}",
+            &engine.volume_name(&env, &mount),
+        ]);
         let g1_dir = Path::new(&g1_dir);
         std::os::unix::fs::chown(g1_dir, Some(999), Some(999)).expect("chown");
         std::fs::set_permissions(g1_dir, std::os::unix::fs::PermissionsExt::from_mode(0o2775)).expect("chmod");
@@ -213,7 +219,10 @@ fn a_volume_is_backed_up_consistently_read_by_restic_and_restored_into_a_new_gen
                 "-c",
                 "echo written > /data/by-999",
             ]);
-            assert_eq!(std::fs::read_to_string(Path::new(&mountpoint).join("by-999")).expect("written"), "written\n");
+            assert_eq!(
+                std::fs::read_to_string(Path::new(&mountpoint).join("by-999")).expect("written"),
+                "written\n"
+            );
         }
         let again = engine
             .restore_volume(&restic, &repo, &env, &g2, &files.snapshot_id)
