@@ -323,8 +323,10 @@ pub(crate) fn consequences(base: &State, head: &State, changes: &[Changed<'_>], 
         // more replicas are asked for). A new release is a new generation whatever the
         // placement, so it is not placed only for this (at 10,000 environments that doubled
         // the plan's time).
-        if let Some((_, new_placed)) = &placed {
-            if let Some(d) = new_placed.get(name) {
+        if let Some((_, new_placed)) = &placed
+            && let Some(d) = new_placed.get(name)
+        {
+            {
                 let mut by: BTreeMap<(&Name, &str), u32> = BTreeMap::new();
                 for w in &d.waiting {
                     *by.entry((&w.role, w.reason.as_str())).or_default() += 1;

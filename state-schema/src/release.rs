@@ -81,6 +81,9 @@ impl<'s> Releases<'s> {
 }
 
 /// What moving a deployment from `old` to `new` takes.
+// A value made and matched once per changed deployment per pass, never stored in bulk: the
+// scale's lists stay inline rather than boxed.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Change {
     /// Nothing runs differently.

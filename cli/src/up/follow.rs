@@ -220,6 +220,25 @@ fn follow(
         // The verdict and the deployments it makes are written in one transaction: until the
         // verdict shows, the deployments are an older revision's.
         if verdict.is_none() {
+            // Refused as a rewrite of applied history (no verdict will come): say so now, not
+            // at the timeout.
+            let rewrites = client.json("GET", "/v1/rewrites?limit=20")?;
+            if rewrites["rewrites"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|r| r["sha"].as_str() == Some(head) && r["approvedBy"].is_null())
+            {
+                display.stop();
+                eprintln!(
+                    "pl up: the control plane refuses {} [history-rewritten]: it does not descend from the last commit it accepted",
+                    &head[..12]
+                );
+                eprintln!(
+                    "  hint: `pl revisions --local` shows both; `pl revisions approve-rewrite main {head} --local` applies it anyway"
+                );
+                return Ok(1);
+            }
             if Instant::now() > deadline {
                 display.stop();
                 eprintln!("pl up: the reconciler did not judge revision {} in time", &head[..12]);

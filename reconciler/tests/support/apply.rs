@@ -1,8 +1,6 @@
 //! Applying judged states to a real ledger and running its jobs, for tests that compare what
-//! `pl plan` says with what the reconciler does (`scaling.rs`, `rotation.rs`).
-
-#[path = "dump.rs"]
-mod dump;
+//! `pl plan` says with what the reconciler does (`scaling.rs`, `rotation.rs`; each includes
+//! `dump.rs` as `dump` beside it).
 
 use reconciler::store::now_ms;
 use reconciler::store::{Completion, Ledger, Outcome};
@@ -24,7 +22,7 @@ pub fn judgement(sha: &str, state: Loaded) -> Judgement {
 /// Runs every queued job to success and advances, until nothing is left.
 pub async fn settle(ledger: &Ledger, url: &str) {
     for _ in 0..20 {
-        let nodes = dump::rows(url, "SELECT DISTINCT target_node FROM jobs WHERE state = 'queued'").await;
+        let nodes = crate::dump::rows(url, "SELECT DISTINCT target_node FROM jobs WHERE state = 'queued'").await;
         if nodes.is_empty() {
             return;
         }
