@@ -123,17 +123,59 @@ pub struct Role {
 /// `watch_seconds` (0: not at all); one reported unhealthy meanwhile rolls the environment back.
 /// A web role's `strategy: canary` sends a share of requests to the new release first, step
 /// by step (`steps`), before the switch.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, PartialEq)]
 pub struct RolloutPolicy {
     pub watch_seconds: u32,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub steps: Vec<CanaryStep>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub gates: Option<CanaryGate>,
     /// `strategy: rolling`: the replicas are replaced in batches instead of all at once.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub rolling: Option<Rolling>,
+}
+
+/// The canonical form is the input form (`strategy`, `steps` with `pause` in seconds, `gates`,
+/// `maxSurge`/`maxUnavailable` as a count or `"25%"`, `watchSeconds` when set), so `pl show`
+/// and a plan's YAML read back as the same policy. (It once printed the model's fields,
+/// `watchSeconds: 0` and no `strategy`, which `pl validate` refuses.) The release hash leaves
+/// `rollout` out, and the deployment spec carries its own fields, so this form moves no hash
+/// that decides a generation.
+impl Serialize for RolloutPolicy {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        #[derive(Serialize)]
+        struct Step {
+            weight: u8,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            pause: Option<u32>,
+        }
+        let amount = |a: Amount| match a {
+            Amount::Count(n) => serde_json::Value::from(n),
+            Amount::Percent(p) => serde_json::Value::from(format!("{p}%")),
+        };
+        let mut m = s.serialize_map(None)?;
+        if let Some(r) = &self.rolling {
+            m.serialize_entry("strategy", "rolling")?;
+            m.serialize_entry("maxSurge", &amount(r.max_surge))?;
+            m.serialize_entry("maxUnavailable", &amount(r.max_unavailable))?;
+        } else if !self.steps.is_empty() {
+            m.serialize_entry("strategy", "canary")?;
+            let steps: Vec<Step> = self
+                .steps
+                .iter()
+                .map(|c| Step {
+                    weight: c.weight,
+                    pause: c.pause_seconds,
+                })
+                .collect();
+            m.serialize_entry("steps", &steps)?;
+            if let Some(g) = &self.gates {
+                m.serialize_entry("gates", g)?;
+            }
+        }
+        if self.watch_seconds > 0 {
+            m.serialize_entry("watchSeconds", &self.watch_seconds)?;
+        }
+        m.end()
+    }
 }
 
 /// A rolling replacement (`strategy: rolling`): at most `max_surge` replicas above the role's

@@ -227,3 +227,30 @@ fn changes_that_reach_other_objects_are_not_local() {
         &only(&same, &env_path).state
     ));
 }
+
+/// Every form of `rollout` reads back from its canonical YAML as the same policy (the model's
+/// fields were once printed instead: `watchSeconds: 0` and no `strategy`, refused on input).
+#[test]
+fn every_rollout_form_reads_back_from_its_canonical_form() {
+    for rollout in [
+        "{watchSeconds: 30}",
+        "{strategy: switch}",
+        "{strategy: canary, steps: [{weight: 10, pause: 60s}, {weight: 50}]}",
+        "{strategy: canary, steps: [{weight: 25, pause: 2m}], gates: {maxErrorPercent: 2, maxP95Ms: 300, minRequests: 50}, watchSeconds: 120}",
+        "{strategy: rolling}",
+        "{strategy: rolling, maxSurge: '25%', maxUnavailable: 1}",
+        "{strategy: rolling, maxSurge: 0, maxUnavailable: '50%', watchSeconds: 5}",
+    ] {
+        let text = format!(
+            "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: p}}\nspec:\n  image: registry.example.invalid/p@sha256:{}\n  roles:\n    web: {{kind: web, port: 8080, replicas: 4, rollout: {rollout}}}\n",
+            "0".repeat(64)
+        );
+        let parsed = parse_file("p.yaml", text.as_bytes());
+        assert_eq!(parsed.diagnostics, Vec::new(), "{rollout}");
+        let object = &parsed.objects[0].object;
+        let once = canonical::to_yaml(&canonical::document(object, Secrets::Ciphertext));
+        let reparsed = parse_file("canonical.yaml", once.as_bytes());
+        assert_eq!(reparsed.diagnostics, Vec::new(), "{rollout}:\n{once}");
+        assert_eq!(&reparsed.objects[0].object, object, "{rollout}:\n{once}");
+    }
+}
