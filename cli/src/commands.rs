@@ -126,6 +126,23 @@ pub fn plan(args: &PlanArgs, fleet: Option<&crate::operator::ServerArgs>, paint:
     if let Some(snapshot) = &snapshot {
         plan.consequences.replacements = state_schema::replacement::preview(snapshot, &head_state.state);
         plan.consequences.held = snapshot.held.clone();
+        plan.consequences.live_fleet = true;
+        // Whether the change fits, on the live fleet rather than the capacities Git declares:
+        // the environments it changes, placed by the daemon's own function.
+        let c = &plan.consequences;
+        let changed: std::collections::BTreeSet<state_schema::values::Name> = c
+            .replicas_changed
+            .iter()
+            .map(|r| r.environment.clone())
+            .chain(c.rollouts.iter().cloned())
+            .chain(
+                plan.changes
+                    .iter()
+                    .filter(|ch| ch.kind == state_schema::model::Kind::Environment)
+                    .map(|ch| ch.name.clone()),
+            )
+            .collect();
+        plan.consequences.unplaced = state_schema::replacement::unplaced_on(snapshot, &head_state.state, &changed);
     }
     match format {
         PlanFormat::Text => out(&render::plan_text::render(&plan, &header, paint))?,

@@ -351,6 +351,58 @@ fn plan_with_a_live_fleet_shows_the_re_placements_the_daemon_would_make() {
     assert_eq!(moves[0]["from"], "n2", "{v}");
     assert_eq!(moves[0]["to"], "n1", "{v}");
     assert_eq!(moves[0]["newGeneration"], true, "{v}");
+    // More replicas than there is room for: without --fleet the plan places on the capacities
+    // Git declares (n3 counts, though no agent of it was ever heard from); with it, on the
+    // live fleet, by the daemon's own placement (n3 is not eligible: more wait).
+    repo.write(
+        "pools/main.yaml",
+        &repo_support::POOL
+            .replace("{name: n2, capacity", "{name: n2, state: draining, capacity")
+            .replace(
+                "    - {name: n2,",
+                "    - {name: n3, capacity: {cpu: \"4\", memory: 8Gi}}\n    - {name: n2,",
+            ),
+    );
+    repo.write("projects/api.yaml", &project("api", 40));
+    let waiting = |live: bool| {
+        let o = plan(if live {
+            &["--fleet", "--format", "json"]
+        } else {
+            &["--format", "json"]
+        });
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
+        let u = &v["consequences"]["unplaced"][0];
+        assert_eq!(
+            (u["environment"].as_str(), u["reason"].as_str()),
+            (Some("api-production"), Some("no-capacity")),
+            "{v}"
+        );
+        u["waiting"].as_u64().expect("waiting")
+    };
+    let (declared, live) = (waiting(false), waiting(true));
+    assert!(declared > 0 && live > declared, "declared {declared}, live {live}");
+    let o = plan(&["--fleet"]);
+    assert!(
+        stdout(&o).contains(&format!(
+            "{live} replica(s) of api-production/web will not fit on the live fleet: no-capacity"
+        )),
+        "{}",
+        stdout(&o)
+    );
+    let o = plan(&[]);
+    assert!(
+        stdout(&o).contains(&format!(
+            "{declared} replica(s) of api-production/web will not fit on the nodes Git declares"
+        )),
+        "{}",
+        stdout(&o)
+    );
+    repo.write(
+        "pools/main.yaml",
+        &repo_support::POOL.replace("{name: n2, capacity", "{name: n2, state: draining, capacity"),
+    );
+    repo.write("projects/api.yaml", &project("api", 2));
     // An environment a rollback holds: the plan on the live fleet says it differs from Git.
     daemon_support::execute(
         &url,

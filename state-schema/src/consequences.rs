@@ -106,10 +106,13 @@ pub struct Consequences {
     /// published again in place by the reconciler's own `release::change`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub certificates_changed: Vec<CertificateChange>,
-    /// Replicas the head asks for that no node Git declares has room for (placed as the
-    /// reconciler places them, on the declared capacities).
+    /// Replicas the head asks for that no node has room for (placed as the reconciler places
+    /// them: on the capacities Git declares, or with a live fleet on it).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unplaced: Vec<Unplaced>,
+    /// Whether `replacements`, `held` and `unplaced` come from a live fleet (`pl plan --fleet`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub live_fleet: bool,
 }
 
 impl Consequences {

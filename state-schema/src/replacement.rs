@@ -176,6 +176,46 @@ pub fn preview(snapshot: &Snapshot, state: &State) -> Vec<Move> {
 
 /// Re-places everything `snapshot` runs on `pools`' nodes as the snapshot saw them: the
 /// decision the reconciler makes each time its fleet changes, and [`preview`]'s.
+/// With a live fleet (`pl plan --fleet`): the replicas of `environments` that the daemon would
+/// leave waiting if it applied `head` now, by its own placement: the head's pools over what
+/// agents reported, holding what runs and the volumes' pins (`Ledger::fleet_view`), then
+/// `desired::deployments`. Counted per role and reason.
+pub fn unplaced_on(
+    snapshot: &Snapshot,
+    head: &crate::state::State,
+    environments: &std::collections::BTreeSet<Name>,
+) -> Vec<crate::consequences::Unplaced> {
+    let pools: Vec<(Name, NodePool)> = head.pools().map(|(n, p)| (n.clone(), p.clone())).collect();
+    let running: Vec<DeploymentSpec> = snapshot.running.iter().map(|r| r.spec.clone()).collect();
+    let mut fleet = live_fleet(
+        &pools,
+        &snapshot.nodes,
+        &running,
+        snapshot.at_ms,
+        snapshot.lost_after_ms,
+    );
+    fleet.pin(snapshot.pins.iter().cloned());
+    let (wanted, _) = crate::desired::deployments(head, None, &mut fleet);
+    let mut out = Vec::new();
+    for d in wanted.iter().filter(|d| environments.contains(&d.spec.environment)) {
+        let mut by: BTreeMap<(&Name, &str), u32> = BTreeMap::new();
+        for w in &d.waiting {
+            *by.entry((&w.role, w.reason.as_str())).or_default() += 1;
+        }
+        out.extend(
+            by.into_iter()
+                .map(|((role, reason), waiting)| crate::consequences::Unplaced {
+                    environment: d.spec.environment.clone(),
+                    role: role.clone(),
+                    waiting,
+                    reason: reason.to_owned(),
+                }),
+        );
+    }
+    out.sort();
+    out
+}
+
 pub fn replace_snapshot(snapshot: Snapshot, pools: &[(Name, NodePool)]) -> Vec<Replaced> {
     let mut fleet = live_fleet(pools, &snapshot.nodes, &[], snapshot.at_ms, snapshot.lost_after_ms);
     fleet.pin(snapshot.pins.iter().cloned());

@@ -138,8 +138,16 @@ pub fn consequence_lines(c: &Consequences) -> Vec<(char, String)> {
         (
             '!',
             format!(
-                "{} replica(s) of {}/{} will not fit on the nodes Git declares: {} (they wait; `pl up` and `pl wait` do not call that done)",
-                u.waiting, u.environment, u.role, u.reason
+                "{} replica(s) of {}/{} will not fit{}: {} (they wait; `pl up` and `pl wait` do not call that done)",
+                u.waiting,
+                u.environment,
+                u.role,
+                if c.live_fleet {
+                    " on the live fleet"
+                } else {
+                    " on the nodes Git declares"
+                },
+                u.reason
             ),
         )
     }));
