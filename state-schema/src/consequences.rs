@@ -67,17 +67,6 @@ pub struct CertificateChange {
     pub hostname: Hostname,
 }
 
-/// Replicas of a role the change asks for that no declared node has room for: they would
-/// wait (`pl up` and `pl wait` do not call that done).
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-pub struct Unplaced {
-    pub environment: Name,
-    pub role: Name,
-    pub waiting: u32,
-    /// `no-capacity` or `no-eligible-node`.
-    pub reason: String,
-}
-
 /// What follows from the changes, for a reviewer: traffic, capacity and rollouts.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -109,7 +98,7 @@ pub struct Consequences {
     /// Replicas the head asks for that no node has room for (placed as the reconciler places
     /// them: on the capacities Git declares, or with a live fleet on it).
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub unplaced: Vec<Unplaced>,
+    pub unplaced: Vec<crate::placement::Unplaced>,
     /// Whether `replacements`, `held` and `unplaced` come from a live fleet (`pl plan --fleet`).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub live_fleet: bool,
@@ -334,13 +323,15 @@ pub(crate) fn consequences(base: &State, head: &State, changes: &[Changed<'_>], 
                 for w in &d.waiting {
                     *by.entry((&w.role, w.reason.as_str())).or_default() += 1;
                 }
-                c.unplaced
-                    .extend(by.into_iter().map(|((role, reason), waiting)| Unplaced {
-                        environment: name.clone(),
-                        role: role.clone(),
-                        waiting,
-                        reason: reason.to_owned(),
-                    }));
+                c.unplaced.extend(
+                    by.into_iter()
+                        .map(|((role, reason), waiting)| crate::placement::Unplaced {
+                            environment: name.clone(),
+                            role: role.clone(),
+                            waiting,
+                            reason: reason.to_owned(),
+                        }),
+                );
             }
         }
         if rollout {

@@ -107,6 +107,17 @@ pub struct Waiting {
     pub reason: String,
 }
 
+/// Replicas of a role a change asks for that no node has room for, counted by reason: they
+/// would wait (`pl up` and `pl wait` do not call that done). `pl plan`'s consequence.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct Unplaced {
+    pub environment: Name,
+    pub role: Name,
+    pub waiting: u32,
+    /// `no-capacity` or `no-eligible-node`.
+    pub reason: String,
+}
+
 /// The fleet as one placement run sees it: nodes, what is reserved on each, and where each
 /// environment's replicas run now. Placing environments one after another in one `Fleet`
 /// keeps every node within its capacity across all of them.

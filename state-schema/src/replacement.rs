@@ -184,7 +184,7 @@ pub fn unplaced_on(
     snapshot: &Snapshot,
     head: &crate::state::State,
     environments: &std::collections::BTreeSet<Name>,
-) -> Vec<crate::consequences::Unplaced> {
+) -> Vec<crate::placement::Unplaced> {
     let pools: Vec<(Name, NodePool)> = head.pools().map(|(n, p)| (n.clone(), p.clone())).collect();
     let running: Vec<DeploymentSpec> = snapshot.running.iter().map(|r| r.spec.clone()).collect();
     let mut fleet = live_fleet(
@@ -204,7 +204,7 @@ pub fn unplaced_on(
         }
         out.extend(
             by.into_iter()
-                .map(|((role, reason), waiting)| crate::consequences::Unplaced {
+                .map(|((role, reason), waiting)| crate::placement::Unplaced {
                     environment: d.spec.environment.clone(),
                     role: role.clone(),
                     waiting,
