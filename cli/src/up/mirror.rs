@@ -175,11 +175,6 @@ impl Local {
         // A head the control plane rejected was never applied: a commit that replaces it (an
         // amended, now signed one) descends from what was last accepted, as the reconciler
         // asks, and is no rewrite. Only what was accepted counts.
-        let accepted = self.last_accepted();
-        let from_accepted = match accepted {
-            Some(a) => mirror.is_ancestor(a, sha).unwrap_or(false),
-            None => false,
-        };
         if let Some(b) = before
             && !mirror.is_ancestor(b, sha)?
         {
@@ -188,7 +183,10 @@ impl Local {
             // keeps, unless the control plane never accepted it.
             if mirror.author_of(b)? == LOCAL_NAME {
                 replaces_local = true;
-            } else if !from_accepted {
+            } else if !self
+                .last_accepted()
+                .is_some_and(|a| mirror.is_ancestor(a, sha).unwrap_or(false))
+            {
                 bail!(
                     "{rev} does not descend from what this local control plane applied last ({}, an older branch); start afresh by removing {} (its history goes with it)",
                     &b.to_string()[..12],
