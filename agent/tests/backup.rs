@@ -209,6 +209,8 @@ fn a_volume_is_backed_up_consistently_read_by_restic_and_restored_into_a_new_gen
             docker(&[
                 "run",
                 "--rm",
+                "--network",
+                "none",
                 "--user",
                 "999:999",
                 "-v",
