@@ -227,23 +227,37 @@ fn replace(path: &Path, text: &str) -> Result<(), Failure> {
     std::fs::rename(&tmp, path).map_err(disk)
 }
 
-/// An exclusive lock on the file at `path` (made when missing), held until the file is dropped:
-/// the agents sharing a machine take turns with it.
 /// The machine's agents' turn at changing Caddy (the server lock in the upstream folder):
 /// every change, and the read-back that judges it, happens in one, since Caddy's `@id` index
 /// can answer for another route while a change loads. A function that takes `&Turn` must be
 /// called in one and takes no lock itself (a second `flock` would wait for the first).
 pub(crate) struct Turn(#[allow(dead_code)] std::fs::File);
 
-fn exclusive(path: &Path) -> Result<std::fs::File, Failure> {
-    let file = std::fs::OpenOptions::new()
+fn lock_file(path: &Path) -> Result<std::fs::File, Failure> {
+    std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(path)
-        .map_err(disk)?;
+        .map_err(disk)
+}
+
+/// An exclusive lock on the file at `path` (made when missing), held until the file is dropped:
+/// the agents sharing a machine take turns with it.
+fn exclusive(path: &Path) -> Result<std::fs::File, Failure> {
+    let file = lock_file(path)?;
     file.lock().map_err(disk)?;
     Ok(file)
+}
+
+/// [`exclusive`] when nobody holds it now; `None` when someone does.
+fn exclusive_now(path: &Path) -> Result<Option<std::fs::File>, Failure> {
+    let file = lock_file(path)?;
+    match file.try_lock() {
+        Ok(()) => Ok(Some(file)),
+        Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+        Err(std::fs::TryLockError::Error(e)) => Err(disk(e)),
+    }
 }
 
 /// `dir` and the folders above it up to `root`, made and opened to Caddy's user.
@@ -682,6 +696,13 @@ impl Ingress {
         exclusive(&self.folder(hostname).join("lock"))
     }
 
+    /// [`Ingress::lock`] when no node holds it now (a publish or removal of `hostname` is
+    /// under way when one does); `None` then.
+    fn lock_now(&self, hostname: &str) -> Result<Option<std::fs::File>, Failure> {
+        open_folder(&self.upstreams, &self.folder(hostname))?;
+        exclusive_now(&self.folder(hostname).join("lock"))
+    }
+
     /// Writes this node's list (its fence and its upstreams), by a rename.
     fn set_own(&self, hostname: &str, list: &NodeList) -> Result<(), Failure> {
         open_folder(&self.folder(hostname), &self.lists(hostname))?;
@@ -726,9 +747,25 @@ impl Ingress {
             let Some(hostname) = entry.file_name().to_str().map(str::to_owned) else {
                 continue;
             };
+            if checked(&hostname).is_err() || self.own(&hostname).dials.is_empty() {
+                continue;
+            }
+            // What this node serves and what it finds are read under the hostname's lock, and
+            // a hostname a publish or removal holds is left to it: a repair that read this
+            // node's state before a publish changed it, and wrote after, would undo the
+            // publish (a node sharing the machine, its certificate not yet published, took the
+            // HTTPS route away from the other one, whose publish had succeeded).
+            let _held = match self.lock_now(&hostname) {
+                Ok(Some(held)) => held,
+                Ok(None) => continue,
+                Err(f) => {
+                    tracing::warn!(hostname = %hostname, code = f.code, "cannot lock the hostname's folder");
+                    continue;
+                }
+            };
             let slots = self.slot_count(&hostname);
             // Each node repairs the routes it publishes (nodes sharing a machine all may).
-            if slots == 0 || checked(&hostname).is_err() || self.own(&hostname).dials.is_empty() {
+            if slots == 0 || self.own(&hostname).dials.is_empty() {
                 continue;
             }
             let environment = self.own(&hostname).environment;
