@@ -58,6 +58,25 @@ pub fn container_name(
     }
 }
 
+/// The container of replica `index` of `role` that moved `moves` times within `generation`
+/// (`state_schema::deployment::Instance::moves`): [`container_name`] when it never moved,
+/// else `pl_<control plane>_<environment>_<role>_<index>m<moves>_g<generation>`. A moved
+/// replica's new container and the one it replaces run side by side for a moment, on one
+/// engine when two nodes share it, so their names differ.
+pub fn replica_name(
+    control_plane: &str,
+    environment: &str,
+    role: &str,
+    index: u32,
+    moves: u32,
+    generation: u64,
+) -> String {
+    match moves {
+        0 => container_name(control_plane, environment, role, Some(index), generation),
+        m => format!("pl_{control_plane}_{environment}_{role}_{index}m{m}_g{generation}"),
+    }
+}
+
 /// Largest enrolment request accepted, in bytes.
 pub const MAX_ENROLL_BYTES: usize = 16 * 1024;
 
@@ -746,11 +765,17 @@ mod names {
         for env in labels {
             for role in labels {
                 for instance in [None, Some(0), Some(1), Some(10)] {
-                    for generation in [1, 10, 11] {
-                        let name = container_name("0123abcd", env, role, instance, generation);
-                        let identity = (env, role, instance, generation);
-                        if let Some(other) = seen.insert(name.clone(), identity) {
-                            panic!("{name} names both {other:?} and {identity:?}");
+                    for moves in [0, 1, 11] {
+                        for generation in [1, 10, 11] {
+                            let name = match instance {
+                                Some(i) => replica_name("0123abcd", env, role, i, moves, generation),
+                                None if moves == 0 => container_name("0123abcd", env, role, None, generation),
+                                None => continue,
+                            };
+                            let identity = (env, role, instance, moves, generation);
+                            if let Some(other) = seen.insert(name.clone(), identity) {
+                                panic!("{name} names both {other:?} and {identity:?}");
+                            }
                         }
                     }
                 }

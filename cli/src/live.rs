@@ -138,7 +138,7 @@ pub fn judge(d: &Deployment) -> Verdict {
     if d.running != d.replicas || d.stale > 0 {
         let stale = match d.stale {
             0 => String::new(),
-            n => format!(", {n} of another generation still running"),
+            n => format!(", {n} of another generation (or moved away) still running"),
         };
         return Verdict::Progressing(format!("{env} generation {}: {placed}{stale}", d.generation));
     }

@@ -53,6 +53,7 @@ mod volume_move;
 
 use host_support::Host;
 use repo_support::{Repo, environment};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -977,8 +978,9 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         assert_eq!(get(http, "api.example.com.localhost"), Some((200, "built locally".into())));
 
         // Drain, with two nodes on this machine (two agents sharing its engine and Caddy): n1
-        // is drained in Git; its replicas move to n2, each new one healthy before the old one
-        // stops, and no request fails meanwhile.
+        // is drained in Git; its replica moves to n2, the new one healthy before the old one
+        // stops, no request fails meanwhile, and the replica already on n2 is not touched (same
+        // container, never stopped): a move is a scale at the same generation, not a release.
         // The same release throughout: the built image again (the same digest), so the only
         // change is where the replicas run.
         std::fs::write(app.join("Dockerfile"), "FROM scratch\nCOPY busybox /bin/busybox\nCOPY www /www\n").expect("write");
@@ -989,35 +991,51 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
             &socket,
         );
         assert_eq!(code, 0, "two nodes: {out}\n{err}");
-        let release = generation();
         assert!(state.join("agents/n2/agent.pid").exists(), "n2's agent runs");
-        let on_node = |node: &str| {
-            docker(&socket, &["ps", "-q", "--filter", "status=running", "--filter", "label=dev.pushleft.environment=api-production", "--filter", &format!("label=dev.pushleft.node={node}")])
+        let on_node = |node: &str| -> BTreeSet<String> {
+            docker(&socket, &["ps", "-q", "--no-trunc", "--filter", "status=running", "--filter", "label=dev.pushleft.environment=api-production", "--filter", &format!("label=dev.pushleft.node={node}")])
+                .lines()
+                .map(str::to_owned)
+                .collect()
         };
         let leaving = on_node("n1");
-        assert!(!leaving.is_empty() && on_node("n2").is_empty(), "nothing moves while n1 is fine");
+        assert!(leaving.len() == 1 && on_node("n2").is_empty(), "nothing moves while n1 is fine");
+        // A second replica: spread, it goes to n2 (a scale; web/0 on n1 stays as it was).
+        let project_file = String::from_utf8(project_file).expect("utf-8");
+        std::fs::write(repo_dir.join("projects/api.yaml"), project_file.replace("replicas: 1", "replicas: 2")).expect("write");
+        let (code, out, err) = pl(&["up", "--http", "--port", &port_arg, "--build", &build_arg], &repo_dir, &state, &socket);
+        assert_eq!(code, 0, "two replicas: {out}\n{err}");
+        let staying = on_node("n2");
+        assert_eq!((on_node("n1"), staying.len()), (leaving.clone(), 1), "web/1 on n2, web/0 untouched");
+        let release = generation();
         let load = Load::start(&netns, http, "api.example.com.localhost", Some("built locally"));
         let since = unix_now();
         let pool = repo_support::POOL.replace("{name: n1,", "{name: n1, state: draining,");
         assert_ne!(pool, repo_support::POOL);
         std::fs::write(repo_dir.join("pools/main.yaml"), &pool).expect("write");
-        // No --node: the nodes enrolled here, both.
+        // No --node: the nodes enrolled here, both. `pl up` returns once it is true on the
+        // hosts: web/0 runs on n2 and nothing runs on n1.
         let (code, out, err) = pl(&["up", "--http", "--port", &port_arg, "--build", &build_arg], &repo_dir, &state, &socket);
         assert_eq!(code, 0, "drained: {out}\n{err}");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !on_node("n1").is_empty() || on_node("n2").is_empty() {
-            assert!(Instant::now() < deadline, "the replica never left n1");
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        assert!(on_node("n1").is_empty(), "pl up returned with a replica on n1: {out}");
+        let on_n2 = on_node("n2");
+        assert_eq!(on_n2.len(), 2, "both replicas on n2: {on_n2:?}");
+        assert!(on_n2.is_superset(&staying), "web/1 kept its container: {staying:?} then {on_n2:?}");
+        assert_eq!(generation(), release, "a drain moves replicas at the same generation");
         std::thread::sleep(Duration::from_secs(1));
         let (failed, served) = load.finish();
         assert_eq!(failed, 0, "requests failed during the drain");
         assert!(served > 10);
-        let arrived = on_node("n2");
-        // The engine's events: the new replica started before the old one was stopped, and
-        // the old one is gone from n1 (removed, not kept stopped: the replica lives on n2).
+        let arrived: BTreeSet<String> = on_n2.difference(&staying).cloned().collect();
+        let (arrived, leaving) = (
+            arrived.iter().next().cloned().expect("arrived"),
+            leaving.iter().next().cloned().expect("leaving"),
+        );
+        // The engine's events: the new replica started before the old one was stopped, the
+        // old one is gone from n1 (removed, not kept stopped: the replica lives on n2), and
+        // the replica on n2 was neither stopped nor started again.
         let events = docker(&socket, &["events", "--since", &since, "--until", &unix_now(), "--format", "{{.TimeNano}} {{.Action}} {{.Actor.ID}}"]);
-        let at = |action: &str, id: &str| -> u128 {
+        let at = |action: &str, id: &str| -> Option<u128> {
             events
                 .lines()
                 .filter_map(|l| {
@@ -1026,17 +1044,22 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
                     (a == action && who.starts_with(id)).then(|| t.parse::<u128>().ok()).flatten()
                 })
                 .min()
-                .unwrap_or_else(|| panic!("no {action} of {id} in {events}"))
         };
-        assert!(at("start", &arrived) < at("die", &leaving), "the new replica started before the old one was stopped:\n{events}");
-        assert!(at("die", &leaving) < at("destroy", &leaving), "{events}");
+        let seen = |action: &str, id: &str| at(action, id).unwrap_or_else(|| panic!("no {action} of {id} in {events}"));
+        assert!(seen("start", &arrived) < seen("die", &leaving), "the new replica started before the old one was stopped:\n{events}");
+        assert!(seen("die", &leaving) < seen("destroy", &leaving), "{events}");
+        for id in &staying {
+            for action in ["die", "stop", "kill", "start", "restart", "destroy"] {
+                assert_eq!(at(action, id), None, "the replica on n2 saw {action}:\n{events}");
+            }
+        }
         assert_eq!(get(http, "api.example.com.localhost"), Some((200, "built locally".into())));
         // n1 active again: nothing moves back (a replica stays where it is fine).
         std::fs::write(repo_dir.join("pools/main.yaml"), repo_support::POOL).expect("write");
         let (code, out, err) = pl(&["up", "--http", "--port", &port_arg, "--build", &build_arg], &repo_dir, &state, &socket);
         assert_eq!(code, 0, "undrained: {out}\n{err}");
-        assert_eq!(on_node("n2"), arrived, "the replica stays on n2");
-        assert_ne!(generation(), release, "the move was a generation of its own");
+        assert_eq!(on_node("n2"), on_n2, "the replicas stay on n2");
+        assert_eq!(generation(), release, "nothing moved");
 
         // `pl down DIR ENV`: that environment alone goes; the rest and the control plane stay.
         let (code, said, err) = outcome(

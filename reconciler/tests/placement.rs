@@ -2,9 +2,9 @@
 //! replicas spread over nodes that heartbeat and never past a node's capacity; what does not
 //! fit waits with a `placement-waiting` event (once) and is placed as a scale when room
 //! appears; an unhealthy node keeps its replicas; a lost node (a `node-lost` event, once, and
-//! `node-back` when it returns) has its replicas move at a new
-//! generation; a draining node's replicas move, each new one started (a step) before the old
-//! one stops.
+//! `node-back` when it returns) has its replicas move, a scale at the same generation; a
+//! draining node's replicas move the same way, the old ones' removals held until the new ones
+//! run, and the replicas on other nodes untouched.
 
 #[path = "support/dump.rs"]
 mod dump;
@@ -270,15 +270,16 @@ async fn scenario(url: String, dir: &Path) {
     );
     set_last_seen(&url, "n1", 0).await;
 
-    // n2 is lost (silent past 300 s): its replicas move at a new generation; one fits on
-    // n3, the other waits. The old ones are stopped and removed on n2 when it returns (the
-    // last step): a replica that moved leaves nothing behind.
+    // n2 is lost (silent past 300 s): its replicas move, a scale at the same generation (the
+    // replicas on n1 and n3 stay as they are); one fits on n3, the other waits. The old ones
+    // are removed on n2 when it returns (held until the new one ran): a replica that moved
+    // leaves nothing behind.
     set_last_seen(&url, "n2", 400_000).await;
     shared.pass().await.expect("pass");
     assert_eq!(
         placed(&url).await,
         (
-            "2".into(),
+            "1".into(),
             vec![
                 "web/0@n1".into(),
                 "web/1@n3".into(),
@@ -296,30 +297,16 @@ async fn scenario(url: String, dir: &Path) {
         lost.len() == 1 && lost[0].starts_with("n2|not heard from for 400 s (lost after 300 s)"),
         "{lost:?}"
     );
+    // n2 comes back before the replica that replaces web/1 ran on n3: its removals are still
+    // held, and the waiting web/3 is placed on n2 again (a second scale). The held removals of
+    // what that scale puts back (web/3's teardown, n2's network and routes) are cancelled:
+    // released later, they would remove what it made. web/1's teardown stays held.
     dump::nodes_up(&url, &["n2"]).await;
-    settle(&shared, &["n1", "n2", "n3"]).await;
-    assert_eq!(
-        rows(&url, "SELECT subject, detail FROM events WHERE kind = 'node-back'").await,
-        ["n2|heard from again"]
-    );
-    assert_eq!(
-        rows(
-            &url,
-            "SELECT key FROM jobs WHERE generation = 2 AND key LIKE 'app:%@n2' AND state = 'succeeded' ORDER BY key"
-        )
-        .await,
-        [
-            "app:api-production/web/1:g2:teardown@n2",
-            "app:api-production/web/3:g2:teardown@n2"
-        ],
-        "the stale replicas on n2 are stopped and removed once it is back"
-    );
-    // n2 is back and the rollout is done: the waiting replica is placed there.
     shared.pass().await.expect("pass");
     assert_eq!(
         placed(&url).await,
         (
-            "2".into(),
+            "1".into(),
             vec![
                 "web/0@n1".into(),
                 "web/1@n3".into(),
@@ -329,10 +316,56 @@ async fn scenario(url: String, dir: &Path) {
             ]
         )
     );
+    let on_n2 = |state: &'static str| {
+        let url = url.clone();
+        async move {
+            rows(
+                &url,
+                &format!("SELECT key FROM jobs WHERE target_node = 'n2' AND state = '{state}' AND key LIKE '%#r%' ORDER BY key"),
+            )
+            .await
+            .iter()
+            .map(|k| k.split('#').next().unwrap_or_default().to_owned())
+            .collect::<Vec<_>>()
+        }
+    };
+    let cancelled = on_n2("cancelled").await;
+    assert!(
+        cancelled.contains(&"app:api-production/web/3:g1:teardown@n2".to_owned())
+            && cancelled.contains(&"net:api-production:g1:remove@n2".to_owned()),
+        "{cancelled:?}"
+    );
+    assert!(!cancelled.iter().any(|k| k.contains("web/1")), "{cancelled:?}");
     settle(&shared, &["n1", "n2", "n3"]).await;
+    assert_eq!(
+        rows(&url, "SELECT subject, detail FROM events WHERE kind = 'node-back'").await,
+        ["n2|heard from again"]
+    );
+    let torn: Vec<String> = on_n2("succeeded")
+        .await
+        .into_iter()
+        .filter(|k| k.contains(":teardown@"))
+        .collect();
+    assert_eq!(
+        torn,
+        ["app:api-production/web/1:g1:teardown@n2"],
+        "the replica that moved away is removed from n2 once it is back; web/3 stays"
+    );
+    assert!(
+        on_n2("succeeded")
+            .await
+            .contains(&"app:api-production/web/3:g1:ensure@n2".to_owned())
+    );
+    assert_eq!(
+        rows(&url, "SELECT retired FROM deployments").await,
+        ["[]"],
+        "every scale's jobs ended"
+    );
 
-    // n1 drains (a reviewed commit): its replicas move; one fits on n2, the other waits. The
-    // new replica's ensure comes in an earlier step than the old one's stop.
+    // n1 drains (a reviewed commit): its replicas move; one fits on n2, the other waits, at
+    // the same generation, and the replicas on n2 and n3 are in no job. The old ones' removals
+    // are held until the new replicas ran and were published: n1 gets nothing before that.
+    let before = placed(&url).await.1;
     repo.write(
         "pools/main.yaml",
         &POOL.replace("{name: n1,", "{name: n1, state: draining,"),
@@ -340,34 +373,78 @@ async fn scenario(url: String, dir: &Path) {
     repo.commit("drain n1", true);
     shared.pass().await.expect("pass");
     let (g, at) = placed(&url).await;
-    assert_eq!(g, "3");
+    assert_eq!(g, "1", "a drain is a scale");
     assert!(at.iter().all(|i| !i.ends_with("@n1")), "{at:?}");
     assert_eq!(at.iter().filter(|i| i.ends_with("@n2")).count(), 2, "{at:?}");
+    for stays in before.iter().filter(|i| !i.ends_with("@n1")) {
+        assert!(at.contains(stays), "{stays} stays: {at:?}");
+        let slot = stays.split('@').next().unwrap_or_default();
+        let node = stays.split('@').nth(1).unwrap_or_default();
+        let jobs = rows(
+            &url,
+            &format!("SELECT key FROM jobs WHERE key LIKE 'app:api-production/{slot}:%@{node}#r%' AND state IN ('queued', 'leased')"),
+        )
+        .await;
+        assert!(jobs.is_empty(), "{stays} is in no job: {jobs:?}");
+    }
     no_node_over_capacity(&shared).await;
-    settle(&shared, &["n1", "n2", "n3"]).await;
-    let step = |pattern: &str| {
+    let held = || {
         let url = url.clone();
-        let pattern = pattern.to_owned();
         async move {
             rows(
                 &url,
-                &format!("SELECT step FROM jobs WHERE generation = 3 AND key LIKE '{pattern}'"),
+                "SELECT key FROM jobs WHERE target_node = 'n1' AND state = 'queued' AND not_before = 9223372036854775807 ORDER BY id",
             )
             .await
-            .into_iter()
-            .filter_map(|s| s.parse::<i64>().ok())
-            .collect::<Vec<i64>>()
         }
     };
-    let ensures = step("app:%:ensure@n2").await;
-    // The drained node's replicas moved: they are torn down there, after the new ones.
-    let stops = step("app:%:teardown@n1").await;
-    assert!(!ensures.is_empty() && !stops.is_empty(), "{ensures:?} {stops:?}");
-    assert!(step("app:%:stop@n1").await.is_empty(), "nothing kept stopped on n1");
+    let waiting_on_n1 = held().await;
     assert!(
-        ensures.iter().max() < stops.iter().min(),
-        "new replicas before old ones stop"
+        waiting_on_n1.iter().any(|k| k.contains(":teardown@n1#r"))
+            && waiting_on_n1.iter().any(|k| k.starts_with("net:")),
+        "{waiting_on_n1:?}"
     );
+    assert!(
+        shared
+            .ledger
+            .lease("n1", 100, 30_000, now_ms())
+            .await
+            .expect("lease")
+            .is_empty(),
+        "nothing of n1's is due while the new replicas are not up"
+    );
+    // The new replicas on n2 run: the removals come due, and n1 removes its replicas.
+    settle(&shared, &["n2", "n3"]).await;
+    assert!(held().await.is_empty(), "released");
+    assert_eq!(
+        rows(
+            &url,
+            "SELECT subject FROM events WHERE kind = 'scale-removals-released'"
+        )
+        .await
+        .last()
+        .map(String::as_str),
+        Some("api-production")
+    );
+    settle(&shared, &["n1", "n2", "n3"]).await;
+    let torn = rows(
+        &url,
+        "SELECT key FROM jobs WHERE key LIKE 'app:%:teardown@n1#r%' AND state = 'succeeded'",
+    )
+    .await;
+    assert_eq!(
+        torn.len(),
+        before.iter().filter(|i| i.ends_with("@n1")).count(),
+        "{torn:?}"
+    );
+    assert!(
+        rows(&url, "SELECT key FROM jobs WHERE key LIKE 'app:%:stop@n1%'")
+            .await
+            .is_empty(),
+        "nothing kept stopped on n1"
+    );
+    // Once the scale's jobs are done, the spec it replaced is retired for good.
+    assert_eq!(rows(&url, "SELECT retired FROM deployments").await, ["[]"]);
     shared.ledger.close().await;
 }
 

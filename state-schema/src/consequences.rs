@@ -84,6 +84,11 @@ pub struct Consequences {
     /// for it (`rollout::rollout_steps`): a canary's weights, rolling batches.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub progressive: Vec<Progressive>,
+    /// Replicas the change moves to another node on the nodes Git declares (a drain, a pool
+    /// that loses a node) while their release stays: a scale at the current generation
+    /// (`release::change`), so the other replicas keep running.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub moved: Vec<crate::replacement::Move>,
     /// With a live fleet (`pl plan --fleet`): the replicas re-placement would move on it.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub replacements: Vec<crate::replacement::Move>,
@@ -114,6 +119,7 @@ impl Consequences {
             && self.nodes_drained.is_empty()
             && self.rollouts.is_empty()
             && self.replacements.is_empty()
+            && self.moved.is_empty()
             && self.certificates_changed.is_empty()
             && self.unplaced.is_empty()
     }
@@ -296,8 +302,24 @@ pub(crate) fn consequences(base: &State, head: &State, changes: &[Changed<'_>], 
                 (Some(a), Some(b)) => match change(&a.spec, &b.spec) {
                     DeploymentChange::Generation => true,
                     DeploymentChange::Scale {
-                        certificates_changed, ..
+                        certificates_changed,
+                        added,
+                        removed,
+                        ..
                     } => {
+                        for to in &added {
+                            if let Some(from) = removed.iter().find(|r| r.same_slot(to)) {
+                                c.moved.push(crate::replacement::Move {
+                                    environment: name.clone(),
+                                    role: to.role.clone(),
+                                    index: to.index,
+                                    from: Some(from.node.clone()),
+                                    to: Some(to.node.clone()),
+                                    new_generation: false,
+                                    reason: None,
+                                });
+                            }
+                        }
                         c.certificates_changed
                             .extend(certificates_changed.into_iter().map(|hostname| CertificateChange {
                                 environment: name.clone(),

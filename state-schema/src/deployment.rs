@@ -14,6 +14,32 @@ pub struct Instance {
     pub role: Name,
     pub index: u32,
     pub node: Name,
+    /// How often this replica moved to another node within its generation (a drain, a lost
+    /// node): part of its container's name, so the moved replica's container and the one it
+    /// replaces differ in name, and both can run at once on an engine two nodes share.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub moves: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+impl Instance {
+    /// A replica that never moved.
+    pub fn new(role: Name, index: u32, node: Name) -> Instance {
+        Instance {
+            role,
+            index,
+            node,
+            moves: 0,
+        }
+    }
+
+    /// Whether `self` and `other` are one replica (the same role and index), wherever each runs.
+    pub fn same_slot(&self, other: &Instance) -> bool {
+        self.role == other.role && self.index == other.index
+    }
 }
 
 /// What one generation of an environment runs: stored with the deployment, so cleanup and

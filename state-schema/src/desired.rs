@@ -629,6 +629,67 @@ mod tests {
     }
 
     #[test]
+    fn a_drain_moves_the_drained_node_s_replicas_and_leaves_the_others_running() {
+        let s = state(TREE);
+        let old = deployments(&s, None, &mut Fleet::declared(&s)).0.remove(0).spec;
+        let on = |spec: &DeploymentSpec, node: &str| -> Vec<crate::deployment::Instance> {
+            spec.instances
+                .iter()
+                .filter(|i| i.node.as_str() == node)
+                .cloned()
+                .collect()
+        };
+        let (leaving, staying) = (on(&old, "n1"), on(&old, "n2"));
+        assert!(!leaving.is_empty() && !staying.is_empty(), "{:?}", old.instances);
+        let drained = state(&TREE.replace("{name: n1, capacity", "{name: n1, state: draining, capacity"));
+        let mut fleet = Fleet::declared(&drained);
+        fleet.hold(&old);
+        let new = deployments(&drained, None, &mut fleet).0.remove(0).spec;
+        // The replicas on n2 are the same replicas (not moved); n1's went to n2, once each.
+        for i in &staying {
+            assert!(new.instances.contains(i), "{i:?} stays as it was: {:?}", new.instances);
+        }
+        for i in &leaving {
+            let moved = new.instances.iter().find(|n| n.same_slot(i)).expect("placed");
+            assert_eq!((moved.node.as_str(), moved.moves), ("n2", 1), "{moved:?}");
+        }
+        // A scale at the same generation: the staying replicas are in no job.
+        let change = crate::release::change(&old, &new);
+        let crate::release::Change::Scale { added, removed, .. } = &change else {
+            panic!("a drain is a scale: {change:?}");
+        };
+        assert_eq!((added.len(), removed.len()), (leaving.len(), leaving.len()));
+        let (now, after) = scale_tasks(&new, 1, &change);
+        let keys = |step: &Step| -> Vec<String> {
+            step.iter()
+                .map(|(t, n)| format!("{}@{n}", t.idempotency_key()))
+                .collect()
+        };
+        let (now, after) = (keys(&now), keys(&after));
+        for i in &staying {
+            let slot = format!("app:api-production/{}/{}:", i.role, i.index);
+            assert!(
+                !now.iter().chain(&after).any(|k| k.starts_with(&slot)),
+                "{slot} untouched: {now:?} {after:?}"
+            );
+        }
+        // First the new replicas on n2 and n2's routes; only once they succeeded, n1's route,
+        // replicas and network go.
+        assert!(now.iter().all(|k| k.ends_with("@n2")), "{now:?}");
+        assert!(
+            now.iter().any(|k| k.contains(":ensure@")) && now.iter().any(|k| k.contains(":publish@")),
+            "{now:?}"
+        );
+        assert!(after.iter().all(|k| k.ends_with("@n1")), "{after:?}");
+        assert!(
+            after[0].starts_with("ingress:") && after[0].contains(":remove@"),
+            "{after:?}"
+        );
+        assert!(after[after.len() - 1].starts_with("net:"), "{after:?}");
+        assert_eq!(after.iter().filter(|k| k.contains(":teardown@")).count(), leaving.len());
+    }
+
+    #[test]
     fn a_pool_without_active_nodes_keeps_what_runs_and_new_environments_wait() {
         let (running, _) = placed(&state(TREE));
         let drained = state(&TREE.replace(
@@ -657,8 +718,9 @@ mod tests {
         let keys = |old: &DeploymentSpec, new: &DeploymentSpec| -> Vec<String> {
             let change = crate::release::change(old, new);
             assert!(matches!(change, crate::release::Change::Scale { .. }), "{change:?}");
-            scale_tasks(new, 1, &change)
-                .iter()
+            let (now, after) = scale_tasks(new, 1, &change);
+            assert!(after.is_empty(), "nothing waits: {after:?}");
+            now.iter()
                 .map(|(t, n)| format!("{}@{n}", t.idempotency_key()))
                 .collect()
         };
@@ -686,8 +748,9 @@ mod tests {
             let new = placed(&state(&TREE.replace("replicas: 3", to))).0.remove(0).spec;
             let change = crate::release::change(&old, &new);
             assert!(matches!(change, crate::release::Change::Scale { .. }), "{from} to {to}");
-            scale_tasks(&new, 1, &change)
-                .iter()
+            let (now, after) = scale_tasks(&new, 1, &change);
+            assert!(after.is_empty(), "nothing waits: {after:?}");
+            now.iter()
                 .map(|(t, n)| format!("{}@{n}", t.idempotency_key()))
                 .collect()
         };

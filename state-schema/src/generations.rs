@@ -420,13 +420,7 @@ mod tests {
         DeploymentSpec {
             environment: n(env),
             project: n("p"),
-            instances: (0..replicas)
-                .map(|i| Instance {
-                    role: n("web"),
-                    index: i,
-                    node: n("n1"),
-                })
-                .collect(),
+            instances: (0..replicas).map(|i| Instance::new(n("web"), i, n("n1"))).collect(),
             release: Vec::new(),
             cron: Vec::new(),
             hostnames: Vec::new(),
@@ -478,11 +472,7 @@ mod tests {
         // A role only the previous release has keeps its own count.
         let mut older = spec("e", 1, "r1");
         older.replicas.insert(n("jobs"), 1);
-        older.instances.push(Instance {
-            role: n("jobs"),
-            index: 0,
-            node: n("n1"),
-        });
+        older.instances.push(Instance::new(n("jobs"), 0, n("n1")));
         let back = rollback_spec(&older, &current);
         assert_eq!(back.replicas.get(&n("jobs")), Some(&1));
         assert_eq!(back.instances.len(), 3);

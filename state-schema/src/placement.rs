@@ -404,11 +404,7 @@ impl Fleet {
                     });
                 if stays && index == 0 {
                     reserve(self, &node, cpu, mem);
-                    placed.push(Instance {
-                        role: role.clone(),
-                        index,
-                        node: node.clone(),
-                    });
+                    placed.push(moved_from(&before, Instance::new(role.clone(), index, node.clone())));
                 } else {
                     waiting.push(Waiting {
                         role: role.clone(),
@@ -435,11 +431,7 @@ impl Fleet {
                 match stay {
                     Some(node) => {
                         reserve(self, &node, cpu, mem);
-                        placed.push(Instance {
-                            role: role.clone(),
-                            index,
-                            node,
-                        });
+                        placed.push(moved_from(&before, Instance::new(role.clone(), index, node)));
                     }
                     None => open.push((role.clone(), index)),
                 }
@@ -465,7 +457,7 @@ impl Fleet {
             match chosen {
                 Some(node) => {
                     reserve(self, &node, cpu, mem);
-                    placed.push(Instance { role, index, node });
+                    placed.push(moved_from(&before, Instance::new(role, index, node)));
                 }
                 None => {
                     let reason = if self.any_eligible(&pool, &needs) {
@@ -544,6 +536,18 @@ impl Fleet {
         self.current.insert(env, held);
         waiting
     }
+}
+
+/// `placed` with its move count: a replica that stays keeps its count, one placed on another
+/// node than the one it ran on counts one more move, and a new one has none.
+fn moved_from(before: &[Instance], mut placed: Instance) -> Instance {
+    if let Some(was) = before.iter().find(|b| b.same_slot(&placed)) {
+        placed.moves = match was.node == placed.node {
+            true => was.moves,
+            false => was.moves.saturating_add(1),
+        };
+    }
+    placed
 }
 
 #[cfg(test)]
@@ -751,7 +755,8 @@ pub(crate) mod tests {
         assert!(replaced(pin(Vec::new())).is_empty(), "nothing restored: nothing moves");
         let moved = replaced(pin(vec![(name("data"), 2)]));
         assert_eq!(moved.len(), 1);
-        assert!(moved[0].moved, "a new generation of the deployment");
+        assert!(moved[0].new_generation, "a new generation of the deployment");
+        assert!(!moved[0].moved, "it stays on its node");
         assert_eq!(generation_of(&moved[0].desired.spec), 2);
         assert_eq!(nodes_of(&moved[0].desired.spec), ["db/0@b"]);
     }

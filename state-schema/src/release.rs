@@ -3,10 +3,10 @@
 //!
 //! A new generation (and with it the release roles, and a replacement of every replica) comes
 //! only from what changes the release: the image, variables, roles (command, resources,
-//! health, ports; not their replica counts) and secrets' ciphertext, or from a change of
-//! placement, hostnames or nodes that a scale cannot express. Adding or removing replicas on
-//! nodes the environment already has, or on new nodes of its pool, is a scale: the current
-//! generation gains or loses instances.
+//! health, ports; not their replica counts) and secrets' ciphertext, release roles added or
+//! gone, or a volume's new generation. Adding or removing replicas, and moving replicas to
+//! other nodes (a drain, a lost node), is a scale: the current generation gains or loses
+//! instances, and the replicas that stay keep their containers.
 
 use crate::canonical::{self, Secrets};
 use crate::deployment::{DeploymentSpec, Instance};
@@ -89,7 +89,7 @@ pub enum Change {
     /// Nothing runs differently.
     None,
     /// The same release on the same hostnames: instances are added and removed at the current
-    /// generation, with the nodes they bring or leave.
+    /// generation, with the nodes they bring or leave. A replica that moves is in both lists.
     Scale {
         added: Vec<Instance>,
         removed: Vec<Instance>,
@@ -106,8 +106,8 @@ pub enum Change {
         /// every node that serves them, no replica restarted.
         certificates_changed: Vec<Hostname>,
     },
-    /// A new generation: a new release, or a change a scale cannot express (an instance that
-    /// moves to another node, release roles elsewhere).
+    /// A new generation: a new release, or a change a scale cannot express (release roles
+    /// added or gone, a volume's new generation).
     Generation,
 }
 
@@ -131,32 +131,32 @@ pub fn change(old: &DeploymentSpec, new: &DeploymentSpec) -> Change {
     if old == new {
         return Change::None;
     }
-    let same_slot = |a: &Instance, b: &Instance| a.role == b.role && a.index == b.index;
-    let moved = new
-        .instances
-        .iter()
-        .any(|n| old.instances.iter().any(|o| same_slot(o, n) && o.node != n.node));
+    // Which release roles run, not where: they ran once for this generation already, so a
+    // drain of the node they ran on moves nothing that runs.
+    let release_roles = |s: &DeploymentSpec| s.release.iter().map(|(role, _)| role.clone()).collect::<Vec<_>>();
     // A deployment that never ran anywhere (every replica waited) starts with a generation,
     // so its release roles run before its first replicas.
     if old.release_hash != new.release_hash
         || old.release_hash.is_empty()
         || old.nodes.is_empty()
-        || old.release != new.release
-        || moved
+        || release_roles(old) != release_roles(new)
         || volume_generations(old) != volume_generations(new)
     {
         return Change::Generation;
     }
+    // A replica that moves (a drain, a lost node) is one added where it goes and one removed
+    // where it was, at this generation: the replicas that stay keep their containers. Its move
+    // count names the new container apart from the old one ([`Instance::moves`]).
     let added: Vec<Instance> = new
         .instances
         .iter()
-        .filter(|n| !old.instances.iter().any(|o| same_slot(o, n)))
+        .filter(|n| !old.instances.iter().any(|o| o.same_slot(n) && o.node == n.node))
         .cloned()
         .collect();
     let removed: Vec<Instance> = old
         .instances
         .iter()
-        .filter(|o| !new.instances.iter().any(|n| same_slot(o, n)))
+        .filter(|o| !new.instances.iter().any(|n| o.same_slot(n) && o.node == n.node))
         .cloned()
         .collect();
     let certificate =

@@ -7,7 +7,9 @@
 //! - A deployment whose pool has no usable node (none active in Git and not lost), or from
 //!   before placement knew pools, keeps what it runs: there is nowhere to move it.
 //! - A replica that must leave its node (lost, draining, retired, out of the pool, no room)
-//!   moves: the placement changes a node, which is a new generation (`release::change`).
+//!   moves: at the current generation when its rollout is done (a scale, `release::change`:
+//!   the replicas that stay keep their containers), else at a new generation (which replaces
+//!   the unfinished rollout, whose steps may wait on the node that is gone).
 //! - A waiting replica that now fits is added at the current generation, a scale, but only
 //!   once the deployment's rollout is done: an unfinished rollout moves only to leave a node
 //!   it cannot stay on.
@@ -102,8 +104,11 @@ pub struct Running {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Replaced {
     pub branch: String,
-    /// `true`: a replica leaves a node (a new generation); `false`: waiting replicas are added.
+    /// `true`: a replica leaves a node; `false`: waiting replicas are added.
     pub moved: bool,
+    /// It takes a new generation: the rollout is unfinished, or the change is one a scale
+    /// cannot express (`release::change`); otherwise a scale at the current generation.
+    pub new_generation: bool,
     pub desired: Desired,
 }
 
@@ -118,7 +123,7 @@ pub struct Move {
     pub from: Option<Name>,
     /// Where it goes; `None`: it waits (with `reason`).
     pub to: Option<Name>,
-    /// A new generation of the environment (a replica leaves a node), rather than a scale.
+    /// A new generation of the environment (its rollout is unfinished), rather than a scale.
     pub new_generation: bool,
     /// Why it waits, when it does.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -165,7 +170,7 @@ pub fn preview(snapshot: &Snapshot, state: &State) -> Vec<Move> {
                     index,
                     from,
                     to,
-                    new_generation: r.moved,
+                    new_generation: r.new_generation,
                     reason,
                 });
             }
@@ -245,15 +250,21 @@ pub fn replace(fleet: &mut Fleet, running: Vec<Running>) -> Vec<Replaced> {
         if spec == stored {
             continue;
         }
-        let moved = release::change(&stored, &spec) == Change::Generation;
-        if in_progress && !moved {
+        let moved = stored
+            .instances
+            .iter()
+            .any(|o| spec.instances.iter().any(|n| n.same_slot(o) && n.node != o.node));
+        let generation = release::change(&stored, &spec) == Change::Generation;
+        if in_progress && !moved && !generation {
             fleet.hold(&stored);
             continue;
         }
+        let new_generation = in_progress || generation;
         let spec_hash = canonical::hash(&spec);
         out.push(Replaced {
             branch,
             moved,
+            new_generation,
             desired: Desired {
                 spec,
                 spec_hash,
@@ -297,7 +308,7 @@ mod tests {
     }
 
     #[test]
-    fn a_replica_on_a_lost_node_moves_at_a_new_generation_even_mid_rollout() {
+    fn a_replica_on_a_lost_node_moves_as_a_scale_or_mid_rollout_at_a_new_generation() {
         let stored = running_on_a_and_b(2);
         assert_eq!(nodes_of(&stored), ["w/0@a", "w/1@b"]);
         let nodes = [
@@ -309,7 +320,10 @@ mod tests {
             let out = replace(&mut f, one(stored.clone(), in_progress));
             assert_eq!(out.len(), 1, "in progress: {in_progress}");
             assert!(out[0].moved);
+            assert_eq!(out[0].new_generation, in_progress, "a scale once the rollout is done");
             assert_eq!(nodes_of(&out[0].desired.spec), ["w/0@a", "w/1@a"]);
+            let moves: Vec<u32> = out[0].desired.spec.instances.iter().map(|i| i.moves).collect();
+            assert_eq!(moves, [0, 1], "w/1 moved once; w/0 stays as it was");
             assert_eq!(out[0].desired.spec_hash, canonical::hash(&out[0].desired.spec));
             assert_eq!(f.reserved(&name("a")).0, 2000, "the fleet holds the move");
         }
@@ -407,7 +421,8 @@ mod tests {
             preview(&snapshot, &state).is_empty(),
             "nothing to move on a healthy fleet"
         );
-        // n2 silent past the lost threshold: its replica moves to n1, at a new generation.
+        // n2 silent past the lost threshold: its replica moves to n1, a scale at the current
+        // generation (its rollout is done); the replicas on n1 stay as they are.
         snapshot.nodes.get_mut("n2").expect("n2").last_seen_ms = Some(1_000_000 - 300_001);
         let moves = preview(&snapshot, &state);
         assert_eq!(
@@ -418,10 +433,14 @@ mod tests {
                 index: 1,
                 from: Some(name("n2")),
                 to: Some(name("n1")),
-                new_generation: true,
+                new_generation: false,
                 reason: None,
             }]
         );
+        // Mid-rollout, the same move takes a new generation (the unfinished one waits on n2).
+        snapshot.running[0].in_progress = true;
+        assert!(preview(&snapshot, &state).iter().all(|m| m.new_generation));
+        snapshot.running[0].in_progress = false;
         // The daemon's own call on the same inputs decides the same placement.
         let pools: Vec<_> = state.pools().map(|(n, p)| (n.clone(), p.clone())).collect();
         let daemon = replace_snapshot(snapshot.clone(), &pools);

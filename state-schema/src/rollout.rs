@@ -233,7 +233,14 @@ fn infra_tasks(env: &Name, generation: u64, node: &Name) -> [(Task, Name); 3] {
 /// order they run: infrastructure on nodes the environment gains, new replicas, ingress on every
 /// node whose web replicas changed (or that gains them); then ingress on nodes it leaves, the
 /// replicas removed, and the networks of nodes left.
-pub fn scale_tasks(spec: &DeploymentSpec, generation: u64, change: &crate::release::Change) -> Step {
+///
+/// Two lists: what runs now, and what runs once all of that succeeded. A scale that both adds
+/// and removes replicas (a move: a drain, a lost node) removes only after the replicas that
+/// replace them run and are published, on whatever node: a node's jobs run in order, but
+/// nothing orders two nodes' jobs, and the removal of the only replica must not come first.
+/// A scale that only adds, or only removes, has nothing to wait for (each node publishes
+/// before it removes, in its own order).
+pub fn scale_tasks(spec: &DeploymentSpec, generation: u64, change: &crate::release::Change) -> (Step, Step) {
     let crate::release::Change::Scale {
         added,
         removed,
@@ -246,10 +253,11 @@ pub fn scale_tasks(spec: &DeploymentSpec, generation: u64, change: &crate::relea
         certificates_changed,
     } = change
     else {
-        return Vec::new();
+        return (Vec::new(), Vec::new());
     };
     let env = &spec.environment;
     let mut out: Step = Vec::new();
+    let waits = !added.is_empty() && !removed.is_empty();
     for node in nodes_added {
         out.extend(infra_tasks(env, generation, node));
     }
@@ -303,7 +311,11 @@ pub fn scale_tasks(spec: &DeploymentSpec, generation: u64, change: &crate::relea
         .collect();
     publish_on.sort();
     publish_on.dedup();
-    ingress(&publish_on, &mut out, false);
+    // A node that only loses replicas publishes with the removals when the scale waits.
+    let gains = |n: &Name| added.iter().any(|i| &i.node == n) || ingress_added.contains(n);
+    let (publish_now, publish_after): (Vec<Name>, Vec<Name>) =
+        publish_on.iter().cloned().partition(|n| !waits || gains(n));
+    ingress(&publish_now, &mut out, false);
     // A hostname gained is published on the other serving nodes too, and so is one whose
     // brought certificate changed (the publish hands the node the new pair: in place, no
     // restart); one lost is taken out wherever it was served.
@@ -323,7 +335,13 @@ pub fn scale_tasks(spec: &DeploymentSpec, generation: u64, change: &crate::relea
             out.push((task, node.clone()));
         }
     }
-    ingress(ingress_removed, &mut out, true);
+    let mut after: Step = Vec::new();
+    let later = match waits {
+        true => &mut after,
+        false => &mut out,
+    };
+    ingress(&publish_after, later, false);
+    ingress(ingress_removed, later, true);
     for node in spec.ingress_nodes.iter().chain(ingress_removed) {
         for host in hostnames_removed {
             let task = Task::RemoveIngress {
@@ -331,7 +349,7 @@ pub fn scale_tasks(spec: &DeploymentSpec, generation: u64, change: &crate::relea
                 hostname: host.clone(),
                 generation,
             };
-            out.push((task, node.clone()));
+            later.push((task, node.clone()));
         }
     }
     for i in removed {
@@ -341,14 +359,61 @@ pub fn scale_tasks(spec: &DeploymentSpec, generation: u64, change: &crate::relea
             instance: i.index,
             generation,
         };
-        out.push((task, i.node.clone()));
+        later.push((task, i.node.clone()));
     }
     for node in nodes_removed {
         let task = Task::RemoveNetwork {
             environment: env.clone(),
             generation,
         };
+        later.push((task, node.clone()));
+    }
+    (out, after)
+}
+
+/// The removals an earlier scale at `generation` may hold that this scale puts back: the
+/// teardown of a replica placed again on the node it was leaving, the network and routes of a
+/// node that takes the environment again. Released after this scale's jobs ran, they would
+/// remove what it made; the caller cancels them.
+pub fn held_conflicts(spec: &DeploymentSpec, generation: u64, change: &crate::release::Change) -> Step {
+    let crate::release::Change::Scale {
+        added,
+        nodes_added,
+        ingress_added,
+        ..
+    } = change
+    else {
+        return Vec::new();
+    };
+    let env = &spec.environment;
+    let mut out: Step = added
+        .iter()
+        .map(|i| {
+            let task = Task::TeardownApplication {
+                environment: env.clone(),
+                role: i.role.clone(),
+                instance: i.index,
+                generation,
+            };
+            (task, i.node.clone())
+        })
+        .collect();
+    for node in nodes_added {
+        let task = Task::RemoveNetwork {
+            environment: env.clone(),
+            generation,
+        };
         out.push((task, node.clone()));
+    }
+    for node in ingress_added {
+        for hostname in &spec.hostnames {
+            let task = Task::RemoveIngress {
+                environment: env.clone(),
+                hostname: hostname.clone(),
+                generation,
+            };
+            out.push((task, node.clone()));
+        }
     }
     out
 }

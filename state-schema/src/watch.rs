@@ -105,11 +105,7 @@ mod tests {
     }
 
     fn spec() -> DeploymentSpec {
-        let instance = |r: &str, i: u32, node: &str| Instance {
-            role: n(r),
-            index: i,
-            node: n(node),
-        };
+        let instance = |r: &str, i: u32, node: &str| Instance::new(n(r), i, n(node));
         DeploymentSpec {
             environment: n("e"),
             project: n("p"),

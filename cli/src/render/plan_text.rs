@@ -125,6 +125,16 @@ pub fn consequence_lines(c: &Consequences) -> Vec<(char, String)> {
         };
         ('~', format!("rollout of environment {e} (new generation{how})"))
     }));
+    out.extend(c.moved.iter().filter_map(|m| {
+        let (from, to) = (m.from.as_ref()?, m.to.as_ref()?);
+        Some((
+            '~',
+            format!(
+                "replica {}/{}/{} moves from node {from} to {to} (scale: the other replicas keep running)",
+                m.environment, m.role, m.index
+            ),
+        ))
+    }));
     out.extend(c.certificates_changed.iter().map(|r| {
         (
             '~',

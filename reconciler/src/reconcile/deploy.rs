@@ -447,14 +447,29 @@ impl Ledger {
         let mut events: Vec<(String, String, String)> = Vec::new();
         for s in scales {
             let env = s.spec.environment.as_str();
-            self.rescale(tx, &s.spec, &s.spec_hash, revision, now_ms).await?;
-            let tasks = rollout::scale_tasks(&s.spec, s.generation, &s.change);
-            if tasks.is_empty() {
+            let removes = matches!(&s.change, Change::Scale { removed, .. } if !removed.is_empty());
+            self.rescale(tx, &s.spec, &s.spec_hash, revision, removes, now_ms)
+                .await?;
+            // An earlier scale's held removals of what this one puts back go.
+            let generation = i64::try_from(s.generation).unwrap_or(i64::MAX);
+            let patterns: Vec<String> = rollout::held_conflicts(&s.spec, s.generation, &s.change)
+                .iter()
+                .map(|(task, node)| format!("{}#r%", crate::store::job_key(task, node.as_str())))
+                .collect();
+            self.cancel_held_in(tx, env, generation, &patterns, now_ms).await?;
+            let (first, then) = rollout::scale_tasks(&s.spec, s.generation, &s.change);
+            if first.is_empty() && then.is_empty() {
                 continue;
             }
-            let rows: Vec<JobRow<'_>> = tasks
+            // What waits for the replicas that replace the ones it removes is queued held, and
+            // released when the rest of the scale succeeded (`Ledger::release_scale_in`).
+            let rows: Vec<JobRow<'_>> = first
                 .iter()
                 .map(|(task, node)| JobRow::scaled(task, node.as_str(), revision, now_ms))
+                .chain(
+                    then.iter()
+                        .map(|(task, node)| JobRow::scaled(task, node.as_str(), revision, crate::store::HELD)),
+                )
                 .collect();
             let added = self.enqueue_in(tx, &rows, now_ms).await?;
             applied.jobs_queued += added.len();

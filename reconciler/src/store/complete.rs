@@ -19,6 +19,8 @@ struct LiveLease {
     key: String,
     lease_token: Option<String>,
     fencing_token: Option<i64>,
+    environment: Option<String>,
+    generation: Option<i64>,
 }
 
 /// What one batch of completions writes.
@@ -76,7 +78,7 @@ impl Ledger {
             // The live leases among the batch, locked until commit.
             let ids = self.id_set(chunk.iter().map(|c| c.token.job_id));
             let q = format!(
-                "SELECT id, attempts, max_attempts, key, lease_token, fencing_token, target_node, \
+                "SELECT id, attempts, max_attempts, key, lease_token, fencing_token, target_node, environment, generation, \
                  CASE WHEN state = 'leased' AND lease_expires_at >= ? THEN 1 ELSE 0 END AS live FROM jobs WHERE {}{}",
                 ids.condition("id"),
                 if self.backend == Backend::Postgres {
@@ -102,6 +104,10 @@ impl Ledger {
             let mut restores: Vec<(String, String, bool, String)> = Vec::new();
             // Replicas that became healthy: (environment, role, node), for volume moves.
             let mut up: Vec<(String, String, String)> = Vec::new();
+            // Scales with a job that succeeded: (environment, generation, revision).
+            let mut scaled: std::collections::BTreeSet<(String, i64, i64)> = Default::default();
+            // Scales with a job that ended, succeeded or not: (environment, generation).
+            let mut scales_ended: std::collections::BTreeSet<(String, i64)> = Default::default();
             for (i, c) in chunk.iter().enumerate() {
                 let t = &c.token;
                 if let (Some(caller), Some(owner)) = (callers.get(chunk_start + i), owners.get(&t.job_id))
@@ -116,6 +122,8 @@ impl Ledger {
                     key,
                     lease_token: token,
                     fencing_token: fencing,
+                    environment,
+                    generation,
                     ..
                 }) = live.remove(&t.job_id)
                 else {
@@ -138,6 +146,15 @@ impl Ledger {
                 {
                     let node = owners.get(&t.job_id).cloned().unwrap_or_default();
                     up.push((env.to_owned(), role.to_owned(), node));
+                }
+                if state != JobState::Queued
+                    && let (Some(revision), Some(env), Some(generation)) =
+                        (rows::scaled_revision(&key), environment, generation)
+                {
+                    scales_ended.insert((env.clone(), generation));
+                    if state == JobState::Succeeded {
+                        scaled.insert((env, generation, revision));
+                    }
                 }
                 if state != JobState::Queued {
                     rec.by_state.entry(state).or_default().push(t.job_id);
@@ -185,6 +202,12 @@ impl Ledger {
             }
             for key in &repaired {
                 self.republish_after_repair(tx, key, now_ms).await?;
+            }
+            for (env, generation, revision) in &scaled {
+                self.release_scale_in(tx, env, *generation, *revision, now_ms).await?;
+            }
+            for (env, generation) in &scales_ended {
+                self.settle_scale_in(tx, env, *generation, now_ms).await?;
             }
             for (key, node, saved, reason) in &backups {
                 let ended = super::backups::Ended {

@@ -9,7 +9,7 @@ use crate::store::{Lease, Ledger, LedgerError};
 use age::Identity;
 use agent_proto::{
     ApplicationSpec, Execution, HealthSpec, IngressSpec, IngressTls, NetworkSpec, OlderReplica, SealedSecret, Upstream,
-    container_name,
+    container_name, replica_name,
 };
 use sha2::{Digest, Sha256};
 use state_schema::deployment::{DeploymentSpec, TlsSpec};
@@ -271,11 +271,12 @@ impl Ledger {
                                 state_schema::rolling::rolled_upstreams(spec, &self.retired_of(&env).await?, node, *r)
                                     .into_iter()
                                     .map(|u| Upstream {
-                                        container: container_name(
+                                        container: replica_name(
                                             &cp,
                                             &env,
                                             u.role.as_str(),
-                                            Some(u.instance),
+                                            u.instance,
+                                            moves_on(spec, u.role.as_str(), u.instance, node),
                                             *generation,
                                         ),
                                         port: u.port,
@@ -293,11 +294,12 @@ impl Ledger {
                                 .filter_map(|i| {
                                     let port = spec.roles.get(&i.role).filter(|r| r.is_web())?.port?;
                                     Some(Upstream {
-                                        container: container_name(
+                                        container: replica_name(
                                             &cp,
                                             &env,
                                             i.role.as_str(),
-                                            Some(i.index),
+                                            i.index,
+                                            i.moves,
                                             *generation,
                                         ),
                                         port,
@@ -344,7 +346,10 @@ impl Ledger {
                     if let (Ok(Execution::Application(a)), Some((g, to))) = (&mut built, resumes.get(&env))
                         && *g == *generation
                     {
-                        a.resume = Some(container_name(&cp, &env, role.as_str(), Some(*instance), *to));
+                        // Placement keeps a replica's move count across generations, so the
+                        // one it resumes on this node was named with the same count.
+                        let moves = spec_of(*generation).map_or(0, |s| moves_on(s, role.as_str(), *instance, node));
+                        a.resume = Some(replica_name(&cp, &env, role.as_str(), *instance, moves, *to));
                     }
                     built
                 }
@@ -658,7 +663,17 @@ impl Ledger {
             resume: None,
             log_max_bytes,
             log_max_files,
-            container: container_name(&self.control_plane().await?, &environment, role, instance, generation),
+            container: match instance {
+                Some(i) => replica_name(
+                    &self.control_plane().await?,
+                    &environment,
+                    role,
+                    i,
+                    moves_on(spec, role, i, node),
+                    generation,
+                ),
+                None => container_name(&self.control_plane().await?, &environment, role, None, generation),
+            },
             deployment: spec.project.to_string(),
             environment,
             role: role.to_owned(),
@@ -872,6 +887,15 @@ pub fn wire_task(task: &Task) -> agent_proto::Task {
             on_demand: *on_demand,
         },
     }
+}
+
+/// How often replica `index` of `role` on `node` moved (its container's name says so): 0 when
+/// `spec` places no such replica there.
+fn moves_on(spec: &DeploymentSpec, role: &str, index: u32, node: &str) -> u32 {
+    spec.instances
+        .iter()
+        .find(|i| i.role.as_str() == role && i.index == index && i.node.as_str() == node)
+        .map_or(0, |i| i.moves)
 }
 
 #[cfg(test)]

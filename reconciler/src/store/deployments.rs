@@ -285,22 +285,76 @@ impl Ledger {
     }
 
     /// A deployment scaled at its generation: its stored spec becomes `spec`.
+    /// With `removes` (the scale removes replicas), the spec it replaces joins the retired
+    /// ones until the scale's jobs are done ([`Ledger::settle_scale_in`]): the nodes it leaves
+    /// stay in the environment's mesh while their replicas serve, and a teardown or a new
+    /// generation that comes first cleans them up with the rest.
     pub(crate) async fn rescale(
         &self,
         tx: &mut WriteTx,
         spec: &DeploymentSpec,
         spec_hash: &str,
         revision: i64,
+        removes: bool,
         now_ms: i64,
     ) -> Result<(), LedgerError> {
+        let env = spec.environment.as_str();
+        let retired = match removes {
+            false => None,
+            true => {
+                let row: Option<(String, String)> =
+                    sqlx::query_as(self.sql("SELECT spec, retired FROM deployments WHERE environment = ?"))
+                        .bind(env)
+                        .fetch_optional(&mut **tx)
+                        .await?;
+                match row {
+                    Some((old, retired)) => {
+                        let old: DeploymentSpec = serde_json::from_str(&old)?;
+                        let mut retired: Vec<DeploymentSpec> = serde_json::from_str(&retired)?;
+                        if !retired.contains(&old) {
+                            retired.push(old);
+                        }
+                        Some(serde_json::to_string(&retired)?)
+                    }
+                    None => None,
+                }
+            }
+        };
         sqlx::query(self.sql(
-            "UPDATE deployments SET spec = ?, spec_hash = ?, revision_id = ?, updated_at = ? WHERE environment = ?",
+            "UPDATE deployments SET spec = ?, spec_hash = ?, revision_id = ?, updated_at = ?, retired = COALESCE(?, retired) WHERE environment = ?",
         ))
         .bind(serde_json::to_string(spec)?)
         .bind(spec_hash.to_owned())
         .bind(revision)
         .bind(now_ms)
-        .bind(spec.environment.as_str().to_owned())
+        .bind(retired)
+        .bind(env)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+
+    /// A scale of `env` at `generation` had a job end: once none of its scales' jobs is queued,
+    /// held or leased, the specs they replaced are retired for good (the rollout is done, so
+    /// nothing else holds them).
+    pub(crate) async fn settle_scale_in(
+        &self,
+        tx: &mut WriteTx,
+        env: &str,
+        generation: i64,
+        now_ms: i64,
+    ) -> Result<(), LedgerError> {
+        sqlx::query(self.sql(
+            "UPDATE deployments SET retired = '[]', updated_at = ? \
+             WHERE environment = ? AND generation = ? AND status = 'done' AND retired <> '[]' \
+             AND NOT EXISTS (SELECT 1 FROM jobs WHERE environment = ? AND generation = ? AND key LIKE '%#r%' \
+                             AND state IN ('queued', 'leased'))",
+        ))
+        .bind(now_ms)
+        .bind(env)
+        .bind(generation)
+        .bind(env)
+        .bind(generation)
         .execute(&mut **tx)
         .await?;
         Ok(())

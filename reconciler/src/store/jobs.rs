@@ -20,6 +20,10 @@ pub fn job_key(task: &Task, node: &str) -> String {
     format!("{}@{node}", task.idempotency_key())
 }
 
+/// `not_before` of a scale's job that waits for the rest of its scale (the removals of a
+/// move): never due, until [`Ledger::release_scale_in`] makes it due.
+pub const HELD: i64 = i64::MAX;
+
 /// A job as `enqueue_in` writes it.
 pub(crate) struct JobRow<'a> {
     pub task: &'a Task,
@@ -140,6 +144,85 @@ impl Ledger {
         self.events_in(&mut tx, now_ms, &events).await?;
         tx.commit().await?;
         Ok(added.len())
+    }
+
+    /// Makes the held jobs of the scale at `revision` of `environment` due, once every other job
+    /// of that scale succeeded: a move's removals wait for the replicas that replace the ones
+    /// they remove (on other nodes, whose jobs nothing else orders). A job of the scale that
+    /// failed for good keeps them held: the old replicas serve on, and the failure shows.
+    /// Returns how many were released.
+    pub(crate) async fn release_scale_in(
+        &self,
+        tx: &mut WriteTx,
+        environment: &str,
+        generation: i64,
+        revision: i64,
+        now_ms: i64,
+    ) -> Result<u64, LedgerError> {
+        // `…@<node>#r<revision>`: no other key ends so (a repair's `#r` comes before the node).
+        let pattern = format!("%#r{revision}");
+        let released = sqlx::query(self.sql(
+            "UPDATE jobs SET not_before = ?, updated_at = ? \
+             WHERE environment = ? AND generation = ? AND state = 'queued' AND not_before = ? AND key LIKE ? \
+             AND NOT EXISTS (SELECT 1 FROM jobs o WHERE o.environment = ? AND o.generation = ? AND o.key LIKE ? \
+                             AND o.not_before <> ? AND o.state <> 'succeeded')",
+        ))
+        .bind(now_ms)
+        .bind(now_ms)
+        .bind(environment)
+        .bind(generation)
+        .bind(HELD)
+        .bind(&pattern)
+        .bind(environment)
+        .bind(generation)
+        .bind(&pattern)
+        .bind(HELD)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected();
+        if released > 0 {
+            self.events_in(
+                tx,
+                now_ms,
+                &[(
+                    "scale-removals-released".to_owned(),
+                    environment.to_owned(),
+                    format!("generation {generation}: the replicas that replace the moved ones run and are published; {released} removal jobs are due"),
+                )],
+            )
+            .await?;
+        }
+        Ok(released)
+    }
+
+    /// Cancels the held jobs of `environment` at `generation` whose keys match `patterns` (SQL
+    /// `LIKE`): an earlier scale's removals of what a later one puts back (a replica placed
+    /// on the node it was leaving, a node that takes the environment again), which, released
+    /// after the later scale's jobs ran, would remove what it made. Returns how many.
+    pub(crate) async fn cancel_held_in(
+        &self,
+        tx: &mut WriteTx,
+        environment: &str,
+        generation: i64,
+        patterns: &[String],
+        now_ms: i64,
+    ) -> Result<u64, LedgerError> {
+        let mut cancelled = 0;
+        for pattern in patterns {
+            cancelled += sqlx::query(self.sql(
+                "UPDATE jobs SET state = 'cancelled', updated_at = ? \
+                 WHERE environment = ? AND generation = ? AND state = 'queued' AND not_before = ? AND key LIKE ?",
+            ))
+            .bind(now_ms)
+            .bind(environment)
+            .bind(generation)
+            .bind(HELD)
+            .bind(pattern)
+            .execute(&mut **tx)
+            .await?
+            .rows_affected();
+        }
+        Ok(cancelled)
     }
 
     /// Inserts jobs in the caller's transaction, many rows a statement; a key that exists is

@@ -84,6 +84,14 @@ pub struct Placed {
     pub replicas: std::collections::BTreeMap<String, u32>,
 }
 
+/// The revision of a scale's job key, `…@<node>#r<revision>` ([`super::JobRow::scaled`]);
+/// `None` for any other job (a drift repair's `#r<n>` comes before the node).
+pub fn scaled_revision(key: &str) -> Option<i64> {
+    let (_, tail) = key.rsplit_once('@')?;
+    let (_, revision) = tail.split_once("#r")?;
+    revision.parse().ok()
+}
+
 /// Whether a job key is a repair of a replica (`…:ensure#r<n>@node`).
 pub fn is_repair(key: &str) -> bool {
     key.starts_with("app:") && key.contains(":ensure#r")
