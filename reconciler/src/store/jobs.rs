@@ -207,20 +207,24 @@ impl Ledger {
         patterns: &[String],
         now_ms: i64,
     ) -> Result<u64, LedgerError> {
+        // One statement per scale (up to 500 patterns each, well under either backend's
+        // limit on bound values): the environment's jobs at this generation are few.
         let mut cancelled = 0;
-        for pattern in patterns {
-            cancelled += sqlx::query(self.sql(
+        for chunk in patterns.chunks(500) {
+            let likes = vec!["key LIKE ?"; chunk.len()].join(" OR ");
+            let q = format!(
                 "UPDATE jobs SET state = 'cancelled', updated_at = ? \
-                 WHERE environment = ? AND generation = ? AND state = 'queued' AND not_before = ? AND key LIKE ?",
-            ))
-            .bind(now_ms)
-            .bind(environment)
-            .bind(generation)
-            .bind(HELD)
-            .bind(pattern)
-            .execute(&mut **tx)
-            .await?
-            .rows_affected();
+                 WHERE environment = ? AND generation = ? AND state = 'queued' AND not_before = ? AND ({likes})"
+            );
+            let mut query = sqlx::query(self.sql(&q))
+                .bind(now_ms)
+                .bind(environment)
+                .bind(generation)
+                .bind(HELD);
+            for pattern in chunk {
+                query = query.bind(pattern);
+            }
+            cancelled += query.execute(&mut **tx).await?.rows_affected();
         }
         Ok(cancelled)
     }
