@@ -1,8 +1,9 @@
 //! The code map's rules, checked on the source: the reconciler's layers import only downwards
 //! (`http -> hub -> store`, `reconcile -> hub -> store`; `store` imports neither; no surface
 //! imports another's module), and no crate of the workspace has an import circle between its
-//! files. Read from the `crate::…` paths of non-test code (`use` lines and inline paths); a
-//! `#[cfg(test)]` item and everything after it in a file is test code.
+//! files. Read from the `crate::…`, `self::…` and `super::…` paths of non-test code (`use`
+//! lines and inline paths; `super::` resolved from the file's own module); a `#[cfg(test)]`
+//! item and everything after it in a file is test code.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -47,14 +48,23 @@ fn code(file: &Path) -> String {
         .join("\n")
 }
 
-/// The modules a file's code names through `crate::`, resolved to the longest known module.
-fn imports(text: &str, modules: &BTreeSet<String>) -> BTreeSet<String> {
+/// The paths a file's code names from `prefix` on (`crate::a::b`, `crate::{a::b, c}`), as
+/// written after the prefix, each with how many `super::` it starts with.
+fn paths_after(text: &str, prefix: &str) -> Vec<String> {
     let mut paths = Vec::new();
     let bytes = text.as_bytes();
     let mut i = 0;
-    while let Some(at) = text[i..].find("crate::") {
-        let start = i + at + "crate::".len();
-        // `crate::{a::b, c}`: each member of the group.
+    while let Some(at) = text[i..].find(prefix) {
+        let begin = i + at;
+        let start = begin + prefix.len();
+        // A whole word only (`my_crate::` is not `crate::`), and a `super::super::` chain is
+        // read once, from its first `super::`.
+        let before = begin.checked_sub(1).map(|b| bytes[b]);
+        if before.is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b':') {
+            i = start;
+            continue;
+        }
+        // `prefix{a::b, c}`: each member of the group.
         if bytes.get(start) == Some(&b'{') {
             let end = text[start..].find('}').map_or(text.len(), |e| start + e);
             for member in text[start + 1..end].split(',') {
@@ -69,9 +79,42 @@ fn imports(text: &str, modules: &BTreeSet<String>) -> BTreeSet<String> {
             i = end;
         }
     }
+    paths
+}
+
+/// The modules a file's code names through `crate::`, `self::` and `super::` (relative to its
+/// own module `me`), resolved to the longest known module.
+fn imports(text: &str, modules: &BTreeSet<String>, me: &str) -> BTreeSet<String> {
+    let own: Vec<&str> = match me {
+        "crate" | "main" => Vec::new(),
+        m => m.split("::").collect(),
+    };
+    let mut absolute: Vec<Vec<String>> = Vec::new();
+    for p in paths_after(text, "crate::") {
+        absolute.push(p.split("::").filter(|s| !s.is_empty()).map(str::to_owned).collect());
+    }
+    for p in paths_after(text, "self::") {
+        let mut segs: Vec<String> = own.iter().map(|s| (*s).to_owned()).collect();
+        segs.extend(p.split("::").filter(|s| !s.is_empty()).map(str::to_owned));
+        absolute.push(segs);
+    }
+    for p in paths_after(text, "super::") {
+        // `super::` is the parent of this file's module; each further `super::` one more up.
+        let mut rest: Vec<&str> = p.split("::").filter(|s| !s.is_empty()).collect();
+        let mut up = 1;
+        while rest.first() == Some(&"super") {
+            rest.remove(0);
+            up += 1;
+        }
+        let Some(keep) = own.len().checked_sub(up) else {
+            continue;
+        };
+        let mut segs: Vec<String> = own[..keep].iter().map(|s| (*s).to_owned()).collect();
+        segs.extend(rest.iter().map(|s| (*s).to_owned()));
+        absolute.push(segs);
+    }
     let mut out = BTreeSet::new();
-    for p in paths {
-        let segs: Vec<&str> = p.split("::").filter(|s| !s.is_empty()).collect();
+    for segs in absolute {
         for n in (1..=segs.len()).rev() {
             let m = segs[..n].join("::");
             if modules.contains(&m) {
@@ -91,7 +134,7 @@ fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     all.iter()
         .map(|f| {
             let me = module_of(src, f);
-            let mut deps = imports(&code(f), &modules);
+            let mut deps = imports(&code(f), &modules, &me);
             deps.remove(&me);
             (me, deps)
         })
@@ -332,7 +375,17 @@ fn the_walk_sees_imports_and_circles() {
     let src = dir.path().join("src");
     std::fs::create_dir_all(src.join("a")).expect("dir");
     std::fs::write(src.join("lib.rs"), "pub mod a;\npub mod b;\n").expect("lib");
-    std::fs::write(src.join("a/mod.rs"), "use crate::{b::X, a::c};\npub mod c;\n").expect("a");
+    std::fs::write(
+        src.join("a/mod.rs"),
+        "use crate::{b::X, a::c};\npub mod c;\npub mod d;\n",
+    )
+    .expect("a");
+    // Relative paths: `super::` from a file is its module's parent, `self::` the module itself.
+    std::fs::write(
+        src.join("a/d.rs"),
+        "use super::c::h;\nfn f() { super::super::b::g(); self::k(); }\nfn k() {}\nuse my_super::x;\n",
+    )
+    .expect("d");
     std::fs::write(src.join("a/c.rs"), "/// Not [`crate::a`].\nfn f() { crate::b::g(); }\n").expect("c");
     std::fs::write(
         src.join("b.rs"),
@@ -342,6 +395,11 @@ fn the_walk_sees_imports_and_circles() {
     let g = graph(&src);
     assert_eq!(g["a"], BTreeSet::from(["b".to_owned(), "a::c".to_owned()]));
     assert_eq!(g["b"], BTreeSet::from(["a::c".to_owned()]), "test code is left out");
+    assert_eq!(
+        g["a::d"],
+        BTreeSet::from(["a::c".to_owned(), "b".to_owned()]),
+        "super:: resolved"
+    );
     let c = circle(&g).expect("a circle");
     assert!(c.contains(&"b".to_owned()) && c.contains(&"a::c".to_owned()), "{c:?}");
 }

@@ -6,9 +6,10 @@
 //! writes nothing. `advance` is level-triggered: it looks at every unfinished deployment and
 //! queues the next step once the current one has succeeded.
 
-use crate::store::deployments::{GenerationRow, ObjectDoc, gen_u64};
+use crate::store::deployments::{GenerationRow, ObjectDoc};
 use crate::store::rollouts::PROMOTE;
 use crate::store::rows::MAX_ATTEMPTS;
+use crate::store::rows::gen_u64;
 use crate::store::watch::CANARY_UNTIL;
 use crate::store::{JobRow, Ledger, LedgerError};
 use state_repo::revision::Judgement;

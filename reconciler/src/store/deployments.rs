@@ -5,21 +5,12 @@
 //! holds neither is `LedgerError::Corrupt`.
 
 use super::rows::JobState;
+use super::rows::{g, gen_u64};
 use super::{Ledger, LedgerError, WriteTx};
 use sqlx::FromRow;
 use state_schema::deployment::DeploymentSpec;
 use state_schema::generations::{Action, Current, Status, StepJobs};
 use std::collections::BTreeMap;
-
-/// A generation as the ledger stores it.
-pub(crate) fn g(generation: u64) -> i64 {
-    i64::try_from(generation).unwrap_or(i64::MAX)
-}
-
-/// A stored generation back as a number.
-pub(crate) fn gen_u64(g: i64) -> u64 {
-    u64::try_from(g).unwrap_or(0)
-}
 
 fn action(s: &str) -> Result<Action, LedgerError> {
     Action::parse(s).ok_or_else(|| LedgerError::Corrupt(format!("a deployment row's action is {s:?}")))

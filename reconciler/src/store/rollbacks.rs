@@ -4,7 +4,7 @@
 //! generation is started by the reconcile pass (`reconcile/rollback.rs`), which the HTTP layer
 //! wakes. In the store, not `reconcile/`, since the HTTP layer calls them.
 
-use super::deployments::gen_u64;
+use super::rows::gen_u64;
 use super::{Ledger, LedgerError};
 use serde::{Deserialize, Serialize};
 use sqlx::FromRow;

@@ -1,6 +1,16 @@
 //! The row formats the ledger writes and reads back, which the layers above share: job keys
-//! (a repair's), an environment's subnet on a node, a stored spec's placement, and the bound on
-//! a job's attempts.
+//! (a repair's, a scale's revision), an environment's subnet on a node, a stored spec's
+//! placement, stored generations, and the bound on a job's attempts.
+
+/// A generation as the ledger stores it.
+pub(crate) fn g(generation: u64) -> i64 {
+    i64::try_from(generation).unwrap_or(i64::MAX)
+}
+
+/// A stored generation back as a number.
+pub(crate) fn gen_u64(g: i64) -> u64 {
+    u64::try_from(g).unwrap_or(0)
+}
 
 /// Where a job stands, as the `jobs.state` column spells it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
