@@ -153,15 +153,13 @@ pub fn run(args: &ServerArgs, environment: &str, volume: &str, verify: bool, tim
     }
 }
 
-/// The environment's deployment as `GET /v1/deployments` shows it.
+/// The environment's deployment (`GET /v1/environments/{name}`), in its JSON form.
 fn deployment(client: &Client, environment: &str) -> Result<Option<Value>> {
-    let v = client.json("GET", "/v1/deployments?limit=1000")?;
-    Ok(v["deployments"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|d| d["environment"] == environment)
-        .cloned())
+    client
+        .environment(environment)?
+        .map(serde_json::to_value)
+        .transpose()
+        .map_err(Into::into)
 }
 
 /// The agent's reason a job ended with, from its `job-failed` / `job-dead` event.

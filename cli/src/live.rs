@@ -6,61 +6,13 @@
 //! every replica Git asks for is placed, every placed one is reported running and healthy by
 //! its node's agent, and none of another generation still runs.
 
+use operator_proto::{Action, DeploymentStatus};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
-/// The fields of a `/v1/deployments` row the judgement reads (the rest are ignored).
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Deployment {
-    pub environment: String,
-    #[serde(default)]
-    pub branch: String,
-    pub generation: i64,
-    pub action: String,
-    pub status: String,
-    /// Replicas Git asks for; absent from daemons that predate it (then: as placed).
-    #[serde(default)]
-    pub asked: Option<usize>,
-    /// Replicas placed.
-    pub replicas: usize,
-    pub running: usize,
-    pub stale: usize,
-    #[serde(default)]
-    pub waiting: Vec<Waiting>,
-    #[serde(default)]
-    pub hold: Option<Hold>,
-    #[serde(default)]
-    pub canary: Option<Canary>,
-}
-
-/// A replica no node had room for.
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
-pub struct Waiting {
-    pub role: String,
-    pub index: u32,
-    pub reason: String,
-}
-
-/// A rollback's hold.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Hold {
-    pub by: String,
-    pub from: u64,
-    pub to: u64,
-    pub generation: u64,
-    #[serde(default)]
-    pub released: bool,
-}
-
-/// A canary under way.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Canary {
-    pub weight: u8,
-    pub waits_for_promote: bool,
-}
+/// A `/v1/deployments` row (or `GET /v1/environments/{name}`): the operator API's own type,
+/// which the daemon serialises.
+pub use operator_proto::Deployment;
 
 /// Where an environment stands against Git.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,24 +30,17 @@ pub enum Verdict {
     Failed(String),
 }
 
-impl Deployment {
-    /// Replicas Git asks for.
-    pub fn asked(&self) -> usize {
-        self.asked.unwrap_or(self.replicas)
+/// The replicas waiting for room, said per role and reason (`web: 13 replica(s) wait:
+/// no-capacity`).
+pub fn waiting_summary(d: &Deployment) -> String {
+    let mut by: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+    for w in &d.waiting {
+        *by.entry((w.role.as_str(), w.reason.as_str())).or_default() += 1;
     }
-
-    /// The replicas waiting for room, said per role and reason (`web: 13 replica(s) wait:
-    /// no-capacity`).
-    pub fn waiting_summary(&self) -> String {
-        let mut by: BTreeMap<(&str, &str), usize> = BTreeMap::new();
-        for w in &self.waiting {
-            *by.entry((w.role.as_str(), w.reason.as_str())).or_default() += 1;
-        }
-        by.iter()
-            .map(|((role, reason), n)| format!("{role}: {n} wait ({})", reason_words(reason)))
-            .collect::<Vec<_>>()
-            .join("; ")
-    }
+    by.iter()
+        .map(|((role, reason), n)| format!("{role}: {n} wait ({})", reason_words(reason)))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// A waiting reason's code in words.
@@ -116,13 +61,13 @@ pub fn judge(d: &Deployment) -> Verdict {
             h.by, h.from, h.to, h.generation
         ));
     }
-    if d.status == "failed" {
+    if d.status == DeploymentStatus::Failed {
         return Verdict::Failed(format!("{env} generation {} failed", d.generation));
     }
-    if d.action == "teardown" {
-        return match d.status.as_str() {
-            "done" => Verdict::Live,
-            s => Verdict::Progressing(format!("{env} teardown {s}")),
+    if d.action == Action::Teardown {
+        return match d.status {
+            DeploymentStatus::Done => Verdict::Live,
+            s => Verdict::Progressing(format!("{env} teardown {}", s.as_str())),
         };
     }
     if let Some(c) = d.canary.as_ref().filter(|c| c.waits_for_promote) {
@@ -132,8 +77,12 @@ pub fn judge(d: &Deployment) -> Verdict {
         ));
     }
     let placed = format!("{} of {} replicas running", d.running, d.replicas);
-    if d.status != "done" {
-        return Verdict::Progressing(format!("{env} generation {} {}, {placed}", d.generation, d.status));
+    if d.status != DeploymentStatus::Done {
+        return Verdict::Progressing(format!(
+            "{env} generation {} {}, {placed}",
+            d.generation,
+            d.status.as_str()
+        ));
     }
     if d.running != d.replicas || d.stale > 0 {
         let stale = match d.stale {
@@ -148,7 +97,7 @@ pub fn judge(d: &Deployment) -> Verdict {
             d.generation,
             d.replicas,
             d.asked(),
-            match d.waiting_summary() {
+            match waiting_summary(d) {
                 s if s.is_empty() => "the rest wait for room".to_owned(),
                 s => s,
             }
@@ -185,6 +134,7 @@ pub fn reasons_text(reasons: &serde_json::Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use operator_proto::{Canary, Hold, Waiting};
 
     #[test]
     fn reasons_read_as_validate_prints_them() {
@@ -202,13 +152,20 @@ mod tests {
     fn done(asked: usize, placed: usize, running: usize) -> Deployment {
         Deployment {
             environment: "web-production".into(),
+            branch: "main".into(),
             generation: 11,
-            action: "rollout".into(),
-            status: "done".into(),
+            action: Action::Rollout,
+            status: DeploymentStatus::Done,
+            step: 5,
+            updated_at_ms: 0,
             asked: Some(asked),
             replicas: placed,
             running,
-            ..Deployment::default()
+            stale: 0,
+            previous_generation: 10,
+            waiting: Vec::new(),
+            hold: None,
+            canary: None,
         }
     }
 
@@ -251,9 +208,11 @@ mod tests {
         let mut d = done(2, 2, 2);
         d.hold = Some(Hold {
             by: "canary".into(),
+            at_ms: 0,
             from: 5,
             to: 4,
             generation: 6,
+            git_hash: "h".into(),
             released: false,
         });
         assert!(matches!(judge(&d), Verdict::Failed(w) if w.contains("differs from Git") && w.contains("by canary")));
@@ -266,10 +225,11 @@ mod tests {
     #[test]
     fn a_canary_waiting_for_promote_says_so() {
         let mut d = done(1, 1, 1);
-        d.status = "in-progress".into();
+        d.status = DeploymentStatus::InProgress;
         d.canary = Some(Canary {
             weight: 50,
             waits_for_promote: true,
+            next_at_ms: None,
         });
         assert!(
             matches!(judge(&d), Verdict::WaitsForPromote(w) if w.contains("50%") && w.contains("pl rollout promote web-production"))
@@ -277,6 +237,7 @@ mod tests {
         d.canary = Some(Canary {
             weight: 10,
             waits_for_promote: false,
+            next_at_ms: None,
         });
         assert!(matches!(judge(&d), Verdict::Progressing(_)));
     }
@@ -284,12 +245,12 @@ mod tests {
     #[test]
     fn failures_and_teardowns() {
         let mut d = done(1, 1, 0);
-        d.status = "failed".into();
+        d.status = DeploymentStatus::Failed;
         assert!(matches!(judge(&d), Verdict::Failed(_)));
         let t = Deployment {
-            action: "teardown".into(),
-            status: "done".into(),
-            ..Deployment::default()
+            action: Action::Teardown,
+            status: DeploymentStatus::Done,
+            ..done(0, 0, 0)
         };
         assert_eq!(judge(&t), Verdict::Live);
     }

@@ -144,6 +144,60 @@ impl Client {
             .map_err(|e| anyhow!("{path}: {e}"))
     }
 
+    /// `GET /v1/environments/{name}`: the environment's deployment, typed; `None` while it
+    /// has none (`environment-unknown`).
+    pub(crate) fn environment(&self, name: &str) -> Result<Option<operator_proto::Deployment>> {
+        let path = format!("/v1/environments/{}", encode(name));
+        let url = format!("{}{path}", self.base);
+        let auth = Zeroizing::new(format!("Bearer {}", self.token.as_str()));
+        let mut resp = self
+            .agent
+            .get(&url)
+            .header("authorization", auth.as_str())
+            .call()
+            .map_err(|e| anyhow!("{}: {e}", self.base))?;
+        let status = resp.status().as_u16();
+        if status >= 400 {
+            let error: Option<operator_proto::ErrorBody> = resp.body_mut().read_json().ok();
+            return match error {
+                Some(e) if status == 404 && e.code == "environment-unknown" => Ok(None),
+                Some(e) => bail!("{path}: {status} {} [{}]", e.message, e.code),
+                // A daemon older than this route answers a bare 404.
+                None => bail!("{path}: {status}: the control plane does not serve it (older than this pl?)"),
+            };
+        }
+        resp.body_mut()
+            .with_config()
+            .limit(1024 * 1024)
+            .read_json()
+            .map(Some)
+            .map_err(|e| anyhow!("{path}: {e}"))
+    }
+
+    /// `GET /v1/deployments`, every page: each environment's deployment, typed.
+    pub(crate) fn deployments(&self) -> Result<Vec<operator_proto::Deployment>> {
+        let mut out = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let path = format!(
+                "/v1/deployments{}",
+                query(&[("limit", Some("1000".into())), ("after", after.clone())])
+            );
+            let mut resp = self.call("GET", &path)?;
+            let page: operator_proto::DeploymentsPage = resp
+                .body_mut()
+                .with_config()
+                .limit(64 * 1024 * 1024)
+                .read_json()
+                .map_err(|e| anyhow!("{path}: {e}"))?;
+            out.extend(page.deployments);
+            match page.next {
+                Some(n) if after.as_ref() != Some(&n) => after = Some(n),
+                _ => return Ok(out),
+            }
+        }
+    }
+
     pub(crate) fn json(&self, method: &str, path: &str) -> Result<Value> {
         let mut resp = self.call(method, path)?;
         resp.body_mut()
@@ -220,28 +274,17 @@ pub fn status(args: &ServerArgs) -> Result<u8> {
     }
     outln!("queue age   {} ms", counts["queueAgeMs"]);
     // Replicas as the agents report them, not as asked: what differs is listed.
-    let deployments = client.json("GET", "/v1/deployments?limit=1000")?;
-    let rows: Vec<&Value> = deployments["deployments"]
-        .as_array()
+    let typed: Vec<crate::live::Deployment> = client
+        .deployments()?
         .into_iter()
-        .flatten()
-        .filter(|d| d["action"].as_str() == Some("rollout"))
-        .collect();
-    let typed: Vec<crate::live::Deployment> = rows
-        .iter()
-        .filter_map(|d| serde_json::from_value((*d).clone()).ok())
+        .filter(|d| d.action == operator_proto::Action::Rollout)
         .collect();
     let sum = |f: fn(&crate::live::Deployment) -> usize| typed.iter().map(f).sum::<usize>();
     outln!(
-        "replicas    {} running of {} placed of {} asked, as agents report them{}",
+        "replicas    {} running of {} placed of {} asked, as agents report them",
         sum(|d| d.running),
         sum(|d| d.replicas),
         sum(|d| d.asked()),
-        if rows.len() == 1000 {
-            " (first 1,000 environments)"
-        } else {
-            ""
-        }
     );
     let off: Vec<&crate::live::Deployment> = typed
         .iter()
@@ -259,8 +302,8 @@ pub fn status(args: &ServerArgs) -> Result<u8> {
                 0 => String::new(),
                 n => format!(", {n} of another generation still running"),
             },
-            d.status,
-            match d.waiting_summary() {
+            d.status.as_str(),
+            match crate::live::waiting_summary(d) {
                 w if w.is_empty() => String::new(),
                 w => format!(": {w}"),
             }
@@ -270,24 +313,24 @@ pub fn status(args: &ServerArgs) -> Result<u8> {
         outln!("  … and {} more", off.len() - 20);
     }
     // Rollbacks hold environments away from Git: each says so.
-    for d in rows.iter().filter(|d| !d["hold"].is_null()) {
-        let h = &d["hold"];
-        let env = d["environment"].as_str().unwrap_or("?");
+    for d in &typed {
+        let Some(h) = &d.hold else { continue };
+        let env = d.environment.as_str();
         outln!(
             "held        {env} at generation {} (generation {}'s release), rolled back from {} by {}: differs from Git until a commit changes it or `pl rollback --release {env}`",
-            h["generation"],
-            h["to"],
-            h["from"],
-            h["by"].as_str().unwrap_or("?")
+            h.generation,
+            h.to,
+            h.from,
+            h.by
         );
     }
     // Canaries under way: the share the new release has, and what the next step waits for.
-    for d in rows.iter().filter(|d| !d["canary"].is_null()) {
-        let c = &d["canary"];
-        let env = d["environment"].as_str().unwrap_or("?");
-        let next = if c["waitsForPromote"].as_bool() == Some(true) {
+    for d in &typed {
+        let Some(c) = &d.canary else { continue };
+        let env = d.environment.as_str();
+        let next = if c.waits_for_promote {
             format!("the next step waits for `pl rollout promote {env}`")
-        } else if let Some(at) = c["nextAtMs"].as_i64() {
+        } else if let Some(at) = c.next_at_ms {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as i64);
@@ -297,8 +340,8 @@ pub fn status(args: &ServerArgs) -> Result<u8> {
         };
         outln!(
             "canary      {env} generation {}: {}% of requests on the new release; {next}",
-            d["generation"],
-            c["weight"]
+            d.generation,
+            c.weight
         );
     }
     certificates_line(&client)?;

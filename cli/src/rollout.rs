@@ -31,14 +31,12 @@ pub fn promote(server: &ServerArgs, environment: &str, timeout: Duration) -> Res
     eprintln!("pl rollout promote: {environment}: generation {generation}'s canary goes on to its next step");
     let deadline = started + timeout;
     loop {
-        let deployments = client.json("GET", "/v1/deployments?limit=1000")?;
-        let d = deployments["deployments"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|d| d["environment"].as_str() == Some(environment))
-            .cloned()
-            .unwrap_or(Value::Null);
+        // The one environment, as its own resource (its judgement still reads the JSON form:
+        // moving it onto the typed row is issue 43's next step).
+        let d = match client.environment(environment)? {
+            Some(d) => serde_json::to_value(d)?,
+            None => Value::Null,
+        };
         match judge(&d, environment, generation, step) {
             Some(Ok(line)) => {
                 println!("{environment}: {line} ({:.1} s)", started.elapsed().as_secs_f64());

@@ -118,9 +118,17 @@ fn check(client: &Client, args: &WaitArgs) -> Result<Verdict> {
     if in_force != sha && !later {
         return Ok(Verdict::Waiting(format!("{sha} accepted, not in force yet")));
     }
-    let deployments = client.json("GET", "/v1/deployments?limit=1000")?;
-    let rows: Vec<crate::live::Deployment> =
-        serde_json::from_value(deployments["deployments"].clone()).unwrap_or_default();
+    // The environments named, each as its own resource; else every deployment, page by page.
+    let rows: Vec<crate::live::Deployment> = match args.environments.is_empty() {
+        true => client.deployments()?,
+        false => {
+            let mut rows = Vec::new();
+            for env in &args.environments {
+                rows.extend(client.environment(env)?);
+            }
+            rows
+        }
+    };
     let mut waiting = Vec::new();
     let mut seen = Vec::new();
     for d in &rows {
@@ -134,7 +142,7 @@ fn check(client: &Client, args: &WaitArgs) -> Result<Verdict> {
         match crate::live::judge(d) {
             crate::live::Verdict::Live => {}
             crate::live::Verdict::Failed(why) => {
-                let failure = if d.status == "failed" {
+                let failure = if d.status == operator_proto::DeploymentStatus::Failed {
                     crate::up::follow::failure_of(client, env)?
                         .map(|f| format!(": {f}"))
                         .unwrap_or_default()

@@ -107,6 +107,40 @@ async fn end_to_end() {
         (Some(0), &serde_json::Value::Null)
     );
 
+    // One environment as its own resource: the same row, typed on both ends; an unknown one
+    // is a typed 404; with its ETag and `waitMs`, an unchanged environment answers 304 once
+    // the wait is over (and not before), a changed one at once.
+    let (code, etag, body) = d.get_with("/v1/environments/api-production", &s.viewer, &[]);
+    assert_eq!(code, 200, "{body}");
+    let one: operator_proto::Deployment = serde_json::from_str(&body).expect("typed");
+    let listed: operator_proto::DeploymentsPage =
+        serde_json::from_str(&d.get("/v1/deployments", Some(&s.viewer)).1).expect("typed page");
+    assert_eq!(
+        Some(&one),
+        listed.deployments.iter().find(|x| x.environment == "api-production")
+    );
+    let etag = etag.expect("an ETag");
+    let (code, _, body) = d.get_with("/v1/environments/nowhere", &s.viewer, &[]);
+    let error: operator_proto::ErrorBody = serde_json::from_str(&body).expect("typed error");
+    assert_eq!((code, error.code.as_str()), (404, "environment-unknown"), "{body}");
+    let (code, _, _) = d.get_with("/v1/environments/api-production", "not-a-token", &[]);
+    assert_eq!(code, 401);
+    let asked = std::time::Instant::now();
+    let (code, again, _) = d.get_with(
+        "/v1/environments/api-production?waitMs=600",
+        &s.viewer,
+        &[("if-none-match", etag.as_str())],
+    );
+    let waited = asked.elapsed();
+    assert_eq!((code, again.as_deref()), (304, Some(etag.as_str())));
+    assert!(waited >= std::time::Duration::from_millis(550), "it waited: {waited:?}");
+    let (code, _, _) = d.get_with(
+        "/v1/environments/api-production?waitMs=5000",
+        &s.viewer,
+        &[("if-none-match", "\"another\"")],
+    );
+    assert_eq!(code, 200, "what the follower saw differs: answered at once");
+
     // Events page by cursor; the stream resumes from one.
     let (_, body) = d.get("/v1/events?after=0&limit=3", Some(&s.viewer));
     let page: serde_json::Value = serde_json::from_str(&body).expect("json");

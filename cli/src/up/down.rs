@@ -94,8 +94,13 @@ pub fn down(args: &DownArgs) -> Result<u8> {
         println!("pl down: tearing down through local revision {}", &head[..12]);
         let deadline = Instant::now() + Duration::from_secs(args.timeout_seconds);
         loop {
-            let deployments = client.json("GET", "/v1/deployments")?;
-            let rows: Vec<&Value> = deployments["deployments"].as_array().into_iter().flatten().collect();
+            // Every page (the first alone held 100 environments).
+            let all: Vec<Value> = client
+                .deployments()?
+                .into_iter()
+                .map(serde_json::to_value)
+                .collect::<Result<_, _>>()?;
+            let rows: Vec<&Value> = all.iter().collect();
             let torn = |d: &Value| d["action"].as_str() == Some("teardown") && d["status"].as_str() == Some("done");
             let wanted =
                 |d: &Value| named.is_empty() || d["environment"].as_str().is_some_and(|e| named.iter().any(|n| n == e));

@@ -2,7 +2,7 @@
 //! and serving, or one fails; shown live on a terminal (a spinner line per environment, with
 //! its jobs' counts and what runs now) and as plain lines otherwise, one per job state.
 
-use crate::live::{Deployment as Live, Verdict};
+use crate::live::Verdict;
 use crate::operator::Client;
 use anyhow::Result;
 use serde_json::Value;
@@ -247,16 +247,17 @@ fn follow(
             std::thread::sleep(Duration::from_millis(200));
             continue;
         }
-        let deployments = client.json("GET", "/v1/deployments")?;
-        let rows: Vec<Live> = serde_json::from_value(deployments["deployments"].clone()).unwrap_or_default();
         let mut done = 0;
         let mut promote = Vec::new();
         for env in environments {
             let name = env.name.as_str();
-            let Some(d) = rows.iter().find(|d| d.environment == name) else {
+            // Each environment as its own resource: the daemon's work follows this repository's
+            // environments, not the fleet's.
+            let Some(d) = client.environment(name)? else {
                 display.waiting(name);
                 continue;
             };
+            let d = &d;
             let generation = d.generation;
             let listed = client.json("GET", &format!("/v1/jobs?environment={name}&limit=200"))?;
             let of_generation: Vec<&Value> = listed["jobs"]
@@ -311,7 +312,7 @@ fn follow(
                 Verdict::Failed(why) => {
                     display.stop();
                     eprintln!("pl up: {why}");
-                    if d.status == "failed"
+                    if d.status == operator_proto::DeploymentStatus::Failed
                         && let Some(f) = failure_of(client, name)?
                     {
                         eprintln!("{f}");

@@ -5,6 +5,7 @@ pub mod agent;
 pub mod backups;
 pub mod domains;
 pub mod enrolment;
+pub mod environments;
 pub mod logs;
 pub mod mesh;
 pub mod operator;

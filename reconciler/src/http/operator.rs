@@ -101,6 +101,7 @@ pub fn router(state: Arc<Operator>) -> Router {
         .route("/v1/status", get(status))
         .route("/v1/revisions", get(revisions))
         .route("/v1/deployments", get(deployments))
+        .route("/v1/environments/{name}", get(environment))
         .route("/v1/jobs", get(jobs))
         .route("/v1/events", get(events))
         .route("/v1/events/stream", get(stream))
@@ -371,14 +372,23 @@ async fn revisions(State(s): App, headers: HeaderMap, Query(q): Query<ListQuery>
 }
 
 async fn deployments(State(s): App, headers: HeaderMap, Query(q): Query<ListQuery>) -> Response {
-    if let Some(r) = authorize(&s.tokens, &headers, Role::Viewer) {
-        return r;
-    }
     let n = limit(&q, 100);
-    match s.ledger.deployments(q.after.as_deref(), n, now_ms()).await {
-        Ok(rows) => page("deployments", &rows, n, |d| d.environment.clone()),
-        Err(e) => internal(e),
-    }
+    crate::http::environments::page((&s.ledger, &s.tokens), &headers, q.after.as_deref(), n).await
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WaitQuery {
+    wait_ms: Option<u64>,
+}
+
+async fn environment(
+    State(s): App,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Query(q): Query<WaitQuery>,
+) -> Response {
+    crate::http::environments::get((&s.ledger, &s.tokens, &s.hub), &headers, &name, q.wait_ms).await
 }
 
 async fn jobs(State(s): App, headers: HeaderMap, Query(q): Query<ListQuery>) -> Response {

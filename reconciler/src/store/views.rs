@@ -210,9 +210,8 @@ impl Ledger {
             .await?)
     }
 
-    /// Deployments by environment name, after the name `after` (a page's `next`).
-    /// Deployments by environment after `after`, with what agents heard from since
-    /// `now_ms - UNHEALTHY_AFTER_MS` report of their replicas.
+    /// Deployments by environment after `after` (a page's `next`), with what agents heard from
+    /// since `now_ms - UNHEALTHY_AFTER_MS` report of their replicas.
     pub async fn deployments(
         &self,
         after: Option<&str>,
@@ -227,6 +226,26 @@ impl Ledger {
         .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await?;
+        self.deployment_rows(rows, now_ms).await
+    }
+
+    /// One environment's deployment as [`Ledger::deployments`] shows it; `None` when it has none.
+    pub async fn deployment(&self, environment: &str, now_ms: i64) -> Result<Option<DeploymentRow>, LedgerError> {
+        let rows: Vec<DeploymentRecord> = sqlx::query_as(self.sql(
+            "SELECT environment, branch, generation, action, status, step, updated_at, spec, previous_generation, hold, waiting FROM deployments \
+             WHERE environment = ?",
+        ))
+        .bind(environment)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(self.deployment_rows(rows, now_ms).await?.pop())
+    }
+
+    async fn deployment_rows(
+        &self,
+        rows: Vec<DeploymentRecord>,
+        now_ms: i64,
+    ) -> Result<Vec<DeploymentRow>, LedgerError> {
         // What agents report, by environment: (node, role, index, generation, healthy).
         let mut seen: BTreeMap<String, Vec<(String, agent_proto::RunningInstance)>> = BTreeMap::new();
         let since = now_ms - state_schema::placement::UNHEALTHY_AFTER_MS;

@@ -178,6 +178,28 @@ impl Daemon {
         }
     }
 
+    /// GET with a token and headers: (status, the `ETag` header, body).
+    pub fn get_with(&self, path: &str, token: &str, headers: &[(&str, &str)]) -> (u16, Option<String>, String) {
+        let mut req = self
+            .agent
+            .get(&self.url(path))
+            .header("authorization", &format!("Bearer {token}"));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        match req.call() {
+            Ok(mut r) => {
+                let etag = r.headers().get("etag").and_then(|v| v.to_str().ok()).map(str::to_owned);
+                (
+                    r.status().as_u16(),
+                    etag,
+                    r.body_mut().read_to_string().unwrap_or_default(),
+                )
+            }
+            Err(_) => (0, None, String::new()),
+        }
+    }
+
     pub fn post(&self, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, String) {
         let mut req = self.agent.post(&self.url(path));
         for (k, v) in headers {
