@@ -132,7 +132,7 @@ pub fn reasons_text(reasons: &serde_json::Value) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use operator_proto::{Canary, Hold, Waiting};
 
@@ -149,7 +149,8 @@ mod tests {
         assert!(!reasons_text(&reasons).contains('{'));
     }
 
-    fn done(asked: usize, placed: usize, running: usize) -> Deployment {
+    /// A finished rollout's row: `asked` replicas asked for, `placed` placed, `running` running.
+    pub(crate) fn done(asked: usize, placed: usize, running: usize) -> Deployment {
         Deployment {
             environment: "web-production".into(),
             branch: "main".into(),

@@ -48,24 +48,20 @@ pub(crate) fn follow(
     let deadline = started + timeout;
     let mut said = String::new();
     loop {
-        // The one environment, as its own resource (its judgement still reads the JSON form:
-        // moving it onto the typed row is issue 43's next step).
-        let d = match client.environment(environment)? {
-            Some(d) => serde_json::to_value(d)?,
-            None => Value::Null,
-        };
-        match judge(&d, wanted) {
+        // The one environment, as its own resource.
+        let d = client.environment(environment)?;
+        match judge(d.as_ref(), wanted) {
             Judged::Done => {
                 let secs = started.elapsed().as_secs_f64();
+                let generation = d.as_ref().map_or(0, |d| d.generation);
                 if wanted.is_some() {
                     println!(
-                        "{environment}: generation {} runs generation {}'s release on every replica ({secs:.1} s); held until a commit changes {environment} or `pl rollback --release {environment}`",
-                        d["generation"], asked["to"]
+                        "{environment}: generation {generation} runs generation {}'s release on every replica ({secs:.1} s); held until a commit changes {environment} or `pl rollback --release {environment}`",
+                        asked["to"]
                     );
                 } else {
                     println!(
-                        "{environment}: as Git says again, generation {} on every replica ({secs:.1} s)",
-                        d["generation"]
+                        "{environment}: as Git says again, generation {generation} on every replica ({secs:.1} s)"
                     );
                 }
                 return Ok(0);
@@ -101,22 +97,25 @@ enum Judged {
 
 /// Where the deployment `d` stands against the rollback's generation (`wanted`), or, for a
 /// release, against the hold's end.
-fn judge(d: &Value, wanted: Option<u64>) -> Judged {
-    let Some(generation) = d["generation"].as_u64() else {
+fn judge(d: Option<&operator_proto::Deployment>, wanted: Option<u64>) -> Judged {
+    use operator_proto::DeploymentStatus;
+    let Some(d) = d else {
         return Judged::Failed("no deployment".into());
     };
-    let status = d["status"].as_str().unwrap_or("?");
-    let converged = d["running"] == d["replicas"] && d["stale"].as_u64() == Some(0);
+    let generation = u64::try_from(d.generation).unwrap_or(0);
+    let converged = d.running == d.replicas && d.stale == 0;
     let line = format!(
-        "generation {generation} {status}, {} of {} replicas running",
-        d["running"], d["replicas"]
+        "generation {generation} {}, {} of {} replicas running",
+        d.status.as_str(),
+        d.running,
+        d.replicas
     );
     match wanted {
         Some(g) if generation > g => Judged::Failed(format!("generation {generation} replaced the rollback's {g}")),
         Some(g) if generation < g => Judged::Waiting(format!("generation {g} not started yet ({line})")),
-        None if !d["hold"].is_null() => Judged::Waiting(format!("the hold is still on ({line})")),
-        _ if status == "failed" => Judged::Failed(format!("generation {generation} failed")),
-        _ if status == "done" && converged => Judged::Done,
+        None if d.hold.is_some() => Judged::Waiting(format!("the hold is still on ({line})")),
+        _ if d.status == DeploymentStatus::Failed => Judged::Failed(format!("generation {generation} failed")),
+        _ if d.status == DeploymentStatus::Done && converged => Judged::Done,
         _ => Judged::Waiting(line),
     }
 }
@@ -127,17 +126,35 @@ mod tests {
 
     #[test]
     fn done_only_at_the_rollbacks_generation_with_every_replica_reported() {
-        let d = |g: u64, status: &str, running: u64, stale: u64| json!({"generation": g, "status": status, "running": running, "replicas": 2, "stale": stale, "hold": {"generation": 3}});
-        assert!(matches!(judge(&d(2, "done", 2, 0), Some(3)), Judged::Waiting(_)));
-        assert!(matches!(judge(&d(3, "in-progress", 2, 0), Some(3)), Judged::Waiting(_)));
-        assert!(matches!(judge(&d(3, "done", 2, 1), Some(3)), Judged::Waiting(_)));
-        assert!(matches!(judge(&d(3, "done", 2, 0), Some(3)), Judged::Done));
-        assert!(matches!(judge(&d(3, "failed", 0, 2), Some(3)), Judged::Failed(_)));
-        assert!(matches!(judge(&d(4, "done", 2, 0), Some(3)), Judged::Failed(_)));
+        use operator_proto::DeploymentStatus::{Done, Failed, InProgress};
+        let d = |g: i64, status, running: usize, stale: usize| {
+            let mut d = crate::live::tests::done(2, 2, running);
+            (d.generation, d.status, d.stale) = (g, status, stale);
+            d.hold = Some(operator_proto::Hold {
+                by: "ops".into(),
+                at_ms: 0,
+                from: 2,
+                to: 1,
+                generation: 3,
+                git_hash: "h".into(),
+                released: false,
+            });
+            d
+        };
+        assert!(matches!(judge(Some(&d(2, Done, 2, 0)), Some(3)), Judged::Waiting(_)));
+        assert!(matches!(
+            judge(Some(&d(3, InProgress, 2, 0)), Some(3)),
+            Judged::Waiting(_)
+        ));
+        assert!(matches!(judge(Some(&d(3, Done, 2, 1)), Some(3)), Judged::Waiting(_)));
+        assert!(matches!(judge(Some(&d(3, Done, 2, 0)), Some(3)), Judged::Done));
+        assert!(matches!(judge(Some(&d(3, Failed, 0, 2)), Some(3)), Judged::Failed(_)));
+        assert!(matches!(judge(Some(&d(4, Done, 2, 0)), Some(3)), Judged::Failed(_)));
+        assert!(matches!(judge(None, Some(3)), Judged::Failed(_)));
         // A release: done once the hold is gone and the deployment converged.
-        assert!(matches!(judge(&d(3, "done", 2, 0), None), Judged::Waiting(_)));
-        let mut free = d(4, "done", 2, 0);
-        free["hold"] = Value::Null;
-        assert!(matches!(judge(&free, None), Judged::Done));
+        assert!(matches!(judge(Some(&d(3, Done, 2, 0)), None), Judged::Waiting(_)));
+        let mut free = d(4, Done, 2, 0);
+        free.hold = None;
+        assert!(matches!(judge(Some(&free), None), Judged::Done));
     }
 }

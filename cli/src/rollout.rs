@@ -7,7 +7,7 @@
 
 use crate::operator::{Client, ServerArgs};
 use anyhow::Result;
-use serde_json::{Value, json};
+use serde_json::json;
 use std::time::{Duration, Instant};
 
 /// How often the deployment is looked at while following.
@@ -31,13 +31,9 @@ pub fn promote(server: &ServerArgs, environment: &str, timeout: Duration) -> Res
     eprintln!("pl rollout promote: {environment}: generation {generation}'s canary goes on to its next step");
     let deadline = started + timeout;
     loop {
-        // The one environment, as its own resource (its judgement still reads the JSON form:
-        // moving it onto the typed row is issue 43's next step).
-        let d = match client.environment(environment)? {
-            Some(d) => serde_json::to_value(d)?,
-            None => Value::Null,
-        };
-        match judge(&d, environment, generation, step) {
+        // The one environment, as its own resource.
+        let d = client.environment(environment)?;
+        match judge(d.as_ref(), environment, generation, step) {
             Some(Ok(line)) => {
                 println!("{environment}: {line} ({:.1} s)", started.elapsed().as_secs_f64());
                 return Ok(0);
@@ -62,30 +58,35 @@ pub fn promote(server: &ServerArgs, environment: &str, timeout: Duration) -> Res
 /// (`Ok`), will not be (`Err`), or is still running (`None`), from the deployment `d` as
 /// `/v1/deployments` shows it. Said in the canary's terms (its share of requests), never in
 /// the rollout's internal step numbers.
-fn judge(d: &Value, environment: &str, generation: u64, step: u64) -> Option<Result<String, String>> {
-    let Some(now) = d["generation"].as_u64() else {
+fn judge(
+    d: Option<&operator_proto::Deployment>,
+    environment: &str,
+    generation: u64,
+    step: u64,
+) -> Option<Result<String, String>> {
+    use operator_proto::DeploymentStatus;
+    let Some(d) = d else {
         return Some(Err("no deployment".into()));
     };
-    let status = d["status"].as_str().unwrap_or("?");
-    let at = d["step"].as_u64().unwrap_or(0);
-    match (now == generation, status) {
+    let now = u64::try_from(d.generation).unwrap_or(0);
+    let at = u64::try_from(d.step).unwrap_or(0);
+    match (now == generation, d.status) {
         (false, _) => Some(Err(format!(
             "generation {now} replaced {generation} (a rollback, or a commit)"
         ))),
-        (true, "failed") => Some(Err(format!("generation {generation} failed during its canary"))),
-        (true, "done") => Some(Ok(format!(
+        (true, DeploymentStatus::Failed) => Some(Err(format!("generation {generation} failed during its canary"))),
+        (true, DeploymentStatus::Done) => Some(Ok(format!(
             "generation {generation} switched: every request goes to the new release, its canary is over"
         ))),
-        (true, _) if at > step => {
-            let c = &d["canary"];
-            let next = if c["waitsForPromote"].as_bool() == Some(true) {
-                format!("; the next step waits for `pl rollout promote {environment}`")
-            } else {
-                String::new()
+        (true, DeploymentStatus::InProgress) if at > step => {
+            let next = match d.canary.as_ref().is_some_and(|c| c.waits_for_promote) {
+                true => format!("; the next step waits for `pl rollout promote {environment}`"),
+                false => String::new(),
             };
-            Some(Ok(match c["weight"].as_u64() {
-                Some(w) => format!(
-                    "generation {generation}'s canary took its next step: {w}% of requests on the new release{next}"
+            Some(Ok(match &d.canary {
+                Some(c) => format!(
+                    "generation {generation}'s canary took its next step: {}% of requests on the new release{next}",
+                    c.weight
                 ),
                 None => format!("generation {generation}'s canary took its next step"),
             }))
@@ -114,35 +115,51 @@ mod tests {
 
     #[test]
     fn a_promote_is_done_when_its_step_is_past_or_the_rollout_switched() {
-        let d = |g: u64, status: &str, step: u64| json!({"generation": g, "status": status, "step": step});
-        assert_eq!(judge(&d(4, "in-progress", 4), "web", 4, 4), None);
-        assert!(matches!(judge(&d(4, "in-progress", 5), "web", 4, 4), Some(Ok(_))));
-        assert!(matches!(judge(&d(4, "done", 6), "web", 4, 4), Some(Ok(_))));
-        assert!(matches!(judge(&d(4, "failed", 4), "web", 4, 4), Some(Err(_))));
-        assert!(matches!(judge(&d(5, "in-progress", 2), "web", 4, 4), Some(Err(_))));
+        use operator_proto::DeploymentStatus::{Done, Failed, InProgress};
+        let d = |g: i64, status, step: i64| {
+            let mut d = crate::live::tests::done(1, 1, 1);
+            (d.generation, d.status, d.step) = (g, status, step);
+            d
+        };
+        assert_eq!(judge(Some(&d(4, InProgress, 4)), "web", 4, 4), None);
+        assert!(matches!(judge(Some(&d(4, InProgress, 5)), "web", 4, 4), Some(Ok(_))));
+        assert!(matches!(judge(Some(&d(4, Done, 6)), "web", 4, 4), Some(Ok(_))));
+        assert!(matches!(judge(Some(&d(4, Failed, 4)), "web", 4, 4), Some(Err(_))));
+        assert!(matches!(judge(Some(&d(5, InProgress, 2)), "web", 4, 4), Some(Err(_))));
+        assert!(matches!(judge(None, "web", 4, 4), Some(Err(_))));
     }
 
     /// A 2-step canary once read `past step 5, now at step 6`: the rollout's own step numbers.
     /// It is said in the canary's share of requests.
     #[test]
     fn a_promote_speaks_in_the_canarys_terms() {
-        let mid = json!({"generation": 4, "status": "in-progress", "step": 6,
-            "canary": {"weight": 50, "waitsForPromote": true}});
-        let Some(Ok(line)) = judge(&mid, "web", 4, 5) else {
+        use operator_proto::DeploymentStatus::{Done, Failed, InProgress};
+        let d = |status, step: i64| {
+            let mut d = crate::live::tests::done(1, 1, 1);
+            (d.generation, d.status, d.step) = (4, status, step);
+            d
+        };
+        let mut mid = d(InProgress, 6);
+        mid.canary = Some(operator_proto::Canary {
+            weight: 50,
+            waits_for_promote: true,
+            next_at_ms: None,
+        });
+        let Some(Ok(line)) = judge(Some(&mid), "web", 4, 5) else {
             panic!()
         };
         assert_eq!(
             line,
             "generation 4's canary took its next step: 50% of requests on the new release; the next step waits for `pl rollout promote web`"
         );
-        let Some(Ok(done)) = judge(&json!({"generation": 4, "status": "done", "step": 7}), "web", 4, 6) else {
+        let Some(Ok(done)) = judge(Some(&d(Done, 7)), "web", 4, 6) else {
             panic!()
         };
         assert!(
             !done.contains("step 7") && done.contains("its canary is over"),
             "{done}"
         );
-        let Some(Err(failed)) = judge(&json!({"generation": 4, "status": "failed", "step": 6}), "web", 4, 5) else {
+        let Some(Err(failed)) = judge(Some(&d(Failed, 6)), "web", 4, 5) else {
             panic!()
         };
         assert!(!failed.contains("step 6"), "{failed}");
