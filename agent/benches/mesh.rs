@@ -105,6 +105,7 @@ impl Side {
             state_dir: state.join(self.node),
             nft: "nft".into(),
             routes: tokio::sync::Mutex::new(()),
+            applying: tokio::sync::Mutex::new(()),
         }
     }
 }

@@ -36,6 +36,11 @@ pub struct Mesh {
     /// and firewall tasks, the routes' drift repair, the mesh): each computes its part from the
     /// applied mesh, so they take turns.
     pub routes: tokio::sync::Mutex<()>,
+    /// One apply, removal or repair of the mesh at a time, from its fence check to the state
+    /// it writes: a drift repair that read generation 3 while generation 4 was being applied
+    /// applied 3 again over it, and the node stayed on its peer's old key (the fence check
+    /// came before the routes' turn, so it passed).
+    pub applying: tokio::sync::Mutex<()>,
 }
 
 /// How long one apply may wait on the WireGuard device.
@@ -248,6 +253,12 @@ impl Mesh {
 
     /// Applies `spec` (see the module's comment).
     pub async fn apply(&self, spec: &MeshSpec) -> Result<String, Failure> {
+        let _one = self.applying.lock().await;
+        self.apply_held(spec).await
+    }
+
+    /// [`Mesh::apply`], its turn held.
+    async fn apply_held(&self, spec: &MeshSpec) -> Result<String, Failure> {
         let fenced = self.fence();
         if fenced > spec.generation {
             return Err(permanent(
@@ -267,7 +278,7 @@ impl Mesh {
         if spec.peers.is_empty() {
             // Nothing to reach: no interface and no listener (a lone node, a node whose last
             // shared environment left), and what an earlier spec made is taken down.
-            let note = self.remove(spec.generation).await?;
+            let note = self.remove_held(spec.generation).await?;
             self.write_state(spec.generation, Some(spec))?;
             return Ok(format!("no peers at generation {}: {note}", spec.generation));
         }
@@ -370,6 +381,7 @@ impl Mesh {
             state_dir: self.state_dir.clone(),
             nft: self.nft.clone(),
             routes: tokio::sync::Mutex::new(()),
+            applying: tokio::sync::Mutex::new(()),
         };
         let spec = spec.clone();
         tokio::task::spawn_blocking(move || f(&copy, &spec))
@@ -384,6 +396,12 @@ impl Mesh {
     /// Removes the mesh at `generation`: its environments' routes through it, its firewall
     /// side, and the interface (which ends wireguard-go); gone is done.
     pub async fn remove(&self, generation: u64) -> Result<String, Failure> {
+        let _one = self.applying.lock().await;
+        self.remove_held(generation).await
+    }
+
+    /// [`Mesh::remove`], its turn held.
+    async fn remove_held(&self, generation: u64) -> Result<String, Failure> {
         let fenced = self.fence();
         if fenced > generation {
             return Err(permanent(
@@ -420,6 +438,9 @@ impl Mesh {
     /// otherwise (a restart that took wireguard-go with it, a peer removed by hand) or the
     /// mesh's table is gone. `None` when nothing needed doing.
     pub async fn repair(&self) -> Option<Result<String, Failure>> {
+        // What is applied is read, checked and applied again in one turn: never an older
+        // generation over one an apply is putting in place.
+        let _one = self.applying.lock().await;
         let spec = self.applied()?;
         // A lone node has nothing to read back: no device, no table.
         if spec.peers.is_empty() {
@@ -432,7 +453,7 @@ impl Mesh {
         if healthy {
             return None;
         }
-        Some(self.apply(&spec).await)
+        Some(self.apply_held(&spec).await)
     }
 
     /// Each peer's last handshake as the heartbeat says it (reads the device: blocking).

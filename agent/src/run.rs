@@ -657,6 +657,7 @@ pub async fn run(config: Config) -> Result<()> {
             state_dir: config.state_dir.clone(),
             nft: config.nft.clone(),
             routes: tokio::sync::Mutex::new(()),
+            applying: tokio::sync::Mutex::new(()),
         }),
         enabled: config.executors.clone(),
         routes_dir: config.state_dir.join("routes"),

@@ -73,6 +73,7 @@ impl Node {
             state_dir: self.state.clone(),
             nft: "nft".into(),
             routes: tokio::sync::Mutex::new(()),
+            applying: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -698,9 +699,10 @@ fn a_control_plane_joins_its_nodes_environments_across_hosts() {
     let rotated = fleet.pl(&["node", "rotate-mesh-key", "n2", "--timeout", "90"]);
     assert!(
         rotated.status.success(),
-        "{}\n{:?}",
+        "{}\n{:?}\n{}",
         String::from_utf8_lossy(&rotated.stderr),
-        fleet.meshes()
+        fleet.meshes(),
+        fleet.agent_logs()
     );
     assert!(
         String::from_utf8_lossy(&rotated.stdout).contains("n2: new mesh key pair in use"),
@@ -769,8 +771,10 @@ fn a_control_plane_joins_its_nodes_environments_across_hosts() {
         }
         assert!(
             Instant::now() < deadline,
-            "n1 still peers with the retired n2: {mesh:?}\n{:?}",
-            support::sql(&url, "SELECT key || ' ' || state FROM jobs ORDER BY id")
+            "n1 still peers with the retired n2: {mesh:?}\n{:?}\n{:?}\n{}",
+            support::sql(&url, "SELECT key || ' ' || state FROM jobs ORDER BY id"),
+            fleet.meshes(),
+            fleet.agent_logs()
         );
         std::thread::sleep(Duration::from_millis(300));
     }
@@ -955,4 +959,41 @@ fn a_node_behind_nat_is_reached_through_the_path_it_keeps_open() {
     // the same outside port back: such NATs are not supported, docs/agent.md.)
     std::thread::sleep(Duration::from_secs(40));
     assert_eq!(get(&fleet.h1, &n1_name, &n2_ip), n2_id, "{:?}", fleet.meshes());
+}
+
+/// A drift repair takes its turn with applies: it read the applied generation, an apply of
+/// the next one ran meanwhile, and the repair applied the older one again over it (the node
+/// stayed on its peer's old key until a key rotation timed out). While an apply holds the
+/// turn, a repair waits, and reads what is applied once it has it.
+#[test]
+fn a_mesh_repair_waits_for_an_apply_under_way() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mesh = std::sync::Arc::new(Mesh {
+        control_plane: cp(),
+        node: "n1".into(),
+        state_dir: dir.path().to_path_buf(),
+        nft: "nft".into(),
+        routes: tokio::sync::Mutex::new(()),
+        applying: tokio::sync::Mutex::new(()),
+    });
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let apply_turn = mesh.applying.lock().await;
+        let m = std::sync::Arc::clone(&mesh);
+        let repair = tokio::spawn(async move { m.repair().await.is_none() });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !repair.is_finished(),
+            "the repair went ahead while an apply held the turn"
+        );
+        drop(apply_turn);
+        let nothing = tokio::time::timeout(Duration::from_secs(5), repair)
+            .await
+            .expect("the repair ends once the turn is free")
+            .expect("joined");
+        assert!(nothing, "nothing applied: nothing to repair");
+    });
 }
