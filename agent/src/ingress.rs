@@ -764,11 +764,13 @@ impl Ingress {
                 }
             };
             let slots = self.slot_count(&hostname);
-            // Each node repairs the routes it publishes (nodes sharing a machine all may).
-            if slots == 0 || self.own(&hostname).dials.is_empty() {
+            // Each node repairs the routes it publishes (nodes sharing a machine all may),
+            // as its list says under the lock.
+            let own = self.own(&hostname);
+            if slots == 0 || own.dials.is_empty() {
                 continue;
             }
-            let environment = self.own(&hostname).environment;
+            let environment = own.environment;
             let id = route_id(self.plane(), &hostname);
             let served = self.served(&hostname);
             // The file handshakes read, when gone (another node's newer one is left alone).

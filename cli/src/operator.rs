@@ -107,9 +107,23 @@ impl Client {
     }
 
     fn call_with(&self, method: &str, path: &str, body: Option<&Value>) -> Result<ureq::http::Response<ureq::Body>> {
+        let resp = self.send(method, path, body)?;
+        let status = resp.status().as_u16();
+        if status >= 400 {
+            let mut resp = resp;
+            let body: Value = resp.body_mut().read_json().unwrap_or(Value::Null);
+            let code = body["code"].as_str().unwrap_or("http-error");
+            let message = body["message"].as_str().unwrap_or("");
+            bail!("{path}: {status} {message} [{code}]");
+        }
+        Ok(resp)
+    }
+
+    /// The request with the token, its answer whatever its status.
+    fn send(&self, method: &str, path: &str, body: Option<&Value>) -> Result<ureq::http::Response<ureq::Body>> {
         let url = format!("{}{path}", self.base);
         let auth = Zeroizing::new(format!("Bearer {}", self.token.as_str()));
-        let resp = match (method, body) {
+        match (method, body) {
             ("POST", Some(b)) => self
                 .agent
                 .post(&url)
@@ -122,16 +136,7 @@ impl Client {
                 .send_empty(),
             _ => self.agent.get(&url).header("authorization", auth.as_str()).call(),
         }
-        .map_err(|e| anyhow!("{}: {e}", self.base))?;
-        let status = resp.status().as_u16();
-        if status >= 400 {
-            let mut resp = resp;
-            let body: Value = resp.body_mut().read_json().unwrap_or(Value::Null);
-            let code = body["code"].as_str().unwrap_or("http-error");
-            let message = body["message"].as_str().unwrap_or("");
-            bail!("{path}: {status} {message} [{code}]");
-        }
-        Ok(resp)
+        .map_err(|e| anyhow!("{}: {e}", self.base))
     }
 
     /// A POST with a JSON body; its JSON answer.
@@ -148,14 +153,7 @@ impl Client {
     /// has none (`environment-unknown`).
     pub(crate) fn environment(&self, name: &str) -> Result<Option<operator_proto::Deployment>> {
         let path = format!("/v1/environments/{}", encode(name));
-        let url = format!("{}{path}", self.base);
-        let auth = Zeroizing::new(format!("Bearer {}", self.token.as_str()));
-        let mut resp = self
-            .agent
-            .get(&url)
-            .header("authorization", auth.as_str())
-            .call()
-            .map_err(|e| anyhow!("{}: {e}", self.base))?;
+        let mut resp = self.send("GET", &path, None)?;
         let status = resp.status().as_u16();
         if status >= 400 {
             let error: Option<operator_proto::ErrorBody> = resp.body_mut().read_json().ok();
