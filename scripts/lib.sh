@@ -51,6 +51,21 @@ ensure_s3_server() {
   "$tools/bin/pip" install -q --disable-pip-version-check "moto[server]==$moto_version"
 }
 
+# ensure_openapi_validator: openapi-spec-validator (a real validator of OpenAPI 3.1 documents,
+# from PyPI), pinned, into the same virtual environment: CI checks docs/openapi.json with it.
+openapi_validator_version=0.9.0
+ensure_openapi_validator() {
+  if "$tools/bin/python" -c "import sys, importlib.metadata as m; sys.exit(m.version('openapi-spec-validator') != '$openapi_validator_version')" 2>/dev/null; then
+    return 0
+  fi
+  if [[ $(id -u) != 0 && ! -w $tools ]]; then
+    echo "missing: openapi-spec-validator $openapi_validator_version in $tools (as root: $tools/bin/pip install openapi-spec-validator==$openapi_validator_version)" >&2
+    return 1
+  fi
+  echo "installing openapi-spec-validator $openapi_validator_version into $tools"
+  "$tools/bin/pip" install -q --disable-pip-version-check "openapi-spec-validator==$openapi_validator_version"
+}
+
 # ensure_dockerd: a Docker engine that answers; started when none does (through systemd when
 # it runs, else in the background with its log in target/dockerd.log).
 ensure_dockerd() {

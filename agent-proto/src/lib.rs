@@ -111,15 +111,6 @@ pub struct EnrollResponse {
     pub control_plane: String,
 }
 
-/// `POST /v1/nodes/{node}/token` (operator): a one-time enrolment token.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct TokenResponse {
-    pub node: String,
-    pub token: String,
-    pub expires_at_ms: i64,
-}
-
 /// Most jobs one lease call may take.
 pub const MAX_LEASE_BATCH: u32 = 8;
 /// Longest a lease call may wait for work, in milliseconds.

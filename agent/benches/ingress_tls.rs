@@ -18,7 +18,7 @@ mod support;
 mod tls_support;
 
 use pushleft_agent::ingress::Ingress;
-use pushleft_agent::ingress_tls::TlsConfig;
+use pushleft_agent::ingress::tls::TlsConfig;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};

@@ -117,7 +117,7 @@ fn main() {
             engine.ensure_network(&net).await.expect("network");
             let specs: Vec<ApplicationSpec> = (0..REPLICAS).map(|i| app(&image, i, 1, &net)).collect();
             // Each task as `run::execute` does it: the ensure, then the service names rebuilt.
-            let names = pushleft_agent::names_server::NameService::new(None);
+            let names = pushleft_agent::names::server::NameService::new(None);
             let results = pushleft_agent::lease_loop::run_step(specs.iter(), |s| {
                 let names = &names;
                 let engine = &engine;
@@ -137,7 +137,7 @@ fn main() {
         // What one refresh of the service names costs with the 20 replicas running (it follows
         // every task that changes containers).
         let mut refreshes: Vec<Duration> = rt.block_on(async {
-            let names = pushleft_agent::names_server::NameService::new(None);
+            let names = pushleft_agent::names::server::NameService::new(None);
             let mut took = Vec::new();
             for _ in 0..20 {
                 let t = Instant::now();

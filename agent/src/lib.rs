@@ -6,20 +6,16 @@
 //! nor `state-schema` (`tests/deps.rs`).
 
 pub mod build;
-pub mod caddy_admin;
 pub mod client;
 pub mod docker;
 pub mod enroll;
 pub mod firewall;
 pub mod folder;
 pub mod ingress;
-pub mod ingress_kernel;
-pub mod ingress_tls;
 pub mod lease_loop;
 pub mod logs;
 pub mod mesh;
 pub mod names;
-pub mod names_server;
 pub mod outcome;
 pub mod registry_auth;
 pub mod restic;

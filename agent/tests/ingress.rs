@@ -481,7 +481,7 @@ fn der_of(pem: &str) -> Vec<u8> {
 /// back to plain HTTP, then a removal, leave nothing of it.
 #[test]
 fn brought_certificates_serve_https_and_redirect_plain_http() {
-    use pushleft_agent::ingress_tls::TlsConfig;
+    use pushleft_agent::ingress::tls::TlsConfig;
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().expect("tempdir");
     let (http, https) = (support::free_port(), support::free_port());
@@ -591,7 +591,7 @@ fn brought_certificates_serve_https_and_redirect_plain_http() {
     assert_eq!(mode, 0o600);
 
     // Drift: the HTTPS route deleted by hand is put back.
-    let id = pushleft_agent::ingress_tls::https_route_id("0123abcd", host);
+    let id = pushleft_agent::ingress::tls::https_route_id("0123abcd", host);
     assert_eq!(
         support::caddy_admin(&socket, "DELETE", &format!("/id/{id}"))
             .expect("delete")
@@ -668,7 +668,7 @@ fn brought_certificates_serve_https_and_redirect_plain_http() {
     assert!(!certs.join(host).join("0123abcd_n1").exists());
 }
 
-/// ACME HTTP-01 challenges (`ingress_acme.rs`): a placed challenge is answered over plain HTTP
+/// ACME HTTP-01 challenges (`ingress/acme.rs`): a placed challenge is answered over plain HTTP
 /// for a hostname not published yet and for one published (behind an HTTPS redirect too:
 /// `host.rs`), without a reload for the second; other paths still reach the application; a
 /// malformed token is refused before anything is written; another control plane sharing the
@@ -797,7 +797,7 @@ fn acme_challenges_placed_side_by_side_add_one_route() {
 /// dropping the first's entry, and that publish failed with `ingress-readback-mismatch`).
 #[test]
 fn https_publishes_side_by_side_each_keep_their_certificate() {
-    use pushleft_agent::ingress_tls::TlsConfig;
+    use pushleft_agent::ingress::tls::TlsConfig;
     let dir = tempfile::tempdir().expect("tempdir");
     let (http, https) = (support::free_port(), support::free_port());
     let (socket, admin, caddy) = caddy(dir.path());

@@ -3,7 +3,7 @@
 //! stays open over HTTPS, a hostname's certificate is replaced ten times. Every request is
 //! answered, the stream runs on, each new certificate is the one shown from the next
 //! handshake, and Caddy's configuration is not touched (the certificate is a file its
-//! handshakes fetch, `ingress_tls.rs`). A certificates server that is asked without the
+//! handshakes fetch, `ingress/tls.rs`). A certificates server that is asked without the
 //! control plane's token, or for a file outside the folder, answers nothing; a serving file
 //! removed by hand fails handshakes until the drift repair puts it back.
 
@@ -14,7 +14,7 @@ mod support;
 mod tls_support;
 
 use pushleft_agent::ingress::Ingress;
-use pushleft_agent::ingress_tls::TlsConfig;
+use pushleft_agent::ingress::tls::TlsConfig;
 use std::io::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -16,7 +16,7 @@ mod support;
 use agent_proto::{ApplicationSpec, NetworkSpec};
 use docker_support::{Registry, clean, docker, require_dockerd};
 use pushleft_agent::docker::Engine;
-use pushleft_agent::names_server::NameService;
+use pushleft_agent::names::server::NameService;
 use std::net::Ipv4Addr;
 use std::path::Path;
 

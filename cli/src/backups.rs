@@ -3,9 +3,11 @@
 //! operator's backup now, which returns only once its node reported how it ended; `pl restore`,
 //! which returns once the role runs on the restored generation.
 
-use crate::operator::{Client, OutFormat, ServerArgs, print_json, query};
-use anyhow::{Result, bail};
-use serde_json::Value;
+use crate::client::{Client, OutFormat, ServerArgs, print_json};
+use anyhow::Result;
+use operator_proto::DeploymentStatus;
+use operator_proto::backups::{BackupStatus, Restore, RunBackup};
+use operator_proto::jobs::JobState;
 use std::time::{Duration, Instant};
 
 /// How often `pl backup` looks for its backup's end.
@@ -33,33 +35,21 @@ fn utc(ms: i64) -> String {
     )
 }
 
-fn list_path(environment: &str, volume: Option<&str>, limit: u32) -> String {
-    format!(
-        "/v1/backups{}",
-        query(&[
-            ("environment", Some(environment.to_owned())),
-            ("volume", volume.map(str::to_owned)),
-            ("limit", Some(limit.to_string())),
-        ])
-    )
-}
-
 pub fn list(args: &ServerArgs, environment: &str, volume: Option<&str>, limit: u32) -> Result<u8> {
-    let v = Client::new(args)?.json("GET", &list_path(environment, volume, limit))?;
+    let v = Client::new(args)?.backups(environment, volume, limit)?;
     if args.format == OutFormat::Json {
         return print_json(&v);
     }
-    let rows: Vec<&Value> = v["backups"].as_array().into_iter().flatten().collect();
-    if rows.is_empty() {
+    if v.backups.is_empty() {
         outln!("no backups of {environment} yet");
         return Ok(0);
     }
-    for p in v["proven"].as_array().into_iter().flatten() {
+    for p in &v.proven {
         outln!(
             "{}: restore last proven {} (snapshot {})",
-            p["volume"].as_str().unwrap_or("?"),
-            utc(p["atMs"].as_i64().unwrap_or(0)),
-            p["snapshot"].as_str().unwrap_or("?")
+            p.volume,
+            utc(p.at_ms),
+            p.snapshot.as_deref().unwrap_or("?")
         );
     }
     outln!(
@@ -71,16 +61,16 @@ pub fn list(args: &ServerArgs, environment: &str, volume: Option<&str>, limit: u
         "snapshot",
         "size"
     );
-    for r in rows {
+    for r in &v.backups {
         outln!(
             "{:<23} {:<16} {:<12} {:<9} {:<10} {:>10}  {}",
-            utc(r["finishedAtMs"].as_i64().unwrap_or(0)),
-            r["volume"].as_str().unwrap_or("?"),
-            r["node"].as_str().unwrap_or("?"),
-            r["status"].as_str().unwrap_or("?"),
-            r["snapshot"].as_str().unwrap_or("-"),
-            r["bytes"].as_i64().map_or("-".to_owned(), crate::volumes::bytes),
-            r["reason"].as_str().unwrap_or(""),
+            utc(r.finished_at_ms),
+            r.volume,
+            r.node,
+            r.status.as_str(),
+            r.snapshot.as_deref().unwrap_or("-"),
+            r.bytes.map_or("-".to_owned(), crate::volumes::bytes),
+            r.reason,
         );
     }
     Ok(0)
@@ -90,56 +80,49 @@ pub fn list(args: &ServerArgs, environment: &str, volume: Option<&str>, limit: u
 /// (at most `timeout`) for its node's report.
 pub fn run(args: &ServerArgs, environment: &str, volume: &str, verify: bool, timeout: Duration) -> Result<u8> {
     let client = Client::new(args)?;
-    let body = serde_json::json!({"environment": environment, "volume": volume, "verify": verify});
-    let asked = client.post_json("/v1/backups/run", &body)?;
-    let Some(job) = asked["job"].as_str() else {
-        bail!("the control plane answered no job: {asked}");
-    };
+    let job = client
+        .run_backup(&RunBackup {
+            environment: environment.to_owned(),
+            volume: volume.to_owned(),
+            verify,
+        })?
+        .job;
     let started = Instant::now();
     loop {
-        let v = client.json("GET", &list_path(environment, Some(volume), 20))?;
-        let ended = v["backups"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|r| r["job"] == job)
-            .cloned();
-        if let Some(r) = ended {
+        let v = client.backups(environment, Some(volume), 20)?;
+        if let Some(r) = v.backups.into_iter().find(|r| r.job == job) {
+            let node = &r.node;
+            let snapshot = r.snapshot.as_deref().unwrap_or("?");
             if args.format == OutFormat::Json {
                 print_json(&r)?;
-            } else if r["status"] == "verified" {
-                outln!(
-                    "verified {environment}/{volume} on {}: snapshot {} restored and its verify command passed in {:.1} s",
-                    r["node"].as_str().unwrap_or("?"),
-                    r["snapshot"].as_str().unwrap_or("?"),
-                    started.elapsed().as_secs_f64()
-                );
-            } else if r["status"] == "verify-failed" {
-                eprintln!(
-                    "error[backup-verify-failed]: {environment}/{volume} on {}: {}",
-                    r["node"].as_str().unwrap_or("?"),
-                    r["reason"].as_str().unwrap_or("?")
-                );
-            } else if r["status"] == "succeeded" {
-                outln!(
-                    "backed up {environment}/{volume} on {}: snapshot {} ({}, {} added) in {:.1} s",
-                    r["node"].as_str().unwrap_or("?"),
-                    r["snapshot"].as_str().unwrap_or("?"),
-                    r["bytes"].as_i64().map_or("?".to_owned(), crate::volumes::bytes),
-                    r["dataAdded"].as_i64().map_or("?".to_owned(), crate::volumes::bytes),
-                    started.elapsed().as_secs_f64()
-                );
             } else {
-                eprintln!(
-                    "error[backup-failed]: {environment}/{volume} on {}: {}",
-                    r["node"].as_str().unwrap_or("?"),
-                    r["reason"].as_str().unwrap_or("?")
-                );
+                match r.status {
+                    BackupStatus::Verified => outln!(
+                        "verified {environment}/{volume} on {node}: snapshot {snapshot} restored and its verify command passed in {:.1} s",
+                        started.elapsed().as_secs_f64()
+                    ),
+                    BackupStatus::VerifyFailed => {
+                        eprintln!(
+                            "error[backup-verify-failed]: {environment}/{volume} on {node}: {}",
+                            r.reason
+                        )
+                    }
+                    BackupStatus::Succeeded => outln!(
+                        "backed up {environment}/{volume} on {node}: snapshot {snapshot} ({}, {} added) in {:.1} s",
+                        r.bytes.map_or("?".to_owned(), crate::volumes::bytes),
+                        r.data_added.map_or("?".to_owned(), crate::volumes::bytes),
+                        started.elapsed().as_secs_f64()
+                    ),
+                    BackupStatus::Failed | BackupStatus::MoveFailed => {
+                        eprintln!("error[backup-failed]: {environment}/{volume} on {node}: {}", r.reason)
+                    }
+                    // Not the job `pl backup` asked for: a move's save has its own key.
+                    BackupStatus::Moved => outln!("{environment}/{volume} on {node}: {}", r.status),
+                }
             }
-            return Ok(if r["status"] == "succeeded" || r["status"] == "verified" {
-                0
-            } else {
-                1
+            return Ok(match r.status {
+                BackupStatus::Succeeded | BackupStatus::Verified | BackupStatus::Moved => 0,
+                BackupStatus::Failed | BackupStatus::VerifyFailed | BackupStatus::MoveFailed => 1,
             });
         }
         if started.elapsed() >= timeout {
@@ -153,24 +136,14 @@ pub fn run(args: &ServerArgs, environment: &str, volume: &str, verify: bool, tim
     }
 }
 
-/// The environment's deployment (`GET /v1/environments/{name}`), in its JSON form.
-fn deployment(client: &Client, environment: &str) -> Result<Option<Value>> {
-    client
-        .environment(environment)?
-        .map(serde_json::to_value)
-        .transpose()
-        .map_err(Into::into)
-}
-
 /// The agent's reason a job ended with, from its `job-failed` / `job-dead` event.
 fn reason_of(client: &Client, job: &str) -> Result<String> {
-    let events = client.json("GET", "/v1/events?after=0&limit=1000")?;
-    Ok(events["events"]
-        .as_array()
+    let events = client.events(0, 1000)?;
+    Ok(events
+        .events
         .into_iter()
-        .flatten()
-        .rfind(|e| matches!(e["kind"].as_str(), Some("job-failed" | "job-dead")) && e["subject"] == job)
-        .and_then(|e| e["detail"].as_str().map(str::to_owned))
+        .rfind(|e| matches!(e.kind.as_str(), "job-failed" | "job-dead") && e.subject == job)
+        .map(|e| e.detail)
         .unwrap_or_else(|| "see `pl events`".to_owned()))
 }
 
@@ -185,15 +158,13 @@ pub fn restore(
     timeout: Duration,
 ) -> Result<u8> {
     let client = Client::new(args)?;
-    let before = deployment(&client, environment)?.and_then(|d| d["generation"].as_i64());
-    let mut body = serde_json::json!({"environment": environment, "volume": volume});
-    if let Some(s) = snapshot {
-        body["snapshot"] = Value::from(s);
-    }
-    let asked = client.post_json("/v1/restores", &body)?;
-    let (Some(job), Some(to)) = (asked["job"].as_str(), asked["generation"].as_i64()) else {
-        bail!("the control plane answered no job: {asked}");
-    };
+    let before = client.environment(environment)?.map(|d| d.generation);
+    let asked = client.restore(&Restore {
+        environment: environment.to_owned(),
+        volume: volume.to_owned(),
+        snapshot: snapshot.map(str::to_owned),
+    })?;
+    let (job, to) = (asked.job.as_str(), asked.generation as i64);
     let started = Instant::now();
     let late = |what: &str| -> Result<u8> {
         eprintln!(
@@ -204,36 +175,25 @@ pub fn restore(
     };
     // 1. The node filled the new generation (the volume moved to it), or the job failed.
     loop {
-        let volumes = client.json("GET", "/v1/volumes")?;
-        let at = volumes["volumes"]
-            .as_array()
+        let at = client
+            .volumes()?
+            .volumes
             .into_iter()
-            .flatten()
-            .find(|r| r["environment"] == environment && r["volume"] == volume)
-            .and_then(|r| r["generation"].as_i64());
+            .find(|r| r.environment == environment && r.volume == volume)
+            .map(|r| r.generation);
         if at == Some(to) {
             break;
         }
-        let jobs = client.json(
-            "GET",
-            &format!(
-                "/v1/jobs{}",
-                query(&[
-                    ("environment", Some(environment.to_owned())),
-                    ("limit", Some("200".into()))
-                ])
-            ),
-        )?;
-        let state = jobs["jobs"]
-            .as_array()
+        let state = client
+            .jobs(None, Some(environment), 200)?
+            .jobs
             .into_iter()
-            .flatten()
-            .find(|j| j["key"] == job)
-            .and_then(|j| j["state"].as_str().map(str::to_owned));
-        if matches!(state.as_deref(), Some("failed" | "dead" | "cancelled")) {
+            .find(|j| j.key == job)
+            .map(|j| j.state);
+        if matches!(state, Some(JobState::Failed | JobState::Dead | JobState::Cancelled)) {
             eprintln!(
                 "error[volume-restore-failed]: {environment}/{volume} on {}: {}",
-                asked["node"].as_str().unwrap_or("?"),
+                asked.node,
                 reason_of(&client, job)?
             );
             return Ok(1);
@@ -246,13 +206,13 @@ pub fn restore(
     let restored = started.elapsed();
     // 2. Its role placed again on it: a new generation, rolled out, every replica running.
     loop {
-        if let Some(d) = deployment(&client, environment)? {
-            let newer = d["generation"].as_i64() > before;
-            let converged = d["status"] == "done" && d["running"] == d["replicas"] && d["stale"].as_u64() == Some(0);
-            if d["status"] == "failed" {
+        if let Some(d) = client.environment(environment)? {
+            let newer = Some(d.generation) > before;
+            let converged = d.status == DeploymentStatus::Done && d.running == d.replicas && d.stale == 0;
+            if d.status == DeploymentStatus::Failed {
                 eprintln!(
                     "error[deployment-failed]: {environment} generation {} failed after the restore; generation {} of {volume} holds the restored data, the one before it is kept",
-                    d["generation"], to
+                    d.generation, to
                 );
                 return Ok(1);
             }
@@ -262,18 +222,18 @@ pub fn restore(
                         "environment": environment,
                         "volume": volume,
                         "generation": to,
-                        "snapshot": asked["snapshot"],
-                        "deployment": d["generation"],
+                        "snapshot": asked.snapshot,
+                        "deployment": d.generation,
                         "restoredMs": restored.as_millis() as u64,
                         "runningMs": started.elapsed().as_millis() as u64,
                     }));
                 }
                 outln!(
                     "restored {environment}/{volume} from snapshot {} into generation {to} on {} in {:.1} s; generation {} of {environment} runs on it after {:.1} s (generation {} of the volume is kept)",
-                    asked["snapshot"].as_str().unwrap_or("?"),
-                    asked["node"].as_str().unwrap_or("?"),
+                    asked.snapshot,
+                    asked.node,
                     restored.as_secs_f64(),
-                    d["generation"],
+                    d.generation,
                     started.elapsed().as_secs_f64(),
                     to - 1
                 );
@@ -299,11 +259,11 @@ mod tests {
     #[test]
     fn a_listing_asks_for_one_volume_only_when_named() {
         assert_eq!(
-            super::list_path("shop", None, 50),
+            crate::client::backups_path("shop", None, 50),
             "/v1/backups?environment=shop&limit=50"
         );
         assert_eq!(
-            super::list_path("shop", Some("pgdata"), 5),
+            crate::client::backups_path("shop", Some("pgdata"), 5),
             "/v1/backups?environment=shop&volume=pgdata&limit=5"
         );
     }

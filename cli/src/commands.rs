@@ -44,7 +44,7 @@ fn invalid_head(loaded: &Loaded, format: PlanFormat, paint: Paint) -> anyhow::Re
     Ok(1)
 }
 
-pub fn plan(args: &PlanArgs, fleet: Option<&crate::operator::ServerArgs>, paint: Paint) -> anyhow::Result<u8> {
+pub fn plan(args: &PlanArgs, fleet: Option<&crate::client::ServerArgs>, paint: Paint) -> anyhow::Result<u8> {
     let (format, output_dir) = (args.format, args.output_dir.as_deref());
     let dir = args.dir.clone().unwrap_or_else(|| std::path::PathBuf::from("."));
     let (base_spec, head_spec, detailed) = (args.base.as_str(), args.head.as_deref(), args.detailed_exitcode);

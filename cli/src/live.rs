@@ -7,7 +7,6 @@
 //! its node's agent, and none of another generation still runs.
 
 use operator_proto::{Action, DeploymentStatus};
-use serde::Deserialize;
 use std::collections::BTreeMap;
 
 /// A `/v1/deployments` row (or `GET /v1/environments/{name}`): the operator API's own type,
@@ -109,13 +108,7 @@ pub fn judge(d: &Deployment) -> Verdict {
 /// A revision's reasons as `pl validate` prints problems: one a line, `file:line:column:
 /// error[code]: message` with its hint below where the daemon found a problem in a file, and
 /// `error[code]: message` for a refusal of trust (a signature, a policy rule).
-pub fn reasons_text(reasons: &serde_json::Value) -> String {
-    #[derive(Deserialize)]
-    struct Reason {
-        code: String,
-        message: String,
-    }
-    let list: Vec<Reason> = serde_json::from_value(reasons.clone()).unwrap_or_default();
+pub fn reasons_text(list: &[operator_proto::revisions::Reason]) -> String {
     if list.is_empty() {
         return "no reason recorded".to_owned();
     }
@@ -138,10 +131,17 @@ pub(crate) mod tests {
 
     #[test]
     fn reasons_read_as_validate_prints_them() {
-        let reasons = serde_json::json!([
-            {"code": "invalid-value", "message": "projects/api.yaml:16:7: error[invalid-value]: `replicas` is not a number\n  hint: write a whole number"},
-            {"code": "unsigned", "message": "0123456789ab: the commit is not signed"}
-        ]);
+        let reason = |code: &str, message: &str| operator_proto::revisions::Reason {
+            code: code.into(),
+            message: message.into(),
+        };
+        let reasons = [
+            reason(
+                "invalid-value",
+                "projects/api.yaml:16:7: error[invalid-value]: `replicas` is not a number\n  hint: write a whole number",
+            ),
+            reason("unsigned", "0123456789ab: the commit is not signed"),
+        ];
         assert_eq!(
             reasons_text(&reasons),
             "projects/api.yaml:16:7: error[invalid-value]: `replicas` is not a number\n  hint: write a whole number\nerror[unsigned]: 0123456789ab: the commit is not signed"

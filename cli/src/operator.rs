@@ -4,273 +4,42 @@
 //! The token comes from `PL_TOKEN` or a file (`--token-file`, `PL_TOKEN_FILE`), never from an
 //! argument, so it is not in the process list or shell history.
 
-use anyhow::{Context, Result, anyhow, bail};
-use serde_json::Value;
+use crate::client::{Client, OutFormat, ServerArgs, print_json, query};
+use anyhow::{Result, anyhow, bail};
+use operator_proto::domains::{CertificateState, DomainState};
+use operator_proto::events::Event;
+use operator_proto::nodes::{NodeMesh, Nodes};
 use std::io::BufRead;
-use std::path::PathBuf;
-use std::sync::Arc;
-use zeroize::Zeroizing;
-
-#[derive(clap::Args, Debug, Clone)]
-pub struct ServerArgs {
-    /// The reconciler's API (default https://127.0.0.1:7443; inside a repository whose local
-    /// control plane runs, and with no server, token or `--local` given, that one).
-    #[arg(long, env = "PL_SERVER", global = true)]
-    pub server: Option<String>,
-    /// The CA that signed the API's certificate (PEM); the system's roots when absent.
-    #[arg(long, env = "PL_CA_CERT", value_name = "FILE", global = true)]
-    pub ca_cert: Option<PathBuf>,
-    /// A file holding the API token (or set `PL_TOKEN`).
-    #[arg(long, env = "PL_TOKEN_FILE", value_name = "FILE", global = true)]
-    pub token_file: Option<PathBuf>,
-    #[arg(long, value_enum, default_value_t = OutFormat::Text, global = true)]
-    pub format: OutFormat,
-    /// Talk to the local control plane `pl up` started for this repository (default: the
-    /// current directory) instead of `--server`.
-    #[arg(long, value_name = "DIR", num_args = 0..=1, default_missing_value = ".", global = true)]
-    pub local: Option<PathBuf>,
-}
-
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OutFormat {
-    Text,
-    Json,
-}
-
-impl ServerArgs {
-    /// Whether anything names a control plane (a server, a token, `--local`).
-    pub fn names_one(&self) -> bool {
-        self.server.is_some()
-            || self.token_file.is_some()
-            || self.local.is_some()
-            || std::env::var("PL_TOKEN").is_ok_and(|t| !t.trim().is_empty())
-    }
-}
-
-/// The API `pl` talks to when nothing else is said.
-pub const DEFAULT_SERVER: &str = "https://127.0.0.1:7443";
-
-pub(crate) struct Client {
-    agent: ureq::Agent,
-    base: String,
-    token: Zeroizing<String>,
-}
-
-impl Client {
-    /// A client of the control plane `args` name (`--local` is resolved by `main` first).
-    pub(crate) fn new(args: &ServerArgs) -> Result<Client> {
-        let env_token = std::env::var("PL_TOKEN").ok().filter(|t| !t.trim().is_empty());
-        if args.server.is_none() && args.token_file.is_none() && env_token.is_none() {
-            bail!(
-                "no control plane named: pass --server (or PL_SERVER) with --token-file (or PL_TOKEN), or --local DIR for the one `pl up` runs for a repository (none runs for this folder)"
-            );
-        }
-        let server = args.server.as_deref().unwrap_or(DEFAULT_SERVER);
-        let token = match env_token {
-            Some(t) => Zeroizing::new(t.trim().to_owned()),
-            None => {
-                let path = args
-                    .token_file
-                    .as_ref()
-                    .ok_or_else(|| anyhow!("no API token: set PL_TOKEN or pass --token-file (or --local DIR for the control plane `pl up` runs)"))?;
-                let t = Zeroizing::new(
-                    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?,
-                );
-                Zeroizing::new(t.trim().to_owned())
-            }
-        };
-        let mut tls = ureq::tls::TlsConfig::builder();
-        if let Some(ca) = &args.ca_cert {
-            let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
-            let cert = ureq::tls::Certificate::from_pem(&pem)
-                .map_err(|e| anyhow!("{}: {e}", ca.display()))?
-                .to_owned();
-            tls = tls.root_certs(ureq::tls::RootCerts::Specific(Arc::new(vec![cert])));
-        }
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .tls_config(tls.build())
-            .http_status_as_error(false)
-            .build()
-            .into();
-        if !server.starts_with("https://") {
-            bail!("--server must be an https:// URL: the API only speaks TLS");
-        }
-        Ok(Client {
-            agent,
-            base: server.trim_end_matches('/').to_owned(),
-            token,
-        })
-    }
-
-    fn call(&self, method: &str, path: &str) -> Result<ureq::http::Response<ureq::Body>> {
-        self.call_with(method, path, None)
-    }
-
-    fn call_with(&self, method: &str, path: &str, body: Option<&Value>) -> Result<ureq::http::Response<ureq::Body>> {
-        let resp = self.send(method, path, body)?;
-        let status = resp.status().as_u16();
-        if status >= 400 {
-            let mut resp = resp;
-            let body: Value = resp.body_mut().read_json().unwrap_or(Value::Null);
-            let code = body["code"].as_str().unwrap_or("http-error");
-            let message = body["message"].as_str().unwrap_or("");
-            bail!("{path}: {status} {message} [{code}]");
-        }
-        Ok(resp)
-    }
-
-    /// The request with the token, its answer whatever its status.
-    fn send(&self, method: &str, path: &str, body: Option<&Value>) -> Result<ureq::http::Response<ureq::Body>> {
-        let url = format!("{}{path}", self.base);
-        let auth = Zeroizing::new(format!("Bearer {}", self.token.as_str()));
-        match (method, body) {
-            ("POST", Some(b)) => self
-                .agent
-                .post(&url)
-                .header("authorization", auth.as_str())
-                .send_json(b),
-            ("POST", None) => self
-                .agent
-                .post(&url)
-                .header("authorization", auth.as_str())
-                .send_empty(),
-            _ => self.agent.get(&url).header("authorization", auth.as_str()).call(),
-        }
-        .map_err(|e| anyhow!("{}: {e}", self.base))
-    }
-
-    /// A POST with a JSON body; its JSON answer.
-    pub(crate) fn post_json(&self, path: &str, body: &Value) -> Result<Value> {
-        let mut resp = self.call_with("POST", path, Some(body))?;
-        resp.body_mut()
-            .with_config()
-            .limit(1024 * 1024)
-            .read_json()
-            .map_err(|e| anyhow!("{path}: {e}"))
-    }
-
-    /// `GET /v1/environments/{name}`: the environment's deployment, typed; `None` while it
-    /// has none (`environment-unknown`).
-    pub(crate) fn environment(&self, name: &str) -> Result<Option<operator_proto::Deployment>> {
-        let path = format!("/v1/environments/{}", encode(name));
-        let mut resp = self.send("GET", &path, None)?;
-        let status = resp.status().as_u16();
-        if status >= 400 {
-            let error: Option<operator_proto::ErrorBody> = resp.body_mut().read_json().ok();
-            return match error {
-                Some(e) if status == 404 && e.code == "environment-unknown" => Ok(None),
-                Some(e) => bail!("{path}: {status} {} [{}]", e.message, e.code),
-                // A daemon older than this route answers a bare 404.
-                None => bail!("{path}: {status}: the control plane does not serve it (older than this pl?)"),
-            };
-        }
-        resp.body_mut()
-            .with_config()
-            .limit(1024 * 1024)
-            .read_json()
-            .map(Some)
-            .map_err(|e| anyhow!("{path}: {e}"))
-    }
-
-    /// `GET /v1/deployments`, every page: each environment's deployment, typed.
-    pub(crate) fn deployments(&self) -> Result<Vec<operator_proto::Deployment>> {
-        let mut out = Vec::new();
-        let mut after: Option<String> = None;
-        loop {
-            let path = format!(
-                "/v1/deployments{}",
-                query(&[("limit", Some("1000".into())), ("after", after.clone())])
-            );
-            let mut resp = self.call("GET", &path)?;
-            let page: operator_proto::DeploymentsPage = resp
-                .body_mut()
-                .with_config()
-                .limit(64 * 1024 * 1024)
-                .read_json()
-                .map_err(|e| anyhow!("{path}: {e}"))?;
-            out.extend(page.deployments);
-            match page.next {
-                Some(n) if after.as_ref() != Some(&n) => after = Some(n),
-                _ => return Ok(out),
-            }
-        }
-    }
-
-    pub(crate) fn json(&self, method: &str, path: &str) -> Result<Value> {
-        let mut resp = self.call(method, path)?;
-        resp.body_mut()
-            .with_config()
-            .limit(64 * 1024 * 1024)
-            .read_json()
-            .map_err(|e| anyhow!("{path}: {e}"))
-    }
-}
-
-pub(crate) fn print_json(v: &Value) -> Result<u8> {
-    outln!("{}", serde_json::to_string_pretty(v)?);
-    Ok(0)
-}
-
-pub(crate) fn query(pairs: &[(&str, Option<String>)]) -> String {
-    let parts: Vec<String> = pairs
-        .iter()
-        .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}", encode(v))))
-        .collect();
-    if parts.is_empty() {
-        String::new()
-    } else {
-        format!("?{}", parts.join("&"))
-    }
-}
-
-fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
-}
 
 pub fn status(args: &ServerArgs) -> Result<u8> {
     let client = Client::new(args)?;
-    let v = client.json("GET", "/v1/status")?;
+    let v = client.status()?;
     if args.format == OutFormat::Json {
         return print_json(&v);
     }
-    let role = if v["leader"].as_bool() == Some(true) {
-        "leader"
-    } else {
-        "standby"
-    };
-    outln!("daemon      {role}, last pass {} ms ago", v["lastPassMsAgo"]);
+    let role = if v.leader { "leader" } else { "standby" };
+    outln!("daemon      {role}, last pass {} ms ago", v.last_pass_ms_ago);
     outln!(
         "branch      {} in force at {}",
-        v["branch"].as_str().unwrap_or("?"),
-        v["inForce"].as_str().unwrap_or("(nothing accepted yet)")
+        v.branch,
+        v.in_force.as_deref().unwrap_or("(nothing accepted yet)")
     );
-    if v["lastJudged"] != v["inForce"] {
-        outln!("last judged {}", v["lastJudged"].as_str().unwrap_or("-"));
+    if v.last_judged != v.in_force {
+        outln!("last judged {}", v.last_judged.as_deref().unwrap_or("-"));
     }
-    let counts = &v["counts"];
-    for (title, key) in [
-        ("revisions", "revisions"),
-        ("deployments", "deployments"),
-        ("jobs", "jobs"),
+    let counts = &v.counts;
+    for (title, by) in [
+        ("revisions", &counts.revisions),
+        ("deployments", &counts.deployments),
+        ("jobs", &counts.jobs),
     ] {
-        let parts: Vec<String> = counts[key]
-            .as_object()
-            .map(|m| m.iter().map(|(k, n)| format!("{k} {n}")).collect())
-            .unwrap_or_default();
+        let parts: Vec<String> = by.iter().map(|(k, n)| format!("{k} {n}")).collect();
         outln!(
             "{title:<11} {}",
             if parts.is_empty() { "-".into() } else { parts.join(", ") }
         );
     }
-    outln!("queue age   {} ms", counts["queueAgeMs"]);
+    outln!("queue age   {} ms", counts.queue_age_ms);
     // Replicas as the agents report them, not as asked: what differs is listed.
     let typed: Vec<crate::live::Deployment> = client
         .deployments()?
@@ -344,16 +113,11 @@ pub fn status(args: &ServerArgs) -> Result<u8> {
     }
     certificates_line(&client)?;
     // The mesh between nodes, as agents report their links (said only when there is one).
-    let links = v["mesh"]["links"].as_u64().unwrap_or(0);
-    let down: Vec<&Value> = v["mesh"]["down"].as_array().into_iter().flatten().collect();
+    let (links, down) = (v.mesh.links, &v.mesh.down);
     if links > 0 || !down.is_empty() {
         outln!("mesh        {links} links, {} down", down.len());
         for d in down.iter().take(20) {
-            outln!(
-                "  {} -> {}: down (no handshake within 180 s)",
-                d["node"].as_str().unwrap_or("?"),
-                d["peer"].as_str().unwrap_or("?")
-            );
+            outln!("  {} -> {}: down (no handshake within 180 s)", d.node, d.peer);
         }
     }
     Ok(0)
@@ -362,37 +126,36 @@ pub fn status(args: &ServerArgs) -> Result<u8> {
 /// `pl status`'s certificates: how many are valid, the next to expire, and each that is not
 /// (a control plane that issues none says nothing).
 fn certificates_line(client: &Client) -> Result<()> {
-    let v = client.json("GET", "/v1/certificates")?;
-    let list: Vec<&Value> = v["certificates"].as_array().into_iter().flatten().collect();
+    let list = client.certificates()?.certificates;
     if list.is_empty() {
         return Ok(());
     }
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-    let valid = list.iter().filter(|c| c["state"] == "valid").count();
+    let valid = list.iter().filter(|c| c.state == CertificateState::Valid).count();
     let next = list
         .iter()
-        .filter(|c| c["notAfterMs"].as_i64().unwrap_or(0) > 0)
-        .min_by_key(|c| c["notAfterMs"].as_i64().unwrap_or(i64::MAX));
+        .filter(|c| c.not_after_ms > 0)
+        .min_by_key(|c| c.not_after_ms);
     outln!(
         "certificates {valid} valid of {}{}",
         list.len(),
         next.map(|c| format!(
             "; next to expire: {} in {} h",
-            c["hostname"].as_str().unwrap_or("?"),
-            (c["notAfterMs"].as_i64().unwrap_or(0) - now) / 3_600_000
+            c.hostname,
+            (c.not_after_ms - now) / 3_600_000
         ))
         .unwrap_or_default()
     );
-    for c in list.iter().filter(|c| c["state"] != "valid").take(20) {
+    for c in list.iter().filter(|c| c.state != CertificateState::Valid).take(20) {
         outln!(
             "  {}: {}{}",
-            c["hostname"].as_str().unwrap_or("?"),
-            c["state"].as_str().unwrap_or("?"),
-            c["lastError"]
-                .as_str()
-                .map(|e| format!(" ({} failure(s): {e})", c["failures"]))
+            c.hostname,
+            c.state,
+            c.last_error
+                .as_deref()
+                .map(|e| format!(" ({} failure(s): {e})", c.failures))
                 .unwrap_or_default()
         );
     }
@@ -400,43 +163,32 @@ fn certificates_line(client: &Client) -> Result<()> {
 }
 
 pub fn revisions(args: &ServerArgs, branch: Option<String>, limit: u32) -> Result<u8> {
-    let path = format!(
-        "/v1/revisions{}",
-        query(&[("branch", branch), ("limit", Some(limit.to_string()))])
-    );
-    let v = Client::new(args)?.json("GET", &path)?;
+    let client = Client::new(args)?;
+    let v = client.revisions(branch.as_deref(), limit)?;
     if args.format == OutFormat::Json {
         return print_json(&v);
     }
-    let rewrites = Client::new(args)?.json("GET", "/v1/rewrites?limit=20")?;
-    for r in rewrites["rewrites"].as_array().into_iter().flatten() {
-        let approved = r["approvedBy"].as_str();
+    for r in client.rewrites(20)?.rewrites {
+        let approved = r.approved_by.as_deref();
         outln!(
             "{:<8} {:<16} {} does not descend from {}  [history-rewritten]{}",
             if approved.is_some() { "approved" } else { "refused" },
-            r["branch"].as_str().unwrap_or("?"),
-            r["sha"].as_str().unwrap_or("?").get(..12).unwrap_or(""),
-            r["acceptedSha"].as_str().unwrap_or("?").get(..12).unwrap_or(""),
-            approved.map(|a| format!(" by {a}")).unwrap_or_else(|| format!(
-                "; `pl revisions approve-rewrite {} {}` accepts it",
-                r["branch"].as_str().unwrap_or("?"),
-                r["sha"].as_str().unwrap_or("?")
-            )),
+            r.branch,
+            r.sha.get(..12).unwrap_or(""),
+            r.accepted_sha.get(..12).unwrap_or(""),
+            approved
+                .map(|a| format!(" by {a}"))
+                .unwrap_or_else(|| format!("; `pl revisions approve-rewrite {} {}` accepts it", r.branch, r.sha)),
         );
     }
-    for r in v["revisions"].as_array().into_iter().flatten() {
-        let reasons: Vec<&str> = r["reasons"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|x| x["code"].as_str())
-            .collect();
+    for r in &v.revisions {
+        let reasons: Vec<&str> = r.reasons.iter().map(|x| x.code.as_str()).collect();
         outln!(
             "{:<8} {:<16} {} {}{}",
-            r["verdict"].as_str().unwrap_or("?"),
-            r["branch"].as_str().unwrap_or("?"),
-            r["sha"].as_str().unwrap_or("?").get(..12).unwrap_or(""),
-            r["principals"].as_str().unwrap_or("-"),
+            r.verdict,
+            r.branch,
+            r.sha.get(..12).unwrap_or(""),
+            r.principals.as_deref().unwrap_or("-"),
             if reasons.is_empty() {
                 String::new()
             } else {
@@ -448,19 +200,11 @@ pub fn revisions(args: &ServerArgs, branch: Option<String>, limit: u32) -> Resul
 }
 
 pub fn jobs(args: &ServerArgs, state: Option<String>, environment: Option<String>, limit: u32) -> Result<u8> {
-    let path = format!(
-        "/v1/jobs{}",
-        query(&[
-            ("state", state),
-            ("environment", environment),
-            ("limit", Some(limit.to_string()))
-        ])
-    );
-    let v = Client::new(args)?.json("GET", &path)?;
+    let v = Client::new(args)?.jobs(state.as_deref(), environment.as_deref(), limit)?;
     if args.format == OutFormat::Json {
         return print_json(&v);
     }
-    let jobs: Vec<&Value> = v["jobs"].as_array().into_iter().flatten().collect();
+    let jobs = &v.jobs;
     if jobs.is_empty() {
         outln!("no jobs");
         return Ok(0);
@@ -470,19 +214,13 @@ pub fn jobs(args: &ServerArgs, state: Option<String>, environment: Option<String
         .iter()
         .map(|j| {
             [
-                j["state"].as_str().unwrap_or("?").to_owned(),
-                format!("{}/{}", j["attempts"], j["maxAttempts"]),
-                j["targetNode"].as_str().unwrap_or("-").to_owned(),
-                j["generation"].as_i64().map_or("-".to_owned(), |g| g.to_string()),
+                j.state.as_str().to_owned(),
+                format!("{}/{}", j.attempts, j.max_attempts),
+                j.target_node.clone(),
+                j.generation.map_or("-".to_owned(), |g| g.to_string()),
                 // In words; the node has its column (`--format json` keeps the key).
-                state_schema::job_words::describe(
-                    j["key"]
-                        .as_str()
-                        .unwrap_or("?")
-                        .rsplit_once('@')
-                        .map_or(j["key"].as_str().unwrap_or("?"), |(k, _)| k),
-                ),
-                j["reason"].as_str().unwrap_or_default().to_owned(),
+                state_schema::job_words::describe(j.key.rsplit_once('@').map_or(j.key.as_str(), |(k, _)| k)),
+                j.reason.clone().unwrap_or_default(),
             ]
         })
         .collect();
@@ -521,12 +259,14 @@ pub fn approve_rewrite(args: &ServerArgs, branch: &str, sha: &str) -> Result<u8>
         bail!("`{sha}` is not a full commit sha (40 hex digits): an approval names exactly one head");
     }
     let client = Client::new(args)?;
-    let body = serde_json::json!({"branch": branch, "sha": sha.to_ascii_lowercase()});
-    let v = client.post_json("/v1/rewrites/approve", &body)?;
+    let v = client.approve_rewrite(&operator_proto::revisions::ApproveRewrite {
+        branch: branch.to_owned(),
+        sha: sha.to_ascii_lowercase(),
+    })?;
     if args.format == OutFormat::Json {
         return print_json(&v);
     }
-    if v["already"].as_bool() == Some(true) {
+    if v.already {
         outln!("{branch} at {sha} was approved already");
     } else {
         outln!("approved: {branch} at {sha} will be judged at the next pass");
@@ -536,18 +276,17 @@ pub fn approve_rewrite(args: &ServerArgs, branch: &str, sha: &str) -> Result<u8>
 
 /// The live fleet a control plane sees now (`GET /v1/fleet`), for `pl plan --fleet`.
 pub fn fleet_snapshot(args: &ServerArgs) -> Result<state_schema::replacement::Snapshot> {
-    let v = Client::new(args)?.json("GET", "/v1/fleet")?;
-    serde_json::from_value(v).context("the control plane's /v1/fleet answer")
+    Client::new(args)?.fleet()
 }
 
 /// `pl domains`: each custom domain's state, and for one not proven, the record to make and
 /// what DNS answered instead. Exit 0 whatever the states (`--format json` for scripts).
 pub fn domains(args: &ServerArgs) -> Result<u8> {
-    let v = Client::new(args)?.json("GET", "/v1/domains")?;
+    let v = Client::new(args)?.domains()?;
     if args.format == OutFormat::Json {
         return print_json(&v);
     }
-    let list: Vec<&Value> = v["domains"].as_array().into_iter().flatten().collect();
+    let list = &v.domains;
     if list.is_empty() {
         outln!("no custom domains");
         return Ok(0);
@@ -562,29 +301,28 @@ pub fn domains(args: &ServerArgs) -> Result<u8> {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-    for d in &list {
-        let c = &d["certificate"];
-        let certificate = match (c["source"].as_str(), c["notAfterMs"].as_i64()) {
-            (Some("brought"), _) => "brought in Git".to_owned(),
-            (Some(issuer), Some(t)) if t > 0 => format!("{issuer}, expires in {} h", (t - now) / 3_600_000),
-            _ => "none".to_owned(),
+    for d in list {
+        let certificate = match &d.certificate {
+            Some(c) if c.issued.is_none() => "brought in Git".to_owned(),
+            Some(c) => match &c.issued {
+                Some(i) if i.not_after_ms > 0 => {
+                    format!("{}, expires in {} h", c.source, (i.not_after_ms - now) / 3_600_000)
+                }
+                _ => "none".to_owned(),
+            },
+            None => "none".to_owned(),
         };
         outln!(
             "{:<32} {:<24} {:<6} {:<9} {certificate}",
-            d["hostname"].as_str().unwrap_or("?"),
-            d["environment"].as_str().unwrap_or("?"),
-            d["method"].as_str().unwrap_or("?"),
-            d["state"].as_str().unwrap_or("?"),
+            d.hostname,
+            d.environment,
+            d.method.as_str(),
+            d.state.as_str(),
         );
-        if d["state"] == "pending" || d["state"] == "failing" {
-            let r = &d["record"];
-            outln!(
-                "  needs {} {} = {}",
-                r["type"].as_str().unwrap_or("?"),
-                r["name"].as_str().unwrap_or("?"),
-                r["value"].as_str().unwrap_or("?")
-            );
-            if let Some(why) = d["reason"].as_str() {
+        if matches!(d.state, DomainState::Pending | DomainState::Failing) {
+            let r = &d.record;
+            outln!("  needs {} {} = {}", r.kind, r.name, r.value);
+            if let Some(why) = &d.reason {
                 outln!("  last check: {why}");
             }
         }
@@ -593,7 +331,7 @@ pub fn domains(args: &ServerArgs) -> Result<u8> {
 }
 
 pub fn nodes(args: &ServerArgs) -> Result<u8> {
-    let v = Client::new(args)?.json("GET", "/v1/nodes")?;
+    let v = Client::new(args)?.nodes()?;
     if args.format == OutFormat::Json {
         return print_json(&v);
     }
@@ -611,61 +349,41 @@ pub fn nodes(args: &ServerArgs) -> Result<u8> {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64);
-    for n in v["nodes"].as_array().into_iter().flatten() {
-        let seen = n["lastSeenMs"]
-            .as_i64()
+    for n in &v.nodes {
+        let seen = n
+            .last_seen_ms
             .map_or("never".to_owned(), |t| format!("{} s ago", (now - t).max(0) / 1000));
-        let cpu = format!(
-            "{}/{}m",
-            n["reservedCpuMillis"].as_u64().unwrap_or(0),
-            n["cpuMillis"].as_u64().unwrap_or(0)
-        );
-        let memory = format!(
-            "{}/{}Mi",
-            n["reservedMemoryBytes"].as_u64().unwrap_or(0) >> 20,
-            n["memoryBytes"].as_u64().unwrap_or(0) >> 20
-        );
+        let cpu = format!("{}/{}m", n.reserved_cpu_millis, n.cpu_millis);
+        let memory = format!("{}/{}Mi", n.reserved_memory_bytes >> 20, n.memory_bytes >> 20);
         outln!(
             "{:<16} {:<12} {:<13} {:>13} {:>15} {:>9} {:>14}  {}",
-            n["name"].as_str().unwrap_or("?"),
-            n["pool"].as_str().unwrap_or("?"),
-            n["state"].as_str().unwrap_or("?"),
+            n.name,
+            n.pool,
+            n.state.as_str(),
             cpu,
             memory,
-            format!(
-                "{}/{}",
-                n["running"].as_u64().unwrap_or(0),
-                n["instances"].as_u64().unwrap_or(0)
-            ),
+            format!("{}/{}", n.running, n.instances),
             seen,
-            n["agentVersion"].as_str().unwrap_or("-"),
+            n.agent_version.as_deref().unwrap_or("-"),
         );
         // The mesh, as the node's agent said it: applied or behind, and each link's health.
-        if let Some(m) = n.get("mesh") {
-            let (g, a) = (
-                m["generation"].as_i64().unwrap_or(0),
-                m["applied"].as_i64().unwrap_or(0),
-            );
+        if let Some(m) = &n.mesh {
+            let (g, a) = (m.generation, m.applied);
             let state = if a >= g {
                 format!("generation {g} applied")
             } else {
                 format!("generation {g}, {a} applied")
             };
-            let links: Vec<String> = m["links"]
-                .as_array()
-                .into_iter()
-                .flatten()
+            let links: Vec<String> = m
+                .links
+                .iter()
                 .map(|l| {
-                    let peer = l["node"].as_str().unwrap_or("?");
-                    let down = m["down"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .any(|d| d.as_str() == Some(peer));
+                    let down = m.down.contains(&l.node);
                     format!(
-                        "{peer} {}{}",
-                        match l["lastHandshake"].as_i64() {
-                            Some(t) => format!("handshake {} s ago", (now / 1000 - t).max(0)),
+                        "{} {}{}",
+                        l.node,
+                        match l.last_handshake {
+                            Some(t) => format!("handshake {} s ago", (now / 1000 - t as i64).max(0)),
                             None => "no handshake".to_owned(),
                         },
                         if down { " (DOWN)" } else { "" }
@@ -682,51 +400,50 @@ pub fn nodes(args: &ServerArgs) -> Result<u8> {
     Ok(0)
 }
 
+/// Whether a node's new key is in use, as its agents report: the node applied a mesh newer
+/// than `before` (and its newest), and each of its peers applied its newest mesh and handshook
+/// with it at or after `asked_at` (Unix seconds).
+fn rotated(nodes: &Nodes, node: &str, before: i64, asked_at: i64) -> bool {
+    let mesh_of = |name: &str| -> Option<&NodeMesh> { nodes.nodes.iter().find(|n| n.name == name)?.mesh.as_ref() };
+    mesh_of(node).is_some_and(|m| {
+        m.applied > before
+            && m.applied >= m.generation
+            && m.links.iter().all(|l| {
+                mesh_of(&l.node).is_some_and(|p| {
+                    p.applied >= p.generation
+                        && p.links
+                            .iter()
+                            .any(|pl| pl.node == node && pl.last_handshake.is_some_and(|t| t as i64 >= asked_at))
+                })
+            })
+    })
+}
+
 /// `pl node rotate-mesh-key`: asks, then waits until it is true on the hosts: the node applied
 /// the mesh carrying the new epoch, and each of its peers applied its newest mesh and handshook
 /// with the node after the ask (links come with heartbeats).
 pub fn rotate_mesh_key(args: &ServerArgs, node: &str, timeout_secs: u64) -> Result<u8> {
     let client = Client::new(args)?;
-    let mesh_of = |v: &Value, name: &str| -> Option<Value> {
-        v["nodes"]
-            .as_array()?
-            .iter()
-            .find(|n| n["name"].as_str() == Some(name))
-            .map(|n| n["mesh"].clone())
-    };
-    let before = client.json("GET", "/v1/nodes")?;
-    let g0 = mesh_of(&before, node)
-        .and_then(|m| m["generation"].as_i64())
-        .unwrap_or(0);
+    let g0 = client
+        .nodes()?
+        .nodes
+        .iter()
+        .find(|n| n.name == node)
+        .and_then(|n| n.mesh.as_ref())
+        .map_or(0, |m| m.generation);
     let asked_at = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64);
-    let v = client.json("POST", &format!("/v1/nodes/{}/mesh-key", encode(node)))?;
+    let v = client.rotate_mesh_key(node)?;
     if args.format != OutFormat::Json {
         eprintln!(
             "{node}: new mesh key pair asked (epoch {}); waiting for it on the hosts",
-            v["keyEpoch"]
+            v.key_epoch
         );
     }
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(timeout_secs);
     loop {
-        let now = client.json("GET", "/v1/nodes")?;
-        let done = mesh_of(&now, node).is_some_and(|m| {
-            let applied = m["applied"].as_i64().unwrap_or(0);
-            applied > g0
-                && applied >= m["generation"].as_i64().unwrap_or(0)
-                && m["links"].as_array().into_iter().flatten().all(|l| {
-                    let peer = l["node"].as_str().unwrap_or("");
-                    mesh_of(&now, peer).is_some_and(|p| {
-                        p["applied"].as_i64() >= p["generation"].as_i64()
-                            && p["links"].as_array().into_iter().flatten().any(|pl| {
-                                pl["node"].as_str() == Some(node)
-                                    && pl["lastHandshake"].as_i64().is_some_and(|t| t >= asked_at)
-                            })
-                    })
-                })
-        });
-        if done {
+        if rotated(&client.nodes()?, node, g0, asked_at) {
             if args.format == OutFormat::Json {
                 return print_json(&v);
             }
@@ -736,7 +453,7 @@ pub fn rotate_mesh_key(args: &ServerArgs, node: &str, timeout_secs: u64) -> Resu
         if std::time::Instant::now() >= deadline {
             return Err(anyhow!(
                 "{node}: the new key was asked for (epoch {}), but its peers had not all taken it within {timeout_secs} s; see `pl nodes`",
-                v["keyEpoch"]
+                v.key_epoch
             ));
         }
         std::thread::sleep(std::time::Duration::from_secs(1));
@@ -744,23 +461,21 @@ pub fn rotate_mesh_key(args: &ServerArgs, node: &str, timeout_secs: u64) -> Resu
 }
 
 pub fn node_token(args: &ServerArgs, node: &str) -> Result<u8> {
-    let client = Client::new(args)?;
-    let v = client.json("POST", &format!("/v1/nodes/{}/token", encode(node)))?;
+    let t = Client::new(args)?.node_token(node)?;
     if args.format == OutFormat::Json {
-        return print_json(&v);
+        return print_json(&t);
     }
-    let t: agent_proto::TokenResponse = serde_json::from_value(v).map_err(|e| anyhow!("the token answer: {e}"))?;
     outln!("{}", t.token);
     eprintln!("one-time enrolment token for {}, valid 15 minutes", t.node);
     Ok(0)
 }
 
 pub fn reconcile(args: &ServerArgs) -> Result<u8> {
-    let v = Client::new(args)?.json("POST", "/v1/reconcile")?;
+    let v = Client::new(args)?.reconcile()?;
     if args.format == OutFormat::Json {
         return print_json(&v);
     }
-    if v["leader"].as_bool() == Some(true) {
+    if v.leader {
         outln!("reconcile requested");
     } else {
         outln!("reconcile requested (this daemon stands by; the leader reconciles on its own schedule)");
@@ -768,17 +483,11 @@ pub fn reconcile(args: &ServerArgs) -> Result<u8> {
     Ok(0)
 }
 
-fn print_event(e: &Value, format: OutFormat) -> Result<()> {
+fn print_event(e: &Event, format: OutFormat) -> Result<()> {
     if format == OutFormat::Json {
-        outln!("{e}");
+        outln!("{}", serde_json::to_string(e)?);
     } else {
-        outln!(
-            "{:>6} {:<24} {} {}",
-            e["id"],
-            e["kind"].as_str().unwrap_or("?"),
-            e["subject"].as_str().unwrap_or(""),
-            e["detail"].as_str().unwrap_or("")
-        );
+        outln!("{:>6} {:<24} {} {}", e.id, e.kind, e.subject, e.detail);
     }
     Ok(())
 }
@@ -790,19 +499,18 @@ pub fn events(args: &ServerArgs, after: i64, follow: bool) -> Result<u8> {
     let mut cursor = after;
     if !follow {
         loop {
-            let v = client.json("GET", &format!("/v1/events?after={cursor}&limit=1000"))?;
-            let rows = v["events"].as_array().cloned().unwrap_or_default();
-            for e in &rows {
+            let v = client.events(cursor, 1000)?;
+            for e in &v.events {
                 print_event(e, args.format)?;
             }
-            match v["next"].as_i64() {
-                Some(n) if n > cursor && !rows.is_empty() => cursor = n,
+            match v.next {
+                n if n > cursor && !v.events.is_empty() => cursor = n,
                 _ => return Ok(0),
             }
         }
     }
     loop {
-        let resp = client.call("GET", &format!("/v1/events/stream?after={cursor}"));
+        let resp = client.call("GET", &format!("/v1/events/stream?after={cursor}"), None);
         let mut resp = match resp {
             Ok(r) => r,
             Err(e) if e.to_string().contains("[bad-token]") || e.to_string().contains("[insufficient-role]") => {
@@ -818,10 +526,11 @@ pub fn events(args: &ServerArgs, after: i64, follow: bool) -> Result<u8> {
         for line in reader.lines() {
             let Ok(line) = line else { break };
             if let Some(data) = line.strip_prefix("data:") {
-                let e: Value = serde_json::from_str(data.trim()).unwrap_or(Value::Null);
-                if let Some(id) = e["id"].as_i64() {
-                    cursor = id;
-                }
+                // A line that is not an event is skipped: the stream resumes from the cursor.
+                let Ok(e) = serde_json::from_str::<Event>(data.trim()) else {
+                    continue;
+                };
+                cursor = e.id;
                 print_event(&e, args.format)?;
             }
         }
@@ -843,7 +552,7 @@ pub fn logs(args: &ServerArgs, environment: &str, role: &str, tail: u32, follow:
             ("follow", Some(follow.to_string())),
         ])
     );
-    let mut resp = client.call("GET", &path)?;
+    let mut resp = client.call("GET", &path, None)?;
     let mut reader = resp.body_mut().with_config().limit(u64::MAX).reader();
     let mut buf = vec![0u8; 64 * 1024];
     let mut out = std::io::stdout();

@@ -4,52 +4,54 @@
 //! hosts: every placed replica running and healthy at the new generation and none of another
 //! still running. Exit codes: 0 done, 1 refused or failed, 2 not done within the timeout.
 
-use crate::operator::{Client, ServerArgs};
+use crate::client::{Client, ServerArgs};
 use anyhow::Result;
-use serde_json::{Value, json};
+use operator_proto::rollbacks::{RollbackAnswer, RollbackAsk, RolledBack};
 use std::time::{Duration, Instant};
-
-/// How often the deployment is looked at while following.
-const POLL: Duration = Duration::from_millis(100);
 
 pub fn rollback(server: &ServerArgs, environment: &str, release: bool, timeout: Duration) -> Result<u8> {
     let client = Client::new(server)?;
     let started = Instant::now();
-    let body = json!({"environment": environment, "release": release});
-    let asked = match client.post_json("/v1/rollbacks", &body) {
-        Ok(v) => v,
+    let ask = RollbackAsk {
+        environment: environment.to_owned(),
+        release,
+    };
+    let asked = match client.rollback(&ask) {
+        Ok(RollbackAnswer::RolledBack(r)) => Some(r),
+        Ok(RollbackAnswer::Released(_)) => None,
         Err(e) => {
             eprintln!("pl rollback: {e}");
             return Ok(1);
         }
     };
-    follow(&client, environment, &asked, started, timeout, "pl rollback")
+    follow(&client, environment, asked.as_ref(), started, timeout, "pl rollback")
 }
 
-/// Follows the rollback `asked` (or a hold's release) until the agents report it true on the
+/// Follows the rollback `asked` (or, `None`, a hold's release) until the agents report it true on the
 /// hosts; the exit code as [`rollback`]'s. `me` starts each line on stderr.
 pub(crate) fn follow(
     client: &Client,
     environment: &str,
-    asked: &Value,
+    asked: Option<&RolledBack>,
     started: Instant,
     timeout: Duration,
     me: &str,
 ) -> Result<u8> {
-    let wanted = asked["generation"].as_u64();
-    if let Some(g) = wanted {
+    let wanted = asked.map(|a| a.generation);
+    if let Some(a) = asked {
         eprintln!(
-            "{me}: {environment}: generation {} back to generation {}'s release as generation {g}",
-            asked["from"], asked["to"]
+            "{me}: {environment}: generation {} back to generation {}'s release as generation {}",
+            a.from, a.to, a.generation
         );
     } else {
         eprintln!("{me}: {environment}: hold released; planning it from Git");
     }
     let deadline = started + timeout;
     let mut said = String::new();
+    let mut watch = crate::client::Watch::new(client, environment);
     loop {
-        // The one environment, as its own resource.
-        let d = client.environment(environment)?;
+        // The one environment, as its own resource, followed by a long poll.
+        let d = watch.next(deadline.saturating_duration_since(Instant::now()))?;
         match judge(d.as_ref(), wanted) {
             Judged::Done => {
                 let secs = started.elapsed().as_secs_f64();
@@ -57,7 +59,7 @@ pub(crate) fn follow(
                 if wanted.is_some() {
                     println!(
                         "{environment}: generation {generation} runs generation {}'s release on every replica ({secs:.1} s); held until a commit changes {environment} or `pl rollback --release {environment}`",
-                        asked["to"]
+                        asked.map_or(0, |a| a.to)
                     );
                 } else {
                     println!(
@@ -85,7 +87,6 @@ pub(crate) fn follow(
             eprintln!("{me}: not done within {} s: {said}", timeout.as_secs());
             return Ok(2);
         }
-        std::thread::sleep(POLL);
     }
 }
 

@@ -5,34 +5,36 @@
 //! once the agents report it. Exit codes: 0 done, 1 refused or failed, 2 not done within the
 //! timeout.
 
-use crate::operator::{Client, ServerArgs};
+use crate::client::{Client, ServerArgs};
 use anyhow::Result;
-use serde_json::json;
+use operator_proto::rollbacks::{RolloutAction, RolloutAnswer, RolloutAsk};
 use std::time::{Duration, Instant};
-
-/// How often the deployment is looked at while following.
-const POLL: Duration = Duration::from_millis(100);
 
 pub fn promote(server: &ServerArgs, environment: &str, timeout: Duration) -> Result<u8> {
     let client = Client::new(server)?;
     let started = Instant::now();
-    let body = json!({"environment": environment, "action": "promote"});
-    let asked = match client.post_json("/v1/rollouts", &body) {
-        Ok(v) => v,
+    let ask = RolloutAsk {
+        environment: environment.to_owned(),
+        action: RolloutAction::Promote,
+    };
+    let asked = match client.rollout(&ask) {
+        Ok(RolloutAnswer::Promoted(p)) => p,
+        Ok(RolloutAnswer::Aborted(_)) => {
+            eprintln!("pl rollout promote: the control plane answered with an abort");
+            return Ok(1);
+        }
         Err(e) => {
             eprintln!("pl rollout promote: {e}");
             return Ok(1);
         }
     };
-    let (Some(generation), Some(step)) = (asked["generation"].as_u64(), asked["step"].as_u64()) else {
-        eprintln!("pl rollout promote: the control plane answered without a generation and step");
-        return Ok(1);
-    };
+    let (generation, step) = (asked.generation, asked.step);
     eprintln!("pl rollout promote: {environment}: generation {generation}'s canary goes on to its next step");
     let deadline = started + timeout;
+    let mut watch = crate::client::Watch::new(&client, environment);
     loop {
-        // The one environment, as its own resource.
-        let d = client.environment(environment)?;
+        // The one environment, as its own resource, followed by a long poll.
+        let d = watch.next(deadline.saturating_duration_since(Instant::now()))?;
         match judge(d.as_ref(), environment, generation, step) {
             Some(Ok(line)) => {
                 println!("{environment}: {line} ({:.1} s)", started.elapsed().as_secs_f64());
@@ -49,7 +51,7 @@ pub fn promote(server: &ServerArgs, environment: &str, timeout: Duration) -> Res
                 );
                 return Ok(2);
             }
-            None => std::thread::sleep(POLL),
+            None => {}
         }
     }
 }
@@ -98,15 +100,22 @@ fn judge(
 pub fn abort(server: &ServerArgs, environment: &str, timeout: Duration) -> Result<u8> {
     let client = Client::new(server)?;
     let started = Instant::now();
-    let body = json!({"environment": environment, "action": "abort"});
-    let asked = match client.post_json("/v1/rollouts", &body) {
-        Ok(v) => v,
+    let ask = RolloutAsk {
+        environment: environment.to_owned(),
+        action: RolloutAction::Abort,
+    };
+    let asked = match client.rollout(&ask) {
+        Ok(RolloutAnswer::Aborted(a)) => a,
+        Ok(RolloutAnswer::Promoted(_)) => {
+            eprintln!("pl rollout abort: the control plane answered with a promotion");
+            return Ok(1);
+        }
         Err(e) => {
             eprintln!("pl rollout abort: {e}");
             return Ok(1);
         }
     };
-    crate::rollback::follow(&client, environment, &asked, started, timeout, "pl rollout abort")
+    crate::rollback::follow(&client, environment, Some(&asked), started, timeout, "pl rollout abort")
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! `pl verify` and the signature line of `pl plan`: reading the trust files (from outside the
 //! state repository) and rendering verdicts.
 
-use crate::DiagFormat;
+use crate::args::DiagFormat;
 use crate::render::verdict::VerdictJson;
 use crate::render::{Paint, short};
 use anyhow::{Context, bail};

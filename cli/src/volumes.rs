@@ -4,9 +4,9 @@
 //! returns only once its node removed it, and an admin's move, which returns once the role
 //! runs healthy on the new node, with how long it was down.
 
-use crate::operator::{Client, OutFormat, ServerArgs, print_json};
-use anyhow::{Result, bail};
-use serde_json::Value;
+use crate::client::{Client, OutFormat, ServerArgs, print_json};
+use anyhow::Result;
+use operator_proto::volumes::{MoveVolume, RemoveVolume};
 use std::time::{Duration, Instant};
 
 /// How often a move's progress is read.
@@ -29,15 +29,14 @@ pub(crate) fn bytes(n: i64) -> String {
 }
 
 pub fn list(args: &ServerArgs, environment: Option<&str>) -> Result<u8> {
-    let mut v = Client::new(args)?.json("GET", "/v1/volumes")?;
-    if let (Some(env), Some(list)) = (environment, v["volumes"].as_array_mut()) {
-        list.retain(|r| r["environment"] == env);
+    let mut v = Client::new(args)?.volumes()?;
+    if let Some(env) = environment {
+        v.volumes.retain(|r| r.environment == env);
     }
     if args.format == OutFormat::Json {
         return print_json(&v);
     }
-    let list: Vec<&Value> = v["volumes"].as_array().into_iter().flatten().collect();
-    if list.is_empty() {
+    if v.volumes.is_empty() {
         outln!("no volumes");
         return Ok(0);
     }
@@ -53,10 +52,10 @@ pub fn list(args: &ServerArgs, environment: Option<&str>) -> Result<u8> {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-    for r in list {
-        let used = r["usedBytes"].as_i64().map_or("unmeasured".to_owned(), bytes);
-        let size = r["sizeBytes"].as_i64().map_or("-".to_owned(), bytes);
-        let until = match (r["removeAfterMs"].as_i64(), r["movingTo"].as_str()) {
+    for r in &v.volumes {
+        let used = r.used_bytes.map_or("unmeasured".to_owned(), bytes);
+        let size = r.size_bytes.map_or("-".to_owned(), bytes);
+        let until = match (r.remove_after_ms, &r.moving_to) {
             (_, Some(to)) => format!("moving to {to}"),
             (Some(t), _) if t > now => format!("removed in {} h", (t - now + 3_599_999) / 3_600_000),
             (Some(_), _) => "removal due".to_owned(),
@@ -64,21 +63,21 @@ pub fn list(args: &ServerArgs, environment: Option<&str>) -> Result<u8> {
         };
         outln!(
             "{:<24} {:<16} {:<12} {:>4} {:<9} {:>21}  {until}",
-            r["environment"].as_str().unwrap_or("?"),
-            r["volume"].as_str().unwrap_or("?"),
-            r["node"].as_str().unwrap_or("?"),
-            r["generation"].as_i64().unwrap_or(0),
-            r["state"].as_str().unwrap_or("?"),
+            r.environment,
+            r.volume,
+            r.node,
+            r.generation,
+            r.state.as_str(),
             format!("{used} / {size}"),
         );
-        for k in r["kept"].as_array().into_iter().flatten() {
+        for k in &r.kept {
             outln!(
                 "  kept: generation {} on {} (`pl volume rm {} {} --generation {}` removes it)",
-                k["generation"],
-                k["node"].as_str().unwrap_or("?"),
-                r["environment"].as_str().unwrap_or("?"),
-                r["volume"].as_str().unwrap_or("?"),
-                k["generation"],
+                k.generation,
+                k.node,
+                r.environment,
+                r.volume,
+                k.generation,
             );
         }
     }
@@ -86,19 +85,16 @@ pub fn list(args: &ServerArgs, environment: Option<&str>) -> Result<u8> {
 }
 
 pub fn remove(args: &ServerArgs, environment: &str, volume: &str, generation: Option<i64>) -> Result<u8> {
-    let mut body = serde_json::json!({"environment": environment, "volume": volume});
-    if let Some(g) = generation {
-        body["generation"] = Value::from(g);
-    }
-    let v = Client::new(args)?.post_json("/v1/volumes/remove", &body)?;
+    let v = Client::new(args)?.remove_volume(&RemoveVolume {
+        environment: environment.to_owned(),
+        volume: volume.to_owned(),
+        generation,
+    })?;
     if args.format == OutFormat::Json {
         return print_json(&v);
     }
     let what = generation.map_or(String::new(), |g| format!("'s generation {g}"));
-    outln!(
-        "removed {environment}/{volume}{what} from {}",
-        v["node"].as_str().unwrap_or("its node")
-    );
+    outln!("removed {environment}/{volume}{what} from {}", v.node);
     Ok(0)
 }
 
@@ -106,31 +102,25 @@ pub fn remove(args: &ServerArgs, environment: &str, volume: &str, generation: Op
 /// 0 with the downtime, or 1 with why not (the volume then stays where it was).
 pub fn move_to(args: &ServerArgs, environment: &str, volume: &str, to: &str, timeout: Duration) -> Result<u8> {
     let client = Client::new(args)?;
-    let body = serde_json::json!({"environment": environment, "volume": volume, "to": to});
-    let asked = client.post_json("/v1/volumes/move", &body)?;
-    let Some(asked_at) = asked["askedAtMs"].as_i64() else {
-        bail!("the control plane answered no move: {asked}");
-    };
-    let (from, role) = (
-        asked["from"].as_str().unwrap_or("?"),
-        asked["role"].as_str().unwrap_or("?"),
-    );
+    let asked = client.move_volume(&MoveVolume {
+        environment: environment.to_owned(),
+        volume: volume.to_owned(),
+        to: to.to_owned(),
+    })?;
+    let (from, role, asked_at) = (&asked.from, &asked.role, asked.asked_at_ms);
     let started = Instant::now();
     loop {
-        let volumes = client.json("GET", "/v1/volumes")?;
-        let row = volumes["volumes"]
-            .as_array()
+        let volumes = client.volumes()?;
+        let row = volumes
+            .volumes
             .into_iter()
-            .flatten()
-            .find(|r| r["environment"] == environment && r["volume"] == volume)
-            .cloned()
-            .unwrap_or(Value::Null);
-        let ours = row["moveAskedAtMs"].as_i64() == Some(asked_at);
-        if ours && row["movingTo"].is_null() {
-            let Some(up) = row["movedUpAtMs"].as_i64() else {
+            .find(|r| r.environment == environment && r.volume == volume);
+        let ours = row.as_ref().filter(|r| r.move_asked_at_ms == Some(asked_at));
+        if let Some(row) = ours.filter(|r| r.moving_to.is_none()) {
+            let Some(up) = row.moved_up_at_ms else {
                 eprintln!(
                     "error[volume-move-failed]: {environment}/{volume}: {}",
-                    row["moveFailure"].as_str().unwrap_or("see `pl events`")
+                    row.move_failure.as_deref().unwrap_or("see `pl events`")
                 );
                 return Ok(1);
             };
@@ -141,17 +131,17 @@ pub fn move_to(args: &ServerArgs, environment: &str, volume: &str, to: &str, tim
                     "volume": volume,
                     "role": role,
                     "from": from,
-                    "to": row["node"],
-                    "generation": row["generation"],
+                    "to": row.node,
+                    "generation": row.generation,
                     "downMs": down.as_millis() as u64,
                 }));
             }
             outln!(
                 "moved {environment}/{volume} from {from} to {} (generation {}); {role} was down {:.1} s at most, from the move's start to healthy on {}",
-                row["node"].as_str().unwrap_or(to),
-                row["generation"],
+                row.node,
+                row.generation,
                 down.as_secs_f64(),
-                row["node"].as_str().unwrap_or(to),
+                row.node,
             );
             return Ok(0);
         }
@@ -159,7 +149,7 @@ pub fn move_to(args: &ServerArgs, environment: &str, volume: &str, to: &str, tim
             eprintln!(
                 "error[volume-move-pending]: the move has not ended after {} s (now: {}); `pl volumes {environment}` and `pl events` show how it goes",
                 timeout.as_secs(),
-                if row["movedFrom"].is_null() {
+                if row.and_then(|r| r.moved_from).is_none() {
                     "saving and restoring its data"
                 } else {
                     "starting its role on the new node"

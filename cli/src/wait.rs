@@ -9,9 +9,9 @@
 //! failing job's code, detail and log tail), 2 not live within the timeout (with what it
 //! waits for: a step, replicas no node has room for, or a canary's promote).
 
-use crate::operator::{Client, ServerArgs};
+use crate::client::{Client, ServerArgs};
 use anyhow::{Result, bail};
-use serde_json::Value;
+use operator_proto::revisions::Verdict as Judged;
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args, Debug)]
@@ -54,6 +54,11 @@ pub fn wait(args: &WaitArgs) -> Result<u8> {
     let client = Client::new(&args.server)?;
     let deadline = Instant::now() + args.timeout;
     let mut said = String::new();
+    // One environment named: between looks, a long poll on it (a change answers at once).
+    let mut watch = match args.environments.as_slice() {
+        [one] => Some(crate::client::Watch::new(&client, one)),
+        _ => None,
+    };
     loop {
         match check(&client, args)? {
             Verdict::Live(line) => {
@@ -75,7 +80,17 @@ pub fn wait(args: &WaitArgs) -> Result<u8> {
             eprintln!("pl wait: not live within {} s: {said}", args.timeout.as_secs());
             return Ok(2);
         }
-        std::thread::sleep(Duration::from_millis(500));
+        match watch.as_mut() {
+            // A verdict on a commit changes no deployment: look again within 2 s whatever.
+            Some(w) => {
+                w.next(
+                    deadline
+                        .saturating_duration_since(Instant::now())
+                        .min(Duration::from_secs(2)),
+                )?;
+            }
+            None => std::thread::sleep(Duration::from_millis(500)),
+        }
     }
 }
 
@@ -86,17 +101,13 @@ enum Verdict {
 }
 
 fn check(client: &Client, args: &WaitArgs) -> Result<Verdict> {
-    let status = client.json("GET", "/v1/status")?;
-    let branch = status["branch"].as_str().unwrap_or("main").to_owned();
-    let revisions = client.json("GET", &format!("/v1/revisions?branch={branch}&limit=1000"))?;
-    let list: Vec<&Value> = revisions["revisions"].as_array().into_iter().flatten().collect();
+    let status = client.status()?;
+    let branch = status.branch.clone();
+    let list = client.revisions(Some(&branch), 1000)?.revisions;
     let wanted = match &args.rev {
         Some(r) => {
             let r = r.to_ascii_lowercase();
-            match list
-                .iter()
-                .position(|v| v["sha"].as_str().is_some_and(|s| s.starts_with(&r)))
-            {
+            match list.iter().position(|v| v.sha.starts_with(&r)) {
                 Some(i) => i,
                 None => return Ok(Verdict::Waiting(format!("{r} is not judged on {branch} yet"))),
             }
@@ -104,17 +115,17 @@ fn check(client: &Client, args: &WaitArgs) -> Result<Verdict> {
         None if list.is_empty() => return Ok(Verdict::Waiting(format!("nothing judged on {branch} yet"))),
         None => 0,
     };
-    let revision = list[wanted];
-    let sha = revision["sha"].as_str().unwrap_or("?").to_owned();
-    if revision["verdict"].as_str() == Some("rejected") {
+    let revision = &list[wanted];
+    let sha = revision.sha.clone();
+    if revision.verdict == Judged::Rejected {
         return Ok(Verdict::Failed(format!(
             "{sha} was rejected:\n{}",
-            crate::live::reasons_text(&revision["reasons"])
+            crate::live::reasons_text(&revision.reasons)
         )));
     }
     // Newest first: a later accepted revision carries this one's changes on.
-    let in_force = status["inForce"].as_str().unwrap_or_default();
-    let later = list[..wanted].iter().any(|v| v["verdict"].as_str() == Some("accepted"));
+    let in_force = status.in_force.as_deref().unwrap_or_default();
+    let later = list[..wanted].iter().any(|v| v.verdict == Judged::Accepted);
     if in_force != sha && !later {
         return Ok(Verdict::Waiting(format!("{sha} accepted, not in force yet")));
     }

@@ -66,3 +66,58 @@ fn nothing_runs_git_or_ssh_keygen() {
         assert!(RUNS.iter().any(|r| sample.contains(r)), "{sample}");
     }
 }
+
+/// `pl` reads the operator API as `operator_proto`'s types: no file of it holds an untyped JSON
+/// value or indexes one by a field's name (its own `--format json` output is built, not read).
+const UNTYPED: [&str; 2] = ["serde_json::Value", "as_str().unwrap_or"];
+
+/// `v["status"]`, `row]["node"]`: a value indexed by a field's name (an array literal such as
+/// `args(["run"])` is not).
+fn indexes_by_name(line: &str) -> bool {
+    line.match_indices("[\"").any(|(i, _)| {
+        line[..i]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ']' || c == ')')
+    })
+}
+
+#[test]
+fn pl_reads_the_api_typed() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut found = Vec::new();
+    let mut stack = vec![src.clone()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).expect("read dir").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                let text = std::fs::read_to_string(&p).expect("read");
+                let code = text.split("#[cfg(test)]").next().unwrap_or("");
+                for (n, line) in code.lines().enumerate() {
+                    let line = line.trim_start();
+                    if !line.starts_with("//") && (UNTYPED.iter().any(|u| line.contains(u)) || indexes_by_name(line)) {
+                        found.push(format!(
+                            "{}:{}: {line}",
+                            p.strip_prefix(&src).expect("under").display(),
+                            n + 1
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "untyped reads of the API:\n{}", found.join("\n"));
+    for sample in [
+        "let v: serde_json::Value = x;",
+        "v[\"status\"] == \"done\"",
+        "r[\"node\"].as_str().unwrap_or(\"?\")",
+    ] {
+        assert!(
+            UNTYPED.iter().any(|u| sample.contains(u)) || indexes_by_name(sample),
+            "{sample}"
+        );
+    }
+    assert!(!indexes_by_name(".args([\"run\", \"--config\"])") && indexes_by_name("d[\"status\"]"));
+}

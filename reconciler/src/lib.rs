@@ -15,6 +15,7 @@ pub mod http;
 pub mod hub;
 pub mod issuer;
 pub mod notify;
+pub mod ops;
 pub mod pki;
 pub mod reconcile;
 pub mod store;

@@ -13,6 +13,7 @@ use reconciler::http::peer::Peers;
 use reconciler::http::server::{serve, tls_config, tls_config_with};
 use reconciler::http::streams::watch_events;
 use reconciler::hub::Hub;
+use reconciler::ops::Ops;
 use reconciler::reconcile::{Reconciler, run_fetcher, run_loop, watch_local};
 use reconciler::store::Ledger;
 use reconciler::store::group::Group;
@@ -172,14 +173,18 @@ fn daemon(config: &Path) -> Result<()> {
         let tokens = Arc::new(Tokens::new(&config.api.tokens));
         let logs = Arc::new(LogHub::default());
         let reconciling = Arc::new(Reconciler::new(Arc::clone(&config), Arc::clone(&ledger), Arc::clone(&hub))?);
+        let ops = Arc::new(Ops {
+            ledger: Arc::clone(&ledger),
+            hub: Arc::clone(&hub),
+            branch: config.source.branch.clone(),
+        });
         let operator = Arc::new(
-            Operator::new(Arc::clone(&config), Arc::clone(&ledger), Arc::clone(&hub), Arc::clone(&tokens))
+            Operator::new(Arc::clone(&config), Arc::clone(&ops), Arc::clone(&hub), Arc::clone(&tokens))
                 .map_err(anyhow::Error::msg)?,
         );
         let enrol = Arc::new(Enrol {
             config: Arc::clone(&config),
             ledger: Arc::clone(&ledger),
-            tokens: Arc::clone(&tokens),
         });
         let readers = Arc::new(Readers {
             tokens: Arc::clone(&tokens),

@@ -82,12 +82,12 @@ async fn nodes_enrol_once_with_a_token_and_every_refusal_writes_nothing() {
     assert_eq!((status, code(&body).as_str()), (403, "node-retired"));
     let (status, body) = token_for("n1", &operator);
     assert_eq!(status, 200, "{body}");
-    let t: agent_proto::TokenResponse = serde_json::from_str(&body).expect("token");
+    let t: operator_proto::nodes::NodeToken = serde_json::from_str(&body).expect("token");
     assert!(t.token.starts_with("ple_") && t.token.len() == 4 + 64, "{}", t.token);
     let stored = dump::rows(&url, "SELECT token_hash FROM enrolment_tokens").await;
     assert!(!stored.iter().any(|h| h.contains(&t.token)), "only the hash is kept");
     let (_, other) = token_for("n2", &operator);
-    let other: agent_proto::TokenResponse = serde_json::from_str(&other).expect("token");
+    let other: operator_proto::nodes::NodeToken = serde_json::from_str(&other).expect("token");
 
     let enroll = |node: &str, token: &str, csr: &str, recipient: &str| {
         let body = serde_json::json!({"node": node, "token": token, "csr": csr, "ageRecipient": recipient});

@@ -1,7 +1,7 @@
 //! The code map's rules, checked on the source: the reconciler's layers import only downwards
-//! (`http -> hub -> store`, `reconcile -> hub -> store`; `store` imports neither; no surface
-//! imports another's module), and no crate of the workspace has an import circle between its
-//! files. Read from the `crate::…`, `self::…` and `super::…` paths of non-test code (`use`
+//! (`http -> ops -> hub -> store`, `reconcile -> hub -> store`; `store` imports neither; no
+//! surface imports another's module; the operator surface reaches the store only through
+//! `ops`), and no crate of the workspace has an import circle between its files. Read from the `crate::…`, `self::…` and `super::…` paths of non-test code (`use`
 //! lines and inline paths; `super::` resolved from the file's own module); a `#[cfg(test)]`
 //! item and everything after it in a file is test code.
 
@@ -218,8 +218,10 @@ fn the_reconcilers_layers_import_only_downwards() {
     let allowed: BTreeMap<&str, &[&str]> = BTreeMap::from([
         ("store", &["config", "pki"][..]),
         ("hub", &["store"][..]),
+        // The operator's use cases: between the surfaces and the store.
+        ("ops", &["store", "hub", "config"][..]),
         ("reconcile", &["store", "hub", "config", "issuer", "acme"][..]),
-        ("http", &["store", "hub", "config", "auth", "pki"][..]),
+        ("http", &["ops", "store", "hub", "config", "auth", "pki"][..]),
         ("config", &["auth"][..]),
         ("auth", &["config"][..]),
         ("pki", &[][..]),
@@ -235,6 +237,7 @@ fn the_reconcilers_layers_import_only_downwards() {
             &[
                 "store",
                 "hub",
+                "ops",
                 "reconcile",
                 "http",
                 "config",
@@ -403,4 +406,30 @@ fn the_walk_sees_imports_and_circles() {
     );
     let c = circle(&g).expect("a circle");
     assert!(c.contains(&"b".to_owned()) && c.contains(&"a::c".to_owned()), "{c:?}");
+}
+
+/// The operator surface only parses, authorises, calls `ops` and writes: none of its files
+/// names the store (the agents' surface, enrolment and `pl logs` still do; `docs/architecture.md`
+/// says so).
+#[test]
+fn the_operator_surface_reaches_the_store_only_through_ops() {
+    let g = graph(&workspace().join("reconciler/src"));
+    for m in [
+        "http::operator",
+        "http::environments",
+        "http::metrics",
+        "http::openapi",
+        "http::server",
+    ] {
+        let deps = g.get(m).unwrap_or_else(|| panic!("{m} is not a module any more"));
+        let store: Vec<&String> = deps.iter().filter(|d| layer(d) == "store").collect();
+        assert!(
+            store.is_empty(),
+            "{m} imports {store:?}: the operator surface goes through ops"
+        );
+        assert!(
+            m == "http::openapi" || m == "http::server" || deps.contains("ops"),
+            "{m} does not call ops: {deps:?}"
+        );
+    }
 }

@@ -53,7 +53,7 @@ impl Engine {
             pids_limit: Some(i64::from(app.pids)),
             network_mode: Some(app.network.network.clone()),
             // Service names: Docker's resolver in the container forwards what it does not know
-            // to the agent's name server on the network's gateway (`names.rs`); a short name
+            // to the agent's name server on the network's gateway (`names/mod.rs`); a short name
             // is also tried as `<name>.<environment>.internal`.
             dns: crate::names::gateway(&app.network.subnet).map(|g| vec![g.to_string()]),
             dns_search: Some(vec![format!("{}.{}", app.environment, crate::names::DOMAIN)]),

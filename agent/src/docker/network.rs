@@ -49,7 +49,7 @@ impl Engine {
                         config: Some(vec![IpamConfig {
                             subnet: Some(net.subnet.clone()),
                             // Docker's default, said outright: the agent's name server for
-                            // the environment listens there (`names.rs`).
+                            // the environment listens there (`names/mod.rs`).
                             gateway: crate::names::gateway(&net.subnet).map(|g| g.to_string()),
                             ..IpamConfig::default()
                         }]),

@@ -5,7 +5,7 @@ use super::local::{Local, Ports, Trust};
 use super::previews_of;
 use super::processes::{alive, stop};
 use anyhow::{Result, bail};
-use serde_json::Value;
+use operator_proto::{Action, Deployment, DeploymentStatus};
 use state_repo::load::load;
 use state_repo::source::{Rev, StateRepo};
 use std::path::{Path, PathBuf};
@@ -89,43 +89,37 @@ pub fn down(args: &DownArgs) -> Result<u8> {
             moved |= local.sync_previews(&[], &Trust::Local, &Default::default())?;
         }
         if moved {
-            let _ = client.json("POST", "/v1/reconcile");
+            let _ = client.reconcile();
         }
         println!("pl down: tearing down through local revision {}", &head[..12]);
         let deadline = Instant::now() + Duration::from_secs(args.timeout_seconds);
         loop {
             // Every page (the first alone held 100 environments).
-            let all: Vec<Value> = client
-                .deployments()?
-                .into_iter()
-                .map(serde_json::to_value)
-                .collect::<Result<_, _>>()?;
-            let rows: Vec<&Value> = all.iter().collect();
-            let torn = |d: &Value| d["action"].as_str() == Some("teardown") && d["status"].as_str() == Some("done");
-            let wanted =
-                |d: &Value| named.is_empty() || d["environment"].as_str().is_some_and(|e| named.iter().any(|n| n == e));
+            let rows = client.deployments()?;
+            let torn = |d: &&Deployment| d.action == Action::Teardown && d.status == DeploymentStatus::Done;
+            let wanted = |d: &&Deployment| named.is_empty() || named.contains(&d.environment);
             let left: Vec<&str> = rows
                 .iter()
-                .filter(|d| wanted(d))
+                .filter(wanted)
                 .filter(|d| !torn(d))
-                .filter_map(|d| d["environment"].as_str())
+                .map(|d| d.environment.as_str())
                 .collect();
             if left.is_empty() {
                 left_running = rows
                     .iter()
                     .filter(|d| !torn(d))
-                    .filter_map(|d| d["environment"].as_str().map(str::to_owned))
+                    .map(|d| d.environment.clone())
                     .collect();
                 break;
             }
             if let Some(d) = rows
                 .iter()
-                .filter(|d| wanted(d))
-                .find(|d| d["status"].as_str() == Some("failed"))
+                .filter(wanted)
+                .find(|d| d.status == DeploymentStatus::Failed)
             {
                 bail!(
                     "the teardown of {} failed: see `pl events --local {}`",
-                    d["environment"],
+                    d.environment,
                     local.repo.display()
                 );
             }
@@ -135,21 +129,13 @@ pub fn down(args: &DownArgs) -> Result<u8> {
             std::thread::sleep(Duration::from_millis(300));
         }
         // Volumes outlive a teardown: say which, and until when.
-        if let Ok(v) = client.json("GET", "/v1/volumes") {
-            let kept: Vec<String> = v["volumes"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|r| r["state"] == "retained")
-                .filter(|r| named.is_empty() || r["environment"].as_str().is_some_and(|e| named.iter().any(|n| n == e)))
-                .map(|r| {
-                    format!(
-                        "{}/{} on {}",
-                        r["environment"].as_str().unwrap_or("?"),
-                        r["volume"].as_str().unwrap_or("?"),
-                        r["node"].as_str().unwrap_or("?")
-                    )
-                })
+        if let Ok(v) = client.volumes() {
+            let kept: Vec<String> = v
+                .volumes
+                .iter()
+                .filter(|r| r.state == operator_proto::volumes::VolumeState::Retained)
+                .filter(|r| named.is_empty() || named.contains(&r.environment))
+                .map(|r| format!("{}/{} on {}", r.environment, r.volume, r.node))
                 .collect();
             if !kept.is_empty() {
                 println!(

@@ -2,10 +2,9 @@
 //! and serving, or one fails; shown live on a terminal (a spinner line per environment, with
 //! its jobs' counts and what runs now) and as plain lines otherwise, one per job state.
 
+use crate::client::Client;
 use crate::live::Verdict;
-use crate::operator::Client;
 use anyhow::Result;
-use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
@@ -143,20 +142,12 @@ impl Display {
 /// The newest failed job of `environment`, as `key: code: detail` (a log tail for a failed
 /// health check), from the events.
 pub(crate) fn failure_of(client: &Client, environment: &str) -> Result<Option<String>> {
-    let events = client.json("GET", "/v1/events?after=0&limit=1000")?;
-    let failed = events["events"].as_array().into_iter().flatten().rfind(|e| {
-        matches!(e["kind"].as_str(), Some("job-failed" | "job-dead"))
-            && e["subject"]
-                .as_str()
-                .is_some_and(|s| s.contains(&format!(":{environment}:")) || s.contains(&format!(":{environment}/")))
+    let events = client.events(0, 1000)?.events;
+    let failed = events.iter().rfind(|e| {
+        matches!(e.kind.as_str(), "job-failed" | "job-dead")
+            && (e.subject.contains(&format!(":{environment}:")) || e.subject.contains(&format!(":{environment}/")))
     });
-    Ok(failed.map(|e| {
-        format!(
-            "{}: {}",
-            e["subject"].as_str().unwrap_or("?"),
-            e["detail"].as_str().unwrap_or("")
-        )
-    }))
+    Ok(failed.map(|e| format!("{}: {}", e.subject, e.detail)))
 }
 
 /// Follows the revision's verdict and each environment's rollout until all are done (exit 0,
@@ -199,21 +190,16 @@ fn follow(
 ) -> Result<u8> {
     let deadline = Instant::now() + timeout;
     loop {
-        let revisions = client.json("GET", "/v1/revisions?branch=main&limit=5")?;
-        let verdict = revisions["revisions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|r| r["sha"].as_str() == Some(head))
-            .cloned();
+        let revisions = client.revisions(Some("main"), 5)?.revisions;
+        let verdict = revisions.into_iter().find(|r| r.sha == head);
         if let Some(r) = &verdict
-            && r["verdict"].as_str() == Some("rejected")
+            && r.verdict == operator_proto::revisions::Verdict::Rejected
         {
             display.stop();
             eprintln!(
                 "pl up: revision {} was rejected:\n{}",
                 &head[..12],
-                crate::live::reasons_text(&r["reasons"])
+                crate::live::reasons_text(&r.reasons)
             );
             return Ok(1);
         }
@@ -222,13 +208,8 @@ fn follow(
         if verdict.is_none() {
             // Refused as a rewrite of applied history (no verdict will come): say so now, not
             // at the timeout.
-            let rewrites = client.json("GET", "/v1/rewrites?limit=20")?;
-            if rewrites["rewrites"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|r| r["sha"].as_str() == Some(head) && r["approvedBy"].is_null())
-            {
+            let rewrites = client.rewrites(20)?.rewrites;
+            if rewrites.iter().any(|r| r.sha == head && r.approved_by.is_none()) {
                 display.stop();
                 eprintln!(
                     "pl up: the control plane refuses {} [history-rewritten]: it does not descend from the last commit it accepted",
@@ -259,24 +240,15 @@ fn follow(
             };
             let d = &d;
             let generation = d.generation;
-            let listed = client.json("GET", &format!("/v1/jobs?environment={name}&limit=200"))?;
-            let of_generation: Vec<&Value> = listed["jobs"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|j| j["generation"].as_i64() == Some(generation))
-                .collect();
-            let pair = |j: &&Value| {
-                (
-                    j["key"].as_str().unwrap_or("?").to_owned(),
-                    j["state"].as_str().unwrap_or("?").to_owned(),
-                )
-            };
+            let listed = client.jobs(None, Some(name), 200)?.jobs;
+            let of_generation: Vec<&operator_proto::jobs::Job> =
+                listed.iter().filter(|j| j.generation == Some(generation)).collect();
+            let pair = |j: &&operator_proto::jobs::Job| (j.key.clone(), j.state.as_str().to_owned());
             let jobs: Vec<(String, String)> = of_generation.iter().map(pair).collect();
             // This run's jobs: a scale at the same generation shows its own, not the rollout's.
             let this_run: Vec<(String, String)> = of_generation
                 .iter()
-                .filter(|j| j["createdAtMs"].as_i64().is_some_and(|t| t >= since_ms))
+                .filter(|j| j.created_at_ms >= since_ms)
                 .map(pair)
                 .collect();
             display.jobs(name, generation, &this_run);

@@ -4,7 +4,7 @@
 //! runs in `services.rs`, the processes in `processes.rs`.
 
 use super::processes::{alive, free_ports, run, tool, write_private};
-use crate::operator::ServerArgs;
+use crate::client::ServerArgs;
 use anyhow::{Context, Result, anyhow, bail};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -317,7 +317,7 @@ impl Local {
             server: Some(format!("https://localhost:{}", ports.api)),
             ca_cert: Some(self.path("tls/ca.crt")),
             token_file: Some(self.path("admin.token")),
-            format: crate::operator::OutFormat::Text,
+            format: crate::client::OutFormat::Text,
             local: None,
         }
     }

@@ -207,14 +207,12 @@ impl Local {
 
     /// Records the newest commit of `main` the control plane accepted (from its revisions), so
     /// that a commit replacing a rejected one is not taken for a rewrite of applied history.
-    pub(crate) fn remember_accepted(&self, client: &crate::operator::Client) -> Result<()> {
-        let revisions = client.json("GET", "/v1/revisions?branch=main&limit=50")?;
-        let newest = revisions["revisions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|r| r["verdict"].as_str() == Some("accepted"))
-            .and_then(|r| r["sha"].as_str());
+    pub(crate) fn remember_accepted(&self, client: &crate::client::Client) -> Result<()> {
+        let revisions = client.revisions(Some("main"), 50)?.revisions;
+        let newest = revisions
+            .iter()
+            .find(|r| r.verdict == operator_proto::revisions::Verdict::Accepted)
+            .map(|r| r.sha.as_str());
         if let Some(sha) = newest {
             std::fs::write(self.path(ACCEPTED_FILE), format!("{sha}\n"))?;
         }

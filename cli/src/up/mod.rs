@@ -29,7 +29,7 @@ use processes::{alive, caddy_program, docker_answers};
 pub use wake::sleep as sleep_woken;
 pub(crate) use wake::{wake, wake_here};
 
-use crate::operator::Client;
+use crate::client::Client;
 use anyhow::{Context, Result, bail};
 use state_repo::load::load;
 use state_repo::source::{Rev, StateRepo};
@@ -293,7 +293,7 @@ pub fn up(args: &UpArgs) -> Result<u8> {
         );
     }
     if moved || previews_moved {
-        let _ = client.json("POST", "/v1/reconcile");
+        let _ = client.reconcile();
     }
     if replaces_local {
         approve_local_rewrite(&client, &head)?;
@@ -341,14 +341,11 @@ fn bootstrap_leave_out(state: &state_schema::state::State) -> Option<Vec<String>
 fn wait_heard_from(client: &Client, nodes: &[String], since_ms: Option<i64>) -> Result<()> {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let listed = client.json("GET", "/v1/nodes")?;
+        let listed = client.nodes()?.nodes;
         let heard = |n: &String| {
-            listed["nodes"].as_array().into_iter().flatten().any(|r| {
-                r["name"].as_str() == Some(n.as_str())
-                    && r["lastSeenMs"]
-                        .as_i64()
-                        .is_some_and(|t| since_ms.is_none_or(|s| t >= s))
-            })
+            listed
+                .iter()
+                .any(|r| r.name == *n && r.last_seen_ms.is_some_and(|t| since_ms.is_none_or(|s| t >= s)))
         };
         if nodes.iter().all(heard) {
             return Ok(());
@@ -366,12 +363,8 @@ fn wait_heard_from(client: &Client, nodes: &[String], since_ms: Option<i64>) -> 
 fn approve_local_rewrite(client: &Client, sha: &str) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let pending = client.json("GET", "/v1/rewrites?limit=20")?;
-        let refused = pending["rewrites"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|r| r["sha"].as_str() == Some(sha) && r["branch"].as_str() == Some("main"));
+        let pending = client.rewrites(20)?.rewrites;
+        let refused = pending.iter().any(|r| r.sha == sha && r.branch == "main");
         if refused {
             break;
         }
@@ -380,15 +373,15 @@ fn approve_local_rewrite(client: &Client, sha: &str) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    client.post_json(
-        "/v1/rewrites/approve",
-        &serde_json::json!({"branch": "main", "sha": sha}),
-    )?;
+    client.approve_rewrite(&operator_proto::revisions::ApproveRewrite {
+        branch: "main".to_owned(),
+        sha: sha.to_owned(),
+    })?;
     println!(
         "pl up: {} leaves this control plane's local teardown revision behind: approved as a rewrite (`pl events --local` records it)",
         &sha[..12]
     );
-    let _ = client.json("POST", "/v1/reconcile");
+    let _ = client.reconcile();
     Ok(())
 }
 
@@ -523,7 +516,7 @@ fn watch(
         }
         println!("pl up: applying the working tree as local revision {}", &head[..12]);
         let since_ms = now_ms();
-        let _ = client.json("POST", "/v1/reconcile");
+        let _ = client.reconcile();
         let code = follow::converge(
             client,
             &head,

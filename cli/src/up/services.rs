@@ -3,7 +3,7 @@
 
 use super::local::{Local, Ports, Trust};
 use super::processes::{alive, caddy_program, run_daemon, spawn_detached, stop, tail, tool};
-use crate::operator::Client;
+use crate::client::Client;
 use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -51,7 +51,7 @@ impl Local {
         let client = Client::new(&self.server(ports))?;
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if client.json("GET", "/v1/status").is_ok() {
+            if client.status().is_ok() {
                 return Ok(client);
             }
             // (Just after the start, /proc may still show `pl`'s own command line: the child
@@ -168,8 +168,8 @@ impl Local {
         if !enrolled.join(pushleft_agent_files::CERT).exists() {
             let deadline = Instant::now() + Duration::from_secs(30);
             let token = loop {
-                match client.json("POST", &format!("/v1/nodes/{node}/token")) {
-                    Ok(v) => break v["token"].as_str().unwrap_or_default().to_owned(),
+                match client.node_token(node) {
+                    Ok(t) => break zeroize::Zeroizing::new(t.token),
                     Err(e) if Instant::now() > deadline => {
                         return Err(e.context(format!("no enrolment token for node {node}")));
                     }

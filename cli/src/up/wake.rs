@@ -6,7 +6,7 @@
 
 use super::local::{Local, Ports};
 use super::processes::{alive, run_daemon, stop};
-use crate::operator::{Client, ServerArgs};
+use crate::client::{Client, ServerArgs};
 use anyhow::{Result, bail};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -44,7 +44,7 @@ pub(crate) fn wake(dir: &Path) -> Result<Option<ServerArgs>> {
     remember(pid, "pl-reconciler");
     let client = Client::new(&server)?;
     let deadline = Instant::now() + Duration::from_secs(30);
-    while client.json("GET", "/v1/status").is_err() {
+    while client.status().is_err() {
         if Instant::now() > deadline {
             bail!(
                 "the local reconciler did not start; see {}",

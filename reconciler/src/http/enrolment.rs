@@ -1,17 +1,15 @@
-//! The enrolment routes of the API: an operator asks for a one-time token for a node declared in
-//! Git (`POST /v1/nodes/{node}/token`), the node's agent trades it for a client certificate
-//! (`POST /v1/enroll`), and anyone may read the control CA (`GET /v1/ca`) to check it against the
-//! fingerprint they were given. Every check comes before any write, the cheap ones first.
+//! The enrolment routes of the API: the node's agent trades the one-time token an operator
+//! asked for (`POST /v1/nodes/{node}/token`, made by `ops::nodes`) for a client certificate
+//! (`POST /v1/enroll`), and anyone may read the control CA (`GET /v1/ca`) to check it against
+//! the fingerprint they were given. Every check comes before any write, the cheap ones first.
 
-use crate::auth::Tokens;
-use crate::config::{Config, Role};
-use crate::http::server::{authorized, internal, read_body, refuse, refused};
+use crate::config::Config;
+use crate::http::server::{internal, read_body, refused};
 use crate::pki::{PkiError, sign_node_csr};
 use crate::store::fleet::{Declared, Enrolment};
 use crate::store::{Ledger, now_ms};
-use agent_proto::{EnrollRequest, EnrollResponse, MAX_ENROLL_BYTES, Refusal, TokenResponse};
-use axum::extract::{Path, State};
-use axum::http::HeaderMap;
+use agent_proto::{EnrollRequest, EnrollResponse, MAX_ENROLL_BYTES, Refusal};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
 
@@ -19,13 +17,11 @@ use std::sync::Arc;
 pub struct Enrol {
     pub config: Arc<Config>,
     pub ledger: Arc<Ledger>,
-    pub tokens: Arc<Tokens>,
 }
 
 /// Enrolment's routes, on the operator API.
 pub fn router(state: Arc<Enrol>) -> axum::Router {
     axum::Router::new()
-        .route("/v1/nodes/{node}/token", axum::routing::post(token))
         .route("/v1/enroll", axum::routing::post(enroll))
         .route("/v1/ca", axum::routing::get(ca))
         .with_state(state)
@@ -40,34 +36,6 @@ async fn declared(s: &Enrol, node: &str) -> Result<(), Response> {
             "no node of that name is declared in the accepted state",
         )),
         Err(e) => Err(internal(e)),
-    }
-}
-
-/// `POST /v1/nodes/{node}/token` (operator): a one-time token, valid 15 minutes.
-pub async fn token(State(s): State<Arc<Enrol>>, Path(node): Path<String>, headers: HeaderMap) -> Response {
-    let by = match authorized(&s.tokens, &headers, Role::Operator) {
-        Ok(n) => n.to_owned(),
-        Err(d) => return refuse(d),
-    };
-    if let Err(r) = declared(&s, &node).await {
-        return r;
-    }
-    let mut bytes = zeroize::Zeroizing::new([0u8; 32]);
-    if getrandom::fill(&mut *bytes).is_err() {
-        return internal("the operating system's random source failed");
-    }
-    let token = zeroize::Zeroizing::new(format!("ple_{}", hex::encode(&bytes[..])));
-    match s.ledger.add_enrolment_token(&node, &token, &by, now_ms()).await {
-        Ok(expires_at_ms) => {
-            tracing::info!(node = %node, by = %by, "enrolment token made");
-            axum::Json(TokenResponse {
-                node,
-                token: token.to_string(),
-                expires_at_ms,
-            })
-            .into_response()
-        }
-        Err(e) => internal(e),
     }
 }
 

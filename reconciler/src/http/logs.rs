@@ -10,9 +10,10 @@
 //! log; a reader needs the operator role (logs are the application's data).
 
 use crate::auth::Tokens;
-use crate::config::Role;
 use crate::http::peer::Peers;
-use crate::http::server::{PeerCert, authorized, internal, json, read_body, refuse, refused, too_many};
+use crate::http::server::{
+    Caller, HasTokens, Operators, Params, PeerCert, internal, json, read_body, refused, too_many,
+};
 use crate::store::Ledger;
 use agent_proto::{
     LogRequest, LogRequests, LogWait, MAX_LOG_CHUNK_BYTES, MAX_LOG_STREAMS_PER_NODE, MAX_LOG_TAIL_LINES,
@@ -20,7 +21,7 @@ use agent_proto::{
 };
 use axum::body::Bytes;
 use axum::extract::{Extension, Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -53,6 +54,13 @@ pub struct Readers {
     pub tokens: Arc<Tokens>,
     pub ledger: Arc<Ledger>,
     pub logs: Arc<LogHub>,
+}
+
+/// Where [`Caller`] finds the tokens.
+impl HasTokens for Arc<Readers> {
+    fn tokens(&self) -> &Tokens {
+        &self.tokens
+    }
 }
 
 /// `pl logs`' agent side, on the agent API.
@@ -189,20 +197,15 @@ pub struct LogsQuery {
     follow: Option<bool>,
 }
 
-fn refusal(status: StatusCode, code: &str, message: String) -> Response {
-    (
-        status,
-        axum::Json(serde_json::json!({"code": code, "message": message})),
-    )
-        .into_response()
-}
+use crate::http::server::error as refusal;
 
 /// `GET /v1/logs?environment=E&role=R[&tail=N][&follow=true]`: the role's lines from every node
 /// that runs it, each line prefixed by its replica (`web/0 g3 | …`), as `text/plain`.
-pub async fn logs(State(s): State<Arc<Readers>>, headers: HeaderMap, Query(q): Query<LogsQuery>) -> Response {
-    if let Err(d) = authorized(&s.tokens, &headers, Role::Operator) {
-        return refuse(d);
-    }
+pub(crate) async fn logs(
+    State(s): State<Arc<Readers>>,
+    _: Caller<Operators>,
+    Params(q): Params<LogsQuery>,
+) -> Response {
     let name_ok = |n: &str| {
         !n.is_empty()
             && n.len() <= 63
@@ -213,7 +216,7 @@ pub async fn logs(State(s): State<Arc<Readers>>, headers: HeaderMap, Query(q): Q
         return refusal(
             StatusCode::BAD_REQUEST,
             "log-target-invalid",
-            "environment and role are names (a-z, 0-9, -)".into(),
+            "environment and role are names (a-z, 0-9, -)",
         );
     }
     let specs = match s.ledger.running_specs().await {

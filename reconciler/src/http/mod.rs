@@ -1,16 +1,15 @@
-//! The HTTP surfaces: the operator API (`operator.rs`), the agents' API over mutual TLS
-//! (`agent.rs`), enrolment, `pl logs` and event streams.
+//! The HTTP surfaces: the operator API (`operator.rs`, its handlers thin over `ops`; the
+//! probes in `metrics.rs`; one environment's long poll in `environments.rs`; the OpenAPI
+//! document in `openapi.rs`), the agents' API over mutual TLS (`agent.rs`), enrolment, `pl
+//! logs` and event streams.
 
 pub mod agent;
-pub mod backups;
-pub mod domains;
 pub mod enrolment;
 pub mod environments;
 pub mod logs;
-pub mod mesh;
+pub mod metrics;
+pub mod openapi;
 pub mod operator;
 pub mod peer;
-pub mod rollbacks;
 pub mod server;
 pub mod streams;
-pub mod volumes;

@@ -4,12 +4,16 @@
 
 use crate::auth::{Denied, Tokens};
 use crate::config::Role;
+use crate::ops::{Answer, Kind, OpError};
 use agent_proto::{MAX_AGENT_BODY_BYTES, Refusal, RefusalBody};
 use axum::Router;
 use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use operator_proto::ErrorBody;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,21 +33,16 @@ pub(crate) fn refuse(d: Denied) -> Response {
         Denied::InsufficientRole => StatusCode::FORBIDDEN,
         Denied::WebhookNotConfigured => StatusCode::NOT_FOUND,
     };
-    (status, axum::Json(json!({"code": d.code(), "message": d.message()}))).into_response()
+    error(status, d.code(), d.message())
 }
 
 pub(crate) fn internal(e: impl std::fmt::Display) -> Response {
     tracing::warn!(error = %e, "request failed");
-    (
+    error(
         StatusCode::SERVICE_UNAVAILABLE,
-        axum::Json(json!({"code": "ledger-unavailable", "message": "the ledger did not answer; try again"})),
+        "ledger-unavailable",
+        "the ledger did not answer; try again",
     )
-        .into_response()
-}
-
-/// The refusal to send, if the request's token may not do what `needs` asks.
-pub(crate) fn authorize(tokens: &Tokens, headers: &HeaderMap, needs: Role) -> Option<Response> {
-    authorized(tokens, headers, needs).err().map(refuse)
 }
 
 /// The name of the request's token, when it may do what `needs` asks.
@@ -53,11 +52,7 @@ pub(crate) fn authorized<'t>(tokens: &'t Tokens, headers: &HeaderMap, needs: Rol
 }
 
 pub(crate) fn too_many(code: &str, message: &str) -> Response {
-    (
-        StatusCode::TOO_MANY_REQUESTS,
-        axum::Json(json!({"code": code, "message": message})),
-    )
-        .into_response()
+    error(StatusCode::TOO_MANY_REQUESTS, code, message)
 }
 
 /// Why a request body was not read.
@@ -69,18 +64,16 @@ pub(crate) enum BodyError {
 impl IntoResponse for BodyError {
     fn into_response(self) -> Response {
         match self {
-            BodyError::TooLarge(limit) => (
+            BodyError::TooLarge(limit) => error(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                axum::Json(
-                    json!({"code": "body-too-large", "message": format!("the body is larger than {limit} bytes")}),
-                ),
-            )
-                .into_response(),
-            BodyError::Timeout => (
+                "body-too-large",
+                format!("the body is larger than {limit} bytes"),
+            ),
+            BodyError::Timeout => error(
                 StatusCode::REQUEST_TIMEOUT,
-                axum::Json(json!({"code": "body-timeout", "message": "the body did not arrive in time"})),
-            )
-                .into_response(),
+                "body-timeout",
+                "the body did not arrive in time",
+            ),
         }
     }
 }
@@ -243,25 +236,127 @@ pub async fn serve(
     }
 }
 
-/// A small JSON request of an operator surface, checked in order: the caller's token holds
-/// `needs` (else 401/403), the body is at most `limit` bytes, and it reads as `T` (else `400
-/// malformed-request`, saying what was `expected`). The caller's token name and the request.
-pub(crate) async fn small_request<T: serde::de::DeserializeOwned>(
-    tokens: &Tokens,
-    headers: &HeaderMap,
-    needs: Role,
-    body: axum::body::Body,
-    limit: usize,
-    expected: &str,
-) -> Result<(String, T), Response> {
-    let who = authorized(tokens, headers, needs).map_err(refuse)?.to_owned();
-    let bytes = read_body(body, limit).await.map_err(|e| e.into_response())?;
-    let req = serde_json::from_slice::<T>(&bytes).map_err(|_| {
-        (
-            StatusCode::BAD_REQUEST,
-            axum::Json(json!({"code": "malformed-request", "message": format!("expected {expected}")})),
-        )
-            .into_response()
-    })?;
-    Ok((who, req))
+/// A typed answer with its status.
+pub(crate) fn answer<T: serde::Serialize>(status: StatusCode, body: &T) -> Response {
+    (status, axum::Json(body)).into_response()
+}
+
+/// A typed refusal: a stable code and the daemon's words.
+pub(crate) fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    answer(
+        status,
+        &ErrorBody {
+            code: code.to_owned(),
+            message: message.into(),
+        },
+    )
+}
+
+pub(crate) fn malformed(message: impl Into<String>) -> Response {
+    error(StatusCode::BAD_REQUEST, "malformed-request", message)
+}
+
+/// A use case's result on the wire: its answer with `ok`, or its refusal with the status of
+/// its kind.
+pub(crate) fn reply<T: serde::Serialize>(ok: StatusCode, result: Answer<T>) -> Response {
+    match result {
+        Ok(body) => answer(ok, &body),
+        Err(e) => refusal(&e),
+    }
+}
+
+pub(crate) fn refusal(e: &OpError) -> Response {
+    let status = match e.kind {
+        Kind::NotFound => StatusCode::NOT_FOUND,
+        Kind::Conflict => StatusCode::CONFLICT,
+        Kind::Malformed => StatusCode::BAD_REQUEST,
+        Kind::Forbidden => StatusCode::FORBIDDEN,
+        Kind::FailedOnNode => StatusCode::BAD_GATEWAY,
+        Kind::Pending => StatusCode::GATEWAY_TIMEOUT,
+        Kind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        Kind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    error(status, e.code, e.message.clone())
+}
+
+/// The role a route needs, as a type (`Caller<Operators>`).
+pub(crate) trait Needs {
+    const ROLE: Role;
+}
+
+pub(crate) struct Viewers;
+pub(crate) struct Operators;
+pub(crate) struct Admins;
+
+impl Needs for Viewers {
+    const ROLE: Role = Role::Viewer;
+}
+impl Needs for Operators {
+    const ROLE: Role = Role::Operator;
+}
+impl Needs for Admins {
+    const ROLE: Role = Role::Admin;
+}
+
+/// The caller's token name, once its bearer token holds `R`'s role. An extractor of the
+/// request's head: a refused request (401, 403) is answered before its body is read, and
+/// reads and writes nothing.
+pub(crate) struct Caller<R> {
+    pub name: String,
+    role: PhantomData<R>,
+}
+
+/// A surface's state that knows the API's tokens.
+pub(crate) trait HasTokens {
+    fn tokens(&self) -> &Tokens;
+}
+
+impl<S: HasTokens + Send + Sync, R: Needs> FromRequestParts<S> for Caller<R> {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Response> {
+        match authorized(state.tokens(), &parts.headers, R::ROLE) {
+            Ok(name) => Ok(Caller {
+                name: name.to_owned(),
+                role: PhantomData,
+            }),
+            Err(d) => Err(refuse(d)),
+        }
+    }
+}
+
+/// The most an operator's JSON request may be: every one is a few names.
+pub const MAX_ASK_BYTES: usize = 4096;
+
+/// A small JSON request of the operator surface: at most [`MAX_ASK_BYTES`] within
+/// [`BODY_TIMEOUT`], read as `T` (else `400 malformed-request`, saying what did not read).
+/// Taken after [`Caller`], so an unauthorised body is never read.
+pub(crate) struct Ask<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for Ask<T> {
+    type Rejection = Response;
+
+    async fn from_request(req: Request, _: &S) -> Result<Self, Response> {
+        let bytes = read_body(req.into_body(), MAX_ASK_BYTES)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        serde_json::from_slice::<T>(&bytes).map(Ask).map_err(|e| {
+            let name = std::any::type_name::<T>().rsplit("::").next().unwrap_or("request");
+            malformed(format!("expected a {name} (GET /v1/openapi.json): {e}"))
+        })
+    }
+}
+
+/// A route's query parameters, read as `T` (else `400 malformed-request`, in the API's shape).
+pub(crate) struct Params<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequestParts<S> for Params<T> {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Response> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(q)) => Ok(Params(q)),
+            Err(e) => Err(malformed(e.body_text())),
+        }
+    }
 }

@@ -37,8 +37,7 @@ pub struct Saved {
 }
 
 /// One ended backup.
-#[derive(Clone, Debug, PartialEq, Eq, FromRow, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, PartialEq, Eq, FromRow)]
 pub struct BackupRow {
     pub environment: String,
     pub volume: String,
@@ -56,8 +55,7 @@ pub struct BackupRow {
 }
 
 /// Where a volume's backups stand: when the newest success ended, and how many failed since.
-#[derive(Clone, Debug, PartialEq, Eq, FromRow, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, PartialEq, Eq, FromRow)]
 pub struct BackupHealth {
     pub environment: String,
     pub volume: String,

@@ -43,8 +43,7 @@ fn hash(token: &str) -> String {
 }
 
 /// One node as `pl nodes` shows it: what Git declares and what the control plane has seen.
-#[derive(Clone, Debug, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug)]
 pub struct NodeRow {
     pub name: String,
     pub pool: String,

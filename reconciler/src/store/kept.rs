@@ -8,8 +8,7 @@ use sqlx::FromRow;
 use state_schema::values::Name;
 
 /// A kept generation's row.
-#[derive(Clone, Debug, PartialEq, Eq, FromRow, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, PartialEq, Eq, FromRow)]
 pub struct KeptRow {
     pub environment: String,
     pub volume: String,

@@ -24,8 +24,7 @@ pub struct NewRow {
 }
 
 /// A row, as delivery and listings read it.
-#[derive(Clone, Debug, FromRow, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, FromRow)]
 pub struct OutboxRow {
     pub id: i64,
     pub target: String,

@@ -5,7 +5,6 @@
 //! is then judged like any other commit.
 
 use crate::store::{Ledger, LedgerError};
-use serde::Serialize;
 use sqlx::FromRow;
 
 /// The stable code of the refusal.
@@ -29,8 +28,7 @@ pub enum Approval {
     NotPending,
 }
 
-#[derive(Clone, Debug, Serialize, FromRow)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, FromRow)]
 pub struct RewriteRow {
     pub branch: String,
     pub sha: String,

@@ -7,20 +7,19 @@ use sqlx::FromRow;
 use state_schema::generations::Action;
 use std::collections::BTreeMap;
 
-#[derive(Clone, Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug)]
 pub struct RevisionRow {
     pub id: i64,
     pub branch: String,
     pub sha: String,
     pub verdict: String,
     pub principals: Option<String>,
-    pub reasons: serde_json::Value,
+    /// JSON text: a list of `{code, message}`.
+    pub reasons: String,
     pub seen_at_ms: i64,
 }
 
-#[derive(Clone, Debug, Serialize, FromRow)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, FromRow)]
 pub struct JobRow {
     pub id: i64,
     pub key: String,
@@ -136,8 +135,7 @@ struct DeploymentRecord {
 }
 
 /// Counts for `pl status` and `/metrics`.
-#[derive(Clone, Debug, Default, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, Default)]
 pub struct Counts {
     pub jobs: BTreeMap<String, i64>,
     pub deployments: BTreeMap<String, i64>,
@@ -176,7 +174,7 @@ impl Ledger {
                     sha: r.sha,
                     verdict: r.verdict,
                     principals: r.principals,
-                    reasons: serde_json::from_str(&r.reasons)?,
+                    reasons: r.reasons,
                     seen_at_ms: r.seen_at,
                 })
             })

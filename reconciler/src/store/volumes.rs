@@ -10,8 +10,7 @@ use state_schema::placement::Pin;
 use state_schema::values::Name;
 
 /// A volume's row.
-#[derive(Clone, Debug, PartialEq, Eq, FromRow, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, PartialEq, Eq, FromRow)]
 pub struct VolumeRow {
     pub environment: String,
     pub volume: String,

@@ -1,0 +1,81 @@
+//! The daemon itself: `GET /v1/status` (viewer), `GET /readyz` (anyone), and the answer of
+//! `POST /v1/reconcile` and of a push webhook.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use utoipa::ToSchema;
+
+/// `GET /v1/status`: where the daemon and its branch stand, read live.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Status {
+    pub mesh: MeshSummary,
+    /// Whether this daemon reconciles (a standby answers too).
+    pub leader: bool,
+    pub last_pass_ms_ago: i64,
+    pub branch: String,
+    /// The commit in force: the newest accepted (null before any).
+    pub in_force: Option<String>,
+    /// The newest commit judged, accepted or not.
+    pub last_judged: Option<String>,
+    pub counts: Counts,
+}
+
+/// The mesh between nodes as agents report their links.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct MeshSummary {
+    /// Links reported, over every node.
+    pub links: usize,
+    /// Each link judged down (no handshake within WireGuard's session limit).
+    pub down: Vec<LinkDown>,
+}
+
+/// A mesh link judged down: from `node` to `peer`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct LinkDown {
+    pub node: String,
+    pub peer: String,
+}
+
+/// Counts by state, as the ledger holds them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Counts {
+    /// Jobs by state (`queued`, `leased`, `succeeded`, `failed`, `dead`, `cancelled`).
+    pub jobs: BTreeMap<String, i64>,
+    /// Deployments by status (`in-progress`, `done`, `failed`).
+    pub deployments: BTreeMap<String, i64>,
+    /// Judged commits by verdict (`accepted`, `rejected`).
+    pub revisions: BTreeMap<String, i64>,
+    /// Age of the oldest job that is due and waiting, in milliseconds.
+    pub queue_age_ms: i64,
+    /// The newest event's cursor.
+    pub last_event: i64,
+    /// When these were read (Unix ms).
+    pub at_ms: i64,
+}
+
+/// `GET /readyz`: `200` when the ledger answers and the loop ticked within 30 s, `503` else.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Ready {
+    pub ledger: bool,
+    pub loop_ticked_ms_ago: i64,
+    pub leader: bool,
+}
+
+/// `POST /v1/reconcile` (`202`): a pass asked for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReconcileAsked {
+    /// Whether this daemon reconciles; a standby's leader keeps its own schedule.
+    pub leader: bool,
+    /// Passes run before the ask: a caller waits for more than this.
+    pub passes_before: u64,
+}
+
+/// A push webhook's answer (`202`): a fetch asked for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct WebhookAccepted {
+    pub accepted: bool,
+}

@@ -1,0 +1,171 @@
+//! The unauthenticated probes: `GET /readyz` (the ledger answers and the loop ticked within
+//! 30 s) and `GET /metrics` (Prometheus text of the last pass: a scrape, or a flood of them,
+//! costs no query), and the API's own description, `GET /v1/openapi.json`.
+
+use crate::http::server::{answer, internal};
+use crate::hub::{DURATION_BUCKETS, Hub};
+use crate::ops::{Ops, now_ms};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use operator_proto::status::Ready;
+use std::fmt::Write as _;
+use std::sync::atomic::Ordering;
+
+/// `GET /readyz`: `200` when ready, `503` with the same body when not.
+pub async fn readyz(ops: &Ops, hub: &Hub) -> Response {
+    let ledger = ops.ping().await;
+    let age = now_ms() - hub.last_tick_ms.load(Ordering::Relaxed);
+    let ticked = age <= 30_000;
+    let body = Ready {
+        ledger,
+        loop_ticked_ms_ago: age,
+        leader: hub.leader.load(Ordering::Relaxed),
+    };
+    let code = if ledger && ticked {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    answer(code, &body)
+}
+
+/// The API's own description (`http::openapi`): anyone may read it, as it says nothing of the
+/// fleet.
+pub async fn openapi() -> Response {
+    ([("content-type", "application/json")], crate::http::openapi::json()).into_response()
+}
+
+/// Unauthenticated, so it serves the values of the last pass: a scrape (or a flood of them)
+/// costs no query.
+pub async fn metrics(ops: &Ops, hub: &Hub) -> Response {
+    let Some(counts) = ops.cached_counts().await else {
+        return internal("no counts yet");
+    };
+    let m = &hub.metrics;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# HELP pushleft_reconcile_duration_seconds Time one reconcile pass took."
+    );
+    let _ = writeln!(out, "# TYPE pushleft_reconcile_duration_seconds histogram");
+    for (i, b) in DURATION_BUCKETS.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "pushleft_reconcile_duration_seconds_bucket{{le=\"{b}\"}} {}",
+            m.buckets[i].load(Ordering::Relaxed)
+        );
+    }
+    let ticks = m.ticks.load(Ordering::Relaxed);
+    let _ = writeln!(out, "pushleft_reconcile_duration_seconds_bucket{{le=\"+Inf\"}} {ticks}");
+    let sum = m.duration_sum_us.load(Ordering::Relaxed) as f64 / 1e6;
+    let _ = writeln!(out, "pushleft_reconcile_duration_seconds_sum {sum}");
+    let _ = writeln!(out, "pushleft_reconcile_duration_seconds_count {ticks}");
+    let _ = writeln!(
+        out,
+        "# HELP pushleft_reconcile_errors_total Passes that failed and were retried."
+    );
+    let _ = writeln!(out, "# TYPE pushleft_reconcile_errors_total counter");
+    let _ = writeln!(
+        out,
+        "pushleft_reconcile_errors_total {}",
+        m.tick_errors.load(Ordering::Relaxed)
+    );
+    let _ = writeln!(out, "# HELP pushleft_revisions_total Judged commits by verdict.");
+    let _ = writeln!(out, "# TYPE pushleft_revisions_total counter");
+    for v in ["accepted", "rejected"] {
+        let n = counts.revisions.get(v).copied().unwrap_or(0);
+        let _ = writeln!(out, "pushleft_revisions_total{{verdict=\"{v}\"}} {n}");
+    }
+    let _ = writeln!(out, "# HELP pushleft_jobs Jobs by state.");
+    let _ = writeln!(out, "# TYPE pushleft_jobs gauge");
+    for st in operator_proto::jobs::JobState::ALL.iter().map(|s| s.as_str()) {
+        let n = counts.jobs.get(st).copied().unwrap_or(0);
+        let _ = writeln!(out, "pushleft_jobs{{state=\"{st}\"}} {n}");
+    }
+    let _ = writeln!(
+        out,
+        "# HELP pushleft_queue_age_seconds Age of the oldest due job still queued."
+    );
+    let _ = writeln!(out, "# TYPE pushleft_queue_age_seconds gauge");
+    let _ = writeln!(
+        out,
+        "pushleft_queue_age_seconds {}",
+        counts.queue_age_ms as f64 / 1000.0
+    );
+    let certificates = hub.certificates.lock().map(|c| c.clone()).unwrap_or_default();
+    if !certificates.is_empty() {
+        let _ = writeln!(
+            out,
+            "# HELP pushleft_certificate_expiry_timestamp_seconds When each hostname's issued certificate expires (0: none issued yet)."
+        );
+        let _ = writeln!(out, "# TYPE pushleft_certificate_expiry_timestamp_seconds gauge");
+        for (host, not_after, _) in &certificates {
+            let _ = writeln!(
+                out,
+                "pushleft_certificate_expiry_timestamp_seconds{{hostname=\"{host}\"}} {}",
+                not_after / 1000
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP pushleft_certificate_failures Failed issuances of each hostname's certificate in a row."
+        );
+        let _ = writeln!(out, "# TYPE pushleft_certificate_failures gauge");
+        for (host, _, failures) in &certificates {
+            let _ = writeln!(out, "pushleft_certificate_failures{{hostname=\"{host}\"}} {failures}");
+        }
+    }
+    let backups = hub.backups.lock().map(|b| b.clone()).unwrap_or_default();
+    if !backups.is_empty() {
+        let _ = writeln!(
+            out,
+            "# HELP pushleft_backup_last_success_age_seconds Seconds since each volume's newest successful backup ended (+Inf: none succeeded yet)."
+        );
+        let _ = writeln!(out, "# TYPE pushleft_backup_last_success_age_seconds gauge");
+        let now = now_ms();
+        for b in &backups {
+            let age = b
+                .last_success_at
+                .map_or("+Inf".to_owned(), |at| format!("{}", (now - at).max(0) as f64 / 1000.0));
+            let _ = writeln!(
+                out,
+                "pushleft_backup_last_success_age_seconds{{environment=\"{}\",volume=\"{}\"}} {age}",
+                b.environment, b.volume
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP pushleft_backup_failures Failed backups of each volume since its newest success."
+        );
+        let _ = writeln!(out, "# TYPE pushleft_backup_failures gauge");
+        for b in &backups {
+            let _ = writeln!(
+                out,
+                "pushleft_backup_failures{{environment=\"{}\",volume=\"{}\"}} {}",
+                b.environment, b.volume, b.failures_since
+            );
+        }
+    }
+    let links = hub.mesh_links.lock().map(|l| l.clone()).unwrap_or_default();
+    if !links.is_empty() {
+        let _ = writeln!(
+            out,
+            "# HELP pushleft_mesh_link_up Whether each mesh link (node to peer) handshook within WireGuard's session limit (1), or has not yet or no longer (0)."
+        );
+        let _ = writeln!(out, "# TYPE pushleft_mesh_link_up gauge");
+        for (node, peer, state) in &links {
+            let _ = writeln!(
+                out,
+                "pushleft_mesh_link_up{{node=\"{node}\",peer=\"{peer}\"}} {}",
+                u8::from(*state == "up")
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP pushleft_leader Whether this daemon reconciles (1) or stands by (0)."
+    );
+    let _ = writeln!(out, "# TYPE pushleft_leader gauge");
+    let _ = writeln!(out, "pushleft_leader {}", u8::from(hub.leader.load(Ordering::Relaxed)));
+    ([("content-type", "text/plain; version=0.0.4")], out).into_response()
+}

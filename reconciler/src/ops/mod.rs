@@ -1,0 +1,108 @@
+//! The operator's use cases, one module per command group, between the HTTP surface and the
+//! store: each validates, decides (with the pure functions of `state_schema` where there is a
+//! decision), calls the store, wakes what must wake, and returns the typed answer of
+//! `operator_proto`, or an [`OpError`] with its stable code. `http/` only parses, authorises,
+//! calls these and writes the answer; nothing here knows HTTP beyond the refusal's kind.
+//!
+//! Architecture invariant: the operator surface (`http::operator`) reaches the store only
+//! through `ops` (`tests/layers.rs`).
+
+pub mod backups;
+pub mod domains;
+pub mod nodes;
+pub mod rewrites;
+pub mod rollbacks;
+pub mod views;
+pub mod volumes;
+pub mod wire;
+
+pub use crate::store::now_ms;
+
+use crate::hub::Hub;
+use crate::store::{Ledger, LedgerError};
+use std::sync::Arc;
+
+/// What every use case reads and writes through: the ledger, the signals to the loop, and
+/// the branch this daemon applies.
+pub struct Ops {
+    pub ledger: Arc<Ledger>,
+    pub hub: Arc<Hub>,
+    pub branch: String,
+}
+
+/// How a refusal reads to the caller (the HTTP surface maps each to its status).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// What was named does not exist (404).
+    NotFound,
+    /// It exists, and its state refuses the ask (409).
+    Conflict,
+    /// The ask is not well formed (400).
+    Malformed,
+    /// A node did the work and it failed there (502).
+    FailedOnNode,
+    /// A node has not done the work within the wait; it stays asked (504).
+    Pending,
+    /// The caller may not, whatever its role: a retired node (403).
+    Forbidden,
+    /// An answer too large to give (413).
+    TooLarge,
+    /// The ledger did not answer, or held what the wire does not know (503).
+    Unavailable,
+}
+
+/// A use case's refusal: its kind, a stable code and the daemon's words.
+#[derive(Debug, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct OpError {
+    pub kind: Kind,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl OpError {
+    pub fn new(kind: Kind, code: &'static str, message: impl Into<String>) -> OpError {
+        OpError {
+            kind,
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn not_found(code: &'static str, message: impl Into<String>) -> OpError {
+        OpError::new(Kind::NotFound, code, message)
+    }
+
+    pub fn conflict(code: &'static str, message: impl Into<String>) -> OpError {
+        OpError::new(Kind::Conflict, code, message)
+    }
+
+    pub fn malformed(message: impl Into<String>) -> OpError {
+        OpError::new(Kind::Malformed, "malformed-request", message)
+    }
+
+    /// The ledger's trouble, said to the caller without its detail (which is logged).
+    pub fn unavailable(e: impl std::fmt::Display) -> OpError {
+        tracing::warn!(error = %e, "request failed");
+        OpError::new(
+            Kind::Unavailable,
+            "ledger-unavailable",
+            "the ledger did not answer; try again",
+        )
+    }
+}
+
+impl From<LedgerError> for OpError {
+    fn from(e: LedgerError) -> OpError {
+        OpError::unavailable(e)
+    }
+}
+
+impl From<wire::Corrupt> for OpError {
+    fn from(e: wire::Corrupt) -> OpError {
+        OpError::unavailable(e)
+    }
+}
+
+/// A use case's answer.
+pub type Answer<T> = Result<T, OpError>;

@@ -1,0 +1,165 @@
+//! What the operator reads: the daemon's status, judged commits, jobs, events, deployments,
+//! certificates, the outbox and the live fleet, each as `operator_proto`'s
+//! type. Reads only; what is judged on reading (a certificate's state, a domain `serving`) is
+//! judged here, from what agents reported.
+
+use super::{Answer, Kind, OpError, Ops, wire};
+use crate::store::now_ms;
+use operator_proto::domains::Certificates;
+use operator_proto::events::{EventsPage, Outbox, OutboxState};
+use operator_proto::jobs::JobsPage;
+use operator_proto::revisions::RevisionsPage;
+use operator_proto::status::{LinkDown, MeshSummary, Status};
+use operator_proto::{Deployment, DeploymentsPage};
+use std::sync::atomic::Ordering;
+
+/// The most running deployments `/v1/fleet` answers with: at about 3 KiB of JSON each, 32 MiB,
+/// half of what `pl` reads.
+pub const MAX_FLEET_DEPLOYMENTS: usize = 10_000;
+
+/// The cursor of the next page when this one is full.
+fn next<T, C>(rows: &[T], limit: u32, cursor: impl Fn(&T) -> C) -> Option<C> {
+    (rows.len() == limit as usize)
+        .then(|| rows.last().map(&cursor))
+        .flatten()
+}
+
+impl Ops {
+    /// Whether the ledger answers (`/readyz`).
+    pub async fn ping(&self) -> bool {
+        self.ledger.ping().await.is_ok()
+    }
+
+    /// The counts of the last pass, which `/metrics` serves (see [`crate::hub::Hub::refresh_counts`]);
+    /// read once at start when no pass has run yet.
+    pub async fn cached_counts(&self) -> Option<crate::store::views::Counts> {
+        if let Some(c) = self.hub.counts.lock().ok().and_then(|c| c.clone()) {
+            return Some(c);
+        }
+        self.hub.refresh_counts(&self.ledger, false).await;
+        self.hub.counts.lock().ok().and_then(|c| c.clone())
+    }
+
+    /// `GET /v1/status`, read live: an operator waiting on a rollout wants now.
+    pub async fn status(&self) -> Answer<Status> {
+        let counts = self.ledger.counts(now_ms()).await?;
+        let in_force = self.ledger.last_accepted(&self.branch).await?;
+        let last_judged = self.ledger.last_judged(&self.branch).await?;
+        // The mesh: how many links agents report, and each judged down (`reconcile::mesh_health`).
+        let meshes = self.ledger.meshes().await?;
+        let links = meshes.values().map(|m| wire::links(m).len()).sum();
+        let down = meshes
+            .values()
+            .flat_map(|m| {
+                wire::down(m).into_iter().map(|peer| LinkDown {
+                    node: m.node.clone(),
+                    peer,
+                })
+            })
+            .collect();
+        Ok(Status {
+            mesh: MeshSummary { links, down },
+            leader: self.hub.leader.load(Ordering::Relaxed),
+            last_pass_ms_ago: now_ms() - self.hub.last_tick_ms.load(Ordering::Relaxed),
+            branch: self.branch.clone(),
+            in_force,
+            last_judged,
+            counts: wire::counts(counts),
+        })
+    }
+
+    /// `GET /v1/revisions`: newest first, before the cursor.
+    pub async fn revisions(&self, branch: Option<&str>, before: Option<i64>, limit: u32) -> Answer<RevisionsPage> {
+        let revisions = wire::all(self.ledger.revisions(branch, before, limit).await?, wire::revision)?;
+        Ok(RevisionsPage {
+            next: next(&revisions, limit, |r| r.id),
+            revisions,
+        })
+    }
+
+    /// `GET /v1/jobs`: newest first, before the cursor.
+    pub async fn jobs(
+        &self,
+        state: Option<&str>,
+        environment: Option<&str>,
+        before: Option<i64>,
+        limit: u32,
+    ) -> Answer<JobsPage> {
+        let jobs = wire::all(self.ledger.jobs(state, environment, before, limit).await?, wire::job)?;
+        Ok(JobsPage {
+            next: next(&jobs, limit, |j| j.id),
+            jobs,
+        })
+    }
+
+    /// `GET /v1/events`: oldest first after the cursor.
+    pub async fn events(&self, after: i64, limit: u32) -> Answer<EventsPage> {
+        let rows = self.ledger.events_after(after, limit).await?;
+        Ok(EventsPage {
+            next: rows.last().map_or(after, |e| e.id),
+            events: rows.iter().map(wire::event).collect(),
+        })
+    }
+
+    /// `GET /v1/deployments`: a page by environment name.
+    pub async fn deployments(&self, after: Option<&str>, limit: u32) -> Answer<DeploymentsPage> {
+        let rows = self.ledger.deployments(after, limit, now_ms()).await?;
+        let full = rows.len() == limit as usize;
+        let deployments = wire::all(rows, wire::deployment)?;
+        let next = full
+            .then(|| deployments.last().map(|d| d.environment.clone()))
+            .flatten();
+        Ok(DeploymentsPage { deployments, next })
+    }
+
+    /// One environment's deployment now (`None`: it has none).
+    pub async fn environment(&self, name: &str) -> Answer<Option<Deployment>> {
+        match self.ledger.deployment(name, now_ms()).await? {
+            Some(row) => Ok(Some(wire::deployment(row)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// `GET /v1/certificates`: each one's state judged now.
+    pub async fn certificates(&self) -> Answer<Certificates> {
+        let now = now_ms();
+        Ok(Certificates {
+            certificates: self
+                .ledger
+                .certificates()
+                .await?
+                .iter()
+                .map(|r| wire::certificate(r, now))
+                .collect(),
+        })
+    }
+
+    /// `GET /v1/outbox`: newest first, of one state or all.
+    pub async fn outbox(&self, state: Option<&str>, limit: i64) -> Answer<Outbox> {
+        let state = match state.map(OutboxState::parse) {
+            Some(None) => return Err(OpError::malformed("state is pending, delivered or dead")),
+            Some(Some(st)) => Some(st.as_str()),
+            None => None,
+        };
+        Ok(Outbox {
+            outbox: wire::all(self.ledger.outbox(state, limit).await?, wire::outbox)?,
+        })
+    }
+
+    /// `GET /v1/fleet`: the live fleet as re-placement sees it now
+    /// (`state_schema::replacement::Snapshot`), what `pl plan --fleet` decides on.
+    pub async fn fleet(&self) -> Answer<state_schema::replacement::Snapshot> {
+        let snapshot = self.ledger.fleet_snapshot(now_ms()).await?;
+        if snapshot.running.len() > MAX_FLEET_DEPLOYMENTS {
+            return Err(OpError::new(
+                Kind::TooLarge,
+                "fleet-too-large",
+                format!(
+                    "{} running deployments; /v1/fleet answers with at most {MAX_FLEET_DEPLOYMENTS}",
+                    snapshot.running.len()
+                ),
+            ));
+        }
+        Ok(snapshot)
+    }
+}

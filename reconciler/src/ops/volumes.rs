@@ -1,0 +1,187 @@
+//! Volumes: every volume with its node, generation, retention, what its agent last measured
+//! and its last move; a released volume (or a kept generation) removed, answered only once its
+//! node removed it; a move to another node (`store::moves`), answered once it is queued or with
+//! why not before anything changed (the caller follows `movingTo`, then `movedUpAtMs`).
+
+use super::{Answer, Kind, OpError, Ops, wire};
+use crate::store::kept::KeptRefusal;
+use crate::store::moves::MoveRefusal;
+use crate::store::now_ms;
+use crate::store::volumes::VolumeRefusal;
+use operator_proto::volumes::{MoveVolume, RemoveVolume, VolumeMoving, VolumeRemoved, Volumes};
+use std::time::Duration;
+
+/// How long a removal waits for the node.
+pub const REMOVE_TIMEOUT: Duration = Duration::from_secs(60);
+
+impl Ops {
+    /// `GET /v1/volumes`.
+    pub async fn volumes(&self) -> Answer<Volumes> {
+        let rows = self.ledger.volumes().await?;
+        let kept = self.ledger.kept_generations().await?;
+        Ok(Volumes {
+            volumes: rows.iter().map(|r| wire::volume(r, &kept)).collect(),
+        })
+    }
+
+    /// `POST /v1/volumes/remove`: a released volume, or one kept generation of one.
+    pub async fn remove_volume(&self, who: &str, ask: RemoveVolume) -> Answer<VolumeRemoved> {
+        if let Some(generation) = ask.generation {
+            return self.remove_kept(who, &ask.environment, &ask.volume, generation).await;
+        }
+        let (env, volume) = (&ask.environment, &ask.volume);
+        let row = self
+            .ledger
+            .expire_volume(env, volume, now_ms())
+            .await?
+            .map_err(|why| match why {
+                VolumeRefusal::Unknown => OpError::not_found("volume-unknown", format!("no volume {volume} in {env}")),
+                VolumeRefusal::InUse => OpError::conflict(
+                    "volume-in-use",
+                    format!(
+                        "{env} runs and mounts {volume}: a volume is removed only after its environment is torn down"
+                    ),
+                ),
+            })?;
+        tracing::warn!(environment = %row.environment, volume = %row.volume, token = %who, "volume removal asked");
+        let task = row
+            .removal()
+            .ok_or_else(|| OpError::unavailable("a volume row whose names do not parse"))?;
+        let detail = self.removed_on_node(task, &row.node).await?;
+        self.ledger.forget_volume(&row, now_ms()).await?;
+        Ok(VolumeRemoved {
+            removed: true,
+            node: row.node,
+            generation: None,
+            detail,
+        })
+    }
+
+    /// Removes a kept generation of a volume (one a restore or a move left behind) from its
+    /// node, answering once the node did.
+    async fn remove_kept(&self, who: &str, env: &str, volume: &str, generation: i64) -> Answer<VolumeRemoved> {
+        let row = self
+            .ledger
+            .kept_generation(env, volume, generation)
+            .await?
+            .map_err(|why| match why {
+                KeptRefusal::Unknown => OpError::not_found(
+                    "volume-generation-unknown",
+                    format!("{env}/{volume} keeps no generation {generation} (`pl volumes` lists the kept ones)"),
+                ),
+                KeptRefusal::Current => OpError::conflict(
+                    "volume-generation-current",
+                    format!(
+                        "generation {generation} is {env}/{volume}'s current one, which its role mounts: remove the volume once its environment is torn down"
+                    ),
+                ),
+            })?;
+        tracing::warn!(environment = %env, volume = %volume, generation, node = %row.node, token = %who, "kept generation removal asked");
+        let task = row
+            .removal()
+            .ok_or_else(|| OpError::unavailable("a kept generation whose names do not parse"))?;
+        let detail = self.removed_on_node(task, &row.node).await?;
+        self.ledger.forget_generation(&row, now_ms()).await?;
+        Ok(VolumeRemoved {
+            removed: true,
+            node: row.node,
+            generation: Some(generation),
+            detail,
+        })
+    }
+
+    /// Queues a removal on `node` and waits (at most [`REMOVE_TIMEOUT`]) until the node did
+    /// it: the job's detail, or why not. Success only once the node removed it: the answer is
+    /// what the host did.
+    async fn removed_on_node(&self, task: state_schema::task::Task, node: &str) -> Answer<Option<String>> {
+        let keys = self.ledger.enqueue_tasks(&[(task, node.to_owned())], now_ms()).await?;
+        self.hub.jobs.notify_waiters();
+        let deadline = tokio::time::Instant::now() + REMOVE_TIMEOUT;
+        loop {
+            match self.ledger.job_outcomes(&keys).await?.into_iter().next() {
+                Some(o) if o.state == "succeeded" => return Ok(o.detail),
+                Some(o) if matches!(o.state.as_str(), "failed" | "dead" | "cancelled") => {
+                    return Err(OpError::new(
+                        Kind::FailedOnNode,
+                        "volume-remove-failed",
+                        format!("node {node}: {}", o.detail.unwrap_or(o.state)),
+                    ));
+                }
+                _ => {}
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(OpError::new(
+                    Kind::Pending,
+                    "volume-remove-pending",
+                    format!(
+                        "node {node} has not removed it within {} s; the removal stays queued",
+                        REMOVE_TIMEOUT.as_secs()
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// `POST /v1/volumes/move`: judged against the fleet as placement sees it now.
+    pub async fn move_volume(&self, who: &str, ask: MoveVolume) -> Answer<VolumeMoving> {
+        let now = now_ms();
+        let pools = self.ledger.applied_pools(&self.branch).await?;
+        let fleet = self.ledger.fleet_view(&pools, now).await?;
+        let (env, volume, to) = (&ask.environment, &ask.volume, &ask.to);
+        let m = self
+            .ledger
+            .move_volume(env, volume, to, &fleet, now)
+            .await?
+            .map_err(|why| move_refused(env, volume, to, &why))?;
+        tracing::warn!(by = %who, environment = %env, volume = %volume, from = %m.from, to = %m.to, job = %m.job, "volume move asked");
+        self.hub.jobs.notify_waiters();
+        Ok(VolumeMoving {
+            job: m.job,
+            role: m.role,
+            from: m.from,
+            to: m.to,
+            asked_at_ms: m.asked_at,
+        })
+    }
+}
+
+fn move_refused(env: &str, volume: &str, to: &str, why: &MoveRefusal) -> OpError {
+    let code = why.code();
+    match why {
+        MoveRefusal::Unknown => OpError::not_found(code, format!("no volume {volume} in {env}")),
+        MoveRefusal::Released => OpError::conflict(
+            code,
+            format!("{env} was torn down: its volume {volume} is kept where it is until its retention ends"),
+        ),
+        MoveRefusal::Moving(what) => OpError::conflict(
+            code,
+            format!("{env}/{volume} has a move or a backup under way ({what}): follow it with `pl volumes`"),
+        ),
+        MoveRefusal::AlreadyThere => OpError::conflict(code, format!("{env}/{volume} is on {to} already")),
+        MoveRefusal::NoBackup => OpError::conflict(
+            code,
+            format!(
+                "no finished rollout of {env} backs up {volume}: a move carries the data through the volume's backup repository, so give the volume a `backup` and the environment `backups` (a repository both nodes reach)"
+            ),
+        ),
+        MoveRefusal::SharedRole(other) => OpError::conflict(
+            code,
+            format!(
+                "{volume}'s role also mounts {other}: a role's volumes live on one node, and a move takes one volume"
+            ),
+        ),
+        MoveRefusal::SourceSilent(node) => OpError::conflict(
+            code,
+            format!(
+                "{node}, which holds {env}/{volume}, has not been heard from lately: nothing could stop and save it (restore a backup with `pl restore` once it is back)"
+            ),
+        ),
+        MoveRefusal::Unplaceable(reason) => OpError::conflict(
+            code,
+            format!(
+                "{env}'s role would not run on {to} ({reason}): it must be active in Git, in the environment's pool, heard from lately and have room for the role"
+            ),
+        ),
+    }
+}
