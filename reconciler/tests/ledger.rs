@@ -304,3 +304,99 @@ async fn postgres_ledger() {
     assert!(l.events_after(0, 1).await.expect("events").len() == 1);
     l.close().await;
 }
+
+/// Migration 0024 fills the `uses_*` columns of rows written before it from their stored
+/// specs' text (the patterns the queries used then); rows written since set them from
+/// `DeploymentSpec::uses` (`state-schema/tests/uses.rs` checks the two agree).
+async fn uses_filled_from_stored_specs(url: &str) {
+    let backend = if url.starts_with("postgres") {
+        "postgres"
+    } else {
+        "sqlite"
+    };
+    let fill = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../migrations/{backend}/0024_deployment_uses.sql")),
+    )
+    .expect("migration 0024");
+    let update = &fill[fill.find("UPDATE deployments").expect("the fill")..];
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(url).await.expect("connect");
+    let run = |q: String| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query(sqlx::AssertSqlSafe(q))
+                .execute(&pool)
+                .await
+                .expect("statement");
+        }
+    };
+    run(
+        "INSERT INTO revisions (sha, branch, verdict, reasons, seen_at) VALUES ('u0', 'uses', 'accepted', '[]', 1)"
+            .into(),
+    )
+    .await;
+    let specs = [
+        ("u-cron", r#"{"cron":[["nightly","0 3 * * *"]]}"#),
+        (
+            "u-backups",
+            r#"{"roles":{"db":{"volumes":[{"backup":{"schedule":"x"}}]}},"backups":{"repository":"r"}}"#,
+        ),
+        (
+            "u-half",
+            r#"{"roles":{"db":{"volumes":[{"backup":{"schedule":"x"}}]}}}"#,
+        ),
+        ("u-domains", r#"{"domains":[["shop.example.invalid","cname"]]}"#),
+        (
+            "u-canary",
+            r#"{"roles":{"web":{"canary":[{"weight":10}],"canaryGate":{}}}}"#,
+        ),
+        (
+            "u-none",
+            r#"{"roles":{"web":{"canaryGate":{}}},"note":"\"cron\":[[ inside a string"}"#,
+        ),
+    ];
+    for (env, spec) in specs {
+        run(format!(
+            "INSERT INTO deployments (environment, branch, generation, action, status, step, spec_hash, spec, retired, revision_id, updated_at) \
+             VALUES ('{env}', 'uses', 1, 'rollout', 'done', 1, 'h', '{}', '[]', (SELECT id FROM revisions WHERE sha = 'u0'), 1)",
+            spec.replace('\'', "''")
+        ))
+        .await;
+    }
+    run(update.to_owned()).await;
+    let rows: Vec<(String, i64, i64, i64, i64)> = sqlx::query_as(
+        "SELECT environment, uses_backups, uses_cron, uses_domains, uses_canary FROM deployments WHERE branch = 'uses' ORDER BY environment",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("read back");
+    let got: Vec<(&str, [i64; 4])> = rows
+        .iter()
+        .map(|(e, b, c, d, k)| (e.as_str(), [*b, *c, *d, *k]))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("u-backups", [1, 0, 0, 0]),
+            ("u-canary", [0, 0, 0, 1]),
+            ("u-cron", [0, 1, 0, 0]),
+            ("u-domains", [0, 0, 1, 0]),
+            ("u-half", [0, 0, 0, 0]),
+            // A string value's quotes are escaped in the stored JSON: no pattern matches it.
+            ("u-none", [0, 0, 0, 0]),
+        ]
+    );
+    pool.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migration_0024_fills_uses_on_both_backends() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let l = sqlite(dir.path()).await;
+    l.close().await;
+    uses_filled_from_stored_specs(&format!("sqlite://{}", dir.path().join("ledger.db").display())).await;
+    let pg = Postgres::start();
+    let l = postgres(&pg).await;
+    l.close().await;
+    uses_filled_from_stored_specs(&pg.url()).await;
+}

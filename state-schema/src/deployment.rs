@@ -103,7 +103,34 @@ pub struct BackupsSpec {
     pub values: Vec<(String, String)>,
 }
 
+/// What a deployment uses that the reconciler looks for among the live ones (backups to
+/// schedule, cron roles, custom domains, a canary to show): kept in columns beside the stored
+/// spec, so no query searches the spec's text.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Uses {
+    /// A volume with a `backup`, and the environment's `backups` repository.
+    pub backups: bool,
+    pub cron: bool,
+    pub domains: bool,
+    /// A role with canary steps.
+    pub canary: bool,
+}
+
 impl DeploymentSpec {
+    /// What it uses ([`Uses`]).
+    pub fn uses(&self) -> Uses {
+        Uses {
+            backups: self.backups.is_some()
+                && self
+                    .roles
+                    .values()
+                    .any(|r| r.volumes.iter().any(|v| v.backup.is_some())),
+            cron: !self.cron.is_empty(),
+            domains: !self.domains.is_empty(),
+            canary: self.roles.values().any(|r| !r.canary.is_empty()),
+        }
+    }
+
     /// The certificate brought for `hostname`, if any.
     /// How a Domain hostname's ownership is proven (`None`: not a Domain).
     pub fn domain(&self, hostname: &str) -> Option<crate::model::Verification> {

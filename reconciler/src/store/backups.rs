@@ -76,7 +76,7 @@ impl Ledger {
     /// Live deployments whose spec backs up a volume, done rolling out: (generation, spec).
     pub(crate) async fn backup_deployments(&self) -> Result<Vec<(i64, String)>, LedgerError> {
         Ok(sqlx::query_as(self.sql(
-            "SELECT generation, spec FROM deployments WHERE action = 'rollout' AND status = 'done' AND spec LIKE '%\"backup\":{%' AND spec LIKE '%\"backups\":{%' ORDER BY environment",
+            "SELECT generation, spec FROM deployments WHERE action = 'rollout' AND status = 'done' AND uses_backups = 1 ORDER BY environment",
         ))
         .fetch_all(&self.pool)
         .await?)

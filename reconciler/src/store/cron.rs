@@ -5,11 +5,11 @@
 use super::{Ledger, LedgerError, WriteTx};
 
 impl Ledger {
-    /// Deployments whose spec places a cron role (the `cron` field is written only when it has
-    /// one), live and done rolling out: (generation, spec JSON).
+    /// Deployments whose spec places a cron role, live and done rolling out: (generation, spec
+    /// JSON).
     pub(crate) async fn cron_deployments(&self) -> Result<Vec<(i64, String)>, LedgerError> {
         Ok(sqlx::query_as(self.sql(
-            "SELECT generation, spec FROM deployments WHERE action = 'rollout' AND status = 'done' AND spec LIKE '%\"cron\":[[%' ORDER BY environment",
+            "SELECT generation, spec FROM deployments WHERE action = 'rollout' AND status = 'done' AND uses_cron = 1 ORDER BY environment",
         ))
         .fetch_all(&self.pool)
         .await?)

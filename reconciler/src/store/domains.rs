@@ -38,12 +38,11 @@ const COLUMNS: &str =
     "hostname, environment, method, state, ever_verified, seen, reason, checked_at, next_check_at, verified_at";
 
 impl Ledger {
-    /// The current rollouts whose spec names Domains (`"domains":[` appears in a spec's JSON
-    /// only as that key: a string value's quotes are escaped), so a fleet without custom
-    /// domains parses no spec for them.
+    /// The current rollouts whose spec names Domains (`uses_domains`), so a fleet without
+    /// custom domains parses no spec for them.
     pub async fn rollouts_with_domains(&self) -> Result<Vec<Rollout>, LedgerError> {
         Ok(sqlx::query_as(self.sql(
-            "SELECT environment, generation, status, step, spec FROM deployments WHERE action = 'rollout' AND spec LIKE '%\"domains\":[%' ORDER BY environment",
+            "SELECT environment, generation, status, step, spec FROM deployments WHERE action = 'rollout' AND uses_domains = 1 ORDER BY environment",
         ))
         .fetch_all(&self.pool)
         .await?)

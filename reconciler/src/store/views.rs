@@ -132,6 +132,7 @@ struct DeploymentRecord {
     previous_generation: i64,
     hold: String,
     waiting: String,
+    uses_canary: i64,
 }
 
 /// Counts for `pl status` and `/metrics`.
@@ -217,7 +218,7 @@ impl Ledger {
         now_ms: i64,
     ) -> Result<Vec<DeploymentRow>, LedgerError> {
         let rows: Vec<DeploymentRecord> = sqlx::query_as(self.sql(
-            "SELECT environment, branch, generation, action, status, step, updated_at, spec, previous_generation, hold, waiting FROM deployments \
+            "SELECT environment, branch, generation, action, status, step, updated_at, spec, previous_generation, hold, waiting, uses_canary FROM deployments \
              WHERE environment > ? ORDER BY environment LIMIT ?",
         ))
         .bind(after.unwrap_or(""))
@@ -230,7 +231,7 @@ impl Ledger {
     /// One environment's deployment as [`Ledger::deployments`] shows it; `None` when it has none.
     pub async fn deployment(&self, environment: &str, now_ms: i64) -> Result<Option<DeploymentRow>, LedgerError> {
         let rows: Vec<DeploymentRecord> = sqlx::query_as(self.sql(
-            "SELECT environment, branch, generation, action, status, step, updated_at, spec, previous_generation, hold, waiting FROM deployments \
+            "SELECT environment, branch, generation, action, status, step, updated_at, spec, previous_generation, hold, waiting, uses_canary FROM deployments \
              WHERE environment = ?",
         ))
         .bind(environment)
@@ -255,10 +256,7 @@ impl Ledger {
         // Canaries: read for the deployments in progress whose spec has one (`pl up` polls
         // this view during every rollout), by their publish jobs.
         let mut canaries: BTreeMap<String, CanaryView> = BTreeMap::new();
-        for r in rows
-            .iter()
-            .filter(|r| r.status == "in-progress" && r.spec.contains("\"canary\":"))
-        {
+        for r in rows.iter().filter(|r| r.status == "in-progress" && r.uses_canary == 1) {
             let jobs: Vec<(String, String, i64)> = sqlx::query_as(self.sql(
                 "SELECT key, state, not_before FROM jobs WHERE environment = ? AND generation = ? AND key LIKE 'ingress:%:publish%'",
             ))

@@ -1,0 +1,72 @@
+//! What a deployment uses (`DeploymentSpec::uses`) is kept in columns the ledger queries; the
+//! ledger's migration filled them from the stored specs' text with the patterns the queries
+//! used before. The two must agree on every spec: checked on the example trees, which between
+//! them use backups, cron roles, custom domains and a canary (each seen at least once, so the
+//! check cannot pass on specs that use nothing).
+
+use state_schema::desired::deployments;
+use state_schema::parse::parse_file;
+use state_schema::placement::Fleet;
+use state_schema::state::assemble;
+use std::path::Path;
+
+fn files(dir: &Path, out: &mut Vec<(String, Vec<u8>)>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "yaml") {
+            out.push((p.display().to_string(), std::fs::read(&p).expect("read")));
+        }
+    }
+}
+
+/// The patterns of the queries before the columns (and of migration 0024's fill).
+fn by_text(json: &str) -> [bool; 4] {
+    [
+        json.contains("\"backup\":{") && json.contains("\"backups\":{"),
+        json.contains("\"cron\":[["),
+        json.contains("\"domains\":["),
+        json.contains("\"canary\":"),
+    ]
+}
+
+#[test]
+fn uses_agree_with_the_text_patterns_the_migration_fills_from() {
+    let mut seen = [false; 4];
+    for tree in [
+        "golden/plan/acme-changes/head",
+        "golden/plan/progressive/head",
+        "examples/app",
+    ] {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(tree);
+        let mut fs = Vec::new();
+        files(&root, &mut fs);
+        let prefix = format!("{}/", root.display());
+        let parsed = fs
+            .iter()
+            .map(|(p, t)| parse_file(p.strip_prefix(&prefix).unwrap_or(p), t))
+            .collect();
+        let loaded = assemble(parsed, Vec::new());
+        let state = loaded.state;
+        let (placed, _) = deployments(&state, None, &mut Fleet::declared(&state));
+        assert!(!placed.is_empty(), "{tree} has deployments");
+        for d in &placed {
+            let json = serde_json::to_string(&d.spec).expect("json");
+            let u = d.spec.uses();
+            let typed = [u.backups, u.cron, u.domains, u.canary];
+            assert_eq!(typed, by_text(&json), "{tree}: {}", d.spec.environment);
+            for (s, t) in seen.iter_mut().zip(typed) {
+                *s |= t;
+            }
+        }
+    }
+    assert_eq!(
+        seen, [true; 4],
+        "backups, cron, domains, canary: each used by some example"
+    );
+}
