@@ -11,9 +11,13 @@
 pub mod backup;
 mod container;
 pub mod drill;
+mod health;
 mod image;
 mod load;
 mod network;
+mod older;
+
+use health::probe;
 pub mod resume;
 mod secrets;
 mod volume;

@@ -1,4 +1,4 @@
-//! Turning judged commits into deployments and jobs, and moving rollouts forward step by step.
+//! Turning judged commits into deployments and jobs (moving rollouts forward: `advance.rs`).
 //!
 //! Each accepted commit is written in one transaction: the revision, the desired objects, the
 //! deployments with their generations, the first step's jobs and the events. The plan compares
@@ -7,24 +7,19 @@
 //! queues the next step once the current one has succeeded.
 
 use crate::store::deployments::{GenerationRow, ObjectDoc};
-use crate::store::rollouts::PROMOTE;
-use crate::store::rows::MAX_ATTEMPTS;
-use crate::store::rows::gen_u64;
-use crate::store::watch::CANARY_UNTIL;
 use crate::store::{JobRow, Ledger, LedgerError};
 use state_repo::revision::Judgement;
 use state_schema::canonical::{self, Secrets};
-use state_schema::deployment::DeploymentSpec;
 use state_schema::desired::{self, Desired};
-use state_schema::generations::{self, Action, Next, Scale, Start, Status};
+use state_schema::generations::{self, Action, Start, Status};
 use state_schema::placement::Waiting;
-use state_schema::release::Change;
-use state_schema::rollout::{self, Step};
-use state_schema::task::{Task, Wait};
+use state_schema::rollout::Step;
 use state_schema::values::Name;
 use std::collections::{BTreeMap, BTreeSet};
 
 type Tx = crate::store::WriteTx;
+
+use super::advance::{first_step_from, job_rows, steps_of};
 
 /// What applying one commit did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -62,25 +57,6 @@ enum Again<'a> {
     No,
     Rewrite(&'a str),
     Replan,
-}
-
-fn steps_of(
-    action: Action,
-    env: &Name,
-    generation: u64,
-    spec: &DeploymentSpec,
-    retired: &[DeploymentSpec],
-    rollback: bool,
-) -> Vec<Step> {
-    if action == Action::Teardown {
-        let mut running = retired.to_vec();
-        running.push(spec.clone());
-        rollout::teardown_steps(env, generation, &running)
-    } else if rollback {
-        rollout::rollback_steps(spec, generation, retired)
-    } else {
-        rollout::rollout_steps(spec, generation, retired)
-    }
 }
 
 /// The hash of every object's canonical document (secrets as ciphertext), in the state's order.
@@ -433,82 +409,6 @@ impl Ledger {
             .await
     }
 
-    /// Scales deployments at their current generation: the stored spec becomes the new one,
-    /// and the instance delta is queued at once, in the order it must run: infrastructure on
-    /// new nodes, new replicas, their ingress; then ingress leaves nodes, replicas go, and
-    /// networks of nodes left behind. Nothing else of the generation runs again.
-    async fn write_scales(
-        &self,
-        tx: &mut Tx,
-        scales: &[Scale],
-        revision: i64,
-        now_ms: i64,
-        applied: &mut Applied,
-    ) -> Result<(), LedgerError> {
-        let mut events: Vec<(String, String, String)> = Vec::new();
-        for s in scales {
-            let env = s.spec.environment.as_str();
-            let removes = matches!(&s.change, Change::Scale { removed, .. } if !removed.is_empty());
-            self.rescale(tx, &s.spec, &s.spec_hash, revision, removes, now_ms)
-                .await?;
-            // An earlier scale's held removals of what this one puts back go.
-            let generation = i64::try_from(s.generation).unwrap_or(i64::MAX);
-            let patterns: Vec<String> = rollout::held_conflicts(&s.spec, s.generation, &s.change)
-                .iter()
-                .map(|(task, node)| format!("{}#r%", crate::store::job_key(task, node.as_str())))
-                .collect();
-            self.cancel_held_in(tx, env, generation, &patterns, now_ms).await?;
-            let (first, then) = rollout::scale_tasks(&s.spec, s.generation, &s.change);
-            if first.is_empty() && then.is_empty() {
-                continue;
-            }
-            // What waits for the replicas that replace the ones it removes is queued held, and
-            // released when the rest of the scale succeeded (`Ledger::release_scale_in`).
-            let rows: Vec<JobRow<'_>> = first
-                .iter()
-                .map(|(task, node)| JobRow::scaled(task, node.as_str(), revision, now_ms))
-                .chain(
-                    then.iter()
-                        .map(|(task, node)| JobRow::scaled(task, node.as_str(), revision, crate::store::HELD)),
-                )
-                .collect();
-            let added = self.enqueue_in(tx, &rows, now_ms).await?;
-            applied.jobs_queued += added.len();
-            applied.scales.push((env.to_owned(), s.generation));
-            if let Change::Scale {
-                added,
-                removed,
-                certificates_changed,
-                ..
-            } = &s.change
-            {
-                if !added.is_empty() || !removed.is_empty() {
-                    events.push((
-                        "deployment-scaled".into(),
-                        env.to_owned(),
-                        format!(
-                            "generation {}: {} replicas added, {} removed",
-                            s.generation,
-                            added.len(),
-                            removed.len()
-                        ),
-                    ));
-                }
-                for hostname in certificates_changed {
-                    events.push((
-                        "certificate-rotated".into(),
-                        env.to_owned(),
-                        format!(
-                            "{hostname}: the brought certificate changed in Git; published again at generation {} on every node that serves it, no replica restarted",
-                            s.generation
-                        ),
-                    ));
-                }
-            }
-        }
-        self.events_in(tx, now_ms, &events).await
-    }
-
     /// Starts new generations: cancels what older generations still have queued or leased,
     /// writes the rows and their history, and queues each first step. Batched a hundred
     /// deployments at a time, start to finish, so memory stays bounded however many there are.
@@ -599,137 +499,6 @@ impl Ledger {
         }
         Ok(())
     }
-
-    async fn queue_step(
-        &self,
-        tx: &mut Tx,
-        env: &str,
-        step: &Step,
-        index: usize,
-        now_ms: i64,
-    ) -> Result<usize, LedgerError> {
-        let rows: Vec<JobRow<'_>> = job_rows(step, index, now_ms).collect();
-        let added = self.enqueue_in(tx, &rows, now_ms).await?;
-        if !added.is_empty() {
-            let detail = format!("step {index}: {} jobs", added.len());
-            self.event(tx, now_ms, "jobs-queued", env, &detail).await?;
-        }
-        Ok(added.len())
-    }
-
-    /// Moves every unfinished deployment on: when every job of its current step succeeded, the
-    /// next step's jobs are queued (or the deployment is done); when one failed for good or
-    /// died, the deployment is failed and waits for a new generation. Returns how many
-    /// deployments changed.
-    pub async fn advance(&self, now_ms: i64) -> Result<usize, LedgerError> {
-        let envs = self.advanceable().await?;
-        let mut changed = 0;
-        for env in envs {
-            let mut tx = self.write_tx().await?;
-            if self.advance_one(&mut tx, &env, now_ms).await? {
-                changed += 1;
-            }
-            tx.commit().await?;
-        }
-        Ok(changed)
-    }
-
-    async fn advance_one(&self, tx: &mut Tx, env: &str, now_ms: i64) -> Result<bool, LedgerError> {
-        let Some(d) = self.in_progress(tx, env).await? else {
-            return Ok(false);
-        };
-        let (generation, action, step) = (d.generation, d.action, d.step);
-        let jobs = self.step_jobs(tx, env, generation, step).await?;
-        let steps = steps_of(
-            action,
-            &d.spec.environment,
-            gen_u64(generation),
-            &d.spec,
-            &d.retired,
-            d.rollback,
-        );
-        let canary = canary_steps(&steps);
-        // The decision is `generations::next`'s; what follows writes it.
-        match generations::next(usize::try_from(step).unwrap_or(0), jobs, &steps) {
-            Next::Wait => return Ok(false),
-            Next::Fail => {
-                self.set_step(tx, env, Status::Failed, step, now_ms).await?;
-                let detail = format!(
-                    "generation {generation}, step {step}{}",
-                    if d.rollback { ", a rollback" } else { "" }
-                );
-                self.event(tx, now_ms, "deployment-failed", env, &detail).await?;
-                // A canary that sent requests to the new release, or rolling batches that
-                // moved requests or stopped old replicas, go back to the old release (the pass
-                // rolls it back, held, as a failed watch is).
-                let moved = match canary.first() {
-                    Some(&(first, _)) => Some((first, "a publish of its canary")),
-                    None => rolling_from(&steps).map(|first| (first, "between its rolling batches")),
-                };
-                if let Some((first, what)) = moved
-                    && step >= first as i64
-                {
-                    let why = match self.step_failure(tx, env, generation, step).await? {
-                        Some(d) => format!("step {step} failed ({what}): {d}"),
-                        None => format!("step {step} failed ({what})"),
-                    };
-                    self.fail_canary(tx, env, generation, &why, now_ms).await?;
-                }
-            }
-            Next::Step(s) => {
-                self.set_step(tx, env, Status::InProgress, s as i64, now_ms).await?;
-                self.queue_step(tx, env, &steps[s], s, now_ms).await?;
-                if let Some(&(_, weight)) = canary.iter().find(|(i, _)| *i as i64 == step) {
-                    // Its replicas are watched from the first share of requests to the switch.
-                    if canary.first().is_some_and(|(i, _)| *i as i64 == step) {
-                        self.set_watch(tx, env, now_ms, CANARY_UNTIL).await?;
-                    }
-                    let next = match steps[s].first().and_then(|(t, _)| t.wait()) {
-                        Some(Wait::Seconds(p)) => format!("the next step in {p} s"),
-                        Some(Wait::Promote) => "the next step waits for `pl rollout promote`".to_owned(),
-                        None => "the next step now".to_owned(),
-                    };
-                    let detail = format!("generation {generation}: {weight}% of requests on the new release; {next}");
-                    self.event(tx, now_ms, "canary-step", env, &detail).await?;
-                }
-            }
-            Next::Done(n) => {
-                self.set_step(tx, env, Status::Done, n as i64, now_ms).await?;
-                if action == Action::Teardown {
-                    // Its networks are gone from every node: their subnets are free again.
-                    self.free_subnets(tx, env).await?;
-                }
-                let mut detail = format!(
-                    "generation {generation}{}",
-                    if d.rollback { ", a rollback" } else { "" }
-                );
-                // A new release is watched from its switch (a rollback's generation is not:
-                // there is nothing further back to go to).
-                if action == Action::Rollout
-                    && !d.rollback
-                    && let Some(w) = state_schema::watch::window(&d.spec)
-                {
-                    self.set_watch(tx, env, now_ms, now_ms + i64::from(w) * 1000).await?;
-                    detail.push_str(&format!(", watched for {w} s"));
-                } else if !canary.is_empty() {
-                    self.end_watch(tx, env).await?;
-                }
-                if !canary.is_empty() {
-                    detail.push_str(&format!(", after a canary of {} step(s)", canary.len()));
-                }
-                if rolling_from(&steps).is_some() {
-                    let batches = state_schema::rolling::batch_count(
-                        &d.spec,
-                        &state_schema::rolling::rolling_of(&d.spec, &d.retired),
-                    );
-                    detail.push_str(&format!(", rolled in {batches} batch(es)"));
-                }
-                self.event(tx, now_ms, &format!("deployment-{action}-done"), env, &detail)
-                    .await?;
-            }
-        }
-        Ok(true)
-    }
 }
 
 /// When a preview judged by `j` expires: its commit's time plus the repository's
@@ -737,53 +506,4 @@ impl Ledger {
 fn preview_expiry(j: &Judgement) -> Option<i64> {
     let hours = i64::from(j.state.state.repository()?.previews.as_ref()?.ttl_hours);
     Some(j.committed_at_ms.saturating_add(hours.saturating_mul(3_600_000)))
-}
-
-/// The jobs of step `index`, due now, or after the pause of the canary step before
-/// (`pl rollout promote` makes them due at once).
-fn job_rows(step: &Step, index: usize, now_ms: i64) -> impl Iterator<Item = JobRow<'_>> {
-    step.iter().map(move |(task, node)| {
-        let due = match task.wait() {
-            None => now_ms,
-            Some(Wait::Seconds(s)) => now_ms.saturating_add(i64::from(s) * 1000),
-            Some(Wait::Promote) => PROMOTE,
-        };
-        JobRow::new(task, node.as_str(), MAX_ATTEMPTS, due, Some(index as i64))
-    })
-}
-
-/// The canary steps of a rollout: the index of each weighted publish step, and its weight.
-fn canary_steps(steps: &[Step]) -> Vec<(usize, u8)> {
-    steps
-        .iter()
-        .enumerate()
-        .filter_map(|(i, s)| {
-            s.iter().find_map(|(t, _)| match t {
-                Task::PublishIngress { weight: Some(w), .. } => Some((i, *w)),
-                _ => None,
-            })
-        })
-        .collect()
-}
-
-/// The first step of rolling batches that moves something off the old release (a rolled
-/// publish, or a batch's stop) before the last replicas start: a failure from there on rolls
-/// the environment back, as a canary's does. `None` when the rollout does not roll.
-fn rolling_from(steps: &[Step]) -> Option<usize> {
-    let last_up = steps
-        .iter()
-        .rposition(|s| s.iter().any(|(t, _)| matches!(t, Task::EnsureApplication { .. })))?;
-    steps[..last_up].iter().position(|s| {
-        s.iter().any(|(t, _)| {
-            matches!(
-                t,
-                Task::StopApplication { .. } | Task::PublishIngress { rolled: Some(_), .. }
-            )
-        })
-    })
-}
-
-/// The first step at or after `from` that has jobs.
-fn first_step_from(steps: &[Step], from: usize) -> Option<usize> {
-    (from..steps.len()).find(|&i| !steps[i].is_empty())
 }

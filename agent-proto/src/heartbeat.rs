@@ -1,0 +1,112 @@
+//! A heartbeat: what a node can run, what runs there (as its agent observed it), what it
+//! repaired, its volumes' use, its machine and the subnets others use there, and its mesh.
+
+use super::*;
+
+/// Most replicas one heartbeat may report.
+pub const MAX_HEARTBEAT_INSTANCES: usize = 512;
+
+/// `POST /v1/agent/heartbeat`: the node is alive, can run `capabilities` (`docker`,
+/// `ingress`, `nftables`, `routes`), and runs `running`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Heartbeat {
+    pub agent_version: String,
+    #[serde(default)]
+    pub capabilities: Vec<String>,
+    #[serde(default)]
+    pub running: Vec<RunningInstance>,
+    /// What the agent found drifted and repaired since its last heartbeat (at most
+    /// [`MAX_HEARTBEAT_REPAIRS`]): recorded as `drift-repaired` events.
+    #[serde(default)]
+    pub repaired: Vec<Repair>,
+    /// The machine the agent runs on (its `/etc/machine-id`, else its Docker engine's id; at
+    /// most [`MAX_HOST_LEN`] of `[A-Za-z0-9._-]`). Several agents may share one machine as several nodes; the control
+    /// plane gives the environments of nodes on one machine subnets that do not overlap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// The /24s of the subnet pool (`10.208.0.0/12`) that networks of others use on this
+    /// machine (another control plane's, or any network that is not Pushleft's), at most
+    /// [`MAX_TAKEN_SUBNETS`]: the control plane gives its environments other ones.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub taken_subnets: Vec<String>,
+    /// This control plane's volumes on the node and what each holds (at most
+    /// [`MAX_HEARTBEAT_VOLUMES`]), in the heartbeat after each measurement (at most one a
+    /// minute); absent otherwise, which changes nothing the control plane keeps.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeUsage>,
+    /// The node's mesh (its WireGuard public key and where it listens); absent when the agent
+    /// runs no mesh.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mesh: Option<mesh::MeshAdvert>,
+}
+
+/// Most volumes one heartbeat may report.
+pub const MAX_HEARTBEAT_VOLUMES: usize = 4096;
+
+/// One volume of the node and the bytes its files hold.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VolumeUsage {
+    pub environment: String,
+    pub volume: String,
+    pub generation: u64,
+    pub bytes: u64,
+}
+
+/// Most taken subnets one heartbeat may report (the whole pool).
+pub const MAX_TAKEN_SUBNETS: usize = 4096;
+
+/// Longest `host` a heartbeat may carry.
+pub const MAX_HOST_LEN: usize = 64;
+
+/// Whether `host` is one a heartbeat may carry.
+pub fn valid_host(host: &str) -> bool {
+    !host.is_empty()
+        && host.len() <= MAX_HOST_LEN
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// Most repairs one heartbeat may report.
+pub const MAX_HEARTBEAT_REPAIRS: usize = 64;
+
+/// One drift the agent repaired.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Repair {
+    pub environment: String,
+    /// What was repaired, e.g. `container pl-…-g3 started`, `firewall table re-applied`.
+    pub what: String,
+}
+
+/// What a node running every executor reports it can run.
+pub const FULL_CAPABILITIES: [&str; 4] = ["docker", "ingress", "nftables", "routes"];
+
+/// One replica the node observes running.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunningInstance {
+    pub environment: String,
+    pub role: String,
+    pub instance: u32,
+    pub generation: u64,
+    pub healthy: bool,
+}
+
+impl Heartbeat {
+    /// A heartbeat that reports capabilities and nothing running.
+    pub fn new(agent_version: &str, capabilities: &[&str]) -> Heartbeat {
+        Heartbeat {
+            agent_version: agent_version.to_owned(),
+            capabilities: capabilities.iter().map(|c| (*c).to_owned()).collect(),
+            running: Vec::new(),
+            repaired: Vec::new(),
+            host: None,
+            taken_subnets: Vec::new(),
+            volumes: Vec::new(),
+            mesh: None,
+        }
+    }
+}
