@@ -26,11 +26,30 @@ fn pl_links_no_sql_and_no_async_runtime() {
 /// file of it runs `git` or `ssh-keygen` (tests may, to check what it wrote).
 const RUNS: [&str; 2] = ["new(\"git\")", "\"ssh-keygen\""];
 
+/// Every `.rs` file below `dirs` with its product code: what comes before its first
+/// `#[cfg(test)]`.
+fn product_code(dirs: &[std::path::PathBuf]) -> Vec<(std::path::PathBuf, String)> {
+    let mut out = Vec::new();
+    let mut stack = dirs.to_vec();
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).expect("read dir").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                let text = std::fs::read_to_string(&p).expect("read");
+                let code = text.split("#[cfg(test)]").next().unwrap_or("").to_owned();
+                out.push((p, code));
+            }
+        }
+    }
+    out
+}
+
 #[test]
 fn nothing_runs_git_or_ssh_keygen() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let mut found = Vec::new();
-    let mut stack: Vec<std::path::PathBuf> = [
+    let dirs: Vec<std::path::PathBuf> = [
         "cli",
         "reconciler",
         "agent",
@@ -42,20 +61,11 @@ fn nothing_runs_git_or_ssh_keygen() {
     .iter()
     .map(|c| root.join(c).join("src"))
     .collect();
-    while let Some(dir) = stack.pop() {
-        for e in std::fs::read_dir(&dir).expect("read dir").flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if p.extension().is_some_and(|x| x == "rs") {
-                let text = std::fs::read_to_string(&p).expect("read");
-                let code = text.split("#[cfg(test)]").next().unwrap_or("");
-                if RUNS.iter().any(|r| code.contains(r)) {
-                    found.push(p.strip_prefix(&root).expect("under root").display().to_string());
-                }
-            }
-        }
-    }
+    let mut found: Vec<String> = product_code(&dirs)
+        .into_iter()
+        .filter(|(_, code)| RUNS.iter().any(|r| code.contains(r)))
+        .map(|(p, _)| p.strip_prefix(&root).expect("under root").display().to_string())
+        .collect();
     found.sort();
     assert!(found.is_empty(), "files that run git or ssh-keygen: {found:?}");
     // The check sees what it looks for.
@@ -86,25 +96,15 @@ fn indexes_by_name(line: &str) -> bool {
 fn pl_reads_the_api_typed() {
     let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut found = Vec::new();
-    let mut stack = vec![src.clone()];
-    while let Some(dir) = stack.pop() {
-        for e in std::fs::read_dir(&dir).expect("read dir").flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if p.extension().is_some_and(|x| x == "rs") {
-                let text = std::fs::read_to_string(&p).expect("read");
-                let code = text.split("#[cfg(test)]").next().unwrap_or("");
-                for (n, line) in code.lines().enumerate() {
-                    let line = line.trim_start();
-                    if !line.starts_with("//") && (UNTYPED.iter().any(|u| line.contains(u)) || indexes_by_name(line)) {
-                        found.push(format!(
-                            "{}:{}: {line}",
-                            p.strip_prefix(&src).expect("under").display(),
-                            n + 1
-                        ));
-                    }
-                }
+    for (p, code) in product_code(std::slice::from_ref(&src)) {
+        for (n, line) in code.lines().enumerate() {
+            let line = line.trim_start();
+            if !line.starts_with("//") && (UNTYPED.iter().any(|u| line.contains(u)) || indexes_by_name(line)) {
+                found.push(format!(
+                    "{}:{}: {line}",
+                    p.strip_prefix(&src).expect("under").display(),
+                    n + 1
+                ));
             }
         }
     }

@@ -4,36 +4,17 @@
 
 use state_schema::canonical::{Secrets, document, hash};
 use state_schema::desired::deployments;
-use state_schema::parse::parse_file;
 use state_schema::placement::Fleet;
 use state_schema::state::assemble;
 use std::path::Path;
 
-fn files(dir: &Path, out: &mut Vec<(String, Vec<u8>)>) {
-    let mut entries: Vec<_> = std::fs::read_dir(dir)
-        .expect("read dir")
-        .map(|e| e.expect("entry").path())
-        .collect();
-    entries.sort();
-    for p in entries {
-        if p.is_dir() {
-            files(&p, out);
-        } else {
-            out.push((p.display().to_string(), std::fs::read(&p).expect("read")));
-        }
-    }
-}
+#[path = "support/tree.rs"]
+mod tree;
 
 #[test]
 fn object_and_deployment_hashes_do_not_move() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../golden/plan/acme-changes/head");
-    let mut fs = Vec::new();
-    files(&root, &mut fs);
-    let parsed = fs
-        .iter()
-        .map(|(p, t)| parse_file(p.strip_prefix(&format!("{}/", root.display())).unwrap_or(p), t))
-        .collect();
-    let loaded = assemble(parsed, Vec::new());
+    let loaded = assemble(tree::parsed(&root, false), Vec::new());
     assert_eq!(loaded.diagnostics, Vec::new());
     let state = loaded.state;
     let mut lines: Vec<String> = state

@@ -5,25 +5,12 @@
 //! check cannot pass on specs that use nothing).
 
 use state_schema::desired::deployments;
-use state_schema::parse::parse_file;
 use state_schema::placement::Fleet;
 use state_schema::state::assemble;
 use std::path::Path;
 
-fn files(dir: &Path, out: &mut Vec<(String, Vec<u8>)>) {
-    let mut entries: Vec<_> = std::fs::read_dir(dir)
-        .expect("read dir")
-        .map(|e| e.expect("entry").path())
-        .collect();
-    entries.sort();
-    for p in entries {
-        if p.is_dir() {
-            files(&p, out);
-        } else if p.extension().is_some_and(|x| x == "yaml") {
-            out.push((p.display().to_string(), std::fs::read(&p).expect("read")));
-        }
-    }
-}
+#[path = "support/tree.rs"]
+mod tree;
 
 /// The patterns of the queries before the columns (and of migration 0024's fill).
 fn by_text(json: &str) -> [bool; 4] {
@@ -44,14 +31,7 @@ fn uses_agree_with_the_text_patterns_the_migration_fills_from() {
         "examples/app",
     ] {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(tree);
-        let mut fs = Vec::new();
-        files(&root, &mut fs);
-        let prefix = format!("{}/", root.display());
-        let parsed = fs
-            .iter()
-            .map(|(p, t)| parse_file(p.strip_prefix(&prefix).unwrap_or(p), t))
-            .collect();
-        let loaded = assemble(parsed, Vec::new());
+        let loaded = assemble(tree::parsed(&root, true), Vec::new());
         let state = loaded.state;
         let (placed, _) = deployments(&state, None, &mut Fleet::declared(&state));
         assert!(!placed.is_empty(), "{tree} has deployments");
