@@ -305,8 +305,8 @@ async fn postgres_ledger() {
     l.close().await;
 }
 
-/// Migration 0024 fills the `uses_*` columns of rows written before it from their stored
-/// specs' text (the patterns the queries used then); rows written since set them from
+/// Migration 0024 fills `deployment_uses` for rows written before it from their stored specs'
+/// text (the patterns the queries used then); rows written since set it from
 /// `DeploymentSpec::uses` (`state-schema/tests/uses.rs` checks the two agree).
 async fn uses_filled_from_stored_specs(url: &str) {
     let backend = if url.starts_with("postgres") {
@@ -318,7 +318,7 @@ async fn uses_filled_from_stored_specs(url: &str) {
         Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../migrations/{backend}/0024_deployment_uses.sql")),
     )
     .expect("migration 0024");
-    let update = &fill[fill.find("UPDATE deployments").expect("the fill")..];
+    let update = &fill[fill.find("INSERT INTO deployment_uses").expect("the fill")..];
     sqlx::any::install_default_drivers();
     let pool = sqlx::AnyPool::connect(url).await.expect("connect");
     let run = |q: String| {
@@ -365,7 +365,7 @@ async fn uses_filled_from_stored_specs(url: &str) {
     }
     run(update.to_owned()).await;
     let rows: Vec<(String, i64, i64, i64, i64)> = sqlx::query_as(
-        "SELECT environment, uses_backups, uses_cron, uses_domains, uses_canary FROM deployments WHERE branch = 'uses' ORDER BY environment",
+        "SELECT environment, backups, cron, domains, canary FROM deployment_uses WHERE environment LIKE 'u-%' ORDER BY environment",
     )
     .fetch_all(&pool)
     .await
@@ -390,7 +390,7 @@ async fn uses_filled_from_stored_specs(url: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn migration_0024_fills_uses_on_both_backends() {
+async fn migration_0024_fills_deployment_uses_on_both_backends() {
     let dir = tempfile::tempdir().expect("tempdir");
     let l = sqlite(dir.path()).await;
     l.close().await;

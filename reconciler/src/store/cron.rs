@@ -9,7 +9,8 @@ impl Ledger {
     /// JSON).
     pub(crate) async fn cron_deployments(&self) -> Result<Vec<(i64, String)>, LedgerError> {
         Ok(sqlx::query_as(self.sql(
-            "SELECT generation, spec FROM deployments WHERE action = 'rollout' AND status = 'done' AND uses_cron = 1 ORDER BY environment",
+            "SELECT d.generation, d.spec FROM deployments d JOIN deployment_uses u ON u.environment = d.environment \
+             WHERE d.action = 'rollout' AND d.status = 'done' AND u.cron = 1 ORDER BY d.environment",
         ))
         .fetch_all(&self.pool)
         .await?)

@@ -312,21 +312,42 @@ impl Ledger {
             }
         };
         sqlx::query(self.sql(
-            "UPDATE deployments SET spec = ?, spec_hash = ?, revision_id = ?, updated_at = ?, retired = COALESCE(?, retired), \
-             uses_backups = ?, uses_cron = ?, uses_domains = ?, uses_canary = ? WHERE environment = ?",
+            "UPDATE deployments SET spec = ?, spec_hash = ?, revision_id = ?, updated_at = ?, retired = COALESCE(?, retired) WHERE environment = ?",
         ))
         .bind(serde_json::to_string(spec)?)
         .bind(spec_hash.to_owned())
         .bind(revision)
         .bind(now_ms)
         .bind(retired)
-        .bind(i64::from(spec.uses().backups))
-        .bind(i64::from(spec.uses().cron))
-        .bind(i64::from(spec.uses().domains))
-        .bind(i64::from(spec.uses().canary))
         .bind(env)
         .execute(&mut **tx)
         .await?;
+        self.write_uses(tx, &[(env, spec)]).await
+    }
+
+    /// What each written spec uses (`deployment_uses`), beside the deployment's row: written
+    /// with the spec, never by a step's update.
+    async fn write_uses(&self, tx: &mut WriteTx, specs: &[(&str, &DeploymentSpec)]) -> Result<(), LedgerError> {
+        if specs.is_empty() {
+            return Ok(());
+        }
+        let marks = vec!["(?, ?, ?, ?, ?)"; specs.len()].join(", ");
+        let q = format!(
+            "INSERT INTO deployment_uses (environment, backups, cron, domains, canary) VALUES {marks} \
+             ON CONFLICT (environment) DO UPDATE SET backups = excluded.backups, cron = excluded.cron, \
+             domains = excluded.domains, canary = excluded.canary"
+        );
+        let mut query = sqlx::query(self.sql(&q));
+        for (env, spec) in specs {
+            let u = spec.uses();
+            query = query
+                .bind((*env).to_owned())
+                .bind(i64::from(u.backups))
+                .bind(i64::from(u.cron))
+                .bind(i64::from(u.domains))
+                .bind(i64::from(u.canary));
+        }
+        query.execute(&mut **tx).await?;
         Ok(())
     }
 
@@ -402,7 +423,7 @@ impl Ledger {
         if rows.is_empty() {
             return Ok(());
         }
-        let marks = vec!["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"; rows.len()].join(", ");
+        let marks = vec!["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"; rows.len()].join(", ");
         // The generation a new one with another release replaces becomes the previous one if
         // it finished its rollout (it served); otherwise the one before it stays previous (a
         // re-placement's move keeps it too). A hold is kept unless the row sets one
@@ -421,19 +442,15 @@ impl Ledger {
             query.execute(&mut **tx).await?;
         }
         let q = format!(
-            "INSERT INTO deployments (environment, branch, generation, action, status, step, spec_hash, spec, retired, revision_id, updated_at, \
-             uses_backups, uses_cron, uses_domains, uses_canary) \
+            "INSERT INTO deployments (environment, branch, generation, action, status, step, spec_hash, spec, retired, revision_id, updated_at) \
              VALUES {marks} \
              ON CONFLICT (environment) DO UPDATE SET generation = excluded.generation, action = excluded.action, status = excluded.status, \
              step = excluded.step, spec_hash = excluded.spec_hash, spec = excluded.spec, retired = excluded.retired, \
-             uses_backups = excluded.uses_backups, uses_cron = excluded.uses_cron, uses_domains = excluded.uses_domains, \
-             uses_canary = excluded.uses_canary, \
              revision_id = excluded.revision_id, updated_at = excluded.updated_at, \
              watch_from = 0, watch_until = 0, watch_failure = ''"
         );
         let mut query = sqlx::query(self.sql(&q));
         for r in rows {
-            let uses = r.spec.uses();
             query = query
                 .bind(r.environment.to_owned())
                 .bind(branch.to_owned())
@@ -445,13 +462,11 @@ impl Ledger {
                 .bind(serde_json::to_string(r.spec)?)
                 .bind(serde_json::to_string(r.retired)?)
                 .bind(revision)
-                .bind(now_ms)
-                .bind(i64::from(uses.backups))
-                .bind(i64::from(uses.cron))
-                .bind(i64::from(uses.domains))
-                .bind(i64::from(uses.canary));
+                .bind(now_ms);
         }
         query.execute(&mut **tx).await?;
+        let specs: Vec<(&str, &DeploymentSpec)> = rows.iter().map(|r| (r.environment, r.spec)).collect();
+        self.write_uses(tx, &specs).await?;
         let marks = vec!["(?, ?, ?, ?, ?, ?, ?)"; rows.len()].join(", ");
         let q = format!(
             "INSERT INTO deployment_generations (environment, generation, branch, action, spec_hash, revision_id, created_at) VALUES {marks}"

@@ -38,11 +38,12 @@ const COLUMNS: &str =
     "hostname, environment, method, state, ever_verified, seen, reason, checked_at, next_check_at, verified_at";
 
 impl Ledger {
-    /// The current rollouts whose spec names Domains (`uses_domains`), so a fleet without
+    /// The current rollouts whose spec names Domains (`deployment_uses`), so a fleet without
     /// custom domains parses no spec for them.
     pub async fn rollouts_with_domains(&self) -> Result<Vec<Rollout>, LedgerError> {
         Ok(sqlx::query_as(self.sql(
-            "SELECT environment, generation, status, step, spec FROM deployments WHERE action = 'rollout' AND uses_domains = 1 ORDER BY environment",
+            "SELECT d.environment, d.generation, d.status, d.step, d.spec FROM deployments d JOIN deployment_uses u ON u.environment = d.environment \
+             WHERE d.action = 'rollout' AND u.domains = 1 ORDER BY d.environment",
         ))
         .fetch_all(&self.pool)
         .await?)

@@ -218,8 +218,9 @@ impl Ledger {
         now_ms: i64,
     ) -> Result<Vec<DeploymentRow>, LedgerError> {
         let rows: Vec<DeploymentRecord> = sqlx::query_as(self.sql(
-            "SELECT environment, branch, generation, action, status, step, updated_at, spec, previous_generation, hold, waiting, uses_canary FROM deployments \
-             WHERE environment > ? ORDER BY environment LIMIT ?",
+            "SELECT d.environment, d.branch, d.generation, d.action, d.status, d.step, d.updated_at, d.spec, d.previous_generation, \
+             d.hold, d.waiting, COALESCE(u.canary, 0) AS uses_canary FROM deployments d \
+             LEFT JOIN deployment_uses u ON u.environment = d.environment WHERE d.environment > ? ORDER BY d.environment LIMIT ?",
         ))
         .bind(after.unwrap_or(""))
         .bind(i64::from(limit))
@@ -231,8 +232,9 @@ impl Ledger {
     /// One environment's deployment as [`Ledger::deployments`] shows it; `None` when it has none.
     pub async fn deployment(&self, environment: &str, now_ms: i64) -> Result<Option<DeploymentRow>, LedgerError> {
         let rows: Vec<DeploymentRecord> = sqlx::query_as(self.sql(
-            "SELECT environment, branch, generation, action, status, step, updated_at, spec, previous_generation, hold, waiting, uses_canary FROM deployments \
-             WHERE environment = ?",
+            "SELECT d.environment, d.branch, d.generation, d.action, d.status, d.step, d.updated_at, d.spec, d.previous_generation, \
+             d.hold, d.waiting, COALESCE(u.canary, 0) AS uses_canary FROM deployments d \
+             LEFT JOIN deployment_uses u ON u.environment = d.environment WHERE d.environment = ?",
         ))
         .bind(environment)
         .fetch_all(&self.pool)

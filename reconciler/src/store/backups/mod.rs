@@ -80,7 +80,8 @@ impl Ledger {
     /// Live deployments whose spec backs up a volume, done rolling out: (generation, spec).
     pub(crate) async fn backup_deployments(&self) -> Result<Vec<(i64, String)>, LedgerError> {
         Ok(sqlx::query_as(self.sql(
-            "SELECT generation, spec FROM deployments WHERE action = 'rollout' AND status = 'done' AND uses_backups = 1 ORDER BY environment",
+            "SELECT d.generation, d.spec FROM deployments d JOIN deployment_uses u ON u.environment = d.environment \
+             WHERE d.action = 'rollout' AND d.status = 'done' AND u.backups = 1 ORDER BY d.environment",
         ))
         .fetch_all(&self.pool)
         .await?)
