@@ -36,13 +36,9 @@ pub(crate) fn refuse(d: Denied) -> Response {
     error(status, d.code(), d.message())
 }
 
+/// The ledger's trouble as the API answers it: one refusal, `ops`' own (logged there).
 pub(crate) fn internal(e: impl std::fmt::Display) -> Response {
-    tracing::warn!(error = %e, "request failed");
-    error(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "ledger-unavailable",
-        "the ledger did not answer; try again",
-    )
+    refusal(&OpError::unavailable(e))
 }
 
 /// The name of the request's token, when it may do what `needs` asks.
