@@ -400,3 +400,117 @@ async fn migration_0024_fills_deployment_uses_on_both_backends() {
     l.close().await;
     uses_filled_from_stored_specs(&pg.url()).await;
 }
+
+/// Migration 0025 turns the sentinels rows written before it hold into typed state: a
+/// canary's watch to its switch (`watch_until = i64::MAX / 2`), a window, and a step whose
+/// jobs wait for a promote (`not_before = i64::MAX / 4`: the jobs go, the step waits in its
+/// row); a timed pause in flight keeps its jobs, due at their time.
+async fn sentinels_become_step_states(url: &str) {
+    let backend = if url.starts_with("postgres") {
+        "postgres"
+    } else {
+        "sqlite"
+    };
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../migrations/{backend}/0025_step_state.sql")),
+    )
+    .expect("migration 0025");
+    let from = text
+        .find("UPDATE deployments SET watch = CASE")
+        .expect("the carry-over");
+    let to = text.find("DROP INDEX").expect("the index");
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(url).await.expect("connect");
+    let run = |q: String| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query(sqlx::AssertSqlSafe(q))
+                .execute(&pool)
+                .await
+                .expect("statement");
+        }
+    };
+    run(
+        "INSERT INTO revisions (sha, branch, verdict, reasons, seen_at) VALUES ('s0', 'steps', 'accepted', '[]', 1)"
+            .into(),
+    )
+    .await;
+    // (environment, status, step, watch_until)
+    let deployments = [
+        ("s-promote", "in-progress", 5, 4611686018427387903_i64),
+        ("s-paused", "in-progress", 4, 4611686018427387903),
+        ("s-window", "done", 7, 1_800_000_000_000),
+        ("s-none", "done", 7, 0),
+    ];
+    for (env, status, step, until) in deployments {
+        run(format!(
+            "INSERT INTO deployments (environment, branch, generation, action, status, step, spec_hash, spec, retired, revision_id, updated_at, watch_until) \
+             VALUES ('{env}', 'steps', 2, 'rollout', '{status}', {step}, 'h', '{{}}', '[]', (SELECT id FROM revisions WHERE sha = 's0'), 1, {until})"
+        ))
+        .await;
+    }
+    // (key, environment, step, attempts, not_before)
+    let jobs = [
+        ("k-switch", "s-promote", 5, 0, 2305843009213693951_i64),
+        ("k-w60", "s-paused", 4, 0, 1_900_000_000_000),
+        ("k-retry", "s-paused", 3, 2, 1_900_000_000_000),
+    ];
+    for (key, env, step, attempts, due) in jobs {
+        run(format!(
+            "INSERT INTO jobs (key, task, target_node, state, attempts, max_attempts, not_before, created_at, updated_at, environment, generation, step) \
+             VALUES ('{key}', '{{}}', 'n1', 'queued', {attempts}, 5, {due}, 1, 1, '{env}', 2, {step})"
+        ))
+        .await;
+    }
+    for statement in text[from..to].split(';').filter(|s| !s.trim().is_empty()) {
+        let statement: String = statement
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("--"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        if !statement.trim().is_empty() {
+            run(statement).await;
+        }
+    }
+    let got: Vec<(String, String, String, i64)> = sqlx::query_as(
+        "SELECT environment, step_state, watch, watch_until FROM deployments WHERE environment LIKE 's-%' ORDER BY environment",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("read back");
+    let got: Vec<(&str, &str, &str, i64)> = got
+        .iter()
+        .map(|(e, s, w, u)| (e.as_str(), s.as_str(), w.as_str(), *u))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("s-none", "running", "", 0),
+            ("s-paused", "running", "to-switch", 0),
+            ("s-promote", "awaits-promote", "to-switch", 0),
+            ("s-window", "running", "window", 1_800_000_000_000),
+        ]
+    );
+    let keys: Vec<String> = sqlx::query_scalar("SELECT key FROM jobs WHERE key LIKE 'k-%' ORDER BY key")
+        .fetch_all(&pool)
+        .await
+        .expect("jobs");
+    assert_eq!(
+        keys,
+        ["k-retry", "k-w60"],
+        "the promote's never-due job goes; the others stay"
+    );
+    pool.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migration_0025_types_the_step_and_watch_sentinels_on_both_backends() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let l = sqlite(dir.path()).await;
+    l.close().await;
+    sentinels_become_step_states(&format!("sqlite://{}", dir.path().join("ledger.db").display())).await;
+    let pg = Postgres::start();
+    let l = postgres(&pg).await;
+    l.close().await;
+    sentinels_become_step_states(&pg.url()).await;
+}

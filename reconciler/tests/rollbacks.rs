@@ -334,8 +334,21 @@ async fn complete_all(shared: &Arc<Reconciler>, outcome: reconciler::store::Outc
     leases.len()
 }
 
+/// `pl rollout promote` or `abort`, as the API runs it.
+async fn rollout(
+    ops: &reconciler::ops::Ops,
+    env: &str,
+    action: operator_proto::rollbacks::RolloutAction,
+) -> Result<operator_proto::rollbacks::RolloutAnswer, reconciler::ops::OpError> {
+    let ask = operator_proto::rollbacks::RolloutAsk {
+        environment: env.to_owned(),
+        action,
+    };
+    ops.rollout("ops", ask).await
+}
+
 async fn canary_scenario(url: String, dir: &Path) {
-    use reconciler::store::rollouts::PromoteRefusal;
+    use operator_proto::rollbacks::{RolloutAction, RolloutAnswer};
     let canary = ", rollout: {strategy: canary, steps: [{weight: 20, pause: 1s}, {weight: 60}]}";
     let repo = Repo::new(dir);
     std::fs::write(dir.join("allowed_signers"), &repo.signers).expect("signers");
@@ -354,6 +367,22 @@ async fn canary_scenario(url: String, dir: &Path) {
         .expect("shared"),
     );
     let env = "api-production";
+    let ops = reconciler::ops::Ops {
+        ledger: shared.ledger.clone(),
+        hub: shared.hub.clone(),
+        branch: "main".into(),
+    };
+    let step_state = || {
+        let url = url.clone();
+        async move {
+            rows(
+                &url,
+                "SELECT step_state, CASE WHEN step_due > 0 THEN 1 ELSE 0 END, share, watch FROM deployments",
+            )
+            .await
+            .join("")
+        }
+    };
     let publishes = |g: u64| {
         let url = url.clone();
         async move {
@@ -374,88 +403,77 @@ async fn canary_scenario(url: String, dir: &Path) {
         "{:?}",
         publishes(1).await
     );
-    assert_eq!(
-        shared.ledger.promote(env, "ops", now_ms()).await.expect("promote"),
-        Err(PromoteRefusal::NotInProgress)
-    );
-    assert_eq!(
-        shared.ledger.abort_rollout(env, "ops", now_ms()).await.expect("abort"),
-        Err(Refusal::NotInProgress)
-    );
+    for action in [RolloutAction::Promote, RolloutAction::Abort] {
+        let refused = rollout(&ops, env, action).await.expect_err("nothing in progress");
+        assert_eq!(refused.code, "not-in-progress", "{refused:?}");
+    }
 
     // The second: 20% first, and the 60% step waits out its 1 s pause.
     repo.write("projects/api.yaml", &watched('b', 2, canary));
     repo.commit("release b", true);
     converge(&shared).await;
     assert_eq!(deployment(&url).await, "2|in-progress|1");
+    // The 60% step waits in the deployment's row, its jobs not queued until it runs.
     let p = publishes(2).await;
-    assert!(
-        p.len() == 2 && p[0].ends_with("publish/w20@n1|succeeded") && p[1].ends_with("publish/w60@n1|queued"),
-        "{p:?}"
-    );
+    assert!(p.len() == 1 && p[0].ends_with("publish/w20@n1|succeeded"), "{p:?}");
     let step = events(&url, "canary-step").await;
     assert!(
         step.len() == 1 && step[0].contains("20% of requests on the new release; the next step in 1 s"),
         "{step:?}"
     );
     assert_eq!(
-        rows(
-            &url,
-            "SELECT CASE WHEN watch_until > 1000000000000000 THEN 1 ELSE 0 END FROM deployments"
-        )
-        .await,
-        ["1"],
-        "watched from its first share to its switch"
+        step_state().await,
+        "paused|1|20|to-switch",
+        "paused, at 20%, watched from its first share to its switch"
     );
     assert_eq!(
         complete_all(&shared, reconciler::store::Outcome::Succeeded).await,
         0,
         "paused"
     );
-    let view = shared
-        .ledger
-        .deployments(None, 10, now_ms())
+    let c = ops
+        .environment(env)
         .await
-        .expect("deployments");
-    let c = view[0].canary.clone().expect("a canary under way");
+        .expect("view")
+        .and_then(|d| d.canary)
+        .expect("a canary under way");
     assert!(
         c.weight == 20 && !c.waits_for_promote && c.next_at_ms.is_some(),
         "{c:?}"
     );
+    converge(&shared).await;
+    assert_eq!(publishes(2).await.len(), 1, "its pause is not over");
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     // Then 60%, and the switch waits for a promote.
     converge(&shared).await;
     let p = publishes(2).await;
-    assert!(
-        p.len() == 3 && p[1].ends_with("publish/w60@n1|succeeded") && p[2].ends_with(":publish@n1|queued"),
-        "{p:?}"
-    );
+    assert!(p.len() == 2 && p[1].ends_with("publish/w60@n1|succeeded"), "{p:?}");
     assert!(events(&url, "canary-step").await[1].contains("waits for `pl rollout promote`"));
+    assert_eq!(step_state().await, "awaits-promote|0|60|to-switch");
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    assert_eq!(
-        complete_all(&shared, reconciler::store::Outcome::Succeeded).await,
-        0,
-        "until promoted"
-    );
-    let view = shared
-        .ledger
-        .deployments(None, 10, now_ms())
+    converge(&shared).await;
+    assert_eq!(publishes(2).await.len(), 2, "until promoted");
+    let c = ops
+        .environment(env)
         .await
-        .expect("deployments");
-    let c = view[0].canary.clone().expect("a canary under way");
+        .expect("view")
+        .and_then(|d| d.canary)
+        .expect("a canary under way");
     assert!(c.weight == 60 && c.waits_for_promote && c.next_at_ms.is_none(), "{c:?}");
-    let promoted = shared
-        .ledger
-        .promote(env, "ops", now_ms())
-        .await
-        .expect("promote")
-        .expect("promoted");
+    let Ok(RolloutAnswer::Promoted(promoted)) = rollout(&ops, env, RolloutAction::Promote).await else {
+        panic!("promoted");
+    };
     assert_eq!(promoted.generation, 2);
     assert_eq!(
-        shared.ledger.promote(env, "ops", now_ms()).await.expect("promote"),
-        Err(PromoteRefusal::NotPaused),
-        "promoted already: its switch runs"
+        step_state().await,
+        "paused|1|60|to-switch",
+        "due now: the next advance queues it"
     );
+    let refused = rollout(&ops, env, RolloutAction::Promote).await.expect_err("promoted");
+    assert_eq!(refused.code, "not-paused", "promoted already: its switch runs");
+    converge(&shared).await;
+    let refused = rollout(&ops, env, RolloutAction::Promote).await.expect_err("done");
+    assert_eq!(refused.code, "not-in-progress", "promoted already: its switch ran");
     converge(&shared).await;
     assert_eq!(deployment(&url).await, "2|done|1");
     let done = events(&url, "deployment-rollout-done").await;
@@ -464,8 +482,8 @@ async fn canary_scenario(url: String, dir: &Path) {
         "{done:?}"
     );
     assert_eq!(
-        rows(&url, "SELECT watch_until FROM deployments").await,
-        ["0"],
+        rows(&url, "SELECT watch, watch_until FROM deployments").await,
+        ["|0"],
         "the canary's watch ends at its switch"
     );
     assert_eq!(
@@ -478,12 +496,9 @@ async fn canary_scenario(url: String, dir: &Path) {
     repo.commit("release c", true);
     converge(&shared).await;
     assert_eq!(deployment(&url).await, "3|in-progress|2");
-    let ask = shared
-        .ledger
-        .abort_rollout(env, "ops", now_ms())
-        .await
-        .expect("abort")
-        .expect("aborted");
+    let Ok(RolloutAnswer::Aborted(ask)) = rollout(&ops, env, RolloutAction::Abort).await else {
+        panic!("aborted");
+    };
     assert_eq!((ask.from, ask.to, ask.generation), (3, 2, 4));
     converge(&shared).await;
     assert_eq!(

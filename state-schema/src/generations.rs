@@ -375,35 +375,6 @@ pub struct StepJobs {
     pub broken: u64,
 }
 
-/// What a rollout in progress does next.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Next {
-    /// Its current step still has jobs to run.
-    Wait,
-    /// A job of its current step failed: the generation fails, and waits for a change.
-    Fail,
-    /// The next step that has jobs: queue it.
-    Step(usize),
-    /// No step is left: done (the value is the number of steps).
-    Done(usize),
-}
-
-/// The next move of a generation whose current step is `step` of `steps`, given how that
-/// step's jobs stand: wait while any is pending, fail when any broke, else the next step that
-/// has jobs, or done.
-pub fn next(step: usize, jobs: StepJobs, steps: &[crate::rollout::Step]) -> Next {
-    if jobs.pending > 0 {
-        return Next::Wait;
-    }
-    if jobs.broken > 0 {
-        return Next::Fail;
-    }
-    match (step + 1..steps.len()).find(|&i| !steps[i].is_empty()) {
-        Some(i) => Next::Step(i),
-        None => Next::Done(steps.len()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -550,29 +521,6 @@ mod tests {
         let d = decide(c, &owners, BTreeMap::new());
         assert_eq!(d.conflicts, [("shared".to_owned(), "main".to_owned())]);
         assert!(d.starts.is_empty());
-    }
-
-    #[test]
-    fn a_step_waits_for_its_jobs_fails_on_a_broken_one_and_skips_empty_steps() {
-        use crate::task::Task;
-        let job = (
-            Task::EnsureNetwork {
-                environment: n("e"),
-                generation: 1,
-            },
-            n("n1"),
-        );
-        let steps = vec![vec![job.clone()], Vec::new(), vec![job.clone()], Vec::new()];
-        let some = |pending, broken| StepJobs { pending, broken };
-        assert_eq!(next(0, some(1, 0), &steps), Next::Wait);
-        assert_eq!(
-            next(0, some(1, 1), &steps),
-            Next::Wait,
-            "a pending job is waited for first"
-        );
-        assert_eq!(next(0, some(0, 1), &steps), Next::Fail);
-        assert_eq!(next(0, some(0, 0), &steps), Next::Step(2), "the empty step is skipped");
-        assert_eq!(next(2, some(0, 0), &steps), Next::Done(4));
     }
 
     #[test]

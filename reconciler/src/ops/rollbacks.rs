@@ -5,11 +5,12 @@
 use super::{Answer, OpError, Ops};
 use crate::store::now_ms;
 use crate::store::rollbacks::Refusal;
-use crate::store::rollouts::PromoteRefusal;
 use operator_proto::rollbacks::{
     HoldReleased, Promoted, RollbackAnswer, RollbackAsk, RolledBack, RolloutAction, RolloutAnswer, RolloutAsk,
 };
 use state_schema::generations::RollbackRefusal;
+use state_schema::generations::{Action, Status};
+use state_schema::rollout::advance::{self, PromoteRefusal, StepState};
 
 fn refused(env: &str, why: &Refusal) -> OpError {
     let code = why.code();
@@ -80,7 +81,7 @@ impl Ops {
         let env = &ask.environment;
         match ask.action {
             RolloutAction::Promote => {
-                let p = self.ledger.promote(env, who, now_ms()).await?.map_err(|why| {
+                let (generation, step) = self.promote(env, who).await?.map_err(|why| {
                     let code = why.code();
                     match why {
                         PromoteRefusal::UnknownEnvironment => OpError::not_found(code, format!("no deployment of {env}")),
@@ -96,21 +97,18 @@ impl Ops {
                         ),
                     }
                 })?;
-                tracing::info!(by = %who, environment = %env, generation = p.generation, step = p.step, "canary promoted");
-                self.hub.jobs.notify_waiters();
+                tracing::info!(by = %who, environment = %env, generation, step, "canary promoted");
+                // The step's jobs are queued by the advance the settle runs.
+                self.hub.settle_hint.notify_one();
                 self.hub.hint.notify_one();
                 Ok(RolloutAnswer::Promoted(Promoted {
                     environment: env.clone(),
-                    generation: p.generation,
-                    step: p.step,
+                    generation,
+                    step,
                 }))
             }
             RolloutAction::Abort => {
-                let a = self
-                    .ledger
-                    .abort_rollout(env, who, now_ms())
-                    .await?
-                    .map_err(|why| refused(env, &why))?;
+                let a = self.abort(env, who).await?.map_err(|why| refused(env, &why))?;
                 tracing::info!(by = %who, environment = %env, from = a.from, to = a.to, generation = a.generation, "rollout aborted");
                 self.hub.wrote.notify_waiters();
                 self.hub.hint.notify_one();
@@ -118,4 +116,50 @@ impl Ops {
             }
         }
     }
+
+    /// A promote judged on the deployment's row, then written on the condition that its step
+    /// still waits: the generation and the step that runs now.
+    async fn promote(&self, env: &str, who: &str) -> Result<Result<(u64, u64), PromoteRefusal>, OpError> {
+        let Some(r) = self.ledger.step_row(env).await? else {
+            return Ok(Err(PromoteRefusal::UnknownEnvironment));
+        };
+        let status = Status::parse(&r.status).ok_or_else(|| corrupt("status", &r.status))?;
+        let state =
+            StepState::from_row(&r.step_state, r.step_due).ok_or_else(|| corrupt("step state", &r.step_state))?;
+        let now = now_ms();
+        if let Err(why) = advance::promote(status, state, now) {
+            return Ok(Err(why));
+        }
+        if !self.ledger.promote_step(env, r.generation, r.step, who, now).await? {
+            // It ran, or another generation started, between the read and the write.
+            return Ok(Err(PromoteRefusal::NotPaused));
+        }
+        let n = |v: i64| u64::try_from(v).unwrap_or(0);
+        Ok(Ok((n(r.generation), n(r.step))))
+    }
+
+    /// An abort judged on the deployment's row: a rollback of that generation only (one that
+    /// finished meanwhile is not aborted).
+    async fn abort(
+        &self,
+        env: &str,
+        who: &str,
+    ) -> Result<Result<state_schema::generations::RollbackAsk, Refusal>, OpError> {
+        let Some(r) = self.ledger.step_row(env).await? else {
+            return Ok(Err(Refusal::UnknownEnvironment));
+        };
+        let status = Status::parse(&r.status).ok_or_else(|| corrupt("status", &r.status))?;
+        let action = Action::parse(&r.action).ok_or_else(|| corrupt("action", &r.action))?;
+        if advance::abort(action, status).is_err() {
+            return Ok(Err(Refusal::NotInProgress));
+        }
+        let of = u64::try_from(r.generation).unwrap_or(0);
+        Ok(self.ledger.ask_rollback_of(env, Some(of), who, now_ms()).await?)
+    }
+}
+
+fn corrupt(what: &str, value: &str) -> OpError {
+    OpError::unavailable(crate::store::LedgerError::Corrupt(format!(
+        "a deployment row's {what} is {value:?}"
+    )))
 }

@@ -16,6 +16,7 @@ use operator_proto::nodes::{MeshLink, Node, NodeMesh, NodeState};
 use operator_proto::revisions::{Reason, Revision, Rewrite, Verdict};
 use operator_proto::volumes::{Kept, Volume, VolumeState};
 use operator_proto::{Action, Canary, Deployment, DeploymentStatus, Hold, Waiting};
+use state_schema::rollout::advance::{StepState, canary_standing};
 
 /// A row whose text the wire does not know.
 #[derive(Debug, thiserror::Error)]
@@ -222,6 +223,15 @@ pub fn deployment(r: DeploymentRow) -> Result<Deployment, Corrupt> {
             });
         }
     };
+    // A canary's standing, read by the same code that decides how it advances.
+    let state = StepState::from_row(&r.step_state, r.step_due).ok_or_else(|| Corrupt {
+        what: "deployment's step state",
+        value: r.step_state.clone(),
+    })?;
+    let canary = match status {
+        DeploymentStatus::InProgress => canary_standing(u8::try_from(r.share).unwrap_or(0), state),
+        _ => None,
+    };
     Ok(Deployment {
         environment: r.environment,
         branch: r.branch,
@@ -253,7 +263,7 @@ pub fn deployment(r: DeploymentRow) -> Result<Deployment, Corrupt> {
             git_hash: h.git_hash,
             released: h.released,
         }),
-        canary: r.canary.map(|c| Canary {
+        canary: canary.map(|c| Canary {
             weight: c.weight,
             waits_for_promote: c.waits_for_promote,
             next_at_ms: c.next_at_ms,
@@ -320,7 +330,6 @@ pub fn backup(r: BackupRow) -> Result<Backup, Corrupt> {
 mod tests {
     use super::*;
     use crate::store::rollbacks::Hold as RowHold;
-    use crate::store::views::CanaryView;
     use crate::store::views::DeploymentRow;
 
     fn row() -> DeploymentRow {
@@ -351,11 +360,9 @@ mod tests {
                 git_hash: "abc".into(),
                 released: false,
             }),
-            canary: Some(CanaryView {
-                weight: 10,
-                waits_for_promote: true,
-                next_at_ms: None,
-            }),
+            step_state: "awaits-promote".into(),
+            step_due: 0,
+            share: 10,
         }
     }
 
@@ -364,14 +371,18 @@ mod tests {
         // The store's row was the wire before the types moved to `operator_proto`: the same
         // bytes, in the same order, with and without the optional parts.
         let mut r = row();
-        for _ in 0..2 {
+        for canary in [r#","canary":{"weight":10,"waitsForPromote":true}"#, ""] {
             let before = serde_json::to_string(&r).expect("row json");
             let typed = serde_json::to_string(&deployment(r.clone()).expect("typed")).expect("typed json");
-            assert_eq!(typed, before);
+            // The canary's standing is read from the step's columns, not kept on the row.
+            assert_eq!(
+                typed,
+                format!("{}{canary}}}", before.strip_suffix('}').expect("an object"))
+            );
             // And back: what `pl` reads is what was sent.
             let back: Deployment = serde_json::from_str(&typed).expect("reads back");
             assert_eq!(back, deployment(r.clone()).expect("typed"));
-            (r.hold, r.canary, r.waiting) = (None, None, Vec::new());
+            (r.hold, r.step_state, r.share, r.waiting) = (None, "running".into(), 0, Vec::new());
         }
     }
 

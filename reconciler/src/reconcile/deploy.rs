@@ -19,7 +19,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 type Tx = crate::store::WriteTx;
 
-use super::advance::{first_step_from, job_rows, steps_of};
+use super::advance::job_rows;
+use state_schema::rollout::advance::{Rollout, first_step_from};
 
 /// What applying one commit did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -435,14 +436,14 @@ impl Ledger {
             let mut firsts: Vec<(Step, usize)> = Vec::new();
             let mut generations = Vec::with_capacity(chunk.len());
             for s in chunk {
-                let steps = steps_of(
-                    s.action,
-                    &s.spec.environment,
-                    s.generation,
-                    &s.spec,
-                    &s.retired,
-                    s.rollback,
-                );
+                let steps = Rollout {
+                    action: s.action,
+                    rollback: s.rollback,
+                    generation: s.generation,
+                    spec: &s.spec,
+                    retired: &s.retired,
+                }
+                .steps();
                 let first = first_step_from(&steps, 0);
                 let env = s.spec.environment.as_str();
                 // A rollback's generation says so: its commit is the one rolled back, and what

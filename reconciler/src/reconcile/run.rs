@@ -70,7 +70,10 @@ pub async fn run_loop(shared: Arc<Reconciler>, shutdown: tokio::sync::watch::Rec
         // `LEADERSHIP_CHECK` meanwhile, so a lock lost with PostgreSQL's restart stops this
         // daemon's writes and its `leader` at once, not at the next pass.
         let mut sd = shutdown.clone();
-        let deadline = tokio::time::Instant::now() + wait;
+        let mut deadline = tokio::time::Instant::now() + wait;
+        if is_leader {
+            deadline = wake_for_pauses(&shared, deadline).await;
+        }
         let mut check = tokio::time::interval_at(tokio::time::Instant::now() + LEADERSHIP_CHECK, LEADERSHIP_CHECK);
         loop {
             tokio::select! {
@@ -91,12 +94,29 @@ pub async fn run_loop(shared: Arc<Reconciler>, shutdown: tokio::sync::watch::Rec
                         Ok(n) if n > 0 => {
                             shared.hub.wrote.notify_waiters();
                             shared.hub.jobs.notify_waiters();
+                            deadline = wake_for_pauses(&shared, deadline).await;
                         }
                         Ok(_) => {}
                         Err(e) => tracing::warn!(error = %e, "settling after completions failed; the next pass retries"),
                     }
                 }
             }
+        }
+    }
+}
+
+/// `deadline`, or sooner when a step's pause (a canary's) ends before it: level-triggered like
+/// the rest, a pause is looked at again when it is due, not at the next pass.
+async fn wake_for_pauses(shared: &Reconciler, deadline: tokio::time::Instant) -> tokio::time::Instant {
+    match shared.ledger.next_step_due().await {
+        Ok(Some(due)) => {
+            let left = Duration::from_millis(u64::try_from(due - now_ms()).unwrap_or(0));
+            deadline.min(tokio::time::Instant::now() + left)
+        }
+        Ok(None) => deadline,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read when the next pause ends; the next pass looks");
+            deadline
         }
     }
 }

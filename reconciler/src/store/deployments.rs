@@ -10,6 +10,7 @@ use super::{Ledger, LedgerError, WriteTx};
 use sqlx::FromRow;
 use state_schema::deployment::DeploymentSpec;
 use state_schema::generations::{Action, Current, Status, StepJobs};
+use state_schema::rollout::advance::StepState;
 use std::collections::BTreeMap;
 
 fn action(s: &str) -> Result<Action, LedgerError> {
@@ -44,6 +45,8 @@ struct InProgressRow {
     spec: String,
     retired: String,
     hold: String,
+    step_state: String,
+    step_due: i64,
 }
 
 #[derive(FromRow)]
@@ -68,6 +71,8 @@ pub(crate) struct InProgress {
     pub retired: Vec<DeploymentSpec>,
     /// Whether this generation is a rollback's (its hold names it).
     pub rollback: bool,
+    /// Whether its current step runs or waits (a pause, a promote).
+    pub state: StepState,
 }
 
 /// A new generation's row: the deployment as it starts, and its history line.
@@ -88,7 +93,8 @@ pub(crate) struct GenerationRow<'a> {
 pub(crate) type ObjectDoc = (String, String, String, String);
 
 /// See [`Ledger::advanceable`].
-pub(crate) const ADVANCEABLE: &str = "SELECT d.environment FROM deployments d WHERE d.status = 'in-progress' AND NOT EXISTS \
+pub(crate) const ADVANCEABLE: &str = "SELECT d.environment FROM deployments d WHERE d.status = 'in-progress' \
+     AND (d.step_state = 'running' OR (d.step_state = 'paused' AND d.step_due <= ?)) AND NOT EXISTS \
      (SELECT 1 FROM jobs j WHERE j.environment = d.environment AND j.generation = d.generation \
       AND j.step = d.step AND j.state IN ('queued', 'leased'))";
 
@@ -447,7 +453,8 @@ impl Ledger {
              ON CONFLICT (environment) DO UPDATE SET generation = excluded.generation, action = excluded.action, status = excluded.status, \
              step = excluded.step, spec_hash = excluded.spec_hash, spec = excluded.spec, retired = excluded.retired, \
              revision_id = excluded.revision_id, updated_at = excluded.updated_at, \
-             watch_from = 0, watch_until = 0, watch_failure = ''"
+             watch_from = 0, watch_until = 0, watch_failure = '', watch = '', \
+             step_state = 'running', step_due = 0, share = 0"
         );
         let mut query = sqlx::query(self.sql(&q));
         for r in rows {
@@ -491,14 +498,27 @@ impl Ledger {
     /// `jobs_by_step` each), so its cost follows the rollouts under way, not the jobs open:
     /// it runs after every group of completions, and grouping every open job (20,000 in the
     /// fleet bench) each time took a core's share from the writer.
-    pub(crate) async fn advanceable(&self) -> Result<Vec<String>, LedgerError> {
-        Ok(sqlx::query_scalar(self.sql(ADVANCEABLE)).fetch_all(&self.pool).await?)
+    /// A step that waits is looked at once its pause is over (`now_ms`), or when promoted.
+    pub(crate) async fn advanceable(&self, now_ms: i64) -> Result<Vec<String>, LedgerError> {
+        Ok(sqlx::query_scalar(self.sql(ADVANCEABLE))
+            .bind(now_ms)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
+    /// When the earliest pause of a step in progress ends: the daemon's loop wakes then.
+    pub async fn next_step_due(&self) -> Result<Option<i64>, LedgerError> {
+        Ok(sqlx::query_scalar(
+            self.sql("SELECT MIN(step_due) FROM deployments WHERE status = 'in-progress' AND step_state = 'paused'"),
+        )
+        .fetch_one(&self.pool)
+        .await?)
     }
 
     /// `env`'s deployment, if its rollout or teardown is unfinished.
     pub(crate) async fn in_progress(&self, tx: &mut WriteTx, env: &str) -> Result<Option<InProgress>, LedgerError> {
         let row: Option<InProgressRow> = sqlx::query_as(self.sql(
-            "SELECT generation, action, step, spec, retired, hold FROM deployments WHERE environment = ? AND status = 'in-progress'",
+            "SELECT generation, action, step, spec, retired, hold, step_state, step_due FROM deployments WHERE environment = ? AND status = 'in-progress'",
         ))
         .bind(env)
         .fetch_optional(&mut **tx)
@@ -511,6 +531,8 @@ impl Ledger {
             spec: serde_json::from_str(&r.spec)?,
             retired: serde_json::from_str(&r.retired)?,
             rollback: super::rollbacks::Hold::parse(&r.hold)?.is_some_and(|h| gen_u64(r.generation) == h.generation),
+            state: StepState::from_row(&r.step_state, r.step_due)
+                .ok_or_else(|| LedgerError::Corrupt(format!("a deployment row's step state is {:?}", r.step_state)))?,
         }))
     }
 
@@ -545,25 +567,38 @@ impl Ledger {
         Ok(jobs)
     }
 
-    /// `env`'s deployment stands at `step` with `status`.
+    /// `env`'s deployment stands at `step` with `status`, the step as `state` says.
     pub(crate) async fn set_step(
         &self,
         tx: &mut WriteTx,
         env: &str,
         status: Status,
         step: i64,
+        state: StepState,
         now_ms: i64,
     ) -> Result<(), LedgerError> {
         let q = if status == Status::Done {
             // Done: what it replaced is gone from the nodes.
-            "UPDATE deployments SET status = ?, step = ?, retired = '[]', updated_at = ? WHERE environment = ?"
+            "UPDATE deployments SET status = ?, step = ?, step_state = ?, step_due = ?, retired = '[]', updated_at = ? WHERE environment = ?"
         } else {
-            "UPDATE deployments SET status = ?, step = ?, updated_at = ? WHERE environment = ?"
+            "UPDATE deployments SET status = ?, step = ?, step_state = ?, step_due = ?, updated_at = ? WHERE environment = ?"
         };
         sqlx::query(self.sql(q))
             .bind(status.as_str())
             .bind(step)
+            .bind(state.as_str())
+            .bind(state.due_ms())
             .bind(now_ms)
+            .bind(env)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
+    /// `env`'s canary gives the new release `weight` percent of the requests.
+    pub(crate) async fn set_share(&self, tx: &mut WriteTx, env: &str, weight: u8) -> Result<(), LedgerError> {
+        sqlx::query(self.sql("UPDATE deployments SET share = ? WHERE environment = ?"))
+            .bind(i64::from(weight))
             .bind(env)
             .execute(&mut **tx)
             .await?;

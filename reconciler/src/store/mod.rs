@@ -130,8 +130,8 @@ pub struct Ledger {
     pub(crate) issues_certificates: std::sync::atomic::AtomicBool,
     pub(crate) drift_checked_ms: std::sync::atomic::AtomicI64,
     /// Until when some generation is under watch (`store::watch`); heartbeats after it read
-    /// nothing for watches. `i64::MAX` until the first pass has looked.
-    pub(crate) watching: std::sync::atomic::AtomicI64,
+    /// nothing for watches.
+    pub(crate) watching: watch::WatchHint,
 }
 
 /// A write transaction; on SQLite it holds the process's writer turn until it ends.
@@ -261,7 +261,7 @@ impl Ledger {
             drift_suspected: std::sync::atomic::AtomicBool::new(true),
             issues_certificates: std::sync::atomic::AtomicBool::new(false),
             drift_checked_ms: std::sync::atomic::AtomicI64::new(0),
-            watching: std::sync::atomic::AtomicI64::new(i64::MAX),
+            watching: watch::WatchHint::default(),
         })
     }
 

@@ -126,28 +126,6 @@ impl Ledger {
         self.ask_rollback_of(environment, None, by, now_ms).await
     }
 
-    /// `pl rollout abort`: [`Ledger::ask_rollback`] of a rollout still in progress (a canary
-    /// between its steps, say), refused with `not-in-progress` otherwise. The previous
-    /// release takes every request back, held as a rollback is.
-    pub async fn abort_rollout(
-        &self,
-        environment: &str,
-        by: &str,
-        now_ms: i64,
-    ) -> Result<Result<RollbackAsk, Refusal>, LedgerError> {
-        let mut tx = self.write_tx().await?;
-        let Some(r) = self.rollback_row(&mut tx, environment).await? else {
-            return Ok(Err(Refusal::UnknownEnvironment));
-        };
-        drop(tx);
-        if r.status != Status::InProgress.as_str() || r.action != Action::Rollout.as_str() {
-            return Ok(Err(Refusal::NotInProgress));
-        }
-        // Of that generation only: one finished meanwhile is not aborted.
-        self.ask_rollback_of(environment, Some(gen_u64(r.generation)), by, now_ms)
-            .await
-    }
-
     /// [`Ledger::ask_rollback`] of generation `of` only, when given (an automatic rollback of
     /// the generation whose watch failed: a newer one may have started since).
     pub(crate) async fn ask_rollback_of(

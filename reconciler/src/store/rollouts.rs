@@ -1,62 +1,49 @@
-//! `pl rollout promote`: a canary waiting out a pause (or waiting for the promote itself) goes
-//! on at once. The jobs of its next step are queued already with a `not_before` in the future
-//! (`reconcile::deploy::job_rows`); promoting makes them due now. SQL only.
+//! A rollout's current step as `pl rollout promote` reads and ends its wait: the row it is
+//! judged on (`state_schema::rollout::advance::promote` decides), and the wait ended, on the
+//! condition that nothing moved meanwhile. The advance queues the step's jobs. SQL only.
 
+use super::rows::gen_u64;
 use super::{Ledger, LedgerError};
+use sqlx::FromRow;
 
-/// When a job that waits for `pl rollout promote` is due: never, until promoted.
-pub const PROMOTE: i64 = i64::MAX / 4;
-
-/// Why a promote is refused.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PromoteRefusal {
-    UnknownEnvironment,
-    /// No rollout of it is in progress.
-    NotInProgress,
-    /// Its rollout is in progress but nothing of it waits (a step is running).
-    NotPaused,
-}
-
-impl PromoteRefusal {
-    pub fn code(self) -> &'static str {
-        match self {
-            PromoteRefusal::UnknownEnvironment => "unknown-environment",
-            PromoteRefusal::NotInProgress => "not-in-progress",
-            PromoteRefusal::NotPaused => "not-paused",
-        }
-    }
-}
-
-/// A promote done: the generation and the step that now runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Promoted {
-    pub generation: u64,
-    pub step: u64,
+/// Where an environment's deployment stands, as a promote or an abort is judged on it.
+#[derive(Clone, Debug, FromRow)]
+pub struct StepRow {
+    pub generation: i64,
+    pub action: String,
+    pub status: String,
+    pub step: i64,
+    pub step_state: String,
+    pub step_due: i64,
 }
 
 impl Ledger {
-    /// Promotes `environment`'s canary past its pause, by `by`, with a `canary-promoted` event.
-    pub async fn promote(
+    /// `environment`'s deployment's current step, if it has a deployment.
+    pub async fn step_row(&self, environment: &str) -> Result<Option<StepRow>, LedgerError> {
+        Ok(sqlx::query_as(self.sql(
+            "SELECT generation, action, status, step, step_state, step_due FROM deployments WHERE environment = ?",
+        ))
+        .bind(environment)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Ends the wait of `environment`'s step `step` of generation `generation` (a pause or a
+    /// promote's) now, by `by`, with a `canary-promoted` event: the next advance queues its
+    /// jobs. False when it no longer waits there (it ran, or another generation started).
+    pub async fn promote_step(
         &self,
         environment: &str,
+        generation: i64,
+        step: i64,
         by: &str,
         now_ms: i64,
-    ) -> Result<Result<Promoted, PromoteRefusal>, LedgerError> {
+    ) -> Result<bool, LedgerError> {
         let mut tx = self.write_tx().await?;
-        let row: Option<(i64, String, i64)> =
-            sqlx::query_as(self.sql("SELECT generation, status, step FROM deployments WHERE environment = ?"))
-                .bind(environment)
-                .fetch_optional(&mut *tx)
-                .await?;
-        let Some((generation, status, step)) = row else {
-            return Ok(Err(PromoteRefusal::UnknownEnvironment));
-        };
-        if status != "in-progress" {
-            return Ok(Err(PromoteRefusal::NotInProgress));
-        }
         let promoted = sqlx::query(self.sql(
-            "UPDATE jobs SET not_before = ? WHERE environment = ? AND generation = ? AND step = ? \
-             AND state = 'queued' AND not_before > ?",
+            "UPDATE deployments SET step_state = 'paused', step_due = ? WHERE environment = ? AND generation = ? \
+             AND step = ? AND status = 'in-progress' \
+             AND (step_state = 'awaits-promote' OR (step_state = 'paused' AND step_due > ?))",
         ))
         .bind(now_ms)
         .bind(environment)
@@ -67,15 +54,15 @@ impl Ledger {
         .await?
         .rows_affected();
         if promoted == 0 {
-            return Ok(Err(PromoteRefusal::NotPaused));
+            return Ok(false);
         }
-        let detail = format!("generation {generation}: step {step} runs now, promoted by {by}");
+        let detail = format!(
+            "generation {}: step {step} runs now, promoted by {by}",
+            gen_u64(generation)
+        );
         self.event(&mut tx, now_ms, "canary-promoted", environment, &detail)
             .await?;
         tx.commit().await?;
-        Ok(Ok(Promoted {
-            generation: u64::try_from(generation).unwrap_or(0),
-            step: u64::try_from(step).unwrap_or(0),
-        }))
+        Ok(true)
     }
 }

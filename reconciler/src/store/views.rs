@@ -62,49 +62,15 @@ pub struct DeploymentRow {
     pub waiting: Vec<state_schema::placement::Waiting>,
     /// A rollback's hold: while there is one, the environment differs from Git.
     pub hold: Option<crate::store::rollbacks::Hold>,
-    /// A canary under way: the share the new release has, and what its next step waits for.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub canary: Option<CanaryView>,
-}
-
-/// Where a canary stands, from its publish jobs: the newest weighted publish done (0: none
-/// yet), and the next publish's wait (a time, or a promote).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CanaryView {
-    pub weight: u8,
-    pub waits_for_promote: bool,
-    /// When the next step is due, while it waits out a pause.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub next_at_ms: Option<i64>,
-}
-
-/// The canary of one generation from its publish jobs' `(key, state, not_before)`; `None`
-/// when it has no weighted publish.
-fn canary_view(jobs: &[(String, String, i64)], now_ms: i64) -> Option<CanaryView> {
-    let weight_of = |key: &str| -> Option<u8> {
-        let (_, tail) = key.split_once(":publish/w")?;
-        tail.split('@').next()?.parse().ok()
-    };
-    if !jobs.iter().any(|(k, _, _)| weight_of(k).is_some()) {
-        return None;
-    }
-    let weight = jobs
-        .iter()
-        .filter(|(_, state, _)| state == "succeeded")
-        .filter_map(|(k, _, _)| weight_of(k))
-        .max()
-        .unwrap_or(0);
-    let waiting = jobs
-        .iter()
-        .filter(|(_, state, due)| state == "queued" && *due > now_ms)
-        .map(|(_, _, due)| *due)
-        .min();
-    Some(CanaryView {
-        weight,
-        waits_for_promote: waiting.is_some_and(|d| d >= super::rollouts::PROMOTE),
-        next_at_ms: waiting.filter(|d| *d < super::rollouts::PROMOTE),
-    })
+    /// How its current step stands (`step_state`, `step_due`): what a canary's standing is
+    /// read from (`state_schema::rollout::advance::canary_standing`).
+    #[serde(skip)]
+    pub step_state: String,
+    #[serde(skip)]
+    pub step_due: i64,
+    /// The percent of requests the new release has from its last canary step done.
+    #[serde(skip)]
+    pub share: i64,
 }
 
 /// A revision as stored: its reasons are JSON text.
@@ -132,7 +98,9 @@ struct DeploymentRecord {
     previous_generation: i64,
     hold: String,
     waiting: String,
-    uses_canary: i64,
+    step_state: String,
+    step_due: i64,
+    share: i64,
 }
 
 /// Counts for `pl status` and `/metrics`.
@@ -219,8 +187,7 @@ impl Ledger {
     ) -> Result<Vec<DeploymentRow>, LedgerError> {
         let rows: Vec<DeploymentRecord> = sqlx::query_as(self.sql(
             "SELECT d.environment, d.branch, d.generation, d.action, d.status, d.step, d.updated_at, d.spec, d.previous_generation, \
-             d.hold, d.waiting, COALESCE(u.canary, 0) AS uses_canary FROM deployments d \
-             LEFT JOIN deployment_uses u ON u.environment = d.environment WHERE d.environment > ? ORDER BY d.environment LIMIT ?",
+             d.hold, d.waiting, d.step_state, d.step_due, d.share FROM deployments d WHERE d.environment > ? ORDER BY d.environment LIMIT ?",
         ))
         .bind(after.unwrap_or(""))
         .bind(i64::from(limit))
@@ -233,8 +200,7 @@ impl Ledger {
     pub async fn deployment(&self, environment: &str, now_ms: i64) -> Result<Option<DeploymentRow>, LedgerError> {
         let rows: Vec<DeploymentRecord> = sqlx::query_as(self.sql(
             "SELECT d.environment, d.branch, d.generation, d.action, d.status, d.step, d.updated_at, d.spec, d.previous_generation, \
-             d.hold, d.waiting, COALESCE(u.canary, 0) AS uses_canary FROM deployments d \
-             LEFT JOIN deployment_uses u ON u.environment = d.environment WHERE d.environment = ?",
+             d.hold, d.waiting, d.step_state, d.step_due, d.share FROM deployments d WHERE d.environment = ?",
         ))
         .bind(environment)
         .fetch_all(&self.pool)
@@ -255,25 +221,9 @@ impl Ledger {
                 seen.entry(i.environment.clone()).or_default().push((node.clone(), i));
             }
         }
-        // Canaries: read for the deployments in progress whose spec has one (`pl up` polls
-        // this view during every rollout), by their publish jobs.
-        let mut canaries: BTreeMap<String, CanaryView> = BTreeMap::new();
-        for r in rows.iter().filter(|r| r.status == "in-progress" && r.uses_canary == 1) {
-            let jobs: Vec<(String, String, i64)> = sqlx::query_as(self.sql(
-                "SELECT key, state, not_before FROM jobs WHERE environment = ? AND generation = ? AND key LIKE 'ingress:%:publish%'",
-            ))
-            .bind(&r.environment)
-            .bind(r.generation)
-            .fetch_all(&self.pool)
-            .await?;
-            if let Some(c) = canary_view(&jobs, now_ms) {
-                canaries.insert(r.environment.clone(), c);
-            }
-        }
         rows.into_iter()
             .map(|r| {
                 let (environment, generation) = (r.environment, r.generation);
-                let canary = canaries.remove(&environment);
                 let (placed, asked) = match Action::parse(&r.action) {
                     Some(Action::Rollout) => serde_json::from_str::<crate::store::rows::Placed>(&r.spec)
                         .map(|p| (p.instances, p.replicas.values().map(|n| *n as usize).sum()))
@@ -311,7 +261,9 @@ impl Ledger {
                     waiting: serde_json::from_str(&r.waiting)
                         .map_err(|e| LedgerError::Corrupt(format!("a deployment's waiting replicas: {e}")))?,
                     hold: crate::store::rollbacks::Hold::parse(&r.hold)?,
-                    canary,
+                    step_state: r.step_state,
+                    step_due: r.step_due,
+                    share: r.share,
                 })
             })
             .collect()
@@ -355,42 +307,5 @@ impl Ledger {
             .fetch_one(&self.pool)
             .await?;
         Ok(c)
-    }
-}
-
-#[cfg(test)]
-mod canary_tests {
-    use super::*;
-
-    #[test]
-    fn a_canary_shows_its_newest_share_done_and_what_its_next_step_waits_for() {
-        let j = |k: &str, state: &str, due: i64| (k.to_owned(), state.to_owned(), due);
-        let plain = [j("ingress:e/h:g2:publish@n1", "queued", 0)];
-        assert_eq!(canary_view(&plain, 10), None);
-        let paused = [
-            j("ingress:e/h:g2:publish/w20@n1", "succeeded", 0),
-            j("ingress:e/h:g2:publish/w60@n1", "queued", 5_000),
-        ];
-        assert_eq!(
-            canary_view(&paused, 1_000),
-            Some(CanaryView {
-                weight: 20,
-                waits_for_promote: false,
-                next_at_ms: Some(5_000)
-            })
-        );
-        let promote = [
-            j("ingress:e/h:g2:publish/w20@n1", "succeeded", 0),
-            j("ingress:e/h:g2:publish/w60@n1", "succeeded", 0),
-            j("ingress:e/h:g2:publish@n1", "queued", super::super::rollouts::PROMOTE),
-        ];
-        assert_eq!(
-            canary_view(&promote, 1_000),
-            Some(CanaryView {
-                weight: 60,
-                waits_for_promote: true,
-                next_at_ms: None
-            })
-        );
     }
 }

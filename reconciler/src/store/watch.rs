@@ -29,12 +29,39 @@ pub struct Failed {
     pub before_switch: Option<&'static str>,
 }
 
-/// Where a canary's watch ends: at its switch (or its rollback), never by time. Below
-/// `i64::MAX`, which stands for "not read yet" in `Ledger::watching`.
-pub const CANARY_UNTIL: i64 = i64::MAX / 2;
+/// What heartbeats need to look at, kept in memory so that a heartbeat with nothing under
+/// watch reads nothing: until when some generation is watched, read from the ledger by the
+/// first heartbeat after the daemon starts. A canary's watch (to its switch) has no end
+/// time: `i64::MAX` here, in memory only (the ledger says `watch = 'to-switch'`).
+#[derive(Debug, Default)]
+pub(crate) struct WatchHint {
+    read: std::sync::atomic::AtomicBool,
+    until: std::sync::atomic::AtomicI64,
+}
+
+impl WatchHint {
+    fn get(&self) -> Option<i64> {
+        self.read
+            .load(Ordering::Acquire)
+            .then(|| self.until.load(Ordering::Relaxed))
+    }
+
+    fn set(&self, until: i64) {
+        self.until.store(until, Ordering::Relaxed);
+        self.read.store(true, Ordering::Release);
+    }
+
+    fn extend(&self, until: i64) {
+        self.until.fetch_max(until, Ordering::Relaxed);
+    }
+}
+
+/// Until when the ledger's watches run (`i64::MAX` for a canary's): what [`WatchHint`] holds.
+const WATCHED_UNTIL: &str =
+    "SELECT MAX(CASE WHEN watch = 'to-switch' THEN ? ELSE watch_until END) FROM deployments WHERE watch <> ''";
 
 impl Ledger {
-    /// `environment`'s generation `generation` is watched from `from_ms` to `until_ms`.
+    /// `environment`'s generation is watched from `from_ms` to `until_ms` (a release's window).
     pub(crate) async fn set_watch(
         &self,
         tx: &mut WriteTx,
@@ -42,17 +69,33 @@ impl Ledger {
         from_ms: i64,
         until_ms: i64,
     ) -> Result<(), LedgerError> {
-        sqlx::query(
-            self.sql(
-                "UPDATE deployments SET watch_from = ?, watch_until = ?, watch_failure = '' WHERE environment = ?",
-            ),
-        )
+        sqlx::query(self.sql(
+            "UPDATE deployments SET watch = 'window', watch_from = ?, watch_until = ?, watch_failure = '' WHERE environment = ?",
+        ))
         .bind(from_ms)
         .bind(until_ms)
         .bind(environment)
         .execute(&mut **tx)
         .await?;
-        self.watching.fetch_max(until_ms, Ordering::Relaxed);
+        self.watching.extend(until_ms);
+        Ok(())
+    }
+
+    /// `environment`'s canary is watched from `from_ms` until its switch (or its rollback).
+    pub(crate) async fn watch_to_switch(
+        &self,
+        tx: &mut WriteTx,
+        environment: &str,
+        from_ms: i64,
+    ) -> Result<(), LedgerError> {
+        sqlx::query(self.sql(
+            "UPDATE deployments SET watch = 'to-switch', watch_from = ?, watch_until = 0, watch_failure = '' WHERE environment = ?",
+        ))
+        .bind(from_ms)
+        .bind(environment)
+        .execute(&mut **tx)
+        .await?;
+        self.watching.extend(i64::MAX);
         Ok(())
     }
 
@@ -64,22 +107,25 @@ impl Ledger {
         observed: &[agent_proto::RunningInstance],
         at_ms: i64,
     ) -> Result<bool, LedgerError> {
-        if self.watching.load(Ordering::Relaxed) == i64::MAX {
-            // The first heartbeat since the daemon started: what the ledger has under watch.
-            let left: Option<i64> =
-                sqlx::query_scalar(self.sql("SELECT MAX(watch_until) FROM deployments WHERE watch_until > 0"))
+        let until = match self.watching.get() {
+            Some(until) => until,
+            None => {
+                // The first heartbeat since the daemon started: what the ledger has under watch.
+                let left: Option<i64> = sqlx::query_scalar(self.sql(WATCHED_UNTIL))
+                    .bind(i64::MAX)
                     .fetch_one(&self.pool)
                     .await?;
-            let _ = self
-                .watching
-                .compare_exchange(i64::MAX, left.unwrap_or(0), Ordering::Relaxed, Ordering::Relaxed);
-        }
-        if at_ms >= self.watching.load(Ordering::Relaxed) {
+                self.watching.set(left.unwrap_or(0));
+                left.unwrap_or(0)
+            }
+        };
+        if at_ms >= until {
             return Ok(false);
         }
         let rows: Vec<WatchedRow> = sqlx::query_as(self.sql(
             "SELECT environment, generation, spec, watch_from, status FROM deployments \
-             WHERE watch_until > ? AND watch_failure = '' AND status IN ('done', 'in-progress')",
+             WHERE watch <> '' AND (watch = 'to-switch' OR watch_until > ?) AND watch_failure = '' \
+             AND status IN ('done', 'in-progress')",
         ))
         .bind(at_ms)
         .fetch_all(&self.pool)
@@ -107,7 +153,7 @@ impl Ledger {
             };
             let mut tx = self.write_tx().await?;
             let n = sqlx::query(self.sql(
-                "UPDATE deployments SET watch_failure = ? WHERE environment = ? AND generation = ? AND watch_until > 0 AND watch_failure = ''",
+                "UPDATE deployments SET watch_failure = ? WHERE environment = ? AND generation = ? AND watch <> '' AND watch_failure = ''",
             ))
             .bind(&why)
             .bind(&r.environment)
@@ -124,7 +170,7 @@ impl Ledger {
     /// Watches that failed, oldest switch first.
     pub(crate) async fn watch_failures(&self) -> Result<Vec<Failed>, LedgerError> {
         let rows: Vec<(String, i64, String, String, String)> = sqlx::query_as(self.sql(
-            "SELECT environment, generation, watch_failure, status, spec FROM deployments WHERE watch_until > 0 AND watch_failure <> '' ORDER BY watch_from",
+            "SELECT environment, generation, watch_failure, status, spec FROM deployments WHERE watch <> '' AND watch_failure <> '' ORDER BY watch_from",
         ))
         .fetch_all(&self.pool)
         .await?;
@@ -163,11 +209,10 @@ impl Ledger {
         now_ms: i64,
     ) -> Result<(), LedgerError> {
         sqlx::query(self.sql(
-            "UPDATE deployments SET watch_from = CASE WHEN watch_until > 0 THEN watch_from ELSE ? END, \
-             watch_until = ?, watch_failure = ? WHERE environment = ? AND generation = ? AND watch_failure = ''",
+            "UPDATE deployments SET watch_from = CASE WHEN watch <> '' THEN watch_from ELSE ? END, \
+             watch = 'to-switch', watch_until = 0, watch_failure = ? WHERE environment = ? AND generation = ? AND watch_failure = ''",
         ))
         .bind(now_ms)
-        .bind(CANARY_UNTIL)
         .bind(why)
         .bind(environment)
         .bind(generation)
@@ -200,7 +245,7 @@ impl Ledger {
 
     /// Ends `environment`'s watch (its failure handled), in `tx`.
     pub(crate) async fn end_watch(&self, tx: &mut WriteTx, environment: &str) -> Result<(), LedgerError> {
-        sqlx::query(self.sql("UPDATE deployments SET watch_until = 0 WHERE environment = ?"))
+        sqlx::query(self.sql("UPDATE deployments SET watch = '', watch_until = 0 WHERE environment = ?"))
             .bind(environment)
             .execute(&mut **tx)
             .await?;
@@ -212,7 +257,7 @@ impl Ledger {
     pub(crate) async fn end_passed_watches(&self, now_ms: i64) -> Result<Vec<String>, LedgerError> {
         let mut tx = self.write_tx().await?;
         let passed: Vec<(String, i64)> = sqlx::query_as(self.sql(
-            "UPDATE deployments SET watch_until = 0 WHERE watch_until > 0 AND watch_until <= ? AND watch_failure = '' \
+            "UPDATE deployments SET watch = '', watch_until = 0 WHERE watch = 'window' AND watch_until <= ? AND watch_failure = '' \
              RETURNING environment, generation",
         ))
         .bind(now_ms)
@@ -226,12 +271,12 @@ impl Ledger {
             })
             .collect();
         self.events_in(&mut tx, now_ms, &events).await?;
-        let left: Option<i64> =
-            sqlx::query_scalar(self.sql("SELECT MAX(watch_until) FROM deployments WHERE watch_until > 0"))
-                .fetch_one(&mut *tx)
-                .await?;
+        let left: Option<i64> = sqlx::query_scalar(self.sql(WATCHED_UNTIL))
+            .bind(i64::MAX)
+            .fetch_one(&mut *tx)
+            .await?;
         tx.commit().await?;
-        self.watching.store(left.unwrap_or(0), Ordering::Relaxed);
+        self.watching.set(left.unwrap_or(0));
         Ok(passed.into_iter().map(|(env, _)| env).collect())
     }
 }

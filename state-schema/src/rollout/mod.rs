@@ -1,6 +1,8 @@
 //! The steps of a rollout, a scale and a teardown: the ordered tasks each generation's change
 //! becomes, per node. Pure: the daemon writes them as jobs and `pl plan` shows them.
 
+pub mod advance;
+
 use crate::canonical;
 use crate::deployment::DeploymentSpec;
 use crate::model::{CanaryGate, CanaryStep};

@@ -1,0 +1,319 @@
+//! How a generation's rollout advances, step by step: the one decision. Given where its
+//! current step stands (its jobs, and whether it waits out a canary's pause or a promote),
+//! [`advance`] says what happens next as a closed [`Advance`]; the daemon's
+//! `reconcile/advance.rs` writes it, and `pl status` reads a canary's standing
+//! ([`CanaryStanding`]) from the same columns the decision sets. Whether a promote or an
+//! abort is allowed is decided here too ([`promote`], [`abort`]). Pure: no clock is read (the
+//! caller passes `now_ms`), nothing is written.
+
+use super::Step;
+use crate::deployment::DeploymentSpec;
+use crate::generations::{Action, Status, StepJobs};
+use crate::task::{Task, Wait};
+
+/// Where a step stands before its jobs run: the ledger's `deployments.step_state` (and
+/// `step_due` for a pause). A step that waits has no jobs queued yet; they are queued when it
+/// runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepState {
+    /// Its jobs are queued (or done).
+    Running,
+    /// It waits out the pause of the canary step before it, until `due_ms`.
+    Paused { due_ms: i64 },
+    /// It waits for `pl rollout promote`.
+    AwaitsPromote,
+}
+
+impl StepState {
+    /// The column's text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StepState::Running => "running",
+            StepState::Paused { .. } => "paused",
+            StepState::AwaitsPromote => "awaits-promote",
+        }
+    }
+
+    /// The `step_due` column: when a pause ends, 0 otherwise.
+    pub fn due_ms(self) -> i64 {
+        match self {
+            StepState::Paused { due_ms } => due_ms,
+            _ => 0,
+        }
+    }
+
+    /// From the two columns; `None` for a state this build does not know.
+    pub fn from_row(state: &str, due_ms: i64) -> Option<StepState> {
+        match state {
+            "running" => Some(StepState::Running),
+            "paused" => Some(StepState::Paused { due_ms }),
+            "awaits-promote" => Some(StepState::AwaitsPromote),
+            _ => None,
+        }
+    }
+
+    /// How `step` starts once the step before it is done at `now_ms`: at once, or after the
+    /// pause its canary publish waits out (the wait of the step before, carried by its tasks).
+    pub fn entering(step: &Step, now_ms: i64) -> StepState {
+        match step.iter().find_map(|(t, _)| t.wait()) {
+            None => StepState::Running,
+            Some(Wait::Seconds(s)) => StepState::Paused {
+                due_ms: now_ms.saturating_add(i64::from(s) * 1000),
+            },
+            Some(Wait::Promote) => StepState::AwaitsPromote,
+        }
+    }
+}
+
+/// A rollout, teardown or rollback in progress, as far as its steps go.
+#[derive(Clone, Copy, Debug)]
+pub struct Rollout<'a> {
+    pub action: Action,
+    /// The generation is a rollback's (no watch after it: there is nothing further back).
+    pub rollback: bool,
+    pub generation: u64,
+    pub spec: &'a DeploymentSpec,
+    /// The specs of older generations still running somewhere.
+    pub retired: &'a [DeploymentSpec],
+}
+
+impl Rollout<'_> {
+    /// Its ordered steps: what `pl plan` shows and the daemon queues.
+    pub fn steps(&self) -> Vec<Step> {
+        if self.action == Action::Teardown {
+            let mut running = self.retired.to_vec();
+            running.push(self.spec.clone());
+            super::teardown_steps(&self.spec.environment, self.generation, &running)
+        } else if self.rollback {
+            super::rollback_steps(self.spec, self.generation, self.retired)
+        } else {
+            super::rollout_steps(self.spec, self.generation, self.retired)
+        }
+    }
+}
+
+/// Where a generation's current step stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Standing {
+    pub step: usize,
+    pub state: StepState,
+    pub jobs: StepJobs,
+}
+
+/// The share of requests a canary step gave the new release, when a step that was one is done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Share {
+    /// Percent of the hostnames' requests.
+    pub weight: u8,
+    /// The canary's first share: its replicas are watched from here to the switch.
+    pub first: bool,
+}
+
+/// What a failed step had moved off the old release, so that its failure takes the
+/// environment back to it (held, as a failed watch does).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Back {
+    /// A canary that sent requests to the new release.
+    Canary,
+    /// Rolling batches that moved requests or stopped old replicas.
+    Rolling,
+}
+
+impl Back {
+    /// For the failure's words.
+    pub fn what(self) -> &'static str {
+        match self {
+            Back::Canary => "a publish of its canary",
+            Back::Rolling => "between its rolling batches",
+        }
+    }
+}
+
+/// What a finished rollout does with its watch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Watch {
+    /// Nothing to do.
+    Keep,
+    /// The new release is watched for this many seconds from its switch.
+    Window(u32),
+    /// The canary's watch (first share to switch) ends with the switch.
+    End,
+}
+
+/// What a rollout in progress does next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Advance {
+    /// Its current step's jobs still run, or its pause is not over: nothing to write.
+    Wait,
+    /// Its pause is over, or it was promoted: the current step's jobs are queued now.
+    Resume { step: usize },
+    /// Its current step is done: `step` (the next that has jobs) comes next, as `state` says
+    /// (queued now when `Running`). `share`: the step done was a canary's share.
+    Next {
+        step: usize,
+        state: StepState,
+        share: Option<Share>,
+    },
+    /// A job of its current step failed for good: the generation fails and waits for a new
+    /// one. `back`: what the steps done had moved off the old release, so it goes back.
+    Fail { back: Option<Back> },
+    /// No step is left (`steps`: how many there were).
+    Done { steps: usize, watch: Watch },
+}
+
+/// The one decision: what `rollout`, whose steps are `steps` (from [`Rollout::steps`]) and
+/// whose current step stands as `standing`, does next at `now_ms`.
+pub fn advance(rollout: &Rollout<'_>, steps: &[Step], standing: Standing, now_ms: i64) -> Advance {
+    match standing.state {
+        StepState::AwaitsPromote => return Advance::Wait,
+        StepState::Paused { due_ms } if now_ms < due_ms => return Advance::Wait,
+        StepState::Paused { .. } => return Advance::Resume { step: standing.step },
+        StepState::Running => {}
+    }
+    if standing.jobs.pending > 0 {
+        return Advance::Wait;
+    }
+    let canary = canary_steps(steps);
+    if standing.jobs.broken > 0 {
+        let back = match canary.first() {
+            Some(&(first, _)) => (standing.step >= first).then_some(Back::Canary),
+            None => rolling_from(steps)
+                .filter(|first| standing.step >= *first)
+                .map(|_| Back::Rolling),
+        };
+        return Advance::Fail { back };
+    }
+    match first_step_from(steps, standing.step + 1) {
+        Some(next) => Advance::Next {
+            step: next,
+            state: StepState::entering(&steps[next], now_ms),
+            share: canary.iter().position(|(i, _)| *i == standing.step).map(|k| Share {
+                weight: canary[k].1,
+                first: k == 0,
+            }),
+        },
+        None => {
+            // A new release is watched from its switch (a rollback's generation is not: there
+            // is nothing further back to go to); a canary's watch ends there otherwise.
+            let window = match rollout.action == Action::Rollout && !rollout.rollback {
+                true => crate::watch::window(rollout.spec),
+                false => None,
+            };
+            let watch = match (window, canary.is_empty()) {
+                (Some(w), _) => Watch::Window(w),
+                (None, false) => Watch::End,
+                (None, true) => Watch::Keep,
+            };
+            Advance::Done {
+                steps: steps.len(),
+                watch,
+            }
+        }
+    }
+}
+
+/// The canary steps of a rollout: the index of each weighted publish step, and its weight.
+pub fn canary_steps(steps: &[Step]) -> Vec<(usize, u8)> {
+    steps
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| {
+            s.iter().find_map(|(t, _)| match t {
+                Task::PublishIngress { weight: Some(w), .. } => Some((i, *w)),
+                _ => None,
+            })
+        })
+        .collect()
+}
+
+/// The first step of rolling batches that moves something off the old release (a rolled
+/// publish, or a batch's stop) before the last replicas start: a failure from there on rolls
+/// the environment back, as a canary's does. `None` when the rollout does not roll.
+pub fn rolling_from(steps: &[Step]) -> Option<usize> {
+    let last_up = steps
+        .iter()
+        .rposition(|s| s.iter().any(|(t, _)| matches!(t, Task::EnsureApplication { .. })))?;
+    steps[..last_up].iter().position(|s| {
+        s.iter().any(|(t, _)| {
+            matches!(
+                t,
+                Task::StopApplication { .. } | Task::PublishIngress { rolled: Some(_), .. }
+            )
+        })
+    })
+}
+
+/// The first step at or after `from` that has jobs.
+pub fn first_step_from(steps: &[Step], from: usize) -> Option<usize> {
+    (from..steps.len()).find(|&i| !steps[i].is_empty())
+}
+
+/// Why a promote is refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PromoteRefusal {
+    UnknownEnvironment,
+    /// No rollout of it is in progress.
+    NotInProgress,
+    /// Its rollout is in progress but nothing of it waits (a step is running).
+    NotPaused,
+}
+
+impl PromoteRefusal {
+    pub fn code(self) -> &'static str {
+        match self {
+            PromoteRefusal::UnknownEnvironment => "unknown-environment",
+            PromoteRefusal::NotInProgress => "not-in-progress",
+            PromoteRefusal::NotPaused => "not-paused",
+        }
+    }
+}
+
+/// Whether a deployment with `status` whose current step stands in `state` can be promoted at
+/// `now_ms`: a step that waits (a pause not over yet, or a promote) runs at once; anything else
+/// is refused (a pause that is over, or a promote done, waits only for the next advance).
+pub fn promote(status: Status, state: StepState, now_ms: i64) -> Result<(), PromoteRefusal> {
+    if status != Status::InProgress {
+        return Err(PromoteRefusal::NotInProgress);
+    }
+    match state {
+        StepState::Paused { due_ms } if due_ms > now_ms => Ok(()),
+        StepState::AwaitsPromote => Ok(()),
+        StepState::Running | StepState::Paused { .. } => Err(PromoteRefusal::NotPaused),
+    }
+}
+
+/// Whether a deployment doing `action` with `status` can be aborted: a rollout in progress
+/// only (a teardown goes on; a finished rollout is rolled back, not aborted).
+pub fn abort(action: Action, status: Status) -> Result<(), PromoteRefusal> {
+    match (action, status) {
+        (Action::Rollout, Status::InProgress) => Ok(()),
+        _ => Err(PromoteRefusal::NotInProgress),
+    }
+}
+
+/// Where a canary under way stands, for `pl status` and the view: the share the new release
+/// has (0: none yet), and what its next step waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CanaryStanding {
+    pub weight: u8,
+    pub waits_for_promote: bool,
+    /// When the next step is due, while it waits out a pause.
+    pub next_at_ms: Option<i64>,
+}
+
+/// The standing of a deployment in progress whose last canary share done is `share` (the
+/// `deployments.share` column the decision's [`Share`] writes) and whose step stands in
+/// `state`; `None` when no canary is under way (no share given, nothing waiting).
+pub fn canary_standing(share: u8, state: StepState) -> Option<CanaryStanding> {
+    if share == 0 && state == StepState::Running {
+        return None;
+    }
+    Some(CanaryStanding {
+        weight: share,
+        waits_for_promote: state == StepState::AwaitsPromote,
+        next_at_ms: match state {
+            StepState::Paused { due_ms } => Some(due_ms),
+            _ => None,
+        },
+    })
+}

@@ -1,0 +1,302 @@
+//! How a rollout advances, walked through the one decision (`rollout::advance`) over the
+//! real steps of a canary and of rolling batches: each share given, each pause waited out or
+//! promoted, each failure taken back when it had moved requests, and the watch at the end.
+
+use state_schema::deployment::DeploymentSpec;
+use state_schema::desired::deployments;
+use state_schema::generations::{Action, Status, StepJobs};
+use state_schema::parse::parse_file;
+use state_schema::placement::Fleet;
+use state_schema::rollout::advance::{
+    Advance, Back, CanaryStanding, PromoteRefusal, Rollout, Share, Standing, StepState, Watch, abort, advance,
+    canary_standing, promote,
+};
+use state_schema::state::assemble;
+
+fn spec(release: &str, rollout: &str) -> DeploymentSpec {
+    let image = format!("{:0>64}", release);
+    let root =
+        "apiVersion: pushleft.dev/v1alpha1\nkind: Repository\nmetadata: {name: t}\nspec: {baseDomain: example.com}\n";
+    let rest = format!(
+        "apiVersion: pushleft.dev/v1alpha1\nkind: NodePool\nmetadata: {{name: main}}\nspec:\n  region: eu\n  nodes:\n    - {{name: n1, capacity: {{cpu: \"8\", memory: 16Gi}}}}\n---\napiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: registry.example.invalid/api@sha256:{image}\n  roles:\n    web: {{kind: web, port: 8080, replicas: 2, rollout: {rollout}}}\n---\napiVersion: pushleft.dev/v1alpha1\nkind: Environment\nmetadata: {{name: api-production}}\nspec: {{project: api, stage: production, pool: main}}\n"
+    );
+    let loaded = assemble(
+        vec![
+            parse_file("pushleft.yaml", root.as_bytes()),
+            parse_file("state.yaml", rest.as_bytes()),
+        ],
+        Vec::new(),
+    );
+    assert!(loaded.is_valid(), "{:?}", loaded.diagnostics);
+    let (mut d, bad) = deployments(&loaded.state, None, &mut Fleet::declared(&loaded.state));
+    assert!(bad.is_empty(), "{bad:?}");
+    d.remove(0).spec
+}
+
+const CANARY: &str = "{strategy: canary, steps: [{weight: 20, pause: 30s}, {weight: 60}], watchSeconds: 120}";
+
+fn running(step: usize, pending: u64, broken: u64) -> Standing {
+    Standing {
+        step,
+        state: StepState::Running,
+        jobs: StepJobs { pending, broken },
+    }
+}
+
+#[test]
+fn a_canary_gives_each_share_waits_out_its_pause_and_waits_for_a_promote_before_its_switch() {
+    let old = spec("1", CANARY);
+    let new = spec("2", CANARY);
+    let retired = std::slice::from_ref(&old);
+    let r = Rollout {
+        action: Action::Rollout,
+        rollback: false,
+        generation: 2,
+        spec: &new,
+        retired,
+    };
+    let steps = r.steps();
+    let canary = state_schema::rollout::advance::canary_steps(&steps);
+    assert_eq!(canary.iter().map(|c| c.1).collect::<Vec<_>>(), [20, 60], "{canary:?}");
+    let (first, second) = (canary[0].0, canary[1].0);
+    let now = 1_000_000;
+
+    // Up to the first share, steps run one after the other.
+    assert_eq!(
+        advance(&r, &steps, running(0, 1, 0), now),
+        Advance::Wait,
+        "a job still runs"
+    );
+    let mut at = 0;
+    while at < first {
+        match advance(&r, &steps, running(at, 0, 0), now) {
+            Advance::Next {
+                step,
+                state: StepState::Running,
+                share: None,
+            } => at = step,
+            other => panic!("step {at}: {other:?}"),
+        }
+    }
+    // The first share done: its replicas are watched from here, and the next share waits 30 s.
+    let Advance::Next { step, state, share } = advance(&r, &steps, running(first, 0, 0), now) else {
+        panic!("a next step");
+    };
+    assert_eq!((step, state), (second, StepState::Paused { due_ms: now + 30_000 }));
+    assert_eq!(
+        share,
+        Some(Share {
+            weight: 20,
+            first: true
+        })
+    );
+    assert_eq!(
+        canary_standing(20, state),
+        Some(CanaryStanding {
+            weight: 20,
+            waits_for_promote: false,
+            next_at_ms: Some(now + 30_000)
+        })
+    );
+    let paused = Standing {
+        step: second,
+        state,
+        jobs: StepJobs::default(),
+    };
+    assert_eq!(
+        advance(&r, &steps, paused, now + 29_999),
+        Advance::Wait,
+        "its pause is not over"
+    );
+    assert_eq!(
+        advance(&r, &steps, paused, now + 30_000),
+        Advance::Resume { step: second }
+    );
+
+    // The second share done: the switch waits for a promote (the last step has no pause).
+    let Advance::Next {
+        step: switch,
+        state,
+        share,
+    } = advance(&r, &steps, running(second, 0, 0), now)
+    else {
+        panic!("the switch");
+    };
+    assert_eq!(
+        (state, share),
+        (
+            StepState::AwaitsPromote,
+            Some(Share {
+                weight: 60,
+                first: false
+            })
+        )
+    );
+    let waiting = Standing {
+        step: switch,
+        state,
+        jobs: StepJobs::default(),
+    };
+    assert_eq!(
+        advance(&r, &steps, waiting, i64::MAX),
+        Advance::Wait,
+        "no time ends a promote's wait"
+    );
+    assert!(canary_standing(60, state).is_some_and(|c| c.waits_for_promote && c.next_at_ms.is_none()));
+    assert_eq!(promote(Status::InProgress, state, now), Ok(()));
+    assert_eq!(
+        promote(Status::InProgress, paused.state, now),
+        Ok(()),
+        "a pause is cut short"
+    );
+    assert_eq!(
+        promote(Status::InProgress, paused.state, now + 30_000),
+        Err(PromoteRefusal::NotPaused),
+        "a pause that is over (or a promote done) waits only for the next advance"
+    );
+    assert_eq!(
+        promote(Status::InProgress, StepState::Running, now),
+        Err(PromoteRefusal::NotPaused)
+    );
+    assert_eq!(promote(Status::Done, state, now), Err(PromoteRefusal::NotInProgress));
+
+    // A failure from the first share on goes back to the old release; before it, it does not.
+    assert_eq!(
+        advance(&r, &steps, running(second, 0, 1), now),
+        Advance::Fail {
+            back: Some(Back::Canary)
+        }
+    );
+    assert_eq!(advance(&r, &steps, running(0, 0, 1), now), Advance::Fail { back: None });
+
+    // The rest runs to the end: the new release is watched from its switch.
+    let mut at = switch;
+    let done = loop {
+        match advance(&r, &steps, running(at, 0, 0), now) {
+            Advance::Next {
+                step,
+                state: StepState::Running,
+                share: None,
+            } => at = step,
+            other => break other,
+        }
+    };
+    assert_eq!(
+        done,
+        Advance::Done {
+            steps: steps.len(),
+            watch: Watch::Window(120)
+        }
+    );
+    // A rollback's generation is not watched; the canary's watch just ends.
+    let back = Rollout { rollback: true, ..r };
+    let back_steps = back.steps();
+    let last = back_steps.len() - 1;
+    assert!(matches!(
+        advance(&back, &back_steps, running(last, 0, 0), now),
+        Advance::Done { watch: Watch::Keep, .. }
+    ));
+}
+
+#[test]
+fn a_first_release_has_no_canary_and_a_rolling_failure_goes_back_from_its_first_move() {
+    let first = spec("1", CANARY);
+    let r = Rollout {
+        action: Action::Rollout,
+        rollback: false,
+        generation: 1,
+        spec: &first,
+        retired: &[],
+    };
+    let steps = r.steps();
+    assert!(
+        state_schema::rollout::advance::canary_steps(&steps).is_empty(),
+        "nothing served before"
+    );
+    assert!(canary_standing(0, StepState::Running).is_none());
+
+    let old = spec("1", "{strategy: rolling, maxSurge: 0, maxUnavailable: 1}");
+    let new = spec("2", "{strategy: rolling, maxSurge: 0, maxUnavailable: 1}");
+    let retired = std::slice::from_ref(&old);
+    let r = Rollout {
+        action: Action::Rollout,
+        rollback: false,
+        generation: 2,
+        spec: &new,
+        retired,
+    };
+    let steps = r.steps();
+    let from = state_schema::rollout::advance::rolling_from(&steps).expect("it rolls");
+    assert_eq!(
+        advance(&r, &steps, running(from, 0, 1), 0),
+        Advance::Fail {
+            back: Some(Back::Rolling)
+        }
+    );
+    assert_eq!(
+        advance(&r, &steps, running(from - 1, 0, 1), 0),
+        Advance::Fail { back: None }
+    );
+    assert_eq!(abort(Action::Rollout, Status::InProgress), Ok(()));
+    assert_eq!(
+        abort(Action::Teardown, Status::InProgress),
+        Err(PromoteRefusal::NotInProgress)
+    );
+    assert_eq!(abort(Action::Rollout, Status::Done), Err(PromoteRefusal::NotInProgress));
+}
+
+#[test]
+fn a_step_state_is_stored_as_two_columns_and_read_back() {
+    for s in [
+        StepState::Running,
+        StepState::Paused { due_ms: 42 },
+        StepState::AwaitsPromote,
+    ] {
+        assert_eq!(StepState::from_row(s.as_str(), s.due_ms()), Some(s));
+    }
+    assert_eq!(StepState::from_row("held", 0), None);
+}
+
+#[test]
+fn a_step_waits_for_its_jobs_fails_on_a_broken_one_and_skips_empty_steps() {
+    use state_schema::task::Task;
+    let s = spec("1", CANARY);
+    let r = Rollout {
+        action: Action::Teardown,
+        rollback: false,
+        generation: 1,
+        spec: &s,
+        retired: &[],
+    };
+    let job = (
+        Task::EnsureNetwork {
+            environment: s.environment.clone(),
+            generation: 1,
+        },
+        s.environment.clone(),
+    );
+    let steps = vec![vec![job.clone()], Vec::new(), vec![job.clone()], Vec::new()];
+    assert_eq!(advance(&r, &steps, running(0, 1, 0), 0), Advance::Wait);
+    assert_eq!(
+        advance(&r, &steps, running(0, 1, 1), 0),
+        Advance::Wait,
+        "a pending job is waited for first"
+    );
+    assert_eq!(advance(&r, &steps, running(0, 0, 1), 0), Advance::Fail { back: None });
+    assert_eq!(
+        advance(&r, &steps, running(0, 0, 0), 0),
+        Advance::Next {
+            step: 2,
+            state: StepState::Running,
+            share: None
+        },
+        "the empty step is skipped"
+    );
+    assert_eq!(
+        advance(&r, &steps, running(2, 0, 0), 0),
+        Advance::Done {
+            steps: 4,
+            watch: Watch::Keep
+        }
+    );
+}
