@@ -87,6 +87,23 @@ pub struct BackupReport {
     pub data_added: u64,
 }
 
+/// What a node's ingress saw of a canary's new release since its share began, as the agent
+/// reports it with a `measure-canary` success. The control plane judges the gates on every
+/// ingress node's measure together (`state_schema::rollout::advance::verdict`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CanaryMeasure {
+    /// Round trips to the new release's upstreams on this node.
+    pub requests: u32,
+    /// Those answered 5xx, or not at all.
+    pub errors: u32,
+    /// Their 95th percentile duration (nearest rank), microseconds; none without requests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p95_micros: Option<u64>,
+    /// False when this machine's Caddy had no proxy log to read: nothing was measured.
+    pub logged: bool,
+}
+
 /// An environment's network on the node.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

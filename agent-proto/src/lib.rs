@@ -200,6 +200,9 @@ pub struct CompleteRequest {
     /// What a succeeded `backup-volume` saved.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<BackupReport>,
+    /// What a succeeded `measure-canary` measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured: Option<CanaryMeasure>,
 }
 
 /// `POST /v1/agent/complete-batch`: several jobs' ends in one request (at most

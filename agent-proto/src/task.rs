@@ -47,18 +47,6 @@ impl std::fmt::Display for Capability {
 
 /// What a leased job is to do. Names are the control plane's (environment and role labels,
 /// hostnames), already validated there; what the task runs with is in its `Execution`.
-/// A canary's thresholds on the wire: 5xx (or failed) percent of the new release's requests,
-/// their p95 latency, and the fewest requests judged.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct CanaryGate {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_error_percent: Option<u8>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_p95_ms: Option<u32>,
-    pub min_requests: u32,
-}
-
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(
     tag = "task",
@@ -120,10 +108,14 @@ pub enum Task {
         repair: u32,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         weight: Option<u8>,
-        /// A canary's gates, judged on what the ingress measured of the generation's requests
-        /// since the node's step before, before anything changes.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        gate: Option<CanaryGate>,
+    },
+    /// Measure what the ingress saw of generation `generation`'s canary of a hostname since
+    /// this node's share began: its round trips, those that failed, their p95 (the control
+    /// plane judges the gates on every node's measure; nothing changes here).
+    MeasureCanary {
+        environment: String,
+        hostname: String,
+        generation: u64,
     },
     /// Take a hostname's route out.
     RemoveIngress {
@@ -236,7 +228,9 @@ impl Task {
             Task::PublishIngress { weight: Some(w), .. } if !(1..=99).contains(w) => {
                 Err(format!("the canary weight {w} is not 1-99"))
             }
-            Task::PublishIngress { hostname, .. } | Task::RemoveIngress { hostname, .. } => check_hostname(hostname),
+            Task::PublishIngress { hostname, .. }
+            | Task::MeasureCanary { hostname, .. }
+            | Task::RemoveIngress { hostname, .. } => check_hostname(hostname),
             Task::PlaceAcmeChallenge {
                 hostname,
                 token,
@@ -274,6 +268,7 @@ impl Task {
             Task::StopApplication { .. } => "stop-application",
             Task::TeardownApplication { .. } => "teardown-application",
             Task::PublishIngress { .. } => "publish-ingress",
+            Task::MeasureCanary { .. } => "measure-canary",
             Task::RemoveIngress { .. } => "remove-ingress",
             Task::RemoveNetwork { .. } => "remove-network",
             Task::RemoveVolume { .. } => "remove-volume",
@@ -289,9 +284,10 @@ impl Task {
         match self {
             Task::ApplyFirewall { .. } => Capability::Nftables,
             Task::EnsureRoutes { .. } => Capability::Routes,
-            Task::PublishIngress { .. } | Task::RemoveIngress { .. } | Task::PlaceAcmeChallenge { .. } => {
-                Capability::Ingress
-            }
+            Task::PublishIngress { .. }
+            | Task::MeasureCanary { .. }
+            | Task::RemoveIngress { .. }
+            | Task::PlaceAcmeChallenge { .. } => Capability::Ingress,
             Task::EnsureNetwork { .. }
             | Task::EnsureApplication { .. }
             | Task::RunOnce { .. }
@@ -318,6 +314,7 @@ impl Task {
             | Task::StopApplication { environment, .. }
             | Task::TeardownApplication { environment, .. }
             | Task::PublishIngress { environment, .. }
+            | Task::MeasureCanary { environment, .. }
             | Task::RemoveIngress { environment, .. }
             | Task::RemoveNetwork { environment, .. }
             | Task::RemoveVolume { environment, .. }
@@ -340,6 +337,7 @@ impl Task {
             | Task::StopApplication { generation, .. }
             | Task::TeardownApplication { generation, .. }
             | Task::PublishIngress { generation, .. }
+            | Task::MeasureCanary { generation, .. }
             | Task::RemoveIngress { generation, .. }
             | Task::RemoveNetwork { generation, .. }
             | Task::RemoveVolume { generation, .. }

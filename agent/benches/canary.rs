@@ -106,7 +106,7 @@ fn main() {
         let before = failed.load(Ordering::Relaxed);
         let t = Instant::now();
         ingress
-            .publish_share("web", files, 2, &dials[1..2], None, Share::Canary(w), None)
+            .publish_share("web", files, 2, &dials[1..2], None, Share::Canary(w))
             .expect("canary step");
         by_files.push(t.elapsed());
         let new = (0..120)

@@ -149,6 +149,7 @@ impl AgentClient {
                 outcome,
                 detail: detail.to_owned(),
                 backup: None,
+                measured: None,
             },
         )?;
         Ok(())
@@ -357,6 +358,7 @@ fn requests(completions: &[(&LeaseProof, Outcome, &str)]) -> Vec<CompleteRequest
             outcome: *outcome,
             detail: (*detail).to_owned(),
             backup: None,
+            measured: None,
         })
         .collect()
 }

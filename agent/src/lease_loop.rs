@@ -52,7 +52,8 @@ const REPORT_BUDGET: usize = agent_proto::MAX_AGENT_BODY_BYTES - 2048;
 
 /// An end's size in a request, at most: its detail as JSON writes it (quotes, backslashes,
 /// newlines and tabs take two bytes; the other control characters, which take six, are left
-/// out of reports, and are counted as six should one come) and its proof with the field names.
+/// out of reports, and are counted as six should one come), its proof with the field names,
+/// and a backup's or a measure's typed report (their numbers at their widest).
 fn wire_bytes(end: &Done) -> usize {
     let detail: usize = end
         .detail
@@ -63,7 +64,9 @@ fn wire_bytes(end: &Done) -> usize {
             _ => 1,
         })
         .sum();
-    detail + end.proof.lease_token.len() + 160
+    let backup = end.backup.as_ref().map_or(0, |b| b.snapshot.len() + 96);
+    let measured = end.measured.map_or(0, |_| 112);
+    detail + end.proof.lease_token.len() + 160 + backup + measured
 }
 
 /// A job's end, waiting to be reported. Its lease is renewed until then.
@@ -74,19 +77,25 @@ struct Done {
     detail: String,
     /// What a backup saved (its success's typed report).
     backup: Option<agent_proto::BackupReport>,
+    /// What a canary's measure saw.
+    measured: Option<agent_proto::CanaryMeasure>,
     _renewing: Option<Renewal>,
 }
 
-/// A task's success: its note, and what a backup saved.
+/// A task's success: its note, and what a backup saved or a canary's measure saw.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Ended {
     pub note: String,
     pub backup: Option<agent_proto::BackupReport>,
+    pub measured: Option<agent_proto::CanaryMeasure>,
 }
 
 impl From<String> for Ended {
     fn from(note: String) -> Ended {
-        Ended { note, backup: None }
+        Ended {
+            note,
+            ..Ended::default()
+        }
     }
 }
 
@@ -246,6 +255,7 @@ impl<T: Tasks> LeaseLoop<T> {
                         outcome: d.outcome,
                         detail: d.detail.clone(),
                         backup: d.backup.clone(),
+                        measured: d.measured,
                     })
                     .collect();
                 match blocking(&self.client, move |c| c.report_and_lease(sent, max, wait, mesh)).await {
@@ -369,9 +379,9 @@ async fn execute_logged<T: Tasks>(tasks: &T, job: &LeasedJob) -> Result<Ended, F
 }
 
 fn ended(job: LeasedJob, renewing: Renewal, result: Result<Ended, Failure>) -> Done {
-    let (outcome, detail, backup) = match result {
-        Ok(e) => (Outcome::Succeeded, report("ok", &e.note), e.backup),
-        Err(f) => (f.outcome, report(f.code, &f.detail), None),
+    let (outcome, detail, backup, measured) = match result {
+        Ok(e) => (Outcome::Succeeded, report("ok", &e.note), e.backup, e.measured),
+        Err(f) => (f.outcome, report(f.code, &f.detail), None, None),
     };
     Done {
         key: job.key,
@@ -379,6 +389,7 @@ fn ended(job: LeasedJob, renewing: Renewal, result: Result<Ended, Failure>) -> D
         outcome,
         detail,
         backup,
+        measured,
         _renewing: Some(renewing),
     }
 }
@@ -399,6 +410,7 @@ fn undecodable(u: Undecodable) -> Done {
             ),
         ),
         backup: None,
+        measured: None,
         _renewing: None,
     }
 }
@@ -476,6 +488,38 @@ mod tests {
     }
 
     #[test]
+    fn an_end_s_size_bound_holds_its_typed_reports_at_their_widest() {
+        let proof = job("ensure-application", 1, i64::MAX).0.proof;
+        let end = Done {
+            key: "k".into(),
+            proof: proof.clone(),
+            outcome: Outcome::Succeeded,
+            detail: "ok".into(),
+            backup: Some(agent_proto::BackupReport {
+                snapshot: "f".repeat(64),
+                bytes: u64::MAX,
+                data_added: u64::MAX,
+            }),
+            measured: Some(agent_proto::CanaryMeasure {
+                requests: u32::MAX,
+                errors: u32::MAX,
+                p95_micros: Some(u64::MAX),
+                logged: false,
+            }),
+            _renewing: None,
+        };
+        let sent = serde_json::to_vec(&agent_proto::CompleteRequest {
+            proof,
+            outcome: end.outcome,
+            detail: end.detail.clone(),
+            backup: end.backup.clone(),
+            measured: end.measured,
+        })
+        .expect("json");
+        assert!(wire_bytes(&end) >= sent.len(), "{} < {}", wire_bytes(&end), sent.len());
+    }
+
+    #[test]
     fn a_request_takes_no_more_ends_than_the_body_limit_holds() {
         let outbox = Outbox::default();
         let end = |id: i64, detail: &str| Done {
@@ -484,6 +528,7 @@ mod tests {
             outcome: Outcome::Permanent,
             detail: detail.to_owned(),
             backup: None,
+            measured: None,
             _renewing: None,
         };
         // Eight failures with full log tails, quotes and all.
@@ -504,6 +549,7 @@ mod tests {
                         outcome: d.outcome,
                         detail: d.detail.clone(),
                         backup: None,
+                        measured: None,
                     })
                     .collect(),
                 lease: Some(agent_proto::LeaseRequest {

@@ -901,7 +901,7 @@ fn a_canary_shares_requests_by_weight_and_its_steps_and_switch_lose_none() {
 
     // A canary with nothing published before is published whole.
     let note = ingress
-        .publish_share("web", "first.localhost", 1, &dials[1..2], None, Share::Canary(10), None)
+        .publish_share("web", "first.localhost", 1, &dials[1..2], None, Share::Canary(10))
         .expect("first");
     assert!(note.contains("whole: no earlier release"), "{note}");
 
@@ -913,7 +913,7 @@ fn a_canary_shares_requests_by_weight_and_its_steps_and_switch_lose_none() {
     let mut note = String::new();
     let (failed, served) = under_load(http, "canary.localhost", || {
         note = ingress
-            .publish_share("web", host, 2, &dials[1..2], None, Share::Canary(25), None)
+            .publish_share("web", host, 2, &dials[1..2], None, Share::Canary(25))
             .expect("canary 25");
     });
     assert_eq!(failed, 0, "{served} served");
@@ -929,11 +929,11 @@ fn a_canary_shares_requests_by_weight_and_its_steps_and_switch_lose_none() {
 
     // The next step, a repaired replica's publish (the share stays), then the switch.
     ingress
-        .publish_share("web", host, 2, &dials[1..2], None, Share::Canary(50), None)
+        .publish_share("web", host, 2, &dials[1..2], None, Share::Canary(50))
         .expect("canary 50");
     assert_eq!(slots_at(dir.path(), host, &dials[1]), 6);
     let note = ingress
-        .publish_share("web", host, 2, &dials[1..2], None, Share::Repair, None)
+        .publish_share("web", host, 2, &dials[1..2], None, Share::Repair)
         .expect("repair");
     assert!(note.contains("a canary at 50%"), "{note}");
     assert_eq!(slots_at(dir.path(), host, &dials[1]), 6);
@@ -951,7 +951,7 @@ fn a_canary_shares_requests_by_weight_and_its_steps_and_switch_lose_none() {
     // A canary of generation 3 keeps generation 2 as the old release; a rollback's generation
     // (published whole) takes every request back.
     ingress
-        .publish_share("web", host, 3, &dials[0..1], None, Share::Canary(10), None)
+        .publish_share("web", host, 3, &dials[0..1], None, Share::Canary(10))
         .expect("canary of 3");
     assert_eq!(slots_at(dir.path(), host, &dials[0]), 1);
     ingress.publish("web", host, 4, &dials[1..2], None).expect("back");
@@ -976,9 +976,10 @@ fn failing_upstream() -> String {
 }
 
 #[test]
-fn a_canary_gate_fails_on_the_new_release_s_errors_as_the_ingress_measured_them() {
-    use agent_proto::task::CanaryGate;
+fn a_canary_measure_reports_the_new_release_s_errors_as_the_ingress_measured_them_and_the_gates_judge_it() {
     use pushleft_agent::ingress::Share;
+    use state_schema::model::CanaryGate;
+    use state_schema::rollout::advance::{GateVerdict, Measured, verdict};
     let dir = tempfile::tempdir().expect("tempdir");
     let http = support::free_port();
     let (socket, admin, caddy) = caddy(dir.path());
@@ -1004,6 +1005,18 @@ fn a_canary_gate_fails_on_the_new_release_s_errors_as_the_ingress_measured_them(
         max_p95_ms: None,
         min_requests: 10,
     };
+    // What the control plane judges, from the agent's report.
+    let judged = |m: agent_proto::CanaryMeasure| {
+        verdict(
+            &gate,
+            &[Measured {
+                requests: m.requests,
+                errors: m.errors,
+                p95_micros: m.p95_micros,
+                logged: m.logged,
+            }],
+        )
+    };
     let requests = |n: usize| {
         for _ in 0..n {
             let _ = get(http, host);
@@ -1011,53 +1024,42 @@ fn a_canary_gate_fails_on_the_new_release_s_errors_as_the_ingress_measured_them(
     };
     ingress.publish("web", host, 1, &dials[0..1], None).expect("g1");
     support::wait_port(http);
+    let (note, m) = ingress.measure_canary(host, 1).expect("measure");
+    assert!(note.contains("no canary of generation 1") && m.requests == 0, "{note}");
 
-    // A canary of a release that answers 500: half the requests fail; the next step's gate
-    // fails with what was measured, and nothing changes.
+    // A canary of a release that answers 500: half the requests fail; its measure says so,
+    // the gate fails on it, and the measure changed nothing.
     ingress
-        .publish_share(
-            "web",
-            host,
-            2,
-            std::slice::from_ref(&broken),
-            None,
-            Share::Canary(50),
-            None,
-        )
+        .publish_share("web", host, 2, std::slice::from_ref(&broken), None, Share::Canary(50))
         .expect("canary 50");
     let logger = support::caddy_admin(&socket, "GET", "/config/logging/logs/pl-proxy").expect("admin");
     assert!(logger.1.contains("http.handlers.reverse_proxy"), "{logger:?}");
     requests(40);
     std::thread::sleep(Duration::from_millis(300));
-    let err = ingress
-        .publish_share(
-            "web",
-            host,
-            2,
-            std::slice::from_ref(&broken),
-            None,
-            Share::Canary(90),
-            Some(&gate),
-        )
-        .expect_err("the gate fails");
-    assert_eq!(err.code, "canary-gate-failed");
-    assert!(
-        err.detail.contains("5xx or failed") && err.detail.ends_with("over maxErrorPercent 5"),
-        "{}",
-        err.detail
-    );
+    let (note, m) = ingress.measure_canary(host, 2).expect("measure");
+    assert!(m.logged && m.requests >= 10 && m.errors == m.requests, "{m:?} {note}");
+    assert!(note.contains("since its 50% share"), "{note}");
+    let v = judged(m);
+    assert!(matches!(v, GateVerdict::Failed { .. }), "{v:?}");
+    assert!(v.words().ends_with("over maxErrorPercent 5"), "{}", v.words());
     assert_eq!(slots_at(dir.path(), host, &broken), 6, "the shares stay as they were");
 
-    // A healthy release passes the same gate, with what was measured in the note.
+    // A healthy release passes the same gate.
     ingress.publish("web", host, 3, &dials[0..1], None).expect("back");
     ingress
-        .publish_share("web", host, 4, &dials[1..2], None, Share::Canary(50), None)
+        .publish_share("web", host, 4, &dials[1..2], None, Share::Canary(50))
         .expect("canary 50");
     requests(40);
     std::thread::sleep(Duration::from_millis(300));
-    let note = ingress
-        .publish_share("web", host, 4, &dials[1..2], None, Share::Canary(90), Some(&gate))
-        .expect("the gate passes");
-    assert!(note.contains("gates passed: 0 of"), "{note}");
+    let (_, m) = ingress.measure_canary(host, 4).expect("measure");
+    assert!(m.requests >= 10 && m.errors == 0, "{m:?}");
+    assert!(
+        judged(m).words().starts_with("gates passed: 0 of"),
+        "{}",
+        judged(m).words()
+    );
+    ingress
+        .publish_share("web", host, 4, &dials[1..2], None, Share::Canary(90))
+        .expect("the next share");
     assert_eq!(slots_at(dir.path(), host, &dials[1]), 11);
 }

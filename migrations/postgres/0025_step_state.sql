@@ -25,3 +25,17 @@ WHERE status = 'in-progress' AND EXISTS (
 DELETE FROM jobs WHERE state = 'queued' AND not_before = 2305843009213693951;
 DROP INDEX deployments_watched;
 CREATE INDEX deployments_watched ON deployments (watch) WHERE watch <> '';
+-- A canary's gates are judged by the control plane on what every ingress measured of a share
+-- (a step of `measure-canary` jobs; `state_schema::rollout::advance::verdict`), no longer by
+-- each agent inside its next publish: each measure as its job reported it (the job's row
+-- says which environment, generation and step).
+CREATE TABLE step_measures (
+    job_id      BIGINT PRIMARY KEY REFERENCES jobs (id),
+    requests    BIGINT NOT NULL,
+    errors      BIGINT NOT NULL,
+    p95_micros  BIGINT,
+    logged      INTEGER NOT NULL
+);
+-- A publish queued before carries the gate it was to judge; the agent no longer takes one.
+-- (A canary upgraded mid-rollout takes that one share without its gates.)
+UPDATE jobs SET task = (task::jsonb - 'gate')::text WHERE task LIKE '%"gate":{%' AND task LIKE '{"task":"publish-ingress"%';

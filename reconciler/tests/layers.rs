@@ -433,3 +433,41 @@ fn the_operator_surface_reaches_the_store_only_through_ops() {
         );
     }
 }
+
+#[test]
+fn a_rollout_advances_by_one_decision_written_in_one_module() {
+    // How a rollout's step advances is `state_schema::rollout::advance::advance`'s, called
+    // by one module, which writes it; a step's wait is a typed column, never a far-off time
+    // (no `i64::MAX / n` sentinel in the reconciler: what `HELD` still is for a scale's
+    // held removals is `i64::MAX` itself, named in `store::jobs`).
+    let src = workspace().join("reconciler/src");
+    let mut all = Vec::new();
+    files(&src, &mut all);
+    let mut callers = Vec::new();
+    for f in &all {
+        let m = module_of(&src, f);
+        let text = code(f);
+        if text.contains("advance::advance(") {
+            callers.push(m.clone());
+        }
+        let squeezed: String = text.chars().filter(|c| !c.is_whitespace()).collect();
+        assert!(!squeezed.contains("i64::MAX/"), "{m} keeps a sentinel time");
+        for gone in ["PROMOTE", "CANARY_UNTIL"] {
+            assert!(!text.contains(gone), "{m} names {gone}");
+        }
+    }
+    assert_eq!(callers, ["reconcile::advance"], "the decision's callers");
+    // And the agent judges no gate: it measures.
+    let agent = workspace().join("agent/src");
+    let mut all = Vec::new();
+    files(&agent, &mut all);
+    assert!(all.len() > 20, "the walk saw the agent");
+    for f in &all {
+        let text = code(f);
+        assert!(
+            !text.contains("max_error_percent") && !text.contains("CanaryGate"),
+            "{} judges a canary's gates",
+            f.display()
+        );
+    }
+}

@@ -462,7 +462,18 @@ async fn sentinels_become_step_states(url: &str) {
         ))
         .await;
     }
-    for statement in text[from..to].split(';').filter(|s| !s.trim().is_empty()) {
+    // A gated publish queued before: its gate goes (the agent no longer takes one).
+    let gated = r#"{"task":"publish-ingress","environment":"s-paused","hostname":"a.example.com","generation":2,"weight":60,"gate":{"maxErrorPercent":5,"minRequests":20}}"#;
+    run(format!(
+        "INSERT INTO jobs (key, task, target_node, state, attempts, max_attempts, not_before, created_at, updated_at, environment, generation, step) \
+         VALUES ('k-gated', '{gated}', 'n1', 'queued', 0, 5, 0, 1, 1, 's-paused', 2, 4)"
+    ))
+    .await;
+    let strip = &text[text.find("UPDATE jobs SET task").expect("the gate's strip")..];
+    let statements = text[from..to]
+        .split(';')
+        .chain(std::iter::once(strip.trim_end().trim_end_matches(';')));
+    for statement in statements.filter(|s| !s.trim().is_empty()) {
         let statement: String = statement
             .lines()
             .filter(|l| !l.trim_start().starts_with("--"))
@@ -497,8 +508,17 @@ async fn sentinels_become_step_states(url: &str) {
         .expect("jobs");
     assert_eq!(
         keys,
-        ["k-retry", "k-w60"],
+        ["k-gated", "k-retry", "k-w60"],
         "the promote's never-due job goes; the others stay"
+    );
+    let task: String = sqlx::query_scalar("SELECT task FROM jobs WHERE key = 'k-gated'")
+        .fetch_one(&pool)
+        .await
+        .expect("task");
+    let task: state_schema::task::Task = serde_json::from_str(&task).expect("reads as today's task");
+    assert!(
+        matches!(task, state_schema::task::Task::PublishIngress { weight: Some(60), .. }),
+        "{task:?}"
     );
     pool.close().await;
 }

@@ -532,38 +532,102 @@ async fn canary_scenario(url: String, dir: &Path) {
     );
     assert!(rows(&url, "SELECT hold FROM deployments").await[0].contains("\"by\":\"canary\""));
 
-    // A commit (release d) ends the hold; its 20% publish fails for good: the deployment
-    // fails, and the pass takes release c... the previous release back, held by `canary`.
-    repo.write("projects/api.yaml", &watched('d', 2, canary));
+    // A commit (release d, with gates) ends the hold. Its 20% share is measured after its
+    // pause; the ingress saw 9 of 40 requests fail: the gates fail it, the deployment fails,
+    // and the pass takes release c... the previous release back, held by `canary`.
+    let gated =
+        ", rollout: {strategy: canary, steps: [{weight: 20, pause: 1s}], gates: {maxErrorPercent: 5, minRequests: 10}}";
+    repo.write("projects/api.yaml", &watched('d', 2, gated));
     repo.commit("release d", true);
-    for _ in 0..6 {
+    let mut measured = 0;
+    for _ in 0..12 {
         shared.pass().await.expect("pass");
         let leases = shared.ledger.lease("n1", 100, 30_000, now_ms()).await.expect("lease");
         let done: Vec<reconciler::store::Completion> = leases
             .iter()
             .map(|l| reconciler::store::Completion {
                 token: l.token.clone(),
-                outcome: if l.key.contains("publish/w20") {
-                    reconciler::store::Outcome::Permanent(
-                        "canary-gate-failed: api.example.com: the new release's 9 of 40 requests 5xx or failed (22.5%), p95 12 ms: over maxErrorPercent 5".into(),
-                    )
+                outcome: if l.key.contains(":measure/w20") {
+                    measured += 1;
+                    reconciler::store::Outcome::Measured(reconciler::store::Measure {
+                        requests: 40,
+                        errors: 9,
+                        p95_micros: Some(12_000),
+                        logged: true,
+                    })
                 } else {
                     reconciler::store::Outcome::Succeeded
                 },
             })
             .collect();
         shared.ledger.complete(&done, now_ms()).await.expect("complete");
+        if deployment(&url).await.starts_with("7|failed") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
     }
+    assert_eq!(measured, 1, "one ingress, one hostname: one measure");
     let failed = events(&url, "deployment-failed").await;
-    assert!(failed.iter().any(|f| f.contains("generation 7, step 3")), "{failed:?}");
+    assert!(failed.iter().any(|f| f.contains("generation 7, step 4")), "{failed:?}");
     converge(&shared).await;
     assert_eq!(deployment(&url).await, "8|done|6");
     let auto = events(&url, "rollback-automatic").await;
     assert!(
         auto.len() == 2
-            && auto[1].contains("generation 7 failed its canary: step 3 failed (a publish of its canary): canary-gate-failed: api.example.com: the new release's 9 of 40 requests 5xx or failed (22.5%)")
+            && auto[1].contains("generation 7 failed its canary: step 4 failed (a publish of its canary): canary-gate-failed: the new release's 9 of 40 requests 5xx or failed (22.5%), p95 12 ms: over maxErrorPercent 5")
             && auto[1].contains("back to generation 6's release"),
         "{auto:?}"
+    );
+    assert!(
+        publishes(7).await.iter().all(|p| !p.ends_with(":publish@n1|succeeded")),
+        "the switch never ran"
+    );
+
+    // A release that passes its gates (release e): its measure's verdict is said, and it
+    // switches once promoted... here, after its pause, as it has no step after the share.
+    shared
+        .ledger
+        .release_rollback(env, "ops", now_ms())
+        .await
+        .expect("release")
+        .expect("held");
+    repo.write("projects/api.yaml", &watched('e', 2, gated));
+    repo.commit("release e", true);
+    for _ in 0..12 {
+        shared.pass().await.expect("pass");
+        let leases = shared.ledger.lease("n1", 100, 30_000, now_ms()).await.expect("lease");
+        let done: Vec<reconciler::store::Completion> = leases
+            .iter()
+            .map(|l| reconciler::store::Completion {
+                token: l.token.clone(),
+                outcome: match l.key.contains(":measure/w20") {
+                    true => reconciler::store::Outcome::Measured(reconciler::store::Measure {
+                        requests: 40,
+                        errors: 1,
+                        p95_micros: Some(12_000),
+                        logged: true,
+                    }),
+                    false => reconciler::store::Outcome::Succeeded,
+                },
+            })
+            .collect();
+        shared.ledger.complete(&done, now_ms()).await.expect("complete");
+        if deployment(&url).await.contains("|done|") && !deployment(&url).await.starts_with("8|") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    let gates = events(&url, "canary-gates").await;
+    assert!(
+        gates
+            .last()
+            .is_some_and(|g| g.contains("gates passed: 1 of 40 requests 5xx or failed (2.5%), p95 12 ms")),
+        "{gates:?}"
+    );
+    assert!(
+        deployment(&url).await.ends_with("|done|8"),
+        "{}",
+        deployment(&url).await
     );
 }
 

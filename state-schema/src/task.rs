@@ -9,7 +9,7 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
-/// How long a canary step's publish waits after it is queued (the step before's pause).
+/// What a canary step waits for before it runs (the pause of the share before it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Wait {
@@ -32,10 +32,19 @@ pub struct Rolled {
 }
 
 impl Task {
-    /// How long after it is queued the job is due: a canary step's pause; `None`: at once.
+    /// What its step waits for before it runs: a canary step's pause, or a promote; `None`:
+    /// nothing (`rollout::advance::StepState::entering`).
     pub fn wait(&self) -> Option<Wait> {
         match self {
-            Task::PublishIngress { wait, .. } => *wait,
+            Task::PublishIngress { wait, .. } | Task::MeasureCanary { wait, .. } => *wait,
+            _ => None,
+        }
+    }
+
+    /// The gates a canary measure is judged on.
+    pub fn gate(&self) -> Option<&crate::model::CanaryGate> {
+        match self {
+            Task::MeasureCanary { gate, .. } => Some(gate),
             _ => None,
         }
     }
@@ -104,18 +113,26 @@ pub enum Task {
         /// the rest to the release the node published before. `None`: all of them.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         weight: Option<u8>,
-        /// Not before the canary step ahead of it has waited its pause (the job is due that
-        /// much after it is queued), or a `pl rollout promote`. Never sent to the agent.
+        /// Not before the canary step ahead of it has waited its pause, or a `pl rollout
+        /// promote` (its step waits in the deployment's row). Never sent to the agent.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         wait: Option<Wait>,
-        /// A canary step after the first (or its switch): the gates the new release's
-        /// requests since the step before must pass first, as the ingress measured them.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        gate: Option<crate::model::CanaryGate>,
         /// A publish between a rolling rollout's batches: which replicas, new and old, the
         /// routes hold (the control plane lists them in the execution). Never sent as such.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         rolled: Option<Rolled>,
+    },
+    /// Measure what the ingress saw of the canary at `weight` percent since the node's share
+    /// began (its own step, after the share's pause, before the next share): the control plane
+    /// judges `gate` on every ingress node's measure together. Changes nothing on the node.
+    MeasureCanary {
+        environment: Name,
+        hostname: Hostname,
+        generation: u64,
+        weight: u8,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        wait: Option<Wait>,
+        gate: crate::model::CanaryGate,
     },
     /// Take a hostname's route out of the ingress (first step of any teardown).
     RemoveIngress {
@@ -285,6 +302,13 @@ impl Task {
                 repair,
                 ..
             } => format!("ingress:{environment}/{hostname}:g{generation}:publish#r{repair}"),
+            Task::MeasureCanary {
+                environment,
+                hostname,
+                generation,
+                weight,
+                ..
+            } => format!("ingress:{environment}/{hostname}:g{generation}:measure/w{weight}"),
             Task::RemoveIngress {
                 environment,
                 hostname,
@@ -359,6 +383,7 @@ impl Task {
             | Task::StopApplication { generation, .. }
             | Task::TeardownApplication { generation, .. }
             | Task::PublishIngress { generation, .. }
+            | Task::MeasureCanary { generation, .. }
             | Task::RemoveIngress { generation, .. }
             | Task::RemoveVolume { generation, .. }
             | Task::PlaceAcmeChallenge { generation, .. }
@@ -381,6 +406,7 @@ impl Task {
             | Task::StopApplication { environment, .. }
             | Task::TeardownApplication { environment, .. }
             | Task::PublishIngress { environment, .. }
+            | Task::MeasureCanary { environment, .. }
             | Task::RemoveIngress { environment, .. }
             | Task::RemoveVolume { environment, .. }
             | Task::PlaceAcmeChallenge { environment, .. }

@@ -8,8 +8,8 @@ use state_schema::generations::{Action, Status, StepJobs};
 use state_schema::parse::parse_file;
 use state_schema::placement::Fleet;
 use state_schema::rollout::advance::{
-    Advance, Back, CanaryStanding, PromoteRefusal, Rollout, Share, Standing, StepState, Watch, abort, advance,
-    canary_standing, promote,
+    Advance, Back, CanaryStanding, GateVerdict, Measured, PromoteRefusal, Rollout, Share, Standing, StepState, Watch,
+    abort, advance, canary_standing, promote, verdict,
 };
 use state_schema::state::assemble;
 
@@ -35,11 +35,12 @@ fn spec(release: &str, rollout: &str) -> DeploymentSpec {
 
 const CANARY: &str = "{strategy: canary, steps: [{weight: 20, pause: 30s}, {weight: 60}], watchSeconds: 120}";
 
-fn running(step: usize, pending: u64, broken: u64) -> Standing {
+fn running(step: usize, pending: u64, broken: u64) -> Standing<'static> {
     Standing {
         step,
         state: StepState::Running,
         jobs: StepJobs { pending, broken },
+        measured: &[],
     }
 }
 
@@ -74,12 +75,13 @@ fn a_canary_gives_each_share_waits_out_its_pause_and_waits_for_a_promote_before_
                 step,
                 state: StepState::Running,
                 share: None,
+                gate: None,
             } => at = step,
             other => panic!("step {at}: {other:?}"),
         }
     }
     // The first share done: its replicas are watched from here, and the next share waits 30 s.
-    let Advance::Next { step, state, share } = advance(&r, &steps, running(first, 0, 0), now) else {
+    let Advance::Next { step, state, share, .. } = advance(&r, &steps, running(first, 0, 0), now) else {
         panic!("a next step");
     };
     assert_eq!((step, state), (second, StepState::Paused { due_ms: now + 30_000 }));
@@ -102,6 +104,7 @@ fn a_canary_gives_each_share_waits_out_its_pause_and_waits_for_a_promote_before_
         step: second,
         state,
         jobs: StepJobs::default(),
+        measured: &[],
     };
     assert_eq!(
         advance(&r, &steps, paused, now + 29_999),
@@ -118,6 +121,7 @@ fn a_canary_gives_each_share_waits_out_its_pause_and_waits_for_a_promote_before_
         step: switch,
         state,
         share,
+        ..
     } = advance(&r, &steps, running(second, 0, 0), now)
     else {
         panic!("the switch");
@@ -136,6 +140,7 @@ fn a_canary_gives_each_share_waits_out_its_pause_and_waits_for_a_promote_before_
         step: switch,
         state,
         jobs: StepJobs::default(),
+        measured: &[],
     };
     assert_eq!(
         advance(&r, &steps, waiting, i64::MAX),
@@ -164,10 +169,14 @@ fn a_canary_gives_each_share_waits_out_its_pause_and_waits_for_a_promote_before_
     assert_eq!(
         advance(&r, &steps, running(second, 0, 1), now),
         Advance::Fail {
-            back: Some(Back::Canary)
+            back: Some(Back::Canary),
+            gate: None
         }
     );
-    assert_eq!(advance(&r, &steps, running(0, 0, 1), now), Advance::Fail { back: None });
+    assert_eq!(
+        advance(&r, &steps, running(0, 0, 1), now),
+        Advance::Fail { back: None, gate: None }
+    );
 
     // The rest runs to the end: the new release is watched from its switch.
     let mut at = switch;
@@ -177,6 +186,7 @@ fn a_canary_gives_each_share_waits_out_its_pause_and_waits_for_a_promote_before_
                 step,
                 state: StepState::Running,
                 share: None,
+                gate: None,
             } => at = step,
             other => break other,
         }
@@ -230,12 +240,13 @@ fn a_first_release_has_no_canary_and_a_rolling_failure_goes_back_from_its_first_
     assert_eq!(
         advance(&r, &steps, running(from, 0, 1), 0),
         Advance::Fail {
-            back: Some(Back::Rolling)
+            back: Some(Back::Rolling),
+            gate: None
         }
     );
     assert_eq!(
         advance(&r, &steps, running(from - 1, 0, 1), 0),
-        Advance::Fail { back: None }
+        Advance::Fail { back: None, gate: None }
     );
     assert_eq!(abort(Action::Rollout, Status::InProgress), Ok(()));
     assert_eq!(
@@ -282,13 +293,17 @@ fn a_step_waits_for_its_jobs_fails_on_a_broken_one_and_skips_empty_steps() {
         Advance::Wait,
         "a pending job is waited for first"
     );
-    assert_eq!(advance(&r, &steps, running(0, 0, 1), 0), Advance::Fail { back: None });
+    assert_eq!(
+        advance(&r, &steps, running(0, 0, 1), 0),
+        Advance::Fail { back: None, gate: None }
+    );
     assert_eq!(
         advance(&r, &steps, running(0, 0, 0), 0),
         Advance::Next {
             step: 2,
             state: StepState::Running,
-            share: None
+            share: None,
+            gate: None
         },
         "the empty step is skipped"
     );
@@ -298,5 +313,104 @@ fn a_step_waits_for_its_jobs_fails_on_a_broken_one_and_skips_empty_steps() {
             steps: 4,
             watch: Watch::Keep
         }
+    );
+}
+
+const GATED: &str = "{strategy: canary, steps: [{weight: 20, pause: 30s}, {weight: 60}], gates: {maxErrorPercent: 5, maxP95Ms: 200, minRequests: 10}}";
+
+fn measured(requests: u32, errors: u32, p95_ms: u64) -> Measured {
+    Measured {
+        requests,
+        errors,
+        p95_micros: (requests > 0).then_some(p95_ms * 1000),
+        logged: true,
+    }
+}
+
+#[test]
+fn a_gated_canary_measures_each_share_after_its_pause_and_the_gates_judge_every_ingress_together() {
+    let old = spec("1", GATED);
+    let new = spec("2", GATED);
+    let retired = std::slice::from_ref(&old);
+    let r = Rollout {
+        action: Action::Rollout,
+        rollback: false,
+        generation: 2,
+        spec: &new,
+        retired,
+    };
+    let steps = r.steps();
+    let canary = state_schema::rollout::advance::canary_steps(&steps);
+    let (first, second) = (canary[0].0, canary[1].0);
+    // The 20% share, then its measures (after its pause), then the 60% share at once.
+    let measure = first + 1;
+    assert_eq!(second, measure + 1, "{steps:?}");
+    assert!(steps[measure].iter().all(|(t, _)| t.gate().is_some()));
+    let Advance::Next { step, state, .. } = advance(&r, &steps, running(first, 0, 0), 0) else {
+        panic!("the measures");
+    };
+    assert_eq!(
+        (step, state),
+        (measure, StepState::Paused { due_ms: 30_000 }),
+        "the pause comes before the measure"
+    );
+    fn at(step: usize, measured: &[Measured]) -> Standing<'_> {
+        Standing {
+            step,
+            state: StepState::Running,
+            jobs: StepJobs::default(),
+            measured,
+        }
+    }
+    // Two ingresses: 4 errors of 100 (4%) passes; the slower one's p95 is what is judged.
+    let Advance::Next {
+        step,
+        state,
+        share,
+        gate,
+    } = advance(&r, &steps, at(measure, &[measured(60, 1, 40), measured(40, 3, 90)]), 0)
+    else {
+        panic!("the next share");
+    };
+    assert_eq!((step, state, share), (second, StepState::Running, None));
+    assert_eq!(
+        gate.map(|g| g.words()),
+        Some("gates passed: 4 of 100 requests 5xx or failed (4.0%), p95 90 ms".to_owned())
+    );
+    let Advance::Fail { back, gate } =
+        advance(&r, &steps, at(measure, &[measured(60, 1, 40), measured(40, 3, 250)]), 0)
+    else {
+        panic!("failed");
+    };
+    assert_eq!(back, Some(Back::Canary));
+    assert_eq!(
+        gate.map(|g| g.words()),
+        Some("the new release's 4 of 100 requests 5xx or failed (4.0%), p95 250 ms: over maxP95Ms 200".to_owned())
+    );
+    assert!(matches!(
+        advance(&r, &steps, at(measure, &[measured(9, 9, 900)]), 0),
+        Advance::Next {
+            gate: Some(GateVerdict::NotJudged { requests: 9, min: 10 }),
+            ..
+        }
+    ));
+    let unlogged = Measured {
+        logged: false,
+        ..measured(50, 50, 900)
+    };
+    assert!(matches!(
+        advance(&r, &steps, at(measure, &[unlogged]), 0),
+        Advance::Next {
+            gate: Some(GateVerdict::Unlogged),
+            ..
+        }
+    ));
+    assert_eq!(
+        verdict(
+            &new.roles.values().find_map(|r| r.canary_gate).expect("a gate"),
+            &[measured(20, 2, 10)]
+        )
+        .words(),
+        "the new release's 2 of 20 requests 5xx or failed (10.0%), p95 10 ms: over maxErrorPercent 5"
     );
 }

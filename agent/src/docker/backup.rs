@@ -142,6 +142,7 @@ impl Engine {
                 bytes: saved.bytes,
                 data_added: saved.data_added,
             }),
+            measured: None,
         })
     }
 
@@ -181,6 +182,7 @@ impl Engine {
                 bytes: saved.bytes,
                 data_added: saved.data_added,
             }),
+            measured: None,
         })
     }
 

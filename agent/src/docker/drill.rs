@@ -67,6 +67,7 @@ impl Engine {
                 bytes: 0,
                 data_added: 0,
             }),
+            measured: None,
         })
     }
 

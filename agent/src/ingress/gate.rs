@@ -4,13 +4,13 @@
 //! a logger of ours (`pl-proxy`, one per machine, added with the ingress server, so never by a
 //! reload under a canary's traffic) writes just
 //! those lines, stripped of requests and headers, to a file beside the admin socket, rolled at
-//! 10 MB (one old file kept). Before a canary's next step, the agent reads the lines since its
-//! step before, keeps those of the new release's upstreams on this node, and judges them: 5xx
-//! (or no answer at all) against `maxErrorPercent`, the p95 duration against `maxP95Ms`.
-//! Fewer than `minRequests`: not judged (said in the note). Nothing of it is on the request
-//! path beyond Caddy's own write.
+//! 10 MB (one old file kept). A `measure-canary` task reads the lines since this node's share
+//! began, keeps those of the new release's upstreams on this node, and reports their count,
+//! those answered 5xx (or not at all) and their p95; the control plane judges the gates on
+//! every ingress's report together (`state_schema::rollout::advance::verdict`). Nothing of it
+//! is on the request path beyond Caddy's own write.
 
-use agent_proto::task::CanaryGate;
+use agent_proto::CanaryMeasure;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::io::{Read, Seek, SeekFrom};
@@ -75,6 +75,16 @@ impl Measured {
         let rank = ((d.len() as f64) * 0.95).ceil() as usize;
         d.get(rank.saturating_sub(1)).copied()
     }
+
+    /// As the agent reports it (read from a proxy log).
+    pub fn report(&self) -> CanaryMeasure {
+        CanaryMeasure {
+            requests: self.requests,
+            errors: self.errors,
+            p95_micros: self.p95_ms().map(|p| (p * 1000.0).round() as u64),
+            logged: true,
+        }
+    }
 }
 
 /// Reads the round trips to `dials` (as the log names them) logged at or after `since_ms` from `file` (its last
@@ -108,53 +118,12 @@ pub fn measure(file: &Path, dials: &[String], since_ms: i64) -> Measured {
     m
 }
 
-/// Judges `m` against `gate`: `Ok` with what was seen, or `Err` naming the gate that failed and
-/// the measured values.
-pub fn judge(gate: &CanaryGate, m: &Measured) -> Result<String, String> {
-    if m.requests < gate.min_requests {
-        return Ok(format!(
-            "gates not judged: {} request(s) to the new release, fewer than minRequests {}",
-            m.requests, gate.min_requests
-        ));
-    }
-    let percent = f64::from(m.errors) * 100.0 / f64::from(m.requests);
-    let p95 = m.p95_ms().unwrap_or(0.0);
-    let seen = format!(
-        "{} of {} requests 5xx or failed ({percent:.1}%), p95 {p95:.0} ms",
-        m.errors, m.requests
-    );
-    let mut failed = Vec::new();
-    if let Some(max) = gate.max_error_percent
-        && percent > f64::from(max)
-    {
-        failed.push(format!("maxErrorPercent {max}"));
-    }
-    if let Some(max) = gate.max_p95_ms
-        && p95 > f64::from(max)
-    {
-        failed.push(format!("maxP95Ms {max}"));
-    }
-    if failed.is_empty() {
-        Ok(format!("gates passed: {seen}"))
-    } else {
-        Err(format!("{seen}: over {}", failed.join(" and ")))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn gate(errors: Option<u8>, p95: Option<u32>) -> CanaryGate {
-        CanaryGate {
-            max_error_percent: errors,
-            max_p95_ms: p95,
-            min_requests: 10,
-        }
-    }
-
     #[test]
-    fn the_file_s_round_trips_to_the_canary_since_its_step_are_judged() {
+    fn the_file_s_round_trips_to_the_canary_since_its_share_are_measured() {
         let dir = tempfile::tempdir().expect("tempdir");
         let file = dir.path().join(FILE);
         let mut text = String::new();
@@ -182,22 +151,16 @@ mod tests {
             (21, 4),
             "since the step, this upstream, 5xx and no answer"
         );
-        assert!(judge(&gate(Some(25), None), &m).is_ok());
-        let why = judge(&gate(Some(10), None), &m).expect_err("19% > 10%");
-        assert!(
-            why.starts_with("4 of 21 requests 5xx or failed (19.0%)") && why.ends_with("over maxErrorPercent 10"),
-            "{why}"
-        );
         // 21 durations, 0-19 ms and one of 500 ms: the 20th (nearest rank) is 19 ms.
-        assert!(judge(&gate(None, Some(100)), &m).is_ok());
-        let why = judge(&gate(None, Some(10)), &m).expect_err("p95 19 ms > 10 ms");
-        assert!(why.contains("p95 19 ms") && why.ends_with("over maxP95Ms 10"), "{why}");
-        let few = Measured {
-            requests: 3,
-            errors: 3,
-            durations_ms: vec![1.0; 3],
-        };
-        assert!(judge(&gate(Some(0), None), &few).is_ok_and(|n| n.contains("not judged")));
+        assert_eq!(
+            m.report(),
+            CanaryMeasure {
+                requests: 21,
+                errors: 4,
+                p95_micros: Some(19_000),
+                logged: true
+            }
+        );
         assert_eq!(measure(&dir.path().join("none"), &[], 0), Measured::default());
     }
 }

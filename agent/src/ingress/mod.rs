@@ -38,7 +38,7 @@ pub mod tls;
 
 use crate::ingress::caddy_admin::{Admin, AdminError};
 use crate::outcome::{Failure, permanent};
-use agent_proto::IngressTls;
+use agent_proto::{CanaryMeasure, IngressTls};
 use caddy::Place;
 use files::{NodeList, Turn, checked, disk, exclusive, open_folder};
 use serde_json::Value;
@@ -279,7 +279,7 @@ impl Ingress {
         dials: &[String],
         sealed: Option<&IngressTls>,
     ) -> Result<String, Failure> {
-        self.publish_share(environment, hostname, generation, dials, sealed, Share::Whole, None)
+        self.publish_share(environment, hostname, generation, dials, sealed, Share::Whole)
     }
 
     /// [`Ingress::publish`] of a share of the hostname's requests (`share`): a canary step
@@ -296,7 +296,6 @@ impl Ingress {
         dials: &[String],
         sealed: Option<&IngressTls>,
         share: Share,
-        gate: Option<&agent_proto::task::CanaryGate>,
     ) -> Result<String, Failure> {
         let hostname = checked(hostname)?;
         if dials.is_empty() {
@@ -312,27 +311,7 @@ impl Ingress {
                 format!("generation {fenced} of {hostname} is published or removed already; {generation} is older"),
             ));
         }
-        // A canary's gates before anything changes: what the ingress measured of this node's
-        // canary of this generation since its step before.
         let own = self.own(hostname);
-        let gate_note = match (gate, own.canary.as_ref().filter(|_| own.generation == generation)) {
-            (Some(_), Some(_)) if self.get(&format!("/config/logging/logs/{}", gate::LOGGER))?.is_none() => {
-                "; gates not judged: this machine's Caddy has no proxy log (it comes with the ingress server: a Caddy restarted without its saved configuration gets it back then)".to_owned()
-            }
-            (Some(g), Some(c)) => match gate::judge(
-                g,
-                &gate::measure(&self.proxy_log(), &self.canary_upstreams(hostname, c), c.since_ms),
-            ) {
-                Ok(note) => format!("; {note}"),
-                Err(why) => {
-                    return Err(permanent(
-                        "canary-gate-failed",
-                        format!("{hostname}: the new release's {why}"),
-                    ));
-                }
-            },
-            _ => String::new(),
-        };
         // The certificate first: one that cannot be used changes nothing.
         let served = sealed.map(|s| self.certificate(hostname, s)).transpose()?;
         self.ensure_server()?;
@@ -451,10 +430,42 @@ impl Ingress {
             k => k,
         };
         Ok(format!(
-            "{id} {note}: generation {generation} on {on} of {slots} slot(s) to {}{canary_note}{}{gate_note}",
+            "{id} {note}: generation {generation} on {on} of {slots} slot(s) to {}{canary_note}{}",
             dials.join(", "),
             if served.is_some() { ", over HTTPS" } else { "" }
         ))
+    }
+
+    /// What this node's ingress saw of `hostname`'s canary of generation `generation` since its
+    /// share began (the control plane judges the gates on every node's measure together):
+    /// nothing measured, and said, when no canary of that generation is here or this
+    /// machine's Caddy has no proxy log. Changes nothing.
+    pub fn measure_canary(&self, hostname: &str, generation: u64) -> Result<(String, CanaryMeasure), Failure> {
+        let hostname = checked(hostname)?;
+        let own = self.own(hostname);
+        let Some(c) = own.canary.as_ref().filter(|_| own.generation == generation) else {
+            let note = format!("{hostname}: no canary of generation {generation} on this node: nothing measured");
+            return Ok((
+                note,
+                CanaryMeasure {
+                    logged: true,
+                    ..CanaryMeasure::default()
+                },
+            ));
+        };
+        if self.get(&format!("/config/logging/logs/{}", gate::LOGGER))?.is_none() {
+            let note = format!(
+                "{hostname}: this machine's Caddy has no proxy log (it comes with the ingress server: a Caddy restarted without its saved configuration gets it back then): nothing measured"
+            );
+            return Ok((note, CanaryMeasure::default()));
+        }
+        let m = gate::measure(&self.proxy_log(), &self.canary_upstreams(hostname, c), c.since_ms);
+        let measured = m.report();
+        let note = format!(
+            "{hostname}: {} request(s) to the new release since its {}% share, {} 5xx or failed",
+            measured.requests, c.weight, measured.errors
+        );
+        Ok((note, measured))
     }
 
     /// Takes `hostname` off this node for generation `generation` (it no longer serves the

@@ -79,6 +79,21 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<Ended, Failure> {
         (Task::RestoreVolume { snapshot, .. }, Execution::Backup(spec)) if x.on(Capability::Docker) => {
             x.engine.restore(&x.backups, spec, snapshot).await.map(Ended::from)
         }
+        (
+            Task::MeasureCanary {
+                hostname, generation, ..
+            },
+            _,
+        ) if x.on(Capability::Ingress) => {
+            let (host, generation) = (hostname.clone(), *generation);
+            off_thread(&x.ingress, move |ingress| ingress.measure_canary(&host, generation))
+                .await
+                .map(|(note, measured)| Ended {
+                    note,
+                    measured: Some(measured),
+                    ..Ended::default()
+                })
+        }
         _ => run_task(x, job).await.map(Ended::from),
     };
     if job.task.needs() == Capability::Docker && x.on(Capability::Docker) {
@@ -192,12 +207,7 @@ pub(super) async fn run_task(x: &Executors, job: &LeasedJob) -> Result<String, F
             let note = off_thread(&x.ingress, move |ingress| ingress.remove(&env, &host, generation)).await?;
             Ok(format!("held until its domain is verified ({note})"))
         }
-        (
-            Task::PublishIngress {
-                weight, repair, gate, ..
-            },
-            Execution::Ingress(spec),
-        ) => {
+        (Task::PublishIngress { weight, repair, .. }, Execution::Ingress(spec)) => {
             // This generation's replicas on this node, by their address on the environment's
             // network.
             let mut dials = Vec::new();
@@ -225,9 +235,8 @@ pub(super) async fn run_task(x: &Executors, job: &LeasedJob) -> Result<String, F
                 (None, 0) => Share::Whole,
                 (None, _) => Share::Repair,
             };
-            let gate = *gate;
             off_thread(&x.ingress, move |ingress| {
-                ingress.publish_share(&env, &host, generation, &dials, sealed.as_ref(), share, gate.as_ref())
+                ingress.publish_share(&env, &host, generation, &dials, sealed.as_ref(), share)
             })
             .await
         }

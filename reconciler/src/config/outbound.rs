@@ -66,6 +66,7 @@ pub const HOOK_EVENTS: &[&str] = &[
     "watch-failed",
     "canary-step",
     "canary-promoted",
+    "canary-gates",
     "node-lost",
     "node-back",
     "drift-repaired",

@@ -428,13 +428,19 @@ fn checked(req: CompleteRequest) -> Result<Completion, (Refusal, &'static str)> 
         return Err((Refusal::SecretInResult, "a result may not carry secret-shaped values"));
     }
     let outcome = match req.outcome {
-        Outcome::Succeeded => match req.backup {
-            Some(b) => crate::store::Outcome::Saved(crate::store::backups::Saved {
+        Outcome::Succeeded => match (req.backup, req.measured) {
+            (Some(b), _) => crate::store::Outcome::Saved(crate::store::backups::Saved {
                 snapshot: b.snapshot,
                 bytes: b.bytes,
                 data_added: b.data_added,
             }),
-            None => crate::store::Outcome::Succeeded,
+            (None, Some(m)) => crate::store::Outcome::Measured(crate::store::Measure {
+                requests: i64::from(m.requests),
+                errors: i64::from(m.errors),
+                p95_micros: m.p95_micros.map(|p| i64::try_from(p).unwrap_or(i64::MAX)),
+                logged: m.logged,
+            }),
+            (None, None) => crate::store::Outcome::Succeeded,
         },
         Outcome::Retryable => crate::store::Outcome::Retryable(req.detail),
         Outcome::Permanent => crate::store::Outcome::Permanent(req.detail),

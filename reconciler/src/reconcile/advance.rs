@@ -9,7 +9,7 @@ use crate::store::rows::gen_u64;
 use crate::store::{JobRow, Ledger, LedgerError};
 use state_schema::generations::{Action, Status};
 use state_schema::rollout::Step;
-use state_schema::rollout::advance::{self, Advance, Rollout, Standing, StepState, Watch};
+use state_schema::rollout::advance::{self, Advance, Measured, Rollout, Standing, StepState, Watch};
 
 type Tx = crate::store::WriteTx;
 
@@ -66,10 +66,26 @@ impl Ledger {
             retired: &d.retired,
         };
         let steps = rollout.steps();
+        let at = usize::try_from(step).unwrap_or(0);
+        // A step of canary measures: what they reported, for the decision's gates.
+        let measures = match steps.get(at).is_some_and(|s| s.iter().any(|(t, _)| t.gate().is_some())) {
+            true => self.step_measures(tx, env, generation, step).await?,
+            false => Vec::new(),
+        };
+        let measured: Vec<Measured> = measures
+            .iter()
+            .map(|m| Measured {
+                requests: u32::try_from(m.requests).unwrap_or(u32::MAX),
+                errors: u32::try_from(m.errors).unwrap_or(u32::MAX),
+                p95_micros: m.p95_micros.and_then(|p| u64::try_from(p).ok()),
+                logged: m.logged,
+            })
+            .collect();
         let standing = Standing {
-            step: usize::try_from(step).unwrap_or(0),
+            step: at,
             state: d.state,
             jobs,
+            measured: &measured,
         };
         let rollback = if d.rollback { ", a rollback" } else { "" };
         match advance::advance(&rollout, &steps, standing, now_ms) {
@@ -79,7 +95,7 @@ impl Ledger {
                     .await?;
                 self.queue_step(tx, env, &steps[s], s, now_ms).await?;
             }
-            Advance::Fail { back } => {
+            Advance::Fail { back, gate } => {
                 self.set_step(tx, env, Status::Failed, step, StepState::Running, now_ms)
                     .await?;
                 let detail = format!("generation {generation}, step {step}{rollback}");
@@ -88,16 +104,29 @@ impl Ledger {
                 // held, as a failed watch is).
                 if let Some(back) = back {
                     let what = back.what();
-                    let why = match self.step_failure(tx, env, generation, step).await? {
+                    let failure = match gate {
+                        Some(v) => Some(format!("canary-gate-failed: {}", v.words())),
+                        None => self.step_failure(tx, env, generation, step).await?,
+                    };
+                    let why = match failure {
                         Some(d) => format!("step {step} failed ({what}): {d}"),
                         None => format!("step {step} failed ({what})"),
                     };
                     self.fail_canary(tx, env, generation, &why, now_ms).await?;
                 }
             }
-            Advance::Next { step: s, state, share } => {
+            Advance::Next {
+                step: s,
+                state,
+                share,
+                gate,
+            } => {
                 self.set_step(tx, env, Status::InProgress, s as i64, state, now_ms)
                     .await?;
+                if let Some(v) = gate {
+                    let detail = format!("generation {generation}: {}", v.words());
+                    self.event(tx, now_ms, "canary-gates", env, &detail).await?;
+                }
                 if state == StepState::Running {
                     self.queue_step(tx, env, &steps[s], s, now_ms).await?;
                 }

@@ -102,6 +102,8 @@ impl Ledger {
             let mut backups: Vec<(String, String, Option<&super::backups::Saved>, String)> = Vec::new();
             // Restores that ended for good: (key, node, succeeded, reason).
             let mut restores: Vec<(String, String, bool, String)> = Vec::new();
+            // Canary measures that succeeded: (job, what was measured).
+            let mut measures: Vec<(i64, super::jobs::Measure)> = Vec::new();
             // Replicas that became healthy: (environment, role, node), for volume moves.
             let mut up: Vec<(String, String, String)> = Vec::new();
             // Scales with a job that succeeded: (environment, generation, revision).
@@ -133,7 +135,9 @@ impl Ledger {
                     continue;
                 }
                 let (state, outcome, detail) = match &c.outcome {
-                    Outcome::Succeeded | Outcome::Saved(_) => (JobState::Succeeded, "succeeded", String::new()),
+                    Outcome::Succeeded | Outcome::Saved(_) | Outcome::Measured(_) => {
+                        (JobState::Succeeded, "succeeded", String::new())
+                    }
                     Outcome::Retryable(d) if attempts >= max_attempts => (JobState::Dead, "retryable", d.clone()),
                     Outcome::Retryable(d) => {
                         rec.retries.push((t.job_id, now_ms + backoff_ms(t.job_id, attempts)));
@@ -141,6 +145,9 @@ impl Ledger {
                     }
                     Outcome::Permanent(d) => (JobState::Failed, "permanent", d.clone()),
                 };
+                if let Outcome::Measured(m) = &c.outcome {
+                    measures.push((t.job_id, *m));
+                }
                 if state == JobState::Succeeded
                     && let Some((env, role)) = rows::ensured_role(&key)
                 {
@@ -224,6 +231,19 @@ impl Ledger {
             }
             if !up.is_empty() {
                 self.record_moves_up_in(tx, &up, now_ms).await?;
+            }
+            for (id, m) in &measures {
+                // A job completes once (its lease token is spent), so one row per job.
+                sqlx::query(self.sql(
+                    "INSERT INTO step_measures (job_id, requests, errors, p95_micros, logged) VALUES (?, ?, ?, ?, ?)",
+                ))
+                .bind(*id)
+                .bind(m.requests)
+                .bind(m.errors)
+                .bind(m.p95_micros)
+                .bind(i64::from(m.logged))
+                .execute(&mut **tx)
+                .await?;
             }
             for (id, not_before) in &rec.retries {
                 sqlx::query(self.sql("UPDATE jobs SET state = 'queued', lease_token = NULL, lease_expires_at = NULL, not_before = ?, updated_at = ? WHERE id = ?"))

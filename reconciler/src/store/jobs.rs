@@ -85,10 +85,21 @@ pub enum Outcome {
     Succeeded,
     /// A backup succeeded, and this is what it saved.
     Saved(super::backups::Saved),
+    /// A canary's measure succeeded, and this is what the ingress saw.
+    Measured(Measure),
     /// Worth trying again (a pull failed, Docker hiccuped): back to the queue with backoff.
     Retryable(String),
     /// Will fail the same way until the desired state changes.
     Permanent(String),
+}
+
+/// What one ingress measured of a canary's share (the agent's `CanaryMeasure`, as a row).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Measure {
+    pub requests: i64,
+    pub errors: i64,
+    pub p95_micros: Option<i64>,
+    pub logged: bool,
 }
 
 #[derive(Clone, Debug)]

@@ -1,9 +1,10 @@
-//! A rollout's current step as `pl rollout promote` reads and ends its wait: the row it is
-//! judged on (`state_schema::rollout::advance::promote` decides), and the wait ended, on the
-//! condition that nothing moved meanwhile. The advance queues the step's jobs. SQL only.
+//! A rollout's current step: as `pl rollout promote` reads and ends its wait (the row it is
+//! judged on, `state_schema::rollout::advance::promote` decides, and the wait ended on the
+//! condition that nothing moved meanwhile; the advance queues the step's jobs), and what a
+//! canary's measures reported, for its gates. SQL only.
 
 use super::rows::gen_u64;
-use super::{Ledger, LedgerError};
+use super::{Ledger, LedgerError, Measure, WriteTx};
 use sqlx::FromRow;
 
 /// Where an environment's deployment stands, as a promote or an abort is judged on it.
@@ -17,7 +18,44 @@ pub struct StepRow {
     pub step_due: i64,
 }
 
+#[derive(FromRow)]
+struct MeasureRow {
+    requests: i64,
+    errors: i64,
+    p95_micros: Option<i64>,
+    logged: i64,
+}
+
 impl Ledger {
+    /// What the measures of `environment`'s step `step` of generation `generation` reported,
+    /// one per job that succeeded.
+    pub(crate) async fn step_measures(
+        &self,
+        tx: &mut WriteTx,
+        environment: &str,
+        generation: i64,
+        step: i64,
+    ) -> Result<Vec<Measure>, LedgerError> {
+        let rows: Vec<MeasureRow> = sqlx::query_as(self.sql(
+            "SELECT m.requests, m.errors, m.p95_micros, m.logged FROM step_measures m JOIN jobs j ON j.id = m.job_id \
+             WHERE j.environment = ? AND j.generation = ? AND j.step = ? ORDER BY m.job_id",
+        ))
+        .bind(environment)
+        .bind(generation)
+        .bind(step)
+        .fetch_all(&mut **tx)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| Measure {
+                requests: r.requests,
+                errors: r.errors,
+                p95_micros: r.p95_micros,
+                logged: r.logged != 0,
+            })
+            .collect())
+    }
+
     /// `environment`'s deployment's current step, if it has a deployment.
     pub async fn step_row(&self, environment: &str) -> Result<Option<StepRow>, LedgerError> {
         Ok(sqlx::query_as(self.sql(

@@ -2,13 +2,15 @@
 //! current step stands (its jobs, and whether it waits out a canary's pause or a promote),
 //! [`advance`] says what happens next as a closed [`Advance`]; the daemon's
 //! `reconcile/advance.rs` writes it, and `pl status` reads a canary's standing
-//! ([`CanaryStanding`]) from the same columns the decision sets. Whether a promote or an
-//! abort is allowed is decided here too ([`promote`], [`abort`]). Pure: no clock is read (the
-//! caller passes `now_ms`), nothing is written.
+//! ([`CanaryStanding`]) from the same columns the decision sets. A canary's gates are judged
+//! here on what every ingress measured of a share ([`verdict`]); whether a promote or an abort
+//! is allowed is decided here too ([`promote`], [`abort`]). Pure: no clock is read (the caller
+//! passes `now_ms`), nothing is written.
 
 use super::Step;
 use crate::deployment::DeploymentSpec;
 use crate::generations::{Action, Status, StepJobs};
+use crate::model::CanaryGate;
 use crate::task::{Task, Wait};
 
 /// Where a step stands before its jobs run: the ledger's `deployments.step_state` (and
@@ -94,10 +96,89 @@ impl Rollout<'_> {
 
 /// Where a generation's current step stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Standing {
+pub struct Standing<'a> {
     pub step: usize,
     pub state: StepState,
     pub jobs: StepJobs,
+    /// What its canary measures (a step of `MeasureCanary` tasks) reported, one per job done.
+    pub measured: &'a [Measured],
+}
+
+/// What one ingress measured of a canary's share (the agent's `CanaryMeasure`, as the ledger
+/// keeps it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Measured {
+    pub requests: u32,
+    pub errors: u32,
+    pub p95_micros: Option<u64>,
+    /// False when the node had no proxy log to read.
+    pub logged: bool,
+}
+
+/// A canary's gates judged on a share's measures.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GateVerdict {
+    /// No ingress had a proxy log to read: nothing to judge.
+    Unlogged,
+    /// Fewer requests than the gate's `minRequests`: not judged.
+    NotJudged { requests: u32, min: u32 },
+    /// Every gate passed on what was seen.
+    Passed { seen: String },
+    /// A gate failed: what was seen, and which gates it went over.
+    Failed { seen: String, over: Vec<String> },
+}
+
+impl GateVerdict {
+    /// In the daemon's words (events, a failure's reason).
+    pub fn words(&self) -> String {
+        match self {
+            GateVerdict::Unlogged => "gates not judged: no ingress had a proxy log (one comes with the ingress server: a Caddy restarted without its saved configuration gets it back then)".to_owned(),
+            GateVerdict::NotJudged { requests, min } => format!(
+                "gates not judged: {requests} request(s) to the new release, fewer than minRequests {min}"
+            ),
+            GateVerdict::Passed { seen } => format!("gates passed: {seen}"),
+            GateVerdict::Failed { seen, over } => {
+                format!("the new release's {seen}: over {}", over.join(" and "))
+            }
+        }
+    }
+}
+
+/// Judges `gate` on every ingress's measure of a share together: their round trips and
+/// failures summed, and the highest p95 (a node whose share answers slowly fails the gate, as
+/// the share it serves is what its clients see). Nodes with no proxy log are left out.
+pub fn verdict(gate: &CanaryGate, measured: &[Measured]) -> GateVerdict {
+    let logged: Vec<&Measured> = measured.iter().filter(|m| m.logged).collect();
+    if logged.is_empty() {
+        return GateVerdict::Unlogged;
+    }
+    let requests: u32 = logged.iter().map(|m| m.requests).fold(0, u32::saturating_add);
+    let errors: u32 = logged.iter().map(|m| m.errors).fold(0, u32::saturating_add);
+    if requests < gate.min_requests || requests == 0 {
+        return GateVerdict::NotJudged {
+            requests,
+            min: gate.min_requests,
+        };
+    }
+    let p95_micros = logged.iter().filter_map(|m| m.p95_micros).max().unwrap_or(0);
+    let percent = f64::from(errors) * 100.0 / f64::from(requests);
+    let p95_ms = p95_micros as f64 / 1000.0;
+    let seen = format!("{errors} of {requests} requests 5xx or failed ({percent:.1}%), p95 {p95_ms:.0} ms");
+    let mut over = Vec::new();
+    if let Some(max) = gate.max_error_percent
+        && percent > f64::from(max)
+    {
+        over.push(format!("maxErrorPercent {max}"));
+    }
+    if let Some(max) = gate.max_p95_ms
+        && p95_micros > u64::from(max) * 1000
+    {
+        over.push(format!("maxP95Ms {max}"));
+    }
+    match over.is_empty() {
+        true => GateVerdict::Passed { seen },
+        false => GateVerdict::Failed { seen, over },
+    }
 }
 
 /// The share of requests a canary step gave the new release, when a step that was one is done.
@@ -141,29 +222,35 @@ pub enum Watch {
 }
 
 /// What a rollout in progress does next.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Advance {
     /// Its current step's jobs still run, or its pause is not over: nothing to write.
     Wait,
     /// Its pause is over, or it was promoted: the current step's jobs are queued now.
     Resume { step: usize },
     /// Its current step is done: `step` (the next that has jobs) comes next, as `state` says
-    /// (queued now when `Running`). `share`: the step done was a canary's share.
+    /// (queued now when `Running`). `share`: the step done was a canary's share; `gate`: it
+    /// was a canary's measures, and its gates passed (or were not judged).
     Next {
         step: usize,
         state: StepState,
         share: Option<Share>,
+        gate: Option<GateVerdict>,
     },
-    /// A job of its current step failed for good: the generation fails and waits for a new
-    /// one. `back`: what the steps done had moved off the old release, so it goes back.
-    Fail { back: Option<Back> },
+    /// A job of its current step failed for good, or its measures failed the canary's gates:
+    /// the generation fails and waits for a new one. `back`: what the steps done had moved off
+    /// the old release, so it goes back; `gate`: the gates' verdict, when they failed it.
+    Fail {
+        back: Option<Back>,
+        gate: Option<GateVerdict>,
+    },
     /// No step is left (`steps`: how many there were).
     Done { steps: usize, watch: Watch },
 }
 
 /// The one decision: what `rollout`, whose steps are `steps` (from [`Rollout::steps`]) and
 /// whose current step stands as `standing`, does next at `now_ms`.
-pub fn advance(rollout: &Rollout<'_>, steps: &[Step], standing: Standing, now_ms: i64) -> Advance {
+pub fn advance(rollout: &Rollout<'_>, steps: &[Step], standing: Standing<'_>, now_ms: i64) -> Advance {
     match standing.state {
         StepState::AwaitsPromote => return Advance::Wait,
         StepState::Paused { due_ms } if now_ms < due_ms => return Advance::Wait,
@@ -181,10 +268,22 @@ pub fn advance(rollout: &Rollout<'_>, steps: &[Step], standing: Standing, now_ms
                 .filter(|first| standing.step >= *first)
                 .map(|_| Back::Rolling),
         };
-        return Advance::Fail { back };
+        return Advance::Fail { back, gate: None };
+    }
+    // A step of measures: the canary's gates, judged on what every ingress measured.
+    let gate = steps
+        .get(standing.step)
+        .and_then(|s| s.iter().find_map(|(t, _)| t.gate()))
+        .map(|g| verdict(g, standing.measured));
+    if let Some(v @ GateVerdict::Failed { .. }) = gate {
+        return Advance::Fail {
+            back: Some(Back::Canary),
+            gate: Some(v),
+        };
     }
     match first_step_from(steps, standing.step + 1) {
         Some(next) => Advance::Next {
+            gate,
             step: next,
             state: StepState::entering(&steps[next], now_ms),
             share: canary.iter().position(|(i, _)| *i == standing.step).map(|k| Share {

@@ -100,9 +100,10 @@ fn steps_with(
             .collect(),
     );
     // A canary: one step per weight, each waiting out the pause of the one before; the switch
-    // (every request to the new release) waits out the last one's. Each after the first
-    // passes the gates first, on what the ingress measured since the one before.
-    let publish = |weight: Option<u8>, wait: Option<Wait>, gate: Option<CanaryGate>, rolled: Option<Rolled>| -> Step {
+    // (every request to the new release) waits out the last one's. With gates, a step of
+    // measures comes between each share's pause and the next share: the control plane judges
+    // what every ingress measured of the share (`advance::verdict`) before it goes on.
+    let publish = |weight: Option<u8>, wait: Option<Wait>, rolled: Option<Rolled>| -> Step {
         let mut step = Vec::new();
         for node in &spec.ingress_nodes {
             for host in &spec.hostnames {
@@ -113,7 +114,6 @@ fn steps_with(
                     repair: 0,
                     weight,
                     wait,
-                    gate,
                     rolled,
                 };
                 step.push((task, node.clone()));
@@ -121,17 +121,46 @@ fn steps_with(
         }
         step
     };
-    let (mut wait, mut gated) = (None, None);
+    let measure = |weight: u8, wait: Option<Wait>, gate: CanaryGate| -> Step {
+        let mut step = Vec::new();
+        for node in &spec.ingress_nodes {
+            for host in &spec.hostnames {
+                let task = Task::MeasureCanary {
+                    environment: env.clone(),
+                    hostname: host.clone(),
+                    generation,
+                    weight,
+                    wait,
+                    gate,
+                };
+                step.push((task, node.clone()));
+            }
+        }
+        step
+    };
+    // What the next share (or the switch) waits for, and the share before it, to be measured.
+    let (mut wait, mut before): (Option<Wait>, Option<u8>) = (None, None);
+    let gated = |steps: &mut Vec<Step>, wait: Option<Wait>, before: Option<u8>| -> Option<Wait> {
+        match (gate, before) {
+            (Some(g), Some(w)) => {
+                steps.push(measure(w, wait, g));
+                None
+            }
+            _ => wait,
+        }
+    };
     for c in canary {
-        steps.push(publish(Some(c.weight), wait, gated, None));
+        let w = gated(&mut steps, wait, before);
+        steps.push(publish(Some(c.weight), w, None));
         wait = Some(c.pause_seconds.map_or(Wait::Promote, Wait::Seconds));
-        gated = gate;
+        before = Some(c.weight);
     }
     // Rolling batches: each its replicas' steps, the routes moving to them between batches.
     let stopped = crate::rolling::batch_steps(spec, generation, retired, rolling, &mut steps, |r| {
-        publish(None, None, None, Some(r))
+        publish(None, None, Some(r))
     });
-    steps.push(publish(None, wait, gated, None));
+    let w = gated(&mut steps, wait, before);
+    steps.push(publish(None, w, None));
     let mut cleanup: Step = Vec::new();
     for old in retired {
         for i in &old.instances {
@@ -293,7 +322,6 @@ pub fn scale_tasks(spec: &DeploymentSpec, generation: u64, change: &crate::relea
                         weight: None,
                         rolled: None,
                         wait: None,
-                        gate: None,
                     }
                 };
                 out.push((task, node.clone()));
@@ -332,7 +360,6 @@ pub fn scale_tasks(spec: &DeploymentSpec, generation: u64, change: &crate::relea
                 weight: None,
                 rolled: None,
                 wait: None,
-                gate: None,
             };
             out.push((task, node.clone()));
         }
@@ -441,7 +468,6 @@ pub fn republish_after_repair(spec: &DeploymentSpec, generation: u64, repair: u3
                 weight: None,
                 rolled: None,
                 wait: None,
-                gate: None,
             };
             (task, node.clone())
         })
@@ -486,7 +512,6 @@ fn republish(spec: &DeploymentSpec, generation: u64, hostname: &str, repair: u32
                     weight: None,
                     rolled: None,
                     wait: None,
-                    gate: None,
                 };
                 (task, node.clone())
             })

@@ -185,6 +185,7 @@ impl Ledger {
                 Task::StopApplication { .. }
                 | Task::TeardownApplication { .. }
                 | Task::RemoveIngress { .. }
+                | Task::MeasureCanary { .. }
                 | Task::RemoveVolume { .. } => {}
                 Task::EnsureNetwork { .. }
                 | Task::ApplyFirewall { .. }
@@ -242,6 +243,7 @@ impl Ledger {
                 Task::StopApplication { .. }
                 | Task::TeardownApplication { .. }
                 | Task::RemoveIngress { .. }
+                | Task::MeasureCanary { .. }
                 | Task::RemoveVolume { .. }
                 | Task::PlaceAcmeChallenge { .. } => Ok(Execution::Removal),
                 Task::PublishIngress {
@@ -643,8 +645,19 @@ mod tests {
                 repair: 1,
                 weight: Some(10),
                 wait: None,
-                gate: None,
                 rolled: None,
+            },
+            Task::MeasureCanary {
+                environment: env.clone(),
+                hostname: host.clone(),
+                generation: 3,
+                weight: 10,
+                wait: Some(state_schema::task::Wait::Promote),
+                gate: state_schema::model::CanaryGate {
+                    max_error_percent: Some(5),
+                    max_p95_ms: None,
+                    min_requests: 20,
+                },
             },
             Task::RemoveIngress {
                 environment: env.clone(),
@@ -710,6 +723,10 @@ mod tests {
         assert!(matches!(
             wire_task(&all[8]),
             agent_proto::Task::PublishIngress { ref hostname, repair: 1, .. } if hostname == "api.example.com"
+        ));
+        assert!(matches!(
+            wire_task(&all[9]),
+            agent_proto::Task::MeasureCanary { ref hostname, generation: 3, .. } if hostname == "api.example.com"
         ));
     }
 }

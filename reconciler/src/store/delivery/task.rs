@@ -95,7 +95,6 @@ pub fn wire_task(task: &Task) -> agent_proto::Task {
             repair,
             weight,
             wait: _,
-            gate,
             rolled: _,
         } => Wire::PublishIngress {
             environment: s(environment),
@@ -103,11 +102,19 @@ pub fn wire_task(task: &Task) -> agent_proto::Task {
             generation: *generation,
             repair: *repair,
             weight: *weight,
-            gate: gate.map(|g| agent_proto::task::CanaryGate {
-                max_error_percent: g.max_error_percent,
-                max_p95_ms: g.max_p95_ms,
-                min_requests: g.min_requests,
-            }),
+        },
+        // The weight, the wait and the gate are the control plane's: the agent only measures.
+        Task::MeasureCanary {
+            environment,
+            hostname,
+            generation,
+            weight: _,
+            wait: _,
+            gate: _,
+        } => Wire::MeasureCanary {
+            environment: s(environment),
+            hostname: s(hostname),
+            generation: *generation,
         },
         Task::RemoveIngress {
             environment,
