@@ -319,7 +319,13 @@ async fn scenario(url: String, dir: &Path) {
     converge(&shared).await;
     shared
         .ledger
-        .ask_rollback("api-production", "ops", now_ms())
+        .ask_rollback(
+            "api-production",
+            None,
+            "ops",
+            now_ms(),
+            state_schema::generations::rollback,
+        )
         .await
         .expect("ask")
         .expect("asked");

@@ -58,6 +58,7 @@ async fn heartbeat(ledger: &Ledger, env: &str, generation: u64, healthy: bool) {
         repaired: &[],
         taken_subnets: "",
         mesh: None,
+        watch: state_schema::watch::judge,
     };
     ledger.heartbeat("n1", &beat, now_ms()).await.expect("heartbeat");
 }
@@ -115,7 +116,11 @@ async fn scenario(url: String, dir: &Path) {
     assert_eq!(deployment(&url).await, "1|done|0");
     // One release only: nothing to go back to; nothing written.
     let before = rows(&url, "SELECT id FROM events").await.len();
-    let r = shared.ledger.ask_rollback(env, "ops", now_ms()).await.expect("ask");
+    let r = shared
+        .ledger
+        .ask_rollback(env, None, "ops", now_ms(), state_schema::generations::rollback)
+        .await
+        .expect("ask");
     assert_eq!(r, Err(Refusal::Rollback(RollbackRefusal::NoPrevious)));
     assert_eq!(r.as_ref().map_err(Refusal::code).err(), Some("no-previous-release"));
     assert_eq!(
@@ -124,7 +129,11 @@ async fn scenario(url: String, dir: &Path) {
         "a refusal writes nothing"
     );
     assert_eq!(
-        shared.ledger.ask_rollback("nope", "ops", now_ms()).await.expect("ask"),
+        shared
+            .ledger
+            .ask_rollback("nope", None, "ops", now_ms(), state_schema::generations::rollback)
+            .await
+            .expect("ask"),
         Err(Refusal::UnknownEnvironment)
     );
     assert_eq!(
@@ -149,13 +158,17 @@ async fn scenario(url: String, dir: &Path) {
     // The rollback: generation 3 with generation 1's spec, no release step, held.
     let ask = shared
         .ledger
-        .ask_rollback(env, "ops", now_ms())
+        .ask_rollback(env, None, "ops", now_ms(), state_schema::generations::rollback)
         .await
         .expect("ask")
         .expect("asked");
     assert_eq!((ask.from, ask.to, ask.generation), (2, 1, 3));
     assert_eq!(
-        shared.ledger.ask_rollback(env, "ops", now_ms()).await.expect("ask"),
+        shared
+            .ledger
+            .ask_rollback(env, None, "ops", now_ms(), state_schema::generations::rollback)
+            .await
+            .expect("ask"),
         Err(Refusal::Rollback(RollbackRefusal::AlreadyHeld))
     );
     converge(&shared).await;
@@ -211,7 +224,7 @@ async fn scenario(url: String, dir: &Path) {
     // ends the hold and decides as usual.
     shared
         .ledger
-        .ask_rollback(env, "ops", now_ms())
+        .ask_rollback(env, None, "ops", now_ms(), state_schema::generations::rollback)
         .await
         .expect("ask")
         .expect("asked");
@@ -694,7 +707,13 @@ async fn a_rollback_keeps_todays_replica_count() {
     assert_eq!(release_a.instances.len(), 1);
     let ask = shared
         .ledger
-        .ask_rollback("api-production", "ops", now_ms())
+        .ask_rollback(
+            "api-production",
+            None,
+            "ops",
+            now_ms(),
+            state_schema::generations::rollback,
+        )
         .await
         .expect("ask")
         .expect("asked");

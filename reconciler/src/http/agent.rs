@@ -218,6 +218,7 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
             .mesh
             .as_ref()
             .map(|m| (m.public_key.as_str(), m.port, m.address.as_deref(), names.as_str())),
+        watch: state_schema::watch::judge,
     };
     match s.ledger.heartbeat(&node, &beat, now_ms()).await {
         Ok(changed) => {

@@ -9,7 +9,7 @@ use operator_proto::rollbacks::{
     HoldReleased, Promoted, RollbackAnswer, RollbackAsk, RolledBack, RolloutAction, RolloutAnswer, RolloutAsk,
 };
 use state_schema::generations::RollbackRefusal;
-use state_schema::generations::{Action, Status};
+use state_schema::generations::{self, Action, Status};
 use state_schema::rollout::advance::{self, PromoteRefusal, StepState};
 
 fn refused(env: &str, why: &Refusal) -> OpError {
@@ -67,7 +67,7 @@ impl Ops {
         }
         let a = self
             .ledger
-            .ask_rollback(env, who, now_ms())
+            .ask_rollback(env, None, who, now_ms(), generations::rollback)
             .await?
             .map_err(|why| refused(env, &why))?;
         tracing::info!(by = %who, environment = %env, from = a.from, to = a.to, generation = a.generation, "rollback asked for");
@@ -154,7 +154,10 @@ impl Ops {
             return Ok(Err(Refusal::NotInProgress));
         }
         let of = u64::try_from(r.generation).unwrap_or(0);
-        Ok(self.ledger.ask_rollback_of(env, Some(of), who, now_ms()).await?)
+        Ok(self
+            .ledger
+            .ask_rollback(env, Some(of), who, now_ms(), generations::rollback)
+            .await?)
     }
 }
 

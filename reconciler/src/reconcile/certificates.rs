@@ -231,6 +231,7 @@ async fn keep(
                     },
                     w.spec.environment.as_str(),
                     now_ms,
+                    state_schema::rollout::republish_certificate,
                 )
                 .await?;
             tracing::info!(hostname = %hostname, issuer, not_after_ms = s.not_after_ms, publishes = queued, "certificate issued");

@@ -233,6 +233,7 @@ pub async fn check_due(ledger: &Ledger, checking: &Checking, now_ms: i64) -> Res
                     event,
                 },
                 now_ms,
+                state_schema::rollout::republish_domain,
             )
             .await?;
     }

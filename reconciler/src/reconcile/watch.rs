@@ -19,7 +19,13 @@ impl Ledger {
                 None => (WATCH, "its watch"),
             };
             let outcome = self
-                .ask_rollback_of(&f.environment, Some(generation), by, now_ms)
+                .ask_rollback(
+                    &f.environment,
+                    Some(generation),
+                    by,
+                    now_ms,
+                    state_schema::generations::rollback,
+                )
                 .await?;
             let mut tx = self.write_tx().await?;
             self.end_watch(&mut tx, &f.environment).await?;

@@ -102,11 +102,14 @@ impl Ledger {
     /// certificate when its own publishes are leased). The rollout is read inside the
     /// transaction (locked on PostgreSQL): an order takes seconds, and the rollout may have
     /// moved on since it started. Returns the jobs queued.
+    /// `republish` says which publishes hand the certificate to the nodes
+    /// (`state_schema::rollout::republish_certificate`): the caller's decision.
     pub async fn store_certificate(
         &self,
         c: &Issued<'_>,
         environment: &str,
         now_ms: i64,
+        republish: fn(&DeploymentSpec, u64, &str, u32) -> rollout::Step,
     ) -> Result<usize, LedgerError> {
         let mut tx = self.write_tx().await?;
         let lock = if self.backend() == Backend::Postgres {
@@ -142,7 +145,7 @@ impl Ledger {
         .await?;
         let step = match current.as_ref().and_then(Rollout::published) {
             Some((spec, generation)) => {
-                rollout::republish_certificate(&spec, generation, c.hostname, u32::try_from(issued).unwrap_or(u32::MAX))
+                republish(&spec, generation, c.hostname, u32::try_from(issued).unwrap_or(u32::MAX))
             }
             None => Vec::new(),
         };

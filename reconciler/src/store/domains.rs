@@ -6,6 +6,7 @@
 use super::certificates::Rollout;
 use super::{Backend, JobRow, Ledger, LedgerError};
 use sqlx::FromRow;
+use state_schema::deployment::DeploymentSpec;
 use state_schema::rollout;
 
 /// A domain's row.
@@ -120,7 +121,14 @@ impl Ledger {
     /// transaction the publishes that route the domain on every node serving its environment,
     /// when its rollout has published (a rollout before its publish step routes it itself).
     /// Returns the jobs queued.
-    pub async fn domain_checked(&self, c: &Checked<'_>, now_ms: i64) -> Result<usize, LedgerError> {
+    /// `republish` says which publishes route a first-proven domain
+    /// (`state_schema::rollout::republish_domain`): the caller's decision.
+    pub async fn domain_checked(
+        &self,
+        c: &Checked<'_>,
+        now_ms: i64,
+        republish: fn(&DeploymentSpec, u64, &str) -> rollout::Step,
+    ) -> Result<usize, LedgerError> {
         let mut tx = self.write_tx().await?;
         let first_proof: Option<(String, i64)> =
             sqlx::query_as(self.sql("SELECT environment, ever_verified FROM domains WHERE hostname = ?"))
@@ -162,7 +170,7 @@ impl Ledger {
             .fetch_optional(&mut *tx)
             .await?;
             if let Some((spec, generation)) = current.as_ref().and_then(Rollout::published) {
-                let step = rollout::republish_domain(&spec, generation, c.hostname);
+                let step = republish(&spec, generation, c.hostname);
                 let jobs: Vec<JobRow<'_>> = step
                     .iter()
                     .map(|(task, node)| JobRow::new(task, node.as_str(), 5, now_ms, None))

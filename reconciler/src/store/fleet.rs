@@ -260,6 +260,9 @@ pub struct Beat<'a> {
     pub taken_subnets: &'a str,
     /// The node's mesh, checked: (public key, port, address, its own names as JSON).
     pub mesh: Option<(&'a str, u16, Option<&'a str>, &'a str)>,
+    /// How a watched generation is judged on what the node reports
+    /// (`state_schema::watch::judge`): the caller's decision.
+    pub watch: super::watch::WatchDecision,
 }
 
 impl Ledger {
@@ -276,6 +279,7 @@ impl Ledger {
             repaired,
             taken_subnets,
             mesh,
+            watch,
         } = *beat;
         if !repaired.is_empty() {
             // Each repair the agent reports becomes a `drift-repaired` event of its environment.
@@ -298,7 +302,7 @@ impl Ledger {
         // A release under watch with replicas here: this heartbeat may fail it (the pass rolls
         // it back, woken like for a changed node).
         let now_list: Vec<agent_proto::RunningInstance> = serde_json::from_str(observed).unwrap_or_default();
-        let watch_failed = self.watch_beat(node, &now_list, now_ms).await?;
+        let watch_failed = self.watch_beat(node, &now_list, now_ms, watch).await?;
         let changed = watch_failed
             || match before {
                 None => false,

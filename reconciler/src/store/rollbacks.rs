@@ -1,15 +1,21 @@
-//! Rollbacks in the ledger: an operator's ask (`pl rollback ENV`), judged by
-//! `state_schema::generations::rollback` against the deployment's row and recorded as the
-//! environment's hold, and its release (`pl rollback --release ENV`). SQL only: the rollback's
-//! generation is started by the reconcile pass (`reconcile/rollback.rs`), which the HTTP layer
-//! wakes. In the store, not `reconcile/`, since the HTTP layer calls them.
+//! Rollbacks in the ledger: an ask (an operator's `pl rollback ENV`, an abort, or the pass's
+//! after a failed watch) judged against the deployment's row by the caller's decision
+//! (`state_schema::generations::rollback`, handed in: the store reads and writes, the caller
+//! decides) and recorded as the environment's hold in the same transaction, and its release
+//! (`pl rollback --release ENV`). SQL only: the rollback's generation is started by the
+//! reconcile pass (`reconcile/rollback.rs`).
 
 use super::rows::gen_u64;
 use super::{Ledger, LedgerError};
 use serde::{Deserialize, Serialize};
 use sqlx::FromRow;
 use state_schema::deployment::DeploymentSpec;
-use state_schema::generations::{self, Action, Current, RollbackAsk, RollbackRefusal, Status};
+use state_schema::generations::{Action, Current, RollbackAsk, RollbackRefusal, Status};
+
+/// How a rollback is judged on a deployment's row (`state_schema::generations::rollback`): its
+/// current generation, its release, the previous generation with its release, and whether a
+/// hold is on it. The caller's, handed to [`Ledger::ask_rollback`].
+pub type RollbackDecision = fn(&Current, &str, Option<(u64, &str)>, bool) -> Result<RollbackAsk, RollbackRefusal>;
 
 /// Who an automatic rollback's hold names (a release that failed its watch).
 pub const WATCH: &str = "watch";
@@ -114,26 +120,18 @@ fn release_of(spec: &str) -> Option<String> {
 }
 
 impl Ledger {
-    /// Asks for `environment`'s rollback to its previous release, by `by`: judged and recorded
-    /// as the hold in one transaction, with a `rollback-asked` event. Nothing runs until the
-    /// pass starts the generation.
+    /// Asks for `environment`'s rollback to its previous release, by `by`, of generation `of`
+    /// only when given (an abort, or an automatic rollback of the generation whose watch
+    /// failed: a newer one may have started since): judged by `decide` on the deployment's row
+    /// and recorded as the hold in one transaction, with a `rollback-asked` event. Nothing runs
+    /// until the pass starts the generation.
     pub async fn ask_rollback(
-        &self,
-        environment: &str,
-        by: &str,
-        now_ms: i64,
-    ) -> Result<Result<RollbackAsk, Refusal>, LedgerError> {
-        self.ask_rollback_of(environment, None, by, now_ms).await
-    }
-
-    /// [`Ledger::ask_rollback`] of generation `of` only, when given (an automatic rollback of
-    /// the generation whose watch failed: a newer one may have started since).
-    pub(crate) async fn ask_rollback_of(
         &self,
         environment: &str,
         of: Option<u64>,
         by: &str,
         now_ms: i64,
+        decide: RollbackDecision,
     ) -> Result<Result<RollbackAsk, Refusal>, LedgerError> {
         let mut tx = self.write_tx().await?;
         let Some(r) = self.rollback_row(&mut tx, environment).await? else {
@@ -151,7 +149,7 @@ impl Ledger {
         let release = release_of(&r.spec).unwrap_or_default();
         let previous = release_of(&r.previous_spec).map(|h| (gen_u64(r.previous_generation), h));
         let held = !r.hold.is_empty();
-        let ask = match generations::rollback(
+        let ask = match decide(
             &current,
             &release,
             previous.as_ref().map(|(g, h)| (*g, h.as_str())),

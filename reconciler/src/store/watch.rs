@@ -1,5 +1,6 @@
 //! A release's watch in the ledger (`rollout.watchSeconds`): set when a rollout finishes, judged
-//! against each heartbeat of a node with replicas under watch (`state_schema::watch::judge`),
+//! against each heartbeat of a node with replicas under watch (by the caller's decision,
+//! `state_schema::watch::judge`, handed in with the heartbeat),
 //! its first failure kept on the deployment's row for the pass to roll it back
 //! (`reconcile/watch.rs`), and ended when its window passed. SQL only, and cheap when nothing is
 //! watched: heartbeats then read nothing (`Ledger::watching`).
@@ -7,7 +8,12 @@
 use super::{Ledger, LedgerError, WriteTx};
 use sqlx::FromRow;
 use state_schema::deployment::DeploymentSpec;
-use state_schema::watch::{self, Seen};
+use state_schema::watch::Seen;
+
+/// How a heartbeat is judged against a watched generation (`state_schema::watch::judge`): its
+/// spec, generation, when its watch began, the node, the heartbeat's time, what the node runs,
+/// and whether it is a canary's watch; why it failed, if it did. The caller's.
+pub type WatchDecision = fn(&DeploymentSpec, u64, i64, &str, i64, &[Seen<'_>], bool) -> Option<String>;
 use std::sync::atomic::Ordering;
 
 #[derive(FromRow)]
@@ -106,6 +112,7 @@ impl Ledger {
         node: &str,
         observed: &[agent_proto::RunningInstance],
         at_ms: i64,
+        judge: WatchDecision,
     ) -> Result<bool, LedgerError> {
         let until = match self.watching.get() {
             Some(until) => until,
@@ -148,7 +155,7 @@ impl Ledger {
             let generation = u64::try_from(r.generation).unwrap_or(0);
             // Watched while in progress: a canary, between its first share and its switch.
             let canary = r.status == "in-progress";
-            let Some(why) = watch::judge(&spec, generation, r.watch_from, node, at_ms, &seen, canary) else {
+            let Some(why) = judge(&spec, generation, r.watch_from, node, at_ms, &seen, canary) else {
                 continue;
             };
             let mut tx = self.write_tx().await?;
