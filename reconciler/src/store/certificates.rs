@@ -6,7 +6,7 @@
 use super::{Backend, JobRow, Ledger, LedgerError};
 use sqlx::FromRow;
 use state_schema::deployment::DeploymentSpec;
-use state_schema::rollout;
+use state_schema::rollout::{PUBLISH_STEP, Step};
 
 /// A hostname's certificate as the ledger keeps it (`chain` and `key_sealed` are `None` while
 /// it has never been issued).
@@ -53,7 +53,7 @@ impl Rollout {
     /// Its spec and generation when it has published its routes (done, or at its publish step
     /// or past it).
     pub fn published(&self) -> Option<(DeploymentSpec, u64)> {
-        let done = self.status == "done" || usize::try_from(self.step).is_ok_and(|s| s >= rollout::PUBLISH_STEP);
+        let done = self.status == "done" || usize::try_from(self.step).is_ok_and(|s| s >= PUBLISH_STEP);
         let spec = serde_json::from_str::<DeploymentSpec>(&self.spec).ok()?;
         done.then(|| (spec, u64::try_from(self.generation).unwrap_or(0)))
     }
@@ -109,7 +109,7 @@ impl Ledger {
         c: &Issued<'_>,
         environment: &str,
         now_ms: i64,
-        republish: fn(&DeploymentSpec, u64, &str, u32) -> rollout::Step,
+        republish: fn(&DeploymentSpec, u64, &str, u32) -> Step,
     ) -> Result<usize, LedgerError> {
         let mut tx = self.write_tx().await?;
         let lock = if self.backend() == Backend::Postgres {

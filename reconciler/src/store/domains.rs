@@ -7,7 +7,7 @@ use super::certificates::Rollout;
 use super::{Backend, JobRow, Ledger, LedgerError};
 use sqlx::FromRow;
 use state_schema::deployment::DeploymentSpec;
-use state_schema::rollout;
+use state_schema::rollout::Step;
 
 /// A domain's row.
 #[derive(Clone, Debug, FromRow)]
@@ -127,7 +127,7 @@ impl Ledger {
         &self,
         c: &Checked<'_>,
         now_ms: i64,
-        republish: fn(&DeploymentSpec, u64, &str) -> rollout::Step,
+        republish: fn(&DeploymentSpec, u64, &str) -> Step,
     ) -> Result<usize, LedgerError> {
         let mut tx = self.write_tx().await?;
         let first_proof: Option<(String, i64)> =
