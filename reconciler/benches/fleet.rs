@@ -553,7 +553,10 @@ fn thousand_deployments(repo: &Repo, clients: &[Arc<AgentClient>], url: &str) ->
         .expect("rt");
     let over = rt.block_on(async {
         let ledger = Ledger::connect(url, 2).await.expect("ledger");
-        let nodes = ledger.nodes("main", reconciler::store::now_ms()).await.expect("nodes");
+        let nodes = ledger
+            .nodes("main", reconciler::store::now_ms(), state_schema::replacement::fleet_of)
+            .await
+            .expect("nodes");
         ledger.close().await;
         let placed: usize = nodes.iter().map(|n| n.instances).sum();
         assert_eq!(placed, DEPLOYMENTS, "every replica placed");

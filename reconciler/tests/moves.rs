@@ -126,10 +126,11 @@ async fn scenario(url: String, dir: &Path) {
     );
     let ledger = &shared.ledger;
     let ask = |to: &'static str| async move {
-        let fleet = ledger
-            .fleet_view(&ledger.applied_pools("main").await.expect("pools"), now_ms())
-            .await
-            .expect("fleet");
+        let fleet = state_schema::replacement::fleet_of(
+            &ledger.applied_pools("main").await.expect("pools"),
+            &ledger.fleet_rows().await.expect("fleet"),
+            now_ms(),
+        );
         ledger
             .move_volume("api-production", "pgdata", to, &fleet, now_ms())
             .await
@@ -266,10 +267,11 @@ async fn scenario(url: String, dir: &Path) {
     );
     // Asked again within the same second, the move's job key is taken: refused, nothing
     // written (a move without its job would never end).
-    let fleet = ledger
-        .fleet_view(&ledger.applied_pools("main").await.expect("pools"), now_ms())
-        .await
-        .expect("fleet");
+    let fleet = state_schema::replacement::fleet_of(
+        &ledger.applied_pools("main").await.expect("pools"),
+        &ledger.fleet_rows().await.expect("fleet"),
+        now_ms(),
+    );
     let again = ledger
         .move_volume("api-production", "pgdata", "n1", &fleet, back.asked_at)
         .await

@@ -55,7 +55,12 @@ async fn placed(url: &str) -> (String, Vec<String>) {
 }
 
 async fn no_node_over_capacity(shared: &Reconciler) {
-    for n in shared.ledger.nodes("main", now_ms()).await.expect("nodes") {
+    for n in shared
+        .ledger
+        .nodes("main", now_ms(), state_schema::replacement::fleet_of)
+        .await
+        .expect("nodes")
+    {
         assert!(
             n.reserved_cpu_millis <= n.cpu_millis && n.reserved_memory_bytes <= n.memory_bytes,
             "{} holds {} of {} millicores",
@@ -265,7 +270,12 @@ async fn scenario(url: String, dir: &Path) {
     shared.pass().await.expect("pass");
     assert_eq!(placed(&url).await.0, "1");
     assert_eq!(
-        shared.ledger.nodes("main", now_ms()).await.expect("nodes")[0].state,
+        shared
+            .ledger
+            .nodes("main", now_ms(), state_schema::replacement::fleet_of)
+            .await
+            .expect("nodes")[0]
+            .state,
         "unhealthy"
     );
     set_last_seen(&url, "n1", 0).await;

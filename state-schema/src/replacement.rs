@@ -90,6 +90,24 @@ pub fn live_fleet(
     Fleet::new(nodes, running)
 }
 
+/// What the ledger holds of the fleet: what heartbeats said of each node, what runs, the
+/// volumes' pins, and after how long a silent node is lost.
+#[derive(Clone, Debug, Default)]
+pub struct FleetRows {
+    pub seen: BTreeMap<String, SeenNode>,
+    pub running: Vec<DeploymentSpec>,
+    pub pins: Vec<crate::placement::Pin>,
+    pub lost_after_ms: i64,
+}
+
+/// The live fleet of `pools` from what the ledger holds (`rows`) at `now_ms`, with its
+/// volumes' pins: what the daemon places on and judges a volume move against.
+pub fn fleet_of(pools: &[(Name, NodePool)], rows: &FleetRows, now_ms: i64) -> Fleet {
+    let mut fleet = live_fleet(pools, &rows.seen, &rows.running, now_ms, rows.lost_after_ms);
+    fleet.pin(rows.pins.iter().cloned());
+    fleet
+}
+
 /// A deployment that runs now, as the ledger holds it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

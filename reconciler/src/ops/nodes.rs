@@ -11,7 +11,10 @@ use operator_proto::nodes::{MeshKeyAsked, NodeToken, Nodes};
 impl Ops {
     /// `GET /v1/nodes`: what Git declares and what each node's agent said, with its mesh.
     pub async fn nodes(&self) -> Answer<Nodes> {
-        let rows = self.ledger.nodes(&self.branch, now_ms()).await?;
+        let rows = self
+            .ledger
+            .nodes(&self.branch, now_ms(), state_schema::replacement::fleet_of)
+            .await?;
         let meshes = self.ledger.meshes().await?;
         Ok(Nodes {
             nodes: wire::all(rows, |r| {

@@ -127,7 +127,7 @@ impl Ops {
     pub async fn move_volume(&self, who: &str, ask: MoveVolume) -> Answer<VolumeMoving> {
         let now = now_ms();
         let pools = self.ledger.applied_pools(&self.branch).await?;
-        let fleet = self.ledger.fleet_view(&pools, now).await?;
+        let fleet = state_schema::replacement::fleet_of(&pools, &self.ledger.fleet_rows().await?, now);
         let (env, volume, to) = (&ask.environment, &ask.volume, &ask.to);
         let m = self
             .ledger

@@ -133,7 +133,11 @@ impl Ledger {
         // and spec hashes of every deployment, and the hash of every object.
         let mut fleet = if j.accepted() {
             let pools: Vec<_> = j.state.state.pools().map(|(n, p)| (n.clone(), p.clone())).collect();
-            Some(self.fleet_view(&pools, now_ms).await?)
+            Some(state_schema::replacement::fleet_of(
+                &pools,
+                &self.fleet_rows().await?,
+                now_ms,
+            ))
         } else {
             None
         };

@@ -7,8 +7,12 @@ use crate::store::{Ledger, LedgerError};
 use agent_proto::Refusal;
 use sha2::{Digest, Sha256};
 use sqlx::FromRow;
+use state_schema::model::NodePool;
 use state_schema::model::NodeState;
+use state_schema::placement::Fleet;
 use state_schema::placement::Liveness;
+use state_schema::replacement::FleetRows;
+use state_schema::values::Name;
 
 /// How long an enrolment token lives.
 pub const TOKEN_TTL_MS: i64 = 15 * 60 * 1000;
@@ -382,12 +386,19 @@ impl Ledger {
     }
 
     /// Every node the accepted state of `branch` declares, with what the control plane saw of
-    /// it and what its replicas reserve, by name.
-    pub async fn nodes(&self, branch: &str, now_ms: i64) -> Result<Vec<NodeRow>, LedgerError> {
+    /// it and what its replicas reserve (in the fleet `fleet_of` makes of the rows:
+    /// `state_schema::replacement::fleet_of`, the caller's), by name.
+    pub async fn nodes(
+        &self,
+        branch: &str,
+        now_ms: i64,
+        fleet_of: fn(&[(Name, NodePool)], &FleetRows, i64) -> Fleet,
+    ) -> Result<Vec<NodeRow>, LedgerError> {
         let seen = self.seen_nodes().await?;
         let pools = self.applied_pools(branch).await?;
-        let running = self.running_specs().await?;
-        let fleet = self.fleet_of(&pools, &seen, &running, now_ms);
+        let rows = self.fleet_rows().await?;
+        let fleet = fleet_of(&pools, &rows, now_ms);
+        let running = rows.running;
         let mut placed: std::collections::BTreeMap<String, usize> = Default::default();
         for i in running.iter().flat_map(|s| &s.instances) {
             *placed.entry(i.node.to_string()).or_default() += 1;

@@ -9,8 +9,7 @@ use sqlx::FromRow;
 use state_schema::deployment::DeploymentSpec;
 use state_schema::generations::Status;
 use state_schema::model::{NodePool, Spec};
-use state_schema::placement::Fleet;
-use state_schema::replacement::{self, Running, SeenNode, Snapshot};
+use state_schema::replacement::{FleetRows, Running, SeenNode, Snapshot};
 use state_schema::values::Name;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -116,26 +115,16 @@ impl Ledger {
         Ok(out)
     }
 
-    /// The fleet a placement run sees now: `pools`' nodes with their liveness and
-    /// capabilities, and every running deployment's reservations.
-    pub async fn fleet_view(&self, pools: &[(Name, NodePool)], now_ms: i64) -> Result<Fleet, LedgerError> {
-        let seen = self.seen_nodes().await?;
-        let mut fleet = self.fleet_of(pools, &seen, &self.running_specs().await?, now_ms);
-        fleet.pin(self.volume_pins().await?);
-        Ok(fleet)
-    }
-
-    /// The fleet from what was read already: `pools`' nodes with what heartbeats said of
-    /// them, holding what `running` deployments reserve (`replacement::live_fleet`, which
-    /// `pl plan --fleet` calls too).
-    pub fn fleet_of(
-        &self,
-        pools: &[(Name, NodePool)],
-        seen: &BTreeMap<String, Seen>,
-        running: &[DeploymentSpec],
-        now_ms: i64,
-    ) -> Fleet {
-        replacement::live_fleet(pools, &seen_nodes(seen), running, now_ms, self.lost_after_ms())
+    /// What a placement run reads of the fleet now: what heartbeats said of every enrolled
+    /// node, every running deployment's spec, the volumes' pins, and when a silent node is
+    /// lost (`state_schema::replacement::fleet_of` makes the fleet of them).
+    pub async fn fleet_rows(&self) -> Result<FleetRows, LedgerError> {
+        Ok(FleetRows {
+            seen: seen_nodes(&self.seen_nodes().await?),
+            running: self.running_specs().await?,
+            pins: self.volume_pins().await?,
+            lost_after_ms: self.lost_after_ms(),
+        })
     }
 
     /// The live fleet as placement sees it now: every enrolled node and every running
