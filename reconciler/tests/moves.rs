@@ -125,17 +125,18 @@ async fn scenario(url: String, dir: &Path) {
         rows(&url, "SELECT kind, detail FROM events ORDER BY id").await
     );
     let ledger = &shared.ledger;
-    let ask = |to: &'static str| async move {
-        let fleet = state_schema::replacement::fleet_of(
-            &ledger.applied_pools("main").await.expect("pools"),
-            &ledger.fleet_rows().await.expect("fleet"),
-            now_ms(),
-        );
-        ledger
-            .move_volume("api-production", "pgdata", to, &fleet, now_ms())
-            .await
-            .expect("move")
+    let ops = reconciler::ops::Ops {
+        ledger: shared.ledger.clone(),
+        hub: shared.hub.clone(),
+        branch: "main".into(),
     };
+    let move_to = |to: &str| operator_proto::volumes::MoveVolume {
+        environment: "api-production".into(),
+        volume: "pgdata".into(),
+        to: to.into(),
+    };
+    let ops = &ops;
+    let ask = |to: &'static str| async move { ops.ask_move(&move_to(to), now_ms()).await.expect("move") };
     let row = || async {
         rows(
             &url,
@@ -267,15 +268,7 @@ async fn scenario(url: String, dir: &Path) {
     );
     // Asked again within the same second, the move's job key is taken: refused, nothing
     // written (a move without its job would never end).
-    let fleet = state_schema::replacement::fleet_of(
-        &ledger.applied_pools("main").await.expect("pools"),
-        &ledger.fleet_rows().await.expect("fleet"),
-        now_ms(),
-    );
-    let again = ledger
-        .move_volume("api-production", "pgdata", "n1", &fleet, back.asked_at)
-        .await
-        .expect("move");
+    let again = ops.ask_move(&move_to("n1"), back.asked_at).await.expect("move");
     assert!(
         matches!(&again, Err(MoveRefusal::Moving(why)) if why.contains("this same second")),
         "{again:?}"

@@ -4,11 +4,15 @@
 //! why not before anything changed (the caller follows `movingTo`, then `movedUpAtMs`).
 
 use super::{Answer, Kind, OpError, Ops, wire};
+use crate::store::backups::backed_up;
 use crate::store::kept::KeptRefusal;
-use crate::store::moves::MoveRefusal;
+use crate::store::moves::{MoveRefusal, Moving};
 use crate::store::now_ms;
-use crate::store::volumes::VolumeRefusal;
+use crate::store::volumes::{VolumeRefusal, VolumeRow};
 use operator_proto::volumes::{MoveVolume, RemoveVolume, VolumeMoving, VolumeRemoved, Volumes};
+use state_schema::placement::Fleet;
+use state_schema::task::Task;
+use state_schema::values::Name;
 use std::time::Duration;
 
 /// How long a removal waits for the node.
@@ -125,13 +129,9 @@ impl Ops {
 
     /// `POST /v1/volumes/move`: judged against the fleet as placement sees it now.
     pub async fn move_volume(&self, who: &str, ask: MoveVolume) -> Answer<VolumeMoving> {
-        let now = now_ms();
-        let pools = self.ledger.applied_pools(&self.branch).await?;
-        let fleet = state_schema::replacement::fleet_of(&pools, &self.ledger.fleet_rows().await?, now);
         let (env, volume, to) = (&ask.environment, &ask.volume, &ask.to);
         let m = self
-            .ledger
-            .move_volume(env, volume, to, &fleet, now)
+            .ask_move(&ask, now_ms())
             .await?
             .map_err(|why| move_refused(env, volume, to, &why))?;
         tracing::warn!(by = %who, environment = %env, volume = %volume, from = %m.from, to = %m.to, job = %m.job, "volume move asked");
@@ -144,6 +144,80 @@ impl Ops {
             asked_at_ms: m.asked_at,
         })
     }
+
+    /// A move asked at `now_ms`, judged ([`judge_move`], against the fleet made from the
+    /// ledger's rows now) and started, or why not (nothing written).
+    pub async fn ask_move(&self, ask: &MoveVolume, now_ms: i64) -> Result<Result<Moving, MoveRefusal>, OpError> {
+        let (env, volume, to) = (&ask.environment, &ask.volume, &ask.to);
+        let pools = self.ledger.applied_pools(&self.branch).await?;
+        let fleet = state_schema::replacement::fleet_of(&pools, &self.ledger.fleet_rows().await?, now_ms);
+        let (rows, backing) = self.ledger.move_rows().await?;
+        let (task, role, from) = match judge_move(&rows, backing, &fleet, env, volume, to, now_ms) {
+            Ok(judged) => judged,
+            Err(why) => return Ok(Err(why)),
+        };
+        Ok(self
+            .ledger
+            .start_move(env, volume, &role, &from, to, &task, now_ms)
+            .await?)
+    }
+}
+
+/// Whether `environment`'s `volume` may move to node `to` now, judged on every volume's row
+/// (`rows`), the finished rollouts that back volumes up (`backing`) and the live `fleet`: the
+/// move's first job (its backup, `moving`), the volume's role and its node; or why not.
+fn judge_move(
+    rows: &[VolumeRow],
+    backing: Vec<(i64, String)>,
+    fleet: &Fleet,
+    environment: &str,
+    volume: &str,
+    to: &str,
+    now_ms: i64,
+) -> Result<(Task, String, String), MoveRefusal> {
+    let row = rows
+        .iter()
+        .find(|r| r.environment == environment && r.volume == volume)
+        .ok_or(MoveRefusal::Unknown)?;
+    if row.released_at.is_some() {
+        return Err(MoveRefusal::Released);
+    }
+    if let Some(going) = &row.moving_to {
+        return Err(MoveRefusal::Moving(going.clone()));
+    }
+    if row.node == to {
+        return Err(MoveRefusal::AlreadyThere);
+    }
+    if let Some(other) = rows
+        .iter()
+        .find(|r| r.environment == environment && r.role == row.role && r.volume != volume)
+    {
+        return Err(MoveRefusal::SharedRole(other.volume.clone()));
+    }
+    let (generation, spec, _) = backed_up(backing, environment, volume).ok_or(MoveRefusal::NoBackup)?;
+    let (Ok(role), Ok(target), Ok(source), Ok(volume_name)) = (
+        Name::new(&row.role),
+        Name::new(to),
+        Name::new(&row.node),
+        Name::new(volume),
+    ) else {
+        return Err(MoveRefusal::Unplaceable(state_schema::placement::NOT_ELIGIBLE.into()));
+    };
+    if !fleet.answers(&source) {
+        return Err(MoveRefusal::SourceSilent(row.node.clone()));
+    }
+    fleet
+        .move_lands(&spec, &role, &target)
+        .map_err(MoveRefusal::Unplaceable)?;
+    let task = Task::BackupVolume {
+        environment: spec.environment.clone(),
+        volume: volume_name,
+        generation,
+        scheduled: now_ms / 1000,
+        on_demand: true,
+        moving: true,
+    };
+    Ok((task, row.role.clone(), row.node.clone()))
 }
 
 fn move_refused(env: &str, volume: &str, to: &str, why: &MoveRefusal) -> OpError {

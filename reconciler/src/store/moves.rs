@@ -1,10 +1,11 @@
 //! Volume moves as the ledger keeps them (`pl volume move`): the only way a volume's node
 //! changes. A move is three steps, each recorded in the transaction that ends the one before:
 //!
-//! 1. **Asked** (`move_volume`): refused before anything is written unless the volume's
-//!    environment runs a finished rollout that backs the volume up (the repository carries the
-//!    data), its node answers, and placement would run its role on the target
-//!    (`Fleet::move_lands`). Then `moving_to` is set and a move's backup
+//! 1. **Asked** (judged in `ops::volumes` on `move_rows`, started here by `start_move`):
+//!    refused before anything is written unless the volume's environment runs a finished
+//!    rollout that backs the volume up (the repository carries the data), its node answers,
+//!    and placement would run its role on the target (`Fleet::move_lands`). Then `moving_to`
+//!    is set and a move's backup
 //!    (`BackupVolume { moving }`) is queued on the volume's node: its agent removes the role's
 //!    replica (it stays down from here) and saves the volume's files.
 //! 2. **Saved** (`record_move_saved_in`): a restore of that snapshot (`RestoreVolume { moved
@@ -19,7 +20,6 @@
 //! While a move is under way, that repair leaves the role alone (`moving_roles`).
 
 use super::{JobRow, Ledger, LedgerError, WriteTx};
-use state_schema::placement::Fleet;
 use state_schema::task::Task;
 use state_schema::values::Name;
 
@@ -73,68 +73,38 @@ pub struct Moving {
 }
 
 impl Ledger {
-    /// Asks for `environment`'s `volume` to move to node `to`, judged against `fleet` (the
-    /// live fleet of the applied pools, `Ledger::fleet_view`).
-    pub async fn move_volume(
+    /// What a move of `environment`'s `volume` is judged on: every volume's row, and the
+    /// finished rollouts that back volumes up (`ops::volumes` judges; nothing is written).
+    pub async fn move_rows(&self) -> Result<(Vec<super::volumes::VolumeRow>, Vec<(i64, String)>), LedgerError> {
+        Ok((self.volumes().await?, self.backup_deployments().await?))
+    }
+
+    /// Starts a move judged already (`ops::volumes`): `environment`'s `volume`, on `from` for
+    /// role `role`, goes to `to` through `task` (its backup, `moving`). Refused (nothing
+    /// written) when something else of the volume is going, or a move started meanwhile.
+    #[allow(clippy::too_many_arguments)] // the move as judged: one call, one transaction
+    pub async fn start_move(
         &self,
         environment: &str,
         volume: &str,
+        role: &str,
+        from: &str,
         to: &str,
-        fleet: &Fleet,
+        task: &Task,
         now_ms: i64,
     ) -> Result<Result<Moving, MoveRefusal>, LedgerError> {
-        let rows = self.volumes().await?;
-        let Some(row) = rows.iter().find(|r| r.environment == environment && r.volume == volume) else {
+        let Task::BackupVolume {
+            environment: env_name,
+            volume: volume_name,
+            ..
+        } = task
+        else {
             return Ok(Err(MoveRefusal::Unknown));
         };
-        if row.released_at.is_some() {
-            return Ok(Err(MoveRefusal::Released));
-        }
-        if let Some(going) = &row.moving_to {
-            return Ok(Err(MoveRefusal::Moving(going.clone())));
-        }
-        if row.node == to {
-            return Ok(Err(MoveRefusal::AlreadyThere));
-        }
-        if let Some(other) = rows
-            .iter()
-            .find(|r| r.environment == environment && r.role == row.role && r.volume != volume)
-        {
-            return Ok(Err(MoveRefusal::SharedRole(other.volume.clone())));
-        }
-        let Some((generation, spec, _)) =
-            super::backups::backed_up(self.backup_deployments().await?, environment, volume)
-        else {
-            return Ok(Err(MoveRefusal::NoBackup));
-        };
-        let (Ok(role), Ok(target), Ok(source), Ok(volume_name)) = (
-            Name::new(&row.role),
-            Name::new(to),
-            Name::new(&row.node),
-            Name::new(volume),
-        ) else {
-            return Ok(Err(MoveRefusal::Unplaceable(
-                state_schema::placement::NOT_ELIGIBLE.into(),
-            )));
-        };
-        if !fleet.answers(&source) {
-            return Ok(Err(MoveRefusal::SourceSilent(row.node.clone())));
-        }
-        if let Err(why) = fleet.move_lands(&spec, &role, &target) {
-            return Ok(Err(MoveRefusal::Unplaceable(why)));
-        }
         let going = [
-            state_schema::task::backup_key_prefix(&spec.environment, &volume_name),
+            state_schema::task::backup_key_prefix(env_name, volume_name),
             format!("vol:{environment}/{volume}:"),
         ];
-        let task = Task::BackupVolume {
-            environment: spec.environment.clone(),
-            volume: volume_name,
-            generation,
-            scheduled: now_ms / 1000,
-            on_demand: true,
-            moving: true,
-        };
         let mut tx = self.write_tx().await?;
         // Whatever else of the volume is going (a backup, a restore) ends first.
         for prefix in going {
@@ -156,7 +126,7 @@ impl Ledger {
         if marked == 0 {
             return Ok(Err(MoveRefusal::Moving(to.to_owned())));
         }
-        let job = JobRow::new(&task, &row.node, 3, now_ms, None);
+        let job = JobRow::new(task, from, 3, now_ms, None);
         let key = job.key.clone();
         if self
             .enqueue_in(&mut tx, std::slice::from_ref(&job), now_ms)
@@ -172,18 +142,15 @@ impl Ledger {
             (
                 "volume-move-requested".to_owned(),
                 format!("{environment}/{volume}"),
-                format!(
-                    "from {} to {to}: {} stops on {} while its files are saved",
-                    row.node, row.role, row.node
-                ),
+                format!("from {from} to {to}: {role} stops on {from} while its files are saved"),
             ),
         ];
         self.events_in(&mut tx, now_ms, &events).await?;
         tx.commit().await?;
         Ok(Ok(Moving {
             job: key,
-            role: row.role.clone(),
-            from: row.node.clone(),
+            role: role.to_owned(),
+            from: from.to_owned(),
             to: to.to_owned(),
             asked_at: now_ms,
         }))
