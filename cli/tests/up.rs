@@ -1571,6 +1571,65 @@ fn the_quickstart_builds_its_image_and_serves_its_page() {
         assert!(seen.starts_with("web/"), "{seen}");
         let _ = follow.kill();
         let _ = follow.wait();
+        // Relayed lines are never kept: the line the app logged for a request of a page it
+        // lacks (its peer's address and port make it one of a kind) reaches `pl logs`, and
+        // neither the ledger (its file and its write-ahead log), an event, nor the daemon's or
+        // the agent's own log.
+        let ca_text = std::fs::read_to_string(&ca).expect("ca");
+        let (status, _, _) = tls_support::get_tls_path([127, 0, 0, 1], 18_443, host_name, "/no-such-page", &ca_text)
+            .expect("a request for a missing page");
+        assert_eq!(status, 404);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let marker = loop {
+            let (code, out, err) = logs(&["logs", "hello-production", "web", "--tail", "50", "--local", &repo_arg]);
+            assert_eq!(code, 0, "{out}\n{err}");
+            if let Some(line) = out.lines().find(|l| l.ends_with("response:404")) {
+                break line
+                    .split_once(" | ")
+                    .map(|(_, l)| l.to_owned())
+                    .expect("a relayed line");
+            }
+            assert!(Instant::now() < deadline, "the 404 never reached pl logs: {out}");
+            std::thread::sleep(Duration::from_millis(300));
+        };
+        assert!(marker.contains("]:"), "its peer's address and port: {marker}");
+        let mut kept = Vec::new();
+        let mut read_ledger = false;
+        for e in std::fs::read_dir(&state).expect("state").flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("ledger.db") || name.ends_with(".log") {
+                let bytes = std::fs::read(e.path()).unwrap_or_default();
+                if bytes.windows(marker.len()).any(|w| w == marker.as_bytes()) {
+                    kept.push(name.clone());
+                }
+                // The scan reads what is there: the ledger holds the environment's name.
+                read_ledger |= name.starts_with("ledger.db") && bytes.windows(16).any(|w| w == b"hello-production");
+            }
+        }
+        assert!(read_ledger, "the scan read the ledger");
+        let agents: Vec<std::path::PathBuf> = std::fs::read_dir(state.join("agents"))
+            .expect("the agents' homes")
+            .flatten()
+            .map(|d| d.path().join("agent.log"))
+            .filter(|p| p.exists())
+            .collect();
+        assert!(!agents.is_empty(), "the walk saw the agent's log");
+        for a in agents {
+            let bytes = std::fs::read(&a).unwrap_or_default();
+            if bytes.windows(marker.len()).any(|w| w == marker.as_bytes()) {
+                kept.push(a.display().to_string());
+            }
+        }
+        assert!(
+            std::fs::read_dir(&state)
+                .expect("state")
+                .flatten()
+                .any(|e| e.file_name() == "reconciler.log"),
+            "the walk saw the daemon's log"
+        );
+        assert!(kept.is_empty(), "a relayed log line was kept in {kept:?}");
+        let (_, events, _) = pl(&["events", "--local"], &repo, &state, &socket);
+        assert!(!events.contains(&marker), "a relayed log line became an event");
 
         // `--build` is remembered: a plain `pl up` builds it again rather than roll out the
         // example's placeholder image; `--no-build` would run the placeholder, a registry under
