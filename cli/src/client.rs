@@ -291,6 +291,13 @@ impl Client {
         self.get(&format!("/v1/events?after={after}&limit={limit}"))
     }
 
+    /// `GET /v1/events?waitMs`: events after `after`, waiting up to `wait` (at most the
+    /// daemon's 30 s) for one when there is none yet: a follower's wake on any change.
+    pub(crate) fn events_wait(&self, after: i64, limit: u32, wait: std::time::Duration) -> Result<EventsPage> {
+        let wait_ms = wait.as_millis().min(u128::from(operator_proto::MAX_WAIT_MS));
+        self.get(&format!("/v1/events?after={after}&limit={limit}&waitMs={wait_ms}"))
+    }
+
     /// `GET /v1/nodes`.
     pub(crate) fn nodes(&self) -> Result<Nodes> {
         self.get("/v1/nodes")
@@ -467,4 +474,31 @@ pub(crate) fn encode(s: &str) -> String {
             }
         })
         .collect()
+}
+
+/// A follower's wake on anything the fleet does: a long poll on the events after a cursor
+/// (`pl up` and `pl wait` over several environments), instead of looking at a fixed pace.
+pub(crate) struct Wake<'c> {
+    client: &'c Client,
+    cursor: i64,
+}
+
+impl<'c> Wake<'c> {
+    /// From the newest event the daemon's last pass counted (an older cursor only wakes at
+    /// once the first time).
+    pub(crate) fn new(client: &'c Client) -> Result<Wake<'c>> {
+        Ok(Wake {
+            client,
+            cursor: client.status()?.counts.last_event,
+        })
+    }
+
+    /// Returns once an event newer than the last one seen is there, or after `at_most`.
+    pub(crate) fn wait(&mut self, at_most: std::time::Duration) -> Result<()> {
+        let page = self
+            .client
+            .events_wait(self.cursor, operator_proto::MAX_PAGE, at_most)?;
+        self.cursor = page.next;
+        Ok(())
+    }
 }

@@ -59,6 +59,11 @@ pub fn wait(args: &WaitArgs) -> Result<u8> {
         [one] => Some(crate::client::Watch::new(&client, one)),
         _ => None,
     };
+    // Several (or every) environment: a long poll on the fleet's events.
+    let mut wake = match watch {
+        Some(_) => None,
+        None => Some(crate::client::Wake::new(&client)?),
+    };
     loop {
         match check(&client, args)? {
             Verdict::Live(line) => {
@@ -89,7 +94,15 @@ pub fn wait(args: &WaitArgs) -> Result<u8> {
                         .min(Duration::from_secs(2)),
                 )?;
             }
-            None => std::thread::sleep(Duration::from_millis(500)),
+            None => {
+                if let Some(w) = wake.as_mut() {
+                    w.wait(
+                        deadline
+                            .saturating_duration_since(Instant::now())
+                            .min(Duration::from_secs(2)),
+                    )?;
+                }
+            }
         }
     }
 }

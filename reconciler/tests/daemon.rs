@@ -234,6 +234,37 @@ async fn end_to_end() {
             .all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()),
         "JSON logs"
     );
+    // A follower's long poll on the events: an empty page waits out `waitMs`, and a new event
+    // (a commit's verdict) answers it at once.
+    let (_, body) = d.get("/v1/events?after=0&limit=1000", Some(&s.viewer));
+    let page: serde_json::Value = serde_json::from_str(&body).expect("json");
+    let tip = page["next"].as_i64().expect("next");
+    let asked = Instant::now();
+    let (code, body) = d.get(&format!("/v1/events?after={tip}&waitMs=400"), Some(&s.viewer));
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"events\":[]"), "{body}");
+    assert!(
+        asked.elapsed() >= Duration::from_millis(350),
+        "waited: {:?}",
+        asked.elapsed()
+    );
+    let (answered, waited) = std::thread::scope(|scope| {
+        let poll = scope.spawn(|| {
+            let asked = Instant::now();
+            let answer = d.get(&format!("/v1/events?after={tip}&waitMs=20000"), Some(&s.viewer));
+            (answer, asked.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        repo.write("projects/api.yaml", &project("api", 3));
+        repo.commit("three replicas", true);
+        poll.join().expect("the poll")
+    });
+    assert_eq!(answered.0, 200, "{}", answered.1);
+    assert!(answered.1.contains("revision-accepted"), "{}", answered.1);
+    assert!(
+        waited < Duration::from_secs(10),
+        "answered by the event, not the wait: {waited:?}"
+    );
     assert!(d.term().success(), "SIGTERM stops the daemon cleanly");
     ledger.close().await;
 }

@@ -189,6 +189,16 @@ fn follow(
     display: &mut Display,
 ) -> Result<u8> {
     let deadline = Instant::now() + timeout;
+    // Between looks, a long poll on the fleet's events: a verdict, a job's end or a step
+    // wakes it at once (and at least every 2 s, for what changes without an event).
+    let mut wake = crate::client::Wake::new(client)?;
+    let pause = |wake: &mut crate::client::Wake<'_>| {
+        wake.wait(
+            deadline
+                .saturating_duration_since(Instant::now())
+                .min(Duration::from_secs(2)),
+        )
+    };
     loop {
         let revisions = client.revisions(Some("main"), 5)?.revisions;
         let verdict = revisions.into_iter().find(|r| r.sha == head);
@@ -225,7 +235,7 @@ fn follow(
                 eprintln!("pl up: the reconciler did not judge revision {} in time", &head[..12]);
                 return Ok(1);
             }
-            std::thread::sleep(Duration::from_millis(200));
+            pause(&mut wake)?;
             continue;
         }
         let mut done = 0;
@@ -321,6 +331,6 @@ fn follow(
             eprintln!("pl up: not converged within the timeout");
             return Ok(1);
         }
-        std::thread::sleep(Duration::from_millis(300));
+        pause(&mut wake)?;
     }
 }

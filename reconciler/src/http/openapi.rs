@@ -319,10 +319,16 @@ pub fn document() -> OpenApi {
         Get,
         "/v1/events",
         viewer,
-        "Events after a cursor, oldest first.",
+        "Events after a cursor, oldest first; with `waitMs`, an empty page waits for the next event.",
         &[
             Query("after", Type::Integer, false, "the cursor (0)"),
             page("rows, 1 to 1,000 (100)"),
+            Query(
+                "waitMs",
+                Type::Integer,
+                false,
+                "wait up to this long (at most 30,000) for an event after the cursor",
+            ),
         ],
         empty(),
         (200, b),

@@ -289,14 +289,35 @@ async fn approve_rewrite(State(s): App, who: Caller<Admins>, Ask(ask): Ask<Appro
 }
 
 #[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct EventsQuery {
     after: Option<i64>,
     limit: Option<u32>,
+    /// Wait up to this long (at most `MAX_WAIT_MS`) for an event after the cursor.
+    wait_ms: Option<u64>,
 }
 
+/// Events after a cursor; with `waitMs`, an empty page waits for the next event (a follower's
+/// long poll: `pl up` and `pl wait` wake on any change of the fleet this way).
 async fn events(State(s): App, _: Caller<Viewers>, Params(q): Params<EventsQuery>) -> Response {
     let limit = q.limit.unwrap_or(100).clamp(1, MAX_PAGE);
-    reply(OK, s.ops.events(q.after.unwrap_or(0), limit).await)
+    let after = q.after.unwrap_or(0);
+    let wait = Duration::from_millis(q.wait_ms.unwrap_or(0).min(operator_proto::MAX_WAIT_MS));
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut tip = s.hub.events_tip.subscribe();
+    loop {
+        let page = s.ops.events(after, limit).await;
+        let empty = page.as_ref().is_ok_and(|p| p.events.is_empty());
+        if !empty || tokio::time::Instant::now() >= deadline {
+            return reply(OK, page);
+        }
+        // A new event on this daemon, or the next look (another daemon may have written it).
+        tokio::select! {
+            _ = tip.changed() => {}
+            _ = tokio::time::sleep(crate::http::environments::LOOK_EVERY) => {}
+            _ = tokio::time::sleep_until(deadline) => {}
+        }
+    }
 }
 
 /// Server-Sent Events from a cursor (`?after=N`, or the `Last-Event-ID` a reconnecting client
