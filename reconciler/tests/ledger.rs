@@ -305,31 +305,36 @@ async fn postgres_ledger() {
     l.close().await;
 }
 
-/// Migration 0024 fills `deployment_uses` for rows written before it from their stored specs'
-/// text (the patterns the queries used then); rows written since set it from
-/// `DeploymentSpec::uses` (`state-schema/tests/uses.rs` checks the two agree).
-async fn uses_filled_from_stored_specs(url: &str) {
+/// Migration `name`'s text for `url`'s backend, and a pool on `url` to run parts of it again
+/// over rows written as before it.
+async fn migration(url: &str, name: &str) -> (String, sqlx::AnyPool) {
     let backend = if url.starts_with("postgres") {
         "postgres"
     } else {
         "sqlite"
     };
-    let fill = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../migrations/{backend}/0024_deployment_uses.sql")),
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../migrations/{backend}/{name}.sql")),
     )
-    .expect("migration 0024");
-    let update = &fill[fill.find("INSERT INTO deployment_uses").expect("the fill")..];
+    .expect("the migration");
     sqlx::any::install_default_drivers();
-    let pool = sqlx::AnyPool::connect(url).await.expect("connect");
-    let run = |q: String| {
-        let pool = pool.clone();
-        async move {
-            sqlx::query(sqlx::AssertSqlSafe(q))
-                .execute(&pool)
-                .await
-                .expect("statement");
-        }
-    };
+    (text, sqlx::AnyPool::connect(url).await.expect("connect"))
+}
+
+async fn statement(pool: &sqlx::AnyPool, q: String) {
+    sqlx::query(sqlx::AssertSqlSafe(q))
+        .execute(pool)
+        .await
+        .expect("statement");
+}
+
+/// Migration 0024 fills `deployment_uses` for rows written before it from their stored specs'
+/// text (the patterns the queries used then); rows written since set it from
+/// `DeploymentSpec::uses` (`state-schema/tests/uses.rs` checks the two agree).
+async fn uses_filled_from_stored_specs(url: &str) {
+    let (fill, pool) = migration(url, "0024_deployment_uses").await;
+    let update = &fill[fill.find("INSERT INTO deployment_uses").expect("the fill")..];
+    let run = |q: String| statement(&pool, q);
     run(
         "INSERT INTO revisions (sha, branch, verdict, reasons, seen_at) VALUES ('u0', 'uses', 'accepted', '[]', 1)"
             .into(),
@@ -406,30 +411,12 @@ async fn migration_0024_fills_deployment_uses_on_both_backends() {
 /// jobs wait for a promote (`not_before = i64::MAX / 4`: the jobs go, the step waits in its
 /// row); a timed pause in flight keeps its jobs, due at their time.
 async fn sentinels_become_step_states(url: &str) {
-    let backend = if url.starts_with("postgres") {
-        "postgres"
-    } else {
-        "sqlite"
-    };
-    let text = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../migrations/{backend}/0025_step_state.sql")),
-    )
-    .expect("migration 0025");
+    let (text, pool) = migration(url, "0025_step_state").await;
     let from = text
         .find("UPDATE deployments SET watch = CASE")
         .expect("the carry-over");
     let to = text.find("DROP INDEX").expect("the index");
-    sqlx::any::install_default_drivers();
-    let pool = sqlx::AnyPool::connect(url).await.expect("connect");
-    let run = |q: String| {
-        let pool = pool.clone();
-        async move {
-            sqlx::query(sqlx::AssertSqlSafe(q))
-                .execute(&pool)
-                .await
-                .expect("statement");
-        }
-    };
+    let run = |q: String| statement(&pool, q);
     run(
         "INSERT INTO revisions (sha, branch, verdict, reasons, seen_at) VALUES ('s0', 'steps', 'accepted', '[]', 1)"
             .into(),

@@ -347,6 +347,41 @@ async fn complete_all(shared: &Arc<Reconciler>, outcome: reconciler::store::Outc
     leases.len()
 }
 
+/// Passes, leases and completions until the deployment's row (`generation|status|previous`)
+/// says `done`, within 12 rounds 250 ms apart: every job succeeds, a canary's measure with 40
+/// requests of which `errors` failed (p95 12 ms). Returns how many measures ran.
+async fn drive_measured(shared: &Arc<Reconciler>, url: &str, errors: i64, done: impl Fn(&str) -> bool) -> usize {
+    let mut measured = 0;
+    for _ in 0..12 {
+        shared.pass().await.expect("pass");
+        let leases = shared.ledger.lease("n1", 100, 30_000, now_ms()).await.expect("lease");
+        let completions: Vec<reconciler::store::Completion> = leases
+            .iter()
+            .map(|l| reconciler::store::Completion {
+                token: l.token.clone(),
+                outcome: match l.key.contains(":measure/w20") {
+                    true => {
+                        measured += 1;
+                        reconciler::store::Outcome::Measured(reconciler::store::Measure {
+                            requests: 40,
+                            errors,
+                            p95_micros: Some(12_000),
+                            logged: true,
+                        })
+                    }
+                    false => reconciler::store::Outcome::Succeeded,
+                },
+            })
+            .collect();
+        shared.ledger.complete(&completions, now_ms()).await.expect("complete");
+        if done(&deployment(url).await) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    measured
+}
+
 /// `pl rollout promote` or `abort`, as the API runs it.
 async fn rollout(
     ops: &reconciler::ops::Ops,
@@ -552,33 +587,7 @@ async fn canary_scenario(url: String, dir: &Path) {
         ", rollout: {strategy: canary, steps: [{weight: 20, pause: 1s}], gates: {maxErrorPercent: 5, minRequests: 10}}";
     repo.write("projects/api.yaml", &watched('d', 2, gated));
     repo.commit("release d", true);
-    let mut measured = 0;
-    for _ in 0..12 {
-        shared.pass().await.expect("pass");
-        let leases = shared.ledger.lease("n1", 100, 30_000, now_ms()).await.expect("lease");
-        let done: Vec<reconciler::store::Completion> = leases
-            .iter()
-            .map(|l| reconciler::store::Completion {
-                token: l.token.clone(),
-                outcome: if l.key.contains(":measure/w20") {
-                    measured += 1;
-                    reconciler::store::Outcome::Measured(reconciler::store::Measure {
-                        requests: 40,
-                        errors: 9,
-                        p95_micros: Some(12_000),
-                        logged: true,
-                    })
-                } else {
-                    reconciler::store::Outcome::Succeeded
-                },
-            })
-            .collect();
-        shared.ledger.complete(&done, now_ms()).await.expect("complete");
-        if deployment(&url).await.starts_with("7|failed") {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-    }
+    let measured = drive_measured(&shared, &url, 9, |d| d.starts_with("7|failed")).await;
     assert_eq!(measured, 1, "one ingress, one hostname: one measure");
     let failed = events(&url, "deployment-failed").await;
     assert!(failed.iter().any(|f| f.contains("generation 7, step 4")), "{failed:?}");
@@ -606,30 +615,7 @@ async fn canary_scenario(url: String, dir: &Path) {
         .expect("held");
     repo.write("projects/api.yaml", &watched('e', 2, gated));
     repo.commit("release e", true);
-    for _ in 0..12 {
-        shared.pass().await.expect("pass");
-        let leases = shared.ledger.lease("n1", 100, 30_000, now_ms()).await.expect("lease");
-        let done: Vec<reconciler::store::Completion> = leases
-            .iter()
-            .map(|l| reconciler::store::Completion {
-                token: l.token.clone(),
-                outcome: match l.key.contains(":measure/w20") {
-                    true => reconciler::store::Outcome::Measured(reconciler::store::Measure {
-                        requests: 40,
-                        errors: 1,
-                        p95_micros: Some(12_000),
-                        logged: true,
-                    }),
-                    false => reconciler::store::Outcome::Succeeded,
-                },
-            })
-            .collect();
-        shared.ledger.complete(&done, now_ms()).await.expect("complete");
-        if deployment(&url).await.contains("|done|") && !deployment(&url).await.starts_with("8|") {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-    }
+    drive_measured(&shared, &url, 1, |d| d.contains("|done|") && !d.starts_with("8|")).await;
     let gates = events(&url, "canary-gates").await;
     assert!(
         gates

@@ -2,35 +2,32 @@
 //! real steps of a canary and of rolling batches: each share given, each pause waited out or
 //! promoted, each failure taken back when it had moved requests, and the watch at the end.
 
+#[path = "support/spec.rs"]
+mod spec_support;
+
 use state_schema::deployment::DeploymentSpec;
-use state_schema::desired::deployments;
 use state_schema::generations::{Action, Status, StepJobs};
-use state_schema::parse::parse_file;
-use state_schema::placement::Fleet;
 use state_schema::rollout::advance::{
     Advance, Back, CanaryStanding, GateVerdict, Measured, PromoteRefusal, Rollout, Share, Standing, StepState, Watch,
     abort, advance, canary_standing, promote, verdict,
 };
-use state_schema::state::assemble;
 
 fn spec(release: &str, rollout: &str) -> DeploymentSpec {
     let image = format!("{:0>64}", release);
-    let root =
-        "apiVersion: pushleft.dev/v1alpha1\nkind: Repository\nmetadata: {name: t}\nspec: {baseDomain: example.com}\n";
-    let rest = format!(
-        "apiVersion: pushleft.dev/v1alpha1\nkind: NodePool\nmetadata: {{name: main}}\nspec:\n  region: eu\n  nodes:\n    - {{name: n1, capacity: {{cpu: \"8\", memory: 16Gi}}}}\n---\napiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: registry.example.invalid/api@sha256:{image}\n  roles:\n    web: {{kind: web, port: 8080, replicas: 2, rollout: {rollout}}}\n---\napiVersion: pushleft.dev/v1alpha1\nkind: Environment\nmetadata: {{name: api-production}}\nspec: {{project: api, stage: production, pool: main}}\n"
-    );
-    let loaded = assemble(
-        vec![
-            parse_file("pushleft.yaml", root.as_bytes()),
-            parse_file("state.yaml", rest.as_bytes()),
-        ],
-        Vec::new(),
-    );
-    assert!(loaded.is_valid(), "{:?}", loaded.diagnostics);
-    let (mut d, bad) = deployments(&loaded.state, None, &mut Fleet::declared(&loaded.state));
-    assert!(bad.is_empty(), "{bad:?}");
-    d.remove(0).spec
+    spec_support::first_spec(&format!(
+        "apiVersion: pushleft.dev/v1alpha1\nkind: Repository\nmetadata: {{name: t}}\nspec: {{baseDomain: example.com}}\n---\napiVersion: pushleft.dev/v1alpha1\nkind: NodePool\nmetadata: {{name: main}}\nspec:\n  region: eu\n  nodes:\n    - {{name: n1, capacity: {{cpu: \"8\", memory: 16Gi}}}}\n---\napiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: registry.example.invalid/api@sha256:{image}\n  roles:\n    web: {{kind: web, port: 8080, replicas: 2, rollout: {rollout}}}\n---\napiVersion: pushleft.dev/v1alpha1\nkind: Environment\nmetadata: {{name: api-production}}\nspec: {{project: api, stage: production, pool: main}}\n"
+    ))
+}
+
+/// A new generation of `spec` replacing what `retired` runs.
+fn rollout<'a>(spec: &'a DeploymentSpec, retired: &'a [DeploymentSpec], generation: u64) -> Rollout<'a> {
+    Rollout {
+        action: Action::Rollout,
+        rollback: false,
+        generation,
+        spec,
+        retired,
+    }
 }
 
 const CANARY: &str = "{strategy: canary, steps: [{weight: 20, pause: 30s}, {weight: 60}], watchSeconds: 120}";
@@ -49,13 +46,7 @@ fn a_canary_gives_each_share_waits_out_its_pause_and_waits_for_a_promote_before_
     let old = spec("1", CANARY);
     let new = spec("2", CANARY);
     let retired = std::slice::from_ref(&old);
-    let r = Rollout {
-        action: Action::Rollout,
-        rollback: false,
-        generation: 2,
-        spec: &new,
-        retired,
-    };
+    let r = rollout(&new, retired, 2);
     let steps = r.steps();
     let canary = state_schema::rollout::advance::canary_steps(&steps);
     assert_eq!(canary.iter().map(|c| c.1).collect::<Vec<_>>(), [20, 60], "{canary:?}");
@@ -211,13 +202,7 @@ fn a_canary_gives_each_share_waits_out_its_pause_and_waits_for_a_promote_before_
 #[test]
 fn a_first_release_has_no_canary_and_a_rolling_failure_goes_back_from_its_first_move() {
     let first = spec("1", CANARY);
-    let r = Rollout {
-        action: Action::Rollout,
-        rollback: false,
-        generation: 1,
-        spec: &first,
-        retired: &[],
-    };
+    let r = rollout(&first, &[], 1);
     let steps = r.steps();
     assert!(
         state_schema::rollout::advance::canary_steps(&steps).is_empty(),
@@ -228,13 +213,7 @@ fn a_first_release_has_no_canary_and_a_rolling_failure_goes_back_from_its_first_
     let old = spec("1", "{strategy: rolling, maxSurge: 0, maxUnavailable: 1}");
     let new = spec("2", "{strategy: rolling, maxSurge: 0, maxUnavailable: 1}");
     let retired = std::slice::from_ref(&old);
-    let r = Rollout {
-        action: Action::Rollout,
-        rollback: false,
-        generation: 2,
-        spec: &new,
-        retired,
-    };
+    let r = rollout(&new, retired, 2);
     let steps = r.steps();
     let from = state_schema::rollout::advance::rolling_from(&steps).expect("it rolls");
     assert_eq!(
@@ -332,13 +311,7 @@ fn a_gated_canary_measures_each_share_after_its_pause_and_the_gates_judge_every_
     let old = spec("1", GATED);
     let new = spec("2", GATED);
     let retired = std::slice::from_ref(&old);
-    let r = Rollout {
-        action: Action::Rollout,
-        rollback: false,
-        generation: 2,
-        spec: &new,
-        retired,
-    };
+    let r = rollout(&new, retired, 2);
     let steps = r.steps();
     let canary = state_schema::rollout::advance::canary_steps(&steps);
     let (first, second) = (canary[0].0, canary[1].0);

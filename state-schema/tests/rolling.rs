@@ -3,6 +3,9 @@
 //! serve than its count less what may be unavailable, no route ever points at a replica that
 //! is stopped or not started, and every old replica is stopped by the end.
 
+#[path = "support/spec.rs"]
+mod spec_support;
+
 use state_schema::deployment::DeploymentSpec;
 use state_schema::desired::deployments;
 use state_schema::parse::parse_file;
@@ -22,19 +25,7 @@ fn tree(release: &str, replicas: u32, rollout: &str) -> String {
 }
 
 fn spec(text: &str) -> DeploymentSpec {
-    let (root, rest) = text.split_once("---\n").expect("two parts");
-    let loaded = assemble(
-        vec![
-            parse_file("pushleft.yaml", root.as_bytes()),
-            parse_file("state.yaml", rest.as_bytes()),
-        ],
-        Vec::new(),
-    );
-    assert!(loaded.is_valid(), "{:?}", loaded.diagnostics);
-    let state: State = loaded.state;
-    let (mut d, bad) = deployments(&state, None, &mut Fleet::declared(&state));
-    assert!(bad.is_empty(), "{bad:?}");
-    d.remove(0).spec
+    spec_support::first_spec(text)
 }
 
 /// Walks the steps of rolling `old` to `new` (web replicas); returns the most replicas running
