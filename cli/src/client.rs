@@ -480,25 +480,25 @@ pub(crate) fn encode(s: &str) -> String {
 /// (`pl up` and `pl wait` over several environments), instead of looking at a fixed pace.
 pub(crate) struct Wake<'c> {
     client: &'c Client,
-    cursor: i64,
+    /// The newest event seen; read from the daemon's counts when first needed.
+    cursor: Option<i64>,
 }
 
 impl<'c> Wake<'c> {
-    /// From the newest event the daemon's last pass counted (an older cursor only wakes at
-    /// once the first time).
-    pub(crate) fn new(client: &'c Client) -> Result<Wake<'c>> {
-        Ok(Wake {
-            client,
-            cursor: client.status()?.counts.last_event,
-        })
+    pub(crate) fn new(client: &'c Client) -> Wake<'c> {
+        Wake { client, cursor: None }
     }
 
-    /// Returns once an event newer than the last one seen is there, or after `at_most`.
+    /// Returns once an event newer than the last one seen is there, or after `at_most`. The
+    /// first wait starts from the newest event the daemon's last pass counted (an older
+    /// cursor only wakes it at once).
     pub(crate) fn wait(&mut self, at_most: std::time::Duration) -> Result<()> {
-        let page = self
-            .client
-            .events_wait(self.cursor, operator_proto::MAX_PAGE, at_most)?;
-        self.cursor = page.next;
+        let cursor = match self.cursor {
+            Some(c) => c,
+            None => self.client.status()?.counts.last_event,
+        };
+        let page = self.client.events_wait(cursor, operator_proto::MAX_PAGE, at_most)?;
+        self.cursor = Some(page.next);
         Ok(())
     }
 }

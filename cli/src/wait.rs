@@ -62,7 +62,7 @@ pub fn wait(args: &WaitArgs) -> Result<u8> {
     // Several (or every) environment: a long poll on the fleet's events.
     let mut wake = match watch {
         Some(_) => None,
-        None => Some(crate::client::Wake::new(&client)?),
+        None => Some(crate::client::Wake::new(&client)),
     };
     loop {
         match check(&client, args)? {

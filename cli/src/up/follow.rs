@@ -191,7 +191,7 @@ fn follow(
     let deadline = Instant::now() + timeout;
     // Between looks, a long poll on the fleet's events: a verdict, a job's end or a step
     // wakes it at once (and at least every 2 s, for what changes without an event).
-    let mut wake = crate::client::Wake::new(client)?;
+    let mut wake = crate::client::Wake::new(client);
     let pause = |wake: &mut crate::client::Wake<'_>| {
         wake.wait(
             deadline
