@@ -94,12 +94,13 @@ pub fn wait(args: &WaitArgs) -> Result<u8> {
                         .min(Duration::from_secs(2)),
                 )?;
             }
+            // An event wakes it at once; a heartbeat (no event) is seen 500 ms on at most.
             None => {
                 if let Some(w) = wake.as_mut() {
                     w.wait(
                         deadline
                             .saturating_duration_since(Instant::now())
-                            .min(Duration::from_secs(2)),
+                            .min(Duration::from_millis(500)),
                     )?;
                 }
             }

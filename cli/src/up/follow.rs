@@ -165,6 +165,10 @@ pub struct Serving {
     pub port: u16,
 }
 
+/// The longest `pl up` waits between two looks: a heartbeat is no event, and a replica
+/// reported running ends a rollout (the pace it had before it waited on events).
+const LOOK_AT_LEAST_EVERY: Duration = Duration::from_millis(300);
+
 pub fn converge(
     client: &Client,
     head: &str,
@@ -190,13 +194,14 @@ fn follow(
 ) -> Result<u8> {
     let deadline = Instant::now() + timeout;
     // Between looks, a long poll on the fleet's events: a verdict, a job's end or a step
-    // wakes it at once (and at least every 2 s, for what changes without an event).
+    // wakes it at once; what changes without an event (a heartbeat saying a replica runs) is
+    // seen at the next look, `LOOK_AT_LEAST_EVERY` on at most.
     let mut wake = crate::client::Wake::new(client);
     let pause = |wake: &mut crate::client::Wake<'_>| {
         wake.wait(
             deadline
                 .saturating_duration_since(Instant::now())
-                .min(Duration::from_secs(2)),
+                .min(LOOK_AT_LEAST_EVERY),
         )
     };
     loop {
