@@ -7,12 +7,8 @@
 mod spec_support;
 
 use state_schema::deployment::DeploymentSpec;
-use state_schema::desired::deployments;
-use state_schema::parse::parse_file;
-use state_schema::placement::Fleet;
 use state_schema::rolling::{rolled_upstreams, rolling_of};
 use state_schema::rollout::{rollback_steps, rollout_steps};
-use state_schema::state::{State, assemble};
 use state_schema::task::Task;
 use std::collections::{BTreeMap, BTreeSet};
 
