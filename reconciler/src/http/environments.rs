@@ -17,7 +17,7 @@ use std::time::Duration;
 
 /// How often a waiting request looks at its environment again when nothing woke it (running
 /// counts come from heartbeats, which write no event).
-pub(crate) const LOOK_EVERY: Duration = Duration::from_millis(200);
+const LOOK_EVERY: Duration = Duration::from_millis(200);
 
 /// The tag of what a follower saw: a hash of the JSON it was sent.
 fn tag(body: &[u8]) -> String {

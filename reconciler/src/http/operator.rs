@@ -311,10 +311,10 @@ async fn events(State(s): App, _: Caller<Viewers>, Params(q): Params<EventsQuery
         if !empty || tokio::time::Instant::now() >= deadline {
             return reply(OK, page);
         }
-        // A new event on this daemon, or the next look (another daemon may have written it).
+        // The daemon's one watcher of the newest event (`streams::watch_events`, which sees
+        // another daemon's writes too) wakes every waiter; none reads the ledger meanwhile.
         tokio::select! {
             _ = tip.changed() => {}
-            _ = tokio::time::sleep(crate::http::environments::LOOK_EVERY) => {}
             _ = tokio::time::sleep_until(deadline) => {}
         }
     }
