@@ -25,6 +25,8 @@ WHERE status = 'in-progress' AND EXISTS (
 DELETE FROM jobs WHERE state = 'queued' AND not_before = 2305843009213693951;
 DROP INDEX deployments_watched;
 CREATE INDEX deployments_watched ON deployments (watch) WHERE watch <> '';
+-- When the next pause ends, asked after every settle: the paused steps only (few).
+CREATE INDEX deployments_paused ON deployments (step_due) WHERE step_state = 'paused';
 -- A canary's gates are judged by the control plane on what every ingress measured of a share
 -- (a step of `measure-canary` jobs; `state_schema::rollout::advance::verdict`), no longer by
 -- each agent inside its next publish: each measure as its job reported it (the job's row

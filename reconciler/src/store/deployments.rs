@@ -93,6 +93,10 @@ pub(crate) struct GenerationRow<'a> {
 pub(crate) type ObjectDoc = (String, String, String, String);
 
 /// See [`Ledger::advanceable`].
+/// When the earliest pause ends (a step that is no longer in progress is set `running`, so
+/// `paused` alone names a step in progress).
+pub(crate) const NEXT_STEP_DUE: &str = "SELECT MIN(step_due) FROM deployments WHERE step_state = 'paused'";
+
 pub(crate) const ADVANCEABLE: &str = "SELECT d.environment FROM deployments d WHERE d.status = 'in-progress' \
      AND (d.step_state = 'running' OR (d.step_state = 'paused' AND d.step_due <= ?)) AND NOT EXISTS \
      (SELECT 1 FROM jobs j WHERE j.environment = d.environment AND j.generation = d.generation \
@@ -506,13 +510,12 @@ impl Ledger {
             .await?)
     }
 
-    /// When the earliest pause of a step in progress ends: the daemon's loop wakes then.
+    /// When the earliest pause of a step in progress ends: the daemon's loop wakes then. Read
+    /// after every settle, through the partial index of paused steps.
     pub async fn next_step_due(&self) -> Result<Option<i64>, LedgerError> {
-        Ok(sqlx::query_scalar(
-            self.sql("SELECT MIN(step_due) FROM deployments WHERE status = 'in-progress' AND step_state = 'paused'"),
-        )
-        .fetch_one(&self.pool)
-        .await?)
+        Ok(sqlx::query_scalar(self.sql(NEXT_STEP_DUE))
+            .fetch_one(&self.pool)
+            .await?)
     }
 
     /// `env`'s deployment, if its rollout or teardown is unfinished.
