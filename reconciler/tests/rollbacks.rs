@@ -605,8 +605,8 @@ async fn canary_scenario(url: String, dir: &Path) {
         "the switch never ran"
     );
 
-    // A release that passes its gates (release e): its measure's verdict is said, and it
-    // switches once promoted... here, after its pause, as it has no step after the share.
+    // A release that passes its gates (release e): after its 20% share's pause, its measure's
+    // verdict is said, and the switch runs.
     shared
         .ledger
         .release_rollback(env, "ops", now_ms())
