@@ -554,7 +554,12 @@ fn thousand_deployments(repo: &Repo, clients: &[Arc<AgentClient>], url: &str) ->
     let over = rt.block_on(async {
         let ledger = Ledger::connect(url, 2).await.expect("ledger");
         let nodes = ledger
-            .nodes("main", reconciler::store::now_ms(), state_schema::replacement::fleet_of)
+            .nodes(
+                "main",
+                reconciler::store::now_ms(),
+                state_schema::placement::LOST_AFTER_MS,
+                state_schema::replacement::fleet_of,
+            )
             .await
             .expect("nodes");
         ledger.close().await;

@@ -77,6 +77,47 @@ pub struct Hub {
     pub backups: Mutex<Vec<crate::store::backups::BackupHealth>>,
     /// Each mesh link's state as last judged (node, peer, state): `/metrics` serves these.
     pub mesh_links: Mutex<Vec<(String, String, &'static str)>>,
+    /// A heartbeat left out a replica its node reported before: the loop's next drift check
+    /// looks at once instead of at its next full check (`reconcile::drift`).
+    pub drift_suspected: AtomicBool,
+    /// Until when some generation is under watch, as this daemon last read or wrote it:
+    /// heartbeats after it judge nothing (`ops::agents`).
+    pub watching: WatchHint,
+}
+
+/// How long a daemon believes what it read of the watches before reading again: another
+/// daemon of the same ledger (PostgreSQL) may have set one since.
+pub const WATCH_HINT_MS: i64 = 1_000;
+
+/// What heartbeats need to look at, kept in memory so that a heartbeat with nothing under
+/// watch reads nothing: until when some generation is watched (`i64::MAX` for a canary's,
+/// which is watched to its switch), and when that was read from the ledger. This daemon's own
+/// writes extend it at once; another daemon's are seen within [`WATCH_HINT_MS`].
+#[derive(Debug, Default)]
+pub struct WatchHint {
+    until: AtomicI64,
+    /// When `until` was read from the ledger (0: never).
+    read_ms: AtomicI64,
+}
+
+impl WatchHint {
+    /// Until when some generation is watched, if read from the ledger within
+    /// [`WATCH_HINT_MS`] of `now_ms`.
+    pub fn get(&self, now_ms: i64) -> Option<i64> {
+        let read = self.read_ms.load(Ordering::Acquire);
+        (read > 0 && now_ms - read < WATCH_HINT_MS).then(|| self.until.load(Ordering::Relaxed))
+    }
+
+    /// What the ledger says, read at `now_ms`.
+    pub fn set(&self, until: i64, now_ms: i64) {
+        self.until.store(until, Ordering::Relaxed);
+        self.read_ms.store(now_ms.max(1), Ordering::Release);
+    }
+
+    /// This daemon set a watch running until `until`.
+    pub fn extend(&self, until: i64) {
+        self.until.fetch_max(until, Ordering::Relaxed);
+    }
 }
 
 impl Default for Hub {
@@ -98,6 +139,9 @@ impl Default for Hub {
             last_tick_ms: AtomicI64::new(0),
             passes: AtomicU64::new(0),
             revocations: AtomicU64::new(0),
+            // A daemon that just started has not looked: its first check does.
+            drift_suspected: AtomicBool::new(true),
+            watching: WatchHint::default(),
         }
     }
 }

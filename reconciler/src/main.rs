@@ -177,6 +177,8 @@ fn daemon(config: &Path) -> Result<()> {
             ledger: Arc::clone(&ledger),
             hub: Arc::clone(&hub),
             branch: config.source.branch.clone(),
+            lost_after_ms: config.control.lost_after_ms(),
+            issues_certificates: config.issues_certificates(),
         });
         let operator = Arc::new(
             Operator::new(Arc::clone(&config), Arc::clone(&ops), Arc::clone(&hub), Arc::clone(&tokens))

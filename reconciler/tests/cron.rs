@@ -140,7 +140,10 @@ async fn scenario(url: String, dir: &Path) {
     // The agent leases it with what it runs: the role's hardened container, as a run once.
     let leases = ledger.lease("n1", 10, 30_000, next).await.expect("lease");
     assert_eq!(leases.len(), 1);
-    let execution = ledger.executions("n1", &leases, &[], next).await.expect("executions");
+    let execution = ledger
+        .executions("n1", &leases, (&[], false), next)
+        .await
+        .expect("executions");
     let Ok(agent_proto::Execution::Application(app)) = &execution[0] else {
         panic!("a cron run is delivered as an application: {execution:?}");
     };

@@ -652,3 +652,36 @@ fn the_store_names_no_decision_of_the_pure_core_but_those_still_to_move() {
         ]
     );
 }
+
+/// The fields of `pub struct {name}` in `text`, one line each.
+fn struct_fields<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
+    let open = format!("pub struct {name} {{");
+    let Some(at) = text.find(&open) else {
+        return Vec::new();
+    };
+    text[at + open.len()..]
+        .lines()
+        .take_while(|l| *l != "}")
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("//"))
+        .collect()
+}
+
+#[test]
+fn the_ledger_holds_rows_not_runtime_flags() {
+    // The store is rows: what the daemon decides or remembers between passes (a drift
+    // suspected, when it last looked, until when something is watched, its configuration) is
+    // the caller's, kept in the hub or the layer's own state and handed in.
+    let text = std::fs::read_to_string(workspace().join("reconciler/src/store/mod.rs")).expect("read");
+    let fields = struct_fields(&text, "Ledger");
+    assert!(fields.len() >= 4, "the walk read the Ledger's fields: {fields:?}");
+    for f in &fields {
+        let ty = f.split_once(':').map_or(*f, |(_, t)| t);
+        for flag in ["Atomic", "Hint", "Cell<bool>"] {
+            assert!(!ty.contains(flag), "the Ledger keeps a runtime flag: {f}");
+        }
+    }
+    // The walk sees one.
+    let flagged = "pub struct Ledger {\n    pool: AnyPool,\n    drift: std::sync::atomic::AtomicBool,\n}\n";
+    assert!(struct_fields(flagged, "Ledger")[1].contains("Atomic"));
+}

@@ -129,6 +129,8 @@ async fn scenario(url: String, dir: &Path) {
         ledger: shared.ledger.clone(),
         hub: shared.hub.clone(),
         branch: "main".into(),
+        lost_after_ms: shared.config.control.lost_after_ms(),
+        issues_certificates: shared.config.issues_certificates(),
     };
     let move_to = |to: &str| operator_proto::volumes::MoveVolume {
         environment: "api-production".into(),

@@ -57,7 +57,12 @@ async fn placed(url: &str) -> (String, Vec<String>) {
 async fn no_node_over_capacity(shared: &Reconciler) {
     for n in shared
         .ledger
-        .nodes("main", now_ms(), state_schema::replacement::fleet_of)
+        .nodes(
+            "main",
+            now_ms(),
+            state_schema::placement::LOST_AFTER_MS,
+            state_schema::replacement::fleet_of,
+        )
         .await
         .expect("nodes")
     {
@@ -272,7 +277,12 @@ async fn scenario(url: String, dir: &Path) {
     assert_eq!(
         shared
             .ledger
-            .nodes("main", now_ms(), state_schema::replacement::fleet_of)
+            .nodes(
+                "main",
+                now_ms(),
+                state_schema::placement::LOST_AFTER_MS,
+                state_schema::replacement::fleet_of
+            )
             .await
             .expect("nodes")[0]
             .state,

@@ -58,9 +58,12 @@ async fn heartbeat(ledger: &Ledger, env: &str, generation: u64, healthy: bool) {
         repaired: &[],
         taken_subnets: "",
         mesh: None,
-        watch: state_schema::watch::judge,
     };
-    ledger.heartbeat("n1", &beat, now_ms()).await.expect("heartbeat");
+    let hub = reconciler::hub::Hub::default();
+    let lost_after = state_schema::placement::LOST_AFTER_MS;
+    reconciler::ops::agents::heartbeat(ledger, &hub, lost_after, "n1", &beat, now_ms())
+        .await
+        .expect("heartbeat");
 }
 
 /// The same, its web role with `extra` fields (`, rollout: {...}`).
@@ -419,6 +422,8 @@ async fn canary_scenario(url: String, dir: &Path) {
         ledger: shared.ledger.clone(),
         hub: shared.hub.clone(),
         branch: "main".into(),
+        lost_after_ms: shared.config.control.lost_after_ms(),
+        issues_certificates: shared.config.issues_certificates(),
     };
     let step_state = || {
         let url = url.clone();

@@ -68,7 +68,13 @@ async fn a_rotated_certificate_is_published_in_place_and_the_plan_says_so() {
     assert_eq!(rotated, ["hello-production/hello.apps.example.com"]);
 
     ledger
-        .apply_revision("main", false, &mut judgement("a", base), now_ms())
+        .apply_revision(
+            "main",
+            false,
+            &mut judgement("a", base),
+            now_ms(),
+            state_schema::placement::LOST_AFTER_MS,
+        )
         .await
         .expect("base");
     settle(&ledger, &url).await;
@@ -81,7 +87,13 @@ async fn a_rotated_certificate_is_published_in_place_and_the_plan_says_so() {
     let before = generation().await;
     let jobs_before = dump::rows(&url, "SELECT key FROM jobs").await.len();
     ledger
-        .apply_revision("main", false, &mut judgement("b", head), now_ms())
+        .apply_revision(
+            "main",
+            false,
+            &mut judgement("b", head),
+            now_ms(),
+            state_schema::placement::LOST_AFTER_MS,
+        )
         .await
         .expect("head");
     assert_eq!(generation().await, before, "no new generation");
@@ -137,7 +149,13 @@ async fn a_rotated_secret_a_role_reads_as_files_is_a_new_generation() {
     let rollouts: Vec<String> = plan.consequences.rollouts.iter().map(|n| n.to_string()).collect();
     assert_eq!(rollouts, ["hello-production"], "{:?}", plan.consequences);
     ledger
-        .apply_revision("main", false, &mut judgement("a", base), now_ms())
+        .apply_revision(
+            "main",
+            false,
+            &mut judgement("a", base),
+            now_ms(),
+            state_schema::placement::LOST_AFTER_MS,
+        )
         .await
         .expect("base");
     settle(&ledger, &url).await;
@@ -149,7 +167,13 @@ async fn a_rotated_secret_a_role_reads_as_files_is_a_new_generation() {
     };
     let before = generation().await;
     ledger
-        .apply_revision("main", false, &mut judgement("b", head), now_ms())
+        .apply_revision(
+            "main",
+            false,
+            &mut judgement("b", head),
+            now_ms(),
+            state_schema::placement::LOST_AFTER_MS,
+        )
         .await
         .expect("head");
     assert_ne!(

@@ -58,13 +58,25 @@ fn case(base: Params, head: Params) {
             .map(|r| r.environment.to_string())
             .collect();
         ledger
-            .apply_revision("main", false, &mut judgement("a", b), now_ms())
+            .apply_revision(
+                "main",
+                false,
+                &mut judgement("a", b),
+                now_ms(),
+                state_schema::placement::LOST_AFTER_MS,
+            )
             .await
             .expect("base");
         settle(&ledger, &url).await;
         let before = generations(&url).await;
         ledger
-            .apply_revision("main", false, &mut judgement("b", h), now_ms())
+            .apply_revision(
+                "main",
+                false,
+                &mut judgement("b", h),
+                now_ms(),
+                state_schema::placement::LOST_AFTER_MS,
+            )
             .await
             .expect("head");
         let after = generations(&url).await;

@@ -204,6 +204,14 @@ pub struct ReconcileConfig {
 }
 
 impl ControlConfig {
+    /// How long a node may be silent before it is lost (`lost_after_seconds`), in ms: never
+    /// less than the time after which it is unhealthy.
+    pub fn lost_after_ms(&self) -> i64 {
+        self.lost_after_seconds
+            .saturating_mul(1000)
+            .max(state_schema::placement::UNHEALTHY_AFTER_MS)
+    }
+
     /// Every CA a node certificate may come from: the signing one first, then those still
     /// trusted during a rotation.
     pub fn client_cas(&self) -> Vec<&std::path::Path> {
@@ -301,6 +309,14 @@ fn exposed(path: &Path, message: String) -> ConfigError {
 }
 
 impl Config {
+    /// Whether the control plane issues certificates for hostnames (`[certificates]`, with an
+    /// age identity to seal their keys to): only then does a hostname's publish look for one.
+    pub fn issues_certificates(&self) -> bool {
+        self.certificates
+            .as_ref()
+            .is_some_and(|c| c.identity.is_some() || self.control.age_identity.is_some())
+    }
+
     /// Checks the files the configuration names: each exists, and the private ones (the API
     /// key, the CA key, the age identity, webhook secrets) are readable by their owner alone.
     /// Run at every start, before anything else.

@@ -218,9 +218,9 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
             .mesh
             .as_ref()
             .map(|m| (m.public_key.as_str(), m.port, m.address.as_deref(), names.as_str())),
-        watch: state_schema::watch::judge,
     };
-    match s.ledger.heartbeat(&node, &beat, now_ms()).await {
+    let lost_after = s.config.control.lost_after_ms();
+    match crate::ops::agents::heartbeat(&s.ledger, &s.hub, lost_after, &node, &beat, now_ms()).await {
         Ok(changed) => {
             if changed {
                 // The node is ready (again) or can run other things: re-place now, not at the
@@ -338,7 +338,12 @@ async fn lease_jobs_now(s: &Agents, node: &str, req: &LeaseRequest) -> Result<Le
         if !leases.is_empty() || started.elapsed() >= wait {
             let executions = s
                 .ledger
-                .executions(node, &leases, &s.control_identities, now_ms())
+                .executions(
+                    node,
+                    &leases,
+                    (&s.control_identities, s.config.issues_certificates()),
+                    now_ms(),
+                )
                 .await
                 .map_err(|e| internal(&e))?;
             let mut jobs = Vec::with_capacity(leases.len());

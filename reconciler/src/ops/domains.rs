@@ -55,7 +55,7 @@ impl Ops {
                     .await?
                     .len()
                     >= nodes
-                && (cert_valid || !ledger.issues_certificates());
+                && (cert_valid || !self.issues_certificates);
             let Some(stored) = DomainState::parse(&d.state) else {
                 return Err(Corrupt {
                     what: "domain's state",

@@ -3,10 +3,13 @@
 //! decision), calls the store, wakes what must wake, and returns the typed answer of
 //! `operator_proto`, or an [`OpError`] with its stable code. `http/` only parses, authorises,
 //! calls these and writes the answer; nothing here knows HTTP beyond the refusal's kind.
+//! The agents' heartbeat, a decision over what the ledger held of the node, is here too
+//! (`agents`).
 //!
 //! Architecture invariant: the operator surface (`http::operator`) reaches the store only
 //! through `ops` (`tests/layers.rs`).
 
+pub mod agents;
 pub mod backups;
 pub mod domains;
 pub mod nodes;
@@ -28,6 +31,10 @@ pub struct Ops {
     pub ledger: Arc<Ledger>,
     pub hub: Arc<Hub>,
     pub branch: String,
+    /// How long a node may be silent before it is lost (`control.lost_after_seconds`).
+    pub lost_after_ms: i64,
+    /// Whether the control plane issues certificates (`[certificates]`).
+    pub issues_certificates: bool,
 }
 
 /// How a refusal reads to the caller (the HTTP surface maps each to its status).

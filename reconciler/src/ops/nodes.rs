@@ -13,7 +13,12 @@ impl Ops {
     pub async fn nodes(&self) -> Answer<Nodes> {
         let rows = self
             .ledger
-            .nodes(&self.branch, now_ms(), state_schema::replacement::fleet_of)
+            .nodes(
+                &self.branch,
+                now_ms(),
+                self.lost_after_ms,
+                state_schema::replacement::fleet_of,
+            )
             .await?;
         let meshes = self.ledger.meshes().await?;
         Ok(Nodes {

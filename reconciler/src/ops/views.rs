@@ -149,7 +149,7 @@ impl Ops {
     /// `GET /v1/fleet`: the live fleet as re-placement sees it now
     /// (`state_schema::replacement::Snapshot`), what `pl plan --fleet` decides on.
     pub async fn fleet(&self) -> Answer<state_schema::replacement::Snapshot> {
-        let snapshot = self.ledger.fleet_snapshot(now_ms()).await?;
+        let snapshot = self.ledger.fleet_snapshot(now_ms(), self.lost_after_ms).await?;
         if snapshot.running.len() > MAX_FLEET_DEPLOYMENTS {
             return Err(OpError::new(
                 Kind::TooLarge,

@@ -150,7 +150,8 @@ impl Ops {
     pub async fn ask_move(&self, ask: &MoveVolume, now_ms: i64) -> Result<Result<Moving, MoveRefusal>, OpError> {
         let (env, volume, to) = (&ask.environment, &ask.volume, &ask.to);
         let pools = self.ledger.applied_pools(&self.branch).await?;
-        let fleet = state_schema::replacement::fleet_of(&pools, &self.ledger.fleet_rows().await?, now_ms);
+        let fleet =
+            state_schema::replacement::fleet_of(&pools, &self.ledger.fleet_rows(self.lost_after_ms).await?, now_ms);
         let (rows, backing) = self.ledger.move_rows().await?;
         let (task, role, from) = match judge_move(&rows, backing, &fleet, env, volume, to, now_ms) {
             Ok(judged) => judged,

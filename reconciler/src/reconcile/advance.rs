@@ -4,6 +4,7 @@
 //! the deployment's row, a canary's share and watch, a failure taken back, a rollout done.
 //! A newcomer changing how a canary step advances opens that function and this module.
 
+use crate::hub::WatchHint;
 use crate::store::rows::MAX_ATTEMPTS;
 use crate::store::rows::gen_u64;
 use crate::store::{JobRow, Ledger, LedgerError};
@@ -39,12 +40,13 @@ impl Ledger {
 
     /// Moves every unfinished deployment on that can move (its step's jobs all ended, or its
     /// pause over): what [`advance::advance`] decides, written. Returns how many changed.
-    pub async fn advance(&self, now_ms: i64) -> Result<usize, LedgerError> {
+    /// A watch it sets extends `watching`, so that heartbeats judge against it at once.
+    pub async fn advance(&self, now_ms: i64, watching: &WatchHint) -> Result<usize, LedgerError> {
         let envs = self.advanceable(now_ms).await?;
         let mut changed = 0;
         for env in envs {
             let mut tx = self.write_tx().await?;
-            if self.advance_one(&mut tx, &env, now_ms).await? {
+            if self.advance_one(&mut tx, &env, now_ms, watching).await? {
                 changed += 1;
             }
             tx.commit().await?;
@@ -52,7 +54,13 @@ impl Ledger {
         Ok(changed)
     }
 
-    pub(super) async fn advance_one(&self, tx: &mut Tx, env: &str, now_ms: i64) -> Result<bool, LedgerError> {
+    pub(super) async fn advance_one(
+        &self,
+        tx: &mut Tx,
+        env: &str,
+        now_ms: i64,
+        watching: &WatchHint,
+    ) -> Result<bool, LedgerError> {
         let Some(d) = self.in_progress(tx, env).await? else {
             return Ok(false);
         };
@@ -135,6 +143,7 @@ impl Ledger {
                     // Its replicas are watched from the first share of requests to the switch.
                     if share.first {
                         self.watch_to_switch(tx, env, now_ms).await?;
+                        watching.extend(i64::MAX);
                     }
                     let next = match state {
                         StepState::Paused { due_ms } => {
@@ -160,7 +169,9 @@ impl Ledger {
                 let mut detail = format!("generation {generation}{rollback}");
                 match watch {
                     Watch::Window(w) => {
-                        self.set_watch(tx, env, now_ms, now_ms + i64::from(w) * 1000).await?;
+                        let until = now_ms + i64::from(w) * 1000;
+                        self.set_watch(tx, env, now_ms, until).await?;
+                        watching.extend(until);
                         detail.push_str(&format!(", watched for {w} s"));
                     }
                     Watch::End => self.end_watch(tx, env).await?,

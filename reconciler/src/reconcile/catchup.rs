@@ -190,13 +190,25 @@ impl Reconciler {
             .map_err(|e| DaemonError::Join(e.to_string()))??;
             let mut applied = self
                 .ledger
-                .apply_revision(branch, preview, &mut judgement, now_ms())
+                .apply_revision(
+                    branch,
+                    preview,
+                    &mut judgement,
+                    now_ms(),
+                    self.config.control.lost_after_ms(),
+                )
                 .await?;
             // An approved rewrite back to a commit judged before: applied again, in force again.
             if let (false, true, Some(over)) = (applied.recorded, state_rewrite_approved, accepted.as_deref()) {
                 applied = self
                     .ledger
-                    .apply_revision_again(branch, &mut judgement, over, now_ms())
+                    .apply_revision_again(
+                        branch,
+                        &mut judgement,
+                        over,
+                        now_ms(),
+                        self.config.control.lost_after_ms(),
+                    )
                     .await?;
             }
             if applied.recorded {

@@ -82,8 +82,9 @@ impl Ledger {
         preview: bool,
         j: &mut Judgement,
         now_ms: i64,
+        lost_after_ms: i64,
     ) -> Result<Applied, LedgerError> {
-        self.apply(branch, preview, j, now_ms, Again::No).await
+        self.apply(branch, preview, j, (now_ms, lost_after_ms), Again::No).await
     }
 
     /// Plans `branch`'s accepted commit in force (`j`, judged again now) against the ledger
@@ -95,11 +96,13 @@ impl Ledger {
         preview: bool,
         j: &mut Judgement,
         now_ms: i64,
+        lost_after_ms: i64,
     ) -> Result<Applied, LedgerError> {
         if !j.accepted() {
             return Ok(Applied::default());
         }
-        self.apply(branch, preview, j, now_ms, Again::Replan).await
+        self.apply(branch, preview, j, (now_ms, lost_after_ms), Again::Replan)
+            .await
     }
 
     /// Applies again the head of an approved rewrite of the applied branch that was judged and
@@ -113,11 +116,13 @@ impl Ledger {
         j: &mut Judgement,
         accepted: &str,
         now_ms: i64,
+        lost_after_ms: i64,
     ) -> Result<Applied, LedgerError> {
         if !j.accepted() {
             return Ok(Applied::default());
         }
-        self.apply(branch, false, j, now_ms, Again::Rewrite(accepted)).await
+        self.apply(branch, false, j, (now_ms, lost_after_ms), Again::Rewrite(accepted))
+            .await
     }
 
     async fn apply(
@@ -125,7 +130,8 @@ impl Ledger {
         branch: &str,
         preview: bool,
         j: &mut Judgement,
-        now_ms: i64,
+        // Now, and how long a node may be silent before placement leaves it out.
+        (now_ms, lost_after_ms): (i64, i64),
         again: Again<'_>,
     ) -> Result<Applied, LedgerError> {
         // The fleet as it is now (reads), then the pure work, before the write transaction
@@ -135,7 +141,7 @@ impl Ledger {
             let pools: Vec<_> = j.state.state.pools().map(|(n, p)| (n.clone(), p.clone())).collect();
             Some(state_schema::replacement::fleet_of(
                 &pools,
-                &self.fleet_rows().await?,
+                &self.fleet_rows(lost_after_ms).await?,
                 now_ms,
             ))
         } else {

@@ -15,6 +15,7 @@ use crate::store::rows::Placed;
 use crate::store::{Ledger, LedgerError, NewJob};
 use state_schema::task::Task;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 /// A node's report older than this says nothing about what runs there now.
 pub const FRESH_MS: i64 = 60_000;
@@ -35,19 +36,24 @@ type Missing = (String, String, u32, u64, String, i64);
 
 impl Ledger {
     /// Queues a repair for every replica of a finished rollout that its fresh node's agent no
-    /// longer reports, when a heartbeat lost one or [`FULL_CHECK_MS`] passed. Returns how many
-    /// were queued.
-    pub async fn repair_missing(&self, now_ms: i64) -> Result<usize, LedgerError> {
-        use std::sync::atomic::Ordering;
-        let suspected = self.drift_suspected.swap(false, Ordering::Relaxed);
-        if !suspected && now_ms - self.drift_checked_ms.load(Ordering::Relaxed) < FULL_CHECK_MS {
+    /// longer reports, when a heartbeat lost one (`suspected`, the hub's) or [`FULL_CHECK_MS`]
+    /// passed since `checked_ms` (the loop's). Returns how many were queued.
+    pub async fn repair_missing(
+        &self,
+        now_ms: i64,
+        suspected: &AtomicBool,
+        checked_ms: &AtomicI64,
+    ) -> Result<usize, LedgerError> {
+        let suspect = suspected.swap(false, Ordering::Relaxed);
+        if !suspect && now_ms - checked_ms.load(Ordering::Relaxed) < FULL_CHECK_MS {
             return Ok(0);
         }
-        self.drift_checked_ms.store(now_ms, Ordering::Relaxed);
+        checked_ms.store(now_ms, Ordering::Relaxed);
         let queued = self.repair_missing_now(now_ms).await;
         if queued.as_ref().map_or(true, |(_, unsettled)| *unsettled) {
-            // Some report came too soon to believe (or the read failed): look again next pass.
-            self.suspect_drift();
+            // Some report came too soon to believe, a role is down for its volume's move (or
+            // the read failed): look again next pass.
+            suspected.store(true, Ordering::Relaxed);
         }
         queued.map(|(n, _)| n)
     }
@@ -102,6 +108,9 @@ impl Ledger {
         let mut unsettled = false;
         for (env, role, index, generation, node, seen) in missing {
             if moving.iter().any(|(e, r)| *e == env && *r == role) {
+                // Looked at again each pass until the move ends: one that failed leaves its
+                // role to start again where it was.
+                unsettled = true;
                 continue;
             }
             let prefix = format!("app:{env}/{role}/{index}:g{generation}:ensure");

@@ -88,6 +88,8 @@ pub struct Reconciler {
     mesh_health_due_ms: std::sync::atomic::AtomicI64,
     /// When the volume sweep last ran.
     volumes_swept_ms: std::sync::atomic::AtomicI64,
+    /// When drift was last looked at in full (`drift::FULL_CHECK_MS`).
+    drift_checked_ms: std::sync::atomic::AtomicI64,
     /// What the mesh was last decided from (`Ledger::mesh_signature`): decided again only
     /// when that changes.
     mesh_seen: Mutex<String>,
@@ -124,7 +126,6 @@ impl Reconciler {
             }
             None => None,
         };
-        ledger.set_lost_after_ms(config.control.lost_after_seconds.saturating_mul(1000));
         let mut globs = globset::GlobSetBuilder::new();
         for p in &config.source.preview_branches {
             globs.add(globset::Glob::new(p).map_err(|e| DaemonError::Config(format!("preview_branches: `{p}`: {e}")))?);
@@ -179,7 +180,6 @@ impl Reconciler {
             }
             _ => None,
         };
-        ledger.set_issues_certificates(issuing.is_some());
         Ok(Reconciler {
             issuing,
             certificates_checked_ms: std::sync::atomic::AtomicI64::new(0),
@@ -193,6 +193,7 @@ impl Reconciler {
             domains_due_ms: std::sync::atomic::AtomicI64::new(0),
             mesh_health_due_ms: std::sync::atomic::AtomicI64::new(0),
             volumes_swept_ms: std::sync::atomic::AtomicI64::new(0),
+            drift_checked_ms: std::sync::atomic::AtomicI64::new(0),
             mesh_seen: Mutex::new(String::new()),
             config,
             ledger,
@@ -376,7 +377,10 @@ impl Reconciler {
             }
         }
         // Replicas their agents no longer report (removed by hand): asked for again.
-        let repairs = self.ledger.repair_missing(now_ms()).await?;
+        let repairs = self
+            .ledger
+            .repair_missing(now_ms(), &self.hub.drift_suspected, &self.drift_checked_ms)
+            .await?;
         if repairs > 0 {
             tracing::info!(repairs, "replicas missing from their nodes: asked again");
             report.advanced += repairs;
@@ -456,11 +460,14 @@ impl Reconciler {
 
     async fn settle_now(&self) -> Result<usize, DaemonError> {
         self.ledger.expire(now_ms()).await?;
-        let mut advanced = self.ledger.advance(now_ms()).await?;
+        let mut advanced = self.ledger.advance(now_ms(), &self.hub.watching).await?;
         // The fleet changes without commits (nodes fall silent, come back, free room): what
         // runs is re-placed against it, level-triggered like everything else.
         let branch = &self.config.source.branch;
-        let signature = self.ledger.fleet_signature(branch, now_ms()).await?;
+        let signature = self
+            .ledger
+            .fleet_signature(branch, now_ms(), self.config.control.lost_after_ms())
+            .await?;
         let unchanged = self
             .fleet_signature
             .lock()
@@ -469,13 +476,22 @@ impl Reconciler {
             crate::reconcile::deploy::Applied::default()
         } else {
             // A node lost or back is an event (webhooks take `node-lost`), once each.
-            let (lost, back) = self.ledger.announce_lost(now_ms()).await?;
+            let (lost, back) = self
+                .ledger
+                .announce_lost(now_ms(), self.config.control.lost_after_ms())
+                .await?;
             if !lost.is_empty() || !back.is_empty() {
                 tracing::warn!(lost = ?lost, back = ?back, "nodes lost or back");
             }
-            let moved = self.ledger.replace(branch, now_ms()).await?;
+            let moved = self
+                .ledger
+                .replace(branch, now_ms(), self.config.control.lost_after_ms())
+                .await?;
             // What the re-placement wrote changes the signature; take it afresh.
-            let after = self.ledger.fleet_signature(branch, now_ms()).await?;
+            let after = self
+                .ledger
+                .fleet_signature(branch, now_ms(), self.config.control.lost_after_ms())
+                .await?;
             if let Ok(mut s) = self.fleet_signature.lock() {
                 *s = Some(after);
             }

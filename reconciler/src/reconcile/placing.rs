@@ -25,9 +25,13 @@ impl Ledger {
     /// capabilities, the applied branch's pools, each running deployment's spec hash (what it
     /// reserves where), and which finished ones have replicas waiting. A step advancing
     /// changes none of it. Equal signatures: re-placing would change nothing, so it is skipped.
-    pub async fn fleet_signature(&self, applied_branch: &str, now_ms: i64) -> Result<String, LedgerError> {
+    pub async fn fleet_signature(
+        &self,
+        applied_branch: &str,
+        now_ms: i64,
+        lost_after: i64,
+    ) -> Result<String, LedgerError> {
         let seen = self.seen_nodes().await?;
-        let lost_after = self.lost_after_ms();
         let nodes: Vec<(String, Liveness, Vec<String>)> = seen
             .into_iter()
             .map(|(n, s)| {
@@ -50,9 +54,9 @@ impl Ledger {
     /// moves at a new generation; a waiting replica that now fits is added at the current
     /// generation once its rollout is done. Pools come from the accepted state of
     /// `applied_branch`. Returns what was started.
-    pub async fn replace(&self, applied_branch: &str, now_ms: i64) -> Result<Applied, LedgerError> {
+    pub async fn replace(&self, applied_branch: &str, now_ms: i64, lost_after_ms: i64) -> Result<Applied, LedgerError> {
         let pools = self.applied_pools(applied_branch).await?;
-        let snapshot = self.fleet_snapshot(now_ms).await?;
+        let snapshot = self.fleet_snapshot(now_ms, lost_after_ms).await?;
         // A drain never moves a volume's role: each such volume is reported once (and the
         // drain waits until it is moved). The decision is placement's own.
         let mut fleet = replacement::live_fleet(&pools, &snapshot.nodes, &[], now_ms, snapshot.lost_after_ms);

@@ -146,7 +146,16 @@ impl Reconciler {
                 self.ledger.end_released(&branch, &why.join(", "), now_ms()).await?;
                 continue;
             }
-            let applied = self.ledger.replan(&branch, preview, &mut judgement, now_ms()).await?;
+            let applied = self
+                .ledger
+                .replan(
+                    &branch,
+                    preview,
+                    &mut judgement,
+                    now_ms(),
+                    self.config.control.lost_after_ms(),
+                )
+                .await?;
             moved += applied.rollouts.len() + applied.scales.len();
         }
         Ok(moved)

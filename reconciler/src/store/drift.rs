@@ -88,11 +88,6 @@ impl Ledger {
         Ok(asks.into_iter().filter(|a| a.key.starts_with(prefix)).collect())
     }
 
-    /// A heartbeat left out a replica its node reported before: the next drift check looks.
-    pub(crate) fn suspect_drift(&self) {
-        self.drift_suspected.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-
     /// After a repaired replica succeeded (in the completion's transaction): what
     /// `rollout::republish_after_repair` asks of its environment's routes is queued.
     pub(crate) async fn republish_after_repair(

@@ -264,73 +264,65 @@ pub struct Beat<'a> {
     pub taken_subnets: &'a str,
     /// The node's mesh, checked: (public key, port, address, its own names as JSON).
     pub mesh: Option<(&'a str, u16, Option<&'a str>, &'a str)>,
-    /// How a watched generation is judged on what the node reports
-    /// (`state_schema::watch::judge`): the caller's decision.
-    pub watch: super::watch::WatchDecision,
+}
+
+/// What the ledger held of a node before its heartbeat: what the heartbeat's use case
+/// (`ops::agents`) compares the new one with.
+#[derive(Clone, Debug, FromRow)]
+pub struct BeatRow {
+    pub last_seen: Option<i64>,
+    /// Comma-separated.
+    pub capabilities: String,
+    /// What ran (JSON), as last reported.
+    pub observed: Option<String>,
+    pub mesh_key: Option<String>,
+    pub mesh_names: Option<String>,
 }
 
 impl Ledger {
+    /// Each repair the agent reports becomes a `drift-repaired` event of its environment.
+    pub async fn record_repairs(
+        &self,
+        node: &str,
+        repaired: &[(String, String)],
+        now_ms: i64,
+    ) -> Result<(), LedgerError> {
+        if repaired.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.write_tx().await?;
+        let events: Vec<(String, String, String)> = repaired
+            .iter()
+            .map(|(env, what)| ("drift-repaired".to_owned(), env.clone(), format!("{node}: {what}")))
+            .collect();
+        self.events_in(&mut tx, now_ms, &events).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// What the ledger holds of `node` from its last heartbeat (`None`: not enrolled).
+    pub async fn beat_row(&self, node: &str) -> Result<Option<BeatRow>, LedgerError> {
+        Ok(sqlx::query_as(
+            self.sql("SELECT last_seen, capabilities, observed, mesh_key, mesh_names FROM nodes WHERE name = ?"),
+        )
+        .bind(node)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
     /// Records a heartbeat: the node was seen now, running this agent version, able to run
-    /// `capabilities`, and running what `observed` (JSON, bounded by the request limit) says.
-    /// Returns whether placement sees the node differently now (it was not ready before, or
-    /// its capabilities changed): the caller wakes the loop to re-place.
-    pub async fn heartbeat(&self, node: &str, beat: &Beat<'_>, now_ms: i64) -> Result<bool, LedgerError> {
+    /// its capabilities, and running what its `observed` (JSON, bounded by the request limit)
+    /// says.
+    pub async fn record_beat(&self, node: &str, beat: &Beat<'_>, now_ms: i64) -> Result<(), LedgerError> {
         let Beat {
             agent_version,
             capabilities,
             host,
             observed,
-            repaired,
             taken_subnets,
             mesh,
-            watch,
+            ..
         } = *beat;
-        if !repaired.is_empty() {
-            // Each repair the agent reports becomes a `drift-repaired` event of its environment.
-            let mut tx = self.write_tx().await?;
-            let events: Vec<(String, String, String)> = repaired
-                .iter()
-                .map(|(env, what)| ("drift-repaired".to_owned(), env.clone(), format!("{node}: {what}")))
-                .collect();
-            self.events_in(&mut tx, now_ms, &events).await?;
-            tx.commit().await?;
-        }
-        // (last seen, capabilities, what ran, mesh key, its names)
-        type Before = (Option<i64>, String, Option<String>, Option<String>, Option<String>);
-        let before: Option<Before> = sqlx::query_as(
-            self.sql("SELECT last_seen, capabilities, observed, mesh_key, mesh_names FROM nodes WHERE name = ?"),
-        )
-        .bind(node)
-        .fetch_optional(&self.pool)
-        .await?;
-        // A release under watch with replicas here: this heartbeat may fail it (the pass rolls
-        // it back, woken like for a changed node).
-        let now_list: Vec<agent_proto::RunningInstance> = serde_json::from_str(observed).unwrap_or_default();
-        let watch_failed = self.watch_beat(node, &now_list, now_ms, watch).await?;
-        let changed = watch_failed
-            || match before {
-                None => false,
-                // `had`: a replica the agent reported before and no longer does is drift to look at.
-                Some((last, caps, had, key, names)) => {
-                    let had: Vec<agent_proto::RunningInstance> =
-                        had.and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
-                    let now = &now_list;
-                    if had.iter().any(|h| {
-                        !now.iter().any(|n| {
-                            (&n.environment, &n.role, n.instance, n.generation)
-                                == (&h.environment, &h.role, h.instance, h.generation)
-                        })
-                    }) {
-                        self.suspect_drift();
-                    }
-                    // A new mesh key (a node's first, or a rotation) re-plans every node's mesh.
-                    Liveness::of(last, now_ms, self.lost_after_ms()) != Liveness::Ready
-                    || caps != capabilities.join(",")
-                    || key.as_deref() != mesh.map(|m| m.0)
-                    // So do a node's names: other nodes' answers add them.
-                    || names.as_deref() != mesh.map(|m| m.3)
-                }
-            };
         sqlx::query(self.sql(
             "UPDATE nodes SET last_seen = ?, agent_version = ?, capabilities = ?, observed = ?, \
                  host = COALESCE(?, host), taken_subnets = ?, mesh_key = ?, mesh_port = ?, mesh_address = ?, mesh_names = ? \
@@ -349,7 +341,7 @@ impl Ledger {
         .bind(node)
         .execute(&self.pool)
         .await?;
-        Ok(changed)
+        Ok(())
     }
 
     /// The node each of `job_ids` is targeted at (jobs that do not exist are left out).
@@ -392,11 +384,12 @@ impl Ledger {
         &self,
         branch: &str,
         now_ms: i64,
+        lost_after_ms: i64,
         fleet_of: fn(&[(Name, NodePool)], &FleetRows, i64) -> Fleet,
     ) -> Result<Vec<NodeRow>, LedgerError> {
         let seen = self.seen_nodes().await?;
         let pools = self.applied_pools(branch).await?;
-        let rows = self.fleet_rows().await?;
+        let rows = self.fleet_rows(lost_after_ms).await?;
         let fleet = fleet_of(&pools, &rows, now_ms);
         let running = rows.running;
         let mut placed: std::collections::BTreeMap<String, usize> = Default::default();
@@ -421,14 +414,8 @@ impl Ledger {
                 let s = seen.get(&name);
                 let (cpu, mem) = fleet.reserved(&n.name);
                 out.push(NodeRow {
-                    state: lifecycle(
-                        n.state,
-                        s.is_some(),
-                        s.and_then(|s| s.last_seen),
-                        now_ms,
-                        self.lost_after_ms(),
-                    )
-                    .to_owned(),
+                    state: lifecycle(n.state, s.is_some(), s.and_then(|s| s.last_seen), now_ms, lost_after_ms)
+                        .to_owned(),
                     pool: pool.to_string(),
                     cpu_millis: n.capacity.cpu.millis(),
                     memory_bytes: n.capacity.memory.bytes(),

@@ -115,23 +115,11 @@ pub struct Ledger {
     backend: Backend,
     /// The database file, for SQLite.
     sqlite_path: Option<std::path::PathBuf>,
-    /// Silence after which a node is lost and its replicas are placed elsewhere.
-    lost_after_ms: std::sync::atomic::AtomicI64,
     /// SQLite has one writer: this process's write transactions queue here, in order, instead
     /// of meeting `SQLITE_BUSY` and sleeping in SQLite's busy handler (1, 2, 5, 10… ms).
     writer: Arc<tokio::sync::Mutex<()>>,
     /// The control plane's id, read (or made) once ([`Ledger::control_plane`]).
     control_plane: tokio::sync::OnceCell<String>,
-    /// A heartbeat left out a replica its node reported before ([`crate::reconcile::drift`]); and when
-    /// drift was last looked at in full.
-    pub(crate) drift_suspected: std::sync::atomic::AtomicBool,
-    /// Whether the control plane issues certificates (`[certificates]`): only then does a
-    /// hostname's publish look for one in the ledger.
-    pub(crate) issues_certificates: std::sync::atomic::AtomicBool,
-    pub(crate) drift_checked_ms: std::sync::atomic::AtomicI64,
-    /// Until when some generation is under watch (`store::watch`); heartbeats after it read
-    /// nothing for watches.
-    pub(crate) watching: watch::WatchHint,
 }
 
 /// A write transaction; on SQLite it holds the process's writer turn until it ends.
@@ -255,13 +243,8 @@ impl Ledger {
             pool,
             backend,
             sqlite_path,
-            lost_after_ms: std::sync::atomic::AtomicI64::new(state_schema::placement::LOST_AFTER_MS),
             writer: Arc::default(),
             control_plane: tokio::sync::OnceCell::new(),
-            drift_suspected: std::sync::atomic::AtomicBool::new(true),
-            issues_certificates: std::sync::atomic::AtomicBool::new(false),
-            drift_checked_ms: std::sync::atomic::AtomicI64::new(0),
-            watching: watch::WatchHint::default(),
         })
     }
 
@@ -298,30 +281,6 @@ impl Ledger {
             })
             .await
             .cloned()
-    }
-
-    /// How long a node may be silent before its replicas are placed elsewhere (the daemon's
-    /// `control.lost_after_seconds`; 300 s by default).
-    pub fn set_lost_after_ms(&self, ms: i64) {
-        self.lost_after_ms.store(
-            ms.max(state_schema::placement::UNHEALTHY_AFTER_MS),
-            std::sync::atomic::Ordering::Relaxed,
-        );
-    }
-
-    /// The control plane issues certificates: publishes of hostnames that bring none carry the
-    /// issued one.
-    pub fn set_issues_certificates(&self, on: bool) {
-        self.issues_certificates.store(on, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Whether the control plane issues certificates (`[certificates]`).
-    pub fn issues_certificates(&self) -> bool {
-        self.issues_certificates.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    pub fn lost_after_ms(&self) -> i64 {
-        self.lost_after_ms.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn backend(&self) -> Backend {

@@ -361,7 +361,6 @@ impl Ledger {
         .bind(volume)
         .execute(&mut **tx)
         .await?;
-        self.suspect_drift();
         self.event(
             tx,
             now_ms,

@@ -118,21 +118,21 @@ impl Ledger {
     /// What a placement run reads of the fleet now: what heartbeats said of every enrolled
     /// node, every running deployment's spec, the volumes' pins, and when a silent node is
     /// lost (`state_schema::replacement::fleet_of` makes the fleet of them).
-    pub async fn fleet_rows(&self) -> Result<FleetRows, LedgerError> {
+    pub async fn fleet_rows(&self, lost_after_ms: i64) -> Result<FleetRows, LedgerError> {
         Ok(FleetRows {
             seen: seen_nodes(&self.seen_nodes().await?),
             running: self.running_specs().await?,
             pins: self.volume_pins().await?,
-            lost_after_ms: self.lost_after_ms(),
+            lost_after_ms,
         })
     }
 
     /// The live fleet as placement sees it now: every enrolled node and every running
     /// deployment, for re-placement and for `GET /v1/fleet`.
-    pub async fn fleet_snapshot(&self, now_ms: i64) -> Result<Snapshot, LedgerError> {
+    pub async fn fleet_snapshot(&self, now_ms: i64, lost_after_ms: i64) -> Result<Snapshot, LedgerError> {
         Ok(Snapshot {
             at_ms: now_ms,
-            lost_after_ms: self.lost_after_ms(),
+            lost_after_ms,
             nodes: seen_nodes(&self.seen_nodes().await?),
             running: self.running().await?,
             pins: self.volume_pins().await?,
@@ -317,9 +317,8 @@ impl Ledger {
     /// those heard from again since (`node-back`). Returns both lists. Called when the fleet's
     /// signature changed (a node's liveness class is part of it), so a quiet fleet reads
     /// nothing.
-    pub async fn announce_lost(&self, now_ms: i64) -> Result<(Vec<String>, Vec<String>), LedgerError> {
+    pub async fn announce_lost(&self, now_ms: i64, lost_after: i64) -> Result<(Vec<String>, Vec<String>), LedgerError> {
         let mut tx = self.write_tx().await?;
-        let lost_after = self.lost_after_ms();
         let lost: Vec<(String, i64)> = sqlx::query_as(self.sql(
             "UPDATE nodes SET lost_at = ? WHERE lost_at = 0 AND last_seen IS NOT NULL AND last_seen < ? \
              RETURNING name, last_seen",

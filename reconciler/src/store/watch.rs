@@ -2,8 +2,9 @@
 //! against each heartbeat of a node with replicas under watch (by the caller's decision,
 //! `state_schema::watch::judge`, handed in with the heartbeat),
 //! its first failure kept on the deployment's row for the pass to roll it back
-//! (`reconcile/watch.rs`), and ended when its window passed. SQL only, and cheap when nothing is
-//! watched: heartbeats then read nothing (`Ledger::watching`).
+//! (`reconcile/watch.rs`), and ended when its window passed. SQL only; the caller keeps until
+//! when something is watched (`hub::WatchHint`), so that a heartbeat with nothing under watch
+//! reads nothing.
 
 use super::{Ledger, LedgerError, WriteTx};
 use sqlx::FromRow;
@@ -14,7 +15,6 @@ use state_schema::watch::Seen;
 /// spec, generation, when its watch began, the node, the heartbeat's time, what the node runs,
 /// and whether it is a canary's watch; why it failed, if it did. The caller's.
 pub type WatchDecision = fn(&DeploymentSpec, u64, i64, &str, i64, &[Seen<'_>], bool) -> Option<String>;
-use std::sync::atomic::Ordering;
 
 #[derive(FromRow)]
 struct WatchedRow {
@@ -35,34 +35,7 @@ pub struct Failed {
     pub before_switch: Option<&'static str>,
 }
 
-/// What heartbeats need to look at, kept in memory so that a heartbeat with nothing under
-/// watch reads nothing: until when some generation is watched, read from the ledger by the
-/// first heartbeat after the daemon starts. A canary's watch (to its switch) has no end
-/// time: `i64::MAX` here, in memory only (the ledger says `watch = 'to-switch'`).
-#[derive(Debug, Default)]
-pub(crate) struct WatchHint {
-    read: std::sync::atomic::AtomicBool,
-    until: std::sync::atomic::AtomicI64,
-}
-
-impl WatchHint {
-    fn get(&self) -> Option<i64> {
-        self.read
-            .load(Ordering::Acquire)
-            .then(|| self.until.load(Ordering::Relaxed))
-    }
-
-    fn set(&self, until: i64) {
-        self.until.store(until, Ordering::Relaxed);
-        self.read.store(true, Ordering::Release);
-    }
-
-    fn extend(&self, until: i64) {
-        self.until.fetch_max(until, Ordering::Relaxed);
-    }
-}
-
-/// Until when the ledger's watches run (`i64::MAX` for a canary's): what [`WatchHint`] holds.
+/// Until when the ledger's watches run (`i64::MAX` for a canary's): what `hub::WatchHint` holds.
 const WATCHED_UNTIL: &str =
     "SELECT MAX(CASE WHEN watch = 'to-switch' THEN ? ELSE watch_until END) FROM deployments WHERE watch <> ''";
 
@@ -83,7 +56,6 @@ impl Ledger {
         .bind(environment)
         .execute(&mut **tx)
         .await?;
-        self.watching.extend(until_ms);
         Ok(())
     }
 
@@ -101,8 +73,16 @@ impl Ledger {
         .bind(environment)
         .execute(&mut **tx)
         .await?;
-        self.watching.extend(i64::MAX);
         Ok(())
+    }
+
+    /// Until when some generation is watched (`i64::MAX` while a canary's is; 0: none).
+    pub(crate) async fn watched_until(&self) -> Result<i64, LedgerError> {
+        let left: Option<i64> = sqlx::query_scalar(self.sql(WATCHED_UNTIL))
+            .bind(i64::MAX)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(left.unwrap_or(0))
     }
 
     /// Judges node `node`'s heartbeat (`observed`, at `at_ms`) against every generation under
@@ -114,21 +94,6 @@ impl Ledger {
         at_ms: i64,
         judge: WatchDecision,
     ) -> Result<bool, LedgerError> {
-        let until = match self.watching.get() {
-            Some(until) => until,
-            None => {
-                // The first heartbeat since the daemon started: what the ledger has under watch.
-                let left: Option<i64> = sqlx::query_scalar(self.sql(WATCHED_UNTIL))
-                    .bind(i64::MAX)
-                    .fetch_one(&self.pool)
-                    .await?;
-                self.watching.set(left.unwrap_or(0));
-                left.unwrap_or(0)
-            }
-        };
-        if at_ms >= until {
-            return Ok(false);
-        }
         let rows: Vec<WatchedRow> = sqlx::query_as(self.sql(
             "SELECT environment, generation, spec, watch_from, status FROM deployments \
              WHERE watch <> '' AND (watch = 'to-switch' OR watch_until > ?) AND watch_failure = '' \
@@ -278,12 +243,7 @@ impl Ledger {
             })
             .collect();
         self.events_in(&mut tx, now_ms, &events).await?;
-        let left: Option<i64> = sqlx::query_scalar(self.sql(WATCHED_UNTIL))
-            .bind(i64::MAX)
-            .fetch_one(&mut *tx)
-            .await?;
         tx.commit().await?;
-        self.watching.set(left.unwrap_or(0));
         Ok(passed.into_iter().map(|(env, _)| env).collect())
     }
 }

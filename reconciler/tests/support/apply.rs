@@ -37,6 +37,6 @@ pub async fn settle(ledger: &Ledger, url: &str) {
                 .collect();
             ledger.complete(&done, now_ms()).await.expect("complete");
         }
-        ledger.advance(now_ms()).await.expect("advance");
+        ledger.advance(now_ms(), &Default::default()).await.expect("advance");
     }
 }

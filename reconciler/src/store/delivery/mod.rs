@@ -168,12 +168,13 @@ impl Ledger {
         Ok(Ok(sealed))
     }
 
-    /// The execution spec of each of `leases` (all `node`'s), in order.
+    /// The execution spec of each of `leases` (all `node`'s), in order. A hostname's publish
+    /// looks for a certificate of the control plane's only when it `issues_certificates`.
     pub async fn executions(
         &self,
         node: &str,
         leases: &[Lease],
-        control: &[Box<dyn Identity + Send + Sync>],
+        (control, issues_certificates): (&[Box<dyn Identity + Send + Sync>], bool),
         now_ms: i64,
     ) -> Result<Vec<Result<Execution, Undeliverable>>, LedgerError> {
         // Only what the leased tasks need is read: a removal needs nothing, a network its
@@ -254,6 +255,7 @@ impl Ledger {
                 } => match (spec_of(*generation), network()) {
                     (Ok(spec), Ok(network)) => {
                         let tls = match spec.certificate(hostname.as_str()) {
+                            None if !issues_certificates => None,
                             None => match self
                                 .issued_tls(node, recipient.as_deref(), hostname.as_str(), control, now_ms)
                                 .await?
@@ -438,8 +440,8 @@ impl Ledger {
     }
 
     /// The certificate the control plane issued for `hostname`, sealed to the node: the chain
-    /// encrypted to it, the key resealed from the control host's copy. `None` when it issues
-    /// none, or none yet (the hostname is served over plain HTTP until the issuance publishes
+    /// encrypted to it, the key resealed from the control host's copy. `None` when it issued
+    /// none yet (the hostname is served over plain HTTP until the issuance publishes
     /// it again).
     async fn issued_tls(
         &self,
@@ -449,9 +451,6 @@ impl Ledger {
         control: &[Box<dyn Identity + Send + Sync>],
         now_ms: i64,
     ) -> Result<Result<Option<IngressTls>, Undeliverable>, LedgerError> {
-        if !self.issues_certificates.load(std::sync::atomic::Ordering::Relaxed) {
-            return Ok(Ok(None));
-        }
         let Some(row) = self.certificate(hostname).await? else {
             return Ok(Ok(None));
         };
