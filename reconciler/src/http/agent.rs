@@ -366,7 +366,7 @@ async fn lease_jobs_now(s: &Agents, node: &str, req: &LeaseRequest) -> Result<Le
                 };
                 jobs.push(LeasedJob {
                     key: l.key,
-                    task: crate::store::delivery::wire_task(&l.task),
+                    task: crate::delivery::wire_task(&l.task),
                     execution,
                     attempt: l.attempt,
                     proof: LeaseProof {

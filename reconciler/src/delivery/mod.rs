@@ -1,10 +1,10 @@
-//! What a lease hands an agent besides the task: the execution spec, built from the stored
+//! A layer of its own, between the agent API and the store: what a lease hands an agent
+//! besides the task: the execution spec, built from the stored
 //! spec of the job's own generation (never a newer commit's), the environment's subnet on that
 //! node, and its secrets sealed to the node's own age recipient. Sealed copies are kept (by
 //! node and ciphertext hash) so a value is decrypted once per node, not once per lease; the
 //! plaintext exists only inside `pushleft_secrets::reseal`.
 
-use crate::store::rows::subnet;
 use crate::store::{Lease, Ledger, LedgerError};
 use age::Identity;
 use agent_proto::{
@@ -14,7 +14,7 @@ use agent_proto::{
 use sha2::{Digest, Sha256};
 use state_schema::deployment::{DeploymentSpec, TlsSpec};
 use state_schema::task::Task;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 mod task;
 mod volumes;
@@ -49,79 +49,7 @@ fn sha256_hex(s: &str) -> String {
     hex::encode(Sha256::digest(s.as_bytes()))
 }
 
-/// Each environment's current generation and its spec. Jobs of older generations that would
-/// run something are cancelled when a newer one starts, so a lease only ever needs these.
-type Specs = BTreeMap<String, (u64, DeploymentSpec)>;
-
 impl Ledger {
-    async fn specs_for(&self, envs: &BTreeSet<String>) -> Result<Specs, LedgerError> {
-        let mut out = Specs::new();
-        for env in envs {
-            let row: Option<(i64, String)> =
-                sqlx::query_as(self.sql("SELECT generation, spec FROM deployments WHERE environment = ?"))
-                    .bind(env)
-                    .fetch_optional(&self.pool)
-                    .await?;
-            if let Some((generation, spec)) = row {
-                let spec: DeploymentSpec = serde_json::from_str(&spec)?;
-                out.insert(env.clone(), (u64::try_from(generation).unwrap_or(0), spec));
-            }
-        }
-        Ok(out)
-    }
-
-    /// The specs of the older generations an environment's rollout replaces (a rolling
-    /// publish routes to their replicas not replaced yet).
-    async fn retired_of(&self, env: &str) -> Result<Vec<DeploymentSpec>, LedgerError> {
-        let retired: Option<String> =
-            sqlx::query_scalar(self.sql("SELECT retired FROM deployments WHERE environment = ?"))
-                .bind(env)
-                .fetch_optional(&self.pool)
-                .await?;
-        Ok(match retired {
-            Some(r) => serde_json::from_str(&r)?,
-            None => Vec::new(),
-        })
-    }
-
-    /// Environments whose current generation is a rollback's: (that generation, the
-    /// generation whose containers its replicas resume).
-    async fn resumes_for(&self, envs: &BTreeSet<String>) -> Result<BTreeMap<String, (u64, u64)>, LedgerError> {
-        let mut out = BTreeMap::new();
-        for env in envs {
-            let hold: Option<String> =
-                sqlx::query_scalar(self.sql("SELECT hold FROM deployments WHERE environment = ? AND hold <> ''"))
-                    .bind(env)
-                    .fetch_optional(&self.pool)
-                    .await?;
-            if let Some(h) = hold
-                .as_deref()
-                .map(super::rollbacks::Hold::parse)
-                .transpose()?
-                .flatten()
-            {
-                out.insert(env.clone(), (h.generation, h.to));
-            }
-        }
-        Ok(out)
-    }
-
-    async fn subnets_of(&self, node: &str, envs: &BTreeSet<String>) -> Result<BTreeMap<String, String>, LedgerError> {
-        let mut out = BTreeMap::new();
-        for env in envs {
-            let idx: Option<i64> =
-                sqlx::query_scalar(self.sql("SELECT idx FROM subnets WHERE node = ? AND environment = ?"))
-                    .bind(node)
-                    .bind(env)
-                    .fetch_optional(&self.pool)
-                    .await?;
-            if let Some(idx) = idx {
-                out.insert(env.clone(), subnet(idx));
-            }
-        }
-        Ok(out)
-    }
-
     /// The node's copy of a secret value, sealed now if it has none yet.
     async fn sealed_for(
         &self,
@@ -132,12 +60,7 @@ impl Ledger {
         now_ms: i64,
     ) -> Result<Result<String, Undeliverable>, LedgerError> {
         let hash = sha256_hex(ciphertext);
-        let kept: Option<String> =
-            sqlx::query_scalar(self.sql("SELECT sealed FROM sealed_secrets WHERE node = ? AND ciphertext = ?"))
-                .bind(node)
-                .bind(&hash)
-                .fetch_optional(&self.pool)
-                .await?;
+        let kept = self.sealed_copy(node, &hash).await?;
         if let Some(sealed) = kept {
             return Ok(Ok(sealed));
         }
@@ -156,15 +79,7 @@ impl Ledger {
                 )));
             }
         };
-        sqlx::query(self.sql(
-            "INSERT INTO sealed_secrets (node, ciphertext, sealed, created_at) VALUES (?, ?, ?, ?) ON CONFLICT (node, ciphertext) DO NOTHING",
-        ))
-        .bind(node)
-        .bind(&hash)
-        .bind(&sealed)
-        .bind(now_ms)
-        .execute(&self.pool)
-        .await?;
+        self.keep_sealed(node, &hash, &sealed, now_ms).await?;
         Ok(Ok(sealed))
     }
 
@@ -206,10 +121,7 @@ impl Ledger {
         let recipient: Option<String> = if need_spec.is_empty() {
             None
         } else {
-            sqlx::query_scalar(self.sql("SELECT age_recipient FROM nodes WHERE name = ?"))
-                .bind(node)
-                .fetch_optional(&self.pool)
-                .await?
+            self.age_recipient(node).await?
         };
         let cp = self.control_plane().await?;
         let mut out = Vec::with_capacity(leases.len());

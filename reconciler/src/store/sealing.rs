@@ -1,0 +1,132 @@
+//! The rows a lease's execution specs are built from (`crate::delivery`): each leased
+//! environment's current generation and spec, the older generations a rolling rollout
+//! replaces, a rollback's resumed generation, the environment's subnet on the node, the
+//! node's age recipient, and the secrets already sealed to it (by node and ciphertext hash).
+
+use super::rows::subnet;
+use super::{Ledger, LedgerError};
+use state_schema::deployment::DeploymentSpec;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Each environment's current generation and its spec. Jobs of older generations that would
+/// run something are cancelled when a newer one starts, so a lease only ever needs these.
+pub(crate) type Specs = BTreeMap<String, (u64, DeploymentSpec)>;
+
+impl Ledger {
+    pub(crate) async fn specs_for(&self, envs: &BTreeSet<String>) -> Result<Specs, LedgerError> {
+        let mut out = Specs::new();
+        for env in envs {
+            let row: Option<(i64, String)> =
+                sqlx::query_as(self.sql("SELECT generation, spec FROM deployments WHERE environment = ?"))
+                    .bind(env)
+                    .fetch_optional(&self.pool)
+                    .await?;
+            if let Some((generation, spec)) = row {
+                let spec: DeploymentSpec = serde_json::from_str(&spec)?;
+                out.insert(env.clone(), (u64::try_from(generation).unwrap_or(0), spec));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The specs of the older generations an environment's rollout replaces (a rolling
+    /// publish routes to their replicas not replaced yet).
+    pub(crate) async fn retired_of(&self, env: &str) -> Result<Vec<DeploymentSpec>, LedgerError> {
+        let retired: Option<String> =
+            sqlx::query_scalar(self.sql("SELECT retired FROM deployments WHERE environment = ?"))
+                .bind(env)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(match retired {
+            Some(r) => serde_json::from_str(&r)?,
+            None => Vec::new(),
+        })
+    }
+
+    /// Environments whose current generation is a rollback's: (that generation, the
+    /// generation whose containers its replicas resume).
+    pub(crate) async fn resumes_for(
+        &self,
+        envs: &BTreeSet<String>,
+    ) -> Result<BTreeMap<String, (u64, u64)>, LedgerError> {
+        let mut out = BTreeMap::new();
+        for env in envs {
+            let hold: Option<String> =
+                sqlx::query_scalar(self.sql("SELECT hold FROM deployments WHERE environment = ? AND hold <> ''"))
+                    .bind(env)
+                    .fetch_optional(&self.pool)
+                    .await?;
+            if let Some(h) = hold
+                .as_deref()
+                .map(super::rollbacks::Hold::parse)
+                .transpose()?
+                .flatten()
+            {
+                out.insert(env.clone(), (h.generation, h.to));
+            }
+        }
+        Ok(out)
+    }
+
+    pub(crate) async fn subnets_of(
+        &self,
+        node: &str,
+        envs: &BTreeSet<String>,
+    ) -> Result<BTreeMap<String, String>, LedgerError> {
+        let mut out = BTreeMap::new();
+        for env in envs {
+            let idx: Option<i64> =
+                sqlx::query_scalar(self.sql("SELECT idx FROM subnets WHERE node = ? AND environment = ?"))
+                    .bind(node)
+                    .bind(env)
+                    .fetch_optional(&self.pool)
+                    .await?;
+            if let Some(idx) = idx {
+                out.insert(env.clone(), subnet(idx));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The node's sealed copy of the secret whose ciphertext hashes to `hash`, if kept.
+    pub(crate) async fn sealed_copy(&self, node: &str, hash: &str) -> Result<Option<String>, LedgerError> {
+        Ok(
+            sqlx::query_scalar(self.sql("SELECT sealed FROM sealed_secrets WHERE node = ? AND ciphertext = ?"))
+                .bind(node)
+                .bind(hash)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
+    }
+
+    /// Keeps the node's sealed copy (the first one kept stays).
+    pub(crate) async fn keep_sealed(
+        &self,
+        node: &str,
+        hash: &str,
+        sealed: &str,
+        now_ms: i64,
+    ) -> Result<(), LedgerError> {
+        sqlx::query(self.sql(
+            "INSERT INTO sealed_secrets (node, ciphertext, sealed, created_at) VALUES (?, ?, ?, ?) ON CONFLICT (node, ciphertext) DO NOTHING",
+        ))
+        .bind(node)
+        .bind(hash)
+        .bind(sealed)
+        .bind(now_ms)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// The node's age recipient, once enrolled.
+    pub(crate) async fn age_recipient(&self, node: &str) -> Result<Option<String>, LedgerError> {
+        Ok(
+            sqlx::query_scalar(self.sql("SELECT age_recipient FROM nodes WHERE name = ?"))
+                .bind(node)
+                .fetch_optional(&self.pool)
+                .await?
+                .flatten(),
+        )
+    }
+}
