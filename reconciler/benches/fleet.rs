@@ -553,13 +553,8 @@ fn thousand_deployments(repo: &Repo, clients: &[Arc<AgentClient>], url: &str) ->
         .expect("rt");
     let over = rt.block_on(async {
         let ledger = Ledger::connect(url, 2).await.expect("ledger");
-        let nodes = ledger
-            .nodes(
-                "main",
-                reconciler::store::now_ms(),
-                state_schema::placement::LOST_AFTER_MS,
-                state_schema::replacement::fleet_of,
-            )
+        let now = reconciler::store::now_ms();
+        let nodes = reconciler::ops::nodes::node_rows(&ledger, "main", now, state_schema::placement::LOST_AFTER_MS)
             .await
             .expect("nodes");
         ledger.close().await;

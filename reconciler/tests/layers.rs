@@ -593,8 +593,6 @@ fn the_store_names_no_decision_of_the_pure_core_but_those_still_to_move() {
     let left: BTreeSet<(&str, &str)> = BTreeSet::from([
         // A repaired replica's republish, queued in the completion's group transaction.
         ("store::drift", "rollout"),
-        // The live fleet built from rows (placement, the volume move's landing check).
-        ("store::placement", "parse::parse_file"),
     ]);
     // The fleet's decisions are its methods: a store file may hold a fleet (made by its
     // caller) and read it, not ask it where something goes.

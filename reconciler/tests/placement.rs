@@ -55,14 +55,7 @@ async fn placed(url: &str) -> (String, Vec<String>) {
 }
 
 async fn no_node_over_capacity(shared: &Reconciler) {
-    for n in shared
-        .ledger
-        .nodes(
-            "main",
-            now_ms(),
-            state_schema::placement::LOST_AFTER_MS,
-            state_schema::replacement::fleet_of,
-        )
+    for n in reconciler::ops::nodes::node_rows(&shared.ledger, "main", now_ms(), state_schema::placement::LOST_AFTER_MS)
         .await
         .expect("nodes")
     {
@@ -275,14 +268,7 @@ async fn scenario(url: String, dir: &Path) {
     shared.pass().await.expect("pass");
     assert_eq!(placed(&url).await.0, "1");
     assert_eq!(
-        shared
-            .ledger
-            .nodes(
-                "main",
-                now_ms(),
-                state_schema::placement::LOST_AFTER_MS,
-                state_schema::replacement::fleet_of
-            )
+        reconciler::ops::nodes::node_rows(&shared.ledger, "main", now_ms(), state_schema::placement::LOST_AFTER_MS)
             .await
             .expect("nodes")[0]
             .state,

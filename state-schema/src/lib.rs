@@ -7,6 +7,7 @@
 pub mod canonical;
 mod consequences;
 pub mod cron;
+pub mod declared;
 mod decode;
 pub mod deployment;
 pub mod desired;

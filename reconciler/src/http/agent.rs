@@ -8,7 +8,6 @@ use crate::config::Config;
 use crate::http::peer::Peers;
 use crate::http::server::{PeerCert, internal, json, refused};
 use crate::hub::Hub;
-use crate::store::fleet::Declared;
 use crate::store::group::Group;
 use crate::store::{Completion, LeaseToken, Ledger, now_ms};
 use agent_proto::{
@@ -19,6 +18,7 @@ use axum::Router;
 use axum::extract::{Extension, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use state_schema::declared::Declared;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -102,7 +102,8 @@ async fn declared(s: &Agents, node: &str) -> Result<Declared, crate::store::Ledg
     {
         return Ok(map.get(node).cloned().unwrap_or(Declared::No));
     }
-    let map = s.ledger.declared_nodes(&s.config.source.branch).await?;
+    let pools = crate::ops::nodes::applied_pools(&s.ledger, &s.config.source.branch).await?;
+    let map = state_schema::declared::declared_nodes(&pools);
     let answer = map.get(node).cloned().unwrap_or(Declared::No);
     if let Ok(mut c) = s.declared.lock() {
         *c = Some((Instant::now(), map));

@@ -6,11 +6,12 @@
 use crate::config::Config;
 use crate::http::server::{internal, read_body, refused};
 use crate::pki::{PkiError, sign_node_csr};
-use crate::store::fleet::{Declared, Enrolment};
+use crate::store::fleet::Enrolment;
 use crate::store::{Ledger, now_ms};
 use agent_proto::{EnrollRequest, EnrollResponse, MAX_ENROLL_BYTES, Refusal};
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use state_schema::declared::Declared;
 use std::sync::Arc;
 
 /// Enrolment's own state.
@@ -28,7 +29,7 @@ pub fn router(state: Arc<Enrol>) -> axum::Router {
 }
 
 async fn declared(s: &Enrol, node: &str) -> Result<(), Response> {
-    match s.ledger.declared_node(&s.config.source.branch, node).await {
+    match crate::ops::nodes::declared_node(&s.ledger, &s.config.source.branch, node).await {
         Ok(Declared::Yes { .. } | Declared::Draining { .. }) => Ok(()),
         Ok(Declared::Retired) => Err(refused(Refusal::NodeRetired, "the node is retired in Git")),
         Ok(Declared::No) => Err(refused(

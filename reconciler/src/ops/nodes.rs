@@ -4,22 +4,82 @@
 //! when its next mesh carries it, and its private key never leaves it).
 
 use super::{Answer, Kind, OpError, Ops, wire};
-use crate::store::fleet::Declared;
-use crate::store::now_ms;
+use crate::store::fleet::NodeRow;
+use crate::store::{Ledger, LedgerError, now_ms};
 use operator_proto::nodes::{MeshKeyAsked, NodeToken, Nodes};
+use state_schema::declared::{self, Declared};
+use std::collections::BTreeMap;
+
+/// The node pools `branch`'s accepted state declares, decoded from the ledger's documents.
+pub async fn applied_pools(
+    ledger: &Ledger,
+    branch: &str,
+) -> Result<Vec<(state_schema::values::Name, state_schema::model::NodePool)>, LedgerError> {
+    Ok(declared::node_pools(&ledger.pool_documents(branch).await?))
+}
+
+/// Every node `branch`'s accepted state declares, by name, with what the control plane saw
+/// of it (its lifecycle state: `declared::lifecycle`, after `lost_after_ms` of silence lost)
+/// and what its replicas reserve in the fleet placement sees now
+/// (`state_schema::replacement::fleet_of`).
+pub async fn node_rows(
+    ledger: &Ledger,
+    branch: &str,
+    now_ms: i64,
+    lost_after_ms: i64,
+) -> Result<Vec<NodeRow>, LedgerError> {
+    let seen = ledger.seen_nodes().await?;
+    let pools = applied_pools(ledger, branch).await?;
+    let rows = ledger.fleet_rows(lost_after_ms).await?;
+    let fleet = state_schema::replacement::fleet_of(&pools, &rows, now_ms);
+    let mut placed: BTreeMap<String, usize> = BTreeMap::new();
+    for i in rows.running.iter().flat_map(|s| &s.instances) {
+        *placed.entry(i.node.to_string()).or_default() += 1;
+    }
+    let observed = ledger
+        .observed_replicas(now_ms - state_schema::placement::UNHEALTHY_AFTER_MS)
+        .await?;
+    let cas = ledger.node_cas().await?;
+    let mut out = Vec::new();
+    for (pool, p) in &pools {
+        for n in &p.nodes {
+            let name = n.name.to_string();
+            let s = seen.get(&name);
+            let last_seen = s.and_then(|s| s.last_seen);
+            let (cpu, mem) = fleet.reserved(&n.name);
+            out.push(NodeRow {
+                state: declared::lifecycle(n.state, s.is_some(), last_seen, now_ms, lost_after_ms).to_owned(),
+                pool: pool.to_string(),
+                cpu_millis: n.capacity.cpu.millis(),
+                memory_bytes: n.capacity.memory.bytes(),
+                last_seen_ms: last_seen,
+                agent_version: s.and_then(|s| s.agent_version.clone()),
+                instances: placed.get(&name).copied().unwrap_or(0),
+                running: observed
+                    .get(&name)
+                    .map_or(0, |list| list.iter().filter(|i| i.healthy).count()),
+                reserved_cpu_millis: cpu,
+                reserved_memory_bytes: mem,
+                capabilities: s.map(|s| s.capabilities.iter().cloned().collect()).unwrap_or_default(),
+                certificate_ca: cas.get(&name).cloned(),
+                name,
+            });
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// What `branch`'s accepted state declares of `node`.
+pub async fn declared_node(ledger: &Ledger, branch: &str, node: &str) -> Result<Declared, LedgerError> {
+    let pools = applied_pools(ledger, branch).await?;
+    Ok(declared::declared_nodes(&pools).remove(node).unwrap_or(Declared::No))
+}
 
 impl Ops {
     /// `GET /v1/nodes`: what Git declares and what each node's agent said, with its mesh.
     pub async fn nodes(&self) -> Answer<Nodes> {
-        let rows = self
-            .ledger
-            .nodes(
-                &self.branch,
-                now_ms(),
-                self.lost_after_ms,
-                state_schema::replacement::fleet_of,
-            )
-            .await?;
+        let rows = node_rows(&self.ledger, &self.branch, now_ms(), self.lost_after_ms).await?;
         let meshes = self.ledger.meshes().await?;
         Ok(Nodes {
             nodes: wire::all(rows, |r| {
@@ -32,7 +92,7 @@ impl Ops {
     /// `POST /v1/nodes/{node}/token`: a one-time token, valid 15 minutes, for a node Git
     /// declares (and has not retired).
     pub async fn node_token(&self, who: &str, node: &str) -> Answer<NodeToken> {
-        match self.ledger.declared_node(&self.branch, node).await? {
+        match declared_node(&self.ledger, &self.branch, node).await? {
             Declared::Yes { .. } | Declared::Draining { .. } => {}
             Declared::Retired => {
                 return Err(OpError::new(

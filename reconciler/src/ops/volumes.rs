@@ -149,7 +149,7 @@ impl Ops {
     /// ledger's rows now) and started, or why not (nothing written).
     pub async fn ask_move(&self, ask: &MoveVolume, now_ms: i64) -> Result<Result<Moving, MoveRefusal>, OpError> {
         let (env, volume, to) = (&ask.environment, &ask.volume, &ask.to);
-        let pools = self.ledger.applied_pools(&self.branch).await?;
+        let pools = super::nodes::applied_pools(&self.ledger, &self.branch).await?;
         let fleet =
             state_schema::replacement::fleet_of(&pools, &self.ledger.fleet_rows(self.lost_after_ms).await?, now_ms);
         let (rows, backing) = self.ledger.move_rows().await?;

@@ -29,6 +29,7 @@ use gix::ObjectId;
 use state_repo::source::{SourceError, StateRepo};
 use state_repo::trust::allowed_signers::{self, AllowedSigner};
 use state_repo::trust::policy::{self, Policy};
+use state_schema::declared;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -325,7 +326,8 @@ impl Reconciler {
             report.teardowns += 1;
         }
         // A node retired in Git loses every certificate at once.
-        let revoked = self.ledger.revoke_retired(&self.config.source.branch, now_ms()).await?;
+        let pools = self.ledger.applied_pools(&self.config.source.branch).await?;
+        let revoked = self.ledger.revoke_retired(&declared::retired(&pools), now_ms()).await?;
         if revoked > 0 {
             self.hub.revocations.fetch_add(1, Ordering::Relaxed);
             tracing::info!(certificates = revoked, "revoked the certificates of retired nodes");
@@ -351,7 +353,8 @@ impl Reconciler {
         if let Some(signature) = self.ledger.mesh_signature().await? {
             // A node retired in Git is in no mesh, whatever still waits to be cleaned up on it;
             // an address Git declares for a node wins over the one its agent says.
-            let (retired, addresses) = self.ledger.mesh_facts(&self.config.source.branch).await?;
+            let pools = self.ledger.applied_pools(&self.config.source.branch).await?;
+            let (retired, addresses) = (declared::retired(&pools), declared::addresses(&pools));
             let signature = format!("{signature}/{}/{addresses:?}", retired.join(","));
             if signature != seen {
                 let meshes = mesh::refresh(&self.ledger, &retired, &addresses, now_ms()).await?;

@@ -12,8 +12,10 @@
 use crate::reconcile::deploy::Applied;
 use crate::store::{Ledger, LedgerError};
 use state_schema::desired::Desired;
+use state_schema::model::NodePool;
 use state_schema::placement::{Liveness, Waiting};
 use state_schema::replacement;
+use state_schema::values::Name;
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::store::rows::SUBNET_POOL_SIZE;
@@ -21,6 +23,12 @@ use crate::store::rows::SUBNET_POOL_SIZE;
 type Tx = crate::store::WriteTx;
 
 impl Ledger {
+    /// The node pools `branch`'s accepted state declares, decoded from the ledger's documents
+    /// (`state_schema::declared::node_pools`).
+    pub(crate) async fn applied_pools(&self, branch: &str) -> Result<Vec<(Name, NodePool)>, LedgerError> {
+        Ok(state_schema::declared::node_pools(&self.pool_documents(branch).await?))
+    }
+
     /// A cheap summary of what placement depends on: each node's liveness class and
     /// capabilities, the applied branch's pools, each running deployment's spec hash (what it
     /// reserves where), and which finished ones have replicas waiting. A step advancing

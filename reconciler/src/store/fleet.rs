@@ -7,29 +7,9 @@ use crate::store::{Ledger, LedgerError};
 use agent_proto::Refusal;
 use sha2::{Digest, Sha256};
 use sqlx::FromRow;
-use state_schema::model::NodePool;
-use state_schema::model::NodeState;
-use state_schema::placement::Fleet;
-use state_schema::placement::Liveness;
-use state_schema::replacement::FleetRows;
-use state_schema::values::Name;
 
 /// How long an enrolment token lives.
 pub const TOKEN_TTL_MS: i64 = 15 * 60 * 1000;
-
-/// A node as the applied branch's accepted state declares it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Declared {
-    No,
-    Retired,
-    /// Declared and draining: it keeps what it runs and gets no new work.
-    Draining {
-        pool: String,
-    },
-    Yes {
-        pool: String,
-    },
-}
 
 /// What enrolment wants to write once every check passed.
 pub struct Enrolment<'a> {
@@ -69,30 +49,6 @@ pub struct NodeRow {
     /// The CA (SHA-256 fingerprint, hex) of the node's newest valid certificate: during a CA
     /// rotation, the second phase may start once every node shows the new one.
     pub certificate_ca: Option<String>,
-}
-
-/// The lifecycle state from what Git says and when the node was last seen (the same
-/// thresholds placement uses: `state_schema::placement::Liveness`).
-pub fn lifecycle(
-    git: NodeState,
-    enrolled: bool,
-    last_seen_ms: Option<i64>,
-    now_ms: i64,
-    lost_after_ms: i64,
-) -> &'static str {
-    match git {
-        NodeState::Retired => return "retired",
-        NodeState::Draining => return "draining",
-        NodeState::Active => {}
-    }
-    if !enrolled {
-        return "not-enrolled";
-    }
-    match Liveness::of(last_seen_ms, now_ms, lost_after_ms) {
-        Liveness::Ready | Liveness::Quiet => "active",
-        Liveness::Unhealthy | Liveness::Unseen => "unhealthy",
-        Liveness::Lost => "lost",
-    }
 }
 
 /// A certificate as stored, with whether the one it replaced is revoked.
@@ -194,32 +150,10 @@ impl Ledger {
         Ok(())
     }
 
-    /// Revokes every certificate of the nodes retired in `branch`'s accepted state. Level
-    /// triggered: run on every pass, it writes only when a retired node still has a live one.
-    /// The nodes the applied branch's pools say are retired.
-    pub async fn retired_nodes(&self, branch: &str) -> Result<Vec<String>, LedgerError> {
-        Ok(self.mesh_facts(branch).await?.0)
-    }
-
-    /// What the applied branch's pools say for the mesh: the retired nodes, and each node's
-    /// declared address (`nodes[].address`).
-    pub async fn mesh_facts(
-        &self,
-        branch: &str,
-    ) -> Result<(Vec<String>, std::collections::BTreeMap<String, std::net::IpAddr>), LedgerError> {
-        let pools = self.applied_pools(branch).await?;
-        let nodes = pools.iter().flat_map(|(_, pool)| &pool.nodes);
-        let retired = nodes
-            .clone()
-            .filter(|n| n.state == NodeState::Retired)
-            .map(|n| n.name.to_string())
-            .collect();
-        let addresses = nodes.filter_map(|n| Some((n.name.to_string(), n.address?))).collect();
-        Ok((retired, addresses))
-    }
-
-    pub async fn revoke_retired(&self, branch: &str, now_ms: i64) -> Result<usize, LedgerError> {
-        let retired = self.retired_nodes(branch).await?;
+    /// Revokes every certificate of the `retired` nodes (those retired in the applied
+    /// branch's accepted state). Level triggered: run on every pass, it writes only when a
+    /// retired node still has a live one.
+    pub async fn revoke_retired(&self, retired: &[String], now_ms: i64) -> Result<usize, LedgerError> {
         if retired.is_empty() {
             return Ok(0);
         }
@@ -229,7 +163,7 @@ impl Ledger {
             "UPDATE node_certificates SET revoked_at = ? WHERE revoked_at IS NULL AND node IN ({marks}) RETURNING node"
         );
         let mut query = sqlx::query_scalar::<_, String>(self.sql(&q)).bind(now_ms);
-        for n in &retired {
+        for n in retired {
             query = query.bind(n.clone());
         }
         let revoked = query.fetch_all(&mut *tx).await?;
@@ -377,90 +311,16 @@ impl Ledger {
         Ok(out)
     }
 
-    /// Every node the accepted state of `branch` declares, with what the control plane saw of
-    /// it and what its replicas reserve (in the fleet `fleet_of` makes of the rows:
-    /// `state_schema::replacement::fleet_of`, the caller's), by name.
-    pub async fn nodes(
-        &self,
-        branch: &str,
-        now_ms: i64,
-        lost_after_ms: i64,
-        fleet_of: fn(&[(Name, NodePool)], &FleetRows, i64) -> Fleet,
-    ) -> Result<Vec<NodeRow>, LedgerError> {
-        let seen = self.seen_nodes().await?;
-        let pools = self.applied_pools(branch).await?;
-        let rows = self.fleet_rows(lost_after_ms).await?;
-        let fleet = fleet_of(&pools, &rows, now_ms);
-        let running = rows.running;
-        let mut placed: std::collections::BTreeMap<String, usize> = Default::default();
-        for i in running.iter().flat_map(|s| &s.instances) {
-            *placed.entry(i.node.to_string()).or_default() += 1;
-        }
-        let observed = self
-            .observed_replicas(now_ms - state_schema::placement::UNHEALTHY_AFTER_MS)
-            .await?;
+    /// The CA (SHA-256 fingerprint) of each node's newest valid certificate, by node.
+    pub async fn node_cas(&self) -> Result<std::collections::BTreeMap<String, String>, LedgerError> {
         // Later certificates of a node overwrite earlier ones: the newest CA wins.
-        let cas: std::collections::BTreeMap<String, String> = sqlx::query_as::<_, (String, String)>(self.sql(
+        Ok(sqlx::query_as::<_, (String, String)>(self.sql(
             "SELECT node, ca FROM node_certificates WHERE revoked_at IS NULL AND ca IS NOT NULL ORDER BY issued_at, fingerprint",
         ))
         .fetch_all(&self.pool)
         .await?
         .into_iter()
-        .collect();
-        let mut out = Vec::new();
-        for (pool, p) in &pools {
-            for n in &p.nodes {
-                let name = n.name.to_string();
-                let s = seen.get(&name);
-                let (cpu, mem) = fleet.reserved(&n.name);
-                out.push(NodeRow {
-                    state: lifecycle(n.state, s.is_some(), s.and_then(|s| s.last_seen), now_ms, lost_after_ms)
-                        .to_owned(),
-                    pool: pool.to_string(),
-                    cpu_millis: n.capacity.cpu.millis(),
-                    memory_bytes: n.capacity.memory.bytes(),
-                    last_seen_ms: s.and_then(|s| s.last_seen),
-                    agent_version: s.and_then(|s| s.agent_version.clone()),
-                    instances: placed.get(&name).copied().unwrap_or(0),
-                    running: observed
-                        .get(&name)
-                        .map_or(0, |list| list.iter().filter(|i| i.healthy).count()),
-                    reserved_cpu_millis: cpu,
-                    reserved_memory_bytes: mem,
-                    capabilities: s.map(|s| s.capabilities.iter().cloned().collect()).unwrap_or_default(),
-                    certificate_ca: cas.get(&name).cloned(),
-                    name,
-                });
-            }
-        }
-        out.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(out)
-    }
-
-    /// What the accepted state of `branch` (the applied branch) declares of each node, and in
-    /// which pool. Read from the canonical NodePool documents the ledger keeps.
-    pub async fn declared_nodes(
-        &self,
-        branch: &str,
-    ) -> Result<std::collections::HashMap<String, Declared>, LedgerError> {
-        let mut out = std::collections::HashMap::new();
-        for (pool, p) in self.applied_pools(branch).await? {
-            for n in p.nodes {
-                let pool = pool.to_string();
-                let d = match n.state {
-                    NodeState::Retired => Declared::Retired,
-                    NodeState::Draining => Declared::Draining { pool },
-                    NodeState::Active => Declared::Yes { pool },
-                };
-                out.insert(n.name.to_string(), d);
-            }
-        }
-        Ok(out)
-    }
-
-    /// Whether `node` is declared in the accepted state of `branch`, and in which pool.
-    pub async fn declared_node(&self, branch: &str, node: &str) -> Result<Declared, LedgerError> {
-        Ok(self.declared_nodes(branch).await?.remove(node).unwrap_or(Declared::No))
+        .collect())
     }
 
     /// Stores a new token's hash for `node`; the caller checked that the node is declared.
@@ -558,34 +418,5 @@ impl Ledger {
             .await?;
         tx.commit().await?;
         Ok(None)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lifecycle_from_git_and_heartbeats() {
-        let now = 1_000_000;
-        assert_eq!(lifecycle(NodeState::Active, false, None, now, 300_000), "not-enrolled");
-        assert_eq!(lifecycle(NodeState::Active, true, None, now, 300_000), "unhealthy");
-        assert_eq!(
-            lifecycle(NodeState::Active, true, Some(now - 1_000), now, 300_000),
-            "active"
-        );
-        assert_eq!(
-            lifecycle(NodeState::Active, true, Some(now - 91_000), now, 300_000),
-            "unhealthy"
-        );
-        assert_eq!(
-            lifecycle(NodeState::Active, true, Some(now - 301_000), now, 300_000),
-            "lost"
-        );
-        assert_eq!(
-            lifecycle(NodeState::Draining, true, Some(now), now, 300_000),
-            "draining"
-        );
-        assert_eq!(lifecycle(NodeState::Retired, true, Some(now), now, 300_000), "retired");
     }
 }

@@ -1,4 +1,5 @@
-//! What placement reads: the nodes as heartbeats left them, the applied branch's node pools,
+//! What placement reads: the nodes as heartbeats left them, the applied branch's node pool
+//! documents,
 //! and the specs of the deployments that run (what holds room on nodes); and what it writes:
 //! which replicas wait, and each environment's subnet per node. SQL and the mapping of rows to
 //! the `state_schema::placement` values; the decisions are `state_schema::replacement`'s and
@@ -8,9 +9,7 @@ use super::{Ledger, LedgerError, WriteTx};
 use sqlx::FromRow;
 use state_schema::deployment::DeploymentSpec;
 use state_schema::generations::Status;
-use state_schema::model::{NodePool, Spec};
 use state_schema::replacement::{FleetRows, Running, SeenNode, Snapshot};
-use state_schema::values::Name;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// What placement reads of what heartbeats said.
@@ -82,23 +81,15 @@ impl Ledger {
         Ok(out)
     }
 
-    /// The node pools the accepted state of `branch` declares, from the ledger's canonical
-    /// documents.
-    pub async fn applied_pools(&self, branch: &str) -> Result<Vec<(Name, NodePool)>, LedgerError> {
-        let mut out = Vec::new();
-        let docs: Vec<String> =
+    /// The canonical NodePool documents of `branch`'s accepted state (decoded by the caller:
+    /// `state_schema::declared::node_pools`).
+    pub async fn pool_documents(&self, branch: &str) -> Result<Vec<String>, LedgerError> {
+        Ok(
             sqlx::query_scalar(self.sql("SELECT document FROM desired_objects WHERE branch = ? AND kind = 'NodePool'"))
                 .bind(branch)
                 .fetch_all(&self.pool)
-                .await?;
-        for doc in docs {
-            for l in state_schema::parse::parse_file("pool.yaml", doc.as_bytes()).objects {
-                if let Spec::NodePool(pool) = l.object.spec {
-                    out.push((l.object.metadata.name, pool));
-                }
-            }
-        }
-        Ok(out)
+                .await?,
+        )
     }
 
     /// The specs of every running (rolled-out, not torn-down) deployment, of every branch:
