@@ -8,7 +8,7 @@
 //! weighted publishes, each waiting out the pause before it (timed, or until a promote), is
 //! watched from its first share, and switches; an abort mid-canary and a replica reported
 //! unhealthy mid-canary take the previous release back, held; a failed step of the canary
-//! does too.
+//! does too. A repaired replica's routes are published again, once, by the pass.
 
 #[path = "support/converge.rs"]
 mod converge_support;
@@ -661,6 +661,80 @@ async fn canary_postgres() {
     let pg = postgres_support::Postgres::start();
     let dir = tempfile::tempdir().expect("tempdir");
     canary_scenario(pg.url(), dir.path()).await;
+}
+
+/// A repaired replica's routes are published again by the pass after its repair succeeded
+/// (its address may have changed), once: the completion keeps the repair in `repaired`, and
+/// the settle that follows queues the publish and takes the row in one transaction.
+async fn repair_scenario(url: String, dir: &Path) {
+    let repo = Repo::new(dir);
+    std::fs::write(dir.join("allowed_signers"), &repo.signers).expect("signers");
+    repo.write("projects/api.yaml", &project('a', 1));
+    let env = environment("api-production", "api").replace("pool: main}", "pool: main, hostname: api.example.com}");
+    repo.write("envs/api-production.yaml", &env);
+    repo.commit("release a", true);
+    let ledger = Ledger::connect(&url, 4).await.expect("connect");
+    ledger.migrate().await.expect("migrate");
+    dump::nodes_up(&url, &["n1"]).await;
+    let shared = Arc::new(
+        Reconciler::new(
+            Arc::new(fleet_support::config(dir, &repo.dir, &url)),
+            Arc::new(ledger),
+            Arc::default(),
+        )
+        .expect("shared"),
+    );
+    converge(&shared).await;
+    assert_eq!(deployment(&url).await, "1|done|0");
+    let publishes = "SELECT key FROM jobs WHERE key LIKE 'ingress:%:publish#r%' ORDER BY key";
+    assert!(rows(&url, publishes).await.is_empty());
+    let name = |n: &str| state_schema::values::Name::new(n).expect("name");
+    let repair = reconciler::store::NewJob {
+        task: state_schema::task::Task::EnsureApplication {
+            environment: name("api-production"),
+            role: name("web"),
+            instance: 0,
+            generation: 1,
+            spec_hash: "h".into(),
+            repair: 1,
+        },
+        target_node: "n1".into(),
+        max_attempts: 3,
+        not_before_ms: 0,
+    };
+    shared.ledger.enqueue(&[repair], now_ms()).await.expect("enqueue");
+    let leases = shared.ledger.lease("n1", 10, 30_000, now_ms()).await.expect("lease");
+    assert_eq!(leases.len(), 1, "the repair alone is queued");
+    let done = [reconciler::store::Completion {
+        token: leases[0].token.clone(),
+        outcome: reconciler::store::Outcome::Succeeded,
+    }];
+    shared.ledger.complete(&done, now_ms()).await.expect("complete");
+    // Kept for the pass, nothing published by the completion itself.
+    assert_eq!(
+        rows(&url, "SELECT job_key FROM repaired").await,
+        ["app:api-production/web/0:g1:ensure#r1@n1"]
+    );
+    assert!(rows(&url, publishes).await.is_empty());
+    shared.pass().await.expect("pass");
+    assert_eq!(
+        rows(&url, publishes).await,
+        ["ingress:api-production/api.example.com:g1:publish#r1@n1"]
+    );
+    assert!(rows(&url, "SELECT job_key FROM repaired").await.is_empty());
+    // Once: another pass queues nothing more.
+    shared.pass().await.expect("pass");
+    assert_eq!(rows(&url, publishes).await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repaired_replica_publishes_its_routes_again_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    repair_scenario(url, dir.path()).await;
+    let pg = postgres_support::Postgres::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    repair_scenario(pg.url(), dir.path()).await;
 }
 
 /// A rollback takes the release back, not the scale: release a ran 1 replica, release b 2; the

@@ -11,8 +11,9 @@
 //! replica started never reads as the replica missing. At most [`MAX_REPAIRS`] repairs per
 //! replica and generation: an application that removes itself is not restarted forever.
 
-use crate::store::rows::Placed;
-use crate::store::{Ledger, LedgerError, NewJob};
+use crate::store::rows::{self, Placed};
+use crate::store::{JobRow, Ledger, LedgerError, NewJob};
+use state_schema::rollout;
 use state_schema::task::Task;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
@@ -27,6 +28,8 @@ pub const MAX_REPAIRS: u32 = 20;
 /// replica removed while the control plane was down, say). Reading every finished rollout's
 /// placement is a read of every deployment, so it is not every pass's.
 pub const FULL_CHECK_MS: i64 = 60_000;
+/// Most repairs whose routes one pass publishes again (the rest wait for the next).
+const REPUBLISH_BATCH: i64 = 200;
 
 /// A replica as a heartbeat reports it: environment, role, index, generation.
 type Reported = (String, String, u32, u64);
@@ -56,6 +59,30 @@ impl Ledger {
             suspected.store(true, Ordering::Relaxed);
         }
         queued.map(|(n, _)| n)
+    }
+
+    /// Publishes again the routes of each environment whose repaired replica succeeded since
+    /// (what `rollout::republish_after_repair` asks: its address may have changed), each in a
+    /// transaction that also takes the repair off the list, so it is done once. Returns how
+    /// many repairs were handled.
+    pub async fn republish_repaired(&self, now_ms: i64) -> Result<usize, LedgerError> {
+        let keys = self.repaired(REPUBLISH_BATCH).await?;
+        for key in &keys {
+            let mut tx = self.write_tx().await?;
+            if self.forget_repaired_in(&mut tx, key).await?
+                && let Some((environment, generation, repair, node)) = rows::repair_of(key)
+                && let Some(spec) = self.rollout_spec_in(&mut tx, environment, generation).await?
+            {
+                let step = rollout::republish_after_repair(&spec, generation, repair, node);
+                let jobs: Vec<JobRow<'_>> = step
+                    .iter()
+                    .map(|(task, node)| JobRow::new(task, node.as_str(), 5, now_ms, None))
+                    .collect();
+                self.enqueue_in(&mut tx, &jobs, now_ms).await?;
+            }
+            tx.commit().await?;
+        }
+        Ok(keys.len())
     }
 
     /// The check itself: how many repairs were queued, and whether a missing replica's report

@@ -463,6 +463,8 @@ impl Reconciler {
 
     async fn settle_now(&self) -> Result<usize, DaemonError> {
         self.ledger.expire(now_ms()).await?;
+        // A repaired replica's routes, published again (its address may have changed).
+        self.ledger.republish_repaired(now_ms()).await?;
         let mut advanced = self.ledger.advance(now_ms(), &self.hub.watching).await?;
         // The fleet changes without commits (nodes fall silent, come back, free room): what
         // runs is re-placed against it, level-triggered like everything else.

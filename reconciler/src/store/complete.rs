@@ -1,6 +1,6 @@
 //! Completions: outcomes recorded against a live lease (its lease and fencing tokens), set-based
 //! (a batch costs a few statements), each refused alone when stale or another node's, with
-//! retries backed off and a repaired replica's routes published again.
+//! retries backed off and a repaired replica kept for the pass to publish its routes again.
 
 use super::jobs::{Completion, Outcome, Refused, backoff_ms};
 use super::rows::JobState;
@@ -207,9 +207,8 @@ impl Ledger {
                     .execute(&mut **tx)
                     .await?;
             }
-            for key in &repaired {
-                self.republish_after_repair(tx, key, now_ms).await?;
-            }
+            // Their routes are published again by the pass (`reconcile::drift`).
+            self.mark_repaired_in(tx, &repaired, now_ms).await?;
             for (env, generation, revision) in &scaled {
                 self.release_scale_in(tx, env, *generation, *revision, now_ms).await?;
             }

@@ -1,13 +1,12 @@
 //! What the drift check reads: the nodes' fresh reports of what runs, the placements of
-//! finished rollouts, and the jobs that asked for one replica; and what a repair's success
-//! writes in its completion's transaction (routes published again, as
-//! `rollout::republish_after_repair` says). SQL only; the comparison and the repairs are
+//! finished rollouts, and the jobs that asked for one replica; a repair's success, kept in
+//! its completion's transaction (`repaired`) until the pass publishes its environment's routes
+//! again. SQL only; the comparison, the repairs and what is published again are
 //! `reconcile::drift`'s.
 
-use super::{JobRow, Ledger, LedgerError, WriteTx, rows};
+use super::{Ledger, LedgerError, WriteTx, rows};
 use sqlx::FromRow;
 use state_schema::deployment::DeploymentSpec;
-use state_schema::rollout;
 
 /// A node's last report of what runs there.
 #[derive(FromRow)]
@@ -88,17 +87,53 @@ impl Ledger {
         Ok(asks.into_iter().filter(|a| a.key.starts_with(prefix)).collect())
     }
 
-    /// After a repaired replica succeeded (in the completion's transaction): what
-    /// `rollout::republish_after_repair` asks of its environment's routes is queued.
-    pub(crate) async fn republish_after_repair(
+    /// Repairs that succeeded (their job keys), kept in the completion's transaction for the
+    /// pass to publish their routes again.
+    pub(crate) async fn mark_repaired_in(
         &self,
         tx: &mut WriteTx,
-        key: &str,
+        keys: &[String],
         now_ms: i64,
     ) -> Result<(), LedgerError> {
-        let Some((environment, generation, repair, node)) = rows::repair_of(key) else {
-            return Ok(());
-        };
+        for key in keys {
+            sqlx::query(self.sql("INSERT INTO repaired (job_key, at) VALUES (?, ?) ON CONFLICT (job_key) DO NOTHING"))
+                .bind(key)
+                .bind(now_ms)
+                .execute(&mut **tx)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Up to `limit` repairs whose routes wait to be published again, oldest first.
+    pub(crate) async fn repaired(&self, limit: i64) -> Result<Vec<String>, LedgerError> {
+        Ok(
+            sqlx::query_scalar(self.sql("SELECT job_key FROM repaired ORDER BY at, job_key LIMIT ?"))
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?,
+        )
+    }
+
+    /// A repair's routes were published again (or there is nothing left to publish): taken
+    /// off the list, in `tx`. Whether it was still there (another daemon may have taken it).
+    pub(crate) async fn forget_repaired_in(&self, tx: &mut WriteTx, key: &str) -> Result<bool, LedgerError> {
+        let n = sqlx::query(self.sql("DELETE FROM repaired WHERE job_key = ?"))
+            .bind(key)
+            .execute(&mut **tx)
+            .await?
+            .rows_affected();
+        Ok(n > 0)
+    }
+
+    /// The spec of `environment`'s generation `generation`, in `tx`, while it is the current
+    /// rollout.
+    pub(crate) async fn rollout_spec_in(
+        &self,
+        tx: &mut WriteTx,
+        environment: &str,
+        generation: u64,
+    ) -> Result<Option<DeploymentSpec>, LedgerError> {
         let spec: Option<String> = sqlx::query_scalar(
             self.sql("SELECT spec FROM deployments WHERE environment = ? AND generation = ? AND action = 'rollout'"),
         )
@@ -106,15 +141,6 @@ impl Ledger {
         .bind(i64::try_from(generation).unwrap_or(i64::MAX))
         .fetch_optional(&mut **tx)
         .await?;
-        let Some(Ok(spec)) = spec.map(|s| serde_json::from_str::<DeploymentSpec>(&s)) else {
-            return Ok(());
-        };
-        let step = rollout::republish_after_repair(&spec, generation, repair, node);
-        let jobs: Vec<JobRow<'_>> = step
-            .iter()
-            .map(|(task, node)| JobRow::new(task, node.as_str(), 5, now_ms, None))
-            .collect();
-        self.enqueue_in(tx, &jobs, now_ms).await?;
-        Ok(())
+        Ok(spec.and_then(|s| serde_json::from_str(&s).ok()))
     }
 }
