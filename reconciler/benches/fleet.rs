@@ -240,7 +240,7 @@ fn enqueue_removals(url: &str, instances: std::ops::Range<usize>, node_of: impl 
     rt.block_on(async {
         let ledger = Ledger::connect(url, 2).await.expect("ledger");
         for chunk in all.chunks(2000) {
-            ledger.enqueue(chunk, 1).await.expect("enqueue");
+            ledger.jobs().enqueue(chunk, 1).await.expect("enqueue");
         }
         ledger.close().await;
     });

@@ -38,7 +38,7 @@ fn jobs(n: usize) -> Vec<NewJob> {
 async fn throughput(ledger: Ledger, n: usize, batch: u32) -> f64 {
     let all = jobs(n);
     for chunk in all.chunks(2000) {
-        ledger.enqueue(chunk, 1).await.expect("enqueue");
+        ledger.jobs().enqueue(chunk, 1).await.expect("enqueue");
     }
     let ledger = Arc::new(ledger);
     let start = Instant::now();
@@ -49,7 +49,7 @@ async fn throughput(ledger: Ledger, n: usize, batch: u32) -> f64 {
             let node = format!("node-{w}");
             let mut done = 0usize;
             loop {
-                let leases = l.lease(&node, batch, 60_000, 10).await.expect("lease");
+                let leases = l.jobs().lease(&node, batch, 60_000, 10).await.expect("lease");
                 if leases.is_empty() {
                     return done;
                 }
@@ -60,7 +60,7 @@ async fn throughput(ledger: Ledger, n: usize, batch: u32) -> f64 {
                         outcome: Outcome::Succeeded,
                     })
                     .collect();
-                let r = l.complete(&c, 11).await.expect("complete");
+                let r = l.jobs().complete(&c, 11).await.expect("complete");
                 done += r.iter().filter(|x| x.is_ok()).count();
             }
         }));

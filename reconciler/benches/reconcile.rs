@@ -124,7 +124,7 @@ async fn commit_to_leasable(dir: &Path, url: &str, samples: usize) -> f64 {
         let start = Instant::now();
         git(&repo.dir, &["update-ref", "refs/heads/main", &sha]);
         loop {
-            let l = ledger.lease("n1", 100, 60_000, now_ms()).await.expect("lease");
+            let l = ledger.jobs().lease("n1", 100, 60_000, now_ms()).await.expect("lease");
             if l.iter().any(|x| x.key.contains(&generation)) {
                 break;
             }
@@ -152,7 +152,7 @@ async fn daemon_memory(dir: &Path, url: &str) -> (f64, usize) {
     git(&repo.dir, &["update-ref", "refs/heads/main", &head]);
     let ledger = Ledger::connect(url, 1).await.expect("connect");
     let start = Instant::now();
-    while ledger.last_judged("main").await.expect("judged").as_deref() != Some(head.as_str()) {
+    while ledger.revisions().last_judged("main").await.expect("judged").as_deref() != Some(head.as_str()) {
         assert!(start.elapsed() < Duration::from_secs(300), "not applied");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

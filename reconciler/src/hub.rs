@@ -160,7 +160,7 @@ impl Hub {
         if fresh {
             return;
         }
-        match ledger.counts(now_ms()).await {
+        match ledger.views().counts(now_ms()).await {
             Ok(c) => {
                 if let Ok(mut slot) = self.counts.lock() {
                     *slot = Some(c);
@@ -168,7 +168,7 @@ impl Hub {
             }
             Err(e) => tracing::warn!(error = %e, "cannot read the ledger's counts"),
         }
-        match ledger.backup_health().await {
+        match ledger.backups().backup_health().await {
             Ok(b) => {
                 if let Ok(mut slot) = self.backups.lock() {
                     *slot = b;

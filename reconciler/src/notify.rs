@@ -97,7 +97,7 @@ async fn rows_of(ledger: &Ledger, targets: &Targets, e: &Event) -> Result<Vec<Ne
     let mut rows = Vec::new();
     if let Some(f) = &targets.forge
         && let Some((env, generation, state, description)) = status_of(&e.kind, &e.subject, &e.detail)
-        && let Some(sha) = ledger.generation_sha(&env, generation).await?
+        && let Some(sha) = ledger.events().generation_sha(&env, generation).await?
     {
         let status = CommitStatus {
             sha,
@@ -138,15 +138,15 @@ async fn rows_of(ledger: &Ledger, targets: &Targets, e: &Event) -> Result<Vec<Ne
 /// forge. Returns how many rows were written.
 pub async fn collect(ledger: &Ledger, targets: &Targets) -> Result<usize, LedgerError> {
     let now = now_ms();
-    let cursor = match ledger.outbox_cursor().await? {
+    let cursor = match ledger.events().outbox_cursor().await? {
         Some(c) => c,
         None => {
-            let newest = ledger.last_event_id().await?;
-            ledger.outbox_write(&[], newest, now).await?;
+            let newest = ledger.views().last_event_id().await?;
+            ledger.events().outbox_write(&[], newest, now).await?;
             return Ok(0);
         }
     };
-    let events = ledger.events_after(cursor, BATCH).await?;
+    let events = ledger.events().events_after(cursor, BATCH).await?;
     let Some(last) = events.last().map(|e| e.id) else {
         return Ok(0);
     };
@@ -154,7 +154,7 @@ pub async fn collect(ledger: &Ledger, targets: &Targets) -> Result<usize, Ledger
     for e in &events {
         rows.extend(rows_of(ledger, targets, e).await?);
     }
-    ledger.outbox_write(&rows, last, now).await?;
+    ledger.events().outbox_write(&rows, last, now).await?;
     Ok(rows.len())
 }
 
@@ -215,7 +215,7 @@ pub fn backoff_ms(attempts: i64) -> i64 {
 /// Delivers each target's due head row (targets at once, each in order); returns how many
 /// were delivered.
 pub async fn deliver(ledger: &Ledger, targets: &Arc<Targets>) -> Result<usize, LedgerError> {
-    let heads = ledger.outbox_heads(now_ms()).await?;
+    let heads = ledger.events().outbox_heads(now_ms()).await?;
     let mut calls = tokio::task::JoinSet::new();
     for row in heads {
         let targets = Arc::clone(targets);
@@ -230,18 +230,19 @@ pub async fn deliver(ledger: &Ledger, targets: &Arc<Targets>) -> Result<usize, L
         let now = now_ms();
         match outcome {
             Outcome::Delivered => {
-                ledger.outbox_delivered(row.id, now).await?;
+                ledger.events().outbox_delivered(row.id, now).await?;
                 delivered += 1;
             }
             Outcome::Retry(why) if row.attempts + 1 < MAX_ATTEMPTS => {
                 tracing::warn!(target = %row.target, id = row.id, attempts = row.attempts + 1, reason = %why, "notification not delivered; retrying");
                 ledger
+                    .events()
                     .outbox_failed(row.id, &why, Some(now + backoff_ms(row.attempts)), now)
                     .await?;
             }
             Outcome::Retry(why) | Outcome::Refused(why) => {
                 tracing::warn!(target = %row.target, id = row.id, reason = %why, "notification dead: kept in the outbox's dead letters");
-                ledger.outbox_failed(row.id, &why, None, now).await?;
+                ledger.events().outbox_failed(row.id, &why, None, now).await?;
             }
         }
     }

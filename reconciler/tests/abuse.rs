@@ -21,7 +21,13 @@ use std::time::{Duration, Instant};
 async fn leasable_within(ledger: &Ledger, within: Duration) -> Option<Duration> {
     let started = Instant::now();
     while started.elapsed() < within {
-        if !ledger.lease("n1", 1, 30_000, now_ms()).await.expect("lease").is_empty() {
+        if !ledger
+            .jobs()
+            .lease("n1", 1, 30_000, now_ms())
+            .await
+            .expect("lease")
+            .is_empty()
+        {
             return Some(started.elapsed());
         }
         tokio::time::sleep(Duration::from_millis(10)).await;

@@ -31,7 +31,7 @@ fn config(dir: &Path, repo: &Path, ledger_url: &str) -> reconciler::config::Conf
 /// Leases every due job of both nodes and completes them as succeeded.
 async fn complete_all(ledger: &Ledger, now: i64) {
     for node in ["n1", "n2"] {
-        let leases = ledger.lease(node, 100, 30_000, now).await.expect("lease");
+        let leases = ledger.jobs().lease(node, 100, 30_000, now).await.expect("lease");
         let done: Vec<Completion> = leases
             .iter()
             .map(|l| Completion {
@@ -41,6 +41,7 @@ async fn complete_all(ledger: &Ledger, now: i64) {
             .collect();
         assert!(
             ledger
+                .jobs()
                 .complete(&done, now)
                 .await
                 .expect("complete")
@@ -138,7 +139,7 @@ async fn scenario(url: String, dir: &Path) {
     assert_eq!(rows(&url, "SELECT 1 FROM jobs WHERE key LIKE 'cron:%'").await.len(), 1);
 
     // The agent leases it with what it runs: the role's hardened container, as a run once.
-    let leases = ledger.lease("n1", 10, 30_000, next).await.expect("lease");
+    let leases = ledger.jobs().lease("n1", 10, 30_000, next).await.expect("lease");
     assert_eq!(leases.len(), 1);
     let execution = ledger
         .executions("n1", &leases, (&[], false), next)
@@ -163,6 +164,7 @@ async fn scenario(url: String, dir: &Path) {
         .collect();
     assert!(
         ledger
+            .jobs()
             .complete(&done, next)
             .await
             .expect("complete")

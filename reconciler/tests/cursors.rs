@@ -60,11 +60,11 @@ async fn scenario(url: String) {
             "saw {} of {want}",
             seen.len()
         );
-        let page = ledger.events_after(cursor, 50).await.expect("page");
+        let page = ledger.events().events_after(cursor, 50).await.expect("page");
         if page.is_empty() {
             if writers.iter().all(|w| w.is_finished()) {
                 // Everything is committed: one more read tells whether anything was skipped.
-                let rest = ledger.events_after(cursor, 10_000).await.expect("rest");
+                let rest = ledger.events().events_after(cursor, 10_000).await.expect("rest");
                 if rest.is_empty() {
                     break;
                 }
@@ -84,7 +84,7 @@ async fn scenario(url: String) {
     }
     let unique: BTreeSet<&String> = seen.iter().collect();
     assert_eq!(unique.len(), seen.len(), "no event twice");
-    let all = ledger.events_after(0, 10_000).await.expect("all");
+    let all = ledger.events().events_after(0, 10_000).await.expect("all");
     let missed: Vec<i64> = all.iter().map(|e| e.id).filter(|id| !ids.contains(id)).collect();
     assert_eq!(
         seen.len(),

@@ -39,7 +39,7 @@ async fn end_to_end() {
     let started = Instant::now();
     repo.commit("environment", true);
     let leased = loop {
-        let l = ledger.lease("n1", 1, 30_000, now_ms()).await.expect("lease");
+        let l = ledger.jobs().lease("n1", 1, 30_000, now_ms()).await.expect("lease");
         if !l.is_empty() || started.elapsed() > Duration::from_secs(10) {
             break l;
         }
@@ -336,7 +336,7 @@ async fn remote_source_fetches_on_webhook() {
         let (ledger, log) = (&ledger, &log);
         async move {
             let start = Instant::now();
-            while ledger.last_judged(branch).await.expect("judged").as_deref() != Some(sha.as_str()) {
+            while ledger.revisions().last_judged(branch).await.expect("judged").as_deref() != Some(sha.as_str()) {
                 assert!(
                     start.elapsed() < Duration::from_secs(10),
                     "{branch} never reached {sha}: {}",
@@ -363,6 +363,7 @@ async fn remote_source_fetches_on_webhook() {
     wait_for("main", second.clone()).await;
     wait_for("feature/remote", second).await;
     let deployments = ledger
+        .views()
         .deployments(None, 1000, reconciler::store::now_ms())
         .await
         .expect("deployments");
@@ -381,6 +382,7 @@ async fn remote_source_fetches_on_webhook() {
     let start = Instant::now();
     loop {
         let deployments = ledger
+            .views()
             .deployments(None, 1000, reconciler::store::now_ms())
             .await
             .expect("deployments");

@@ -36,7 +36,7 @@ async fn count(url: &str, table: &str) -> usize {
 async fn complete_all(ledger: &Ledger) -> usize {
     let mut n = 0;
     for node in ["n1", "n2"] {
-        let leases = ledger.lease(node, 100, 30_000, now_ms()).await.expect("lease");
+        let leases = ledger.jobs().lease(node, 100, 30_000, now_ms()).await.expect("lease");
         let done: Vec<Completion> = leases
             .iter()
             .map(|l| Completion {
@@ -47,6 +47,7 @@ async fn complete_all(ledger: &Ledger) -> usize {
         n += done.len();
         assert!(
             ledger
+                .jobs()
                 .complete(&done, now_ms())
                 .await
                 .expect("complete")
@@ -125,11 +126,11 @@ async fn scenario(url: String, dir: &Path) {
     let r = shared.pass().await.expect("pass");
     assert_eq!((r.judged, r.rejected, r.jobs_queued), (1, 1, 0));
     assert_eq!(
-        shared.ledger.last_accepted("main").await.expect("last"),
+        shared.ledger.revisions().last_accepted("main").await.expect("last"),
         Some(c1.clone())
     );
     assert_eq!(
-        shared.ledger.revision("main", &c2).await.expect("revision"),
+        shared.ledger.revisions().revision("main", &c2).await.expect("revision"),
         Some(("rejected".into(), vec!["unsigned".into()]))
     );
 
@@ -139,7 +140,10 @@ async fn scenario(url: String, dir: &Path) {
     let c3 = repo.commit("signed", true);
     let r = shared.pass().await.expect("pass");
     assert_eq!((r.judged, r.accepted, r.teardowns), (1, 1, 0));
-    assert_eq!(shared.ledger.last_accepted("main").await.expect("last"), Some(c3));
+    assert_eq!(
+        shared.ledger.revisions().last_accepted("main").await.expect("last"),
+        Some(c3)
+    );
     let queued = || async {
         rows(&url, "SELECT key FROM jobs WHERE state = 'queued' ORDER BY id")
             .await

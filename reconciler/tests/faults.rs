@@ -116,7 +116,7 @@ fn push_burst(repo: &Path) {
 
 async fn judged(url: &str, branch: &str) -> Option<String> {
     let l = Ledger::connect(url, 1).await.ok()?;
-    let r = l.last_judged(branch).await.ok().flatten();
+    let r = l.revisions().last_judged(branch).await.ok().flatten();
     l.close().await;
     r
 }
@@ -359,7 +359,7 @@ async fn postgres_restart_under_leasing_load_loses_and_doubles_nothing() {
             not_before_ms: 0,
         })
         .collect();
-    assert_eq!(ledger.enqueue(&jobs, now_ms()).await.expect("enqueue"), 2000);
+    assert_eq!(ledger.jobs().enqueue(&jobs, now_ms()).await.expect("enqueue"), 2000);
     // Every lease handed out: (job, fencing token, lease token).
     let leases: Arc<Mutex<Vec<reconciler::store::LeaseToken>>> = Arc::default();
     let errors = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -370,7 +370,7 @@ async fn postgres_restart_under_leasing_load_loses_and_doubles_nothing() {
             let node = nodes[w % 4];
             let deadline = Instant::now() + Duration::from_secs(90);
             while Instant::now() < deadline {
-                let got = match ledger.lease(node, 16, 1500, now_ms()).await {
+                let got = match ledger.jobs().lease(node, 16, 1500, now_ms()).await {
                     Ok(g) => g,
                     Err(_) => {
                         errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -380,11 +380,13 @@ async fn postgres_restart_under_leasing_load_loses_and_doubles_nothing() {
                 };
                 if got.is_empty() {
                     let left = ledger
+                        .views()
                         .jobs(Some("queued"), None, None, 1)
                         .await
                         .map(|j| j.len())
                         .unwrap_or(1)
                         + ledger
+                            .views()
                             .jobs(Some("leased"), None, None, 1)
                             .await
                             .map(|j| j.len())
@@ -403,7 +405,7 @@ async fn postgres_restart_under_leasing_load_loses_and_doubles_nothing() {
                         outcome: Outcome::Succeeded,
                     })
                     .collect();
-                if ledger.complete(&done, now_ms()).await.is_err() {
+                if ledger.jobs().complete(&done, now_ms()).await.is_err() {
                     errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
             }
@@ -449,7 +451,7 @@ async fn postgres_restart_under_leasing_load_loses_and_doubles_nothing() {
             outcome: Outcome::Permanent("late".into()),
         }));
     }
-    let results = ledger.complete(&stale, now_ms()).await.expect("complete");
+    let results = ledger.jobs().complete(&stale, now_ms()).await.expect("complete");
     assert!(
         results.iter().all(|r| r.is_err()),
         "no lease is valid any more: all were completed or superseded"

@@ -54,7 +54,7 @@ fn base_state(repo: &Repo) {
 }
 
 async fn accepted(s: &Reconciler, branch: &str) -> Option<String> {
-    s.ledger.last_accepted(branch).await.expect("last accepted")
+    s.ledger.revisions().last_accepted(branch).await.expect("last accepted")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -105,6 +105,7 @@ async fn the_applied_branch_only_moves_forward() {
     // An admin approves exactly that head; it is judged and rolled out like any commit.
     assert_eq!(
         s.ledger
+            .revisions()
             .approve_rewrite("main", &c1, "root-admin", 5)
             .await
             .expect("approve"),
@@ -113,6 +114,7 @@ async fn the_applied_branch_only_moves_forward() {
     );
     assert_eq!(
         s.ledger
+            .revisions()
             .approve_rewrite("main", "0000", "root-admin", 5)
             .await
             .expect("approve"),
@@ -120,6 +122,7 @@ async fn the_applied_branch_only_moves_forward() {
     );
     assert_eq!(
         s.ledger
+            .revisions()
             .approve_rewrite("main", &side, "root-admin", 5)
             .await
             .expect("approve"),
@@ -127,6 +130,7 @@ async fn the_applied_branch_only_moves_forward() {
     );
     assert_eq!(
         s.ledger
+            .revisions()
             .approve_rewrite("main", &side, "root-admin", 6)
             .await
             .expect("approve"),
@@ -162,6 +166,7 @@ async fn the_applied_branch_only_moves_forward() {
     assert_eq!(accepted(&s, "main").await, Some(c4.clone()), "refused until approved");
     assert_eq!(
         s.ledger
+            .revisions()
             .approve_rewrite("main", &c2, "root-admin", 7)
             .await
             .expect("approve"),
@@ -251,7 +256,7 @@ async fn a_retired_key_cannot_sign_with_a_backdated_commit() {
     s.pass().await.expect("pass");
     assert_eq!(accepted(&s, "main").await, None);
     assert_eq!(
-        s.ledger.revision("main", &old).await.expect("revision"),
+        s.ledger.revisions().revision("main", &old).await.expect("revision"),
         Some(("rejected".into(), vec!["key-not-valid-when-seen".into()]))
     );
     // git's rule alone (the committer date) would have passed it; `pl verify --at` is the
@@ -299,6 +304,7 @@ async fn environment_rules_follow_what_a_change_does() {
     s.pass().await.expect("pass");
     let (verdict, codes) = s
         .ledger
+        .revisions()
         .revision("main", &by_dev)
         .await
         .expect("revision")
@@ -343,7 +349,11 @@ async fn a_preview_branch_cannot_widen_its_own_preview_settings() {
     let (s, url) = shared(dir.path(), &repo, &repo.signers, None).await;
     s.pass().await.expect("pass");
     assert_eq!(
-        s.ledger.revision("feature/long", &p).await.expect("revision"),
+        s.ledger
+            .revisions()
+            .revision("feature/long", &p)
+            .await
+            .expect("revision"),
         Some(("accepted".into(), vec![]))
     );
     let committed_ms: i64 = repo

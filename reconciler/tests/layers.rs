@@ -667,3 +667,70 @@ fn the_ledger_holds_rows_not_runtime_flags() {
     let flagged = "pub struct Ledger {\n    pool: AnyPool,\n    drift: std::sync::atomic::AtomicBool,\n}\n";
     assert!(struct_fields(flagged, "Ledger")[1].contains("Atomic"));
 }
+
+#[test]
+fn the_ledger_splits_by_aggregate_each_with_its_own_handle() {
+    // The `Ledger` itself is the connection: connecting, migrating, the dialect, write
+    // transactions, leadership. Every row method belongs to one aggregate's handle
+    // (`ledger.deployments()`, `.jobs()`, …), and a store file serves one aggregate.
+    let core: BTreeSet<&str> = BTreeSet::from([
+        "connect",
+        "control_plane",
+        "backend",
+        "migrate",
+        "write_tx",
+        "sqlite_in",
+        "id_set",
+        "sql",
+        "placeholders",
+        "ping",
+        "try_lead",
+        "execute_raw",
+        "close",
+    ]);
+    let aggregates = [
+        "Deployments",
+        "Jobs",
+        "Nodes",
+        "Volumes",
+        "Backups",
+        "Certificates",
+        "Domains",
+        "Events",
+        "Revisions",
+        "Views",
+    ];
+    let src = workspace().join("reconciler/src");
+    let mut all = Vec::new();
+    files(&src, &mut all);
+    let mut served: BTreeMap<&str, usize> = BTreeMap::new();
+    for f in &all {
+        let m = module_of(&src, f);
+        if layer(&m) != "store" {
+            continue;
+        }
+        let text = code(f);
+        for name in ledger_methods(&text) {
+            assert!(
+                core.contains(name.as_str()),
+                "{m} adds `{name}` to the Ledger itself: it belongs to an aggregate's handle"
+            );
+        }
+        let mut mine: BTreeSet<&str> = BTreeSet::new();
+        for line in text.lines().filter(|l| l.starts_with("impl ")) {
+            if let Some(a) = aggregates
+                .iter()
+                .find(|a| line.starts_with(&format!("impl crate::store::{a}<'_>")))
+            {
+                mine.insert(a);
+            }
+        }
+        assert!(mine.len() <= 1, "{m} serves several aggregates: {mine:?}");
+        for a in mine {
+            *served.entry(a).or_default() += 1;
+        }
+    }
+    for a in aggregates {
+        assert!(served.contains_key(a), "no store file serves {a}: {served:?}");
+    }
+}

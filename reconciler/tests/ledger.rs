@@ -51,55 +51,63 @@ async fn suite(l: &Ledger) {
         .map(|i| job("api", i, "n1", 3))
         .chain([job("api", 9, "n2", 3)])
         .collect();
-    assert_eq!(l.enqueue(&jobs, 1_000).await.expect("enqueue"), 6);
+    assert_eq!(l.jobs().enqueue(&jobs, 1_000).await.expect("enqueue"), 6);
     assert_eq!(
-        l.enqueue(&jobs, 1_001).await.expect("enqueue again"),
+        l.jobs().enqueue(&jobs, 1_001).await.expect("enqueue again"),
         0,
         "a replay adds no job"
     );
 
     // A node leases only its own jobs; a job's first lease has its first fencing token.
-    let a = l.lease("n1", 2, 10_000, 2_000).await.expect("lease");
+    let a = l.jobs().lease("n1", 2, 10_000, 2_000).await.expect("lease");
     assert_eq!(a.len(), 2);
-    let b = l.lease("n1", 10, 10_000, 2_000).await.expect("lease");
+    let b = l.jobs().lease("n1", 10, 10_000, 2_000).await.expect("lease");
     assert_eq!(b.len(), 3, "the rest of n1's jobs");
     assert!(b.iter().chain(&a).all(|x| x.token.fencing_token == 1));
     assert!(b.iter().chain(&a).all(|x| x.key.starts_with("app:api/web/")));
     assert!(
-        l.lease("n1", 10, 10_000, 2_000).await.expect("lease").is_empty(),
+        l.jobs().lease("n1", 10, 10_000, 2_000).await.expect("lease").is_empty(),
         "nothing is leased twice"
     );
-    assert_eq!(l.lease("n2", 10, 10_000, 2_000).await.expect("lease").len(), 1);
+    assert_eq!(l.jobs().lease("n2", 10, 10_000, 2_000).await.expect("lease").len(), 1);
 
     // Renew and complete need the live pair; a stale one records nothing.
-    let events_before = l.events_after(0, 10_000).await.expect("events").len();
+    let events_before = l.events().events_after(0, 10_000).await.expect("events").len();
     let mut stale = a[0].token.clone();
     stale.fencing_token -= 1;
     assert_eq!(
-        l.renew(&[stale.clone()], 10_000, 3_000).await.expect("renew"),
+        l.jobs().renew(&[stale.clone()], 10_000, 3_000).await.expect("renew"),
         vec![Err(Refused::StaleFencingToken)]
     );
     assert_eq!(
-        l.complete(
-            &[Completion {
-                token: stale,
-                outcome: Outcome::Succeeded
-            }],
-            3_000
-        )
-        .await
-        .expect("complete"),
+        l.jobs()
+            .complete(
+                &[Completion {
+                    token: stale,
+                    outcome: Outcome::Succeeded
+                }],
+                3_000
+            )
+            .await
+            .expect("complete"),
         vec![Err(Refused::StaleFencingToken)]
     );
     assert_eq!(
-        l.events_after(0, 10_000).await.expect("events").len(),
+        l.events().events_after(0, 10_000).await.expect("events").len(),
         events_before,
         "a refusal records nothing"
     );
-    assert!(l.renew(&[a[0].token.clone()], 10_000, 3_000).await.expect("renew")[0].is_ok());
+    assert!(
+        l.jobs()
+            .renew(&[a[0].token.clone()], 10_000, 3_000)
+            .await
+            .expect("renew")[0]
+            .is_ok()
+    );
 
     // Completions in a batch: success, retryable (backoff), permanent.
     let done = l
+        .jobs()
         .complete(
             &[
                 Completion {
@@ -120,62 +128,76 @@ async fn suite(l: &Ledger) {
         .await
         .expect("complete");
     assert_eq!(done, vec![Ok(()), Ok(()), Ok(())]);
-    assert_eq!(l.job(&a[0].key).await.expect("job"), Some(("succeeded".into(), 1)));
-    assert_eq!(l.job(&a[1].key).await.expect("job"), Some(("queued".into(), 1)));
-    assert_eq!(l.job(&b[0].key).await.expect("job"), Some(("failed".into(), 1)));
     assert_eq!(
-        l.complete(
-            &[Completion {
-                token: a[0].token.clone(),
-                outcome: Outcome::Succeeded
-            }],
-            4_100
-        )
-        .await
-        .expect("again"),
+        l.jobs().job(&a[0].key).await.expect("job"),
+        Some(("succeeded".into(), 1))
+    );
+    assert_eq!(l.jobs().job(&a[1].key).await.expect("job"), Some(("queued".into(), 1)));
+    assert_eq!(l.jobs().job(&b[0].key).await.expect("job"), Some(("failed".into(), 1)));
+    assert_eq!(
+        l.jobs()
+            .complete(
+                &[Completion {
+                    token: a[0].token.clone(),
+                    outcome: Outcome::Succeeded
+                }],
+                4_100
+            )
+            .await
+            .expect("again"),
         vec![Err(Refused::StaleFencingToken)],
         "a completed lease is stale"
     );
     // The retry waits for its backoff.
     assert!(
-        l.lease("n1", 10, 10_000, 4_100).await.expect("lease").is_empty(),
+        l.jobs().lease("n1", 10, 10_000, 4_100).await.expect("lease").is_empty(),
         "not before the backoff"
     );
-    let retry = l.lease("n1", 10, 10_000, 4_000 + 2_000 + 1_000).await.expect("lease");
+    let retry = l
+        .jobs()
+        .lease("n1", 10, 10_000, 4_000 + 2_000 + 1_000)
+        .await
+        .expect("lease");
     assert_eq!((retry.len(), retry[0].attempt), (1, 2));
 
     // An expired lease goes back to the queue; its old token is refused; attempts run out.
     let later = 4_000 + 3_000 + 10_000 + 1;
-    let again = l.lease("n1", 10, 10_000, later).await.expect("lease after expiry");
+    let again = l
+        .jobs()
+        .lease("n1", 10, 10_000, later)
+        .await
+        .expect("lease after expiry");
     assert!(again.iter().any(|x| x.key == retry[0].key && x.attempt == 3));
     assert_eq!(
-        l.complete(
-            &[Completion {
-                token: retry[0].token.clone(),
-                outcome: Outcome::Succeeded
-            }],
-            later
-        )
-        .await
-        .expect("stale"),
+        l.jobs()
+            .complete(
+                &[Completion {
+                    token: retry[0].token.clone(),
+                    outcome: Outcome::Succeeded
+                }],
+                later
+            )
+            .await
+            .expect("stale"),
         vec![Err(Refused::StaleFencingToken)],
         "the expired lease's token is stale"
     );
     let third = again.iter().find(|x| x.key == retry[0].key).expect("leased again");
     assert_eq!(
-        l.complete(
-            &[Completion {
-                token: third.token.clone(),
-                outcome: Outcome::Retryable("again".into())
-            }],
-            later + 1
-        )
-        .await
-        .expect("complete"),
+        l.jobs()
+            .complete(
+                &[Completion {
+                    token: third.token.clone(),
+                    outcome: Outcome::Retryable("again".into())
+                }],
+                later + 1
+            )
+            .await
+            .expect("complete"),
         vec![Ok(())]
     );
     assert_eq!(
-        l.job(&retry[0].key).await.expect("job"),
+        l.jobs().job(&retry[0].key).await.expect("job"),
         Some(("dead".into(), 3)),
         "attempts exhausted"
     );
@@ -190,9 +212,13 @@ async fn suite(l: &Ledger) {
         assert!(l.execute_raw(sql).await.is_err(), "{sql} must be refused");
     }
     // Events resume from a cursor.
-    let all = l.events_after(0, 10_000).await.expect("events");
+    let all = l.events().events_after(0, 10_000).await.expect("events");
     assert!(all.windows(2).all(|w| w[0].id < w[1].id));
-    let tail = l.events_after(all[all.len() - 3].id, 10).await.expect("events");
+    let tail = l
+        .events()
+        .events_after(all[all.len() - 3].id, 10)
+        .await
+        .expect("events");
     assert_eq!(tail, all[all.len() - 2..].to_vec());
     assert!(all.iter().any(|e| e.kind == "job-dead") && all.iter().any(|e| e.kind == "lease-expired"));
 }
@@ -215,9 +241,9 @@ async fn group_leases(l: &Ledger) {
         max_attempts: 3,
         not_before_ms: 0,
     });
-    l.enqueue(&jobs, 1).await.expect("enqueue");
+    l.jobs().enqueue(&jobs, 1).await.expect("enqueue");
     let asks = [("g1", 2, false), ("g2", 8, false), ("g3", 8, true)];
-    let got = l.lease_many(&asks, 30_000, 2).await.expect("lease");
+    let got = l.jobs().lease_many(&asks, 30_000, 2).await.expect("lease");
     assert_eq!(got.iter().map(Vec::len).collect::<Vec<_>>(), [2, 3, 1]);
     for (leases, node) in got.iter().zip(["@g1", "@g2", "@g3"]) {
         assert!(leases.iter().all(|x| x.key.ends_with(node)), "{leases:?}");
@@ -231,7 +257,7 @@ async fn group_leases(l: &Ledger) {
     );
     assert!(got[2][0].key.contains(":stop@"), "a draining node gets only removals");
     assert_ne!(got[0][0].token.lease_token, got[1][0].token.lease_token);
-    let again = l.lease_many(&asks, 30_000, 3).await.expect("lease");
+    let again = l.jobs().lease_many(&asks, 30_000, 3).await.expect("lease");
     assert_eq!(
         again.iter().map(Vec::len).collect::<Vec<_>>(),
         [1, 0, 0],
@@ -244,14 +270,14 @@ async fn group_leases(l: &Ledger) {
 /// ever held under two live fencing tokens.
 async fn concurrent(l: std::sync::Arc<Ledger>) {
     let jobs: Vec<NewJob> = (0..400).map(|i| job("load", i, "n9", 5)).collect();
-    l.enqueue(&jobs, 1).await.expect("enqueue");
+    l.jobs().enqueue(&jobs, 1).await.expect("enqueue");
     let mut handles = Vec::new();
     for _ in 0..16 {
         let l = l.clone();
         handles.push(tokio::spawn(async move {
             let mut done = Vec::new();
             loop {
-                let leases = l.lease("n9", 8, 60_000, 10).await.expect("lease");
+                let leases = l.jobs().lease("n9", 8, 60_000, 10).await.expect("lease");
                 if leases.is_empty() {
                     break;
                 }
@@ -262,7 +288,7 @@ async fn concurrent(l: std::sync::Arc<Ledger>) {
                         outcome: Outcome::Succeeded,
                     })
                     .collect();
-                let r = l.complete(&completions, 11).await.expect("complete");
+                let r = l.jobs().complete(&completions, 11).await.expect("complete");
                 assert!(r.iter().all(Result::is_ok), "a live lease completes");
                 done.extend(leases.into_iter().map(|x| x.key));
             }
@@ -289,7 +315,7 @@ async fn sqlite_ledger() {
     concurrent(std::sync::Arc::new(l)).await;
     // Migrations are idempotent and the data survives a reconnect.
     let l = sqlite(dir.path()).await;
-    assert!(l.events_after(0, 1).await.expect("events").len() == 1);
+    assert!(l.events().events_after(0, 1).await.expect("events").len() == 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -301,7 +327,7 @@ async fn postgres_ledger() {
     group_leases(&l).await;
     concurrent(std::sync::Arc::new(l)).await;
     let l = postgres(&pg).await;
-    assert!(l.events_after(0, 1).await.expect("events").len() == 1);
+    assert!(l.events().events_after(0, 1).await.expect("events").len() == 1);
     l.close().await;
 }
 

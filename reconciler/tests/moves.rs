@@ -61,7 +61,12 @@ async fn placed(url: &str) -> Vec<String> {
 /// Leases `node`'s jobs and completes the one whose key has `part` with `outcome` (the others
 /// succeed). Returns that job's key.
 async fn run_one(shared: &Arc<Reconciler>, node: &str, part: &str, outcome: Outcome) -> String {
-    let leases = shared.ledger.lease(node, 100, 30_000, now_ms()).await.expect("lease");
+    let leases = shared
+        .ledger
+        .jobs()
+        .lease(node, 100, 30_000, now_ms())
+        .await
+        .expect("lease");
     let keys: Vec<String> = leases.iter().map(|l| l.key.clone()).collect();
     let mut found = None;
     let done: Vec<Completion> = leases
@@ -79,7 +84,7 @@ async fn run_one(shared: &Arc<Reconciler>, node: &str, part: &str, outcome: Outc
             }
         })
         .collect();
-    shared.ledger.complete(&done, now_ms()).await.expect("complete");
+    shared.ledger.jobs().complete(&done, now_ms()).await.expect("complete");
     found.unwrap_or_else(|| panic!("no job with {part} on {node}: {keys:?}"))
 }
 
@@ -225,7 +230,7 @@ async fn scenario(url: String, dir: &Path) {
     }
 
     // The generation it left is kept on n1 until an admin removes it.
-    let kept = ledger.kept_generations().await.expect("kept");
+    let kept = ledger.deployments().kept_generations().await.expect("kept");
     assert_eq!(
         kept.iter()
             .map(|k| format!("{}/{} g{} on {}", k.environment, k.volume, k.generation, k.node))
@@ -235,6 +240,7 @@ async fn scenario(url: String, dir: &Path) {
     use reconciler::store::kept::KeptRefusal;
     assert_eq!(
         ledger
+            .deployments()
             .kept_generation("api-production", "pgdata", 2)
             .await
             .expect("read"),
@@ -242,18 +248,26 @@ async fn scenario(url: String, dir: &Path) {
     );
     assert_eq!(
         ledger
+            .deployments()
             .kept_generation("api-production", "pgdata", 7)
             .await
             .expect("read"),
         Err(KeptRefusal::Unknown)
     );
     let g1 = ledger
+        .deployments()
         .kept_generation("api-production", "pgdata", 1)
         .await
         .expect("read")
         .expect("kept");
-    assert!(ledger.forget_generation(&g1, now_ms()).await.expect("forget"));
-    assert!(ledger.kept_generations().await.expect("kept").is_empty());
+    assert!(
+        ledger
+            .deployments()
+            .forget_generation(&g1, now_ms())
+            .await
+            .expect("forget")
+    );
+    assert!(ledger.deployments().kept_generations().await.expect("kept").is_empty());
 
     // A save that fails for good ends the move: the volume stays on n2 at generation 2.
     let back = ask("n1").await.expect("asked back");

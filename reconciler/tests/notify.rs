@@ -260,7 +260,13 @@ async fn drain(ledger: &Ledger, targets: &Arc<Targets>, within: Duration) {
     notify::collect(ledger, targets).await.expect("collect");
     while Instant::now() < until {
         notify::deliver(ledger, targets).await.expect("deliver");
-        if ledger.outbox(Some("pending"), 10).await.expect("outbox").is_empty() {
+        if ledger
+            .events()
+            .outbox(Some("pending"), 10)
+            .await
+            .expect("outbox")
+            .is_empty()
+        {
             return;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -319,6 +325,7 @@ async fn scenario(url: String, dir: &Path) {
     converge(&shared).await;
     shared
         .ledger
+        .deployments()
         .ask_rollback(
             "api-production",
             None,
@@ -352,7 +359,7 @@ async fn scenario(url: String, dir: &Path) {
     let first = &github.got()[0];
     assert_eq!(first.path, format!("/repos/acme/infra/statuses/{a}"));
     assert_eq!(first.header("accept"), Some("application/vnd.github+json"));
-    let pending = ledger.outbox(Some("pending"), 100).await.expect("outbox");
+    let pending = ledger.events().outbox(Some("pending"), 100).await.expect("outbox");
     assert!(
         !pending.is_empty() && pending.iter().all(|r| r.target == "hook:0"),
         "{pending:?}"
@@ -396,7 +403,14 @@ async fn scenario(url: String, dir: &Path) {
     let mut unique = ids.clone();
     unique.dedup();
     assert_eq!(ids, unique, "each delivered once");
-    assert!(ledger.outbox(Some("dead"), 10).await.expect("outbox").is_empty());
+    assert!(
+        ledger
+            .events()
+            .outbox(Some("dead"), 10)
+            .await
+            .expect("outbox")
+            .is_empty()
+    );
 
     // A token the forge refuses: the status is a dead letter with the forge's reason, and the
     // token is in no row.
@@ -405,7 +419,7 @@ async fn scenario(url: String, dir: &Path) {
     repo.commit("release c", true);
     converge(&shared).await;
     drain(ledger, &targets, Duration::from_secs(5)).await;
-    let dead = ledger.outbox(Some("dead"), 10).await.expect("outbox");
+    let dead = ledger.events().outbox(Some("dead"), 10).await.expect("outbox");
     assert!(
         !dead.is_empty()
             && dead.iter().all(|r| r.target == "forge"

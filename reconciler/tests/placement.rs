@@ -129,6 +129,7 @@ async fn mesh_follows_placement(shared: &Arc<Reconciler>, url: &str) {
     // Handed out until applied; a pass with nothing changed decides nothing anew.
     let (g, _) = shared
         .ledger
+        .nodes()
         .mesh_beat("n2", 0, "[]", now_ms())
         .await
         .expect("beat")
@@ -137,6 +138,7 @@ async fn mesh_follows_placement(shared: &Arc<Reconciler>, url: &str) {
     assert!(
         shared
             .ledger
+            .nodes()
             .mesh_beat("n2", 1, "[{\"node\":\"n1\"}]", now_ms())
             .await
             .expect("beat")
@@ -171,7 +173,12 @@ async fn mesh_follows_placement(shared: &Arc<Reconciler>, url: &str) {
     assert_eq!(state(links), ["n1>n2 connecting", "n2>n1 connecting"]);
     assert!(events("mesh-link-down").await.is_empty());
     let stale = format!("[{{\"node\":\"n1\",\"lastHandshake\":{}}}]", now / 1000 - 400);
-    shared.ledger.mesh_beat("n2", 1, &stale, now).await.expect("beat");
+    shared
+        .ledger
+        .nodes()
+        .mesh_beat("n2", 1, &stale, now)
+        .await
+        .expect("beat");
     for _ in 0..2 {
         let links = mesh_health::check(&shared.ledger, now).await.expect("check");
         assert_eq!(state(links)[1], "n2>n1 down");
@@ -185,7 +192,12 @@ async fn mesh_follows_placement(shared: &Arc<Reconciler>, url: &str) {
         ["[\"n1\"]"]
     );
     let fresh = format!("[{{\"node\":\"n1\",\"lastHandshake\":{}}}]", now / 1000 - 3);
-    shared.ledger.mesh_beat("n2", 1, &fresh, now).await.expect("beat");
+    shared
+        .ledger
+        .nodes()
+        .mesh_beat("n2", 1, &fresh, now)
+        .await
+        .expect("beat");
     let links = mesh_health::check(&shared.ledger, now).await.expect("check");
     assert_eq!(state(links)[1], "n2>n1 up");
     assert_eq!(events("mesh-link-up").await, ["n2 the link from n2 to n1 is up again"]);
@@ -413,6 +425,7 @@ async fn scenario(url: String, dir: &Path) {
     assert!(
         shared
             .ledger
+            .jobs()
             .lease("n1", 100, 30_000, now_ms())
             .await
             .expect("lease")

@@ -69,7 +69,7 @@ async fn scenario(ledger: Ledger, dir: &Path) {
         let commit = repo.resolve(sha).expect("resolve");
         let j = judge(&repo, &commit, last, &trust(&signers)).expect("judge");
         assert!(
-            ledger.record_revision("main", &j, 1).await.expect("record"),
+            ledger.revisions().record_revision("main", &j, 1).await.expect("record"),
             "first time: recorded"
         );
         match want {
@@ -85,29 +85,36 @@ async fn scenario(ledger: Ledger, dir: &Path) {
                 let loaded = codes != ["unsigned"];
                 assert_eq!(j.state.files > 0, loaded, "{codes:?}: state loaded = {}", j.state.files);
                 assert_eq!(
-                    ledger.revision("main", sha).await.expect("revision"),
+                    ledger.revisions().revision("main", sha).await.expect("revision"),
                     Some(("rejected".into(), codes.iter().map(|c| (*c).to_owned()).collect()))
                 );
                 // A rejected commit leaves the last accepted one in force.
-                assert_eq!(ledger.last_accepted("main").await.expect("last"), Some(good.clone()));
+                assert_eq!(
+                    ledger.revisions().last_accepted("main").await.expect("last"),
+                    Some(good.clone())
+                );
             }
         }
     }
     assert_eq!(
-        ledger.last_accepted("main").await.expect("last"),
+        ledger.revisions().last_accepted("main").await.expect("last"),
         Some(good_again.clone())
     );
     // Reprocessing every commit writes nothing: no row, no event.
-    let events = ledger.events_after(0, 1000).await.expect("events");
+    let events = ledger.events().events_after(0, 1000).await.expect("events");
     for sha in [&good, &unsigned, &invalid, &same_address, &good_again] {
         let commit = repo.resolve(sha).expect("resolve");
         let j = judge(&repo, &commit, None, &trust(&signers)).expect("judge");
         assert!(
-            !ledger.record_revision("main", &j, 2).await.expect("record again"),
+            !ledger
+                .revisions()
+                .record_revision("main", &j, 2)
+                .await
+                .expect("record again"),
             "judged before: nothing written"
         );
     }
-    assert_eq!(ledger.events_after(0, 1000).await.expect("events"), events);
+    assert_eq!(ledger.events().events_after(0, 1000).await.expect("events"), events);
     assert_eq!(events.iter().filter(|e| e.kind.starts_with("revision-")).count(), 5);
     assert!(
         ledger.execute_raw("DELETE FROM revisions").await.is_err(),

@@ -121,6 +121,7 @@ async fn scenario(url: String, dir: &Path) {
     let before = rows(&url, "SELECT id FROM events").await.len();
     let r = shared
         .ledger
+        .deployments()
         .ask_rollback(env, None, "ops", now_ms(), state_schema::generations::rollback)
         .await
         .expect("ask");
@@ -134,6 +135,7 @@ async fn scenario(url: String, dir: &Path) {
     assert_eq!(
         shared
             .ledger
+            .deployments()
             .ask_rollback("nope", None, "ops", now_ms(), state_schema::generations::rollback)
             .await
             .expect("ask"),
@@ -142,6 +144,7 @@ async fn scenario(url: String, dir: &Path) {
     assert_eq!(
         shared
             .ledger
+            .deployments()
             .release_rollback(env, "ops", now_ms())
             .await
             .expect("release"),
@@ -161,6 +164,7 @@ async fn scenario(url: String, dir: &Path) {
     // The rollback: generation 3 with generation 1's spec, no release step, held.
     let ask = shared
         .ledger
+        .deployments()
         .ask_rollback(env, None, "ops", now_ms(), state_schema::generations::rollback)
         .await
         .expect("ask")
@@ -169,6 +173,7 @@ async fn scenario(url: String, dir: &Path) {
     assert_eq!(
         shared
             .ledger
+            .deployments()
             .ask_rollback(env, None, "ops", now_ms(), state_schema::generations::rollback)
             .await
             .expect("ask"),
@@ -212,6 +217,7 @@ async fn scenario(url: String, dir: &Path) {
     // An operator's release: planned from Git again, without a new commit.
     let hold = shared
         .ledger
+        .deployments()
         .release_rollback(env, "ops", now_ms())
         .await
         .expect("release")
@@ -227,6 +233,7 @@ async fn scenario(url: String, dir: &Path) {
     // ends the hold and decides as usual.
     shared
         .ledger
+        .deployments()
         .ask_rollback(env, None, "ops", now_ms(), state_schema::generations::rollback)
         .await
         .expect("ask")
@@ -302,6 +309,7 @@ async fn scenario(url: String, dir: &Path) {
     // do not judge it again.
     shared
         .ledger
+        .deployments()
         .release_rollback(env, "ops", now_ms())
         .await
         .expect("release")
@@ -338,7 +346,12 @@ async fn scenario(url: String, dir: &Path) {
 /// Leases what n1 can, completing each job with `outcome` (a canary's publish failing, say).
 async fn complete_all(shared: &Arc<Reconciler>, outcome: reconciler::store::Outcome) -> usize {
     shared.pass().await.expect("pass");
-    let leases = shared.ledger.lease("n1", 100, 30_000, now_ms()).await.expect("lease");
+    let leases = shared
+        .ledger
+        .jobs()
+        .lease("n1", 100, 30_000, now_ms())
+        .await
+        .expect("lease");
     let done: Vec<reconciler::store::Completion> = leases
         .iter()
         .map(|l| reconciler::store::Completion {
@@ -346,7 +359,7 @@ async fn complete_all(shared: &Arc<Reconciler>, outcome: reconciler::store::Outc
             outcome: outcome.clone(),
         })
         .collect();
-    shared.ledger.complete(&done, now_ms()).await.expect("complete");
+    shared.ledger.jobs().complete(&done, now_ms()).await.expect("complete");
     leases.len()
 }
 
@@ -357,7 +370,12 @@ async fn drive_measured(shared: &Arc<Reconciler>, url: &str, errors: i64, done: 
     let mut measured = 0;
     for _ in 0..12 {
         shared.pass().await.expect("pass");
-        let leases = shared.ledger.lease("n1", 100, 30_000, now_ms()).await.expect("lease");
+        let leases = shared
+            .ledger
+            .jobs()
+            .lease("n1", 100, 30_000, now_ms())
+            .await
+            .expect("lease");
         let completions: Vec<reconciler::store::Completion> = leases
             .iter()
             .map(|l| reconciler::store::Completion {
@@ -376,7 +394,12 @@ async fn drive_measured(shared: &Arc<Reconciler>, url: &str, errors: i64, done: 
                 },
             })
             .collect();
-        shared.ledger.complete(&completions, now_ms()).await.expect("complete");
+        shared
+            .ledger
+            .jobs()
+            .complete(&completions, now_ms())
+            .await
+            .expect("complete");
         if done(&deployment(url).await) {
             break;
         }
@@ -569,6 +592,7 @@ async fn canary_scenario(url: String, dir: &Path) {
     // 20% rolls it back, held by `canary`.
     shared
         .ledger
+        .deployments()
         .release_rollback(env, "ops", now_ms())
         .await
         .expect("release")
@@ -614,6 +638,7 @@ async fn canary_scenario(url: String, dir: &Path) {
     // verdict is said, and the switch runs.
     shared
         .ledger
+        .deployments()
         .release_rollback(env, "ops", now_ms())
         .await
         .expect("release")
@@ -702,14 +727,24 @@ async fn repair_scenario(url: String, dir: &Path) {
         max_attempts: 3,
         not_before_ms: 0,
     };
-    shared.ledger.enqueue(&[repair], now_ms()).await.expect("enqueue");
-    let leases = shared.ledger.lease("n1", 10, 30_000, now_ms()).await.expect("lease");
+    shared
+        .ledger
+        .jobs()
+        .enqueue(&[repair], now_ms())
+        .await
+        .expect("enqueue");
+    let leases = shared
+        .ledger
+        .jobs()
+        .lease("n1", 10, 30_000, now_ms())
+        .await
+        .expect("lease");
     assert_eq!(leases.len(), 1, "the repair alone is queued");
     let done = [reconciler::store::Completion {
         token: leases[0].token.clone(),
         outcome: reconciler::store::Outcome::Succeeded,
     }];
-    shared.ledger.complete(&done, now_ms()).await.expect("complete");
+    shared.ledger.jobs().complete(&done, now_ms()).await.expect("complete");
     // Kept for the pass, nothing published by the completion itself.
     assert_eq!(
         rows(&url, "SELECT job_key FROM repaired").await,
@@ -772,6 +807,7 @@ async fn a_rollback_keeps_todays_replica_count() {
     assert_eq!(release_a.instances.len(), 1);
     let ask = shared
         .ledger
+        .deployments()
         .ask_rollback(
             "api-production",
             None,

@@ -58,7 +58,12 @@ async fn rounds(
     let (mut seen, mut routes) = (Vec::new(), Vec::new());
     for _ in 0..30 {
         shared.pass().await.expect("pass");
-        let leases = shared.ledger.lease("n1", 100, 30_000, now_ms()).await.expect("lease");
+        let leases = shared
+            .ledger
+            .jobs()
+            .lease("n1", 100, 30_000, now_ms())
+            .await
+            .expect("lease");
         if leases.is_empty() {
             break;
         }
@@ -98,7 +103,7 @@ async fn rounds(
                 },
             })
             .collect();
-        shared.ledger.complete(&done, now_ms()).await.expect("complete");
+        shared.ledger.jobs().complete(&done, now_ms()).await.expect("complete");
     }
     (seen, routes)
 }

@@ -145,11 +145,13 @@ async fn scenario(url: String, dir: &Path) {
     };
     shared
         .ledger
+        .volumes()
         .record_volume_use("n1", &[m(7)], now_ms())
         .await
         .expect("n1");
     shared
         .ledger
+        .volumes()
         .record_volume_use("n2", &[m(4096)], now_ms())
         .await
         .expect("n2");

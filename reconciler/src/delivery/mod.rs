@@ -60,7 +60,7 @@ impl Ledger {
         now_ms: i64,
     ) -> Result<Result<String, Undeliverable>, LedgerError> {
         let hash = sha256_hex(ciphertext);
-        let kept = self.sealed_copy(node, &hash).await?;
+        let kept = self.jobs().sealed_copy(node, &hash).await?;
         if let Some(sealed) = kept {
             return Ok(Ok(sealed));
         }
@@ -79,7 +79,7 @@ impl Ledger {
                 )));
             }
         };
-        self.keep_sealed(node, &hash, &sealed, now_ms).await?;
+        self.jobs().keep_sealed(node, &hash, &sealed, now_ms).await?;
         Ok(Ok(sealed))
     }
 
@@ -115,13 +115,13 @@ impl Ledger {
                 }
             }
         }
-        let specs = self.specs_for(&need_spec).await?;
-        let resumes = self.resumes_for(&need_spec).await?;
-        let subnets = self.subnets_of(node, &need_subnet).await?;
+        let specs = self.jobs().specs_for(&need_spec).await?;
+        let resumes = self.jobs().resumes_for(&need_spec).await?;
+        let subnets = self.jobs().subnets_of(node, &need_subnet).await?;
         let recipient: Option<String> = if need_spec.is_empty() {
             None
         } else {
-            self.age_recipient(node).await?
+            self.jobs().age_recipient(node).await?
         };
         let cp = self.control_plane().await?;
         let mut out = Vec::with_capacity(leases.len());
@@ -188,26 +188,29 @@ impl Ledger {
                         };
                         let upstreams = match rolled {
                             // Between a rolling rollout's batches: new and old replicas.
-                            Some(r) => {
-                                state_schema::rolling::rolled_upstreams(spec, &self.retired_of(&env).await?, node, *r)
-                                    .into_iter()
-                                    .map(|u| Upstream {
-                                        container: replica_name(
-                                            &cp,
-                                            &env,
-                                            u.role.as_str(),
-                                            u.instance,
-                                            moves_on(spec, u.role.as_str(), u.instance, node),
-                                            *generation,
-                                        ),
-                                        port: u.port,
-                                        older: u.older.then(|| OlderReplica {
-                                            role: u.role.to_string(),
-                                            instance: u.instance,
-                                        }),
-                                    })
-                                    .collect()
-                            }
+                            Some(r) => state_schema::rolling::rolled_upstreams(
+                                spec,
+                                &self.jobs().retired_of(&env).await?,
+                                node,
+                                *r,
+                            )
+                            .into_iter()
+                            .map(|u| Upstream {
+                                container: replica_name(
+                                    &cp,
+                                    &env,
+                                    u.role.as_str(),
+                                    u.instance,
+                                    moves_on(spec, u.role.as_str(), u.instance, node),
+                                    *generation,
+                                ),
+                                port: u.port,
+                                older: u.older.then(|| OlderReplica {
+                                    role: u.role.to_string(),
+                                    instance: u.instance,
+                                }),
+                            })
+                            .collect(),
                             None => spec
                                 .instances
                                 .iter()
@@ -231,7 +234,7 @@ impl Ledger {
                         };
                         // A Domain is routed once its ownership was ever proven.
                         let held = spec.domain(hostname.as_str()).is_some()
-                            && !self.domain_ever_verified(hostname.as_str()).await?;
+                            && !self.domains().domain_ever_verified(hostname.as_str()).await?;
                         Ok(Execution::Ingress(IngressSpec {
                             environment: env.clone(),
                             hostname: hostname.to_string(),
@@ -363,7 +366,7 @@ impl Ledger {
         control: &[Box<dyn Identity + Send + Sync>],
         now_ms: i64,
     ) -> Result<Result<Option<IngressTls>, Undeliverable>, LedgerError> {
-        let Some(row) = self.certificate(hostname).await? else {
+        let Some(row) = self.certificates().certificate(hostname).await? else {
             return Ok(Ok(None));
         };
         let (Some(chain), Some(key_sealed)) = (row.chain, row.key_sealed) else {

@@ -121,7 +121,7 @@ fn token_of(p: &LeaseProof) -> LeaseToken {
 
 /// Refuses a proof for another node's job before anything is written.
 async fn own_job(s: &Agents, node: &str, job_id: i64) -> Result<(), Response> {
-    match s.ledger.job_nodes(&[job_id]).await {
+    match s.ledger.nodes().job_nodes(&[job_id]).await {
         Ok(found) if found.iter().any(|(_, n)| n == node) => Ok(()),
         Ok(found) if found.is_empty() => Err(refused(Refusal::StaleFencingToken, "no such lease")),
         Ok(_) => Err(refused(Refusal::NotYourJob, "that job is another node's")),
@@ -200,7 +200,7 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
             "the heartbeat's mesh is not a WireGuard public key, a port and an IP address",
         );
     }
-    if let Err(e) = s.ledger.record_volume_use(&node, &measured, now_ms()).await {
+    if let Err(e) = s.ledger.volumes().record_volume_use(&node, &measured, now_ms()).await {
         return internal(e);
     }
     let names = hb
@@ -235,7 +235,7 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
     let mut mesh = None;
     if let Some(m) = &hb.mesh {
         let links = serde_json::to_string(&m.links).unwrap_or_else(|_| "[]".into());
-        match s.ledger.mesh_beat(&node, m.applied, &links, now_ms()).await {
+        match s.ledger.nodes().mesh_beat(&node, m.applied, &links, now_ms()).await {
             Ok(row) => mesh = row.and_then(served_mesh),
             Err(e) => return internal(e),
         }
@@ -325,6 +325,7 @@ async fn lease_jobs_now(s: &Agents, node: &str, req: &LeaseRequest) -> Result<Le
         if let (Some(held), true) = (held, std::mem::take(&mut mesh_changed)) {
             mesh = s
                 .ledger
+                .nodes()
                 .mesh_newer(node, held)
                 .await
                 .map_err(|e| internal(&e))?
@@ -412,7 +413,12 @@ async fn renew(State(s): App, Extension(peer): Peer, body: axum::body::Body) -> 
     if let Err(r) = own_job(&s, &node, req.proof.job_id).await {
         return r;
     }
-    match s.ledger.renew(&[token_of(&req.proof)], LEASE_TTL_MS, now_ms()).await {
+    match s
+        .ledger
+        .jobs()
+        .renew(&[token_of(&req.proof)], LEASE_TTL_MS, now_ms())
+        .await
+    {
         Ok(r) => match r.first() {
             Some(Ok(expires)) => axum::Json(serde_json::json!({"expiresAtMs": expires})).into_response(),
             _ => refused(Refusal::StaleFencingToken, "the lease is no longer yours"),
@@ -585,7 +591,12 @@ async fn certificate(State(s): App, Extension(peer): Peer, body: axum::body::Bod
         Ok(id) => id,
         Err(e) => return internal(e),
     };
-    match s.ledger.add_renewed_certificate(&node, &old, &issued, now_ms()).await {
+    match s
+        .ledger
+        .nodes()
+        .add_renewed_certificate(&node, &old, &issued, now_ms())
+        .await
+    {
         Ok(()) => {
             tracing::info!(node = %node, fingerprint = %issued.fingerprint, "certificate renewed");
             axum::Json(agent_proto::EnrollResponse {

@@ -51,7 +51,7 @@ pub async fn enroll(State(s): State<Arc<Enrol>>, body: axum::body::Body) -> Resp
     };
     let now = now_ms();
     // The token first: it costs one indexed read, and nothing else is looked at without it.
-    match s.ledger.check_enrolment_token(&req.node, &req.token, now).await {
+    match s.ledger.nodes().check_enrolment_token(&req.node, &req.token, now).await {
         Ok(None) => {}
         Ok(Some(r)) => {
             tracing::warn!(node = %req.node, code = r.code(), "enrolment refused");
@@ -94,7 +94,7 @@ pub async fn enroll(State(s): State<Arc<Enrol>>, body: axum::body::Body) -> Resp
         Ok(id) => id,
         Err(e) => return internal(e),
     };
-    match s.ledger.enroll(&e, now).await {
+    match s.ledger.nodes().enroll(&e, now).await {
         Ok(None) => {
             tracing::info!(node = %req.node, fingerprint = %issued.fingerprint, "node enrolled");
             axum::Json(EnrollResponse {

@@ -219,7 +219,7 @@ pub(crate) async fn logs(
             "environment and role are names (a-z, 0-9, -)",
         );
     }
-    let specs = match s.ledger.running_specs().await {
+    let specs = match s.ledger.nodes().running_specs().await {
         Ok(s) => s,
         Err(e) => return internal(e),
     };

@@ -75,7 +75,7 @@ impl Peers {
         if let Some(node) = self.certificate(&fingerprint, now) {
             return Ok((node, fingerprint));
         }
-        match self.ledger.node_of_certificate(&fingerprint, now).await {
+        match self.ledger.nodes().node_of_certificate(&fingerprint, now).await {
             Ok(Ok((node, not_after))) => {
                 self.admit(&fingerprint, &node, not_after);
                 Ok((node, fingerprint))

@@ -78,7 +78,7 @@ pub async fn watch_events(ledger: Arc<Ledger>, hub: Arc<Hub>, mut shutdown: toki
         if *shutdown.borrow() {
             break;
         }
-        if let Ok(tip) = ledger.last_event_id().await {
+        if let Ok(tip) = ledger.views().last_event_id().await {
             hub.events_tip.send_if_modified(|t| {
                 let newer = tip > *t;
                 if newer {

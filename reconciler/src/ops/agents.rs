@@ -60,21 +60,22 @@ pub async fn heartbeat(
     beat: &Beat<'_>,
     now_ms: i64,
 ) -> Result<bool, LedgerError> {
-    ledger.record_repairs(node, beat.repaired, now_ms).await?;
-    let before = ledger.beat_row(node).await?;
+    ledger.nodes().record_repairs(node, beat.repaired, now_ms).await?;
+    let before = ledger.nodes().beat_row(node).await?;
     let now: Vec<RunningInstance> = serde_json::from_str(beat.observed).unwrap_or_default();
     // A release under watch with replicas here: this heartbeat may fail it. Nothing is read
     // while nothing is watched.
     let until = match hub.watching.get(now_ms) {
         Some(until) => until,
         None => {
-            let until = ledger.watched_until().await?;
+            let until = ledger.deployments().watched_until().await?;
             hub.watching.set(until, now_ms);
             until
         }
     };
     let watch_failed = now_ms < until
         && ledger
+            .deployments()
             .watch_beat(node, &now, now_ms, state_schema::watch::judge)
             .await?;
     let had: Vec<RunningInstance> = before
@@ -86,7 +87,7 @@ pub async fn heartbeat(
     if judged.lost_replica {
         hub.drift_suspected.store(true, Ordering::Relaxed);
     }
-    ledger.record_beat(node, beat, now_ms).await?;
+    ledger.nodes().record_beat(node, beat, now_ms).await?;
     Ok(watch_failed || judged.replace)
 }
 

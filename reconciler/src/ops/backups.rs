@@ -52,6 +52,7 @@ impl Ops {
         }
         let proven = self
             .ledger
+            .backups()
             .proven(&q.environment)
             .await?
             .into_iter()
@@ -62,7 +63,11 @@ impl Ops {
                 snapshot,
             })
             .collect();
-        let rows = self.ledger.backups(&q.environment, q.volume.as_deref(), limit).await?;
+        let rows = self
+            .ledger
+            .backups()
+            .backups(&q.environment, q.volume.as_deref(), limit)
+            .await?;
         Ok(Backups {
             backups: wire::all(rows, wire::backup)?,
             proven,
@@ -74,9 +79,9 @@ impl Ops {
     pub async fn run_backup(&self, who: &str, ask: RunBackup) -> Answer<JobAsked> {
         let (env, volume) = (&ask.environment, &ask.volume);
         let asked = if ask.verify {
-            self.ledger.verify_now(env, volume, now_ms()).await?
+            self.ledger.backups().verify_now(env, volume, now_ms()).await?
         } else {
-            self.ledger.backup_now(env, volume, now_ms()).await?
+            self.ledger.backups().backup_now(env, volume, now_ms()).await?
         };
         match asked {
             Ok(key) => {
@@ -103,6 +108,7 @@ impl Ops {
         let (env, volume) = (&ask.environment, &ask.volume);
         let r = self
             .ledger
+            .backups()
             .restore_now(env, volume, ask.snapshot.as_deref(), now_ms())
             .await?
             .map_err(|why| refusal(env, volume, why))?;

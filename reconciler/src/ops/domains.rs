@@ -19,14 +19,15 @@ impl Ops {
         let now = now_ms();
         let cp = ledger.control_plane().await?;
         let specs: Vec<DeploymentSpec> = ledger
+            .certificates()
             .rollouts()
             .await?
             .iter()
             .filter_map(|r| serde_json::from_str(&r.spec).ok())
             .collect();
-        let certificates = ledger.certificates().await?;
+        let certificates = ledger.certificates().certificates().await?;
         let mut out = Vec::new();
-        for d in ledger.domains().await? {
+        for d in ledger.domains().domains().await? {
             let spec = specs.iter().find(|s| s.environment.as_str() == d.environment);
             let own = spec.and_then(|s| s.own_hostname()).map(|h| h.to_string());
             let Some(wire_method) = DomainMethod::parse(&d.method) else {
@@ -51,6 +52,7 @@ impl Ops {
             let nodes = spec.map_or(0, |s| s.ingress_nodes.len());
             let routed = nodes > 0
                 && ledger
+                    .domains()
                     .published_on_since(&d.hostname, &d.environment, since)
                     .await?
                     .len()

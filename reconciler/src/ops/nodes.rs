@@ -15,7 +15,7 @@ pub async fn applied_pools(
     ledger: &Ledger,
     branch: &str,
 ) -> Result<Vec<(state_schema::values::Name, state_schema::model::NodePool)>, LedgerError> {
-    Ok(declared::node_pools(&ledger.pool_documents(branch).await?))
+    Ok(declared::node_pools(&ledger.nodes().pool_documents(branch).await?))
 }
 
 /// Every node `branch`'s accepted state declares, by name, with what the control plane saw
@@ -28,18 +28,19 @@ pub async fn node_rows(
     now_ms: i64,
     lost_after_ms: i64,
 ) -> Result<Vec<NodeRow>, LedgerError> {
-    let seen = ledger.seen_nodes().await?;
+    let seen = ledger.nodes().seen_nodes().await?;
     let pools = applied_pools(ledger, branch).await?;
-    let rows = ledger.fleet_rows(lost_after_ms).await?;
+    let rows = ledger.nodes().fleet_rows(lost_after_ms).await?;
     let fleet = state_schema::replacement::fleet_of(&pools, &rows, now_ms);
     let mut placed: BTreeMap<String, usize> = BTreeMap::new();
     for i in rows.running.iter().flat_map(|s| &s.instances) {
         *placed.entry(i.node.to_string()).or_default() += 1;
     }
     let observed = ledger
+        .nodes()
         .observed_replicas(now_ms - state_schema::placement::UNHEALTHY_AFTER_MS)
         .await?;
-    let cas = ledger.node_cas().await?;
+    let cas = ledger.nodes().node_cas().await?;
     let mut out = Vec::new();
     for (pool, p) in &pools {
         for n in &p.nodes {
@@ -80,7 +81,7 @@ impl Ops {
     /// `GET /v1/nodes`: what Git declares and what each node's agent said, with its mesh.
     pub async fn nodes(&self) -> Answer<Nodes> {
         let rows = node_rows(&self.ledger, &self.branch, now_ms(), self.lost_after_ms).await?;
-        let meshes = self.ledger.meshes().await?;
+        let meshes = self.ledger.nodes().meshes().await?;
         Ok(Nodes {
             nodes: wire::all(rows, |r| {
                 let mesh = meshes.get(&r.name);
@@ -112,7 +113,11 @@ impl Ops {
         getrandom::fill(&mut *bytes)
             .map_err(|_| OpError::unavailable("the operating system's random source failed"))?;
         let token = zeroize::Zeroizing::new(format!("ple_{}", hex::encode(&bytes[..])));
-        let expires_at_ms = self.ledger.add_enrolment_token(node, &token, who, now_ms()).await?;
+        let expires_at_ms = self
+            .ledger
+            .nodes()
+            .add_enrolment_token(node, &token, who, now_ms())
+            .await?;
         tracing::info!(node = %node, by = %who, "enrolment token made");
         Ok(NodeToken {
             node: node.to_owned(),
@@ -127,12 +132,17 @@ impl Ops {
         if node.is_empty() || node.len() > 63 || !node.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
             return Err(OpError::malformed("a node name is letters, digits and dashes"));
         }
-        let epoch = self.ledger.rotate_mesh_key(node, who, now_ms()).await?.ok_or_else(|| {
-            OpError::not_found(
-                "mesh-not-joined",
-                format!("{node} has no mesh key: it is not a node, or its agent has not joined the mesh"),
-            )
-        })?;
+        let epoch = self
+            .ledger
+            .nodes()
+            .rotate_mesh_key(node, who, now_ms())
+            .await?
+            .ok_or_else(|| {
+                OpError::not_found(
+                    "mesh-not-joined",
+                    format!("{node} has no mesh key: it is not a node, or its agent has not joined the mesh"),
+                )
+            })?;
         tracing::info!(node = %node, by = %who, epoch, "mesh key rotation asked");
         self.hub.hint.notify_one();
         Ok(MeshKeyAsked {

@@ -14,6 +14,7 @@ impl Ops {
         Ok(Rewrites {
             rewrites: self
                 .ledger
+                .revisions()
                 .rewrites(limit)
                 .await?
                 .into_iter()
@@ -26,6 +27,7 @@ impl Ops {
     pub async fn approve_rewrite(&self, who: &str, ask: ApproveRewrite) -> Answer<Approved> {
         match self
             .ledger
+            .revisions()
             .approve_rewrite(&ask.branch, &ask.sha, who, now_ms())
             .await?
         {

@@ -54,6 +54,7 @@ impl Ops {
         if ask.release {
             let hold = self
                 .ledger
+                .deployments()
                 .release_rollback(env, who, now_ms())
                 .await?
                 .map_err(|why| refused(env, &why))?;
@@ -67,6 +68,7 @@ impl Ops {
         }
         let a = self
             .ledger
+            .deployments()
             .ask_rollback(env, None, who, now_ms(), generations::rollback)
             .await?
             .map_err(|why| refused(env, &why))?;
@@ -120,7 +122,7 @@ impl Ops {
     /// A promote judged on the deployment's row, then written on the condition that its step
     /// still waits: the generation and the step that runs now.
     async fn promote(&self, env: &str, who: &str) -> Result<Result<(u64, u64), PromoteRefusal>, OpError> {
-        let Some(r) = self.ledger.step_row(env).await? else {
+        let Some(r) = self.ledger.deployments().step_row(env).await? else {
             return Ok(Err(PromoteRefusal::UnknownEnvironment));
         };
         let status = Status::parse(&r.status).ok_or_else(|| corrupt("status", &r.status))?;
@@ -130,7 +132,12 @@ impl Ops {
         if let Err(why) = advance::promote(status, state, now) {
             return Ok(Err(why));
         }
-        if !self.ledger.promote_step(env, r.generation, r.step, who, now).await? {
+        if !self
+            .ledger
+            .deployments()
+            .promote_step(env, r.generation, r.step, who, now)
+            .await?
+        {
             // It ran, or another generation started, between the read and the write.
             return Ok(Err(PromoteRefusal::NotPaused));
         }
@@ -145,7 +152,7 @@ impl Ops {
         env: &str,
         who: &str,
     ) -> Result<Result<state_schema::generations::RollbackAsk, Refusal>, OpError> {
-        let Some(r) = self.ledger.step_row(env).await? else {
+        let Some(r) = self.ledger.deployments().step_row(env).await? else {
             return Ok(Err(Refusal::UnknownEnvironment));
         };
         let status = Status::parse(&r.status).ok_or_else(|| corrupt("status", &r.status))?;
@@ -156,6 +163,7 @@ impl Ops {
         let of = u64::try_from(r.generation).unwrap_or(0);
         Ok(self
             .ledger
+            .deployments()
             .ask_rollback(env, Some(of), who, now_ms(), generations::rollback)
             .await?)
     }

@@ -42,11 +42,11 @@ impl Ops {
 
     /// `GET /v1/status`, read live: an operator waiting on a rollout wants now.
     pub async fn status(&self) -> Answer<Status> {
-        let counts = self.ledger.counts(now_ms()).await?;
-        let in_force = self.ledger.last_accepted(&self.branch).await?;
-        let last_judged = self.ledger.last_judged(&self.branch).await?;
+        let counts = self.ledger.views().counts(now_ms()).await?;
+        let in_force = self.ledger.revisions().last_accepted(&self.branch).await?;
+        let last_judged = self.ledger.revisions().last_judged(&self.branch).await?;
         // The mesh: how many links agents report, and each judged down (`reconcile::mesh_health`).
-        let meshes = self.ledger.meshes().await?;
+        let meshes = self.ledger.nodes().meshes().await?;
         let links = meshes.values().map(|m| wire::links(m).len()).sum();
         let down = meshes
             .values()
@@ -70,7 +70,10 @@ impl Ops {
 
     /// `GET /v1/revisions`: newest first, before the cursor.
     pub async fn revisions(&self, branch: Option<&str>, before: Option<i64>, limit: u32) -> Answer<RevisionsPage> {
-        let revisions = wire::all(self.ledger.revisions(branch, before, limit).await?, wire::revision)?;
+        let revisions = wire::all(
+            self.ledger.views().revisions(branch, before, limit).await?,
+            wire::revision,
+        )?;
         Ok(RevisionsPage {
             next: next(&revisions, limit, |r| r.id),
             revisions,
@@ -85,7 +88,10 @@ impl Ops {
         before: Option<i64>,
         limit: u32,
     ) -> Answer<JobsPage> {
-        let jobs = wire::all(self.ledger.jobs(state, environment, before, limit).await?, wire::job)?;
+        let jobs = wire::all(
+            self.ledger.views().jobs(state, environment, before, limit).await?,
+            wire::job,
+        )?;
         Ok(JobsPage {
             next: next(&jobs, limit, |j| j.id),
             jobs,
@@ -94,7 +100,7 @@ impl Ops {
 
     /// `GET /v1/events`: oldest first after the cursor.
     pub async fn events(&self, after: i64, limit: u32) -> Answer<EventsPage> {
-        let rows = self.ledger.events_after(after, limit).await?;
+        let rows = self.ledger.events().events_after(after, limit).await?;
         Ok(EventsPage {
             next: rows.last().map_or(after, |e| e.id),
             events: rows.iter().map(wire::event).collect(),
@@ -103,7 +109,7 @@ impl Ops {
 
     /// `GET /v1/deployments`: a page by environment name.
     pub async fn deployments(&self, after: Option<&str>, limit: u32) -> Answer<DeploymentsPage> {
-        let rows = self.ledger.deployments(after, limit, now_ms()).await?;
+        let rows = self.ledger.views().deployments(after, limit, now_ms()).await?;
         let full = rows.len() == limit as usize;
         let deployments = wire::all(rows, wire::deployment)?;
         let next = full
@@ -114,7 +120,7 @@ impl Ops {
 
     /// One environment's deployment now (`None`: it has none).
     pub async fn environment(&self, name: &str) -> Answer<Option<Deployment>> {
-        match self.ledger.deployment(name, now_ms()).await? {
+        match self.ledger.views().deployment(name, now_ms()).await? {
             Some(row) => Ok(Some(wire::deployment(row)?)),
             None => Ok(None),
         }
@@ -126,6 +132,7 @@ impl Ops {
         Ok(Certificates {
             certificates: self
                 .ledger
+                .certificates()
                 .certificates()
                 .await?
                 .iter()
@@ -142,14 +149,14 @@ impl Ops {
             None => None,
         };
         Ok(Outbox {
-            outbox: wire::all(self.ledger.outbox(state, limit).await?, wire::outbox)?,
+            outbox: wire::all(self.ledger.events().outbox(state, limit).await?, wire::outbox)?,
         })
     }
 
     /// `GET /v1/fleet`: the live fleet as re-placement sees it now
     /// (`state_schema::replacement::Snapshot`), what `pl plan --fleet` decides on.
     pub async fn fleet(&self) -> Answer<state_schema::replacement::Snapshot> {
-        let snapshot = self.ledger.fleet_snapshot(now_ms(), self.lost_after_ms).await?;
+        let snapshot = self.ledger.nodes().fleet_snapshot(now_ms(), self.lost_after_ms).await?;
         if snapshot.running.len() > MAX_FLEET_DEPLOYMENTS {
             return Err(OpError::new(
                 Kind::TooLarge,

@@ -21,8 +21,8 @@ pub const REMOVE_TIMEOUT: Duration = Duration::from_secs(60);
 impl Ops {
     /// `GET /v1/volumes`.
     pub async fn volumes(&self) -> Answer<Volumes> {
-        let rows = self.ledger.volumes().await?;
-        let kept = self.ledger.kept_generations().await?;
+        let rows = self.ledger.volumes().volumes().await?;
+        let kept = self.ledger.deployments().kept_generations().await?;
         Ok(Volumes {
             volumes: rows.iter().map(|r| wire::volume(r, &kept)).collect(),
         })
@@ -36,6 +36,7 @@ impl Ops {
         let (env, volume) = (&ask.environment, &ask.volume);
         let row = self
             .ledger
+            .volumes()
             .expire_volume(env, volume, now_ms())
             .await?
             .map_err(|why| match why {
@@ -52,7 +53,7 @@ impl Ops {
             .removal()
             .ok_or_else(|| OpError::unavailable("a volume row whose names do not parse"))?;
         let detail = self.removed_on_node(task, &row.node).await?;
-        self.ledger.forget_volume(&row, now_ms()).await?;
+        self.ledger.volumes().forget_volume(&row, now_ms()).await?;
         Ok(VolumeRemoved {
             removed: true,
             node: row.node,
@@ -66,7 +67,7 @@ impl Ops {
     async fn remove_kept(&self, who: &str, env: &str, volume: &str, generation: i64) -> Answer<VolumeRemoved> {
         let row = self
             .ledger
-            .kept_generation(env, volume, generation)
+            .deployments().kept_generation(env, volume, generation)
             .await?
             .map_err(|why| match why {
                 KeptRefusal::Unknown => OpError::not_found(
@@ -85,7 +86,7 @@ impl Ops {
             .removal()
             .ok_or_else(|| OpError::unavailable("a kept generation whose names do not parse"))?;
         let detail = self.removed_on_node(task, &row.node).await?;
-        self.ledger.forget_generation(&row, now_ms()).await?;
+        self.ledger.deployments().forget_generation(&row, now_ms()).await?;
         Ok(VolumeRemoved {
             removed: true,
             node: row.node,
@@ -98,11 +99,15 @@ impl Ops {
     /// it: the job's detail, or why not. Success only once the node removed it: the answer is
     /// what the host did.
     async fn removed_on_node(&self, task: state_schema::task::Task, node: &str) -> Answer<Option<String>> {
-        let keys = self.ledger.enqueue_tasks(&[(task, node.to_owned())], now_ms()).await?;
+        let keys = self
+            .ledger
+            .certificates()
+            .enqueue_tasks(&[(task, node.to_owned())], now_ms())
+            .await?;
         self.hub.jobs.notify_waiters();
         let deadline = tokio::time::Instant::now() + REMOVE_TIMEOUT;
         loop {
-            match self.ledger.job_outcomes(&keys).await?.into_iter().next() {
+            match self.ledger.certificates().job_outcomes(&keys).await?.into_iter().next() {
                 Some(o) if o.state == "succeeded" => return Ok(o.detail),
                 Some(o) if matches!(o.state.as_str(), "failed" | "dead" | "cancelled") => {
                     return Err(OpError::new(
@@ -150,15 +155,19 @@ impl Ops {
     pub async fn ask_move(&self, ask: &MoveVolume, now_ms: i64) -> Result<Result<Moving, MoveRefusal>, OpError> {
         let (env, volume, to) = (&ask.environment, &ask.volume, &ask.to);
         let pools = super::nodes::applied_pools(&self.ledger, &self.branch).await?;
-        let fleet =
-            state_schema::replacement::fleet_of(&pools, &self.ledger.fleet_rows(self.lost_after_ms).await?, now_ms);
-        let (rows, backing) = self.ledger.move_rows().await?;
+        let fleet = state_schema::replacement::fleet_of(
+            &pools,
+            &self.ledger.nodes().fleet_rows(self.lost_after_ms).await?,
+            now_ms,
+        );
+        let (rows, backing) = self.ledger.volumes().move_rows().await?;
         let (task, role, from) = match judge_move(&rows, backing, &fleet, env, volume, to, now_ms) {
             Ok(judged) => judged,
             Err(why) => return Ok(Err(why)),
         };
         Ok(self
             .ledger
+            .volumes()
             .start_move(env, volume, &role, &from, to, &task, now_ms)
             .await?)
     }

@@ -30,10 +30,10 @@ impl Ledger {
         now_ms: i64,
     ) -> Result<usize, LedgerError> {
         let rows: Vec<JobRow<'_>> = job_rows(step, index, now_ms).collect();
-        let added = self.enqueue_in(tx, &rows, now_ms).await?;
+        let added = self.jobs().enqueue_in(tx, &rows, now_ms).await?;
         if !added.is_empty() {
             let detail = format!("step {index}: {} jobs", added.len());
-            self.event(tx, now_ms, "jobs-queued", env, &detail).await?;
+            self.events().event(tx, now_ms, "jobs-queued", env, &detail).await?;
         }
         Ok(added.len())
     }
@@ -42,7 +42,7 @@ impl Ledger {
     /// pause over): what [`advance::advance`] decides, written. Returns how many changed.
     /// A watch it sets extends `watching`, so that heartbeats judge against it at once.
     pub async fn advance(&self, now_ms: i64, watching: &WatchHint) -> Result<usize, LedgerError> {
-        let envs = self.advanceable(now_ms).await?;
+        let envs = self.deployments().advanceable(now_ms).await?;
         let mut changed = 0;
         for env in envs {
             let mut tx = self.write_tx().await?;
@@ -61,11 +61,11 @@ impl Ledger {
         now_ms: i64,
         watching: &WatchHint,
     ) -> Result<bool, LedgerError> {
-        let Some(d) = self.in_progress(tx, env).await? else {
+        let Some(d) = self.deployments().in_progress(tx, env).await? else {
             return Ok(false);
         };
         let (generation, step) = (d.generation, d.step);
-        let jobs = self.step_jobs(tx, env, generation, step).await?;
+        let jobs = self.deployments().step_jobs(tx, env, generation, step).await?;
         let rollout = Rollout {
             action: d.action,
             rollback: d.rollback,
@@ -77,7 +77,7 @@ impl Ledger {
         let at = usize::try_from(step).unwrap_or(0);
         // A step of canary measures: what they reported, for the decision's gates.
         let measures = match steps.get(at).is_some_and(|s| s.iter().any(|(t, _)| t.gate().is_some())) {
-            true => self.step_measures(tx, env, generation, step).await?,
+            true => self.deployments().step_measures(tx, env, generation, step).await?,
             false => Vec::new(),
         };
         let measured: Vec<Measured> = measures
@@ -99,28 +99,34 @@ impl Ledger {
         match advance::advance(&rollout, &steps, standing, now_ms) {
             Advance::Wait => return Ok(false),
             Advance::Resume { step: s } => {
-                self.set_step(tx, env, Status::InProgress, s as i64, StepState::Running, now_ms)
+                self.deployments()
+                    .set_step(tx, env, Status::InProgress, s as i64, StepState::Running, now_ms)
                     .await?;
                 self.queue_step(tx, env, &steps[s], s, now_ms).await?;
             }
             Advance::Fail { back, gate } => {
-                self.set_step(tx, env, Status::Failed, step, StepState::Running, now_ms)
+                self.deployments()
+                    .set_step(tx, env, Status::Failed, step, StepState::Running, now_ms)
                     .await?;
                 let detail = format!("generation {generation}, step {step}{rollback}");
-                self.event(tx, now_ms, "deployment-failed", env, &detail).await?;
+                self.events()
+                    .event(tx, now_ms, "deployment-failed", env, &detail)
+                    .await?;
                 // What had moved off the old release goes back to it (the pass rolls it back,
                 // held, as a failed watch is).
                 if let Some(back) = back {
                     let what = back.what();
                     let failure = match gate {
                         Some(v) => Some(format!("canary-gate-failed: {}", v.words())),
-                        None => self.step_failure(tx, env, generation, step).await?,
+                        None => self.deployments().step_failure(tx, env, generation, step).await?,
                     };
                     let why = match failure {
                         Some(d) => format!("step {step} failed ({what}): {d}"),
                         None => format!("step {step} failed ({what})"),
                     };
-                    self.fail_canary(tx, env, generation, &why, now_ms).await?;
+                    self.deployments()
+                        .fail_canary(tx, env, generation, &why, now_ms)
+                        .await?;
                 }
             }
             Advance::Next {
@@ -129,20 +135,21 @@ impl Ledger {
                 share,
                 gate,
             } => {
-                self.set_step(tx, env, Status::InProgress, s as i64, state, now_ms)
+                self.deployments()
+                    .set_step(tx, env, Status::InProgress, s as i64, state, now_ms)
                     .await?;
                 if let Some(v) = gate {
                     let detail = format!("generation {generation}: {}", v.words());
-                    self.event(tx, now_ms, "canary-gates", env, &detail).await?;
+                    self.events().event(tx, now_ms, "canary-gates", env, &detail).await?;
                 }
                 if state == StepState::Running {
                     self.queue_step(tx, env, &steps[s], s, now_ms).await?;
                 }
                 if let Some(share) = share {
-                    self.set_share(tx, env, share.weight).await?;
+                    self.deployments().set_share(tx, env, share.weight).await?;
                     // Its replicas are watched from the first share of requests to the switch.
                     if share.first {
-                        self.watch_to_switch(tx, env, now_ms).await?;
+                        self.deployments().watch_to_switch(tx, env, now_ms).await?;
                         watching.extend(i64::MAX);
                     }
                     let next = match state {
@@ -156,25 +163,26 @@ impl Ledger {
                         "generation {generation}: {}% of requests on the new release; {next}",
                         share.weight
                     );
-                    self.event(tx, now_ms, "canary-step", env, &detail).await?;
+                    self.events().event(tx, now_ms, "canary-step", env, &detail).await?;
                 }
             }
             Advance::Done { steps: n, watch } => {
-                self.set_step(tx, env, Status::Done, n as i64, StepState::Running, now_ms)
+                self.deployments()
+                    .set_step(tx, env, Status::Done, n as i64, StepState::Running, now_ms)
                     .await?;
                 if d.action == Action::Teardown {
                     // Its networks are gone from every node: their subnets are free again.
-                    self.free_subnets(tx, env).await?;
+                    self.deployments().free_subnets(tx, env).await?;
                 }
                 let mut detail = format!("generation {generation}{rollback}");
                 match watch {
                     Watch::Window(w) => {
                         let until = now_ms + i64::from(w) * 1000;
-                        self.set_watch(tx, env, now_ms, until).await?;
+                        self.deployments().set_watch(tx, env, now_ms, until).await?;
                         watching.extend(until);
                         detail.push_str(&format!(", watched for {w} s"));
                     }
-                    Watch::End => self.end_watch(tx, env).await?,
+                    Watch::End => self.deployments().end_watch(tx, env).await?,
                     Watch::Keep => {}
                 }
                 let canary = advance::canary_steps(&steps);
@@ -188,7 +196,8 @@ impl Ledger {
                     );
                     detail.push_str(&format!(", rolled in {batches} batch(es)"));
                 }
-                self.event(tx, now_ms, &format!("deployment-{}-done", d.action), env, &detail)
+                self.events()
+                    .event(tx, now_ms, &format!("deployment-{}-done", d.action), env, &detail)
                     .await?;
             }
         }

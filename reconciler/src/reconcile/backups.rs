@@ -19,14 +19,14 @@ impl Ledger {
     pub async fn backup_tick(&self, now_ms: i64) -> Result<CronTick, LedgerError> {
         let now = now_ms.div_euclid(1000);
         let mut tick = CronTick::default();
-        for (generation, spec) in self.backup_deployments().await? {
+        for (generation, spec) in self.backups().backup_deployments().await? {
             let spec: DeploymentSpec = serde_json::from_str(&spec)?;
             let generation = u64::try_from(generation).unwrap_or(0);
             // Backups, then restore drills: each volume's schedule under its own key.
             for job in [VolumeJob::Backup, VolumeJob::Drill] {
                 for (volume, schedule) in job.planned(&spec) {
                     let env = spec.environment.as_str();
-                    let node = match self.volume_node(env, volume.as_str()).await? {
+                    let node = match self.backups().volume_node(env, volume.as_str()).await? {
                         None => continue, // not made yet: nothing to save
                         // Moving: its role is down on purpose; the time waits for the move.
                         Some((_, Some(_))) => continue,

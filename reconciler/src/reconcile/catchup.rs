@@ -96,21 +96,25 @@ impl Reconciler {
     ) -> Result<(), DaemonError> {
         let oid = |s: Option<String>| s.and_then(|s| ObjectId::from_hex(s.as_bytes()).ok());
         let head_hex = head.to_string();
-        let last_judged = self.ledger.last_judged(branch).await?;
+        let last_judged = self.ledger.revisions().last_judged(branch).await?;
         if last_judged.as_deref() == Some(head_hex.as_str()) {
             return Ok(());
         }
         let preview = self.is_preview(branch);
-        let accepted = self.ledger.last_accepted(branch).await?;
+        let accepted = self.ledger.revisions().last_accepted(branch).await?;
         let rewrite = match (preview, &accepted) {
-            (false, Some(a)) => self.ledger.rewrite_status(branch, &head_hex, a).await?,
+            (false, Some(a)) => self.ledger.revisions().rewrite_status(branch, &head_hex, a).await?,
             _ => None,
         };
         if rewrite == Some(RewriteStatus::Pending) {
             return Ok(()); // refused already; waits for an admin or a new push
         }
         let applied_accepted = match preview {
-            true => oid(self.ledger.last_accepted(&self.config.source.branch).await?),
+            true => oid(self
+                .ledger
+                .revisions()
+                .last_accepted(&self.config.source.branch)
+                .await?),
             false => None,
         };
         let state_rewrite_approved = rewrite == Some(RewriteStatus::Approved);
@@ -144,6 +148,7 @@ impl Reconciler {
             Catchup::Rewritten { accepted } => {
                 if self
                     .ledger
+                    .revisions()
                     .record_rewrite(branch, &head_hex, &accepted.to_string(), now_ms())
                     .await?
                 {
@@ -164,7 +169,7 @@ impl Reconciler {
             }
             if i > 0 {
                 // A commit accepted earlier in this range is the next one's base.
-                base = oid(self.ledger.last_accepted(branch).await?).or(base);
+                base = oid(self.ledger.revisions().last_accepted(branch).await?).or(base);
             }
             let me = Arc::clone(self);
             let repository = Arc::clone(&repository);

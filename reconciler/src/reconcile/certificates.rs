@@ -119,12 +119,13 @@ pub async fn issue_due(
 ) -> Result<usize, LedgerError> {
     let verified = ledger
         .domains()
+        .domains()
         .await?
         .into_iter()
         .filter(|d| d.state == "verified")
         .map(|d| d.hostname)
         .collect();
-    let wanted = wanted(ledger.rollouts().await?, &verified);
+    let wanted = wanted(ledger.certificates().rollouts().await?, &verified);
     issue_wanted(ledger, hub, issuing, wanted, now_ms).await
 }
 
@@ -137,6 +138,7 @@ async fn issue_wanted(
     now_ms: i64,
 ) -> Result<usize, LedgerError> {
     let rows: BTreeMap<String, CertificateRow> = ledger
+        .certificates()
         .certificates()
         .await?
         .into_iter()
@@ -188,6 +190,7 @@ async fn issue_wanted(
                         let why = "the order stopped on an internal error (see the daemon's log)";
                         let now = crate::store::now_ms();
                         let _ = ledger
+                            .certificates()
                             .certificate_failed(&hostname, "acme", why, now + backoff_ms(failures + 1), now)
                             .await;
                     }
@@ -219,6 +222,7 @@ async fn keep(
     match sealed {
         Ok((s, key_sealed)) => {
             let queued = ledger
+                .certificates()
                 .store_certificate(
                     &Issued {
                         hostname,
@@ -242,6 +246,7 @@ async fn keep(
             let retry_at = now_ms + backoff_ms(failures);
             tracing::warn!(hostname = %hostname, issuer, failures, retry_at_ms = retry_at, reason = %why, "certificate not issued");
             ledger
+                .certificates()
                 .certificate_failed(hostname, issuer, &why, retry_at, now_ms)
                 .await?;
             Ok(0)
@@ -252,6 +257,7 @@ async fn keep(
 /// What `/metrics` shows: every row as it stands now.
 async fn refresh_gauges(ledger: &Ledger, hub: &crate::hub::Hub) -> Result<(), LedgerError> {
     let gauges = ledger
+        .certificates()
         .certificates()
         .await?
         .into_iter()
@@ -339,13 +345,19 @@ impl crate::acme::Challenges for Order {
                 .collect();
             let keys = self
                 .ledger
+                .certificates()
                 .enqueue_tasks(&tasks, crate::store::now_ms())
                 .await
                 .map_err(|e| e.to_string())?;
             self.hub.jobs.notify_waiters();
             let deadline = tokio::time::Instant::now() + PLACE_TIMEOUT;
             loop {
-                let outcomes = self.ledger.job_outcomes(&keys).await.map_err(|e| e.to_string())?;
+                let outcomes = self
+                    .ledger
+                    .certificates()
+                    .job_outcomes(&keys)
+                    .await
+                    .map_err(|e| e.to_string())?;
                 if let Some(bad) = outcomes
                     .iter()
                     .find(|o| matches!(o.state.as_str(), "failed" | "dead" | "cancelled"))
@@ -401,6 +413,7 @@ mod tests {
 
     async fn first(ledger: &Ledger) -> CertificateRow {
         ledger
+            .certificates()
             .certificates()
             .await
             .expect("rows")

@@ -30,7 +30,7 @@ impl Ledger {
     pub async fn cron_tick(&self, now_ms: i64) -> Result<CronTick, LedgerError> {
         let now = now_ms.div_euclid(1000);
         let mut tick = CronTick::default();
-        for (generation, spec) in self.cron_deployments().await? {
+        for (generation, spec) in self.jobs().cron_deployments().await? {
             let spec: DeploymentSpec = serde_json::from_str(&spec)?;
             for (role, node) in &spec.cron {
                 let Some(schedule) = spec
@@ -98,48 +98,52 @@ impl Ledger {
         task: impl FnOnce(i64) -> Task,
         tick: &mut CronTick,
     ) -> Result<(), LedgerError> {
-        let Some(last) = self.cron_handled(&self.pool, s.env, &s.key).await? else {
+        let Some(last) = self.jobs().cron_handled(&self.pool, s.env, &s.key).await? else {
             // First sight: the schedule counts from now, not from the epoch.
-            return self.cron_start(s.env, &s.key, now - now.rem_euclid(60)).await;
+            return self.jobs().cron_start(s.env, &s.key, now - now.rem_euclid(60)).await;
         };
         let Some(due) = schedule.latest_in(last, now) else {
             return Ok(());
         };
         let mut tx = self.write_tx().await?;
         // Taken again inside the write transaction: another daemon may have handled it.
-        let handled = self.cron_handled(&mut *tx, s.env, &s.key).await?;
+        let handled = self.jobs().cron_handled(&mut *tx, s.env, &s.key).await?;
         if handled.is_some_and(|h| h >= due) {
             return Ok(());
         }
-        let going = self.going(&mut tx, s.env, &s.prefix).await?;
+        let going = self.jobs().going(&mut tx, s.env, &s.prefix).await?;
         let at = state_schema::cron::utc_minute(due);
         match going {
             Some(key) => {
                 let detail = format!("{at} skipped: {key} still goes");
-                self.events_in(
-                    &mut tx,
-                    now * 1000,
-                    &[(s.skipped.to_owned(), s.subject.clone(), detail)],
-                )
-                .await?;
+                self.events()
+                    .events_in(
+                        &mut tx,
+                        now * 1000,
+                        &[(s.skipped.to_owned(), s.subject.clone(), detail)],
+                    )
+                    .await?;
                 tick.skipped.push((s.subject.clone(), due));
             }
             None => {
                 let task = task(due);
                 let row = JobRow::new(&task, s.node, s.attempts, now * 1000, None);
                 let key = row.key.clone();
-                let added = self.enqueue_in(&mut tx, std::slice::from_ref(&row), now * 1000).await?;
+                let added = self
+                    .jobs()
+                    .enqueue_in(&mut tx, std::slice::from_ref(&row), now * 1000)
+                    .await?;
                 if !added.is_empty() {
                     let events = [
                         ("job-queued".to_owned(), key.clone(), String::new()),
                         (s.queued.to_owned(), s.subject.clone(), format!("{at} on {}", s.node)),
                     ];
-                    self.events_in(&mut tx, now * 1000, &events).await?;
+                    self.events().events_in(&mut tx, now * 1000, &events).await?;
                     tick.queued.push((key, due));
                 }
             }
         }
-        self.cron_handled_up_to(&mut tx, s.env, &s.key, due).await?;
+        self.jobs().cron_handled_up_to(&mut tx, s.env, &s.key, due).await?;
         tx.commit().await?;
         Ok(())
     }

@@ -141,7 +141,7 @@ impl Ledger {
             let pools: Vec<_> = j.state.state.pools().map(|(n, p)| (n.clone(), p.clone())).collect();
             Some(state_schema::replacement::fleet_of(
                 &pools,
-                &self.fleet_rows(lost_after_ms).await?,
+                &self.nodes().fleet_rows(lost_after_ms).await?,
                 now_ms,
             ))
         } else {
@@ -156,21 +156,24 @@ impl Ledger {
         });
         let mut tx = self.write_tx().await?;
         let revision = match again {
-            Again::No => self.record_revision_in(&mut tx, branch, j, now_ms).await?,
+            Again::No => self.revisions().record_revision_in(&mut tx, branch, j, now_ms).await?,
             // A released hold: the commit in force, planned again as it stands.
-            Again::Replan => self.accepted_revision(&mut tx, branch, &j.sha).await?,
+            Again::Replan => self.deployments().accepted_revision(&mut tx, branch, &j.sha).await?,
             Again::Rewrite(accepted) => {
-                let id = self.accepted_revision(&mut tx, branch, &j.sha).await?;
+                let id = self.deployments().accepted_revision(&mut tx, branch, &j.sha).await?;
                 if id.is_some() {
-                    self.rewrite_applied(&mut tx, branch, &j.sha, accepted, now_ms).await?;
-                    self.event(
-                        &mut tx,
-                        now_ms,
-                        "revision-reapplied",
-                        &format!("{branch}@{}", j.sha),
-                        "an approved rewrite returned to this accepted commit",
-                    )
-                    .await?;
+                    self.revisions()
+                        .rewrite_applied(&mut tx, branch, &j.sha, accepted, now_ms)
+                        .await?;
+                    self.events()
+                        .event(
+                            &mut tx,
+                            now_ms,
+                            "revision-reapplied",
+                            &format!("{branch}@{}", j.sha),
+                            "an approved rewrite returned to this accepted commit",
+                        )
+                        .await?;
                 }
                 id
             }
@@ -190,24 +193,26 @@ impl Ledger {
             {
                 wanted.clear();
                 unplaceable.clear();
-                self.event(
-                    &mut tx,
-                    now_ms,
-                    "preview-expired",
-                    branch,
-                    "the last commit is older than previews.ttlHours",
-                )
-                .await?;
+                self.events()
+                    .event(
+                        &mut tx,
+                        now_ms,
+                        "preview-expired",
+                        branch,
+                        "the last commit is older than previews.ttlHours",
+                    )
+                    .await?;
             }
             for u in &unplaceable {
-                self.event(
-                    &mut tx,
-                    now_ms,
-                    "deployment-unplaceable",
-                    u.environment.as_str(),
-                    &u.reason,
-                )
-                .await?;
+                self.events()
+                    .event(
+                        &mut tx,
+                        now_ms,
+                        "deployment-unplaceable",
+                        u.environment.as_str(),
+                        &u.reason,
+                    )
+                    .await?;
             }
             let kept: BTreeSet<Name> = unplaceable.into_iter().map(|u| u.environment).collect();
             self.plan_branch(
@@ -221,7 +226,7 @@ impl Ledger {
             )
             .await?;
             if let Some(at) = expires {
-                self.set_expiry(&mut tx, branch, at).await?;
+                self.deployments().set_expiry(&mut tx, branch, at).await?;
             }
         }
         tx.commit().await?;
@@ -231,12 +236,13 @@ impl Ledger {
     /// Tears down the previews whose lifetime has run out (`expires_at <= now_ms`). A new
     /// commit to the branch brings them back. Returns the branches torn down.
     pub async fn expire_previews(&self, now_ms: i64) -> Result<Vec<String>, LedgerError> {
-        let branches = self.expired_branches(now_ms).await?;
+        let branches = self.deployments().expired_branches(now_ms).await?;
         for b in &branches {
             let mut tx = self.write_tx().await?;
             let applied = self.teardown_in(&mut tx, b, now_ms).await?;
             if !applied.teardowns.is_empty() {
-                self.event(&mut tx, now_ms, "preview-expired", b, "no commit for previews.ttlHours")
+                self.events()
+                    .event(&mut tx, now_ms, "preview-expired", b, "no commit for previews.ttlHours")
                     .await?;
             }
             tx.commit().await?;
@@ -250,7 +256,9 @@ impl Ledger {
         let mut tx = self.write_tx().await?;
         let applied = self.teardown_in(&mut tx, branch, now_ms).await?;
         if !applied.teardowns.is_empty() {
-            self.event(&mut tx, now_ms, "branch-deleted", branch, "").await?;
+            self.events()
+                .event(&mut tx, now_ms, "branch-deleted", branch, "")
+                .await?;
         }
         tx.commit().await?;
         Ok(applied)
@@ -259,7 +267,7 @@ impl Ledger {
     /// Starts a teardown generation for every live deployment of a branch, attributed to the
     /// branch's last accepted revision.
     async fn teardown_in(&self, tx: &mut Tx, branch: &str, now_ms: i64) -> Result<Applied, LedgerError> {
-        let revision = self.last_accepted_id(&mut **tx, branch).await?;
+        let revision = self.deployments().last_accepted_id(&mut **tx, branch).await?;
         let mut applied = Applied::default();
         if let Some(revision) = revision {
             self.plan_branch(
@@ -286,7 +294,7 @@ impl Ledger {
         hashes: &[String],
         revision: i64,
     ) -> Result<(), LedgerError> {
-        let mut have = self.object_hashes_of(tx, branch).await?;
+        let mut have = self.deployments().object_hashes_of(tx, branch).await?;
         // Written in chunks as they are rendered, so no more than one chunk of documents is
         // held at a time.
         let mut changed: Vec<ObjectDoc> = Vec::with_capacity(100);
@@ -301,11 +309,13 @@ impl Ledger {
                 changed.push((key.0, key.1, hash.clone(), canonical::to_yaml(&doc)));
             }
             if changed.len() >= 100 || objects.peek().is_none() {
-                self.upsert_objects(tx, branch, revision, &mut changed).await?;
+                self.deployments()
+                    .upsert_objects(tx, branch, revision, &mut changed)
+                    .await?;
             }
         }
         let gone: Vec<(String, String)> = have.into_keys().collect();
-        self.delete_objects(tx, branch, &gone).await
+        self.deployments().delete_objects(tx, branch, &gone).await
     }
 
     /// Compares `wanted` with the branch's deployments in the ledger: a new or changed spec gets
@@ -328,7 +338,7 @@ impl Ledger {
         let mut wanted = wanted;
         let mut held = BTreeSet::new();
         if !matches!(kept, Kept::All) {
-            let holds = self.holds_of(tx, branch).await?;
+            let holds = self.deployments().holds_of(tx, branch).await?;
             let git: BTreeMap<String, String> = holds
                 .iter()
                 .filter(|(_, h)| !h.released)
@@ -341,13 +351,15 @@ impl Ledger {
                 .map(|e| (e, "an accepted commit changes it"))
                 .chain(released.map(|e| (e, "released: planned from Git again")))
             {
-                self.set_hold(tx, &env, "").await?;
-                self.event(tx, now_ms, "rollback-hold-ended", &env, why).await?;
+                self.deployments().set_hold(tx, &env, "").await?;
+                self.events()
+                    .event(tx, now_ms, "rollback-hold-ended", &env, why)
+                    .await?;
             }
             wanted.retain(|d| !keep.contains(d.spec.environment.as_str()));
             held = keep;
         }
-        let current = self.current_of(tx, branch).await?;
+        let current = self.deployments().current_of(tx, branch).await?;
         // Deployments are written first, then what waits is remembered on them.
         let waits: Vec<(String, Vec<Waiting>)> = wanted
             .iter()
@@ -357,8 +369,14 @@ impl Ledger {
         // and the decision is `generations::decide`'s.
         let changes = generations::changes(wanted, current, |env| kept.contains(env) || held.contains(env));
         // The first branch to deploy a name keeps it.
-        let owners = self.owners_of(tx, branch, &changes.new_environments()).await?;
-        let specs = self.specs_of(tx, &changes.existing_environments()).await?;
+        let owners = self
+            .deployments()
+            .owners_of(tx, branch, &changes.new_environments())
+            .await?;
+        let specs = self
+            .deployments()
+            .specs_of(tx, &changes.existing_environments())
+            .await?;
         let decision = generations::decide(changes, &owners, specs);
         let events: Vec<(String, String, String)> = decision
             .conflicts
@@ -376,7 +394,7 @@ impl Ledger {
                 Action::Teardown => applied.teardowns.push(entry),
             }
         }
-        self.events_in(tx, now_ms, &events).await?;
+        self.events().events_in(tx, now_ms, &events).await?;
         // Every node a new or scaled generation runs on gets the environment's subnet first.
         let pairs: Vec<(String, String)> = starts
             .iter()
@@ -390,14 +408,16 @@ impl Ledger {
         // teardown starts their retention: a teardown never removes one.
         for s in &starts {
             match s.action {
-                Action::Rollout => self.record_volumes(tx, &s.spec, now_ms).await?,
+                Action::Rollout => self.volumes().record_volumes(tx, &s.spec, now_ms).await?,
                 Action::Teardown => {
-                    self.release_volumes(tx, s.spec.environment.as_str(), now_ms).await?;
+                    self.volumes()
+                        .release_volumes(tx, s.spec.environment.as_str(), now_ms)
+                        .await?;
                 }
             }
         }
         for s in &scales {
-            self.record_volumes(tx, &s.spec, now_ms).await?;
+            self.volumes().record_volumes(tx, &s.spec, now_ms).await?;
         }
         self.write_scales(tx, &scales, revision, now_ms, applied).await?;
         self.write_starts(tx, branch, &starts, revision, now_ms, applied)
@@ -440,7 +460,7 @@ impl Ledger {
                 .filter(|s| s.existed)
                 .map(|s| (s.spec.environment.as_str(), s.generation))
                 .collect();
-            for (env, n) in self.cancel_older(tx, &existed, now_ms).await? {
+            for (env, n) in self.deployments().cancel_older(tx, &existed, now_ms).await? {
                 events.push(("jobs-cancelled".into(), env, format!("{n} jobs of older generations")));
             }
             let mut firsts: Vec<(Step, usize)> = Vec::new();
@@ -487,7 +507,8 @@ impl Ledger {
                     firsts.push((steps.into_iter().nth(i).unwrap_or_default(), i));
                 }
             }
-            self.write_generations(tx, branch, revision, &generations, now_ms)
+            self.deployments()
+                .write_generations(tx, branch, revision, &generations, now_ms)
                 .await?;
             let mut rows: Vec<JobRow<'_>> = Vec::new();
             let mut spans = Vec::with_capacity(firsts.len());
@@ -496,7 +517,7 @@ impl Ledger {
                 rows.extend(job_rows(step, *index, now_ms));
                 spans.push((*index, start..rows.len()));
             }
-            let added = self.enqueue_in(tx, &rows, now_ms).await?;
+            let added = self.jobs().enqueue_in(tx, &rows, now_ms).await?;
             applied.jobs_queued += added.len();
             for (index, range) in spans {
                 // `added` is sorted: the new jobs of this step are one run of it.
@@ -506,7 +527,7 @@ impl Ledger {
                     events.push(("jobs-queued".into(), env, format!("step {index}: {n} jobs")));
                 }
             }
-            self.events_in(tx, now_ms, &events).await?;
+            self.events().events_in(tx, now_ms, &events).await?;
         }
         Ok(())
     }

@@ -146,13 +146,14 @@ fn wanted(rollouts: &[crate::store::certificates::Rollout]) -> Vec<(String, Stri
 /// Looks up every due domain and keeps what it proved. Returns (whether a domain was proven
 /// for the first time, when the next one is due).
 pub async fn check_due(ledger: &Ledger, checking: &Checking, now_ms: i64) -> Result<(bool, i64), LedgerError> {
-    let rollouts = ledger.rollouts_with_domains().await?;
+    let rollouts = ledger.domains().rollouts_with_domains().await?;
     let wanted = wanted(&rollouts);
     let rows: Vec<(String, String, String)> = wanted
         .iter()
         .map(|(h, e, m, _)| (h.clone(), e.clone(), m.clone()))
         .collect();
     ledger
+        .domains()
         .sync_domains(&rows, now_ms, checking.resolver.is_none().then_some(NO_RESOLVER))
         .await?;
     // Nothing to ask (no resolver configured): no lookup and no write until that changes.
@@ -161,6 +162,7 @@ pub async fn check_due(ledger: &Ledger, checking: &Checking, now_ms: i64) -> Res
     }
     let control_plane = ledger.control_plane().await?;
     let due: Vec<_> = ledger
+        .domains()
         .domains()
         .await?
         .into_iter()
@@ -223,6 +225,7 @@ pub async fn check_due(ledger: &Ledger, checking: &Checking, now_ms: i64) -> Res
             };
         tracing::info!(hostname = %d.hostname, method = %d.method, state = after.as_str(), reason = reason.unwrap_or(""), "domain checked");
         ledger
+            .domains()
             .domain_checked(
                 &crate::store::domains::Checked {
                     hostname: &d.hostname,
@@ -238,6 +241,7 @@ pub async fn check_due(ledger: &Ledger, checking: &Checking, now_ms: i64) -> Res
             .await?;
     }
     let next_due = ledger
+        .domains()
         .domains()
         .await?
         .iter()

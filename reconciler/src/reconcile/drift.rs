@@ -66,19 +66,19 @@ impl Ledger {
     /// transaction that also takes the repair off the list, so it is done once. Returns how
     /// many repairs were handled.
     pub async fn republish_repaired(&self, now_ms: i64) -> Result<usize, LedgerError> {
-        let keys = self.repaired(REPUBLISH_BATCH).await?;
+        let keys = self.jobs().repaired(REPUBLISH_BATCH).await?;
         for key in &keys {
             let mut tx = self.write_tx().await?;
-            if self.forget_repaired_in(&mut tx, key).await?
+            if self.jobs().forget_repaired_in(&mut tx, key).await?
                 && let Some((environment, generation, repair, node)) = rows::repair_of(key)
-                && let Some(spec) = self.rollout_spec_in(&mut tx, environment, generation).await?
+                && let Some(spec) = self.jobs().rollout_spec_in(&mut tx, environment, generation).await?
             {
                 let step = rollout::republish_after_repair(&spec, generation, repair, node);
                 let jobs: Vec<JobRow<'_>> = step
                     .iter()
                     .map(|(task, node)| JobRow::new(task, node.as_str(), 5, now_ms, None))
                     .collect();
-                self.enqueue_in(&mut tx, &jobs, now_ms).await?;
+                self.jobs().enqueue_in(&mut tx, &jobs, now_ms).await?;
             }
             tx.commit().await?;
         }
@@ -90,7 +90,7 @@ impl Ledger {
     async fn repair_missing_now(&self, now_ms: i64) -> Result<(usize, bool), LedgerError> {
         // Fresh reports: node → (when, what runs there).
         let mut reports: BTreeMap<String, (i64, BTreeSet<Reported>)> = BTreeMap::new();
-        for r in self.fresh_reports(now_ms - FRESH_MS).await? {
+        for r in self.jobs().fresh_reports(now_ms - FRESH_MS).await? {
             let running: Vec<agent_proto::RunningInstance> = serde_json::from_str(&r.observed).unwrap_or_default();
             let set = running
                 .into_iter()
@@ -103,34 +103,35 @@ impl Ledger {
         }
         // Placed replicas of finished rollouts that a fresh report leaves out.
         let mut missing: Vec<Missing> = Vec::new();
-        self.each_finished_rollout(|r| {
-            let generation = u64::try_from(r.generation).unwrap_or(0);
-            let Ok(placed) = serde_json::from_str::<Placed>(&r.spec) else {
-                return;
-            };
-            for i in placed.instances {
-                let Some((seen, running)) = reports.get(i.node.as_str()) else {
-                    continue;
+        self.jobs()
+            .each_finished_rollout(|r| {
+                let generation = u64::try_from(r.generation).unwrap_or(0);
+                let Ok(placed) = serde_json::from_str::<Placed>(&r.spec) else {
+                    return;
                 };
-                let here = (r.environment.clone(), i.role.to_string(), i.index, generation);
-                if !running.contains(&here) {
-                    missing.push((
-                        r.environment.clone(),
-                        i.role.to_string(),
-                        i.index,
-                        generation,
-                        i.node.to_string(),
-                        *seen,
-                    ));
+                for i in placed.instances {
+                    let Some((seen, running)) = reports.get(i.node.as_str()) else {
+                        continue;
+                    };
+                    let here = (r.environment.clone(), i.role.to_string(), i.index, generation);
+                    if !running.contains(&here) {
+                        missing.push((
+                            r.environment.clone(),
+                            i.role.to_string(),
+                            i.index,
+                            generation,
+                            i.node.to_string(),
+                            *seen,
+                        ));
+                    }
                 }
-            }
-        })
-        .await?;
+            })
+            .await?;
         if missing.is_empty() {
             return Ok((0, false));
         }
         // A role whose volume moves is down on purpose (`store::moves`).
-        let moving = self.moving_roles().await?;
+        let moving = self.volumes().moving_roles().await?;
         let mut jobs = Vec::new();
         let mut unsettled = false;
         for (env, role, index, generation, node, seen) in missing {
@@ -142,6 +143,7 @@ impl Ledger {
             }
             let prefix = format!("app:{env}/{role}/{index}:g{generation}:ensure");
             let asks = self
+                .jobs()
                 .asks(&env, i64::try_from(generation).unwrap_or(i64::MAX), &node, &prefix)
                 .await?;
             let mut original: Option<Task> = None;
@@ -188,7 +190,7 @@ impl Ledger {
         if jobs.is_empty() {
             return Ok((0, unsettled));
         }
-        let queued = self.enqueue(&jobs, now_ms).await?;
+        let queued = self.jobs().enqueue(&jobs, now_ms).await?;
         for j in &jobs {
             tracing::info!(key = %j.task.idempotency_key(), node = %j.target_node, "a replica its agent no longer reports: asked again");
         }

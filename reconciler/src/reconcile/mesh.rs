@@ -243,7 +243,7 @@ pub async fn refresh(
     declared: &BTreeMap<String, std::net::IpAddr>,
     now_ms: i64,
 ) -> Result<usize, LedgerError> {
-    let keys = ledger.mesh_keys().await?;
+    let keys = ledger.nodes().mesh_keys().await?;
     let port = |k: &crate::store::mesh::KeyRow| {
         k.mesh_port
             .and_then(|p| u16::try_from(p).ok())
@@ -271,13 +271,14 @@ pub async fn refresh(
         })
         .collect();
     let placed: Vec<Placed> = ledger
+        .nodes()
         .mesh_placed()
         .await?
         .into_iter()
         .map(|(node, environment, idx)| Placed { node, environment, idx })
         .collect();
     let (plans, problems) = plan(&nodes, &placed);
-    let have = ledger.meshes().await?;
+    let have = ledger.nodes().meshes().await?;
     let ports: BTreeMap<&str, u16> = keys.iter().map(|k| (k.name.as_str(), port(k))).collect();
     let mut changed = Vec::new();
     for (node, m) in &plans {
@@ -319,7 +320,7 @@ pub async fn refresh(
             })
             .collect()
     };
-    ledger.write_meshes(&changed, &events, now_ms).await?;
+    ledger.nodes().write_meshes(&changed, &events, now_ms).await?;
     Ok(changed.len())
 }
 

@@ -135,9 +135,9 @@ pub fn changes(rows: &[MeshRow], now_ms: i64) -> Judgment {
 
 /// Judges every link, records what changed (with its events), and returns every link.
 pub async fn check(ledger: &Ledger, now_ms: i64) -> Result<Vec<Link>, LedgerError> {
-    let rows: Vec<MeshRow> = ledger.meshes().await?.into_values().collect();
+    let rows: Vec<MeshRow> = ledger.nodes().meshes().await?.into_values().collect();
     let (links, changed, events) = changes(&rows, now_ms);
-    ledger.write_mesh_health(&changed, &events, now_ms).await?;
+    ledger.nodes().write_mesh_health(&changed, &events, now_ms).await?;
     Ok(links)
 }
 

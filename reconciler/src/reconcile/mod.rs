@@ -311,7 +311,7 @@ impl Reconciler {
             // Preview branches with live deployments that no longer exist: tear them down.
             // (`branches` holds only tracked ones, so this also covers a branch no longer
             // matching `preview_branches`.) The applied branch is never torn down this way.
-            for branch in self.ledger.deployed_branches().await? {
+            for branch in self.ledger.revisions().deployed_branches().await? {
                 if branch != self.config.source.branch && !branches.iter().any(|(b, _)| *b == branch) {
                     let applied = self.ledger.teardown_branch(&branch, now_ms()).await?;
                     report.teardowns += applied.teardowns.len();
@@ -327,7 +327,11 @@ impl Reconciler {
         }
         // A node retired in Git loses every certificate at once.
         let pools = self.ledger.applied_pools(&self.config.source.branch).await?;
-        let revoked = self.ledger.revoke_retired(&declared::retired(&pools), now_ms()).await?;
+        let revoked = self
+            .ledger
+            .nodes()
+            .revoke_retired(&declared::retired(&pools), now_ms())
+            .await?;
         if revoked > 0 {
             self.hub.revocations.fetch_add(1, Ordering::Relaxed);
             tracing::info!(certificates = revoked, "revoked the certificates of retired nodes");
@@ -350,7 +354,7 @@ impl Reconciler {
         // The mesh between nodes follows placement, the nodes' keys and their names: a changed
         // one goes to its node with its waiting lease (or its next heartbeat).
         let seen = self.mesh_seen.lock().map(|s| s.clone()).unwrap_or_default();
-        if let Some(signature) = self.ledger.mesh_signature().await? {
+        if let Some(signature) = self.ledger.nodes().mesh_signature().await? {
             // A node retired in Git is in no mesh, whatever still waits to be cleaned up on it;
             // an address Git declares for a node wins over the one its agent says.
             let pools = self.ledger.applied_pools(&self.config.source.branch).await?;
@@ -462,7 +466,7 @@ impl Reconciler {
     }
 
     async fn settle_now(&self) -> Result<usize, DaemonError> {
-        self.ledger.expire(now_ms()).await?;
+        self.ledger.jobs().expire(now_ms()).await?;
         // A repaired replica's routes, published again (its address may have changed).
         self.ledger.republish_repaired(now_ms()).await?;
         let mut advanced = self.ledger.advance(now_ms(), &self.hub.watching).await?;
@@ -483,6 +487,7 @@ impl Reconciler {
             // A node lost or back is an event (webhooks take `node-lost`), once each.
             let (lost, back) = self
                 .ledger
+                .nodes()
                 .announce_lost(now_ms(), self.config.control.lost_after_ms())
                 .await?;
             if !lost.is_empty() || !back.is_empty() {

@@ -26,7 +26,9 @@ impl Ledger {
     /// The node pools `branch`'s accepted state declares, decoded from the ledger's documents
     /// (`state_schema::declared::node_pools`).
     pub(crate) async fn applied_pools(&self, branch: &str) -> Result<Vec<(Name, NodePool)>, LedgerError> {
-        Ok(state_schema::declared::node_pools(&self.pool_documents(branch).await?))
+        Ok(state_schema::declared::node_pools(
+            &self.nodes().pool_documents(branch).await?,
+        ))
     }
 
     /// A cheap summary of what placement depends on: each node's liveness class and
@@ -39,7 +41,7 @@ impl Ledger {
         now_ms: i64,
         lost_after: i64,
     ) -> Result<String, LedgerError> {
-        let seen = self.seen_nodes().await?;
+        let seen = self.nodes().seen_nodes().await?;
         let nodes: Vec<(String, Liveness, Vec<String>)> = seen
             .into_iter()
             .map(|(n, s)| {
@@ -50,10 +52,10 @@ impl Ledger {
                 )
             })
             .collect();
-        let pools = self.pool_hashes(applied_branch).await?;
-        let deployments = self.placement_marks().await?;
+        let pools = self.nodes().pool_hashes(applied_branch).await?;
+        let deployments = self.nodes().placement_marks().await?;
         // A restore moves a volume to its next generation: its role is placed again on it.
-        let restores = self.volume_generation_mark().await?;
+        let restores = self.volumes().volume_generation_mark().await?;
         Ok(state_schema::canonical::hash(&(nodes, pools, deployments, restores)))
     }
 
@@ -64,13 +66,13 @@ impl Ledger {
     /// `applied_branch`. Returns what was started.
     pub async fn replace(&self, applied_branch: &str, now_ms: i64, lost_after_ms: i64) -> Result<Applied, LedgerError> {
         let pools = self.applied_pools(applied_branch).await?;
-        let snapshot = self.fleet_snapshot(now_ms, lost_after_ms).await?;
+        let snapshot = self.nodes().fleet_snapshot(now_ms, lost_after_ms).await?;
         // A drain never moves a volume's role: each such volume is reported once (and the
         // drain waits until it is moved). The decision is placement's own.
         let mut fleet = replacement::live_fleet(&pools, &snapshot.nodes, &[], now_ms, snapshot.lost_after_ms);
         fleet.pin(snapshot.pins.iter().cloned());
         let blocked = fleet.pinned_to_draining();
-        self.mark_drain_blocked(&blocked, now_ms).await?;
+        self.volumes().mark_drain_blocked(&blocked, now_ms).await?;
         // The decision is `replacement::replace_snapshot`'s, the one `pl plan --fleet` shows.
         let mut by_branch: BTreeMap<String, Vec<Desired>> = BTreeMap::new();
         for r in replacement::replace_snapshot(snapshot, &pools) {
@@ -78,7 +80,7 @@ impl Ledger {
         }
         let mut applied = Applied::default();
         for (branch, wanted) in by_branch {
-            let Some(revision) = self.last_accepted_id(&self.pool, &branch).await? else {
+            let Some(revision) = self.deployments().last_accepted_id(&self.pool, &branch).await? else {
                 continue;
             };
             let mut tx = self.write_tx().await?;
@@ -97,7 +99,7 @@ impl Ledger {
         wanted: &[(String, Vec<Waiting>)],
         now_ms: i64,
     ) -> Result<(), LedgerError> {
-        let stored = self.waiting_stored(tx).await?;
+        let stored = self.nodes().waiting_stored(tx).await?;
         for (env, waiting) in wanted {
             let env = env.as_str();
             let now = serde_json::to_string(waiting)?;
@@ -105,11 +107,13 @@ impl Ledger {
             if now == before {
                 continue;
             }
-            self.set_waiting(tx, env, &now).await?;
+            self.nodes().set_waiting(tx, env, &now).await?;
             let was: Vec<Waiting> = serde_json::from_str(before).unwrap_or_default();
             for w in waiting.iter().filter(|w| !was.contains(w)) {
                 let detail = format!("{}/{}: {}", w.role, w.index, w.reason);
-                self.event(tx, now_ms, "placement-waiting", env, &detail).await?;
+                self.events()
+                    .event(tx, now_ms, "placement-waiting", env, &detail)
+                    .await?;
             }
         }
         Ok(())
@@ -133,22 +137,22 @@ impl Ledger {
         // those machines.
         let mut machine: BTreeMap<String, String> =
             nodes.iter().map(|n| (n.to_string(), format!("node:{n}"))).collect();
-        for (node, host) in self.machine_mates(tx, &nodes).await? {
+        for (node, host) in self.nodes().machine_mates(tx, &nodes).await? {
             machine.insert(node, format!("host:{host}"));
         }
         let every: Vec<&str> = machine.keys().map(String::as_str).collect();
         let key_of = |node: &str| machine.get(node).cloned().unwrap_or_else(|| format!("node:{node}"));
         let mut taken: BTreeMap<String, BTreeSet<i64>> = BTreeMap::new();
         // What others' networks use on each machine, as its agents last said: never chosen.
-        for (node, list) in self.taken_subnets(tx, &every).await? {
+        for (node, list) in self.nodes().taken_subnets(tx, &every).await? {
             taken.entry(key_of(&node)).or_default().extend(list);
         }
         let mut have: BTreeSet<(String, String)> = BTreeSet::new();
-        for (node, env, idx) in self.subnets_on(tx, &every).await? {
+        for (node, env, idx) in self.nodes().subnets_on(tx, &every).await? {
             taken.entry(key_of(&node)).or_default().insert(idx);
             have.insert((env, node));
         }
-        let fleet: BTreeSet<i64> = self.fleet_subnets(tx).await?.into_iter().collect();
+        let fleet: BTreeSet<i64> = self.nodes().fleet_subnets(tx).await?.into_iter().collect();
         let mut given: BTreeSet<i64> = BTreeSet::new();
         let mut new: Vec<(String, String, i64)> = Vec::new();
         for (env, node) in pairs {
@@ -159,21 +163,22 @@ impl Ledger {
             let Some(idx) =
                 (0..SUBNET_POOL_SIZE).find(|i| !used.contains(i) && !fleet.contains(i) && !given.contains(i))
             else {
-                self.event(
-                    tx,
-                    now_ms,
-                    "subnet-pool-exhausted",
-                    node,
-                    "no /24 left in 10.208.0.0/12 free on this node's machine and in the fleet",
-                )
-                .await?;
+                self.events()
+                    .event(
+                        tx,
+                        now_ms,
+                        "subnet-pool-exhausted",
+                        node,
+                        "no /24 left in 10.208.0.0/12 free on this node's machine and in the fleet",
+                    )
+                    .await?;
                 continue;
             };
             used.insert(idx);
             given.insert(idx);
             new.push((node.clone(), env.clone(), idx));
         }
-        self.add_subnets(tx, &new).await
+        self.nodes().add_subnets(tx, &new).await
     }
 }
 

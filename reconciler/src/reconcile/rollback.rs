@@ -18,7 +18,7 @@ impl Ledger {
     /// Returns the rollbacks started and the branches with released holds.
     pub async fn start_rollbacks(&self, now_ms: i64) -> Result<(Applied, Vec<String>), LedgerError> {
         let mut tx = self.write_tx().await?;
-        let held = self.held(&mut tx).await?;
+        let held = self.deployments().held(&mut tx).await?;
         let mut applied = Applied::default();
         let mut released = Vec::new();
         for h in held {
@@ -43,9 +43,11 @@ impl Ledger {
             }
             let previous = previous.filter(|(g, _, _)| *g == hold.to);
             let (true, Some((_, to_spec, to_hash))) = (generation == hold.from, previous) else {
-                self.set_hold(&mut tx, &env, "").await?;
+                self.deployments().set_hold(&mut tx, &env, "").await?;
                 let why = format!("generation {} moved on to {generation} before it started", hold.from);
-                self.event(&mut tx, now_ms, "rollback-void", &env, &why).await?;
+                self.events()
+                    .event(&mut tx, now_ms, "rollback-void", &env, &why)
+                    .await?;
                 continue;
             };
             // The previous release at today's replica counts and placement: a rollback takes
@@ -62,7 +64,7 @@ impl Ledger {
             }
             let pairs: Vec<(String, String)> = to_spec.nodes.iter().map(|n| (env.clone(), n.to_string())).collect();
             self.ensure_subnets(&mut tx, &pairs, now_ms).await?;
-            self.record_volumes(&mut tx, &to_spec, now_ms).await?;
+            self.volumes().record_volumes(&mut tx, &to_spec, now_ms).await?;
             let start = Start {
                 action: Action::Rollout,
                 spec: to_spec,
@@ -85,7 +87,8 @@ impl Ledger {
                 "generation {}: generation {}'s release again, rolled back from {} by {}",
                 hold.generation, hold.to, hold.from, hold.by
             );
-            self.event(&mut tx, now_ms, "deployment-rollback", &env, &detail)
+            self.events()
+                .event(&mut tx, now_ms, "deployment-rollback", &env, &detail)
                 .await?;
             applied.rollouts.push((env, hold.generation));
         }
@@ -101,12 +104,17 @@ impl Reconciler {
         let (applied, released) = self.ledger.start_rollbacks(now_ms()).await?;
         let mut moved = applied.rollouts.len();
         for branch in released {
-            let Some(sha) = self.ledger.last_accepted(&branch).await? else {
+            let Some(sha) = self.ledger.revisions().last_accepted(&branch).await? else {
                 continue;
             };
             let preview = self.is_preview(&branch);
             let applied_accepted = match preview {
-                true => self.ledger.last_accepted(&self.config.source.branch).await?,
+                true => {
+                    self.ledger
+                        .revisions()
+                        .last_accepted(&self.config.source.branch)
+                        .await?
+                }
                 false => None,
             };
             let me = Arc::clone(self);
@@ -143,7 +151,10 @@ impl Reconciler {
             .map_err(|e| DaemonError::Join(e.to_string()))??;
             if !judgement.accepted() {
                 let why: Vec<&str> = judgement.reasons.iter().map(|r| r.code.as_str()).collect();
-                self.ledger.end_released(&branch, &why.join(", "), now_ms()).await?;
+                self.ledger
+                    .deployments()
+                    .end_released(&branch, &why.join(", "), now_ms())
+                    .await?;
                 continue;
             }
             let applied = self

@@ -108,7 +108,7 @@ pub async fn run_loop(shared: Arc<Reconciler>, shutdown: tokio::sync::watch::Rec
 /// `deadline`, or sooner when a step's pause (a canary's) ends before it: level-triggered like
 /// the rest, a pause is looked at again when it is due, not at the next pass.
 async fn wake_for_pauses(shared: &Reconciler, deadline: tokio::time::Instant) -> tokio::time::Instant {
-    match shared.ledger.next_step_due().await {
+    match shared.ledger.deployments().next_step_due().await {
         Ok(Some(due)) => {
             let left = Duration::from_millis(u64::try_from(due - now_ms()).unwrap_or(0));
             deadline.min(tokio::time::Instant::now() + left)

@@ -28,7 +28,8 @@ impl Ledger {
         for s in scales {
             let env = s.spec.environment.as_str();
             let removes = matches!(&s.change, Change::Scale { removed, .. } if !removed.is_empty());
-            self.rescale(tx, &s.spec, &s.spec_hash, revision, removes, now_ms)
+            self.deployments()
+                .rescale(tx, &s.spec, &s.spec_hash, revision, removes, now_ms)
                 .await?;
             // An earlier scale's held removals of what this one puts back go.
             let generation = i64::try_from(s.generation).unwrap_or(i64::MAX);
@@ -36,7 +37,9 @@ impl Ledger {
                 .iter()
                 .map(|(task, node)| format!("{}#r%", crate::store::job_key(task, node.as_str())))
                 .collect();
-            self.cancel_held_in(tx, env, generation, &patterns, now_ms).await?;
+            self.jobs()
+                .cancel_held_in(tx, env, generation, &patterns, now_ms)
+                .await?;
             let (first, then) = rollout::scale_tasks(&s.spec, s.generation, &s.change);
             if first.is_empty() && then.is_empty() {
                 continue;
@@ -51,7 +54,7 @@ impl Ledger {
                         .map(|(task, node)| JobRow::scaled(task, node.as_str(), revision, crate::store::HELD)),
                 )
                 .collect();
-            let added = self.enqueue_in(tx, &rows, now_ms).await?;
+            let added = self.jobs().enqueue_in(tx, &rows, now_ms).await?;
             applied.jobs_queued += added.len();
             applied.scales.push((env.to_owned(), s.generation));
             if let Change::Scale {
@@ -85,6 +88,6 @@ impl Ledger {
                 }
             }
         }
-        self.events_in(tx, now_ms, &events).await
+        self.events().events_in(tx, now_ms, &events).await
     }
 }

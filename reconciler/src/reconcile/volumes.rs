@@ -20,21 +20,21 @@ pub struct Swept {
 /// Queues the removal of every expired volume (a job is its key: queued once) and forgets
 /// those whose removal succeeded.
 pub async fn sweep(ledger: &Ledger, now_ms: i64) -> Result<Swept, LedgerError> {
-    let due = ledger.expired_volumes(now_ms).await?;
+    let due = ledger.volumes().expired_volumes(now_ms).await?;
     let mut swept = Swept::default();
     for chunk in due.chunks(64) {
         let tasks: Vec<(Task, String)> = chunk
             .iter()
             .filter_map(|r| Some((r.removal()?, r.node.clone())))
             .collect();
-        let keys = ledger.enqueue_tasks(&tasks, now_ms).await?;
-        let outcomes = ledger.job_outcomes(&keys).await?;
+        let keys = ledger.certificates().enqueue_tasks(&tasks, now_ms).await?;
+        let outcomes = ledger.certificates().job_outcomes(&keys).await?;
         for row in chunk {
             let Some(task) = row.removal() else { continue };
             let key = crate::store::job_key(&task, &row.node);
             match outcomes.iter().find(|o| o.key == key).map(|o| o.state.as_str()) {
                 Some("succeeded") => {
-                    if ledger.forget_volume(row, now_ms).await? {
+                    if ledger.volumes().forget_volume(row, now_ms).await? {
                         swept.forgotten += 1;
                     }
                 }

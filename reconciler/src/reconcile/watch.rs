@@ -11,7 +11,7 @@ impl Ledger {
     /// Returns how many rollbacks were asked.
     pub async fn watch_tick(&self, now_ms: i64) -> Result<usize, LedgerError> {
         let mut asked = 0;
-        for f in self.watch_failures().await? {
+        for f in self.deployments().watch_failures().await? {
             let generation = u64::try_from(f.generation).unwrap_or(0);
             let (by, what) = match f.before_switch {
                 Some(what @ "its canary") => (CANARY, what),
@@ -19,6 +19,7 @@ impl Ledger {
                 None => (WATCH, "its watch"),
             };
             let outcome = self
+                .deployments()
                 .ask_rollback(
                     &f.environment,
                     Some(generation),
@@ -28,7 +29,7 @@ impl Ledger {
                 )
                 .await?;
             let mut tx = self.write_tx().await?;
-            self.end_watch(&mut tx, &f.environment).await?;
+            self.deployments().end_watch(&mut tx, &f.environment).await?;
             let (kind, detail) = match outcome {
                 Ok(a) => {
                     asked += 1;
@@ -49,10 +50,12 @@ impl Ledger {
                     ),
                 ),
             };
-            self.event(&mut tx, now_ms, kind, &f.environment, &detail).await?;
+            self.events()
+                .event(&mut tx, now_ms, kind, &f.environment, &detail)
+                .await?;
             tx.commit().await?;
         }
-        self.end_passed_watches(now_ms).await?;
+        self.deployments().end_passed_watches(now_ms).await?;
         Ok(asked)
     }
 }

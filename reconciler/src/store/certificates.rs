@@ -3,7 +3,7 @@
 //! transaction. SQL only; what is due and what to queue is decided in
 //! `reconcile::certificates` and `state_schema::rollout`.
 
-use super::{Backend, JobRow, Ledger, LedgerError};
+use super::{Backend, JobRow, LedgerError};
 use sqlx::FromRow;
 use state_schema::deployment::DeploymentSpec;
 use state_schema::rollout::{PUBLISH_STEP, Step};
@@ -70,7 +70,7 @@ pub struct JobOutcome {
 
 const COLUMNS: &str = "hostname, issuer, chain, key_sealed, not_before, not_after, renew_after, issued, failures, retry_at, last_error, issued_at";
 
-impl Ledger {
+impl crate::store::Certificates<'_> {
     /// Every environment's current rollout (in progress or done).
     pub async fn rollouts(&self) -> Result<Vec<Rollout>, LedgerError> {
         Ok(sqlx::query_as(self.sql(
@@ -153,20 +153,21 @@ impl Ledger {
             .iter()
             .map(|(task, node)| JobRow::new(task, node.as_str(), 5, now_ms, None))
             .collect();
-        let added = self.enqueue_in(&mut tx, &jobs, now_ms).await?;
-        self.event(
-            &mut tx,
-            now_ms,
-            "certificate-issued",
-            c.hostname,
-            &format!(
-                "issuer {}, valid until {}, renewed after {}",
-                c.issuer,
-                super::utc(c.not_after),
-                super::utc(c.renew_after)
-            ),
-        )
-        .await?;
+        let added = self.jobs().enqueue_in(&mut tx, &jobs, now_ms).await?;
+        self.events()
+            .event(
+                &mut tx,
+                now_ms,
+                "certificate-issued",
+                c.hostname,
+                &format!(
+                    "issuer {}, valid until {}, renewed after {}",
+                    c.issuer,
+                    super::utc(c.not_after),
+                    super::utc(c.renew_after)
+                ),
+            )
+            .await?;
         tx.commit().await?;
         Ok(added.len())
     }
@@ -195,7 +196,8 @@ impl Ledger {
         .bind(now_ms)
         .execute(&mut *tx)
         .await?;
-        self.event(&mut tx, now_ms, "certificate-failed", hostname, error)
+        self.events()
+            .event(&mut tx, now_ms, "certificate-failed", hostname, error)
             .await?;
         tx.commit().await?;
         Ok(())
@@ -214,7 +216,7 @@ impl Ledger {
             .collect();
         let keys = rows.iter().map(|r| r.key.clone()).collect();
         let mut tx = self.write_tx().await?;
-        self.enqueue_in(&mut tx, &rows, now_ms).await?;
+        self.jobs().enqueue_in(&mut tx, &rows, now_ms).await?;
         tx.commit().await?;
         Ok(keys)
     }

@@ -4,7 +4,7 @@
 
 use super::jobs::{Completion, Outcome, Refused, backoff_ms};
 use super::rows::JobState;
-use super::{Backend, Ledger, LedgerError, WriteTx, rows};
+use super::{Backend, LedgerError, WriteTx, rows};
 use sqlx::FromRow;
 
 /// A leased job as `complete` finds it, locked for the rest of the transaction.
@@ -35,7 +35,7 @@ struct Recorded<'c> {
     events: Vec<(String, String, String)>,
 }
 
-impl Ledger {
+impl crate::store::Jobs<'_> {
     /// Records outcomes. A stale token is refused and records nothing: no result, no event,
     /// no state change. Set-based: a batch costs a few statements, not a few per job.
     pub async fn complete(
@@ -213,7 +213,7 @@ impl Ledger {
                 self.release_scale_in(tx, env, *generation, *revision, now_ms).await?;
             }
             for (env, generation) in &scales_ended {
-                self.settle_scale_in(tx, env, *generation, now_ms).await?;
+                self.deployments().settle_scale_in(tx, env, *generation, now_ms).await?;
             }
             for (key, node, saved, reason) in &backups {
                 let ended = super::backups::Ended {
@@ -222,14 +222,15 @@ impl Ledger {
                     saved: *saved,
                     reason: if saved.is_some() { "" } else { reason },
                 };
-                self.record_backup_in(tx, &ended, now_ms).await?;
+                self.backups().record_backup_in(tx, &ended, now_ms).await?;
             }
             for (key, node, succeeded, reason) in &restores {
-                self.record_restore_in(tx, key, node, *succeeded, reason, now_ms)
+                self.backups()
+                    .record_restore_in(tx, key, node, *succeeded, reason, now_ms)
                     .await?;
             }
             if !up.is_empty() {
-                self.record_moves_up_in(tx, &up, now_ms).await?;
+                self.volumes().record_moves_up_in(tx, &up, now_ms).await?;
             }
             for (id, m) in &measures {
                 // A job completes once (its lease token is spent), so one row per job.
@@ -283,7 +284,7 @@ impl Ledger {
                     }
                     query.execute(&mut **tx).await?;
                 }
-                self.events_in(tx, now_ms, &rec.events).await?;
+                self.events().events_in(tx, now_ms, &rec.events).await?;
             }
         }
         Ok(out)

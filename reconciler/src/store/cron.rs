@@ -2,9 +2,9 @@
 //! per role (`cron_schedules`), and whether a role's run still goes. SQL only; what is due is
 //! `state_schema::cron`'s, and what is queued `reconcile::cron`'s.
 
-use super::{Ledger, LedgerError, WriteTx};
+use super::{LedgerError, WriteTx};
 
-impl Ledger {
+impl crate::store::Jobs<'_> {
     /// Deployments whose spec places a cron role, live and done rolling out: (generation, spec
     /// JSON).
     pub(crate) async fn cron_deployments(&self) -> Result<Vec<(i64, String)>, LedgerError> {

@@ -6,7 +6,7 @@
 
 use super::rows::JobState;
 use super::rows::{g, gen_u64};
-use super::{Ledger, LedgerError, WriteTx};
+use super::{LedgerError, WriteTx};
 use sqlx::FromRow;
 use state_schema::deployment::DeploymentSpec;
 use state_schema::generations::{Action, Current, Status, StepJobs};
@@ -102,7 +102,7 @@ pub(crate) const ADVANCEABLE: &str = "SELECT d.environment FROM deployments d WH
      (SELECT 1 FROM jobs j WHERE j.environment = d.environment AND j.generation = d.generation \
       AND j.step = d.step AND j.state IN ('queued', 'leased'))";
 
-impl Ledger {
+impl crate::store::Deployments<'_> {
     /// The id of `sha`'s accepted revision on `branch`, if it was accepted.
     pub(crate) async fn accepted_revision(
         &self,

@@ -4,7 +4,7 @@
 //! `reconcile::domains` and `state_schema::domains`.
 
 use super::certificates::Rollout;
-use super::{Backend, JobRow, Ledger, LedgerError};
+use super::{Backend, JobRow, LedgerError};
 use sqlx::FromRow;
 use state_schema::deployment::DeploymentSpec;
 use state_schema::rollout::Step;
@@ -38,7 +38,7 @@ pub struct Checked<'a> {
 const COLUMNS: &str =
     "hostname, environment, method, state, ever_verified, seen, reason, checked_at, next_check_at, verified_at";
 
-impl Ledger {
+impl crate::store::Domains<'_> {
     /// The current rollouts whose spec names Domains (`deployment_uses`), so a fleet without
     /// custom domains parses no spec for them.
     pub async fn rollouts_with_domains(&self) -> Result<Vec<Rollout>, LedgerError> {
@@ -104,14 +104,15 @@ impl Ledger {
             .bind(now_ms)
             .execute(&mut *tx)
             .await?;
-            self.event(
-                &mut tx,
-                now_ms,
-                "domain-pending",
-                n,
-                &format!("{m} verification for {e}"),
-            )
-            .await?;
+            self.events()
+                .event(
+                    &mut tx,
+                    now_ms,
+                    "domain-pending",
+                    n,
+                    &format!("{m} verification for {e}"),
+                )
+                .await?;
         }
         tx.commit().await?;
         Ok(true)
@@ -175,11 +176,11 @@ impl Ledger {
                     .iter()
                     .map(|(task, node)| JobRow::new(task, node.as_str(), 5, now_ms, None))
                     .collect();
-                queued = self.enqueue_in(&mut tx, &jobs, now_ms).await?.len();
+                queued = self.jobs().enqueue_in(&mut tx, &jobs, now_ms).await?.len();
             }
         }
         if let Some((kind, detail)) = &c.event {
-            self.event(&mut tx, now_ms, kind, c.hostname, detail).await?;
+            self.events().event(&mut tx, now_ms, kind, c.hostname, detail).await?;
         }
         tx.commit().await?;
         Ok(queued)
@@ -195,7 +196,7 @@ impl Ledger {
     }
 }
 
-impl Ledger {
+impl crate::store::Domains<'_> {
     /// The nodes on which a publish of `hostname` in `environment` made at or after `since_ms`
     /// succeeded (a publish made after a certificate was issued carries it).
     pub async fn published_on_since(

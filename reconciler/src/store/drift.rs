@@ -4,7 +4,7 @@
 //! again. SQL only; the comparison, the repairs and what is published again are
 //! `reconcile::drift`'s.
 
-use super::{Ledger, LedgerError, WriteTx, rows};
+use super::{LedgerError, WriteTx, rows};
 use sqlx::FromRow;
 use state_schema::deployment::DeploymentSpec;
 
@@ -41,7 +41,7 @@ impl Ask {
     }
 }
 
-impl Ledger {
+impl crate::store::Jobs<'_> {
     /// The reports of nodes heard from since `since_ms`.
     pub(crate) async fn fresh_reports(&self, since_ms: i64) -> Result<Vec<Report>, LedgerError> {
         Ok(sqlx::query_as(

@@ -1,7 +1,7 @@
 //! The append-only event stream: writing events in a transaction, reading them after a cursor,
 //! and the horizon a cursor may not pass (PostgreSQL commits ids out of order).
 
-use super::{Backend, Ledger, LedgerError, WriteTx};
+use super::{Backend, LedgerError, WriteTx};
 use sqlx::FromRow;
 
 #[derive(Clone, Debug, PartialEq, Eq, FromRow)]
@@ -13,7 +13,7 @@ pub struct Event {
     pub detail: String,
 }
 
-impl Ledger {
+impl crate::store::Events<'_> {
     /// Appends one event in the caller's transaction.
     pub(crate) async fn event(
         &self,

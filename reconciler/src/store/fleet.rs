@@ -3,7 +3,7 @@
 //! node's age recipient and its first certificate in one transaction. Every refusal is checked
 //! before anything is written, and records nothing.
 
-use crate::store::{Ledger, LedgerError};
+use crate::store::LedgerError;
 use agent_proto::Refusal;
 use sha2::{Digest, Sha256};
 use sqlx::FromRow;
@@ -69,7 +69,7 @@ pub enum CertRefusal {
     Expired,
 }
 
-impl Ledger {
+impl crate::store::Nodes<'_> {
     /// The node a client certificate (by fingerprint) belongs to, if the control plane issued
     /// it, has not revoked it and it has not expired. The first use of a renewed certificate
     /// revokes the one it replaced.
@@ -110,14 +110,15 @@ impl Ledger {
             .bind(&old)
             .execute(&mut *tx)
             .await?;
-            self.event(
-                &mut tx,
-                now_ms,
-                "certificate-revoked",
-                &node,
-                &format!("{old}: renewed"),
-            )
-            .await?;
+            self.events()
+                .event(
+                    &mut tx,
+                    now_ms,
+                    "certificate-revoked",
+                    &node,
+                    &format!("{old}: renewed"),
+                )
+                .await?;
             tx.commit().await?;
         }
         Ok(Ok((node, not_after)))
@@ -144,7 +145,8 @@ impl Ledger {
         .bind(&issued.ca_fingerprint)
         .execute(&mut *tx)
         .await?;
-        self.event(&mut tx, now_ms, "certificate-renewed", node, &issued.fingerprint)
+        self.events()
+            .event(&mut tx, now_ms, "certificate-renewed", node, &issued.fingerprint)
             .await?;
         tx.commit().await?;
         Ok(())
@@ -168,14 +170,15 @@ impl Ledger {
         }
         let revoked = query.fetch_all(&mut *tx).await?;
         for node in &revoked {
-            self.event(
-                &mut tx,
-                now_ms,
-                "certificate-revoked",
-                node,
-                "the node is retired in Git",
-            )
-            .await?;
+            self.events()
+                .event(
+                    &mut tx,
+                    now_ms,
+                    "certificate-revoked",
+                    node,
+                    "the node is retired in Git",
+                )
+                .await?;
         }
         tx.commit().await?;
         Ok(revoked.len())
@@ -213,7 +216,7 @@ pub struct BeatRow {
     pub mesh_names: Option<String>,
 }
 
-impl Ledger {
+impl crate::store::Nodes<'_> {
     /// Each repair the agent reports becomes a `drift-repaired` event of its environment.
     pub async fn record_repairs(
         &self,
@@ -229,7 +232,7 @@ impl Ledger {
             .iter()
             .map(|(env, what)| ("drift-repaired".to_owned(), env.clone(), format!("{node}: {what}")))
             .collect();
-        self.events_in(&mut tx, now_ms, &events).await?;
+        self.events().events_in(&mut tx, now_ms, &events).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -343,7 +346,9 @@ impl Ledger {
         .bind(expires)
         .execute(&mut *tx)
         .await?;
-        self.event(&mut tx, now_ms, "enrolment-token", node, by).await?;
+        self.events()
+            .event(&mut tx, now_ms, "enrolment-token", node, by)
+            .await?;
         tx.commit().await?;
         Ok(expires)
     }
@@ -414,7 +419,8 @@ impl Ledger {
         .bind(e.ca)
         .execute(&mut *tx)
         .await?;
-        self.event(&mut tx, now_ms, "node-enrolled", e.node, e.fingerprint)
+        self.events()
+            .event(&mut tx, now_ms, "node-enrolled", e.node, e.fingerprint)
             .await?;
         tx.commit().await?;
         Ok(None)

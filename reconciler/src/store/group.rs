@@ -174,6 +174,7 @@ async fn commit_groups(
             let completions: Vec<Completion> = completes.iter().map(|c| c.completion.clone()).collect();
             let callers: Vec<String> = completes.iter().map(|c| c.caller.clone()).collect();
             match ledger
+                .jobs()
                 .complete_and_lease(&completions, &callers, &requests, ttl, now_ms())
                 .await
             {

@@ -2,7 +2,7 @@
 //! they are, and expiry of leases with backoff. Leasing is `lease.rs`'s, completions
 //! `complete.rs`'s.
 
-use super::{Ledger, LedgerError, WriteTx, rows};
+use super::{LedgerError, WriteTx, rows};
 use state_schema::task::Task;
 
 /// A job to add. Its idempotency key comes from the task.
@@ -139,7 +139,7 @@ pub fn backoff_ms(job_id: i64, attempts: i64) -> i64 {
 /// Expired leases back to the queue (or dead when out of attempts). See [`Ledger::expire`].
 pub(crate) const EXPIRE: &str = "UPDATE jobs SET state = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'queued' END, lease_token = NULL, lease_expires_at = NULL, updated_at = ? WHERE state = 'leased' AND lease_expires_at < ? RETURNING key, state";
 
-impl Ledger {
+impl crate::store::Jobs<'_> {
     /// Adds jobs; a job whose key exists already is left as it is. Returns how many were new.
     pub async fn enqueue(&self, jobs: &[NewJob], now_ms: i64) -> Result<usize, LedgerError> {
         let mut tx = self.write_tx().await?;
@@ -152,7 +152,7 @@ impl Ledger {
             .iter()
             .map(|&i| ("job-queued".to_owned(), rows[i].key.clone(), String::new()))
             .collect();
-        self.events_in(&mut tx, now_ms, &events).await?;
+        self.events().events_in(&mut tx, now_ms, &events).await?;
         tx.commit().await?;
         Ok(added.len())
     }
@@ -192,7 +192,7 @@ impl Ledger {
         .await?
         .rows_affected();
         if released > 0 {
-            self.events_in(
+            self.events().events_in(
                 tx,
                 now_ms,
                 &[(
@@ -310,7 +310,7 @@ impl Ledger {
             .into_iter()
             .map(|(key, state)| ("lease-expired".to_owned(), key, state))
             .collect();
-        self.events_in(tx, now_ms, &events).await?;
+        self.events().events_in(tx, now_ms, &events).await?;
         Ok(n)
     }
 

@@ -3,7 +3,7 @@
 //! removed by Pushleft on its own: an admin removes one (`pl volume rm --generation`), and
 //! the row goes once its node did. SQL only.
 
-use super::{Ledger, LedgerError, WriteTx};
+use super::{LedgerError, WriteTx};
 use sqlx::FromRow;
 use state_schema::values::Name;
 
@@ -40,7 +40,7 @@ pub enum KeptRefusal {
     Current,
 }
 
-impl Ledger {
+impl crate::store::Deployments<'_> {
     /// Records that `environment`'s `volume` left `generation` on `node` for a newer one, in
     /// the transaction that moved it.
     pub(crate) async fn keep_generation_in(
@@ -119,14 +119,15 @@ impl Ledger {
         .rows_affected()
             > 0;
         if gone {
-            self.event(
-                &mut tx,
-                now_ms,
-                "volume-generation-removed",
-                &format!("{}/{}", row.environment, row.volume),
-                &format!("generation {} on {}", row.generation, row.node),
-            )
-            .await?;
+            self.events()
+                .event(
+                    &mut tx,
+                    now_ms,
+                    "volume-generation-removed",
+                    &format!("{}/{}", row.environment, row.volume),
+                    &format!("generation {} on {}", row.generation, row.node),
+                )
+                .await?;
         }
         tx.commit().await?;
         Ok(gone)

@@ -4,7 +4,7 @@
 //! commit.
 
 use super::jobs::{Completion, Lease, LeaseToken, Refused};
-use super::{Backend, Ledger, LedgerError, WriteTx};
+use super::{Backend, LedgerError, WriteTx};
 use sqlx::FromRow;
 
 /// A job just leased: `RETURNING id, key, task, attempts, fencing_token`.
@@ -50,7 +50,7 @@ fn new_lease_token() -> Result<String, LedgerError> {
     Ok(hex::encode(bytes))
 }
 
-impl Ledger {
+impl crate::store::Jobs<'_> {
     /// Whether a lease for `requests` could hand anything out: a due job of one of their
     /// nodes, or a lease that has run out (its job may be theirs once expired).
     pub(crate) async fn anything_to_lease(
@@ -159,7 +159,7 @@ impl Ledger {
                     ));
                 }
             }
-            self.events_in(tx, now_ms, &events).await?;
+            self.events().events_in(tx, now_ms, &events).await?;
             return Ok(out);
         }
         for (node, max, removals_only) in requests {
@@ -184,7 +184,7 @@ impl Ledger {
             leases.sort_by_key(|l| l.job_id);
             out.push(leases);
         }
-        self.events_in(tx, now_ms, &events).await?;
+        self.events().events_in(tx, now_ms, &events).await?;
         Ok(out)
     }
 
@@ -300,6 +300,7 @@ pub(crate) fn lease_statement(backend: Backend, removals_only: bool, max: u32) -
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Ledger;
 
     /// What SQLite's planner does with `sql`: one line per step.
     async fn plan(ledger: &Ledger, sql: &str) -> Vec<String> {

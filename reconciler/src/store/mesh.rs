@@ -3,7 +3,7 @@
 //! decided mesh with its generation and what its agent last applied. SQL only; the decision
 //! is `reconcile::mesh`'s.
 
-use super::{Ledger, LedgerError};
+use super::LedgerError;
 use crate::store::rows::Placed;
 use sqlx::FromRow;
 use std::collections::{BTreeMap, BTreeSet};
@@ -43,7 +43,7 @@ struct DeploymentRow {
     retired: String,
 }
 
-impl Ledger {
+impl crate::store::Nodes<'_> {
     /// Every enrolled node's mesh key, port and address.
     pub async fn mesh_keys(&self) -> Result<Vec<KeyRow>, LedgerError> {
         Ok(sqlx::query_as(self.sql(
@@ -148,7 +148,7 @@ impl Ledger {
             return Ok(());
         }
         let mut tx = self.write_tx().await?;
-        self.events_in(&mut tx, now_ms, events).await?;
+        self.events().events_in(&mut tx, now_ms, events).await?;
         for (node, hash, spec) in changed {
             sqlx::query(self.sql(
                 "INSERT INTO node_meshes (node, generation, hash, spec) VALUES (?, 1, ?, ?) \
@@ -178,12 +178,13 @@ impl Ledger {
         .await?;
         if let Some(e) = epoch {
             let detail = format!("{by} asked {node} for a new mesh key pair (epoch {e})");
-            self.events_in(
-                &mut tx,
-                now_ms,
-                &[("mesh-key-rotation".to_owned(), node.to_owned(), detail)],
-            )
-            .await?;
+            self.events()
+                .events_in(
+                    &mut tx,
+                    now_ms,
+                    &[("mesh-key-rotation".to_owned(), node.to_owned(), detail)],
+                )
+                .await?;
         }
         tx.commit().await?;
         Ok(epoch)
@@ -201,7 +202,7 @@ impl Ledger {
             return Ok(());
         }
         let mut tx = self.write_tx().await?;
-        self.events_in(&mut tx, now_ms, events).await?;
+        self.events().events_in(&mut tx, now_ms, events).await?;
         for (node, down) in changed {
             sqlx::query(self.sql("UPDATE node_meshes SET down = ? WHERE node = ?"))
                 .bind(down)

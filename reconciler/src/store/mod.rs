@@ -15,6 +15,7 @@ mod drift;
 mod events;
 pub mod fleet;
 pub mod group;
+mod handles;
 mod jobs;
 pub mod kept;
 mod lease;
@@ -62,6 +63,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 pub use events::Event;
+pub use handles::{Backups, Certificates, Deployments, Domains, Events, Jobs, Nodes, Revisions, Views, Volumes};
 pub(crate) use jobs::JobRow;
 pub use jobs::{Completion, HELD, Lease, LeaseToken, Measure, NewJob, Outcome, Refused, backoff_ms, job_key};
 

@@ -19,7 +19,7 @@
 //! was, untouched (a move only reads it), and the drift repair starts the role there again.
 //! While a move is under way, that repair leaves the role alone (`moving_roles`).
 
-use super::{JobRow, Ledger, LedgerError, WriteTx};
+use super::{JobRow, LedgerError, WriteTx};
 use state_schema::task::Task;
 use state_schema::values::Name;
 
@@ -72,11 +72,11 @@ pub struct Moving {
     pub asked_at: i64,
 }
 
-impl Ledger {
+impl crate::store::Volumes<'_> {
     /// What a move of `environment`'s `volume` is judged on: every volume's row, and the
     /// finished rollouts that back volumes up (`ops::volumes` judges; nothing is written).
     pub async fn move_rows(&self) -> Result<(Vec<super::volumes::VolumeRow>, Vec<(i64, String)>), LedgerError> {
-        Ok((self.volumes().await?, self.backup_deployments().await?))
+        Ok((self.volumes().await?, self.backups().backup_deployments().await?))
     }
 
     /// Starts a move judged already (`ops::volumes`): `environment`'s `volume`, on `from` for
@@ -108,7 +108,7 @@ impl Ledger {
         let mut tx = self.write_tx().await?;
         // Whatever else of the volume is going (a backup, a restore) ends first.
         for prefix in going {
-            if let Some(key) = self.going(&mut tx, environment, &prefix).await? {
+            if let Some(key) = self.jobs().going(&mut tx, environment, &prefix).await? {
                 return Ok(Err(MoveRefusal::Moving(format!("{key} first"))));
             }
         }
@@ -129,6 +129,7 @@ impl Ledger {
         let job = JobRow::new(task, from, 3, now_ms, None);
         let key = job.key.clone();
         if self
+            .jobs()
             .enqueue_in(&mut tx, std::slice::from_ref(&job), now_ms)
             .await?
             .is_empty()
@@ -145,7 +146,7 @@ impl Ledger {
                 format!("from {from} to {to}: {role} stops on {from} while its files are saved"),
             ),
         ];
-        self.events_in(&mut tx, now_ms, &events).await?;
+        self.events().events_in(&mut tx, now_ms, &events).await?;
         tx.commit().await?;
         Ok(Ok(Moving {
             job: key,
@@ -213,7 +214,7 @@ impl Ledger {
         };
         let job = JobRow::new(&task, &to, 3, now_ms, None);
         let key = job.key.clone();
-        self.enqueue_in(tx, std::slice::from_ref(&job), now_ms).await?;
+        self.jobs().enqueue_in(tx, std::slice::from_ref(&job), now_ms).await?;
         let events = [
             ("job-queued".to_owned(), key, String::new()),
             (
@@ -225,7 +226,7 @@ impl Ledger {
                 ),
             ),
         ];
-        self.events_in(tx, now_ms, &events).await
+        self.events().events_in(tx, now_ms, &events).await
     }
 
     /// A move's restore ended on `node`: restored, the volume is there at generation `to` and
@@ -274,7 +275,8 @@ impl Ledger {
         .bind(to - 1)
         .execute(&mut **tx)
         .await?;
-        self.keep_generation_in(tx, (env, volume, to - 1), &from, now_ms)
+        self.deployments()
+            .keep_generation_in(tx, (env, volume, to - 1), &from, now_ms)
             .await?;
         let mut events = vec![(
             "volume-moved".to_owned(),
@@ -304,7 +306,7 @@ impl Ledger {
             .await?;
             events.push(done_event(env, volume, &role, &from, node, asked, now_ms));
         }
-        self.events_in(tx, now_ms, &events).await?;
+        self.events().events_in(tx, now_ms, &events).await?;
         Ok(true)
     }
 
@@ -340,7 +342,7 @@ impl Ledger {
             .await?;
             events.push(done_event(&env, &volume, &role, &from, &node, asked, now_ms));
         }
-        self.events_in(tx, now_ms, &events).await
+        self.events().events_in(tx, now_ms, &events).await
     }
 
     /// Ends a move that failed: the volume stays where it was (a move only read it), and its
@@ -361,14 +363,15 @@ impl Ledger {
         .bind(volume)
         .execute(&mut **tx)
         .await?;
-        self.event(
-            tx,
-            now_ms,
-            "volume-move-failed",
-            &format!("{env}/{volume}"),
-            &format!("{why}; the volume stays where it was and its role starts there again"),
-        )
-        .await
+        self.events()
+            .event(
+                tx,
+                now_ms,
+                "volume-move-failed",
+                &format!("{env}/{volume}"),
+                &format!("{why}; the volume stays where it was and its role starts there again"),
+            )
+            .await
     }
 
     /// `(environment, role)` of every role whose volume is moving: stopped on purpose, so the

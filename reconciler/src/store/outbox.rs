@@ -4,7 +4,7 @@
 //! refused for good, that ran out of attempts, or that a full queue could not take is `dead`,
 //! with its last error: the dead-letter record (`GET /v1/outbox?state=dead`). SQL only.
 
-use super::{Ledger, LedgerError};
+use super::LedgerError;
 use sqlx::FromRow;
 
 /// Pending rows a target may hold; past it new ones are written dead (`queue-full`), so a
@@ -42,7 +42,7 @@ pub struct OutboxRow {
 const COLUMNS: &str =
     "id, target, event_id, kind, payload, state, attempts, next_at, last_error, created_at, updated_at";
 
-impl Ledger {
+impl crate::store::Events<'_> {
     /// The last event turned into notifications; `None` before the first round.
     pub(crate) async fn outbox_cursor(&self) -> Result<Option<i64>, LedgerError> {
         Ok(
@@ -177,7 +177,7 @@ impl Ledger {
     }
 }
 
-impl Ledger {
+impl crate::store::Events<'_> {
     /// The commit generation `generation` of `environment` was made from.
     pub(crate) async fn generation_sha(
         &self,

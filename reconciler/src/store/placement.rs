@@ -5,7 +5,7 @@
 //! the `state_schema::placement` values; the decisions are `state_schema::replacement`'s and
 //! `reconcile::placing`'s.
 
-use super::{Ledger, LedgerError, WriteTx};
+use super::{LedgerError, WriteTx};
 use sqlx::FromRow;
 use state_schema::deployment::DeploymentSpec;
 use state_schema::generations::Status;
@@ -55,7 +55,7 @@ pub struct Seen {
     pub capabilities: BTreeSet<String>,
 }
 
-impl Ledger {
+impl crate::store::Nodes<'_> {
     /// Every enrolled node, with what its heartbeats said.
     pub async fn seen_nodes(&self) -> Result<BTreeMap<String, Seen>, LedgerError> {
         let mut out = BTreeMap::new();
@@ -113,7 +113,7 @@ impl Ledger {
         Ok(FleetRows {
             seen: seen_nodes(&self.seen_nodes().await?),
             running: self.running_specs().await?,
-            pins: self.volume_pins().await?,
+            pins: self.volumes().volume_pins().await?,
             lost_after_ms,
         })
     }
@@ -126,7 +126,7 @@ impl Ledger {
             lost_after_ms,
             nodes: seen_nodes(&self.seen_nodes().await?),
             running: self.running().await?,
-            pins: self.volume_pins().await?,
+            pins: self.volumes().volume_pins().await?,
             held: self.held_environments().await?,
         })
     }
@@ -303,7 +303,7 @@ impl Ledger {
     }
 }
 
-impl Ledger {
+impl crate::store::Nodes<'_> {
     /// Announces nodes that fell silent past the lost threshold (`node-lost`, once each) and
     /// those heard from again since (`node-back`). Returns both lists. Called when the fleet's
     /// signature changed (a node's liveness class is part of it), so a quiet fleet reads
@@ -336,7 +336,7 @@ impl Ledger {
         for (node, _) in &back {
             events.push(("node-back".to_owned(), node.clone(), "heard from again".to_owned()));
         }
-        self.events_in(&mut tx, now_ms, &events).await?;
+        self.events().events_in(&mut tx, now_ms, &events).await?;
         tx.commit().await?;
         Ok((
             lost.into_iter().map(|(n, _)| n).collect(),

@@ -1,9 +1,9 @@
 //! Judged commits: a verdict once per (sha, branch), and where a branch stands (last judged,
 //! last accepted, deployed branches).
 
-use super::{Ledger, LedgerError, WriteTx};
+use super::{LedgerError, WriteTx};
 
-impl Ledger {
+impl crate::store::Revisions<'_> {
     /// Records the judgement of a commit of `branch`, with an event, in one transaction.
     /// Returns `false` (and writes nothing) when that commit was judged before.
     pub async fn record_revision(
@@ -47,7 +47,8 @@ impl Ledger {
             j.reasons.iter().map(|x| x.code.as_str()).collect::<Vec<_>>().join(",")
         };
         let subject = format!("{branch}@{}", j.sha);
-        self.event(tx, now_ms, &format!("revision-{verdict}"), &subject, &detail)
+        self.events()
+            .event(tx, now_ms, &format!("revision-{verdict}"), &subject, &detail)
             .await?;
         Ok(Some(id))
     }

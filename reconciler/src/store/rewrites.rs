@@ -4,7 +4,7 @@
 //! in force. An admin may approve exactly one such head (`pl revisions approve-rewrite`), which
 //! is then judged like any other commit.
 
-use crate::store::{Ledger, LedgerError};
+use crate::store::LedgerError;
 use sqlx::FromRow;
 
 /// The stable code of the refusal.
@@ -38,7 +38,7 @@ pub struct RewriteRow {
     pub approved_at_ms: Option<i64>,
 }
 
-impl Ledger {
+impl crate::store::Revisions<'_> {
     /// Whether `sha` was refused as a rewrite of `branch` while `accepted` was in force, and
     /// whether it was approved since. The same head over another commit in force is another
     /// rewrite: an approval is for one.
@@ -86,14 +86,15 @@ impl Ledger {
         if row.is_none() {
             return Ok(false);
         }
-        self.event(
-            &mut tx,
-            now_ms,
-            "revision-rejected",
-            &format!("{branch}@{sha}"),
-            HISTORY_REWRITTEN,
-        )
-        .await?;
+        self.events()
+            .event(
+                &mut tx,
+                now_ms,
+                "revision-rejected",
+                &format!("{branch}@{sha}"),
+                HISTORY_REWRITTEN,
+            )
+            .await?;
         tx.commit().await?;
         Ok(true)
     }
@@ -129,7 +130,8 @@ impl Ledger {
                 None => Approval::NotPending,
             });
         }
-        self.event(&mut tx, now_ms, "rewrite-approved", &format!("{branch}@{sha}"), by)
+        self.events()
+            .event(&mut tx, now_ms, "rewrite-approved", &format!("{branch}@{sha}"), by)
             .await?;
         tx.commit().await?;
         Ok(Approval::Approved)

@@ -5,8 +5,8 @@
 //! (`pl rollback --release ENV`). SQL only: the rollback's generation is started by the
 //! reconcile pass (`reconcile/rollback.rs`).
 
+use super::LedgerError;
 use super::rows::gen_u64;
-use super::{Ledger, LedgerError};
 use serde::{Deserialize, Serialize};
 use sqlx::FromRow;
 use state_schema::deployment::DeploymentSpec;
@@ -119,7 +119,7 @@ fn release_of(spec: &str) -> Option<String> {
         .map(|s| s.release_hash)
 }
 
-impl Ledger {
+impl crate::store::Deployments<'_> {
     /// Asks for `environment`'s rollback to its previous release, by `by`, of generation `of`
     /// only when given (an abort, or an automatic rollback of the generation whose watch
     /// failed: a newer one may have started since): judged by `decide` on the deployment's row
@@ -173,7 +173,8 @@ impl Ledger {
             "generation {} back to generation {}'s release as generation {}, by {by}",
             ask.from, ask.to, ask.generation
         );
-        self.event(&mut tx, now_ms, "rollback-asked", environment, &detail)
+        self.events()
+            .event(&mut tx, now_ms, "rollback-asked", environment, &detail)
             .await?;
         tx.commit().await?;
         Ok(Ok(ask))
@@ -198,7 +199,8 @@ impl Ledger {
         self.set_hold(&mut tx, environment, &serde_json::to_string(&hold)?)
             .await?;
         let detail = format!("by {by}: planned from Git again");
-        self.event(&mut tx, now_ms, "rollback-released", environment, &detail)
+        self.events()
+            .event(&mut tx, now_ms, "rollback-released", environment, &detail)
             .await?;
         tx.commit().await?;
         Ok(Ok(hold))
@@ -214,7 +216,9 @@ impl Ledger {
         for env in &released {
             self.set_hold(&mut tx, env, "").await?;
             let detail = format!("released; the commit in force is not accepted when judged again: {why}");
-            self.event(&mut tx, now_ms, "rollback-hold-ended", env, &detail).await?;
+            self.events()
+                .event(&mut tx, now_ms, "rollback-hold-ended", env, &detail)
+                .await?;
         }
         tx.commit().await?;
         Ok(released.len())

@@ -4,7 +4,7 @@
 //! canary's measures reported, for its gates. SQL only.
 
 use super::rows::gen_u64;
-use super::{Ledger, LedgerError, Measure, WriteTx};
+use super::{LedgerError, Measure, WriteTx};
 use sqlx::FromRow;
 
 /// Where an environment's deployment stands, as a promote or an abort is judged on it.
@@ -26,7 +26,7 @@ struct MeasureRow {
     logged: i64,
 }
 
-impl Ledger {
+impl crate::store::Deployments<'_> {
     /// What the measures of `environment`'s step `step` of generation `generation` reported,
     /// one per job that succeeded.
     pub(crate) async fn step_measures(
@@ -98,7 +98,8 @@ impl Ledger {
             "generation {}: step {step} runs now, promoted by {by}",
             gen_u64(generation)
         );
-        self.event(&mut tx, now_ms, "canary-promoted", environment, &detail)
+        self.events()
+            .event(&mut tx, now_ms, "canary-promoted", environment, &detail)
             .await?;
         tx.commit().await?;
         Ok(true)

@@ -3,8 +3,8 @@
 //! replaces, a rollback's resumed generation, the environment's subnet on the node, the
 //! node's age recipient, and the secrets already sealed to it (by node and ciphertext hash).
 
+use super::LedgerError;
 use super::rows::subnet;
-use super::{Ledger, LedgerError};
 use state_schema::deployment::DeploymentSpec;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 /// run something are cancelled when a newer one starts, so a lease only ever needs these.
 pub(crate) type Specs = BTreeMap<String, (u64, DeploymentSpec)>;
 
-impl Ledger {
+impl crate::store::Jobs<'_> {
     pub(crate) async fn specs_for(&self, envs: &BTreeSet<String>) -> Result<Specs, LedgerError> {
         let mut out = Specs::new();
         for env in envs {

@@ -1,7 +1,7 @@
 //! Read-only views of the ledger for the operator API: the wire rows `pl status`, `pl jobs`,
 //! `pl revisions` and the metrics show. Kept apart from the domain types on purpose.
 
-use crate::store::{Ledger, LedgerError};
+use crate::store::LedgerError;
 use serde::Serialize;
 use sqlx::FromRow;
 use state_schema::generations::Action;
@@ -116,7 +116,7 @@ pub struct Counts {
     pub at_ms: i64,
 }
 
-impl Ledger {
+impl crate::store::Views<'_> {
     /// Revisions newest first, before the id `before` (a page's `next`).
     pub async fn revisions(
         &self,
@@ -216,7 +216,7 @@ impl Ledger {
         // What agents report, by environment: (node, role, index, generation, healthy).
         let mut seen: BTreeMap<String, Vec<(String, agent_proto::RunningInstance)>> = BTreeMap::new();
         let since = now_ms - state_schema::placement::UNHEALTHY_AFTER_MS;
-        for (node, list) in self.observed_replicas(since).await? {
+        for (node, list) in self.nodes().observed_replicas(since).await? {
             for i in list {
                 seen.entry(i.environment.clone()).or_default().push((node.clone(), i));
             }
@@ -272,7 +272,7 @@ impl Ledger {
     /// The newest event a cursor may pass (see [`Ledger::event_horizon`]); 0 when there is
     /// none yet.
     pub async fn last_event_id(&self) -> Result<i64, LedgerError> {
-        Ok(self.event_horizon().await?.unwrap_or(0))
+        Ok(self.events().event_horizon().await?.unwrap_or(0))
     }
 
     pub async fn counts(&self, now_ms: i64) -> Result<Counts, LedgerError> {

@@ -3,7 +3,7 @@
 //! last measured. SQL only; placement reads the pins (`state_schema::placement::Pin`), the
 //! deploy path records them in the transaction that writes the generation.
 
-use super::{Ledger, LedgerError};
+use super::LedgerError;
 use sqlx::FromRow;
 use state_schema::deployment::DeploymentSpec;
 use state_schema::placement::Pin;
@@ -69,7 +69,7 @@ pub struct Measured {
     pub bytes: u64,
 }
 
-impl Ledger {
+impl crate::store::Volumes<'_> {
     /// Every volume row, by environment and name.
     pub async fn volumes(&self) -> Result<Vec<VolumeRow>, LedgerError> {
         let q = format!("SELECT {COLUMNS} FROM volumes ORDER BY environment, volume");
@@ -232,14 +232,15 @@ impl Ledger {
             .bind(volume)
             .execute(&mut *tx)
             .await?;
-        self.event(
-            &mut tx,
-            now_ms,
-            "volume-remove-requested",
-            &format!("{environment}/{volume}"),
-            "an admin ended its retention",
-        )
-        .await?;
+        self.events()
+            .event(
+                &mut tx,
+                now_ms,
+                "volume-remove-requested",
+                &format!("{environment}/{volume}"),
+                "an admin ended its retention",
+            )
+            .await?;
         tx.commit().await?;
         Ok(Ok(row))
     }
@@ -260,14 +261,15 @@ impl Ledger {
         .rows_affected()
             > 0;
         if gone {
-            self.event(
-                &mut tx,
-                now_ms,
-                "volume-removed",
-                &format!("{}/{}", row.environment, row.volume),
-                &format!("generation {} on {}", row.generation, row.node),
-            )
-            .await?;
+            self.events()
+                .event(
+                    &mut tx,
+                    now_ms,
+                    "volume-removed",
+                    &format!("{}/{}", row.environment, row.volume),
+                    &format!("generation {} on {}", row.generation, row.node),
+                )
+                .await?;
         }
         tx.commit().await?;
         Ok(gone)
@@ -309,7 +311,7 @@ impl Ledger {
                 .await?;
             if now_blocked {
                 newly += 1;
-                self.event(
+                self.events().event(
                     &mut tx,
                     now_ms,
                     "volume-pinned",

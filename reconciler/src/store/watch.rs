@@ -6,7 +6,7 @@
 //! when something is watched (`hub::WatchHint`), so that a heartbeat with nothing under watch
 //! reads nothing.
 
-use super::{Ledger, LedgerError, WriteTx};
+use super::{LedgerError, WriteTx};
 use sqlx::FromRow;
 use state_schema::deployment::DeploymentSpec;
 use state_schema::watch::Seen;
@@ -39,7 +39,7 @@ pub struct Failed {
 const WATCHED_UNTIL: &str =
     "SELECT MAX(CASE WHEN watch = 'to-switch' THEN ? ELSE watch_until END) FROM deployments WHERE watch <> ''";
 
-impl Ledger {
+impl crate::store::Deployments<'_> {
     /// `environment`'s generation is watched from `from_ms` to `until_ms` (a release's window).
     pub(crate) async fn set_watch(
         &self,
@@ -242,7 +242,7 @@ impl Ledger {
                 ("watch-passed".to_owned(), env.clone(), detail)
             })
             .collect();
-        self.events_in(&mut tx, now_ms, &events).await?;
+        self.events().events_in(&mut tx, now_ms, &events).await?;
         tx.commit().await?;
         Ok(passed.into_iter().map(|(env, _)| env).collect())
     }

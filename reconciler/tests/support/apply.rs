@@ -27,7 +27,7 @@ pub async fn settle(ledger: &Ledger, url: &str) {
             return;
         }
         for node in nodes {
-            let leases = ledger.lease(&node, 1000, 60_000, now_ms()).await.expect("lease");
+            let leases = ledger.jobs().lease(&node, 1000, 60_000, now_ms()).await.expect("lease");
             let done: Vec<Completion> = leases
                 .into_iter()
                 .map(|l| Completion {
@@ -35,7 +35,7 @@ pub async fn settle(ledger: &Ledger, url: &str) {
                     outcome: Outcome::Succeeded,
                 })
                 .collect();
-            ledger.complete(&done, now_ms()).await.expect("complete");
+            ledger.jobs().complete(&done, now_ms()).await.expect("complete");
         }
         ledger.advance(now_ms(), &Default::default()).await.expect("advance");
     }

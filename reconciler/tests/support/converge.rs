@@ -8,7 +8,12 @@ use std::sync::Arc;
 pub async fn converge(shared: &Arc<Reconciler>) {
     for _ in 0..20 {
         shared.pass().await.expect("pass");
-        let leases = shared.ledger.lease("n1", 100, 30_000, now_ms()).await.expect("lease");
+        let leases = shared
+            .ledger
+            .jobs()
+            .lease("n1", 100, 30_000, now_ms())
+            .await
+            .expect("lease");
         if leases.is_empty() {
             return;
         }
@@ -19,7 +24,7 @@ pub async fn converge(shared: &Arc<Reconciler>) {
                 outcome: Outcome::Succeeded,
             })
             .collect();
-        let results = shared.ledger.complete(&done, now_ms()).await.expect("complete");
+        let results = shared.ledger.jobs().complete(&done, now_ms()).await.expect("complete");
         assert!(results.iter().all(|r| r.is_ok()), "every completion recorded");
     }
     panic!("did not converge in 20 rounds");

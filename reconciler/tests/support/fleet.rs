@@ -23,7 +23,12 @@ pub async fn settle(shared: &Arc<Reconciler>, nodes: &[&str]) {
     for _ in 0..12 {
         let mut any = false;
         for node in nodes {
-            let leases = shared.ledger.lease(node, 100, 30_000, now_ms()).await.expect("lease");
+            let leases = shared
+                .ledger
+                .jobs()
+                .lease(node, 100, 30_000, now_ms())
+                .await
+                .expect("lease");
             any |= !leases.is_empty();
             let done: Vec<Completion> = leases
                 .into_iter()
@@ -32,7 +37,7 @@ pub async fn settle(shared: &Arc<Reconciler>, nodes: &[&str]) {
                     outcome: Outcome::Succeeded,
                 })
                 .collect();
-            shared.ledger.complete(&done, now_ms()).await.expect("complete");
+            shared.ledger.jobs().complete(&done, now_ms()).await.expect("complete");
         }
         shared.pass().await.expect("pass");
         if !any {

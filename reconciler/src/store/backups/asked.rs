@@ -157,7 +157,7 @@ fn planned(spec: &DeploymentSpec) -> Vec<(Name, CronSchedule)> {
         .collect()
 }
 
-impl Ledger {
+impl crate::store::Backups<'_> {
     /// Queues a backup of `environment`'s `volume` now (an operator's `pl backup`), on the node
     /// that holds it. Returns its job key.
     pub async fn backup_now(
@@ -221,6 +221,7 @@ impl Ledger {
         let task = job.task(&spec.environment, &volume, generation, now_ms.div_euclid(1000), true);
         let mut tx = self.write_tx().await?;
         if let Some(key) = self
+            .jobs()
             .going(&mut tx, environment, &job.key_prefix(&spec.environment, &volume))
             .await?
         {
@@ -228,7 +229,9 @@ impl Ledger {
         }
         let row = JobRow::new(&task, &node, BACKUP_ATTEMPTS, now_ms, None);
         let key = row.key.clone();
-        self.enqueue_in(&mut tx, std::slice::from_ref(&row), now_ms).await?;
+        self.jobs()
+            .enqueue_in(&mut tx, std::slice::from_ref(&row), now_ms)
+            .await?;
         let events = [
             ("job-queued".to_owned(), key.clone(), String::new()),
             (
@@ -237,7 +240,7 @@ impl Ledger {
                 format!("asked now, on {node}"),
             ),
         ];
-        self.events_in(&mut tx, now_ms, &events).await?;
+        self.events().events_in(&mut tx, now_ms, &events).await?;
         tx.commit().await?;
         Ok(Ok(key))
     }
@@ -271,6 +274,7 @@ impl Ledger {
             return Ok(Err(BackupRefusal::Dump));
         }
         let Some(row) = self
+            .volumes()
             .volumes()
             .await?
             .into_iter()
@@ -318,6 +322,7 @@ impl Ledger {
         };
         let mut tx = self.write_tx().await?;
         if let Some(key) = self
+            .jobs()
             .going(&mut tx, environment, &format!("vol:{environment}/{volume}:v{to}:"))
             .await?
         {
@@ -325,7 +330,9 @@ impl Ledger {
         }
         let job = JobRow::new(&task, &row.node, 1, now_ms, None);
         let key = job.key.clone();
-        self.enqueue_in(&mut tx, std::slice::from_ref(&job), now_ms).await?;
+        self.jobs()
+            .enqueue_in(&mut tx, std::slice::from_ref(&job), now_ms)
+            .await?;
         let events = [
             ("job-queued".to_owned(), key.clone(), String::new()),
             (
@@ -334,7 +341,7 @@ impl Ledger {
                 format!("snapshot {snapshot} into generation {to} on {}", row.node),
             ),
         ];
-        self.events_in(&mut tx, now_ms, &events).await?;
+        self.events().events_in(&mut tx, now_ms, &events).await?;
         tx.commit().await?;
         Ok(Ok(Restoring {
             job: key,

@@ -4,7 +4,7 @@
 //! the volume's node or refused. What is due on a schedule is `reconcile::backups`'s, and what
 //! a lease hands the agent `delivery`'s.
 
-use super::{JobRow, Ledger, LedgerError, WriteTx};
+use super::{JobRow, LedgerError, WriteTx};
 use sqlx::FromRow;
 use state_schema::deployment::DeploymentSpec;
 use state_schema::task::{Task, backup_key_prefix, drill_key_prefix};
@@ -76,7 +76,7 @@ pub(crate) struct Ended<'a> {
     pub reason: &'a str,
 }
 
-impl Ledger {
+impl crate::store::Backups<'_> {
     /// Live deployments whose spec backs up a volume, done rolling out: (generation, spec).
     pub(crate) async fn backup_deployments(&self) -> Result<Vec<(i64, String)>, LedgerError> {
         Ok(sqlx::query_as(self.sql(
@@ -149,7 +149,7 @@ impl Ledger {
         .await?;
         if moving {
             // A move's first step: its own events, and the next step.
-            return self.record_move_saved_in(tx, ended, now_ms).await;
+            return self.volumes().record_move_saved_in(tx, ended, now_ms).await;
         }
         let subject = format!("{env}/{volume}");
         let event = match (drill, ended.saved) {
@@ -177,7 +177,7 @@ impl Ledger {
                 format!("on {}: {}", ended.node, ended.reason),
             ),
         };
-        self.events_in(tx, now_ms, &[event]).await
+        self.events().events_in(tx, now_ms, &[event]).await
     }
 
     /// A restore's end: when it succeeded, the volume moves to the generation it filled (its
@@ -197,6 +197,7 @@ impl Ledger {
         let to = i64::try_from(to).unwrap_or(i64::MAX);
         let failure = (!succeeded).then_some(reason);
         if self
+            .volumes()
             .record_move_restored_in(tx, (env, volume, to), node, failure, now_ms)
             .await?
         {
@@ -217,7 +218,9 @@ impl Ledger {
             if moved == 0 {
                 return Ok(());
             }
-            self.keep_generation_in(tx, (env, volume, to - 1), node, now_ms).await?;
+            self.deployments()
+                .keep_generation_in(tx, (env, volume, to - 1), node, now_ms)
+                .await?;
             (
                 "volume-restored".to_owned(),
                 subject,
@@ -230,7 +233,7 @@ impl Ledger {
                 format!("on {node}: {reason}"),
             )
         };
-        self.events_in(tx, now_ms, &[event]).await
+        self.events().events_in(tx, now_ms, &[event]).await
     }
 
     /// `environment`'s ended backups, newest first (of one volume when given), at most `limit`.
@@ -324,6 +327,7 @@ mod tests {
         assert_eq!(known_snapshot(&known, "deadbeef"), None, "well-formed, unknown");
     }
     use super::*;
+    use crate::store::Ledger;
 
     #[tokio::test]
     async fn a_drill_is_a_row_of_its_own_that_proves_a_snapshot_and_is_no_backup_failure() {
@@ -348,10 +352,15 @@ mod tests {
                 saved,
                 reason: "verify-restore-failed: restoring snapshot beef5678: ciphertext verification failed",
             };
-            ledger.record_backup_in(&mut tx, &ended, at).await.expect("record");
+            ledger
+                .backups()
+                .record_backup_in(&mut tx, &ended, at)
+                .await
+                .expect("record");
             tx.commit().await.expect("commit");
         }
         let statuses: Vec<String> = ledger
+            .backups()
             .backups("shop", None, 50)
             .await
             .expect("list")
@@ -360,6 +369,7 @@ mod tests {
             .collect();
         assert_eq!(statuses, ["verify-failed", "verified", "verified", "succeeded"]);
         let sizes: Vec<Option<i64>> = ledger
+            .backups()
             .backups("shop", None, 50)
             .await
             .expect("list")
@@ -369,12 +379,12 @@ mod tests {
         assert_eq!(sizes, [None, None, None, Some(0)], "a drill reads nothing");
         // The newest passing drill proves the restore; a failed drill is no backup failure.
         assert_eq!(
-            ledger.proven("shop").await.expect("proven"),
+            ledger.backups().proven("shop").await.expect("proven"),
             [("pgdata".to_owned(), 3000, Some("beef5678".to_owned()))]
         );
-        let health = ledger.backup_health().await.expect("health");
+        let health = ledger.backups().backup_health().await.expect("health");
         assert_eq!((health[0].last_success_at, health[0].failures_since), (Some(1000), 0));
-        let events = ledger.events_after(0, 100).await.expect("events");
+        let events = ledger.events().events_after(0, 100).await.expect("events");
         let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
         assert_eq!(
             kinds,
@@ -408,7 +418,11 @@ mod tests {
                 saved,
                 reason: "backup-command-failed: exited with 3",
             };
-            ledger.record_backup_in(&mut tx, &ended, 1000).await.expect("record");
+            ledger
+                .backups()
+                .record_backup_in(&mut tx, &ended, 1000)
+                .await
+                .expect("record");
             tx.commit().await.expect("commit");
         }
         let keys = |rows: Vec<BackupRow>| {
@@ -417,14 +431,14 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(
-            keys(ledger.backups("shop", None, 50).await.expect("list")),
+            keys(ledger.backups().backups("shop", None, 50).await.expect("list")),
             ["rows failed", "data succeeded"]
         );
         assert_eq!(
-            keys(ledger.backups("shop", Some("data"), 50).await.expect("list")),
+            keys(ledger.backups().backups("shop", Some("data"), 50).await.expect("list")),
             ["data succeeded"]
         );
-        let health = ledger.backup_health().await.expect("health");
+        let health = ledger.backups().backup_health().await.expect("health");
         assert_eq!(health.len(), 3);
         assert_eq!(health[1].volume, "data");
         assert_eq!((health[1].last_success_at, health[1].failures_since), (Some(1000), 0));
