@@ -179,6 +179,20 @@ pub struct RenewRequest {
     pub proof: LeaseProof,
 }
 
+/// The answer to a renewed lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RenewResponse {
+    /// When the lease now expires, milliseconds since the epoch.
+    pub expires_at_ms: i64,
+}
+
+/// The answer to `POST /v1/agent/complete`: the outcome was recorded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CompleteResponse {
+    pub completed: bool,
+}
+
 /// How a job ended, as the agent reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

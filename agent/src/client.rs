@@ -137,12 +137,12 @@ impl AgentClient {
     }
 
     pub fn renew(&self, proof: &LeaseProof) -> Result<(), ClientError> {
-        let _: serde_json::Value = self.post("/v1/agent/renew", &RenewRequest { proof: proof.clone() })?;
+        let _: agent_proto::RenewResponse = self.post("/v1/agent/renew", &RenewRequest { proof: proof.clone() })?;
         Ok(())
     }
 
     pub fn complete(&self, proof: &LeaseProof, outcome: Outcome, detail: &str) -> Result<(), ClientError> {
-        let _: serde_json::Value = self.post(
+        let _: agent_proto::CompleteResponse = self.post(
             "/v1/agent/complete",
             &CompleteRequest {
                 proof: proof.clone(),

@@ -14,9 +14,9 @@ use reconciler::http::server::{serve, tls_config, tls_config_with};
 use reconciler::http::streams::watch_events;
 use reconciler::hub::Hub;
 use reconciler::ops::Ops;
+use reconciler::ops::group::Group;
 use reconciler::reconcile::{Reconciler, run_fetcher, run_loop, watch_local};
 use reconciler::store::Ledger;
-use reconciler::store::group::Group;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -222,7 +222,7 @@ fn daemon(config: &Path) -> Result<()> {
                 tracing::info!(listen = %listener.local_addr().unwrap_or(a.listen), "serving the agent API over mutual TLS");
                 let group = Arc::new(Group::default());
                 let settle = Arc::clone(&hub);
-                tokio::spawn(reconciler::store::group::run(
+                tokio::spawn(reconciler::ops::group::run(
                     Arc::clone(&ledger),
                     Arc::clone(&group),
                     Arc::new(move || settle.settle_hint.notify_one()),

@@ -219,7 +219,7 @@ fn the_reconcilers_layers_import_only_downwards() {
         ("store", &["config", "pki"][..]),
         ("hub", &["store"][..]),
         // The operator's use cases: between the surfaces and the store.
-        ("ops", &["store", "hub", "config"][..]),
+        ("ops", &["store", "hub", "config", "pki"][..]),
         ("reconcile", &["store", "hub", "config", "issuer", "acme"][..]),
         (
             "http",
@@ -733,4 +733,60 @@ fn the_ledger_splits_by_aggregate_each_with_its_own_handle() {
     for a in aggregates {
         assert!(served.contains_key(a), "no store file serves {a}: {served:?}");
     }
+}
+
+#[test]
+fn the_surfaces_call_the_store_only_for_the_reads_the_code_map_names() {
+    // `http/` parses, authorises, calls `ops` (or `delivery`) and writes its answer; what it
+    // asks the store itself is a read the code map names: who a job or a certificate belongs
+    // to, a node's newer mesh (for its waiting lease), which specs run (for `pl logs`), the
+    // newest event, the control plane's id.
+    let reads: BTreeSet<&str> = BTreeSet::from([
+        "nodes().job_nodes",
+        "nodes().mesh_newer",
+        "nodes().node_of_certificate",
+        "nodes().running_specs",
+        "views().last_event_id",
+    ]);
+    let accessors = [
+        "deployments",
+        "jobs",
+        "nodes",
+        "volumes",
+        "backups",
+        "certificates",
+        "domains",
+        "events",
+        "revisions",
+        "views",
+    ];
+    let src = workspace().join("reconciler/src");
+    let mut all = Vec::new();
+    files(&src, &mut all);
+    let mut seen = BTreeSet::new();
+    for f in &all {
+        let m = module_of(&src, f);
+        if layer(&m) != "http" {
+            continue;
+        }
+        // One line per statement is not a given (rustfmt breaks chains): read the file whole,
+        // without whitespace.
+        let text: String = code(f).chars().filter(|c| !c.is_whitespace()).collect();
+        for a in accessors {
+            let open = format!("ledger.{a}().");
+            for (at, _) in text.match_indices(&open) {
+                let rest = &text[at + "ledger.".len()..];
+                let call = rest.split('(').take(2).collect::<Vec<_>>().join("(");
+                assert!(
+                    reads.contains(call.as_str()),
+                    "{m} calls the store's {call}: go through ops"
+                );
+                seen.insert(call);
+            }
+        }
+        for core in ["execute_raw(", "write_tx(", "migrate("] {
+            assert!(!text.contains(core), "{m} calls the ledger's {core}..)");
+        }
+    }
+    assert!(seen.len() >= 3, "the walk saw the surfaces' reads: {seen:?}");
 }

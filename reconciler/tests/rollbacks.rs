@@ -61,7 +61,12 @@ async fn heartbeat(ledger: &Ledger, env: &str, generation: u64, healthy: bool) {
     };
     let hub = reconciler::hub::Hub::default();
     let lost_after = state_schema::placement::LOST_AFTER_MS;
-    reconciler::ops::agents::heartbeat(ledger, &hub, lost_after, "n1", &beat, now_ms())
+    let hb = reconciler::ops::agents::Heartbeat {
+        beat,
+        volumes: &[],
+        mesh: None,
+    };
+    reconciler::ops::agents::heartbeat(ledger, &hub, lost_after, "n1", &hb, now_ms())
         .await
         .expect("heartbeat");
 }

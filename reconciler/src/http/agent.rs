@@ -8,7 +8,7 @@ use crate::config::Config;
 use crate::http::peer::Peers;
 use crate::http::server::{PeerCert, internal, json, refused};
 use crate::hub::Hub;
-use crate::store::group::Group;
+use crate::ops::group::Group;
 use crate::store::{Completion, LeaseToken, Ledger, now_ms};
 use agent_proto::{
     CompleteRequest, Heartbeat, LeaseProof, LeaseRequest, LeaseResponse, LeasedJob, MAX_DETAIL_BYTES, MAX_LEASE_BATCH,
@@ -200,46 +200,37 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
             "the heartbeat's mesh is not a WireGuard public key, a port and an IP address",
         );
     }
-    if let Err(e) = s.ledger.volumes().record_volume_use(&node, &measured, now_ms()).await {
-        return internal(e);
-    }
     let names = hb
         .mesh
         .as_ref()
         .and_then(|m| serde_json::to_string(&m.names).ok())
         .unwrap_or_else(|| "[]".into());
-    let beat = crate::store::fleet::Beat {
-        agent_version: &version,
-        capabilities: &capabilities,
-        host: hb.host.as_deref(),
-        observed: &observed,
-        repaired: &repaired,
-        taken_subnets: &taken,
-        mesh: hb
-            .mesh
-            .as_ref()
-            .map(|m| (m.public_key.as_str(), m.port, m.address.as_deref(), names.as_str())),
+    let links = hb
+        .mesh
+        .as_ref()
+        .map(|m| serde_json::to_string(&m.links).unwrap_or_else(|_| "[]".into()));
+    let beat = crate::ops::agents::Heartbeat {
+        beat: crate::store::fleet::Beat {
+            agent_version: &version,
+            capabilities: &capabilities,
+            host: hb.host.as_deref(),
+            observed: &observed,
+            repaired: &repaired,
+            taken_subnets: &taken,
+            mesh: hb
+                .mesh
+                .as_ref()
+                .map(|m| (m.public_key.as_str(), m.port, m.address.as_deref(), names.as_str())),
+        },
+        volumes: &measured,
+        mesh: hb.mesh.as_ref().zip(links.as_deref()).map(|(m, l)| (m.applied, l)),
     };
     let lost_after = s.config.control.lost_after_ms();
-    match crate::ops::agents::heartbeat(&s.ledger, &s.hub, lost_after, &node, &beat, now_ms()).await {
-        Ok(changed) => {
-            if changed {
-                // The node is ready (again) or can run other things: re-place now, not at the
-                // next interval.
-                s.hub.hint.notify_one();
-            }
-        }
-        Err(e) => return internal(e),
-    }
     // The node's mesh, when it has not applied the newest yet.
-    let mut mesh = None;
-    if let Some(m) = &hb.mesh {
-        let links = serde_json::to_string(&m.links).unwrap_or_else(|_| "[]".into());
-        match s.ledger.nodes().mesh_beat(&node, m.applied, &links, now_ms()).await {
-            Ok(row) => mesh = row.and_then(served_mesh),
-            Err(e) => return internal(e),
-        }
-    }
+    let mesh = match crate::ops::agents::heartbeat(&s.ledger, &s.hub, lost_after, &node, &beat, now_ms()).await {
+        Ok(row) => row.and_then(served_mesh),
+        Err(e) => return internal(e),
+    };
     axum::Json(agent_proto::mesh::HeartbeatReply { node, mesh }).into_response()
 }
 
@@ -413,14 +404,12 @@ async fn renew(State(s): App, Extension(peer): Peer, body: axum::body::Body) -> 
     if let Err(r) = own_job(&s, &node, req.proof.job_id).await {
         return r;
     }
-    match s
-        .ledger
-        .jobs()
-        .renew(&[token_of(&req.proof)], LEASE_TTL_MS, now_ms())
-        .await
-    {
+    match crate::ops::agents::renew_leases(&s.ledger, &[token_of(&req.proof)], LEASE_TTL_MS, now_ms()).await {
         Ok(r) => match r.first() {
-            Some(Ok(expires)) => axum::Json(serde_json::json!({"expiresAtMs": expires})).into_response(),
+            Some(Ok(expires)) => axum::Json(agent_proto::RenewResponse {
+                expires_at_ms: *expires,
+            })
+            .into_response(),
             _ => refused(Refusal::StaleFencingToken, "the lease is no longer yours"),
         },
         Err(e) => internal(e),
@@ -497,7 +486,7 @@ async fn complete(State(s): App, Extension(peer): Peer, body: axum::body::Body) 
         Err(r) => return r,
     };
     match complete_one(&s, &node, req).await {
-        Ok(Ok(())) => axum::Json(serde_json::json!({"completed": true})).into_response(),
+        Ok(Ok(())) => axum::Json(agent_proto::CompleteResponse { completed: true }).into_response(),
         Ok(Err((code, message))) => refused(code, message),
         Err(e) => internal(e),
     }
@@ -575,38 +564,15 @@ async fn certificate(State(s): App, Extension(peer): Peer, body: axum::body::Bod
         Ok(r) => r,
         Err(r) => return r,
     };
-    let (Some(ca_cert), Some(ca_key)) = (&s.config.control.ca_cert, &s.config.control.ca_key) else {
-        return refused(Refusal::NoControlCa, "the control plane has no CA configured");
-    };
-    let issued = match crate::pki::sign_node_csr(&req.csr, &node, s.config.control.node_cert_hours, ca_cert, ca_key) {
-        Ok(i) => i,
-        Err(crate::pki::PkiError::Refused(message, r)) => return refused(r, message),
-        Err(e) => return internal(e),
-    };
-    let bundle = match s.config.control.ca_bundle() {
-        Ok(b) => b,
-        Err(e) => return internal(e),
-    };
-    let control_plane = match s.ledger.control_plane().await {
-        Ok(id) => id,
-        Err(e) => return internal(e),
-    };
-    match s
-        .ledger
-        .nodes()
-        .add_renewed_certificate(&node, &old, &issued, now_ms())
-        .await
-    {
-        Ok(()) => {
-            tracing::info!(node = %node, fingerprint = %issued.fingerprint, "certificate renewed");
-            axum::Json(agent_proto::EnrollResponse {
-                certificate: issued.pem,
-                ca: bundle,
-                not_after_ms: issued.not_after_ms,
-                control_plane,
-            })
-            .into_response()
-        }
-        Err(e) => internal(e),
+    match crate::ops::agents::renew_certificate(&s.ledger, &s.config.control, &node, &old, &req.csr, now_ms()).await {
+        Ok(c) => axum::Json(agent_proto::EnrollResponse {
+            certificate: c.issued.pem,
+            ca: c.bundle,
+            not_after_ms: c.issued.not_after_ms,
+            control_plane: c.control_plane,
+        })
+        .into_response(),
+        Err(crate::ops::agents::NotIssued::Refused(r, message)) => refused(r, message),
+        Err(crate::ops::agents::NotIssued::Failed(e)) => internal(e),
     }
 }

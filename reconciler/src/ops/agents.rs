@@ -1,12 +1,19 @@
-//! The agents' use cases that are decisions, not transport: a heartbeat judged against what
-//! the ledger held of its node (does placement see the node differently now? did a replica
-//! go missing? does a watched release fail on it?) and then recorded. The agent API
-//! (`http::agent`) parses and authorises, calls these, and answers.
+//! The agents' use cases: a heartbeat judged against what the ledger held of its node (does
+//! placement see the node differently now? did a replica go missing? does a watched release
+//! fail on it?) and recorded with its volumes and mesh; enrolment and a certificate's
+//! renewal (signed by the node CA, `pki`, then recorded); a lease renewed. Leases and
+//! completions go through the group commit (`ops::group`). The agent API (`http::agent`,
+//! `http::enrolment`) parses and authorises, calls these, and answers.
 
+use crate::config::ControlConfig;
 use crate::hub::Hub;
-use crate::store::fleet::{Beat, BeatRow};
-use crate::store::{Ledger, LedgerError};
+use crate::pki::{Issued, PkiError, sign_node_csr};
+use crate::store::fleet::{Beat, BeatRow, Enrolment};
+use crate::store::volumes::Measured;
+use crate::store::{LeaseToken, Ledger, LedgerError, Refused};
+use agent_proto::Refusal;
 use agent_proto::RunningInstance;
+use state_schema::declared::Declared;
 use state_schema::placement::Liveness;
 use std::sync::atomic::Ordering;
 
@@ -47,19 +54,32 @@ pub fn judge(
     }
 }
 
-/// Records `node`'s heartbeat at `now_ms`: its repairs as events, each release watched with
-/// replicas there judged on it (`state_schema::watch::judge`), what changed judged
-/// ([`judge`]), then the row written. A replica gone missing marks drift suspected (the
-/// loop's next drift check looks). Returns whether the loop should re-place now (the node
-/// changed for placement, or a watch failed and its release is to be rolled back).
+/// What one heartbeat brings, checked and bounded by the agent API.
+pub struct Heartbeat<'a> {
+    pub beat: Beat<'a>,
+    /// The volumes the node measured: only rows naming this node are updated.
+    pub volumes: &'a [Measured],
+    /// The mesh generation the node applied and its links as it says (JSON), when it is in
+    /// the mesh.
+    pub mesh: Option<(u64, &'a str)>,
+}
+
+/// Records `node`'s heartbeat at `now_ms`: its volumes' sizes, its repairs as events, each
+/// release watched with replicas there judged on it (`state_schema::watch::judge`), what
+/// changed judged ([`judge`]), the row written, then its mesh's applied generation and links.
+/// A replica gone missing marks drift suspected (the loop's next drift check looks); a node
+/// placement sees differently, or a failed watch, wakes the loop now. Returns the node's
+/// newer mesh (generation, spec), if it has not applied the newest yet.
 pub async fn heartbeat(
     ledger: &Ledger,
     hub: &Hub,
     lost_after_ms: i64,
     node: &str,
-    beat: &Beat<'_>,
+    hb: &Heartbeat<'_>,
     now_ms: i64,
-) -> Result<bool, LedgerError> {
+) -> Result<Option<(i64, String)>, LedgerError> {
+    let beat = &hb.beat;
+    ledger.volumes().record_volume_use(node, hb.volumes, now_ms).await?;
     ledger.nodes().record_repairs(node, beat.repaired, now_ms).await?;
     let before = ledger.nodes().beat_row(node).await?;
     let now: Vec<RunningInstance> = serde_json::from_str(beat.observed).unwrap_or_default();
@@ -88,7 +108,163 @@ pub async fn heartbeat(
         hub.drift_suspected.store(true, Ordering::Relaxed);
     }
     ledger.nodes().record_beat(node, beat, now_ms).await?;
-    Ok(watch_failed || judged.replace)
+    if watch_failed || judged.replace {
+        // The node is ready (again) or can run other things, or a release is to be rolled
+        // back: the loop looks now, not at its next interval.
+        hub.hint.notify_one();
+    }
+    match hb.mesh {
+        Some((applied, links)) => ledger.nodes().mesh_beat(node, applied, links, now_ms).await,
+        None => Ok(None),
+    }
+}
+
+/// Extends the caller's leases by `ttl_ms`: each one's new expiry, or why not.
+pub async fn renew_leases(
+    ledger: &Ledger,
+    tokens: &[LeaseToken],
+    ttl_ms: i64,
+    now_ms: i64,
+) -> Result<Vec<Result<i64, Refused>>, LedgerError> {
+    ledger.jobs().renew(tokens, ttl_ms, now_ms).await
+}
+
+/// Why enrolment or a renewal gave no certificate.
+#[derive(Debug)]
+pub enum NotIssued {
+    /// Refused, with the agent wire's code and the daemon's words.
+    Refused(Refusal, &'static str),
+    /// The node CA could not sign (its files), or the ledger failed.
+    Failed(String),
+}
+
+impl From<LedgerError> for NotIssued {
+    fn from(e: LedgerError) -> Self {
+        NotIssued::Failed(e.to_string())
+    }
+}
+
+fn signed(control: &ControlConfig, csr: &str, node: &str) -> Result<Issued, NotIssued> {
+    let (Some(ca_cert), Some(ca_key)) = (&control.ca_cert, &control.ca_key) else {
+        return Err(NotIssued::Refused(
+            Refusal::NoControlCa,
+            "the control plane has no CA configured",
+        ));
+    };
+    match sign_node_csr(csr, node, control.node_cert_hours, ca_cert, ca_key) {
+        Ok(i) => Ok(i),
+        Err(PkiError::Refused(message, r)) => Err(NotIssued::Refused(r, message)),
+        Err(e) => Err(NotIssued::Failed(e.to_string())),
+    }
+}
+
+/// A certificate issued to a node, with what its answer carries besides: the CA bundle it
+/// trusts from now on (during a rotation, the new CA and the ones still trusted, so it
+/// verifies the control plane whichever of them its certificate has) and the control plane's
+/// id. Both are read before anything is written.
+pub struct Certified {
+    pub issued: Issued,
+    pub bundle: String,
+    pub control_plane: String,
+}
+
+/// What the answer needs besides the certificate.
+async fn answer(ledger: &Ledger, control: &ControlConfig) -> Result<(String, String), NotIssued> {
+    let bundle = control.ca_bundle().map_err(|e| NotIssued::Failed(e.to_string()))?;
+    Ok((bundle, ledger.control_plane().await?))
+}
+
+/// What enrolment asks, checked for shape by the API.
+pub struct Enrol<'a> {
+    pub node: &'a str,
+    pub token: &'a str,
+    pub csr: &'a str,
+    pub age_recipient: &'a str,
+}
+
+/// Enrols a node: its one-time token first (one indexed read; nothing else is looked at
+/// without it), then that `branch` declares it and has not retired it, that its recipient is
+/// an age X25519 one, then its signing request signed by the node CA; the node, its
+/// recipient and certificate are recorded in one transaction that spends the token. Every
+/// refusal comes before the write and records nothing.
+pub async fn enrol(
+    ledger: &Ledger,
+    control: &ControlConfig,
+    branch: &str,
+    ask: &Enrol<'_>,
+    now_ms: i64,
+) -> Result<Certified, NotIssued> {
+    if let Some(r) = ledger
+        .nodes()
+        .check_enrolment_token(ask.node, ask.token, now_ms)
+        .await?
+    {
+        tracing::warn!(node = %ask.node, code = r.code(), "enrolment refused");
+        return Err(NotIssued::Refused(r, "the enrolment token does not admit this node"));
+    }
+    match super::nodes::declared_node(ledger, branch, ask.node).await? {
+        Declared::Yes { .. } | Declared::Draining { .. } => {}
+        Declared::Retired => {
+            return Err(NotIssued::Refused(Refusal::NodeRetired, "the node is retired in Git"));
+        }
+        Declared::No => {
+            return Err(NotIssued::Refused(
+                Refusal::NodeNotDeclared,
+                "no node of that name is declared in the accepted state",
+            ));
+        }
+    }
+    if !ask.age_recipient.starts_with("age1") || pushleft_secrets::parse_recipient(ask.age_recipient).is_err() {
+        return Err(NotIssued::Refused(
+            Refusal::RecipientInvalid,
+            "the age recipient is not an age1… X25519 recipient",
+        ));
+    }
+    let issued = signed(control, ask.csr, ask.node)?;
+    let (bundle, control_plane) = answer(ledger, control).await?;
+    let e = Enrolment {
+        node: ask.node,
+        token: ask.token,
+        age_recipient: ask.age_recipient,
+        fingerprint: &issued.fingerprint,
+        ca: &issued.ca_fingerprint,
+        not_after_ms: issued.not_after_ms,
+    };
+    match ledger.nodes().enroll(&e, now_ms).await? {
+        None => {
+            tracing::info!(node = %ask.node, fingerprint = %issued.fingerprint, "node enrolled");
+            Ok(Certified {
+                issued,
+                bundle,
+                control_plane,
+            })
+        }
+        Some(r) => Err(NotIssued::Refused(r, "the enrolment token was used meanwhile")),
+    }
+}
+
+/// Renews `node`'s certificate (`old`, the one it called with) from a new key's signing
+/// request, signed by the node CA and recorded.
+pub async fn renew_certificate(
+    ledger: &Ledger,
+    control: &ControlConfig,
+    node: &str,
+    old: &str,
+    csr: &str,
+    now_ms: i64,
+) -> Result<Certified, NotIssued> {
+    let issued = signed(control, csr, node)?;
+    let (bundle, control_plane) = answer(ledger, control).await?;
+    ledger
+        .nodes()
+        .add_renewed_certificate(node, old, &issued, now_ms)
+        .await?;
+    tracing::info!(node = %node, fingerprint = %issued.fingerprint, "certificate renewed");
+    Ok(Certified {
+        issued,
+        bundle,
+        control_plane,
+    })
 }
 
 #[cfg(test)]

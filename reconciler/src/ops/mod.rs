@@ -12,6 +12,7 @@
 pub mod agents;
 pub mod backups;
 pub mod domains;
+pub mod group;
 pub mod nodes;
 pub mod rewrites;
 pub mod rollbacks;

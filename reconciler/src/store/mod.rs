@@ -14,7 +14,6 @@ pub mod domains;
 mod drift;
 mod events;
 pub mod fleet;
-pub mod group;
 mod handles;
 mod jobs;
 pub mod kept;
