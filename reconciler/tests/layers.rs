@@ -448,8 +448,8 @@ fn the_operator_surface_reaches_the_store_only_through_ops() {
 fn a_rollout_advances_by_one_decision_written_in_one_module() {
     // How a rollout's step advances is `state_schema::rollout::advance::advance`'s, called
     // by one module, which writes it; a step's wait is a typed column, never a far-off time
-    // (no `i64::MAX / n` sentinel in the reconciler: what `HELD` still is for a scale's
-    // held removals is `i64::MAX` itself, named in `store::jobs`).
+    // (no `i64::MAX / n` sentinel in the reconciler, and a scale's held removals are
+    // `jobs.held`, not a `not_before` no clock reaches).
     let src = workspace().join("reconciler/src");
     let mut all = Vec::new();
     files(&src, &mut all);
@@ -462,7 +462,7 @@ fn a_rollout_advances_by_one_decision_written_in_one_module() {
         }
         let squeezed: String = text.chars().filter(|c| !c.is_whitespace()).collect();
         assert!(!squeezed.contains("i64::MAX/"), "{m} keeps a sentinel time");
-        for gone in ["PROMOTE", "CANARY_UNTIL"] {
+        for gone in ["PROMOTE", "CANARY_UNTIL", "HELD"] {
             assert!(!text.contains(gone), "{m} names {gone}");
         }
     }

@@ -547,3 +547,58 @@ async fn migration_0025_types_the_step_and_watch_sentinels_on_both_backends() {
     l.close().await;
     sentinels_become_step_states(&pg.url()).await;
 }
+
+/// Migration 0027 turns a scale's held job (`not_before = i64::MAX`) into `held = 1`, due
+/// when released; other queued jobs, and finished ones, keep what they had.
+async fn held_jobs_become_typed(url: &str) {
+    let (text, pool) = migration(url, "0027_held_jobs").await;
+    let carry = text
+        .lines()
+        .find(|l| l.starts_with("UPDATE jobs SET held = 1"))
+        .expect("the carry-over")
+        .trim_end_matches(';')
+        .to_owned();
+    // (key, state, not_before, updated_at); `held` is 0 as a row written before has it.
+    let jobs = [
+        ("h-held", "queued", i64::MAX, 1_700_000_000_000_i64),
+        ("h-due", "queued", 1_800_000_000_000, 1),
+        ("h-done", "succeeded", i64::MAX, 1),
+    ];
+    for (key, state, due, at) in jobs {
+        statement(
+            &pool,
+            format!(
+                "INSERT INTO jobs (key, task, target_node, state, attempts, max_attempts, not_before, created_at, updated_at, environment, generation, step) \
+                 VALUES ('{key}', '{{}}', 'n1', '{state}', 0, 5, {due}, 1, {at}, 'h-env', 1, NULL)"
+            ),
+        )
+        .await;
+    }
+    statement(&pool, carry).await;
+    let got: Vec<(String, i64, i64)> =
+        sqlx::query_as("SELECT key, held, not_before FROM jobs WHERE key LIKE 'h-%' ORDER BY key")
+            .fetch_all(&pool)
+            .await
+            .expect("read back");
+    assert_eq!(
+        got,
+        [
+            ("h-done".to_owned(), 0, i64::MAX),
+            ("h-due".to_owned(), 0, 1_800_000_000_000),
+            ("h-held".to_owned(), 1, 1_700_000_000_000),
+        ]
+    );
+    pool.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migration_0027_types_a_held_job_on_both_backends() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let l = sqlite(dir.path()).await;
+    l.close().await;
+    held_jobs_become_typed(&format!("sqlite://{}", dir.path().join("ledger.db").display())).await;
+    let pg = Postgres::start();
+    let l = postgres(&pg).await;
+    l.close().await;
+    held_jobs_become_typed(&pg.url()).await;
+}

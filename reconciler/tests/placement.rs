@@ -411,7 +411,7 @@ async fn scenario(url: String, dir: &Path) {
         async move {
             rows(
                 &url,
-                "SELECT key FROM jobs WHERE target_node = 'n1' AND state = 'queued' AND not_before = 9223372036854775807 ORDER BY id",
+                "SELECT key FROM jobs WHERE target_node = 'n1' AND state = 'queued' AND held = 1 ORDER BY id",
             )
             .await
         }

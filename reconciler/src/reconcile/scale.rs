@@ -48,10 +48,10 @@ impl Ledger {
             // released when the rest of the scale succeeded (`Ledger::release_scale_in`).
             let rows: Vec<JobRow<'_>> = first
                 .iter()
-                .map(|(task, node)| JobRow::scaled(task, node.as_str(), revision, now_ms))
+                .map(|(task, node)| JobRow::scaled(task, node.as_str(), revision, now_ms, false))
                 .chain(
                     then.iter()
-                        .map(|(task, node)| JobRow::scaled(task, node.as_str(), revision, crate::store::HELD)),
+                        .map(|(task, node)| JobRow::scaled(task, node.as_str(), revision, now_ms, true)),
                 )
                 .collect();
             let added = self.jobs().enqueue_in(tx, &rows, now_ms).await?;

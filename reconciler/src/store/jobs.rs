@@ -20,10 +20,6 @@ pub fn job_key(task: &Task, node: &str) -> String {
     format!("{}@{node}", task.idempotency_key())
 }
 
-/// `not_before` of a scale's job that waits for the rest of its scale (the removals of a
-/// move): never due, until [`Ledger::release_scale_in`] makes it due.
-pub const HELD: i64 = i64::MAX;
-
 /// A job as `enqueue_in` writes it.
 pub(crate) struct JobRow<'a> {
     pub task: &'a Task,
@@ -33,12 +29,15 @@ pub(crate) struct JobRow<'a> {
     pub max_attempts: u32,
     pub not_before_ms: i64,
     pub step: Option<i64>,
+    /// Held until the rest of its scale succeeded (`jobs.held`): queued, never leased.
+    pub held: bool,
 }
 
 impl<'a> JobRow<'a> {
     /// A job of a scale at revision `revision`: the same instance may be added, removed and
     /// added again at one generation, so the scale's revision is part of what the job is.
-    pub fn scaled(task: &'a Task, node: &'a str, revision: i64, now_ms: i64) -> Self {
+    /// `held`: it waits for the rest of the scale (`release_scale_in` makes it due).
+    pub fn scaled(task: &'a Task, node: &'a str, revision: i64, now_ms: i64, held: bool) -> Self {
         JobRow {
             key: format!("{}#r{revision}", job_key(task, node)),
             task,
@@ -46,6 +45,7 @@ impl<'a> JobRow<'a> {
             max_attempts: rows::MAX_ATTEMPTS,
             not_before_ms: now_ms,
             step: None,
+            held,
         }
     }
 
@@ -57,6 +57,7 @@ impl<'a> JobRow<'a> {
             max_attempts,
             not_before_ms,
             step,
+            held: false,
         }
     }
 }
@@ -173,21 +174,19 @@ impl crate::store::Jobs<'_> {
         // `…@<node>#r<revision>`: no other key ends so (a repair's `#r` comes before the node).
         let pattern = format!("%#r{revision}");
         let released = sqlx::query(self.sql(
-            "UPDATE jobs SET not_before = ?, updated_at = ? \
-             WHERE environment = ? AND generation = ? AND state = 'queued' AND not_before = ? AND key LIKE ? \
+            "UPDATE jobs SET held = 0, not_before = ?, updated_at = ? \
+             WHERE environment = ? AND generation = ? AND state = 'queued' AND held = 1 AND key LIKE ? \
              AND NOT EXISTS (SELECT 1 FROM jobs o WHERE o.environment = ? AND o.generation = ? AND o.key LIKE ? \
-                             AND o.not_before <> ? AND o.state <> 'succeeded')",
+                             AND o.held = 0 AND o.state <> 'succeeded')",
         ))
         .bind(now_ms)
         .bind(now_ms)
         .bind(environment)
         .bind(generation)
-        .bind(HELD)
         .bind(&pattern)
         .bind(environment)
         .bind(generation)
         .bind(&pattern)
-        .bind(HELD)
         .execute(&mut **tx)
         .await?
         .rows_affected();
@@ -225,13 +224,12 @@ impl crate::store::Jobs<'_> {
             let likes = vec!["key LIKE ?"; chunk.len()].join(" OR ");
             let q = format!(
                 "UPDATE jobs SET state = 'cancelled', updated_at = ? \
-                 WHERE environment = ? AND generation = ? AND state = 'queued' AND not_before = ? AND ({likes})"
+                 WHERE environment = ? AND generation = ? AND state = 'queued' AND held = 1 AND ({likes})"
             );
             let mut query = sqlx::query(self.sql(&q))
                 .bind(now_ms)
                 .bind(environment)
-                .bind(generation)
-                .bind(HELD);
+                .bind(generation);
             for pattern in chunk {
                 query = query.bind(pattern);
             }
@@ -250,9 +248,9 @@ impl crate::store::Jobs<'_> {
     ) -> Result<Vec<usize>, LedgerError> {
         let mut added = Vec::new();
         for (c, chunk) in jobs.chunks(200).enumerate() {
-            let rows = vec!["(?, ?, ?, 'queued', 0, ?, ?, ?, ?, ?, ?, ?)"; chunk.len()].join(", ");
+            let rows = vec!["(?, ?, ?, 'queued', 0, ?, ?, ?, ?, ?, ?, ?, ?)"; chunk.len()].join(", ");
             let q = format!(
-                "INSERT INTO jobs (key, task, target_node, state, attempts, max_attempts, not_before, created_at, updated_at, environment, generation, step) VALUES {rows} ON CONFLICT (key) DO NOTHING RETURNING key"
+                "INSERT INTO jobs (key, task, target_node, state, attempts, max_attempts, not_before, created_at, updated_at, environment, generation, step, held) VALUES {rows} ON CONFLICT (key) DO NOTHING RETURNING key"
             );
             let mut query = sqlx::query_scalar::<_, String>(self.sql(&q));
             for j in chunk {
@@ -267,7 +265,8 @@ impl crate::store::Jobs<'_> {
                     .bind(now_ms)
                     .bind(j.task.environment().as_str().to_owned())
                     .bind(generation)
-                    .bind(j.step);
+                    .bind(j.step)
+                    .bind(i64::from(j.held));
             }
             let index: std::collections::HashMap<&str, usize> = chunk
                 .iter()

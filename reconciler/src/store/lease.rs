@@ -61,7 +61,7 @@ impl crate::store::Jobs<'_> {
         let marks = vec!["?"; requests.len()].join(", ");
         let q = format!(
             "SELECT 1 WHERE EXISTS (SELECT 1 FROM jobs WHERE state = 'leased' AND lease_expires_at < ?) \
-             OR EXISTS (SELECT 1 FROM jobs WHERE target_node IN ({marks}) AND state = 'queued' AND not_before <= ?)"
+             OR EXISTS (SELECT 1 FROM jobs WHERE target_node IN ({marks}) AND state = 'queued' AND held = 0 AND not_before <= ?)"
         );
         let mut query = sqlx::query(self.sql(&q)).bind(now_ms);
         for (node, _, _) in requests {
@@ -214,7 +214,7 @@ impl crate::store::Jobs<'_> {
         let q = "UPDATE jobs SET state = 'leased', lease_token = picked.token, fencing_token = COALESCE(jobs.fencing_token, 0) + 1, \
              lease_expires_at = ?, attempts = jobs.attempts + 1, updated_at = ? \
              FROM (SELECT j.id, r.idx, r.token FROM json_to_recordset(?::json) AS r(idx int8, node text, lim int8, removals bool, token text) \
-                   CROSS JOIN LATERAL (SELECT id FROM jobs WHERE target_node = r.node AND state = 'queued' AND not_before <= ? \
+                   CROSS JOIN LATERAL (SELECT id FROM jobs WHERE target_node = r.node AND state = 'queued' AND held = 0 AND not_before <= ? \
                      AND (NOT r.removals OR key LIKE '%:stop@%' OR key LIKE '%:teardown@%' OR key LIKE '%:remove@%') \
                      ORDER BY id LIMIT r.lim FOR UPDATE SKIP LOCKED) j) AS picked \
              WHERE jobs.id = picked.id \
@@ -292,7 +292,7 @@ pub(crate) fn lease_statement(backend: Backend, removals_only: bool, max: u32) -
     let only = if removals_only { REMOVALS } else { "" };
     format!(
         "UPDATE jobs SET state = 'leased', lease_token = ?, fencing_token = COALESCE(fencing_token, 0) + 1, lease_expires_at = ?, attempts = attempts + 1, updated_at = ? \
-         WHERE id IN (SELECT id FROM jobs WHERE target_node = ? AND state = 'queued' AND not_before <= ?{only} ORDER BY id LIMIT {max}{lock}) \
+         WHERE id IN (SELECT id FROM jobs WHERE target_node = ? AND state = 'queued' AND held = 0 AND not_before <= ?{only} ORDER BY id LIMIT {max}{lock}) \
          RETURNING id, key, task, attempts, fencing_token"
     )
 }

@@ -64,7 +64,7 @@ use std::sync::Arc;
 pub use events::Event;
 pub use handles::{Backups, Certificates, Deployments, Domains, Events, Jobs, Nodes, Revisions, Views, Volumes};
 pub(crate) use jobs::JobRow;
-pub use jobs::{Completion, HELD, Lease, LeaseToken, Measure, NewJob, Outcome, Refused, backoff_ms, job_key};
+pub use jobs::{Completion, Lease, LeaseToken, Measure, NewJob, Outcome, Refused, backoff_ms, job_key};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {

@@ -297,11 +297,12 @@ impl crate::store::Views<'_> {
                     .await?,
             );
         }
-        let oldest: Option<i64> =
-            sqlx::query_scalar(self.sql("SELECT MIN(not_before) FROM jobs WHERE state = 'queued' AND not_before <= ?"))
-                .bind(now_ms)
-                .fetch_one(&self.pool)
-                .await?;
+        let oldest: Option<i64> = sqlx::query_scalar(
+            self.sql("SELECT MIN(not_before) FROM jobs WHERE state = 'queued' AND held = 0 AND not_before <= ?"),
+        )
+        .bind(now_ms)
+        .fetch_one(&self.pool)
+        .await?;
         c.queue_age_ms = oldest.map_or(0, |o| (now_ms - o).max(0));
         c.last_event = sqlx::query_scalar(self.sql("SELECT COALESCE(MAX(id), 0) FROM events"))
             .fetch_one(&self.pool)
