@@ -4,16 +4,14 @@
 //! Rows map through `sqlx::FromRow`; actions and statuses leave here as enums, and a row that
 //! holds neither is `LedgerError::Corrupt`.
 
-use super::rows::JobState;
 use super::rows::{g, gen_u64};
 use super::{LedgerError, WriteTx};
 use sqlx::FromRow;
 use state_schema::deployment::DeploymentSpec;
-use state_schema::generations::{Action, Current, Status, StepJobs};
-use state_schema::rollout::advance::StepState;
+use state_schema::generations::{Action, Current, Status};
 use std::collections::BTreeMap;
 
-fn action(s: &str) -> Result<Action, LedgerError> {
+pub(super) fn action(s: &str) -> Result<Action, LedgerError> {
     Action::parse(s).ok_or_else(|| LedgerError::Corrupt(format!("a deployment row's action is {s:?}")))
 }
 
@@ -38,41 +36,10 @@ struct SpecsRow {
 }
 
 #[derive(FromRow)]
-struct InProgressRow {
-    generation: i64,
-    action: String,
-    step: i64,
-    spec: String,
-    retired: String,
-    hold: String,
-    step_state: String,
-    step_due: i64,
-}
-
-#[derive(FromRow)]
 struct ObjectRow {
     kind: String,
     name: String,
     hash: String,
-}
-
-#[derive(FromRow)]
-struct StateCount {
-    state: String,
-    n: i64,
-}
-
-/// An unfinished deployment, for the next step's decision.
-pub(crate) struct InProgress {
-    pub generation: i64,
-    pub action: Action,
-    pub step: i64,
-    pub spec: DeploymentSpec,
-    pub retired: Vec<DeploymentSpec>,
-    /// Whether this generation is a rollback's (its hold names it).
-    pub rollback: bool,
-    /// Whether its current step runs or waits (a pause, a promote).
-    pub state: StepState,
 }
 
 /// A new generation's row: the deployment as it starts, and its history line.
@@ -91,16 +58,6 @@ pub(crate) struct GenerationRow<'a> {
 
 /// An object document to write: kind, name, hash, canonical YAML.
 pub(crate) type ObjectDoc = (String, String, String, String);
-
-/// See [`Ledger::advanceable`].
-/// When the earliest pause ends (a step that is no longer in progress is set `running`, so
-/// `paused` alone names a step in progress).
-pub(crate) const NEXT_STEP_DUE: &str = "SELECT MIN(step_due) FROM deployments WHERE step_state = 'paused'";
-
-pub(crate) const ADVANCEABLE: &str = "SELECT d.environment FROM deployments d WHERE d.status = 'in-progress' \
-     AND (d.step_state = 'running' OR (d.step_state = 'paused' AND d.step_due <= ?)) AND NOT EXISTS \
-     (SELECT 1 FROM jobs j WHERE j.environment = d.environment AND j.generation = d.generation \
-      AND j.step = d.step AND j.state IN ('queued', 'leased'))";
 
 impl crate::store::Deployments<'_> {
     /// The id of `sha`'s accepted revision on `branch`, if it was accepted.
@@ -494,117 +451,6 @@ impl crate::store::Deployments<'_> {
                 .bind(now_ms);
         }
         query.execute(&mut **tx).await?;
-        Ok(())
-    }
-
-    /// Unfinished deployments whose current step has nothing queued or leased: the only ones
-    /// that can move. One statement, driven by the unfinished deployments (a lookup in
-    /// `jobs_by_step` each), so its cost follows the rollouts under way, not the jobs open:
-    /// it runs after every group of completions, and grouping every open job (20,000 in the
-    /// fleet bench) each time took a core's share from the writer.
-    /// A step that waits is looked at once its pause is over (`now_ms`), or when promoted.
-    pub(crate) async fn advanceable(&self, now_ms: i64) -> Result<Vec<String>, LedgerError> {
-        Ok(sqlx::query_scalar(self.sql(ADVANCEABLE))
-            .bind(now_ms)
-            .fetch_all(&self.pool)
-            .await?)
-    }
-
-    /// When the earliest pause of a step in progress ends: the daemon's loop wakes then. Read
-    /// after every settle, through the partial index of paused steps.
-    pub async fn next_step_due(&self) -> Result<Option<i64>, LedgerError> {
-        Ok(sqlx::query_scalar(self.sql(NEXT_STEP_DUE))
-            .fetch_one(&self.pool)
-            .await?)
-    }
-
-    /// `env`'s deployment, if its rollout or teardown is unfinished.
-    pub(crate) async fn in_progress(&self, tx: &mut WriteTx, env: &str) -> Result<Option<InProgress>, LedgerError> {
-        let row: Option<InProgressRow> = sqlx::query_as(self.sql(
-            "SELECT generation, action, step, spec, retired, hold, step_state, step_due FROM deployments WHERE environment = ? AND status = 'in-progress'",
-        ))
-        .bind(env)
-        .fetch_optional(&mut **tx)
-        .await?;
-        let Some(r) = row else { return Ok(None) };
-        Ok(Some(InProgress {
-            generation: r.generation,
-            action: action(&r.action)?,
-            step: r.step,
-            spec: serde_json::from_str(&r.spec)?,
-            retired: serde_json::from_str(&r.retired)?,
-            rollback: super::rollbacks::Hold::parse(&r.hold)?.is_some_and(|h| gen_u64(r.generation) == h.generation),
-            state: StepState::from_row(&r.step_state, r.step_due)
-                .ok_or_else(|| LedgerError::Corrupt(format!("a deployment row's step state is {:?}", r.step_state)))?,
-        }))
-    }
-
-    /// How the jobs of one step of one generation stand: pending (queued or leased) and
-    /// broken (failed for good or dead).
-    pub(crate) async fn step_jobs(
-        &self,
-        tx: &mut WriteTx,
-        env: &str,
-        generation: i64,
-        step: i64,
-    ) -> Result<StepJobs, LedgerError> {
-        let counts: Vec<StateCount> = sqlx::query_as(self.sql(
-            "SELECT state, COUNT(*) AS n FROM jobs WHERE environment = ? AND generation = ? AND step = ? GROUP BY state",
-        ))
-        .bind(env)
-        .bind(generation)
-        .bind(step)
-        .fetch_all(&mut **tx)
-        .await?;
-        let mut jobs = StepJobs::default();
-        for c in counts {
-            let n = u64::try_from(c.n).unwrap_or(0);
-            let state = JobState::parse(&c.state)
-                .ok_or_else(|| LedgerError::Corrupt(format!("a job row's state is {:?}", c.state)))?;
-            if state.pending() {
-                jobs.pending += n;
-            } else if state.broken() {
-                jobs.broken += n;
-            }
-        }
-        Ok(jobs)
-    }
-
-    /// `env`'s deployment stands at `step` with `status`, the step as `state` says.
-    pub(crate) async fn set_step(
-        &self,
-        tx: &mut WriteTx,
-        env: &str,
-        status: Status,
-        step: i64,
-        state: StepState,
-        now_ms: i64,
-    ) -> Result<(), LedgerError> {
-        let q = if status == Status::Done {
-            // Done: what it replaced is gone from the nodes.
-            "UPDATE deployments SET status = ?, step = ?, step_state = ?, step_due = ?, retired = '[]', updated_at = ? WHERE environment = ?"
-        } else {
-            "UPDATE deployments SET status = ?, step = ?, step_state = ?, step_due = ?, updated_at = ? WHERE environment = ?"
-        };
-        sqlx::query(self.sql(q))
-            .bind(status.as_str())
-            .bind(step)
-            .bind(state.as_str())
-            .bind(state.due_ms())
-            .bind(now_ms)
-            .bind(env)
-            .execute(&mut **tx)
-            .await?;
-        Ok(())
-    }
-
-    /// `env`'s canary gives the new release `weight` percent of the requests.
-    pub(crate) async fn set_share(&self, tx: &mut WriteTx, env: &str, weight: u8) -> Result<(), LedgerError> {
-        sqlx::query(self.sql("UPDATE deployments SET share = ? WHERE environment = ?"))
-            .bind(i64::from(weight))
-            .bind(env)
-            .execute(&mut **tx)
-            .await?;
         Ok(())
     }
 

@@ -333,11 +333,11 @@ mod tests {
         }
         let steps = plan(&ledger, super::super::jobs::EXPIRE).await;
         assert!(steps.iter().any(|s| s.contains("jobs_leased")), "{steps:?}");
-        let steps = plan(&ledger, super::super::deployments::ADVANCEABLE).await;
+        let steps = plan(&ledger, super::super::rollouts::ADVANCEABLE).await;
         assert!(steps.iter().any(|s| s.contains("jobs_by_step")), "{steps:?}");
         assert!(!whole_table(&steps), "{steps:?}");
         // After every settle: the paused steps through their partial index, not every row.
-        let steps = plan(&ledger, super::super::deployments::NEXT_STEP_DUE).await;
+        let steps = plan(&ledger, super::super::rollouts::NEXT_STEP_DUE).await;
         assert!(steps.iter().any(|s| s.contains("deployments_paused")), "{steps:?}");
         ledger.close().await;
     }
