@@ -8,18 +8,40 @@
 use crate::store::{Lease, Ledger, LedgerError};
 use age::Identity;
 use agent_proto::{
-    ApplicationSpec, Execution, HealthSpec, IngressSpec, IngressTls, NetworkSpec, OlderReplica, SealedSecret, Upstream,
-    container_name, replica_name,
+    ApplicationSpec, Execution, HealthSpec, IngressTls, NetworkSpec, SealedSecret, container_name, replica_name,
 };
 use sha2::{Digest, Sha256};
 use state_schema::deployment::{DeploymentSpec, TlsSpec};
 use state_schema::task::Task;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
+mod ingress;
 mod task;
 mod volumes;
 
 pub use task::wire_task;
+
+/// What one lease call's executions are built from ([`Ledger::needed`]).
+struct Needed {
+    /// Each environment's current generation and its spec.
+    specs: BTreeMap<String, (u64, DeploymentSpec)>,
+    /// A rollback's generation and the generation whose containers it resumes, by environment.
+    resumes: BTreeMap<String, (u64, u64)>,
+    subnets: BTreeMap<String, String>,
+    recipient: Option<String>,
+}
+
+/// What every execution of one lease call is built with: the node, its age recipient (when
+/// enrolled), the control host's identities (to reseal with), whether the control plane issues
+/// certificates, its id, and the time.
+struct Lessee<'a> {
+    node: &'a str,
+    recipient: Option<&'a str>,
+    control: &'a [Box<dyn Identity + Send + Sync>],
+    issues_certificates: bool,
+    control_plane: &'a str,
+    now_ms: i64,
+}
 
 /// Which half of a volume move (`store::moves`) a backup or restore job is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,17 +105,10 @@ impl Ledger {
         Ok(Ok(sealed))
     }
 
-    /// The execution spec of each of `leases` (all `node`'s), in order. A hostname's publish
-    /// looks for a certificate of the control plane's only when it `issues_certificates`.
-    pub async fn executions(
-        &self,
-        node: &str,
-        leases: &[Lease],
-        (control, issues_certificates): (&[Box<dyn Identity + Send + Sync>], bool),
-        now_ms: i64,
-    ) -> Result<Vec<Result<Execution, Undeliverable>>, LedgerError> {
-        // Only what the leased tasks need is read: a removal needs nothing, a network its
-        // subnet, a container or route its generation's spec too.
+    /// What `leases` need read, and only that: a removal needs nothing, a network its
+    /// subnet, a container or route its generation's spec, the rollback it resumes and the
+    /// node's recipient too.
+    async fn needed(&self, node: &str, leases: &[Lease]) -> Result<Needed, LedgerError> {
         let (mut need_spec, mut need_subnet) = (BTreeSet::new(), BTreeSet::new());
         for l in leases {
             let env = l.task.environment().to_string();
@@ -123,6 +138,29 @@ impl Ledger {
         } else {
             self.jobs().age_recipient(node).await?
         };
+        Ok(Needed {
+            specs,
+            resumes,
+            subnets,
+            recipient,
+        })
+    }
+
+    /// The execution spec of each of `leases` (all `node`'s), in order. A hostname's publish
+    /// looks for a certificate of the control plane's only when it `issues_certificates`.
+    pub async fn executions(
+        &self,
+        node: &str,
+        leases: &[Lease],
+        (control, issues_certificates): (&[Box<dyn Identity + Send + Sync>], bool),
+        now_ms: i64,
+    ) -> Result<Vec<Result<Execution, Undeliverable>>, LedgerError> {
+        let Needed {
+            specs,
+            resumes,
+            subnets,
+            recipient,
+        } = self.needed(node, leases).await?;
         let cp = self.control_plane().await?;
         let mut out = Vec::with_capacity(leases.len());
         for l in leases {
@@ -166,84 +204,16 @@ impl Ledger {
                     ..
                 } => match (spec_of(*generation), network()) {
                     (Ok(spec), Ok(network)) => {
-                        let tls = match spec.certificate(hostname.as_str()) {
-                            None if !issues_certificates => None,
-                            None => match self
-                                .issued_tls(node, recipient.as_deref(), hostname.as_str(), control, now_ms)
-                                .await?
-                            {
-                                Ok(t) => t,
-                                Err(e) => {
-                                    out.push(Err(e));
-                                    continue;
-                                }
-                            },
-                            Some(t) => match self.sealed_tls(node, recipient.as_deref(), t, control, now_ms).await? {
-                                Ok(t) => Some(t),
-                                Err(e) => {
-                                    out.push(Err(e));
-                                    continue;
-                                }
-                            },
+                        let at = Lessee {
+                            node,
+                            recipient: recipient.as_deref(),
+                            control,
+                            issues_certificates,
+                            control_plane: &cp,
+                            now_ms,
                         };
-                        let upstreams = match rolled {
-                            // Between a rolling rollout's batches: new and old replicas.
-                            Some(r) => state_schema::rolling::rolled_upstreams(
-                                spec,
-                                &self.jobs().retired_of(&env).await?,
-                                node,
-                                *r,
-                            )
-                            .into_iter()
-                            .map(|u| Upstream {
-                                container: replica_name(
-                                    &cp,
-                                    &env,
-                                    u.role.as_str(),
-                                    u.instance,
-                                    moves_on(spec, u.role.as_str(), u.instance, node),
-                                    *generation,
-                                ),
-                                port: u.port,
-                                older: u.older.then(|| OlderReplica {
-                                    role: u.role.to_string(),
-                                    instance: u.instance,
-                                }),
-                            })
-                            .collect(),
-                            None => spec
-                                .instances
-                                .iter()
-                                .filter(|i| i.node.as_str() == node)
-                                .filter_map(|i| {
-                                    let port = spec.roles.get(&i.role).filter(|r| r.is_web())?.port?;
-                                    Some(Upstream {
-                                        container: replica_name(
-                                            &cp,
-                                            &env,
-                                            i.role.as_str(),
-                                            i.index,
-                                            i.moves,
-                                            *generation,
-                                        ),
-                                        port,
-                                        older: None,
-                                    })
-                                })
-                                .collect(),
-                        };
-                        // A Domain is routed once its ownership was ever proven.
-                        let held = spec.domain(hostname.as_str()).is_some()
-                            && !self.domains().domain_ever_verified(hostname.as_str()).await?;
-                        Ok(Execution::Ingress(IngressSpec {
-                            environment: env.clone(),
-                            hostname: hostname.to_string(),
-                            generation: *generation,
-                            upstreams,
-                            network,
-                            tls: if held { None } else { tls },
-                            held,
-                        }))
+                        let route = (hostname.as_str(), *generation, *rolled);
+                        self.ingress_execution(&at, &env, spec, network, route).await?
                     }
                     (Err(e), _) | (_, Err(e)) => Err(e),
                 },
