@@ -102,23 +102,31 @@ async fn events(url: &str, kind: &str) -> Vec<String> {
     .await
 }
 
-async fn scenario(url: String, dir: &Path) {
+/// A repository whose first commit ("release a") holds `project` and the environment `env`
+/// (`envs/api-production.yaml`), a migrated ledger at `url` with node n1 up, and a reconciler
+/// over both.
+async fn release_a(url: &str, dir: &Path, project: &str, env: &str) -> (Repo, Arc<Reconciler>) {
     let repo = Repo::new(dir);
     std::fs::write(dir.join("allowed_signers"), &repo.signers).expect("signers");
-    repo.write("projects/api.yaml", &project('a', 2));
-    repo.write("envs/api-production.yaml", &environment("api-production", "api"));
+    repo.write("projects/api.yaml", project);
+    repo.write("envs/api-production.yaml", env);
     repo.commit("release a", true);
-    let ledger = Ledger::connect(&url, 4).await.expect("connect");
+    let ledger = Ledger::connect(url, 4).await.expect("connect");
     ledger.migrate().await.expect("migrate");
-    dump::nodes_up(&url, &["n1"]).await;
+    dump::nodes_up(url, &["n1"]).await;
     let shared = Arc::new(
         Reconciler::new(
-            Arc::new(fleet_support::config(dir, &repo.dir, &url)),
+            Arc::new(fleet_support::config(dir, &repo.dir, url)),
             Arc::new(ledger),
             Arc::default(),
         )
         .expect("shared"),
     );
+    (repo, shared)
+}
+
+async fn scenario(url: String, dir: &Path) {
+    let (repo, shared) = release_a(&url, dir, &project('a', 2), &environment("api-production", "api")).await;
     let env = "api-production";
     converge(&shared).await;
     assert_eq!(deployment(&url).await, "1|done|0");
@@ -429,22 +437,13 @@ async fn rollout(
 async fn canary_scenario(url: String, dir: &Path) {
     use operator_proto::rollbacks::{RolloutAction, RolloutAnswer};
     let canary = ", rollout: {strategy: canary, steps: [{weight: 20, pause: 1s}, {weight: 60}]}";
-    let repo = Repo::new(dir);
-    std::fs::write(dir.join("allowed_signers"), &repo.signers).expect("signers");
-    repo.write("projects/api.yaml", &watched('a', 2, canary));
-    repo.write("envs/api-production.yaml", &environment("api-production", "api"));
-    repo.commit("release a", true);
-    let ledger = Ledger::connect(&url, 4).await.expect("connect");
-    ledger.migrate().await.expect("migrate");
-    dump::nodes_up(&url, &["n1"]).await;
-    let shared = Arc::new(
-        Reconciler::new(
-            Arc::new(fleet_support::config(dir, &repo.dir, &url)),
-            Arc::new(ledger),
-            Arc::default(),
-        )
-        .expect("shared"),
-    );
+    let (repo, shared) = release_a(
+        &url,
+        dir,
+        &watched('a', 2, canary),
+        &environment("api-production", "api"),
+    )
+    .await;
     let env = "api-production";
     let ops = reconciler::ops::Ops {
         ledger: shared.ledger.clone(),
@@ -697,23 +696,8 @@ async fn canary_postgres() {
 /// (its address may have changed), once: the completion keeps the repair in `repaired`, and
 /// the settle that follows queues the publish and takes the row in one transaction.
 async fn repair_scenario(url: String, dir: &Path) {
-    let repo = Repo::new(dir);
-    std::fs::write(dir.join("allowed_signers"), &repo.signers).expect("signers");
-    repo.write("projects/api.yaml", &project('a', 1));
     let env = environment("api-production", "api").replace("pool: main}", "pool: main, hostname: api.example.com}");
-    repo.write("envs/api-production.yaml", &env);
-    repo.commit("release a", true);
-    let ledger = Ledger::connect(&url, 4).await.expect("connect");
-    ledger.migrate().await.expect("migrate");
-    dump::nodes_up(&url, &["n1"]).await;
-    let shared = Arc::new(
-        Reconciler::new(
-            Arc::new(fleet_support::config(dir, &repo.dir, &url)),
-            Arc::new(ledger),
-            Arc::default(),
-        )
-        .expect("shared"),
-    );
+    let (_repo, shared) = release_a(&url, dir, &project('a', 1), &env).await;
     converge(&shared).await;
     assert_eq!(deployment(&url).await, "1|done|0");
     let publishes = "SELECT key FROM jobs WHERE key LIKE 'ingress:%:publish#r%' ORDER BY key";
@@ -785,22 +769,7 @@ async fn a_rollback_keeps_todays_replica_count() {
     let dir = tempfile::tempdir().expect("tempdir");
     let dir = dir.path();
     let url = format!("sqlite://{}", dir.join("ledger.db").display());
-    let repo = Repo::new(dir);
-    std::fs::write(dir.join("allowed_signers"), &repo.signers).expect("signers");
-    repo.write("projects/api.yaml", &project('a', 1));
-    repo.write("envs/api-production.yaml", &environment("api-production", "api"));
-    repo.commit("release a", true);
-    let ledger = Ledger::connect(&url, 4).await.expect("connect");
-    ledger.migrate().await.expect("migrate");
-    dump::nodes_up(&url, &["n1"]).await;
-    let shared = Arc::new(
-        Reconciler::new(
-            Arc::new(fleet_support::config(dir, &repo.dir, &url)),
-            Arc::new(ledger),
-            Arc::default(),
-        )
-        .expect("shared"),
-    );
+    let (repo, shared) = release_a(&url, dir, &project('a', 1), &environment("api-production", "api")).await;
     converge(&shared).await;
     repo.write("projects/api.yaml", &project('b', 2));
     repo.commit("release b, two replicas", true);

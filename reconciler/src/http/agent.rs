@@ -564,15 +564,6 @@ async fn certificate(State(s): App, Extension(peer): Peer, body: axum::body::Bod
         Ok(r) => r,
         Err(r) => return r,
     };
-    match crate::ops::agents::renew_certificate(&s.ledger, &s.config.control, &node, &old, &req.csr, now_ms()).await {
-        Ok(c) => axum::Json(agent_proto::EnrollResponse {
-            certificate: c.issued.pem,
-            ca: c.bundle,
-            not_after_ms: c.issued.not_after_ms,
-            control_plane: c.control_plane,
-        })
-        .into_response(),
-        Err(crate::ops::agents::NotIssued::Refused(r, message)) => refused(r, message),
-        Err(crate::ops::agents::NotIssued::Failed(e)) => internal(e),
-    }
+    let renewed = crate::ops::agents::renew_certificate(&s.ledger, &s.config.control, &node, &old, &req.csr, now_ms());
+    crate::http::server::certified(renewed.await)
 }

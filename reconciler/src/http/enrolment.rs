@@ -6,7 +6,7 @@
 use crate::config::Config;
 use crate::http::server::{internal, read_body, refused};
 use crate::store::{Ledger, now_ms};
-use agent_proto::{EnrollRequest, EnrollResponse, MAX_ENROLL_BYTES, Refusal};
+use agent_proto::{EnrollRequest, MAX_ENROLL_BYTES, Refusal};
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
@@ -41,17 +41,9 @@ pub async fn enroll(State(s): State<Arc<Enrol>>, body: axum::body::Body) -> Resp
         age_recipient: &req.age_recipient,
     };
     let branch = &s.config.source.branch;
-    match crate::ops::agents::enrol(&s.ledger, &s.config.control, branch, &ask, now_ms()).await {
-        Ok(c) => axum::Json(EnrollResponse {
-            certificate: c.issued.pem,
-            ca: c.bundle,
-            not_after_ms: c.issued.not_after_ms,
-            control_plane: c.control_plane,
-        })
-        .into_response(),
-        Err(crate::ops::agents::NotIssued::Refused(r, message)) => refused(r, message),
-        Err(crate::ops::agents::NotIssued::Failed(e)) => internal(e),
-    }
+    crate::http::server::certified(
+        crate::ops::agents::enrol(&s.ledger, &s.config.control, branch, &ask, now_ms()).await,
+    )
 }
 
 /// `GET /v1/ca`: the control CA certificate, public, for an agent to check against the

@@ -4,6 +4,7 @@
 
 use crate::auth::{Denied, Tokens};
 use crate::config::Role;
+use crate::ops::agents::{Certified, NotIssued};
 use crate::ops::{Answer, Kind, OpError};
 use agent_proto::{MAX_AGENT_BODY_BYTES, Refusal, RefusalBody};
 use axum::Router;
@@ -354,5 +355,20 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequestParts<S> for Par
             Ok(axum::extract::Query(q)) => Ok(Params(q)),
             Err(e) => Err(malformed(e.body_text())),
         }
+    }
+}
+
+/// A node's new certificate (enrolment or renewal) as the agent wire answers it, or why not.
+pub fn certified(r: Result<Certified, NotIssued>) -> Response {
+    match r {
+        Ok(c) => axum::Json(agent_proto::EnrollResponse {
+            certificate: c.issued.pem,
+            ca: c.bundle,
+            not_after_ms: c.issued.not_after_ms,
+            control_plane: c.control_plane,
+        })
+        .into_response(),
+        Err(NotIssued::Refused(r, message)) => refused(r, message),
+        Err(NotIssued::Failed(e)) => internal(e),
     }
 }
