@@ -283,44 +283,7 @@ impl Reconciler {
     async fn pass_now(self: &Arc<Self>, limit: usize) -> Result<PassReport, DaemonError> {
         let started = Instant::now();
         let mut report = PassReport::default();
-        let me = Arc::clone(self);
-        let branches = tokio::task::spawn_blocking(move || me.branches())
-            .await
-            .map_err(|e| DaemonError::Join(e.to_string()))??;
-        if let Some(branches) = &branches {
-            // The applied branch first, then previews in name order: a preview is derived
-            // under the applied branch's accepted state, so it must see that state as of this
-            // pass; and a replay judges in the same order, so the ledger's rows come out alike.
-            let mut order: Vec<&(String, ObjectId)> = branches.iter().collect();
-            order.sort_by_key(|(b, _)| *b != self.config.source.branch);
-            for (branch, head) in order {
-                if report.more {
-                    // The applied branch is not caught up: previews wait for the next pass,
-                    // since each is judged under the applied branch's accepted state.
-                    break;
-                }
-                match self.catch_up(branch, *head, limit, &mut report).await {
-                    Ok(()) => {}
-                    Err(DaemonError::Ledger(e)) => return Err(DaemonError::Ledger(e)),
-                    Err(e) => {
-                        self.hub.metrics.tick_errors.fetch_add(1, Ordering::Relaxed);
-                        tracing::warn!(branch = %branch, head = %head, error = %e, "cannot judge this branch now; the other branches go on");
-                    }
-                }
-            }
-            // Preview branches with live deployments that no longer exist: tear them down.
-            // (`branches` holds only tracked ones, so this also covers a branch no longer
-            // matching `preview_branches`.) The applied branch is never torn down this way.
-            for branch in self.ledger.revisions().deployed_branches().await? {
-                if branch != self.config.source.branch && !branches.iter().any(|(b, _)| *b == branch) {
-                    let applied = self.ledger.teardown_branch(&branch, now_ms()).await?;
-                    report.teardowns += applied.teardowns.len();
-                    if !applied.teardowns.is_empty() {
-                        tracing::info!(branch = %branch, teardowns = applied.teardowns.len(), "branch gone: tearing down its environments");
-                    }
-                }
-            }
-        }
+        self.judge_branches(limit, &mut report).await?;
         for branch in self.ledger.expire_previews(now_ms()).await? {
             tracing::info!(branch = %branch, "preview expired: tearing down its environments");
             report.teardowns += 1;
@@ -351,6 +314,76 @@ impl Reconciler {
             }
         };
         report.advanced = self.settle().await? + rolled;
+        self.refresh_meshes().await?;
+        // Replicas their agents no longer report (removed by hand): asked for again.
+        let repairs = self
+            .ledger
+            .repair_missing(now_ms(), &self.hub.drift_suspected, &self.drift_checked_ms)
+            .await?;
+        if repairs > 0 {
+            tracing::info!(repairs, "replicas missing from their nodes: asked again");
+            report.advanced += repairs;
+        }
+        self.due_work(&mut report).await?;
+        let wrote = report.judged + report.teardowns + report.advanced > 0;
+        self.hub.refresh_counts(&self.ledger, wrote).await;
+        self.hub.metrics.observe(started.elapsed());
+        self.hub.last_tick_ms.store(now_ms(), Ordering::Relaxed);
+        self.hub.passes.fetch_add(1, Ordering::Relaxed);
+        if wrote {
+            self.hub.wrote.notify_waiters();
+            self.hub.jobs.notify_waiters();
+        }
+        Ok(report)
+    }
+
+    /// Each tracked branch caught up to its head (the applied branch first), then the
+    /// deployments of preview branches that no longer exist torn down.
+    async fn judge_branches(self: &Arc<Self>, limit: usize, report: &mut PassReport) -> Result<(), DaemonError> {
+        let me = Arc::clone(self);
+        let branches = tokio::task::spawn_blocking(move || me.branches())
+            .await
+            .map_err(|e| DaemonError::Join(e.to_string()))??;
+        if let Some(branches) = &branches {
+            // The applied branch first, then previews in name order: a preview is derived
+            // under the applied branch's accepted state, so it must see that state as of this
+            // pass; and a replay judges in the same order, so the ledger's rows come out alike.
+            let mut order: Vec<&(String, ObjectId)> = branches.iter().collect();
+            order.sort_by_key(|(b, _)| *b != self.config.source.branch);
+            for (branch, head) in order {
+                if report.more {
+                    // The applied branch is not caught up: previews wait for the next pass,
+                    // since each is judged under the applied branch's accepted state.
+                    break;
+                }
+                match self.catch_up(branch, *head, limit, report).await {
+                    Ok(()) => {}
+                    Err(DaemonError::Ledger(e)) => return Err(DaemonError::Ledger(e)),
+                    Err(e) => {
+                        self.hub.metrics.tick_errors.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(branch = %branch, head = %head, error = %e, "cannot judge this branch now; the other branches go on");
+                    }
+                }
+            }
+            // Preview branches with live deployments that no longer exist: tear them down.
+            // (`branches` holds only tracked ones, so this also covers a branch no longer
+            // matching `preview_branches`.) The applied branch is never torn down this way.
+            for branch in self.ledger.revisions().deployed_branches().await? {
+                if branch != self.config.source.branch && !branches.iter().any(|(b, _)| *b == branch) {
+                    let applied = self.ledger.teardown_branch(&branch, now_ms()).await?;
+                    report.teardowns += applied.teardowns.len();
+                    if !applied.teardowns.is_empty() {
+                        tracing::info!(branch = %branch, teardowns = applied.teardowns.len(), "branch gone: tearing down its environments");
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The mesh between nodes, decided again when what it follows changed, and its links
+    /// judged when due.
+    async fn refresh_meshes(&self) -> Result<(), DaemonError> {
         // The mesh between nodes follows placement, the nodes' keys and their names: a changed
         // one goes to its node with its waiting lease (or its next heartbeat).
         let seen = self.mesh_seen.lock().map(|s| s.clone()).unwrap_or_default();
@@ -383,15 +416,12 @@ impl Reconciler {
                 *slot = links.into_iter().map(|l| (l.node, l.peer, l.state.as_str())).collect();
             }
         }
-        // Replicas their agents no longer report (removed by hand): asked for again.
-        let repairs = self
-            .ledger
-            .repair_missing(now_ms(), &self.hub.drift_suspected, &self.drift_checked_ms)
-            .await?;
-        if repairs > 0 {
-            tracing::info!(repairs, "replicas missing from their nodes: asked again");
-            report.advanced += repairs;
-        }
+        Ok(())
+    }
+
+    /// What comes due with time or with accepted commits: custom domains' lookups, hostnames'
+    /// certificates, volumes past their retention, cron roles and volume backups.
+    async fn due_work(&self, report: &mut PassReport) -> Result<(), DaemonError> {
         // Custom domains: looked up when commits were accepted and whenever one is due.
         let now = now_ms();
         if report.accepted > 0 || now >= self.domains_due_ms.load(Ordering::Relaxed) {
@@ -445,16 +475,7 @@ impl Reconciler {
             );
             report.advanced += backups.queued.len() + backups.skipped.len();
         }
-        let wrote = report.judged + report.teardowns + report.advanced > 0;
-        self.hub.refresh_counts(&self.ledger, wrote).await;
-        self.hub.metrics.observe(started.elapsed());
-        self.hub.last_tick_ms.store(now_ms(), Ordering::Relaxed);
-        self.hub.passes.fetch_add(1, Ordering::Relaxed);
-        if wrote {
-            self.hub.wrote.notify_waiters();
-            self.hub.jobs.notify_waiters();
-        }
-        Ok(report)
+        Ok(())
     }
 
     /// The ledger-only part of a pass: expired leases back to the queue, rollouts advanced,
