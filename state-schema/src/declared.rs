@@ -7,7 +7,7 @@ use crate::model::{NodePool, NodeState, Spec};
 use crate::placement::Liveness;
 use crate::values::Name;
 use std::collections::{BTreeMap, HashMap};
-use std::net::IpAddr;
+use core::net::IpAddr;
 
 /// A node as the applied branch's accepted state declares it.
 #[derive(Clone, Debug, PartialEq, Eq)]
