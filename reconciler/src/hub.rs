@@ -80,6 +80,9 @@ pub struct Hub {
     /// A heartbeat left out a replica its node reported before: the loop's next drift check
     /// looks at once instead of at its next full check (`reconcile::drift`).
     pub drift_suspected: AtomicBool,
+    /// A completion recorded a drift repair since the last settle looked: the next one
+    /// publishes its routes again (a full pass always looks, for another daemon's).
+    pub repairs_recorded: AtomicBool,
     /// Until when some generation is under watch, as this daemon last read or wrote it:
     /// heartbeats after it judge nothing (`ops::agents`).
     pub watching: WatchHint,
@@ -141,6 +144,7 @@ impl Default for Hub {
             revocations: AtomicU64::new(0),
             // A daemon that just started has not looked: its first check does.
             drift_suspected: AtomicBool::new(true),
+            repairs_recorded: AtomicBool::new(true),
             watching: WatchHint::default(),
         }
     }

@@ -225,7 +225,13 @@ fn daemon(config: &Path) -> Result<()> {
                 tokio::spawn(reconciler::ops::group::run(
                     Arc::clone(&ledger),
                     Arc::clone(&group),
-                    Arc::new(move || settle.settle_hint.notify_one()),
+                    Arc::new(move |repaired| {
+                        if repaired {
+                            // Their routes are published again by the settle this wakes.
+                            settle.repairs_recorded.store(true, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        settle.settle_hint.notify_one()
+                    }),
                     stopped.clone(),
                 ));
                 let peers = Arc::new(Peers::new(Arc::clone(&ledger), Arc::clone(&hub)));

@@ -6,8 +6,8 @@
 use crate::model::{NodePool, NodeState, Spec};
 use crate::placement::Liveness;
 use crate::values::Name;
-use std::collections::{BTreeMap, HashMap};
 use core::net::IpAddr;
+use std::collections::{BTreeMap, HashMap};
 
 /// A node as the applied branch's accepted state declares it.
 #[derive(Clone, Debug, PartialEq, Eq)]

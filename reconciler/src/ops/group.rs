@@ -127,7 +127,7 @@ fn committers(backend: crate::store::Backend) -> usize {
 pub async fn run(
     ledger: Arc<Ledger>,
     group: Arc<Group>,
-    completed: Arc<dyn Fn() + Send + Sync>,
+    completed: Arc<dyn Fn(bool) + Send + Sync>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     let Some(rx) = group.receiver.lock().ok().and_then(|mut r| r.take()) else {
@@ -147,7 +147,7 @@ pub async fn run(
 async fn commit_groups(
     ledger: Arc<Ledger>,
     rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Call>>>,
-    completed: Arc<dyn Fn() + Send + Sync>,
+    completed: Arc<dyn Fn(bool) + Send + Sync>,
 ) {
     loop {
         let batch = {
@@ -178,7 +178,7 @@ async fn commit_groups(
                 .complete_and_lease(&completions, &callers, &requests, ttl, now_ms())
                 .await
             {
-                Ok((done, leased)) => {
+                Ok((done, leased, repaired)) => {
                     drop(requests);
                     for (call, r) in completes.into_iter().zip(done) {
                         let _ = call.reply.send(Ok(r));
@@ -188,7 +188,7 @@ async fn commit_groups(
                     }
                     if !completions.is_empty() {
                         // The next step may be due: the loop advances it now.
-                        completed();
+                        completed(repaired > 0);
                     }
                 }
                 Err(e) => {

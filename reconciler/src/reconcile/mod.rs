@@ -313,6 +313,8 @@ impl Reconciler {
                 0
             }
         };
+        // Repairs another daemon recorded, or a crash left unpublished: the settle looks.
+        self.hub.repairs_recorded.store(true, Ordering::Relaxed);
         report.advanced = self.settle().await? + rolled;
         self.refresh_meshes().await?;
         // Replicas their agents no longer report (removed by hand): asked for again.
@@ -488,8 +490,11 @@ impl Reconciler {
 
     async fn settle_now(&self) -> Result<usize, DaemonError> {
         self.ledger.jobs().expire(now_ms()).await?;
-        // A repaired replica's routes, published again (its address may have changed).
-        self.ledger.republish_repaired(now_ms()).await?;
+        // A repaired replica's routes, published again (its address may have changed): looked
+        // at when a completion here recorded one, and in every full pass.
+        if self.hub.repairs_recorded.swap(false, Ordering::Relaxed) {
+            self.ledger.republish_repaired(now_ms()).await?;
+        }
         let mut advanced = self.ledger.advance(now_ms(), &self.hub.watching).await?;
         // The fleet changes without commits (nodes fall silent, come back, free room): what
         // runs is re-placed against it, level-triggered like everything else.

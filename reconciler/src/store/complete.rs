@@ -74,19 +74,23 @@ impl crate::store::Jobs<'_> {
             return Ok(Vec::new());
         }
         let mut tx = self.write_tx().await?;
-        let out = self.complete_as_in(&mut tx, completions, callers, now_ms).await?;
+        let out = self
+            .complete_as_in(&mut tx, completions, callers, now_ms, &mut 0)
+            .await?;
         tx.commit().await?;
         Ok(out)
     }
 
     /// [`Ledger::complete_as`] in the caller's transaction: per chunk of 500, the live leases
     /// read and locked, each completion checked against them, then what they end written.
+    /// Adds to `repaired` the drift repairs that succeeded (their routes wait for the pass).
     pub(crate) async fn complete_as_in(
         &self,
         tx: &mut WriteTx,
         completions: &[Completion],
         callers: &[String],
         now_ms: i64,
+        repaired: &mut usize,
     ) -> Result<Vec<Result<(), Refused>>, LedgerError> {
         let mut out = vec![Err(Refused::StaleFencingToken); completions.len()];
         for chunk_start in (0..completions.len()).step_by(500) {
@@ -94,6 +98,7 @@ impl crate::store::Jobs<'_> {
             let (live, owners) = self.live_leases(tx, chunk, now_ms).await?;
             let callers = callers.get(chunk_start..).unwrap_or_default();
             let rec = recorded(chunk, callers, live, &owners, &mut out[chunk_start..], now_ms);
+            *repaired += rec.repaired.len();
             self.write_recorded(tx, rec, now_ms).await?;
         }
         Ok(out)

@@ -113,19 +113,22 @@ impl crate::store::Jobs<'_> {
         requests: &[(&str, u32, bool)],
         ttl_ms: i64,
         now_ms: i64,
-    ) -> Result<(Vec<Result<(), Refused>>, Vec<Vec<Lease>>), LedgerError> {
+    ) -> Result<(Vec<Result<(), Refused>>, Vec<Vec<Lease>>, usize), LedgerError> {
         if completions.is_empty() {
-            return Ok((Vec::new(), self.lease_many(requests, ttl_ms, now_ms).await?));
+            return Ok((Vec::new(), self.lease_many(requests, ttl_ms, now_ms).await?, 0));
         }
         let mut tx = self.write_tx().await?;
-        let done = self.complete_as_in(&mut tx, completions, callers, now_ms).await?;
+        let mut repaired = 0;
+        let done = self
+            .complete_as_in(&mut tx, completions, callers, now_ms, &mut repaired)
+            .await?;
         let leased = if requests.is_empty() {
             Vec::new()
         } else {
             self.lease_many_in(&mut tx, requests, ttl_ms, now_ms).await?
         };
         tx.commit().await?;
-        Ok((done, leased))
+        Ok((done, leased, repaired))
     }
 
     /// [`Ledger::lease_many`] in the caller's transaction.
