@@ -17,6 +17,11 @@ pub struct LogRequest {
     pub follow: bool,
 }
 
+/// The answer to a piece of a log stream taken (`POST /v1/agent/logs/{id}`): nothing more
+/// than that it was (`{}`); a refusal says why not.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkTaken {}
+
 /// `/v1/agent/logs/wait`: how long to wait for a request (at most [`MAX_LOG_WAIT_MS`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

@@ -787,6 +787,8 @@ fn the_surfaces_call_the_store_only_for_the_reads_the_code_map_names() {
         for core in ["execute_raw(", "write_tx(", "migrate("] {
             assert!(!text.contains(core), "{m} calls the ledger's {core}..)");
         }
+        // Both wires are typed: a surface answers with `operator_proto` or `agent_proto` types.
+        assert!(!text.contains("json!("), "{m} builds an answer with json!");
     }
     assert!(seen.len() >= 3, "the walk saw the surfaces' reads: {seen:?}");
 }

@@ -378,7 +378,7 @@ pub async fn chunk(
     if q.done == Some(true) {
         s.logs.close(&id);
     }
-    axum::Json(serde_json::json!({})).into_response()
+    axum::Json(agent_proto::ChunkTaken {}).into_response()
 }
 
 #[cfg(test)]

@@ -13,10 +13,13 @@ impl Ledger {
         let mut asked = 0;
         for f in self.deployments().watch_failures().await? {
             let generation = u64::try_from(f.generation).unwrap_or(0);
-            let (by, what) = match f.before_switch {
-                Some(what @ "its canary") => (CANARY, what),
-                Some(what) => (ROLLING, what),
-                None => (WATCH, "its watch"),
+            // Not switched yet: a canary, when a role declares one (it is the rollout's), or
+            // rolling batches.
+            let canary = f.spec.roles.values().any(|r| !r.canary.is_empty());
+            let (by, what) = match (f.switched, canary) {
+                (true, _) => (WATCH, "its watch"),
+                (false, true) => (CANARY, "its canary"),
+                (false, false) => (ROLLING, "its rolling rollout"),
             };
             let outcome = self
                 .deployments()

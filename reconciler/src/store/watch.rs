@@ -30,9 +30,10 @@ pub struct Failed {
     pub environment: String,
     pub generation: i64,
     pub failure: String,
-    /// It failed before its switch (its deployment had not switched yet): during its canary
-    /// (`"its canary"`) or between its rolling batches (`"its rolling rollout"`).
-    pub before_switch: Option<&'static str>,
+    /// Whether its deployment had switched (`done`) when it failed: if not, it failed during
+    /// its canary or between its rolling batches, as the caller tells from `spec`.
+    pub switched: bool,
+    pub spec: DeploymentSpec,
 }
 
 /// Until when the ledger's watches run (`i64::MAX` for a canary's): what `hub::WatchHint` holds.
@@ -148,23 +149,12 @@ impl crate::store::Deployments<'_> {
         .await?;
         let mut out = Vec::with_capacity(rows.len());
         for (environment, generation, failure, status, spec) in rows {
-            // Failed or in progress: not switched yet, so a canary or rolling batches (a
-            // canary, when a role declares one, is the rollout's).
-            let before_switch = match status == "done" {
-                true => None,
-                false => {
-                    let spec: DeploymentSpec = serde_json::from_str(&spec)?;
-                    Some(match spec.roles.values().any(|r| !r.canary.is_empty()) {
-                        true => "its canary",
-                        false => "its rolling rollout",
-                    })
-                }
-            };
             out.push(Failed {
                 environment,
                 generation,
                 failure,
-                before_switch,
+                switched: status == "done",
+                spec: serde_json::from_str(&spec)?,
             });
         }
         Ok(out)
