@@ -221,17 +221,10 @@ fn daemon(config: &Path) -> Result<()> {
                     .with_context(|| format!("listening on {}", a.listen))?;
                 tracing::info!(listen = %listener.local_addr().unwrap_or(a.listen), "serving the agent API over mutual TLS");
                 let group = Arc::new(Group::default());
-                let settle = Arc::clone(&hub);
                 tokio::spawn(reconciler::ops::group::run(
                     Arc::clone(&ledger),
                     Arc::clone(&group),
-                    Arc::new(move |repaired| {
-                        if repaired {
-                            // Their routes are published again by the settle this wakes.
-                            settle.repairs_recorded.store(true, std::sync::atomic::Ordering::Relaxed);
-                        }
-                        settle.settle_hint.notify_one()
-                    }),
+                    Arc::clone(&hub),
                     stopped.clone(),
                 ));
                 let peers = Arc::new(Peers::new(Arc::clone(&ledger), Arc::clone(&hub)));

@@ -5,8 +5,10 @@
 //! writes it in one: under load, a hundred agents' calls share one fsync; when idle, a call
 //! goes alone at once.
 
+use crate::hub::Hub;
 use crate::store::now_ms;
 use crate::store::{Completion, Lease, Ledger, Refused};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
 
@@ -122,12 +124,13 @@ fn committers(backend: crate::store::Backend) -> usize {
 }
 
 /// Runs the committers until shutdown: each transaction records the completions queued, then
-/// leases for the lease calls queued. `completed` runs after a group that recorded
-/// completions (the next step may be due: the reconcile loop settles).
+/// leases for the lease calls queued. A group that recorded completions wakes the loop's
+/// settle (the next step may be due), and says when it recorded a drift repair (the settle
+/// publishes its routes again).
 pub async fn run(
     ledger: Arc<Ledger>,
     group: Arc<Group>,
-    completed: Arc<dyn Fn(bool) + Send + Sync>,
+    hub: Arc<Hub>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     let Some(rx) = group.receiver.lock().ok().and_then(|mut r| r.take()) else {
@@ -135,7 +138,7 @@ pub async fn run(
     };
     let rx = Arc::new(tokio::sync::Mutex::new(rx));
     let all = (0..committers(ledger.backend()))
-        .map(|_| commit_groups(Arc::clone(&ledger), Arc::clone(&rx), Arc::clone(&completed)));
+        .map(|_| commit_groups(Arc::clone(&ledger), Arc::clone(&rx), Arc::clone(&hub)));
     tokio::select! {
         _ = futures_util::future::join_all(all) => {}
         _ = shutdown.changed() => {}
@@ -144,11 +147,7 @@ pub async fn run(
 
 /// One committer: takes a group off the queue (the queue is free again while it writes), and
 /// writes it.
-async fn commit_groups(
-    ledger: Arc<Ledger>,
-    rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Call>>>,
-    completed: Arc<dyn Fn(bool) + Send + Sync>,
-) {
+async fn commit_groups(ledger: Arc<Ledger>, rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Call>>>, hub: Arc<Hub>) {
     loop {
         let batch = {
             let mut rx = rx.lock().await;
@@ -186,9 +185,12 @@ async fn commit_groups(
                     for (call, l) in leases.into_iter().zip(leased) {
                         let _ = call.reply.send(Ok(l));
                     }
+                    if repaired > 0 {
+                        hub.repairs_recorded.store(true, Ordering::Relaxed);
+                    }
                     if !completions.is_empty() {
                         // The next step may be due: the loop advances it now.
-                        completed(repaired > 0);
+                        hub.settle_hint.notify_one();
                     }
                 }
                 Err(e) => {

@@ -3,8 +3,9 @@
 //! decision), calls the store, wakes what must wake, and returns the typed answer of
 //! `operator_proto`, or an [`OpError`] with its stable code. `http/` only parses, authorises,
 //! calls these and writes the answer; nothing here knows HTTP beyond the refusal's kind.
-//! The agents' heartbeat, a decision over what the ledger held of the node, is here too
-//! (`agents`).
+//! The agents' use cases are here too: a heartbeat (a decision over what the ledger held of
+//! the node), enrolment and renewals (`agents`), and the group commit their leases and
+//! completions go through (`group`).
 //!
 //! Architecture invariant: the operator surface (`http::operator`) reaches the store only
 //! through `ops` (`tests/layers.rs`).

@@ -30,6 +30,8 @@ use state_repo::source::{SourceError, StateRepo};
 use state_repo::trust::allowed_signers::{self, AllowedSigner};
 use state_repo::trust::policy::{self, Policy};
 use state_schema::declared;
+use state_schema::model::NodePool;
+use state_schema::values::Name;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -288,8 +290,10 @@ impl Reconciler {
             tracing::info!(branch = %branch, "preview expired: tearing down its environments");
             report.teardowns += 1;
         }
-        // A node retired in Git loses every certificate at once.
+        // The applied branch's node pools, as this pass's commits left them (read once: the
+        // revocations and the mesh both follow them).
         let pools = self.ledger.applied_pools(&self.config.source.branch).await?;
+        // A node retired in Git loses every certificate at once.
         let revoked = self
             .ledger
             .nodes()
@@ -316,7 +320,7 @@ impl Reconciler {
         // Repairs another daemon recorded, or a crash left unpublished: the settle looks.
         self.hub.repairs_recorded.store(true, Ordering::Relaxed);
         report.advanced = self.settle().await? + rolled;
-        self.refresh_meshes().await?;
+        self.refresh_meshes(&pools).await?;
         // Replicas their agents no longer report (removed by hand): asked for again.
         let repairs = self
             .ledger
@@ -383,17 +387,16 @@ impl Reconciler {
         Ok(())
     }
 
-    /// The mesh between nodes, decided again when what it follows changed, and its links
-    /// judged when due.
-    async fn refresh_meshes(&self) -> Result<(), DaemonError> {
+    /// The mesh between nodes (over `pools`, the applied branch's), decided again when what it
+    /// follows changed, and its links judged when due.
+    async fn refresh_meshes(&self, pools: &[(Name, NodePool)]) -> Result<(), DaemonError> {
         // The mesh between nodes follows placement, the nodes' keys and their names: a changed
         // one goes to its node with its waiting lease (or its next heartbeat).
         let seen = self.mesh_seen.lock().map(|s| s.clone()).unwrap_or_default();
         if let Some(signature) = self.ledger.nodes().mesh_signature().await? {
             // A node retired in Git is in no mesh, whatever still waits to be cleaned up on it;
             // an address Git declares for a node wins over the one its agent says.
-            let pools = self.ledger.applied_pools(&self.config.source.branch).await?;
-            let (retired, addresses) = (declared::retired(&pools), declared::addresses(&pools));
+            let (retired, addresses) = (declared::retired(pools), declared::addresses(pools));
             let signature = format!("{signature}/{}/{addresses:?}", retired.join(","));
             if signature != seen {
                 let meshes = mesh::refresh(&self.ledger, &retired, &addresses, now_ms()).await?;
