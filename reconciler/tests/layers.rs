@@ -556,7 +556,8 @@ fn schema_paths(text: &str) -> Vec<String> {
 /// helpers (a job key is the store's column), never a decision.
 fn a_row_type(path: &str) -> bool {
     const MODULES: [&str; 4] = ["deployment::", "values::", "model::", "task::"];
-    const NAMES: [&str; 23] = [
+    const NAMES: [&str; 24] = [
+        "domains::DomainState",
         "generations::Action",
         "generations::Status",
         "generations::Current",

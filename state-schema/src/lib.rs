@@ -34,6 +34,7 @@ pub mod state;
 pub mod synthetic;
 pub mod task;
 pub mod values;
+pub mod volume_jobs;
 pub mod volumes;
 pub mod watch;
 pub mod yaml;

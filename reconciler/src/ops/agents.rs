@@ -14,7 +14,9 @@ use crate::store::{LeaseToken, Ledger, LedgerError, Refused};
 use agent_proto::Refusal;
 use agent_proto::RunningInstance;
 use state_schema::declared::Declared;
+use state_schema::generations::Status;
 use state_schema::placement::Liveness;
+use state_schema::watch::Seen;
 use std::sync::atomic::Ordering;
 
 /// What a heartbeat changes, judged against what the ledger held of its node before.
@@ -93,11 +95,7 @@ pub async fn heartbeat(
             until
         }
     };
-    let watch_failed = now_ms < until
-        && ledger
-            .deployments()
-            .watch_beat(node, &now, now_ms, state_schema::watch::judge)
-            .await?;
+    let watch_failed = now_ms < until && watch_beat(ledger, node, &now, now_ms).await?;
     let had: Vec<RunningInstance> = before
         .as_ref()
         .and_then(|b| b.observed.as_deref())
@@ -117,6 +115,40 @@ pub async fn heartbeat(
         Some((applied, links)) => ledger.nodes().mesh_beat(node, applied, links, now_ms).await,
         None => Ok(None),
     }
+}
+
+/// Judges node `node`'s heartbeat (`observed`, at `at_ms`) against every generation under
+/// watch with replicas there (`state_schema::watch::judge`); records the first failure of
+/// each. Whether one was recorded.
+async fn watch_beat(
+    ledger: &Ledger,
+    node: &str,
+    observed: &[RunningInstance],
+    at_ms: i64,
+) -> Result<bool, LedgerError> {
+    let seen: Vec<Seen<'_>> = observed
+        .iter()
+        .map(|i| Seen {
+            environment: &i.environment,
+            role: &i.role,
+            instance: i.instance,
+            generation: i.generation,
+            healthy: i.healthy,
+        })
+        .collect();
+    let mut failed = false;
+    for w in ledger.deployments().watched(at_ms).await? {
+        let generation = u64::try_from(w.generation).unwrap_or(0);
+        // Watched while in progress: a canary, between its first share and its switch.
+        let canary = w.status == Status::InProgress;
+        if let Some(why) = state_schema::watch::judge(&w.spec, generation, w.watch_from, node, at_ms, &seen, canary) {
+            failed |= ledger
+                .deployments()
+                .record_watch_failure(&w.environment, w.generation, &why)
+                .await?;
+        }
+    }
+    Ok(failed)
 }
 
 /// Extends the caller's leases by `ttl_ms`: each one's new expiry, or why not.

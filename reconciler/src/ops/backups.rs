@@ -4,9 +4,20 @@
 //! snapshot into the volume's next generation, followed through the volume and the rollout.
 
 use super::{Answer, OpError, Ops, wire};
-use crate::store::backups::{BackupRefusal, MAX_LISTED};
-use crate::store::now_ms;
+use crate::store::backups::{AskedJob, MAX_LISTED};
+use crate::store::{LedgerError, now_ms};
 use operator_proto::backups::{Backups, BackupsQuery, JobAsked, Proven, Restore, Restoring, RunBackup};
+use state_schema::deployment::DeploymentSpec;
+use state_schema::volume_jobs::{self, Asked, BACKUP_ATTEMPTS, BackupRefusal, Placed, VolumeJob};
+
+/// The live deployment of `environment` among `rows` (the ledger's live deployments that back
+/// up volumes: generation, spec), decoded.
+pub(crate) fn live_of(rows: Vec<(i64, String)>, environment: &str) -> Option<(u64, DeploymentSpec)> {
+    rows.into_iter()
+        .filter_map(|(g, spec)| Some((g, serde_json::from_str::<DeploymentSpec>(&spec).ok()?)))
+        .find(|(_, s)| s.environment.as_str() == environment)
+        .map(|(g, s)| (u64::try_from(g).unwrap_or(0), s))
+}
 
 /// Rows a listing answers unless asked for fewer.
 pub const DEFAULT_LISTED: i64 = 50;
@@ -78,11 +89,12 @@ impl Ops {
     /// snapshot.
     pub async fn run_backup(&self, who: &str, ask: RunBackup) -> Answer<JobAsked> {
         let (env, volume) = (&ask.environment, &ask.volume);
-        let asked = if ask.verify {
-            self.ledger.backups().verify_now(env, volume, now_ms()).await?
+        let job = if ask.verify {
+            VolumeJob::Drill
         } else {
-            self.ledger.backups().backup_now(env, volume, now_ms()).await?
+            VolumeJob::Backup
         };
+        let asked = self.ask_volume_job(env, volume, job).await?;
         match asked {
             Ok(key) => {
                 tracing::info!(by = %who, environment = %env, volume = %volume, job = %key, verify = ask.verify, "backup asked for");
@@ -106,19 +118,101 @@ impl Ops {
     /// `POST /v1/restores`.
     pub async fn restore(&self, who: &str, ask: Restore) -> Answer<Restoring> {
         let (env, volume) = (&ask.environment, &ask.volume);
-        let r = self
-            .ledger
-            .backups()
-            .restore_now(env, volume, ask.snapshot.as_deref(), now_ms())
+        let (live, placed, snapshots) = self.volume_read(env, volume).await?;
+        let live = live.as_ref().map(|(g, s)| (*g, s));
+        let restore = volume_jobs::restore(
+            live,
+            volume,
+            placed.as_ref(),
+            ask.snapshot.as_deref(),
+            &snapshots,
+            now_ms(),
+        )
+        .map_err(|why| refusal(env, volume, why))?;
+        let detail = format!(
+            "snapshot {} into generation {} on {}",
+            restore.snapshot, restore.to, restore.asked.node
+        );
+        let key = self
+            .queue(
+                env,
+                &restore.asked,
+                1,
+                ("volume-restore-requested", format!("{env}/{volume}"), detail),
+            )
             .await?
             .map_err(|why| refusal(env, volume, why))?;
-        tracing::info!(by = %who, environment = %env, volume = %volume, job = %r.job, to = r.to, snapshot = %r.snapshot, "restore asked for");
+        let r = Restoring {
+            job: key,
+            generation: restore.to,
+            snapshot: restore.snapshot,
+            node: restore.asked.node,
+        };
+        tracing::info!(by = %who, environment = %env, volume = %volume, job = %r.job, to = r.generation, snapshot = %r.snapshot, "restore asked for");
         self.hub.jobs.notify_waiters();
-        Ok(Restoring {
-            job: r.job,
-            generation: r.to,
-            snapshot: r.snapshot,
-            node: r.node,
-        })
+        Ok(r)
+    }
+
+    /// What an ask of `environment`'s `volume` is judged on: its live deployment that backs up
+    /// volumes, where the volume is, and the snapshots its succeeded backups saved.
+    async fn volume_read(
+        &self,
+        environment: &str,
+        volume: &str,
+    ) -> Result<(Option<(u64, DeploymentSpec)>, Option<Placed>, Vec<String>), LedgerError> {
+        let backups = self.ledger.backups();
+        let live = live_of(backups.backup_deployments().await?, environment);
+        let placed = backups
+            .placed(environment, volume)
+            .await?
+            .map(|(node, generation, moving_to)| Placed {
+                node,
+                generation: u64::try_from(generation).unwrap_or(1),
+                moving_to,
+            });
+        let snapshots = backups.succeeded_snapshots(environment, volume).await?;
+        Ok((live, placed, snapshots))
+    }
+
+    /// A backup (or a restore drill) of the volume now: judged by `volume_jobs::ask`, queued
+    /// unless one still goes. Its job's key, or why not.
+    async fn ask_volume_job(
+        &self,
+        environment: &str,
+        volume: &str,
+        job: VolumeJob,
+    ) -> Result<Result<String, BackupRefusal>, LedgerError> {
+        let (live, placed, snapshots) = self.volume_read(environment, volume).await?;
+        let live = live.as_ref().map(|(g, s)| (*g, s));
+        let asked = match volume_jobs::ask(job, live, volume, placed.as_ref(), &snapshots, now_ms()) {
+            Ok(asked) => asked,
+            Err(why) => return Ok(Err(why)),
+        };
+        let detail = format!("asked now, on {}", asked.node);
+        let event = (job.events().0, format!("{environment}/{volume}"), detail);
+        self.queue(environment, &asked, BACKUP_ATTEMPTS, event).await
+    }
+
+    /// Writes what was decided: the job, unless one with its prefix still goes.
+    async fn queue(
+        &self,
+        environment: &str,
+        asked: &Asked,
+        attempts: u32,
+        event: (&str, String, String),
+    ) -> Result<Result<String, BackupRefusal>, LedgerError> {
+        let job = AskedJob {
+            task: &asked.task,
+            node: &asked.node,
+            prefix: &asked.prefix,
+            attempts,
+            event,
+        };
+        Ok(self
+            .ledger
+            .backups()
+            .queue_asked(environment, &job, now_ms())
+            .await?
+            .map_err(BackupRefusal::Going))
     }
 }

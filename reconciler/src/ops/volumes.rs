@@ -3,11 +3,12 @@
 //! node removed it; a move to another node (`store::moves`), answered once it is queued or with
 //! why not before anything changed (the caller follows `movingTo`, then `movedUpAtMs`).
 
+use super::backups::live_of;
 use super::{Answer, Kind, OpError, Ops, wire};
-use crate::store::backups::backed_up;
 use crate::store::kept::KeptRefusal;
 use crate::store::moves::{MoveRefusal, Moving};
 use crate::store::now_ms;
+use crate::store::rows::JobState;
 use crate::store::volumes::{VolumeRefusal, VolumeRow};
 use operator_proto::volumes::{MoveVolume, RemoveVolume, VolumeMoving, VolumeRemoved, Volumes};
 use state_schema::placement::Fleet;
@@ -108,12 +109,15 @@ impl Ops {
         let deadline = tokio::time::Instant::now() + REMOVE_TIMEOUT;
         loop {
             match self.ledger.certificates().job_outcomes(&keys).await?.into_iter().next() {
-                Some(o) if o.state == "succeeded" => return Ok(o.detail),
-                Some(o) if matches!(o.state.as_str(), "failed" | "dead" | "cancelled") => {
+                Some(o) if o.state == JobState::Succeeded => return Ok(o.detail),
+                Some(o) if o.state.broken() || o.state == JobState::Cancelled => {
                     return Err(OpError::new(
                         Kind::FailedOnNode,
                         "volume-remove-failed",
-                        format!("node {node}: {}", o.detail.unwrap_or(o.state)),
+                        format!(
+                            "node {node}: {}",
+                            o.detail.unwrap_or_else(|| o.state.as_str().to_owned())
+                        ),
                     ));
                 }
                 _ => {}
@@ -204,7 +208,9 @@ fn judge_move(
     {
         return Err(MoveRefusal::SharedRole(other.volume.clone()));
     }
-    let (generation, spec, _) = backed_up(backing, environment, volume).ok_or(MoveRefusal::NoBackup)?;
+    let (generation, spec) = live_of(backing, environment)
+        .filter(|(_, spec)| state_schema::volume_jobs::backup_plan(spec, volume).is_some())
+        .ok_or(MoveRefusal::NoBackup)?;
     let (Ok(role), Ok(target), Ok(source), Ok(volume_name)) = (
         Name::new(&row.role),
         Name::new(to),

@@ -7,14 +7,43 @@
 //! write; the issuer's key is sealed to the control host before it is written.
 
 use crate::issuer::{Signed, Signer};
-use crate::store::certificates::{CertificateRow, Issued};
+use crate::store::certificates::{CertificateRow, Issued, Rollout};
+use crate::store::rows::JobState;
 use crate::store::{Ledger, LedgerError};
 use state_schema::deployment::DeploymentSpec;
+use state_schema::domains::DomainState;
+use state_schema::generations::Status;
+use state_schema::rollout::{PUBLISH_STEP, Step};
 use state_schema::task::Task;
 use state_schema::values::Hostname;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// A rollout's spec and generation once it has published its routes (done, or at its publish
+/// step or past it): before that, its own publish hands out what is new.
+fn published(r: &Rollout) -> Option<(DeploymentSpec, u64)> {
+    let done =
+        Status::parse(&r.status) == Some(Status::Done) || usize::try_from(r.step).is_ok_and(|s| s >= PUBLISH_STEP);
+    let spec = serde_json::from_str::<DeploymentSpec>(&r.spec).ok()?;
+    done.then(|| (spec, u64::try_from(r.generation).unwrap_or(0)))
+}
+
+/// The publishes that hand a certificate issued (the `issued`th time) to the nodes serving
+/// `hostname` in rollout `r` (`rollout::republish_certificate`), once it has published.
+fn republish_certificate(r: &Rollout, hostname: &str, issued: u32) -> Step {
+    published(r).map_or_else(Vec::new, |(spec, generation)| {
+        state_schema::rollout::republish_certificate(&spec, generation, hostname, issued)
+    })
+}
+
+/// The publishes that route a first-proven domain in rollout `r`
+/// (`rollout::republish_domain`), once it has published.
+pub(super) fn republish_domain(r: &Rollout, hostname: &str) -> Step {
+    published(r).map_or_else(Vec::new, |(spec, generation)| {
+        state_schema::rollout::republish_domain(&spec, generation, hostname)
+    })
+}
 
 /// Without a hint, how often the rollouts' hostnames are looked at.
 pub const CHECK_EVERY_MS: i64 = 60_000;
@@ -122,7 +151,7 @@ pub async fn issue_due(
         .domains()
         .await?
         .into_iter()
-        .filter(|d| d.state == "verified")
+        .filter(|d| DomainState::parse(&d.state) == DomainState::Verified)
         .map(|d| d.hostname)
         .collect();
     let wanted = wanted(ledger.certificates().rollouts().await?, &verified);
@@ -235,7 +264,7 @@ async fn keep(
                     },
                     w.spec.environment.as_str(),
                     now_ms,
-                    state_schema::rollout::republish_certificate,
+                    republish_certificate,
                 )
                 .await?;
             tracing::info!(hostname = %hostname, issuer, not_after_ms = s.not_after_ms, publishes = queued, "certificate issued");
@@ -360,22 +389,22 @@ impl crate::acme::Challenges for Order {
                     .map_err(|e| e.to_string())?;
                 if let Some(bad) = outcomes
                     .iter()
-                    .find(|o| matches!(o.state.as_str(), "failed" | "dead" | "cancelled"))
+                    .find(|o| o.state.broken() || o.state == JobState::Cancelled)
                 {
                     return Err(format!(
                         "node {}: {}",
                         bad.target_node,
-                        bad.detail.as_deref().unwrap_or(&bad.state)
+                        bad.detail.as_deref().unwrap_or(bad.state.as_str())
                     ));
                 }
-                if outcomes.len() == keys.len() && outcomes.iter().all(|o| o.state == "succeeded") {
+                if outcomes.len() == keys.len() && outcomes.iter().all(|o| o.state == JobState::Succeeded) {
                     return Ok(());
                 }
                 if tokio::time::Instant::now() >= deadline {
                     let waiting: Vec<String> = outcomes
                         .iter()
-                        .filter(|o| o.state != "succeeded")
-                        .map(|o| format!("{} ({})", o.target_node, o.state))
+                        .filter(|o| o.state != JobState::Succeeded)
+                        .map(|o| format!("{} ({})", o.target_node, o.state.as_str()))
                         .collect();
                     return Err(format!(
                         "not answered within {} s by {}",

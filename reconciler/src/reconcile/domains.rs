@@ -8,6 +8,7 @@
 //! that expires, but none is ordered for it).
 
 use crate::config::ResolverSetting;
+use crate::store::domains::DomainRow;
 use crate::store::{Ledger, LedgerError};
 use hickory_resolver::Resolver;
 use hickory_resolver::config::{ConnectionConfig, NameServerConfig, ResolverConfig, ResolverOpts};
@@ -169,76 +170,15 @@ pub async fn check_due(ledger: &Ledger, checking: &Checking, now_ms: i64) -> Res
         .filter(|d| d.next_check_at <= now_ms)
         .take(MAX_PER_PASS)
         .collect();
-    let answers = futures_util::future::join_all(due.iter().map(|d| {
-        let method = if d.method == "cname" {
-            Verification::Cname
-        } else {
-            Verification::Txt
-        };
-        checking.ask(method, &d.hostname)
-    }))
-    .await;
+    let answers =
+        futures_util::future::join_all(due.iter().map(|d| checking.ask(method_of(&d.method), &d.hostname))).await;
     let mut first_proof = false;
     for (d, answer) in due.iter().zip(answers) {
-        let method = if d.method == "cname" {
-            Verification::Cname
-        } else {
-            Verification::Txt
-        };
         let own = wanted
             .iter()
             .find(|(h, ..)| h == &d.hostname)
             .and_then(|(.., o)| o.as_deref());
-        let judged = domains::judge(method, &control_plane, &d.hostname, own, &answer);
-        let answered = !matches!(answer, Answer::Unanswered(_));
-        let before = DomainState::parse(&d.state);
-        let after = domains::next_state(
-            before,
-            d.ever_verified == 1,
-            judged.as_ref().map(|_| ()).map_err(|_| ()),
-            answered,
-        );
-        let (seen, reason) = match &judged {
-            Ok(seen) => (Some(seen.as_str()), None),
-            Err(why) => (None, Some(why.as_str())),
-        };
-        let event = match (before, after) {
-            (b, a) if b == a => None,
-            (_, DomainState::Verified) => Some(("domain-verified", seen.unwrap_or_default().to_owned())),
-            (_, DomainState::Failing) => Some((
-                "domain-failing",
-                format!(
-                    "{}; it keeps its certificate until that expires, and no new one is ordered",
-                    reason.unwrap_or_default()
-                ),
-            )),
-            (_, DomainState::Pending) => None,
-        };
-        if after == DomainState::Verified && d.ever_verified == 0 {
-            first_proof = true;
-        }
-        let next = now_ms
-            + if after == DomainState::Verified {
-                checking.verified_ms
-            } else {
-                checking.pending_ms
-            };
-        tracing::info!(hostname = %d.hostname, method = %d.method, state = after.as_str(), reason = reason.unwrap_or(""), "domain checked");
-        ledger
-            .domains()
-            .domain_checked(
-                &crate::store::domains::Checked {
-                    hostname: &d.hostname,
-                    state: after.as_str(),
-                    seen,
-                    reason,
-                    next_check_at: next,
-                    event,
-                },
-                now_ms,
-                state_schema::rollout::republish_domain,
-            )
-            .await?;
+        first_proof |= keep_check(ledger, checking, d, &answer, (control_plane.as_str(), own), now_ms).await?;
     }
     let next_due = ledger
         .domains()
@@ -249,4 +189,73 @@ pub async fn check_due(ledger: &Ledger, checking: &Checking, now_ms: i64) -> Res
         .min()
         .unwrap_or(i64::MAX);
     Ok((first_proof, next_due))
+}
+
+/// How a domain row's method is proven (`cname`, else `txt`).
+fn method_of(method: &str) -> Verification {
+    if method == "cname" {
+        Verification::Cname
+    } else {
+        Verification::Txt
+    }
+}
+
+/// Judges one domain's `answer` (`domains::judge`, then `domains::next_state`) and keeps the
+/// outcome with its event. Whether it was proven for the first time.
+async fn keep_check(
+    ledger: &Ledger,
+    checking: &Checking,
+    d: &DomainRow,
+    answer: &Answer,
+    (control_plane, own): (&str, Option<&str>),
+    now_ms: i64,
+) -> Result<bool, LedgerError> {
+    let judged = domains::judge(method_of(&d.method), control_plane, &d.hostname, own, answer);
+    let answered = !matches!(answer, Answer::Unanswered(_));
+    let before = DomainState::parse(&d.state);
+    let after = domains::next_state(
+        before,
+        d.ever_verified == 1,
+        judged.as_ref().map(|_| ()).map_err(|_| ()),
+        answered,
+    );
+    let (seen, reason) = match &judged {
+        Ok(seen) => (Some(seen.as_str()), None),
+        Err(why) => (None, Some(why.as_str())),
+    };
+    let event = match (before, after) {
+        (b, a) if b == a => None,
+        (_, DomainState::Verified) => Some(("domain-verified", seen.unwrap_or_default().to_owned())),
+        (_, DomainState::Failing) => Some((
+            "domain-failing",
+            format!(
+                "{}; it keeps its certificate until that expires, and no new one is ordered",
+                reason.unwrap_or_default()
+            ),
+        )),
+        (_, DomainState::Pending) => None,
+    };
+    let next = now_ms
+        + if after == DomainState::Verified {
+            checking.verified_ms
+        } else {
+            checking.pending_ms
+        };
+    tracing::info!(hostname = %d.hostname, method = %d.method, state = after.as_str(), reason = reason.unwrap_or(""), "domain checked");
+    ledger
+        .domains()
+        .domain_checked(
+            &crate::store::domains::Checked {
+                hostname: &d.hostname,
+                state: after,
+                seen,
+                reason,
+                next_check_at: next,
+                event,
+            },
+            now_ms,
+            super::certificates::republish_domain,
+        )
+        .await?;
+    Ok(after == DomainState::Verified && d.ever_verified == 0)
 }

@@ -2,6 +2,7 @@
 //! removal an admin asked for) gets a `remove-volume` job on its node, and its row goes once
 //! that job succeeded. Reads, then writes; the decision is the row's own (released, expired).
 
+use crate::store::rows::JobState;
 use crate::store::{Ledger, LedgerError};
 use state_schema::task::Task;
 
@@ -32,15 +33,15 @@ pub async fn sweep(ledger: &Ledger, now_ms: i64) -> Result<Swept, LedgerError> {
         for row in chunk {
             let Some(task) = row.removal() else { continue };
             let key = crate::store::job_key(&task, &row.node);
-            match outcomes.iter().find(|o| o.key == key).map(|o| o.state.as_str()) {
-                Some("succeeded") => {
+            match outcomes.iter().find(|o| o.key == key).map(|o| o.state) {
+                Some(JobState::Succeeded) => {
                     if ledger.volumes().forget_volume(row, now_ms).await? {
                         swept.forgotten += 1;
                     }
                 }
                 // Failed for good (a volume Docker keeps in use, say): its job says why, and
                 // the row stays for `pl volumes` to show.
-                Some("dead" | "failed" | "cancelled") => {}
+                Some(JobState::Dead | JobState::Failed | JobState::Cancelled) => {}
                 _ => swept.pending += 1,
             }
         }

@@ -3,10 +3,10 @@
 //! transaction. SQL only; what is due and what to queue is decided in
 //! `reconcile::certificates` and `state_schema::rollout`.
 
+use super::rows::JobState;
 use super::{Backend, JobRow, LedgerError};
 use sqlx::FromRow;
-use state_schema::deployment::DeploymentSpec;
-use state_schema::rollout::{PUBLISH_STEP, Step};
+use state_schema::rollout::Step;
 
 /// A hostname's certificate as the ledger keeps it (`chain` and `key_sealed` are `None` while
 /// it has never been issued).
@@ -49,22 +49,12 @@ pub struct Issued<'a> {
     pub renew_after: i64,
 }
 
-impl Rollout {
-    /// Its spec and generation when it has published its routes (done, or at its publish step
-    /// or past it).
-    pub fn published(&self) -> Option<(DeploymentSpec, u64)> {
-        let done = self.status == "done" || usize::try_from(self.step).is_ok_and(|s| s >= PUBLISH_STEP);
-        let spec = serde_json::from_str::<DeploymentSpec>(&self.spec).ok()?;
-        done.then(|| (spec, u64::try_from(self.generation).unwrap_or(0)))
-    }
-}
-
 /// A job's state and its latest result's detail, by key.
-#[derive(Debug, FromRow)]
+#[derive(Debug)]
 pub struct JobOutcome {
     pub key: String,
     pub target_node: String,
-    pub state: String,
+    pub state: JobState,
     pub detail: Option<String>,
 }
 
@@ -109,7 +99,7 @@ impl crate::store::Certificates<'_> {
         c: &Issued<'_>,
         environment: &str,
         now_ms: i64,
-        republish: fn(&DeploymentSpec, u64, &str, u32) -> Step,
+        republish: fn(&Rollout, &str, u32) -> Step,
     ) -> Result<usize, LedgerError> {
         let mut tx = self.write_tx().await?;
         let lock = if self.backend() == Backend::Postgres {
@@ -143,10 +133,8 @@ impl crate::store::Certificates<'_> {
         .bind(now_ms)
         .fetch_one(&mut *tx)
         .await?;
-        let step = match current.as_ref().and_then(Rollout::published) {
-            Some((spec, generation)) => {
-                republish(&spec, generation, c.hostname, u32::try_from(issued).unwrap_or(u32::MAX))
-            }
+        let step = match &current {
+            Some(rollout) => republish(rollout, c.hostname, u32::try_from(issued).unwrap_or(u32::MAX)),
             None => Vec::new(),
         };
         let jobs: Vec<JobRow<'_>> = step
@@ -232,10 +220,21 @@ impl crate::store::Certificates<'_> {
              FROM jobs j WHERE j.key IN ({})",
             vec!["?"; keys.len()].join(", ")
         );
-        let mut query = sqlx::query_as(self.sql(&q));
+        let mut query = sqlx::query_as::<_, (String, String, String, Option<String>)>(self.sql(&q));
         for k in keys {
             query = query.bind(k);
         }
-        Ok(query.fetch_all(&self.pool).await?)
+        let rows = query.fetch_all(&self.pool).await?;
+        rows.into_iter()
+            .map(|(key, target_node, state, detail)| {
+                Ok(JobOutcome {
+                    state: JobState::parse(&state)
+                        .ok_or_else(|| LedgerError::Corrupt(format!("job {key}: state {state:?}")))?,
+                    key,
+                    target_node,
+                    detail,
+                })
+            })
+            .collect()
     }
 }

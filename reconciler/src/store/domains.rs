@@ -6,7 +6,7 @@
 use super::certificates::Rollout;
 use super::{Backend, JobRow, LedgerError};
 use sqlx::FromRow;
-use state_schema::deployment::DeploymentSpec;
+use state_schema::domains::DomainState;
 use state_schema::rollout::Step;
 
 /// A domain's row.
@@ -27,7 +27,7 @@ pub struct DomainRow {
 /// What one check found.
 pub struct Checked<'a> {
     pub hostname: &'a str,
-    pub state: &'a str,
+    pub state: DomainState,
     pub seen: Option<&'a str>,
     pub reason: Option<&'a str>,
     pub next_check_at: i64,
@@ -128,7 +128,7 @@ impl crate::store::Domains<'_> {
         &self,
         c: &Checked<'_>,
         now_ms: i64,
-        republish: fn(&DeploymentSpec, u64, &str) -> Step,
+        republish: fn(&Rollout, &str) -> Step,
     ) -> Result<usize, LedgerError> {
         let mut tx = self.write_tx().await?;
         let first_proof: Option<(String, i64)> =
@@ -139,13 +139,13 @@ impl crate::store::Domains<'_> {
         let Some((environment, ever)) = first_proof else {
             return Ok(0);
         };
-        let verified = c.state == "verified";
+        let verified = c.state == DomainState::Verified;
         sqlx::query(self.sql(
             "UPDATE domains SET state = ?, seen = ?, reason = ?, checked_at = ?, next_check_at = ?, \
              verified_at = CASE WHEN ? AND ever_verified = 0 THEN ? ELSE verified_at END, \
              ever_verified = CASE WHEN ? THEN 1 ELSE ever_verified END, updated_at = ? WHERE hostname = ?",
         ))
-        .bind(c.state)
+        .bind(c.state.as_str())
         .bind(c.seen)
         .bind(c.reason)
         .bind(now_ms)
@@ -170,8 +170,8 @@ impl crate::store::Domains<'_> {
             .bind(&environment)
             .fetch_optional(&mut *tx)
             .await?;
-            if let Some((spec, generation)) = current.as_ref().and_then(Rollout::published) {
-                let step = republish(&spec, generation, c.hostname);
+            if let Some(rollout) = &current {
+                let step = republish(rollout, c.hostname);
                 let jobs: Vec<JobRow<'_>> = step
                     .iter()
                     .map(|(task, node)| JobRow::new(task, node.as_str(), 5, now_ms, None))

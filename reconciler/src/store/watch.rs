@@ -1,7 +1,6 @@
-//! A release's watch in the ledger (`rollout.watchSeconds`): set when a rollout finishes, judged
-//! against each heartbeat of a node with replicas under watch (by the caller's decision,
-//! `state_schema::watch::judge`, handed in with the heartbeat),
-//! its first failure kept on the deployment's row for the pass to roll it back
+//! A release's watch in the ledger (`rollout.watchSeconds`): set when a rollout finishes, read
+//! for each heartbeat of a node while something is watched (judged by the caller,
+//! `ops::agents`, with `state_schema::watch::judge`), its first failure kept on the deployment's row for the pass to roll it back
 //! (`reconcile/watch.rs`), and ended when its window passed. SQL only; the caller keeps until
 //! when something is watched (`hub::WatchHint`), so that a heartbeat with nothing under watch
 //! reads nothing.
@@ -9,12 +8,17 @@
 use super::{LedgerError, WriteTx};
 use sqlx::FromRow;
 use state_schema::deployment::DeploymentSpec;
-use state_schema::watch::Seen;
+use state_schema::generations::Status;
 
-/// How a heartbeat is judged against a watched generation (`state_schema::watch::judge`): its
-/// spec, generation, when its watch began, the node, the heartbeat's time, what the node runs,
-/// and whether it is a canary's watch; why it failed, if it did. The caller's.
-pub type WatchDecision = fn(&DeploymentSpec, u64, i64, &str, i64, &[Seen<'_>], bool) -> Option<String>;
+/// A generation under watch, as a heartbeat is judged against it.
+pub struct Watched {
+    pub environment: String,
+    pub generation: i64,
+    pub spec: DeploymentSpec,
+    /// When its watch began.
+    pub watch_from: i64,
+    pub status: Status,
+}
 
 #[derive(FromRow)]
 struct WatchedRow {
@@ -86,15 +90,9 @@ impl crate::store::Deployments<'_> {
         Ok(left.unwrap_or(0))
     }
 
-    /// Judges node `node`'s heartbeat (`observed`, at `at_ms`) against every generation under
-    /// watch with replicas there; records the first failure of each. Whether one was recorded.
-    pub(crate) async fn watch_beat(
-        &self,
-        node: &str,
-        observed: &[agent_proto::RunningInstance],
-        at_ms: i64,
-        judge: WatchDecision,
-    ) -> Result<bool, LedgerError> {
+    /// The generations under watch at `at_ms` that have not failed yet, each with its spec and
+    /// status: what a heartbeat is judged against (by `ops::agents`).
+    pub(crate) async fn watched(&self, at_ms: i64) -> Result<Vec<Watched>, LedgerError> {
         let rows: Vec<WatchedRow> = sqlx::query_as(self.sql(
             "SELECT environment, generation, spec, watch_from, status FROM deployments \
              WHERE watch <> '' AND (watch = 'to-switch' OR watch_until > ?) AND watch_failure = '' \
@@ -103,41 +101,40 @@ impl crate::store::Deployments<'_> {
         .bind(at_ms)
         .fetch_all(&self.pool)
         .await?;
-        let seen: Vec<Seen<'_>> = observed
-            .iter()
-            .map(|i| Seen {
-                environment: &i.environment,
-                role: &i.role,
-                instance: i.instance,
-                generation: i.generation,
-                healthy: i.healthy,
+        Ok(rows
+            .into_iter()
+            .filter_map(|r| {
+                Some(Watched {
+                    spec: serde_json::from_str(&r.spec).ok()?,
+                    status: Status::parse(&r.status)?,
+                    environment: r.environment,
+                    generation: r.generation,
+                    watch_from: r.watch_from,
+                })
             })
-            .collect();
-        let mut failed = false;
-        for r in rows {
-            let Ok(spec) = serde_json::from_str::<DeploymentSpec>(&r.spec) else {
-                continue;
-            };
-            let generation = u64::try_from(r.generation).unwrap_or(0);
-            // Watched while in progress: a canary, between its first share and its switch.
-            let canary = r.status == "in-progress";
-            let Some(why) = judge(&spec, generation, r.watch_from, node, at_ms, &seen, canary) else {
-                continue;
-            };
-            let mut tx = self.write_tx().await?;
-            let n = sqlx::query(self.sql(
-                "UPDATE deployments SET watch_failure = ? WHERE environment = ? AND generation = ? AND watch <> '' AND watch_failure = ''",
-            ))
-            .bind(&why)
-            .bind(&r.environment)
-            .bind(r.generation)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-            tx.commit().await?;
-            failed |= n > 0;
-        }
-        Ok(failed)
+            .collect())
+    }
+
+    /// Keeps `why` as the first failure of `environment`'s watched generation `generation`;
+    /// whether it was the first.
+    pub(crate) async fn record_watch_failure(
+        &self,
+        environment: &str,
+        generation: i64,
+        why: &str,
+    ) -> Result<bool, LedgerError> {
+        let mut tx = self.write_tx().await?;
+        let n = sqlx::query(self.sql(
+            "UPDATE deployments SET watch_failure = ? WHERE environment = ? AND generation = ? AND watch <> '' AND watch_failure = ''",
+        ))
+        .bind(why)
+        .bind(environment)
+        .bind(generation)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        tx.commit().await?;
+        Ok(n > 0)
     }
 
     /// Watches that failed, oldest switch first.
@@ -153,7 +150,7 @@ impl crate::store::Deployments<'_> {
                 environment,
                 generation,
                 failure,
-                switched: status == "done",
+                switched: Status::parse(&status) == Some(Status::Done),
                 spec: serde_json::from_str(&spec)?,
             });
         }

@@ -1,14 +1,12 @@
 //! Backups as the ledger keeps them: each backup of a volume that ended, as its node's agent
 //! reported it (the snapshot restic wrote and its sizes, or the reason it failed), the newest
 //! [`KEPT_PER_VOLUME`] per volume; an operator's backup now and an admin's restore, queued on
-//! the volume's node or refused. What is due on a schedule is `reconcile::backups`'s, and what
-//! a lease hands the agent `delivery`'s.
+//! the volume's node as the caller decided. What is due on a schedule is `reconcile::backups`'s,
+//! and what a lease hands the agent `delivery`'s.
 
 use super::{JobRow, LedgerError, WriteTx};
 use sqlx::FromRow;
-use state_schema::deployment::DeploymentSpec;
-use state_schema::task::{Task, backup_key_prefix, drill_key_prefix};
-use state_schema::values::{CronSchedule, Name};
+use state_schema::task::Task;
 
 mod asked;
 
@@ -18,16 +16,6 @@ pub use asked::*;
 /// what `keep` governs). Twice the most `keep` allows, so every snapshot restic keeps for a
 /// volume is still known here (a restore names only those).
 pub const KEPT_PER_VOLUME: i64 = 2 * state_schema::volumes::MAX_KEEP as i64;
-
-/// The snapshot `asked` names among `known` (a volume's succeeded backups): the same id, or
-/// the one id it is a prefix of (restic's short ids). `None` when none, or more than one, is.
-pub fn known_snapshot(known: &[String], asked: &str) -> Option<String> {
-    let mut matching = known
-        .iter()
-        .filter(|k| k.as_str() == asked || k.starts_with(asked) || asked.starts_with(k.as_str()));
-    let first = matching.next()?;
-    matching.all(|k| k == first).then(|| first.clone())
-}
 
 /// Most rows one listing answers.
 pub const MAX_LISTED: i64 = 1000;
@@ -314,18 +302,6 @@ impl crate::store::Backups<'_> {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn a_restore_names_a_snapshot_the_volumes_backups_saved() {
-        use super::known_snapshot;
-        let known = ["a1b2c3d4e5f60718".to_owned(), "a1b2ffff00000000".to_owned()];
-        assert_eq!(
-            known_snapshot(&known, "a1b2c3d4e5f60718").as_deref(),
-            Some("a1b2c3d4e5f60718")
-        );
-        assert_eq!(known_snapshot(&known, "a1b2c3d4").as_deref(), Some("a1b2c3d4e5f60718"));
-        assert_eq!(known_snapshot(&known, "a1b2"), None, "ambiguous");
-        assert_eq!(known_snapshot(&known, "deadbeef"), None, "well-formed, unknown");
-    }
     use super::*;
     use crate::store::Ledger;
 
