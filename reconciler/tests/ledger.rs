@@ -361,6 +361,8 @@ async fn uses_filled_from_stored_specs(url: &str) {
     let (fill, pool) = migration(url, "0024_deployment_uses").await;
     let update = &fill[fill.find("INSERT INTO deployment_uses").expect("the fill")..];
     let run = |q: String| statement(&pool, q);
+    // The table as 0024 made it: 0028 dropped the column nothing read.
+    run("ALTER TABLE deployment_uses ADD COLUMN canary INTEGER NOT NULL DEFAULT 0".into()).await;
     run(
         "INSERT INTO revisions (sha, branch, verdict, reasons, seen_at) VALUES ('u0', 'uses', 'accepted', '[]', 1)"
             .into(),

@@ -104,7 +104,7 @@ pub struct BackupsSpec {
 }
 
 /// What a deployment uses that the reconciler looks for among the live ones (backups to
-/// schedule, cron roles, custom domains, a canary to show): kept in columns beside the stored
+/// schedule, cron roles, custom domains): kept in columns beside the stored
 /// spec, so no query searches the spec's text.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Uses {
@@ -112,8 +112,6 @@ pub struct Uses {
     pub backups: bool,
     pub cron: bool,
     pub domains: bool,
-    /// A role with canary steps.
-    pub canary: bool,
 }
 
 impl DeploymentSpec {
@@ -127,7 +125,6 @@ impl DeploymentSpec {
                     .any(|r| r.volumes.iter().any(|v| v.backup.is_some())),
             cron: !self.cron.is_empty(),
             domains: !self.domains.is_empty(),
-            canary: self.roles.values().any(|r| !r.canary.is_empty()),
         }
     }
 

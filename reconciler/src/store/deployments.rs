@@ -298,11 +298,11 @@ impl crate::store::Deployments<'_> {
         if specs.is_empty() {
             return Ok(());
         }
-        let marks = vec!["(?, ?, ?, ?, ?)"; specs.len()].join(", ");
+        let marks = vec!["(?, ?, ?, ?)"; specs.len()].join(", ");
         let q = format!(
-            "INSERT INTO deployment_uses (environment, backups, cron, domains, canary) VALUES {marks} \
+            "INSERT INTO deployment_uses (environment, backups, cron, domains) VALUES {marks} \
              ON CONFLICT (environment) DO UPDATE SET backups = excluded.backups, cron = excluded.cron, \
-             domains = excluded.domains, canary = excluded.canary"
+             domains = excluded.domains"
         );
         let mut query = sqlx::query(self.sql(&q));
         for (env, spec) in specs {
@@ -311,8 +311,7 @@ impl crate::store::Deployments<'_> {
                 .bind((*env).to_owned())
                 .bind(i64::from(u.backups))
                 .bind(i64::from(u.cron))
-                .bind(i64::from(u.domains))
-                .bind(i64::from(u.canary));
+                .bind(i64::from(u.domains));
         }
         query.execute(&mut **tx).await?;
         Ok(())
