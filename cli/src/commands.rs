@@ -61,49 +61,7 @@ pub fn plan(args: &PlanArgs, fleet: Option<&crate::client::ServerArgs>, paint: P
     let repo = StateRepo::open(&dir)?;
     let mut base = repo.resolve(base_spec)?;
     let head = rev_of(&repo, head_spec)?;
-    // A pull request is reviewed against where it branched off, not against a target branch
-    // that moved on since: plan from the merge base when the two diverged.
-    let head_commit = match &head {
-        Rev::Commit(c) => Some(c.id),
-        Rev::WorkTree => repo.resolve("HEAD").ok().map(|c| c.id),
-    };
-    let mut merge_base = None;
-    if let Some(h) = head_commit
-        && let Some(mb) = repo.merge_base(base.id, h)?
-        && mb != base.id
-    {
-        merge_base = Some(mb.to_string());
-        base.id = mb;
-    }
-    let header = PlanHeader {
-        base: Side {
-            rev: Some(base.spec.clone()),
-            commit: Some(base.id.to_string()),
-        },
-        head: match &head {
-            Rev::Commit(c) => Side {
-                rev: Some(c.spec.clone()),
-                commit: Some(c.id.to_string()),
-            },
-            Rev::WorkTree => Side {
-                rev: None,
-                commit: None,
-            },
-        },
-        merge_base,
-        signature: None,
-    };
-    let mut header = header;
-    if let Some(signers) = &signers {
-        header.signature = Some(match &head {
-            Rev::Commit(c) => {
-                let rules = policy.as_ref().map(|p| p.rules.as_slice()).unwrap_or_default();
-                let verdict = repo.verify_commit(c.id, signers, rules, Some(base.id), None)?;
-                crate::render::verdict::VerdictJson::from(&verdict)
-            }
-            Rev::WorkTree => crate::render::verdict::VerdictJson::working_tree(),
-        });
-    }
+    let header = plan_header(&repo, &mut base, &head, signers.as_ref(), policy.as_ref())?;
     let PlanInput {
         base: base_state,
         head: head_state,
@@ -124,31 +82,110 @@ pub fn plan(args: &PlanArgs, fleet: Option<&crate::client::ServerArgs>, paint: P
     let snapshot = fleet.map(crate::operator::fleet_snapshot).transpose()?;
     let mut plan = state_schema::plan::plan_scoped(&base_state.state, &head_state.state, scope);
     if let Some(snapshot) = &snapshot {
-        plan.consequences.replacements = state_schema::replacement::preview(snapshot, &head_state.state);
-        plan.consequences.held = snapshot.held.clone();
-        plan.consequences.live_fleet = true;
-        // Whether the change fits, on the live fleet rather than the capacities Git declares:
-        // the environments it changes, placed by the daemon's own function.
-        let c = &plan.consequences;
-        let changed: std::collections::BTreeSet<state_schema::values::Name> = c
-            .replicas_changed
-            .iter()
-            .map(|r| r.environment.clone())
-            .chain(c.rollouts.iter().cloned())
-            .chain(
-                plan.changes
-                    .iter()
-                    .filter(|ch| ch.kind == state_schema::model::Kind::Environment)
-                    .map(|ch| ch.name.clone()),
-            )
-            .collect();
-        plan.consequences.unplaced = state_schema::replacement::unplaced_on(snapshot, &head_state.state, &changed);
+        on_live_fleet(&mut plan, snapshot, &head_state.state);
     }
+    write_plan(&plan, &header, format, output_dir, paint)?;
+    let code = if detailed && !plan.is_empty() { 2 } else { 0 };
+    // The process ends right after printing: freeing tens of thousands of objects one by one
+    // would only delay the exit.
+    std::mem::forget(plan);
+    std::mem::forget((base_state, head_state));
+    Ok(code)
+}
+
+/// What a plan says of its two sides: the base (moved to the merge base when the two diverged:
+/// a pull request is reviewed against where it branched off, not against a target branch
+/// that moved on since), the head, and, with trust files, the head's signature verdict.
+fn plan_header(
+    repo: &StateRepo,
+    base: &mut state_repo::source::Commit,
+    head: &Rev,
+    signers: Option<&Vec<state_repo::trust::allowed_signers::AllowedSigner>>,
+    policy: Option<&state_repo::trust::policy::Policy>,
+) -> anyhow::Result<PlanHeader> {
+    let head_commit = match head {
+        Rev::Commit(c) => Some(c.id),
+        Rev::WorkTree => repo.resolve("HEAD").ok().map(|c| c.id),
+    };
+    let mut merge_base = None;
+    if let Some(h) = head_commit
+        && let Some(mb) = repo.merge_base(base.id, h)?
+        && mb != base.id
+    {
+        merge_base = Some(mb.to_string());
+        base.id = mb;
+    }
+    let mut header = PlanHeader {
+        base: Side {
+            rev: Some(base.spec.clone()),
+            commit: Some(base.id.to_string()),
+        },
+        head: match head {
+            Rev::Commit(c) => Side {
+                rev: Some(c.spec.clone()),
+                commit: Some(c.id.to_string()),
+            },
+            Rev::WorkTree => Side {
+                rev: None,
+                commit: None,
+            },
+        },
+        merge_base,
+        signature: None,
+    };
+    if let Some(signers) = signers {
+        header.signature = Some(match head {
+            Rev::Commit(c) => {
+                let rules = policy.map(|p| p.rules.as_slice()).unwrap_or_default();
+                let verdict = repo.verify_commit(c.id, signers, rules, Some(base.id), None)?;
+                crate::render::verdict::VerdictJson::from(&verdict)
+            }
+            Rev::WorkTree => crate::render::verdict::VerdictJson::working_tree(),
+        });
+    }
+    Ok(header)
+}
+
+/// What the plan adds on the live fleet: the replacements and holds it has, and whether the
+/// change fits there rather than on the capacities Git declares (the environments it changes,
+/// placed by the daemon's own function).
+fn on_live_fleet(
+    plan: &mut state_schema::plan::Plan<'_>,
+    snapshot: &state_schema::replacement::Snapshot,
+    head: &state_schema::state::State,
+) {
+    plan.consequences.replacements = state_schema::replacement::preview(snapshot, head);
+    plan.consequences.held = snapshot.held.clone();
+    plan.consequences.live_fleet = true;
+    let c = &plan.consequences;
+    let changed: std::collections::BTreeSet<state_schema::values::Name> = c
+        .replicas_changed
+        .iter()
+        .map(|r| r.environment.clone())
+        .chain(c.rollouts.iter().cloned())
+        .chain(
+            plan.changes
+                .iter()
+                .filter(|ch| ch.kind == state_schema::model::Kind::Environment)
+                .map(|ch| ch.name.clone()),
+        )
+        .collect();
+    plan.consequences.unplaced = state_schema::replacement::unplaced_on(snapshot, head, &changed);
+}
+
+/// The plan in `format`: on stdout, or Markdown parts as files in `output_dir`.
+fn write_plan(
+    plan: &state_schema::plan::Plan<'_>,
+    header: &PlanHeader,
+    format: PlanFormat,
+    output_dir: Option<&Path>,
+    paint: Paint,
+) -> anyhow::Result<()> {
     match format {
-        PlanFormat::Text => out(&render::plan_text::render(&plan, &header, paint))?,
-        PlanFormat::Json => crate::out::stream(|mut w| render::plan_json::write(&plan, &header, &mut w))?,
+        PlanFormat::Text => out(&render::plan_text::render(plan, header, paint))?,
+        PlanFormat::Json => crate::out::stream(|mut w| render::plan_json::write(plan, header, &mut w))?,
         PlanFormat::Markdown => {
-            let parts = render::markdown::render(&plan, &header);
+            let parts = render::markdown::render(plan, header);
             match output_dir {
                 None => out(&parts.join("\n"))?,
                 Some(d) => {
@@ -162,12 +199,7 @@ pub fn plan(args: &PlanArgs, fleet: Option<&crate::client::ServerArgs>, paint: P
             }
         }
     }
-    let code = if detailed && !plan.is_empty() { 2 } else { 0 };
-    // The process ends right after printing: freeing tens of thousands of objects one by one
-    // would only delay the exit.
-    std::mem::forget(plan);
-    std::mem::forget((base_state, head_state));
-    Ok(code)
+    Ok(())
 }
 
 pub fn show(dir: &Path, rev: Option<&str>, format: ShowFormat, paint: Paint) -> anyhow::Result<u8> {

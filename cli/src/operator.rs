@@ -46,6 +46,23 @@ pub fn status(args: &ServerArgs) -> Result<u8> {
         .into_iter()
         .filter(|d| d.action == operator_proto::Action::Rollout)
         .collect();
+    replica_lines(&typed)?;
+    hold_and_canary_lines(&typed)?;
+    certificates_line(&client)?;
+    // The mesh between nodes, as agents report their links (said only when there is one).
+    let (links, down) = (v.mesh.links, &v.mesh.down);
+    if links > 0 || !down.is_empty() {
+        outln!("mesh        {links} links, {} down", down.len());
+        for d in down.iter().take(20) {
+            outln!("  {} -> {}: down (no handshake within 180 s)", d.node, d.peer);
+        }
+    }
+    Ok(0)
+}
+
+/// `pl status`'s replicas, as the agents report them, not as asked: the totals, then each
+/// environment that differs (at most 20).
+fn replica_lines(typed: &[crate::live::Deployment]) -> Result<()> {
     let sum = |f: fn(&crate::live::Deployment) -> usize| typed.iter().map(f).sum::<usize>();
     outln!(
         "replicas    {} running of {} placed of {} asked, as agents report them",
@@ -79,8 +96,13 @@ pub fn status(args: &ServerArgs) -> Result<u8> {
     if off.len() > 20 {
         outln!("  … and {} more", off.len() - 20);
     }
-    // Rollbacks hold environments away from Git: each says so.
-    for d in &typed {
+    Ok(())
+}
+
+/// `pl status`'s rollbacks that hold environments away from Git, and canaries under way (the
+/// share the new release has, and what the next step waits for).
+fn hold_and_canary_lines(typed: &[crate::live::Deployment]) -> Result<()> {
+    for d in typed {
         let Some(h) = &d.hold else { continue };
         let env = d.environment.as_str();
         outln!(
@@ -91,8 +113,7 @@ pub fn status(args: &ServerArgs) -> Result<u8> {
             h.by
         );
     }
-    // Canaries under way: the share the new release has, and what the next step waits for.
-    for d in &typed {
+    for d in typed {
         let Some(c) = &d.canary else { continue };
         let env = d.environment.as_str();
         let next = if c.waits_for_promote {
@@ -111,16 +132,7 @@ pub fn status(args: &ServerArgs) -> Result<u8> {
             c.weight
         );
     }
-    certificates_line(&client)?;
-    // The mesh between nodes, as agents report their links (said only when there is one).
-    let (links, down) = (v.mesh.links, &v.mesh.down);
-    if links > 0 || !down.is_empty() {
-        outln!("mesh        {links} links, {} down", down.len());
-        for d in down.iter().take(20) {
-            outln!("  {} -> {}: down (no handshake within 180 s)", d.node, d.peer);
-        }
-    }
-    Ok(0)
+    Ok(())
 }
 
 /// `pl status`'s certificates: how many are valid, the next to expire, and each that is not

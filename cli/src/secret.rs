@@ -236,26 +236,13 @@ pub fn recipients(
     Ok(0)
 }
 
-/// `pl secret edit NAME`: the values in `$EDITOR`, from a 0600 file in a private folder that
-/// is removed on every way out (success, error, panic, and Ctrl-C while the editor runs).
-pub fn edit(dir: &Path, name: &str, identity: Option<&Path>) -> anyhow::Result<u8> {
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let at = locate(dir, name)?;
-    let ids = identities(identity)?;
-    let values = decrypt_all(&at, &ids)?;
-    let editor = std::env::var("VISUAL")
-        .or_else(|_| std::env::var("EDITOR"))
-        .context("set $EDITOR to edit secrets")?;
-    let private = tempfile::Builder::new()
-        .prefix("pl-secret-")
-        .tempdir()
-        .context("creating a private folder")?;
-    std::fs::set_permissions(private.path(), std::fs::Permissions::from_mode(0o700))?;
-    let file = private.path().join(format!("{name}.yaml"));
+/// The values as `KEY: value` lines, in a new 0600 file.
+fn write_plain(file: &Path, values: &[(String, Zeroizing<Vec<u8>>)]) -> anyhow::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
     let mut body = Zeroizing::new(String::from(
         "# One `KEY: value` per line. Save and quit to re-encrypt; an unchanged file changes nothing.\n",
     ));
-    for (k, v) in &values {
+    for (k, v) in values {
         let text = Zeroizing::new(
             String::from_utf8(v.to_vec()).context("a value is not UTF-8; use `pl secret set` for binary values")?,
         );
@@ -266,12 +253,16 @@ pub fn edit(dir: &Path, name: &str, identity: Option<&Path>) -> anyhow::Result<u
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .open(&file)?
+        .open(file)?
         .write_all(body.as_bytes())?;
-    // While the editor runs, we must live to remove the file, whatever ends the session:
-    // Ctrl-C goes to the editor and to us (the editor decides), and a closed terminal
-    // (SIGHUP), a `kill` (SIGTERM) or Ctrl-\ (SIGQUIT) ends the editor and then us, after the
-    // private folder is removed.
+    Ok(())
+}
+
+/// Runs `$EDITOR` on `file` until it ends. While it runs, we must live to remove the file,
+/// whatever ends the session: Ctrl-C goes to the editor and to us (the editor decides), and a
+/// closed terminal (SIGHUP), a `kill` (SIGTERM) or Ctrl-\ (SIGQUIT) ends the editor and then
+/// us, after the caller's private folder is removed.
+fn run_editor(editor: &str, file: &Path) -> anyhow::Result<()> {
     let interrupted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let terminated = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut hooks = vec![
@@ -288,7 +279,7 @@ pub fn edit(dir: &Path, name: &str, identity: Option<&Path>) -> anyhow::Result<u
     let mut parts = editor.split_whitespace();
     let child = std::process::Command::new(parts.next().context("$EDITOR is empty")?)
         .args(parts)
-        .arg(&file)
+        .arg(file)
         .spawn();
     let status = child.and_then(|mut c| {
         loop {
@@ -307,14 +298,18 @@ pub fn edit(dir: &Path, name: &str, identity: Option<&Path>) -> anyhow::Result<u
         signal_hook::low_level::unregister(hook);
     }
     if terminated.load(std::sync::atomic::Ordering::SeqCst) {
-        drop(private);
         bail!("ended by a signal; the decrypted file was removed and nothing was changed");
     }
     let status = status.context("starting $EDITOR")?;
     if !status.success() || interrupted.load(std::sync::atomic::Ordering::SeqCst) {
         bail!("the editor did not finish cleanly; nothing was changed");
     }
-    let edited = Zeroizing::new(std::fs::read_to_string(&file).context("reading the edited values")?);
+    Ok(())
+}
+
+/// The edited `KEY: value` lines, each key checked.
+fn read_edited(file: &Path) -> anyhow::Result<Vec<(String, Zeroizing<Vec<u8>>)>> {
+    let edited = Zeroizing::new(std::fs::read_to_string(file).context("reading the edited values")?);
     let docs = state_schema::yaml::load_str(&edited)
         .map_err(|e| anyhow::anyhow!("the edited values are not YAML ({e}); nothing was changed"))?;
     let mut new_values: Vec<(String, Zeroizing<Vec<u8>>)> = Vec::new();
@@ -333,6 +328,28 @@ pub fn edit(dir: &Path, name: &str, identity: Option<&Path>) -> anyhow::Result<u
             new_values.push((k.to_string(), Zeroizing::new(v.as_bytes().to_vec())));
         }
     }
+    Ok(new_values)
+}
+
+/// `pl secret edit NAME`: the values in `$EDITOR`, from a 0600 file in a private folder that
+/// is removed on every way out (success, error, panic, and Ctrl-C while the editor runs).
+pub fn edit(dir: &Path, name: &str, identity: Option<&Path>) -> anyhow::Result<u8> {
+    use std::os::unix::fs::PermissionsExt;
+    let at = locate(dir, name)?;
+    let ids = identities(identity)?;
+    let values = decrypt_all(&at, &ids)?;
+    let editor = std::env::var("VISUAL")
+        .or_else(|_| std::env::var("EDITOR"))
+        .context("set $EDITOR to edit secrets")?;
+    let private = tempfile::Builder::new()
+        .prefix("pl-secret-")
+        .tempdir()
+        .context("creating a private folder")?;
+    std::fs::set_permissions(private.path(), std::fs::Permissions::from_mode(0o700))?;
+    let file = private.path().join(format!("{name}.yaml"));
+    write_plain(&file, &values)?;
+    run_editor(&editor, &file)?;
+    let new_values = read_edited(&file)?;
     drop(private);
     // Keep the ciphertext of unchanged values, so re-saving an unchanged file is a no-op.
     let s = secret_of(&at.object);

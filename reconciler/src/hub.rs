@@ -75,8 +75,8 @@ pub struct Hub {
     /// Each backed-up volume's newest success and failures since, as of the last refresh of
     /// the counts: `/metrics` serves these.
     pub backups: Mutex<Vec<crate::store::backups::BackupHealth>>,
-    /// Each mesh link's state as last judged (node, peer, state): `/metrics` serves these.
-    pub mesh_links: Mutex<Vec<(String, String, &'static str)>>,
+    /// Each mesh link as last judged (node, peer, whether it is up): `/metrics` serves these.
+    pub mesh_links: Mutex<Vec<(String, String, bool)>>,
     /// A heartbeat left out a replica its node reported before: the loop's next drift check
     /// looks at once instead of at its next full check (`reconcile::drift`).
     pub drift_suspected: AtomicBool,

@@ -144,8 +144,8 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
-fn daemon(config: &Path) -> Result<()> {
-    // JSON logs with structured fields; `PL_LOG` filters (`info` by default).
+/// JSON logs with structured fields on stderr; `PL_LOG` filters (`info` by default).
+fn init_logs() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("PL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt()
@@ -154,6 +154,54 @@ fn daemon(config: &Path) -> Result<()> {
         .with_current_span(false)
         .with_writer(std::io::stderr)
         .init();
+}
+
+/// The agents' API, when configured: the same server certificate, and a client certificate
+/// from the control CA required to finish the handshake (during a CA rotation, certificates
+/// of the CAs in `control.trusted_cas` too); its group committer beside it.
+async fn serve_agents(
+    config: &Arc<Config>,
+    ledger: &Arc<Ledger>,
+    hub: &Arc<Hub>,
+    logs: &Arc<LogHub>,
+    stopped: &tokio::sync::watch::Receiver<bool>,
+) -> Result<Option<tokio::task::JoinHandle<()>>> {
+    let (Some(a), Some(_)) = (&config.agent_api, &config.control.ca_cert) else {
+        return Ok(None);
+    };
+    let cas = config.control.client_cas();
+    let tls = tls_config_with(&config.api.tls_cert, &config.api.tls_key, &cas).map_err(anyhow::Error::msg)?;
+    let listener = tokio::net::TcpListener::bind(a.listen)
+        .await
+        .with_context(|| format!("listening on {}", a.listen))?;
+    tracing::info!(listen = %listener.local_addr().unwrap_or(a.listen), "serving the agent API over mutual TLS");
+    let group = Arc::new(Group::default());
+    tokio::spawn(reconciler::ops::group::run(
+        Arc::clone(ledger),
+        Arc::clone(&group),
+        Arc::clone(hub),
+        stopped.clone(),
+    ));
+    let peers = Arc::new(Peers::new(Arc::clone(ledger), Arc::clone(hub)));
+    let writers = Arc::new(Writers {
+        peers: Arc::clone(&peers),
+        logs: Arc::clone(logs),
+    });
+    let agents = Arc::new(
+        Agents::new(Arc::clone(config), Arc::clone(ledger), Arc::clone(hub), group, peers)
+            .map_err(anyhow::Error::msg)?,
+    );
+    Ok(Some(tokio::spawn(serve(
+        listener,
+        tls,
+        agent::router(agents).merge(logs::agent_router(writers)),
+        a.max_connections,
+        stopped.clone(),
+    ))))
+}
+
+fn daemon(config: &Path) -> Result<()> {
+    init_logs();
     let cfg = Config::load(config).map_err(|e| anyhow::anyhow!("{e} [{}]", e.code()))?;
     cfg.check_files().map_err(|e| anyhow::anyhow!("{e} [{}]", e.code()))?;
     let tls = tls_config(&cfg.api.tls_cert, &cfg.api.tls_key).map_err(anyhow::Error::msg)?;
@@ -172,7 +220,11 @@ fn daemon(config: &Path) -> Result<()> {
         let hub = Arc::new(Hub::default());
         let tokens = Arc::new(Tokens::new(&config.api.tokens));
         let logs = Arc::new(LogHub::default());
-        let reconciling = Arc::new(Reconciler::new(Arc::clone(&config), Arc::clone(&ledger), Arc::clone(&hub))?);
+        let reconciling = Arc::new(Reconciler::new(
+            Arc::clone(&config),
+            Arc::clone(&ledger),
+            Arc::clone(&hub),
+        )?);
         let ops = Arc::new(Ops {
             ledger: Arc::clone(&ledger),
             hub: Arc::clone(&hub),
@@ -181,8 +233,13 @@ fn daemon(config: &Path) -> Result<()> {
             issues_certificates: config.issues_certificates(),
         });
         let operator = Arc::new(
-            Operator::new(Arc::clone(&config), Arc::clone(&ops), Arc::clone(&hub), Arc::clone(&tokens))
-                .map_err(anyhow::Error::msg)?,
+            Operator::new(
+                Arc::clone(&config),
+                Arc::clone(&ops),
+                Arc::clone(&hub),
+                Arc::clone(&tokens),
+            )
+            .map_err(anyhow::Error::msg)?,
         );
         let enrol = Arc::new(Enrol {
             config: Arc::clone(&config),
@@ -212,40 +269,7 @@ fn daemon(config: &Path) -> Result<()> {
         // The agents' API: the same server certificate, and a client certificate from the
         // control CA required to finish the handshake.
         // During a CA rotation, certificates of the CAs in `control.trusted_cas` are accepted too.
-        let agents = match (&config.agent_api, &config.control.ca_cert) {
-            (Some(a), Some(_)) => {
-                let cas = config.control.client_cas();
-                let tls = tls_config_with(&config.api.tls_cert, &config.api.tls_key, &cas).map_err(anyhow::Error::msg)?;
-                let listener = tokio::net::TcpListener::bind(a.listen)
-                    .await
-                    .with_context(|| format!("listening on {}", a.listen))?;
-                tracing::info!(listen = %listener.local_addr().unwrap_or(a.listen), "serving the agent API over mutual TLS");
-                let group = Arc::new(Group::default());
-                tokio::spawn(reconciler::ops::group::run(
-                    Arc::clone(&ledger),
-                    Arc::clone(&group),
-                    Arc::clone(&hub),
-                    stopped.clone(),
-                ));
-                let peers = Arc::new(Peers::new(Arc::clone(&ledger), Arc::clone(&hub)));
-                let writers = Arc::new(Writers {
-                    peers: Arc::clone(&peers),
-                    logs: Arc::clone(&logs),
-                });
-                let agents = Arc::new(
-                    Agents::new(Arc::clone(&config), Arc::clone(&ledger), Arc::clone(&hub), group, peers)
-                        .map_err(anyhow::Error::msg)?,
-                );
-                Some(tokio::spawn(serve(
-                    listener,
-                    tls,
-                    agent::router(agents).merge(logs::agent_router(writers)),
-                    a.max_connections,
-                    stopped.clone(),
-                )))
-            }
-            _ => None,
-        };
+        let agents = serve_agents(&config, &ledger, &hub, &logs, &stopped).await?;
         // Commit statuses and webhooks, from the events (the leader's alone).
         let notifier = tokio::spawn(reconciler::notify::run(
             Arc::clone(&ledger),

@@ -793,3 +793,201 @@ fn the_surfaces_call_the_store_only_for_the_reads_the_code_map_names() {
     }
     assert!(seen.len() >= 3, "the walk saw the surfaces' reads: {seen:?}");
 }
+
+/// The product sources of every crate of the workspace: `<crate>/src/**.rs`.
+fn product_files() -> Vec<PathBuf> {
+    let mut all = Vec::new();
+    for e in std::fs::read_dir(workspace()).expect("workspace").flatten() {
+        let src = e.path().join("src");
+        if e.path().join("Cargo.toml").is_file() && src.is_dir() {
+            files(&src, &mut all);
+        }
+    }
+    all.sort();
+    all
+}
+
+/// `text` with string, raw-string and char literals and comments blanked (braces in them are
+/// no blocks), line breaks kept.
+fn blank_literals(text: &str) -> String {
+    let b: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    let keep = |c: char| if c == '\n' { '\n' } else { ' ' };
+    while i < b.len() {
+        let c = b[i];
+        let next = b.get(i + 1).copied();
+        if c == '/' && next == Some('/') {
+            while i < b.len() && b[i] != '\n' {
+                out.push(' ');
+                i += 1;
+            }
+        } else if c == '/' && next == Some('*') {
+            while i < b.len() && !(b[i] == '*' && b.get(i + 1) == Some(&'/')) {
+                out.push(keep(b[i]));
+                i += 1;
+            }
+            out.push_str("  ");
+            i += 2;
+        } else if c == 'r' && (next == Some('"') || next == Some('#')) && (i == 0 || !b[i - 1].is_alphanumeric()) {
+            let mut j = i + 1;
+            while b.get(j) == Some(&'#') {
+                j += 1;
+            }
+            if b.get(j) != Some(&'"') {
+                out.push(c);
+                i += 1;
+                continue;
+            }
+            let hashes = j - i - 1;
+            let close: String = std::iter::once('"').chain(std::iter::repeat_n('#', hashes)).collect();
+            let rest: String = b[j + 1..].iter().collect();
+            let len = rest
+                .find(&close)
+                .map_or(rest.chars().count(), |k| rest[..k].chars().count());
+            for &x in &b[i..(j + 1 + len + close.len()).min(b.len())] {
+                out.push(keep(x));
+            }
+            i = j + 1 + len + close.len();
+        } else if c == '"' {
+            out.push(' ');
+            i += 1;
+            while i < b.len() && b[i] != '"' {
+                if b[i] == '\\' {
+                    out.push(' ');
+                    i += 1;
+                }
+                if i < b.len() {
+                    out.push(keep(b[i]));
+                    i += 1;
+                }
+            }
+            out.push(' ');
+            i += 1;
+        } else if c == '\'' && next == Some('\\') {
+            // An escaped char literal: up to its closing quote.
+            let end = (i + 2..b.len()).find(|&k| b[k] == '\'').unwrap_or(b.len() - 1);
+            out.extend(std::iter::repeat_n(' ', end + 1 - i));
+            i = end + 1;
+        } else if c == '\'' && b.get(i + 2) == Some(&'\'') {
+            out.push_str("   ");
+            i += 3;
+        } else {
+            out.push(c);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// Each function of `text` (non-test code) longer than `limit` lines: (name, first line, lines).
+fn long_functions(text: &str, limit: usize) -> Vec<(String, usize, usize)> {
+    let code = blank_literals(text);
+    let lines: Vec<&str> = code.lines().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let words: Vec<&str> = lines[i].split_whitespace().collect();
+        let at = words
+            .iter()
+            .take_while(|w| w.starts_with("pub") || ["async", "const", "unsafe", "extern"].contains(w))
+            .count();
+        let name = match (words.get(at), words.get(at + 1)) {
+            (Some(&"fn"), Some(n)) => n.split(['(', '<']).next().unwrap_or(n).to_owned(),
+            _ => {
+                i += 1;
+                continue;
+            }
+        };
+        let (mut depth, mut opened, mut end) = (0i64, false, None);
+        'body: for (j, line) in lines.iter().enumerate().skip(i) {
+            for ch in line.chars() {
+                match ch {
+                    '{' => {
+                        depth += 1;
+                        opened = true;
+                    }
+                    '}' => depth -= 1,
+                    ';' if !opened => break 'body,
+                    _ => {}
+                }
+                if opened && depth == 0 {
+                    end = Some(j);
+                    break 'body;
+                }
+            }
+        }
+        match end {
+            Some(j) => {
+                if j + 1 - i > limit {
+                    out.push((name, i + 1, j + 1 - i));
+                }
+                i = j + 1;
+            }
+            None => i += 1,
+        }
+    }
+    out
+}
+
+/// Functions over 100 lines that stay whole, each with why: a table (one arm per variant of a
+/// closed enum, or one entry per schema or route) reads best as one list.
+const LONG_BY_DESIGN: &[(&str, &str)] = &[
+    (
+        "reconciler/src/http/openapi.rs document",
+        "the document: one entry per route",
+    ),
+    ("state-schema/src/schema.rs spec_schemas", "one JSON Schema per kind"),
+    ("cli/src/main.rs main", "the command dispatch: one arm per command"),
+    (
+        "reconciler/src/delivery/task.rs wire_task",
+        "one arm per task: the exhaustive wire map",
+    ),
+    ("state-schema/src/task.rs idempotency_key", "one arm per task: its key"),
+    (
+        "state-schema/src/yaml_errors.rs explain",
+        "one arm per parse error: its words",
+    ),
+    (
+        "reconciler/src/delivery/mod.rs executions",
+        "one arm per task: what its lease carries",
+    ),
+    ("agent/src/run/executors.rs run_task", "one arm per task: its executor"),
+];
+
+#[test]
+fn files_and_functions_fit_a_reader() {
+    let root = workspace();
+    let mut long = Vec::new();
+    let mut files_seen = 0;
+    for f in product_files() {
+        let text = std::fs::read_to_string(&f).expect("read");
+        let product = text.find("#[cfg(test)]").map_or(text.as_str(), |i| &text[..i]);
+        let rel = f.strip_prefix(&root).unwrap_or(&f).to_string_lossy().replace('\\', "/");
+        files_seen += 1;
+        let lines = product.lines().count();
+        assert!(
+            lines <= 600,
+            "{rel}: {lines} lines of product code: split it by concern (at most 600)"
+        );
+        for (name, line, n) in long_functions(product, 100) {
+            let key = format!("{rel} {name}");
+            if !LONG_BY_DESIGN.iter().any(|(k, _)| *k == key) {
+                long.push(format!("{rel}:{line} {name}: {n} lines"));
+            }
+        }
+    }
+    assert!(files_seen > 200, "the walk saw the workspace: {files_seen} files");
+    assert!(
+        long.is_empty(),
+        "functions over 100 lines (split them into steps that read in one screen, or name a table in LONG_BY_DESIGN):\n{}",
+        long.join("\n")
+    );
+    // The count sees braces in code only, and names each function.
+    let sample = "fn a() {\n    let s = \"{\";\n    let c = '{';\n    // {\n    let r = r#\"}\"#;\n}\npub(crate) async fn b<'x>(v: &'x str) -> u8 {\n    1\n}\n";
+    assert_eq!(long_functions(sample, 3), [("a".to_owned(), 1, 6)]);
+    assert_eq!(
+        long_functions(sample, 2),
+        [("a".to_owned(), 1, 6), ("b".to_owned(), 7, 3)]
+    );
+}

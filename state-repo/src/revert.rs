@@ -166,6 +166,27 @@ pub fn write(dir: &Path, r: &Revert<'_>, key: &PrivateKey) -> Result<ObjectId, R
         .write()
         .map_err(|e| fail("write the tree".into())(gix::Error::from_error(e)))?
         .detach();
+    let id = signed_commit(&repo, tree, r, key)?;
+    repo.reference(
+        reference.as_str(),
+        id,
+        PreviousValue::MustNotExist,
+        "pl rollback --commit",
+    )
+    .map_err(|e| fail(format!("create {reference}"))(gix::Error::from_error(e)))?;
+    Ok(id)
+}
+
+/// The revert's commit of `tree` on `r.head`, by the author git's configuration names,
+/// signed with `key` (an SSH signature in its `gpgsig` header), written.
+fn signed_commit(
+    repo: &gix::Repository,
+    tree: ObjectId,
+    r: &Revert<'_>,
+    key: &PrivateKey,
+) -> Result<ObjectId, RevertError> {
+    let at = repo.path().to_owned();
+    let fail = |what: String| git(&at, what);
     let config = repo.config_snapshot();
     let name = config.string("user.name").ok_or(RevertError::NoIdentity("user.name"))?;
     let email = config
@@ -196,13 +217,6 @@ pub fn write(dir: &Path, r: &Revert<'_>, key: &PrivateKey) -> Result<ObjectId, R
         .write_object(&commit)
         .map_err(|e| fail("write the commit".into())(gix::Error::from_error(e)))?
         .detach();
-    repo.reference(
-        reference.as_str(),
-        id,
-        PreviousValue::MustNotExist,
-        "pl rollback --commit",
-    )
-    .map_err(|e| fail(format!("create {reference}"))(gix::Error::from_error(e)))?;
     Ok(id)
 }
 

@@ -209,48 +209,56 @@ fn effective_replicas<'s>(state: &'s State, env: &'s crate::model::Environment) 
     )
 }
 
+/// What a change touches: only environments whose own object or project (or a secret)
+/// changed can roll out or rescale; looking only at those keeps a one-object change cheap in
+/// a large state. Placement comes from pools, hostnames from the Repository and Domains: a
+/// change to any of them can move an environment to a new generation too.
+struct Touched<'c> {
+    projects: BTreeSet<&'c Name>,
+    pools: BTreeSet<&'c Name>,
+    environments: BTreeSet<&'c Name>,
+    /// A Secret, the Repository or a Domain changed: every environment is looked at.
+    everything: bool,
+}
+
+impl<'c> Touched<'c> {
+    fn of(changes: &[Changed<'c>]) -> Self {
+        let names = |kind: Kind| changes.iter().filter(|ch| ch.kind == kind).map(|ch| ch.name).collect();
+        Touched {
+            projects: names(Kind::Project),
+            pools: names(Kind::NodePool),
+            environments: names(Kind::Environment),
+            everything: changes
+                .iter()
+                .any(|ch| matches!(ch.kind, Kind::Secret | Kind::Repository | Kind::Domain)),
+        }
+    }
+
+    fn touches(&self, name: &Name, env: &crate::model::Environment) -> bool {
+        self.everything
+            || self.environments.contains(name)
+            || self.projects.contains(&env.project)
+            || self.pools.contains(&env.pool)
+    }
+}
+
+/// Both trees' deployments, placed whole once some environment needs them.
+type PlacedPair = Option<(BTreeMap<Name, Desired>, BTreeMap<Name, Desired>)>;
+
 pub(crate) fn consequences(base: &State, head: &State, changes: &[Changed<'_>], scope: Scope) -> Consequences {
     let mut c = Consequences::default();
     if changes.is_empty() {
         return c;
     }
     (c.hostnames_added, c.hostnames_removed) = hostname_changes(base, head, changes);
-
-    // Only environments whose own object or project (or a secret) changed can roll out or
-    // rescale; looking only at those keeps a one-object change cheap in a large state.
-    let changed_projects: BTreeSet<&Name> = changes
-        .iter()
-        .filter(|ch| ch.kind == Kind::Project)
-        .map(|ch| ch.name)
-        .collect();
-    let secrets_changed = changes.iter().any(|ch| ch.kind == Kind::Secret);
-    // Placement comes from pools, hostnames from the Repository and Domains: a change to any of
-    // them can move an environment to a new generation too.
-    let changed_pools: BTreeSet<&Name> = changes
-        .iter()
-        .filter(|ch| ch.kind == Kind::NodePool)
-        .map(|ch| ch.name)
-        .collect();
-    let everything = changes
-        .iter()
-        .any(|ch| matches!(ch.kind, Kind::Repository | Kind::Domain));
-    let changed_envs: BTreeSet<&Name> = changes
-        .iter()
-        .filter(|ch| ch.kind == Kind::Environment)
-        .map(|ch| ch.name)
-        .collect();
+    let touched = Touched::of(changes);
     let (mut releases_base, mut releases_head) = (Releases::new(base), Releases::new(head));
     // Placement is shared by every environment of a pool, so both sides are placed whole
     // (once, and only when some environment is touched), as the reconciler places them.
-    let mut placed: Option<(BTreeMap<Name, Desired>, BTreeMap<Name, Desired>)> = None;
-    let mut with_roles: Option<(BTreeMap<Name, Desired>, BTreeMap<Name, Desired>)> = None;
+    let mut placed: PlacedPair = None;
+    let mut with_roles: PlacedPair = None;
     for (name, env) in head.environments() {
-        let touched = changed_envs.contains(name)
-            || changed_projects.contains(&env.project)
-            || changed_pools.contains(&env.pool)
-            || secrets_changed
-            || everything;
-        if !touched {
+        if !touched.touches(name, env) {
             continue;
         }
         let Some(Spec::Environment(old_env)) = base.get(Kind::Environment, name.as_str()).map(|l| &l.object.spec)
@@ -258,37 +266,15 @@ pub(crate) fn consequences(base: &State, head: &State, changes: &[Changed<'_>], 
             continue;
         };
         if scope == Scope::Local {
-            // A local change keeps the project, the overridden roles and the variables, so
-            // the overrides are the effective values and only an image override can release.
-            for (role, after) in &env.replicas {
-                if let Some(before) = old_env.replicas.get(role).filter(|b| *b != after) {
-                    c.replicas_changed.push(ReplicaChange {
-                        environment: name.clone(),
-                        role: role.clone(),
-                        before: *before,
-                        after: *after,
-                    });
-                }
-            }
-            if old_env.image != env.image {
-                c.rollouts.push(name.clone());
-            }
+            local_consequences(&mut c, name, old_env, env);
             continue;
         }
-        if let (Some(old), Some(new)) = (effective_replicas(base, old_env), effective_replicas(head, env)) {
-            for (role, after) in &new {
-                if let Some(before) = old.get(role)
-                    && before != after
-                {
-                    c.replicas_changed.push(ReplicaChange {
-                        environment: name.clone(),
-                        role: (*role).clone(),
-                        before: *before,
-                        after: *after,
-                    });
-                }
-            }
-        }
+        replica_changes(
+            &mut c,
+            name,
+            effective_replicas(base, old_env),
+            effective_replicas(head, env),
+        );
         // The reconciler's own decision (`release::change`) on the two deployments; an
         // environment that cannot be placed on one side rolls out when its release changes.
         // A release that changed is a new generation whatever the placement (`change` decides
@@ -299,36 +285,7 @@ pub(crate) fn consequences(base: &State, head: &State, changes: &[Changed<'_>], 
             let (old_placed, new_placed) =
                 placed.get_or_insert_with(|| crate::desired::placed_pair_for_change(base, head, None));
             match (old_placed.get(name), new_placed.get(name)) {
-                (Some(a), Some(b)) => match change(&a.spec, &b.spec) {
-                    DeploymentChange::Generation => true,
-                    DeploymentChange::Scale {
-                        certificates_changed,
-                        added,
-                        removed,
-                        ..
-                    } => {
-                        for to in &added {
-                            if let Some(from) = removed.iter().find(|r| r.same_slot(to)) {
-                                c.moved.push(crate::replacement::Move {
-                                    environment: name.clone(),
-                                    role: to.role.clone(),
-                                    index: to.index,
-                                    from: Some(from.node.clone()),
-                                    to: Some(to.node.clone()),
-                                    new_generation: false,
-                                    reason: None,
-                                });
-                            }
-                        }
-                        c.certificates_changed
-                            .extend(certificates_changed.into_iter().map(|hostname| CertificateChange {
-                                environment: name.clone(),
-                                hostname,
-                            }));
-                        false
-                    }
-                    DeploymentChange::None => false,
-                },
+                (Some(a), Some(b)) => changed_in_place(&mut c, name, &a.spec, &b.spec),
                 _ => false,
             }
         };
@@ -340,21 +297,7 @@ pub(crate) fn consequences(base: &State, head: &State, changes: &[Changed<'_>], 
         if let Some((_, new_placed)) = &placed
             && let Some(d) = new_placed.get(name)
         {
-            {
-                let mut by: BTreeMap<(&Name, &str), u32> = BTreeMap::new();
-                for w in &d.waiting {
-                    *by.entry((&w.role, w.reason.as_str())).or_default() += 1;
-                }
-                c.unplaced.extend(
-                    by.into_iter()
-                        .map(|((role, reason), waiting)| crate::placement::Unplaced {
-                            environment: name.clone(),
-                            role: role.clone(),
-                            waiting,
-                            reason: reason.to_owned(),
-                        }),
-                );
-            }
+            unplaced(&mut c, name, d);
         }
         if rollout {
             c.rollouts.push(name.clone());
@@ -378,7 +321,117 @@ pub(crate) fn consequences(base: &State, head: &State, changes: &[Changed<'_>], 
             }
         }
     }
-    for name in &changed_projects {
+    role_changes(&mut c, base, head, &touched.projects);
+    node_changes(&mut c, base, head, changes);
+    c.replicas_changed.sort();
+    c.roles_added.sort();
+    c.roles_removed.sort();
+    c.nodes_drained.sort();
+    c.certificates_changed.sort();
+    c.unplaced.sort();
+    c
+}
+
+/// A local change keeps the project, the overridden roles and the variables, so the
+/// overrides are the effective values and only an image override can release.
+fn local_consequences(
+    c: &mut Consequences,
+    name: &Name,
+    old_env: &crate::model::Environment,
+    env: &crate::model::Environment,
+) {
+    for (role, after) in &env.replicas {
+        if let Some(before) = old_env.replicas.get(role).filter(|b| *b != after) {
+            c.replicas_changed.push(ReplicaChange {
+                environment: name.clone(),
+                role: role.clone(),
+                before: *before,
+                after: *after,
+            });
+        }
+    }
+    if old_env.image != env.image {
+        c.rollouts.push(name.clone());
+    }
+}
+
+/// The roles whose effective replicas changed.
+fn replica_changes(
+    c: &mut Consequences,
+    name: &Name,
+    old: Option<BTreeMap<&Name, u32>>,
+    new: Option<BTreeMap<&Name, u32>>,
+) {
+    let (Some(old), Some(new)) = (old, new) else { return };
+    for (role, after) in &new {
+        if let Some(before) = old.get(role)
+            && before != after
+        {
+            c.replicas_changed.push(ReplicaChange {
+                environment: name.clone(),
+                role: (*role).clone(),
+                before: *before,
+                after: *after,
+            });
+        }
+    }
+}
+
+/// Whether placing `old` and `new` makes a new generation (`release::change`); a change in
+/// place (a scale) adds the replicas it moves and the certificates it hands out again.
+fn changed_in_place(c: &mut Consequences, name: &Name, old: &DeploymentSpec, new: &DeploymentSpec) -> bool {
+    match change(old, new) {
+        DeploymentChange::Generation => true,
+        DeploymentChange::Scale {
+            certificates_changed,
+            added,
+            removed,
+            ..
+        } => {
+            for to in &added {
+                if let Some(from) = removed.iter().find(|r| r.same_slot(to)) {
+                    c.moved.push(crate::replacement::Move {
+                        environment: name.clone(),
+                        role: to.role.clone(),
+                        index: to.index,
+                        from: Some(from.node.clone()),
+                        to: Some(to.node.clone()),
+                        new_generation: false,
+                        reason: None,
+                    });
+                }
+            }
+            c.certificates_changed
+                .extend(certificates_changed.into_iter().map(|hostname| CertificateChange {
+                    environment: name.clone(),
+                    hostname,
+                }));
+            false
+        }
+        DeploymentChange::None => false,
+    }
+}
+
+/// The replicas of `d` that wait, counted per role and reason.
+fn unplaced(c: &mut Consequences, name: &Name, d: &Desired) {
+    let mut by: BTreeMap<(&Name, &str), u32> = BTreeMap::new();
+    for w in &d.waiting {
+        *by.entry((&w.role, w.reason.as_str())).or_default() += 1;
+    }
+    c.unplaced.extend(
+        by.into_iter()
+            .map(|((role, reason), waiting)| crate::placement::Unplaced {
+                environment: name.clone(),
+                role: role.clone(),
+                waiting,
+                reason: reason.to_owned(),
+            }),
+    );
+}
+
+/// The roles each changed project added and removed.
+fn role_changes(c: &mut Consequences, base: &State, head: &State, projects: &BTreeSet<&Name>) {
+    for name in projects {
         let roles = |s: &State| {
             s.project(name.as_str())
                 .map(|p| p.roles.keys().cloned().collect::<BTreeSet<_>>())
@@ -395,6 +448,10 @@ pub(crate) fn consequences(base: &State, head: &State, changes: &[Changed<'_>], 
             role: r.clone(),
         }));
     }
+}
+
+/// The nodes each changed pool drains, retires or leaves out.
+fn node_changes(c: &mut Consequences, base: &State, head: &State, changes: &[Changed<'_>]) {
     for ch in changes.iter().filter(|ch| ch.kind == Kind::NodePool) {
         let nodes = |s: &State| -> BTreeMap<Name, NodeState> {
             s.pools()
@@ -419,13 +476,6 @@ pub(crate) fn consequences(base: &State, head: &State, changes: &[Changed<'_>], 
             }
         }
     }
-    c.replicas_changed.sort();
-    c.roles_added.sort();
-    c.roles_removed.sort();
-    c.nodes_drained.sort();
-    c.certificates_changed.sort();
-    c.unplaced.sort();
-    c
 }
 
 /// How rolling `old` out to `new` goes beyond a switch, by the decisions the daemon's steps

@@ -195,6 +195,94 @@ fn unsupported_tag(pos: Pos, tag: &str) -> LoadError {
 }
 
 /// Checks a sequence's or mapping's tag and the nesting depth before it opens.
+impl<'a> Builder<'a> {
+    /// A scalar, its value resolved by the core schema (an explicit tag outside it refused).
+    fn scalar(
+        &mut self,
+        text: Cow<'a, str>,
+        style: ScalarStyle,
+        anchor: usize,
+        tag: Option<&saphyr_parser::Tag>,
+        pos: Pos,
+    ) -> Result<(), LoadError> {
+        let value = match (tag, style) {
+            (Some(t), _) if t.is_yaml_core_schema() => match t.suffix.as_str() {
+                "str" => Value::Str(text),
+                "null" | "bool" | "int" | "float" => resolve_plain(&text),
+                other => return Err(unsupported_tag(pos, &format!("!!{other}"))),
+            },
+            (Some(t), _) => {
+                return Err(unsupported_tag(pos, &format!("{}{}", t.handle, t.suffix)));
+            }
+            (None, ScalarStyle::Plain) => resolve_plain_cow(text),
+            (None, _) => Value::Str(text),
+        };
+        self.finish_node(Node { pos, value }, anchor, 1)
+    }
+
+    /// The end of the open sequence or mapping: finished as a node.
+    fn close(&mut self) -> Result<(), LoadError> {
+        let (node, anchor, size) = match self.stack.pop() {
+            Some(Frame::Seq {
+                pos,
+                anchor,
+                size,
+                items,
+            }) => (
+                Node {
+                    pos,
+                    value: Value::Seq(items),
+                },
+                anchor,
+                size,
+            ),
+            Some(Frame::Map {
+                pos,
+                anchor,
+                size,
+                entries,
+                ..
+            }) => (
+                Node {
+                    pos,
+                    value: Value::Map(entries),
+                },
+                anchor,
+                size,
+            ),
+            None => return Ok(()),
+        };
+        self.finish_node(node, anchor, size)
+    }
+
+    /// An alias: a copy of its anchor's node, counted against the alias budget.
+    fn alias(&mut self, id: usize, pos: Pos) -> Result<(), LoadError> {
+        let (node, size) = match self.anchors.get(&id) {
+            Some(Anchored::Copy(node, size)) => (Some(node), *size),
+            Some(Anchored::TooLarge(size)) => (None, *size),
+            None => {
+                return Err(LoadError {
+                    code: Code::YamlSyntax,
+                    pos: Some(pos),
+                    message: "alias to an unknown anchor".into(),
+                });
+            }
+        };
+        self.alias_nodes = self.alias_nodes.saturating_add(size);
+        self.nodes = self.nodes.saturating_add(size);
+        let (Some(node), false) = (node, self.alias_nodes > MAX_ALIAS_NODES) else {
+            return Err(LoadError {
+                code: Code::AliasLimit,
+                pos: Some(pos),
+                message: format!("aliases expand to more than {MAX_ALIAS_NODES} nodes"),
+            });
+        };
+        let mut node = node.clone();
+        node.pos = pos;
+        self.finish_node(node, 0, size)
+    }
+}
+
 fn open_collection(b: &Builder<'_>, pos: Pos, tag: Option<&saphyr_parser::Tag>) -> Result<(), LoadError> {
     if let Some(t) = tag
         && !(t.is_yaml_core_schema() && matches!(t.suffix.as_str(), "seq" | "map"))
@@ -352,21 +440,7 @@ pub fn load_str(text: &str) -> Result<Vec<Node<'_>>, LoadError> {
                     });
                 }
             }
-            Event::Scalar(text, style, anchor, tag) => {
-                let value = match (&tag, style) {
-                    (Some(t), _) if t.is_yaml_core_schema() => match t.suffix.as_str() {
-                        "str" => Value::Str(text),
-                        "null" | "bool" | "int" | "float" => resolve_plain(&text),
-                        other => return Err(unsupported_tag(pos, &format!("!!{other}"))),
-                    },
-                    (Some(t), _) => {
-                        return Err(unsupported_tag(pos, &format!("{}{}", t.handle, t.suffix)));
-                    }
-                    (None, ScalarStyle::Plain) => resolve_plain_cow(text),
-                    (None, _) => Value::Str(text),
-                };
-                b.finish_node(Node { pos, value }, anchor, 1)?;
-            }
+            Event::Scalar(text, style, anchor, tag) => b.scalar(text, style, anchor, tag.as_deref(), pos)?,
             Event::SequenceStart(anchor, tag) => {
                 open_collection(&b, pos, tag.as_deref())?;
                 b.stack.push(Frame::Seq {
@@ -386,64 +460,8 @@ pub fn load_str(text: &str) -> Result<Vec<Node<'_>>, LoadError> {
                     key: None,
                 });
             }
-            Event::SequenceEnd | Event::MappingEnd => {
-                let (node, anchor, size) = match b.stack.pop() {
-                    Some(Frame::Seq {
-                        pos,
-                        anchor,
-                        size,
-                        items,
-                    }) => (
-                        Node {
-                            pos,
-                            value: Value::Seq(items),
-                        },
-                        anchor,
-                        size,
-                    ),
-                    Some(Frame::Map {
-                        pos,
-                        anchor,
-                        size,
-                        entries,
-                        ..
-                    }) => (
-                        Node {
-                            pos,
-                            value: Value::Map(entries),
-                        },
-                        anchor,
-                        size,
-                    ),
-                    None => continue,
-                };
-                b.finish_node(node, anchor, size)?;
-            }
-            Event::Alias(id) => {
-                let (node, size) = match b.anchors.get(&id) {
-                    Some(Anchored::Copy(node, size)) => (Some(node), *size),
-                    Some(Anchored::TooLarge(size)) => (None, *size),
-                    None => {
-                        return Err(LoadError {
-                            code: Code::YamlSyntax,
-                            pos: Some(pos),
-                            message: "alias to an unknown anchor".into(),
-                        });
-                    }
-                };
-                b.alias_nodes = b.alias_nodes.saturating_add(size);
-                b.nodes = b.nodes.saturating_add(size);
-                let (Some(node), false) = (node, b.alias_nodes > MAX_ALIAS_NODES) else {
-                    return Err(LoadError {
-                        code: Code::AliasLimit,
-                        pos: Some(pos),
-                        message: format!("aliases expand to more than {MAX_ALIAS_NODES} nodes"),
-                    });
-                };
-                let mut node = node.clone();
-                node.pos = pos;
-                b.finish_node(node, 0, size)?;
-            }
+            Event::SequenceEnd | Event::MappingEnd => b.close()?,
+            Event::Alias(id) => b.alias(id, pos)?,
             Event::StreamStart | Event::StreamEnd | Event::DocumentEnd | Event::Nothing => {}
         }
     }

@@ -324,43 +324,7 @@ impl Ingress {
                 ),
             ));
         }
-        let weight = match share {
-            Share::Whole => None,
-            Share::Canary(w) => Some(w),
-            Share::Repair => own
-                .canary
-                .as_ref()
-                .filter(|_| own.generation == generation)
-                .map(|c| c.weight),
-        };
-        // The release this node published before, while it still serves: kept beside a
-        // canary (a canary of a newer commit, mid-canary, keeps it too).
-        let old = match own.canary.is_some() || own.generation < generation {
-            true => own.dials,
-            false => Vec::new(),
-        };
-        let list = match weight {
-            Some(weight) if !old.is_empty() => NodeList {
-                generation,
-                environment: environment.to_owned(),
-                dials: old,
-                canary: Some(Canary {
-                    weight,
-                    dials: dials.to_vec(),
-                    // A repair keeps its step's start; a step starts now.
-                    since_ms: match (share, &own.canary) {
-                        (Share::Repair, Some(c)) => c.since_ms,
-                        _ => unix_ms(),
-                    },
-                }),
-            },
-            _ => NodeList {
-                generation,
-                environment: environment.to_owned(),
-                dials: dials.to_vec(),
-                canary: None,
-            },
-        };
+        let (list, weight) = shared_list(own, share, generation, environment, dials);
         let canary_note = match &list.canary {
             Some(c) => format!(", a canary at {}%", c.weight),
             None if weight.is_some() => ", whole: no earlier release published here".to_owned(),
@@ -397,21 +361,7 @@ impl Ingress {
         // configuration it loaded, so while another agent's change loads, `/id/<ours>` may
         // answer another route (10 HTTPS publishes at once read back another hostname's), and
         // a PATCH through it would change that route.
-        let mut mismatched: Vec<String> = Vec::new();
-        let wanted = all.slot_dials(slots);
-        if !(0..slots).all(|k| std::fs::read_to_string(self.slot(hostname, k)).ok().as_deref() == Some(&wanted[k])) {
-            mismatched.push("its upstream files".into());
-        }
-        for (_, pid, wanted) in &pieces {
-            if self.get(&format!("/id/{pid}"))?.as_ref() != Some(wanted) {
-                mismatched.push(pid.clone());
-            }
-        }
-        for s in &stale {
-            if self.get(&format!("/id/{s}"))?.is_some() {
-                mismatched.push(format!("{s} (still there)"));
-            }
-        }
+        let mismatched = self.read_back(hostname, &all.slot_dials(slots), &pieces, &stale)?;
         drop(turn);
         drop(held);
         if !mismatched.is_empty() {
@@ -434,6 +384,34 @@ impl Ingress {
             dials.join(", "),
             if served.is_some() { ", over HTTPS" } else { "" }
         ))
+    }
+
+    /// What of a publish reads back otherwise than written: the upstream files, each piece of
+    /// Caddy's configuration, and each stale piece (still there).
+    fn read_back(
+        &self,
+        hostname: &str,
+        wanted: &[String],
+        pieces: &[(Place, String, Value)],
+        stale: &[String],
+    ) -> Result<Vec<String>, Failure> {
+        let mut mismatched: Vec<String> = Vec::new();
+        if !(0..wanted.len())
+            .all(|k| std::fs::read_to_string(self.slot(hostname, k)).ok().as_deref() == Some(&wanted[k]))
+        {
+            mismatched.push("its upstream files".into());
+        }
+        for (_, pid, wanted) in pieces {
+            if self.get(&format!("/id/{pid}"))?.as_ref() != Some(wanted) {
+                mismatched.push(pid.clone());
+            }
+        }
+        for s in stale {
+            if self.get(&format!("/id/{s}"))?.is_some() {
+                mismatched.push(format!("{s} (still there)"));
+            }
+        }
+        Ok(mismatched)
     }
 
     /// What this node's ingress saw of `hostname`'s canary of generation `generation` since its
@@ -566,4 +544,53 @@ fn unix_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// The node's list for a publish of `generation` with `share`, from the list it held (`own`),
+/// and the canary weight asked for. The release this node published before, while it still
+/// serves, is kept beside a canary (a canary of a newer commit, mid-canary, keeps it too); a
+/// repair keeps its step's share and start.
+fn shared_list(
+    own: NodeList,
+    share: Share,
+    generation: u64,
+    environment: &str,
+    dials: &[String],
+) -> (NodeList, Option<u8>) {
+    let weight = match share {
+        Share::Whole => None,
+        Share::Canary(w) => Some(w),
+        Share::Repair => own
+            .canary
+            .as_ref()
+            .filter(|_| own.generation == generation)
+            .map(|c| c.weight),
+    };
+    let old = match own.canary.is_some() || own.generation < generation {
+        true => own.dials,
+        false => Vec::new(),
+    };
+    let list = match weight {
+        Some(weight) if !old.is_empty() => NodeList {
+            generation,
+            environment: environment.to_owned(),
+            dials: old,
+            canary: Some(Canary {
+                weight,
+                dials: dials.to_vec(),
+                // A repair keeps its step's start; a step starts now.
+                since_ms: match (share, &own.canary) {
+                    (Share::Repair, Some(c)) => c.since_ms,
+                    _ => unix_ms(),
+                },
+            }),
+        },
+        _ => NodeList {
+            generation,
+            environment: environment.to_owned(),
+            dials: dials.to_vec(),
+            canary: None,
+        },
+    };
+    (list, weight)
 }

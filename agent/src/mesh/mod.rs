@@ -297,10 +297,30 @@ impl Mesh {
                 spec.generation
             ));
         }
+        let backend = self.set_device(spec).await?;
+        self.route(spec, previous.as_ref()).await?;
+        self.off_thread(spec, move |m, spec| {
+            m.firewall().apply(spec, previous.as_ref())?;
+            m.verify(spec)?;
+            m.write_state(spec.generation, Some(spec))
+        })
+        .await?;
+        Ok(format!(
+            "{} ({}) at generation {}: {} peers, {} environments, read back",
+            self.interface(),
+            backend.name(),
+            spec.generation,
+            spec.peers.len(),
+            spec.environments.len()
+        ))
+    }
+
+    /// The WireGuard device made (or kept) and set to `spec`'s peers, on blocking sockets
+    /// (netlink, or wireguard-go's), bounded: a WireGuard that never answers fails the task
+    /// instead of holding it.
+    async fn set_device(&self, spec: &MeshSpec) -> Result<device::Backend, Failure> {
         let (iface, path, wanted) = (self.interface(), self.key_path(), spec.clone());
-        // Blocking sockets (netlink, or wireguard-go's), bounded: a WireGuard that never
-        // answers fails the task instead of holding it.
-        let backend = tokio::time::timeout(
+        tokio::time::timeout(
             DEVICE_TIMEOUT,
             tokio::task::spawn_blocking(move || {
                 let key = device::private_key(&path)?;
@@ -316,7 +336,13 @@ impl Mesh {
                 format!("the WireGuard device took over {DEVICE_TIMEOUT:?}"),
             )
         })?
-        .map_err(|e| io("agent-task-failed", e))??;
+        .map_err(|e| io("agent-task-failed", e))?
+    }
+
+    /// The device up, and each shared environment's remote subnets routed through it; an
+    /// environment this node no longer shares with any other loses its routes through the
+    /// mesh (its network may be gone already).
+    async fn route(&self, spec: &MeshSpec, previous: Option<&MeshSpec>) -> Result<(), Failure> {
         let routes = crate::routes::Routes::connect()?;
         let index = routes
             .link_index(&self.interface())
@@ -335,8 +361,6 @@ impl Mesh {
                 }
             }
         }
-        // An environment this node no longer shares with any other: its routes through the
-        // mesh go (its network may be gone already).
         for gone in previous
             .iter()
             .flat_map(|p| &p.environments)
@@ -349,20 +373,7 @@ impl Mesh {
                 return Err(f);
             }
         }
-        self.off_thread(spec, move |m, spec| {
-            m.firewall().apply(spec, previous.as_ref())?;
-            m.verify(spec)?;
-            m.write_state(spec.generation, Some(spec))
-        })
-        .await?;
-        Ok(format!(
-            "{} ({}) at generation {}: {} peers, {} environments, read back",
-            self.interface(),
-            backend.name(),
-            spec.generation,
-            spec.peers.len(),
-            spec.environments.len()
-        ))
+        Ok(())
     }
 
     /// Runs `f` (`nft`, the device's socket, files: blocking) off the async threads, on a

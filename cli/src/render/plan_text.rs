@@ -79,6 +79,47 @@ pub fn render(plan: &Plan, header: &PlanHeader, paint: Paint) -> String {
     out
 }
 
+/// An environment's rollout, and how it goes beyond a switch (a canary, rolling batches).
+fn rollout_line(c: &Consequences, e: &state_schema::values::Name) -> String {
+    let how = match c.progressive.iter().find(|p| &p.environment == e) {
+        Some(p) if !p.canary.is_empty() => {
+            let weights: Vec<String> = p.canary.iter().map(|w| format!("{w}%")).collect();
+            format!("; a canary at {} before the switch", weights.join(", "))
+        }
+        Some(p) => {
+            let roles: Vec<String> = p
+                .rolling
+                .iter()
+                .map(|r| format!("{} in {} batch(es) of {}", r.role, r.batches, r.batch))
+                .collect();
+            format!("; rolling: {}", roles.join(", "))
+        }
+        None => String::new(),
+    };
+    format!("rollout of environment {e} (new generation{how})")
+}
+
+/// A replica the live fleet moves, places or leaves waiting.
+fn replacement_line(m: &state_schema::replacement::Move) -> (char, String) {
+    let replica = format!("replica {}/{}/{}", m.environment, m.role, m.index);
+    let how = if m.new_generation { "new generation" } else { "scale" };
+    match (&m.from, &m.to) {
+        (Some(a), Some(b)) => ('!', format!("{replica} moves from node {a} to {b} (live fleet; {how})")),
+        (None, Some(b)) => (
+            '+',
+            format!("{replica} was waiting: placed on node {b} (live fleet; {how})"),
+        ),
+        (Some(a), None) => (
+            '!',
+            format!(
+                "{replica} leaves node {a} and waits: {} (live fleet)",
+                m.reason.as_deref().unwrap_or("no node")
+            ),
+        ),
+        (None, None) => ('!', format!("{replica} still waits (live fleet)")),
+    }
+}
+
 /// The consequences as signed lines, shared with the Markdown renderer.
 pub fn consequence_lines(c: &Consequences) -> Vec<(char, String)> {
     let mut out = Vec::new();
@@ -107,24 +148,7 @@ pub fn consequence_lines(c: &Consequences) -> Vec<(char, String)> {
             format!("node {}/{} {what}: its work moves elsewhere", n.pool, n.node),
         )
     }));
-    out.extend(c.rollouts.iter().map(|e| {
-        let how = match c.progressive.iter().find(|p| &p.environment == e) {
-            Some(p) if !p.canary.is_empty() => {
-                let weights: Vec<String> = p.canary.iter().map(|w| format!("{w}%")).collect();
-                format!("; a canary at {} before the switch", weights.join(", "))
-            }
-            Some(p) => {
-                let roles: Vec<String> = p
-                    .rolling
-                    .iter()
-                    .map(|r| format!("{} in {} batch(es) of {}", r.role, r.batches, r.batch))
-                    .collect();
-                format!("; rolling: {}", roles.join(", "))
-            }
-            None => String::new(),
-        };
-        ('~', format!("rollout of environment {e} (new generation{how})"))
-    }));
+    out.extend(c.rollouts.iter().map(|e| ('~', rollout_line(c, e))));
     out.extend(c.moved.iter().filter_map(|m| {
         let (from, to) = (m.from.as_ref()?, m.to.as_ref()?);
         Some((
@@ -161,25 +185,7 @@ pub fn consequence_lines(c: &Consequences) -> Vec<(char, String)> {
             ),
         )
     }));
-    out.extend(c.replacements.iter().map(|m| {
-        let replica = format!("replica {}/{}/{}", m.environment, m.role, m.index);
-        let how = if m.new_generation { "new generation" } else { "scale" };
-        match (&m.from, &m.to) {
-            (Some(a), Some(b)) => ('!', format!("{replica} moves from node {a} to {b} (live fleet; {how})")),
-            (None, Some(b)) => (
-                '+',
-                format!("{replica} was waiting: placed on node {b} (live fleet; {how})"),
-            ),
-            (Some(a), None) => (
-                '!',
-                format!(
-                    "{replica} leaves node {a} and waits: {} (live fleet)",
-                    m.reason.as_deref().unwrap_or("no node")
-                ),
-            ),
-            (None, None) => ('!', format!("{replica} still waits (live fleet)")),
-        }
-    }));
+    out.extend(c.replacements.iter().map(replacement_line));
     out.extend(c.held.iter().map(|h| {
         (
             '!',

@@ -4,6 +4,7 @@
 use super::local::{Local, Ports, Trust};
 use super::previews_of;
 use super::processes::{alive, stop};
+use crate::client::Client;
 use anyhow::{Result, bail};
 use operator_proto::{Action, Deployment, DeploymentStatus};
 use state_repo::load::load;
@@ -39,125 +40,158 @@ pub fn down(args: &DownArgs) -> Result<u8> {
     let (dir, named) = args.split();
     let local = Local::new(dir.as_deref())?;
     let running = alive(&local.path("reconciler.pid"), "pl-reconciler").is_some();
-    let mut left_running: Vec<String> = Vec::new();
     if running {
-        let ports: Ports = serde_json::from_slice(&std::fs::read(local.path("ports.json"))?)?;
-        let repo = StateRepo::open(&local.repo)?;
-        let loaded = load(&repo, &Rev::WorkTree)?;
-        let declared: Vec<String> = loaded.state.environments().map(|(n, _)| n.to_string()).collect();
-        if let Some(unknown) = named.iter().find(|n| !declared.contains(n)) {
+        let left_running = tear_down(&local, &named, Duration::from_secs(args.timeout_seconds))?;
+        if !left_running.is_empty() {
+            println!(
+                "pl down: {} torn down; the local control plane keeps running {} (`pl down` with no environment stops it)",
+                named.join(", "),
+                left_running.join(", ")
+            );
+            return Ok(0);
+        }
+    }
+    let stopped = stop_processes(&local);
+    let what = match (running, stopped.is_empty()) {
+        (_, true) => "nothing ran".to_owned(),
+        (true, false) => format!("environments torn down; stopped {}", stopped.join(", ")),
+        (false, false) => format!("stopped {}", stopped.join(", ")),
+    };
+    println!(
+        "pl down: {what}; the ledger's history stays in {}",
+        local.state.display()
+    );
+    Ok(0)
+}
+
+/// Tears down the `named` environments (all when none is named) through a local revision
+/// without their files, waits until the reconciler did, and says which volumes outlive it.
+/// The environments still running afterwards.
+fn tear_down(local: &Local, named: &[String], timeout: Duration) -> Result<Vec<String>> {
+    let ports: Ports = serde_json::from_slice(&std::fs::read(local.path("ports.json"))?)?;
+    let repo = StateRepo::open(&local.repo)?;
+    let loaded = load(&repo, &Rev::WorkTree)?;
+    let files = teardown_files(local, &loaded.state, named)?;
+    // The teardown is a local revision whatever the trust was: the reconciler runs with the
+    // local key's trust for it (a signed-commit control plane is switched; the mirror's
+    // history only moves forward).
+    let client = local.reconciler(ports, &Trust::Local, &previews_of(&loaded.state))?;
+    let (head, mut moved) = local.commit_worktree(&files, None, &[])?;
+    // On a whole teardown preview branches go too: their environments are torn down as
+    // for a deleted branch.
+    if named.is_empty() {
+        moved |= local.sync_previews(&[], &Trust::Local, &Default::default())?;
+    }
+    if moved {
+        let _ = client.reconcile();
+    }
+    println!("pl down: tearing down through local revision {}", &head[..12]);
+    let left_running = wait_torn_down(local, &client, named, Instant::now() + timeout)?;
+    say_kept_volumes(&client, named);
+    Ok(left_running)
+}
+
+/// The files of the Environments to tear down: each must be in a file of its own (the
+/// teardown leaves those files out of the local revision).
+fn teardown_files(local: &Local, state: &state_schema::state::State, named: &[String]) -> Result<Vec<String>> {
+    use state_schema::model::Kind;
+    let declared: Vec<String> = state.environments().map(|(n, _)| n.to_string()).collect();
+    if let Some(unknown) = named.iter().find(|n| !declared.contains(n)) {
+        bail!(
+            "no Environment {unknown} in {} (declared: {})",
+            local.repo.display(),
+            declared.join(", ")
+        );
+    }
+    let torn = |name: &str| named.is_empty() || named.iter().any(|n| n == name);
+    let mut files: Vec<String> = Vec::new();
+    for l in state.of_kind(Kind::Environment) {
+        if !torn(l.object.name().as_str()) {
+            continue;
+        }
+        let shares = state
+            .iter()
+            .any(|o| o.file == l.file && o.object.kind() != Kind::Environment)
+            || state
+                .of_kind(Kind::Environment)
+                .any(|o| o.file == l.file && o.object.name() != l.object.name() && !torn(o.object.name().as_str()));
+        if shares {
             bail!(
-                "no Environment {unknown} in {} (declared: {})",
-                local.repo.display(),
-                declared.join(", ")
+                "{} declares {} with other objects: pl down needs each Environment it tears down in a file of its own",
+                l.file,
+                l.object.name()
             );
         }
-        let mut files: Vec<String> = Vec::new();
-        for l in loaded.state.of_kind(state_schema::model::Kind::Environment) {
-            if !named.is_empty() && !named.iter().any(|n| n == l.object.name().as_str()) {
-                continue;
-            }
-            if loaded
-                .state
+        if !files.contains(&l.file) {
+            files.push(l.file.clone());
+        }
+    }
+    Ok(files)
+}
+
+/// Waits until every named environment's teardown is done; the environments left running.
+fn wait_torn_down(local: &Local, client: &Client, named: &[String], deadline: Instant) -> Result<Vec<String>> {
+    let torn = |d: &&Deployment| d.action == Action::Teardown && d.status == DeploymentStatus::Done;
+    let wanted = |d: &&Deployment| named.is_empty() || named.contains(&d.environment);
+    loop {
+        // Every page (the first alone held 100 environments).
+        let rows = client.deployments()?;
+        let left: Vec<&str> = rows
+            .iter()
+            .filter(wanted)
+            .filter(|d| !torn(d))
+            .map(|d| d.environment.as_str())
+            .collect();
+        if left.is_empty() {
+            return Ok(rows
                 .iter()
-                .any(|o| o.file == l.file && o.object.kind() != state_schema::model::Kind::Environment)
-                || loaded.state.of_kind(state_schema::model::Kind::Environment).any(|o| {
-                    o.file == l.file
-                        && o.object.name() != l.object.name()
-                        && !named.is_empty()
-                        && !named.iter().any(|n| n == o.object.name().as_str())
-                })
-            {
-                bail!(
-                    "{} declares {} with other objects: pl down needs each Environment it tears down in a file of its own",
-                    l.file,
-                    l.object.name()
-                );
-            }
-            if !files.contains(&l.file) {
-                files.push(l.file.clone());
-            }
-        }
-        // The teardown is a local revision whatever the trust was: the reconciler runs with the
-        // local key's trust for it (a signed-commit control plane is switched; the mirror's
-        // history only moves forward).
-        let client = local.reconciler(ports, &Trust::Local, &previews_of(&loaded.state))?;
-        let (head, mut moved) = local.commit_worktree(&files, None, &[])?;
-        // On a whole teardown preview branches go too: their environments are torn down as
-        // for a deleted branch.
-        if named.is_empty() {
-            moved |= local.sync_previews(&[], &Trust::Local, &Default::default())?;
-        }
-        if moved {
-            let _ = client.reconcile();
-        }
-        println!("pl down: tearing down through local revision {}", &head[..12]);
-        let deadline = Instant::now() + Duration::from_secs(args.timeout_seconds);
-        loop {
-            // Every page (the first alone held 100 environments).
-            let rows = client.deployments()?;
-            let torn = |d: &&Deployment| d.action == Action::Teardown && d.status == DeploymentStatus::Done;
-            let wanted = |d: &&Deployment| named.is_empty() || named.contains(&d.environment);
-            let left: Vec<&str> = rows
-                .iter()
-                .filter(wanted)
                 .filter(|d| !torn(d))
-                .map(|d| d.environment.as_str())
-                .collect();
-            if left.is_empty() {
-                left_running = rows
-                    .iter()
-                    .filter(|d| !torn(d))
-                    .map(|d| d.environment.clone())
-                    .collect();
-                break;
-            }
-            if let Some(d) = rows
-                .iter()
-                .filter(wanted)
-                .find(|d| d.status == DeploymentStatus::Failed)
-            {
-                bail!(
-                    "the teardown of {} failed: see `pl events --local {}`",
-                    d.environment,
-                    local.repo.display()
-                );
-            }
-            if Instant::now() > deadline {
-                bail!("not torn down within the timeout: {}", left.join(", "));
-            }
-            std::thread::sleep(Duration::from_millis(300));
+                .map(|d| d.environment.clone())
+                .collect());
         }
-        // Volumes outlive a teardown: say which, and until when.
-        if let Ok(v) = client.volumes() {
-            let kept: Vec<String> = v
-                .volumes
-                .iter()
-                .filter(|r| r.state == operator_proto::volumes::VolumeState::Retained)
-                .filter(|r| named.is_empty() || named.contains(&r.environment))
-                .map(|r| format!("{}/{} on {}", r.environment, r.volume, r.node))
-                .collect();
-            if !kept.is_empty() {
-                println!(
-                    "pl down: kept {} for their retainDays (`pl volumes`, `pl volume rm`): {}",
-                    if kept.len() == 1 {
-                        "1 volume".to_owned()
-                    } else {
-                        format!("{} volumes", kept.len())
-                    },
-                    kept.join(", ")
-                );
-            }
+        if let Some(d) = rows
+            .iter()
+            .filter(wanted)
+            .find(|d| d.status == DeploymentStatus::Failed)
+        {
+            bail!(
+                "the teardown of {} failed: see `pl events --local {}`",
+                d.environment,
+                local.repo.display()
+            );
         }
+        if Instant::now() > deadline {
+            bail!("not torn down within the timeout: {}", left.join(", "));
+        }
+        std::thread::sleep(Duration::from_millis(300));
     }
-    if !left_running.is_empty() {
+}
+
+/// Volumes outlive a teardown: says which, and until when.
+fn say_kept_volumes(client: &Client, named: &[String]) {
+    let Ok(v) = client.volumes() else { return };
+    let kept: Vec<String> = v
+        .volumes
+        .iter()
+        .filter(|r| r.state == operator_proto::volumes::VolumeState::Retained)
+        .filter(|r| named.is_empty() || named.contains(&r.environment))
+        .map(|r| format!("{}/{} on {}", r.environment, r.volume, r.node))
+        .collect();
+    if !kept.is_empty() {
         println!(
-            "pl down: {} torn down; the local control plane keeps running {} (`pl down` with no environment stops it)",
-            named.join(", "),
-            left_running.join(", ")
+            "pl down: kept {} for their retainDays (`pl volumes`, `pl volume rm`): {}",
+            if kept.len() == 1 {
+                "1 volume".to_owned()
+            } else {
+                format!("{} volumes", kept.len())
+            },
+            kept.join(", ")
         );
-        return Ok(0);
     }
+}
+
+/// Stops the agents, Caddy, the build registry and the reconciler; what was stopped.
+fn stop_processes(local: &Local) -> Vec<String> {
     let mut stopped: Vec<String> = Vec::new();
     for pid in local.agent_pids() {
         if stop(&pid, "pl-agent") {
@@ -181,14 +215,5 @@ pub fn down(args: &DownArgs) -> Result<u8> {
     let _ = std::fs::remove_file(local.path("mode"));
     // And whether it serves HTTPS.
     let _ = std::fs::remove_file(local.path("scheme"));
-    let what = match (running, stopped.is_empty()) {
-        (_, true) => "nothing ran".to_owned(),
-        (true, false) => format!("environments torn down; stopped {}", stopped.join(", ")),
-        (false, false) => format!("stopped {}", stopped.join(", ")),
-    };
-    println!(
-        "pl down: {what}; the ledger's history stays in {}",
-        local.state.display()
-    );
-    Ok(0)
+    stopped
 }

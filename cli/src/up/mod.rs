@@ -18,6 +18,7 @@ mod down;
 pub(crate) mod follow;
 mod local;
 mod mirror;
+mod preflight;
 mod processes;
 mod services;
 mod wake;
@@ -25,12 +26,11 @@ mod wake;
 pub use down::{DownArgs, down};
 use local::{Local, Ports, Trust};
 pub(crate) use local::{local_server, running_local_server};
-use processes::{alive, caddy_program, docker_answers};
 pub use wake::sleep as sleep_woken;
 pub(crate) use wake::{wake, wake_here};
 
 use crate::client::Client;
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use state_repo::load::load;
 use state_repo::source::{Rev, StateRepo};
 use std::path::{Path, PathBuf};
@@ -116,52 +116,16 @@ fn now_ms() -> i64 {
 pub fn up(args: &UpArgs) -> Result<u8> {
     let started_ms = now_ms();
     let local = Local::new(args.dir.as_deref())?;
-    let trust = match &args.allowed_signers {
-        None => Trust::Local,
-        Some(f) => Trust::Signed {
-            allowed_signers: std::fs::canonicalize(f).with_context(|| format!("{}", f.display()))?,
-            policy: args
-                .policy
-                .as_ref()
-                .map(|p| std::fs::canonicalize(p).with_context(|| format!("{}", p.display())))
-                .transpose()?,
-        },
-    };
-    let rev = match (&trust, &args.rev) {
-        (Trust::Signed { .. }, None) => Some("HEAD".to_owned()),
-        (_, r) => r.clone(),
-    };
-    // Commits need Git: said before anything starts (the working tree alone does not).
-    if !local.in_git() && (rev.is_some() || !matches!(trust, Trust::Local)) {
-        bail!(
-            "{} is not in a Git repository, and {} reads commits: run `git init && git add -A && git commit -m \"initial state\"` there first, or leave it out to apply the working tree",
-            local.repo.display(),
-            if args.rev.is_some() {
-                "--rev"
-            } else {
-                "--allowed-signers"
-            }
-        );
-    }
+    let (trust, rev) = preflight::trust_and_rev(args)?;
     // What is applied is checked first: an invalid state ends here, before anything starts.
-    let repo = StateRepo::open(&local.repo)?;
-    let loaded = match &rev {
-        Some(r) => load(&repo, &Rev::Commit(repo.resolve(r)?))?,
-        None => load(&repo, &Rev::WorkTree)?,
-    };
-    if !loaded.is_valid() {
-        report_invalid(&loaded);
-        eprintln!(
-            "pl up: {} is invalid; nothing was applied",
-            rev.as_deref().unwrap_or("the working tree")
-        );
+    let Some(loaded) = preflight::checked_state(&local, &trust, rev.as_deref(), args)? else {
         return Ok(1);
-    }
+    };
+    let signed = matches!(trust, Trust::Signed { .. });
     // Remembered builds rewrite the mirror's Projects, which a signed run never does.
-    let forget = args.no_build || matches!(trust, Trust::Signed { .. });
-    let builds = build::to_build(&local.state, &args.builds, forget, &loaded.state)?;
+    let builds = build::to_build(&local.state, &args.builds, args.no_build || signed, &loaded.state)?;
     build::check(&builds, &loaded.state)?;
-    build::check_pullable(&builds, &loaded.state, matches!(trust, Trust::Signed { .. }))?;
+    build::check_pullable(&builds, &loaded.state, signed)?;
     let nodes: Vec<String> = loaded
         .state
         .pools()
@@ -171,47 +135,8 @@ pub fn up(args: &UpArgs) -> Result<u8> {
     // Caddy only when an environment serves a web role.
     let environments = environments_of(&loaded.state);
     let web = environments.iter().any(|e| e.web);
-    if !docker_answers(&args.docker_socket) {
-        bail!(
-            "Docker does not answer at {}: install it (Debian: apt-get install docker.io) and start it (systemctl start docker)",
-            args.docker_socket.display()
-        );
-    }
-    // The port this run would serve on: `--port`, else the one recorded, else a free one. A
-    // control plane that runs keeps its port; one that was stopped (`pl down`) takes `--port`.
+    let running = preflight::check_host(args, &local, web)?;
     // Nothing is recorded until every check has passed, so a refused start changes nothing.
-    let running = alive(&local.path("reconciler.pid"), "pl-reconciler").is_some()
-        || alive(&local.path("caddy.pid"), "caddy").is_some();
-    let recorded = local.recorded_ports()?;
-    if let (Some(p), Some(r), true) = (args.port, recorded, running)
-        && p != r.http
-    {
-        bail!(
-            "this repository's local control plane serves on port {} already; `pl down` first, then `pl up --port {p}`",
-            r.http
-        );
-    }
-    // Caddy missing or too old, or a port another program holds, would only show later, with
-    // the control plane started: say so now.
-    if web && alive(&local.path("caddy.pid"), "caddy").is_none() {
-        caddy_program()?;
-        let http = args.port.or(recorded.map(|r| r.http));
-        if let Some(http) = http
-            && std::net::TcpListener::bind(("127.0.0.1", http)).is_err()
-        {
-            bail!(
-                "port {http} on 127.0.0.1 is taken by another program: stop it, or choose another port (`pl up --port PORT`)"
-            );
-        }
-        let https = args.https_port.or(recorded.map(|r| r.https).filter(|p| *p != 0));
-        if let (Some(https), false) = (https, args.http)
-            && std::net::TcpListener::bind(("127.0.0.1", https)).is_err()
-        {
-            bail!(
-                "port {https} on 127.0.0.1 is taken by another program: stop it, or choose another port (`pl up --https-port PORT`, or `--http` to serve plain HTTP only)"
-            );
-        }
-    }
     local.check_scheme(!args.http)?;
     let ports = local.init(
         args.port.filter(|_| !running),
@@ -226,7 +151,6 @@ pub fn up(args: &UpArgs) -> Result<u8> {
     }
     let built = local.build(&builds, &loaded.state, rev.as_deref(), &args.docker_socket, ports)?;
     let replace = built.files.clone();
-    let mut replaces_local = false;
     // A first run enrols the nodes this machine runs before anything is placed: first a local
     // revision without the Environments (so the nodes are declared and may enrol), then, once
     // every agent has been heard from, the whole tree. The first deployment is generation 1,
@@ -240,49 +164,15 @@ pub fn up(args: &UpArgs) -> Result<u8> {
         && runs.iter().any(|n| !enrolled.contains(n)))
     .then(|| bootstrap_leave_out(&loaded.state))
     .flatten();
-    let (mut head, mut moved) = match &trust {
-        Trust::Local => {
-            let applied = local.commit_worktree(bootstrap.as_deref().unwrap_or_default(), rev.as_deref(), &replace)?;
-            if bootstrap.is_none() {
-                println!(
-                    "pl up: applying {} of {} as local revision {} (signed by this machine's local key, which only pl up trusts)",
-                    rev.as_deref().unwrap_or("the working tree"),
-                    local.repo.display(),
-                    &applied.0[..12]
-                );
-            }
-            applied
-        }
-        Trust::Signed { .. } => {
-            let r = rev.as_deref().unwrap_or("HEAD");
-            let (sha, moved, local_behind) = local.apply_commit(r)?;
-            println!(
-                "pl up: applying commit {} ({r}) of {}, judged against the allowed signers",
-                &sha[..12],
-                local.repo.display()
-            );
-            replaces_local = local_behind;
-            (sha, moved)
-        }
-    };
+    let applied = apply(&local, &trust, rev.as_deref(), bootstrap.as_deref(), &replace)?;
+    let (mut head, mut moved) = (applied.head, applied.moved);
     let previews = previews_of(&loaded.state);
     let previews_moved = local.sync_previews(&previews, &trust, &built)?;
     let client = local.reconciler(ports, &trust, &previews)?;
     if web {
         local.caddy()?;
     }
-    let agents_from = now_ms();
-    let mut restarted = Vec::new();
-    for node in &runs {
-        if local.agent(&client, ports, node, &args.docker_socket)? {
-            restarted.push(node.clone());
-        }
-    }
-    // An agent started now (it had stopped or died) serves its service names and repairs
-    // only once it runs: until its first heartbeat, what `pl up` reports would be early.
-    if bootstrap.is_none() && !restarted.is_empty() {
-        wait_heard_from(&client, &restarted, Some(agents_from))?;
-    }
+    start_agents(&local, &client, ports, &runs, bootstrap.is_none(), &args.docker_socket)?;
     if bootstrap.is_some() {
         wait_heard_from(&client, &runs, None)?;
         (head, moved) = local.commit_worktree(&[], None, &replace)?;
@@ -295,7 +185,7 @@ pub fn up(args: &UpArgs) -> Result<u8> {
     if moved || previews_moved {
         let _ = client.reconcile();
     }
-    if replaces_local {
+    if applied.replaces_local {
         approve_local_rewrite(&client, &head)?;
     }
     let timeout = Duration::from_secs(args.timeout_seconds);
@@ -308,7 +198,7 @@ pub fn up(args: &UpArgs) -> Result<u8> {
         );
     }
     let code = follow::converge(&client, &head, &environments, serving, timeout, started_ms)?;
-    if matches!(trust, Trust::Signed { .. }) {
+    if signed {
         // Best effort: without the record, a commit replacing a rejected one is refused as
         // before (with how to start afresh), never applied wrongly.
         let _ = local.remember_accepted(&client);
@@ -317,6 +207,83 @@ pub fn up(args: &UpArgs) -> Result<u8> {
         return Ok(code);
     }
     watch(&local, &client, ports, timeout, &builds, &args.docker_socket)
+}
+
+/// What a run applied into the mirror.
+struct Applied {
+    head: String,
+    /// Whether the mirror's branch moved.
+    moved: bool,
+    /// A signed run's commit replaces local revisions applied before: approved as a rewrite.
+    replaces_local: bool,
+}
+
+/// Applies the run's revision into the mirror: the working tree (or `rev`'s tree) as a local
+/// revision, leaving out `bootstrap`'s files on a first run, or a signed commit as it is.
+fn apply(
+    local: &Local,
+    trust: &Trust,
+    rev: Option<&str>,
+    bootstrap: Option<&[String]>,
+    replace: &[(String, String)],
+) -> Result<Applied> {
+    match trust {
+        Trust::Local => {
+            let (head, moved) = local.commit_worktree(bootstrap.unwrap_or_default(), rev, replace)?;
+            if bootstrap.is_none() {
+                println!(
+                    "pl up: applying {} of {} as local revision {} (signed by this machine's local key, which only pl up trusts)",
+                    rev.unwrap_or("the working tree"),
+                    local.repo.display(),
+                    &head[..12]
+                );
+            }
+            Ok(Applied {
+                head,
+                moved,
+                replaces_local: false,
+            })
+        }
+        Trust::Signed { .. } => {
+            let r = rev.unwrap_or("HEAD");
+            let (head, moved, replaces_local) = local.apply_commit(r)?;
+            println!(
+                "pl up: applying commit {} ({r}) of {}, judged against the allowed signers",
+                &head[..12],
+                local.repo.display()
+            );
+            Ok(Applied {
+                head,
+                moved,
+                replaces_local,
+            })
+        }
+    }
+}
+
+/// Starts (or keeps) an agent for each node this machine runs. An agent started now (it had
+/// stopped or died) serves its service names and repairs only once it runs: until its first
+/// heartbeat, what `pl up` reports would be early, so it is waited for (unless a bootstrap
+/// run waits for every agent anyway).
+fn start_agents(
+    local: &Local,
+    client: &Client,
+    ports: Ports,
+    runs: &[String],
+    wait: bool,
+    docker_socket: &Path,
+) -> Result<()> {
+    let agents_from = now_ms();
+    let mut restarted = Vec::new();
+    for node in runs {
+        if local.agent(client, ports, node, docker_socket)? {
+            restarted.push(node.clone());
+        }
+    }
+    if wait && !restarted.is_empty() {
+        wait_heard_from(client, &restarted, Some(agents_from))?;
+    }
+    Ok(())
 }
 
 /// The files to leave out of a first run's bootstrap revision: those of Environments and

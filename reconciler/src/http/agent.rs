@@ -138,13 +138,11 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
         Ok(h) => h,
         Err(r) => return r,
     };
-    let version: String = hb.agent_version.chars().take(64).collect();
-    if hb.running.len() > agent_proto::MAX_HEARTBEAT_INSTANCES
-        || hb.capabilities.len() > 16
-        || hb.repaired.len() > agent_proto::MAX_HEARTBEAT_REPAIRS
-    {
-        return refused(Refusal::MalformedRequest, "the heartbeat reports more than its limits");
+    // Every refusal before the first write.
+    if let Some(why) = malformed(&hb) {
+        return refused(Refusal::MalformedRequest, why);
     }
+    let version: String = hb.agent_version.chars().take(64).collect();
     let capabilities: Vec<String> = hb
         .capabilities
         .iter()
@@ -158,30 +156,7 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
         .iter()
         .map(|r| (bounded(&r.environment, 63), bounded(&r.what, 256)))
         .collect();
-    if hb.host.as_deref().is_some_and(|h| !agent_proto::valid_host(h)) {
-        return refused(Refusal::MalformedRequest, "the heartbeat's host is not a machine id");
-    }
-    if hb.taken_subnets.len() > agent_proto::MAX_TAKEN_SUBNETS {
-        return refused(
-            Refusal::MalformedRequest,
-            "the heartbeat reports more taken subnets than the pool has",
-        );
-    }
-    // Indices in the pool; anything else (outside it, malformed) says nothing to placement.
-    let mut taken: Vec<i64> = hb
-        .taken_subnets
-        .iter()
-        .filter_map(|s| crate::store::rows::subnet_index(s))
-        .collect();
-    taken.sort_unstable();
-    taken.dedup();
-    let taken = taken.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
-    if hb.volumes.len() > agent_proto::MAX_HEARTBEAT_VOLUMES {
-        return refused(
-            Refusal::MalformedRequest,
-            "the heartbeat reports more volumes than its limit",
-        );
-    }
+    let taken = taken_subnets(&hb.taken_subnets);
     // Only rows naming this node are updated, so a node reports only what it holds.
     let measured: Vec<crate::store::volumes::Measured> = hb
         .volumes
@@ -193,13 +168,6 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
             bytes: v.bytes,
         })
         .collect();
-    // Every refusal before the first write.
-    if hb.mesh.as_ref().is_some_and(|m| !m.valid()) {
-        return refused(
-            Refusal::MalformedRequest,
-            "the heartbeat's mesh is not a WireGuard public key, a port and an IP address",
-        );
-    }
     let names = hb
         .mesh
         .as_ref()
@@ -232,6 +200,42 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
         Err(e) => return internal(e),
     };
     axum::Json(agent_proto::mesh::HeartbeatReply { node, mesh }).into_response()
+}
+
+/// Why a heartbeat is refused whole: more than its limits, a host that is no machine id, a
+/// mesh that is not a WireGuard public key, a port and an address.
+fn malformed(hb: &Heartbeat) -> Option<&'static str> {
+    if hb.running.len() > agent_proto::MAX_HEARTBEAT_INSTANCES
+        || hb.capabilities.len() > 16
+        || hb.repaired.len() > agent_proto::MAX_HEARTBEAT_REPAIRS
+    {
+        return Some("the heartbeat reports more than its limits");
+    }
+    if hb.host.as_deref().is_some_and(|h| !agent_proto::valid_host(h)) {
+        return Some("the heartbeat's host is not a machine id");
+    }
+    if hb.taken_subnets.len() > agent_proto::MAX_TAKEN_SUBNETS {
+        return Some("the heartbeat reports more taken subnets than the pool has");
+    }
+    if hb.volumes.len() > agent_proto::MAX_HEARTBEAT_VOLUMES {
+        return Some("the heartbeat reports more volumes than its limit");
+    }
+    if hb.mesh.as_ref().is_some_and(|m| !m.valid()) {
+        return Some("the heartbeat's mesh is not a WireGuard public key, a port and an IP address");
+    }
+    None
+}
+
+/// The subnets a node reports taken, as indices in the pool (sorted, once each, joined by
+/// commas); anything else (outside it, malformed) says nothing to placement.
+fn taken_subnets(reported: &[String]) -> String {
+    let mut taken: Vec<i64> = reported
+        .iter()
+        .filter_map(|s| crate::store::rows::subnet_index(s))
+        .collect();
+    taken.sort_unstable();
+    taken.dedup();
+    taken.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
 }
 
 /// A node's mesh row as its agent receives it: the spec with the ledger's generation.
@@ -329,47 +333,7 @@ async fn lease_jobs_now(s: &Agents, node: &str, req: &LeaseRequest) -> Result<Le
             .await
             .map_err(|e| internal(&e))?;
         if !leases.is_empty() || started.elapsed() >= wait {
-            let executions = s
-                .ledger
-                .executions(
-                    node,
-                    &leases,
-                    (&s.control_identities, s.config.issues_certificates()),
-                    now_ms(),
-                )
-                .await
-                .map_err(|e| internal(&e))?;
-            let mut jobs = Vec::with_capacity(leases.len());
-            for (l, execution) in leases.into_iter().zip(executions) {
-                let execution = match execution {
-                    Ok(x) => x,
-                    Err(why) => {
-                        // It would fail the same way on every node and every try: recorded
-                        // as a permanent failure, with its code, and never handed out.
-                        tracing::warn!(node = %node, job_key = %l.key, job_id = l.token.job_id, code = why.code, "job cannot be delivered");
-                        let done = Completion {
-                            token: l.token,
-                            outcome: crate::store::Outcome::Permanent(format!("{}: {}", why.code, why.message)),
-                        };
-                        // This daemon's own fresh lease: a refusal cannot come, and would
-                        // change nothing.
-                        let _ = s.group.complete(done, node).await.map_err(|e| internal(&e))?;
-                        continue;
-                    }
-                };
-                jobs.push(LeasedJob {
-                    key: l.key,
-                    task: crate::delivery::wire_task(&l.task),
-                    execution,
-                    attempt: l.attempt,
-                    proof: LeaseProof {
-                        job_id: l.token.job_id,
-                        lease_token: l.token.lease_token,
-                        fencing_token: l.token.fencing_token,
-                    },
-                    expires_at_ms: l.expires_at_ms,
-                });
-            }
+            let jobs = delivered(s, node, leases).await.map_err(|e| internal(&e))?;
             if jobs.is_empty() && started.elapsed() < wait {
                 continue;
             }
@@ -390,6 +354,52 @@ async fn lease_jobs_now(s: &Agents, node: &str, req: &LeaseRequest) -> Result<Le
         }
         recheck = (recheck * 2).min(Duration::from_secs(1));
     }
+}
+
+/// The leased jobs as the agent gets them, each with its execution spec. A job that cannot be
+/// delivered would fail the same way on every node and every try: recorded as a permanent
+/// failure, with its code, and never handed out.
+async fn delivered(s: &Agents, node: &str, leases: Vec<crate::store::Lease>) -> Result<Vec<LeasedJob>, String> {
+    let executions = s
+        .ledger
+        .executions(
+            node,
+            &leases,
+            (&s.control_identities, s.config.issues_certificates()),
+            now_ms(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut jobs = Vec::with_capacity(leases.len());
+    for (l, execution) in leases.into_iter().zip(executions) {
+        let execution = match execution {
+            Ok(x) => x,
+            Err(why) => {
+                tracing::warn!(node = %node, job_key = %l.key, job_id = l.token.job_id, code = why.code, "job cannot be delivered");
+                let done = Completion {
+                    token: l.token,
+                    outcome: crate::store::Outcome::Permanent(format!("{}: {}", why.code, why.message)),
+                };
+                // This daemon's own fresh lease: a refusal cannot come, and would change
+                // nothing.
+                let _ = s.group.complete(done, node).await?;
+                continue;
+            }
+        };
+        jobs.push(LeasedJob {
+            key: l.key,
+            task: crate::delivery::wire_task(&l.task),
+            execution,
+            attempt: l.attempt,
+            proof: LeaseProof {
+                job_id: l.token.job_id,
+                lease_token: l.token.lease_token,
+                fencing_token: l.token.fencing_token,
+            },
+            expires_at_ms: l.expires_at_ms,
+        });
+    }
+    Ok(jobs)
 }
 
 async fn renew(State(s): App, Extension(peer): Peer, body: axum::body::Body) -> Response {

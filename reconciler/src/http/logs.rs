@@ -231,19 +231,7 @@ pub(crate) async fn logs(
         );
     };
     let role = q.role.as_str();
-    let nodes: BTreeSet<String> = spec
-        .instances
-        .iter()
-        .filter(|i| i.role.as_str() == role)
-        .map(|i| i.node.to_string())
-        .chain(
-            spec.release
-                .iter()
-                .chain(&spec.cron)
-                .filter(|(r, _)| r.as_str() == role)
-                .map(|(_, n)| n.to_string()),
-        )
-        .collect();
+    let nodes = nodes_of(spec, role);
     if nodes.is_empty() {
         return refusal(
             StatusCode::NOT_FOUND,
@@ -269,34 +257,7 @@ pub(crate) async fn logs(
         );
     };
     drop(tx);
-    {
-        // A watch over this reader's streams until they end: one no agent picks up, or whose
-        // agent falls silent (it died mid-stream), ends with a line that says which node.
-        let s = Arc::clone(&s);
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_secs(5)).await;
-                let (gone, left) = s.logs.expire(&ids, PICKUP_TIMEOUT, SILENT_TIMEOUT);
-                for (node, picked, tx) in gone {
-                    let line = if picked {
-                        format!(
-                            "pushleft: node {node} stopped sending for {} s: its agent may have stopped (`pl nodes`)\n",
-                            SILENT_TIMEOUT.as_secs()
-                        )
-                    } else {
-                        format!(
-                            "pushleft: node {node} did not pick the request up within {} s: is its agent running? (`pl nodes`)\n",
-                            PICKUP_TIMEOUT.as_secs()
-                        )
-                    };
-                    let _ = tx.send(Bytes::from(line)).await;
-                }
-                if left == 0 {
-                    return;
-                }
-            }
-        });
-    }
+    tokio::spawn(watch_streams(Arc::clone(&s), ids));
     let body =
         futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|b| b.map(Ok::<_, std::convert::Infallible>)));
     (
@@ -307,6 +268,48 @@ pub(crate) async fn logs(
         axum::body::Body::from_stream(body),
     )
         .into_response()
+}
+
+/// The nodes a role's replicas or runs are placed on.
+fn nodes_of(spec: &state_schema::deployment::DeploymentSpec, role: &str) -> BTreeSet<String> {
+    spec.instances
+        .iter()
+        .filter(|i| i.role.as_str() == role)
+        .map(|i| i.node.to_string())
+        .chain(
+            spec.release
+                .iter()
+                .chain(&spec.cron)
+                .filter(|(r, _)| r.as_str() == role)
+                .map(|(_, n)| n.to_string()),
+        )
+        .collect()
+}
+
+/// A watch over one reader's streams until they end: one no agent picks up, or whose agent
+/// falls silent (it died mid-stream), ends with a line that says which node.
+async fn watch_streams(s: Arc<Readers>, ids: Vec<String>) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let (gone, left) = s.logs.expire(&ids, PICKUP_TIMEOUT, SILENT_TIMEOUT);
+        for (node, picked, tx) in gone {
+            let line = if picked {
+                format!(
+                    "pushleft: node {node} stopped sending for {} s: its agent may have stopped (`pl nodes`)\n",
+                    SILENT_TIMEOUT.as_secs()
+                )
+            } else {
+                format!(
+                    "pushleft: node {node} did not pick the request up within {} s: is its agent running? (`pl nodes`)\n",
+                    PICKUP_TIMEOUT.as_secs()
+                )
+            };
+            let _ = tx.send(Bytes::from(line)).await;
+        }
+        if left == 0 {
+            return;
+        }
+    }
 }
 
 /// `POST /v1/agent/logs/wait`: this node's log requests, waiting up to `waitMs` for one.

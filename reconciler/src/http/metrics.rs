@@ -4,7 +4,7 @@
 
 use crate::http::server::{answer, internal};
 use crate::hub::{DURATION_BUCKETS, Hub};
-use crate::ops::{Ops, now_ms};
+use crate::ops::{Counts, Ops, now_ms};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use operator_proto::status::Ready;
@@ -41,13 +41,36 @@ pub async fn metrics(ops: &Ops, hub: &Hub) -> Response {
     let Some(counts) = ops.cached_counts().await else {
         return internal("no counts yet");
     };
-    let m = &hub.metrics;
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "# HELP pushleft_reconcile_duration_seconds Time one reconcile pass took."
+    passes(&mut out, hub, &counts);
+    certificates(&mut out, hub);
+    backups(&mut out, hub);
+    mesh(&mut out, hub);
+    family(
+        &mut out,
+        "pushleft_leader",
+        "gauge",
+        "Whether this daemon reconciles (1) or stands by (0).",
     );
-    let _ = writeln!(out, "# TYPE pushleft_reconcile_duration_seconds histogram");
+    let _ = writeln!(out, "pushleft_leader {}", u8::from(hub.leader.load(Ordering::Relaxed)));
+    ([("content-type", "text/plain; version=0.0.4")], out).into_response()
+}
+
+/// A metric family's `# HELP` and `# TYPE` lines.
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// The reconcile passes' durations and errors, revisions by verdict, jobs by state, the queue.
+fn passes(out: &mut String, hub: &Hub, counts: &Counts) {
+    let m = &hub.metrics;
+    family(
+        out,
+        "pushleft_reconcile_duration_seconds",
+        "histogram",
+        "Time one reconcile pass took.",
+    );
     for (i, b) in DURATION_BUCKETS.iter().enumerate() {
         let _ = writeln!(
             out,
@@ -60,112 +83,125 @@ pub async fn metrics(ops: &Ops, hub: &Hub) -> Response {
     let sum = m.duration_sum_us.load(Ordering::Relaxed) as f64 / 1e6;
     let _ = writeln!(out, "pushleft_reconcile_duration_seconds_sum {sum}");
     let _ = writeln!(out, "pushleft_reconcile_duration_seconds_count {ticks}");
-    let _ = writeln!(
+    family(
         out,
-        "# HELP pushleft_reconcile_errors_total Passes that failed and were retried."
+        "pushleft_reconcile_errors_total",
+        "counter",
+        "Passes that failed and were retried.",
     );
-    let _ = writeln!(out, "# TYPE pushleft_reconcile_errors_total counter");
     let _ = writeln!(
         out,
         "pushleft_reconcile_errors_total {}",
         m.tick_errors.load(Ordering::Relaxed)
     );
-    let _ = writeln!(out, "# HELP pushleft_revisions_total Judged commits by verdict.");
-    let _ = writeln!(out, "# TYPE pushleft_revisions_total counter");
+    family(out, "pushleft_revisions_total", "counter", "Judged commits by verdict.");
     for v in ["accepted", "rejected"] {
         let n = counts.revisions.get(v).copied().unwrap_or(0);
         let _ = writeln!(out, "pushleft_revisions_total{{verdict=\"{v}\"}} {n}");
     }
-    let _ = writeln!(out, "# HELP pushleft_jobs Jobs by state.");
-    let _ = writeln!(out, "# TYPE pushleft_jobs gauge");
+    family(out, "pushleft_jobs", "gauge", "Jobs by state.");
     for st in operator_proto::jobs::JobState::ALL.iter().map(|s| s.as_str()) {
         let n = counts.jobs.get(st).copied().unwrap_or(0);
         let _ = writeln!(out, "pushleft_jobs{{state=\"{st}\"}} {n}");
     }
-    let _ = writeln!(
+    family(
         out,
-        "# HELP pushleft_queue_age_seconds Age of the oldest due job still queued."
+        "pushleft_queue_age_seconds",
+        "gauge",
+        "Age of the oldest due job still queued.",
     );
-    let _ = writeln!(out, "# TYPE pushleft_queue_age_seconds gauge");
     let _ = writeln!(
         out,
         "pushleft_queue_age_seconds {}",
         counts.queue_age_ms as f64 / 1000.0
     );
+}
+
+/// Each issued certificate's expiry and failures in a row, once there are any.
+fn certificates(out: &mut String, hub: &Hub) {
     let certificates = hub.certificates.lock().map(|c| c.clone()).unwrap_or_default();
-    if !certificates.is_empty() {
-        let _ = writeln!(
-            out,
-            "# HELP pushleft_certificate_expiry_timestamp_seconds When each hostname's issued certificate expires (0: none issued yet)."
-        );
-        let _ = writeln!(out, "# TYPE pushleft_certificate_expiry_timestamp_seconds gauge");
-        for (host, not_after, _) in &certificates {
-            let _ = writeln!(
-                out,
-                "pushleft_certificate_expiry_timestamp_seconds{{hostname=\"{host}\"}} {}",
-                not_after / 1000
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP pushleft_certificate_failures Failed issuances of each hostname's certificate in a row."
-        );
-        let _ = writeln!(out, "# TYPE pushleft_certificate_failures gauge");
-        for (host, _, failures) in &certificates {
-            let _ = writeln!(out, "pushleft_certificate_failures{{hostname=\"{host}\"}} {failures}");
-        }
+    if certificates.is_empty() {
+        return;
     }
-    let backups = hub.backups.lock().map(|b| b.clone()).unwrap_or_default();
-    if !backups.is_empty() {
-        let _ = writeln!(
-            out,
-            "# HELP pushleft_backup_last_success_age_seconds Seconds since each volume's newest successful backup ended (+Inf: none succeeded yet)."
-        );
-        let _ = writeln!(out, "# TYPE pushleft_backup_last_success_age_seconds gauge");
-        let now = now_ms();
-        for b in &backups {
-            let age = b
-                .last_success_at
-                .map_or("+Inf".to_owned(), |at| format!("{}", (now - at).max(0) as f64 / 1000.0));
-            let _ = writeln!(
-                out,
-                "pushleft_backup_last_success_age_seconds{{environment=\"{}\",volume=\"{}\"}} {age}",
-                b.environment, b.volume
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP pushleft_backup_failures Failed backups of each volume since its newest success."
-        );
-        let _ = writeln!(out, "# TYPE pushleft_backup_failures gauge");
-        for b in &backups {
-            let _ = writeln!(
-                out,
-                "pushleft_backup_failures{{environment=\"{}\",volume=\"{}\"}} {}",
-                b.environment, b.volume, b.failures_since
-            );
-        }
-    }
-    let links = hub.mesh_links.lock().map(|l| l.clone()).unwrap_or_default();
-    if !links.is_empty() {
-        let _ = writeln!(
-            out,
-            "# HELP pushleft_mesh_link_up Whether each mesh link (node to peer) handshook within WireGuard's session limit (1), or has not yet or no longer (0)."
-        );
-        let _ = writeln!(out, "# TYPE pushleft_mesh_link_up gauge");
-        for (node, peer, state) in &links {
-            let _ = writeln!(
-                out,
-                "pushleft_mesh_link_up{{node=\"{node}\",peer=\"{peer}\"}} {}",
-                u8::from(*state == "up")
-            );
-        }
-    }
-    let _ = writeln!(
+    family(
         out,
-        "# HELP pushleft_leader Whether this daemon reconciles (1) or stands by (0)."
+        "pushleft_certificate_expiry_timestamp_seconds",
+        "gauge",
+        "When each hostname's issued certificate expires (0: none issued yet).",
     );
-    let _ = writeln!(out, "# TYPE pushleft_leader gauge");
-    let _ = writeln!(out, "pushleft_leader {}", u8::from(hub.leader.load(Ordering::Relaxed)));
-    ([("content-type", "text/plain; version=0.0.4")], out).into_response()
+    for (host, not_after, _) in &certificates {
+        let _ = writeln!(
+            out,
+            "pushleft_certificate_expiry_timestamp_seconds{{hostname=\"{host}\"}} {}",
+            not_after / 1000
+        );
+    }
+    family(
+        out,
+        "pushleft_certificate_failures",
+        "gauge",
+        "Failed issuances of each hostname's certificate in a row.",
+    );
+    for (host, _, failures) in &certificates {
+        let _ = writeln!(out, "pushleft_certificate_failures{{hostname=\"{host}\"}} {failures}");
+    }
+}
+
+/// Each backed-up volume's newest success and failures since, once there are any.
+fn backups(out: &mut String, hub: &Hub) {
+    let backups = hub.backups.lock().map(|b| b.clone()).unwrap_or_default();
+    if backups.is_empty() {
+        return;
+    }
+    family(
+        out,
+        "pushleft_backup_last_success_age_seconds",
+        "gauge",
+        "Seconds since each volume's newest successful backup ended (+Inf: none succeeded yet).",
+    );
+    let now = now_ms();
+    for b in &backups {
+        let age = b
+            .last_success_at
+            .map_or("+Inf".to_owned(), |at| format!("{}", (now - at).max(0) as f64 / 1000.0));
+        let _ = writeln!(
+            out,
+            "pushleft_backup_last_success_age_seconds{{environment=\"{}\",volume=\"{}\"}} {age}",
+            b.environment, b.volume
+        );
+    }
+    family(
+        out,
+        "pushleft_backup_failures",
+        "gauge",
+        "Failed backups of each volume since its newest success.",
+    );
+    for b in &backups {
+        let _ = writeln!(
+            out,
+            "pushleft_backup_failures{{environment=\"{}\",volume=\"{}\"}} {}",
+            b.environment, b.volume, b.failures_since
+        );
+    }
+}
+
+/// Each mesh link's state as last judged, once there are any.
+fn mesh(out: &mut String, hub: &Hub) {
+    let links = hub.mesh_links.lock().map(|l| l.clone()).unwrap_or_default();
+    if links.is_empty() {
+        return;
+    }
+    family(
+        out,
+        "pushleft_mesh_link_up",
+        "gauge",
+        "Whether each mesh link (node to peer) handshook within WireGuard's session limit (1), or has not yet or no longer (0).",
+    );
+    for (node, peer, up) in &links {
+        let _ = writeln!(
+            out,
+            "pushleft_mesh_link_up{{node=\"{node}\",peer=\"{peer}\"}} {}",
+            u8::from(*up)
+        );
+    }
 }

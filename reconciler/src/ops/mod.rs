@@ -22,6 +22,8 @@ pub mod volumes;
 pub mod wire;
 
 pub use crate::store::now_ms;
+/// The ledger's counts as the last pass left them (`/metrics`, `pl status`).
+pub use crate::store::views::Counts;
 
 use crate::hub::Hub;
 use crate::store::{Ledger, LedgerError};

@@ -76,26 +76,23 @@ impl Ledger {
         let steps = rollout.steps();
         let at = usize::try_from(step).unwrap_or(0);
         // A step of canary measures: what they reported, for the decision's gates.
-        let measures = match steps.get(at).is_some_and(|s| s.iter().any(|(t, _)| t.gate().is_some())) {
-            true => self.deployments().step_measures(tx, env, generation, step).await?,
+        let measured = match steps.get(at).is_some_and(|s| s.iter().any(|(t, _)| t.gate().is_some())) {
+            true => self.measured(tx, env, generation, step).await?,
             false => Vec::new(),
         };
-        let measured: Vec<Measured> = measures
-            .iter()
-            .map(|m| Measured {
-                requests: u32::try_from(m.requests).unwrap_or(u32::MAX),
-                errors: u32::try_from(m.errors).unwrap_or(u32::MAX),
-                p95_micros: m.p95_micros.and_then(|p| u64::try_from(p).ok()),
-                logged: m.logged,
-            })
-            .collect();
         let standing = Standing {
             step: at,
             state: d.state,
             jobs,
             measured: &measured,
         };
-        let rollback = if d.rollback { ", a rollback" } else { "" };
+        let here = Here {
+            env,
+            generation,
+            step,
+            rollback: if d.rollback { ", a rollback" } else { "" },
+            now_ms,
+        };
         match advance::advance(&rollout, &steps, standing, now_ms) {
             Advance::Wait => return Ok(false),
             Advance::Resume { step: s } => {
@@ -104,31 +101,7 @@ impl Ledger {
                     .await?;
                 self.queue_step(tx, env, &steps[s], s, now_ms).await?;
             }
-            Advance::Fail { back, gate } => {
-                self.deployments()
-                    .set_step(tx, env, Status::Failed, step, StepState::Running, now_ms)
-                    .await?;
-                let detail = format!("generation {generation}, step {step}{rollback}");
-                self.events()
-                    .event(tx, now_ms, "deployment-failed", env, &detail)
-                    .await?;
-                // What had moved off the old release goes back to it (the pass rolls it back,
-                // held, as a failed watch is).
-                if let Some(back) = back {
-                    let what = back.what();
-                    let failure = match gate {
-                        Some(v) => Some(format!("canary-gate-failed: {}", v.words())),
-                        None => self.deployments().step_failure(tx, env, generation, step).await?,
-                    };
-                    let why = match failure {
-                        Some(d) => format!("step {step} failed ({what}): {d}"),
-                        None => format!("step {step} failed ({what})"),
-                    };
-                    self.deployments()
-                        .fail_canary(tx, env, generation, &why, now_ms)
-                        .await?;
-                }
-            }
+            Advance::Fail { back, gate } => self.write_failed(tx, &here, back, gate).await?,
             Advance::Next {
                 step: s,
                 state,
@@ -146,24 +119,7 @@ impl Ledger {
                     self.queue_step(tx, env, &steps[s], s, now_ms).await?;
                 }
                 if let Some(share) = share {
-                    self.deployments().set_share(tx, env, share.weight).await?;
-                    // Its replicas are watched from the first share of requests to the switch.
-                    if share.first {
-                        self.deployments().watch_to_switch(tx, env, now_ms).await?;
-                        watching.extend(i64::MAX);
-                    }
-                    let next = match state {
-                        StepState::Paused { due_ms } => {
-                            format!("the next step in {} s", (due_ms - now_ms).max(0) / 1000)
-                        }
-                        StepState::AwaitsPromote => "the next step waits for `pl rollout promote`".to_owned(),
-                        StepState::Running => "the next step now".to_owned(),
-                    };
-                    let detail = format!(
-                        "generation {generation}: {}% of requests on the new release; {next}",
-                        share.weight
-                    );
-                    self.events().event(tx, now_ms, "canary-step", env, &detail).await?;
+                    self.write_share(tx, &here, share, state, watching).await?;
                 }
             }
             Advance::Done { steps: n, watch } => {
@@ -174,28 +130,11 @@ impl Ledger {
                     // Its networks are gone from every node: their subnets are free again.
                     self.deployments().free_subnets(tx, env).await?;
                 }
-                let mut detail = format!("generation {generation}{rollback}");
-                match watch {
-                    Watch::Window(w) => {
-                        let until = now_ms + i64::from(w) * 1000;
-                        self.deployments().set_watch(tx, env, now_ms, until).await?;
-                        watching.extend(until);
-                        detail.push_str(&format!(", watched for {w} s"));
-                    }
-                    Watch::End => self.deployments().end_watch(tx, env).await?,
-                    Watch::Keep => {}
+                let mut detail = format!("generation {generation}{}", here.rollback);
+                if let Some(watched) = self.write_watch(tx, &here, watch, watching).await? {
+                    detail.push_str(&watched);
                 }
-                let canary = advance::canary_steps(&steps);
-                if !canary.is_empty() {
-                    detail.push_str(&format!(", after a canary of {} step(s)", canary.len()));
-                }
-                if advance::rolling_from(&steps).is_some() {
-                    let batches = state_schema::rolling::batch_count(
-                        &d.spec,
-                        &state_schema::rolling::rolling_of(&d.spec, &d.retired),
-                    );
-                    detail.push_str(&format!(", rolled in {batches} batch(es)"));
-                }
+                detail.push_str(&done_words(&steps, &d.spec, &d.retired));
                 self.events()
                     .event(tx, now_ms, &format!("deployment-{}-done", d.action), env, &detail)
                     .await?;
@@ -203,4 +142,137 @@ impl Ledger {
         }
         Ok(true)
     }
+
+    /// What a step's canary measures reported, as the decision reads them.
+    async fn measured(&self, tx: &mut Tx, env: &str, generation: i64, step: i64) -> Result<Vec<Measured>, LedgerError> {
+        let measures = self.deployments().step_measures(tx, env, generation, step).await?;
+        Ok(measures
+            .iter()
+            .map(|m| Measured {
+                requests: u32::try_from(m.requests).unwrap_or(u32::MAX),
+                errors: u32::try_from(m.errors).unwrap_or(u32::MAX),
+                p95_micros: m.p95_micros.and_then(|p| u64::try_from(p).ok()),
+                logged: m.logged,
+            })
+            .collect())
+    }
+
+    /// A failed step, written: the deployment failed with its event, and what had moved off the
+    /// old release goes back to it (the pass rolls it back, held, as a failed watch is).
+    async fn write_failed(
+        &self,
+        tx: &mut Tx,
+        here: &Here<'_>,
+        back: Option<advance::Back>,
+        gate: Option<advance::GateVerdict>,
+    ) -> Result<(), LedgerError> {
+        let Here {
+            env,
+            generation,
+            step,
+            rollback,
+            now_ms,
+        } = *here;
+        self.deployments()
+            .set_step(tx, env, Status::Failed, step, StepState::Running, now_ms)
+            .await?;
+        let detail = format!("generation {generation}, step {step}{rollback}");
+        self.events()
+            .event(tx, now_ms, "deployment-failed", env, &detail)
+            .await?;
+        let Some(back) = back else { return Ok(()) };
+        let what = back.what();
+        let failure = match gate {
+            Some(v) => Some(format!("canary-gate-failed: {}", v.words())),
+            None => self.deployments().step_failure(tx, env, generation, step).await?,
+        };
+        let why = match failure {
+            Some(d) => format!("step {step} failed ({what}): {d}"),
+            None => format!("step {step} failed ({what})"),
+        };
+        self.deployments().fail_canary(tx, env, generation, &why, now_ms).await
+    }
+
+    /// A canary's share given, written with its event; its replicas are watched from the
+    /// first share of requests to the switch.
+    async fn write_share(
+        &self,
+        tx: &mut Tx,
+        here: &Here<'_>,
+        share: advance::Share,
+        state: StepState,
+        watching: &WatchHint,
+    ) -> Result<(), LedgerError> {
+        let (env, now_ms) = (here.env, here.now_ms);
+        self.deployments().set_share(tx, env, share.weight).await?;
+        if share.first {
+            self.deployments().watch_to_switch(tx, env, now_ms).await?;
+            watching.extend(i64::MAX);
+        }
+        let next = match state {
+            StepState::Paused { due_ms } => {
+                format!("the next step in {} s", (due_ms - now_ms).max(0) / 1000)
+            }
+            StepState::AwaitsPromote => "the next step waits for `pl rollout promote`".to_owned(),
+            StepState::Running => "the next step now".to_owned(),
+        };
+        let detail = format!(
+            "generation {}: {}% of requests on the new release; {next}",
+            here.generation, share.weight
+        );
+        self.events().event(tx, now_ms, "canary-step", env, &detail).await
+    }
+
+    /// What becomes of the watch at a rollout's end, written; what the done event adds.
+    async fn write_watch(
+        &self,
+        tx: &mut Tx,
+        here: &Here<'_>,
+        watch: Watch,
+        watching: &WatchHint,
+    ) -> Result<Option<String>, LedgerError> {
+        let (env, now_ms) = (here.env, here.now_ms);
+        match watch {
+            Watch::Window(w) => {
+                let until = now_ms + i64::from(w) * 1000;
+                self.deployments().set_watch(tx, env, now_ms, until).await?;
+                watching.extend(until);
+                Ok(Some(format!(", watched for {w} s")))
+            }
+            Watch::End => {
+                self.deployments().end_watch(tx, env).await?;
+                Ok(None)
+            }
+            Watch::Keep => Ok(None),
+        }
+    }
+}
+
+/// The deployment a decision is written for.
+#[derive(Clone, Copy)]
+struct Here<'a> {
+    env: &'a str,
+    generation: i64,
+    step: i64,
+    /// `", a rollback"` for a rollback's rollout, for its events.
+    rollback: &'static str,
+    now_ms: i64,
+}
+
+/// What a rollout's done event says of its shape: a canary's steps, a rolling one's batches.
+fn done_words(
+    steps: &[Step],
+    spec: &state_schema::deployment::DeploymentSpec,
+    retired: &[state_schema::deployment::DeploymentSpec],
+) -> String {
+    let mut words = String::new();
+    let canary = advance::canary_steps(steps);
+    if !canary.is_empty() {
+        words.push_str(&format!(", after a canary of {} step(s)", canary.len()));
+    }
+    if advance::rolling_from(steps).is_some() {
+        let batches = state_schema::rolling::batch_count(spec, &state_schema::rolling::rolling_of(spec, retired));
+        words.push_str(&format!(", rolled in {batches} batch(es)"));
+    }
+    words
 }

@@ -6,7 +6,7 @@ use crate::reconcile::{DaemonError, PassReport, Reconciler};
 use crate::store::now_ms;
 use crate::store::rewrites::RewriteStatus;
 use gix::ObjectId;
-use state_repo::revision::{Preview, Trust, judge};
+use state_repo::revision::{Judgement, Preview, Trust, judge};
 use state_repo::source::Commit;
 use std::sync::Arc;
 
@@ -94,38 +94,11 @@ impl Reconciler {
         limit: usize,
         report: &mut PassReport,
     ) -> Result<(), DaemonError> {
-        let oid = |s: Option<String>| s.and_then(|s| ObjectId::from_hex(s.as_bytes()).ok());
-        let head_hex = head.to_string();
-        let last_judged = self.ledger.revisions().last_judged(branch).await?;
-        if last_judged.as_deref() == Some(head_hex.as_str()) {
+        let Some((state, accepted)) = self.branch_state(branch, head).await? else {
             return Ok(());
-        }
-        let preview = self.is_preview(branch);
-        let accepted = self.ledger.revisions().last_accepted(branch).await?;
-        let rewrite = match (preview, &accepted) {
-            (false, Some(a)) => self.ledger.revisions().rewrite_status(branch, &head_hex, a).await?,
-            _ => None,
         };
-        if rewrite == Some(RewriteStatus::Pending) {
-            return Ok(()); // refused already; waits for an admin or a new push
-        }
-        let applied_accepted = match preview {
-            true => oid(self
-                .ledger
-                .revisions()
-                .last_accepted(&self.config.source.branch)
-                .await?),
-            false => None,
-        };
-        let state_rewrite_approved = rewrite == Some(RewriteStatus::Approved);
-        let state = BranchState {
-            head,
-            preview,
-            last_judged: oid(last_judged),
-            accepted: oid(accepted.clone()),
-            applied_accepted,
-            rewrite_approved: rewrite == Some(RewriteStatus::Approved),
-        };
+        let rewrite_approved = state.rewrite_approved;
+        let preview = state.preview;
         let me = Arc::clone(self);
         let (plan, repository) = tokio::task::spawn_blocking(move || {
             let plan = me.decide(&state)?;
@@ -146,6 +119,7 @@ impl Reconciler {
         .map_err(|e| DaemonError::Join(e.to_string()))??;
         let (commits, mut base) = match plan {
             Catchup::Rewritten { accepted } => {
+                let head_hex = head.to_string();
                 if self
                     .ledger
                     .revisions()
@@ -171,65 +145,128 @@ impl Reconciler {
                 // A commit accepted earlier in this range is the next one's base.
                 base = oid(self.ledger.revisions().last_accepted(branch).await?).or(base);
             }
-            let me = Arc::clone(self);
-            let repository = Arc::clone(&repository);
-            let owned_branch = branch.to_owned();
-            let mut judgement = tokio::task::spawn_blocking(move || {
-                let repo = me.repo()?;
-                let commit = Commit {
-                    spec: id.to_string(),
-                    id,
-                };
-                let trust = Trust {
-                    signers: &me.signers,
-                    policy: me.policy.as_ref(),
-                    seen_at: Some(now_ms() / 1000),
-                    preview: preview.then(|| Preview {
-                        branch: &owned_branch,
-                        repository: repository.as_ref().as_ref(),
-                    }),
-                };
-                judge(&repo, &commit, base, &trust).map_err(DaemonError::from)
-            })
-            .await
-            .map_err(|e| DaemonError::Join(e.to_string()))??;
-            let mut applied = self
-                .ledger
-                .apply_revision(
-                    branch,
-                    preview,
-                    &mut judgement,
-                    now_ms(),
-                    self.config.control.lost_after_ms(),
-                )
-                .await?;
+            let judgement = self.judge_commit(branch, id, base, preview, &repository).await?;
             // An approved rewrite back to a commit judged before: applied again, in force again.
-            if let (false, true, Some(over)) = (applied.recorded, state_rewrite_approved, accepted.as_deref()) {
-                applied = self
-                    .ledger
-                    .apply_revision_again(
-                        branch,
-                        &mut judgement,
-                        over,
-                        now_ms(),
-                        self.config.control.lost_after_ms(),
-                    )
-                    .await?;
-            }
-            if applied.recorded {
-                report.judged += 1;
-                if judgement.accepted() {
-                    report.accepted += 1;
-                    tracing::info!(branch, sha = %judgement.sha, rollouts = applied.rollouts.len(), teardowns = applied.teardowns.len(), jobs = applied.jobs_queued, "revision accepted");
-                } else {
-                    report.rejected += 1;
-                    let codes: Vec<&str> = judgement.reasons.iter().map(|r| r.code.as_str()).collect();
-                    tracing::warn!(branch, sha = %judgement.sha, reasons = ?codes, "revision rejected; the last accepted one stays in force");
-                }
-                report.jobs_queued += applied.jobs_queued;
-                report.teardowns += applied.teardowns.len();
-            }
+            let over = accepted.as_deref().filter(|_| rewrite_approved);
+            self.apply_judged(branch, preview, judgement, over, report).await?;
         }
         Ok(())
     }
+
+    /// What the ledger says of `branch` at `head`, and its last accepted commit; `None` when
+    /// there is nothing to do (its head was judged, or it is a refused rewrite that waits).
+    async fn branch_state(
+        &self,
+        branch: &str,
+        head: ObjectId,
+    ) -> Result<Option<(BranchState, Option<String>)>, DaemonError> {
+        let head_hex = head.to_string();
+        let last_judged = self.ledger.revisions().last_judged(branch).await?;
+        if last_judged.as_deref() == Some(head_hex.as_str()) {
+            return Ok(None);
+        }
+        let preview = self.is_preview(branch);
+        let accepted = self.ledger.revisions().last_accepted(branch).await?;
+        let rewrite = match (preview, &accepted) {
+            (false, Some(a)) => self.ledger.revisions().rewrite_status(branch, &head_hex, a).await?,
+            _ => None,
+        };
+        if rewrite == Some(RewriteStatus::Pending) {
+            return Ok(None); // refused already; waits for an admin or a new push
+        }
+        let applied_accepted = match preview {
+            true => oid(self
+                .ledger
+                .revisions()
+                .last_accepted(&self.config.source.branch)
+                .await?),
+            false => None,
+        };
+        let state = BranchState {
+            head,
+            preview,
+            last_judged: oid(last_judged),
+            accepted: oid(accepted.clone()),
+            applied_accepted,
+            rewrite_approved: rewrite == Some(RewriteStatus::Approved),
+        };
+        Ok(Some((state, accepted)))
+    }
+
+    /// Judges commit `id` of `branch` against `base` (blocking: it reads Git and checks
+    /// signatures).
+    async fn judge_commit(
+        self: &Arc<Self>,
+        branch: &str,
+        id: ObjectId,
+        base: Option<ObjectId>,
+        preview: bool,
+        repository: &Arc<Option<state_schema::parse::Located>>,
+    ) -> Result<Judgement, DaemonError> {
+        let me = Arc::clone(self);
+        let repository = Arc::clone(repository);
+        let owned_branch = branch.to_owned();
+        tokio::task::spawn_blocking(move || {
+            let repo = me.repo()?;
+            let commit = Commit {
+                spec: id.to_string(),
+                id,
+            };
+            let trust = Trust {
+                signers: &me.signers,
+                policy: me.policy.as_ref(),
+                seen_at: Some(now_ms() / 1000),
+                preview: preview.then(|| Preview {
+                    branch: &owned_branch,
+                    repository: repository.as_ref().as_ref(),
+                }),
+            };
+            judge(&repo, &commit, base, &trust).map_err(DaemonError::from)
+        })
+        .await
+        .map_err(|e| DaemonError::Join(e.to_string()))?
+    }
+
+    /// Applies a judged commit (again over `over`, an approved rewrite back to a commit judged
+    /// before) and counts it in `report`.
+    async fn apply_judged(
+        &self,
+        branch: &str,
+        preview: bool,
+        mut judgement: Judgement,
+        over: Option<&str>,
+        report: &mut PassReport,
+    ) -> Result<(), DaemonError> {
+        let lost_after_ms = self.config.control.lost_after_ms();
+        let mut applied = self
+            .ledger
+            .apply_revision(branch, preview, &mut judgement, now_ms(), lost_after_ms)
+            .await?;
+        if let (false, Some(over)) = (applied.recorded, over) {
+            applied = self
+                .ledger
+                .apply_revision_again(branch, &mut judgement, over, now_ms(), lost_after_ms)
+                .await?;
+        }
+        if !applied.recorded {
+            return Ok(());
+        }
+        report.judged += 1;
+        if judgement.accepted() {
+            report.accepted += 1;
+            tracing::info!(branch, sha = %judgement.sha, rollouts = applied.rollouts.len(), teardowns = applied.teardowns.len(), jobs = applied.jobs_queued, "revision accepted");
+        } else {
+            report.rejected += 1;
+            let codes: Vec<&str> = judgement.reasons.iter().map(|r| r.code.as_str()).collect();
+            tracing::warn!(branch, sha = %judgement.sha, reasons = ?codes, "revision rejected; the last accepted one stays in force");
+        }
+        report.jobs_queued += applied.jobs_queued;
+        report.teardowns += applied.teardowns.len();
+        Ok(())
+    }
+}
+
+/// A commit id the ledger wrote as hex.
+fn oid(s: Option<String>) -> Option<ObjectId> {
+    s.and_then(|s| ObjectId::from_hex(s.as_bytes()).ok())
 }

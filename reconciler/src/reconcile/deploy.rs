@@ -155,29 +155,7 @@ impl Ledger {
             (wanted, unplaceable, expires, object_hashes(&j.state.state))
         });
         let mut tx = self.write_tx().await?;
-        let revision = match again {
-            Again::No => self.revisions().record_revision_in(&mut tx, branch, j, now_ms).await?,
-            // A released hold: the commit in force, planned again as it stands.
-            Again::Replan => self.deployments().accepted_revision(&mut tx, branch, &j.sha).await?,
-            Again::Rewrite(accepted) => {
-                let id = self.deployments().accepted_revision(&mut tx, branch, &j.sha).await?;
-                if id.is_some() {
-                    self.revisions()
-                        .rewrite_applied(&mut tx, branch, &j.sha, accepted, now_ms)
-                        .await?;
-                    self.events()
-                        .event(
-                            &mut tx,
-                            now_ms,
-                            "revision-reapplied",
-                            &format!("{branch}@{}", j.sha),
-                            "an approved rewrite returned to this accepted commit",
-                        )
-                        .await?;
-                }
-                id
-            }
-        };
+        let revision = self.revision_row(&mut tx, branch, j, again, now_ms).await?;
         let Some(revision) = revision else {
             return Ok(Applied::default());
         };
@@ -231,6 +209,41 @@ impl Ledger {
         }
         tx.commit().await?;
         Ok(applied)
+    }
+
+    /// The revision's row a commit is applied under: recorded now, or (a released hold, an
+    /// approved rewrite back to it) the accepted one it already has. `None`: nothing to apply.
+    async fn revision_row(
+        &self,
+        tx: &mut crate::store::WriteTx,
+        branch: &str,
+        j: &Judgement,
+        again: Again<'_>,
+        now_ms: i64,
+    ) -> Result<Option<i64>, LedgerError> {
+        match again {
+            Again::No => self.revisions().record_revision_in(tx, branch, j, now_ms).await,
+            // A released hold: the commit in force, planned again as it stands.
+            Again::Replan => self.deployments().accepted_revision(tx, branch, &j.sha).await,
+            Again::Rewrite(accepted) => {
+                let id = self.deployments().accepted_revision(tx, branch, &j.sha).await?;
+                if id.is_some() {
+                    self.revisions()
+                        .rewrite_applied(tx, branch, &j.sha, accepted, now_ms)
+                        .await?;
+                    self.events()
+                        .event(
+                            tx,
+                            now_ms,
+                            "revision-reapplied",
+                            &format!("{branch}@{}", j.sha),
+                            "an approved rewrite returned to this accepted commit",
+                        )
+                        .await?;
+                }
+                Ok(id)
+            }
+        }
     }
 
     /// Tears down the previews whose lifetime has run out (`expires_at <= now_ms`). A new
@@ -318,6 +331,38 @@ impl Ledger {
         self.deployments().delete_objects(tx, branch, &gone).await
     }
 
+    /// Holds: a re-placement keeps them; a commit keeps those whose environment Git still wants
+    /// as it did when the hold began (left out of `wanted`), and ends the others (and released
+    /// ones). The environments held.
+    async fn held(
+        &self,
+        tx: &mut Tx,
+        branch: &str,
+        wanted: &mut Vec<Desired>,
+        now_ms: i64,
+    ) -> Result<BTreeSet<String>, LedgerError> {
+        let holds = self.deployments().holds_of(tx, branch).await?;
+        let git: BTreeMap<String, String> = holds
+            .iter()
+            .filter(|(_, h)| !h.released)
+            .map(|(env, h)| (env.clone(), h.git_hash.clone()))
+            .collect();
+        let (keep, ended) = generations::holds(wanted, &git);
+        let released = holds.iter().filter(|(_, h)| h.released).map(|(env, _)| env.clone());
+        for (env, why) in ended
+            .into_iter()
+            .map(|e| (e, "an accepted commit changes it"))
+            .chain(released.map(|e| (e, "released: planned from Git again")))
+        {
+            self.deployments().set_hold(tx, &env, "").await?;
+            self.events()
+                .event(tx, now_ms, "rollback-hold-ended", &env, why)
+                .await?;
+        }
+        wanted.retain(|d| !keep.contains(d.spec.environment.as_str()));
+        Ok(keep)
+    }
+
     /// Compares `wanted` with the branch's deployments in the ledger: a new or changed spec gets
     /// a new rollout generation, a deployment no longer wanted (and not in `kept`) a teardown
     /// generation. Everything else is left alone. Writes are batched: a commit that creates a
@@ -333,32 +378,11 @@ impl Ledger {
         now_ms: i64,
         applied: &mut Applied,
     ) -> Result<(), LedgerError> {
-        // Holds: a re-placement keeps them; a commit keeps those whose environment Git still
-        // wants as it did when the hold began, and ends the others (and released ones).
         let mut wanted = wanted;
-        let mut held = BTreeSet::new();
-        if !matches!(kept, Kept::All) {
-            let holds = self.deployments().holds_of(tx, branch).await?;
-            let git: BTreeMap<String, String> = holds
-                .iter()
-                .filter(|(_, h)| !h.released)
-                .map(|(env, h)| (env.clone(), h.git_hash.clone()))
-                .collect();
-            let (keep, ended) = generations::holds(&wanted, &git);
-            let released = holds.iter().filter(|(_, h)| h.released).map(|(env, _)| env.clone());
-            for (env, why) in ended
-                .into_iter()
-                .map(|e| (e, "an accepted commit changes it"))
-                .chain(released.map(|e| (e, "released: planned from Git again")))
-            {
-                self.deployments().set_hold(tx, &env, "").await?;
-                self.events()
-                    .event(tx, now_ms, "rollback-hold-ended", &env, why)
-                    .await?;
-            }
-            wanted.retain(|d| !keep.contains(d.spec.environment.as_str()));
-            held = keep;
-        }
+        let held = match kept {
+            Kept::All => BTreeSet::new(),
+            Kept::These(_) => self.held(tx, branch, &mut wanted, now_ms).await?,
+        };
         let current = self.deployments().current_of(tx, branch).await?;
         // Deployments are written first, then what waits is remembered on them.
         let waits: Vec<(String, Vec<Waiting>)> = wanted

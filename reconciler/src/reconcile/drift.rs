@@ -88,8 +88,58 @@ impl Ledger {
     /// The check itself: how many repairs were queued, and whether a missing replica's report
     /// came too soon after its last job to be believed.
     async fn repair_missing_now(&self, now_ms: i64) -> Result<(usize, bool), LedgerError> {
-        // Fresh reports: node → (when, what runs there).
-        let mut reports: BTreeMap<String, (i64, BTreeSet<Reported>)> = BTreeMap::new();
+        let reports = self.reported_running(now_ms).await?;
+        if reports.is_empty() {
+            return Ok((0, false));
+        }
+        let missing = self.missing_replicas(&reports).await?;
+        if missing.is_empty() {
+            return Ok((0, false));
+        }
+        // A role whose volume moves is down on purpose (`store::moves`).
+        let moving = self.volumes().moving_roles().await?;
+        let mut jobs = Vec::new();
+        let mut unsettled = false;
+        for (env, role, index, generation, node, seen) in missing {
+            if moving.iter().any(|(e, r)| *e == env && *r == role) {
+                // Looked at again each pass until the move ends: one that failed leaves its
+                // role to start again where it was.
+                unsettled = true;
+                continue;
+            }
+            let prefix = format!("app:{env}/{role}/{index}:g{generation}:ensure");
+            let asks = self
+                .jobs()
+                .asks(&env, i64::try_from(generation).unwrap_or(i64::MAX), &node, &prefix)
+                .await?;
+            let asked = asks.iter().map(|a| (a.pending(), a.updated_at, a.task.as_str()));
+            match repair_of(asked, seen) {
+                Repair::NotAskedHere => {}
+                Repair::Unsettled => unsettled = true,
+                Repair::TooMany => {}
+                Repair::Ask(task) => jobs.push(NewJob {
+                    task,
+                    target_node: node,
+                    max_attempts: 5,
+                    not_before_ms: now_ms,
+                }),
+            }
+        }
+        if jobs.is_empty() {
+            return Ok((0, unsettled));
+        }
+        let queued = self.jobs().enqueue(&jobs, now_ms).await?;
+        for j in &jobs {
+            tracing::info!(key = %j.task.idempotency_key(), node = %j.target_node, "a replica its agent no longer reports: asked again");
+        }
+        Ok((queued, unsettled))
+    }
+}
+
+impl Ledger {
+    /// Fresh reports: node → (when, what runs there).
+    async fn reported_running(&self, now_ms: i64) -> Result<BTreeMap<String, (i64, BTreeSet<Reported>)>, LedgerError> {
+        let mut reports = BTreeMap::new();
         for r in self.jobs().fresh_reports(now_ms - FRESH_MS).await? {
             let running: Vec<agent_proto::RunningInstance> = serde_json::from_str(&r.observed).unwrap_or_default();
             let set = running
@@ -98,10 +148,14 @@ impl Ledger {
                 .collect();
             reports.insert(r.name, (r.last_seen, set));
         }
-        if reports.is_empty() {
-            return Ok((0, false));
-        }
-        // Placed replicas of finished rollouts that a fresh report leaves out.
+        Ok(reports)
+    }
+
+    /// Placed replicas of finished rollouts that a fresh report leaves out.
+    async fn missing_replicas(
+        &self,
+        reports: &BTreeMap<String, (i64, BTreeSet<Reported>)>,
+    ) -> Result<Vec<Missing>, LedgerError> {
         let mut missing: Vec<Missing> = Vec::new();
         self.jobs()
             .each_finished_rollout(|r| {
@@ -127,75 +181,62 @@ impl Ledger {
                 }
             })
             .await?;
-        if missing.is_empty() {
-            return Ok((0, false));
-        }
-        // A role whose volume moves is down on purpose (`store::moves`).
-        let moving = self.volumes().moving_roles().await?;
-        let mut jobs = Vec::new();
-        let mut unsettled = false;
-        for (env, role, index, generation, node, seen) in missing {
-            if moving.iter().any(|(e, r)| *e == env && *r == role) {
-                // Looked at again each pass until the move ends: one that failed leaves its
-                // role to start again where it was.
-                unsettled = true;
-                continue;
-            }
-            let prefix = format!("app:{env}/{role}/{index}:g{generation}:ensure");
-            let asks = self
-                .jobs()
-                .asks(&env, i64::try_from(generation).unwrap_or(i64::MAX), &node, &prefix)
-                .await?;
-            let mut original: Option<Task> = None;
-            let (mut asked, mut settled) = (0u32, true);
-            for a in &asks {
-                asked += 1;
-                settled &= !a.pending() && a.updated_at + SETTLE_MS <= seen;
-                // The ask that placed it: a rollout's (`…:ensure@node`) or a scale's
-                // (`…:ensure@node#r<revision>`), told from a repair by its task, not its key
-                // (a scale's key has a `#` too, and its replicas were once never repaired).
-                if let Ok(task @ Task::EnsureApplication { repair: 0, .. }) = serde_json::from_str::<Task>(&a.task) {
-                    original = Some(task);
-                }
-            }
-            let Some(Task::EnsureApplication {
-                environment,
-                role,
-                instance,
-                generation,
-                spec_hash,
-                ..
-            }) = original
-            else {
-                continue; // never asked for here: not this pass's to repair
-            };
-            unsettled |= !settled;
-            if !settled || asked > MAX_REPAIRS {
-                continue;
-            }
-            jobs.push(NewJob {
-                task: Task::EnsureApplication {
-                    environment,
-                    role,
-                    instance,
-                    generation,
-                    spec_hash,
-                    repair: asked,
-                },
-                target_node: node,
-                max_attempts: 5,
-                not_before_ms: now_ms,
-            });
-        }
-        if jobs.is_empty() {
-            return Ok((0, unsettled));
-        }
-        let queued = self.jobs().enqueue(&jobs, now_ms).await?;
-        for j in &jobs {
-            tracing::info!(key = %j.task.idempotency_key(), node = %j.target_node, "a replica its agent no longer reports: asked again");
-        }
-        Ok((queued, unsettled))
+        Ok(missing)
     }
+}
+
+/// What to do about a replica missing from a report made at `seen`, from the jobs that asked
+/// for it there.
+enum Repair {
+    /// Never asked for here: not this pass's to repair.
+    NotAskedHere,
+    /// Its last job ended too shortly before the report (or still goes) to believe it.
+    Unsettled,
+    /// Repaired [`MAX_REPAIRS`] times already.
+    TooMany,
+    /// Asked again: the original ask, with the next repair number.
+    Ask(Task),
+}
+
+/// `asks`: each ask's (still pending, last updated, task).
+fn repair_of<'a>(asks: impl Iterator<Item = (bool, i64, &'a str)>, seen: i64) -> Repair {
+    let mut original: Option<Task> = None;
+    let (mut asked, mut settled) = (0u32, true);
+    for (pending, updated_at, task) in asks {
+        asked += 1;
+        settled &= !pending && updated_at + SETTLE_MS <= seen;
+        // The ask that placed it: a rollout's (`…:ensure@node`) or a scale's
+        // (`…:ensure@node#r<revision>`), told from a repair by its task, not its key (a
+        // scale's key has a `#` too, and its replicas were once never repaired).
+        if let Ok(task @ Task::EnsureApplication { repair: 0, .. }) = serde_json::from_str::<Task>(task) {
+            original = Some(task);
+        }
+    }
+    let Some(Task::EnsureApplication {
+        environment,
+        role,
+        instance,
+        generation,
+        spec_hash,
+        ..
+    }) = original
+    else {
+        return Repair::NotAskedHere;
+    };
+    if !settled {
+        return Repair::Unsettled;
+    }
+    if asked > MAX_REPAIRS {
+        return Repair::TooMany;
+    }
+    Repair::Ask(Task::EnsureApplication {
+        environment,
+        role,
+        instance,
+        generation,
+        spec_hash,
+        repair: asked,
+    })
 }
 
 #[cfg(test)]

@@ -13,9 +13,14 @@
 //! before that rule may collide on a node, and a colliding subnet is left out of that node's
 //! mesh (said as a conflict) rather than routed to the wrong place.
 
-use crate::store::{Ledger, LedgerError};
+use super::{DaemonError, mesh_health};
+use crate::store::{Ledger, LedgerError, now_ms};
 use agent_proto::mesh::{KEEPALIVE_SECS, MeshEnvironment, MeshPeer, MeshSpec};
+use state_schema::declared;
+use state_schema::model::NodePool;
+use state_schema::values::Name;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::Ordering;
 
 /// A node as the mesh sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -146,40 +151,7 @@ pub fn plan(nodes: &[MeshNode], placed: &[Placed]) -> (BTreeMap<String, NodeMesh
         peers.retain(|p| !p.subnets.is_empty());
         let environments = mine
             .iter()
-            .map(|(env, idx)| {
-                let at: Vec<(&str, i64)> = peers
-                    .iter()
-                    .filter_map(|p| {
-                        on.get(p.node.as_str())
-                            .and_then(|t| t.get(env))
-                            .map(|i| (p.node.as_str(), *i))
-                    })
-                    .filter(|(_, i)| !clash.contains(i))
-                    .collect();
-                let mut names: BTreeMap<String, Vec<String>> = BTreeMap::new();
-                for (peer, i) in &at {
-                    let Some(n) = keyed.get(peer) else { continue };
-                    for ((e, role), addresses) in &n.names {
-                        if e != env {
-                            continue;
-                        }
-                        let list = names.entry(role.clone()).or_default();
-                        list.extend(addresses.iter().filter(|a| inside(a, *i)).cloned());
-                    }
-                }
-                for list in names.values_mut() {
-                    list.sort();
-                    list.dedup();
-                    list.truncate(agent_proto::mesh::MAX_NAME_ADDRESSES);
-                }
-                names.retain(|_, l| !l.is_empty());
-                EnvironmentMesh {
-                    environment: (*env).to_owned(),
-                    idx: *idx,
-                    remote: at.iter().map(|(_, i)| *i).collect(),
-                    names,
-                }
-            })
+            .map(|(env, idx)| environment_mesh(env, *idx, &peers, &on, &keyed, &clash))
             .collect();
         out.insert(
             (*name).to_owned(),
@@ -191,6 +163,50 @@ pub fn plan(nodes: &[MeshNode], placed: &[Placed]) -> (BTreeMap<String, NodeMesh
         );
     }
     (out, problems.into_iter().collect())
+}
+
+/// One environment's part of a node's mesh: where its subnet is on the node's peers (subnets
+/// held twice left out) and the service names those peers serve for it, inside their subnets.
+fn environment_mesh(
+    env: &str,
+    idx: i64,
+    peers: &[Peer],
+    on: &BTreeMap<&str, BTreeMap<&str, i64>>,
+    keyed: &BTreeMap<&str, &MeshNode>,
+    clash: &BTreeSet<i64>,
+) -> EnvironmentMesh {
+    let at: Vec<(&str, i64)> = peers
+        .iter()
+        .filter_map(|p| {
+            on.get(p.node.as_str())
+                .and_then(|t| t.get(env))
+                .map(|i| (p.node.as_str(), *i))
+        })
+        .filter(|(_, i)| !clash.contains(i))
+        .collect();
+    let mut names: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (peer, i) in &at {
+        let Some(n) = keyed.get(peer) else { continue };
+        for ((e, role), addresses) in &n.names {
+            if e != env {
+                continue;
+            }
+            let list = names.entry(role.clone()).or_default();
+            list.extend(addresses.iter().filter(|a| inside(a, *i)).cloned());
+        }
+    }
+    for list in names.values_mut() {
+        list.sort();
+        list.dedup();
+        list.truncate(agent_proto::mesh::MAX_NAME_ADDRESSES);
+    }
+    names.retain(|_, l| !l.is_empty());
+    EnvironmentMesh {
+        environment: env.to_owned(),
+        idx,
+        remote: at.iter().map(|(_, i)| *i).collect(),
+        names,
+    }
 }
 
 /// A node's mesh as its agent receives it (the generation is the ledger's, set when served).
@@ -322,6 +338,48 @@ pub async fn refresh(
     };
     ledger.nodes().write_meshes(&changed, &events, now_ms).await?;
     Ok(changed.len())
+}
+
+impl super::Reconciler {
+    /// The mesh between nodes (over `pools`, the applied branch's), decided again when what it
+    /// follows changed, and its links judged when due.
+    pub(super) async fn refresh_meshes(&self, pools: &[(Name, NodePool)]) -> Result<(), DaemonError> {
+        // The mesh between nodes follows placement, the nodes' keys and their names: a changed
+        // one goes to its node with its waiting lease (or its next heartbeat).
+        let seen = self.mesh_seen.lock().map(|s| s.clone()).unwrap_or_default();
+        if let Some(signature) = self.ledger.nodes().mesh_signature().await? {
+            // A node retired in Git is in no mesh, whatever still waits to be cleaned up on it;
+            // an address Git declares for a node wins over the one its agent says.
+            let (retired, addresses) = (declared::retired(pools), declared::addresses(pools));
+            let signature = format!("{signature}/{}/{addresses:?}", retired.join(","));
+            if signature != seen {
+                let meshes = refresh(&self.ledger, &retired, &addresses, now_ms()).await?;
+                if meshes > 0 {
+                    tracing::info!(nodes = meshes, "node meshes changed");
+                    // Their agents' long polls take them now, not at their next heartbeat.
+                    self.hub.mesh.notify_waiters();
+                }
+                if let Ok(mut s) = self.mesh_seen.lock() {
+                    *s = signature;
+                }
+            }
+        }
+        // The mesh's links, judged from what the agents said: a change is an event, and
+        // `/metrics` serves each link's state.
+        let now = now_ms();
+        if now >= self.mesh_health_due_ms.load(Ordering::Relaxed) {
+            self.mesh_health_due_ms
+                .store(now + mesh_health::CHECK_EVERY_MS, Ordering::Relaxed);
+            let links = mesh_health::check(&self.ledger, now).await?;
+            if let Ok(mut slot) = self.hub.mesh_links.lock() {
+                *slot = links
+                    .into_iter()
+                    .map(|l| (l.node, l.peer, l.state == mesh_health::LinkState::Up))
+                    .collect();
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -30,8 +30,6 @@ use state_repo::source::{SourceError, StateRepo};
 use state_repo::trust::allowed_signers::{self, AllowedSigner};
 use state_repo::trust::policy::{self, Policy};
 use state_schema::declared;
-use state_schema::model::NodePool;
-use state_schema::values::Name;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -382,43 +380,6 @@ impl Reconciler {
                         tracing::info!(branch = %branch, teardowns = applied.teardowns.len(), "branch gone: tearing down its environments");
                     }
                 }
-            }
-        }
-        Ok(())
-    }
-
-    /// The mesh between nodes (over `pools`, the applied branch's), decided again when what it
-    /// follows changed, and its links judged when due.
-    async fn refresh_meshes(&self, pools: &[(Name, NodePool)]) -> Result<(), DaemonError> {
-        // The mesh between nodes follows placement, the nodes' keys and their names: a changed
-        // one goes to its node with its waiting lease (or its next heartbeat).
-        let seen = self.mesh_seen.lock().map(|s| s.clone()).unwrap_or_default();
-        if let Some(signature) = self.ledger.nodes().mesh_signature().await? {
-            // A node retired in Git is in no mesh, whatever still waits to be cleaned up on it;
-            // an address Git declares for a node wins over the one its agent says.
-            let (retired, addresses) = (declared::retired(pools), declared::addresses(pools));
-            let signature = format!("{signature}/{}/{addresses:?}", retired.join(","));
-            if signature != seen {
-                let meshes = mesh::refresh(&self.ledger, &retired, &addresses, now_ms()).await?;
-                if meshes > 0 {
-                    tracing::info!(nodes = meshes, "node meshes changed");
-                    // Their agents' long polls take them now, not at their next heartbeat.
-                    self.hub.mesh.notify_waiters();
-                }
-                if let Ok(mut s) = self.mesh_seen.lock() {
-                    *s = signature;
-                }
-            }
-        }
-        // The mesh's links, judged from what the agents said: a change is an event, and
-        // `/metrics` serves each link's state.
-        let now = now_ms();
-        if now >= self.mesh_health_due_ms.load(Ordering::Relaxed) {
-            self.mesh_health_due_ms
-                .store(now + mesh_health::CHECK_EVERY_MS, Ordering::Relaxed);
-            let links = mesh_health::check(&self.ledger, now).await?;
-            if let Ok(mut slot) = self.hub.mesh_links.lock() {
-                *slot = links.into_iter().map(|l| (l.node, l.peer, l.state.as_str())).collect();
             }
         }
         Ok(())

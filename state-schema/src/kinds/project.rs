@@ -70,28 +70,11 @@ pub(super) fn decode_role(ctx: &mut Ctx<'_>, node: &Node<'_>, role: &str) -> Opt
             ],
         )
     });
-    let command = f.get("command").map_or(Some(Vec::new()), |n| {
-        if matches!(n.value, yaml::Value::Str(_)) {
-            ctx.error_hint(
-                Code::WrongType,
-                n.pos,
-                "`command` must be a sequence (argv), found a string",
-                "write it as a list: `[\"bin/server\", \"--port\", \"8080\"]`",
-            );
-            return None;
-        }
-        strings(ctx, n, "`command`")
-    });
+    let command = f.get("command").map_or(Some(Vec::new()), |n| decode_command(ctx, n));
     let resources = f
         .get("resources")
         .map_or(Some(default_resources()), |n| decode_resources(ctx, n));
-    let port = f.get("port").map(|n| match &n.value {
-        yaml::Value::Int(p) if !(1..=65535).contains(p) => {
-            ctx.error(Code::InvalidPort, n.pos, format!("port {p} is outside 1-65535"));
-            None
-        }
-        _ => int_in(ctx, n, "`port`", 1, 65535).and_then(|p| u16::try_from(p).ok()),
-    });
+    let port = f.get("port").map(|n| decode_port(ctx, n));
     let health = f.get("health").map(|n| decode_health(ctx, n));
     let replicas = f.get("replicas").map(|n| u32_in(ctx, n, "`replicas`", 0, MAX_REPLICAS));
     let schedule = f
@@ -103,33 +86,16 @@ pub(super) fn decode_role(ctx: &mut Ctx<'_>, node: &Node<'_>, role: &str) -> Opt
     let rollout = f.get("rollout").map(|n| decode_rollout(ctx, n, kind == Some("web")));
 
     let kind = kind?;
-    let mut not_for = |field: &str, present: bool| {
-        if present {
-            let pos = f.get(field).map_or(f.pos, |n| n.pos);
-            ctx.error_hint(
-                Code::FieldNotAllowed,
-                pos,
-                format!("`{field}` does not apply to a {kind} role"),
-                field_hint(field),
-            );
-        }
+    let present = Present {
+        port: port.is_some(),
+        health: health.is_some(),
+        replicas: replicas.is_some(),
+        schedule: schedule.is_some(),
+        ports: ports.is_some(),
+        volumes: volumes.is_some(),
+        rollout: rollout.is_some(),
     };
-    // Long-running roles serve ports; web and worker ones run replicas (a service runs one).
-    let long_running = matches!(kind, "web" | "worker" | "service");
-    let scaled = matches!(kind, "web" | "worker");
-    not_for("port", kind != "web" && port.is_some());
-    not_for("health", kind != "web" && health.is_some());
-    not_for("replicas", !scaled && replicas.is_some());
-    not_for("schedule", kind != "cron" && schedule.is_some());
-    not_for("ports", !long_running && ports.is_some());
-    not_for("volumes", kind == "cron" && volumes.is_some());
-    not_for("rollout", !long_running && rollout.is_some());
-    let misplaced = !scaled && replicas.is_some()
-        || !long_running && rollout.is_some()
-        || !long_running && ports.is_some()
-        || kind != "web" && (port.is_some() || health.is_some())
-        || kind != "cron" && schedule.is_some()
-        || kind == "cron" && volumes.is_some();
+    let misplaced = misplaced(ctx, &f, kind, present);
     let workload = match kind {
         "web" => Workload::Web {
             port: port.unwrap_or(Some(defaults::WEB_PORT))?,
@@ -162,32 +128,11 @@ pub(super) fn decode_role(ctx: &mut Ctx<'_>, node: &Node<'_>, role: &str) -> Opt
         Some(p) => p?,
         None => Vec::new(),
     };
-    if let (Workload::Web { port, .. }, Some(n)) = (&workload, f.get("ports"))
-        && ports.contains(port)
-    {
-        ctx.error_hint(
-            Code::InvalidPort,
-            n.pos,
-            format!("port {port} is the role's web `port`, which other roles reach already"),
-            "list only the ports it serves besides `port`",
-        );
-        return None;
-    }
     let volumes = match volumes {
         Some(v) => v?,
         None => Vec::new(),
     };
-    // One writer: a volume is mounted by one container at a time.
-    if let (Some(n), false) = (workload.replicas(), volumes.is_empty())
-        && n > 1
-    {
-        let pos = f.get("replicas").map_or(f.pos, |n| n.pos);
-        ctx.error_hint(
-            Code::VolumeOneWriter,
-            pos,
-            format!("{what} mounts volumes and asks for {n} replicas; a volume has one writer"),
-            "run one replica, or keep the data in a `kind: service` role the replicas reach by name",
-        );
+    if !ports_and_volumes_fit(ctx, &f, &what, &workload, &ports, &volumes) {
         return None;
     }
     Some(Role {
@@ -205,6 +150,106 @@ pub(super) fn decode_role(ctx: &mut Ctx<'_>, node: &Node<'_>, role: &str) -> Opt
             None => None,
         },
     })
+}
+
+/// `command`: an argv list (a string is refused, with how to write it).
+fn decode_command(ctx: &mut Ctx<'_>, n: &Node<'_>) -> Option<Vec<String>> {
+    if matches!(n.value, yaml::Value::Str(_)) {
+        ctx.error_hint(
+            Code::WrongType,
+            n.pos,
+            "`command` must be a sequence (argv), found a string",
+            "write it as a list: `[\"bin/server\", \"--port\", \"8080\"]`",
+        );
+        return None;
+    }
+    strings(ctx, n, "`command`")
+}
+
+/// A web role's `port`: 1-65535.
+fn decode_port(ctx: &mut Ctx<'_>, n: &Node<'_>) -> Option<u16> {
+    match &n.value {
+        yaml::Value::Int(p) if !(1..=65535).contains(p) => {
+            ctx.error(Code::InvalidPort, n.pos, format!("port {p} is outside 1-65535"));
+            None
+        }
+        _ => int_in(ctx, n, "`port`", 1, 65535).and_then(|p| u16::try_from(p).ok()),
+    }
+}
+
+/// Which of the fields some kinds of role take a role sets.
+#[derive(Clone, Copy)]
+struct Present {
+    port: bool,
+    health: bool,
+    replicas: bool,
+    schedule: bool,
+    ports: bool,
+    volumes: bool,
+    rollout: bool,
+}
+
+/// Whether a field is set that does not apply to a role of `kind` (each one said).
+/// Long-running roles serve ports; web and worker ones run replicas (a service runs one).
+fn misplaced(ctx: &mut Ctx<'_>, f: &Fields<'_>, kind: &str, present: Present) -> bool {
+    let long_running = matches!(kind, "web" | "worker" | "service");
+    let scaled = matches!(kind, "web" | "worker");
+    let wrong = [
+        ("port", kind != "web" && present.port),
+        ("health", kind != "web" && present.health),
+        ("replicas", !scaled && present.replicas),
+        ("schedule", kind != "cron" && present.schedule),
+        ("ports", !long_running && present.ports),
+        ("volumes", kind == "cron" && present.volumes),
+        ("rollout", !long_running && present.rollout),
+    ];
+    for (field, _) in wrong.iter().filter(|(_, w)| *w) {
+        let pos = f.get(field).map_or(f.pos, |n| n.pos);
+        ctx.error_hint(
+            Code::FieldNotAllowed,
+            pos,
+            format!("`{field}` does not apply to a {kind} role"),
+            field_hint(field),
+        );
+    }
+    wrong.iter().any(|(_, w)| *w)
+}
+
+/// A web role's `ports` leave out its `port`, and a role with volumes runs one replica (a
+/// volume has one writer); each problem said.
+fn ports_and_volumes_fit(
+    ctx: &mut Ctx<'_>,
+    f: &Fields<'_>,
+    what: &str,
+    workload: &Workload,
+    ports: &[u16],
+    volumes: &[crate::model::Volume],
+) -> bool {
+    if let (Workload::Web { port, .. }, Some(n)) = (workload, f.get("ports"))
+        && ports.contains(port)
+    {
+        ctx.error_hint(
+            Code::InvalidPort,
+            n.pos,
+            format!("port {port} is the role's web `port`, which other roles reach already"),
+            "list only the ports it serves besides `port`",
+        );
+        return false;
+    }
+    // One writer: a volume is mounted by one container at a time.
+    if let (Some(n), false) = (workload.replicas(), volumes.is_empty())
+        && n > 1
+    {
+        let pos = f.get("replicas").map_or(f.pos, |n| n.pos);
+        ctx.error_hint(
+            Code::VolumeOneWriter,
+            pos,
+            format!("{what} mounts volumes and asks for {n} replicas; a volume has one writer"),
+            "run one replica, or keep the data in a `kind: service` role the replicas reach by name",
+        );
+        return false;
+    }
+    true
 }
 
 /// `ports: [...]`: what a role serves inside its environment besides a web role's `port`,

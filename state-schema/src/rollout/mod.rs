@@ -2,12 +2,16 @@
 //! becomes, per node. Pure: the daemon writes them as jobs and `pl plan` shows them.
 
 pub mod advance;
+mod scale;
+
+pub use scale::{held_conflicts, scale_tasks};
 
 use crate::canonical;
 use crate::deployment::DeploymentSpec;
 use crate::model::{CanaryGate, CanaryStep};
 use crate::task::{Rolled, Task, Wait};
 use crate::values::Name;
+use std::collections::BTreeSet;
 
 /// One job of a step: a task for a node.
 pub type Step = Vec<(Task, Name)>;
@@ -103,47 +107,12 @@ fn steps_with(
     // (every request to the new release) waits out the last one's. With gates, a step of
     // measures comes between each share's pause and the next share: the control plane judges
     // what every ingress measured of the share (`advance::verdict`) before it goes on.
-    let publish = |weight: Option<u8>, wait: Option<Wait>, rolled: Option<Rolled>| -> Step {
-        let mut step = Vec::new();
-        for node in &spec.ingress_nodes {
-            for host in &spec.hostnames {
-                let task = Task::PublishIngress {
-                    environment: env.clone(),
-                    hostname: host.clone(),
-                    generation,
-                    repair: 0,
-                    weight,
-                    wait,
-                    rolled,
-                };
-                step.push((task, node.clone()));
-            }
-        }
-        step
-    };
-    let measure = |weight: u8, wait: Option<Wait>, gate: CanaryGate| -> Step {
-        let mut step = Vec::new();
-        for node in &spec.ingress_nodes {
-            for host in &spec.hostnames {
-                let task = Task::MeasureCanary {
-                    environment: env.clone(),
-                    hostname: host.clone(),
-                    generation,
-                    weight,
-                    wait,
-                    gate,
-                };
-                step.push((task, node.clone()));
-            }
-        }
-        step
-    };
     // What the next share (or the switch) waits for, and the share before it, to be measured.
     let (mut wait, mut before): (Option<Wait>, Option<u8>) = (None, None);
     let gated = |steps: &mut Vec<Step>, wait: Option<Wait>, before: Option<u8>| -> Option<Wait> {
         match (gate, before) {
             (Some(g), Some(w)) => {
-                steps.push(measure(w, wait, g));
+                steps.push(measure(spec, generation, w, wait, g));
                 None
             }
             _ => wait,
@@ -151,16 +120,78 @@ fn steps_with(
     };
     for c in canary {
         let w = gated(&mut steps, wait, before);
-        steps.push(publish(Some(c.weight), w, None));
+        steps.push(publish(spec, generation, Some(c.weight), w, None));
         wait = Some(c.pause_seconds.map_or(Wait::Promote, Wait::Seconds));
         before = Some(c.weight);
     }
     // Rolling batches: each its replicas' steps, the routes moving to them between batches.
     let stopped = crate::rolling::batch_steps(spec, generation, retired, rolling, &mut steps, |r| {
-        publish(None, None, Some(r))
+        publish(spec, generation, None, None, Some(r))
     });
     let w = gated(&mut steps, wait, before);
-    steps.push(publish(None, w, None));
+    steps.push(publish(spec, generation, None, w, None));
+    steps.push(cleanup(spec, generation, retired, &stopped));
+    fill_spec_hash(&mut steps, spec);
+    steps
+}
+
+/// A publish of every hostname on every ingress node: a canary's share (`weight`), a rolling
+/// batch's routes (`rolled`) or the switch, waiting for `wait` first.
+fn publish(
+    spec: &DeploymentSpec,
+    generation: u64,
+    weight: Option<u8>,
+    wait: Option<Wait>,
+    rolled: Option<Rolled>,
+) -> Step {
+    let mut step = Vec::new();
+    for node in &spec.ingress_nodes {
+        for host in &spec.hostnames {
+            let task = Task::PublishIngress {
+                environment: spec.environment.clone(),
+                hostname: host.clone(),
+                generation,
+                repair: 0,
+                weight,
+                wait,
+                rolled,
+            };
+            step.push((task, node.clone()));
+        }
+    }
+    step
+}
+
+/// A canary share's measures on every ingress node, for its gates.
+fn measure(spec: &DeploymentSpec, generation: u64, weight: u8, wait: Option<Wait>, gate: CanaryGate) -> Step {
+    let mut step = Vec::new();
+    for node in &spec.ingress_nodes {
+        for host in &spec.hostnames {
+            let task = Task::MeasureCanary {
+                environment: spec.environment.clone(),
+                hostname: host.clone(),
+                generation,
+                weight,
+                wait,
+                gate,
+            };
+            step.push((task, node.clone()));
+        }
+    }
+    step
+}
+
+/// What the retired generations leave to remove once the switch is done: on each node the
+/// hostname's route first (requests stop going to the old replicas, and those in flight get
+/// the ingress's drain time), then the replicas (except those rolling batches `stopped`),
+/// then the network.
+fn cleanup(
+    spec: &DeploymentSpec,
+    generation: u64,
+    retired: &[DeploymentSpec],
+    stopped: &BTreeSet<(Name, u32, Name)>,
+) -> Step {
+    let env = &spec.environment;
     let mut cleanup: Step = Vec::new();
     for old in retired {
         for i in &old.instances {
@@ -212,8 +243,6 @@ fn steps_with(
             }
         }
     }
-    // On each node: the hostname's route first (requests stop going to the old replicas, and
-    // those in flight get the ingress's drain time), then the replicas, then the network.
     let phase = |t: &Task| match t {
         Task::RemoveIngress { .. } => 0,
         Task::RemoveNetwork { .. } => 2,
@@ -221,9 +250,7 @@ fn steps_with(
     };
     cleanup.sort_by(|a, b| (phase(&a.0), a.0.idempotency_key(), &a.1).cmp(&(phase(&b.0), b.0.idempotency_key(), &b.1)));
     cleanup.dedup();
-    steps.push(cleanup);
-    fill_spec_hash(&mut steps, spec);
-    steps
+    cleanup
 }
 
 /// The steps of a rollback's generation: a rollout of the previous release's spec without its
@@ -241,7 +268,7 @@ pub fn rollback_steps(spec: &DeploymentSpec, generation: u64, retired: &[Deploym
 }
 
 /// An environment's infrastructure on one node: its network, firewall table and routes.
-fn infra_tasks(env: &Name, generation: u64, node: &Name) -> [(Task, Name); 3] {
+pub(super) fn infra_tasks(env: &Name, generation: u64, node: &Name) -> [(Task, Name); 3] {
     let environment = env.clone();
     [
         Task::EnsureNetwork {
@@ -258,193 +285,6 @@ fn infra_tasks(env: &Name, generation: u64, node: &Name) -> [(Task, Name); 3] {
         },
     ]
     .map(|task| (task, node.clone()))
-}
-
-/// The jobs of a scale at `generation` to `spec` (see [`crate::release::change`]), in the
-/// order they run: infrastructure on nodes the environment gains, new replicas, ingress on every
-/// node whose web replicas changed (or that gains them); then ingress on nodes it leaves, the
-/// replicas removed, and the networks of nodes left.
-///
-/// Two lists: what runs now, and what runs once all of that succeeded. A scale that both adds
-/// and removes replicas (a move: a drain, a lost node) removes only after the replicas that
-/// replace them run and are published, on whatever node: a node's jobs run in order, but
-/// nothing orders two nodes' jobs, and the removal of the only replica must not come first.
-/// A scale that only adds, or only removes, has nothing to wait for (each node publishes
-/// before it removes, in its own order).
-pub fn scale_tasks(spec: &DeploymentSpec, generation: u64, change: &crate::release::Change) -> (Step, Step) {
-    let crate::release::Change::Scale {
-        added,
-        removed,
-        nodes_added,
-        nodes_removed,
-        ingress_added,
-        ingress_removed,
-        hostnames_added,
-        hostnames_removed,
-        certificates_changed,
-    } = change
-    else {
-        return (Vec::new(), Vec::new());
-    };
-    let env = &spec.environment;
-    let mut out: Step = Vec::new();
-    let waits = !added.is_empty() && !removed.is_empty();
-    for node in nodes_added {
-        out.extend(infra_tasks(env, generation, node));
-    }
-    for i in added {
-        let task = Task::EnsureApplication {
-            environment: env.clone(),
-            role: i.role.clone(),
-            instance: i.index,
-            generation,
-            spec_hash: instance_hash(spec, &i.role, i.index, &i.node),
-            repair: 0,
-        };
-        out.push((task, i.node.clone()));
-    }
-    let ingress = |nodes: &[Name], out: &mut Step, remove: bool| {
-        for node in nodes {
-            for host in &spec.hostnames {
-                let (environment, hostname) = (env.clone(), host.clone());
-                let task = if remove {
-                    Task::RemoveIngress {
-                        environment,
-                        hostname,
-                        generation,
-                    }
-                } else {
-                    Task::PublishIngress {
-                        environment,
-                        hostname,
-                        generation,
-                        repair: 0,
-                        weight: None,
-                        rolled: None,
-                        wait: None,
-                    }
-                };
-                out.push((task, node.clone()));
-            }
-        }
-    };
-    // Nodes that keep serving but whose web replicas change are published again (a scale's
-    // publish is a job of its own): after the new replicas, so they get traffic, and before the
-    // removed ones go, so no request reaches a replica that is gone.
-    let is_web = |role: &Name| spec.roles.get(role).is_some_and(|r| r.is_web());
-    let mut publish_on: Vec<Name> = added
-        .iter()
-        .chain(removed)
-        .filter(|i| is_web(&i.role) && spec.ingress_nodes.contains(&i.node))
-        .map(|i| i.node.clone())
-        .chain(ingress_added.iter().cloned())
-        .collect();
-    publish_on.sort();
-    publish_on.dedup();
-    // A node that only loses replicas publishes with the removals when the scale waits.
-    let gains = |n: &Name| added.iter().any(|i| &i.node == n) || ingress_added.contains(n);
-    let (publish_now, publish_after): (Vec<Name>, Vec<Name>) =
-        publish_on.iter().cloned().partition(|n| !waits || gains(n));
-    ingress(&publish_now, &mut out, false);
-    // A hostname gained is published on the other serving nodes too, and so is one whose
-    // brought certificate changed (the publish hands the node the new pair: in place, no
-    // restart); one lost is taken out wherever it was served.
-    for node in spec.ingress_nodes.iter().filter(|n| !publish_on.contains(n)) {
-        let certificates = certificates_changed.iter().filter(|h| !hostnames_added.contains(h));
-        for host in hostnames_added.iter().chain(certificates) {
-            let task = Task::PublishIngress {
-                environment: env.clone(),
-                hostname: host.clone(),
-                generation,
-                repair: 0,
-                weight: None,
-                rolled: None,
-                wait: None,
-            };
-            out.push((task, node.clone()));
-        }
-    }
-    let mut after: Step = Vec::new();
-    let later = match waits {
-        true => &mut after,
-        false => &mut out,
-    };
-    ingress(&publish_after, later, false);
-    ingress(ingress_removed, later, true);
-    for node in spec.ingress_nodes.iter().chain(ingress_removed) {
-        for host in hostnames_removed {
-            let task = Task::RemoveIngress {
-                environment: env.clone(),
-                hostname: host.clone(),
-                generation,
-            };
-            later.push((task, node.clone()));
-        }
-    }
-    for i in removed {
-        let task = Task::TeardownApplication {
-            environment: env.clone(),
-            role: i.role.clone(),
-            instance: i.index,
-            generation,
-        };
-        later.push((task, i.node.clone()));
-    }
-    for node in nodes_removed {
-        let task = Task::RemoveNetwork {
-            environment: env.clone(),
-            generation,
-        };
-        later.push((task, node.clone()));
-    }
-    (out, after)
-}
-
-/// The removals an earlier scale at `generation` may hold that this scale puts back: the
-/// teardown of a replica placed again on the node it was leaving, the network and routes of a
-/// node that takes the environment again. Released after this scale's jobs ran, they would
-/// remove what it made; the caller cancels them.
-pub fn held_conflicts(spec: &DeploymentSpec, generation: u64, change: &crate::release::Change) -> Step {
-    let crate::release::Change::Scale {
-        added,
-        nodes_added,
-        ingress_added,
-        ..
-    } = change
-    else {
-        return Vec::new();
-    };
-    let env = &spec.environment;
-    let mut out: Step = added
-        .iter()
-        .map(|i| {
-            let task = Task::TeardownApplication {
-                environment: env.clone(),
-                role: i.role.clone(),
-                instance: i.index,
-                generation,
-            };
-            (task, i.node.clone())
-        })
-        .collect();
-    for node in nodes_added {
-        let task = Task::RemoveNetwork {
-            environment: env.clone(),
-            generation,
-        };
-        out.push((task, node.clone()));
-    }
-    for node in ingress_added {
-        for hostname in &spec.hostnames {
-            let task = Task::RemoveIngress {
-                environment: env.clone(),
-                hostname: hostname.clone(),
-                generation,
-            };
-            out.push((task, node.clone()));
-        }
-    }
-    out
 }
 
 /// After repair `repair` of a replica on `node` succeeded: the environment's routes on that

@@ -155,6 +155,62 @@ pub fn assemble_partial(files: Vec<ParsedFile>, extra: Vec<Diagnostic>) -> Loade
     assemble_with(files, extra, false)
 }
 
+/// A Repository document counts when it is the first, in the root `pushleft.yaml`; otherwise
+/// the problem is said and it is left out.
+fn one_repository(loc: &Located, repos: &mut usize, diags: &mut Vec<Diagnostic>) -> bool {
+    if loc.file != ROOT_FILE {
+        diags.push(
+            Diagnostic::error(
+                Code::MisplacedRepository,
+                &loc.file,
+                Some(loc.pos),
+                "a Repository document must be in the root `pushleft.yaml`",
+            )
+            .with_hint("move it to `pushleft.yaml`"),
+        );
+        return false;
+    }
+    *repos += 1;
+    if *repos > 1 {
+        diags.push(Diagnostic::error(
+            Code::DuplicateRepository,
+            &loc.file,
+            Some(loc.pos),
+            "a second Repository document; a state tree has exactly one",
+        ));
+        return false;
+    }
+    true
+}
+
+/// The Domains' indexes a state keeps: hostnames by environment, each hostname's TLS secret
+/// and how it is proven.
+#[allow(clippy::type_complexity)]
+fn domain_indexes(
+    objects: &BTreeMap<(Kind, Name), Located>,
+) -> (
+    BTreeMap<Name, BTreeSet<Hostname>>,
+    BTreeMap<Hostname, Name>,
+    BTreeMap<Hostname, Verification>,
+) {
+    let mut domains_by_env: BTreeMap<Name, BTreeSet<Hostname>> = BTreeMap::new();
+    let mut domain_tls: BTreeMap<Hostname, Name> = BTreeMap::new();
+    let mut domain_verification = BTreeMap::new();
+    for loc in objects.values() {
+        if let Spec::Domain(d) = &loc.object.spec {
+            domain_verification.insert(d.hostname.clone(), d.verification);
+            domains_by_env
+                .entry(d.environment.clone())
+                .or_default()
+                .insert(d.hostname.clone());
+            if let Some(tls) = &d.tls {
+                domain_tls.insert(d.hostname.clone(), tls.secret.clone());
+            }
+        }
+    }
+    (domains_by_env, domain_tls, domain_verification)
+}
+
 fn assemble_with(mut files: Vec<ParsedFile>, extra: Vec<Diagnostic>, whole: bool) -> Loaded {
     // Order by path so "the first definition" and every message are the same whatever order
     // the caller read the files in.
@@ -171,29 +227,8 @@ fn assemble_with(mut files: Vec<ParsedFile>, extra: Vec<Diagnostic>, whole: bool
         broken.extend(file.declared);
         for loc in file.objects {
             let kind = loc.object.kind();
-            if kind == Kind::Repository {
-                if loc.file != ROOT_FILE {
-                    diags.push(
-                        Diagnostic::error(
-                            Code::MisplacedRepository,
-                            &loc.file,
-                            Some(loc.pos),
-                            "a Repository document must be in the root `pushleft.yaml`",
-                        )
-                        .with_hint("move it to `pushleft.yaml`"),
-                    );
-                    continue;
-                }
-                repos += 1;
-                if repos > 1 {
-                    diags.push(Diagnostic::error(
-                        Code::DuplicateRepository,
-                        &loc.file,
-                        Some(loc.pos),
-                        "a second Repository document; a state tree has exactly one",
-                    ));
-                    continue;
-                }
+            if kind == Kind::Repository && !one_repository(&loc, &mut repos, &mut diags) {
+                continue;
             }
             let key = (kind, loc.object.name().clone());
             if let Some(first) = objects.get(&key) {
@@ -225,21 +260,7 @@ fn assemble_with(mut files: Vec<ParsedFile>, extra: Vec<Diagnostic>, whole: bool
                 .with_hint("run `pl init` or add a `kind: Repository` document to `pushleft.yaml`"),
         );
     }
-    let mut domains_by_env: BTreeMap<Name, BTreeSet<Hostname>> = BTreeMap::new();
-    let mut domain_tls: BTreeMap<Hostname, Name> = BTreeMap::new();
-    let mut domain_verification = BTreeMap::new();
-    for loc in objects.values() {
-        if let Spec::Domain(d) = &loc.object.spec {
-            domain_verification.insert(d.hostname.clone(), d.verification);
-            domains_by_env
-                .entry(d.environment.clone())
-                .or_default()
-                .insert(d.hostname.clone());
-            if let Some(tls) = &d.tls {
-                domain_tls.insert(d.hostname.clone(), tls.secret.clone());
-            }
-        }
-    }
+    let (domains_by_env, domain_tls, domain_verification) = domain_indexes(&objects);
     let state = State {
         objects,
         broken,
