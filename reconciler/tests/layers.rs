@@ -745,7 +745,6 @@ fn the_surfaces_call_the_store_only_for_the_reads_the_code_map_names() {
     let reads: BTreeSet<&str> = BTreeSet::from([
         "nodes().job_nodes",
         "nodes().mesh_newer",
-        "nodes().node_of_certificate",
         "nodes().running_specs",
         "views().last_event_id",
     ]);

@@ -3,7 +3,7 @@
 
 use crate::http::server::{PeerCert, internal, refused};
 use crate::hub::Hub;
-use crate::store::fleet::CertRefusal;
+use crate::ops::agents::CertRefusal;
 use crate::store::{Ledger, now_ms};
 use agent_proto::Refusal;
 use axum::response::Response;
@@ -75,7 +75,7 @@ impl Peers {
         if let Some(node) = self.certificate(&fingerprint, now) {
             return Ok((node, fingerprint));
         }
-        match self.ledger.nodes().node_of_certificate(&fingerprint, now).await {
+        match crate::ops::agents::admit(&self.ledger, &fingerprint, now).await {
             Ok(Ok((node, not_after))) => {
                 self.admit(&fingerprint, &node, not_after);
                 Ok((node, fingerprint))

@@ -8,7 +8,7 @@
 use crate::config::ControlConfig;
 use crate::hub::Hub;
 use crate::pki::{Issued, PkiError, sign_node_csr};
-use crate::store::fleet::{Beat, BeatRow, Enrolment};
+use crate::store::fleet::{Beat, BeatRow, CertRecord, Enrolment, TokenRecord};
 use crate::store::volumes::Measured;
 use crate::store::{LeaseToken, Ledger, LedgerError, Refused};
 use agent_proto::Refusal;
@@ -226,11 +226,8 @@ pub async fn enrol(
     ask: &Enrol<'_>,
     now_ms: i64,
 ) -> Result<Certified, NotIssued> {
-    if let Some(r) = ledger
-        .nodes()
-        .check_enrolment_token(ask.node, ask.token, now_ms)
-        .await?
-    {
+    let token = ledger.nodes().enrolment_token(ask.token).await?;
+    if let Some(r) = token_refusal(token.as_ref(), ask.node, now_ms) {
         tracing::warn!(node = %ask.node, code = r.code(), "enrolment refused");
         return Err(NotIssued::Refused(r, "the enrolment token does not admit this node"));
     }
@@ -299,6 +296,63 @@ pub async fn renew_certificate(
     })
 }
 
+/// Why an enrolment token does not admit `node` at `now_ms` (checked without writing; the
+/// enrolment's write spends it only if it still is unused and live): unknown, used, expired,
+/// or another node's.
+pub fn token_refusal(token: Option<&TokenRecord>, node: &str, now_ms: i64) -> Option<Refusal> {
+    let Some(t) = token else {
+        return Some(Refusal::TokenUnknown);
+    };
+    if t.used_at.is_some() {
+        Some(Refusal::TokenUsed)
+    } else if t.expires_at <= now_ms {
+        Some(Refusal::TokenExpired)
+    } else if t.node != node {
+        Some(Refusal::TokenWrongNode)
+    } else {
+        None
+    }
+}
+
+/// Why a client certificate does not admit a node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CertRefusal {
+    Unknown,
+    Revoked,
+    Expired,
+}
+
+/// Whether a certificate's record admits its node at `now_ms`: issued by this control plane,
+/// not revoked, not expired.
+pub fn certificate_refusal(record: Option<&CertRecord>, now_ms: i64) -> Option<CertRefusal> {
+    match record {
+        None => Some(CertRefusal::Unknown),
+        Some(c) if c.revoked_at.is_some() => Some(CertRefusal::Revoked),
+        Some(c) if c.not_after <= now_ms => Some(CertRefusal::Expired),
+        Some(_) => None,
+    }
+}
+
+/// The node a client certificate (by fingerprint) admits, and until when; the first use of a
+/// renewed certificate revokes the one it replaced.
+pub async fn admit(
+    ledger: &Ledger,
+    fingerprint: &str,
+    now_ms: i64,
+) -> Result<Result<(String, i64), CertRefusal>, LedgerError> {
+    let record = ledger.nodes().certificate_record(fingerprint).await?;
+    if let Some(why) = certificate_refusal(record.as_ref(), now_ms) {
+        return Ok(Err(why));
+    }
+    let Some(c) = record else {
+        return Ok(Err(CertRefusal::Unknown));
+    };
+    if let (Some(old), None) = (&c.replaces, c.replaced_revoked) {
+        ledger.nodes().revoke_replaced(&c.node, old, now_ms).await?;
+    }
+    Ok(Ok((c.node, c.not_after)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -363,5 +417,46 @@ mod tests {
         // A new generation replacing the old one is a replica missing too (the old one).
         assert!(judge(Some(&before), &had[..1], &[replica("web", 3)], &b, 1_000_000, 300_000).lost_replica);
         assert!(!judge(Some(&before), &had, &had, &b, 1_000_000, 300_000).lost_replica);
+    }
+
+    #[test]
+    fn a_token_admits_its_own_node_once_before_it_expires() {
+        let t = |node: &str, used_at| TokenRecord {
+            node: node.into(),
+            expires_at: 2_000,
+            used_at,
+        };
+        assert_eq!(token_refusal(None, "n1", 1_000), Some(Refusal::TokenUnknown));
+        assert_eq!(
+            token_refusal(Some(&t("n1", Some(5))), "n1", 1_000),
+            Some(Refusal::TokenUsed)
+        );
+        assert_eq!(
+            token_refusal(Some(&t("n1", None)), "n1", 2_000),
+            Some(Refusal::TokenExpired)
+        );
+        assert_eq!(
+            token_refusal(Some(&t("n2", None)), "n1", 1_000),
+            Some(Refusal::TokenWrongNode)
+        );
+        assert_eq!(token_refusal(Some(&t("n1", None)), "n1", 1_999), None);
+    }
+
+    #[test]
+    fn a_certificate_admits_only_while_issued_unrevoked_and_valid() {
+        let c = |revoked_at| CertRecord {
+            node: "n1".into(),
+            not_after: 2_000,
+            revoked_at,
+            replaces: None,
+            replaced_revoked: None,
+        };
+        assert_eq!(certificate_refusal(None, 1_000), Some(CertRefusal::Unknown));
+        assert_eq!(
+            certificate_refusal(Some(&c(Some(1))), 1_000),
+            Some(CertRefusal::Revoked)
+        );
+        assert_eq!(certificate_refusal(Some(&c(None)), 2_000), Some(CertRefusal::Expired));
+        assert_eq!(certificate_refusal(Some(&c(None)), 1_999), None);
     }
 }

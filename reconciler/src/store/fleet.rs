@@ -52,76 +52,54 @@ pub struct NodeRow {
 }
 
 /// A certificate as stored, with whether the one it replaced is revoked.
-#[derive(FromRow)]
-struct CertRecord {
-    node: String,
-    not_after: i64,
-    revoked_at: Option<i64>,
-    replaces: Option<String>,
-    replaced_revoked: Option<i64>,
+#[derive(Clone, Debug, FromRow)]
+pub struct CertRecord {
+    pub node: String,
+    pub not_after: i64,
+    pub revoked_at: Option<i64>,
+    pub replaces: Option<String>,
+    pub replaced_revoked: Option<i64>,
 }
 
-/// Why a client certificate does not admit a node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CertRefusal {
-    Unknown,
-    Revoked,
-    Expired,
+/// An enrolment token as stored: the node it is for, its expiry, when it was used.
+#[derive(Clone, Debug, FromRow)]
+pub struct TokenRecord {
+    pub node: String,
+    pub expires_at: i64,
+    pub used_at: Option<i64>,
 }
 
 impl crate::store::Nodes<'_> {
-    /// The node a client certificate (by fingerprint) belongs to, if the control plane issued
-    /// it, has not revoked it and it has not expired. The first use of a renewed certificate
-    /// revokes the one it replaced.
-    pub async fn node_of_certificate(
-        &self,
-        fingerprint: &str,
-        now_ms: i64,
-    ) -> Result<Result<(String, i64), CertRefusal>, LedgerError> {
-        let row: Option<CertRecord> = sqlx::query_as(self.sql(
+    /// A client certificate's record (by fingerprint), if the control plane issued it.
+    pub async fn certificate_record(&self, fingerprint: &str) -> Result<Option<CertRecord>, LedgerError> {
+        Ok(sqlx::query_as(self.sql(
             "SELECT c.node, c.not_after, c.revoked_at, c.replaces, p.revoked_at AS replaced_revoked FROM node_certificates c \
              LEFT JOIN node_certificates p ON p.fingerprint = c.replaces WHERE c.fingerprint = ?",
         ))
         .bind(fingerprint)
         .fetch_optional(&self.pool)
-        .await?;
-        let Some(CertRecord {
-            node,
-            not_after,
-            revoked_at,
-            replaces,
-            replaced_revoked,
-        }) = row
-        else {
-            return Ok(Err(CertRefusal::Unknown));
-        };
-        if revoked_at.is_some() {
-            return Ok(Err(CertRefusal::Revoked));
-        }
-        if not_after <= now_ms {
-            return Ok(Err(CertRefusal::Expired));
-        }
-        if let (Some(old), None) = (replaces, replaced_revoked) {
-            let mut tx = self.write_tx().await?;
-            sqlx::query(
-                self.sql("UPDATE node_certificates SET revoked_at = ? WHERE fingerprint = ? AND revoked_at IS NULL"),
-            )
-            .bind(now_ms)
-            .bind(&old)
-            .execute(&mut *tx)
-            .await?;
+        .await?)
+    }
+
+    /// Revokes `old`, the certificate `node`'s renewed one replaced (on the new one's first
+    /// use), with its event; nothing when it is revoked already.
+    pub async fn revoke_replaced(&self, node: &str, old: &str, now_ms: i64) -> Result<(), LedgerError> {
+        let mut tx = self.write_tx().await?;
+        let n = sqlx::query(
+            self.sql("UPDATE node_certificates SET revoked_at = ? WHERE fingerprint = ? AND revoked_at IS NULL"),
+        )
+        .bind(now_ms)
+        .bind(old)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if n > 0 {
             self.events()
-                .event(
-                    &mut tx,
-                    now_ms,
-                    "certificate-revoked",
-                    &node,
-                    &format!("{old}: renewed"),
-                )
+                .event(&mut tx, now_ms, "certificate-revoked", node, &format!("{old}: renewed"))
                 .await?;
-            tx.commit().await?;
         }
-        Ok(Ok((node, not_after)))
+        tx.commit().await?;
+        Ok(())
     }
 
     /// Records a renewed certificate for `node`, replacing `old` (revoked on the new one's
@@ -353,30 +331,14 @@ impl crate::store::Nodes<'_> {
         Ok(expires)
     }
 
-    /// Checks a token for `node` without writing: unknown, used, expired, or another node's.
-    pub async fn check_enrolment_token(
-        &self,
-        node: &str,
-        token: &str,
-        now_ms: i64,
-    ) -> Result<Option<Refusal>, LedgerError> {
-        let row: Option<(String, i64, Option<i64>)> =
+    /// An enrolment token's record (by its hash), if it was ever made.
+    pub async fn enrolment_token(&self, token: &str) -> Result<Option<TokenRecord>, LedgerError> {
+        Ok(
             sqlx::query_as(self.sql("SELECT node, expires_at, used_at FROM enrolment_tokens WHERE token_hash = ?"))
                 .bind(hash(token))
                 .fetch_optional(&self.pool)
-                .await?;
-        let Some((owner, expires, used)) = row else {
-            return Ok(Some(Refusal::TokenUnknown));
-        };
-        Ok(if used.is_some() {
-            Some(Refusal::TokenUsed)
-        } else if expires <= now_ms {
-            Some(Refusal::TokenExpired)
-        } else if owner != node {
-            Some(Refusal::TokenWrongNode)
-        } else {
-            None
-        })
+                .await?,
+        )
     }
 
     /// Records an enrolment in one transaction: the token is used (only if it still is
