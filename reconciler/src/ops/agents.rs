@@ -322,14 +322,15 @@ pub enum CertRefusal {
     Expired,
 }
 
-/// Whether a certificate's record admits its node at `now_ms`: issued by this control plane,
+/// Whether a certificate's record (one this control plane issued) admits its node at `now_ms`:
 /// not revoked, not expired.
-pub fn certificate_refusal(record: Option<&CertRecord>, now_ms: i64) -> Option<CertRefusal> {
-    match record {
-        None => Some(CertRefusal::Unknown),
-        Some(c) if c.revoked_at.is_some() => Some(CertRefusal::Revoked),
-        Some(c) if c.not_after <= now_ms => Some(CertRefusal::Expired),
-        Some(_) => None,
+pub fn certificate_refusal(c: &CertRecord, now_ms: i64) -> Option<CertRefusal> {
+    if c.revoked_at.is_some() {
+        Some(CertRefusal::Revoked)
+    } else if c.not_after <= now_ms {
+        Some(CertRefusal::Expired)
+    } else {
+        None
     }
 }
 
@@ -340,13 +341,12 @@ pub async fn admit(
     fingerprint: &str,
     now_ms: i64,
 ) -> Result<Result<(String, i64), CertRefusal>, LedgerError> {
-    let record = ledger.nodes().certificate_record(fingerprint).await?;
-    if let Some(why) = certificate_refusal(record.as_ref(), now_ms) {
-        return Ok(Err(why));
-    }
-    let Some(c) = record else {
+    let Some(c) = ledger.nodes().certificate_record(fingerprint).await? else {
         return Ok(Err(CertRefusal::Unknown));
     };
+    if let Some(why) = certificate_refusal(&c, now_ms) {
+        return Ok(Err(why));
+    }
     if let (Some(old), None) = (&c.replaces, c.replaced_revoked) {
         ledger.nodes().revoke_replaced(&c.node, old, now_ms).await?;
     }
@@ -443,7 +443,7 @@ mod tests {
     }
 
     #[test]
-    fn a_certificate_admits_only_while_issued_unrevoked_and_valid() {
+    fn a_certificate_admits_only_while_unrevoked_and_valid() {
         let c = |revoked_at| CertRecord {
             node: "n1".into(),
             not_after: 2_000,
@@ -451,12 +451,8 @@ mod tests {
             replaces: None,
             replaced_revoked: None,
         };
-        assert_eq!(certificate_refusal(None, 1_000), Some(CertRefusal::Unknown));
-        assert_eq!(
-            certificate_refusal(Some(&c(Some(1))), 1_000),
-            Some(CertRefusal::Revoked)
-        );
-        assert_eq!(certificate_refusal(Some(&c(None)), 2_000), Some(CertRefusal::Expired));
-        assert_eq!(certificate_refusal(Some(&c(None)), 1_999), None);
+        assert_eq!(certificate_refusal(&c(Some(1)), 1_000), Some(CertRefusal::Revoked));
+        assert_eq!(certificate_refusal(&c(None), 2_000), Some(CertRefusal::Expired));
+        assert_eq!(certificate_refusal(&c(None), 1_999), None);
     }
 }

@@ -4,9 +4,9 @@
 //! node that holds the volume (keyed by the time, so a time is saved at most once); times
 //! missed while the control plane was down collapse to one; a time that comes while the
 //! volume's previous backup still goes is skipped with `backup-skipped`. An operator's
-//! `pl backup` queues one at once (`ops::backups`, deciding by `state_schema::volume_jobs::ask`). How each ended is recorded when
-//! its agent reports (`store::backups`), and `/metrics` reads [`Hub::backups`] as of the last
-//! pass. A backup's `verify.schedule` queues its restore drills (`verify-backup` jobs) the same
+//! `pl backup` queues one at once (`ops::backups`, deciding by `state_schema::volume_jobs::ask`).
+//! How each ended is recorded when its agent reports (`store::backups`), and `/metrics` reads
+//! [`Hub::backups`] as of the last pass. A backup's `verify.schedule` queues its restore drills (`verify-backup` jobs) the same
 //! way, under the schedule key `verify:<volume>`.
 
 use super::cron::{CronTick, Scheduled};

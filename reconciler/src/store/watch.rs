@@ -1,9 +1,9 @@
 //! A release's watch in the ledger (`rollout.watchSeconds`): set when a rollout finishes, read
 //! for each heartbeat of a node while something is watched (judged by the caller,
-//! `ops::agents`, with `state_schema::watch::judge`), its first failure kept on the deployment's row for the pass to roll it back
-//! (`reconcile/watch.rs`), and ended when its window passed. SQL only; the caller keeps until
-//! when something is watched (`hub::WatchHint`), so that a heartbeat with nothing under watch
-//! reads nothing.
+//! `ops::agents`, with `state_schema::watch::judge`), its first failure kept on the
+//! deployment's row for the pass to roll it back (`reconcile/watch.rs`), and ended when its
+//! window passed. SQL only; the caller keeps until when something is watched
+//! (`hub::WatchHint`), so that a heartbeat with nothing under watch reads nothing.
 
 use super::{LedgerError, WriteTx};
 use sqlx::FromRow;
