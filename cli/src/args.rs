@@ -247,6 +247,15 @@ Reference: docs/cli.md (pl up)")]
         #[command(flatten)]
         server: client::ServerArgs,
     },
+    /// Print the web view's address and a one-time link that signs a browser in as this
+    /// token (for `pl up`'s control plane: `pl ui --local`).
+    Ui {
+        /// End every web view session of this token instead.
+        #[arg(long)]
+        sign_out_everywhere: bool,
+        #[command(flatten)]
+        server: client::ServerArgs,
+    },
     /// Print the reconciler's events after a cursor; `--follow` streams new ones.
     Events {
         #[arg(long, default_value_t = 0)]

@@ -196,6 +196,21 @@ impl Client {
         Self::read(path, self.call("POST", path, Some(&bytes))?)
     }
 
+    /// The API's address (`https://host:port`), which the web view shares.
+    pub(crate) fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// `POST /v1/ui/sign-in-link`: a one-time web view sign-in for this token.
+    pub(crate) fn sign_in_link(&self) -> Result<operator_proto::ui::SignInLink> {
+        self.post_empty("/v1/ui/sign-in-link")
+    }
+
+    /// `POST /v1/ui/sign-out-everywhere`.
+    pub(crate) fn sign_out_everywhere(&self) -> Result<operator_proto::ui::SignedOut> {
+        self.post_empty("/v1/ui/sign-out-everywhere")
+    }
+
     /// A POST without a body; its typed answer.
     pub(crate) fn post_empty<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
         Self::read(path, self.call("POST", path, None)?)

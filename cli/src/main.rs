@@ -12,6 +12,7 @@ mod rollback;
 mod rollback_commit;
 mod rollout;
 mod secret;
+mod ui;
 mod up;
 mod verify;
 mod volumes;
@@ -109,6 +110,10 @@ fn main() -> ExitCode {
         Command::Up(args) => up::up(&args),
         Command::Down(args) => up::down(&args),
         Command::Status { server } => control_plane(server).and_then(|s| operator::status(&s)),
+        Command::Ui {
+            sign_out_everywhere,
+            server,
+        } => control_plane(server).and_then(|s| ui::ui(&s, sign_out_everywhere)),
         Command::Wait(args) => {
             control_plane(args.server.clone()).and_then(|server| wait::wait(&wait::WaitArgs { server, ..args }))
         }

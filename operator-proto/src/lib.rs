@@ -53,6 +53,7 @@ pub mod nodes;
 pub mod revisions;
 pub mod rollbacks;
 pub mod status;
+pub mod ui;
 pub mod volumes;
 
 pub use deployments::{Action, Canary, Deployment, DeploymentStatus, DeploymentsPage, Hold, MAX_WAIT_MS, Waiting};

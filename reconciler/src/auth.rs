@@ -114,6 +114,36 @@ impl Tokens {
         }
         Ok(name)
     }
+
+    /// A pasted token (the web view's sign-in): its hash, role and name when it is one of
+    /// the configured tokens. Compared with every entry, as [`Tokens::authorize`].
+    pub fn identify(&self, token: &str) -> Option<(String, Role, &str)> {
+        let token = token.trim();
+        if token.is_empty() {
+            return None;
+        }
+        let digest = Sha256::digest(token.as_bytes());
+        let mut found = None;
+        for (hash, role, name) in &self.entries {
+            if constant_time_eq(hash, &digest) {
+                found = Some((hex(&digest), *role, name.as_str()));
+            }
+        }
+        found
+    }
+
+    /// The role and name of the configured token with this hash (a session's), or `None`
+    /// once it is no longer configured.
+    pub fn by_hash(&self, hash_hex: &str) -> Option<(Role, &str)> {
+        let want = unhex(&hash_hex.to_ascii_lowercase())?;
+        let mut found = None;
+        for (hash, role, name) in &self.entries {
+            if constant_time_eq(hash, &want) {
+                found = Some((*role, name.as_str()));
+            }
+        }
+        found
+    }
 }
 
 /// Which forge sent a push webhook.

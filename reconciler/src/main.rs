@@ -250,6 +250,12 @@ fn daemon(config: &Path) -> Result<()> {
             ledger: Arc::clone(&ledger),
             logs: Arc::clone(&logs),
         });
+        let web = reconciler::http::ui::Ui::new(
+            Arc::clone(&ops),
+            Arc::clone(&hub),
+            Arc::clone(&tokens),
+            config.api.max_streams,
+        );
         let _watcher = watch_local(&reconciling).context("watching the repository")?;
         let listener = tokio::net::TcpListener::bind(listen)
             .await
@@ -261,7 +267,8 @@ fn daemon(config: &Path) -> Result<()> {
             tls,
             operator::router(operator)
                 .merge(enrolment::router(enrol))
-                .merge(logs::reader_router(readers)),
+                .merge(logs::reader_router(readers))
+                .merge(reconciler::http::ui::router(web)),
             max_connections,
             stopped.clone(),
         ));

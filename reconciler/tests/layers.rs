@@ -700,6 +700,7 @@ fn the_ledger_splits_by_aggregate_each_with_its_own_handle() {
         "Events",
         "Revisions",
         "Views",
+        "Sessions",
     ];
     let src = workspace().join("reconciler/src");
     let mut all = Vec::new();
@@ -759,6 +760,7 @@ fn the_surfaces_call_the_store_only_for_the_reads_the_code_map_names() {
         "events",
         "revisions",
         "views",
+        "sessions",
     ];
     let src = workspace().join("reconciler/src");
     let mut all = Vec::new();

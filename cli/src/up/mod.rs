@@ -198,6 +198,16 @@ pub fn up(args: &UpArgs) -> Result<u8> {
         );
     }
     let code = follow::converge(&client, &head, &environments, serving, timeout, started_ms)?;
+    // The web view beside the app's URL: its address and a one-click, one-time sign-in.
+    if let Some(lines) = crate::ui::lines_for_up(&client) {
+        for l in lines {
+            println!("{l}");
+        }
+        println!(
+            "pl up: the view's certificate is signed by this control plane's CA: trust {} in your browser",
+            local.path("tls/ca.crt").display()
+        );
+    }
     if signed {
         // Best effort: without the record, a commit replacing a rejected one is refused as
         // before (with how to start afresh), never applied wrongly.

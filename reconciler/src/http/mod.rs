@@ -1,7 +1,7 @@
 //! The HTTP surfaces: the operator API (`operator.rs`, its handlers thin over `ops`; the
 //! probes in `metrics.rs`; one environment's long poll in `environments.rs`; the OpenAPI
 //! document in `openapi.rs`), the agents' API over mutual TLS (`agent.rs`), enrolment, `pl
-//! logs` and event streams.
+//! logs` and event streams, and the web view (`ui/`, on the operator API's listener).
 
 pub mod agent;
 pub mod enrolment;
@@ -13,3 +13,4 @@ pub mod operator;
 pub mod peer;
 pub mod server;
 pub mod streams;
+pub mod ui;

@@ -367,6 +367,26 @@ pub fn document() -> OpenApi {
         req,
         (200, b),
     );
+    let b = d.json::<ui::SignInLink>();
+    d.route(
+        Post,
+        "/v1/ui/sign-in-link",
+        viewer,
+        "A one-time link (10 minutes) that signs a browser in to the web view as the caller's token.",
+        &[],
+        empty(),
+        (200, b),
+    );
+    let b = d.json::<ui::SignedOut>();
+    d.route(
+        Post,
+        "/v1/ui/sign-out-everywhere",
+        viewer,
+        "Ends every web view session of the caller's token.",
+        &[],
+        empty(),
+        (200, b),
+    );
     let b = d.json::<nodes::Nodes>();
     d.route(Get, "/v1/nodes", viewer, "Every declared node.", &[], empty(), (200, b));
     let b = d.json::<nodes::NodeToken>();

@@ -29,6 +29,7 @@ use operator_proto::events::Event;
 use operator_proto::revisions::ApproveRewrite;
 use operator_proto::rollbacks::{RollbackAsk, RolloutAsk};
 use operator_proto::status::WebhookAccepted;
+use operator_proto::ui::{SignInLink, SignedOut};
 use operator_proto::volumes::{MoveVolume, RemoveVolume};
 use serde::Deserialize;
 use std::path::PathBuf;
@@ -133,6 +134,8 @@ pub fn router(state: Arc<Operator>) -> Router {
         .route("/v1/outbox", get(outbox))
         .route("/v1/fleet", get(fleet))
         .route("/v1/rewrites/approve", post(approve_rewrite))
+        .route("/v1/ui/sign-in-link", post(sign_in_link))
+        .route("/v1/ui/sign-out-everywhere", post(sign_out_everywhere))
         .route("/v1/webhooks/{forge}", post(webhook))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
@@ -286,6 +289,46 @@ async fn rewrites(State(s): App, _: Caller<Viewers>, Params(q): Params<ListQuery
 /// Approves one refused rewrite (admin): recorded as an event naming the token.
 async fn approve_rewrite(State(s): App, who: Caller<Admins>, Ask(ask): Ask<ApproveRewrite>) -> Response {
     reply(OK, s.ops.approve_rewrite(&who.name, ask).await)
+}
+
+/// The caller's token, by hash (a session names it so).
+fn caller_hash(s: &Operator, headers: &HeaderMap) -> Option<String> {
+    let bearer = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|h| h.strip_prefix("Bearer "))?;
+    s.tokens.identify(bearer).map(|(hash, _, _)| hash)
+}
+
+/// A one-time link that signs a browser in to the web view as the caller's token (`pl ui`).
+async fn sign_in_link(State(s): App, who: Caller<Viewers>, headers: HeaderMap) -> Response {
+    let Some(hash) = caller_hash(&s, &headers) else {
+        return refuse(Denied::BadToken);
+    };
+    reply(
+        OK,
+        s.ops
+            .sign_in_link(&hash, &who.name)
+            .await
+            .map(|(code, expires)| SignInLink {
+                path: format!("/ui/sign-in/link?code={}", code.as_str()),
+                expires_at_ms: expires,
+            }),
+    )
+}
+
+/// Ends every web view session of the caller's token.
+async fn sign_out_everywhere(State(s): App, _: Caller<Viewers>, headers: HeaderMap) -> Response {
+    let Some(hash) = caller_hash(&s, &headers) else {
+        return refuse(Denied::BadToken);
+    };
+    reply(
+        OK,
+        s.ops
+            .sign_out_everywhere(&hash)
+            .await
+            .map(|sessions| SignedOut { sessions }),
+    )
 }
 
 #[derive(Deserialize)]

@@ -123,6 +123,24 @@ pub(crate) async fn json<T: serde::de::DeserializeOwned>(body: axum::body::Body)
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PeerCert(pub String);
 
+/// The address a connection came from.
+#[derive(Clone, Copy, Debug)]
+pub struct PeerAddr(pub std::net::SocketAddr);
+
+/// The request's peer address (unspecified when served without [`serve`], as in a bench).
+pub struct Peer(pub std::net::SocketAddr);
+
+impl<S: Send + Sync> FromRequestParts<S> for Peer {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(Peer(parts.extensions.get::<PeerAddr>().map_or_else(
+            || std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
+            |p| p.0,
+        )))
+    }
+}
+
 /// Loads the API's TLS certificate chain and key (PEM).
 pub fn tls_config(cert: &std::path::Path, key: &std::path::Path) -> Result<rustls::ServerConfig, String> {
     tls_config_with(cert, key, &[])
@@ -219,7 +237,9 @@ pub async fn serve(
                 .peer_certificates()
                 .and_then(|c| c.first())
                 .map(|c| PeerCert(agent_proto::cert_fingerprint(c.as_ref())));
-            let app = app.layer(axum::Extension(peer_cert));
+            let app = app
+                .layer(axum::Extension(peer_cert))
+                .layer(axum::Extension(PeerAddr(peer)));
             let service = hyper_util::service::TowerToHyperService::new(app);
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())

@@ -17,6 +17,8 @@ pub mod group;
 pub mod nodes;
 pub mod rewrites;
 pub mod rollbacks;
+pub mod screens;
+pub mod sessions;
 pub mod views;
 pub mod volumes;
 pub mod wire;

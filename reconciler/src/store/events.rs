@@ -27,6 +27,15 @@ impl crate::store::Events<'_> {
             .await
     }
 
+    /// Records one event on its own: an operator's ask that writes nothing else (a reconcile
+    /// asked from the web view, a sign-in).
+    pub async fn record(&self, now_ms: i64, kind: &str, subject: &str, detail: &str) -> Result<(), LedgerError> {
+        let mut tx = self.write_tx().await?;
+        self.event(&mut tx, now_ms, kind, subject, detail).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     /// Appends events, (kind, subject, detail), in the caller's transaction, many rows a
     /// statement. The one way events are written.
     pub(crate) async fn events_in(
@@ -78,6 +87,33 @@ impl crate::store::Events<'_> {
         ))
         .bind(cursor)
         .bind(horizon)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Events newest first, before a cursor (`None`: the newest), of one kind and one subject
+    /// when named: the web view's timeline. Only ids up to the horizon, as `events_after`.
+    pub async fn recent(
+        &self,
+        before: Option<i64>,
+        kind: Option<&str>,
+        subject: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<Event>, LedgerError> {
+        let Some(horizon) = self.event_horizon().await? else {
+            return Ok(Vec::new());
+        };
+        let top = before.map_or(horizon, |b| (b - 1).min(horizon));
+        Ok(sqlx::query_as(self.sql(
+            "SELECT id, at AS at_ms, kind, subject, detail FROM events WHERE id <= ? \
+             AND (? = '' OR kind = ?) AND (? = '' OR subject = ?) ORDER BY id DESC LIMIT ?",
+        ))
+        .bind(top)
+        .bind(kind.unwrap_or(""))
+        .bind(kind.unwrap_or(""))
+        .bind(subject.unwrap_or(""))
+        .bind(subject.unwrap_or(""))
         .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await?)

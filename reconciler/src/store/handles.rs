@@ -79,3 +79,8 @@ handle!(
     Views,
     views
 );
+handle!(
+    /// The web view's sessions and one-time sign-in links.
+    Sessions,
+    sessions
+);

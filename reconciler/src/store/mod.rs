@@ -28,6 +28,7 @@ pub mod rollbacks;
 pub mod rollouts;
 pub mod rows;
 mod sealing;
+pub mod sessions;
 pub mod views;
 pub mod volumes;
 pub mod watch;
@@ -62,7 +63,9 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 pub use events::Event;
-pub use handles::{Backups, Certificates, Deployments, Domains, Events, Jobs, Nodes, Revisions, Views, Volumes};
+pub use handles::{
+    Backups, Certificates, Deployments, Domains, Events, Jobs, Nodes, Revisions, Sessions, Views, Volumes,
+};
 pub(crate) use jobs::JobRow;
 pub use jobs::{Completion, Lease, LeaseToken, Measure, NewJob, Outcome, Refused, backoff_ms, job_key};
 

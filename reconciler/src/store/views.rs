@@ -71,6 +71,14 @@ pub struct DeploymentRow {
     /// The percent of requests the new release has from its last canary step done.
     #[serde(skip)]
     pub share: i64,
+    /// The commit that made this generation, and who signed it.
+    #[serde(skip)]
+    pub revision_sha: Option<String>,
+    #[serde(skip)]
+    pub signer: Option<String>,
+    /// Each replica placed, and whether it runs.
+    #[serde(skip)]
+    pub placed: Vec<PlacedReplica>,
 }
 
 /// A revision as stored: its reasons are JSON text.
@@ -101,6 +109,39 @@ struct DeploymentRecord {
     step_state: String,
     step_due: i64,
     share: i64,
+    revision_sha: Option<String>,
+    signer: Option<String>,
+}
+
+/// One generation of an environment as the ledger made it.
+#[derive(Clone, Debug, FromRow)]
+pub struct GenerationRow {
+    pub generation: i64,
+    pub action: String,
+    pub created_at_ms: i64,
+    pub sha: Option<String>,
+    pub signer: Option<String>,
+}
+
+/// What the overview narrows deployments to; the default is every one.
+#[derive(Clone, Debug, Default)]
+pub struct DeploymentFilter {
+    /// Names that hold this text ('' for any).
+    pub contains: String,
+    /// One status (`in-progress`, `done`, `failed`).
+    pub status: Option<&'static str>,
+    /// Only those a rollback holds.
+    pub held: bool,
+}
+
+/// One replica a generation places, and whether its node's agent reports it running and
+/// healthy there at that generation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlacedReplica {
+    pub node: String,
+    pub role: String,
+    pub index: u32,
+    pub running: bool,
 }
 
 /// Counts for `pl status` and `/metrics`.
@@ -185,11 +226,41 @@ impl crate::store::Views<'_> {
         limit: u32,
         now_ms: i64,
     ) -> Result<Vec<DeploymentRow>, LedgerError> {
+        self.deployments_where(after, &DeploymentFilter::default(), limit, now_ms)
+            .await
+    }
+
+    /// A page of deployments by name that match `filter` (the web view's overview).
+    pub async fn deployments_where(
+        &self,
+        after: Option<&str>,
+        filter: &DeploymentFilter,
+        limit: u32,
+        now_ms: i64,
+    ) -> Result<Vec<DeploymentRow>, LedgerError> {
+        // A name that holds the text, LIKE's wildcards in it taken as themselves.
+        let escaped: String = filter
+            .contains
+            .chars()
+            .flat_map(|c| match c {
+                '%' | '_' | '\\' => vec!['\\', c],
+                c => vec![c],
+            })
+            .collect();
+        let like = format!("%{escaped}%");
         let rows: Vec<DeploymentRecord> = sqlx::query_as(self.sql(
             "SELECT d.environment, d.branch, d.generation, d.action, d.status, d.step, d.updated_at, d.spec, d.previous_generation, \
-             d.hold, d.waiting, d.step_state, d.step_due, d.share FROM deployments d WHERE d.environment > ? ORDER BY d.environment LIMIT ?",
+             d.hold, d.waiting, d.step_state, d.step_due, d.share, r.sha AS revision_sha, r.principals AS signer \
+             FROM deployments d LEFT JOIN revisions r ON r.id = d.revision_id WHERE d.environment > ? \
+             AND (? = '' OR d.environment LIKE ? ESCAPE '\\') AND (? = '' OR d.status = ?) AND (? = 0 OR d.hold <> '') \
+             ORDER BY d.environment LIMIT ?",
         ))
         .bind(after.unwrap_or(""))
+        .bind(filter.contains.as_str())
+        .bind(like)
+        .bind(filter.status.unwrap_or(""))
+        .bind(filter.status.unwrap_or(""))
+        .bind(i64::from(filter.held))
         .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await?;
@@ -200,7 +271,8 @@ impl crate::store::Views<'_> {
     pub async fn deployment(&self, environment: &str, now_ms: i64) -> Result<Option<DeploymentRow>, LedgerError> {
         let rows: Vec<DeploymentRecord> = sqlx::query_as(self.sql(
             "SELECT d.environment, d.branch, d.generation, d.action, d.status, d.step, d.updated_at, d.spec, d.previous_generation, \
-             d.hold, d.waiting, d.step_state, d.step_due, d.share FROM deployments d WHERE d.environment = ?",
+             d.hold, d.waiting, d.step_state, d.step_due, d.share, r.sha AS revision_sha, r.principals AS signer \
+             FROM deployments d LEFT JOIN revisions r ON r.id = d.revision_id WHERE d.environment = ?",
         ))
         .bind(environment)
         .fetch_all(&self.pool)
@@ -244,6 +316,21 @@ impl crate::store::Views<'_> {
                             .any(|p| p.node.as_str() == node && p.role.as_str() == i.role && p.index == i.instance)
                 };
                 let running = here.iter().filter(|(n, i)| i.healthy && is_placed(n, i)).count();
+                let placed_replicas = placed
+                    .iter()
+                    .map(|p| PlacedReplica {
+                        node: p.node.to_string(),
+                        role: p.role.to_string(),
+                        index: p.index,
+                        running: here.iter().any(|(n, i)| {
+                            i.healthy
+                                && n.as_str() == p.node.as_str()
+                                && i.role == p.role.as_str()
+                                && i.instance == p.index
+                                && i64::try_from(i.generation).is_ok_and(|g| g == generation)
+                        }),
+                    })
+                    .collect();
                 let stale = here.iter().filter(|(n, i)| i.healthy && !is_placed(n, i)).count();
                 Ok(DeploymentRow {
                     environment,
@@ -264,9 +351,26 @@ impl crate::store::Views<'_> {
                     step_state: r.step_state,
                     step_due: r.step_due,
                     share: r.share,
+                    revision_sha: r.revision_sha,
+                    signer: r.signer,
+                    placed: placed_replicas,
                 })
             })
             .collect()
+    }
+
+    /// An environment's generations, newest first: each with the commit that made it and its
+    /// signer.
+    pub async fn generations(&self, environment: &str, limit: u32) -> Result<Vec<GenerationRow>, LedgerError> {
+        Ok(sqlx::query_as(self.sql(
+            "SELECT g.generation, g.action, g.created_at AS created_at_ms, r.sha, r.principals AS signer \
+             FROM deployment_generations g LEFT JOIN revisions r ON r.id = g.revision_id \
+             WHERE g.environment = ? ORDER BY g.generation DESC LIMIT ?",
+        ))
+        .bind(environment)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?)
     }
 
     /// The newest event a cursor may pass (see [`Ledger::event_horizon`]); 0 when there is

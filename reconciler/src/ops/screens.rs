@@ -1,0 +1,211 @@
+//! What the web view reads, each screen in one call: the overview's page of environments
+//! (each with the commit in force, its signer, and a failing job's reason), one
+//! environment's detail, and the event timeline newest first. Reads only, built from the same
+//! rows and `wire` conversions as the operator API's answers.
+
+use super::{Answer, OpError, Ops, now_ms, wire};
+use crate::store::views::{DeploymentFilter, GenerationRow, PlacedReplica};
+use operator_proto::Deployment;
+use operator_proto::backups::{Backups, BackupsQuery};
+use operator_proto::domains::Domain;
+use operator_proto::events::Event;
+use operator_proto::jobs::Job;
+use operator_proto::volumes::Volume;
+
+/// The overview's filter on what an environment is doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateFilter {
+    Any,
+    Failing,
+    RollingOut,
+    Held,
+    Settled,
+}
+
+impl StateFilter {
+    /// As the overview's `state=` spells it; `None` for an unknown word.
+    pub fn parse(s: &str) -> Option<StateFilter> {
+        Some(match s {
+            "" | "any" => StateFilter::Any,
+            "failing" => StateFilter::Failing,
+            "rolling-out" => StateFilter::RollingOut,
+            "held" => StateFilter::Held,
+            "settled" => StateFilter::Settled,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StateFilter::Any => "any",
+            StateFilter::Failing => "failing",
+            StateFilter::RollingOut => "rolling-out",
+            StateFilter::Held => "held",
+            StateFilter::Settled => "settled",
+        }
+    }
+
+    pub const ALL: [StateFilter; 5] = [
+        StateFilter::Any,
+        StateFilter::Failing,
+        StateFilter::RollingOut,
+        StateFilter::Held,
+        StateFilter::Settled,
+    ];
+}
+
+/// One environment as the overview shows it.
+pub struct EnvironmentRow {
+    pub deployment: Deployment,
+    /// The commit that made its generation, and who signed it.
+    pub revision: Option<String>,
+    pub signer: Option<String>,
+    /// A failed generation's failing job: its key and reason.
+    pub failure: Option<(String, String)>,
+}
+
+/// A page of the overview.
+pub struct OverviewPage {
+    pub rows: Vec<EnvironmentRow>,
+    /// The name to start the next page after.
+    pub next: Option<String>,
+}
+
+/// One environment in detail.
+pub struct EnvironmentDetail {
+    pub row: EnvironmentRow,
+    pub replicas: Vec<PlacedReplica>,
+    pub generations: Vec<GenerationRow>,
+    pub jobs: Vec<Job>,
+    pub volumes: Vec<Volume>,
+    pub backups: Backups,
+    pub domains: Vec<Domain>,
+    pub events: Vec<Event>,
+}
+
+/// The most rows one screen lists.
+pub const SCREEN_ROWS: u32 = 50;
+
+impl Ops {
+    /// A page of environments by name, narrowed by a text in the name and a state.
+    pub async fn overview(&self, contains: &str, state: StateFilter, after: Option<&str>) -> Answer<OverviewPage> {
+        let filter = DeploymentFilter {
+            contains: contains.chars().take(100).collect(),
+            status: match state {
+                StateFilter::Failing => Some("failed"),
+                StateFilter::RollingOut => Some("in-progress"),
+                StateFilter::Settled => Some("done"),
+                StateFilter::Any | StateFilter::Held => None,
+            },
+            held: state == StateFilter::Held,
+        };
+        let rows = self
+            .ledger
+            .views()
+            .deployments_where(after, &filter, SCREEN_ROWS, now_ms())
+            .await?;
+        let full = rows.len() == SCREEN_ROWS as usize;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows {
+            out.push(self.environment_row(r).await?.0);
+        }
+        let next = full
+            .then(|| out.last().map(|r| r.deployment.environment.clone()))
+            .flatten();
+        Ok(OverviewPage { rows: out, next })
+    }
+
+    async fn environment_row(
+        &self,
+        mut r: crate::store::views::DeploymentRow,
+    ) -> Answer<(EnvironmentRow, Vec<PlacedReplica>)> {
+        let (revision, signer, placed) = (r.revision_sha.take(), r.signer.take(), std::mem::take(&mut r.placed));
+        let deployment = wire::deployment(r)?;
+        let failure = if deployment.status == operator_proto::DeploymentStatus::Failed {
+            let failed = self
+                .ledger
+                .views()
+                .jobs(Some("failed"), Some(&deployment.environment), None, 1)
+                .await?;
+            failed
+                .into_iter()
+                .next()
+                .map(|j| (j.key.clone(), j.reason.clone().unwrap_or_default()))
+        } else {
+            None
+        };
+        Ok((
+            EnvironmentRow {
+                deployment,
+                revision,
+                signer,
+                failure,
+            },
+            placed,
+        ))
+    }
+
+    /// One environment in detail (`NotFound` when it has no deployment).
+    pub async fn environment_detail(&self, name: &str) -> Answer<EnvironmentDetail> {
+        let Some(r) = self.ledger.views().deployment(name, now_ms()).await? else {
+            return Err(OpError::not_found(
+                "environment-not-found",
+                format!("no deployment of environment {name}"),
+            ));
+        };
+        let (row, replicas) = self.environment_row(r).await?;
+        let generations = self.ledger.views().generations(name, 20).await?;
+        let jobs = self.jobs(None, Some(name), None, 20).await?.jobs;
+        let volumes = self
+            .volumes()
+            .await?
+            .volumes
+            .into_iter()
+            .filter(|v| v.environment == name)
+            .collect();
+        let backups = self
+            .backups(BackupsQuery {
+                environment: name.to_owned(),
+                volume: None,
+                limit: Some(10),
+            })
+            .await?;
+        let domains = self
+            .domains()
+            .await?
+            .domains
+            .into_iter()
+            .filter(|d| d.environment == name)
+            .collect();
+        let events = self.timeline(None, None, Some(name), 30).await?;
+        Ok(EnvironmentDetail {
+            row,
+            replicas,
+            generations,
+            jobs,
+            volumes,
+            backups,
+            domains,
+            events,
+        })
+    }
+
+    /// Events newest first before a cursor, of one kind and subject (an environment or a
+    /// node) when named.
+    pub async fn timeline(
+        &self,
+        before: Option<i64>,
+        kind: Option<&str>,
+        subject: Option<&str>,
+        limit: u32,
+    ) -> Answer<Vec<Event>> {
+        Ok(self
+            .ledger
+            .events()
+            .recent(before, kind, subject, limit)
+            .await?
+            .iter()
+            .map(wire::event)
+            .collect())
+    }
+}
