@@ -66,6 +66,24 @@ ensure_openapi_validator() {
   "$tools/bin/pip" install -q --disable-pip-version-check "openapi-spec-validator==$openapi_validator_version"
 }
 
+# ensure_axe: axe-core (Deque's accessibility checker, from the npm registry), pinned, into
+# $tools/axe: the web view's browser tests inject its axe.min.js into each page.
+axe_version=4.14.1
+ensure_axe() {
+  local js=$tools/axe/node_modules/axe-core/axe.min.js
+  if [[ -f $js ]] && grep -q "\"version\": \"$axe_version\"" "$tools/axe/node_modules/axe-core/package.json" 2>/dev/null; then
+    return 0
+  fi
+  if [[ $(id -u) != 0 && ! -w $tools ]]; then
+    echo "missing: axe-core $axe_version in $tools/axe (as root: npm install --prefix $tools/axe axe-core@$axe_version)" >&2
+    return 1
+  fi
+  command -v npm >/dev/null || ensure_packages npm
+  echo "installing axe-core $axe_version into $tools/axe"
+  mkdir -p "$tools/axe"
+  npm install --silent --no-audit --no-fund --prefix "$tools/axe" "axe-core@$axe_version" >/dev/null
+}
+
 # ensure_dockerd: a Docker engine that answers; started when none does (through systemd when
 # it runs, else in the background with its log in target/dockerd.log).
 ensure_dockerd() {

@@ -12,6 +12,7 @@ use reconciler::http::operator::{self, Operator};
 use reconciler::http::peer::Peers;
 use reconciler::http::server::{serve, tls_config, tls_config_with};
 use reconciler::http::streams::watch_events;
+use reconciler::http::ui::{self, Ui};
 use reconciler::hub::Hub;
 use reconciler::ops::Ops;
 use reconciler::ops::group::Group;
@@ -200,6 +201,41 @@ async fn serve_agents(
     ))))
 }
 
+/// What the operator listener serves: the operator API, enrolment, `pl logs`' readers and the
+/// web view, each with its own state.
+fn operator_listener(
+    config: &Arc<Config>,
+    ledger: &Arc<Ledger>,
+    ops: &Arc<Ops>,
+    hub: &Arc<Hub>,
+    tokens: &Arc<Tokens>,
+    logs: &Arc<LogHub>,
+) -> Result<axum::Router> {
+    let operator = Arc::new(
+        Operator::new(Arc::clone(config), Arc::clone(ops), Arc::clone(hub), Arc::clone(tokens))
+            .map_err(anyhow::Error::msg)?,
+    );
+    let enrol = Arc::new(Enrol {
+        config: Arc::clone(config),
+        ledger: Arc::clone(ledger),
+    });
+    let readers = Arc::new(Readers {
+        tokens: Arc::clone(tokens),
+        ledger: Arc::clone(ledger),
+        logs: Arc::clone(logs),
+    });
+    let web = Ui::new(
+        Arc::clone(ops),
+        Arc::clone(hub),
+        Arc::clone(tokens),
+        config.api.max_streams,
+    );
+    Ok(operator::router(operator)
+        .merge(enrolment::router(enrol))
+        .merge(logs::reader_router(readers))
+        .merge(ui::router(web)))
+}
+
 fn daemon(config: &Path) -> Result<()> {
     init_logs();
     let cfg = Config::load(config).map_err(|e| anyhow::anyhow!("{e} [{}]", e.code()))?;
@@ -232,46 +268,14 @@ fn daemon(config: &Path) -> Result<()> {
             lost_after_ms: config.control.lost_after_ms(),
             issues_certificates: config.issues_certificates(),
         });
-        let operator = Arc::new(
-            Operator::new(
-                Arc::clone(&config),
-                Arc::clone(&ops),
-                Arc::clone(&hub),
-                Arc::clone(&tokens),
-            )
-            .map_err(anyhow::Error::msg)?,
-        );
-        let enrol = Arc::new(Enrol {
-            config: Arc::clone(&config),
-            ledger: Arc::clone(&ledger),
-        });
-        let readers = Arc::new(Readers {
-            tokens: Arc::clone(&tokens),
-            ledger: Arc::clone(&ledger),
-            logs: Arc::clone(&logs),
-        });
-        let web = reconciler::http::ui::Ui::new(
-            Arc::clone(&ops),
-            Arc::clone(&hub),
-            Arc::clone(&tokens),
-            config.api.max_streams,
-        );
+        let operator_routes = operator_listener(&config, &ledger, &ops, &hub, &tokens, &logs)?;
         let _watcher = watch_local(&reconciling).context("watching the repository")?;
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .with_context(|| format!("listening on {listen}"))?;
         tracing::info!(listen = %listener.local_addr().unwrap_or(listen), "serving the API over TLS");
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        let api = tokio::spawn(serve(
-            listener,
-            tls,
-            operator::router(operator)
-                .merge(enrolment::router(enrol))
-                .merge(logs::reader_router(readers))
-                .merge(reconciler::http::ui::router(web)),
-            max_connections,
-            stopped.clone(),
-        ));
+        let api = tokio::spawn(serve(listener, tls, operator_routes, max_connections, stopped.clone()));
         let events = tokio::spawn(watch_events(Arc::clone(&ledger), Arc::clone(&hub), stopped.clone()));
         // The agents' API: the same server certificate, and a client certificate from the
         // control CA required to finish the handshake.

@@ -152,7 +152,9 @@ fn wait_torn_down(local: &Local, client: &Client, named: &[String], deadline: In
         if let Some(d) = rows
             .iter()
             .filter(wanted)
-            .find(|d| d.status == DeploymentStatus::Failed)
+            // Only the teardown's own failure: a release that failed before `pl down` is
+            // still the deployment until the pass makes the teardown generation.
+            .find(|d| d.action == Action::Teardown && d.status == DeploymentStatus::Failed)
         {
             bail!(
                 "the teardown of {} failed: see `pl events --local {}`",

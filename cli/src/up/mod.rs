@@ -198,16 +198,7 @@ pub fn up(args: &UpArgs) -> Result<u8> {
         );
     }
     let code = follow::converge(&client, &head, &environments, serving, timeout, started_ms)?;
-    // The web view beside the app's URL: its address and a one-click, one-time sign-in.
-    if let Some(lines) = crate::ui::lines_for_up(&client) {
-        for l in lines {
-            println!("{l}");
-        }
-        println!(
-            "pl up: the view's certificate is signed by this control plane's CA: trust {} in your browser",
-            local.path("tls/ca.crt").display()
-        );
-    }
+    print_view(&local, &client);
     if signed {
         // Best effort: without the record, a commit replacing a rejected one is refused as
         // before (with how to start afresh), never applied wrongly.
@@ -217,6 +208,19 @@ pub fn up(args: &UpArgs) -> Result<u8> {
         return Ok(code);
     }
     watch(&local, &client, ports, timeout, &builds, &args.docker_socket)
+}
+
+/// The web view beside the app's URL: its address and a one-click, one-time sign-in.
+fn print_view(local: &Local, client: &crate::client::Client) {
+    if let Some(lines) = crate::ui::lines_for_up(client) {
+        for l in lines {
+            println!("{l}");
+        }
+        println!(
+            "pl up: the view's certificate is signed by this control plane's CA: trust {} in your browser",
+            local.path("tls/ca.crt").display()
+        );
+    }
 }
 
 /// What a run applied into the mirror.

@@ -363,6 +363,9 @@ mod tests {
             step_state: "awaits-promote".into(),
             step_due: 0,
             share: 10,
+            revision_sha: Some("0123456789ab".into()),
+            signer: Some("ops-alice".into()),
+            placed: Vec::new(),
         }
     }
 

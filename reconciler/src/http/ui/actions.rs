@@ -5,8 +5,8 @@
 //! no buttons and is refused anyway. Each calls the same use case as the API, which records an
 //! event naming the token (a reconcile, which writes nothing else, is recorded here).
 
+use super::guard::{bad_csrf, csrf_ok, same_origin};
 use super::render::{Screen, Viewer, page};
-use super::signin::same_origin;
 use super::{App, Signed, failed, may_act, page_response, refusal_page, tip};
 use axum::Form;
 use axum::extract::{Path, Query, State};
@@ -79,22 +79,6 @@ impl Action {
             Action::Reconcile => "The control plane fetches Git and runs a pass now.".to_owned(),
         }
     }
-}
-
-/// Whether a posted CSRF token is the session's (compared in constant time).
-pub fn csrf_ok(who: &Signed, posted: &str) -> bool {
-    let want = who.viewer.csrf.as_bytes();
-    let got = posted.as_bytes();
-    want.len() == got.len() && want.iter().zip(got).fold(0u8, |a, (x, y)| a | (x ^ y)) == 0
-}
-
-pub fn bad_csrf(who: &Signed) -> Response {
-    refusal_page(
-        StatusCode::FORBIDDEN,
-        "bad-csrf-token",
-        "the form's token is not this session's; reload the page and try again",
-        Some(&who.viewer),
-    )
 }
 
 /// An action's button: a link to its confirmation (buttons only for those who may act).
@@ -212,46 +196,44 @@ pub async fn act(
         );
     }
     let name = who.viewer.name.as_str();
-    let env = f.environment.clone();
-    let done = match action {
-        Action::Rollback | Action::Release => ui
-            .ops
-            .rollback(
-                name,
-                RollbackAsk {
-                    environment: env.clone(),
-                    release: action == Action::Release,
-                },
-            )
-            .await
-            .map(|_| ()),
-        Action::Promote | Action::Abort => ui
-            .ops
-            .rollout(
-                name,
-                RolloutAsk {
-                    environment: env.clone(),
-                    action: if action == Action::Promote {
-                        RolloutAction::Promote
-                    } else {
-                        RolloutAction::Abort
-                    },
-                },
-            )
-            .await
-            .map(|_| ()),
-        Action::Backup => ui
-            .ops
-            .run_backup(
-                name,
-                RunBackup {
-                    environment: env.clone(),
-                    volume: f.volume.clone(),
-                    verify: false,
-                },
-            )
-            .await
-            .map(|_| ()),
+    let done = run(&ui, name, action, &f).await;
+    tracing::info!(token = %name, action = action.as_str(), environment = %f.environment, ok = done.is_ok(), "web view: action");
+    match done {
+        Ok(()) if f.environment.is_empty() => Redirect::to("/ui/").into_response(),
+        Ok(()) => Redirect::to(&format!("/ui/environments/{}", enc(&f.environment))).into_response(),
+        Err(e) => refused(&e, &who, &f.environment),
+    }
+}
+
+/// The use case an action calls, as the API's route for it would.
+async fn run(ui: &super::Ui, name: &str, action: Action, f: &Posted) -> crate::ops::Answer<()> {
+    let environment = f.environment.clone();
+    match action {
+        Action::Rollback | Action::Release => {
+            let release = action == Action::Release;
+            let ask = RollbackAsk { environment, release };
+            ui.ops.rollback(name, ask).await.map(|_| ())
+        }
+        Action::Promote | Action::Abort => {
+            let action = if action == Action::Promote {
+                RolloutAction::Promote
+            } else {
+                RolloutAction::Abort
+            };
+            ui.ops
+                .rollout(name, RolloutAsk { environment, action })
+                .await
+                .map(|_| ())
+        }
+        Action::Backup => {
+            let volume = f.volume.clone();
+            let ask = RunBackup {
+                environment,
+                volume,
+                verify: false,
+            };
+            ui.ops.run_backup(name, ask).await.map(|_| ())
+        }
         Action::Reconcile => {
             ui.ops.reconcile_now();
             ui.ops
@@ -263,34 +245,22 @@ pub async fn act(
                 )
                 .await
         }
-    };
-    tracing::info!(token = %name, action = action.as_str(), environment = %env, ok = done.is_ok(), "web view: action");
-    match done {
-        Ok(()) if env.is_empty() => Redirect::to("/ui/").into_response(),
-        Ok(()) => Redirect::to(&format!("/ui/environments/{}", enc(&env))).into_response(),
-        Err(e) => {
-            let mut r = failed(&e);
-            // The refusal page names the viewer too.
-            if e.kind == crate::ops::Kind::Unavailable {
-                return r;
-            }
-            *r.body_mut() = axum::body::Body::from(
-                page(
-                    "Refused",
-                    Screen::Other,
-                    Some(&who.viewer),
-                    0,
-                    html! {
-                        h1 { "Refused" }
-                        p class="refusal" role="alert" { strong { (e.code) } ": " (e.message) }
-                        p { a href=(format!("/ui/environments/{}", enc(&env))) { "Back to " (env) } }
-                    },
-                )
-                .into_string(),
-            );
-            r
-        }
     }
+}
+
+/// A use case's refusal as a page naming the viewer, with the way back.
+fn refused(e: &crate::ops::OpError, who: &Signed, env: &str) -> Response {
+    let mut r = failed(e);
+    if e.kind == crate::ops::Kind::Unavailable {
+        return r;
+    }
+    let main = html! {
+        h1 { "Refused" }
+        p class="refusal" role="alert" { strong { (e.code) } ": " (e.message) }
+        p { a href=(format!("/ui/environments/{}", enc(env))) { "Back to " (env) } }
+    };
+    *r.body_mut() = axum::body::Body::from(page("Refused", Screen::Other, Some(&who.viewer), 0, main).into_string());
+    r
 }
 
 #[cfg(test)]

@@ -155,13 +155,13 @@ pub fn event_list(events: &[Event], now: i64) -> Markup {
     html! {
         @if events.is_empty() { p { "No events." } }
         @else {
-            ol class="events" reversed {
+            ul class="events" {
                 @for e in events {
                     li id=(format!("event-{}", e.id)) {
                         (when(e.at_ms, now)) " "
                         a class="kind" href=(format!("/ui/events?kind={}", enc(&e.kind))) { (e.kind) } " "
                         a class="subject" href=(format!("/ui/events?subject={}", enc(&e.subject))) { (e.subject) } " "
-                        span class="detail" { (e.detail) }
+                        span class="detail" { (super::render::long_text(&e.detail)) }
                     }
                 }
             }

@@ -12,6 +12,7 @@
 
 mod actions;
 mod assets;
+mod guard;
 mod lists;
 mod live;
 mod pages;

@@ -164,6 +164,15 @@ fn environment_main(x: &EnvironmentDetail, v: &super::render::Viewer) -> Markup 
                 (bar(u64::from(c.weight), 100, &format!("canary share {}%", c.weight)))
             }
         }
+        (replicas_and_history(x, now))
+        (volumes_hostnames_events(x, v, now))
+    }
+}
+
+/// Replicas per node with health, generations with their commits, recent jobs.
+fn replicas_and_history(x: &EnvironmentDetail, now: i64) -> Markup {
+    let d = &x.row.deployment;
+    html! {
         section aria-labelledby="replicas" {
             h2 id="replicas" { "Replicas" }
             table {
@@ -204,11 +213,18 @@ fn environment_main(x: &EnvironmentDetail, v: &super::render::Viewer) -> Markup 
                 thead { tr { th scope="col" { "Job" } th scope="col" { "Node" } th scope="col" { "State" } th scope="col" { "Reason" } } }
                 tbody {
                     @for j in &x.jobs {
-                        tr { td { code { (j.key) } } td { (j.target_node) } td { (j.state.as_str()) } td { (j.reason.as_deref().unwrap_or("")) } }
+                        tr { td { code { (j.key) } } td { (j.target_node) } td { (j.state.as_str()) } td { (super::render::long_text(j.reason.as_deref().unwrap_or(""))) } }
                     }
                 }
             }
         }
+    }
+}
+
+/// Volumes with their backups, hostnames with their certificates, the environment's events.
+fn volumes_hostnames_events(x: &EnvironmentDetail, v: &super::render::Viewer, now: i64) -> Markup {
+    let env = x.row.deployment.environment.as_str();
+    html! {
         @if !x.volumes.is_empty() {
             section aria-labelledby="volumes" {
                 h2 id="volumes" { "Volumes" }

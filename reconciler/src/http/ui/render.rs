@@ -144,13 +144,24 @@ pub fn state_words(row: &EnvironmentRow) -> StateWords {
     let d = &row.deployment;
     let words = |class, words: String| StateWords { class, words };
     if let Some(h) = d.hold.as_ref().filter(|h| !h.released) {
-        return words(
-            "held",
+        // What the hold asked is said as asked until the agents report it done.
+        let words_now = if d.generation < h.generation as i64 {
+            format!(
+                "rolling back: generation {} will run generation {}'s release again (asked by {})",
+                h.generation, h.to, h.by
+            )
+        } else if d.status == DeploymentStatus::Done && d.running == d.replicas {
             format!(
                 "held by a rollback: generation {} runs generation {}'s release again (asked by {}); differs from Git",
                 h.generation, h.to, h.by
-            ),
-        );
+            )
+        } else {
+            format!(
+                "rolling back to generation {}'s release as generation {} (asked by {}): {} of {} replicas running",
+                h.to, h.generation, h.by, d.running, d.replicas
+            )
+        };
+        return words("held", words_now);
     }
     if d.action == operator_proto::deployments::Action::Teardown {
         return match d.status {
@@ -164,9 +175,14 @@ pub fn state_words(row: &EnvironmentRow) -> StateWords {
             let why = row
                 .failure
                 .as_ref()
-                .map(|(key, reason)| format!(": {reason} (job {key})"))
+                .map(|(key, reason)| format!(": {} (job {key})", first_line(reason, 160)))
                 .unwrap_or_default();
-            words("failing", format!("failing{why}"))
+            let serving = if d.stale > 0 {
+                format!("; {} replicas of an earlier generation still serve", d.stale)
+            } else {
+                String::new()
+            };
+            words("failing", format!("failing{why}{serving}"))
         }
         DeploymentStatus::InProgress => {
             let canary = d.canary.as_ref().map(|c| {
@@ -202,6 +218,32 @@ pub fn state_words(row: &EnvironmentRow) -> StateWords {
     }
 }
 
+/// A text's first line, at most `max` characters (an ellipsis says there is more).
+pub fn first_line(text: &str, max: usize) -> String {
+    let line = text.lines().next().unwrap_or_default();
+    let mut out: String = line.chars().take(max).collect();
+    if out.len() < line.len() || text.lines().nth(1).is_some() {
+        out.push('…');
+    }
+    out
+}
+
+/// A text that may run long (a job's reason with its output, an event's detail): its first
+/// line, and the whole in a disclosure.
+pub fn long_text(text: &str) -> Markup {
+    let first = first_line(text, 200);
+    html! {
+        @if first.ends_with('…') {
+            details class="long" {
+                summary { (first) }
+                pre { (text) }
+            }
+        } @else {
+            (text)
+        }
+    }
+}
+
 /// A used-of-total bar as SVG, with its numbers in words beside it for readers of text.
 pub fn bar(used: u64, total: u64, label: &str) -> Markup {
     let share = if total == 0 {
@@ -228,6 +270,15 @@ mod tests {
         assert_eq!(ago(0, 59_000), "59 s ago");
         assert_eq!(ago(0, 7_200_000), "2 h ago");
         assert_eq!(utc(86_400_000), "1970-01-02 00:00:00 UTC");
+    }
+
+    #[test]
+    fn long_text_keeps_its_first_line() {
+        assert_eq!(first_line("a: b\nmore", 100), "a: b…");
+        assert_eq!(first_line("abcdef", 3), "abc…");
+        assert_eq!(first_line("short", 100), "short");
+        let html = long_text("code: what\n<b>output</b>").into_string();
+        assert!(html.contains("<details") && html.contains("&lt;b&gt;output"), "{html}");
     }
 
     #[test]

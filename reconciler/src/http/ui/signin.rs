@@ -4,6 +4,7 @@
 //! from the view's own origin (the browser says so in `Origin` or `Sec-Fetch-Site`), so no
 //! other site can sign a browser in as someone else.
 
+use super::guard::{bad_csrf, csrf_ok, same_origin};
 use super::render::{Screen, page};
 use super::{App, COOKIE, Signed, failed, page_response, refusal_page};
 use crate::http::server::Peer;
@@ -28,10 +29,13 @@ pub const WINDOW: Duration = Duration::from_secs(60);
 /// Addresses remembered at once; past that the window starts over for all.
 const ADDRESSES: usize = 10_000;
 
+/// One window's counts: when it began, attempts in all, attempts by address.
+type Window = (Instant, u32, HashMap<IpAddr, u32>);
+
 /// Fixed-window counts of sign-in attempts (tokens pasted and links used).
 #[derive(Default)]
 pub struct Limiter {
-    counts: Mutex<Option<(Instant, u32, HashMap<IpAddr, u32>)>>,
+    counts: Mutex<Option<Window>>,
 }
 
 impl Limiter {
@@ -76,24 +80,6 @@ fn sign_in_page(status: StatusCode, problem: Option<&str>) -> Response {
         }
     };
     (status, page_response(page("Sign in", Screen::Other, None, 0, main))).into_response()
-}
-
-/// Whether a POST comes from the view's own pages: browsers send `Sec-Fetch-Site` (and
-/// `Origin` on every POST); a request with neither is not a browser's cross-site one.
-pub fn same_origin(headers: &HeaderMap) -> bool {
-    if let Some(site) = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok()) {
-        return site == "same-origin" || site == "none";
-    }
-    match (headers.get(header::ORIGIN), headers.get(header::HOST)) {
-        (Some(origin), Some(host)) => origin
-            .to_str()
-            .ok()
-            .and_then(|o| o.strip_prefix("https://"))
-            .zip(host.to_str().ok())
-            .is_some_and(|(o, h)| o == h),
-        (Some(_), None) => false,
-        (None, _) => true,
-    }
 }
 
 #[derive(Deserialize)]
@@ -196,8 +182,8 @@ pub struct CsrfForm {
 
 /// Ends the session on the server and forgets the cookie.
 pub async fn sign_out(State(ui): App, who: Signed, Form(f): Form<CsrfForm>) -> Response {
-    if !super::actions::csrf_ok(&who, &f.csrf) {
-        return super::actions::bad_csrf(&who);
+    if !csrf_ok(&who, &f.csrf) {
+        return bad_csrf(&who);
     }
     if let Err(e) = ui.ops.sign_out(&who.session).await {
         return failed(&e);
@@ -234,19 +220,5 @@ mod tests {
             }
         }
         assert_eq!(allowed, ATTEMPTS_IN_TOTAL, "the total's limit");
-    }
-
-    #[test]
-    fn a_cross_site_post_is_told_apart() {
-        let mut h = HeaderMap::new();
-        assert!(same_origin(&h), "no browser headers: not a browser's cross-site post");
-        h.insert("sec-fetch-site", HeaderValue::from_static("cross-site"));
-        assert!(!same_origin(&h));
-        let mut h = HeaderMap::new();
-        h.insert(header::HOST, HeaderValue::from_static("localhost:8443"));
-        h.insert(header::ORIGIN, HeaderValue::from_static("https://evil.invalid"));
-        assert!(!same_origin(&h));
-        h.insert(header::ORIGIN, HeaderValue::from_static("https://localhost:8443"));
-        assert!(same_origin(&h));
     }
 }

@@ -10,6 +10,10 @@
     return;
   }
   var timer = null;
+  // What identifies a control across two copies of a page.
+  function keyOf(e) {
+    return [e.tagName, e.id, e.getAttribute("href") || "", e.getAttribute("name") || "", e.textContent.trim()].join("|");
+  }
   var busy = false;
   var again = false;
   function refresh() {
@@ -28,12 +32,18 @@
       .then(function (html) {
         var fresh = new DOMParser().parseFromString(html, "text/html").getElementById("main");
         if (fresh && fresh.innerHTML !== main.innerHTML) {
-          var focused = document.activeElement && main.contains(document.activeElement) ? document.activeElement.id : "";
+          var focused = document.activeElement && main.contains(document.activeElement) ? keyOf(document.activeElement) : "";
           var adopted = document.importNode(fresh, true);
           main.replaceWith(adopted);
           main = adopted;
-          if (focused && document.getElementById(focused)) {
-            document.getElementById(focused).focus();
+          // Keyboard users keep their place: the same control in the fresh copy gets focus.
+          if (focused) {
+            var same = Array.prototype.find.call(main.querySelectorAll("a, button, input, select, textarea, [tabindex]"), function (e) {
+              return keyOf(e) === focused;
+            });
+            if (same) {
+              same.focus();
+            }
           }
         }
         live.textContent = "Live: updated at " + new Date().toLocaleTimeString();
@@ -50,15 +60,34 @@
       });
   }
   var after = body.dataset.after || "0";
-  var source = new EventSource("/ui/live?after=" + encodeURIComponent(after));
-  source.onopen = function () {
-    live.textContent = "Live";
-  };
-  source.onmessage = function () {
-    clearTimeout(timer);
-    timer = setTimeout(refresh, 100);
-  };
-  source.onerror = function () {
-    live.textContent = "Live: reconnecting";
-  };
+  var source = null;
+  function connect() {
+    source = new EventSource("/ui/live?after=" + encodeURIComponent(after));
+    source.onopen = function () {
+      live.textContent = "Live";
+    };
+    source.onmessage = function (e) {
+      after = e.lastEventId || after;
+      clearTimeout(timer);
+      timer = setTimeout(refresh, 100);
+    };
+    source.onerror = function () {
+      live.textContent = "Live: reconnecting";
+    };
+  }
+  // A page left for another closes its stream: a browser holds six connections to a host over
+  // HTTP/1.1, and pages kept for the back button would otherwise keep theirs open.
+  window.addEventListener("pagehide", function () {
+    if (source) {
+      source.close();
+      source = null;
+    }
+  });
+  window.addEventListener("pageshow", function (e) {
+    if (e.persisted && !source) {
+      connect();
+      refresh();
+    }
+  });
+  connect();
 })();
