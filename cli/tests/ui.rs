@@ -364,6 +364,16 @@ fn the_web_view_in_chromium_follows_the_quickstart_live() {
             c.find(Locator::Id("confirm")).await.expect("confirm").click().await.expect("click");
             let text = wait_text(&c, "held by a rollback", Duration::from_secs(30)).await;
             assert!(text.contains("asked by pl-up"), "{text}");
+            // The releases' commit-to-live times, drawn and said in words.
+            let chart = c
+                .find(Locator::Css("svg.chart"))
+                .await
+                .expect("a commit-to-live chart")
+                .attr("aria-label")
+                .await
+                .expect("label")
+                .unwrap_or_default();
+            assert!(chart.contains("generation 1: ") && chart.contains("generation 2: "), "{chart}");
             shot(&c, "environment").await;
             let found = axe(&c, &axe_js).await;
             assert!(found.is_empty(), "environment: {found:?}");

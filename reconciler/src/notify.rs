@@ -52,10 +52,7 @@ pub fn status_of(kind: &str, subject: &str, detail: &str) -> Option<(String, i64
     if detail.contains(", a rollback") {
         return None;
     }
-    let generation = |d: &str| -> Option<i64> {
-        let rest = d.strip_prefix("generation ")?;
-        rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
-    };
+    let generation = crate::store::events::generation_in;
     let env = subject.to_owned();
     match kind {
         "deployment-rollout" => {

@@ -465,7 +465,13 @@ fn the_web_view_writes_no_value_unescaped() {
         assert!(!text.contains("script {"), "{} writes an inline script", f.display());
     }
     let js = std::fs::read_to_string(dir.join("assets/ui.js")).expect("ui.js");
-    for risky in ["innerHTML =", "outerHTML", "insertAdjacentHTML", "eval(", "document.write"] {
+    for risky in [
+        "innerHTML =",
+        "outerHTML",
+        "insertAdjacentHTML",
+        "eval(",
+        "document.write",
+    ] {
         assert!(!js.contains(risky), "ui.js uses {risky}");
     }
 }

@@ -81,6 +81,9 @@ pub struct EnvironmentDetail {
     pub backups: Backups,
     pub domains: Vec<Domain>,
     pub events: Vec<Event>,
+    /// Releases live on every replica, oldest first: (generation, milliseconds from the pass
+    /// that made the generation, when its commit was judged, to live).
+    pub to_live: Vec<(i64, i64)>,
 }
 
 /// The most rows one screen lists.
@@ -178,6 +181,8 @@ impl Ops {
             .filter(|d| d.environment == name)
             .collect();
         let events = self.timeline(None, None, Some(name), 30).await?;
+        let lived = self.ledger.events().lived(name, 20).await?;
+        let to_live = to_live(&generations, &lived);
         Ok(EnvironmentDetail {
             row,
             replicas,
@@ -187,6 +192,7 @@ impl Ops {
             backups,
             domains,
             events,
+            to_live,
         })
     }
 
@@ -207,5 +213,40 @@ impl Ops {
             .iter()
             .map(wire::event)
             .collect())
+    }
+}
+
+/// Each release's time from its generation's making to live on every replica, oldest first:
+/// the generations made (with when) against the `deployment-rollout-done` times.
+pub fn to_live(generations: &[GenerationRow], lived: &[(i64, i64)]) -> Vec<(i64, i64)> {
+    let mut out: Vec<(i64, i64)> = lived
+        .iter()
+        .filter_map(|(g, at)| {
+            let made = generations.iter().find(|r| r.generation == *g)?;
+            Some((*g, (at - made.created_at_ms).max(0)))
+        })
+        .collect();
+    out.sort_unstable();
+    out.dedup_by_key(|(g, _)| *g);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commit_to_live_pairs_each_release_with_its_generation() {
+        let g = |generation, created_at_ms| GenerationRow {
+            generation,
+            action: "rollout".into(),
+            created_at_ms,
+            sha: None,
+            signer: None,
+        };
+        let generations = [g(3, 10_000), g(2, 5_000), g(1, 1_000)];
+        // Newest first, as the events are read; generation 4 is not among those made.
+        let lived = [(4, 40_000), (3, 12_500), (1, 1_800)];
+        assert_eq!(to_live(&generations, &lived), vec![(1, 800), (3, 2_500)]);
     }
 }

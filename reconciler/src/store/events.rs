@@ -13,6 +13,13 @@ pub struct Event {
     pub detail: String,
 }
 
+/// The generation a deployment event's detail names (`generation 7, …`), as the events are
+/// written (docs/reconciler.md, "Events").
+pub fn generation_in(detail: &str) -> Option<i64> {
+    let rest = detail.strip_prefix("generation ")?;
+    rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+}
+
 impl crate::store::Events<'_> {
     /// Appends one event in the caller's transaction.
     pub(crate) async fn event(
@@ -117,6 +124,24 @@ impl crate::store::Events<'_> {
         .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await?)
+    }
+
+    /// When each of an environment's newest generations was live on every replica: the
+    /// `deployment-rollout-done` events' times and generations, newest first (a rollback's own
+    /// generation left out).
+    pub async fn lived(&self, environment: &str, limit: u32) -> Result<Vec<(i64, i64)>, LedgerError> {
+        let rows: Vec<(i64, String)> = sqlx::query_as(self.sql(
+            "SELECT at, detail FROM events WHERE subject = ? AND kind = 'deployment-rollout-done' ORDER BY id DESC LIMIT ?",
+        ))
+        .bind(environment)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .filter(|(_, d)| !d.contains(", a rollback"))
+            .filter_map(|(at, d)| Some((generation_in(&d)?, at)))
+            .collect())
     }
 
     /// The largest event id below which no event can still appear, or `None` when writers that

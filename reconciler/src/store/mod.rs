@@ -12,7 +12,7 @@ mod cron;
 pub(crate) mod deployments;
 pub mod domains;
 mod drift;
-mod events;
+pub mod events;
 pub mod fleet;
 mod handles;
 mod jobs;

@@ -190,6 +190,13 @@ fn replicas_and_history(x: &EnvironmentDetail, now: i64) -> Markup {
                 }
             }
         }
+        @if !x.to_live.is_empty() {
+            section aria-labelledby="to-live" {
+                h2 id="to-live" { "Commit to live" }
+                p { "Seconds from each release's commit being judged to its last replica serving it." }
+                (super::render::live_times(&x.to_live))
+            }
+        }
         section aria-labelledby="generations" {
             h2 id="generations" { "Generations" }
             table {

@@ -261,6 +261,32 @@ pub fn bar(used: u64, total: u64, label: &str) -> Markup {
     }
 }
 
+/// Commit-to-live times as bars, one per release (oldest on the left), each labelled with its
+/// generation and seconds; the same figures as a list for readers of text.
+pub fn live_times(times: &[(i64, i64)]) -> Markup {
+    let most = times.iter().map(|(_, ms)| *ms).max().unwrap_or(1).max(1) as f64;
+    let width = 40 * times.len().max(1) + 10;
+    let label = format!(
+        "Seconds from commit to live, per release: {}",
+        times
+            .iter()
+            .map(|(g, ms)| format!("generation {g}: {:.1} s", *ms as f64 / 1000.0))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    html! {
+        svg class="chart" width=(width) height="140" viewBox=(format!("0 0 {width} 140")) role="img" aria-label=(label) {
+            @for (i, (g, ms)) in times.iter().enumerate() {
+                @let h = ((*ms as f64 / most) * 90.0).round().max(1.0);
+                @let x = 10 + i * 40;
+                rect class="bar-used" x=(x) y=(112.0 - h) width="28" height=(h) {}
+                text x=(x + 14) y=(108.0 - h) text-anchor="middle" class="chart-value" { (format!("{:.1}", *ms as f64 / 1000.0)) }
+                text x=(x + 14) y="128" text-anchor="middle" class="chart-label" { "g" (g) }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
