@@ -12,7 +12,8 @@
 //!   event naming the token; signing out ends the session on the server;
 //! - a token named like a script, and a signed commit refused for a file named like one,
 //!   render as text in the events and revisions screens;
-//! - the overview filters by name and state; live streams are limited per session.
+//! - the overview filters by name and state; live streams are limited per session;
+//! - a follower replica on the same ledger knows the leader's sessions and says it reads only.
 
 #[path = "support/daemon.rs"]
 mod daemon_support;
@@ -299,6 +300,23 @@ fn the_web_view_signs_in_escapes_and_refuses_as_the_api_does() {
         events.contains("reconcile-asked") && events.contains("(by operator)"),
         "the action names the token: {events}"
     );
+
+    // A second replica on the same ledger (a follower) knows the session: one sign-in serves
+    // both, and its view says it reads only.
+    let port2 = free_port();
+    let cfg2 = config(&s, "d2", &repo.dir, &url, port2, "");
+    let mut follower = Daemon::start(&s, &cfg2, port2);
+    follower.wait_ready(Duration::from_secs(20));
+    let mut other = Browser::new(&ca, port2);
+    other.cookie = operator.cookie.clone();
+    let a = other.get("/ui/");
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(
+        a.body.contains("follows (reads only)") && a.body.contains("api-production"),
+        "{}",
+        a.body
+    );
+    follower.term();
 
     // A one-time link signs in once.
     let (status, body) = daemon.post(
