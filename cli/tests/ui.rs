@@ -8,6 +8,8 @@
 //!   the page brings Git's release back; a failing release shows its job's code;
 //! - a viewer whose token's name is markup sees it as text (no alert, no script node but the
 //!   view's own), no action, and a forged action from its page is refused;
+//! - the plan between two accepted commits reads as `pl plan` prints it; a role's log tail
+//!   shows the lines its replicas wrote;
 //! - keyboard navigation reaches every action; axe-core (from the npm registry, injected by
 //!   the test) finds no serious or critical violation on any screen.
 //!
@@ -411,6 +413,38 @@ fn the_web_view_in_chromium_follows_the_quickstart_live() {
                 let found = axe(&c, &axe_js).await;
             assert!(found.is_empty(), "{name}: {found:?}");
             }
+            // The plan of the newest commit from the one before, as `pl plan` prints it.
+            c.goto(&format!("{origin}/ui/revisions")).await.expect("revisions");
+            c.find(Locator::XPath("//a[starts-with(normalize-space(.), 'from ')]"))
+                .await
+                .expect("a plan link")
+                .click()
+                .await
+                .expect("click");
+            wait_path(&c, "/ui/plan").await;
+            let text = main_text(&c).await;
+            assert!(
+                text.contains("Pushleft plan:") && text.contains("path: /missing") && text.contains("path: /healthz"),
+                "{text}"
+            );
+            shot(&c, "plan").await;
+            let found = axe(&c, &axe_js).await;
+            assert!(found.is_empty(), "plan: {found:?}");
+
+            // A role's log tail: the lines its replicas wrote, then new ones as they come.
+            c.goto(&format!("{origin}/ui/environments/hello-production")).await.expect("environment");
+            c.find(Locator::LinkText("Logs of web")).await.expect("a log link").click().await.expect("click");
+            let start = Instant::now();
+            loop {
+                let log = c.find(Locator::Id("log")).await.expect("log").text().await.unwrap_or_default();
+                if log.contains("response:") {
+                    break;
+                }
+                assert!(start.elapsed() < Duration::from_secs(20), "no log lines: {log:?}");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            shot(&c, "logs").await;
+
             // The timeline filtered by kind: the rollback asked from the page names the token.
             c.goto(&format!("{origin}/ui/events?kind=rollback-asked")).await.expect("events");
             let text = main_text(&c).await;

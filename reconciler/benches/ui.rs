@@ -183,10 +183,18 @@ async fn run(dir: &Path, repo: &Repo, base: &str, head: &str, url: &str, samples
         branch: "main".into(),
         lost_after_ms: 30_000,
         issues_certificates: false,
+        repo_dir: Some(repo.dir.clone()),
+        plans: tokio::sync::Semaphore::new(1),
     });
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let watcher = tokio::spawn(watch_events(Arc::clone(&ledger), Arc::clone(&hub), stopped));
-    let view = ui::router(Ui::new(Arc::clone(&ops), Arc::clone(&hub), Arc::clone(&tokens), 64));
+    let view = ui::router(Ui::new(
+        Arc::clone(&ops),
+        Arc::clone(&hub),
+        Arc::clone(&tokens),
+        64,
+        None,
+    ));
     let api = operator::router(Arc::new(
         Operator::new(
             Arc::clone(&config),

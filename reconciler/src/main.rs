@@ -229,6 +229,7 @@ fn operator_listener(
         Arc::clone(hub),
         Arc::clone(tokens),
         config.api.max_streams,
+        Some(Arc::clone(&readers)),
     );
     Ok(operator::router(operator)
         .merge(enrolment::router(enrol))
@@ -267,6 +268,8 @@ fn daemon(config: &Path) -> Result<()> {
             branch: config.source.branch.clone(),
             lost_after_ms: config.control.lost_after_ms(),
             issues_certificates: config.issues_certificates(),
+            repo_dir: config.source.path.clone().or_else(|| config.source.cache_dir.clone()),
+            plans: tokio::sync::Semaphore::new(1),
         });
         let operator_routes = operator_listener(&config, &ledger, &ops, &hub, &tokens, &logs)?;
         let _watcher = watch_local(&reconciling).context("watching the repository")?;

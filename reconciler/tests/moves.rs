@@ -136,6 +136,8 @@ async fn scenario(url: String, dir: &Path) {
         branch: "main".into(),
         lost_after_ms: shared.config.control.lost_after_ms(),
         issues_certificates: shared.config.issues_certificates(),
+        repo_dir: None,
+        plans: tokio::sync::Semaphore::new(1),
     };
     let move_to = |to: &str| operator_proto::volumes::MoveVolume {
         environment: "api-production".into(),

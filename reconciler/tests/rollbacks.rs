@@ -451,6 +451,8 @@ async fn canary_scenario(url: String, dir: &Path) {
         branch: "main".into(),
         lost_after_ms: shared.config.control.lost_after_ms(),
         issues_certificates: shared.config.issues_certificates(),
+        repo_dir: None,
+        plans: tokio::sync::Semaphore::new(1),
     };
     let step_state = || {
         let url = url.clone();

@@ -126,6 +126,13 @@ impl Browser {
     }
 }
 
+/// A fresh viewer session.
+fn viewer_again(ca: &std::path::Path, port: u16, token: &str) -> Browser {
+    let mut b = Browser::new(ca, port);
+    assert_eq!(b.sign_in(token).status, 303);
+    b
+}
+
 fn until(within: Duration, mut f: impl FnMut() -> bool) -> bool {
     let start = Instant::now();
     while start.elapsed() < within {
@@ -151,7 +158,7 @@ fn the_web_view_signs_in_escapes_and_refuses_as_the_api_does() {
         "environments/api-staging.yaml",
         &environment("api-staging", "api").replace("pool: main}", "pool: main, hostname: staging.example.com}"),
     );
-    repo.commit("api in two environments", true);
+    let first = repo.commit("api in two environments", true);
     let mut s = setup(dir.path());
     // A token whose name is markup: it is shown (who is signed in, the sign-in event) as text.
     let hostile = "<script>alert('t')</script>";
@@ -336,6 +343,39 @@ fn the_web_view_signs_in_escapes_and_refuses_as_the_api_does() {
     let again = Browser::new(&ca, port).get(&link.path);
     assert_eq!(again.status, 401, "a link works once");
     assert!(again.set_cookie.is_empty());
+
+    // The plan between two accepted commits, as `pl plan` prints it; a commit not accepted,
+    // or not a commit id, is refused before any tree is read.
+    repo.write("projects/api.yaml", &project("api", 2));
+    let second = repo.commit("api: two replicas", true);
+    assert!(
+        until(Duration::from_secs(20), || {
+            let (_, r) = daemon.get("/v1/revisions", Some(&s.viewer));
+            r.contains(&second)
+        }),
+        "the second commit is judged"
+    );
+    // (One more session: sign-ins count against the address's limit, tested below.)
+    let v2 = viewer_again(&ca, port, &s.viewer);
+    let a = v2.get("/ui/revisions");
+    assert!(
+        a.body.contains(&format!("/ui/plan?base={first}&amp;head={second}")),
+        "each accepted commit links to its plan: {}",
+        a.body
+    );
+    let plan = v2.get(&format!("/ui/plan?base={first}&head={second}"));
+    assert_eq!(plan.status, 200, "{}", plan.body);
+    assert!(
+        plan.body.contains("Pushleft plan:")
+            && plan.body.contains("replicas: 2")
+            && plan.body.contains("class=\"ins\""),
+        "{}",
+        plan.body
+    );
+    let refused = v2.get(&format!("/ui/plan?base={first}&head={}", "0".repeat(40)));
+    assert_eq!(refused.status, 404);
+    assert!(refused.body.contains("revision-not-accepted"), "{}", refused.body);
+    assert_eq!(v2.get("/ui/plan?base=HEAD&head=main").status, 400);
 
     // Hostile content renders as text: a token named like a script, and a signed commit
     // refused for a file whose name is markup.

@@ -206,6 +206,18 @@ pub(crate) async fn logs(
     _: Caller<Operators>,
     Params(q): Params<LogsQuery>,
 ) -> Response {
+    relay(&s, &q.environment, &q.role, q.tail, q.follow.unwrap_or(false)).await
+}
+
+/// The role's lines from every node that runs it, streamed as `text/plain` as they come: what
+/// `pl logs` reads, and the web view's log tail. The caller has checked the reader's role.
+pub async fn relay(s: &Arc<Readers>, environment: &str, role: &str, tail: Option<u32>, follow: bool) -> Response {
+    let q = LogsQuery {
+        environment: environment.to_owned(),
+        role: role.to_owned(),
+        tail,
+        follow: Some(follow),
+    };
     let name_ok = |n: &str| {
         !n.is_empty()
             && n.len() <= 63
@@ -257,7 +269,7 @@ pub(crate) async fn logs(
         );
     };
     drop(tx);
-    tokio::spawn(watch_streams(Arc::clone(&s), ids));
+    tokio::spawn(watch_streams(Arc::clone(s), ids));
     let body =
         futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|b| b.map(Ok::<_, std::convert::Infallible>)));
     (

@@ -94,7 +94,7 @@ impl Ops {
         } else {
             VolumeJob::Backup
         };
-        let asked = self.ask_volume_job(env, volume, job).await?;
+        let asked = self.ask_volume_job(env, volume, job, who).await?;
         match asked {
             Ok(key) => {
                 tracing::info!(by = %who, environment = %env, volume = %volume, job = %key, verify = ask.verify, "backup asked for");
@@ -181,6 +181,7 @@ impl Ops {
         environment: &str,
         volume: &str,
         job: VolumeJob,
+        who: &str,
     ) -> Result<Result<String, BackupRefusal>, LedgerError> {
         let (live, placed, snapshots) = self.volume_read(environment, volume).await?;
         let live = live.as_ref().map(|(g, s)| (*g, s));
@@ -188,7 +189,8 @@ impl Ops {
             Ok(asked) => asked,
             Err(why) => return Ok(Err(why)),
         };
-        let detail = format!("asked now, on {}", asked.node);
+        // The event names the token that asked, as every operator's ask does.
+        let detail = format!("asked now by {who}, on {}", asked.node);
         let event = (job.events().0, format!("{environment}/{volume}"), detail);
         self.queue(environment, &asked, BACKUP_ATTEMPTS, event).await
     }

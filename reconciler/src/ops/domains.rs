@@ -15,19 +15,37 @@ use state_schema::model::Verification;
 impl Ops {
     /// `GET /v1/domains`.
     pub async fn domains(&self) -> Answer<Domains> {
+        self.domains_of(None).await
+    }
+
+    /// The custom domains of one environment (the web view's), or of all: only the specs of
+    /// the environments that have domains are read (every rollout's spec is megabytes at
+    /// 10,000 environments).
+    pub async fn domains_of(&self, environment: Option<&str>) -> Answer<Domains> {
         let ledger = &self.ledger;
         let now = now_ms();
-        let cp = ledger.control_plane().await?;
-        let specs: Vec<DeploymentSpec> = ledger
-            .certificates()
-            .rollouts()
+        let rows: Vec<_> = ledger
+            .domains()
+            .domains()
             .await?
+            .into_iter()
+            .filter(|d| environment.is_none_or(|e| d.environment == e))
+            .collect();
+        if rows.is_empty() {
+            return Ok(Domains { domains: Vec::new() });
+        }
+        let cp = ledger.control_plane().await?;
+        let rollouts = match environment {
+            Some(e) => ledger.certificates().rollout_of(e).await?.into_iter().collect(),
+            None => ledger.certificates().rollouts().await?,
+        };
+        let specs: Vec<DeploymentSpec> = rollouts
             .iter()
             .filter_map(|r| serde_json::from_str(&r.spec).ok())
             .collect();
         let certificates = ledger.certificates().certificates().await?;
         let mut out = Vec::new();
-        for d in ledger.domains().domains().await? {
+        for d in rows {
             let spec = specs.iter().find(|s| s.environment.as_str() == d.environment);
             let own = spec.and_then(|s| s.own_hostname()).map(|h| h.to_string());
             let Some(wire_method) = DomainMethod::parse(&d.method) else {

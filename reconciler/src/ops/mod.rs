@@ -15,6 +15,7 @@ pub mod backups;
 pub mod domains;
 pub mod group;
 pub mod nodes;
+pub mod plans;
 pub mod rewrites;
 pub mod rollbacks;
 pub mod screens;
@@ -41,6 +42,11 @@ pub struct Ops {
     pub lost_after_ms: i64,
     /// Whether the control plane issues certificates (`[certificates]`).
     pub issues_certificates: bool,
+    /// The repository this daemon reads (`source.path`, or a remote's `cache_dir`), for the
+    /// plans the web view shows; `None` where there is none.
+    pub repo_dir: Option<std::path::PathBuf>,
+    /// One plan at a time: a plan of a large tree is the costliest read a viewer can ask.
+    pub plans: tokio::sync::Semaphore,
 }
 
 /// How a refusal reads to the caller (the HTTP surface maps each to its status).

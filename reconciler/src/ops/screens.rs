@@ -86,10 +86,29 @@ pub struct EnvironmentDetail {
     pub to_live: Vec<(i64, i64)>,
 }
 
+/// What the overview says above its list: one query, not `status`'s counts.
+pub struct Summary {
+    pub branch: String,
+    pub in_force: Option<String>,
+    pub leader: bool,
+    pub last_pass_ms_ago: i64,
+}
+
 /// The most rows one screen lists.
 pub const SCREEN_ROWS: u32 = 50;
 
 impl Ops {
+    /// The branch, its commit in force, and this daemon's part.
+    pub async fn summary(&self) -> Answer<Summary> {
+        use std::sync::atomic::Ordering;
+        Ok(Summary {
+            branch: self.branch.clone(),
+            in_force: self.ledger.revisions().last_accepted(&self.branch).await?,
+            leader: self.hub.leader.load(Ordering::Relaxed),
+            last_pass_ms_ago: now_ms() - self.hub.last_tick_ms.load(Ordering::Relaxed),
+        })
+    }
+
     /// A page of environments by name, narrowed by a text in the name and a state.
     pub async fn overview(&self, contains: &str, state: StateFilter, after: Option<&str>) -> Answer<OverviewPage> {
         let filter = DeploymentFilter {
@@ -159,13 +178,7 @@ impl Ops {
         let (row, replicas) = self.environment_row(r).await?;
         let generations = self.ledger.views().generations(name, 20).await?;
         let jobs = self.jobs(None, Some(name), None, 20).await?.jobs;
-        let volumes = self
-            .volumes()
-            .await?
-            .volumes
-            .into_iter()
-            .filter(|v| v.environment == name)
-            .collect();
+        let volumes = self.volumes_of(name).await?;
         let backups = self
             .backups(BackupsQuery {
                 environment: name.to_owned(),
@@ -173,13 +186,7 @@ impl Ops {
                 limit: Some(10),
             })
             .await?;
-        let domains = self
-            .domains()
-            .await?
-            .domains
-            .into_iter()
-            .filter(|d| d.environment == name)
-            .collect();
+        let domains = self.domains_of(Some(name)).await?.domains;
         let events = self.timeline(None, None, Some(name), 30).await?;
         let lived = self.ledger.events().lived(name, 20).await?;
         let to_live = to_live(&generations, &lived);

@@ -29,6 +29,16 @@ impl Ops {
         })
     }
 
+    /// One environment's volumes (the web view's).
+    pub async fn volumes_of(&self, environment: &str) -> Answer<Vec<operator_proto::volumes::Volume>> {
+        let rows = self.ledger.volumes().volumes_of(environment).await?;
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let kept = self.ledger.deployments().kept_generations().await?;
+        Ok(rows.iter().map(|r| wire::volume(r, &kept)).collect())
+    }
+
     /// `POST /v1/volumes/remove`: a released volume, or one kept generation of one.
     pub async fn remove_volume(&self, who: &str, ask: RemoveVolume) -> Answer<VolumeRemoved> {
         if let Some(generation) = ask.generation {

@@ -70,6 +70,16 @@ impl crate::store::Certificates<'_> {
         .await?)
     }
 
+    /// One environment's current rollout, if it has one.
+    pub async fn rollout_of(&self, environment: &str) -> Result<Option<Rollout>, LedgerError> {
+        Ok(sqlx::query_as(self.sql(
+            "SELECT environment, generation, status, step, spec FROM deployments WHERE action = 'rollout' AND environment = ?",
+        ))
+        .bind(environment)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
     /// Every certificate row, by hostname.
     pub async fn certificates(&self) -> Result<Vec<CertificateRow>, LedgerError> {
         let q = format!("SELECT {COLUMNS} FROM certificates ORDER BY hostname");

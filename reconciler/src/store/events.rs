@@ -112,10 +112,15 @@ impl crate::store::Events<'_> {
             return Ok(Vec::new());
         };
         let top = before.map_or(horizon, |b| (b - 1).min(horizon));
-        Ok(sqlx::query_as(self.sql(
+        // A subject's events through `events_by_subject` (migration 0030); an `OR` with the
+        // empty filter would scan every event for a quiet environment.
+        Ok(sqlx::query_as(self.sql(if subject.is_some() {
             "SELECT id, at AS at_ms, kind, subject, detail FROM events WHERE id <= ? \
-             AND (? = '' OR kind = ?) AND (? = '' OR subject = ?) ORDER BY id DESC LIMIT ?",
-        ))
+             AND (? = '' OR kind = ?) AND subject = ? AND subject = ? ORDER BY id DESC LIMIT ?"
+        } else {
+            "SELECT id, at AS at_ms, kind, subject, detail FROM events WHERE id <= ? \
+             AND (? = '' OR kind = ?) AND ? = '' AND ? = '' ORDER BY id DESC LIMIT ?"
+        }))
         .bind(top)
         .bind(kind.unwrap_or(""))
         .bind(kind.unwrap_or(""))

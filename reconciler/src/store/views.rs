@@ -199,13 +199,21 @@ impl crate::store::Views<'_> {
         before: Option<i64>,
         limit: u32,
     ) -> Result<Vec<JobRow>, LedgerError> {
-        let q = self.sql(
+        // One environment's jobs are found through its index (`jobs_by_step` leads with the
+        // environment); `? = '' OR environment = ?` would scan every job for a rare one.
+        let q = self.sql(if environment.is_some() {
             "SELECT id, key, target_node, state, attempts, max_attempts, environment, generation, \
              updated_at AS updated_at_ms, created_at AS created_at_ms, \
              CASE WHEN state IN ('failed', 'dead') THEN \
                (SELECT r.detail FROM job_results r WHERE r.job_id = jobs.id ORDER BY r.id DESC LIMIT 1) END AS reason \
-             FROM jobs WHERE (? = '' OR state = ?) AND (? = '' OR environment = ?) AND id < ? ORDER BY id DESC LIMIT ?",
-        );
+             FROM jobs WHERE (? = '' OR state = ?) AND environment = ? AND environment = ? AND id < ? ORDER BY id DESC LIMIT ?"
+        } else {
+            "SELECT id, key, target_node, state, attempts, max_attempts, environment, generation, \
+             updated_at AS updated_at_ms, created_at AS created_at_ms, \
+             CASE WHEN state IN ('failed', 'dead') THEN \
+               (SELECT r.detail FROM job_results r WHERE r.job_id = jobs.id ORDER BY r.id DESC LIMIT 1) END AS reason \
+             FROM jobs WHERE (? = '' OR state = ?) AND ? = '' AND ? = '' AND id < ? ORDER BY id DESC LIMIT ?"
+        });
         let (s, e) = (state.unwrap_or(""), environment.unwrap_or(""));
         Ok(sqlx::query_as(q)
             .bind(s)

@@ -76,6 +76,15 @@ impl crate::store::Volumes<'_> {
         Ok(sqlx::query_as(self.sql(&q)).fetch_all(&self.pool).await?)
     }
 
+    /// One environment's volumes.
+    pub async fn volumes_of(&self, environment: &str) -> Result<Vec<VolumeRow>, LedgerError> {
+        let q = format!("SELECT {COLUMNS} FROM volumes WHERE environment = ? ORDER BY volume");
+        Ok(sqlx::query_as(self.sql(&q))
+            .bind(environment)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
     /// Where each role with volumes has its data: placement's pins. A row whose names no
     /// longer parse (never written so) pins nothing.
     pub async fn volume_pins(&self) -> Result<Vec<Pin>, LedgerError> {

@@ -28,13 +28,20 @@ pub async fn revisions(State(ui): App, who: Signed, Query(q): Query<Before>) -> 
     let main = html! {
         h1 { "Revisions" }
         p { "Every commit the control plane judged, newest first: who signed it, and for a refusal, why." }
+        form method="get" action="/ui/plan" class="filters" {
+            label for="base" { "Plan from commit" }
+            input id="base" name="base" maxlength="40" size="14" required;
+            label for="head" { "to commit" }
+            input id="head" name="head" maxlength="40" size="14" required;
+            button type="submit" { "Show the plan" }
+        }
         table {
             thead { tr {
                 th scope="col" { "Commit" } th scope="col" { "Branch" } th scope="col" { "Verdict" }
-                th scope="col" { "Signed by" } th scope="col" { "Reasons" } th scope="col" { "Seen" }
+                th scope="col" { "Signed by" } th scope="col" { "Reasons" } th scope="col" { "Seen" } th scope="col" { "Plan" }
             } }
             tbody {
-                @for r in &page_.revisions {
+                @for (i, r) in page_.revisions.iter().enumerate() {
                     tr {
                         td { code title=(r.sha) { (short(&r.sha)) } }
                         td { (r.branch) }
@@ -45,6 +52,11 @@ pub async fn revisions(State(ui): App, who: Signed, Query(q): Query<Before>) -> 
                             @else { ul class="reasons" { @for why in &r.reasons { li { strong { (why.code) } ": " (why.message) } } } }
                         }
                         td { (when(r.seen_at_ms, now)) }
+                        td {
+                            @if let Some(before) = previous_accepted(&page_.revisions, i) {
+                                a href=(format!("/ui/plan?base={}&head={}", before, r.sha)) { "from " (short(before)) }
+                            }
+                        }
                     }
                 }
             }
@@ -54,6 +66,57 @@ pub async fn revisions(State(ui): App, who: Signed, Query(q): Query<Before>) -> 
         }
     };
     page_response(page("Revisions", Screen::Revisions, Some(&who.viewer), tip(&ui), main))
+}
+
+/// The accepted commit of the same branch judged before row `i`'s (rows are newest first),
+/// when row `i` was accepted too.
+fn previous_accepted(rows: &[operator_proto::revisions::Revision], i: usize) -> Option<&str> {
+    let r = rows.get(i)?;
+    if r.verdict.as_str() != "accepted" {
+        return None;
+    }
+    rows.iter()
+        .skip(i + 1)
+        .find(|o| o.branch == r.branch && o.verdict.as_str() == "accepted")
+        .map(|o| o.sha.as_str())
+}
+
+#[derive(Deserialize)]
+pub struct PlanQuery {
+    #[serde(default)]
+    base: String,
+    #[serde(default)]
+    head: String,
+}
+
+/// The plan between two accepted commits, as `pl plan` prints it.
+pub async fn plan(State(ui): App, who: Signed, Query(q): Query<PlanQuery>) -> Response {
+    let (base, head) = (q.base.trim(), q.head.trim());
+    let planned = match ui.ops.plan_between(base, head).await {
+        Ok(p) => p,
+        Err(e) => return failed(&e),
+    };
+    let main = html! {
+        h1 { "Plan from " code { (short(base)) } " to " code { (short(head)) } }
+        p { "What changes between the two commits, as " code { "pl plan --base " (short(base)) " --head " (short(head)) } " prints it." }
+        pre class="plan" {
+            @for line in planned.text.lines() {
+                span class=(line_class(line)) { (line) } "\n"
+            }
+        }
+    };
+    page_response(page("Plan", Screen::Revisions, Some(&who.viewer), tip(&ui), main))
+}
+
+/// A plan line's colour, from its first mark (what the terminal's colours say).
+fn line_class(line: &str) -> &'static str {
+    match line.trim_start().chars().next() {
+        Some('+') => "ins",
+        Some('-') => "del",
+        Some('~') | Some('!') => "upd",
+        Some('@') => "hunk",
+        _ => "ctx",
+    }
 }
 
 /// Every declared node.

@@ -15,6 +15,7 @@ mod assets;
 mod guard;
 mod lists;
 mod live;
+mod logs;
 mod pages;
 mod render;
 mod signin;
@@ -52,16 +53,25 @@ pub struct Ui {
     pub streams: Arc<StreamSlots>,
     /// Sign-in attempts, by address and in total.
     pub limiter: signin::Limiter,
+    /// `pl logs`' relay, for the log tail (`None`: no tail).
+    pub logs: Option<Arc<crate::http::logs::Readers>>,
 }
 
 impl Ui {
-    pub fn new(ops: Arc<Ops>, hub: Arc<Hub>, tokens: Arc<Tokens>, max_streams: usize) -> Arc<Ui> {
+    pub fn new(
+        ops: Arc<Ops>,
+        hub: Arc<Hub>,
+        tokens: Arc<Tokens>,
+        max_streams: usize,
+        logs: Option<Arc<crate::http::logs::Readers>>,
+    ) -> Arc<Ui> {
         Arc::new(Ui {
             ops,
             hub,
             tokens,
             streams: StreamSlots::new(max_streams, STREAMS_PER_SESSION),
             limiter: signin::Limiter::default(),
+            logs,
         })
     }
 }
@@ -74,7 +84,10 @@ pub fn router(state: Arc<Ui>) -> Router {
         .route("/ui", get(|| async { Redirect::to("/ui/") }))
         .route("/ui/", get(pages::overview))
         .route("/ui/environments/{name}", get(pages::environment))
+        .route("/ui/environments/{name}/logs/{role}", get(logs::page_of))
+        .route("/ui/environments/{name}/logs/{role}/lines", get(logs::lines))
         .route("/ui/revisions", get(lists::revisions))
+        .route("/ui/plan", get(lists::plan))
         .route("/ui/nodes", get(lists::nodes))
         .route("/ui/events", get(lists::events))
         .route("/ui/live", get(live::stream))

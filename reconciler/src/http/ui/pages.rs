@@ -35,7 +35,7 @@ pub async fn overview(State(ui): App, who: Signed, Query(q): Query<OverviewQuery
             Some(&who.viewer),
         );
     };
-    let status = match ui.ops.status().await {
+    let status = match ui.ops.summary().await {
         Ok(s) => s,
         Err(e) => return failed(&e),
     };
@@ -164,17 +164,33 @@ fn environment_main(x: &EnvironmentDetail, v: &super::render::Viewer) -> Markup 
                 (bar(u64::from(c.weight), 100, &format!("canary share {}%", c.weight)))
             }
         }
-        (replicas_and_history(x, now))
+        (replicas_and_history(x, v, now))
         (volumes_hostnames_events(x, v, now))
     }
 }
 
+/// The roles the generation places, each once.
+fn roles_of(x: &EnvironmentDetail) -> Vec<&str> {
+    let mut roles: Vec<&str> = x.replicas.iter().map(|r| r.role.as_str()).collect();
+    roles.sort_unstable();
+    roles.dedup();
+    roles
+}
+
 /// Replicas per node with health, generations with their commits, recent jobs.
-fn replicas_and_history(x: &EnvironmentDetail, now: i64) -> Markup {
+fn replicas_and_history(x: &EnvironmentDetail, v: &super::render::Viewer, now: i64) -> Markup {
     let d = &x.row.deployment;
     html! {
         section aria-labelledby="replicas" {
             h2 id="replicas" { "Replicas" }
+            @if v.acts() {
+                p class="logs" {
+                    @for role in roles_of(x) {
+                        a href=(format!("/ui/environments/{}/logs/{}", enc(&d.environment), enc(role))) { "Logs of " (role) }
+                        " "
+                    }
+                }
+            }
             table {
                 thead { tr { th scope="col" { "Role" } th scope="col" { "Replica" } th scope="col" { "Node" } th scope="col" { "Health" } } }
                 tbody {

@@ -9,6 +9,42 @@
   if (!main || !live || !window.EventSource || body.dataset.live !== "on") {
     return;
   }
+  // A role's log page follows its log instead: the relay's text appended as text, the oldest
+  // pieces dropped past a bound, and no refresh of the page (which would drop the lines).
+  var log = document.querySelector("pre[data-log-src]");
+  if (log) {
+    follow(log);
+    return;
+  }
+  function follow(pre) {
+    var decoder = new TextDecoder();
+    var kept = 2000;
+    live.textContent = "Following the log";
+    fetch(pre.dataset.logSrc, { credentials: "same-origin" })
+      .then(function (r) {
+        if (!r.ok || !r.body) {
+          throw new Error("status " + r.status);
+        }
+        var reader = r.body.getReader();
+        function more() {
+          return reader.read().then(function (piece) {
+            if (piece.done) {
+              live.textContent = "The log stream ended: reload the page to follow again";
+              return;
+            }
+            pre.appendChild(document.createTextNode(decoder.decode(piece.value, { stream: true })));
+            while (pre.childNodes.length > kept) {
+              pre.removeChild(pre.firstChild);
+            }
+            return more();
+          });
+        }
+        return more();
+      })
+      .catch(function () {
+        live.textContent = "The log stream failed: reload the page to try again";
+      });
+  }
   var timer = null;
   // What identifies a control across two copies of a page.
   function keyOf(e) {

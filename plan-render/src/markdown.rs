@@ -3,8 +3,8 @@
 //! (GitHub refuses comments over 65,536), each part standalone and marked with an HTML comment
 //! so a bot can find and update its own comments.
 
-use super::PlanHeader;
-use super::plan_text::consequence_lines;
+use crate::PlanHeader;
+use crate::plan_text::consequence_lines;
 use state_schema::plan::{Action, LineTag, Plan};
 
 /// Most characters in one part, marker and heading included.
@@ -96,7 +96,7 @@ pub fn render(plan: &Plan, header: &PlanHeader) -> Vec<String> {
     if let Some(mb) = &header.merge_base {
         intro.push_str(&format!(
             "\nBase and head diverged; planned from their merge base `{}`.\n",
-            super::short(mb)
+            crate::short(mb)
         ));
     }
     if let Some(sig) = &header.signature {

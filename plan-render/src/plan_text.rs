@@ -1,7 +1,7 @@
 //! `pl plan --format text`: a coloured unified diff of canonical YAML per object, the
 //! consequences, and Terraform's familiar closing line.
 
-use super::{Paint, PlanHeader};
+use crate::{Paint, PlanHeader};
 use state_schema::plan::{Action, Consequences, LineTag, Plan};
 
 pub fn render(plan: &Plan, header: &PlanHeader, paint: Paint) -> String {
@@ -15,7 +15,7 @@ pub fn render(plan: &Plan, header: &PlanHeader, paint: Paint) -> String {
     if let Some(mb) = &header.merge_base {
         out.push_str(&paint.dim(&format!(
             "  base and head diverged; planning from their merge base {}\n",
-            super::short(mb)
+            crate::short(mb)
         )));
     }
     if let Some(sig) = &header.signature {
