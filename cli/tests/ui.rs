@@ -16,8 +16,11 @@
 //! Screenshots of every screen are saved in `target/ui-screenshots/`; with
 //! `PL_UPDATE_SCREENSHOTS=1` three of them replace `docs/ui/*.png` (docs/ui.md shows them).
 
+mod common;
 #[path = "../../agent/tests/support/host.rs"]
 mod host_support;
+
+use common::{siblings, workspace};
 
 use fantoccini::actions::{InputSource, KeyAction, KeyActions};
 use fantoccini::{Client, ClientBuilder, Locator};
@@ -27,28 +30,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const AXE: &str = "/opt/pushleft-tools/axe/node_modules/axe-core/axe.min.js";
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace")
-        .to_owned()
-}
-
-/// `pl-reconciler` and `pl-agent` beside `pl`.
-fn siblings() {
-    let dir = Path::new(env!("CARGO_BIN_EXE_pl"))
-        .parent()
-        .expect("bin dir")
-        .to_owned();
-    if !dir.join("pl-reconciler").exists() || !dir.join("pl-agent").exists() {
-        let o = Command::new(env!("CARGO"))
-            .args(["build", "-q", "-p", "reconciler", "-p", "pushleft-agent"])
-            .output()
-            .expect("cargo build");
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    }
-}
 
 fn pl(state: &Path, socket: &Path, args: &[&str]) -> (i32, String, String) {
     let o = Command::new(env!("CARGO_BIN_EXE_pl"))

@@ -39,8 +39,11 @@
 
 #[path = "../../agent/tests/support/mod.rs"]
 mod agent_support;
+mod common;
 #[path = "../../agent/tests/support/host.rs"]
 mod host_support;
+
+use common::siblings;
 #[path = "../../reconciler/tests/support/repo.rs"]
 mod repo_support;
 #[path = "../../agent/tests/support/tls.rs"]
@@ -57,22 +60,6 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-/// `pl-reconciler` and `pl-agent` beside `pl` (a workspace test run builds them; a lone run of
-/// this test builds them here).
-fn siblings() {
-    let dir = Path::new(env!("CARGO_BIN_EXE_pl"))
-        .parent()
-        .expect("bin dir")
-        .to_owned();
-    if !dir.join("pl-reconciler").exists() || !dir.join("pl-agent").exists() {
-        let o = Command::new(env!("CARGO"))
-            .args(["build", "-q", "-p", "reconciler", "-p", "pushleft-agent"])
-            .output()
-            .expect("cargo build");
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    }
-}
 
 /// The preview hostname of project `api`'s branch `branch`, as `pl up` serves it.
 fn preview_host(branch: &str) -> String {

@@ -16,9 +16,10 @@ mod dump;
 mod postgres_support;
 #[path = "../tests/support/repo.rs"]
 mod repo_support;
+#[path = "../tests/support/synthetic.rs"]
+mod synthetic;
 
 use daemon_support::{Daemon, config, free_port, setup};
-use reconciler::config::Config;
 use reconciler::reconcile::Reconciler;
 use reconciler::store::Ledger;
 use reconciler::store::now_ms;
@@ -27,42 +28,11 @@ use state_schema::synthetic::{Params, generate};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use synthetic::{shared_config, synthetic_repo};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
-}
-
-fn shared_config(dir: &Path, repo: &Path, url: &str) -> Config {
-    let text = format!(
-        "[source]\npath = {repo:?}\n\n[trust]\nallowed_signers = \"allowed_signers\"\n\n[ledger]\nurl = {url:?}\n\n[api]\nlisten = \"127.0.0.1:0\"\ntls_cert = \"x\"\ntls_key = \"x\"\n"
-    );
-    let p = dir.join("bench.toml");
-    std::fs::write(&p, text).expect("config");
-    Config::load(&p).expect("config")
-}
-
-/// A repository whose `base` commit has the pools, projects and root of a synthetic
-/// `n`-environment tree and whose `head` adds the environments. Both signed.
-fn synthetic_repo(dir: &Path, n: usize) -> (Repo, String, String) {
-    std::fs::create_dir_all(dir).expect("mkdir");
-    let repo = Repo::new(dir);
-    std::fs::write(dir.join("allowed_signers"), &repo.signers).expect("signers");
-    let files = generate(&Params::new(n));
-    for (path, text) in files
-        .iter()
-        .filter(|(p, _)| !p.starts_with("environments/") && !p.starts_with("domains/"))
-    {
-        repo.write(path, text);
-    }
-    let base = repo.commit("base", true);
-    for (path, text) in &files {
-        repo.write(path, text);
-    }
-    let head = repo.commit("environments", true);
-    repo.git(&["update-ref", "refs/heads/main", &base]);
-    repo.git(&["checkout", "-q", "--detach", &base]);
-    (repo, base, head)
 }
 
 /// Milliseconds of the pass that applies `head`, on a fresh ledger each sample.

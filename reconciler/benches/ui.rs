@@ -19,12 +19,14 @@ mod dump;
 mod postgres_support;
 #[path = "../tests/support/repo.rs"]
 mod repo_support;
+#[path = "../tests/support/synthetic.rs"]
+mod synthetic;
 
 use axum::body::Body;
 use axum::http::Request;
 use http_body_util::BodyExt;
 use reconciler::auth::{Tokens, new_token};
-use reconciler::config::{Config, Role, TokenConfig};
+use reconciler::config::{Role, TokenConfig};
 use reconciler::http::operator::{self, Operator};
 use reconciler::http::streams::watch_events;
 use reconciler::http::ui::{self, Ui};
@@ -33,10 +35,10 @@ use reconciler::ops::Ops;
 use reconciler::reconcile::Reconciler;
 use reconciler::store::Ledger;
 use repo_support::Repo;
-use state_schema::synthetic::{Params, generate};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use synthetic::{shared_config, synthetic_repo};
 use tower::ServiceExt;
 
 const ENVIRONMENTS: usize = 10_000;
@@ -44,36 +46,6 @@ const ENVIRONMENTS: usize = 10_000;
 fn pct(mut v: Vec<f64>, p: f64) -> f64 {
     v.sort_by(f64::total_cmp);
     v[((v.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn config(dir: &Path, repo: &Path, url: &str) -> Config {
-    let text = format!(
-        "[source]\npath = {repo:?}\n\n[trust]\nallowed_signers = \"allowed_signers\"\n\n[ledger]\nurl = {url:?}\n\n[api]\nlisten = \"127.0.0.1:0\"\ntls_cert = \"x\"\ntls_key = \"x\"\n"
-    );
-    let p = dir.join("bench.toml");
-    std::fs::write(&p, text).expect("config");
-    Config::load(&p).expect("config")
-}
-
-/// A repository whose head holds the synthetic tree (base: without its environments).
-fn synthetic_repo(dir: &Path, n: usize) -> (Repo, String, String) {
-    std::fs::create_dir_all(dir).expect("mkdir");
-    let repo = Repo::new(dir);
-    std::fs::write(dir.join("allowed_signers"), &repo.signers).expect("signers");
-    let files = generate(&Params::new(n));
-    for (path, text) in files
-        .iter()
-        .filter(|(p, _)| !p.starts_with("environments/") && !p.starts_with("domains/"))
-    {
-        repo.write(path, text);
-    }
-    let base = repo.commit("base", true);
-    for (path, text) in &files {
-        repo.write(path, text);
-    }
-    let head = repo.commit("environments", true);
-    repo.git(&["update-ref", "refs/heads/main", &base]);
-    (repo, base, head)
 }
 
 struct Figures {
@@ -162,7 +134,7 @@ async fn run(dir: &Path, repo: &Repo, base: &str, head: &str, url: &str, samples
     let ledger = Arc::new(Ledger::connect(url, 8).await.expect("connect"));
     ledger.migrate().await.expect("migrate");
     dump::nodes_up(url, &dump::SYNTHETIC_NODES).await;
-    let config = Arc::new(config(dir, &repo.dir, url));
+    let config = Arc::new(shared_config(dir, &repo.dir, url));
     let hub = Arc::new(Hub::default());
     let reconciling =
         Arc::new(Reconciler::new(Arc::clone(&config), Arc::clone(&ledger), Arc::clone(&hub)).expect("reconciler"));

@@ -12,6 +12,22 @@ pub fn workspace() -> PathBuf {
         .to_owned()
 }
 
+/// `pl-reconciler` and `pl-agent` beside `pl` (a workspace test run builds them; a lone run of
+/// a test that starts them builds them here).
+pub fn siblings() {
+    let dir = Path::new(env!("CARGO_BIN_EXE_pl"))
+        .parent()
+        .expect("bin dir")
+        .to_owned();
+    if !dir.join("pl-reconciler").exists() || !dir.join("pl-agent").exists() {
+        let o = Command::new(env!("CARGO"))
+            .args(["build", "-q", "-p", "reconciler", "-p", "pushleft-agent"])
+            .output()
+            .expect("cargo build");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+}
+
 /// `pl` with a clean environment for output: no colour, no pager surprises.
 pub fn pl() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_pl"));

@@ -111,24 +111,34 @@ pub struct Target {
     volume: String,
 }
 
-/// The confirmation page: what the action will do, and one button that posts it.
-pub async fn confirm(State(ui): App, who: Signed, Path(action): Path<String>, Query(t): Query<Target>) -> Response {
-    let Some(action) = Action::parse(&action) else {
-        return refusal_page(
+/// The action named, when the session's role may take it (operator or admin).
+fn allowed(who: &Signed, name: &str) -> Result<Action, Box<Response>> {
+    let Some(action) = Action::parse(name) else {
+        return Err(Box::new(refusal_page(
             StatusCode::NOT_FOUND,
             "unknown-action",
             "no such action",
             Some(&who.viewer),
-        );
+        )));
     };
     if !may_act(who.viewer.role) {
-        return refusal_page(
+        tracing::warn!(token = %who.viewer.name, action = action.as_str(), "web view: action refused for the role");
+        return Err(Box::new(refusal_page(
             StatusCode::FORBIDDEN,
             "insufficient-role",
             "the token's role does not allow this",
             Some(&who.viewer),
-        );
+        )));
     }
+    Ok(action)
+}
+
+/// The confirmation page: what the action will do, and one button that posts it.
+pub async fn confirm(State(ui): App, who: Signed, Path(action): Path<String>, Query(t): Query<Target>) -> Response {
+    let action = match allowed(&who, &action) {
+        Ok(a) => a,
+        Err(r) => return *r,
+    };
     let back = if t.environment.is_empty() {
         "/ui/".to_owned()
     } else {
@@ -178,23 +188,10 @@ pub async fn act(
     if !csrf_ok(&who, &f.csrf) {
         return bad_csrf(&who);
     }
-    let Some(action) = Action::parse(&action) else {
-        return refusal_page(
-            StatusCode::NOT_FOUND,
-            "unknown-action",
-            "no such action",
-            Some(&who.viewer),
-        );
+    let action = match allowed(&who, &action) {
+        Ok(a) => a,
+        Err(r) => return *r,
     };
-    if !may_act(who.viewer.role) {
-        tracing::warn!(token = %who.viewer.name, action = action.as_str(), "web view: action refused for the role");
-        return refusal_page(
-            StatusCode::FORBIDDEN,
-            "insufficient-role",
-            "the token's role does not allow this",
-            Some(&who.viewer),
-        );
-    }
     let name = who.viewer.name.as_str();
     let done = run(&ui, name, action, &f).await;
     tracing::info!(token = %name, action = action.as_str(), environment = %f.environment, ok = done.is_ok(), "web view: action");
