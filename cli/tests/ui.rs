@@ -14,7 +14,7 @@
 //!   the test) finds no serious or critical violation on any screen.
 //!
 //! Screenshots of every screen are saved in `target/ui-screenshots/`; with
-//! `PL_UPDATE_SCREENSHOTS=1` three of them replace `docs/ui/*.png` (docs/ui.md shows them).
+//! `PL_UPDATE_SCREENSHOTS=1` three of them (overview, environment, plan) replace `docs/ui/*.png` (docs/ui.md shows them).
 
 mod common;
 #[path = "../../agent/tests/support/host.rs"]
@@ -133,7 +133,7 @@ async fn shot(c: &Client, name: &str) {
     let dir = workspace().join("target/ui-screenshots");
     std::fs::create_dir_all(&dir).expect("mkdir");
     std::fs::write(dir.join(format!("{name}.png")), &png).expect("write");
-    if std::env::var("PL_UPDATE_SCREENSHOTS").is_ok() && ["overview", "environment", "revisions"].contains(&name) {
+    if std::env::var("PL_UPDATE_SCREENSHOTS").is_ok() && ["overview", "environment", "plan"].contains(&name) {
         let docs = workspace().join("docs/ui");
         std::fs::create_dir_all(&docs).expect("mkdir");
         std::fs::write(docs.join(format!("{name}.png")), &png).expect("write");
