@@ -70,16 +70,13 @@ impl Drop for Detached {
 /// The SHA-256 of a certificate's public key, base64: what Chromium's
 /// `--ignore-certificate-errors-spki-list` pins (the API's own key, not every certificate).
 fn spki(cert: &Path) -> String {
-    let o = Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "openssl x509 -in '{}' -pubkey -noout | openssl pkey -pubin -outform der | openssl dgst -sha256 -binary | base64",
-            cert.display()
-        ))
-        .output()
-        .expect("openssl");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8_lossy(&o.stdout).trim().to_owned()
+    use base64::Engine;
+    use sha2::Digest;
+    let pem = std::fs::read(cert).expect("the API's certificate");
+    let (_, pem) = x509_parser::pem::parse_x509_pem(&pem).expect("PEM");
+    let (_, parsed) = x509_parser::parse_x509_certificate(&pem.contents).expect("a certificate");
+    let digest = sha2::Sha256::digest(parsed.tbs_certificate.subject_pki.raw);
+    base64::engine::general_purpose::STANDARD.encode(digest)
 }
 
 fn free_port() -> u16 {
