@@ -193,26 +193,7 @@ fn the_web_view_in_chromium_follows_the_quickstart_live() {
     let base = PathBuf::from(format!("/tmp/plui-{}", std::process::id()));
     let host = Host::start(&format!("plhost-ui-{}", std::process::id()), &base);
     let dir = tempfile::tempdir().expect("tempdir");
-    let (repo, context, state) = (
-        dir.path().join("quickstart"),
-        dir.path().join("app"),
-        dir.path().join("pl-state"),
-    );
-    for (from, to) in [
-        (workspace().join("examples/quickstart"), &repo),
-        (workspace().join("examples/quickstart/app"), &context),
-    ] {
-        assert!(
-            Command::new("cp")
-                .arg("-r")
-                .arg(&from)
-                .arg(to)
-                .status()
-                .expect("cp")
-                .success()
-        );
-    }
-    std::fs::copy("/bin/busybox", context.join("busybox")).expect("busybox-static");
+    let (repo, context, state) = common::quickstart_copy(dir.path());
     assert!(
         Command::new("git")
             .args(["init", "-q", "-b", "main"])

@@ -1382,27 +1382,7 @@ fn the_quickstart_builds_its_image_and_serves_its_page() {
     let base = PathBuf::from(format!("/tmp/plqs-{}", std::process::id()));
     let host = Host::start(&format!("plhost-qs-{}", std::process::id()), &base);
     let dir = tempfile::tempdir().expect("tempdir");
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace");
-    let (repo, context, state) = (
-        dir.path().join("quickstart"),
-        dir.path().join("app"),
-        dir.path().join("pl-state"),
-    );
-    for (from, to) in [
-        (workspace.join("examples/quickstart"), &repo),
-        (workspace.join("examples/quickstart/app"), &context),
-    ] {
-        assert!(
-            Command::new("cp")
-                .arg("-r")
-                .arg(&from)
-                .arg(to)
-                .status()
-                .expect("cp")
-                .success()
-        );
-    }
-    std::fs::copy("/bin/busybox", context.join("busybox")).expect("busybox-static");
+    let (repo, context, state) = common::quickstart_copy(dir.path());
     // Outside Git, what reads commits is refused before anything starts, in our own words.
     let signers = dir.path().join("allowed_signers");
     std::fs::write(&signers, "").expect("signers");

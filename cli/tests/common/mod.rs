@@ -28,6 +28,29 @@ pub fn siblings() {
     }
 }
 
+/// The quickstart copied under `dir` as `pl up --build` takes it: the repository
+/// (`quickstart/`, not yet in Git), the image's build context with the static busybox
+/// (`app/`), and where the state folder goes (`pl-state/`, not made).
+pub fn quickstart_copy(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let (repo, context, state) = (dir.join("quickstart"), dir.join("app"), dir.join("pl-state"));
+    for (from, to) in [
+        (workspace().join("examples/quickstart"), &repo),
+        (workspace().join("examples/quickstart/app"), &context),
+    ] {
+        assert!(
+            Command::new("cp")
+                .arg("-r")
+                .arg(&from)
+                .arg(to)
+                .status()
+                .expect("cp")
+                .success()
+        );
+    }
+    std::fs::copy("/bin/busybox", context.join("busybox")).expect("busybox-static");
+    (repo, context, state)
+}
+
 /// `pl` with a clean environment for output: no colour, no pager surprises.
 pub fn pl() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_pl"));
