@@ -624,6 +624,17 @@ async fn canary_scenario(url: String, dir: &Path) {
     repo.commit("release d", true);
     let measured = drive_measured(&shared, &url, 9, |d| d.starts_with("7|failed")).await;
     assert_eq!(measured, 1, "one ingress, one hostname: one measure");
+    // What the web view draws of the canary's gates: the step's measure, as reported.
+    let drawn = shared
+        .ledger
+        .deployments()
+        .generation_measures(env, 7)
+        .await
+        .expect("measures");
+    assert!(
+        drawn.len() == 1 && drawn[0].requests == 40 && drawn[0].errors == 9 && drawn[0].p95_micros == Some(12_000),
+        "{drawn:?}"
+    );
     let failed = events(&url, "deployment-failed").await;
     assert!(failed.iter().any(|f| f.contains("generation 7, step 4")), "{failed:?}");
     converge(&shared).await;

@@ -81,6 +81,8 @@ pub struct EnvironmentDetail {
     pub backups: Backups,
     pub domains: Vec<Domain>,
     pub events: Vec<Event>,
+    /// The current generation's canary measures, one per step measured.
+    pub measures: Vec<crate::store::rollouts::StepMeasured>,
     /// Releases live on every replica, oldest first: (generation, milliseconds from the pass
     /// that made the generation, when its commit was judged, to live).
     pub to_live: Vec<(i64, i64)>,
@@ -187,8 +189,20 @@ impl Ops {
             })
             .await?;
         let domains = self.domains_of(Some(name)).await?.domains;
-        let events = self.timeline(None, None, Some(name), 30).await?;
+        let events = self
+            .ledger
+            .events()
+            .of_environment(name, 30)
+            .await?
+            .iter()
+            .map(wire::event)
+            .collect();
         let lived = self.ledger.events().lived(name, 20).await?;
+        let measures = self
+            .ledger
+            .deployments()
+            .generation_measures(name, row.deployment.generation)
+            .await?;
         let to_live = to_live(&generations, &lived);
         Ok(EnvironmentDetail {
             row,
@@ -200,6 +214,7 @@ impl Ops {
             domains,
             events,
             to_live,
+            measures,
         })
     }
 

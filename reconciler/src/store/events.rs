@@ -13,6 +13,9 @@ pub struct Event {
     pub detail: String,
 }
 
+/// How many of the newest events a timeline filter no index serves reads at most.
+pub const SCANNED: i64 = 100_000;
+
 /// The generation a deployment event's detail names (`generation 7, …`), as the events are
 /// written (docs/reconciler.md, "Events").
 pub fn generation_in(detail: &str) -> Option<i64> {
@@ -100,7 +103,9 @@ impl crate::store::Events<'_> {
     }
 
     /// Events newest first, before a cursor (`None`: the newest), of one kind and one subject
-    /// when named: the web view's timeline. Only ids up to the horizon, as `events_after`.
+    /// when named: the web view's timeline. Only ids up to the horizon, as `events_after`, and
+    /// among the newest [`SCANNED`] of them: a filter no index serves (a rare kind, a job's
+    /// key) reads at most that many.
     pub async fn recent(
         &self,
         before: Option<i64>,
@@ -112,20 +117,34 @@ impl crate::store::Events<'_> {
             return Ok(Vec::new());
         };
         let top = before.map_or(horizon, |b| (b - 1).min(horizon));
-        // A subject's events through `events_by_subject` (migration 0030); an `OR` with the
-        // empty filter would scan every event for a quiet environment.
-        Ok(sqlx::query_as(self.sql(if subject.is_some() {
-            "SELECT id, at AS at_ms, kind, subject, detail FROM events WHERE id <= ? \
-             AND (? = '' OR kind = ?) AND subject = ? AND subject = ? ORDER BY id DESC LIMIT ?"
-        } else {
-            "SELECT id, at AS at_ms, kind, subject, detail FROM events WHERE id <= ? \
-             AND (? = '' OR kind = ?) AND ? = '' AND ? = '' ORDER BY id DESC LIMIT ?"
-        }))
+        Ok(sqlx::query_as(self.sql(
+            "SELECT id, at AS at_ms, kind, subject, detail FROM events WHERE id <= ? AND id > ? \
+             AND (? = '' OR kind = ?) AND (? = '' OR subject = ?) ORDER BY id DESC LIMIT ?",
+        ))
         .bind(top)
+        .bind(horizon - SCANNED)
         .bind(kind.unwrap_or(""))
         .bind(kind.unwrap_or(""))
         .bind(subject.unwrap_or(""))
         .bind(subject.unwrap_or(""))
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// One environment's events newest first (what its page lists), through
+    /// `events_by_subject` (migration 0030), whose condition the query repeats so both
+    /// backends use it: an environment has no event of a single job or lease.
+    pub async fn of_environment(&self, environment: &str, limit: u32) -> Result<Vec<Event>, LedgerError> {
+        let Some(horizon) = self.event_horizon().await? else {
+            return Ok(Vec::new());
+        };
+        Ok(sqlx::query_as(self.sql(
+            "SELECT id, at AS at_ms, kind, subject, detail FROM events WHERE subject = ? AND id <= ? \
+             AND kind NOT LIKE 'job-%' AND kind <> 'jobs-leased' AND kind <> 'lease-expired' ORDER BY id DESC LIMIT ?",
+        ))
+        .bind(environment)
+        .bind(horizon)
         .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await?)
@@ -136,7 +155,8 @@ impl crate::store::Events<'_> {
     /// generation left out).
     pub async fn lived(&self, environment: &str, limit: u32) -> Result<Vec<(i64, i64)>, LedgerError> {
         let rows: Vec<(i64, String)> = sqlx::query_as(self.sql(
-            "SELECT at, detail FROM events WHERE subject = ? AND kind = 'deployment-rollout-done' ORDER BY id DESC LIMIT ?",
+            "SELECT at, detail FROM events WHERE subject = ? AND kind = 'deployment-rollout-done' \
+             AND kind NOT LIKE 'job-%' AND kind <> 'jobs-leased' AND kind <> 'lease-expired' ORDER BY id DESC LIMIT ?",
         ))
         .bind(environment)
         .bind(i64::from(limit))

@@ -73,7 +73,35 @@ struct MeasureRow {
     logged: i64,
 }
 
+/// What a generation's canary measures reported, one row per step measured (summed over the
+/// ingresses that measured it; the slowest p95).
+#[derive(Clone, Debug, PartialEq, Eq, FromRow)]
+pub struct StepMeasured {
+    pub step: i64,
+    pub requests: i64,
+    pub errors: i64,
+    pub p95_micros: Option<i64>,
+}
+
 impl crate::store::Deployments<'_> {
+    /// Every measured step of `environment`'s generation `generation`, in step order (the web
+    /// view's picture of a canary's gates).
+    pub async fn generation_measures(
+        &self,
+        environment: &str,
+        generation: i64,
+    ) -> Result<Vec<StepMeasured>, LedgerError> {
+        Ok(sqlx::query_as(self.sql(
+            "SELECT j.step, CAST(SUM(m.requests) AS BIGINT) AS requests, CAST(SUM(m.errors) AS BIGINT) AS errors, \
+             MAX(m.p95_micros) AS p95_micros FROM step_measures m JOIN jobs j ON j.id = m.job_id \
+             WHERE j.environment = ? AND j.generation = ? GROUP BY j.step ORDER BY j.step",
+        ))
+        .bind(environment)
+        .bind(generation)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
     /// Unfinished deployments whose current step has nothing queued or leased: the only ones
     /// that can move. One statement, driven by the unfinished deployments (a lookup in
     /// `jobs_by_step` each), so its cost follows the rollouts under way, not the jobs open:

@@ -164,6 +164,13 @@ fn environment_main(x: &EnvironmentDetail, v: &super::render::Viewer) -> Markup 
                 (bar(u64::from(c.weight), 100, &format!("canary share {}%", c.weight)))
             }
         }
+        @if !x.measures.is_empty() {
+            section aria-labelledby="measures" {
+                h2 id="measures" { "Canary measures" }
+                p { "What the ingresses measured of generation " (d.generation) "'s canary, per step its gates judged." }
+                (super::render::measures_chart(&x.measures))
+            }
+        }
         (replicas_and_history(x, v, now))
         (volumes_hostnames_events(x, v, now))
     }

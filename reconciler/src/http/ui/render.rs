@@ -287,6 +287,46 @@ pub fn live_times(times: &[(i64, i64)]) -> Markup {
     }
 }
 
+/// A canary's measured steps: per step, the share of its requests that failed as a bar (the
+/// scale's top is 10 % or the worst step's), with the figures in words beside each bar and in
+/// the picture's label.
+pub fn measures_chart(steps: &[crate::store::rollouts::StepMeasured]) -> Markup {
+    let pct = |s: &crate::store::rollouts::StepMeasured| {
+        if s.requests > 0 {
+            s.errors as f64 * 100.0 / s.requests as f64
+        } else {
+            0.0
+        }
+    };
+    let words = |s: &crate::store::rollouts::StepMeasured| {
+        let p95 = s
+            .p95_micros
+            .map_or("no p95".to_owned(), |p| format!("p95 {:.1} ms", p as f64 / 1000.0));
+        format!(
+            "step {}: {} of {} requests failed ({:.1} %), {p95}",
+            s.step,
+            s.errors,
+            s.requests,
+            pct(s)
+        )
+    };
+    let top = steps.iter().map(pct).fold(10.0_f64, f64::max);
+    let width = 60 * steps.len().max(1) + 10;
+    let label = steps.iter().map(words).collect::<Vec<_>>().join("; ");
+    html! {
+        svg class="chart" width=(width) height="140" viewBox=(format!("0 0 {width} 140")) role="img" aria-label=(format!("Failed requests per canary step: {label}")) {
+            @for (i, st) in steps.iter().enumerate() {
+                @let h = (pct(st) / top * 90.0).round().max(1.0);
+                @let x = 10 + i * 60;
+                rect class=(if pct(st) > 5.0 { "bar-full" } else { "bar-used" }) x=(x) y=(112.0 - h) width="40" height=(h) {}
+                text x=(x + 20) y=(108.0 - h) text-anchor="middle" class="chart-value" { (format!("{:.1} %", pct(st))) }
+                text x=(x + 20) y="128" text-anchor="middle" class="chart-label" { "step " (st.step) }
+            }
+        }
+        ul class="reasons" { @for st in steps { li { (words(st)) } } }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -305,6 +345,37 @@ mod tests {
         assert_eq!(first_line("short", 100), "short");
         let html = long_text("code: what\n<b>output</b>").into_string();
         assert!(html.contains("<details") && html.contains("&lt;b&gt;output"), "{html}");
+    }
+
+    #[test]
+    fn a_canarys_steps_are_drawn_and_said() {
+        let steps = [
+            crate::store::rollouts::StepMeasured {
+                step: 2,
+                requests: 40,
+                errors: 9,
+                p95_micros: Some(12_000),
+            },
+            crate::store::rollouts::StepMeasured {
+                step: 4,
+                requests: 0,
+                errors: 0,
+                p95_micros: None,
+            },
+        ];
+        let html = measures_chart(&steps).into_string();
+        assert!(
+            html.contains("step 2: 9 of 40 requests failed (22.5 %), p95 12.0 ms"),
+            "{html}"
+        );
+        assert!(
+            html.contains("step 4: 0 of 0 requests failed (0.0 %), no p95"),
+            "{html}"
+        );
+        assert!(
+            html.contains("class=\"bar-full\""),
+            "a failing step is drawn as failing: {html}"
+        );
     }
 
     #[test]
