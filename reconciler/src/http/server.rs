@@ -283,7 +283,12 @@ pub(crate) fn reply<T: serde::Serialize>(ok: StatusCode, result: Answer<T>) -> R
 }
 
 pub(crate) fn refusal(e: &OpError) -> Response {
-    let status = match e.kind {
+    error(status_of(e.kind), e.code, e.message.clone())
+}
+
+/// The status a use case's refusal answers with, for the API and the web view alike.
+pub(crate) fn status_of(kind: Kind) -> StatusCode {
+    match kind {
         Kind::NotFound => StatusCode::NOT_FOUND,
         Kind::Conflict => StatusCode::CONFLICT,
         Kind::Malformed => StatusCode::BAD_REQUEST,
@@ -292,8 +297,7 @@ pub(crate) fn refusal(e: &OpError) -> Response {
         Kind::Pending => StatusCode::GATEWAY_TIMEOUT,
         Kind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         Kind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-    };
-    error(status, e.code, e.message.clone())
+    }
 }
 
 /// The role a route needs, as a type (`Caller<Operators>`).

@@ -7,7 +7,7 @@
 
 use super::guard::{bad_csrf, csrf_ok, same_origin};
 use super::render::{Screen, Viewer, page};
-use super::{App, Signed, failed, may_act, page_response, refusal_page, tip};
+use super::{App, Signed, failed, page_response, refusal_page, tip};
 use axum::Form;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -121,7 +121,7 @@ fn allowed(who: &Signed, name: &str) -> Result<Action, Box<Response>> {
             Some(&who.viewer),
         )));
     };
-    if !may_act(who.viewer.role) {
+    if !who.viewer.acts() {
         tracing::warn!(token = %who.viewer.name, action = action.as_str(), "web view: action refused for the role");
         return Err(Box::new(refusal_page(
             StatusCode::FORBIDDEN,

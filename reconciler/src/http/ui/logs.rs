@@ -5,7 +5,7 @@
 
 use super::actions::enc;
 use super::render::{Screen, page};
-use super::{App, Signed, may_act, page_response, refusal_page, tip};
+use super::{App, Signed, page_response, refusal_page, tip};
 use crate::http::logs::relay;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -17,7 +17,7 @@ use serde::Deserialize;
 const TAIL: u32 = 200;
 
 fn refused(who: &Signed) -> Option<Response> {
-    (!may_act(who.viewer.role)).then(|| {
+    (!who.viewer.acts()).then(|| {
         refusal_page(
             StatusCode::FORBIDDEN,
             "insufficient-role",

@@ -21,7 +21,6 @@ mod render;
 mod signin;
 
 use crate::auth::Tokens;
-use crate::config::Role;
 use crate::http::streams::StreamSlots;
 use crate::hub::Hub;
 use crate::ops::sessions::digest;
@@ -203,17 +202,9 @@ fn refusal_page(status: StatusCode, code: &str, message: &str, viewer: Option<&V
         .into_response()
 }
 
-/// A use case's refusal as a page.
+/// A use case's refusal as a page, with the status the API would answer.
 fn failed(e: &OpError) -> Response {
-    let status = match e.kind {
-        crate::ops::Kind::NotFound => StatusCode::NOT_FOUND,
-        crate::ops::Kind::Conflict => StatusCode::CONFLICT,
-        crate::ops::Kind::Malformed => StatusCode::BAD_REQUEST,
-        crate::ops::Kind::Forbidden => StatusCode::FORBIDDEN,
-        crate::ops::Kind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-        _ => StatusCode::SERVICE_UNAVAILABLE,
-    };
-    refusal_page(status, e.code, &e.message, None)
+    refusal_page(crate::http::server::status_of(e.kind), e.code, &e.message, None)
 }
 
 /// HTML with its type.
@@ -224,9 +215,4 @@ fn page_response(m: Markup) -> Response {
 /// The newest event id now: where a page's live stream starts.
 fn tip(ui: &Ui) -> i64 {
     *ui.hub.events_tip.borrow()
-}
-
-/// Whether a role may act.
-fn may_act(role: Role) -> bool {
-    role >= Role::Operator
 }
