@@ -84,6 +84,42 @@ ensure_axe() {
   npm install --silent --no-audit --no-fund --prefix "$tools/axe" "axe-core@$axe_version" >/dev/null
 }
 
+# ensure_packaging: what the Debian packages' test needs (reconciler/tests/packages.rs):
+# cargo-deb (pinned, from crates.io, into $tools), lintian, and a Debian root made once by
+# debootstrap from this machine's Debian release, with what the packages depend on already in
+# it (the test installs into a fresh copy and fetches nothing). Kept as a tarball.
+cargo_deb_version=3.8.0
+# The name changes with what goes into it (reconciler/tests/packages.rs names it too).
+debian_root=$tools/debian-root-3.tar
+ensure_packaging() {
+  if ! "$tools/bin/cargo-deb" --version 2>/dev/null | grep -q "$cargo_deb_version"; then
+    if [[ $(id -u) != 0 && ! -w $tools ]]; then
+      echo "missing: cargo-deb $cargo_deb_version in $tools (as root: cargo install --locked --root $tools cargo-deb@$cargo_deb_version)" >&2
+      return 1
+    fi
+    echo "installing cargo-deb $cargo_deb_version into $tools"
+    cargo install --quiet --locked --root "$tools" "cargo-deb@$cargo_deb_version"
+  fi
+  if [[ ! -f $debian_root ]]; then
+    if [[ $(id -u) != 0 ]]; then
+      echo "missing: $debian_root (as root: scripts/test makes it with debootstrap)" >&2
+      return 1
+    fi
+    local codename dir
+    codename=$(. /etc/os-release && echo "$VERSION_CODENAME")
+    dir=$(mktemp -d /var/tmp/pl-debian-root.XXXXXX)
+    echo "making a Debian $codename root for the packages' test (debootstrap)"
+    # What the packages depend on or use at install (systemd-sysusers, deb-systemd-helper,
+    # man), and what docs/install.md has the hosts bring (ssh-keygen, wireguard-go), so that
+    # nothing is fetched while the tests run.
+    debootstrap --variant=minbase --include=systemd,adduser,git,nftables,netbase,man-db,ca-certificates,openssh-client,wireguard-go \
+      "$codename" "$dir" http://deb.debian.org/debian >/dev/null
+    chmod 755 "$dir"
+    tar -C "$dir" -cf "$debian_root.tmp" . && mv "$debian_root.tmp" "$debian_root"
+    rm -rf "$dir"
+  fi
+}
+
 # ensure_dockerd: a Docker engine that answers; started when none does (through systemd when
 # it runs, else in the background with its log in target/dockerd.log).
 ensure_dockerd() {

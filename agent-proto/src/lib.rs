@@ -7,6 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod codes;
 mod execution;
 mod heartbeat;
 mod logs;

@@ -21,9 +21,11 @@ pub enum ClientError {
     Transport(String),
 }
 
-/// A node's connection settings: its certificate and key, and the control CA.
+/// A node's connection settings: its certificate and key, and the control CA. The identity
+/// can be switched in place (`switch`) when the certificate is renewed: calls in flight finish
+/// on the old one, the next ones use the new one.
 pub struct AgentClient {
-    agent: ureq::Agent,
+    agent: std::sync::RwLock<ureq::Agent>,
     base: String,
 }
 
@@ -52,6 +54,34 @@ impl AgentClient {
 
     /// A client from PEM bytes; `ca_pem` may be a bundle of several CAs.
     pub fn new(base: &str, cert_pem: &[u8], key_pem: &[u8], ca_pem: &[u8]) -> Result<AgentClient, ClientError> {
+        Ok(AgentClient {
+            agent: std::sync::RwLock::new(tls_agent(cert_pem, key_pem, ca_pem)?),
+            base: base.trim_end_matches('/').to_owned(),
+        })
+    }
+
+    /// Uses a renewed certificate and key (and CA bundle) from the next call on.
+    pub fn switch(&self, cert_pem: &[u8], key_pem: &[u8], ca_pem: &[u8]) -> Result<(), ClientError> {
+        let fresh = tls_agent(cert_pem, key_pem, ca_pem)?;
+        let mut slot = self
+            .agent
+            .write()
+            .map_err(|_| transport("the client's identity lock is poisoned"))?;
+        *slot = fresh;
+        Ok(())
+    }
+
+    fn agent(&self) -> Result<ureq::Agent, ClientError> {
+        self.agent
+            .read()
+            .map(|a| a.clone())
+            .map_err(|_| transport("the client's identity lock is poisoned"))
+    }
+}
+
+/// An HTTPS agent presenting `cert_pem`/`key_pem` and trusting the CAs of `ca_pem`.
+fn tls_agent(cert_pem: &[u8], key_pem: &[u8], ca_pem: &[u8]) -> Result<ureq::Agent, ClientError> {
+    {
         let cert = ureq::tls::Certificate::from_pem(cert_pem)
             .map_err(transport)?
             .to_owned();
@@ -68,19 +98,18 @@ impl AgentClient {
             .timeout_global(Some(Duration::from_secs(45)))
             .build()
             .into();
-        Ok(AgentClient {
-            agent,
-            base: base.trim_end_matches('/').to_owned(),
-        })
+        Ok(agent)
     }
+}
 
+impl AgentClient {
     fn post<B: serde::Serialize, T: serde::de::DeserializeOwned>(
         &self,
         path: &str,
         body: &B,
     ) -> Result<T, ClientError> {
         let mut resp = self
-            .agent
+            .agent()?
             .post(&format!("{}{path}", self.base))
             .send_json(body)
             .map_err(transport)?;
@@ -226,7 +255,7 @@ impl AgentClient {
             return Err(transport("a log stream id is hex"));
         }
         let mut resp = self
-            .agent
+            .agent()?
             .post(&format!(
                 "{}/v1/agent/logs/{id}{}",
                 self.base,

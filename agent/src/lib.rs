@@ -18,6 +18,7 @@ pub mod mesh;
 pub mod names;
 pub mod outcome;
 pub mod registry_auth;
+pub mod renewal;
 pub mod restic;
 pub mod routes;
 pub mod run;

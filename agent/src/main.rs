@@ -55,6 +55,12 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
     },
+    /// Write the man pages (one per command) to `--out` (the packages are built with it).
+    #[command(hide = true)]
+    Man {
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -69,6 +75,12 @@ fn main() -> std::process::ExitCode {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
+        Command::Man { out } => {
+            use clap::CommandFactory;
+            std::fs::create_dir_all(&out).with_context(|| format!("cannot make {}", out.display()))?;
+            clap_mangen::generate_to(Cli::command(), &out)
+                .with_context(|| format!("cannot write man pages to {}", out.display()))
+        }
         Command::Enroll {
             control,
             ca_fingerprint,

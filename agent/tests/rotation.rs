@@ -5,6 +5,10 @@
 //!
 //! `pl nodes` shows which CA each node's certificate is from, so the second phase can wait
 //! until every node shows the new one.
+//!
+//! It is also the drill of the control CA's key lost (docs/operations.md, the DR table): the
+//! old key is deleted before phase 1 and never needed again; the times from its loss to the
+//! daemon serving with a new CA, and to a node renewed onto it, are printed (`RTO` lines).
 
 #[path = "../../reconciler/tests/support/daemon.rs"]
 mod daemon_support;
@@ -93,6 +97,9 @@ fn the_control_ca_rotates_in_two_phases_without_an_outage() {
     beat(&n3).expect("n3 before");
     d.term();
 
+    // The old CA's key is lost: only its certificate (public, on every node too) remains.
+    std::fs::remove_file(dir.path().join("tls/ca.key")).expect("the old key is gone");
+    let lost = std::time::Instant::now();
     // Phase 1: the new CA signs, the old one is still trusted. Nothing breaks.
     let phase1 = format!(
         "[control]\nca_cert = \"tls-next/ca.crt\"\nca_key = \"tls-next/ca.key\"\ntrusted_cas = [\"tls/ca.crt\"]\n{agent_api}"
@@ -100,6 +107,7 @@ fn the_control_ca_rotates_in_two_phases_without_an_outage() {
     let cfg = config(&s, "phase1", &repo.dir, &url, port, &phase1);
     let mut d = Daemon::start(&s, &cfg, port);
     d.wait_ready(Duration::from_secs(20));
+    println!("RTO CA key lost: serving with a new CA {:?} after", lost.elapsed());
     beat(&n1).expect("an old-CA certificate still works in phase 1");
     beat(&n3).expect("an old-CA certificate still works in phase 1");
     assert_eq!(cas(&d, &s.viewer)[0], ("n1".into(), old_ca.clone()));
@@ -116,6 +124,10 @@ fn the_control_ca_rotates_in_two_phases_without_an_outage() {
     .expect("client");
     beat(&n1).expect("the new certificate");
     assert_eq!(cas(&d, &s.viewer)[0], ("n1".into(), new_ca.clone()));
+    println!(
+        "RTO CA key lost: a node renewed onto the new CA {:?} after",
+        lost.elapsed()
+    );
     // A node enrolling now may be given either fingerprint.
     let n2 = enrol(&d, "n2", &new_ca);
     beat(&n2).expect("n2 enrolled in phase 1");
@@ -159,5 +171,74 @@ fn the_control_ca_rotates_in_two_phases_without_an_outage() {
         matches!(beat(&stale), Err(ClientError::Transport(_))),
         "the old CA's certificate is refused"
     );
+    d.kill9();
+}
+
+/// `pl-agent run` renews its certificate at two thirds of its life (`renewal::run`; its
+/// timing is unit-tested): a renewal writes the new key, certificate and CA into the
+/// enrolment folder and switches the running client to them; the old certificate stops
+/// working once the new one is used, and the folder alone starts a client that works.
+#[test]
+fn the_agent_renews_its_certificate_into_its_folder() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = Repo::new(dir.path());
+    std::fs::write(dir.path().join("allowed_signers"), &repo.signers).expect("signers");
+    repo.commit("a pool", true);
+    let s = setup(dir.path());
+    let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    let (port, agent_port) = (free_port(), free_port());
+    let agent_api = format!("\n[agent_api]\nlisten = \"127.0.0.1:{agent_port}\"\n");
+    let cfg = config(
+        &s,
+        "renewal",
+        &repo.dir,
+        &url,
+        port,
+        &format!("{CONTROL_CA}{agent_api}"),
+    );
+    let mut d = Daemon::start(&s, &cfg, port);
+    d.wait_ready(Duration::from_secs(20));
+    let ca = fingerprint(&dir.path().join("tls/ca.crt"));
+    let node_dir = dir.path().join("n1");
+    let token = d.enrolment_token("n1", &s.operator);
+    pushleft_agent::enroll::enroll(
+        &format!("https://localhost:{port}"),
+        &format!("SHA256:{ca}"),
+        "n1",
+        &node_dir,
+        &token,
+    )
+    .expect("enrol");
+    let agents = format!("https://localhost:{agent_port}");
+    let client = AgentClient::from_dir(&agents, &node_dir).expect("client");
+    beat(&client).expect("enrolled");
+    let old = AgentClient::from_dir(&agents, &node_dir).expect("a client of the old files");
+    let old_cert = std::fs::read(node_dir.join(pushleft_agent::enroll::CERT)).expect("cert");
+
+    let until = pushleft_agent::renewal::renew(&client, "n1", &node_dir).expect("renewed");
+    let new_cert = std::fs::read(node_dir.join(pushleft_agent::enroll::CERT)).expect("cert");
+    assert_ne!(old_cert, new_cert, "the folder holds the new certificate");
+    let (from, to) = pushleft_agent::renewal::validity(&new_cert).expect("validity");
+    assert_eq!(to, until / 1000 * 1000, "the answer's expiry is the certificate's");
+    assert!(
+        pushleft_agent::renewal::due_at(from, to) > from,
+        "its own renewal is later"
+    );
+    // The running client uses the new certificate at once; that first use revokes the old.
+    beat(&client).expect("the switched client");
+    assert!(
+        beat(&old).is_err(),
+        "the old certificate is revoked once the new one is used"
+    );
+    // A restart reads the folder: the new key and certificate, which work.
+    let restarted = AgentClient::from_dir(&agents, &node_dir).expect("client from the folder");
+    beat(&restarted).expect("a restarted agent");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(node_dir.join(pushleft_agent::enroll::KEY))
+            .expect("key")
+            .permissions(),
+    );
+    assert_eq!(mode & 0o077, 0, "the new key is private");
+    assert!(!node_dir.join("node.crt.new").exists(), "no renewal left half done");
     d.kill9();
 }

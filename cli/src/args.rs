@@ -225,6 +225,12 @@ pub(crate) enum Command {
     Init { dir: Option<PathBuf> },
     /// Print shell completions.
     Completions { shell: clap_complete::Shell },
+    /// Write the man pages (one per command) to `--out` (the packages are built with it).
+    #[command(hide = true)]
+    Man {
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Apply the state repository on this machine: starts (or reuses) a local control plane
     /// (reconciler, SQLite ledger, one enrolled agent, Caddy for web roles), applies the
     /// working tree as a local revision, follows the rollout and prints each URL.

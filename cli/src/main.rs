@@ -12,6 +12,7 @@ mod rollback;
 mod rollback_commit;
 mod rollout;
 mod secret;
+mod status;
 mod ui;
 mod up;
 mod verify;
@@ -109,7 +110,7 @@ fn main() -> ExitCode {
         Command::Init { dir: d } => commands::init(&dir(d)),
         Command::Up(args) => up::up(&args),
         Command::Down(args) => up::down(&args),
-        Command::Status { server } => control_plane(server).and_then(|s| operator::status(&s)),
+        Command::Status { server } => control_plane(server).and_then(|s| status::status(&s)),
         Command::Ui {
             sign_out_everywhere,
             server,
@@ -239,6 +240,10 @@ fn main() -> ExitCode {
             server,
         }) => control_plane(server)
             .and_then(|s| volumes::move_to(&s, &environment, &volume, &to, std::time::Duration::from_secs(timeout))),
+        Command::Man { out } => std::fs::create_dir_all(&out)
+            .and_then(|()| clap_mangen::generate_to(<Cli as clap::CommandFactory>::command(), &out))
+            .map(|()| 0)
+            .map_err(|e| anyhow::anyhow!("cannot write man pages to {}: {e}", out.display())),
         Command::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             let mut script = Vec::new();

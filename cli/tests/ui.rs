@@ -1,5 +1,5 @@
 //! The web view in a real browser: Debian's Chromium, headless, driven through chromedriver
-//! (WebDriver, fantoccini), inside a simulated host's network namespace (no route out) where
+//! (WebDriver, fantoccini), in a namespace of its own beside a simulated host's (no route out) where
 //! `pl up` runs the quickstart with a real dockerd, ledger, agent and Caddy:
 //! - `pl up` prints the view's URL and a one-time sign-in link; opening it signs in, and the
 //!   overview shows `hello-production` in sync;
@@ -16,6 +16,7 @@
 //! Screenshots of every screen are saved in `target/ui-screenshots/`; with
 //! `PL_UPDATE_SCREENSHOTS=1` three of them (overview, environment, plan) replace `docs/ui/*.png` (docs/ui.md shows them).
 
+mod browser;
 mod common;
 #[path = "../../agent/tests/support/host.rs"]
 mod host_support;
@@ -79,13 +80,7 @@ fn spki(cert: &Path) -> String {
     base64::engine::general_purpose::STANDARD.encode(digest)
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
+use test_ports::free_port;
 
 /// Waits (at most 10 s) for the browser to be at `path`.
 async fn wait_path(c: &Client, path: &str) {
@@ -120,8 +115,56 @@ async fn wait_text(c: &Client, needle: &str, within: Duration) -> String {
         if text.contains(needle) {
             return text;
         }
-        assert!(start.elapsed() < within, "no {needle:?} within {within:?}: {text}");
+        if start.elapsed() > within {
+            // Where the browser is and what it shows (a page with no <main> has no text above).
+            let url = c
+                .current_url()
+                .await
+                .map(|u| u.to_string())
+                .unwrap_or_else(|e| e.to_string());
+            let body = c
+                .execute(
+                    "return document.body ? document.body.innerText : document.documentElement.outerHTML;",
+                    vec![],
+                )
+                .await
+                .map(|v| v.as_str().unwrap_or_default().chars().take(3000).collect::<String>())
+                .unwrap_or_else(|e| e.to_string());
+            panic!("no {needle:?} within {within:?}: {text}\nat {url}:\n{body}");
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits until the page's script says its live stream is open (the stream opens after the
+/// page has loaded).
+async fn wait_live(c: &Client, what: &str) {
+    let start = Instant::now();
+    loop {
+        let live = c
+            .find(Locator::Id("live"))
+            .await
+            .expect("live marker")
+            .text()
+            .await
+            .unwrap_or_default();
+        if live.starts_with("Live") && !live.contains("reconnecting") {
+            return;
+        }
+        if start.elapsed() > Duration::from_secs(10) {
+            // What the page fetched (did its script load, was a stream asked for, and how did
+            // each end), to tell a page whose script never ran from a stream never answered.
+            let fetched = c
+                .execute(
+                    "return performance.getEntriesByType('resource').map(e => e.name + ' ' + e.responseStatus + ' ' + Math.round(e.duration) + 'ms ' + e.nextHopProtocol).join('\\n') + '\\nready: ' + document.readyState;",
+                    vec![],
+                )
+                .await
+                .map(|v| v.as_str().unwrap_or_default().to_owned())
+                .unwrap_or_else(|e| e.to_string());
+            panic!("{what} is not live: {live}\n{fetched}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -242,6 +285,17 @@ fn the_web_view_in_chromium_follows_the_quickstart_live() {
         // The link was made before the restart; it is in the ledger, so it still works once.
         let spki = spki(&state.join("tls/api.crt"));
 
+        // The browser in a namespace of its own (see `browser`), the view's port forwarded
+        // to it.
+        let net = browser::BrowserNet::new(&format!("plbrowser-{}", std::process::id()));
+        let api_port: u16 = link
+            .trim_start_matches("https://localhost:")
+            .split('/')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no port in {link}"));
+        net.forward(api_port);
+        let chromium = net.chromium(&state);
         let driver_port = free_port();
         let driver = Command::new("chromedriver")
             .arg(format!("--port={driver_port}"))
@@ -257,8 +311,9 @@ fn the_web_view_in_chromium_follows_the_quickstart_live() {
             caps.insert(
                 "goog:chromeOptions".into(),
                 serde_json::json!({
-                    "binary": "/usr/bin/chromium",
+                    "binary": chromium,
                     "args": [
+                        "--remote-debugging-pipe",
                         "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                         "--disable-quic", "--no-first-run", "--disable-background-networking",
                         "--disable-component-update", "--disable-sync", "--disable-extensions",
@@ -284,23 +339,40 @@ fn the_web_view_in_chromium_follows_the_quickstart_live() {
                 }
             };
             let origin = link.split("/ui/").next().expect("origin").to_owned();
+            assert!(net.processes() > 0, "Chromium runs in its own namespace");
 
             // One click of the printed link: signed in, on the overview, in sync.
             c.goto(&link).await.expect("the link");
             assert_eq!(c.current_url().await.expect("url").path(), "/ui/");
             let text = wait_text(&c, "in sync", Duration::from_secs(30)).await;
             assert!(text.contains("hello-production"), "{text}");
-            let live = c
-                .find(Locator::Id("live"))
-                .await
-                .expect("live marker")
-                .text()
-                .await
-                .expect("text");
-            assert!(live.starts_with("Live"), "the page's script is connected: {live}");
+            wait_live(&c, "the overview").await;
             shot(&c, "overview").await;
             let found = axe(&c, &axe_js).await;
             assert!(found.is_empty(), "overview: {found:?}");
+
+            // Eight open pages of the view, each live: over HTTP/2 they share one connection
+            // (over HTTP/1.1 the sixth page's stream would take the browser's last connection
+            // to the host, and the seventh page would never load).
+            let first = c.window().await.expect("window");
+            let proto = c
+                .execute("return performance.getEntriesByType('navigation')[0].nextHopProtocol;", vec![])
+                .await
+                .expect("protocol");
+            assert_eq!(proto.as_str(), Some("h2"), "the view is served over HTTP/2");
+            let mut opened = Vec::new();
+            for _ in 0..7 {
+                let w = c.new_window(true).await.expect("a tab");
+                c.switch_to_window(w.handle.clone()).await.expect("switch");
+                c.goto(&format!("{origin}/ui/")).await.expect("the overview again");
+                wait_live(&c, &format!("page {}", opened.len() + 2)).await;
+                opened.push(w.handle);
+            }
+            for w in opened {
+                c.switch_to_window(w).await.expect("switch");
+                c.close_window().await.expect("close");
+            }
+            c.switch_to_window(first).await.expect("back to the first page");
 
             // A new release appears in the open page without a reload.
             c.execute("window.__kept = 'the same page';", vec![]).await.expect("mark");
@@ -366,12 +438,29 @@ fn the_web_view_in_chromium_follows_the_quickstart_live() {
             shot(&c, "failing").await;
 
             // The other screens, each checked by axe.
-            for (path, name) in [("/ui/revisions", "revisions"), ("/ui/nodes", "nodes"), ("/ui/events", "events")] {
+            for (path, name) in [
+                ("/ui/revisions", "revisions"),
+                ("/ui/nodes", "nodes"),
+                ("/ui/events", "events"),
+                ("/ui/releases", "releases"),
+            ] {
                 c.goto(&format!("{origin}{path}")).await.expect("screen");
                 shot(&c, name).await;
                 let found = axe(&c, &axe_js).await;
-            assert!(found.is_empty(), "{name}: {found:?}");
+                assert!(found.is_empty(), "{name}: {found:?}");
             }
+            // The fleet's commit-to-live today: the quickstart's releases, drawn and named.
+            let text = main_text(&c).await;
+            assert!(text.contains("hello-production"), "the slowest releases: {text}");
+            let chart = c
+                .find(Locator::Css("svg.chart"))
+                .await
+                .expect("the fleet's chart")
+                .attr("aria-label")
+                .await
+                .expect("label")
+                .unwrap_or_default();
+            assert!(chart.contains(" releases, median "), "{chart}");
             // The plan of the newest commit from the one before, as `pl plan` prints it.
             c.goto(&format!("{origin}/ui/revisions")).await.expect("revisions");
             c.find(Locator::XPath("//a[starts-with(normalize-space(.), 'from ')]"))

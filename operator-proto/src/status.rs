@@ -9,6 +9,10 @@ use utoipa::ToSchema;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Status {
+    /// This control plane's id, which every object it makes on the hosts names (pin it with
+    /// `[control] id` to keep it through a rebuilt ledger).
+    #[serde(default)]
+    pub control_plane: String,
     pub mesh: MeshSummary,
     /// Whether this daemon reconciles (a standby answers too).
     pub leader: bool,
@@ -19,6 +23,47 @@ pub struct Status {
     /// The newest commit judged, accepted or not.
     pub last_judged: Option<String>,
     pub counts: Counts,
+    /// The service level objectives over the last day, as the ledger's counts measure them.
+    #[serde(default)]
+    pub slos: Vec<Slo>,
+}
+
+/// One service level objective over the last day.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Slo {
+    /// `deployment-success`, `commit-to-live`, `lease-freshness` or `route-publication`.
+    pub name: String,
+    /// What it promises, in words (`95% of deployments that end succeed`).
+    pub objective: String,
+    /// The share it promises (0.95).
+    pub target: f64,
+    /// The share measured (none: nothing to measure yet).
+    pub measured: Option<f64>,
+    /// What the share is of (`40 deployments ended`).
+    pub over: String,
+    pub state: SloState,
+}
+
+/// Whether an objective holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum SloState {
+    Met,
+    /// Below its target: its error budget burns.
+    Burning,
+    /// Nothing measured in the window.
+    MissingData,
+}
+
+impl SloState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SloState::Met => "met",
+            SloState::Burning => "burning",
+            SloState::MissingData => "missing data",
+        }
+    }
 }
 
 /// The mesh between nodes as agents report their links.

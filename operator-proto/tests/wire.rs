@@ -39,6 +39,7 @@ fn status() {
     golden(
         "status",
         &Status {
+            control_plane: "0a1b2c3d".into(),
             mesh: MeshSummary {
                 links: 2,
                 down: vec![LinkDown {
@@ -59,6 +60,24 @@ fn status() {
                 last_event: 77,
                 at_ms: 1_796_180_404_000,
             },
+            slos: vec![
+                Slo {
+                    name: "deployment-success".into(),
+                    objective: "95% of deployments that end succeed".into(),
+                    target: 0.95,
+                    measured: Some(0.9),
+                    over: "20 deployments ended".into(),
+                    state: SloState::Burning,
+                },
+                Slo {
+                    name: "route-publication".into(),
+                    objective: "95% of routes published within 120 s".into(),
+                    target: 0.95,
+                    measured: None,
+                    over: "0 routes published".into(),
+                    state: SloState::MissingData,
+                },
+            ],
         },
     );
     golden(

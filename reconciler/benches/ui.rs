@@ -8,7 +8,10 @@
 //! - one environment's page;
 //! - an event into an open page: from the event's write to the live stream's message (woken
 //!   by this daemon's write, and by the 250 ms watch when another replica wrote it), and then
-//!   the page's refetch, which is what the browser shows.
+//!   the page's refetch, which is what the browser shows;
+//! - the fleet's releases page over its most: 50,000 releases live in the last 7 days;
+//! - `/metrics` when its service level indicators are read afresh (every environment's
+//!   standing, the counters, the nodes), as once every 15 s whatever the scrapes.
 //!
 //! Requests go through the routers in-process (`tower::ServiceExt::oneshot`): server time,
 //! without TLS or a socket. Run: `cargo bench -p reconciler --bench ui` (`-- --samples 50`).
@@ -58,6 +61,8 @@ struct Figures {
     event_woken: (f64, f64),
     event_polled: (f64, f64),
     page_after_event: (f64, f64),
+    releases: (f64, f64),
+    metrics: (f64, f64),
     bytes: usize,
 }
 
@@ -157,6 +162,7 @@ async fn run(dir: &Path, repo: &Repo, base: &str, head: &str, url: &str, samples
         issues_certificates: false,
         repo_dir: Some(repo.dir.clone()),
         plans: tokio::sync::Semaphore::new(1),
+        indicators: Default::default(),
     });
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let watcher = tokio::spawn(watch_events(Arc::clone(&ledger), Arc::clone(&hub), stopped));
@@ -196,6 +202,28 @@ async fn run(dir: &Path, repo: &Repo, base: &str, head: &str, url: &str, samples
     let event_woken = event_latency(&view, &cookie, &ops, &ledger, true, samples.min(30)).await;
     let event_polled = event_latency(&view, &cookie, &ops, &ledger, false, samples.min(30)).await;
     let (page_after_event, _) = time(&view, &format!("/ui/environments/{env}"), c, samples).await;
+    fill_releases(url).await;
+    let fleet = ops.fleet_to_live().await.expect("releases");
+    assert!(fleet.capped, "the page reads its most");
+    let (releases, _) = time(&view, "/ui/releases", c, samples).await;
+    let mut scrapes = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        // Each scrape reads afresh, as the first one after 15 s does.
+        ops.indicators.lock().await.take();
+        let start = Instant::now();
+        let r = api
+            .clone()
+            .oneshot(Request::get("/metrics").body(Body::empty()).expect("request"))
+            .await
+            .expect("answer");
+        let body = r.into_body().collect().await.expect("body").to_bytes();
+        scrapes.push(start.elapsed().as_secs_f64() * 1000.0);
+        assert!(
+            body.windows(25).any(|w| w == b"pushleft_environment_info"),
+            "the indicators are served"
+        );
+    }
+    let metrics = (pct(scrapes.clone(), 0.5), pct(scrapes, 0.99));
     let _ = stop.send(true);
     let _ = watcher.await;
     ledger.close().await;
@@ -209,8 +237,36 @@ async fn run(dir: &Path, repo: &Repo, base: &str, head: &str, url: &str, samples
         event_woken,
         event_polled,
         page_after_event,
+        releases,
+        metrics,
         bytes,
     }
+}
+
+/// 50,000 releases live over the last 6 days (one every 10 s), beside the ledger's own.
+async fn fill_releases(url: &str) {
+    let now = reconciler::ops::now_ms();
+    let n = reconciler::ops::releases::MOST_RELEASES;
+    let q = if url.starts_with("postgres") {
+        format!(
+            "INSERT INTO releases_live (environment, generation, made_at, live_at) \
+             SELECT 'bench-' || (i % 10000), 100000 + i, {now} - i * 10000 - (i % 97) * 1000, {now} - i * 10000 \
+             FROM generate_series(1, {n}) AS i"
+        )
+    } else {
+        format!(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {n}) \
+             INSERT INTO releases_live (environment, generation, made_at, live_at) \
+             SELECT 'bench-' || (i % 10000), 100000 + i, {now} - i * 10000 - (i % 97) * 1000, {now} - i * 10000 FROM n"
+        )
+    };
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(url).await.expect("connect");
+    sqlx::query(sqlx::AssertSqlSafe(q))
+        .execute(&pool)
+        .await
+        .expect("releases");
+    pool.close().await;
 }
 
 fn main() {
@@ -267,6 +323,16 @@ fn main() {
         "-",
     );
     row("the page's refetch after the message", &|f| f.page_after_event, "-");
+    row(
+        "the fleet's releases page (50,000 releases in 7 days)",
+        &|f| f.releases,
+        "-",
+    );
+    row(
+        "`/metrics` with its indicators read afresh (every 15 s at most)",
+        &|f| f.metrics,
+        "-",
+    );
     println!(
         "overview first page: {} bytes; ratio overview/API p50: SQLite {:.2}, PostgreSQL {:.2}",
         sqlite.bytes,

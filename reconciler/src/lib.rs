@@ -20,4 +20,5 @@ pub mod notify;
 pub mod ops;
 pub mod pki;
 pub mod reconcile;
+pub mod snapshot;
 pub mod store;

@@ -10,7 +10,7 @@ use reconciler::http::enrolment::{self, Enrol};
 use reconciler::http::logs::{self, LogHub, Readers, Writers};
 use reconciler::http::operator::{self, Operator};
 use reconciler::http::peer::Peers;
-use reconciler::http::server::{serve, tls_config, tls_config_with};
+use reconciler::http::server::{operator_tls_config, serve, tls_config, tls_config_with};
 use reconciler::http::streams::watch_events;
 use reconciler::http::ui::{self, Ui};
 use reconciler::hub::Hub;
@@ -67,6 +67,15 @@ enum Command {
         #[arg(long = "hostname", default_values_t = vec!["localhost".to_owned(), "127.0.0.1".to_owned()])]
         hostnames: Vec<String>,
     },
+    /// Disaster recovery: the control plane's state as one encrypted archive (docs/operations.md).
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
+    /// Write the man pages (one per command) to `--out` (the packages are built with it).
+    #[command(hide = true)]
+    Man {
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 /// How long the control CA is valid.
@@ -113,6 +122,12 @@ fn main() -> std::process::ExitCode {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
+        Command::Man { out } => {
+            use clap::CommandFactory;
+            std::fs::create_dir_all(&out).with_context(|| format!("cannot make {}", out.display()))?;
+            clap_mangen::generate_to(Cli::command(), &out)
+                .with_context(|| format!("cannot write man pages to {}", out.display()))
+        }
         Command::Run(ConfigArg { config }) => daemon(&config),
         Command::Migrate(ConfigArg { config }) => {
             let cfg = Config::load(&config).map_err(|e| anyhow::anyhow!("{e} [{}]", e.code()))?;
@@ -135,6 +150,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Token { name, role, out } => token(&name, role, &out),
         Command::TlsInit { dir, hostnames } => tls_init(&dir, &hostnames),
         Command::TlsRenew { dir, hostnames } => tls_renew(&dir, &hostnames),
+        Command::Snapshot(c) => snapshot_run(c, runtime()?),
     }
 }
 
@@ -237,17 +253,40 @@ fn operator_listener(
         .merge(ui::router(web)))
 }
 
+/// The id every host object names: pinned by the configuration or made by the ledger; a
+/// ledger of another control plane than the configuration names is refused.
+async fn control_plane_id(ledger: &Ledger, cfg: &Config) -> Result<()> {
+    let pinned = cfg.control.id.as_ref().map(|id| id.as_str());
+    let id = ledger
+        .control_plane_or(pinned)
+        .await
+        .context("the control plane's id")?;
+    if let Some(want) = pinned
+        && want != id
+    {
+        bail!(
+            "the ledger belongs to control plane {id}, the configuration names {want} ([control] id): \
+             point [ledger] url at this control plane's ledger, or remove the id [control-plane-id-mismatch]"
+        );
+    }
+    tracing::info!(control_plane = %id, "the control plane's id");
+    Ok(())
+}
+
 fn daemon(config: &Path) -> Result<()> {
     init_logs();
+    // Absolute, for the scheduled snapshots (they keep the configuration's own path).
+    let config_path = std::path::absolute(config).context("the configuration's path")?;
     let cfg = Config::load(config).map_err(|e| anyhow::anyhow!("{e} [{}]", e.code()))?;
     cfg.check_files().map_err(|e| anyhow::anyhow!("{e} [{}]", e.code()))?;
-    let tls = tls_config(&cfg.api.tls_cert, &cfg.api.tls_key).map_err(anyhow::Error::msg)?;
+    let tls = operator_tls_config(&cfg.api.tls_cert, &cfg.api.tls_key).map_err(anyhow::Error::msg)?;
     runtime()?.block_on(async move {
         let ledger = Ledger::connect(&cfg.ledger.url, cfg.ledger.max_connections)
             .await
             .context("connecting to the ledger")?;
         // Every daemon migrates at start; sqlx serialises concurrent runs with a lock.
         ledger.migrate().await.context("migrating the ledger")?;
+        control_plane_id(&ledger, &cfg).await?;
         let listen = cfg.api.listen;
         let max_connections = cfg.api.max_connections;
         // The composition root: each layer's state, built from the configuration, sharing the
@@ -270,6 +309,7 @@ fn daemon(config: &Path) -> Result<()> {
             issues_certificates: config.issues_certificates(),
             repo_dir: config.source.path.clone().or_else(|| config.source.cache_dir.clone()),
             plans: tokio::sync::Semaphore::new(1),
+            indicators: Default::default(),
         });
         let operator_routes = operator_listener(&config, &ledger, &ops, &hub, &tokens, &logs)?;
         let _watcher = watch_local(&reconciling).context("watching the repository")?;
@@ -291,6 +331,14 @@ fn daemon(config: &Path) -> Result<()> {
             reconciler::notify::Targets::of(&config),
             stopped.clone(),
         ));
+        // Scheduled snapshots of the control plane's state, by the leader (`[snapshots]`).
+        let snapshots = tokio::spawn(reconciler::snapshot::run_schedule(
+            config_path,
+            Arc::clone(&config),
+            Arc::clone(&ledger),
+            Arc::clone(&hub),
+            stopped.clone(),
+        ));
         let fetcher = tokio::spawn(run_fetcher(Arc::clone(&reconciling), stopped.clone()));
         let looper = tokio::spawn(run_loop(Arc::clone(&reconciling), stopped));
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -304,6 +352,7 @@ fn daemon(config: &Path) -> Result<()> {
         let _ = fetcher.await;
         let _ = events.await;
         let _ = notifier.await;
+        let _ = snapshots.await;
         api.abort();
         if let Some(a) = agents {
             a.abort();
@@ -414,4 +463,73 @@ fn tls_renew(dir: &Path, hostnames: &[String]) -> Result<()> {
         dir.display()
     );
     Ok(())
+}
+
+#[derive(clap::Subcommand)]
+enum SnapshotCommand {
+    /// Save the ledger (a consistent copy while the daemon serves; SQLite), the configuration
+    /// and every file it names (CA, keys, identities, trust, secrets) to one archive,
+    /// encrypted with age to the recipients named.
+    Save {
+        /// The daemon's configuration file.
+        #[arg(long)]
+        config: PathBuf,
+        /// The archive to write; it must not exist.
+        #[arg(long)]
+        to: PathBuf,
+        /// An age (`age1…`) or SSH public key to encrypt to; repeat for several.
+        #[arg(long = "recipient", required = true)]
+        recipients: Vec<String>,
+    },
+    /// Restore an archive: every file back where it was saved from, once all were read and
+    /// matched the manifest; refused if any of them exists (a live ledger, a key in use).
+    Restore {
+        /// The archive `snapshot save` wrote.
+        #[arg(long)]
+        from: PathBuf,
+        /// A file of age identities (or an OpenSSH private key) one of its recipients holds.
+        #[arg(long)]
+        identity: PathBuf,
+    },
+}
+
+/// `pl-reconciler snapshot save | restore` (`reconciler::snapshot`).
+fn snapshot_run(c: SnapshotCommand, rt: tokio::runtime::Runtime) -> Result<()> {
+    match c {
+        SnapshotCommand::Save { config, to, recipients } => {
+            let cfg = Config::load(&config).map_err(|e| anyhow::anyhow!("{e} [{}]", e.code()))?;
+            let manifest = rt.block_on(async {
+                let ledger = Ledger::connect(&cfg.ledger.url, 2)
+                    .await
+                    .context("connecting to the ledger")?;
+                let saved =
+                    reconciler::snapshot::save(&config, &cfg, &ledger, &to, &recipients, reconciler::store::now_ms())
+                        .await
+                        .map_err(|e| anyhow::anyhow!("{e} [{}]", e.code()));
+                ledger.close().await;
+                saved
+            })?;
+            println!(
+                "snapshot {}: the {} ledger{} and {} files, encrypted to {} recipient(s)",
+                to.display(),
+                manifest.backend,
+                if manifest.ledger.is_some() {
+                    ""
+                } else {
+                    " (not in it: pair it with pg_dump, docs/operations.md)"
+                },
+                manifest.files.len(),
+                recipients.len()
+            );
+            Ok(())
+        }
+        SnapshotCommand::Restore { from, identity } => {
+            let manifest =
+                reconciler::snapshot::restore(&from, &identity).map_err(|e| anyhow::anyhow!("{e} [{}]", e.code()))?;
+            for e in manifest.ledger.iter().chain(&manifest.files) {
+                println!("restored {}", e.path.display());
+            }
+            Ok(())
+        }
+    }
 }

@@ -235,6 +235,8 @@ fn the_reconcilers_layers_import_only_downwards() {
         ("acme", &["issuer"][..]),
         // Outgoing notifications: reads events and the outbox, delivers through `forge`.
         ("notify", &["store", "hub", "config"][..]),
+        // Disaster recovery's archives: the ledger's copy and the files the config names.
+        ("snapshot", &["store", "config", "hub"][..]),
         ("crate", &[][..]),
         // The composition root may build anything; nothing imports it.
         (
@@ -252,6 +254,7 @@ fn the_reconcilers_layers_import_only_downwards() {
                 "issuer",
                 "acme",
                 "notify",
+                "snapshot",
             ][..],
         ),
     ]);

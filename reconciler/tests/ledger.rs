@@ -604,3 +604,60 @@ async fn migration_0027_types_a_held_job_on_both_backends() {
     l.close().await;
     held_jobs_become_typed(&pg.url()).await;
 }
+
+/// Migration 0031 fills `releases_live` from the `deployment-rollout-done` events written
+/// before it: the first such event of each generation made, rollbacks left out.
+async fn releases_live_filled_from_events(url: &str) {
+    let (fill, pool) = migration(url, "0031_releases_live").await;
+    let insert = &fill[fill.find("INSERT INTO releases_live").expect("the fill")..];
+    let run = |q: String| statement(&pool, q);
+    run(
+        "INSERT INTO revisions (sha, branch, verdict, reasons, seen_at) VALUES ('r0', 'live', 'accepted', '[]', 1)"
+            .into(),
+    )
+    .await;
+    for (generation, made) in [(1, 1_000), (2, 5_000), (3, 9_000)] {
+        run(format!(
+            "INSERT INTO deployment_generations (environment, generation, branch, action, spec_hash, revision_id, created_at) \
+             VALUES ('e-a', {generation}, 'live', 'rollout', 'h', (SELECT id FROM revisions WHERE sha = 'r0'), {made})"
+        ))
+        .await;
+    }
+    for (at, detail) in [
+        (1_500, "generation 1"),
+        (2_000, "generation 1"),
+        (7_000, "generation 2, watched for 30 s"),
+        (9_500, "generation 3, a rollback"),
+        (9_900, "generation 12: no such generation"),
+    ] {
+        run(format!(
+            "INSERT INTO events (at, kind, subject, detail) VALUES ({at}, 'deployment-rollout-done', 'e-a', '{detail}')"
+        ))
+        .await;
+    }
+    run("INSERT INTO events (at, kind, subject, detail) VALUES (3000, 'deployment-teardown-done', 'e-a', 'generation 2')".into())
+        .await;
+    run(insert.to_owned()).await;
+    let rows: Vec<(String, i64, i64, i64)> =
+        sqlx::query_as("SELECT environment, generation, made_at, live_at FROM releases_live ORDER BY generation")
+            .fetch_all(&pool)
+            .await
+            .expect("read back");
+    assert_eq!(
+        rows,
+        [("e-a".to_owned(), 1, 1_000, 1_500), ("e-a".to_owned(), 2, 5_000, 7_000)]
+    );
+    pool.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migration_0031_fills_releases_live_on_both_backends() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let l = sqlite(dir.path()).await;
+    l.close().await;
+    releases_live_filled_from_events(&format!("sqlite://{}", dir.path().join("ledger.db").display())).await;
+    let pg = Postgres::start();
+    let l = postgres(&pg).await;
+    l.close().await;
+    releases_live_filled_from_events(&pg.url()).await;
+}

@@ -138,6 +138,7 @@ async fn scenario(url: String, dir: &Path) {
         issues_certificates: shared.config.issues_certificates(),
         repo_dir: None,
         plans: tokio::sync::Semaphore::new(1),
+        indicators: Default::default(),
     };
     let move_to = |to: &str| operator_proto::volumes::MoveVolume {
         environment: "api-production".into(),

@@ -232,14 +232,7 @@ impl Drop for Receiver {
     }
 }
 
-/// A loopback port nothing listens on (yet).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
+use test_ports::free_port;
 
 fn private(path: &Path, text: &str) {
     use std::os::unix::fs::PermissionsExt;

@@ -354,6 +354,37 @@ async fn scenario(url: String, dir: &Path) {
         1,
         "{ended:?}"
     );
+
+    // Each release's commit-to-live is kept for the fleet's picture; a rollback is no release.
+    let live = rows(
+        &url,
+        "SELECT generation FROM releases_live WHERE made_at <= live_at ORDER BY generation",
+    )
+    .await;
+    assert!(
+        live.iter().any(|g| g == "1") && live.iter().any(|g| g == "2"),
+        "{live:?}"
+    );
+    assert!(
+        !live.iter().any(|g| g == "3" || g == "9"),
+        "rollbacks are not releases: {live:?}"
+    );
+    let read = shared
+        .ledger
+        .deployments()
+        .live_times_since(0, 100)
+        .await
+        .expect("read");
+    assert_eq!(read.len(), live.len());
+    assert!(read.windows(2).all(|w| w[0].0 >= w[1].0), "newest first");
+    let slowest = shared.ledger.deployments().slowest_since(0, 100).await.expect("read");
+    assert_eq!(slowest.len(), live.len());
+    assert!(
+        slowest
+            .windows(2)
+            .all(|w| w[0].live_at - w[0].made_at >= w[1].live_at - w[1].made_at),
+        "slowest first"
+    );
 }
 
 /// Leases what n1 can, completing each job with `outcome` (a canary's publish failing, say).
@@ -453,6 +484,7 @@ async fn canary_scenario(url: String, dir: &Path) {
         issues_certificates: shared.config.issues_certificates(),
         repo_dir: None,
         plans: tokio::sync::Semaphore::new(1),
+        indicators: Default::default(),
     };
     let step_state = || {
         let url = url.clone();
@@ -635,6 +667,9 @@ async fn canary_scenario(url: String, dir: &Path) {
         drawn.len() == 1 && drawn[0].requests == 40 && drawn[0].errors == 9 && drawn[0].p95_micros == Some(12_000),
         "{drawn:?}"
     );
+    // With the share its task measured: the step's 20%.
+    let step = reconciler::ops::screens::CanaryMeasure::of(drawn[0].clone());
+    assert_eq!((step.step, step.share), (4, Some(20)), "{step:?}");
     let failed = events(&url, "deployment-failed").await;
     assert!(failed.iter().any(|f| f.contains("generation 7, step 4")), "{failed:?}");
     converge(&shared).await;
@@ -675,6 +710,29 @@ async fn canary_scenario(url: String, dir: &Path) {
         "{}",
         deployment(&url).await
     );
+
+    // What the metrics count of it, from the ledger: the gate that failed release d, the
+    // operator's abort, the automatic rollbacks, and release e's rollout completed.
+    let tallies = shared.ledger.events().tallies().await.expect("tallies");
+    let count = |family: &str, labels: &str| {
+        tallies
+            .iter()
+            .find(|t| t.family == family && t.labels == labels)
+            .map_or(0, |t| t.value)
+    };
+    assert_eq!(count("rollouts", "gate-failed"), 1, "{tallies:?}");
+    assert_eq!(count("rollouts", "aborted"), 1, "{tallies:?}");
+    assert_eq!(count("events", "rollback-automatic"), 2, "{tallies:?}");
+    assert!(count("rollouts", "completed") >= 2, "{tallies:?}");
+    assert!(count("jobs", "ingress-measure|succeeded|none") >= 2, "{tallies:?}");
+    // Per hour too: the last day's counts hold the same.
+    let day = shared
+        .ledger
+        .events()
+        .tallies_since(now_ms() - 86_400_000)
+        .await
+        .expect("day");
+    assert_eq!(day, tallies, "every count of this run is within the day");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

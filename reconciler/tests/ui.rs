@@ -25,6 +25,58 @@ use repo_support::{Repo, environment, project};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// `/ui/` asked over HTTP/2 (ALPN `h2` only) with a session's cookie: its status, and the
+/// most streams at once the server's SETTINGS allow.
+fn over_h2(ca: &std::path::Path, port: u16, cookie: &str) -> (u16, usize) {
+    use rustls::pki_types::pem::PemObject;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let mut roots = rustls::RootCertStore::empty();
+        for c in rustls::pki_types::CertificateDer::pem_file_iter(ca).expect("ca") {
+            roots.add(c.expect("pem")).expect("root");
+        }
+        let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        cfg.alpn_protocols = vec![b"h2".to_vec()];
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect");
+        let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+            .connect(name, tcp)
+            .await
+            .expect("handshake");
+        assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]), "the server chose h2");
+        let (send, conn) = h2::client::handshake(tls).await.expect("h2 handshake");
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let mut send = send.ready().await.expect("ready");
+        let req = axum::http::Request::get(format!("https://localhost:{port}/ui/"))
+            .header("cookie", cookie)
+            .body(())
+            .expect("request");
+        let (answer, _) = send.send_request(req, true).expect("send");
+        let answer = answer.await.expect("answer");
+        let status = answer.status().as_u16();
+        let mut body = answer.into_body();
+        let mut html = Vec::new();
+        while let Some(piece) = body.data().await {
+            let piece = piece.expect("body");
+            let _ = body.flow_control().release_capacity(piece.len());
+            html.extend_from_slice(&piece);
+        }
+        assert!(String::from_utf8_lossy(&html).contains("<main"), "a whole page");
+        (status, send.current_max_send_streams())
+    })
+}
+
 /// A browser-like client: no redirects followed, the cookie kept by hand.
 struct Browser {
     agent: ureq::Agent,
@@ -211,6 +263,11 @@ fn the_web_view_signs_in_escapes_and_refuses_as_the_api_does() {
     }
     assert!(!a.set_cookie.contains(&s.viewer), "the cookie is not the token");
 
+    // Over HTTP/2, offered by ALPN: the page answers, and the connection announces its limit
+    // of requests at once.
+    let (status, streams) = over_h2(&ca, port, viewer.cookie.as_deref().unwrap_or_default());
+    assert_eq!((status, streams), (200, 64));
+
     // The overview: both environments, their commit and signer; filters narrow it.
     assert!(
         until(Duration::from_secs(20), || viewer
@@ -243,6 +300,15 @@ fn the_web_view_signs_in_escapes_and_refuses_as_the_api_does() {
         a.body
     );
     assert_eq!(viewer.get("/ui/?state=nonsense").status, 400);
+    // The fleet's releases: none is live yet (no agent ran them), and the page says so.
+    let a = viewer.get("/ui/releases");
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(a.body.contains("No release went live in these days."), "{}", a.body);
+    assert!(
+        a.body.contains(r#"href="/ui/releases" aria-current="page""#),
+        "{}",
+        a.body
+    );
 
     // A viewer sees no action, and is refused one anyway.
     let a = viewer.get("/ui/environments/api-production");
@@ -403,8 +469,8 @@ fn the_web_view_signs_in_escapes_and_refuses_as_the_api_does() {
         a.body
     );
 
-    // Live streams: four per session, the fifth refused.
-    let streams: Vec<_> = (0..4)
+    // Live streams: eight per session, the ninth refused.
+    let streams: Vec<_> = (0..8)
         .map(|_| {
             let mut req = h.agent.get(&format!("{}/ui/live", h.base));
             if let Some(c) = &h.cookie {

@@ -29,13 +29,27 @@ use std::time::Duration;
 /// burst of completions makes one early heartbeat, not one each.
 pub const EARLY_HEARTBEAT_GAP: Duration = Duration::from_millis(100);
 
-/// The agent's main loop, until the process is stopped.
-pub async fn run(config: Config) -> Result<()> {
+/// The enrolment folder read (a renewal a crash cut short finished first): the client, the
+/// node's name and the control plane's id; the certificate's renewal started, for as long as
+/// the agent runs.
+fn connect(config: &Config) -> Result<(Arc<AgentClient>, String, String)> {
+    crate::renewal::finish_interrupted(&config.dir).context("the enrolment folder")?;
     let client = Arc::new(AgentClient::from_dir(&config.control, &config.dir).context("the enrolment folder")?);
     std::fs::create_dir_all(&config.secrets_dir)
         .with_context(|| format!("creating {}", config.secrets_dir.display()))?;
     let node = crate::enroll::node_of(&config.dir)?;
     let control_plane = crate::enroll::control_plane_of(&config.dir)?;
+    tokio::spawn(crate::renewal::run(
+        Arc::clone(&client),
+        node.clone(),
+        config.dir.clone(),
+    ));
+    Ok((client, node, control_plane))
+}
+
+/// The agent's main loop, until the process is stopped.
+pub async fn run(config: Config) -> Result<()> {
+    let (client, node, control_plane) = connect(&config)?;
     if config.executors.contains(&Capability::Ingress) && config.ingress_migrate_requests {
         crate::ingress::kernel::ensure_migrate_requests();
     }

@@ -81,13 +81,7 @@ pub fn require_dockerd() {
     );
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
+use test_ports::free_port;
 
 /// A registry on 127.0.0.1 (plain HTTP, which dockerd allows for loopback), storing under a
 /// temporary folder; stopped when dropped.

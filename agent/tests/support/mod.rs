@@ -294,14 +294,8 @@ pub fn caddy_with_admin(dir: &std::path::Path) -> (std::path::PathBuf, String, s
     (socket, admin, child)
 }
 
-/// A port on loopback that was free a moment ago.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
+/// A port on loopback for a test's listener (one counter per test process).
+pub use test_ports::free_port;
 
 /// Waits (10 s at most) until something listens on 127.0.0.1:`port`.
 pub fn wait_port(port: u16) {

@@ -147,6 +147,17 @@ impl Config {
         if self.source.fetch_interval_seconds == 0 || self.reconcile.interval_seconds == 0 {
             return Err("intervals must be at least 1 second".into());
         }
+        if let Some(sn) = &self.snapshots {
+            if !(1..=168).contains(&sn.every_hours) || !(1..=1000).contains(&sn.keep) {
+                return Err("snapshots: every_hours must be 1 to 168 and keep 1 to 1000".into());
+            }
+            if !(1..=16).contains(&sn.recipients.len()) {
+                return Err("snapshots.recipients: 1 to 16 age or SSH public keys".into());
+            }
+            for r in &sn.recipients {
+                pushleft_secrets::parse_recipient(r).map_err(|e| format!("snapshots.recipients: {e}"))?;
+            }
+        }
         for t in &self.api.tokens {
             if t.sha256.len() != 64 || !t.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return Err(format!("api.tokens: `{}`: sha256 must be 64 hex digits", t.name));

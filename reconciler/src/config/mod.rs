@@ -76,6 +76,35 @@ pub struct Config {
     /// Receivers of signed webhooks for events.
     #[serde(default)]
     pub hooks: Vec<HookConfig>,
+    /// Scheduled snapshots of the control plane's state (`snapshot save`, by the leader); off
+    /// when absent.
+    #[serde(default)]
+    pub snapshots: Option<SnapshotsConfig>,
+}
+
+/// `[snapshots]`: where the leader writes its scheduled snapshots, how often, how many are
+/// kept, and who can open them.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotsConfig {
+    /// The folder the archives go to (`pushleft-<UTC time>.snapshot`).
+    pub dir: PathBuf,
+    /// Hours between two snapshots (1 to 168).
+    #[serde(default = "default_snapshot_hours")]
+    pub every_hours: u64,
+    /// The newest archives kept; older ones in `dir` are removed (1 to 1000).
+    #[serde(default = "default_snapshot_keep")]
+    pub keep: usize,
+    /// The age (`age1…`) or SSH public keys each archive is encrypted to (1 to 16).
+    pub recipients: Vec<String>,
+}
+
+fn default_snapshot_hours() -> u64 {
+    24
+}
+
+fn default_snapshot_keep() -> usize {
+    7
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -174,6 +203,11 @@ pub struct WebhookConfig {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ControlConfig {
+    /// This control plane's id, pinned: a fresh ledger takes it, and a ledger that holds
+    /// another refuses to start (`control-plane-id-mismatch`). Unset, a fresh ledger makes one
+    /// at random. Every object on the hosts names it, so a control plane rebuilt on a new
+    /// ledger keeps them its own only with the same id.
+    pub id: Option<ControlPlaneId>,
     /// The control CA that signs node certificates (used from the node-agent issue on).
     pub ca_cert: Option<PathBuf>,
     pub ca_key: Option<PathBuf>,
@@ -190,6 +224,33 @@ pub struct ControlConfig {
     /// How long a node may be silent before it is lost and its replicas are placed elsewhere.
     #[serde(default = "default_lost_after")]
     pub lost_after_seconds: i64,
+}
+
+/// A control plane's id as a configuration pins it: [`agent_proto::CONTROL_PLANE_ID_LEN`]
+/// lowercase hex digits, checked when the file is read (a wrong one is refused at its line).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct ControlPlaneId(String);
+
+impl ControlPlaneId {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for ControlPlaneId {
+    type Error = String;
+    fn try_from(id: String) -> Result<Self, String> {
+        if agent_proto::valid_control_plane(&id) {
+            Ok(ControlPlaneId(id))
+        } else {
+            Err(format!(
+                "a control plane's id is {} lowercase hex digits, as `pl status` shows it (`{}` is not)",
+                agent_proto::CONTROL_PLANE_ID_LEN,
+                id.chars().take(32).collect::<String>()
+            ))
+        }
+    }
 }
 
 fn default_lost_after() -> i64 {
@@ -259,6 +320,7 @@ fn default_interval() -> u64 {
 impl Default for ControlConfig {
     fn default() -> Self {
         ControlConfig {
+            id: None,
             ca_cert: None,
             ca_key: None,
             age_identity: None,
@@ -389,6 +451,40 @@ impl Config {
         })
     }
 
+    /// The files of the control plane's own state this configuration names (keys,
+    /// certificates, trust, secrets' identities, the ACME account), as `snapshot save` keeps
+    /// them: those that exist, not the repository or its cache.
+    pub fn state_files(&self) -> Vec<PathBuf> {
+        let mut out: Vec<PathBuf> = vec![
+            self.trust.allowed_signers.clone(),
+            self.api.tls_cert.clone(),
+            self.api.tls_key.clone(),
+        ];
+        out.extend(self.trust.policy.clone());
+        out.extend(self.webhooks.github_secret_file.clone());
+        out.extend(self.webhooks.gitea_secret_file.clone());
+        out.extend(self.webhooks.gitlab_token_file.clone());
+        out.extend(self.control.ca_cert.clone());
+        out.extend(self.control.ca_key.clone());
+        out.extend(self.control.age_identity.clone());
+        out.extend(self.control.trusted_cas.iter().cloned());
+        out.extend(self.forge.as_ref().map(|f| f.token_file.clone()));
+        out.extend(self.hooks.iter().map(|h| h.secret_file.clone()));
+        if let Some(c) = &self.certificates {
+            out.extend([c.local_ca_cert.clone(), c.local_ca_key.clone()]);
+            out.extend(c.identity.clone());
+            out.extend(c.acme.eab_hmac_key_file.clone());
+            out.extend(c.acme.ca_root.clone());
+            if let Ok(dir) = std::fs::read_dir(&c.acme.account_dir) {
+                out.extend(dir.flatten().map(|e| e.path()).filter(|p| p.is_file()));
+            }
+        }
+        out.retain(|p| p.is_file());
+        out.sort();
+        out.dedup();
+        out
+    }
+
     fn resolve(&mut self, base: &Path) {
         let fix = |p: &mut PathBuf| {
             if p.is_relative() {
@@ -419,6 +515,9 @@ impl Config {
             *p = o.unwrap_or_default();
         }
         fix_opt(&mut self.control.age_identity);
+        if let Some(sn) = &mut self.snapshots {
+            fix(&mut sn.dir);
+        }
         if let Some(f) = &mut self.forge {
             fix(&mut f.token_file);
         }

@@ -1,6 +1,7 @@
 //! The unauthenticated probes: `GET /readyz` (the ledger answers and the loop ticked within
-//! 30 s) and `GET /metrics` (Prometheus text of the last pass: a scrape, or a flood of them,
-//! costs no query), and the API's own description, `GET /v1/openapi.json`.
+//! 30 s) and `GET /metrics` (Prometheus text of the last pass, and the service level
+//! indicators read at most every 15 s: a flood of scrapes costs one read), and the API's own
+//! description, `GET /v1/openapi.json`.
 
 use crate::http::server::{answer, internal};
 use crate::hub::{DURATION_BUCKETS, Hub};
@@ -53,6 +54,11 @@ pub async fn metrics(ops: &Ops, hub: &Hub) -> Response {
         "Whether this daemon reconciles (1) or stands by (0).",
     );
     let _ = writeln!(out, "pushleft_leader {}", u8::from(hub.leader.load(Ordering::Relaxed)));
+    match ops.indicators().await {
+        Ok(i) => crate::http::slis::render(&mut out, &i, now_ms()),
+        // The pass's own figures still serve; the indicators' absence is an alert's input.
+        Err(e) => tracing::warn!(error = %e.message, "cannot read the service level indicators"),
+    }
     ([("content-type", "text/plain; version=0.0.4")], out).into_response()
 }
 

@@ -12,5 +12,6 @@ pub mod openapi;
 pub mod operator;
 pub mod peer;
 pub mod server;
+pub mod slis;
 pub mod streams;
 pub mod ui;

@@ -146,6 +146,15 @@ pub fn tls_config(cert: &std::path::Path, key: &std::path::Path) -> Result<rustl
     tls_config_with(cert, key, &[])
 }
 
+/// The operator listener's TLS: the API's certificate, offering HTTP/2 before HTTP/1.1 by
+/// ALPN. A browser opens at most six HTTP/1.1 connections to a host, and each open page of
+/// the web view holds one for its live stream: over HTTP/2 every page shares one connection.
+pub fn operator_tls_config(cert: &std::path::Path, key: &std::path::Path) -> Result<rustls::ServerConfig, String> {
+    let mut tls = tls_config(cert, key)?;
+    tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(tls)
+}
+
 /// The agent API's TLS: a client certificate signed by the control CA (`client_ca`) is
 /// required to finish the handshake.
 pub fn tls_config_with(
@@ -188,8 +197,9 @@ pub fn tls_config_with(
 /// Serves the API over TLS on `listener` until `shutdown` turns true, at most
 /// `max_connections` at once: past that a new connection is closed as soon as it is
 /// accepted, so held-open sockets cannot exhaust the daemon's file descriptors. Each
-/// connection gets [`HANDSHAKE_TIMEOUT`] for TLS and [`HEADER_TIMEOUT`] for each request's
-/// headers.
+/// connection gets [`HANDSHAKE_TIMEOUT`] for TLS and then speaks what ALPN chose: HTTP/2
+/// (the operator listener offers it, [`operator_tls_config`]) with the limits of
+/// [`serve_h2`], or HTTP/1.1 with [`HEADER_TIMEOUT`] for each request's headers.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     tls: rustls::ServerConfig,
@@ -240,17 +250,61 @@ pub async fn serve(
             let app = app
                 .layer(axum::Extension(peer_cert))
                 .layer(axum::Extension(PeerAddr(peer)));
+            let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
             let service = hyper_util::service::TowerToHyperService::new(app);
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .max_buf_size(64 * 1024)
-                .serve_connection(hyper_util::rt::TokioIo::new(tls), service);
-            if let Err(e) = conn.await {
-                tracing::debug!(%peer, error = %e, "connection ended");
+            let io = hyper_util::rt::TokioIo::new(tls);
+            let ended = if h2 {
+                serve_h2(io, service).await
+            } else {
+                hyper::server::conn::http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(HEADER_TIMEOUT)
+                    .max_buf_size(MAX_HEADER_BYTES)
+                    .serve_connection(io, service)
+                    .await
+            };
+            if let Err(e) = ended {
+                tracing::debug!(%peer, h2, error = %e, "connection ended");
             }
         });
     }
+}
+
+/// The most bytes of headers a request may send, on either protocol.
+const MAX_HEADER_BYTES: usize = 64 * 1024;
+/// The most requests at once on one HTTP/2 connection (a browser's open pages of the view and
+/// what they fetch; the live streams are limited per session besides).
+pub const H2_MAX_STREAMS: u32 = 64;
+/// How long one HTTP/2 connection lasts before it is asked to close (in-flight requests
+/// finish; the browser opens a new one): HTTP/2 has no header timeout between requests, so
+/// an idle connection that answers pings would otherwise hold its slot for ever.
+pub const H2_MAX_AGE: Duration = Duration::from_secs(600);
+
+/// One HTTP/2 connection: bounded streams, header size and age, pings to find a peer gone
+/// quiet (hyper bounds reset floods on its own).
+async fn serve_h2<I, S>(io: I, service: S) -> Result<(), hyper::Error>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::HttpService<hyper::body::Incoming> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::ResBody: Send + 'static,
+    <S::ResBody as axum::body::HttpBody>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    <S::ResBody as axum::body::HttpBody>::Data: Send,
+{
+    let conn = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+        .timer(hyper_util::rt::TokioTimer::new())
+        .max_concurrent_streams(H2_MAX_STREAMS)
+        .max_header_list_size(MAX_HEADER_BYTES as u32)
+        .keep_alive_interval(Some(Duration::from_secs(30)))
+        .keep_alive_timeout(HEADER_TIMEOUT)
+        .serve_connection(io, service);
+    let mut conn = std::pin::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => return r,
+        _ = tokio::time::sleep(H2_MAX_AGE) => {}
+    }
+    conn.as_mut().graceful_shutdown();
+    conn.await
 }
 
 /// A typed answer with its status.

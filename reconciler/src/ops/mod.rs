@@ -14,12 +14,15 @@ pub mod agents;
 pub mod backups;
 pub mod domains;
 pub mod group;
+pub mod indicators;
 pub mod nodes;
 pub mod plans;
+pub mod releases;
 pub mod rewrites;
 pub mod rollbacks;
 pub mod screens;
 pub mod sessions;
+pub mod slos;
 pub mod views;
 pub mod volumes;
 pub mod wire;
@@ -47,6 +50,9 @@ pub struct Ops {
     pub repo_dir: Option<std::path::PathBuf>,
     /// One plan at a time: a plan of a large tree is the costliest read a viewer can ask.
     pub plans: tokio::sync::Semaphore,
+    /// The newest reading of the service level indicators (`indicators`), which `/metrics`
+    /// serves; one reader at a time.
+    pub indicators: tokio::sync::Mutex<Option<std::sync::Arc<indicators::Indicators>>>,
 }
 
 /// How a refusal reads to the caller (the HTTP surface maps each to its status).

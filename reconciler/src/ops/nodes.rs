@@ -78,6 +78,24 @@ pub async fn declared_node(ledger: &Ledger, branch: &str, node: &str) -> Result<
 }
 
 impl Ops {
+    /// Lease freshness's population, read now and cheaply (two statements, no replicas): every
+    /// node Git declares and does not retire that has enrolled and been heard from, with when
+    /// it last leased or beat.
+    pub async fn heard_from(&self) -> Answer<Vec<(String, i64)>> {
+        let seen = self.ledger.nodes().seen_nodes().await?;
+        let pools = applied_pools(&self.ledger, &self.branch).await?;
+        Ok(pools
+            .iter()
+            .flat_map(|(_, p)| &p.nodes)
+            .filter(|n| n.state != state_schema::model::NodeState::Retired)
+            .filter_map(|n| {
+                let name = n.name.to_string();
+                let at = seen.get(&name)?.last_seen?;
+                Some((name, at))
+            })
+            .collect())
+    }
+
     /// `GET /v1/nodes`: what Git declares and what each node's agent said, with its mesh.
     pub async fn nodes(&self) -> Answer<Nodes> {
         let rows = node_rows(&self.ledger, &self.branch, now_ms(), self.lost_after_ms).await?;

@@ -111,6 +111,12 @@ impl Ops {
             }
             RolloutAction::Abort => {
                 let a = self.abort(env, who).await?.map_err(|why| refused(env, &why))?;
+                // Counted for the metrics once the ask is recorded (its own event is a
+                // rollback's: `rollback-asked`).
+                self.ledger
+                    .events()
+                    .tally(now_ms(), crate::store::tallies::ROLLOUTS, "aborted")
+                    .await?;
                 tracing::info!(by = %who, environment = %env, from = a.from, to = a.to, generation = a.generation, "rollout aborted");
                 self.hub.wrote.notify_waiters();
                 self.hub.hint.notify_one();

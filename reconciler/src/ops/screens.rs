@@ -82,10 +82,39 @@ pub struct EnvironmentDetail {
     pub domains: Vec<Domain>,
     pub events: Vec<Event>,
     /// The current generation's canary measures, one per step measured.
-    pub measures: Vec<crate::store::rollouts::StepMeasured>,
+    pub measures: Vec<CanaryMeasure>,
     /// Releases live on every replica, oldest first: (generation, milliseconds from the pass
     /// that made the generation, when its commit was judged, to live).
     pub to_live: Vec<(i64, i64)>,
+}
+
+/// One measured step of a canary: the share of the hostnames' requests the new release had,
+/// and what every ingress measured of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CanaryMeasure {
+    pub step: i64,
+    /// The share, in percent (`None` when the step's task names none).
+    pub share: Option<u8>,
+    pub requests: i64,
+    pub errors: i64,
+    pub p95_micros: Option<i64>,
+}
+
+impl CanaryMeasure {
+    /// A measured step's row: the share is the one its measuring task names.
+    pub fn of(m: crate::store::rollouts::StepMeasured) -> CanaryMeasure {
+        let share = match serde_json::from_str::<state_schema::task::Task>(&m.task) {
+            Ok(state_schema::task::Task::MeasureCanary { weight, .. }) => Some(weight),
+            _ => None,
+        };
+        CanaryMeasure {
+            step: m.step,
+            share,
+            requests: m.requests,
+            errors: m.errors,
+            p95_micros: m.p95_micros,
+        }
+    }
 }
 
 /// What the overview says above its list: one query, not `status`'s counts.
@@ -98,6 +127,8 @@ pub struct Summary {
 
 /// The most rows one screen lists.
 pub const SCREEN_ROWS: u32 = 50;
+/// The most events one page of the timeline reads (a filter no index serves pages on).
+pub const TIMELINE_WINDOW: i64 = crate::store::events::SCANNED;
 
 impl Ops {
     /// The branch, its commit in force, and this daemon's part.
@@ -202,7 +233,10 @@ impl Ops {
             .ledger
             .deployments()
             .generation_measures(name, row.deployment.generation)
-            .await?;
+            .await?
+            .into_iter()
+            .map(CanaryMeasure::of)
+            .collect();
         let to_live = to_live(&generations, &lived);
         Ok(EnvironmentDetail {
             row,
@@ -219,22 +253,40 @@ impl Ops {
     }
 
     /// Events newest first before a cursor, of one kind and subject (an environment or a
-    /// node) when named.
+    /// node) when named: a page of at most `limit`, each request reading a bounded window of
+    /// ids, and where the next page starts when there may be more.
     pub async fn timeline(
         &self,
         before: Option<i64>,
         kind: Option<&str>,
         subject: Option<&str>,
         limit: u32,
-    ) -> Answer<Vec<Event>> {
-        Ok(self
-            .ledger
-            .events()
-            .recent(before, kind, subject, limit)
-            .await?
-            .iter()
-            .map(wire::event)
-            .collect())
+    ) -> Answer<Timeline> {
+        let (rows, floor) = self.ledger.events().recent(before, kind, subject, limit).await?;
+        let events: Vec<Event> = rows.iter().map(wire::event).collect();
+        Ok(Timeline {
+            older: older_than(&events, limit, floor),
+            events,
+        })
+    }
+}
+
+/// A page of the timeline.
+pub struct Timeline {
+    pub events: Vec<Event>,
+    /// The cursor of the next (older) page, when there may be one.
+    pub older: Option<i64>,
+}
+
+/// Where the next page of the timeline starts: after the last event of a full page, or, when
+/// the window read ran out first, below the window (its events were all looked at).
+pub fn older_than(events: &[Event], limit: u32, floor: i64) -> Option<i64> {
+    if events.len() >= limit as usize {
+        events.last().map(|e| e.id)
+    } else if floor > 0 {
+        Some(floor + 1)
+    } else {
+        None
     }
 }
 
@@ -256,6 +308,24 @@ pub fn to_live(generations: &[GenerationRow], lived: &[(i64, i64)]) -> Vec<(i64,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_timeline_pages_on_past_a_window_with_no_match() {
+        let e = |id| Event {
+            id,
+            at_ms: 0,
+            kind: "k".into(),
+            subject: "s".into(),
+            detail: String::new(),
+        };
+        // A full page: the next starts after its last event.
+        assert_eq!(older_than(&[e(9), e(7)], 2, 0), Some(7));
+        // A short page whose window stopped above the first event: the next reads below it.
+        assert_eq!(older_than(&[e(150_001)], 2, 50_000), Some(50_001));
+        assert_eq!(older_than(&[], 2, 50_000), Some(50_001));
+        // The scan reached the first event: nothing older.
+        assert_eq!(older_than(&[e(3)], 2, 0), None);
+    }
 
     #[test]
     fn commit_to_live_pairs_each_release_with_its_generation() {

@@ -57,7 +57,15 @@ impl Ops {
                 })
             })
             .collect();
+        // The objectives over the last day: the hourly counts, and each node's freshness now
+        // (not `/metrics`' reading, up to 15 s old: a node enrolled a moment ago counts).
+        let now = now_ms();
+        let day = self.ledger.events().tallies_since(now - super::slos::WINDOW_MS).await?;
+        let nodes = self.heard_from().await?;
+        let ages: Vec<i64> = nodes.iter().map(|(_, seen)| now - seen).collect();
         Ok(Status {
+            control_plane: self.ledger.control_plane().await?,
+            slos: super::slos::judge(&day, &ages),
             mesh: MeshSummary { links, down },
             leader: self.hub.leader.load(Ordering::Relaxed),
             last_pass_ms_ago: now_ms() - self.hub.last_tick_ms.load(Ordering::Relaxed),

@@ -7,6 +7,7 @@
 use crate::hub::WatchHint;
 use crate::store::rows::MAX_ATTEMPTS;
 use crate::store::rows::gen_u64;
+use crate::store::tallies as tally;
 use crate::store::{JobRow, Ledger, LedgerError};
 use state_schema::generations::{Action, Status};
 use state_schema::rollout::Step;
@@ -135,6 +136,12 @@ impl Ledger {
                     detail.push_str(&watched);
                 }
                 detail.push_str(&done_words(&steps, &d.spec, &d.retired));
+                if d.action == Action::Rollout && !d.rollback {
+                    // A release (a rollback is none): its commit-to-live, for the fleet's picture
+                    // and the metrics, and a rollout completed.
+                    self.deployments().record_live(tx, env, generation, now_ms).await?;
+                    tx.tally_one(now_ms, tally::ROLLOUTS, "completed");
+                }
                 self.events()
                     .event(tx, now_ms, &format!("deployment-{}-done", d.action), env, &detail)
                     .await?;
@@ -180,6 +187,9 @@ impl Ledger {
         self.events()
             .event(tx, now_ms, "deployment-failed", env, &detail)
             .await?;
+        if gate.is_some() {
+            tx.tally_one(now_ms, tally::ROLLOUTS, "gate-failed");
+        }
         let Some(back) = back else { return Ok(()) };
         let what = back.what();
         let failure = match gate {

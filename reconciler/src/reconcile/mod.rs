@@ -89,6 +89,8 @@ pub struct Reconciler {
     mesh_health_due_ms: std::sync::atomic::AtomicI64,
     /// When the volume sweep last ran.
     volumes_swept_ms: std::sync::atomic::AtomicI64,
+    /// When the metrics' hourly counts were last pruned.
+    tallies_pruned_ms: std::sync::atomic::AtomicI64,
     /// When drift was last looked at in full (`drift::FULL_CHECK_MS`).
     drift_checked_ms: std::sync::atomic::AtomicI64,
     /// What the mesh was last decided from (`Ledger::mesh_signature`): decided again only
@@ -194,6 +196,7 @@ impl Reconciler {
             domains_due_ms: std::sync::atomic::AtomicI64::new(0),
             mesh_health_due_ms: std::sync::atomic::AtomicI64::new(0),
             volumes_swept_ms: std::sync::atomic::AtomicI64::new(0),
+            tallies_pruned_ms: std::sync::atomic::AtomicI64::new(0),
             drift_checked_ms: std::sync::atomic::AtomicI64::new(0),
             mesh_seen: Mutex::new(String::new()),
             config,
@@ -420,6 +423,14 @@ impl Reconciler {
             let next = if swept.pending > 0 { 0 } else { now };
             self.volumes_swept_ms.store(next, Ordering::Relaxed);
             report.advanced += swept.forgotten;
+        }
+        // The metrics' hourly counts past their week: deleted once an hour (totals stay).
+        if now - self.tallies_pruned_ms.load(Ordering::Relaxed) >= 3_600_000 {
+            self.tallies_pruned_ms.store(now, Ordering::Relaxed);
+            let forgotten = self.ledger.events().forget_old_hours(now).await?;
+            if forgotten > 0 {
+                tracing::debug!(forgotten, "hourly counts past their week deleted");
+            }
         }
         // Cron roles whose time has come (at most one run per role and time).
         let cron = self.ledger.cron_tick(now_ms()).await?;

@@ -22,6 +22,7 @@ struct LiveLease {
     fencing_token: Option<i64>,
     environment: Option<String>,
     generation: Option<i64>,
+    created_at: i64,
 }
 
 /// What one batch of completions writes.
@@ -48,6 +49,8 @@ struct Recorded<'c> {
     scaled: BTreeSet<(String, i64, i64)>,
     /// Scales with a job that ended, succeeded or not: (environment, generation).
     scales_ended: BTreeSet<(String, i64)>,
+    /// What the batch adds to the metrics' counters: (family, labels) → how many.
+    tallies: std::collections::BTreeMap<(&'static str, String), i64>,
 }
 
 impl crate::store::Jobs<'_> {
@@ -115,7 +118,7 @@ impl crate::store::Jobs<'_> {
         // The live leases among the batch, locked until commit.
         let ids = self.id_set(chunk.iter().map(|c| c.token.job_id));
         let q = format!(
-            "SELECT id, attempts, max_attempts, key, lease_token, fencing_token, target_node, environment, generation, \
+            "SELECT id, attempts, max_attempts, key, lease_token, fencing_token, target_node, environment, generation, created_at, \
              CASE WHEN state = 'leased' AND lease_expires_at >= ? THEN 1 ELSE 0 END AS live FROM jobs WHERE {}{}",
             ids.condition("id"),
             if self.backend == Backend::Postgres {
@@ -227,7 +230,32 @@ impl crate::store::Jobs<'_> {
             }
             self.events().events_in(tx, now_ms, &rec.events).await?;
         }
+        let tallies = rec.tallies.iter().map(|((f, l), n)| ((*f, l.as_str()), *n)).collect();
+        tx.tally(now_ms, &tallies);
         Ok(())
+    }
+}
+
+/// A job's end in the metrics' counters (`store::tallies`): by task kind, outcome and
+/// failure code; a route published also by how long it took from its job's queueing.
+fn count(rec: &mut Recorded<'_>, key: &str, state: JobState, detail: &str, took_ms: i64) {
+    use super::tallies as tally;
+    let outcome = match state {
+        JobState::Queued => "retried",
+        s => s.as_str(),
+    };
+    let failed = state != JobState::Succeeded;
+    let code = failed.then(|| agent_proto::codes::failure_code(detail)).flatten();
+    *rec.tallies
+        .entry((tally::JOBS, tally::job_labels(key, outcome, code, failed)))
+        .or_default() += 1;
+    if state == JobState::Succeeded && tally::publishes_routes(key) {
+        let ms = took_ms.max(0);
+        let le = tally::bucket(ms, tally::ROUTE_PUBLICATION_BOUNDS);
+        *rec.tallies.entry((tally::ROUTE_PUBLICATION, le)).or_default() += 1;
+        *rec.tallies
+            .entry((tally::ROUTE_PUBLICATION, tally::SUM_MS.to_owned()))
+            .or_default() += ms;
     }
 }
 
@@ -260,6 +288,7 @@ fn recorded<'c>(
             fencing_token: fencing,
             environment,
             generation,
+            created_at,
             ..
         }) = live.remove(&t.job_id)
         else {
@@ -282,6 +311,7 @@ fn recorded<'c>(
         if let Outcome::Measured(m) = &c.outcome {
             rec.measures.push((t.job_id, *m));
         }
+        count(&mut rec, &key, state, &detail, now_ms - created_at);
         if state == JobState::Succeeded
             && let Some((env, role)) = rows::ensured_role(&key)
         {

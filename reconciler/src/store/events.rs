@@ -57,6 +57,12 @@ impl crate::store::Events<'_> {
         if events.is_empty() {
             return Ok(());
         }
+        // Counted by kind in the same transaction (`store::tallies`).
+        let mut counted: std::collections::BTreeMap<(&str, &str), i64> = std::collections::BTreeMap::new();
+        for (kind, _, _) in events.iter().filter(|(k, _, _)| super::tallies::counted_event(k)) {
+            *counted.entry((super::tallies::EVENTS, kind.as_str())).or_default() += 1;
+        }
+        tx.tally(now_ms, &counted);
         if self.backend == super::Backend::Postgres {
             // One statement text for any number of events (see `IdSet`), in their order.
             sqlx::query(self.sql(
@@ -104,32 +110,35 @@ impl crate::store::Events<'_> {
 
     /// Events newest first, before a cursor (`None`: the newest), of one kind and one subject
     /// when named: the web view's timeline. Only ids up to the horizon, as `events_after`, and
-    /// among the newest [`SCANNED`] of them: a filter no index serves (a rare kind, a job's
-    /// key) reads at most that many.
+    /// among the [`SCANNED`] ids below the cursor: a filter no index serves (a rare kind, a
+    /// job's key) reads at most that many a request. Also returns the highest id not looked at
+    /// (0 when the scan reached the first event): the next page starts there.
     pub async fn recent(
         &self,
         before: Option<i64>,
         kind: Option<&str>,
         subject: Option<&str>,
         limit: u32,
-    ) -> Result<Vec<Event>, LedgerError> {
+    ) -> Result<(Vec<Event>, i64), LedgerError> {
         let Some(horizon) = self.event_horizon().await? else {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), 0));
         };
         let top = before.map_or(horizon, |b| (b - 1).min(horizon));
-        Ok(sqlx::query_as(self.sql(
+        let floor = (top - SCANNED).max(0);
+        let rows = sqlx::query_as(self.sql(
             "SELECT id, at AS at_ms, kind, subject, detail FROM events WHERE id <= ? AND id > ? \
              AND (? = '' OR kind = ?) AND (? = '' OR subject = ?) ORDER BY id DESC LIMIT ?",
         ))
         .bind(top)
-        .bind(horizon - SCANNED)
+        .bind(floor)
         .bind(kind.unwrap_or(""))
         .bind(kind.unwrap_or(""))
         .bind(subject.unwrap_or(""))
         .bind(subject.unwrap_or(""))
         .bind(i64::from(limit))
         .fetch_all(&self.pool)
-        .await?)
+        .await?;
+        Ok((rows, floor))
     }
 
     /// One environment's events newest first (what its page lists), through

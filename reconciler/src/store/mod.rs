@@ -22,6 +22,7 @@ pub mod mesh;
 pub mod moves;
 pub mod outbox;
 pub mod placement;
+pub mod releases;
 mod revisions;
 pub mod rewrites;
 pub mod rollbacks;
@@ -29,6 +30,8 @@ pub mod rollouts;
 pub mod rows;
 mod sealing;
 pub mod sessions;
+pub mod snapshots;
+pub mod tallies;
 pub mod views;
 pub mod volumes;
 pub mod watch;
@@ -60,6 +63,7 @@ mod time_tests {
 use sqlx::AnyPool;
 use sqlx::any::AnyPoolOptions;
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 pub use events::Event;
@@ -130,6 +134,11 @@ pub struct Ledger {
 pub struct WriteTx {
     tx: sqlx::Transaction<'static, sqlx::Any>,
     _turn: Option<tokio::sync::OwnedMutexGuard<()>>,
+    backend: Backend,
+    /// What the transaction adds to the metrics' counters, by (family, labels, hour): written
+    /// in one statement at commit (`tallies`), so a pass that records thousands of events
+    /// pays one upsert, not one per call.
+    tallies: BTreeMap<(&'static str, String, i64), i64>,
 }
 
 /// Like a transaction, a write transaction is the connection it runs on (`&mut *tx`).
@@ -197,8 +206,54 @@ impl<'q, O> BindIds for sqlx::query::QueryAs<'q, sqlx::Any, O, sqlx::any::AnyArg
     }
 }
 
+/// `q` with PostgreSQL's numbered placeholders (`$1`) for `?`; as it is for SQLite.
+fn placeholders(backend: Backend, q: &str) -> Cow<'_, str> {
+    if backend == Backend::Sqlite {
+        return Cow::Borrowed(q);
+    }
+    let mut out = String::with_capacity(q.len() + 8);
+    let mut n = 0;
+    for c in q.chars() {
+        if c == '?' {
+            n += 1;
+            out.push_str(&format!("${n}"));
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
 impl WriteTx {
-    pub async fn commit(self) -> Result<(), sqlx::Error> {
+    /// Adds `n` to a counter in `hour` (and its total, at commit).
+    pub(super) fn count(&mut self, family: &'static str, labels: &str, hour: i64, n: i64) {
+        *self.tallies.entry((family, labels.to_owned(), hour)).or_default() += n;
+    }
+
+    pub async fn commit(mut self) -> Result<(), sqlx::Error> {
+        if !self.tallies.is_empty() {
+            let tallies = std::mem::take(&mut self.tallies);
+            // Each hour's count, and the totals (hour -1) summed over the transaction's hours.
+            let mut totals: BTreeMap<(&str, &str), i64> = BTreeMap::new();
+            for ((family, labels, _), n) in &tallies {
+                *totals.entry((family, labels.as_str())).or_default() += n;
+            }
+            let rows: Vec<(&str, &str, i64, i64)> = tallies
+                .iter()
+                .map(|((f, l, h), n)| (*f, l.as_str(), *h, *n))
+                .chain(totals.iter().map(|((f, l), n)| (*f, *l, -1, *n)))
+                .collect();
+            let marks = vec!["(?, ?, ?, ?)"; rows.len()].join(", ");
+            let q = format!(
+                "INSERT INTO tallies (family, labels, hour, value) VALUES {marks} \
+                 ON CONFLICT (family, labels, hour) DO UPDATE SET value = tallies.value + excluded.value"
+            );
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(placeholders(self.backend, &q).into_owned()));
+            for (family, labels, hour, n) in rows {
+                query = query.bind(family).bind(labels).bind(hour).bind(n);
+            }
+            query.execute(&mut *self.tx).await?;
+        }
         self.tx.commit().await
     }
 }
@@ -256,6 +311,12 @@ impl Ledger {
     /// that asks (two asking at once keep the first one written) and the same for every daemon
     /// of this ledger ever after. Every host object an agent makes names it.
     pub async fn control_plane(&self) -> Result<String, LedgerError> {
+        self.control_plane_or(None).await
+    }
+
+    /// The control plane's id, `preferred` written when the ledger holds none yet (a
+    /// configuration that pins its id): the id the ledger holds, for the caller to compare.
+    pub async fn control_plane_or(&self, preferred: Option<&str>) -> Result<String, LedgerError> {
         self.control_plane
             .get_or_try_init(|| async {
                 let read = || async {
@@ -266,9 +327,14 @@ impl Ledger {
                 if let Some(id) = read().await? {
                     return Ok(id);
                 }
-                let mut bytes = [0u8; agent_proto::CONTROL_PLANE_ID_LEN / 2];
-                getrandom::fill(&mut bytes).map_err(|e| LedgerError::Random(e.to_string()))?;
-                let id = hex::encode(bytes);
+                let id = match preferred {
+                    Some(id) => id.to_owned(),
+                    None => {
+                        let mut bytes = [0u8; agent_proto::CONTROL_PLANE_ID_LEN / 2];
+                        getrandom::fill(&mut bytes).map_err(|e| LedgerError::Random(e.to_string()))?;
+                        hex::encode(bytes)
+                    }
+                };
                 let mut tx = self.write_tx().await?;
                 sqlx::query(
                     self.sql(
@@ -285,6 +351,20 @@ impl Ledger {
             })
             .await
             .cloned()
+    }
+
+    /// A consistent copy of a SQLite ledger at `dest` while it serves (`VACUUM INTO`: one read
+    /// transaction, a compacted file); `dest` must not exist. `Corrupt` on PostgreSQL, whose
+    /// copy is `pg_dump`'s (`snapshot`).
+    pub async fn copy_into(&self, dest: &std::path::Path) -> Result<(), LedgerError> {
+        if self.backend != Backend::Sqlite {
+            return Err(LedgerError::Corrupt("a PostgreSQL ledger is copied by pg_dump".into()));
+        }
+        let dest = dest
+            .to_str()
+            .ok_or_else(|| LedgerError::Corrupt("the copy's path is not UTF-8".into()))?;
+        sqlx::query("VACUUM INTO ?").bind(dest).execute(&self.pool).await?;
+        Ok(())
     }
 
     pub fn backend(&self) -> Backend {
@@ -310,11 +390,15 @@ impl Ledger {
                 Ok(WriteTx {
                     tx: self.pool.begin_with("BEGIN IMMEDIATE").await?,
                     _turn: Some(turn),
+                    backend: Backend::Sqlite,
+                    tallies: BTreeMap::new(),
                 })
             }
             Backend::Postgres => Ok(WriteTx {
                 tx: self.pool.begin().await?,
                 _turn: None,
+                backend: Backend::Postgres,
+                tallies: BTreeMap::new(),
             }),
         }
     }
@@ -347,20 +431,7 @@ impl Ledger {
     }
 
     fn placeholders<'q>(&self, q: &'q str) -> Cow<'q, str> {
-        if self.backend == Backend::Sqlite {
-            return Cow::Borrowed(q);
-        }
-        let mut out = String::with_capacity(q.len() + 8);
-        let mut n = 0;
-        for c in q.chars() {
-            if c == '?' {
-                n += 1;
-                out.push_str(&format!("${n}"));
-            } else {
-                out.push(c);
-            }
-        }
-        Cow::Owned(out)
+        placeholders(self.backend, q)
     }
 
     /// Checks that the ledger answers.

@@ -157,6 +157,19 @@ impl crate::store::Events<'_> {
     }
 
     /// Rows in `state` (all when `None`), newest first, at most `limit`.
+    /// When the oldest delivery still pending was made (none: nothing pending), and how many
+    /// deliveries are dead letters.
+    pub async fn outbox_health(&self) -> Result<(Option<i64>, i64), LedgerError> {
+        let oldest: Option<i64> =
+            sqlx::query_scalar(self.sql("SELECT created_at FROM outbox WHERE state = 'pending' ORDER BY id LIMIT 1"))
+                .fetch_optional(&self.pool)
+                .await?;
+        let dead: i64 = sqlx::query_scalar(self.sql("SELECT COUNT(*) FROM outbox WHERE state = 'dead'"))
+            .fetch_one(&self.pool)
+            .await?;
+        Ok((oldest, dead))
+    }
+
     pub async fn outbox(&self, state: Option<&str>, limit: i64) -> Result<Vec<OutboxRow>, LedgerError> {
         let limit = limit.clamp(1, MAX_LISTED);
         let rows = match state {

@@ -78,6 +78,8 @@ struct MeasureRow {
 #[derive(Clone, Debug, PartialEq, Eq, FromRow)]
 pub struct StepMeasured {
     pub step: i64,
+    /// One of the step's tasks (JSON), which names the share it measured.
+    pub task: String,
     pub requests: i64,
     pub errors: i64,
     pub p95_micros: Option<i64>,
@@ -92,7 +94,7 @@ impl crate::store::Deployments<'_> {
         generation: i64,
     ) -> Result<Vec<StepMeasured>, LedgerError> {
         Ok(sqlx::query_as(self.sql(
-            "SELECT j.step, CAST(SUM(m.requests) AS BIGINT) AS requests, CAST(SUM(m.errors) AS BIGINT) AS errors, \
+            "SELECT j.step, MIN(j.task) AS task, CAST(SUM(m.requests) AS BIGINT) AS requests, CAST(SUM(m.errors) AS BIGINT) AS errors, \
              MAX(m.p95_micros) AS p95_micros FROM step_measures m JOIN jobs j ON j.id = m.job_id \
              WHERE j.environment = ? AND j.generation = ? GROUP BY j.step ORDER BY j.step",
         ))

@@ -29,13 +29,7 @@ pub fn bin() -> PathBuf {
     bin
 }
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
+pub use test_ports::free_port;
 
 /// Makes the CA and API certificate once per folder, and tokens for each role.
 pub struct Setup {
@@ -316,62 +310,89 @@ pub fn write_private(path: &Path, text: &str) {
 pub fn nodes_up(url: &str, nodes: &[&str]) {
     let url = url.to_owned();
     let nodes: Vec<String> = nodes.iter().map(|n| n.to_string()).collect();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async {
-            sqlx::any::install_default_drivers();
-            let sqlite = url.starts_with("sqlite:");
-            let connect = if sqlite && !url.contains("mode=") { format!("{url}?mode=rwc") } else { url.clone() };
-            let pool = sqlx::AnyPool::connect(&connect).await.expect("connect");
-            let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../migrations")
-                .join(if sqlite { "sqlite" } else { "postgres" });
-            sqlx::migrate::Migrator::new(dir)
-                .await
-                .expect("migrations")
-                .run(&pool)
-                .await
-                .expect("migrate");
-            for node in &nodes {
-                // Any valid X25519 recipient: nothing is ever sealed to it in these tests.
-                let sql = format!(
-                    "INSERT INTO nodes (name, age_recipient, enrolled_at, last_seen, capabilities) \
+    block_on(async move {
+        sqlx::any::install_default_drivers();
+        let sqlite = url.starts_with("sqlite:");
+        let connect = if sqlite && !url.contains("mode=") {
+            format!("{url}?mode=rwc")
+        } else {
+            url.clone()
+        };
+        let pool = sqlx::AnyPool::connect(&connect).await.expect("connect");
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../migrations")
+            .join(if sqlite { "sqlite" } else { "postgres" });
+        sqlx::migrate::Migrator::new(dir)
+            .await
+            .expect("migrations")
+            .run(&pool)
+            .await
+            .expect("migrate");
+        for node in &nodes {
+            // Any valid X25519 recipient: nothing is ever sealed to it in these tests.
+            let sql = format!(
+                "INSERT INTO nodes (name, age_recipient, enrolled_at, last_seen, capabilities) \
                      VALUES ('{node}', '{TEST_RECIPIENT}', 0, 4102444800000, 'docker,ingress,nftables,routes') \
                      ON CONFLICT (name) DO UPDATE SET last_seen = excluded.last_seen, capabilities = excluded.capabilities"
-                );
-                sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&pool).await.expect("node up");
-            }
-            pool.close().await;
-        });
+            );
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .execute(&pool)
+                .await
+                .expect("node up");
+        }
+        pool.close().await;
     })
-    .join()
-    .expect("nodes up");
 }
 
 /// A valid age recipient for nodes the tests mark up.
 pub const TEST_RECIPIENT: &str = "age1yps55uerg0zakklqmyf0lmwnc25htzz0zpz9j9paepqrty8d9a3q6xx2ul";
 
+/// Runs `work` to its end on a runtime and a thread of its own, so that it can be called
+/// from inside a runtime too.
+pub fn block_on<T: Send + 'static>(work: impl std::future::Future<Output = T> + Send + 'static) -> T {
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(work)
+    })
+    .join()
+    .expect("the work ran")
+}
+
 /// Runs one statement on the ledger at `url` (a test's way to set what no API sets directly).
 pub fn execute(url: &str, statement: &str) {
     let (url, statement) = (url.to_owned(), statement.to_owned());
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async {
-            sqlx::any::install_default_drivers();
-            let pool = sqlx::AnyPool::connect(&url).await.expect("connect");
-            sqlx::query(sqlx::AssertSqlSafe(statement))
-                .execute(&pool)
-                .await
-                .expect("statement");
-            pool.close().await;
-        });
+    block_on(async move {
+        sqlx::any::install_default_drivers();
+        let pool = sqlx::AnyPool::connect(&url).await.expect("connect");
+        sqlx::query(sqlx::AssertSqlSafe(statement))
+            .execute(&pool)
+            .await
+            .expect("statement");
+        pool.close().await;
     })
-    .join()
-    .expect("statement ran");
+}
+
+/// The first column of each row `sql` returns from the ledger at `url`, as text.
+pub fn rows(url: &str, sql: &str) -> Vec<String> {
+    use sqlx::Row;
+    let (url, sql) = (url.to_owned(), sql.to_owned());
+    block_on(async move {
+        sqlx::any::install_default_drivers();
+        let pool = sqlx::AnyPool::connect(&url).await.expect("connect");
+        let out = sqlx::query(sqlx::AssertSqlSafe(sql))
+            .fetch_all(&pool)
+            .await
+            .expect("query")
+            .iter()
+            .map(|r| {
+                r.try_get::<String, _>(0)
+                    .unwrap_or_else(|_| r.get::<i64, _>(0).to_string())
+            })
+            .collect();
+        pool.close().await;
+        out
+    })
 }

@@ -35,11 +35,7 @@ impl Postgres {
     pub fn start() -> Self {
         let bin = pg_bin();
         let dir = tempfile::Builder::new().prefix("pl-pg-").tempdir().expect("tempdir");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .expect("bind")
-            .local_addr()
-            .expect("addr")
-            .port();
+        let port = test_ports::free_port();
         // initdb refuses to run as root: run the server as `postgres` then.
         let root = String::from_utf8_lossy(&Command::new("id").arg("-u").output().expect("id").stdout).trim() == "0";
         if root {

@@ -3,10 +3,11 @@
 //! or a node) and kind.
 
 use super::actions::enc;
-use super::render::{Screen, bar, page, short, when};
+use super::charts::bar;
+use super::render::{Screen, page, short, when};
 use super::{App, Signed, failed, page_response, tip};
 use crate::ops::now_ms;
-use crate::ops::screens::SCREEN_ROWS;
+use crate::ops::screens::{SCREEN_ROWS, TIMELINE_WINDOW};
 use axum::extract::{Query, State};
 use axum::response::Response;
 use maud::{Markup, html};
@@ -188,14 +189,13 @@ pub struct EventsQuery {
 pub async fn events(State(ui): App, who: Signed, Query(q): Query<EventsQuery>) -> Response {
     let subject = Some(q.subject.trim()).filter(|s| !s.is_empty());
     let kind = Some(q.kind.trim()).filter(|s| !s.is_empty());
-    let events = match ui.ops.timeline(q.before, kind, subject, SCREEN_ROWS).await {
+    let page_ = match ui.ops.timeline(q.before, kind, subject, SCREEN_ROWS).await {
         Ok(e) => e,
         Err(e) => return failed(&e),
     };
     let now = now_ms();
-    let next = (events.len() == SCREEN_ROWS as usize)
-        .then(|| events.last().map(|e| e.id))
-        .flatten();
+    let (events, next) = (page_.events, page_.older);
+    let partial = next.is_some() && events.len() < SCREEN_ROWS as usize;
     let main = html! {
         h1 { "Events" }
         form method="get" action="/ui/events" class="filters" role="search" {
@@ -206,6 +206,9 @@ pub async fn events(State(ui): App, who: Signed, Query(q): Query<EventsQuery>) -
             button type="submit" { "Filter" }
         }
         (event_list(&events, now))
+        @if partial {
+            p { "This page looked at " (TIMELINE_WINDOW) " events; older ones are looked at page by page: follow Older." }
+        }
         @if let Some(n) = next {
             p class="pager" { a rel="next" href=(format!("/ui/events?subject={}&kind={}&before={n}", enc(&q.subject), enc(&q.kind))) { "Older" } }
         }

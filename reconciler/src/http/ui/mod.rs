@@ -12,11 +12,13 @@
 
 mod actions;
 mod assets;
+mod charts;
 mod guard;
 mod lists;
 mod live;
 mod logs;
 mod pages;
+mod releases;
 mod render;
 mod signin;
 
@@ -40,8 +42,9 @@ use std::sync::Arc;
 pub const COOKIE: &str = "__Host-pl-session";
 /// The most a web view form may send.
 pub const MAX_FORM_BYTES: usize = 8 * 1024;
-/// Open live streams per session.
-pub const STREAMS_PER_SESSION: usize = 4;
+/// Open live streams per session: a browser's open pages of the view, over one HTTP/2
+/// connection.
+pub const STREAMS_PER_SESSION: usize = 8;
 
 /// The web view's own state.
 pub struct Ui {
@@ -89,6 +92,7 @@ pub fn router(state: Arc<Ui>) -> Router {
         .route("/ui/plan", get(lists::plan))
         .route("/ui/nodes", get(lists::nodes))
         .route("/ui/events", get(lists::events))
+        .route("/ui/releases", get(releases::page_of))
         .route("/ui/live", get(live::stream))
         .route("/ui/sign-in", get(signin::form).post(signin::submit))
         .route("/ui/sign-in/link", get(signin::link))

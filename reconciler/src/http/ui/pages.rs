@@ -2,7 +2,8 @@
 //! state in words; filtered, searched and paged) and one environment in detail.
 
 use super::actions::{Action, button, enc};
-use super::render::{Screen, StateWords, bar, page, short, state_words, when};
+use super::charts::bar;
+use super::render::{Screen, StateWords, page, short, state_words, when};
 use super::{App, Signed, failed, page_response, tip};
 use crate::ops::now_ms;
 use crate::ops::screens::{EnvironmentDetail, EnvironmentRow, StateFilter};
@@ -166,9 +167,9 @@ fn environment_main(x: &EnvironmentDetail, v: &super::render::Viewer) -> Markup 
         }
         @if !x.measures.is_empty() {
             section aria-labelledby="measures" {
-                h2 id="measures" { "Canary measures" }
-                p { "What the ingresses measured of generation " (d.generation) "'s canary, per step its gates judged." }
-                (super::render::measures_chart(&x.measures))
+                h2 id="measures" { "Canary steps" }
+                p { "Generation " (d.generation) "'s canary, per step its gates judged: the share of requests it had, and what the ingresses measured of them." }
+                (super::charts::measures_chart(&x.measures))
             }
         }
         (replicas_and_history(x, v, now))
@@ -217,7 +218,7 @@ fn replicas_and_history(x: &EnvironmentDetail, v: &super::render::Viewer, now: i
             section aria-labelledby="to-live" {
                 h2 id="to-live" { "Commit to live" }
                 p { "Seconds from each release's commit being judged to its last replica serving it." }
-                (super::render::live_times(&x.to_live))
+                (super::charts::live_times(&x.to_live))
             }
         }
         section aria-labelledby="generations" {

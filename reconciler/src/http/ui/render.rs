@@ -1,5 +1,6 @@
 //! The web view's shared pieces: the page around every screen (navigation, who is signed in,
-//! the live marker), times in words, an environment's state in words, and small SVG bars.
+//! the live marker), times in words and an environment's state in words (pictures are in
+//! `charts`).
 //! Every value goes through maud's escaping; nothing here writes unescaped text.
 
 use crate::config::Role;
@@ -37,6 +38,7 @@ pub enum Screen {
     Revisions,
     Nodes,
     Events,
+    Releases,
     Other,
 }
 
@@ -47,6 +49,7 @@ pub fn page(title: &str, screen: Screen, viewer: Option<&Viewer>, after: i64, ma
         (Screen::Revisions, "/ui/revisions", "Revisions"),
         (Screen::Nodes, "/ui/nodes", "Nodes"),
         (Screen::Events, "/ui/events", "Events"),
+        (Screen::Releases, "/ui/releases", "Releases"),
     ];
     html! {
         (DOCTYPE)
@@ -244,89 +247,6 @@ pub fn long_text(text: &str) -> Markup {
     }
 }
 
-/// A used-of-total bar as SVG, with its numbers in words beside it for readers of text.
-pub fn bar(used: u64, total: u64, label: &str) -> Markup {
-    let share = if total == 0 {
-        0.0
-    } else {
-        (used as f64 / total as f64).min(1.0)
-    };
-    let width = (share * 120.0).round();
-    let class = if share > 0.9 { "bar-full" } else { "bar-used" };
-    html! {
-        svg class="bar" width="120" height="12" viewBox="0 0 120 12" role="img" aria-label=(label) {
-            rect class="bar-track" x="0" y="0" width="120" height="12" {}
-            rect class=(class) x="0" y="0" width=(width) height="12" {}
-        }
-    }
-}
-
-/// Commit-to-live times as bars, one per release (oldest on the left), each labelled with its
-/// generation and seconds; the same figures as a list for readers of text.
-pub fn live_times(times: &[(i64, i64)]) -> Markup {
-    let most = times.iter().map(|(_, ms)| *ms).max().unwrap_or(1).max(1) as f64;
-    let width = 40 * times.len().max(1) + 10;
-    let label = format!(
-        "Seconds from commit to live, per release: {}",
-        times
-            .iter()
-            .map(|(g, ms)| format!("generation {g}: {:.1} s", *ms as f64 / 1000.0))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    html! {
-        svg class="chart" width=(width) height="140" viewBox=(format!("0 0 {width} 140")) role="img" aria-label=(label) {
-            @for (i, (g, ms)) in times.iter().enumerate() {
-                @let h = ((*ms as f64 / most) * 90.0).round().max(1.0);
-                @let x = 10 + i * 40;
-                rect class="bar-used" x=(x) y=(112.0 - h) width="28" height=(h) {}
-                text x=(x + 14) y=(108.0 - h) text-anchor="middle" class="chart-value" { (format!("{:.1}", *ms as f64 / 1000.0)) }
-                text x=(x + 14) y="128" text-anchor="middle" class="chart-label" { "g" (g) }
-            }
-        }
-    }
-}
-
-/// A canary's measured steps: per step, the share of its requests that failed as a bar (the
-/// scale's top is 10 % or the worst step's), with the figures in words beside each bar and in
-/// the picture's label.
-pub fn measures_chart(steps: &[crate::store::rollouts::StepMeasured]) -> Markup {
-    let pct = |s: &crate::store::rollouts::StepMeasured| {
-        if s.requests > 0 {
-            s.errors as f64 * 100.0 / s.requests as f64
-        } else {
-            0.0
-        }
-    };
-    let words = |s: &crate::store::rollouts::StepMeasured| {
-        let p95 = s
-            .p95_micros
-            .map_or("no p95".to_owned(), |p| format!("p95 {:.1} ms", p as f64 / 1000.0));
-        format!(
-            "step {}: {} of {} requests failed ({:.1} %), {p95}",
-            s.step,
-            s.errors,
-            s.requests,
-            pct(s)
-        )
-    };
-    let top = steps.iter().map(pct).fold(10.0_f64, f64::max);
-    let width = 60 * steps.len().max(1) + 10;
-    let label = steps.iter().map(words).collect::<Vec<_>>().join("; ");
-    html! {
-        svg class="chart" width=(width) height="140" viewBox=(format!("0 0 {width} 140")) role="img" aria-label=(format!("Failed requests per canary step: {label}")) {
-            @for (i, st) in steps.iter().enumerate() {
-                @let h = (pct(st) / top * 90.0).round().max(1.0);
-                @let x = 10 + i * 60;
-                rect class=(if pct(st) > 5.0 { "bar-full" } else { "bar-used" }) x=(x) y=(112.0 - h) width="40" height=(h) {}
-                text x=(x + 20) y=(108.0 - h) text-anchor="middle" class="chart-value" { (format!("{:.1} %", pct(st))) }
-                text x=(x + 20) y="128" text-anchor="middle" class="chart-label" { "step " (st.step) }
-            }
-        }
-        ul class="reasons" { @for st in steps { li { (words(st)) } } }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -345,37 +265,6 @@ mod tests {
         assert_eq!(first_line("short", 100), "short");
         let html = long_text("code: what\n<b>output</b>").into_string();
         assert!(html.contains("<details") && html.contains("&lt;b&gt;output"), "{html}");
-    }
-
-    #[test]
-    fn a_canarys_steps_are_drawn_and_said() {
-        let steps = [
-            crate::store::rollouts::StepMeasured {
-                step: 2,
-                requests: 40,
-                errors: 9,
-                p95_micros: Some(12_000),
-            },
-            crate::store::rollouts::StepMeasured {
-                step: 4,
-                requests: 0,
-                errors: 0,
-                p95_micros: None,
-            },
-        ];
-        let html = measures_chart(&steps).into_string();
-        assert!(
-            html.contains("step 2: 9 of 40 requests failed (22.5 %), p95 12.0 ms"),
-            "{html}"
-        );
-        assert!(
-            html.contains("step 4: 0 of 0 requests failed (0.0 %), no p95"),
-            "{html}"
-        );
-        assert!(
-            html.contains("class=\"bar-full\""),
-            "a failing step is drawn as failing: {html}"
-        );
     }
 
     #[test]

@@ -53,6 +53,8 @@ pub struct BackupHealth {
     pub volume: String,
     pub last_success_at: Option<i64>,
     pub failures_since: i64,
+    /// When the newest drill that proved a restore of it ended.
+    pub last_verified_at: Option<i64>,
 }
 
 /// How a backup job ended, for its row.
@@ -263,7 +265,8 @@ impl crate::store::Backups<'_> {
         Ok(sqlx::query_as(self.sql(
             "SELECT b.environment, b.volume, \
                MAX(CASE WHEN b.status = 'succeeded' THEN b.finished_at END) AS last_success_at, \
-               SUM(CASE WHEN b.status = 'failed' AND b.id > COALESCE((SELECT MAX(s.id) FROM backups s WHERE s.environment = b.environment AND s.volume = b.volume AND s.status = 'succeeded'), 0) THEN 1 ELSE 0 END) AS failures_since \
+               SUM(CASE WHEN b.status = 'failed' AND b.id > COALESCE((SELECT MAX(s.id) FROM backups s WHERE s.environment = b.environment AND s.volume = b.volume AND s.status = 'succeeded'), 0) THEN 1 ELSE 0 END) AS failures_since, \
+               MAX(CASE WHEN b.status = 'verified' THEN b.finished_at END) AS last_verified_at \
              FROM backups b GROUP BY b.environment, b.volume ORDER BY b.environment, b.volume",
         ))
         .fetch_all(&self.pool)

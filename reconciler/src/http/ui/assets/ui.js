@@ -108,11 +108,14 @@
       timer = setTimeout(refresh, 100);
     };
     source.onerror = function () {
-      live.textContent = "Live: reconnecting";
+      // A refused stream (this session has as many open pages as it may) is not retried by
+      // the browser: say so instead of promising a reconnection.
+      live.textContent = source.readyState === EventSource.CLOSED ? "Live updates off: close another page of the view, then reload this one" : "Live: reconnecting";
     };
   }
-  // A page left for another closes its stream: a browser holds six connections to a host over
-  // HTTP/1.1, and pages kept for the back button would otherwise keep theirs open.
+  // A page left for another closes its stream: pages kept for the back button would otherwise
+  // hold theirs open (a session's streams are limited; over HTTP/1.1, a browser's six
+  // connections to a host too).
   window.addEventListener("pagehide", function () {
     if (source) {
       source.close();
