@@ -727,13 +727,14 @@ fn pl_up_serves_the_working_tree_and_pl_down_tears_it_down() {
         assert_eq!(code, 0);
         assert!(!out.contains("held "), "{out}");
 
-        // A watched release whose health path stops answering 4 s after it starts: `pl up`
+        // A watched release whose health path stops answering 10 s after it starts: `pl up`
         // succeeds (it was healthy at the switch), then a heartbeat reports it unhealthy within
         // `rollout.watchSeconds` and the control plane rolls it back on its own, held by
-        // `watch`; requests are answered throughout.
+        // `watch`; requests are answered throughout. (At 4 s a machine busy with a build
+        // failed the watch before `pl up` had seen both environments done.)
         let watched = project_healthy.replace(&image, &image_two).replace(
             "command: [/bin/busybox, httpd, -f, -p, '8080', -h, /www]",
-            "rollout: {watchSeconds: 30}, command: [/bin/busybox, sh, -c, '/bin/busybox cp -r /www /tmp/www; (/bin/busybox sleep 4; /bin/busybox rm /tmp/www/healthz) & exec /bin/busybox httpd -f -p 8080 -h /tmp/www']",
+            "rollout: {watchSeconds: 30}, command: [/bin/busybox, sh, -c, '/bin/busybox cp -r /www /tmp/www; (/bin/busybox sleep 10; /bin/busybox rm /tmp/www/healthz) & exec /bin/busybox httpd -f -p 8080 -h /tmp/www']",
         );
         assert_ne!(watched, project_healthy.replace(&image, &image_two));
         let load = Load::start(&netns, http, "api.example.com.localhost", None);
