@@ -39,7 +39,19 @@ pub struct Heartbeat {
     /// runs no mesh.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mesh: Option<mesh::MeshAdvert>,
+    /// The node's age recipient (`age1…`, public), as given at enrolment: a control plane
+    /// rebuilt without its ledger (`control.readmit_nodes`) learns it from here, since it
+    /// seals the node's secrets to it. One that holds the node's recipient ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub age_recipient: Option<String>,
+    /// This control plane's environment networks on the node (at most
+    /// [`MAX_HEARTBEAT_NETWORKS`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub networks: Vec<OwnNetwork>,
 }
+
+/// Most environment networks one heartbeat may report.
+pub const MAX_HEARTBEAT_NETWORKS: usize = 1024;
 
 /// Most volumes one heartbeat may report.
 pub const MAX_HEARTBEAT_VOLUMES: usize = 4096;
@@ -93,6 +105,20 @@ pub struct RunningInstance {
     pub instance: u32,
     pub generation: u64,
     pub healthy: bool,
+    /// The spec hash the replica was made from (its label): a control plane rebuilt without
+    /// its ledger adopts the generation when Git's head asks for the same spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec_hash: Option<String>,
+}
+
+/// One environment's network of this control plane on the node, and its subnet: a control
+/// plane rebuilt without its ledger keeps the subnets its nodes report (a network's subnet
+/// cannot change under running replicas).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OwnNetwork {
+    pub environment: String,
+    pub subnet: String,
 }
 
 impl Heartbeat {
@@ -107,6 +133,8 @@ impl Heartbeat {
             taken_subnets: Vec::new(),
             volumes: Vec::new(),
             mesh: None,
+            age_recipient: None,
+            networks: Vec::new(),
         }
     }
 }

@@ -68,6 +68,10 @@ pub struct Hub {
     /// Bumped when certificates were revoked (a node retired in Git): the agent API's
     /// certificate cache starts afresh.
     pub revocations: AtomicU64,
+    /// Set while a control plane rebuilt without its ledger waits for its nodes' reports
+    /// (`reconcile::rebuild`): heartbeats' environment networks are kept as the ledger's
+    /// subnets meanwhile.
+    pub rebuilding: AtomicBool,
     /// The hostnames' issued certificates as of the last look (`[certificates]`): hostname,
     /// when it expires (Unix ms, 0 before the first issuance) and failures in a row. `/metrics`
     /// serves these, so a scrape costs no query.
@@ -142,6 +146,7 @@ impl Default for Hub {
             last_tick_ms: AtomicI64::new(0),
             passes: AtomicU64::new(0),
             revocations: AtomicU64::new(0),
+            rebuilding: AtomicBool::new(false),
             // A daemon that just started has not looked: its first check does.
             drift_suspected: AtomicBool::new(true),
             repairs_recorded: AtomicBool::new(true),

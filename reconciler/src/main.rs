@@ -173,6 +173,29 @@ fn init_logs() {
         .init();
 }
 
+/// What re-admitting nodes needs (`control.readmit_nodes`): the applied branch and every
+/// control CA a node certificate may come from, read once at start.
+fn readmission(config: &Config) -> Result<reconciler::ops::agents::Readmission> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut cas = Vec::new();
+    for path in config.control.client_cas() {
+        let pem = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        for der in CertificateDer::pem_slice_iter(&pem) {
+            let der = der.with_context(|| format!("{}: a certificate that does not parse", path.display()))?;
+            cas.push((agent_proto::cert_fingerprint(der.as_ref()), der.as_ref().to_vec()));
+        }
+    }
+    tracing::warn!(
+        cas = cas.len(),
+        "re-admitting nodes the ledger does not know (control.readmit_nodes)"
+    );
+    Ok(reconciler::ops::agents::Readmission {
+        branch: config.source.branch.clone(),
+        cas,
+    })
+}
+
 /// The agents' API, when configured: the same server certificate, and a client certificate
 /// from the control CA required to finish the handshake (during a CA rotation, certificates
 /// of the CAs in `control.trusted_cas` too); its group committer beside it.
@@ -199,7 +222,11 @@ async fn serve_agents(
         Arc::clone(hub),
         stopped.clone(),
     ));
-    let peers = Arc::new(Peers::new(Arc::clone(ledger), Arc::clone(hub)));
+    let readmission = match config.control.readmit_nodes {
+        true => Some(readmission(config)?),
+        false => None,
+    };
+    let peers = Arc::new(Peers::new(Arc::clone(ledger), Arc::clone(hub), readmission));
     let writers = Arc::new(Writers {
         peers: Arc::clone(&peers),
         logs: Arc::clone(logs),

@@ -65,6 +65,8 @@ async fn heartbeat(ledger: &Ledger, env: &str, generation: u64, healthy: bool) {
         beat,
         volumes: &[],
         mesh: None,
+        age_recipient: None,
+        networks: &[],
     };
     reconciler::ops::agents::heartbeat(ledger, &hub, lost_after, "n1", &hb, now_ms())
         .await

@@ -170,15 +170,59 @@ pub struct Decision {
     pub conflicts: Vec<(String, String)>,
 }
 
+/// What the nodes run of environments a rebuilt ledger has no deployment of: each
+/// environment's newest generation reported and the spec hashes of its replicas at that
+/// generation (`rollout::instance_hash`: release, role, instance and node).
+pub type Adopted = BTreeMap<String, (u64, std::collections::BTreeSet<String>)>;
+
+/// The newest generation of each environment in `reports` (environment, generation, the
+/// replica's spec hash as its label says) and its replicas' hashes; a replica without a hash
+/// (an agent older than the field) counts with an empty one, which no replica matches.
+pub fn adoptable<'a>(reports: impl IntoIterator<Item = (&'a str, u64, Option<&'a str>)>) -> Adopted {
+    let mut out: Adopted = BTreeMap::new();
+    for (env, generation, hash) in reports {
+        let hash = hash.unwrap_or_default().to_owned();
+        match out.get_mut(env) {
+            Some((g, _)) if *g > generation => {}
+            Some((g, hashes)) if *g == generation => {
+                hashes.insert(hash);
+            }
+            Some(slot) => *slot = (generation, [hash].into()),
+            None => {
+                out.insert(env.to_owned(), (generation, [hash].into()));
+            }
+        }
+    }
+    out
+}
+
+/// Whether the replicas `spec` asks for include every one that runs (`running`: their spec
+/// hashes): then they are adopted at their generation as they are.
+fn runs_as_asked(spec: &DeploymentSpec, running: &std::collections::BTreeSet<String>) -> bool {
+    let asked: std::collections::BTreeSet<String> = spec
+        .instances
+        .iter()
+        .map(|i| crate::rollout::instance_hash(spec, &i.role, i.index, &i.node))
+        .collect();
+    !running.is_empty() && running.is_subset(&asked)
+}
+
 /// Decides `changes` with the stored specs of the existing deployments (`specs`: spec and
 /// retired specs) and the branches that own new environments (`owners`). A finished rollout
 /// whose release stays the same scales at its generation (the decision is
 /// [`release::change`], the one `pl plan` prints rollouts from); any other change starts the
 /// next generation, and a gone deployment the next generation as a teardown.
+///
+/// A new environment starts at generation 1, unless its nodes already run it (`adopted`: a
+/// control plane rebuilt without its ledger): at the generation they run when Git asks for
+/// each replica that runs, where it runs, with the release it runs (they are adopted as they
+/// are, none restarted), else at the one after (a rollout, never a generation the nodes
+/// would refuse as older than theirs).
 pub fn decide(
     changes: Changes,
     owners: &BTreeMap<String, String>,
     mut specs: BTreeMap<String, (DeploymentSpec, Vec<DeploymentSpec>)>,
+    adopted: &Adopted,
 ) -> Decision {
     let mut out = Decision::default();
     for (d, now) in changes.changed {
@@ -211,7 +255,11 @@ pub fn decide(
                 (c.generation + 1, retired, true)
             }
             (Some(c), None) => (c.generation + 1, Vec::new(), true),
-            (None, _) => (1, Vec::new(), false),
+            (None, _) => match adopted.get(&env) {
+                Some((g, running)) if runs_as_asked(&d.spec, running) => (*g, Vec::new(), false),
+                Some((g, _)) => (g.saturating_add(1), Vec::new(), false),
+                None => (1, Vec::new(), false),
+            },
         };
         out.starts.push(Start {
             action: Action::Rollout,
@@ -450,6 +498,64 @@ mod tests {
     }
 
     #[test]
+    fn a_new_environment_the_nodes_run_is_adopted_at_their_generation_or_rolled_past_it() {
+        // Git asks for one web replica of release r1 on n1 in each environment, two in "more".
+        let asked = |env: &str| -> String {
+            let s = spec(env, 1, "r1");
+            crate::rollout::instance_hash(&s, &n("web"), 0, &n("n1"))
+        };
+        let elsewhere = crate::rollout::instance_hash(&spec("moved", 1, "r1"), &n("web"), 0, &n("n2"));
+        let older = crate::rollout::instance_hash(&spec("changed", 1, "r0"), &n("web"), 0, &n("n1"));
+        let (same, more) = (asked("same"), asked("more"));
+        let reports = [
+            ("same", 3, Some(same.as_str())),
+            ("same", 2, Some("an older release")),
+            ("more", 4, Some(more.as_str())),
+            ("changed", 5, Some(older.as_str())),
+            ("moved", 2, Some(elsewhere.as_str())),
+            ("old-agent", 2, None),
+        ];
+        let adopted = adoptable(reports);
+        assert_eq!(
+            adopted.get("same"),
+            Some(&(3, [same.clone()].into())),
+            "the newest generation"
+        );
+        let c = changes(
+            vec![
+                desired("same", 1, "r1"),
+                desired("more", 2, "r1"),
+                desired("changed", 1, "r1"),
+                desired("moved", 1, "r1"),
+                desired("old-agent", 1, "r1"),
+                desired("fresh", 1, "r1"),
+            ],
+            BTreeMap::new(),
+            |_| false,
+        );
+        let d = decide(c, &BTreeMap::new(), BTreeMap::new(), &adopted);
+        let starts: BTreeMap<&str, u64> = d
+            .starts
+            .iter()
+            .map(|s| (s.spec.environment.as_str(), s.generation))
+            .collect();
+        assert_eq!(
+            starts.get("same"),
+            Some(&3),
+            "what runs is what Git asks for: its generation"
+        );
+        assert_eq!(
+            starts.get("more"),
+            Some(&4),
+            "Git asks for one more replica: made at that generation"
+        );
+        assert_eq!(starts.get("changed"), Some(&6), "another release: the generation after");
+        assert_eq!(starts.get("moved"), Some(&3), "another node: the generation after");
+        assert_eq!(starts.get("old-agent"), Some(&3), "no hash reported: rolled past it");
+        assert_eq!(starts.get("fresh"), Some(&1));
+    }
+
+    #[test]
     fn unchanged_is_left_alone_new_starts_at_one_gone_is_torn_down_kept_stays() {
         let rows = BTreeMap::from([
             ("same".to_owned(), current("same", 1, "r1", 4, Status::Done)),
@@ -462,7 +568,7 @@ mod tests {
         assert_eq!(c.new_environments(), ["fresh"]);
         assert_eq!(c.existing_environments(), ["old"]);
         let specs = BTreeMap::from([("old".to_owned(), (spec("old", 1, "r1"), Vec::new()))]);
-        let d = decide(c, &BTreeMap::new(), specs);
+        let d = decide(c, &BTreeMap::new(), specs, &Adopted::new());
         let starts: Vec<(Action, &str, u64, bool)> = d
             .starts
             .iter()
@@ -498,7 +604,7 @@ mod tests {
             .iter()
             .map(|e| (e.to_string(), (spec(e, 1, "r1"), Vec::new())))
             .collect();
-        let d = decide(c, &BTreeMap::new(), specs);
+        let d = decide(c, &BTreeMap::new(), specs, &Adopted::new());
         assert_eq!(d.scales.len(), 1);
         assert_eq!(
             (d.scales[0].spec.environment.as_str(), d.scales[0].generation),
@@ -518,7 +624,7 @@ mod tests {
     fn another_branchs_environment_is_a_conflict_and_starts_nothing() {
         let c = changes(vec![desired("shared", 1, "r1")], BTreeMap::new(), |_| false);
         let owners = BTreeMap::from([("shared".to_owned(), "main".to_owned())]);
-        let d = decide(c, &owners, BTreeMap::new());
+        let d = decide(c, &owners, BTreeMap::new(), &Adopted::new());
         assert_eq!(d.conflicts, [("shared".to_owned(), "main".to_owned())]);
         assert!(d.starts.is_empty());
     }

@@ -78,16 +78,38 @@ impl Engine {
     /// so the control plane gives its environments other ones. A larger network counts every
     /// /24 of the pool it covers.
     pub async fn taken_subnets(&self) -> Result<Vec<String>, Failure> {
+        Ok(self.networks_seen().await?.0)
+    }
+
+    /// What the heartbeat reports of the engine's networks: the pool's /24s others take
+    /// ([`Self::taken_subnets`]), and each environment network of this node's (at most
+    /// [`agent_proto::MAX_HEARTBEAT_NETWORKS`]) with its subnet.
+    pub async fn networks_seen(&self) -> Result<(Vec<String>, Vec<agent_proto::OwnNetwork>), Failure> {
         let networks = self
             .docker
             .list_networks(None::<bollard::query_parameters::ListNetworksOptions>)
             .await
             .map_err(|e| docker("docker-unavailable", e))?;
         let mut out = std::collections::BTreeSet::new();
+        let mut own = Vec::new();
         for n in networks {
             let labels = n.labels.as_ref();
             let ours = owned(labels) && labels.and_then(|l| l.get(CONTROL_PLANE)) == Some(&self.control_plane);
             if ours {
+                let environment = labels.and_then(|l| l.get(ENVIRONMENT));
+                let subnet = n
+                    .ipam
+                    .and_then(|i| i.config)
+                    .and_then(|c| c.into_iter().find_map(|c| c.subnet));
+                if let (true, Some(environment), Some(subnet)) =
+                    (mine(labels, &self.control_plane, &self.node), environment, subnet)
+                    && own.len() < agent_proto::MAX_HEARTBEAT_NETWORKS
+                {
+                    own.push(agent_proto::OwnNetwork {
+                        environment: environment.clone(),
+                        subnet,
+                    });
+                }
                 continue;
             }
             for cidr in n
@@ -100,7 +122,7 @@ impl Engine {
                 out.extend(pool_slots(&cidr));
             }
         }
-        Ok(out.into_iter().take(agent_proto::MAX_TAKEN_SUBNETS).collect())
+        Ok((out.into_iter().take(agent_proto::MAX_TAKEN_SUBNETS).collect(), own))
     }
 
     /// Removes the environment's network if it is ours; gone already is done.

@@ -91,6 +91,8 @@ pub(super) struct Beats {
     pub host: Option<String>,
     pub mesh: Option<agent_proto::mesh::MeshAdvert>,
     pub nft_works: bool,
+    /// The node's age recipient, from its enrolment folder's identity (public).
+    pub age_recipient: Option<String>,
 }
 
 /// Heartbeats: alive, able to run containers while Docker answers, and what runs; every
@@ -105,12 +107,17 @@ pub(super) fn heartbeats(beats: Beats) {
         host,
         mesh,
         nft_works,
+        age_recipient,
     } = beats;
     tokio::spawn(async move {
         // Volumes are walked at most once a minute, whatever the heartbeat interval, and
         // reported in the heartbeat that follows a walk only (the control plane keeps the
-        // last figures; an empty list changes nothing there).
+        // last figures; an empty list changes nothing there) and, unwalked, again after a
+        // heartbeat that failed: a control plane rebuilt without its ledger learns which
+        // generation of each volume the node holds from its first heartbeat.
         let mut measured_at: Option<std::time::Instant> = None;
+        let mut last_volumes: Vec<agent_proto::VolumeUsage> = Vec::new();
+        let mut resend = false;
         loop {
             let docker_up = engine.engine.docker.ping().await.is_ok();
             let mut volumes = Vec::new();
@@ -126,8 +133,11 @@ pub(super) fn heartbeats(beats: Beats) {
                             bytes: v.bytes,
                         })
                         .collect();
+                    last_volumes.clone_from(&volumes);
                 }
                 measured_at = Some(std::time::Instant::now());
+            } else if resend {
+                volumes.clone_from(&last_volumes);
             }
             let mut capabilities = Vec::new();
             for c in &engine.enabled {
@@ -142,13 +152,14 @@ pub(super) fn heartbeats(beats: Beats) {
                 }
             }
             let repaired = repairs.lock().map(|mut r| std::mem::take(&mut *r)).unwrap_or_default();
+            let (taken_subnets, networks) = engine.engine.networks_seen().await.unwrap_or_default();
             let hb = Heartbeat {
                 agent_version: env!("CARGO_PKG_VERSION").to_owned(),
                 capabilities,
                 running: observed(&engine.engine).await,
                 repaired,
                 host: host.clone(),
-                taken_subnets: engine.engine.taken_subnets().await.unwrap_or_default(),
+                taken_subnets,
                 volumes,
                 mesh: mesh.as_ref().map(|m| agent_proto::mesh::MeshAdvert {
                     // Read each time: a rotation replaces it.
@@ -158,9 +169,12 @@ pub(super) fn heartbeats(beats: Beats) {
                     names: crate::mesh::local_names(&engine.names.local()),
                     ..m.clone()
                 }),
+                age_recipient: age_recipient.clone(),
+                networks,
             };
             match blocking(&client, move |c| c.heartbeat(&hb)).await {
                 Ok(reply) => {
+                    resend = false;
                     // A newer mesh than the one applied: applied off the heartbeat's path.
                     if let Some(spec) = reply.mesh
                         && mesh.is_some()
@@ -169,7 +183,10 @@ pub(super) fn heartbeats(beats: Beats) {
                         engine.mesh_offers.offer(spec, engine.mesh.fence());
                     }
                 }
-                Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
+                Err(e) => {
+                    resend = true;
+                    tracing::warn!(error = %e, "heartbeat failed");
+                }
             }
             tokio::time::sleep(EARLY_HEARTBEAT_GAP).await;
             tokio::select! {

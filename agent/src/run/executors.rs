@@ -22,6 +22,7 @@ pub(super) async fn observed(engine: &Engine) -> Vec<RunningInstance> {
                 instance: l.get(INSTANCE)?.parse().ok()?,
                 generation: l.get(GENERATION)?.parse().ok()?,
                 healthy: running && !failing.contains(&name),
+                spec_hash: l.get(SPEC_HASH).cloned(),
             })
         })
         .take(agent_proto::MAX_HEARTBEAT_INSTANCES)

@@ -13,7 +13,7 @@ use executors::observed;
 pub use executors::{Executors, NAME_DRAIN, execute};
 
 use crate::client::AgentClient;
-use crate::docker::{ENVIRONMENT, Engine, GENERATION, INSTANCE, ROLE, RUN_TIMEOUT};
+use crate::docker::{ENVIRONMENT, Engine, GENERATION, INSTANCE, ROLE, RUN_TIMEOUT, SPEC_HASH};
 use crate::firewall::Firewall;
 use crate::ingress::Share;
 use crate::lease_loop::{Ended, LeaseLoop, Tasks};
@@ -133,6 +133,7 @@ pub async fn run(config: Config) -> Result<()> {
         host,
         mesh,
         nft_works,
+        age_recipient: age_recipient(&config.dir.join(crate::enroll::AGE)),
     });
     // One queue per environment (its tasks in order), at most `parallel_environments` at work;
     // a step's ends go back with the next lease.
@@ -244,3 +245,13 @@ pub const VOLUME_MEASURE_EVERY: Duration = Duration::from_secs(60);
 
 /// How long a lease waits for a job when the node holds none.
 pub const LONG_POLL: Duration = Duration::from_secs(20);
+
+/// The public half of the node's age identity (the file `pl-agent enroll` wrote): what a
+/// control plane rebuilt without its ledger seals this node's secrets to. `None` when the
+/// file does not read as one X25519 identity (the heartbeat then leaves it out).
+fn age_recipient(path: &std::path::Path) -> Option<String> {
+    let text = zeroize::Zeroizing::new(std::fs::read_to_string(path).ok()?);
+    let line = text.lines().find(|l| l.starts_with("AGE-SECRET-KEY-"))?;
+    let identity: age::x25519::Identity = line.trim().parse().ok()?;
+    Some(identity.to_public().to_string())
+}

@@ -138,6 +138,9 @@ impl Config {
         {
             return Err("domains.resolver: 1 to 8 servers, or \"system\"".into());
         }
+        if !(0..=3600).contains(&self.control.readmit_wait_seconds) {
+            return Err("control.readmit_wait_seconds must be 0 to 3600".into());
+        }
         if !(1..=24 * 30).contains(&self.control.node_cert_hours) {
             return Err("control.node_cert_hours must be 1 to 720".into());
         }

@@ -224,6 +224,19 @@ pub struct ControlConfig {
     /// How long a node may be silent before it is lost and its replicas are placed elsewhere.
     #[serde(default = "default_lost_after")]
     pub lost_after_seconds: i64,
+    /// Rebuilding without the ledger (docs/operations.md): a client certificate a control CA
+    /// signed, valid now, for a node the accepted state declares and the ledger has never
+    /// known, re-admits that node (recorded with a `node-readmitted` event; its first
+    /// heartbeat gives its age recipient). Off by default: a control plane admits only what it
+    /// enrolled. Turn it off again once `pl nodes` shows every node back: the lost ledger's
+    /// revocations are lost with it.
+    #[serde(default)]
+    pub readmit_nodes: bool,
+    /// With `readmit_nodes`, on a ledger with no live deployment: how long deployments wait
+    /// for every node Git declares to come back and report what it runs, before they are
+    /// planned with what has been reported.
+    #[serde(default = "default_readmit_wait")]
+    pub readmit_wait_seconds: i64,
 }
 
 /// A control plane's id as a configuration pins it: [`agent_proto::CONTROL_PLANE_ID_LEN`]
@@ -327,8 +340,14 @@ impl Default for ControlConfig {
             lost_after_seconds: default_lost_after(),
             trusted_cas: Vec::new(),
             node_cert_hours: default_node_cert_hours(),
+            readmit_nodes: false,
+            readmit_wait_seconds: default_readmit_wait(),
         }
     }
+}
+
+fn default_readmit_wait() -> i64 {
+    120
 }
 
 fn default_node_cert_hours() -> i64 {

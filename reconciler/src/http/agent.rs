@@ -157,6 +157,13 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
         .map(|r| (bounded(&r.environment, 63), bounded(&r.what, 256)))
         .collect();
     let taken = taken_subnets(&hb.taken_subnets);
+    // Its environment networks as pool indices (anything outside the pool says nothing).
+    let networks: Vec<(String, i64)> = hb
+        .networks
+        .iter()
+        .filter(|n| state_schema::values::Name::new(&n.environment).is_ok())
+        .filter_map(|n| Some((n.environment.clone(), crate::store::rows::subnet_index(&n.subnet)?)))
+        .collect();
     // Only rows naming this node are updated, so a node reports only what it holds.
     let measured: Vec<crate::store::volumes::Measured> = hb
         .volumes
@@ -192,6 +199,8 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
         },
         volumes: &measured,
         mesh: hb.mesh.as_ref().zip(links.as_deref()).map(|(m, l)| (m.applied, l)),
+        age_recipient: hb.age_recipient.as_deref(),
+        networks: &networks,
     };
     let lost_after = s.config.control.lost_after_ms();
     // The node's mesh, when it has not applied the newest yet.
@@ -217,11 +226,21 @@ fn malformed(hb: &Heartbeat) -> Option<&'static str> {
     if hb.taken_subnets.len() > agent_proto::MAX_TAKEN_SUBNETS {
         return Some("the heartbeat reports more taken subnets than the pool has");
     }
+    if hb.networks.len() > agent_proto::MAX_HEARTBEAT_NETWORKS {
+        return Some("the heartbeat reports more networks than its limit");
+    }
     if hb.volumes.len() > agent_proto::MAX_HEARTBEAT_VOLUMES {
         return Some("the heartbeat reports more volumes than its limit");
     }
     if hb.mesh.as_ref().is_some_and(|m| !m.valid()) {
         return Some("the heartbeat's mesh is not a WireGuard public key, a port and an IP address");
+    }
+    if hb
+        .age_recipient
+        .as_deref()
+        .is_some_and(|r| !crate::ops::agents::valid_recipient(r))
+    {
+        return Some("the heartbeat's age recipient is not an age1… X25519 recipient");
     }
     None
 }

@@ -3,7 +3,7 @@
 
 use crate::http::server::{PeerCert, internal, refused};
 use crate::hub::Hub;
-use crate::ops::agents::CertRefusal;
+use crate::ops::agents::{CertRefusal, Readmission};
 use crate::store::{Ledger, now_ms};
 use agent_proto::Refusal;
 use axum::response::Response;
@@ -26,15 +26,18 @@ pub struct Peers {
     certificates: std::sync::Mutex<std::collections::HashMap<String, (String, i64, Instant)>>,
     /// The revocations seen when the cache was last emptied.
     revocations: AtomicU64,
+    /// Set when the control plane re-admits nodes it does not know (`control.readmit_nodes`).
+    readmission: Option<Readmission>,
 }
 
 impl Peers {
-    pub fn new(ledger: Arc<Ledger>, hub: Arc<Hub>) -> Peers {
+    pub fn new(ledger: Arc<Ledger>, hub: Arc<Hub>, readmission: Option<Readmission>) -> Peers {
         Peers {
             ledger,
             hub,
             certificates: std::sync::Mutex::default(),
             revocations: AtomicU64::new(0),
+            readmission,
         }
     }
 
@@ -68,14 +71,14 @@ impl Peers {
 
     /// The calling node and its certificate's fingerprint.
     pub async fn caller_and_certificate(&self, peer: Option<PeerCert>) -> Result<(String, String), Response> {
-        let Some(PeerCert(fingerprint)) = peer else {
+        let Some(PeerCert { fingerprint, der }) = peer else {
             return Err(refused(Refusal::CertificateRevoked, "no client certificate"));
         };
         let now = now_ms();
         if let Some(node) = self.certificate(&fingerprint, now) {
             return Ok((node, fingerprint));
         }
-        match crate::ops::agents::admit(&self.ledger, &fingerprint, now).await {
+        match crate::ops::agents::admit(&self.ledger, &fingerprint, &der, self.readmission.as_ref(), now).await {
             Ok(Ok((node, not_after))) => {
                 self.admit(&fingerprint, &node, not_after);
                 Ok((node, fingerprint))

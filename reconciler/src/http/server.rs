@@ -119,9 +119,14 @@ pub(crate) async fn json<T: serde::de::DeserializeOwned>(body: axum::body::Body)
     serde_json::from_slice(&bytes).map_err(|_| refused(Refusal::MalformedRequest, "the body is not the expected JSON"))
 }
 
-/// The fingerprint (SHA-256 of the DER, hex) of the client certificate a connection presented.
+/// The client certificate a connection presented: its fingerprint (SHA-256 of the DER, hex),
+/// which nodes are known by, and the DER (read only for a certificate the ledger does not
+/// hold, by a control plane that re-admits nodes: `ops::agents::readmit`).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PeerCert(pub String);
+pub struct PeerCert {
+    pub fingerprint: String,
+    pub der: Arc<[u8]>,
+}
 
 /// The address a connection came from.
 #[derive(Clone, Copy, Debug)]
@@ -246,7 +251,10 @@ pub async fn serve(
                 .1
                 .peer_certificates()
                 .and_then(|c| c.first())
-                .map(|c| PeerCert(agent_proto::cert_fingerprint(c.as_ref())));
+                .map(|c| PeerCert {
+                    fingerprint: agent_proto::cert_fingerprint(c.as_ref()),
+                    der: Arc::from(c.as_ref()),
+                });
             let app = app
                 .layer(axum::Extension(peer_cert))
                 .layer(axum::Extension(PeerAddr(peer)));

@@ -64,6 +64,18 @@ pub struct Heartbeat<'a> {
     /// The mesh generation the node applied and its links as it says (JSON), when it is in
     /// the mesh.
     pub mesh: Option<(u64, &'a str)>,
+    /// The node's age recipient as it says (checked by [`valid_recipient`]): kept only when
+    /// the ledger holds none for the node, as after a re-admission ([`readmit`]).
+    pub age_recipient: Option<&'a str>,
+    /// The node's environment networks as (environment, pool index): kept as the ledger's
+    /// subnets while a rebuild waits for its nodes (`Hub::rebuilding`), ignored otherwise.
+    pub networks: &'a [(String, i64)],
+}
+
+/// Whether `r` is an age X25519 recipient (`age1…`), the only kind a node's secrets are
+/// sealed to.
+pub fn valid_recipient(r: &str) -> bool {
+    r.len() <= 128 && r.starts_with("age1") && pushleft_secrets::parse_recipient(r).is_ok()
 }
 
 /// Records `node`'s heartbeat at `now_ms`: its volumes' sizes, its repairs as events, each
@@ -105,7 +117,42 @@ pub async fn heartbeat(
     if judged.lost_replica {
         hub.drift_suspected.store(true, Ordering::Relaxed);
     }
+    // Before the beat is recorded: a rebuild's wait ends once every node is heard from, and
+    // its plan must find the subnets the node has.
+    // A rebuild's wait trusts its nodes (certificates of nodes Git declares) for what they
+    // hold, each for itself only: subnets and volume generations with valid names.
+    if hub.rebuilding.load(Ordering::Relaxed) {
+        if !hb.networks.is_empty() {
+            ledger.nodes().adopt_subnets(node, hb.networks).await?;
+        }
+        let named = |s: &str| state_schema::values::Name::new(s).is_ok();
+        let volumes: Vec<Measured> = hb
+            .volumes
+            .iter()
+            .filter(|v| named(&v.environment) && named(&v.volume))
+            .cloned()
+            .collect();
+        if !volumes.is_empty() {
+            ledger.volumes().adopt_volumes(node, &volumes, now_ms).await?;
+        }
+    }
+    // A node whose mesh the ledger never heard of that has applied one (a ledger rebuilt
+    // under it): its next mesh is numbered after the one it holds, which it would otherwise
+    // ignore as older.
+    if let (Some(b), Some((applied, _))) = (&before, hb.mesh)
+        && b.mesh_key.is_none()
+        && applied > 0
+    {
+        ledger.nodes().mesh_floor(node, applied).await?;
+    }
     ledger.nodes().record_beat(node, beat, now_ms).await?;
+    // A re-admitted node's recipient: the ledger learns it from the node's first heartbeat.
+    if let (Some(b), Some(r)) = (&before, hb.age_recipient)
+        && b.age_recipient.is_empty()
+    {
+        ledger.nodes().learn_recipient(node, r, now_ms).await?;
+    }
+
     if watch_failed || judged.replace {
         // The node is ready (again) or can run other things, or a release is to be rolled
         // back: the loop looks now, not at its next interval.
@@ -243,7 +290,7 @@ pub async fn enrol(
             ));
         }
     }
-    if !ask.age_recipient.starts_with("age1") || pushleft_secrets::parse_recipient(ask.age_recipient).is_err() {
+    if !valid_recipient(ask.age_recipient) {
         return Err(NotIssued::Refused(
             Refusal::RecipientInvalid,
             "the age recipient is not an age1… X25519 recipient",
@@ -335,14 +382,22 @@ pub fn certificate_refusal(c: &CertRecord, now_ms: i64) -> Option<CertRefusal> {
 }
 
 /// The node a client certificate (by fingerprint) admits, and until when; the first use of a
-/// renewed certificate revokes the one it replaced.
+/// renewed certificate revokes the one it replaced. With `readmission` (a control plane
+/// rebuilt without its ledger), a certificate the ledger does not hold is judged by
+/// [`readmission`] from what it says of itself (`der`, verified by the TLS handshake) and,
+/// when admitted, recorded.
 pub async fn admit(
     ledger: &Ledger,
     fingerprint: &str,
+    der: &[u8],
+    readmit: Option<&Readmission>,
     now_ms: i64,
 ) -> Result<Result<(String, i64), CertRefusal>, LedgerError> {
     let Some(c) = ledger.nodes().certificate_record(fingerprint).await? else {
-        return Ok(Err(CertRefusal::Unknown));
+        return match readmit {
+            Some(r) => readmit_presented(ledger, r, fingerprint, der, now_ms).await,
+            None => Ok(Err(CertRefusal::Unknown)),
+        };
     };
     if let Some(why) = certificate_refusal(&c, now_ms) {
         return Ok(Err(why));
@@ -351,6 +406,101 @@ pub async fn admit(
         ledger.nodes().revoke_replaced(&c.node, old, now_ms).await?;
     }
     Ok(Ok((c.node, c.not_after)))
+}
+
+/// How a control plane rebuilt without its ledger re-admits its nodes
+/// (`control.readmit_nodes`): the applied branch, whose accepted state must declare a node,
+/// and the control CAs a certificate may come from, as (fingerprint, DER).
+pub struct Readmission {
+    pub branch: String,
+    pub cas: Vec<(String, Vec<u8>)>,
+}
+
+/// What a client certificate the ledger does not hold says of itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Presented {
+    /// Its common name: the node it was issued to (`pki::sign_node_csr` writes it so).
+    pub node: String,
+    pub not_before_ms: i64,
+    pub not_after_ms: i64,
+    /// The fingerprint of the control CA whose key signed it, when one of them did.
+    pub ca: Option<String>,
+}
+
+/// Reads `der` as a certificate and finds which of `cas` signed it; `None` when it does not
+/// parse or names no node.
+pub fn presented(der: &[u8], cas: &[(String, Vec<u8>)]) -> Option<Presented> {
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let (_, cert) = X509Certificate::from_der(der).ok()?;
+    let node = cert.subject().iter_common_name().next()?.as_str().ok()?.to_owned();
+    let ca = cas.iter().find_map(|(fingerprint, ca_der)| {
+        let (_, ca) = X509Certificate::from_der(ca_der).ok()?;
+        cert.verify_signature(Some(ca.public_key()))
+            .is_ok()
+            .then(|| fingerprint.clone())
+    });
+    Some(Presented {
+        node,
+        not_before_ms: cert.validity().not_before.timestamp().saturating_mul(1000),
+        not_after_ms: cert.validity().not_after.timestamp().saturating_mul(1000),
+        ca,
+    })
+}
+
+/// The decision, pure: whether a certificate the ledger does not hold re-admits its node,
+/// given what the accepted state declares of that node. Only a certificate a control CA
+/// signed, valid now, for a node Git declares (active or draining); whether the ledger knew
+/// the node is the write's to check (`store::fleet::Nodes::readmit` writes only a node it
+/// never knew).
+pub fn readmission(p: &Presented, declared: &Declared, now_ms: i64) -> Result<(), CertRefusal> {
+    if p.ca.is_none() || p.not_before_ms > now_ms {
+        return Err(CertRefusal::Unknown);
+    }
+    if p.not_after_ms <= now_ms {
+        return Err(CertRefusal::Expired);
+    }
+    match declared {
+        Declared::Yes { .. } | Declared::Draining { .. } => Ok(()),
+        Declared::No | Declared::Retired => Err(CertRefusal::Unknown),
+    }
+}
+
+/// Judges and, when it passes, records a certificate the ledger does not hold.
+async fn readmit_presented(
+    ledger: &Ledger,
+    r: &Readmission,
+    fingerprint: &str,
+    der: &[u8],
+    now_ms: i64,
+) -> Result<Result<(String, i64), CertRefusal>, LedgerError> {
+    let Some(p) = presented(der, &r.cas) else {
+        return Ok(Err(CertRefusal::Unknown));
+    };
+    if p.node.is_empty() || p.node.len() > 63 {
+        return Ok(Err(CertRefusal::Unknown));
+    }
+    let declared = super::nodes::declared_node(ledger, &r.branch, &p.node).await?;
+    if let Err(why) = readmission(&p, &declared, now_ms) {
+        return Ok(Err(why));
+    }
+    let written = ledger
+        .nodes()
+        .readmit(
+            &crate::store::fleet::Readmitted {
+                node: &p.node,
+                fingerprint,
+                ca: p.ca.as_deref().unwrap_or_default(),
+                issued_at_ms: p.not_before_ms,
+                not_after_ms: p.not_after_ms,
+            },
+            now_ms,
+        )
+        .await?;
+    if !written {
+        return Ok(Err(CertRefusal::Unknown));
+    }
+    tracing::warn!(node = %p.node, fingerprint, "a node the ledger did not know re-admitted by its certificate");
+    Ok(Ok((p.node, p.not_after_ms)))
 }
 
 #[cfg(test)]
@@ -384,6 +534,7 @@ mod tests {
             observed: None,
             mesh_key: key.map(Into::into),
             mesh_names: key.map(|_| "[]".into()),
+            age_recipient: "age1x".into(),
         }
     }
 
@@ -454,5 +605,58 @@ mod tests {
         assert_eq!(certificate_refusal(&c(Some(1)), 1_000), Some(CertRefusal::Revoked));
         assert_eq!(certificate_refusal(&c(None), 2_000), Some(CertRefusal::Expired));
         assert_eq!(certificate_refusal(&c(None), 1_999), None);
+    }
+
+    /// A CA and a node certificate it signed (common name `node`), as DER.
+    fn signed(node: &str) -> (Vec<u8>, Vec<u8>) {
+        let ca_key = rcgen::KeyPair::generate().expect("key");
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca.distinguished_name
+            .push(rcgen::DnType::CommonName, "Pushleft control CA");
+        let ca_cert = ca.self_signed(&ca_key).expect("ca");
+        let issuer = rcgen::Issuer::new(ca, ca_key);
+        let key = rcgen::KeyPair::generate().expect("key");
+        let mut p = rcgen::CertificateParams::new(vec![node.to_owned()]).expect("params");
+        p.distinguished_name.push(rcgen::DnType::CommonName, node);
+        let cert = p.signed_by(&key, &issuer).expect("signed");
+        (ca_cert.der().to_vec(), cert.der().to_vec())
+    }
+
+    #[test]
+    fn a_presented_certificate_names_its_node_and_the_ca_that_signed_it() {
+        let (ca, cert) = signed("n1");
+        let (other_ca, _) = signed("n1");
+        let cas = vec![("other".to_owned(), other_ca), ("ours".to_owned(), ca)];
+        let p = presented(&cert, &cas).expect("parses");
+        assert_eq!(p.node, "n1");
+        assert_eq!(
+            p.ca.as_deref(),
+            Some("ours"),
+            "the CA whose key signed it, not one with the same name"
+        );
+        assert!(p.not_before_ms < p.not_after_ms);
+        assert_eq!(presented(&cert, &cas[..1]).expect("parses").ca, None);
+        assert_eq!(presented(b"not a certificate", &cas), None);
+    }
+
+    #[test]
+    fn readmission_takes_a_valid_certificate_of_a_declared_node_only() {
+        let p = Presented {
+            node: "n1".into(),
+            not_before_ms: 1_000,
+            not_after_ms: 5_000,
+            ca: Some("ours".into()),
+        };
+        let yes = Declared::Yes { pool: "main".into() };
+        let draining = Declared::Draining { pool: "main".into() };
+        assert_eq!(readmission(&p, &yes, 2_000), Ok(()));
+        assert_eq!(readmission(&p, &draining, 2_000), Ok(()));
+        assert_eq!(readmission(&p, &Declared::No, 2_000), Err(CertRefusal::Unknown));
+        assert_eq!(readmission(&p, &Declared::Retired, 2_000), Err(CertRefusal::Unknown));
+        assert_eq!(readmission(&p, &yes, 5_000), Err(CertRefusal::Expired));
+        assert_eq!(readmission(&p, &yes, 999), Err(CertRefusal::Unknown), "not valid yet");
+        let unsigned = Presented { ca: None, ..p };
+        assert_eq!(readmission(&unsigned, &yes, 2_000), Err(CertRefusal::Unknown));
     }
 }

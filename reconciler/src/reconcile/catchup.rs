@@ -238,10 +238,19 @@ impl Reconciler {
         report: &mut PassReport,
     ) -> Result<(), DaemonError> {
         let lost_after_ms = self.config.control.lost_after_ms();
-        let mut applied = self
-            .ledger
-            .apply_revision(branch, preview, &mut judgement, now_ms(), lost_after_ms)
-            .await?;
+        let mut applied = match self.rebuild_waiting() {
+            // A rebuild waits for its nodes' reports: recorded, planned when it ends.
+            true => {
+                self.ledger
+                    .apply_revision_held(branch, preview, &mut judgement, now_ms(), lost_after_ms)
+                    .await?
+            }
+            false => {
+                self.ledger
+                    .apply_revision(branch, preview, &mut judgement, now_ms(), lost_after_ms)
+                    .await?
+            }
+        };
         if let (false, Some(over)) = (applied.recorded, over) {
             applied = self
                 .ledger

@@ -58,6 +58,12 @@ enum Again<'a> {
     No,
     Rewrite(&'a str),
     Replan,
+    /// Recorded with its objects, its deployments not planned: a control plane rebuilt
+    /// without its ledger waits for its nodes' reports first (`reconcile::rebuild`).
+    Held,
+    /// Planned where it stands, new environments adopted at the generations the nodes run
+    /// (`generations::decide`): the end of a rebuild's wait.
+    Adopt,
 }
 
 /// The hash of every object's canonical document (secrets as ciphertext), in the state's order.
@@ -102,6 +108,39 @@ impl Ledger {
             return Ok(Applied::default());
         }
         self.apply(branch, preview, j, (now_ms, lost_after_ms), Again::Replan)
+            .await
+    }
+
+    /// Records `j` for `branch` with its objects (the nodes it declares, for re-admission) and
+    /// plans none of its deployments: a rebuilt control plane's wait for its nodes' reports.
+    pub async fn apply_revision_held(
+        &self,
+        branch: &str,
+        preview: bool,
+        j: &mut Judgement,
+        now_ms: i64,
+        lost_after_ms: i64,
+    ) -> Result<Applied, LedgerError> {
+        self.apply(branch, preview, j, (now_ms, lost_after_ms), Again::Held)
+            .await
+    }
+
+    /// Plans `branch`'s accepted commit in force (`j`, judged again now) with what the nodes
+    /// report running: the end of a rebuild's wait. New environments start at the
+    /// generations their replicas run (`generations::decide`); nothing is written when `j` is
+    /// no longer accepted.
+    pub async fn adopt(
+        &self,
+        branch: &str,
+        preview: bool,
+        j: &mut Judgement,
+        now_ms: i64,
+        lost_after_ms: i64,
+    ) -> Result<Applied, LedgerError> {
+        if !j.accepted() {
+            return Ok(Applied::default());
+        }
+        self.apply(branch, preview, j, (now_ms, lost_after_ms), Again::Adopt)
             .await
     }
 
@@ -154,6 +193,19 @@ impl Ledger {
             let expires = preview.then(|| preview_expiry(j)).flatten();
             (wanted, unplaceable, expires, object_hashes(&j.state.state))
         });
+        // What the nodes run, for a rebuild's adoption only (read before the write lock).
+        let adopted = match again {
+            Again::Adopt => {
+                let reports = self.nodes().observed_replicas(0).await?;
+                generations::adoptable(
+                    reports
+                        .values()
+                        .flatten()
+                        .map(|i| (i.environment.as_str(), i.generation, i.spec_hash.as_deref())),
+                )
+            }
+            _ => generations::Adopted::new(),
+        };
         let mut tx = self.write_tx().await?;
         let revision = self.revision_row(&mut tx, branch, j, again, now_ms).await?;
         let Some(revision) = revision else {
@@ -193,16 +245,18 @@ impl Ledger {
                     .await?;
             }
             let kept: BTreeSet<Name> = unplaceable.into_iter().map(|u| u.environment).collect();
-            self.plan_branch(
-                &mut tx,
-                branch,
-                wanted,
-                Kept::These(&kept),
-                revision,
-                now_ms,
-                &mut applied,
-            )
-            .await?;
+            if !matches!(again, Again::Held) {
+                self.plan_branch(
+                    &mut tx,
+                    branch,
+                    wanted,
+                    (Kept::These(&kept), &adopted),
+                    revision,
+                    now_ms,
+                    &mut applied,
+                )
+                .await?;
+            }
             if let Some(at) = expires {
                 self.deployments().set_expiry(&mut tx, branch, at).await?;
             }
@@ -222,9 +276,9 @@ impl Ledger {
         now_ms: i64,
     ) -> Result<Option<i64>, LedgerError> {
         match again {
-            Again::No => self.revisions().record_revision_in(tx, branch, j, now_ms).await,
-            // A released hold: the commit in force, planned again as it stands.
-            Again::Replan => self.deployments().accepted_revision(tx, branch, &j.sha).await,
+            Again::No | Again::Held => self.revisions().record_revision_in(tx, branch, j, now_ms).await,
+            // A released hold, a rebuild's end: the commit in force, planned again as it stands.
+            Again::Replan | Again::Adopt => self.deployments().accepted_revision(tx, branch, &j.sha).await,
             Again::Rewrite(accepted) => {
                 let id = self.deployments().accepted_revision(tx, branch, &j.sha).await?;
                 if id.is_some() {
@@ -287,7 +341,7 @@ impl Ledger {
                 tx,
                 branch,
                 Vec::new(),
-                Kept::These(&BTreeSet::new()),
+                (Kept::These(&BTreeSet::new()), &generations::Adopted::new()),
                 revision,
                 now_ms,
                 &mut applied,
@@ -373,7 +427,8 @@ impl Ledger {
         tx: &mut Tx,
         branch: &str,
         wanted: Vec<Desired>,
-        kept: Kept<'_>,
+        // Which deployments left out are kept; what the nodes run of new ones (a rebuild).
+        (kept, adopted): (Kept<'_>, &generations::Adopted),
         revision: i64,
         now_ms: i64,
         applied: &mut Applied,
@@ -401,7 +456,7 @@ impl Ledger {
             .deployments()
             .specs_of(tx, &changes.existing_environments())
             .await?;
-        let decision = generations::decide(changes, &owners, specs);
+        let decision = generations::decide(changes, &owners, specs, adopted);
         let events: Vec<(String, String, String)> = decision
             .conflicts
             .into_iter()
@@ -460,8 +515,16 @@ impl Ledger {
         now_ms: i64,
         applied: &mut Applied,
     ) -> Result<(), LedgerError> {
-        self.plan_branch(tx, branch, wanted, Kept::All, revision, now_ms, applied)
-            .await
+        self.plan_branch(
+            tx,
+            branch,
+            wanted,
+            (Kept::All, &generations::Adopted::new()),
+            revision,
+            now_ms,
+            applied,
+        )
+        .await
     }
 
     /// Starts new generations: cancels what older generations still have queued or leased,

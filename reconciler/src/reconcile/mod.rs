@@ -14,6 +14,7 @@ pub mod drift;
 pub mod mesh;
 pub mod mesh_health;
 pub mod placing;
+pub mod rebuild;
 pub mod rollback;
 mod run;
 mod scale;
@@ -96,6 +97,9 @@ pub struct Reconciler {
     /// What the mesh was last decided from (`Ledger::mesh_signature`): decided again only
     /// when that changes.
     mesh_seen: Mutex<String>,
+    /// A rebuild's wait (`rebuild.rs`): until when (Unix ms), `rebuild::OFF`, or
+    /// `rebuild::UNCHECKED` before the first pass.
+    rebuild_until_ms: std::sync::atomic::AtomicI64,
 }
 
 /// What one pass did.
@@ -199,6 +203,7 @@ impl Reconciler {
             tallies_pruned_ms: std::sync::atomic::AtomicI64::new(0),
             drift_checked_ms: std::sync::atomic::AtomicI64::new(0),
             mesh_seen: Mutex::new(String::new()),
+            rebuild_until_ms: std::sync::atomic::AtomicI64::new(rebuild::UNCHECKED),
             config,
             ledger,
             hub,
@@ -286,7 +291,9 @@ impl Reconciler {
     async fn pass_now(self: &Arc<Self>, limit: usize) -> Result<PassReport, DaemonError> {
         let started = Instant::now();
         let mut report = PassReport::default();
+        self.rebuild_begin().await?;
         self.judge_branches(limit, &mut report).await?;
+        report.advanced += self.rebuild_end().await?;
         for branch in self.ledger.expire_previews(now_ms()).await? {
             tracing::info!(branch = %branch, "preview expired: tearing down its environments");
             report.teardowns += 1;

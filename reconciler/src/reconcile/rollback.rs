@@ -104,51 +104,9 @@ impl Reconciler {
         let (applied, released) = self.ledger.start_rollbacks(now_ms()).await?;
         let mut moved = applied.rollouts.len();
         for branch in released {
-            let Some(sha) = self.ledger.revisions().last_accepted(&branch).await? else {
+            let Some((mut judgement, preview)) = self.judged_in_force(&branch).await? else {
                 continue;
             };
-            let preview = self.is_preview(&branch);
-            let applied_accepted = match preview {
-                true => {
-                    self.ledger
-                        .revisions()
-                        .last_accepted(&self.config.source.branch)
-                        .await?
-                }
-                false => None,
-            };
-            let me = Arc::clone(self);
-            let owned = branch.clone();
-            let mut judgement = tokio::task::spawn_blocking(move || {
-                let repo = me.repo()?;
-                let id = gix::ObjectId::from_hex(sha.as_bytes())
-                    .map_err(|e| DaemonError::Join(format!("a stored sha: {e}")))?;
-                let repository = match applied_accepted.and_then(|a| gix::ObjectId::from_hex(a.as_bytes()).ok()) {
-                    Some(a) => state_repo::load::repository_at(
-                        &repo,
-                        &Commit {
-                            spec: a.to_string(),
-                            id: a,
-                        },
-                    )?,
-                    None => None,
-                };
-                let commit = Commit { spec: sha, id };
-                let trust = Trust {
-                    signers: &me.signers,
-                    policy: me.policy.as_ref(),
-                    seen_at: Some(now_ms() / 1000),
-                    preview: preview.then(|| Preview {
-                        branch: &owned,
-                        repository: repository.as_ref(),
-                    }),
-                };
-                // Against itself: nothing changed since it was accepted, so the path rules
-                // hold as they did; the signature is checked again.
-                judge(&repo, &commit, Some(id), &trust).map_err(DaemonError::from)
-            })
-            .await
-            .map_err(|e| DaemonError::Join(e.to_string()))??;
             if !judgement.accepted() {
                 let why: Vec<&str> = judgement.reasons.iter().map(|r| r.code.as_str()).collect();
                 self.ledger
@@ -170,5 +128,59 @@ impl Reconciler {
             moved += applied.rollouts.len() + applied.scales.len();
         }
         Ok(moved)
+    }
+
+    /// `branch`'s commit in force, judged again now (trust is checked before the state is
+    /// read), and whether the branch is a preview; `None` when it has no accepted commit.
+    pub(crate) async fn judged_in_force(
+        self: &Arc<Self>,
+        branch: &str,
+    ) -> Result<Option<(state_repo::revision::Judgement, bool)>, DaemonError> {
+        let Some(sha) = self.ledger.revisions().last_accepted(branch).await? else {
+            return Ok(None);
+        };
+        let preview = self.is_preview(branch);
+        let applied_accepted = match preview {
+            true => {
+                self.ledger
+                    .revisions()
+                    .last_accepted(&self.config.source.branch)
+                    .await?
+            }
+            false => None,
+        };
+        let me = Arc::clone(self);
+        let owned = branch.to_owned();
+        let judgement = tokio::task::spawn_blocking(move || {
+            let repo = me.repo()?;
+            let id =
+                gix::ObjectId::from_hex(sha.as_bytes()).map_err(|e| DaemonError::Join(format!("a stored sha: {e}")))?;
+            let repository = match applied_accepted.and_then(|a| gix::ObjectId::from_hex(a.as_bytes()).ok()) {
+                Some(a) => state_repo::load::repository_at(
+                    &repo,
+                    &Commit {
+                        spec: a.to_string(),
+                        id: a,
+                    },
+                )?,
+                None => None,
+            };
+            let commit = Commit { spec: sha, id };
+            let trust = Trust {
+                signers: &me.signers,
+                policy: me.policy.as_ref(),
+                seen_at: Some(now_ms() / 1000),
+                preview: preview.then(|| Preview {
+                    branch: &owned,
+                    repository: repository.as_ref(),
+                }),
+            };
+            // Against itself: nothing changed since it was accepted, so the path rules
+            // hold as they did; the signature is checked again.
+            judge(&repo, &commit, Some(id), &trust).map_err(DaemonError::from)
+        })
+        .await
+        .map_err(|e| DaemonError::Join(e.to_string()))??;
+        Ok(Some((judgement, preview)))
     }
 }

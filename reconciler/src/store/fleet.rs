@@ -163,6 +163,17 @@ impl crate::store::Nodes<'_> {
     }
 }
 
+/// A certificate the control CA signed that the ledger did not hold, re-admitted.
+pub struct Readmitted<'a> {
+    pub node: &'a str,
+    pub fingerprint: &'a str,
+    /// The fingerprint of the CA that signed it.
+    pub ca: &'a str,
+    /// Its `notBefore`, standing in for when it was issued.
+    pub issued_at_ms: i64,
+    pub not_after_ms: i64,
+}
+
 /// What one heartbeat says, checked and bounded by the API.
 #[derive(Clone, Copy, Debug)]
 pub struct Beat<'a> {
@@ -192,6 +203,8 @@ pub struct BeatRow {
     pub observed: Option<String>,
     pub mesh_key: Option<String>,
     pub mesh_names: Option<String>,
+    /// Empty for a node re-admitted without its enrolment (`ops::agents::readmit`).
+    pub age_recipient: String,
 }
 
 impl crate::store::Nodes<'_> {
@@ -217,9 +230,9 @@ impl crate::store::Nodes<'_> {
 
     /// What the ledger holds of `node` from its last heartbeat (`None`: not enrolled).
     pub async fn beat_row(&self, node: &str) -> Result<Option<BeatRow>, LedgerError> {
-        Ok(sqlx::query_as(
-            self.sql("SELECT last_seen, capabilities, observed, mesh_key, mesh_names FROM nodes WHERE name = ?"),
-        )
+        Ok(sqlx::query_as(self.sql(
+            "SELECT last_seen, capabilities, observed, mesh_key, mesh_names, age_recipient FROM nodes WHERE name = ?",
+        ))
         .bind(node)
         .fetch_optional(&self.pool)
         .await?)
@@ -339,6 +352,62 @@ impl crate::store::Nodes<'_> {
                 .fetch_optional(&self.pool)
                 .await?,
         )
+    }
+
+    /// Records a node re-admitted by a certificate the control CA signed that the ledger does
+    /// not hold (`ops::agents::readmit`): the node (with no recipient yet: its first heartbeat
+    /// gives it), the certificate and a `node-readmitted` event, in one transaction. `false`,
+    /// writing nothing, when the ledger has the node already: only a node it never knew is
+    /// re-admitted.
+    pub async fn readmit(&self, r: &Readmitted<'_>, now_ms: i64) -> Result<bool, LedgerError> {
+        let mut tx = self.write_tx().await?;
+        let made = sqlx::query(self.sql(
+            "INSERT INTO nodes (name, age_recipient, enrolled_at) VALUES (?, '', ?) ON CONFLICT (name) DO NOTHING",
+        ))
+        .bind(r.node)
+        .bind(now_ms)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if made == 0 {
+            return Ok(false);
+        }
+        sqlx::query(
+            self.sql(
+                "INSERT INTO node_certificates (fingerprint, node, issued_at, not_after, ca) VALUES (?, ?, ?, ?, ?)",
+            ),
+        )
+        .bind(r.fingerprint)
+        .bind(r.node)
+        .bind(r.issued_at_ms)
+        .bind(r.not_after_ms)
+        .bind(r.ca)
+        .execute(&mut *tx)
+        .await?;
+        self.events()
+            .event(&mut tx, now_ms, "node-readmitted", r.node, r.fingerprint)
+            .await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// Keeps `recipient` as `node`'s when the ledger holds none for it (a re-admitted node's
+    /// first heartbeat), with a `node-recipient-learned` event.
+    pub async fn learn_recipient(&self, node: &str, recipient: &str, now_ms: i64) -> Result<(), LedgerError> {
+        let mut tx = self.write_tx().await?;
+        let set = sqlx::query(self.sql("UPDATE nodes SET age_recipient = ? WHERE name = ? AND age_recipient = ''"))
+            .bind(recipient)
+            .bind(node)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        if set > 0 {
+            self.events()
+                .event(&mut tx, now_ms, "node-recipient-learned", node, recipient)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
     }
 
     /// Records an enrolment in one transaction: the token is used (only if it still is

@@ -136,6 +136,20 @@ impl crate::store::Nodes<'_> {
         Ok(rows.into_iter().map(|r| (r.node.clone(), r)).collect())
     }
 
+    /// Numbers `node`'s meshes from `applied` on when the ledger has none of it: a row with
+    /// no spec (never served) at that generation, which the next mesh written for the node
+    /// follows.
+    pub async fn mesh_floor(&self, node: &str, applied: u64) -> Result<(), LedgerError> {
+        sqlx::query(self.sql(
+            "INSERT INTO node_meshes (node, generation, hash, spec) VALUES (?, ?, '', '') ON CONFLICT (node) DO NOTHING",
+        ))
+        .bind(node)
+        .bind(i64::try_from(applied).unwrap_or(i64::MAX))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
     /// Records the meshes that changed, (node, hash, spec), each at its next generation, with
     /// `events` (kind, subject, detail).
     pub async fn write_meshes(

@@ -304,6 +304,24 @@ impl crate::store::Nodes<'_> {
 }
 
 impl crate::store::Nodes<'_> {
+    /// Keeps the subnets `node` reports its environments' networks have, as (environment, pool
+    /// index), where the ledger holds none for that pair and no other of the node's has that
+    /// index: a rebuilt ledger takes the subnets the hosts have rather than choosing others.
+    pub async fn adopt_subnets(&self, node: &str, networks: &[(String, i64)]) -> Result<(), LedgerError> {
+        let mut tx = self.write_tx().await?;
+        for chunk in networks.chunks(200) {
+            let marks = vec!["(?, ?, ?)"; chunk.len()].join(", ");
+            let q = format!("INSERT INTO subnets (node, environment, idx) VALUES {marks} ON CONFLICT DO NOTHING");
+            let mut query = sqlx::query(self.sql(&q));
+            for (env, idx) in chunk {
+                query = query.bind(node).bind(env.clone()).bind(*idx);
+            }
+            query.execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
     /// Announces nodes that fell silent past the lost threshold (`node-lost`, once each) and
     /// those heard from again since (`node-back`). Returns both lists. Called when the fleet's
     /// signature changed (a node's liveness class is part of it), so a quiet fleet reads

@@ -104,6 +104,15 @@ impl crate::store::Revisions<'_> {
         self.branch_position(branch, "").await
     }
 
+    /// The branches with an accepted revision (at most 10,000), by name.
+    pub async fn accepted_branches(&self) -> Result<Vec<String>, LedgerError> {
+        Ok(sqlx::query_scalar(
+            self.sql("SELECT DISTINCT branch FROM revisions WHERE verdict = 'accepted' ORDER BY branch LIMIT 10000"),
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
     /// Branches with deployments that are not torn down.
     pub async fn deployed_branches(&self) -> Result<Vec<String>, LedgerError> {
         Ok(sqlx::query_scalar(

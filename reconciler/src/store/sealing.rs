@@ -119,14 +119,16 @@ impl crate::store::Jobs<'_> {
         Ok(())
     }
 
-    /// The node's age recipient, once enrolled.
+    /// The node's age recipient, once enrolled (a re-admitted node's once its first
+    /// heartbeat gave it).
     pub(crate) async fn age_recipient(&self, node: &str) -> Result<Option<String>, LedgerError> {
         Ok(
-            sqlx::query_scalar(self.sql("SELECT age_recipient FROM nodes WHERE name = ?"))
+            sqlx::query_scalar::<_, Option<String>>(self.sql("SELECT age_recipient FROM nodes WHERE name = ?"))
                 .bind(node)
                 .fetch_optional(&self.pool)
                 .await?
-                .flatten(),
+                .flatten()
+                .filter(|r| !r.is_empty()),
         )
     }
 }

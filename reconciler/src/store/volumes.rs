@@ -336,6 +336,34 @@ impl crate::store::Volumes<'_> {
 
     /// Stores what `node`'s agent measured of its volumes. Rows of other nodes are untouched,
     /// so an agent reports only what it holds.
+    /// Keeps, for each of `node`'s volumes the ledger has no row of, the newest generation
+    /// the node reports holding: a ledger rebuilt under running replicas mounts the volume
+    /// generation they use (a restored one is not generation 1). The plan that follows fills
+    /// in its role, size and retention.
+    pub async fn adopt_volumes(&self, node: &str, measured: &[Measured], now_ms: i64) -> Result<(), LedgerError> {
+        let mut newest: std::collections::BTreeMap<(&str, &str), u64> = std::collections::BTreeMap::new();
+        for m in measured {
+            let g = newest.entry((m.environment.as_str(), m.volume.as_str())).or_default();
+            *g = (*g).max(m.generation);
+        }
+        let mut tx = self.write_tx().await?;
+        for ((environment, volume), generation) in newest {
+            sqlx::query(self.sql(
+                "INSERT INTO volumes (environment, volume, role, node, generation, created_at) VALUES (?, ?, '', ?, ?, ?) \
+                 ON CONFLICT (environment, volume) DO NOTHING",
+            ))
+            .bind(environment)
+            .bind(volume)
+            .bind(node)
+            .bind(i64::try_from(generation).unwrap_or(i64::MAX))
+            .bind(now_ms)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
     pub async fn record_volume_use(&self, node: &str, measured: &[Measured], now_ms: i64) -> Result<(), LedgerError> {
         if measured.is_empty() {
             return Ok(());
