@@ -54,7 +54,7 @@ impl Kept<'_> {
 /// Whether a commit is applied for the first time, again after an approved rewrite back to
 /// it (over the accepted commit named), or planned again where it stands (a released hold).
 #[derive(Clone, Copy)]
-enum Again<'a> {
+pub(super) enum Again<'a> {
     No,
     Rewrite(&'a str),
     Replan,
@@ -111,39 +111,6 @@ impl Ledger {
             .await
     }
 
-    /// Records `j` for `branch` with its objects (the nodes it declares, for re-admission) and
-    /// plans none of its deployments: a rebuilt control plane's wait for its nodes' reports.
-    pub async fn apply_revision_held(
-        &self,
-        branch: &str,
-        preview: bool,
-        j: &mut Judgement,
-        now_ms: i64,
-        lost_after_ms: i64,
-    ) -> Result<Applied, LedgerError> {
-        self.apply(branch, preview, j, (now_ms, lost_after_ms), Again::Held)
-            .await
-    }
-
-    /// Plans `branch`'s accepted commit in force (`j`, judged again now) with what the nodes
-    /// report running: the end of a rebuild's wait. New environments start at the
-    /// generations their replicas run (`generations::decide`); nothing is written when `j` is
-    /// no longer accepted.
-    pub async fn adopt(
-        &self,
-        branch: &str,
-        preview: bool,
-        j: &mut Judgement,
-        now_ms: i64,
-        lost_after_ms: i64,
-    ) -> Result<Applied, LedgerError> {
-        if !j.accepted() {
-            return Ok(Applied::default());
-        }
-        self.apply(branch, preview, j, (now_ms, lost_after_ms), Again::Adopt)
-            .await
-    }
-
     /// Applies again the head of an approved rewrite of the applied branch that was judged and
     /// accepted before (a return to an earlier commit: a rollback by force-push, or `pl up` of
     /// the commit that `pl down`'s teardown revision followed). Its verdict stays the one
@@ -164,7 +131,7 @@ impl Ledger {
             .await
     }
 
-    async fn apply(
+    pub(super) async fn apply(
         &self,
         branch: &str,
         preview: bool,

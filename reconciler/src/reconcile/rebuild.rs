@@ -8,8 +8,11 @@
 //! replicas run the spec Git asks for keeps their generation (`generations::decide`), so its
 //! agents adopt them and none restarts.
 
+use super::deploy::{Again, Applied};
 use crate::reconcile::{DaemonError, Reconciler};
 use crate::store::now_ms;
+use crate::store::{Ledger, LedgerError};
+use state_repo::revision::Judgement;
 use state_schema::declared::{self, Declared};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -34,6 +37,41 @@ pub fn wait_over(
         .map(|(n, _)| n)
         .collect();
     now_ms >= until_ms || (!expected.is_empty() && expected.iter().all(|n| heard(n)))
+}
+
+impl Ledger {
+    /// Records `j` for `branch` with its objects (the nodes it declares, for re-admission) and
+    /// plans none of its deployments: a rebuilt control plane's wait for its nodes' reports.
+    pub async fn apply_revision_held(
+        &self,
+        branch: &str,
+        preview: bool,
+        j: &mut Judgement,
+        now_ms: i64,
+        lost_after_ms: i64,
+    ) -> Result<Applied, LedgerError> {
+        self.apply(branch, preview, j, (now_ms, lost_after_ms), Again::Held)
+            .await
+    }
+
+    /// Plans `branch`'s accepted commit in force (`j`, judged again now) with what the nodes
+    /// report running: the end of a rebuild's wait. New environments start at the
+    /// generations their replicas run (`generations::decide`); nothing is written when `j` is
+    /// no longer accepted.
+    pub async fn adopt(
+        &self,
+        branch: &str,
+        preview: bool,
+        j: &mut Judgement,
+        now_ms: i64,
+        lost_after_ms: i64,
+    ) -> Result<Applied, LedgerError> {
+        if !j.accepted() {
+            return Ok(Applied::default());
+        }
+        self.apply(branch, preview, j, (now_ms, lost_after_ms), Again::Adopt)
+            .await
+    }
 }
 
 impl Reconciler {
