@@ -661,3 +661,91 @@ async fn migration_0031_fills_releases_live_on_both_backends() {
     l.close().await;
     releases_live_filled_from_events(&pg.url()).await;
 }
+
+/// What a rebuild writes (`store::fleet::Nodes::readmit`, `learn_recipient`, `adopt_subnets`,
+/// `Volumes::adopt_volumes`, `mesh_floor`), on `url`'s backend: each writes only where the
+/// ledger holds nothing yet, and a second call changes nothing.
+async fn rebuild_writes_only_what_is_missing(url: &str) {
+    let l = Ledger::connect(url, 2).await.expect("connect");
+    l.migrate().await.expect("migrate");
+    let cert = reconciler::store::fleet::Readmitted {
+        node: "n1",
+        fingerprint: "aa",
+        ca: "ca",
+        issued_at_ms: 1,
+        not_after_ms: 10_000,
+    };
+    assert!(
+        l.nodes().readmit(&cert, 5).await.expect("readmit"),
+        "a node the ledger never knew"
+    );
+    let again = reconciler::store::fleet::Readmitted {
+        fingerprint: "bb",
+        ..cert
+    };
+    assert!(
+        !l.nodes().readmit(&again, 6).await.expect("readmit"),
+        "a known node: nothing written"
+    );
+    l.nodes().learn_recipient("n1", "age1first", 7).await.expect("learn");
+    l.nodes().learn_recipient("n1", "age1second", 8).await.expect("learn");
+    let networks = [("b".to_owned(), 0), ("a".to_owned(), 1)];
+    l.nodes().adopt_subnets("n1", &networks).await.expect("subnets");
+    l.nodes()
+        .adopt_subnets("n1", &[("a".to_owned(), 5)])
+        .await
+        .expect("subnets again");
+    let measured = |generation| reconciler::store::volumes::Measured {
+        environment: "a".into(),
+        volume: "data".into(),
+        generation,
+        bytes: 1,
+    };
+    l.volumes()
+        .adopt_volumes("n1", &[measured(1), measured(3)], 9)
+        .await
+        .expect("volumes");
+    l.volumes()
+        .adopt_volumes("n1", &[measured(4)], 10)
+        .await
+        .expect("volumes again");
+    l.nodes().mesh_floor("n1", 7).await.expect("floor");
+    l.nodes().mesh_floor("n1", 9).await.expect("floor again");
+    l.close().await;
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(url).await.expect("connect");
+    let strings = async |q: &str| -> Vec<String> {
+        sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(q.to_owned()))
+            .fetch_all(&pool)
+            .await
+            .expect(q)
+    };
+    assert_eq!(strings("SELECT age_recipient FROM nodes").await, ["age1first"]);
+    assert_eq!(strings("SELECT fingerprint FROM node_certificates").await, ["aa"]);
+    assert_eq!(
+        strings("SELECT kind FROM events ORDER BY id").await,
+        ["node-readmitted", "node-recipient-learned"]
+    );
+    assert_eq!(
+        strings("SELECT environment || ' ' || CAST(idx AS TEXT) FROM subnets ORDER BY environment").await,
+        ["a 1", "b 0"]
+    );
+    assert_eq!(
+        strings("SELECT environment || ' ' || volume || ' ' || node || ' ' || CAST(generation AS TEXT) FROM volumes")
+            .await,
+        ["a data n1 3"]
+    );
+    assert_eq!(
+        strings("SELECT CAST(generation AS TEXT) || ' ' || spec FROM node_meshes").await,
+        ["7 "]
+    );
+    pool.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_writes_only_what_is_missing_on_both_backends() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    rebuild_writes_only_what_is_missing(&format!("sqlite://{}", dir.path().join("ledger.db").display())).await;
+    let pg = Postgres::start();
+    rebuild_writes_only_what_is_missing(&pg.url()).await;
+}
