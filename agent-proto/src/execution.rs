@@ -153,11 +153,44 @@ pub struct ApplicationSpec {
     /// The environment's volumes it mounts; absent for a role without any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<VolumeMount>,
+    /// What the image must carry to run, from the policy's `images` rules for its project
+    /// (absent when no rule names the project): the agent checks it before it pulls or runs
+    /// anything, and refuses with `image-unsigned`, `image-signer-untrusted` or
+    /// `image-signature-invalid`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_trust: Option<ImageTrust>,
     /// A rollback's replica: the previous release's container (by name) kept on the node. The
     /// agent resumes it (paused: thawed; stopped: started again) instead of making `container`,
     /// and it serves as this generation's; made afresh when it is gone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume: Option<String>,
+}
+
+/// An image's signatures and the keys trusted to have made them (`pushleft-image-trust`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ImageTrust {
+    /// An image without a signature is refused.
+    pub required: bool,
+    /// Armored SSH signatures over the image's manifest digest, as the state tree holds them
+    /// (`image-signatures/`), at most [`MAX_IMAGE_SIGNATURES`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub signatures: Vec<String>,
+    /// The keys whose signature is enough, at most [`MAX_IMAGE_SIGNERS`].
+    pub signers: Vec<ImageSigner>,
+}
+
+/// Most signatures an [`ImageTrust`] carries (the state tree's own limit per image).
+pub const MAX_IMAGE_SIGNATURES: usize = 16;
+/// Most keys an [`ImageTrust`] trusts.
+pub const MAX_IMAGE_SIGNERS: usize = 256;
+
+/// A key trusted to sign the image, as an OpenSSH public-key line, with its principal.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ImageSigner {
+    pub principal: String,
+    pub key: String,
 }
 
 /// One volume of the environment, mounted read-write at `path`. The agent names it

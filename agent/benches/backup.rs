@@ -36,6 +36,7 @@ const FILE_BYTES: usize = 16 << 20;
 fn replica(image: &str, net: &NetworkSpec) -> ApplicationSpec {
     ApplicationSpec {
         resume: None,
+        image_trust: None,
         command: [
             "/bin/sh",
             "-c",

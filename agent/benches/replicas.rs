@@ -30,6 +30,7 @@ const ENV: &str = "plbench-replicas";
 fn app(image: &str, instance: u32, generation: u64, net: &NetworkSpec) -> ApplicationSpec {
     ApplicationSpec {
         resume: None,
+        image_trust: None,
         deployment: "web".into(),
         spec_hash: format!("bench-g{generation}"),
         cpu_millis: 100,

@@ -24,6 +24,7 @@ use std::time::Duration;
 fn replica(env: &str, image: &str, net: &NetworkSpec) -> ApplicationSpec {
     ApplicationSpec {
         resume: None,
+        image_trust: None,
         command: [
             "/bin/sh",
             "-c",

@@ -129,6 +129,7 @@ fn application_is_adopted_after_a_kill(dir: &Path) {
     // Healthy only after 3 s (the server starts late): the child is killed while it waits.
     let spec = ApplicationSpec {
         resume: None,
+        image_trust: None,
         deployment: "web".into(),
         spec_hash: "crash-g1".into(),
         command: [

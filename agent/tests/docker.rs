@@ -22,6 +22,7 @@ const PLAINTEXT: &str = "postgres://app:s3cret-in-a-file@db/app";
 fn app(env: &str, image: &str, generation: u64, net: &NetworkSpec) -> ApplicationSpec {
     ApplicationSpec {
         resume: None,
+        image_trust: None,
         deployment: "web".into(),
         spec_hash: format!("hash-g{generation}"),
         env: [("LOG_LEVEL".to_owned(), "info".to_owned())].into(),

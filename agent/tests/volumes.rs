@@ -17,6 +17,7 @@ fn replica(env: &str, image: &str, generation: u64, net: &NetworkSpec) -> Applic
         format!("echo g{generation} >> /data/log && echo ok > /data/healthz && exec /bin/httpd -f -p 8080 -h /data");
     ApplicationSpec {
         resume: None,
+        image_trust: None,
         command: ["/bin/sh", "-c", &script].map(String::from).to_vec(),
         volumes: vec![VolumeMount {
             volume: "data".into(),

@@ -56,6 +56,7 @@ fn nothing_runs_git_or_ssh_keygen() {
         "state-repo",
         "state-schema",
         "secrets",
+        "image-trust",
         "agent-proto",
     ]
     .iter()

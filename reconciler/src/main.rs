@@ -204,6 +204,7 @@ async fn serve_agents(
     ledger: &Arc<Ledger>,
     hub: &Arc<Hub>,
     logs: &Arc<LogHub>,
+    images: reconciler::delivery::ImageRules,
     stopped: &tokio::sync::watch::Receiver<bool>,
 ) -> Result<Option<tokio::task::JoinHandle<()>>> {
     let (Some(a), Some(_)) = (&config.agent_api, &config.control.ca_cert) else {
@@ -232,8 +233,15 @@ async fn serve_agents(
         logs: Arc::clone(logs),
     });
     let agents = Arc::new(
-        Agents::new(Arc::clone(config), Arc::clone(ledger), Arc::clone(hub), group, peers)
-            .map_err(anyhow::Error::msg)?,
+        Agents::new(
+            Arc::clone(config),
+            Arc::clone(ledger),
+            Arc::clone(hub),
+            group,
+            peers,
+            images,
+        )
+        .map_err(anyhow::Error::msg)?,
     );
     Ok(Some(tokio::spawn(serve(
         listener,
@@ -328,6 +336,8 @@ fn daemon(config: &Path) -> Result<()> {
             Arc::clone(&ledger),
             Arc::clone(&hub),
         )?);
+        // The same trust files the reconcile layer judges commits with: their image rules.
+        let images = reconciler::delivery::ImageRules::new(reconciling.policy.clone(), reconciling.signers.clone());
         let ops = Arc::new(Ops {
             ledger: Arc::clone(&ledger),
             hub: Arc::clone(&hub),
@@ -350,7 +360,7 @@ fn daemon(config: &Path) -> Result<()> {
         // The agents' API: the same server certificate, and a client certificate from the
         // control CA required to finish the handshake.
         // During a CA rotation, certificates of the CAs in `control.trusted_cas` are accepted too.
-        let agents = serve_agents(&config, &ledger, &hub, &logs, &stopped).await?;
+        let agents = serve_agents(&config, &ledger, &hub, &logs, images, &stopped).await?;
         // Commit statuses and webhooks, from the events (the leader's alone).
         let notifier = tokio::spawn(reconciler::notify::run(
             Arc::clone(&ledger),

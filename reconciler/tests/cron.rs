@@ -142,7 +142,7 @@ async fn scenario(url: String, dir: &Path) {
     let leases = ledger.jobs().lease("n1", 10, 30_000, next).await.expect("lease");
     assert_eq!(leases.len(), 1);
     let execution = ledger
-        .executions("n1", &leases, (&[], false), next)
+        .executions("n1", &leases, (&[], false, &Default::default()), next)
         .await
         .expect("executions");
     let Ok(agent_proto::Execution::Application(app)) = &execution[0] else {

@@ -69,7 +69,7 @@ async fn rounds(
         }
         let executions = shared
             .ledger
-            .executions("n1", &leases, (&[], false), now_ms())
+            .executions("n1", &leases, (&[], false, &Default::default()), now_ms())
             .await
             .expect("executions");
         for (l, e) in leases.iter().zip(&executions) {

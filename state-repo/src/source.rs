@@ -95,8 +95,10 @@ pub struct StateRepo {
     prefix: String,
 }
 
-pub fn is_state_file(name: &str) -> bool {
-    name.ends_with(".yaml") || name.ends_with(".yml")
+/// Whether a file of the tree (its path from the tree's root) is read: YAML anywhere, and
+/// signature files under `image-signatures/`.
+pub fn is_state_file(path: &str) -> bool {
+    path.ends_with(".yaml") || path.ends_with(".yml") || state_schema::image_signatures::is_signature_path(path)
 }
 
 impl StateRepo {
@@ -320,7 +322,7 @@ fn walk_tree(
             EntryKind::Link => listing.problems.push(symlink_problem(&path)),
             EntryKind::Commit => listing.problems.push(submodule_problem(&path)),
             EntryKind::Blob | EntryKind::BlobExecutable => {
-                if !is_state_file(&name) {
+                if !is_state_file(&path) {
                     continue;
                 }
                 if std::str::from_utf8(entry.filename()).is_err() {
@@ -385,7 +387,7 @@ fn walk_dir(root: &Path, dir: &str, listing: &mut Listing) -> Result<(), SourceE
                 None,
                 "not a regular file (a device, socket or FIFO)",
             ));
-        } else if is_state_file(name) {
+        } else if is_state_file(&path) {
             push_file(listing, path, None, meta.len());
         }
     }
@@ -556,14 +558,14 @@ fn diff_trees(
     b: Option<&gix::Tree<'_>>,
     out: &mut TreeDiff,
 ) -> Result<(), SourceError> {
-    walk_tree_diff(repo, a, b, "", false, &mut |path, name, x, y| {
+    walk_tree_diff(repo, a, b, "", false, &mut |path, _name, x, y| {
         let is_blob = |e: Option<&TreeEntry>| matches!(e, Some((EntryKind::Blob | EntryKind::BlobExecutable, _)));
         match y {
             Some((EntryKind::Link, _)) => out.problems.push(symlink_problem(path)),
             Some((EntryKind::Commit, _)) => out.problems.push(submodule_problem(path)),
             _ => {}
         }
-        if !is_state_file(name) || !(is_blob(x) || is_blob(y)) {
+        if !is_state_file(path) || !(is_blob(x) || is_blob(y)) {
             return Ok(());
         }
         let base = match x {

@@ -66,6 +66,9 @@ codes! {
     DuplicateAddress => "duplicate-address", "Two nodes with the same `address`: the mesh would send one node's traffic to the other.";
     DanglingReference => "dangling-reference", "A reference to a project, environment, pool, role or secret that does not exist.";
     ImageNotPinned => "image-not-pinned", "An image that is not pinned by digest (`name@sha256:<64 hex>`).";
+    ImageSignatureInvalid => "image-signature-invalid", "A file under `image-signatures/` that is not named `sha256-<64 hex>.sig` or holds anything but SSH signature blocks, or (with trusted keys) a signature that does not verify over its digest in namespace `pushleft-image`.";
+    ImageUnsigned => "image-unsigned", "With a policy whose `images` rules refuse unsigned images for a project, one of its images has no signature in `image-signatures/`.";
+    ImageSignerUntrusted => "image-signer-untrusted", "An image of a project with `images` rules is signed only by keys that none of those rules trusts.";
     InvalidPort => "invalid-port", "A port outside 1-65535, a role's `ports` listing one twice (or its web `port`), or more than 16.";
     InvalidVolume => "invalid-volume", "A volume whose path is not absolute, clean and the role's own, a name two roles declare, or more than 8 on a role.";
     InvalidBackup => "invalid-backup", "A volume's `backup` (schedule, keep, command) or an Environment's `backups` (repository, secret) that is malformed.";

@@ -20,7 +20,8 @@ type Objects<'a> = BTreeMap<(Kind, &'a Name), &'a Object>;
 /// True when the plan of two partial states (the changed files of base and head) equals the
 /// plan of the whole trees.
 pub fn is_local(base: &State, head: &State) -> bool {
-    if base.has_broken() || head.has_broken() {
+    // A signature file changes the roles of every project whose image it signs: not local.
+    if base.has_broken() || head.has_broken() || base.has_image_signatures() || head.has_image_signatures() {
         return false;
     }
     fn objects(s: &State) -> Objects<'_> {
@@ -36,7 +37,7 @@ pub fn is_local_files(base: &[&ParsedFile], head: &[&ParsedFile]) -> bool {
     fn objects<'a>(files: &[&'a ParsedFile]) -> Option<Objects<'a>> {
         let mut map = BTreeMap::new();
         for f in files {
-            if !f.declared.is_empty() {
+            if !f.declared.is_empty() || crate::image_signatures::is_signature_path(&f.path) {
                 return None;
             }
             for l in &f.objects {

@@ -15,6 +15,7 @@ pub mod diag;
 pub mod domains;
 pub mod edit;
 pub mod generations;
+pub mod image_signatures;
 pub mod incremental;
 pub mod job_words;
 mod kinds;

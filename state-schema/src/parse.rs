@@ -139,11 +139,16 @@ pub struct ParsedFile {
     /// reported already, and must not make references to them look dangling.
     pub declared: Vec<(Kind, Name)>,
     pub diagnostics: Vec<Diagnostic>,
+    /// A signature file's digest and armored signatures (`crate::image_signatures`).
+    pub signatures: Option<(String, Vec<String>)>,
 }
 
 /// Reads one state file. Pure and independent of every other file, so callers may run it in
 /// parallel and reuse the result for an unchanged blob.
 pub fn parse_file(path: &str, bytes: &[u8]) -> ParsedFile {
+    if crate::image_signatures::is_signature_path(path) {
+        return crate::image_signatures::parse_signature_file(path, bytes);
+    }
     let mut out = ParsedFile {
         path: path.to_owned(),
         ..ParsedFile::default()

@@ -19,6 +19,12 @@ pub struct RoleSpec {
     pub kind: String,
     /// The image, pinned by digest (validation requires it).
     pub image: String,
+    /// The image's signatures from the tree (`image-signatures/`), armored, in file order; empty
+    /// is left out, so specs without any keep their hashes. Part of the spec, so a signature
+    /// added after a refusal rolls a new generation that is checked again, and a rollback
+    /// carries the signatures its generation was checked with.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_signatures: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub command: Vec<String>,
     /// Shared by the roles of one deployment (a copy per role was 12 MB at 10,000 deployments).
@@ -163,6 +169,10 @@ pub fn role_specs(
         }
     }
     let (vars, secrets) = (Arc::new(vars), Arc::new(secrets));
+    let signatures = image
+        .rsplit_once('@')
+        .map(|(_, digest)| state.image_signatures(digest).to_vec())
+        .unwrap_or_default();
     p.roles
         .iter()
         .map(|(name, r)| {
@@ -176,6 +186,7 @@ pub fn role_specs(
             let spec = RoleSpec {
                 kind: r.workload.kind_name().to_owned(),
                 image: image.to_owned(),
+                image_signatures: signatures.clone(),
                 command: r.command.clone(),
                 env: Arc::clone(&vars),
                 cpu_millis: r.resources.cpu.millis(),
@@ -223,16 +234,23 @@ mod tests {
     use super::*;
 
     fn state_with(roles: &str) -> State {
+        state_with_files(roles, Vec::new())
+    }
+
+    fn state_with_files(roles: &str, more: Vec<crate::parse::ParsedFile>) -> State {
         let text = format!(
             "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: registry.example.invalid/api@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\n  roles:\n{roles}"
         );
-        let files = vec![
+        let files: Vec<_> = [
             crate::parse::parse_file(
                 "pushleft.yaml",
                 b"apiVersion: pushleft.dev/v1alpha1\nkind: Repository\nmetadata: {name: t}\nspec: {baseDomain: example.com}\n",
             ),
             crate::parse::parse_file("project.yaml", text.as_bytes()),
-        ];
+        ]
+        .into_iter()
+        .chain(more)
+        .collect();
         let loaded = crate::state::assemble(files, Vec::new());
         assert!(loaded.is_valid(), "{:?}", loaded.diagnostics);
         loaded.state
@@ -252,5 +270,36 @@ mod tests {
         let specs = role_specs(&without, &project, &SmallMap::new(), "img");
         let json = serde_json::to_string(specs.get(&Name::new("cache").expect("name")).expect("cache")).expect("json");
         assert!(!json.contains("ports"), "{json}");
+    }
+
+    #[test]
+    fn a_role_carries_its_image_signatures_and_none_changes_nothing() {
+        let hex = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+        let image = format!("registry.example.invalid/api@sha256:{hex}");
+        let block = "-----BEGIN SSH SIGNATURE-----\nU1NIU0lH\n-----END SSH SIGNATURE-----\n";
+        let sig = crate::parse::parse_file(&format!("image-signatures/sha256-{hex}.sig"), block.as_bytes());
+        let other = crate::parse::parse_file(
+            &format!("image-signatures/sha256-{}.sig", "f".repeat(64)),
+            block.as_bytes(),
+        );
+        let project = Name::new("api").expect("name");
+        let signed = state_with_files("    web: {kind: worker}\n", vec![sig, other]);
+        let specs = role_specs(&signed, &project, &SmallMap::new(), &image);
+        assert_eq!(
+            specs
+                .get(&Name::new("web").expect("name"))
+                .expect("web")
+                .image_signatures,
+            [block]
+        );
+        // Another image's signature is not this one's; no signature, no field.
+        let specs = role_specs(
+            &signed,
+            &project,
+            &SmallMap::new(),
+            "registry.example.invalid/x@sha256:00",
+        );
+        let json = serde_json::to_string(specs.get(&Name::new("web").expect("name")).expect("web")).expect("json");
+        assert!(!json.contains("imageSignatures"), "{json}");
     }
 }

@@ -83,6 +83,7 @@ mod tests {
 
     fn role(watch: Option<u32>) -> RoleSpec {
         RoleSpec {
+            image_signatures: Vec::new(),
             canary: Vec::new(),
             canary_gate: None,
             rolling: None,

@@ -94,6 +94,7 @@ impl Engine {
     /// One replica at its generation, healthy. See the module's rules for adopting, repairing
     /// and refusing.
     pub async fn ensure_application(&self, app: &ApplicationSpec) -> Result<String, Failure> {
+        super::image::check_image(app)?;
         let instance = app.instance.map(|i| i.to_string()).unwrap_or_default();
         // A newer generation of this replica already runs: this task is stale.
         for (name, labels, _) in self
@@ -436,6 +437,7 @@ impl Engine {
     /// on every way out. Exit 0 succeeds; another exit code is permanent, with the log tail. A
     /// run found finished (a replay after a crash) is judged by its exit code.
     pub async fn run_once(&self, app: &ApplicationSpec, timeout: Duration) -> Result<String, Failure> {
+        super::image::check_image(app)?;
         let existing = match self.docker.inspect_container(&app.container, None).await {
             Ok(c) => Some(c),
             Err(e) if not_found(&e) => None,

@@ -1,5 +1,6 @@
-//! Images: pulled by digest (with the registry's credentials when configured), remembered as
-//! this agent's, and collected when nothing of ours uses them.
+//! Images: checked against their signatures before anything else (when the control plane's
+//! image rules name their project), pulled by digest (with the registry's credentials when
+//! configured), remembered as this agent's, and collected when nothing of ours uses them.
 
 use super::*;
 
@@ -170,4 +171,48 @@ impl Engine {
 /// words for NXDOMAIN), which no retry mends; a resolver that failed for now is retried.
 fn resolve_failed(error: &str) -> bool {
     error.contains("no such host")
+}
+
+/// Checks `app`'s image against what its `image_trust` asks, before it is pulled or run: one of
+/// its signatures, over the digest it is pinned to, by one of the keys the image rules of its
+/// project trust. Nothing is checked when no rule names the project (no `image_trust`).
+/// A refusal is permanent: the same image fails the same way until Git or the policy changes.
+pub(super) fn check_image(app: &ApplicationSpec) -> Result<Option<image_trust::Verified>, Failure> {
+    let Some(trust) = &app.image_trust else {
+        return Ok(None);
+    };
+    let Some(digest) = image_trust::digest_of(&app.image) else {
+        return Err(permanent(
+            "image-signature-invalid",
+            format!(
+                "{}: not pinned to a sha256 digest, so no signature can name it",
+                app.image
+            ),
+        ));
+    };
+    let keys: Vec<image_trust::TrustedKey> = trust
+        .signers
+        .iter()
+        .filter_map(|s| {
+            Some(image_trust::TrustedKey {
+                principal: s.principal.clone(),
+                key: ssh_key::PublicKey::from_openssh(&s.key).ok()?,
+            })
+        })
+        .collect();
+    match image_trust::verify(&trust.signatures, digest, &keys, trust.required) {
+        Ok(verified) => {
+            if let Some(v) = &verified {
+                tracing::info!(
+                    environment = %app.environment, container = %app.container, image = %app.image,
+                    signer = %v.principal, fingerprint = %v.fingerprint, "image signature verified"
+                );
+            }
+            Ok(verified)
+        }
+        Err(refusal) => Err(permanent(
+            refusal.code(),
+            format!("{}: {refusal}; {}", app.image, refusal.hint()),
+        )),
+    }
 }

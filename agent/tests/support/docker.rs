@@ -22,6 +22,7 @@ pub fn web_replica(
 ) -> agent_proto::ApplicationSpec {
     agent_proto::ApplicationSpec {
         resume: None,
+        image_trust: None,
         environment: env.into(),
         deployment: env.into(),
         role: role.into(),

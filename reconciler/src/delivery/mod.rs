@@ -15,10 +15,12 @@ use state_schema::deployment::{DeploymentSpec, TlsSpec};
 use state_schema::task::Task;
 use std::collections::{BTreeMap, BTreeSet};
 
+mod images;
 mod ingress;
 mod task;
 mod volumes;
 
+pub use images::ImageRules;
 pub use task::wire_task;
 
 /// What one lease call's executions are built from ([`Ledger::needed`]).
@@ -147,12 +149,13 @@ impl Ledger {
     }
 
     /// The execution spec of each of `leases` (all `node`'s), in order. A hostname's publish
-    /// looks for a certificate of the control plane's only when it `issues_certificates`.
+    /// looks for a certificate of the control plane's only when it `issues_certificates`;
+    /// every container's image carries what `images` asks of it.
     pub async fn executions(
         &self,
         node: &str,
         leases: &[Lease],
-        (control, issues_certificates): (&[Box<dyn Identity + Send + Sync>], bool),
+        (control, issues_certificates, images): (&[Box<dyn Identity + Send + Sync>], bool, &ImageRules),
         now_ms: i64,
     ) -> Result<Vec<Result<Execution, Undeliverable>>, LedgerError> {
         let Needed {
@@ -291,6 +294,10 @@ impl Ledger {
                     .await?
                 }
             };
+            let mut built = built;
+            if let Ok(x) = &mut built {
+                images.attach(x, specs.get(&env).map(|(_, s)| s), now_ms);
+            }
             out.push(built);
         }
         Ok(out)
@@ -418,6 +425,7 @@ impl Ledger {
             .collect();
         Ok(Ok(Execution::Application(Box::new(ApplicationSpec {
             resume: None,
+            image_trust: None,
             log_max_bytes,
             log_max_files,
             container: match instance {

@@ -40,6 +40,8 @@ pub struct Agents {
     /// they reseal secrets and issued keys to nodes at lease time. Empty when none is
     /// configured.
     pub control_identities: Vec<Box<dyn age::Identity + Send + Sync>>,
+    /// The policy's image rules and the allowed signers: what each container's image must carry.
+    pub images: crate::delivery::ImageRules,
     /// What Git declares of each node, reused for [`DECLARED_CACHE_MS`].
     declared: std::sync::Mutex<Option<(Instant, std::collections::HashMap<String, Declared>)>>,
 }
@@ -52,6 +54,7 @@ impl Agents {
         hub: Arc<Hub>,
         group: Arc<Group>,
         peers: Arc<Peers>,
+        images: crate::delivery::ImageRules,
     ) -> Result<Agents, String> {
         let mut control_identities = match &config.control.age_identity {
             Some(p) => pushleft_secrets::load_identities(p)
@@ -74,6 +77,7 @@ impl Agents {
             group,
             peers,
             control_identities,
+            images,
             declared: std::sync::Mutex::new(None),
         })
     }
@@ -384,7 +388,7 @@ async fn delivered(s: &Agents, node: &str, leases: Vec<crate::store::Lease>) -> 
         .executions(
             node,
             &leases,
-            (&s.control_identities, s.config.issues_certificates()),
+            (&s.control_identities, s.config.issues_certificates(), &s.images),
             now_ms(),
         )
         .await

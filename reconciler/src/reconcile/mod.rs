@@ -115,24 +115,31 @@ pub struct PassReport {
     pub more: bool,
 }
 
+/// Reads the trust files: the allowed signers and, when configured, the signing policy. The
+/// reconcile layer judges commits with them; the agent API hands their image rules to nodes.
+pub fn read_trust(config: &Config) -> Result<(Vec<AllowedSigner>, Option<Policy>), DaemonError> {
+    let trust = |path: &PathBuf, message: String| DaemonError::Trust {
+        path: path.clone(),
+        message,
+    };
+    let text = crate::config::read_small(&config.trust.allowed_signers)
+        .map_err(|e| trust(&config.trust.allowed_signers, e))?;
+    let signers = allowed_signers::parse(&text).map_err(|e| trust(&config.trust.allowed_signers, e.to_string()))?;
+    let policy = match &config.trust.policy {
+        Some(p) => {
+            let text = crate::config::read_small(p).map_err(|e| trust(p, e))?;
+            Some(policy::parse(&text).map_err(|e| trust(p, e.to_string()))?)
+        }
+        None => None,
+    };
+    Ok((signers, policy))
+}
+
 impl Reconciler {
     /// Reads the trust files and builds the reconcile layer's state. The ledger is connected
     /// already.
     pub fn new(config: Arc<Config>, ledger: Arc<Ledger>, hub: Arc<Hub>) -> Result<Reconciler, DaemonError> {
-        let trust = |path: &PathBuf, message: String| DaemonError::Trust {
-            path: path.clone(),
-            message,
-        };
-        let text = crate::config::read_small(&config.trust.allowed_signers)
-            .map_err(|e| trust(&config.trust.allowed_signers, e))?;
-        let signers = allowed_signers::parse(&text).map_err(|e| trust(&config.trust.allowed_signers, e.to_string()))?;
-        let policy = match &config.trust.policy {
-            Some(p) => {
-                let text = crate::config::read_small(p).map_err(|e| trust(p, e))?;
-                Some(policy::parse(&text).map_err(|e| trust(p, e.to_string()))?)
-            }
-            None => None,
-        };
+        let (signers, policy) = read_trust(&config)?;
         let mut globs = globset::GlobSetBuilder::new();
         for p in &config.source.preview_branches {
             globs.add(globset::Glob::new(p).map_err(|e| DaemonError::Config(format!("preview_branches: `{p}`: {e}")))?);

@@ -3,6 +3,7 @@
 //! with path rules. Both files come from outside the state repository.
 
 pub mod allowed_signers;
+pub mod images;
 pub mod policy;
 pub mod verify;
 

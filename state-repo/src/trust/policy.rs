@@ -9,6 +9,10 @@
 //!     principals: ["ops-*"]
 //!   - environments: {stage: production}     # any change that reaches a production environment
 //!     principals: ["ops-*"]
+//! images:                 # who may sign which projects' images (image-signatures/)
+//!   - projects: ["api", "shop-*"]
+//!     principals: ["ci-release"]
+//!     unsigned: refuse      # the default; `allow` lets unsigned images of these projects run
 //! ```
 
 use state_schema::yaml::{Node, Value, load_str};
@@ -98,6 +102,28 @@ impl Rule {
 pub struct Policy {
     pub mode: Mode,
     pub rules: Vec<Rule>,
+    /// Who may sign which projects' images (`images:`); see [`super::images`].
+    pub images: Vec<ImageRule>,
+}
+
+/// An image rule: the principals whose keys may sign the images of the projects it names
+/// (globs), and whether an unsigned image of theirs may run.
+#[derive(Clone, Debug)]
+pub struct ImageRule {
+    /// 1-based, for messages.
+    pub index: usize,
+    pub projects: Vec<String>,
+    pub principals: Vec<String>,
+    /// `unsigned: allow`: an image without signatures runs (a signed one is still checked).
+    /// The default refuses it.
+    pub allow_unsigned: bool,
+    matcher: globset::GlobSet,
+}
+
+impl ImageRule {
+    pub fn matches(&self, project: &str) -> bool {
+        self.matcher.is_match(project)
+    }
 }
 
 impl Policy {
@@ -201,6 +227,41 @@ fn fields<'n>(n: &'n Node<'n>, what: &str, known: &[&str]) -> Result<Vec<(&'n st
         .collect()
 }
 
+/// `images:`, a list of `{projects, principals, unsigned}`.
+fn image_rules(v: &Node<'_>) -> Result<Vec<ImageRule>, PolicyError> {
+    let Value::Seq(rules) = &v.value else {
+        return Err(err(v, "`images` must be a list"));
+    };
+    let mut out = Vec::with_capacity(rules.len());
+    for (i, r) in rules.iter().enumerate() {
+        let (mut projects, mut principals, mut allow_unsigned) = (None, None, false);
+        for (k, rv) in fields(r, "an image rule", &["projects", "principals", "unsigned"])? {
+            match k {
+                "projects" => projects = Some(one_or_more(rv, "projects")?),
+                "principals" => principals = Some(strings(rv, "principals")?),
+                _ => {
+                    allow_unsigned = match &rv.value {
+                        Value::Str(s) if s == "refuse" => false,
+                        Value::Str(s) if s == "allow" => true,
+                        _ => return Err(err(rv, "`unsigned` is `refuse` (the default) or `allow`")),
+                    }
+                }
+            }
+        }
+        let (Some(projects), Some(principals)) = (projects, principals) else {
+            return Err(err(r, "an image rule needs `projects` and `principals`"));
+        };
+        out.push(ImageRule {
+            index: i + 1,
+            matcher: globs(r, &projects)?,
+            projects,
+            principals,
+            allow_unsigned,
+        });
+    }
+    Ok(out)
+}
+
 /// Parses a policy file. Every problem is an error: a trust file is not the place to guess.
 pub fn parse(text: &str) -> Result<Policy, PolicyError> {
     if text.len() > MAX_FILE_BYTES {
@@ -220,8 +281,9 @@ pub fn parse(text: &str) -> Result<Policy, PolicyError> {
     })?;
     let mut policy = Policy::default();
     let Some(doc) = docs.first() else { return Ok(policy) };
-    for (key, v) in fields(doc, "the policy", &["mode", "rules"])? {
+    for (key, v) in fields(doc, "the policy", &["mode", "rules", "images"])? {
         match key {
+            "images" => policy.images = image_rules(v)?,
             "mode" => {
                 policy.mode = match &v.value {
                     Value::Str(s) if s == "head" => Mode::Head,

@@ -364,6 +364,7 @@ pub(crate) mod tests {
 
     pub(crate) fn role(kind: &str, cpu: u64) -> RoleSpec {
         RoleSpec {
+            image_signatures: Vec::new(),
             kind: kind.into(),
             image: "img@sha256:00".into(),
             command: Vec::new(),

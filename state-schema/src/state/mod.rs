@@ -31,6 +31,8 @@ pub struct State {
     /// so an environment's certificates are found without a scan of every Domain).
     domain_tls: BTreeMap<Hostname, Name>,
     domain_verification: BTreeMap<Hostname, crate::model::Verification>,
+    /// Armored image signatures by manifest digest (`image-signatures/`), in file order.
+    image_signatures: BTreeMap<String, Vec<String>>,
 }
 
 impl State {
@@ -41,6 +43,20 @@ impl State {
 
     pub fn len(&self) -> usize {
         self.objects.len()
+    }
+
+    /// The armored signatures the tree holds for an image's manifest digest (none: empty).
+    pub fn image_signatures(&self, digest: &str) -> &[String] {
+        self.image_signatures.get(digest).map_or(&[], Vec::as_slice)
+    }
+
+    pub fn has_image_signatures(&self) -> bool {
+        !self.image_signatures.is_empty()
+    }
+
+    /// Every digest the tree holds signatures for, with them.
+    pub fn all_image_signatures(&self) -> impl Iterator<Item = (&str, &[String])> {
+        self.image_signatures.iter().map(|(d, s)| (d.as_str(), s.as_slice()))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -222,8 +238,13 @@ fn assemble_with(mut files: Vec<ParsedFile>, extra: Vec<Diagnostic>, whole: bool
     let mut objects: BTreeMap<(Kind, Name), Located> = BTreeMap::new();
     let mut repos = 0usize;
     let mut broken = BTreeSet::new();
+    let mut image_signatures = BTreeMap::new();
     for file in files {
         diags.extend(file.diagnostics);
+        if let Some((digest, signatures)) = file.signatures {
+            // One file per digest: its name says which, so two cannot collide.
+            image_signatures.insert(digest, signatures);
+        }
         broken.extend(file.declared);
         for loc in file.objects {
             let kind = loc.object.kind();
@@ -267,6 +288,7 @@ fn assemble_with(mut files: Vec<ParsedFile>, extra: Vec<Diagnostic>, whole: bool
         domains_by_env,
         domain_tls,
         domain_verification,
+        image_signatures,
     };
     if whole {
         check_references(&state, &mut diags);
