@@ -131,6 +131,23 @@ impl FleetArgs {
 }
 
 #[derive(Subcommand, Debug)]
+pub(crate) enum ImageCommand {
+    /// Sign IMAGE (`name@sha256:<hex>`, or the digest alone) with your SSH key, as `printf %s
+    /// DIGEST | ssh-keygen -Y sign -n pushleft-image -f KEY` would (the same bytes for an
+    /// Ed25519 key), and add the signature to `image-signatures/sha256-<hex>.sig` in the state
+    /// tree. Commit the file: the policy's `images` rules say whose signatures nodes accept.
+    Sign {
+        image: String,
+        /// The SSH private key to sign with (default: git's `user.signingkey`).
+        #[arg(long)]
+        signing_key: Option<PathBuf>,
+        /// The state tree (default: the current directory).
+        #[arg(short = 'C', long = "dir")]
+        dir: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
 pub(crate) enum SecretCommand {
     /// Encrypt the value read from stdin (byte for byte; use `printf %s`) into KEY of Secret NAME.
     Set {
@@ -182,6 +199,13 @@ pub(crate) enum Command {
         rev: Option<String>,
         #[arg(long, value_enum, default_value_t = DiagFormat::Text)]
         format: DiagFormat,
+        /// Trusted keys (git's allowed-signers format): with `--policy`, every environment's
+        /// image is checked against its project's `images` rules as nodes would check it.
+        #[arg(long, value_name = "FILE", requires = "policy")]
+        allowed_signers: Option<PathBuf>,
+        /// The signing policy whose `images` rules say who may sign which projects' images.
+        #[arg(long, value_name = "FILE", requires = "allowed_signers")]
+        policy: Option<PathBuf>,
     },
     /// Show what would change between two revisions.
     Plan(PlanArgs),
@@ -219,6 +243,10 @@ pub(crate) enum Command {
     /// Set, show, edit and re-key the encrypted values of Secret documents.
     #[command(subcommand)]
     Secret(SecretCommand),
+    /// Sign images: an SSH signature over an image's manifest digest, kept in the state tree
+    /// (`image-signatures/`), which nodes check before they pull or run it.
+    #[command(subcommand)]
+    Image(ImageCommand),
     /// Print the JSON Schema of every kind (for yaml-language-server and CI).
     Schema,
     /// Create a new state repository with a working example.

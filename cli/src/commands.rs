@@ -17,15 +17,43 @@ fn rev_of(repo: &StateRepo, spec: Option<&str>) -> anyhow::Result<Rev> {
     })
 }
 
-pub fn validate(dir: &Path, rev: Option<&str>, format: DiagFormat, paint: Paint) -> anyhow::Result<u8> {
+pub fn validate(
+    dir: &Path,
+    rev: Option<&str>,
+    format: DiagFormat,
+    (signers, policy): (Option<&Path>, Option<&Path>),
+    paint: Paint,
+) -> anyhow::Result<u8> {
+    // Trust files are read first: a bad one is refused before any work.
+    let signers = signers.map(crate::verify::load_signers).transpose()?;
+    let policy = crate::verify::load_policy(policy)?;
     let repo = StateRepo::open(dir)?;
-    let loaded = load(&repo, &rev_of(&repo, rev)?)?;
+    let mut loaded = load(&repo, &rev_of(&repo, rev)?)?;
+    check_images(&mut loaded, signers.as_deref(), policy.as_ref());
     let text = match format {
         DiagFormat::Text => render::diagnostics::text(&loaded.diagnostics, loaded.state.len(), loaded.files, paint),
         DiagFormat::Json => render::diagnostics::json(&loaded.diagnostics, loaded.state.len(), loaded.files),
     };
     out(&text)?;
     Ok(if loaded.is_valid() { 0 } else { 1 })
+}
+
+/// Adds what nodes would say of the tree's images: every signature file's signatures verify,
+/// and with trust files every environment's image meets its project's `images` rules now.
+fn check_images(
+    loaded: &mut Loaded,
+    signers: Option<&[state_repo::trust::allowed_signers::AllowedSigner]>,
+    policy: Option<&state_repo::trust::policy::Policy>,
+) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    let trust = policy.zip(signers);
+    let found = state_repo::trust::images::check_tree(&loaded.state, trust, now);
+    if !found.is_empty() {
+        loaded.diagnostics.extend(found);
+        state_schema::diag::sort_diagnostics(&mut loaded.diagnostics);
+    }
 }
 
 /// Reports an invalid head in the plan's format and returns exit code 1.
@@ -64,9 +92,10 @@ pub fn plan(args: &PlanArgs, fleet: Option<&crate::client::ServerArgs>, paint: P
     let header = plan_header(&repo, &mut base, &head, signers.as_ref(), policy.as_ref())?;
     let PlanInput {
         base: base_state,
-        head: head_state,
+        head: mut head_state,
         scope,
     } = load_for_plan(&repo, &base, &head)?;
+    check_images(&mut head_state, signers.as_deref(), policy.as_ref());
     if !head_state.is_valid() {
         return invalid_head(&head_state, format, paint);
     }

@@ -6,6 +6,7 @@ mod args;
 mod backups;
 mod client;
 mod commands;
+mod image;
 mod live;
 mod operator;
 mod rollback;
@@ -62,7 +63,24 @@ fn main() -> ExitCode {
         return ExitCode::from(1);
     }
     let result = match cli.command {
-        Command::Validate { dir: d, rev, format } => commands::validate(&dir(d), rev.as_deref(), format, paint),
+        Command::Validate {
+            dir: d,
+            rev,
+            format,
+            allowed_signers,
+            policy,
+        } => commands::validate(
+            &dir(d),
+            rev.as_deref(),
+            format,
+            (allowed_signers.as_deref(), policy.as_deref()),
+            paint,
+        ),
+        Command::Image(ImageCommand::Sign {
+            image,
+            signing_key,
+            dir: d,
+        }) => image::sign(&dir(d), &image, signing_key.as_deref()),
         Command::Plan(args) => match args
             .fleet
             .fleet

@@ -37,7 +37,7 @@ fn parent(repo: &StateRepo, c: &Commit) -> Option<Commit> {
 
 /// The signing key: `--signing-key`, or git's `user.signingkey` (a public key's path names its
 /// private key beside it, as `ssh-keygen` writes them). An unencrypted OpenSSH private key.
-fn signing_key(repo: &StateRepo, flag: Option<&Path>) -> Result<ssh_key::PrivateKey> {
+pub(crate) fn signing_key(repo: &StateRepo, flag: Option<&Path>) -> Result<ssh_key::PrivateKey> {
     let path = match flag {
         Some(p) => p.to_owned(),
         None => {

@@ -111,7 +111,7 @@ pub fn parse_signature_file(path: &str, bytes: &[u8]) -> ParsedFile {
     };
     match blocks(text) {
         Ok(found) if found.is_empty() => out.diagnostics.push(refuse(None, "holds no signature".into())),
-        Ok(found) => out.signatures = Some((digest, found.into_iter().map(|(_, b)| b).collect())),
+        Ok(found) => out.signatures = Some((digest, found)),
         Err((line, message)) => out.diagnostics.push(refuse(Some(line), message)),
     }
     out
@@ -152,7 +152,7 @@ mod tests {
         assert_eq!(path_of(&format!("sha256:{HEX}")), Some(path.clone()));
         let ok = parse_signature_file(&path, BLOCK.as_bytes());
         assert!(ok.diagnostics.is_empty());
-        assert_eq!(ok.signatures.map(|s| s.1.len()), Some(1));
+        assert_eq!(ok.signatures.map(|s| s.1), Some(vec![(1, BLOCK.to_owned())]));
         for bad in ["image-signatures/api.sig", "image-signatures/x/sha256-00.sig"] {
             assert!(is_signature_path(bad));
             let f = parse_signature_file(bad, BLOCK.as_bytes());

@@ -139,8 +139,9 @@ pub struct ParsedFile {
     /// reported already, and must not make references to them look dangling.
     pub declared: Vec<(Kind, Name)>,
     pub diagnostics: Vec<Diagnostic>,
-    /// A signature file's digest and armored signatures (`crate::image_signatures`).
-    pub signatures: Option<(String, Vec<String>)>,
+    /// A signature file's digest and armored signatures, each with the line it starts on
+    /// (`crate::image_signatures`).
+    pub signatures: Option<(String, Vec<(u32, String)>)>,
 }
 
 /// Reads one state file. Pure and independent of every other file, so callers may run it in

@@ -171,7 +171,7 @@ pub fn role_specs(
     let (vars, secrets) = (Arc::new(vars), Arc::new(secrets));
     let signatures = image
         .rsplit_once('@')
-        .map(|(_, digest)| state.image_signatures(digest).to_vec())
+        .map(|(_, digest)| state.image_signatures(digest))
         .unwrap_or_default();
     p.roles
         .iter()

@@ -5,6 +5,9 @@
 use super::allowed_signers::{AllowedSigner, wildcard_match};
 use super::policy::Policy;
 use image_trust::{NAMESPACE, TrustedKey};
+use state_schema::diag::{Code, Diagnostic, Pos};
+use state_schema::model::{Kind, Spec};
+use state_schema::state::State;
 
 /// What a project's image must carry to run.
 #[derive(Clone, Debug)]
@@ -47,6 +50,68 @@ pub fn requirement(policy: &Policy, signers: &[AllowedSigner], project: &str, no
         required: rules.iter().any(|r| !r.allow_unsigned),
         keys,
     })
+}
+
+/// What `pl validate` and `pl plan` say of a tree's images, before any node is asked: every
+/// signature in `image-signatures/` must verify over the digest its file names (whoever made
+/// it); and with a policy, every environment's image must satisfy its project's image rules
+/// at `now`, reported at the `image` field that chose it, with the node's own codes.
+pub fn check_tree(state: &State, trust: Option<(&Policy, &[AllowedSigner])>, now: i64) -> Vec<Diagnostic> {
+    let mut out = Vec::new();
+    for (digest, signatures) in state.all_image_signatures() {
+        let file = state_schema::image_signatures::path_of(digest).unwrap_or_default();
+        for (line, block) in signatures {
+            if let Err(why) = image_trust::check(block, digest) {
+                out.push(
+                    Diagnostic::error(
+                        Code::ImageSignatureInvalid,
+                        &file,
+                        Some(Pos { line: *line, column: 1 }),
+                        why,
+                    )
+                    .with_hint("sign the manifest digest itself, `sha256:<hex>` without a newline, in namespace pushleft-image"),
+                );
+            }
+        }
+    }
+    let Some((policy, signers)) = trust else { return out };
+    let mut seen = std::collections::BTreeSet::new();
+    for (name, env) in state.environments() {
+        let Some(project) = state.get(Kind::Project, env.project.as_str()) else {
+            continue;
+        };
+        let Spec::Project(p) = &project.object.spec else {
+            continue;
+        };
+        // The environment's own image when it names one, else its project's: where to point.
+        let (image, at) = match (&env.image, state.get(Kind::Environment, name.as_str())) {
+            (Some(image), Some(loc)) => (image.as_str(), loc),
+            _ => (p.image.as_str(), project),
+        };
+        let Some(needed) = requirement(policy, signers, env.project.as_str(), now) else {
+            continue;
+        };
+        let Some(digest) = image_trust::digest_of(image) else {
+            continue;
+        };
+        let pos = at.pos_of("spec.image");
+        if !seen.insert((at.file.clone(), pos.line, pos.column)) {
+            continue;
+        }
+        let signatures = state.image_signatures(digest);
+        if let Err(refusal) = image_trust::verify(&signatures, digest, &needed.keys, needed.required) {
+            let code = match refusal {
+                image_trust::Refusal::Unsigned { .. } => Code::ImageUnsigned,
+                image_trust::Refusal::SignerUntrusted { .. } => Code::ImageSignerUntrusted,
+                image_trust::Refusal::SignatureInvalid { .. } => Code::ImageSignatureInvalid,
+            };
+            out.push(
+                Diagnostic::error(code, &at.file, Some(pos), format!("project {}: {refusal}", env.project))
+                    .with_hint(refusal.hint()),
+            );
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -31,8 +31,9 @@ pub struct State {
     /// so an environment's certificates are found without a scan of every Domain).
     domain_tls: BTreeMap<Hostname, Name>,
     domain_verification: BTreeMap<Hostname, crate::model::Verification>,
-    /// Armored image signatures by manifest digest (`image-signatures/`), in file order.
-    image_signatures: BTreeMap<String, Vec<String>>,
+    /// Armored image signatures by manifest digest (`image-signatures/`), in file order, each
+    /// with the line its block starts on.
+    image_signatures: BTreeMap<String, Vec<(u32, String)>>,
 }
 
 impl State {
@@ -46,16 +47,19 @@ impl State {
     }
 
     /// The armored signatures the tree holds for an image's manifest digest (none: empty).
-    pub fn image_signatures(&self, digest: &str) -> &[String] {
-        self.image_signatures.get(digest).map_or(&[], Vec::as_slice)
+    pub fn image_signatures(&self, digest: &str) -> Vec<String> {
+        self.image_signatures
+            .get(digest)
+            .map(|s| s.iter().map(|(_, b)| b.clone()).collect())
+            .unwrap_or_default()
     }
 
     pub fn has_image_signatures(&self) -> bool {
         !self.image_signatures.is_empty()
     }
 
-    /// Every digest the tree holds signatures for, with them.
-    pub fn all_image_signatures(&self) -> impl Iterator<Item = (&str, &[String])> {
+    /// Every digest the tree holds signatures for, with them and their lines.
+    pub fn all_image_signatures(&self) -> impl Iterator<Item = (&str, &[(u32, String)])> {
         self.image_signatures.iter().map(|(d, s)| (d.as_str(), s.as_slice()))
     }
 
