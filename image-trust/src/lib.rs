@@ -174,5 +174,3 @@ pub fn verify(
     }
 }
 
-#[cfg(test)]
-mod tests;

@@ -1,6 +1,7 @@
 //! Signatures checked against OpenSSH's own `ssh-keygen -Y sign` and `-Y verify`.
 
-use super::*;
+use image_trust::*;
+use ssh_key::{PrivateKey, PublicKey};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
