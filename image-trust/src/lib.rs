@@ -173,4 +173,3 @@ pub fn verify(
         }),
     }
 }
-

@@ -9,7 +9,6 @@
 //! the control plane's mutual TLS with its task, without asking a registry for referrers.
 
 use crate::diag::{Code, Diagnostic, Pos};
-use crate::parse::ParsedFile;
 
 /// The folder, at the state tree's root.
 pub const DIR: &str = "image-signatures/";
@@ -82,14 +81,11 @@ pub fn blocks(text: &str) -> Result<Vec<(u32, String)>, (u32, String)> {
     }
 }
 
-/// Reads one signature file into `ParsedFile::signatures`, or says what is wrong with it.
-pub fn parse_signature_file(path: &str, bytes: &[u8]) -> ParsedFile {
-    let mut out = ParsedFile {
-        path: path.to_owned(),
-        ..ParsedFile::default()
-    };
+/// What one signature file holds (its digest and blocks, each with its line), or what is wrong
+/// with it. `parse::parse_file` calls it for paths [`is_signature_path`] accepts.
+pub fn read_signature_file(path: &str, bytes: &[u8]) -> Result<(String, Vec<(u32, String)>), Diagnostic> {
     let hint = "name it image-signatures/sha256-<64 hex>.sig and fill it with `pl image sign` or `ssh-keygen -Y sign -n pushleft-image`";
-    let refuse = |line: Option<u32>, message: String| {
+    let refuse = |line: Option<u32>, message: &str| {
         Diagnostic::error(
             Code::ImageSignatureInvalid,
             path,
@@ -99,22 +95,17 @@ pub fn parse_signature_file(path: &str, bytes: &[u8]) -> ParsedFile {
         .with_hint(hint)
     };
     let Some(digest) = digest_of_path(path) else {
-        out.diagnostics.push(refuse(
+        return Err(refuse(
             None,
-            "a signature file's name is not `sha256-<64 lowercase hex>.sig` directly in image-signatures/".into(),
+            "a signature file's name is not `sha256-<64 lowercase hex>.sig` directly in image-signatures/",
         ));
-        return out;
     };
-    let Ok(text) = std::str::from_utf8(bytes) else {
-        out.diagnostics.push(refuse(None, "not UTF-8 text".into()));
-        return out;
-    };
+    let text = std::str::from_utf8(bytes).map_err(|_| refuse(None, "not UTF-8 text"))?;
     match blocks(text) {
-        Ok(found) if found.is_empty() => out.diagnostics.push(refuse(None, "holds no signature".into())),
-        Ok(found) => out.signatures = Some((digest, found)),
-        Err((line, message)) => out.diagnostics.push(refuse(Some(line), message)),
+        Ok(found) if found.is_empty() => Err(refuse(None, "holds no signature")),
+        Ok(found) => Ok((digest, found)),
+        Err((line, message)) => Err(refuse(Some(line), &message)),
     }
-    out
 }
 
 #[cfg(test)]
@@ -150,16 +141,15 @@ mod tests {
         assert!(is_signature_path(&path));
         assert_eq!(digest_of_path(&path), Some(format!("sha256:{HEX}")));
         assert_eq!(path_of(&format!("sha256:{HEX}")), Some(path.clone()));
-        let ok = parse_signature_file(&path, BLOCK.as_bytes());
-        assert!(ok.diagnostics.is_empty());
-        assert_eq!(ok.signatures.map(|s| s.1), Some(vec![(1, BLOCK.to_owned())]));
+        let ok = read_signature_file(&path, BLOCK.as_bytes()).expect("read");
+        assert_eq!(ok.1, vec![(1, BLOCK.to_owned())]);
         for bad in ["image-signatures/api.sig", "image-signatures/x/sha256-00.sig"] {
             assert!(is_signature_path(bad));
-            let f = parse_signature_file(bad, BLOCK.as_bytes());
-            assert_eq!(f.diagnostics[0].code, Code::ImageSignatureInvalid, "{bad}");
+            let e = read_signature_file(bad, BLOCK.as_bytes()).expect_err(bad);
+            assert_eq!(e.code, Code::ImageSignatureInvalid, "{bad}");
         }
-        let junk = parse_signature_file(&path, b"hello\n");
-        assert_eq!(junk.diagnostics[0].line, Some(1));
+        let junk = read_signature_file(&path, b"hello\n").expect_err("junk");
+        assert_eq!(junk.line, Some(1));
         assert!(!is_signature_path("projects/api.sig") && !is_signature_path("image-signatures/a.yaml"));
     }
 }

@@ -148,7 +148,15 @@ pub struct ParsedFile {
 /// parallel and reuse the result for an unchanged blob.
 pub fn parse_file(path: &str, bytes: &[u8]) -> ParsedFile {
     if crate::image_signatures::is_signature_path(path) {
-        return crate::image_signatures::parse_signature_file(path, bytes);
+        let mut out = ParsedFile {
+            path: path.to_owned(),
+            ..ParsedFile::default()
+        };
+        match crate::image_signatures::read_signature_file(path, bytes) {
+            Ok(found) => out.signatures = Some(found),
+            Err(problem) => out.diagnostics.push(problem),
+        }
+        return out;
     }
     let mut out = ParsedFile {
         path: path.to_owned(),

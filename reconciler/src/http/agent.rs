@@ -5,6 +5,7 @@
 //! proof. Every refusal is a code from `agent_proto::Refusal` and records nothing.
 
 use crate::config::Config;
+use crate::delivery::ImageRules;
 use crate::http::peer::Peers;
 use crate::http::server::{PeerCert, internal, json, refused};
 use crate::hub::Hub;
@@ -36,25 +37,24 @@ pub struct Agents {
     /// The group commit its leases and completions go through.
     pub group: Arc<Group>,
     pub peers: Arc<Peers>,
-    /// The control host's age identities (`control.age_identity`, and `certificates.identity`):
-    /// they reseal secrets and issued keys to nodes at lease time. Empty when none is
-    /// configured.
+    /// The control host's age identities (`control.age_identity`, `certificates.identity`), which
+    /// reseal secrets and issued keys to nodes at lease time; empty when none is configured.
     pub control_identities: Vec<Box<dyn age::Identity + Send + Sync>>,
     /// The policy's image rules and the allowed signers: what each container's image must carry.
-    pub images: crate::delivery::ImageRules,
+    pub images: ImageRules,
     /// What Git declares of each node, reused for [`DECLARED_CACHE_MS`].
     declared: std::sync::Mutex<Option<(Instant, std::collections::HashMap<String, Declared>)>>,
 }
 
 impl Agents {
-    /// Reads the control host's age identity, if one is configured.
+    /// Reads the control host's age identity, if one is configured; `images` from the trust files.
     pub fn new(
         config: Arc<Config>,
         ledger: Arc<Ledger>,
         hub: Arc<Hub>,
         group: Arc<Group>,
         peers: Arc<Peers>,
-        images: crate::delivery::ImageRules,
+        images: ImageRules,
     ) -> Result<Agents, String> {
         let mut control_identities = match &config.control.age_identity {
             Some(p) => pushleft_secrets::load_identities(p)
@@ -143,7 +143,7 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
         Err(r) => return r,
     };
     // Every refusal before the first write.
-    if let Some(why) = malformed(&hb) {
+    if let Some(why) = crate::ops::agents::malformed(&hb) {
         return refused(Refusal::MalformedRequest, why);
     }
     let version: String = hb.agent_version.chars().take(64).collect();
@@ -213,40 +213,6 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
         Err(e) => return internal(e),
     };
     axum::Json(agent_proto::mesh::HeartbeatReply { node, mesh }).into_response()
-}
-
-/// Why a heartbeat is refused whole: more than its limits, a host that is no machine id, a
-/// mesh that is not a WireGuard public key, a port and an address.
-fn malformed(hb: &Heartbeat) -> Option<&'static str> {
-    if hb.running.len() > agent_proto::MAX_HEARTBEAT_INSTANCES
-        || hb.capabilities.len() > 16
-        || hb.repaired.len() > agent_proto::MAX_HEARTBEAT_REPAIRS
-    {
-        return Some("the heartbeat reports more than its limits");
-    }
-    if hb.host.as_deref().is_some_and(|h| !agent_proto::valid_host(h)) {
-        return Some("the heartbeat's host is not a machine id");
-    }
-    if hb.taken_subnets.len() > agent_proto::MAX_TAKEN_SUBNETS {
-        return Some("the heartbeat reports more taken subnets than the pool has");
-    }
-    if hb.networks.len() > agent_proto::MAX_HEARTBEAT_NETWORKS {
-        return Some("the heartbeat reports more networks than its limit");
-    }
-    if hb.volumes.len() > agent_proto::MAX_HEARTBEAT_VOLUMES {
-        return Some("the heartbeat reports more volumes than its limit");
-    }
-    if hb.mesh.as_ref().is_some_and(|m| !m.valid()) {
-        return Some("the heartbeat's mesh is not a WireGuard public key, a port and an IP address");
-    }
-    if hb
-        .age_recipient
-        .as_deref()
-        .is_some_and(|r| !crate::ops::agents::valid_recipient(r))
-    {
-        return Some("the heartbeat's age recipient is not an age1… X25519 recipient");
-    }
-    None
 }
 
 /// The subnets a node reports taken, as indices in the pool (sorted, once each, joined by

@@ -503,6 +503,40 @@ async fn readmit_presented(
     Ok(Ok((p.node, p.not_after_ms)))
 }
 
+/// Why a heartbeat is refused whole: more than its limits, a host that is no machine id, a
+/// mesh that is not a WireGuard public key, a port and an address.
+pub fn malformed(hb: &agent_proto::Heartbeat) -> Option<&'static str> {
+    if hb.running.len() > agent_proto::MAX_HEARTBEAT_INSTANCES
+        || hb.capabilities.len() > 16
+        || hb.repaired.len() > agent_proto::MAX_HEARTBEAT_REPAIRS
+    {
+        return Some("the heartbeat reports more than its limits");
+    }
+    if hb.host.as_deref().is_some_and(|h| !agent_proto::valid_host(h)) {
+        return Some("the heartbeat's host is not a machine id");
+    }
+    if hb.taken_subnets.len() > agent_proto::MAX_TAKEN_SUBNETS {
+        return Some("the heartbeat reports more taken subnets than the pool has");
+    }
+    if hb.networks.len() > agent_proto::MAX_HEARTBEAT_NETWORKS {
+        return Some("the heartbeat reports more networks than its limit");
+    }
+    if hb.volumes.len() > agent_proto::MAX_HEARTBEAT_VOLUMES {
+        return Some("the heartbeat reports more volumes than its limit");
+    }
+    if hb.mesh.as_ref().is_some_and(|m| !m.valid()) {
+        return Some("the heartbeat's mesh is not a WireGuard public key, a port and an IP address");
+    }
+    if hb
+        .age_recipient
+        .as_deref()
+        .is_some_and(|r| !valid_recipient(r))
+    {
+        return Some("the heartbeat's age recipient is not an age1… X25519 recipient");
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
