@@ -109,6 +109,38 @@ pub struct RunningInstance {
     /// its ledger adopts the generation when Git's head asks for the same spec.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec_hash: Option<String>,
+    /// The image the container was made from (its label): what runs, not what was asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Who signed that image, as the agent verified before it pulled and made the container
+    /// (its labels); absent when no image rule named the project.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_signed: Option<ImageSigned>,
+}
+
+/// An image signature the agent verified: the principal and key of the trusted signer, and
+/// when (Unix ms, the node's clock).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ImageSigned {
+    pub principal: String,
+    /// `SHA256:…`.
+    pub fingerprint: String,
+    pub verified_at_ms: i64,
+}
+
+/// Longest image reference, principal or fingerprint a heartbeat may report.
+pub const MAX_IMAGE_TEXT: usize = 512;
+
+impl RunningInstance {
+    /// Whether its image fields are within [`MAX_IMAGE_TEXT`].
+    pub fn bounded(&self) -> bool {
+        self.image.as_ref().is_none_or(|i| i.len() <= MAX_IMAGE_TEXT)
+            && self
+                .image_signed
+                .as_ref()
+                .is_none_or(|s| s.principal.len() <= MAX_IMAGE_TEXT && s.fingerprint.len() <= MAX_IMAGE_TEXT)
+    }
 }
 
 /// One environment's network of this control plane on the node, and its subnet: a control

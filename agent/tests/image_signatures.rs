@@ -62,6 +62,29 @@ fn signature_file(digest: &str) -> String {
     format!("image-signatures/sha256-{}.sig", digest.trim_start_matches("sha256:"))
 }
 
+/// `pl ARGS` against the daemon on `port`, as a viewer.
+fn pl(s: &daemon_support::Setup, port: u16, args: &[&str]) -> std::process::Output {
+    let exe = std::env::current_exe().expect("test binary path");
+    let target = exe.parent().and_then(Path::parent).expect("target folder");
+    let pl = target.join("pl");
+    if !pl.exists() {
+        let built = Command::new(env!("CARGO"))
+            .args(["build", "-q", "-p", "pushleft-cli", "--bin", "pl"])
+            .status()
+            .expect("cargo builds pl");
+        assert!(built.success());
+    }
+    Command::new(&pl)
+        .args(args)
+        .arg("--server")
+        .arg(format!("https://localhost:{port}"))
+        .arg("--ca-cert")
+        .arg(s.dir.join("tls/ca.crt"))
+        .env("PL_TOKEN", &s.viewer)
+        .output()
+        .expect("pl")
+}
+
 #[test]
 fn only_images_a_trusted_key_signed_are_pulled_and_run() {
     require_dockerd();
@@ -236,6 +259,58 @@ fn only_images_a_trusted_key_signed_are_pulled_and_run() {
         "SELECT r.detail FROM job_results r JOIN jobs j ON j.id = r.job_id WHERE j.key LIKE 'app:rogue-production/%' AND j.state = 'failed'",
     );
     assert!(failed.iter().any(|d| d.starts_with("image-unsigned:")), "{failed:?}");
+
+    // Provenance: the heartbeat reports what the engine runs (images and signers from the
+    // containers' labels); `pl provenance` reads it back with the commit and its signer.
+    let mut beat = Heartbeat::new("test", &FULL_CAPABILITIES);
+    beat.running = rt.block_on(pushleft_agent::run::observed(&engine));
+    n1.heartbeat(&beat).expect("heartbeat");
+    let head = repo_support::git(&repo.dir, &["rev-parse", "HEAD"]).trim().to_owned();
+    let key = Command::new("ssh-keygen")
+        .arg("-lf")
+        .arg(ci.with_extension("pub"))
+        .output()
+        .expect("ssh-keygen -l");
+    let ci_fingerprint = String::from_utf8_lossy(&key.stdout)
+        .split_whitespace()
+        .nth(1)
+        .expect("fingerprint")
+        .to_owned();
+    let provenance = |env: &str| -> operator_proto::provenance::Provenance {
+        let o = pl(&s, port, &["provenance", env, "--format", "json"]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).expect("json")
+    };
+    let api = provenance("api-production");
+    assert_eq!(api.replicas.len(), 1, "{api:?}");
+    let r = &api.replicas[0];
+    assert_eq!(
+        (r.node.as_str(), r.role.as_str(), r.image.as_deref()),
+        ("n1", "work", Some(signed.as_str()))
+    );
+    assert_eq!(r.image_signer.as_deref(), Some("ci-release"));
+    assert_eq!(r.image_fingerprint.as_deref(), Some(ci_fingerprint.as_str()));
+    assert!(r.image_verified_at_ms.is_some_and(|t| t > 1_700_000_000_000), "{r:?}");
+    assert_eq!(r.commit.as_deref(), Some(head.as_str()));
+    assert_eq!(r.commit_signer.as_deref(), Some("ops-alice"));
+    let free_one = provenance("free-production");
+    assert_eq!(free_one.replicas[0].image.as_deref(), Some(free.as_str()));
+    assert_eq!(free_one.replicas[0].image_signer, None, "no rule, no signer");
+    // As a person reads it.
+    let text = pl(&s, port, &["provenance", "api-production"]);
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    assert!(
+        text.contains("work/0 on n1") && text.contains("signed by ci-release"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("commit    {} signed by ops-alice", &head[..12])),
+        "{text}"
+    );
+    let o = pl(&s, port, &["provenance", "nowhere"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("environment-unknown"));
+
     d.kill9();
     for e in all {
         clean(e);

@@ -355,6 +355,14 @@ Reference: docs/cli.md (pl wait)")]
         #[command(flatten)]
         server: client::ServerArgs,
     },
+    /// For each replica of ENVIRONMENT its agent reports running: the image it runs, who signed
+    /// that image as the node verified before the pull, and the commit that put it there with
+    /// that commit's signer (viewer). Every link is what the ledger recorded.
+    Provenance {
+        environment: String,
+        #[command(flatten)]
+        server: client::ServerArgs,
+    },
     /// List custom domains (Domain documents): state (pending, verified, serving, failing), the
     /// DNS record each needs, what the last check saw or missed, certificate expiry (viewer).
     Domains {

@@ -13,28 +13,6 @@ use std::time::{Duration, Instant};
 /// How often `pl backup` looks for its backup's end.
 const POLL: Duration = Duration::from_millis(500);
 
-/// `2026-12-02 03:00:04 UTC`.
-fn utc(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let (days, rest) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
-        rest / 3600,
-        rest % 3600 / 60,
-        rest % 60
-    )
-}
-
 pub fn list(args: &ServerArgs, environment: &str, volume: Option<&str>, limit: u32) -> Result<u8> {
     let v = Client::new(args)?.backups(environment, volume, limit)?;
     if args.format == OutFormat::Json {
@@ -48,7 +26,7 @@ pub fn list(args: &ServerArgs, environment: &str, volume: Option<&str>, limit: u
         outln!(
             "{}: restore last proven {} (snapshot {})",
             p.volume,
-            utc(p.at_ms),
+            crate::out::utc(p.at_ms),
             p.snapshot.as_deref().unwrap_or("?")
         );
     }
@@ -64,7 +42,7 @@ pub fn list(args: &ServerArgs, environment: &str, volume: Option<&str>, limit: u
     for r in &v.backups {
         outln!(
             "{:<23} {:<16} {:<12} {:<9} {:<10} {:>10}  {}",
-            utc(r.finished_at_ms),
+            crate::out::utc(r.finished_at_ms),
             r.volume,
             r.node,
             r.status.as_str(),
@@ -251,9 +229,9 @@ pub fn restore(
 mod tests {
     #[test]
     fn times_read_as_utc_dates() {
-        assert_eq!(super::utc(0), "1970-01-01 00:00:00 UTC");
-        assert_eq!(super::utc(1_796_180_404_000), "2026-12-02 03:00:04 UTC");
-        assert_eq!(super::utc(951_782_400_000), "2000-02-29 00:00:00 UTC");
+        assert_eq!(crate::out::utc(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(crate::out::utc(1_796_180_404_000), "2026-12-02 03:00:04 UTC");
+        assert_eq!(crate::out::utc(951_782_400_000), "2000-02-29 00:00:00 UTC");
     }
 
     #[test]

@@ -313,6 +313,11 @@ impl Client {
         self.get(&format!("/v1/events?after={after}&limit={limit}&waitMs={wait_ms}"))
     }
 
+    /// `GET /v1/environments/{name}/provenance`.
+    pub(crate) fn provenance(&self, environment: &str) -> Result<operator_proto::provenance::Provenance> {
+        self.get(&format!("/v1/environments/{}/provenance", encode(environment)))
+    }
+
     /// `GET /v1/nodes`.
     pub(crate) fn nodes(&self) -> Result<Nodes> {
         self.get("/v1/nodes")

@@ -171,6 +171,9 @@ fn main() -> ExitCode {
             control_plane(server).and_then(|s| operator::rotate_mesh_key(&s, &node, timeout))
         }
         Command::Nodes { server } => control_plane(server).and_then(|s| operator::nodes(&s)),
+        Command::Provenance { environment, server } => {
+            control_plane(server).and_then(|s| operator::provenance(&s, &environment))
+        }
         Command::Domains { server } => control_plane(server).and_then(|s| operator::domains(&s)),
         Command::Volumes { environment, server } => {
             control_plane(server).and_then(|s| volumes::list(&s, environment.as_deref()))

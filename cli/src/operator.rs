@@ -179,6 +179,44 @@ pub fn domains(args: &ServerArgs) -> Result<u8> {
     Ok(0)
 }
 
+/// `pl provenance ENV`: one block per replica, each link on its own line.
+pub fn provenance(args: &ServerArgs, environment: &str) -> Result<u8> {
+    let v = Client::new(args)?.provenance(environment)?;
+    if args.format == OutFormat::Json {
+        return print_json(&v);
+    }
+    if v.replicas.is_empty() {
+        outln!("{environment}: no replica reported running");
+    }
+    let short = |s: &Option<String>| s.as_deref().map_or("-".to_owned(), |s| s.chars().take(12).collect());
+    for r in &v.replicas {
+        outln!(
+            "{}/{} on {}  generation {}  {}",
+            r.role,
+            r.instance,
+            r.node,
+            r.generation,
+            if r.healthy { "healthy" } else { "unhealthy" }
+        );
+        outln!("  image     {}", r.image.as_deref().unwrap_or("- (not reported)"));
+        match (&r.image_signer, &r.image_fingerprint) {
+            (Some(who), Some(key)) => outln!(
+                "  signed by {who} ({key}), verified by the node at {}",
+                r.image_verified_at_ms.map_or("-".to_owned(), crate::out::utc)
+            ),
+            _ => outln!("  signed by - (no image rule names this project)"),
+        }
+        outln!(
+            "  commit    {} signed by {} ({}), seen at {}",
+            short(&r.commit),
+            r.commit_signer.as_deref().unwrap_or("-"),
+            r.commit_fingerprint.as_deref().unwrap_or("-"),
+            r.commit_seen_at_ms.map_or("-".to_owned(), crate::out::utc)
+        );
+    }
+    Ok(0)
+}
+
 pub fn nodes(args: &ServerArgs) -> Result<u8> {
     let v = Client::new(args)?.nodes()?;
     if args.format == OutFormat::Json {

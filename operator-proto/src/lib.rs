@@ -50,6 +50,7 @@ pub mod domains;
 pub mod events;
 pub mod jobs;
 pub mod nodes;
+pub mod provenance;
 pub mod revisions;
 pub mod rollbacks;
 pub mod status;

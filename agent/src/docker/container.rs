@@ -3,6 +3,23 @@
 
 use super::*;
 
+/// The labels that say who signed the image, as verified before the pull: the heartbeat
+/// reports them with the replica (provenance is what the node checked, not what was asked).
+fn with_signer(
+    mut labels: HashMap<String, String>,
+    verified: Option<&image_trust::Verified>,
+) -> HashMap<String, String> {
+    if let Some(v) = verified {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        labels.insert(IMAGE_SIGNER.to_owned(), v.principal.clone());
+        labels.insert(IMAGE_FINGERPRINT.to_owned(), v.fingerprint.clone());
+        labels.insert(IMAGE_VERIFIED_AT.to_owned(), now_ms.to_string());
+    }
+    labels
+}
+
 impl Engine {
     pub(super) fn labels(&self, app: &ApplicationSpec) -> HashMap<String, String> {
         let mut l = HashMap::from([
@@ -14,6 +31,7 @@ impl Engine {
             (ROLE.to_owned(), app.role.clone()),
             (GENERATION.to_owned(), app.generation.to_string()),
             (SPEC_HASH.to_owned(), app.spec_hash.clone()),
+            (IMAGE.to_owned(), app.image.clone()),
         ]);
         if let Some(i) = app.instance {
             l.insert(INSTANCE.to_owned(), i.to_string());
@@ -36,7 +54,12 @@ impl Engine {
     /// Creates the hardened container: read-only root, a small `/tmp` tmpfs, every capability
     /// dropped, no new privileges, the role's CPU, memory (and swap) and pids limits, no
     /// published port, only the environment's network, an init as PID 1.
-    pub(super) async fn create(&self, app: &ApplicationSpec, secrets: Option<&Path>) -> Result<(), Failure> {
+    pub(super) async fn create(
+        &self,
+        app: &ApplicationSpec,
+        secrets: Option<&Path>,
+        verified: Option<&image_trust::Verified>,
+    ) -> Result<(), Failure> {
         // The environment's volumes, ours or refused, before anything is made.
         let mounts = self.ensure_volumes(app).await?;
         let host = HostConfig {
@@ -76,7 +99,7 @@ impl Engine {
             image: Some(app.image.clone()),
             cmd: (!app.command.is_empty()).then(|| app.command.clone()),
             env: Some(app.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
-            labels: Some(self.labels(app)),
+            labels: Some(with_signer(self.labels(app), verified)),
             host_config: Some(host),
             stop_timeout: Some(10),
             ..ContainerCreateBody::default()
@@ -94,7 +117,7 @@ impl Engine {
     /// One replica at its generation, healthy. See the module's rules for adopting, repairing
     /// and refusing.
     pub async fn ensure_application(&self, app: &ApplicationSpec) -> Result<String, Failure> {
-        super::image::check_image(app)?;
+        let verified = super::image::check_image(app)?;
         let instance = app.instance.map(|i| i.to_string()).unwrap_or_default();
         // A newer generation of this replica already runs: this task is stale.
         for (name, labels, _) in self
@@ -149,7 +172,7 @@ impl Engine {
         if note != "adopted" {
             self.ensure_image(&app.image).await?;
             let secrets = self.write_secrets(app)?;
-            self.create(app, secrets.as_deref()).await?;
+            self.create(app, secrets.as_deref(), verified.as_ref()).await?;
         }
         if note != "adopted" {
             // One writer: a role with volumes is restarted in place, so its older generation
@@ -437,7 +460,7 @@ impl Engine {
     /// on every way out. Exit 0 succeeds; another exit code is permanent, with the log tail. A
     /// run found finished (a replay after a crash) is judged by its exit code.
     pub async fn run_once(&self, app: &ApplicationSpec, timeout: Duration) -> Result<String, Failure> {
-        super::image::check_image(app)?;
+        let verified = super::image::check_image(app)?;
         let existing = match self.docker.inspect_container(&app.container, None).await {
             Ok(c) => Some(c),
             Err(e) if not_found(&e) => None,
@@ -458,7 +481,7 @@ impl Engine {
             None => {
                 self.ensure_image(&app.image).await?;
                 let secrets = self.write_secrets(app)?;
-                self.create(app, secrets.as_deref()).await?;
+                self.create(app, secrets.as_deref(), verified.as_ref()).await?;
                 if let Err(e) = self.docker.start_container(&app.container, None).await {
                     self.remove(&app.container).await?;
                     return Err(docker("container-start-failed", e));

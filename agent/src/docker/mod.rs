@@ -48,6 +48,12 @@ pub const ROLE: &str = "dev.pushleft.role";
 pub const INSTANCE: &str = "dev.pushleft.instance";
 pub const GENERATION: &str = "dev.pushleft.generation";
 pub const SPEC_HASH: &str = "dev.pushleft.spec-hash";
+/// The image the container was made from, and who signed it as the agent verified before the
+/// pull (`principal`, `SHA256:` fingerprint, Unix ms): what the heartbeat reports as provenance.
+pub const IMAGE: &str = "dev.pushleft.image";
+pub const IMAGE_SIGNER: &str = "dev.pushleft.image-signer";
+pub const IMAGE_FINGERPRINT: &str = "dev.pushleft.image-fingerprint";
+pub const IMAGE_VERIFIED_AT: &str = "dev.pushleft.image-verified-at";
 /// The ports other containers of the environment may reach, `8080,6379` (empty: none). A
 /// container without the label (made before it existed) is reachable on every port.
 pub const PORTS: &str = "dev.pushleft.ports";

@@ -9,7 +9,7 @@ use super::*;
 /// while Docker does not answer). Healthy: running, and for a web replica answering its health
 /// path now (probed each heartbeat), so what `pl status` counts and what a release's watch
 /// judges is what serves.
-pub(super) async fn observed(engine: &Engine) -> Vec<RunningInstance> {
+pub async fn observed(engine: &Engine) -> Vec<RunningInstance> {
     let Ok(list) = engine.ours(&[]).await else {
         return Vec::new();
     };
@@ -23,6 +23,15 @@ pub(super) async fn observed(engine: &Engine) -> Vec<RunningInstance> {
                 generation: l.get(GENERATION)?.parse().ok()?,
                 healthy: running && !failing.contains(&name),
                 spec_hash: l.get(SPEC_HASH).cloned(),
+                image: l.get(IMAGE).cloned(),
+                image_signed: match (l.get(IMAGE_SIGNER), l.get(IMAGE_FINGERPRINT)) {
+                    (Some(principal), Some(fingerprint)) => Some(agent_proto::ImageSigned {
+                        principal: principal.clone(),
+                        fingerprint: fingerprint.clone(),
+                        verified_at_ms: l.get(IMAGE_VERIFIED_AT).and_then(|t| t.parse().ok()).unwrap_or(0),
+                    }),
+                    _ => None,
+                },
             })
         })
         .take(agent_proto::MAX_HEARTBEAT_INSTANCES)

@@ -7,13 +7,16 @@
 mod background;
 mod config;
 mod executors;
+pub use executors::observed;
 
 pub use config::Config;
-use executors::observed;
 pub use executors::{Executors, NAME_DRAIN, execute};
 
 use crate::client::AgentClient;
-use crate::docker::{ENVIRONMENT, Engine, GENERATION, INSTANCE, ROLE, RUN_TIMEOUT, SPEC_HASH};
+use crate::docker::{
+    ENVIRONMENT, Engine, GENERATION, IMAGE, IMAGE_FINGERPRINT, IMAGE_SIGNER, IMAGE_VERIFIED_AT, INSTANCE, ROLE,
+    RUN_TIMEOUT, SPEC_HASH,
+};
 use crate::firewall::Firewall;
 use crate::ingress::Share;
 use crate::lease_loop::{Ended, LeaseLoop, Tasks};

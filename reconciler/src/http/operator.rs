@@ -113,6 +113,7 @@ pub fn router(state: Arc<Operator>) -> Router {
         .route("/v1/revisions", get(revisions))
         .route("/v1/deployments", get(deployments))
         .route("/v1/environments/{name}", get(environment))
+        .route("/v1/environments/{name}/provenance", get(provenance))
         .route("/v1/jobs", get(jobs))
         .route("/v1/events", get(events))
         .route("/v1/events/stream", get(stream))
@@ -195,6 +196,12 @@ async fn environment(
     Params(q): Params<WaitQuery>,
 ) -> Response {
     crate::http::environments::get((&s.ops, &s.hub), &headers, &name, q.wait_ms).await
+}
+
+/// Each running replica's image, its signer as the node verified, and the signed commit that
+/// put it there.
+async fn provenance(State(s): App, _: Caller<Viewers>, Path(name): Path<String>) -> Response {
+    reply(OK, s.ops.provenance(&name).await)
 }
 
 async fn jobs(State(s): App, _: Caller<Viewers>, Params(q): Params<ListQuery>) -> Response {

@@ -512,6 +512,9 @@ pub fn malformed(hb: &agent_proto::Heartbeat) -> Option<&'static str> {
     {
         return Some("the heartbeat reports more than its limits");
     }
+    if !hb.running.iter().all(agent_proto::RunningInstance::bounded) {
+        return Some("the heartbeat reports an image, signer or fingerprint longer than its limit");
+    }
     if hb.host.as_deref().is_some_and(|h| !agent_proto::valid_host(h)) {
         return Some("the heartbeat's host is not a machine id");
     }
@@ -527,11 +530,7 @@ pub fn malformed(hb: &agent_proto::Heartbeat) -> Option<&'static str> {
     if hb.mesh.as_ref().is_some_and(|m| !m.valid()) {
         return Some("the heartbeat's mesh is not a WireGuard public key, a port and an IP address");
     }
-    if hb
-        .age_recipient
-        .as_deref()
-        .is_some_and(|r| !valid_recipient(r))
-    {
+    if hb.age_recipient.as_deref().is_some_and(|r| !valid_recipient(r)) {
         return Some("the heartbeat's age recipient is not an age1… X25519 recipient");
     }
     None

@@ -17,6 +17,7 @@ pub mod group;
 pub mod indicators;
 pub mod nodes;
 pub mod plans;
+pub mod provenance;
 pub mod releases;
 pub mod rewrites;
 pub mod rollbacks;

@@ -3,7 +3,41 @@
 
 use super::{LedgerError, WriteTx};
 
+/// The revision that made one generation of an environment: its commit, who signed it and with
+/// which key, and when the control plane first saw it.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct GenerationCommit {
+    pub generation: i64,
+    pub sha: String,
+    pub principals: Option<String>,
+    pub fingerprint: Option<String>,
+    pub seen_at: i64,
+}
+
 impl crate::store::Revisions<'_> {
+    /// The revisions that made `generations` of `environment` (those it knows of), read in
+    /// chunks of 200.
+    pub async fn generation_commits(
+        &self,
+        environment: &str,
+        generations: &[i64],
+    ) -> Result<Vec<GenerationCommit>, LedgerError> {
+        let mut out = Vec::new();
+        for chunk in generations.chunks(200) {
+            let marks = vec!["?"; chunk.len()].join(", ");
+            let q = format!(
+                "SELECT g.generation, r.sha, r.principals, r.fingerprint, r.seen_at FROM deployment_generations g \
+                 JOIN revisions r ON r.id = g.revision_id WHERE g.environment = ? AND g.generation IN ({marks})"
+            );
+            let mut query = sqlx::query_as::<_, GenerationCommit>(self.sql(&q)).bind(environment);
+            for g in chunk {
+                query = query.bind(*g);
+            }
+            out.extend(query.fetch_all(&self.pool).await?);
+        }
+        Ok(out)
+    }
+
     /// Records the judgement of a commit of `branch`, with an event, in one transaction.
     /// Returns `false` (and writes nothing) when that commit was judged before.
     pub async fn record_revision(

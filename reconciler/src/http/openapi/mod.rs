@@ -124,6 +124,16 @@ pub fn document() -> OpenApi {
         empty(),
         (200, b),
     );
+    let b = d.json::<operator_proto::provenance::Provenance>();
+    d.route(
+        Get,
+        "/v1/environments/{name}/provenance",
+        viewer,
+        "Each running replica of the environment: its image, who signed it as the node verified, and the signed commit that put it there.",
+        &[],
+        empty(),
+        (200, b),
+    );
     let b = d.json::<jobs::JobsPage>();
     d.route(
         Get,
