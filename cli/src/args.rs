@@ -145,6 +145,24 @@ pub(crate) enum ImageCommand {
         #[arg(short = 'C', long = "dir")]
         dir: Option<PathBuf>,
     },
+    /// For each image with an `imageUpdates` policy (a Project's, or an Environment's own),
+    /// read its registry's tags, pick the newest the policy allows, resolve its digest, and
+    /// write the change as a commit signed with your key (a bot key) on
+    /// `pl-image-update/<kind>/<name>` (one branch per object, moved on each update; `branch:
+    /// applied` chains them on `pl-image-update/applied/<branch>` to push to the applied
+    /// branch). HEAD, the index and the work tree are left alone; push the branches.
+    Update {
+        /// The SSH private key to sign with (default: git's `user.signingkey`).
+        #[arg(long)]
+        signing_key: Option<PathBuf>,
+        /// `HOST=FILE`: credentials (`user:password`, a file only its owner may read) for a
+        /// registry; repeat for more.
+        #[arg(long, value_name = "HOST=FILE")]
+        registry_auth: Vec<String>,
+        /// The state tree (default: the current directory).
+        #[arg(short = 'C', long = "dir")]
+        dir: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand, Debug)]

@@ -81,6 +81,11 @@ fn main() -> ExitCode {
             signing_key,
             dir: d,
         }) => image::sign(&dir(d), &image, signing_key.as_deref()),
+        Command::Image(ImageCommand::Update {
+            signing_key,
+            registry_auth,
+            dir: d,
+        }) => image::update(&dir(d), signing_key.as_deref(), &registry_auth),
         Command::Plan(args) => match args
             .fleet
             .fleet

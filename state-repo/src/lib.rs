@@ -8,6 +8,7 @@
 //! from Git. Git is read and written only here, through gix: nothing shells out to `git` or
 //! `ssh-keygen` (`cli/tests/deps.rs` checks the product's sources).
 
+pub mod commit;
 pub mod load;
 /// The commit id type of every API here.
 pub use gix::ObjectId;

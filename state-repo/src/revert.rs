@@ -12,7 +12,7 @@
 use gix::ObjectId;
 use gix::objs::tree::{EntryKind, EntryMode};
 use gix::refs::transaction::PreviousValue;
-use ssh_key::{HashAlg, LineEnding, PrivateKey, SshSig};
+use ssh_key::PrivateKey;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -26,10 +26,8 @@ pub enum RevertError {
     Conflict { commit: ObjectId, paths: Vec<String> },
     #[error("the branch {0} exists already")]
     BranchExists(String),
-    #[error("git's configuration names no {0} (`git config user.name` / `user.email`)")]
-    NoIdentity(&'static str),
-    #[error("signing the revert: {0}")]
-    Sign(#[from] ssh_key::Error),
+    #[error(transparent)]
+    Commit(#[from] crate::commit::CommitError),
 }
 
 /// The revert to write.
@@ -166,7 +164,7 @@ pub fn write(dir: &Path, r: &Revert<'_>, key: &PrivateKey) -> Result<ObjectId, R
         .write()
         .map_err(|e| fail("write the tree".into())(gix::Error::from_error(e)))?
         .detach();
-    let id = signed_commit(&repo, tree, r, key)?;
+    let id = crate::commit::signed(&repo, tree, r.head, r.message, key)?;
     repo.reference(
         reference.as_str(),
         id,
@@ -174,49 +172,6 @@ pub fn write(dir: &Path, r: &Revert<'_>, key: &PrivateKey) -> Result<ObjectId, R
         "pl rollback --commit",
     )
     .map_err(|e| fail(format!("create {reference}"))(gix::Error::from_error(e)))?;
-    Ok(id)
-}
-
-/// The revert's commit of `tree` on `r.head`, by the author git's configuration names,
-/// signed with `key` (an SSH signature in its `gpgsig` header), written.
-fn signed_commit(
-    repo: &gix::Repository,
-    tree: ObjectId,
-    r: &Revert<'_>,
-    key: &PrivateKey,
-) -> Result<ObjectId, RevertError> {
-    let at = repo.path().to_owned();
-    let fail = |what: String| git(&at, what);
-    let config = repo.config_snapshot();
-    let name = config.string("user.name").ok_or(RevertError::NoIdentity("user.name"))?;
-    let email = config
-        .string("user.email")
-        .ok_or(RevertError::NoIdentity("user.email"))?;
-    let who = gix::actor::Signature {
-        name: name.to_vec().into(),
-        email: email.to_vec().into(),
-        time: gix::date::Time::now_utc(),
-    };
-    let mut commit = gix::objs::Commit {
-        tree,
-        parents: vec![r.head].into(),
-        author: who.clone(),
-        committer: who,
-        encoding: None,
-        message: r.message.into(),
-        extra_headers: Vec::new(),
-    };
-    let mut payload = Vec::new();
-    gix::objs::WriteTo::write_to(&commit, &mut payload)
-        .map_err(|e| fail("serialize the commit".into())(gix::Error::from_error(e)))?;
-    let signature = SshSig::sign(key, "git", HashAlg::Sha512, &payload)?.to_pem(LineEnding::LF)?;
-    commit
-        .extra_headers
-        .push(("gpgsig".into(), signature.trim_end().into()));
-    let id = repo
-        .write_object(&commit)
-        .map_err(|e| fail("write the commit".into())(gix::Error::from_error(e)))?
-        .detach();
     Ok(id)
 }
 

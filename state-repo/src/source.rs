@@ -134,6 +134,12 @@ impl StateRepo {
         })
     }
 
+    /// The tree's folder inside its repository's work tree (`""` at the top, else ending in
+    /// `/`): what a tree path is prefixed with to name the file in a commit.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
     pub fn root(&self) -> &Path {
         &self.root
     }

@@ -295,6 +295,7 @@ fn preview_environments(state: &State, branch: &str) -> Vec<(Name, Environment)>
                     tls: None,
                     // A preview's volumes are not backed up: it has no repository.
                     backups: None,
+                    image_updates: None,
                 },
             ))
         })

@@ -16,6 +16,7 @@ pub mod domains;
 pub mod edit;
 pub mod generations;
 pub mod image_signatures;
+pub mod image_updates;
 pub mod incremental;
 pub mod job_words;
 mod kinds;

@@ -90,6 +90,10 @@ pub struct Project {
     pub env: SmallMap<String, String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<Name>,
+    /// How `pl image update` may move `image` (`image_updates.rs`); absent from the canonical
+    /// form when unset.
+    #[serde(rename = "imageUpdates", skip_serializing_if = "Option::is_none")]
+    pub image_updates: Option<crate::image_updates::ImageUpdates>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -410,6 +414,9 @@ pub struct Environment {
     /// Where its volumes' backups go; absent from the canonical form when unset.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub backups: Option<EnvironmentBackups>,
+    /// How `pl image update` may move its own `image`; absent from the canonical form when unset.
+    #[serde(rename = "imageUpdates", skip_serializing_if = "Option::is_none")]
+    pub image_updates: Option<crate::image_updates::ImageUpdates>,
 }
 
 /// `tls` of an Environment: the certificate its hostnames are served with, and whether

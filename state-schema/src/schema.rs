@@ -38,6 +38,17 @@ fn replicas() -> Value {
 
 /// The spec schema of each kind, by kind name.
 pub fn spec_schemas() -> Vec<(&'static str, Value)> {
+    let image_updates = object(
+        json!({
+            "semver": {"type": "string", "description": "A semantic-version range tags must satisfy (`>=1.4, <2`); a leading `v` is ignored."},
+            "pattern": {"type": "string", "description": "A regular expression tags must match; its `key` group (or the whole tag) orders them."},
+            "order": {"enum": ["numeric", "alphabetical"], "description": "With `pattern`: how keys order; default alphabetical."},
+            "digests": {"enum": ["track", "pin"], "description": "`pin` freezes the image; default track."},
+            "branch": {"enum": ["own", "applied"], "description": "Where `pl image update` commits: a branch of its own (default) or the branch checked out."},
+        }),
+        &[],
+        "How `pl image update` may move the image: one of `semver` and `pattern`.",
+    );
     let resources = object(
         json!({
             "cpu": quantity(CPU, "CPU: millicores (`500m`) or cores (`0.5`, `2`); default 250m."),
@@ -207,6 +218,7 @@ pub fn spec_schemas() -> Vec<(&'static str, Value)> {
                     "roles": {"type": "object", "minProperties": 1, "propertyNames": {"pattern": NAME}, "additionalProperties": role},
                     "env": env_map("Plain environment variables."),
                     "secrets": {"type": "array", "items": name("A Secret's name.")},
+                    "imageUpdates": image_updates.clone(),
                 }),
                 &["image", "roles"],
                 "An application: an image and its roles.",
@@ -222,6 +234,7 @@ pub fn spec_schemas() -> Vec<(&'static str, Value)> {
                     "replicas": {"type": "object", "propertyNames": {"pattern": NAME}, "additionalProperties": replicas(), "description": "Per-role replica overrides."},
                     "env": env_map("Variables that override the project's."),
                     "image": {"type": "string", "pattern": IMAGE, "description": "Overrides the project's image."},
+                    "imageUpdates": image_updates,
                     "hostname": hostname("Overrides the derived hostname."),
                     "tls": object(
                         json!({
@@ -330,6 +343,10 @@ mod tests {
             sorted(PREVIEWS_FIELDS)
         );
         assert_eq!(keys(&specs["Project"]), sorted(PROJECT_FIELDS));
+        assert_eq!(
+            keys(&specs["Project"]["properties"]["imageUpdates"]),
+            sorted(IMAGE_UPDATES_FIELDS)
+        );
         let role = &specs["Project"]["properties"]["roles"]["additionalProperties"];
         assert_eq!(keys(role), sorted(ROLE_FIELDS));
         assert_eq!(keys(&role["properties"]["health"]), sorted(HEALTH_FIELDS));

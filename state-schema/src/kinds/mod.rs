@@ -13,15 +13,18 @@ use crate::yaml::{self, Node};
 
 mod project;
 mod rollout;
+mod updates;
 
 pub(crate) use project::decode_project;
 use project::*;
 use rollout::*;
+use updates::decode_image_updates;
 
 pub const METADATA_FIELDS: &[&str] = &["name", "labels", "annotations"];
 pub const REPOSITORY_FIELDS: &[&str] = &["baseDomain", "previewDomain", "previews", "include", "controlRecipient"];
 pub const PREVIEWS_FIELDS: &[&str] = &["branches", "pool", "ttlHours"];
-pub const PROJECT_FIELDS: &[&str] = &["image", "roles", "env", "secrets"];
+pub const PROJECT_FIELDS: &[&str] = &["image", "roles", "env", "secrets", "imageUpdates"];
+pub const IMAGE_UPDATES_FIELDS: &[&str] = &["semver", "pattern", "order", "digests", "branch"];
 pub const ROLE_FIELDS: &[&str] = &[
     "kind",
     "command",
@@ -49,7 +52,16 @@ pub const LOGS_FIELDS: &[&str] = &["maxSize", "maxFiles"];
 pub const HEALTH_FIELDS: &[&str] = &["path", "timeoutSeconds"];
 pub const RESOURCES_FIELDS: &[&str] = &["cpu", "memory", "pids"];
 pub const ENVIRONMENT_FIELDS: &[&str] = &[
-    "project", "stage", "pool", "replicas", "env", "image", "hostname", "tls", "backups",
+    "project",
+    "stage",
+    "pool",
+    "replicas",
+    "env",
+    "image",
+    "hostname",
+    "tls",
+    "backups",
+    "imageUpdates",
 ];
 pub const TLS_FIELDS: &[&str] = &["secret", "hsts"];
 pub const DOMAIN_FIELDS: &[&str] = &["hostname", "environment", "verification", "tls"];
@@ -256,6 +268,19 @@ pub(crate) fn decode_environment(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str)
     let host = f.get("hostname").map(|n| hostname(ctx, n, "`hostname`"));
     let tls = f.get("tls").map(|n| decode_tls(ctx, n));
     let backups = f.get("backups").map(|n| crate::volumes::decode_backups(ctx, n));
+    // It moves the environment's own image: without one there is nothing of its own to move.
+    let updates = f.get("imageUpdates").map(|n| match f.get("image") {
+        Some(_) => decode_image_updates(ctx, n),
+        None => {
+            ctx.error_hint(
+                Code::FieldNotAllowed,
+                n.pos,
+                "`imageUpdates` on an Environment moves its own `image`, and it has none",
+                "put `imageUpdates` on the Project, or give the environment an `image`",
+            );
+            None
+        }
+    });
     Some(Environment {
         project: project?,
         stage: stage?,
@@ -266,6 +291,7 @@ pub(crate) fn decode_environment(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str)
         hostname: present(host)?,
         tls: present(tls)?,
         backups: present(backups)?,
+        image_updates: present(updates)?,
     })
 }
 

@@ -13,11 +13,13 @@ pub(crate) fn decode_project(ctx: &mut Ctx<'_>, node: &Node<'_>, what: &str) -> 
         let names: Vec<Option<Name>> = items.iter().map(|i| name(ctx, i, "an item of `secrets`")).collect();
         names.into_iter().collect()
     });
+    let updates = f.get("imageUpdates").map(|n| super::decode_image_updates(ctx, n));
     Some(Project {
         image: img?,
         roles: roles?,
         env: env?,
         secrets: secrets?,
+        image_updates: super::present(updates)?,
     })
 }
 
