@@ -334,6 +334,72 @@ async fn environment_rules_follow_what_a_change_does() {
     assert_eq!(accepted(&s, "main").await, Some(by_ops));
 }
 
+/// `pl image update`'s key, limited by the policy's `bots` to moving api's image: such a commit
+/// is accepted; one by the same key that also scales api, touches a pool or moves another
+/// project's image is refused (`principal-limited-to-images`), whatever path rules say.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bot_key_may_move_its_projects_images_and_nothing_else() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = Repo::new(dir.path());
+    let bot_key = dir.path().join("bot");
+    let bot_public = new_key(&bot_key);
+    let signers = format!("{}image-bot {bot_public}", repo.signers);
+    base_state(&repo);
+    repo.write("projects/web.yaml", &project("web", 1));
+    let c1 = repo.commit("first", true);
+    let policy = "bots:\n  - principals: [image-bot]\n    images: [api]\n";
+    let (s, _url) = shared(dir.path(), &repo, &signers, Some(policy)).await;
+    s.pass().await.expect("pass");
+    assert_eq!(accepted(&s, "main").await, Some(c1));
+    let moved = |name: &str, replicas: u32, hex: &str| {
+        project(name, replicas).replace(repo_support::DIGEST, &format!("sha256:{}", hex.repeat(64)))
+    };
+    let refused = |s: Arc<Reconciler>, sha: String| async move {
+        s.pass().await.expect("pass");
+        s.ledger
+            .revisions()
+            .revision("main", &sha)
+            .await
+            .expect("revision")
+            .expect("judged")
+    };
+
+    // Its own kind of change: api's image, nothing else.
+    repo.write("projects/api.yaml", &moved("api", 1, "a"));
+    let bumped = repo.commit_signed_by("api: image 1.4.1", &bot_key);
+    s.pass().await.expect("pass");
+    assert_eq!(accepted(&s, "main").await, Some(bumped.clone()));
+
+    // The image and a replica count: refused, and nothing moves.
+    repo.write("projects/api.yaml", &moved("api", 3, "b"));
+    let forged = repo.commit_signed_by("api: image 1.4.2", &bot_key);
+    let (verdict, codes) = refused(Arc::clone(&s), forged).await;
+    assert_eq!(
+        (verdict.as_str(), codes),
+        ("rejected", vec!["principal-limited-to-images".to_owned()])
+    );
+    // Another file it has no business in (no path rule guards it).
+    repo.write("projects/api.yaml", &moved("api", 1, "a"));
+    repo.write(
+        "pools/main.yaml",
+        &repo_support::POOL.replace("region: eu", "region: us"),
+    );
+    let forged = repo.commit_signed_by("a pool, quietly", &bot_key);
+    let (_, codes) = refused(Arc::clone(&s), forged).await;
+    assert_eq!(codes, ["principal-limited-to-images"]);
+    // Another project's image.
+    repo.write("pools/main.yaml", repo_support::POOL);
+    repo.write("projects/web.yaml", &moved("web", 1, "c"));
+    let forged = repo.commit_signed_by("web: image", &bot_key);
+    let (_, codes) = refused(Arc::clone(&s), forged).await;
+    assert_eq!(codes, ["principal-limited-to-images"]);
+    assert_eq!(accepted(&s, "main").await, Some(bumped));
+    // A person's key is not limited by it.
+    let by_ops = repo.commit("web's image, by ops", true);
+    s.pass().await.expect("pass");
+    assert_eq!(accepted(&s, "main").await, Some(by_ops));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_preview_branch_cannot_widen_its_own_preview_settings() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -9,7 +9,7 @@ use crate::source::{Commit, Rev, SourceError, StateRepo};
 use crate::trust::CommitVerdict;
 use crate::trust::allowed_signers::AllowedSigner;
 use crate::trust::policy::Policy;
-use crate::trust::verify::{Signer, check_environments};
+use crate::trust::verify::{Signer, check_bots, check_environments};
 use serde::Serialize;
 use state_schema::desired::affected_environments;
 use state_schema::parse::Located;
@@ -168,6 +168,9 @@ fn environment_rules(
         };
         let affected = affected_environments(&before, after, preview);
         if let Err(r) = check_environments(signer, &affected, &policy.rules) {
+            reasons.push(refusal_reason(v, &r));
+        }
+        if let Err(r) = check_bots(signer, &before, after, &policy.bots) {
             reasons.push(refusal_reason(v, &r));
         }
         if i != last {

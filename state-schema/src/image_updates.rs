@@ -168,5 +168,57 @@ pub fn decide(policy: &ImageUpdates, image: &str, newest: Option<(&str, &str)>) 
     }
 }
 
+/// Whether `after` differs from `before` only in images of projects `may` allows: a Project's
+/// `image`, or an Environment's own `image` (its project allowed). Otherwise the first other
+/// change, in words: what a signer limited to images (the policy's `bots`) may not do.
+pub fn only_images(
+    before: &crate::state::State,
+    after: &crate::state::State,
+    may: impl Fn(&str) -> bool,
+) -> Result<(), String> {
+    use crate::model::{Kind, Spec};
+    let before_signatures: Vec<_> = before.all_image_signatures().collect();
+    if before_signatures != after.all_image_signatures().collect::<Vec<_>>() {
+        return Err("image signatures (`image-signatures/`)".into());
+    }
+    let mut keys: Vec<(Kind, &str)> = before
+        .iter()
+        .chain(after.iter())
+        .map(|l| (l.object.kind(), l.object.name().as_str()))
+        .collect();
+    keys.sort();
+    keys.dedup();
+    for (kind, name) in keys {
+        let (b, a) = (before.get(kind, name), after.get(kind, name));
+        let (Some(b), Some(a)) = (b, a) else {
+            return Err(format!("{kind} {name} (added or removed)"));
+        };
+        if b.object == a.object {
+            continue;
+        }
+        let mut same = a.object.clone();
+        let project = match (&b.object.spec, &mut same.spec) {
+            (Spec::Project(was), Spec::Project(now)) => {
+                now.image = was.image.clone();
+                name.to_owned()
+            }
+            (Spec::Environment(was), Spec::Environment(now)) => {
+                now.image = was.image.clone();
+                was.project.to_string()
+            }
+            _ => return Err(format!("{kind} {name}")),
+        };
+        if same != b.object {
+            return Err(format!("{kind} {name}: more than its image"));
+        }
+        if !may(&project) {
+            return Err(format!(
+                "{kind} {name}: the image of project {project}, which it may not update"
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests;

@@ -165,6 +165,9 @@ mod tests {
                 "images:\n  - project: [a]\n    principals: [b]\n",
                 "unknown field `project`",
             ),
+            ("bots: {}\n", "must be a list"),
+            ("bots:\n  - principals: [bot]\n", "needs `principals` and `images`"),
+            ("bots:\n  - principals: [bot]\n    images: [\"[\"]\n", "is not a glob"),
         ] {
             let e = policy::parse(text).expect_err(text);
             assert!(e.message.contains(says), "{text}: {}", e.message);

@@ -9,6 +9,9 @@
 //!     principals: ["ops-*"]
 //!   - environments: {stage: production}     # any change that reaches a production environment
 //!     principals: ["ops-*"]
+//! bots:                   # signers limited to moving images (`pl image update`'s key)
+//!   - principals: ["image-bot"]
+//!     images: ["api", "shop-*"]
 //! images:                 # who may sign which projects' images (image-signatures/)
 //!   - projects: ["api", "shop-*"]
 //!     principals: ["ci-release"]
@@ -104,6 +107,26 @@ pub struct Policy {
     pub rules: Vec<Rule>,
     /// Who may sign which projects' images (`images:`); see [`super::images`].
     pub images: Vec<ImageRule>,
+    /// Signers limited to moving images (`bots:`): `pl image update`'s key.
+    pub bots: Vec<BotRule>,
+}
+
+/// A bot: principals whose commits may change nothing but the images of the projects it names
+/// (a Project's `image`, an Environment's own), whatever path rules would allow them.
+#[derive(Clone, Debug)]
+pub struct BotRule {
+    /// 1-based, for messages.
+    pub index: usize,
+    pub principals: Vec<String>,
+    pub images: Vec<String>,
+    matcher: globset::GlobSet,
+}
+
+impl BotRule {
+    /// Whether it may move `project`'s images.
+    pub fn may_update(&self, project: &str) -> bool {
+        self.matcher.is_match(project)
+    }
 }
 
 /// An image rule: the principals whose keys may sign the images of the projects it names
@@ -127,9 +150,10 @@ impl ImageRule {
 }
 
 impl Policy {
-    /// True when some rule guards environments, so judging a commit must work out what it does.
+    /// True when some rule guards environments (or limits a bot to images), so judging a
+    /// commit must work out what it does.
     pub fn has_environment_rules(&self) -> bool {
-        self.rules.iter().any(|r| r.environments.is_some())
+        self.rules.iter().any(|r| r.environments.is_some()) || !self.bots.is_empty()
     }
 }
 
@@ -262,6 +286,36 @@ fn image_rules(v: &Node<'_>) -> Result<Vec<ImageRule>, PolicyError> {
     Ok(out)
 }
 
+/// `bots:`, a list of `{principals, images}`.
+fn bot_rules(v: &Node<'_>) -> Result<Vec<BotRule>, PolicyError> {
+    let Value::Seq(rules) = &v.value else {
+        return Err(err(v, "`bots` must be a list"));
+    };
+    let mut out = Vec::with_capacity(rules.len());
+    for (i, r) in rules.iter().enumerate() {
+        let (mut principals, mut images) = (None, None);
+        for (k, rv) in fields(r, "a bot", &["principals", "images"])? {
+            match k {
+                "principals" => principals = Some(strings(rv, "principals")?),
+                _ => images = Some(one_or_more(rv, "images")?),
+            }
+        }
+        let (Some(principals), Some(images)) = (principals, images) else {
+            return Err(err(
+                r,
+                "a bot needs `principals` and `images` (the projects whose images it may move)",
+            ));
+        };
+        out.push(BotRule {
+            index: i + 1,
+            matcher: globs(r, &images)?,
+            principals,
+            images,
+        });
+    }
+    Ok(out)
+}
+
 /// Parses a policy file. Every problem is an error: a trust file is not the place to guess.
 pub fn parse(text: &str) -> Result<Policy, PolicyError> {
     if text.len() > MAX_FILE_BYTES {
@@ -281,9 +335,10 @@ pub fn parse(text: &str) -> Result<Policy, PolicyError> {
     })?;
     let mut policy = Policy::default();
     let Some(doc) = docs.first() else { return Ok(policy) };
-    for (key, v) in fields(doc, "the policy", &["mode", "rules", "images"])? {
+    for (key, v) in fields(doc, "the policy", &["mode", "rules", "images", "bots"])? {
         match key {
             "images" => policy.images = image_rules(v)?,
+            "bots" => policy.bots = bot_rules(v)?,
             "mode" => {
                 policy.mode = match &v.value {
                     Value::Str(s) if s == "head" => Mode::Head,

@@ -45,6 +45,12 @@ pub enum Refusal {
         rule: String,
         principal: String,
     },
+    /// A bot's commit changed more than the images it may move.
+    PrincipalLimitedToImages {
+        what: String,
+        bot: usize,
+        principal: String,
+    },
 }
 
 impl Refusal {
@@ -60,6 +66,7 @@ impl Refusal {
             Refusal::PrincipalNotAllowedForPath { .. } => "principal-not-allowed-for-path",
             Refusal::UnsupportedKeyType { .. } => "unsupported-key-type",
             Refusal::PrincipalNotAllowedForEnvironment { .. } => "principal-not-allowed-for-environment",
+            Refusal::PrincipalLimitedToImages { .. } => "principal-limited-to-images",
         }
     }
 
@@ -87,6 +94,9 @@ impl Refusal {
                 rule,
                 principal,
             } => format!("`{principal}` may not {effect} environment `{environment}` under {rule}"),
+            Refusal::PrincipalLimitedToImages { what, bot, principal } => {
+                format!("`{principal}` may change only images (the policy's bot {bot}), and this changes {what}")
+            }
             Refusal::UnsupportedKeyType { what } => {
                 format!("{what} is not supported (ed25519, ecdsa-sha2-nistp256, rsa-sha2-256/512 are)")
             }
@@ -205,6 +215,33 @@ fn allowed(signer: &Signer, rule: &Rule) -> bool {
             .iter()
             .any(|pat| super::allowed_signers::wildcard_match(pat, p))
     })
+}
+
+/// A signer limited to images (the policy's `bots`): its change from `before` to `after` may
+/// move only the images of the projects a bot rule naming it allows.
+pub fn check_bots(
+    signer: &Signer,
+    before: &state_schema::state::State,
+    after: &state_schema::state::State,
+    bots: &[super::policy::BotRule],
+) -> Result<(), Refusal> {
+    let mine: Vec<&super::policy::BotRule> = bots
+        .iter()
+        .filter(|b| {
+            signer.principals.iter().any(|p| {
+                b.principals
+                    .iter()
+                    .any(|pat| super::allowed_signers::wildcard_match(pat, p))
+            })
+        })
+        .collect();
+    let Some(first) = mine.first() else { return Ok(()) };
+    state_schema::image_updates::only_images(before, after, |project| mine.iter().any(|b| b.may_update(project)))
+        .map_err(|what| Refusal::PrincipalLimitedToImages {
+            what,
+            bot: first.index,
+            principal: signer.principal(),
+        })
 }
 
 /// Checks the environment rules for what a signer's change does.
