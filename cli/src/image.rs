@@ -53,58 +53,33 @@ pub fn sign(dir: &Path, image: &str, key: Option<&Path>) -> Result<u8> {
     Ok(0)
 }
 
-/// One object whose image may move: a Project's, or an Environment's own.
-struct Updatable {
-    /// `project/api` or `environment/api-production`: unambiguous across kinds.
-    label: String,
-    file: String,
-    at: state_schema::diag::Pos,
-    image: String,
-    policy: state_schema::image_updates::ImageUpdates,
-}
-
-fn updatable(state: &state_schema::state::State) -> Vec<Updatable> {
-    use state_schema::model::Spec;
-    let mut out = Vec::new();
-    for loc in state.iter() {
-        let (label, image, policy) = match &loc.object.spec {
-            Spec::Project(p) => (
-                format!("project/{}", loc.object.name()),
-                p.image.as_str(),
-                &p.image_updates,
-            ),
-            Spec::Environment(e) => match &e.image {
-                Some(i) => (
-                    format!("environment/{}", loc.object.name()),
-                    i.as_str(),
-                    &e.image_updates,
-                ),
-                None => continue,
-            },
-            _ => continue,
-        };
-        if let Some(policy) = policy {
-            out.push(Updatable {
-                label,
-                file: loc.file.clone(),
-                at: loc.pos_of("spec.image"),
-                image: image.to_owned(),
-                policy: policy.clone(),
-            });
-        }
+/// The newest tag `o`'s policy allows in its registry, and that tag's digest (`None`: no tag
+/// is allowed).
+pub fn newest_in_registry(
+    o: &state_schema::image_updates::Updatable,
+    credentials: &std::collections::HashMap<String, zeroize::Zeroizing<String>>,
+) -> Result<Option<(String, String)>, registry::RegistryError> {
+    let (repository, _) = state_schema::image_updates::repository_of(&o.image);
+    let (host, name) = registry::split(repository)?;
+    let client = registry::Registry::new(host, credentials.get(host).cloned());
+    let tags = client.tags(name)?;
+    match state_schema::image_updates::newest(&o.policy.pick, &tags) {
+        Some(tag) => Ok(Some((tag.to_owned(), client.digest(name, tag)?))),
+        None => Ok(None),
     }
-    out
 }
 
 /// `pl image update`: for each image with an `imageUpdates` policy, the registry's newest
 /// allowed tag and its digest, decided by `state_schema::image_updates::decide`, written as a
-/// signed commit of the changed file on `pl-image-update/<kind>/<name>` (moved on each update,
-/// one branch per object), or for `branch: applied` chained on
-/// `pl-image-update/applied/<branch>` for CI to push to the applied branch. HEAD, its branch,
-/// the index and the work tree are left alone. Exit 0 when every image was decided, 1 when a
-/// registry or the repository failed one.
+/// signed commit of the changed file on `pl-image-update/<kind>/<name>` (one branch per
+/// object, moved when the update changes; a branch that holds it already is left alone), or
+/// for `branch: applied` chained on `pl-image-update/applied/<branch>` for CI to push to the
+/// applied branch. HEAD, its branch, the index and the work tree are left alone. Exit 0 when
+/// every image was decided, 1 when a registry or the repository failed one.
 pub fn update(dir: &Path, key: Option<&Path>, auth: &[String]) -> Result<u8> {
-    use state_schema::image_updates::{Branch, Decision, decide, newest, repository_of};
+    use state_repo::commit::Expect;
+    use state_repo::image_update::{Target, write};
+    use state_schema::image_updates::{Branch, Decision, decide, updatable};
     let repo = StateRepo::open(dir)?;
     let head = repo.resolve("HEAD")?;
     let loaded = state_repo::load::load(&repo, &state_repo::source::Rev::Commit(head.clone()))?;
@@ -127,16 +102,7 @@ pub fn update(dir: &Path, key: Option<&Path>, auth: &[String]) -> Result<u8> {
     let mut applied_tip = head.id;
     let mut failed = false;
     for o in &objects {
-        let (repository, _) = repository_of(&o.image);
-        let found = registry::split(repository).and_then(|(host, name)| {
-            let client = registry::Registry::new(host, credentials.get(host).cloned());
-            let tags = client.tags(name)?;
-            match newest(&o.policy.pick, &tags) {
-                Some(tag) => Ok(Some((tag.to_owned(), client.digest(name, tag)?))),
-                None => Ok(None),
-            }
-        });
-        let newest = match found {
+        let newest = match newest_in_registry(o, &credentials) {
             Ok(n) => n,
             Err(e) => {
                 eprintln!("{}: error[{}]: {e}", o.label, e.code());
@@ -144,20 +110,14 @@ pub fn update(dir: &Path, key: Option<&Path>, auth: &[String]) -> Result<u8> {
                 continue;
             }
         };
-        let (tag, image) = match decide(
-            &o.policy,
-            &o.image,
-            newest.as_ref().map(|(t, d)| (t.as_str(), d.as_str())),
-        ) {
+        let found = newest.as_ref().map(|(t, d)| (t.as_str(), d.as_str()));
+        let (tag, image) = match decide(&o.policy, &o.image, found) {
             Decision::Pinned => {
                 println!("{}: pinned (`digests: pin`), left alone", o.label);
                 continue;
             }
             Decision::NoTag => {
-                println!(
-                    "{}: no tag of {repository} is allowed by its policy, left alone",
-                    o.label
-                );
+                println!("{}: no tag is allowed by its policy, left alone", o.label);
                 continue;
             }
             Decision::Current => {
@@ -166,39 +126,28 @@ pub fn update(dir: &Path, key: Option<&Path>, auth: &[String]) -> Result<u8> {
             }
             Decision::Update { image, tag } => (tag, image),
         };
-        let path = format!("{}{}", repo.prefix(), o.file);
-        let at_head = repo
-            .entry_at(&head, &o.file)?
-            .map(|e| repo.read(repo.thread_repo().as_ref(), &e))
-            .transpose()?
-            .and_then(|b| String::from_utf8(b).ok());
-        let Some(edited) = at_head.and_then(|t| state_schema::edit::replace_scalar(&t, o.at, &image)) else {
-            eprintln!(
-                "{}: error[edit-failed]: {}:{}:{}: no image scalar to replace",
-                o.label, o.file, o.at.line, o.at.column
-            );
-            failed = true;
-            continue;
-        };
-        let message = format!(
-            "{}: image {tag}\n\n{} → {image}\n\nWritten by `pl image update` under the policy's `imageUpdates`.\n",
-            o.label, o.image
-        );
         let (branch, parent) = match o.policy.branch {
             Branch::Own => (format!("pl-image-update/{}", o.label), head.id),
             Branch::Applied => (format!("pl-image-update/applied/{checked_out}"), applied_tip),
         };
-        let id = state_repo::commit::commit_files(repo.root(), parent, &[(path, edited.into_bytes())], &message, &key)?;
-        state_repo::commit::point_branch(repo.root(), &branch, id, "pl image update")?;
+        let target = Target {
+            branch: &branch,
+            parent,
+            expect: Expect::Any,
+        };
+        let (tip, written) = match write(&repo, o, (&image, &tag), &target, &key) {
+            Ok(w) => w,
+            Err(e) => {
+                eprintln!("{}: error[image-update-failed]: {e}", o.label);
+                failed = true;
+                continue;
+            }
+        };
         if o.policy.branch == Branch::Applied {
-            applied_tip = id;
+            applied_tip = tip;
         }
-        println!(
-            "{}: {} → {image} on {branch} ({})",
-            o.label,
-            o.image,
-            &id.to_string()[..12]
-        );
+        let how = if written { "" } else { ", already there" };
+        println!("{}: {} → {image} on {branch} ({}{how})", o.label, o.image, &tip.to_string()[..12]);
     }
     Ok(u8::from(failed))
 }

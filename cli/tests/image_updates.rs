@@ -256,6 +256,12 @@ fn updates_pick_by_policy_and_land_as_signed_commits_on_one_branch_each() {
             .contains("1.4.0@")
     );
 
+    // Again with nothing new: nothing written, no branch moves.
+    let tip = git(&repo, &["rev-parse", "pl-image-update/project/api"]);
+    let (_, out, _) = update();
+    assert!(out.contains("already there"), "{out}");
+    assert_eq!(git(&repo, &["rev-parse", "pl-image-update/project/api"]), tip);
+
     // Again, after 1.4.1 moved to new bytes and 1.4.2 came: the same branches move.
     let api141b = reg.push("team/api", "1.4.1", "api 1.4.1, rebuilt");
     assert_ne!(api141, api141b);

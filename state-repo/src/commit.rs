@@ -69,54 +69,83 @@ pub(crate) fn signed(
         .detach())
 }
 
-/// Writes `files` (paths from the repository's root, new contents) over `parent`'s tree as a
-/// signed commit; returns it. No reference moves.
-pub fn commit_files(
+/// Where a branch stood before [`commit_on_branch`] moves it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expect {
+    /// Anywhere, or nowhere yet (a branch of the writer's own, moved each time).
+    Any,
+    /// Exactly at this commit: a branch others write too (the applied branch) only moves
+    /// forward from where it was decided against.
+    At(ObjectId),
+}
+
+/// `files` over `parent`'s tree, as a signed commit that `branch` then points at; unless the
+/// branch's tip already is that change on that parent (written before, nothing new): then
+/// nothing is written. Returns the branch's tip and whether it was written now.
+pub fn commit_on_branch(
     dir: &Path,
+    branch: &str,
     parent: ObjectId,
     files: &[(String, Vec<u8>)],
     message: &str,
     key: &PrivateKey,
-) -> Result<ObjectId, CommitError> {
-    let repo = gix::discover(dir).map_err(|e| CommitError::Git {
+    expect: Expect,
+) -> Result<(ObjectId, bool), CommitError> {
+    let repo = open(dir)?;
+    let tree = tree_with(&repo, parent, files)?;
+    let reference = format!("refs/heads/{branch}");
+    let tip = repo
+        .try_find_reference(reference.as_str())
+        .map_err(|e| git(&repo, "read references")(gix::Error::from_error(e)))?
+        .and_then(|r| r.target().try_id().map(|id| id.to_owned()));
+    if let Some(tip) = tip
+        && let Ok(c) = repo.find_commit(tip)
+        && c.parent_ids().map(|p| p.detach()).eq([parent])
+        && c.tree_id().is_ok_and(|t| t.detach() == tree)
+    {
+        return Ok((tip, false));
+    }
+    let id = signed(&repo, tree, parent, message, key)?;
+    let previous = match expect {
+        Expect::Any => PreviousValue::Any,
+        Expect::At(at) => PreviousValue::MustExistAndMatch(gix::refs::Target::Object(at)),
+    };
+    repo.reference(reference.as_str(), id, previous, "pushleft: signed update")
+        .map_err(|e| git(&repo, format!("point {reference}"))(gix::Error::from_error(e)))?;
+    Ok((id, true))
+}
+
+fn open(dir: &Path) -> Result<gix::Repository, CommitError> {
+    gix::discover(dir).map_err(|e| CommitError::Git {
         path: dir.display().to_string(),
         what: "open".into(),
         detail: e.to_string(),
-    })?;
+    })
+}
+
+/// `parent`'s tree with `files` written over it, written.
+fn tree_with(repo: &gix::Repository, parent: ObjectId, files: &[(String, Vec<u8>)]) -> Result<ObjectId, CommitError> {
     let tree = repo
         .find_commit(parent)
-        .map_err(|e| git(&repo, format!("read commit {parent}"))(gix::Error::from_error(e)))?
+        .map_err(|e| git(repo, format!("read commit {parent}"))(gix::Error::from_error(e)))?
         .tree_id()
-        .map_err(|e| git(&repo, format!("the tree of {parent}"))(gix::Error::from_error(e)))?
+        .map_err(|e| git(repo, format!("the tree of {parent}"))(gix::Error::from_error(e)))?
         .detach();
     let mut editor = repo
         .edit_tree(tree)
-        .map_err(|e| git(&repo, "start a tree")(gix::Error::from_error(e)))?;
+        .map_err(|e| git(repo, "start a tree")(gix::Error::from_error(e)))?;
     for (path, text) in files {
         let blob = repo
             .write_blob(text)
-            .map_err(|e| git(&repo, format!("write {path}"))(gix::Error::from_error(e)))?
+            .map_err(|e| git(repo, format!("write {path}"))(gix::Error::from_error(e)))?
             .detach();
         editor
             .upsert(path.as_str(), EntryKind::Blob, blob)
-            .map_err(|e| git(&repo, format!("place {path}"))(gix::Error::from_error(e)))?;
+            .map_err(|e| git(repo, format!("place {path}"))(gix::Error::from_error(e)))?;
     }
-    let tree = editor
+    Ok(editor
         .write()
-        .map_err(|e| git(&repo, "write the tree")(gix::Error::from_error(e)))?
-        .detach();
-    signed(&repo, tree, parent, message, key)
+        .map_err(|e| git(repo, "write the tree")(gix::Error::from_error(e)))?
+        .detach())
 }
 
-/// Points `refs/heads/<branch>` at `id`, making it or moving it wherever it was.
-pub fn point_branch(dir: &Path, branch: &str, id: ObjectId, log: &str) -> Result<(), CommitError> {
-    let repo = gix::discover(dir).map_err(|e| CommitError::Git {
-        path: dir.display().to_string(),
-        what: "open".into(),
-        detail: e.to_string(),
-    })?;
-    let reference = format!("refs/heads/{branch}");
-    repo.reference(reference.as_str(), id, PreviousValue::Any, log)
-        .map_err(|e| git(&repo, format!("point {reference}"))(gix::Error::from_error(e)))?;
-    Ok(())
-}

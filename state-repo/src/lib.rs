@@ -9,6 +9,7 @@
 //! `ssh-keygen` (`cli/tests/deps.rs` checks the product's sources).
 
 pub mod commit;
+pub mod image_update;
 pub mod load;
 /// The commit id type of every API here.
 pub use gix::ObjectId;

@@ -168,6 +168,58 @@ pub fn decide(policy: &ImageUpdates, image: &str, newest: Option<(&str, &str)>) 
     }
 }
 
+/// One object whose image may move: a Project's, or an Environment's own, with its policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Updatable {
+    /// `project/api` or `environment/api-production`: unambiguous across kinds, and the name
+    /// of its branch (`pl-image-update/<label>`).
+    pub label: String,
+    /// The project whose image it is (an environment's own project).
+    pub project: String,
+    /// The environment, for an environment's own image.
+    pub environment: Option<String>,
+    pub file: String,
+    /// Where the `image` scalar starts in `file`.
+    pub at: crate::diag::Pos,
+    pub image: String,
+    pub policy: ImageUpdates,
+}
+
+/// Every image of `state` with an `imageUpdates` policy, in the state's order.
+pub fn updatable(state: &crate::state::State) -> Vec<Updatable> {
+    use crate::model::Spec;
+    let mut out = Vec::new();
+    for loc in state.iter() {
+        let name = loc.object.name().to_string();
+        let (label, project, environment, image, policy) = match &loc.object.spec {
+            Spec::Project(p) => (format!("project/{name}"), name.clone(), None, p.image.as_str(), &p.image_updates),
+            Spec::Environment(e) => match &e.image {
+                Some(i) => (
+                    format!("environment/{name}"),
+                    e.project.to_string(),
+                    Some(name.clone()),
+                    i.as_str(),
+                    &e.image_updates,
+                ),
+                None => continue,
+            },
+            _ => continue,
+        };
+        if let Some(policy) = policy {
+            out.push(Updatable {
+                label,
+                project,
+                environment,
+                file: loc.file.clone(),
+                at: loc.pos_of("spec.image"),
+                image: image.to_owned(),
+                policy: policy.clone(),
+            });
+        }
+    }
+    out
+}
+
 /// Whether `after` differs from `before` only in images of projects `may` allows: a Project's
 /// `image`, or an Environment's own `image` (its project allowed). Otherwise the first other
 /// change, in words: what a signer limited to images (the policy's `bots`) may not do.
