@@ -53,22 +53,6 @@ pub fn sign(dir: &Path, image: &str, key: Option<&Path>) -> Result<u8> {
     Ok(0)
 }
 
-/// The newest tag `o`'s policy allows in its registry, and that tag's digest (`None`: no tag
-/// is allowed).
-pub fn newest_in_registry(
-    o: &state_schema::image_updates::Updatable,
-    credentials: &std::collections::HashMap<String, zeroize::Zeroizing<String>>,
-) -> Result<Option<(String, String)>, registry::RegistryError> {
-    let (repository, _) = state_schema::image_updates::repository_of(&o.image);
-    let (host, name) = registry::split(repository)?;
-    let client = registry::Registry::new(host, credentials.get(host).cloned());
-    let tags = client.tags(name)?;
-    match state_schema::image_updates::newest(&o.policy.pick, &tags) {
-        Some(tag) => Ok(Some((tag.to_owned(), client.digest(name, tag)?))),
-        None => Ok(None),
-    }
-}
-
 /// `pl image update`: for each image with an `imageUpdates` policy, the registry's newest
 /// allowed tag and its digest, decided by `state_schema::image_updates::decide`, written as a
 /// signed commit of the changed file on `pl-image-update/<kind>/<name>` (one branch per
@@ -79,7 +63,8 @@ pub fn newest_in_registry(
 pub fn update(dir: &Path, key: Option<&Path>, auth: &[String]) -> Result<u8> {
     use state_repo::commit::Expect;
     use state_repo::image_update::{Target, write};
-    use state_schema::image_updates::{Branch, Decision, decide, updatable};
+    use state_schema::image_updates::{Branch, Decision, decide};
+    use state_schema::state::images::updatable;
     let repo = StateRepo::open(dir)?;
     let head = repo.resolve("HEAD")?;
     let loaded = state_repo::load::load(&repo, &state_repo::source::Rev::Commit(head.clone()))?;
@@ -102,7 +87,10 @@ pub fn update(dir: &Path, key: Option<&Path>, auth: &[String]) -> Result<u8> {
     let mut applied_tip = head.id;
     let mut failed = false;
     for o in &objects {
-        let newest = match newest_in_registry(o, &credentials) {
+        let (repository, _) = state_schema::image_updates::repository_of(&o.image);
+        let newest = match registry::pick(repository, &credentials, |tags| {
+            state_schema::image_updates::newest(&o.policy.pick, tags)
+        }) {
             Ok(n) => n,
             Err(e) => {
                 eprintln!("{}: error[{}]: {e}", o.label, e.code());
@@ -147,7 +135,12 @@ pub fn update(dir: &Path, key: Option<&Path>, auth: &[String]) -> Result<u8> {
             applied_tip = tip;
         }
         let how = if written { "" } else { ", already there" };
-        println!("{}: {} → {image} on {branch} ({}{how})", o.label, o.image, &tip.to_string()[..12]);
+        println!(
+            "{}: {} → {image} on {branch} ({}{how})",
+            o.label,
+            o.image,
+            &tip.to_string()[..12]
+        );
     }
     Ok(u8::from(failed))
 }

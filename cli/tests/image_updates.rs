@@ -8,107 +8,12 @@
 //! the index and the work tree are untouched.
 
 mod common;
+#[path = "../../tests-support/registry.rs"]
+mod registry_support;
 use common::*;
-use sha2::Digest;
+use registry_support::registry;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
-struct Registry {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn registry() -> Registry {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let port = test_ports::free_port();
-    let config = dir.path().join("config.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n",
-            dir.path().join("data").display()
-        ),
-    )
-    .expect("config");
-    let child = Command::new("docker-registry")
-        .arg("serve")
-        .arg(&config)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("docker-registry (Debian package docker-registry)");
-    // Ready when the registry itself answers its API's root (not when anything accepts on the
-    // port).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let root = format!("http://127.0.0.1:{port}/v2/");
-    while !ureq::get(&root).call().is_ok_and(|r| r.status().as_u16() == 200) {
-        assert!(Instant::now() < deadline, "the registry did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Registry { child, port, _dir: dir }
-}
-
-impl Registry {
-    fn blob(&self, agent: &ureq::Agent, name: &str, bytes: &[u8]) -> String {
-        let digest = format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)));
-        let start = agent
-            .post(format!("http://127.0.0.1:{}/v2/{name}/blobs/uploads/", self.port))
-            .send_empty()
-            .expect("start an upload");
-        assert_eq!(start.status().as_u16(), 202);
-        let location = start
-            .headers()
-            .get("location")
-            .expect("location")
-            .to_str()
-            .expect("text")
-            .to_owned();
-        let url = match location.starts_with("http") {
-            true => location,
-            false => format!("http://127.0.0.1:{}{location}", self.port),
-        };
-        let sep = if url.contains('?') { '&' } else { '?' };
-        let done = agent
-            .put(format!("{url}{sep}digest={digest}"))
-            .header("content-type", "application/octet-stream")
-            .send(bytes)
-            .expect("upload");
-        assert_eq!(done.status().as_u16(), 201, "blob upload");
-        digest
-    }
-
-    /// Pushes an image whose one layer says `content` as `name:tag`; its manifest digest.
-    fn push(&self, name: &str, tag: &str, content: &str) -> String {
-        let agent = ureq::agent();
-        let config = format!(
-            "{{\"architecture\":\"amd64\",\"os\":\"linux\",\"rootfs\":{{\"type\":\"layers\",\"diff_ids\":[]}},\"config\":{{\"Labels\":{{\"v\":\"{content}\"}}}}}}"
-        );
-        let config_digest = self.blob(&agent, name, config.as_bytes());
-        let layer = content.as_bytes();
-        let layer_digest = self.blob(&agent, name, layer);
-        let manifest = format!(
-            "{{\"schemaVersion\":2,\"mediaType\":\"application/vnd.oci.image.manifest.v1+json\",\"config\":{{\"mediaType\":\"application/vnd.oci.image.config.v1+json\",\"digest\":\"{config_digest}\",\"size\":{}}},\"layers\":[{{\"mediaType\":\"application/vnd.oci.image.layer.v1.tar\",\"digest\":\"{layer_digest}\",\"size\":{}}}]}}",
-            config.len(),
-            layer.len()
-        );
-        let put = agent
-            .put(format!("http://127.0.0.1:{}/v2/{name}/manifests/{tag}", self.port))
-            .header("content-type", "application/vnd.oci.image.manifest.v1+json")
-            .send(manifest.as_bytes())
-            .expect("manifest");
-        assert_eq!(put.status().as_u16(), 201, "manifest push");
-        format!("sha256:{}", hex::encode(sha2::Sha256::digest(manifest.as_bytes())))
-    }
-}
+use std::process::Command;
 
 fn project(name: &str, image: &str, updates: &str) -> String {
     format!(

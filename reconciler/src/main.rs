@@ -376,6 +376,11 @@ fn daemon(config: &Path) -> Result<()> {
             Arc::clone(&hub),
             stopped.clone(),
         ));
+        // The image update watcher, by the leader (`[image_updates]`; off when absent).
+        let updates = tokio::spawn(reconciler::reconcile::image_updates::run(
+            Arc::clone(&reconciling),
+            stopped.clone(),
+        ));
         let fetcher = tokio::spawn(run_fetcher(Arc::clone(&reconciling), stopped.clone()));
         let looper = tokio::spawn(run_loop(Arc::clone(&reconciling), stopped));
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -390,6 +395,7 @@ fn daemon(config: &Path) -> Result<()> {
         let _ = events.await;
         let _ = notifier.await;
         let _ = snapshots.await;
+        let _ = updates.await;
         api.abort();
         if let Some(a) = agents {
             a.abort();

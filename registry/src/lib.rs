@@ -266,6 +266,22 @@ impl Registry {
     }
 }
 
+/// The tag `choose` picks among `repository`'s tags (`host[:port]/name`), with the digest it
+/// resolves to; `None` when it picks none. `credentials` by registry host.
+pub fn pick(
+    repository: &str,
+    credentials: &std::collections::HashMap<String, Zeroizing<String>>,
+    choose: impl for<'t> Fn(&'t [String]) -> Option<&'t str>,
+) -> Result<Option<(String, String)>, RegistryError> {
+    let (host, name) = split(repository)?;
+    let client = Registry::new(host, credentials.get(host).cloned());
+    let tags = client.tags(name)?;
+    match choose(&tags) {
+        Some(tag) => Ok(Some((tag.to_owned(), client.digest(name, tag)?))),
+        None => Ok(None),
+    }
+}
+
 fn basic(credentials: &str) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(credentials)

@@ -148,4 +148,3 @@ fn tree_with(repo: &gix::Repository, parent: ObjectId, files: &[(String, Vec<u8>
         .map_err(|e| git(repo, "write the tree")(gix::Error::from_error(e)))?
         .detach())
 }
-

@@ -6,7 +6,7 @@ use crate::commit::{CommitError, Expect, commit_on_branch};
 use crate::source::{Commit, SourceError, StateRepo};
 use gix::ObjectId;
 use ssh_key::PrivateKey;
-use state_schema::image_updates::Updatable;
+use state_schema::state::images::Updatable;
 
 #[derive(Debug, thiserror::Error)]
 pub enum UpdateError {

@@ -5,9 +5,11 @@ use serde::Deserialize;
 
 mod certificates;
 mod check;
+mod image_updates;
 mod outbound;
 
 pub use certificates::*;
+pub use image_updates::ImageUpdatesConfig;
 pub use outbound::*;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -80,6 +82,9 @@ pub struct Config {
     /// when absent.
     #[serde(default)]
     pub snapshots: Option<SnapshotsConfig>,
+    /// The image update watcher (`pl image update`'s, in the daemon); off when absent.
+    #[serde(default)]
+    pub image_updates: Option<ImageUpdatesConfig>,
 }
 
 /// `[snapshots]`: where the leader writes its scheduled snapshots, how often, how many are
@@ -400,7 +405,8 @@ impl Config {
     }
 
     /// Checks the files the configuration names: each exists, and the private ones (the API
-    /// key, the CA key, the age identity, webhook secrets) are readable by their owner alone.
+    /// key, the CA key, the age identity, webhook secrets, the image bot's key and registry
+    /// credentials) are readable by their owner alone.
     /// Run at every start, before anything else.
     pub fn check_files(&self) -> Result<(), ConfigError> {
         let mut public = vec![&self.api.tls_cert, &self.trust.allowed_signers];
@@ -426,6 +432,10 @@ impl Config {
         }
         private.extend(self.forge.iter().map(|f| &f.token_file));
         private.extend(self.hooks.iter().map(|h| &h.secret_file));
+        if let Some(u) = &self.image_updates {
+            private.push(&u.signing_key);
+            private.extend(u.registry_auth.values());
+        }
         for p in private {
             pushleft_secrets::check_private_file(p).map_err(|m| exposed(p, m))?;
         }
@@ -536,6 +546,12 @@ impl Config {
         fix_opt(&mut self.control.age_identity);
         if let Some(sn) = &mut self.snapshots {
             fix(&mut sn.dir);
+        }
+        if let Some(u) = &mut self.image_updates {
+            fix(&mut u.signing_key);
+            for file in u.registry_auth.values_mut() {
+                fix(file);
+            }
         }
         if let Some(f) = &mut self.forge {
             fix(&mut f.token_file);

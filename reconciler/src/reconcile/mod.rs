@@ -11,6 +11,7 @@ pub mod cron;
 pub mod deploy;
 pub mod domains;
 pub mod drift;
+pub mod image_updates;
 pub mod mesh;
 pub mod mesh_health;
 pub mod placing;

@@ -289,6 +289,16 @@ impl crate::store::Deployments<'_> {
         Ok(out)
     }
 
+    /// The environments of `branch` a rollback holds (the image watcher leaves them alone).
+    pub async fn held_environments(&self, branch: &str) -> Result<std::collections::BTreeSet<String>, LedgerError> {
+        let rows: Vec<(String,)> =
+            sqlx::query_as(self.sql("SELECT environment FROM deployments WHERE branch = ? AND hold <> ''"))
+                .bind(branch)
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(rows.into_iter().map(|(e,)| e).collect())
+    }
+
     /// The holds of `branch`'s deployments: environment → the hold.
     pub(crate) async fn holds_of(
         &self,

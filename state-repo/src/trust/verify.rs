@@ -236,7 +236,7 @@ pub fn check_bots(
         })
         .collect();
     let Some(first) = mine.first() else { return Ok(()) };
-    state_schema::image_updates::only_images(before, after, |project| mine.iter().any(|b| b.may_update(project)))
+    state_schema::state::images::only_images(before, after, |project| mine.iter().any(|b| b.may_update(project)))
         .map_err(|what| Refusal::PrincipalLimitedToImages {
             what,
             bot: first.index,

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 mod checks;
 mod hostnames;
+pub mod images;
 
 use checks::*;
 use hostnames::*;
