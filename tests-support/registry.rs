@@ -20,14 +20,28 @@ impl Drop for Registry {
     }
 }
 
+#[allow(dead_code)]
 pub fn registry() -> Registry {
+    registry_with_auth(None)
+}
+
+/// A registry that wants one of the `htpasswd` lines' users (bcrypt), when given.
+pub fn registry_with_auth(htpasswd: Option<&str>) -> Registry {
     let dir = tempfile::tempdir().expect("tempdir");
     let port = test_ports::free_port();
     let config = dir.path().join("config.yml");
+    let auth = match htpasswd {
+        Some(lines) => {
+            let file = dir.path().join("htpasswd");
+            std::fs::write(&file, lines).expect("htpasswd");
+            format!("auth:\n  htpasswd:\n    realm: test\n    path: {}\n", file.display())
+        }
+        None => String::new(),
+    };
     std::fs::write(
         &config,
         format!(
-            "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n",
+            "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n{auth}",
             dir.path().join("data").display()
         ),
     )
@@ -42,8 +56,14 @@ pub fn registry() -> Registry {
     // Ready when the registry itself answers its API's root (not when anything accepts on the
     // port).
     let deadline = Instant::now() + Duration::from_secs(10);
+    // (401 when it wants credentials: it is the registry that answers.)
     let root = format!("http://127.0.0.1:{port}/v2/");
-    while !ureq::get(&root).call().is_ok_and(|r| r.status().as_u16() == 200) {
+    let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+    while !agent
+        .get(&root)
+        .call()
+        .is_ok_and(|r| matches!(r.status().as_u16(), 200 | 401))
+    {
         assert!(Instant::now() < deadline, "the registry did not start");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -51,6 +71,12 @@ pub fn registry() -> Registry {
 }
 
 impl Registry {
+    /// Its temporary folder (its data and configuration are inside).
+    #[allow(dead_code)]
+    pub fn dir(&self) -> &std::path::Path {
+        self._dir.path()
+    }
+
     fn blob(&self, agent: &ureq::Agent, name: &str, bytes: &[u8]) -> String {
         let digest = format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)));
         let start = agent
@@ -80,6 +106,7 @@ impl Registry {
     }
 
     /// Pushes an image whose one layer says `content` as `name:tag`; its manifest digest.
+    #[allow(dead_code)]
     pub fn push(&self, name: &str, tag: &str, content: &str) -> String {
         let agent = ureq::agent();
         let config = format!(

@@ -14,6 +14,8 @@ mod daemon_support;
 mod docker_support;
 #[path = "../../reconciler/tests/support/repo.rs"]
 mod repo_support;
+#[path = "../../tests-support/ssh.rs"]
+mod ssh;
 mod support;
 
 use agent_proto::{Execution, FULL_CAPABILITIES, Heartbeat, LeasedJob, Outcome};
@@ -22,7 +24,7 @@ use docker_support::{Registry, clean, docker_ok, require_dockerd};
 use pushleft_agent::client::AgentClient;
 use repo_support::{Repo, environment};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 use support::sql;
 
@@ -32,26 +34,8 @@ fn worker(name: &str, image: &str) -> String {
     )
 }
 
-/// `printf %s DIGEST | ssh-keygen -Y sign -n pushleft-image -f KEY`: OpenSSH's own signature.
 fn openssh_sign(key: &Path, digest: &str) -> String {
-    use std::io::Write;
-    let mut child = Command::new("ssh-keygen")
-        .args(["-q", "-Y", "sign", "-n", "pushleft-image", "-f"])
-        .arg(key)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("ssh-keygen");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(digest.as_bytes())
-        .expect("write");
-    let out = child.wait_with_output().expect("wait");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).expect("utf-8")
+    ssh::openssh_sign(key, "pushleft-image", digest)
 }
 
 fn digest(image: &str) -> &str {
@@ -64,16 +48,7 @@ fn signature_file(digest: &str) -> String {
 
 /// `pl ARGS` against the daemon on `port`, as a viewer.
 fn pl(s: &daemon_support::Setup, port: u16, args: &[&str]) -> std::process::Output {
-    let exe = std::env::current_exe().expect("test binary path");
-    let target = exe.parent().and_then(Path::parent).expect("target folder");
-    let pl = target.join("pl");
-    if !pl.exists() {
-        let built = Command::new(env!("CARGO"))
-            .args(["build", "-q", "-p", "pushleft-cli", "--bin", "pl"])
-            .status()
-            .expect("cargo builds pl");
-        assert!(built.success());
-    }
+    let pl = support::pl_binary();
     Command::new(&pl)
         .args(args)
         .arg("--server")

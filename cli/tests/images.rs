@@ -5,43 +5,16 @@
 //! reported with the node's code at the file, line and column of the `image` that chose it.
 
 mod common;
+#[path = "../../tests-support/ssh.rs"]
+mod ssh;
 use common::*;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use ssh::keygen;
+use std::path::Path;
 
 const DIGEST: &str = "sha256:3b0f9c1d5e2a4f6b8c7d9e0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e";
 
-fn keygen(dir: &Path, name: &str) -> (PathBuf, String) {
-    let private = dir.join(name);
-    let o = Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-C", name, "-f"])
-        .arg(&private)
-        .output()
-        .expect("ssh-keygen");
-    assert!(o.status.success());
-    let public = std::fs::read_to_string(private.with_extension("pub")).expect("public");
-    (private, public.trim().to_owned())
-}
-
 fn openssh_sign(key: &Path, message: &str) -> String {
-    use std::io::Write;
-    let mut child = Command::new("ssh-keygen")
-        .args(["-q", "-Y", "sign", "-n", "pushleft-image", "-f"])
-        .arg(key)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("ssh-keygen");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(message.as_bytes())
-        .expect("write");
-    let out = child.wait_with_output().expect("wait");
-    assert!(out.status.success());
-    String::from_utf8(out.stdout).expect("utf-8")
+    ssh::openssh_sign(key, "pushleft-image", message)
 }
 
 fn validate(repo: &Path, trust: &[&Path]) -> (i32, String) {

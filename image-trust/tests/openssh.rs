@@ -1,6 +1,10 @@
 //! Signatures checked against OpenSSH's own `ssh-keygen -Y sign` and `-Y verify`.
 
+#[path = "../../tests-support/ssh.rs"]
+mod ssh;
+
 use image_trust::*;
+use ssh::openssh_sign;
 use ssh_key::{PrivateKey, PublicKey};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -9,14 +13,7 @@ const DIGEST: &str = "sha256:5b0bcabd1ed22e9fb1310cf6c2dec7cdef19f0ad69efa1f392e
 const OTHER: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000001";
 
 fn keygen(dir: &Path, name: &str, kind: &str) -> PathBuf {
-    let path = dir.join(name);
-    let st = Command::new("ssh-keygen")
-        .args(["-q", "-t", kind, "-N", "", "-C", name, "-f"])
-        .arg(&path)
-        .status()
-        .expect("ssh-keygen");
-    assert!(st.success());
-    path
+    ssh::keygen_of(dir, name, kind).0
 }
 
 fn private(path: &Path) -> PrivateKey {
@@ -25,28 +22,6 @@ fn private(path: &Path) -> PrivateKey {
 
 fn public(path: &Path) -> PublicKey {
     PublicKey::read_openssh_file(&path.with_extension("pub")).expect("read public key")
-}
-
-/// `printf %s DIGEST | ssh-keygen -Y sign -n NAMESPACE -f KEY`.
-fn openssh_sign(key: &Path, namespace: &str, message: &str) -> String {
-    use std::io::Write;
-    let mut child = Command::new("ssh-keygen")
-        .args(["-q", "-Y", "sign", "-n", namespace, "-f"])
-        .arg(key)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("ssh-keygen");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(message.as_bytes())
-        .expect("write");
-    let out = child.wait_with_output().expect("wait");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).expect("utf-8")
 }
 
 fn trusted(principal: &str, key: &Path) -> TrustedKey {

@@ -5,8 +5,7 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
 
 /// Replica `instance` of web role `role` of `control_plane`'s environment `env`: busybox's httpd
 /// on 8080 serving `/www` (the images [`Registry::image`] makes), healthy at `/healthz` within
@@ -82,16 +81,16 @@ pub fn require_dockerd() {
     );
 }
 
-use test_ports::free_port;
+#[path = "../../../tests-support/registry.rs"]
+mod served;
 
 /// A registry on 127.0.0.1 (plain HTTP, which dockerd allows for loopback), storing under a
 /// temporary folder; stopped when dropped.
 pub struct Registry {
-    child: Child,
+    served: served::Registry,
     pub port: u16,
     /// With credentials: the docker CLI's configuration folder that is logged in to it.
     login: Option<PathBuf>,
-    _dir: tempfile::TempDir,
 }
 
 impl Registry {
@@ -103,7 +102,7 @@ impl Registry {
     /// pushes log in with a docker CLI configuration of their own.
     pub fn with_credentials(user: &str, password: &str) -> Registry {
         let mut r = Registry::serve(Some(format!("{user}:{}\n", bcrypt::hash(password, 4).expect("bcrypt"))));
-        let login = r._dir.path().join("docker-cli");
+        let login = r.served.dir().join("docker-cli");
         let mut child = Command::new("docker")
             .arg("--config")
             .arg(&login)
@@ -132,42 +131,11 @@ impl Registry {
     }
 
     fn serve(htpasswd: Option<String>) -> Registry {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let port = free_port();
-        let config = dir.path().join("config.yml");
-        let auth = match htpasswd {
-            Some(lines) => {
-                let file = dir.path().join("htpasswd");
-                std::fs::write(&file, lines).expect("htpasswd");
-                format!("auth:\n  htpasswd:\n    realm: test\n    path: {}\n", file.display())
-            }
-            None => String::new(),
-        };
-        std::fs::write(
-            &config,
-            format!(
-                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n{auth}",
-                dir.path().join("data").display()
-            ),
-        )
-        .expect("config");
-        let child = Command::new("docker-registry")
-            .arg("serve")
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("docker-registry (Debian package docker-registry)");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "the registry did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let served = served::registry_with_auth(htpasswd.as_deref());
         Registry {
-            child,
-            port,
+            port: served.port,
+            served,
             login: None,
-            _dir: dir,
         }
     }
 
@@ -217,13 +185,6 @@ impl Registry {
         docker(&["rmi", "-f", &tag]);
         let _ = docker_ok(&["rmi", "-f", &digest]);
         digest
-    }
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

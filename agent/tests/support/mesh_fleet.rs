@@ -267,16 +267,7 @@ impl Fleet {
 
     /// `pl` with `args`, run inside host 1 against the control plane as the operator.
     pub fn pl(&self, args: &[&str]) -> std::process::Output {
-        let exe = std::env::current_exe().expect("test binary path");
-        let target = exe.parent().and_then(std::path::Path::parent).expect("target folder");
-        let pl = target.join("pl");
-        if !pl.exists() {
-            let s = Command::new(env!("CARGO"))
-                .args(["build", "-q", "-p", "pushleft-cli", "--bin", "pl"])
-                .status()
-                .expect("cargo builds pl");
-            assert!(s.success());
-        }
+        let pl = crate::support::pl_binary();
         Command::new("ip")
             .args(["netns", "exec", &self.h1.netns])
             .arg(&pl)

@@ -247,6 +247,21 @@ except OSError as e:
 pub const TEST_CONTROL_PLANE: &str = "0123abcd";
 
 /// The id of the control plane whose ledger is at `url` (made when its first node enrolled).
+/// `pl`, built by the same `cargo test` (or built now when a test runs alone).
+pub fn pl_binary() -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let target = exe.parent().and_then(std::path::Path::parent).expect("target folder");
+    let pl = target.join("pl");
+    if !pl.exists() {
+        let built = std::process::Command::new(env!("CARGO"))
+            .args(["build", "-q", "-p", "pushleft-cli", "--bin", "pl"])
+            .status()
+            .expect("cargo builds pl");
+        assert!(built.success());
+    }
+    pl
+}
+
 pub fn control_plane(url: &str) -> String {
     let ids = sql(url, "SELECT id FROM control_plane");
     assert_eq!(ids.len(), 1, "one control plane id in {url}");
