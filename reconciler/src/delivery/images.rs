@@ -62,3 +62,43 @@ impl ImageRules {
         app.image_trust = self.trust(&app.deployment, signatures, now_ms / 1000);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use state_repo::trust::{allowed_signers, policy};
+
+    const KEY: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPOJsxBI20fwBdKMM60K5KqcDJbjkDYkbhFFbVR6qhOX";
+
+    #[test]
+    fn the_limits_the_wire_carries_are_the_trees_and_the_verifiers() {
+        // Three crates say how many signatures an image may carry; one number.
+        assert_eq!(MAX_IMAGE_SIGNATURES, state_schema::image_signatures::MAX_SIGNATURES);
+        assert_eq!(MAX_IMAGE_SIGNATURES, image_trust::MAX_SIGNATURES);
+        assert_eq!(
+            state_schema::image_signatures::MAX_SIGNATURE_BYTES,
+            image_trust::MAX_SIGNATURE_BYTES
+        );
+    }
+
+    #[test]
+    fn a_project_some_rule_names_gets_its_keys_and_signatures_and_another_nothing() {
+        let rules = ImageRules::new(
+            Some(policy::parse("images:\n  - projects: [api]\n    principals: [ci]\n").expect("policy")),
+            allowed_signers::parse(&format!("ci {KEY}\nops {KEY}\n")).expect("signers"),
+        );
+        let sig = vec!["-----BEGIN SSH SIGNATURE-----\nAAAA\n-----END SSH SIGNATURE-----\n".to_owned()];
+        let t = rules.trust("api", &sig, 1_800_000_000).expect("named");
+        assert!(t.required);
+        assert_eq!(t.signatures, sig);
+        assert_eq!(t.signers.len(), 1, "ci's entry alone: {t:?}");
+        assert_eq!(t.signers[0].principal, "ci");
+        assert!(t.signers[0].key.starts_with("ssh-ed25519 AAAAC3"));
+        assert_eq!(rules.trust("billing", &sig, 1_800_000_000), None);
+        assert_eq!(
+            ImageRules::default().trust("api", &sig, 0),
+            None,
+            "no policy: nothing checked"
+        );
+    }
+}
