@@ -41,6 +41,7 @@ pub const FAILURE_CODES: &[&str] = &[
     "image-registry-unreachable",
     "image-signature-invalid",
     "image-signer-untrusted",
+    "image-store-unavailable",
     "image-unsigned",
     "ingress-certs-listen-mismatch",
     "ingress-internal",

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 pub mod codes;
 mod execution;
 mod heartbeat;
+pub mod images;
 mod logs;
 pub mod mesh;
 pub mod task;

@@ -280,7 +280,30 @@ impl AgentClient {
             message: r.message,
         })
     }
+
+    /// A manifest or blob of the control plane's image store, by digest, as the answer
+    /// streams (the caller reads its body; any status comes back). One fetch may take up to
+    /// [`FETCH_TIMEOUT`].
+    pub fn fetch(
+        &self,
+        kind: agent_proto::images::Fetch,
+        digest: &str,
+        head: bool,
+    ) -> Result<ureq::http::Response<ureq::Body>, ClientError> {
+        let url = format!("{}{}", self.base, agent_proto::images::fetch_path(kind, digest));
+        let agent = self.agent()?;
+        let request = if head { agent.head(&url) } else { agent.get(&url) };
+        request
+            .config()
+            .timeout_global(Some(FETCH_TIMEOUT))
+            .build()
+            .call()
+            .map_err(transport)
+    }
 }
+
+/// How long one image fetch through the agent API may take (a large layer on a slow link).
+pub const FETCH_TIMEOUT: Duration = Duration::from_secs(3_600);
 
 /// What `complete_and_lease` answers: per completion, `None` when recorded or its refusal;
 /// then the lease, or its refusal.

@@ -11,6 +11,7 @@ pub mod docker;
 pub mod enroll;
 pub mod firewall;
 pub mod folder;
+pub mod image_proxy;
 pub mod ingress;
 pub mod lease_loop;
 pub mod logs;

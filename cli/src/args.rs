@@ -163,6 +163,29 @@ pub(crate) enum ImageCommand {
         #[arg(short = 'C', long = "dir")]
         dir: Option<PathBuf>,
     },
+    /// Send an image to the control plane's own image store (`[images]`), so nodes pull it
+    /// through their agents and no registry is needed: `docker save IMAGE | pl image push
+    /// NAME`. Each blob is asked for first, so only what the store lacks travels. Prints
+    /// `pushleft.invalid/NAME@sha256:…`, the reference to write in Git (operator).
+    Push {
+        /// The repository name (`web`, `shop/web`).
+        name: String,
+        /// Read the archive from FILE instead of standard input.
+        #[arg(long, value_name = "FILE")]
+        input: Option<PathBuf>,
+        #[command(flatten)]
+        server: client::ServerArgs,
+    },
+    /// List the image store's blobs that nothing the control plane keeps references (an
+    /// accepted revision, an environment's running, retired or previous release) and that are
+    /// older than `images.gc_grace_hours`; with `--delete`, remove them (admin).
+    Gc {
+        /// Remove them (without it, a dry run).
+        #[arg(long)]
+        delete: bool,
+        #[command(flatten)]
+        server: client::ServerArgs,
+    },
 }
 
 #[derive(Subcommand, Debug)]

@@ -368,6 +368,19 @@ impl Client {
         self.post("/v1/backups/run", ask)
     }
 
+    /// `POST /v1/images/gc`.
+    pub(crate) fn collect_images(
+        &self,
+        ask: &operator_proto::images::CollectImages,
+    ) -> Result<operator_proto::images::ImagesCollected> {
+        self.post("/v1/images/gc", ask)
+    }
+
+    /// The image store's distribution endpoint (`/v2/`), with this client's TLS and token.
+    pub(crate) fn pusher(&self) -> registry::push::Pusher {
+        registry::push::Pusher::new(self.agent.clone(), &self.base, &self.token)
+    }
+
     /// `POST /v1/restores`.
     pub(crate) fn restore(&self, ask: &Restore) -> Result<Restoring> {
         self.post("/v1/restores", ask)

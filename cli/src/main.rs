@@ -7,6 +7,7 @@ mod backups;
 mod client;
 mod commands;
 mod image;
+mod image_push;
 mod live;
 mod operator;
 mod rollback;
@@ -81,6 +82,12 @@ fn main() -> ExitCode {
             signing_key,
             dir: d,
         }) => image::sign(&dir(d), &image, signing_key.as_deref()),
+        Command::Image(ImageCommand::Push { name, input, server }) => {
+            control_plane(server).and_then(|s| image_push::push(&s, &name, input.as_deref()))
+        }
+        Command::Image(ImageCommand::Gc { delete, server }) => {
+            control_plane(server).and_then(|s| image_push::gc(&s, delete))
+        }
         Command::Image(ImageCommand::Update {
             signing_key,
             registry_auth,

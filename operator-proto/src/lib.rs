@@ -48,6 +48,7 @@ pub mod backups;
 pub mod deployments;
 pub mod domains;
 pub mod events;
+pub mod images;
 pub mod jobs;
 pub mod nodes;
 pub mod provenance;

@@ -588,3 +588,23 @@ fn states_are_spelled_one_way() {
     each(OutboxState::ALL, OutboxState::as_str, OutboxState::parse);
     each(Verdict::ALL, Verdict::as_str, Verdict::parse);
 }
+
+#[test]
+fn image_collection() {
+    golden("images-gc-ask", &operator_proto::images::CollectImages { delete: true });
+    golden(
+        "images-gc",
+        &operator_proto::images::ImagesCollected {
+            deleted: false,
+            blobs: vec![operator_proto::images::UnreferencedBlob {
+                digest: format!("sha256:{}", "b".repeat(64)),
+                bytes: 20_971_520,
+                age_seconds: 90_000,
+            }],
+            bytes: 20_971_520,
+            young: 1,
+            held_bytes: 230_686_720,
+            quota_bytes: 21_474_836_480,
+        },
+    );
+}

@@ -162,6 +162,8 @@ async fn run(dir: &Path, repo: &Repo, base: &str, head: &str, url: &str, samples
         issues_certificates: false,
         repo_dir: Some(repo.dir.clone()),
         plans: tokio::sync::Semaphore::new(1),
+        images: None,
+        images_grace_hours: 24,
         indicators: Default::default(),
     });
     let (stop, stopped) = tokio::sync::watch::channel(false);

@@ -15,6 +15,7 @@ pub mod config;
 pub mod delivery;
 pub mod http;
 pub mod hub;
+pub mod images;
 pub mod issuer;
 pub mod notify;
 pub mod ops;

@@ -10,6 +10,7 @@ use reconciler::http::enrolment::{self, Enrol};
 use reconciler::http::logs::{self, LogHub, Readers, Writers};
 use reconciler::http::operator::{self, Operator};
 use reconciler::http::peer::Peers;
+use reconciler::http::registry::{self, AgentImages, Images};
 use reconciler::http::server::{operator_tls_config, serve, tls_config, tls_config_with};
 use reconciler::http::streams::watch_events;
 use reconciler::http::ui::{self, Ui};
@@ -205,6 +206,7 @@ async fn serve_agents(
     hub: &Arc<Hub>,
     logs: &Arc<LogHub>,
     images: reconciler::delivery::ImageRules,
+    image_store: Option<&Arc<reconciler::images::store::Store>>,
     stopped: &tokio::sync::watch::Receiver<bool>,
 ) -> Result<Option<tokio::task::JoinHandle<()>>> {
     let (Some(a), Some(_)) = (&config.agent_api, &config.control.ca_cert) else {
@@ -238,15 +240,22 @@ async fn serve_agents(
             Arc::clone(ledger),
             Arc::clone(hub),
             group,
-            peers,
+            Arc::clone(&peers),
             images,
         )
         .map_err(anyhow::Error::msg)?,
     );
+    let mut routes = agent::router(agents).merge(logs::agent_router(writers));
+    if let Some(store) = image_store {
+        routes = routes.merge(registry::agent_router(Arc::new(AgentImages {
+            store: Arc::clone(store),
+            peers,
+        })));
+    }
     Ok(Some(tokio::spawn(serve(
         listener,
         tls,
-        agent::router(agents).merge(logs::agent_router(writers)),
+        routes,
         a.max_connections,
         stopped.clone(),
     ))))
@@ -261,6 +270,7 @@ fn operator_listener(
     hub: &Arc<Hub>,
     tokens: &Arc<Tokens>,
     logs: &Arc<LogHub>,
+    image_store: Option<&Arc<reconciler::images::store::Store>>,
 ) -> Result<axum::Router> {
     let operator = Arc::new(
         Operator::new(Arc::clone(config), Arc::clone(ops), Arc::clone(hub), Arc::clone(tokens))
@@ -282,15 +292,23 @@ fn operator_listener(
         config.api.max_streams,
         Some(Arc::clone(&readers)),
     );
-    Ok(operator::router(operator)
+    let routes = operator::router(operator)
         .merge(enrolment::router(enrol))
         .merge(logs::reader_router(readers))
-        .merge(ui::router(web)))
+        .merge(ui::router(web));
+    // The image store's distribution endpoint (`pl image push`), when `[images]` is set.
+    Ok(match image_store {
+        Some(store) => routes.merge(registry::router(Arc::new(Images {
+            store: Arc::clone(store),
+            tokens: Arc::clone(tokens),
+        }))),
+        None => routes,
+    })
 }
 
 /// The id every host object names: pinned by the configuration or made by the ledger; a
 /// ledger of another control plane than the configuration names is refused.
-async fn control_plane_id(ledger: &Ledger, cfg: &Config) -> Result<()> {
+async fn control_plane_id(ledger: &Ledger, cfg: &Config) -> Result<String> {
     let pinned = cfg.control.id.as_ref().map(|id| id.as_str());
     let id = ledger
         .control_plane_or(pinned)
@@ -305,7 +323,7 @@ async fn control_plane_id(ledger: &Ledger, cfg: &Config) -> Result<()> {
         );
     }
     tracing::info!(control_plane = %id, "the control plane's id");
-    Ok(())
+    Ok(id)
 }
 
 fn daemon(config: &Path) -> Result<()> {
@@ -321,7 +339,14 @@ fn daemon(config: &Path) -> Result<()> {
             .context("connecting to the ledger")?;
         // Every daemon migrates at start; sqlx serialises concurrent runs with a lock.
         ledger.migrate().await.context("migrating the ledger")?;
-        control_plane_id(&ledger, &cfg).await?;
+        let control_plane = control_plane_id(&ledger, &cfg).await?;
+        let image_store = match &cfg.images {
+            Some(i) => Some(Arc::new(
+                reconciler::images::store::Store::open(&i.dir, &control_plane, i.quota_bytes, i.max_blob_bytes)
+                    .map_err(|e| anyhow::anyhow!("images.dir: {e} [{}]", e.code()))?,
+            )),
+            None => None,
+        };
         let listen = cfg.api.listen;
         let max_connections = cfg.api.max_connections;
         // The composition root: each layer's state, built from the configuration, sharing the
@@ -347,8 +372,10 @@ fn daemon(config: &Path) -> Result<()> {
             repo_dir: config.source.path.clone().or_else(|| config.source.cache_dir.clone()),
             plans: tokio::sync::Semaphore::new(1),
             indicators: Default::default(),
+            images: image_store.clone(),
+            images_grace_hours: config.images.as_ref().map_or(24, |i| i.gc_grace_hours),
         });
-        let operator_routes = operator_listener(&config, &ledger, &ops, &hub, &tokens, &logs)?;
+        let operator_routes = operator_listener(&config, &ledger, &ops, &hub, &tokens, &logs, image_store.as_ref())?;
         let _watcher = watch_local(&reconciling).context("watching the repository")?;
         let listener = tokio::net::TcpListener::bind(listen)
             .await
@@ -360,7 +387,7 @@ fn daemon(config: &Path) -> Result<()> {
         // The agents' API: the same server certificate, and a client certificate from the
         // control CA required to finish the handshake.
         // During a CA rotation, certificates of the CAs in `control.trusted_cas` are accepted too.
-        let agents = serve_agents(&config, &ledger, &hub, &logs, images, &stopped).await?;
+        let agents = serve_agents(&config, &ledger, &hub, &logs, images, image_store.as_ref(), &stopped).await?;
         // Commit statuses and webhooks, from the events (the leader's alone).
         let notifier = tokio::spawn(reconciler::notify::run(
             Arc::clone(&ledger),

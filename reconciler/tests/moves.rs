@@ -138,6 +138,8 @@ async fn scenario(url: String, dir: &Path) {
         issues_certificates: shared.config.issues_certificates(),
         repo_dir: None,
         plans: tokio::sync::Semaphore::new(1),
+        images: None,
+        images_grace_hours: 24,
         indicators: Default::default(),
     };
     let move_to = |to: &str| operator_proto::volumes::MoveVolume {

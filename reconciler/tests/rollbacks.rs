@@ -486,6 +486,8 @@ async fn canary_scenario(url: String, dir: &Path) {
         issues_certificates: shared.config.issues_certificates(),
         repo_dir: None,
         plans: tokio::sync::Semaphore::new(1),
+        images: None,
+        images_grace_hours: 24,
         indicators: Default::default(),
     };
     let step_state = || {

@@ -9,6 +9,9 @@
 //! A registry on a loopback address is spoken to over plain HTTP (as Docker does for
 //! `localhost`); any other over HTTPS with the system's roots.
 
+pub mod oci;
+pub mod push;
+
 use sha2::Digest;
 use std::time::Duration;
 use zeroize::Zeroizing;

@@ -57,6 +57,7 @@ impl Engine {
     pub(super) async fn create(
         &self,
         app: &ApplicationSpec,
+        image: &str,
         secrets: Option<&Path>,
         verified: Option<&image_trust::Verified>,
     ) -> Result<(), Failure> {
@@ -96,7 +97,9 @@ impl Engine {
             ..HostConfig::default()
         };
         let body = ContainerCreateBody {
-            image: Some(app.image.clone()),
+            // The engine's own reference (for an image of the control plane's store, the one
+            // pulled through the agent); the label keeps the one Git names.
+            image: Some(image.to_owned()),
             cmd: (!app.command.is_empty()).then(|| app.command.clone()),
             env: Some(app.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
             labels: Some(with_signer(self.labels(app), verified)),
@@ -170,9 +173,9 @@ impl Engine {
             }
         }
         if note != "adopted" {
-            self.ensure_image(&app.image).await?;
+            let image = self.ensure_image(&app.image).await?;
             let secrets = self.write_secrets(app)?;
-            self.create(app, secrets.as_deref(), verified.as_ref()).await?;
+            self.create(app, &image, secrets.as_deref(), verified.as_ref()).await?;
         }
         if note != "adopted" {
             // One writer: a role with volumes is restarted in place, so its older generation
@@ -479,9 +482,9 @@ impl Engine {
             }
             Some(_) => {}
             None => {
-                self.ensure_image(&app.image).await?;
+                let image = self.ensure_image(&app.image).await?;
                 let secrets = self.write_secrets(app)?;
-                self.create(app, secrets.as_deref(), verified.as_ref()).await?;
+                self.create(app, &image, secrets.as_deref(), verified.as_ref()).await?;
                 if let Err(e) = self.docker.start_container(&app.container, None).await {
                     self.remove(&app.container).await?;
                     return Err(docker("container-start-failed", e));

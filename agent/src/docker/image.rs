@@ -98,12 +98,18 @@ impl Engine {
         Ok(removed)
     }
 
-    /// Pulls `image` (by digest) when the engine does not have it. A registry that cannot
-    /// resolve fails at once, for good, with a hint (a pull would fail the same way on every
-    /// retry); one under `.invalid` (a placeholder) is refused without asking a resolver.
-    pub(super) async fn ensure_image(&self, image: &str) -> Result<(), Failure> {
+    /// Pulls `image` (by digest) when the engine does not have it, and returns the reference
+    /// the engine knows it by: `image` itself, or for one of the control plane's store
+    /// (`pushleft.invalid/…`) the agent's loopback endpoint's (`image_proxy`), pulled with its
+    /// credentials. A registry that cannot resolve fails at once, for good, with a hint (a pull
+    /// would fail the same way on every retry); one under `.invalid` (a placeholder) is
+    /// refused without asking a resolver.
+    pub(super) async fn ensure_image(&self, image: &str) -> Result<String, Failure> {
+        if agent_proto::images::in_store(image).is_some() {
+            return self.ensure_stored_image(image).await;
+        }
         match self.docker.inspect_image(image).await {
-            Ok(_) => return Ok(()),
+            Ok(_) => return Ok(image.to_owned()),
             Err(e) if not_found(&e) => {}
             Err(e) => return Err(docker("docker-unavailable", e)),
         }
@@ -133,6 +139,50 @@ impl Engine {
                 ),
                 None => None,
             };
+        self.pull(image, credentials).await?;
+        Ok(image.to_owned())
+    }
+
+    /// An image of the control plane's store, through this agent's loopback endpoint.
+    async fn ensure_stored_image(&self, image: &str) -> Result<String, Failure> {
+        let Some(proxy) = &self.store_proxy else {
+            return Err(permanent(
+                "image-store-unavailable",
+                format!(
+                    "{image}: this agent serves no image store to its engine (it runs without a control plane connection)"
+                ),
+            ));
+        };
+        let local = proxy.local_reference(image).ok_or_else(|| {
+            permanent(
+                "image-not-found",
+                format!("{image}: not a digest reference to the store"),
+            )
+        })?;
+        match self.docker.inspect_image(&local).await {
+            Ok(_) => return Ok(local),
+            Err(e) if not_found(&e) => {}
+            Err(e) => return Err(docker("docker-unavailable", e)),
+        }
+        let credentials = bollard::auth::DockerCredentials {
+            username: Some(proxy.username.clone()),
+            password: Some(proxy.password.as_str().to_owned()),
+            serveraddress: Some(proxy.server()),
+            ..Default::default()
+        };
+        self.pull(&local, Some(credentials)).await?;
+        Ok(local)
+    }
+
+    async fn pull(&self, image: &str, credentials: Option<bollard::auth::DockerCredentials>) -> Result<(), Failure> {
+        let unreachable = |registry: &str, why: &str| {
+            permanent(
+                "image-registry-unreachable",
+                format!(
+                    "{image}: the registry {registry} {why}; push the image to a registry this node resolves, or build it on this machine (`pl up --build PROJECT=DIR`)"
+                ),
+            )
+        };
         let mut pull = self.docker.create_image(
             Some(CreateImageOptionsBuilder::default().from_image(image).build()),
             None,

@@ -95,6 +95,9 @@ pub struct Engine {
     /// Credentials files by registry (`127.0.0.1:5000`), for pulls from registries that want
     /// them (`pl up`'s build registry).
     registry_auth: std::collections::BTreeMap<String, PathBuf>,
+    /// The control plane's image store as this agent serves it to the engine
+    /// (`crate::image_proxy`); `None` when there is no control plane to fetch from.
+    store_proxy: Option<crate::image_proxy::StoreProxy>,
     /// Restored dumps waiting for their role to load them (`<volume's name>.dump`, 0600),
     /// beside the `pulled` file in the agent's state folder: never inside the volume, which a
     /// restore leaves empty for the role's first start.
@@ -206,6 +209,7 @@ impl Engine {
             pulled,
             pulled_lock: std::sync::Mutex::new(()),
             registry_auth: std::collections::BTreeMap::new(),
+            store_proxy: None,
             unused_image_grace: UNUSED_IMAGE_GRACE,
             unused_since: std::sync::Mutex::default(),
             resumed: std::sync::Mutex::default(),
@@ -234,6 +238,16 @@ impl Engine {
     /// Keeps unused pulled images this long (tests: zero).
     pub fn with_unused_image_grace(mut self, grace: std::time::Duration) -> Engine {
         self.unused_image_grace = grace;
+        self
+    }
+
+    /// Images of the control plane's store are pulled through `proxy`.
+    pub fn with_image_store(self, proxy: crate::image_proxy::StoreProxy) -> Engine {
+        self.with_image_store_if(Some(proxy))
+    }
+
+    pub fn with_image_store_if(mut self, proxy: Option<crate::image_proxy::StoreProxy>) -> Engine {
+        self.store_proxy = proxy;
         self
     }
 

@@ -57,7 +57,16 @@ pub async fn run(config: Config) -> Result<()> {
         crate::ingress::kernel::ensure_migrate_requests();
     }
     let (mesh_offers, mesh_taken) = crate::mesh::offers::Offers::new();
-    let engine = Arc::new(executors_of(&config, &control_plane, &node, mesh_offers).await?);
+    // The control plane's image store, served to the engine on loopback (`image_proxy`).
+    let proxy = match config.executors.contains(&Capability::Docker) {
+        true => Some(
+            crate::image_proxy::start(Arc::clone(&client))
+                .await
+                .context("the image store's loopback endpoint")?,
+        ),
+        false => None,
+    };
+    let engine = Arc::new(executors_of(&config, &control_plane, &node, mesh_offers, proxy).await?);
     if engine.on(Capability::Docker) {
         // What already runs keeps its names from the start (it was judged before a restart).
         engine.names.refresh(&engine.engine).await;
@@ -153,6 +162,7 @@ async fn executors_of(
     control_plane: &str,
     node: &str,
     mesh_offers: crate::mesh::offers::Offers,
+    proxy: Option<crate::image_proxy::StoreProxy>,
 ) -> Result<Executors> {
     let firewall = Arc::new(Firewall {
         nft: config.nft.clone(),
@@ -176,7 +186,8 @@ async fn executors_of(
         .await
         .with_context(|| format!("Docker at {}", config.docker_socket.display()))?
         .with_registry_auth(config.registry_auth.clone())
-        .with_rollback_window(Duration::from_secs(config.rollback_window_seconds)),
+        .with_rollback_window(Duration::from_secs(config.rollback_window_seconds))
+        .with_image_store_if(proxy),
         firewall: Arc::clone(&firewall),
         mesh: Arc::new(crate::mesh::Mesh {
             control_plane: control_plane.to_owned(),

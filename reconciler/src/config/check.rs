@@ -153,6 +153,9 @@ impl Config {
         if let Some(u) = &self.image_updates {
             u.check(self.source.path.is_some())?;
         }
+        if let Some(i) = &self.images {
+            i.check()?;
+        }
         if let Some(sn) = &self.snapshots {
             if !(1..=168).contains(&sn.every_hours) || !(1..=1000).contains(&sn.keep) {
                 return Err("snapshots: every_hours must be 1 to 168 and keep 1 to 1000".into());

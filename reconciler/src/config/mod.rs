@@ -6,10 +6,12 @@ use serde::Deserialize;
 mod certificates;
 mod check;
 mod image_updates;
+mod images;
 mod outbound;
 
 pub use certificates::*;
 pub use image_updates::ImageUpdatesConfig;
+pub use images::ImagesConfig;
 pub use outbound::*;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -85,6 +87,9 @@ pub struct Config {
     /// The image update watcher (`pl image update`'s, in the daemon); off when absent.
     #[serde(default)]
     pub image_updates: Option<ImageUpdatesConfig>,
+    /// The control plane's own image store (`pl image push`); off when absent.
+    #[serde(default)]
+    pub images: Option<ImagesConfig>,
 }
 
 /// `[snapshots]`: where the leader writes its scheduled snapshots, how often, how many are
@@ -546,6 +551,9 @@ impl Config {
         fix_opt(&mut self.control.age_identity);
         if let Some(sn) = &mut self.snapshots {
             fix(&mut sn.dir);
+        }
+        if let Some(i) = &mut self.images {
+            fix(&mut i.dir);
         }
         if let Some(u) = &mut self.image_updates {
             fix(&mut u.signing_key);

@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod operator;
 pub mod peer;
+pub mod registry;
 pub mod server;
 pub mod slis;
 pub mod streams;

@@ -26,6 +26,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use operator_proto::backups::{BackupsQuery, Restore, RunBackup};
 use operator_proto::events::Event;
+use operator_proto::images::CollectImages;
 use operator_proto::revisions::ApproveRewrite;
 use operator_proto::rollbacks::{RollbackAsk, RolloutAsk};
 use operator_proto::status::WebhookAccepted;
@@ -134,6 +135,7 @@ pub fn router(state: Arc<Operator>) -> Router {
         .route("/v1/rollouts", post(rollout))
         .route("/v1/outbox", get(outbox))
         .route("/v1/fleet", get(fleet))
+        .route("/v1/images/gc", post(collect_images))
         .route("/v1/rewrites/approve", post(approve_rewrite))
         .route("/v1/ui/sign-in-link", post(sign_in_link))
         .route("/v1/ui/sign-out-everywhere", post(sign_out_everywhere))
@@ -254,6 +256,11 @@ async fn remove_volume(State(s): App, who: Caller<Admins>, Ask(ask): Ask<RemoveV
 
 async fn move_volume(State(s): App, who: Caller<Admins>, Ask(ask): Ask<MoveVolume>) -> Response {
     reply(ASKED, s.ops.move_volume(&who.name, ask).await)
+}
+
+/// The image store's unreferenced blobs, listed (and removed when asked).
+async fn collect_images(State(s): App, who: Caller<Admins>, Ask(ask): Ask<CollectImages>) -> Response {
+    reply(OK, s.ops.collect_images(&who.name, ask).await)
 }
 
 async fn rollback(State(s): App, who: Caller<Operators>, Ask(ask): Ask<RollbackAsk>) -> Response {

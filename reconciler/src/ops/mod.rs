@@ -14,6 +14,7 @@ pub mod agents;
 pub mod backups;
 pub mod domains;
 pub mod group;
+pub mod images;
 pub mod indicators;
 pub mod nodes;
 pub mod plans;
@@ -54,6 +55,10 @@ pub struct Ops {
     /// The newest reading of the service level indicators (`indicators`), which `/metrics`
     /// serves; one reader at a time.
     pub indicators: tokio::sync::Mutex<Option<std::sync::Arc<indicators::Indicators>>>,
+    /// The image store (`[images]`), which `pl image gc` collects; `None` when not configured.
+    pub images: Option<Arc<crate::images::store::Store>>,
+    /// `images.gc_grace_hours`.
+    pub images_grace_hours: u64,
 }
 
 /// How a refusal reads to the caller (the HTTP surface maps each to its status).

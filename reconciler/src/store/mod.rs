@@ -15,6 +15,7 @@ mod drift;
 pub mod events;
 pub mod fleet;
 mod handles;
+mod image_refs;
 mod jobs;
 pub mod kept;
 mod lease;

@@ -323,6 +323,19 @@ pub fn document() -> OpenApi {
         empty(),
         (200, b),
     );
+    let (req, b) = (
+        d.json::<operator_proto::images::CollectImages>(),
+        d.json::<operator_proto::images::ImagesCollected>(),
+    );
+    d.route(
+        Post,
+        "/v1/images/gc",
+        admin,
+        "The image store's blobs nothing references and older than the grace: listed, and removed when `delete` is true.",
+        &[],
+        req,
+        (200, b),
+    );
     let (req, b) = (d.json::<backups::RunBackup>(), d.json::<backups::JobAsked>());
     d.route(
         Post,
