@@ -1,0 +1,279 @@
+//! Images without a registry, end to end: an image built on this machine's dockerd, saved with
+//! `docker save` and piped to `pl image push`, kept by a real daemon's store (`[images]`); a
+//! second image sharing its base layer sends only what the store lacks. A project naming the
+//! pushed reference (`pushleft.invalid/web@sha256:…`) is leased to a node enrolled over mutual
+//! TLS, whose agent pulls it through its loopback endpoint (which refuses anyone without the
+//! credentials it made) from the agent API: the replica runs the pushed content, with no
+//! registry anywhere. Then `pl image gc`: a dry run lists what nothing references once it is
+//! older than the grace, and `--delete` removes exactly that, leaving the running image's blobs.
+
+#[path = "../../reconciler/tests/support/daemon.rs"]
+mod daemon_support;
+#[path = "support/docker.rs"]
+mod docker_support;
+#[path = "../../reconciler/tests/support/repo.rs"]
+mod repo_support;
+mod support;
+
+use agent_proto::{Execution, FULL_CAPABILITIES, Heartbeat, LeasedJob, Outcome};
+use daemon_support::{CONTROL_CA, Daemon, config, free_port, setup};
+use docker_support::{clean, docker, docker_ok, require_dockerd};
+use pushleft_agent::client::AgentClient;
+use repo_support::{Repo, environment};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn worker(name: &str, image: &str) -> String {
+    format!(
+        "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: {name}}}\nspec:\n  image: {image}\n  roles:\n    work: {{kind: worker, replicas: 1, command: [/bin/sleep, \"600\"], resources: {{cpu: 100m, memory: 32Mi, pids: 16}}}}\n"
+    )
+}
+
+/// A local image: the static busybox as a base (imported), and `which` in a layer of its own
+/// above it (the legacy builder, which needs no registry).
+fn build(tag: &str, base: &str, which: &str) {
+    let ctx = tempfile::tempdir().expect("context");
+    std::fs::write(ctx.path().join("which"), which).expect("file");
+    std::fs::write(ctx.path().join("Dockerfile"), format!("FROM {base}\nCOPY which /etc/which\n")).expect("dockerfile");
+    let o = Command::new("docker")
+        .args(["build", "-q", "-t", tag])
+        .arg(ctx.path())
+        .env("DOCKER_BUILDKIT", "0")
+        .output()
+        .expect("docker build");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+fn base_image(tag: &str) {
+    let root = tempfile::tempdir().expect("root");
+    let bin = root.path().join("bin");
+    std::fs::create_dir_all(&bin).expect("bin");
+    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("busybox-static");
+    std::fs::copy(busybox, bin.join("busybox")).expect("busybox");
+    for applet in ["sh", "sleep", "cat"] {
+        std::os::unix::fs::symlink("busybox", bin.join(applet)).expect("applet");
+    }
+    let tar = root.path().with_extension("tar");
+    assert!(
+        Command::new("tar")
+            .arg("-C")
+            .arg(root.path())
+            .arg("-cf")
+            .arg(&tar)
+            .arg(".")
+            .status()
+            .expect("tar")
+            .success()
+    );
+    docker(&["import", &tar.to_string_lossy(), tag]);
+    let _ = std::fs::remove_file(&tar);
+}
+
+/// `docker save TAG | pl image push NAME` with `token`: (success, stdout, stderr).
+fn push(s: &daemon_support::Setup, port: u16, token: &str, tag: &str, name: &str) -> (bool, String, String) {
+    let mut save = Command::new("docker")
+        .args(["save", tag])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("docker save");
+    let o = Command::new(support::pl_binary())
+        .args(["image", "push", name, "--server"])
+        .arg(format!("https://localhost:{port}"))
+        .arg("--ca-cert")
+        .arg(s.dir.join("tls/ca.crt"))
+        .env("PL_TOKEN", token)
+        .stdin(save.stdout.take().expect("pipe"))
+        .output()
+        .expect("pl image push");
+    let _ = save.wait();
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).trim().to_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+fn gc(s: &daemon_support::Setup, port: u16, delete: bool) -> operator_proto::images::ImagesCollected {
+    let mut c = Command::new(support::pl_binary());
+    c.args(["image", "gc", "--format", "json", "--server"])
+        .arg(format!("https://localhost:{port}"))
+        .arg("--ca-cert")
+        .arg(s.dir.join("tls/ca.crt"))
+        .env("PL_TOKEN", &s.admin);
+    if delete {
+        c.arg("--delete");
+    }
+    let o = c.output().expect("pl image gc");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).expect("json")
+}
+
+#[test]
+fn a_pushed_image_runs_on_a_node_with_no_registry() {
+    require_dockerd();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .subsec_nanos();
+    let unique = format!("{}-{nanos}", std::process::id());
+    let (base, one, two) = (
+        format!("pl-store-test/base:{unique}"),
+        format!("pl-store-test/web:one-{unique}"),
+        format!("pl-store-test/web:two-{unique}"),
+    );
+    base_image(&base);
+    build(&one, &base, "one\n");
+    build(&two, &base, "two\n");
+    clean("web-production");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = Repo::new(dir.path());
+    std::fs::write(dir.path().join("allowed_signers"), &repo.signers).expect("signers");
+    // No environment yet: nothing runs until the image is pushed.
+    repo.write(
+        "projects/web.yaml",
+        &worker(
+            "web",
+            &format!("registry.example.invalid/none@sha256:{}", "0".repeat(64)),
+        ),
+    );
+    repo.commit("a project, its image not pushed yet", true);
+    let s = setup(dir.path());
+    let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    let (port, agent_port) = (free_port(), free_port());
+    let store = dir.path().join("images");
+    let cfg = config(
+        &s,
+        "d",
+        &repo.dir,
+        &url,
+        port,
+        &format!(
+            "{CONTROL_CA}\n[agent_api]\nlisten = \"127.0.0.1:{agent_port}\"\n\n[images]\ndir = {store:?}\ngc_grace_hours = 1\n"
+        ),
+    );
+    let mut d = Daemon::start(&s, &cfg, port);
+    d.wait_ready(Duration::from_secs(20));
+
+    // Pushes: the first sends everything; the second only its own layer, config and manifest.
+    let (ok, first, err) = push(&s, port, &s.operator, &one, "web");
+    assert!(ok, "{err}");
+    assert!(first.starts_with("pushleft.invalid/web@sha256:"), "{first}");
+    assert!(err.contains(", 0 already held"), "{err}");
+    let (ok, second, err) = push(&s, port, &s.operator, &two, "web");
+    assert!(ok, "{err}");
+    assert!(err.contains(", 1 already held"), "the base layer is not sent again: {err}");
+    let (again, same, err) = push(&s, port, &s.operator, &two, "web");
+    assert!(again && same == second, "the same image has the same digest: {err}");
+    assert!(err.contains("0 blobs sent"), "{err}");
+    let (ok, _, err) = push(&s, port, &s.viewer, &two, "web");
+    assert!(!ok && err.contains("image-store-unauthorized"), "{err}");
+    // The node must pull for real: the engine forgets the built images.
+    for tag in [&one, &two, &base] {
+        docker(&["rmi", "-f", tag]);
+    }
+
+    repo.write("projects/web.yaml", &worker("web", &second));
+    repo.write("envs/web.yaml", &environment("web-production", "web"));
+    repo.commit("web runs the pushed image", true);
+
+    let fingerprint = support::ca_pin(&std::fs::read_to_string(dir.path().join("tls/ca.crt")).expect("ca"));
+    let node_dir = dir.path().join("n1");
+    let token = d.enrolment_token("n1", &s.operator);
+    pushleft_agent::enroll::enroll(&format!("https://localhost:{port}"), &fingerprint, "n1", &node_dir, &token)
+        .expect("enrol");
+    let n1 = AgentClient::from_dir(&format!("https://localhost:{agent_port}"), &node_dir).expect("client");
+    n1.heartbeat(&Heartbeat::new("test", &FULL_CAPABILITIES)).expect("heartbeat");
+    let cp = support::control_plane(&url);
+    let rt = support::runtime();
+    let proxy_client = Arc::new(AgentClient::from_dir(&format!("https://localhost:{agent_port}"), &node_dir).expect("client"));
+    let proxy = rt
+        .block_on(pushleft_agent::image_proxy::start(proxy_client))
+        .expect("the loopback endpoint");
+    let engine_dir = tempfile::tempdir().expect("engine dir");
+    let engine = rt
+        .block_on(docker_support::engine_n1(engine_dir.path(), &cp))
+        .with_image_store(proxy.clone());
+
+    // Anyone else on the machine reaches the loopback endpoint and gets nothing.
+    let plain: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(5)))
+        .build()
+        .into();
+    let digest = second.rsplit_once('@').expect("digest").1;
+    let r = plain
+        .get(&format!("http://{}/v2/web/manifests/{digest}", proxy.addr))
+        .call()
+        .expect("answer");
+    assert_eq!(r.status().as_u16(), 401);
+    let r = plain
+        .get(&format!("http://{}/v2/web/manifests/{digest}", proxy.addr))
+        .header("authorization", "Basic cHVzaGxlZnQ6Z3Vlc3M=")
+        .call()
+        .expect("answer");
+    assert_eq!(r.status().as_u16(), 401, "a guessed password");
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut ran = None::<LeasedJob>;
+    while ran.is_none() {
+        assert!(Instant::now() < deadline, "web was never leased");
+        for j in n1.lease(8, Duration::from_secs(1)).expect("lease").jobs {
+            match &j.execution {
+                Execution::Network(net) if j.key.starts_with("net:") && j.key.contains(":ensure") => {
+                    rt.block_on(engine.ensure_network(net)).expect("network");
+                    n1.complete(&j.proof, Outcome::Succeeded, "created").expect("complete");
+                }
+                Execution::Application(app) if app.image == second => {
+                    let note = rt.block_on(engine.ensure_application(app)).expect("runs");
+                    n1.complete(&j.proof, Outcome::Succeeded, &note).expect("complete");
+                    ran = Some(j);
+                }
+                _ => n1.complete(&j.proof, Outcome::Succeeded, "").expect("complete"),
+            }
+        }
+    }
+    let Some(LeasedJob {
+        execution: Execution::Application(app),
+        ..
+    }) = ran
+    else {
+        unreachable!()
+    };
+    let which = docker(&["exec", &app.container, "cat", "/etc/which"]);
+    assert_eq!(which.trim(), "two", "the pushed content runs");
+    let label = docker(&["inspect", "--format", "{{index .Config.Labels \"dev.pushleft.image\"}}", &app.container]);
+    assert_eq!(label.trim(), second, "the label keeps the reference Git names");
+    assert!(docker_ok(&["image", "inspect", &format!("{}/web@{digest}", proxy.addr)]));
+
+    // Collection: nothing is old enough yet; made old, the first image's own blobs go (its
+    // manifest, config and layer) and what web runs stays.
+    let young = gc(&s, port, false);
+    assert!(young.blobs.is_empty() && young.young >= 3, "{young:?}");
+    let old = std::time::SystemTime::now() - Duration::from_secs(2 * 3600);
+    for e in std::fs::read_dir(store.join("blobs/sha256")).expect("blobs") {
+        let f = std::fs::File::options().write(true).open(e.expect("entry").path()).expect("blob");
+        f.set_modified(old).expect("mtime");
+    }
+    let dry = gc(&s, port, false);
+    let first_digest = first.rsplit_once('@').expect("digest").1;
+    assert!(!dry.deleted);
+    assert_eq!(dry.blobs.len(), 3, "{dry:?}");
+    assert!(dry.blobs.iter().any(|b| b.digest == first_digest), "{dry:?}");
+    assert!(dry.blobs.iter().all(|b| b.digest != digest));
+    let held = std::fs::read_dir(store.join("blobs/sha256")).expect("blobs").count();
+    assert_eq!(held, 7, "a dry run removes nothing");
+    let done = gc(&s, port, true);
+    assert!(done.deleted && done.blobs == dry.blobs, "{done:?}");
+    assert_eq!(std::fs::read_dir(store.join("blobs/sha256")).expect("blobs").count(), 4);
+    assert_eq!(gc(&s, port, false).blobs.len(), 0);
+
+    d.kill9();
+    clean("web-production");
+    let _ = docker_ok(&["rmi", "-f", &format!("{}/web@{digest}", proxy.addr)]);
+}
