@@ -36,7 +36,11 @@ fn worker(name: &str, image: &str) -> String {
 fn build(tag: &str, base: &str, which: &str) {
     let ctx = tempfile::tempdir().expect("context");
     std::fs::write(ctx.path().join("which"), which).expect("file");
-    std::fs::write(ctx.path().join("Dockerfile"), format!("FROM {base}\nCOPY which /etc/which\n")).expect("dockerfile");
+    std::fs::write(
+        ctx.path().join("Dockerfile"),
+        format!("FROM {base}\nCOPY which /etc/which\n"),
+    )
+    .expect("dockerfile");
     let o = Command::new("docker")
         .args(["build", "-q", "-t", tag])
         .arg(ctx.path())
@@ -167,7 +171,10 @@ fn a_pushed_image_runs_on_a_node_with_no_registry() {
     assert!(err.contains(", 0 already held"), "{err}");
     let (ok, second, err) = push(&s, port, &s.operator, &two, "web");
     assert!(ok, "{err}");
-    assert!(err.contains(", 1 already held"), "the base layer is not sent again: {err}");
+    assert!(
+        err.contains(", 1 already held"),
+        "the base layer is not sent again: {err}"
+    );
     let (again, same, err) = push(&s, port, &s.operator, &two, "web");
     assert!(again && same == second, "the same image has the same digest: {err}");
     assert!(err.contains("0 blobs sent"), "{err}");
@@ -185,13 +192,21 @@ fn a_pushed_image_runs_on_a_node_with_no_registry() {
     let fingerprint = support::ca_pin(&std::fs::read_to_string(dir.path().join("tls/ca.crt")).expect("ca"));
     let node_dir = dir.path().join("n1");
     let token = d.enrolment_token("n1", &s.operator);
-    pushleft_agent::enroll::enroll(&format!("https://localhost:{port}"), &fingerprint, "n1", &node_dir, &token)
-        .expect("enrol");
+    pushleft_agent::enroll::enroll(
+        &format!("https://localhost:{port}"),
+        &fingerprint,
+        "n1",
+        &node_dir,
+        &token,
+    )
+    .expect("enrol");
     let n1 = AgentClient::from_dir(&format!("https://localhost:{agent_port}"), &node_dir).expect("client");
-    n1.heartbeat(&Heartbeat::new("test", &FULL_CAPABILITIES)).expect("heartbeat");
+    n1.heartbeat(&Heartbeat::new("test", &FULL_CAPABILITIES))
+        .expect("heartbeat");
     let cp = support::control_plane(&url);
     let rt = support::runtime();
-    let proxy_client = Arc::new(AgentClient::from_dir(&format!("https://localhost:{agent_port}"), &node_dir).expect("client"));
+    let proxy_client =
+        Arc::new(AgentClient::from_dir(&format!("https://localhost:{agent_port}"), &node_dir).expect("client"));
     let proxy = rt
         .block_on(pushleft_agent::image_proxy::start(proxy_client))
         .expect("the loopback endpoint");
@@ -247,9 +262,18 @@ fn a_pushed_image_runs_on_a_node_with_no_registry() {
     };
     let which = docker(&["exec", &app.container, "cat", "/etc/which"]);
     assert_eq!(which.trim(), "two", "the pushed content runs");
-    let label = docker(&["inspect", "--format", "{{index .Config.Labels \"dev.pushleft.image\"}}", &app.container]);
+    let label = docker(&[
+        "inspect",
+        "--format",
+        "{{index .Config.Labels \"dev.pushleft.image\"}}",
+        &app.container,
+    ]);
     assert_eq!(label.trim(), second, "the label keeps the reference Git names");
-    assert!(docker_ok(&["image", "inspect", &format!("{}/web@{digest}", proxy.addr)]));
+    assert!(docker_ok(&[
+        "image",
+        "inspect",
+        &format!("{}/web@{digest}", proxy.addr)
+    ]));
 
     // Collection: nothing is old enough yet; made old, the first image's own blobs go (its
     // manifest, config and layer) and what web runs stays.
@@ -257,7 +281,10 @@ fn a_pushed_image_runs_on_a_node_with_no_registry() {
     assert!(young.blobs.is_empty() && young.young >= 3, "{young:?}");
     let old = std::time::SystemTime::now() - Duration::from_secs(2 * 3600);
     for e in std::fs::read_dir(store.join("blobs/sha256")).expect("blobs") {
-        let f = std::fs::File::options().write(true).open(e.expect("entry").path()).expect("blob");
+        let f = std::fs::File::options()
+            .write(true)
+            .open(e.expect("entry").path())
+            .expect("blob");
         f.set_modified(old).expect("mtime");
     }
     let dry = gc(&s, port, false);

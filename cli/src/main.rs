@@ -7,6 +7,7 @@ mod backups;
 mod client;
 mod commands;
 mod image;
+mod image_args;
 mod image_push;
 mod live;
 mod operator;

@@ -10,11 +10,12 @@ use reconciler::http::enrolment::{self, Enrol};
 use reconciler::http::logs::{self, LogHub, Readers, Writers};
 use reconciler::http::operator::{self, Operator};
 use reconciler::http::peer::Peers;
-use reconciler::http::registry::{self, AgentImages, Images};
+use reconciler::http::registry;
 use reconciler::http::server::{operator_tls_config, serve, tls_config, tls_config_with};
 use reconciler::http::streams::watch_events;
 use reconciler::http::ui::{self, Ui};
 use reconciler::hub::Hub;
+use reconciler::images::store::Store;
 use reconciler::ops::Ops;
 use reconciler::ops::group::Group;
 use reconciler::reconcile::{Reconciler, run_fetcher, run_loop, watch_local};
@@ -206,7 +207,7 @@ async fn serve_agents(
     hub: &Arc<Hub>,
     logs: &Arc<LogHub>,
     images: reconciler::delivery::ImageRules,
-    image_store: Option<&Arc<reconciler::images::store::Store>>,
+    image_store: Option<&Arc<Store>>,
     stopped: &tokio::sync::watch::Receiver<bool>,
 ) -> Result<Option<tokio::task::JoinHandle<()>>> {
     let (Some(a), Some(_)) = (&config.agent_api, &config.control.ca_cert) else {
@@ -245,13 +246,8 @@ async fn serve_agents(
         )
         .map_err(anyhow::Error::msg)?,
     );
-    let mut routes = agent::router(agents).merge(logs::agent_router(writers));
-    if let Some(store) = image_store {
-        routes = routes.merge(registry::agent_router(Arc::new(AgentImages {
-            store: Arc::clone(store),
-            peers,
-        })));
-    }
+    let routes =
+        (agent::router(agents).merge(logs::agent_router(writers))).merge(registry::agent_router(image_store, peers));
     Ok(Some(tokio::spawn(serve(
         listener,
         tls,
@@ -270,7 +266,7 @@ fn operator_listener(
     hub: &Arc<Hub>,
     tokens: &Arc<Tokens>,
     logs: &Arc<LogHub>,
-    image_store: Option<&Arc<reconciler::images::store::Store>>,
+    image_store: Option<&Arc<Store>>,
 ) -> Result<axum::Router> {
     let operator = Arc::new(
         Operator::new(Arc::clone(config), Arc::clone(ops), Arc::clone(hub), Arc::clone(tokens))
@@ -292,18 +288,12 @@ fn operator_listener(
         config.api.max_streams,
         Some(Arc::clone(&readers)),
     );
-    let routes = operator::router(operator)
+    Ok(operator::router(operator)
         .merge(enrolment::router(enrol))
         .merge(logs::reader_router(readers))
-        .merge(ui::router(web));
-    // The image store's distribution endpoint (`pl image push`), when `[images]` is set.
-    Ok(match image_store {
-        Some(store) => routes.merge(registry::router(Arc::new(Images {
-            store: Arc::clone(store),
-            tokens: Arc::clone(tokens),
-        }))),
-        None => routes,
-    })
+        .merge(ui::router(web))
+        // The image store's distribution endpoint (`pl image push`), when `[images]` is set.
+        .merge(registry::router(image_store, tokens)))
 }
 
 /// The id every host object names: pinned by the configuration or made by the ledger; a
@@ -326,6 +316,14 @@ async fn control_plane_id(ledger: &Ledger, cfg: &Config) -> Result<String> {
     Ok(id)
 }
 
+/// The image store `[images]` configures (another control plane's folder is refused).
+fn image_store(cfg: &Config, control_plane: &str) -> Result<Option<Arc<Store>>> {
+    (cfg.images.as_ref())
+        .map(|i| Store::open(&i.dir, control_plane, i.quota_bytes, i.max_blob_bytes).map(Arc::new))
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("images.dir: {e} [{}]", e.code()))
+}
+
 fn daemon(config: &Path) -> Result<()> {
     init_logs();
     // Absolute, for the scheduled snapshots (they keep the configuration's own path).
@@ -340,13 +338,7 @@ fn daemon(config: &Path) -> Result<()> {
         // Every daemon migrates at start; sqlx serialises concurrent runs with a lock.
         ledger.migrate().await.context("migrating the ledger")?;
         let control_plane = control_plane_id(&ledger, &cfg).await?;
-        let image_store = match &cfg.images {
-            Some(i) => Some(Arc::new(
-                reconciler::images::store::Store::open(&i.dir, &control_plane, i.quota_bytes, i.max_blob_bytes)
-                    .map_err(|e| anyhow::anyhow!("images.dir: {e} [{}]", e.code()))?,
-            )),
-            None => None,
-        };
+        let image_store = image_store(&cfg, &control_plane)?;
         let listen = cfg.api.listen;
         let max_connections = cfg.api.max_connections;
         // The composition root: each layer's state, built from the configuration, sharing the

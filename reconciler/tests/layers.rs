@@ -219,17 +219,19 @@ fn the_reconcilers_layers_import_only_downwards() {
         ("store", &["config", "pki"][..]),
         ("hub", &["store"][..]),
         // The operator's use cases: between the surfaces and the store.
-        ("ops", &["store", "hub", "config", "pki"][..]),
+        ("ops", &["store", "hub", "config", "pki", "images"][..]),
         ("reconcile", &["store", "hub", "config", "issuer", "acme"][..]),
         (
             "http",
-            &["ops", "delivery", "store", "hub", "config", "auth", "pki"][..],
+            &["ops", "delivery", "store", "hub", "config", "auth", "pki", "images"][..],
         ),
         // What a lease hands an agent: execution specs built from the store's rows.
         ("delivery", &["store"][..]),
         ("config", &["auth"][..]),
         ("auth", &["config"][..]),
         ("pki", &[][..]),
+        // The image store on disk: blobs and their decisions, a leaf like pki (files, no SQL).
+        ("images", &[][..]),
         // Who signs issued certificates: a leaf like pki; the ACME client returns what it signs.
         ("issuer", &[][..]),
         ("acme", &["issuer"][..]),
@@ -255,6 +257,7 @@ fn the_reconcilers_layers_import_only_downwards() {
                 "acme",
                 "notify",
                 "snapshot",
+                "images",
             ][..],
         ),
     ]);

@@ -50,6 +50,19 @@ fn connect(config: &Config) -> Result<(Arc<AgentClient>, String, String)> {
     Ok((client, node, control_plane))
 }
 
+/// The control plane's image store, served to the engine on loopback (`image_proxy`), when
+/// this node runs containers.
+async fn image_store_proxy(
+    config: &Config,
+    client: &Arc<AgentClient>,
+) -> Result<Option<crate::image_proxy::StoreProxy>> {
+    if !config.executors.contains(&Capability::Docker) {
+        return Ok(None);
+    }
+    let proxy = crate::image_proxy::start(Arc::clone(client)).await;
+    Ok(Some(proxy.context("the image store's loopback endpoint")?))
+}
+
 /// The agent's main loop, until the process is stopped.
 pub async fn run(config: Config) -> Result<()> {
     let (client, node, control_plane) = connect(&config)?;
@@ -57,15 +70,7 @@ pub async fn run(config: Config) -> Result<()> {
         crate::ingress::kernel::ensure_migrate_requests();
     }
     let (mesh_offers, mesh_taken) = crate::mesh::offers::Offers::new();
-    // The control plane's image store, served to the engine on loopback (`image_proxy`).
-    let proxy = match config.executors.contains(&Capability::Docker) {
-        true => Some(
-            crate::image_proxy::start(Arc::clone(&client))
-                .await
-                .context("the image store's loopback endpoint")?,
-        ),
-        false => None,
-    };
+    let proxy = image_store_proxy(&config, &client).await?;
     let engine = Arc::new(executors_of(&config, &control_plane, &node, mesh_offers, proxy).await?);
     if engine.on(Capability::Docker) {
         // What already runs keeps its names from the start (it was judged before a restart).

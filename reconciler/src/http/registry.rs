@@ -30,8 +30,13 @@ pub struct Images {
     pub tokens: Arc<Tokens>,
 }
 
-/// `/v2/` on the operator listener.
-pub fn router(state: Arc<Images>) -> Router {
+/// `/v2/` on the operator listener (no routes without a store).
+pub fn router(store: Option<&Arc<Store>>, tokens: &Arc<Tokens>) -> Router {
+    let Some(store) = store else { return Router::new() };
+    let state = Arc::new(Images {
+        store: Arc::clone(store),
+        tokens: Arc::clone(tokens),
+    });
     Router::new()
         .route("/v2/", get(ping))
         .route("/v2/{*path}", any(v2))
@@ -316,8 +321,14 @@ pub struct AgentImages {
     pub peers: Arc<Peers>,
 }
 
-/// `GET /v1/agent/images/{manifests,blobs}/{digest}` on the agent API.
-pub fn agent_router(state: Arc<AgentImages>) -> Router {
+/// `GET /v1/agent/images/{manifests,blobs}/{digest}` on the agent API (no routes without a
+/// store).
+pub fn agent_router(store: Option<&Arc<Store>>, peers: Arc<Peers>) -> Router {
+    let Some(store) = store else { return Router::new() };
+    let state = Arc::new(AgentImages {
+        store: Arc::clone(store),
+        peers,
+    });
     Router::new()
         .route("/v1/agent/images/manifests/{digest}", get(agent_manifest))
         .route("/v1/agent/images/blobs/{digest}", get(agent_blob))

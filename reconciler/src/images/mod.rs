@@ -89,14 +89,14 @@ mod tests {
     #[test]
     fn what_a_root_reaches_stays_and_young_blobs_wait() {
         let hour = Duration::from_secs(3600);
-        // a: manifest (root) → b, c; i: index (root) → m → e; f: old, unreferenced; g: young.
+        // a: manifest (root) → b, c; 1: index (root) → 2 → e; f: old, unreferenced; d: young.
         let held = vec![
             (d('a'), 1, 10 * hour),
             (d('b'), 1, 10 * hour),
             (d('c'), 1, 10 * hour),
             (d('e'), 1, 10 * hour),
             (d('f'), 7, 10 * hour),
-            (d('g'), 1, Duration::from_secs(60)),
+            (d('d'), 1, Duration::from_secs(60)),
             (d('1'), 1, 10 * hour),
             (d('2'), 1, 10 * hour),
         ];
