@@ -1,7 +1,9 @@
 //! `pl-agent build`, for `pl up --build PROJECT=DIR`: builds DIR's Dockerfile through the
-//! Docker engine API and pushes the image to a registry on loopback, so the run pins it by
-//! digest like any image (the agent's pull finds it already there). The agent owns the engine:
-//! `pl` links no Docker client and runs this instead.
+//! Docker engine API, exports it as `docker save` would, and pushes it to the local control
+//! plane's image store (`registry::archive`, only the blobs it lacks), so the run pins it by
+//! digest like any pushed image and the agent pulls it through its loopback endpoint (the
+//! engine has every layer already). The agent owns the engine: `pl` links no Docker client
+//! and runs this instead.
 //!
 //! The context is DIR as a tar stream, less what its `.dockerignore` excludes (patterns
 //! relative to DIR, `**` for any folders, `!` for an exception, the last match deciding, a
@@ -34,8 +36,10 @@ pub enum BuildError {
     Failed { message: String, output: String },
     #[error("[build-push-failed] pushing {reference}: {message}")]
     Push { reference: String, message: String },
-    #[error("[build-no-digest] the engine reports no digest for {0} after the push")]
-    NoDigest(String),
+    #[error("[build-store-invalid] {0}")]
+    Store(String),
+    #[error("[build-export-failed] exporting {reference}: {source}")]
+    Export { reference: String, source: std::io::Error },
 }
 
 /// `.dockerignore`'s rules: `(pattern, exception)` in file order.
@@ -143,24 +147,91 @@ pub fn context(dir: &Path) -> Result<Vec<u8>, BuildError> {
     tar.into_inner().map_err(io(dir))
 }
 
-/// Builds `dir` as `repository:latest` (a repository of a registry on loopback, say
-/// `127.0.0.1:5000/pl-build/api`) on the engine at `socket`, pushes it, and returns its
-/// reference by digest. The build's output goes to `progress` as it comes; `credentials` are
-/// the registry's, when it wants them (`pl up`'s does).
+/// A client of the image store at `store` (a control plane's operator API on loopback: an
+/// image built here never leaves the machine), trusting `ca_cert`, with the operator token in
+/// `token_file`.
+pub fn store_pusher(store: &str, ca_cert: &Path, token_file: &Path) -> Result<registry::push::Pusher, BuildError> {
+    let host = store.strip_prefix("https://").unwrap_or_default();
+    let host = host.split('/').next().unwrap_or_default();
+    if !(host.starts_with("127.") || host.starts_with("localhost:") || host.starts_with("[::1]:")) {
+        return Err(BuildError::Store(format!(
+            "--store {store} is not https:// on loopback"
+        )));
+    }
+    let read = |p: &Path| std::fs::read(p).map_err(|e| BuildError::Store(format!("{}: {e}", p.display())));
+    pushleft_secrets::check_private_file(token_file)
+        .map_err(|m| BuildError::Store(format!("{}: {m}", token_file.display())))?;
+    let token = zeroize::Zeroizing::new(read(token_file)?);
+    let token = std::str::from_utf8(&token)
+        .map_err(|_| BuildError::Store(format!("{}: not text", token_file.display())))?
+        .trim();
+    let pem = read(ca_cert)?;
+    let ca = ureq::tls::Certificate::from_pem(&pem)
+        .map_err(|e| BuildError::Store(format!("{}: {e}", ca_cert.display())))?
+        .to_owned();
+    let tls = ureq::tls::TlsConfig::builder()
+        .root_certs(ureq::tls::RootCerts::Specific(std::sync::Arc::new(vec![ca])))
+        .build();
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .tls_config(tls)
+        .http_status_as_error(false)
+        .build()
+        .into();
+    Ok(registry::push::Pusher::new(agent, store, token))
+}
+
+/// Builds `dir` as `pl-build/NAME:latest` on the engine at `socket`, pushes it to the store
+/// `pusher` speaks to as NAME, and returns its reference there
+/// (`pushleft.invalid/NAME@sha256:…`). The build's output goes to `progress` as it comes.
 pub async fn build_and_push(
     socket: &Path,
     dir: &Path,
-    repository: &str,
-    credentials: Option<bollard::auth::DockerCredentials>,
-    mut progress: impl FnMut(&str),
+    name: &str,
+    pusher: registry::push::Pusher,
+    progress: impl FnMut(&str),
 ) -> Result<String, BuildError> {
-    use bollard::query_parameters::{BuildImageOptionsBuilder, PushImageOptionsBuilder};
-    let tar = context(dir)?;
     let docker = Docker::connect_with_unix(&socket.to_string_lossy(), 600, bollard::API_DEFAULT_VERSION)?;
-    let tag = format!("{repository}:latest");
+    let tag = format!("pl-build/{name}:latest");
+    build(&docker, dir, &tag, progress).await?;
+    let export = |source| BuildError::Export {
+        reference: tag.clone(),
+        source,
+    };
+    // The engine's export, spooled: the push reads it as a file (the store is asked for each
+    // blob before it is sent, so an unchanged layer costs a hash, not a transfer).
+    let mut file = tempfile::tempfile().map_err(export)?;
+    let mut stream = docker.export_image(&tag);
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk?;
+        std::io::Write::write_all(&mut file, &chunk).map_err(export)?;
+    }
+    std::io::Seek::rewind(&mut file).map_err(export)?;
+    let name = name.to_owned();
+    let pushed =
+        tokio::task::spawn_blocking(move || registry::archive::push_archive(&pusher, &name, file).map(|p| (name, p)))
+            .await
+            .map_err(|e| BuildError::Push {
+                reference: tag.clone(),
+                message: e.to_string(),
+            })?;
+    let (name, pushed) = pushed.map_err(|e| BuildError::Push {
+        reference: tag.clone(),
+        message: format!("{e} [{}]", e.code()),
+    })?;
+    let digest = pushed.digest.ok_or_else(|| BuildError::Push {
+        reference: tag.clone(),
+        message: "the push named no manifest".into(),
+    })?;
+    Ok(format!("{}/{name}@{digest}", agent_proto::images::STORE_HOST))
+}
+
+/// Builds `dir` as `tag`, the output to `progress`; a failure carries its step's output.
+async fn build(docker: &Docker, dir: &Path, tag: &str, mut progress: impl FnMut(&str)) -> Result<(), BuildError> {
+    use bollard::query_parameters::BuildImageOptionsBuilder;
+    let tar = context(dir)?;
     let options = BuildImageOptionsBuilder::default()
         .dockerfile("Dockerfile")
-        .t(&tag)
+        .t(tag)
         .rm(true)
         .forcerm(true)
         .build();
@@ -200,31 +271,7 @@ pub async fn build_and_push(
             });
         }
     }
-    let mut push = docker.push_image(
-        repository,
-        Some(PushImageOptionsBuilder::default().tag("latest").build()),
-        credentials,
-    );
-    while let Some(item) = push.next().await {
-        let message = match item {
-            Ok(info) => match info.error_detail {
-                Some(d) => d.message.unwrap_or_default(),
-                None => continue,
-            },
-            Err(e) => e.to_string(),
-        };
-        return Err(BuildError::Push {
-            reference: tag,
-            message,
-        });
-    }
-    let image = docker.inspect_image(&tag).await?;
-    image
-        .repo_digests
-        .unwrap_or_default()
-        .into_iter()
-        .find(|d| d.starts_with(&format!("{repository}@sha256:")))
-        .ok_or(BuildError::NoDigest(tag))
+    Ok(())
 }
 
 #[cfg(test)]

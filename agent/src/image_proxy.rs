@@ -27,6 +27,8 @@ pub struct StoreProxy {
     pub addr: SocketAddr,
     pub username: String,
     pub password: Arc<Zeroizing<String>>,
+    /// Bytes streamed to the engine since the start (what the control plane sent this node).
+    served: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl StoreProxy {
@@ -34,6 +36,11 @@ impl StoreProxy {
     pub fn local_reference(&self, image: &str) -> Option<String> {
         let (name, digest) = agent_proto::images::in_store(image)?;
         Some(format!("{}/{name}@{digest}", self.addr))
+    }
+
+    /// Bytes of manifests and blobs streamed to the engine since the start.
+    pub fn bytes_served(&self) -> u64 {
+        self.served.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The registry address the engine's credentials name.
@@ -54,7 +61,9 @@ pub async fn start(client: Arc<AgentClient>) -> std::io::Result<StoreProxy> {
         addr,
         username: "pushleft".to_owned(),
         password: Arc::new(Zeroizing::new(hex::encode(raw))),
+        served: Arc::default(),
     };
+    let served = Arc::clone(&proxy.served);
     let expected = Arc::new(Zeroizing::new(format!(
         "Basic {}",
         base64_encode(format!("{}:{}", proxy.username, proxy.password.as_str()).as_bytes())
@@ -68,11 +77,11 @@ pub async fn start(client: Arc<AgentClient>) -> std::io::Result<StoreProxy> {
             let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
                 continue; // dropped: the engine retries
             };
-            let (client, expected) = (Arc::clone(&client), Arc::clone(&expected));
+            let (client, expected, served) = (Arc::clone(&client), Arc::clone(&expected), Arc::clone(&served));
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |req| {
-                    let (client, expected) = (Arc::clone(&client), Arc::clone(&expected));
-                    async move { Ok::<_, std::convert::Infallible>(handle(&client, &expected, req).await) }
+                    let (client, expected, served) = (Arc::clone(&client), Arc::clone(&expected), Arc::clone(&served));
+                    async move { Ok::<_, std::convert::Infallible>(handle(&client, &expected, &served, req).await) }
                 });
                 let io = hyper_util::rt::TokioIo::new(stream);
                 let _ = hyper::server::conn::http1::Builder::new()
@@ -108,7 +117,12 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-async fn handle(client: &Arc<AgentClient>, expected: &str, req: Request<Incoming>) -> Response<Body> {
+async fn handle(
+    client: &Arc<AgentClient>,
+    expected: &str,
+    served: &Arc<std::sync::atomic::AtomicU64>,
+    req: Request<Incoming>,
+) -> Response<Body> {
     let auth = req
         .headers()
         .get("authorization")
@@ -149,7 +163,7 @@ async fn handle(client: &Arc<AgentClient>, expected: &str, req: Request<Incoming
     }) else {
         return plain(StatusCode::NOT_FOUND, "by digest only\n");
     };
-    fetch(Arc::clone(client), kind, digest.to_owned(), head).await
+    fetch(Arc::clone(client), kind, digest.to_owned(), head, Arc::clone(served)).await
 }
 
 /// One fetch through the agent API on a blocking thread, its body handed over in chunks (a
@@ -159,6 +173,7 @@ async fn fetch(
     kind: agent_proto::images::Fetch,
     digest: String,
     head: bool,
+    served: Arc<std::sync::atomic::AtomicU64>,
 ) -> Response<Body> {
     let (parts_tx, parts_rx) = tokio::sync::oneshot::channel();
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(4);
@@ -182,6 +197,7 @@ async fn fetch(
             match std::io::Read::read(&mut reader, &mut buf) {
                 Ok(0) => return,
                 Ok(n) => {
+                    served.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
                     if tx
                         .blocking_send(Ok(Frame::data(Bytes::copy_from_slice(&buf[..n]))))
                         .is_err()

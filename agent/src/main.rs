@@ -33,8 +33,9 @@ enum Command {
         #[arg(long)]
         dir: PathBuf,
     },
-    /// Build DIR's Dockerfile on the engine and push it to a registry on loopback; prints its
-    /// reference by digest (the build's output goes to standard error).
+    /// Build DIR's Dockerfile on the engine and push it to a control plane's image store on
+    /// loopback (`pl up --build`'s); prints its reference by digest,
+    /// `pushleft.invalid/NAME@sha256:…` (the build's output goes to standard error).
     Build {
         /// The Docker engine's socket.
         #[arg(long, default_value = "/var/run/docker.sock")]
@@ -42,12 +43,18 @@ enum Command {
         /// The folder holding the Dockerfile (the build context).
         #[arg(long)]
         context: PathBuf,
-        /// The repository to push to, on a loopback registry (`127.0.0.1:PORT/NAME`).
+        /// The control plane's operator API on loopback (`https://127.0.0.1:PORT`).
         #[arg(long)]
-        repository: String,
-        /// A file (mode 0600) holding the registry's `username:password`.
+        store: String,
+        /// The CA that signed the API's certificate (PEM).
         #[arg(long)]
-        registry_auth: Option<PathBuf>,
+        ca_cert: PathBuf,
+        /// A file (mode 0600) holding an operator token.
+        #[arg(long)]
+        token_file: PathBuf,
+        /// The repository name in the store (`pl-build/api`).
+        #[arg(long)]
+        name: String,
     },
     /// Heartbeat, lease this node's jobs and execute them, until stopped.
     Run {
@@ -103,18 +110,12 @@ fn run(cli: Cli) -> Result<()> {
         Command::Build {
             docker_socket,
             context,
-            repository,
-            registry_auth,
+            store,
+            ca_cert,
+            token_file,
+            name,
         } => {
-            // A registry elsewhere would send the image off the machine: loopback only.
-            let host = repository.split('/').next().unwrap_or_default();
-            if !(host.starts_with("127.") || host.starts_with("localhost:") || host.starts_with("[::1]:")) {
-                anyhow::bail!("--repository {repository} is not on a loopback registry");
-            }
-            let credentials = registry_auth
-                .map(|file| pushleft_agent::registry_auth::read(&file, host))
-                .transpose()
-                .map_err(anyhow::Error::msg)?;
+            let pusher = pushleft_agent::build::store_pusher(&store, &ca_cert, &token_file)?;
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -122,8 +123,8 @@ fn run(cli: Cli) -> Result<()> {
             let reference = rt.block_on(pushleft_agent::build::build_and_push(
                 &docker_socket,
                 &context,
-                &repository,
-                credentials,
+                &name,
+                pusher,
                 |line| eprintln!("{line}"),
             ))?;
             println!("{reference}");

@@ -1351,18 +1351,8 @@ fn local_user_reaches_only_what_docs_security_says(state: &Path, host_name: &str
     // The ingress ports are public by design: plain HTTP redirects to HTTPS, which serves the
     // page (the TLS check is the test's own; the redirect shows the listener is open).
     assert_eq!(as_nobody(&["tcp", "18090", host_name, "/"]), "308", "the ingress");
-    // The build registry on loopback: it answers, but lists, pulls and pushes nothing without
-    // the state folder's credentials (whose file nobody cannot read).
-    assert_eq!(
-        as_nobody(&["tcp", &port("registry"), "localhost", "/v2/_catalog"]),
-        "401",
-        "the registry"
-    );
-    assert_eq!(
-        as_nobody(&["read", &state.join("registry.auth").display().to_string()]),
-        "denied",
-        "the registry's credentials"
-    );
+    // The image store `--build` pushed to is the operator API's: nothing without a token.
+    assert_eq!(as_nobody(&["tls", &port("api"), "/v2/"]), "401", "the image store");
     // The certificates server on loopback: without the node's token (in the 0700 folder
     // above) it serves nothing, not even the certificate a handshake is given.
     assert_eq!(
@@ -1638,7 +1628,7 @@ fn the_quickstart_builds_its_image_and_serves_its_page() {
         let (code, out, err) = pl(&["down"], &repo, &state, &socket);
         assert_eq!(code, 0, "pl down: {out}\n{err}");
         assert!(
-            out.contains("stopped the agent of node-1, Caddy, the build registry, the reconciler"),
+            out.contains("stopped the agent of node-1, Caddy, the reconciler;") && !out.contains("registry"),
             "pl down says what it stopped: {out}"
         );
         assert_eq!(gets(18_443, host_name), None, "nothing serves after pl down");

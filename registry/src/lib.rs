@@ -9,6 +9,7 @@
 //! A registry on a loopback address is spoken to over plain HTTP (as Docker does for
 //! `localhost`); any other over HTTPS with the system's roots.
 
+pub mod archive;
 pub mod oci;
 pub mod push;
 

@@ -139,6 +139,12 @@ impl Registry {
         }
     }
 
+    /// Where the registry keeps its blobs.
+    #[allow(dead_code)]
+    pub fn data_dir(&self) -> PathBuf {
+        self.served.dir().join("data")
+    }
+
     /// An image of the static busybox with `files` added (those under a `cgi-bin/` folder
     /// executable), pushed as `name`: its reference by digest. The local copy is removed, so the agent's pull is real.
     pub fn image(&self, name: &str, files: &[(&str, &str)]) -> String {

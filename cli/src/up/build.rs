@@ -1,10 +1,10 @@
 //! `pl up --build PROJECT=DIR`: DIR's Dockerfile is built through the Docker engine API (by
-//! `pl-agent build`: the agent owns the engine, `pl` links no Docker client), pushed to a
-//! registry on loopback that the local control plane runs, and the local revision runs that
-//! image pinned by its digest. Only the mirror's copy of the state says so: the user's Git
-//! files are never written.
+//! `pl-agent build`: the agent owns the engine, `pl` links no Docker client), pushed to the
+//! local control plane's own image store (the path `pl image push` takes; no registry), and
+//! the local revision runs that image pinned by its digest. Only the mirror's copy of the state
+//! says so: the user's Git files are never written.
 
-use super::processes::{alive, on_path, spawn_detached, tool};
+use super::processes::tool;
 use anyhow::{Context, Result, anyhow, bail};
 use state_schema::model::{Kind, Spec};
 use state_schema::state::State;
@@ -12,7 +12,6 @@ use state_schema::values::ImageRef;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 /// One `--build PROJECT=DIR`.
 #[derive(Clone, Debug)]
@@ -154,74 +153,17 @@ pub fn check(builds: &[Build], state: &State) -> Result<()> {
     Ok(())
 }
 
-/// The local registry (Distribution's `docker-registry`, on 127.0.0.1:`port`, its storage in
-/// the state folder), started when it does not run; waits until it answers.
-pub fn registry(state: &Path, port: u16) -> Result<()> {
-    let pid = state.join("registry.pid");
-    if alive(&pid, "docker-registry").is_some() {
-        return Ok(());
-    }
-    let program = on_path("docker-registry").ok_or_else(|| {
-        anyhow!("--build pushes to a registry on loopback, and docker-registry is not on PATH: install it (Debian: apt-get install docker-registry)")
-    })?;
-    // It listens on loopback, where every local user reaches it: credentials (htpasswd) keep
-    // its images to the state folder's owner, and deletion is off, so nothing can remove an
-    // image a release runs by digest (docs/security.md).
-    let htpasswd = credentials(state)?.1;
-    std::fs::write(
-        state.join("registry.yml"),
-        format!(
-            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {:?}\n  delete:\n    enabled: false\nhttp:\n  addr: 127.0.0.1:{port}\nauth:\n  htpasswd:\n    realm: pushleft\n    path: {:?}\n",
-            state.join("registry"),
-            htpasswd,
-        ),
-    )?;
-    let mut child = spawn_detached(
-        Command::new(program).arg("serve").arg(state.join("registry.yml")),
-        &state.join("registry.log"),
-        &pid,
-    )?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if child.try_wait().ok().flatten().is_some() || Instant::now() > deadline {
-            bail!(
-                "the local registry did not start on 127.0.0.1:{port}; see {}",
-                state.join("registry.log").display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Ok(())
-}
-
-/// The build registry's credentials, made once: `registry.auth` (`pl-up:<256 random bits>`,
-/// what `pl-agent build` and the agent's pulls present) and `registry.htpasswd` (its bcrypt
-/// hash, what the registry checks), both 0600 in the 0700 state folder. The cost is bcrypt's
-/// least: the registry checks the hash on every request of a pull, and a 256-bit random
-/// password gains nothing from a slower hash.
-pub fn credentials(state: &Path) -> Result<(PathBuf, PathBuf)> {
-    let (auth, htpasswd) = (state.join("registry.auth"), state.join("registry.htpasswd"));
-    if auth.exists() && htpasswd.exists() {
-        return Ok((auth, htpasswd));
-    }
-    let mut bytes = zeroize::Zeroizing::new([0u8; 32]);
-    getrandom::fill(bytes.as_mut()).map_err(|e| anyhow!("the OS random source: {e}"))?;
-    let password = zeroize::Zeroizing::new(hex::encode(&bytes[..]));
-    let hash = bcrypt::hash(password.as_bytes(), 4).context("hashing the registry's password")?;
-    for (path, text) in [
-        (&htpasswd, zeroize::Zeroizing::new(format!("pl-up:{hash}\n"))),
-        (&auth, zeroize::Zeroizing::new(format!("pl-up:{}\n", password.as_str()))),
-    ] {
-        super::processes::write_private(path, text.as_bytes())?;
-    }
-    Ok((auth, htpasswd))
-}
-
-/// Builds and pushes each project's image; `(project, reference by digest)`. The build's
-/// output is shown as it comes (`PROJECT | line`); a failed build ends with its failing step's
-/// output.
-pub fn build_all(builds: &[Build], registry_port: u16, socket: &Path, state: &Path) -> Result<Vec<(String, ImageRef)>> {
-    let (auth, _) = credentials(state)?;
+/// Builds each project's image and pushes it to the local control plane's store (`server`);
+/// `(project, reference by digest)`. The build's output is shown as it comes (`PROJECT |
+/// line`); a failed build ends with its failing step's output.
+pub fn build_all(
+    builds: &[Build],
+    server: &crate::client::ServerArgs,
+    socket: &Path,
+) -> Result<Vec<(String, ImageRef)>> {
+    let (Some(store), Some(ca), Some(token)) = (&server.server, &server.ca_cert, &server.token_file) else {
+        bail!("the local control plane's address, CA and token are not known");
+    };
     let mut built = Vec::new();
     for b in builds {
         println!("pl up: building {} from {}", b.project, b.dir.display());
@@ -231,12 +173,12 @@ pub fn build_all(builds: &[Build], registry_port: u16, socket: &Path, state: &Pa
             .arg(socket)
             .arg("--context")
             .arg(&b.dir)
-            .args([
-                "--repository",
-                &format!("127.0.0.1:{registry_port}/pl-build/{}", b.project),
-            ])
-            .arg("--registry-auth")
-            .arg(&auth)
+            .args(["--store", store.as_str()])
+            .arg("--ca-cert")
+            .arg(ca)
+            .arg("--token-file")
+            .arg(token)
+            .args(["--name", &format!("pl-build/{}", b.project)])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

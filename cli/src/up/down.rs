@@ -192,7 +192,8 @@ fn say_kept_volumes(client: &Client, named: &[String]) {
     }
 }
 
-/// Stops the agents, Caddy, the build registry and the reconciler; what was stopped.
+/// Stops the agents, Caddy, a build registry an older `pl up` started, and the reconciler;
+/// what was stopped.
 fn stop_processes(local: &Local) -> Vec<String> {
     let mut stopped: Vec<String> = Vec::new();
     for pid in local.agent_pids() {

@@ -65,9 +65,6 @@ pub(crate) struct Ports {
     pub(crate) agent: u16,
     /// Where Caddy's ingress server listens (its admin API is a unix socket, never a port).
     pub(crate) http: u16,
-    /// The local registry `--build` pushes to (0: none chosen yet).
-    #[serde(default)]
-    pub(crate) registry: u16,
     /// Where the ingress serves HTTPS (0: none chosen yet, or plain HTTP only).
     #[serde(default)]
     pub(crate) https: u16,
@@ -165,23 +162,20 @@ impl Local {
         let recorded = self.recorded_ports()?;
         let mut named: Vec<u16> = port.into_iter().chain(https_port).collect();
         if let Some(r) = &recorded {
-            named.extend([r.api, r.agent, r.http, r.registry, r.https, r.certs]);
+            named.extend([r.api, r.agent, r.http, r.https, r.certs]);
         }
-        let [api, agent, http, registry, https_free, certs] = free_ports::<6>(&named)?;
+        let [api, agent, http, https_free, certs] = free_ports::<5>(&named)?;
         let ports = match recorded {
             // `--port` for a control plane that does not run (the caller checked): taken now.
             Some(p) if port.is_some_and(|n| n != p.http) => Ports {
                 http: port.unwrap_or(p.http),
                 ..p
             },
-            // A state folder from before `--build` has no registry port yet.
-            Some(p) if p.registry == 0 => Ports { registry, ..p },
             Some(p) => p,
             None => Ports {
                 api,
                 agent,
                 http: port.unwrap_or(http),
-                registry,
                 https: 0,
                 certs,
             },
@@ -202,15 +196,7 @@ impl Local {
             (false, _) => Ports { https: 0, ..ports },
         };
         if self.recorded_ports()?.is_some_and(|r| {
-            (r.api, r.agent, r.http, r.registry, r.https, r.certs)
-                == (
-                    ports.api,
-                    ports.agent,
-                    ports.http,
-                    ports.registry,
-                    ports.https,
-                    ports.certs,
-                )
+            (r.api, r.agent, r.http, r.https, r.certs) == (ports.api, ports.agent, ports.http, ports.https, ports.certs)
         }) {
             return Ok(ports);
         }

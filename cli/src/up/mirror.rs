@@ -219,8 +219,8 @@ impl Local {
         Ok(())
     }
 
-    /// `--build`: the local registry (its port chosen once), each image built and pushed, and
-    /// the files that pin them in the local revision (none without `--build`).
+    /// `--build`: each image built and pushed to the local control plane's store (which must
+    /// run), and the files that pin them in the local revision (none without `--build`).
     pub(crate) fn build(
         &self,
         builds: &[super::build::Build],
@@ -232,8 +232,7 @@ impl Local {
         if builds.is_empty() {
             return Ok(Built::default());
         }
-        super::build::registry(&self.state, ports.registry)?;
-        let built = super::build::build_all(builds, ports.registry, socket, &self.state)?;
+        let built = super::build::build_all(builds, &self.server(ports), socket)?;
         super::build::remember(&self.state, builds)?;
         let files = super::build::overrides(state, &built, |file| match rev {
             None => Ok(std::fs::read_to_string(self.repo.join(file))?),

@@ -149,6 +149,11 @@ pub fn up(args: &UpArgs) -> Result<u8> {
     if args.no_build {
         build::remember(&local.state, &[])?;
     }
+    let previews = previews_of(&loaded.state);
+    // A build is pushed to the control plane's own store: the reconciler runs before it.
+    if !builds.is_empty() {
+        local.reconciler(ports, &trust, &previews)?;
+    }
     let built = local.build(&builds, &loaded.state, rev.as_deref(), &args.docker_socket, ports)?;
     let replace = built.files.clone();
     // A first run enrols the nodes this machine runs before anything is placed: first a local
@@ -166,7 +171,6 @@ pub fn up(args: &UpArgs) -> Result<u8> {
     .flatten();
     let applied = apply(&local, &trust, rev.as_deref(), bootstrap.as_deref(), &replace)?;
     let (mut head, mut moved) = (applied.head, applied.moved);
-    let previews = previews_of(&loaded.state);
     let previews_moved = local.sync_previews(&previews, &trust, &built)?;
     let client = local.reconciler(ports, &trust, &previews)?;
     if web {

@@ -22,7 +22,7 @@ impl Local {
             String::new()
         };
         let config = format!(
-            "[source]\npath = {:?}\nbranch = \"main\"\npreview_branches = {:?}\n\n{}\n[ledger]\nurl = \"sqlite://{}\"\n\n[reconcile]\ninterval_seconds = 2\n\n[control]\nca_cert = \"tls/ca.crt\"\nca_key = \"tls/ca.key\"\n{}\n[agent_api]\nlisten = \"127.0.0.1:{}\"\n\n[api]\nlisten = \"127.0.0.1:{}\"\ntls_cert = \"tls/api.crt\"\ntls_key = \"tls/api.key\"\n\n{}\n",
+            "[source]\npath = {:?}\nbranch = \"main\"\npreview_branches = {:?}\n\n{}\n[ledger]\nurl = \"sqlite://{}\"\n\n[reconcile]\ninterval_seconds = 2\n\n[control]\nca_cert = \"tls/ca.crt\"\nca_key = \"tls/ca.key\"\n{}\n[agent_api]\nlisten = \"127.0.0.1:{}\"\n\n[api]\nlisten = \"127.0.0.1:{}\"\ntls_cert = \"tls/api.crt\"\ntls_key = \"tls/api.key\"\n\n[images]\ndir = \"images\"\n\n{}\n",
             self.path("mirror.git"),
             previews,
             trust.table(),
@@ -214,17 +214,6 @@ impl Local {
             // or where a node's agent keeps them by default.
             self.path("backups").display().to_string(),
         );
-        // The build registry's credentials, for pulls of what `--build` pushed.
-        let config = if ports.registry != 0 {
-            let (auth, _) = super::build::credentials(&self.state)?;
-            format!(
-                "{config}\n[registry_auth]\n\"127.0.0.1:{}\" = {:?}\n",
-                ports.registry,
-                auth.display().to_string()
-            )
-        } else {
-            config
-        };
         // A running agent with another configuration (HTTPS turned on, say) starts anew.
         if std::fs::read_to_string(home.join("agent.toml")).ok().as_deref() != Some(config.as_str()) {
             stop(&home.join("agent.pid"), "pl-agent");
