@@ -108,6 +108,26 @@ impl NodeEngine {
         c
     }
 
+    /// Logs this node's docker CLI in to its agent's endpoint, as the agent hands the engine
+    /// its credentials with each pull.
+    fn login(&self, proxy: &StoreProxy) {
+        let mut child = self
+            .cli()
+            .args(["login", "-u", &proxy.username, "--password-stdin", &proxy.server()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("docker login");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(proxy.password.as_bytes())
+            .expect("password");
+        assert!(child.wait().expect("login").success(), "docker login");
+    }
+
     fn run(&self, args: &[&str]) {
         let o = self.cli().args(args).output().expect("docker");
         assert!(
@@ -141,7 +161,7 @@ impl Drop for NodeEngine {
 
 /// Incompressible bytes (xorshift from `seed`).
 fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed | 1;
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     let mut out = vec![0u8; len];
     for chunk in out.chunks_mut(8) {
         x ^= x << 13;
@@ -290,6 +310,7 @@ fn deliver_pushleft(p: &Pushleft, nodes: &[NodeEngine], tag: &str) -> Delivery {
     assert!(o.status.success(), "{err}");
     let reference = String::from_utf8_lossy(&o.stdout).trim().to_owned();
     let digest = reference.rsplit_once('@').expect("digest").1.to_owned();
+    let pushed = started.elapsed().as_secs_f64();
     std::thread::scope(|scope| {
         for (node, proxy) in nodes.iter().zip(&p.proxies) {
             let local = format!("{}/app@{digest}", proxy.addr);
@@ -297,6 +318,10 @@ fn deliver_pushleft(p: &Pushleft, nodes: &[NodeEngine], tag: &str) -> Delivery {
         }
     });
     let seconds = started.elapsed().as_secs_f64();
+    eprintln!(
+        "pushleft: pushed in {pushed:.2} s, pulled by three nodes in {:.2} s",
+        seconds - pushed
+    );
     let sent: u64 = err
         .split("blobs sent (")
         .nth(1)
@@ -416,6 +441,9 @@ fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     let p = pushleft(dir.path());
     let nodes: Vec<NodeEngine> = (1..=3).map(NodeEngine::start).collect();
+    for (node, proxy) in nodes.iter().zip(&p.proxies) {
+        node.login(proxy);
+    }
     let registry = Registry::start();
     let registry_data = registry.data_dir();
     // Per path: (first, second) deliveries of each round.

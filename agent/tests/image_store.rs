@@ -5,7 +5,9 @@
 //! TLS, whose agent pulls it through its loopback endpoint (which refuses anyone without the
 //! credentials it made) from the agent API: the replica runs the pushed content, with no
 //! registry anywhere. Then `pl image gc`: a dry run lists what nothing references once it is
-//! older than the grace, and `--delete` removes exactly that, leaving the running image's blobs.
+//! older than the grace (an image pushed and never committed), and `--delete` removes exactly
+//! that, leaving the running image's blobs and those of an image an earlier accepted revision
+//! named (a `pl rollback --commit` to it needs them).
 
 #[path = "../../reconciler/tests/support/daemon.rs"]
 mod daemon_support;
@@ -125,14 +127,16 @@ fn a_pushed_image_runs_on_a_node_with_no_registry() {
         .expect("clock")
         .subsec_nanos();
     let unique = format!("{}-{nanos}", std::process::id());
-    let (base, one, two) = (
+    let (base, one, two, three) = (
         format!("pl-store-test/base:{unique}"),
         format!("pl-store-test/web:one-{unique}"),
         format!("pl-store-test/web:two-{unique}"),
+        format!("pl-store-test/web:three-{unique}"),
     );
     base_image(&base);
     build(&one, &base, "one\n");
     build(&two, &base, "two\n");
+    build(&three, &base, "three\n");
     clean("web-production");
 
     let dir = tempfile::tempdir().expect("tempdir");
@@ -180,14 +184,51 @@ fn a_pushed_image_runs_on_a_node_with_no_registry() {
     assert!(err.contains("0 blobs sent"), "{err}");
     let (ok, _, err) = push(&s, port, &s.viewer, &two, "web");
     assert!(!ok && err.contains("image-store-unauthorized"), "{err}");
+    let (ok, third, err) = push(&s, port, &s.operator, &three, "web");
+    assert!(ok, "{err}");
+    // `docker push` works too, logged in with the operator token as the password.
+    let cli = dir.path().join("docker-cli");
+    let cli_arg = cli.to_string_lossy().into_owned();
+    let mut login = Command::new("docker")
+        .args(["--config", &cli_arg, "login", "-u", "ci", "--password-stdin"])
+        .arg(format!("127.0.0.1:{port}"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("docker login");
+    use std::io::Write;
+    login.stdin.take().expect("stdin").write_all(s.operator.as_bytes()).expect("token");
+    let o = login.wait_with_output().expect("login");
+    assert!(o.status.success(), "docker login: {}", String::from_utf8_lossy(&o.stderr));
+    let remote = format!("127.0.0.1:{port}/web:two");
+    docker(&["tag", &two, &remote]);
+    let pushed = docker(&["--config", &cli_arg, "push", &remote]);
+    docker(&["rmi", &remote]);
+    let docker_digest = pushed
+        .split("digest: ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .expect("docker push says the digest")
+        .to_owned();
+    let (status, _) = d.get(&format!("/v2/web/manifests/{docker_digest}"), Some(&s.viewer));
+    assert_eq!(status, 200, "the store holds what docker pushed");
     // The node must pull for real: the engine forgets the built images.
-    for tag in [&one, &two, &base] {
+    for tag in [&one, &two, &three, &base] {
         docker(&["rmi", "-f", tag]);
     }
 
+    // An accepted revision names the first image; the next one the second, which runs.
+    repo.write("projects/web.yaml", &worker("web", &first));
+    repo.commit("web names the first pushed image", true);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while support::sql(&url, "SELECT image FROM revision_images").len() < 1 {
+        assert!(Instant::now() < deadline, "the first revision was never accepted");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     repo.write("projects/web.yaml", &worker("web", &second));
     repo.write("envs/web.yaml", &environment("web-production", "web"));
-    repo.commit("web runs the pushed image", true);
+    repo.commit("web runs the second pushed image", true);
 
     let fingerprint = support::ca_pin(&std::fs::read_to_string(dir.path().join("tls/ca.crt")).expect("ca"));
     let node_dir = dir.path().join("n1");
@@ -275,8 +316,10 @@ fn a_pushed_image_runs_on_a_node_with_no_registry() {
         &format!("{}/web@{digest}", proxy.addr)
     ]));
 
-    // Collection: nothing is old enough yet; made old, the first image's own blobs go (its
-    // manifest, config and layer) and what web runs stays.
+    // Collection: nothing is old enough yet; made old, the third image's own blobs go (its
+    // manifest, config and layer, never committed) and what `docker push` sent (its manifest
+    // and compressed layers; the config is the second image's), and what web runs or ran
+    // stays.
     let young = gc(&s, port, false);
     assert!(young.blobs.is_empty() && young.young >= 3, "{young:?}");
     let old = std::time::SystemTime::now() - Duration::from_secs(2 * 3600);
@@ -288,16 +331,18 @@ fn a_pushed_image_runs_on_a_node_with_no_registry() {
         f.set_modified(old).expect("mtime");
     }
     let dry = gc(&s, port, false);
+    let third_digest = third.rsplit_once('@').expect("digest").1;
     let first_digest = first.rsplit_once('@').expect("digest").1;
     assert!(!dry.deleted);
-    assert_eq!(dry.blobs.len(), 3, "{dry:?}");
-    assert!(dry.blobs.iter().any(|b| b.digest == first_digest), "{dry:?}");
-    assert!(dry.blobs.iter().all(|b| b.digest != digest));
+    assert_eq!(dry.blobs.len(), 6, "{dry:?}");
+    assert!(dry.blobs.iter().any(|b| b.digest == docker_digest), "{dry:?}");
+    assert!(dry.blobs.iter().any(|b| b.digest == third_digest), "{dry:?}");
+    assert!(dry.blobs.iter().all(|b| b.digest != digest && b.digest != first_digest));
     let held = std::fs::read_dir(store.join("blobs/sha256")).expect("blobs").count();
-    assert_eq!(held, 7, "a dry run removes nothing");
+    assert_eq!(held, 13, "a dry run removes nothing");
     let done = gc(&s, port, true);
     assert!(done.deleted && done.blobs == dry.blobs, "{done:?}");
-    assert_eq!(std::fs::read_dir(store.join("blobs/sha256")).expect("blobs").count(), 4);
+    assert_eq!(std::fs::read_dir(store.join("blobs/sha256")).expect("blobs").count(), 7);
     assert_eq!(gc(&s, port, false).blobs.len(), 0);
 
     d.kill9();

@@ -1,6 +1,6 @@
 //! `POST /v1/images/gc` (admin): the control plane's image store collected. Blobs that no
-//! accepted revision, environment's spec, previous release (a rollback's target) or retired
-//! generation names, directly or through a manifest, and that are older than the grace, go;
+//! accepted revision (any, not only the newest), environment's spec, previous release (a
+//! rollback's target) or retired generation names, directly or through a manifest, and that are older than the grace, go;
 //! `delete: false` (the default) lists them and removes nothing.
 
 use serde::{Deserialize, Serialize};

@@ -2,8 +2,9 @@
 //! the push client `pl image push` uses: a blob asked for, sent and then held; a blob whose
 //! bytes do not match its digest refused (`image-digest-mismatch`) and not kept; a push past
 //! the quota refused (`image-quota-exceeded`) with nothing left behind; a manifest naming a blob
-//! the store lacks refused (`image-blob-missing`); tags refused (the store keeps digests, as Git
-//! names images); a viewer may read and not push, no token may do neither; and a folder
+//! the store lacks refused (`image-blob-missing`); a manifest put under a tag kept by its digest
+//! and never read by the tag (Git names images by digest); `docker login`'s basic credentials
+//! with a token as the password accepted, a wrong one not; a viewer may read and not push, no token may do neither; and a folder
 //! another control plane owns stops the daemon at start. Loopback only.
 
 #[path = "support/daemon.rs"]
@@ -113,10 +114,20 @@ fn the_store_keeps_only_whole_verified_blobs_within_its_quota() {
     assert_eq!(e.code(), "image-quota-exceeded", "{e}");
     let uploads: Vec<_> = std::fs::read_dir(store.join("uploads")).expect("uploads").collect();
     assert!(uploads.is_empty(), "a refused upload leaves nothing: {uploads:?}");
-    let e = op
-        .put_manifest("web", "latest", oci::OCI_MANIFEST, &manifest)
-        .expect_err("tags");
-    assert_eq!(e.code(), "image-tag-unsupported", "{e}");
+    // Under a tag (as `docker push` puts it): kept by digest; the tag is not kept.
+    op.put_manifest("web", "v1", oci::OCI_MANIFEST, &manifest)
+        .expect("a tag put");
+    let (status, body) = d.get("/v2/web/manifests/v1", Some(&s.viewer));
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("image-tag-unsupported"), "{body}");
+    // Basic credentials whose password is a token (`docker login`'s) read and push too.
+    use base64::Engine;
+    let basic = base64::engine::general_purpose::STANDARD.encode(format!("anyone:{}", s.viewer));
+    let (status, _) = d.get_with_header("/v2/", &format!("Basic {basic}"));
+    assert_eq!(status, 200);
+    let wrong = base64::engine::general_purpose::STANDARD.encode("anyone:guess");
+    let (status, _) = d.get_with_header("/v2/", &format!("Basic {wrong}"));
+    assert_eq!(status, 401);
     let e = op
         .put_manifest("web", Digest::of(b"x").as_str(), oci::OCI_MANIFEST, &manifest)
         .expect_err("a digest the bytes are not");

@@ -41,6 +41,27 @@ impl Judgement {
     pub fn accepted(&self) -> bool {
         self.reasons.is_empty()
     }
+
+    /// The images on registry `host` its state names (Projects' and Environments' own), each
+    /// once, sorted: for the control plane's image store, what it keeps while this revision is
+    /// accepted.
+    pub fn images_on(&self, host: &str) -> Vec<String> {
+        use state_schema::model::{Kind, Spec};
+        let state = &self.state.state;
+        let mut out: Vec<String> = state
+            .of_kind(Kind::Project)
+            .chain(state.of_kind(Kind::Environment))
+            .filter_map(|l| match &l.object.spec {
+                Spec::Project(p) => Some(p.image.as_str().to_owned()),
+                Spec::Environment(e) => e.image.as_ref().map(|i| i.as_str().to_owned()),
+                _ => None,
+            })
+            .filter(|i| i.split_once('/').is_some_and(|(h, _)| h == host))
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
 }
 
 /// A preview branch: its name, and the applied branch's accepted `Repository` document, under

@@ -97,11 +97,13 @@ pub fn to_build(state_dir: &Path, given: &[Build], no_build: bool, state: &State
 /// applied as it is (`--allowed-signers`), where `--build` does not apply: the fix named is one
 /// that works there (a pinned image a node can pull, in a signed commit), never `--build`.
 pub fn check_pullable(builds: &[Build], state: &State, signed: bool) -> Result<()> {
+    // The control plane's own store is under `.invalid` too, and its agents pull from it.
     let placeholder = |image: &str| {
-        image
-            .split_once('/')
-            .map(|(host, _)| host.split(':').next().unwrap_or(host))
-            .is_some_and(|h| h == "invalid" || h.ends_with(".invalid"))
+        agent_proto::images::in_store(image).is_none()
+            && image
+                .split_once('/')
+                .map(|(host, _)| host.split(':').next().unwrap_or(host))
+                .is_some_and(|h| h == "invalid" || h.ends_with(".invalid"))
     };
     for l in state.of_kind(Kind::Project).chain(state.of_kind(Kind::Environment)) {
         let (project, image) = match &l.object.spec {
@@ -275,6 +277,19 @@ pub fn overrides(
 #[cfg(test)]
 mod tests {
     use state_schema::parse::parse_file;
+
+    /// An image of the control plane's own store is pulled by the agents: not a placeholder,
+    /// though its name is under `.invalid` too.
+    #[test]
+    fn an_image_of_the_store_is_not_a_placeholder() {
+        let project = format!(
+            "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: pushleft.invalid/api@sha256:{}\n  roles:\n    web: {{kind: web, port: 8080}}\n---\napiVersion: pushleft.dev/v1alpha1\nkind: Environment\nmetadata: {{name: api-production}}\nspec: {{project: api, stage: production, pool: main}}\n",
+            "1".repeat(64)
+        );
+        let state = state_with(&project);
+        super::check_pullable(&[], &state, true).expect("pulled from the store");
+        super::check_pullable(&[], &state, false).expect("pulled from the store");
+    }
 
     /// With `--allowed-signers` the fix named is never `--build` (which that mode refuses).
     #[test]

@@ -1,8 +1,10 @@
 //! The image store's distribution endpoint on the operator listener (`/v2/`), for `pl image
-//! push` (and any client that sends an operator token as a bearer token): blobs asked for
-//! (`HEAD`), uploaded (`POST`, `PATCH`, `PUT ?digest=`) and read; manifests put and read by
-//! digest. Reading needs a viewer's token, writing an operator's; a refused request reads no
-//! body. Refusals are the spec's error body, with Pushleft's code in `detail`.
+//! push` (a bearer token) and `docker push` (`docker login` with a token as the password: basic
+//! credentials): blobs asked for (`HEAD`), mounted from the store when held, uploaded (`POST`,
+//! `PATCH`, `PUT ?digest=`) and read; manifests put (by digest, or under a tag, which is not
+//! kept: Git names images by digest) and read by digest. Reading needs a viewer's token,
+//! writing an operator's; a refused request reads no body. Refusals are the spec's error body,
+//! with Pushleft's code in `detail`.
 //! Also the agents' side (`agent_router`): a node fetches manifests and blobs by digest over its
 //! mutual-TLS connection, for the engine its agent serves them to.
 
@@ -100,17 +102,32 @@ fn unauthorized() -> Response {
         StatusCode::UNAUTHORIZED,
         "UNAUTHORIZED",
         "image-store-unauthorized",
-        "send an operator token to push, a viewer's to read (Authorization: Bearer)",
+        "send an operator token to push, a viewer's to read (Authorization: Bearer, or `docker login` with the token as the password)",
     );
-    r.headers_mut().insert(
-        "www-authenticate",
-        HeaderValue::from_static("Bearer realm=\"pushleft\""),
-    );
+    // Basic: the challenge `docker login` answers with its credentials (a token as password).
+    r.headers_mut()
+        .insert("www-authenticate", HeaderValue::from_static("Basic realm=\"pushleft\""));
     r
 }
 
+/// The caller's token name when it may do what `role` asks: a bearer token, or basic
+/// credentials whose password is one (the user name is not read).
+fn caller(tokens: &Tokens, headers: &HeaderMap, role: Role) -> Option<String> {
+    let header = headers.get("authorization").and_then(|v| v.to_str().ok())?;
+    if header.starts_with("Bearer ") {
+        return authorized(tokens, headers, role).ok().map(str::to_owned);
+    }
+    use base64::Engine;
+    let raw = header.strip_prefix("Basic ")?;
+    let decoded = zeroize::Zeroizing::new(base64::engine::general_purpose::STANDARD.decode(raw.trim()).ok()?);
+    let text = std::str::from_utf8(&decoded).ok()?;
+    let (_, token) = text.split_once(':')?;
+    let bearer = zeroize::Zeroizing::new(format!("Bearer {token}"));
+    tokens.authorize(Some(bearer.as_str()), role).ok().map(str::to_owned)
+}
+
 async fn ping(State(s): State<Arc<Images>>, headers: HeaderMap) -> Response {
-    if authorized(&s.tokens, &headers, Role::Viewer).is_err() {
+    if caller(&s.tokens, &headers, Role::Viewer).is_none() {
         return unauthorized();
     }
     ([("docker-distribution-api-version", "registry/2.0")], "{}").into_response()
@@ -119,6 +136,8 @@ async fn ping(State(s): State<Arc<Images>>, headers: HeaderMap) -> Response {
 #[derive(serde::Deserialize)]
 struct DigestQuery {
     digest: Option<String>,
+    /// A cross-repository mount (`docker push`'s): a blob the store holds needs no upload.
+    mount: Option<String>,
 }
 
 async fn v2(
@@ -131,9 +150,8 @@ async fn v2(
 ) -> Response {
     let reads = method == Method::GET || method == Method::HEAD;
     let role = if reads { Role::Viewer } else { Role::Operator };
-    let who = match authorized(&s.tokens, &headers, role) {
-        Ok(w) => w.to_owned(),
-        Err(_) => return unauthorized(),
+    let Some(who) = caller(&s.tokens, &headers, role) else {
+        return unauthorized();
     };
     let Some((name, t)) = target(&path) else {
         return oci_error(
@@ -162,6 +180,12 @@ async fn v2(
             None => tag_refused(r),
         },
         ("POST", Target::Uploads) => {
+            // The store is content-addressed: any name holds every blob it keeps.
+            if let Some(d) = q.mount.as_deref().and_then(Digest::parse)
+                && s.store.blob_size(&d).await.is_some()
+            {
+                return created(&format!("/v2/{name}/blobs/{d}"), &d);
+            }
             let id = match s.store.begin().await {
                 Ok(id) => id,
                 Err(e) => return store_error(e),
@@ -185,10 +209,15 @@ async fn v2(
             StatusCode::NO_CONTENT.into_response()
         }
         ("PUT", Target::Manifest(r)) => {
-            let Some(d) = digest(r) else { return tag_refused(r) };
             let bytes = match crate::http::server::read_body(body, oci::MAX_MANIFEST_BYTES).await {
                 Ok(b) => b,
                 Err(e) => return e.into_response(),
+            };
+            // Under a tag (`docker push`): kept by its digest, the tag not kept.
+            let d = match digest(r) {
+                Some(d) => d,
+                None if valid_tag(r) => Digest::of(&bytes),
+                None => return tag_refused(r),
             };
             let content_type = headers.get("content-type").and_then(|v| v.to_str().ok());
             match s.store.put_manifest(&d, &bytes, content_type).await {
@@ -263,8 +292,16 @@ fn tag_refused(r: &str) -> Response {
         StatusCode::BAD_REQUEST,
         "MANIFEST_INVALID",
         "image-tag-unsupported",
-        format!("`{r}`: this store keeps manifests by digest only, as Git names images; push by digest"),
+        format!("`{r}`: this store reads manifests by digest only, as Git names images"),
     )
+}
+
+/// A tag as the distribution spec writes it.
+fn valid_tag(t: &str) -> bool {
+    let b = t.as_bytes();
+    (1..=128).contains(&b.len())
+        && (b[0].is_ascii_alphanumeric() || b[0] == b'_')
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || b"._-".contains(c))
 }
 
 /// A held blob's bytes (or, for `HEAD`, its size), with the headers the spec gives them.

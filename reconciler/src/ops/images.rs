@@ -1,6 +1,6 @@
 //! `pl image gc`: the image store collected. The roots are what the ledger keeps (every
-//! tracked branch's accepted documents, each environment's current, retired and previous
-//! specs); the decision is `images::unreferenced`; removal happens only when asked, after the
+//! accepted revision's images of the store, every tracked branch's accepted documents, each
+//! environment's current, retired and previous specs); the decision is `images::unreferenced`; removal happens only when asked, after the
 //! same listing a dry run shows.
 
 use super::{OpError, Ops};

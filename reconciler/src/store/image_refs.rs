@@ -1,6 +1,7 @@
-//! What the ledger holds that may name an image of the control plane's store: the newest
-//! accepted state of every tracked branch (`desired_objects`), and each environment's current,
-//! retired and previous specs (what runs, what a rollback goes back to). The image store's
+//! What the ledger holds that may name an image of the control plane's store: every accepted
+//! revision's images of it (`revision_images`), the newest accepted state of every tracked
+//! branch (`desired_objects`), and each environment's current, retired and previous specs
+//! (what runs, what a rollback goes back to). The image store's
 //! collection keeps every digest these name. SQL only: the rows that mention `needle`.
 
 use super::LedgerError;
@@ -26,6 +27,11 @@ impl crate::store::Deployments<'_> {
         for (a, b, c) in specs {
             out.extend([a, b, c]);
         }
+        // Every accepted revision's images of the store (written with its row).
+        let images: Vec<String> = sqlx::query_scalar(self.sql("SELECT DISTINCT image FROM revision_images"))
+            .fetch_all(&self.pool)
+            .await?;
+        out.extend(images);
         Ok(out)
     }
 }

@@ -75,6 +75,15 @@ impl crate::store::Revisions<'_> {
         .fetch_optional(&mut **tx)
         .await?;
         let Some(id) = id else { return Ok(None) };
+        if j.accepted() {
+            for image in j.images_on(agent_proto::images::STORE_HOST) {
+                sqlx::query(self.sql("INSERT INTO revision_images (revision_id, image) VALUES (?, ?)"))
+                    .bind(id)
+                    .bind(&image)
+                    .execute(&mut **tx)
+                    .await?;
+            }
+        }
         let detail = if j.accepted() {
             j.principals.clone().unwrap_or_default()
         } else {
