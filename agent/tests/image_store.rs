@@ -198,9 +198,18 @@ fn a_pushed_image_runs_on_a_node_with_no_registry() {
         .spawn()
         .expect("docker login");
     use std::io::Write;
-    login.stdin.take().expect("stdin").write_all(s.operator.as_bytes()).expect("token");
+    login
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(s.operator.as_bytes())
+        .expect("token");
     let o = login.wait_with_output().expect("login");
-    assert!(o.status.success(), "docker login: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "docker login: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let remote = format!("127.0.0.1:{port}/web:two");
     docker(&["tag", &two, &remote]);
     let pushed = docker(&["--config", &cli_arg, "push", &remote]);

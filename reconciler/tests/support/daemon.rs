@@ -174,7 +174,12 @@ impl Daemon {
 
     /// GET with an `Authorization` header as given: (status, body).
     pub fn get_with_header(&self, path: &str, authorization: &str) -> (u16, String) {
-        match self.agent.get(&self.url(path)).header("authorization", authorization).call() {
+        match self
+            .agent
+            .get(&self.url(path))
+            .header("authorization", authorization)
+            .call()
+        {
             Ok(mut r) => (r.status().as_u16(), r.body_mut().read_to_string().unwrap_or_default()),
             Err(_) => (0, String::new()),
         }
