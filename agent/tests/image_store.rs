@@ -231,7 +231,7 @@ fn a_pushed_image_runs_on_a_node_with_no_registry() {
     repo.write("projects/web.yaml", &worker("web", &first));
     repo.commit("web names the first pushed image", true);
     let deadline = Instant::now() + Duration::from_secs(20);
-    while support::sql(&url, "SELECT image FROM revision_images").len() < 1 {
+    while support::sql(&url, "SELECT image FROM revision_images").is_empty() {
         assert!(Instant::now() < deadline, "the first revision was never accepted");
         std::thread::sleep(Duration::from_millis(100));
     }
