@@ -126,4 +126,9 @@ fn every_mounted_route_is_documented_and_every_documented_path_answers() {
             assert_eq!(status, 401, "{method} {path} answered without a token: {text}");
         }
     }
+    // The image store's endpoint (the distribution spec's, documented in docs/images.md, not
+    // here): without `[images]`, it says so in its own words.
+    let (status, text) = daemon.get("/v2/web/blobs/uploads/", None);
+    assert_eq!(status, 404, "{text}");
+    assert!(text.contains("images-not-configured"), "{text}");
 }

@@ -32,9 +32,19 @@ pub struct Images {
     pub tokens: Arc<Tokens>,
 }
 
-/// `/v2/` on the operator listener (no routes without a store).
+/// `/v2/` on the operator listener; without a store, every path says so.
 pub fn router(store: Option<&Arc<Store>>, tokens: &Arc<Tokens>) -> Router {
-    let Some(store) = store else { return Router::new() };
+    let Some(store) = store else {
+        let none = || async {
+            oci_error(
+                StatusCode::NOT_FOUND,
+                "UNSUPPORTED",
+                "images-not-configured",
+                "this control plane keeps no images: add [images] to its configuration",
+            )
+        };
+        return Router::new().route("/v2/", any(none)).route("/v2/{*path}", any(none));
+    };
     let state = Arc::new(Images {
         store: Arc::clone(store),
         tokens: Arc::clone(tokens),
