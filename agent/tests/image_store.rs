@@ -235,10 +235,6 @@ fn a_pushed_image_runs_on_a_node_with_no_registry() {
         assert!(Instant::now() < deadline, "the first revision was never accepted");
         std::thread::sleep(Duration::from_millis(100));
     }
-    repo.write("projects/web.yaml", &worker("web", &second));
-    repo.write("envs/web.yaml", &environment("web-production", "web"));
-    repo.commit("web runs the second pushed image", true);
-
     let fingerprint = support::ca_pin(&std::fs::read_to_string(dir.path().join("tls/ca.crt")).expect("ca"));
     let node_dir = dir.path().join("n1");
     let token = d.enrolment_token("n1", &s.operator);
@@ -253,6 +249,10 @@ fn a_pushed_image_runs_on_a_node_with_no_registry() {
     let n1 = AgentClient::from_dir(&format!("https://localhost:{agent_port}"), &node_dir).expect("client");
     n1.heartbeat(&Heartbeat::new("test", &FULL_CAPABILITIES))
         .expect("heartbeat");
+    // The node is live before the environment comes: placed at once, not waiting for it.
+    repo.write("projects/web.yaml", &worker("web", &second));
+    repo.write("envs/web.yaml", &environment("web-production", "web"));
+    repo.commit("web runs the second pushed image", true);
     let cp = support::control_plane(&url);
     let rt = support::runtime();
     let proxy_client =
@@ -284,10 +284,13 @@ fn a_pushed_image_runs_on_a_node_with_no_registry() {
         .expect("answer");
     assert_eq!(r.status().as_u16(), 401, "a guessed password");
 
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_secs(120);
     let mut ran = None::<LeasedJob>;
     while ran.is_none() {
         assert!(Instant::now() < deadline, "web was never leased");
+        // Beating as an agent does, so the node stays live however slow the machine is.
+        n1.heartbeat(&Heartbeat::new("test", &FULL_CAPABILITIES))
+            .expect("heartbeat");
         for j in n1.lease(8, Duration::from_secs(1)).expect("lease").jobs {
             match &j.execution {
                 Execution::Network(net) if j.key.starts_with("net:") && j.key.contains(":ensure") => {

@@ -4,7 +4,8 @@
 //! the quota refused (`image-quota-exceeded`) with nothing left behind; a manifest naming a blob
 //! the store lacks refused (`image-blob-missing`); a manifest put under a tag kept by its digest
 //! and never read by the tag (Git names images by digest); `docker login`'s basic credentials
-//! with a token as the password accepted, a wrong one not; a viewer may read and not push, no token may do neither; and a folder
+//! with a token as the password accepted, a wrong one not; a push renews the blobs its manifest
+//! names (for the collection's grace); a viewer may read and not push, no token may do neither; and a folder
 //! another control plane owns stops the daemon at start. Loopback only.
 
 #[path = "support/daemon.rs"]
@@ -105,6 +106,25 @@ fn the_store_keeps_only_whole_verified_blobs_within_its_quota() {
             .and_then(|v| v.to_str().ok()),
         Some(md.as_str())
     );
+
+    // A push renews what its manifest names: blobs it found held (and did not send) are as
+    // young as the push, for the collection's grace.
+    let old = std::time::SystemTime::now() - Duration::from_secs(48 * 3600);
+    let blob = |d: &Digest| store.join("blobs/sha256").join(d.hex());
+    for d in [&ld, &cd, &md] {
+        let f = std::fs::File::options().write(true).open(blob(d)).expect("blob");
+        f.set_modified(old).expect("mtime");
+    }
+    op.put_manifest("web", md.as_str(), oci::OCI_MANIFEST, &manifest)
+        .expect("the same manifest again");
+    for d in [&ld, &cd, &md] {
+        let age = std::fs::metadata(blob(d))
+            .and_then(|m| m.modified())
+            .expect("mtime")
+            .elapsed()
+            .unwrap_or_default();
+        assert!(age < Duration::from_secs(600), "{d} was not renewed: {age:?} old");
+    }
 
     // Past the quota (a little over 3 MiB held of 4): refused, and nothing left behind.
     let more = vec![3u8; 1 << 20];

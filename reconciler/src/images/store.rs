@@ -321,10 +321,22 @@ impl Store {
         let once = futures_util::stream::iter([Ok::<_, std::io::Error>(axum::body::Bytes::copy_from_slice(bytes))]);
         self.append(&id, once, Duration::from_secs(10)).await?;
         self.finish(&id, digest).await?;
+        // A push renews what it names: blobs a push found held (and so did not send) are as
+        // young as the push for the collection's grace, which a commit naming them follows.
+        for d in parsed.references.iter().map(|(r, _)| r).chain([digest]) {
+            self.touch(d);
+        }
         let tmp = self.dir.join("manifests").join(format!("{}.new", digest.hex()));
         tokio::fs::write(&tmp, &parsed.media_type).await?;
         tokio::fs::rename(&tmp, self.dir.join("manifests").join(digest.hex())).await?;
         Ok(parsed)
+    }
+
+    /// Makes a held blob as young as now (a failure only shortens its stay to the grace).
+    fn touch(&self, d: &Digest) {
+        if let Ok(f) = std::fs::File::options().write(true).open(self.blob_path(d)) {
+            let _ = f.set_modified(SystemTime::now());
+        }
     }
 
     /// Every blob held, with its size and age.
