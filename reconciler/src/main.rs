@@ -10,10 +10,10 @@ use reconciler::http::enrolment::{self, Enrol};
 use reconciler::http::logs::{self, LogHub, Readers, Writers};
 use reconciler::http::operator::{self, Operator};
 use reconciler::http::peer::Peers;
-use reconciler::http::registry;
 use reconciler::http::server::{operator_tls_config, serve, tls_config, tls_config_with};
 use reconciler::http::streams::watch_events;
 use reconciler::http::ui::{self, Ui};
+use reconciler::http::{agent_images, registry};
 use reconciler::hub::Hub;
 use reconciler::images::store::Store;
 use reconciler::ops::Ops;
@@ -246,8 +246,11 @@ async fn serve_agents(
         )
         .map_err(anyhow::Error::msg)?,
     );
-    let routes =
-        (agent::router(agents).merge(logs::agent_router(writers))).merge(registry::agent_router(image_store, peers));
+    let routes = (agent::router(agents).merge(logs::agent_router(writers))).merge(agent_images::agent_router(
+        image_store,
+        peers,
+        Arc::clone(ledger),
+    ));
     Ok(Some(tokio::spawn(serve(
         listener,
         tls,

@@ -5,17 +5,15 @@
 //! kept: Git names images by digest) and read by digest. Reading needs a viewer's token,
 //! writing an operator's; a refused request reads no body. Refusals are the spec's error body,
 //! with Pushleft's code in `detail`.
-//! Also the agents' side (`agent_router`): a node fetches manifests and blobs by digest over its
-//! mutual-TLS connection, for the engine its agent serves them to.
+//! The agents' side is `agent_images.rs`.
 
 use crate::auth::Tokens;
 use crate::config::Role;
-use crate::http::peer::Peers;
-use crate::http::server::{PeerCert, authorized};
+use crate::http::server::authorized;
 use crate::images::store::{Store, StoreError};
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Extension, Path, Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
@@ -87,7 +85,7 @@ fn target(path: &str) -> Option<(&str, Target<'_>)> {
     oci::valid_name(name).then_some((name, t))
 }
 
-fn oci_error(status: StatusCode, code: &str, ours: &str, message: impl Into<String>) -> Response {
+pub(crate) fn oci_error(status: StatusCode, code: &str, ours: &str, message: impl Into<String>) -> Response {
     (status, axum::Json(Errors::one(code, ours, message))).into_response()
 }
 
@@ -178,15 +176,7 @@ async fn v2(
             None => bad_digest(d),
         },
         ("GET" | "HEAD", Target::Manifest(r)) => match digest(r) {
-            Some(d) => match s.store.manifest_type(&d).await {
-                Some(t) => serve_blob(&s.store, &d, Some(t), method == Method::HEAD).await,
-                None => oci_error(
-                    StatusCode::NOT_FOUND,
-                    "MANIFEST_UNKNOWN",
-                    "image-not-found",
-                    format!("no manifest {d}"),
-                ),
-            },
+            Some(d) => serve_manifest(&s.store, &d, method == Method::HEAD).await,
             None => tag_refused(r),
         },
         ("POST", Target::Uploads) => {
@@ -288,7 +278,7 @@ fn upload_accepted(name: &str, id: &str, written: u64) -> Response {
     r
 }
 
-fn bad_digest(d: &str) -> Response {
+pub(crate) fn bad_digest(d: &str) -> Response {
     oci_error(
         StatusCode::BAD_REQUEST,
         "DIGEST_INVALID",
@@ -312,6 +302,19 @@ fn valid_tag(t: &str) -> bool {
     (1..=128).contains(&b.len())
         && (b[0].is_ascii_alphanumeric() || b[0] == b'_')
         && b.iter().all(|c| c.is_ascii_alphanumeric() || b"._-".contains(c))
+}
+
+/// A held manifest (or, for `HEAD`, its size) under the media type it was pushed with.
+pub(crate) async fn serve_manifest(store: &Store, d: &Digest, head: bool) -> Response {
+    match store.manifest_type(d).await {
+        Some(t) => serve_blob(store, d, Some(t), head).await,
+        None => oci_error(
+            StatusCode::NOT_FOUND,
+            "MANIFEST_UNKNOWN",
+            "image-not-found",
+            format!("no manifest {d}"),
+        ),
+    }
 }
 
 /// A held blob's bytes (or, for `HEAD`, its size), with the headers the spec gives them.
@@ -360,64 +363,6 @@ fn chunks(f: tokio::fs::File) -> impl futures_util::Stream<Item = std::io::Resul
             Err(e) => Some((Err(e), None)),
         }
     })
-}
-
-/// The agents' side of the store.
-pub struct AgentImages {
-    pub store: Arc<Store>,
-    pub peers: Arc<Peers>,
-}
-
-/// `GET /v1/agent/images/{manifests,blobs}/{digest}` on the agent API (no routes without a
-/// store).
-pub fn agent_router(store: Option<&Arc<Store>>, peers: Arc<Peers>) -> Router {
-    let Some(store) = store else { return Router::new() };
-    let state = Arc::new(AgentImages {
-        store: Arc::clone(store),
-        peers,
-    });
-    Router::new()
-        .route("/v1/agent/images/manifests/{digest}", get(agent_manifest))
-        .route("/v1/agent/images/blobs/{digest}", get(agent_blob))
-        .with_state(state)
-}
-
-async fn agent_manifest(
-    State(s): State<Arc<AgentImages>>,
-    Extension(peer): Extension<Option<PeerCert>>,
-    method: Method,
-    Path(digest): Path<String>,
-) -> Response {
-    if let Err(r) = s.peers.caller(peer).await {
-        return r;
-    }
-    let Some(d) = Digest::parse(&digest) else {
-        return bad_digest(&digest);
-    };
-    match s.store.manifest_type(&d).await {
-        Some(t) => serve_blob(&s.store, &d, Some(t), method == Method::HEAD).await,
-        None => oci_error(
-            StatusCode::NOT_FOUND,
-            "MANIFEST_UNKNOWN",
-            "image-not-found",
-            format!("no manifest {d}"),
-        ),
-    }
-}
-
-async fn agent_blob(
-    State(s): State<Arc<AgentImages>>,
-    Extension(peer): Extension<Option<PeerCert>>,
-    method: Method,
-    Path(digest): Path<String>,
-) -> Response {
-    if let Err(r) = s.peers.caller(peer).await {
-        return r;
-    }
-    match Digest::parse(&digest) {
-        Some(d) => serve_blob(&s.store, &d, None, method == Method::HEAD).await,
-        None => bad_digest(&digest),
-    }
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! names. The HTTP surfaces are `http/registry.rs` (push and the agents' fetch); the use case
 //! is `ops/images.rs`.
 
+pub mod grants;
 pub mod store;
 
 use registry::oci::Digest;

@@ -60,3 +60,14 @@ impl Ops {
         })
     }
 }
+
+/// Whether the work `node` holds or is about to lease names the store's image `d` (the spec of
+/// an environment with a queued or leased job on it): the agents' fetch of the store serves a
+/// node only the images of its own work, and what their manifests reference (`images::grants`).
+pub async fn node_may_fetch(
+    ledger: &crate::store::Ledger,
+    node: &str,
+    d: &registry::oci::Digest,
+) -> Result<bool, crate::store::LedgerError> {
+    ledger.jobs().work_naming(node, &format!("@{d}")).await
+}
