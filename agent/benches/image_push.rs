@@ -1,11 +1,11 @@
 //! Bench (a binary): a 200 MB image (a 180 MB base layer and a 20 MB layer, incompressible) to
 //! three nodes, each with a dockerd of its own, by three paths side by side in one run:
 //!
-//! - **Pushleft**: `docker save | pl image push` to a real daemon's store (`[images]`), then the
-//!   three engines pull it through their agents' loopback endpoints (`image_proxy`, over each
-//!   node's mutual-TLS agent API), in parallel;
-//! - **Pushleft, `docker push`**: the engine pushes to the same store (`docker login` with the
-//!   operator token), then the same pulls: the engine remembers which compressed layers the
+//! - **Pushleft, an archive**: `docker save | pl image push app --input -` to a real daemon's
+//!   store (`[images]`), then the three engines pull it through their agents' loopback
+//!   endpoints (`image_proxy`, over each node's mutual-TLS agent API), in parallel;
+//! - **Pushleft, the engine's push**: `pl image push TAG --name NAME`, which has the engine push
+//!   to the same store, then the same pulls: the engine remembers which compressed layers the
 //!   store has, so a second push sends the changed layer alone without exporting the rest;
 //! - **save/load**: `docker save | docker load` to each node, in parallel (as `docker save |
 //!   ssh node docker load` would);
@@ -224,8 +224,6 @@ struct Delivery {
 struct Pushleft {
     setup: daemon_support::Setup,
     port: u16,
-    /// The docker CLI's configuration logged in to the store.
-    cli: PathBuf,
     proxies: Vec<StoreProxy>,
     _rt: tokio::runtime::Runtime,
     _daemon: Daemon,
@@ -283,27 +281,9 @@ fn pushleft(dir: &Path) -> Pushleft {
                 .expect("endpoint"),
         );
     }
-    let cli = dir.join("docker-cli");
-    let mut login = Command::new("docker")
-        .arg("--config")
-        .arg(&cli)
-        .args(["login", "-u", "ci", "--password-stdin", &format!("127.0.0.1:{port}")])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("docker login");
-    login
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(s.operator.as_bytes())
-        .expect("token");
-    assert!(login.wait().expect("login").success(), "docker login to the store");
     Pushleft {
         setup: s,
         port,
-        cli,
         proxies,
         _rt: rt,
         _daemon: d,
@@ -320,7 +300,7 @@ fn deliver_pushleft(p: &Pushleft, nodes: &[NodeEngine], tag: &str) -> Delivery {
         .spawn()
         .expect("save");
     let o = Command::new(support::pl_binary())
-        .args(["image", "push", "app", "--server"])
+        .args(["image", "push", "app", "--input", "-", "--server"])
         .arg(format!("https://localhost:{}", p.port))
         .arg("--ca-cert")
         .arg(p.setup.dir.join("tls/ca.crt"))
@@ -358,22 +338,24 @@ fn deliver_pushleft(p: &Pushleft, nodes: &[NodeEngine], tag: &str) -> Delivery {
     }
 }
 
-/// `docker push` to the store, then the three pulls through the agents: (time, bytes: the
-/// store's growth for the push, the endpoints' counts for the pulls).
-fn deliver_docker_push(p: &Pushleft, store: &Path, nodes: &[NodeEngine], tag: &str, name: &str) -> Delivery {
+/// `pl image push TAG --name NAME` (the engine pushes to the store), then the three pulls
+/// through the agents: (time, bytes: the store's growth for the push, the endpoints' counts
+/// for the pulls).
+fn deliver_engine_push(p: &Pushleft, store: &Path, nodes: &[NodeEngine], tag: &str, name: &str) -> Delivery {
     let served: u64 = p.proxies.iter().map(StoreProxy::bytes_served).sum();
-    let remote = format!("127.0.0.1:{}/{name}:latest", p.port);
-    docker(&["tag", tag, &remote]);
     let before = du(store);
     let started = Instant::now();
-    let cli = p.cli.to_string_lossy();
-    let out = docker(&["--config", &cli, "push", &remote]);
-    let digest = out
-        .split("digest: ")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .expect("docker push says the digest")
-        .to_owned();
+    let o = Command::new(support::pl_binary())
+        .args(["image", "push", tag, "--name", name, "--server"])
+        .arg(format!("https://localhost:{}", p.port))
+        .arg("--ca-cert")
+        .arg(p.setup.dir.join("tls/ca.crt"))
+        .env("PL_TOKEN", &p.setup.operator)
+        .output()
+        .expect("pl image push");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let reference = String::from_utf8_lossy(&o.stdout).trim().to_owned();
+    let digest = reference.rsplit_once('@').expect("digest").1.to_owned();
     std::thread::scope(|scope| {
         for (node, proxy) in nodes.iter().zip(&p.proxies) {
             let local = format!("{}/{name}@{digest}", proxy.addr);
@@ -511,7 +493,7 @@ fn main() {
             let deliver = |tag: &str| match i {
                 0 => deliver_pushleft(&p, &nodes, tag),
                 1 => deliver_save_load(&nodes, tag),
-                3 => deliver_docker_push(&p, &dir.path().join("images"), &nodes, tag, &format!("app{sample}")),
+                3 => deliver_engine_push(&p, &dir.path().join("images"), &nodes, tag, &format!("app{sample}")),
                 _ => deliver_push_pull(&registry, &registry_data, &nodes, tag, &format!("plbench/app{sample}")),
             };
             let first = deliver(&one);
@@ -530,10 +512,10 @@ fn main() {
         n.wipe();
     }
     let names = [
-        "pushleft (pl image push, agents pull)",
+        "pushleft (pl image push --input, agents pull)",
         "docker save | docker load",
         "docker push, pull (loopback registry)",
-        "pushleft (docker push to it, agents pull)",
+        "pushleft (pl image push IMAGE, agents pull)",
     ];
     let mut first_s = [0.0; 4];
     let mut second_s = [0.0; 4];
@@ -553,7 +535,7 @@ fn main() {
             second_b[i] / 1e6
         );
     }
-    for (i, how) in [(0, "pl image push"), (3, "docker push")] {
+    for (i, how) in [(0, "pl image push --input"), (3, "pl image push IMAGE")] {
         let share = second_b[i] / first_b[i];
         let vs_load = second_s[i] / second_s[1];
         println!(
@@ -565,7 +547,7 @@ fn main() {
         );
     }
     println!(
-        "first delivery: pl image push {:.2}x save/load, {:.2}x push/pull; docker push to pushleft {:.2}x push/pull; second: {:.2}x and {:.2}x push/pull",
+        "first delivery: pl image push --input {:.2}x save/load, {:.2}x push/pull; pl image push IMAGE {:.2}x push/pull; second: {:.2}x and {:.2}x push/pull",
         first_s[0] / first_s[1],
         first_s[0] / first_s[2],
         first_s[3] / first_s[2],

@@ -88,7 +88,7 @@ fn push(s: &daemon_support::Setup, port: u16, token: &str, tag: &str, name: &str
         .spawn()
         .expect("docker save");
     let o = Command::new(support::pl_binary())
-        .args(["image", "push", name, "--server"])
+        .args(["image", "push", name, "--input", "-", "--server"])
         .arg(format!("https://localhost:{port}"))
         .arg("--ca-cert")
         .arg(s.dir.join("tls/ca.crt"))
@@ -222,6 +222,46 @@ fn a_pushed_image_runs_on_a_node_with_no_registry() {
         .to_owned();
     let (status, _) = d.get(&format!("/v2/web/manifests/{docker_digest}"), Some(&s.viewer));
     assert_eq!(status, 200, "the store holds what docker pushed");
+    // `pl image push IMAGE`: the engine pushes it itself, with a credential only for this push
+    // (the user's docker configuration is not written), and its push tag goes again.
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(home.join(".docker")).expect("home");
+    std::fs::write(home.join(".docker/config.json"), "{}").expect("user config");
+    let pl_push = |image: &str, extra: &[&str]| {
+        let o = Command::new(support::pl_binary())
+            .args(["image", "push", image])
+            .args(extra)
+            .arg("--server")
+            .arg(format!("https://localhost:{port}"))
+            .arg("--ca-cert")
+            .arg(s.dir.join("tls/ca.crt"))
+            .env("PL_TOKEN", &s.operator)
+            .env("HOME", &home)
+            .env_remove("DOCKER_CONFIG")
+            .output()
+            .expect("pl image push");
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stdout).trim().to_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (ok, engine_ref, err) = pl_push(&two, &["--name", "web"]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        engine_ref,
+        format!("pushleft.invalid/web@{docker_digest}"),
+        "the engine's push is the image docker push sent"
+    );
+    assert_eq!(
+        std::fs::read_to_string(home.join(".docker/config.json")).expect("user config"),
+        "{}",
+        "no credential is left in the user's configuration"
+    );
+    let tags = docker(&["image", "inspect", "--format", "{{json .RepoTags}}", &two]);
+    assert!(!tags.contains("pl-push-"), "the push's tag is gone: {tags}");
+    let (ok, _, err) = pl_push("pl-store-test/none:missing", &[]);
+    assert!(!ok && err.contains("image-not-local"), "{err}");
     // The node must pull for real: the engine forgets the built images.
     for tag in [&one, &two, &three, &base] {
         docker(&["rmi", "-f", tag]);
@@ -328,6 +368,46 @@ fn a_pushed_image_runs_on_a_node_with_no_registry() {
         &format!("{}/web@{digest}", proxy.addr)
     ]));
 
+    // A node is served only the images of its own work: the second image's manifest and its
+    // layers (its job named it), not the third's, which no job of n1 names, though the store
+    // holds it and its digest is known; nor a blob that no manifest of its work reaches.
+    use agent_proto::images::Fetch;
+    let status = |kind: Fetch, d: &str| match n1.fetch(kind, d, true) {
+        Ok(r) => r.status().as_u16(),
+        Err(e) => panic!("fetch {d}: {e}"),
+    };
+    let third_digest = third.rsplit_once('@').expect("digest").1;
+    assert_eq!(status(Fetch::Manifest, digest), 200, "its own work's image");
+    assert_eq!(
+        status(Fetch::Manifest, third_digest),
+        403,
+        "an image no job of n1 names"
+    );
+    let layers = |d: &str| -> Vec<String> {
+        let m: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(store.join("blobs/sha256").join(&d["sha256:".len()..])).expect("manifest"),
+        )
+        .expect("json");
+        m["layers"]
+            .as_array()
+            .expect("layers")
+            .iter()
+            .map(|l| l["digest"].as_str().expect("digest").to_owned())
+            .collect()
+    };
+    let own = layers(digest);
+    let theirs: Vec<String> = layers(third_digest).into_iter().filter(|l| !own.contains(l)).collect();
+    assert!(!theirs.is_empty(), "the third image has a layer of its own");
+    assert_eq!(
+        status(Fetch::Blob, &own[own.len() - 1]),
+        200,
+        "a layer of its own work's image"
+    );
+    assert_eq!(status(Fetch::Blob, &theirs[0]), 403, "a layer only the third image has");
+    let refused = n1.fetch(Fetch::Manifest, third_digest, false).expect("answer");
+    let body = refused.into_body().read_to_string().expect("body");
+    assert!(body.contains("image-not-placed"), "{body}");
+
     // Collection: nothing is old enough yet; made old, the third image's own blobs go (its
     // manifest, config and layer, never committed) and what `docker push` sent (its manifest
     // and compressed layers; the config is the second image's), and what web runs or ran
@@ -343,7 +423,6 @@ fn a_pushed_image_runs_on_a_node_with_no_registry() {
         f.set_modified(old).expect("mtime");
     }
     let dry = gc(&s, port, false);
-    let third_digest = third.rsplit_once('@').expect("digest").1;
     let first_digest = first.rsplit_once('@').expect("digest").1;
     assert!(!dry.deleted);
     assert_eq!(dry.blobs.len(), 6, "{dry:?}");

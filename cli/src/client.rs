@@ -196,6 +196,11 @@ impl Client {
         Self::read(path, self.call("POST", path, Some(&bytes))?)
     }
 
+    /// The token, for a credential this client hands on (the engine's, `pl image push IMAGE`).
+    pub(crate) fn token(&self) -> &str {
+        &self.token
+    }
+
     /// The API's address (`https://host:port`), which the web view shares.
     pub(crate) fn base(&self) -> &str {
         &self.base

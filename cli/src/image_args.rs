@@ -39,13 +39,21 @@ pub(crate) enum ImageCommand {
         dir: Option<PathBuf>,
     },
     /// Send an image to the control plane's own image store (`[images]`), so nodes pull it
-    /// through their agents and no registry is needed: `docker save IMAGE | pl image push
-    /// NAME`. Each blob is asked for first, so only what the store lacks travels. Prints
-    /// `pushleft.invalid/NAME@sha256:…`, the reference to write in Git (operator).
+    /// through their agents and no registry is needed (operator). `pl image push web:1.4`: the
+    /// engine pushes the local image itself (through the `docker` CLI and its context), so
+    /// only the layers the store lacks are read and sent. `docker save web:1.4 | pl image push
+    /// web --input -`: an archive instead (IMAGE is then the name to keep it under). Prints
+    /// `pushleft.invalid/NAME@sha256:…`, the reference to write in Git.
     Push {
-        /// The repository name (`web`, `shop/web`).
-        name: String,
-        /// Read the archive from FILE instead of standard input.
+        /// The engine's local image (`web:1.4`, `shop/web`, an image id); with `--input`, the
+        /// repository name in the store.
+        image: String,
+        /// The repository name in the store (default: IMAGE's path without registry host or
+        /// tag: `registry.invalid/shop/web:1.4` is `shop/web`).
+        #[arg(long)]
+        name: Option<String>,
+        /// Read a `docker save` archive from FILE (`-`: standard input) instead of asking the
+        /// engine.
         #[arg(long, value_name = "FILE")]
         input: Option<PathBuf>,
         #[command(flatten)]

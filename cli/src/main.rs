@@ -8,6 +8,7 @@ mod client;
 mod commands;
 mod image;
 mod image_args;
+mod image_engine;
 mod image_push;
 mod live;
 mod operator;
@@ -83,9 +84,12 @@ fn main() -> ExitCode {
             signing_key,
             dir: d,
         }) => image::sign(&dir(d), &image, signing_key.as_deref()),
-        Command::Image(ImageCommand::Push { name, input, server }) => {
-            control_plane(server).and_then(|s| image_push::push(&s, &name, input.as_deref()))
-        }
+        Command::Image(ImageCommand::Push {
+            image,
+            name,
+            input,
+            server,
+        }) => control_plane(server).and_then(|s| image_push::push(&s, &image, name.as_deref(), input.as_deref())),
         Command::Image(ImageCommand::Gc { delete, server }) => {
             control_plane(server).and_then(|s| image_push::gc(&s, delete))
         }

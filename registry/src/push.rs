@@ -58,20 +58,29 @@ impl Pusher {
 
     /// Whether the store holds `digest` already.
     pub fn has_blob(&self, name: &str, digest: &Digest) -> Result<bool, PushError> {
-        let url = format!("{}/v2/{name}/blobs/{digest}", self.base);
+        self.holds(&format!("{}/v2/{name}/blobs/{digest}", self.base))
+    }
+
+    /// Whether the store holds `digest` as a manifest (what a push by another path, the
+    /// engine's, left there).
+    pub fn has_manifest(&self, name: &str, digest: &Digest) -> Result<bool, PushError> {
+        self.holds(&format!("{}/v2/{name}/manifests/{digest}", self.base))
+    }
+
+    fn holds(&self, url: &str) -> Result<bool, PushError> {
         let resp = self
             .agent
-            .head(&url)
+            .head(url)
             .config()
             .timeout_global(Some(REQUEST_TIMEOUT))
             .build()
             .header("authorization", self.authorization.as_str())
             .call()
-            .map_err(|e| unreachable(&url, e))?;
+            .map_err(|e| unreachable(url, e))?;
         match resp.status().as_u16() {
             200 => Ok(true),
             404 => Ok(false),
-            status => Err(refused(&url, status, resp)),
+            status => Err(refused(url, status, resp)),
         }
     }
 
