@@ -125,6 +125,11 @@ pub struct HeartbeatReply {
     pub node: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mesh: Option<MeshSpec>,
+    /// When to beat next, in ms: the control plane derives it from the fleet's size so the
+    /// fleet's heartbeats stay under its ceiling, and spreads it (absent from an older control
+    /// plane's: the agent keeps its own interval).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_heartbeat_ms: Option<u64>,
 }
 
 impl MeshAdvert {

@@ -225,8 +225,54 @@ struct Pushleft {
     setup: daemon_support::Setup,
     port: u16,
     proxies: Vec<StoreProxy>,
+    repo: Repo,
+    url: String,
+    /// Set to stop the nodes' heartbeats.
+    stop: Arc<std::sync::atomic::AtomicBool>,
     _rt: tokio::runtime::Runtime,
     _daemon: Daemon,
+}
+
+impl Drop for Pushleft {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A project running `image` on each of the three nodes (one replica a node).
+fn spread_worker(image: &str) -> String {
+    format!(
+        "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: app}}\nspec:\n  image: {image}\n  roles:\n    work: {{kind: worker, replicas: 3, command: [/bin/sleep, \"600\"], resources: {{cpu: 100m, memory: 32Mi, pids: 16}}}}\n"
+    )
+}
+
+impl Pushleft {
+    /// Commits `reference` as what `app` runs, and waits until each node has work of it: the
+    /// store serves a node only the images of its own work (`image-not-placed`). Not timed:
+    /// the commit is the user's step on every path.
+    fn place(&self, reference: &str) {
+        self.repo.write("projects/app.yaml", &spread_worker(reference));
+        self.repo.commit("app runs the pushed image", true);
+        let digest = reference.rsplit_once('@').expect("digest").1;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let spec = support::sql(
+                &self.url,
+                &format!(
+                    "SELECT CAST(COUNT(*) AS TEXT) FROM deployments WHERE environment = 'app-production' AND spec LIKE '%{digest}%'"
+                ),
+            );
+            let nodes = support::sql(
+                &self.url,
+                "SELECT CAST(COUNT(DISTINCT target_node) AS TEXT) FROM jobs WHERE state = 'queued' AND task LIKE '%\"environment\":\"app-production\"%'",
+            );
+            if spec.first().map(String::as_str) == Some("1") && nodes.first().map(String::as_str) == Some("3") {
+                return;
+            }
+            assert!(Instant::now() < deadline, "app was never placed on the three nodes");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
 }
 
 /// A daemon with a store and the three nodes enrolled, each with its agent's endpoint.
@@ -240,7 +286,11 @@ fn pushleft(dir: &Path) -> Pushleft {
             "    - {name: n3, capacity: {cpu: \"4\", memory: 8Gi}}\n    - {name: n2,",
         ),
     );
-    repo.write("projects/app.yaml", &repo_support::project("app", 1));
+    repo.write(
+        "projects/app.yaml",
+        &spread_worker(&format!("registry.example.invalid/none@sha256:{}", "0".repeat(64))),
+    );
+    repo.write("envs/app.yaml", &repo_support::environment("app-production", "app"));
     repo.commit("a project", true);
     let s = setup(dir);
     let url = format!("sqlite://{}", dir.join("ledger.db").display());
@@ -261,6 +311,7 @@ fn pushleft(dir: &Path) -> Pushleft {
     let fingerprint = support::ca_pin(&std::fs::read_to_string(dir.join("tls/ca.crt")).expect("ca"));
     let rt = support::runtime();
     let mut proxies = Vec::new();
+    let mut beating = Vec::new();
     for node in ["n1", "n2", "n3"] {
         let node_dir = dir.join(node);
         let token = d.enrolment_token(node, &s.operator);
@@ -276,15 +327,30 @@ fn pushleft(dir: &Path) -> Pushleft {
         client
             .heartbeat(&Heartbeat::new("bench", &FULL_CAPABILITIES))
             .expect("heartbeat");
+        beating.push(AgentClient::from_dir(&format!("https://localhost:{agent_port}"), &node_dir).expect("client"));
         proxies.push(
             rt.block_on(pushleft_agent::image_proxy::start(Arc::new(client)))
                 .expect("endpoint"),
         );
     }
+    // The nodes stay live (placement takes ready nodes only) for as long as the bench runs.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopped = Arc::clone(&stop);
+    std::thread::spawn(move || {
+        while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+            for c in &beating {
+                let _ = c.heartbeat(&Heartbeat::new("bench", &FULL_CAPABILITIES));
+            }
+            std::thread::sleep(Duration::from_secs(5));
+        }
+    });
     Pushleft {
         setup: s,
         port,
         proxies,
+        repo,
+        url,
+        stop,
         _rt: rt,
         _daemon: d,
     }
@@ -314,13 +380,15 @@ fn deliver_pushleft(p: &Pushleft, nodes: &[NodeEngine], tag: &str) -> Delivery {
     let reference = String::from_utf8_lossy(&o.stdout).trim().to_owned();
     let digest = reference.rsplit_once('@').expect("digest").1.to_owned();
     let pushed = started.elapsed().as_secs_f64();
+    p.place(&reference);
+    let pulling = Instant::now();
     std::thread::scope(|scope| {
         for (node, proxy) in nodes.iter().zip(&p.proxies) {
             let local = format!("{}/app@{digest}", proxy.addr);
             scope.spawn(move || node.run(&["pull", "-q", &local]));
         }
     });
-    let seconds = started.elapsed().as_secs_f64();
+    let seconds = pushed + pulling.elapsed().as_secs_f64();
     eprintln!(
         "pushleft: pushed in {pushed:.2} s, pulled by three nodes in {:.2} s",
         seconds - pushed
@@ -356,13 +424,16 @@ fn deliver_engine_push(p: &Pushleft, store: &Path, nodes: &[NodeEngine], tag: &s
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let reference = String::from_utf8_lossy(&o.stdout).trim().to_owned();
     let digest = reference.rsplit_once('@').expect("digest").1.to_owned();
+    let pushed = started.elapsed().as_secs_f64();
+    p.place(&reference);
+    let pulling = Instant::now();
     std::thread::scope(|scope| {
         for (node, proxy) in nodes.iter().zip(&p.proxies) {
             let local = format!("{}/{name}@{digest}", proxy.addr);
             scope.spawn(move || node.run(&["pull", "-q", &local]));
         }
     });
-    let seconds = started.elapsed().as_secs_f64();
+    let seconds = pushed + pulling.elapsed().as_secs_f64();
     let fetched = p.proxies.iter().map(StoreProxy::bytes_served).sum::<u64>() - served;
     Delivery {
         seconds,

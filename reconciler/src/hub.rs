@@ -90,6 +90,34 @@ pub struct Hub {
     /// Until when some generation is under watch, as this daemon last read or wrote it:
     /// heartbeats after it judge nothing (`ops::agents`).
     pub watching: WatchHint,
+    /// How many nodes are enrolled, as last counted: what each node's heartbeat interval is
+    /// derived from (`ops::agents::heartbeat`).
+    pub fleet_size: FleetSize,
+}
+
+/// How long a daemon trusts its count of the fleet before counting again.
+pub const FLEET_SIZE_MS: i64 = 10_000;
+
+/// The fleet's size, counted at most every [`FLEET_SIZE_MS`]: a heartbeat reads nothing more
+/// for it.
+#[derive(Debug, Default)]
+pub struct FleetSize {
+    nodes: AtomicU64,
+    /// When `nodes` was counted (0: never).
+    read_ms: AtomicI64,
+}
+
+impl FleetSize {
+    /// The count, if made within [`FLEET_SIZE_MS`] of `now_ms`.
+    pub fn get(&self, now_ms: i64) -> Option<u64> {
+        let read = self.read_ms.load(Ordering::Acquire);
+        (read > 0 && now_ms - read < FLEET_SIZE_MS).then(|| self.nodes.load(Ordering::Relaxed))
+    }
+
+    pub fn set(&self, nodes: u64, now_ms: i64) {
+        self.nodes.store(nodes, Ordering::Relaxed);
+        self.read_ms.store(now_ms.max(1), Ordering::Release);
+    }
 }
 
 /// How long a daemon believes what it read of the watches before reading again: another
@@ -151,6 +179,7 @@ impl Default for Hub {
             drift_suspected: AtomicBool::new(true),
             repairs_recorded: AtomicBool::new(true),
             watching: WatchHint::default(),
+            fleet_size: FleetSize::default(),
         }
     }
 }

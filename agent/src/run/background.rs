@@ -95,8 +95,13 @@ pub(super) struct Beats {
     pub age_recipient: Option<String>,
 }
 
-/// Heartbeats: alive, able to run containers while Docker answers, and what runs; every
-/// `every`, and sooner (at most one per `EARLY_HEARTBEAT_GAP`) when something changed.
+/// Heartbeats: alive, able to run containers while Docker answers, and what runs; at the
+/// interval the control plane answered (`every` until it says, or when it does not), and
+/// sooner (at most one per `EARLY_HEARTBEAT_GAP`) when something changed. A heartbeat that
+/// failed is sent again after a random wait of at most `RETRY_SPREAD`, doubling with each
+/// failure in a row, never past the interval: a node whose beat fell in a control plane's
+/// restart is not late for long, the nodes retrying do not arrive together, and a long outage
+/// is not met by a fleet retrying faster than it beats.
 pub(super) fn heartbeats(beats: Beats) {
     let Beats {
         client,
@@ -118,6 +123,8 @@ pub(super) fn heartbeats(beats: Beats) {
         let mut measured_at: Option<std::time::Instant> = None;
         let mut last_volumes: Vec<agent_proto::VolumeUsage> = Vec::new();
         let mut resend = false;
+        // The interval the control plane told last, and how many beats failed in a row.
+        let (mut told, mut failures) = (every, 0u32);
         loop {
             let docker_up = engine.engine.docker.ping().await.is_ok();
             let mut volumes = Vec::new();
@@ -172,9 +179,14 @@ pub(super) fn heartbeats(beats: Beats) {
                 age_recipient: age_recipient.clone(),
                 networks,
             };
+            // The wait before the next beat.
+            let next;
             match blocking(&client, move |c| c.heartbeat(&hb)).await {
                 Ok(reply) => {
                     resend = false;
+                    failures = 0;
+                    told = told_interval(reply.next_heartbeat_ms, every);
+                    next = told;
                     // A newer mesh than the one applied: applied off the heartbeat's path.
                     if let Some(spec) = reply.mesh
                         && mesh.is_some()
@@ -185,14 +197,68 @@ pub(super) fn heartbeats(beats: Beats) {
                 }
                 Err(e) => {
                     resend = true;
-                    tracing::warn!(error = %e, "heartbeat failed");
+                    failures = failures.saturating_add(1);
+                    next = retry_after(told, failures);
+                    tracing::warn!(error = %e, retry_ms = next.as_millis() as u64, "heartbeat failed");
                 }
             }
-            tokio::time::sleep(EARLY_HEARTBEAT_GAP).await;
+            tokio::time::sleep(EARLY_HEARTBEAT_GAP.min(next)).await;
             tokio::select! {
-                _ = tokio::time::sleep(every.saturating_sub(EARLY_HEARTBEAT_GAP)) => {}
+                _ = tokio::time::sleep(next.saturating_sub(EARLY_HEARTBEAT_GAP)) => {}
                 _ = engine.changed.notified() => {}
             }
         }
     });
+}
+
+/// The longest a failed heartbeat waits before it is sent again.
+pub(super) const RETRY_SPREAD: Duration = Duration::from_secs(15);
+/// The longest interval a control plane may tell.
+const TOLD_AT_MOST: Duration = Duration::from_secs(900);
+
+/// The interval to beat at: the node's own `every`, or the control plane's when it tells a
+/// longer one (a large fleet's; `None`: an older control plane), at most [`TOLD_AT_MOST`].
+pub(super) fn told_interval(told_ms: Option<u64>, every: Duration) -> Duration {
+    told_ms.map_or(every, |ms| every.max(Duration::from_millis(ms).min(TOLD_AT_MOST)))
+}
+
+/// When to send a heartbeat again after `failures` in a row: a random wait up to
+/// [`RETRY_SPREAD`] doubled for each failure after the first, or the interval, whichever is
+/// shorter, and at least a second.
+pub(super) fn retry_after(interval: Duration, failures: u32) -> Duration {
+    let cap = RETRY_SPREAD.saturating_mul(1 << failures.saturating_sub(1).min(10));
+    let mut b = [0u8; 4];
+    let fraction = match getrandom::fill(&mut b) {
+        Ok(()) => f64::from(u32::from_le_bytes(b)) / f64::from(u32::MAX),
+        Err(_) => 0.5,
+    };
+    cap.min(interval).mul_f64(fraction).max(Duration::from_secs(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_told_interval_is_kept_within_bounds() {
+        let own = Duration::from_secs(10);
+        assert_eq!(told_interval(None, own), own);
+        assert_eq!(told_interval(Some(250_000), own), Duration::from_secs(250));
+        assert_eq!(told_interval(Some(5), own), own, "its own when longer");
+        assert_eq!(told_interval(Some(u64::MAX), own), Duration::from_secs(900));
+    }
+
+    #[test]
+    fn a_failed_beat_is_retried_soon_and_spread() {
+        let interval = Duration::from_secs(250);
+        let waits: Vec<Duration> = (0..200).map(|_| retry_after(interval, 1)).collect();
+        assert!(waits.iter().all(|w| *w >= Duration::from_secs(1) && *w <= RETRY_SPREAD));
+        let distinct: std::collections::BTreeSet<u128> = waits.iter().map(Duration::as_millis).collect();
+        assert!(distinct.len() > 100, "spread, not one instant: {}", distinct.len());
+        assert!(retry_after(Duration::from_secs(2), 1) <= Duration::from_secs(2));
+        // Failing on, the waits grow to the interval and no further.
+        let late: Vec<Duration> = (0..200).map(|_| retry_after(interval, 9)).collect();
+        assert!(late.iter().all(|w| *w <= interval));
+        assert!(late.iter().any(|w| *w > RETRY_SPREAD * 4), "backed off");
+    }
 }

@@ -141,6 +141,12 @@ impl Config {
         if !(0..=3600).contains(&self.control.readmit_wait_seconds) {
             return Err("control.readmit_wait_seconds must be 0 to 3600".into());
         }
+        if !(1..=100_000).contains(&self.control.heartbeats_per_second) {
+            return Err("control.heartbeats_per_second must be 1 to 100000".into());
+        }
+        if self.control.heartbeat_min_seconds > 600 {
+            return Err("control.heartbeat_min_seconds must be 0 to 600".into());
+        }
         if !(1..=24 * 30).contains(&self.control.node_cert_hours) {
             return Err("control.node_cert_hours must be 1 to 720".into());
         }

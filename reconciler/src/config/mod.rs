@@ -234,6 +234,15 @@ pub struct ControlConfig {
     /// How long a node may be silent before it is lost and its replicas are placed elsewhere.
     #[serde(default = "default_lost_after")]
     pub lost_after_seconds: i64,
+    /// The most heartbeats a second the whole fleet sends: each node is told an interval long
+    /// enough for it (`state_schema::placement::heartbeats`), and gets that much more silence
+    /// before it is quiet, unhealthy or lost. 50, Nomad's default.
+    #[serde(default = "default_heartbeats_per_second")]
+    pub heartbeats_per_second: u32,
+    /// The shortest interval a node is told, in seconds (0, the default: none; each agent
+    /// beats at its own `heartbeat_seconds` until the fleet's size asks for longer).
+    #[serde(default)]
+    pub heartbeat_min_seconds: u32,
     /// Rebuilding without the ledger (docs/operations.md): a client certificate a control CA
     /// signed, valid now, for a node the accepted state declares and the ledger has never
     /// known, re-admits that node (recorded with a `node-readmitted` event; its first
@@ -278,6 +287,10 @@ impl TryFrom<String> for ControlPlaneId {
 
 fn default_lost_after() -> i64 {
     300
+}
+
+fn default_heartbeats_per_second() -> u32 {
+    50
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -348,6 +361,8 @@ impl Default for ControlConfig {
             ca_key: None,
             age_identity: None,
             lost_after_seconds: default_lost_after(),
+            heartbeats_per_second: default_heartbeats_per_second(),
+            heartbeat_min_seconds: 0,
             trusted_cas: Vec::new(),
             node_cert_hours: default_node_cert_hours(),
             readmit_nodes: false,

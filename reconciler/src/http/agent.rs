@@ -200,19 +200,39 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
                 .mesh
                 .as_ref()
                 .map(|m| (m.public_key.as_str(), m.port, m.address.as_deref(), names.as_str())),
+            // The heartbeat's use case sets it with the interval it tells the node.
+            grace_ms: 0,
         },
         volumes: &measured,
         mesh: hb.mesh.as_ref().zip(links.as_deref()).map(|(m, l)| (m.applied, l)),
         age_recipient: hb.age_recipient.as_deref(),
         networks: &networks,
     };
-    let lost_after = s.config.control.lost_after_ms();
-    // The node's mesh, when it has not applied the newest yet.
-    let mesh = match crate::ops::agents::heartbeat(&s.ledger, &s.hub, lost_after, &node, &beat, now_ms()).await {
-        Ok(row) => row.and_then(served_mesh),
+    let control = &s.config.control;
+    let cadence = (
+        control.heartbeats_per_second,
+        i64::from(control.heartbeat_min_seconds) * 1000,
+    );
+    let beaten = match crate::ops::agents::heartbeat(
+        &s.ledger,
+        &s.hub,
+        (control.lost_after_ms(), cadence),
+        &node,
+        &beat,
+        now_ms(),
+    )
+    .await
+    {
+        Ok(b) => b,
         Err(e) => return internal(e),
     };
-    axum::Json(agent_proto::mesh::HeartbeatReply { node, mesh }).into_response()
+    axum::Json(agent_proto::mesh::HeartbeatReply {
+        node,
+        // The node's mesh, when it has not applied the newest yet.
+        mesh: beaten.mesh.and_then(served_mesh),
+        next_heartbeat_ms: u64::try_from(beaten.next_ms).ok(),
+    })
+    .into_response()
 }
 
 /// The subnets a node reports taken, as indices in the pool (sorted, once each, joined by

@@ -15,7 +15,7 @@ use agent_proto::Refusal;
 use agent_proto::RunningInstance;
 use state_schema::declared::Declared;
 use state_schema::generations::Status;
-use state_schema::placement::Liveness;
+use state_schema::placement::{Liveness, heartbeats};
 use state_schema::watch::Seen;
 use std::sync::atomic::Ordering;
 
@@ -82,17 +82,32 @@ pub fn valid_recipient(r: &str) -> bool {
 /// release watched with replicas there judged on it (`state_schema::watch::judge`), what
 /// changed judged ([`judge`]), the row written, then its mesh's applied generation and links.
 /// A replica gone missing marks drift suspected (the loop's next drift check looks); a node
-/// placement sees differently, or a failed watch, wakes the loop now. Returns the node's
-/// newer mesh (generation, spec), if it has not applied the newest yet.
+/// placement sees differently, or a failed watch, wakes the loop now. The node is told when to
+/// beat next (`cadence`: the fleet's ceiling a second and the shortest interval, in ms; the
+/// interval from the fleet's size, spread by a stagger drawn here), and the row keeps the
+/// grace that interval gives it.
 pub async fn heartbeat(
     ledger: &Ledger,
     hub: &Hub,
-    lost_after_ms: i64,
+    (lost_after_ms, cadence): (i64, (u32, i64)),
     node: &str,
     hb: &Heartbeat<'_>,
     now_ms: i64,
-) -> Result<Option<(i64, String)>, LedgerError> {
-    let beat = &hb.beat;
+) -> Result<Beaten, LedgerError> {
+    let nodes = match hub.fleet_size.get(now_ms) {
+        Some(n) => n,
+        None => {
+            let n = ledger.nodes().enrolled_count().await?;
+            hub.fleet_size.set(n, now_ms);
+            n
+        }
+    };
+    let mean = heartbeats::mean_interval_ms(nodes, cadence.0, cadence.1);
+    let next_ms = heartbeats::told_interval_ms(mean, stagger());
+    let beat = &Beat {
+        grace_ms: heartbeats::grace_ms(next_ms),
+        ..hb.beat
+    };
     ledger.volumes().record_volume_use(node, hb.volumes, now_ms).await?;
     ledger.nodes().record_repairs(node, beat.repaired, now_ms).await?;
     let before = ledger.nodes().beat_row(node).await?;
@@ -158,9 +173,28 @@ pub async fn heartbeat(
         // back: the loop looks now, not at its next interval.
         hub.hint.notify_one();
     }
-    match hb.mesh {
-        Some((applied, links)) => ledger.nodes().mesh_beat(node, applied, links, now_ms).await,
-        None => Ok(None),
+    let mesh = match hb.mesh {
+        Some((applied, links)) => ledger.nodes().mesh_beat(node, applied, links, now_ms).await?,
+        None => None,
+    };
+    Ok(Beaten { mesh, next_ms })
+}
+
+/// What a heartbeat answers: the node's newer mesh (generation, spec), if it has not applied
+/// the newest yet, and when to beat next.
+#[derive(Debug)]
+pub struct Beaten {
+    pub mesh: Option<(i64, String)>,
+    pub next_ms: i64,
+}
+
+/// A stagger in `[0, 1)` for one node's next interval (the middle when randomness fails:
+/// beats stay under the ceiling either way).
+fn stagger() -> f64 {
+    let mut b = [0u8; 4];
+    match getrandom::fill(&mut b) {
+        Ok(()) => f64::from(u32::from_le_bytes(b)) / (f64::from(u32::MAX) + 1.0),
+        Err(_) => 0.5,
     }
 }
 

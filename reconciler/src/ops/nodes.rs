@@ -49,7 +49,14 @@ pub async fn node_rows(
             let last_seen = s.and_then(|s| s.last_seen);
             let (cpu, mem) = fleet.reserved(&n.name);
             out.push(NodeRow {
-                state: declared::lifecycle(n.state, s.is_some(), last_seen, now_ms, lost_after_ms).to_owned(),
+                state: declared::lifecycle(
+                    n.state,
+                    s.is_some(),
+                    s.and_then(|s| s.live_from()),
+                    now_ms,
+                    lost_after_ms,
+                )
+                .to_owned(),
                 pool: pool.to_string(),
                 cpu_millis: n.capacity.cpu.millis(),
                 memory_bytes: n.capacity.memory.bytes(),

@@ -47,7 +47,7 @@ impl Ledger {
             .map(|(n, s)| {
                 (
                     n,
-                    Liveness::of(s.last_seen, now_ms, lost_after),
+                    Liveness::of(s.live_from(), now_ms, lost_after),
                     s.capabilities.into_iter().collect(),
                 )
             })

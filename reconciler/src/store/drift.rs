@@ -44,9 +44,9 @@ impl Ask {
 impl crate::store::Jobs<'_> {
     /// The reports of nodes heard from since `since_ms`.
     pub(crate) async fn fresh_reports(&self, since_ms: i64) -> Result<Vec<Report>, LedgerError> {
-        Ok(sqlx::query_as(
-            self.sql("SELECT name, observed, last_seen FROM nodes WHERE observed IS NOT NULL AND last_seen >= ?"),
-        )
+        Ok(sqlx::query_as(self.sql(
+            "SELECT name, observed, last_seen FROM nodes WHERE observed IS NOT NULL AND last_seen + beat_grace_ms >= ?",
+        ))
         .bind(since_ms)
         .fetch_all(&self.pool)
         .await?)

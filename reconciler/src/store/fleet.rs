@@ -190,12 +190,16 @@ pub struct Beat<'a> {
     pub taken_subnets: &'a str,
     /// The node's mesh, checked: (public key, port, address, its own names as JSON).
     pub mesh: Option<(&'a str, u16, Option<&'a str>, &'a str)>,
+    /// The extra silence the node gets before each liveness step: the interval it is told
+    /// next is longer than the thresholds' (`state_schema::placement::heartbeats::grace_ms`).
+    pub grace_ms: i64,
 }
 
 /// What the ledger held of a node before its heartbeat: what the heartbeat's use case
 /// (`ops::agents`) compares the new one with.
 #[derive(Clone, Debug, FromRow)]
 pub struct BeatRow {
+    /// The last heartbeat's time with the grace it was given: what liveness measures from.
     pub last_seen: Option<i64>,
     /// Comma-separated.
     pub capabilities: String,
@@ -228,10 +232,19 @@ impl crate::store::Nodes<'_> {
         Ok(())
     }
 
+    /// How many nodes are enrolled: what heartbeat intervals are derived from.
+    pub async fn enrolled_count(&self) -> Result<u64, LedgerError> {
+        let n: i64 = sqlx::query_scalar(self.sql("SELECT COUNT(*) FROM nodes"))
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
     /// What the ledger holds of `node` from its last heartbeat (`None`: not enrolled).
     pub async fn beat_row(&self, node: &str) -> Result<Option<BeatRow>, LedgerError> {
         Ok(sqlx::query_as(self.sql(
-            "SELECT last_seen, capabilities, observed, mesh_key, mesh_names, age_recipient FROM nodes WHERE name = ?",
+            "SELECT last_seen + beat_grace_ms AS last_seen, capabilities, observed, mesh_key, mesh_names, age_recipient \
+             FROM nodes WHERE name = ?",
         ))
         .bind(node)
         .fetch_optional(&self.pool)
@@ -249,12 +262,13 @@ impl crate::store::Nodes<'_> {
             observed,
             taken_subnets,
             mesh,
+            grace_ms,
             ..
         } = *beat;
         sqlx::query(self.sql(
             "UPDATE nodes SET last_seen = ?, agent_version = ?, capabilities = ?, observed = ?, \
-                 host = COALESCE(?, host), taken_subnets = ?, mesh_key = ?, mesh_port = ?, mesh_address = ?, mesh_names = ? \
-                 WHERE name = ?",
+                 host = COALESCE(?, host), taken_subnets = ?, mesh_key = ?, mesh_port = ?, mesh_address = ?, mesh_names = ?, \
+                 beat_grace_ms = ? WHERE name = ?",
         ))
         .bind(now_ms)
         .bind(agent_version)
@@ -266,6 +280,7 @@ impl crate::store::Nodes<'_> {
         .bind(mesh.map(|m| i64::from(m.1)))
         .bind(mesh.and_then(|m| m.2))
         .bind(mesh.map(|m| m.3))
+        .bind(grace_ms)
         .bind(node)
         .execute(&self.pool)
         .await?;
@@ -294,11 +309,12 @@ impl crate::store::Nodes<'_> {
         since_ms: i64,
     ) -> Result<std::collections::BTreeMap<String, Vec<agent_proto::RunningInstance>>, LedgerError> {
         let mut out = std::collections::BTreeMap::new();
-        let rows: Vec<(String, String)> =
-            sqlx::query_as(self.sql("SELECT name, observed FROM nodes WHERE observed IS NOT NULL AND last_seen >= ?"))
-                .bind(since_ms)
-                .fetch_all(&self.pool)
-                .await?;
+        let rows: Vec<(String, String)> = sqlx::query_as(
+            self.sql("SELECT name, observed FROM nodes WHERE observed IS NOT NULL AND last_seen + beat_grace_ms >= ?"),
+        )
+        .bind(since_ms)
+        .fetch_all(&self.pool)
+        .await?;
         for (name, text) in rows {
             out.insert(name, serde_json::from_str(&text).unwrap_or_default());
         }

@@ -17,7 +17,7 @@ fn seen_nodes(seen: &BTreeMap<String, Seen>) -> BTreeMap<String, SeenNode> {
     seen.iter()
         .map(|(n, s)| {
             let node = SeenNode {
-                last_seen_ms: s.last_seen,
+                last_seen_ms: s.live_from(),
                 capabilities: s.capabilities.clone(),
             };
             (n.clone(), node)
@@ -29,6 +29,7 @@ fn seen_nodes(seen: &BTreeMap<String, Seen>) -> BTreeMap<String, SeenNode> {
 struct SeenRow {
     name: String,
     last_seen: Option<i64>,
+    beat_grace_ms: i64,
     agent_version: Option<String>,
     capabilities: String,
 }
@@ -51,8 +52,18 @@ struct SubnetRow {
 #[derive(Clone, Debug, Default)]
 pub struct Seen {
     pub last_seen: Option<i64>,
+    /// The extra silence its last heartbeat was given (a longer interval than the
+    /// thresholds': `state_schema::placement::heartbeats`).
+    pub grace_ms: i64,
     pub agent_version: Option<String>,
     pub capabilities: BTreeSet<String>,
+}
+
+impl Seen {
+    /// What liveness measures silence from: the last heartbeat, with its grace.
+    pub fn live_from(&self) -> Option<i64> {
+        self.last_seen.map(|t| t.saturating_add(self.grace_ms))
+    }
 }
 
 impl crate::store::Nodes<'_> {
@@ -60,7 +71,7 @@ impl crate::store::Nodes<'_> {
     pub async fn seen_nodes(&self) -> Result<BTreeMap<String, Seen>, LedgerError> {
         let mut out = BTreeMap::new();
         let rows: Vec<SeenRow> =
-            sqlx::query_as(self.sql("SELECT name, last_seen, agent_version, capabilities FROM nodes"))
+            sqlx::query_as(self.sql("SELECT name, last_seen, beat_grace_ms, agent_version, capabilities FROM nodes"))
                 .fetch_all(&self.pool)
                 .await?;
         for r in rows {
@@ -68,6 +79,7 @@ impl crate::store::Nodes<'_> {
                 r.name,
                 Seen {
                     last_seen: r.last_seen,
+                    grace_ms: r.beat_grace_ms,
                     agent_version: r.agent_version,
                     capabilities: r
                         .capabilities
@@ -329,7 +341,7 @@ impl crate::store::Nodes<'_> {
     pub async fn announce_lost(&self, now_ms: i64, lost_after: i64) -> Result<(Vec<String>, Vec<String>), LedgerError> {
         let mut tx = self.write_tx().await?;
         let lost: Vec<(String, i64)> = sqlx::query_as(self.sql(
-            "UPDATE nodes SET lost_at = ? WHERE lost_at = 0 AND last_seen IS NOT NULL AND last_seen < ? \
+            "UPDATE nodes SET lost_at = ? WHERE lost_at = 0 AND last_seen IS NOT NULL AND last_seen + beat_grace_ms < ? \
              RETURNING name, last_seen",
         ))
         .bind(now_ms)

@@ -15,6 +15,7 @@
 //! - Reserved CPU and memory are those of every placed replica; a node never holds more than its
 //!   declared capacity. A replica that fits nowhere waits, with the reason.
 
+pub mod heartbeats;
 mod place;
 
 use crate::deployment::{DeploymentSpec, Instance};
