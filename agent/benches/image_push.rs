@@ -252,6 +252,10 @@ impl Pushleft {
     /// the commit is the user's step on every path.
     fn place(&self, reference: &str) {
         self.repo.write("projects/app.yaml", &spread_worker(reference));
+        // The environment comes once the three nodes beat, so its replicas spread over them
+        // (placement is sticky after).
+        self.repo
+            .write("envs/app.yaml", &repo_support::environment("app-production", "app"));
         self.repo.commit("app runs the pushed image", true);
         let digest = reference.rsplit_once('@').expect("digest").1;
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -269,7 +273,14 @@ impl Pushleft {
             if spec.first().map(String::as_str) == Some("1") && nodes.first().map(String::as_str) == Some("3") {
                 return;
             }
-            assert!(Instant::now() < deadline, "app was never placed on the three nodes");
+            assert!(
+                Instant::now() < deadline,
+                "app was never placed on the three nodes: spec {spec:?}, nodes with work {nodes:?}, events {:?}",
+                support::sql(
+                    &self.url,
+                    "SELECT target_node || ' ' || state || ' ' || task FROM jobs ORDER BY id DESC LIMIT 12"
+                )
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -290,7 +301,6 @@ fn pushleft(dir: &Path) -> Pushleft {
         "projects/app.yaml",
         &spread_worker(&format!("registry.example.invalid/none@sha256:{}", "0".repeat(64))),
     );
-    repo.write("envs/app.yaml", &repo_support::environment("app-production", "app"));
     repo.commit("a project", true);
     let s = setup(dir);
     let url = format!("sqlite://{}", dir.join("ledger.db").display());

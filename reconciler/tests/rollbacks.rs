@@ -58,6 +58,7 @@ async fn heartbeat(ledger: &Ledger, env: &str, generation: u64, healthy: bool) {
         repaired: &[],
         taken_subnets: "",
         mesh: None,
+        grace_ms: 0,
     };
     let hub = reconciler::hub::Hub::default();
     let lost_after = state_schema::placement::LOST_AFTER_MS;
@@ -68,7 +69,7 @@ async fn heartbeat(ledger: &Ledger, env: &str, generation: u64, healthy: bool) {
         age_recipient: None,
         networks: &[],
     };
-    reconciler::ops::agents::heartbeat(ledger, &hub, lost_after, "n1", &hb, now_ms())
+    reconciler::ops::agents::heartbeat(ledger, &hub, (lost_after, (50, 0)), "n1", &hb, now_ms())
         .await
         .expect("heartbeat");
 }

@@ -129,17 +129,8 @@ pub(super) fn heartbeats(beats: Beats) {
             let docker_up = engine.engine.docker.ping().await.is_ok();
             let mut volumes = Vec::new();
             if docker_up && measured_at.is_none_or(|t| t.elapsed() >= VOLUME_MEASURE_EVERY) {
-                if let Ok(measured) = engine.engine.measure_volumes().await {
-                    volumes = measured
-                        .into_iter()
-                        .take(agent_proto::MAX_HEARTBEAT_VOLUMES)
-                        .map(|v| agent_proto::VolumeUsage {
-                            environment: v.environment,
-                            volume: v.volume,
-                            generation: v.generation,
-                            bytes: v.bytes,
-                        })
-                        .collect();
+                if let Some(measured) = volume_usage(&engine).await {
+                    volumes = measured;
                     last_volumes.clone_from(&volumes);
                 }
                 measured_at = Some(std::time::Instant::now());
@@ -209,6 +200,24 @@ pub(super) fn heartbeats(beats: Beats) {
             }
         }
     });
+}
+
+/// What the node's volumes hold, for a heartbeat (at most `MAX_HEARTBEAT_VOLUMES`); `None`
+/// when the walk failed.
+async fn volume_usage(engine: &Executors) -> Option<Vec<agent_proto::VolumeUsage>> {
+    let measured = engine.engine.measure_volumes().await.ok()?;
+    Some(
+        measured
+            .into_iter()
+            .take(agent_proto::MAX_HEARTBEAT_VOLUMES)
+            .map(|v| agent_proto::VolumeUsage {
+                environment: v.environment,
+                volume: v.volume,
+                generation: v.generation,
+                bytes: v.bytes,
+            })
+            .collect(),
+    )
 }
 
 /// The longest a failed heartbeat waits before it is sent again.

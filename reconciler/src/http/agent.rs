@@ -209,20 +209,8 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
         networks: &networks,
     };
     let control = &s.config.control;
-    let cadence = (
-        control.heartbeats_per_second,
-        i64::from(control.heartbeat_min_seconds) * 1000,
-    );
-    let beaten = match crate::ops::agents::heartbeat(
-        &s.ledger,
-        &s.hub,
-        (control.lost_after_ms(), cadence),
-        &node,
-        &beat,
-        now_ms(),
-    )
-    .await
-    {
+    let silence = (control.lost_after_ms(), control.cadence());
+    let beaten = match crate::ops::agents::heartbeat(&s.ledger, &s.hub, silence, &node, &beat, now_ms()).await {
         Ok(b) => b,
         Err(e) => return internal(e),
     };

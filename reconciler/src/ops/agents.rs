@@ -591,6 +591,7 @@ mod tests {
             repaired: &[],
             taken_subnets: "",
             mesh,
+            grace_ms: 0,
         }
     }
 

@@ -16,6 +16,7 @@ pub mod events;
 pub mod fleet;
 mod handles;
 mod image_refs;
+mod image_work;
 mod jobs;
 pub mod kept;
 mod lease;

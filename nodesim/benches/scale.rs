@@ -1,0 +1,174 @@
+//! Bench (a binary): `pl-nodesim` fleets of several sizes against `pl-reconciler run` on SQLite,
+//! side by side in one run (100 nodes beside the larger ones). For each size: a pool of that
+//! many nodes (pools of 1,000), environments of 50 replicas (five replicas a node), a daemon
+//! whose agent API admits every node's connections, and the simulator's run: enrolment time,
+//! heartbeat, lease and completion latencies (p50, p99), refusals, nodes shown unhealthy or
+//! lost while beating, the daemon's peak resident memory, and the simulator's own cost a node.
+//!
+//! `cargo bench -p pushleft-nodesim --bench scale` (`-- --nodes 100,1000 --seconds 60`). Needs
+//! `prlimit` (util-linux) and an open-file limit of at least twice the largest fleet. Every
+//! packet stays on loopback.
+
+#[path = "../../reconciler/tests/support/daemon.rs"]
+mod daemon_support;
+#[path = "../../reconciler/tests/support/repo.rs"]
+mod repo_support;
+
+use daemon_support::{CONTROL_CA, Daemon, config, free_port, setup};
+use repo_support::Repo;
+use std::time::{Duration, Instant};
+
+/// Nodes a pool declares.
+const POOL_NODES: usize = 1_000;
+/// Replicas an environment runs.
+const REPLICAS: usize = 50;
+
+fn pool(index: usize, first: usize, count: usize) -> String {
+    let mut s = format!(
+        "apiVersion: pushleft.dev/v1alpha1\nkind: NodePool\nmetadata: {{name: p{index:03}}}\nspec:\n  region: eu\n  nodes:\n"
+    );
+    for i in first..first + count {
+        s.push_str(&format!(
+            "    - {{name: sim-{i:05}, capacity: {{cpu: \"64\", memory: 256Gi}}}}\n"
+        ));
+    }
+    s
+}
+
+fn project(name: &str) -> String {
+    format!(
+        "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: {name}}}\nspec:\n  image: registry.example.invalid/{name}@{}\n  roles:\n    work: {{kind: worker, replicas: {REPLICAS}, command: [/bin/true], resources: {{cpu: 10m, memory: 16Mi, pids: 16}}}}\n",
+        repo_support::DIGEST
+    )
+}
+
+fn environment(name: &str, project: &str, pool: &str) -> String {
+    format!(
+        "apiVersion: pushleft.dev/v1alpha1\nkind: Environment\nmetadata: {{name: {name}}}\nspec: {{project: {project}, stage: production, pool: {pool}}}\n"
+    )
+}
+
+/// The peak resident memory of process `pid`, in MB.
+fn peak_mb(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1000.0)
+}
+
+fn run(nodes: usize, seconds: u64) -> (serde_json::Value, f64, f64) {
+    let dir = tempfile::Builder::new()
+        .prefix("plbench-scale-")
+        .tempdir_in("/var/tmp")
+        .expect("tempdir");
+    let repo = Repo::new(dir.path());
+    std::fs::write(dir.path().join("allowed_signers"), &repo.signers).expect("signers");
+    let pools = nodes.div_ceil(POOL_NODES);
+    for p in 0..pools {
+        let first = p * POOL_NODES + 1;
+        let count = POOL_NODES.min(nodes - p * POOL_NODES);
+        repo.write(&format!("pools/p{p:03}.yaml"), &pool(p, first, count));
+    }
+    repo.commit("the fleet", true);
+    let s = setup(dir.path());
+    let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    let (port, agent_port) = (free_port(), free_port());
+    let cfg = config(
+        &s,
+        "d",
+        &repo.dir,
+        &url,
+        port,
+        &format!(
+            "{CONTROL_CA}\n[agent_api]\nlisten = \"127.0.0.1:{agent_port}\"\nmax_connections = {}\n",
+            2 * nodes + 100
+        ),
+    );
+    let mut d = Daemon::start_with(&s, &cfg, port, Some(20_000));
+    d.wait_ready(Duration::from_secs(60));
+    // The environments, once the pools are accepted: five replicas a node.
+    let environments = (nodes * 5).div_ceil(REPLICAS);
+    for e in 0..environments {
+        let name = format!("app{e:05}");
+        repo.write(&format!("projects/{name}.yaml"), &project(&name));
+        repo.write(
+            &format!("envs/{name}.yaml"),
+            &environment(&format!("{name}-production"), &name, &format!("p{:03}", e % pools)),
+        );
+    }
+    repo.commit("the environments", true);
+    let report = dir.path().join("report.json");
+    let started = Instant::now();
+    let nodesim = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/pl-nodesim");
+    let o = std::process::Command::new("prlimit")
+        .arg("--nofile=20000:20000")
+        .arg("--")
+        .arg(&nodesim)
+        .args(["--nodes", &nodes.to_string(), "--seconds", &seconds.to_string()])
+        .args(["--enrol-parallel", "16", "--control"])
+        .arg(format!("https://localhost:{port}"))
+        .arg("--agent-api")
+        .arg(format!("https://localhost:{agent_port}"))
+        .arg("--ca-cert")
+        .arg(dir.path().join("tls/ca.crt"))
+        .arg("--dir")
+        .arg(dir.path().join("nodes"))
+        .arg("--report")
+        .arg(&report)
+        .env("PL_TOKEN", &s.operator)
+        .stdout(std::process::Stdio::null())
+        .output()
+        .expect("pl-nodesim (cargo build --release -p pushleft-nodesim)");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    eprint!("{err}");
+    let whole = started.elapsed().as_secs_f64();
+    let daemon_mb = peak_mb(d.child.id());
+    d.kill9();
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).expect("report")).expect("json");
+    (v, daemon_mb, whole)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let value = |flag: &str| {
+        args.iter()
+            .position(|a| a == flag)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let sizes: Vec<usize> = value("--nodes")
+        .unwrap_or_else(|| "100,1000".to_owned())
+        .split(',')
+        .filter_map(|n| n.trim().parse().ok())
+        .collect();
+    let seconds: u64 = value("--seconds").and_then(|s| s.parse().ok()).unwrap_or(60);
+    println!(
+        "| nodes | enrol s | heartbeat p50 / p99 ms | beats/s | lease p99 ms | complete p99 ms | refusals | transport errors | marked while beating | daemon peak MB | sim KB a node | sim CPU ms a node-second |"
+    );
+    println!("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for n in sizes {
+        let (r, daemon_mb, _) = run(n, seconds);
+        let c = |call: &str, f: &str| r["calls"][call][f].as_f64().unwrap_or(0.0);
+        println!(
+            "| {n} | {:.1} | {:.1} / {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {:.0} | {:.0} | {:.3} |",
+            r["enrolSeconds"].as_f64().unwrap_or(0.0),
+            c("heartbeat", "p50Ms"),
+            c("heartbeat", "p99Ms"),
+            c("heartbeat", "perSecond"),
+            c("lease", "p99Ms"),
+            c("complete", "p99Ms"),
+            r["refusals"],
+            r["transportErrors"],
+            r["markedWhileBeating"],
+            daemon_mb,
+            r["cost"]["rssBytesPerNode"].as_f64().unwrap_or(0.0) / 1000.0,
+            r["cost"]["cpuMsPerNodeSecond"].as_f64().unwrap_or(0.0),
+        );
+    }
+}

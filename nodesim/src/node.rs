@@ -1,0 +1,157 @@
+//! One simulated node: a thread with the agent's own client (`pushleft_agent::client`), over
+//! its own mutual-TLS identity. It beats at the interval the control plane tells (or its own,
+//! when longer), reporting the replicas it "runs"; between beats it long-polls for work, and
+//! completes each job after `task_ms`, failing `fail_percent` of them (retryable). Its first
+//! beat comes at a random moment within its own interval, as a fleet's would.
+
+use crate::stats::{Call, Stats};
+use agent_proto::{FULL_CAPABILITIES, Heartbeat, Outcome, RunningInstance, Task};
+use pushleft_agent::client::{AgentClient, ClientError};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// How the nodes behave.
+#[derive(Clone, Copy, Debug)]
+pub struct Behaviour {
+    /// The node's own heartbeat interval (an agent's `heartbeat_seconds`).
+    pub every: Duration,
+    pub task: Duration,
+    pub fail_percent: u32,
+    /// The longest one lease waits for work.
+    pub lease_wait: Duration,
+}
+
+/// What the observer reads of a node: when it last beat, and the interval it was told then.
+#[derive(Default)]
+pub struct Beating {
+    pub last_ms: AtomicI64,
+    pub interval_ms: AtomicI64,
+}
+
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// A number in `[0, 1)`.
+pub fn fraction() -> f64 {
+    let mut b = [0u8; 4];
+    match getrandom::fill(&mut b) {
+        Ok(()) => f64::from(u32::from_le_bytes(b)) / (f64::from(u32::MAX) + 1.0),
+        Err(_) => 0.5,
+    }
+}
+
+fn note(stats: &Stats, e: &ClientError) {
+    match e {
+        ClientError::Refused { code, .. } => stats.refused(code.code()),
+        ClientError::Transport(_) => stats.transport_error(),
+    }
+}
+
+/// Runs the node until `until`.
+pub fn run(client: &AgentClient, how: Behaviour, stats: &Stats, beating: &Beating, until: Instant) {
+    let mut running: Vec<RunningInstance> = Vec::new();
+    let mut next_beat = Instant::now() + how.every.mul_f64(fraction());
+    let mut interval = how.every;
+    while Instant::now() < until {
+        let now = Instant::now();
+        if now >= next_beat {
+            let mut hb = Heartbeat::new("pl-nodesim", &FULL_CAPABILITIES);
+            hb.running.clone_from(&running);
+            let started = Instant::now();
+            match client.heartbeat(&hb) {
+                Ok(reply) => {
+                    stats.record(Call::Heartbeat, started.elapsed());
+                    let told = reply.next_heartbeat_ms.map_or(Duration::ZERO, Duration::from_millis);
+                    interval = how.every.max(told);
+                    beating.last_ms.store(now_ms(), Ordering::Relaxed);
+                    beating.interval_ms.store(
+                        i64::try_from(interval.as_millis()).unwrap_or(i64::MAX),
+                        Ordering::Relaxed,
+                    );
+                }
+                Err(e) => note(stats, &e),
+            }
+            next_beat = Instant::now() + interval;
+        }
+        let wait = next_beat
+            .min(until)
+            .saturating_duration_since(Instant::now())
+            .min(how.lease_wait);
+        let started = Instant::now();
+        let leased = match client.lease(8, wait) {
+            Ok(l) => l,
+            Err(e) => {
+                note(stats, &e);
+                std::thread::sleep(Duration::from_secs(1).min(wait));
+                continue;
+            }
+        };
+        if leased.jobs.is_empty() {
+            stats.empty_lease();
+            continue;
+        }
+        stats.record(Call::Lease, started.elapsed());
+        for job in leased.jobs {
+            std::thread::sleep(how.task);
+            let fails = fraction() * 100.0 < f64::from(how.fail_percent);
+            let outcome = if fails { Outcome::Retryable } else { Outcome::Succeeded };
+            let started = Instant::now();
+            match client.complete(&job.proof, outcome, "simulated") {
+                Ok(()) => {
+                    stats.record(Call::Complete, started.elapsed());
+                    if !fails {
+                        ran(&mut running, &job.task);
+                    }
+                }
+                Err(e) => note(stats, &e),
+            }
+        }
+    }
+}
+
+/// What the node reports running after `task` succeeded.
+fn ran(running: &mut Vec<RunningInstance>, task: &Task) {
+    match task {
+        Task::EnsureApplication {
+            environment,
+            role,
+            instance,
+            generation,
+            spec_hash,
+            ..
+        } => {
+            running.retain(|r| !(&r.environment == environment && &r.role == role && r.instance == *instance));
+            running.push(RunningInstance {
+                environment: environment.clone(),
+                role: role.clone(),
+                instance: *instance,
+                generation: *generation,
+                healthy: true,
+                spec_hash: Some(spec_hash.clone()),
+                image: None,
+                image_signed: None,
+            });
+        }
+        Task::StopApplication {
+            environment,
+            role,
+            instance,
+            generation,
+        }
+        | Task::TeardownApplication {
+            environment,
+            role,
+            instance,
+            generation,
+        } => running.retain(|r| {
+            !(&r.environment == environment
+                && &r.role == role
+                && r.instance == *instance
+                && r.generation <= *generation)
+        }),
+        _ => {}
+    }
+}
