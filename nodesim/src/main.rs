@@ -59,6 +59,12 @@ struct Args {
     /// The share of jobs that fail (retryable), in percent.
     #[arg(long, default_value_t = 0)]
     fail_percent: u32,
+    /// Each node renews its certificate this often, in seconds (0: not in a run).
+    #[arg(long, default_value_t = 0)]
+    renew_seconds: u64,
+    /// The nodes join the mesh: each advertises a key and takes the meshes it is handed.
+    #[arg(long)]
+    mesh: bool,
     /// Enrolments at once.
     #[arg(long, default_value_t = 8)]
     enrol_parallel: usize,
@@ -109,6 +115,8 @@ fn main() -> Result<()> {
         task: Duration::from_millis(args.task_ms),
         fail_percent: args.fail_percent,
         lease_wait: Duration::from_secs(20),
+        renew_every: (args.renew_seconds > 0).then(|| Duration::from_secs(args.renew_seconds)),
+        mesh: args.mesh,
     };
     let beating: Arc<Vec<Beating>> = Arc::new(names.iter().map(|_| Beating::default()).collect());
     let cpu_before = cpu_seconds();
@@ -119,11 +127,15 @@ fn main() -> Result<()> {
         let client = pushleft_agent::client::AgentClient::from_dir(&args.agent_api, dir)
             .map_err(|e| anyhow!("{}: {e}", names[i]))?;
         let (stats, beating) = (Arc::clone(&stats), Arc::clone(&beating));
+        let (name, dir) = (names[i].clone(), dir.clone());
         threads.push(
             std::thread::Builder::new()
                 .name(names[i].clone())
                 .stack_size(STACK_BYTES)
-                .spawn(move || node::run(&client, how, &stats, &beating[i], until))?,
+                .spawn(move || {
+                    let who = node::Identity { name: &name, dir: &dir };
+                    node::run(&client, &who, how, &stats, &beating[i], until);
+                })?,
         );
     }
     let observer = {

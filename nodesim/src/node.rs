@@ -19,6 +19,56 @@ pub struct Behaviour {
     pub fail_percent: u32,
     /// The longest one lease waits for work.
     pub lease_wait: Duration,
+    /// How often the node renews its certificate (`None`: never in a run).
+    pub renew_every: Option<Duration>,
+    /// Whether the node joins the mesh: its heartbeats carry a key, and it "applies" each mesh
+    /// the control plane hands it (nothing is configured; the peer set is counted).
+    pub mesh: bool,
+}
+
+/// A node's mesh as the simulator keeps it: its key, and the generation applied.
+struct Mesh {
+    key: String,
+    applied: u64,
+}
+
+impl Mesh {
+    fn new() -> Mesh {
+        use base64::Engine as _;
+        let mut k = [0u8; 32];
+        let _ = getrandom::fill(&mut k);
+        Mesh {
+            key: base64::engine::general_purpose::STANDARD.encode(k),
+            applied: 0,
+        }
+    }
+
+    fn advert(&self) -> agent_proto::mesh::MeshAdvert {
+        agent_proto::mesh::MeshAdvert {
+            public_key: self.key.clone(),
+            port: 51820,
+            address: Some("127.0.0.1".to_owned()),
+            applied: self.applied,
+            links: Vec::new(),
+            names: Vec::new(),
+        }
+    }
+
+    /// Takes a newer mesh; its peer count goes to the report.
+    fn apply(&mut self, spec: Option<agent_proto::mesh::MeshSpec>, stats: &Stats) {
+        if let Some(spec) = spec
+            && spec.generation > self.applied
+        {
+            self.applied = spec.generation;
+            stats.mesh_applied(spec.peers.len());
+        }
+    }
+}
+
+/// Who the node is: its name and its identity's folder.
+pub struct Identity<'a> {
+    pub name: &'a str,
+    pub dir: &'a std::path::Path,
 }
 
 /// What the observer reads of a node: when it last beat, and the interval it was told then.
@@ -51,19 +101,36 @@ fn note(stats: &Stats, e: &ClientError) {
 }
 
 /// Runs the node until `until`.
-pub fn run(client: &AgentClient, how: Behaviour, stats: &Stats, beating: &Beating, until: Instant) {
+pub fn run(client: &AgentClient, who: &Identity<'_>, how: Behaviour, stats: &Stats, beating: &Beating, until: Instant) {
     let mut running: Vec<RunningInstance> = Vec::new();
     let mut next_beat = Instant::now() + how.every.mul_f64(fraction());
+    let mut next_renewal = how.renew_every.map(|e| Instant::now() + e.mul_f64(fraction()));
     let mut interval = how.every;
+    let mut mesh = how.mesh.then(Mesh::new);
     while Instant::now() < until {
         let now = Instant::now();
+        if let (Some(at), Some(every)) = (next_renewal, how.renew_every)
+            && now >= at
+        {
+            let started = Instant::now();
+            // The agent's own renewal, errors as its words (`anyhow`): counted as refused.
+            match pushleft_agent::renewal::renew(client, who.name, who.dir) {
+                Ok(_) => stats.record(Call::Renew, started.elapsed()),
+                Err(_) => stats.refused("renewal-failed"),
+            }
+            next_renewal = Some(Instant::now() + every);
+        }
         if now >= next_beat {
             let mut hb = Heartbeat::new("pl-nodesim", &FULL_CAPABILITIES);
             hb.running.clone_from(&running);
+            hb.mesh = mesh.as_ref().map(Mesh::advert);
             let started = Instant::now();
             match client.heartbeat(&hb) {
                 Ok(reply) => {
                     stats.record(Call::Heartbeat, started.elapsed());
+                    if let Some(m) = mesh.as_mut() {
+                        m.apply(reply.mesh.clone(), stats);
+                    }
                     let told = reply.next_heartbeat_ms.map_or(Duration::ZERO, Duration::from_millis);
                     interval = how.every.max(told);
                     beating.last_ms.store(now_ms(), Ordering::Relaxed);
@@ -77,11 +144,12 @@ pub fn run(client: &AgentClient, how: Behaviour, stats: &Stats, beating: &Beatin
             next_beat = Instant::now() + interval;
         }
         let wait = next_beat
+            .min(next_renewal.unwrap_or(until))
             .min(until)
             .saturating_duration_since(Instant::now())
             .min(how.lease_wait);
         let started = Instant::now();
-        let leased = match client.lease(8, wait) {
+        let leased = match client.lease_holding(8, wait, mesh.as_ref().map(|m| m.applied)) {
             Ok(l) => l,
             Err(e) => {
                 note(stats, &e);
@@ -89,6 +157,9 @@ pub fn run(client: &AgentClient, how: Behaviour, stats: &Stats, beating: &Beatin
                 continue;
             }
         };
+        if let Some(m) = mesh.as_mut() {
+            m.apply(leased.mesh, stats);
+        }
         if leased.jobs.is_empty() {
             stats.empty_lease();
             continue;

@@ -16,6 +16,8 @@ pub enum Call {
     /// A lease that brought work (its round trip; an empty long poll waits by design).
     Lease,
     Complete,
+    /// A certificate renewal (a new key, the control plane's certificate, the client switched).
+    Renew,
 }
 
 impl Call {
@@ -25,6 +27,7 @@ impl Call {
             Call::Heartbeat => "heartbeat",
             Call::Lease => "lease",
             Call::Complete => "complete",
+            Call::Renew => "renew",
         }
     }
 }
@@ -38,6 +41,8 @@ pub struct Stats {
     refusals: Mutex<BTreeMap<String, u64>>,
     transport_errors: AtomicU64,
     empty_leases: AtomicU64,
+    meshes_applied: AtomicU64,
+    largest_peer_set: AtomicU64,
     marked: Mutex<BTreeMap<String, String>>,
 }
 
@@ -57,6 +62,12 @@ impl Stats {
 
     pub fn transport_error(&self) {
         self.transport_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A node took a mesh of `peers` peers.
+    pub fn mesh_applied(&self, peers: usize) {
+        self.meshes_applied.fetch_add(1, Ordering::Relaxed);
+        self.largest_peer_set.fetch_max(peers as u64, Ordering::Relaxed);
     }
 
     pub fn empty_lease(&self) {
@@ -82,6 +93,8 @@ impl Stats {
                 .map(|(call, v)| (call.name().to_owned(), Summary::of(v, seconds)))
                 .collect(),
             empty_leases: self.empty_leases.load(Ordering::Relaxed),
+            meshes_applied: self.meshes_applied.load(Ordering::Relaxed),
+            largest_peer_set: self.largest_peer_set.load(Ordering::Relaxed),
             refusals: self.refusals.lock().map(|r| r.clone()).unwrap_or_default(),
             transport_errors: self.transport_errors.load(Ordering::Relaxed),
             marked_while_beating: marked.len(),
@@ -148,6 +161,9 @@ pub struct Report {
     pub seconds: f64,
     pub calls: BTreeMap<String, Summary>,
     pub empty_leases: u64,
+    /// Meshes the nodes took (with `--mesh`), and the most peers one of them held.
+    pub meshes_applied: u64,
+    pub largest_peer_set: u64,
     pub refusals: BTreeMap<String, u64>,
     pub transport_errors: u64,
     /// Nodes the control plane showed unhealthy or lost while they beat as told.

@@ -1,6 +1,7 @@
 //! The simulator's small run (50 nodes, 30 s) against `pl-reconciler run` as a real process:
 //! every node enrols with its own one-time token and certificate, beats, leases the work of an
-//! environment placed over the fleet and completes it; the report counts every call kind with
+//! environment placed over the fleet and completes it, renewing its certificate on the way; the
+//! report counts every call kind with
 //! its latencies, no refusal and no transport error, and no node shown unhealthy or lost while
 //! it beat. The ledger agrees: every node beat, and every replica is reported running.
 
@@ -84,6 +85,9 @@ fn fifty_simulated_nodes_enrol_beat_lease_and_complete_for_thirty_seconds() {
             "30",
             "--heartbeat-seconds",
             "2",
+            "--renew-seconds",
+            "20",
+            "--mesh",
             "--control",
         ])
         .arg(format!("https://localhost:{port}"))
@@ -103,7 +107,7 @@ fn fifty_simulated_nodes_enrol_beat_lease_and_complete_for_thirty_seconds() {
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&report_path).expect("report")).expect("json");
     assert_eq!(report["nodes"], 50);
-    for call in ["enrol", "heartbeat", "lease", "complete"] {
+    for call in ["enrol", "heartbeat", "lease", "complete", "renew"] {
         let c = &report["calls"][call];
         assert!(c["count"].as_u64().unwrap_or(0) > 0, "{call}: {report}");
         assert!(c["p99Ms"].as_f64().unwrap_or(-1.0) > 0.0, "{call}: {report}");
@@ -117,6 +121,11 @@ fn fifty_simulated_nodes_enrol_beat_lease_and_complete_for_thirty_seconds() {
     assert_eq!(report["refusals"], serde_json::json!({}), "{report}");
     assert_eq!(report["transportErrors"], 0, "{report}");
     assert_eq!(report["markedWhileBeating"], 0, "{report}");
+    // In the mesh: each node took the meshes it was handed, peering with the nodes its
+    // environment shares (here the whole fleet, one environment over it).
+    assert!(report["meshesApplied"].as_u64().unwrap_or(0) >= 50, "{report}");
+    let peers = report["largestPeerSet"].as_u64().unwrap_or(0);
+    assert!((1..50).contains(&peers), "{report}");
     assert!(report["cost"]["rssBytesPerNode"].as_u64().unwrap_or(0) > 0, "{report}");
     // The ledger saw what the nodes did: all fifty beat, and the replicas they completed are
     // what they report running.
