@@ -96,6 +96,10 @@ fn tls_agent(cert_pem: &[u8], key_pem: &[u8], ca_pem: &[u8]) -> Result<ureq::Age
             .http_status_as_error(false)
             // A long-polling lease waits up to 30 s; the bound leaves room for it.
             .timeout_global(Some(Duration::from_secs(45)))
+            // ureq's 128 KiB each way is for browsing; an agent's answers are small or streamed
+            // (image blobs), and a node simulator holds ten thousand of these.
+            .input_buffer_size(CONNECTION_BUFFER)
+            .output_buffer_size(CONNECTION_BUFFER)
             .build()
             .into();
         Ok(agent)
@@ -301,6 +305,10 @@ impl AgentClient {
             .map_err(transport)
     }
 }
+
+/// Each connection's read and write buffer: the largest header an answer may have, and the
+/// chunk a streamed body moves in.
+const CONNECTION_BUFFER: usize = 32 * 1024;
 
 /// How long one image fetch through the agent API may take (a large layer on a slow link).
 pub const FETCH_TIMEOUT: Duration = Duration::from_secs(3_600);

@@ -1,11 +1,14 @@
 //! Bench (a binary): `pl-nodesim` fleets of several sizes against `pl-reconciler run` on SQLite,
 //! side by side in one run (100 nodes beside the larger ones). For each size: a pool of that
-//! many nodes (pools of 1,000), environments of 50 replicas (five replicas a node), a daemon
-//! whose agent API admits every node's connections, and the simulator's run: enrolment time,
+//! many nodes (pools of 1,000) and a daemon whose agent API admits every node's connections;
+//! the simulator's nodes enrol and beat, then a release of environments of 50 replicas (five
+//! replicas a node: 1,000 environments at 10,000 nodes) is committed and timed until every
+//! replica is placed and its job leased. From the simulator's report: enrolment time,
 //! heartbeat, lease and completion latencies (p50, p99), refusals, nodes shown unhealthy or
 //! lost while beating, the daemon's peak resident memory, and the simulator's own cost a node.
 //!
-//! `cargo bench -p pushleft-nodesim --bench scale` (`-- --nodes 100,1000 --seconds 60`). Needs
+//! `cargo bench -p pushleft-nodesim --bench scale` (`-- --nodes 100,1000 --seconds 90`; build
+//! `pl-nodesim` first: `cargo build --release -p pushleft-nodesim`). Needs
 //! `prlimit` (util-linux) and an open-file limit of at least twice the largest fleet. Every
 //! packet stays on loopback.
 
@@ -61,6 +64,45 @@ fn peak_mb(pid: u32) -> f64 {
         .map_or(0.0, |kb| kb / 1000.0)
 }
 
+/// Reads one number from the ledger at `url`.
+struct Ledger {
+    rt: tokio::runtime::Runtime,
+    pool: sqlx::AnyPool,
+}
+
+impl Ledger {
+    fn open(url: &str) -> Ledger {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("rt");
+        sqlx::any::install_default_drivers();
+        let pool = rt.block_on(sqlx::AnyPool::connect(url)).expect("ledger");
+        Ledger { rt, pool }
+    }
+
+    fn count(&self, q: &str) -> i64 {
+        self.rt
+            .block_on(sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(q.to_owned())).fetch_one(&self.pool))
+            .expect("count")
+    }
+
+    /// Waits (polling every 10 ms, at most `limit`) until `q` counts `want`; how long it took.
+    fn until(&self, q: &str, want: i64, limit: Duration) -> Duration {
+        let started = Instant::now();
+        loop {
+            let n = self.count(q);
+            if n >= want {
+                return started.elapsed();
+            }
+            assert!(started.elapsed() < limit, "{q}: {n} of {want} after {limit:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// One fleet: (the simulator's report, the release's placement and lease time in seconds,
+/// the daemon's peak memory in MB).
 fn run(nodes: usize, seconds: u64) -> (serde_json::Value, f64, f64) {
     let dir = tempfile::Builder::new()
         .prefix("plbench-scale-")
@@ -91,26 +133,15 @@ fn run(nodes: usize, seconds: u64) -> (serde_json::Value, f64, f64) {
     );
     let mut d = Daemon::start_with(&s, &cfg, port, Some(20_000));
     d.wait_ready(Duration::from_secs(60));
-    // The environments, once the pools are accepted: five replicas a node.
-    let environments = (nodes * 5).div_ceil(REPLICAS);
-    for e in 0..environments {
-        let name = format!("app{e:05}");
-        repo.write(&format!("projects/{name}.yaml"), &project(&name));
-        repo.write(
-            &format!("envs/{name}.yaml"),
-            &environment(&format!("{name}-production"), &name, &format!("p{:03}", e % pools)),
-        );
-    }
-    repo.commit("the environments", true);
     let report = dir.path().join("report.json");
-    let started = Instant::now();
     let nodesim = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/pl-nodesim");
-    let o = std::process::Command::new("prlimit")
+    let log = std::fs::File::create(dir.path().join("nodesim.log")).expect("log");
+    let mut sim = std::process::Command::new("prlimit")
         .arg("--nofile=20000:20000")
         .arg("--")
         .arg(&nodesim)
         .args(["--nodes", &nodes.to_string(), "--seconds", &seconds.to_string()])
-        .args(["--enrol-parallel", "16", "--control"])
+        .args(["--enrol-parallel", "16", "--mesh", "--renew-seconds", "600", "--control"])
         .arg(format!("https://localhost:{port}"))
         .arg("--agent-api")
         .arg(format!("https://localhost:{agent_port}"))
@@ -122,16 +153,46 @@ fn run(nodes: usize, seconds: u64) -> (serde_json::Value, f64, f64) {
         .arg(&report)
         .env("PL_TOKEN", &s.operator)
         .stdout(std::process::Stdio::null())
-        .output()
+        .stderr(log)
+        .spawn()
         .expect("pl-nodesim (cargo build --release -p pushleft-nodesim)");
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{err}");
-    eprint!("{err}");
-    let whole = started.elapsed().as_secs_f64();
+    // Every node beating, then the release: five replicas a node, in environments of 50.
+    let ledger = Ledger::open(&url);
+    let nodes_i = i64::try_from(nodes).expect("nodes");
+    ledger.until(
+        "SELECT COUNT(*) FROM nodes WHERE last_seen IS NOT NULL",
+        nodes_i,
+        Duration::from_secs(600),
+    );
+    let environments = (nodes * 5).div_ceil(REPLICAS);
+    for e in 0..environments {
+        let name = format!("app{e:05}");
+        repo.write(&format!("projects/{name}.yaml"), &project(&name));
+        repo.write(
+            &format!("envs/{name}.yaml"),
+            &environment(&format!("{name}-production"), &name, &format!("p{:03}", e % pools)),
+        );
+    }
+    repo_support::git(&repo.dir, &["add", "-A"]);
+    let started = Instant::now();
+    repo.commit("the release", true);
+    let replicas = i64::try_from(environments * REPLICAS).expect("replicas");
+    ledger.until(
+        "SELECT COUNT(*) FROM jobs WHERE task LIKE '%ensure-application%' AND state <> 'queued'",
+        replicas,
+        Duration::from_secs(600),
+    );
+    let release = started.elapsed().as_secs_f64();
+    eprintln!("{nodes} nodes: {environments} environments, {replicas} replicas placed and leased in {release:.2} s");
+    let done = sim.wait().expect("pl-nodesim");
+    let log = std::fs::read_to_string(dir.path().join("nodesim.log")).unwrap_or_default();
+    eprint!("{log}");
+    assert!(done.success(), "pl-nodesim failed");
     let daemon_mb = peak_mb(d.child.id());
     d.kill9();
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).expect("report")).expect("json");
-    (v, daemon_mb, whole)
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).expect("report")).expect("json");
+    (v, release, daemon_mb)
 }
 
 fn main() {
@@ -147,16 +208,16 @@ fn main() {
         .split(',')
         .filter_map(|n| n.trim().parse().ok())
         .collect();
-    let seconds: u64 = value("--seconds").and_then(|s| s.parse().ok()).unwrap_or(60);
+    let seconds: u64 = value("--seconds").and_then(|s| s.parse().ok()).unwrap_or(90);
     println!(
-        "| nodes | enrol s | heartbeat p50 / p99 ms | beats/s | lease p99 ms | complete p99 ms | refusals | transport errors | marked while beating | daemon peak MB | sim KB a node | sim CPU ms a node-second |"
+        "| nodes | enrol s | release placed and leased s | heartbeat p50 / p99 ms | beats/s | lease p99 ms | complete p99 ms | refusals | transport errors | marked while beating | largest peer set | daemon peak MB | sim KB a node | sim CPU ms a node-second |"
     );
-    println!("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for n in sizes {
-        let (r, daemon_mb, _) = run(n, seconds);
+        let (r, release, daemon_mb) = run(n, seconds);
         let c = |call: &str, f: &str| r["calls"][call][f].as_f64().unwrap_or(0.0);
         println!(
-            "| {n} | {:.1} | {:.1} / {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {:.0} | {:.0} | {:.3} |",
+            "| {n} | {:.1} | {release:.2} | {:.1} / {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {} | {:.0} | {:.0} | {:.3} |",
             r["enrolSeconds"].as_f64().unwrap_or(0.0),
             c("heartbeat", "p50Ms"),
             c("heartbeat", "p99Ms"),
@@ -166,6 +227,7 @@ fn main() {
             r["refusals"],
             r["transportErrors"],
             r["markedWhileBeating"],
+            r["largestPeerSet"],
             daemon_mb,
             r["cost"]["rssBytesPerNode"].as_f64().unwrap_or(0.0) / 1000.0,
             r["cost"]["cpuMsPerNodeSecond"].as_f64().unwrap_or(0.0),

@@ -206,6 +206,9 @@ fn observe(
         names.iter().enumerate().map(|(i, n)| (n.as_str(), i)).collect();
     while Instant::now() + OBSERVE_EVERY < until {
         std::thread::sleep(OBSERVE_EVERY);
+        // What the control plane answers was true when it was asked: a beat after that is not
+        // in it.
+        let asked = node::now_ms();
         let Ok(mut r) = agent
             .get(&format!("{url}/v1/nodes"))
             .header("authorization", &format!("Bearer {token}"))
@@ -219,7 +222,6 @@ fn observe(
         let Ok(list) = serde_json::from_str::<operator_proto::nodes::Nodes>(&body) else {
             continue;
         };
-        let now = node::now_ms();
         for n in list.nodes {
             let state = n.state.as_str();
             if !matches!(state, "unhealthy" | "lost") {
@@ -229,7 +231,8 @@ fn observe(
                 let b = &beating[*i];
                 let last = b.last_ms.load(std::sync::atomic::Ordering::Relaxed);
                 let interval = b.interval_ms.load(std::sync::atomic::Ordering::Relaxed);
-                if last > 0 && now - last <= interval + 5_000 {
+                // Beat before the question, and within its interval (and a few seconds) of it.
+                if last > 0 && last < asked - 1_000 && asked - last <= interval + 5_000 {
                     stats.marked(&n.name, state);
                 }
             }

@@ -96,7 +96,7 @@ pub fn fraction() -> f64 {
 fn note(stats: &Stats, e: &ClientError) {
     match e {
         ClientError::Refused { code, .. } => stats.refused(code.code()),
-        ClientError::Transport(_) => stats.transport_error(),
+        ClientError::Transport(what) => stats.transport_error(what),
     }
 }
 

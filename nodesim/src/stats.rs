@@ -40,6 +40,7 @@ pub struct Stats {
     latencies: Mutex<BTreeMap<Call, Vec<u32>>>,
     refusals: Mutex<BTreeMap<String, u64>>,
     transport_errors: AtomicU64,
+    errors: Mutex<BTreeMap<String, u64>>,
     empty_leases: AtomicU64,
     meshes_applied: AtomicU64,
     largest_peer_set: AtomicU64,
@@ -60,8 +61,14 @@ impl Stats {
         }
     }
 
-    pub fn transport_error(&self) {
+    /// A call that got no answer: counted, and by its first words (a few kinds).
+    pub fn transport_error(&self, what: &str) {
         self.transport_errors.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut e) = self.errors.lock()
+            && (e.len() < 20 || e.contains_key(what))
+        {
+            *e.entry(what.chars().take(120).collect()).or_default() += 1;
+        }
     }
 
     /// A node took a mesh of `peers` peers.
@@ -97,6 +104,7 @@ impl Stats {
             largest_peer_set: self.largest_peer_set.load(Ordering::Relaxed),
             refusals: self.refusals.lock().map(|r| r.clone()).unwrap_or_default(),
             transport_errors: self.transport_errors.load(Ordering::Relaxed),
+            errors: self.errors.lock().map(|e| e.clone()).unwrap_or_default(),
             marked_while_beating: marked.len(),
             marked_nodes: marked.into_iter().take(NAMED_AT_MOST).collect(),
             cost,
@@ -166,6 +174,8 @@ pub struct Report {
     pub largest_peer_set: u64,
     pub refusals: BTreeMap<String, u64>,
     pub transport_errors: u64,
+    /// The transport errors by their words (at most 20 kinds).
+    pub errors: BTreeMap<String, u64>,
     /// Nodes the control plane showed unhealthy or lost while they beat as told.
     pub marked_while_beating: usize,
     /// The first of them, with the state shown.
