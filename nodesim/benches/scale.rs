@@ -2,8 +2,8 @@
 //! side by side in one run (100 nodes beside the larger ones). For each size: a pool of that
 //! many nodes (pools of 1,000) and a daemon whose agent API admits every node's connections;
 //! the simulator's nodes enrol and beat, then a release of environments of 50 replicas (five
-//! replicas a node: 1,000 environments at 10,000 nodes) is committed and timed until every
-//! replica is placed and its job leased. From the simulator's report: enrolment time,
+//! replicas a node, at most 4,000: the fleet-wide subnet plan's bound, docs/scale.md) is
+//! committed and timed until every replica is placed and its job leased. From the simulator's report: enrolment time,
 //! heartbeat, lease and completion latencies (p50, p99), refusals, nodes shown unhealthy or
 //! lost while beating, the daemon's peak resident memory, and the simulator's own cost a node.
 //!
@@ -25,6 +25,10 @@ use std::time::{Duration, Instant};
 const POOL_NODES: usize = 1_000;
 /// Replicas an environment runs.
 const REPLICAS: usize = 50;
+/// The most replicas a release places, fleet-wide: each environment on each node takes a /24
+/// of its own from `10.208.0.0/12`, unique in the whole fleet (4,096; docs/scale.md), so a
+/// release past it leaves environments without subnets (`subnet-pool-exhausted`).
+const REPLICAS_AT_MOST: usize = 4_000;
 
 fn pool(index: usize, first: usize, count: usize) -> String {
     let mut s = format!(
@@ -128,7 +132,7 @@ fn run(nodes: usize, seconds: u64) -> (serde_json::Value, f64, f64) {
         port,
         &format!(
             "{CONTROL_CA}\n[agent_api]\nlisten = \"127.0.0.1:{agent_port}\"\nmax_connections = {}\n",
-            2 * nodes + 100
+            (2 * nodes + 100).min(19_000)
         ),
     );
     let mut d = Daemon::start_with(&s, &cfg, port, Some(20_000));
@@ -141,7 +145,14 @@ fn run(nodes: usize, seconds: u64) -> (serde_json::Value, f64, f64) {
         .arg("--")
         .arg(&nodesim)
         .args(["--nodes", &nodes.to_string(), "--seconds", &seconds.to_string()])
-        .args(["--enrol-parallel", "16", "--mesh", "--renew-seconds", "600", "--control"])
+        .args([
+            "--enrol-parallel",
+            "16",
+            "--mesh",
+            "--renew-seconds",
+            "600",
+            "--control",
+        ])
         .arg(format!("https://localhost:{port}"))
         .arg("--agent-api")
         .arg(format!("https://localhost:{agent_port}"))
@@ -164,7 +175,7 @@ fn run(nodes: usize, seconds: u64) -> (serde_json::Value, f64, f64) {
         nodes_i,
         Duration::from_secs(600),
     );
-    let environments = (nodes * 5).div_ceil(REPLICAS);
+    let environments = (nodes * 5).min(REPLICAS_AT_MOST).div_ceil(REPLICAS);
     for e in 0..environments {
         let name = format!("app{e:05}");
         repo.write(&format!("projects/{name}.yaml"), &project(&name));
@@ -190,8 +201,7 @@ fn run(nodes: usize, seconds: u64) -> (serde_json::Value, f64, f64) {
     assert!(done.success(), "pl-nodesim failed");
     let daemon_mb = peak_mb(d.child.id());
     d.kill9();
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&report).expect("report")).expect("json");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).expect("report")).expect("json");
     (v, release, daemon_mb)
 }
 

@@ -107,6 +107,7 @@ pub fn run(client: &AgentClient, who: &Identity<'_>, how: Behaviour, stats: &Sta
     let mut next_renewal = how.renew_every.map(|e| Instant::now() + e.mul_f64(fraction()));
     let mut interval = how.every;
     let mut mesh = how.mesh.then(Mesh::new);
+    let mut more_work = false;
     while Instant::now() < until {
         let now = Instant::now();
         if let (Some(at), Some(every)) = (next_renewal, how.renew_every)
@@ -143,11 +144,18 @@ pub fn run(client: &AgentClient, who: &Identity<'_>, how: Behaviour, stats: &Sta
             }
             next_beat = Instant::now() + interval;
         }
-        let wait = next_beat
-            .min(next_renewal.unwrap_or(until))
-            .min(until)
-            .saturating_duration_since(Instant::now())
-            .min(how.lease_wait);
+        // After work, the next lease asks without waiting (as the agent's loop asks for more
+        // with its completions): a round trip, timed. Otherwise it long-polls until the next
+        // beat: its time is the wait, so it is counted, not timed.
+        let wait = if more_work {
+            Duration::ZERO
+        } else {
+            next_beat
+                .min(next_renewal.unwrap_or(until))
+                .min(until)
+                .saturating_duration_since(Instant::now())
+                .min(how.lease_wait)
+        };
         let started = Instant::now();
         let leased = match client.lease_holding(8, wait, mesh.as_ref().map(|m| m.applied)) {
             Ok(l) => l,
@@ -160,11 +168,14 @@ pub fn run(client: &AgentClient, who: &Identity<'_>, how: Behaviour, stats: &Sta
         if let Some(m) = mesh.as_mut() {
             m.apply(leased.mesh, stats);
         }
+        if wait.is_zero() {
+            stats.record(Call::Lease, started.elapsed());
+        }
+        more_work = !leased.jobs.is_empty();
         if leased.jobs.is_empty() {
             stats.empty_lease();
             continue;
         }
-        stats.record(Call::Lease, started.elapsed());
         for job in leased.jobs {
             std::thread::sleep(how.task);
             let fails = fraction() * 100.0 < f64::from(how.fail_percent);

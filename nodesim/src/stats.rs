@@ -13,7 +13,8 @@ use std::time::Duration;
 pub enum Call {
     Enrol,
     Heartbeat,
-    /// A lease that brought work (its round trip; an empty long poll waits by design).
+    /// A lease that asked without waiting (after work; a long poll waits by design and is
+    /// only counted): its round trip.
     Lease,
     Complete,
     /// A certificate renewal (a new key, the control plane's certificate, the client switched).

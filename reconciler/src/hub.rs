@@ -6,8 +6,10 @@
 
 use crate::store::views::Counts;
 use crate::store::{Ledger, now_ms};
-use std::sync::Mutex;
+use state_schema::model::NodePool;
+use state_schema::values::Name;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
 
@@ -214,5 +216,50 @@ impl Hub {
             }
             Err(e) => tracing::warn!(error = %e, "cannot read the backups' health"),
         }
+    }
+}
+
+/// The last decode of the applied pools, by the hash of their documents.
+type DecodedPools = (u64, Arc<Vec<(Name, NodePool)>>);
+static DECODED_POOLS: Mutex<Option<DecodedPools>> = Mutex::new(None);
+
+/// `state_schema::declared::node_pools`, kept: the same documents decode to the same pools, so
+/// the last decode is reused while the documents' hash is the same. Enrolment, the agent API
+/// and placement each ask for the pools; decoding 10,000 declared nodes' YAML takes tens of
+/// milliseconds, and enrolling a large fleet asked for it once a node (found by `pl-nodesim`).
+pub fn node_pools(documents: &[String]) -> Vec<(Name, NodePool)> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    documents.hash(&mut h);
+    let key = h.finish();
+    if let Ok(d) = DECODED_POOLS.lock()
+        && let Some((k, pools)) = d.as_ref()
+        && *k == key
+    {
+        return pools.as_ref().clone();
+    }
+    let pools = Arc::new(state_schema::declared::node_pools(documents));
+    if let Ok(mut d) = DECODED_POOLS.lock() {
+        *d = Some((key, Arc::clone(&pools)));
+    }
+    Arc::unwrap_or_clone(pools)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const POOL: &str = "apiVersion: pushleft.dev/v1alpha1\nkind: NodePool\nmetadata: {name: main}\nspec:\n  region: eu\n  nodes:\n    - {name: n1, capacity: {cpu: \"4\", memory: 8Gi}}\n";
+
+    #[test]
+    fn a_decode_is_kept_for_the_same_documents_only() {
+        let one = vec![POOL.to_owned()];
+        let first = node_pools(&one);
+        assert_eq!(first.len(), 1);
+        assert_eq!(node_pools(&one), first, "the kept decode is the same");
+        let two = vec![POOL.replace("n1", "n2")];
+        let other = node_pools(&two);
+        assert_eq!(other[0].1.nodes[0].name.as_str(), "n2", "other documents decode anew");
+        assert_eq!(node_pools(&one)[0].1.nodes[0].name.as_str(), "n1");
     }
 }

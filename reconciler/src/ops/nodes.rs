@@ -15,7 +15,7 @@ pub async fn applied_pools(
     ledger: &Ledger,
     branch: &str,
 ) -> Result<Vec<(state_schema::values::Name, state_schema::model::NodePool)>, LedgerError> {
-    Ok(declared::node_pools(&ledger.nodes().pool_documents(branch).await?))
+    Ok(crate::hub::node_pools(&ledger.nodes().pool_documents(branch).await?))
 }
 
 /// Every node `branch`'s accepted state declares, by name, with what the control plane saw

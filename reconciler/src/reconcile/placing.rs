@@ -26,9 +26,7 @@ impl Ledger {
     /// The node pools `branch`'s accepted state declares, decoded from the ledger's documents
     /// (`state_schema::declared::node_pools`).
     pub(crate) async fn applied_pools(&self, branch: &str) -> Result<Vec<(Name, NodePool)>, LedgerError> {
-        Ok(state_schema::declared::node_pools(
-            &self.nodes().pool_documents(branch).await?,
-        ))
+        Ok(crate::hub::node_pools(&self.nodes().pool_documents(branch).await?))
     }
 
     /// A cheap summary of what placement depends on: each node's liveness class and
