@@ -14,7 +14,7 @@
 //! - an upgrade in place to packages of a higher version (both daemons stopped, dpkg, both
 //!   started again, as the units' restart after an upgrade does) keeps the configurations
 //!   the operator edited (conffiles), migrates a ledger that was one migration behind (the
-//!   newest migration's tables dropped and its row deleted, standing for an older release's
+//!   newest migration's tables or columns dropped and its row deleted, standing for an older release's
 //!   ledger: both packages carry this build's binaries), keeps the accepted commit, and
 //!   leaves the replica untouched: the same container, started at the same time, through the
 //!   agent's restart and its drift rounds after it. (`KillMode=process` itself is systemd's
@@ -42,6 +42,21 @@ fn project(image: &str) -> String {
     format!(
         "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: {image}\n  roles:\n    worker:\n      kind: worker\n      replicas: 1\n      command: [/bin/busybox, httpd, -f, -p, '7000', -h, /www]\n"
     )
+}
+
+/// Every schema object of a SQLite ledger as `type name` (tables, views, triggers) and every
+/// column as `column table.name`: a migration may add either.
+const OBJECTS: &str = "SELECT type || ' ' || name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' AND type IN ('table', 'view', 'trigger') \
+     UNION ALL SELECT 'column ' || m.name || '.' || p.name FROM sqlite_master m JOIN pragma_table_info(m.name) p \
+     WHERE m.type = 'table' AND m.name NOT LIKE 'sqlite_%' AND m.name NOT LIKE '_sqlx%'";
+
+/// What undoes `object` (one of [`OBJECTS`]'s): `DROP TABLE t`, or a column's `ALTER TABLE t
+/// DROP COLUMN c`.
+fn undo(object: &str) -> String {
+    match object.strip_prefix("column ").and_then(|c| c.split_once('.')) {
+        Some((table, column)) => format!("ALTER TABLE {table} DROP COLUMN {column}"),
+        None => format!("DROP {object}"),
+    }
 }
 
 /// The newest migration: its version and the objects (`type name`) it creates, found by
@@ -75,14 +90,21 @@ fn newest_migration(scratch: &Path) -> (i64, Vec<String>) {
             migrator.run(&pool).await.expect("migrate");
             pool.close().await;
         });
-        rows(
-            &url,
-            "SELECT type || ' ' || name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' AND type IN ('table', 'view', 'trigger')",
-        )
+        rows(&url, OBJECTS)
     };
     let before = objects(older, "older.db");
     let after = objects(all, "all.db");
-    let made = after.into_iter().filter(|o| !before.contains(o)).collect();
+    let new: Vec<String> = after.into_iter().filter(|o| !before.contains(o)).collect();
+    // A new table's columns go with it.
+    let made = new
+        .iter()
+        .filter(|o| {
+            o.strip_prefix("column ")
+                .and_then(|c| c.split_once('.'))
+                .is_none_or(|(t, _)| !new.contains(&format!("table {t}")))
+        })
+        .cloned()
+        .collect();
     (version, made)
 }
 
@@ -349,7 +371,7 @@ fn the_packages_install_serve_and_upgrade_in_a_fresh_debian() {
         drop(agent);
         drop(daemon);
         for object in &made {
-            daemon_support::execute(&ledger, &format!("DROP {object}"));
+            daemon_support::execute(&ledger, &undo(object));
         }
         daemon_support::execute(
             &ledger,
@@ -374,10 +396,7 @@ fn the_packages_install_serve_and_upgrade_in_a_fresh_debian() {
             applied,
             "migrated again"
         );
-        let now = rows(
-            &ledger,
-            "SELECT type || ' ' || name FROM sqlite_master WHERE type IN ('table', 'view', 'trigger')",
-        );
+        let now = rows(&ledger, OBJECTS);
         for object in &made {
             assert!(now.contains(object), "{object} made again by the upgrade's migration");
         }
