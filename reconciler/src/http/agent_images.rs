@@ -63,18 +63,26 @@ fn not_placed(node: &str, d: &Digest) -> Response {
     )
 }
 
+/// The calling node (its certificate checked) and the digest it asks for, or the refusal.
+async fn caller_and_digest(
+    s: &AgentImages,
+    peer: Option<PeerCert>,
+    digest: &str,
+) -> Result<(String, Digest), Response> {
+    let node = s.peers.caller(peer).await?;
+    let d = Digest::parse(digest).ok_or_else(|| bad_digest(digest))?;
+    Ok((node, d))
+}
+
 async fn agent_manifest(
     State(s): State<Arc<AgentImages>>,
     Extension(peer): Extension<Option<PeerCert>>,
     method: Method,
     Path(digest): Path<String>,
 ) -> Response {
-    let node = match s.peers.caller(peer).await {
-        Ok(n) => n,
+    let (node, d) = match caller_and_digest(&s, peer, &digest).await {
+        Ok(v) => v,
         Err(r) => return r,
-    };
-    let Some(d) = Digest::parse(&digest) else {
-        return bad_digest(&digest);
     };
     if !s.granted(&node, &d) {
         match crate::ops::images::node_may_fetch(&s.ledger, &node, &d).await {
@@ -110,12 +118,9 @@ async fn agent_blob(
     method: Method,
     Path(digest): Path<String>,
 ) -> Response {
-    let node = match s.peers.caller(peer).await {
-        Ok(n) => n,
+    let (node, d) = match caller_and_digest(&s, peer, &digest).await {
+        Ok(v) => v,
         Err(r) => return r,
-    };
-    let Some(d) = Digest::parse(&digest) else {
-        return bad_digest(&digest);
     };
     if !s.granted(&node, &d) {
         tracing::warn!(node = %node, digest = %d, "image fetch refused: no manifest of the node's work reaches it");
