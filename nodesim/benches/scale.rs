@@ -1,9 +1,9 @@
 //! Bench (a binary): `pl-nodesim` fleets of several sizes against `pl-reconciler run` on SQLite,
 //! side by side in one run (100 nodes beside the larger ones). For each size: a pool of that
-//! many nodes (pools of 1,000) and a daemon whose agent API admits every node's connections;
+//! many nodes (pools of 500) and a daemon whose agent API admits every node's connections;
 //! the simulator's nodes enrol and beat, then a release of environments of 50 replicas (five
-//! replicas a node, at most 4,000: the fleet-wide subnet plan's bound, docs/scale.md) is
-//! committed and timed until every replica is placed and its job leased. From the simulator's report: enrolment time,
+//! replicas a node: 1,000 environments and 50,000 replicas at 10,000 nodes) is committed and
+//! timed until every replica is placed and its job leased. From the simulator's report: enrolment time,
 //! heartbeat, lease and completion latencies (p50, p99), refusals, nodes shown unhealthy or
 //! lost while beating, the daemon's peak resident memory, and the simulator's own cost a node.
 //!
@@ -21,14 +21,12 @@ use daemon_support::{CONTROL_CA, Daemon, config, free_port, setup};
 use repo_support::Repo;
 use std::time::{Duration, Instant};
 
-/// Nodes a pool declares.
-const POOL_NODES: usize = 1_000;
+/// Nodes a pool declares: pools of 500 share no node, so each has the subnet pool's 4,096
+/// environment-node pairs to itself (`state_schema::placement::subnets`); 50 environments of
+/// 50 replicas spread over one take 2,500.
+const POOL_NODES: usize = 500;
 /// Replicas an environment runs.
 const REPLICAS: usize = 50;
-/// The most replicas a release places, fleet-wide: each environment on each node takes a /24
-/// of its own from `10.208.0.0/12`, unique in the whole fleet (4,096; docs/scale.md), so a
-/// release past it leaves environments without subnets (`subnet-pool-exhausted`).
-const REPLICAS_AT_MOST: usize = 4_000;
 
 fn pool(index: usize, first: usize, count: usize) -> String {
     let mut s = format!(
@@ -175,7 +173,7 @@ fn run(nodes: usize, seconds: u64) -> (serde_json::Value, f64, f64) {
         nodes_i,
         Duration::from_secs(600),
     );
-    let environments = (nodes * 5).min(REPLICAS_AT_MOST).div_ceil(REPLICAS);
+    let environments = (nodes * 5).div_ceil(REPLICAS);
     for e in 0..environments {
         let name = format!("app{e:05}");
         repo.write(&format!("projects/{name}.yaml"), &project(&name));

@@ -464,7 +464,41 @@ async fn scenario(url: String, dir: &Path) {
     );
     // Once the scale's jobs are done, the spec it replaced is retired for good.
     assert_eq!(rows(&url, "SELECT retired FROM deployments").await, ["[]"]);
+    disjoint_pools_share_subnet_indices(&shared, &repo, &url).await;
     shared.ledger.close().await;
+}
+
+/// A second pool sharing no node with `main`: its environment's subnets start again at the
+/// pool's first /24 (they can never meet `main`'s on a node), while within `main` every
+/// subnet stayed distinct.
+async fn disjoint_pools_share_subnet_indices(shared: &Arc<Reconciler>, repo: &Repo, url: &str) {
+    repo.write(
+        "pools/edge.yaml",
+        "apiVersion: pushleft.dev/v1alpha1\nkind: NodePool\nmetadata: {name: edge}\nspec:\n  region: eu\n  nodes:\n    - {name: n4, capacity: {cpu: \"1\", memory: 2Gi}}\n",
+    );
+    repo.write(
+        "projects/jobs.yaml",
+        &format!(
+            "apiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: jobs}}\nspec:\n  image: registry.example.invalid/jobs@{}\n  roles:\n    work: {{kind: worker, replicas: 1, command: [/bin/true], resources: {{cpu: 100m, memory: 64Mi}}}}\n",
+            repo_support::DIGEST
+        ),
+    );
+    repo.write(
+        "envs/jobs-production.yaml",
+        "apiVersion: pushleft.dev/v1alpha1\nkind: Environment\nmetadata: {name: jobs-production}\nspec: {project: jobs, stage: production, pool: edge}\n",
+    );
+    repo.commit("jobs on the edge pool", true);
+    dump::nodes_up(url, &["n4"]).await;
+    shared.pass().await.expect("pass");
+    let main = rows(url, "SELECT idx FROM subnets WHERE environment = 'api-production' ORDER BY idx").await;
+    let mut distinct = main.clone();
+    distinct.dedup();
+    assert_eq!(main, distinct, "one environment's subnets are distinct");
+    assert_eq!(main.first().map(String::as_str), Some("0"));
+    assert_eq!(
+        rows(url, "SELECT node, idx FROM subnets WHERE environment = 'jobs-production'").await,
+        ["n4|0"]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

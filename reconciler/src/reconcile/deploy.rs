@@ -442,14 +442,14 @@ impl Ledger {
         }
         self.events().events_in(tx, now_ms, &events).await?;
         // Every node a new or scaled generation runs on gets the environment's subnet first.
-        let pairs: Vec<(String, String)> = starts
+        let wants: Vec<_> = starts
             .iter()
             .filter(|s| s.action == Action::Rollout)
             .map(|s| &s.spec)
             .chain(scales.iter().map(|s| &s.spec))
-            .flat_map(|spec| spec.nodes.iter().map(|n| (spec.environment.to_string(), n.to_string())))
+            .flat_map(Ledger::subnet_wants)
             .collect();
-        self.ensure_subnets(tx, &pairs, now_ms).await?;
+        self.ensure_subnets(tx, branch, &wants, now_ms).await?;
         // Volumes are pinned where this placement put their roles (the first time), and a
         // teardown starts their retention: a teardown never removes one.
         for s in &starts {

@@ -9,9 +9,10 @@
 //! nobody can reach (no endpoint, behind NAT) keeps its paths open with them, and every link
 //! handshakes at least every two minutes, so an old handshake means a broken link rather than
 //! an idle one (`health.rs`). Two nodes without endpoints cannot meet, which the plan says.
-//! Subnets are unique across the fleet when the ledger gives them (`placing.rs`); ones given
-//! before that rule may collide on a node, and a colliding subnet is left out of that node's
-//! mesh (said as a conflict) rather than routed to the wrong place.
+//! Subnets are unique among environments whose pools overlap when the ledger gives them
+//! (`state_schema::placement::subnets`); ones given before that rule, or before a pool edit
+//! made two pools overlap, may collide on a node, and a colliding subnet is left out of that
+//! node's mesh (said as a conflict) rather than routed to the wrong place.
 
 use super::{DaemonError, mesh_health};
 use crate::store::{Ledger, LedgerError, now_ms};

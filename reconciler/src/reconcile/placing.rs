@@ -16,9 +16,9 @@ use state_schema::model::NodePool;
 use state_schema::placement::{Liveness, Waiting};
 use state_schema::replacement;
 use state_schema::values::Name;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
-use crate::store::rows::SUBNET_POOL_SIZE;
+use state_schema::placement::subnets::{self, Want};
 
 type Tx = crate::store::WriteTx;
 
@@ -117,66 +117,67 @@ impl Ledger {
         Ok(())
     }
 
-    /// Gives each (environment, node) pair a subnet of its own on that node, if it has none:
-    /// the lowest /24 of the pool free on that node's machine (nodes whose agents report the
-    /// same host share one Docker engine and kernel, where subnets must not overlap) and held
-    /// by no other node of the fleet (the mesh routes an environment's subnets between nodes,
-    /// so one /24 must mean one place: `reconcile/mesh.rs`). Kept until the environment is
-    /// torn down.
+    /// Gives each (environment, node) pair of `wants` a subnet of its own on that node, if it
+    /// has none: the choice is `state_schema::placement::subnets::give`'s (unique on the node's
+    /// machine and among environments whose pools overlap, so the mesh routes one /24 to one
+    /// place), over the pools `branch` declares. Kept until the environment is torn down. A
+    /// pair none is left for is said once as a `subnet-pool-exhausted` event.
     pub(crate) async fn ensure_subnets(
         &self,
         tx: &mut Tx,
-        pairs: &[(String, String)],
+        branch: &str,
+        wants: &[Want],
         now_ms: i64,
     ) -> Result<(), LedgerError> {
-        let nodes: BTreeSet<&str> = pairs.iter().map(|(_, n)| n.as_str()).collect();
-        let nodes: Vec<&str> = nodes.into_iter().collect();
-        // The machine of each node (itself when its agent never said), and every node on
-        // those machines.
-        let mut machine: BTreeMap<String, String> =
-            nodes.iter().map(|n| (n.to_string(), format!("node:{n}"))).collect();
-        for (node, host) in self.nodes().machine_mates(tx, &nodes).await? {
-            machine.insert(node, format!("host:{host}"));
+        if wants.is_empty() {
+            return Ok(());
         }
-        let every: Vec<&str> = machine.keys().map(String::as_str).collect();
-        let key_of = |node: &str| machine.get(node).cloned().unwrap_or_else(|| format!("node:{node}"));
-        let mut taken: BTreeMap<String, BTreeSet<i64>> = BTreeMap::new();
-        // What others' networks use on each machine, as its agents last said: never chosen.
-        for (node, list) in self.nodes().taken_subnets(tx, &every).await? {
-            taken.entry(key_of(&node)).or_default().extend(list);
+        // Read in `tx`: the pools of the commit being applied, not the one before.
+        let pools = crate::hub::node_pools(&self.nodes().pool_documents_in(tx, branch).await?);
+        let rows = self.nodes().subnet_fleet(tx).await?;
+        let index = |i: i64| usize::try_from(i).ok();
+        let fleet = subnets::Fleet {
+            held: rows
+                .held
+                .into_iter()
+                .filter_map(|(n, e, i)| Some((n, e, index(i)?)))
+                .collect(),
+            host: rows.host.into_iter().collect(),
+            taken: rows
+                .taken
+                .into_iter()
+                .map(|(n, list)| (n, list.into_iter().filter_map(index).collect()))
+                .collect(),
+            pools: pools
+                .iter()
+                .map(|(name, pool)| (name.to_string(), pool.nodes.iter().map(|n| n.name.to_string()).collect()))
+                .collect(),
+        };
+        let given = subnets::give(&fleet, wants);
+        for (env, node) in &given.exhausted {
+            let detail = format!("no /24 left in 10.208.0.0/12 for {env} on this node: its machine and the nodes of overlapping pools hold them all");
+            self.events()
+                .event(tx, now_ms, "subnet-pool-exhausted", node, &detail)
+                .await?;
         }
-        let mut have: BTreeSet<(String, String)> = BTreeSet::new();
-        for (node, env, idx) in self.nodes().subnets_on(tx, &every).await? {
-            taken.entry(key_of(&node)).or_default().insert(idx);
-            have.insert((env, node));
-        }
-        let fleet: BTreeSet<i64> = self.nodes().fleet_subnets(tx).await?.into_iter().collect();
-        let mut given: BTreeSet<i64> = BTreeSet::new();
-        let mut new: Vec<(String, String, i64)> = Vec::new();
-        for (env, node) in pairs {
-            if !have.insert((env.clone(), node.clone())) {
-                continue;
-            }
-            let used = taken.entry(key_of(node)).or_default();
-            let Some(idx) =
-                (0..SUBNET_POOL_SIZE).find(|i| !used.contains(i) && !fleet.contains(i) && !given.contains(i))
-            else {
-                self.events()
-                    .event(
-                        tx,
-                        now_ms,
-                        "subnet-pool-exhausted",
-                        node,
-                        "no /24 left in 10.208.0.0/12 free on this node's machine and in the fleet",
-                    )
-                    .await?;
-                continue;
-            };
-            used.insert(idx);
-            given.insert(idx);
-            new.push((node.clone(), env.clone(), idx));
-        }
+        let new: Vec<(String, String, i64)> = given
+            .new
+            .into_iter()
+            .filter_map(|(n, e, i)| Some((n, e, i64::try_from(i).ok()?)))
+            .collect();
         self.nodes().add_subnets(tx, &new).await
+    }
+
+    /// The pairs `spec` runs on, wanting subnets.
+    pub(crate) fn subnet_wants(spec: &state_schema::deployment::DeploymentSpec) -> Vec<Want> {
+        spec.nodes
+            .iter()
+            .map(|n| Want {
+                environment: spec.environment.to_string(),
+                node: n.to_string(),
+                pool: spec.pool.as_ref().map(ToString::to_string),
+            })
+            .collect()
     }
 }
 
@@ -185,6 +186,7 @@ mod tests {
     use crate::store::Ledger;
     use crate::store::rows::{subnet, subnet_index};
     use sqlx::Row;
+    use state_schema::placement::subnets::Want;
 
     #[tokio::test]
     async fn every_node_gets_subnets_no_other_node_holds_and_its_machine_does_not_use() {
@@ -208,14 +210,19 @@ mod tests {
             .await
             .expect("node");
         }
-        let pairs: Vec<(String, String)> = [("e", "a1"), ("e", "a2"), ("e", "b"), ("e", "c"), ("f", "a2")]
+        // No pools declared: every pair avoids what the whole fleet holds.
+        let wants: Vec<Want> = [("e", "a1"), ("e", "a2"), ("e", "b"), ("e", "c"), ("f", "a2")]
             .iter()
-            .map(|(e, n)| ((*e).to_owned(), (*n).to_owned()))
+            .map(|(e, n)| Want {
+                environment: (*e).to_owned(),
+                node: (*n).to_owned(),
+                pool: Some("p".to_owned()),
+            })
             .collect();
         for _ in 0..2 {
             // Twice: what has a subnet keeps it.
             let mut tx = ledger.write_tx().await.expect("tx");
-            ledger.ensure_subnets(&mut tx, &pairs, 0).await.expect("subnets");
+            ledger.ensure_subnets(&mut tx, "main", &wants, 0).await.expect("subnets");
             tx.commit().await.expect("commit");
         }
         let got: Vec<String> = sqlx::query("SELECT environment, node, idx FROM subnets ORDER BY environment, node")

@@ -62,8 +62,8 @@ impl Ledger {
             if !retired.contains(&spec) {
                 retired.push(spec);
             }
-            let pairs: Vec<(String, String)> = to_spec.nodes.iter().map(|n| (env.clone(), n.to_string())).collect();
-            self.ensure_subnets(&mut tx, &pairs, now_ms).await?;
+            self.ensure_subnets(&mut tx, &branch, &Ledger::subnet_wants(&to_spec), now_ms)
+                .await?;
             self.volumes().record_volumes(&mut tx, &to_spec, now_ms).await?;
             let start = Start {
                 action: Action::Rollout,

@@ -48,6 +48,14 @@ struct SubnetRow {
     idx: i64,
 }
 
+/// Rows choosing subnets reads: held (node, environment, index), hosts (node, host), and
+/// taken indices by node.
+pub(crate) struct SubnetFleet {
+    pub held: Vec<(String, String, i64)>,
+    pub host: Vec<(String, String)>,
+    pub taken: Vec<(String, Vec<i64>)>,
+}
+
 /// What heartbeats said of a node.
 #[derive(Clone, Debug, Default)]
 pub struct Seen {
@@ -100,6 +108,16 @@ impl crate::store::Nodes<'_> {
             sqlx::query_scalar(self.sql("SELECT document FROM desired_objects WHERE branch = ? AND kind = 'NodePool'"))
                 .bind(branch)
                 .fetch_all(&self.pool)
+                .await?,
+        )
+    }
+
+    /// [`Self::pool_documents`] inside `tx`: what a commit being applied in it just wrote.
+    pub(crate) async fn pool_documents_in(&self, tx: &mut WriteTx, branch: &str) -> Result<Vec<String>, LedgerError> {
+        Ok(
+            sqlx::query_scalar(self.sql("SELECT document FROM desired_objects WHERE branch = ? AND kind = 'NodePool'"))
+                .bind(branch)
+                .fetch_all(&mut **tx)
                 .await?,
         )
     }
@@ -224,80 +242,29 @@ impl crate::store::Nodes<'_> {
         Ok(())
     }
 
-    /// Every node on the machines of `nodes` (by the host their agents report), with that host.
-    pub(crate) async fn machine_mates(
-        &self,
-        tx: &mut WriteTx,
-        nodes: &[&str],
-    ) -> Result<Vec<(String, String)>, LedgerError> {
-        let mut out = Vec::new();
-        for chunk in nodes.chunks(200) {
-            let marks = vec!["?"; chunk.len()].join(", ");
-            let q = format!(
-                "SELECT name, host FROM nodes WHERE host IN \
-                 (SELECT host FROM nodes WHERE host IS NOT NULL AND name IN ({marks}))"
-            );
-            let mut query = sqlx::query_as::<_, (String, String)>(self.sql(&q));
-            for n in chunk {
-                query = query.bind((*n).to_owned());
-            }
-            out.extend(query.fetch_all(&mut **tx).await?);
-        }
-        Ok(out)
-    }
-
-    /// The pool indices others' networks use on each of `nodes`, as their agents last said.
-    pub(crate) async fn taken_subnets(
-        &self,
-        tx: &mut WriteTx,
-        nodes: &[&str],
-    ) -> Result<Vec<(String, Vec<i64>)>, LedgerError> {
-        let mut out = Vec::new();
-        for chunk in nodes.chunks(200) {
-            let marks = vec!["?"; chunk.len()].join(", ");
-            let q = format!("SELECT name, taken_subnets FROM nodes WHERE name IN ({marks}) AND taken_subnets <> ''");
-            let mut query = sqlx::query_as::<_, (String, String)>(self.sql(&q));
-            for n in chunk {
-                query = query.bind((*n).to_owned());
-            }
-            for (node, list) in query.fetch_all(&mut **tx).await? {
-                out.push((node, list.split(',').filter_map(|i| i.parse::<i64>().ok()).collect()));
-            }
-        }
-        Ok(out)
-    }
-
-    /// The subnets held on `nodes`: (node, environment, pool index).
-    pub(crate) async fn subnets_on(
-        &self,
-        tx: &mut WriteTx,
-        nodes: &[&str],
-    ) -> Result<Vec<(String, String, i64)>, LedgerError> {
-        let mut out = Vec::new();
-        for chunk in nodes.chunks(200) {
-            let marks = vec!["?"; chunk.len()].join(", ");
-            let q = format!("SELECT node, environment, idx FROM subnets WHERE node IN ({marks})");
-            let mut query = sqlx::query_as::<_, SubnetRow>(self.sql(&q));
-            for n in chunk {
-                query = query.bind((*n).to_owned());
-            }
-            out.extend(
-                query
-                    .fetch_all(&mut **tx)
-                    .await?
-                    .into_iter()
-                    .map(|r| (r.node, r.environment, r.idx)),
-            );
-        }
-        Ok(out)
-    }
-
-    /// Every pool index the fleet holds on any node (the mesh routes them between nodes, so a
-    /// new subnet takes none of them).
-    pub(crate) async fn fleet_subnets(&self, tx: &mut WriteTx) -> Result<Vec<i64>, LedgerError> {
-        Ok(sqlx::query_scalar(self.sql("SELECT DISTINCT idx FROM subnets"))
+    /// What choosing subnets reads (`state_schema::placement::subnets`): every subnet held,
+    /// each node's host where its agent said one, and the indices others' networks use on
+    /// each node's machine. Pools are the caller's (they come from Git).
+    pub(crate) async fn subnet_fleet(&self, tx: &mut WriteTx) -> Result<SubnetFleet, LedgerError> {
+        let held: Vec<SubnetRow> = sqlx::query_as(self.sql("SELECT node, environment, idx FROM subnets"))
             .fetch_all(&mut **tx)
-            .await?)
+            .await?;
+        let host: Vec<(String, String)> =
+            sqlx::query_as(self.sql("SELECT name, host FROM nodes WHERE host IS NOT NULL"))
+                .fetch_all(&mut **tx)
+                .await?;
+        let taken: Vec<(String, String)> =
+            sqlx::query_as(self.sql("SELECT name, taken_subnets FROM nodes WHERE taken_subnets <> ''"))
+                .fetch_all(&mut **tx)
+                .await?;
+        Ok(SubnetFleet {
+            held: held.into_iter().map(|r| (r.node, r.environment, r.idx)).collect(),
+            host,
+            taken: taken
+                .into_iter()
+                .map(|(node, list)| (node, list.split(',').filter_map(|i| i.parse::<i64>().ok()).collect()))
+                .collect(),
+        })
     }
 
     /// Records new subnets: (node, environment, pool index).

@@ -16,6 +16,7 @@
 //!   declared capacity. A replica that fits nowhere waits, with the reason.
 
 pub mod heartbeats;
+pub mod subnets;
 mod place;
 
 use crate::deployment::{DeploymentSpec, Instance};
