@@ -1,19 +1,28 @@
-//! Bench (a binary): `pl-nodesim` fleets of several sizes against `pl-reconciler run` on SQLite,
+//! Bench (a binary): `pl-nodesim` fleets of several sizes against `pl-reconciler run` on SQLite
+//! or a throwaway PostgreSQL,
 //! side by side in one run (100 nodes beside the larger ones). For each size: a pool of that
 //! many nodes (pools of 500) and a daemon whose agent API admits every node's connections;
 //! the simulator's nodes enrol and beat, then a release of environments of 50 replicas (five
 //! replicas a node: 1,000 environments and 50,000 replicas at 10,000 nodes) is committed and
-//! timed until every replica is placed and its job leased. From the simulator's report: enrolment time,
-//! heartbeat, lease and completion latencies (p50, p99), refusals, nodes shown unhealthy or
-//! lost while beating, the daemon's peak resident memory, and the simulator's own cost a node.
+//! timed until every replica is placed and its job leased. Then a node is drained in Git (timed
+//! until its replicas' jobs elsewhere are leased), and the daemon is killed (`SIGKILL`) and
+//! started again with every node attached. From the simulator's report: enrolment time, the
+//! first beats (the join wave) apart from the beats at the told intervals, lease and completion
+//! latencies (p50, p99), refusals, nodes shown unhealthy or lost while beating (across the
+//! restart), the daemon's peak resident memory, and the simulator's own cost a node. A run
+//! shorter than the told interval (200 to 300 s at 10,000 nodes) has no told beats to time.
 //!
-//! `cargo bench -p pushleft-nodesim --bench scale` (`-- --nodes 100,1000 --seconds 90`; build
+//! `cargo bench -p pushleft-nodesim --bench scale` (`-- --nodes 100,1000 --seconds 90
+//! --ledger sqlite,postgres`; build
 //! `pl-nodesim` first: `cargo build --release -p pushleft-nodesim`). Needs
 //! `prlimit` (util-linux) and an open-file limit of at least twice the largest fleet. Every
-//! packet stays on loopback.
+//! packet stays on loopback. `PLBENCH_KEEP=1` keeps each run's folder (the daemon's journal, a
+//! SQLite ledger).
 
 #[path = "../../reconciler/tests/support/daemon.rs"]
 mod daemon_support;
+#[path = "../../reconciler/tests/support/postgres.rs"]
+mod postgres_support;
 #[path = "../../reconciler/tests/support/repo.rs"]
 mod repo_support;
 
@@ -51,6 +60,12 @@ fn environment(name: &str, project: &str, pool: &str) -> String {
     format!(
         "apiVersion: pushleft.dev/v1alpha1\nkind: Environment\nmetadata: {{name: {name}}}\nspec: {{project: {project}, stage: production, pool: {pool}}}\n"
     )
+}
+
+fn epoch_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// The peak resident memory of process `pid`, in MB.
@@ -103,9 +118,8 @@ impl Ledger {
     }
 }
 
-/// One fleet: (the simulator's report, the release's placement and lease time in seconds,
-/// the daemon's peak memory in MB).
-fn run(nodes: usize, seconds: u64) -> (serde_json::Value, f64, f64) {
+/// One fleet: the release, a drained node's replicas moved, a restart of the daemon.
+fn run(nodes: usize, seconds: u64, postgres: bool) -> Run {
     let dir = tempfile::Builder::new()
         .prefix("plbench-scale-")
         .tempdir_in("/var/tmp")
@@ -120,7 +134,10 @@ fn run(nodes: usize, seconds: u64) -> (serde_json::Value, f64, f64) {
     }
     repo.commit("the fleet", true);
     let s = setup(dir.path());
-    let url = format!("sqlite://{}", dir.path().join("ledger.db").display());
+    let pg = postgres.then(postgres_support::Postgres::start);
+    let url = pg
+        .as_ref()
+        .map_or_else(|| format!("sqlite://{}", dir.path().join("ledger.db").display()), |pg| pg.url());
     let (port, agent_port) = (free_port(), free_port());
     let cfg = config(
         &s,
@@ -184,6 +201,7 @@ fn run(nodes: usize, seconds: u64) -> (serde_json::Value, f64, f64) {
     }
     repo_support::git(&repo.dir, &["add", "-A"]);
     let started = Instant::now();
+    let committed_ms = epoch_ms();
     repo.commit("the release", true);
     let replicas = i64::try_from(environments * REPLICAS).expect("replicas");
     ledger.until(
@@ -193,14 +211,72 @@ fn run(nodes: usize, seconds: u64) -> (serde_json::Value, f64, f64) {
     );
     let release = started.elapsed().as_secs_f64();
     eprintln!("{nodes} nodes: {environments} environments, {replicas} replicas placed and leased in {release:.2} s");
+    // Where the release's time went, from the ledger's own times (ms after the commit).
+    let at = |q: &str| ledger.count(q) - committed_ms;
+    eprintln!(
+        "{nodes} nodes: the release's revision seen at +{} ms; its first job made at +{}, its first replica's job at +{}, the last at +{}; the last replica's job leased by +{} ms",
+        at("SELECT MAX(seen_at) FROM revisions"),
+        at(&format!("SELECT MIN(created_at) FROM jobs WHERE created_at >= {committed_ms}")),
+        at("SELECT MIN(created_at) FROM jobs WHERE task LIKE '%ensure-application%'"),
+        at("SELECT MAX(created_at) FROM jobs WHERE task LIKE '%ensure-application%'"),
+        at("SELECT MAX(updated_at) FROM jobs WHERE task LIKE '%ensure-application%' AND state <> 'queued'"),
+    );
+    // A node drained in Git: its replicas placed elsewhere and their jobs leased (the same
+    // re-placement a lost node gets, reached by a commit instead of five minutes of silence).
+    let leased = "SELECT COUNT(*) FROM jobs WHERE task LIKE '%ensure-application%' AND state <> 'queued'";
+    let before = ledger.count(leased);
+    let moving = ledger.count(
+        "SELECT COUNT(*) FROM jobs WHERE task LIKE '%ensure-application%' AND target_node = 'sim-00001'",
+    );
+    repo.write(
+        "pools/p000.yaml",
+        &pool(0, 1, POOL_NODES.min(nodes)).replace("{name: sim-00001,", "{name: sim-00001, state: draining,"),
+    );
+    let started = Instant::now();
+    repo.commit("drain sim-00001", true);
+    ledger.until(leased, before + moving, Duration::from_secs(120));
+    let drained = started.elapsed().as_secs_f64();
+    eprintln!("{nodes} nodes: {moving} replicas of a drained node placed elsewhere and leased in {drained:.2} s");
+    // The control plane killed and started again with every node attached: none may be shown
+    // unhealthy or lost (the simulator's observer counts them).
+    let mut peak = peak_mb(d.child.id());
+    d.kill9();
+    let started = Instant::now();
+    d = Daemon::start_with(&s, &cfg, port, Some(20_000));
+    d.wait_ready(Duration::from_secs(120));
+    let restart = started.elapsed().as_secs_f64();
+    eprintln!("{nodes} nodes: the daemon killed and ready again in {restart:.2} s");
     let done = sim.wait().expect("pl-nodesim");
     let log = std::fs::read_to_string(dir.path().join("nodesim.log")).unwrap_or_default();
     eprint!("{log}");
     assert!(done.success(), "pl-nodesim failed");
-    let daemon_mb = peak_mb(d.child.id());
+    peak = peak.max(peak_mb(d.child.id()));
     d.kill9();
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).expect("report")).expect("json");
-    (v, release, daemon_mb)
+    if std::env::var_os("PLBENCH_KEEP").is_some() {
+        // The daemon's journal and the ledger, kept to read where the time went.
+        eprintln!("{nodes} nodes: kept {}", dir.keep().display());
+    }
+    Run {
+        report: v,
+        release,
+        drained: (moving, drained),
+        restart,
+        daemon_mb: peak,
+    }
+}
+
+/// What one fleet's run measured besides the simulator's report.
+struct Run {
+    report: serde_json::Value,
+    /// The release placed and leased, in seconds.
+    release: f64,
+    /// Replicas moved off the drained node, and how long until they were leased elsewhere.
+    drained: (i64, f64),
+    /// From the kill to the restarted daemon answering, in seconds.
+    restart: f64,
+    /// The daemon's peak resident memory in MB (the larger of its two lives).
+    daemon_mb: f64,
 }
 
 fn main() {
@@ -217,26 +293,37 @@ fn main() {
         .filter_map(|n| n.trim().parse().ok())
         .collect();
     let seconds: u64 = value("--seconds").and_then(|s| s.parse().ok()).unwrap_or(90);
+    let ledgers: Vec<String> = value("--ledger")
+        .unwrap_or_else(|| "sqlite".to_owned())
+        .split(',')
+        .map(|l| l.trim().to_owned())
+        .collect();
     println!(
-        "| nodes | enrol s | release placed and leased s | heartbeat p50 / p99 ms | beats/s | lease p99 ms | complete p99 ms | refusals | transport errors | marked while beating | largest peer set | daemon peak MB | sim KB a node | sim CPU ms a node-second |"
+        "| ledger | nodes | enrol s | release placed and leased s | drained node's replicas leased elsewhere s | restart s | first beat p99 ms | heartbeat p50 / p99 ms | beats/s | lease p99 ms | complete p99 ms | refusals | transport errors | marked while beating | largest peer set | daemon peak MB | sim KB a node | sim CPU ms a node-second |"
     );
-    println!("|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for n in sizes {
-        let (r, release, daemon_mb) = run(n, seconds);
+    println!("|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (ledger, n) in ledgers.iter().flat_map(|l| sizes.iter().map(move |n| (l, *n))) {
+        let run = run(n, seconds, ledger == "postgres");
+        let r = &run.report;
         let c = |call: &str, f: &str| r["calls"][call][f].as_f64().unwrap_or(0.0);
         println!(
-            "| {n} | {:.1} | {release:.2} | {:.1} / {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {} | {:.0} | {:.0} | {:.3} |",
+            "| {ledger} | {n} | {:.1} | {:.2} | {:.2} ({}) | {:.1} | {:.1} | {:.1} / {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {} | {:.0} | {:.0} | {:.3} |",
             r["enrolSeconds"].as_f64().unwrap_or(0.0),
+            run.release,
+            run.drained.1,
+            run.drained.0,
+            run.restart,
+            c("firstBeat", "p99Ms"),
             c("heartbeat", "p50Ms"),
             c("heartbeat", "p99Ms"),
-            c("heartbeat", "perSecond"),
+            c("heartbeat", "perSecond") + c("firstBeat", "perSecond"),
             c("lease", "p99Ms"),
             c("complete", "p99Ms"),
             r["refusals"],
             r["transportErrors"],
             r["markedWhileBeating"],
             r["largestPeerSet"],
-            daemon_mb,
+            run.daemon_mb,
             r["cost"]["rssBytesPerNode"].as_f64().unwrap_or(0.0) / 1000.0,
             r["cost"]["cpuMsPerNodeSecond"].as_f64().unwrap_or(0.0),
         );

@@ -2,7 +2,8 @@
 //! its own mutual-TLS identity. It beats at the interval the control plane tells (or its own,
 //! when longer), reporting the replicas it "runs"; between beats it long-polls for work, and
 //! completes each job after `task_ms`, failing `fail_percent` of them (retryable). Its first
-//! beat comes at a random moment within its own interval, as a fleet's would.
+//! beat comes at a random moment within its own interval, as a fleet's would, and is timed
+//! apart (`firstBeat`) from the beats at the intervals the control plane told.
 
 use crate::stats::{Call, Stats};
 use agent_proto::{FULL_CAPABILITIES, Heartbeat, Outcome, RunningInstance, Task};
@@ -100,6 +101,10 @@ fn note(stats: &Stats, e: &ClientError) {
     }
 }
 
+/// The agent's wait after a failed lease (`agent/src/lease_loop.rs`), and its most.
+const LEASE_BACKOFF_FIRST: Duration = Duration::from_millis(500);
+const LEASE_BACKOFF_MOST: Duration = Duration::from_secs(30);
+
 /// Runs the node until `until`.
 pub fn run(client: &AgentClient, who: &Identity<'_>, how: Behaviour, stats: &Stats, beating: &Beating, until: Instant) {
     let mut running: Vec<RunningInstance> = Vec::new();
@@ -108,6 +113,8 @@ pub fn run(client: &AgentClient, who: &Identity<'_>, how: Behaviour, stats: &Sta
     let mut interval = how.every;
     let mut mesh = how.mesh.then(Mesh::new);
     let mut more_work = false;
+    let mut told_once = false;
+    let mut backoff = LEASE_BACKOFF_FIRST;
     while Instant::now() < until {
         let now = Instant::now();
         if let (Some(at), Some(every)) = (next_renewal, how.renew_every)
@@ -128,7 +135,9 @@ pub fn run(client: &AgentClient, who: &Identity<'_>, how: Behaviour, stats: &Sta
             let started = Instant::now();
             match client.heartbeat(&hb) {
                 Ok(reply) => {
-                    stats.record(Call::Heartbeat, started.elapsed());
+                    let call = if told_once { Call::Heartbeat } else { Call::FirstBeat };
+                    stats.record(call, started.elapsed());
+                    told_once = true;
                     if let Some(m) = mesh.as_mut() {
                         m.apply(reply.mesh.clone(), stats);
                     }
@@ -158,10 +167,19 @@ pub fn run(client: &AgentClient, who: &Identity<'_>, how: Behaviour, stats: &Sta
         };
         let started = Instant::now();
         let leased = match client.lease_holding(8, wait, mesh.as_ref().map(|m| m.applied)) {
-            Ok(l) => l,
+            Ok(l) => {
+                backoff = LEASE_BACKOFF_FIRST;
+                l
+            }
             Err(e) => {
+                // As the agent's lease loop does: a refused or failed lease is asked again
+                // after 0.5 s doubling to 30 s (a draining node is refused new work).
                 note(stats, &e);
-                std::thread::sleep(Duration::from_secs(1).min(wait));
+                more_work = false;
+                // (The agent beats on a task of its own: here the wait ends at the next beat.)
+                let left = next_beat.min(until).saturating_duration_since(Instant::now());
+                std::thread::sleep(backoff.min(left));
+                backoff = (backoff * 2).min(LEASE_BACKOFF_MOST);
                 continue;
             }
         };

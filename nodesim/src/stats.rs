@@ -12,6 +12,10 @@ use std::time::Duration;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Call {
     Enrol,
+    /// A node's first heartbeat of the run, sent before the control plane told it an
+    /// interval: the join wave of a fleet starting at once, kept apart from the beats at the
+    /// told intervals.
+    FirstBeat,
     Heartbeat,
     /// A lease that asked without waiting (after work; a long poll waits by design and is
     /// only counted): its round trip.
@@ -25,6 +29,7 @@ impl Call {
     fn name(self) -> &'static str {
         match self {
             Call::Enrol => "enrol",
+            Call::FirstBeat => "firstBeat",
             Call::Heartbeat => "heartbeat",
             Call::Lease => "lease",
             Call::Complete => "complete",
