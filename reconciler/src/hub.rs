@@ -4,6 +4,8 @@
 //! operator API. Each layer's state holds an `Arc<Hub>`, so no layer imports another's state:
 //! the composition root (`main.rs`) makes one and hands it to all.
 
+pub mod wakes;
+
 use crate::store::views::Counts;
 use crate::store::{Ledger, now_ms};
 use state_schema::model::NodePool;
@@ -48,11 +50,11 @@ pub struct Hub {
     pub fetch_hint: Notify,
     /// Wakes the event watcher after this daemon wrote.
     pub wrote: Notify,
-    /// Wakes agents' long-polling leases after this daemon queued jobs.
+    /// Says this daemon queued jobs: `ops::lease_wakes` looks which nodes have work due.
     pub jobs: Notify,
-    /// Wakes agents' long-polling leases after this daemon changed node meshes: each looks
-    /// whether its own is newer than what its agent holds.
-    pub mesh: Notify,
+    /// Wakes agents' long-polling leases one node at a time: the nodes with work due
+    /// (`ops::lease_wakes`), and those whose mesh this daemon changed.
+    pub nodes: wakes::NodeWakes,
     /// Wakes the loop for the ledger-only part of a pass (`settle`): agents completed jobs.
     pub settle_hint: Notify,
     /// The newest event id, published by the event watcher to every stream.
@@ -167,7 +169,7 @@ impl Default for Hub {
             fetch_hint: Notify::new(),
             wrote: Notify::new(),
             jobs: Notify::new(),
-            mesh: Notify::new(),
+            nodes: wakes::NodeWakes::default(),
             settle_hint: Notify::new(),
             events_tip: tokio::sync::watch::Sender::new(0),
             counts: Mutex::new(None),

@@ -300,21 +300,16 @@ async fn lease_jobs_now(s: &Agents, node: &str, req: &LeaseRequest) -> Result<Le
     let max = req.max.clamp(1, MAX_LEASE_BATCH);
     let wait = Duration::from_millis(req.wait_ms.min(MAX_LEASE_WAIT_MS));
     let started = Instant::now();
-    // Between wake-ups (this daemon wrote jobs), the queue is looked at again after 50 ms,
-    // then less and less often, up to every second: a node that just reported likely waits
-    // for its next step, while an idle fleet's long polls cost a read a second each instead
-    // of twenty. What is not notified here (another daemon's writes, a retry coming due)
-    // is seen within a second.
-    let mut recheck = Duration::from_millis(50);
-    // The node's mesh, when its agent holds an older one: looked at first, then whenever this
-    // daemon changed meshes (one read each), and it ends the wait like a job would.
+    // Registered before the first look: the node's lease is woken when work for it is due
+    // (`ops::lease_wakes`: one look for the fleet, within a second of any write, at once
+    // after this daemon's) or its mesh changed; nothing else reads its queue while it waits.
+    let mut woken = s.hub.nodes.wait_for(node);
+    // The node's mesh, when its agent holds an older one: looked at first, then after each
+    // wake-up (one read each), and it ends the wait like a job would.
     let held = req.mesh_applied.map(|g| i64::try_from(g).unwrap_or(i64::MAX));
-    let mut mesh_changed = held.is_some();
     let mut mesh = None;
     loop {
-        let woken = s.hub.jobs.notified();
-        let meshed = s.hub.mesh.notified();
-        if let (Some(held), true) = (held, std::mem::take(&mut mesh_changed)) {
+        if let Some(held) = held {
             mesh = s
                 .ledger
                 .nodes()
@@ -345,11 +340,9 @@ async fn lease_jobs_now(s: &Agents, node: &str, req: &LeaseRequest) -> Result<Le
         }
         let left = wait.saturating_sub(started.elapsed());
         tokio::select! {
-            _ = woken => {}
-            _ = meshed => mesh_changed = true,
-            _ = tokio::time::sleep(left.min(recheck)) => {}
+            () = woken.woken() => {}
+            () = tokio::time::sleep(left) => {}
         }
-        recheck = (recheck * 2).min(Duration::from_secs(1));
     }
 }
 

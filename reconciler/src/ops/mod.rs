@@ -16,6 +16,7 @@ pub mod domains;
 pub mod group;
 pub mod images;
 pub mod indicators;
+pub mod lease_wakes;
 pub mod nodes;
 pub mod plans;
 pub mod provenance;

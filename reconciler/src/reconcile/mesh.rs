@@ -259,7 +259,7 @@ pub async fn refresh(
     retired: &[String],
     declared: &BTreeMap<String, std::net::IpAddr>,
     now_ms: i64,
-) -> Result<usize, LedgerError> {
+) -> Result<Vec<String>, LedgerError> {
     let keys = ledger.nodes().mesh_keys().await?;
     let port = |k: &crate::store::mesh::KeyRow| {
         k.mesh_port
@@ -325,7 +325,7 @@ pub async fn refresh(
                     "mesh-subnet-conflict".to_owned(),
                     node.clone(),
                     format!(
-                        "{} is held by more than one environment this node routes (given before subnets were unique across the fleet): left out of its mesh until one is torn down",
+                        "{} is held by more than one environment this node routes (given before their pools overlapped): left out of its mesh until one is torn down",
                         crate::store::rows::subnet(*idx)
                     ),
                 ),
@@ -338,7 +338,7 @@ pub async fn refresh(
             .collect()
     };
     ledger.nodes().write_meshes(&changed, &events, now_ms).await?;
-    Ok(changed.len())
+    Ok(changed.into_iter().map(|(node, _, _)| node).collect())
 }
 
 impl super::Reconciler {
@@ -354,11 +354,11 @@ impl super::Reconciler {
             let (retired, addresses) = (declared::retired(pools), declared::addresses(pools));
             let signature = format!("{signature}/{}/{addresses:?}", retired.join(","));
             if signature != seen {
-                let meshes = refresh(&self.ledger, &retired, &addresses, now_ms()).await?;
-                if meshes > 0 {
-                    tracing::info!(nodes = meshes, "node meshes changed");
+                let changed = refresh(&self.ledger, &retired, &addresses, now_ms()).await?;
+                if !changed.is_empty() {
+                    tracing::info!(nodes = changed.len(), "node meshes changed");
                     // Their agents' long polls take them now, not at their next heartbeat.
-                    self.hub.mesh.notify_waiters();
+                    self.hub.nodes.wake(&changed);
                 }
                 if let Ok(mut s) = self.mesh_seen.lock() {
                     *s = signature;

@@ -70,6 +70,17 @@ impl crate::store::Jobs<'_> {
         Ok(query.bind(now_ms).fetch_optional(&self.pool).await?.is_some())
     }
 
+    /// Every node a lease would hand something now: one with a due job, or whose lease ran
+    /// out (its job is leased again). One statement for the whole fleet: what wakes the
+    /// waiting leases of those nodes only (`ops::lease_wakes`).
+    pub async fn nodes_with_work(&self, now_ms: i64) -> Result<Vec<String>, LedgerError> {
+        Ok(sqlx::query_scalar(self.sql(NODES_WITH_WORK))
+            .bind(now_ms)
+            .bind(now_ms)
+            .fetch_all(&self.pool)
+            .await?)
+    }
+
     /// Leases up to `max` jobs of `node` that are due. All of them share one lease token; each
     /// job's fencing token is newer than any handed out for it before.
     pub async fn lease(&self, node: &str, max: u32, ttl_ms: i64, now_ms: i64) -> Result<Vec<Lease>, LedgerError> {
@@ -286,6 +297,10 @@ const REMOVALS: &str =
 /// value and so prepares the statement afresh every time it is bound again (the hottest
 /// statement of the agent API, parsed and planned per node per group). The agent API clamps
 /// `max` to `MAX_LEASE_BATCH`, so there are a few such statements.
+/// [`crate::store::Jobs::nodes_with_work`]'s statement.
+const NODES_WITH_WORK: &str = "SELECT target_node FROM jobs WHERE state = 'queued' AND held = 0 AND not_before <= ? \
+     UNION SELECT target_node FROM jobs WHERE state = 'leased' AND lease_expires_at < ?";
+
 pub(crate) fn lease_statement(backend: Backend, removals_only: bool, max: u32) -> String {
     let lock = if backend == Backend::Postgres {
         " FOR UPDATE SKIP LOCKED"
@@ -339,6 +354,14 @@ mod tests {
         let steps = plan(&ledger, super::super::rollouts::ADVANCEABLE).await;
         assert!(steps.iter().any(|s| s.contains("jobs_by_step")), "{steps:?}");
         assert!(!whole_table(&steps), "{steps:?}");
+        // The lease wakes' look over the fleet: only the open jobs' partial indexes.
+        let steps = plan(&ledger, NODES_WITH_WORK).await;
+        assert!(steps.iter().any(|s| s.contains("jobs_queued")), "{steps:?}");
+        assert!(steps.iter().any(|s| s.contains("jobs_leased")), "{steps:?}");
+        assert!(
+            steps.iter().all(|s| !s.starts_with("SCAN jobs") || s.contains("USING")),
+            "{steps:?}"
+        );
         // After every settle: the paused steps through their partial index, not every row.
         let steps = plan(&ledger, super::super::rollouts::NEXT_STEP_DUE).await;
         assert!(steps.iter().any(|s| s.contains("deployments_paused")), "{steps:?}");

@@ -239,18 +239,31 @@ impl crate::store::Nodes<'_> {
         now_ms: i64,
     ) -> Result<Option<(i64, String)>, LedgerError> {
         let applied = i64::try_from(applied).unwrap_or(i64::MAX);
-        sqlx::query(self.sql(
-            "UPDATE node_meshes SET applied_at = CASE WHEN applied = ? THEN applied_at ELSE ? END, \
-             applied = ?, links = ? WHERE node = ?",
+        // One read; a write only when the node says something new (most beats say the same).
+        let row: Option<(i64, Option<String>, i64, Option<String>)> = sqlx::query_as(self.sql(
+            "SELECT applied, links, generation, CASE WHEN generation > ? THEN spec END FROM node_meshes WHERE node = ?",
         ))
         .bind(applied)
-        .bind(now_ms)
-        .bind(applied)
-        .bind(links)
         .bind(node)
-        .execute(&self.pool)
+        .fetch_optional(&self.pool)
         .await?;
-        self.mesh_newer(node, applied).await
+        let Some((was_applied, was_links, generation, newer)) = row else {
+            return Ok(None);
+        };
+        if was_applied != applied || was_links.as_deref() != Some(links) {
+            sqlx::query(self.sql(
+                "UPDATE node_meshes SET applied_at = CASE WHEN applied = ? THEN applied_at ELSE ? END, \
+                 applied = ?, links = ? WHERE node = ?",
+            ))
+            .bind(applied)
+            .bind(now_ms)
+            .bind(applied)
+            .bind(links)
+            .bind(node)
+            .execute(&self.pool)
+            .await?;
+        }
+        Ok(newer.map(|spec| (generation, spec)))
     }
 
     /// A node's mesh when its generation is above `held`: (generation, spec).
