@@ -105,21 +105,35 @@ pub fn plan(nodes: &[MeshNode], placed: &[Placed]) -> (BTreeMap<String, NodeMesh
             .or_default()
             .insert(p.environment.as_str(), p.idx);
     }
+    // environment -> its keyed nodes and their subnets: a node's peers are found through its
+    // own environments only, so the work grows with the environments' sizes squared, not
+    // with the fleet's (ten thousand nodes are not 10^8 pairs to look at).
+    let mut members: BTreeMap<&str, Vec<(&str, i64)>> = BTreeMap::new();
+    for (node, envs) in &on {
+        if keyed.contains_key(node) {
+            for (env, idx) in envs {
+                members.entry(env).or_default().push((node, *idx));
+            }
+        }
+    }
     let empty = BTreeMap::new();
     let mut out = BTreeMap::new();
     let mut problems = BTreeSet::new();
     for (name, me) in &keyed {
+        let name: &str = name;
         let mine = on.get(name).unwrap_or(&empty);
+        // Each peer's subnets of the shared environments, in the environments' order.
+        let mut sharing: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
+        for env in mine.keys() {
+            for (other, idx) in members.get(env).map_or(&[][..], Vec::as_slice) {
+                if *other != name {
+                    sharing.entry(other).or_default().push(*idx);
+                }
+            }
+        }
         let mut peers = Vec::new();
-        for (other, them) in &keyed {
-            if other == name {
-                continue;
-            }
-            let theirs = on.get(other).unwrap_or(&empty);
-            let subnets: Vec<i64> = mine.keys().filter_map(|e| theirs.get(e).copied()).collect();
-            if subnets.is_empty() {
-                continue;
-            }
+        for (other, subnets) in sharing {
+            let Some(them) = keyed.get(other) else { continue };
             if me.endpoint.is_none() && them.endpoint.is_none() {
                 let (a, b) = if name < other { (name, other) } else { (other, name) };
                 problems.insert(Problem::Unreachable {
@@ -128,7 +142,7 @@ pub fn plan(nodes: &[MeshNode], placed: &[Placed]) -> (BTreeMap<String, NodeMesh
                 });
             }
             peers.push(Peer {
-                node: (*other).to_owned(),
+                node: other.to_owned(),
                 key: them.key.clone().unwrap_or_default(),
                 endpoint: them.endpoint.clone(),
                 subnets,
