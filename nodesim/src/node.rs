@@ -1,12 +1,14 @@
 //! One simulated node: a thread with the agent's own client (`pushleft_agent::client`), over
 //! its own mutual-TLS identity. It beats at the interval the control plane tells (or its own,
-//! when longer), reporting the replicas it "runs"; between beats it long-polls for work, and
-//! completes each job after `task_ms`, failing `fail_percent` of them (retryable). Its first
+//! when longer), reporting the replicas it "runs"; between beats it long-polls for work, runs
+//! each leased batch for `task_ms` a job of its busiest environment (the agent runs
+//! environments side by side), failing `fail_percent` of them (retryable), and reports the
+//! ends with its next lease, as the agent's lease loop does. Its first
 //! beat comes at a random moment within its own interval, as a fleet's would, and is timed
 //! apart (`firstBeat`) from the beats at the intervals the control plane told.
 
 use crate::stats::{Call, Stats};
-use agent_proto::{FULL_CAPABILITIES, Heartbeat, Outcome, RunningInstance, Task};
+use agent_proto::{CompleteRequest, FULL_CAPABILITIES, Heartbeat, Outcome, RunningInstance, Task};
 use pushleft_agent::client::{AgentClient, ClientError};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -112,7 +114,7 @@ pub fn run(client: &AgentClient, who: &Identity<'_>, how: Behaviour, stats: &Sta
     let mut next_renewal = how.renew_every.map(|e| Instant::now() + e.mul_f64(fraction()));
     let mut interval = how.every;
     let mut mesh = how.mesh.then(Mesh::new);
-    let mut more_work = false;
+    let mut ends: Vec<CompleteRequest> = Vec::new();
     let mut told_once = false;
     let mut backoff = LEASE_BACKOFF_FIRST;
     while Instant::now() < until {
@@ -153,29 +155,44 @@ pub fn run(client: &AgentClient, who: &Identity<'_>, how: Behaviour, stats: &Sta
             }
             next_beat = Instant::now() + interval;
         }
-        // After work, the next lease asks without waiting (as the agent's loop asks for more
-        // with its completions): a round trip, timed. Otherwise it long-polls until the next
-        // beat: its time is the wait, so it is counted, not timed.
-        let wait = if more_work {
-            Duration::ZERO
-        } else {
+        // As the agent's lease loop does: with ends to report, they go with the next lease,
+        // which asks without waiting (timed: the lease round trip); otherwise a long poll
+        // until the next beat, whose time is the wait (counted, not timed).
+        let wait = if ends.is_empty() {
             next_beat
                 .min(next_renewal.unwrap_or(until))
                 .min(until)
                 .saturating_duration_since(Instant::now())
                 .min(how.lease_wait)
+        } else {
+            Duration::ZERO
         };
         let started = Instant::now();
-        let leased = match client.lease_holding(8, wait, mesh.as_ref().map(|m| m.applied)) {
+        let held = mesh.as_ref().map(|m| m.applied);
+        let answer = if ends.is_empty() {
+            client.lease_holding(8, wait, held)
+        } else {
+            match client.report_and_lease(std::mem::take(&mut ends), 8, wait, held) {
+                Ok((results, lease)) => {
+                    stats.record(Call::Lease, started.elapsed());
+                    for refusal in results.into_iter().flatten() {
+                        stats.refused(refusal.code.code());
+                    }
+                    lease
+                }
+                Err(e) => Err(e),
+            }
+        };
+        let leased = match answer {
             Ok(l) => {
                 backoff = LEASE_BACKOFF_FIRST;
                 l
             }
             Err(e) => {
-                // As the agent's lease loop does: a refused or failed lease is asked again
-                // after 0.5 s doubling to 30 s (a draining node is refused new work).
+                // A refused or failed lease is asked again after 0.5 s doubling to 30 s (a
+                // draining node is refused new work); ends whose report failed are lost, and
+                // their leases run out, as a crashed agent's would.
                 note(stats, &e);
-                more_work = false;
                 // (The agent beats on a task of its own: here the wait ends at the next beat.)
                 let left = next_beat.min(until).saturating_duration_since(Instant::now());
                 std::thread::sleep(backoff.min(left));
@@ -186,28 +203,29 @@ pub fn run(client: &AgentClient, who: &Identity<'_>, how: Behaviour, stats: &Sta
         if let Some(m) = mesh.as_mut() {
             m.apply(leased.mesh, stats);
         }
-        if wait.is_zero() {
-            stats.record(Call::Lease, started.elapsed());
-        }
-        more_work = !leased.jobs.is_empty();
         if leased.jobs.is_empty() {
             stats.empty_lease();
             continue;
         }
+        // The agent runs each environment's jobs in order and environments side by side: the
+        // batch takes `task` times the most jobs one environment has in it.
+        let mut per_env: std::collections::HashMap<&str, u32> = std::collections::HashMap::new();
+        for job in &leased.jobs {
+            *per_env.entry(job.task.environment()).or_default() += 1;
+        }
+        std::thread::sleep(how.task * per_env.values().copied().max().unwrap_or(1));
         for job in leased.jobs {
-            std::thread::sleep(how.task);
             let fails = fraction() * 100.0 < f64::from(how.fail_percent);
-            let outcome = if fails { Outcome::Retryable } else { Outcome::Succeeded };
-            let started = Instant::now();
-            match client.complete(&job.proof, outcome, "simulated") {
-                Ok(()) => {
-                    stats.record(Call::Complete, started.elapsed());
-                    if !fails {
-                        ran(&mut running, &job.task);
-                    }
-                }
-                Err(e) => note(stats, &e),
+            if !fails {
+                ran(&mut running, &job.task);
             }
+            ends.push(CompleteRequest {
+                proof: job.proof,
+                outcome: if fails { Outcome::Retryable } else { Outcome::Succeeded },
+                detail: "simulated".to_owned(),
+                backup: None,
+                measured: None,
+            });
         }
     }
 }

@@ -17,10 +17,10 @@ pub enum Call {
     /// told intervals.
     FirstBeat,
     Heartbeat,
-    /// A lease that asked without waiting (after work; a long poll waits by design and is
-    /// only counted): its round trip.
+    /// A lease that asked without waiting, with the ends of the jobs before it (the agent's
+    /// report and next lease, one request; a long poll waits by design and is only counted):
+    /// its round trip.
     Lease,
-    Complete,
     /// A certificate renewal (a new key, the control plane's certificate, the client switched).
     Renew,
 }
@@ -32,7 +32,6 @@ impl Call {
             Call::FirstBeat => "firstBeat",
             Call::Heartbeat => "heartbeat",
             Call::Lease => "lease",
-            Call::Complete => "complete",
             Call::Renew => "renew",
         }
     }
