@@ -6,9 +6,10 @@
 //! its own (`EnsureApplication { repair: n }`, key `…:ensure#r<n>`). Its success is recorded as
 //! a `drift-repaired` event (in `Ledger::complete`).
 //!
-//! A report counts only when it is fresh (the node was heard from within [`FRESH_MS`]) and
-//! came after the replica's last job ended (by [`SETTLE_MS`]), so a heartbeat sent before a
-//! replica started never reads as the replica missing. At most [`MAX_REPAIRS`] repairs per
+//! A report counts only when it is fresh (the node was heard from within [`FRESH_MS`]), came
+//! after its rollout last changed and after the replica's last job ended (each by
+//! [`SETTLE_MS`]), so a heartbeat sent before a replica started never reads as the replica
+//! missing. At most [`MAX_REPAIRS`] repairs per
 //! replica and generation: an application that removes itself is not restarted forever.
 
 use crate::store::rows::{self, Placed};
@@ -167,6 +168,13 @@ impl Ledger {
                     let Some((seen, running)) = reports.get(i.node.as_str()) else {
                         continue;
                     };
+                    // A report from before the rollout last changed says nothing of it: every
+                    // replica it placed would read as missing (at 10,000 nodes most reports
+                    // are minutes old), each a ledger read, every pass. The node's next
+                    // report, or the next full check, looks again.
+                    if *seen < r.updated_at + SETTLE_MS {
+                        continue;
+                    }
                     let here = (r.environment.clone(), i.role.to_string(), i.index, generation);
                     if !running.contains(&here) {
                         missing.push((

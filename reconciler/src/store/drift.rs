@@ -23,6 +23,8 @@ pub(crate) struct Finished {
     pub environment: String,
     pub generation: i64,
     pub spec: String,
+    /// When the rollout last changed (it finished, or a scale at its generation did).
+    pub updated_at: i64,
 }
 
 /// A job that asked for a replica (its first ask or a repair).
@@ -57,7 +59,7 @@ impl crate::store::Jobs<'_> {
     pub(crate) async fn each_finished_rollout(&self, mut each: impl FnMut(Finished)) -> Result<(), LedgerError> {
         let mut rows =
             sqlx::query_as::<_, Finished>(self.sql(
-                "SELECT environment, generation, spec FROM deployments WHERE action = 'rollout' AND status = 'done'",
+                "SELECT environment, generation, spec, updated_at FROM deployments WHERE action = 'rollout' AND status = 'done'",
             ))
             .fetch(&self.pool);
         while let Some(r) = futures_util::TryStreamExt::try_next(&mut rows).await? {
