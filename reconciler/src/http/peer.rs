@@ -22,12 +22,21 @@ pub const CERTIFICATE_CACHE_MS: u64 = 5_000;
 pub struct Peers {
     ledger: Arc<Ledger>,
     hub: Arc<Hub>,
-    /// Admitted certificates: fingerprint → (node, not after, when admitted).
-    certificates: std::sync::Mutex<std::collections::HashMap<String, (String, i64, Instant)>>,
+    /// Admitted certificates.
+    certificates: std::sync::Mutex<Admitted>,
     /// The revocations seen when the cache was last emptied.
     revocations: AtomicU64,
     /// Set when the control plane re-admits nodes it does not know (`control.readmit_nodes`).
     readmission: Option<Readmission>,
+}
+
+/// Admitted certificates: fingerprint → (node, not after, when admitted), and each node's
+/// fingerprint there (so admitting one finds the node's other certificate without a walk over
+/// every node's).
+#[derive(Default)]
+struct Admitted {
+    by_fingerprint: std::collections::HashMap<String, (String, i64, Instant)>,
+    by_node: std::collections::HashMap<String, String>,
 }
 
 impl Peers {
@@ -46,21 +55,27 @@ impl Peers {
         if self.revocations.swap(revocations, Ordering::Relaxed) != revocations
             && let Ok(mut c) = self.certificates.lock()
         {
-            c.clear();
+            *c = Admitted::default();
         }
         let c = self.certificates.lock().ok()?;
-        let (node, not_after, at) = c.get(fingerprint)?;
+        let (node, not_after, at) = c.by_fingerprint.get(fingerprint)?;
         (*not_after > now_ms && at.elapsed() < Duration::from_millis(CERTIFICATE_CACHE_MS)).then(|| node.clone())
     }
 
     fn admit(&self, fingerprint: &str, node: &str, not_after: i64) {
         if let Ok(mut c) = self.certificates.lock() {
             // A node's new certificate, on its first use, revokes the one it renewed.
-            c.retain(|f, (n, _, _)| n != node || f == fingerprint);
-            if c.len() > 100_000 {
-                c.clear();
+            if let Some(old) = c.by_node.insert(node.to_owned(), fingerprint.to_owned())
+                && old != fingerprint
+            {
+                c.by_fingerprint.remove(&old);
             }
-            c.insert(fingerprint.to_owned(), (node.to_owned(), not_after, Instant::now()));
+            if c.by_fingerprint.len() > 100_000 {
+                *c = Admitted::default();
+                c.by_node.insert(node.to_owned(), fingerprint.to_owned());
+            }
+            c.by_fingerprint
+                .insert(fingerprint.to_owned(), (node.to_owned(), not_after, Instant::now()));
         }
     }
 

@@ -18,6 +18,11 @@ pub async fn applied_pools(
     Ok(crate::hub::node_pools(&ledger.nodes().pool_documents(branch).await?))
 }
 
+/// The hashes of `branch`'s applied pools: equal hashes, the same pools.
+pub async fn pools_signature(ledger: &Ledger, branch: &str) -> Result<Vec<String>, LedgerError> {
+    ledger.nodes().pool_hashes(branch).await
+}
+
 /// Every node `branch`'s accepted state declares, by name, with what the control plane saw
 /// of it (its lifecycle state: `declared::lifecycle`, after `lost_after_ms` of silence lost)
 /// and what its replicas reserve in the fleet placement sees now
