@@ -255,11 +255,16 @@ pub async fn serve(
                     fingerprint: agent_proto::cert_fingerprint(c.as_ref()),
                     der: Arc::from(c.as_ref()),
                 });
-            let app = app
-                .layer(axum::Extension(peer_cert))
-                .layer(axum::Extension(PeerAddr(peer)));
+            // Each request gets the peer's certificate and address as extensions. Not as
+            // layers on the router: `Router::layer` rebuilds every route, an allocation per
+            // route per connection, which ten thousand agents' connections each kept.
             let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-            let service = hyper_util::service::TowerToHyperService::new(app);
+            let app = hyper_util::service::TowerToHyperService::new(app);
+            let service = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(peer_cert.clone());
+                req.extensions_mut().insert(PeerAddr(peer));
+                hyper::service::Service::call(&app, req)
+            });
             let io = hyper_util::rt::TokioIo::new(tls);
             let ended = if h2 {
                 serve_h2(io, service).await
