@@ -13,7 +13,8 @@
 //! shorter than the told interval (200 to 300 s at 10,000 nodes) has no told beats to time.
 //!
 //! `cargo bench -p pushleft-nodesim --bench scale` (`-- --nodes 100,1000 --seconds 90
-//! --ledger sqlite,postgres`; build
+//! --ledger sqlite,postgres,ha`: `ha` is a pair of replicas on one PostgreSQL, both serving
+//! agents, the nodes spread over them, the leader killed instead of restarted; build
 //! `pl-nodesim` first: `cargo build --release -p pushleft-nodesim`). Needs
 //! `prlimit` (util-linux) and an open-file limit of at least twice the largest fleet. Every
 //! packet stays on loopback. `PLBENCH_KEEP=1` keeps each run's folder (the daemon's journal, a
@@ -119,7 +120,8 @@ impl Ledger {
 }
 
 /// One fleet: the release, a drained node's replicas moved, a restart of the daemon.
-fn run(nodes: usize, seconds: u64, postgres: bool) -> Run {
+fn run(nodes: usize, seconds: u64, ledger_kind: &str) -> Run {
+    let (postgres, ha) = (ledger_kind != "sqlite", ledger_kind == "ha");
     let dir = tempfile::Builder::new()
         .prefix("plbench-scale-")
         .tempdir_in("/var/tmp")
@@ -152,6 +154,25 @@ fn run(nodes: usize, seconds: u64, postgres: bool) -> Run {
     );
     let mut d = Daemon::start_with(&s, &cfg, port, Some(20_000));
     d.wait_ready(Duration::from_secs(60));
+    // The pair: a second replica on the same PostgreSQL, serving agents too; the simulator's
+    // nodes start on each in turn. The first leads.
+    let mut pair = ha.then(|| {
+        let (port2, agent_port2) = (free_port(), free_port());
+        let cfg2 = config(
+            &s,
+            "d2",
+            &repo.dir,
+            &url,
+            port2,
+            &format!(
+                "{CONTROL_CA}\n[agent_api]\nlisten = \"127.0.0.1:{agent_port2}\"\nmax_connections = {}\n",
+                (2 * nodes + 100).min(19_000)
+            ),
+        );
+        let mut d2 = Daemon::start_with(&s, &cfg2, port2, Some(20_000));
+        d2.wait_ready(Duration::from_secs(60));
+        (d2, port2, agent_port2)
+    });
     let report = dir.path().join("report.json");
     let nodesim = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/pl-nodesim");
     let log = std::fs::File::create(dir.path().join("nodesim.log")).expect("log");
@@ -168,9 +189,16 @@ fn run(nodes: usize, seconds: u64, postgres: bool) -> Run {
             "600",
             "--control",
         ])
-        .arg(format!("https://localhost:{port}"))
+        // The observer asks the replica that stays up.
+        .arg(format!("https://localhost:{}", pair.as_ref().map_or(port, |p| p.1)))
         .arg("--agent-api")
         .arg(format!("https://localhost:{agent_port}"))
+        .args(
+            pair.as_ref()
+                .map(|p| ["--agent-api".to_owned(), format!("https://localhost:{}", p.2)])
+                .into_iter()
+                .flatten(),
+        )
         .arg("--ca-cert")
         .arg(dir.path().join("tls/ca.crt"))
         .arg("--dir")
@@ -237,21 +265,44 @@ fn run(nodes: usize, seconds: u64, postgres: bool) -> Run {
     ledger.until(leased, before + moving, Duration::from_secs(120));
     let drained = started.elapsed().as_secs_f64();
     eprintln!("{nodes} nodes: {moving} replicas of a drained node placed elsewhere and leased in {drained:.2} s");
-    // The control plane killed and started again with every node attached: none may be shown
-    // unhealthy or lost (the simulator's observer counts them).
+    // The control plane killed with every node attached, and started again; of a pair, the
+    // leader killed and the other taking the lead (its nodes reach for the other replica).
+    // None may be shown unhealthy or lost (the simulator's observer counts them).
     let mut peak = peak_mb(d.child.id());
     d.kill9();
     let started = Instant::now();
-    d = Daemon::start_with(&s, &cfg, port, Some(20_000));
-    d.wait_ready(Duration::from_secs(120));
-    let restart = started.elapsed().as_secs_f64();
-    eprintln!("{nodes} nodes: the daemon killed and ready again in {restart:.2} s");
+    let restart = match pair.as_mut() {
+        Some((d2, _, _)) => {
+            while !d2.is_leader(&s.operator) {
+                assert!(started.elapsed() < Duration::from_secs(120), "no failover in 120 s");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let took = started.elapsed().as_secs_f64();
+            eprintln!("{nodes} nodes: the leader killed, the other replica leading in {took:.2} s");
+            took
+        }
+        None => {
+            d = Daemon::start_with(&s, &cfg, port, Some(20_000));
+            d.wait_ready(Duration::from_secs(120));
+            let took = started.elapsed().as_secs_f64();
+            eprintln!("{nodes} nodes: the daemon killed and ready again in {took:.2} s");
+            took
+        }
+    };
     let done = sim.wait().expect("pl-nodesim");
     let log = std::fs::read_to_string(dir.path().join("nodesim.log")).unwrap_or_default();
     eprint!("{log}");
     assert!(done.success(), "pl-nodesim failed");
-    peak = peak.max(peak_mb(d.child.id()));
-    d.kill9();
+    match pair.as_mut() {
+        Some((d2, _, _)) => {
+            peak = peak.max(peak_mb(d2.child.id()));
+            d2.kill9();
+        }
+        None => {
+            peak = peak.max(peak_mb(d.child.id()));
+            d.kill9();
+        }
+    }
     let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).expect("report")).expect("json");
     if std::env::var_os("PLBENCH_KEEP").is_some() {
         // The daemon's journal and the ledger, kept to read where the time went.
@@ -273,7 +324,8 @@ struct Run {
     release: f64,
     /// Replicas moved off the drained node, and how long until they were leased elsewhere.
     drained: (i64, f64),
-    /// From the kill to the restarted daemon answering, in seconds.
+    /// From the kill to the restarted daemon answering (of a pair: to the other replica
+    /// leading), in seconds.
     restart: f64,
     /// The daemon's peak resident memory in MB (the larger of its two lives).
     daemon_mb: f64,
@@ -299,11 +351,11 @@ fn main() {
         .map(|l| l.trim().to_owned())
         .collect();
     println!(
-        "| ledger | nodes | enrol s | release placed and leased s | drained node's replicas leased elsewhere s | restart s | first beat p99 ms | heartbeat p50 / p99 ms | beats/s | lease p99 ms | refusals | transport errors | marked while beating | largest peer set | daemon peak MB | sim KB a node | sim CPU ms a node-second |"
+        "| ledger | nodes | enrol s | release placed and leased s | drained node's replicas leased elsewhere s | restart (pair: failover) s | first beat p99 ms | heartbeat p50 / p99 ms | beats/s | lease p99 ms | refusals | transport errors | marked while beating | largest peer set | daemon peak MB | sim KB a node | sim CPU ms a node-second |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (ledger, n) in ledgers.iter().flat_map(|l| sizes.iter().map(move |n| (l, *n))) {
-        let run = run(n, seconds, ledger == "postgres");
+        let run = run(n, seconds, ledger);
         let r = &run.report;
         let c = |call: &str, f: &str| r["calls"][call][f].as_f64().unwrap_or(0.0);
         println!(

@@ -29,9 +29,10 @@ struct Args {
     /// The operator API (enrolment tokens, `GET /v1/nodes`): `https://host:port`.
     #[arg(long)]
     control: String,
-    /// The agent API: `https://host:port`.
-    #[arg(long)]
-    agent_api: String,
+    /// The agent API: `https://host:port`; given more than once (an HA pair's replicas), node
+    /// i starts at the i-th (round robin) and moves to the next after two failed beats in a row.
+    #[arg(long, required = true)]
+    agent_api: Vec<String>,
     /// The control CA (PEM): the operator API is trusted with it, and its fingerprint pins it
     /// for enrolment.
     #[arg(long)]
@@ -122,10 +123,10 @@ fn main() -> Result<()> {
     let cpu_before = cpu_seconds();
     let started = Instant::now();
     let until = started + Duration::from_secs(args.seconds);
+    let urls: Arc<Vec<String>> = Arc::new(args.agent_api.clone());
     let mut threads = Vec::with_capacity(names.len());
     for (i, dir) in dirs.iter().enumerate() {
-        let client = pushleft_agent::client::AgentClient::from_dir(&args.agent_api, dir)
-            .map_err(|e| anyhow!("{}: {e}", names[i]))?;
+        let urls = Arc::clone(&urls);
         let (stats, beating) = (Arc::clone(&stats), Arc::clone(&beating));
         let (name, dir) = (names[i].clone(), dir.clone());
         threads.push(
@@ -134,7 +135,7 @@ fn main() -> Result<()> {
                 .stack_size(STACK_BYTES)
                 .spawn(move || {
                     let who = node::Identity { name: &name, dir: &dir };
-                    node::run(&client, &who, how, &stats, &beating[i], until);
+                    node::run(&urls, i, &who, how, &stats, &beating[i], until);
                 })?,
         );
     }

@@ -108,7 +108,39 @@ const LEASE_BACKOFF_FIRST: Duration = Duration::from_millis(500);
 const LEASE_BACKOFF_MOST: Duration = Duration::from_secs(30);
 
 /// Runs the node until `until`.
-pub fn run(client: &AgentClient, who: &Identity<'_>, how: Behaviour, stats: &Stats, beating: &Beating, until: Instant) {
+/// Failed beats in a row after which a node reaches for the next agent API address (a pair's
+/// other replica, as a load balancer in front of a pair would send it).
+const SWITCH_AFTER: u32 = 2;
+
+/// A client for the next of `urls` after `at` (the same one when there is one, or when the
+/// identity does not load: the node keeps trying where it was).
+fn switch(urls: &[String], at: &mut usize, who: &Identity<'_>, current: AgentClient) -> AgentClient {
+    if urls.len() < 2 {
+        return current;
+    }
+    let next = (*at + 1) % urls.len();
+    match AgentClient::from_dir(&urls[next], who.dir) {
+        Ok(c) => {
+            *at = next;
+            c
+        }
+        Err(_) => current,
+    }
+}
+
+/// Runs the node until `until`, against the agent API at `urls[first]` (and the others when
+/// that one stops answering).
+pub fn run(urls: &[String], first: usize, who: &Identity<'_>, how: Behaviour, stats: &Stats, beating: &Beating, until: Instant) {
+    let mut at = first % urls.len().max(1);
+    let Some(url) = urls.get(at) else { return };
+    let mut client = match AgentClient::from_dir(url, who.dir) {
+        Ok(c) => c,
+        Err(e) => {
+            note(stats, &e);
+            return;
+        }
+    };
+    let mut beat_failures = 0u32;
     let mut running: Vec<RunningInstance> = Vec::new();
     let mut next_beat = Instant::now() + how.every.mul_f64(fraction());
     let mut next_renewal = how.renew_every.map(|e| Instant::now() + e.mul_f64(fraction()));
@@ -124,7 +156,7 @@ pub fn run(client: &AgentClient, who: &Identity<'_>, how: Behaviour, stats: &Sta
         {
             let started = Instant::now();
             // The agent's own renewal, errors as its words (`anyhow`): counted as refused.
-            match pushleft_agent::renewal::renew(client, who.name, who.dir) {
+            match pushleft_agent::renewal::renew(&client, who.name, who.dir) {
                 Ok(_) => stats.record(Call::Renew, started.elapsed()),
                 Err(_) => stats.refused("renewal-failed"),
             }
@@ -143,17 +175,29 @@ pub fn run(client: &AgentClient, who: &Identity<'_>, how: Behaviour, stats: &Sta
                     if let Some(m) = mesh.as_mut() {
                         m.apply(reply.mesh.clone(), stats);
                     }
-                    let told = reply.next_heartbeat_ms.map_or(Duration::ZERO, Duration::from_millis);
-                    interval = how.every.max(told);
+                    interval = pushleft_agent::run::told_interval(reply.next_heartbeat_ms, how.every);
+                    beat_failures = 0;
                     beating.last_ms.store(now_ms(), Ordering::Relaxed);
                     beating.interval_ms.store(
                         i64::try_from(interval.as_millis()).unwrap_or(i64::MAX),
                         Ordering::Relaxed,
                     );
                 }
-                Err(e) => note(stats, &e),
+                Err(e) => {
+                    note(stats, &e);
+                    beat_failures = beat_failures.saturating_add(1);
+                    if beat_failures >= SWITCH_AFTER {
+                        client = switch(&urls, &mut at, who, client);
+                    }
+                }
             }
-            next_beat = Instant::now() + interval;
+            // A failed beat is sent again as the agent sends it: soon, at a random moment.
+            next_beat = Instant::now()
+                + if beat_failures == 0 {
+                    interval
+                } else {
+                    pushleft_agent::run::retry_after(interval, beat_failures)
+                };
         }
         // As the agent's lease loop does: with ends to report, they go with the next lease,
         // which asks without waiting (timed: the lease round trip); otherwise a long poll

@@ -227,14 +227,14 @@ const TOLD_AT_MOST: Duration = Duration::from_secs(900);
 
 /// The interval to beat at: the node's own `every`, or the control plane's when it tells a
 /// longer one (a large fleet's; `None`: an older control plane), at most [`TOLD_AT_MOST`].
-pub(super) fn told_interval(told_ms: Option<u64>, every: Duration) -> Duration {
+pub fn told_interval(told_ms: Option<u64>, every: Duration) -> Duration {
     told_ms.map_or(every, |ms| every.max(Duration::from_millis(ms).min(TOLD_AT_MOST)))
 }
 
 /// When to send a heartbeat again after `failures` in a row: a random wait up to
 /// [`RETRY_SPREAD`] doubled for each failure after the first, or the interval, whichever is
 /// shorter, and at least a second.
-pub(super) fn retry_after(interval: Duration, failures: u32) -> Duration {
+pub fn retry_after(interval: Duration, failures: u32) -> Duration {
     let cap = RETRY_SPREAD.saturating_mul(1 << failures.saturating_sub(1).min(10));
     let mut b = [0u8; 4];
     let fraction = match getrandom::fill(&mut b) {

@@ -5,6 +5,8 @@
 //! `executor-missing`, never pretends.
 
 mod background;
+/// The heartbeat's timing, shared with `pl-nodesim` so simulated nodes beat as agents do.
+pub use background::{retry_after, told_interval};
 mod config;
 mod executors;
 pub use executors::observed;
