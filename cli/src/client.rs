@@ -323,9 +323,25 @@ impl Client {
         self.get(&format!("/v1/environments/{}/provenance", encode(environment)))
     }
 
-    /// `GET /v1/nodes`.
+    /// `GET /v1/nodes`, every page.
     pub(crate) fn nodes(&self) -> Result<Nodes> {
-        self.get("/v1/nodes")
+        let mut all = Nodes {
+            nodes: Vec::new(),
+            next: None,
+        };
+        let mut after: Option<String> = None;
+        loop {
+            let path = format!(
+                "/v1/nodes{}",
+                query(&[("limit", Some("1000".into())), ("after", after.clone())])
+            );
+            let page: Nodes = self.get(&path)?;
+            all.nodes.extend(page.nodes);
+            match page.next {
+                Some(n) if after.as_ref() != Some(&n) => after = Some(n),
+                _ => return Ok(all),
+            }
+        }
     }
 
     /// `POST /v1/nodes/{node}/token`.

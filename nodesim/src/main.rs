@@ -194,6 +194,33 @@ fn summarise(report: &stats::Report) {
 
 /// Every `OBSERVE_EVERY` until `until`: the nodes `GET /v1/nodes` shows unhealthy or lost that
 /// beat within the interval they were told (and a few seconds' slack).
+/// Every page of `GET /v1/nodes` (at most 100: 100,000 nodes); what failed to come ends it.
+fn node_pages(agent: &ureq::Agent, url: &str, token: &str) -> Vec<operator_proto::nodes::Node> {
+    let mut out = Vec::new();
+    let mut after = String::new();
+    for _ in 0..100 {
+        let mut req = agent.get(&format!("{url}/v1/nodes")).query("limit", "1000");
+        if !after.is_empty() {
+            req = req.query("after", &after);
+        }
+        let Ok(mut r) = req.header("authorization", &format!("Bearer {token}")).call() else {
+            break;
+        };
+        let Ok(body) = r.body_mut().with_config().limit(64 << 20).read_to_string() else {
+            break;
+        };
+        let Ok(page) = serde_json::from_str::<operator_proto::nodes::Nodes>(&body) else {
+            break;
+        };
+        out.extend(page.nodes);
+        match page.next {
+            Some(n) if n != after => after = n,
+            _ => break,
+        }
+    }
+    out
+}
+
 fn observe(
     agent: &ureq::Agent,
     url: &str,
@@ -210,20 +237,7 @@ fn observe(
         // What the control plane answers was true when it was asked: a beat after that is not
         // in it.
         let asked = node::now_ms();
-        let Ok(mut r) = agent
-            .get(&format!("{url}/v1/nodes"))
-            .header("authorization", &format!("Bearer {token}"))
-            .call()
-        else {
-            continue;
-        };
-        let Ok(body) = r.body_mut().with_config().limit(256 << 20).read_to_string() else {
-            continue;
-        };
-        let Ok(list) = serde_json::from_str::<operator_proto::nodes::Nodes>(&body) else {
-            continue;
-        };
-        for n in list.nodes {
+        for n in node_pages(agent, url, token) {
             let state = n.state.as_str();
             if !matches!(state, "unhealthy" | "lost") {
                 continue;

@@ -67,10 +67,13 @@ pub struct MeshLink {
     pub last_handshake: Option<u64>,
 }
 
-/// `GET /v1/nodes`: every declared node, by name.
+/// `GET /v1/nodes`: declared nodes by name, a page at a time (`after` a name, at most `limit`),
+/// and the cursor of the next page when there may be more.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Nodes {
     pub nodes: Vec<Node>,
+    #[serde(default)]
+    pub next: Option<String>,
 }
 
 /// `POST /v1/nodes/{node}/token` (operator): a one-time enrolment token (shown once; the

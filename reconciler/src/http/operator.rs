@@ -218,8 +218,8 @@ async fn jobs(State(s): App, _: Caller<Viewers>, Params(q): Params<ListQuery>) -
 
 /// Every declared node: pool, lifecycle state, capacity, last heartbeat, agent version,
 /// replicas placed, and its mesh as its agent said it.
-async fn nodes(State(s): App, _: Caller<Viewers>) -> Response {
-    reply(OK, s.ops.nodes().await)
+async fn nodes(State(s): App, _: Caller<Viewers>, Params(q): Params<ListQuery>) -> Response {
+    reply(OK, s.ops.nodes(q.after.as_deref(), limit(&q, 500)).await)
 }
 
 async fn node_token(State(s): App, who: Caller<Operators>, Path(node): Path<String>) -> Response {

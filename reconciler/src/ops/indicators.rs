@@ -78,7 +78,7 @@ impl Ops {
             }
             after = environments.last().map(|s| s.environment.clone());
         }
-        let nodes = self.nodes().await?.nodes;
+        let nodes = self.all_nodes().await?;
         let (outbox_oldest_ms, outbox_dead) = self.ledger.events().outbox_health().await?;
         let (snapshot_ok, _, snapshot_attempts) = self.ledger.backups().snapshot_health().await?;
         Ok(Indicators {

@@ -108,16 +108,31 @@ impl Ops {
             .collect())
     }
 
-    /// `GET /v1/nodes`: what Git declares and what each node's agent said, with its mesh.
-    pub async fn nodes(&self) -> Answer<Nodes> {
-        let rows = node_rows(&self.ledger, &self.branch, now_ms(), self.lost_after_ms).await?;
-        let meshes = self.ledger.nodes().meshes().await?;
+    /// `GET /v1/nodes`: what Git declares and what each node's agent said, with its mesh, by
+    /// name: at most `limit` nodes after `after`, and the next page's cursor when there may be
+    /// more (a fleet of 10,000 is not one answer).
+    pub async fn nodes(&self, after: Option<&str>, limit: u32) -> Answer<Nodes> {
+        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+        let mut nodes = self.all_nodes().await?;
+        nodes.retain(|n| after.is_none_or(|a| n.name.as_str() > a));
+        nodes.truncate(limit);
         Ok(Nodes {
-            nodes: wire::all(rows, |r| {
-                let mesh = meshes.get(&r.name);
-                wire::node(r, mesh)
-            })?,
+            next: (nodes.len() == limit)
+                .then(|| nodes.last().map(|n| n.name.clone()))
+                .flatten(),
+            nodes,
         })
+    }
+
+    /// Every declared node, by name (the indicators read every node's mesh links).
+    pub async fn all_nodes(&self) -> Answer<Vec<operator_proto::nodes::Node>> {
+        let mut rows = node_rows(&self.ledger, &self.branch, now_ms(), self.lost_after_ms).await?;
+        rows.sort_by(|a, b| a.name.cmp(&b.name));
+        let meshes = self.ledger.nodes().meshes().await?;
+        Ok(wire::all(rows, |r| {
+            let mesh = meshes.get(&r.name);
+            wire::node(r, mesh)
+        })?)
     }
 
     /// `POST /v1/nodes/{node}/token`: a one-time token, valid 15 minutes, for a node Git

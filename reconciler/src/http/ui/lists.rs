@@ -120,10 +120,15 @@ fn line_class(line: &str) -> &'static str {
     }
 }
 
-/// Every declared node.
-pub async fn nodes(State(ui): App, who: Signed) -> Response {
-    let nodes = match ui.ops.nodes().await {
-        Ok(n) => n.nodes,
+#[derive(Deserialize)]
+pub struct After {
+    after: Option<String>,
+}
+
+/// Declared nodes by name, a screen of them at a time.
+pub async fn nodes(State(ui): App, who: Signed, Query(q): Query<After>) -> Response {
+    let (nodes, next) = match ui.ops.nodes(q.after.as_deref(), SCREEN_ROWS).await {
+        Ok(n) => (n.nodes, n.next),
         Err(e) => return failed(&e),
     };
     let now = now_ms();
@@ -171,6 +176,9 @@ pub async fn nodes(State(ui): App, who: Signed) -> Response {
                     }
                 }
             }
+        }
+        @if let Some(n) = next {
+            p class="pager" { a rel="next" href=(format!("/ui/nodes?after={}", enc(&n))) { "More" } }
         }
     };
     page_response(page("Nodes", Screen::Nodes, Some(&who.viewer), tip(&ui), main))
