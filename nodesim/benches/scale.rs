@@ -63,6 +63,18 @@ fn environment(name: &str, project: &str, pool: &str) -> String {
     )
 }
 
+/// The tests' configuration gives the ledger 4 connections; a daemon holding 10,000 agents is
+/// given 16, as docs/scale.md says to (on PostgreSQL, 4 leave heartbeats waiting for one).
+fn more_ledger_connections(cfg: &std::path::Path) {
+    let text = std::fs::read_to_string(cfg).expect("config");
+    let raised = text.replacen("max_connections = 4\n", &format!("max_connections = {LEDGER_CONNECTIONS}\n"), 1);
+    assert_ne!(raised, text, "the ledger's connections are in the configuration");
+    std::fs::write(cfg, raised).expect("config");
+}
+
+/// The ledger's connections each daemon of the bench gets.
+const LEDGER_CONNECTIONS: u32 = 16;
+
 fn epoch_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -152,6 +164,7 @@ fn run(nodes: usize, seconds: u64, ledger_kind: &str) -> Run {
             (2 * nodes + 100).min(19_000)
         ),
     );
+    more_ledger_connections(&cfg);
     let mut d = Daemon::start_with(&s, &cfg, port, Some(20_000));
     d.wait_ready(Duration::from_secs(60));
     // The pair: a second replica on the same PostgreSQL, serving agents too; the simulator's
@@ -169,6 +182,7 @@ fn run(nodes: usize, seconds: u64, ledger_kind: &str) -> Run {
                 (2 * nodes + 100).min(19_000)
             ),
         );
+        more_ledger_connections(&cfg2);
         let mut d2 = Daemon::start_with(&s, &cfg2, port2, Some(20_000));
         d2.wait_ready(Duration::from_secs(60));
         (d2, port2, agent_port2)
