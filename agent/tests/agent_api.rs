@@ -114,11 +114,17 @@ fn nodes_lease_only_their_own_work_over_mutual_tls() {
         serde_json::from_str(&body).expect("json")
     };
     let first = page("limit=1");
-    assert_eq!((first["nodes"].as_array().map(Vec::len), &first["next"]), (Some(1), &serde_json::json!("n1")));
+    assert_eq!(
+        (first["nodes"].as_array().map(Vec::len), &first["next"]),
+        (Some(1), &serde_json::json!("n1"))
+    );
     assert_eq!(first["nodes"][0]["name"], "n1");
     assert_eq!(page("limit=1&after=n1")["nodes"][0]["name"], "n2");
     let past = page("limit=1&after=n2");
-    assert_eq!((&past["nodes"], &past["next"]), (&serde_json::json!([]), &serde_json::Value::Null));
+    assert_eq!(
+        (&past["nodes"], &past["next"]),
+        (&serde_json::json!([]), &serde_json::Value::Null)
+    );
     // n1's infrastructure jobs, and none of them for n2.
     let leased = n1.lease(8, Duration::from_secs(2)).expect("lease");
     let keys: Vec<&str> = leased.jobs.iter().map(|j| j.key.as_str()).collect();

@@ -67,7 +67,11 @@ fn environment(name: &str, project: &str, pool: &str) -> String {
 /// given 16, as docs/scale.md says to (on PostgreSQL, 4 leave heartbeats waiting for one).
 fn more_ledger_connections(cfg: &std::path::Path) {
     let text = std::fs::read_to_string(cfg).expect("config");
-    let raised = text.replacen("max_connections = 4\n", &format!("max_connections = {LEDGER_CONNECTIONS}\n"), 1);
+    let raised = text.replacen(
+        "max_connections = 4\n",
+        &format!("max_connections = {LEDGER_CONNECTIONS}\n"),
+        1,
+    );
     assert_ne!(raised, text, "the ledger's connections are in the configuration");
     std::fs::write(cfg, raised).expect("config");
 }
@@ -149,9 +153,10 @@ fn run(nodes: usize, seconds: u64, ledger_kind: &str) -> Run {
     repo.commit("the fleet", true);
     let s = setup(dir.path());
     let pg = postgres.then(postgres_support::Postgres::start);
-    let url = pg
-        .as_ref()
-        .map_or_else(|| format!("sqlite://{}", dir.path().join("ledger.db").display()), |pg| pg.url());
+    let url = pg.as_ref().map_or_else(
+        || format!("sqlite://{}", dir.path().join("ledger.db").display()),
+        |pg| pg.url(),
+    );
     let (port, agent_port) = (free_port(), free_port());
     let cfg = config(
         &s,
@@ -258,7 +263,9 @@ fn run(nodes: usize, seconds: u64, ledger_kind: &str) -> Run {
     eprintln!(
         "{nodes} nodes: the release's revision seen at +{} ms; its first job made at +{}, its first replica's job at +{}, the last at +{}; the last replica's job leased by +{} ms",
         at("SELECT MAX(seen_at) FROM revisions"),
-        at(&format!("SELECT MIN(created_at) FROM jobs WHERE created_at >= {committed_ms}")),
+        at(&format!(
+            "SELECT MIN(created_at) FROM jobs WHERE created_at >= {committed_ms}"
+        )),
         at("SELECT MIN(created_at) FROM jobs WHERE task LIKE '%ensure-application%'"),
         at("SELECT MAX(created_at) FROM jobs WHERE task LIKE '%ensure-application%'"),
         at("SELECT MAX(updated_at) FROM jobs WHERE task LIKE '%ensure-application%' AND state <> 'queued'"),
@@ -267,9 +274,8 @@ fn run(nodes: usize, seconds: u64, ledger_kind: &str) -> Run {
     // re-placement a lost node gets, reached by a commit instead of five minutes of silence).
     let leased = "SELECT COUNT(*) FROM jobs WHERE task LIKE '%ensure-application%' AND state <> 'queued'";
     let before = ledger.count(leased);
-    let moving = ledger.count(
-        "SELECT COUNT(*) FROM jobs WHERE task LIKE '%ensure-application%' AND target_node = 'sim-00001'",
-    );
+    let moving =
+        ledger.count("SELECT COUNT(*) FROM jobs WHERE task LIKE '%ensure-application%' AND target_node = 'sim-00001'");
     repo.write(
         "pools/p000.yaml",
         &pool(0, 1, POOL_NODES.min(nodes)).replace("{name: sim-00001,", "{name: sim-00001, state: draining,"),

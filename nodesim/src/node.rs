@@ -107,120 +107,179 @@ fn note(stats: &Stats, e: &ClientError) {
 const LEASE_BACKOFF_FIRST: Duration = Duration::from_millis(500);
 const LEASE_BACKOFF_MOST: Duration = Duration::from_secs(30);
 
-/// Runs the node until `until`.
 /// Failed beats in a row after which a node reaches for the next agent API address (a pair's
 /// other replica, as a load balancer in front of a pair would send it).
 const SWITCH_AFTER: u32 = 2;
 
-/// A client for the next of `urls` after `at` (the same one when there is one, or when the
-/// identity does not load: the node keeps trying where it was).
-fn switch(urls: &[String], at: &mut usize, who: &Identity<'_>, current: AgentClient) -> AgentClient {
-    if urls.len() < 2 {
-        return current;
-    }
-    let next = (*at + 1) % urls.len();
-    match AgentClient::from_dir(&urls[next], who.dir) {
-        Ok(c) => {
-            *at = next;
-            c
-        }
-        Err(_) => current,
-    }
+/// One node's state between its calls.
+struct Node<'a> {
+    urls: &'a [String],
+    at: usize,
+    client: AgentClient,
+    who: &'a Identity<'a>,
+    how: Behaviour,
+    stats: &'a Stats,
+    beating: &'a Beating,
+    until: Instant,
+    running: Vec<RunningInstance>,
+    next_beat: Instant,
+    next_renewal: Option<Instant>,
+    interval: Duration,
+    beat_failures: u32,
+    told_once: bool,
+    mesh: Option<Mesh>,
+    /// Ends of the jobs of the last batch, reported with the next lease.
+    ends: Vec<CompleteRequest>,
+    backoff: Duration,
 }
 
 /// Runs the node until `until`, against the agent API at `urls[first]` (and the others when
 /// that one stops answering).
-pub fn run(urls: &[String], first: usize, who: &Identity<'_>, how: Behaviour, stats: &Stats, beating: &Beating, until: Instant) {
-    let mut at = first % urls.len().max(1);
+pub fn run(
+    urls: &[String],
+    first: usize,
+    who: &Identity<'_>,
+    how: Behaviour,
+    stats: &Stats,
+    beating: &Beating,
+    until: Instant,
+) {
+    let at = first % urls.len().max(1);
     let Some(url) = urls.get(at) else { return };
-    let mut client = match AgentClient::from_dir(url, who.dir) {
+    let client = match AgentClient::from_dir(url, who.dir) {
         Ok(c) => c,
         Err(e) => {
             note(stats, &e);
             return;
         }
     };
-    let mut beat_failures = 0u32;
-    let mut running: Vec<RunningInstance> = Vec::new();
-    let mut next_beat = Instant::now() + how.every.mul_f64(fraction());
-    let mut next_renewal = how.renew_every.map(|e| Instant::now() + e.mul_f64(fraction()));
-    let mut interval = how.every;
-    let mut mesh = how.mesh.then(Mesh::new);
-    let mut ends: Vec<CompleteRequest> = Vec::new();
-    let mut told_once = false;
-    let mut backoff = LEASE_BACKOFF_FIRST;
+    let mut node = Node {
+        urls,
+        at,
+        client,
+        who,
+        how,
+        stats,
+        beating,
+        until,
+        running: Vec::new(),
+        next_beat: Instant::now() + how.every.mul_f64(fraction()),
+        next_renewal: how.renew_every.map(|e| Instant::now() + e.mul_f64(fraction())),
+        interval: how.every,
+        beat_failures: 0,
+        told_once: false,
+        mesh: how.mesh.then(Mesh::new),
+        ends: Vec::new(),
+        backoff: LEASE_BACKOFF_FIRST,
+    };
     while Instant::now() < until {
-        let now = Instant::now();
-        if let (Some(at), Some(every)) = (next_renewal, how.renew_every)
-            && now >= at
+        node.renew_when_due();
+        node.beat_when_due();
+        if let Some(jobs) = node.lease() {
+            node.work(jobs);
+        }
+    }
+}
+
+impl Node<'_> {
+    fn renew_when_due(&mut self) {
+        if let (Some(at), Some(every)) = (self.next_renewal, self.how.renew_every)
+            && Instant::now() >= at
         {
             let started = Instant::now();
             // The agent's own renewal, errors as its words (`anyhow`): counted as refused.
-            match pushleft_agent::renewal::renew(&client, who.name, who.dir) {
-                Ok(_) => stats.record(Call::Renew, started.elapsed()),
-                Err(_) => stats.refused("renewal-failed"),
+            match pushleft_agent::renewal::renew(&self.client, self.who.name, self.who.dir) {
+                Ok(_) => self.stats.record(Call::Renew, started.elapsed()),
+                Err(_) => self.stats.refused("renewal-failed"),
             }
-            next_renewal = Some(Instant::now() + every);
+            self.next_renewal = Some(Instant::now() + every);
         }
-        if now >= next_beat {
-            let mut hb = Heartbeat::new("pl-nodesim", &FULL_CAPABILITIES);
-            hb.running.clone_from(&running);
-            hb.mesh = mesh.as_ref().map(Mesh::advert);
-            let started = Instant::now();
-            match client.heartbeat(&hb) {
-                Ok(reply) => {
-                    let call = if told_once { Call::Heartbeat } else { Call::FirstBeat };
-                    stats.record(call, started.elapsed());
-                    told_once = true;
-                    if let Some(m) = mesh.as_mut() {
-                        m.apply(reply.mesh.clone(), stats);
-                    }
-                    interval = pushleft_agent::run::told_interval(reply.next_heartbeat_ms, how.every);
-                    beat_failures = 0;
-                    beating.last_ms.store(now_ms(), Ordering::Relaxed);
-                    beating.interval_ms.store(
-                        i64::try_from(interval.as_millis()).unwrap_or(i64::MAX),
-                        Ordering::Relaxed,
-                    );
-                }
-                Err(e) => {
-                    note(stats, &e);
-                    beat_failures = beat_failures.saturating_add(1);
-                    if beat_failures >= SWITCH_AFTER {
-                        client = switch(&urls, &mut at, who, client);
-                    }
-                }
-            }
-            // A failed beat is sent again as the agent sends it: soon, at a random moment.
-            next_beat = Instant::now()
-                + if beat_failures == 0 {
-                    interval
+    }
+
+    fn beat_when_due(&mut self) {
+        if Instant::now() < self.next_beat {
+            return;
+        }
+        let mut hb = Heartbeat::new("pl-nodesim", &FULL_CAPABILITIES);
+        hb.running.clone_from(&self.running);
+        hb.mesh = self.mesh.as_ref().map(Mesh::advert);
+        let started = Instant::now();
+        match self.client.heartbeat(&hb) {
+            Ok(reply) => {
+                let call = if self.told_once {
+                    Call::Heartbeat
                 } else {
-                    pushleft_agent::run::retry_after(interval, beat_failures)
+                    Call::FirstBeat
                 };
+                self.stats.record(call, started.elapsed());
+                self.told_once = true;
+                if let Some(m) = self.mesh.as_mut() {
+                    m.apply(reply.mesh.clone(), self.stats);
+                }
+                self.interval = pushleft_agent::run::told_interval(reply.next_heartbeat_ms, self.how.every);
+                self.beat_failures = 0;
+                self.beating.last_ms.store(now_ms(), Ordering::Relaxed);
+                self.beating.interval_ms.store(
+                    i64::try_from(self.interval.as_millis()).unwrap_or(i64::MAX),
+                    Ordering::Relaxed,
+                );
+            }
+            Err(e) => {
+                note(self.stats, &e);
+                self.beat_failures = self.beat_failures.saturating_add(1);
+                if self.beat_failures >= SWITCH_AFTER {
+                    self.switch();
+                }
+            }
         }
-        // As the agent's lease loop does: with ends to report, they go with the next lease,
-        // which asks without waiting (timed: the lease round trip); otherwise a long poll
-        // until the next beat, whose time is the wait (counted, not timed).
-        let wait = if ends.is_empty() {
-            next_beat
-                .min(next_renewal.unwrap_or(until))
-                .min(until)
+        // A failed beat is sent again as the agent sends it: soon, at a random moment.
+        self.next_beat = Instant::now()
+            + if self.beat_failures == 0 {
+                self.interval
+            } else {
+                pushleft_agent::run::retry_after(self.interval, self.beat_failures)
+            };
+    }
+
+    /// A client for the next agent API address (kept as it is when there is one, or when the
+    /// identity does not load: the node keeps trying where it was).
+    fn switch(&mut self) {
+        if self.urls.len() < 2 {
+            return;
+        }
+        let next = (self.at + 1) % self.urls.len();
+        if let Ok(c) = AgentClient::from_dir(&self.urls[next], self.who.dir) {
+            self.at = next;
+            self.client = c;
+        }
+    }
+
+    /// As the agent's lease loop does: with ends to report, they go with the next lease,
+    /// which asks without waiting (timed: the lease round trip); otherwise a long poll until
+    /// the next beat, whose time is the wait (counted, not timed). The jobs it brought.
+    fn lease(&mut self) -> Option<Vec<agent_proto::LeasedJob>> {
+        let wait = if self.ends.is_empty() {
+            self.next_beat
+                .min(self.next_renewal.unwrap_or(self.until))
+                .min(self.until)
                 .saturating_duration_since(Instant::now())
-                .min(how.lease_wait)
+                .min(self.how.lease_wait)
         } else {
             Duration::ZERO
         };
         let started = Instant::now();
-        let held = mesh.as_ref().map(|m| m.applied);
-        let answer = if ends.is_empty() {
-            client.lease_holding(8, wait, held)
+        let held = self.mesh.as_ref().map(|m| m.applied);
+        let answer = if self.ends.is_empty() {
+            self.client.lease_holding(8, wait, held)
         } else {
-            match client.report_and_lease(std::mem::take(&mut ends), 8, wait, held) {
+            match self
+                .client
+                .report_and_lease(std::mem::take(&mut self.ends), 8, wait, held)
+            {
                 Ok((results, lease)) => {
-                    stats.record(Call::Lease, started.elapsed());
+                    self.stats.record(Call::Lease, started.elapsed());
                     for refusal in results.into_iter().flatten() {
-                        stats.refused(refusal.code.code());
+                        self.stats.refused(refusal.code.code());
                     }
                     lease
                 }
@@ -229,41 +288,45 @@ pub fn run(urls: &[String], first: usize, who: &Identity<'_>, how: Behaviour, st
         };
         let leased = match answer {
             Ok(l) => {
-                backoff = LEASE_BACKOFF_FIRST;
+                self.backoff = LEASE_BACKOFF_FIRST;
                 l
             }
             Err(e) => {
                 // A refused or failed lease is asked again after 0.5 s doubling to 30 s (a
                 // draining node is refused new work); ends whose report failed are lost, and
-                // their leases run out, as a crashed agent's would.
-                note(stats, &e);
-                // (The agent beats on a task of its own: here the wait ends at the next beat.)
-                let left = next_beat.min(until).saturating_duration_since(Instant::now());
-                std::thread::sleep(backoff.min(left));
-                backoff = (backoff * 2).min(LEASE_BACKOFF_MOST);
-                continue;
+                // their leases run out, as a crashed agent's would. (The agent beats on a task
+                // of its own: here the wait ends at the next beat.)
+                note(self.stats, &e);
+                let left = self.next_beat.min(self.until).saturating_duration_since(Instant::now());
+                std::thread::sleep(self.backoff.min(left));
+                self.backoff = (self.backoff * 2).min(LEASE_BACKOFF_MOST);
+                return None;
             }
         };
-        if let Some(m) = mesh.as_mut() {
-            m.apply(leased.mesh, stats);
+        if let Some(m) = self.mesh.as_mut() {
+            m.apply(leased.mesh, self.stats);
         }
         if leased.jobs.is_empty() {
-            stats.empty_lease();
-            continue;
+            self.stats.empty_lease();
+            return None;
         }
-        // The agent runs each environment's jobs in order and environments side by side: the
-        // batch takes `task` times the most jobs one environment has in it.
+        Some(leased.jobs)
+    }
+
+    /// Runs a leased batch: the agent runs each environment's jobs in order and environments
+    /// side by side, so the batch takes `task` times the most jobs one environment has in it.
+    fn work(&mut self, jobs: Vec<agent_proto::LeasedJob>) {
         let mut per_env: std::collections::HashMap<&str, u32> = std::collections::HashMap::new();
-        for job in &leased.jobs {
+        for job in &jobs {
             *per_env.entry(job.task.environment()).or_default() += 1;
         }
-        std::thread::sleep(how.task * per_env.values().copied().max().unwrap_or(1));
-        for job in leased.jobs {
-            let fails = fraction() * 100.0 < f64::from(how.fail_percent);
+        std::thread::sleep(self.how.task * per_env.values().copied().max().unwrap_or(1));
+        for job in jobs {
+            let fails = fraction() * 100.0 < f64::from(self.how.fail_percent);
             if !fails {
-                ran(&mut running, &job.task);
+                ran(&mut self.running, &job.task);
             }
-            ends.push(CompleteRequest {
+            self.ends.push(CompleteRequest {
                 proof: job.proof,
                 outcome: if fails { Outcome::Retryable } else { Outcome::Succeeded },
                 detail: "simulated".to_owned(),

@@ -113,7 +113,10 @@ fn fifty_simulated_nodes_enrol_beat_lease_and_complete_for_thirty_seconds() {
         assert!(c["p99Ms"].as_f64().unwrap_or(-1.0) > 0.0, "{call}: {report}");
     }
     assert_eq!(report["calls"]["enrol"]["count"], 50, "every node enrolled once");
-    assert_eq!(report["calls"]["firstBeat"]["count"], 50, "each node's first beat, apart");
+    assert_eq!(
+        report["calls"]["firstBeat"]["count"], 50,
+        "each node's first beat, apart"
+    );
     // Fifty nodes beating every 2 s for 30 s: about 750 beats, spread.
     assert!(
         report["calls"]["heartbeat"]["count"].as_u64().unwrap_or(0) >= 500,

@@ -317,6 +317,7 @@ fn nodes() {
                     mesh: None,
                 },
             ],
+            next: Some("n4".into()),
         },
     );
     golden(

@@ -220,17 +220,7 @@ async fn serve_agents(
         .with_context(|| format!("listening on {}", a.listen))?;
     tracing::info!(listen = %listener.local_addr().unwrap_or(a.listen), "serving the agent API over mutual TLS");
     let group = Arc::new(Group::default());
-    tokio::spawn(reconciler::ops::lease_wakes::run(
-        Arc::clone(ledger),
-        Arc::clone(hub),
-        stopped.clone(),
-    ));
-    tokio::spawn(reconciler::ops::group::run(
-        Arc::clone(ledger),
-        Arc::clone(&group),
-        Arc::clone(hub),
-        stopped.clone(),
-    ));
+    reconciler::ops::group::start(Arc::clone(ledger), Arc::clone(&group), Arc::clone(hub), stopped.clone());
     let readmission = match config.control.readmit_nodes {
         true => Some(readmission(config)?),
         false => None,

@@ -490,13 +490,21 @@ async fn disjoint_pools_share_subnet_indices(shared: &Arc<Reconciler>, repo: &Re
     repo.commit("jobs on the edge pool", true);
     dump::nodes_up(url, &["n4"]).await;
     shared.pass().await.expect("pass");
-    let main = rows(url, "SELECT idx FROM subnets WHERE environment = 'api-production' ORDER BY idx").await;
+    let main = rows(
+        url,
+        "SELECT idx FROM subnets WHERE environment = 'api-production' ORDER BY idx",
+    )
+    .await;
     let mut distinct = main.clone();
     distinct.dedup();
     assert_eq!(main, distinct, "one environment's subnets are distinct");
     assert_eq!(main.first().map(String::as_str), Some("0"));
     assert_eq!(
-        rows(url, "SELECT node, idx FROM subnets WHERE environment = 'jobs-production'").await,
+        rows(
+            url,
+            "SELECT node, idx FROM subnets WHERE environment = 'jobs-production'"
+        )
+        .await,
         ["n4|0"]
     );
 }

@@ -114,8 +114,12 @@ mod tests {
         // Two waiters of one node: both woken; the slot goes with the last.
         let mut a2 = wakes.wait_for("a");
         wakes.wake(["a"]);
-        tokio::time::timeout(Duration::from_secs(1), a.woken()).await.expect("a");
-        tokio::time::timeout(Duration::from_secs(1), a2.woken()).await.expect("a2");
+        tokio::time::timeout(Duration::from_secs(1), a.woken())
+            .await
+            .expect("a");
+        tokio::time::timeout(Duration::from_secs(1), a2.woken())
+            .await
+            .expect("a2");
         drop(a);
         assert_eq!(wakes.waiting(), 2);
         drop(a2);

@@ -123,6 +123,17 @@ fn committers(backend: crate::store::Backend) -> usize {
     }
 }
 
+/// Starts what the agent API needs beside it, until shutdown: the committers ([`run`]) and the
+/// waiting leases' wake-ups (`ops::lease_wakes`).
+pub fn start(ledger: Arc<Ledger>, group: Arc<Group>, hub: Arc<Hub>, shutdown: tokio::sync::watch::Receiver<bool>) {
+    tokio::spawn(crate::ops::lease_wakes::run(
+        Arc::clone(&ledger),
+        Arc::clone(&hub),
+        shutdown.clone(),
+    ));
+    tokio::spawn(run(ledger, group, hub, shutdown));
+}
+
 /// Runs the committers until shutdown: each transaction records the completions queued, then
 /// leases for the lease calls queued. A group that recorded completions wakes the loop's
 /// settle (the next step may be due), and says when it recorded a drift repair (the settle

@@ -150,12 +150,19 @@ impl Ledger {
                 .collect(),
             pools: pools
                 .iter()
-                .map(|(name, pool)| (name.to_string(), pool.nodes.iter().map(|n| n.name.to_string()).collect()))
+                .map(|(name, pool)| {
+                    (
+                        name.to_string(),
+                        pool.nodes.iter().map(|n| n.name.to_string()).collect(),
+                    )
+                })
                 .collect(),
         };
         let given = subnets::give(&fleet, wants);
         for (env, node) in &given.exhausted {
-            let detail = format!("no /24 left in 10.208.0.0/12 for {env} on this node: its machine and the nodes of overlapping pools hold them all");
+            let detail = format!(
+                "no /24 left in 10.208.0.0/12 for {env} on this node: its machine and the nodes of overlapping pools hold them all"
+            );
             self.events()
                 .event(tx, now_ms, "subnet-pool-exhausted", node, &detail)
                 .await?;
@@ -222,7 +229,10 @@ mod tests {
         for _ in 0..2 {
             // Twice: what has a subnet keeps it.
             let mut tx = ledger.write_tx().await.expect("tx");
-            ledger.ensure_subnets(&mut tx, "main", &wants, 0).await.expect("subnets");
+            ledger
+                .ensure_subnets(&mut tx, "main", &wants, 0)
+                .await
+                .expect("subnets");
             tx.commit().await.expect("commit");
         }
         let got: Vec<String> = sqlx::query("SELECT environment, node, idx FROM subnets ORDER BY environment, node")

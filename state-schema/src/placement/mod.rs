@@ -16,8 +16,8 @@
 //!   declared capacity. A replica that fits nowhere waits, with the reason.
 
 pub mod heartbeats;
-pub mod subnets;
 mod place;
+pub mod subnets;
 
 use crate::deployment::{DeploymentSpec, Instance};
 use crate::model::{NodeState, Placement, PoolNode};

@@ -101,8 +101,11 @@ impl<'a> Used<'a> {
                 pools_of.entry(n.as_str()).or_default().push(pool.as_str());
             }
         }
-        let mut overlaps: BTreeMap<&str, BTreeSet<&str>> =
-            fleet.pools.keys().map(|p| (p.as_str(), BTreeSet::from([p.as_str()]))).collect();
+        let mut overlaps: BTreeMap<&str, BTreeSet<&str>> = fleet
+            .pools
+            .keys()
+            .map(|p| (p.as_str(), BTreeSet::from([p.as_str()])))
+            .collect();
         for pools in pools_of.values() {
             for a in pools {
                 overlaps.entry(a).or_default().extend(pools.iter().copied());
@@ -149,8 +152,14 @@ impl<'a> Used<'a> {
             }
             None => self.unpooled.set(idx),
         }
-        self.by_machine.entry(self.machine(node)).or_insert(Bits::EMPTY).set(idx);
-        self.by_environment.entry(env.to_owned()).or_insert(Bits::EMPTY).set(idx);
+        self.by_machine
+            .entry(self.machine(node))
+            .or_insert(Bits::EMPTY)
+            .set(idx);
+        self.by_environment
+            .entry(env.to_owned())
+            .or_insert(Bits::EMPTY)
+            .set(idx);
         self.every.set(idx);
     }
 
@@ -188,11 +197,7 @@ impl<'a> Used<'a> {
 /// Gives each pair in `wants` that holds none a subnet: the lowest index it may take.
 pub fn give(fleet: &Fleet, wants: &[Want]) -> Given {
     let mut used = Used::new(fleet);
-    let mut have: BTreeSet<(&str, &str)> = fleet
-        .held
-        .iter()
-        .map(|(n, e, _)| (n.as_str(), e.as_str()))
-        .collect();
+    let mut have: BTreeSet<(&str, &str)> = fleet.held.iter().map(|(n, e, _)| (n.as_str(), e.as_str())).collect();
     let mut given = Given::default();
     for w in wants {
         if !have.insert((w.node.as_str(), w.environment.as_str())) {
@@ -299,7 +304,9 @@ mod tests {
     fn an_environment_never_repeats_its_own_index_and_a_full_group_is_exhausted() {
         let nodes: Vec<String> = (0..POOL_SIZE + 1).map(|i| format!("n{i}")).collect();
         let fleet = Fleet {
-            pools: [("p".to_owned(), nodes.iter().cloned().collect())].into_iter().collect(),
+            pools: [("p".to_owned(), nodes.iter().cloned().collect())]
+                .into_iter()
+                .collect(),
             // e moved: its old subnet on a node outside p still counts.
             held: vec![("elsewhere".into(), "e".into(), 0)],
             ..Fleet::default()
@@ -308,6 +315,12 @@ mod tests {
         let given = give(&fleet, &wants);
         assert_eq!(given.new.len(), POOL_SIZE - 1);
         assert_eq!(given.new[0].2, 1);
-        assert_eq!(given.exhausted, [("e".to_owned(), format!("n{}", POOL_SIZE - 1)), ("e".to_owned(), format!("n{POOL_SIZE}"))]);
+        assert_eq!(
+            given.exhausted,
+            [
+                ("e".to_owned(), format!("n{}", POOL_SIZE - 1)),
+                ("e".to_owned(), format!("n{POOL_SIZE}"))
+            ]
+        );
     }
 }
