@@ -4,9 +4,23 @@
 use sqlx::Row;
 
 /// Rows of a query, each as `a|b|c`.
+/// A pool of one connection for one look, with sqlx's maintenance task off (no idle timeout,
+/// no lifetime): a test polling the ledger makes thousands of these, and a maintenance task
+/// once spun a test's worker threads (CI, `faults.rs`, sqlx 0.9's idle count).
+async fn connect(url: &str) -> sqlx::AnyPool {
+    sqlx::any::AnyPoolOptions::new()
+        .max_connections(1)
+        .min_connections(0)
+        .idle_timeout(None)
+        .max_lifetime(None)
+        .connect(url)
+        .await
+        .expect("connect")
+}
+
 pub async fn rows(url: &str, sql: &str) -> Vec<String> {
     sqlx::any::install_default_drivers();
-    let pool = sqlx::AnyPool::connect(url).await.expect("connect");
+    let pool = connect(url).await;
     let rows = sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
         .fetch_all(&pool)
         .await
@@ -75,7 +89,7 @@ pub fn first_difference(a: &[String], b: &[String]) -> String {
 /// migrated ledger.
 pub async fn nodes_up(url: &str, nodes: &[&str]) {
     sqlx::any::install_default_drivers();
-    let pool = sqlx::AnyPool::connect(url).await.expect("connect");
+    let pool = connect(url).await;
     for node in nodes {
         let recipient = age::x25519::Identity::generate().to_public().to_string();
         let sql = format!(
