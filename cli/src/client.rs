@@ -246,22 +246,28 @@ impl Client {
 
     /// `GET /v1/deployments`, every page: each environment's deployment, typed.
     pub(crate) fn deployments(&self) -> Result<Vec<operator_proto::Deployment>> {
+        self.every_page("/v1/deployments", |p: operator_proto::DeploymentsPage| {
+            (p.deployments, p.next)
+        })
+    }
+
+    /// Every page of a list paged by name (`?after=NAME&limit=1000`, a page's `next` the
+    /// cursor), its items in order; a cursor that does not move ends it.
+    fn every_page<P: DeserializeOwned, T>(
+        &self,
+        path: &str,
+        split: impl Fn(P) -> (Vec<T>, Option<String>),
+    ) -> Result<Vec<T>> {
         let mut out = Vec::new();
         let mut after: Option<String> = None;
         loop {
-            let path = format!(
-                "/v1/deployments{}",
+            let page = format!(
+                "{path}{}",
                 query(&[("limit", Some("1000".into())), ("after", after.clone())])
             );
-            let mut resp = self.call("GET", &path, None)?;
-            let page: operator_proto::DeploymentsPage = resp
-                .body_mut()
-                .with_config()
-                .limit(64 * 1024 * 1024)
-                .read_json()
-                .map_err(|e| anyhow!("{path}: {e}"))?;
-            out.extend(page.deployments);
-            match page.next {
+            let (items, next) = split(self.get(&page)?);
+            out.extend(items);
+            match next {
                 Some(n) if after.as_ref() != Some(&n) => after = Some(n),
                 _ => return Ok(out),
             }
@@ -325,23 +331,8 @@ impl Client {
 
     /// `GET /v1/nodes`, every page.
     pub(crate) fn nodes(&self) -> Result<Nodes> {
-        let mut all = Nodes {
-            nodes: Vec::new(),
-            next: None,
-        };
-        let mut after: Option<String> = None;
-        loop {
-            let path = format!(
-                "/v1/nodes{}",
-                query(&[("limit", Some("1000".into())), ("after", after.clone())])
-            );
-            let page: Nodes = self.get(&path)?;
-            all.nodes.extend(page.nodes);
-            match page.next {
-                Some(n) if after.as_ref() != Some(&n) => after = Some(n),
-                _ => return Ok(all),
-            }
-        }
+        let nodes = self.every_page("/v1/nodes", |p: Nodes| (p.nodes, p.next))?;
+        Ok(Nodes { nodes, next: None })
     }
 
     /// `POST /v1/nodes/{node}/token`.

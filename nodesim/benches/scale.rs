@@ -157,39 +157,25 @@ fn run(nodes: usize, seconds: u64, ledger_kind: &str) -> Run {
         || format!("sqlite://{}", dir.path().join("ledger.db").display()),
         |pg| pg.url(),
     );
-    let (port, agent_port) = (free_port(), free_port());
-    let cfg = config(
-        &s,
-        "d",
-        &repo.dir,
-        &url,
-        port,
-        &format!(
+    // A daemon of its own ports, admitting every node's connection, its ledger given 16
+    // connections: (the daemon, its configuration, its port, its agent API's port).
+    let start = |name: &str| {
+        let (port, agent_port) = (free_port(), free_port());
+        let agents = format!(
             "{CONTROL_CA}\n[agent_api]\nlisten = \"127.0.0.1:{agent_port}\"\nmax_connections = {}\n",
             (2 * nodes + 100).min(19_000)
-        ),
-    );
-    more_ledger_connections(&cfg);
-    let mut d = Daemon::start_with(&s, &cfg, port, Some(20_000));
-    d.wait_ready(Duration::from_secs(60));
+        );
+        let cfg = config(&s, name, &repo.dir, &url, port, &agents);
+        more_ledger_connections(&cfg);
+        let mut d = Daemon::start_with(&s, &cfg, port, Some(20_000));
+        d.wait_ready(Duration::from_secs(60));
+        (d, cfg, port, agent_port)
+    };
+    let (mut d, cfg, port, agent_port) = start("d");
     // The pair: a second replica on the same PostgreSQL, serving agents too; the simulator's
     // nodes start on each in turn. The first leads.
     let mut pair = ha.then(|| {
-        let (port2, agent_port2) = (free_port(), free_port());
-        let cfg2 = config(
-            &s,
-            "d2",
-            &repo.dir,
-            &url,
-            port2,
-            &format!(
-                "{CONTROL_CA}\n[agent_api]\nlisten = \"127.0.0.1:{agent_port2}\"\nmax_connections = {}\n",
-                (2 * nodes + 100).min(19_000)
-            ),
-        );
-        more_ledger_connections(&cfg2);
-        let mut d2 = Daemon::start_with(&s, &cfg2, port2, Some(20_000));
-        d2.wait_ready(Duration::from_secs(60));
+        let (d2, _, port2, agent_port2) = start("d2");
         (d2, port2, agent_port2)
     });
     let report = dir.path().join("report.json");

@@ -8,15 +8,11 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use tokio::sync::watch;
 
-/// The nodes with a waiting lease, each with a counter its waiters watch.
+/// The nodes with a waiting lease, each with a counter its waiters watch (its receivers are
+/// its waiters).
 #[derive(Default)]
 pub struct NodeWakes {
-    nodes: Mutex<HashMap<String, Slot>>,
-}
-
-struct Slot {
-    bump: watch::Sender<u64>,
-    waiters: usize,
+    nodes: Mutex<HashMap<String, watch::Sender<u64>>>,
 }
 
 /// One waiting lease's registration; dropped, it leaves (the node's slot with its last waiter).
@@ -31,14 +27,10 @@ impl NodeWakes {
     /// one that comes before it is awaited.
     pub fn wait_for(&self, node: &str) -> Waiting<'_> {
         let woken = match self.nodes.lock() {
-            Ok(mut nodes) => {
-                let slot = nodes.entry(node.to_owned()).or_insert_with(|| Slot {
-                    bump: watch::Sender::new(0),
-                    waiters: 0,
-                });
-                slot.waiters += 1;
-                slot.bump.subscribe()
-            }
+            Ok(mut nodes) => nodes
+                .entry(node.to_owned())
+                .or_insert_with(|| watch::Sender::new(0))
+                .subscribe(),
             // A poisoned lock: a receiver of nothing, so the wait ends at its time.
             Err(_) => watch::Sender::new(0).subscribe(),
         };
@@ -53,8 +45,8 @@ impl NodeWakes {
     pub fn wake<S: AsRef<str>>(&self, nodes: impl IntoIterator<Item = S>) {
         if let Ok(map) = self.nodes.lock() {
             for n in nodes {
-                if let Some(slot) = map.get(n.as_ref()) {
-                    slot.bump.send_modify(|v| *v = v.wrapping_add(1));
+                if let Some(bump) = map.get(n.as_ref()) {
+                    bump.send_modify(|v| *v = v.wrapping_add(1));
                 }
             }
         }
@@ -78,13 +70,11 @@ impl Waiting<'_> {
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
+        // This waiter's receiver is still alive here: the last one sees a count of one.
         if let Ok(mut nodes) = self.wakes.nodes.lock()
-            && let Some(slot) = nodes.get_mut(&self.node)
+            && nodes.get(&self.node).is_some_and(|bump| bump.receiver_count() <= 1)
         {
-            slot.waiters = slot.waiters.saturating_sub(1);
-            if slot.waiters == 0 {
-                nodes.remove(&self.node);
-            }
+            nodes.remove(&self.node);
         }
     }
 }

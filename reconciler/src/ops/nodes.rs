@@ -110,12 +110,13 @@ impl Ops {
 
     /// `GET /v1/nodes`: what Git declares and what each node's agent said, with its mesh, by
     /// name: at most `limit` nodes after `after`, and the next page's cursor when there may be
-    /// more (a fleet of 10,000 is not one answer).
+    /// more (a fleet of 10,000 is not one answer). Only the page's rows are turned into answers.
     pub async fn nodes(&self, after: Option<&str>, limit: u32) -> Answer<Nodes> {
         let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-        let mut nodes = self.all_nodes().await?;
-        nodes.retain(|n| after.is_none_or(|a| n.name.as_str() > a));
-        nodes.truncate(limit);
+        let mut rows = self.rows_by_name().await?;
+        rows.retain(|r| after.is_none_or(|a| r.name.as_str() > a));
+        rows.truncate(limit);
+        let nodes = self.answered(rows).await?;
         Ok(Nodes {
             next: (nodes.len() == limit)
                 .then(|| nodes.last().map(|n| n.name.clone()))
@@ -126,8 +127,18 @@ impl Ops {
 
     /// Every declared node, by name (the indicators read every node's mesh links).
     pub async fn all_nodes(&self) -> Answer<Vec<operator_proto::nodes::Node>> {
+        let rows = self.rows_by_name().await?;
+        self.answered(rows).await
+    }
+
+    async fn rows_by_name(&self) -> Result<Vec<NodeRow>, LedgerError> {
         let mut rows = node_rows(&self.ledger, &self.branch, now_ms(), self.lost_after_ms).await?;
         rows.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(rows)
+    }
+
+    /// `rows` as the operator's wire has them, each with its mesh.
+    async fn answered(&self, rows: Vec<NodeRow>) -> Answer<Vec<operator_proto::nodes::Node>> {
         let meshes = self.ledger.nodes().meshes().await?;
         Ok(wire::all(rows, |r| {
             let mesh = meshes.get(&r.name);

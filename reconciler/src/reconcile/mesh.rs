@@ -526,7 +526,7 @@ mod tests {
             node("n2", true, Some("10.77.0.2:51820")),
             node("n3", true, Some("10.77.0.3:51820")),
         ];
-        // Given before subnets were unique across the fleet: api on n2 and shop on n3 share 7.
+        // Given before their pools overlapped: api on n2 and shop on n3 share 7.
         let placed = [
             at("n1", "api", 1),
             at("n1", "shop", 2),
