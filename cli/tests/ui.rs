@@ -441,6 +441,8 @@ fn the_web_view_in_chromium_follows_the_quickstart_live() {
             for (path, name) in [
                 ("/ui/revisions", "revisions"),
                 ("/ui/nodes", "nodes"),
+                // A hostile page cursor: it only filters (nodes after it by name), never shows.
+                ("/ui/nodes?after=%3Cscript%3Ealert(1)%3C%2Fscript%3E", "nodes-after-hostile"),
                 ("/ui/events", "events"),
                 ("/ui/releases", "releases"),
             ] {
@@ -448,6 +450,8 @@ fn the_web_view_in_chromium_follows_the_quickstart_live() {
                 shot(&c, name).await;
                 let found = axe(&c, &axe_js).await;
                 assert!(found.is_empty(), "{name}: {found:?}");
+                let source = c.source().await.expect("source");
+                assert!(!source.contains("alert(1)"), "{name} shows the cursor: {source}");
             }
             // The fleet's commit-to-live today: the quickstart's releases, drawn and named.
             let text = main_text(&c).await;
