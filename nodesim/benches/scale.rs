@@ -5,14 +5,16 @@
 //! the simulator's nodes enrol and beat, then a release of environments of 50 replicas (five
 //! replicas a node: 1,000 environments and 50,000 replicas at 10,000 nodes) is committed and
 //! timed until every replica is placed and its job leased. Then a node is drained in Git (timed
-//! until its replicas' jobs elsewhere are leased), and the daemon is killed (`SIGKILL`) and
-//! started again with every node attached. From the simulator's report: enrolment time, the
+//! until its replicas' jobs elsewhere are leased), another falls silent (timed until it is marked
+//! lost, 90 s past its told interval here, and from the mark until its replicas' jobs elsewhere
+//! are leased), and the daemon is killed (`SIGKILL`) and started again with every node
+//! attached. From the simulator's report: enrolment time, the
 //! first beats (the join wave) apart from the beats at the told intervals, lease latencies (a
 //! lease with the ends before it, as the agent sends them; p50, p99), refusals, nodes shown unhealthy or lost while beating (across the
 //! restart), the daemon's peak resident memory, and the simulator's own cost a node. A run
 //! shorter than the told interval (200 to 300 s at 10,000 nodes) has no told beats to time.
 //!
-//! `cargo bench -p pushleft-nodesim --bench scale` (`-- --nodes 100,1000 --seconds 90
+//! `cargo bench -p pushleft-nodesim --bench scale` (`-- --nodes 100,1000 --seconds 180
 //! --ledger sqlite,postgres,ha`: `ha` is a pair of replicas on one PostgreSQL, both serving
 //! agents, the nodes spread over them, the leader killed instead of restarted; build
 //! `pl-nodesim` first: `cargo build --release -p pushleft-nodesim`). Needs
@@ -162,7 +164,7 @@ fn run(nodes: usize, seconds: u64, ledger_kind: &str) -> Run {
     let start = |name: &str| {
         let (port, agent_port) = (free_port(), free_port());
         let agents = format!(
-            "{CONTROL_CA}\n[agent_api]\nlisten = \"127.0.0.1:{agent_port}\"\nmax_connections = {}\n",
+            "{CONTROL_CA}lost_after_seconds = 90\n[agent_api]\nlisten = \"127.0.0.1:{agent_port}\"\nmax_connections = {}\n",
             (2 * nodes + 100).min(19_000)
         );
         let cfg = config(&s, name, &repo.dir, &url, port, &agents);
@@ -179,6 +181,7 @@ fn run(nodes: usize, seconds: u64, ledger_kind: &str) -> Run {
         (d2, port2, agent_port2)
     });
     let report = dir.path().join("report.json");
+    let silence = dir.path().join("silence");
     let nodesim = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/pl-nodesim");
     let log = std::fs::File::create(dir.path().join("nodesim.log")).expect("log");
     let mut sim = std::process::Command::new("prlimit")
@@ -210,6 +213,8 @@ fn run(nodes: usize, seconds: u64, ledger_kind: &str) -> Run {
         .arg(dir.path().join("nodes"))
         .arg("--report")
         .arg(&report)
+        .arg("--silence-file")
+        .arg(&silence)
         .env("PL_TOKEN", &s.operator)
         .stdout(std::process::Stdio::null())
         .stderr(log)
@@ -223,6 +228,8 @@ fn run(nodes: usize, seconds: u64, ledger_kind: &str) -> Run {
         nodes_i,
         Duration::from_secs(600),
     );
+    // The simulator's nodes run `seconds` from about now (after their enrolment).
+    let sim_until = Instant::now() + Duration::from_secs(seconds);
     let environments = (nodes * 5).div_ceil(REPLICAS);
     for e in 0..environments {
         let name = format!("app{e:05}");
@@ -271,6 +278,7 @@ fn run(nodes: usize, seconds: u64, ledger_kind: &str) -> Run {
     ledger.until(leased, before + moving, Duration::from_secs(120));
     let drained = started.elapsed().as_secs_f64();
     eprintln!("{nodes} nodes: {moving} replicas of a drained node placed elsewhere and leased in {drained:.2} s");
+    let lost = lose_a_node(&ledger, &silence, sim_until);
     // The control plane killed with every node attached, and started again; of a pair, the
     // leader killed and the other taking the lead (its nodes reach for the other replica).
     // None may be shown unhealthy or lost (the simulator's observer counts them).
@@ -318,9 +326,52 @@ fn run(nodes: usize, seconds: u64, ledger_kind: &str) -> Run {
         report: v,
         release,
         drained: (moving, drained),
+        lost,
         restart,
         daemon_mb: peak,
     }
+}
+
+/// The node the bench silences.
+const SILENCED: &str = "sim-00002";
+
+/// A node lost: `SILENCED` falls silent (the simulator stops its calls and drops its
+/// connection), the control plane marks it lost past its told interval and the lost threshold
+/// (90 s in the bench's configuration), and its replicas are placed elsewhere and leased.
+/// Returns its replicas, the seconds from the silence to the mark and from the mark until they
+/// were leased; `None` when the simulator's run (ending at `sim_until`) would end first.
+fn lose_a_node(ledger: &Ledger, silence: &std::path::Path, sim_until: Instant) -> Option<(i64, f64, f64)> {
+    let moving = ledger.count(&format!(
+        "SELECT COUNT(*) FROM jobs WHERE task LIKE '%ensure-application%' AND target_node = '{SILENCED}'"
+    ));
+    let silenced_ms = epoch_ms();
+    std::fs::write(silence, format!("{SILENCED}\n")).expect("silence file");
+    let silenced = Instant::now();
+    // Replica jobs made for other nodes since the silence, leased: the lost node's replicas
+    // placed elsewhere.
+    let leased = format!(
+        "SELECT COUNT(*) FROM jobs WHERE task LIKE '%ensure-application%' AND state <> 'queued' \
+         AND target_node <> '{SILENCED}' AND created_at >= {silenced_ms}"
+    );
+    let mark = format!("SELECT COUNT(*) FROM nodes WHERE name = '{SILENCED}' AND lost_at > 0");
+    loop {
+        if ledger.count(&mark) > 0 {
+            break;
+        }
+        if Instant::now() + Duration::from_secs(15) > sim_until {
+            eprintln!("{SILENCED} not marked lost before the run's end: lengthen --seconds");
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let to_mark = silenced.elapsed().as_secs_f64();
+    let marked = Instant::now();
+    ledger.until(&leased, moving, Duration::from_secs(120));
+    let took = marked.elapsed().as_secs_f64();
+    eprintln!(
+        "{SILENCED}: silent, marked lost after {to_mark:.1} s; its {moving} replicas leased elsewhere {took:.2} s after the mark"
+    );
+    Some((moving, to_mark, took))
 }
 
 /// What one fleet's run measured besides the simulator's report.
@@ -330,6 +381,9 @@ struct Run {
     release: f64,
     /// Replicas moved off the drained node, and how long until they were leased elsewhere.
     drained: (i64, f64),
+    /// A node that fell silent: its replicas, the seconds from its silence to its lost mark,
+    /// and from the mark until they were leased elsewhere (`None`: the run ended first).
+    lost: Option<(i64, f64, f64)>,
     /// From the kill to the restarted daemon answering (of a pair: to the other replica
     /// leading), in seconds.
     restart: f64,
@@ -350,26 +404,32 @@ fn main() {
         .split(',')
         .filter_map(|n| n.trim().parse().ok())
         .collect();
-    let seconds: u64 = value("--seconds").and_then(|s| s.parse().ok()).unwrap_or(90);
+    // Long enough for the silent node to be marked lost (its interval and 90 s) at 1,000 nodes;
+    // 10,000 nodes (intervals of 200 to 300 s) want 600.
+    let seconds: u64 = value("--seconds").and_then(|s| s.parse().ok()).unwrap_or(180);
     let ledgers: Vec<String> = value("--ledger")
         .unwrap_or_else(|| "sqlite".to_owned())
         .split(',')
         .map(|l| l.trim().to_owned())
         .collect();
     println!(
-        "| ledger | nodes | enrol s | release placed and leased s | drained node's replicas leased elsewhere s | restart (pair: failover) s | first beat p99 ms | heartbeat p50 / p99 ms | beats/s | lease p99 ms | refusals | transport errors | marked while beating | largest peer set | daemon peak MB | sim KB a node | sim CPU ms a node-second |"
+        "| ledger | nodes | enrol s | release placed and leased s | drained node's replicas leased elsewhere s | lost node: silent to marked s / replicas leased elsewhere after the mark s | restart (pair: failover) s | first beat p99 ms | heartbeat p50 / p99 ms | beats/s | lease p99 ms | refusals | transport errors | marked while beating | largest peer set | daemon peak MB | sim KB a node | sim CPU ms a node-second |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (ledger, n) in ledgers.iter().flat_map(|l| sizes.iter().map(move |n| (l, *n))) {
         let run = run(n, seconds, ledger);
         let r = &run.report;
         let c = |call: &str, f: &str| r["calls"][call][f].as_f64().unwrap_or(0.0);
         println!(
-            "| {ledger} | {n} | {:.1} | {:.2} | {:.2} ({}) | {:.1} | {:.1} | {:.1} / {:.1} | {:.1} | {:.1} | {} | {} | {} | {} | {:.0} | {:.0} | {:.3} |",
+            "| {ledger} | {n} | {:.1} | {:.2} | {:.2} ({}) | {} | {:.1} | {:.1} | {:.1} / {:.1} | {:.1} | {:.1} | {} | {} | {} | {} | {:.0} | {:.0} | {:.3} |",
             r["enrolSeconds"].as_f64().unwrap_or(0.0),
             run.release,
             run.drained.1,
             run.drained.0,
+            run.lost.map_or_else(
+                || "not reached in the run".to_owned(),
+                |(moving, to_mark, took)| format!("{to_mark:.1} / {took:.2} ({moving})")
+            ),
             run.restart,
             c("firstBeat", "p99Ms"),
             c("heartbeat", "p50Ms"),

@@ -72,6 +72,11 @@ struct Args {
     /// Where to write the JSON report.
     #[arg(long)]
     report: Option<PathBuf>,
+    /// A file that, once it appears, names nodes (one a line) that fall silent: each stops
+    /// calling and drops its connection, as a host that lost its power (the scale bench times
+    /// such a node's replicas placed elsewhere). Looked for every 100 ms.
+    #[arg(long)]
+    silence_file: Option<PathBuf>,
 }
 
 /// A node thread's stack: the agent's client needs little, and 10,000 of them must fit.
@@ -145,6 +150,10 @@ fn main() -> Result<()> {
         let (url, token) = (control.url.clone(), control.operator_token.clone());
         std::thread::spawn(move || observe(&agent, &url, &token, &names, &beating, &stats, until))
     };
+    if let Some(file) = args.silence_file.clone() {
+        let (beating, names) = (Arc::clone(&beating), names.clone());
+        std::thread::spawn(move || silence(&file, &names, &beating, until));
+    }
     for t in threads {
         let _ = t.join();
     }
@@ -244,6 +253,10 @@ fn observe(
             }
             if let Some(i) = index.get(n.name.as_str()) {
                 let b = &beating[*i];
+                if b.silent.load(std::sync::atomic::Ordering::Relaxed) {
+                    // Told to fall silent: its mark is what the run asked for.
+                    continue;
+                }
                 let last = b.last_ms.load(std::sync::atomic::Ordering::Relaxed);
                 let interval = b.interval_ms.load(std::sync::atomic::Ordering::Relaxed);
                 // Beat before the question, and within its interval (and a few seconds) of it.
@@ -252,6 +265,23 @@ fn observe(
                 }
             }
         }
+    }
+}
+
+/// Until `until`: once `file` exists, the nodes it names (one a line; others ignored) fall
+/// silent.
+fn silence(file: &std::path::Path, names: &[String], beating: &[Beating], until: Instant) {
+    while Instant::now() < until {
+        if let Ok(text) = std::fs::read_to_string(file) {
+            for name in text.lines().map(str::trim) {
+                if let Some(i) = names.iter().position(|n| n == name) {
+                    beating[i].silent.store(true, std::sync::atomic::Ordering::Relaxed);
+                    eprintln!("pl-nodesim: {name} falls silent");
+                }
+            }
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

@@ -74,11 +74,13 @@ pub struct Identity<'a> {
     pub dir: &'a std::path::Path,
 }
 
-/// What the observer reads of a node: when it last beat, and the interval it was told then.
+/// What the observer reads of a node: when it last beat, and the interval it was told then;
+/// and whether it was told to fall silent (`--silence-file`).
 #[derive(Default)]
 pub struct Beating {
     pub last_ms: AtomicI64,
     pub interval_ms: AtomicI64,
+    pub silent: std::sync::atomic::AtomicBool,
 }
 
 pub fn now_ms() -> i64 {
@@ -172,7 +174,9 @@ pub fn run(
         ends: Vec::new(),
         backoff: LEASE_BACKOFF_FIRST,
     };
-    while Instant::now() < until {
+    // A silenced node stops between calls and drops its connection (the thread ends), as a
+    // host that lost its power: it neither beats nor leases again.
+    while Instant::now() < until && !beating.silent.load(Ordering::Relaxed) {
         node.renew_when_due();
         node.beat_when_due();
         if let Some(jobs) = node.lease() {

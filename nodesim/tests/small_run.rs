@@ -3,7 +3,8 @@
 //! environment placed over the fleet and completes it, renewing its certificate on the way; the
 //! report counts every call kind with
 //! its latencies, no refusal and no transport error, and no node shown unhealthy or lost while
-//! it beat. The ledger agrees: every node beat, and every replica is reported running.
+//! it beat. The ledger agrees: every node beat, and every replica is reported running. A node
+//! told to fall silent (`--silence-file`) beats no more, and the others go on.
 
 #[path = "../../reconciler/tests/support/daemon.rs"]
 mod daemon_support;
@@ -77,7 +78,8 @@ fn fifty_simulated_nodes_enrol_beat_lease_and_complete_for_thirty_seconds() {
     d.wait_ready(Duration::from_secs(20));
 
     let report_path = dir.path().join("report.json");
-    let o = std::process::Command::new(env!("CARGO_BIN_EXE_pl-nodesim"))
+    let silence = dir.path().join("silence");
+    let sim = std::process::Command::new(env!("CARGO_BIN_EXE_pl-nodesim"))
         .args([
             "--nodes",
             "50",
@@ -99,9 +101,21 @@ fn fifty_simulated_nodes_enrol_beat_lease_and_complete_for_thirty_seconds() {
         .arg(dir.path().join("nodes"))
         .arg("--report")
         .arg(&report_path)
+        .arg("--silence-file")
+        .arg(&silence)
         .env("PL_TOKEN", &s.operator)
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .expect("pl-nodesim");
+    // Twenty seconds in (the work done), one node falls silent: it beats no more.
+    std::thread::sleep(Duration::from_secs(20));
+    let silenced_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis();
+    std::fs::write(&silence, "sim-00050\n").expect("silence");
+    let o = sim.wait_with_output().expect("pl-nodesim");
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     let report: serde_json::Value =
@@ -145,5 +159,13 @@ fn fifty_simulated_nodes_enrol_beat_lease_and_complete_for_thirty_seconds() {
         "SELECT CAST(COUNT(*) AS TEXT) FROM jobs WHERE state = 'succeeded' AND task LIKE '%ensure-application%'",
     );
     assert_eq!(done, "100", "every replica's job completed: {err}");
+    // The silenced node's last beat came before its silence (with 0.5 s for a beat under
+    // way); the others beat on after it.
+    assert!(err.contains("pl-nodesim: sim-00050 falls silent"), "{err}");
+    let last = |q: &str| sql(&url, q).parse::<u128>().expect("a time");
+    let silent_last = last("SELECT CAST(last_seen AS TEXT) FROM nodes WHERE name = 'sim-00050'");
+    let others_last = last("SELECT CAST(MAX(last_seen) AS TEXT) FROM nodes WHERE name <> 'sim-00050'");
+    assert!(silent_last < silenced_ms + 500, "sim-00050 beat after its silence");
+    assert!(others_last > silenced_ms + 4_000, "the others beat on");
     d.kill9();
 }

@@ -126,7 +126,11 @@ impl Daemon {
         let child = command
             .args(["run", "--config"])
             .arg(config)
-            .env("PL_LOG", "info")
+            // A bench may ask for more (`PLBENCH_LOG=info,reconciler::ops::group=debug`).
+            .env(
+                "PL_LOG",
+                std::env::var("PLBENCH_LOG").unwrap_or_else(|_| "info".to_owned()),
+            )
             .stdout(Stdio::null())
             .stderr(err)
             .spawn()
