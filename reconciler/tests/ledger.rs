@@ -223,7 +223,7 @@ async fn suite(l: &Ledger) {
     assert!(all.iter().any(|e| e.kind == "job-dead") && all.iter().any(|e| e.kind == "lease-expired"));
 }
 
-/// A group's leases (one statement on PostgreSQL): each request gets its own node's oldest due
+/// A group's leases (one statement on both ledgers): each request gets its own node's oldest due
 /// jobs up to its `max`, a draining node's only removals, each request a lease token of its
 /// own, and no job is leased twice.
 async fn group_leases(l: &Ledger) {
@@ -241,10 +241,24 @@ async fn group_leases(l: &Ledger) {
         max_attempts: 3,
         not_before_ms: 0,
     });
+    // A volume's backup goes on on a draining node too (a move is made of one).
+    jobs.push(NewJob {
+        task: Task::BackupVolume {
+            environment: name("grp-c"),
+            volume: name("data"),
+            generation: 1,
+            scheduled: 60,
+            on_demand: false,
+            moving: false,
+        },
+        target_node: "g3".into(),
+        max_attempts: 3,
+        not_before_ms: 0,
+    });
     l.jobs().enqueue(&jobs, 1).await.expect("enqueue");
     let asks = [("g1", 2, false), ("g2", 8, false), ("g3", 8, true)];
     let got = l.jobs().lease_many(&asks, 30_000, 2).await.expect("lease");
-    assert_eq!(got.iter().map(Vec::len).collect::<Vec<_>>(), [2, 3, 1]);
+    assert_eq!(got.iter().map(Vec::len).collect::<Vec<_>>(), [2, 3, 2]);
     for (leases, node) in got.iter().zip(["@g1", "@g2", "@g3"]) {
         assert!(leases.iter().all(|x| x.key.ends_with(node)), "{leases:?}");
         let tokens: std::collections::BTreeSet<&str> = leases.iter().map(|x| x.token.lease_token.as_str()).collect();
@@ -255,7 +269,13 @@ async fn group_leases(l: &Ledger) {
         "the oldest first: {:?}",
         got[0]
     );
-    assert!(got[2][0].key.contains(":stop@"), "a draining node gets only removals");
+    assert!(
+        got[2]
+            .iter()
+            .all(|x| x.key.contains(":stop@") || x.key.contains(":save@")),
+        "a draining node gets only removals and backups: {:?}",
+        got[2]
+    );
     assert_ne!(got[0][0].token.lease_token, got[1][0].token.lease_token);
     let again = l.jobs().lease_many(&asks, 30_000, 3).await.expect("lease");
     assert_eq!(

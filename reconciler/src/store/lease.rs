@@ -17,12 +17,12 @@ struct LeasedRecord {
     fencing_token: i64,
 }
 
-/// The same from a group lease, with the request it answers and that request's token.
+/// The same from a group lease, with its request's lease token (which names the request).
 #[derive(FromRow)]
 struct GroupLeasedRecord {
     #[sqlx(flatten)]
     job: LeasedRecord,
-    idx: i64,
+    #[sqlx(rename = "lease_token")]
     token: String,
 }
 
@@ -154,16 +154,22 @@ impl crate::store::Jobs<'_> {
         let expires = now_ms + ttl_ms;
         let mut out = Vec::with_capacity(requests.len());
         let mut events = Vec::new();
-        // PostgreSQL: a group's leases in one statement (one round trip instead of one per
-        // node). Not when a node asks twice in one group: its two picks could meet.
+        // A group's leases in one statement (one round trip instead of one per node: on SQLite
+        // each was a trip to the connection's thread while the group held the one writer, most
+        // of its hold at 3,000 nodes). Not when a node asks twice in one group: its two picks
+        // could meet.
         let distinct = requests
             .iter()
             .map(|(n, _, _)| *n)
             .collect::<std::collections::BTreeSet<_>>()
             .len()
             == requests.len();
-        if self.backend == Backend::Postgres && requests.len() > 1 && distinct {
-            let out = self.lease_group_pg(tx, requests, expires, now_ms).await?;
+        // SQLite's statement reads at most `MAX_LEASE_BATCH` of a node's jobs (what the agent
+        // API clamps to); a larger ask (the store's own callers) goes alone.
+        let bounded = self.backend == Backend::Postgres
+            || requests.iter().all(|(_, max, _)| *max <= agent_proto::MAX_LEASE_BATCH);
+        if requests.len() > 1 && distinct && bounded {
+            let out = self.lease_group(tx, requests, expires, now_ms).await?;
             for ((node, _, _), leases) in requests.iter().zip(&out) {
                 if !leases.is_empty() {
                     events.push((
@@ -202,44 +208,43 @@ impl crate::store::Jobs<'_> {
         Ok(out)
     }
 
-    /// PostgreSQL: every request of a group leased by one `UPDATE … FROM (VALUES …) CROSS JOIN
-    /// LATERAL (… FOR UPDATE SKIP LOCKED)`: each node's oldest due jobs, up to its `max`, each
-    /// request with a lease token of its own. The answers in the order of `requests`.
-    async fn lease_group_pg(
+    /// Every request of a group leased by one `UPDATE … FROM`: each node's oldest due jobs, up
+    /// to its `max`, each request with a lease token of its own. The answers in the order of
+    /// `requests`. The requests travel as one JSON parameter, so the statement is the same text
+    /// for every group size (parsed and planned once per connection, where a `VALUES` list of
+    /// each size was a new statement).
+    async fn lease_group(
         &self,
         tx: &mut WriteTx,
         requests: &[(&str, u32, bool)],
         expires: i64,
         now_ms: i64,
     ) -> Result<Vec<Vec<Lease>>, LedgerError> {
-        // The requests travel as one JSON parameter, so the statement is the same text for
-        // every group size: PostgreSQL parses and plans it once per connection, where a
-        // `VALUES` list of each size was a new statement to parse and plan.
         let mut picks = Vec::with_capacity(requests.len());
+        let mut by_token = std::collections::HashMap::with_capacity(requests.len());
         for (i, (node, max, removals_only)) in requests.iter().enumerate() {
+            let token = new_lease_token()?;
+            by_token.insert(token.clone(), i);
             picks.push(serde_json::json!({
                 "idx": i,
                 "node": node,
                 "lim": max,
                 "removals": removals_only,
-                "token": new_lease_token()?,
+                "token": token,
             }));
         }
-        let q = "UPDATE jobs SET state = 'leased', lease_token = picked.token, fencing_token = COALESCE(jobs.fencing_token, 0) + 1, \
-             lease_expires_at = ?, attempts = jobs.attempts + 1, updated_at = ? \
-             FROM (SELECT j.id, r.idx, r.token FROM json_to_recordset(?::json) AS r(idx int8, node text, lim int8, removals bool, token text) \
-                   CROSS JOIN LATERAL (SELECT id FROM jobs WHERE target_node = r.node AND state = 'queued' AND held = 0 AND not_before <= ? \
-                     AND (NOT r.removals OR key LIKE '%:stop@%' OR key LIKE '%:teardown@%' OR key LIKE '%:remove@%') \
-                     ORDER BY id LIMIT r.lim FOR UPDATE SKIP LOCKED) j) AS picked \
-             WHERE jobs.id = picked.id \
-             RETURNING jobs.id, jobs.key, jobs.task, jobs.attempts, jobs.fencing_token, picked.idx, picked.token";
+        let q = match self.backend {
+            Backend::Postgres => GROUP_LEASE_PG.as_str(),
+            Backend::Sqlite => GROUP_LEASE_SQLITE.as_str(),
+        };
         let query = sqlx::query_as::<_, GroupLeasedRecord>(self.sql(q))
             .bind(expires)
             .bind(now_ms)
             .bind(serde_json::Value::Array(picks).to_string());
         let mut out: Vec<Vec<Lease>> = vec![Vec::new(); requests.len()];
         for r in query.bind(now_ms).fetch_all(&mut **tx).await? {
-            let Some(slot) = usize::try_from(r.idx).ok().and_then(|i| out.get_mut(i)) else {
+            // SQLite's RETURNING names only the updated table: the request is the token's.
+            let Some(slot) = by_token.get(&r.token).and_then(|i| out.get_mut(*i)) else {
                 continue;
             };
             slot.push(leased(r.job, r.token, expires)?);
@@ -284,8 +289,50 @@ impl crate::store::Jobs<'_> {
 /// What only a draining node may lease: the jobs that take its work away.
 // A backup (`:save`) is not new work: a draining node keeps a pinned volume's role until it is
 // moved, and its backups (what a move is made of) go on.
-const REMOVALS: &str =
-    " AND (key LIKE '%:stop@%' OR key LIKE '%:teardown@%' OR key LIKE '%:remove@%' OR key LIKE '%:save@%')";
+macro_rules! removal_keys {
+    () => {
+        "key LIKE '%:stop@%' OR key LIKE '%:teardown@%' OR key LIKE '%:remove@%' OR key LIKE '%:save@%'"
+    };
+}
+const REMOVALS: &str = concat!(" AND (", removal_keys!(), ")");
+
+/// PostgreSQL's group lease: a `LATERAL` pick per request, `FOR UPDATE SKIP LOCKED` so that
+/// the other committer's group takes other jobs.
+static GROUP_LEASE_PG: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "UPDATE jobs SET state = 'leased', lease_token = picked.token, fencing_token = COALESCE(jobs.fencing_token, 0) + 1, \
+         lease_expires_at = ?, attempts = jobs.attempts + 1, updated_at = ? \
+         FROM (SELECT j.id, r.token FROM json_to_recordset(?::json) AS r(idx int8, node text, lim int8, removals bool, token text) \
+               CROSS JOIN LATERAL (SELECT id FROM jobs WHERE target_node = r.node AND state = 'queued' AND held = 0 AND not_before <= ? \
+                 AND (NOT r.removals OR {}) \
+                 ORDER BY id LIMIT r.lim FOR UPDATE SKIP LOCKED) j) AS picked \
+         WHERE jobs.id = picked.id \
+         RETURNING jobs.id, jobs.key, jobs.task, jobs.attempts, jobs.fencing_token, jobs.lease_token",
+        removal_keys!()
+    )
+});
+
+/// SQLite's group lease: a `LIMIT` may not name the request's `max`, so each node's oldest due
+/// jobs are read up to the most any request may ask (`MAX_LEASE_BATCH`, through `jobs_queued`),
+/// numbered per request, and cut at its `max`. SQLite's write transactions queue, so nothing
+/// is locked.
+static GROUP_LEASE_SQLITE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "UPDATE jobs SET state = 'leased', lease_token = picked.token, fencing_token = COALESCE(jobs.fencing_token, 0) + 1, \
+         lease_expires_at = ?, attempts = jobs.attempts + 1, updated_at = ? \
+         FROM (SELECT id, token FROM (SELECT j.id, r.token, r.lim, ROW_NUMBER() OVER (PARTITION BY r.idx ORDER BY j.id) AS rn \
+                 FROM (SELECT json_extract(value, '$.idx') AS idx, json_extract(value, '$.node') AS node, \
+                              json_extract(value, '$.lim') AS lim, json_extract(value, '$.removals') AS removals, \
+                              json_extract(value, '$.token') AS token FROM json_each(?)) AS r \
+                 JOIN jobs j ON j.id IN (SELECT id FROM jobs WHERE target_node = r.node AND state = 'queued' AND held = 0 \
+                   AND not_before <= ? AND (r.removals = 0 OR {}) ORDER BY id LIMIT {}) \
+               ) WHERE rn <= lim) AS picked \
+         WHERE jobs.id = picked.id \
+         RETURNING id, key, task, attempts, fencing_token, lease_token",
+        removal_keys!(),
+        agent_proto::MAX_LEASE_BATCH
+    )
+});
 
 /// One node's lease: its oldest due jobs, up to `max` (only removals for a draining node).
 ///
@@ -349,6 +396,16 @@ mod tests {
             assert!(steps.iter().any(|s| s.contains("jobs_queued")), "{steps:?}");
             assert!(!whole_table(&steps), "{steps:?}");
         }
+        // A group's leases: each node's queue through `jobs_queued`, at most `MAX_LEASE_BATCH`
+        // rows each (the window then sorts those few, not the table).
+        let steps = plan(&ledger, &GROUP_LEASE_SQLITE).await;
+        assert!(steps.iter().any(|s| s.contains("jobs_queued")), "{steps:?}");
+        assert!(
+            !steps
+                .iter()
+                .any(|s| s.starts_with("SCAN jobs") || s.starts_with("SCAN j ")),
+            "{steps:?}"
+        );
         let steps = plan(&ledger, super::super::jobs::EXPIRE).await;
         assert!(steps.iter().any(|s| s.contains("jobs_leased")), "{steps:?}");
         let steps = plan(&ledger, super::super::rollouts::ADVANCEABLE).await;
