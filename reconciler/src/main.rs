@@ -399,7 +399,7 @@ fn daemon(config: &Path) -> Result<()> {
             stopped.clone(),
         ));
         let fetcher = tokio::spawn(run_fetcher(Arc::clone(&reconciling), stopped.clone()));
-        let looper = tokio::spawn(run_loop(Arc::clone(&reconciling), stopped));
+        let looper = ledger.spawn_writer("pl-reconcile", run_loop(Arc::clone(&reconciling), stopped));
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}

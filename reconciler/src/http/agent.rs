@@ -340,13 +340,24 @@ async fn lease_jobs_now(s: &Agents, node: &str, req: &LeaseRequest) -> Result<Le
                 .and_then(served_mesh);
         }
         let wait = if mesh.is_some() { Duration::ZERO } else { wait };
+        let asked = Instant::now();
         let leases = s
             .group
             .lease(node, max, removals_only, LEASE_TTL_MS)
             .await
             .map_err(|e| internal(&e))?;
         if !leases.is_empty() || started.elapsed() >= wait {
+            let grouped = asked.elapsed();
             let jobs = delivered(s, node, leases).await.map_err(|e| internal(&e))?;
+            // Where a lease's time goes (`PL_LOG=reconciler::http::agent=debug`): the group
+            // transaction it waited for, and reading what its jobs need.
+            tracing::debug!(
+                node,
+                jobs = jobs.len(),
+                group_ms = grouped.as_secs_f64() * 1000.0,
+                delivered_ms = (asked.elapsed() - grouped).as_secs_f64() * 1000.0,
+                "lease answered"
+            );
             if jobs.is_empty() && started.elapsed() < wait {
                 continue;
             }

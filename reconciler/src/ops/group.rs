@@ -131,7 +131,9 @@ pub fn start(ledger: Arc<Ledger>, group: Arc<Group>, hub: Arc<Hub>, shutdown: to
         Arc::clone(&hub),
         shutdown.clone(),
     ));
-    tokio::spawn(run(ledger, group, hub, shutdown));
+    // On SQLite on a thread of its own (`store::writer`): it holds the one writer.
+    let committer = Arc::clone(&ledger);
+    let _ended = committer.spawn_writer("pl-group-commit", run(ledger, group, hub, shutdown));
 }
 
 /// Runs the committers until shutdown: each transaction records the completions queued, then
@@ -183,11 +185,20 @@ async fn commit_groups(ledger: Arc<Ledger>, rx: Arc<tokio::sync::Mutex<mpsc::Rec
                 .collect();
             let completions: Vec<Completion> = completes.iter().map(|c| c.completion.clone()).collect();
             let callers: Vec<String> = completes.iter().map(|c| c.caller.clone()).collect();
-            match ledger
+            let began = std::time::Instant::now();
+            let written = ledger
                 .jobs()
                 .complete_and_lease(&completions, &callers, &requests, ttl, now_ms())
-                .await
-            {
+                .await;
+            // How long a group holds the writer, and how large it was: where a fleet's leases
+            // wait (`PL_LOG=reconciler::ops::group=debug`).
+            tracing::debug!(
+                completions = completions.len(),
+                leases = requests.len(),
+                ms = began.elapsed().as_secs_f64() * 1000.0,
+                "group written"
+            );
+            match written {
                 Ok((done, leased, repaired)) => {
                     drop(requests);
                     for (call, r) in completes.into_iter().zip(done) {

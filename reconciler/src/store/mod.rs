@@ -37,6 +37,7 @@ pub mod tallies;
 pub mod views;
 pub mod volumes;
 pub mod watch;
+mod writer;
 
 /// Milliseconds since the Unix epoch: the ledger's unit of time.
 pub fn now_ms() -> i64 {
@@ -141,6 +142,9 @@ pub struct WriteTx {
     /// in one statement at commit (`tallies`), so a pass that records thousands of events
     /// pays one upsert, not one per call.
     tallies: BTreeMap<(&'static str, String, i64), i64>,
+    /// Who began it and when it got the writer: how long each caller holds SQLite's one writer
+    /// is what a fleet's leases wait behind (`PL_LOG=reconciler::store=debug`).
+    began: (&'static std::panic::Location<'static>, std::time::Instant),
 }
 
 /// Like a transaction, a write transaction is the connection it runs on (`&mut *tx`).
@@ -256,7 +260,10 @@ impl WriteTx {
             }
             query.execute(&mut *self.tx).await?;
         }
-        self.tx.commit().await
+        let (at, since) = self.began;
+        let committed = self.tx.commit().await;
+        tracing::debug!(at = %at, ms = since.elapsed().as_secs_f64() * 1000.0, "write transaction committed");
+        committed
     }
 }
 
@@ -385,23 +392,30 @@ impl Ledger {
     /// A transaction that writes. SQLite's takes the write lock at once (`BEGIN IMMEDIATE`):
     /// a deferred one that reads first cannot wait for the lock when it later writes, and
     /// fails with "database is locked" under concurrency.
-    pub(crate) async fn write_tx(&self) -> Result<WriteTx, sqlx::Error> {
-        match self.backend {
-            Backend::Sqlite => {
-                let turn = Arc::clone(&self.writer).lock_owned().await;
-                Ok(WriteTx {
-                    tx: self.pool.begin_with("BEGIN IMMEDIATE").await?,
-                    _turn: Some(turn),
-                    backend: Backend::Sqlite,
+    #[track_caller]
+    pub(crate) fn write_tx(&self) -> impl Future<Output = Result<WriteTx, sqlx::Error>> + Send + '_ {
+        // Taken here, not in the future: `track_caller` names the caller of a plain fn only.
+        let at = std::panic::Location::caller();
+        async move {
+            match self.backend {
+                Backend::Sqlite => {
+                    let turn = Arc::clone(&self.writer).lock_owned().await;
+                    Ok(WriteTx {
+                        tx: self.pool.begin_with("BEGIN IMMEDIATE").await?,
+                        _turn: Some(turn),
+                        backend: Backend::Sqlite,
+                        tallies: BTreeMap::new(),
+                        began: (at, std::time::Instant::now()),
+                    })
+                }
+                Backend::Postgres => Ok(WriteTx {
+                    tx: self.pool.begin().await?,
+                    _turn: None,
+                    backend: Backend::Postgres,
                     tallies: BTreeMap::new(),
-                })
+                    began: (at, std::time::Instant::now()),
+                }),
             }
-            Backend::Postgres => Ok(WriteTx {
-                tx: self.pool.begin().await?,
-                _turn: None,
-                backend: Backend::Postgres,
-                tallies: BTreeMap::new(),
-            }),
         }
     }
 
@@ -412,6 +426,15 @@ impl Ledger {
         let ledger = Ledger::connect(&url, 2).await.expect("ledger");
         ledger.migrate().await.expect("migrate");
         (ledger, url)
+    }
+
+    /// `column` is one of the strings of a JSON array bound where this condition stands: one
+    /// statement text for any number of them, on both ledgers.
+    pub(crate) fn text_in(&self, column: &str) -> String {
+        match self.backend {
+            Backend::Sqlite => format!("{column} IN (SELECT value FROM json_each(?))"),
+            Backend::Postgres => format!("{column} IN (SELECT json_array_elements_text(?::json))"),
+        }
     }
 
     /// A set of ids for `WHERE id …`: see [`IdSet`].
