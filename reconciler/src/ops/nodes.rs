@@ -139,7 +139,8 @@ impl Ops {
 
     /// `rows` as the operator's wire has them, each with its mesh.
     async fn answered(&self, rows: Vec<NodeRow>) -> Answer<Vec<operator_proto::nodes::Node>> {
-        let meshes = self.ledger.nodes().meshes().await?;
+        let names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
+        let meshes = self.ledger.nodes().mesh_states_of(&names).await?;
         Ok(wire::all(rows, |r| {
             let mesh = meshes.get(&r.name);
             wire::node(r, mesh)

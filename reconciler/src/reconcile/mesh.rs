@@ -309,7 +309,7 @@ pub async fn refresh(
         .map(|(node, environment, idx)| Placed { node, environment, idx })
         .collect();
     let (plans, problems) = plan(&nodes, &placed);
-    let have = ledger.nodes().meshes().await?;
+    let have = ledger.nodes().mesh_hashes().await?;
     let ports: BTreeMap<&str, u16> = keys.iter().map(|k| (k.name.as_str(), port(k))).collect();
     let mut changed = Vec::new();
     for (node, m) in &plans {
@@ -325,7 +325,7 @@ pub async fn refresh(
             use sha2::Digest;
             hex::encode(sha2::Sha256::digest(json.as_bytes()))
         };
-        if have.get(node).map(|r| r.hash.as_str()) != Some(hash.as_str()) {
+        if have.get(node).map(String::as_str) != Some(hash.as_str()) {
             changed.push((node.clone(), hash, json));
         }
     }

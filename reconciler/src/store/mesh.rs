@@ -136,6 +136,33 @@ impl crate::store::Nodes<'_> {
         Ok(rows.into_iter().map(|r| (r.node.clone(), r)).collect())
     }
 
+    /// Each node's decided mesh's hash: what the mesh plan compares its new specs with (the
+    /// specs themselves, about 10 KB a node at 10,000 nodes, are not read for that).
+    pub async fn mesh_hashes(&self) -> Result<BTreeMap<String, String>, LedgerError> {
+        let rows: Vec<(String, String)> = sqlx::query_as(self.sql("SELECT node, hash FROM node_meshes"))
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.into_iter().collect())
+    }
+
+    /// The mesh rows of `nodes` as the operator's answers show them: without their specs
+    /// (`spec` is empty), which are most of a row (about 10 KB at 10,000 nodes) and which no
+    /// answer shows. A page of `GET /v1/nodes` read every node's whole row before.
+    pub async fn mesh_states_of(&self, nodes: &[&str]) -> Result<BTreeMap<String, MeshRow>, LedgerError> {
+        if nodes.is_empty() {
+            return Ok(BTreeMap::new());
+        }
+        let q = format!(
+            "SELECT node, generation, hash, '' AS spec, applied, links, applied_at, down FROM node_meshes WHERE {}",
+            self.text_in("node")
+        );
+        let rows: Vec<MeshRow> = sqlx::query_as(self.sql(&q))
+            .bind(serde_json::to_string(nodes)?)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.into_iter().map(|r| (r.node.clone(), r)).collect())
+    }
+
     /// Numbers `node`'s meshes from `applied` on when the ledger has none of it: a row with
     /// no spec (never served) at that generation, which the next mesh written for the node
     /// follows.
