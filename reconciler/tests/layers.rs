@@ -718,6 +718,8 @@ fn the_ledger_splits_by_aggregate_each_with_its_own_handle() {
         "backend",
         "migrate",
         "write_tx",
+        // Where the tasks that hold the writer run (SQLite: a thread each).
+        "spawn_writer",
         "sqlite_in",
         "id_set",
         "sql",

@@ -349,8 +349,7 @@ async fn lease_jobs_now(s: &Agents, node: &str, req: &LeaseRequest) -> Result<Le
         if !leases.is_empty() || started.elapsed() >= wait {
             let grouped = asked.elapsed();
             let jobs = delivered(s, node, leases).await.map_err(|e| internal(&e))?;
-            // Where a lease's time goes (`PL_LOG=reconciler::http::agent=debug`): the group
-            // transaction it waited for, and reading what its jobs need.
+            // Where a lease's time goes: its group's transaction, and its jobs' reads.
             tracing::debug!(
                 node,
                 jobs = jobs.len(),
