@@ -14,7 +14,7 @@
 //! restart), the daemon's peak resident memory, and the simulator's own cost a node. A run
 //! shorter than the told interval (200 to 300 s at 10,000 nodes) has no told beats to time.
 //!
-//! `cargo bench -p pushleft-nodesim --bench scale` (`-- --nodes 100,1000 --seconds 180
+//! `cargo bench -p pushleft-nodesim --bench scale` (`-- --nodes 100,1000,10000 --seconds 180,180,600
 //! --ledger sqlite,postgres,ha`: `ha` is a pair of replicas on one PostgreSQL, both serving
 //! agents, the nodes spread over them, the leader killed instead of restarted; build
 //! `pl-nodesim` first: `cargo build --release -p pushleft-nodesim`). Needs
@@ -405,8 +405,14 @@ fn main() {
         .filter_map(|n| n.trim().parse().ok())
         .collect();
     // Long enough for the silent node to be marked lost (its interval and 90 s) at 1,000 nodes;
-    // 10,000 nodes (intervals of 200 to 300 s) want 600.
-    let seconds: u64 = value("--seconds").and_then(|s| s.parse().ok()).unwrap_or(180);
+    // 10,000 nodes (intervals of 200 to 300 s) want 600. One figure for every size, or one a
+    // size in the order of `--nodes` (`--seconds 180,180,600`).
+    let seconds: Vec<u64> = value("--seconds")
+        .unwrap_or_else(|| "180".to_owned())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    let seconds_for = |i: usize| seconds.get(i).or(seconds.last()).copied().unwrap_or(180);
     let ledgers: Vec<String> = value("--ledger")
         .unwrap_or_else(|| "sqlite".to_owned())
         .split(',')
@@ -416,8 +422,11 @@ fn main() {
         "| ledger | nodes | enrol s | release placed and leased s | drained node's replicas leased elsewhere s | lost node: silent to marked s / replicas leased elsewhere after the mark s | restart (pair: failover) s | first beat p99 ms | heartbeat p50 / p99 ms | beats/s | lease p99 ms | refusals | transport errors | marked while beating | largest peer set | daemon peak MB | sim KB a node | sim CPU ms a node-second |"
     );
     println!("|---|---:|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for (ledger, n) in ledgers.iter().flat_map(|l| sizes.iter().map(move |n| (l, *n))) {
-        let run = run(n, seconds, ledger);
+    for (ledger, (i, n)) in ledgers
+        .iter()
+        .flat_map(|l| sizes.iter().enumerate().map(move |(i, n)| (l, (i, *n))))
+    {
+        let run = run(n, seconds_for(i), ledger);
         let r = &run.report;
         let c = |call: &str, f: &str| r["calls"][call][f].as_f64().unwrap_or(0.0);
         println!(
