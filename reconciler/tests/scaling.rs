@@ -108,3 +108,49 @@ proptest! {
         case(base, head);
     }
 }
+
+/// Rollouts advance several to a write transaction (`Ledger::advance` commits every 64, or
+/// sooner when one has held the writer long): a release of more environments than a batch
+/// holds goes all the way, the last partial batch too, every step of every environment once.
+#[test]
+fn more_environments_than_an_advance_batch_all_finish() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("sqlite://{}", dir.path().join("l.db").display());
+        let ledger = Ledger::connect(&url, 2).await.expect("connect");
+        ledger.migrate().await.expect("migrate");
+        dump::nodes_up(&url, &dump::SYNTHETIC_NODES).await;
+        let state = state_of(&Params::new(150));
+        ledger
+            .apply_revision(
+                "main",
+                false,
+                &mut judgement("a", state),
+                now_ms(),
+                state_schema::placement::LOST_AFTER_MS,
+            )
+            .await
+            .expect("apply");
+        settle(&ledger, &url).await;
+        let status = dump::rows(&url, "SELECT status, COUNT(*) FROM deployments GROUP BY status").await;
+        assert_eq!(status, vec!["done|150".to_owned()]);
+        // Each environment's steps queued once: no batch ran a step twice or skipped one.
+        let twice = dump::rows(
+            &url,
+            "SELECT detail FROM events WHERE kind = 'jobs-queued' GROUP BY subject, detail HAVING COUNT(*) > 1",
+        )
+        .await;
+        assert!(twice.is_empty(), "{twice:?}");
+        let done = dump::rows(
+            &url,
+            "SELECT COUNT(*) FROM events WHERE kind = 'deployment-rollout-done'",
+        )
+        .await;
+        assert_eq!(done, vec!["150".to_owned()]);
+        ledger.close().await;
+    });
+}
