@@ -132,8 +132,7 @@ impl Ledger {
                 }
             }
         }
-        let specs = self.jobs().specs_for(&need_spec).await?;
-        let resumes = self.jobs().resumes_for(&need_spec).await?;
+        let (specs, resumes) = self.jobs().specs_for(&need_spec).await?;
         let subnets = self.jobs().subnets_of(node, &need_subnet).await?;
         let recipient: Option<String> = if need_spec.is_empty() {
             None

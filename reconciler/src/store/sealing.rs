@@ -11,28 +11,36 @@ use std::collections::{BTreeMap, BTreeSet};
 /// Each environment's current generation and its spec. Jobs of older generations that would
 /// run something are cancelled when a newer one starts, so a lease only ever needs these.
 pub(crate) type Specs = BTreeMap<String, (u64, DeploymentSpec)>;
+/// Environments whose current generation is a rollback's: (that generation, the generation
+/// whose containers its replicas resume).
+pub(crate) type Resumes = BTreeMap<String, (u64, u64)>;
 
 impl crate::store::Jobs<'_> {
-    pub(crate) async fn specs_for(&self, envs: &BTreeSet<String>) -> Result<Specs, LedgerError> {
-        let mut out = Specs::new();
+    /// Each of `envs`' current generation and spec, and the rollbacks among them: (that
+    /// generation, the generation whose containers its replicas resume). One statement for the
+    /// lease's environments (a lease of five environments' jobs was five round trips, at every
+    /// lease of a release, and the rollback holds a second statement).
+    pub(crate) async fn specs_for(&self, envs: &BTreeSet<String>) -> Result<(Specs, Resumes), LedgerError> {
+        let (mut specs, mut resumes) = (Specs::new(), Resumes::new());
         if envs.is_empty() {
-            return Ok(out);
+            return Ok((specs, resumes));
         }
-        // One statement for the lease's environments (a lease of five environments' jobs was
-        // five round trips, at every lease of a release).
         let q = format!(
-            "SELECT environment, generation, spec FROM deployments WHERE {}",
+            "SELECT environment, generation, spec, hold FROM deployments WHERE {}",
             self.text_in("environment")
         );
-        let rows: Vec<(String, i64, String)> = sqlx::query_as(self.sql(&q))
+        let rows: Vec<(String, i64, String, String)> = sqlx::query_as(self.sql(&q))
             .bind(serde_json::to_string(envs)?)
             .fetch_all(&self.pool)
             .await?;
-        for (env, generation, spec) in rows {
+        for (env, generation, spec, hold) in rows {
+            if let Some(h) = super::rollbacks::Hold::parse(&hold)? {
+                resumes.insert(env.clone(), (h.generation, h.to));
+            }
             let spec: DeploymentSpec = serde_json::from_str(&spec)?;
-            out.insert(env, (u64::try_from(generation).unwrap_or(0), spec));
+            specs.insert(env, (u64::try_from(generation).unwrap_or(0), spec));
         }
-        Ok(out)
+        Ok((specs, resumes))
     }
 
     /// The specs of the older generations an environment's rollout replaces (a rolling
@@ -47,32 +55,6 @@ impl crate::store::Jobs<'_> {
             Some(r) => serde_json::from_str(&r)?,
             None => Vec::new(),
         })
-    }
-
-    /// Environments whose current generation is a rollback's: (that generation, the
-    /// generation whose containers its replicas resume).
-    pub(crate) async fn resumes_for(
-        &self,
-        envs: &BTreeSet<String>,
-    ) -> Result<BTreeMap<String, (u64, u64)>, LedgerError> {
-        let mut out = BTreeMap::new();
-        if envs.is_empty() {
-            return Ok(out);
-        }
-        let q = format!(
-            "SELECT environment, hold FROM deployments WHERE hold <> '' AND {}",
-            self.text_in("environment")
-        );
-        let rows: Vec<(String, String)> = sqlx::query_as(self.sql(&q))
-            .bind(serde_json::to_string(envs)?)
-            .fetch_all(&self.pool)
-            .await?;
-        for (env, hold) in rows {
-            if let Some(h) = super::rollbacks::Hold::parse(&hold)? {
-                out.insert(env, (h.generation, h.to));
-            }
-        }
-        Ok(out)
     }
 
     pub(crate) async fn subnets_of(
