@@ -15,12 +15,6 @@ use state_schema::rollout::advance::{self, Advance, Measured, Rollout, Standing,
 
 type Tx = crate::store::WriteTx;
 
-/// Deployments advanced in one write transaction at most (above).
-const ADVANCE_BATCH: usize = 64;
-/// How long one advance transaction may hold the writer before it commits and the rest go on
-/// in the next (a lease waits behind it at most about this long).
-const ADVANCE_HOLD: std::time::Duration = std::time::Duration::from_millis(20);
-
 /// The jobs of step `index`, due now (a step that waits is queued only when it runs).
 pub(super) fn job_rows(step: &Step, index: usize, now_ms: i64) -> impl Iterator<Item = JobRow<'_>> {
     step.iter()
@@ -48,33 +42,14 @@ impl Ledger {
     /// Moves every unfinished deployment on that can move (its step's jobs all ended, or its
     /// pause over): what [`advance::advance`] decides, written. Returns how many changed.
     /// A watch it sets extends `watching`, so that heartbeats judge against it at once.
-    ///
-    /// Several deployments share a write transaction (at most [`ADVANCE_BATCH`], committed once
-    /// it has held the writer [`ADVANCE_HOLD`]): a release of 1,000 environments moves a few
-    /// hundred at once after a group of completions, and one transaction each was a quarter of
-    /// SQLite's one writer (a commit's sync each); the bound keeps leases and heartbeats from
-    /// waiting long behind it. A deployment whose advance fails takes back only its batch: the
-    /// next pass looks again (level-triggered).
     pub async fn advance(&self, now_ms: i64, watching: &WatchHint) -> Result<usize, LedgerError> {
         let envs = self.deployments().advanceable(now_ms).await?;
         let mut changed = 0;
-        let mut open: Option<(Tx, std::time::Instant, usize)> = None;
-        for env in &envs {
-            let (tx, held, n) = match &mut open {
-                Some(o) => o,
-                None => open.insert((self.write_tx().await?, std::time::Instant::now(), 0)),
-            };
-            if self.advance_one(tx, env, now_ms, watching).await? {
+        for env in envs {
+            let mut tx = self.write_tx().await?;
+            if self.advance_one(&mut tx, &env, now_ms, watching).await? {
                 changed += 1;
             }
-            *n += 1;
-            if *n >= ADVANCE_BATCH || held.elapsed() >= ADVANCE_HOLD {
-                if let Some((tx, _, _)) = open.take() {
-                    tx.commit().await?;
-                }
-            }
-        }
-        if let Some((tx, _, _)) = open.take() {
             tx.commit().await?;
         }
         Ok(changed)
