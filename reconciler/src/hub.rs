@@ -50,8 +50,14 @@ pub struct Hub {
     pub fetch_hint: Notify,
     /// Wakes the event watcher after this daemon wrote.
     pub wrote: Notify,
-    /// Says this daemon queued jobs: `ops::lease_wakes` looks which nodes have work due.
+    /// Says this daemon queued jobs: `ops::lease_wakes` looks which nodes have work due, and
+    /// tells the other replicas (`ops::replica_wakes`).
     pub jobs: Notify,
+    /// Says another replica queued jobs (`ops::replica_wakes`): `ops::lease_wakes` looks too.
+    pub jobs_elsewhere: Notify,
+    /// Says this daemon's agents completed jobs: `ops::replica_wakes` tells the leader, when
+    /// that is another replica.
+    pub completed: Notify,
     /// Wakes agents' long-polling leases one node at a time: the nodes with work due
     /// (`ops::lease_wakes`), and those whose mesh this daemon changed.
     pub nodes: wakes::NodeWakes,
@@ -171,6 +177,8 @@ impl Default for Hub {
             jobs: Notify::new(),
             nodes: wakes::NodeWakes::default(),
             settle_hint: Notify::new(),
+            jobs_elsewhere: Notify::new(),
+            completed: Notify::new(),
             events_tip: tokio::sync::watch::Sender::new(0),
             counts: Mutex::new(None),
             metrics: Metrics::default(),

@@ -374,6 +374,7 @@ fn daemon(config: &Path) -> Result<()> {
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let api = tokio::spawn(serve(listener, tls, operator_routes, max_connections, stopped.clone()));
         let events = tokio::spawn(watch_events(Arc::clone(&ledger), Arc::clone(&hub), stopped.clone()));
+        reconciler::ops::replica_wakes::start(Arc::clone(&ledger), Arc::clone(&hub), stopped.clone());
         // The agents' API: the same server certificate, and a client certificate from the
         // control CA required to finish the handshake.
         // During a CA rotation, certificates of the CAs in `control.trusted_cas` are accepted too.

@@ -720,6 +720,9 @@ fn the_ledger_splits_by_aggregate_each_with_its_own_handle() {
         "write_tx",
         // Where the tasks that hold the writer run (SQLite: a thread each).
         "spawn_writer",
+        // Wakes between the replicas of a pair (PostgreSQL's LISTEN/NOTIFY), beside leadership.
+        "announce",
+        "wakes",
         "sqlite_in",
         "id_set",
         "sql",

@@ -1,6 +1,7 @@
 //! The ledger's behaviour, run unchanged against SQLite and against a real PostgreSQL that
 //! the test starts itself (initdb and pg_ctl into a temporary directory, on a free port).
 
+use reconciler::store::wakes::Wake;
 use reconciler::store::{Backend, Completion, Ledger, NewJob, Outcome, Refused};
 use state_schema::task::Task;
 use state_schema::values::Name;
@@ -336,6 +337,9 @@ async fn sqlite_ledger() {
     // Migrations are idempotent and the data survives a reconnect.
     let l = sqlite(dir.path()).await;
     assert!(l.events().events_after(0, 1).await.expect("events").len() == 1);
+    // One daemon: nobody to tell, nothing to hear.
+    l.announce(Wake::Jobs).await.expect("a word to nobody");
+    assert!(l.wakes().await.expect("listen").is_none());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -349,6 +353,26 @@ async fn postgres_ledger() {
     let l = postgres(&pg).await;
     assert!(l.events().events_after(0, 1).await.expect("events").len() == 1);
     l.close().await;
+    replica_wakes(&pg).await;
+}
+
+/// Two replicas' ledgers on one PostgreSQL: what one announces the other hears, in order, and
+/// none hears its own.
+async fn replica_wakes(pg: &Postgres) {
+    let (a, b) = (postgres(pg).await, postgres(pg).await);
+    let mut heard = b.wakes().await.expect("listen").expect("PostgreSQL listens");
+    b.announce(Wake::Jobs).await.expect("b's own word");
+    a.announce(Wake::Completions).await.expect("a's word");
+    a.announce(Wake::Jobs).await.expect("a's word");
+    for want in [Wake::Completions, Wake::Jobs] {
+        let got = tokio::time::timeout(std::time::Duration::from_secs(10), heard.next())
+            .await
+            .expect("heard within 10 s")
+            .expect("heard");
+        assert_eq!(got, want, "b hears a's words in order, not its own");
+    }
+    a.close().await;
+    b.close().await;
 }
 
 /// Migration `name`'s text for `url`'s backend, and a pool on `url` to run parts of it again

@@ -211,8 +211,10 @@ async fn commit_groups(ledger: Arc<Ledger>, rx: Arc<tokio::sync::Mutex<mpsc::Rec
                         hub.repairs_recorded.store(true, Ordering::Relaxed);
                     }
                     if !completions.is_empty() {
-                        // The next step may be due: the loop advances it now.
+                        // The next step may be due: the loop advances it now (or, on another
+                        // replica that leads, once told: `ops::replica_wakes`).
                         hub.settle_hint.notify_one();
+                        hub.completed.notify_one();
                     }
                 }
                 Err(e) => {

@@ -21,6 +21,7 @@ pub mod nodes;
 pub mod plans;
 pub mod provenance;
 pub mod releases;
+pub mod replica_wakes;
 pub mod rewrites;
 pub mod rollbacks;
 pub mod screens;

@@ -36,6 +36,7 @@ pub mod snapshots;
 pub mod tallies;
 pub mod views;
 pub mod volumes;
+pub mod wakes;
 pub mod watch;
 mod writer;
 
@@ -131,6 +132,12 @@ pub struct Ledger {
     writer: Arc<tokio::sync::Mutex<()>>,
     /// The control plane's id, read (or made) once ([`Ledger::control_plane`]).
     control_plane: tokio::sync::OnceCell<String>,
+    /// This connection's own name among the replicas that share the ledger (random): what
+    /// it announces to them is signed with it, so that it does not wake itself (`wakes`).
+    instance: String,
+    /// PostgreSQL's address, for the one connection that listens for the other replicas'
+    /// wakes (`wakes`). It may hold a password: never logged or shown.
+    listen_url: Option<String>,
 }
 
 /// A write transaction; on SQLite it holds the process's writer turn until it ends.
@@ -307,12 +314,16 @@ impl Ledger {
                 })
             });
         let pool = options.connect(&url).await?;
+        let mut instance = [0u8; 8];
+        getrandom::fill(&mut instance).map_err(|e| LedgerError::Random(e.to_string()))?;
         Ok(Ledger {
             pool,
             backend,
             sqlite_path,
             writer: Arc::default(),
             control_plane: tokio::sync::OnceCell::new(),
+            instance: hex::encode(instance),
+            listen_url: (backend == Backend::Postgres).then(|| url.into_owned()),
         })
     }
 
