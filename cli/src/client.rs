@@ -61,6 +61,20 @@ pub const DEFAULT_SERVER: &str = "https://127.0.0.1:7443";
 /// The most a JSON answer may be: a page of 1,000 deployments is well under it.
 const MAX_ANSWER_BYTES: u64 = 64 * 1024 * 1024;
 
+/// Running deployments a page of `/v1/fleet` holds (about 3 KiB of JSON each).
+const FLEET_PAGE: u32 = 500;
+/// The most pages of `/v1/fleet` read: the daemon answers at most 10,000 deployments.
+const MAX_FLEET_PAGES: usize = 10_000 / FLEET_PAGE as usize + 1;
+
+/// `GET /v1/fleet?limit=`'s answer: a page, or from a control plane before the pages, the
+/// whole snapshot.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum FleetAnswer {
+    Page(state_schema::replacement::SnapshotPage),
+    Whole(state_schema::replacement::Snapshot),
+}
+
 pub(crate) struct Client {
     agent: ureq::Agent,
     base: String,
@@ -414,9 +428,32 @@ impl Client {
     }
 
     /// `GET /v1/fleet`: the live fleet as re-placement sees it (opaque to the wire types: it
-    /// is `state_schema::replacement::Snapshot`, which `pl plan --fleet` decides on).
+    /// is `state_schema::replacement::Snapshot`, which `pl plan --fleet` decides on), read in
+    /// pages of one snapshot of [`FLEET_PAGE`] deployments each, so that no answer grows with
+    /// the fleet. A control plane from before the pages answers the whole snapshot at once.
     pub(crate) fn fleet(&self) -> Result<state_schema::replacement::Snapshot> {
-        self.get("/v1/fleet").context("the control plane's /v1/fleet answer")
+        let context = "the control plane's /v1/fleet answer";
+        let mut path = format!("/v1/fleet?limit={FLEET_PAGE}");
+        let mut whole: Option<state_schema::replacement::Snapshot> = None;
+        for _ in 0..MAX_FLEET_PAGES {
+            let page = match self.get::<FleetAnswer>(&path).context(context)? {
+                FleetAnswer::Page(p) => p,
+                FleetAnswer::Whole(s) => return Ok(s),
+            };
+            match &mut whole {
+                Some(w) => w.running.extend(page.snapshot.running),
+                None => whole = Some(page.snapshot),
+            }
+            let Some(next) = page.next else {
+                return Ok(whole.unwrap_or_default());
+            };
+            // The daemon's cursor is an id and an offset; anything else is not put in a URL.
+            if !next.bytes().all(|b| b.is_ascii_hexdigit() || b == b'.') {
+                anyhow::bail!("{context}: its cursor {next:?} is not one this client reads");
+            }
+            path = format!("/v1/fleet?limit={FLEET_PAGE}&cursor={next}");
+        }
+        anyhow::bail!("{context}: more than {MAX_FLEET_PAGES} pages")
     }
 }
 

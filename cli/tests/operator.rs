@@ -324,6 +324,18 @@ fn plan_with_a_live_fleet_shows_the_re_placements_the_daemon_would_make() {
         assert!(std::time::Instant::now() < deadline, "never applied: {body}");
         std::thread::sleep(Duration::from_millis(200));
     }
+    // In pages (what `pl plan --fleet` reads): one deployment is one page, naming no next;
+    // a cursor the daemon does not keep is refused with its code.
+    let token = std::fs::read_to_string(dir.path().join("viewer.token")).expect("token");
+    let (code, body) = d.get("/v1/fleet?limit=1", Some(token.trim()));
+    let page: state_schema::replacement::SnapshotPage = serde_json::from_str(&body).expect("a page");
+    assert_eq!((code, page.snapshot.running.len(), page.next), (200, 1, None), "{body}");
+    assert!(
+        page.snapshot.nodes.contains_key("n2"),
+        "the first page carries the nodes"
+    );
+    let (code, body) = d.get("/v1/fleet?limit=1&cursor=0123456789abcdef.1", Some(token.trim()));
+    assert_eq!((code, body.contains("\"fleet-cursor-unknown\"")), (404, true), "{body}");
     let o = plan(&["--fleet"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(

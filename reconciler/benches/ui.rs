@@ -165,6 +165,7 @@ async fn run(dir: &Path, repo: &Repo, base: &str, head: &str, url: &str, samples
         images: None,
         images_grace_hours: 24,
         indicators: Default::default(),
+        fleet_cursors: Default::default(),
     });
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let watcher = tokio::spawn(watch_events(Arc::clone(&ledger), Arc::clone(&hub), stopped));

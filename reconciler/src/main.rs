@@ -353,18 +353,7 @@ fn daemon(config: &Path) -> Result<()> {
         )?);
         // The same trust files the reconcile layer judges commits with: their image rules.
         let images = reconciler::delivery::ImageRules::new(reconciling.policy.clone(), reconciling.signers.clone());
-        let ops = Arc::new(Ops {
-            ledger: Arc::clone(&ledger),
-            hub: Arc::clone(&hub),
-            branch: config.source.branch.clone(),
-            lost_after_ms: config.control.lost_after_ms(),
-            issues_certificates: config.issues_certificates(),
-            repo_dir: config.source.path.clone().or_else(|| config.source.cache_dir.clone()),
-            plans: tokio::sync::Semaphore::new(1),
-            indicators: Default::default(),
-            images: image_store.clone(),
-            images_grace_hours: config.images.as_ref().map_or(24, |i| i.gc_grace_hours),
-        });
+        let ops = Arc::new(Ops::new(&config, &ledger, &hub, image_store.as_ref()));
         let operator_routes = operator_listener(&config, &ledger, &ops, &hub, &tokens, &logs, image_store.as_ref())?;
         let _watcher = watch_local(&reconciling).context("watching the repository")?;
         let listener = tokio::net::TcpListener::bind(listen)

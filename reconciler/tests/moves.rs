@@ -141,6 +141,7 @@ async fn scenario(url: String, dir: &Path) {
         images: None,
         images_grace_hours: 24,
         indicators: Default::default(),
+        fleet_cursors: Default::default(),
     };
     let move_to = |to: &str| operator_proto::volumes::MoveVolume {
         environment: "api-production".into(),

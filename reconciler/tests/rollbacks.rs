@@ -490,6 +490,7 @@ async fn canary_scenario(url: String, dir: &Path) {
         images: None,
         images_grace_hours: 24,
         indicators: Default::default(),
+        fleet_cursors: Default::default(),
     };
     let step_state = || {
         let url = url.clone();

@@ -53,6 +53,18 @@ pub struct Snapshot {
     pub held: Vec<Held>,
 }
 
+/// One page of a snapshot (`GET /v1/fleet?limit=N`): the first carries the nodes, the pins
+/// and the holds with its share of the running deployments, the others only theirs, all of
+/// the same moment (`atMs`); `next` names the next page of the same snapshot, absent on the
+/// last. `Snapshot::running` of every page, in order, is the snapshot's.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotPage {
+    pub snapshot: Snapshot,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+}
+
 /// An environment a rollback holds at an older release: it differs from what Git says until a
 /// commit changes it or an operator releases it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -291,9 +291,23 @@ async fn certificates(State(s): App, _: Caller<Viewers>) -> Response {
 }
 
 /// The live fleet as re-placement sees it now: what `pl plan --fleet` decides on.
-async fn fleet(State(s): App, _: Caller<Viewers>) -> Response {
-    reply(OK, s.ops.fleet().await)
+async fn fleet(State(s): App, _: Caller<Viewers>, Params(q): Params<FleetQuery>) -> Response {
+    match (q.limit, q.cursor.as_deref()) {
+        (None, None) => reply(OK, s.ops.fleet().await),
+        (limit, cursor) => reply(OK, s.ops.fleet_page(cursor, limit.unwrap_or(FLEET_PAGE)).await),
+    }
 }
+
+/// `GET /v1/fleet`: the whole snapshot, or with `limit` (and then `cursor`, the page before's
+/// `next`) one page of it (`ops::fleet_pages`).
+#[derive(Deserialize)]
+struct FleetQuery {
+    limit: Option<u32>,
+    cursor: Option<String>,
+}
+
+/// Running deployments a page of `/v1/fleet` holds when `cursor` comes without `limit`.
+const FLEET_PAGE: u32 = 200;
 
 /// Heads of the applied branch refused as rewrites, newest first.
 async fn rewrites(State(s): App, _: Caller<Viewers>, Params(q): Params<ListQuery>) -> Response {

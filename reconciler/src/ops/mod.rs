@@ -13,6 +13,7 @@
 pub mod agents;
 pub mod backups;
 pub mod domains;
+pub mod fleet_pages;
 pub mod group;
 pub mod images;
 pub mod indicators;
@@ -61,6 +62,32 @@ pub struct Ops {
     pub images: Option<Arc<crate::images::store::Store>>,
     /// `images.gc_grace_hours`.
     pub images_grace_hours: u64,
+    /// The fleet snapshots kept for their next pages (`GET /v1/fleet?limit=`).
+    pub fleet_cursors: fleet_pages::FleetCursors,
+}
+
+impl Ops {
+    /// The operator's use cases' state, from the daemon's configuration (the composition root's).
+    pub fn new(
+        config: &crate::config::Config,
+        ledger: &Arc<Ledger>,
+        hub: &Arc<Hub>,
+        images: Option<&Arc<crate::images::store::Store>>,
+    ) -> Ops {
+        Ops {
+            ledger: Arc::clone(ledger),
+            hub: Arc::clone(hub),
+            branch: config.source.branch.clone(),
+            lost_after_ms: config.control.lost_after_ms(),
+            issues_certificates: config.issues_certificates(),
+            repo_dir: config.source.path.clone().or_else(|| config.source.cache_dir.clone()),
+            plans: tokio::sync::Semaphore::new(1),
+            indicators: Default::default(),
+            images: images.cloned(),
+            images_grace_hours: config.images.as_ref().map_or(24, |i| i.gc_grace_hours),
+            fleet_cursors: Default::default(),
+        }
+    }
 }
 
 /// How a refusal reads to the caller (the HTTP surface maps each to its status).

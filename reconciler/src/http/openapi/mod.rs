@@ -407,13 +407,16 @@ pub fn document() -> OpenApi {
         Get,
         "/v1/fleet",
         viewer,
-        "The live fleet as re-placement sees it (`pl plan --fleet`).",
-        &[],
+        "The live fleet as re-placement sees it (`pl plan --fleet`): the whole snapshot, or with `limit` one page of it, every page of the same moment.",
+        &[
+            Query("limit", Type::Integer, false, "running deployments a page holds (1 to 1,000): answers a page"),
+            Query("cursor", Type::String, false, "the page before's `next` (kept 60 s): answers the next page"),
+        ],
         empty(),
         (
             200,
             Body::Opaque(
-                "state_schema::replacement::Snapshot: opaque to the wire types, read by the pure re-placement decision",
+                "state_schema::replacement::Snapshot, or with `limit` or `cursor` state_schema::replacement::SnapshotPage: opaque to the wire types, read by the pure re-placement decision",
             ),
         ),
     );
