@@ -2,13 +2,12 @@
 //! fleet finds the nodes with work due (`Jobs::nodes_with_work`), and only those nodes' leases
 //! are woken (`hub::wakes`). It looks at once when this daemon queued jobs (`Hub::jobs`), and
 //! otherwise every [`LOOK_EVERY`]: what nobody here announced (another replica's writes, a
-//! retry coming due, a lease running out) is seen within that; on PostgreSQL another replica's
-//! new jobs are announced (`ops::replica_wakes`) and looked at at once too. Before, every waiting lease
+//! retry coming due, a lease running out) is seen within that; when another replica
+//! announced new jobs (`ops::replica_wakes`) it looks at once too. Before, every waiting lease
 //! read its own queue about once a second: ten thousand reads a second for an idle fleet of
 //! ten thousand nodes, where this is one.
 
 use crate::hub::Hub;
-use crate::store::wakes::Wake;
 use crate::store::{Ledger, now_ms};
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +19,6 @@ const LOOK_AT_MOST_EVERY: Duration = Duration::from_millis(20);
 
 /// Runs until `shutdown` turns true.
 pub async fn run(ledger: Arc<Ledger>, hub: Arc<Hub>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-    let mut queued_here = false;
     loop {
         // Enabled before the look: an announcement made while it runs is not lost.
         let announced = hub.jobs.notified();
@@ -29,24 +27,18 @@ pub async fn run(ledger: Arc<Ledger>, hub: Arc<Hub>, mut shutdown: tokio::sync::
         let elsewhere = hub.jobs_elsewhere.notified();
         tokio::pin!(elsewhere);
         elsewhere.as_mut().enable();
-        if queued_here {
-            // The other replicas' agents wait for them too (`ops::replica_wakes`).
-            if let Err(e) = ledger.announce(Wake::Jobs).await {
-                tracing::warn!(error = %e, "telling the other replicas of new jobs failed; they look within a second");
-            }
-        }
         if hub.nodes.waiting() > 0 {
             match ledger.jobs().nodes_with_work(now_ms()).await {
                 Ok(nodes) => hub.nodes.wake(nodes),
                 Err(e) => tracing::warn!(error = %e, "looking for nodes with work due failed"),
             }
         }
-        queued_here = tokio::select! {
-            () = &mut announced => true,
-            () = &mut elsewhere => false,
-            () = tokio::time::sleep(LOOK_EVERY) => false,
+        tokio::select! {
+            () = &mut announced => {}
+            () = &mut elsewhere => {}
+            () = tokio::time::sleep(LOOK_EVERY) => {}
             _ = shutdown.changed() => return,
-        };
+        }
         tokio::time::sleep(LOOK_AT_MOST_EVERY).await;
     }
 }

@@ -1,6 +1,5 @@
 //! What the replicas of a pair on PostgreSQL tell each other (`store::wakes`): the jobs one
-//! queued reach the other's waiting leases at once (`ops::lease_wakes` announces them and
-//! looks when told), and completions recorded by a replica that does not lead wake the
+//! queued reach the other's waiting leases at once (its `ops::lease_wakes` looks when told), and completions recorded by a replica that does not lead wake the
 //! leader's settle, which advances the next step. Only hints: each side still looks on its own
 //! (leases once a second, the leader at every pass), so a lost word costs that delay and no
 //! more. Nothing runs on SQLite (one daemon).
@@ -24,6 +23,7 @@ pub fn start(ledger: Arc<Ledger>, hub: Arc<Hub>, shutdown: tokio::sync::watch::R
         return;
     }
     tokio::spawn(listen(Arc::clone(&ledger), Arc::clone(&hub), shutdown.clone()));
+    tokio::spawn(announce_jobs(Arc::clone(&ledger), Arc::clone(&hub), shutdown.clone()));
     tokio::spawn(announce_completions(ledger, hub, shutdown));
 }
 
@@ -59,6 +59,26 @@ async fn listen(ledger: Arc<Ledger>, hub: Arc<Hub>, mut shutdown: tokio::sync::w
         tokio::select! {
             () = tokio::time::sleep(RETRY) => {}
             _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// Tells the other replicas that this one queued jobs (`Hub::jobs`), beside this replica's own
+/// lease look rather than in its way: one statement after each burst.
+async fn announce_jobs(ledger: Arc<Ledger>, hub: Arc<Hub>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    let mut queued = Box::pin(hub.jobs.notified());
+    queued.as_mut().enable();
+    loop {
+        tokio::select! {
+            () = &mut queued => {}
+            _ = shutdown.changed() => return,
+        }
+        // Listening again before the word goes: jobs queued meanwhile are told next.
+        queued = Box::pin(hub.jobs.notified());
+        queued.as_mut().enable();
+        tokio::time::sleep(GATHER).await;
+        if let Err(e) = ledger.announce(Wake::Jobs).await {
+            tracing::warn!(error = %e, "telling the other replicas of new jobs failed; they look within a second");
         }
     }
 }
