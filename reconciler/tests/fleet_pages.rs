@@ -3,6 +3,7 @@
 //! well formed, refused with its code.
 
 #[path = "support/apply.rs"]
+#[allow(dead_code)] // `settle`: this test runs no jobs
 mod apply;
 #[path = "support/dump.rs"]
 mod dump;
