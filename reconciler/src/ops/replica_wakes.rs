@@ -1,6 +1,7 @@
 //! What the replicas of a pair on PostgreSQL tell each other (`store::wakes`): the jobs one
-//! queued reach the other's waiting leases at once (its `ops::lease_wakes` looks when told), and completions recorded by a replica that does not lead wake the
-//! leader's settle, which advances the next step. Only hints: each side still looks on its own
+//! queued reach the other's waiting leases at once (its `ops::lease_wakes` looks when told),
+//! and completions recorded by a replica that does not lead wake the leader's settle, which
+//! advances the next step. Only hints: each side still looks on its own
 //! (leases once a second, the leader at every pass), so a lost word costs that delay and no
 //! more. Nothing runs on SQLite (one daemon).
 
@@ -17,7 +18,8 @@ const GATHER: Duration = Duration::from_millis(10);
 /// How long a listener that cannot reach the ledger waits before it tries again.
 const RETRY: Duration = Duration::from_secs(1);
 
-/// Starts the listener and the announcer of completions, until shutdown (PostgreSQL only).
+/// Starts the listener and the announcers of new jobs and of completions, until shutdown
+/// (PostgreSQL only).
 pub fn start(ledger: Arc<Ledger>, hub: Arc<Hub>, shutdown: tokio::sync::watch::Receiver<bool>) {
     if ledger.backend() != crate::store::Backend::Postgres {
         return;
