@@ -31,7 +31,9 @@ pub enum BuildError {
     #[error("[build-dockerignore-invalid] {0}")]
     Ignore(String),
     #[error("[docker-unavailable] {0}")]
-    Docker(#[from] bollard::errors::Error),
+    Docker(bollard::errors::Error),
+    #[error("[node-disk-full] the node's disk is full (free space where the engine keeps images): {0}")]
+    DiskFull(bollard::errors::Error),
     #[error("[build-failed] {message}\n{output}")]
     Failed { message: String, output: String },
     #[error("[build-push-failed] pushing {reference}: {message}")]
@@ -40,6 +42,16 @@ pub enum BuildError {
     Store(String),
     #[error("[build-export-failed] exporting {reference}: {source}")]
     Export { reference: String, source: std::io::Error },
+}
+
+impl From<bollard::errors::Error> for BuildError {
+    fn from(e: bollard::errors::Error) -> Self {
+        if crate::docker::disk_full(&e) {
+            BuildError::DiskFull(e)
+        } else {
+            BuildError::Docker(e)
+        }
+    }
 }
 
 /// `.dockerignore`'s rules: `(pattern, exception)` in file order.
@@ -282,6 +294,30 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::write(dir.path().join(".dockerignore"), text).expect("write");
         Ignore::read(dir.path()).expect("valid")
+    }
+
+    /// The engine's answer when its disk is full, as the CI host's dockerd gave it.
+    fn engine_error(message: &str) -> bollard::errors::Error {
+        bollard::errors::Error::DockerResponseServerError {
+            status_code: 500,
+            message: message.to_owned(),
+        }
+    }
+
+    #[test]
+    fn a_full_disk_is_named_as_such_and_other_engine_errors_are_not() {
+        let full = engine_error(
+            "Error processing tar file(exit status 1): write /rootfs/lib/libkrb5.so.3: no space left on device",
+        );
+        let got = BuildError::from(full).to_string();
+        assert!(got.starts_with("[node-disk-full] "), "{got}");
+        let other = BuildError::from(engine_error("Error processing tar file: unexpected EOF"));
+        assert!(other.to_string().starts_with("[docker-unavailable] "), "{other}");
+        // The task path (a container, a pull, a network) names it the same way.
+        let failure = crate::docker::failure_of(engine_error("mkdir /var/lib/docker/x: no space left on device"));
+        assert_eq!(failure.code, "node-disk-full");
+        let failure = crate::docker::failure_of(engine_error("conflict"));
+        assert_eq!(failure.code, "docker-unavailable");
     }
 
     #[test]

@@ -141,9 +141,30 @@ fn not_found(e: &DockerError) -> bool {
     matches!(e, DockerError::DockerResponseServerError { status_code: 404, .. })
 }
 
-/// A Docker error as a failure: unreachable or a server error is worth retrying.
+/// A Docker error as a failure: unreachable or a server error is worth retrying. A full disk
+/// on the node is named as such (`node-disk-full`), whatever the call was: the engine answers
+/// it as a bare 500, and "docker unavailable" would send an operator to the wrong place.
 fn docker(code: &'static str, e: DockerError) -> Failure {
+    if disk_full(&e) {
+        return retryable(
+            "node-disk-full",
+            format!("docker: the node's disk is full (free space where the engine keeps images and containers): {e}"),
+        );
+    }
     retryable(code, format!("docker: {e}"))
+}
+
+/// An engine error as the tasks report it when nothing more specific applies (for tests of
+/// the classification outside this module).
+#[cfg(test)]
+pub(crate) fn failure_of(e: DockerError) -> Failure {
+    docker("docker-unavailable", e)
+}
+
+/// Whether the engine failed because the disk under it is full (ENOSPC's words, which the
+/// engine passes on in its error text: it has no code of its own for it).
+pub fn disk_full(e: &DockerError) -> bool {
+    e.to_string().contains("no space left on device")
 }
 
 fn owned(labels: Option<&HashMap<String, String>>) -> bool {
