@@ -23,6 +23,7 @@ use reconciler::store::Ledger;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
