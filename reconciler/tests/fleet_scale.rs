@@ -1,6 +1,8 @@
-//! `GET /v1/fleet` in pages (`ops::fleet_pages`): every page of one snapshot, however the
-//! fleet changes between them, adding up to the whole; a cursor that is not kept, or not
-//! well formed, refused with its code.
+//! Fleet-wide paths, made to hold ten thousand nodes. `GET /v1/fleet` in pages
+//! (`ops::fleet_pages`): every page of one snapshot, however the fleet changes between them,
+//! adding up to the whole; a cursor that is not kept, or not well formed, refused with its
+//! code. The nodes' meshes made one at a time and written in chunks (`reconcile::mesh`):
+//! the same rows as in one write, and nothing written again when nothing changed.
 
 #[path = "support/apply.rs"]
 #[allow(dead_code)] // `settle`: this test runs no jobs
@@ -8,24 +10,12 @@ mod apply;
 #[path = "support/dump.rs"]
 mod dump;
 
-use apply::judgement;
+use apply::{judgement, state_of};
 use reconciler::ops::{Kind, Ops};
 use reconciler::store::{Ledger, now_ms};
-use state_schema::parse::parse_file;
 use state_schema::replacement::Snapshot;
-use state_schema::state::{Loaded, assemble};
-use state_schema::synthetic::{Params, generate};
+use state_schema::synthetic::Params;
 use std::sync::Arc;
-
-fn state_of(environments: usize) -> Loaded {
-    let files = generate(&Params::new(environments))
-        .into_iter()
-        .map(|(path, text)| parse_file(&path, text.as_bytes()))
-        .collect();
-    let loaded = assemble(files, Vec::new());
-    assert!(loaded.is_valid(), "{:?}", loaded.diagnostics.first());
-    loaded
-}
 
 fn environments(s: &Snapshot) -> Vec<String> {
     s.running.iter().map(|r| r.spec.environment.to_string()).collect()
@@ -45,7 +35,7 @@ async fn pages_of_one_snapshot_add_up_to_it() {
                 .apply_revision(
                     "main",
                     false,
-                    &mut judgement(sha, state_of(n)),
+                    &mut judgement(sha, state_of(&Params::new(n))),
                     now_ms(),
                     state_schema::placement::LOST_AFTER_MS,
                 )
@@ -105,4 +95,69 @@ async fn pages_of_one_snapshot_add_up_to_it() {
     let one = ops.fleet_page(None, 1_000).await.expect("one page");
     assert_eq!((one.snapshot.running.len(), one.next), (8, None));
     ledger.close().await;
+}
+
+/// A SQLite ledger in `dir` with the synthetic nodes (each with a mesh key and an address)
+/// and `environments` environments placed on them.
+async fn placed_ledger(dir: &std::path::Path, environments: usize) -> (Ledger, String) {
+    let url = format!("sqlite://{}", dir.join("l.db").display());
+    let ledger = Ledger::connect(&url, 2).await.expect("connect");
+    ledger.migrate().await.expect("migrate");
+    dump::nodes_up(&url, &dump::SYNTHETIC_NODES).await;
+    dump::rows(
+        &url,
+        "UPDATE nodes SET mesh_key = 'key-' || name, mesh_address = '10.77.0.1'",
+    )
+    .await;
+    let mut judged = judgement("a", state_of(&Params::new(environments)));
+    ledger
+        .apply_revision(
+            "main",
+            false,
+            &mut judged,
+            now_ms(),
+            state_schema::placement::LOST_AFTER_MS,
+        )
+        .await
+        .expect("apply");
+    (ledger, url)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn meshes_written_in_chunks_are_the_meshes_written_at_once() {
+    use reconciler::reconcile::mesh::refresh;
+    let (a, b) = (
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    );
+    let (chunked, chunked_url) = placed_ledger(a.path(), 7).await;
+    let (whole, whole_url) = placed_ledger(b.path(), 7).await;
+    let none = std::collections::BTreeMap::new();
+    // Chunks of three over sixteen nodes: five full chunks and a last one of one.
+    let changed = refresh(&chunked, &[], &none, 3, now_ms())
+        .await
+        .expect("refresh in chunks");
+    let at_once = refresh(&whole, &[], &none, 10_000, now_ms())
+        .await
+        .expect("refresh at once");
+    assert_eq!(
+        changed.len(),
+        dump::SYNTHETIC_NODES.len(),
+        "every keyed node's mesh is new"
+    );
+    assert_eq!(changed, at_once);
+    let rows = "SELECT node, generation, spec FROM node_meshes ORDER BY node";
+    let written = dump::rows(&chunked_url, rows).await;
+    assert_eq!(written.len(), dump::SYNTHETIC_NODES.len());
+    assert!(
+        written.iter().any(|r| r.contains("\"peers\":[{")),
+        "some node has peers: {written:?}"
+    );
+    assert_eq!(written, dump::rows(&whole_url, rows).await);
+    // Nothing changed: nothing written, no generation raised.
+    let again = refresh(&chunked, &[], &none, 3, now_ms()).await.expect("refresh again");
+    assert!(again.is_empty(), "{again:?}");
+    assert_eq!(dump::rows(&chunked_url, rows).await, written);
+    chunked.close().await;
+    whole.close().await;
 }

@@ -10,6 +10,7 @@
 //! set`), with the replica count kept.
 
 #[path = "support/apply.rs"]
+#[allow(dead_code)] // `state_of`: this test writes its own repositories
 mod apply;
 #[path = "support/dump.rs"]
 mod dump;

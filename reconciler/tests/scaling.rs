@@ -9,25 +9,13 @@ mod apply;
 #[path = "support/dump.rs"]
 mod dump;
 
-use apply::{judgement, settle};
+use apply::{judgement, settle, state_of};
 use proptest::prelude::*;
 use reconciler::store::Ledger;
 use reconciler::store::now_ms;
-use state_schema::parse::parse_file;
 use state_schema::plan::{Scope, plan_scoped};
-use state_schema::state::{Loaded, assemble};
-use state_schema::synthetic::{Params, generate};
+use state_schema::synthetic::Params;
 use std::collections::{BTreeMap, BTreeSet};
-
-fn state_of(p: &Params) -> Loaded {
-    let files = generate(p)
-        .into_iter()
-        .map(|(path, text)| parse_file(&path, text.as_bytes()))
-        .collect();
-    let loaded = assemble(files, Vec::new());
-    assert!(loaded.is_valid(), "{:?}", loaded.diagnostics.first());
-    loaded
-}
 
 async fn generations(url: &str) -> BTreeMap<String, String> {
     dump::rows(url, "SELECT environment, generation FROM deployments")

@@ -93,39 +93,69 @@ pub enum Problem {
 
 /// Each keyed node's mesh, and what could not be done.
 pub fn plan(nodes: &[MeshNode], placed: &[Placed]) -> (BTreeMap<String, NodeMesh>, Vec<Problem>) {
-    let keyed: BTreeMap<&str, &MeshNode> = nodes
-        .iter()
-        .filter(|n| n.key.is_some())
-        .map(|n| (n.name.as_str(), n))
+    let planner = Planner::new(nodes, placed);
+    let mut problems = BTreeSet::new();
+    let out = planner
+        .nodes()
+        .map(|name| (name.to_owned(), planner.node(name, &mut problems)))
         .collect();
-    // node -> environment -> idx
-    let mut on: BTreeMap<&str, BTreeMap<&str, i64>> = BTreeMap::new();
-    for p in placed {
-        on.entry(p.node.as_str())
-            .or_default()
-            .insert(p.environment.as_str(), p.idx);
-    }
-    // environment -> its keyed nodes and their subnets: a node's peers are found through its
-    // own environments only, so the work grows with the environments' sizes squared, not
-    // with the fleet's (ten thousand nodes are not 10^8 pairs to look at).
-    let mut members: BTreeMap<&str, Vec<(&str, i64)>> = BTreeMap::new();
-    for (node, envs) in &on {
-        if keyed.contains_key(node) {
-            for (env, idx) in envs {
-                members.entry(env).or_default().push((node, *idx));
+    (out, problems.into_iter().collect())
+}
+
+/// The fleet's meshes, made one node at a time: the indices every node's mesh is read from
+/// are built once, and a node's mesh only when asked, so a caller holds one at a time. Ten
+/// thousand nodes' meshes, each with its ~250 peers, were hundreds of MB when made at once.
+pub struct Planner<'a> {
+    keyed: BTreeMap<&'a str, &'a MeshNode>,
+    /// node -> environment -> idx
+    on: BTreeMap<&'a str, BTreeMap<&'a str, i64>>,
+    /// environment -> its keyed nodes and their subnets: a node's peers are found through its
+    /// own environments only, so the work grows with the environments' sizes squared, not
+    /// with the fleet's (ten thousand nodes are not 10^8 pairs to look at).
+    members: BTreeMap<&'a str, Vec<(&'a str, i64)>>,
+}
+
+impl<'a> Planner<'a> {
+    pub fn new(nodes: &'a [MeshNode], placed: &'a [Placed]) -> Self {
+        let keyed: BTreeMap<&str, &MeshNode> = nodes
+            .iter()
+            .filter(|n| n.key.is_some())
+            .map(|n| (n.name.as_str(), n))
+            .collect();
+        let mut on: BTreeMap<&str, BTreeMap<&str, i64>> = BTreeMap::new();
+        for p in placed {
+            on.entry(p.node.as_str())
+                .or_default()
+                .insert(p.environment.as_str(), p.idx);
+        }
+        let mut members: BTreeMap<&str, Vec<(&str, i64)>> = BTreeMap::new();
+        for (node, envs) in &on {
+            if keyed.contains_key(node) {
+                for (env, idx) in envs {
+                    members.entry(env).or_default().push((node, *idx));
+                }
             }
         }
+        Planner { keyed, on, members }
     }
-    let empty = BTreeMap::new();
-    let mut out = BTreeMap::new();
-    let mut problems = BTreeSet::new();
-    for (name, me) in &keyed {
-        let name: &str = name;
-        let mine = on.get(name).unwrap_or(&empty);
+
+    /// The nodes that have a mesh (their agents sent a key), in name order.
+    pub fn nodes(&self) -> impl Iterator<Item = &'a str> + '_ {
+        self.keyed.keys().copied()
+    }
+
+    /// `name`'s mesh (empty for a node without a key), adding what it could not do to
+    /// `problems`.
+    pub fn node(&self, name: &str, problems: &mut BTreeSet<Problem>) -> NodeMesh {
+        let Some(me) = self.keyed.get(name) else {
+            return NodeMesh::default();
+        };
+        let empty = BTreeMap::new();
+        let mine = self.on.get(name).unwrap_or(&empty);
         // Each peer's subnets of the shared environments, in the environments' order.
         let mut sharing: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
         for env in mine.keys() {
-            for (other, idx) in members.get(env).map_or(&[][..], Vec::as_slice) {
+            for (other, idx) in self.members.get(env).map_or(&[][..], Vec::as_slice) {
                 if *other != name {
                     sharing.entry(other).or_default().push(*idx);
                 }
@@ -133,12 +163,12 @@ pub fn plan(nodes: &[MeshNode], placed: &[Placed]) -> (BTreeMap<String, NodeMesh
         }
         let mut peers = Vec::new();
         for (other, subnets) in sharing {
-            let Some(them) = keyed.get(other) else { continue };
+            let Some(them) = self.keyed.get(other) else { continue };
             if me.endpoint.is_none() && them.endpoint.is_none() {
                 let (a, b) = if name < other { (name, other) } else { (other, name) };
                 problems.insert(Problem::Unreachable {
-                    a: (*a).to_owned(),
-                    b: (*b).to_owned(),
+                    a: a.to_owned(),
+                    b: b.to_owned(),
                 });
             }
             peers.push(Peer {
@@ -156,7 +186,7 @@ pub fn plan(nodes: &[MeshNode], placed: &[Placed]) -> (BTreeMap<String, NodeMesh
         let clash: BTreeSet<i64> = count.into_iter().filter(|(_, n)| *n > 1).map(|(i, _)| i).collect();
         for idx in &clash {
             problems.insert(Problem::Conflict {
-                node: (*name).to_owned(),
+                node: name.to_owned(),
                 idx: *idx,
             });
         }
@@ -166,18 +196,14 @@ pub fn plan(nodes: &[MeshNode], placed: &[Placed]) -> (BTreeMap<String, NodeMesh
         peers.retain(|p| !p.subnets.is_empty());
         let environments = mine
             .iter()
-            .map(|(env, idx)| environment_mesh(env, *idx, &peers, &on, &keyed, &clash))
+            .map(|(env, idx)| environment_mesh(env, *idx, &peers, &self.on, &self.keyed, &clash))
             .collect();
-        out.insert(
-            (*name).to_owned(),
-            NodeMesh {
-                peers,
-                environments,
-                key_epoch: me.key_epoch,
-            },
-        );
+        NodeMesh {
+            peers,
+            environments,
+            key_epoch: me.key_epoch,
+        }
     }
-    (out, problems.into_iter().collect())
 }
 
 /// One environment's part of a node's mesh: where its subnet is on the node's peers (subnets
@@ -263,15 +289,21 @@ pub fn wire(m: &NodeMesh, port: u16) -> MeshSpec {
     }
 }
 
+/// How many nodes' changed meshes one write records (a node's spec is about 10 KB with its
+/// ~250 peers at 10,000 nodes: a few MB a transaction).
+pub const MESH_WRITE_CHUNK: usize = 256;
+
 /// Decides every keyed node's mesh from what the ledger holds and records those that changed
 /// (each at its next generation; agents fetch theirs with their next heartbeat). A node in
 /// `retired` is in no one's mesh (its key no longer counts), whatever is still to be cleaned
 /// up on it. A node's address is Git's (`declared`) when Git says one, else its agent's.
-/// Problems are events when a mesh changes. Returns how many changed.
+/// Problems are events when a mesh changes. Writes at most `chunk` nodes' meshes a
+/// transaction; returns the nodes whose mesh changed.
 pub async fn refresh(
     ledger: &Ledger,
     retired: &[String],
     declared: &BTreeMap<String, std::net::IpAddr>,
+    chunk_nodes: usize,
     now_ms: i64,
 ) -> Result<Vec<String>, LedgerError> {
     let keys = ledger.nodes().mesh_keys().await?;
@@ -308,17 +340,18 @@ pub async fn refresh(
         .into_iter()
         .map(|(node, environment, idx)| Placed { node, environment, idx })
         .collect();
-    let (plans, problems) = plan(&nodes, &placed);
+    let planner = Planner::new(&nodes, &placed);
     let have = ledger.nodes().mesh_hashes().await?;
     let ports: BTreeMap<&str, u16> = keys.iter().map(|k| (k.name.as_str(), port(k))).collect();
-    let mut changed = Vec::new();
-    for (node, m) in &plans {
+    // Each node's mesh made, compared and, when changed, written in chunks: one at a time in
+    // memory, and no writer transaction longer than a chunk's (all ten thousand nodes' specs
+    // at once were hundreds of MB and one long hold of the writer).
+    let (mut problems, mut changed, mut chunk) = (BTreeSet::new(), Vec::new(), Vec::new());
+    for node in planner.nodes() {
+        let m = planner.node(node, &mut problems);
         let spec = wire(
-            m,
-            ports
-                .get(node.as_str())
-                .copied()
-                .unwrap_or(agent_proto::mesh::DEFAULT_MESH_PORT),
+            &m,
+            ports.get(node).copied().unwrap_or(agent_proto::mesh::DEFAULT_MESH_PORT),
         );
         let json = serde_json::to_string(&spec)?;
         let hash = {
@@ -326,7 +359,12 @@ pub async fn refresh(
             hex::encode(sha2::Sha256::digest(json.as_bytes()))
         };
         if have.get(node).map(String::as_str) != Some(hash.as_str()) {
-            changed.push((node.clone(), hash, json));
+            changed.push(node.to_owned());
+            chunk.push((node.to_owned(), hash, json));
+            if chunk.len() >= chunk_nodes {
+                ledger.nodes().write_meshes(&chunk, &[], now_ms).await?;
+                chunk.clear();
+            }
         }
     }
     let events: Vec<(String, String, String)> = if changed.is_empty() {
@@ -351,8 +389,8 @@ pub async fn refresh(
             })
             .collect()
     };
-    ledger.nodes().write_meshes(&changed, &events, now_ms).await?;
-    Ok(changed.into_iter().map(|(node, _, _)| node).collect())
+    ledger.nodes().write_meshes(&chunk, &events, now_ms).await?;
+    Ok(changed)
 }
 
 impl super::Reconciler {
@@ -368,7 +406,7 @@ impl super::Reconciler {
             let (retired, addresses) = (declared::retired(pools), declared::addresses(pools));
             let signature = format!("{signature}/{}/{addresses:?}", retired.join(","));
             if signature != seen {
-                let changed = refresh(&self.ledger, &retired, &addresses, now_ms()).await?;
+                let changed = refresh(&self.ledger, &retired, &addresses, MESH_WRITE_CHUNK, now_ms()).await?;
                 if !changed.is_empty() {
                     tracing::info!(nodes = changed.len(), "node meshes changed");
                     // Their agents' long polls take them now, not at their next heartbeat.

@@ -5,7 +5,20 @@
 use reconciler::store::now_ms;
 use reconciler::store::{Completion, Ledger, Outcome};
 use state_repo::revision::Judgement;
-use state_schema::state::Loaded;
+use state_schema::parse::parse_file;
+use state_schema::state::{Loaded, assemble};
+use state_schema::synthetic::{Params, generate};
+
+/// The generated repository of `p`, parsed and assembled (valid, or the test fails).
+pub fn state_of(p: &Params) -> Loaded {
+    let files = generate(p)
+        .into_iter()
+        .map(|(path, text)| parse_file(&path, text.as_bytes()))
+        .collect();
+    let loaded = assemble(files, Vec::new());
+    assert!(loaded.is_valid(), "{:?}", loaded.diagnostics.first());
+    loaded
+}
 
 /// An accepted judgement of `state` as commit `sha`.
 pub fn judgement(sha: &str, state: Loaded) -> Judgement {
