@@ -652,13 +652,15 @@ fn a_control_plane_joins_its_nodes_environments_across_hosts() {
         assert!(n["mesh"]["links"][0]["lastHandshake"].as_u64().is_some(), "{n}");
         assert_eq!(n["mesh"]["down"], serde_json::json!([]), "{n}");
     }
-    // Health: both links judged up (`/metrics`), none down (`pl status`).
+    // Health: both links judged up (`/metrics` counts them, and names only links not up),
+    // none down (`pl status`).
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let (code, metrics) = fleet.get("/metrics", &viewer);
         assert_eq!(code, 200, "{metrics}");
-        if metrics.contains("pushleft_mesh_link_up{node=\"n1\",peer=\"n2\"} 1")
-            && metrics.contains("pushleft_mesh_link_up{node=\"n2\",peer=\"n1\"} 1")
+        if metrics.contains("pushleft_mesh_links{state=\"up\"} 2")
+            && metrics.contains("pushleft_mesh_links{state=\"down\"} 0")
+            && !metrics.contains("pushleft_mesh_link_up{")
         {
             break;
         }

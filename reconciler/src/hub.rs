@@ -89,8 +89,9 @@ pub struct Hub {
     /// Each backed-up volume's newest success and failures since, as of the last refresh of
     /// the counts: `/metrics` serves these.
     pub backups: Mutex<Vec<crate::store::backups::BackupHealth>>,
-    /// Each mesh link as last judged (node, peer, whether it is up): `/metrics` serves these.
-    pub mesh_links: Mutex<Vec<(String, String, bool)>>,
+    /// The mesh's links as last judged, bounded whatever the fleet's size: `/metrics` serves
+    /// these.
+    pub mesh_links: Mutex<MeshLinks>,
     /// A heartbeat left out a replica its node reported before: the loop's next drift check
     /// looks at once instead of at its next full check (`reconcile::drift`).
     pub drift_suspected: AtomicBool,
@@ -103,6 +104,22 @@ pub struct Hub {
     /// How many nodes are enrolled, as last counted: what each node's heartbeat interval is
     /// derived from (`ops::agents::heartbeat`).
     pub fleet_size: FleetSize,
+}
+
+/// The most mesh links named one by one (`/metrics`' `pushleft_mesh_link_up`): a fleet of
+/// 10,000 nodes has about two million links, and a series each would be a scrape of hundreds
+/// of MB; links that are up are counted, not named.
+pub const MAX_NAMED_LINKS: usize = 1_000;
+
+/// The mesh's links as last judged: how many are in each state, and the links not up (down
+/// first), at most [`MAX_NAMED_LINKS`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MeshLinks {
+    pub up: u64,
+    pub connecting: u64,
+    pub down: u64,
+    /// (node, peer, whether down rather than still connecting).
+    pub not_up: Vec<(String, String, bool)>,
 }
 
 /// How long a daemon trusts its count of the fleet before counting again.
@@ -170,7 +187,7 @@ impl Default for Hub {
         Hub {
             certificates: Mutex::new(Vec::new()),
             backups: Mutex::new(Vec::new()),
-            mesh_links: Mutex::new(Vec::new()),
+            mesh_links: Mutex::new(MeshLinks::default()),
             hint: Notify::new(),
             fetch_hint: Notify::new(),
             wrote: Notify::new(),

@@ -162,15 +162,25 @@ async fn mesh_follows_placement(shared: &Arc<Reconciler>, url: &str) {
             .await
         }
     };
-    let state = |links: Vec<mesh_health::Link>| -> Vec<String> {
-        links
+    // The links as the hub keeps them: (up, connecting, down) counted, those not up named,
+    // down ones first.
+    let state = |links: reconciler::hub::MeshLinks| -> ((u64, u64, u64), Vec<String>) {
+        let named = links
+            .not_up
             .iter()
-            .map(|l| format!("{}>{} {}", l.node, l.peer, l.state.as_str()))
-            .collect()
+            .map(|(node, peer, down)| format!("{node}>{peer} {}", if *down { "down" } else { "connecting" }))
+            .collect();
+        ((links.up, links.connecting, links.down), named)
     };
     let now = now_ms();
     let links = mesh_health::check(&shared.ledger, now).await.expect("check");
-    assert_eq!(state(links), ["n1>n2 connecting", "n2>n1 connecting"]);
+    assert_eq!(
+        state(links),
+        (
+            (0, 2, 0),
+            vec!["n1>n2 connecting".to_owned(), "n2>n1 connecting".to_owned()]
+        )
+    );
     assert!(events("mesh-link-down").await.is_empty());
     let stale = format!("[{{\"node\":\"n1\",\"lastHandshake\":{}}}]", now / 1000 - 400);
     shared
@@ -181,7 +191,10 @@ async fn mesh_follows_placement(shared: &Arc<Reconciler>, url: &str) {
         .expect("beat");
     for _ in 0..2 {
         let links = mesh_health::check(&shared.ledger, now).await.expect("check");
-        assert_eq!(state(links)[1], "n2>n1 down");
+        assert_eq!(
+            state(links),
+            ((0, 1, 1), vec!["n2>n1 down".to_owned(), "n1>n2 connecting".to_owned()])
+        );
     }
     assert_eq!(
         events("mesh-link-down").await,
@@ -199,7 +212,11 @@ async fn mesh_follows_placement(shared: &Arc<Reconciler>, url: &str) {
         .await
         .expect("beat");
     let links = mesh_health::check(&shared.ledger, now).await.expect("check");
-    assert_eq!(state(links)[1], "n2>n1 up");
+    assert_eq!(
+        state(links),
+        ((1, 1, 0), vec!["n1>n2 connecting".to_owned()]),
+        "up: counted, not named"
+    );
     assert_eq!(events("mesh-link-up").await, ["n2 the link from n2 to n1 is up again"]);
     assert_eq!(events("mesh-link-down").await.len(), 1);
 }

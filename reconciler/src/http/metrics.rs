@@ -191,23 +191,29 @@ fn backups(out: &mut String, hub: &Hub) {
     }
 }
 
-/// Each mesh link's state as last judged, once there are any.
+/// The mesh's links as last judged, once there are any: counted by state, and those not up
+/// one by one (at most `hub::MAX_NAMED_LINKS`; a link that is up has no series of its own).
 fn mesh(out: &mut String, hub: &Hub) {
     let links = hub.mesh_links.lock().map(|l| l.clone()).unwrap_or_default();
-    if links.is_empty() {
+    if links.up + links.connecting + links.down == 0 {
         return;
+    }
+    family(
+        out,
+        "pushleft_mesh_links",
+        "gauge",
+        "Mesh links (node to peer) by state: up (handshook within WireGuard's session limit), connecting (not yet, just after its mesh was applied), down.",
+    );
+    for (state, n) in [("up", links.up), ("connecting", links.connecting), ("down", links.down)] {
+        let _ = writeln!(out, "pushleft_mesh_links{{state=\"{state}\"}} {n}");
     }
     family(
         out,
         "pushleft_mesh_link_up",
         "gauge",
-        "Whether each mesh link (node to peer) handshook within WireGuard's session limit (1), or has not yet or no longer (0).",
+        "Each mesh link not up (0), by node and peer: the down ones first, at most 1,000.",
     );
-    for (node, peer, up) in &links {
-        let _ = writeln!(
-            out,
-            "pushleft_mesh_link_up{{node=\"{node}\",peer=\"{peer}\"}} {}",
-            u8::from(*up)
-        );
+    for (node, peer, _) in &links.not_up {
+        let _ = writeln!(out, "pushleft_mesh_link_up{{node=\"{node}\",peer=\"{peer}\"}} 0");
     }
 }

@@ -79,18 +79,25 @@ impl Ops {
             after = environments.last().map(|s| s.environment.clone());
         }
         let nodes = self.all_nodes().await?;
+        let not_up = self.hub.mesh_links.lock().map(|l| l.not_up.clone()).unwrap_or_default();
+        let named: std::collections::BTreeSet<(&str, &str)> =
+            not_up.iter().map(|(n, p, _)| (n.as_str(), p.as_str())).collect();
         let (outbox_oldest_ms, outbox_dead) = self.ledger.events().outbox_health().await?;
         let (snapshot_ok, _, snapshot_attempts) = self.ledger.backups().snapshot_health().await?;
         Ok(Indicators {
             at_ms: now,
             environments,
             tallies: self.ledger.events().tallies().await?,
+            // The handshake ages of the links `/metrics` names (those not up, bounded):
+            // every link's would be two million series at 10,000 nodes.
             mesh: nodes
                 .iter()
                 .flat_map(|n| {
+                    let named = &named;
                     n.mesh.iter().flat_map(move |m| {
                         m.links
                             .iter()
+                            .filter(move |l| named.contains(&(n.name.as_str(), l.node.as_str())))
                             .map(move |l| (n.name.clone(), l.node.clone(), l.last_handshake))
                     })
                 })

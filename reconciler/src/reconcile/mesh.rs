@@ -425,10 +425,7 @@ impl super::Reconciler {
                 .store(now + mesh_health::CHECK_EVERY_MS, Ordering::Relaxed);
             let links = mesh_health::check(&self.ledger, now).await?;
             if let Ok(mut slot) = self.hub.mesh_links.lock() {
-                *slot = links
-                    .into_iter()
-                    .map(|l| (l.node, l.peer, l.state == mesh_health::LinkState::Up))
-                    .collect();
+                *slot = links;
             }
         }
         Ok(())

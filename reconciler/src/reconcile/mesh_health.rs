@@ -9,6 +9,7 @@
 //! already (its certificates live for hours), and the limit leaves a minute of margin over
 //! the two minutes a healthy link can go between handshakes.
 
+use crate::hub::{MAX_NAMED_LINKS, MeshLinks};
 use crate::store::mesh::MeshRow;
 use crate::store::{Ledger, LedgerError};
 use agent_proto::mesh::{MeshLink, MeshSpec};
@@ -133,12 +134,49 @@ pub fn changes(rows: &[MeshRow], now_ms: i64) -> Judgment {
     (all, changed, events)
 }
 
-/// Judges every link, records what changed (with its events), and returns every link.
-pub async fn check(ledger: &Ledger, now_ms: i64) -> Result<Vec<Link>, LedgerError> {
-    let rows: Vec<MeshRow> = ledger.nodes().meshes().await?.into_values().collect();
-    let (links, changed, events) = changes(&rows, now_ms);
-    ledger.nodes().write_mesh_health(&changed, &events, now_ms).await?;
-    Ok(links)
+/// How many nodes' meshes the judgment reads at a time.
+const PAGE: i64 = 256;
+
+/// Judges every link, a page of nodes at a time, records what changed (with its events), and
+/// returns the links counted by state with those not up named (bounded: ten thousand nodes
+/// have about two million links).
+pub async fn check(ledger: &Ledger, now_ms: i64) -> Result<MeshLinks, LedgerError> {
+    let mut sum = MeshLinks::default();
+    let mut after: Option<String> = None;
+    loop {
+        let rows = ledger.nodes().meshes_page(after.as_deref(), PAGE).await?;
+        let (links, changed, events) = changes(&rows, now_ms);
+        ledger.nodes().write_mesh_health(&changed, &events, now_ms).await?;
+        tally(&mut sum, &links);
+        match rows.last() {
+            Some(last) if rows.len() == PAGE as usize => after = Some(last.node.clone()),
+            _ => break,
+        }
+    }
+    // Down links before those still connecting, then the bound.
+    sum.not_up.sort_by_key(|(_, _, down)| !down);
+    sum.not_up.truncate(MAX_NAMED_LINKS);
+    Ok(sum)
+}
+
+/// Adds `links` to `sum`: each counted by its state, and each not up named while fewer than
+/// [`MAX_NAMED_LINKS`] of its state are (so the down ones are all there for `check` to put
+/// first, up to the bound).
+pub fn tally(sum: &mut MeshLinks, links: &[Link]) {
+    for l in links {
+        let (count, down) = match l.state {
+            LinkState::Up => {
+                sum.up += 1;
+                continue;
+            }
+            LinkState::Connecting => (&mut sum.connecting, false),
+            LinkState::Down => (&mut sum.down, true),
+        };
+        if (*count as usize) < MAX_NAMED_LINKS {
+            sum.not_up.push((l.node.clone(), l.peer.clone(), down));
+        }
+        *count += 1;
+    }
 }
 
 #[cfg(test)]
@@ -216,5 +254,33 @@ mod tests {
             ]
         );
         assert!(events.iter().all(|e| e.0 == "mesh-link-up"));
+    }
+
+    #[test]
+    fn links_are_counted_and_only_those_not_up_named_within_the_bound() {
+        let link = |peer: usize, state| Link {
+            node: "n1".into(),
+            peer: format!("p{peer}"),
+            state,
+            last_handshake: None,
+        };
+        let mut links: Vec<Link> = (0..3).map(|i| link(100_000 + i, LinkState::Up)).collect();
+        links.extend((0..MAX_NAMED_LINKS + 5).map(|i| link(i, LinkState::Connecting)));
+        links.push(link(9_999, LinkState::Down));
+        let mut sum = MeshLinks::default();
+        tally(&mut sum, &links);
+        assert_eq!((sum.up, sum.connecting, sum.down), (3, MAX_NAMED_LINKS as u64 + 5, 1));
+        // The down link is named though the connecting ones filled their share first.
+        assert_eq!(sum.not_up.len(), MAX_NAMED_LINKS + 1);
+        assert!(sum.not_up.contains(&("n1".into(), "p9999".into(), true)));
+        assert!(
+            !sum.not_up.iter().any(|(_, p, _)| p.starts_with("p10000")),
+            "up links are not named"
+        );
+        assert!(
+            !sum.not_up
+                .iter()
+                .any(|(_, p, down)| !down && p == &format!("p{}", MAX_NAMED_LINKS))
+        );
     }
 }
