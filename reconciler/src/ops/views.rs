@@ -46,17 +46,23 @@ impl Ops {
         let in_force = self.ledger.revisions().last_accepted(&self.branch).await?;
         let last_judged = self.ledger.revisions().last_judged(&self.branch).await?;
         // The mesh: how many links agents report, and each judged down (`reconcile::mesh_health`).
-        let meshes = self.ledger.nodes().meshes().await?;
-        let links = meshes.values().map(|m| wire::links(m).len()).sum();
-        let down = meshes
-            .values()
-            .flat_map(|m| {
-                wire::down(m).into_iter().map(|peer| LinkDown {
+        // Read a page of nodes at a time, without the specs (a 10,000-node fleet's meshes are
+        // hundreds of MB).
+        let (mut links, mut down, mut after) = (0, Vec::new(), None::<String>);
+        loop {
+            let page = self.ledger.nodes().meshes_page(after.as_deref(), 512, false).await?;
+            for m in &page {
+                links += wire::links(m).len();
+                down.extend(wire::down(m).into_iter().map(|peer| LinkDown {
                     node: m.node.clone(),
                     peer,
-                })
-            })
-            .collect();
+                }));
+            }
+            match page.last() {
+                Some(last) if page.len() == 512 => after = Some(last.node.clone()),
+                _ => break,
+            }
+        }
         // The objectives over the last day: the hourly counts, and each node's freshness now
         // (not `/metrics`' reading, up to 15 s old: a node enrolled a moment ago counts).
         let now = now_ms();

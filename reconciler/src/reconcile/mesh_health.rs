@@ -144,7 +144,7 @@ pub async fn check(ledger: &Ledger, now_ms: i64) -> Result<MeshLinks, LedgerErro
     let mut sum = MeshLinks::default();
     let mut after: Option<String> = None;
     loop {
-        let rows = ledger.nodes().meshes_page(after.as_deref(), PAGE).await?;
+        let rows = ledger.nodes().meshes_page(after.as_deref(), PAGE, true).await?;
         let (links, changed, events) = changes(&rows, now_ms);
         ledger.nodes().write_mesh_health(&changed, &events, now_ms).await?;
         tally(&mut sum, &links);

@@ -126,28 +126,25 @@ impl crate::store::Nodes<'_> {
         )))
     }
 
-    /// Up to `limit` nodes' decided meshes after `after` (by node name): what the links'
-    /// judgment reads a page at a time (every node's spec and links at once were hundreds of
-    /// MB at 10,000 nodes).
-    pub async fn meshes_page(&self, after: Option<&str>, limit: i64) -> Result<Vec<MeshRow>, LedgerError> {
-        Ok(sqlx::query_as(self.sql(
-            "SELECT node, generation, hash, spec, applied, links, applied_at, down FROM node_meshes \
-             WHERE node > ? ORDER BY node LIMIT ?",
-        ))
+    /// Up to `limit` nodes' decided meshes after `after` (by node name), with their specs or
+    /// without (`spec` empty): what the links' judgment and `/v1/status` read a page at a
+    /// time (every node's spec and links at once were hundreds of MB at 10,000 nodes).
+    pub async fn meshes_page(
+        &self,
+        after: Option<&str>,
+        limit: i64,
+        specs: bool,
+    ) -> Result<Vec<MeshRow>, LedgerError> {
+        let spec = if specs { "spec" } else { "'' AS spec" };
+        let q = format!(
+            "SELECT node, generation, hash, {spec}, applied, links, applied_at, down FROM node_meshes \
+             WHERE node > ? ORDER BY node LIMIT ?"
+        );
+        Ok(sqlx::query_as(self.sql(&q))
         .bind(after.unwrap_or(""))
         .bind(limit)
         .fetch_all(&self.pool)
         .await?)
-    }
-
-    /// Every node's decided mesh.
-    pub async fn meshes(&self) -> Result<BTreeMap<String, MeshRow>, LedgerError> {
-        let rows: Vec<MeshRow> = sqlx::query_as(self.sql(
-            "SELECT node, generation, hash, spec, applied, links, applied_at, down FROM node_meshes ORDER BY node",
-        ))
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows.into_iter().map(|r| (r.node.clone(), r)).collect())
     }
 
     /// Each node's decided mesh's hash: what the mesh plan compares its new specs with (the
