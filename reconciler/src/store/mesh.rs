@@ -129,22 +129,17 @@ impl crate::store::Nodes<'_> {
     /// Up to `limit` nodes' decided meshes after `after` (by node name), with their specs or
     /// without (`spec` empty): what the links' judgment and `/v1/status` read a page at a
     /// time (every node's spec and links at once were hundreds of MB at 10,000 nodes).
-    pub async fn meshes_page(
-        &self,
-        after: Option<&str>,
-        limit: i64,
-        specs: bool,
-    ) -> Result<Vec<MeshRow>, LedgerError> {
+    pub async fn meshes_page(&self, after: Option<&str>, limit: i64, specs: bool) -> Result<Vec<MeshRow>, LedgerError> {
         let spec = if specs { "spec" } else { "'' AS spec" };
         let q = format!(
             "SELECT node, generation, hash, {spec}, applied, links, applied_at, down FROM node_meshes \
              WHERE node > ? ORDER BY node LIMIT ?"
         );
         Ok(sqlx::query_as(self.sql(&q))
-        .bind(after.unwrap_or(""))
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?)
+            .bind(after.unwrap_or(""))
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?)
     }
 
     /// Each node's decided mesh's hash: what the mesh plan compares its new specs with (the
