@@ -167,7 +167,7 @@ fn freshness(out: &mut String, i: &Indicators, now_ms: i64) {
         out,
         "pushleft_mesh_handshake_age_seconds",
         "gauge",
-        "Seconds since each mesh link's last WireGuard handshake, as its node reported it (+Inf: never).",
+        "Seconds since the last WireGuard handshake of each mesh link not up (at most 1,000), as its node reported it (+Inf: never).",
     );
     for (node, peer, at) in &i.mesh {
         let at_ms = at.and_then(|s| i64::try_from(s).ok()).map(|s| s * 1000);
