@@ -200,6 +200,30 @@ async fn mesh_follows_placement(shared: &Arc<Reconciler>, url: &str) {
         events("mesh-link-down").await,
         ["n2 the link from n2 to n1 is down: its last handshake was 400 s ago"]
     );
+    // `/metrics`' handshake ages: those of the links the hub names, read from their nodes.
+    let links = mesh_health::check(&shared.ledger, now).await.expect("check");
+    *shared.hub.mesh_links.lock().expect("hub") = links;
+    let ops = reconciler::ops::Ops {
+        ledger: Arc::clone(&shared.ledger),
+        hub: Arc::clone(&shared.hub),
+        branch: "main".into(),
+        lost_after_ms: state_schema::placement::LOST_AFTER_MS,
+        issues_certificates: false,
+        repo_dir: None,
+        plans: tokio::sync::Semaphore::new(1),
+        indicators: Default::default(),
+        images: None,
+        images_grace_hours: 24,
+        fleet_cursors: Default::default(),
+    };
+    let read = ops.indicators().await.expect("indicators");
+    assert_eq!(
+        read.mesh,
+        [
+            ("n2".to_owned(), "n1".to_owned(), Some((now / 1000 - 400) as u64)),
+            ("n1".to_owned(), "n2".to_owned(), None)
+        ]
+    );
     assert_eq!(
         rows(url, "SELECT down FROM node_meshes WHERE node = 'n2'").await,
         ["[\"n1\"]"]

@@ -39,7 +39,8 @@ pub struct Indicators {
     pub tallies: Vec<Tally>,
     /// Every enrolled node that is not retired: its name and when it last leased or beat.
     pub nodes: Vec<(String, i64)>,
-    /// Every mesh link: node, peer, Unix seconds of its last handshake (none: never).
+    /// Each mesh link not up, as the hub names them (at most `hub::MAX_NAMED_LINKS`): node,
+    /// peer, Unix seconds of its last handshake (none: never).
     pub mesh: Vec<(String, String, Option<u64>)>,
     /// When the oldest pending delivery was made; how many are dead letters.
     pub outbox_oldest_ms: Option<i64>,
@@ -78,30 +79,36 @@ impl Ops {
             }
             after = environments.last().map(|s| s.environment.clone());
         }
-        let nodes = self.all_nodes().await?;
+        // The handshake ages of the links `/metrics` names (those not up, at most
+        // `hub::MAX_NAMED_LINKS`), read from those links' nodes only: every node's every link
+        // would be two million series at 10,000 nodes, and reading the fleet's rows every
+        // 15 s was most of this read's cost.
         let not_up = self.hub.mesh_links.lock().map(|l| l.not_up.clone()).unwrap_or_default();
-        let named: std::collections::BTreeSet<(&str, &str)> =
-            not_up.iter().map(|(n, p, _)| (n.as_str(), p.as_str())).collect();
+        let of: std::collections::BTreeSet<&str> = not_up.iter().map(|(n, _, _)| n.as_str()).collect();
+        let meshes = self
+            .ledger
+            .nodes()
+            .mesh_states_of(&of.into_iter().collect::<Vec<_>>())
+            .await?;
+        let said: std::collections::BTreeMap<&str, Vec<operator_proto::nodes::MeshLink>> =
+            meshes.iter().map(|(n, m)| (n.as_str(), wire::links(m))).collect();
+        let mesh = not_up
+            .iter()
+            .map(|(node, peer, _)| {
+                let last = said
+                    .get(node.as_str())
+                    .and_then(|links| links.iter().find(|l| &l.node == peer))
+                    .and_then(|l| l.last_handshake);
+                (node.clone(), peer.clone(), last)
+            })
+            .collect();
         let (outbox_oldest_ms, outbox_dead) = self.ledger.events().outbox_health().await?;
         let (snapshot_ok, _, snapshot_attempts) = self.ledger.backups().snapshot_health().await?;
         Ok(Indicators {
             at_ms: now,
             environments,
             tallies: self.ledger.events().tallies().await?,
-            // The handshake ages of the links `/metrics` names (those not up, bounded):
-            // every link's would be two million series at 10,000 nodes.
-            mesh: nodes
-                .iter()
-                .flat_map(|n| {
-                    let named = &named;
-                    n.mesh.iter().flat_map(move |m| {
-                        m.links
-                            .iter()
-                            .filter(move |l| named.contains(&(n.name.as_str(), l.node.as_str())))
-                            .map(move |l| (n.name.clone(), l.node.clone(), l.last_handshake))
-                    })
-                })
-                .collect(),
+            mesh,
             nodes: self.heard_from().await?,
             outbox_oldest_ms,
             outbox_dead,
