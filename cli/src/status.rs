@@ -50,9 +50,11 @@ pub fn status(args: &ServerArgs) -> Result<u8> {
     hold_and_canary_lines(&typed)?;
     certificates_line(&client)?;
     // The mesh between nodes, as agents report their links (said only when there is one).
+    // An older daemon names every down link and counts none.
     let (links, down) = (v.mesh.links, &v.mesh.down);
-    if links > 0 || !down.is_empty() {
-        outln!("mesh        {links} links, {} down", down.len());
+    let down_total = v.mesh.down_total.max(down.len());
+    if links > 0 || down_total > 0 {
+        outln!("mesh        {links} links, {down_total} down");
         for d in down.iter().take(20) {
             outln!("  {} -> {}: down (no handshake within 180 s)", d.node, d.peer);
         }

@@ -68,10 +68,15 @@ impl SloState {
 
 /// The mesh between nodes as agents report their links.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
 pub struct MeshSummary {
     /// Links reported, over every node.
     pub links: usize,
-    /// Each link judged down (no handshake within WireGuard's session limit).
+    /// Links judged down (no handshake within WireGuard's session limit), however many.
+    #[serde(default)]
+    pub down_total: usize,
+    /// Those links, by node, at most 1,000 of them (a cut fleet of 10,000 nodes could have
+    /// millions).
     pub down: Vec<LinkDown>,
 }
 

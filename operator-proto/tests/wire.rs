@@ -42,6 +42,7 @@ fn status() {
             control_plane: "0a1b2c3d".into(),
             mesh: MeshSummary {
                 links: 2,
+                down_total: 1,
                 down: vec![LinkDown {
                     node: "n1".into(),
                     peer: "n2".into(),

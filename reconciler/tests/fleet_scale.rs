@@ -21,6 +21,23 @@ fn environments(s: &Snapshot) -> Vec<String> {
     s.running.iter().map(|r| r.spec.environment.to_string()).collect()
 }
 
+/// The operator layer over `ledger`, as the daemon builds it (no certificates, no images).
+fn ops_of(ledger: &Arc<Ledger>) -> Ops {
+    Ops {
+        ledger: Arc::clone(ledger),
+        hub: Arc::default(),
+        branch: "main".into(),
+        lost_after_ms: state_schema::placement::LOST_AFTER_MS,
+        issues_certificates: false,
+        repo_dir: None,
+        plans: tokio::sync::Semaphore::new(1),
+        indicators: Default::default(),
+        images: None,
+        images_grace_hours: 24,
+        fleet_cursors: Default::default(),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pages_of_one_snapshot_add_up_to_it() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -44,19 +61,7 @@ async fn pages_of_one_snapshot_add_up_to_it() {
         }
     };
     apply("a", 7).await;
-    let ops = Ops {
-        ledger: Arc::clone(&ledger),
-        hub: Arc::default(),
-        branch: "main".into(),
-        lost_after_ms: state_schema::placement::LOST_AFTER_MS,
-        issues_certificates: false,
-        repo_dir: None,
-        plans: tokio::sync::Semaphore::new(1),
-        indicators: Default::default(),
-        images: None,
-        images_grace_hours: 24,
-        fleet_cursors: Default::default(),
-    };
+    let ops = ops_of(&ledger);
     let whole = ops.fleet().await.expect("the whole snapshot");
     assert_eq!(whole.running.len(), 7);
 
@@ -160,4 +165,32 @@ async fn meshes_written_in_chunks_are_the_meshes_written_at_once() {
     assert_eq!(dump::rows(&chunked_url, rows).await, written);
     chunked.close().await;
     whole.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_counts_every_down_link_and_names_a_bounded_few() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}", dir.path().join("l.db").display());
+    let ledger = Arc::new(Ledger::connect(&url, 2).await.expect("connect"));
+    ledger.migrate().await.expect("migrate");
+    // 600 nodes' meshes, more than one read of 512: each reports two links, both down.
+    let rows: Vec<String> = (0..600)
+        .map(|i| format!("('n{i:03}', 1, '', '', '[{{\"node\":\"a\"}},{{\"node\":\"b\"}}]', '[\"a\",\"b\"]')"))
+        .collect();
+    dump::rows(
+        &url,
+        &format!(
+            "INSERT INTO node_meshes (node, generation, hash, spec, links, down) VALUES {}",
+            rows.join(", ")
+        ),
+    )
+    .await;
+    let status = ops_of(&ledger).status().await.expect("status");
+    assert_eq!((status.mesh.links, status.mesh.down_total), (1_200, 1_200));
+    assert_eq!(status.mesh.down.len(), reconciler::hub::MAX_NAMED_LINKS);
+    assert_eq!(
+        (status.mesh.down[0].node.as_str(), status.mesh.down[0].peer.as_str()),
+        ("n000", "a")
+    );
+    ledger.close().await;
 }

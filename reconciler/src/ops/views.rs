@@ -48,15 +48,21 @@ impl Ops {
         // The mesh: how many links agents report, and each judged down (`reconcile::mesh_health`).
         // Read a page of nodes at a time, without the specs (a 10,000-node fleet's meshes are
         // hundreds of MB).
-        let (mut links, mut down, mut after) = (0, Vec::new(), None::<String>);
+        // The down links are counted, and named up to the bound `/metrics` names them to.
+        let (mut links, mut down_total, mut down, mut after) = (0, 0, Vec::new(), None::<String>);
         loop {
             let page = self.ledger.nodes().meshes_page(after.as_deref(), 512, false).await?;
             for m in &page {
                 links += wire::links(m).len();
-                down.extend(wire::down(m).into_iter().map(|peer| LinkDown {
-                    node: m.node.clone(),
-                    peer,
-                }));
+                for peer in wire::down(m) {
+                    down_total += 1;
+                    if down.len() < crate::hub::MAX_NAMED_LINKS {
+                        down.push(LinkDown {
+                            node: m.node.clone(),
+                            peer,
+                        });
+                    }
+                }
             }
             match page.last() {
                 Some(last) if page.len() == 512 => after = Some(last.node.clone()),
@@ -72,7 +78,11 @@ impl Ops {
         Ok(Status {
             control_plane: self.ledger.control_plane().await?,
             slos: super::slos::judge(&day, &ages),
-            mesh: MeshSummary { links, down },
+            mesh: MeshSummary {
+                links,
+                down_total,
+                down,
+            },
             leader: self.hub.leader.load(Ordering::Relaxed),
             last_pass_ms_ago: now_ms() - self.hub.last_tick_ms.load(Ordering::Relaxed),
             branch: self.branch.clone(),
