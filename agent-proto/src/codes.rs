@@ -62,6 +62,7 @@ pub const FAILURE_CODES: &[&str] = &[
     "nft-unavailable",
     "no-snapshot",
     "no-upstream",
+    "node-disk-full",
     "node-identity-unreadable",
     "registry-auth-unreadable",
     "restic-failed",
