@@ -13,6 +13,9 @@ use operator_proto::status::{LinkDown, MeshSummary, Status};
 use operator_proto::{Deployment, DeploymentsPage};
 use std::sync::atomic::Ordering;
 
+/// How many nodes' mesh rows `/v1/status` reads at a time (without their specs).
+const MESH_PAGE: i64 = 512;
+
 /// The most running deployments `/v1/fleet` answers with: at about 3 KiB of JSON each, 32 MiB,
 /// half of what `pl` reads.
 pub const MAX_FLEET_DEPLOYMENTS: usize = 10_000;
@@ -51,7 +54,11 @@ impl Ops {
         // The down links are counted, and named up to the bound `/metrics` names them to.
         let (mut links, mut down_total, mut down, mut after) = (0, 0, Vec::new(), None::<String>);
         loop {
-            let page = self.ledger.nodes().meshes_page(after.as_deref(), 512, false).await?;
+            let page = self
+                .ledger
+                .nodes()
+                .meshes_page(after.as_deref(), MESH_PAGE, false)
+                .await?;
             for m in &page {
                 links += wire::links(m).len();
                 for peer in wire::down(m) {
@@ -65,7 +72,7 @@ impl Ops {
                 }
             }
             match page.last() {
-                Some(last) if page.len() == 512 => after = Some(last.node.clone()),
+                Some(last) if page.len() == MESH_PAGE as usize => after = Some(last.node.clone()),
                 _ => break,
             }
         }
