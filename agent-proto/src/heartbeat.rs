@@ -3,6 +3,15 @@
 
 use super::*;
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// The task set this crate's agent runs: 1 since `ensure-environment` (an environment's
+/// network, firewall and routes as one task). Raised with each task a control plane must not
+/// send an older agent.
+pub const PROTOCOL: u32 = 1;
+
 /// Most replicas one heartbeat may report.
 pub const MAX_HEARTBEAT_INSTANCES: usize = 512;
 
@@ -12,6 +21,11 @@ pub const MAX_HEARTBEAT_INSTANCES: usize = 512;
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Heartbeat {
     pub agent_version: String,
+    /// The revision of the task set this agent runs ([`PROTOCOL`] for this crate's); absent
+    /// (0) from an agent that predates `ensure-environment`: the control plane queues its
+    /// environments' set-ups as the three tasks such an agent knows.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub protocol: u32,
     #[serde(default)]
     pub capabilities: Vec<String>,
     #[serde(default)]
@@ -154,10 +168,12 @@ pub struct OwnNetwork {
 }
 
 impl Heartbeat {
-    /// A heartbeat that reports capabilities and nothing running.
+    /// A heartbeat of this crate's agent (its [`PROTOCOL`]) that reports capabilities and
+    /// nothing running.
     pub fn new(agent_version: &str, capabilities: &[&str]) -> Heartbeat {
         Heartbeat {
             agent_version: agent_version.to_owned(),
+            protocol: PROTOCOL,
             capabilities: capabilities.iter().map(|c| (*c).to_owned()).collect(),
             running: Vec::new(),
             repaired: Vec::new(),

@@ -55,6 +55,10 @@ impl std::fmt::Display for Capability {
     deny_unknown_fields
 )]
 pub enum Task {
+    /// The environment's network, nftables table and routes on the node, in that order, as a
+    /// generation needs them (one job for what were the three below, which a control plane may
+    /// still lease from jobs queued before it was upgraded).
+    EnsureEnvironment { environment: String, generation: u64 },
     /// The environment's network on the node, as a generation needs it.
     EnsureNetwork { environment: String, generation: u64 },
     /// The environment's nftables table on the node.
@@ -249,7 +253,8 @@ impl Task {
                     Err("the ACME token or key authorization is not one".to_owned())
                 }
             }
-            Task::EnsureNetwork { .. }
+            Task::EnsureEnvironment { .. }
+            | Task::EnsureNetwork { .. }
             | Task::ApplyFirewall { .. }
             | Task::EnsureRoutes { .. }
             | Task::RemoveNetwork { .. } => Ok(()),
@@ -259,6 +264,7 @@ impl Task {
     /// Its name on the wire (`ensure-application`, …).
     pub fn kind(&self) -> &'static str {
         match self {
+            Task::EnsureEnvironment { .. } => "ensure-environment",
             Task::EnsureNetwork { .. } => "ensure-network",
             Task::ApplyFirewall { .. } => "apply-firewall",
             Task::EnsureRoutes { .. } => "ensure-routes",
@@ -279,15 +285,17 @@ impl Task {
         }
     }
 
-    /// The executor it runs on.
-    pub fn needs(&self) -> Capability {
+    /// The executors it runs on, every one of them (an environment's set-up needs the engine's
+    /// network, the firewall and the routes).
+    pub fn needs(&self) -> &'static [Capability] {
         match self {
-            Task::ApplyFirewall { .. } => Capability::Nftables,
-            Task::EnsureRoutes { .. } => Capability::Routes,
+            Task::EnsureEnvironment { .. } => &[Capability::Docker, Capability::Nftables, Capability::Routes],
+            Task::ApplyFirewall { .. } => &[Capability::Nftables],
+            Task::EnsureRoutes { .. } => &[Capability::Routes],
             Task::PublishIngress { .. }
             | Task::MeasureCanary { .. }
             | Task::RemoveIngress { .. }
-            | Task::PlaceAcmeChallenge { .. } => Capability::Ingress,
+            | Task::PlaceAcmeChallenge { .. } => &[Capability::Ingress],
             Task::EnsureNetwork { .. }
             | Task::EnsureApplication { .. }
             | Task::RunOnce { .. }
@@ -298,14 +306,15 @@ impl Task {
             | Task::RemoveVolume { .. }
             | Task::BackupVolume { .. }
             | Task::VerifyBackup { .. }
-            | Task::RestoreVolume { .. } => Capability::Docker,
+            | Task::RestoreVolume { .. } => &[Capability::Docker],
         }
     }
 
     /// The environment it belongs to.
     pub fn environment(&self) -> &str {
         match self {
-            Task::EnsureNetwork { environment, .. }
+            Task::EnsureEnvironment { environment, .. }
+            | Task::EnsureNetwork { environment, .. }
             | Task::ApplyFirewall { environment, .. }
             | Task::EnsureRoutes { environment, .. }
             | Task::EnsureApplication { environment, .. }
@@ -328,7 +337,8 @@ impl Task {
     /// The generation of its environment's deployment it serves.
     pub fn generation(&self) -> u64 {
         match self {
-            Task::EnsureNetwork { generation, .. }
+            Task::EnsureEnvironment { generation, .. }
+            | Task::EnsureNetwork { generation, .. }
             | Task::ApplyFirewall { generation, .. }
             | Task::EnsureRoutes { generation, .. }
             | Task::EnsureApplication { generation, .. }
@@ -371,7 +381,7 @@ mod tests {
         assert_eq!(serde_json::from_str::<Task>(&json).expect("back"), t);
         assert_eq!(
             (t.kind(), t.needs(), t.environment(), t.generation()),
-            ("ensure-application", Capability::Docker, "api-production", 7)
+            ("ensure-application", &[Capability::Docker][..], "api-production", 7)
         );
         for (bad, why) in [
             (
@@ -402,14 +412,26 @@ mod tests {
     }
 
     #[test]
-    fn each_task_needs_one_executor_and_capabilities_have_their_names() {
+    fn each_task_needs_its_executors_and_capabilities_have_their_names() {
         assert_eq!(
             Task::ApplyFirewall {
                 environment: "e".into(),
                 generation: 1
             }
             .needs(),
-            Capability::Nftables
+            [Capability::Nftables]
+        );
+        let set_up = Task::EnsureEnvironment {
+            environment: "e".into(),
+            generation: 1,
+        };
+        assert_eq!(
+            set_up.needs(),
+            [Capability::Docker, Capability::Nftables, Capability::Routes]
+        );
+        assert_eq!(
+            serde_json::to_string(&set_up).expect("json"),
+            r#"{"task":"ensure-environment","environment":"e","generation":1}"#
         );
         let names: Vec<&str> = Capability::ALL.iter().map(|c| c.name()).collect();
         assert_eq!(names, crate::FULL_CAPABILITIES);

@@ -85,8 +85,14 @@ fn nodes_lease_only_their_own_work_over_mutual_tls() {
     let n1 = AgentClient::from_dir(&agents, &n1_dir).expect("n1 client");
     let n2 = AgentClient::from_dir(&agents, &n2_dir).expect("n2 client");
 
-    n1.heartbeat(&agent_proto::Heartbeat::new("test", &agent_proto::FULL_CAPABILITIES))
-        .expect("heartbeat");
+    // n1's agent predates the one set-up task an environment (no `protocol` in its beat): its
+    // environment's set-up is queued as the three tasks such an agent knows.
+    let older = agent_proto::Heartbeat {
+        protocol: 0,
+        ..agent_proto::Heartbeat::new("test", &agent_proto::FULL_CAPABILITIES)
+    };
+    assert!(!serde_json::to_string(&older).expect("json").contains("protocol"));
+    n1.heartbeat(&older).expect("heartbeat");
     assert_eq!(sql(&url, "SELECT name FROM nodes WHERE last_seen IS NOT NULL"), ["n1"]);
     // `pl nodes`' source: n1 heartbeats, n2 is enrolled but silent.
     let (status, body) = d.get("/v1/nodes", Some(&s.viewer));
@@ -125,10 +131,19 @@ fn nodes_lease_only_their_own_work_over_mutual_tls() {
         (&past["nodes"], &past["next"]),
         (&serde_json::json!([]), &serde_json::Value::Null)
     );
-    // n1's infrastructure jobs, and none of them for n2.
+    // n1's infrastructure jobs (network, firewall, routes, as its agent knows them), and none
+    // of them for n2.
     let leased = n1.lease(8, Duration::from_secs(2)).expect("lease");
-    let keys: Vec<&str> = leased.jobs.iter().map(|j| j.key.as_str()).collect();
-    assert_eq!(keys.len(), 3, "{keys:?}");
+    let mut keys: Vec<&str> = leased.jobs.iter().map(|j| j.key.as_str()).collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        [
+            "fw:api-production:g2:apply@n1",
+            "net:api-production:g2:ensure@n1",
+            "routes:api-production:g2:ensure@n1"
+        ]
+    );
     assert!(keys.iter().all(|k| k.ends_with("@n1")), "{keys:?}");
     assert!(n2.lease(8, Duration::ZERO).expect("lease").jobs.is_empty());
     let job = &leased.jobs[0];
@@ -607,11 +622,15 @@ fn the_agents_lease_loop_drives_a_rollout_reporting_each_steps_ends_with_the_nex
         sql(&url, "SELECT detail FROM job_results")
     );
 
-    // In the order the rollout asks: the network and its parts, the replicas, then ingress.
+    // In the order the rollout asks: the environment's set-up, the replicas, then ingress.
     let ran = tasks.0.lock().expect("lock").clone();
     let first = |kind: &str| ran.iter().position(|t| t.starts_with(kind)).expect(kind);
-    assert!(first("ensure-network") < first("apply-firewall"), "{ran:?}");
-    assert!(first("apply-firewall") < first("ensure-application"), "{ran:?}");
+    assert_eq!(
+        ran.iter().filter(|t| t.starts_with("ensure-environment")).count(),
+        1,
+        "{ran:?}"
+    );
+    assert!(first("ensure-environment") < first("ensure-application"), "{ran:?}");
     assert!(first("ensure-application") < first("publish-ingress"), "{ran:?}");
     let replicas: Vec<&String> = ran.iter().filter(|t| t.starts_with("ensure-application")).collect();
     assert_eq!(replicas.len(), 3, "{ran:?}");

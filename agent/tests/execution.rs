@@ -131,9 +131,11 @@ fn a_lease_carries_everything_the_job_needs_with_secrets_sealed_to_the_node() {
     n1.heartbeat(&Heartbeat::new("test", &FULL_CAPABILITIES))
         .expect("heartbeat");
 
-    // Infrastructure: each environment's network with a subnet of its own on this node.
-    let infra = lease_n(&n1, 6);
-    assert_eq!(infra.len(), 6, "network, firewall and routes of both environments");
+    // Infrastructure: each environment's set-up, its network with a subnet of its own on
+    // this node.
+    let infra = lease_n(&n1, 2);
+    assert_eq!(infra.len(), 2, "the set-up of both environments");
+    assert!(infra.iter().all(|j| j.key.starts_with("env:")), "{infra:?}");
     let mut subnets = std::collections::BTreeMap::new();
     for j in &infra {
         let Execution::Network(net) = &j.execution else {

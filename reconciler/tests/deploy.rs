@@ -32,6 +32,27 @@ async fn count(url: &str, table: &str) -> usize {
     rows(url, &format!("SELECT 1 FROM {table}")).await.len()
 }
 
+/// `node`'s heartbeat from an agent of this version (`agent_proto::PROTOCOL`), seen until 2100.
+async fn current_agent(ledger: &Ledger, node: &str) {
+    let caps = ["docker", "ingress", "nftables", "routes"].map(String::from);
+    let beat = reconciler::store::fleet::Beat {
+        agent_version: "test",
+        protocol: agent_proto::PROTOCOL,
+        capabilities: &caps,
+        host: None,
+        observed: "[]",
+        repaired: &[],
+        taken_subnets: "",
+        mesh: None,
+        grace_ms: 0,
+    };
+    ledger
+        .nodes()
+        .record_beat(node, &beat, 4_102_444_800_000)
+        .await
+        .expect("beat");
+}
+
 /// Leases every due job of both nodes and completes them all as succeeded.
 async fn complete_all(ledger: &Ledger) -> usize {
     let mut n = 0;
@@ -67,6 +88,8 @@ async fn scenario(url: String, dir: &Path) {
     let ledger = Ledger::connect(&url, 4).await.expect("connect");
     ledger.migrate().await.expect("migrate");
     dump::nodes_up(&url, &["n1", "n2"]).await;
+    // n1's agent is this version's; n2's predates the one set-up task an environment.
+    current_agent(&ledger, "n1").await;
     let shared = Arc::new(
         Reconciler::new(
             std::sync::Arc::new(config(dir, &repo.dir, &url)),
@@ -78,7 +101,16 @@ async fn scenario(url: String, dir: &Path) {
 
     let r = shared.pass().await.expect("pass");
     assert_eq!((r.judged, r.accepted), (1, 1));
-    assert_eq!(r.jobs_queued, 6, "network, firewall and routes on both nodes");
+    assert_eq!(r.jobs_queued, 4, "one set-up on n1; network, firewall and routes on n2");
+    assert_eq!(
+        rows(&url, "SELECT key FROM jobs ORDER BY key").await,
+        [
+            "env:api-production:g1:ensure@n1",
+            "fw:api-production:g1:apply@n2",
+            "net:api-production:g1:ensure@n2",
+            "routes:api-production:g1:ensure@n2",
+        ]
+    );
     let deps = rows(
         &url,
         "SELECT environment, generation, action, status, step FROM deployments",
@@ -98,7 +130,7 @@ async fn scenario(url: String, dir: &Path) {
     );
 
     // Each step starts when the one before has succeeded: infra, apps, ingress, done.
-    assert_eq!(complete_all(&shared.ledger).await, 6);
+    assert_eq!(complete_all(&shared.ledger).await, 4);
     shared.pass().await.expect("pass");
     let apps = rows(&url, "SELECT key FROM jobs WHERE state = 'queued' ORDER BY key").await;
     assert_eq!(
@@ -174,13 +206,13 @@ async fn scenario(url: String, dir: &Path) {
     // (a replica more) and on n2; replica 0 is not touched, nor re-released.
     repo.write("projects/api.yaml", &project("api", 3));
     repo.commit("scale up", true);
+    // n2's agent upgraded meanwhile: its set-up is one job now.
+    current_agent(&shared.ledger, "n2").await;
     shared.pass().await.expect("pass");
     assert_eq!(
         queued().await,
         [
-            "net:api-production:g1:ensure@n2",
-            "fw:api-production:g1:apply@n2",
-            "routes:api-production:g1:ensure@n2",
+            "env:api-production:g1:ensure@n2",
             "app:api-production/web/1:g1:ensure@n2",
             "app:api-production/web/2:g1:ensure@n1",
             "ingress:api-production/api.example.com:g1:publish@n1",
@@ -264,7 +296,7 @@ async fn scenario(url: String, dir: &Path) {
         "SELECT COUNT(*) FROM jobs WHERE environment = 'feature-login--api' AND state = 'cancelled'",
     )
     .await;
-    assert_eq!(cancelled, ["3"], "the preview's queued infra jobs on n1");
+    assert_eq!(cancelled, ["1"], "the preview's queued set-up job on n1");
     let order = [
         "ingress:feature-login--api/feature-login--api.preview.example.com:g2:remove@n1",
         "app:feature-login--api/web/0:g2:teardown@n1",

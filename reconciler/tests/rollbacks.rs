@@ -52,6 +52,7 @@ async fn heartbeat(ledger: &Ledger, env: &str, generation: u64, healthy: bool) {
     ];
     let beat = reconciler::store::fleet::Beat {
         agent_version: "test",
+        protocol: agent_proto::PROTOCOL,
         capabilities: &caps,
         host: None,
         observed: &observed,

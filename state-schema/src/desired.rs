@@ -783,7 +783,13 @@ mod tests {
             .spec;
         let steps = rollout_steps(&new, 2, std::slice::from_ref(&old));
         assert_eq!(steps.len(), 5);
-        assert_eq!(steps[0].len(), 3, "network, firewall, routes on n1");
+        assert_eq!(steps[0].len(), 1, "one set-up on n1: its network, firewall and routes");
+        assert_eq!(
+            steps[0][0].0.idempotency_key(),
+            "env:api-production:g2:ensure",
+            "{:?}",
+            steps[0]
+        );
         assert!(matches!(steps[1][0].0, Task::RunOnce { generation: 2, .. }));
         assert_eq!(steps[2].len(), 1);
         let keys: Vec<String> = steps[4]

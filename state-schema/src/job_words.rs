@@ -43,6 +43,13 @@ fn words(key: &str) -> Option<String> {
             let role = subject.split('/').nth(1)?;
             format!("run release role {role} of generation {generation}")
         }
+        "env" => {
+            let (_env, generation, verb) = generation_verb(rest)?;
+            match verb.as_str() {
+                "ensure" => format!("set up the network, firewall and routes of generation {generation}"),
+                _ => return None,
+            }
+        }
         "net" | "fw" | "routes" => {
             let (_env, generation, verb) = generation_verb(rest)?;
             let thing = match kind {
@@ -126,6 +133,11 @@ mod tests {
             describe("fw:shop:g4:apply@n1"),
             "set up the firewall of generation 4 on n1"
         );
+        assert_eq!(
+            describe("env:shop:g4:ensure@n1"),
+            "set up the network, firewall and routes of generation 4 on n1"
+        );
+        assert_eq!(describe("env:shop:g4:remove@n1"), "env:shop:g4:remove@n1");
         assert_eq!(describe("something:else"), "something:else");
     }
 }

@@ -53,6 +53,12 @@ impl Task {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "task", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum Task {
+    /// The environment's Docker network, nftables table and routes on the node, in that order,
+    /// as a generation needs them: one job where there were three (`EnsureNetwork`,
+    /// `ApplyFirewall`, `EnsureRoutes`, which a ledger written before may still hold), so a
+    /// release over 50 nodes an environment writes, leases and completes a third of the
+    /// infrastructure jobs it did.
+    EnsureEnvironment { environment: Name, generation: u64 },
     /// The environment's Docker network on the node, as a generation needs it.
     EnsureNetwork { environment: Name, generation: u64 },
     /// The environment's nftables table on the node, as a generation needs it.
@@ -212,6 +218,10 @@ impl Task {
     /// What the job is, as a stable key: `app:<env>/<role>/<instance>:g<generation>:ensure`.
     pub fn idempotency_key(&self) -> String {
         match self {
+            Task::EnsureEnvironment {
+                environment,
+                generation,
+            } => format!("env:{environment}:g{generation}:ensure"),
             Task::EnsureNetwork {
                 environment,
                 generation,
@@ -373,7 +383,8 @@ impl Task {
     /// The generation of its environment's deployment a task serves.
     pub fn generation(&self) -> u64 {
         match self {
-            Task::EnsureNetwork { generation, .. }
+            Task::EnsureEnvironment { generation, .. }
+            | Task::EnsureNetwork { generation, .. }
             | Task::ApplyFirewall { generation, .. }
             | Task::EnsureRoutes { generation, .. }
             | Task::RemoveNetwork { generation, .. }
@@ -396,7 +407,8 @@ impl Task {
     /// The environment a task belongs to.
     pub fn environment(&self) -> &Name {
         match self {
-            Task::EnsureNetwork { environment, .. }
+            Task::EnsureEnvironment { environment, .. }
+            | Task::EnsureNetwork { environment, .. }
             | Task::ApplyFirewall { environment, .. }
             | Task::EnsureRoutes { environment, .. }
             | Task::RemoveNetwork { environment, .. }

@@ -153,6 +153,7 @@ pub(super) fn heartbeats(beats: Beats) {
             let (taken_subnets, networks) = engine.engine.networks_seen().await.unwrap_or_default();
             let hb = Heartbeat {
                 agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+                protocol: agent_proto::PROTOCOL,
                 capabilities,
                 running: observed(&engine.engine).await,
                 repaired,

@@ -106,7 +106,7 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<Ended, Failure> {
         }
         _ => run_task(x, job).await.map(Ended::from),
     };
-    if job.task.needs() == Capability::Docker && x.on(Capability::Docker) {
+    if job.task.needs().contains(&Capability::Docker) && x.on(Capability::Docker) {
         x.names.refresh(&x.engine).await;
     }
     outcome
@@ -114,40 +114,24 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<Ended, Failure> {
 
 pub(super) async fn run_task(x: &Executors, job: &LeasedJob) -> Result<String, Failure> {
     let engine = &x.engine;
-    let needs = job.task.needs();
-    if !x.on(needs) {
+    // Every executor it needs before any runs: half an environment's set-up is not one.
+    if let Some(needs) = job.task.needs().iter().find(|c| !x.on(**c)) {
         return Err(permanent(
             "executor-missing",
             format!("this agent has no {needs} executor on for {}", job.task.kind()),
         ));
     }
     match (&job.task, &job.execution) {
+        (Task::EnsureEnvironment { generation, .. }, Execution::Network(net)) => {
+            // In the order each needs the one before: the routes name the network's bridge.
+            let network = engine.ensure_network(net).await?;
+            let firewall = apply_firewall(x, net, *generation).await?;
+            let routes = ensure_routes(x, net).await?;
+            Ok(format!("{network}; {firewall}; {routes}"))
+        }
         (Task::EnsureNetwork { .. }, Execution::Network(net)) => engine.ensure_network(net).await,
-        (Task::ApplyFirewall { generation, .. }, Execution::Network(net)) => {
-            let (env, subnet, generation) = (net.environment.clone(), net.subnet.clone(), *generation);
-            // The mesh's set comes from the applied mesh: a mesh apply running now finishes
-            // first (or finds this table made), so neither misses the other.
-            let _turn = x.mesh.routes.lock().await;
-            // The sets as the replicas are now, so replacing the table never empties them.
-            x.names.refresh(engine).await;
-            let reach = x.names.reach_of(&env);
-            let pushed = reach.clone();
-            let note = off_thread(&x.firewall, move |fw| fw.apply(&env, &subnet, generation, &reach)).await?;
-            x.names.pushed(&net.environment, pushed);
-            Ok(note)
-        }
-        (Task::EnsureRoutes { .. }, Execution::Network(net)) => {
-            let _turn = x.mesh.routes.lock().await;
-            let (iface, remote) = (x.mesh.interface(), x.mesh.remote_of(&net.environment));
-            let note = crate::routes::Routes::connect()?
-                .ensure(&net.network, &net.subnet, Some((iface.as_str(), remote.as_slice())))
-                .await?;
-            // Remembered for drift repair (the environment's name is a plain label).
-            let _ = std::fs::create_dir_all(&x.routes_dir);
-            std::fs::write(x.routes_dir.join(&net.environment), &net.subnet)
-                .map_err(|e| crate::outcome::retryable("state-write-failed", e.to_string()))?;
-            Ok(note)
-        }
+        (Task::ApplyFirewall { generation, .. }, Execution::Network(net)) => apply_firewall(x, net, *generation).await,
+        (Task::EnsureRoutes { .. }, Execution::Network(net)) => ensure_routes(x, net).await,
         (
             Task::RemoveNetwork {
                 environment,
@@ -315,6 +299,35 @@ pub(super) async fn withdraw_names(
         tokio::time::sleep(NAME_DRAIN).await;
     }
     Ok(())
+}
+
+/// The environment's nftables table, with its sets as the replicas are now.
+async fn apply_firewall(x: &Executors, net: &agent_proto::NetworkSpec, generation: u64) -> Result<String, Failure> {
+    let (env, subnet) = (net.environment.clone(), net.subnet.clone());
+    // The mesh's set comes from the applied mesh: a mesh apply running now finishes first (or
+    // finds this table made), so neither misses the other.
+    let _turn = x.mesh.routes.lock().await;
+    // The sets as the replicas are now, so replacing the table never empties them.
+    x.names.refresh(&x.engine).await;
+    let reach = x.names.reach_of(&env);
+    let pushed = reach.clone();
+    let note = off_thread(&x.firewall, move |fw| fw.apply(&env, &subnet, generation, &reach)).await?;
+    x.names.pushed(&net.environment, pushed);
+    Ok(note)
+}
+
+/// The environment's routing table and rules, the mesh's remote subnets included.
+async fn ensure_routes(x: &Executors, net: &agent_proto::NetworkSpec) -> Result<String, Failure> {
+    let _turn = x.mesh.routes.lock().await;
+    let (iface, remote) = (x.mesh.interface(), x.mesh.remote_of(&net.environment));
+    let note = crate::routes::Routes::connect()?
+        .ensure(&net.network, &net.subnet, Some((iface.as_str(), remote.as_slice())))
+        .await?;
+    // Remembered for drift repair (the environment's name is a plain label).
+    let _ = std::fs::create_dir_all(&x.routes_dir);
+    std::fs::write(x.routes_dir.join(&net.environment), &net.subnet)
+        .map_err(|e| crate::outcome::retryable("state-write-failed", e.to_string()))?;
+    Ok(note)
 }
 
 impl Executors {

@@ -120,7 +120,8 @@ impl Ledger {
                 | Task::RemoveIngress { .. }
                 | Task::MeasureCanary { .. }
                 | Task::RemoveVolume { .. } => {}
-                Task::EnsureNetwork { .. }
+                Task::EnsureEnvironment { .. }
+                | Task::EnsureNetwork { .. }
                 | Task::ApplyFirewall { .. }
                 | Task::EnsureRoutes { .. }
                 | Task::RemoveNetwork { .. } => {
@@ -189,9 +190,10 @@ impl Ledger {
                 }
             };
             let built: Result<Execution, Undeliverable> = match &l.task {
-                Task::EnsureNetwork { .. } | Task::ApplyFirewall { .. } | Task::EnsureRoutes { .. } => {
-                    network().map(Execution::Network)
-                }
+                Task::EnsureEnvironment { .. }
+                | Task::EnsureNetwork { .. }
+                | Task::ApplyFirewall { .. }
+                | Task::EnsureRoutes { .. } => network().map(Execution::Network),
                 Task::RemoveNetwork { .. } => Ok(network().map_or(Execution::Removal, Execution::Network)),
                 Task::StopApplication { .. }
                 | Task::TeardownApplication { .. }

@@ -10,6 +10,13 @@ pub fn wire_task(task: &Task) -> agent_proto::Task {
     use agent_proto::Task as Wire;
     let s = |n: &dyn std::fmt::Display| n.to_string();
     match task {
+        Task::EnsureEnvironment {
+            environment,
+            generation,
+        } => Wire::EnsureEnvironment {
+            environment: s(environment),
+            generation: *generation,
+        },
         Task::EnsureNetwork {
             environment,
             generation,

@@ -168,12 +168,7 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
         return refused(Refusal::MalformedRequest, why);
     }
     let version: String = hb.agent_version.chars().take(64).collect();
-    let capabilities: Vec<String> = hb
-        .capabilities
-        .iter()
-        .filter(|c| !c.is_empty() && c.len() <= 32 && c.bytes().all(|b| b.is_ascii_lowercase() || b == b'-'))
-        .cloned()
-        .collect();
+    let capabilities = crate::ops::agents::offered(&hb);
     let observed = serde_json::to_string(&hb.running).unwrap_or_else(|_| "[]".into());
     let bounded = |t: &str, n: usize| -> String { t.chars().filter(|c| !c.is_control()).take(n).collect() };
     let repaired: Vec<(String, String)> = hb
@@ -212,6 +207,7 @@ async fn heartbeat(State(s): App, Extension(peer): Peer, body: axum::body::Body)
     let beat = crate::ops::agents::Heartbeat {
         beat: crate::store::fleet::Beat {
             agent_version: &version,
+            protocol: hb.protocol,
             capabilities: &capabilities,
             host: hb.host.as_deref(),
             observed: &observed,

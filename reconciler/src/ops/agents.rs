@@ -537,6 +537,16 @@ async fn readmit_presented(
     Ok(Ok((p.node, p.not_after_ms)))
 }
 
+/// The executors a heartbeat offers that are names (lowercase and `-`, at most 32 bytes): the
+/// others are left out, not refused.
+pub fn offered(hb: &agent_proto::Heartbeat) -> Vec<String> {
+    hb.capabilities
+        .iter()
+        .filter(|c| !c.is_empty() && c.len() <= 32 && c.bytes().all(|b| b.is_ascii_lowercase() || b == b'-'))
+        .cloned()
+        .collect()
+}
+
 /// Why a heartbeat is refused whole: more than its limits, a host that is no machine id, a
 /// mesh that is not a WireGuard public key, a port and an address.
 pub fn malformed(hb: &agent_proto::Heartbeat) -> Option<&'static str> {
@@ -585,6 +595,7 @@ mod tests {
     fn beat<'a>(caps: &'a [String], mesh: Option<(&'a str, u16, Option<&'a str>, &'a str)>) -> Beat<'a> {
         Beat {
             agent_version: "1",
+            protocol: agent_proto::PROTOCOL,
             capabilities: caps,
             host: None,
             observed: "[]",

@@ -15,6 +15,25 @@ use state_schema::rollout::advance::{self, Advance, Measured, Rollout, Standing,
 
 type Tx = crate::store::WriteTx;
 
+/// Which nodes' agents predate `ensure-environment` (`rollout::for_agents`): read at most once
+/// a write, and only when a step it shapes sets up an environment.
+#[derive(Default)]
+pub(super) struct Older(Option<std::collections::BTreeSet<String>>);
+
+impl Older {
+    /// `step` as its nodes' agents can run it.
+    pub(super) async fn shape(&mut self, ledger: &Ledger, tx: &mut Tx, step: Step) -> Result<Step, LedgerError> {
+        if !state_schema::rollout::sets_up(&step) {
+            return Ok(step);
+        }
+        let older = match &mut self.0 {
+            Some(older) => older,
+            none => none.insert(ledger.nodes().older_agents_in(tx, agent_proto::PROTOCOL).await?),
+        };
+        Ok(state_schema::rollout::for_agents(step, |n| older.contains(n.as_str())))
+    }
+}
+
 /// The jobs of step `index`, due now (a step that waits is queued only when it runs).
 pub(super) fn job_rows(step: &Step, index: usize, now_ms: i64) -> impl Iterator<Item = JobRow<'_>> {
     step.iter()
@@ -30,6 +49,14 @@ impl Ledger {
         index: usize,
         now_ms: i64,
     ) -> Result<usize, LedgerError> {
+        let shaped;
+        let step = match state_schema::rollout::sets_up(step) {
+            true => {
+                shaped = Older::default().shape(self, tx, step.clone()).await?;
+                &shaped
+            }
+            false => step,
+        };
         let rows: Vec<JobRow<'_>> = job_rows(step, index, now_ms).collect();
         let added = self.jobs().enqueue_in(tx, &rows, now_ms).await?;
         if !added.is_empty() {

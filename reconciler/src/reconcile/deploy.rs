@@ -506,6 +506,7 @@ impl Ledger {
         now_ms: i64,
         applied: &mut Applied,
     ) -> Result<(), LedgerError> {
+        let mut older = super::advance::Older::default();
         for chunk in starts.chunks(100) {
             let mut events: Vec<(String, String, String)> = Vec::new();
             // Only environments with an earlier generation can have jobs to cancel.
@@ -558,7 +559,10 @@ impl Ledger {
                     new_release: s.retired.last().is_none_or(|r| r.release_hash != s.spec.release_hash),
                 });
                 if let Some(i) = first {
-                    firsts.push((steps.into_iter().nth(i).unwrap_or_default(), i));
+                    let step = older
+                        .shape(self, tx, steps.into_iter().nth(i).unwrap_or_default())
+                        .await?;
+                    firsts.push((step, i));
                 }
             }
             self.deployments()

@@ -25,6 +25,7 @@ impl Ledger {
         applied: &mut Applied,
     ) -> Result<(), LedgerError> {
         let mut events: Vec<(String, String, String)> = Vec::new();
+        let mut older = super::advance::Older::default();
         for s in scales {
             let env = s.spec.environment.as_str();
             let removes = matches!(&s.change, Change::Scale { removed, .. } if !removed.is_empty());
@@ -41,6 +42,7 @@ impl Ledger {
                 .cancel_held_in(tx, env, generation, &patterns, now_ms)
                 .await?;
             let (first, then) = rollout::scale_tasks(&s.spec, s.generation, &s.change);
+            let first = older.shape(self, tx, first).await?;
             if first.is_empty() && then.is_empty() {
                 continue;
             }

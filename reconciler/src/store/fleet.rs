@@ -178,6 +178,8 @@ pub struct Readmitted<'a> {
 #[derive(Clone, Copy, Debug)]
 pub struct Beat<'a> {
     pub agent_version: &'a str,
+    /// The task set the agent runs (`agent_proto::PROTOCOL`; 0: an agent before it).
+    pub protocol: u32,
     pub capabilities: &'a [String],
     /// The machine the node runs on, when the agent said.
     pub host: Option<&'a str>,
@@ -257,6 +259,7 @@ impl crate::store::Nodes<'_> {
     pub async fn record_beat(&self, node: &str, beat: &Beat<'_>, now_ms: i64) -> Result<(), LedgerError> {
         let Beat {
             agent_version,
+            protocol,
             capabilities,
             host,
             observed,
@@ -266,12 +269,13 @@ impl crate::store::Nodes<'_> {
             ..
         } = *beat;
         sqlx::query(self.sql(
-            "UPDATE nodes SET last_seen = ?, agent_version = ?, capabilities = ?, observed = ?, \
+            "UPDATE nodes SET last_seen = ?, agent_version = ?, agent_protocol = ?, capabilities = ?, observed = ?, \
                  host = COALESCE(?, host), taken_subnets = ?, mesh_key = ?, mesh_port = ?, mesh_address = ?, mesh_names = ?, \
                  beat_grace_ms = ? WHERE name = ?",
         ))
         .bind(now_ms)
         .bind(agent_version)
+        .bind(i64::from(protocol))
         .bind(capabilities.join(","))
         .bind(observed)
         .bind(host)

@@ -122,6 +122,21 @@ impl crate::store::Nodes<'_> {
         )
     }
 
+    /// The nodes whose agents' last heartbeat said a task set older than `protocol` (or none
+    /// yet): what their environments' set-ups are queued as (`rollout::for_agents`). Read in
+    /// `tx`, as the jobs it shapes are written there.
+    pub(crate) async fn older_agents_in(
+        &self,
+        tx: &mut WriteTx,
+        protocol: u32,
+    ) -> Result<BTreeSet<String>, LedgerError> {
+        let names: Vec<String> = sqlx::query_scalar(self.sql("SELECT name FROM nodes WHERE agent_protocol < ?"))
+            .bind(i64::from(protocol))
+            .fetch_all(&mut **tx)
+            .await?;
+        Ok(names.into_iter().collect())
+    }
+
     /// The specs of every running (rolled-out, not torn-down) deployment, of every branch:
     /// what holds reservations on nodes.
     pub async fn running_specs(&self) -> Result<Vec<DeploymentSpec>, LedgerError> {

@@ -108,6 +108,7 @@ pub const JOB_KINDS: &[&str] = &[
     "cron-run",
     "drill-save",
     "drill-verify",
+    "env-ensure",
     "fw-apply",
     "ingress-measure",
     "ingress-publish",
@@ -175,6 +176,7 @@ mod tests {
         assert!(JOB_KINDS.windows(2).all(|w| w[0] < w[1]), "sorted");
         for (key, kind) in [
             ("net:shop:g3:ensure", "net-ensure"),
+            ("env:shop:g3:ensure@n1", "env-ensure"),
             ("app:shop/web/0:g3:ensure#r2", "app-ensure"),
             ("app:shop/web/0:g3:ensure@n1", "app-ensure"),
             ("ingress:shop/a.example:g3:publish@n2", "ingress-publish"),

@@ -267,24 +267,59 @@ pub fn rollback_steps(spec: &DeploymentSpec, generation: u64, retired: &[Deploym
     steps
 }
 
-/// An environment's infrastructure on one node: its network, firewall table and routes.
-pub(super) fn infra_tasks(env: &Name, generation: u64, node: &Name) -> [(Task, Name); 3] {
-    let environment = env.clone();
-    [
-        Task::EnsureNetwork {
-            environment: environment.clone(),
+/// An environment's infrastructure on one node (its network, firewall table and routes): one
+/// task, which the agent runs in that order.
+pub(super) fn infra_tasks(env: &Name, generation: u64, node: &Name) -> [(Task, Name); 1] {
+    [(
+        Task::EnsureEnvironment {
+            environment: env.clone(),
             generation,
         },
-        Task::ApplyFirewall {
-            environment: environment.clone(),
-            generation,
-        },
-        Task::EnsureRoutes {
-            environment,
-            generation,
-        },
-    ]
-    .map(|task| (task, node.clone()))
+        node.clone(),
+    )]
+}
+
+/// `step` as its nodes' agents can run it: on a node `older` names (its agent predates
+/// `ensure-environment`), each environment's set-up is queued as the three tasks that agent
+/// knows (network, firewall, routes), so a control plane upgraded before its agents, as the
+/// upgrade order asks, still releases to them. Everything else is left as it is.
+pub fn for_agents(step: Step, older: impl Fn(&Name) -> bool) -> Step {
+    let splits = |(t, n): &(Task, Name)| matches!(t, Task::EnsureEnvironment { .. }) && older(n);
+    if !step.iter().any(splits) {
+        return step;
+    }
+    let mut out = Vec::with_capacity(step.len() + 2);
+    for (task, node) in step {
+        match task {
+            Task::EnsureEnvironment {
+                environment,
+                generation,
+            } if older(&node) => out.extend(
+                [
+                    Task::EnsureNetwork {
+                        environment: environment.clone(),
+                        generation,
+                    },
+                    Task::ApplyFirewall {
+                        environment: environment.clone(),
+                        generation,
+                    },
+                    Task::EnsureRoutes {
+                        environment,
+                        generation,
+                    },
+                ]
+                .map(|t| (t, node.clone())),
+            ),
+            task => out.push((task, node)),
+        }
+    }
+    out
+}
+
+/// Whether `step` sets up an environment on some node (what [`for_agents`] may split).
+pub fn sets_up(step: &Step) -> bool {
+    step.iter().any(|(t, _)| matches!(t, Task::EnsureEnvironment { .. }))
 }
 
 /// After repair `repair` of a replica on `node` succeeded: the environment's routes on that
