@@ -146,6 +146,9 @@ pub(super) async fn run_task(x: &Executors, job: &LeasedJob) -> Result<String, F
                 notes.push(off_thread(&x.firewall, move |fw| fw.remove(&env, generation)).await?);
             }
             if let (true, Execution::Network(net)) = (x.on(Capability::Routes), execution) {
+                // Held until the remembered routes are forgotten: a drift round between the two
+                // would find them missing and write them again, a rule left behind.
+                let _turn = x.mesh.routes.lock().await;
                 notes.push(crate::routes::Routes::connect()?.remove(&net.subnet).await?);
                 let _ = std::fs::remove_file(x.routes_dir.join(&net.environment));
             }
@@ -404,10 +407,13 @@ impl Executors {
         {
             for entry in dir.flatten() {
                 let env = entry.file_name().to_string_lossy().into_owned();
-                let subnet = std::fs::read_to_string(entry.path()).unwrap_or_default();
-                let subnet = subnet.trim();
                 let network = agent_proto::host_object(&self.engine.control_plane, &env, &self.engine.node);
                 let _turn = self.mesh.routes.lock().await;
+                // Read under the lock: a removal that took it first has forgotten the routes.
+                let Ok(subnet) = std::fs::read_to_string(entry.path()) else {
+                    continue;
+                };
+                let subnet = subnet.trim();
                 let (iface, remote) = (self.mesh.interface(), self.mesh.remote_of(&env));
                 let mesh = Some((iface.as_str(), remote.as_slice()));
                 if routes.verify(&network, subnet, mesh).await.is_ok() {
