@@ -324,7 +324,10 @@ impl Node<'_> {
     fn work(&mut self, jobs: Vec<agent_proto::LeasedJob>) {
         let mut per_env: std::collections::HashMap<&str, u32> = std::collections::HashMap::new();
         for job in &jobs {
-            let steps = job.task.needs().len() as u32;
+            let steps = match job.task {
+                Task::EnsureEnvironment { .. } => 3,
+                _ => 1,
+            };
             *per_env.entry(job.task.environment()).or_default() += steps;
         }
         std::thread::sleep(self.how.task * per_env.values().copied().max().unwrap_or(1));

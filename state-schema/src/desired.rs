@@ -774,6 +774,36 @@ mod tests {
     }
 
     #[test]
+    fn an_older_agent_gets_the_set_up_as_the_three_tasks_it_knows() {
+        let s = state(TREE);
+        let spec = deployments(&s, None, &mut Fleet::declared(&s)).0.remove(0).spec;
+        let steps = rollout_steps(&spec, 1, &[]);
+        let keys = |step: &Step| -> Vec<String> {
+            step.iter()
+                .map(|(t, n)| format!("{}@{n}", t.idempotency_key()))
+                .collect()
+        };
+        assert_eq!(
+            keys(&steps[0]),
+            ["env:api-production:g1:ensure@n1", "env:api-production:g1:ensure@n2"]
+        );
+        // n1's agent predates the one task: its set-up is split, in place; n2's is left.
+        let older = |n: &crate::values::Name| n.as_str() == "n1";
+        assert_eq!(
+            keys(&for_agents(steps[0].clone(), older)),
+            [
+                "net:api-production:g1:ensure@n1",
+                "fw:api-production:g1:apply@n1",
+                "routes:api-production:g1:ensure@n1",
+                "env:api-production:g1:ensure@n2",
+            ]
+        );
+        // A step that sets nothing up is what it was, for any agent.
+        assert!(!sets_up(&steps[2]));
+        assert_eq!(for_agents(steps[2].clone(), |_| true), steps[2]);
+    }
+
+    #[test]
     fn rollout_then_cleanup_and_teardown_run_in_order() {
         let s = state(TREE);
         let old = deployments(&s, None, &mut Fleet::declared(&s)).0.remove(0).spec;

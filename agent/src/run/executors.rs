@@ -106,7 +106,8 @@ pub async fn execute(x: &Executors, job: &LeasedJob) -> Result<Ended, Failure> {
         }
         _ => run_task(x, job).await.map(Ended::from),
     };
-    if job.task.needs().contains(&Capability::Docker) && x.on(Capability::Docker) {
+    // A set-up changes no container (its firewall apply refreshed the names already).
+    if job.task.needs() == [Capability::Docker] && x.on(Capability::Docker) {
         x.names.refresh(&x.engine).await;
     }
     outcome

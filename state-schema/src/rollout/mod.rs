@@ -284,10 +284,6 @@ pub(super) fn infra_tasks(env: &Name, generation: u64, node: &Name) -> [(Task, N
 /// knows (network, firewall, routes), so a control plane upgraded before its agents, as the
 /// upgrade order asks, still releases to them. Everything else is left as it is.
 pub fn for_agents(step: Step, older: impl Fn(&Name) -> bool) -> Step {
-    let splits = |(t, n): &(Task, Name)| matches!(t, Task::EnsureEnvironment { .. }) && older(n);
-    if !step.iter().any(splits) {
-        return step;
-    }
     let mut out = Vec::with_capacity(step.len() + 2);
     for (task, node) in step {
         match task {
