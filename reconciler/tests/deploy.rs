@@ -101,14 +101,20 @@ async fn scenario(url: String, dir: &Path) {
 
     let r = shared.pass().await.expect("pass");
     assert_eq!((r.judged, r.accepted), (1, 1));
-    assert_eq!(r.jobs_queued, 4, "one set-up on n1; network, firewall and routes on n2");
     assert_eq!(
-        rows(&url, "SELECT key FROM jobs ORDER BY key").await,
+        r.jobs_queued, 7,
+        "one set-up on n1; network, firewall and routes on n2; the three replicas, held"
+    );
+    assert_eq!(
+        rows(&url, "SELECT key, step, held FROM jobs ORDER BY key").await,
         [
-            "env:api-production:g1:ensure@n1",
-            "fw:api-production:g1:apply@n2",
-            "net:api-production:g1:ensure@n2",
-            "routes:api-production:g1:ensure@n2",
+            "app:api-production/web/0:g1:ensure@n1|2|1",
+            "app:api-production/web/1:g1:ensure@n2|2|1",
+            "app:api-production/web/2:g1:ensure@n1|2|1",
+            "env:api-production:g1:ensure@n1|0|0",
+            "fw:api-production:g1:apply@n2|0|0",
+            "net:api-production:g1:ensure@n2|0|0",
+            "routes:api-production:g1:ensure@n2|0|0",
         ]
     );
     let deps = rows(
@@ -129,19 +135,63 @@ async fn scenario(url: String, dir: &Path) {
         "reprocessing the same commit writes nothing"
     );
 
-    // Each step starts when the one before has succeeded: infra, apps, ingress, done.
-    assert_eq!(complete_all(&shared.ledger).await, 4);
-    shared.pass().await.expect("pass");
-    let apps = rows(&url, "SELECT key FROM jobs WHERE state = 'queued' ORDER BY key").await;
+    // A node's replicas follow its own set-up, with no pass between and while the other node
+    // still sets up: n1's set-up done, its two replicas are due; n2's waits for all three of
+    // its older agent's tasks.
+    let ledger = &shared.ledger;
+    let lease = |node: &'static str| async move {
+        let leases = ledger.jobs().lease(node, 100, 30_000, now_ms()).await.expect("lease");
+        let keys: Vec<String> = leases.iter().map(|l| l.key.clone()).collect();
+        (leases, keys)
+    };
+    let succeed = |leases: Vec<reconciler::store::Lease>| async move {
+        let done: Vec<Completion> = leases
+            .into_iter()
+            .map(|l| Completion {
+                token: l.token,
+                outcome: Outcome::Succeeded,
+            })
+            .collect();
+        let out = ledger.jobs().complete(&done, now_ms()).await.expect("complete");
+        assert!(out.iter().all(|r| r.is_ok()));
+    };
+    let (set_up, keys) = lease("n1").await;
+    assert_eq!(keys, ["env:api-production:g1:ensure@n1"], "the replicas are held");
+    succeed(set_up).await;
+    let (n1_apps, keys) = lease("n1").await;
     assert_eq!(
-        apps,
+        keys,
         [
             "app:api-production/web/0:g1:ensure@n1",
-            "app:api-production/web/1:g1:ensure@n2",
             "app:api-production/web/2:g1:ensure@n1"
         ]
     );
-    assert_eq!(complete_all(&shared.ledger).await, 3);
+    let (mut n2_set_up, keys) = lease("n2").await;
+    assert_eq!(keys.len(), 3, "{keys:?}");
+    let routes = n2_set_up.remove(keys.iter().position(|k| k.starts_with("routes:")).expect("routes"));
+    succeed(n2_set_up).await;
+    assert_eq!(
+        rows(&url, "SELECT key FROM jobs WHERE held = 1").await,
+        ["app:api-production/web/1:g1:ensure@n2"],
+        "n2's routes are not made yet"
+    );
+    succeed(vec![routes]).await;
+    assert!(rows(&url, "SELECT key FROM jobs WHERE held = 1").await.is_empty());
+    succeed(n1_apps).await;
+    assert_eq!(
+        rows(&url, "SELECT step FROM deployments").await,
+        ["0"],
+        "the rollout's step moves on only in a pass"
+    );
+    shared.pass().await.expect("pass");
+    let apps = rows(&url, "SELECT key FROM jobs WHERE state = 'queued' ORDER BY key").await;
+    assert_eq!(apps, ["app:api-production/web/1:g1:ensure@n2"]);
+    assert_eq!(
+        rows(&url, "SELECT step FROM deployments").await,
+        ["2"],
+        "every set-up done: the replicas' step, one of them still to run"
+    );
+    assert_eq!(complete_all(&shared.ledger).await, 1);
     shared.pass().await.expect("pass");
     assert_eq!(
         complete_all(&shared.ledger).await,
@@ -296,7 +346,11 @@ async fn scenario(url: String, dir: &Path) {
         "SELECT COUNT(*) FROM jobs WHERE environment = 'feature-login--api' AND state = 'cancelled'",
     )
     .await;
-    assert_eq!(cancelled, ["1"], "the preview's queued set-up job on n1");
+    assert_eq!(
+        cancelled,
+        ["2"],
+        "the preview's queued set-up job on n1, and its replica held with it"
+    );
     let order = [
         "ingress:feature-login--api/feature-login--api.preview.example.com:g2:remove@n1",
         "app:feature-login--api/web/0:g2:teardown@n1",
@@ -366,6 +420,50 @@ async fn scenario(url: String, dir: &Path) {
         )
         .await,
         ["teardown|2"]
+    );
+
+    // A set-up that fails for good fails the rollout as before; what was queued ahead of it
+    // (each node's replicas) is cancelled, and what a node had leased runs to its end.
+    repo.write("projects/jobs.yaml", &project("jobs", 3));
+    repo.write("envs/jobs-production.yaml", &environment("jobs-production", "jobs"));
+    repo.commit("jobs", true);
+    shared.pass().await.expect("pass");
+    let ledger = &shared.ledger;
+    let (set_up, keys) = lease("n1").await;
+    assert_eq!(keys, ["env:jobs-production:g1:ensure@n1"]);
+    succeed(set_up).await;
+    let one = ledger.jobs().lease("n1", 1, 30_000, now_ms()).await.expect("lease");
+    assert_eq!(one.len(), 1, "n1's first replica, due after its set-up");
+    let (n2, keys) = lease("n2").await;
+    assert_eq!(keys, ["env:jobs-production:g1:ensure@n2"]);
+    let failed: Vec<Completion> = n2
+        .into_iter()
+        .map(|l| Completion {
+            token: l.token,
+            outcome: Outcome::Permanent("bridge-missing: no bridge".into()),
+        })
+        .collect();
+    ledger.jobs().complete(&failed, now_ms()).await.expect("complete");
+    shared.pass().await.expect("pass");
+    assert_eq!(
+        rows(
+            &url,
+            "SELECT status, step FROM deployments WHERE environment = 'jobs-production'"
+        )
+        .await,
+        ["failed|0"]
+    );
+    assert_eq!(
+        rows(
+            &url,
+            "SELECT key, state FROM jobs WHERE environment = 'jobs-production' AND step = 2 ORDER BY key"
+        )
+        .await,
+        [
+            "app:jobs-production/web/0:g1:ensure@n1|leased",
+            "app:jobs-production/web/1:g1:ensure@n2|cancelled",
+            "app:jobs-production/web/2:g1:ensure@n1|cancelled",
+        ]
     );
     shared.ledger.close().await;
 }

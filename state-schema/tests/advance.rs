@@ -9,13 +9,18 @@ use state_schema::deployment::DeploymentSpec;
 use state_schema::generations::{Action, Status, StepJobs};
 use state_schema::rollout::advance::{
     Advance, Back, CanaryStanding, GateVerdict, Measured, PromoteRefusal, Rollout, Share, Standing, StepState, Watch,
-    abort, advance, canary_standing, promote, verdict,
+    abort, advance, canary_standing, held_with, promote, verdict,
 };
 
 fn spec(release: &str, rollout: &str) -> DeploymentSpec {
+    spec_with(release, rollout, "")
+}
+
+/// `spec` with more roles (`extra`: YAML lines under `roles:`).
+fn spec_with(release: &str, rollout: &str, extra: &str) -> DeploymentSpec {
     let image = format!("{:0>64}", release);
     spec_support::first_spec(&format!(
-        "apiVersion: pushleft.dev/v1alpha1\nkind: Repository\nmetadata: {{name: t}}\nspec: {{baseDomain: example.com}}\n---\napiVersion: pushleft.dev/v1alpha1\nkind: NodePool\nmetadata: {{name: main}}\nspec:\n  region: eu\n  nodes:\n    - {{name: n1, capacity: {{cpu: \"8\", memory: 16Gi}}}}\n---\napiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: registry.example.invalid/api@sha256:{image}\n  roles:\n    web: {{kind: web, port: 8080, replicas: 2, rollout: {rollout}}}\n---\napiVersion: pushleft.dev/v1alpha1\nkind: Environment\nmetadata: {{name: api-production}}\nspec: {{project: api, stage: production, pool: main}}\n"
+        "apiVersion: pushleft.dev/v1alpha1\nkind: Repository\nmetadata: {{name: t}}\nspec: {{baseDomain: example.com}}\n---\napiVersion: pushleft.dev/v1alpha1\nkind: NodePool\nmetadata: {{name: main}}\nspec:\n  region: eu\n  nodes:\n    - {{name: n1, capacity: {{cpu: \"8\", memory: 16Gi}}}}\n---\napiVersion: pushleft.dev/v1alpha1\nkind: Project\nmetadata: {{name: api}}\nspec:\n  image: registry.example.invalid/api@sha256:{image}\n  roles:\n    web: {{kind: web, port: 8080, replicas: 2, rollout: {rollout}}}\n{extra}---\napiVersion: pushleft.dev/v1alpha1\nkind: Environment\nmetadata: {{name: api-production}}\nspec: {{project: api, stage: production, pool: main}}\n"
     ))
 }
 
@@ -386,4 +391,76 @@ fn a_gated_canary_measures_each_share_after_its_pause_and_the_gates_judge_every_
         .words(),
         "the new release's 2 of 20 requests 5xx or failed (10.0%), p95 10 ms: over maxErrorPercent 5"
     );
+}
+
+#[test]
+fn a_nodes_replicas_are_queued_held_with_its_set_up_unless_a_release_or_a_wait_comes_between() {
+    use state_schema::task::Task;
+    let kinds = |step: &[(Task, state_schema::values::Name)]| -> Vec<&'static str> {
+        step.iter()
+            .map(|(t, _)| match t {
+                Task::EnsureEnvironment { .. } => "set-up",
+                Task::EnsureApplication { .. } => "replica",
+                Task::StopApplication { .. } => "stop",
+                Task::PublishIngress { .. } => "publish",
+                _ => "other",
+            })
+            .collect()
+    };
+    // A first release by switch: the replicas follow each node's set-up.
+    let first = spec("1", "{strategy: switch}");
+    let r = rollout(&first, &[], 1);
+    let steps = r.steps();
+    assert_eq!(held_with(&steps, 0), Some(2));
+    assert_eq!(
+        (kinds(&steps[0]), kinds(&steps[2])),
+        (vec!["set-up"], vec!["replica", "replica"])
+    );
+    assert_eq!(held_with(&steps, 2), None, "the replicas' step is no set-up");
+    assert_eq!(held_with(&steps, 99), None);
+
+    // A canary's replicas too: its waits come after them, before each share.
+    let old = spec("1", CANARY);
+    let new = spec("2", CANARY);
+    let r = rollout(&new, std::slice::from_ref(&old), 2);
+    assert_eq!(held_with(&r.steps(), 0), Some(2));
+
+    // A release command runs once, before any replica of the new release: a barrier.
+    let migrating = spec_with(
+        "2",
+        "{strategy: switch}",
+        "    migrate: {kind: release, command: [migrate]}\n",
+    );
+    let r = rollout(&migrating, std::slice::from_ref(&old), 2);
+    let steps = r.steps();
+    assert_eq!(steps[1].len(), 1, "the release step");
+    assert_eq!(held_with(&steps, 0), None);
+    assert_eq!(held_with(&steps, 1), None, "a release step is no set-up");
+
+    // Rolling batches that take an old replica out first: its routes move before it stops.
+    let (old, new) = (
+        spec("1", "{strategy: rolling, maxSurge: 0, maxUnavailable: 1}"),
+        spec("2", "{strategy: rolling, maxSurge: 0, maxUnavailable: 1}"),
+    );
+    let r = rollout(&new, std::slice::from_ref(&old), 2);
+    let steps = r.steps();
+    let next = state_schema::rollout::advance::first_step_from(&steps, 1).expect("a batch");
+    assert_eq!(kinds(&steps[next]), ["publish"]);
+    assert_eq!(held_with(&steps, 0), None);
+    // Surging batches start their new replicas first: those follow each node's set-up.
+    let (old, new) = (
+        spec("1", "{strategy: rolling, maxSurge: 1, maxUnavailable: 0}"),
+        spec("2", "{strategy: rolling, maxSurge: 1, maxUnavailable: 0}"),
+    );
+    let r = rollout(&new, std::slice::from_ref(&old), 2);
+    let steps = r.steps();
+    let next = held_with(&steps, 0).expect("held with the set-up");
+    assert_eq!(kinds(&steps[next]), ["replica"]);
+
+    // A teardown sets nothing up.
+    let t = Rollout {
+        action: Action::Teardown,
+        ..rollout(&first, &[], 2)
+    };
+    assert!((0..t.steps().len()).all(|i| held_with(&t.steps(), i).is_none()));
 }

@@ -32,38 +32,71 @@ impl Older {
         };
         Ok(state_schema::rollout::for_agents(step, |n| older.contains(n.as_str())))
     }
+
+    /// What queueing step `index` of `steps` writes: that step as its agents can run it, due
+    /// now, and the step [`advance::held_with`] puts beside it, held (each node's replicas,
+    /// due once that node's set-up succeeded). Each with its index and whether it is held.
+    pub(super) async fn queued(
+        &mut self,
+        ledger: &Ledger,
+        tx: &mut Tx,
+        steps: &[Step],
+        index: usize,
+    ) -> Result<Vec<(Step, usize, bool)>, LedgerError> {
+        let Some(step) = steps.get(index) else {
+            return Ok(Vec::new());
+        };
+        let mut out = vec![(self.shape(ledger, tx, step.clone()).await?, index, false)];
+        if let Some(h) = advance::held_with(steps, index) {
+            out.push((steps[h].clone(), h, true));
+        }
+        Ok(out)
+    }
 }
 
-/// The jobs of step `index`, due now (a step that waits is queued only when it runs).
-pub(super) fn job_rows(step: &Step, index: usize, now_ms: i64) -> impl Iterator<Item = JobRow<'_>> {
-    step.iter()
-        .map(move |(task, node)| JobRow::new(task, node.as_str(), MAX_ATTEMPTS, now_ms, Some(index as i64)))
+/// The jobs of step `index`, due now unless `held` (a step that waits is queued only when it
+/// runs).
+pub(super) fn job_rows(step: &Step, index: usize, now_ms: i64, held: bool) -> impl Iterator<Item = JobRow<'_>> {
+    step.iter().map(move |(task, node)| {
+        let row = JobRow::new(task, node.as_str(), MAX_ATTEMPTS, now_ms, Some(index as i64));
+        if held { row.held() } else { row }
+    })
+}
+
+/// The `jobs-queued` event's words for `n` new jobs of step `index`.
+pub(super) fn queued_words(index: usize, n: usize, held: bool) -> String {
+    match held {
+        true => format!("step {index}: {n} jobs, each held until its node's set-up succeeded"),
+        false => format!("step {index}: {n} jobs"),
+    }
 }
 
 impl Ledger {
+    /// Queues step `index` of `env`'s generation `generation` (with what is held beside it,
+    /// [`Older::queued`]), and makes due whatever of it was queued held before. Returns how
+    /// many jobs were new.
     pub(super) async fn queue_step(
         &self,
         tx: &mut Tx,
-        env: &str,
-        step: &Step,
+        (env, generation): (&str, i64),
+        steps: &[Step],
         index: usize,
         now_ms: i64,
     ) -> Result<usize, LedgerError> {
-        let shaped;
-        let step = match state_schema::rollout::sets_up(step) {
-            true => {
-                shaped = Older::default().shape(self, tx, step.clone()).await?;
-                &shaped
+        let mut new = 0;
+        for (step, i, held) in Older::default().queued(self, tx, steps, index).await? {
+            let rows: Vec<JobRow<'_>> = job_rows(&step, i, now_ms, held).collect();
+            let added = self.jobs().enqueue_in(tx, &rows, now_ms).await?;
+            if !added.is_empty() {
+                let detail = queued_words(i, added.len(), held);
+                self.events().event(tx, now_ms, "jobs-queued", env, &detail).await?;
             }
-            false => step,
-        };
-        let rows: Vec<JobRow<'_>> = job_rows(step, index, now_ms).collect();
-        let added = self.jobs().enqueue_in(tx, &rows, now_ms).await?;
-        if !added.is_empty() {
-            let detail = format!("step {index}: {} jobs", added.len());
-            self.events().event(tx, now_ms, "jobs-queued", env, &detail).await?;
+            new += added.len();
         }
-        Ok(added.len())
+        self.jobs()
+            .release_step_in(tx, (env, generation, index as i64), now_ms)
+            .await?;
+        Ok(new)
     }
 
     /// Moves every unfinished deployment on that can move (its step's jobs all ended, or its
@@ -127,7 +160,7 @@ impl Ledger {
                 self.deployments()
                     .set_step(tx, env, Status::InProgress, s as i64, StepState::Running, now_ms)
                     .await?;
-                self.queue_step(tx, env, &steps[s], s, now_ms).await?;
+                self.queue_step(tx, (env, generation), &steps, s, now_ms).await?;
             }
             Advance::Fail { back, gate } => self.write_failed(tx, &here, back, gate).await?,
             Advance::Next {
@@ -144,7 +177,7 @@ impl Ledger {
                     self.events().event(tx, now_ms, "canary-gates", env, &detail).await?;
                 }
                 if state == StepState::Running {
-                    self.queue_step(tx, env, &steps[s], s, now_ms).await?;
+                    self.queue_step(tx, (env, generation), &steps, s, now_ms).await?;
                 }
                 if let Some(share) = share {
                     self.write_share(tx, &here, share, state, watching).await?;
@@ -209,6 +242,10 @@ impl Ledger {
         } = *here;
         self.deployments()
             .set_step(tx, env, Status::Failed, step, StepState::Running, now_ms)
+            .await?;
+        // What was queued ahead with a set-up (each node's replicas) does not start now.
+        self.jobs()
+            .cancel_after_step_in(tx, (env, generation, step), now_ms)
             .await?;
         let detail = format!("generation {generation}, step {step}{rollback}");
         self.events()

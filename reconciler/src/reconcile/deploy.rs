@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 type Tx = crate::store::WriteTx;
 
-use super::advance::job_rows;
+use super::advance::{job_rows, queued_words};
 use state_schema::rollout::advance::{Rollout, first_step_from};
 
 /// What applying one commit did.
@@ -518,7 +518,7 @@ impl Ledger {
             for (env, n) in self.deployments().cancel_older(tx, &existed, now_ms).await? {
                 events.push(("jobs-cancelled".into(), env, format!("{n} jobs of older generations")));
             }
-            let mut firsts: Vec<(Step, usize)> = Vec::new();
+            let mut firsts: Vec<(Step, usize, bool)> = Vec::new();
             let mut generations = Vec::with_capacity(chunk.len());
             for s in chunk {
                 let steps = Rollout {
@@ -559,10 +559,7 @@ impl Ledger {
                     new_release: s.retired.last().is_none_or(|r| r.release_hash != s.spec.release_hash),
                 });
                 if let Some(i) = first {
-                    let step = older
-                        .shape(self, tx, steps.into_iter().nth(i).unwrap_or_default())
-                        .await?;
-                    firsts.push((step, i));
+                    firsts.extend(older.queued(self, tx, &steps, i).await?);
                 }
             }
             self.deployments()
@@ -570,19 +567,19 @@ impl Ledger {
                 .await?;
             let mut rows: Vec<JobRow<'_>> = Vec::new();
             let mut spans = Vec::with_capacity(firsts.len());
-            for (step, index) in &firsts {
+            for (step, index, held) in &firsts {
                 let start = rows.len();
-                rows.extend(job_rows(step, *index, now_ms));
-                spans.push((*index, start..rows.len()));
+                rows.extend(job_rows(step, *index, now_ms, *held));
+                spans.push((*index, *held, start..rows.len()));
             }
             let added = self.jobs().enqueue_in(tx, &rows, now_ms).await?;
             applied.jobs_queued += added.len();
-            for (index, range) in spans {
+            for (index, held, range) in spans {
                 // `added` is sorted: the new jobs of this step are one run of it.
                 let n = added.partition_point(|&i| i < range.end) - added.partition_point(|&i| i < range.start);
                 if n > 0 {
                     let env = rows[range.start].task.environment().as_str().to_owned();
-                    events.push(("jobs-queued".into(), env, format!("step {index}: {n} jobs")));
+                    events.push(("jobs-queued".into(), env, queued_words(index, n, held)));
                 }
             }
             self.events().events_in(tx, now_ms, &events).await?;

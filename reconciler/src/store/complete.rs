@@ -22,6 +22,8 @@ struct LiveLease {
     fencing_token: Option<i64>,
     environment: Option<String>,
     generation: Option<i64>,
+    /// The rollout step it belongs to (none for a scale's or a repair's job).
+    step: Option<i64>,
     created_at: i64,
 }
 
@@ -45,6 +47,9 @@ struct Recorded<'c> {
     measures: Vec<(i64, super::jobs::Measure)>,
     /// Replicas that became healthy: (environment, role, node), for volume moves.
     up: Vec<(String, String, String)>,
+    /// Set-ups that succeeded: (environment, generation, node, step), whose node's held
+    /// replicas may now be due (`release_set_up_in`).
+    set_up: BTreeSet<(String, i64, String, i64)>,
     /// Scales with a job that succeeded: (environment, generation, revision).
     scaled: BTreeSet<(String, i64, i64)>,
     /// Scales with a job that ended, succeeded or not: (environment, generation).
@@ -118,7 +123,7 @@ impl crate::store::Jobs<'_> {
         // The live leases among the batch, locked until commit.
         let ids = self.id_set(chunk.iter().map(|c| c.token.job_id));
         let q = format!(
-            "SELECT id, attempts, max_attempts, key, lease_token, fencing_token, target_node, environment, generation, created_at, \
+            "SELECT id, attempts, max_attempts, key, lease_token, fencing_token, target_node, environment, generation, step, created_at, \
              CASE WHEN state = 'leased' AND lease_expires_at >= ? THEN 1 ELSE 0 END AS live FROM jobs WHERE {}{}",
             ids.condition("id"),
             if self.backend == Backend::Postgres {
@@ -153,6 +158,10 @@ impl crate::store::Jobs<'_> {
         }
         // Their routes are published again by the pass (`reconcile::drift`).
         self.mark_repaired_in(tx, &rec.repaired, now_ms).await?;
+        for (env, generation, node, step) in &rec.set_up {
+            self.release_set_up_in(tx, (env, *generation, node, *step), now_ms)
+                .await?;
+        }
         for (env, generation, revision) in &rec.scaled {
             self.release_scale_in(tx, env, *generation, *revision, now_ms).await?;
         }
@@ -259,6 +268,24 @@ fn count(rec: &mut Recorded<'_>, key: &str, state: JobState, detail: &str, took_
     }
 }
 
+/// What a job that succeeded on `node` moves on: a replica up (a volume's move waits for it),
+/// an environment set up (the replicas held with it on that node).
+fn succeeded(
+    rec: &mut Recorded<'_>,
+    key: &str,
+    node: &str,
+    (env, generation, step): (Option<&str>, Option<i64>, Option<i64>),
+) {
+    if let Some((env, role)) = rows::ensured_role(key) {
+        rec.up.push((env.to_owned(), role.to_owned(), node.to_owned()));
+    }
+    if rows::sets_up(key)
+        && let (Some(env), Some(generation), Some(step)) = (env, generation, step)
+    {
+        rec.set_up.insert((env.to_owned(), generation, node.to_owned(), step));
+    }
+}
+
 /// Each completion of `chunk` (made by the node at its index in `callers`, if given) checked
 /// against the live leases: a stale or foreign one keeps its refusal in `out`; the others'
 /// new states, retries, results, events and what their ends touch (backups, restores,
@@ -288,6 +315,7 @@ fn recorded<'c>(
             fencing_token: fencing,
             environment,
             generation,
+            step,
             created_at,
             ..
         }) = live.remove(&t.job_id)
@@ -312,11 +340,9 @@ fn recorded<'c>(
             rec.measures.push((t.job_id, *m));
         }
         count(&mut rec, &key, state, &detail, now_ms - created_at);
-        if state == JobState::Succeeded
-            && let Some((env, role)) = rows::ensured_role(&key)
-        {
-            let node = owners.get(&t.job_id).cloned().unwrap_or_default();
-            rec.up.push((env.to_owned(), role.to_owned(), node));
+        if state == JobState::Succeeded {
+            let node = owners.get(&t.job_id).map_or("", String::as_str);
+            succeeded(&mut rec, &key, node, (environment.as_deref(), generation, step));
         }
         if state != JobState::Queued
             && let (Some(revision), Some(env), Some(generation)) =

@@ -49,6 +49,12 @@ impl<'a> JobRow<'a> {
         }
     }
 
+    /// The job held: queued, never leased, until something makes it due (a scale's rest, or
+    /// its node's set-up: `release_set_up_in`).
+    pub fn held(self) -> Self {
+        JobRow { held: true, ..self }
+    }
+
     pub fn new(task: &'a Task, node: &'a str, max_attempts: u32, not_before_ms: i64, step: Option<i64>) -> Self {
         JobRow {
             key: job_key(task, node),
@@ -203,6 +209,83 @@ impl crate::store::Jobs<'_> {
             .await?;
         }
         Ok(released)
+    }
+
+    /// Makes due the held jobs of a rollout's later steps on `node` (`advance::held_with`: the
+    /// replicas queued with the environment's set-up) once every job of the steps before theirs
+    /// on that node succeeded: run when a set-up of step `step` succeeded there. Returns how
+    /// many were released.
+    pub(crate) async fn release_set_up_in(
+        &self,
+        tx: &mut WriteTx,
+        (environment, generation, node, step): (&str, i64, &str, i64),
+        now_ms: i64,
+    ) -> Result<u64, LedgerError> {
+        // Through `jobs_by_step` both times: the environment's jobs at one generation are few.
+        Ok(sqlx::query(self.sql(
+            "UPDATE jobs SET held = 0, not_before = ?, updated_at = ? \
+             WHERE environment = ? AND generation = ? AND step > ? AND target_node = ? AND state = 'queued' AND held = 1 \
+             AND NOT EXISTS (SELECT 1 FROM jobs o WHERE o.environment = ? AND o.generation = ? AND o.step < jobs.step \
+                             AND o.target_node = ? AND o.state <> 'succeeded')",
+        ))
+        .bind(now_ms)
+        .bind(now_ms)
+        .bind(environment)
+        .bind(generation)
+        .bind(step)
+        .bind(node)
+        .bind(environment)
+        .bind(generation)
+        .bind(node)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected())
+    }
+
+    /// Makes due every held job of step `step` of `environment`'s generation `generation`: the
+    /// step runs now, so whatever a node's set-up had not released yet (a node with no set-up
+    /// of its own in the step before) waits no longer.
+    pub(crate) async fn release_step_in(
+        &self,
+        tx: &mut WriteTx,
+        (environment, generation, step): (&str, i64, i64),
+        now_ms: i64,
+    ) -> Result<u64, LedgerError> {
+        Ok(sqlx::query(self.sql(
+            "UPDATE jobs SET held = 0, not_before = ?, updated_at = ? \
+             WHERE environment = ? AND generation = ? AND step = ? AND state = 'queued' AND held = 1",
+        ))
+        .bind(now_ms)
+        .bind(now_ms)
+        .bind(environment)
+        .bind(generation)
+        .bind(step)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected())
+    }
+
+    /// Cancels the queued jobs of `environment`'s generation `generation` in the steps after
+    /// `step`, which failed: only the jobs queued ahead with a set-up (`advance::held_with`)
+    /// can be there, held or made due by their node's set-up. What a node leased runs to its
+    /// end, as the jobs of a failed step do.
+    pub(crate) async fn cancel_after_step_in(
+        &self,
+        tx: &mut WriteTx,
+        (environment, generation, step): (&str, i64, i64),
+        now_ms: i64,
+    ) -> Result<u64, LedgerError> {
+        Ok(sqlx::query(self.sql(
+            "UPDATE jobs SET state = 'cancelled', updated_at = ? \
+             WHERE environment = ? AND generation = ? AND step > ? AND state = 'queued'",
+        ))
+        .bind(now_ms)
+        .bind(environment)
+        .bind(generation)
+        .bind(step)
+        .execute(&mut **tx)
+        .await?
+        .rows_affected())
     }
 
     /// Cancels the held jobs of `environment` at `generation` whose keys match `patterns` (SQL

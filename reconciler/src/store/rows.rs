@@ -102,6 +102,18 @@ pub fn scaled_revision(key: &str) -> Option<i64> {
     revision.parse().ok()
 }
 
+/// Whether a job key is an environment's set-up on a node, `env:<env>:g<n>:ensure@<node>`, or
+/// one of the three an older agent gets instead (network, firewall, routes): what the replicas
+/// queued held with it wait for (`release_set_up_in`).
+pub fn sets_up(key: &str) -> bool {
+    let what = key.rsplit_once('@').map_or(key, |(what, _)| what);
+    match what.split_once(':') {
+        Some(("env" | "net" | "routes", _)) => what.ends_with(":ensure"),
+        Some(("fw", _)) => what.ends_with(":apply"),
+        _ => false,
+    }
+}
+
 /// Whether a job key is a repair of a replica (`…:ensure#r<n>@node`).
 pub fn is_repair(key: &str) -> bool {
     key.starts_with("app:") && key.contains(":ensure#r")

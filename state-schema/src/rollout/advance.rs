@@ -342,6 +342,27 @@ pub fn rolling_from(steps: &[Step]) -> Option<usize> {
     })
 }
 
+/// The step whose jobs are queued together with step `index`'s, each held until every job of
+/// the steps before it on its own node succeeded: the replicas that follow an environment's
+/// set-up. A node's replicas need only that node's network, firewall and routes, so they start
+/// as soon as those are made there instead of when the last of the environment's nodes has
+/// made its own (kubelet and Nomad's client likewise make an allocation's network before its
+/// tasks on the node, with no barrier across nodes). `None` when anything else comes between
+/// or follows: a release command (a migration runs once, before any replica of the new
+/// release), a wait (a canary's pause or promote), or a step that is not replicas starting.
+/// A failure of any set-up still fails the step as before; the held jobs are cancelled then.
+pub fn held_with(steps: &[Step], index: usize) -> Option<usize> {
+    let now = steps.get(index)?;
+    if now.is_empty() || !now.iter().all(|(t, _)| matches!(t, Task::EnsureEnvironment { .. })) {
+        return None;
+    }
+    let next = first_step_from(steps, index + 1)?;
+    let starts = steps[next]
+        .iter()
+        .all(|(t, _)| matches!(t, Task::EnsureApplication { .. }));
+    starts.then_some(next)
+}
+
 /// The first step at or after `from` that has jobs.
 pub fn first_step_from(steps: &[Step], from: usize) -> Option<usize> {
     (from..steps.len()).find(|&i| !steps[i].is_empty())
