@@ -270,13 +270,15 @@ fn run(nodes: usize, seconds: u64, ledger_kind: &str) -> Run {
     // Where the release's time went, from the ledger's own times (ms after the commit).
     let at = |q: &str| ledger.count(q) - committed_ms;
     eprintln!(
-        "{nodes} nodes: the release's revision seen at +{} ms; its first job made at +{}, its first replica's job at +{}, the last at +{}; the last replica's job leased by +{} ms",
+        "{nodes} nodes: the release's revision seen at +{} ms; its first job made at +{}, its first replica's job due at +{}, the last at +{}; the last replica's job leased by +{} ms",
         at("SELECT MAX(seen_at) FROM revisions"),
         at(&format!(
             "SELECT MIN(created_at) FROM jobs WHERE created_at >= {committed_ms}"
         )),
-        at(&format!("SELECT MIN(created_at) FROM jobs WHERE {}", ledger.replicas)),
-        at(&format!("SELECT MAX(created_at) FROM jobs WHERE {}", ledger.replicas)),
+        // Due, not made: a replica's job may be made held with its node's set-up, and is due
+        // (`not_before`) when that set-up succeeded.
+        at(&format!("SELECT MIN(not_before) FROM jobs WHERE {}", ledger.replicas)),
+        at(&format!("SELECT MAX(not_before) FROM jobs WHERE {}", ledger.replicas)),
         at(&format!(
             "SELECT MAX(updated_at) FROM jobs WHERE {} AND state <> 'queued'",
             ledger.replicas

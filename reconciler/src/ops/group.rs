@@ -199,7 +199,7 @@ async fn commit_groups(ledger: Arc<Ledger>, rx: Arc<tokio::sync::Mutex<mpsc::Rec
                 "group written"
             );
             match written {
-                Ok((done, leased, repaired)) => {
+                Ok((done, leased, ends)) => {
                     drop(requests);
                     for (call, r) in completes.into_iter().zip(done) {
                         let _ = call.reply.send(Ok(r));
@@ -207,8 +207,13 @@ async fn commit_groups(ledger: Arc<Ledger>, rx: Arc<tokio::sync::Mutex<mpsc::Rec
                     for (call, l) in leases.into_iter().zip(leased) {
                         let _ = call.reply.send(Ok(l));
                     }
-                    if repaired > 0 {
+                    if ends.repaired > 0 {
                         hub.repairs_recorded.store(true, Ordering::Relaxed);
+                    }
+                    if ends.released > 0 {
+                        // Replicas a set-up made due: a node whose lease waits in another
+                        // call gets them now rather than at the next look (`ops::lease_wakes`).
+                        hub.jobs.notify_waiters();
                     }
                     if !completions.is_empty() {
                         // The next step may be due: the loop advances it now (or, on another

@@ -27,6 +27,16 @@ struct LiveLease {
     created_at: i64,
 }
 
+/// What a group of completions moved on besides the jobs themselves, for the caller to tell.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Ends {
+    /// Drift repairs that succeeded (their routes wait for the pass).
+    pub repaired: usize,
+    /// Jobs a set-up's success made due (`release_set_up_in`): their nodes' waiting leases
+    /// may be woken at once.
+    pub released: u64,
+}
+
 /// What one batch of completions writes.
 #[derive(Default)]
 struct Recorded<'c> {
@@ -83,7 +93,7 @@ impl crate::store::Jobs<'_> {
         }
         let mut tx = self.write_tx().await?;
         let out = self
-            .complete_as_in(&mut tx, completions, callers, now_ms, &mut 0)
+            .complete_as_in(&mut tx, completions, callers, now_ms, &mut Ends::default())
             .await?;
         tx.commit().await?;
         Ok(out)
@@ -91,14 +101,14 @@ impl crate::store::Jobs<'_> {
 
     /// [`Ledger::complete_as`] in the caller's transaction: per chunk of 500, the live leases
     /// read and locked, each completion checked against them, then what they end written.
-    /// Adds to `repaired` the drift repairs that succeeded (their routes wait for the pass).
+    /// Adds to `ends` what the completions moved on (repairs, jobs released).
     pub(crate) async fn complete_as_in(
         &self,
         tx: &mut WriteTx,
         completions: &[Completion],
         callers: &[String],
         now_ms: i64,
-        repaired: &mut usize,
+        ends: &mut Ends,
     ) -> Result<Vec<Result<(), Refused>>, LedgerError> {
         let mut out = vec![Err(Refused::StaleFencingToken); completions.len()];
         for chunk_start in (0..completions.len()).step_by(500) {
@@ -106,8 +116,8 @@ impl crate::store::Jobs<'_> {
             let (live, owners) = self.live_leases(tx, chunk, now_ms).await?;
             let callers = callers.get(chunk_start..).unwrap_or_default();
             let rec = recorded(chunk, callers, live, &owners, &mut out[chunk_start..], now_ms);
-            *repaired += rec.repaired.len();
-            self.write_recorded(tx, rec, now_ms).await?;
+            ends.repaired += rec.repaired.len();
+            ends.released += self.write_recorded(tx, rec, now_ms).await?;
         }
         Ok(out)
     }
@@ -144,8 +154,9 @@ impl crate::store::Jobs<'_> {
         Ok((live, owners))
     }
 
-    /// What one chunk's judged completions end, written.
-    async fn write_recorded(&self, tx: &mut WriteTx, rec: Recorded<'_>, now_ms: i64) -> Result<(), LedgerError> {
+    /// What one chunk's judged completions end, written. Returns how many held jobs were made
+    /// due.
+    async fn write_recorded(&self, tx: &mut WriteTx, rec: Recorded<'_>, now_ms: i64) -> Result<u64, LedgerError> {
         for (state, ids) in &rec.by_state {
             let ids = self.id_set(ids.iter().copied());
             let q = format!(
@@ -158,8 +169,10 @@ impl crate::store::Jobs<'_> {
         }
         // Their routes are published again by the pass (`reconcile::drift`).
         self.mark_repaired_in(tx, &rec.repaired, now_ms).await?;
+        let mut released = 0;
         for (env, generation, node, step) in &rec.set_up {
-            self.release_set_up_in(tx, (env, *generation, node, *step), now_ms)
+            released += self
+                .release_set_up_in(tx, (env, *generation, node, *step), now_ms)
                 .await?;
         }
         for (env, generation, revision) in &rec.scaled {
@@ -241,7 +254,7 @@ impl crate::store::Jobs<'_> {
         }
         let tallies = rec.tallies.iter().map(|((f, l), n)| ((*f, l.as_str()), *n)).collect();
         tx.tally(now_ms, &tallies);
-        Ok(())
+        Ok(released)
     }
 }
 

@@ -116,7 +116,8 @@ impl crate::store::Jobs<'_> {
 
     /// Completions, then leases, in one transaction: the agent API's group commit, so that a
     /// group of both kinds costs one durable commit, and a lease that comes with completions
-    /// sees them. The answers in the order of `completions` and of `requests`.
+    /// sees them. The answers in the order of `completions` and of `requests`, and what the
+    /// completions moved on.
     pub async fn complete_and_lease(
         &self,
         completions: &[Completion],
@@ -124,14 +125,14 @@ impl crate::store::Jobs<'_> {
         requests: &[(&str, u32, bool)],
         ttl_ms: i64,
         now_ms: i64,
-    ) -> Result<(Vec<Result<(), Refused>>, Vec<Vec<Lease>>, usize), LedgerError> {
+    ) -> Result<(Vec<Result<(), Refused>>, Vec<Vec<Lease>>, super::complete::Ends), LedgerError> {
+        let mut ends = super::complete::Ends::default();
         if completions.is_empty() {
-            return Ok((Vec::new(), self.lease_many(requests, ttl_ms, now_ms).await?, 0));
+            return Ok((Vec::new(), self.lease_many(requests, ttl_ms, now_ms).await?, ends));
         }
         let mut tx = self.write_tx().await?;
-        let mut repaired = 0;
         let done = self
-            .complete_as_in(&mut tx, completions, callers, now_ms, &mut repaired)
+            .complete_as_in(&mut tx, completions, callers, now_ms, &mut ends)
             .await?;
         let leased = if requests.is_empty() {
             Vec::new()
@@ -139,7 +140,7 @@ impl crate::store::Jobs<'_> {
             self.lease_many_in(&mut tx, requests, ttl_ms, now_ms).await?
         };
         tx.commit().await?;
-        Ok((done, leased, repaired))
+        Ok((done, leased, ends))
     }
 
     /// [`Ledger::lease_many`] in the caller's transaction.

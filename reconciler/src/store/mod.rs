@@ -70,6 +70,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+pub use complete::Ends;
 pub use events::Event;
 pub use handles::{
     Backups, Certificates, Deployments, Domains, Events, Jobs, Nodes, Revisions, Sessions, Views, Volumes,
