@@ -1,5 +1,6 @@
 //! The agent's lease loop: leases its node's jobs, runs each environment's in order (different
-//! environments in parallel up to a bound), renews every held lease until its end is reported,
+//! environments in parallel up to a bound; an ACME challenge's placement beside its
+//! environment's steps, [`Queue`]), renews every held lease until its end is reported,
 //! and reports a step's ends together with the next lease in one request
 //! (`/v1/agent/complete-batch`). `pl-agent run` drives it with the real executors; the fleet
 //! bench drives the same loop with tasks that do nothing, so it measures what a fleet gets.
@@ -221,7 +222,7 @@ impl<T: Tasks> LeaseLoop<T> {
     /// Leases and runs until `stop` is set (checked before each request; a request waits at
     /// most `long_wait`, or [`BUSY_POLL`] while tasks run).
     pub async fn run(&self, stop: &AtomicBool) {
-        let mut queues: HashMap<String, tokio::sync::mpsc::UnboundedSender<(LeasedJob, Renewal)>> = HashMap::new();
+        let mut queues: HashMap<Queue, tokio::sync::mpsc::UnboundedSender<(LeasedJob, Renewal)>> = HashMap::new();
         let mut held = 0usize;
         let mut backoff = Duration::from_millis(500);
         while !stop.load(Ordering::Relaxed) {
@@ -294,9 +295,10 @@ impl<T: Tasks> LeaseLoop<T> {
             };
             held += leased.len();
             for job in leased {
-                let env = job.task.environment().to_owned();
                 let renewing = renewal(&self.client, &job.proof);
-                let queue = queues.entry(env).or_insert_with(|| self.environment_queue());
+                let queue = queues
+                    .entry(queue_of(&job.task))
+                    .or_insert_with(|| self.environment_queue());
                 let _ = queue.send((job, renewing));
             }
         }
@@ -425,6 +427,24 @@ pub async fn run_step<T, R, F: Future<Output = R>>(tasks: impl Iterator<Item = T
         .buffered(STEP_PARALLELISM)
         .collect()
         .await
+}
+
+/// The queue a job runs in: its environment's, whose jobs run in the order leased (a step
+/// after the one before), except an ACME challenge's placement: no step of the environment
+/// orders against it, and its order waits for it with a deadline, so it has a queue of its own
+/// beside and never waits behind a replica's start (the replicas that follow a node's set-up
+/// are leased before an order that began after the commit places its challenge).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Queue {
+    environment: String,
+    challenges: bool,
+}
+
+fn queue_of(task: &agent_proto::Task) -> Queue {
+    Queue {
+        environment: task.environment().to_string(),
+        challenges: matches!(task, agent_proto::Task::PlaceAcmeChallenge { .. }),
+    }
 }
 
 /// Splits an environment's queued jobs into runs of one task kind and generation, in order:
@@ -567,6 +587,22 @@ mod tests {
         // Short ends go eight at a time.
         outbox.push((0..20).map(|i| end(i, "ok: ")).collect());
         assert_eq!(outbox.take().len(), MAX_LEASE_BATCH as usize);
+    }
+
+    #[test]
+    fn a_challenge_s_placement_never_waits_behind_its_environment_s_replicas() {
+        let (replica, _) = job("ensure-application", 1, 1);
+        let (network, _) = job("ensure-network", 1, 2);
+        let placement = agent_proto::Task::PlaceAcmeChallenge {
+            environment: "e".into(),
+            hostname: "e.example.com".into(),
+            generation: 1,
+            token: "t".repeat(43),
+            key_authorization: format!("{}.{}", "t".repeat(43), "k".repeat(43)),
+        };
+        assert_eq!(queue_of(&replica.task), queue_of(&network.task), "one environment's steps, in order");
+        assert_ne!(queue_of(&placement), queue_of(&replica.task));
+        assert_eq!(queue_of(&placement).environment, "e");
     }
 
     #[test]

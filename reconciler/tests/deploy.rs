@@ -465,6 +465,28 @@ async fn scenario(url: String, dir: &Path) {
             "app:jobs-production/web/2:g1:ensure@n1|cancelled",
         ]
     );
+
+    // A rollout an older daemon started queued its set-ups alone: once they succeeded, the
+    // replicas' step is queued then, as it was.
+    repo.write("projects/older.yaml", &project("older", 1));
+    repo.write("envs/older-production.yaml", &environment("older-production", "older"));
+    repo.commit("older", true);
+    shared.pass().await.expect("pass");
+    let older = "SELECT key, state FROM jobs WHERE environment = 'older-production' AND step = 2";
+    assert_eq!(rows(&url, older).await.len(), 1, "queued ahead, held");
+    shared
+        .ledger
+        .execute_raw("DELETE FROM jobs WHERE environment = 'older-production' AND step = 2")
+        .await
+        .expect("as an older daemon wrote it");
+    complete_all(&shared.ledger).await;
+    shared.pass().await.expect("pass");
+    let queued = rows(&url, older).await;
+    assert_eq!(queued.len(), 1, "{queued:?}");
+    assert!(
+        queued[0].starts_with("app:older-production/web/0:g1:ensure@") && queued[0].ends_with("|queued"),
+        "{queued:?}"
+    );
     shared.ledger.close().await;
 }
 

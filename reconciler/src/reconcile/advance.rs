@@ -176,7 +176,18 @@ impl Ledger {
                     let detail = format!("generation {generation}: {}", v.words());
                     self.events().event(tx, now_ms, "canary-gates", env, &detail).await?;
                 }
-                if state == StepState::Running {
+                let ahead = state == StepState::Running
+                    && advance::held_with(&steps, at) == Some(s)
+                    && self.deployments().step_queued(tx, env, generation, s as i64).await?;
+                if ahead {
+                    // Queued with the step before, in its transaction: only what a node's
+                    // set-up has not released yet is made due (not a statement of 50 rows
+                    // whose every key exists, while the writer waits). A rollout a daemon
+                    // before this one started has none there, and gets them queued below.
+                    self.jobs()
+                        .release_step_in(tx, (env, generation, s as i64), now_ms)
+                        .await?;
+                } else if state == StepState::Running {
                     self.queue_step(tx, (env, generation), &steps, s, now_ms).await?;
                 }
                 if let Some(share) = share {

@@ -177,6 +177,26 @@ impl crate::store::Deployments<'_> {
         Ok(jobs)
     }
 
+    /// Whether step `step` of `env`'s generation `generation` has any job (queued ahead of it,
+    /// say: `advance::held_with`).
+    pub(crate) async fn step_queued(
+        &self,
+        tx: &mut WriteTx,
+        env: &str,
+        generation: i64,
+        step: i64,
+    ) -> Result<bool, LedgerError> {
+        let any: Option<i64> = sqlx::query_scalar(
+            self.sql("SELECT 1 FROM jobs WHERE environment = ? AND generation = ? AND step = ? LIMIT 1"),
+        )
+        .bind(env)
+        .bind(generation)
+        .bind(step)
+        .fetch_optional(&mut **tx)
+        .await?;
+        Ok(any.is_some())
+    }
+
     /// `env`'s deployment stands at `step` with `status`, the step as `state` says.
     pub(crate) async fn set_step(
         &self,
