@@ -600,7 +600,11 @@ mod tests {
             token: "t".repeat(43),
             key_authorization: format!("{}.{}", "t".repeat(43), "k".repeat(43)),
         };
-        assert_eq!(queue_of(&replica.task), queue_of(&network.task), "one environment's steps, in order");
+        assert_eq!(
+            queue_of(&replica.task),
+            queue_of(&network.task),
+            "one environment's steps, in order"
+        );
         assert_ne!(queue_of(&placement), queue_of(&replica.task));
         assert_eq!(queue_of(&placement).environment, "e");
     }
