@@ -169,12 +169,12 @@ impl crate::store::Jobs<'_> {
         }
         // Their routes are published again by the pass (`reconcile::drift`).
         self.mark_repaired_in(tx, &rec.repaired, now_ms).await?;
-        let mut released = 0;
-        for (env, generation, node, step) in &rec.set_up {
-            released += self
-                .release_set_up_in(tx, (env, *generation, node, *step), now_ms)
-                .await?;
-        }
+        let set_up: Vec<(&str, i64, &str, i64)> = rec
+            .set_up
+            .iter()
+            .map(|(env, generation, node, step)| (env.as_str(), *generation, node.as_str(), *step))
+            .collect();
+        let released = self.release_set_up_in(tx, &set_up, now_ms).await?;
         for (env, generation, revision) in &rec.scaled {
             self.release_scale_in(tx, env, *generation, *revision, now_ms).await?;
         }

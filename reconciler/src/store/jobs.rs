@@ -5,6 +5,10 @@
 use super::{LedgerError, WriteTx, rows};
 use state_schema::task::Task;
 
+/// The sizes of [`Jobs::release_set_up_in`]'s statements: a group's set-ups in as few
+/// statement texts as can hold them.
+const RELEASE_SIZES: [usize; 4] = [1, 8, 32, 128];
+
 /// A job to add. Its idempotency key comes from the task.
 #[derive(Clone, Debug)]
 pub struct NewJob {
@@ -211,35 +215,48 @@ impl crate::store::Jobs<'_> {
         Ok(released)
     }
 
-    /// Makes due the held jobs of a rollout's later steps on `node` (`advance::held_with`: the
+    /// Makes due the held jobs of a rollout's later steps on a node (`advance::held_with`: the
     /// replicas queued with the environment's set-up) once every job of the steps before theirs
-    /// on that node succeeded: run when a set-up of step `step` succeeded there. Returns how
-    /// many were released.
+    /// on that node succeeded: run for each `(environment, generation, node, step)` whose
+    /// set-up of step `step` succeeded there. Returns how many were released.
     pub(crate) async fn release_set_up_in(
         &self,
         tx: &mut WriteTx,
-        (environment, generation, node, step): (&str, i64, &str, i64),
+        set_up: &[(&str, i64, &str, i64)],
         now_ms: i64,
     ) -> Result<u64, LedgerError> {
-        // Through `jobs_by_step` both times: the environment's jobs at one generation are few.
-        Ok(sqlx::query(self.sql(
-            "UPDATE jobs SET held = 0, not_before = ?, updated_at = ? \
-             WHERE environment = ? AND generation = ? AND step > ? AND target_node = ? AND state = 'queued' AND held = 1 \
-             AND NOT EXISTS (SELECT 1 FROM jobs o WHERE o.environment = ? AND o.generation = ? AND o.step < jobs.step \
-                             AND o.target_node = ? AND o.state <> 'succeeded')",
-        ))
-        .bind(now_ms)
-        .bind(now_ms)
-        .bind(environment)
-        .bind(generation)
-        .bind(step)
-        .bind(node)
-        .bind(environment)
-        .bind(generation)
-        .bind(node)
-        .execute(&mut **tx)
-        .await?
-        .rows_affected())
+        let mut released = 0;
+        let mut rest = set_up;
+        while !rest.is_empty() {
+            // A few statement texts, not one per count (each is prepared and cached per
+            // connection): a chunk is padded with its last set-up, which changes nothing twice.
+            let size = RELEASE_SIZES
+                .iter()
+                .copied()
+                .find(|&n| n >= rest.len())
+                .unwrap_or(RELEASE_SIZES[RELEASE_SIZES.len() - 1]);
+            let (chunk, after) = rest.split_at(size.min(rest.len()));
+            rest = after;
+            let Some(&last) = chunk.last() else { break };
+            // One statement for the group's set-ups, each looked up through `jobs_by_step`
+            // (the environment's jobs at one generation are few): a statement each was a trip
+            // to SQLite's connection thread each while the group held the writer.
+            let one = "SELECT j.id FROM jobs j WHERE j.environment = ? AND j.generation = ? AND j.step > ? \
+                       AND j.target_node = ? AND j.state = 'queued' AND j.held = 1 AND NOT EXISTS \
+                       (SELECT 1 FROM jobs o WHERE o.environment = j.environment AND o.generation = j.generation \
+                        AND o.step < j.step AND o.target_node = j.target_node AND o.state <> 'succeeded')";
+            let q = format!(
+                "UPDATE jobs SET held = 0, not_before = ?, updated_at = ? WHERE id IN ({})",
+                vec![one; size].join(" UNION ALL ")
+            );
+            let mut query = sqlx::query(self.sql(&q)).bind(now_ms).bind(now_ms);
+            for k in 0..size {
+                let (environment, generation, node, step) = chunk.get(k).copied().unwrap_or(last);
+                query = query.bind(environment).bind(generation).bind(step).bind(node);
+            }
+            released += query.execute(&mut **tx).await?.rows_affected();
+        }
+        Ok(released)
     }
 
     /// Makes due every held job of step `step` of `environment`'s generation `generation`: the
