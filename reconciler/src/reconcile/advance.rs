@@ -99,6 +99,34 @@ impl Ledger {
         Ok(new)
     }
 
+    /// Step `s` runs now, after step `at`: queued, unless it was queued with `at`
+    /// ([`advance::held_with`]), in its transaction: then only what a node's set-up has not
+    /// released yet is made due (not a statement of 50 rows whose every key exists, while the
+    /// writer waits). A rollout a daemon before this one started has none there, and gets them
+    /// queued.
+    async fn start_step(
+        &self,
+        tx: &mut Tx,
+        (env, generation): (&str, i64),
+        steps: &[Step],
+        (at, s): (usize, usize),
+        now_ms: i64,
+    ) -> Result<(), LedgerError> {
+        let ahead = advance::held_with(steps, at) == Some(s)
+            && self.deployments().step_queued(tx, env, generation, s as i64).await?;
+        match ahead {
+            true => {
+                self.jobs()
+                    .release_step_in(tx, (env, generation, s as i64), now_ms)
+                    .await?;
+            }
+            false => {
+                self.queue_step(tx, (env, generation), steps, s, now_ms).await?;
+            }
+        }
+        Ok(())
+    }
+
     /// Moves every unfinished deployment on that can move (its step's jobs all ended, or its
     /// pause over): what [`advance::advance`] decides, written. Returns how many changed.
     /// A watch it sets extends `watching`, so that heartbeats judge against it at once.
@@ -176,19 +204,8 @@ impl Ledger {
                     let detail = format!("generation {generation}: {}", v.words());
                     self.events().event(tx, now_ms, "canary-gates", env, &detail).await?;
                 }
-                let ahead = state == StepState::Running
-                    && advance::held_with(&steps, at) == Some(s)
-                    && self.deployments().step_queued(tx, env, generation, s as i64).await?;
-                if ahead {
-                    // Queued with the step before, in its transaction: only what a node's
-                    // set-up has not released yet is made due (not a statement of 50 rows
-                    // whose every key exists, while the writer waits). A rollout a daemon
-                    // before this one started has none there, and gets them queued below.
-                    self.jobs()
-                        .release_step_in(tx, (env, generation, s as i64), now_ms)
-                        .await?;
-                } else if state == StepState::Running {
-                    self.queue_step(tx, (env, generation), &steps, s, now_ms).await?;
+                if state == StepState::Running {
+                    self.start_step(tx, (env, generation), &steps, (at, s), now_ms).await?;
                 }
                 if let Some(share) = share {
                     self.write_share(tx, &here, share, state, watching).await?;
