@@ -144,17 +144,18 @@ async fn scenario(url: String, dir: &Path) {
         let keys: Vec<String> = leases.iter().map(|l| l.key.clone()).collect();
         (leases, keys)
     };
-    let succeed = |leases: Vec<reconciler::store::Lease>| async move {
+    let end = |leases: Vec<reconciler::store::Lease>, outcome: Outcome| async move {
         let done: Vec<Completion> = leases
             .into_iter()
             .map(|l| Completion {
                 token: l.token,
-                outcome: Outcome::Succeeded,
+                outcome: outcome.clone(),
             })
             .collect();
         let out = ledger.jobs().complete(&done, now_ms()).await.expect("complete");
-        assert!(out.iter().all(|r| r.is_ok()));
+        assert!(out.iter().all(|r| r.is_ok()), "{out:?}");
     };
+    let succeed = |leases| end(leases, Outcome::Succeeded);
     let (set_up, keys) = lease("n1").await;
     assert_eq!(keys, ["env:api-production:g1:ensure@n1"], "the replicas are held");
     succeed(set_up).await;
@@ -436,14 +437,7 @@ async fn scenario(url: String, dir: &Path) {
     assert_eq!(one.len(), 1, "n1's first replica, due after its set-up");
     let (n2, keys) = lease("n2").await;
     assert_eq!(keys, ["env:jobs-production:g1:ensure@n2"]);
-    let failed: Vec<Completion> = n2
-        .into_iter()
-        .map(|l| Completion {
-            token: l.token,
-            outcome: Outcome::Permanent("bridge-missing: no bridge".into()),
-        })
-        .collect();
-    ledger.jobs().complete(&failed, now_ms()).await.expect("complete");
+    end(n2, Outcome::Permanent("bridge-missing: no bridge".into())).await;
     shared.pass().await.expect("pass");
     assert_eq!(
         rows(
