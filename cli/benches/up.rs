@@ -97,7 +97,11 @@ fn main() {
         .and_then(|n| n.parse().ok())
         .unwrap_or(3);
     let plain = std::env::args().any(|a| a == "--http");
-    let pl = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/pl");
+    // `PLBENCH_PL` names another build's `pl` (its daemon and agent beside it), so one bench
+    // binary can measure two builds side by side.
+    let pl = std::env::var_os("PLBENCH_PL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/pl"));
     let pl = if pl.exists() {
         pl
     } else {

@@ -6,12 +6,15 @@
 //! ran their tasks, their starts spread over one pause); then the agent's own lease loop
 //! (`pushleft_agent::lease_loop`, tasks that do nothing), which is what a fleet gets; then a
 //! commit of 1,000 single-replica deployments onto the 100 heartbeating nodes, timed from the
-//! ref update until every deployment is placed and its first job leased, and checks afterwards
-//! that no node holds more than its declared capacity.
+//! ref update until every deployment is placed and its first job leased, and until every job
+//! of the release is (each replica's start), and checks afterwards that no node holds more
+//! than its declared capacity.
 //!
 //! Run: `cargo bench -p reconciler --bench fleet` (`-- --jobs 20000`; `-- --only-loop` for the
-//! agent's loop beside the bare client with the next lease in its request, nothing else). It
-//! starts its own PostgreSQL, as the tests do.
+//! agent's loop beside the bare client with the next lease in its request, nothing else;
+//! `-- --only-deployments` for the release alone). It starts its own PostgreSQL, as the tests
+//! do; `PLBENCH_DAEMON=path/to/pl-reconciler` runs another build's daemon under the same
+//! bench, for an A/B.
 
 #[path = "../tests/support/daemon.rs"]
 mod daemon_support;
@@ -115,7 +118,19 @@ struct Figures {
     agent_loop: Throughput,
     /// From the commit of 1,000 deployments to each one's first job leased.
     placed_all: Duration,
+    /// From the same commit to each one's replica start leased: every job of the release.
+    started_all: Duration,
     over_capacity: usize,
+}
+
+/// What a run measures: everything, or one part when working on it.
+#[derive(Clone, Copy, PartialEq)]
+enum Only {
+    Everything,
+    /// The agent's loop beside the bare client with the same protocol.
+    Loop,
+    /// The 1,000 deployments' release alone.
+    Deployments,
 }
 
 const DEPLOYMENTS: usize = 1000;
@@ -123,7 +138,7 @@ const DEPLOYMENTS: usize = 1000;
 const TASK_PAUSE: Duration = Duration::from_millis(250);
 const SLOW_TASK_PAUSE: Duration = Duration::from_millis(1000);
 
-fn run(url: &str, jobs: usize, only_loop: bool) -> Figures {
+fn run(url: &str, jobs: usize, only: Only) -> Figures {
     let dir = tempfile::tempdir().expect("tempdir");
     let repo = Repo::new(dir.path());
     std::fs::write(dir.path().join("allowed_signers"), &repo.signers).expect("signers");
@@ -170,18 +185,18 @@ fn run(url: &str, jobs: usize, only_loop: bool) -> Figures {
         pushleft_agent::enroll::enroll(&control, &fingerprint, &node, &node_dir, &token).expect("enrol");
         clients.push(Arc::new(AgentClient::from_dir(&agents, &node_dir).expect("client")));
     }
-    if only_loop {
+    let none = || Throughput {
+        jobs_per_second: 0.0,
+        p50: Duration::ZERO,
+        p99: Duration::ZERO,
+        cpu_per_1000: Cpu::default(),
+    };
+    if only == Only::Loop {
         // `--only-loop`: the agent's loop beside the bare client with the same protocol, and
         // nothing else (for working on the loop).
         let agent_loop = agent_loops(url, &clients, jobs, 0);
         let with_lease = throughput(url, &clients, jobs, jobs, Mode::WithLease, Duration::ZERO);
         d.kill9();
-        let none = || Throughput {
-            jobs_per_second: 0.0,
-            p50: Duration::ZERO,
-            p99: Duration::ZERO,
-            cpu_per_1000: Cpu::default(),
-        };
         return Figures {
             single: none(),
             batched: none(),
@@ -191,7 +206,25 @@ fn run(url: &str, jobs: usize, only_loop: bool) -> Figures {
             alone: none(),
             agent_loop,
             placed_all: Duration::ZERO,
+            started_all: Duration::ZERO,
             over_capacity: 0,
+        };
+    }
+    if only == Only::Deployments {
+        // `--only-deployments`: the release alone (its rows come after none of the modes').
+        let placed = thousand_deployments(&repo, &clients, url);
+        d.kill9();
+        return Figures {
+            single: none(),
+            batched: none(),
+            with_lease: none(),
+            paced: none(),
+            paced_slow: none(),
+            alone: none(),
+            agent_loop: none(),
+            placed_all: placed.first,
+            started_all: placed.every,
+            over_capacity: placed.over_capacity,
         };
     }
     let single = throughput(url, &clients, jobs, 0, Mode::Single, Duration::ZERO);
@@ -201,7 +234,7 @@ fn run(url: &str, jobs: usize, only_loop: bool) -> Figures {
     let paced_slow = throughput(url, &clients, jobs / 4, 4 * jobs, Mode::Batched, SLOW_TASK_PAUSE);
     let alone = unloaded(url, &clients[0], 5 * jobs);
     let agent_loop = agent_loops(url, &clients, jobs, 6 * jobs);
-    let (placed_all, over_capacity) = thousand_deployments(&repo, &clients, url);
+    let placed = thousand_deployments(&repo, &clients, url);
     d.kill9();
     Figures {
         single,
@@ -211,8 +244,9 @@ fn run(url: &str, jobs: usize, only_loop: bool) -> Figures {
         paced_slow,
         alone,
         agent_loop,
-        placed_all,
-        over_capacity,
+        placed_all: placed.first,
+        started_all: placed.every,
+        over_capacity: placed.over_capacity,
     }
 }
 
@@ -488,13 +522,21 @@ fn agent_loops(url: &str, clients: &[Arc<AgentClient>], jobs: usize, offset: usi
     }
 }
 
-/// Tasks that do nothing but note which environments had a job.
+/// Tasks that do nothing but note which environments had a job, and which had their
+/// replica's start.
 #[derive(Default)]
-struct Seen(std::sync::Mutex<std::collections::BTreeSet<String>>);
+struct Seen {
+    any: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    started: std::sync::Mutex<std::collections::BTreeSet<String>>,
+}
 
 impl Seen {
     fn count(&self) -> usize {
-        self.0.lock().map(|s| s.len()).unwrap_or(0)
+        self.any.lock().map(|s| s.len()).unwrap_or(0)
+    }
+
+    fn started(&self) -> usize {
+        self.started.lock().map(|s| s.len()).unwrap_or(0)
     }
 }
 
@@ -504,18 +546,33 @@ impl Tasks for Seen {
         job: &agent_proto::LeasedJob,
     ) -> impl std::future::Future<Output = Result<pushleft_agent::lease_loop::Ended, pushleft_agent::outcome::Failure>> + Send
     {
-        if let Ok(mut s) = self.0.lock() {
+        if let Ok(mut s) = self.any.lock() {
             s.insert(job.task.environment().to_owned());
+        }
+        if matches!(job.task, agent_proto::Task::EnsureApplication { .. }) {
+            if let Ok(mut s) = self.started.lock() {
+                s.insert(job.task.environment().to_owned());
+            }
         }
         std::future::ready(Ok(String::new().into()))
     }
 }
 
+/// What the release of the 1,000 deployments took.
+struct Placed {
+    /// Until each deployment's first job (its node's set-up) was leased.
+    first: Duration,
+    /// Until each deployment's replica start was leased: every job of the release.
+    every: Duration,
+    over_capacity: usize,
+}
+
 /// Commits 1,000 single-replica deployments (one project each, so each has its own hostname)
 /// while every node heartbeats and runs the agent's own lease loop, and times from the commit
-/// until each deployment's first job is leased (and run, doing nothing). Then
-/// counts the nodes whose reservations exceed their capacity (there must be none).
-fn thousand_deployments(repo: &Repo, clients: &[Arc<AgentClient>], url: &str) -> (Duration, usize) {
+/// until each deployment's first job is leased (and run, doing nothing), and until its
+/// replica's start is. Then counts the nodes whose reservations exceed their capacity (there
+/// must be none).
+fn thousand_deployments(repo: &Repo, clients: &[Arc<AgentClient>], url: &str) -> Placed {
     for c in clients {
         c.heartbeat(&agent_proto::Heartbeat::new("bench", &agent_proto::FULL_CAPABILITIES))
             .expect("heartbeat");
@@ -537,15 +594,24 @@ fn thousand_deployments(repo: &Repo, clients: &[Arc<AgentClient>], url: &str) ->
     let started = Instant::now();
     repo.commit("a thousand deployments", true);
     let deadline = started + Duration::from_secs(120);
-    while seen.count() < DEPLOYMENTS && Instant::now() < deadline {
+    let mut first = None;
+    while seen.started() < DEPLOYMENTS && Instant::now() < deadline {
+        if first.is_none() && seen.count() >= DEPLOYMENTS {
+            first = Some(started.elapsed());
+        }
         std::thread::sleep(Duration::from_millis(1));
     }
-    let placed_all = started.elapsed();
+    let every = started.elapsed();
     fleet.stop();
-    let n = seen.count();
     assert_eq!(
-        n, DEPLOYMENTS,
+        seen.count(),
+        DEPLOYMENTS,
         "every deployment's first job leased within the deadline"
+    );
+    assert_eq!(
+        seen.started(),
+        DEPLOYMENTS,
+        "every deployment's replica start leased within the deadline"
     );
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -565,35 +631,42 @@ fn thousand_deployments(repo: &Repo, clients: &[Arc<AgentClient>], url: &str) ->
             .filter(|n| n.reserved_cpu_millis > n.cpu_millis || n.reserved_memory_bytes > n.memory_bytes)
             .count()
     });
-    (placed_all, over)
+    Placed {
+        first: first.unwrap_or(every),
+        every,
+        over_capacity: over,
+    }
 }
 
 fn main() {
     let mut jobs = 20_000usize;
-    let mut only_loop = false;
+    let mut only = Only::Everything;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         if a == "--jobs" {
             jobs = args.next().and_then(|n| n.parse().ok()).expect("--jobs N");
         } else if a == "--only-loop" {
-            only_loop = true;
+            only = Only::Loop;
+        } else if a == "--only-deployments" {
+            only = Only::Deployments;
         }
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let sqlite = run(
         &format!("sqlite://{}", dir.path().join("ledger.db").display()),
         jobs,
-        only_loop,
+        only,
     );
     let pg = postgres_support::Postgres::start();
-    let postgres = run(&pg.url(), jobs, only_loop);
+    let postgres = run(&pg.url(), jobs, only);
     println!("{jobs} jobs per mode, {NODES} simulated agents over mutual TLS, leases of at most 8:");
     println!(
-        "| ledger | completions | lease+complete jobs/s | lease p50 | lease p99 | CPU per 1,000 jobs: daemon / PostgreSQL / agents | {DEPLOYMENTS} deployments placed and leased | nodes over capacity |"
+        "| ledger | completions | lease+complete jobs/s | lease p50 | lease p99 | CPU per 1,000 jobs: daemon / PostgreSQL / agents |"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---:|---:|---:|---:|");
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    for (name, f) in [("SQLite", sqlite), ("PostgreSQL", postgres)] {
+    let figures = [("SQLite", sqlite), ("PostgreSQL", postgres)];
+    for (name, f) in &figures {
         for (mode, t) in [
             ("one per request", &f.single),
             ("one request per lease", &f.batched),
@@ -604,7 +677,7 @@ fn main() {
             ("the agent's own lease loop, tasks that do nothing", &f.agent_loop),
         ] {
             if t.jobs_per_second == 0.0 {
-                // Not run (`--only-loop`).
+                // Not run (`--only-loop`, `--only-deployments`).
                 continue;
             }
             let rtt = |d: Duration| {
@@ -615,16 +688,32 @@ fn main() {
                 }
             };
             println!(
-                "| {name} | {mode} | {:.0} | {} | {} | {:.0} / {:.0} / {:.0} ms | {:.2} s | {} |",
+                "| {name} | {mode} | {:.0} | {} | {} | {:.0} / {:.0} / {:.0} ms |",
                 t.jobs_per_second,
                 rtt(t.p50),
                 rtt(t.p99),
                 t.cpu_per_1000.0,
                 t.cpu_per_1000.1,
                 t.cpu_per_1000.2,
-                f.placed_all.as_secs_f64(),
-                f.over_capacity
             );
         }
+    }
+    println!();
+    println!("{DEPLOYMENTS} single-replica deployments committed onto the {NODES} nodes, the agents' own lease loops:");
+    println!(
+        "| ledger | each one's first job leased | every job leased (each replica's start) | nodes over capacity |"
+    );
+    println!("|---|---:|---:|---:|");
+    for (name, f) in &figures {
+        if f.started_all.is_zero() {
+            // Not run (`--only-loop`).
+            continue;
+        }
+        println!(
+            "| {name} | {:.2} s | {:.2} s | {} |",
+            f.placed_all.as_secs_f64(),
+            f.started_all.as_secs_f64(),
+            f.over_capacity
+        );
     }
 }

@@ -11,8 +11,12 @@ use std::time::{Duration, Instant};
 /// packages' tests, the one beside them in the target folder (built on demand when missing;
 /// `cargo test --workspace`, as CI runs it, builds it fresh with everything else, while a
 /// `cargo test -p` of another package after changing the daemon wants a
-/// `cargo build -p reconciler` first).
+/// `cargo build -p reconciler` first). `PLBENCH_DAEMON` names another build's daemon, so one
+/// bench binary can measure two builds side by side.
 pub fn bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("PLBENCH_DAEMON") {
+        return p.into();
+    }
     if let Some(p) = option_env!("CARGO_BIN_EXE_pl-reconciler") {
         return p.into();
     }
