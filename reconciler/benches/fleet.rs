@@ -549,10 +549,10 @@ impl Tasks for Seen {
         if let Ok(mut s) = self.any.lock() {
             s.insert(job.task.environment().to_owned());
         }
-        if matches!(job.task, agent_proto::Task::EnsureApplication { .. }) {
-            if let Ok(mut s) = self.started.lock() {
-                s.insert(job.task.environment().to_owned());
-            }
+        if matches!(job.task, agent_proto::Task::EnsureApplication { .. })
+            && let Ok(mut s) = self.started.lock()
+        {
+            s.insert(job.task.environment().to_owned());
         }
         std::future::ready(Ok(String::new().into()))
     }
