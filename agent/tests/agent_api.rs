@@ -110,6 +110,16 @@ fn nodes_lease_only_their_own_work_over_mutual_tls() {
         (Some("active"), Some("test"))
     );
     assert_eq!(n1_row["pool"], "main");
+    // n1's agent is told apart as behind this control plane; n2 never beat, so it has none.
+    assert_eq!(
+        (&n1_row["agentProtocol"], &n1_row["olderAgent"]),
+        (&serde_json::json!(0), &serde_json::json!(true))
+    );
+    let n2_row = node("n2").expect("n2");
+    assert!(
+        n2_row.get("agentProtocol").is_none() && n2_row["olderAgent"] == false,
+        "{n2_row}"
+    );
     assert_eq!(n1_row["cpuMillis"], 4000);
     assert_eq!(node("n2").expect("n2")["state"], "unhealthy");
     // A page at a time, by name; a full page's cursor is its last name, and past the last node

@@ -217,6 +217,16 @@ pub fn provenance(args: &ServerArgs, environment: &str) -> Result<u8> {
     Ok(0)
 }
 
+/// A node's agent as `pl nodes` shows it: its version, and when it speaks an older protocol
+/// than the control plane (it gets that protocol's tasks until it is upgraded), which one.
+fn agent_words(n: &operator_proto::nodes::Node) -> String {
+    let version = n.agent_version.as_deref().unwrap_or("-");
+    match (n.older_agent, n.agent_protocol) {
+        (true, Some(p)) => format!("{version} (older: protocol {p})"),
+        _ => version.to_owned(),
+    }
+}
+
 pub fn nodes(args: &ServerArgs) -> Result<u8> {
     let v = Client::new(args)?.nodes()?;
     if args.format == OutFormat::Json {
@@ -251,7 +261,7 @@ pub fn nodes(args: &ServerArgs) -> Result<u8> {
             memory,
             format!("{}/{}", n.running, n.instances),
             seen,
-            n.agent_version.as_deref().unwrap_or("-"),
+            agent_words(n),
         );
         // The mesh, as the node's agent said it: applied or behind, and each link's health.
         if let Some(m) = &n.mesh {

@@ -246,7 +246,8 @@ fn operator_commands_against_a_running_daemon() {
     );
     assert!(out.contains("last check: ") && out.contains("no answer"), "{out}");
 
-    // The declared nodes: n1 heartbeats (the test support marks it up), n2 is not enrolled.
+    // The declared nodes: n1 heartbeats (the test support marks it up, as an agent from before
+    // agents said their protocol: it is told apart), n2 is not enrolled.
     let mut c = pl();
     c.arg("nodes");
     with(&mut c, &viewer_file);
@@ -259,7 +260,8 @@ fn operator_commands_against_a_running_daemon() {
         "{out}"
     );
     assert!(
-        out.lines().any(|l| l.starts_with("n1 ") && l.contains("active")),
+        out.lines()
+            .any(|l| l.starts_with("n1 ") && l.contains("active") && l.ends_with("(older: protocol 0)")),
         "{out}"
     );
 

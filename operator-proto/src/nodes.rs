@@ -30,6 +30,14 @@ pub struct Node {
     pub memory_bytes: u64,
     pub last_seen_ms: Option<i64>,
     pub agent_version: Option<String>,
+    /// The agent protocol its last heartbeat spoke (`0`: an agent from before agents said
+    /// it); absent when it never beat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_protocol: Option<u32>,
+    /// Its agent speaks an older protocol than this control plane: it is sent the tasks that
+    /// protocol knows (an environment's set-up as three jobs, say) until it is upgraded.
+    #[serde(default)]
+    pub older_agent: bool,
     /// Replicas placed on the node by the current deployments (what was asked).
     pub instances: usize,
     /// Replicas the node's agent last reported running and healthy (what is true there).

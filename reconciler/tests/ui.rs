@@ -287,6 +287,15 @@ fn the_web_view_signs_in_escapes_and_refuses_as_the_api_does() {
         a.body
     );
     assert!(a.body.contains("ops-alice"), "the signer: {}", a.body);
+    // n1 was marked up with no protocol (as an agent from before agents said it): the nodes
+    // screen says it is behind this control plane, where an operator plans the upgrade.
+    let a = viewer.get("/ui/nodes");
+    assert!(
+        a.body
+            .contains(r#"<span class="state degraded">older protocol 0</span>"#),
+        "{}",
+        a.body
+    );
     let a = viewer.get("/ui/?q=stag&state=any");
     assert!(
         a.body.contains("api-staging") && !a.body.contains(">api-production<"),

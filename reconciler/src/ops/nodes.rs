@@ -53,6 +53,7 @@ pub async fn node_rows(
             let s = seen.get(&name);
             let last_seen = s.and_then(|s| s.last_seen);
             let (cpu, mem) = fleet.reserved(&n.name);
+            let protocol = s.filter(|s| s.last_seen.is_some()).map(|s| s.agent_protocol);
             out.push(NodeRow {
                 state: declared::lifecycle(
                     n.state,
@@ -67,6 +68,8 @@ pub async fn node_rows(
                 memory_bytes: n.capacity.memory.bytes(),
                 last_seen_ms: last_seen,
                 agent_version: s.and_then(|s| s.agent_version.clone()),
+                agent_protocol: protocol,
+                older_agent: protocol.is_some_and(|p| p < agent_proto::PROTOCOL),
                 instances: placed.get(&name).copied().unwrap_or(0),
                 running: observed
                     .get(&name)

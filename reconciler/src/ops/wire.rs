@@ -97,6 +97,8 @@ pub fn node(r: crate::store::fleet::NodeRow, mesh: Option<&crate::store::mesh::M
         memory_bytes: r.memory_bytes,
         last_seen_ms: r.last_seen_ms,
         agent_version: r.agent_version,
+        agent_protocol: r.agent_protocol,
+        older_agent: r.older_agent,
         instances: r.instances,
         running: r.running,
         reserved_cpu_millis: r.reserved_cpu_millis,

@@ -37,6 +37,11 @@ pub struct NodeRow {
     pub memory_bytes: u64,
     pub last_seen_ms: Option<i64>,
     pub agent_version: Option<String>,
+    /// The agent protocol its last heartbeat spoke; `None` when it never beat.
+    pub agent_protocol: Option<u32>,
+    /// Its agent speaks an older protocol than this control plane (`rollout::for_agents`
+    /// shapes its tasks).
+    pub older_agent: bool,
     /// Replicas placed on the node by the current deployments (what was asked).
     pub instances: usize,
     /// Replicas the node's agent last reported running and healthy (what is true there).

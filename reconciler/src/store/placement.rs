@@ -31,6 +31,7 @@ struct SeenRow {
     last_seen: Option<i64>,
     beat_grace_ms: i64,
     agent_version: Option<String>,
+    agent_protocol: i64,
     capabilities: String,
 }
 
@@ -64,6 +65,8 @@ pub struct Seen {
     /// thresholds': `state_schema::placement::heartbeats`).
     pub grace_ms: i64,
     pub agent_version: Option<String>,
+    /// The agent protocol its last heartbeat spoke (`0`: from before agents said it).
+    pub agent_protocol: u32,
     pub capabilities: BTreeSet<String>,
 }
 
@@ -78,10 +81,11 @@ impl crate::store::Nodes<'_> {
     /// Every enrolled node, with what its heartbeats said.
     pub async fn seen_nodes(&self) -> Result<BTreeMap<String, Seen>, LedgerError> {
         let mut out = BTreeMap::new();
-        let rows: Vec<SeenRow> =
-            sqlx::query_as(self.sql("SELECT name, last_seen, beat_grace_ms, agent_version, capabilities FROM nodes"))
-                .fetch_all(&self.pool)
-                .await?;
+        let rows: Vec<SeenRow> = sqlx::query_as(
+            self.sql("SELECT name, last_seen, beat_grace_ms, agent_version, agent_protocol, capabilities FROM nodes"),
+        )
+        .fetch_all(&self.pool)
+        .await?;
         for r in rows {
             out.insert(
                 r.name,
@@ -89,6 +93,7 @@ impl crate::store::Nodes<'_> {
                     last_seen: r.last_seen,
                     grace_ms: r.beat_grace_ms,
                     agent_version: r.agent_version,
+                    agent_protocol: u32::try_from(r.agent_protocol).unwrap_or(0),
                     capabilities: r
                         .capabilities
                         .split(',')

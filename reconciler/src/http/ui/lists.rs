@@ -155,7 +155,14 @@ pub async fn nodes(State(ui): App, who: Signed, Query(q): Query<After>) -> Respo
                             " " (n.reserved_memory_bytes >> 20) " / " (n.memory_bytes >> 20) " MiB"
                         }
                         td { @match n.last_seen_ms { Some(t) => (when(t, now)), None => "never" } }
-                        td { (n.agent_version.as_deref().unwrap_or("–")) }
+                        td {
+                            (n.agent_version.as_deref().unwrap_or("–"))
+                            // An agent behind this control plane is sent its older tasks until
+                            // it is upgraded: said where an operator plans the upgrade.
+                            @if n.older_agent {
+                                " " span class="state degraded" { "older protocol " (n.agent_protocol.unwrap_or(0)) }
+                            }
+                        }
                         td { (n.running) " running of " (n.instances) }
                         td {
                             @match &n.mesh {
