@@ -44,15 +44,20 @@ fn project(image: &str) -> String {
     )
 }
 
-/// Every schema object of a SQLite ledger as `type name` (tables, views, triggers) and every
-/// column as `column table.name`: a migration may add either.
+/// Every schema object of a SQLite ledger as `type name` (tables, views, triggers), every
+/// column as `column table.name` and every index as `index table.name`: a migration may add
+/// any of them.
 const OBJECTS: &str = "SELECT type || ' ' || name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' AND type IN ('table', 'view', 'trigger') \
      UNION ALL SELECT 'column ' || m.name || '.' || p.name FROM sqlite_master m JOIN pragma_table_info(m.name) p \
-     WHERE m.type = 'table' AND m.name NOT LIKE 'sqlite_%' AND m.name NOT LIKE '_sqlx%'";
+     WHERE m.type = 'table' AND m.name NOT LIKE 'sqlite_%' AND m.name NOT LIKE '_sqlx%' \
+     UNION ALL SELECT 'index ' || tbl_name || '.' || name FROM sqlite_master WHERE type = 'index' AND name NOT LIKE 'sqlite_%'";
 
-/// What undoes `object` (one of [`OBJECTS`]'s): `DROP TABLE t`, or a column's `ALTER TABLE t
-/// DROP COLUMN c`.
+/// What undoes `object` (one of [`OBJECTS`]'s): `DROP TABLE t`, a column's `ALTER TABLE t
+/// DROP COLUMN c`, or an index's `DROP INDEX i`.
 fn undo(object: &str) -> String {
+    if let Some((_, index)) = object.strip_prefix("index ").and_then(|i| i.split_once('.')) {
+        return format!("DROP INDEX {index}");
+    }
     match object.strip_prefix("column ").and_then(|c| c.split_once('.')) {
         Some((table, column)) => format!("ALTER TABLE {table} DROP COLUMN {column}"),
         None => format!("DROP {object}"),
@@ -95,11 +100,12 @@ fn newest_migration(scratch: &Path) -> (i64, Vec<String>) {
     let before = objects(older, "older.db");
     let after = objects(all, "all.db");
     let new: Vec<String> = after.into_iter().filter(|o| !before.contains(o)).collect();
-    // A new table's columns go with it.
+    // A new table's columns and indexes go with it.
     let made = new
         .iter()
         .filter(|o| {
             o.strip_prefix("column ")
+                .or_else(|| o.strip_prefix("index "))
                 .and_then(|c| c.split_once('.'))
                 .is_none_or(|(t, _)| !new.contains(&format!("table {t}")))
         })

@@ -147,6 +147,15 @@ pub fn backoff_ms(job_id: i64, attempts: i64) -> i64 {
     base + jitter
 }
 
+/// The held jobs one set-up's success makes due (bound: environment, generation, the set-up's
+/// step, node): that node's jobs of the rollout's later steps, once none of its earlier ones
+/// is unfinished. Both looks go through `jobs_by_node_step` (a few entries of one node), not
+/// `jobs_by_step` (every job of the environment's steps, for each set-up of a group).
+pub(crate) const SET_UP_RELEASED: &str = "SELECT j.id FROM jobs j WHERE j.environment = ? AND j.generation = ? AND j.step > ? \
+     AND j.target_node = ? AND j.state = 'queued' AND j.held = 1 AND NOT EXISTS \
+     (SELECT 1 FROM jobs o WHERE o.environment = j.environment AND o.generation = j.generation \
+      AND o.step < j.step AND o.target_node = j.target_node AND o.state <> 'succeeded')";
+
 /// Expired leases back to the queue (or dead when out of attempts). See [`Ledger::expire`].
 pub(crate) const EXPIRE: &str = "UPDATE jobs SET state = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'queued' END, lease_token = NULL, lease_expires_at = NULL, updated_at = ? WHERE state = 'leased' AND lease_expires_at < ? RETURNING key, state";
 
@@ -238,16 +247,11 @@ impl crate::store::Jobs<'_> {
             let (chunk, after) = rest.split_at(size.min(rest.len()));
             rest = after;
             let Some(&last) = chunk.last() else { break };
-            // One statement for the group's set-ups, each looked up through `jobs_by_step`
-            // (the environment's jobs at one generation are few): a statement each was a trip
-            // to SQLite's connection thread each while the group held the writer.
-            let one = "SELECT j.id FROM jobs j WHERE j.environment = ? AND j.generation = ? AND j.step > ? \
-                       AND j.target_node = ? AND j.state = 'queued' AND j.held = 1 AND NOT EXISTS \
-                       (SELECT 1 FROM jobs o WHERE o.environment = j.environment AND o.generation = j.generation \
-                        AND o.step < j.step AND o.target_node = j.target_node AND o.state <> 'succeeded')";
+            // One statement for the group's set-ups: a statement each was a trip to SQLite's
+            // connection thread each while the group held the writer.
             let q = format!(
                 "UPDATE jobs SET held = 0, not_before = ?, updated_at = ? WHERE id IN ({})",
-                vec![one; size].join(" UNION ALL ")
+                vec![SET_UP_RELEASED; size].join(" UNION ALL ")
             );
             let mut query = sqlx::query(self.sql(&q)).bind(now_ms).bind(now_ms);
             for k in 0..size {

@@ -420,6 +420,19 @@ mod tests {
             steps.iter().all(|s| !s.starts_with("SCAN jobs") || s.contains("USING")),
             "{steps:?}"
         );
+        // A set-up's release, in every group with one: its node's few jobs, for the held ones
+        // and the earlier steps' alike.
+        let release = format!(
+            "UPDATE jobs SET held = 0 WHERE id IN ({})",
+            super::super::jobs::SET_UP_RELEASED
+        );
+        let steps = plan(&ledger, &release).await;
+        assert_eq!(
+            steps.iter().filter(|s| s.contains("jobs_by_node_step")).count(),
+            2,
+            "{steps:?}"
+        );
+        assert!(!whole_table(&steps), "{steps:?}");
         // After every settle: the paused steps through their partial index, not every row.
         let steps = plan(&ledger, super::super::rollouts::NEXT_STEP_DUE).await;
         assert!(steps.iter().any(|s| s.contains("deployments_paused")), "{steps:?}");
