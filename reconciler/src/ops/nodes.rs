@@ -35,7 +35,7 @@ pub async fn node_rows(
 ) -> Result<Vec<NodeRow>, LedgerError> {
     let seen = ledger.nodes().seen_nodes().await?;
     let pools = applied_pools(ledger, branch).await?;
-    let rows = ledger.nodes().fleet_rows(lost_after_ms).await?;
+    let rows = ledger.nodes().fleet_rows_seen(&seen, lost_after_ms).await?;
     let fleet = state_schema::replacement::fleet_of(&pools, &rows, now_ms);
     let mut placed: BTreeMap<String, usize> = BTreeMap::new();
     for i in rows.running.iter().flat_map(|s| &s.instances) {

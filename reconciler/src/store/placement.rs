@@ -160,8 +160,18 @@ impl crate::store::Nodes<'_> {
     /// node, every running deployment's spec, the volumes' pins, and when a silent node is
     /// lost (`state_schema::replacement::fleet_of` makes the fleet of them).
     pub async fn fleet_rows(&self, lost_after_ms: i64) -> Result<FleetRows, LedgerError> {
+        self.fleet_rows_seen(&self.seen_nodes().await?, lost_after_ms).await
+    }
+
+    /// [`Self::fleet_rows`] with what heartbeats said read already (`seen_nodes`): a caller
+    /// that needs both reads every node's row once (a page of `GET /v1/nodes` read it twice).
+    pub async fn fleet_rows_seen(
+        &self,
+        seen: &BTreeMap<String, Seen>,
+        lost_after_ms: i64,
+    ) -> Result<FleetRows, LedgerError> {
         Ok(FleetRows {
-            seen: seen_nodes(&self.seen_nodes().await?),
+            seen: seen_nodes(seen),
             running: self.running_specs().await?,
             pins: self.volumes().volume_pins().await?,
             lost_after_ms,
