@@ -136,6 +136,10 @@ fn nodes_lease_only_their_own_work_over_mutual_tls() {
     );
     assert_eq!(first["nodes"][0]["name"], "n1");
     assert_eq!(page("limit=1&after=n1")["nodes"][0]["name"], "n2");
+    // A page reads its own nodes' reports and certificates: the same rows as the whole list.
+    assert_eq!(first["nodes"][0], n1_row);
+    assert!(n1_row["certificateCa"].is_string(), "{n1_row}");
+    assert_eq!(page("limit=1&after=n1")["nodes"][0], node("n2").expect("n2"));
     let past = page("limit=1&after=n2");
     assert_eq!(
         (&past["nodes"], &past["next"]),

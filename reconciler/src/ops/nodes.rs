@@ -33,6 +33,29 @@ pub async fn node_rows(
     now_ms: i64,
     lost_after_ms: i64,
 ) -> Result<Vec<NodeRow>, LedgerError> {
+    rows_of(ledger, branch, (now_ms, lost_after_ms), None).await
+}
+
+/// A page of [`node_rows`]: at most `limit` nodes after `after`, by name. What a node's
+/// reservations need is still read for the fleet (every node's row and running spec: any
+/// deployment may hold room on a page's node); each node's report and certificates only for
+/// the page's nodes.
+pub async fn node_rows_page(
+    ledger: &Ledger,
+    branch: &str,
+    (now_ms, lost_after_ms): (i64, i64),
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<NodeRow>, LedgerError> {
+    rows_of(ledger, branch, (now_ms, lost_after_ms), Some((after, limit))).await
+}
+
+async fn rows_of(
+    ledger: &Ledger,
+    branch: &str,
+    (now_ms, lost_after_ms): (i64, i64),
+    page: Option<(Option<&str>, usize)>,
+) -> Result<Vec<NodeRow>, LedgerError> {
     let seen = ledger.nodes().seen_nodes().await?;
     let pools = applied_pools(ledger, branch).await?;
     let rows = ledger.nodes().fleet_rows_seen(&seen, lost_after_ms).await?;
@@ -41,48 +64,64 @@ pub async fn node_rows(
     for i in rows.running.iter().flat_map(|s| &s.instances) {
         *placed.entry(i.node.to_string()).or_default() += 1;
     }
-    let observed = ledger
-        .nodes()
-        .observed_replicas(now_ms - state_schema::placement::UNHEALTHY_AFTER_MS)
-        .await?;
-    let cas = ledger.nodes().node_cas().await?;
-    let mut out = Vec::new();
-    for (pool, p) in &pools {
-        for n in &p.nodes {
-            let name = n.name.to_string();
-            let s = seen.get(&name);
-            let last_seen = s.and_then(|s| s.last_seen);
-            let (cpu, mem) = fleet.reserved(&n.name);
-            let protocol = s.filter(|s| s.last_seen.is_some()).map(|s| s.agent_protocol);
-            out.push(NodeRow {
-                state: declared::lifecycle(
-                    n.state,
-                    s.is_some(),
-                    s.and_then(|s| s.live_from()),
-                    now_ms,
-                    lost_after_ms,
-                )
-                .to_owned(),
-                pool: pool.to_string(),
-                cpu_millis: n.capacity.cpu.millis(),
-                memory_bytes: n.capacity.memory.bytes(),
-                last_seen_ms: last_seen,
-                agent_version: s.and_then(|s| s.agent_version.clone()),
-                agent_protocol: protocol,
-                older_agent: protocol.is_some_and(|p| p < agent_proto::PROTOCOL),
-                instances: placed.get(&name).copied().unwrap_or(0),
-                running: observed
-                    .get(&name)
-                    .map_or(0, |list| list.iter().filter(|i| i.healthy).count()),
-                reserved_cpu_millis: cpu,
-                reserved_memory_bytes: mem,
-                capabilities: s.map(|s| s.capabilities.iter().cloned().collect()).unwrap_or_default(),
-                certificate_ca: cas.get(&name).cloned(),
-                name,
-            });
-        }
+    // The declared nodes by name, cut to the page asked for before anything is read per node.
+    let mut listed: Vec<_> = pools
+        .iter()
+        .flat_map(|(pool, p)| p.nodes.iter().map(move |n| (pool, n)))
+        .collect();
+    listed.sort_by(|a, b| a.1.name.cmp(&b.1.name));
+    if let Some((after, limit)) = page {
+        listed.retain(|(_, n)| after.is_none_or(|a| n.name.as_str() > a));
+        listed.truncate(limit);
     }
-    out.sort_by(|a, b| a.name.cmp(&b.name));
+    let since = now_ms - state_schema::placement::UNHEALTHY_AFTER_MS;
+    let (observed, cas) = match page {
+        None => (
+            ledger.nodes().observed_replicas(since).await?,
+            ledger.nodes().node_cas().await?,
+        ),
+        Some(_) => {
+            let names: Vec<&str> = listed.iter().map(|(_, n)| n.name.as_str()).collect();
+            (
+                ledger.nodes().observed_replicas_of(&names, since).await?,
+                ledger.nodes().node_cas_of(&names).await?,
+            )
+        }
+    };
+    let mut out = Vec::with_capacity(listed.len());
+    for (pool, n) in listed {
+        let name = n.name.to_string();
+        let s = seen.get(&name);
+        let last_seen = s.and_then(|s| s.last_seen);
+        let (cpu, mem) = fleet.reserved(&n.name);
+        let protocol = s.filter(|s| s.last_seen.is_some()).map(|s| s.agent_protocol);
+        out.push(NodeRow {
+            state: declared::lifecycle(
+                n.state,
+                s.is_some(),
+                s.and_then(|s| s.live_from()),
+                now_ms,
+                lost_after_ms,
+            )
+            .to_owned(),
+            pool: pool.to_string(),
+            cpu_millis: n.capacity.cpu.millis(),
+            memory_bytes: n.capacity.memory.bytes(),
+            last_seen_ms: last_seen,
+            agent_version: s.and_then(|s| s.agent_version.clone()),
+            agent_protocol: protocol,
+            older_agent: protocol.is_some_and(|p| p < agent_proto::PROTOCOL),
+            instances: placed.get(&name).copied().unwrap_or(0),
+            running: observed
+                .get(&name)
+                .map_or(0, |list| list.iter().filter(|i| i.healthy).count()),
+            reserved_cpu_millis: cpu,
+            reserved_memory_bytes: mem,
+            capabilities: s.map(|s| s.capabilities.iter().cloned().collect()).unwrap_or_default(),
+            certificate_ca: cas.get(&name).cloned(),
+            name,
+        });
+    }
     Ok(out)
 }
 
@@ -116,9 +155,8 @@ impl Ops {
     /// more (a fleet of 10,000 is not one answer). Only the page's rows are turned into answers.
     pub async fn nodes(&self, after: Option<&str>, limit: u32) -> Answer<Nodes> {
         let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-        let mut rows = self.rows_by_name().await?;
-        rows.retain(|r| after.is_none_or(|a| r.name.as_str() > a));
-        rows.truncate(limit);
+        let times = (now_ms(), self.lost_after_ms);
+        let rows = node_rows_page(&self.ledger, &self.branch, times, after, limit).await?;
         let nodes = self.answered(rows).await?;
         Ok(Nodes {
             next: (nodes.len() == limit)

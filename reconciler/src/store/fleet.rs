@@ -317,14 +317,37 @@ impl crate::store::Nodes<'_> {
         &self,
         since_ms: i64,
     ) -> Result<std::collections::BTreeMap<String, Vec<agent_proto::RunningInstance>>, LedgerError> {
+        self.observed_replicas_among(None, since_ms).await
+    }
+
+    /// [`Self::observed_replicas`] of `nodes` alone: a page of `GET /v1/nodes` parses its own
+    /// nodes' reports, not the fleet's.
+    pub async fn observed_replicas_of(
+        &self,
+        nodes: &[&str],
+        since_ms: i64,
+    ) -> Result<std::collections::BTreeMap<String, Vec<agent_proto::RunningInstance>>, LedgerError> {
+        self.observed_replicas_among(Some(nodes), since_ms).await
+    }
+
+    async fn observed_replicas_among(
+        &self,
+        nodes: Option<&[&str]>,
+        since_ms: i64,
+    ) -> Result<std::collections::BTreeMap<String, Vec<agent_proto::RunningInstance>>, LedgerError> {
         let mut out = std::collections::BTreeMap::new();
-        let rows: Vec<(String, String)> = sqlx::query_as(
-            self.sql("SELECT name, observed FROM nodes WHERE observed IS NOT NULL AND last_seen + beat_grace_ms >= ?"),
-        )
-        .bind(since_ms)
-        .fetch_all(&self.pool)
-        .await?;
-        for (name, text) in rows {
+        let among = match nodes {
+            Some(_) => format!(" AND {}", self.text_in("name")),
+            None => String::new(),
+        };
+        let q = format!(
+            "SELECT name, observed FROM nodes WHERE observed IS NOT NULL AND last_seen + beat_grace_ms >= ?{among}"
+        );
+        let mut query = sqlx::query_as::<_, (String, String)>(self.sql(&q)).bind(since_ms);
+        if let Some(nodes) = nodes {
+            query = query.bind(serde_json::to_string(nodes)?);
+        }
+        for (name, text) in query.fetch_all(&self.pool).await? {
             out.insert(name, serde_json::from_str(&text).unwrap_or_default());
         }
         Ok(out)
@@ -332,14 +355,31 @@ impl crate::store::Nodes<'_> {
 
     /// The CA (SHA-256 fingerprint) of each node's newest valid certificate, by node.
     pub async fn node_cas(&self) -> Result<std::collections::BTreeMap<String, String>, LedgerError> {
+        self.node_cas_among(None).await
+    }
+
+    /// [`Self::node_cas`] of `nodes` alone (a page of `GET /v1/nodes`).
+    pub async fn node_cas_of(&self, nodes: &[&str]) -> Result<std::collections::BTreeMap<String, String>, LedgerError> {
+        self.node_cas_among(Some(nodes)).await
+    }
+
+    async fn node_cas_among(
+        &self,
+        nodes: Option<&[&str]>,
+    ) -> Result<std::collections::BTreeMap<String, String>, LedgerError> {
+        let among = match nodes {
+            Some(_) => format!(" AND {}", self.text_in("node")),
+            None => String::new(),
+        };
         // Later certificates of a node overwrite earlier ones: the newest CA wins.
-        Ok(sqlx::query_as::<_, (String, String)>(self.sql(
-            "SELECT node, ca FROM node_certificates WHERE revoked_at IS NULL AND ca IS NOT NULL ORDER BY issued_at, fingerprint",
-        ))
-        .fetch_all(&self.pool)
-        .await?
-        .into_iter()
-        .collect())
+        let q = format!(
+            "SELECT node, ca FROM node_certificates WHERE revoked_at IS NULL AND ca IS NOT NULL{among} ORDER BY issued_at, fingerprint"
+        );
+        let mut query = sqlx::query_as::<_, (String, String)>(self.sql(&q));
+        if let Some(nodes) = nodes {
+            query = query.bind(serde_json::to_string(nodes)?);
+        }
+        Ok(query.fetch_all(&self.pool).await?.into_iter().collect())
     }
 
     /// Stores a new token's hash for `node`; the caller checked that the node is declared.
